@@ -1,0 +1,38 @@
+"""attnspec: the reference definition of attention.
+
+A versioned spec (``spec/``), one reference implementation written against the Python
+Array API (:mod:`attnspec.reference`), and a property-based conformance suite
+(:mod:`attnspec.conformance`) that checks anyone's kernel clause by clause.
+"""
+
+from .backends import (
+    Backend,
+    BackendError,
+    available_backends,
+    get_backend,
+    set_backend,
+    use_backend,
+)
+from .reference import (
+    CAUSAL_ALIGNMENTS,
+    causal_mask,
+    padding_mask,
+    scaled_dot_product_attention,
+)
+
+SPEC_VERSION = "2026.12"
+__version__ = "2026.12.0"
+
+__all__ = [
+    "CAUSAL_ALIGNMENTS",
+    "SPEC_VERSION",
+    "Backend",
+    "BackendError",
+    "available_backends",
+    "causal_mask",
+    "get_backend",
+    "padding_mask",
+    "scaled_dot_product_attention",
+    "set_backend",
+    "use_backend",
+]

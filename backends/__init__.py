@@ -1,0 +1,142 @@
+"""Backend selection: which array library (and device) attnspec creates arrays with.
+
+``ATTNSPEC_BACKEND`` and ``ATTNSPEC_DEVICE`` pick the default when ``attnspec`` is
+imported; :func:`set_backend` and the :func:`use_backend` context manager change it in
+code.  Functions that take arrays never consult this: they follow their inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+from ._registry import ADAPTERS, FLOAT_DTYPE_NAMES, BackendError, canonical_name, env_choice
+
+__all__ = [
+    "BACKEND_NAMES",
+    "FLOAT_DTYPE_NAMES",
+    "Backend",
+    "BackendError",
+    "available_backends",
+    "get_backend",
+    "set_backend",
+    "use_backend",
+]
+
+BACKEND_NAMES: tuple[str, ...] = tuple(ADAPTERS)
+
+
+class Backend:
+    """An array library on one device, with the conversions the test suites need."""
+
+    def __init__(self, name: str, device: Any = None) -> None:
+        self.name = canonical_name(name)
+        self._adapter = ADAPTERS[self.name]
+        self.xp: ModuleType = self._adapter.load()
+        if device is None:
+            self.device = self._adapter.default_device(self.xp)
+        elif isinstance(device, str):
+            self.device = self._adapter.parse_device(self.xp, device)
+        else:
+            self.device = device
+
+    def __repr__(self) -> str:
+        return f"Backend({self.name!r}, device={self.device!r})"
+
+    @property
+    def dtype_names(self) -> tuple[str, ...]:
+        """The spec's floating dtypes (SDPA-7.1) this library supports on this device."""
+        return self._adapter.dtype_names(self.xp, self.device)
+
+    def dtype(self, name: str) -> Any:
+        """The library's dtype object for a spec dtype name such as ``"bfloat16"``."""
+        if name not in FLOAT_DTYPE_NAMES:
+            raise ValueError(f"dtype={name!r}, but should be one of {FLOAT_DTYPE_NAMES}")
+        if name not in self.dtype_names:
+            raise ValueError(f"backend {self.name!r} does not support dtype {name!r}")
+        return getattr(self.xp, name)
+
+    def asarray(self, a: Any, dtype: str | None = None) -> Any:
+        """Move a NumPy array (or nested list) onto this backend's device.
+
+        ``dtype`` is a spec dtype name; bfloat16 goes through float32 because NumPy has
+        no bfloat16 of its own.
+        """
+        import numpy as np
+
+        a = np.asarray(a)
+        if dtype is None:
+            return self._adapter.from_numpy(self.xp, a, self.device)
+        target = self.dtype(dtype)
+        staging = a.astype(np.float32) if dtype == "bfloat16" else a.astype(dtype)
+        return self.xp.astype(self._adapter.from_numpy(self.xp, staging, self.device), target)
+
+    def to_numpy(self, x: Any) -> Any:
+        """A NumPy copy of a backend array (bfloat16 widened to float32)."""
+        return self._adapter.to_numpy(x)
+
+
+_lock = threading.Lock()
+_current: list[Backend | None] = [None]
+_requested: list[tuple[str, str | None]] = [("numpy", None)]
+
+
+def set_backend(name: str, device: Any = None) -> Backend:
+    """Make ``name`` (on ``device``) the default backend and return it.
+
+    Raises :class:`BackendError` when the library or device is unusable here and
+    ``ValueError`` for an unknown name.
+    """
+    backend = Backend(name, device)
+    with _lock:
+        _current[0] = backend
+        _requested[0] = (backend.name, device)
+    return backend
+
+
+def get_backend() -> Backend:
+    """The default backend (loaded on first use; NumPy unless configured otherwise)."""
+    with _lock:
+        if _current[0] is None:
+            name, device = _requested[0]
+            _current[0] = Backend(name, device)
+        return _current[0]
+
+
+@contextlib.contextmanager
+def use_backend(name: str, device: Any = None) -> Iterator[Backend]:
+    """Temporarily make ``name`` the default backend inside a ``with`` block."""
+    with _lock:
+        previous = (_current[0], _requested[0])
+    backend = set_backend(name, device)
+    try:
+        yield backend
+    finally:
+        with _lock:
+            _current[0], _requested[0] = previous
+
+
+def available_backends() -> dict[str, str]:
+    """Each backend name mapped to ``"ok"`` or the reason it cannot be used here."""
+    status: dict[str, str] = {}
+    for name in ADAPTERS:
+        try:
+            Backend(name)
+        except BackendError as exc:
+            status[name] = str(exc)
+        else:
+            status[name] = "ok"
+    return status
+
+
+def _configure_from_environment() -> None:
+    name, device = env_choice()
+    if name is None and device is None:
+        return
+    set_backend(name or "numpy", device)
+
+
+_configure_from_environment()

@@ -1,0 +1,271 @@
+"""One thin delegation layer per array library.
+
+Each adapter knows three things about its library and nothing else: how to load it
+(with an install hint when it is missing), how to move a NumPy array onto one of its
+devices and back, and which floating dtypes it supports.  Everything library-specific
+in attnspec lives in this module; reference/ never imports a library.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+FLOAT_DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
+
+
+class BackendError(RuntimeError):
+    """A backend was asked for that cannot be used on this machine."""
+
+
+@dataclass(frozen=True)
+class Adapter:
+    name: str
+    module: str
+    install_hint: str
+    load: Callable[[], ModuleType]
+    default_device: Callable[[ModuleType], Any]
+    from_numpy: Callable[[ModuleType, Any, Any], Any]
+    to_numpy: Callable[[Any], Any]
+    dtype_names: Callable[[ModuleType, Any], tuple[str, ...]]
+    parse_device: Callable[[ModuleType, str], Any]
+
+
+def _import_or_explain(module: str, hint: str) -> ModuleType:
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise BackendError(
+            f"backend needs {module!r}, which is not importable here ({exc}); {hint}"
+        ) from None
+
+
+# --- numpy -----------------------------------------------------------------------------
+
+def _load_numpy() -> ModuleType:
+    _import_or_explain("numpy", "install it with: pip install numpy")
+    import array_api_compat.numpy as xp
+
+    return xp
+
+
+def _numpy_to_numpy(x: Any) -> Any:
+    import numpy as np
+
+    return np.asarray(x)
+
+
+# --- array_api_strict ------------------------------------------------------------------
+
+def _load_strict() -> ModuleType:
+    return _import_or_explain(
+        "array_api_strict", "install it with: pip install 'attnspec[strict]'"
+    )
+
+
+def _strict_to_numpy(x: Any) -> Any:
+    import numpy as np
+
+    return np.asarray(x)
+
+
+# --- torch -----------------------------------------------------------------------------
+
+def _load_torch() -> ModuleType:
+    _import_or_explain("torch", "install it with: pip install 'attnspec[torch]'")
+    import array_api_compat.torch as xp
+
+    return xp
+
+
+def _torch_default_device(xp: ModuleType) -> Any:
+    import torch
+
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _torch_from_numpy(xp: ModuleType, a: Any, device: Any) -> Any:
+    import torch
+
+    return torch.from_numpy(a.copy()).to(device)
+
+
+def _torch_to_numpy(x: Any) -> Any:
+    import torch
+
+    x = x.detach()
+    if x.dtype == torch.bfloat16:
+        x = x.to(torch.float32)
+    return x.cpu().numpy()
+
+
+def _torch_dtypes(xp: ModuleType, device: Any) -> tuple[str, ...]:
+    return FLOAT_DTYPE_NAMES
+
+
+# --- jax -------------------------------------------------------------------------------
+
+def _load_jax() -> ModuleType:
+    jax = _import_or_explain("jax", "install it with: pip install 'attnspec[jax]'")
+    # float64 is part of the spec's dtype set; JAX silently demotes it to float32
+    # unless x64 is on.  Enabling it is global to the process: documented in the README.
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+
+    return jnp
+
+
+def _jax_default_device(xp: ModuleType) -> Any:
+    import jax
+
+    return jax.devices()[0]
+
+
+def _jax_from_numpy(xp: ModuleType, a: Any, device: Any) -> Any:
+    import jax
+
+    return jax.device_put(a, device)
+
+
+def _jax_to_numpy(x: Any) -> Any:
+    import numpy as np
+
+    if str(x.dtype) == "bfloat16":
+        x = x.astype("float32")
+    return np.asarray(x)
+
+
+# --- cupy ------------------------------------------------------------------------------
+
+def _load_cupy() -> ModuleType:
+    cupy = _import_or_explain("cupy", "install it with: pip install 'attnspec[cupy]'")
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDA driver missing raises CUDARuntimeError
+        raise BackendError(f"backend 'cupy' needs a CUDA device, but none is usable ({exc})")
+    if count == 0:
+        raise BackendError("backend 'cupy' needs a CUDA device, but none is present")
+    import array_api_compat.cupy as xp
+
+    return xp
+
+
+def _cupy_default_device(xp: ModuleType) -> Any:
+    import cupy
+
+    return cupy.cuda.Device(0)
+
+
+def _cupy_from_numpy(xp: ModuleType, a: Any, device: Any) -> Any:
+    import cupy
+
+    with device:
+        return cupy.asarray(a)
+
+
+def _cupy_to_numpy(x: Any) -> Any:
+    return x.get()
+
+
+def _no_bfloat16(xp: ModuleType, device: Any) -> tuple[str, ...]:
+    return ("float16", "float32", "float64")
+
+
+def _strict_dtypes(xp: ModuleType, device: Any) -> tuple[str, ...]:
+    return tuple(n for n in FLOAT_DTYPE_NAMES if hasattr(xp, n))
+
+
+def _first_device(xp: ModuleType) -> Any:
+    return xp.__array_namespace_info__().default_device()
+
+
+def _cpu_only(xp: ModuleType, spec: str) -> Any:
+    if spec.lower() not in ("cpu", "cpu:0", "cpu_device"):
+        raise ValueError(f"this backend runs on the CPU only; ATTNSPEC_DEVICE={spec!r} is not one")
+    return _first_device(xp)
+
+
+def _torch_device(xp: ModuleType, spec: str) -> Any:
+    import torch
+
+    try:
+        device = torch.device(spec)
+    except RuntimeError as exc:
+        raise ValueError(f"device {spec!r} is not a torch device ({exc})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise BackendError(f"device {spec!r} asked for, but torch sees no CUDA device")
+    return device
+
+
+def _jax_device(xp: ModuleType, spec: str) -> Any:
+    import jax
+
+    platform, _, index = spec.lower().partition(":")
+    platform = {"cuda": "gpu"}.get(platform, platform)
+    try:
+        devices = jax.devices(platform)
+    except RuntimeError as exc:
+        raise BackendError(f"device {spec!r} asked for, but jax has none ({exc})") from None
+    position = int(index) if index else 0
+    if position >= len(devices):
+        raise BackendError(f"device {spec!r} asked for, but jax has {len(devices)} {platform}")
+    return devices[position]
+
+
+def _cupy_device(xp: ModuleType, spec: str) -> Any:
+    import cupy
+
+    platform, _, index = spec.lower().partition(":")
+    if platform not in ("cuda", "gpu"):
+        raise ValueError(f"cupy runs on CUDA devices only; {spec!r} is not one")
+    return cupy.cuda.Device(int(index) if index else 0)
+
+
+def _asarray_on(xp: ModuleType, a: Any, device: Any) -> Any:
+    return xp.asarray(a, device=device)
+
+
+ADAPTERS: dict[str, Adapter] = {
+    "numpy": Adapter(
+        "numpy", "numpy", "pip install numpy", _load_numpy,
+        _first_device, _asarray_on, _numpy_to_numpy, _no_bfloat16, _cpu_only,
+    ),
+    "array_api_strict": Adapter(
+        "array_api_strict", "array_api_strict", "pip install 'attnspec[strict]'", _load_strict,
+        _first_device, _asarray_on, _strict_to_numpy, _strict_dtypes, _cpu_only,
+    ),
+    "torch": Adapter(
+        "torch", "torch", "pip install 'attnspec[torch]'", _load_torch,
+        _torch_default_device, _torch_from_numpy, _torch_to_numpy, _torch_dtypes, _torch_device,
+    ),
+    "jax": Adapter(
+        "jax", "jax", "pip install 'attnspec[jax]'", _load_jax,
+        _jax_default_device, _jax_from_numpy, _jax_to_numpy, _torch_dtypes, _jax_device,
+    ),
+    "cupy": Adapter(
+        "cupy", "cupy", "pip install 'attnspec[cupy]'", _load_cupy,
+        _cupy_default_device, _cupy_from_numpy, _cupy_to_numpy, _no_bfloat16, _cupy_device,
+    ),
+}
+
+ALIASES = {"np": "numpy", "pytorch": "torch", "strict": "array_api_strict",
+           "array-api-strict": "array_api_strict"}
+
+
+def canonical_name(name: str) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"backend name must be a str, got {type(name).__name__}")
+    key = ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key not in ADAPTERS:
+        raise ValueError(
+            f"unknown attnspec backend {name!r}; expected one of {', '.join(ADAPTERS)}"
+        )
+    return key
+
+
+def env_choice() -> tuple[str | None, str | None]:
+    return os.environ.get("ATTNSPEC_BACKEND") or None, os.environ.get("ATTNSPEC_DEVICE") or None

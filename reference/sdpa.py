@@ -1,0 +1,231 @@
+"""Scaled dot-product attention exactly as spec/dense.md defines it (SDPA-1 … SDPA-8)."""
+
+from __future__ import annotations
+
+import math
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import array_api_compat
+
+from ._checks import (
+    broadcast_shapes,
+    check_choice,
+    check_flag,
+    check_scale,
+    namespace_of,
+    require_broadcastable_to,
+    require_ndim_at_least,
+    require_real_floating,
+)
+from .masks import CAUSAL_ALIGNMENTS, causal_offset
+
+CALL = "scaled_dot_product_attention(q, k, v)"
+LAYOUT = "(..., heads, length, head_dim)"
+
+
+class AttentionProblem(NamedTuple):
+    """Validated, broadcast inputs in the computation dtype, heads split into groups.
+
+    ``q`` is ``(*batch, Hkv, G, Lq, E)``; ``k`` and ``v`` are ``(*batch, Hkv, 1, Lk, ·)``;
+    ``allowed`` (or None when every key is allowed) and ``bias`` (or None) broadcast to
+    ``(*batch, Hkv, G, Lq, Lk)``.  Shared by the dense reference and the tolerance model.
+    """
+
+    xp: ModuleType
+    q: Any
+    k: Any
+    v: Any
+    allowed: Any
+    bias: Any
+    scale: float
+    out_dtype: Any
+    out_shape: tuple[int, ...]
+
+
+def compute_dtype(xp: ModuleType, dtype: Any) -> Any:
+    """float16/bfloat16 are computed in float32 (SDPA-7.2); others in their own dtype."""
+    return dtype if dtype in (xp.float32, xp.float64) else xp.float32
+
+
+def prepare(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: Any = None,
+    bias: Any = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: Any = None,
+    call: str = CALL,
+) -> AttentionProblem:
+    """Check the arguments against SDPA-1 … SDPA-6 and lay them out for computation."""
+    xp = namespace_of(call, q=q, k=k, v=v, mask=mask, bias=bias)
+    require_real_floating(xp, call, "SDPA-1.4", q=q, k=k, v=v, bias=bias)
+    require_ndim_at_least(call, "SDPA-1.1", 3, LAYOUT, q=q, k=k, v=v)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"q.dtype={q.dtype}, k.dtype={k.dtype}, v.dtype={v.dtype}, but should all be "
+            f"the same [SDPA-1.4, {call}]"
+        )
+    check_flag("is_causal", is_causal, call)
+    check_choice("causal_alignment", causal_alignment, CAUSAL_ALIGNMENTS, call, "SDPA-4")
+    scale = check_scale(scale, call)
+
+    *q_batch, n_q_heads, n_queries, head_dim = q.shape
+    *k_batch, n_kv_heads, n_keys, k_head_dim = k.shape
+    *v_batch, v_heads, v_keys, value_dim = v.shape
+    if k_head_dim != head_dim:
+        raise ValueError(
+            f"k.shape[-1]={k_head_dim}, but should equal q.shape[-1]={head_dim} [SDPA-1.1, {call}]"
+        )
+    if (v_heads, v_keys) != (n_kv_heads, n_keys):
+        raise ValueError(
+            f"v.shape[-3:-1]={(v_heads, v_keys)}, but should equal k.shape[-3:-1]="
+            f"{(n_kv_heads, n_keys)} [SDPA-1.1, {call}]"
+        )
+    if n_kv_heads == 0 or n_q_heads % n_kv_heads != 0:
+        raise ValueError(
+            f"q has {n_q_heads} heads and k/v have {n_kv_heads}; the query heads should be "
+            f"a whole multiple of the key/value heads [SDPA-6.2, {call}]"
+        )
+    batch = broadcast_shapes(call, "SDPA-1.2", q=tuple(q_batch), k=tuple(k_batch), v=tuple(v_batch))
+    scores_shape = (*batch, n_q_heads, n_queries, n_keys)
+    if mask is not None:
+        if mask.dtype != xp.bool:
+            raise TypeError(
+                f"mask.dtype={mask.dtype}, but should be bool (True = may attend); pass an "
+                f"additive float mask as bias= [SDPA-3.1, {call}]"
+            )
+        require_broadcastable_to("mask", tuple(mask.shape), scores_shape, call, "SDPA-3.1")
+    if bias is not None:
+        require_broadcastable_to("bias", tuple(bias.shape), scores_shape, call, "SDPA-3.2")
+
+    work = compute_dtype(xp, q.dtype)
+    groups = n_q_heads // n_kv_heads
+    grouped = (*batch, n_kv_heads, groups, n_queries, n_keys)
+
+    def grouped_scores(a: Any) -> Any:
+        return xp.reshape(xp.broadcast_to(a, scores_shape), grouped)
+
+    allowed = None if mask is None else grouped_scores(mask)
+    if is_causal:
+        device = array_api_compat.device(q)
+        rows = xp.arange(n_queries, device=device)[:, None]
+        cols = xp.arange(n_keys, device=device)[None, :]
+        causal = cols <= rows + causal_offset(n_queries, n_keys, causal_alignment)
+        allowed = causal if allowed is None else xp.logical_and(allowed, causal)
+        allowed = xp.broadcast_to(allowed, grouped)
+
+    q5 = xp.reshape(
+        xp.broadcast_to(xp.astype(q, work), (*batch, n_q_heads, n_queries, head_dim)),
+        (*batch, n_kv_heads, groups, n_queries, head_dim),
+    )
+    k5 = xp.broadcast_to(xp.astype(k, work), (*batch, n_kv_heads, n_keys, head_dim))[..., None, :, :]
+    v5 = xp.broadcast_to(xp.astype(v, work), (*batch, n_kv_heads, n_keys, value_dim))[..., None, :, :]
+    bias5 = None if bias is None else grouped_scores(xp.astype(bias, work))
+    return AttentionProblem(
+        xp=xp,
+        q=q5,
+        k=k5,
+        v=v5,
+        allowed=allowed,
+        bias=bias5,
+        scale=1.0 / math.sqrt(head_dim) if scale is None else scale,
+        out_dtype=q.dtype,
+        out_shape=(*batch, n_q_heads, n_queries, value_dim),
+    )
+
+
+def allowed_scores(problem: AttentionProblem) -> tuple[Any, Any]:
+    """Scaled, biased scores and the boolean set S(i) of keys each query may attend.
+
+    A key is allowed when the mask and the causal rule allow it and its bias is not
+    -inf (SDPA-3.3).  Disallowed scores are set to -inf.
+    """
+    xp = problem.xp
+    scores = xp.matmul(problem.q, xp.matrix_transpose(problem.k)) * problem.scale
+    if problem.bias is not None:
+        scores = scores + problem.bias
+    allowed = scores != -xp.inf
+    if problem.allowed is not None:
+        allowed = xp.logical_and(allowed, problem.allowed)
+    return xp.where(allowed, scores, xp.full_like(scores, -xp.inf)), allowed
+
+
+def softmax_over_allowed(xp: ModuleType, scores: Any, allowed: Any) -> Any:
+    """Softmax over the key axis of the allowed scores (SDPA-7.1, SDPA-5.1).
+
+    Rows with no allowed key get all-zero weights.  Disallowed positions never reach
+    an arithmetic operation, so no value there (NaN included) can leak (SDPA-8).
+    """
+    if scores.shape[-1] == 0:
+        return scores
+    row_max = xp.max(scores, axis=-1, keepdims=True)
+    # A row with nothing allowed has max -inf; shifting it by 0 keeps it NaN-free.
+    row_max = xp.where(row_max == -xp.inf, xp.zeros_like(row_max), row_max)
+    shifted = xp.where(allowed, scores, row_max) - row_max
+    exps = xp.where(allowed, xp.exp(shifted), xp.zeros_like(scores))
+    total = xp.sum(exps, axis=-1, keepdims=True)
+    return exps / xp.where(total == 0, xp.ones_like(total), total)
+
+
+def weighted_values(xp: ModuleType, weights: Any, allowed: Any, v: Any) -> Any:
+    """``weights @ v`` where disallowed keys contribute nothing even if v is not finite.
+
+    A plain matmul computes 0 * NaN = NaN for a masked key whose value is NaN; the spec
+    excludes masked keys from the sum altogether (SDPA-8.2), while non-finite values of
+    allowed keys propagate even when their weight underflows to 0 (SDPA-8.3).
+    """
+    finite = xp.isfinite(v)
+    if bool(xp.all(finite)):
+        return xp.matmul(weights, v)
+    out = xp.matmul(weights, xp.where(finite, v, xp.zeros_like(v)))
+    reaches = xp.astype(allowed, v.dtype)
+
+    def count(selected: Any) -> Any:
+        return xp.matmul(reaches, xp.astype(selected, v.dtype))
+
+    n_nan, n_pos, n_neg = count(xp.isnan(v)), count(v == xp.inf), count(v == -xp.inf)
+    out = xp.where(n_pos > 0, xp.full_like(out, xp.inf), out)
+    out = xp.where(n_neg > 0, xp.full_like(out, -xp.inf), out)
+    undefined = xp.logical_or(n_nan > 0, xp.logical_and(n_pos > 0, n_neg > 0))
+    return xp.where(undefined, xp.full_like(out, xp.nan), out)
+
+
+def scaled_dot_product_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: Any = None,
+    bias: Any = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    return_weights: bool = False,
+) -> Any:
+    """Attention as spec/dense.md defines it.
+
+    ``q (..., Hq, Lq, E)``, ``k (..., Hkv, Lk, E)``, ``v (..., Hkv, Lk, Ev)`` with
+    ``Hq = G * Hkv`` (SDPA-6.1) give ``(..., Hq, Lq, Ev)`` in q's dtype (SDPA-1.3).
+    ``mask`` is boolean, True = may attend (SDPA-3.1); ``bias`` is added after scaling
+    (SDPA-3.2) and loses to the mask (SDPA-3.3); ``is_causal`` uses ``causal_alignment``
+    (SDPA-4).  Rows with no allowed key give 0 (SDPA-5).  With ``return_weights=True``
+    returns ``(out, weights)``, weights ``(..., Hq, Lq, Lk)`` in q's dtype.
+    """
+    check_flag("return_weights", return_weights, CALL)
+    problem = prepare(
+        q, k, v, mask=mask, bias=bias, is_causal=is_causal,
+        causal_alignment=causal_alignment, scale=scale,
+    )
+    xp = problem.xp
+    scores, allowed = allowed_scores(problem)
+    weights = softmax_over_allowed(xp, scores, allowed)
+    values = weighted_values(xp, weights, allowed, problem.v)
+    out = xp.astype(xp.reshape(values, problem.out_shape), problem.out_dtype)
+    if not return_weights:
+        return out
+    weights_shape = (*problem.out_shape[:-1], weights.shape[-1])
+    return out, xp.astype(xp.reshape(weights, weights_shape), problem.out_dtype)
