@@ -1,0 +1,61 @@
+"""The spec's clauses, read from the spec's own text so code and spec cannot drift.
+
+A clause is declared in ``spec/*.md`` by an anchor line followed by a bold lead::
+
+    <a id="SDPA-4.2"></a>
+    **SDPA-4.2 (MUST) Bottom-right causal alignment.** Query i may attend ...
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+LEVELS = ("MUST", "SHOULD", "MAY")
+SPEC_DIR = Path(__file__).resolve().parent.parent / "spec"
+_CLAUSE = re.compile(
+    r'^<a id="(?P<anchor>[A-Z]+-[0-9]+(?:\.[0-9]+)*)"></a>\s*\n'
+    r"\*\*(?P<id>[A-Z]+-[0-9]+(?:\.[0-9]+)*) \((?P<level>MUST|SHOULD|MAY)\) (?P<title>[^*]+?)\.\*\*",
+    re.MULTILINE,
+)
+
+
+@dataclass(frozen=True)
+class Clause:
+    id: str
+    level: str
+    title: str
+    document: str
+
+    @property
+    def citation(self) -> str:
+        """How a paper or an error message cites the clause."""
+        return f"attnspec 2026.12 {self.id}"
+
+    @property
+    def url_fragment(self) -> str:
+        return f"spec/{self.document}#{self.id}"
+
+
+@functools.cache
+def all_clauses() -> dict[str, Clause]:
+    """Every clause of every spec document, by id."""
+    clauses: dict[str, Clause] = {}
+    for document in sorted(SPEC_DIR.glob("*.md")):
+        for match in _CLAUSE.finditer(document.read_text(encoding="utf-8")):
+            if match["anchor"] != match["id"]:
+                raise ValueError(f"{document.name}: anchor {match['anchor']} heads {match['id']}")
+            if match["id"] in clauses:
+                raise ValueError(f"{document.name}: clause {match['id']} is declared twice")
+            clauses[match["id"]] = Clause(match["id"], match["level"], match["title"], document.name)
+    return clauses
+
+
+def clause(clause_id: str) -> Clause:
+    """The clause with this id; KeyError naming the spec documents if there is none."""
+    try:
+        return all_clauses()[clause_id]
+    except KeyError:
+        raise KeyError(f"no clause {clause_id!r} in {SPEC_DIR}") from None
