@@ -1,0 +1,26 @@
+"""Shared fixtures: one parameter per backend, skipped with the reason it is unusable."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnspec.backends import BACKEND_NAMES, Backend, BackendError
+
+
+def _load(name: str) -> Backend:
+    try:
+        return Backend(name)
+    except BackendError as exc:
+        pytest.skip(f"backend {name!r} unusable on this machine: {exc}")
+
+
+@pytest.fixture(params=BACKEND_NAMES)
+def backend(request: pytest.FixtureRequest) -> Backend:
+    """Every backend, each on its default device; CuPy skips where no CUDA device is."""
+    return _load(request.param)
+
+
+@pytest.fixture(params=[n for n in BACKEND_NAMES if n != "cupy"])
+def cpu_backend(request: pytest.FixtureRequest) -> Backend:
+    """The backends CI must run (all but CuPy, which needs a CUDA device)."""
+    return _load(request.param)
