@@ -1,0 +1,83 @@
+"""Helpers whose names say what they assert; each raises a complete PropertyFailure."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .failures import PropertyFailure
+from .kernel import KernelUnderTest, Problem
+from .oracle import reference_bound
+
+
+def _first_index(where: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argwhere(where)[0])
+
+
+def assert_shape(
+    actual: np.ndarray, expected: tuple[int, ...], what: str, problem: Problem,
+    kernel: KernelUnderTest,
+) -> None:
+    if tuple(actual.shape) != tuple(expected):
+        raise PropertyFailure(
+            f"{what}.shape={tuple(actual.shape)}, but should be {tuple(expected)}", problem, kernel
+        )
+
+
+def assert_identical(
+    actual: np.ndarray, expected: np.ndarray, what: str, problem: Problem,
+    kernel: KernelUnderTest,
+) -> None:
+    """Equal values everywhere (IEEE ==, NaN matching NaN, +0 == -0)."""
+    assert_shape(actual, expected.shape, what, problem, kernel)
+    same = (actual == expected) | (np.isnan(actual) & np.isnan(expected))
+    if not same.all():
+        at = _first_index(~same)
+        raise PropertyFailure(
+            f"{what} differs at {at}: {float(actual[at])!r} vs {float(expected[at])!r} "
+            f"({int((~same).sum())} of {same.size} elements differ)",
+            problem, kernel,
+        )
+
+
+def assert_within_bound(
+    actual: np.ndarray, expected: np.ndarray, bound: np.ndarray, what: str,
+    problem: Problem, kernel: KernelUnderTest,
+) -> None:
+    """|actual - expected| <= bound elementwise; non-finite expected values must match."""
+    assert_shape(actual, expected.shape, what, problem, kernel)
+    finite = np.isfinite(expected)
+    exact = ~finite
+    mismatched_nonfinite = exact & ~(
+        (actual == expected) | (np.isnan(actual) & np.isnan(expected))
+    )
+    with np.errstate(invalid="ignore"):
+        error = np.where(finite, np.abs(actual - expected), 0.0)
+        too_far = finite & ~(error <= bound)
+    if mismatched_nonfinite.any():
+        at = _first_index(mismatched_nonfinite)
+        raise PropertyFailure(
+            f"{what}[{at}] = {float(actual[at])!r}, but should be {float(expected[at])!r} (TOL-3)",
+            problem, kernel,
+        )
+    if too_far.any():
+        ratio = np.where(too_far, error / np.maximum(bound, np.finfo(np.float64).tiny), 0.0)
+        at = _first_index(ratio == ratio.max()) if np.isfinite(ratio).all() else _first_index(too_far)
+        raise PropertyFailure(
+            f"{what}[{at}] = {float(actual[at])!r}, but should be {float(expected[at])!r} within "
+            f"{bound[at]:.3g} (TOL-2); error {error[at]:.3g} is {error[at] / bound[at]:.3g}x "
+            f"the bound; {int(too_far.sum())} of {too_far.size} elements outside",
+            problem, kernel,
+        )
+
+
+def assert_matches_reference(
+    kernel: KernelUnderTest, problem: Problem, out: np.ndarray | None = None,
+    what: str = "out",
+) -> np.ndarray:
+    """The kernel's output lies within TOL-2 of the float64 definition (SDPA-7.3)."""
+    if out is None:
+        out = kernel.run(problem)
+    bound = reference_bound(problem, kernel.declaration)
+    assert_within_bound(out, np.asarray(bound.out), np.asarray(bound.out_tolerance), what,
+                        problem, kernel)
+    return out

@@ -1,0 +1,34 @@
+"""Failure reports that show the inputs, the measured error, the clause and a reproduction."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .kernel import KernelUnderTest, Problem
+
+
+class PropertyFailure(AssertionError):
+    """A property does not hold; the message is complete and self-contained."""
+
+    def __init__(
+        self,
+        finding: str,
+        problem: Problem | None = None,
+        kernel: KernelUnderTest | None = None,
+    ) -> None:
+        self.finding = finding
+        self.problem = problem
+        self.counterexample = "" if problem is None else problem.describe()
+        self.reproduction = (
+            "" if problem is None or kernel is None
+            else problem.snippet(kernel.target, kernel.backend.name)
+        )
+        message = finding
+        if self.counterexample:
+            message += f"\n  inputs: {self.counterexample}"
+        super().__init__(message)
+
+
+class KernelRaised(PropertyFailure):
+    """The kernel raised on input the spec defines (it must return a result)."""

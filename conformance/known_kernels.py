@@ -1,0 +1,40 @@
+"""Declarations of well-known third-party kernels, so they check with no configuration.
+
+Each entry states what the library documents; the suite then verifies it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .declaration import KernelDeclaration
+
+
+def _torch_sdpa() -> KernelDeclaration:
+    # float attn_mask is an additive bias and a bool one a mask, through one argument;
+    # attn_mask together with is_causal=True raises, so that combination is not claimed.
+    return KernelDeclaration(
+        mask_keyword="attn_mask",
+        bias=True,
+        bias_keyword="attn_mask",
+        mask_and_causal=False,
+        gqa=True,
+        gqa_keyword="enable_gqa",
+        extra_kwargs={"dropout_p": 0.0},
+    )
+
+
+_KNOWN: dict[str, Callable[[], KernelDeclaration]] = {
+    "torch.nn.functional.scaled_dot_product_attention": _torch_sdpa,
+    "torch._C._nn.scaled_dot_product_attention": _torch_sdpa,
+}
+
+
+def qualified_name(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', None) or ''}.{getattr(fn, '__qualname__', '')}"
+
+
+def known_declaration(fn: Any) -> KernelDeclaration | None:
+    factory = _KNOWN.get(qualified_name(fn))
+    return None if factory is None else factory()

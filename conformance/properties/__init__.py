@@ -1,0 +1,3 @@
+"""Property modules, one per spec area; importing them registers their properties."""
+
+from . import agreement  # noqa: F401

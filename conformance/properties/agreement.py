@@ -1,0 +1,44 @@
+"""SDPA-7.1 and SDPA-7.3: the output is attention as defined, within TOL-2."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+from ..assertions import assert_matches_reference, assert_within_bound
+from ..failures import PropertyFailure
+from ..kernel import KernelUnderTest
+from ..oracle import weights_bound
+from ..registry import register
+from ..strategies import draw_problem
+
+
+@register("matches-reference", "SDPA-7.3")
+def matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Every output (and returned weight) is within TOL-2 of the float64 definition,
+    for every claimed dtype, with masks, bias, causal, GQA and explicit scales drawn."""
+    problem = draw_problem(data, kernel)
+    if kernel.declaration.returns_weights:
+        out, weights = kernel.run_with_weights(problem)
+        assert_matches_reference(kernel, problem, out)
+        expected, tolerance = weights_bound(problem, kernel.declaration)
+        assert_within_bound(weights, np.asarray(expected), np.asarray(tolerance), "weights",
+                            problem, kernel)
+    else:
+        assert_matches_reference(kernel, problem)
+
+
+@register("rows-sum-to-one", "SDPA-7.1")
+def rows_sum_to_one(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Weights (returned, or observed through V = I) are >= 0 and each row with an
+    allowed key sums to 1 within TOL-2; rows with none sum to 0 (SDPA-5.1)."""
+    problem = draw_problem(data, kernel, min_keys=1)
+    _, weights = kernel.run_with_weights(problem)
+    expected, tolerance = weights_bound(problem, kernel.declaration)
+    negative = weights < 0
+    if negative.any():
+        at = tuple(int(i) for i in np.argwhere(negative)[0])
+        raise PropertyFailure(f"weight{at} = {weights[at]!r} is negative", problem, kernel)
+    assert_within_bound(weights.sum(axis=-1), np.asarray(expected).sum(axis=-1),
+                        np.asarray(tolerance).sum(axis=-1), "row sum of weights",
+                        problem, kernel)

@@ -1,0 +1,158 @@
+"""Running properties against a kernel and collecting one verdict per property."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+
+from .failures import PropertyFailure
+from .kernel import KernelUnderTest
+from .registry import Property, all_properties
+
+PROFILES: dict[str, int] = {"quick": 20, "default": 100, "thorough": 1000}
+PASSED, FAILED, WARNING, NOT_APPLICABLE = "passed", "failed", "warning", "not applicable"
+
+
+@dataclass
+class Verdict:
+    """The outcome of one property on one kernel (CONF-1 … CONF-3)."""
+
+    property: str
+    clause: str
+    level: str
+    status: str
+    detail: str = ""
+    counterexample: str = ""
+    reproduction: str = ""
+    examples: int = 0
+    seconds: float = 0.0
+
+    @property
+    def failed_conformance(self) -> bool:
+        return self.status == FAILED
+
+
+@dataclass
+class Report:
+    """All verdicts for one kernel, plus how the run was configured."""
+
+    kernel: str
+    backend: str
+    device: str
+    profile: str
+    seed: int | None
+    strict: bool
+    verdicts: list[Verdict] = field(default_factory=list)
+
+    @property
+    def conforms(self) -> bool:
+        """CONF-1: every applicable MUST property passed (and, when strict, every SHOULD)."""
+        bad = {FAILED, WARNING} if self.strict else {FAILED}
+        return not any(v.status in bad for v in self.verdicts)
+
+    def to_dict(self) -> dict[str, object]:
+        data = asdict(self)
+        data["conforms"] = self.conforms
+        return data
+
+
+def hypothesis_settings(profile: str, seed: int | None) -> settings:
+    """Reproducible, quiet, deadline-free settings: no flaky time limits, no database."""
+    if profile not in PROFILES:
+        raise ValueError(f"profile={profile!r}, but should be one of {', '.join(PROFILES)}")
+    return settings(
+        max_examples=PROFILES[profile],
+        derandomize=seed is None,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        verbosity=Verbosity.quiet,
+        report_multiple_bugs=False,
+        print_blob=False,
+        phases=(Phase.explicit, Phase.generate, Phase.shrink),
+    )
+
+
+def _failed_verdict(prop: Property, failure: PropertyFailure) -> Verdict:
+    level = prop.level
+    return Verdict(
+        property=prop.id, clause=prop.clause, level=level,
+        status=FAILED if level == "MUST" else WARNING,
+        detail=failure.finding, counterexample=failure.counterexample,
+        reproduction=failure.reproduction,
+    )
+
+
+def run_property(
+    prop: Property, kernel: KernelUnderTest, *, profile: str = "quick", seed: int | None = None
+) -> Verdict:
+    """Run one property; a kernel that does not claim it gets "not applicable" (CONF-3)."""
+    started = time.perf_counter()
+    reason = prop.applies(kernel.declaration)
+    if reason is not None:
+        return Verdict(prop.id, prop.clause, prop.level, NOT_APPLICABLE, detail=reason)
+    examples = [0]
+    try:
+        if prop.kind == "fixed":
+            prop.check(kernel, 0 if seed is None else seed)
+            examples[0] = 1
+        else:
+            @hypothesis_settings(profile, seed)
+            @given(st.data())
+            def property_test(data: st.DataObject) -> None:
+                examples[0] += 1
+                prop.check(kernel, data)
+
+            if seed is not None:
+                property_test = hypothesis_seed(seed)(property_test)
+            property_test()
+    except PropertyFailure as failure:
+        verdict = _failed_verdict(prop, failure)
+    else:
+        verdict = Verdict(prop.id, prop.clause, prop.level, PASSED)
+    verdict.examples = examples[0]
+    verdict.seconds = time.perf_counter() - started
+    return verdict
+
+
+def select(only: Iterable[str] | None = None, skip: Iterable[str] | None = None) -> list[Property]:
+    """The registered properties, filtered by id; unknown ids are a ValueError."""
+    registry = all_properties()
+    chosen = list(only) if only else list(registry)
+    unknown = [p for p in [*chosen, *(skip or ())] if p not in registry]
+    if unknown:
+        raise ValueError(
+            f"unknown property id(s) {', '.join(unknown)}; known: {', '.join(registry)}"
+        )
+    skipped = set(skip or ())
+    return [registry[p] for p in chosen if p not in skipped]
+
+
+def run_all(
+    kernel: KernelUnderTest,
+    *,
+    profile: str = "quick",
+    seed: int | None = None,
+    only: Iterable[str] | None = None,
+    skip: Iterable[str] | None = None,
+    strict: bool = False,
+    progress: Callable[[Property, Verdict | None], None] | None = None,
+) -> Report:
+    """Every selected property against ``kernel``; ``progress`` hears each start and end."""
+    properties = select(only, skip)
+    hypothesis_settings(profile, seed)  # validate the profile before any work
+    report = Report(kernel.target, kernel.backend.name, str(kernel.backend.device), profile,
+                    seed, strict)
+    for prop in properties:
+        if progress:
+            progress(prop, None)
+        verdict = run_property(prop, kernel, profile=profile, seed=seed)
+        report.verdicts.append(verdict)
+        if progress:
+            progress(prop, verdict)
+    return report
