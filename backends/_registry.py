@@ -146,7 +146,9 @@ def _load_cupy() -> ModuleType:
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # CUDA driver missing raises CUDARuntimeError
-        raise BackendError(f"backend 'cupy' needs a CUDA device, but none is usable ({exc})")
+        raise BackendError(
+            f"backend 'cupy' needs a CUDA device, but none is usable ({exc})"
+        ) from None
     if count == 0:
         raise BackendError("backend 'cupy' needs a CUDA device, but none is present")
     import array_api_compat.cupy as xp

@@ -61,7 +61,8 @@ def assert_within_bound(
         )
     if too_far.any():
         ratio = np.where(too_far, error / np.maximum(bound, np.finfo(np.float64).tiny), 0.0)
-        at = _first_index(ratio == ratio.max()) if np.isfinite(ratio).all() else _first_index(too_far)
+        worst = ratio == ratio.max() if np.isfinite(ratio).all() else too_far
+        at = _first_index(worst)
         raise PropertyFailure(
             f"{what}[{at}] = {float(actual[at])!r}, but should be {float(expected[at])!r} within "
             f"{bound[at]:.3g} (TOL-2); error {error[at]:.3g} is {error[at] / bound[at]:.3g}x "

@@ -17,7 +17,8 @@ LEVELS = ("MUST", "SHOULD", "MAY")
 SPEC_DIR = Path(__file__).resolve().parent.parent / "spec"
 _CLAUSE = re.compile(
     r'^<a id="(?P<anchor>[A-Z]+-[0-9]+(?:\.[0-9]+)*)"></a>\s*\n'
-    r"\*\*(?P<id>[A-Z]+-[0-9]+(?:\.[0-9]+)*) \((?P<level>MUST|SHOULD|MAY)\) (?P<title>[^*]+?)\.\*\*",
+    r"\*\*(?P<id>[A-Z]+-[0-9]+(?:\.[0-9]+)*) \((?P<level>MUST|SHOULD|MAY)\) "
+    r"(?P<title>[^*]+?)\.\*\*",
     re.MULTILINE,
 )
 
@@ -49,7 +50,9 @@ def all_clauses() -> dict[str, Clause]:
                 raise ValueError(f"{document.name}: anchor {match['anchor']} heads {match['id']}")
             if match["id"] in clauses:
                 raise ValueError(f"{document.name}: clause {match['id']} is declared twice")
-            clauses[match["id"]] = Clause(match["id"], match["level"], match["title"], document.name)
+            clauses[match["id"]] = Clause(
+                match["id"], match["level"], match["title"], document.name
+            )
     return clauses
 
 

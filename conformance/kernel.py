@@ -129,7 +129,8 @@ class KernelUnderTest:
         self.fn = fn
         self.backend = backend
         self.declaration = declaration if declaration is not None else declaration_of(fn)
-        self.target = target or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}"
+        module, name = getattr(fn, "__module__", "?"), getattr(fn, "__qualname__", "?")
+        self.target = target or f"{module}:{name}"
 
     @classmethod
     def load(cls, target: str, backend: Backend, **overrides: Any) -> KernelUnderTest:

@@ -122,14 +122,14 @@ def prepare(
         xp.broadcast_to(xp.astype(q, work), (*batch, n_q_heads, n_queries, head_dim)),
         (*batch, n_kv_heads, groups, n_queries, head_dim),
     )
-    k5 = xp.broadcast_to(xp.astype(k, work), (*batch, n_kv_heads, n_keys, head_dim))[..., None, :, :]
-    v5 = xp.broadcast_to(xp.astype(v, work), (*batch, n_kv_heads, n_keys, value_dim))[..., None, :, :]
+    k5 = xp.broadcast_to(xp.astype(k, work), (*batch, n_kv_heads, n_keys, head_dim))
+    v5 = xp.broadcast_to(xp.astype(v, work), (*batch, n_kv_heads, n_keys, value_dim))
     bias5 = None if bias is None else grouped_scores(xp.astype(bias, work))
     return AttentionProblem(
         xp=xp,
         q=q5,
-        k=k5,
-        v=v5,
+        k=k5[..., None, :, :],
+        v=v5[..., None, :, :],
         allowed=allowed,
         bias=bias5,
         scale=1.0 / math.sqrt(head_dim) if scale is None else scale,
