@@ -76,6 +76,11 @@ def prepare(
     *q_batch, n_q_heads, n_queries, head_dim = q.shape
     *k_batch, n_kv_heads, n_keys, k_head_dim = k.shape
     *v_batch, v_heads, v_keys, value_dim = v.shape
+    if head_dim == 0:
+        raise ValueError(
+            f"q.shape[-1]=0, but the head dim E should be >= 1 (the default scale is "
+            f"1/sqrt(E)) [SDPA-1.1, {call}]"
+        )
     if k_head_dim != head_dim:
         raise ValueError(
             f"k.shape[-1]={k_head_dim}, but should equal q.shape[-1]={head_dim} [SDPA-1.1, {call}]"
