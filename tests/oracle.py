@@ -1,0 +1,167 @@
+"""An independent float64 oracle, written from the text of spec/dense.md in plain NumPy.
+
+It shares no code with ``attnspec.reference``: every clause is evaluated the slow and
+obvious way (one query row at a time, the allowed set S(i) built as a Python list), so
+that a bug in the vectorised reference cannot hide behind the same bug here.  Inputs are
+NumPy arrays (anything ``np.asarray`` takes); results are float64 NumPy arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+
+def causal_allows(i: int, j: int, n_queries: int, n_keys: int, alignment: str) -> bool:
+    """SDPA-4.1 (top-left: j <= i) and SDPA-4.2 (bottom-right: j <= i + Lk - Lq)."""
+    if alignment == "top_left":
+        return j <= i
+    if alignment == "bottom_right":
+        return j <= i + n_keys - n_queries
+    raise ValueError(f"unknown alignment {alignment!r}")
+
+
+def causal_matrix(n_queries: int, n_keys: int, alignment: str) -> np.ndarray:
+    """The (Lq, Lk) table of ``causal_allows``, entry by entry."""
+    table = np.zeros((n_queries, n_keys), dtype=bool)
+    for i in range(n_queries):
+        for j in range(n_keys):
+            table[i, j] = causal_allows(i, j, n_queries, n_keys, alignment)
+    return table
+
+
+def sdpa(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: Any = None,
+    bias: Any = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """SDPA-7.1 evaluated row by row in float64; returns ``(out, weights)``.
+
+    S(i) holds the keys j the mask allows (SDPA-3.1), the causal rule allows (SDPA-4,
+    combined by AND: SDPA-3.4) and whose bias is not -inf (SDPA-3.3).  Query head h
+    reads key/value head h // G (SDPA-6.1).  An empty S(i) gives a zero row (SDPA-5).
+    """
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    *q_batch, n_q_heads, n_queries, head_dim = q.shape
+    *k_batch, n_kv_heads, n_keys, _ = k.shape
+    value_dim = v.shape[-1]
+    batch = np.broadcast_shapes(tuple(q_batch), tuple(k_batch), tuple(v.shape[:-3]))
+    group = n_q_heads // n_kv_heads
+    q = np.broadcast_to(q, (*batch, *q.shape[-3:]))
+    k = np.broadcast_to(k, (*batch, *k.shape[-3:]))
+    v = np.broadcast_to(v, (*batch, *v.shape[-3:]))
+    scores_shape = (*batch, n_q_heads, n_queries, n_keys)
+    mask = None if mask is None else np.broadcast_to(np.asarray(mask, dtype=bool), scores_shape)
+    bias = None if bias is None else np.broadcast_to(np.asarray(bias, np.float64), scores_shape)
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+    out = np.zeros((*batch, n_q_heads, n_queries, value_dim))
+    weights = np.zeros(scores_shape)
+    for b in np.ndindex(*batch):
+        for h in range(n_q_heads):
+            kv_head = h // group
+            for i in range(n_queries):
+                allowed, scores = [], []
+                for j in range(n_keys):
+                    if mask is not None and not mask[(*b, h, i, j)]:
+                        continue
+                    if is_causal and not causal_allows(i, j, n_queries, n_keys, causal_alignment):
+                        continue
+                    s = scale * float(np.dot(q[(*b, h, i)], k[(*b, kv_head, j)]))
+                    if bias is not None:
+                        s = s + bias[(*b, h, i, j)]
+                    if s == -math.inf:
+                        continue
+                    allowed.append(j)
+                    scores.append(s)
+                if not allowed:
+                    continue
+                s = np.array(scores)
+                e = np.exp(s - np.max(s))
+                p = e / np.sum(e)
+                weights[(*b, h, i)][allowed] = p
+                rows = v[(*b, kv_head)][allowed]
+                out[(*b, h, i)] = np.sum(p[:, None] * rows, axis=0)
+    return out, weights
+
+
+def sinusoidal(n: int, d: int, base: float = 10000.0) -> np.ndarray:
+    """POS-1: PE[p, 2i] = sin(p / base^(2i/d)), PE[p, 2i+1] = cos(the same)."""
+    table = np.zeros((n, d))
+    for p in range(n):
+        for column in range(d):
+            pair = column // 2
+            angle = p / base ** (2 * pair / d)
+            table[p, column] = math.sin(angle) if column % 2 == 0 else math.cos(angle)
+    return table
+
+
+def rope(
+    x: Any, positions: Any = None, *, base: float = 10000.0, layout: str = "interleaved"
+) -> np.ndarray:
+    """ROPE-1: rotate each feature pair of ``x (..., L, d)`` by p * base^(-2i/d)."""
+    x = np.asarray(x, dtype=np.float64)
+    length, d = x.shape[-2], x.shape[-1]
+    if positions is None:
+        positions = np.arange(length)
+    positions = np.broadcast_to(np.asarray(positions), x.shape[:-1])
+    half = d // 2
+    out = np.empty_like(x)
+    for index in np.ndindex(*x.shape[:-1]):
+        p = float(positions[index])
+        for i in range(half):
+            first, second = (2 * i, 2 * i + 1) if layout == "interleaved" else (i, i + half)
+            angle = p * base ** (-2 * i / d)
+            a, b = x[(*index, first)], x[(*index, second)]
+            out[(*index, first)] = a * math.cos(angle) - b * math.sin(angle)
+            out[(*index, second)] = a * math.sin(angle) + b * math.cos(angle)
+    return out
+
+
+def mha(
+    x: Any,
+    y: Any = None,
+    *,
+    w_q: Any,
+    w_k: Any,
+    w_v: Any,
+    w_o: Any,
+    b_q: Any = None,
+    b_k: Any = None,
+    b_v: Any = None,
+    b_o: Any = None,
+    num_heads: int,
+    num_kv_heads: int | None = None,
+    **attention: Any,
+) -> tuple[np.ndarray, np.ndarray]:
+    """MHA-1/MHA-2: projections, head h = columns h*E:(h+1)*E, SDPA per head, concat, W_O.
+
+    ``attention`` goes to :func:`sdpa` (mask, bias, is_causal, causal_alignment, scale).
+    Returns ``(out, weights)``.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    y = x if y is None else np.asarray(y, dtype=np.float64)
+    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+
+    def project(inputs: np.ndarray, w: Any, b: Any) -> np.ndarray:
+        out = np.einsum("...ld,de->...le", inputs, np.asarray(w, dtype=np.float64))
+        return out if b is None else out + np.asarray(b, dtype=np.float64)
+
+    def heads(projected: np.ndarray, count: int) -> np.ndarray:
+        width = projected.shape[-1] // count
+        return np.stack([projected[..., h * width:(h + 1) * width] for h in range(count)], -3)
+
+    q = heads(project(x, w_q, b_q), num_heads)
+    k = heads(project(y, w_k, b_k), num_kv_heads)
+    v = heads(project(y, w_v, b_v), num_kv_heads)
+    per_head, weights = sdpa(q, k, v, **attention)
+    concatenated = np.concatenate([per_head[..., h, :, :] for h in range(num_heads)], axis=-1)
+    return project(concatenated, w_o, b_o), weights
