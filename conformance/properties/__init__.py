@@ -1,3 +1,3 @@
 """Property modules, one per spec area; importing them registers their properties."""
 
-from . import agreement  # noqa: F401
+from . import agreement, scale  # noqa: F401

@@ -1,0 +1,130 @@
+"""SDPA-2: the score scale, recovered from the kernel's own weights.
+
+The probe: one-hot query q = e_0 and keys k_j = j a e_0, so q . k_j = j a exactly in
+every dtype (a is a power of two and j a is small).  Then
+log(p_{j+1} / p_j) = s a, s being the scale the kernel really used.  With E != Ev and
+GQA drawn, 1/E, 1/sqrt(Ev), s^2, a missing scale and an ignored ``scale=`` all give a
+recovered s that TOL-2 cannot explain.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import strategies as st
+
+from ..failures import PropertyFailure
+from ..kernel import KernelUnderTest, Problem
+from ..oracle import weights_bound
+from ..registry import needs, register
+from ..statistics import two_sided_chi_square_interval
+from ..strategies import draw_dtype
+
+SCORE_VARIANCE_PAIRS = 2000
+SCORE_VARIANCE_FALSE_FAILURE = 1e-6
+EXPLICIT_PROBE_SCALES = (0.0, 0.375, 1.5, -0.5, 0.0625)
+
+
+def scale_probe(kernel: KernelUnderTest, data: st.DataObject, scale: float | None) -> Problem:
+    """The probe problem: one-hot query, keys along it at dot products 0, a, 2a, ..."""
+    decl = kernel.declaration
+    head_dim = data.draw(st.integers(2, 24), label="E")
+    n_keys = data.draw(st.integers(2, 5), label="Lk")
+    value_dim = data.draw(st.sampled_from([d for d in (n_keys + 1, n_keys + 3) if d != head_dim]),
+                          label="Ev")
+    n_kv_heads = data.draw(st.integers(1, 2), label="Hkv")
+    groups = data.draw(st.integers(1, 3), label="G") if decl.gqa else 1
+    n_queries = data.draw(st.integers(1, 3), label="Lq")
+    effective = 1 / math.sqrt(head_dim) if scale is None else scale
+    # a power of two near 1/s keeps s*a moderate and j*a exact in every dtype
+    step = 2.0 ** round(-math.log2(abs(effective))) if effective else 1.0
+    n_q_heads = n_kv_heads * groups
+    q = np.zeros((n_q_heads, n_queries, head_dim))
+    q[..., 0] = 1.0
+    k = np.zeros((n_kv_heads, n_keys, head_dim))
+    k[..., 0] = np.arange(n_keys) * step
+    v = np.zeros((n_kv_heads, n_keys, value_dim))
+    v[..., :n_keys] = np.eye(n_keys)
+    return Problem(q=q, k=k, v=v, dtype=draw_dtype(data, kernel), scale=scale)
+
+
+def recovered_scale(kernel: KernelUnderTest, problem: Problem) -> None:
+    """Compare the scale implied by the kernel's weights with the clause's."""
+    n_keys = problem.k.shape[-2]
+    head_dim, value_dim = problem.q.shape[-1], problem.v.shape[-1]
+    step = float(problem.k[0, 1, 0])
+    out = kernel.run(problem)[..., :n_keys]
+    identity_problem = problem.with_(v=problem.v[..., :n_keys])
+    expected, tolerance = (np.asarray(a) for a in weights_bound(identity_problem,
+                                                                kernel.declaration))
+    expected_scale = 1 / math.sqrt(head_dim) if problem.scale is None else problem.scale
+    with np.errstate(divide="ignore", invalid="ignore"):
+        implied = np.log(out[..., 1:] / out[..., :-1]) / step
+        # first-order error of a log-ratio of weights each within its TOL-2 bound
+        slack = (tolerance[..., 1:] / expected[..., 1:]
+                 + tolerance[..., :-1] / expected[..., :-1]) / step
+    bad = ~(np.abs(implied - expected_scale) <= slack)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        found = float(implied[at])
+        candidates = {
+            "1/sqrt(E)": 1 / math.sqrt(head_dim), "1/E": 1 / head_dim,
+            "1/sqrt(Ev)": 1 / math.sqrt(value_dim), "1 (no scale)": 1.0,
+            "scale**2": expected_scale**2, "0": 0.0,
+        }
+        names = [n for n, c in candidates.items() if abs(found - c) <= float(slack[at])]
+        looks = f" (looks like {', '.join(names)})" if names else ""
+        raise PropertyFailure(
+            f"the kernel's weights imply scale={found:.6g}{looks}, but should be "
+            f"{expected_scale:.6g} (E={head_dim}, Ev={value_dim}, scale={problem.scale!r}); "
+            f"allowed deviation {float(slack[at]):.3g} from TOL-2",
+            problem, kernel,
+        )
+
+
+@register("default-scale", "SDPA-2.1")
+def default_scale(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """With scale=None the scores are scaled by exactly 1/sqrt(E) — not 1/E, 1/sqrt(Ev),
+    the model dim, or nothing — recovered by the closed-form probe, with GQA."""
+    recovered_scale(kernel, scale_probe(kernel, data, None))
+
+
+@register("explicit-scale", "SDPA-2.2", applies=needs("scale"))
+def explicit_scale(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """An explicit scale (0 and negative included) replaces the default exactly."""
+    scale = data.draw(st.sampled_from(EXPLICIT_PROBE_SCALES), label="scale")
+    recovered_scale(kernel, scale_probe(kernel, data, scale))
+
+
+@register("score-variance", "SDPA-2.1", kind="fixed")
+def score_variance(kernel: KernelUnderTest, seed: int) -> None:
+    """Scaled scores of unit-variance inputs have variance 1: a chi-square test on
+    N = 2000 independent key pairs, false-failure probability 1e-6 (CONF-4).
+
+    With |q|^2 = E and keys iid N(0, I), the log-ratio of a pair's weights (V = I_2) is
+    D = s q.(k_2 - k_1) ~ N(0, 2 E s^2) = N(0, 2) for s = 1/sqrt(E), so
+    W = sum D^2 / 2 ~ chi^2_N; W outside the two-sided 1e-6 interval rejects.
+    """
+    head_dim, pairs = 16, SCORE_VARIANCE_PAIRS
+    rng = np.random.default_rng(seed)
+    dtype = kernel.widest_dtype
+    direction = rng.standard_normal((pairs, 1, 1, head_dim))
+    q = direction / np.linalg.norm(direction, axis=-1, keepdims=True) * math.sqrt(head_dim)
+    k = rng.standard_normal((pairs, 1, 2, head_dim))
+    problem = Problem(q=kernel.rounded(q, dtype), k=kernel.rounded(k, dtype),
+                      v=np.broadcast_to(np.eye(2), (pairs, 1, 2, 2)).copy(), dtype=dtype)
+    weights = kernel.run(problem)[:, 0, 0, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_ratio = np.log(weights[:, 1]) - np.log(weights[:, 0])
+    statistic = float(np.sum(log_ratio**2) / 2)
+    low, high = two_sided_chi_square_interval(pairs, SCORE_VARIANCE_FALSE_FAILURE)
+    if not low <= statistic <= high:
+        raise PropertyFailure(
+            f"sum of squared weight log-ratios / 2 = {statistic:.6g}, but a kernel scaling by "
+            f"1/sqrt(E) gives chi^2_{pairs}, accepted in [{low:.1f}, {high:.1f}] "
+            f"(false failure {SCORE_VARIANCE_FALSE_FAILURE:g}); implied scale ~ "
+            f"{math.sqrt(statistic / pairs / head_dim):.4g}, "
+            f"expected {1 / math.sqrt(head_dim):.4g}",
+            problem, kernel,
+        )
