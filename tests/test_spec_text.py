@@ -1,0 +1,238 @@
+"""The spec's own text, checked as data.
+
+Clause declarations parse and sit in the right documents; the dense, tolerance and
+conformance clause list below is the contract code cites; the worked causal examples,
+the tolerance constants and the TOL-2 formula quoted in the text agree with the
+reference; and the citation metadata carries the spec version.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import oracle
+import pytest
+
+import attnspec
+from attnspec.backends import Backend
+from attnspec.conformance.clauses import LEVELS, SPEC_DIR, all_clauses
+from attnspec.reference import tolerance
+from attnspec.reference.masks import causal_mask
+
+ROOT = SPEC_DIR.parent
+CLAUSE_ID = r"[A-Z]+-[0-9]+(?:\.[0-9]+)*"
+AREA_DOCUMENT = {
+    "CONF": "index.md",
+    "SDPA": "dense.md",
+    "DROP": "dense.md",
+    "MHA": "dense.md",
+    "POS": "dense.md",
+    "ROPE": "dense.md",
+    "TOL": "tolerance.md",
+    "SPARSE": "sparse.md",
+    "LIN": "linear.md",
+}
+# The contract: exactly these ids at exactly these levels (issue 2). Code and tests cite
+# them; changing one means a new id (spec/index.md, versioning policy), not an edit here.
+CONTRACT = {
+    "SDPA-1.1": "MUST", "SDPA-1.2": "MUST", "SDPA-1.3": "MUST", "SDPA-1.4": "MUST",
+    "SDPA-1.5": "MUST", "SDPA-1.6": "MUST", "SDPA-1.7": "MUST",
+    "SDPA-2.1": "MUST", "SDPA-2.2": "MUST",
+    "SDPA-3.1": "MUST", "SDPA-3.2": "MUST", "SDPA-3.3": "MUST", "SDPA-3.4": "MUST",
+    "SDPA-4.1": "MUST", "SDPA-4.2": "MUST", "SDPA-4.3": "MUST", "SDPA-4.4": "MUST",
+    "SDPA-5.1": "MUST", "SDPA-5.2": "MUST",
+    "SDPA-6.1": "MUST", "SDPA-6.2": "SHOULD",
+    "SDPA-7.1": "MUST", "SDPA-7.2": "SHOULD", "SDPA-7.3": "MUST", "SDPA-7.4": "MUST",
+    "SDPA-7.5": "MUST", "SDPA-7.6": "MUST",
+    "SDPA-8.1": "MUST", "SDPA-8.2": "SHOULD", "SDPA-8.3": "MUST",
+    "DROP-1": "MAY",
+    "MHA-1": "MUST", "MHA-2": "MUST",
+    "POS-1": "MUST",
+    "ROPE-1": "MUST", "ROPE-2": "MUST",
+    "TOL-1": "MUST", "TOL-2": "MUST", "TOL-3": "MUST",
+    "CONF-1": "MUST", "CONF-2": "SHOULD", "CONF-3": "MUST", "CONF-4": "MUST",
+}
+CONTRACT_AREAS = {clause_id.split("-")[0] for clause_id in CONTRACT}
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def _text(name: str) -> str:
+    return (SPEC_DIR / name).read_text(encoding="utf-8")
+
+
+def _power_of_two(exponent: str) -> float:
+    return 2.0 ** int(exponent)
+
+
+@pytest.mark.parametrize("document", sorted(p.name for p in SPEC_DIR.glob("*.md")))
+def test_every_anchor_and_lead_is_a_parsed_clause(document: str) -> None:
+    """All clauses: every clause anchor and every bold clause lead in a spec document is
+    part of a clause the parser reads, so a malformed clause cannot silently vanish."""
+    text = _text(document)
+    parsed = [c.id for c in all_clauses().values() if c.document == document]
+    anchors = re.findall(rf'<a id="({CLAUSE_ID})"></a>', text)
+    leads = re.findall(rf"^\*\*({CLAUSE_ID}) \(", text, flags=re.MULTILINE)
+    assert sorted(anchors) == sorted(parsed), f"{document}: anchors without a parsed lead"
+    assert sorted(leads) == sorted(parsed), f"{document}: leads without a parsed anchor"
+
+
+def test_clauses_have_valid_levels_areas_and_documents() -> None:
+    """All clauses: levels are RFC 2119 words, each area lives in its own document
+    (docs/architecture.md), titles are non-empty; ids are unique (the parser raises)."""
+    clauses = all_clauses()
+    assert clauses, f"no clause parsed from {SPEC_DIR}"
+    for clause in clauses.values():
+        assert clause.level in LEVELS, clause
+        area = clause.id.split("-")[0]
+        assert AREA_DOCUMENT.get(area) == clause.document, clause
+        assert clause.title.strip(), clause
+
+
+def test_dense_tolerance_and_conformance_clauses_are_the_contract() -> None:
+    """SDPA-*, DROP-1, MHA-*, POS-1, ROPE-*, TOL-*, CONF-*: exactly the contracted ids at
+    exactly the contracted levels."""
+    declared = {
+        c.id: c.level for c in all_clauses().values() if c.id.split("-")[0] in CONTRACT_AREAS
+    }
+    assert declared == CONTRACT
+
+
+def test_decision_clauses_have_a_rationale() -> None:
+    """SDPA-*, DROP-1, MHA-*, POS-1, ROPE-*, TOL-*: each clause body carries its one-line
+    rationale before the next clause starts."""
+    for document in ("dense.md", "tolerance.md"):
+        bodies = re.split(rf'^<a id="(?={CLAUSE_ID}"></a>)', _text(document), flags=re.MULTILINE)
+        for body in bodies[1:]:
+            clause_id = body.split('"', 1)[0]
+            assert "\n*Rationale:*" in body, f"{document}: {clause_id} has no rationale"
+
+
+def _worked_examples() -> list[tuple[str, int, int, np.ndarray]]:
+    pattern = re.compile(
+        r"^```text\n(top_left|bottom_right) Lq=(\d+) Lk=(\d+)\n((?:[01 ]+\n)+)```", re.MULTILINE
+    )
+    return [
+        (alignment, int(lq), int(lk), np.array([row.split() for row in rows.splitlines()], int))
+        for alignment, lq, lk, rows in pattern.findall(_text("dense.md"))
+    ]
+
+
+def test_worked_causal_examples_follow_the_rule_and_the_reference() -> None:
+    """SDPA-4.1, SDPA-4.2, SDPA-4.3: the 0/1 examples in dense.md are the causal rule
+    (independent oracle) and what the reference's causal_mask builds."""
+    examples = _worked_examples()
+    shown = {(alignment, lq, lk) for alignment, lq, lk, _ in examples}
+    sizes = ((3, 5), (5, 3))
+    assert shown == {(a, lq, lk) for a in ("top_left", "bottom_right") for lq, lk in sizes}
+    xp = Backend("numpy").xp
+    for alignment, lq, lk, table in examples:
+        assert table.shape == (lq, lk), (alignment, lq, lk)
+        expected = oracle.causal_matrix(lq, lk, alignment)
+        np.testing.assert_array_equal(table.astype(bool), expected, err_msg=alignment)
+        built = np.asarray(causal_mask(lq, lk, alignment, xp=xp))
+        np.testing.assert_array_equal(built, expected, err_msg=alignment)
+
+
+def _constants_table() -> dict[str, tuple[float, float, float]]:
+    power = r"\$2\^\{(-\d+)\}\$"
+    row = re.compile(rf"^\| `(\w+)` \| {power} \| {power} \| {power} \|$", re.MULTILINE)
+    return {
+        dtype: (_power_of_two(u_d), _power_of_two(u_a), _power_of_two(sigma))
+        for dtype, u_d, u_a, sigma in row.findall(_text("tolerance.md"))
+    }
+
+
+def test_tolerance_constants_agree_with_the_reference() -> None:
+    """TOL-2: u_d, u_a = min(u_d, 2^-24), sigma_d and C quoted in tolerance.md (and the
+    u_d values quoted in index.md) are the ones reference/tolerance.py evaluates."""
+    table = _constants_table()
+    assert set(table) == set(DTYPES)
+    for dtype, (u_d, u_a, sigma) in table.items():
+        assert u_d == tolerance.UNIT_ROUNDOFF[dtype], dtype
+        assert u_a == tolerance.accumulation_roundoff(dtype) == min(u_d, 2.0**-24), dtype
+        assert sigma == tolerance.SMALLEST_SUBNORMAL[dtype], dtype
+    safety = re.findall(r"\$C = (\d+)\$", _text("tolerance.md"))
+    assert safety, "tolerance.md does not state C"
+    assert {float(c) for c in safety} == {tolerance.SAFETY_FACTOR}
+    quoted = dict(
+        (dtype, _power_of_two(exponent))
+        for exponent, dtype in re.findall(r"\$2\^\{(-\d+)\}\$ for (\w+)", _text("index.md"))
+    )
+    assert quoted == {dtype: u_d for dtype, (u_d, _, _) in table.items()}
+
+
+# The TOL-2 formula as tolerance.md displays it; the test below evaluates these exact terms.
+FORMULA_TERMS = (
+    r"A_{ij} = \sum_{e=0}^{E-1} |q_{ie}|\,|k_{je}|",
+    r"\max_{j \in S(i)} \Big[ \big(3u_d + (E+4)u_a\big)\,|\alpha|\,A_{ij} + 2u_d\,|b_{ij}| \Big]"
+    r" + 4u_a",
+    r"M_{ic} = \sum_{j} p_{ij}\,|v_{jc}|, \qquad N_{ic} = \sum_{j} p_{ij}\,|v_{jc} - o_{ic}|",
+    r"\tau_{ic} = C \Big[ \delta_i\, N_{ic} + \big(u_d + (L_k+2)u_a\big) M_{ic} + u_d|o_{ic}| \Big]"
+    r" + (L_k+2)\sigma_d",
+    r"\tau^p_{ij} = C\,(2\delta_i + u_d)\,p_{ij} + (L_k+2)\sigma_d",
+)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tolerance_formula_agrees_with_the_reference(dtype: str) -> None:
+    """TOL-2: the bound displayed in tolerance.md, evaluated here with the constants parsed
+    from the text, equals what reference/tolerance.py computes (mask, bias, empty row)."""
+    text = _text("tolerance.md")
+    for term in FORMULA_TERMS:
+        assert term in text, f"tolerance.md no longer displays {term}"
+    u_d, u_a, sigma = _constants_table()[dtype]
+    (safety,) = {float(c) for c in re.findall(r"\$C = (\d+)\$", text)}
+
+    rng = np.random.default_rng(7)
+    n_queries, n_keys, head_dim, value_dim, scale = 4, 6, 3, 2, 0.75
+    # Quarter-integers up to 2 are exact in every dtype, so the inputs are what a kernel sees.
+    q, k, v, bias = (
+        rng.integers(-8, 9, size=shape) / 4.0
+        for shape in ((1, n_queries, head_dim), (1, n_keys, head_dim), (1, n_keys, value_dim),
+                      (n_queries, n_keys))
+    )
+    mask = rng.random((n_queries, n_keys)) < 0.7
+    mask[1] = False  # an empty S(i): its tolerance is the floor alone
+    bound = tolerance.error_bound(q, k, v, dtype=dtype, mask=mask, bias=bias, scale=scale)
+    out, p = oracle.sdpa(q, k, v, mask=mask, bias=bias, scale=scale)
+
+    magnitude = np.abs(q[0]) @ np.abs(k[0]).T
+    score_error = (3 * u_d + (head_dim + 4) * u_a) * abs(scale) * magnitude + 2 * u_d * np.abs(bias)
+    delta = np.where(mask, score_error, 0.0).max(axis=-1, keepdims=True) + 4 * u_a
+    weighted = p[0] @ np.abs(v[0])
+    spread = (p[0][:, :, None] * np.abs(v[0][None, :, :] - out[0][:, None, :])).sum(axis=1)
+    floor = (n_keys + 2) * sigma
+    tau = safety * (delta * spread + (u_d + (n_keys + 2) * u_a) * weighted + u_d * np.abs(out[0]))
+    tau_p = safety * (2 * delta + u_d) * p[0] + floor
+
+    np.testing.assert_allclose(np.asarray(bound.out_tolerance)[0], tau + floor, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(np.asarray(bound.weights_tolerance)[0], tau_p, rtol=1e-12, atol=0)
+    assert np.all(np.asarray(bound.out_tolerance)[0, 1] == floor)
+
+
+def test_citation_and_changelog_carry_the_spec_version() -> None:
+    """Versioning policy (spec/index.md): CITATION.cff, index.md and CHANGELOG.md state
+    attnspec.SPEC_VERSION."""
+    cff = (ROOT / "CITATION.cff").read_text(encoding="utf-8")
+
+    def field(name: str) -> str:
+        match = re.search(rf'^{name}: "?([^"\n]+)"?$', cff, flags=re.MULTILINE)
+        assert match, f"CITATION.cff has no {name}"
+        return match[1]
+
+    assert field("cff-version") == "1.2.0"
+    assert field("version") == attnspec.SPEC_VERSION
+    assert field("date-released") == "2026-12-01"
+    assert field("title") == "attnspec: a reference specification of attention"
+    assert re.search(r'^  - name: "attnspec contributors"$', cff, flags=re.MULTILINE)
+    assert _text("index.md").startswith(f"# attnspec {attnspec.SPEC_VERSION} ")
+    assert re.search(
+        rf"^## {re.escape(attnspec.SPEC_VERSION)} ", _text("CHANGELOG.md"), flags=re.MULTILINE
+    )
+
+
+def test_spec_files_ship_with_the_package() -> None:
+    """All clauses: the parser reads the spec from the installed package's spec/ directory."""
+    assert Path(attnspec.__file__).resolve().parent / "spec" == SPEC_DIR
