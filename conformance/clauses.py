@@ -33,7 +33,7 @@ class Clause:
     @property
     def citation(self) -> str:
         """How a paper or an error message cites the clause."""
-        return f"attnspec 2026.12 {self.id}"
+        return f"attnspec 2026.12, {self.id}"
 
     @property
     def url_fragment(self) -> str:

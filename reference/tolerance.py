@@ -85,12 +85,15 @@ def error_bound(
         weights[..., None] * xp.abs(finite_v[..., None, :, :] - finite_out[..., :, None, :]),
         axis=-2,
     )
-    floor = (n_keys + 2) * SMALLEST_SUBNORMAL[dtype]
+    sigma = SMALLEST_SUBNORMAL[dtype]
+    floor = (n_keys + 2) * sigma
+    # a weight rounded on the subnormal grid errs by sigma in absolute terms, times |v_jc|
+    allowed_abs_values = xp.matmul(xp.astype(allowed, weights.dtype), xp.abs(finite_v))
     out_tolerance = SAFETY_FACTOR * (
         row_score_error * spread
         + (u_d + (n_keys + 2) * u_a) * weighted_abs
         + u_d * xp.abs(finite_out)
-    ) + floor
+    ) + floor + sigma * allowed_abs_values
     out_tolerance = xp.where(xp.isfinite(out), out_tolerance, xp.zeros_like(out))
     weights_tolerance = SAFETY_FACTOR * (2 * row_score_error + u_d) * weights + floor
 

@@ -170,7 +170,7 @@ FORMULA_TERMS = (
     r" + 4u_a",
     r"M_{ic} = \sum_{j} p_{ij}\,|v_{jc}|, \qquad N_{ic} = \sum_{j} p_{ij}\,|v_{jc} - o_{ic}|",
     r"\tau_{ic} = C \Big[ \delta_i\, N_{ic} + \big(u_d + (L_k+2)u_a\big) M_{ic} + u_d|o_{ic}| \Big]"
-    r" + (L_k+2)\sigma_d",
+    r" + \sigma_d \Big(L_k + 2 + \sum_{j \in S(i)} |v_{jc}|\Big)",
     r"\tau^p_{ij} = C\,(2\delta_i + u_d)\,p_{ij} + (L_k+2)\sigma_d",
 )
 
@@ -207,9 +207,11 @@ def test_tolerance_formula_agrees_with_the_reference(dtype: str) -> None:
     tau = safety * (delta * spread + (u_d + (n_keys + 2) * u_a) * weighted + u_d * np.abs(out[0]))
     tau_p = safety * (2 * delta + u_d) * p[0] + floor
 
-    np.testing.assert_allclose(np.asarray(bound.out_tolerance)[0], tau + floor, rtol=1e-12, atol=0)
+    out_floor = floor + sigma * (mask @ np.abs(v[0]))
+    np.testing.assert_allclose(np.asarray(bound.out_tolerance)[0], tau + out_floor, rtol=1e-12,
+                               atol=0)
     np.testing.assert_allclose(np.asarray(bound.weights_tolerance)[0], tau_p, rtol=1e-12, atol=0)
-    assert np.all(np.asarray(bound.out_tolerance)[0, 1] == floor)
+    assert np.all(np.asarray(bound.out_tolerance)[0, 1] == floor)  # no allowed key, no |v| term
 
 
 def test_citation_and_changelog_carry_the_spec_version() -> None:
