@@ -89,13 +89,14 @@ def error_bound(
     floor = (n_keys + 2) * sigma
     # a weight rounded on the subnormal grid errs by sigma in absolute terms, times |v_jc|
     allowed_abs_values = xp.matmul(xp.astype(allowed, weights.dtype), xp.abs(finite_v))
+    # the exact effect of score errors <= delta on the output is (e^{2 delta} - 1)/2 * spread
     out_tolerance = SAFETY_FACTOR * (
-        row_score_error * spread
+        xp.expm1(2 * row_score_error) / 2 * spread
         + (u_d + (n_keys + 2) * u_a) * weighted_abs
         + u_d * xp.abs(finite_out)
     ) + floor + sigma * allowed_abs_values
     out_tolerance = xp.where(xp.isfinite(out), out_tolerance, xp.zeros_like(out))
-    weights_tolerance = SAFETY_FACTOR * (2 * row_score_error + u_d) * weights + floor
+    weights_tolerance = SAFETY_FACTOR * (xp.expm1(2 * row_score_error) + u_d) * weights + floor
 
     out_shape, weights_shape = problem.out_shape, (*problem.out_shape[:-1], n_keys)
     return ErrorBound(
