@@ -45,7 +45,7 @@ def causal_mask(
     call = "causal_mask(n_queries, n_keys, alignment)"
     n_queries = check_size("n_queries", n_queries, call)
     n_keys = check_size("n_keys", n_keys, call)
-    check_choice("alignment", alignment, CAUSAL_ALIGNMENTS, call, "SDPA-4")
+    check_choice("alignment", alignment, CAUSAL_ALIGNMENTS, call, "SDPA-4.3")
     xp, device = creation_namespace(xp, device)
     rows = xp.arange(n_queries, device=device)[:, None]
     cols = xp.arange(n_keys, device=device)[None, :]

@@ -70,7 +70,7 @@ def prepare(
             f"the same [SDPA-1.4, {call}]"
         )
     check_flag("is_causal", is_causal, call)
-    check_choice("causal_alignment", causal_alignment, CAUSAL_ALIGNMENTS, call, "SDPA-4")
+    check_choice("causal_alignment", causal_alignment, CAUSAL_ALIGNMENTS, call, "SDPA-4.3")
     scale = check_scale(scale, call)
 
     *q_batch, n_q_heads, n_queries, head_dim = q.shape
