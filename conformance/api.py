@@ -1,0 +1,314 @@
+"""Setting up and running a check; the Python API a kernel project calls from its tests.
+
+The CLI, the pytest plugin and :func:`assert_conforms` all go through
+:class:`KernelSetup`: it loads the kernel, adapts its layout and argument names,
+applies the claims, checks that the kernel can be called the way the suite will call
+it (before anything runs), and makes every failure's reproduction snippet rebuild
+exactly that kernel.
+
+    >>> from attnspec.conformance import assert_conforms
+    >>> assert_conforms(my_attention, backend="torch", bias=True)  # in a test
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import MISSING, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from ..backends import FLOAT_DTYPE_NAMES, Backend, BackendError, get_backend
+from .declaration import KernelDeclaration, declaration_of
+from .kernel import KernelLoadError, KernelUnderTest, load_kernel
+from .layouts import LAYOUTS, from_layout, rename_arguments
+from .registry import Property
+from .runner import FAILED, WARNING, Report, Verdict, hypothesis_settings, run_property, select
+
+Progress = Callable[[Property, "Verdict | None"], None]
+_STANDARD_LOADER = "kernel = KernelUnderTest.load("
+
+
+class SetupError(ValueError):
+    """The check cannot start: bad target, kernel signature, backend, dtype or option.
+
+    The message is one line that says what was wrong and what was expected.
+    """
+
+
+def absolute_target(target: str) -> str:
+    """``path/to/file.py:FUNC`` with an absolute path, so a reproduction runs anywhere."""
+    module_part, sep, attribute = target.rpartition(":")
+    if sep and module_part.endswith(".py"):
+        return f"{Path(module_part).resolve()}:{attribute}"
+    return target
+
+
+def resolve_backend(backend: str | Backend | None, device: Any = None) -> Backend:
+    """The backend to run on; :class:`SetupError` naming it when it is unknown or unusable."""
+    if isinstance(backend, Backend):
+        return backend
+    if backend is None and device is None:
+        try:
+            return get_backend()
+        except (BackendError, ValueError) as exc:
+            raise SetupError(f"the default backend is unusable here: {exc}") from None
+    name = backend or get_backend().name
+    try:
+        return Backend(name, device)
+    except (BackendError, ValueError) as exc:
+        on = "" if device is None else f" on device {device!r}"
+        raise SetupError(f"backend {name!r}{on} is unusable here: {exc}") from None
+
+
+def suite_keywords(declaration: KernelDeclaration) -> dict[str, str]:
+    """Each keyword the suite may pass the kernel, with the claim that makes it do so."""
+    keywords: dict[str, str] = {}
+    if declaration.family == "dense":
+        if declaration.mask:
+            keywords[declaration.mask_keyword] = (
+                "mask=True (declare mask=False / --no-mask, or mask_keyword / --mask-keyword)"
+            )
+        if declaration.bias:
+            keywords[declaration.bias_keyword] = (
+                "bias=True (declare bias=False / --no-bias, or bias_keyword / --bias-keyword)"
+            )
+        if declaration.causal:
+            keywords["is_causal"] = (
+                "causal=True (declare causal=False / --no-causal, or rename it: "
+                "rename_arguments(fn, is_causal=NAME) / --rename is_causal=NAME)"
+            )
+        if declaration.scale:
+            keywords["scale"] = (
+                "scale=True (declare scale=False / --no-scale, or rename it: "
+                "rename_arguments(fn, scale=NAME) / --rename scale=NAME)"
+            )
+        if declaration.gqa and declaration.gqa_keyword:
+            keywords[declaration.gqa_keyword] = "gqa_keyword (--gqa-keyword)"
+    for name in declaration.extra_kwargs:
+        keywords[name] = "extra_kwargs (--kwarg)"
+    if declaration.sparse is not None and declaration.sparse.pass_params:
+        for name in declaration.sparse.params:
+            keywords[name] = "the sparse pattern's parameters (pass_params / --sparse-pass-params)"
+    if declaration.linear is not None and declaration.linear.feature_map == "favor+":
+        keywords[declaration.linear.seed_keyword] = "the FAVOR+ seed (--linear-seed-keyword)"
+    return keywords
+
+
+def check_signature(fn: Callable[..., Any], declaration: KernelDeclaration, name: str) -> None:
+    """Raise :class:`SetupError` unless ``fn(q, k, v, **keywords)`` binds (SDPA-1.1).
+
+    Kernels without an introspectable signature (C builtins) are let through.
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    arrays = (None, None, None)
+    try:
+        signature.bind(*arrays)
+    except TypeError as exc:
+        raise SetupError(
+            f"kernel {name}{signature} cannot be called as fn(q, k, v): it does not accept "
+            f"three positional arrays ({exc}) [SDPA-1.1]"
+        ) from None
+    for keyword, because in suite_keywords(declaration).items():
+        try:
+            signature.bind(*arrays, **{keyword: None})
+        except TypeError:
+            raise SetupError(
+                f"kernel {name}{signature} does not accept the keyword {keyword!r}, which the "
+                f"suite passes because the declaration says {because}"
+            ) from None
+
+
+def _restrict_dtypes(
+    declaration: KernelDeclaration, backend: Backend, wanted: Iterable[str] | None
+) -> KernelDeclaration:
+    available = backend.dtype_names
+    claimed = declaration.dtypes or available
+    if wanted is not None:
+        wanted = tuple(wanted)
+        unknown = [d for d in wanted if d not in FLOAT_DTYPE_NAMES]
+        if unknown or not wanted:
+            raise SetupError(
+                f"dtype {', '.join(unknown) or '(none)'} is not one of "
+                f"{', '.join(FLOAT_DTYPE_NAMES)}"
+            )
+        claimed = tuple(d for d in claimed if d in wanted)
+    usable = tuple(d for d in available if d in claimed)
+    if not usable:
+        raise SetupError(
+            f"no dtype to test: the kernel claims {declaration.dtypes or 'every dtype'}, "
+            f"backend {backend.name!r} has {', '.join(available)}"
+            + (f", and only {', '.join(wanted)} was asked for" if wanted is not None else "")
+        )
+    return replace(declaration, dtypes=usable) if wanted is not None else declaration
+
+
+@dataclass(frozen=True)
+class KernelSetup:
+    """Everything needed to build a :class:`KernelUnderTest` (and to rebuild it elsewhere).
+
+    ``kernel`` is a callable or a ``"MODULE:FUNC"`` / ``"path/to/file.py:FUNC"`` target;
+    ``layout`` is "bhld" (the spec's) or "blhd" (see :func:`layouts.from_blhd`);
+    ``rename`` maps spec keywords to the kernel's (see :func:`layouts.rename_arguments`);
+    ``dtypes`` restricts the dtypes tested; ``claims`` override the declaration.
+    """
+
+    kernel: str | Callable[..., Any]
+    backend: str | Backend | None = None
+    device: str | None = None
+    layout: str = "bhld"
+    rename: Mapping[str, str] = field(default_factory=dict)
+    dtypes: tuple[str, ...] | None = None
+    claims: Mapping[str, Any] = field(default_factory=dict)
+
+    def prepare(self) -> KernelUnderTest:
+        """Load and adapt the kernel; :class:`SetupError` (one line) on any problem."""
+        if self.layout not in LAYOUTS:
+            raise SetupError(f"layout={self.layout!r}, but should be one of {', '.join(LAYOUTS)}")
+        known = {f.name for f in fields(KernelDeclaration)}
+        unknown = sorted(set(self.claims) - known)
+        if unknown:
+            raise SetupError(
+                f"unknown claim(s) {', '.join(unknown)}; a declaration has "
+                f"{', '.join(sorted(known))}"
+            )
+        backend = resolve_backend(self.backend, self.device)
+        target = absolute_target(self.kernel) if isinstance(self.kernel, str) else None
+        try:
+            fn = load_kernel(target) if target is not None else self.kernel
+            if self.rename:
+                fn = rename_arguments(fn, **self.rename)
+            fn = from_layout(fn, self.layout)
+            declaration = declaration_of(fn, **self.claims)
+        except (KernelLoadError, ValueError, TypeError) as exc:
+            raise SetupError(str(exc)) from None
+        declaration = _restrict_dtypes(declaration, backend, self.dtypes)
+        kernel = KernelUnderTest(fn, backend, declaration, target)
+        check_signature(fn, declaration, kernel.target)
+        return kernel
+
+    def loader_source(self, kernel: KernelUnderTest) -> str:
+        """Python lines that rebuild ``kernel`` as :meth:`prepare` built it."""
+        declaration_names = {"KernelDeclaration", "KernelUnderTest", "load_kernel"}
+        if kernel.declaration.sparse is not None:
+            declaration_names.add("SparseClaim")
+        if kernel.declaration.linear is not None:
+            declaration_names.add("LinearClaim")
+        imports = [f"from attnspec.conformance import {', '.join(sorted(declaration_names))}"]
+        lines = [f"fn = load_kernel({kernel.target!r})"]
+        if self.rename or self.layout != "bhld":
+            imports.append("from attnspec.conformance.layouts import from_layout, rename_arguments")
+        if self.rename:
+            lines.append(f"fn = rename_arguments(fn, **{dict(self.rename)!r})")
+        if self.layout != "bhld":
+            lines.append(f"fn = from_layout(fn, {self.layout!r})")
+        device = "" if self.device is None else f", {self.device!r}"
+        lines.append(
+            f"kernel = KernelUnderTest(fn, Backend({kernel.backend.name!r}{device}), "
+            f"{declaration_source(kernel.declaration)}, {kernel.target!r})"
+        )
+        return "\n".join([*imports, *lines])
+
+    def run(
+        self,
+        *,
+        profile: str = "quick",
+        seed: int | None = None,
+        only: Iterable[str] | None = None,
+        skip: Iterable[str] | None = None,
+        strict: bool = False,
+        progress: Progress | None = None,
+        kernel: KernelUnderTest | None = None,
+    ) -> Report:
+        """Run the selected properties (unknown ids and profiles are a SetupError)."""
+        try:
+            properties = select(only, skip)
+            hypothesis_settings(profile, seed)
+        except ValueError as exc:
+            raise SetupError(str(exc)) from None
+        kernel = kernel or self.prepare()
+        loader = self.loader_source(kernel)
+        report = Report(kernel.target, kernel.backend.name, str(kernel.backend.device),
+                        profile, seed, strict)
+        for prop in properties:
+            if progress:
+                progress(prop, None)
+            verdict = _guarded(prop, kernel, profile, seed)
+            verdict.reproduction = with_loader(verdict.reproduction, loader)
+            report.verdicts.append(verdict)
+            if progress:
+                progress(prop, verdict)
+        return report
+
+
+def declaration_source(declaration: KernelDeclaration) -> str:
+    """``KernelDeclaration(...)`` naming only the fields that differ from the defaults."""
+    changed = []
+    for f in fields(declaration):
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        value = getattr(declaration, f.name)
+        if value != default:
+            changed.append(f"{f.name}={value!r}")
+    return f"KernelDeclaration({', '.join(changed)})"
+
+
+def _guarded(prop: Property, kernel: KernelUnderTest, profile: str, seed: int | None) -> Verdict:
+    """run_property, but an exception that is not a PropertyFailure (e.g. the kernel
+    returned something that is not an array) fails that property instead of the run."""
+    started = time.perf_counter()
+    try:
+        return run_property(prop, kernel, profile=profile, seed=seed)
+    except Exception as exc:
+        level = prop.level
+        return Verdict(
+            prop.id, prop.clause, level, FAILED if level == "MUST" else WARNING,
+            detail=f"the property could not check the kernel's result: "
+                   f"{type(exc).__name__}: {str(exc)[:300]}",
+            seconds=time.perf_counter() - started,
+        )
+
+
+def with_loader(snippet: str, loader: str) -> str:
+    """``snippet`` (from ``Problem.snippet``) with its kernel-loading line replaced by
+    ``loader``, so layout, renames, device and claims are reproduced too."""
+    lines = snippet.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(_STANDARD_LOADER):
+            return "\n".join([*lines[:i], loader, *lines[i + 1:]])
+    return snippet
+
+
+def assert_conforms(
+    kernel: str | Callable[..., Any],
+    *,
+    backend: str | Backend | None = None,
+    device: str | None = None,
+    profile: str = "quick",
+    seed: int | None = None,
+    only: Iterable[str] | None = None,
+    skip: Iterable[str] | None = None,
+    strict: bool = False,
+    layout: str = "bhld",
+    rename: Mapping[str, str] | None = None,
+    dtypes: Iterable[str] | None = None,
+    **claims: Any,
+) -> Report:
+    """Check ``kernel`` and raise ``AssertionError`` with the verdict table unless it conforms.
+
+    Conforms means every applicable MUST property passed (CONF-1); SHOULD failures are
+    warnings and fail only with ``strict=True``.  Returns the :class:`Report` so a test
+    can also look at warnings.  Bad setup (target, signature, backend, option) raises
+    :class:`SetupError`, a ``ValueError``.
+    """
+    from .report import format_table
+
+    setup = KernelSetup(kernel, backend, device, layout, dict(rename or {}),
+                        None if dtypes is None else tuple(dtypes), claims)
+    report = setup.run(profile=profile, seed=seed, only=only, skip=skip, strict=strict)
+    if not report.conforms:
+        raise AssertionError(format_table(report))
+    return report

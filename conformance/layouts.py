@@ -1,0 +1,159 @@
+"""Adapters that let the suite check kernels written for other layouts or argument names.
+
+The suite calls a kernel the spec's way (SDPA-1.1): ``fn(q, k, v, *, mask=None,
+is_causal=False, scale=None)`` with ``q (..., Hq, Lq, E)``, ``k (..., Hkv, Lk, E)``,
+``v (..., Hkv, Lk, Ev)``.  JAX, Keras, Flax and FlashAttention put the sequence axis
+before the heads, ``(..., L, H, E)`` ("blhd"; FlashAttention calls it ``(B, S, H, D)``,
+JAX ``(B, T, N, H)``).  Rather than rewrite such a kernel, wrap it::
+
+    from attnspec.conformance.layouts import from_blhd, rename_arguments
+    spec_kernel = from_blhd(jax.nn.dot_product_attention, gqa=True)
+    flash = from_blhd(rename_arguments(flash_attn_func, is_causal="causal",
+                                       scale="softmax_scale"))
+
+The wrappers work on any Array API library (they transpose with the namespace of the
+inputs) and carry a declaration: the wrapped kernel's own (attached, known or read off
+its signature), updated by the claims given.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from ..reference._checks import check_choice, namespace_of, require_ndim_at_least
+from .declaration import ATTRIBUTE, declaration_of, infer_declaration
+from .known_kernels import known_declaration
+
+LAYOUTS = ("bhld", "blhd")
+SPEC_KEYWORDS = ("mask", "bias", "is_causal", "scale")
+
+
+def _swap_heads_and_length(xp: Any, x: Any) -> Any:
+    n = x.ndim
+    return xp.permute_dims(x, (*range(n - 3), n - 2, n - 3, n - 1))
+
+
+def _describe(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def from_blhd(fn: Callable[..., Any], /, **claims: Any) -> Callable[..., Any]:
+    """Wrap a kernel taking and returning ``(..., L, H, E)`` arrays into the spec's layout.
+
+    The wrapper transposes q, k and v to ``(..., L, H, E)``, calls ``fn`` with every
+    other argument unchanged, and transposes the output back to ``(..., Hq, Lq, Ev)``.
+    Masks and biases keep the spec's ``(..., H, Lq, Lk)`` layout (the one JAX uses too);
+    when ``fn`` returns a tuple ``(out, weights, ...)`` only ``out`` is transposed.
+    ``claims`` update the wrapped kernel's declaration (e.g. ``gqa=True``).
+    """
+    declaration = declaration_of(fn, **claims)
+    call = f"from_blhd({_describe(fn)})(q, k, v)"
+
+    @functools.wraps(fn)
+    def spec_layout(q: Any, k: Any, v: Any, /, *args: Any, **kwargs: Any) -> Any:
+        xp = namespace_of(call, q=q, k=k, v=v)
+        require_ndim_at_least(call, "SDPA-1.1", 3, "(..., H, L, E)", q=q, k=k, v=v)
+        result = fn(*(_swap_heads_and_length(xp, a) for a in (q, k, v)), *args, **kwargs)
+        if isinstance(result, (tuple, list)):  # (out, weights): weights are already spec
+            return (_swap_heads_and_length(xp, result[0]), *result[1:])
+        return _swap_heads_and_length(xp, result)
+
+    # A distinct name, so a report never presents the wrapper as the raw BLHD kernel.
+    spec_layout.__name__ = f"from_blhd({getattr(fn, '__name__', 'kernel')})"
+    spec_layout.__qualname__ = f"from_blhd({_describe(fn)})"
+    setattr(spec_layout, ATTRIBUTE, declaration)
+    return spec_layout
+
+
+def from_layout(fn: Callable[..., Any], layout: str, /, **claims: Any) -> Callable[..., Any]:
+    """``fn`` adapted from ``layout`` ("bhld": the spec's own, "blhd": see :func:`from_blhd`).
+
+    With "bhld" and no claims, ``fn`` itself is returned.
+    """
+    check_choice("layout", layout, LAYOUTS, "from_layout(fn, layout)", "SDPA-1.1")
+    if layout == "blhd":
+        return from_blhd(fn, **claims)
+    if not claims:
+        return fn
+
+    @functools.wraps(fn)
+    def declared(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    setattr(declared, ATTRIBUTE, declaration_of(fn, **claims))
+    return declared
+
+
+def _renamed_signature(
+    fn: Callable[..., Any], kernel_names: dict[str, str]
+) -> inspect.Signature | None:
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None  # builtins may have no signature: nothing to rename or check
+    parameters = signature.parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    for spec_name, kernel_name in kernel_names.items():
+        if kernel_name not in parameters and not takes_any:
+            raise ValueError(
+                f"{spec_name}={kernel_name!r}, but {_describe(fn)} has no parameter "
+                f"{kernel_name!r}; it takes {', '.join(parameters)} "
+                f"[rename_arguments(fn, {spec_name}=...)]"
+            )
+    to_spec = {kernel: spec for spec, kernel in kernel_names.items()}
+    try:
+        return signature.replace(parameters=[
+            p.replace(name=to_spec.get(p.name, p.name)) for p in parameters.values()
+        ])
+    except ValueError as exc:
+        raise ValueError(
+            f"renaming {kernel_names} gives {_describe(fn)} two parameters of one name ({exc}) "
+            f"[rename_arguments(fn, ...)]"
+        ) from None
+
+
+def rename_arguments(fn: Callable[..., Any], /, **kernel_names: str) -> Callable[..., Any]:
+    """Wrap ``fn`` so the suite's keywords reach it under the kernel's own names.
+
+    Keys are the spec's keywords (``mask``, ``bias``, ``is_causal``, ``scale``), values
+    the kernel's, e.g. ``rename_arguments(flash_attn_func, is_causal="causal",
+    scale="softmax_scale")``.  The wrapper's signature shows the spec's names, so the
+    declaration is read off it as for any kernel (an attached or known declaration of
+    ``fn`` is kept, with its keywords renamed).
+    """
+    call = "rename_arguments(fn, ...)"
+    for spec_name, kernel_name in kernel_names.items():
+        check_choice("keyword", spec_name, SPEC_KEYWORDS, call, "SDPA-1.1")
+        if not isinstance(kernel_name, str) or not kernel_name.isidentifier():
+            raise TypeError(
+                f"{spec_name}={kernel_name!r}, but should be the kernel's parameter name "
+                f"(a str) [{call}]"
+            )
+    signature = _renamed_signature(fn, kernel_names)
+
+    @functools.wraps(fn)
+    def renamed(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **{kernel_names.get(name, name): value
+                            for name, value in kwargs.items()})
+
+    del renamed.__wrapped__  # the signature is the renamed one below, not fn's
+    renamed.__name__ = f"rename_arguments({getattr(fn, '__name__', 'kernel')})"
+    renamed.__qualname__ = f"rename_arguments({_describe(fn)})"
+    if signature is not None:
+        renamed.__signature__ = signature  # type: ignore[attr-defined]
+    declaration = getattr(fn, ATTRIBUTE, None) or known_declaration(fn)
+    if declaration is None:
+        declaration = infer_declaration(renamed)
+    else:
+        # A declared keyword that was renamed is now reached by its spec name.
+        to_spec = {kernel: spec for spec, kernel in kernel_names.items()}
+        declaration = declaration_of(
+            fn,
+            mask_keyword=to_spec.get(declaration.mask_keyword, declaration.mask_keyword),
+            bias_keyword=to_spec.get(declaration.bias_keyword, declaration.bias_keyword),
+        )
+    setattr(renamed, ATTRIBUTE, declaration)
+    return renamed
