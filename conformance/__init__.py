@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..backends import Backend, get_backend
+from .api import SetupError, assert_conforms
 from .assertions import assert_identical, assert_matches_reference, assert_within_bound
 from .declaration import KernelDeclaration, LinearClaim, SparseClaim, declaration_of, declare
 from .failures import KernelRaised, PropertyFailure
@@ -28,8 +29,10 @@ __all__ = [
     "Problem",
     "PropertyFailure",
     "Report",
+    "SetupError",
     "SparseClaim",
     "Verdict",
+    "assert_conforms",
     "assert_identical",
     "assert_matches_reference",
     "assert_within_bound",
