@@ -2,10 +2,35 @@
 
 from .masks import CAUSAL_ALIGNMENTS, causal_mask, padding_mask
 from .sdpa import scaled_dot_product_attention
+from .sparse_kernels import block_sparse_attention, sparse_attention
+from .sparse_patterns import (
+    LIBRARY_WINDOWS,
+    PATTERN_NAMES,
+    bigbird_mask,
+    block_sparse_mask,
+    fixed_mask,
+    library_window,
+    longformer_mask,
+    sliding_window_mask,
+    sparse_mask,
+    strided_mask,
+)
 
 __all__ = [
     "CAUSAL_ALIGNMENTS",
+    "LIBRARY_WINDOWS",
+    "PATTERN_NAMES",
+    "bigbird_mask",
+    "block_sparse_attention",
+    "block_sparse_mask",
     "causal_mask",
+    "fixed_mask",
+    "library_window",
+    "longformer_mask",
     "padding_mask",
     "scaled_dot_product_attention",
+    "sliding_window_mask",
+    "sparse_attention",
+    "sparse_mask",
+    "strided_mask",
 ]
