@@ -86,6 +86,8 @@ def check_scale(scale: Any, call: str) -> float | None:
         return None
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         try:
+            if isinstance(scale, (bool, str, bytes)):  # float() would accept True and "0.5"
+                raise TypeError
             scale = float(scale)  # 0-d arrays and NumPy scalars
         except (TypeError, ValueError):
             raise TypeError(
