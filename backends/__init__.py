@@ -136,7 +136,11 @@ def _configure_from_environment() -> None:
     name, device = env_choice()
     if name is None and device is None:
         return
-    set_backend(name or "numpy", device)
+    try:
+        set_backend(name or "numpy", device)
+    except (ValueError, BackendError) as exc:
+        # Raised at `import attnspec`: say that the environment asked for it.
+        raise type(exc)(f"ATTNSPEC_BACKEND={name!r}, ATTNSPEC_DEVICE={device!r}: {exc}") from None
 
 
 _configure_from_environment()
