@@ -1,0 +1,405 @@
+"""The ``attnspec`` command and the report renderers (issue 4, "Running it").
+
+Kernels under test are tiny files written into ``tmp_path``: one correct (it calls the
+reference), one with a realistic bug (no default scale, SDPA-2.1).  Each check runs one
+or two cheap properties (``--only``), so the whole module stays within a few seconds.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnspec import SPEC_VERSION
+from attnspec.conformance import Problem, PropertyFailure, cli
+from attnspec.conformance import report as render
+from attnspec.conformance.declaration import SparseClaim
+from attnspec.conformance.registry import REGISTRY, all_properties, always, register
+from attnspec.conformance.runner import FAILED, NOT_APPLICABLE, PASSED, WARNING, Report, Verdict
+
+BIN = Path(sys.executable).parent
+ATTNSPEC = str(BIN / "attnspec")
+CHEAP = "default-scale,explicit-scale"  # closed-form probes: one small call per example
+
+KERNELS = '''
+from attnspec.reference import scaled_dot_product_attention
+
+
+def correct(q, k, v, *, mask=None, is_causal=False, scale=None):
+    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+
+
+def no_default_scale(q, k, v, *, mask=None, is_causal=False, scale=None):
+    # the bug: scores left unscaled when scale=None
+    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
+                                        scale=1.0 if scale is None else scale)
+
+
+def without_scale(q, k, v, *, mask=None, is_causal=False):
+    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
+def two_arrays(q, k):
+    return q
+
+
+NOT_CALLABLE = 3
+'''
+
+
+@pytest.fixture
+def kernels(tmp_path: Path) -> Path:
+    path = tmp_path / "kernels.py"
+    path.write_text(KERNELS, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def should_property() -> Iterator[str]:
+    """A test double registered for one test: a SHOULD-level property that always fails.
+
+    It exercises how a failed SHOULD clause is reported (CONF-2) independently of which
+    real SHOULD properties exist; its clause is a real SHOULD clause, so the level is
+    read from the spec as for any property.
+    """
+    property_id = "test-double-should"
+    all_properties()
+
+    @register(property_id, "SDPA-8.2", kind="fixed", applies=always)
+    def always_warns(kernel, seed):  # type: ignore[no-untyped-def]
+        """Test double: fails every kernel, on one tiny problem, at SHOULD level."""
+        one = np.ones((1, 1, 1))
+        raise PropertyFailure("test double failed", Problem(one, one, one, "float64"), kernel)
+
+    try:
+        yield property_id
+    finally:
+        del REGISTRY[property_id]
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    status = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def run_command(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([ATTNSPEC, *argv], capture_output=True, text=True, cwd=cwd,
+                          timeout=120)
+
+
+# --- attnspec check: exit status and table -------------------------------------------------
+
+def test_correct_kernel_exits_0(capsys: pytest.CaptureFixture[str], kernels: Path) -> None:
+    """CONF-1: every applicable MUST property passed -> exit 0, table says passed."""
+    status, out, _ = run_main(capsys, "check", f"{kernels}:correct", "--only", CHEAP)
+    assert status == 0
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("default-",
+                                                                                   "explicit-"))}
+    assert set(rows) == {"default-scale", "explicit-scale"}
+    assert "SDPA-2.1" in rows["default-scale"] and " passed " in rows["default-scale"] + " "
+    assert "result: conforms" in out
+
+
+def test_buggy_kernel_exits_1_and_its_reproduction_runs(kernels: Path, tmp_path: Path) -> None:
+    """SDPA-2.1 / CONF-1: the unscaled kernel fails default-scale (exit 1); the table shows
+    the counterexample, a rerun command and a reproduction that runs on its own."""
+    report_path = tmp_path / "report.json"
+    result = run_command("check", "kernels.py:no_default_scale", "--only", CHEAP,
+                         "--json", str(report_path), cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    out = result.stdout
+    assert "FAILED default-scale [SDPA-2.1 MUST" in out
+    assert "inputs:  q(" in out and "rerun:   attnspec check" in out
+    assert "explicit-scale" in out and "result: DOES NOT CONFORM" in out
+
+    verdict = next(v for v in json.loads(report_path.read_text())["verdicts"]
+                   if v["property"] == "default-scale")
+    # Run the snippet elsewhere, then confirm it rebuilt the failing case: the kernel's
+    # output lies outside the TOL-2 bound of the definition there.
+    snippet = verdict["reproduction"] + textwrap.dedent("""
+        bound = reference_bound(problem, kernel.declaration)
+        outside = np.abs(kernel.run(problem) - np.asarray(bound.out)) > np.asarray(
+            bound.out_tolerance)
+        print("OUTSIDE", bool(outside.any()))
+    """)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ran = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True,
+                         cwd=elsewhere, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip().endswith("OUTSIDE True")
+
+
+def test_rerun_command_reproduces_the_failure(kernels: Path, tmp_path: Path) -> None:
+    """The one-line rerun command runs just that property and finds the same thing."""
+    first = run_command("check", "kernels.py:no_default_scale", "--only", CHEAP, "--seed", "7",
+                        "--no-mask", cwd=tmp_path)
+    assert first.returncode == 1
+    rerun = next(line.split("rerun:", 1)[1].strip() for line in first.stdout.splitlines()
+                 if "rerun:" in line)
+    argv = shlex.split(rerun)
+    assert argv[:2] == ["attnspec", "check"]
+    assert argv[-4:] == ["--only", "default-scale", "--seed", "7"] and "--no-mask" in argv
+    again = run_command(*argv[1:], cwd=tmp_path / "..")
+    assert again.returncode == 1
+
+    def finding(text: str) -> str:
+        return next(line for line in text.splitlines() if line.strip().startswith("finding:"))
+
+    assert finding(again.stdout) == finding(first.stdout)
+
+
+def test_unclaimed_property_is_not_applicable(capsys: pytest.CaptureFixture[str],
+                                              kernels: Path) -> None:
+    """CONF-3: a kernel without ``scale=`` gets explicit-scale "not applicable", exit 0."""
+    status, out, _ = run_main(capsys, "check", f"{kernels}:without_scale", "--only", CHEAP)
+    assert status == 0
+    row = next(line for line in out.splitlines() if line.startswith("explicit-scale"))
+    assert "not applicable" in row and "does not claim scale" in row
+    assert "1 not applicable" in out
+
+
+def test_should_failure_warns_and_fails_only_when_strict(
+    capsys: pytest.CaptureFixture[str], kernels: Path, should_property: str
+) -> None:
+    """CONF-2: a failed SHOULD property is a warning (exit 0); with --strict, exit 1."""
+    status, out, _ = run_main(capsys, "check", f"{kernels}:correct", "--only", should_property)
+    assert status == 0
+    assert "warning test-double-should [SDPA-8.2 SHOULD" in out
+    assert "conforms (with 1 SHOULD warning(s))" in out
+    status, out, _ = run_main(capsys, "check", f"{kernels}:correct", "--only", should_property,
+                              "--strict")
+    assert status == 1 and "DOES NOT CONFORM" in out
+
+
+def test_only_and_skip_select_properties(capsys: pytest.CaptureFixture[str], kernels: Path,
+                                         tmp_path: Path) -> None:
+    """--only and --skip (repeatable and comma lists) choose exactly the properties run."""
+    path = tmp_path / "r.json"
+    status, _, _ = run_main(capsys, "check", f"{kernels}:correct", "--only", "default-scale",
+                            "--only", "explicit-scale,score-variance", "--skip", "score-variance",
+                            "--json", str(path))
+    assert status == 0
+    ran = [v["property"] for v in json.loads(path.read_text())["verdicts"]]
+    assert ran == ["default-scale", "explicit-scale"]
+
+
+def test_report_files_parse(capsys: pytest.CaptureFixture[str], kernels: Path,
+                            tmp_path: Path) -> None:
+    """--json, --junit and --markdown write reports that parse and agree with the run."""
+    paths = {kind: tmp_path / f"report.{kind}" for kind in ("json", "junit", "markdown")}
+    status, _, _ = run_main(capsys, "check", f"{kernels}:no_default_scale", "--only", CHEAP,
+                            *(a for kind, p in paths.items() for a in (f"--{kind}", str(p))))
+    assert status == 1
+    data = json.loads(paths["json"].read_text())
+    assert data["spec_version"] == SPEC_VERSION and data["conforms"] is False
+    assert data["counts"][FAILED] == 1 and data["counts"][PASSED] == 1
+    failed = next(v for v in data["verdicts"] if v["status"] == FAILED)
+    assert failed["clause"] == "SDPA-2.1" and "--only default-scale" in failed["rerun"]
+
+    suite = ET.parse(paths["junit"]).getroot().find("testsuite")
+    assert suite is not None and suite.get("tests") == "2" and suite.get("failures") == "1"
+    cases = {case.get("name"): case for case in suite.iter("testcase")}
+    assert set(cases) == {"default-scale[SDPA-2.1]", "explicit-scale[SDPA-2.2]"}
+    assert cases["default-scale[SDPA-2.1]"].find("failure") is not None
+    assert "KernelUnderTest" in cases["default-scale[SDPA-2.1]"].findtext("system-out", "")
+    assert cases["explicit-scale[SDPA-2.2]"].find("failure") is None
+
+    markdown = paths["markdown"].read_text()
+    assert "| property | clause | level | verdict | detail |" in markdown
+    assert "| `default-scale` | SDPA-2.1 | MUST | **FAILED** |" in markdown
+    assert "```python" in markdown
+
+
+# --- usage and setup errors: exit 2, one line, no traceback --------------------------------
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["check", "no_such_module_xyz:f"], "module 'no_such_module_xyz' does not import"),
+        (["check", "{kernels}:missing"], "has no attribute 'missing'"),
+        (["check", "{kernels}:NOT_CALLABLE"], "is a int, not a callable kernel"),
+        (["check", "{kernels}:two_arrays"], "does not accept three positional arrays"),
+        (["check", "{kernels}:correct", "--bias"], "does not accept the keyword 'bias'"),
+        (["check", "{kernels}:correct", "--only", "no-such-property"],
+         "unknown property id(s) no-such-property"),
+        (["check", "{kernels}:correct", "--backend", "nonsense"], "backend 'nonsense'"),
+        (["check", "{kernels}:correct", "--profile", "fast"], "argument --profile"),
+        (["check", "{kernels}:correct", "--dtype", "int8"], "dtype int8 is not one of"),
+        (["check", "{kernels}:correct", "--backend", "numpy", "--dtype", "bfloat16"],
+         "no dtype to test"),
+        (["check", "{kernels}:correct", "--sparse-param", "window=2"], "needs --sparse"),
+        (["check", "{kernels}:correct", "--kwarg", "oops"], "should be KEY=VALUE"),
+        (["check", "{kernels}"], "should be MODULE:FUNC"),
+        (["check", "{kernels}:correct", "--json", "/no/such/dir/r.json"], "does not exist"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], kernels: Path,
+                                           argv: list[str], message: str) -> None:
+    """SDPA-1.1 and the CLI contract: bad targets, signatures and options exit 2 with one
+    clear line on stderr and nothing run."""
+    status, out, err = run_main(capsys, *(a.format(kernels=kernels) for a in argv))
+    assert status == 2
+    assert out == ""
+    assert err.startswith("attnspec: error: ") and err.count("\n") == 1, err
+    assert message in err
+
+
+def test_usage_error_in_a_real_process_has_no_traceback(kernels: Path, tmp_path: Path) -> None:
+    """The installed command: exit 2, one line, no traceback (a missing attribute)."""
+    result = run_command("check", "kernels.py:missing", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
+
+
+# --- the other commands -----------------------------------------------------------------------
+
+def test_properties_lists_every_property(capsys: pytest.CaptureFixture[str]) -> None:
+    """``attnspec properties``: every registered id with its clause and level."""
+    status, out, _ = run_main(capsys, "properties")
+    assert status == 0
+    lines = {line.split()[0]: line.split() for line in out.splitlines()[1:] if line.strip()}
+    for prop in all_properties().values():
+        assert lines[prop.id][1:3] == [prop.clause, prop.level]
+
+
+def test_backends_prints_the_survey(capsys: pytest.CaptureFixture[str],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``attnspec backends`` prints backends.survey's table (survey stubbed: it is slow
+    and tested with the backends)."""
+    from attnspec.backends import survey
+
+    rows = [survey.SurveyRow("numpy", "cpu", "float64", 0.0, 0.0),
+            survey.SurveyRow("cupy", "-", None, None, None, reason="no CUDA device")]
+    monkeypatch.setattr(survey, "survey", lambda seed=0: rows)
+    status, out, _ = run_main(capsys, "backends")
+    assert status == 0
+    assert out.strip() == survey.format_survey(rows).strip()
+
+
+def test_demo_checks_torch_and_the_reference(capsys: pytest.CaptureFixture[str]) -> None:
+    """``attnspec demo``: PyTorch's SDPA and the reference, both tables, exit 0 (CONF-1)."""
+    pytest.importorskip("torch", reason="the demo's first kernel is PyTorch's SDPA")
+    status, out, _ = run_main(capsys, "demo", "--only", "default-scale")
+    assert status == 0
+    assert "conformance of torch.nn.functional:scaled_dot_product_attention on torch" in out
+    assert "conformance of attnspec.reference:scaled_dot_product_attention" in out
+    assert out.count("result: conforms") == 2
+
+
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run_main(capsys)
+    assert status == 2 and "check" in out and "demo" in out
+
+
+# --- flags, progress, renderers (pure) ------------------------------------------------------
+
+def test_declaration_flags_become_claims() -> None:
+    """CONF-3: each declaration flag sets exactly its KernelDeclaration field."""
+    args = cli.build_parser().parse_args([
+        "check", "m:f", "--bias", "--bias-keyword", "attn_mask", "--gqa-keyword", "enable_gqa",
+        "--causal-alignment", "bottom-right", "--no-empty-rows-zero", "--returns-weights",
+        "--no-mask-and-causal", "--no-scale", "--kwarg", "dropout_p=0.0",
+        "--sparse", "sliding_window", "--sparse-param", "left=2", "--sparse-param", "right=0",
+        "--sparse-causal",
+    ])
+    assert cli.claims_from(args) == {
+        "bias": True, "bias_keyword": "attn_mask", "gqa_keyword": "enable_gqa", "gqa": True,
+        "causal_alignment": "bottom_right", "empty_rows_zero": False, "returns_weights": True,
+        "mask_and_causal": False, "scale": False, "extra_kwargs": {"dropout_p": 0.0},
+        "sparse": SparseClaim("sliding_window", {"left": 2, "right": 0}, causal=True),
+    }
+    assert cli.claims_from(cli.build_parser().parse_args(["check", "m:f"])) == {}
+
+
+def test_linear_flags_become_a_linear_claim() -> None:
+    args = cli.build_parser().parse_args([
+        "check", "m:f", "--linear", "favor+", "--linear-num-features", "256", "--linear-iid",
+    ])
+    claim = cli.claims_from(args)["linear"]
+    assert (claim.feature_map, claim.num_features, claim.orthogonal) == ("favor+", 256, False)
+
+
+def _prop(property_id: str = "p", clause: str = "SDPA-2.1") -> object:
+    return type("P", (), {"id": property_id, "clause": clause})()
+
+
+def test_progress_display_plain_and_terminal() -> None:
+    """Progress: one plain line per property when piped; rewritten lines on a terminal."""
+    plain = io.StringIO()
+    display = cli.ProgressDisplay(2, plain)
+    for name in ("a", "b"):
+        display(_prop(name), None)  # type: ignore[arg-type]
+        display(_prop(name), Verdict(name, "SDPA-2.1", "MUST", PASSED))  # type: ignore[arg-type]
+    assert plain.getvalue().splitlines() == ["[1/2] a (SDPA-2.1): passed (0.0s)",
+                                             "[2/2] b (SDPA-2.1): passed (0.0s)"]
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    display = cli.ProgressDisplay(1, terminal)
+    display(_prop("a"), None)  # type: ignore[arg-type]
+    display(_prop("a"), Verdict("a", "SDPA-2.1", "MUST", PASSED))  # type: ignore[arg-type]
+    assert "\r\033[K[1/1] a (SDPA-2.1) ..." in terminal.getvalue()
+    assert "\n" not in terminal.getvalue() and terminal.getvalue().endswith("\r\033[K")
+
+
+def _report(strict: bool = False) -> Report:
+    return Report("m:f", "numpy", "cpu", "quick", None, strict, [
+        Verdict("ok", "SDPA-2.1", "MUST", PASSED, seconds=0.5),
+        Verdict("bad", "SDPA-4.1", "MUST", FAILED, "out differs | here", "q(1, 1, 2)",
+                "print('repro')"),
+        Verdict("meh", "SDPA-8.2", "SHOULD", WARNING, "NaN leaks", "q(1, 1, 1)", "print(1)"),
+        Verdict("na", "SDPA-3.2", "MUST", NOT_APPLICABLE, "the kernel does not claim bias"),
+    ])
+
+
+def test_table_shows_every_verdict_and_each_failure_in_full() -> None:
+    """The text table: labels passed / FAILED / warning / not applicable, then details."""
+    text = render.format_table(_report(), rerun=lambda v: f"attnspec check m:f --only {v.property}")
+    rows = {line.split()[0]: line for line in text.splitlines()[4:8]}
+    assert [rows[p].split()[3] for p in ("ok", "bad", "meh")] == ["passed", "FAILED", "warning"]
+    assert "not applicable" in rows["na"] and "does not claim bias" in rows["na"]
+    assert "rerun:   attnspec check m:f --only bad" in text
+    assert "    print('repro')" in text
+    assert text.splitlines()[-1].startswith("result: DOES NOT CONFORM: 1 failed, 1 warning(s)")
+
+
+def test_long_reproductions_are_pointed_to_not_printed() -> None:
+    report = _report()
+    report.verdicts[1].reproduction = "x = 1\n" * 5000
+    text = render.format_table(report, max_reproduction=1000)
+    assert "x = 1" not in text and "30000 characters of literal inputs" in text
+
+
+def test_junit_marks_failures_skips_and_strict_warnings() -> None:
+    """JUnit: failure for FAILED, skipped for not applicable; warnings fail only if strict."""
+    for strict, failures in ((False, "1"), (True, "2")):
+        suite = ET.fromstring(render.to_junit(_report(strict))).find("testsuite")
+        assert suite is not None and suite.get("failures") == failures
+        cases = {c.get("name"): c for c in suite.iter("testcase")}
+        assert cases["na[SDPA-3.2]"].find("skipped") is not None
+        assert (cases["meh[SDPA-8.2]"].find("failure") is not None) is strict
+        assert "print(1)" in cases["meh[SDPA-8.2]"].findtext("system-out", "")
+
+
+def test_markdown_escapes_pipes_and_json_has_spec_version() -> None:
+    markdown = render.to_markdown(_report())
+    assert "out differs \\| here" in markdown
+    data = json.loads(render.to_json(_report()))
+    assert data["spec_version"] == SPEC_VERSION
+    assert data["counts"] == {PASSED: 1, FAILED: 1, WARNING: 1, NOT_APPLICABLE: 1}
