@@ -1,0 +1,213 @@
+"""The catalogue of buggy kernels: one realistic bug each, and the property that catches it.
+
+Every entry names the property (by its stable id) whose clause the bug violates most
+directly, and carries a :class:`Witness`: one concrete input on which the bug shows
+against the reference, checked without the conformance suite (``catalogue.witness``),
+so a test can tell "the suite caught it" from "there was nothing to catch".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from . import bugs_plumbing as plumbing
+from . import bugs_scores as sc
+from . import bugs_softmax as sm
+
+
+@dataclass(frozen=True)
+class Witness:
+    """An input (float64 values, rounded to ``dtype`` when used) that exposes a bug.
+
+    ``strided`` passes q, k and v as transposed (non-contiguous) views of the same values.
+    """
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    dtype: str = "float64"
+    mask: np.ndarray | None = None
+    bias: np.ndarray | None = None
+    is_causal: bool = False
+    scale: float | None = None
+    strided: bool = False
+
+    def with_(self, **changes: Any) -> Witness:
+        return replace(self, **changes)
+
+    @property
+    def scores_shape(self) -> tuple[int, ...]:
+        batch = np.broadcast_shapes(self.q.shape[:-3], self.k.shape[:-3], self.v.shape[:-3])
+        return (*batch, self.q.shape[-3], self.q.shape[-2], self.k.shape[-2])
+
+
+def witness(
+    *, seed: int = 0, batch: tuple[int, ...] = (2,), heads: tuple[int, int] = (2, 2),
+    n_queries: int = 5, n_keys: int = 7, head_dim: int = 4, value_dim: int = 3,
+    magnitude: float = 1.0, **options: Any,
+) -> Witness:
+    """Random normal q, k (times ``magnitude``) and v: Lq != Lk, E != Ev, a batch dim."""
+    rng = np.random.default_rng(seed)
+    n_q_heads, n_kv_heads = heads
+    return Witness(
+        q=rng.standard_normal((*batch, n_q_heads, n_queries, head_dim)) * magnitude,
+        k=rng.standard_normal((*batch, n_kv_heads, n_keys, head_dim)) * magnitude,
+        v=rng.standard_normal((*batch, n_kv_heads, n_keys, value_dim)),
+        **options,
+    )
+
+
+def random_mask(w: Witness, density: float = 0.6, seed: int = 1) -> Witness:
+    """``w`` with a random per-head mask of the full scores shape."""
+    return w.with_(mask=np.random.default_rng(seed).random(w.scores_shape) < density)
+
+
+def first_row_masked(w: Witness) -> Witness:
+    """``w`` with a mask that excludes every key of query 0 (an empty row) and no other."""
+    mask = np.ones(w.scores_shape, dtype=bool)
+    mask[..., 0, :] = False
+    return w.with_(mask=mask)
+
+
+def first_key_masked(w: Witness, *, k_fill: float | None = None,
+                     v_fill: float | None = None) -> Witness:
+    """``w`` with key 0 masked for every query, its k and/or v row overwritten."""
+    mask = np.ones(w.scores_shape, dtype=bool)
+    mask[..., 0] = False
+    k, v = w.k.copy(), w.v.copy()
+    if k_fill is not None:
+        k[..., 0, :] = k_fill
+    if v_fill is not None:
+        v[..., 0, :] = v_fill
+    return w.with_(mask=mask, k=k, v=v)
+
+
+def _large_first_pair(w: Witness, value: float) -> Witness:
+    """``w`` with query 0 and key 0 set to ``value`` in every feature: score E*value**2*scale."""
+    q, k = w.q.copy(), w.k.copy()
+    q[..., 0, :] = value
+    k[..., 0, :] = value
+    return w.with_(q=q, k=k)
+
+
+def _nan_query(w: Witness) -> Witness:
+    q = w.q.copy()
+    q[..., 0, 1, 2] = np.nan
+    return w.with_(q=q)
+
+
+def _large_masked_bias(w: Witness) -> Witness:
+    w = random_mask(w)
+    rng = np.random.default_rng(2)
+    return w.with_(bias=np.where(w.mask, rng.standard_normal(w.scores_shape), 3e4))
+
+
+def _big_masked_key(w: Witness) -> Witness:
+    w = w.with_(q=np.abs(w.q))
+    return first_key_masked(w, k_fill=2000.0)
+
+
+@dataclass(frozen=True)
+class BuggyKernel:
+    """A kernel with one bug, the property id expected to catch it, and where it runs."""
+
+    name: str
+    fn: Callable[..., Any]
+    catches: str
+    backend: str = "numpy"
+    witness: Witness = field(default_factory=witness)
+
+
+W = witness
+CATALOGUE: list[BuggyKernel] = [
+    # scale (SDPA-2)
+    BuggyKernel("scale-1/E", sc.scale_one_over_e, "default-scale"),
+    BuggyKernel("scale-1/sqrt(Ev)", sc.scale_one_over_sqrt_ev, "default-scale"),
+    BuggyKernel("scale-squared", sc.scale_squared, "explicit-scale"),
+    BuggyKernel("explicit-scale-ignored", sc.explicit_scale_ignored, "explicit-scale",
+                witness=W(scale=2.0)),
+    BuggyKernel("scale-0-means-default", sc.scale_zero_means_default, "explicit-scale",
+                witness=W(scale=0.0)),
+    BuggyKernel("missing-scale", sc.missing_scale, "score-variance"),
+    # mask and bias (SDPA-3)
+    BuggyKernel("inverted-mask-polarity", sc.inverted_mask_polarity, "mask-polarity",
+                witness=random_mask(W())),
+    BuggyKernel("mask-ignores-head-broadcast", sc.mask_ignores_head_broadcast,
+                "mask-broadcast", witness=random_mask(W())),
+    BuggyKernel("causal-ignored-with-mask", sc.causal_ignored_with_mask, "mask-and-causal",
+                witness=random_mask(W(is_causal=True))),
+    BuggyKernel("additive-mask-minus-1e4", sc.additive_mask_minus_1e4, "mask-wins-over-bias",
+                witness=_large_masked_bias(W())),
+    BuggyKernel("max-includes-masked-keys", sc.max_includes_masked_keys,
+                "masked-values-ignored", witness=_big_masked_key(W())),
+    BuggyKernel("bias-before-scaling", sc.bias_before_scaling, "bias-semantics",
+                witness=W(bias=np.random.default_rng(3).standard_normal((5, 7)) * 3)),
+    BuggyKernel("logits-soft-capped", sc.logits_soft_capped, "bias-shift-invariance",
+                witness=W(magnitude=5.0)),
+    # causal (SDPA-4)
+    BuggyKernel("causal-j<i", sc.causal_strict, "causal-alignment",
+                witness=W(is_causal=True)),
+    BuggyKernel("causal-j<=i+1", sc.causal_one_ahead, "causal-zeros",
+                witness=W(is_causal=True)),
+    BuggyKernel("top-left-declared-bottom-right", sc.top_left_declared_bottom_right,
+                "causal-alignment", witness=W(is_causal=True)),
+    BuggyKernel("bottom-right-declared-top-left", sc.bottom_right_declared_top_left,
+                "causal-alignment", witness=W(is_causal=True)),
+    BuggyKernel("decode-step-top-left", sc.decode_step_top_left, "decode-consistency",
+                witness=W(is_causal=True, n_queries=1)),
+    # heads (SDPA-6)
+    BuggyKernel("gqa-h%Hkv", sc.gqa_modulo_mapping, "gqa-mapping", witness=W(heads=(4, 2))),
+    BuggyKernel("gqa-accepts-indivisible-heads", sc.gqa_accepts_indivisible_heads,
+                "gqa-rejects-bad-heads", witness=W(heads=(3, 2))),
+    # softmax and weighted sum (SDPA-7)
+    BuggyKernel("softmax-over-queries", sm.softmax_over_query_axis, "rows-sum-to-one"),
+    BuggyKernel("mask-after-softmax", sm.mask_after_softmax, "rows-sum-to-one",
+                witness=random_mask(W())),
+    BuggyKernel("no-max-subtraction", sm.no_max_subtraction, "large-logits",
+                witness=_large_first_pair(W(), 30.0)),
+    BuggyKernel("online-softmax-drops-tail", sm.online_softmax_drops_tail,
+                "matches-reference"),
+    BuggyKernel("online-softmax-no-rescale", sm.online_softmax_no_rescale,
+                "key-permutation"),
+    BuggyKernel("eps-in-denominator", sm.eps_in_denominator, "matches-reference"),
+    BuggyKernel("top-8-weights", sm.top_k_weights, "matches-reference",
+                witness=W(n_keys=12)),
+    BuggyKernel("float64-in-float32", sm.float64_computed_in_float32, "matches-reference"),
+    BuggyKernel("values-cached-in-float16", sm.values_cached_in_float16, "value-linearity"),
+    BuggyKernel("missing-final-normalisation", sm.missing_final_normalisation,
+                "output-in-value-hull"),
+    BuggyKernel("batch-and-heads-transposed", sm.batch_and_heads_transposed,
+                "batch-head-independence"),
+    BuggyKernel("query-tail-block-skipped", sm.query_tail_block_skipped,
+                "query-permutation"),
+    # empty rows and no keys (SDPA-5)
+    BuggyKernel("finite-fill-minus-1e9", sm.finite_fill_minus_1e9, "empty-rows-zero",
+                witness=first_row_masked(W())),
+    BuggyKernel("finite-fill-jax-style", sm.finite_fill_jax_style, "empty-rows-zero",
+                witness=first_row_masked(W())),
+    BuggyKernel("nan-on-empty-rows", sm.nan_on_empty_rows, "empty-rows-zero",
+                witness=first_row_masked(W())),
+    BuggyKernel("no-keys-gives-nan", sm.no_keys_gives_nan, "no-keys-zero",
+                witness=W(n_keys=0)),
+    # non-finite values (SDPA-8)
+    BuggyKernel("nan-leaks-through-matmul", sm.nan_leaks_through_matmul,
+                "masked-nonfinite-ignored", witness=first_key_masked(W(), v_fill=np.nan)),
+    BuggyKernel("nan-inputs-sanitised", sm.nan_inputs_sanitised, "nan-propagates",
+                witness=_nan_query(W())),
+    # plumbing (SDPA-1, SDPA-7.5)
+    BuggyKernel("dtype-not-preserved", plumbing.dtype_not_preserved, "output-shape-dtype",
+                witness=W(dtype="float16")),
+    BuggyKernel("scales-q-in-place", plumbing.scales_q_in_place, "inputs-unmodified"),
+    BuggyKernel("random-key-order", plumbing.random_key_order, "deterministic"),
+    BuggyKernel("strides-ignored", plumbing.strides_ignored, "layout-independence",
+                witness=W(strided=True)),
+    BuggyKernel("empty-batch-crashes", plumbing.empty_batch_crashes, "empty-sizes",
+                witness=W(batch=(0,))),
+    BuggyKernel("torch-float16-scores-overflow", plumbing.torch_scores_in_input_dtype,
+                "large-logits", backend="torch",
+                witness=_large_first_pair(W(dtype="float16"), 200.0)),
+]

@@ -1,0 +1,136 @@
+"""Buggy kernels, part 3: plumbing — dtypes, memory, strides, sizes, determinism.
+
+Each kernel computes correct attention values (:func:`catalogue.blocks.attend`) but
+gets one thing around it wrong; the docstring says which, and where it happened upstream.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from attnspec.conformance import declare
+
+from .blocks import arrange, attend, check_heads
+
+Array = np.ndarray
+Mask = np.ndarray | None
+ALL = {"bias": True, "gqa": True}
+
+
+@declare(**ALL)
+def dtype_not_preserved(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
+                        is_causal: bool = False, scale: float | None = None) -> Array:
+    """Returns its float32 result as is: float16 and float64 inputs get a float32 output."""
+    return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
+                          scale=scale)).astype(np.float32)
+
+
+@declare(**ALL)
+def scales_q_in_place(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
+                      is_causal: bool = False, scale: float | None = None) -> Array:
+    """Pre-scales the queries with ``q *= scale``, writing into the caller's array."""
+    alpha = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    q *= q.dtype.type(alpha)
+    return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=1.0))
+
+
+@declare(**ALL)
+def random_key_order(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
+                     is_causal: bool = False, scale: float | None = None) -> Array:
+    """Visits the keys in a different order on every call (split-K partial results
+    combined as they arrive, like atomics): the same call gives different last bits."""
+    a = arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    order = np.random.default_rng().permutation(a.k.shape[-2])
+    return attend(a.with_(
+        k=a.k[..., order, :], v=a.v[..., order, :], allowed=a.allowed[..., order],
+        bias=None if a.bias is None else a.bias[..., order],
+    ))
+
+
+def _as_if_contiguous(x: Array) -> Array:
+    """What a kernel that takes the data pointer and assumes C-contiguity reads: the
+    underlying buffer from the view's first element on, in memory order.  Past the end
+    of the buffer (broadcast, stride-0 inputs) it wraps around instead of reading
+    beyond the allocation, standing in for whatever memory lies there."""
+    if x.flags.c_contiguous:
+        return x
+    root = x
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    start = x.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    flat = np.ascontiguousarray(root).reshape(-1).view(x.dtype)[start // x.itemsize:]
+    if flat.size == 0:
+        flat = np.ascontiguousarray(root).reshape(-1).view(x.dtype)
+    return np.resize(flat, x.size).reshape(x.shape)
+
+
+@declare(**ALL)
+def strides_ignored(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
+                    is_causal: bool = False, scale: float | None = None) -> Array:
+    """Reads q, k and v through their data pointers as if they were contiguous, so
+    transposed, sliced or broadcast (stride-0) views are read wrongly (pytorch #191937,
+    PR #187506, flash-attn #355)."""
+    q, k, v = (_as_if_contiguous(x) for x in (q, k, v))
+    return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale))
+
+
+@declare(**ALL)
+def empty_batch_crashes(q: Array, k: Array, v: Array, *, mask: Mask = None,
+                        bias: Mask = None, is_causal: bool = False,
+                        scale: float | None = None) -> Array:
+    """Loops over the flattened batch and ``np.stack``s the per-element results, which
+    raises for a batch of size 0 ("need at least one array to stack")."""
+    batch = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    full = (*batch, q.shape[-3], q.shape[-2], k.shape[-2])
+
+    def per_element(x: Any, shape: tuple[int, ...]) -> Any:
+        return None if x is None else np.broadcast_to(x, (*batch, *shape)).reshape(-1, *shape)
+
+    qs, ks, vs = (per_element(x, x.shape[-3:]) for x in (q, k, v))
+    masks, biases = per_element(mask, full[-3:]), per_element(bias, full[-3:])
+    outs = [
+        attend(arrange(qs[b], ks[b], vs[b], mask=None if masks is None else masks[b],
+                       bias=None if biases is None else biases[b], is_causal=is_causal,
+                       scale=scale))
+        for b in range(qs.shape[0])
+    ]
+    stacked = np.stack(outs)
+    return stacked.reshape(*batch, *stacked.shape[1:])
+
+
+@declare(**ALL)
+def torch_scores_in_input_dtype(q: Any, k: Any, v: Any, *, mask: Any = None, bias: Any = None,
+                                is_causal: bool = False, scale: float | None = None) -> Any:
+    """A PyTorch kernel that forms Q K^T in the input dtype before upcasting: float16
+    scores overflow to inf past 65504 and the row turns NaN, although the float32
+    accumulation SDPA-7.2/7.4 ask for keeps them finite (pytorch #119131)."""
+    import torch
+
+    n_q_heads, n_queries, head_dim = q.shape[-3:]
+    n_kv_heads, n_keys = k.shape[-3], k.shape[-2]
+    check_heads(n_q_heads, n_kv_heads)
+    group = n_q_heads // n_kv_heads
+    k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    alpha = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    s = ((q @ k.transpose(-1, -2)) * alpha).to(work)
+    if bias is not None:
+        s = s + bias.to(work)
+    allowed = s != -math.inf
+    if mask is not None:
+        allowed = allowed & mask
+    if is_causal:
+        rows = torch.arange(n_queries)[:, None]
+        allowed = allowed & (torch.arange(n_keys)[None, :] <= rows)
+    s = torch.where(allowed, s, -math.inf)
+    m = torch.amax(s, dim=-1, keepdim=True) if n_keys else s.sum(-1, keepdim=True)
+    m = torch.where(m == -math.inf, torch.zeros_like(m), m)
+    e = torch.where(allowed, torch.exp(s - m), torch.zeros_like(s))
+    total = e.sum(-1, keepdim=True)
+    p = e / torch.where(total == 0, torch.ones_like(total), total)
+    terms = p[..., :, :, None] * v.to(work)[..., None, :, :]
+    out = torch.where(allowed[..., None], terms, torch.zeros_like(terms)).sum(-2)
+    return out.to(q.dtype)

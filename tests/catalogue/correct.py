@@ -1,0 +1,156 @@
+"""Correct kernels, each an independent formulation of spec/dense.md in NumPy.
+
+None of them calls or copies ``attnspec.reference``.  They differ where kernels in the
+wild differ (log-sum-exp vs online softmax over ragged key blocks vs a gather per query
+row; top-left vs bottom-right causal; returned weights; float16 weights rounded before
+P·V), so the zero-false-failure run shows the suite accepts every legitimate way of
+computing attention, not just the reference's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from attnspec.conformance import declare
+
+from .blocks import (
+    arrange,
+    attend,
+    check_heads,
+    combine,
+    compute_dtype,
+    default_scale,
+    finish,
+    online_softmax,
+    scores,
+    softmax_lse,
+)
+
+Array = np.ndarray
+
+
+@declare(bias=True, gqa=True)
+def lse_attention(
+    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
+    is_causal: bool = False, scale: float | None = None,
+) -> Array:
+    """(a) Weights exp(s - logsumexp(s)) over the allowed keys, then sum_j p_ij v_j."""
+    return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale))
+
+
+@declare(bias=True, gqa=True, returns_weights=True)
+def lse_attention_with_weights(
+    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
+    is_causal: bool = False, scale: float | None = None,
+) -> tuple[Array, Array]:
+    """(d) :func:`lse_attention` that also returns its weights, in q's dtype."""
+    a = arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    s, allowed = scores(a)
+    p = softmax_lse(s, allowed)
+    return finish(combine(p, allowed, a.v), a), finish(p, a)
+
+
+def _online(
+    q: Array, k: Array, v: Array, mask: Array | None, bias: Array | None, is_causal: bool,
+    scale: float | None, alignment: str,
+) -> Array:
+    a = arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
+                alignment=alignment)
+    s, allowed = scores(a)
+    return finish(online_softmax(s, allowed, a.v, block=3), a)
+
+
+@declare(bias=True, gqa=True)
+def online_softmax_attention(
+    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
+    is_causal: bool = False, scale: float | None = None,
+) -> Array:
+    """(b) Online softmax over key blocks of 3 (the last one ragged), FlashAttention-style."""
+    return _online(q, k, v, mask, bias, is_causal, scale, "top_left")
+
+
+@declare(bias=True, gqa=True, causal_alignment="bottom_right")
+def online_softmax_bottom_right(
+    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
+    is_causal: bool = False, scale: float | None = None,
+) -> Array:
+    """(d) :func:`online_softmax_attention` with bottom-right causal alignment (SDPA-4.2)."""
+    return _online(q, k, v, mask, bias, is_causal, scale, "bottom_right")
+
+
+@declare(bias=True, gqa=True)
+def half_precision_honest_attention(
+    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
+    is_causal: bool = False, scale: float | None = None,
+) -> Array:
+    """(e) FlashAttention's precision: scores and softmax in float32, P rounded to the
+    input dtype before P·V accumulates in float32 — what TOL-2's u_d term admits."""
+    a = arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    s, allowed = scores(a)
+    p = softmax_lse(s, allowed).astype(a.out_dtype).astype(s.dtype)
+    return finish(combine(p, allowed, a.v), a)
+
+
+@declare(bias=True, gqa=True)
+def row_loop_attention(
+    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
+    is_causal: bool = False, scale: float | None = None,
+) -> Array:
+    """(c) One query row at a time: gather the keys of S(i), softmax them, sum their values.
+
+    Self-contained (only the dtype rule and the head check are shared): disallowed keys
+    are never gathered, so nothing at a masked position reaches arithmetic (SDPA-8).
+    """
+    n_q_heads, n_queries, head_dim = q.shape[-3:]
+    n_kv_heads, n_keys, value_dim = v.shape[-3:]
+    check_heads(n_q_heads, n_kv_heads)
+    group = n_q_heads // n_kv_heads
+    batch = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    work = compute_dtype(q.dtype)
+    q_, k_, v_ = (np.broadcast_to(x, (*batch, *x.shape[-3:])).astype(work) for x in (q, k, v))
+    full = (*batch, n_q_heads, n_queries, n_keys)
+    mask_ = None if mask is None else np.broadcast_to(mask, full)
+    bias_ = None if bias is None else np.broadcast_to(bias, full).astype(work)
+    factor = work.type(default_scale(head_dim) if scale is None else scale)
+    out = np.zeros((*batch, n_q_heads, n_queries, value_dim), dtype=work)
+    keys = np.arange(n_keys)
+    for index in np.ndindex(*batch, n_q_heads, n_queries):
+        *b, h, i = index
+        source = (*b, h // group)
+        keep = np.ones(n_keys, dtype=bool) if mask_ is None else mask_[index].copy()
+        if is_causal:
+            keep &= keys <= i
+        s = (k_[source][keep] @ q_[index]) * factor
+        if bias_ is not None:
+            s = s + bias_[index][keep]
+        finite_bias = s != -np.inf
+        if not finite_bias.any():
+            continue
+        s = s[finite_bias]
+        with np.errstate(invalid="ignore", over="ignore"):
+            e = np.exp(s - np.max(s))
+            out[index] = (e[:, None] * v_[source][keep][finite_bias]).sum(axis=0) / e.sum()
+    return out.astype(q.dtype)
+
+
+@dataclass(frozen=True)
+class CorrectKernel:
+    """A kernel the suite must pass on every applicable property, on ``backend``."""
+
+    name: str
+    fn: Callable[..., Any]
+    backend: str = "numpy"
+
+
+CORRECT: list[CorrectKernel] = [
+    CorrectKernel("lse", lse_attention),
+    CorrectKernel("lse-with-weights", lse_attention_with_weights),
+    CorrectKernel("online-softmax", online_softmax_attention),
+    CorrectKernel("online-softmax-bottom-right", online_softmax_bottom_right),
+    CorrectKernel("row-loop", row_loop_attention),
+    CorrectKernel("half-precision-honest", half_precision_honest_attention),
+]
