@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import operator
 import random
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -219,10 +220,10 @@ def build_pattern(
     """Validate a pattern name and its parameters (SPARSE-1.4) and return S(i)."""
     check_choice("pattern", pattern, PATTERN_NAMES, call, "SPARSE-1.1")
     clause_call = f"{_CLAUSES[pattern]}, {call}"
-    n_queries = check_size("n_queries", n_queries, call)
-    n_keys = check_size("n_keys", n_keys, call)
+    n_queries = check_size("n_queries", n_queries, f"SPARSE-1.1, {call}")
+    n_keys = check_size("n_keys", n_keys, f"SPARSE-1.1, {call}")
     check_choice("alignment", alignment, CAUSAL_ALIGNMENTS, call, "SPARSE-1.2")
-    check_flag("causal", causal, call)
+    check_flag("causal", causal, f"SPARSE-1.3, {call}")
     builder = _BUILDERS[pattern]
     signature = inspect.signature(builder)
     if pattern == "block_sparse":
@@ -253,11 +254,16 @@ LIBRARY_WINDOWS = (
 
 
 def _pair(convention: str, window: Any, call: str) -> tuple[int, int]:
+    """The two ints of a (left, right) window argument, negative ones included."""
     if isinstance(window, Sequence) and not isinstance(window, (str, bytes)) \
             and len(window) == 2:
-        return tuple(int(check_size(f"window[{n}]", w, call, minimum=-(2**62)))
-                     for n, w in enumerate(window))  # type: ignore[return-value]
-    raise TypeError(f"window={window!r}, but {convention} takes a pair (left, right) [{call}]")
+        try:
+            return operator.index(window[0]), operator.index(window[1])
+        except TypeError:
+            pass
+    raise TypeError(
+        f"window={window!r}, but {convention} takes a pair of ints (left, right) [{call}]"
+    )
 
 
 def library_window(convention: str, window: Any, *, causal: bool = False) -> dict[str, Any]:
@@ -277,7 +283,7 @@ def library_window(convention: str, window: Any, *, causal: bool = False) -> dic
     """
     call = f"library_window({convention!r}, window)"
     check_choice("convention", convention, LIBRARY_WINDOWS, call, "SPARSE-2.2")
-    check_flag("causal", causal, call)
+    check_flag("causal", causal, f"SPARSE-2.2, {call}")
     call = f"SPARSE-2.2, {call}"
     alignment, is_causal = "top_left", causal
     if convention == "flash_attn":
