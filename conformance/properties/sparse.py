@@ -1,0 +1,121 @@
+"""SPARSE-6: a sparse kernel equals dense attention with its pattern's mask.
+
+The kernel declares one pattern (``SparseClaim``); the pattern's mask from
+``attnspec.reference.sparse_mask`` defines what it must compute (SPARSE-1.1).
+"""
+
+from __future__ import annotations
+
+import array_api_compat.numpy as np_namespace
+import numpy as np
+from hypothesis import strategies as st
+
+from ...reference.sparse_patterns import sparse_mask
+from ..assertions import assert_identical, assert_within_bound
+from ..declaration import KernelDeclaration
+from ..failures import PropertyFailure
+from ..kernel import KernelUnderTest, Problem, identity_values
+from ..oracle import reference_bound
+from ..registry import register
+from ..strategies import draw_dims, draw_dtype, draw_rng, random_values
+
+
+def sparse_only(declaration: KernelDeclaration) -> str | None:
+    if declaration.sparse is None:
+        return "the kernel does not declare a sparse pattern"
+    return None
+
+
+def pattern_mask(kernel: KernelUnderTest, n_queries: int, n_keys: int) -> np.ndarray:
+    """The declared pattern's boolean (Lq, Lk) mask, as NumPy."""
+    claim = kernel.declaration.sparse
+    assert claim is not None
+    return np.asarray(sparse_mask(
+        claim.pattern, n_queries, n_keys, alignment=claim.alignment, causal=claim.causal,
+        xp=np_namespace, **dict(claim.params),
+    ))
+
+
+def draw_sparse_problem(kernel: KernelUnderTest, data: st.DataObject) -> tuple[Problem, np.ndarray]:
+    """Sizes long enough to show the pattern's structure, ragged tails and Lq != Lk."""
+    claim = kernel.declaration.sparse
+    assert claim is not None
+    dims = draw_dims(data, kernel, min_queries=1, min_keys=1, max_len=17)
+    dtype = draw_dtype(data, kernel)
+    rng = draw_rng(data)
+    q_shape = (*dims.batch, dims.n_q_heads, dims.n_queries, dims.head_dim)
+    k_shape = (*dims.batch, dims.n_kv_heads, dims.n_keys, dims.head_dim)
+    v_shape = (*dims.batch, dims.n_kv_heads, dims.n_keys, dims.value_dim)
+    problem = Problem(
+        q=random_values(kernel, rng, q_shape, dtype),
+        k=random_values(kernel, rng, k_shape, dtype),
+        v=random_values(kernel, rng, v_shape, dtype),
+        dtype=dtype,
+        extra=dict(claim.params) if claim.pass_params else {},
+    )
+    return problem, pattern_mask(kernel, dims.n_queries, dims.n_keys)
+
+
+def _dense_equivalent(problem: Problem, mask: np.ndarray) -> Problem:
+    """The same call as dense attention with the pattern's mask (what the bound needs)."""
+    return problem.with_(mask=mask, extra={})
+
+
+@register("sparse-matches-dense", "SPARSE-6.4", applies=sparse_only)
+def sparse_matches_dense(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Every output lies within TOL-2 of dense attention with the pattern's mask."""
+    problem, mask = draw_sparse_problem(kernel, data)
+    out = kernel.run(problem)
+    bound = reference_bound(_dense_equivalent(problem, mask), kernel.declaration)
+    assert_within_bound(out, np.asarray(bound.out), np.asarray(bound.out_tolerance), "out",
+                        problem, kernel)
+
+
+@register("sparse-weights-exactly-zero", "SPARSE-6.1", applies=sparse_only)
+def sparse_weights_exactly_zero(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Weights of keys outside S(i) (observed through V = I) are exactly 0, never tiny."""
+    problem, mask = draw_sparse_problem(kernel, data)
+    weights = kernel.run(identity_values(problem))
+    leaked = (weights != 0) & ~np.broadcast_to(mask, weights.shape)
+    if leaked.any():
+        at = tuple(int(i) for i in np.argwhere(leaked)[0])
+        raise PropertyFailure(
+            f"weight{at} = {float(weights[at])!r}, but key {at[-1]} is outside S({at[-2]}) of "
+            f"pattern {kernel.declaration.sparse.pattern!r} and must weigh exactly 0",  # type: ignore[union-attr]
+            problem, kernel,
+        )
+
+
+def _outside_row(kernel: KernelUnderTest, data: st.DataObject, replacement: str) -> None:
+    problem, mask = draw_sparse_problem(kernel, data)
+    row = data.draw(st.integers(0, mask.shape[0] - 1), label="query row")
+    outside = ~mask[row]
+    if not outside.any():
+        return  # S(row) holds every key: nothing is masked out for this row
+    rng = np.random.default_rng(row)
+    changed_k, changed_v = problem.k.copy(), problem.v.copy()
+    if replacement == "finite":
+        changed_k[..., outside, :] = random_values(kernel, rng, changed_k[..., outside, :].shape,
+                                                   problem.dtype, 5.0)
+        changed_v[..., outside, :] = random_values(kernel, rng, changed_v[..., outside, :].shape,
+                                                   problem.dtype, 5.0)
+    else:
+        changed_k[..., outside, :] = np.nan
+        changed_v[..., outside, :] = np.inf
+    before = kernel.run(problem)[..., row, :]
+    changed = problem.with_(k=changed_k, v=changed_v)
+    after = kernel.run(changed)[..., row, :]
+    assert_identical(after, before, f"out[..., {row}, :] after changing keys/values outside "
+                     f"S({row}) to {replacement} values", changed, kernel)
+
+
+@register("sparse-masked-ignored", "SPARSE-6.2", applies=sparse_only)
+def sparse_masked_ignored(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Changing keys and values outside S(i) to other finite values leaves row i identical."""
+    _outside_row(kernel, data, "finite")
+
+
+@register("sparse-masked-nonfinite-ignored", "SPARSE-6.3", applies=sparse_only)
+def sparse_masked_nonfinite_ignored(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """NaN keys and inf values outside S(i) leave row i identical (no 0 * NaN leak)."""
+    _outside_row(kernel, data, "non-finite")
