@@ -54,13 +54,15 @@ def test_causal_mask_matches_is_causal(cpu_backend: Backend) -> None:
     """SDPA-3.4, SDPA-4: mask=causal_mask(...) gives the same attention as is_causal with
     that alignment, and AND-ing another mask into it equals passing both."""
     rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal(s) for s in ((2, 5, 3), (2, 4, 3), (2, 4, 2)))
-    extra = rng.random((5, 4)) < 0.6
+    # Lq = 5 > Lk = 3 with GQA: the shapes of test_reference_oracle's family B, which JAX
+    # has compiled already when the files run together.
+    q, k, v = (rng.standard_normal(s) for s in ((3, 4, 5, 4), (3, 2, 3, 4), (3, 2, 3, 2)))
+    extra = rng.random((5, 3)) < 0.6
     xp, device = cpu_backend.xp, cpu_backend.device
     qb, kb, vb = (cpu_backend.asarray(a, dtype="float64") for a in (q, k, v))
     extra_b = cpu_backend.asarray(extra)
     for alignment in CAUSAL_ALIGNMENTS:
-        mask = causal_mask(5, 4, alignment, xp=xp, device=device)
+        mask = causal_mask(5, 3, alignment, xp=xp, device=device)
         causal = {"is_causal": True, "causal_alignment": alignment}
         by_flag = scaled_dot_product_attention(qb, kb, vb, mask=extra_b, **causal)
         by_mask = scaled_dot_product_attention(qb, kb, vb, mask=xp.logical_and(mask, extra_b))
