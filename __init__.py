@@ -15,9 +15,12 @@ from .backends import (
 )
 from .reference import (
     CAUSAL_ALIGNMENTS,
+    apply_rope,
     causal_mask,
+    multi_head_attention,
     padding_mask,
     scaled_dot_product_attention,
+    sinusoidal_positional_encoding,
 )
 
 SPEC_VERSION = "2026.12"
@@ -28,11 +31,14 @@ __all__ = [
     "SPEC_VERSION",
     "Backend",
     "BackendError",
+    "apply_rope",
     "available_backends",
     "causal_mask",
     "get_backend",
+    "multi_head_attention",
     "padding_mask",
     "scaled_dot_product_attention",
     "set_backend",
+    "sinusoidal_positional_encoding",
     "use_backend",
 ]

@@ -1,6 +1,8 @@
 """The reference implementation: pure Python Array API, one module per spec area."""
 
 from .masks import CAUSAL_ALIGNMENTS, causal_mask, padding_mask
+from .mha import multi_head_attention
+from .positional import apply_rope, sinusoidal_positional_encoding
 from .sdpa import scaled_dot_product_attention
 from .sparse_kernels import block_sparse_attention, sparse_attention
 from .sparse_patterns import (
@@ -20,6 +22,7 @@ __all__ = [
     "CAUSAL_ALIGNMENTS",
     "LIBRARY_WINDOWS",
     "PATTERN_NAMES",
+    "apply_rope",
     "bigbird_mask",
     "block_sparse_attention",
     "block_sparse_mask",
@@ -27,8 +30,10 @@ __all__ = [
     "fixed_mask",
     "library_window",
     "longformer_mask",
+    "multi_head_attention",
     "padding_mask",
     "scaled_dot_product_attention",
+    "sinusoidal_positional_encoding",
     "sliding_window_mask",
     "sparse_attention",
     "sparse_mask",
