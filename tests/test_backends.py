@@ -26,6 +26,7 @@ from attnspec import (
     use_backend,
 )
 from attnspec.backends import BACKEND_NAMES
+from attnspec.backends.survey import SurveyRow, format_survey, survey
 from attnspec.reference import causal_mask, padding_mask, scaled_dot_product_attention
 from attnspec.reference.positional import sinusoidal_positional_encoding
 
@@ -264,3 +265,35 @@ def test_builders_honour_xp_and_device(cpu_backend: Backend) -> None:
     for array in arrays:
         assert_created_by(array, cpu_backend)
     assert arrays[1].dtype == xp.float32
+
+
+def test_survey() -> None:
+    """SDPA-7.3, TOL-2 (the `attnspec backends` table): one row per usable backend and
+    dtype, each within the TOL-2 bound of the float64 definition; one row with the
+    reason for each unusable backend."""
+    rows = survey(seed=0)
+    status = available_backends()
+    for name, reason in status.items():
+        mine = [row for row in rows if row.backend == name]
+        if reason != "ok":
+            assert [row.reason for row in mine] == [reason]
+            continue
+        assert tuple(row.dtype for row in mine) == Backend(name).dtype_names
+        for row in mine:
+            assert row.reason is None and row.within_bound, row
+            assert 0 <= row.max_abs_error < np.inf
+    text = format_survey(rows)
+    assert all(name in text for name in BACKEND_NAMES)
+    assert "OUTSIDE" not in text
+
+
+def test_format_survey_flags_rows_outside_the_bound() -> None:
+    """TOL-2: a row whose error exceeds the bound is printed as outside it."""
+    rows = [
+        SurveyRow("numpy", "cpu", "float32", 1e-6, 0.5),
+        SurveyRow("torch", "cpu", "bfloat16", 3e-2, 2.0),
+        SurveyRow("cupy", "", None, None, None, reason="no CUDA device"),
+    ]
+    lines = format_survey(rows).splitlines()
+    assert lines[2].endswith("within TOL-2") and lines[3].endswith("OUTSIDE TOL-2")
+    assert lines[-1] == "cupy: not usable here: no CUDA device"
