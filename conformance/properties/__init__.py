@@ -1,3 +1,15 @@
 """Property modules, one per spec area; importing them registers their properties."""
 
-from . import agreement, scale  # noqa: F401
+from . import (  # noqa: F401
+    agreement,
+    causal,
+    empty_rows,
+    gqa,
+    invariance,
+    masked_values,
+    masking,
+    scale,
+    shapes,
+    softmax,
+    sparse,
+)

@@ -1,0 +1,146 @@
+"""SDPA-4: causal attention in the alignment the kernel declares, and decode consistency.
+
+Top-left (SDPA-4.1): query i may attend key j iff j <= i.  Bottom-right (SDPA-4.2):
+iff j <= i + Lk - Lq.  The two differ only when Lq != Lk, so these properties draw
+unequal lengths, both ways.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+from hypothesis import strategies as st
+
+from ...reference.masks import causal_offset
+from ..assertions import assert_identical, assert_within_bound
+from ..declaration import KernelDeclaration
+from ..failures import PropertyFailure
+from ..kernel import KernelUnderTest, Problem
+from ..oracle import reference_bound, weights_bound
+from ..registry import needs, register
+from ..strategies import Dims, draw_dims, draw_problem, draw_rng, random_values
+from .softmax import compared_rows, within_validity
+
+
+def alignment_clause(declaration: KernelDeclaration) -> str:
+    """The clause defining the kernel's declared causal alignment."""
+    if declaration.causal_alignment == "bottom_right":
+        return "SDPA-4.2 bottom-right: j <= i + Lk - Lq"
+    return "SDPA-4.1 top-left: j <= i"
+
+
+def _unequal_dims(data: st.DataObject, kernel: KernelUnderTest) -> Dims:
+    """Dims with Lq != Lk (either way round), where the two alignments differ."""
+    dims = draw_dims(data, kernel, min_queries=1, min_keys=1, max_len=8)
+    shift = data.draw(st.sampled_from([1, -1, 2, -2, 3, -3]), label="Lk - Lq")
+    n_keys = dims.n_queries + shift if dims.n_queries + shift >= 1 else dims.n_queries - shift
+    return replace(dims, n_keys=n_keys)
+
+
+def _offset(problem: Problem, declaration: KernelDeclaration) -> int:
+    return causal_offset(problem.q.shape[-2], problem.k.shape[-2], declaration.causal_alignment)
+
+
+@register("causal-zeros", "SDPA-4.1", applies=needs("causal"))
+def causal_zeros(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """With is_causal, query i's output is identical when the keys and values beyond its
+    causal boundary change (SDPA-4.1, or SDPA-4.2 for a bottom-right kernel)."""
+    problem = draw_problem(data, kernel, dims=_unequal_dims(data, kernel), causal="always")
+    n_queries, n_keys = problem.q.shape[-2], problem.k.shape[-2]
+    offset = _offset(problem, kernel.declaration)
+    # Keys j >= cut lie beyond the boundary of every row i with i + offset < cut; the
+    # lowest cut keeps row 0 (when it sees a key) among those rows.
+    cut = data.draw(st.integers(max(0, min(offset + 1, n_keys - 1)), n_keys - 1), label="cut")
+    rng = draw_rng(data)
+    changed = {}
+    for name in ("k", "v"):
+        a = getattr(problem, name).copy()
+        a[..., cut:, :] = random_values(kernel, rng, a[..., cut:, :].shape, problem.dtype, 3.0)
+        changed[name] = a
+    if problem.bias is not None:
+        bias = problem.bias.copy()
+        bias[..., cut:] = random_values(kernel, rng, bias[..., cut:].shape, problem.dtype, 3.0)
+        changed["bias"] = bias
+    other = problem.with_(**changed)
+    before = (np.arange(n_queries) + offset < cut)[:, None]
+    rows = before & compared_rows(problem, kernel.declaration)
+    out, out_changed = kernel.run(problem), kernel.run(other)
+    assert_identical(
+        np.where(rows, out_changed, 0.0), np.where(rows, out, 0.0),
+        f"out of rows i + {offset} < {cut} after changing keys/values j >= {cut} "
+        f"[{alignment_clause(kernel.declaration)}]",
+        other, kernel,
+    )
+
+
+@register("causal-alignment", "SDPA-4.1", applies=needs("causal"))
+def causal_alignment(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """With is_causal and Lq != Lk, the weights are exactly 0 beyond the declared
+    alignment's boundary (SDPA-4.1 top-left or SDPA-4.2 bottom-right) and positive within
+    it wherever TOL-2 proves the definition's weight positive."""
+    problem = draw_problem(data, kernel, dims=_unequal_dims(data, kernel), causal="always",
+                           mask="never", bias="never")
+    problem = within_validity(kernel, problem)
+    _, weights = kernel.run_with_weights(problem)
+    n_queries, n_keys = problem.q.shape[-2], problem.k.shape[-2]
+    offset = _offset(problem, kernel.declaration)
+    allowed = np.arange(n_keys)[None, :] <= np.arange(n_queries)[:, None] + offset
+    rows = compared_rows(problem, kernel.declaration)
+    clause = alignment_clause(kernel.declaration)
+    leaked = ~allowed & rows & (weights != 0)
+    if leaked.any():
+        at = tuple(int(i) for i in np.argwhere(leaked)[0])
+        raise PropertyFailure(
+            f"weight{at} = {weights[at]!r}, but key {at[-1]} is beyond query {at[-2]}'s causal "
+            f"boundary (offset {offset}), so it should be exactly 0; {int(leaked.sum())} such "
+            f"weights [{clause}]",
+            problem, kernel,
+        )
+    expected, tolerance = (np.asarray(a) for a in weights_bound(problem, kernel.declaration))
+    missing = allowed & (expected - tolerance > 0) & ~(weights > 0)
+    if missing.any():
+        at = tuple(int(i) for i in np.argwhere(missing)[0])
+        raise PropertyFailure(
+            f"weight{at} = {weights[at]!r}, but key {at[-1]} is within query {at[-2]}'s causal "
+            f"boundary (offset {offset}) and the definition gives {expected[at]:.6g} "
+            f"(TOL-2 bound {tolerance[at]:.3g}); {int(missing.sum())} such weights [{clause}]",
+            problem, kernel,
+        )
+
+
+def _decode_applies(declaration: KernelDeclaration) -> str | None:
+    reason = needs("causal")(declaration)
+    if reason is None and declaration.causal_alignment != "bottom_right":
+        return "decode consistency is a property of bottom-right causal kernels (SDPA-4.4)"
+    return reason
+
+
+def _last_rows(a: np.ndarray | None, n_queries: int, r: int) -> np.ndarray | None:
+    """Rows ``-r:`` of a mask or bias whose query axis is not broadcast."""
+    if a is None or a.shape[-2] != n_queries:
+        return a
+    return a[..., n_queries - r:, :]
+
+
+@register("decode-consistency", "SDPA-4.4", applies=_decode_applies)
+def decode_consistency(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """With bottom-right causal, the last r query rows computed alone (same keys) equal
+    the last r rows of the full computation within TOL-2: what a KV cache relies on."""
+    problem = within_validity(kernel, draw_problem(data, kernel, causal="always", min_queries=1))
+    n_queries = problem.q.shape[-2]
+    r = data.draw(st.integers(1, n_queries), label="rows computed alone")
+    tail = problem.with_(
+        q=problem.q[..., n_queries - r:, :],
+        mask=_last_rows(problem.mask, n_queries, r),
+        bias=_last_rows(problem.bias, n_queries, r),
+    )
+    full_out, tail_out = kernel.run(problem), kernel.run(tail)
+    # The float64 definitions of the two rows coincide (same S(i), SDPA-4.2), so each run
+    # is within its own TOL-2 bound of one value: their distance is within the sum.
+    tolerance = (np.asarray(reference_bound(tail, kernel.declaration).out_tolerance)
+                 + np.asarray(reference_bound(problem, kernel.declaration).out_tolerance)
+                 [..., n_queries - r:, :])
+    assert_within_bound(tail_out, full_out[..., n_queries - r:, :], tolerance,
+                        f"out of the last {r} rows computed alone vs the full call [SDPA-4.4]",
+                        tail, kernel)

@@ -1,0 +1,205 @@
+"""SDPA-7.1, SDPA-7.4, SDPA-7.5: the softmax's consequences, its overflow safety, determinism.
+
+Also the helpers the semantic properties share: the allowed set S(i) of a problem, the
+rows a property may compare, and keeping a problem inside TOL-2's domain of validity.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import strategies as st
+
+from ...reference.masks import causal_offset
+from ...reference.tolerance import UNIT_ROUNDOFF, accumulation_roundoff
+from ..assertions import assert_identical, assert_matches_reference
+from ..declaration import KernelDeclaration
+from ..failures import PropertyFailure
+from ..kernel import KernelUnderTest, Problem
+from ..oracle import reference_bound
+from ..registry import register
+from ..strategies import draw_dtype, draw_problem
+
+# TOL-2 ("Domain of validity"): the bound is guaranteed for score errors delta_i <= 1/4.
+VALID_SCORE_ERROR = 0.25
+
+# SDPA-7.4: the largest |scaled score| whose scores, and differences of two scores, stay
+# finite in the dtype a kernel may hold them in.  float16 kernels may keep scores in
+# float16 (max 65504; the unscaled product is up to sqrt(E) <= 2.9 times larger, the
+# difference of two scores twice larger); bfloat16 has float32's range.
+HUGE_SCORE = {"float16": 8192.0, "bfloat16": 1e30, "float32": 1e30, "float64": 1e300}
+
+
+def scores_shape(problem: Problem) -> tuple[int, ...]:
+    """(*batch, Hq, Lq, Lk) of ``problem`` (SDPA-1.1, SDPA-1.2)."""
+    batch = np.broadcast_shapes(problem.q.shape[:-3], problem.k.shape[:-3], problem.v.shape[:-3])
+    return (*batch, problem.q.shape[-3], problem.q.shape[-2], problem.k.shape[-2])
+
+
+def _group_heads(problem: Problem, a: np.ndarray) -> np.ndarray:
+    """A key-side array ``(..., Hkv, Lk, ·)`` repeated per query head: head h uses h // G."""
+    groups = problem.q.shape[-3] // problem.k.shape[-3]
+    return np.repeat(a, groups, axis=-3)
+
+
+def allowed_keys(problem: Problem, declaration: KernelDeclaration) -> np.ndarray:
+    """S(i) as a boolean ``(*batch, Hq, Lq, Lk)`` array: mask, causal rule (in the declared
+    alignment) and -inf bias together (SDPA-3.3, SDPA-3.4, SDPA-4.1/4.2)."""
+    shape = scores_shape(problem)
+    allowed = np.ones(shape, dtype=bool)
+    if problem.mask is not None:
+        allowed &= np.broadcast_to(problem.mask, shape)
+    if problem.bias is not None:
+        allowed &= np.broadcast_to(problem.bias != -np.inf, shape)
+    if problem.is_causal:
+        n_q, n_k = shape[-2], shape[-1]
+        offset = causal_offset(n_q, n_k, declaration.causal_alignment)
+        allowed &= np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + offset
+    return allowed
+
+
+def compared_rows(problem: Problem, declaration: KernelDeclaration) -> np.ndarray:
+    """``(*batch, Hq, Lq, 1)``: rows whose output the spec fixes for this kernel.
+
+    A row with no allowed key outputs 0 (SDPA-5.1) only for a kernel claiming that rule;
+    for any other kernel its output is not compared.
+    """
+    allowed = allowed_keys(problem, declaration)
+    rows = allowed.any(axis=-1, keepdims=True)
+    return np.ones_like(rows) if declaration.empty_rows_zero else rows
+
+
+def max_score_magnitude(problem: Problem) -> float:
+    """max over (i, j) of |alpha| A_ij of TOL-2, over every pair (allowed or not)."""
+    if problem.q.size == 0 or problem.k.size == 0:
+        return 0.0
+    head_dim, n_kv = problem.q.shape[-1], problem.k.shape[-3]
+    scale = 1.0 / math.sqrt(head_dim) if problem.scale is None else abs(problem.scale)
+    q = np.abs(problem.q).reshape(
+        (*problem.q.shape[:-3], n_kv, problem.q.shape[-3] // n_kv, *problem.q.shape[-2:])
+    )
+    k = np.abs(problem.k)[..., None, :, :]
+    return scale * float(np.max(q @ np.swapaxes(k, -1, -2)))
+
+
+def score_error(problem: Problem) -> float:
+    """An upper bound of delta_i of TOL-2 for every row of ``problem``."""
+    u_d, u_a = UNIT_ROUNDOFF[problem.dtype], accumulation_roundoff(problem.dtype)
+    bias = 0.0
+    if problem.bias is not None and problem.bias.size:
+        finite = problem.bias[np.isfinite(problem.bias)]
+        bias = float(np.max(np.abs(finite))) if finite.size else 0.0
+    head_dim = problem.q.shape[-1]
+    return ((3 * u_d + (head_dim + 4) * u_a) * max_score_magnitude(problem)
+            + 2 * u_d * bias + 4 * u_a)
+
+
+def within_validity(kernel: KernelUnderTest, problem: Problem) -> Problem:
+    """``problem`` with q scaled by a power of two until delta_i <= 1/4 (TOL-2's domain).
+
+    Properties that compare values within TOL-2 use this, so that the bound is guaranteed
+    and a correct kernel cannot fail them.  The bias term alone must already be inside.
+    """
+    error = score_error(problem)
+    if error <= VALID_SCORE_ERROR:
+        return problem
+    floor = score_error(problem.with_(q=np.zeros_like(problem.q)))
+    if floor >= VALID_SCORE_ERROR:
+        raise ValueError(
+            f"the bias alone gives a TOL-2 score error of {floor:.3g} > {VALID_SCORE_ERROR}; "
+            "no scaling of q brings this problem into TOL-2's domain"
+        )
+    halvings = math.ceil(math.log2((error - floor) / (VALID_SCORE_ERROR - floor)))
+    while True:  # rounding to the dtype can leave a hair above the target: halve again
+        q = kernel.rounded(problem.q * 2.0**-halvings, problem.dtype)
+        scaled = problem.with_(q=q)
+        if score_error(scaled) <= VALID_SCORE_ERROR:
+            return scaled
+        halvings += 1
+
+
+def values_per_query(problem: Problem) -> np.ndarray:
+    """V broadcast to ``(*batch, Hq, Lk, Ev)``: the values each query head attends."""
+    v = _group_heads(problem, problem.v)
+    shape = scores_shape(problem)
+    return np.broadcast_to(v, (*shape[:-2], *v.shape[-2:]))
+
+
+@register("output-in-value-hull", "SDPA-7.1")
+def output_in_value_hull(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Each output element lies between the min and max of its V column over the allowed
+    keys S(i), widened by TOL-2: the weights are a convex combination (SDPA-7.1)."""
+    problem = within_validity(kernel, draw_problem(data, kernel, min_keys=1))
+    out = kernel.run(problem)
+    allowed = allowed_keys(problem, kernel.declaration)[..., None]  # (..., Lq, Lk, 1)
+    v = values_per_query(problem)[..., None, :, :]  # (..., 1, Lk, Ev)
+    low = np.where(allowed, v, np.inf).min(axis=-2, initial=np.inf)
+    high = np.where(allowed, v, -np.inf).max(axis=-2, initial=-np.inf)
+    # TOL-2 bounds a conforming kernel's distance from the exact output, which lies in
+    # [low, high]; C = 4 includes the float64 oracle's own error (spec/tolerance.md).
+    tolerance = np.asarray(reference_bound(problem, kernel.declaration).out_tolerance)
+    rows = allowed.any(axis=-2)  # rows with no allowed key are SDPA-5.1's business
+    inside = (out >= low - tolerance) & (out <= high + tolerance)
+    outside = rows & ~inside
+    if outside.any():
+        at = tuple(int(i) for i in np.argwhere(outside)[0])
+        raise PropertyFailure(
+            f"out{at} = {out[at]!r} lies outside [{low[at]!r}, {high[at]!r}], the range of "
+            f"its V column over the allowed keys, by more than the TOL-2 bound "
+            f"{tolerance[at]:.3g} ({int(outside.sum())} of {outside.size} elements) [SDPA-7.1]",
+            problem, kernel,
+        )
+
+
+def _with_score_magnitude(kernel: KernelUnderTest, problem: Problem, limit: float) -> Problem:
+    """q and k rescaled so that max |alpha| A_ij is about ``limit`` (SDPA-7.4 inputs).
+
+    max|q| = max|k| = sqrt(limit / (|alpha| E)) bounds every product, partial sum and score
+    by ``limit`` while keeping q and k of one size, so neither overflows its dtype.
+    """
+    if problem.q.size == 0 or problem.k.size == 0:
+        return problem
+    head_dim = problem.q.shape[-1]
+    scale = 1.0 / math.sqrt(head_dim) if problem.scale is None else abs(problem.scale)
+    target = math.sqrt(limit / (scale * head_dim))
+    q = problem.q * (target / np.max(np.abs(problem.q)))
+    k = problem.k * (target / np.max(np.abs(problem.k)))
+    return problem.with_(q=kernel.rounded(q, problem.dtype), k=kernel.rounded(k, problem.dtype))
+
+
+@register("large-logits", "SDPA-7.4")
+def large_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Finite scores far beyond exp's range give a finite output, within TOL-2 wherever
+    TOL-2 is valid: a softmax without max subtraction overflows (SDPA-7.4)."""
+    dtype = draw_dtype(data, kernel)
+    problem = draw_problem(data, kernel, dtype=dtype, bias="never", scale="never",
+                           magnitude=1.0, min_keys=1)
+    u_d, u_a = UNIT_ROUNDOFF[dtype], accumulation_roundoff(dtype)
+    # The largest scores for which TOL-2 still holds: delta_i <= 1/4 (spec/tolerance.md).
+    # In float32 that is ~2.8e5, in float64 ~1.5e14: exp overflows far below either.
+    valid = 0.9 * (VALID_SCORE_ERROR - 4 * u_a) / (3 * u_d + (problem.q.shape[-1] + 4) * u_a)
+    large = within_validity(kernel, _with_score_magnitude(kernel, problem, valid))
+    assert_matches_reference(kernel, large, what="out with large scores (SDPA-7.4)")
+    huge = _with_score_magnitude(kernel, problem, HUGE_SCORE[dtype])
+    out = kernel.run(huge)
+    bad = ~np.isfinite(out)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise PropertyFailure(
+            f"out{at} = {out[at]!r} for finite inputs with scores up to "
+            f"{max_score_magnitude(huge):.3g} ({int(bad.sum())} of {bad.size} elements not "
+            f"finite); the softmax needs max subtraction or an equivalent [SDPA-7.4]",
+            huge, kernel,
+        )
+
+
+@register("deterministic", "SDPA-7.5")
+def deterministic(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """The same call on the same inputs twice returns identical values (and weights)."""
+    problem = draw_problem(data, kernel)
+    first, second = kernel.invoke(problem), kernel.invoke(problem)
+    for what, a, b in (("out", first[0], second[0]), ("weights", first[1], second[1])):
+        if a is not None:
+            assert_identical(kernel.numpy(b), kernel.numpy(a), f"{what} of a second call "
+                             "(SDPA-7.5)", problem, kernel)
