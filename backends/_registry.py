@@ -114,6 +114,10 @@ def _load_jax() -> ModuleType:
     # float64 is part of the spec's dtype set; JAX silently demotes it to float32
     # unless x64 is on.  Enabling it is global to the process: documented in the README.
     jax.config.update("jax_enable_x64", True)
+    # On A100/H100-class GPUs JAX's default float32 matmul is TF32 (10-bit mantissa),
+    # which breaks SDPA-7.2 (float32 accumulates in float32) for the reference; ask for
+    # true float32 by default.  A kernel may still pass its own `precision=`.
+    jax.config.update("jax_default_matmul_precision", "highest")
     import jax.numpy as jnp
 
     return jnp

@@ -190,6 +190,18 @@ def test_jax_float64_is_float64() -> None:
     assert str(scaled_dot_product_attention(q, q, q).dtype) == "float64"
 
 
+def test_jax_float32_matmul_is_float32() -> None:
+    """SDPA-7.2: float32 accumulates in float32, so the JAX backend turns off the TF32
+    default JAX uses for float32 matmuls on recent GPUs (a no-op on CPU)."""
+    try:
+        Backend("jax")
+    except BackendError as exc:
+        pytest.skip(f"backend 'jax' unusable on this machine: {exc}")
+    import jax
+
+    assert jax.config.jax_default_matmul_precision == "highest"
+
+
 def test_cupy_without_gpu_has_a_reason() -> None:
     """Without CuPy or a CUDA device, asking for CuPy raises BackendError saying which
     of the two is missing and how to install it."""
