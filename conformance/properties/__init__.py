@@ -3,13 +3,9 @@
 from . import (  # noqa: F401
     agreement,
     causal,
-    empty_rows,
-    gqa,
     invariance,
     masked_values,
-    masking,
     scale,
-    shapes,
     softmax,
     sparse,
 )
