@@ -6,22 +6,26 @@ is_causal=False, scale=None)`` with ``q (..., Hq, Lq, E)``, ``k (..., Hkv, Lk, E
 before the heads, ``(..., L, H, E)`` ("blhd"; FlashAttention calls it ``(B, S, H, D)``,
 JAX ``(B, T, N, H)``).  Rather than rewrite such a kernel, wrap it::
 
-    from attnspec.conformance.layouts import from_blhd, rename_arguments
-    spec_kernel = from_blhd(jax.nn.dot_product_attention, gqa=True)
+    from attnspec.conformance.layouts import from_blhd, pad_head_dims, rename_arguments
+    spec_kernel = from_blhd(pad_head_dims(jax.nn.dot_product_attention), gqa=True)
     flash = from_blhd(rename_arguments(flash_attn_func, is_causal="causal",
                                        scale="softmax_scale"))
 
-The wrappers work on any Array API library (they transpose with the namespace of the
-inputs) and carry a declaration: the wrapped kernel's own (attached, known or read off
-its signature), updated by the claims given.
+JAX (and FlashAttention 2) also need ``E == Ev``; :func:`pad_head_dims` lifts that by
+exact zero padding.  The wrappers work on any Array API library (they transpose with the
+namespace of the inputs) and carry a declaration: the wrapped kernel's own (attached,
+known or read off its signature), updated by the claims given.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any
+
+import array_api_compat
 
 from ..reference._checks import check_choice, namespace_of, require_ndim_at_least
 from .declaration import ATTRIBUTE, declaration_of, infer_declaration
@@ -85,6 +89,48 @@ def from_layout(fn: Callable[..., Any], layout: str, /, **claims: Any) -> Callab
 
     setattr(declared, ATTRIBUTE, declaration_of(fn, **claims))
     return declared
+
+
+def pad_head_dims(fn: Callable[..., Any], /, **claims: Any) -> Callable[..., Any]:
+    """Wrap a kernel that needs ``E == Ev`` (JAX's ``dot_product_attention``, FlashAttention 2)
+    so it accepts any ``E`` and ``Ev`` (SDPA-1.1), by exact zero padding.
+
+    If ``Ev < E``, ``v`` gets ``E - Ev`` zero columns and the output's extra columns
+    (exactly 0: they are sums of weights times 0) are cut off.  If ``Ev > E``, ``q`` and
+    ``k`` get ``Ev - E`` zero columns, which add exact zeros to every score; the default
+    scale would then be ``1/sqrt(Ev)``, so a call without ``scale`` gets ``scale=1/sqrt(E)``
+    (SDPA-2.1) — on such problems the kernel's own default scale is not what is tested.
+    Works on spec-layout arrays and BLHD ones alike (only the last axis is touched).
+    """
+    declaration = declaration_of(fn, **claims)
+    call = f"pad_head_dims({_describe(fn)})(q, k, v)"
+
+    def zero_columns(xp: Any, a: Any, width: int) -> Any:
+        zeros = xp.zeros((*a.shape[:-1], width), dtype=a.dtype, device=array_api_compat.device(a))
+        return xp.concat([a, zeros], axis=-1)
+
+    @functools.wraps(fn)
+    def padded(q: Any, k: Any, v: Any, /, *args: Any, **kwargs: Any) -> Any:
+        xp = namespace_of(call, q=q, k=k, v=v)
+        head_dim, value_dim = q.shape[-1], v.shape[-1]
+        if head_dim == 0 or value_dim == head_dim:  # E = 0 stays the kernel's to reject
+            return fn(q, k, v, *args, **kwargs)
+        if value_dim < head_dim:
+            result = fn(q, k, zero_columns(xp, v, head_dim - value_dim), *args, **kwargs)
+        elif value_dim > head_dim:
+            if kwargs.get("scale") is None and head_dim > 0:
+                kwargs["scale"] = 1 / math.sqrt(head_dim)
+            width = value_dim - head_dim
+            result = fn(zero_columns(xp, q, width), zero_columns(xp, k, width), v, *args,
+                        **kwargs)
+        if isinstance(result, (tuple, list)):  # (out, weights, ...): weights need no cut
+            return (result[0][..., :value_dim], *result[1:])
+        return result[..., :value_dim]
+
+    padded.__name__ = f"pad_head_dims({getattr(fn, '__name__', 'kernel')})"
+    padded.__qualname__ = f"pad_head_dims({_describe(fn)})"
+    setattr(padded, ATTRIBUTE, declaration)
+    return padded
 
 
 def _renamed_signature(
