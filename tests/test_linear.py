@@ -1,4 +1,4 @@
-"""Linear attention (spec/linear.md, LIN-1 … LIN-5) against an independent NumPy oracle.
+"""Linear attention (spec/linear.md, the LIN clauses) against an independent NumPy oracle.
 
 The oracle below is the quadratic form of LIN-1.2/LIN-2.1 written from the spec in plain
 NumPy: it builds the full ``Lq x Lk`` matrix ``A = phi(Q) psi(K)^T`` (which the reference
