@@ -1,5 +1,7 @@
 """The reference implementation: pure Python Array API, one module per spec area."""
 
+from .favor import favor_attention, favor_feature_map, favor_projection
+from .linear import elu_plus_one, linear_attention, relu_features
 from .masks import CAUSAL_ALIGNMENTS, causal_mask, padding_mask
 from .mha import multi_head_attention
 from .positional import apply_rope, sinusoidal_positional_encoding
@@ -27,11 +29,17 @@ __all__ = [
     "block_sparse_attention",
     "block_sparse_mask",
     "causal_mask",
+    "elu_plus_one",
+    "favor_attention",
+    "favor_feature_map",
+    "favor_projection",
     "fixed_mask",
     "library_window",
+    "linear_attention",
     "longformer_mask",
     "multi_head_attention",
     "padding_mask",
+    "relu_features",
     "scaled_dot_product_attention",
     "sinusoidal_positional_encoding",
     "sliding_window_mask",
