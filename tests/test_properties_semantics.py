@@ -194,7 +194,8 @@ def test_torch_sdpa_leaks_nan_from_masked_key(torch_sdpa: KernelUnderTest) -> No
 
 def test_torch_sdpa_drops_nan_query_row(torch_sdpa: KernelUnderTest) -> None:
     """SDPA-8.3: torch 2.13's CPU flash path (taken when E == Ev) returns 0 for a query
-    containing NaN when Lk <= 8; the definition and torch's own math backend give NaN."""
+    containing NaN when Lk <= 8; the definition and torch's own math backend give NaN
+    (pytorch #141128, closed, reported this for all lengths; longer rows now give NaN)."""
     problem = Problem(q=np.array([[[[np.nan]]]]), k=np.ones((1, 1, 1, 1)),
                       v=np.ones((1, 1, 1, 1)), dtype="float32")
     assert np.isnan(_oracle_out(problem)).all()
@@ -203,6 +204,21 @@ def test_torch_sdpa_drops_nan_query_row(torch_sdpa: KernelUnderTest) -> None:
 
     with sdpa_kernel(SDPBackend.MATH):
         assert np.isnan(torch_sdpa.run(problem)).all()
+
+
+def test_torch_sdpa_causal_with_zero_scale_is_nan(torch_sdpa: KernelUnderTest) -> None:
+    """SDPA-2.2, SDPA-7.1 (found by output-in-value-hull in the thorough profile): with
+    is_causal=True and scale=0.0, torch 2.13's CPU flash path (E == Ev) returns NaN for every
+    row with a causally excluded key (0 * -inf); the definition gives uniform weights over
+    the allowed keys, i.e. v_0 here, as torch's math backend does."""
+    problem = Problem(q=np.ones((1, 1, 1, 1)), k=np.ones((1, 1, 2, 1)),
+                      v=np.array([[[[0.5], [2.0]]]]), dtype="float32", is_causal=True, scale=0.0)
+    assert _oracle_out(problem).tolist() == [[[[0.5]]]]
+    assert np.isnan(torch_sdpa.run(problem)).all()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        assert torch_sdpa.run(problem).tolist() == [[[[0.5]]]]
 
 
 # --- each bug is caught by the property written for it -----------------------------------

@@ -158,8 +158,8 @@ def _with_score_magnitude(kernel: KernelUnderTest, problem: Problem, limit: floa
     max|q| = max|k| = sqrt(limit / (|alpha| E)) bounds every product, partial sum and score
     by ``limit`` while keeping q and k of one size, so neither overflows its dtype.
     """
-    if problem.q.size == 0 or problem.k.size == 0:
-        return problem
+    if not np.any(problem.q) or not np.any(problem.k) or problem.scale == 0:
+        return problem  # no score to make large
     head_dim = problem.q.shape[-1]
     scale = 1.0 / math.sqrt(head_dim) if problem.scale is None else abs(problem.scale)
     target = math.sqrt(limit / (scale * head_dim))
