@@ -21,7 +21,13 @@ import numpy as np
 import pytest
 
 from attnspec import SPEC_VERSION
-from attnspec.conformance import Problem, PropertyFailure, cli
+from attnspec.conformance import (
+    Problem,
+    PropertyFailure,
+    SetupError,
+    assert_conforms,
+    cli,
+)
 from attnspec.conformance import report as render
 from attnspec.conformance.declaration import SparseClaim
 from attnspec.conformance.registry import REGISTRY, all_properties, always, register
@@ -54,6 +60,17 @@ def two_arrays(q, k):
 
 
 NOT_CALLABLE = 3
+
+
+def blhd_no_default_scale(q, k, v, *, mask=None, causal=False, scale=None):
+    # (..., L, H, E) layout, FlashAttention's keyword name, and the scale bug
+    from array_api_compat import array_namespace
+
+    xp = array_namespace(q, k, v)
+    swap = tuple(range(q.ndim - 3)) + (q.ndim - 2, q.ndim - 3, q.ndim - 1)
+    out = no_default_scale(*(xp.permute_dims(a, swap) for a in (q, k, v)), mask=mask,
+                           is_causal=causal, scale=scale)
+    return xp.permute_dims(out, swap)
 '''
 
 
@@ -221,6 +238,43 @@ def test_report_files_parse(capsys: pytest.CaptureFixture[str], kernels: Path,
     assert "| property | clause | level | verdict | detail |" in markdown
     assert "| `default-scale` | SDPA-2.1 | MUST | **FAILED** |" in markdown
     assert "```python" in markdown
+
+
+def test_reproduction_rebuilds_layout_renames_and_claims(capsys: pytest.CaptureFixture[str],
+                                                          kernels: Path, tmp_path: Path) -> None:
+    """A kernel checked through --layout blhd, --rename and claim flags is rebuilt the same
+    way by its reproduction snippet, which then shows the SDPA-2.1 failure again."""
+    path = tmp_path / "r.json"
+    status, out, _ = run_main(capsys, "check", f"{kernels}:blhd_no_default_scale", "--layout",
+                              "blhd", "--rename", "is_causal=causal", "--no-mask",
+                              "--dtype", "float64", "--only", "default-scale", "--json", str(path))
+    assert status == 1
+    assert "--layout blhd --rename is_causal=causal --no-mask" in out
+    snippet = json.loads(path.read_text())["verdicts"][0]["reproduction"]
+    assert "fn = from_layout(fn, 'blhd')" in snippet and "KernelDeclaration(" in snippet
+    snippet += textwrap.dedent("""
+        bound = reference_bound(problem, kernel.declaration)
+        print("CAUSAL", kernel.declaration.causal, "MASK", kernel.declaration.mask)
+        print("OUTSIDE", bool((np.abs(kernel.run(problem) - np.asarray(bound.out))
+                               > np.asarray(bound.out_tolerance)).any()))
+    """)
+    ran = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines()[-2:] == ["CAUSAL True MASK False", "OUTSIDE True"]
+
+
+def test_python_api_assert_conforms(kernels: Path) -> None:
+    """CONF-1: assert_conforms returns the report of a conforming kernel, raises
+    AssertionError with the table for a failing one, SetupError for a bad setup."""
+    report = assert_conforms(f"{kernels}:correct", backend="numpy", only=["default-scale"])
+    assert report.conforms and [v.status for v in report.verdicts] == [PASSED]
+    with pytest.raises(AssertionError, match=r"FAILED default-scale \[SDPA-2.1 MUST"):
+        assert_conforms(f"{kernels}:no_default_scale", only=["default-scale"])
+    with pytest.raises(SetupError, match="does not accept the keyword 'bias'"):
+        assert_conforms(f"{kernels}:correct", only=["default-scale"], bias=True)
+    with pytest.raises(SetupError, match=r"unknown claim\(s\) biass"):
+        assert_conforms(f"{kernels}:correct", only=["default-scale"], biass=True)
 
 
 # --- usage and setup errors: exit 2, one line, no traceback --------------------------------
