@@ -120,6 +120,8 @@ class BuggyKernel:
     catches: str
     backend: str = "numpy"
     witness: Witness = field(default_factory=witness)
+    # Why the named property does not (yet) catch it in the quick profile; empty when it does.
+    known_miss: str = ""
 
 
 W = witness
@@ -175,9 +177,14 @@ CATALOGUE: list[BuggyKernel] = [
                 "key-permutation"),
     BuggyKernel("eps-in-denominator", sm.eps_in_denominator, "matches-reference"),
     BuggyKernel("top-8-weights", sm.top_k_weights, "matches-reference",
-                witness=W(n_keys=12)),
+                witness=W(n_keys=12),
+                known_miss="the strategies draw at most 9 keys (draw_dims max_len=9), so only "
+                           "a 9-key row with every key allowed shows it; the quick profile "
+                           "never draws one, the default profile does"),
     BuggyKernel("float64-in-float32", sm.float64_computed_in_float32, "matches-reference"),
-    BuggyKernel("values-cached-in-float16", sm.values_cached_in_float16, "value-linearity"),
+    BuggyKernel("values-cached-in-float16", sm.values_cached_in_float16,
+                "matches-reference"),
+    BuggyKernel("values-cached-in-int8", sm.values_cached_in_int8, "value-linearity"),
     BuggyKernel("missing-final-normalisation", sm.missing_final_normalisation,
                 "output-in-value-hull"),
     BuggyKernel("batch-and-heads-transposed", sm.batch_and_heads_transposed,
@@ -209,5 +216,8 @@ CATALOGUE: list[BuggyKernel] = [
                 witness=W(batch=(0,))),
     BuggyKernel("torch-float16-scores-overflow", plumbing.torch_scores_in_input_dtype,
                 "large-logits", backend="torch",
-                witness=_large_first_pair(W(dtype="float16"), 200.0)),
+                witness=_large_first_pair(W(dtype="float16"), 200.0),
+                known_miss="large-logits caps float16 scores at 8192 (HUGE_SCORE), so Q K^T "
+                           "never overflows float16, although SDPA-7.4 requires a finite "
+                           "output whenever the scores are finite in float32"),
 ]

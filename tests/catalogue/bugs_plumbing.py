@@ -41,9 +41,10 @@ def scales_q_in_place(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: 
 def random_key_order(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
                      is_causal: bool = False, scale: float | None = None) -> Array:
     """Visits the keys in a different order on every call (split-K partial results
-    combined as they arrive, like atomics): the same call gives different last bits."""
+    combined as they arrive, like atomics; the order comes from NumPy's global random
+    state): the same call twice gives different last bits."""
     a = arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
-    order = np.random.default_rng().permutation(a.k.shape[-2])
+    order = np.random.permutation(a.k.shape[-2])
     return attend(a.with_(
         k=a.k[..., order, :], v=a.v[..., order, :], allowed=a.allowed[..., order],
         bias=None if a.bias is None else a.bias[..., order],
@@ -87,7 +88,8 @@ def empty_batch_crashes(q: Array, k: Array, v: Array, *, mask: Mask = None,
     full = (*batch, q.shape[-3], q.shape[-2], k.shape[-2])
 
     def per_element(x: Any, shape: tuple[int, ...]) -> Any:
-        return None if x is None else np.broadcast_to(x, (*batch, *shape)).reshape(-1, *shape)
+        count = math.prod(batch)
+        return None if x is None else np.broadcast_to(x, (*batch, *shape)).reshape(count, *shape)
 
     qs, ks, vs = (per_element(x, x.shape[-3:]) for x in (q, k, v))
     masks, biases = per_element(mask, full[-3:]), per_element(bias, full[-3:])
