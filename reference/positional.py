@@ -127,9 +127,10 @@ def apply_rope(
     if x.ndim < 2:
         raise ValueError(f"x.shape={tuple(x.shape)}, but should be (..., L, d) [ROPE-1, {call}]")
     length, d = x.shape[-2], x.shape[-1]
-    if d % 2:
+    if d % 2 or d == 0:
         raise ValueError(
-            f"x.shape[-1]={d}, but should be even: RoPE rotates feature pairs [ROPE-1, {call}]"
+            f"x.shape[-1]={d}, but should be even and >= 2: RoPE rotates feature pairs "
+            f"[ROPE-1, {call}]"
         )
     device = array_api_compat.device(x)
     angle_dtype = _angle_dtype(xp, device)

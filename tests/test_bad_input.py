@@ -124,6 +124,8 @@ BAD_BUILDERS = [
      ValueError, "dtype='bfloat16', but should be one of ['float16', 'float32', 'float64']"),
     ("rope-odd-d", lambda: apply_rope(np.zeros((3, 5))), ValueError,
      "x.shape[-1]=5, but should be even"),
+    ("rope-zero-d", lambda: apply_rope(np.zeros((3, 0))), ValueError,
+     "x.shape[-1]=0, but should be even and >= 2"),
     ("rope-layout", lambda: apply_rope(np.zeros((3, 4)), layout="rotate_half"), ValueError,
      "layout='rotate_half', but should be one of 'interleaved', 'half'"),
     ("rope-positions-float", lambda: apply_rope(np.zeros((3, 4)), np.arange(3.0)), TypeError,
