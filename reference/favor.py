@@ -116,6 +116,13 @@ def favor_feature_map(projection: Any) -> FeatureMapPair:
     :func:`favor_features` in exact arithmetic, while no exponent exceeds 0.
     """
     call = "favor_feature_map(projection)"
+    if not array_api_compat.is_array_api_obj(projection) or projection.ndim != 2 or (
+        projection.shape[0] < 1
+    ):
+        raise ValueError(
+            f"projection={projection!r}, but should be a (num_features, head_dim) array with "
+            f"num_features >= 1, as favor_projection returns [LIN-4.3, {call}]"
+        )
     scale = 1 / math.sqrt(projection.shape[0])
 
     def queries(x: Any) -> Any:

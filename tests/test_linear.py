@@ -130,6 +130,36 @@ def test_reference_equals_quadratic_form(cpu_backend: Backend, map_name: str, ca
         assert_float64_close(cpu_backend.to_numpy(out), expected, v)
 
 
+def test_batch_dims_broadcast() -> None:
+    """LIN-1.1 (batch broadcasting as SDPA-1.2): q with batch (2,), k with batch (1,) and v
+    with no batch dim give the batch (2,), equal to the quadratic form on broadcast copies."""
+    q, k, v = inputs(*LENGTHS[0], seed=6)
+    k, v = k[:1], v[0]
+    for causal in (None, "bottom_right"):
+        out = linear_attention(
+            q, k, v, feature_map=elu_plus_one, is_causal=causal is not None,
+            causal_alignment=causal or "top_left",
+        )
+        expected = quadratic_form(
+            np_elu_plus_one(q), np_elu_plus_one(np.broadcast_to(k, (BATCH, *k.shape[1:]))),
+            np.broadcast_to(v, (BATCH, *v.shape)), alignment=causal,
+        )
+        assert out.shape == (BATCH, HQ, LENGTHS[0][0], EV)
+        assert_float64_close(out, expected, v)
+
+
+def test_favor_attention_is_linear_attention_with_the_seeded_map(cpu_backend: Backend) -> None:
+    """LIN-4.3, LIN-4.5: favor_attention draws one projection from its seed for all batch
+    elements and heads and equals linear_attention with that projection's stabilised map."""
+    q, k, v = (cpu_backend.asarray(a, "float64") for a in inputs(*LENGTHS[1]))
+    w = favor_projection(16, E, seed=3, xp=cpu_backend.xp, device=cpu_backend.device)
+    for causal in (None, "bottom_right"):
+        options = dict(is_causal=causal is not None, causal_alignment=causal or "top_left")
+        out = favor_attention(q, k, v, num_features=16, seed=3, **options)
+        expected = linear_attention(q, k, v, feature_map=favor_feature_map(w), **options)
+        assert np.array_equal(cpu_backend.to_numpy(out), cpu_backend.to_numpy(expected))
+
+
 def test_output_dtype_is_q_dtype(cpu_backend: Backend) -> None:
     """LIN-1.1: the output has q's dtype and the layout's shape; the lowest precision each
     backend has (bfloat16, else float16, else float32) is computed in float32 and cast back."""
@@ -462,6 +492,8 @@ def test_favor_and_bound_arguments_are_checked() -> None:
     w = favor_projection(8, E + 1, seed=0, xp=xp)
     with pytest.raises(ValueError, match=r"projection\.shape=\(8, 7\)"):
         linear_attention(q, k, v, feature_map=favor_feature_map(w))
+    with pytest.raises(ValueError, match="num_features >= 1"):
+        favor_feature_map(w[0])
     with pytest.raises(ValueError, match="dtype='half'"):
         linear_error_bound(q, k, v, feature_map=elu_plus_one, dtype="half")
     with pytest.raises(TypeError, match="should be float64"):
