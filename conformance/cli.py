@@ -322,7 +322,9 @@ def _check_output_paths(args: argparse.Namespace) -> None:
 
 
 def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
-             label: str = "") -> tuple[Report, Callable[[Verdict], str]]:
+             label: str = "") -> tuple[Report, Callable[[Verdict], str], str]:
+    """Run one kernel with a progress display: (report, rerun command maker, claim line)."""
+    from .report import conformance_claim
     from .runner import select
 
     only, skip = _comma_list(args.only), _comma_list(args.skip)
@@ -338,15 +340,22 @@ def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
     def rerun(verdict: Verdict) -> str:
         return rerun_command(kernel.target, flags, verdict, args.seed)
 
-    return report, rerun
+    if not report.conforms:
+        claim = "no conformance claim: a MUST property failed (CONF-1)"
+    elif only or skip:
+        claim = "no conformance claim: only some properties ran (--only/--skip)"
+    else:
+        claim = conformance_claim(kernel.declaration, kernel.dtypes)
+    return report, rerun, claim
 
 
 def command_check(args: argparse.Namespace) -> int:
     from . import report as render
 
     _check_output_paths(args)
-    report, rerun = _run_one(setup_from(args), args, rerun_flags(args))
+    report, rerun, claim = _run_one(setup_from(args), args, rerun_flags(args))
     print(render.format_table(report, rerun=rerun, max_reproduction=MAX_SHOWN_REPRODUCTION))
+    print(claim)
     for option, to_text in (("json", render.to_json), ("junit", render.to_junit),
                             ("markdown", render.to_markdown)):
         path = getattr(args, option)
@@ -398,11 +407,12 @@ def command_demo(args: argparse.Namespace) -> int:
         claims = {"bias": True, "gqa": True} if "--bias" in flags else {}
         setup = KernelSetup(target, backend, claims=claims)
         backend_flags = ["--backend", backend] if backend else []
-        report, rerun = _run_one(setup, args, [*backend_flags, *flags],
-                                 label=f"{target.rpartition(':')[0]}: ")
+        report, rerun, claim = _run_one(setup, args, [*backend_flags, *flags],
+                                        label=f"{target.rpartition(':')[0]}: ")
         print(format_table(report, rerun=rerun, max_reproduction=MAX_SHOWN_REPRODUCTION,
                            full_reproduction_in="the JSON report of: "
                            "attnspec check ... --json PATH"))
+        print(claim)
         print()
         worst = max(worst, 0 if report.conforms else 1)
     return worst

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .clauses import clause as spec_clause
+from .declaration import KernelDeclaration
 from .runner import FAILED, NOT_APPLICABLE, PASSED, WARNING, Report, Verdict
 
 Rerun = Callable[[Verdict], str]
@@ -69,6 +70,27 @@ def summary_line(report: Report) -> str:
         f"({len(report.verdicts)} propert{'y' if len(report.verdicts) == 1 else 'ies'}, "
         f"{seconds:.1f} s)"
     )
+
+
+def conformance_claim(declaration: KernelDeclaration, dtypes: tuple[str, ...]) -> str:
+    """The claim a conforming kernel may make (CONF-1): the version, what it declares and
+    the dtypes it was checked in, e.g. "conforms to attnspec 2026.12 (dense, bias, GQA,
+    bottom-right causal; float16, bfloat16, float32)"."""
+    features = [declaration.family]
+    if declaration.family == "dense":
+        features += [name for name, claimed in (
+            ("mask", declaration.mask), ("bias", declaration.bias), ("GQA", declaration.gqa),
+            (f"{declaration.causal_alignment.replace('_', '-')} causal", declaration.causal),
+            ("explicit scale", declaration.scale), ("returned weights",
+                                                    declaration.returns_weights),
+        ) if claimed]
+        if not declaration.empty_rows_zero:
+            features.append("without the fully-masked-row rule")
+    elif declaration.sparse is not None:
+        features.append(declaration.sparse.pattern)
+    elif declaration.linear is not None and isinstance(declaration.linear.feature_map, str):
+        features.append(declaration.linear.feature_map)
+    return f"conforms to attnspec {spec_version()} ({', '.join(features)}; {', '.join(dtypes)})"
 
 
 def heading(report: Report) -> str:

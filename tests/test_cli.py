@@ -55,6 +55,10 @@ def without_scale(q, k, v, *, mask=None, is_causal=False):
     return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal)
 
 
+def returns_text(q, k, v, *, mask=None, is_causal=False, scale=None):
+    return "not an array"
+
+
 def two_arrays(q, k):
     return q
 
@@ -178,6 +182,26 @@ def test_rerun_command_reproduces_the_failure(kernels: Path, tmp_path: Path) -> 
     assert finding(again.stdout) == finding(first.stdout)
 
 
+def test_unreadable_result_fails_the_property_not_the_run(capsys: pytest.CaptureFixture[str],
+                                                          kernels: Path) -> None:
+    """SDPA-1.3: a result the suite cannot read as an array fails each property (exit 1)
+    with what went wrong, instead of a traceback ending the run."""
+    status, out, _ = run_main(capsys, "check", f"{kernels}:returns_text", "--only", CHEAP)
+    assert status == 1
+    assert out.count("  finding: the property could not check the kernel's result: ValueError") == 2
+
+
+def test_conformance_claim_only_after_a_full_passing_run() -> None:
+    """CONF-1: the claim names the version, the declared features and the dtypes."""
+    from attnspec.conformance import KernelDeclaration
+
+    claim = render.conformance_claim(
+        KernelDeclaration(bias=True, gqa=True, causal_alignment="bottom_right", scale=False),
+        ("float16", "bfloat16", "float32"))
+    assert claim == (f"conforms to attnspec {SPEC_VERSION} (dense, mask, bias, GQA, "
+                     "bottom-right causal; float16, bfloat16, float32)")
+
+
 def test_unclaimed_property_is_not_applicable(capsys: pytest.CaptureFixture[str],
                                               kernels: Path) -> None:
     """CONF-3: a kernel without ``scale=`` gets explicit-scale "not applicable", exit 0."""
@@ -186,6 +210,7 @@ def test_unclaimed_property_is_not_applicable(capsys: pytest.CaptureFixture[str]
     row = next(line for line in out.splitlines() if line.startswith("explicit-scale"))
     assert "not applicable" in row and "does not claim scale" in row
     assert "1 not applicable" in out
+    assert "no conformance claim: only some properties ran" in out
 
 
 def test_should_failure_warns_and_fails_only_when_strict(
