@@ -12,9 +12,12 @@ exactly that kernel.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import os
+import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,21 @@ def absolute_target(target: str) -> str:
     if sep and module_part.endswith(".py"):
         return f"{Path(module_part).resolve()}:{attribute}"
     return target
+
+
+@contextlib.contextmanager
+def importable_from_working_directory() -> Iterator[None]:
+    """While loading a kernel, ``MODULE:FUNC`` also imports from the working directory
+    (as with ``python -m``); ``sys.path`` is restored afterwards."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
 
 
 def resolve_backend(backend: str | Backend | None, device: Any = None) -> Backend:
@@ -179,7 +197,11 @@ class KernelSetup:
         backend = resolve_backend(self.backend, self.device)
         target = absolute_target(self.kernel) if isinstance(self.kernel, str) else None
         try:
-            fn = load_kernel(target) if target is not None else self.kernel
+            if target is not None:
+                with importable_from_working_directory():
+                    fn = load_kernel(target)
+            else:
+                fn = self.kernel
             if self.rename:
                 fn = rename_arguments(fn, **self.rename)
             fn = from_layout(fn, self.layout)

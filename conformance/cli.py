@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -430,9 +429,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return 2
-        # MODULE:FUNC should import from the directory the command runs in, as with python -m.
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
         return COMMANDS[args.command](args)
     except (UsageError, SetupError) as exc:
         print(f"{PROGRAM}: error: {exc}", file=sys.stderr)

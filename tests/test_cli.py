@@ -202,6 +202,20 @@ def test_conformance_claim_only_after_a_full_passing_run() -> None:
                      "bottom-right causal; float16, bfloat16, float32)")
 
 
+def test_module_target_imports_from_the_working_directory(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MODULE:FUNC finds a module in the working directory (as python -m does), and
+    sys.path is left as it was."""
+    (tmp_path / "attnspec_cwd_kernels.py").write_text(KERNELS, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    before = list(sys.path)
+    status, _, err = run_main(capsys, "check", "attnspec_cwd_kernels:correct", "--only",
+                              "default-scale")
+    assert status == 0, err
+    assert sys.path == before
+
+
 def test_unclaimed_property_is_not_applicable(capsys: pytest.CaptureFixture[str],
                                               kernels: Path) -> None:
     """CONF-3: a kernel without ``scale=`` gets explicit-scale "not applicable", exit 0."""
