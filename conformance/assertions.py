@@ -41,9 +41,12 @@ def assert_identical(
 
 def assert_within_bound(
     actual: np.ndarray, expected: np.ndarray, bound: np.ndarray, what: str,
-    problem: Problem, kernel: KernelUnderTest,
+    problem: Problem, kernel: KernelUnderTest, clause: str = "TOL-2",
 ) -> None:
-    """|actual - expected| <= bound elementwise; non-finite expected values must match."""
+    """|actual - expected| <= bound elementwise; non-finite expected values must match.
+
+    ``clause`` names the bound in the message (TOL-2, or LIN-5.2 for linear attention).
+    """
     assert_shape(actual, expected.shape, what, problem, kernel)
     finite = np.isfinite(expected)
     exact = ~finite
@@ -65,7 +68,7 @@ def assert_within_bound(
         at = _first_index(worst)
         raise PropertyFailure(
             f"{what}[{at}] = {float(actual[at])!r}, but should be {float(expected[at])!r} within "
-            f"{bound[at]:.3g} (TOL-2); error {error[at]:.3g} is {error[at] / bound[at]:.3g}x "
+            f"{bound[at]:.3g} ({clause}); error {error[at]:.3g} is {error[at] / bound[at]:.3g}x "
             f"the bound; {int(too_far.sum())} of {too_far.size} elements outside",
             problem, kernel,
         )

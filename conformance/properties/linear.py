@@ -1,0 +1,134 @@
+"""LIN-2, LIN-5 and LIN-6: linear (kernelized) attention against its own formula.
+
+A kernel declares its feature map (``LinearClaim``).  Deterministic maps are compared
+element by element with the float64 formula within LIN-5.2; FAVOR+ kernels, whose
+features are random, are checked by the statistical acceptance test of LIN-6.2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from ...reference.linear import elu_plus_one, linear_error_bound, relu_features
+from ..assertions import assert_within_bound
+from ..declaration import KernelDeclaration
+from ..failures import PropertyFailure
+from ..favor_bound import favor_acceptance_test
+from ..kernel import KernelUnderTest, Problem
+from ..registry import register
+from ..strategies import draw_dims, draw_dtype, draw_rng, random_values
+
+NAMED_FEATURE_MAPS: dict[str, Callable[[Any], Any]] = {
+    "elu+1": elu_plus_one,
+    "relu": relu_features,
+}
+FAVOR = "favor+"
+FAVOR_TEST_QUERIES, FAVOR_TEST_HEAD_DIM = 16, 8
+
+
+def deterministic_map(declaration: KernelDeclaration) -> str | None:
+    claim = declaration.linear
+    if claim is None:
+        return "the kernel does not declare linear attention"
+    if claim.feature_map == FAVOR:
+        return "FAVOR+ features are random: checked by favor-error-bound (LIN-5.1)"
+    return None
+
+
+def causal_deterministic_map(declaration: KernelDeclaration) -> str | None:
+    reason = deterministic_map(declaration)
+    if reason is None and not declaration.causal:
+        return "the kernel does not claim is_causal"
+    return reason
+
+
+def favor_map(declaration: KernelDeclaration) -> str | None:
+    claim = declaration.linear
+    if claim is None or claim.feature_map != FAVOR:
+        return "the kernel does not declare FAVOR+ features"
+    if not claim.num_features:
+        return "a FAVOR+ kernel must declare num_features"
+    return None
+
+
+def feature_map_of(kernel: KernelUnderTest) -> Callable[[Any], Any]:
+    claim = kernel.declaration.linear
+    assert claim is not None
+    if callable(claim.feature_map):
+        return claim.feature_map
+    try:
+        return NAMED_FEATURE_MAPS[claim.feature_map]
+    except KeyError:
+        raise PropertyFailure(
+            f"feature_map={claim.feature_map!r}, but should be a callable or one of "
+            f"{', '.join([*NAMED_FEATURE_MAPS, FAVOR])}"
+        ) from None
+
+
+def check_against_formula(kernel: KernelUnderTest, data: st.DataObject, causal: bool) -> None:
+    claim = kernel.declaration.linear
+    assert claim is not None
+    dims = draw_dims(data, kernel, max_len=12)
+    dtype = draw_dtype(data, kernel)
+    rng = draw_rng(data)
+    magnitude = data.draw(st.sampled_from([1.0, 0.3, 3.0]), label="magnitude")
+    q_shape = (*dims.batch, dims.n_q_heads, dims.n_queries, dims.head_dim)
+    k_shape = (*dims.batch, dims.n_kv_heads, dims.n_keys, dims.head_dim)
+    v_shape = (*dims.batch, dims.n_kv_heads, dims.n_keys, dims.value_dim)
+    problem = Problem(
+        q=random_values(kernel, rng, q_shape, dtype, magnitude),
+        k=random_values(kernel, rng, k_shape, dtype, magnitude),
+        v=random_values(kernel, rng, v_shape, dtype),
+        dtype=dtype, is_causal=causal,
+    )
+    out = kernel.run(problem)
+    bound = linear_error_bound(
+        problem.q, problem.k, problem.v, feature_map=feature_map_of(kernel), dtype=dtype,
+        is_causal=causal, causal_alignment=claim.causal_alignment, eps=claim.eps,
+    )
+    assert_within_bound(out, np.asarray(bound.out), np.asarray(bound.out_tolerance), "out",
+                        problem, kernel, clause="LIN-5.2")
+
+
+@register("linear-matches-formula", "LIN-5.2", applies=deterministic_map)
+def linear_matches_formula(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """The output equals phi(q_i)^T sum_j phi(k_j) v_j^T / phi(q_i)^T sum_j phi(k_j) with
+    the declared map and epsilon, within the LIN-5.2 bound (Lq != Lk, GQA when claimed)."""
+    check_against_formula(kernel, data, causal=False)
+
+
+@register("linear-causal-prefix", "LIN-2.1", applies=causal_deterministic_map)
+def linear_causal_prefix(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """With is_causal the output equals the masked quadratic form in the declared
+    alignment (prefix sums), within LIN-5.2 — later keys do not count (LIN-2.2)."""
+    check_against_formula(kernel, data, causal=True)
+
+
+@register("favor-error-bound", "LIN-6.2", kind="fixed", applies=favor_map)
+def favor_error_bound(kernel: KernelUnderTest, seed: int) -> None:
+    """FAVOR+ weights pass the median-of-redraws acceptance test whose false-failure
+    probability is at most 1e-6 (LIN-6.2, CONF-4)."""
+    claim = kernel.declaration.linear
+    assert claim is not None and claim.num_features
+    dtype = kernel.widest_dtype
+    last: list[Problem] = []
+
+    def estimate_weights(q: np.ndarray, k: np.ndarray, redraw_seed: int) -> np.ndarray:
+        problem = Problem(
+            q=kernel.rounded(q[None], dtype), k=kernel.rounded(k[None], dtype),
+            v=np.eye(k.shape[0])[None], dtype=dtype,
+            extra={claim.seed_keyword: redraw_seed},
+        )
+        last[:] = [problem]
+        return kernel.run(problem)[0]
+
+    verdict = favor_acceptance_test(
+        estimate_weights, n=FAVOR_TEST_QUERIES, head_dim=FAVOR_TEST_HEAD_DIM,
+        num_features=claim.num_features, seed=seed,
+    )
+    if not verdict.passed:
+        raise PropertyFailure(verdict.message, last[0] if last else None, kernel)
