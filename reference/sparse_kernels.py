@@ -12,7 +12,7 @@ O(chunk * S) per batch and head, plus the output.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -77,10 +77,11 @@ def _attend(problem: AttentionProblem, rows: Any, keys: Any, allowed: Any) -> An
     return xp.reshape(out, (*out.shape[:-3], tiles * per_tile, out.shape[-1]))
 
 
-def _run(problem: AttentionProblem, spec: SparsePattern, segments: list[Segment],
+def _run(problem: AttentionProblem, sets: SparsePattern, segments: list[Segment],
          query_chunk: int | None) -> Any:
+    """Attend every segment chunk by chunk and stitch the rows back in order."""
     xp = problem.xp
-    n_queries = spec.n_queries
+    n_queries = sets.n_queries
     pieces = []
     for segment in segments:
         pairs = max(1, segment.width * segment.rows_per_tile)
@@ -92,7 +93,7 @@ def _run(problem: AttentionProblem, spec: SparsePattern, segments: list[Segment]
             keys = xp.where(ok, keys, xp.zeros_like(keys))
             allowed = xp.logical_and(
                 xp.logical_and(ok[:, None, :], real[:, :, None]),
-                spec.allowed(xp, rows[:, :, None], keys[:, None, :]),
+                sets.allowed(xp, rows[:, :, None], keys[:, None, :]),
             )
             pieces.append(_attend(problem, rows, keys, allowed))
     out = xp.concat(pieces, axis=-2)[..., :n_queries, :]
@@ -116,40 +117,40 @@ def _per_query(start: int, stop: int, width: int, make: Candidates) -> Segment:
     return Segment(start, stop, 1, width, make)
 
 
-def _window_span(spec: SparsePattern, left: int | None, right: int | None, dilation: int,
+def _window_span(sets: SparsePattern, left: int | None, right: int | None, dilation: int,
                  a: int, b: int) -> tuple[int, int]:
     """Range of m with candidate key t - dilation * m for the queries a .. b - 1."""
-    t_first, t_last = a + spec.offset, b - 1 + spec.offset
+    t_first, t_last = a + sets.offset, b - 1 + sets.offset
     high = t_last // dilation
     if left is not None:
         high = min(high, left // dilation)
-    low = -((spec.n_keys - 1 - t_first) // dilation)
+    low = -((sets.n_keys - 1 - t_first) // dilation)
     if right is not None:
         low = max(low, -(right // dilation))
-    if spec.causal:
+    if sets.causal:
         low = max(low, 0)
     return low, high
 
 
-def _window_candidates(xp: ModuleType, device: Any, spec: SparsePattern, left: int | None,
+def _window_candidates(xp: ModuleType, device: Any, sets: SparsePattern, left: int | None,
                        right: int | None, dilation: int, a: int, b: int) -> tuple[Any, Any]:
-    low, high = _window_span(spec, left, right, dilation, a, b)
-    t = xp.arange(a, b, device=device)[:, None] + spec.offset
+    low, high = _window_span(sets, left, right, dilation, a, b)
+    t = xp.arange(a, b, device=device)[:, None] + sets.offset
     keys = t - dilation * xp.arange(low, max(high + 1, low), device=device)[None, :]
     return t, keys
 
 
-def _dense_rows(xp: ModuleType, device: Any, spec: SparsePattern, start: int,
+def _dense_rows(xp: ModuleType, device: Any, sets: SparsePattern, start: int,
                 stop: int) -> Segment:
     """Queries whose S(i) may be every key (global rows) gather all keys."""
 
     def make(a: int, b: int) -> tuple[Any, Any, Any]:
         rows = xp.arange(a, b, device=device)[:, None]
-        keys = xp.broadcast_to(xp.arange(spec.n_keys, device=device)[None, :],
-                               (b - a, spec.n_keys))
+        keys = xp.broadcast_to(xp.arange(sets.n_keys, device=device)[None, :],
+                               (b - a, sets.n_keys))
         return rows, keys, xp.ones_like(keys, dtype=xp.bool)
 
-    return _per_query(start, stop, spec.n_keys, make)
+    return _per_query(start, stop, sets.n_keys, make)
 
 
 def _split_rows(n_queries: int, dense_rows: list[tuple[int, int]], sparse: Callable[
@@ -169,68 +170,68 @@ def _split_rows(n_queries: int, dense_rows: list[tuple[int, int]], sparse: Calla
     return segments
 
 
-def _plan_window(xp: ModuleType, device: Any, spec: SlidingWindow) -> list[Segment]:
+def _plan_window(xp: ModuleType, device: Any, sets: SlidingWindow) -> list[Segment]:
     def make(a: int, b: int) -> tuple[Any, Any, Any]:
-        t, keys = _window_candidates(xp, device, spec, spec.left, spec.right,
-                                     spec.dilation, a, b)
-        return t - spec.offset, keys, _in_keys(xp, keys, spec.n_keys)
+        t, keys = _window_candidates(xp, device, sets, sets.left, sets.right,
+                                     sets.dilation, a, b)
+        return t - sets.offset, keys, _in_keys(xp, keys, sets.n_keys)
 
-    low, high = _window_span(spec, spec.left, spec.right, spec.dilation, 0, spec.n_queries)
-    return [_per_query(0, spec.n_queries, max(high - low + 1, 0), make)]
+    low, high = _window_span(sets, sets.left, sets.right, sets.dilation, 0, sets.n_queries)
+    return [_per_query(0, sets.n_queries, max(high - low + 1, 0), make)]
 
 
-def _plan_strided(xp: ModuleType, device: Any, spec: Strided) -> list[Segment]:
-    stride, offset = spec.stride, spec.offset
+def _plan_strided(xp: ModuleType, device: Any, sets: Strided) -> list[Segment]:
+    stride, offset = sets.stride, sets.offset
 
     def make(a: int, b: int) -> tuple[Any, Any, Any]:
         t = xp.arange(a, b, device=device)[:, None] + offset
         # t - l .. t, then the rest of t's residue class: t - 2l, t - 3l, … and t + l, …
         # (so no key is listed twice).
         past = (b - 1 + offset) // stride
-        future = 0 if spec.causal else (spec.n_keys - 1 - a - offset) // stride
+        future = 0 if sets.causal else (sets.n_keys - 1 - a - offset) // stride
         keys = xp.concat([
             t - xp.arange(stride + 1, device=device)[None, :],
             t - stride * xp.arange(2, max(past + 1, 2), device=device)[None, :],
             t + stride * xp.arange(1, max(future + 1, 1), device=device)[None, :],
         ], axis=1)
-        return t - offset, keys, _in_keys(xp, keys, spec.n_keys)
+        return t - offset, keys, _in_keys(xp, keys, sets.n_keys)
 
-    past = (spec.n_queries - 1 + offset) // stride
-    future = 0 if spec.causal else (spec.n_keys - 1 - offset) // stride
+    past = (sets.n_queries - 1 + offset) // stride
+    future = 0 if sets.causal else (sets.n_keys - 1 - offset) // stride
     width = stride + 1 + max(past - 1, 0) + max(future, 0)
-    return [_per_query(0, spec.n_queries, width, make)]
+    return [_per_query(0, sets.n_queries, width, make)]
 
 
-def _plan_fixed(xp: ModuleType, device: Any, spec: Fixed) -> list[Segment]:
-    stride, summary = spec.stride, spec.summary
-    n_blocks = -(-spec.n_keys // stride)
-    if spec.causal:
-        n_blocks = min(n_blocks, max((spec.n_queries - 1 + spec.offset) // stride + 1, 0))
+def _plan_fixed(xp: ModuleType, device: Any, sets: Fixed) -> list[Segment]:
+    stride, summary = sets.stride, sets.summary
+    n_blocks = -(-sets.n_keys // stride)
+    if sets.causal:
+        n_blocks = min(n_blocks, max((sets.n_queries - 1 + sets.offset) // stride + 1, 0))
     summaries = xp.reshape(
         xp.arange(n_blocks, device=device)[:, None] * stride
         + xp.arange(stride - summary, stride, device=device)[None, :], (1, -1))
 
     def make(a: int, b: int) -> tuple[Any, Any, Any]:
-        t = xp.arange(a, b, device=device)[:, None] + spec.offset
+        t = xp.arange(a, b, device=device)[:, None] + sets.offset
         block = xp.floor_divide(t, stride)
         own = block * stride + xp.arange(stride, device=device)[None, :]
         others = xp.broadcast_to(summaries, (b - a, summaries.shape[1]))
         keys = xp.concat([own, others], axis=1)
         # Summary columns of the query's own block are already in `own`.
         ok = xp.concat([xp.ones_like(own, dtype=xp.bool), others // stride != block], axis=1)
-        return t - spec.offset, keys, xp.logical_and(ok, _in_keys(xp, keys, spec.n_keys))
+        return t - sets.offset, keys, xp.logical_and(ok, _in_keys(xp, keys, sets.n_keys))
 
-    return [_per_query(0, spec.n_queries, stride + summaries.shape[1], make)]
+    return [_per_query(0, sets.n_queries, stride + summaries.shape[1], make)]
 
 
-def _plan_block_sparse(xp: ModuleType, device: Any, spec: BlockSparse) -> list[Segment]:
+def _plan_block_sparse(xp: ModuleType, device: Any, sets: BlockSparse) -> list[Segment]:
     """One tile per query block: the keys of its active key blocks, gathered once."""
-    layout = xp.astype(spec.layout, xp.int8)
+    layout = xp.astype(sets.layout, xp.int8)
     counts = xp.sum(layout, axis=1)
     most = int(xp.max(counts)) if counts.shape[0] else 0
     # Active key blocks first, in order; slot s of row I is active iff s < counts[I].
     active = xp.argsort(layout, axis=1, descending=True, stable=True)[:, :most]
-    bq, bk = spec.block_q, spec.block_k
+    bq, bk = sets.block_q, sets.block_k
 
     def make(a: int, b: int) -> tuple[Any, Any, Any]:
         blocks = active[a:b, :]
@@ -239,63 +240,63 @@ def _plan_block_sparse(xp: ModuleType, device: Any, spec: BlockSparse) -> list[S
         keys = xp.reshape(keys, (b - a, most * bk))
         ok = _per_key(xp, used, bk)
         rows = xp.arange(a, b, device=device)[:, None] * bq + xp.arange(bq, device=device)
-        return rows, keys, xp.logical_and(ok, keys < spec.n_keys)
+        return rows, keys, xp.logical_and(ok, keys < sets.n_keys)
 
     return [Segment(0, layout.shape[0], bq, most * bk, make)]
 
 
-def _plan_longformer(xp: ModuleType, device: Any, spec: Longformer) -> list[Segment]:
-    keys_global = [g for g in spec.global_tokens if g < spec.n_keys]
+def _plan_longformer(xp: ModuleType, device: Any, sets: Longformer) -> list[Segment]:
+    keys_global = [g for g in sets.global_tokens if g < sets.n_keys]
     global_keys = xp.asarray(keys_global, dtype=index_dtype(xp, device), device=device)[None, :]
 
     def make(a: int, b: int) -> tuple[Any, Any, Any]:
-        t, window = _window_candidates(xp, device, spec, spec.left, spec.right,
-                                       spec.dilation, a, b)
+        t, window = _window_candidates(xp, device, sets, sets.left, sets.right,
+                                       sets.dilation, a, b)
         # A global key inside the window is already a window candidate.
-        extra = xp.logical_not(in_window(xp, t - global_keys, spec.left, spec.right,
-                                          spec.dilation))
+        extra = xp.logical_not(in_window(xp, t - global_keys, sets.left, sets.right,
+                                          sets.dilation))
         keys = xp.concat([window, xp.broadcast_to(global_keys, (b - a, len(keys_global)))],
                          axis=1)
-        ok = xp.concat([_in_keys(xp, window, spec.n_keys), extra], axis=1)
-        return t - spec.offset, keys, ok
+        ok = xp.concat([_in_keys(xp, window, sets.n_keys), extra], axis=1)
+        return t - sets.offset, keys, ok
 
-    low, high = _window_span(spec, spec.left, spec.right, spec.dilation, 0, spec.n_queries)
+    low, high = _window_span(sets, sets.left, sets.right, sets.dilation, 0, sets.n_queries)
     width = max(high - low + 1, 0) + len(keys_global)
-    dense_rows = [(g - spec.offset, g - spec.offset + 1) for g in spec.global_tokens]
-    return _split_rows(spec.n_queries, dense_rows,
+    dense_rows = [(g - sets.offset, g - sets.offset + 1) for g in sets.global_tokens]
+    return _split_rows(sets.n_queries, dense_rows,
                        lambda a, b: _per_query(a, b, width, make),
-                       lambda a, b: _dense_rows(xp, device, spec, a, b))
+                       lambda a, b: _dense_rows(xp, device, sets, a, b))
 
 
-def _plan_bigbird(xp: ModuleType, device: Any, spec: BigBird) -> list[Segment]:
-    size, window = spec.block_size, spec.window_blocks
-    table = spec.random_table(xp, device)
+def _plan_bigbird(xp: ModuleType, device: Any, sets: BigBird) -> list[Segment]:
+    size, window = sets.block_size, sets.window_blocks
+    table = sets.random_table(xp, device)
     within = xp.arange(size, device=device)
-    global_blocks = xp.asarray(spec.global_blocks, dtype=table.dtype, device=device)
+    global_blocks = xp.asarray(sets.global_blocks, dtype=table.dtype, device=device)
 
     def block_keys(blocks: Any) -> Any:
         keys = blocks[:, :, None] * size + within[None, None, :]
         return xp.reshape(keys, (blocks.shape[0], blocks.shape[1] * size))
 
     def make(a: int, b: int) -> tuple[Any, Any, Any]:
-        t = xp.arange(a, b, device=device)[:, None] + spec.offset
+        t = xp.arange(a, b, device=device)[:, None] + sets.offset
         query_block = xp.floor_divide(t, size)
         near = query_block + xp.arange(-window, window + 1, device=device)[None, :]
         far = xp.broadcast_to(global_blocks[None, :], (b - a, global_blocks.shape[0]))
-        drawn = xp.take(table, xp.reshape(query_block - spec.first_block, (-1,)), axis=0)
+        drawn = xp.take(table, xp.reshape(query_block - sets.first_block, (-1,)), axis=0)
         keys = xp.concat([block_keys(near), block_keys(far), block_keys(drawn)], axis=1)
         # Global blocks inside the window are window candidates already; -1 = not drawn.
         far_ok = xp.abs(far - query_block) > window
         ok = xp.concat([xp.ones_like(near, dtype=xp.bool), far_ok, drawn >= 0], axis=1)
         ok = _per_key(xp, ok, size)
-        return t - spec.offset, keys, xp.logical_and(ok, _in_keys(xp, keys, spec.n_keys))
+        return t - sets.offset, keys, xp.logical_and(ok, _in_keys(xp, keys, sets.n_keys))
 
-    width = (2 * window + 1 + len(spec.global_blocks) + table.shape[1]) * size
-    dense_rows = [(g * size - spec.offset, (g + 1) * size - spec.offset)
-                  for g in spec.global_blocks]
-    return _split_rows(spec.n_queries, dense_rows,
+    width = (2 * window + 1 + len(sets.global_blocks) + table.shape[1]) * size
+    dense_rows = [(g * size - sets.offset, (g + 1) * size - sets.offset)
+                  for g in sets.global_blocks]
+    return _split_rows(sets.n_queries, dense_rows,
                        lambda a, b: _per_query(a, b, width, make),
-                       lambda a, b: _dense_rows(xp, device, spec, a, b))
+                       lambda a, b: _dense_rows(xp, device, sets, a, b))
 
 
 _PLANNERS: dict[type, Callable[[ModuleType, Any, Any], list[Segment]]] = {
@@ -308,9 +309,9 @@ _PLANNERS: dict[type, Callable[[ModuleType, Any, Any], list[Segment]]] = {
 }
 
 
-def plan(spec: SparsePattern, xp: ModuleType, device: Any) -> Iterator[Segment]:
-    """The segments of candidate keys that cover every query of ``spec``, in row order."""
-    return iter(_PLANNERS[type(spec)](xp, device, spec))
+def plan(sets: SparsePattern, xp: ModuleType, device: Any) -> list[Segment]:
+    """The segments of candidate keys that cover every query of ``sets``, in row order."""
+    return _PLANNERS[type(sets)](xp, device, sets)
 
 
 def sparse_attention(
@@ -341,11 +342,11 @@ def sparse_attention(
     xp = problem.xp
     device = array_api_compat.device(q)
     n_queries, n_keys = problem.q.shape[-2], problem.k.shape[-2]
-    spec = build_pattern(pattern, n_queries, n_keys, alignment=alignment, causal=causal,
+    sets = build_pattern(pattern, n_queries, n_keys, alignment=alignment, causal=causal,
                          params=params, call=call, xp=xp, device=device)
     if n_queries == 0 or n_keys == 0:
         return xp.zeros(problem.out_shape, dtype=problem.out_dtype, device=device)
-    return _run(problem, spec, list(plan(spec, xp, device)), query_chunk)
+    return _run(problem, sets, plan(sets, xp, device), query_chunk)
 
 
 def block_sparse_attention(

@@ -33,11 +33,11 @@ __all__ = [
 ]
 
 
-def pattern_mask(spec: SparsePattern, xp: ModuleType, device: Any) -> Any:
+def pattern_mask(sets: SparsePattern, xp: ModuleType, device: Any) -> Any:
     """The boolean (Lq, Lk) mask of S(i): True where query i may attend key j."""
-    rows = xp.arange(spec.n_queries, device=device)[:, None]
-    cols = xp.arange(spec.n_keys, device=device)[None, :]
-    return spec.allowed(xp, rows, cols)
+    rows = xp.arange(sets.n_queries, device=device)[:, None]
+    cols = xp.arange(sets.n_keys, device=device)[None, :]
+    return sets.allowed(xp, rows, cols)
 
 
 def _mask_of(
@@ -49,9 +49,9 @@ def _mask_of(
         layout = params["layout"]
         xp, device = array_api_compat.array_namespace(layout), array_api_compat.device(layout)
     xp, device = creation_namespace(xp, device)
-    spec = build_pattern(pattern, n_queries, n_keys, alignment=alignment, causal=causal,
+    sets = build_pattern(pattern, n_queries, n_keys, alignment=alignment, causal=causal,
                          params=params, call=call, xp=xp, device=device)
-    return spec, pattern_mask(spec, xp, device), xp, device
+    return sets, pattern_mask(sets, xp, device), xp, device
 
 
 def sparse_mask(
@@ -146,9 +146,9 @@ def bigbird_mask(
     for query block ``floor(d / block_size) + r`` (-1 = none), ready to pass back as
     ``random_blocks=`` to reproduce the pattern without the seed.
     """
-    spec, mask, xp, device = _mask_of(
+    sets, mask, xp, device = _mask_of(
         "bigbird", n_queries, n_keys, alignment, causal, xp, device,
         {"block_size": block_size, "num_random": num_random, "seed": seed,
          "window_blocks": window_blocks, "global_blocks": global_blocks,
          "random_blocks": random_blocks}, "bigbird_mask(n_queries, n_keys)")
-    return mask, spec.random_table(xp, device)
+    return mask, sets.random_table(xp, device)

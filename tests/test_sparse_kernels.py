@@ -259,6 +259,8 @@ def test_degenerate_sizes_give_zeros() -> None:
     far = sparse_attention(q, k, v, pattern="sliding_window", left=0, right=None, dilation=1,
                            alignment="top_left")
     assert np.all(far[:, 3:] == 0)
+    nothing = block_sparse_attention(q, k, v, layout=[[False]] * 4, block_size=(2, 3))
+    assert nothing.shape == (1, 7, 2) and np.all(nothing == 0)
 
 
 BAD_CALLS = [
