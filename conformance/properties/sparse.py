@@ -6,6 +6,8 @@ The kernel declares one pattern (``SparseClaim``); the pattern's mask from
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import array_api_compat.numpy as np_namespace
 import numpy as np
 from hypothesis import strategies as st
@@ -36,11 +38,30 @@ def pattern_mask(kernel: KernelUnderTest, n_queries: int, n_keys: int) -> np.nda
     ))
 
 
+def pinned_lengths(pattern: str, params: dict[str, object]) -> tuple[tuple[int, int], ...] | None:
+    """Length ranges a pattern's parameters fix: a block layout of (nqb, nkb) blocks of
+    size (bq, bk) needs Lq in ((nqb - 1) bq, nqb bq], likewise Lk (ragged last block)."""
+    if pattern != "block_sparse":
+        return None
+    layout = np.asarray(params["layout"])
+    size = params["block_size"]
+    sizes = (size, size) if isinstance(size, int) else tuple(size)  # type: ignore[arg-type]
+    return tuple(
+        ((blocks - 1) * block + 1, blocks * block)
+        for blocks, block in zip(layout.shape, sizes, strict=True)
+    )
+
+
 def draw_sparse_problem(kernel: KernelUnderTest, data: st.DataObject) -> tuple[Problem, np.ndarray]:
     """Sizes long enough to show the pattern's structure, ragged tails and Lq != Lk."""
     claim = kernel.declaration.sparse
     assert claim is not None
     dims = draw_dims(data, kernel, min_queries=1, min_keys=1, max_len=17)
+    lengths = pinned_lengths(claim.pattern, dict(claim.params))
+    if lengths is not None:
+        (q_low, q_high), (k_low, k_high) = lengths
+        dims = replace(dims, n_queries=data.draw(st.integers(q_low, q_high), label="Lq"),
+                       n_keys=data.draw(st.integers(k_low, k_high), label="Lk"))
     dtype = draw_dtype(data, kernel)
     rng = draw_rng(data)
     q_shape = (*dims.batch, dims.n_q_heads, dims.n_queries, dims.head_dim)
