@@ -98,6 +98,7 @@ class Problem:
 
         lines = [
             "import numpy as np",
+            "nan, inf = np.nan, np.inf  # as NumPy prints non-finite values below",
             "from attnspec.backends import Backend",
             "from attnspec.conformance import KernelUnderTest, Problem",
             f"problem = Problem(q={literal(self.q)},",
