@@ -38,3 +38,20 @@ def qualified_name(fn: Any) -> str:
 def known_declaration(fn: Any) -> KernelDeclaration | None:
     factory = _KNOWN.get(qualified_name(fn))
     return None if factory is None else factory()
+
+
+# Failures of well-known kernels confirmed by hand against the float64 oracle and written up
+# in docs/divergences.md; the demo reports them as such instead of as unexplained failures.
+_TORCH_SDPA_DIVERGENCES = {
+    "nan-propagates": "docs/divergences.md#torch-nan-query (pytorch #141128)",
+    "masked-nonfinite-ignored": "docs/divergences.md#torch-masked-nan (pytorch #101967)",
+}
+_DIVERGENCES: dict[str, dict[str, str]] = {
+    "torch.nn.functional.scaled_dot_product_attention": _TORCH_SDPA_DIVERGENCES,
+    "torch._C._nn.scaled_dot_product_attention": _TORCH_SDPA_DIVERGENCES,
+}
+
+
+def known_divergences(fn: Any) -> dict[str, str]:
+    """Property id -> where the confirmed divergence of this kernel is written up."""
+    return dict(_DIVERGENCES.get(qualified_name(fn), {}))
