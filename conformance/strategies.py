@@ -84,6 +84,23 @@ def random_values(
     return kernel.rounded(rng.standard_normal(shape) * magnitude, dtype)
 
 
+def random_problem(
+    kernel: KernelUnderTest, rng: np.random.Generator, dims: Dims, dtype: str,
+    magnitude: float = 1.0, **fields: Any,
+) -> Problem:
+    """q, k (scaled by ``magnitude``) and v of ``dims``, as the kernel will see them."""
+    return Problem(
+        q=random_values(kernel, rng, (*dims.batch, dims.n_q_heads, dims.n_queries,
+                                      dims.head_dim), dtype, magnitude),
+        k=random_values(kernel, rng, (*dims.batch, dims.n_kv_heads, dims.n_keys,
+                                      dims.head_dim), dtype, magnitude),
+        v=random_values(kernel, rng, (*dims.batch, dims.n_kv_heads, dims.n_keys,
+                                      dims.value_dim), dtype),
+        dtype=dtype,
+        **fields,
+    )
+
+
 def broadcast_shape_for(data: st.DataObject, full: tuple[int, ...], label: str) -> tuple[int, ...]:
     """A shape that broadcasts to ``full``: leading dims dropped, some dims set to 1."""
     keep = data.draw(st.integers(2, len(full)), label=f"{label} ndim")
@@ -146,15 +163,7 @@ def draw_problem(
     rng = draw_rng(data)
     if magnitude is None:
         magnitude = data.draw(st.sampled_from(MAGNITUDES), label="magnitude")
-    q_shape = (*dims.batch, dims.n_q_heads, dims.n_queries, dims.head_dim)
-    k_shape = (*dims.batch, dims.n_kv_heads, dims.n_keys, dims.head_dim)
-    v_shape = (*dims.batch, dims.n_kv_heads, dims.n_keys, dims.value_dim)
-    problem = Problem(
-        q=random_values(kernel, rng, q_shape, dtype, magnitude),
-        k=random_values(kernel, rng, k_shape, dtype, magnitude),
-        v=random_values(kernel, rng, v_shape, dtype),
-        dtype=dtype,
-    )
+    problem = random_problem(kernel, rng, dims, dtype, magnitude)
     use_causal = _wanted(data, causal, decl.causal, "causal")
     use_mask = _wanted(data, mask, decl.mask and (decl.mask_and_causal or not use_causal), "mask")
     if use_causal:

@@ -20,7 +20,7 @@ from ..failures import PropertyFailure
 from ..favor_bound import favor_acceptance_test
 from ..kernel import KernelUnderTest, Problem
 from ..registry import register
-from ..strategies import draw_dims, draw_dtype, draw_rng, random_values
+from ..strategies import draw_dims, draw_dtype, draw_rng, random_problem
 
 NAMED_FEATURE_MAPS: dict[str, Callable[[Any], Any]] = {
     "elu+1": elu_plus_one,
@@ -76,15 +76,7 @@ def check_against_formula(kernel: KernelUnderTest, data: st.DataObject, causal: 
     dtype = draw_dtype(data, kernel)
     rng = draw_rng(data)
     magnitude = data.draw(st.sampled_from([1.0, 0.3, 3.0]), label="magnitude")
-    q_shape = (*dims.batch, dims.n_q_heads, dims.n_queries, dims.head_dim)
-    k_shape = (*dims.batch, dims.n_kv_heads, dims.n_keys, dims.head_dim)
-    v_shape = (*dims.batch, dims.n_kv_heads, dims.n_keys, dims.value_dim)
-    problem = Problem(
-        q=random_values(kernel, rng, q_shape, dtype, magnitude),
-        k=random_values(kernel, rng, k_shape, dtype, magnitude),
-        v=random_values(kernel, rng, v_shape, dtype),
-        dtype=dtype, is_causal=causal,
-    )
+    problem = random_problem(kernel, rng, dims, dtype, magnitude, is_causal=causal)
     out = kernel.run(problem)
     bound = linear_error_bound(
         problem.q, problem.k, problem.v, feature_map=feature_map_of(kernel), dtype=dtype,

@@ -19,7 +19,7 @@ from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem, identity_values
 from ..oracle import reference_bound
 from ..registry import register
-from ..strategies import draw_dims, draw_dtype, draw_rng, random_values
+from ..strategies import draw_dims, draw_dtype, draw_rng, random_problem, random_values
 
 
 def sparse_only(declaration: KernelDeclaration) -> str | None:
@@ -64,16 +64,8 @@ def draw_sparse_problem(kernel: KernelUnderTest, data: st.DataObject) -> tuple[P
                        n_keys=data.draw(st.integers(k_low, k_high), label="Lk"))
     dtype = draw_dtype(data, kernel)
     rng = draw_rng(data)
-    q_shape = (*dims.batch, dims.n_q_heads, dims.n_queries, dims.head_dim)
-    k_shape = (*dims.batch, dims.n_kv_heads, dims.n_keys, dims.head_dim)
-    v_shape = (*dims.batch, dims.n_kv_heads, dims.n_keys, dims.value_dim)
-    problem = Problem(
-        q=random_values(kernel, rng, q_shape, dtype),
-        k=random_values(kernel, rng, k_shape, dtype),
-        v=random_values(kernel, rng, v_shape, dtype),
-        dtype=dtype,
-        extra=dict(claim.params) if claim.pass_params else {},
-    )
+    problem = random_problem(kernel, rng, dims, dtype,
+                             extra=dict(claim.params) if claim.pass_params else {})
     return problem, pattern_mask(kernel, dims.n_queries, dims.n_keys)
 
 
