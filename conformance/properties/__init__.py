@@ -3,9 +3,14 @@
 from . import (  # noqa: F401
     agreement,
     causal,
+    empty_rows,
+    gqa,
     invariance,
+    linear,
     masked_values,
+    masking,
     scale,
+    shapes,
     softmax,
     sparse,
 )

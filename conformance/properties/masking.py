@@ -1,0 +1,158 @@
+"""SDPA-3: mask polarity and broadcasting, additive bias, the mask winning over the bias,
+and mask combined with causal.
+
+Values are compared with ``assert_matches_reference``, which leaves rows without an
+allowed key to SDPA-5.1 for a kernel that does not claim it, so only the clause under
+test can fail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+from hypothesis import strategies as st
+
+from ..assertions import assert_identical, assert_matches_reference, assert_within_bound
+from ..declaration import KernelDeclaration
+from ..kernel import KernelUnderTest
+from ..oracle import reference_bound, weights_bound
+from ..registry import needs, register
+from ..strategies import (
+    broadcast_shape_for,
+    draw_dims,
+    draw_mask,
+    draw_problem,
+    draw_rng,
+    random_values,
+)
+from .softmax import values_per_query
+
+EXPLICIT_NON_UNIT_SCALES = (0.5, 2.0, 0.125, -0.75, 4.0)
+BIAS_MAGNITUDE = 3.0  # |b| of a few units: (1 - s) * b is far outside TOL-2 for s != 1
+LARGEST_FINITE = {
+    "float16": 65504.0,
+    "bfloat16": (2 - 2.0**-7) * 2.0**127,
+    "float32": float(np.finfo(np.float32).max),
+    "float64": float(np.finfo(np.float64).max),
+}
+
+
+@register("mask-polarity", "SDPA-3.1", applies=needs("mask"))
+def mask_polarity(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """True in the mask means "may attend": with exactly one True per row, every output
+    row is that key's value row (within TOL-2); an inverted mask cannot pass."""
+    dims = draw_dims(data, kernel, min_keys=1)
+    problem = draw_problem(data, kernel, dims=dims, mask="never", bias="never", causal="never")
+    rng = draw_rng(data)
+    shape = broadcast_shape_for(data, dims.scores_shape, "mask")
+    chosen = rng.integers(0, dims.n_keys, size=shape[:-1])
+    problem.mask = np.arange(dims.n_keys) == chosen[..., None]
+    out = kernel.run(problem)
+
+    # Row i of head h reads value row chosen[i] of the key/value head it uses (SDPA-6.1).
+    keys = np.broadcast_to(chosen, dims.scores_shape[:-1])[..., None]
+    expected = np.take_along_axis(values_per_query(problem), keys, axis=-2)
+    tolerance = np.asarray(reference_bound(problem, kernel.declaration).out_tolerance)
+    assert_within_bound(out, expected, tolerance, "out (one allowed key per row)",
+                        problem, kernel)
+
+
+def _draw_reducible_shape(
+    data: st.DataObject, full: tuple[int, ...], label: str,
+) -> tuple[int, ...]:
+    """A shape broadcasting to ``full``: leading dims dropped, any dim (Lq and Lk too)
+    set to 1, e.g. (Lq, Lk), (Hq, 1, Lk), (B, 1, 1, Lk), (Lq, 1)."""
+    keep = data.draw(st.integers(2, len(full)), label=f"{label} ndim")
+    return tuple(
+        1 if data.draw(st.booleans(), label=f"{label} broadcast axis {axis}") else size
+        for axis, size in enumerate(full[len(full) - keep:])
+    )
+
+
+@register("mask-broadcast", "SDPA-3.1", applies=needs("mask"))
+def mask_broadcast(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """A mask of any shape that broadcasts to (..., Hq, Lq, Lk) gives the result of the
+    explicitly broadcast full mask: both are within TOL-2 of the definition."""
+    dims = draw_dims(data, kernel)
+    problem = draw_problem(data, kernel, dims=dims, mask="never", bias="never", causal="never")
+    rng = draw_rng(data)
+    shape = _draw_reducible_shape(data, dims.scores_shape, "mask")
+    density = data.draw(st.sampled_from([0.5, 0.8, 0.2]), label="mask density")
+    small = problem.with_(mask=rng.random(shape) < density)
+    full = problem.with_(mask=np.ascontiguousarray(np.broadcast_to(small.mask, dims.scores_shape)))
+    assert_matches_reference(kernel, small, what="out (broadcast mask)")
+    assert_matches_reference(kernel, full, what="out (full mask)")
+
+
+@register("bias-semantics", "SDPA-3.2", applies=needs("bias"))
+def bias_semantics(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """The bias is added to the scores after scaling: with a scale s != 1 and a bias of a
+    few units, outputs and weights are within TOL-2 of softmax(s q.k + b), so adding it
+    before scaling (or scaling it, or dropping it) fails."""
+    dims = draw_dims(data, kernel)
+    # E >= 2 so that the default scale 1/sqrt(E) is not 1 either.
+    dims = replace(dims, head_dim=max(2, dims.head_dim))
+    problem = draw_problem(data, kernel, dims=dims, mask="never", bias="never", causal="never",
+                           scale="never")
+    if kernel.declaration.scale:
+        problem.scale = data.draw(st.sampled_from(EXPLICIT_NON_UNIT_SCALES), label="scale")
+    shape = broadcast_shape_for(data, dims.scores_shape, "bias")
+    problem.bias = random_values(kernel, draw_rng(data), shape, problem.dtype, BIAS_MAGNITUDE)
+    out, weights = kernel.run_with_weights(problem)
+    assert_matches_reference(kernel, problem, out)
+    expected, tolerance = weights_bound(problem, kernel.declaration)
+    assert_within_bound(weights, np.asarray(expected), np.asarray(tolerance), "weights",
+                        problem, kernel)
+
+
+def separate_mask_and_bias(declaration: KernelDeclaration) -> str | None:
+    """Applicable to kernels taking a boolean mask and a bias as two arguments."""
+    reason = needs("mask", "bias")(declaration)
+    if reason is None and declaration.bias_shares_mask_argument:
+        reason = ("mask and bias travel in one argument, so the caller combines them "
+                  "(SDPA-3.3 is the caller's business)")
+    return reason
+
+
+def _large_finite_fill(kernel: KernelUnderTest, data: st.DataObject, shape: tuple[int, ...],
+                       dtype: str) -> np.ndarray:
+    """Bias values for masked positions: the dtype's largest finite values of both signs,
+    1e4 and random ones, so that an additive mask fill (-1e9, finfo.min) is overpowered."""
+    big = LARGEST_FINITE[dtype]
+    rng = draw_rng(data)
+    choice = rng.integers(0, 4, size=shape)
+    random = random_values(kernel, rng, shape, dtype, 10.0)
+    ten_thousand = kernel.rounded(np.array(1e4), dtype)
+    return np.select([choice == 0, choice == 1, choice == 2], [big, -big, ten_thousand], random)
+
+
+@register("mask-wins-over-bias", "SDPA-3.3", applies=separate_mask_and_bias)
+def mask_wins_over_bias(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Finite bias values at masked positions, however large, change nothing bit for
+    bit; a -inf bias excludes its position exactly as the mask does (within TOL-2)."""
+    dims = draw_dims(data, kernel, min_keys=1)
+    problem = draw_problem(data, kernel, dims=dims, mask="never", bias="never", causal="never")
+    rng = draw_rng(data)
+    mask = draw_mask(data, rng, dims)
+    bias = random_values(kernel, rng, mask.shape, problem.dtype)
+    zeroed = problem.with_(mask=mask, bias=np.where(mask, bias, 0.0))
+    loud = zeroed.with_(
+        bias=np.where(mask, bias, _large_finite_fill(kernel, data, mask.shape, problem.dtype))
+    )
+    assert_identical(kernel.run(loud), kernel.run(zeroed),
+                     "out with large finite bias at masked positions vs bias 0 there",
+                     loud, kernel)
+
+    excluded = rng.random(mask.shape) < data.draw(st.sampled_from([0.3, 0.6]), label="-inf share")
+    by_bias = zeroed.with_(bias=np.where(excluded, -np.inf, zeroed.bias))
+    assert_matches_reference(kernel, by_bias, what="out with -inf bias")
+
+
+@register("mask-and-causal", "SDPA-3.4", applies=needs("mask", "causal", "mask_and_causal"))
+def mask_and_causal(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """A mask together with is_causal allows exactly the keys both allow: the result is
+    within TOL-2 of the definition with the AND of the mask and the causal mask."""
+    problem = draw_problem(data, kernel, mask="always", causal="always", bias="never")
+    out = kernel.run(problem)
+    assert_matches_reference(kernel, problem, out, "out (mask AND causal)")

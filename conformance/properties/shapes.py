@@ -1,0 +1,240 @@
+"""SDPA-1: output shape and dtype, empty sizes, inputs left unmodified, and results that
+do not depend on the memory layout of the inputs (strided, transposed, stride-0)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import array_api_compat
+import numpy as np
+from hypothesis import strategies as st
+
+from ...backends import FLOAT_DTYPE_NAMES, Backend
+from ..assertions import assert_matches_reference, assert_shape
+from ..failures import KernelRaised, PropertyFailure
+from ..kernel import KernelUnderTest, Problem
+from ..registry import register
+from ..strategies import draw_dims, draw_problem
+from .softmax import scores_shape
+
+LAYOUTS = ("contiguous", "strided", "strided_rows", "transposed", "broadcast")
+# pytorch #191937: stride-0 K/V went wrong when Lk % 32 == 1.
+AWKWARD_KEY_COUNTS = (33, 1, 65)
+
+
+def call_with(
+    kernel: KernelUnderTest, problem: Problem, args: tuple[Any, ...], kwargs: dict[str, Any],
+    context: str = "",
+) -> tuple[Any, Any]:
+    """(out, weights or None) for hand-built backend arguments describing ``problem``.
+
+    Like ``KernelUnderTest.invoke``, a kernel exception becomes a failure that shows the
+    problem (and ``context``, e.g. how the arguments were laid out); used where the
+    arguments are views or must be inspected after the call.
+    """
+    try:
+        return kernel.split(kernel.call(args, kwargs))
+    except Exception as exc:
+        raise KernelRaised(
+            f"kernel raised {type(exc).__name__}: {str(exc)[:300]}{context}", problem, kernel
+        ) from exc
+
+
+def dtype_name(backend: Backend, dtype: Any) -> str:
+    """The spec's name ("float16", ...) of a backend dtype, or its repr if it has none."""
+    for name in FLOAT_DTYPE_NAMES:
+        if name in backend.dtype_names and dtype == backend.dtype(name):
+            return name
+    return str(dtype)
+
+
+def _call_text(kernel: KernelUnderTest) -> str:
+    return f"{getattr(kernel.fn, '__name__', 'kernel')}(q, k, v)"
+
+
+def _require_array(x: Any, what: str, problem: Problem, kernel: KernelUnderTest) -> None:
+    if not array_api_compat.is_array_api_obj(x):
+        raise PropertyFailure(
+            f"{what} is a {type(x).__name__}, but should be an array [SDPA-1.3, "
+            f"{_call_text(kernel)}]", problem, kernel,
+        )
+
+
+def _expected_shapes(problem: Problem) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(out shape, weights shape): (*batch, Hq, Lq, Ev) and (*batch, Hq, Lq, Lk)."""
+    scores = scores_shape(problem)
+    return (*scores[:-1], problem.v.shape[-1]), scores
+
+
+def assert_output_shapes(
+    kernel: KernelUnderTest, problem: Problem, out: Any, weights: Any,
+) -> None:
+    """Raw ``out`` is a (*batch, Hq, Lq, Ev) array, ``weights`` (if any) (*batch, Hq, Lq, Lk)."""
+    out_shape, weights_shape = _expected_shapes(problem)
+    _require_array(out, "out", problem, kernel)
+    assert_shape(out, out_shape, "out", problem, kernel)
+    if weights is not None:
+        _require_array(weights, "weights", problem, kernel)
+        assert_shape(weights, weights_shape, "weights", problem, kernel)
+
+
+@register("output-shape-dtype", "SDPA-1.3")
+def output_shape_dtype(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """For every claimed dtype the output is a (*batch, Hq, Lq, Ev) array of q's dtype,
+    and returned weights a (*batch, Hq, Lq, Lk) array of q's dtype."""
+    dims = draw_dims(data, kernel)
+    for dtype in kernel.dtypes:
+        problem = draw_problem(data, kernel, dims=dims, dtype=dtype)
+        out, weights = kernel.invoke(problem)
+        assert_output_shapes(kernel, problem, out, weights)
+        for what, result in (("out", out), ("weights", weights)):
+            if result is not None and result.dtype != kernel.backend.dtype(dtype):
+                raise PropertyFailure(
+                    f"{what}.dtype={dtype_name(kernel.backend, result.dtype)}, but should be "
+                    f"{dtype}, the dtype of q [SDPA-1.3, {_call_text(kernel)}]", problem, kernel,
+                )
+
+
+@register("empty-sizes", "SDPA-1.5")
+def empty_sizes(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Lq = 0, a zero batch dim or Ev = 0 give an empty output of the right shape
+    (and empty weights of the right shape), not an exception."""
+    dims = draw_dims(data, kernel)
+    empty = data.draw(st.sampled_from(["Lq", "batch", "Ev"]), label="empty axis")
+    if empty == "Lq":
+        dims = replace(dims, n_queries=0)
+    elif empty == "Ev":
+        dims = replace(dims, value_dim=0)
+    else:
+        axis = data.draw(st.integers(0, max(len(dims.batch) - 1, 0)), label="empty batch axis")
+        batch = list(dims.batch) or [1]
+        batch[axis] = 0
+        dims = replace(dims, batch=tuple(batch))
+    problem = draw_problem(data, kernel, dims=dims)
+    out, weights = kernel.invoke(problem)
+    assert_output_shapes(kernel, problem, out, weights)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """The stored bits of a float array (so -0.0 != 0.0 and NaN payloads count)."""
+    a = np.ascontiguousarray(a)
+    return a.view(f"u{a.dtype.itemsize}") if a.dtype.kind == "f" else a
+
+
+@register("inputs-unmodified", "SDPA-1.6")
+def inputs_unmodified(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """The call leaves q, k, v, the mask and the bias bit-for-bit as they were."""
+    problem = draw_problem(data, kernel)
+    args, kwargs = kernel.arguments(problem)
+    named = {**dict(zip("qkv", args, strict=True)), **kwargs}
+    arrays = {n: x for n, x in named.items() if array_api_compat.is_array_api_obj(x)}
+    to_numpy = kernel.backend.to_numpy
+    before = {n: np.array(to_numpy(x), copy=True) for n, x in arrays.items()}
+    call_with(kernel, problem, args, kwargs)
+    for name, x in arrays.items():
+        after = to_numpy(x)
+        changed = _bits(after) != _bits(before[name])
+        if changed.any():
+            at = tuple(int(i) for i in np.argwhere(changed)[0])
+            raise PropertyFailure(
+                f"{name} was modified by the call: {name}{at} was {before[name][at].item()!r} "
+                f"and is now {after[at].item()!r} ({int(changed.sum())} of {changed.size} "
+                f"elements changed) "
+                f"[SDPA-1.6, {_call_text(kernel)}]", problem, kernel,
+            )
+
+
+def _interleaved(values: np.ndarray, axis: int) -> np.ndarray:
+    """``values`` interleaved with filler along ``axis`` (-1 or -2): even positions hold
+    the values, odd ones NaN (False for masks), which only a stride-ignoring kernel reads."""
+    filler = ~values if values.dtype == bool else np.full_like(values, np.nan)
+    stacked = np.stack([values, filler], axis=axis)
+    shape = list(values.shape)
+    shape[axis] *= 2
+    return stacked.reshape(shape)
+
+
+def laid_out(
+    backend: Backend, values: np.ndarray, dtype: str | None, layout: str,
+    shape: tuple[int, ...] | None = None,
+) -> Any:
+    """A backend array equal to ``values`` (broadcast to ``shape`` for "broadcast") whose
+    memory layout is ``layout``, built as a view with the backend's Array API namespace.
+
+    JAX has no strides: there the views are copies, which is fine.
+    """
+    xp = backend.xp
+    if layout == "strided":  # every other element of the innermost axis
+        return backend.asarray(_interleaved(values, -1), dtype)[..., ::2]
+    if layout == "strided_rows":  # every other row
+        return backend.asarray(_interleaved(values, -2), dtype)[..., ::2, :]
+    if layout == "transposed":  # a contiguous (..., E, L) array seen as (..., L, E)
+        stored = np.ascontiguousarray(np.swapaxes(values, -1, -2))
+        return xp.matrix_transpose(backend.asarray(stored, dtype))
+    if layout == "broadcast":  # stride 0 along every axis where values has size 1
+        return xp.broadcast_to(backend.asarray(values, dtype), shape or values.shape)
+    return backend.asarray(values, dtype)
+
+
+def _one_along(data: st.DataObject, values: np.ndarray, label: str) -> np.ndarray:
+    """``values`` cut to size 1 along some drawn axes (all but the innermost)."""
+    index = tuple(
+        slice(0, 1) if data.draw(st.booleans(), label=f"{label} stride-0 axis {axis}")
+        else slice(None)
+        for axis in range(values.ndim - 1)
+    )
+    return values[index]
+
+
+@register("layout-independence", "SDPA-1.7")
+def layout_independence(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Non-contiguous inputs (every other element or row of a larger array, transposed
+    storage) and stride-0 broadcast inputs (K/V over batch and heads, a broadcast mask)
+    give results within TOL-2 of the definition."""
+    decl = kernel.declaration
+    dims = draw_dims(data, kernel)
+    n_keys = data.draw(st.sampled_from((dims.n_keys, *AWKWARD_KEY_COUNTS)), label="Lk")
+    problem = draw_problem(data, kernel, dims=replace(dims, n_keys=n_keys))
+    full_scores = scores_shape(problem)
+
+    layouts: dict[str, str] = {}
+    small: dict[str, np.ndarray] = {}
+    for name in "qkv":
+        layouts[name] = data.draw(st.sampled_from(LAYOUTS), label=f"{name} layout")
+        if layouts[name] == "broadcast":
+            values = getattr(problem, name)
+            small[name] = _one_along(data, values, name)
+            problem = problem.with_(**{name: np.broadcast_to(small[name], values.shape).copy()})
+
+    # Mask and bias arguments: a "broadcast" one is passed as a stride-0 expansion of its
+    # (Lq, Lk) slice to the full (*batch, Hq, Lq, Lk).
+    arguments = {"mask": decl.mask_keyword, "bias": decl.bias_keyword}
+    for field in ("mask", "bias"):
+        keyword = arguments[field]
+        if getattr(problem, field) is None or keyword in layouts:
+            continue
+        layouts[keyword] = data.draw(st.sampled_from(LAYOUTS), label=f"{keyword} layout")
+        if layouts[keyword] == "broadcast":
+            for shared in ("mask", "bias"):
+                a = getattr(problem, shared)
+                if a is not None and arguments[shared] == keyword:
+                    problem = problem.with_(**{shared: a[(0,) * (a.ndim - 2)]})
+
+    args, kwargs = kernel.arguments(problem)
+    backend = kernel.backend
+    args = tuple(
+        laid_out(backend, small.get(name, getattr(problem, name)), problem.dtype,
+                 layouts[name], getattr(problem, name).shape)
+        for name in "qkv"
+    )
+    for keyword, layout in layouts.items():
+        if keyword in kwargs:
+            values = backend.to_numpy(kwargs[keyword])
+            dtype = None if values.dtype == bool else problem.dtype
+            kwargs[keyword] = laid_out(backend, values, dtype, layout, full_scores)
+
+    described = ", ".join(f"{n}: {lay}" for n, lay in layouts.items())
+    out, _ = call_with(kernel, problem, args, kwargs, f" (input layouts {described})")
+    assert_matches_reference(kernel, problem, kernel.numpy(out),
+                             f"out with input layouts {described}")
