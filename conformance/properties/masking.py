@@ -61,8 +61,8 @@ def mask_polarity(kernel: KernelUnderTest, data: st.DataObject) -> None:
 def _draw_reducible_shape(
     data: st.DataObject, full: tuple[int, ...], label: str,
 ) -> tuple[int, ...]:
-    """A shape broadcasting to ``full``: leading dims dropped, any dim (Lq and Lk too)
-    set to 1, e.g. (Lq, Lk), (Hq, 1, Lk), (B, 1, 1, Lk), (Lq, 1)."""
+    """A shape of at least 2 dims broadcasting to ``full``: leading dims dropped, any dim
+    (Lq and Lk too) set to 1, e.g. (Lq, Lk), (Hq, 1, Lk), (B, 1, 1, Lk), (Lq, 1)."""
     keep = data.draw(st.integers(2, len(full)), label=f"{label} ndim")
     return tuple(
         1 if data.draw(st.booleans(), label=f"{label} broadcast axis {axis}") else size
@@ -72,8 +72,9 @@ def _draw_reducible_shape(
 
 @register("mask-broadcast", "SDPA-3.1", applies=needs("mask"))
 def mask_broadcast(kernel: KernelUnderTest, data: st.DataObject) -> None:
-    """A mask of any shape that broadcasts to (..., Hq, Lq, Lk) gives the result of the
-    explicitly broadcast full mask: both are within TOL-2 of the definition."""
+    """A mask of any shape (of 2 or more dims) that broadcasts to (..., Hq, Lq, Lk) gives
+    the result of the explicitly broadcast full mask: both are within TOL-2 of the
+    definition."""
     dims = draw_dims(data, kernel)
     problem = draw_problem(data, kernel, dims=dims, mask="never", bias="never", causal="never")
     rng = draw_rng(data)
