@@ -82,6 +82,7 @@ def assert_matches_reference(
     if out is None:
         out = kernel.run(problem)
     bound = reference_bound(problem, kernel.declaration)
+    assert_shape(out, tuple(np.shape(bound.out)), what, problem, kernel)
     expected, tolerance = np.asarray(bound.out), np.asarray(bound.out_tolerance)
     if not kernel.declaration.empty_rows_zero:
         # the kernel declares it does not follow SDPA-5.1: its empty rows are not judged here

@@ -18,7 +18,7 @@ import array_api_compat
 from ._checks import check_choice, check_flag
 from .masks import CAUSAL_ALIGNMENTS, causal_offset
 from .sdpa import prepare
-from .tolerance import SAFETY_FACTOR, SMALLEST_SUBNORMAL, UNIT_ROUNDOFF, accumulation_roundoff
+from .tolerance import SAFETY_FACTOR, UNDERFLOW_THRESHOLD, UNIT_ROUNDOFF, accumulation_roundoff
 
 CALL = "linear_attention(q, k, v)"
 
@@ -239,7 +239,7 @@ def linear_error_bound(
         + rho_d * xp.abs(out) * _divide(xp, denominator, shifted)
         + (u_a + u_d) * xp.abs(out)
     )
-    tolerance = SAFETY_FACTOR * bracket + (n_features + n_keys + 2) * SMALLEST_SUBNORMAL[dtype]
+    tolerance = SAFETY_FACTOR * bracket + (n_features + n_keys + 2) * UNDERFLOW_THRESHOLD[dtype]
     tolerance = xp.where(xp.isfinite(out), tolerance, xp.zeros_like(out))
     return LinearErrorBound(
         out=xp.reshape(out, problem.out_shape),

@@ -13,8 +13,10 @@ from typing import Any, NamedTuple
 from .sdpa import allowed_scores, prepare, softmax_over_allowed, weighted_values
 
 UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
-SMALLEST_SUBNORMAL = {
-    "float16": 2.0**-24, "bfloat16": 2.0**-133, "float32": 2.0**-149, "float64": 2.0**-1074,
+# sigma_d of TOL-2: the dtype's smallest subnormal, or the smallest normal of the format the
+# kernel computes in when that is larger, so flush-to-zero arithmetic (GPUs, XLA on CPU) conforms
+UNDERFLOW_THRESHOLD = {
+    "float16": 2.0**-24, "bfloat16": 2.0**-126, "float32": 2.0**-126, "float64": 2.0**-1022,
 }
 SAFETY_FACTOR = 4.0  # TOL-2: 2 for second-order terms, times 2 for the oracle's own error
 
@@ -85,7 +87,7 @@ def error_bound(
         weights[..., None] * xp.abs(finite_v[..., None, :, :] - finite_out[..., :, None, :]),
         axis=-2,
     )
-    sigma = SMALLEST_SUBNORMAL[dtype]
+    sigma = UNDERFLOW_THRESHOLD[dtype]
     floor = (n_keys + 2) * sigma
     # a weight rounded on the subnormal grid errs by sigma in absolute terms, times |v_jc|
     allowed_abs_values = xp.matmul(xp.astype(allowed, weights.dtype), xp.abs(finite_v))

@@ -152,7 +152,7 @@ def test_tolerance_constants_agree_with_the_reference() -> None:
     for dtype, (u_d, u_a, sigma) in table.items():
         assert u_d == tolerance.UNIT_ROUNDOFF[dtype], dtype
         assert u_a == tolerance.accumulation_roundoff(dtype) == min(u_d, 2.0**-24), dtype
-        assert sigma == tolerance.SMALLEST_SUBNORMAL[dtype], dtype
+        assert sigma == tolerance.UNDERFLOW_THRESHOLD[dtype], dtype
     safety = re.findall(r"\$C = (\d+)\$", _text("tolerance.md"))
     assert safety, "tolerance.md does not state C"
     assert {float(c) for c in safety} == {tolerance.SAFETY_FACTOR}
