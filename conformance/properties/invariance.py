@@ -23,8 +23,10 @@ from ..registry import needs, register
 from ..strategies import draw_dims, draw_problem, draw_rng, random_values
 from .softmax import within_validity
 
-# Value pairs (a, b) for linearity: with V1, V2 on a grid of 1/4 in [-4, 4], a*V1 + b*V2
-# is a multiple of 1/8 in [-16, 16], exact in every dtype (8 significant bits suffice).
+# Value pairs (a, b) for linearity: with V1, V2 odd multiples of 1/4 in [-3.75, 3.75],
+# a*V1 + b*V2 is a multiple of 1/8 in [-15, 15], exact in every dtype (8 significant bits
+# suffice).  Nonzero values keep every output column of V1 and V2 far from the subnormal
+# range, which TOL-2 does not cover (spec/tolerance.md, "Known limitation").
 LINEAR_COEFFICIENTS = (1.0, -1.0, 2.0, -2.0, 0.5, -0.5)
 
 
@@ -160,7 +162,7 @@ def bias_shift_invariance(kernel: KernelUnderTest, data: st.DataObject) -> None:
 
 
 def _grid_values(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    return np.clip(np.round(rng.standard_normal(shape) * 4), -16, 16) / 4
+    return (2 * np.clip(np.round(rng.standard_normal(shape) * 2), -8, 7) + 1) / 4
 
 
 @register("value-linearity", "SDPA-7.6")
