@@ -44,6 +44,7 @@ def known_declaration(fn: Any) -> KernelDeclaration | None:
 # in docs/divergences.md; the demo reports them as such instead of as unexplained failures.
 _TORCH_SDPA_DIVERGENCES = {
     "nan-propagates": "docs/divergences.md#torch-nan-query (pytorch #141128)",
+    "mask-broadcast": "docs/divergences.md#torch-1d-mask",
     "masked-nonfinite-ignored": "docs/divergences.md#torch-masked-nan (pytorch #101967)",
 }
 _DIVERGENCES: dict[str, dict[str, str]] = {
