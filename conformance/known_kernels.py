@@ -45,6 +45,7 @@ def known_declaration(fn: Any) -> KernelDeclaration | None:
 _TORCH_SDPA_DIVERGENCES = {
     "nan-propagates": "docs/divergences.md#torch-nan-query (pytorch #141128)",
     "mask-broadcast": "docs/divergences.md#torch-1d-mask",
+    "output-in-value-hull": "docs/divergences.md#torch-causal-scale-zero",
     "masked-nonfinite-ignored": "docs/divergences.md#torch-masked-nan (pytorch #101967)",
 }
 _DIVERGENCES: dict[str, dict[str, str]] = {
