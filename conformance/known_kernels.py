@@ -11,18 +11,23 @@ from typing import Any
 from .declaration import KernelDeclaration
 
 
-def _torch_sdpa() -> KernelDeclaration:
+def torch_sdpa_declaration() -> dict[str, Any]:
+    """What ``torch.nn.functional.scaled_dot_product_attention`` documents, as claims."""
     # float attn_mask is an additive bias and a bool one a mask, through one argument;
     # attn_mask together with is_causal=True raises, so that combination is not claimed.
-    return KernelDeclaration(
-        mask_keyword="attn_mask",
-        bias=True,
-        bias_keyword="attn_mask",
-        mask_and_causal=False,
-        gqa=True,
-        gqa_keyword="enable_gqa",
-        extra_kwargs={"dropout_p": 0.0},
-    )
+    return {
+        "mask_keyword": "attn_mask",
+        "bias": True,
+        "bias_keyword": "attn_mask",
+        "mask_and_causal": False,
+        "gqa": True,
+        "gqa_keyword": "enable_gqa",
+        "extra_kwargs": {"dropout_p": 0.0},
+    }
+
+
+def _torch_sdpa() -> KernelDeclaration:
+    return KernelDeclaration(**torch_sdpa_declaration())
 
 
 _KNOWN: dict[str, Callable[[], KernelDeclaration]] = {
@@ -48,9 +53,22 @@ _TORCH_SDPA_DIVERGENCES = {
     "output-in-value-hull": "docs/divergences.md#torch-causal-scale-zero",
     "masked-nonfinite-ignored": "docs/divergences.md#torch-masked-nan (pytorch #101967)",
 }
+_CAUSAL_SCALE_ZERO = "docs/divergences.md#torch-causal-scale-zero"
 _DIVERGENCES: dict[str, dict[str, str]] = {
     "torch.nn.functional.scaled_dot_product_attention": _TORCH_SDPA_DIVERGENCES,
     "torch._C._nn.scaled_dot_product_attention": _TORCH_SDPA_DIVERGENCES,
+    "attnspec.conformance.torch_kernels.sdpa_math": {
+        "masked-nonfinite-ignored": _TORCH_SDPA_DIVERGENCES["masked-nonfinite-ignored"],
+    },
+    "attnspec.conformance.torch_kernels.sdpa_flash": {
+        "nan-propagates": _TORCH_SDPA_DIVERGENCES["nan-propagates"],
+        "masked-nonfinite-ignored": _TORCH_SDPA_DIVERGENCES["masked-nonfinite-ignored"],
+        "matches-reference": _CAUSAL_SCALE_ZERO,
+        "rows-sum-to-one": _CAUSAL_SCALE_ZERO,
+        "output-in-value-hull": _CAUSAL_SCALE_ZERO,
+        "causal-alignment": _CAUSAL_SCALE_ZERO,
+        "layout-independence": "docs/divergences.md#torch-flash-strided",
+    },
 }
 
 

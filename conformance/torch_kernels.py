@@ -1,0 +1,65 @@
+"""PyTorch's ``scaled_dot_product_attention`` pinned to one of its backends.
+
+``torch.nn.functional.scaled_dot_product_attention`` dispatches between backends (on the
+CPU: a FlashAttention-style kernel and the "math" composite) by input; checking it as is
+tests whichever backend each input reaches.  These wrappers pin one backend so each can
+be checked on its own:
+
+    attnspec check attnspec.conformance.torch_kernels:sdpa_math --backend torch
+    attnspec check attnspec.conformance.torch_kernels:sdpa_flash --backend torch
+
+The flash backend accepts only 4-d inputs with E == Ev, so ``sdpa_flash`` flattens the batch
+dims into one and pads head dims (``layouts.pad_head_dims``): exact reshapes and zero
+columns, so the numbers tested are the kernel's own.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .declaration import declare
+from .known_kernels import torch_sdpa_declaration
+from .layouts import pad_head_dims
+
+
+def _sdpa_with_backend(backend: str, q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(getattr(SDPBackend, backend)):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+def sdpa_math(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+              is_causal: bool = False, scale: float | None = None,
+              enable_gqa: bool = False) -> Any:
+    """PyTorch SDPA restricted to its math (composite) backend."""
+    return _sdpa_with_backend("MATH", q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+def _flash_4d(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+              is_causal: bool = False, scale: float | None = None,
+              enable_gqa: bool = False) -> Any:
+    import torch
+
+    batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+
+    def flat(x: Any, tail: tuple[int, ...]) -> Any:
+        return x.expand(*batch, *tail).reshape(math.prod(batch), *tail)
+
+    n_heads, n_queries, n_keys = q.shape[-3], q.shape[-2], k.shape[-2]
+    mask = None if attn_mask is None else flat(attn_mask, (n_heads, n_queries, n_keys))
+    out = _sdpa_with_backend(
+        "FLASH_ATTENTION", flat(q, tuple(q.shape[-3:])), flat(k, tuple(k.shape[-3:])),
+        flat(v, tuple(v.shape[-3:])), attn_mask=mask, dropout_p=dropout_p,
+        is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+    )
+    return out.reshape(*batch, *out.shape[-3:])
+
+
+declare(sdpa_math, **torch_sdpa_declaration())
+sdpa_flash = pad_head_dims(declare(_flash_4d, **torch_sdpa_declaration()))
+sdpa_flash.__doc__ = "PyTorch SDPA restricted to its flash backend (any batch dims, E and Ev)."
+sdpa_flash.__qualname__ = sdpa_flash.__name__ = "sdpa_flash"
