@@ -124,9 +124,10 @@ def scores(a: Arranged) -> tuple[np.ndarray, np.ndarray]:
     A -inf bias removes the key (SDPA-3.3); disallowed scores are replaced, never
     computed with, so a NaN there cannot reach the softmax (SDPA-8).
     """
-    s = np.matmul(a.q, np.swapaxes(a.k, -1, -2)) * a.q.dtype.type(a.scale)
-    if a.bias is not None:
-        s = s + a.bias
+    with np.errstate(**QUIET):  # NaN/inf inputs are legitimate (SDPA-8)
+        s = np.matmul(a.q, np.swapaxes(a.k, -1, -2)) * a.q.dtype.type(a.scale)
+        if a.bias is not None:
+            s = s + a.bias
     allowed = a.allowed & (s != -np.inf)
     return np.where(allowed, s, -np.inf), allowed
 
@@ -153,8 +154,8 @@ def softmax_lse(s: np.ndarray, allowed: np.ndarray) -> np.ndarray:
 def combine(p: np.ndarray, allowed: np.ndarray, v: np.ndarray) -> np.ndarray:
     """sum_{j in S(i)} p_ij v_j: disallowed keys are left out of the sum, not multiplied
     by 0, so a non-finite value there cannot leak (SDPA-8.2)."""
-    terms = p[..., :, :, None] * v[..., None, :, :]
     with np.errstate(**QUIET):
+        terms = p[..., :, :, None] * v[..., None, :, :]
         return np.sum(np.where(allowed[..., None], terms, p.dtype.type(0)), axis=-2)
 
 

@@ -127,8 +127,8 @@ class BuggyKernel:
 W = witness
 CATALOGUE: list[BuggyKernel] = [
     # scale (SDPA-2)
-    BuggyKernel("scale-1/E", sc.scale_one_over_e, "default-scale"),
-    BuggyKernel("scale-1/sqrt(Ev)", sc.scale_one_over_sqrt_ev, "default-scale"),
+    BuggyKernel("scale-one-over-E", sc.scale_one_over_e, "default-scale"),
+    BuggyKernel("scale-one-over-sqrt-Ev", sc.scale_one_over_sqrt_ev, "default-scale"),
     BuggyKernel("scale-squared", sc.scale_squared, "explicit-scale"),
     BuggyKernel("explicit-scale-ignored", sc.explicit_scale_ignored, "explicit-scale",
                 witness=W(scale=2.0)),
@@ -151,9 +151,9 @@ CATALOGUE: list[BuggyKernel] = [
     BuggyKernel("logits-soft-capped", sc.logits_soft_capped, "bias-shift-invariance",
                 witness=W(magnitude=5.0)),
     # causal (SDPA-4)
-    BuggyKernel("causal-j<i", sc.causal_strict, "causal-alignment",
+    BuggyKernel("causal-j-lt-i", sc.causal_strict, "causal-alignment",
                 witness=W(is_causal=True)),
-    BuggyKernel("causal-j<=i+1", sc.causal_one_ahead, "causal-zeros",
+    BuggyKernel("causal-j-le-i-plus-1", sc.causal_one_ahead, "causal-zeros",
                 witness=W(is_causal=True)),
     BuggyKernel("top-left-declared-bottom-right", sc.top_left_declared_bottom_right,
                 "causal-alignment", witness=W(is_causal=True)),
@@ -162,7 +162,7 @@ CATALOGUE: list[BuggyKernel] = [
     BuggyKernel("decode-step-top-left", sc.decode_step_top_left, "decode-consistency",
                 witness=W(is_causal=True, n_queries=1)),
     # heads (SDPA-6)
-    BuggyKernel("gqa-h%Hkv", sc.gqa_modulo_mapping, "gqa-mapping", witness=W(heads=(4, 2))),
+    BuggyKernel("gqa-h-mod-Hkv", sc.gqa_modulo_mapping, "gqa-mapping", witness=W(heads=(4, 2))),
     BuggyKernel("gqa-accepts-indivisible-heads", sc.gqa_accepts_indivisible_heads,
                 "gqa-rejects-bad-heads", witness=W(heads=(3, 2))),
     # softmax and weighted sum (SDPA-7)
@@ -214,6 +214,8 @@ CATALOGUE: list[BuggyKernel] = [
                 witness=W(strided=True)),
     BuggyKernel("empty-batch-crashes", plumbing.empty_batch_crashes, "empty-sizes",
                 witness=W(batch=(0,))),
+    BuggyKernel("torch-bfloat16-left-in-float32", plumbing.torch_bfloat16_left_in_float32,
+                "output-shape-dtype", backend="torch", witness=W(dtype="bfloat16")),
     BuggyKernel("torch-float16-scores-overflow", plumbing.torch_scores_in_input_dtype,
                 "large-logits", backend="torch",
                 witness=_large_first_pair(W(dtype="float16"), 200.0),

@@ -103,12 +103,10 @@ def empty_batch_crashes(q: Array, k: Array, v: Array, *, mask: Mask = None,
     return stacked.reshape(*batch, *stacked.shape[1:])
 
 
-@declare(**ALL)
-def torch_scores_in_input_dtype(q: Any, k: Any, v: Any, *, mask: Any = None, bias: Any = None,
-                                is_causal: bool = False, scale: float | None = None) -> Any:
-    """A PyTorch kernel that forms Q K^T in the input dtype before upcasting: float16
-    scores overflow to inf past 65504 and the row turns NaN, although the float32
-    accumulation SDPA-7.2/7.4 ask for keeps them finite (pytorch #119131)."""
+def _torch_attention(q: Any, k: Any, v: Any, mask: Any, bias: Any, is_causal: bool,
+                     scale: float | None, *, scores_in_input_dtype: bool = False) -> Any:
+    """Correct attention in PyTorch, computed in float32 (float64 for float64 inputs) and
+    returned in that dtype; ``scores_in_input_dtype`` forms Q K^T before upcasting."""
     import torch
 
     n_q_heads, n_queries, head_dim = q.shape[-3:]
@@ -118,7 +116,10 @@ def torch_scores_in_input_dtype(q: Any, k: Any, v: Any, *, mask: Any = None, bia
     k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
     alpha = 1.0 / math.sqrt(head_dim) if scale is None else scale
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
-    s = ((q @ k.transpose(-1, -2)) * alpha).to(work)
+    if scores_in_input_dtype:
+        s = ((q @ k.transpose(-1, -2)) * alpha).to(work)
+    else:
+        s = (q.to(work) @ k.to(work).transpose(-1, -2)) * alpha
     if bias is not None:
         s = s + bias.to(work)
     allowed = s != -math.inf
@@ -134,5 +135,27 @@ def torch_scores_in_input_dtype(q: Any, k: Any, v: Any, *, mask: Any = None, bia
     total = e.sum(-1, keepdim=True)
     p = e / torch.where(total == 0, torch.ones_like(total), total)
     terms = p[..., :, :, None] * v.to(work)[..., None, :, :]
-    out = torch.where(allowed[..., None], terms, torch.zeros_like(terms)).sum(-2)
+    return torch.where(allowed[..., None], terms, torch.zeros_like(terms)).sum(-2)
+
+
+@declare(**ALL)
+def torch_scores_in_input_dtype(q: Any, k: Any, v: Any, *, mask: Any = None, bias: Any = None,
+                                is_causal: bool = False, scale: float | None = None) -> Any:
+    """A PyTorch kernel that forms Q K^T in the input dtype before upcasting: float16
+    scores overflow to inf past 65504 and the row turns NaN, although the float32
+    accumulation SDPA-7.2/7.4 ask for keeps them finite (pytorch #119131)."""
+    out = _torch_attention(q, k, v, mask, bias, is_causal, scale, scores_in_input_dtype=True)
     return out.to(q.dtype)
+
+
+@declare(**ALL)
+def torch_bfloat16_left_in_float32(q: Any, k: Any, v: Any, *, mask: Any = None,
+                                   bias: Any = None, is_causal: bool = False,
+                                   scale: float | None = None) -> Any:
+    """A PyTorch kernel that upcasts half precision to float32 and casts the result back
+    for float16 only (``if q.dtype == torch.float16: out = out.half()``): bfloat16
+    inputs get a float32 output."""
+    import torch
+
+    out = _torch_attention(q, k, v, mask, bias, is_causal, scale)
+    return out.to(q.dtype) if q.dtype != torch.bfloat16 else out

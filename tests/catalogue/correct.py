@@ -124,14 +124,14 @@ def row_loop_attention(
         keep = np.ones(n_keys, dtype=bool) if mask_ is None else mask_[index].copy()
         if is_causal:
             keep &= keys <= i
-        s = (k_[source][keep] @ q_[index]) * factor
-        if bias_ is not None:
-            s = s + bias_[index][keep]
-        finite_bias = s != -np.inf
-        if not finite_bias.any():
-            continue
-        s = s[finite_bias]
-        with np.errstate(invalid="ignore", over="ignore"):
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf inputs (SDPA-8)
+            s = (k_[source][keep] @ q_[index]) * factor
+            if bias_ is not None:
+                s = s + bias_[index][keep]
+            finite_bias = s != -np.inf
+            if not finite_bias.any():
+                continue
+            s = s[finite_bias]
             e = np.exp(s - np.max(s))
             out[index] = (e[:, None] * v_[source][keep][finite_bias]).sum(axis=0) / e.sum()
     return out.astype(q.dtype)
