@@ -91,9 +91,11 @@ def error_bound(
     floor = (n_keys + 2) * sigma
     # a weight rounded on the subnormal grid errs by sigma in absolute terms, times |v_jc|
     allowed_abs_values = xp.matmul(xp.astype(allowed, weights.dtype), xp.abs(finite_v))
-    # the exact effect of score errors <= delta on the output is (e^{2 delta} - 1)/2 * spread
+    # score errors <= delta move a normalised output by at most (e^{2 delta} - 1)/2 * spread,
+    # and weights not renormalised (log-sum-exp, split-KV combines) by (e^delta - 1) * M
     out_tolerance = SAFETY_FACTOR * (
         xp.expm1(2 * row_score_error) / 2 * spread
+        + xp.expm1(row_score_error) * weighted_abs
         + (u_d + (n_keys + 2) * u_a) * weighted_abs
         + u_d * xp.abs(finite_out)
     ) + floor + sigma * allowed_abs_values

@@ -170,6 +170,7 @@ FORMULA_TERMS = (
     r" + 4u_a",
     r"M_{ic} = \sum_{j} p_{ij}\,|v_{jc}|, \qquad N_{ic} = \sum_{j} p_{ij}\,|v_{jc} - o_{ic}|",
     r"\tau_{ic} = C \Big[ \tfrac12\big(e^{2\delta_i} - 1\big) N_{ic} "
+    r"+ \big(e^{\delta_i} - 1\big) M_{ic} "
     r"+ \big(u_d + (L_k+2)u_a\big) M_{ic} + u_d|o_{ic}| \Big]"
     r" + \sigma_d \Big(L_k + 2 + \sum_{j \in S(i)} |v_{jc}|\Big)",
     r"\tau^p_{ij} = C\,\big(e^{2\delta_i} - 1 + u_d\big)\,p_{ij} + (L_k+2)\sigma_d",
@@ -206,7 +207,8 @@ def test_tolerance_formula_agrees_with_the_reference(dtype: str) -> None:
     spread = (p[0][:, :, None] * np.abs(v[0][None, :, :] - out[0][:, None, :])).sum(axis=1)
     floor = (n_keys + 2) * sigma
     tau = safety * (
-        np.expm1(2 * delta) / 2 * spread + (u_d + (n_keys + 2) * u_a) * weighted
+        np.expm1(2 * delta) / 2 * spread + np.expm1(delta) * weighted
+        + (u_d + (n_keys + 2) * u_a) * weighted
         + u_d * np.abs(out[0])
     )
     tau_p = safety * (np.expm1(2 * delta) + u_d) * p[0] + floor
