@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
+from hypothesis.errors import Flaky
 
 from .failures import PropertyFailure
 from .kernel import KernelUnderTest
@@ -113,6 +114,16 @@ def run_property(
             property_test()
     except PropertyFailure as failure:
         verdict = _failed_verdict(prop, failure)
+    except Flaky as flaky:
+        verdict = _failed_verdict(prop, PropertyFailure(
+            "a failure seen on one run did not recur when Hypothesis re-ran the same input: "
+            f"the kernel's output is not reproducible (SDPA-7.5) [{type(flaky).__name__}]"
+        ))
+    except Exception as exc:  # an unusable result, e.g. not an array: still a verdict
+        verdict = _failed_verdict(prop, PropertyFailure(
+            f"checking raised {type(exc).__name__}: {str(exc)[:300]} (the kernel's result "
+            "could not be judged; if the kernel is fine, this is a bug in attnspec)"
+        ))
     else:
         verdict = Verdict(prop.id, prop.clause, prop.level, PASSED)
     verdict.examples = examples[0]

@@ -28,7 +28,8 @@ VALID_SCORE_ERROR = 0.25
 # finite in the dtype a kernel may hold them in.  float16 kernels may keep scores in
 # float16 (max 65504; the unscaled product is up to sqrt(E) <= 2.9 times larger, the
 # difference of two scores twice larger); bfloat16 has float32's range.
-HUGE_SCORE = {"float16": 8192.0, "bfloat16": 1e30, "float32": 1e30, "float64": 1e300}
+# half precision scores are accumulated in float32 (SDPA-7.2), so they may exceed 65504
+HUGE_SCORE = {"float16": 1e6, "bfloat16": 1e30, "float32": 1e30, "float64": 1e300}
 
 
 def scores_shape(problem: Problem) -> tuple[int, ...]:
