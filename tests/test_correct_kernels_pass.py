@@ -103,6 +103,16 @@ def _torch_sdpa_math() -> Callable[..., Any]:
     return sdpa_math
 
 
+def _torch_sdpa_flash() -> Callable[..., Any]:
+    pytest.importorskip("torch", reason="torch SDPA needs the torch extra")
+    from attnspec.conformance.torch_kernels import sdpa_flash
+
+    return sdpa_flash
+
+
+TORCH_FLASH_STRIDED = ("torch-flash-strided: pinned to the flash backend, a value tensor "
+                       "with a non-unit innermost stride raises 'No available kernel' "
+                       "(the public function falls back to math)")
 WITH_BIAS_AND_GQA = {"bias": True, "gqa": True}
 SUBJECTS: list[Subject] = [
     *(Subject(c.name, c.fn, c.backend) for c in CORRECT),
@@ -119,6 +129,10 @@ SUBJECTS: list[Subject] = [
                      "mask-broadcast": TORCH_1D_MASK}),
     Subject("torch-sdpa-math", _torch_sdpa_math, backend="torch",
             not_run={"masked-nonfinite-ignored": TORCH_NAN_LEAK}),
+    Subject("torch-sdpa-flash", _torch_sdpa_flash, backend="torch",
+            divergences=(TORCH_CAUSAL_SCALE_ZERO, TORCH_NAN_HIDDEN),
+            not_run={"masked-nonfinite-ignored": TORCH_NAN_LEAK,
+                     "layout-independence": TORCH_FLASH_STRIDED}),
 ]
 
 
@@ -130,7 +144,8 @@ def _seed_profile(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def _kernel(subject: Subject) -> KernelUnderTest:
-    fn = subject.fn() if subject.fn in (_torch_sdpa, _torch_sdpa_math) else subject.fn
+    fn = (subject.fn() if subject.fn in (_torch_sdpa, _torch_sdpa_math, _torch_sdpa_flash)
+          else subject.fn)
     try:
         backend = Backend(subject.backend)
     except BackendError as exc:
@@ -301,3 +316,19 @@ def test_torch_1d_mask_is_a_real_divergence() -> None:
             *(torch.from_numpy(x) for x in (q, k, v)), attn_mask=torch.from_numpy(mask))
     verdict = run_property(all_properties()["mask-broadcast"], _kernel(_subject("torch-sdpa")))
     assert verdict.status == FAILED and "IndexError" in verdict.detail, verdict.detail
+
+
+def test_torch_flash_refuses_strided_values_but_the_public_function_does_not() -> None:
+    """SDPA-1.7: pinned to the flash backend, a value tensor with a non-unit innermost
+    stride raises (torch-flash-strided); the public function computes it correctly."""
+    torch = pytest.importorskip("torch", reason="torch SDPA needs the torch extra")
+    from attnspec.conformance.torch_kernels import sdpa_flash
+
+    generator = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 1, n, 4, generator=generator, dtype=torch.float64) for n in (3, 5))
+    v = torch.randn(1, 1, 5, 8, generator=generator, dtype=torch.float64)[..., ::2]
+    with pytest.raises(RuntimeError, match="No available kernel"):
+        sdpa_flash(q, k, v)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    bound = error_bound(q.numpy(), k.numpy(), v.numpy(), dtype="float64")
+    assert np.all(np.abs(out.numpy() - bound.out) <= bound.out_tolerance)
