@@ -16,7 +16,6 @@ import contextlib
 import inspect
 import os
 import sys
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
@@ -27,7 +26,7 @@ from .declaration import KernelDeclaration, declaration_of
 from .kernel import KernelLoadError, KernelUnderTest, load_kernel
 from .layouts import LAYOUTS, from_layout, rename_arguments
 from .registry import Property
-from .runner import FAILED, WARNING, Report, Verdict, hypothesis_settings, run_property, select
+from .runner import Report, Verdict, hypothesis_settings, run_all, select
 
 Progress = Callable[[Property, "Verdict | None"], None]
 _STANDARD_LOADER = "kernel = KernelUnderTest.load("
@@ -248,22 +247,16 @@ class KernelSetup:
     ) -> Report:
         """Run the selected properties (unknown ids and profiles are a SetupError)."""
         try:
-            properties = select(only, skip)
+            select(only, skip)
             hypothesis_settings(profile, seed)
         except ValueError as exc:
             raise SetupError(str(exc)) from None
         kernel = kernel or self.prepare()
         loader = self.loader_source(kernel)
-        report = Report(kernel.target, kernel.backend.name, str(kernel.backend.device),
-                        profile, seed, strict)
-        for prop in properties:
-            if progress:
-                progress(prop, None)
-            verdict = _guarded(prop, kernel, profile, seed)
+        report = run_all(kernel, profile=profile, seed=seed, only=only, skip=skip,
+                         strict=strict, progress=progress)
+        for verdict in report.verdicts:
             verdict.reproduction = with_loader(verdict.reproduction, loader)
-            report.verdicts.append(verdict)
-            if progress:
-                progress(prop, verdict)
         return report
 
 
@@ -276,22 +269,6 @@ def declaration_source(declaration: KernelDeclaration) -> str:
         if value != default:
             changed.append(f"{f.name}={value!r}")
     return f"KernelDeclaration({', '.join(changed)})"
-
-
-def _guarded(prop: Property, kernel: KernelUnderTest, profile: str, seed: int | None) -> Verdict:
-    """run_property, but an exception that is not a PropertyFailure (e.g. the kernel
-    returned something that is not an array) fails that property instead of the run."""
-    started = time.perf_counter()
-    try:
-        return run_property(prop, kernel, profile=profile, seed=seed)
-    except Exception as exc:
-        level = prop.level
-        return Verdict(
-            prop.id, prop.clause, level, FAILED if level == "MUST" else WARNING,
-            detail=f"the property could not check the kernel's result: "
-                   f"{type(exc).__name__}: {str(exc)[:300]}",
-            seconds=time.perf_counter() - started,
-        )
 
 
 def with_loader(snippet: str, loader: str) -> str:

@@ -121,8 +121,8 @@ def run_property(
         ))
     except Exception as exc:  # an unusable result, e.g. not an array: still a verdict
         verdict = _failed_verdict(prop, PropertyFailure(
-            f"checking raised {type(exc).__name__}: {str(exc)[:300]} (the kernel's result "
-            "could not be judged; if the kernel is fine, this is a bug in attnspec)"
+            f"the property could not check the kernel's result: {type(exc).__name__}: "
+            f"{str(exc)[:300]}"
         ))
     else:
         verdict = Verdict(prop.id, prop.clause, prop.level, PASSED)
