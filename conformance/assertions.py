@@ -9,7 +9,8 @@ from .kernel import KernelUnderTest, Problem
 from .oracle import reference_bound
 
 
-def _first_index(where: np.ndarray) -> tuple[int, ...]:
+def first_index(where: np.ndarray) -> tuple[int, ...]:
+    """Index of the first True element of ``where`` (for failure messages)."""
     return tuple(int(i) for i in np.argwhere(where)[0])
 
 
@@ -31,7 +32,7 @@ def assert_identical(
     assert_shape(actual, expected.shape, what, problem, kernel)
     same = (actual == expected) | (np.isnan(actual) & np.isnan(expected))
     if not same.all():
-        at = _first_index(~same)
+        at = first_index(~same)
         raise PropertyFailure(
             f"{what} differs at {at}: {float(actual[at])!r} vs {float(expected[at])!r} "
             f"({int((~same).sum())} of {same.size} elements differ)",
@@ -57,7 +58,7 @@ def assert_within_bound(
         error = np.where(finite, np.abs(actual - expected), 0.0)
         too_far = finite & ~(error <= bound)
     if mismatched_nonfinite.any():
-        at = _first_index(mismatched_nonfinite)
+        at = first_index(mismatched_nonfinite)
         raise PropertyFailure(
             f"{what}[{at}] = {float(actual[at])!r}, but should be {float(expected[at])!r} (TOL-3)",
             problem, kernel,
@@ -65,7 +66,7 @@ def assert_within_bound(
     if too_far.any():
         ratio = np.where(too_far, error / np.maximum(bound, np.finfo(np.float64).tiny), 0.0)
         worst = ratio == ratio.max() if np.isfinite(ratio).all() else too_far
-        at = _first_index(worst)
+        at = first_index(worst)
         raise PropertyFailure(
             f"{what}[{at}] = {float(actual[at])!r}, but should be {float(expected[at])!r} within "
             f"{bound[at]:.3g} ({clause}); error {error[at]:.3g} is {error[at] / bound[at]:.3g}x "

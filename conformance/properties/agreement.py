@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from ..assertions import assert_matches_reference, assert_within_bound
+from ..assertions import assert_matches_reference, assert_within_bound, first_index
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest
 from ..oracle import weights_bound
@@ -38,7 +38,7 @@ def rows_sum_to_one(kernel: KernelUnderTest, data: st.DataObject) -> None:
     expected, tolerance = weights_bound(problem, kernel.declaration)
     negative = weights < 0
     if negative.any():
-        at = tuple(int(i) for i in np.argwhere(negative)[0])
+        at = first_index(negative)
         raise PropertyFailure(f"weight{at} = {weights[at]!r} is negative", problem, kernel)
     assert_within_bound(weights.sum(axis=-1), np.asarray(expected).sum(axis=-1),
                         np.asarray(tolerance).sum(axis=-1), "row sum of weights",

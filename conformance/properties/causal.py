@@ -13,7 +13,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ...reference.masks import causal_offset
-from ..assertions import assert_identical, assert_within_bound
+from ..assertions import assert_identical, assert_within_bound, first_index
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem
@@ -95,7 +95,7 @@ def causal_alignment(kernel: KernelUnderTest, data: st.DataObject) -> None:
     clause = alignment_clause(kernel.declaration)
     leaked = ~allowed & rows & (weights != 0)
     if leaked.any():
-        at = tuple(int(i) for i in np.argwhere(leaked)[0])
+        at = first_index(leaked)
         raise PropertyFailure(
             f"weight{at} = {weights[at]!r}, but key {at[-1]} is beyond query {at[-2]}'s causal "
             f"boundary (offset {offset}), so it should be exactly 0; {int(leaked.sum())} such "
@@ -106,7 +106,7 @@ def causal_alignment(kernel: KernelUnderTest, data: st.DataObject) -> None:
     provably_positive = (expected - tolerance > 0) & (expected >= SMALLEST_NORMAL[problem.dtype])
     missing = allowed & provably_positive & ~(weights > 0)
     if missing.any():
-        at = tuple(int(i) for i in np.argwhere(missing)[0])
+        at = first_index(missing)
         raise PropertyFailure(
             f"weight{at} = {weights[at]!r}, but key {at[-1]} is within query {at[-2]}'s causal "
             f"boundary (offset {offset}) and the definition gives {expected[at]:.6g} "

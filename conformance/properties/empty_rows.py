@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 from hypothesis import strategies as st
 
+from ..assertions import first_index
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem
@@ -46,7 +47,7 @@ def assert_zero_rows(
     """``values[..., i, :]`` is exactly 0 wherever ``rows[..., i]`` is True."""
     wrong = rows[..., None] & ~(values == 0)
     if wrong.any():
-        at = tuple(int(i) for i in np.argwhere(wrong)[0])
+        at = first_index(wrong)
         row = values[at[:-1]]
         if np.isnan(row).any():
             looks = "NaN, as a softmax over an all -inf row gives"
@@ -100,7 +101,7 @@ def no_keys_zero(kernel: KernelUnderTest, data: st.DataObject) -> None:
     out = kernel.numpy(out)
     wrong = ~(out == 0)
     if wrong.any():
-        at = tuple(int(i) for i in np.argwhere(wrong)[0])
+        at = first_index(wrong)
         raise PropertyFailure(
             f"out{at} = {float(out[at])!r} with Lk = 0, but should be exactly 0 "
             f"({int(wrong.sum())} of {wrong.size} elements are not) [SDPA-5.2]",

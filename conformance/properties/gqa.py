@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 from hypothesis import strategies as st
 
-from ..assertions import assert_matches_reference
+from ..assertions import assert_matches_reference, first_index
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem
 from ..registry import needs, register
@@ -35,7 +35,7 @@ def gqa_mapping(kernel: KernelUnderTest, data: st.DataObject) -> None:
     should = np.broadcast_to((np.arange(dims.n_q_heads) // dims.groups)[:, None], read.shape)
     wrong = ~(read == should)
     if wrong.any():
-        at = tuple(int(i) for i in np.argwhere(wrong)[0])
+        at = first_index(wrong)
         head = at[-2]
         raise PropertyFailure(
             f"query head {head} read key/value head {read[at]:g} (out{(*at, 0)} = "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from ..assertions import assert_identical
+from ..assertions import assert_identical, first_index
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem
 from ..oracle import reference_bound
@@ -117,7 +117,7 @@ def nan_propagates(kernel: KernelUnderTest, data: st.DataObject) -> None:
     out = kernel.run(poisoned)
     missing = expected & ~np.isnan(out)
     if missing.any():
-        at = tuple(int(i) for i in np.argwhere(missing)[0])
+        at = first_index(missing)
         where = tuple(int(i) for i in index)
         raise PropertyFailure(
             f"out{at} = {out[at]!r}, but the NaN at {target}{where} reaches it, so it should "

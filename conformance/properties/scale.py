@@ -14,6 +14,7 @@ import math
 import numpy as np
 from hypothesis import strategies as st
 
+from ..assertions import first_index
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem
 from ..oracle import weights_bound
@@ -66,7 +67,7 @@ def recovered_scale(kernel: KernelUnderTest, problem: Problem) -> None:
                  + tolerance[..., :-1] / expected[..., :-1]) / step
     bad = ~(np.abs(implied - expected_scale) <= slack)
     if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        at = first_index(bad)
         found = float(implied[at])
         candidates = {
             "1/sqrt(E)": 1 / math.sqrt(head_dim), "1/E": 1 / head_dim,

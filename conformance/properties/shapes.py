@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ...backends import FLOAT_DTYPE_NAMES, Backend
-from ..assertions import assert_matches_reference, assert_shape
+from ..assertions import assert_matches_reference, assert_shape, first_index
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest, Problem
 from ..registry import register
@@ -136,7 +136,7 @@ def inputs_unmodified(kernel: KernelUnderTest, data: st.DataObject) -> None:
         after = to_numpy(x)
         changed = _bits(after) != _bits(before[name])
         if changed.any():
-            at = tuple(int(i) for i in np.argwhere(changed)[0])
+            at = first_index(changed)
             raise PropertyFailure(
                 f"{name} was modified by the call: {name}{at} was {before[name][at].item()!r} "
                 f"and is now {after[at].item()!r} ({int(changed.sum())} of {changed.size} "

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ...reference.masks import causal_offset
 from ...reference.tolerance import UNIT_ROUNDOFF, accumulation_roundoff
-from ..assertions import assert_identical, assert_matches_reference
+from ..assertions import assert_identical, assert_matches_reference, first_index
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem
@@ -144,7 +144,7 @@ def output_in_value_hull(kernel: KernelUnderTest, data: st.DataObject) -> None:
     inside = (out >= low - tolerance) & (out <= high + tolerance)
     outside = rows & ~inside
     if outside.any():
-        at = tuple(int(i) for i in np.argwhere(outside)[0])
+        at = first_index(outside)
         raise PropertyFailure(
             f"out{at} = {out[at]!r} lies outside [{low[at]!r}, {high[at]!r}], the range of "
             f"its V column over the allowed keys, by more than the TOL-2 bound "
@@ -186,7 +186,7 @@ def large_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
     out = kernel.run(huge)
     bad = ~np.isfinite(out)
     if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        at = first_index(bad)
         raise PropertyFailure(
             f"out{at} = {out[at]!r} for finite inputs with scores up to "
             f"{max_score_magnitude(huge):.3g} ({int(bad.sum())} of {bad.size} elements not "

@@ -13,7 +13,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ...reference.sparse_patterns import sparse_mask
-from ..assertions import assert_identical, assert_within_bound
+from ..assertions import assert_identical, assert_within_bound, first_index
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem, identity_values
@@ -91,7 +91,7 @@ def sparse_weights_exactly_zero(kernel: KernelUnderTest, data: st.DataObject) ->
     weights = kernel.run(identity_values(problem))
     leaked = (weights != 0) & ~np.broadcast_to(mask, weights.shape)
     if leaked.any():
-        at = tuple(int(i) for i in np.argwhere(leaked)[0])
+        at = first_index(leaked)
         raise PropertyFailure(
             f"weight{at} = {float(weights[at])!r}, but key {at[-1]} is outside S({at[-2]}) of "
             f"pattern {kernel.declaration.sparse.pattern!r} and must weigh exactly 0",  # type: ignore[union-attr]
