@@ -14,7 +14,7 @@ import attnspec
 from attnspec.backends import Backend
 from attnspec.conformance import KernelUnderTest, LinearClaim, SparseClaim, declare
 from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import FAILED, PASSED, WARNING, run_property
+from attnspec.conformance.runner import FAILED, PASSED, PROFILES, WARNING, run_property
 from attnspec.reference import elu_plus_one, linear_attention, sparse_attention, sparse_mask
 
 NUMPY = Backend("numpy")
@@ -234,3 +234,34 @@ def test_favor_acceptance_passes_a_correct_estimator_and_rejects_biased_ones() -
     assert_status(numpy_favor(4096), "favor-error-bound", PASSED)
     assert_status(numpy_favor(4096, key_factor=False), "favor-error-bound", FAILED)
     assert_status(numpy_favor(4096, drawn=4), "favor-error-bound", FAILED)
+
+
+ZERO_FALSE_FAILURE_SEEDS = range(20)
+
+
+@pytest.mark.parametrize("case", sorted(PATTERNS))
+def test_sparse_reference_passes_over_20_seeds(case: str, monkeypatch: pytest.MonkeyPatch
+                                               ) -> None:
+    """SPARSE-6.1..6.4, zero false failures: the reference's sparse kernels pass every sparse
+    property on 20 seeds (2 examples each, a fresh Hypothesis stream per seed)."""
+    monkeypatch.setitem(PROFILES, "seeded", 2)
+    kernel = KernelUnderTest(reference_sparse(case), NUMPY)
+    for property_id in SPARSE_PROPERTIES:
+        for seed in ZERO_FALSE_FAILURE_SEEDS:
+            result = run_property(all_properties()[property_id], kernel, profile="seeded",
+                                  seed=seed)
+            assert result.status == PASSED, (property_id, seed, result.detail)
+
+
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+def test_linear_reference_passes_over_20_seeds(alignment: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """LIN-5.2, LIN-2.1, zero false failures: the reference's linear attention passes on
+    20 seeds (2 examples each)."""
+    monkeypatch.setitem(PROFILES, "seeded", 2)
+    kernel = KernelUnderTest(reference_linear(alignment), NUMPY)
+    for property_id in ("linear-matches-formula", "linear-causal-prefix"):
+        for seed in ZERO_FALSE_FAILURE_SEEDS:
+            result = run_property(all_properties()[property_id], kernel, profile="seeded",
+                                  seed=seed)
+            assert result.status == PASSED, (property_id, seed, result.detail)
