@@ -132,6 +132,12 @@ class KernelUnderTest:
         self.declaration = declaration if declaration is not None else declaration_of(fn)
         module, name = getattr(fn, "__module__", "?"), getattr(fn, "__qualname__", "?")
         self.target = target or f"{module}:{name}"
+        self.notes: list[str] = []
+
+    def note(self, observation: str) -> None:
+        """Record something a passing property should report (e.g. SDPA-1.7's SHOULD)."""
+        if observation not in self.notes:
+            self.notes.append(observation)
 
     @classmethod
     def load(cls, target: str, backend: Backend, **overrides: Any) -> KernelUnderTest:

@@ -98,6 +98,7 @@ def run_property(
     if reason is not None:
         return Verdict(prop.id, prop.clause, prop.level, NOT_APPLICABLE, detail=reason)
     examples = [0]
+    kernel.notes.clear()
     try:
         if prop.kind == "fixed":
             prop.check(kernel, 0 if seed is None else seed)
@@ -125,7 +126,8 @@ def run_property(
             f"{str(exc)[:300]}"
         ))
     else:
-        verdict = Verdict(prop.id, prop.clause, prop.level, PASSED)
+        verdict = Verdict(prop.id, prop.clause, prop.level, PASSED,
+                          detail="; ".join(kernel.notes[:2]))
     verdict.examples = examples[0]
     verdict.seconds = time.perf_counter() - started
     return verdict

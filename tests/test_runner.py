@@ -11,7 +11,7 @@ import attnspec
 from attnspec.backends import Backend
 from attnspec.conformance import KernelUnderTest
 from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import FAILED, run_property
+from attnspec.conformance.runner import FAILED, PASSED, run_property
 
 
 def _verdict(fn: Any) -> Any:
@@ -38,3 +38,17 @@ def test_an_unusable_result_fails_the_property() -> None:
 
     verdict = _verdict(returns_text)
     assert verdict.status == FAILED and "str" in verdict.detail + verdict.counterexample
+
+
+def test_layout_dependent_rounding_passes_with_a_note() -> None:
+    """SDPA-1.7: a result that differs from the contiguous one by rounding only passes
+    (the MUST half) and the verdict reports that it is not bit-identical (the SHOULD half)."""
+    def layout_dependent(q, k, v, *, mask=None, is_causal=False, scale=None):
+        out = attnspec.scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
+                                                    scale=scale)
+        contiguous = all(a.flags.c_contiguous for a in (q, k, v))
+        return out if contiguous else out * (1 + np.finfo(out.dtype).eps)
+
+    kernel = KernelUnderTest(layout_dependent, Backend("numpy"))
+    verdict = run_property(all_properties()["layout-independence"], kernel, profile="default")
+    assert verdict.status == PASSED and "not bit-identical" in verdict.detail

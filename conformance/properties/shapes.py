@@ -236,5 +236,10 @@ def layout_independence(kernel: KernelUnderTest, data: st.DataObject) -> None:
 
     described = ", ".join(f"{n}: {lay}" for n, lay in layouts.items())
     out, _ = call_with(kernel, problem, args, kwargs, f" (input layouts {described})")
-    assert_matches_reference(kernel, problem, kernel.numpy(out),
-                             f"out with input layouts {described}")
+    strided = assert_matches_reference(kernel, problem, kernel.numpy(out),
+                                       f"out with input layouts {described}")
+    contiguous = kernel.run(problem)
+    same = (strided == contiguous) | (np.isnan(strided) & np.isnan(contiguous))
+    if not same.all():  # the SHOULD half of SDPA-1.7: reported, not failed
+        kernel.note(f"not bit-identical to contiguous inputs for layouts {described} "
+                    f"(max difference {np.nanmax(np.abs(strided - contiguous)):.3g})")
