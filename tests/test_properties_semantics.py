@@ -163,7 +163,7 @@ def test_independent_numpy_formulation_passes(property_id: str, alignment: str) 
 
 @pytest.fixture(scope="module")
 def torch_sdpa() -> KernelUnderTest:
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="torch is an optional backend")
     return KernelUnderTest(torch.nn.functional.scaled_dot_product_attention, Backend("torch"))
 
 
@@ -278,7 +278,8 @@ def test_not_applicable_without_the_claim(property_id: str, claims: dict[str, An
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 def test_within_validity_reaches_the_domain_of_tol2(dtype: str) -> None:
     """TOL-2 (domain of validity): large q/k/bias problems are scaled into delta_i <= 1/4."""
-    pytest.importorskip("torch")  # the one CPU backend with every dtype, bfloat16 included
+    # torch: the one CPU backend with every dtype, bfloat16 included
+    pytest.importorskip("torch", reason="torch is an optional backend")
     kernel = KernelUnderTest(numpy_attention, Backend("torch"), KernelDeclaration())
     rng = np.random.default_rng(1)
     magnitude = 4 / math.sqrt(UNIT_ROUNDOFF[dtype])  # |alpha| A ~ 16 / u_d: far outside
@@ -298,7 +299,7 @@ def test_within_validity_reaches_the_domain_of_tol2(dtype: str) -> None:
 def test_bias_shifts_are_exact(dtype: str) -> None:
     """SDPA-7.6: every bias b + c that bias-shift-invariance can build is exact in the
     dtype, so the two problems have the same definition."""
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="torch is an optional backend")
     limit = shift_limit(dtype)
     grid = np.arange(-32, 33) / 8
     shifts = np.concatenate([np.arange(-8, 9) / 8 + base for base in (-limit, 0.0, limit)])

@@ -96,7 +96,7 @@ def test_reference_with_weights_bottom_right_passes(property_id: str) -> None:
 def test_torch_sdpa_passes(property_id: str) -> None:
     """SDPA-1/3/5/6: PyTorch's SDPA passes what it claims; SDPA-3.3 and SDPA-3.4 are not
     applicable (mask and bias share attn_mask; attn_mask with is_causal raises)."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="torch is an optional backend")
     fn = torch.nn.functional.scaled_dot_product_attention
     kernel = KernelUnderTest(fn, _load("torch"))
     verdict = run_property(all_properties()[property_id], kernel, profile="quick")
@@ -268,7 +268,7 @@ def test_buggy_kernel_fails(bug: Any, property_id: str, declaration: KernelDecla
     """CONF-1/CONF-2: the property of the clause a realistic bug breaks reports it in the
     quick profile, with a finding that says what went wrong."""
     if backend == "torch":
-        pytest.importorskip("torch")
+        pytest.importorskip("torch", reason="torch is an optional backend")
     verdict = _verdict(bug, property_id, declaration, backend)
     assert verdict.status == _expected_failure(property_id), verdict.detail
     assert words in verdict.detail
