@@ -277,7 +277,7 @@ def test_not_applicable_without_the_claim(property_id: str, claims: dict[str, An
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 def test_within_validity_reaches_the_domain_of_tol2(dtype: str) -> None:
-    """TOL-2 (domain of validity): large q/k/bias problems are scaled into delta_i <= 1/4."""
+    """TOL-2: large q/k/bias problems are scaled into delta_i <= 1/4, where it is tight."""
     # torch: the one CPU backend with every dtype, bfloat16 included
     pytest.importorskip("torch", reason="torch is an optional backend")
     kernel = KernelUnderTest(numpy_attention, Backend("torch"), KernelDeclaration())

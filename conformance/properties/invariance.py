@@ -26,7 +26,7 @@ from .softmax import within_validity
 # Value pairs (a, b) for linearity: with V1, V2 odd multiples of 1/4 in [-3.75, 3.75],
 # a*V1 + b*V2 is a multiple of 1/8 in [-15, 15], exact in every dtype (8 significant bits
 # suffice).  Nonzero values keep every output column of V1 and V2 far from the subnormal
-# range, which TOL-2 does not cover (spec/tolerance.md, "Known limitation").
+# range, where TOL-2 has only its absolute floor and so says little.
 LINEAR_COEFFICIENTS = (1.0, -1.0, 2.0, -2.0, 0.5, -0.5)
 
 
@@ -128,7 +128,7 @@ def shift_limit(dtype: str) -> float:
 
     Biases lie on a grid of 1/8 in [-4, 4] and shifts on the same grid, |c| <= limit + 1.
     A power of two with 2 u_d (limit + 5) <= 1/8 keeps the bias's share of TOL-2's score
-    error delta_i below 1/8, inside its domain of validity, and keeps b + c exact: (limit
+    error delta_i below 1/8, where the bound stays tight, and keeps b + c exact: (limit
     + 5) * 8 <= 1 / (2 u_d) is far less than 2**p = 2 / u_d multiples of 1/8.  4096 (beyond
     exp's range in float64) is enough for the rest.
     """

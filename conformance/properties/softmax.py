@@ -1,7 +1,7 @@
 """SDPA-7.1, SDPA-7.4, SDPA-7.5: the softmax's consequences, its overflow safety, determinism.
 
 Also the helpers the semantic properties share: the allowed set S(i) of a problem, the
-rows a property may compare, and keeping a problem inside TOL-2's domain of validity.
+rows a property may compare, and keeping a problem where TOL-2 is tight.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from ..oracle import reference_bound
 from ..registry import register
 from ..strategies import draw_dtype, draw_problem
 
-# TOL-2 ("Domain of validity"): the bound is guaranteed for score errors delta_i <= 1/4.
+# TOL-2 holds for every score error, but grows like e^{2 delta}: beyond delta_i = 1/4 a
+# comparison can catch little, so value comparisons keep problems below it.
 VALID_SCORE_ERROR = 0.25
 
 # SDPA-7.4: the largest |scaled score| whose scores, and differences of two scores, stay
@@ -97,10 +98,11 @@ def score_error(problem: Problem) -> float:
 
 
 def within_validity(kernel: KernelUnderTest, problem: Problem) -> Problem:
-    """``problem`` with q scaled by a power of two until delta_i <= 1/4 (TOL-2's domain).
+    """``problem`` with q scaled by a power of two until delta_i <= 1/4 (TOL-2 tight).
 
-    Properties that compare values within TOL-2 use this, so that the bound is guaranteed
-    and a correct kernel cannot fail them.  The bias term alone must already be inside.
+    Properties that compare values within TOL-2 use this, so that the bound stays tight
+    enough to catch errors (it holds for any delta, spec/tolerance.md).  The bias term
+    alone must already be inside.
     """
     error = score_error(problem)
     if error <= VALID_SCORE_ERROR:
@@ -177,7 +179,7 @@ def large_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
     problem = draw_problem(data, kernel, dtype=dtype, bias="never", scale="never",
                            magnitude=1.0, min_keys=1)
     u_d, u_a = UNIT_ROUNDOFF[dtype], accumulation_roundoff(dtype)
-    # The largest scores for which TOL-2 still holds: delta_i <= 1/4 (spec/tolerance.md).
+    # The largest scores for which TOL-2 stays tight: delta_i <= 1/4 (spec/tolerance.md).
     # In float32 that is ~2.8e5, in float64 ~1.5e14: exp overflows far below either.
     valid = 0.9 * (VALID_SCORE_ERROR - 4 * u_a) / (3 * u_d + (problem.q.shape[-1] + 4) * u_a)
     large = within_validity(kernel, _with_score_magnitude(kernel, problem, valid))
