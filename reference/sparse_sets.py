@@ -8,6 +8,7 @@ arrays, so the same formula builds the dense boolean mask (on the whole Lq x Lk 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -46,7 +47,7 @@ def in_window(
 
 
 @dataclass(frozen=True, eq=False)
-class SparsePattern:
+class SparsePattern(ABC):
     """S(i) of one pattern for one (Lq, Lk, alignment, causal) (SPARSE-1).
 
     ``offset`` is d of SPARSE-1.2: query i sits at key position t_i = i + d.
@@ -65,9 +66,9 @@ class SparsePattern:
         inside = self.contains(xp, i, t, j)
         return xp.logical_and(inside, j <= t) if self.causal else inside
 
+    @abstractmethod
     def contains(self, xp: ModuleType, i: Any, t: Any, j: Any) -> Any:
         """The pattern's own set, before the causal restriction."""
-        raise NotImplementedError
 
 
 @dataclass(frozen=True, eq=False)
