@@ -149,6 +149,8 @@ DECLARATION_FLAGS = (
          "(JAX/FlashAttention (..., L, H, E))", choices=LAYOUTS),
     Flag("--rename", "the kernel takes a spec keyword under another name, e.g. "
          "is_causal=causal, scale=softmax_scale", kind="list", metavar="SPEC=KERNEL"),
+    Flag("--batch-ndim", "the kernel takes exactly this many leading batch dims (1 for "
+         "(B, H, L, E) kernels; default: any number)", type=int, metavar="N"),
     Flag("--mask", "the kernel takes a boolean mask (default: read off its signature)",
          kind="bool"),
     Flag("--mask-keyword", "keyword of the boolean mask (default mask)", metavar="NAME"),
@@ -220,7 +222,7 @@ def claims_from(args: argparse.Namespace) -> dict[str, Any]:
     claims: dict[str, Any] = {
         name: getattr(args, name) for name in _BOOL_CLAIMS if getattr(args, name) is not None
     }
-    for name in ("mask_keyword", "bias_keyword", "causal_alignment"):
+    for name in ("mask_keyword", "bias_keyword", "causal_alignment", "batch_ndim"):
         if getattr(args, name) is not None:
             claims[name] = getattr(args, name)
     if args.gqa_keyword is not None:

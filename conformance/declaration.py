@@ -58,6 +58,8 @@ class KernelDeclaration:
     """Everything the suite needs to know to call a kernel and judge it."""
 
     dtypes: tuple[str, ...] | None = None
+    # exactly this many leading batch dims (1 for (B, H, L, E) kernels); None: any (SDPA-1.2)
+    batch_ndim: int | None = None
     mask: bool = True
     causal: bool = True
     causal_alignment: str = "top_left"
@@ -82,6 +84,11 @@ class KernelDeclaration:
                     f"dtypes={self.dtypes!r}, but should be a non-empty subset of "
                     f"{FLOAT_DTYPE_NAMES}"
                 )
+        if self.batch_ndim is not None and (
+            isinstance(self.batch_ndim, bool) or not isinstance(self.batch_ndim, int)
+            or not 0 <= self.batch_ndim <= 4
+        ):
+            raise ValueError(f"batch_ndim={self.batch_ndim!r}, but should be None or 0..4")
         alignments = [self.causal_alignment]
         if self.sparse is not None:
             alignments.append(self.sparse.alignment)

@@ -55,7 +55,9 @@ def draw_dims(
 ) -> Dims:
     """Batch dims 0-2, GQA only when claimed, Lq != Lk, E != Ev, odd sizes, empty axes."""
     use_gqa = kernel.declaration.gqa if gqa is None else gqa
-    batch_ndim = data.draw(st.integers(0, max_batch_ndim), label="batch ndim")
+    batch_ndim = kernel.declaration.batch_ndim
+    if batch_ndim is None:
+        batch_ndim = data.draw(st.integers(0, max_batch_ndim), label="batch ndim")
     return Dims(
         batch=tuple(data.draw(st.lists(st.integers(1, 3), min_size=batch_ndim,
                                        max_size=batch_ndim), label="batch")),
@@ -66,6 +68,14 @@ def draw_dims(
         head_dim=data.draw(st.integers(1, 8), label="E"),
         value_dim=data.draw(st.integers(1, 8), label="Ev"),
     )
+
+
+def with_declared_batch(kernel: KernelUnderTest, a: np.ndarray) -> np.ndarray:
+    """``a`` (..., H, L, D) with leading size-1 batch dims added up to the number the kernel
+    declares (``batch_ndim``), for problems built by hand; unchanged otherwise."""
+    wanted = kernel.declaration.batch_ndim
+    missing = 0 if wanted is None else wanted - (a.ndim - 3)
+    return a.reshape((1,) * missing + a.shape) if missing > 0 else a
 
 
 def draw_rng(data: st.DataObject) -> np.random.Generator:

@@ -9,7 +9,7 @@ import numpy as np
 
 import attnspec
 from attnspec.backends import Backend
-from attnspec.conformance import KernelUnderTest
+from attnspec.conformance import KernelUnderTest, check
 from attnspec.conformance.registry import all_properties
 from attnspec.conformance.runner import FAILED, PASSED, run_property
 
@@ -52,3 +52,18 @@ def test_layout_dependent_rounding_passes_with_a_note() -> None:
     kernel = KernelUnderTest(layout_dependent, Backend("numpy"))
     verdict = run_property(all_properties()["layout-independence"], kernel, profile="default")
     assert verdict.status == PASSED and "not bit-identical" in verdict.detail
+
+
+def test_a_kernel_of_fixed_rank_conforms_once_it_declares_its_batch_dims() -> None:
+    """SDPA-1.2 as a declared restriction (CONF-3): a (B, H, L, E)-only kernel gets every
+    applicable property passed with batch_ndim=1, hand-built problems included."""
+    def four_d_only(q, k, v, *, mask=None, is_causal=False, scale=None):
+        if not q.ndim == k.ndim == v.ndim == 4:
+            raise ValueError(f"(B, H, L, E) arrays only, got q.ndim={q.ndim}")
+        return attnspec.scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
+                                                     scale=scale)
+
+    report = check(four_d_only, backend="numpy", batch_ndim=1)
+    assert report.conforms, [(v.property, v.detail) for v in report.verdicts
+                             if v.status == FAILED]
+    assert not check(four_d_only, backend="numpy", only=["default-scale"]).conforms

@@ -20,7 +20,13 @@ from ..failures import PropertyFailure
 from ..favor_bound import favor_acceptance_test
 from ..kernel import KernelUnderTest, Problem
 from ..registry import register
-from ..strategies import draw_dims, draw_dtype, draw_rng, random_problem
+from ..strategies import (
+    draw_dims,
+    draw_dtype,
+    draw_rng,
+    random_problem,
+    with_declared_batch,
+)
 
 NAMED_FEATURE_MAPS: dict[str, Callable[[Any], Any]] = {
     "elu+1": elu_plus_one,
@@ -110,13 +116,13 @@ def favor_error_bound(kernel: KernelUnderTest, seed: int) -> None:
     last: list[Problem] = []
 
     def estimate_weights(q: np.ndarray, k: np.ndarray, redraw_seed: int) -> np.ndarray:
+        q, k, v = (with_declared_batch(kernel, a[None]) for a in (q, k, np.eye(k.shape[0])))
         problem = Problem(
-            q=kernel.rounded(q[None], dtype), k=kernel.rounded(k[None], dtype),
-            v=np.eye(k.shape[0])[None], dtype=dtype,
+            q=kernel.rounded(q, dtype), k=kernel.rounded(k, dtype), v=v, dtype=dtype,
             extra={claim.seed_keyword: redraw_seed},
         )
         last[:] = [problem]
-        return kernel.run(problem)[0]
+        return kernel.run(problem).reshape(FAVOR_TEST_QUERIES, FAVOR_TEST_QUERIES)
 
     verdict = favor_acceptance_test(
         estimate_weights, n=FAVOR_TEST_QUERIES, head_dim=FAVOR_TEST_HEAD_DIM,

@@ -20,7 +20,7 @@ from ..kernel import KernelUnderTest, Problem
 from ..oracle import weights_bound
 from ..registry import needs, register
 from ..statistics import two_sided_chi_square_interval
-from ..strategies import draw_dtype
+from ..strategies import draw_dtype, with_declared_batch
 
 SCORE_VARIANCE_PAIRS = 2000
 SCORE_VARIANCE_FALSE_FAILURE = 1e-6
@@ -47,6 +47,7 @@ def scale_probe(kernel: KernelUnderTest, data: st.DataObject, scale: float | Non
     k[..., 0] = np.arange(n_keys) * step
     v = np.zeros((n_kv_heads, n_keys, value_dim))
     v[..., :n_keys] = np.eye(n_keys)
+    q, k, v = (with_declared_batch(kernel, a) for a in (q, k, v))
     return Problem(q=q, k=k, v=v, dtype=draw_dtype(data, kernel), scale=scale)
 
 
@@ -54,7 +55,7 @@ def recovered_scale(kernel: KernelUnderTest, problem: Problem) -> None:
     """Compare the scale implied by the kernel's weights with the clause's."""
     n_keys = problem.k.shape[-2]
     head_dim, value_dim = problem.q.shape[-1], problem.v.shape[-1]
-    step = float(problem.k[0, 1, 0])
+    step = float(problem.k[..., 0, 1, 0].flat[0])
     out = kernel.run(problem)[..., :n_keys]
     identity_problem = problem.with_(v=problem.v[..., :n_keys])
     expected, tolerance = (np.asarray(a) for a in weights_bound(identity_problem,
@@ -110,12 +111,14 @@ def score_variance(kernel: KernelUnderTest, seed: int) -> None:
     head_dim, pairs = 16, SCORE_VARIANCE_PAIRS
     rng = np.random.default_rng(seed)
     dtype = kernel.widest_dtype
-    direction = rng.standard_normal((pairs, 1, 1, head_dim))
+    # the pairs sit on the heads axis, so any declared number of batch dims fits
+    direction = rng.standard_normal((pairs, 1, head_dim))
     q = direction / np.linalg.norm(direction, axis=-1, keepdims=True) * math.sqrt(head_dim)
-    k = rng.standard_normal((pairs, 1, 2, head_dim))
-    problem = Problem(q=kernel.rounded(q, dtype), k=kernel.rounded(k, dtype),
-                      v=np.broadcast_to(np.eye(2), (pairs, 1, 2, 2)).copy(), dtype=dtype)
-    weights = kernel.run(problem)[:, 0, 0, :]
+    k = rng.standard_normal((pairs, 2, head_dim))
+    q, k, v = (with_declared_batch(kernel, a) for a in
+               (q, k, np.broadcast_to(np.eye(2), (pairs, 2, 2)).copy()))
+    problem = Problem(q=kernel.rounded(q, dtype), k=kernel.rounded(k, dtype), v=v, dtype=dtype)
+    weights = kernel.run(problem).reshape(pairs, 2)
     with np.errstate(divide="ignore", invalid="ignore"):
         log_ratio = np.log(weights[:, 1]) - np.log(weights[:, 0])
     statistic = float(np.sum(log_ratio**2) / 2)
