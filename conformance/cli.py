@@ -151,6 +151,8 @@ DECLARATION_FLAGS = (
          "is_causal=causal, scale=softmax_scale", kind="list", metavar="SPEC=KERNEL"),
     Flag("--batch-ndim", "the kernel takes exactly this many leading batch dims (1 for "
          "(B, H, L, E) kernels; default: any number)", type=int, metavar="N"),
+    Flag("--equal-head-dims", "the kernel needs Ev == E (FlashAttention 2, JAX); the suite "
+         "pads q, k or v with exact zero columns", kind="switch"),
     Flag("--mask", "the kernel takes a boolean mask (default: read off its signature)",
          kind="bool"),
     Flag("--mask-keyword", "keyword of the boolean mask (default mask)", metavar="NAME"),
@@ -225,6 +227,8 @@ def claims_from(args: argparse.Namespace) -> dict[str, Any]:
     for name in ("mask_keyword", "bias_keyword", "causal_alignment", "batch_ndim"):
         if getattr(args, name) is not None:
             claims[name] = getattr(args, name)
+    if args.equal_head_dims:
+        claims["equal_head_dims"] = True
     if args.gqa_keyword is not None:
         claims["gqa_keyword"] = args.gqa_keyword
         claims.setdefault("gqa", True)

@@ -60,6 +60,8 @@ class KernelDeclaration:
     dtypes: tuple[str, ...] | None = None
     # exactly this many leading batch dims (1 for (B, H, L, E) kernels); None: any (SDPA-1.2)
     batch_ndim: int | None = None
+    # the kernel needs Ev == E (FlashAttention 2, JAX): the suite pads with exact zeros
+    equal_head_dims: bool = False
     mask: bool = True
     causal: bool = True
     causal_alignment: str = "top_left"

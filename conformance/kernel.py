@@ -127,9 +127,13 @@ class KernelUnderTest:
         declaration: KernelDeclaration | None = None,
         target: str | None = None,
     ) -> None:
-        self.fn = fn
         self.backend = backend
         self.declaration = declaration if declaration is not None else declaration_of(fn)
+        if self.declaration.equal_head_dims:
+            from .layouts import pad_head_dims
+
+            fn = pad_head_dims(fn)
+        self.fn = fn
         module, name = getattr(fn, "__module__", "?"), getattr(fn, "__qualname__", "?")
         self.target = target or f"{module}:{name}"
         self.notes: list[str] = []

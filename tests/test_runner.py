@@ -67,3 +67,18 @@ def test_a_kernel_of_fixed_rank_conforms_once_it_declares_its_batch_dims() -> No
     assert report.conforms, [(v.property, v.detail) for v in report.verdicts
                              if v.status == FAILED]
     assert not check(four_d_only, backend="numpy", only=["default-scale"]).conforms
+
+
+def test_a_kernel_needing_equal_head_dims_conforms_once_it_declares_it() -> None:
+    """SDPA-1.1 with Ev == E as a declared restriction: the suite pads with exact zero
+    columns (layouts.pad_head_dims) instead of failing every property on Ev != E."""
+    def equal_dims_only(q, k, v, *, mask=None, is_causal=False, scale=None):
+        if q.shape[-1] != v.shape[-1]:
+            raise ValueError("E must equal Ev")
+        return attnspec.scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
+                                                     scale=scale)
+
+    report = check(equal_dims_only, backend="numpy", equal_head_dims=True)
+    assert report.conforms, [(v.property, v.detail) for v in report.verdicts
+                             if v.status == FAILED]
+    assert not check(equal_dims_only, backend="numpy", only=["default-scale"]).conforms
