@@ -155,6 +155,25 @@ def test_sparse_properties_pass_on_correct_kernels(case: str, property_id: str) 
     assert_status(masked_softmax_kernel(case), property_id, PASSED)
 
 
+def test_family_kernels_must_keep_the_dtype() -> None:
+    """SDPA-1.3 for sparse and linear kernels: an output upcast to float64 fails the family's
+    matching property, not just a dense-only one."""
+    sparse = reference_sparse("sliding_window")
+
+    def upcast_sparse(q, k, v, *, scale=None):
+        return sparse(q, k, v, scale=scale).astype(np.float64)
+
+    upcast_sparse.__attnspec__ = sparse.__attnspec__
+    assert "dtype" in verdict(upcast_sparse, "sparse-matches-dense").detail
+    linear = reference_linear()
+
+    def upcast_linear(q, k, v, *, is_causal=False):
+        return linear(q, k, v, is_causal=is_causal).astype(np.float64)
+
+    upcast_linear.__attnspec__ = linear.__attnspec__
+    assert "dtype" in verdict(upcast_linear, "linear-matches-formula").detail
+
+
 def test_sparse_bugs_are_caught() -> None:
     """SPARSE-6: a window one key too wide, a finite -1e9 fill (tiny weights, mean(V) on
     empty rows) and a 0 * NaN leak are each caught by the property of their clause."""

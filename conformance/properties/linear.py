@@ -27,6 +27,7 @@ from ..strategies import (
     random_problem,
     with_declared_batch,
 )
+from .shapes import assert_output_shape_and_dtype
 
 NAMED_FEATURE_MAPS: dict[str, Callable[[Any], Any]] = {
     "elu+1": elu_plus_one,
@@ -83,7 +84,9 @@ def check_against_formula(kernel: KernelUnderTest, data: st.DataObject, causal: 
     rng = draw_rng(data)
     magnitude = data.draw(st.sampled_from([1.0, 0.3, 3.0]), label="magnitude")
     problem = random_problem(kernel, rng, dims, dtype, magnitude, is_causal=causal)
-    out = kernel.run(problem)
+    raw, _ = kernel.invoke(problem)
+    assert_output_shape_and_dtype(kernel, problem, raw)
+    out = kernel.numpy(raw)
     bound = linear_error_bound(
         problem.q, problem.k, problem.v, feature_map=feature_map_of(kernel), dtype=dtype,
         is_causal=causal, causal_alignment=claim.causal_alignment, eps=claim.eps,
@@ -95,7 +98,8 @@ def check_against_formula(kernel: KernelUnderTest, data: st.DataObject, causal: 
 @register("linear-matches-formula", "LIN-5.2", applies=deterministic_map)
 def linear_matches_formula(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """The output equals phi(q_i)^T sum_j phi(k_j) v_j^T / phi(q_i)^T sum_j phi(k_j) with
-    the declared map and epsilon, within the LIN-5.2 bound (Lq != Lk, GQA when claimed)."""
+    the declared map and epsilon, within the LIN-5.2 bound (Lq != Lk, GQA when claimed), in
+    q's dtype and the spec's output shape (SDPA-1.3)."""
     check_against_formula(kernel, data, causal=False)
 
 

@@ -87,13 +87,21 @@ def output_shape_dtype(kernel: KernelUnderTest, data: st.DataObject) -> None:
     for dtype in kernel.dtypes:
         problem = draw_problem(data, kernel, dims=dims, dtype=dtype)
         out, weights = kernel.invoke(problem)
-        assert_output_shapes(kernel, problem, out, weights)
-        for what, result in (("out", out), ("weights", weights)):
-            if result is not None and result.dtype != kernel.backend.dtype(dtype):
-                raise PropertyFailure(
-                    f"{what}.dtype={dtype_name(kernel.backend, result.dtype)}, but should be "
-                    f"{dtype}, the dtype of q [SDPA-1.3, {_call_text(kernel)}]", problem, kernel,
-                )
+        assert_output_shape_and_dtype(kernel, problem, out, weights)
+
+
+def assert_output_shape_and_dtype(
+    kernel: KernelUnderTest, problem: Problem, out: Any, weights: Any = None,
+) -> None:
+    """SDPA-1.3 for one raw result: shapes as ``assert_output_shapes``, dtype q's."""
+    assert_output_shapes(kernel, problem, out, weights)
+    for what, result in (("out", out), ("weights", weights)):
+        if result is not None and result.dtype != kernel.backend.dtype(problem.dtype):
+            raise PropertyFailure(
+                f"{what}.dtype={dtype_name(kernel.backend, result.dtype)}, but should be "
+                f"{problem.dtype}, the dtype of q [SDPA-1.3, {_call_text(kernel)}]",
+                problem, kernel,
+            )
 
 
 @register("empty-sizes", "SDPA-1.5")

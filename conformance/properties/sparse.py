@@ -20,6 +20,7 @@ from ..kernel import KernelUnderTest, Problem, identity_values
 from ..oracle import reference_bound
 from ..registry import register
 from ..strategies import draw_dims, draw_dtype, draw_rng, random_problem, random_values
+from .shapes import assert_output_shape_and_dtype
 
 
 def sparse_only(declaration: KernelDeclaration) -> str | None:
@@ -76,9 +77,12 @@ def _dense_equivalent(problem: Problem, mask: np.ndarray) -> Problem:
 
 @register("sparse-matches-dense", "SPARSE-6.4", applies=sparse_only)
 def sparse_matches_dense(kernel: KernelUnderTest, data: st.DataObject) -> None:
-    """Every output lies within TOL-2 of dense attention with the pattern's mask."""
+    """Every output lies within TOL-2 of dense attention with the pattern's mask, in q's
+    dtype and the spec's output shape (SDPA-1.3)."""
     problem, mask = draw_sparse_problem(kernel, data)
-    out = kernel.run(problem)
+    raw, _ = kernel.invoke(problem)
+    assert_output_shape_and_dtype(kernel, problem, raw)
+    out = kernel.numpy(raw)
     bound = reference_bound(_dense_equivalent(problem, mask), kernel.declaration)
     assert_within_bound(out, np.asarray(bound.out), np.asarray(bound.out_tolerance), "out",
                         problem, kernel)
