@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..reference.masks import CAUSAL_ALIGNMENTS
+from ..reference.sparse_sets import PATTERN_NAMES
 from .api import KernelSetup, SetupError
 from .declaration import LinearClaim, SparseClaim
+from .kernel import KernelLoadError, load_kernel
 from .layouts import LAYOUTS
 from .registry import Property
 from .runner import FAILED, PROFILES, WARNING, Report, Verdict
@@ -181,8 +183,9 @@ DECLARATION_FLAGS = (
     Flag("--sparse-causal", "the sparse pattern is causal", kind="switch"),
     Flag("--sparse-pass-params", "pass the pattern's parameters to the kernel as keywords",
          kind="switch"),
-    Flag("--linear", "the kernel is linear attention with this feature map (spec/linear.md)",
-         choices=FEATURE_MAPS),
+    Flag("--linear", "the kernel is linear attention with this feature map (spec/linear.md): "
+         f"{', '.join(FEATURE_MAPS)}, or MODULE:FUNC of a feature-map callable",
+         metavar="FEATURE_MAP"),
     Flag("--linear-num-features", "number of random features (FAVOR+)", type=int, metavar="M"),
     Flag("--linear-iid", "FAVOR+ features are iid, not orthogonal", kind="switch"),
     Flag("--linear-seed-keyword", "keyword the FAVOR+ seed is passed as (default seed)",
@@ -238,6 +241,11 @@ def claims_from(args: argparse.Namespace) -> dict[str, Any]:
                                 "sparse_pass_params") if getattr(args, f)]
     if args.sparse is None and sparse_given:
         raise UsageError(f"--{sparse_given[0].replace('_', '-')} needs --sparse PATTERN")
+    if args.sparse is not None and args.sparse not in PATTERN_NAMES:
+        raise UsageError(
+            f"--sparse {args.sparse!r} is not a spec pattern; expected one of "
+            f"{', '.join(PATTERN_NAMES)}"
+        )
     if args.sparse is not None:
         claims["sparse"] = SparseClaim(
             args.sparse, key_values(args.sparse_param, "--sparse-param"),
@@ -251,11 +259,25 @@ def claims_from(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--{linear_given[0].replace('_', '-')} needs --linear FEATURE_MAP")
     if args.linear is not None:
         claims["linear"] = LinearClaim(
-            args.linear, args.linear_num_features, orthogonal=not args.linear_iid,
+            _feature_map(args.linear), args.linear_num_features, orthogonal=not args.linear_iid,
             seed_keyword=args.linear_seed_keyword or "seed", eps=args.linear_eps or 0.0,
             causal_alignment=args.linear_causal_alignment or "top_left",
         )
     return claims
+
+
+def _feature_map(name: str) -> str | Callable[..., Any]:
+    """A named feature map, or the callable ``MODULE:FUNC`` names (--linear)."""
+    if name in FEATURE_MAPS:
+        return name
+    if ":" not in name:
+        raise UsageError(
+            f"--linear {name!r} is neither {', '.join(FEATURE_MAPS)} nor MODULE:FUNC"
+        )
+    try:
+        return load_kernel(name)
+    except KernelLoadError as exc:
+        raise UsageError(f"--linear: {exc}") from None
 
 
 def setup_from(args: argparse.Namespace) -> KernelSetup:

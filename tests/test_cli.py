@@ -496,3 +496,35 @@ def test_markdown_escapes_pipes_and_json_has_spec_version() -> None:
     data = json.loads(render.to_json(_report()))
     assert data["spec_version"] == SPEC_VERSION
     assert data["counts"] == {PASSED: 1, FAILED: 1, WARNING: 1, NOT_APPLICABLE: 1}
+
+
+def test_unknown_sparse_pattern_is_a_usage_error(capsys: pytest.CaptureFixture[str],
+                                                 tmp_path: Path) -> None:
+    """SPARSE-1.1: --sparse takes only the spec's pattern names (exit 2, one line)."""
+    kernel = tmp_path / "k.py"
+    kernel.write_text("def attention(q, k, v, *, scale=None):\n    return q\n")
+    status, _, err = run_main(capsys, "check", f"{kernel}:attention", "--sparse", "window")
+    assert status == 2 and "not a spec pattern" in err and "sliding_window" in err
+
+
+def test_linear_feature_map_may_be_a_callable(capsys: pytest.CaptureFixture[str],
+                                              tmp_path: Path) -> None:
+    """LIN-5.1: --linear MODULE:FUNC declares a custom feature map; the formula property
+    then runs with it (and a wrong map is caught)."""
+    kernel = tmp_path / "linear_kernel.py"
+    kernel.write_text(
+        "from attnspec.reference import linear_attention\n"
+        "def phi(x):\n    return x * x + 1.0\n"
+        "def other(x):\n    return x * x + 2.0\n"
+        "def attention(q, k, v, *, is_causal=False):\n"
+        "    return linear_attention(q, k, v, feature_map=phi, is_causal=is_causal)\n"
+    )
+    only = ("--only", "linear-matches-formula,linear-causal-prefix")
+    status, out, _ = run_main(capsys, "check", f"{kernel}:attention", "--linear",
+                              f"{kernel}:phi", *only)
+    assert status == 0 and "linear-matches-formula" in out
+    status, _, _ = run_main(capsys, "check", f"{kernel}:attention", "--linear",
+                            f"{kernel}:other", *only)
+    assert status == 1
+    status, _, err = run_main(capsys, "check", f"{kernel}:attention", "--linear", "softmax")
+    assert status == 2 and "MODULE:FUNC" in err
