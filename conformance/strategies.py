@@ -187,3 +187,21 @@ def draw_problem(
     if _wanted(data, scale, decl.scale, "explicit scale"):
         problem.scale = data.draw(st.sampled_from(EXPLICIT_SCALES), label="scale")
     return problem
+
+
+def draw_any_problem(data: st.DataObject, kernel: KernelUnderTest) -> Problem:
+    """A problem of the kernel's own family: dense (``draw_problem``), sparse (its declared
+    pattern, at lengths the pattern allows) or linear (no mask, bias or scale; a seed for
+    FAVOR+ kernels), for properties that hold for every attention kernel."""
+    declaration = kernel.declaration
+    if declaration.sparse is not None:
+        from .properties.sparse import draw_sparse_problem
+
+        return draw_sparse_problem(kernel, data)[0]
+    if declaration.linear is None:
+        return draw_problem(data, kernel)
+    problem = draw_problem(data, kernel, mask="never", bias="never", scale="never")
+    if declaration.linear.feature_map == "favor+":
+        problem.extra[declaration.linear.seed_keyword] = data.draw(st.integers(0, 2**16),
+                                                                   label="seed")
+    return problem

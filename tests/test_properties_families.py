@@ -284,3 +284,33 @@ def test_linear_reference_passes_over_20_seeds(alignment: str,
             result = run_property(all_properties()[property_id], kernel, profile="seeded",
                                   seed=seed)
             assert result.status == PASSED, (property_id, seed, result.detail)
+
+
+@pytest.mark.parametrize("property_id", ["deterministic", "inputs-unmodified"])
+def test_generic_properties_apply_to_every_family(property_id: str) -> None:
+    """SDPA-7.5, SDPA-1.6 hold for sparse, linear and FAVOR+ kernels too (CONF-3: claimed by
+    being an attention kernel at all); block-sparse layouts get lengths they allow."""
+    for case in ("block_sparse", "bigbird"):
+        assert_status(reference_sparse(case), property_id, PASSED)
+    assert_status(reference_linear(), property_id, PASSED)
+    assert_status(numpy_favor(64), property_id, PASSED)
+
+
+def test_generic_property_bugs_in_other_families_are_caught() -> None:
+    """SDPA-7.5: a FAVOR+ kernel that ignores its seed (fresh features each call) is not
+    deterministic; SDPA-1.6: a linear kernel that rescales q in place modifies its input."""
+    seeded = numpy_favor(64)
+
+    def ignores_seed(q, k, v, *, seed, is_causal=False):
+        return seeded(q, k, v, seed=int(np.random.default_rng().integers(1 << 30)))
+
+    ignores_seed.__attnspec__ = seeded.__attnspec__
+    assert_status(ignores_seed, "deterministic", FAILED)
+    linear = reference_linear()
+
+    def scales_q_in_place(q, k, v, *, is_causal=False):
+        q *= 0.5
+        return linear(q, k, v, is_causal=is_causal)
+
+    scales_q_in_place.__attnspec__ = linear.__attnspec__
+    assert_status(scales_q_in_place, "inputs-unmodified", FAILED)

@@ -14,8 +14,8 @@ from ...backends import FLOAT_DTYPE_NAMES, Backend
 from ..assertions import assert_matches_reference, assert_shape, first_index
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest, Problem
-from ..registry import register
-from ..strategies import draw_dims, draw_problem
+from ..registry import always, register
+from ..strategies import draw_any_problem, draw_dims, draw_problem
 from .softmax import scores_shape
 
 LAYOUTS = ("contiguous", "strided", "strided_rows", "transposed", "broadcast")
@@ -131,10 +131,11 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return a.view(f"u{a.dtype.itemsize}") if a.dtype.kind == "f" else a
 
 
-@register("inputs-unmodified", "SDPA-1.6")
+@register("inputs-unmodified", "SDPA-1.6", applies=always)
 def inputs_unmodified(kernel: KernelUnderTest, data: st.DataObject) -> None:
-    """The call leaves q, k, v, the mask and the bias bit-for-bit as they were."""
-    problem = draw_problem(data, kernel)
+    """The call leaves q, k, v, the mask and the bias bit-for-bit as they were (kernels of
+    every family)."""
+    problem = draw_any_problem(data, kernel)
     args, kwargs = kernel.arguments(problem)
     named = {**dict(zip("qkv", args, strict=True)), **kwargs}
     arrays = {n: x for n, x in named.items() if array_api_compat.is_array_api_obj(x)}

@@ -18,8 +18,8 @@ from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem
 from ..oracle import reference_bound
-from ..registry import register
-from ..strategies import draw_dtype, draw_problem
+from ..registry import always, register
+from ..strategies import draw_any_problem, draw_dtype, draw_problem
 
 # TOL-2 holds for every score error, but grows like e^{2 delta}: beyond delta_i = 1/4 a
 # comparison can catch little, so value comparisons keep problems below it.
@@ -197,10 +197,11 @@ def large_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
         )
 
 
-@register("deterministic", "SDPA-7.5")
+@register("deterministic", "SDPA-7.5", applies=always)
 def deterministic(kernel: KernelUnderTest, data: st.DataObject) -> None:
-    """The same call on the same inputs twice returns identical values (and weights)."""
-    problem = draw_problem(data, kernel)
+    """The same call on the same inputs twice returns identical values (and weights), for
+    kernels of every family (a FAVOR+ kernel given the same seed, LIN-4.5)."""
+    problem = draw_any_problem(data, kernel)
     first, second = kernel.invoke(problem), kernel.invoke(problem)
     for what, a, b in (("out", first[0], second[0]), ("weights", first[1], second[1])):
         if a is not None:
