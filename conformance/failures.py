@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .kernel import KernelUnderTest, Problem
+
+
+_NUMPY_SCALAR = re.compile(r"np\.(float\d+|int\d+|uint\d+|bool_?|str_)\(([^()]*)\)")
 
 
 class PropertyFailure(AssertionError):
@@ -17,7 +21,8 @@ class PropertyFailure(AssertionError):
         problem: Problem | None = None,
         kernel: KernelUnderTest | None = None,
     ) -> None:
-        self.finding = finding
+        # NumPy 2 scalar reprs (np.float64(0.5)) are noise in a message: show the value
+        self.finding = finding = _NUMPY_SCALAR.sub(r"\2", finding)
         self.problem = problem
         self.counterexample = "" if problem is None else problem.describe()
         self.reproduction = (

@@ -69,7 +69,7 @@ TORCH_NAN_HIDDEN = Divergence(
     "torch-nan-query, pytorch #141128: the CPU flash kernel (4-d inputs, E == Ev) outputs "
     "0, not NaN, for a query row whose scores are NaN (SDPA-8.3)",
     FAILED, ("nan-propagates",),
-    lambda verdict: "= np.float64(0.0), but the NaN at" in verdict.detail,
+    lambda verdict: "= 0.0, but the NaN at" in verdict.detail,
 )
 # Properties torch fails on (nearly) every example: running them on 20 seeds would only
 # repeat the confirmed divergence and pay for shrinking it each time.
