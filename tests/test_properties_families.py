@@ -181,6 +181,8 @@ def test_sparse_bugs_are_caught() -> None:
                   "sparse-matches-dense", FAILED)
     assert_status(masked_softmax_kernel("sliding_window", left_shift=1),
                   "sparse-weights-exactly-zero", FAILED)
+    assert_status(masked_softmax_kernel("sliding_window", left_shift=1),
+                  "sparse-masked-ignored", FAILED)
     assert_status(masked_softmax_kernel("sliding_window", fill=-1e9),
                   "sparse-weights-exactly-zero", FAILED)
     assert_status(masked_softmax_kernel("strided", zero_after_softmax=True),
