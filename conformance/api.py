@@ -281,7 +281,7 @@ def with_loader(snippet: str, loader: str) -> str:
     return snippet
 
 
-def assert_conforms(
+def check(
     kernel: str | Callable[..., Any],
     *,
     backend: str | Backend | None = None,
@@ -296,18 +296,28 @@ def assert_conforms(
     dtypes: Iterable[str] | None = None,
     **claims: Any,
 ) -> Report:
-    """Check ``kernel`` and raise ``AssertionError`` with the verdict table unless it conforms.
+    """Check ``kernel`` (a callable or ``"MODULE:FUNC"``) clause by clause.
+
+    ``claims`` override fields of the kernel's :class:`KernelDeclaration`; ``layout``,
+    ``rename`` and ``dtypes`` are as for :class:`KernelSetup`.  Bad setup (target,
+    signature, backend, option) raises :class:`SetupError`, a ``ValueError``.
+    """
+    setup = KernelSetup(kernel, backend, device, layout, dict(rename or {}),
+                        None if dtypes is None else tuple(dtypes), claims)
+    return setup.run(profile=profile, seed=seed, only=only, skip=skip, strict=strict)
+
+
+def assert_conforms(kernel: str | Callable[..., Any], **options: Any) -> Report:
+    """:func:`check` ``kernel`` and raise ``AssertionError`` with the verdict table unless
+    it conforms.
 
     Conforms means every applicable MUST property passed (CONF-1); SHOULD failures are
     warnings and fail only with ``strict=True``.  Returns the :class:`Report` so a test
-    can also look at warnings.  Bad setup (target, signature, backend, option) raises
-    :class:`SetupError`, a ``ValueError``.
+    can also look at warnings.
     """
     from .report import format_table
 
-    setup = KernelSetup(kernel, backend, device, layout, dict(rename or {}),
-                        None if dtypes is None else tuple(dtypes), claims)
-    report = setup.run(profile=profile, seed=seed, only=only, skip=skip, strict=strict)
+    report = check(kernel, **options)
     if not report.conforms:
         raise AssertionError(format_table(report))
     return report
