@@ -414,6 +414,8 @@ def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
             return rerun_command(kernel.target, flags, verdict, seed)
 
         display = ProgressDisplay(total, sys.stderr, label)
+        if files is not None:  # replaces any report of an earlier run at once
+            files.write(report, rerun, incomplete=still_running(0, total))
 
         def progress(prop: Property, verdict: Verdict | None) -> None:
             display(prop, verdict)
@@ -540,9 +542,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, SetupError) as exc:
         print(f"{PROGRAM}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as exc:  # before any property ran (e.g. while loading)
-        print(f"\n{PROGRAM}: interrupted by {signal_name(exc)} before any property ran",
-              file=sys.stderr)
+    except KeyboardInterrupt as exc:  # outside a run (loading the kernel, writing reports)
+        print(f"\n{PROGRAM}: interrupted by {signal_name(exc)}", file=sys.stderr)
         return 2
 
 

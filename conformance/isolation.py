@@ -50,6 +50,7 @@ DEFAULT_MEMORY_LIMIT_GIB = 16.0  # beyond the loaded backend; quick problems nee
 DEFAULT_LOAD_TIMEOUT = 120.0  # s to start a worker and import the backend and the kernel
 FILE_MODULE_PREFIX = "attnspec_kernel_"  # how load_kernel names a file.py:FUNC module
 _STOP_GRACE = 2.0  # s a stopped or dying worker gets to exit before it is killed
+_LIVENESS_CHECK = 1.0  # s between checks that a silent worker is still alive
 
 
 @dataclass(frozen=True)
@@ -181,8 +182,15 @@ class _Worker:
 
     def receive(self, timeout: float) -> Any:
         """The next message, or None when none came within ``timeout`` seconds."""
-        if not self.connection.poll(timeout):
-            return None
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if self.connection.poll(min(max(remaining, 0.0), _LIVENESS_CHECK)):
+                break
+            if self.process.poll() is not None:  # dead, its connection held open elsewhere
+                raise WorkerDied(self._ended())
+            if remaining <= _LIVENESS_CHECK:
+                return None
         try:
             return self.connection.recv()
         except (EOFError, OSError):

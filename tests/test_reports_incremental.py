@@ -38,7 +38,10 @@ def hangs_on_explicit_scale(q, k, v, *, mask=None, is_causal=False, scale=None):
 
 
 def blocks_its_json_report(q, k, v, *, mask=None, is_causal=False, scale=None):
-    os.makedirs(os.environ["JSON_REPORT"], exist_ok=True)  # the report path, now a directory
+    path = os.environ["JSON_REPORT"]  # the report path: from now on a directory
+    if not os.path.isdir(path):
+        os.remove(path)
+        os.mkdir(path)
     return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
 '''
 REPORTS = ("--json", "r.json", "--junit", "r.xml", "--markdown", "r.md")
@@ -61,10 +64,11 @@ def temporary_files(directory: Path) -> list[str]:
     return [p.name for p in directory.iterdir() if p.name.endswith((".tmp", ".probe"))]
 
 
-def wait_for(path: Path, seconds: float = 120) -> None:
+def wait_for(path: Path, text: str, seconds: float = 120) -> None:
+    """Until ``path`` exists and contains ``text``."""
     deadline = time.monotonic() + seconds
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
+    while not (path.exists() and text in path.read_text()):
+        assert time.monotonic() < deadline, f"{path} never said {text!r}"
         time.sleep(0.1)
 
 
@@ -116,7 +120,7 @@ def test_interrupt_keeps_finished_verdicts_marked_incomplete(
          "--only", "default-scale,explicit-scale", "--timeout", "300", *REPORTS],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(tmp_path / "r.md")  # the last file written after default-scale
+        wait_for(tmp_path / "r.md", "1 of 2")  # the last file written after default-scale
         running = json.loads((tmp_path / "r.json").read_text())
         assert [v["property"] for v in running["verdicts"]] == ["default-scale"]
         assert running["complete"] is False and running["conforms"] is False
@@ -141,6 +145,33 @@ def test_interrupt_keeps_finished_verdicts_marked_incomplete(
     assert temporary_files(tmp_path) == []
     time.sleep(0.5)
     assert processes_in(tmp_path) == []
+
+
+def test_a_killed_check_leaves_an_incomplete_report_and_no_worker(
+    kernels: str, tmp_path: Path,
+) -> None:
+    """CONF-6: a report from an earlier run is replaced as soon as the kernel is loaded, so
+    a check killed outright (SIGKILL: nothing can be saved then) during its first property
+    leaves a report saying it was still running, not a stale one; its worker, orphaned,
+    exits on its own."""
+    (tmp_path / "r.json").write_text('{"stale": true}')
+    process = subprocess.Popen(
+        [ATTNSPEC, "check", f"{kernels}:hangs_on_explicit_scale", "--backend", "numpy",
+         "--only", "explicit-scale", "--timeout", "300", *REPORTS],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(tmp_path / "r.md", "0 of 1")
+        time.sleep(0.5)  # into the hanging call
+    finally:
+        process.kill()
+        process.wait()
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["verdicts"] == [] and report["complete"] is False
+    assert report["incomplete"].startswith("the check was still running: 0 of 1")
+    deadline = time.monotonic() + 30
+    while processes_in(tmp_path):
+        assert time.monotonic() < deadline, "the orphaned worker did not exit"
+        time.sleep(0.2)
 
 
 def test_finished_reports_are_complete(kernels: str, tmp_path: Path,
