@@ -153,7 +153,7 @@ def exit_description(returncode: int) -> str:
         return text
     text = f"ended with exit status {returncode}"
     if returncode == 0:
-        text += " (os._exit(0) or a C-level exit: a kernel must return, even exit 0 is no result)"
+        text += " (os._exit(0) or an exit from C code: no result, and not a success)"
     return text
 
 

@@ -195,7 +195,7 @@ def _exit_when_orphaned(lifeline: int) -> None:
 
 def serve(connection: Connection) -> None:
     """Load the kernel, then run properties until told to stop (the worker's main loop)."""
-    from .api import SetupError
+    from .api import SetupError, with_loader
     from .isolation import KernelInfo
     from .registry import all_properties
     from .runner import PROFILES, _failed_verdict, run_property
@@ -218,8 +218,6 @@ def serve(connection: Connection) -> None:
     guard.observer = _Reporter(connection)
     guard.interrupt_is_the_kernels = True
     registry = all_properties()
-    from .api import with_loader
-
     while True:
         message = connection.recv()
         if message is None:
