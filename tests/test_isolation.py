@@ -64,6 +64,9 @@ def test_hostile_kernel_gets_its_verdict_from_the_cli(case: Hostile, tmp_path: P
     each property its expected verdict and the expected exit status (0, 1 or 2, never a
     signal's or the kernel's own), keeps the kernel's printing off the table's stdout, and
     a crash or hang names the inputs of the call and carries a reproduction."""
+    if case.name == "allocates_50_gb" and not Path("/proc/self/status").exists():
+        pytest.skip("the worker's memory limit is measured from /proc/self/status (Linux); "
+                    "without it this kernel would really touch 50 GB")
     timeout = ["--timeout", HANG_TIMEOUT] if case.name == "hangs" else []
     result = attnspec("check", f"{HOSTILE_FILE}:{case.name}", "--backend", "numpy",
                       "--only", ",".join(case.only), "--json", "report.json", *timeout,
