@@ -92,27 +92,54 @@ def favor_threshold(
     )
 
 
+#: a_i and b_j lie in the ball of radius INPUT_RADIUS_FRACTION * r / 2, so that rounding the
+#: inputs to any dtype of SDPA-1.4 keeps |x_i + y_j| <= r (checked after rounding).
+INPUT_RADIUS_FRACTION = 0.9
+
+
 def favor_inputs(
     n: int, head_dim: int, *, radius_sq: float = 0.25, offset_norm: float = 3.0, seed: int = 0
 ) -> tuple[Any, Any]:
-    """Queries and keys ``(n, head_dim)`` in float64 with ``|x_i + y_j|^2 <= radius_sq``.
+    """Queries and keys ``(n, head_dim)`` in float64 with ``|x_i + y_j| <= 0.9 r``.
 
-    ``x = c + a_i`` and ``y = -c + b_j`` with ``|c| = offset_norm`` and ``a_i``, ``b_j``
-    uniform in the ball of radius ``sqrt(radius_sq) / 2``; returned as ``q = x E^(1/4)``
-    and ``k = y E^(1/4)``, so that ``q . k / sqrt(E) = x . y`` (LIN-6.2).
+    ``x = c + a_i`` and ``y = -c + b_j`` with ``|c| = offset_norm``, ``a_i`` uniform in the
+    ball of radius ``h = 0.9 sqrt(radius_sq) / 2`` and ``b_j = h (t_j c/|c| + sqrt(1 - t_j^2)
+    u_j)`` with ``t_j`` evenly spaced in [-1, 1] and ``u_j`` a random unit vector orthogonal to
+    ``c``: the keys' components along ``c`` span ``[-h, h]`` for every head dimension, which
+    is what gives the test its power (LIN-6.2).  Returned as ``q = x E^(1/4)`` and
+    ``k = y E^(1/4)``, so that ``q . k / sqrt(E) = x . y``.
     """
     rng = np.random.default_rng(seed)
-    half_radius = math.sqrt(radius_sq) / 2
+    half_radius = INPUT_RADIUS_FRACTION * math.sqrt(radius_sq) / 2
 
     def unit(rows: int) -> Any:
         g = rng.standard_normal((rows, head_dim))
         return g / np.linalg.norm(g, axis=-1, keepdims=True)
 
-    offset = offset_norm * unit(1)
+    direction = unit(1)
+    along = np.linspace(-1.0, 1.0, n) if n > 1 else np.zeros(1)
+    across = unit(n)
+    across -= (across @ direction.T) * direction  # orthogonal to c (nothing left when E = 1)
+    norms = np.linalg.norm(across, axis=-1, keepdims=True)
+    across = np.divide(across, norms, out=np.zeros_like(across), where=norms > 1e-12)
+    b = half_radius * (along[:, None] * direction + np.sqrt(1 - along**2)[:, None] * across)
     a = unit(n) * half_radius * rng.random((n, 1)) ** (1 / head_dim)
-    b = unit(n) * half_radius * rng.random((n, 1)) ** (1 / head_dim)
+    offset = offset_norm * direction
     root = head_dim**0.25
     return (offset + a) * root, (b - offset) * root
+
+
+def uniform_weights_error(q: Any, k: Any) -> float:
+    """A lower bound, over the rows, of ``max_j |(1/n)/P_ij - 1|``: the statistic of LIN-6.2
+    for a kernel that returns uniform weights, whatever its redraws.
+
+    A row whose scores span ``Delta`` has weights spanning ``e^Delta`` around their mean
+    ``1/n``, so one of them is ``e^(Delta/2)`` away from it and the error is at least
+    ``1 - e^(-Delta/2)``.
+    """
+    scores = q @ k.T / math.sqrt(q.shape[-1])
+    spread = scores.max(axis=-1) - scores.min(axis=-1)
+    return float(np.min(-np.expm1(-spread / 2)))
 
 
 def exact_weights(q: Any, k: Any) -> Any:
@@ -132,12 +159,16 @@ def favor_acceptance_test(
     false_failure: float = 1e-6,
     seed: int = 0,
     offset_norm: float = 3.0,
+    rounded: Callable[[Any], Any] | None = None,
 ) -> FavorVerdict:
     """Run LIN-6.2 on ``estimate_weights(q, k, seed) -> P_hat``, the kernel seen through V = I.
 
-    The inputs come from :func:`favor_inputs` with ``seed``; redraw r passes the kernel the
-    seed ``seed * R + r``.  A kernel that follows LIN-4.3/LIN-4.4 with ``num_features``
-    features fails with probability at most ``false_failure``.
+    The inputs come from :func:`favor_inputs` with ``seed``, passed through ``rounded`` (the
+    values a kernel in a lower precision receives; None: float64 as drawn); the target is the
+    exact softmax of the rounded inputs, whose pairs are checked to satisfy
+    ``|x_i + y_j|^2 <= radius_sq``.  Redraw r passes the kernel the seed ``seed * R + r``.
+    A kernel that follows LIN-4.3/LIN-4.4 with ``num_features`` features fails with
+    probability at most ``false_failure``.
     """
     if not callable(estimate_weights):
         raise TypeError(f"estimate_weights={estimate_weights!r}, but should be callable [{CALL}]")
@@ -149,6 +180,16 @@ def favor_acceptance_test(
         raise ValueError(f"offset_norm={offset_norm!r}, but should be finite and >= 0 [{CALL}]")
     bound = favor_threshold(n, num_features, radius_sq, false_failure)
     q, k = favor_inputs(n, head_dim, radius_sq=radius_sq, offset_norm=offset_norm, seed=seed)
+    if rounded is not None:
+        q, k = (np.asarray(rounded(a), dtype=np.float64) for a in (q, k))
+    root = head_dim**0.25
+    pair_sums = q[:, None, :] / root + k[None, :, :] / root
+    largest = float(np.max(np.sum(pair_sums**2, axis=-1)))
+    if largest > radius_sq:
+        raise ValueError(
+            f"the rounded inputs have |x_i + y_j|^2 = {largest:.6g}, but should be at most "
+            f"radius_sq={radius_sq} for the threshold to hold [{CALL}]"
+        )
     weights = exact_weights(q, k)
     seeds = tuple(range(seed * bound.redraws, (seed + 1) * bound.redraws))
     errors = np.empty((bound.redraws, n))

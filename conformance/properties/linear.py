@@ -131,6 +131,7 @@ def favor_error_bound(kernel: KernelUnderTest, seed: int) -> None:
     verdict = favor_acceptance_test(
         estimate_weights, n=FAVOR_TEST_QUERIES, head_dim=FAVOR_TEST_HEAD_DIM,
         num_features=claim.num_features, seed=seed,
+        rounded=lambda a: kernel.rounded(a, dtype),
     )
     if not verdict.passed:
         raise PropertyFailure(verdict.message, last[0] if last else None, kernel)
