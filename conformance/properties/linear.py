@@ -19,7 +19,7 @@ from ...reference.tolerance import accumulation_roundoff
 from ..assertions import assert_within_bound
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
-from ..favor_bound import favor_acceptance_test
+from ..favor_bound import ROUNDING_DTYPES, favor_acceptance_test
 from ..kernel import KernelUnderTest, Problem
 from ..registry import register
 from ..strategies import (
@@ -107,6 +107,9 @@ def favor_map(declaration: KernelDeclaration) -> str | None:
         return "the kernel does not declare FAVOR+ features"
     if not claim.num_features:
         return "a FAVOR+ kernel must declare num_features"
+    if declaration.dtypes and not set(declaration.dtypes) & set(ROUNDING_DTYPES):
+        return ("LIN-6.2 allows for the rounding of bfloat16, float32 and float64 only: FAVOR+ "
+                "features in float16 fall below its smallest normal number")
     return None
 
 
@@ -173,7 +176,7 @@ def favor_error_bound(kernel: KernelUnderTest, seed: int) -> None:
     probability is at most 1e-6 (LIN-6.2, CONF-4)."""
     claim = kernel.declaration.linear
     assert claim is not None and claim.num_features
-    dtype = kernel.widest_dtype
+    dtype = next(d for d in reversed(kernel.dtypes) if d in ROUNDING_DTYPES)
     last: list[Problem] = []
 
     def estimate_weights(q: np.ndarray, k: np.ndarray, redraw_seed: int) -> np.ndarray:
@@ -188,7 +191,7 @@ def favor_error_bound(kernel: KernelUnderTest, seed: int) -> None:
     verdict = favor_acceptance_test(
         estimate_weights, n=FAVOR_TEST_QUERIES, head_dim=FAVOR_TEST_HEAD_DIM,
         num_features=claim.num_features, seed=seed,
-        rounded=lambda a: kernel.rounded(a, dtype),
+        rounded=lambda a: kernel.rounded(a, dtype), dtype=dtype,
     )
     if not verdict.passed:
         raise PropertyFailure(verdict.message, last[0] if last else None, kernel)
