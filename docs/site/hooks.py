@@ -1,5 +1,8 @@
 """MkDocs hooks for the attnspec site (mkdocs.yml names this file).
 
+* ``on_config`` appends to the nav's "Specification" and "Guides" sections any page of
+  ``spec/`` or ``docs/`` that mkdocs.yml does not list yet, so a new document is in the
+  site (and its search) without an edit here; mkdocs.yml fixes the order of the known ones.
 * ``on_files`` adds the pages where they live in the repository — ``spec/*.md``,
   ``spec/figures/*.png`` and ``docs/*.md`` — at the same paths in the site, so relative links
   between them (``dense.md#SDPA-4.2``, ``../spec/index.md``) work unchanged and a clause's
@@ -25,6 +28,28 @@ REPOSITORY_PAGES = (("spec", "*.md"), ("spec/figures", "*.png"), ("docs", "*.md"
 # pymdownx.arithmatex's "generic" output: \( ... \) in a span, \[ ... \] in a div.
 INLINE_MATH = re.compile(r'<span class="arithmatex">\\\((.*?)\\\)</span>', re.S)
 DISPLAY_MATH = re.compile(r'<div class="arithmatex">\\\[(.*?)\\\]</div>', re.S)
+
+
+NAV_SECTIONS = {"spec": "Specification", "docs": "Guides"}
+
+
+def _listed(nav: Any) -> set[str]:
+    if isinstance(nav, str):
+        return {nav}
+    items = nav.values() if isinstance(nav, dict) else nav
+    return set().union(*(_listed(item) for item in items)) if items else set()
+
+
+def on_config(config: Any) -> Any:
+    listed = _listed(config["nav"])
+    sections = {next(iter(item)): item[next(iter(item))] for item in config["nav"]
+                if isinstance(item, dict)}
+    for folder, section in NAV_SECTIONS.items():
+        for path in sorted((ROOT / folder).glob("*.md")):
+            page = path.relative_to(ROOT).as_posix()
+            if page not in listed:
+                sections[section].append(page)
+    return config
 
 
 def on_files(files: Files, config: Any) -> Files:
