@@ -72,17 +72,19 @@ def compared_rows(problem: Problem, declaration: KernelDeclaration) -> np.ndarra
     return np.ones_like(rows) if declaration.empty_rows_zero else rows
 
 
+def pair_score_magnitudes(problem: Problem) -> np.ndarray:
+    """|alpha| A_ij of TOL-2 for every pair (allowed or not), ``(..., Hq, Lq, Lk)``."""
+    head_dim, n_kv = problem.q.shape[-1], problem.k.shape[-3]
+    scale = 1.0 / math.sqrt(head_dim) if problem.scale is None else abs(problem.scale)
+    keys = np.repeat(np.abs(problem.k), problem.q.shape[-3] // max(n_kv, 1), axis=-3)
+    return scale * (np.abs(problem.q) @ np.swapaxes(keys, -1, -2))
+
+
 def max_score_magnitude(problem: Problem) -> float:
     """max over (i, j) of |alpha| A_ij of TOL-2, over every pair (allowed or not)."""
     if problem.q.size == 0 or problem.k.size == 0:
         return 0.0
-    head_dim, n_kv = problem.q.shape[-1], problem.k.shape[-3]
-    scale = 1.0 / math.sqrt(head_dim) if problem.scale is None else abs(problem.scale)
-    q = np.abs(problem.q).reshape(
-        (*problem.q.shape[:-3], n_kv, problem.q.shape[-3] // n_kv, *problem.q.shape[-2:])
-    )
-    k = np.abs(problem.k)[..., None, :, :]
-    return scale * float(np.max(q @ np.swapaxes(k, -1, -2)))
+    return float(np.max(pair_score_magnitudes(problem)))
 
 
 def score_error(problem: Problem) -> float:
