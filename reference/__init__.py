@@ -1,6 +1,7 @@
 """The reference implementation: pure Python Array API, one module per spec area."""
 
 from .favor import favor_attention, favor_feature_map, favor_projection
+from .features import alibi_slopes
 from .linear import elu_plus_one, linear_attention, relu_features
 from .masks import CAUSAL_ALIGNMENTS, causal_mask, padding_mask
 from .mha import multi_head_attention
@@ -24,6 +25,7 @@ __all__ = [
     "CAUSAL_ALIGNMENTS",
     "LIBRARY_WINDOWS",
     "PATTERN_NAMES",
+    "alibi_slopes",
     "apply_rope",
     "bigbird_mask",
     "block_sparse_attention",

@@ -1,4 +1,6 @@
-"""Scaled dot-product attention exactly as spec/dense.md defines it (SDPA-1 … SDPA-8)."""
+"""Scaled dot-product attention exactly as spec/dense.md defines it (SDPA-1 … SDPA-8),
+with the score features of spec/features.md (softcapping, ALiBi, the log-sum-exp) and
+dropout with an explicit keep mask (DROP-2)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,14 @@ from ._checks import (
     require_ndim_at_least,
     require_real_floating,
 )
+from .features import (
+    check_dropout_p,
+    check_softcap,
+    dropped_weights,
+    grouped_alibi,
+    log_sum_exp,
+    softcapped,
+)
 from .masks import CAUSAL_ALIGNMENTS, causal_offset
 
 CALL = "scaled_dot_product_attention(q, k, v)"
@@ -29,7 +39,10 @@ class AttentionProblem(NamedTuple):
 
     ``q`` is ``(*batch, Hkv, G, Lq, E)``; ``k`` and ``v`` are ``(*batch, Hkv, 1, Lk, ·)``;
     ``allowed`` (or None when every key is allowed) and ``bias`` (or None) broadcast to
-    ``(*batch, Hkv, G, Lq, Lk)``.  Shared by the dense reference and the tolerance model.
+    ``(*batch, Hkv, G, Lq, Lk)``.  ``softcap`` (or None) caps the scaled dot products
+    (SOFTCAP-1) and ``alibi`` (or None) is the ALiBi bias in the grouped layout (ALIBI-2),
+    both set by :func:`with_features`.  Shared by the dense reference and the tolerance
+    model.
     """
 
     xp: ModuleType
@@ -41,6 +54,8 @@ class AttentionProblem(NamedTuple):
     scale: float
     out_dtype: Any
     out_shape: tuple[int, ...]
+    softcap: float | None = None
+    alibi: Any = None
 
 
 def compute_dtype(xp: ModuleType, dtype: Any) -> Any:
@@ -151,8 +166,12 @@ def allowed_scores(problem: AttentionProblem) -> tuple[Any, Any]:
     """
     xp = problem.xp
     scores = xp.matmul(problem.q, xp.matrix_transpose(problem.k)) * problem.scale
+    if problem.softcap is not None:  # on the scaled product, before any bias (SOFTCAP-1)
+        scores = softcapped(xp, scores, problem.softcap)
     if problem.bias is not None:
         scores = scores + problem.bias
+    if problem.alibi is not None:
+        scores = scores + problem.alibi
     allowed = scores != -xp.inf
     if problem.allowed is not None:
         allowed = xp.logical_and(allowed, problem.allowed)
@@ -199,6 +218,25 @@ def weighted_values(xp: ModuleType, weights: Any, allowed: Any, v: Any) -> Any:
     return xp.where(undefined, xp.full_like(out, xp.nan), out)
 
 
+def with_features(
+    problem: AttentionProblem,
+    *,
+    softcap: Any = None,
+    alibi_slopes: Any = None,
+    causal_alignment: str = "top_left",
+    call: str = CALL,
+) -> AttentionProblem:
+    """``problem`` with logit softcapping (SOFTCAP-1, SOFTCAP-2) and the ALiBi bias of
+    ``alibi_slopes`` (ALIBI-1, ALIBI-2), measured from the corner of ``causal_alignment``."""
+    softcap = check_softcap(softcap, call)
+    alibi = None
+    if alibi_slopes is not None:
+        n_queries, n_keys = problem.q.shape[-2], problem.k.shape[-2]
+        offset = causal_offset(n_queries, n_keys, causal_alignment)
+        alibi = grouped_alibi(problem, alibi_slopes, offset, call)
+    return problem._replace(softcap=softcap, alibi=alibi)
+
+
 def scaled_dot_product_attention(
     q: Any,
     k: Any,
@@ -209,28 +247,49 @@ def scaled_dot_product_attention(
     is_causal: bool = False,
     causal_alignment: str = "top_left",
     scale: float | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Any = None,
+    dropout_p: float = 0.0,
+    dropout_keep: Any = None,
     return_weights: bool = False,
+    return_lse: bool = False,
 ) -> Any:
-    """Attention as spec/dense.md defines it.
+    """Attention as spec/dense.md and spec/features.md define it.
 
     ``q (..., Hq, Lq, E)``, ``k (..., Hkv, Lk, E)``, ``v (..., Hkv, Lk, Ev)`` with
     ``Hq = G * Hkv`` (SDPA-6.1) give ``(..., Hq, Lq, Ev)`` in q's dtype (SDPA-1.3).
     ``mask`` is boolean, True = may attend (SDPA-3.1); ``bias`` is added after scaling
     (SDPA-3.2) and loses to the mask (SDPA-3.3); ``is_causal`` uses ``causal_alignment``
-    (SDPA-4).  Rows with no allowed key give 0 (SDPA-5).  With ``return_weights=True``
-    returns ``(out, weights)``, weights ``(..., Hq, Lq, Lk)`` in q's dtype.
+    (SDPA-4).  Rows with no allowed key give 0 (SDPA-5).
+
+    ``softcap`` caps the scaled dot products to ``softcap * tanh(x / softcap)`` before the
+    bias is added (SOFTCAP-1); ``alibi_slopes`` ``(..., Hq)`` adds ``-m_h |i + d - j|``
+    with d the offset of ``causal_alignment`` (ALIBI-2); ``dropout_keep`` (boolean,
+    broadcasting to the weights) keeps weights, rescaled by ``1 / (1 - dropout_p)``
+    (DROP-2).  Returns ``out``, or a tuple ``(out, weights)``, ``(out, lse)`` or
+    ``(out, weights, lse)``: weights ``(..., Hq, Lq, Lk)`` in q's dtype (after dropout),
+    lse ``(..., Hq, Lq)`` in the accumulation dtype (LSE-1 … LSE-3).
     """
     check_flag("return_weights", return_weights, CALL)
+    check_flag("return_lse", return_lse, CALL)
+    namespace_of(CALL, q=q, alibi_slopes=alibi_slopes, dropout_keep=dropout_keep)
+    dropout_p = check_dropout_p(dropout_p, CALL)
     problem = prepare(
         q, k, v, mask=mask, bias=bias, is_causal=is_causal,
         causal_alignment=causal_alignment, scale=scale,
     )
+    problem = with_features(problem, softcap=softcap, alibi_slopes=alibi_slopes,
+                            causal_alignment=causal_alignment)
     xp = problem.xp
     scores, allowed = allowed_scores(problem)
-    weights = softmax_over_allowed(xp, scores, allowed)
+    weights = dropped_weights(problem, softmax_over_allowed(xp, scores, allowed), dropout_p,
+                              dropout_keep, CALL)
     values = weighted_values(xp, weights, allowed, problem.v)
     out = xp.astype(xp.reshape(values, problem.out_shape), problem.out_dtype)
-    if not return_weights:
-        return out
-    weights_shape = (*problem.out_shape[:-1], weights.shape[-1])
-    return out, xp.astype(xp.reshape(weights, weights_shape), problem.out_dtype)
+    results = [out]
+    if return_weights:
+        weights_shape = (*problem.out_shape[:-1], weights.shape[-1])
+        results.append(xp.astype(xp.reshape(weights, weights_shape), problem.out_dtype))
+    if return_lse:
+        results.append(xp.reshape(log_sum_exp(xp, scores, allowed), problem.out_shape[:-1]))
+    return results[0] if len(results) == 1 else tuple(results)

@@ -14,7 +14,10 @@ import math
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from .sdpa import AttentionProblem, allowed_scores, prepare, weighted_values
+import array_api_compat
+
+from .features import softcapped
+from .sdpa import AttentionProblem, allowed_scores, prepare, weighted_values, with_features
 
 UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
 # sigma_d of TOL-2: the dtype's smallest subnormal, or the smallest normal of the format the
@@ -47,6 +50,14 @@ class ErrorBound(NamedTuple):
     attends: Any
 
 
+class LseBound(NamedTuple):
+    """The log-sum-exp of LSE-1 in float64, ``(..., Hq, Lq)`` (-inf for rows without a
+    key), and its allowed error (TOL-5; 0 where the log-sum-exp is -inf)."""
+
+    lse: Any
+    lse_tolerance: Any
+
+
 def accumulation_roundoff(dtype: str) -> float:
     """u_a of TOL-2: float32's for half precision inputs (SDPA-7.2), else the dtype's."""
     return min(UNIT_ROUNDOFF[dtype], UNIT_ROUNDOFF["float32"])
@@ -55,6 +66,47 @@ def accumulation_roundoff(dtype: str) -> float:
 def product_coefficient(dtype: str, head_dim: int) -> float:
     """TOL-2's coefficient of |alpha| A_ij in the score error Delta_ij: 4u_d + (E + 4)u_a."""
     return 4 * UNIT_ROUNDOFF[dtype] + (head_dim + 4) * accumulation_roundoff(dtype)
+
+
+def tanh_roundoff(dtype: str) -> float:
+    """u_t of TOL-4: the relative error allowed to the softcap's tanh.  2u_d for half
+    precision (a hardware approximate tanh, as FlashAttention uses, is within it), two
+    units in the last place of the accumulation format (4u_a) otherwise, as for exp."""
+    if UNIT_ROUNDOFF[dtype] > UNIT_ROUNDOFF["float32"]:
+        return 2 * UNIT_ROUNDOFF[dtype]
+    return 4 * accumulation_roundoff(dtype)
+
+
+def feature_score_error(
+    xp: ModuleType, dtype: str, magnitude: Any, capped: Any, bias: Any, alibi: Any,
+) -> Any:
+    """What softcapping and ALiBi add to TOL-2's score error Delta_ij (TOL-4).
+
+    ``magnitude`` is |alpha| A_ij; ``capped`` the capped scores c tanh(x / c) (None
+    without softcap); ``bias`` and ``alibi`` the user bias and the ALiBi bias (or None).
+    Softcap: u_a |alpha| A_ij (dividing by the cap) + (u_t + u_a)|c_ij| (the tanh and the
+    multiplication by the cap).  ALiBi: u_a (|alpha| A_ij + |b_ij|) (the second addition
+    into the score) + 5 u_a |a_ij| (slope times distance, the slope divided by the scale
+    and multiplied back, the log2(e) folding, the addition).
+    """
+    u_a = accumulation_roundoff(dtype)
+    extra = xp.zeros_like(magnitude)
+    if capped is not None:
+        extra = extra + u_a * magnitude + (tanh_roundoff(dtype) + u_a) * xp.abs(capped)
+    if alibi is not None:
+        extra = extra + u_a * magnitude + 5 * u_a * xp.abs(alibi)
+        if bias is not None:
+            extra = extra + u_a * xp.abs(bias)
+    return extra
+
+
+def lse_final_error(dtype: str, n_keys: int, row_max: Any, xp: ModuleType) -> Any:
+    """The part of TOL-5 outside the scores: the row sum ((L_k - 1) u_a), the logarithm,
+    the scale applied to the maximum, the addition, a ln 2 conversion and the store
+    (4 u_a |m_i| + 5 u_a log L_k)."""
+    u_a = accumulation_roundoff(dtype)
+    return (max(n_keys - 1, 0) * u_a + 5 * u_a * math.log(max(n_keys, 1))
+            + 4 * u_a * xp.abs(row_max))
 
 
 def error_bound(
@@ -68,6 +120,8 @@ def error_bound(
     is_causal: bool = False,
     causal_alignment: str = "top_left",
     scale: float | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Any = None,
     weights: bool = True,
     chunk_elements: int = CHUNK_ELEMENTS,
 ) -> ErrorBound:
@@ -76,18 +130,52 @@ def error_bound(
     Shapes follow SDPA-1.1; ``out``/``out_tolerance`` are ``(..., Hq, Lq, Ev)`` and
     ``weights``/``weights_tolerance`` are ``(..., Hq, Lq, Lk)``.  Where the definition
     is not finite the tolerance is 0: the kernel must match it exactly (TOL-3).
-    ``weights=False`` skips the weights (for large problems); ``chunk_elements`` bounds the
-    size of the (rows x keys) blocks evaluated at once, and so the memory used.
+    ``weights=False`` skips the weights (for large problems); ``softcap`` and
+    ``alibi_slopes`` are the features of spec/features.md, whose score errors TOL-4 adds.
+    ``chunk_elements`` bounds the size of the (rows x keys) blocks evaluated at once, and
+    so the memory used.
     """
+    return _bounds(q, k, v, dtype, locals(), weights, False, chunk_elements)[0]
+
+
+def error_and_lse_bound(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    dtype: str,
+    mask: Any = None,
+    bias: Any = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Any = None,
+    weights: bool = True,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> tuple[ErrorBound, LseBound]:
+    """:func:`error_bound` and the log-sum-exp with its TOL-5 bound, in one pass."""
+    return _bounds(q, k, v, dtype, locals(), weights, True, chunk_elements)
+
+
+_OPTIONS = ("mask", "bias", "is_causal", "causal_alignment", "scale", "softcap", "alibi_slopes")
+
+
+def _bounds(
+    q: Any, k: Any, v: Any, dtype: str, given: dict[str, Any], weights: bool, lse: bool,
+    chunk_elements: int,
+) -> tuple[ErrorBound, LseBound | None]:
     if dtype not in UNIT_ROUNDOFF:
         raise ValueError(f"dtype={dtype!r}, but should be one of {tuple(UNIT_ROUNDOFF)}")
     if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int) \
             or chunk_elements < 1:
         raise ValueError(f"chunk_elements={chunk_elements!r}, but should be a positive int")
-    problem = prepare(
-        q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, call="error_bound(q, k, v)",
-    )
+    options = {name: given[name] for name in _OPTIONS}
+    softcap, alibi_slopes = options.pop("softcap"), options.pop("alibi_slopes")
+    call = "error_bound(q, k, v)"
+    problem = prepare(q, k, v, **options, call=call)
+    problem = with_features(problem, softcap=softcap, alibi_slopes=alibi_slopes,
+                            causal_alignment=options["causal_alignment"], call=call)
     xp = problem.xp
     if problem.q.dtype != xp.float64:
         raise TypeError(f"error_bound needs float64 inputs, got {problem.q.dtype}")
@@ -96,17 +184,20 @@ def error_bound(
     rows_per_chunk = max(1, chunk_elements // max(1, math.prod(grouped) * n_keys))
     starts = range(0, n_queries, rows_per_chunk) if n_queries else [0]
     parts = [
-        _chunk_bound(problem, start, min(start + rows_per_chunk, n_queries), dtype, weights)
+        _chunk_bound(problem, start, min(start + rows_per_chunk, n_queries), dtype, weights,
+                     lse)
         for start in starts
     ]
     out_shape, weights_shape = problem.out_shape, (*problem.out_shape[:-1], n_keys)
-    shapes = (out_shape, out_shape, weights_shape, weights_shape, out_shape[:-1], out_shape[:-1])
+    rows_shape = out_shape[:-1]
+    shapes = (out_shape, out_shape, weights_shape, weights_shape, rows_shape, rows_shape,
+              rows_shape, rows_shape)
     whole = [
         None if pieces[0] is None else xp.reshape(
             xp.concat(list(pieces), axis=-2) if len(parts) > 1 else pieces[0], shape)
         for pieces, shape in zip(zip(*parts), shapes)
     ]
-    return ErrorBound(*whole)
+    return ErrorBound(*whole[:6]), (LseBound(*whole[6:]) if lse else None)
 
 
 def _rows(a: Any, start: int, stop: int) -> Any:
@@ -116,14 +207,17 @@ def _rows(a: Any, start: int, stop: int) -> Any:
 
 def _chunk_bound(
     problem: AttentionProblem, start: int, stop: int, dtype: str, with_weights: bool,
+    with_lse: bool = False,
 ) -> tuple[Any, ...]:
-    """(out, tau, p, tau^p, D, attends) of TOL-2 for query rows ``start:stop``, grouped
-    layout; p and tau^p are None unless ``with_weights``."""
+    """(out, tau, p, tau^p, D, attends, lse, tau^lse) of TOL-2 and TOL-5 for query rows
+    ``start:stop``, grouped layout; p and tau^p are None unless ``with_weights``, lse and
+    tau^lse unless ``with_lse``."""
     xp = problem.xp
     chunk = problem._replace(
         q=problem.q[..., start:stop, :],
         allowed=_rows(problem.allowed, start, stop),
         bias=_rows(problem.bias, start, stop),
+        alibi=_rows(problem.alibi, start, stop),
     )
     u_d, u_a = UNIT_ROUNDOFF[dtype], accumulation_roundoff(dtype)
     n_keys, head_dim = chunk.k.shape[-2], chunk.q.shape[-1]
@@ -145,7 +239,14 @@ def _chunk_bound(
         + 3 * u_a * gap + 6 * u_a
     if chunk.bias is not None:
         delta = delta + 2 * u_a * xp.abs(chunk.bias)
+    if chunk.softcap is not None or chunk.alibi is not None:
+        capped = None if chunk.softcap is None else softcapped(
+            xp, xp.matmul(chunk.q, xp.matrix_transpose(chunk.k)) * chunk.scale, chunk.softcap)
+        delta = delta + feature_score_error(xp, dtype, abs(chunk.scale) * magnitude, capped,
+                                            chunk.bias, chunk.alibi)
     delta = xp.where(allowed, delta, zero)
+    lse, lse_tolerance = (_lse_bound(xp, dtype, row_max, total, log_weights, delta, allowed)
+                          if with_lse else (None, None))
     # g_ij = p_ij (e^Delta_ij - 1): accurate for small Delta, and e^(log p + Delta) where p
     # underflows but a perturbed weight need not (a key padded with a large finite bias).
     small = delta < 1
@@ -187,12 +288,57 @@ def _chunk_bound(
     out_tolerance = xp.where(xp.isfinite(out), out_tolerance, xp.zeros_like(out))
     attends = xp.any(allowed, axis=-1, keepdims=True)
     if not with_weights:
-        return out, out_tolerance, None, None, score_error, attends
+        return out, out_tolerance, None, None, score_error, attends, lse, lse_tolerance
     weight_change = xp.where(
         determined, (moved + weights * score_error) * amplification, xp.ones_like(moved))
     weights_tolerance = SAFETY_FACTOR * (
         xp.minimum(weight_change, xp.ones_like(moved)) + u_d * weights) + floor
-    return out, out_tolerance, weights, weights_tolerance, score_error, attends
+    return (out, out_tolerance, weights, weights_tolerance, score_error, attends, lse,
+            lse_tolerance)
+
+
+def _lse_bound(
+    xp: ModuleType, dtype: str, row_max: Any, total: Any, log_weights: Any, delta: Any,
+    allowed: Any,
+) -> tuple[Any, Any]:
+    """The log-sum-exp of LSE-1 and its TOL-5 bound, per row ``(..., rows, 1)``.
+
+    Every computed term exp(s_ij - m) carries a factor e^eps_ij with |eps_ij| <= Delta_ij,
+    so the computed log-sum-exp lies in [lse - lambda^-, lse + lambda^+] with
+    lambda^+- = +-log sum_j p_ij e^(+-Delta_ij), evaluated in the log domain (stable for
+    keys whose weight underflows).
+    """
+    if allowed.shape[-1] == 0:  # no keys: -inf, compared exactly (TOL-3)
+        empty = xp.full((*allowed.shape[:-1], 1), -xp.inf, dtype=total.dtype,
+                        device=array_api_compat.device(total))
+        return empty, xp.zeros_like(empty)
+    attends = xp.any(allowed, axis=-1, keepdims=True)
+    lse = xp.where(attends, row_max + xp.log(total), xp.full_like(row_max, -xp.inf))
+    spread = xp.maximum(_log_mean_exp(xp, log_weights, delta, allowed),
+                        -_log_mean_exp(xp, log_weights, -delta, allowed))
+    n_keys = allowed.shape[-1]
+    tolerance = SAFETY_FACTOR * (spread + lse_final_error(dtype, n_keys, row_max, xp))
+    return lse, xp.where(attends, tolerance, xp.zeros_like(tolerance))
+
+
+def _log_mean_exp(xp: ModuleType, log_weights: Any, delta: Any, allowed: Any) -> Any:
+    """log sum_j p_ij e^(delta_ij) over allowed j, keepdims (0 for rows with none).
+
+    Rows whose |delta| are all below 1 use log1p(sum_j p_ij expm1(delta_ij)), accurate
+    however small delta is; other rows the log domain, stable for keys whose weight
+    underflows however large their delta."""
+    none = xp.zeros_like(delta)
+    small = xp.all(xp.logical_or(xp.abs(delta) < 1, xp.logical_not(allowed)), axis=-1,
+                   keepdims=True)
+    weights = xp.where(allowed, xp.exp(log_weights), none)
+    moved = xp.sum(weights * xp.expm1(xp.where(allowed, xp.clip(delta, -1.0, 1.0), none)),
+                   axis=-1, keepdims=True)
+    terms = xp.where(allowed, log_weights + delta, xp.full_like(delta, -xp.inf))
+    top = xp.max(terms, axis=-1, keepdims=True) if terms.shape[-1] else terms[..., :1]
+    top = xp.where(xp.isfinite(top), top, xp.zeros_like(top))
+    total = xp.sum(xp.where(allowed, xp.exp(terms - top), none), axis=-1, keepdims=True)
+    in_log_domain = top + xp.log(xp.where(total > 0, total, xp.ones_like(total)))
+    return xp.where(small, xp.log1p(moved), in_log_domain)
 
 
 def _hull_radius(xp: ModuleType, v: Any, out: Any) -> Any:

@@ -34,6 +34,9 @@ AREA_DOCUMENT = {
     "TOL": "tolerance.md",
     "SPARSE": "sparse.md",
     "LIN": "linear.md",
+    "SOFTCAP": "features.md",
+    "ALIBI": "features.md",
+    "LSE": "features.md",
 }
 # The contract: exactly these ids at exactly these levels (issue 2). Code and tests cite
 # them; changing one means a new id (spec/index.md, versioning policy), not an edit here.
@@ -52,7 +55,7 @@ CONTRACT = {
     "MHA-1": "MUST", "MHA-2": "MUST",
     "POS-1": "MUST",
     "ROPE-1": "MUST", "ROPE-2": "MUST",
-    "TOL-1": "MUST", "TOL-2": "MUST", "TOL-3": "MUST",
+    "TOL-1": "MUST", "TOL-2": "MUST", "TOL-3": "MUST", "TOL-4": "MUST", "TOL-5": "MUST",
     "CONF-1": "MUST", "CONF-2": "SHOULD", "CONF-3": "MUST", "CONF-4": "MUST",
     "CONF-5": "MUST", "CONF-6": "MUST",
 }
@@ -104,7 +107,7 @@ def test_dense_tolerance_and_conformance_clauses_are_the_contract() -> None:
 def test_decision_clauses_have_a_rationale() -> None:
     """SDPA-*, DROP-1, MHA-*, POS-1, ROPE-*, TOL-*: each clause body carries its one-line
     rationale before the next clause starts."""
-    for document in ("dense.md", "tolerance.md"):
+    for document in ("dense.md", "tolerance.md", "features.md"):
         bodies = re.split(rf'^<a id="(?={CLAUSE_ID}"></a>)', _text(document), flags=re.MULTILINE)
         for body in bodies[1:]:
             clause_id = body.split('"', 1)[0]
