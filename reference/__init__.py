@@ -2,6 +2,7 @@
 
 from .favor import favor_attention, favor_feature_map, favor_projection
 from .features import alibi_slopes
+from .kv_cache import append_to_cache, kv_cache_attention
 from .linear import elu_plus_one, linear_attention, relu_features
 from .masks import CAUSAL_ALIGNMENTS, causal_mask, padding_mask
 from .mha import multi_head_attention
@@ -20,12 +21,14 @@ from .sparse_patterns import (
     sparse_mask,
     strided_mask,
 )
+from .varlen import varlen_attention
 
 __all__ = [
     "CAUSAL_ALIGNMENTS",
     "LIBRARY_WINDOWS",
     "PATTERN_NAMES",
     "alibi_slopes",
+    "append_to_cache",
     "apply_rope",
     "bigbird_mask",
     "block_sparse_attention",
@@ -36,6 +39,7 @@ __all__ = [
     "favor_feature_map",
     "favor_projection",
     "fixed_mask",
+    "kv_cache_attention",
     "library_window",
     "linear_attention",
     "longformer_mask",
@@ -48,4 +52,5 @@ __all__ = [
     "sparse_attention",
     "sparse_mask",
     "strided_mask",
+    "varlen_attention",
 ]

@@ -17,7 +17,14 @@ from typing import Any, NamedTuple
 import array_api_compat
 
 from .features import softcapped
-from .sdpa import AttentionProblem, allowed_scores, prepare, weighted_values, with_features
+from .sdpa import (
+    AttentionProblem,
+    allowed_scores,
+    prepare,
+    scaled_dot_product_attention,
+    weighted_values,
+    with_features,
+)
 
 UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
 # sigma_d of TOL-2: the dtype's smallest subnormal, or the smallest normal of the format the
@@ -349,3 +356,45 @@ def _hull_radius(xp: ModuleType, v: Any, out: Any) -> Any:
     high = xp.max(v, axis=-2, keepdims=True)
     low = xp.min(v, axis=-2, keepdims=True)
     return xp.maximum(high - out, out - low)
+
+
+def dropout_error_bound(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    dtype: str,
+    dropout_p: float,
+    dropout_keep: Any,
+    mask: Any = None,
+    bias: Any = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Any = None,
+) -> tuple[Any, Any]:
+    """DROP-2's output for the keep indicators ``dropout_keep`` in float64, and its TOL-6
+    bound: each kept weight's TOL-2 bound (and (L_k + 2) u_a of its size for the rescaling
+    and the sum), rescaled by 1 / (1 - p), plus the output rounding and the floor."""
+    options = dict(mask=mask, bias=bias, is_causal=is_causal, causal_alignment=causal_alignment,
+                   scale=scale, softcap=softcap, alibi_slopes=alibi_slopes)
+    out = scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, dropout_keep=dropout_keep,
+                                       **options)
+    bound = error_bound(q, k, v, dtype=dtype, weights=True, **options)
+    xp = array_api_compat.array_namespace(out)
+    n_keys, n_q_heads, n_kv_heads = k.shape[-2], q.shape[-3], k.shape[-3]
+    u_a = accumulation_roundoff(dtype)
+    kept = xp.astype(xp.broadcast_to(dropout_keep, bound.weights.shape), out.dtype)
+    charged = kept * (bound.weights_tolerance
+                      + SAFETY_FACTOR * (n_keys + 2) * u_a * bound.weights)
+    *batch, _, n_queries, _ = charged.shape
+    grouped = xp.reshape(charged, (*batch, n_kv_heads, n_q_heads // n_kv_heads, n_queries,
+                                   n_keys))
+    values = xp.broadcast_to(v, (*batch, *v.shape[-3:]))
+    abs_values = xp.abs(xp.where(xp.isfinite(values), values, xp.zeros_like(values)))
+    spread = xp.reshape(xp.matmul(grouped, abs_values[..., None, :, :]), out.shape)
+    finite_out = xp.where(xp.isfinite(out), out, xp.zeros_like(out))
+    tolerance = spread / (1 - dropout_p) + SAFETY_FACTOR * UNIT_ROUNDOFF[dtype] * xp.abs(
+        finite_out) + (n_keys + 2) * UNDERFLOW_THRESHOLD[dtype]
+    return out, xp.where(xp.isfinite(out), tolerance, xp.zeros_like(out))

@@ -249,3 +249,47 @@ def test_bad_alibi_slopes_count() -> None:
     """ALIBI-3: alibi_slopes(n_heads) needs n_heads >= 1."""
     with pytest.raises(ValueError, match=r"n_heads=0, but should be an int >= 1"):
         alibi_slopes(0, xp=Backend("numpy").xp)
+
+
+def test_dropout_with_keep_mask_matches_oracle(cpu_backend: Backend) -> None:
+    """DROP-2: kept weights rescaled by 1/(1-p), dropped ones 0, no renormalisation;
+    excluded keys and empty rows untouched; the log-sum-exp unchanged by dropout."""
+    problem = make_problem(CASES["softcap-mask-bias"], seed=4)
+    keep = np.random.default_rng(5).random((2, 4, 5, 3)) < 0.6
+    moved = on_backend(cpu_backend, problem, "float64")
+    out, weights, lse = scaled_dot_product_attention(
+        **moved, dropout_p=0.4, dropout_keep=cpu_backend.asarray(keep), return_weights=True,
+        return_lse=True)
+    expected_out, expected_weights, expected_lse = oracle_features.sdpa_features(
+        **problem, dropout_p=0.4, dropout_keep=keep)
+    np.testing.assert_allclose(as64(cpu_backend, out), expected_out, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(as64(cpu_backend, weights), expected_weights, rtol=1e-12,
+                               atol=1e-15)
+    undropped = scaled_dot_product_attention(**moved, return_lse=True)[1]
+    assert np.array_equal(as64(cpu_backend, lse), as64(cpu_backend, undropped))
+    assert np.array_equal(as64(cpu_backend, lse) == -np.inf, expected_lse == -np.inf)
+
+
+BAD_DROPOUT = [
+    ("p-one", dict(dropout_p=1.0), ValueError, "dropout_p=1.0, but should be in [0, 1) [DROP-2"),
+    ("p-negative", dict(dropout_p=-0.1), ValueError, "dropout_p=-0.1, but should be in [0, 1)"),
+    ("p-str", dict(dropout_p="0.1"), TypeError, "dropout_p='0.1', but should be a real number"),
+    ("p-without-keep", dict(dropout_p=0.1), ValueError,
+     "dropout_p=0.1 needs dropout_keep=, the boolean keep mask: the reference draws no random"),
+    ("keep-float", dict(dropout_p=0.1, dropout_keep=np.ones((3, 5))), TypeError,
+     "dropout_keep.dtype=float64, but should be bool (True = kept) [DROP-2"),
+    ("keep-shape", dict(dropout_p=0.1, dropout_keep=np.ones((2, 3, 5), bool)), ValueError,
+     "dropout_keep.shape=(2, 3, 5), but should broadcast to (1, 4, 3, 5) [DROP-2"),
+]
+
+
+@pytest.mark.parametrize(("options", "error", "message"), [row[1:] for row in BAD_DROPOUT],
+                         ids=[row[0] for row in BAD_DROPOUT])
+def test_bad_dropout_arguments(options: dict[str, Any], error: type, message: str) -> None:
+    """DROP-2: p outside [0, 1), a missing or malformed keep mask name themselves."""
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((1, 4, 3, 8)), rng.standard_normal((1, 2, 5, 8)), \
+        rng.standard_normal((1, 2, 5, 6))
+    with pytest.raises(error) as raised:
+        scaled_dot_product_attention(q, k, v, **options)
+    assert message in str(raised.value)

@@ -167,3 +167,34 @@ def test_lse_bound_chunking_changes_nothing(chunk: int) -> None:
         np.testing.assert_allclose(np.asarray(getattr(parts, name)),
                                    np.asarray(getattr(whole, name)), rtol=1e-12, err_msg=name)
     assert np.all(np.asarray(whole.lse)[:, 2] == -np.inf)
+
+
+def test_dropout_bound_as_displayed_and_honest_half_precision() -> None:
+    """TOL-6: the displayed sum (each kept weight's TOL-2 bound plus (L_k + 2)u_a of it,
+    over 1 - p, plus u_d |o| and the floor, times C where the text says) equals
+    dropout_error_bound, and a float16 evaluation that rescales kept float16 weights lies
+    within it."""
+    text = (SPEC_DIR / "tolerance.md").read_text(encoding="utf-8")
+    assert r"\xi_{ij}\Big(\tau^p_{ij} + C\,(L_k + 2)\,u_a\,p_{ij}\Big)|v_{jc}|" in text
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.standard_normal(shape).astype(np.float16).astype(np.float64)
+               for shape in ((2, 6, 8), (2, 9, 8), (2, 9, 3)))
+    keep, p = rng.random((2, 6, 9)) < 0.7, 0.3
+    out, tau = tolerance.dropout_error_bound(q, k, v, dtype="float16", dropout_p=p,
+                                             dropout_keep=keep)
+    weights = tolerance.error_bound(q, k, v, dtype="float16")
+    u_a, u_d = 2.0**-24, 2.0**-11
+    expected = np.zeros_like(tau)
+    for h, i, c in np.ndindex(*tau.shape):
+        kept = sum(keep[h, i, j] * (weights.weights_tolerance[h, i, j]
+                                    + 4 * 11 * u_a * weights.weights[h, i, j]) * abs(v[h, j, c])
+                   for j in range(9))
+        expected[h, i, c] = kept / (1 - p) + 4 * u_d * abs(out[h, i, c]) + 11 * 2.0**-24
+    np.testing.assert_allclose(tau, expected, rtol=1e-12)
+    # honest float16: float32 softmax, weights rounded to float16, kept ones rescaled
+    f32 = np.float32
+    scores = (q.astype(f32) @ k.astype(f32).swapaxes(-1, -2)) * f32(1 / math.sqrt(8))
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    p16 = (e / e.sum(-1, keepdims=True)).astype(np.float16).astype(f32)
+    honest = ((p16 * keep * f32(1 / (1 - p))) @ v.astype(f32)).astype(np.float16)
+    assert np.all(np.abs(honest.astype(np.float64) - out) <= tau)

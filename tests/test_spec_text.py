@@ -37,6 +37,8 @@ AREA_DOCUMENT = {
     "SOFTCAP": "features.md",
     "ALIBI": "features.md",
     "LSE": "features.md",
+    "VARLEN": "features.md",
+    "KVCACHE": "features.md",
 }
 # The contract: exactly these ids at exactly these levels (issue 2). Code and tests cite
 # them; changing one means a new id (spec/index.md, versioning policy), not an edit here.
@@ -51,11 +53,12 @@ CONTRACT = {
     "SDPA-7.1": "MUST", "SDPA-7.2": "SHOULD", "SDPA-7.3": "MUST", "SDPA-7.4": "MUST",
     "SDPA-7.5": "MUST", "SDPA-7.6": "MUST",
     "SDPA-8.1": "MUST", "SDPA-8.2": "SHOULD", "SDPA-8.3": "MUST",
-    "DROP-1": "MAY",
+    "DROP-1": "MAY", "DROP-2": "MUST", "DROP-3": "MUST", "DROP-4": "MUST", "DROP-5": "MUST",
     "MHA-1": "MUST", "MHA-2": "MUST",
     "POS-1": "MUST",
     "ROPE-1": "MUST", "ROPE-2": "MUST",
     "TOL-1": "MUST", "TOL-2": "MUST", "TOL-3": "MUST", "TOL-4": "MUST", "TOL-5": "MUST",
+    "TOL-6": "MUST",
     "CONF-1": "MUST", "CONF-2": "SHOULD", "CONF-3": "MUST", "CONF-4": "MUST",
     "CONF-5": "MUST", "CONF-6": "MUST",
 }
