@@ -137,7 +137,8 @@ def kv_cache_attention(
         outs.append(out_b)
         lses.append(lse_b)
     if not outs:
-        out, lse = scaled_dot_product_attention(q, k_cache[:0, ...], v_cache[:0, ...], return_lse=True)
+        out, lse = scaled_dot_product_attention(q, k_cache[:0, ...], v_cache[:0, ...],
+                                                return_lse=True)
     else:
         out, lse = xp.stack(outs), xp.stack(lses)
     return (out, lse) if return_lse else out
