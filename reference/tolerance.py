@@ -104,7 +104,7 @@ def error_bound(
     whole = [
         None if pieces[0] is None else xp.reshape(
             xp.concat(list(pieces), axis=-2) if len(parts) > 1 else pieces[0], shape)
-        for pieces, shape in zip(zip(*parts), shapes)
+        for pieces, shape in zip(zip(*parts, strict=True), shapes, strict=True)
     ]
     return ErrorBound(*whole)
 
