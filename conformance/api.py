@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends import FLOAT_DTYPE_NAMES, Backend, BackendError, get_backend
+from .claims import suite_keywords
 from .declaration import KernelDeclaration, declaration_of
 from .kernel import KernelLoadError, KernelUnderTest, load_kernel
 from .layouts import LAYOUTS, from_layout, rename_arguments
@@ -62,8 +63,17 @@ def importable_from_working_directory() -> Iterator[None]:
             sys.path.remove(cwd)
 
 
-def resolve_backend(backend: str | Backend | None, device: Any = None) -> Backend:
-    """The backend to run on; :class:`SetupError` naming it when it is unknown or unusable."""
+def resolve_backend(backend: str | Backend | None, device: Any = None,
+                    config: Mapping[str, Any] | None = None) -> Backend:
+    """The backend to run on, with library ``config`` applied (see :class:`Backend`);
+    :class:`SetupError` naming it when it is unknown or unusable."""
+    if config:
+        name = backend.name if isinstance(backend, Backend) else backend or get_backend().name
+        where = backend.device if isinstance(backend, Backend) else device
+        try:
+            return Backend(name, where, config=config)
+        except (BackendError, ValueError) as exc:
+            raise SetupError(f"backend {name!r} with {dict(config)}: {exc}") from None
     if isinstance(backend, Backend):
         return backend
     if backend is None and device is None:
@@ -77,40 +87,6 @@ def resolve_backend(backend: str | Backend | None, device: Any = None) -> Backen
     except (BackendError, ValueError) as exc:
         on = "" if device is None else f" on device {device!r}"
         raise SetupError(f"backend {name!r}{on} is unusable here: {exc}") from None
-
-
-def suite_keywords(declaration: KernelDeclaration) -> dict[str, str]:
-    """Each keyword the suite may pass the kernel, with the claim that makes it do so."""
-    keywords: dict[str, str] = {}
-    if declaration.family == "dense":
-        if declaration.mask:
-            keywords[declaration.mask_keyword] = (
-                "mask=True (declare mask=False / --no-mask, or mask_keyword / --mask-keyword)"
-            )
-        if declaration.bias:
-            keywords[declaration.bias_keyword] = (
-                "bias=True (declare bias=False / --no-bias, or bias_keyword / --bias-keyword)"
-            )
-        if declaration.causal:
-            keywords["is_causal"] = (
-                "causal=True (declare causal=False / --no-causal, or rename it: "
-                "rename_arguments(fn, is_causal=NAME) / --rename is_causal=NAME)"
-            )
-        if declaration.scale:
-            keywords["scale"] = (
-                "scale=True (declare scale=False / --no-scale, or rename it: "
-                "rename_arguments(fn, scale=NAME) / --rename scale=NAME)"
-            )
-        if declaration.gqa and declaration.gqa_keyword:
-            keywords[declaration.gqa_keyword] = "gqa_keyword (--gqa-keyword)"
-    for name in declaration.extra_kwargs:
-        keywords[name] = "extra_kwargs (--kwarg)"
-    if declaration.sparse is not None and declaration.sparse.pass_params:
-        for name in declaration.sparse.params:
-            keywords[name] = "the sparse pattern's parameters (pass_params / --sparse-pass-params)"
-    if declaration.linear is not None and declaration.linear.feature_map == "favor+":
-        keywords[declaration.linear.seed_keyword] = "the FAVOR+ seed (--linear-seed-keyword)"
-    return keywords
 
 
 def check_signature(fn: Callable[..., Any], declaration: KernelDeclaration, name: str) -> None:
@@ -156,10 +132,13 @@ def _restrict_dtypes(
         claimed = tuple(d for d in claimed if d in wanted)
     usable = tuple(d for d in available if d in claimed)
     if not usable:
+        reasons = [f"{d}: {backend.missing_dtype_reason(d)}" for d in claimed
+                   if backend.missing_dtype_reason(d)]
         raise SetupError(
             f"no dtype to test: the kernel claims {declaration.dtypes or 'every dtype'}, "
             f"backend {backend.name!r} has {', '.join(available)}"
             + (f", and only {', '.join(wanted)} was asked for" if wanted is not None else "")
+            + (f" ({'; '.join(reasons)})" if reasons else "")
         )
     return replace(declaration, dtypes=usable) if wanted is not None else declaration
 
@@ -171,7 +150,9 @@ class KernelSetup:
     ``kernel`` is a callable or a ``"MODULE:FUNC"`` / ``"path/to/file.py:FUNC"`` target;
     ``layout`` is "bhld" (the spec's) or "blhd" (see :func:`layouts.from_blhd`);
     ``rename`` maps spec keywords to the kernel's (see :func:`layouts.rename_arguments`);
-    ``dtypes`` restricts the dtypes tested; ``claims`` override the declaration.
+    ``dtypes`` restricts the dtypes tested; ``claims`` override the declaration;
+    ``jax_x64`` sets JAX's process-wide ``jax_enable_x64`` (None: leave it as it is, JAX's
+    default being off, so float64 is then not checked; the report says so).
     """
 
     kernel: str | Callable[..., Any]
@@ -181,6 +162,16 @@ class KernelSetup:
     rename: Mapping[str, str] = field(default_factory=dict)
     dtypes: tuple[str, ...] | None = None
     claims: Mapping[str, Any] = field(default_factory=dict)
+    jax_x64: bool | None = None
+
+    def _backend(self) -> Backend:
+        if self.jax_x64 is None:
+            return resolve_backend(self.backend, self.device)
+        name = self.backend.name if isinstance(self.backend, Backend) else self.backend
+        if (name or get_backend().name) != "jax":
+            raise SetupError(f"jax_x64 (--jax-x64) is a setting of the jax backend, but the "
+                             f"backend is {name or get_backend().name!r}")
+        return resolve_backend(self.backend, self.device, {"jax_enable_x64": self.jax_x64})
 
     def prepare(self) -> KernelUnderTest:
         """Load and adapt the kernel; :class:`SetupError` (one line) on any problem."""
@@ -193,7 +184,7 @@ class KernelSetup:
                 f"unknown claim(s) {', '.join(unknown)}; a declaration has "
                 f"{', '.join(sorted(known))}"
             )
-        backend = resolve_backend(self.backend, self.device)
+        backend = self._backend()
         target = absolute_target(self.kernel) if isinstance(self.kernel, str) else None
         try:
             if target is not None:
@@ -228,6 +219,8 @@ class KernelSetup:
         if self.layout != "bhld":
             lines.append(f"fn = from_layout(fn, {self.layout!r})")
         device = "" if self.device is None else f", {self.device!r}"
+        if self.jax_x64 is not None:
+            device += f", config={{'jax_enable_x64': {self.jax_x64!r}}}"
         lines.append(
             f"kernel = KernelUnderTest(fn, Backend({kernel.backend.name!r}{device}), "
             f"{declaration_source(kernel.declaration)}, {kernel.target!r})"
@@ -257,7 +250,28 @@ class KernelSetup:
                          strict=strict, progress=progress)
         for verdict in report.verdicts:
             verdict.reproduction = with_loader(verdict.reproduction, loader)
+        from .report import claim_line
+
+        report.notes = setup_notes(kernel)
+        report.claim = claim_line(report, kernel.declaration, kernel.dtypes,
+                                  partial=bool(only or skip))
         return report
+
+
+def setup_notes(kernel: KernelUnderTest) -> list[str]:
+    """What the check changed in the library's settings, the settings it ran in, and the
+    claimed dtypes it could not check, with why (for the report's notes)."""
+    backend = kernel.backend
+    notes = [f"changed {change} for this check (as asked: --jax-x64 / jax_x64)"
+             for change in backend.changes]
+    if backend.settings:
+        notes.append(f"{backend.name} settings: {backend.settings}")
+    claimed = kernel.declaration.dtypes or FLOAT_DTYPE_NAMES
+    for name in claimed:
+        reason = backend.missing_dtype_reason(name)
+        if reason:
+            notes.append(f"{name} is not checked: {reason}")
+    return notes
 
 
 def declaration_source(declaration: KernelDeclaration) -> str:

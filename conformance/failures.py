@@ -20,10 +20,13 @@ class PropertyFailure(AssertionError):
         finding: str,
         problem: Problem | None = None,
         kernel: KernelUnderTest | None = None,
+        *,
+        hint: str = "",
     ) -> None:
         # NumPy 2 scalar reprs (np.float64(0.5)) are noise in a message: show the value
         self.finding = finding = _NUMPY_SCALAR.sub(r"\2", finding)
         self.problem = problem
+        self.hint = hint
         self.counterexample = "" if problem is None else problem.describe()
         self.reproduction = (
             "" if problem is None or kernel is None

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # imported lazily: a pytest run without the option pays nothi
 
 
 MAX_SHOWN_REPRODUCTION = 6000  # characters of a reproduction shown in a failure
+PREFIX = "attnspec"
 
 
 class AttnspecWarning(UserWarning):
@@ -52,11 +53,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run only these property ids (repeatable or comma list)")
     group.addoption("--attnspec-skip", action="append", default=None, metavar="ID",
                     help="skip these property ids (repeatable or comma list)")
-    group.addoption("--attnspec-layout", default="bhld", metavar="LAYOUT",
-                    help="bhld (the spec's layout) or blhd (JAX/FlashAttention)")
     group.addoption("--attnspec-claim", action="append", default=None, metavar="KEY=VALUE",
                     help="override a declaration field, e.g. bias=True or "
                          "causal_alignment=bottom_right (repeatable)")
+    # every declaration `attnspec check` takes, from the same table, as --attnspec-<flag>
+    from .claims import CLAIM_FLAGS, SETUP_FLAGS
+
+    for flag in (*SETUP_FLAGS, *CLAIM_FLAGS):
+        flag.add_prefixed(group, PREFIX)
 
 
 def _ids(values: list[str] | None) -> list[str] | None:
@@ -70,16 +74,19 @@ def pytest_configure(config: pytest.Config) -> None:
     if target is None:
         return
     from .api import KernelSetup, SetupError
-    from .cli import UsageError, key_values
+    from .claims import UsageError, claims_from, key_values, setup_from
     from .runner import select
 
     option = config.getoption
+
+    def flag_value(dest: str) -> Any:
+        return option(f"{PREFIX}_{dest}")
+
     try:
-        setup = KernelSetup(
-            target, option("attnspec_backend"), option("attnspec_device"),
-            option("attnspec_layout"), claims=key_values(option("attnspec_claim"),
-                                                          "--attnspec-claim"),
-        )
+        claims = {**claims_from(flag_value),
+                  **key_values(option("attnspec_claim"), "--attnspec-claim")}
+        setup = KernelSetup(target, option("attnspec_backend"), option("attnspec_device"),
+                            claims=claims, **setup_from(flag_value))
         properties = select(_ids(option("attnspec_only")), _ids(option("attnspec_skip")))
         kernel = setup.prepare()
         from .runner import hypothesis_settings
@@ -126,8 +133,12 @@ class AttnspecSession:
         for name in ("backend", "device", "seed"):
             if option(f"attnspec_{name}") is not None:
                 tokens += [f"--attnspec-{name}", str(option(f"attnspec_{name}"))]
-        for name in ("profile", "layout"):
-            tokens += [f"--attnspec-{name}", option(f"attnspec_{name}")]
+        tokens += ["--attnspec-profile", option("attnspec_profile")]
+        from .claims import CLAIM_FLAGS, SETUP_FLAGS
+
+        for flag in (*SETUP_FLAGS, *CLAIM_FLAGS):
+            if flag.rerun:
+                tokens += flag.tokens(option(f"{PREFIX}_{flag.dest}"), prefix=PREFIX)
         for claim in option("attnspec_claim") or ():
             tokens += ["--attnspec-claim", claim]
         return shlex.join([*tokens, "--attnspec-only", verdict.property])
@@ -135,15 +146,25 @@ class AttnspecSession:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.verdicts:
             return
-        from .report import summary_line
+        from .api import setup_notes
+        from .registry import all_properties
+        from .report import claim_line, summary_line
         from .runner import Report
 
         option = self.config.getoption
         report = Report(self.kernel.target, self.kernel.backend.name,
                         str(self.kernel.backend.device), option("attnspec_profile"),
-                        option("attnspec_seed"), option("attnspec_strict"), self.verdicts)
+                        option("attnspec_seed"), option("attnspec_strict"), self.verdicts,
+                        waived=list(self.kernel.declaration.waived),
+                        notes=setup_notes(self.kernel))
+        # a claim needs every property to have run (no --attnspec-only/-skip, no -k)
+        partial = len({v.property for v in self.verdicts}) < len(all_properties())
         terminalreporter.write_sep("=", "attnspec")
+        for note in report.notes:
+            terminalreporter.write_line(f"note: {note}")
         terminalreporter.write_line(f"{self.kernel.target}: {summary_line(report)}")
+        terminalreporter.write_line(claim_line(report, self.kernel.declaration,
+                                               self.kernel.dtypes, partial=partial))
 
 
 class AttnspecCollector(pytest.Collector):
@@ -167,11 +188,13 @@ class AttnspecItem(pytest.Item):
 
     def runtest(self) -> None:
         from .report import failure_text
-        from .runner import FAILED, NOT_APPLICABLE, WARNING
+        from .runner import FAILED, NOT_APPLICABLE, WAIVED, WARNING
 
         verdict = self.owner.verdict(self.prop)
         if verdict.status == NOT_APPLICABLE:
             pytest.skip(f"not applicable: {verdict.detail}")
+        if verdict.status == WAIVED:  # the detail says "waived: ..." (CONF-5)
+            pytest.skip(verdict.detail)
         # The finding comes first: pytest's short summary shows the first line.
         text = f"{verdict.detail}\n" + failure_text(
             verdict, self.owner.rerun, max_reproduction=MAX_SHOWN_REPRODUCTION,

@@ -13,12 +13,14 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from typing import Any
 
+from .claims import claim_features
 from .clauses import clause as spec_clause
 from .declaration import KernelDeclaration
-from .runner import FAILED, NOT_APPLICABLE, PASSED, WARNING, Report, Verdict
+from .runner import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Report, Verdict
 
 Rerun = Callable[[Verdict], str]
-LABELS = {PASSED: "passed", FAILED: "FAILED", WARNING: "warning", NOT_APPLICABLE: "not applicable"}
+LABELS = {PASSED: "passed", FAILED: "FAILED", WARNING: "warning", NOT_APPLICABLE: "not applicable",
+          WAIVED: "waived"}
 DETAIL_WIDTH = 72
 
 
@@ -60,37 +62,54 @@ def summary_line(report: Report) -> str:
     seconds = sum(v.seconds for v in report.verdicts)
     if report.conforms:
         outcome = "conforms"
+        if report.waived:
+            outcome += f" except {', '.join(report.waived)} (waived, CONF-5)"
         if tally[WARNING]:
             outcome += f" (with {tally[WARNING]} SHOULD warning(s))"
     else:
         outcome = "DOES NOT CONFORM"
     return (
         f"result: {outcome}: {tally[FAILED]} failed, {tally[WARNING]} warning(s), "
-        f"{tally[PASSED]} passed, {tally[NOT_APPLICABLE]} not applicable "
+        f"{tally[PASSED]} passed, {tally[NOT_APPLICABLE]} not applicable"
+        f"{f', {tally[WAIVED]} waived' if tally[WAIVED] else ''} "
         f"({len(report.verdicts)} propert{'y' if len(report.verdicts) == 1 else 'ies'}, "
         f"{seconds:.1f} s)"
     )
 
 
 def conformance_claim(declaration: KernelDeclaration, dtypes: tuple[str, ...]) -> str:
-    """The claim a conforming kernel may make (CONF-1): the version, what it declares and
-    the dtypes it was checked in, e.g. "conforms to attnspec 2026.12 (dense, bias, GQA,
-    bottom-right causal; float16, bfloat16, float32)"."""
-    features = [declaration.family]
-    if declaration.family == "dense":
-        features += [name for name, claimed in (
-            ("mask", declaration.mask), ("bias", declaration.bias), ("GQA", declaration.gqa),
-            (f"{declaration.causal_alignment.replace('_', '-')} causal", declaration.causal),
-            ("explicit scale", declaration.scale), ("returned weights",
-                                                    declaration.returns_weights),
-        ) if claimed]
-        if not declaration.empty_rows_zero:
-            features.append("without the fully-masked-row rule")
-    elif declaration.sparse is not None:
-        features.append(declaration.sparse.pattern)
-    elif declaration.linear is not None and isinstance(declaration.linear.feature_map, str):
-        features.append(declaration.linear.feature_map)
-    return f"conforms to attnspec {spec_version()} ({', '.join(features)}; {', '.join(dtypes)})"
+    """The claim a conforming kernel may make (CONF-1): the version, every MUST clause its
+    declaration waives (CONF-5), what it declares and the dtypes it was checked in, e.g.
+    "conforms to attnspec 2026.12 (dense, bias, GQA, bottom-right causal; float16,
+    bfloat16, float32)" or "conforms to attnspec 2026.12 except SDPA-5.1 (dense, ...)"."""
+    waived = declaration.waived
+    exception = f" except {', '.join(waived)}" if waived else ""
+    return (f"conforms to attnspec {spec_version()}{exception} "
+            f"({', '.join(claim_features(declaration))}; {', '.join(dtypes)})")
+
+
+def claim_line(report: Report, declaration: KernelDeclaration, dtypes: tuple[str, ...],
+               *, partial: bool) -> str:
+    """The conformance claim of this run, or why it has none (CONF-1, CONF-2, CONF-5).
+
+    ``partial``: only some properties ran (--only/--skip), so no claim can be made.
+    """
+    failed = [v.property for v in report.verdicts if v.status == FAILED]
+    warned = [v.property for v in report.verdicts if v.status == WARNING]
+    if failed:
+        return (f"no conformance claim: {_count(failed, 'MUST property', 'MUST properties')} "
+                f"failed (CONF-1): {', '.join(failed)}")
+    if report.strict and warned:
+        return (f"no conformance claim in a strict run: "
+                f"{_count(warned, 'SHOULD property', 'SHOULD properties')} failed (CONF-2, "
+                f"--strict): {', '.join(warned)}")
+    if partial:
+        return "no conformance claim: only some properties ran (--only/--skip)"
+    return conformance_claim(declaration, dtypes)
+
+
+def _count(items: list[str], one: str, many: str) -> str:
+    return f"{len(items)} {one if len(items) == 1 else many}"
 
 
 def heading(report: Report) -> str:
@@ -141,7 +160,8 @@ def format_table(
     header = ("property", "clause", "level", "verdict", "time", "detail")
     rows = [
         (v.property, v.clause, v.level, label(v),
-         "" if v.status == NOT_APPLICABLE else f"{v.seconds:.1f}s", _one_line(v.detail))
+         "" if v.status in (NOT_APPLICABLE, WAIVED) else f"{v.seconds:.1f}s",
+         _one_line(v.detail))
         for v in report.verdicts
     ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
@@ -150,12 +170,15 @@ def format_table(
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
         return "  ".join([*cells, row[-1]]).rstrip()
 
-    lines = [heading(report), "", render(header), render((*("-" * w for w in widths), ""))]
+    lines = [heading(report), *(f"note: {note}" for note in report.notes), "", render(header),
+             render((*("-" * w for w in widths), ""))]
     lines.extend(render(row) for row in rows)
     for verdict in _findings(report):
         lines.extend(["", failure_text(verdict, rerun, max_reproduction=max_reproduction,
                                        full_reproduction_in=full_reproduction_in)])
     lines.extend(["", summary_line(report)])
+    if report.claim:
+        lines.append(report.claim)
     return "\n".join(lines)
 
 
@@ -185,21 +208,23 @@ def to_junit(report: Report, *, rerun: Rerun | None = None) -> str:
     suites = ET.Element("testsuites")
     suite = ET.SubElement(
         suites, "testsuite", name=f"attnspec {report.kernel}", tests=str(len(report.verdicts)),
-        failures=str(failing), errors="0", skipped=str(tally[NOT_APPLICABLE]),
+        failures=str(failing), errors="0", skipped=str(tally[NOT_APPLICABLE] + tally[WAIVED]),
         time=f"{sum(v.seconds for v in report.verdicts):.3f}",
     )
     properties = ET.SubElement(suite, "properties")
     for name, value in [("spec_version", spec_version()), ("backend", report.backend),
                         ("device", report.device), ("profile", report.profile),
                         ("seed", str(report.seed)), ("strict", str(report.strict)),
-                        ("conforms", str(report.conforms))]:
+                        ("conforms", str(report.conforms)),
+                        ("waived", " ".join(report.waived)), ("claim", report.claim),
+                        *(("note", note) for note in report.notes)]:
         ET.SubElement(properties, "property", name=name, value=value)
     for verdict in report.verdicts:
         case = ET.SubElement(
             suite, "testcase", classname=f"attnspec.{report.kernel}",
             name=f"{verdict.property}[{verdict.clause}]", time=f"{verdict.seconds:.3f}",
         )
-        if verdict.status == NOT_APPLICABLE:
+        if verdict.status in (NOT_APPLICABLE, WAIVED):
             ET.SubElement(case, "skipped", message=verdict.detail)
         elif verdict.status == FAILED or (verdict.status == WARNING and report.strict):
             element = ET.SubElement(case, "failure", message=_one_line(verdict.detail, 500),
@@ -236,4 +261,6 @@ def to_markdown(report: Report, *, rerun: Rerun | None = None) -> str:
         if v.reproduction:
             lines.extend(["", "```python", v.reproduction, "```"])
     lines.extend(["", summary_line(report)])
+    if report.claim:
+        lines.extend(["", report.claim])
     return "\n".join(lines) + "\n"

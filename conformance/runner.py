@@ -11,12 +11,14 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
+from .claims import waiving_flags
 from .failures import PropertyFailure
 from .kernel import KernelUnderTest
 from .registry import Property, all_properties
 
 PROFILES: dict[str, int] = {"quick": 20, "default": 100, "thorough": 1000}
 PASSED, FAILED, WARNING, NOT_APPLICABLE = "passed", "failed", "warning", "not applicable"
+WAIVED = "waived"  # the declaration waives the property's MUST clause (CONF-5)
 
 
 @dataclass
@@ -32,6 +34,7 @@ class Verdict:
     reproduction: str = ""
     examples: int = 0
     seconds: float = 0.0
+    hint: str = ""  # the exact flag or change that would fix a likely convention mismatch
 
     @property
     def failed_conformance(self) -> bool:
@@ -49,6 +52,12 @@ class Report:
     seed: int | None
     strict: bool
     verdicts: list[Verdict] = field(default_factory=list)
+    # MUST clauses the kernel's declaration waives: named in the claim (CONF-5)
+    waived: list[str] = field(default_factory=list)
+    # the conformance claim, or why there is none (set by whoever knows the whole run)
+    claim: str = ""
+    # what the run changed or left out (backend settings, dtypes not checked), and hints
+    notes: list[str] = field(default_factory=list)
 
     @property
     def conforms(self) -> bool:
@@ -85,7 +94,7 @@ def _failed_verdict(prop: Property, failure: PropertyFailure) -> Verdict:
         property=prop.id, clause=prop.clause, level=level,
         status=FAILED if level == "MUST" else WARNING,
         detail=failure.finding, counterexample=failure.counterexample,
-        reproduction=failure.reproduction,
+        reproduction=failure.reproduction, hint=failure.hint,
     )
 
 
@@ -94,6 +103,11 @@ def run_property(
 ) -> Verdict:
     """Run one property; a kernel that does not claim it gets "not applicable" (CONF-3)."""
     started = time.perf_counter()
+    waivers = waiving_flags(kernel.declaration)
+    if prop.clause in waivers:
+        return Verdict(prop.id, prop.clause, prop.level, WAIVED,
+                       detail=f"waived: the kernel declares {waivers[prop.clause]}, so "
+                              f"{prop.clause} is not checked (CONF-5)")
     reason = prop.applies(kernel.declaration)
     if reason is not None:
         return Verdict(prop.id, prop.clause, prop.level, NOT_APPLICABLE, detail=reason)
@@ -160,7 +174,7 @@ def run_all(
     properties = select(only, skip)
     hypothesis_settings(profile, seed)  # validate the profile before any work
     report = Report(kernel.target, kernel.backend.name, str(kernel.backend.device), profile,
-                    seed, strict)
+                    seed, strict, waived=list(kernel.declaration.waived))
     for prop in properties:
         if progress:
             progress(prop, None)

@@ -16,6 +16,7 @@ import textwrap
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,7 +32,15 @@ from attnspec.conformance import (
 from attnspec.conformance import report as render
 from attnspec.conformance.declaration import SparseClaim
 from attnspec.conformance.registry import REGISTRY, all_properties, always, register
-from attnspec.conformance.runner import FAILED, NOT_APPLICABLE, PASSED, WARNING, Report, Verdict
+from attnspec.conformance.runner import (
+    FAILED,
+    NOT_APPLICABLE,
+    PASSED,
+    WAIVED,
+    WARNING,
+    Report,
+    Verdict,
+)
 
 BIN = Path(sys.executable).parent
 ATTNSPEC = str(BIN / "attnspec")
@@ -238,6 +247,8 @@ def test_should_failure_warns_and_fails_only_when_strict(
     status, out, _ = run_main(capsys, "check", f"{kernels}:correct", "--only", should_property,
                               "--strict")
     assert status == 1 and "DOES NOT CONFORM" in out
+    assert "MUST" not in out.splitlines()[-1]
+    assert out.splitlines()[-1].startswith("no conformance claim in a strict run: 1 SHOULD")
 
 
 def test_only_and_skip_select_properties(capsys: pytest.CaptureFixture[str], kernels: Path,
@@ -288,7 +299,7 @@ def test_reproduction_rebuilds_layout_renames_and_claims(capsys: pytest.CaptureF
                               "blhd", "--rename", "is_causal=causal", "--no-mask",
                               "--dtype", "float64", "--only", "default-scale", "--json", str(path))
     assert status == 1
-    assert "--layout blhd --rename is_causal=causal --no-mask" in out
+    assert "--layout blhd --rename is_causal=causal --dtype float64 --no-mask" in out
     snippet = json.loads(path.read_text())["verdicts"][0]["reproduction"]
     assert "fn = from_layout(fn, 'blhd')" in snippet and "KernelDeclaration(" in snippet
     snippet += textwrap.dedent("""
@@ -417,6 +428,117 @@ def test_declaration_flags_become_claims() -> None:
     assert cli.claims_from(cli.build_parser().parse_args(["check", "m:f"])) == {}
 
 
+def test_claims_table_is_the_one_source_of_declaration_fields_and_flags() -> None:
+    """CONF-3: KernelDeclaration's fields are exactly the claims table's rows, in order, and
+    every claim flag of the CLI comes from the table (so a new claim is one new row)."""
+    from dataclasses import fields
+
+    from attnspec.conformance import KernelDeclaration, claims
+
+    assert [f.name for f in fields(KernelDeclaration)] == [c.field for c in claims.CLAIMS]
+    for claim in claims.CLAIMS:
+        assert getattr(KernelDeclaration(), claim.field) == claim.default_value
+        assert claim.field == "dtypes" or claim.flags, f"{claim.field} has no flag"
+    options = {action.option_strings[0] for action in _check_parser()._actions
+               if action.option_strings}
+    table = {flag.option for flag in (*claims.SETUP_FLAGS, *claims.CLAIM_FLAGS)}
+    assert table <= options
+    assert cli.DECLARATION_FLAGS == (*claims.SETUP_FLAGS, *claims.CLAIM_FLAGS)
+
+
+def _check_parser() -> Any:
+    parser = cli.build_parser()
+    subparsers = next(a for a in parser._actions if a.dest == "command")
+    return subparsers.choices["check"]
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    (["--mask-keyword", "attn_mask"], {"mask_keyword": "attn_mask", "mask": True}),
+    (["--bias-keyword", "attn_bias"], {"bias_keyword": "attn_bias", "bias": True}),
+    (["--gqa-keyword", "enable_gqa"], {"gqa_keyword": "enable_gqa", "gqa": True}),
+    (["--no-bias", "--bias-keyword", "b"], {"bias_keyword": "b", "bias": False}),
+    (["--no-mask", "--mask-keyword", "m"], {"mask_keyword": "m", "mask": False}),
+])
+def test_keyword_flags_turn_their_claim_on(flags: list[str], expected: dict[str, Any]) -> None:
+    """CONF-3 (issue 10): --mask-keyword, --bias-keyword and --gqa-keyword claim what they
+    name, unless the claim's own flag says otherwise."""
+    args = cli.build_parser().parse_args(["check", "m:f", *flags])
+    assert cli.claims_from(args) == expected
+
+
+def test_bias_keyword_alone_runs_the_bias_properties(capsys: pytest.CaptureFixture[str],
+                                                     tmp_path: Path) -> None:
+    """SDPA-3.2: --bias-keyword NAME alone makes bias-semantics run (not "not applicable"),
+    and it catches a kernel that ignores that argument."""
+    kernel = tmp_path / "biased.py"
+    kernel.write_text(
+        "from attnspec.reference import scaled_dot_product_attention as sdpa\n"
+        "def good(q, k, v, *, mask=None, attn_bias=None, is_causal=False, scale=None):\n"
+        "    return sdpa(q, k, v, mask=mask, bias=attn_bias, is_causal=is_causal, scale=scale)\n"
+        "def ignores(q, k, v, *, mask=None, attn_bias=None, is_causal=False, scale=None):\n"
+        "    return sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale)\n"
+    )
+    for name, status in (("good", 0), ("ignores", 1)):
+        code, out, err = run_main(capsys, "check", f"{kernel}:{name}", "--bias-keyword",
+                                  "attn_bias", "--dtype", "float64", "--only", "bias-semantics")
+        assert code == status, err
+        row = next(line for line in out.splitlines() if line.startswith("bias-semantics"))
+        assert ("passed" if status == 0 else "FAILED") in row
+
+
+# the full run feeds the kernel NaN (SDPA-8.x), which NumPy reports while computing on it
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_waived_must_clause_is_named_in_every_report(capsys: pytest.CaptureFixture[str],
+                                                     tmp_path: Path) -> None:
+    """CONF-5: --no-empty-rows-zero waives SDPA-5.1: its property is "waived", the claim of
+    a full passing run says "except SDPA-5.1", exit 0, and JSON, JUnit and Markdown say
+    the same."""
+    kernel = tmp_path / "plain.py"
+    kernel.write_text(KERNELS, encoding="utf-8")
+    paths = {kind: tmp_path / f"report.{kind}" for kind in ("json", "junit", "markdown")}
+    status, out, err = run_main(capsys, "check", f"{kernel}:correct", "--no-empty-rows-zero",
+                                "--dtype", "float64",
+                                *(a for kind, p in paths.items() for a in (f"--{kind}", str(p))))
+    assert status == 0, err
+    claim = (f"conforms to attnspec {SPEC_VERSION} except SDPA-5.1 (dense, mask, top-left "
+             "causal, explicit scale; float64)")
+    assert out.rstrip().splitlines()[-1] == claim
+    row = next(line for line in out.splitlines() if line.startswith("empty-rows-zero"))
+    assert " waived " in row and "empty_rows_zero=False" in row
+    assert "result: conforms except SDPA-5.1 (waived, CONF-5)" in out
+    data = json.loads(paths["json"].read_text())
+    assert (data["conforms"], data["waived"], data["claim"]) == (True, ["SDPA-5.1"], claim)
+    assert data["counts"][WAIVED] == 1
+    suite = ET.parse(paths["junit"]).getroot().find("testsuite")
+    assert suite is not None
+    junit = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert (junit["conforms"], junit["waived"], junit["claim"]) == ("True", "SDPA-5.1", claim)
+    case = next(c for c in suite.iter("testcase") if c.get("name").startswith("empty-rows-"))
+    assert case.find("skipped") is not None
+    assert claim in paths["markdown"].read_text()
+
+
+def test_claim_line_says_why_there_is_no_claim() -> None:
+    """CONF-1, CONF-2: a MUST failure, a strict run's SHOULD warning and a partial run each
+    give their own reason; a strict warning never reads as a MUST failure."""
+    from attnspec.conformance import KernelDeclaration
+
+    declaration, dtypes = KernelDeclaration(), ("float32",)
+    report = _report()
+    assert render.claim_line(report, declaration, dtypes, partial=False) == (
+        "no conformance claim: 1 MUST property failed (CONF-1): bad")
+    report.verdicts = [v for v in report.verdicts if v.status != FAILED]
+    assert render.claim_line(report, declaration, dtypes, partial=False).startswith(
+        f"conforms to attnspec {SPEC_VERSION} (dense")
+    report.strict = True
+    assert render.claim_line(report, declaration, dtypes, partial=False) == (
+        "no conformance claim in a strict run: 1 SHOULD property failed (CONF-2, --strict): "
+        "meh")
+    report.strict = False
+    assert render.claim_line(report, declaration, dtypes, partial=True) == (
+        "no conformance claim: only some properties ran (--only/--skip)")
+
+
 def test_linear_flags_become_a_linear_claim() -> None:
     args = cli.build_parser().parse_args([
         "check", "m:f", "--linear", "favor+", "--linear-num-features", "256", "--linear-iid",
@@ -495,7 +617,7 @@ def test_markdown_escapes_pipes_and_json_has_spec_version() -> None:
     assert "out differs \\| here" in markdown
     data = json.loads(render.to_json(_report()))
     assert data["spec_version"] == SPEC_VERSION
-    assert data["counts"] == {PASSED: 1, FAILED: 1, WARNING: 1, NOT_APPLICABLE: 1}
+    assert data["counts"] == {PASSED: 1, FAILED: 1, WARNING: 1, NOT_APPLICABLE: 1, WAIVED: 0}
 
 
 def test_unknown_sparse_pattern_is_a_usage_error(capsys: pytest.CaptureFixture[str],
