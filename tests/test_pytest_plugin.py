@@ -105,3 +105,56 @@ def test_bad_setup_is_a_usage_error(pytester: pytest.Pytester, kernel_file: Path
     result = pytester.runpytest("--attnspec-kernel", target.format(file=kernel_file), *extra)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert any(message in line for line in result.stderr.lines), result.stderr.str()
+
+
+def test_plugin_takes_every_declaration_the_cli_takes(pytester: pytest.Pytester) -> None:
+    """CONF-3 (issue 10): each declaration flag of ``attnspec check`` (the claims table) is
+    a ``--attnspec-...`` option of the plugin, the booleans with their ``--attnspec-no-``."""
+    from attnspec.conformance import claims
+
+    help_text = pytester.runpytest("--help").stdout.str()
+    for flag in (*claims.SETUP_FLAGS, *claims.CLAIM_FLAGS):
+        assert f"--attnspec-{flag.option[2:]}" in help_text, flag.option
+        if flag.kind == "bool":
+            assert f"--attnspec-no-{flag.option[2:]}" in help_text, flag.option
+
+
+def _cli_statuses(argv: list[str], tmp_path: Path) -> dict[str, str]:
+    import json
+
+    from attnspec.conformance import cli
+
+    path = tmp_path / "cli.json"
+    cli.main([*argv, "--json", str(path)])
+    outcome = {"passed": "PASSED", "failed": "FAILED", "not applicable": "SKIPPED",
+               "waived": "SKIPPED", "warning": "PASSED"}
+    return {v["property"]: outcome[v["status"]] for v in json.loads(path.read_text())["verdicts"]}
+
+
+def test_same_kernel_same_properties_in_cli_and_plugin(pytester: pytest.Pytester,
+                                                       kernel_file: Path,
+                                                       tmp_path: Path) -> None:
+    """SDPA-2.1, SDPA-4.1 (issue 10): a (B, L, H, E) kernel with FlashAttention's causal=
+    checked with --layout, --rename, --dtype and a claim flag gets the same verdict for
+    every property from the CLI and from the plugin, and the plugin's rerun command repeats
+    those declarations."""
+    only = "default-scale,explicit-scale,causal-zeros,mask-polarity,empty-rows-zero"
+    declarations = ["layout", "blhd", "rename", "is_causal=causal", "dtype", "float64"]
+    cli_args = [*(f"--{d}" if i % 2 == 0 else d for i, d in enumerate(declarations)),
+                "--no-mask"]
+    plugin_args = [*(f"--attnspec-{d}" if i % 2 == 0 else d for i, d in enumerate(declarations)),
+                   "--attnspec-no-mask"]
+    cli = _cli_statuses(["check", f"{kernel_file}:blhd_no_default_scale", "--only", only,
+                         *cli_args], tmp_path)
+    result = pytester.runpytest("--attnspec-kernel", f"{kernel_file}:blhd_no_default_scale",
+                                "--attnspec-only", only, *plugin_args, "-v")
+    plugin = {}
+    for line in result.stdout.lines:
+        if line.startswith("attnspec::") and " " in line:
+            name, outcome = line.split()[:2]
+            plugin[name.removeprefix("attnspec::").split("[")[0]] = outcome
+    assert plugin == cli
+    assert cli["causal-zeros"] == "PASSED" and cli["default-scale"] == "FAILED"
+    assert cli["mask-polarity"] == "SKIPPED"
+    rerun = next(line for line in result.stdout.lines if "rerun:" in line)
+    assert " ".join(plugin_args) in rerun
