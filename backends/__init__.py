@@ -83,6 +83,10 @@ class Backend:
                              + (f": {why}" if why else ""))
         return getattr(self.xp, name)
 
+    def is_array(self, x: Any) -> bool:
+        """True for an array of this library (a kernel on it must return one, SDPA-1.3)."""
+        return self._adapter.is_array(x)
+
     def missing_dtype_reason(self, name: str) -> str:
         """Why this backend lacks the spec dtype ``name`` now ("" if it has it or cannot say),
         e.g. JAX's float64 while jax_enable_x64 is off."""

@@ -33,6 +33,8 @@ class Adapter:
     to_numpy: Callable[[Any], Any]
     dtype_names: Callable[[ModuleType, Any], tuple[str, ...]]
     parse_device: Callable[[ModuleType, str], Any]
+    # is this an array of this library (what its kernels must return, SDPA-1.3)?
+    is_array: Callable[[Any], bool]
     # library-wide settings: set some (returning what changed), describe the current ones,
     # and say why a spec dtype is missing
     configure: Callable[[ModuleType, Mapping[str, Any]], list[str]] = (
@@ -78,6 +80,12 @@ def _load_strict() -> ModuleType:
     return _import_or_explain(
         "array_api_strict", "install it with: pip install 'attnspec[strict]'"
     )
+
+
+def _is_strict_array(x: Any) -> bool:
+    from array_api_strict._array_object import Array  # the library exports no Array name
+
+    return isinstance(x, Array)
 
 
 def _strict_to_numpy(x: Any) -> Any:
@@ -286,27 +294,41 @@ def _asarray_on(xp: ModuleType, a: Any, device: Any) -> Any:
     return xp.asarray(a, device=device)
 
 
+def _array_test(name: str) -> Callable[[Any], bool]:
+    """``array_api_compat.<name>``, looked up when first used (the library may be absent)."""
+    def is_array(x: Any) -> bool:
+        import array_api_compat
+
+        return bool(getattr(array_api_compat, name)(x))
+
+    return is_array
+
+
 ADAPTERS: dict[str, Adapter] = {
     "numpy": Adapter(
         "numpy", "numpy", "pip install numpy", _load_numpy,
         _first_device, _asarray_on, _numpy_to_numpy, _no_bfloat16, _cpu_only,
+        _array_test("is_numpy_array"),
     ),
     "array_api_strict": Adapter(
         "array_api_strict", "array_api_strict", "pip install 'attnspec[strict]'", _load_strict,
         _first_device, _asarray_on, _strict_to_numpy, _strict_dtypes, _cpu_only,
+        _is_strict_array,
     ),
     "torch": Adapter(
         "torch", "torch", "pip install 'attnspec[torch]'", _load_torch,
         _torch_default_device, _torch_from_numpy, _torch_to_numpy, _torch_dtypes, _torch_device,
+        _array_test("is_torch_array"),
     ),
     "jax": Adapter(
         "jax", "jax", "pip install 'attnspec[jax]'", _load_jax,
         _jax_default_device, _jax_from_numpy, _jax_to_numpy, _jax_dtypes, _jax_device,
-        _jax_configure, _jax_describe, _jax_missing_dtype,
+        _array_test("is_jax_array"), _jax_configure, _jax_describe, _jax_missing_dtype,
     ),
     "cupy": Adapter(
         "cupy", "cupy", "pip install 'attnspec[cupy]'", _load_cupy,
         _cupy_default_device, _cupy_from_numpy, _cupy_to_numpy, _no_bfloat16, _cupy_device,
+        _array_test("is_cupy_array"),
     ),
 }
 

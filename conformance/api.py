@@ -16,6 +16,7 @@ import contextlib
 import inspect
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
@@ -24,13 +25,14 @@ from typing import Any
 from ..backends import FLOAT_DTYPE_NAMES, Backend, BackendError, get_backend
 from .claims import suite_keywords
 from .declaration import KernelDeclaration, declaration_of
+from .hints import class_target_hint, run_hints, signature_hints
 from .kernel import KernelLoadError, KernelUnderTest, load_kernel
 from .layouts import LAYOUTS, from_layout, rename_arguments
 from .registry import Property
-from .runner import Report, Verdict, hypothesis_settings, run_all, select
+from .reproduction import LOADER_LINE
+from .runner import FAILED, WARNING, Report, Verdict, hypothesis_settings, run_all, select
 
 Progress = Callable[[Property, "Verdict | None"], None]
-_STANDARD_LOADER = "kernel = KernelUnderTest.load("
 
 
 class SetupError(ValueError):
@@ -38,6 +40,10 @@ class SetupError(ValueError):
 
     The message is one line that says what was wrong and what was expected.
     """
+
+
+def _name_of(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
 
 
 def absolute_target(target: str) -> str:
@@ -192,6 +198,10 @@ class KernelSetup:
                     fn = load_kernel(target)
             else:
                 fn = self.kernel
+            not_a_kernel = class_target_hint(fn, target or _name_of(fn))
+            if not_a_kernel:
+                raise SetupError(not_a_kernel)
+            hints = signature_hints(fn, dict(self.rename))
             if self.rename:
                 fn = rename_arguments(fn, **self.rename)
             fn = from_layout(fn, self.layout)
@@ -201,6 +211,7 @@ class KernelSetup:
         declaration = _restrict_dtypes(declaration, backend, self.dtypes)
         kernel = KernelUnderTest(fn, backend, declaration, target)
         check_signature(fn, declaration, kernel.target)
+        kernel.setup_hints = hints
         return kernel
 
     def loader_source(self, kernel: KernelUnderTest) -> str:
@@ -253,6 +264,8 @@ class KernelSetup:
         from .report import claim_line
 
         report.notes = setup_notes(kernel)
+        failures = sum(v.status in (FAILED, WARNING) for v in report.verdicts)
+        report.hints = [*kernel.setup_hints, *run_hints(kernel, self.layout, failures)]
         report.claim = claim_line(report, kernel.declaration, kernel.dtypes,
                                   partial=bool(only or skip))
         return report
@@ -286,11 +299,11 @@ def declaration_source(declaration: KernelDeclaration) -> str:
 
 
 def with_loader(snippet: str, loader: str) -> str:
-    """``snippet`` (from ``Problem.snippet``) with its kernel-loading line replaced by
+    """``snippet`` (from ``reproduction.snippet``) with its kernel-loading line replaced by
     ``loader``, so layout, renames, device and claims are reproduced too."""
     lines = snippet.splitlines()
     for i, line in enumerate(lines):
-        if line.startswith(_STANDARD_LOADER):
+        if line.startswith(LOADER_LINE):
             return "\n".join([*lines[:i], loader, *lines[i + 1:]])
     return snippet
 
@@ -333,5 +346,14 @@ def assert_conforms(kernel: str | Callable[..., Any], **options: Any) -> Report:
 
     report = check(kernel, **options)
     if not report.conforms:
-        raise AssertionError(format_table(report))
+        raise AssertionError(format_table(report, full_reproduction_in=reproduction_file))
     return report
+
+
+def reproduction_file(verdict: Verdict) -> str:
+    """Write ``verdict``'s full reproduction to a new file in the temporary directory (one
+    too long to show in a message); returns its path."""
+    fd, path = tempfile.mkstemp(prefix=f"attnspec-{verdict.property}-", suffix=".py")
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(verdict.reproduction)
+    return path

@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import claims
-from .api import KernelSetup, SetupError
+from .api import KernelSetup, SetupError, reproduction_file
 from .claims import CLAIM_FLAGS, SETUP_FLAGS, Flag, UsageError, comma_list
 from .registry import Property
 from .runner import FAILED, PROFILES, WARNING, Report, Verdict
 
 PROGRAM = "attnspec"
-MAX_SHOWN_REPRODUCTION = 6000  # characters; longer ones are in the --json/--junit report
 DEMO_KERNELS = (
     # (target, backend or None for the default, claims as CLI flags)
     ("torch.nn.functional:scaled_dot_product_attention", "torch", ()),
@@ -185,7 +184,9 @@ def command_check(args: argparse.Namespace) -> int:
 
     _check_output_paths(args)
     report, rerun = _run_one(setup_from(args), args, rerun_flags(args))
-    print(render.format_table(report, rerun=rerun, max_reproduction=MAX_SHOWN_REPRODUCTION))
+    # a reproduction too long to show is in the JSON report, or else in a file of its own
+    where = f"the JSON report {args.json}" if args.json else reproduction_file
+    print(render.format_table(report, rerun=rerun, full_reproduction_in=where))
     for option, to_text in (("json", render.to_json), ("junit", render.to_junit),
                             ("markdown", render.to_markdown)):
         path = getattr(args, option)
@@ -244,9 +245,7 @@ def command_demo(args: argparse.Namespace) -> int:
         backend_flags = ["--backend", backend] if backend else []
         report, rerun = _run_one(setup, args, [*backend_flags, *flags],
                                  label=f"{target.rpartition(':')[0]}: ")
-        print(format_table(report, rerun=rerun, max_reproduction=MAX_SHOWN_REPRODUCTION,
-                           full_reproduction_in="the JSON report of: "
-                           "attnspec check ... --json PATH"))
+        print(format_table(report, rerun=rerun, full_reproduction_in=reproduction_file))
         explained = known_divergences(setup.prepare().fn)
         unexplained = [v.property for v in report.verdicts
                        if v.status == FAILED and v.property not in explained]

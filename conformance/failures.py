@@ -28,14 +28,25 @@ class PropertyFailure(AssertionError):
         self.problem = problem
         self.hint = hint
         self.counterexample = "" if problem is None else problem.describe()
-        self.reproduction = (
-            "" if problem is None or kernel is None
-            else problem.snippet(kernel.target, kernel.backend.name)
-        )
+        self.reproduction = ""
+        if problem is not None and kernel is not None:
+            from .reproduction import snippet
+
+            self.reproduction = snippet(problem, kernel, finding)
         message = finding
         if self.counterexample:
             message += f"\n  inputs: {self.counterexample}"
         super().__init__(message)
+
+
+def distinct(found: float, expected: float) -> tuple[str, str]:
+    """``found`` and ``expected`` with as many significant digits (6 to 17) as it takes to
+    tell them apart, so a message never reads "0.57735, but should be 0.57735"."""
+    for digits in range(6, 18):
+        shown = f"{found:.{digits}g}", f"{expected:.{digits}g}"
+        if shown[0] != shown[1]:
+            return shown
+    return repr(found), repr(expected)
 
 
 class KernelRaised(PropertyFailure):

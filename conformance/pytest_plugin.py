@@ -22,7 +22,6 @@ if TYPE_CHECKING:  # imported lazily: a pytest run without the option pays nothi
     from .runner import Verdict
 
 
-MAX_SHOWN_REPRODUCTION = 6000  # characters of a reproduction shown in a failure
 PREFIX = "attnspec"
 
 
@@ -187,6 +186,7 @@ class AttnspecItem(pytest.Item):
         self.prop, self.owner = prop, owner
 
     def runtest(self) -> None:
+        from .api import reproduction_file
         from .report import failure_text
         from .runner import FAILED, NOT_APPLICABLE, WAIVED, WARNING
 
@@ -197,8 +197,7 @@ class AttnspecItem(pytest.Item):
             pytest.skip(verdict.detail)
         # The finding comes first: pytest's short summary shows the first line.
         text = f"{verdict.detail}\n" + failure_text(
-            verdict, self.owner.rerun, max_reproduction=MAX_SHOWN_REPRODUCTION,
-            full_reproduction_in="the JSON report of: attnspec check ... --json PATH",
+            verdict, self.owner.rerun, full_reproduction_in=reproduction_file,
         )
         if verdict.status == FAILED or (
             verdict.status == WARNING and self.config.getoption("attnspec_strict")

@@ -56,8 +56,10 @@ class Report:
     waived: list[str] = field(default_factory=list)
     # the conformance claim, or why there is none (set by whoever knows the whole run)
     claim: str = ""
-    # what the run changed or left out (backend settings, dtypes not checked), and hints
+    # what the run changed or left out (backend settings, dtypes not checked)
     notes: list[str] = field(default_factory=list)
+    # likely convention mismatches, each with the exact flag that fixes it
+    hints: list[str] = field(default_factory=list)
 
     @property
     def conforms(self) -> bool:

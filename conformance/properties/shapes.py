@@ -34,11 +34,12 @@ def call_with(
     arguments are views or must be inspected after the call.
     """
     try:
-        return kernel.split(kernel.call(args, kwargs))
+        result = kernel.call(args, kwargs)
     except Exception as exc:
         raise KernelRaised(
             f"kernel raised {type(exc).__name__}: {str(exc)[:300]}{context}", problem, kernel
         ) from exc
+    return kernel.split(result, problem)
 
 
 def dtype_name(backend: Backend, dtype: Any) -> str:
