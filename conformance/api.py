@@ -31,6 +31,7 @@ from .layouts import LAYOUTS, from_layout, rename_arguments
 from .registry import Property
 from .reproduction import LOADER_LINE
 from .runner import FAILED, WARNING, Report, Verdict, hypothesis_settings, run_all, select
+from .side_effects import hypothesis_storage_elsewhere
 
 Progress = Callable[[Property, "Verdict | None"], None]
 
@@ -257,8 +258,9 @@ class KernelSetup:
             raise SetupError(str(exc)) from None
         kernel = kernel or self.prepare()
         loader = self.loader_source(kernel)
-        report = run_all(kernel, profile=profile, seed=seed, only=only, skip=skip,
-                         strict=strict, progress=progress)
+        with hypothesis_storage_elsewhere():
+            report = run_all(kernel, profile=profile, seed=seed, only=only, skip=skip,
+                             strict=strict, progress=progress)
         for verdict in report.verdicts:
             verdict.reproduction = with_loader(verdict.reproduction, loader)
         from .report import claim_line

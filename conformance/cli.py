@@ -13,6 +13,7 @@ Exit status: 0 when every applicable property passed (SHOULD warnings allowed un
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from .api import KernelSetup, SetupError, reproduction_file
 from .claims import CLAIM_FLAGS, SETUP_FLAGS, Flag, UsageError, comma_list
 from .registry import Property
 from .runner import FAILED, PROFILES, WARNING, Report, Verdict
+from .side_effects import kernel_output_to
 
 PROGRAM = "attnspec"
 DEMO_KERNELS = (
@@ -56,6 +58,10 @@ RUN_FLAGS = (
     Flag("--skip", "skip these property ids (repeatable or comma list)", kind="list",
          metavar="ID", rerun=False),
     Flag("--strict", "SHOULD failures fail the check too (CONF-2)", kind="switch"),
+    Flag("--kernel-output", "write what the kernel prints to PATH (default: stderr, so the "
+         "table on stdout stays clean)", metavar="PATH", rerun=False),
+    Flag("--quiet", "no progress lines, and the kernel's printing is dropped (unless "
+         "--kernel-output)", kind="switch", rerun=False),
     Flag("--json", "write the report as JSON to PATH", metavar="PATH", rerun=False),
     Flag("--junit", "write the report as JUnit XML to PATH", metavar="PATH", rerun=False),
     Flag("--markdown", "write the report as a Markdown table to PATH", metavar="PATH",
@@ -84,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("backends", help="the reference on every backend and dtype here")
     demo = commands.add_parser("demo", help="check PyTorch's SDPA and the reference itself")
     for flag in RUN_FLAGS:
-        if flag.option in ("--profile", "--seed", "--only", "--skip", "--strict"):
+        if flag.option in ("--profile", "--seed", "--only", "--skip", "--strict", "--quiet"):
             flag.add_to(demo)
     return parser
 
@@ -168,10 +174,22 @@ def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
         total = len(select(only, skip))
     except ValueError as exc:
         raise SetupError(str(exc)) from None
-    kernel = setup.prepare()
-    report = setup.run(profile=args.profile or "quick", seed=args.seed, only=only, skip=skip,
-                       strict=args.strict, progress=ProgressDisplay(total, sys.stderr, label),
-                       kernel=kernel)
+    quiet = getattr(args, "quiet", False)
+    progress = None if quiet else ProgressDisplay(total, sys.stderr, label)
+    with contextlib.ExitStack() as stack:
+        output_path = getattr(args, "kernel_output", None)
+        if output_path is not None:
+            try:
+                output: TextIO | None = stack.enter_context(
+                    open(output_path, "w", encoding="utf-8"))
+            except OSError as exc:
+                raise SetupError(f"--kernel-output {output_path!r}: {exc.strerror}") from None
+        else:
+            output = None if quiet else sys.stderr
+        stack.enter_context(kernel_output_to(output))
+        kernel = setup.prepare()
+        report = setup.run(profile=args.profile or "quick", seed=args.seed, only=only,
+                           skip=skip, strict=args.strict, progress=progress, kernel=kernel)
 
     def rerun(verdict: Verdict) -> str:
         return rerun_command(kernel.target, flags, verdict, args.seed)

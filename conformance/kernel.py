@@ -8,10 +8,11 @@ output back as float64 NumPy.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,19 @@ from .declaration import KernelDeclaration, declaration_of
 
 class KernelLoadError(ValueError):
     """``MODULE:FUNC`` or ``path.py:FUNC`` does not name a usable kernel."""
+
+
+@contextlib.contextmanager
+def _on_sys_path(directory: str) -> Iterator[None]:
+    """``directory`` first on ``sys.path`` inside the block (unless it already was there)."""
+    added = directory not in sys.path
+    if added:
+        sys.path.insert(0, directory)
+    try:
+        yield
+    finally:
+        if added and directory in sys.path:
+            sys.path.remove(directory)
 
 
 def load_kernel(target: str) -> Callable[..., Any]:
@@ -41,7 +55,9 @@ def load_kernel(target: str) -> Callable[..., Any]:
             spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
             sys.modules[name] = module
-            spec.loader.exec_module(module)  # type: ignore[union-attr]
+            # the file imports its siblings as when run as a script
+            with _on_sys_path(str(path.resolve().parent)):
+                spec.loader.exec_module(module)  # type: ignore[union-attr]
         else:
             module = importlib.import_module(module_part)
     except KernelLoadError:

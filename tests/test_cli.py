@@ -228,6 +228,69 @@ def test_module_target_imports_from_the_working_directory(
     assert sys.path == before
 
 
+def test_file_target_imports_the_files_next_to_it(capsys: pytest.CaptureFixture[str],
+                                                  tmp_path: Path) -> None:
+    """A path/to/file.py:FUNC kernel imports a helper module next to it (as when run as a
+    script), from any working directory; sys.path is left as it was."""
+    package = tmp_path / "project"
+    package.mkdir()
+    (package / "attnspec_sibling_helper.py").write_text(KERNELS, encoding="utf-8")
+    (package / "uses_sibling.py").write_text(
+        "from attnspec_sibling_helper import correct as attention\n", encoding="utf-8")
+    before = list(sys.path)
+    status, _, err = run_main(capsys, "check", f"{package / 'uses_sibling.py'}:attention",
+                              "--only", "default-scale")
+    assert status == 0, err
+    assert sys.path == before
+
+
+PRINTING_KERNEL = KERNELS + '''
+
+import os
+
+
+def chatty(q, k, v, *, mask=None, is_causal=False, scale=None):
+    print("PRINTED BY THE KERNEL")
+    os.write(1, b"WRITTEN TO FD 1\\n")
+    return correct(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+'''
+
+
+def test_kernel_output_is_kept_off_the_table(tmp_path: Path) -> None:
+    """The table on stdout stays clean: what the kernel prints (print and raw fd 1) goes to
+    stderr by default, to --kernel-output PATH when given, nowhere with --quiet (which
+    also drops the progress lines)."""
+    (tmp_path / "chatty.py").write_text(PRINTING_KERNEL, encoding="utf-8")
+    only = ("--only", "default-scale")
+    kernel_said = ("PRINTED BY THE KERNEL", "WRITTEN TO FD 1")
+
+    plain = run_command("check", "chatty.py:chatty", *only, cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    assert not any(text in plain.stdout for text in kernel_said)
+    assert all(text in plain.stderr for text in kernel_said)
+    assert "result: conforms" in plain.stdout
+
+    to_file = run_command("check", "chatty.py:chatty", *only, "--kernel-output", "k.log",
+                          cwd=tmp_path)
+    log = (tmp_path / "k.log").read_text(encoding="utf-8")
+    assert all(text in log for text in kernel_said)
+    assert not any(text in to_file.stdout + to_file.stderr for text in kernel_said)
+
+    quiet = run_command("check", "chatty.py:chatty", *only, "--quiet", cwd=tmp_path)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    assert not any(text in quiet.stdout for text in kernel_said)
+
+
+def test_no_hypothesis_directory_is_left_behind(tmp_path: Path) -> None:
+    """A check leaves no .hypothesis/ folder where it runs (Hypothesis would cache the
+    constants of the kernel's file there); HYPOTHESIS_STORAGE_DIRECTORY is honoured."""
+    (tmp_path / "kernels.py").write_text(KERNELS, encoding="utf-8")
+    result = run_command("check", "kernels.py:correct", "--only", "default-scale,deterministic",
+                         cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / ".hypothesis").exists()
+
+
 def test_unclaimed_property_is_not_applicable(capsys: pytest.CaptureFixture[str],
                                               kernels: Path) -> None:
     """CONF-3: a kernel without ``scale=`` gets explicit-scale "not applicable", exit 0."""
@@ -282,6 +345,9 @@ def test_report_files_parse(capsys: pytest.CaptureFixture[str], kernels: Path,
     suite = ET.parse(paths["junit"]).getroot().find("testsuite")
     assert suite is not None and suite.get("tests") == "2" and suite.get("failures") == "1"
     cases = {case.get("name"): case for case in suite.iter("testcase")}
+    # the file's path gives no bogus packages: neither its slashes nor its dots
+    assert {case.get("classname") for case in cases.values()} == {
+        "attnspec.kernels.no_default_scale"}
     assert set(cases) == {"default-scale[SDPA-2.1]", "explicit-scale[SDPA-2.2]"}
     assert cases["default-scale[SDPA-2.1]"].find("failure") is not None
     assert "KernelUnderTest" in cases["default-scale[SDPA-2.1]"].findtext("system-out", "")
