@@ -27,7 +27,10 @@ class PropertyFailure(AssertionError):
         self.finding = finding = _NUMPY_SCALAR.sub(r"\2", finding)
         self.problem = problem
         self.hint = hint
-        self.counterexample = "" if problem is None else problem.describe()
+        self.counterexample = (
+            "" if problem is None else kernel.describe(problem) if kernel is not None
+            else problem.describe()
+        )
         self.reproduction = ""
         if problem is not None and kernel is not None:
             from .reproduction import snippet

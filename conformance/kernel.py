@@ -132,6 +132,19 @@ class KernelUnderTest:
         # hints read off the kernel before anything ran (see hints.signature_hints)
         self.setup_hints: list[str] = []
 
+    def describe(self, problem: Problem) -> str:
+        """``problem.describe()``, plus what an adapter changed on the way to the kernel
+        (the zero padding of ``equal_head_dims``), so the inputs shown are those passed."""
+        text = problem.describe()
+        if self.declaration.equal_head_dims:
+            from .layouts import describe_padding
+
+            padding = describe_padding(problem.q.shape[-1], problem.v.shape[-1],
+                                       problem.scale is not None)
+            if padding:
+                text += f" ({padding})"
+        return text
+
     def note(self, observation: str) -> None:
         """Record something a passing property should report (e.g. SDPA-1.7's SHOULD)."""
         if observation not in self.notes:

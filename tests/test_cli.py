@@ -291,6 +291,42 @@ def test_no_hypothesis_directory_is_left_behind(tmp_path: Path) -> None:
     assert not (tmp_path / ".hypothesis").exists()
 
 
+NO_SCALE_KERNELS = '''
+from attnspec.reference import scaled_dot_product_attention
+
+
+def attention(q, k, v, *, mask=None, is_causal=False):
+    # JAX-like: no scale parameter, and it needs Ev == E
+    assert q.shape[-1] == v.shape[-1], "needs Ev == E"
+    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
+def scales_by_one_over_e(q, k, v, *, mask=None, is_causal=False):
+    assert q.shape[-1] == v.shape[-1], "needs Ev == E"
+    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
+                                        scale=1 / q.shape[-1])
+'''
+
+
+def test_equal_head_dims_without_a_scale_parameter(capsys: pytest.CaptureFixture[str],
+                                                   tmp_path: Path) -> None:
+    """SDPA-1.1, SDPA-2.1 (issue 10's false failure): --equal-head-dims on a correct kernel
+    with no scale parameter passes (it is never given scale=), a 1/E default scale is
+    still caught, and the inputs line says how the kernel's arguments were padded."""
+    kernel = tmp_path / "noscale.py"
+    kernel.write_text(NO_SCALE_KERNELS, encoding="utf-8")
+    only = ("--only", "matches-reference,default-scale", "--dtype", "float64")
+    status, out, err = run_main(capsys, "check", f"{kernel}:attention", "--equal-head-dims",
+                                *only)
+    assert status == 0, out + err
+    status, out, _ = run_main(capsys, "check", f"{kernel}:scales_by_one_over_e",
+                              "--equal-head-dims", *only)
+    assert status == 1 and "FAILED default-scale [SDPA-2.1" in out
+    inputs = next(line for line in out.splitlines() if line.startswith("  inputs:"))
+    assert "scale=None (equal_head_dims: the kernel got q, k, v zero-padded to" in inputs
+    assert "and q times" in inputs and "TypeError" not in out
+
+
 def test_unclaimed_property_is_not_applicable(capsys: pytest.CaptureFixture[str],
                                               kernels: Path) -> None:
     """CONF-3: a kernel without ``scale=`` gets explicit-scale "not applicable", exit 0."""

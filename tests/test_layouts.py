@@ -146,22 +146,28 @@ def test_kernel_needing_equal_head_dims_conforms_when_padded() -> None:
 
 
 def test_pad_head_dims_pads_and_cuts() -> None:
-    """Ev < E pads v and cuts the output; Ev > E pads q, k and passes scale=1/sqrt(E)."""
+    """SDPA-1.1, SDPA-2.1: Ev < E pads v and cuts the output; Ev > E with a scale pads q, k
+    to Ev; Ev > E without one pads q, k, v to E * 4**n >= Ev and doubles q n times, so the
+    kernel's own default 1/sqrt(E * 4**n) applies 1/sqrt(E), and no scale is passed."""
     calls: list[tuple[tuple[int, ...], ...]] = []
     scales: list[Any] = []
+    largest_q: list[float] = []
 
     def recorder(q: Any, k: Any, v: Any, *, scale: Any = None) -> Any:
         calls.append((q.shape, k.shape, v.shape))
         scales.append(scale)
+        largest_q.append(float(np.max(q)))
         return np.ones((*q.shape[:-1], v.shape[-1]))
 
     padded = pad_head_dims(recorder)
-    assert padded(np.zeros((2, 3, 4)), np.zeros((2, 5, 4)), np.zeros((2, 5, 1))).shape == (2, 3, 1)
-    assert padded(np.zeros((2, 3, 4)), np.zeros((2, 5, 4)), np.zeros((2, 5, 9))).shape == (2, 3, 9)
-    assert padded(np.zeros((2, 3, 4)), np.zeros((2, 5, 4)), np.zeros((2, 5, 9)), scale=0.5).shape
-    assert calls == [((2, 3, 4), (2, 5, 4), (2, 5, 4)), ((2, 3, 9), (2, 5, 9), (2, 5, 9)),
+    ones = np.ones((2, 3, 4))
+    assert padded(ones, np.zeros((2, 5, 4)), np.zeros((2, 5, 1))).shape == (2, 3, 1)
+    assert padded(ones, np.zeros((2, 5, 4)), np.zeros((2, 5, 9))).shape == (2, 3, 9)
+    assert padded(ones, np.zeros((2, 5, 4)), np.zeros((2, 5, 9)), scale=0.5).shape
+    assert calls == [((2, 3, 4), (2, 5, 4), (2, 5, 4)), ((2, 3, 16), (2, 5, 16), (2, 5, 16)),
                      ((2, 3, 9), (2, 5, 9), (2, 5, 9))]
-    assert scales == [None, 1 / math.sqrt(4), 0.5]
+    assert scales == [None, None, 0.5]
+    assert largest_q == [1.0, 2.0, 1.0]
 
 
 # --- rename_arguments --------------------------------------------------------------------------
