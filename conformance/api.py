@@ -210,6 +210,7 @@ class KernelSetup:
         except (KernelLoadError, ValueError, TypeError) as exc:
             raise SetupError(str(exc)) from None
         declaration = _restrict_dtypes(declaration, backend, self.dtypes)
+        _check_favor_features(declaration)
         kernel = KernelUnderTest(fn, backend, declaration, target)
         check_signature(fn, declaration, kernel.target)
         kernel.setup_hints = hints
@@ -271,6 +272,20 @@ class KernelSetup:
         report.claim = claim_line(report, kernel.declaration, kernel.dtypes,
                                   partial=bool(only or skip))
         return report
+
+
+def _check_favor_features(declaration: KernelDeclaration) -> None:
+    """A FAVOR+ kernel declared with too few features for LIN-6.2's test is a usage error
+    (it would otherwise be a "could not check" failure)."""
+    claim = declaration.linear
+    if claim is None or claim.feature_map != "favor+":
+        return
+    from .favor_bound import favor_usage_error
+    from .properties.linear import FAVOR_TEST_QUERIES
+
+    problem = favor_usage_error(claim.num_features, FAVOR_TEST_QUERIES)
+    if problem:
+        raise SetupError(problem)
 
 
 def setup_notes(kernel: KernelUnderTest) -> list[str]:

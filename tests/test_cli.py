@@ -453,6 +453,11 @@ def test_python_api_assert_conforms(kernels: Path) -> None:
         (["check", "{kernels}:correct", "--kwarg", "oops"], "should be KEY=VALUE"),
         (["check", "{kernels}"], "should be MODULE:FUNC"),
         (["check", "{kernels}:correct", "--json", "/no/such/dir/r.json"], "does not exist"),
+        # LIN-6.2 cannot be derived for m <= 4 n (e^(1/4) - 1) = 18.2 with n = 16 keys
+        (["check", "{kernels}:correct", "--linear", "favor+", "--linear-num-features", "16"],
+         "it needs m >= 19"),
+        (["check", "{kernels}:correct", "--backend", "numpy", "--jax-x64"],
+         "jax_x64 (--jax-x64) is a setting of the jax backend"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], kernels: Path,
