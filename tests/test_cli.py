@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -123,9 +124,11 @@ def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, 
     return status, captured.out, captured.err
 
 
-def run_command(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def run_command(*argv: str, cwd: Path,
+                unset: dict[str, None] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in (unset or {})}
     return subprocess.run([ATTNSPEC, *argv], capture_output=True, text=True, cwd=cwd,
-                          timeout=120)
+                          timeout=120, env=env)
 
 
 # --- attnspec check: exit status and table -------------------------------------------------
@@ -325,6 +328,30 @@ def test_equal_head_dims_without_a_scale_parameter(capsys: pytest.CaptureFixture
     inputs = next(line for line in out.splitlines() if line.startswith("  inputs:"))
     assert "scale=None (equal_head_dims: the kernel got q, k, v zero-padded to" in inputs
     assert "and q times" in inputs and "TypeError" not in out
+
+
+def test_jax_is_checked_in_its_own_settings_unless_asked(tmp_path: Path) -> None:
+    """SDPA-1.4 (issue 10): on JAX the check changes no setting: with x64 off (JAX's
+    default) float64 is not checked and the report says why; --jax-x64 turns it on, checks
+    float64 and says what it changed.  Each in a fresh process (the setting is global),
+    running only a property the kernel does not claim: the settings are the setup's."""
+    pytest.importorskip("jax", reason="the jax extra is not installed")
+    (tmp_path / "kernels.py").write_text(KERNELS, encoding="utf-8")
+    env_free = {"JAX_ENABLE_X64": None}
+    reports = {}
+    for name, flags in (("default", ()), ("x64", ("--jax-x64",))):
+        path = tmp_path / f"{name}.json"
+        result = run_command("check", "kernels.py:correct", "--backend", "jax", "--only",
+                             "bias-semantics", *flags, "--json", str(path), cwd=tmp_path,
+                             unset=env_free)
+        assert result.returncode == 0, result.stderr
+        reports[name] = (json.loads(path.read_text()), result.stdout)
+    data, out = reports["default"]
+    assert "note: float64 is not checked: jax_enable_x64 is off (JAX's default)" in out
+    assert "--jax-x64" in out and not any("changed" in note for note in data["notes"])
+    data, out = reports["x64"]
+    assert "note: changed jax_enable_x64: False -> True for this check" in out
+    assert not any("float64 is not checked" in note for note in data["notes"])
 
 
 def test_unclaimed_property_is_not_applicable(capsys: pytest.CaptureFixture[str],
