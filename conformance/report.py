@@ -209,8 +209,9 @@ def group_text(
         return failure_text(group[0], rerun, max_reproduction=max_reproduction,
                             full_reproduction_in=full_reproduction_in)
     first = group[0]
-    lines = [f"{label(first)} {len(group)} properties, one cause [{first.level}]: "
-             + ", ".join(f"{v.property} [{v.clause}]" for v in group),
+    names = ", ".join(f"{v.property} [{v.clause}]" for v in group)
+    lines = [f"{label(first)} {len(group)} properties, one cause [{first.level}]:",
+             *textwrap.wrap(names, 96, initial_indent="  ", subsequent_indent="  "),
              f"  (told for the first, {first.property}; the others failed the same way)"]
     lines.extend(_case_lines(first, rerun, max_reproduction, full_reproduction_in))
     return "\n".join(lines)

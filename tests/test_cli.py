@@ -459,6 +459,23 @@ def test_python_api_assert_conforms(kernels: Path) -> None:
         assert_conforms(f"{kernels}:correct", only=["default-scale"], biass=True)
 
 
+def test_assert_conforms_caps_the_reproduction(kernels: Path) -> None:
+    """SDPA-2.1: the score-variance failure's reproduction (2000 key pairs as literals,
+    over a megabyte) is not put into the AssertionError: it is written to a file that the
+    message names, and that file holds the whole snippet."""
+    with pytest.raises(AssertionError) as failure:
+        assert_conforms(f"{kernels}:no_default_scale", only=["score-variance"])
+    message = str(failure.value)
+    assert len(message) < 20_000 and "FAILED score-variance [SDPA-2.1" in message
+    path = Path(message.split("too long to show here; it is in ")[1].split()[0])
+    try:
+        snippet = path.read_text(encoding="utf-8")
+        assert len(snippet) > 1_000_000 and "out = fn(q, k, v" in snippet
+        compile(snippet, str(path), "exec")
+    finally:
+        path.unlink()
+
+
 # --- usage and setup errors: exit 2, one line, no traceback --------------------------------
 
 @pytest.mark.parametrize(
