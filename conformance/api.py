@@ -338,16 +338,17 @@ def check(
     layout: str = "bhld",
     rename: Mapping[str, str] | None = None,
     dtypes: Iterable[str] | None = None,
+    jax_x64: bool | None = None,
     **claims: Any,
 ) -> Report:
     """Check ``kernel`` (a callable or ``"MODULE:FUNC"``) clause by clause.
 
     ``claims`` override fields of the kernel's :class:`KernelDeclaration`; ``layout``,
-    ``rename`` and ``dtypes`` are as for :class:`KernelSetup`.  Bad setup (target,
+    ``rename``, ``dtypes`` and ``jax_x64`` are as for :class:`KernelSetup`.  Bad setup (target,
     signature, backend, option) raises :class:`SetupError`, a ``ValueError``.
     """
     setup = KernelSetup(kernel, backend, device, layout, dict(rename or {}),
-                        None if dtypes is None else tuple(dtypes), claims)
+                        None if dtypes is None else tuple(dtypes), claims, jax_x64)
     return setup.run(profile=profile, seed=seed, only=only, skip=skip, strict=strict)
 
 
