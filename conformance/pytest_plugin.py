@@ -162,6 +162,8 @@ class AttnspecSession:
         for note in report.notes:
             terminalreporter.write_line(f"note: {note}")
         terminalreporter.write_line(f"{self.kernel.target}: {summary_line(report)}")
+        for hint in self.kernel.setup_hints:
+            terminalreporter.write_line(f"hint: {hint}")
         terminalreporter.write_line(claim_line(report, self.kernel.declaration,
                                                self.kernel.dtypes, partial=partial))
 

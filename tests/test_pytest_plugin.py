@@ -158,3 +158,6 @@ def test_same_kernel_same_properties_in_cli_and_plugin(pytester: pytest.Pytester
     assert cli["mask-polarity"] == "SKIPPED"
     rerun = next(line for line in result.stdout.lines if "rerun:" in line)
     assert " ".join(plugin_args) in rerun
+    # the summary ends with the claim, or why there is none (CONF-1)
+    result.stdout.fnmatch_lines(["*no conformance claim: 1 MUST property failed (CONF-1): "
+                                 "default-scale"])
