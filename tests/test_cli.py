@@ -201,8 +201,8 @@ def test_unreadable_result_fails_the_property_not_the_run(capsys: pytest.Capture
     one cause and are told once."""
     status, out, _ = run_main(capsys, "check", f"{kernels}:returns_text", "--only", CHEAP)
     assert status == 1
-    assert ("FAILED 2 properties, one cause [MUST]: default-scale [SDPA-2.1], explicit-scale "
-            "[SDPA-2.2]") in out
+    assert ("FAILED 2 properties, one cause [MUST]:\n  default-scale [SDPA-2.1], "
+            "explicit-scale [SDPA-2.2]\n") in out
     assert out.count("  finding: out is a str, but should be a numpy array [SDPA-1.3]") == 1
 
 
