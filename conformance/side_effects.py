@@ -7,14 +7,15 @@ import contextlib
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
 
 @contextlib.contextmanager
 def kernel_output_to(stream: TextIO | None) -> Iterator[None]:
-    """Inside the block, what the kernel prints goes to ``stream`` (None: nowhere), not to
-    stdout, where the verdict table goes.
+    """Inside the block, what the kernel prints (and the warnings it raises) goes to
+    ``stream`` (None: nowhere), not to stdout, where the verdict table goes.
 
     Both Python's ``sys.stdout`` and the process's file descriptor 1 (C extensions,
     subprocesses) are redirected when ``stream`` has a file descriptor; a stream without
@@ -27,7 +28,10 @@ def kernel_output_to(stream: TextIO | None) -> Iterator[None]:
         sys.stdout.flush()
         saved = _redirect_fd(1, target)
         try:
-            with contextlib.redirect_stdout(target):
+            with contextlib.redirect_stdout(target), warnings.catch_warnings():
+                # warnings the kernel raises (NumPy's on the NaN inputs of SDPA-8.3, ...)
+                # are its output too
+                warnings.showwarning = _writer_to(target)
                 yield
         finally:
             sys.stdout.flush()
@@ -35,6 +39,14 @@ def kernel_output_to(stream: TextIO | None) -> Iterator[None]:
             if saved is not None:
                 os.dup2(saved, 1)
                 os.close(saved)
+
+
+def _writer_to(target: TextIO) -> Callable[..., None]:
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: TextIO | None = None, line: str | None = None) -> None:
+        target.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    return show
 
 
 def _redirect_fd(fd: int, target: TextIO) -> int | None:

@@ -253,6 +253,9 @@ import os
 
 
 def chatty(q, k, v, *, mask=None, is_causal=False, scale=None):
+    import warnings
+
+    warnings.warn("WARNED BY THE KERNEL")
     print("PRINTED BY THE KERNEL")
     os.write(1, b"WRITTEN TO FD 1\\n")
     return correct(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
@@ -260,12 +263,12 @@ def chatty(q, k, v, *, mask=None, is_causal=False, scale=None):
 
 
 def test_kernel_output_is_kept_off_the_table(tmp_path: Path) -> None:
-    """The table on stdout stays clean: what the kernel prints (print and raw fd 1) goes to
-    stderr by default, to --kernel-output PATH when given, nowhere with --quiet (which
+    """The table on stdout stays clean: what the kernel prints (print, raw fd 1, warnings)
+    goes to stderr by default, to --kernel-output PATH when given, nowhere with --quiet (which
     also drops the progress lines)."""
     (tmp_path / "chatty.py").write_text(PRINTING_KERNEL, encoding="utf-8")
     only = ("--only", "default-scale")
-    kernel_said = ("PRINTED BY THE KERNEL", "WRITTEN TO FD 1")
+    kernel_said = ("PRINTED BY THE KERNEL", "WRITTEN TO FD 1", "WARNED BY THE KERNEL")
 
     plain = run_command("check", "chatty.py:chatty", *only, cwd=tmp_path)
     assert plain.returncode == 0, plain.stderr
