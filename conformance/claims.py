@@ -1,4 +1,4 @@
-"""The claims table: everything a kernel can claim, in one place (CONF-3, CONF-5).
+"""The claims table: everything a kernel can claim, in one place (CONF-3, CONF-7).
 
 Each :class:`Claim` is one field of :class:`~attnspec.conformance.KernelDeclaration`
 with its default, the command-line flag(s) that set it and their help, the keyword(s)
@@ -237,7 +237,7 @@ class Claim:
     remedy: str = ""
     # the words this claim adds to the conformance claim line (None: nothing)
     shows_as: Callable[[KernelDeclaration], str | None] | None = None
-    # the MUST clause a kernel that does not keep the default does not follow (CONF-5)
+    # the MUST clause a kernel that does not keep the default does not follow (CONF-7)
     waives: str | None = None
     # a message saying what is wrong with a value, or None
     invalid: Callable[[Any], str | None] | None = None
@@ -373,7 +373,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("empty_rows_zero", "bool", True, flags=(
         Flag("--empty-rows-zero", "fully masked rows give 0 as the spec says (SDPA-5.1); "
              "--no-empty-rows-zero for kernels that give mean(V): the claim then names "
-             "SDPA-5.1 as waived (CONF-5)", kind="bool"),), waives="SDPA-5.1"),
+             "SDPA-5.1 as waived (CONF-7)", kind="bool"),), waives="SDPA-5.1"),
     Claim("extra_kwargs", "Mapping[str, Any]", default_factory=dict, flags=(
         Flag("--kwarg", "extra keyword passed on every call, e.g. dropout_p=0.0", kind="list",
              metavar="KEY=VALUE"),),
@@ -482,7 +482,7 @@ def claim_features(declaration: KernelDeclaration) -> list[str]:
 
 
 def waived_clauses(declaration: KernelDeclaration) -> tuple[str, ...]:
-    """The MUST clauses the declaration says the kernel does not follow (CONF-5)."""
+    """The MUST clauses the declaration says the kernel does not follow (CONF-7)."""
     return tuple(claim.waives for claim in CLAIMS if claim.waives is not None
                  and getattr(declaration, claim.field) != claim.default_value)
 

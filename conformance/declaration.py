@@ -5,7 +5,7 @@ scale=None) -> out`` in the layout of SDPA-1.1.  Anything else — an additive b
 the causal alignment, returned weights, a sparse pattern, a linear feature map — is
 declared once, with :func:`declare` or a :class:`KernelDeclaration`, or with the CLI's
 and the pytest plugin's flags.  Properties a kernel does not claim are reported "not
-applicable"; a declaration that waives a MUST clause is named in the claim (CONF-5).
+applicable"; a declaration that waives a MUST clause is named in the claim (CONF-7).
 The fields, their flags and what the suite does with them are one table,
 :data:`attnspec.conformance.claims.CLAIMS`.
 """
@@ -49,7 +49,7 @@ class _DeclarationBehaviour:
 
     @property
     def waived(self) -> tuple[str, ...]:
-        """MUST clauses this declaration says the kernel does not follow (CONF-5)."""
+        """MUST clauses this declaration says the kernel does not follow (CONF-7)."""
         return waived_clauses(self)  # type: ignore[arg-type]
 
 

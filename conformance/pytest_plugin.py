@@ -195,7 +195,7 @@ class AttnspecItem(pytest.Item):
         verdict = self.owner.verdict(self.prop)
         if verdict.status == NOT_APPLICABLE:
             pytest.skip(f"not applicable: {verdict.detail}")
-        if verdict.status == WAIVED:  # the detail says "waived: ..." (CONF-5)
+        if verdict.status == WAIVED:  # the detail says "waived: ..." (CONF-7)
             pytest.skip(verdict.detail)
         # The finding comes first: pytest's short summary shows the first line.
         text = f"{verdict.detail}\n" + failure_text(

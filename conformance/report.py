@@ -68,7 +68,7 @@ def summary_line(report: Report) -> str:
     if report.conforms:
         outcome = "conforms"
         if report.waived:
-            outcome += f" except {', '.join(report.waived)} (waived, CONF-5)"
+            outcome += f" except {', '.join(report.waived)} (waived, CONF-7)"
         if tally[WARNING]:
             outcome += f" (with {tally[WARNING]} SHOULD warning(s))"
     else:
@@ -84,7 +84,7 @@ def summary_line(report: Report) -> str:
 
 def conformance_claim(declaration: KernelDeclaration, dtypes: tuple[str, ...]) -> str:
     """The claim a conforming kernel may make (CONF-1): the version, every MUST clause its
-    declaration waives (CONF-5), what it declares and the dtypes it was checked in, e.g.
+    declaration waives (CONF-7), what it declares and the dtypes it was checked in, e.g.
     "conforms to attnspec 2026.12 (dense, bias, GQA, bottom-right causal; float16,
     bfloat16, float32)" or "conforms to attnspec 2026.12 except SDPA-5.1 (dense, ...)"."""
     waived = declaration.waived
@@ -95,7 +95,7 @@ def conformance_claim(declaration: KernelDeclaration, dtypes: tuple[str, ...]) -
 
 def claim_line(report: Report, declaration: KernelDeclaration, dtypes: tuple[str, ...],
                *, partial: bool) -> str:
-    """The conformance claim of this run, or why it has none (CONF-1, CONF-2, CONF-5).
+    """The conformance claim of this run, or why it has none (CONF-1, CONF-2, CONF-7).
 
     ``partial``: only some properties ran (--only/--skip), so no claim can be made.
     """

@@ -18,7 +18,7 @@ from .registry import Property, all_properties
 
 PROFILES: dict[str, int] = {"quick": 20, "default": 100, "thorough": 1000}
 PASSED, FAILED, WARNING, NOT_APPLICABLE = "passed", "failed", "warning", "not applicable"
-WAIVED = "waived"  # the declaration waives the property's MUST clause (CONF-5)
+WAIVED = "waived"  # the declaration waives the property's MUST clause (CONF-7)
 
 
 @dataclass
@@ -52,7 +52,7 @@ class Report:
     seed: int | None
     strict: bool
     verdicts: list[Verdict] = field(default_factory=list)
-    # MUST clauses the kernel's declaration waives: named in the claim (CONF-5)
+    # MUST clauses the kernel's declaration waives: named in the claim (CONF-7)
     waived: list[str] = field(default_factory=list)
     # the conformance claim, or why there is none (set by whoever knows the whole run)
     claim: str = ""
@@ -109,7 +109,7 @@ def run_property(
     if prop.clause in waivers:
         return Verdict(prop.id, prop.clause, prop.level, WAIVED,
                        detail=f"waived: the kernel declares {waivers[prop.clause]}, so "
-                              f"{prop.clause} is not checked (CONF-5)")
+                              f"{prop.clause} is not checked (CONF-7)")
     reason = prop.applies(kernel.declaration)
     if reason is not None:
         return Verdict(prop.id, prop.clause, prop.level, NOT_APPLICABLE, detail=reason)

@@ -647,7 +647,7 @@ def test_bias_keyword_alone_runs_the_bias_properties(capsys: pytest.CaptureFixtu
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_waived_must_clause_is_named_in_every_report(capsys: pytest.CaptureFixture[str],
                                                      tmp_path: Path) -> None:
-    """CONF-5: --no-empty-rows-zero waives SDPA-5.1: its property is "waived", the claim of
+    """CONF-7: --no-empty-rows-zero waives SDPA-5.1: its property is "waived", the claim of
     a full passing run says "except SDPA-5.1", exit 0, and JSON, JUnit and Markdown say
     the same."""
     kernel = tmp_path / "plain.py"
@@ -662,7 +662,7 @@ def test_waived_must_clause_is_named_in_every_report(capsys: pytest.CaptureFixtu
     assert out.rstrip().splitlines()[-1] == claim
     row = next(line for line in out.splitlines() if line.startswith("empty-rows-zero"))
     assert " waived " in row and "empty_rows_zero=False" in row
-    assert "result: conforms except SDPA-5.1 (waived, CONF-5)" in out
+    assert "result: conforms except SDPA-5.1 (waived, CONF-7)" in out
     data = json.loads(paths["json"].read_text())
     assert (data["conforms"], data["waived"], data["claim"]) == (True, ["SDPA-5.1"], claim)
     assert data["counts"][WAIVED] == 1

@@ -221,7 +221,7 @@ def test_rename_arguments_rejects_bad_names() -> None:
 def test_jax_dot_product_attention_empty_rows_are_reported_as_sdpa_5_1() -> None:
     """SDPA-5.1: JAX gives mean(V) for a fully masked row; checked through the adapters,
     the suite reports exactly that clause; declaring empty_rows_zero=False waives it
-    instead, and the report names the waived clause (CONF-5)."""
+    instead, and the report names the waived clause (CONF-7)."""
     jax = pytest.importorskip("jax", reason="checks JAX's own kernel")
     kernel = from_blhd(pad_head_dims(jax.nn.dot_product_attention), gqa=True,
                        dtypes=("float32",))

@@ -119,7 +119,7 @@ def test_torch_sdpa_passes(property_id: str) -> None:
 
 def test_unclaimed_properties_are_not_applicable() -> None:
     """CONF-3: without GQA or bias those properties are "not applicable", never "passed";
-    CONF-5: the waived fully-masked-row rule is "waived", never "not applicable"."""
+    CONF-7: the waived fully-masked-row rule is "waived", never "not applicable"."""
     plain = KernelDeclaration(empty_rows_zero=False)
     for property_id in ("gqa-mapping", "gqa-rejects-bad-heads", "bias-semantics",
                         "mask-wins-over-bias"):
