@@ -20,18 +20,31 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..backends import FLOAT_DTYPE_NAMES, Backend, BackendError, get_backend
 from .claims import suite_keywords
 from .declaration import KernelDeclaration, declaration_of
-from .hints import class_target_hint, run_hints, signature_hints
+from .hints import class_target_hint, signature_hints
 from .kernel import KernelLoadError, KernelUnderTest, load_kernel
 from .layouts import LAYOUTS, from_layout, rename_arguments
 from .registry import Property
 from .reproduction import LOADER_LINE
-from .runner import FAILED, WARNING, Report, Verdict, hypothesis_settings, run_all, select
+from .runner import (
+    FAILED,
+    WARNING,
+    Report,
+    Verdict,
+    hypothesis_settings,
+    new_report,
+    run_each,
+    select,
+)
 from .side_effects import hypothesis_storage_elsewhere
+from .worker import guard_calls
+
+if TYPE_CHECKING:
+    from .isolation import InProcessKernel, IsolatedKernel, IsolationOptions
 
 Progress = Callable[[Property, "Verdict | None"], None]
 
@@ -171,7 +184,9 @@ class KernelSetup:
     claims: Mapping[str, Any] = field(default_factory=dict)
     jax_x64: bool | None = None
 
-    def _backend(self) -> Backend:
+    def make_backend(self) -> Backend:
+        """The backend to check on, in the JAX configuration asked for (``jax_x64``);
+        :class:`SetupError` when it is unusable."""
         if self.jax_x64 is None:
             return resolve_backend(self.backend, self.device)
         name = self.backend.name if isinstance(self.backend, Backend) else self.backend
@@ -180,8 +195,12 @@ class KernelSetup:
                              f"backend is {name or get_backend().name!r}")
         return resolve_backend(self.backend, self.device, {"jax_enable_x64": self.jax_x64})
 
-    def prepare(self) -> KernelUnderTest:
-        """Load and adapt the kernel; :class:`SetupError` (one line) on any problem."""
+    def prepare(self, backend: Backend | None = None) -> KernelUnderTest:
+        """Load and adapt the kernel; :class:`SetupError` (one line) on any problem.
+
+        ``backend``: one already made by :meth:`make_backend` (a worker process makes it
+        before capping its memory).
+        """
         if self.layout not in LAYOUTS:
             raise SetupError(f"layout={self.layout!r}, but should be one of {', '.join(LAYOUTS)}")
         known = {f.name for f in fields(KernelDeclaration)}
@@ -191,7 +210,7 @@ class KernelSetup:
                 f"unknown claim(s) {', '.join(unknown)}; a declaration has "
                 f"{', '.join(sorted(known))}"
             )
-        backend = self._backend()
+        backend = backend or self.make_backend()
         target = absolute_target(self.kernel) if isinstance(self.kernel, str) else None
         try:
             if target is not None:
@@ -209,11 +228,15 @@ class KernelSetup:
             declaration = declaration_of(fn, **self.claims)
         except (KernelLoadError, ValueError, TypeError) as exc:
             raise SetupError(str(exc)) from None
+        except SystemExit as exc:  # at import: exit status 0 must not read as "conforms"
+            raise SetupError(f"loading kernel {self.kernel!r} called sys.exit({exc.code!r}) "
+                             "(at import?): nothing was checked") from None
         declaration = _restrict_dtypes(declaration, backend, self.dtypes)
         _check_favor_features(declaration)
         kernel = KernelUnderTest(fn, backend, declaration, target)
         check_signature(fn, declaration, kernel.target)
         kernel.setup_hints = hints
+        guard_calls(kernel)
         return kernel
 
     def loader_source(self, kernel: KernelUnderTest) -> str:
@@ -250,28 +273,50 @@ class KernelSetup:
         strict: bool = False,
         progress: Progress | None = None,
         kernel: KernelUnderTest | None = None,
+        isolation: IsolationOptions | None = None,
     ) -> Report:
-        """Run the selected properties (unknown ids and profiles are a SetupError)."""
+        """Run the selected properties (unknown ids and profiles are a SetupError).
+
+        With ``isolation``, the kernel is loaded and run in a supervised worker process
+        (:mod:`.isolation`); otherwise in this one (``kernel``, if given, is used as is).
+        """
+        from .isolation import open_session
+
         try:
-            select(only, skip)
+            properties = select(only, skip)
             hypothesis_settings(profile, seed)
         except ValueError as exc:
             raise SetupError(str(exc)) from None
-        kernel = kernel or self.prepare()
-        loader = self.loader_source(kernel)
-        with hypothesis_storage_elsewhere():
-            report = run_all(kernel, profile=profile, seed=seed, only=only, skip=skip,
-                             strict=strict, progress=progress)
-        for verdict in report.verdicts:
-            verdict.reproduction = with_loader(verdict.reproduction, loader)
-        from .report import claim_line
-
-        report.notes = setup_notes(kernel)
-        failures = sum(v.status in (FAILED, WARNING) for v in report.verdicts)
-        report.hints = [*kernel.setup_hints, *run_hints(kernel, self.layout, failures)]
-        report.claim = claim_line(report, kernel.declaration, kernel.dtypes,
-                                  partial=bool(only or skip))
+        with hypothesis_storage_elsewhere(), open_session(self, isolation, kernel) as session:
+            report = start_report(session, profile=profile, seed=seed, strict=strict)
+            run_each(properties, lambda p: session.run_property(p, profile=profile, seed=seed),
+                     report, progress)
+            finish_report(report, session, partial=bool(only or skip))
         return report
+
+
+def start_report(session: IsolatedKernel | InProcessKernel, *, profile: str,
+                 seed: int | None, strict: bool) -> Report:
+    """Load the session's kernel and give the empty report of its run, with the notes on
+    the library's settings and the hints read off the kernel before anything ran."""
+    kernel = session.start()
+    report = new_report(kernel, profile=profile, seed=seed, strict=strict)
+    report.notes = list(session.setup_notes())
+    report.hints = list(kernel.setup_hints)
+    return report
+
+
+def finish_report(report: Report, session: IsolatedKernel | InProcessKernel, *,
+                  partial: bool) -> None:
+    """Add the hints from probing a kernel that failed (in its worker when isolated) and
+    the conformance claim, or why there is none (``partial``: --only/--skip)."""
+    from .report import claim_line
+
+    kernel = session.start()
+    failures = sum(v.status in (FAILED, WARNING) for v in report.verdicts)
+    if failures and not report.incomplete:
+        report.hints.extend(session.run_hints(failures))
+    report.claim = claim_line(report, kernel.declaration, kernel.dtypes, partial=partial)
 
 
 def _check_favor_features(declaration: KernelDeclaration) -> None:
@@ -339,17 +384,25 @@ def check(
     rename: Mapping[str, str] | None = None,
     dtypes: Iterable[str] | None = None,
     jax_x64: bool | None = None,
+    isolate: bool | IsolationOptions = False,
     **claims: Any,
 ) -> Report:
     """Check ``kernel`` (a callable or ``"MODULE:FUNC"``) clause by clause.
 
     ``claims`` override fields of the kernel's :class:`KernelDeclaration`; ``layout``,
-    ``rename``, ``dtypes`` and ``jax_x64`` are as for :class:`KernelSetup`.  Bad setup (target,
+    ``rename``, ``dtypes`` and ``jax_x64`` are as for :class:`KernelSetup`.  ``isolate=True``
+    (or an :class:`~.isolation.IsolationOptions`) runs the kernel in a supervised worker
+    process, as ``attnspec check`` does: a crash, exit or hang is then a failed verdict; a
+    callable kernel must be importable by its module and name.  Bad setup (target,
     signature, backend, option) raises :class:`SetupError`, a ``ValueError``.
     """
+    from .isolation import IsolationOptions
+
     setup = KernelSetup(kernel, backend, device, layout, dict(rename or {}),
                         None if dtypes is None else tuple(dtypes), claims, jax_x64)
-    return setup.run(profile=profile, seed=seed, only=only, skip=skip, strict=strict)
+    isolation = IsolationOptions() if isolate is True else (isolate or None)
+    return setup.run(profile=profile, seed=seed, only=only, skip=skip, strict=strict,
+                     isolation=isolation)
 
 
 def assert_conforms(kernel: str | Callable[..., Any], **options: Any) -> Report:

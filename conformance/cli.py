@@ -7,7 +7,13 @@
     attnspec demo
 
 Exit status: 0 when every applicable property passed (SHOULD warnings allowed unless
-``--strict``), 1 when one failed, 2 on a usage or setup error (one line on stderr).
+``--strict``), 1 when one failed, 2 on a usage or setup error (one line on stderr), when
+a report file could not be written, or when the check was interrupted (Ctrl-C, SIGTERM:
+the finished verdicts are printed and written, marked incomplete).
+
+The kernel runs in a supervised worker process: a crash, exit or hang (longer than
+``--timeout`` seconds per call) fails the property that was running, and the check goes
+on.  ``--no-isolate`` runs it in this process instead, for debuggers.
 """
 
 from __future__ import annotations
@@ -17,15 +23,22 @@ import contextlib
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TextIO
 
 from . import claims
-from .api import KernelSetup, SetupError, reproduction_file
+from .api import KernelSetup, SetupError, finish_report, reproduction_file, start_report
 from .claims import CLAIM_FLAGS, SETUP_FLAGS, Flag, UsageError, comma_list
+from .isolation import SUPERVISION_FLAGS, IsolationOptions, isolation_options, open_session
 from .registry import Property
+from .report_files import (
+    ReportFiles,
+    interruption,
+    signal_name,
+    sigterm_interrupts,
+    still_running,
+)
 from .runner import FAILED, PROFILES, WARNING, Report, Verdict
-from .side_effects import kernel_output_to
+from .side_effects import hypothesis_storage_elsewhere, kernel_output_to
 
 PROGRAM = "attnspec"
 DEMO_KERNELS = (
@@ -62,6 +75,9 @@ RUN_FLAGS = (
          "table on stdout stays clean)", metavar="PATH", rerun=False),
     Flag("--quiet", "no progress lines, and the kernel's printing is dropped (unless "
          "--kernel-output)", kind="switch", rerun=False),
+    *SUPERVISION_FLAGS,
+    Flag("--no-isolate", "run the kernel in this process (for debuggers): a crash, exit or "
+         "hang of the kernel ends or stalls the check", kind="switch"),
     Flag("--json", "write the report as JSON to PATH", metavar="PATH", rerun=False),
     Flag("--junit", "write the report as JUnit XML to PATH", metavar="PATH", rerun=False),
     Flag("--markdown", "write the report as a Markdown table to PATH", metavar="PATH",
@@ -136,9 +152,9 @@ class ProgressDisplay:
             self.done += 1
         number = self.done + 1 if verdict is None else self.done
         position = f"[{number:>{len(str(self.total))}}/{self.total}]"
-        if verdict is None:
-            if self.tty:
-                self._write(f"\r\033[K{self.label}{position} {prop.id} ({prop.clause}) ...")
+        if verdict is None:  # on a log, a property that hangs is the last one named
+            start = f"{self.label}{position} {prop.id} ({prop.clause}) ..."
+            self._write(f"\r\033[K{start}" if self.tty else start + "\n")
             return
         line = (f"{self.label}{position} {prop.id} ({prop.clause}): {verdict.status} "
                 f"({verdict.seconds:.1f}s)")
@@ -156,60 +172,99 @@ class ProgressDisplay:
         self.stream.flush()
 
 
-def _check_output_paths(args: argparse.Namespace) -> None:
-    for option in ("json", "junit", "markdown"):
-        path = getattr(args, option)
-        if path is not None and not Path(path).resolve().parent.is_dir():
-            raise SetupError(f"--{option} {path!r}: directory {str(Path(path).parent)!r} "
-                             f"does not exist")
+def report_files(args: argparse.Namespace) -> ReportFiles:
+    """The --json/--junit/--markdown files asked for, checked writable (SetupError if not)."""
+    from . import report as render
+
+    files = ReportFiles([(f"--{option}", getattr(args, option), to_text) for option, to_text
+                         in (("json", render.to_json), ("junit", render.to_junit),
+                             ("markdown", render.to_markdown))
+                         if getattr(args, option) is not None])
+    files.check_writable()
+    return files
+
+
+def isolation_from(args: argparse.Namespace) -> IsolationOptions | None:
+    """The worker's supervision from --timeout/--memory-limit; None with --no-isolate."""
+    return isolation_options(not getattr(args, "no_isolate", False),
+                             lambda dest: getattr(args, dest, None))
 
 
 def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
-             label: str = "") -> tuple[Report, Callable[[Verdict], str]]:
-    """Run one kernel with a progress display: (report, rerun command maker)."""
-    from .runner import select
+             label: str = "", files: ReportFiles | None = None,
+             ) -> tuple[Report, Callable[[Verdict], str]]:
+    """Run one kernel with a progress display: (report, rerun command maker).
+
+    ``files`` are rewritten after every property.  Ctrl-C or SIGTERM ends the run early
+    with the report marked incomplete (``report.incomplete``).  The kernel's printing
+    goes to stderr, ``--kernel-output PATH`` or (``--quiet``) nowhere.
+    """
+    from .runner import run_each, select
 
     only, skip = comma_list(args.only), comma_list(args.skip)
     try:
-        total = len(select(only, skip))
+        properties = select(only, skip)
     except ValueError as exc:
         raise SetupError(str(exc)) from None
+    profile, seed, total = args.profile or "quick", args.seed, len(properties)
     quiet = getattr(args, "quiet", False)
-    progress = None if quiet else ProgressDisplay(total, sys.stderr, label)
+    display = None if quiet else ProgressDisplay(total, sys.stderr, label)
     with contextlib.ExitStack() as stack:
-        output_path = getattr(args, "kernel_output", None)
-        if output_path is not None:
-            try:
-                output: TextIO | None = stack.enter_context(
-                    open(output_path, "w", encoding="utf-8"))
-            except OSError as exc:
-                raise SetupError(f"--kernel-output {output_path!r}: {exc.strerror}") from None
-        else:
-            output = None if quiet else sys.stderr
-        stack.enter_context(kernel_output_to(output))
-        kernel = setup.prepare()
-        report = setup.run(profile=args.profile or "quick", seed=args.seed, only=only,
-                           skip=skip, strict=args.strict, progress=progress, kernel=kernel)
+        stack.enter_context(kernel_output_to(_kernel_output(args, stack)))
+        stack.enter_context(hypothesis_storage_elsewhere())
+        session = stack.enter_context(open_session(setup, isolation_from(args)))
+        report = start_report(session, profile=profile, seed=seed, strict=args.strict)
+        target = report.kernel
 
-    def rerun(verdict: Verdict) -> str:
-        return rerun_command(kernel.target, flags, verdict, args.seed)
+        def rerun(verdict: Verdict) -> str:
+            return rerun_command(target, flags, verdict, seed)
 
+        if files is not None:  # replaces any report of an earlier run at once
+            files.write(report, rerun, incomplete=still_running(0, total))
+
+        def progress(prop: Property, verdict: Verdict | None) -> None:
+            if display is not None:
+                display(prop, verdict)
+            done = len(report.verdicts)
+            if verdict is not None and files is not None and done < total:
+                files.write(report, rerun, incomplete=still_running(done, total))
+
+        try:
+            run_each(properties, lambda p: session.run_property(p, profile=profile, seed=seed),
+                     report, progress)
+        except KeyboardInterrupt as exc:
+            report.incomplete = interruption(exc, len(report.verdicts), total)
+            print(f"\n{PROGRAM}: {report.incomplete}", file=sys.stderr)
+        finish_report(report, session, partial=bool(only or skip))
     return report, rerun
+
+
+def _kernel_output(args: argparse.Namespace, stack: contextlib.ExitStack) -> TextIO | None:
+    """Where the kernel's printing goes: --kernel-output PATH, else stderr (None, nowhere,
+    with --quiet); the file is closed with ``stack``."""
+    path = getattr(args, "kernel_output", None)
+    if path is None:
+        return None if getattr(args, "quiet", False) else sys.stderr
+    try:
+        return stack.enter_context(open(path, "w", encoding="utf-8"))
+    except OSError as exc:
+        raise SetupError(f"--kernel-output {path!r}: {exc.strerror}") from None
 
 
 def command_check(args: argparse.Namespace) -> int:
     from . import report as render
 
-    _check_output_paths(args)
-    report, rerun = _run_one(setup_from(args), args, rerun_flags(args))
+    files = report_files(args)
+    setup = setup_from(args)
+    report, rerun = _run_one(setup, args, rerun_flags(args), files=files)
+    files.write(report, rerun)
     # a reproduction too long to show is in the JSON report, or else in a file of its own
     where = f"the JSON report {args.json}" if args.json else reproduction_file
     print(render.format_table(report, rerun=rerun, full_reproduction_in=where))
-    for option, to_text in (("json", render.to_json), ("junit", render.to_junit),
-                            ("markdown", render.to_markdown)):
-        path = getattr(args, option)
-        if path is not None:
-            Path(path).write_text(to_text(report, rerun=rerun), encoding="utf-8")
+    for error in files.errors.values():
+        print(f"{PROGRAM}: error: {error}", file=sys.stderr)
+    if report.incomplete or files.errors:
+        return 2
     return 0 if report.conforms else 1
 
 
@@ -264,6 +319,8 @@ def command_demo(args: argparse.Namespace) -> int:
         report, rerun = _run_one(setup, args, [*backend_flags, *flags],
                                  label=f"{target.rpartition(':')[0]}: ")
         print(format_table(report, rerun=rerun, full_reproduction_in=reproduction_file))
+        if report.incomplete:
+            return 2
         explained = known_divergences(setup.prepare().fn)
         unexplained = [v.property for v in report.verdicts
                        if v.status == FAILED and v.property not in explained]
@@ -284,17 +341,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``attnspec`` command; returns the exit status."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-        if args.command is None:
-            parser.print_help()
-            return 2
-        return COMMANDS[args.command](args)
+        with sigterm_interrupts():
+            args = parser.parse_args(argv)
+            if args.command is None:
+                parser.print_help()
+                return 2
+            return COMMANDS[args.command](args)
     except (UsageError, SetupError) as exc:
         print(f"{PROGRAM}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"\n{PROGRAM}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # outside a run (loading the kernel, writing reports)
+        print(f"\n{PROGRAM}: interrupted by {signal_name(exc)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -102,10 +102,13 @@ def probe_problem(kernel: KernelUnderTest, dtype: str | None = None) -> Problem:
 
 
 def _run(kernel: KernelUnderTest, problem: Problem) -> np.ndarray | None:
-    """The kernel's output, or None when it raises or returns something unreadable."""
+    """The kernel's output, or None when it raises, returns something unreadable or tries
+    to end the process (``sys.exit``: a verdict has already said so)."""
+    from .failures import KernelExited
+
     try:
         return kernel.run(problem)
-    except Exception:
+    except (Exception, KernelExited):
         return None
 
 
@@ -169,19 +172,18 @@ def run_hints(kernel: KernelUnderTest, layout: str, failures: int) -> list[str]:
     """Hints from probing a kernel that failed ``failures`` properties: when it gets a
     plain problem (no mask, no causal, default scale) wrong but is right once its arrays
     are read in the (..., L, H, E) layout, say --layout blhd."""
-    from .kernel import KernelUnderTest
-    from .layouts import from_blhd
-
     if not failures or kernel.declaration.family != "dense" or layout != "bhld":
         return []
     problem = probe_problem(kernel)
     out = _run(kernel, problem)
     if out is not None and _matches(out, problem, kernel):
         return []
-    transposed = KernelUnderTest(from_blhd(kernel.fn), kernel.backend, kernel.declaration,
-                                 kernel.target)
-    reordered = _run(transposed, problem)
-    if reordered is None or not _matches(reordered, problem, transposed):
+    # as layouts.from_blhd would call it, but through the kernel's own (guarded) calls
+    swapped = problem.with_(**{name: np.swapaxes(getattr(problem, name), -2, -3)
+                               for name in ("q", "k", "v")})
+    reordered = _run(kernel, swapped)
+    if (reordered is None or reordered.ndim < 3
+            or not _matches(np.swapaxes(reordered, -2, -3), problem, kernel)):
         return []
     return [f"the kernel is right on a probe once its q, k, v and output are read as "
             f"(..., L, H, E): it takes the (B, L, H, D) layout of JAX and FlashAttention, "

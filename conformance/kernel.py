@@ -109,6 +109,53 @@ class Problem:
         return ", ".join(parts)
 
 
+def describe_inputs(declaration: KernelDeclaration, problem: Problem) -> str:
+    """``problem.describe()``, plus what an adapter changed on the way to the kernel (the
+    zero padding of ``equal_head_dims``), so the inputs shown are those passed."""
+    text = problem.describe()
+    if declaration.equal_head_dims:
+        from .layouts import describe_padding
+
+        padding = describe_padding(problem.q.shape[-1], problem.v.shape[-1],
+                                   problem.scale is not None)
+        if padding:
+            text += f" ({padding})"
+    return text
+
+
+def keyword_sources(declaration: KernelDeclaration,
+                    problem: Problem) -> dict[str, tuple[Any, str | None]]:
+    """The keywords a kernel with ``declaration`` is called with on ``problem``: each with
+    its value (a NumPy array for a mask or bias: a boolean one moves to the backend as
+    is, a float one in the dtype under test) and the Python expression that builds it from
+    ``problem`` and ``backend`` (None for plain values).  Needs no backend, so a
+    reproduction can be written where the kernel is not loaded."""
+    decl, dtype = declaration, problem.dtype
+    keywords: dict[str, tuple[Any, str | None]] = {
+        name: (value, None) for name, value in decl.extra_kwargs.items()}
+    if problem.is_causal:
+        keywords["is_causal"] = (True, None)
+    if problem.scale is not None:
+        keywords["scale"] = (problem.scale, None)
+    if decl.gqa_keyword is not None and problem.q.shape[-3] != problem.k.shape[-3]:
+        keywords[decl.gqa_keyword] = (True, None)
+    if decl.bias_shares_mask_argument and problem.bias is not None:
+        # one float argument: the bias, with -inf where the mask excludes (PyTorch)
+        bias, source = problem.bias, "problem.bias"
+        if problem.mask is not None:
+            bias = np.where(problem.mask, bias, -np.inf)
+            source = "np.where(problem.mask, problem.bias, -inf)"
+        keywords[decl.mask_keyword] = (bias, f"backend.asarray({source}, {dtype!r})")
+    else:
+        if problem.mask is not None:
+            keywords[decl.mask_keyword] = (problem.mask, "backend.asarray(problem.mask)")
+        if problem.bias is not None:
+            keywords[decl.bias_keyword] = (problem.bias,
+                                           f"backend.asarray(problem.bias, {dtype!r})")
+    keywords.update((name, (value, None)) for name, value in problem.extra.items())
+    return keywords
+
+
 class KernelUnderTest:
     """A kernel, its declaration and the backend it runs on."""
 
@@ -133,17 +180,8 @@ class KernelUnderTest:
         self.setup_hints: list[str] = []
 
     def describe(self, problem: Problem) -> str:
-        """``problem.describe()``, plus what an adapter changed on the way to the kernel
-        (the zero padding of ``equal_head_dims``), so the inputs shown are those passed."""
-        text = problem.describe()
-        if self.declaration.equal_head_dims:
-            from .layouts import describe_padding
-
-            padding = describe_padding(problem.q.shape[-1], problem.v.shape[-1],
-                                       problem.scale is not None)
-            if padding:
-                text += f" ({padding})"
-        return text
+        """The inputs of ``problem`` as passed to this kernel (see :func:`describe_inputs`)."""
+        return describe_inputs(self.declaration, problem)
 
     def note(self, observation: str) -> None:
         """Record something a passing property should report (e.g. SDPA-1.7's SHOULD)."""
@@ -182,32 +220,12 @@ class KernelUnderTest:
         """As :meth:`arguments`, each keyword with the Python expression that builds it
         from ``problem`` and ``backend`` (None for plain values): what a reproduction
         snippet writes out."""
-        decl, b, dtype = self.declaration, self.backend, problem.dtype
+        b, dtype = self.backend, problem.dtype
         args = tuple(b.asarray(a, dtype) for a in (problem.q, problem.k, problem.v))
-        keywords: dict[str, tuple[Any, str | None]] = {
-            name: (value, None) for name, value in decl.extra_kwargs.items()}
-        if problem.is_causal:
-            keywords["is_causal"] = (True, None)
-        if problem.scale is not None:
-            keywords["scale"] = (problem.scale, None)
-        if decl.gqa_keyword is not None and problem.q.shape[-3] != problem.k.shape[-3]:
-            keywords[decl.gqa_keyword] = (True, None)
-        if decl.bias_shares_mask_argument and problem.bias is not None:
-            # one float argument: the bias, with -inf where the mask excludes (PyTorch)
-            bias, source = problem.bias, "problem.bias"
-            if problem.mask is not None:
-                bias = np.where(problem.mask, bias, -np.inf)
-                source = "np.where(problem.mask, problem.bias, -inf)"
-            keywords[decl.mask_keyword] = (b.asarray(bias, dtype),
-                                           f"backend.asarray({source}, {dtype!r})")
-        else:
-            if problem.mask is not None:
-                keywords[decl.mask_keyword] = (b.asarray(problem.mask),
-                                               "backend.asarray(problem.mask)")
-            if problem.bias is not None:
-                keywords[decl.bias_keyword] = (b.asarray(problem.bias, dtype),
-                                               f"backend.asarray(problem.bias, {dtype!r})")
-        keywords.update((name, (value, None)) for name, value in problem.extra.items())
+        keywords = {
+            name: (value if source is None else b.asarray(value) if value.dtype == np.bool_
+                   else b.asarray(value, dtype), source)
+            for name, (value, source) in keyword_sources(self.declaration, problem).items()}
         return args, keywords
 
     def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

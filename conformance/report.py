@@ -27,6 +27,7 @@ MAX_REPRODUCTION = 6000  # characters of a reproduction shown in text
 LABELS = {PASSED: "passed", FAILED: "FAILED", WARNING: "warning", NOT_APPLICABLE: "not applicable",
           WAIVED: "waived"}
 DETAIL_WIDTH = 72
+INCOMPLETE_CLAIM = "no conformance claim: the check is incomplete (CONF-6)"
 
 
 def spec_version() -> str:
@@ -65,7 +66,9 @@ def summary_line(report: Report) -> str:
     """"conforms" or "DOES NOT CONFORM", then the count of each verdict."""
     tally = counts(report)
     seconds = sum(v.seconds for v in report.verdicts)
-    if report.conforms:
+    if report.incomplete:  # CONF-6: no verdict on conformance either way
+        outcome = f"INCOMPLETE ({report.incomplete})"
+    elif report.conforms:
         outcome = "conforms"
         if report.waived:
             outcome += f" except {', '.join(report.waived)} (waived, CONF-7)"
@@ -95,12 +98,14 @@ def conformance_claim(declaration: KernelDeclaration, dtypes: tuple[str, ...]) -
 
 def claim_line(report: Report, declaration: KernelDeclaration, dtypes: tuple[str, ...],
                *, partial: bool) -> str:
-    """The conformance claim of this run, or why it has none (CONF-1, CONF-2, CONF-7).
+    """The conformance claim of this run, or why it has none (CONF-1, CONF-2, CONF-6, CONF-7).
 
     ``partial``: only some properties ran (--only/--skip), so no claim can be made.
     """
     failed = [v.property for v in report.verdicts if v.status == FAILED]
     warned = [v.property for v in report.verdicts if v.status == WARNING]
+    if report.incomplete:
+        return INCOMPLETE_CLAIM
     if failed:
         return (f"no conformance claim: {_count(failed, 'MUST property', 'MUST properties')} "
                 f"failed (CONF-1): {', '.join(failed)}")
@@ -258,6 +263,7 @@ def report_dict(report: Report, *, rerun: Rerun | None = None) -> dict[str, Any]
     data["findings"] = [{"status": group[0].status, "finding": group[0].detail,
                          "hint": group[0].hint, "properties": [v.property for v in group]}
                         for group in grouped_findings(report)]
+    data["complete"] = not report.incomplete
     if rerun is not None:
         for entry, verdict in zip(data["verdicts"], report.verdicts, strict=True):
             entry["rerun"] = rerun(verdict) if verdict.status in (FAILED, WARNING) else ""
@@ -298,6 +304,7 @@ def to_junit(report: Report, *, rerun: Rerun | None = None) -> str:
                         ("device", report.device), ("profile", report.profile),
                         ("seed", str(report.seed)), ("strict", str(report.strict)),
                         ("conforms", str(report.conforms)),
+                        ("complete", str(not report.incomplete)),
                         ("waived", " ".join(report.waived)), ("claim", report.claim),
                         *(("note", note) for note in report.notes)]:
         ET.SubElement(properties, "property", name=name, value=value)

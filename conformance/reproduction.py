@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from .isolation import KernelInfo
     from .kernel import KernelUnderTest, Problem
 
 LOADER_LINE = "kernel = KernelUnderTest.load("
@@ -31,12 +32,15 @@ def _value(value: Any) -> str:
     return f"np.{value!r}" if isinstance(value, np.generic) else repr(value)
 
 
-def snippet(problem: Problem, kernel: KernelUnderTest, finding: str = "") -> str:
-    """The reproduction of ``problem`` on ``kernel``; ``finding`` is quoted as a comment."""
+def snippet(problem: Problem, kernel: KernelUnderTest | KernelInfo, finding: str = "") -> str:
+    """The reproduction of ``problem`` on ``kernel`` (loaded here, or in a worker process);
+    ``finding`` is quoted as a comment."""
     def optional(a: np.ndarray | None) -> str:
         return "None" if a is None else array_literal(a)
 
-    _, keywords = kernel.argument_sources(problem)
+    from .kernel import keyword_sources
+
+    keywords = keyword_sources(kernel.declaration, problem)
     call = ", ".join(["q", "k", "v", *(f"{name}={name if source else _value(value)}"
                                        for name, (value, source) in keywords.items())])
     target = "out, weights" if kernel.declaration.returns_weights else "out"

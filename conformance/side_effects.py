@@ -11,6 +11,15 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import TextIO
 
+# file descriptors kernel output is routed to by the kernel_output_to blocks in force
+_OUTPUT_DESCRIPTORS: list[int] = []
+
+
+def kernel_output_fd() -> int:
+    """Where a kernel's worker process should print: the descriptor of the innermost
+    :func:`kernel_output_to` block's stream, else stderr (2), never the table's stdout."""
+    return _OUTPUT_DESCRIPTORS[-1] if _OUTPUT_DESCRIPTORS else 2
+
 
 @contextlib.contextmanager
 def kernel_output_to(stream: TextIO | None) -> Iterator[None]:
@@ -27,6 +36,9 @@ def kernel_output_to(stream: TextIO | None) -> Iterator[None]:
             target = stack.enter_context(open(os.devnull, "w", encoding="utf-8"))
         sys.stdout.flush()
         saved = _redirect_fd(1, target)
+        descriptor = _descriptor_of(target)
+        if descriptor is not None:  # a worker process started in the block prints there
+            _OUTPUT_DESCRIPTORS.append(descriptor)
         try:
             with contextlib.redirect_stdout(target), warnings.catch_warnings():
                 # warnings the kernel raises (NumPy's on the NaN inputs of SDPA-8.3, ...)
@@ -34,6 +46,8 @@ def kernel_output_to(stream: TextIO | None) -> Iterator[None]:
                 warnings.showwarning = _writer_to(target)
                 yield
         finally:
+            if descriptor is not None:
+                _OUTPUT_DESCRIPTORS.pop()
             sys.stdout.flush()
             target.flush()
             if saved is not None:
@@ -47,6 +61,13 @@ def _writer_to(target: TextIO) -> Callable[..., None]:
         target.write(warnings.formatwarning(message, category, filename, lineno, line))
 
     return show
+
+
+def _descriptor_of(stream: TextIO) -> int | None:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 def _redirect_fd(fd: int, target: TextIO) -> int | None:

@@ -1,0 +1,507 @@
+"""Running a kernel in a supervised worker process, so no kernel can take the check down.
+
+The check's own process (the supervisor) never imports the kernel.  It starts a worker
+(:mod:`.worker`, a fresh interpreter with the same ``sys.path``), sends it the
+:class:`~.api.KernelSetup`, and asks it for one whole property at a time; the worker
+answers with the :class:`~.runner.Verdict`.  While a property runs, the worker reports
+the start and return of every kernel call with the inputs of that call, so that:
+
+* a crash, a signal (segfault, the out-of-memory killer) or any exit of the worker, exit
+  status 0 included, becomes a FAILED verdict for the property that was running, naming
+  what happened and the inputs of the call under way;
+* a kernel call that does not return within ``timeout`` seconds (and equally a stretch of
+  the suite's own work between calls that does not finish, e.g. converting a result that
+  never becomes ready) becomes a FAILED verdict naming those inputs;
+
+and in either case the worker is replaced and the check goes on with the next property.
+The worker also caps its address space (``memory_limit_gib``), so a kernel that asks for
+50 GB gets a ``MemoryError`` (a FAILED verdict) instead of exhausting the machine.  The
+hints that probe a failing kernel (:func:`.hints.run_hints`) run in the worker too, under
+the same watch; the supervisor never calls the kernel.  The worker is built from the same
+:class:`~.api.KernelSetup` (declaration, layout, renames, dtypes, JAX's ``jax_x64``), and
+its printing goes where the supervisor routes the kernel's output
+(:func:`.side_effects.kernel_output_to`: stderr, ``--kernel-output PATH`` or nowhere).
+
+:func:`open_session` gives the same interface for an in-process run (``--no-isolate``),
+where a debugger can step into the kernel and nothing is protected.  The unit of work is
+a whole property, so several workers can later share a list of properties.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import multiprocessing
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+import types
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..backends import Backend
+from .api import KernelSetup, SetupError, with_loader
+from .claims import Flag, Getter, UsageError
+from .declaration import KernelDeclaration
+from .failures import PropertyFailure
+from .hints import run_hints
+from .kernel import KernelUnderTest, Problem, describe_inputs, load_kernel
+from .registry import Property
+from .runner import PROFILES, Verdict, _failed_verdict, run_property
+from .side_effects import kernel_output_fd
+
+DEFAULT_TIMEOUT = 60.0  # s per kernel call: JAX/XLA compiles a new shape in a few seconds
+DEFAULT_MEMORY_LIMIT_GIB = 16.0  # beyond the loaded backend; quick problems need megabytes
+DEFAULT_LOAD_TIMEOUT = 120.0  # s to start a worker and import the backend and the kernel
+FILE_MODULE_PREFIX = "attnspec_kernel_"  # how load_kernel names a file.py:FUNC module
+_STOP_GRACE = 2.0  # s a stopped or dying worker gets to exit before it is killed
+_LIVENESS_CHECK = 1.0  # s between checks that a silent worker is still alive
+
+
+@dataclass(frozen=True)
+class IsolationOptions:
+    """How a worker is supervised: ``timeout`` seconds per kernel call (and per stretch of
+    the suite's work between calls); ``memory_limit_gib`` GiB of address space the worker
+    may add after loading its backend (0: no limit; applied on CPU devices only);
+    ``load_timeout`` seconds to start a worker and load the backend and the kernel (at
+    least ``timeout``)."""
+
+    timeout: float = DEFAULT_TIMEOUT
+    memory_limit_gib: float = DEFAULT_MEMORY_LIMIT_GIB
+    load_timeout: float = DEFAULT_LOAD_TIMEOUT
+
+    def __post_init__(self) -> None:
+        for name in ("timeout", "load_timeout"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name}={value!r}, but should be a positive number of "
+                                 "seconds")
+        if not (isinstance(self.memory_limit_gib, (int, float))
+                and math.isfinite(self.memory_limit_gib) and self.memory_limit_gib >= 0):
+            raise ValueError(f"memory_limit_gib={self.memory_limit_gib!r}, but should be a "
+                             "number of GiB >= 0 (0: no limit)")
+
+
+# The supervision flags `attnspec check` and the pytest plugin share (the plugin's with
+# --attnspec-); how isolation is turned off or on differs (--no-isolate, --attnspec-isolate).
+SUPERVISION_FLAGS = (
+    Flag("--timeout", "a kernel call (or the suite's work between two calls) taking longer "
+         f"fails its property and the worker is restarted (default {DEFAULT_TIMEOUT:g})",
+         type=float, metavar="SECONDS"),
+    Flag("--memory-limit", "address space the worker may add after loading the backend "
+         f"(default {DEFAULT_MEMORY_LIMIT_GIB:g}; 0: no limit; CPU devices only)", type=float,
+         metavar="GIB"),
+)
+
+
+def isolation_options(isolate: bool, get: Getter, *, prefix: str | None = None,
+                      without: str = "--no-isolate has none") -> IsolationOptions | None:
+    """The worker's supervision from the :data:`SUPERVISION_FLAGS` (``get(dest)``, flags
+    named ``--PREFIX-x`` when ``prefix``); None when not ``isolate`` (then those flags are
+    a :class:`UsageError` that ends with ``without``).  :class:`UsageError` naming the
+    flag for a bad value."""
+    def name(option: str) -> str:
+        return option if prefix is None else f"--{prefix}-{option[2:]}"
+
+    timeout, memory = get("timeout"), get("memory_limit")
+    if not isolate:
+        if timeout is not None or memory is not None:
+            raise UsageError(f"{name('--timeout')} and {name('--memory-limit')} apply to the "
+                             f"worker process; {without}")
+        return None
+    try:
+        return IsolationOptions(DEFAULT_TIMEOUT if timeout is None else timeout,
+                                DEFAULT_MEMORY_LIMIT_GIB if memory is None else memory)
+    except ValueError as exc:
+        raise UsageError(str(exc).replace("timeout=", f"{name('--timeout')} ").replace(
+            "memory_limit_gib=", f"{name('--memory-limit')} ")) from None
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    name: str
+    device: str
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """What the supervisor knows of a kernel loaded in a worker: enough for the report,
+    the conformance claim, rerun commands and reproductions (duck-types the parts of
+    :class:`KernelUnderTest` those use)."""
+
+    target: str
+    backend: BackendInfo
+    declaration: KernelDeclaration
+    dtypes: tuple[str, ...]
+    loader: str
+    memory_note: str = ""
+    setup_notes: tuple[str, ...] = ()  # the library's settings, dtypes not checked
+    setup_hints: tuple[str, ...] = ()  # read off the kernel's signature while loading it
+
+    @classmethod
+    def of(cls, kernel: KernelUnderTest, loader: str, memory_note: str) -> KernelInfo:
+        from .api import setup_notes
+
+        declaration = kernel.declaration
+        linear = declaration.linear
+        if linear is not None and callable(linear.feature_map):
+            # Unpickling the function would import the kernel's module in the supervisor.
+            stand_in = CallableInWorker(getattr(linear.feature_map, "__qualname__", "?"))
+            declaration = replace(declaration, linear=replace(linear, feature_map=stand_in))
+        return cls(kernel.target, BackendInfo(kernel.backend.name, str(kernel.backend.device)),
+                   declaration, kernel.dtypes, loader, memory_note,
+                   tuple(setup_notes(kernel)), tuple(kernel.setup_hints))
+
+    def describe(self, problem: Problem) -> str:
+        """The inputs of ``problem`` as the worker passed them to the kernel."""
+        return describe_inputs(self.declaration, problem)
+
+
+@dataclass(frozen=True)
+class CallableInWorker:
+    """Stands in the supervisor for a callable (a feature map) that lives in the worker."""
+
+    name: str
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"{self.name} runs in the check's worker process, not here")
+
+
+class _SetupPickler(pickle.Pickler):
+    """Pickles functions from ``file.py:FUNC`` modules as ``load_kernel("file.py:FUNC")``:
+    their module's name is private to the process that loaded them."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        module = sys.modules.get(getattr(obj, "__module__", None) or "")
+        if (isinstance(obj, types.FunctionType) and module is not None
+                and module.__name__.startswith(FILE_MODULE_PREFIX) and module.__file__):
+            return load_kernel, (f"{module.__file__}:{obj.__qualname__}",)
+        return NotImplemented
+
+
+def _dumps(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    _SetupPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
+
+
+class WorkerDied(Exception):
+    """The worker process ended; the message says how ("was killed by signal SIGSEGV ...")."""
+
+
+def exit_description(returncode: int) -> str:
+    """How a process ended, for a verdict: its exit status or the signal that killed it."""
+    if returncode < 0:
+        try:
+            number = signal.Signals(-returncode)
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+        text = f"was killed by signal {number.name} ({signal.strsignal(number)})"
+        if number == signal.SIGKILL:
+            text += "; the out-of-memory killer sends SIGKILL"
+        return text
+    text = f"ended with exit status {returncode}"
+    if returncode == 0:
+        text += " (os._exit(0) or an exit from C code: no result, and not a success)"
+    return text
+
+
+class _Worker:
+    """One worker process and the connection to it."""
+
+    def __init__(self, stdout: int) -> None:
+        self.connection, child = multiprocessing.Pipe()
+        lifeline_read, self._lifeline = os.pipe()
+        code = (f"import sys; sys.path[:] = {sys.path!r}; "
+                "from attnspec.conformance.worker import main; main()")
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", code, str(child.fileno()), str(lifeline_read)],
+            pass_fds=(child.fileno(), lifeline_read), stdin=subprocess.DEVNULL,
+            stdout=stdout,  # the kernel's own printing never lands in the table on stdout
+            start_new_session=True,  # Ctrl-C is the supervisor's to handle, not the kernel's
+        )
+        child.close()
+        os.close(lifeline_read)
+
+    def send(self, message: Any) -> None:
+        try:
+            self.connection.send(message)
+        except (BrokenPipeError, ConnectionResetError):
+            raise WorkerDied(self._ended()) from None
+
+    def receive(self, timeout: float) -> Any:
+        """The next message, or None when none came within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if self.connection.poll(min(max(remaining, 0.0), _LIVENESS_CHECK)):
+                break
+            if self.process.poll() is not None:  # dead, its connection held open elsewhere
+                raise WorkerDied(self._ended())
+            if remaining <= _LIVENESS_CHECK:
+                return None
+        try:
+            return self.connection.recv()
+        except (EOFError, OSError):
+            raise WorkerDied(self._ended()) from None
+
+    def _ended(self) -> str:
+        try:
+            returncode = self.process.wait(_STOP_GRACE)
+        except subprocess.TimeoutExpired:  # its end of the pipe closed, yet it lives on
+            self.kill()
+            return "closed its connection and was killed"
+        self.close_pipes()
+        return exit_description(returncode)
+
+    def stop(self) -> None:
+        try:
+            self.connection.send(None)
+            self.process.wait(_STOP_GRACE)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.kill()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.close_pipes()
+
+    def close_pipes(self) -> None:
+        self.connection.close()
+        if self._lifeline >= 0:
+            os.close(self._lifeline)
+            self._lifeline = -1
+
+
+@dataclass
+class _LastCall:
+    """The kernel call a lost verdict is attributed to."""
+
+    description: str = ""
+    problem: Problem | None = None
+    in_progress: bool = False
+
+
+class _Lost(Exception):
+    """The worker died or went silent while answering a request; the finding says how."""
+
+    def __init__(self, finding: str, call: _LastCall) -> None:
+        super().__init__(finding)
+        self.finding, self.call = finding, call
+
+
+class IsolatedKernel:
+    """A kernel run property by property in a supervised worker (see the module doc)."""
+
+    def __init__(self, setup: KernelSetup, options: IsolationOptions | None = None) -> None:
+        if isinstance(setup.backend, Backend):  # a loaded library does not pickle
+            setup = replace(setup, backend=setup.backend.name,
+                            jax_x64=_jax_x64_in_force(setup))
+        self.setup, self.options = setup, options or IsolationOptions()
+        self.kernel: KernelInfo | None = None
+        self._worker: _Worker | None = None
+
+    def __enter__(self) -> IsolatedKernel:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def start(self) -> KernelInfo:
+        """Start a worker and load the kernel there; :class:`SetupError` if it cannot."""
+        if self.kernel is None:
+            self._worker, self.kernel = self._spawn()
+        return self.kernel
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
+
+    def setup_notes(self) -> tuple[str, ...]:
+        """What the worker's backend changed and could not check (see ``api.setup_notes``)."""
+        return self.start().setup_notes
+
+    def _spawn(self) -> tuple[_Worker, KernelInfo]:
+        try:
+            payload = _dumps((self.setup, self.options.memory_limit_gib))
+        except Exception as exc:
+            raise SetupError(
+                f"the kernel setup cannot be sent to a worker process ({type(exc).__name__}: "
+                f"{exc}); check a MODULE:FUNC or file.py:FUNC target, or run in-process "
+                "(--no-isolate, isolate=False)"
+            ) from None
+        # the kernel's printing goes where this process routes it (kernel_output_to)
+        worker = _Worker(kernel_output_fd())
+        limit = max(self.options.timeout, self.options.load_timeout)
+        try:
+            worker.connection.send_bytes(payload)
+            message = worker.receive(limit)
+        except (WorkerDied, BrokenPipeError) as died:
+            worker.kill()
+            raise SetupError(f"loading kernel {self.setup.kernel!r}: the worker process {died} "
+                             "(at import?): nothing was checked") from None
+        except BaseException:
+            worker.kill()
+            raise
+        if message is None:
+            worker.kill()
+            raise SetupError(f"loading kernel {self.setup.kernel!r} did not finish within "
+                             f"{limit:g} s (at import?): nothing was checked")
+        if message[0] != "ready":
+            worker.kill()
+            raise SetupError(message[1])
+        return worker, message[1]
+
+    def _request(self, request: tuple[Any, ...]) -> Any:
+        """Send ``request`` to a live worker and return its answer; the kernel calls it
+        makes on the way are watched.  :class:`_Lost` when the worker dies or a call (or
+        the work between calls) outlasts the timeout: the worker is then gone."""
+        self.start()
+        if self._worker is None:  # the last one died: a fresh worker for this request
+            self._worker, _ = self._spawn()
+        worker, call = self._worker, _LastCall()
+        try:
+            worker.send(request)
+            while True:
+                message = worker.receive(self.options.timeout)
+                if message is None:
+                    self._worker = None
+                    worker.kill()
+                    raise _Lost(self._hang_finding(call), call)
+                kind = message[0]
+                if kind == "call":
+                    call = _LastCall(message[1], message[2], in_progress=True)
+                elif kind == "returned":
+                    call.in_progress = False
+                elif kind == "answer":
+                    return message[1]
+                else:  # "setup-error": the worker cannot do this at all
+                    self._worker = None
+                    worker.kill()
+                    raise SetupError(message[1])
+        except WorkerDied as died:
+            self._worker = None
+            raise _Lost(self._death_finding(str(died), call), call) from None
+        except (_Lost, SetupError):
+            raise
+        except BaseException:  # Ctrl-C, SIGTERM: the request stays unanswered
+            self._worker = None
+            worker.kill()
+            raise
+
+    def run_property(self, prop: Property, *, profile: str, seed: int | None) -> Verdict:
+        """One property's verdict; a worker that dies or hangs on it gives a FAILED one."""
+        kernel, started = self.start(), time.perf_counter()
+        try:
+            # The supervisor's profile table is the one that counts (tests shrink it).
+            return self._request(("property", prop.id, profile, PROFILES.get(profile), seed))
+        except _Lost as lost:
+            return self._lost(prop, lost.finding, lost.call, started, kernel)
+
+    def run_hints(self, failures: int) -> list[str]:
+        """``hints.run_hints`` in the worker (it calls the kernel); none when the worker
+        dies or hangs on them (a hint is advice; the verdicts already say what happened)."""
+        try:
+            return list(self._request(("hints", failures)))
+        except _Lost:
+            return []
+
+    def _hang_finding(self, call: _LastCall) -> str:
+        limit = f"{self.options.timeout:g} s (--timeout SECONDS)"
+        if call.in_progress:
+            what = f"the kernel did not return within {limit} on the inputs below"
+        elif call.description:
+            what = (f"nothing happened for {limit} after the kernel returned on the inputs "
+                    "below: converting or checking its result did not finish")
+        else:
+            what = f"no kernel call started within {limit} of the property starting"
+        return f"{what}; the check stopped its worker process and went on [CONF-5]"
+
+    @staticmethod
+    def _death_finding(how: str, call: _LastCall) -> str:
+        if call.in_progress:
+            when = "during a kernel call, on the inputs below"
+        elif call.description:
+            when = ("after the kernel returned on the inputs below, while the suite checked "
+                    "its result")
+        else:
+            when = "before the kernel was called"
+        return (f"the worker process running the kernel {how}, {when}; the check started a "
+                "new worker and went on [CONF-5]")
+
+    @staticmethod
+    def _lost(prop: Property, finding: str, call: _LastCall, started: float,
+              kernel: KernelInfo) -> Verdict:
+        verdict = _failed_verdict(prop, PropertyFailure(finding, call.problem, kernel))  # type: ignore[arg-type]
+        verdict.counterexample = verdict.counterexample or call.description
+        verdict.reproduction = with_loader(verdict.reproduction, kernel.loader)
+        verdict.seconds = time.perf_counter() - started
+        return verdict
+
+
+def _jax_x64_in_force(setup: KernelSetup) -> bool | None:
+    """The worker's ``jax_x64`` for a setup given a loaded :class:`Backend`: JAX's x64
+    setting is process-wide, so a worker checks in the one in force here."""
+    backend = setup.backend
+    if setup.jax_x64 is not None or not isinstance(backend, Backend) or backend.name != "jax":
+        return setup.jax_x64
+    import jax
+
+    return True if jax.config.jax_enable_x64 else None
+
+
+class InProcessKernel:
+    """The kernel loaded and run in this process (``--no-isolate``): a debugger can step
+    into it; a crash, exit or hang of the kernel is the check's too."""
+
+    def __init__(self, setup: KernelSetup, kernel: KernelUnderTest | None = None) -> None:
+        self.setup, self.kernel = setup, kernel
+        self._loader = ""
+
+    def __enter__(self) -> InProcessKernel:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def start(self) -> KernelUnderTest:
+        if self.kernel is None:
+            self.kernel = self.setup.prepare()
+        self._loader = self._loader or self.setup.loader_source(self.kernel)
+        return self.kernel
+
+    def close(self) -> None:
+        pass
+
+    def setup_notes(self) -> list[str]:
+        from .api import setup_notes
+
+        return setup_notes(self.start())
+
+    def run_property(self, prop: Property, *, profile: str, seed: int | None) -> Verdict:
+        verdict = run_property(prop, self.start(), profile=profile, seed=seed)
+        verdict.reproduction = with_loader(verdict.reproduction, self._loader)
+        return verdict
+
+    def run_hints(self, failures: int) -> list[str]:
+        """``hints.run_hints``: probes the kernel, here in this process."""
+        return run_hints(self.start(), self.setup.layout, failures)
+
+
+def open_session(
+    setup: KernelSetup, isolation: IsolationOptions | None,
+    kernel: KernelUnderTest | None = None,
+) -> IsolatedKernel | InProcessKernel:
+    """Isolated when ``isolation`` is given (then ``kernel`` must be None), else in-process."""
+    if isolation is None:
+        return InProcessKernel(setup, kernel)
+    if kernel is not None:
+        raise ValueError("kernel=, a kernel loaded in this process, cannot run isolated; "
+                         "pass isolation=None")
+    return IsolatedKernel(setup, isolation)
