@@ -152,7 +152,8 @@ def _restrict_dtypes(
         claimed = tuple(d for d in claimed if d in wanted)
     usable = tuple(d for d in available if d in claimed)
     if not usable:
-        reasons = [f"{d}: {backend.missing_dtype_reason(d)}" for d in claimed
+        asked = claimed if wanted is None else wanted
+        reasons = [f"{d}: {backend.missing_dtype_reason(d)}" for d in asked
                    if backend.missing_dtype_reason(d)]
         raise SetupError(
             f"no dtype to test: the kernel claims {declaration.dtypes or 'every dtype'}, "

@@ -305,6 +305,7 @@ class IsolatedKernel:
         self.setup, self.options = setup, options or IsolationOptions()
         self.kernel: KernelInfo | None = None
         self._worker: _Worker | None = None
+        self.lost = 0  # verdicts lost with their worker (a crash, an exit or a hang)
 
     def __enter__(self) -> IsolatedKernel:
         return self
@@ -402,11 +403,16 @@ class IsolatedKernel:
             # The supervisor's profile table is the one that counts (tests shrink it).
             return self._request(("property", prop.id, profile, PROFILES.get(profile), seed))
         except _Lost as lost:
+            self.lost += 1
             return self._lost(prop, lost.finding, lost.call, started, kernel)
 
     def run_hints(self, failures: int) -> list[str]:
         """``hints.run_hints`` in the worker (it calls the kernel); none when the worker
-        dies or hangs on them (a hint is advice; the verdicts already say what happened)."""
+        dies or hangs on them, and none for a kernel that already crashed, exited or hung
+        (probing it could cost another timeout, and a convention hint would not explain
+        that).  A hint is advice: the verdicts already say what happened."""
+        if self.lost:
+            return []
         try:
             return list(self._request(("hints", failures)))
         except _Lost:

@@ -96,6 +96,9 @@ def test_k_selects_properties(pytester: pytest.Pytester, kernel_file: Path) -> N
         ("{file}:correct", ("--attnspec-only", "nope"), "unknown property id(s) nope"),
         ("{file}:correct", ("--attnspec-profile", "fast"), "profile='fast'"),
         ("{file}:correct", ("--attnspec-claim", "bias"), "should be KEY=VALUE"),
+        ("{file}:correct", ("--attnspec-timeout", "5"), "they need --attnspec-isolate"),
+        ("{file}:correct", ("--attnspec-isolate", "--attnspec-timeout", "0"),
+         "--attnspec-timeout 0.0, but should be a positive number of seconds"),
     ],
 )
 def test_bad_setup_is_a_usage_error(pytester: pytest.Pytester, kernel_file: Path, target: str,
@@ -110,13 +113,45 @@ def test_bad_setup_is_a_usage_error(pytester: pytest.Pytester, kernel_file: Path
 def test_plugin_takes_every_declaration_the_cli_takes(pytester: pytest.Pytester) -> None:
     """CONF-3 (issue 10): each declaration flag of ``attnspec check`` (the claims table) is
     a ``--attnspec-...`` option of the plugin, the booleans with their ``--attnspec-no-``."""
-    from attnspec.conformance import claims
+    from attnspec.conformance import claims, isolation
 
     help_text = pytester.runpytest("--help").stdout.str()
-    for flag in (*claims.SETUP_FLAGS, *claims.CLAIM_FLAGS):
+    for flag in (*claims.SETUP_FLAGS, *claims.CLAIM_FLAGS, *isolation.SUPERVISION_FLAGS):
         assert f"--attnspec-{flag.option[2:]}" in help_text, flag.option
         if flag.kind == "bool":
             assert f"--attnspec-no-{flag.option[2:]}" in help_text, flag.option
+    assert "--attnspec-isolate" in help_text  # the CLI's default, the plugin's option
+
+
+CRASHES_ON_EXPLICIT_SCALE = """
+import ctypes
+from attnspec.reference import scaled_dot_product_attention
+
+
+def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
+    if scale is not None:
+        ctypes.string_at(0)  # SIGSEGV
+    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+"""
+
+
+def test_isolated_plugin_survives_a_crashing_kernel(pytester: pytest.Pytester) -> None:
+    """CONF-5: with --attnspec-isolate the kernel runs in a worker process: a segfault
+    fails the property that was running, and the pytest run goes on to the next one and
+    its summary (run in a subprocess, so a regression cannot take this run down)."""
+    path = pytester.makepyfile(crashing=CRASHES_ON_EXPLICIT_SCALE)
+    result = pytester.runpytest_subprocess(
+        "--attnspec-kernel", f"{path}:attention", "--attnspec-only",
+        "explicit-scale,default-scale", "--attnspec-isolate", "--attnspec-timeout", "30",
+        "-v", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines([
+        "attnspec::explicit-scale?SDPA-2.2? FAILED*",
+        "attnspec::default-scale?SDPA-2.1? PASSED*",
+        "*killed by signal SIGSEGV*",
+        "*rerun:   pytest --attnspec-kernel *--attnspec-isolate *--attnspec-timeout 30.0*",
+        "*no conformance claim: 1 MUST property failed (CONF-1): explicit-scale",
+    ])
 
 
 def _cli_statuses(argv: list[str], tmp_path: Path) -> dict[str, str]:
