@@ -168,18 +168,18 @@ def test_tolerance_constants_agree_with_the_reference() -> None:
 # The TOL-2 formula as tolerance.md displays it; the test below evaluates these exact terms.
 FORMULA_TERMS = (
     r"A_{ij} = \sum_{e=0}^{E-1} |q_{ie}|\,|k_{je}|, \qquad \gamma_{ij} = m_i - s_{ij}",
-    r"\Delta_{ij} = \big(4u_d + (E+4)u_a\big)\,|\alpha|\,A_{ij} + 2u_a\,|b_{ij}|"
-    r" + 3u_a\,\gamma_{ij} + 6u_a",
-    r"g_{ij} = \min\big(p_{ij}\,(e^{\Delta_{ij}} - 1),\ 2\big), \qquad "
-    r"D_i = \sum_{j \in S(i)} g_{ij}",
+    r"\Delta_{ij} = \big(4u_d + (E+4)u_a\big)\,|\alpha|\,A_{ij} + 2u_a\,|b_{ij}| "
+    r"+ 3u_a\,\gamma_{ij} + 6u_a",
+    r"g_{ij} = \min\big(p_{ij}\,(e^{\Delta_{ij}} - 1),\ 2\big), "
+    r"\qquad D_i = \sum_{j \in S(i)} g_{ij}",
     r"G_{ic} = \sum_{j} g_{ij}\,|v_{jc}|",
     r"N_{ic} = \min\Big(G_{ic} + D_i\,|o_{ic}|,\ "
     r"\sqrt{D_i \textstyle\sum_{j} g_{ij}\,(v_{jc} - o_{ic})^2}\Big)",
     r"S_{ic} = \min\Big(\frac{N_{ic}}{1 - D_i} + G_{ic},\ 2H_{ic}\Big) \text{ if } D_i < 1",
     r"\tau_{ic} = C \Big[ S_{ic} + \big(u_d + (L_k+2)u_a\big) M_{ic} + u_d|o_{ic}| \Big]"
     r" + \sigma_d \Big(L_k + 2 + \sum_{j \in S(i)} |v_{jc}|\Big)",
-    r"\tau^p_{ij} = C \Big[ \min\Big(\frac{g_{ij} + p_{ij} D_i}{1 - D_i},\ 1\Big)"
-    r" + u_d\,p_{ij} \Big] + (L_k+2)\sigma_d",
+    r"\tau^p_{ij} = C \Big[ \min\Big(\frac{g_{ij} + p_{ij} D_i}{1 - D_i},\ 1\Big) "
+    r"+ u_d\,p_{ij} \Big] + (L_k+2)\sigma_d",
 )
 
 
