@@ -453,6 +453,20 @@ def test_the_worker_checks_in_the_jax_settings_asked_for() -> None:
               isolate=True)
 
 
+def test_a_loaded_jax_backend_passes_its_x64_setting_to_the_worker() -> None:
+    """A Backend object cannot travel to the worker; JAX's process-wide x64 setting, on
+    here, goes with its name, so the worker checks float64 as this process would."""
+    jax = pytest.importorskip("jax", reason="the JAX backend needs jax installed")
+    before = jax.config.jax_enable_x64
+    try:
+        backend = Backend("jax", config={"jax_enable_x64": True})
+        report = check("attnspec.reference:scaled_dot_product_attention", backend=backend,
+                       dtypes=["float64"], only=["default-scale"], isolate=True)
+    finally:
+        jax.config.update("jax_enable_x64", before)
+    assert report.verdicts[0].status == PASSED, report.verdicts[0].detail
+
+
 # --- soak ------------------------------------------------------------------------------
 
 SOAK_RUNS = 20
