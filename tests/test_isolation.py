@@ -437,10 +437,16 @@ def test_hints_and_waivers_travel_from_the_worker(worker_kernels: str) -> None:
         (v.status, v.detail) for v in in_process.verdicts]
 
 
-def test_the_worker_checks_in_the_jax_settings_asked_for() -> None:
+JAX_EXAMPLES = 2  # examples per property: each new shape costs JAX a compilation
+
+
+def test_the_worker_checks_in_the_jax_settings_asked_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """--jax-x64 reaches the worker: its backend has float64 and the report says what was
     changed; without it, a float64-only check on JAX is a setup error that says why."""
     pytest.importorskip("jax", reason="the JAX backend needs jax installed")
+    monkeypatch.setitem(runner.PROFILES, "quick", JAX_EXAMPLES)
     target = "attnspec.reference:scaled_dot_product_attention"
     report = check(target, backend="jax", dtypes=["float64"], only=["default-scale"],
                    jax_x64=True, isolate=True)
@@ -453,10 +459,13 @@ def test_the_worker_checks_in_the_jax_settings_asked_for() -> None:
               isolate=True)
 
 
-def test_a_loaded_jax_backend_passes_its_x64_setting_to_the_worker() -> None:
+def test_a_loaded_jax_backend_passes_its_x64_setting_to_the_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A Backend object cannot travel to the worker; JAX's process-wide x64 setting, on
     here, goes with its name, so the worker checks float64 as this process would."""
     jax = pytest.importorskip("jax", reason="the JAX backend needs jax installed")
+    monkeypatch.setitem(runner.PROFILES, "quick", JAX_EXAMPLES)
     before = jax.config.jax_enable_x64
     try:
         backend = Backend("jax", config={"jax_enable_x64": True})
