@@ -379,6 +379,64 @@ CLAIMS: tuple[Claim, ...] = (
              metavar="KEY=VALUE"),),
         from_flags=lambda get: key_values(get("kwarg"), "--kwarg") or None,
         keywords=lambda d: tuple(d.extra_kwargs), remedy="--kwarg"),
+    # --- the features of spec/features.md and dropout (DROP-2 ... DROP-5) ---
+    Claim("softcap", "bool", False, flags=(
+        Flag("--softcap", "the kernel takes a logit softcap c > 0 and computes c tanh(x / c) of "
+             "the scaled scores before bias and mask (SOFTCAP-1; FlashAttention, Gemma 2)",
+             kind="bool"),),
+        keywords=lambda d: (d.softcap_keyword,) if _dense(d) and d.softcap else (),
+        remedy="--no-softcap, or --softcap-keyword NAME", shows_as=_when("softcap", "softcap")),
+    Claim("softcap_keyword", "str", "softcap", flags=(
+        Flag("--softcap-keyword", "keyword of the softcap (default softcap); implies --softcap",
+             metavar="NAME"),), implies={"softcap": True}),
+    Claim("alibi", "bool", False, flags=(
+        Flag("--alibi", "the kernel adds ALiBi biases -m_h |i + d - j| from per-query-head "
+             "slopes, anchored at its causal alignment's corner (ALIBI-2); the slopes are "
+             "passed as float32 (Hq,) or (..., Hq) arrays", kind="bool"),),
+        keywords=lambda d: (d.alibi_keyword,) if _dense(d) and d.alibi else (),
+        remedy="--no-alibi, or --alibi-keyword NAME",
+        shows_as=_when("alibi", lambda d: "ALiBi (standard slopes)" if d.alibi_builtin_slopes
+                       else "ALiBi")),
+    Claim("alibi_keyword", "str", "alibi_slopes", flags=(
+        Flag("--alibi-keyword", "keyword of the ALiBi slopes (default alibi_slopes); implies "
+             "--alibi", metavar="NAME"),), implies={"alibi": True}),
+    Claim("alibi_builtin_slopes", "bool", False, flags=(
+        Flag("--alibi-builtin-slopes", "the kernel takes no slopes: it computes the standard "
+             "slopes of Press et al. for its heads itself (ALIBI-3), and the ALiBi keyword "
+             "(e.g. --alibi-keyword use_alibi) is a switch the suite sets to True; implies "
+             "--alibi", kind="switch"),), implies={"alibi": True}),
+    Claim("returns_lse", "bool", False, flags=(
+        Flag("--returns-lse", "the kernel also returns the log-sum-exp of each query row: "
+             "(out, lse), or (out, weights, lse) with --returns-weights (LSE-1 ... LSE-4)",
+             kind="bool"),),
+        shows_as=_when("returns_lse", "log-sum-exp")),
+    Claim("lse_keyword", "str | None", flags=(
+        Flag("--lse-keyword", "keyword set to True on every call to get the log-sum-exp "
+             "(FlashAttention's kvcache: return_softmax_lse; FlexAttention: return_lse); "
+             "implies --returns-lse", metavar="NAME"),), implies={"returns_lse": True},
+        keywords=lambda d: ((d.lse_keyword,) if _dense(d) and d.returns_lse and d.lse_keyword
+                            else ()),
+        remedy="--lse-keyword NAME"),
+    Claim("dropout", "bool", False, flags=(
+        Flag("--dropout", "the kernel takes a dropout probability (0.0 is passed on every call "
+             "but the dropout checks) and a seed: DROP-2 ... DROP-5 are checked statistically",
+             kind="bool"),),
+        keywords=lambda d: ((d.dropout_keyword, *((d.dropout_seed_keyword,)
+                                                  if d.dropout_seeded else ()))
+                            if _dense(d) and d.dropout else ()),
+        remedy="--no-dropout, --dropout-keyword NAME, --dropout-seed-keyword NAME or "
+               "--no-dropout-seeded",
+        shows_as=_when("dropout", "dropout")),
+    Claim("dropout_keyword", "str", "dropout_p", flags=(
+        Flag("--dropout-keyword", "keyword of the dropout probability (default dropout_p); "
+             "implies --dropout", metavar="NAME"),), implies={"dropout": True}),
+    Claim("dropout_seed_keyword", "str", "seed", flags=(
+        Flag("--dropout-seed-keyword", "keyword of the integer dropout seed (default seed); "
+             "implies --dropout", metavar="NAME"),), implies={"dropout": True}),
+    Claim("dropout_seeded", "bool", True, flags=(
+        Flag("--dropout-seeded", "the kernel takes its dropout seed as a keyword (default); "
+             "--no-dropout-seeded: it draws from its library's own generator, so DROP-4 is "
+             "not checked", kind="bool"),)),
     Claim("sparse", "SparseClaim | None", flags=(
         Flag("--sparse", "the kernel implements this sparse pattern (spec/sparse.md)",
              metavar="PATTERN"),

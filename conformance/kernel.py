@@ -89,6 +89,12 @@ class Problem:
     is_causal: bool = False
     scale: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # spec/features.md: the logit softcap, ALiBi slopes (float64 values exact in float32,
+    # passed as float32), and dropout (DROP-2) with the kernel's seed
+    softcap: float | None = None
+    alibi_slopes: np.ndarray | None = None
+    dropout_p: float = 0.0
+    seed: int | None = None
 
     def with_(self, **changes: Any) -> Problem:
         return replace(self, **changes)
@@ -105,6 +111,12 @@ class Problem:
             )
         if self.bias is not None:
             parts.append(f"bias{tuple(self.bias.shape)}")
+        if self.softcap is not None:
+            parts.append(f"softcap={self.softcap!r}")
+        if self.alibi_slopes is not None:
+            parts.append(f"alibi_slopes{tuple(self.alibi_slopes.shape)}")
+        if self.dropout_p or self.seed is not None:
+            parts.append(f"dropout_p={self.dropout_p!r}, seed={self.seed!r}")
         parts.extend(f"{key}={value!r}" for key, value in self.extra.items())
         return ", ".join(parts)
 
@@ -152,8 +164,45 @@ def keyword_sources(declaration: KernelDeclaration,
         if problem.bias is not None:
             keywords[decl.bias_keyword] = (problem.bias,
                                            f"backend.asarray(problem.bias, {dtype!r})")
+    keywords.update(feature_keywords(decl, problem))
     keywords.update((name, (value, None)) for name, value in problem.extra.items())
     return keywords
+
+
+def feature_keywords(declaration: KernelDeclaration,
+                     problem: Problem) -> dict[str, tuple[Any, str | None]]:
+    """The keywords of spec/features.md and dropout, as :func:`keyword_sources` gives them:
+    the softcap, the ALiBi slopes (float32, as FlashAttention takes them; True for a kernel
+    with built-in slopes, which turns ALiBi on), the log-sum-exp request, the dropout
+    probability (0.0 on every call of a dropout kernel but the dropout checks) and its
+    seed."""
+    decl, keywords = declaration, {}
+    if problem.softcap is not None:
+        keywords[decl.softcap_keyword] = (problem.softcap, None)
+    if problem.alibi_slopes is not None and decl.alibi_builtin_slopes:
+        keywords[decl.alibi_keyword] = (True, None)  # ALiBi on, the kernel's own slopes
+    elif problem.alibi_slopes is not None:
+        keywords[decl.alibi_keyword] = (problem.alibi_slopes.astype(np.float32),
+                                        "backend.asarray(problem.alibi_slopes, 'float32')")
+    if decl.returns_lse and decl.lse_keyword:
+        keywords[decl.lse_keyword] = (True, None)
+    if decl.dropout:
+        keywords[decl.dropout_keyword] = (problem.dropout_p, None)
+        if decl.dropout_seeded and problem.seed is not None:
+            keywords[decl.dropout_seed_keyword] = (problem.seed, None)
+    return keywords
+
+
+class KernelOutputs(tuple):
+    """``(out, weights)`` of one call, unpacking as two as it always did, with the
+    log-sum-exp of a kernel that returns one as ``.lse`` (None otherwise)."""
+
+    lse: Any
+
+    def __new__(cls, out: Any, weights: Any, lse: Any = None) -> KernelOutputs:
+        outputs = super().__new__(cls, (out, weights))
+        outputs.lse = lse
+        return outputs
 
 
 class KernelUnderTest:
@@ -222,9 +271,13 @@ class KernelUnderTest:
         snippet writes out."""
         b, dtype = self.backend, problem.dtype
         args = tuple(b.asarray(a, dtype) for a in (problem.q, problem.k, problem.v))
+        def moved(value: np.ndarray) -> Any:  # float32 arrays (ALiBi slopes) stay float32
+            if value.dtype == np.bool_:
+                return b.asarray(value)
+            return b.asarray(value, "float32" if value.dtype == np.float32 else dtype)
+
         keywords = {
-            name: (value if source is None else b.asarray(value) if value.dtype == np.bool_
-                   else b.asarray(value, dtype), source)
+            name: (value if source is None else moved(value), source)
             for name, (value, source) in keyword_sources(self.declaration, problem).items()}
         return args, keywords
 
@@ -233,33 +286,46 @@ class KernelUnderTest:
         return self.fn(*args, **kwargs)
 
     def split(self, result: Any, problem: Problem | None = None) -> tuple[Any, Any]:
-        """(out, weights or None) from a raw result, per the declaration; a result that is
-        not what SDPA-1.3 asks for (None, a tuple, another library's array) is a failure
-        that says so, with the flag to use when it is a convention mismatch."""
+        """(out, weights or None) from a raw result, per the declaration (see
+        :meth:`results`)."""
+        out, weights, _ = self.results(result, problem)
+        return out, weights
+
+    def results(self, result: Any, problem: Problem | None = None) -> tuple[Any, Any, Any]:
+        """(out, weights or None, lse or None) from a raw result, per the declaration: the
+        output, then the weights (``returns_weights``), then the log-sum-exp
+        (``returns_lse``).  A result that is not what SDPA-1.3 asks for (None, a tuple,
+        another library's array) is a failure that says so, with the flag to use when it is
+        a convention mismatch."""
         from .failures import PropertyFailure
 
-        if self.declaration.returns_weights:
-            if not isinstance(result, (tuple, list)) or len(result) != 2:
+        decl = self.declaration
+        expected = ["out", *(["weights"] if decl.returns_weights else []),
+                    *(["lse"] if decl.returns_lse else [])]
+        if len(expected) > 1:
+            if not isinstance(result, (tuple, list)) or len(result) != len(expected):
+                claimed = " and ".join(f"{name}=True" for name, claims in (
+                    ("returns_weights", decl.returns_weights),
+                    ("returns_lse", decl.returns_lse)) if claims)
                 raise PropertyFailure(
-                    f"the kernel returned {_what_it_is(result)}, but declares "
-                    "returns_weights=True, so it should return (out, weights) [SDPA-1.3]",
-                    problem, self,
-                    hint="if it returns only the output, drop --returns-weights "
-                         "(returns_weights=False)",
+                    f"the kernel returned {_what_it_is(result)}, but declares {claimed}, so "
+                    f"it should return ({', '.join(expected)}) [SDPA-1.3]",
+                    problem, self, hint=_declared_results_hint(decl),
                 )
-            out, weights = result
+            parts = dict(zip(expected, result, strict=True))
         elif isinstance(result, (tuple, list)):
             raise PropertyFailure(
                 f"the kernel returned {_what_it_is(result)}, but should return the output "
                 f"array [SDPA-1.3]", problem, self, hint=_sequence_hint(result),
             )
         else:
-            out, weights = result, None
-        for what, x in (("out", out), ("weights", weights)):
-            if (x is not None or what == "out") and not self.backend.is_array(x):
+            parts = {"out": result}
+        for what in expected:
+            x = parts[what]
+            if not self.backend.is_array(x):
                 raise PropertyFailure(self._not_an_array(what, x), problem, self,
                                       hint=self._array_hint(x))
-        return out, weights
+        return parts["out"], parts.get("weights"), parts.get("lse")
 
     def _not_an_array(self, what: str, x: Any) -> str:
         library = self.backend.name
@@ -277,8 +343,9 @@ class KernelUnderTest:
                     f"on the backend it returns (--backend {_library_of(x)})")
         return ""
 
-    def invoke(self, problem: Problem) -> tuple[Any, Any]:
-        """(out, weights or None) as backend arrays; a kernel exception becomes a failure."""
+    def invoke(self, problem: Problem) -> KernelOutputs:
+        """(out, weights or None) as backend arrays, the log-sum-exp (or None) as ``.lse``;
+        a kernel exception becomes a failure."""
         from .failures import KernelRaised
 
         try:
@@ -290,7 +357,7 @@ class KernelUnderTest:
                 f"kernel raised {type(exc).__name__}: {str(exc)[:300]}", problem, self,
                 hint=raised_hint(exc, self),
             ) from exc
-        return self.split(result, problem)
+        return KernelOutputs(*self.results(result, problem))
 
     def numpy(self, x: Any) -> np.ndarray:
         """A backend array as float64 NumPy."""
@@ -299,6 +366,13 @@ class KernelUnderTest:
     def run(self, problem: Problem) -> np.ndarray:
         """The kernel's output for ``problem`` as float64 NumPy."""
         return self.numpy(self.invoke(problem)[0])
+
+    def run_with_lse(self, problem: Problem) -> tuple[np.ndarray, np.ndarray, str]:
+        """Output and log-sum-exp as float64 NumPy, and the log-sum-exp's dtype name (the
+        kernel declares ``returns_lse``)."""
+        outputs = self.invoke(problem)
+        dtype = str(outputs.lse.dtype).rsplit(".", 1)[-1]
+        return self.numpy(outputs[0]), self.numpy(outputs.lse), dtype
 
     def run_with_weights(self, problem: Problem) -> tuple[np.ndarray, np.ndarray]:
         """Output and weights; weights are observed through V = I when not returned."""
@@ -328,6 +402,13 @@ def _what_it_is(x: Any) -> str:
 def _library_of(x: Any) -> str:
     module = type(x).__module__.split(".")[0]
     return {"jaxlib": "jax", "array_api_strict": "array_api_strict"}.get(module, module)
+
+
+def _declared_results_hint(declaration: KernelDeclaration) -> str:
+    if declaration.returns_weights and not declaration.returns_lse:
+        return "if it returns only the output, drop --returns-weights (returns_weights=False)"
+    return ("if it returns only the output, drop --returns-lse (returns_lse=False); the "
+            "log-sum-exp comes last, after the weights where both are returned")
 
 
 def _sequence_hint(result: Any) -> str:

@@ -43,7 +43,14 @@ def snippet(problem: Problem, kernel: KernelUnderTest | KernelInfo, finding: str
     keywords = keyword_sources(kernel.declaration, problem)
     call = ", ".join(["q", "k", "v", *(f"{name}={name if source else _value(value)}"
                                        for name, (value, source) in keywords.items())])
-    target = "out, weights" if kernel.declaration.returns_weights else "out"
+    declaration = kernel.declaration
+    target = ", ".join(["out", *(["weights"] if declaration.returns_weights else []),
+                        *(["lse"] if declaration.returns_lse else [])])
+    given = {"softcap": problem.softcap, "alibi_slopes": problem.alibi_slopes,
+             "dropout_p": problem.dropout_p or None, "seed": problem.seed}
+    features = "".join(
+        f" {name}={array_literal(value) if isinstance(value, np.ndarray) else _value(value)},"
+        for name, value in given.items() if value is not None)
     lines = [
         *(f"# {line}" for line in _wrapped(f"finding: {finding}") if finding),
         "import numpy as np",
@@ -58,7 +65,7 @@ def snippet(problem: Problem, kernel: KernelUnderTest | KernelInfo, finding: str
         f"    dtype={problem.dtype!r}, is_causal={problem.is_causal!r}, "
         f"scale={_value(problem.scale)},",
         f"    mask={optional(problem.mask)},",
-        f"    bias={optional(problem.bias)},",
+        f"    bias={optional(problem.bias)},{features}",
         f"    extra={problem.extra!r})",
         f"kernel = KernelUnderTest.load({kernel.target!r}, Backend({kernel.backend.name!r}))",
         "fn, backend = kernel.fn, kernel.backend"

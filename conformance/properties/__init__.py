@@ -3,7 +3,9 @@
 from . import (  # noqa: F401
     agreement,
     causal,
+    dropout,
     empty_rows,
+    features,
     gqa,
     invariance,
     linear,

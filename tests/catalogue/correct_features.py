@@ -1,0 +1,143 @@
+"""Correct kernels with the features of spec/features.md and dropout, each an independent
+NumPy formulation (nothing from ``attnspec.reference``).
+
+They differ where real kernels do: weights from the log-sum-exp in natural log versus an
+online softmax over key blocks in base 2 with FlashAttention's folding of the scale, the
+cap and the ALiBi slope into one constant; bottom-right versus top-left anchors; slopes
+passed versus computed; dropout rescaling the output at the end, as FlashAttention does.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from attnspec.conformance import declare
+
+from .blocks import QUIET, finish, row_max
+from .correct import CorrectKernel
+from .feature_blocks import (
+    Features,
+    arranged,
+    attend_features,
+    distance,
+    feature_scores,
+    keep_mask,
+    press_slopes,
+    weighted,
+)
+
+Array = np.ndarray
+LOG2E = math.log2(math.e)
+
+
+@declare(bias=True, gqa=True, softcap=True, alibi=True, returns_lse=True)
+def features_lse(
+    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
+    is_causal: bool = False, scale: float | None = None, softcap: float | None = None,
+    alibi_slopes: Array | None = None,
+) -> tuple[Array, Array]:
+    """(f1) Scores of features.md in natural log, weights from the log-sum-exp, top-left."""
+    f = Features(softcap=softcap, alibi_slopes=alibi_slopes)
+    return attend_features(arranged(q, k, v, mask, bias, is_causal, scale, f), f,
+                           returns_lse=True)
+
+
+@declare(bias=True, gqa=True, softcap=True, alibi=True, returns_lse=True,
+         causal_alignment="bottom_right")
+def features_flash(
+    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
+    is_causal: bool = False, scale: float | None = None, softcap: float | None = None,
+    alibi_slopes: Array | None = None,
+) -> tuple[Array, Array]:
+    """(f2) FlashAttention 2's arithmetic: tanh of q.k times alpha/c, ALiBi as slope / c
+    on that scale, c log2(e) folded into one factor, an online softmax over key blocks of
+    64 in base 2, P rounded to the input dtype, the log-sum-exp converted back from base 2
+    (as FlexAttention does); bottom-right."""
+    f = Features(softcap=softcap, alibi_slopes=alibi_slopes, alignment="bottom_right")
+    a = arranged(q, k, v, mask, bias, is_causal, scale, f)
+    work = a.q.dtype.type
+    # FA's scale_softmax: the cap, or the scale (1 for scale 0, where FlashAttention's
+    # slope / scale_softmax would be infinite)
+    unit = work(f.softcap if f.softcap is not None else (a.scale or 1.0))
+    with np.errstate(**QUIET):
+        raw = np.matmul(a.q, np.swapaxes(a.k, -1, -2))
+        if f.softcap is not None:
+            raw = np.tanh(raw * work(a.scale / f.softcap))
+        elif a.scale == 0:
+            raw = raw * work(0)
+        if f.alibi_slopes is not None:
+            slope = np.broadcast_to(np.asarray(f.alibi_slopes, np.float32),
+                                    a.q.shape[:-2]).astype(a.q.dtype) / unit
+            raw = raw - slope[..., None, None] * distance(*raw.shape[-2:], f.alignment).astype(
+                a.q.dtype)
+        s2 = raw * work(unit * LOG2E)  # scores in base 2
+        if a.bias is not None:
+            s2 = s2 + a.bias * work(LOG2E)
+    allowed = a.allowed & (s2 != -np.inf)
+    s2 = np.where(allowed, s2, -np.inf)
+    m = np.full((*s2.shape[:-1], 1), -np.inf, dtype=s2.dtype)
+    total = np.zeros_like(m)
+    acc = np.zeros((*s2.shape[:-1], a.v.shape[-1]), dtype=s2.dtype)
+    with np.errstate(**QUIET):
+        for start in range(0, s2.shape[-1], 64):
+            blk = slice(start, start + 64)
+            m_new = np.maximum(m, np.max(s2[..., blk], axis=-1, keepdims=True))
+            shift = np.where(m_new == -np.inf, work(0), m_new)
+            p = np.where(allowed[..., blk], np.exp2(s2[..., blk] - shift), 0)
+            correction = np.exp2(m - shift)
+            total = total * correction + p.sum(axis=-1, keepdims=True)
+            p_rounded = p.astype(a.out_dtype).astype(s2.dtype)
+            acc = acc * correction + weighted(p_rounded, allowed[..., blk], a.v[..., blk, :])
+            m = m_new
+        empty = total == 0
+        out = np.where(empty, work(0), acc / np.where(empty, work(1), total))
+        lse = np.where(empty, -np.inf,
+                       (m + np.log2(np.where(empty, 1, total))) * work(math.log(2)))
+    return finish(out, a), lse[..., 0]
+
+
+@declare(gqa=True, alibi=True, alibi_builtin_slopes=True, alibi_keyword="use_alibi")
+def alibi_builtin(
+    q: Array, k: Array, v: Array, *, mask: Array | None = None, is_causal: bool = False,
+    scale: float | None = None, use_alibi: bool = False,
+) -> Array:
+    """(f3) ALiBi, when asked for, with the standard slopes for its own heads (ALIBI-3),
+    as BLOOM and MPT compute them; top-left."""
+    f = Features(alibi_slopes=press_slopes(q.shape[-3]) if use_alibi else None)
+    return attend_features(arranged(q, k, v, mask, None, is_causal, scale, f), f)
+
+
+@declare(bias=True, gqa=True, dropout=True)
+def dropout_attention(
+    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
+    is_causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
+    seed: int | None = None,
+) -> Array:
+    """(f4) Dropout as FlashAttention applies it: unnormalised exponentials dropped by
+    Bernoulli(1 - p) indicators from the seed, the undropped row sum, and the output
+    multiplied by 1 / (sum (1 - p)) at the end."""
+    f = Features(dropout_p=dropout_p, seed=seed)
+    a = arranged(q, k, v, mask, bias, is_causal, scale, f)
+    s, allowed = feature_scores(a, f)
+    with np.errstate(**QUIET):
+        e = np.where(allowed, np.exp(s - row_max(s)), 0).astype(s.dtype)
+        total = e.sum(axis=-1, keepdims=True)
+        kept = e * keep_mask(e.shape, dropout_p, seed)
+        scale_back = s.dtype.type(1 / (1 - dropout_p))
+        out = weighted(kept, allowed, a.v) / np.where(total == 0, 1, total) * scale_back
+    return finish(out, a)
+
+
+def feature_kernels() -> list[CorrectKernel]:
+    return [
+        CorrectKernel("features-lse", features_lse),
+        CorrectKernel("features-flash-bottom-right", features_flash),
+        CorrectKernel("alibi-builtin-slopes", alibi_builtin),
+        CorrectKernel("dropout", dropout_attention),
+    ]
+
+
+__all__: list[Any] = ["feature_kernels"]
