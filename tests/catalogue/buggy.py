@@ -17,6 +17,7 @@ import numpy as np
 from . import bugs_plumbing as plumbing
 from . import bugs_scores as sc
 from . import bugs_softmax as sm
+from .features_catalogue import FEATURE_CATALOGUE
 
 
 @dataclass(frozen=True)
@@ -216,4 +217,6 @@ CATALOGUE: list[BuggyKernel] = [
     BuggyKernel("torch-float16-scores-overflow", plumbing.torch_scores_in_input_dtype,
                 "large-logits", backend="torch",
                 witness=_large_first_pair(W(dtype="float16"), 200.0)),
+    # spec/features.md and dropout (issue 8): entries with their own evidence
+    *FEATURE_CATALOGUE,
 ]

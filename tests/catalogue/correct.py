@@ -29,6 +29,7 @@ from .blocks import (
     scores,
     softmax_lse,
 )
+from .correct_features import FEATURE_KERNELS
 
 Array = np.ndarray
 
@@ -153,4 +154,6 @@ CORRECT: list[CorrectKernel] = [
     CorrectKernel("online-softmax-bottom-right", online_softmax_bottom_right),
     CorrectKernel("row-loop", row_loop_attention),
     CorrectKernel("half-precision-honest", half_precision_honest_attention),
+    # spec/features.md and dropout (issue 8)
+    *(CorrectKernel(name, fn) for name, fn in FEATURE_KERNELS),
 ]

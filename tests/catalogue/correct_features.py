@@ -10,6 +10,7 @@ passed versus computed; dropout rescaling the output at the end, as FlashAttenti
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,6 @@ import numpy as np
 from attnspec.conformance import declare
 
 from .blocks import QUIET, finish, row_max
-from .correct import CorrectKernel
 from .feature_blocks import (
     Features,
     arranged,
@@ -99,15 +99,15 @@ def features_flash(
     return finish(out, a), lse[..., 0]
 
 
-@declare(gqa=True, alibi=True, alibi_builtin_slopes=True, alibi_keyword="use_alibi")
+@declare(bias=True, gqa=True, alibi=True, alibi_builtin_slopes=True, alibi_keyword="use_alibi")
 def alibi_builtin(
-    q: Array, k: Array, v: Array, *, mask: Array | None = None, is_causal: bool = False,
-    scale: float | None = None, use_alibi: bool = False,
+    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
+    is_causal: bool = False, scale: float | None = None, use_alibi: bool = False,
 ) -> Array:
     """(f3) ALiBi, when asked for, with the standard slopes for its own heads (ALIBI-3),
     as BLOOM and MPT compute them; top-left."""
     f = Features(alibi_slopes=press_slopes(q.shape[-3]) if use_alibi else None)
-    return attend_features(arranged(q, k, v, mask, None, is_causal, scale, f), f)
+    return attend_features(arranged(q, k, v, mask, bias, is_causal, scale, f), f)
 
 
 @declare(bias=True, gqa=True, dropout=True)
@@ -131,13 +131,10 @@ def dropout_attention(
     return finish(out, a)
 
 
-def feature_kernels() -> list[CorrectKernel]:
-    return [
-        CorrectKernel("features-lse", features_lse),
-        CorrectKernel("features-flash-bottom-right", features_flash),
-        CorrectKernel("alibi-builtin-slopes", alibi_builtin),
-        CorrectKernel("dropout", dropout_attention),
-    ]
-
-
-__all__: list[Any] = ["feature_kernels"]
+# (name, kernel) pairs that catalogue.correct lists among its correct kernels
+FEATURE_KERNELS: list[tuple[str, Callable[..., Any]]] = [
+    ("features-lse", features_lse),
+    ("features-flash-bottom-right", features_flash),
+    ("alibi-builtin-slopes", alibi_builtin),
+    ("dropout", dropout_attention),
+]
