@@ -437,6 +437,39 @@ CLAIMS: tuple[Claim, ...] = (
         Flag("--dropout-seeded", "the kernel takes its dropout seed as a keyword (default); "
              "--no-dropout-seeded: it draws from its library's own generator, so DROP-4 is "
              "not checked", kind="bool"),)),
+    Claim("varlen", "bool", False, flags=(
+        Flag("--varlen", "the kernel takes packed sequences (VARLEN-1): fn(q (total_q, Hq, E), "
+             "k, v, cu_seqlens_q=, cu_seqlens_k=, max_seqlen_q=, max_seqlen_k=) with int32 "
+             "offsets, FlashAttention's varlen convention; only the varlen properties apply",
+             kind="switch"),),
+        keywords=lambda d: (("cu_seqlens_q", "cu_seqlens_k",
+                             *(("max_seqlen_q", "max_seqlen_k") if d.varlen_max_seqlen else ()))
+                            if d.varlen else ()),
+        remedy="--rename cu_seqlens_q=NAME ..., or --no-varlen-max-seqlen"),
+    Claim("varlen_max_seqlen", "bool", True, flags=(
+        Flag("--varlen-max-seqlen", "pass max_seqlen_q and max_seqlen_k to a --varlen kernel "
+             "(default; --no-varlen-max-seqlen: it takes only the offsets)", kind="bool"),)),
+    Claim("kv_cache", "bool", False, flags=(
+        Flag("--kv-cache", "the kernel attends over a KV cache (KVCACHE-1): fn(q, k_cache, "
+             "v_cache, cache_seqlens=, k=, v=, [block_table=]) as FlashAttention's "
+             "flash_attn_with_kvcache, bottom-right; only the KV-cache properties apply",
+             kind="switch"),),
+        keywords=lambda d: (("cache_seqlens", *(("k", "v") if d.kv_cache_append else ()),
+                             *(("block_table",) if d.kv_cache_paged else ()))
+                            if d.kv_cache else ()),
+        remedy="--rename cache_seqlens=NAME ..., --no-kv-cache-append",
+        shows_as=lambda d: "paged" if d.kv_cache and d.kv_cache_paged else None),
+    Claim("kv_cache_append", "bool", True, flags=(
+        Flag("--kv-cache-append", "the --kv-cache kernel takes new keys k=, v= and writes them "
+             "into the cache in place at cache_seqlens (KVCACHE-4; default)", kind="bool"),)),
+    Claim("kv_cache_paged", "bool", False, flags=(
+        Flag("--kv-cache-paged", "the --kv-cache kernel takes a paged cache (num_blocks, Hkv, "
+             "block_size, E) and block_table= (KVCACHE-5)", kind="switch"),),
+        implies={"kv_cache": True}),
+    Claim("kv_cache_block_size", "int | None", flags=(
+        Flag("--kv-cache-block-size", "the block size a paged cache must have (FlashAttention: "
+             "a multiple of 256); default: the suite draws small ones", type=int,
+             metavar="N"),), implies={"kv_cache": True, "kv_cache_paged": True}),
     Claim("sparse", "SparseClaim | None", flags=(
         Flag("--sparse", "the kernel implements this sparse pattern (spec/sparse.md)",
              metavar="PATTERN"),

@@ -36,10 +36,15 @@ class _DeclarationBehaviour:
 
     @property
     def family(self) -> str:
-        """"dense", "sparse" or "linear": which family of properties applies."""
+        """"dense", "sparse", "linear", "varlen" or "kv-cache": which family of properties
+        applies (the last two have their own calling conventions, spec/features.md)."""
         if self.sparse is not None:  # type: ignore[attr-defined]
             return "sparse"
-        return "linear" if self.linear is not None else "dense"  # type: ignore[attr-defined]
+        if self.linear is not None:  # type: ignore[attr-defined]
+            return "linear"
+        if self.varlen:  # type: ignore[attr-defined]
+            return "varlen"
+        return "kv-cache" if self.kv_cache else "dense"  # type: ignore[attr-defined]
 
     @property
     def bias_shares_mask_argument(self) -> bool:

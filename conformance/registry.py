@@ -14,7 +14,15 @@ from .declaration import KernelDeclaration
 KINDS = ("hypothesis", "fixed")
 
 
+PACKED_FAMILIES = ("varlen", "kv-cache")
+
+
 def always(declaration: KernelDeclaration) -> str | None:
+    """Every family whose kernels take ``fn(q, k, v, ...)`` problems: dense, sparse and
+    linear.  Packed (varlen) and KV-cache kernels have calling conventions of their own
+    and their own properties (spec/features.md)."""
+    if declaration.family in PACKED_FAMILIES:
+        return f"the kernel declares {declaration.family} attention, checked by its own properties"
     return None
 
 

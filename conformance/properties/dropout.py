@@ -90,10 +90,10 @@ def hoeffding_radius(n: int, false_failure: float) -> float:
     return math.sqrt(math.log(2 / false_failure) / (2 * n))
 
 
-@register("dropout-zero", "DROP-1", applies=needs("dropout"))
+@register("dropout-zero", "DROP-2", applies=needs("dropout"))
 def dropout_zero(kernel: KernelUnderTest, data: st.DataObject) -> None:
-    """With dropout probability 0 (and any seed) the output is the definition within
-    TOL-2: dropout off means off."""
+    """With dropout probability 0 (and any seed) every indicator is 1 and the output is
+    the definition within TOL-2 (DROP-1, DROP-2): dropout off means off."""
     dims = draw_dims(data, kernel)
     problem = with_claimed_features(data, kernel, draw_problem(data, kernel, dims=dims), dims)
     seed = data.draw(st.integers(0, 2**31 - 1), label="seed")

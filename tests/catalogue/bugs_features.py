@@ -247,6 +247,18 @@ def lse_without_softcap(q: Array, k: Array, v: Array, *, mask: Mask = None, bias
     return out, uncapped
 
 
+@declare(**LSE)
+def lse_plus_inf_without_keys(q: Array, k: Array, v: Array, *, mask: Mask = None,
+                              bias: Mask = None, is_causal: bool = False,
+                              scale: float | None = None,
+                              softcap: float | None = None) -> tuple[Array, Array]:
+    """+inf for every row when there are no keys at all (FlashAttention's early exit for
+    an empty key range writes INFINITY), -inf correctly for masked-out rows: a split-KV
+    part without keys then dominates the combination."""
+    _, out, lse, _ = _lse_kernel(q, k, v, mask, bias, is_causal, scale, softcap)
+    return out, np.full_like(lse, np.inf) if k.shape[-2] == 0 else lse
+
+
 # --- dropout (DROP-2 ... DROP-4) ------------------------------------------------------------
 
 def _dropout(q: Array, k: Array, v: Array, mask: Mask, bias: Mask, is_causal: bool,
@@ -333,6 +345,18 @@ def dropout_per_key(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Ma
     shape = _shape(q, k)
     keep = keep_mask((*shape[:-2], 1, shape[-1]), dropout_p, seed)
     return _dropout(q, k, v, mask, bias, is_causal, scale, dropout_p, keep)
+
+
+@declare(**DROPOUT)
+def dropout_zero_means_default(q: Array, k: Array, v: Array, *, mask: Mask = None,
+                               bias: Mask = None, is_causal: bool = False,
+                               scale: float | None = None, dropout_p: float = 0.0,
+                               seed: int | None = None) -> Array:
+    """Reads dropout_p=0.0 as "not given" and falls back to its default rate of 0.1
+    (``p = dropout_p or 0.1``), so dropout cannot be turned off."""
+    p = dropout_p or 0.1
+    keep = keep_mask(_shape(q, k), p, seed)
+    return _dropout(q, k, v, mask, bias, is_causal, scale, p, keep)
 
 
 _UNSEEDED = np.random.default_rng(12345)

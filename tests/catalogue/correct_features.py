@@ -17,6 +17,7 @@ import numpy as np
 
 from attnspec.conformance import declare
 
+from . import packed_kernels
 from .blocks import QUIET, finish, row_max
 from .feature_blocks import (
     Features,
@@ -137,4 +138,7 @@ FEATURE_KERNELS: list[tuple[str, Callable[..., Any]]] = [
     ("features-flash-bottom-right", features_flash),
     ("alibi-builtin-slopes", alibi_builtin),
     ("dropout", dropout_attention),
+    ("varlen-block-diagonal", packed_kernels.varlen_block_diagonal),
+    ("kv-cache-paged-in-place", packed_kernels.kv_cache_in_place),
+    ("kv-cache-contiguous-in-place", packed_kernels.kv_cache_contiguous),
 ]

@@ -18,8 +18,11 @@ import numpy as np
 from attnspec.backends import Backend
 from attnspec.conformance.kernel import KernelUnderTest, Problem
 from attnspec.conformance.oracle import lse_bound, reference_bound
+from attnspec.conformance.packed import Batch, CacheCall, call_kv_cache, call_varlen
+from attnspec.reference import append_to_cache, kv_cache_attention, varlen_attention
 
 from . import bugs_features as bugs
+from . import packed_kernels as packed
 from .feature_blocks import press_slopes
 
 Evidence = Callable[[KernelUnderTest], str | None]
@@ -129,6 +132,91 @@ def seed_ignored(kernel: KernelUnderTest) -> str | None:
     return None if np.array_equal(first, second) else "the same seed gave different masks"
 
 
+def _sequences(lengths: list[tuple[int, int]], seed: int = 7) -> list[Problem]:
+    """Causal float64 sequences of the given (Lq, Lk), Hq = 4 reading Hkv = 2."""
+    rng = np.random.default_rng(seed)
+    return [Problem(q=rng.standard_normal((4, n_q, 6)), k=rng.standard_normal((2, n_k, 6)),
+                    v=rng.standard_normal((2, n_k, 3)), dtype="float64", is_causal=True,
+                    softcap=5.0) for n_q, n_k in lengths]
+
+
+def _close(got: np.ndarray, want: np.ndarray, what: str) -> str | None:
+    same = np.isclose(got, want, rtol=1e-9, atol=1e-12) | (got == want)
+    if got.shape != want.shape:
+        return f"{what} has shape {got.shape}, the reference's {want.shape}"
+    if same.all():
+        return None
+    at = tuple(int(i) for i in np.argwhere(~same)[0])
+    return f"{what}{at} = {float(got[at])!r}, the reference's is {float(want[at])!r}"
+
+
+VARLEN_BATCH = Batch(_sequences([(3, 5), (0, 2), (4, 3), (2, 0), (5, 6)]))
+
+
+def varlen_differs(kernel: KernelUnderTest) -> str | None:
+    """Evidence: the packed output differs from reference.varlen_attention (float64), or the
+    kernel accepts offsets the reference rejects."""
+    batch = VARLEN_BATCH
+    out, lse = call_varlen(kernel, batch)
+    q, k, v = (np.concatenate([np.swapaxes(getattr(s, n), 0, 1) for s in batch.sequences])
+               for n in "qkv")
+    offsets = [np.concatenate([[0], np.cumsum([getattr(s, n).shape[-2]
+                                               for s in batch.sequences])]).astype(np.int32)
+               for n in "qk"]
+    want, want_lse = varlen_attention(q, k, v, *offsets, is_causal=True,
+                                      causal_alignment="bottom_right", softcap=5.0,
+                                      return_lse=True)
+    return _close(out, want, "out") or _close(lse, want_lse, "lse")
+
+
+def varlen_accepts_bad_offsets(kernel: KernelUnderTest) -> str | None:
+    """Evidence: offsets past the packed tokens, which the reference rejects, give a result."""
+    from attnspec.conformance.packed import varlen_arguments
+
+    batch = VARLEN_BATCH
+    bad = np.array([0, 3, 3, 7, 9, 20], np.int32)
+    keys = np.concatenate([[0], np.cumsum([s.k.shape[-2] for s in batch.sequences])])
+    args, keywords = varlen_arguments(kernel, batch, offsets=(bad, keys.astype(np.int32)))
+    try:
+        kernel.call(args, keywords)
+    except ValueError:
+        return None
+    return f"cu_seqlens_q={bad.tolist()} for 14 tokens gave a result; the reference raises"
+
+
+CACHE_BATCH = Batch(_sequences([(2, 5), (2, 2), (2, 7)], seed=8),
+                    cache=CacheCall(lengths=[3, 0, 5], n_new=2, capacity=8, block_size=2,
+                                    table=np.array([[5, 0, 7, 2], [1, 9, 3, 6], [8, 4, 10, 11]]),
+                                    n_blocks=13, stale_seed=3))
+
+
+def cache_differs(kernel: KernelUnderTest) -> str | None:
+    """Evidence: the output or the appended cache differs from reference.kv_cache_attention
+    and reference.append_to_cache (float64)."""
+    batch = CACHE_BATCH
+    if not kernel.declaration.kv_cache_paged:
+        batch = Batch(batch.sequences, cache=CacheCall(lengths=[3, 0, 5], n_new=2, capacity=8,
+                                                       stale_seed=3))
+    out, lse, after, before = call_kv_cache(kernel, batch)
+    options = dict(k=before["k"], v=before["v"], block_table=before.get("block_table"))
+    want, want_lse = kv_cache_attention(before["q"], before["k_cache"], before["v_cache"],
+                                        before["cache_seqlens"], is_causal=True, softcap=5.0,
+                                        return_lse=True, **options)
+    caches = append_to_cache(before["k_cache"], before["v_cache"], before["cache_seqlens"],
+                             **options)
+    return (_close(out, want, "out") or _close(lse, want_lse, "lse")
+            or _close(after["k_cache"], caches[0], "k_cache after the call"))
+
+
+def stale_changes_output(kernel: KernelUnderTest) -> str | None:
+    """Evidence: stale cache values of magnitude 30 change the output."""
+    from dataclasses import replace
+
+    loud = Batch(CACHE_BATCH.sequences, cache=replace(CACHE_BATCH.cache, stale_magnitude=30.0))
+    first, again = call_kv_cache(kernel, CACHE_BATCH)[0], call_kv_cache(kernel, loud)[0]
+    return None if np.array_equal(first, again) else "stale values changed the output"
+
+
 def _masked(problem: Problem) -> Problem:
     mask = np.random.default_rng(9).random((*problem.q.shape[:-1], problem.k.shape[-2])) < 0.5
     mask[..., 0] = True
@@ -182,4 +270,26 @@ FEATURE_CATALOGUE: list[FeatureBug] = [
     FeatureBug("dropout-per-key", bugs.dropout_per_key, "dropout-independence",
                shared_indicators(axis=2)),
     FeatureBug("dropout-ignores-seed", bugs.dropout_ignores_seed, "dropout-seed", seed_ignored),
+    FeatureBug("dropout-zero-means-default", bugs.dropout_zero_means_default, "dropout-zero",
+               out_differs(_problem(dropout_p=0.0, seed=3))),
+    FeatureBug("lse-plus-inf-without-keys", bugs.lse_plus_inf_without_keys, "lse-split-combine",
+               lse_differs(_problem(n_keys=0))),
+    FeatureBug("varlen-global-alignment", packed.varlen_global_alignment,
+               "varlen-matches-reference", varlen_differs),
+    FeatureBug("varlen-sees-previous-key", packed.varlen_sees_previous_key, "varlen-isolation",
+               varlen_differs),
+    FeatureBug("varlen-empty-keys-nan", packed.varlen_empty_keys_nan, "varlen-empty-sequences",
+               varlen_differs),
+    FeatureBug("varlen-unchecked-offsets", packed.varlen_unchecked_offsets,
+               "varlen-rejects-bad-offsets", varlen_accepts_bad_offsets),
+    FeatureBug("kv-cache-reads-one-more", packed.kv_cache_reads_one_more,
+               "kv-cache-matches-reference", cache_differs),
+    FeatureBug("kv-cache-top-left", packed.kv_cache_top_left, "kv-cache-matches-reference",
+               cache_differs),
+    FeatureBug("kv-cache-writes-one-late", packed.kv_cache_writes_one_late, "kv-cache-append",
+               cache_differs),
+    FeatureBug("kv-cache-stale-max", packed.kv_cache_stale_max, "kv-cache-stale-positions",
+               stale_changes_output),
+    FeatureBug("kv-cache-ignores-table", packed.kv_cache_ignores_table, "kv-cache-paged",
+               cache_differs),
 ]

@@ -1,0 +1,260 @@
+"""Packed (varlen) and KV-cache kernels for the catalogue, correct and buggy, in NumPy.
+
+Correct ones: a block-diagonal mask over the packed tokens (xformers' ``BlockDiagonalMask``
+and FlexAttention's document masks), a loop over sequences (FlashAttention's varlen
+kernel works per sequence), and a KV-cache kernel that writes the new keys in place and
+reads its cache through the block table.  Each bug changes one of these in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from attnspec.conformance import declare
+
+from .feature_blocks import Features, arranged, attend_features
+
+Array = np.ndarray
+VARLEN = {"varlen": True, "gqa": True, "causal_alignment": "bottom_right", "softcap": True,
+          "alibi": True, "lse_keyword": "return_lse", "returns_lse": True}
+CACHE = {"kv_cache": True, "kv_cache_paged": True, "gqa": True, "softcap": True,
+         "alibi": True, "lse_keyword": "return_lse", "returns_lse": True}
+
+
+def _offsets(cu: Array, total: int) -> list[int]:
+    offsets = [int(x) for x in np.asarray(cu)]
+    if offsets[0] != 0 or offsets[-1] != total or np.any(np.diff(offsets) < 0):
+        raise ValueError(f"cu_seqlens={offsets}: should rise from 0 to {total} [VARLEN-1]")
+    return offsets
+
+
+def _block_diagonal(q: Array, k: Array, v: Array, cu_q: list[int], cu_k: list[int],
+                    is_causal: bool, scale: float | None, softcap: float | None,
+                    alibi_slopes: Array | None, offset_of: Callable[[int, int], int],
+                    lse: bool) -> Any:
+    """One dense call over all tokens: a mask lets sequence b's queries see its own keys
+    (causally, with the offset ``offset_of(Lq_b, Lk_b)``), and the ALiBi bias is built per
+    sequence from the same offset."""
+    heads, total_q, total_k = q.shape[1], q.shape[0], k.shape[0]
+    mask = np.zeros((total_q, total_k), dtype=bool)
+    bias = np.zeros((heads, total_q, total_k))
+    for b in range(len(cu_q) - 1):
+        rows, cols = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        n_q, n_k = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]
+        offset = offset_of(n_q, n_k)
+        allowed = np.ones((n_q, n_k), dtype=bool)
+        if is_causal:
+            allowed = np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + offset
+        mask[rows, cols] = allowed
+        if alibi_slopes is not None:
+            slopes = np.asarray(alibi_slopes, np.float64)
+            slopes = slopes[b] if slopes.ndim == 2 else slopes
+            gaps = np.abs(np.arange(n_q)[:, None] + offset - np.arange(n_k)[None, :])
+            bias[:, rows, cols] = -slopes[:, None, None] * gaps
+    f = Features(softcap=softcap)
+    swap = (1, 0, 2)
+    a = arranged(*(x.transpose(swap) for x in (q, k, v)), mask, bias.astype(q.dtype)
+                 if alibi_slopes is not None else None, False, scale, f)
+    result = attend_features(a, f, returns_lse=True)
+    out, log_sum = result
+    return (out.transpose(swap), log_sum) if lse else out.transpose(swap)
+
+
+@declare(**VARLEN)
+def varlen_block_diagonal(q: Array, k: Array, v: Array, *, cu_seqlens_q: Array,
+                          cu_seqlens_k: Array, max_seqlen_q: int, max_seqlen_k: int,
+                          is_causal: bool = False, scale: float | None = None,
+                          softcap: float | None = None, alibi_slopes: Array | None = None,
+                          return_lse: bool = False) -> Any:
+    """(v1) A block-diagonal mask over the packed tokens, bottom-right per sequence."""
+    cu_q, cu_k = _offsets(cu_seqlens_q, q.shape[0]), _offsets(cu_seqlens_k, k.shape[0])
+    return _block_diagonal(q, k, v, cu_q, cu_k, is_causal, scale, softcap, alibi_slopes,
+                           lambda n_q, n_k: n_k - n_q, return_lse)
+
+
+@declare(**VARLEN)
+def varlen_global_alignment(q: Array, k: Array, v: Array, *, cu_seqlens_q: Array,
+                            cu_seqlens_k: Array, max_seqlen_q: int, max_seqlen_k: int,
+                            is_causal: bool = False, scale: float | None = None,
+                            softcap: float | None = None, alibi_slopes: Array | None = None,
+                            return_lse: bool = False) -> Any:
+    """Aligns every sequence's causal rule and ALiBi with the packed totals, T_k - T_q,
+    instead of its own L_k - L_q."""
+    cu_q, cu_k = _offsets(cu_seqlens_q, q.shape[0]), _offsets(cu_seqlens_k, k.shape[0])
+    total = k.shape[0] - q.shape[0]
+    return _block_diagonal(q, k, v, cu_q, cu_k, is_causal, scale, softcap, alibi_slopes,
+                           lambda n_q, n_k: total, return_lse)
+
+
+@declare(**VARLEN)
+def varlen_sees_previous_key(q: Array, k: Array, v: Array, *, cu_seqlens_q: Array,
+                             cu_seqlens_k: Array, max_seqlen_q: int, max_seqlen_k: int,
+                             is_causal: bool = False, scale: float | None = None,
+                             softcap: float | None = None, alibi_slopes: Array | None = None,
+                             return_lse: bool = False) -> Any:
+    """Starts each sequence's keys one token early (cu_k[b] - 1): it sees the previous
+    sequence's last key."""
+    cu_q, cu_k = _offsets(cu_seqlens_q, q.shape[0]), _offsets(cu_seqlens_k, k.shape[0])
+    outs, lses = [], []
+    for b in range(len(cu_q) - 1):
+        start = max(cu_k[b] - 1, 0)
+        f = Features(softcap=softcap, alignment="bottom_right",
+                     alibi_slopes=None if alibi_slopes is None else
+                     (alibi_slopes[b] if np.ndim(alibi_slopes) == 2 else alibi_slopes))
+        swap = (1, 0, 2)
+        a = arranged(q[cu_q[b]:cu_q[b + 1]].transpose(swap),
+                     k[start:cu_k[b + 1]].transpose(swap), v[start:cu_k[b + 1]].transpose(swap),
+                     None, None, is_causal, scale, f)
+        out, lse = attend_features(a, f, returns_lse=True)
+        outs.append(out.transpose(swap))
+        lses.append(lse)
+    out, lse = np.concatenate(outs), np.concatenate(lses, axis=-1)
+    return (out, lse) if return_lse else out
+
+
+@declare(**VARLEN)
+def varlen_empty_keys_nan(q: Array, k: Array, v: Array, *, cu_seqlens_q: Array,
+                          cu_seqlens_k: Array, max_seqlen_q: int, max_seqlen_k: int,
+                          is_causal: bool = False, scale: float | None = None,
+                          softcap: float | None = None, alibi_slopes: Array | None = None,
+                          return_lse: bool = False) -> Any:
+    """Divides by a zero row sum for a sequence without keys: its rows are NaN."""
+    out, lse = varlen_block_diagonal(q, k, v, cu_seqlens_q=cu_seqlens_q,
+                                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                     max_seqlen_k=max_seqlen_k, is_causal=is_causal,
+                                     scale=scale, softcap=softcap, alibi_slopes=alibi_slopes,
+                                     return_lse=True)
+    cu_q, cu_k = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
+    for b in range(len(cu_q) - 1):
+        if cu_k[b + 1] == cu_k[b]:
+            out[cu_q[b]:cu_q[b + 1]] = np.nan
+    return (out, lse) if return_lse else out
+
+
+@declare(**VARLEN)
+def varlen_unchecked_offsets(q: Array, k: Array, v: Array, *, cu_seqlens_q: Array,
+                             cu_seqlens_k: Array, max_seqlen_q: int, max_seqlen_k: int,
+                             is_causal: bool = False, scale: float | None = None,
+                             softcap: float | None = None, alibi_slopes: Array | None = None,
+                             return_lse: bool = False) -> Any:
+    """Trusts its offsets: clips them to the tokens it has instead of rejecting them
+    (xformers #1122)."""
+    cu_q = list(np.minimum(np.maximum.accumulate(np.asarray(cu_seqlens_q)), q.shape[0]))
+    cu_q[-1] = q.shape[0]
+    cu_k = _offsets(cu_seqlens_k, k.shape[0])
+    return _block_diagonal(q, k, v, [int(x) for x in cu_q], cu_k, is_causal, scale, softcap,
+                           alibi_slopes, lambda n_q, n_k: n_k - n_q, return_lse)
+
+
+# --- KV caches ----------------------------------------------------------------------------
+
+def _position(block_table: Array | None, block: int, b: int, t: int) -> tuple[int, int]:
+    if block_table is None:
+        return b, t
+    return int(block_table[b][t // block]), t % block
+
+
+def _cache_attention(q: Array, k_cache: Array, v_cache: Array, cache_seqlens: Array,
+                     k: Array | None, v: Array | None, block_table: Array | None,
+                     is_causal: bool, scale: float | None, softcap: float | None,
+                     alibi_slopes: Array | None, return_lse: bool, *, write_at: int = 0,
+                     read_extra: int = 0, alignment: str = "bottom_right",
+                     table_in_order: bool = False, max_over_capacity: bool = False) -> Any:
+    """Write the new keys in place at cache_seqlens[b] (+ ``write_at``), then attend each
+    batch element's first cache_seqlens[b] (+ ``read_extra``) + L_new logical positions."""
+    block = k_cache.shape[2]
+    n_new = 0 if k is None else k.shape[2]
+    table = None if block_table is None else np.asarray(block_table)
+    if table is not None and table_in_order:
+        table = np.arange(table.size).reshape(table.shape)
+    lengths = [int(x) for x in np.asarray(cache_seqlens)]
+    for b, length in enumerate(lengths):
+        for t in range(n_new):
+            index, position = _position(table, block, b, length + write_at + t)
+            k_cache[index, :, position] = k[b, :, t]
+            v_cache[index, :, position] = v[b, :, t]
+    outs, lses = [], []
+    for b, length in enumerate(lengths):
+        total = length + read_extra + n_new
+        places = [_position(table, block, b, t) for t in range(total)]
+        keys = np.stack([k_cache[i, :, p] for i, p in places], axis=1) if places else \
+            k_cache[:1, :, :0][0]
+        values = np.stack([v_cache[i, :, p] for i, p in places], axis=1) if places else \
+            v_cache[:1, :, :0][0]
+        slopes = None if alibi_slopes is None else (
+            alibi_slopes[b] if np.ndim(alibi_slopes) == 2 else alibi_slopes)
+        f = Features(softcap=softcap, alibi_slopes=slopes, alignment=alignment)
+        a = arranged(q[b], keys, values, None, None, is_causal, scale, f)
+        if max_over_capacity:
+            out, lse = _shifted_by_block_max(a, f, q[b], k_cache, table, block, b)
+        else:
+            out, lse = attend_features(a, f, returns_lse=True)
+        outs.append(out)
+        lses.append(lse)
+    out, lse = np.stack(outs), np.stack(lses)
+    return (out, lse) if return_lse else out
+
+
+def _shifted_by_block_max(a: Any, f: Features, q: Array, k_cache: Array, table: Array | None,
+                          block: int, b: int) -> tuple[Array, Array]:
+    """The softmax shifted by the maximum over every position of the cache rows it
+    touched, stale ones included: harmless in exact arithmetic, but a stale score far
+    above the valid ones underflows every valid weight."""
+    from .feature_blocks import feature_scores, log_sum_exp, weighted
+
+    s, allowed = feature_scores(a, f)
+    rows = [k_cache[b]] if table is None else [k_cache[i] for i in table[b]]
+    every = np.concatenate(rows, axis=-2).astype(s.dtype)
+    groups = q.shape[-3] // every.shape[-3]
+    stale = np.matmul(q.astype(s.dtype), np.swapaxes(np.repeat(every, groups, axis=-3), -1, -2))
+    m = np.maximum(np.max(s, axis=-1, keepdims=True, initial=-np.inf),
+                   np.max(stale * s.dtype.type(a.scale), axis=-1, keepdims=True,
+                          initial=-np.inf))
+    m = np.where(np.isfinite(m), m, 0)
+    with np.errstate(all="ignore"):
+        e = np.where(allowed, np.exp(s - m), 0).astype(s.dtype)
+        total = e.sum(axis=-1, keepdims=True)
+        out = weighted(e, allowed, a.v) / np.where(total == 0, 1, total)
+    return out.astype(a.out_dtype), log_sum_exp(s, allowed)
+
+
+def _cache_kernel(name: str, doc: str, *, paged: bool = True, **bug: Any) -> Callable[..., Any]:
+    """A KV-cache kernel (contiguous or paged) with ``bug`` passed to _cache_attention."""
+    @declare(**{**CACHE, "kv_cache_paged": paged})
+    def kernel(q: Array, k_cache: Array, v_cache: Array, *, cache_seqlens: Array,
+               k: Array | None = None, v: Array | None = None, block_table: Array | None = None,
+               is_causal: bool = False, scale: float | None = None,
+               softcap: float | None = None, alibi_slopes: Array | None = None,
+               return_lse: bool = False) -> Any:
+        return _cache_attention(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
+                                is_causal, scale, softcap, alibi_slopes, return_lse, **bug)
+
+    kernel.__doc__ = doc
+    kernel.__name__ = kernel.__qualname__ = name
+    return kernel
+
+
+IN_PLACE = ("FlashAttention's flash_attn_with_kvcache: new keys written into the cache in place "
+            "at cache_seqlens, then attention over the first cache_seqlens + L_new logical "
+            "positions, bottom-right")
+kv_cache_in_place = _cache_kernel("kv_cache_in_place", f"(k1) {IN_PLACE}, paged.")
+kv_cache_contiguous = _cache_kernel("kv_cache_contiguous", f"(k2) {IN_PLACE}, contiguous.",
+                                    paged=False)
+kv_cache_reads_one_more = _cache_kernel(
+    "kv_cache_reads_one_more", "Attends cache_seqlens[b] + 1 cached keys: one stale position "
+    "too many.", read_extra=1)
+kv_cache_top_left = _cache_kernel(
+    "kv_cache_top_left", "Aligns the causal rule and ALiBi top-left, as for a prompt, not "
+    "bottom-right.", alignment="top_left")
+kv_cache_writes_one_late = _cache_kernel(
+    "kv_cache_writes_one_late", "Writes the new keys at cache_seqlens[b] + 1, leaving a hole, "
+    "and reads them there.", write_at=1, read_extra=1)
+kv_cache_stale_max = _cache_kernel(
+    "kv_cache_stale_max", "Shifts the softmax by the maximum over the whole cache rows, stale "
+    "positions included.", max_over_capacity=True)
+kv_cache_ignores_table = _cache_kernel(
+    "kv_cache_ignores_table", "Reads and writes the blocks in memory order (block b * M + j), "
+    "ignoring block_table.", table_in_order=True)
