@@ -119,8 +119,12 @@ def check_signature(fn: Callable[..., Any], declaration: KernelDeclaration, name
     except (TypeError, ValueError):
         return
     arrays = (None, None, None)
+    # a packed or KV-cache kernel may take its offsets or cache lengths positionally
+    # (FlashAttention's varlen does): the suite passes them by name
+    given = ({keyword: None for keyword in suite_keywords(declaration)}
+             if declaration.family in ("varlen", "kv-cache") else {})
     try:
-        signature.bind(*arrays)
+        signature.bind(*arrays, **given)
     except TypeError as exc:
         raise SetupError(
             f"kernel {name}{signature} cannot be called as fn(q, k, v): it does not accept "
@@ -128,7 +132,7 @@ def check_signature(fn: Callable[..., Any], declaration: KernelDeclaration, name
         ) from None
     for keyword, because in suite_keywords(declaration).items():
         try:
-            signature.bind(*arrays, **{keyword: None})
+            signature.bind(*arrays, **{**given, keyword: None})
         except TypeError:
             raise SetupError(
                 f"kernel {name}{signature} does not accept the keyword {keyword!r}, which the "
@@ -232,6 +236,9 @@ class KernelSetup:
         except SystemExit as exc:  # at import: exit status 0 must not read as "conforms"
             raise SetupError(f"loading kernel {self.kernel!r} called sys.exit({exc.code!r}) "
                              "(at import?): nothing was checked") from None
+        if declaration.varlen and self.layout != "bhld":
+            raise SetupError("a --varlen kernel takes packed (total, heads, dim) arrays, "
+                             "FlashAttention's own layout (VARLEN-1): --layout does not apply")
         declaration = _restrict_dtypes(declaration, backend, self.dtypes)
         _check_favor_features(declaration)
         kernel = KernelUnderTest(fn, backend, declaration, target)

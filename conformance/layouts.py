@@ -33,6 +33,7 @@ from .known_kernels import known_declaration
 
 LAYOUTS = ("bhld", "blhd")
 SPEC_KEYWORDS = ("mask", "bias", "is_causal", "scale")
+CACHE_KEYWORDS = ("k", "v")  # arrays passed by keyword that are laid out like q, k, v
 
 
 def _swap_heads_and_length(xp: Any, x: Any) -> Any:
@@ -60,6 +61,9 @@ def from_blhd(fn: Callable[..., Any], /, **claims: Any) -> Callable[..., Any]:
     def spec_layout(q: Any, k: Any, v: Any, /, *args: Any, **kwargs: Any) -> Any:
         xp = namespace_of(call, q=q, k=k, v=v)
         require_ndim_at_least(call, "SDPA-1.1", 3, "(..., H, L, E)", q=q, k=k, v=v)
+        # a KV-cache call's new keys and values (KVCACHE-1) follow the layout too
+        kwargs = {name: _swap_heads_and_length(xp, a) if name in CACHE_KEYWORDS else a
+                  for name, a in kwargs.items()}
         result = fn(*(_swap_heads_and_length(xp, a) for a in (q, k, v)), *args, **kwargs)
         if isinstance(result, (tuple, list)):  # (out, weights): weights are already spec
             return (_swap_heads_and_length(xp, result[0]), *result[1:])

@@ -40,6 +40,38 @@ def lse_base_two(q, k, v, *, mask=None, is_causal=False, scale=None, softcap=Non
     return out, lse / math.log(2)
 
 
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           softmax_scale=None, causal=False, softcap=None, alibi_slopes=None,
+                           return_lse=False):
+    from attnspec.reference import varlen_attention
+
+    out, lse = varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal=causal,
+                                causal_alignment="bottom_right", scale=softmax_scale,
+                                softcap=softcap, alibi_slopes=alibi_slopes, return_lse=True)
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
+                            block_table=None, softmax_scale=None, causal=False, softcap=None,
+                            alibi_slopes=None, return_softmax_lse=False):
+    # FlashAttention's (B, L, H, E) layout: the reference in the spec's, written back in place
+    from attnspec.reference import append_to_cache, kv_cache_attention
+
+    swap = (0, 2, 1, 3)
+    spec = [None if a is None else a.transpose(swap) for a in (q, k_cache, v_cache, k, v)]
+    out, lse = kv_cache_attention(spec[0], spec[1], spec[2], cache_seqlens, k=spec[3],
+                                  v=spec[4], block_table=block_table, is_causal=causal,
+                                  scale=softmax_scale, softcap=softcap,
+                                  alibi_slopes=alibi_slopes, return_lse=True)
+    if k is not None:
+        new_k, new_v = append_to_cache(spec[1], spec[2], cache_seqlens, spec[3], spec[4],
+                                       block_table=block_table)
+        k_cache[...] = new_k.transpose(swap)
+        v_cache[...] = new_v.transpose(swap)
+    out = out.transpose(swap)
+    return (out, lse) if return_softmax_lse else out
+
+
 def dropout(q, k, v, *, mask=None, is_causal=False, scale=None, dropout_p=0.0, rng_seed=None):
     shape = (*np.broadcast_shapes(q.shape[:-3], k.shape[:-3]), q.shape[-3], q.shape[-2],
              k.shape[-2])
@@ -119,6 +151,36 @@ def test_dropout_kernel_with_a_renamed_seed(capsys: pytest.CaptureFixture[str],
     assert status == 0, out + err
     status, out, _ = run_main(capsys, "check", f"{kernels}:dropout", "--only", "dropout-seed")
     assert "not applicable" in out
+
+
+FLASH = ["--rename", "is_causal=causal", "--rename", "scale=softmax_scale", "--gqa",
+         "--softcap", "--alibi", "--causal-alignment", "bottom_right"]
+
+
+def test_flash_attention_varlen_convention(capsys: pytest.CaptureFixture[str],
+                                          kernels: Path) -> None:
+    """VARLEN-1 ... VARLEN-3: FlashAttention's varlen signature (positional cu_seqlens and
+    max_seqlen, causal=, softmax_scale=) is checked as is, with --varlen and renames."""
+    status, out, err = run_main(capsys, "check", f"{kernels}:flash_attn_varlen_func",
+                                "--varlen", "--lse-keyword", "return_lse", *FLASH, "--only",
+                                "varlen-matches-reference,varlen-empty-sequences,"
+                                "varlen-isolation")
+    assert status == 0, out + err
+    status, _, err = run_main(capsys, "check", f"{kernels}:flash_attn_varlen_func",
+                              "--varlen", "--layout", "blhd")
+    assert status == 2 and "--layout does not apply" in err
+
+
+def test_flash_attention_kvcache_convention(capsys: pytest.CaptureFixture[str],
+                                           kernels: Path) -> None:
+    """KVCACHE-1 ... KVCACHE-5: FlashAttention's flash_attn_with_kvcache in its (B, L, H, E)
+    layout (new k, v included), paged, appending in place, is checked with --layout blhd."""
+    status, out, err = run_main(capsys, "check", f"{kernels}:flash_attn_with_kvcache",
+                                "--kv-cache-paged", "--layout", "blhd", "--lse-keyword",
+                                "return_softmax_lse", *FLASH, "--dtype", "float32,float64",
+                                "--only", "kv-cache-matches-reference,kv-cache-append,"
+                                "kv-cache-paged,kv-cache-stale-positions")
+    assert status == 0, out + err
 
 
 def test_reproduction_rebuilds_the_features(kernels: Path) -> None:
