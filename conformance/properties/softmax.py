@@ -199,18 +199,39 @@ def large_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
     # that is ~2e5, in float64 ~1e14: exp overflows far below either.
     coefficient = product_coefficient(dtype, problem.q.shape[-1], problem.scale) + 6 * u_a
     valid = 0.9 * (math.log(1 + VALID_SCORE_ERROR) - 4 * u_a) / coefficient
+    # ... and no larger than a quarter of the dtype's range, so that q k^T formed in the
+    # dtype stays finite here too (the huge problem below tells that overflow apart)
+    valid = min(valid, LARGEST_FINITE[dtype] / 4)
     large = within_validity(kernel, _with_score_magnitude(kernel, problem, valid))
     out = kernel.run(large)
-    if not np.isfinite(out).all() and max_score_magnitude(large) > EXP_OVERFLOWS:
-        raise PropertyFailure(
-            f"{_non_finite(out, large)}, where exp overflows but q k^T does not: the softmax "
-            "needs max subtraction or an equivalent [SDPA-7.4]", large, kernel,
-        )
+    if max_score_magnitude(large) > EXP_OVERFLOWS:
+        if not np.isfinite(out).all():
+            raise PropertyFailure(
+                f"{_non_finite(out, large)}, where exp overflows but q k^T does not: the "
+                "softmax needs max subtraction or an equivalent [SDPA-7.4]", large, kernel,
+            )
+        _raise_if_exp_underflowed(kernel, large, out)
     assert_matches_reference(kernel, large, out, what="out with large scores (SDPA-7.4)")
     huge = _with_score_magnitude(kernel, problem, HUGE_SCORE[dtype])
     out = kernel.run(huge)
     if not np.isfinite(out).all():
         _explain_overflow(kernel, problem, huge, out)
+
+
+def _raise_if_exp_underflowed(kernel: KernelUnderTest, problem: Problem, out: np.ndarray) -> None:
+    """Rows the kernel zeroes where the definition is not 0, on scores beyond exp's range:
+    every exp(s) underflowed, which max subtraction prevents (SDPA-7.4)."""
+    expected = np.asarray(reference_bound(problem, kernel.declaration).out)
+    if out.shape != expected.shape:
+        return
+    zeroed = np.all(out == 0, axis=-1) & np.any(expected != 0, axis=-1)
+    if zeroed.any():
+        at = first_index(zeroed)
+        raise PropertyFailure(
+            f"out{at} is all 0, but should be {expected[at]!r}, for scores up to "
+            f"{max_score_magnitude(problem):.3g}, where exp underflows but q k^T does not: "
+            "the softmax needs max subtraction or an equivalent [SDPA-7.4]", problem, kernel,
+        )
 
 
 def _non_finite(out: np.ndarray, problem: Problem) -> str:
