@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from .. import benchmarks
 from ..reference.masks import CAUSAL_ALIGNMENTS
 from ..reference.sparse_sets import PATTERN_NAMES
 from .api import KernelSetup, SetupError
@@ -219,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in RUN_FLAGS:
         if flag.option in ("--profile", "--seed", "--only", "--skip", "--strict"):
             flag.add_to(demo)
+    benchmarks.add_parser(commands)
     return parser
 
 
@@ -458,7 +460,7 @@ def command_demo(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"check": command_check, "properties": command_properties,
-            "backends": command_backends, "demo": command_demo}
+            "backends": command_backends, "demo": command_demo, "bench": benchmarks.command}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
