@@ -71,7 +71,7 @@ def _backend_info(backend: Backend, config: suites.BenchConfig) -> dict[str, Any
         "device": str(backend.device),
         "threads": frameworks.threads(backend),
         "gemm_gflops": gemm_gflops(backend, config.dtype, config.gemm_size,
-                                   repeats=config.repeats + 2, min_seconds=config.min_seconds),
+                                   repeats=config.repeats),
         "memory_method": frameworks.MemoryProbe(backend).method,
     }
 

@@ -1,10 +1,12 @@
 """Timing, peak memory and a GEMM peak, the same way for every library.
 
-A call is run once untimed (JAX compiles there; its time is kept as ``first_seconds``),
-then timed until ``repeats`` runs or ``min_seconds`` of runs, whichever ends first; the
-fastest run is reported, because on a shared machine every slowdown is interference.
-Peak memory covers the first and the timed runs (allocators that keep buffers, as XLA's
-does, would hide the timed runs' use) and counts only what they add to what was in use.
+The calls compared at one size are timed together: each is run once untimed (JAX
+compiles there; that time is kept as ``first_seconds``), then in rounds, every call once
+per round, so that all of them meet the same interference from the machine's other work;
+the fastest run of each is reported.  There are as many rounds as ``budget_seconds``
+allows after the first (at least one, at most ``repeats``).  Peak memory is that of the
+single call that used most, first runs included (allocators that keep buffers, as XLA's
+does, would hide it otherwise), above the memory in use before it.
 """
 
 from __future__ import annotations
@@ -42,19 +44,40 @@ class Measurement:
         return asdict(self)
 
 
-def timed(call: Callable[[], Any], probe: MemoryProbe, *, repeats: int,
-          min_seconds: float) -> tuple[float, float, int, int | None]:
-    """``(fastest, first, runs, peak bytes)`` of ``call`` as the module docstring says."""
+@dataclass
+class Timing:
+    seconds: float
+    first_seconds: float
+    runs: int
+    peak_bytes: int | None
+
+
+def _run_once(call: Callable[[], Any], probe: MemoryProbe) -> tuple[float, int | None]:
     probe.start()
     started = time.perf_counter()
     synchronize(call())
-    first = time.perf_counter() - started
-    times: list[float] = []
-    while not times or (len(times) < repeats and sum(times) < min_seconds):
-        started = time.perf_counter()
-        synchronize(call())
-        times.append(time.perf_counter() - started)
-    return min(times), first, len(times), probe.peak()
+    return time.perf_counter() - started, probe.peak()
+
+
+def _larger(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def time_together(calls: dict[str, Callable[[], Any]], probe: MemoryProbe, *, repeats: int,
+                  budget_seconds: float) -> dict[str, Timing]:
+    """Each call's :class:`Timing`, measured as the module docstring says."""
+    first = {name: _run_once(call, probe) for name, call in calls.items()}
+    round_seconds = sum(t for t, _ in first.values())
+    rounds = max(1, min(repeats, int(budget_seconds / round_seconds) if round_seconds else 1))
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    peaks = {name: peak for name, (_, peak) in first.items()}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            seconds, peak = _run_once(call, probe)
+            times[name].append(seconds)
+            peaks[name] = _larger(peaks[name], peak)
+    return {name: Timing(min(times[name]), first[name][0], rounds, peaks[name])
+            for name in calls}
 
 
 def fits(backend: Backend, planned_bytes: float) -> str | None:
@@ -66,16 +89,15 @@ def fits(backend: Backend, planned_bytes: float) -> str | None:
             f"{MEMORY_HEADROOM:.0%} may be planned")
 
 
-def gemm_gflops(backend: Backend, dtype: str, size: int, *, repeats: int,
-                min_seconds: float) -> float:
+def gemm_gflops(backend: Backend, dtype: str, size: int, *, repeats: int) -> float:
     """GFLOP/s of one ``size x size`` matrix product through the backend's namespace."""
     import numpy as np
 
     rng = np.random.default_rng(0)
     a, b = (backend.asarray(rng.standard_normal((size, size)), dtype=dtype) for _ in range(2))
-    seconds, *_ = timed(lambda: backend.xp.matmul(a, b), MemoryProbe(backend),
-                        repeats=repeats, min_seconds=min_seconds)
-    return 2 * size**3 / seconds / 1e9
+    timing = time_together({"gemm": lambda: backend.xp.matmul(a, b)}, MemoryProbe(backend),
+                           repeats=repeats, budget_seconds=2.0)["gemm"]
+    return 2 * size**3 / timing.seconds / 1e9
 
 
 def attention_flops(batch_heads: int, n_queries: int, n_keys: int, head_dim: int,

@@ -26,7 +26,7 @@ from ..reference import (
     sparse_mask,
 )
 from .frameworks import Framework, MemoryProbe, framework_kernel
-from .measure import Measurement, fits, timed
+from .measure import Measurement, fits, time_together
 
 # Bytes the plain reference holds per score (B x H x Lq x Lk) per byte of its compute
 # dtype: about six float32 arrays of scores alive at once (3.1 GB at L = 4096, H = 8).
@@ -51,19 +51,19 @@ class BenchConfig:
     linear_heads: int
     gemm_size: int
     repeats: int
-    min_seconds: float
+    budget_seconds: float  # per size, for the timed rounds after the first runs
 
 
 FULL = BenchConfig(
     sizes=(256, 512, 1024, 2048, 4096, 8192, 16384, 32768), batch=1, heads=8, head_dim=64,
     dtype="float32", causal=True, sparse_length=16384, sparse_heads=1,
     linear_sizes=(1024, 2048, 4096, 8192, 16384, 32768, 65536), linear_heads=1,
-    gemm_size=2048, repeats=3, min_seconds=1.0,
+    gemm_size=2048, repeats=5, budget_seconds=30.0,
 )
 QUICK = BenchConfig(
     sizes=(64, 160), batch=1, heads=2, head_dim=16, dtype="float32", causal=True,
     sparse_length=256, sparse_heads=1, linear_sizes=(64, 128, 256), linear_heads=1,
-    gemm_size=128, repeats=1, min_seconds=0.0,
+    gemm_size=128, repeats=1, budget_seconds=0.0,
 )
 
 
@@ -95,19 +95,28 @@ def _itemsize(dtype: str) -> int:
     return 8 if dtype == "float64" else 4  # half precision is computed in float32
 
 
-def _measure(backend: Backend, probe: MemoryProbe, config: BenchConfig, record: Measurement,
-             call: Callable[[], Any], planned_bytes: float, log: Log) -> Measurement:
-    reason = fits(backend, planned_bytes)
-    if reason is not None:
-        record.skipped = reason
-        log(f"  {record.backend:6} {record.impl:34} L={record.length:6}  skipped: {reason}")
-        return record
-    record.seconds, record.first_seconds, record.runs, record.peak_bytes = timed(
-        call, probe, repeats=config.repeats, min_seconds=config.min_seconds)
-    peak = "?" if record.peak_bytes is None else f"{record.peak_bytes / 1e6:.0f} MB"
-    log(f"  {record.backend:6} {record.impl:34} L={record.length:6}  "
-        f"{record.seconds:9.4f} s  peak {peak}")
-    return record
+def _measure(backend: Backend, probe: MemoryProbe, config: BenchConfig,
+             runs: list[tuple[Measurement, Callable[[], Any], float]],
+             log: Log) -> list[Measurement]:
+    """Time the runs that fit in memory together; the others are recorded as skipped."""
+    calls = {}
+    for record, call, planned_bytes in runs:
+        record.skipped = fits(backend, planned_bytes)
+        if record.skipped is None:
+            calls[record.impl] = call
+    timings = time_together(calls, probe, repeats=config.repeats,
+                            budget_seconds=config.budget_seconds)
+    for record, _, _ in runs:
+        line = f"  {record.backend:6} {record.impl:34} L={record.length:6}  "
+        if record.skipped is not None:
+            log(line + f"skipped: {record.skipped}")
+            continue
+        timing = timings[record.impl]
+        record.seconds, record.first_seconds = timing.seconds, timing.first_seconds
+        record.runs, record.peak_bytes = timing.runs, timing.peak_bytes
+        peak = "?" if record.peak_bytes is None else f"{record.peak_bytes / 1e6:.0f} MB"
+        log(line + f"{record.seconds:9.4f} s  peak {peak}  ({record.runs} timed runs)")
+    return [record for record, _, _ in runs]
 
 
 def _dense_runs(framework: Framework | None, q: Any, k: Any, v: Any, config: BenchConfig,
@@ -133,10 +142,12 @@ def dense(config: BenchConfig, backend: Backend, log: Log) -> list[Measurement]:
         q, k, v = _inputs(backend, (config.batch, config.heads, length, config.head_dim),
                           length, config.dtype)
         scores = config.batch * config.heads * length * length
+        runs = []
         for impl, call, planned in _dense_runs(framework, q, k, v, config, scores):
             params = {"framework": framework.name} if impl == "framework" and framework else {}
-            records.append(_measure(backend, probe, config, Measurement(
-                "dense", backend.name, impl, length, params=params), call, planned, log))
+            runs.append((Measurement("dense", backend.name, impl, length, params=params),
+                         call, planned))
+        records += _measure(backend, probe, config, runs, log)
         del q, k, v
     return records
 
@@ -160,9 +171,9 @@ def sparse(config: BenchConfig, backend: Backend, log: Log) -> list[Measurement]
             (f"dense plain {pattern}", lambda m=mask: scaled_dot_product_attention(
                 q, k, v, mask=m), PLAIN_BYTES_PER_SCORE_ITEM * _itemsize(config.dtype) * scores),
         ]
-        for impl, call, planned in runs:
-            records.append(_measure(backend, probe, config, Measurement(
-                "sparse", backend.name, impl, length, params=described), call, planned, log))
+        records += _measure(backend, probe, config, [
+            (Measurement("sparse", backend.name, impl, length, params=described), call, planned)
+            for impl, call, planned in runs], log)
         del mask
     return records
 
@@ -179,8 +190,9 @@ def linear(config: BenchConfig, backend: Backend, log: Log) -> list[Measurement]
             planned = (3 * config.batch * config.linear_heads * length * config.head_dim**2
                        * _itemsize(config.dtype)) if causal else 0.0
             impl = "linear causal" if causal else "linear"
-            records.append(_measure(backend, probe, config, Measurement(
-                "linear", backend.name, impl, length, params={"feature_map": "elu+1"}),
+            records += _measure(backend, probe, config, [(
+                Measurement("linear", backend.name, impl, length,
+                            params={"feature_map": "elu+1"}),
                 lambda q=q, k=k, v=v, c=causal: linear_attention(
-                    q, k, v, feature_map=elu_plus_one, is_causal=c), planned, log))
+                    q, k, v, feature_map=elu_plus_one, is_causal=c), planned)], log)
     return records
