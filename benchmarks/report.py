@@ -3,7 +3,7 @@
 Schema ``attnspec-bench/1`` (every number from one run on one machine)::
 
     {"schema": "attnspec-bench/1", "attnspec": "2026.12.0", "created": ISO-8601,
-     "machine": {"platform", "python", "cpus"}, "quick": bool,
+     "machine": {"platform", "python", "cpus", "cpus_usable", "environment"}, "quick": bool,
      "config": {BenchConfig fields},
      "backends": {name: {"version", "device", "threads", "gemm_gflops", "memory_method"}},
      "measurements": [{"section": "dense" | "sparse" | "linear", "backend", "impl",
@@ -94,6 +94,18 @@ def targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return found
 
 
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "XLA_FLAGS")
+
+
+def _machine() -> dict[str, Any]:
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    return {
+        "platform": platform.platform(), "python": sys.version.split()[0],
+        "cpus": os.cpu_count(), "cpus_usable": None if affinity is None else len(affinity),
+        "environment": {n: os.environ[n] for n in THREAD_VARIABLES if n in os.environ},
+    }
+
+
 def document(config: BenchConfig, quick: bool, backends: dict[str, dict[str, Any]],
              measurements: list[Measurement], version: str) -> dict[str, Any]:
     records = [m.to_dict() for m in measurements]
@@ -105,8 +117,7 @@ def document(config: BenchConfig, quick: bool, backends: dict[str, dict[str, Any
         "schema": SCHEMA,
         "attnspec": version,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "python": sys.version.split()[0],
-                    "cpus": os.cpu_count()},
+        "machine": _machine(),
         "quick": quick,
         "config": asdict(config),
         "backends": backends,
