@@ -132,6 +132,9 @@ class MemoryProbe:
                 _proc_status("VmHWM")
                 self.method = ("process peak RSS above the RSS at the start (VmHWM, reset "
                                "through /proc/self/clear_refs, after malloc_trim)")
+                if backend.name == "jax":
+                    # XLA's CPU client reuses buffers it freed without returning them
+                    self.method += "; a lower bound for jax, whose allocator keeps buffers"
             except OSError:
                 self.method = None
         elif backend.name == "torch":
