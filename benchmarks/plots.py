@@ -27,7 +27,7 @@ def _rows(doc: dict[str, Any], section: str) -> list[dict[str, Any]]:
 def _dense(doc: dict[str, Any], path: Path, plt: Any) -> None:
     rows = _rows(doc, "dense")
     figure, axes = plt.subplots(1, 3, figsize=(15, 4.4))
-    panels = [("relative_time", "time / the library's kernel", axes[0]),
+    panels = [("relative_time", "time / the library's kernel (numpy: torch's)", axes[0]),
               ("peak_bytes", "peak memory (MB)", axes[1]),
               ("fraction_of_gemm_peak", "GFLOP/s / GEMM GFLOP/s", axes[2])]
     backends = sorted({r["backend"] for r in rows})

@@ -13,8 +13,8 @@ Schema ``attnspec-bench/1`` (every number from one run on one machine)::
      "targets": [{"name", "value", "limit", "met", "how"}]}
 
 ``relative_time`` is a dense measurement's time over the library's own kernel at the same
-length (torch SDPA for NumPy, which has none), and a sparse one's over the dense blocked
-reference given the pattern's mask.
+length (torch SDPA for NumPy, which has none; None where the kernel did not fit), and a
+sparse one's over the dense blocked reference given the pattern's mask.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ def _dense_extras(records: list[dict[str, Any]], config: BenchConfig,
                   backends: dict[str, dict[str, Any]]) -> None:
     kernels = {(r["backend"], r["length"]): r for r in records
                if r["section"] == "dense" and r["impl"] == "framework" and r["seconds"]}
+    # a backend with a kernel of its own is compared with it alone (not where it was
+    # skipped); one without (NumPy) with torch's
+    own = {r["backend"] for r in records if r["section"] == "dense" and r["impl"] == "framework"}
     for r in records:
         if r["section"] != "dense" or not r["seconds"]:
             continue
@@ -46,7 +49,7 @@ def _dense_extras(records: list[dict[str, Any]], config: BenchConfig,
         r["gflops"] = flops / r["seconds"] / 1e9
         peak = backends[r["backend"]].get("gemm_gflops")
         r["fraction_of_gemm_peak"] = r["gflops"] / peak if peak else None
-        kernel = kernels.get((r["backend"], r["length"])) or kernels.get(("torch", r["length"]))
+        kernel = kernels.get((r["backend"] if r["backend"] in own else "torch", r["length"]))
         if kernel is not None and r["impl"] != "framework":
             r["relative_time"] = r["seconds"] / kernel["seconds"]
             r["relative_to"] = f"{kernel['params']['framework']} ({kernel['backend']})"
