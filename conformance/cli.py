@@ -25,6 +25,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+from .. import benchmarks
 from . import claims
 from .api import KernelSetup, SetupError, finish_report, reproduction_file, start_report
 from .claims import CLAIM_FLAGS, SETUP_FLAGS, Flag, UsageError, comma_list
@@ -108,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in RUN_FLAGS:
         if flag.option in ("--profile", "--seed", "--only", "--skip", "--strict", "--quiet"):
             flag.add_to(demo)
+    benchmarks.add_parser(commands)
     return parser
 
 
@@ -334,7 +336,7 @@ def command_demo(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"check": command_check, "properties": command_properties,
-            "backends": command_backends, "demo": command_demo}
+            "backends": command_backends, "demo": command_demo, "bench": benchmarks.command}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
