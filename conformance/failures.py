@@ -24,15 +24,21 @@ class PropertyFailure(AssertionError):
         # NumPy 2 scalar reprs (np.float64(0.5)) are noise in a message: show the value
         self.finding = finding = _NUMPY_SCALAR.sub(r"\2", finding)
         self.problem = problem
+        self._kernel = kernel
         self.counterexample = "" if problem is None else problem.describe()
-        self.reproduction = (
-            "" if problem is None or kernel is None
-            else problem.snippet(kernel.target, kernel.backend.name)
-        )
         message = finding
         if self.counterexample:
             message += f"\n  inputs: {self.counterexample}"
         super().__init__(message)
+
+    @property
+    def reproduction(self) -> str:
+        """Python that rebuilds the inputs and calls the kernel, written on demand: while
+        Hypothesis shrinks, most failures are never reported, and realistic inputs are
+        large."""
+        if self.problem is None or self._kernel is None:
+            return ""
+        return self.problem.snippet(self._kernel.target, self._kernel.backend.name)
 
 
 class KernelRaised(PropertyFailure):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
@@ -11,11 +12,67 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
+from . import sizes
 from .failures import PropertyFailure
 from .kernel import KernelUnderTest
 from .registry import Property, all_properties
+from .sizes import SizeLimits, Stratum
+from .values import COMBINATIONS
 
-PROFILES: dict[str, int] = {"quick": 20, "default": 100, "thorough": 1000}
+# Cost caps per example (sizes.problem_cost, ~ B Hq Lq Lk (E + Ev + 128)): BLOCKS_COST fits
+# one head of 120 x 120 at E = Ev = 8 or 90 x 90 at 64, and decode against 4096 keys;
+# LONG_COST squares of ~520 or cross/decode shapes to 4096; the huge stratum one head of
+# max_len x max_len (4096: 2^33).  Each stratum starts from its simplest example, of
+# min_len keys: the first past a block of 16, 64, 256, 512 or 2048.
+BLOCKS_COST, LONG_COST = 2**21, 2**26
+HUGE_COST_PER_SCORE = 512
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Examples per property, fewer the larger they may be (the cost model): ``small``
+    of the small draws (they shrink well and cost little), then realistic strata:
+    ``blocks`` examples of at most BLOCKS_COST, ``decode`` ones (1-4 queries, at least 257
+    keys), ``corners`` of each option combination of values.COMBINATIONS (at least 65
+    keys), ``long`` ones of at most LONG_COST (at least 511 keys) and ``huge`` ones up to
+    one max_len x max_len head.  ``budget_seconds``: the time the profile is sized for,
+    PyTorch's SDPA on 2 CPU cores (docs/checking-your-kernel.md)."""
+
+    small: int
+    blocks: int = 0
+    decode: int = 0
+    corners: int = 0
+    long: int = 0
+    huge: int = 0
+    budget_seconds: float | None = None
+
+    def strata(self, limits: SizeLimits) -> list[Stratum]:
+        """The strata in the order they run: small, then ever larger problems."""
+        strata = [
+            Stratum("small", self.small),
+            Stratum("blocks", self.blocks, BLOCKS_COST, min_len=16),
+            Stratum("decode", self.decode, BLOCKS_COST, (("shape", "decode"),), min_len=257),
+            *(Stratum(f"combination: {name}", self.corners, BLOCKS_COST,
+                      tuple(forced.items()), min_len=65)
+              for name, forced in COMBINATIONS),
+            Stratum("long", self.long, LONG_COST, min_len=511),
+            Stratum("huge", self.huge, HUGE_COST_PER_SCORE * limits.max_len**2, min_len=2047),
+        ]
+        return [s for s in strata if s.examples > 0]
+
+    @property
+    def examples(self) -> int:
+        """Examples per property (Hypothesis properties)."""
+        return (self.small + self.blocks + self.decode + self.long + self.huge
+                + self.corners * len(COMBINATIONS))
+
+
+PROFILES: dict[str, Profile] = {
+    "quick": Profile(20, blocks=4, decode=1, corners=1, budget_seconds=60),
+    "default": Profile(100, blocks=20, decode=5, corners=3, long=5, budget_seconds=300),
+    "thorough": Profile(1000, blocks=200, decode=50, corners=20, long=40, huge=2,
+                        budget_seconds=3600),
+}
 PASSED, FAILED, WARNING, NOT_APPLICABLE = "passed", "failed", "warning", "not applicable"
 
 
@@ -49,6 +106,7 @@ class Report:
     seed: int | None
     strict: bool
     verdicts: list[Verdict] = field(default_factory=list)
+    limits: SizeLimits = field(default_factory=SizeLimits)
 
     @property
     def conforms(self) -> bool:
@@ -62,12 +120,13 @@ class Report:
         return data
 
 
-def hypothesis_settings(profile: str, seed: int | None) -> settings:
-    """Reproducible, quiet, deadline-free settings: no flaky time limits, no database."""
+def hypothesis_settings(profile: str, seed: int | None, examples: int | None = None) -> settings:
+    """Reproducible, quiet, deadline-free settings: no flaky time limits, no database;
+    ``examples`` (default: the profile's small stratum) examples."""
     if profile not in PROFILES:
         raise ValueError(f"profile={profile!r}, but should be one of {', '.join(PROFILES)}")
     return settings(
-        max_examples=PROFILES[profile],
+        max_examples=PROFILES[profile].small if examples is None else examples,
         derandomize=seed is None,
         database=None,
         deadline=None,
@@ -89,10 +148,40 @@ def _failed_verdict(prop: Property, failure: PropertyFailure) -> Verdict:
     )
 
 
+def _stratum_seed(seed: int | None, stratum: Stratum) -> int:
+    """A fixed seed per (run seed, stratum): strata explore different examples."""
+    return zlib.crc32(f"{seed}:{stratum.name}".encode())
+
+
+def _run_strata(
+    prop: Property, kernel: KernelUnderTest, profile: str, seed: int | None,
+    limits: SizeLimits, examples: list[int],
+) -> None:
+    """Each stratum of the profile in turn, as one Hypothesis run; the first failure
+    ends the property (smaller strata first, so it is the smallest stratum that fails)."""
+    for index, stratum in enumerate(PROFILES[profile].strata(limits)):
+        @hypothesis_settings(profile, seed, stratum.examples)
+        @given(st.data())
+        def property_test(data: st.DataObject) -> None:
+            examples[0] += 1
+            prop.check(kernel, data)
+
+        if seed is not None:
+            property_test = hypothesis_seed(seed if index == 0 else
+                                            _stratum_seed(seed, stratum))(property_test)
+        elif index:
+            property_test = hypothesis_seed(_stratum_seed(seed, stratum))(property_test)
+        with sizes.drawing(stratum, limits):
+            property_test()
+
+
 def run_property(
-    prop: Property, kernel: KernelUnderTest, *, profile: str = "quick", seed: int | None = None
+    prop: Property, kernel: KernelUnderTest, *, profile: str = "quick", seed: int | None = None,
+    limits: SizeLimits | None = None,
 ) -> Verdict:
-    """Run one property; a kernel that does not claim it gets "not applicable" (CONF-3)."""
+    """Run one property; a kernel that does not claim it gets "not applicable" (CONF-3).
+
+    ``limits`` caps the sizes drawn (default: ``SizeLimits()``)."""
     started = time.perf_counter()
     reason = prop.applies(kernel.declaration)
     if reason is not None:
@@ -104,15 +193,7 @@ def run_property(
             prop.check(kernel, 0 if seed is None else seed)
             examples[0] = 1
         else:
-            @hypothesis_settings(profile, seed)
-            @given(st.data())
-            def property_test(data: st.DataObject) -> None:
-                examples[0] += 1
-                prop.check(kernel, data)
-
-            if seed is not None:
-                property_test = hypothesis_seed(seed)(property_test)
-            property_test()
+            _run_strata(prop, kernel, profile, seed, limits or SizeLimits(), examples)
     except PropertyFailure as failure:
         verdict = _failed_verdict(prop, failure)
     except Flaky as flaky:
@@ -155,16 +236,18 @@ def run_all(
     skip: Iterable[str] | None = None,
     strict: bool = False,
     progress: Callable[[Property, Verdict | None], None] | None = None,
+    limits: SizeLimits | None = None,
 ) -> Report:
     """Every selected property against ``kernel``; ``progress`` hears each start and end."""
     properties = select(only, skip)
     hypothesis_settings(profile, seed)  # validate the profile before any work
+    limits = limits or SizeLimits()
     report = Report(kernel.target, kernel.backend.name, str(kernel.backend.device), profile,
-                    seed, strict)
+                    seed, strict, limits=limits)
     for prop in properties:
         if progress:
             progress(prop, None)
-        verdict = run_property(prop, kernel, profile=profile, seed=seed)
+        verdict = run_property(prop, kernel, profile=profile, seed=seed, limits=limits)
         report.verdicts.append(verdict)
         if progress:
             progress(prop, verdict)

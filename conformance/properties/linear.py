@@ -79,7 +79,7 @@ def feature_map_of(kernel: KernelUnderTest) -> Callable[[Any], Any]:
 def check_against_formula(kernel: KernelUnderTest, data: st.DataObject, causal: bool) -> None:
     claim = kernel.declaration.linear
     assert claim is not None
-    dims = draw_dims(data, kernel, max_len=12)
+    dims = draw_dims(data, kernel, max_len=12, family="linear")
     dtype = draw_dtype(data, kernel)
     rng = draw_rng(data)
     magnitude = data.draw(st.sampled_from([1.0, 0.3, 3.0]), label="magnitude")

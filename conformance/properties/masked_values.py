@@ -15,7 +15,7 @@ from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem
 from ..oracle import reference_bound
 from ..registry import dense_only, needs, register
-from ..strategies import draw_problem, draw_rng, random_values
+from ..strategies import draw_problem, draw_rng, draw_subset, random_values
 from .softmax import allowed_keys, compared_rows
 
 NON_FINITE = (np.nan, np.inf, -np.inf)
@@ -36,11 +36,10 @@ def _masked_columns_problem(
     causal = "maybe" if kernel.declaration.mask_and_causal else "never"
     problem = draw_problem(data, kernel, mask="always", causal=causal, min_keys=1)
     n_keys = problem.k.shape[-2]
-    columns = data.draw(st.lists(st.integers(0, n_keys - 1), min_size=1, max_size=n_keys,
-                                 unique=True), label="masked columns")
+    columns = draw_subset(data, n_keys, "masked columns")
     mask = problem.mask.copy()
     mask[..., columns] = False
-    return problem.with_(mask=mask), sorted(columns)
+    return problem.with_(mask=mask), columns
 
 
 def _mask_and_causal(problem: Problem, kernel: KernelUnderTest) -> np.ndarray:

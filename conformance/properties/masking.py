@@ -26,16 +26,11 @@ from ..strategies import (
     draw_rng,
     random_values,
 )
+from ..values import LARGEST_FINITE
 from .softmax import values_per_query
 
 EXPLICIT_NON_UNIT_SCALES = (0.5, 2.0, 0.125, -0.75, 4.0)
 BIAS_MAGNITUDE = 3.0  # |b| of a few units: (1 - s) * b is far outside TOL-2 for s != 1
-LARGEST_FINITE = {
-    "float16": 65504.0,
-    "bfloat16": (2 - 2.0**-7) * 2.0**127,
-    "float32": float(np.finfo(np.float32).max),
-    "float64": float(np.finfo(np.float64).max),
-}
 
 
 @register("mask-polarity", "SDPA-3.1", applies=needs("mask"))
@@ -95,7 +90,7 @@ def bias_semantics(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """The bias is added to the scores after scaling: with a scale s != 1 and a bias of a
     few units, outputs and weights are within TOL-2 of softmax(s q.k + b), so adding it
     before scaling (or scaling it, or dropping it) fails."""
-    dims = draw_dims(data, kernel)
+    dims = draw_dims(data, kernel, weights=True)
     # E >= 2 so that the default scale 1/sqrt(E) is not 1 either.
     dims = replace(dims, head_dim=max(2, dims.head_dim))
     problem = draw_problem(data, kernel, dims=dims, mask="never", bias="never", causal="never",

@@ -20,6 +20,7 @@ from ..kernel import KernelUnderTest, Problem
 from ..oracle import reference_bound
 from ..registry import always, register
 from ..strategies import draw_any_problem, draw_dtype, draw_problem
+from ..values import with_score_magnitude
 
 # TOL-2 holds for every score error, but grows like e^{2 delta}: beyond delta_i = 1/4 a
 # comparison can catch little, so value comparisons keep problems below it.
@@ -133,7 +134,7 @@ def values_per_query(problem: Problem) -> np.ndarray:
 def output_in_value_hull(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Each output element lies between the min and max of its V column over the allowed
     keys S(i), widened by TOL-2: the weights are a convex combination (SDPA-7.1)."""
-    problem = within_validity(kernel, draw_problem(data, kernel, min_keys=1))
+    problem = within_validity(kernel, draw_problem(data, kernel, min_keys=1, tight=True))
     out = kernel.run(problem)
     allowed = allowed_keys(problem, kernel.declaration)[..., None]  # (..., Lq, Lk, 1)
     v = values_per_query(problem)[..., None, :, :]  # (..., 1, Lk, Ev)
@@ -155,22 +156,6 @@ def output_in_value_hull(kernel: KernelUnderTest, data: st.DataObject) -> None:
         )
 
 
-def _with_score_magnitude(kernel: KernelUnderTest, problem: Problem, limit: float) -> Problem:
-    """q and k rescaled so that max |alpha| A_ij is about ``limit`` (SDPA-7.4 inputs).
-
-    max|q| = max|k| = sqrt(limit / (|alpha| E)) bounds every product, partial sum and score
-    by ``limit`` while keeping q and k of one size, so neither overflows its dtype.
-    """
-    if not np.any(problem.q) or not np.any(problem.k) or problem.scale == 0:
-        return problem  # no score to make large
-    head_dim = problem.q.shape[-1]
-    scale = 1.0 / math.sqrt(head_dim) if problem.scale is None else abs(problem.scale)
-    target = math.sqrt(limit / (scale * head_dim))
-    q = problem.q * (target / np.max(np.abs(problem.q)))
-    k = problem.k * (target / np.max(np.abs(problem.k)))
-    return problem.with_(q=kernel.rounded(q, problem.dtype), k=kernel.rounded(k, problem.dtype))
-
-
 @register("large-logits", "SDPA-7.4")
 def large_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Finite scores far beyond exp's range give a finite output, within TOL-2 wherever
@@ -182,9 +167,9 @@ def large_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
     # The largest scores for which TOL-2 stays tight: delta_i <= 1/4 (spec/tolerance.md).
     # In float32 that is ~2.8e5, in float64 ~1.5e14: exp overflows far below either.
     valid = 0.9 * (VALID_SCORE_ERROR - 4 * u_a) / (3 * u_d + (problem.q.shape[-1] + 4) * u_a)
-    large = within_validity(kernel, _with_score_magnitude(kernel, problem, valid))
+    large = within_validity(kernel, with_score_magnitude(kernel, problem, valid))
     assert_matches_reference(kernel, large, what="out with large scores (SDPA-7.4)")
-    huge = _with_score_magnitude(kernel, problem, HUGE_SCORE[dtype])
+    huge = with_score_magnitude(kernel, problem, HUGE_SCORE[dtype])
     out = kernel.run(huge)
     bad = ~np.isfinite(out)
     if bad.any():
