@@ -27,6 +27,7 @@ from .kernel import KernelLoadError, KernelUnderTest, load_kernel
 from .layouts import LAYOUTS, from_layout, rename_arguments
 from .registry import Property
 from .runner import Report, Verdict, hypothesis_settings, run_all, select
+from .sizes import SizeLimits
 
 Progress = Callable[[Property, "Verdict | None"], None]
 _STANDARD_LOADER = "kernel = KernelUnderTest.load("
@@ -244,8 +245,10 @@ class KernelSetup:
         strict: bool = False,
         progress: Progress | None = None,
         kernel: KernelUnderTest | None = None,
+        limits: SizeLimits | None = None,
     ) -> Report:
-        """Run the selected properties (unknown ids and profiles are a SetupError)."""
+        """Run the selected properties (unknown ids and profiles are a SetupError);
+        ``limits`` caps the sizes drawn (see :func:`size_limits`)."""
         try:
             select(only, skip)
             hypothesis_settings(profile, seed)
@@ -254,7 +257,7 @@ class KernelSetup:
         kernel = kernel or self.prepare()
         loader = self.loader_source(kernel)
         report = run_all(kernel, profile=profile, seed=seed, only=only, skip=skip,
-                         strict=strict, progress=progress)
+                         strict=strict, progress=progress, limits=limits)
         for verdict in report.verdicts:
             verdict.reproduction = with_loader(verdict.reproduction, loader)
         return report
@@ -281,6 +284,20 @@ def with_loader(snippet: str, loader: str) -> str:
     return snippet
 
 
+def size_limits(
+    max_len: int | None = None, max_head_dim: int | None = None,
+    max_batch_heads: int | None = None,
+) -> SizeLimits:
+    """The caps on drawn sizes, defaults where None (4096, 256, 512); a bad value is a
+    :class:`SetupError` naming it."""
+    given = {"max_len": max_len, "max_head_dim": max_head_dim,
+             "max_batch_heads": max_batch_heads}
+    try:
+        return SizeLimits(**{name: value for name, value in given.items() if value is not None})
+    except ValueError as exc:
+        raise SetupError(str(exc)) from None
+
+
 def check(
     kernel: str | Callable[..., Any],
     *,
@@ -294,17 +311,24 @@ def check(
     layout: str = "bhld",
     rename: Mapping[str, str] | None = None,
     dtypes: Iterable[str] | None = None,
+    max_len: int | None = None,
+    max_head_dim: int | None = None,
+    max_batch_heads: int | None = None,
     **claims: Any,
 ) -> Report:
     """Check ``kernel`` (a callable or ``"MODULE:FUNC"``) clause by clause.
 
     ``claims`` override fields of the kernel's :class:`KernelDeclaration`; ``layout``,
-    ``rename`` and ``dtypes`` are as for :class:`KernelSetup`.  Bad setup (target,
-    signature, backend, option) raises :class:`SetupError`, a ``ValueError``.
+    ``rename`` and ``dtypes`` are as for :class:`KernelSetup`.  ``max_len``,
+    ``max_head_dim`` and ``max_batch_heads`` cap (or raise) the largest Lq/Lk, E/Ev and
+    batch x query heads drawn (defaults 4096, 256, 512).  Bad setup (target, signature,
+    backend, option) raises :class:`SetupError`, a ``ValueError``.
     """
+    limits = size_limits(max_len, max_head_dim, max_batch_heads)
     setup = KernelSetup(kernel, backend, device, layout, dict(rename or {}),
                         None if dtypes is None else tuple(dtypes), claims)
-    return setup.run(profile=profile, seed=seed, only=only, skip=skip, strict=strict)
+    return setup.run(profile=profile, seed=seed, only=only, skip=skip, strict=strict,
+                     limits=limits)
 
 
 def assert_conforms(kernel: str | Callable[..., Any], **options: Any) -> Report:

@@ -20,9 +20,12 @@ if TYPE_CHECKING:  # imported lazily: a pytest run without the option pays nothi
     from .kernel import KernelUnderTest
     from .registry import Property
     from .runner import Verdict
+    from .sizes import SizeLimits
 
 
 MAX_SHOWN_REPRODUCTION = 6000  # characters of a reproduction shown in a failure
+SIZE_OPTIONS = (("max-len", 4096, "Lq and Lk"), ("max-head-dim", 256, "head dims E and Ev"),
+                ("max-batch-heads", 512, "batch x query heads"))
 
 
 class AttnspecWarning(UserWarning):
@@ -43,7 +46,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--attnspec-device", default=None, metavar="DEVICE",
                     help="device on that backend, e.g. cpu or cuda:0")
     group.addoption("--attnspec-profile", default="quick", metavar="PROFILE",
-                    help="quick (20 examples per property), default (100) or thorough (1000)")
+                    help="quick (20 small and 10 realistic examples per property), default "
+                         "(~5x) or thorough (~50x)")
+    for name, default, what in SIZE_OPTIONS:
+        group.addoption(f"--attnspec-{name}", default=None, type=int, metavar="N",
+                        help=f"largest {what} drawn (default {default})")
     group.addoption("--attnspec-seed", default=None, type=int, metavar="N",
                     help="random seed (default: derandomised, reproducible runs)")
     group.addoption("--attnspec-strict", action="store_true", default=False,
@@ -69,7 +76,7 @@ def pytest_configure(config: pytest.Config) -> None:
     target = config.getoption("attnspec_kernel")
     if target is None:
         return
-    from .api import KernelSetup, SetupError
+    from .api import KernelSetup, SetupError, size_limits
     from .cli import UsageError, key_values
     from .runner import select
 
@@ -81,13 +88,15 @@ def pytest_configure(config: pytest.Config) -> None:
                                                           "--attnspec-claim"),
         )
         properties = select(_ids(option("attnspec_only")), _ids(option("attnspec_skip")))
+        limits = size_limits(*(option(f"attnspec_{name.replace('-', '_')}")
+                               for name, _, _ in SIZE_OPTIONS))
         kernel = setup.prepare()
         from .runner import hypothesis_settings
 
         hypothesis_settings(option("attnspec_profile"), option("attnspec_seed"))
     except (SetupError, UsageError, ValueError) as exc:
         raise pytest.UsageError(f"attnspec: {exc}") from None
-    config.pluginmanager.register(AttnspecSession(config, setup, kernel, properties),
+    config.pluginmanager.register(AttnspecSession(config, setup, kernel, properties, limits),
                                   "attnspec-session")
 
 
@@ -95,8 +104,9 @@ class AttnspecSession:
     """Holds the kernel under test for one pytest session and adds its items."""
 
     def __init__(self, config: pytest.Config, setup: KernelSetup, kernel: KernelUnderTest,
-                 properties: list[Property]) -> None:
+                 properties: list[Property], limits: SizeLimits) -> None:
         self.config, self.setup, self.kernel, self.properties = config, setup, kernel, properties
+        self.limits = limits
         self.verdicts: list[Verdict] = []
 
     @pytest.hookimpl(tryfirst=True)  # before -k / -m deselect, so they select properties too
@@ -114,7 +124,7 @@ class AttnspecSession:
         option = self.config.getoption
         report = self.setup.run(
             profile=option("attnspec_profile"), seed=option("attnspec_seed"), only=[prop.id],
-            strict=option("attnspec_strict"), kernel=self.kernel,
+            strict=option("attnspec_strict"), kernel=self.kernel, limits=self.limits,
         )
         self.verdicts.extend(report.verdicts)
         return report.verdicts[0]
@@ -123,9 +133,10 @@ class AttnspecSession:
         """A pytest command that reruns just this property."""
         option = self.config.getoption
         tokens = ["pytest", "--attnspec-kernel", self.kernel.target]
-        for name in ("backend", "device", "seed"):
-            if option(f"attnspec_{name}") is not None:
-                tokens += [f"--attnspec-{name}", str(option(f"attnspec_{name}"))]
+        for name in ("backend", "device", "seed", *(n for n, _, _ in SIZE_OPTIONS)):
+            value = option(f"attnspec_{name.replace('-', '_')}")
+            if value is not None:
+                tokens += [f"--attnspec-{name}", str(value)]
         for name in ("profile", "layout"):
             tokens += [f"--attnspec-{name}", option(f"attnspec_{name}")]
         for claim in option("attnspec_claim") or ():

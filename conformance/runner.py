@@ -33,7 +33,7 @@ class Profile:
     """Examples per property, fewer the larger they may be (the cost model): ``small``
     of the small draws (they shrink well and cost little), then realistic strata:
     ``blocks`` examples of at most BLOCKS_COST, ``decode`` ones (1-4 queries, at least 257
-    keys), ``corners`` of each option combination of values.COMBINATIONS (at least 65
+    keys), ``wide`` ones (head dims past 128), ``corners`` of each option combination of values.COMBINATIONS (at least 65
     keys), ``long`` ones of at most LONG_COST (at least 511 keys) and ``huge`` ones up to
     one max_len x max_len head.  ``budget_seconds``: the time the profile is sized for,
     PyTorch's SDPA on 2 CPU cores (docs/checking-your-kernel.md)."""
@@ -41,6 +41,7 @@ class Profile:
     small: int
     blocks: int = 0
     decode: int = 0
+    wide: int = 0
     corners: int = 0
     long: int = 0
     huge: int = 0
@@ -52,6 +53,7 @@ class Profile:
             Stratum("small", self.small),
             Stratum("blocks", self.blocks, BLOCKS_COST, min_len=16),
             Stratum("decode", self.decode, BLOCKS_COST, (("shape", "decode"),), min_len=257),
+            Stratum("wide heads", self.wide, BLOCKS_COST, min_len=16, min_head_dim=129),
             *(Stratum(f"combination: {name}", self.corners, BLOCKS_COST,
                       tuple(forced.items()), min_len=65)
               for name, forced in COMBINATIONS),
@@ -63,14 +65,15 @@ class Profile:
     @property
     def examples(self) -> int:
         """Examples per property (Hypothesis properties)."""
-        return (self.small + self.blocks + self.decode + self.long + self.huge
+        return (self.small + self.blocks + self.decode + self.wide + self.long + self.huge
                 + self.corners * len(COMBINATIONS))
 
 
 PROFILES: dict[str, Profile] = {
-    "quick": Profile(20, blocks=4, decode=1, corners=1, budget_seconds=60),
-    "default": Profile(100, blocks=20, decode=5, corners=3, long=5, budget_seconds=300),
-    "thorough": Profile(1000, blocks=200, decode=50, corners=20, long=40, huge=2,
+    "quick": Profile(20, blocks=4, decode=1, wide=1, corners=1, budget_seconds=60),
+    "default": Profile(100, blocks=20, decode=5, wide=5, corners=3, long=5,
+                       budget_seconds=300),
+    "thorough": Profile(1000, blocks=200, decode=50, wide=50, corners=20, long=40, huge=2,
                         budget_seconds=3600),
 }
 PASSED, FAILED, WARNING, NOT_APPLICABLE = "passed", "failed", "warning", "not applicable"

@@ -129,6 +129,7 @@ class Stratum:
     max_cost: int | None = None
     forced: tuple[tuple[str, Any], ...] = ()
     min_len: int = 1  # the fewest keys (and queries of "self" shapes) of its lengths
+    min_head_dim: int = 1  # the smallest E of its head dims
 
     @property
     def realistic(self) -> bool:
@@ -235,7 +236,9 @@ def draw_realistic_dims(
     assert cap is not None, "draw_realistic_dims outside a realistic stratum"
     all_lengths = _extended(LENGTHS, limits.max_len)
     lengths = [n for n in all_lengths if n >= drawing.stratum.min_len] or all_lengths[-1:]
-    head_dims = _extended(HEAD_DIMS, limits.max_head_dim)
+    all_head_dims = _extended(HEAD_DIMS, limits.max_head_dim)
+    head_dims = ([e for e in all_head_dims if e >= drawing.stratum.min_head_dim]
+                 or all_head_dims[-1:])
     batch_ndim = kernel.declaration.batch_ndim
     batch_ndim = 1 if batch_ndim is None else batch_ndim  # realistic inputs are (B, H, L, E)
     smallest = Dims(batch=(1,) * batch_ndim, n_kv_heads=min_kv_heads,
@@ -258,7 +261,7 @@ def draw_realistic_dims(
         sizer.draw("n_keys", lengths, "Lk")
     sizer.draw("head_dim", head_dims, "E", together=("value_dim",))
     if data.draw(st.sampled_from(("same", "other")), label="Ev") == "other":
-        sizer.draw("value_dim", head_dims, "Ev")
+        sizer.draw("value_dim", all_head_dims, "Ev")
     if gqa:
         at_least = max(min_groups, 2 if drawing.stratum.option("gqa") else 1)
         sizer.draw("groups", [g for g in GROUPS if g >= at_least], "G")

@@ -251,12 +251,17 @@ def draw_problem(
     dims = dims or draw_dims(data, kernel, **dims_options)
     dtype = dtype or draw_dtype(data, kernel)
     rng = draw_rng(data)
-    given_magnitude = magnitude is not None
     if magnitude is None:
         magnitude = data.draw(st.sampled_from(MAGNITUDES), label="magnitude")
+        if stratum.realistic:
+            qk_kind = values.draw_qk_kind(data)
+            if qk_kind != "normal":
+                magnitude = 1.0  # outliers and large scores start from unit channels
+    else:
+        qk_kind = "normal"
     problem = random_problem(kernel, rng, dims, dtype, magnitude)
-    if stratum.realistic and not given_magnitude:
-        problem = values.draw_qk_values(data, kernel, rng, problem)
+    if stratum.realistic:
+        problem = values.with_qk_values(data, kernel, rng, problem, qk_kind)
     use_causal = _wanted(data, causal, decl.causal, "causal", stratum.option("causal"))
     use_mask = _wanted(data, mask, decl.mask and (decl.mask_and_causal or not use_causal), "mask",
                        stratum.option("mask"))
@@ -271,6 +276,8 @@ def draw_problem(
     if _wanted(data, scale, decl.scale, "explicit scale", forced_scale):
         problem.scale = (forced_scale if forced_scale is not None
                          else data.draw(st.sampled_from(EXPLICIT_SCALES), label="scale"))
+    if stratum.realistic:  # keep today's TOL-2 evaluation finite (values.LARGEST_SCORE_ERROR)
+        problem = values.with_score_error_at_most(kernel, problem, values.LARGEST_SCORE_ERROR)
     return problem
 
 

@@ -21,13 +21,10 @@ from attnspec.backends import Backend
 from attnspec.conformance import KernelDeclaration, KernelUnderTest, Problem, reference_bound
 from attnspec.conformance.properties.invariance import shift_limit
 from attnspec.conformance.properties.masked_values import disallowed_everywhere
-from attnspec.conformance.properties.softmax import (
-    VALID_SCORE_ERROR,
-    score_error,
-    within_validity,
-)
+from attnspec.conformance.properties.softmax import VALID_SCORE_ERROR, within_validity
 from attnspec.conformance.registry import all_properties
 from attnspec.conformance.runner import FAILED, NOT_APPLICABLE, PASSED, WARNING, run_property
+from attnspec.conformance.values import score_error
 from attnspec.reference.tolerance import UNIT_ROUNDOFF
 
 SEMANTIC = (

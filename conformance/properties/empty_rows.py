@@ -79,11 +79,12 @@ def empty_rows_zero(kernel: KernelUnderTest, data: st.DataObject) -> None:
         causal = "maybe" if decl.mask_and_causal and route == "mask" else "never"
         problem = draw_problem(data, kernel, dims=dims, causal=causal, **{route: "always"})
         row = data.draw(st.integers(0, dims.n_queries - 1), label="emptied row")
-        if route == "mask":
-            problem.mask[..., row, :] = False
-        else:
-            problem.bias = problem.bias.copy()
-            problem.bias[..., row, :] = -np.inf
+        # a padding mask or bias may broadcast over the queries: give it its query axis
+        values = getattr(problem, route)
+        values = np.broadcast_to(values, (*values.shape[:-2], dims.n_queries,
+                                          values.shape[-1])).copy()
+        values[..., row, :] = False if route == "mask" else -np.inf
+        setattr(problem, route, values)
     empty = ~allowed_keys(problem, decl).any(axis=-1)
     out, weights = kernel.run_with_weights(problem)
     assert_zero_rows(out, empty, "out", problem, kernel)

@@ -6,8 +6,6 @@ rows a property may compare, and keeping a problem where TOL-2 is tight.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from hypothesis import strategies as st
 
@@ -20,7 +18,7 @@ from ..kernel import KernelUnderTest, Problem
 from ..oracle import reference_bound
 from ..registry import always, register
 from ..strategies import draw_any_problem, draw_dtype, draw_problem
-from ..values import with_score_magnitude
+from ..values import max_score_magnitude, with_score_error_at_most, with_score_magnitude
 
 # TOL-2 holds for every score error, but grows like e^{2 delta}: beyond delta_i = 1/4 a
 # comparison can catch little, so value comparisons keep problems below it.
@@ -73,31 +71,6 @@ def compared_rows(problem: Problem, declaration: KernelDeclaration) -> np.ndarra
     return np.ones_like(rows) if declaration.empty_rows_zero else rows
 
 
-def max_score_magnitude(problem: Problem) -> float:
-    """max over (i, j) of |alpha| A_ij of TOL-2, over every pair (allowed or not)."""
-    if problem.q.size == 0 or problem.k.size == 0:
-        return 0.0
-    head_dim, n_kv = problem.q.shape[-1], problem.k.shape[-3]
-    scale = 1.0 / math.sqrt(head_dim) if problem.scale is None else abs(problem.scale)
-    q = np.abs(problem.q).reshape(
-        (*problem.q.shape[:-3], n_kv, problem.q.shape[-3] // n_kv, *problem.q.shape[-2:])
-    )
-    k = np.abs(problem.k)[..., None, :, :]
-    return scale * float(np.max(q @ np.swapaxes(k, -1, -2)))
-
-
-def score_error(problem: Problem) -> float:
-    """An upper bound of delta_i of TOL-2 for every row of ``problem``."""
-    u_d, u_a = UNIT_ROUNDOFF[problem.dtype], accumulation_roundoff(problem.dtype)
-    bias = 0.0
-    if problem.bias is not None and problem.bias.size:
-        finite = problem.bias[np.isfinite(problem.bias)]
-        bias = float(np.max(np.abs(finite))) if finite.size else 0.0
-    head_dim = problem.q.shape[-1]
-    return ((3 * u_d + (head_dim + 4) * u_a) * max_score_magnitude(problem)
-            + 2 * u_d * bias + 4 * u_a)
-
-
 def within_validity(kernel: KernelUnderTest, problem: Problem) -> Problem:
     """``problem`` with q scaled by a power of two until delta_i <= 1/4 (TOL-2 tight).
 
@@ -105,22 +78,7 @@ def within_validity(kernel: KernelUnderTest, problem: Problem) -> Problem:
     enough to catch errors (it holds for any delta, spec/tolerance.md).  The bias term
     alone must already be inside.
     """
-    error = score_error(problem)
-    if error <= VALID_SCORE_ERROR:
-        return problem
-    floor = score_error(problem.with_(q=np.zeros_like(problem.q)))
-    if floor >= VALID_SCORE_ERROR:
-        raise ValueError(
-            f"the bias alone gives a TOL-2 score error of {floor:.3g} > {VALID_SCORE_ERROR}; "
-            "no scaling of q brings this problem into TOL-2's domain"
-        )
-    halvings = math.ceil(math.log2((error - floor) / (VALID_SCORE_ERROR - floor)))
-    while True:  # rounding to the dtype can leave a hair above the target: halve again
-        q = kernel.rounded(problem.q * 2.0**-halvings, problem.dtype)
-        scaled = problem.with_(q=q)
-        if score_error(scaled) <= VALID_SCORE_ERROR:
-            return scaled
-        halvings += 1
+    return with_score_error_at_most(kernel, problem, VALID_SCORE_ERROR)
 
 
 def values_per_query(problem: Problem) -> np.ndarray:
