@@ -33,10 +33,11 @@ class Profile:
     """Examples per property, fewer the larger they may be (the cost model): ``small``
     of the small draws (they shrink well and cost little), then realistic strata:
     ``blocks`` examples of at most BLOCKS_COST, ``decode`` ones (1-4 queries, at least 257
-    keys), ``wide`` ones (head dims past 128), ``corners`` of each option combination of values.COMBINATIONS (at least 65
-    keys), ``long`` ones of at most LONG_COST (at least 511 keys) and ``huge`` ones up to
-    one max_len x max_len head.  ``budget_seconds``: the time the profile is sized for,
-    PyTorch's SDPA on 2 CPU cores (docs/checking-your-kernel.md)."""
+    keys), ``wide`` ones (head dims past 128), ``corners`` of each option combination of
+    values.COMBINATIONS (at least 65 keys), ``long`` ones of at most LONG_COST (at least
+    511 keys) and ``huge`` ones up to one max_len x max_len head.  ``budget_seconds``: the
+    time the profile is sized for, PyTorch's SDPA on 2 CPU cores
+    (docs/checking-your-kernel.md)."""
 
     small: int
     blocks: int = 0
