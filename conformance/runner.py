@@ -20,11 +20,12 @@ from .sizes import SizeLimits, Stratum
 from .values import COMBINATIONS
 
 # Cost caps per example (sizes.problem_cost, ~ B Hq Lq Lk (E + Ev + 128)): BLOCKS_COST fits
-# one head of 120 x 120 at E = Ev = 8 or 90 x 90 at 64, and decode against 4096 keys;
+# one head of 170 x 170 at E = Ev = 8 or 129 x 129 at 64, decode against 4096 keys, or
+# 113 heads of 16 x 16;
 # LONG_COST squares of ~520 or cross/decode shapes to 4096; the huge stratum one head of
 # max_len x max_len (4096: 2^33).  Each stratum starts from its simplest example, of
 # min_len keys: the first past a block of 16, 64, 256, 512 or 2048.
-BLOCKS_COST, LONG_COST = 2**21, 2**26
+BLOCKS_COST, LONG_COST = 2**22, 2**26
 HUGE_COST_PER_SCORE = 512
 
 
@@ -71,7 +72,7 @@ class Profile:
 
 
 PROFILES: dict[str, Profile] = {
-    "quick": Profile(20, blocks=4, decode=1, wide=1, corners=1, budget_seconds=60),
+    "quick": Profile(20, blocks=3, decode=1, wide=1, corners=1, budget_seconds=60),
     "default": Profile(100, blocks=20, decode=5, wide=5, corners=3, long=5,
                        budget_seconds=300),
     "thorough": Profile(1000, blocks=200, decode=50, wide=50, corners=20, long=40, huge=2,

@@ -245,7 +245,9 @@ def draw_realistic_dims(
                     groups=min_groups if gqa else 1, n_queries=1, n_keys=1,
                     head_dim=head_dims[0], value_dim=head_dims[0])
     sizer = _Sizer(data, smallest, cap, limits, weights, family)
-    short = [n for n in lengths if n <= BATCHED_MAX_LEN]
+    # batched shapes have short rows whatever the stratum's min_len, up to BATCHED_MAX_LEN
+    short = ([n for n in all_lengths if LENGTHS[0] <= n <= BATCHED_MAX_LEN]
+             if drawing.stratum.min_len <= BATCHED_MAX_LEN else [])
     kinds = SHAPE_KINDS if short else tuple(k for k in SHAPE_KINDS if k != "batched")
     kind = drawing.stratum.option("shape") or data.draw(st.sampled_from(kinds),
                                                         label="shape kind")
@@ -266,14 +268,19 @@ def draw_realistic_dims(
         at_least = max(min_groups, 2 if drawing.stratum.option("gqa") else 1)
         sizer.draw("groups", [g for g in GROUPS if g >= at_least], "G")
     sizer.draw("n_kv_heads", [h for h in KV_HEADS if h >= min_kv_heads], "Hkv")
-    sizes = MANY if kind == "batched" else BATCH
+    sizes, fallback = BATCH, 1
+    if kind == "batched":  # the stratum's forced batch x heads, over the cost cap if need be
+        heads = sizer.dims.n_q_heads
+        at_least = min(drawing.stratum.option("batch_heads") or 1, limits.max_batch_heads)
+        sizes = [b for b in MANY if b * heads >= at_least] or list(MANY[-1:])
+        fallback = max(1, min(sizes[0], limits.max_batch_heads // heads)) if at_least > 1 else 1
     for axis in range(batch_ndim):
         batch = list(sizer.dims.batch)
 
         def with_batch(b: int, axis: int = axis, batch: list[int] = batch) -> bool:
             return sizer.fits(batch=(*batch[:axis], b, *batch[axis + 1:]))
 
-        batch[axis] = _pick(data, _fitting(sizes if axis == 0 else BATCH, with_batch, 1),
-                            f"batch {axis}")
+        batch[axis] = _pick(data, _fitting(sizes if axis == 0 else BATCH, with_batch,
+                                           fallback if axis == 0 else 1), f"batch {axis}")
         sizer.dims = replace(sizer.dims, batch=tuple(batch))
     return sizer.dims

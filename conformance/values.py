@@ -53,7 +53,8 @@ LARGEST_BIAS_ERROR = 200.0
 COMBINATIONS: tuple[tuple[str, dict[str, object]], ...] = (
     ("causal with scale 0", {"causal": True, "scale": 0.0}),
     ("causal with a negative scale, GQA", {"causal": True, "scale": -0.75, "gqa": True}),
-    ("padded batch with scale 0", {"mask": "padding", "scale": 0.0, "shape": "batched"}),
+    ("padded batch of 128 heads, scale 0",
+     {"mask": "padding", "scale": 0.0, "shape": "batched", "batch_heads": 128}),
     ("padding bias with causal, GQA", {"bias": "padding", "causal": True, "gqa": True}),
     ("ALiBi bias in decode, GQA", {"bias": "alibi", "shape": "decode", "gqa": True}),
 )

@@ -10,6 +10,7 @@ divergence (docs/divergences.md) is found by the quick profile.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -17,9 +18,11 @@ import numpy as np
 import pytest
 from catalogue.blocks import arrange, combine, finish, online_softmax, scores, softmax_lse
 from catalogue.correct import lse_attention, online_softmax_attention
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnspec.backends import Backend
-from attnspec.conformance import declaration_of, declare
+from attnspec.conformance import SetupError, check, cli, declaration_of, declare
 from attnspec.conformance.kernel import KernelUnderTest
 from attnspec.conformance.registry import all_properties
 from attnspec.conformance.runner import (
@@ -30,7 +33,18 @@ from attnspec.conformance.runner import (
     Profile,
     run_property,
 )
+from attnspec.conformance.sizes import (
+    LENGTHS,
+    SizeLimits,
+    Stratum,
+    draw_realistic_dims,
+    drawing,
+    problem_cost,
+)
+from attnspec.conformance.strategies import draw_problem
+from attnspec.conformance.values import FILLS, fill_value, padding_fills
 from attnspec.reference import scaled_dot_product_attention as reference_sdpa
+from attnspec.reference.tolerance import error_bound
 
 Array = np.ndarray
 BLOCK = 64
@@ -154,7 +168,8 @@ def test_scale_bug_is_exact_on_small_problems(bug: Callable[..., Array], small_o
     assert verdict.status == PASSED, verdict.detail
 
 
-@pytest.mark.parametrize(("bug", "shows_scale"), SCALE_BUGS, ids=lambda x: getattr(x, "__name__", ""))
+@pytest.mark.parametrize(("bug", "shows_scale"), SCALE_BUGS,
+                         ids=lambda x: getattr(x, "__name__", ""))
 def test_quick_profile_catches_scale_bug(bug: Callable[..., Array],
                                          shows_scale: Callable[[str], bool]) -> None:
     """SDPA-7.3: the quick profile's matches-reference fails each scale bug, and the shrunk
@@ -204,3 +219,179 @@ def test_correct_kernels_pass_realistic_strata(
         if verdict.status not in (PASSED, NOT_APPLICABLE):
             bad.append(f"{prop.id}: {verdict.status}: {verdict.detail}\n  {verdict.counterexample}")
     assert not bad, "\n".join(bad[:3])
+
+
+# --- what is drawn: caps, cost model, coverage --------------------------------------------
+
+GQA_REFERENCE = KernelUnderTest(reference_sdpa, Backend("numpy"),
+                                declaration_of(reference_sdpa, bias=True, gqa=True))
+CAPS = SizeLimits(max_len=300, max_head_dim=100, max_batch_heads=40)
+
+
+@pytest.mark.parametrize("stratum", [
+    Stratum("blocks", 1, 2**22, min_len=16),
+    Stratum("decode", 1, 2**22, (("shape", "decode"),), min_len=257),
+    Stratum("wide", 1, 2**22, min_len=16, min_head_dim=129),
+    Stratum("long", 1, 2**26, min_len=511),
+], ids=lambda s: s.name)
+@pytest.mark.parametrize("limits", [SizeLimits(), CAPS], ids=["default limits", "capped"])
+def test_realistic_dims_stay_within_the_cost_cap_and_the_limits(stratum: Stratum,
+                                                               limits: SizeLimits) -> None:
+    """SDPA-1.1: every realistic problem is within the user's caps and the stratum's cost
+    cap (or is the stratum's smallest problem), and its lengths come from the block list."""
+    allowed_lengths = {*LENGTHS, *range(1, 5), limits.max_len}
+
+    @settings(max_examples=60, database=None, deadline=None)
+    @given(st.data())
+    def check_draws(data: st.DataObject) -> None:
+        with drawing(stratum, limits):
+            dims = draw_realistic_dims(data, GQA_REFERENCE, gqa=True)
+        assert max(dims.n_queries, dims.n_keys) <= limits.max_len, dims
+        assert max(dims.head_dim, dims.value_dim) <= limits.max_head_dim, dims
+        assert dims.batch_heads <= limits.max_batch_heads, dims
+        assert {dims.n_queries, dims.n_keys} <= allowed_lengths, dims
+        smallest = dims.batch_heads == 1 and dims.head_dim == dims.value_dim
+        assert problem_cost(dims) <= stratum.max_cost or smallest, (dims, problem_cost(dims))
+
+    check_draws()
+
+
+def test_raised_max_len_adds_longer_block_boundaries() -> None:
+    """SDPA-1.1: --max-len above 4096 adds powers of two and one either side, and the cap."""
+    seen: set[int] = set()
+
+    @settings(max_examples=200, database=None, deadline=None)
+    @given(st.data())
+    def collect(data: st.DataObject) -> None:
+        with drawing(Stratum("decode", 1, 2**24, (("shape", "decode"),), min_len=4097),
+                     SizeLimits(max_len=10000)):
+            seen.add(draw_realistic_dims(data, GQA_REFERENCE, gqa=True).n_keys)
+
+    collect()
+    assert seen <= {4097, 8191, 8192, 8193, 10000} and {8192, 10000} <= seen, seen
+
+
+def _recording(seen: list[tuple[tuple[int, ...], tuple[int, ...], Any]]) -> Callable[..., Any]:
+    @declare(bias=True, gqa=True)
+    def recording_reference(q: Array, k: Array, v: Array, *, mask: Array | None = None,
+                            bias: Array | None = None, is_causal: bool = False,
+                            scale: float | None = None) -> Array:
+        """The reference, noting the shapes and mask it is called with."""
+        seen.append((q.shape, k.shape, mask))
+        return reference_sdpa(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+
+    return recording_reference
+
+
+def test_quick_profile_draws_realistic_sizes() -> None:
+    """SDPA-1.1, SDPA-3.1: the quick profile's matches-reference calls the kernel with one
+    query against more than 256 keys, a head dim past 128, 65 keys (one past a block of 64),
+    GQA groups, and a batch of 128 elements with different padding masks."""
+    seen: list[tuple[tuple[int, ...], tuple[int, ...], Any]] = []
+    verdict = run_property(all_properties()["matches-reference"],
+                           _numpy_kernel(_recording(seen)), profile="quick")
+    assert verdict.status == PASSED, verdict.detail
+    assert verdict.examples >= PROFILES["quick"].examples
+    assert any(q[-2] == 1 and k[-2] > 256 for q, k, _ in seen)
+    assert any(q[-1] > 128 for q, _, _ in seen)
+    assert any(k[-2] == 65 for _, k, _ in seen)
+    assert any(q[-3] > k[-3] for q, k, _ in seen)
+    padded = [m for q, _, m in seen if m is not None and math.prod(q[:-3]) >= 128]
+    assert padded, "no padded batch of 128"
+    kept = padded[0].reshape(padded[0].shape[0], -1).sum(axis=-1)
+    assert len(set(kept.tolist())) > 1, "every batch element padded alike"
+    assert (kept == 0).any(), "no batch element padded entirely"
+
+
+def test_quick_profile_finds_torch_causal_scale_zero() -> None:
+    """SDPA-2.2, SDPA-7.1: PyTorch 2.13's CPU flash kernel gives NaN rows for is_causal
+    with scale=0 (docs/divergences.md); the quick profile finds it (the thorough one did
+    before realistic strata)."""
+    torch = pytest.importorskip("torch", reason="torch SDPA needs the torch extra")
+    kernel = KernelUnderTest(torch.nn.functional.scaled_dot_product_attention, Backend("torch"))
+    verdict = run_property(all_properties()["matches-reference"], kernel, profile="quick")
+    assert verdict.status == FAILED
+    assert "is_causal=True" in verdict.counterexample and "scale=0.0" in verdict.counterexample
+    assert "= nan" in verdict.detail
+
+
+# --- values: padding fills and the bound -------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_padding_fills_are_those_the_bound_is_defined_for(dtype: str) -> None:
+    """TOL-2: a padding fill is drawn exactly when today's bound is a number (not NaN) for
+    a row holding it next to an allowed key; the others wait for issue 7 part 4. When the
+    bound charges each key by its weight, this fails until those fills are drawn."""
+    defined = []
+    for name in FILLS:
+        fill = fill_value(name, dtype)
+        q = np.ones((1, 1, 2))
+        bias = np.array([[[0.0, fill]]])
+        with np.errstate(all="ignore"):
+            bound = error_bound(q, q.repeat(2, axis=1), np.eye(2)[None], dtype=dtype, bias=bias)
+        tolerances = np.concatenate([np.ravel(bound.out_tolerance),
+                                     np.ravel(bound.weights_tolerance)])
+        if fill == -math.inf or not np.isnan(tolerances).any():
+            defined.append(name)
+    assert padding_fills(dtype) == tuple(defined)
+
+
+def test_realistic_problems_keep_the_bound_finite() -> None:
+    """TOL-2: realistic q/k and bias values never make the bound NaN (outlier channels and
+    large scores are scaled down where today's bound would overflow)."""
+    @settings(max_examples=80, database=None, deadline=None)
+    @given(st.data())
+    def check_bound(data: st.DataObject) -> None:
+        with drawing(Stratum("blocks", 1, 2**16, min_len=16)):
+            problem = draw_problem(data, GQA_REFERENCE)
+        with np.errstate(all="ignore"):
+            bound = error_bound(problem.q, problem.k, problem.v, dtype=problem.dtype,
+                                mask=problem.mask, bias=problem.bias,
+                                is_causal=problem.is_causal, scale=problem.scale)
+        assert not np.isnan(np.asarray(bound.out_tolerance)).any(), problem.describe()
+        assert not np.isnan(np.asarray(bound.weights_tolerance)).any(), problem.describe()
+
+    check_bound()
+
+
+# --- the caps as options --------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True])
+def test_size_limits_reject_non_positive_integers(bad: Any) -> None:
+    """Bad input: each cap must be a positive integer; the error names it."""
+    for name in ("max_len", "max_head_dim", "max_batch_heads"):
+        with pytest.raises(ValueError, match=f"{name}={bad!r}, but should be a positive"):
+            SizeLimits(**{name: bad})
+        with pytest.raises(SetupError, match=name):
+            check(lse_attention, only=["matches-reference"], **{name: bad})
+
+
+def test_cli_caps_flow_into_the_run_and_the_report(capsys: pytest.CaptureFixture[str],
+                                                  tmp_path: Any) -> None:
+    """The CLI's --max-len/--max-head-dim/--max-batch-heads reach the draws and the JSON
+    report; a bad value exits 2 with one line."""
+    report = tmp_path / "report.json"
+    status = cli.main(["check", "attnspec.reference:scaled_dot_product_attention",
+                       "--only", "default-scale", "--max-len", "40", "--max-head-dim", "32",
+                       "--max-batch-heads", "8", "--json", str(report)])
+    capsys.readouterr()
+    assert status == 0
+    import json
+
+    limits = json.loads(report.read_text())["limits"]
+    assert limits == {"max_len": 40, "max_head_dim": 32, "max_batch_heads": 8}
+    status = cli.main(["check", "attnspec.reference:scaled_dot_product_attention",
+                       "--max-head-dim", "0"])
+    err = capsys.readouterr().err
+    assert status == 2 and "max_head_dim=0" in err and err.count("\n") == 1
+
+
+def test_api_caps_bound_every_drawn_shape() -> None:
+    """SDPA-1.1: check(..., max_len, max_head_dim, max_batch_heads) bounds every call."""
+    seen: list[tuple[tuple[int, ...], tuple[int, ...], Any]] = []
+    check(_recording(seen), only=["matches-reference", "rows-sum-to-one"], max_len=70,
+          max_head_dim=20, max_batch_heads=6)
+    assert seen
+    for q, k, _ in seen:
+        assert q[-2] <= 70 and k[-2] <= 70 and q[-1] <= 20, (q, k)
+        assert math.prod(q[:-2]) <= 6, q
