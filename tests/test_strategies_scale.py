@@ -22,7 +22,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnspec.backends import Backend
-from attnspec.conformance import SetupError, check, cli, declaration_of, declare
+from attnspec.conformance import (
+    LinearClaim,
+    SetupError,
+    SparseClaim,
+    check,
+    cli,
+    declaration_of,
+    declare,
+)
 from attnspec.conformance.kernel import KernelUnderTest
 from attnspec.conformance.registry import all_properties
 from attnspec.conformance.runner import (
@@ -43,6 +51,7 @@ from attnspec.conformance.sizes import (
 )
 from attnspec.conformance.strategies import draw_problem
 from attnspec.conformance.values import FILLS, fill_value, padding_fills
+from attnspec.reference import elu_plus_one, linear_attention, sparse_attention
 from attnspec.reference import scaled_dot_product_attention as reference_sdpa
 from attnspec.reference.tolerance import error_bound
 
@@ -219,6 +228,43 @@ def test_correct_kernels_pass_realistic_strata(
         if verdict.status not in (PASSED, NOT_APPLICABLE):
             bad.append(f"{prop.id}: {verdict.status}: {verdict.detail}\n  {verdict.counterexample}")
     assert not bad, "\n".join(bad[:3])
+
+
+def _sliding_window_reference(shapes: list[tuple[int, ...]]) -> Callable[..., Any]:
+    def kernel(q: Array, k: Array, v: Array, *, scale: float | None = None) -> Array:
+        shapes.append(k.shape)
+        return sparse_attention(q, k, v, pattern="sliding_window", left=70, right=0,
+                                scale=scale)
+    return declare(kernel, gqa=True, mask=False, causal=False,
+                   sparse=SparseClaim("sliding_window", {"left": 70, "right": 0}))
+
+
+def _linear_reference(shapes: list[tuple[int, ...]]) -> Callable[..., Any]:
+    def kernel(q: Array, k: Array, v: Array, *, is_causal: bool = False) -> Array:
+        shapes.append(k.shape)
+        return linear_attention(q, k, v, feature_map=elu_plus_one, is_causal=is_causal)
+    return declare(kernel, gqa=True, mask=False, scale=False, linear=LinearClaim("elu+1"))
+
+
+@pytest.mark.parametrize("family", ["sparse", "linear"])
+def test_sparse_and_linear_references_pass_realistic_strata(
+    family: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SPARSE-6, LIN-5.2, LIN-2.1: the reference's sparse (a window of 70 keys: past a
+    block) and linear kernels pass their properties on the realistic strata, which call
+    them with more than 256 keys."""
+    profile = _realistic_only(monkeypatch)
+    shapes: list[tuple[int, ...]] = []
+    fn = _sliding_window_reference(shapes) if family == "sparse" else _linear_reference(shapes)
+    kernel = KernelUnderTest(fn, Backend("numpy"))
+    ran = 0
+    for prop in all_properties().values():
+        verdict = run_property(prop, kernel, profile=profile)
+        assert verdict.status in (PASSED, NOT_APPLICABLE), (prop.id, verdict.detail,
+                                                             verdict.counterexample)
+        ran += verdict.status == PASSED
+    assert ran >= 3
+    assert max(shape[-2] for shape in shapes) > 256
 
 
 # --- what is drawn: caps, cost model, coverage --------------------------------------------
