@@ -153,9 +153,11 @@ def _failed_verdict(prop: Property, failure: PropertyFailure) -> Verdict:
     )
 
 
-def _stratum_seed(seed: int | None, stratum: Stratum) -> int:
-    """A fixed seed per (run seed, stratum): strata explore different examples."""
-    return zlib.crc32(f"{seed}:{stratum.name}".encode())
+def _stratum_seed(seed: int | None, prop: Property, stratum: Stratum) -> int:
+    """The Hypothesis seed of one (run seed, property, stratum): fixed without --seed, so a
+    run reproduces whatever the runner's own code looks like, and different for every
+    property and stratum, so they explore different examples."""
+    return zlib.crc32(f"{seed}:{prop.id}:{stratum.name}".encode())
 
 
 def _run_strata(
@@ -164,18 +166,14 @@ def _run_strata(
 ) -> None:
     """Each stratum of the profile in turn, as one Hypothesis run; the first failure
     ends the property (smaller strata first, so it is the smallest stratum that fails)."""
-    for index, stratum in enumerate(PROFILES[profile].strata(limits)):
+    for stratum in PROFILES[profile].strata(limits):
+        @hypothesis_seed(_stratum_seed(seed, prop, stratum))
         @hypothesis_settings(profile, seed, stratum.examples)
         @given(st.data())
         def property_test(data: st.DataObject) -> None:
             examples[0] += 1
             prop.check(kernel, data)
 
-        if seed is not None:
-            property_test = hypothesis_seed(seed if index == 0 else
-                                            _stratum_seed(seed, stratum))(property_test)
-        elif index:
-            property_test = hypothesis_seed(_stratum_seed(seed, stratum))(property_test)
         with sizes.drawing(stratum, limits):
             property_test()
 
