@@ -186,8 +186,12 @@ def _fitting(values: Sequence[int], fits: Callable[[int], bool],
     return prefix or ((values[0] if fallback is None else fallback),)
 
 
-def _pick(data: st.DataObject, values: Sequence[int], label: str) -> int:
-    return data.draw(st.sampled_from(tuple(values)), label=label)
+def _pick(data: st.DataObject, values: Sequence[int], label: str, choices: int) -> int:
+    """One of ``values`` (a sorted list cut to what fits) through an index of a fixed range
+    of ``choices``: every example makes the same draws whatever fits, which Hypothesis
+    needs to shrink (a shorter list must not remove a draw), and index 0 is the smallest."""
+    index = data.draw(st.integers(0, max(choices, len(values)) - 1), label=label)
+    return values[index % len(values)]
 
 
 @dataclass
@@ -214,7 +218,7 @@ class _Sizer:
         def fits(v: int) -> bool:
             return self.fits(**{name: v, **{t: v for t in together}})
 
-        value = _pick(self.data, _fitting(values, fits), label)
+        value = _pick(self.data, _fitting(values, fits), label, len(values))
         self.dims = replace(self.dims, **{name: value, **{t: value for t in together}})
         return value
 
@@ -252,7 +256,7 @@ def draw_realistic_dims(
     kind = drawing.stratum.option("shape") or data.draw(st.sampled_from(kinds),
                                                         label="shape kind")
     if kind in ("self", "batched"):
-        sizer.draw("n_keys", short or lengths[:1] if kind == "batched" else lengths, "L",
+        sizer.draw("n_keys", (short or lengths[:1]) if kind == "batched" else lengths, "L",
                    together=("n_queries",))
     elif kind == "cross":
         sizer.dims = replace(sizer.dims, n_queries=all_lengths[0])
@@ -280,7 +284,9 @@ def draw_realistic_dims(
         def with_batch(b: int, axis: int = axis, batch: list[int] = batch) -> bool:
             return sizer.fits(batch=(*batch[:axis], b, *batch[axis + 1:]))
 
-        batch[axis] = _pick(data, _fitting(sizes if axis == 0 else BATCH, with_batch,
-                                           fallback if axis == 0 else 1), f"batch {axis}")
+        candidates = sizes if axis == 0 else BATCH
+        batch[axis] = _pick(data, _fitting(candidates, with_batch, fallback if axis == 0 else 1),
+                            f"batch {axis}", len(MANY if kind == "batched" and not axis
+                                                 else BATCH))
         sizer.dims = replace(sizer.dims, batch=tuple(batch))
     return sizer.dims

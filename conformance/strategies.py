@@ -61,7 +61,9 @@ def draw_dims(
     batch_ndim = kernel.declaration.batch_ndim
     if batch_ndim is None:
         batch_ndim = data.draw(st.integers(0, max_batch_ndim), label="batch ndim")
-    batch = tuple(data.draw(st.lists(st.integers(1, 3), min_size=batch_ndim,
+    # each batch dim up to 3, less only when --max-batch-heads is below 3 ** ndim
+    per_dim = max(1, min(3, math.floor(limits.max_batch_heads ** (1 / max(batch_ndim, 1)))))
+    batch = tuple(data.draw(st.lists(st.integers(1, per_dim), min_size=batch_ndim,
                                      max_size=batch_ndim), label="batch"))
     # only a cap below the small sizes (9 batch x 9 heads) changes what is drawn
     heads_room = max(1, limits.max_batch_heads // math.prod(batch))
