@@ -132,8 +132,8 @@ RUN_FLAGS = (
          "backend's default"),
     Flag("--dtype", "test only these dtypes (repeatable or comma list): float16, bfloat16, "
          "float32, float64", kind="list", metavar="DTYPE"),
-    Flag("--profile", "examples per property: quick (20 small + 10 realistic, about a minute "
-         "for PyTorch's SDPA on 2 cores), default (~5x), thorough (~50x); default: quick",
+    Flag("--profile", "examples per property: quick (20 small + 10 realistic; PyTorch's SDPA "
+         "takes ~25 s on 2 cores), default (~5x), thorough (~50x); default: quick",
          choices=tuple(PROFILES)),
     Flag("--max-len", "largest Lq and Lk drawn (default 4096; larger adds longer block "
          "boundaries)", type=int, metavar="N"),
