@@ -55,6 +55,7 @@ from attnspec.reference import elu_plus_one, linear_attention, sparse_attention
 from attnspec.reference import scaled_dot_product_attention as reference_sdpa
 from attnspec.reference.tolerance import error_bound
 
+pytest_plugins = ["pytester"]
 Array = np.ndarray
 BLOCK = 64
 
@@ -441,3 +442,16 @@ def test_api_caps_bound_every_drawn_shape() -> None:
     for q, k, _ in seen:
         assert q[-2] <= 70 and k[-2] <= 70 and q[-1] <= 20, (q, k)
         assert math.prod(q[:-2]) <= 6, q
+
+
+def test_pytest_plugin_takes_the_caps(pytester: pytest.Pytester) -> None:
+    """The plugin's --attnspec-max-len/-max-head-dim/-max-batch-heads reach the run; a bad
+    one is a usage error naming it."""
+    kernel = "attnspec.reference:scaled_dot_product_attention"
+    result = pytester.runpytest("--attnspec-kernel", kernel, "--attnspec-only", "default-scale",
+                                "--attnspec-max-len", "40", "--attnspec-max-head-dim", "32",
+                                "--attnspec-max-batch-heads", "8")
+    result.assert_outcomes(passed=1)
+    result = pytester.runpytest("--attnspec-kernel", kernel, "--attnspec-max-len", "0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "max_len=0" in result.stderr.str()
