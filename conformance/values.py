@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 from hypothesis import strategies as st
 
-from ..reference.tolerance import UNIT_ROUNDOFF, accumulation_roundoff
 from .sizes import LENGTHS, Dims
 
 if TYPE_CHECKING:
@@ -36,17 +35,10 @@ LARGEST_FINITE = {
     "float32": float(np.finfo(np.float32).max),
     "float64": float(np.finfo(np.float64).max),
 }
+# Every fill in every dtype: TOL-2 charges each key's score error by that key's own weight,
+# so a padded key costs the bound nothing (spec/tolerance.md).  A fill beyond the dtype's
+# range rounds to -inf, a masked key (-1e9 in float16).
 FILLS = ("-1e4", "-1e9", "finfo.min")
-# TOL-2 as evaluated today (reference/tolerance.py) grows like expm1(2 delta_i), delta_i the
-# row's largest score error, and overflows to inf once 2 delta_i passes ~709; inf times a
-# weight of 0 is NaN, a bound no output meets.  So realistic problems keep delta_i below
-# LARGEST_SCORE_ERROR (q scaled down when its scores are too large), and a padding fill b
-# is drawn only where its own share 2 u_d |b| stays below LARGEST_BIAS_ERROR: finfo.min
-# in float32/bfloat16/float64 and -1e9 in bfloat16 wait for a bound that charges each
-# key's error by its weight (issue 7, part 4).  A fill beyond the dtype's range rounds to
-# -inf, a masked key, and is always drawn.
-LARGEST_SCORE_ERROR = 300.0
-LARGEST_BIAS_ERROR = 200.0
 # Option combinations every profile tries on every property that draws the options (where
 # the kernel claims them), each as a stratum of its own: the corners real kernels get
 # wrong, e.g. PyTorch 2.13's CPU flash kernel gives NaN rows for is_causal with scale 0.
@@ -65,61 +57,6 @@ def fill_value(name: str, dtype: str) -> float:
     dtype's range (-1e9 in float16), as rounding it gives."""
     value = -LARGEST_FINITE[dtype] if name == "finfo.min" else float(name)
     return value if abs(value) <= LARGEST_FINITE[dtype] else -math.inf
-
-
-def padding_fills(dtype: str) -> tuple[str, ...]:
-    """The fills drawn in ``dtype``: those TOL-2 can bound today (LARGEST_BIAS_ERROR)."""
-    def bounded(name: str) -> bool:
-        value = abs(fill_value(name, dtype))
-        return value == math.inf or 2 * UNIT_ROUNDOFF[dtype] * value <= LARGEST_BIAS_ERROR
-
-    return tuple(name for name in FILLS if bounded(name))
-
-
-def max_score_magnitude(problem: Problem) -> float:
-    """max over (i, j) of |alpha| A_ij of TOL-2, over every pair (allowed or not)."""
-    if problem.q.size == 0 or problem.k.size == 0:
-        return 0.0
-    head_dim, n_kv = problem.q.shape[-1], problem.k.shape[-3]
-    scale = 1.0 / math.sqrt(head_dim) if problem.scale is None else abs(problem.scale)
-    q = np.abs(problem.q).reshape(
-        (*problem.q.shape[:-3], n_kv, problem.q.shape[-3] // n_kv, *problem.q.shape[-2:])
-    )
-    k = np.abs(problem.k)[..., None, :, :]
-    return scale * float(np.max(q @ np.swapaxes(k, -1, -2)))
-
-
-def score_error(problem: Problem) -> float:
-    """An upper bound of delta_i of TOL-2 for every row of ``problem``."""
-    u_d, u_a = UNIT_ROUNDOFF[problem.dtype], accumulation_roundoff(problem.dtype)
-    bias = 0.0
-    if problem.bias is not None and problem.bias.size:
-        finite = problem.bias[np.isfinite(problem.bias)]
-        bias = float(np.max(np.abs(finite))) if finite.size else 0.0
-    head_dim = problem.q.shape[-1]
-    return ((3 * u_d + (head_dim + 4) * u_a) * max_score_magnitude(problem)
-            + 2 * u_d * bias + 4 * u_a)
-
-
-def with_score_error_at_most(kernel: KernelUnderTest, problem: Problem, target: float) -> Problem:
-    """``problem`` with q scaled by a power of two until delta_i <= ``target``; the bias
-    term alone must already be below it."""
-    error = score_error(problem)
-    if error <= target:
-        return problem
-    floor = score_error(problem.with_(q=np.zeros_like(problem.q)))
-    if floor >= target:
-        raise ValueError(
-            f"the bias alone gives a TOL-2 score error of {floor:.3g} > {target}; "
-            "no scaling of q brings this problem into TOL-2's domain"
-        )
-    halvings = math.ceil(math.log2((error - floor) / (target - floor)))
-    while True:  # rounding to the dtype can leave a hair above the target: halve again
-        q = kernel.rounded(problem.q * 2.0**-halvings, problem.dtype)
-        scaled = problem.with_(q=q)
-        if score_error(scaled) <= target:
-            return scaled
-        halvings += 1
 
 
 def with_score_magnitude(kernel: KernelUnderTest, problem: Problem, limit: float) -> Problem:
@@ -214,8 +151,7 @@ def draw_bias_values(
     if kind == "alibi":
         return kernel.rounded(alibi(dims), dtype)
     kept = draw_padding(data, rng, dims)
-    fill = fill_value(data.draw(st.sampled_from(padding_fills(dtype)), label="padding fill"),
-                      dtype)
+    fill = fill_value(data.draw(st.sampled_from(FILLS), label="padding fill"), dtype)
     inside = 0.0
     if data.draw(st.booleans(), label="ALiBi inside the padding"):
         inside = alibi(dims)
