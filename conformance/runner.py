@@ -20,14 +20,24 @@ from .registry import Property, all_properties
 from .sizes import SizeLimits, Stratum
 from .values import COMBINATIONS
 
-# Cost caps per example (sizes.problem_cost, ~ B Hq Lq Lk (E + Ev + 128)): BLOCKS_COST fits
-# one head of 170 x 170 at E = Ev = 8 or 129 x 129 at 64, decode against 4096 keys, or
-# 113 heads of 16 x 16;
-# LONG_COST squares of ~520 or cross/decode shapes to 4096; the huge stratum one head of
-# max_len x max_len (4096: 2^33).  Each stratum starts from its simplest example, of
-# min_len keys: the first past a block of 16, 64, 256, 512 or 2048.
-BLOCKS_COST, LONG_COST = 2**22, 2**26
-HUGE_COST_PER_SCORE = 512
+# Cost caps per example (sizes.problem_cost, ~ B Hq Lq Lk (E + Ev + 320)), set so that the
+# default profile of PyTorch's SDPA takes about a quarter of its budget (measured with the
+# row-chunked TOL-2 oracle; docs/checking-your-kernel.md).  BLOCKS_COST fits one head of
+# 203 x 203 at E = Ev = 8 or 129 x 129 at 64, decode against 4096 keys at any head dim, or
+# 128 heads of 17 x 17; LONG_COST squares of 523 at E = Ev = 64, cross shapes of 129 x 4096;
+# the huge stratum one head of max_len x max_len at E = Ev = 128 (huge_cost: 2^33.2 at
+# 4096, the issue's anchor).  Each stratum starts from its simplest example, of min_len keys:
+# the first past a block of 16, 64, 256, 512 or 2048.
+BLOCKS_COST, LONG_COST = 2**24, 2**28
+HUGE_HEAD_DIM = 128
+
+
+def huge_cost(limits: SizeLimits) -> int:
+    """The huge stratum's cap: one head of max_len x max_len at E = Ev = HUGE_HEAD_DIM."""
+    length = limits.max_len
+    return sizes.problem_cost(sizes.Dims(batch=(1,), n_kv_heads=1, groups=1, n_queries=length,
+                                         n_keys=length, head_dim=HUGE_HEAD_DIM,
+                                         value_dim=HUGE_HEAD_DIM))
 
 
 @dataclass(frozen=True)
@@ -61,7 +71,7 @@ class Profile:
                       tuple(forced.items()), min_len=65)
               for name, forced in COMBINATIONS),
             Stratum("long", self.long, LONG_COST, min_len=511),
-            Stratum("huge", self.huge, HUGE_COST_PER_SCORE * limits.max_len**2, min_len=2047),
+            Stratum("huge", self.huge, huge_cost(limits), min_len=2047),
         ]
         return [s for s in strata if s.examples > 0]
 

@@ -42,8 +42,11 @@ BATCHED_MAX_LEN = 129
 # self: Lq = Lk; cross: Lq and Lk drawn apart (either larger); decode: Lq of 1-4 against a
 # long Lk; batched: short rows, batch x heads in the hundreds.
 SHAPE_KINDS = ("self", "cross", "decode", "batched")
-# The float64 oracle's elementwise work per score, in units of one head-dim column.
-SCORE_COST = 128
+# The float64 oracle's elementwise work per score, in units of one head-dim column.  The
+# TOL-2 oracle (reference/tolerance.py, in row chunks) measured on one core: ~210 ns per
+# score, plus ~0.3 ns per E column and ~1 ns per Ev column (its matrix products with V):
+# one score costs about 320 columns.
+SCORE_COST = 320
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,12 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ...reference.masks import causal_offset
-from ...reference.tolerance import accumulation_roundoff, error_bound, product_coefficient
+from ...reference.tolerance import (
+    CHUNK_ELEMENTS,
+    accumulation_roundoff,
+    error_bound,
+    product_coefficient,
+)
 from ..assertions import assert_identical, assert_matches_reference, first_index
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
@@ -138,20 +143,37 @@ def values_per_query(problem: Problem) -> np.ndarray:
     return np.broadcast_to(v, (*shape[:-2], *v.shape[-2:]))
 
 
+def allowed_value_range(allowed: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per output element ``(..., Lq, Ev)``, the min and max of its V column over the
+    allowed keys (+inf and -inf for a row with none), from ``allowed`` ``(..., Lq, Lk)``
+    and ``v`` ``(..., Lk, Ev)``; in chunks of query rows, so that the ``(rows, Lk, Ev)``
+    temporaries stay as small as TOL-2's own chunks (a 4096-key problem fits in memory)."""
+    n_queries, n_keys = allowed.shape[-2:]
+    per_row = math.prod(allowed.shape[:-2]) * n_keys * v.shape[-1]
+    step = max(1, CHUNK_ELEMENTS // max(1, per_row))
+    lows, highs = [], []
+    for start in range(0, n_queries, step):
+        chunk = allowed[..., start:start + step, :, None]  # (..., rows, Lk, 1)
+        lows.append(np.where(chunk, v[..., None, :, :], np.inf).min(axis=-2, initial=np.inf))
+        highs.append(np.where(chunk, v[..., None, :, :], -np.inf).max(axis=-2, initial=-np.inf))
+    if not lows:
+        empty = np.zeros((*allowed.shape[:-1], v.shape[-1]))
+        return empty, empty
+    return np.concatenate(lows, axis=-2), np.concatenate(highs, axis=-2)
+
+
 @register("output-in-value-hull", "SDPA-7.1")
 def output_in_value_hull(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Each output element lies between the min and max of its V column over the allowed
     keys S(i), widened by TOL-2: the weights are a convex combination (SDPA-7.1)."""
     problem = within_validity(kernel, draw_problem(data, kernel, min_keys=1))
     out = kernel.run(problem)
-    allowed = allowed_keys(problem, kernel.declaration)[..., None]  # (..., Lq, Lk, 1)
-    v = values_per_query(problem)[..., None, :, :]  # (..., 1, Lk, Ev)
-    low = np.where(allowed, v, np.inf).min(axis=-2, initial=np.inf)
-    high = np.where(allowed, v, -np.inf).max(axis=-2, initial=-np.inf)
+    allowed = allowed_keys(problem, kernel.declaration)
+    low, high = allowed_value_range(allowed, values_per_query(problem))
     # TOL-2 bounds a conforming kernel's distance from the exact output, which lies in
     # [low, high]; C = 4 includes the float64 oracle's own error (spec/tolerance.md).
     tolerance = np.asarray(reference_bound(problem, kernel.declaration).out_tolerance)
-    rows = allowed.any(axis=-2)  # rows with no allowed key are SDPA-5.1's business
+    rows = allowed.any(axis=-1, keepdims=True)  # rows with no key are SDPA-5.1's business
     inside = (out >= low - tolerance) & (out <= high + tolerance)
     outside = rows & ~inside
     if outside.any():
