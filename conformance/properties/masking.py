@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from ..assertions import assert_identical, assert_matches_reference, assert_within_bound
 from ..declaration import KernelDeclaration
+from ..failures import PropertyFailure
+from ..hints import mask_convention
 from ..kernel import KernelUnderTest
 from ..oracle import reference_bound, weights_bound
 from ..registry import needs, register
@@ -49,8 +51,16 @@ def mask_polarity(kernel: KernelUnderTest, data: st.DataObject) -> None:
     keys = np.broadcast_to(chosen, dims.scores_shape[:-1])[..., None]
     expected = np.take_along_axis(values_per_query(problem), keys, axis=-2)
     tolerance = np.asarray(reference_bound(problem, kernel.declaration).out_tolerance)
-    assert_within_bound(out, expected, tolerance, "out (one allowed key per row)",
-                        problem, kernel)
+    try:
+        assert_within_bound(out, expected, tolerance, "out (one allowed key per row)",
+                            problem, kernel)
+    except PropertyFailure as failure:
+        convention = mask_convention(kernel, problem, out)
+        if convention is None:
+            raise
+        finding, hint = convention
+        raise PropertyFailure(f"{finding} [SDPA-3.1]; {failure.finding}", problem, kernel,
+                              hint=hint) from None
 
 
 def _draw_reducible_shape(
