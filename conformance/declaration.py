@@ -75,6 +75,10 @@ KernelDeclaration: Any = make_dataclass(
     namespace={"__doc__": _docstring()},
 )
 KernelDeclaration.__module__ = __name__
+"""Everything a kernel claims beyond the minimal interface (CONF-3): one keyword-only,
+frozen field per row of the claims table (``attnspec.conformance.claims.CLAIMS``), e.g.
+``KernelDeclaration(bias=True, gqa=True, causal_alignment="bottom_right")``; the fields,
+their defaults and CLI flags are listed in the class docstring and in the guide."""
 
 
 def declare(fn: Callable[..., Any] | None = None, /, **claims: Any) -> Any:

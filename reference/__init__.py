@@ -1,5 +1,6 @@
 """The reference implementation: pure Python Array API, one module per spec area."""
 
+from .blocked import blocked_attention, default_block_sizes
 from .favor import favor_attention, favor_feature_map, favor_projection
 from .features import alibi_slopes
 from .kv_cache import append_to_cache, kv_cache_attention
@@ -33,7 +34,9 @@ __all__ = [
     "bigbird_mask",
     "block_sparse_attention",
     "block_sparse_mask",
+    "blocked_attention",
     "causal_mask",
+    "default_block_sizes",
     "elu_plus_one",
     "favor_attention",
     "favor_feature_map",
