@@ -106,7 +106,7 @@ def dropout_rescaling(kernel: KernelUnderTest, data: st.DataObject) -> None:
     renormalised and excluded keys stay excluded: with q = 0 and V = I every allowed entry
     is 0 or 1/(|S(i)|(1 - p)) within TOL-6, for p from 0.1 to 0.8, masks and causal calls.
     Deterministic: no false failure."""
-    dims = draw_dims(data, kernel, min_queries=1, min_keys=1, gqa=False)
+    dims = draw_dims(data, kernel, min_queries=1, min_keys=1, gqa=False, weights=True)
     p = data.draw(st.sampled_from([0.1, 0.3, 0.5, 0.8]), label="dropout_p")
     decl = kernel.declaration
     mask = None

@@ -110,7 +110,7 @@ def softcap_bounds_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """With scores up to ~1e4 and no bias, every weight of a row is at most e^(2c) times
     any other (checked through V = I, with the TOL-2 slack): a kernel that ignores the
     cap, or applies it to some key blocks only, concentrates the row on one key."""
-    dims = draw_dims(data, kernel, min_queries=1, min_keys=2, gqa=False)
+    dims = draw_dims(data, kernel, min_queries=1, min_keys=2, gqa=False, weights=True)
     dtype = kernel.widest_dtype
     magnitude = 40.0 if dtype != "float16" else 20.0
     problem = draw_problem(data, kernel, dims=dims, dtype=dtype, magnitude=magnitude,

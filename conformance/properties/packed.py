@@ -16,6 +16,7 @@ from dataclasses import replace
 import numpy as np
 from hypothesis import strategies as st
 
+from .. import sizes
 from ..assertions import assert_identical, assert_shape, assert_within_bound
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
@@ -51,14 +52,39 @@ def reported_as(batch: Batch) -> Iterator[None]:
                               hint=failure.hint) from None
 
 
+# Realistic strata: sequence and cache lengths at block boundaries (sizes.LENGTHS) up to
+# these, head dims kernels special-case up to 128, so a packed call stays well within the
+# cost of one realistic dense problem while crossing tiles of 16 to 256 tokens.
+REALISTIC_MAX_LENGTH = 513
+REALISTIC_MAX_HEAD_DIM = 128
+
+
+def _lengths(data: st.DataObject, label: str, small: int) -> int:
+    """A length: 0..``small`` in the small stratum, a block-boundary length (or 0) in the
+    realistic ones, within the user's --max-len."""
+    drawing = sizes.current()
+    if not drawing.realistic:
+        return data.draw(st.integers(0, small), label=label)
+    choices = [0, *(n for n in sizes.LENGTHS
+                    if n <= min(REALISTIC_MAX_LENGTH, drawing.limits.max_len))]
+    return data.draw(st.sampled_from(choices), label=label)
+
+
 class _Heads:
     """Sizes every sequence of a batch shares."""
 
     def __init__(self, data: st.DataObject, kernel: KernelUnderTest) -> None:
         self.n_kv = data.draw(st.integers(1, 3), label="Hkv")
         self.groups = data.draw(st.integers(1, 3), label="G") if kernel.declaration.gqa else 1
-        self.head_dim = data.draw(st.integers(1, 8), label="E")
-        self.value_dim = data.draw(st.integers(1, 8), label="Ev")
+        drawing = sizes.current()
+        if drawing.realistic:
+            dims = [e for e in sizes.HEAD_DIMS
+                    if e <= min(REALISTIC_MAX_HEAD_DIM, drawing.limits.max_head_dim)] or [1]
+            self.head_dim = data.draw(st.sampled_from(dims), label="E")
+            self.value_dim = data.draw(st.sampled_from(dims), label="Ev")
+        else:
+            self.head_dim = data.draw(st.integers(1, 8), label="E")
+            self.value_dim = data.draw(st.integers(1, 8), label="Ev")
 
     @property
     def n_q(self) -> int:
@@ -103,9 +129,7 @@ def draw_varlen_batch(data: st.DataObject, kernel: KernelUnderTest, *,
     rng = draw_rng(data)
     magnitude = data.draw(st.sampled_from([1.0, 0.25, 3.0]), label="magnitude")
     count = data.draw(st.integers(1, 4), label="sequences")
-    lengths = [(data.draw(st.integers(0, 9), label="Lq_b"), data.draw(st.integers(0, 9),
-                                                                        label="Lk_b"))
-               for _ in range(count)]
+    lengths = [(_lengths(data, "Lq_b", 9), _lengths(data, "Lk_b", 9)) for _ in range(count)]
     if empty:
         b = data.draw(st.integers(0, count - 1), label="empty sequence")
         which = data.draw(st.sampled_from(["queries", "keys", "both"]), label="empty side")
@@ -225,13 +249,15 @@ def draw_cache_batch(data: st.DataObject, kernel: KernelUnderTest) -> Batch:
     count = data.draw(st.integers(1, 3), label="B")
     n_new = data.draw(st.integers(0, 3), label="new keys") if decl.kv_cache_append else 0
     n_queries = data.draw(st.sampled_from([1, 1, 2, 4]), label="Lq")
-    lengths = [data.draw(st.integers(0, 8), label="cache_seqlens[b]") for _ in range(count)]
+    lengths = [_lengths(data, "cache_seqlens[b]", 8) for _ in range(count)]
     block_size = None
     table = None
     n_blocks = 0
     capacity = max(lengths) + n_new + data.draw(st.integers(0, 3), label="spare capacity")
     if decl.kv_cache_paged:
-        block_size = decl.kv_cache_block_size or data.draw(st.integers(1, 4), label="block")
+        block_size = decl.kv_cache_block_size or data.draw(
+            st.sampled_from([16, 64, 256]) if sizes.current().realistic else st.integers(1, 4),
+            label="block")
         per_row = -(-max(capacity, 1) // block_size)
         capacity = per_row * block_size
         n_blocks = count * per_row + data.draw(st.integers(0, 2), label="unused blocks")

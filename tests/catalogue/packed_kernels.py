@@ -56,8 +56,10 @@ def _block_diagonal(q: Array, k: Array, v: Array, cu_q: list[int], cu_k: list[in
             bias[:, rows, cols] = -slopes[:, None, None] * gaps
     f = Features(softcap=softcap)
     swap = (1, 0, 2)
-    a = arranged(*(x.transpose(swap) for x in (q, k, v)), mask, bias.astype(q.dtype)
-                 if alibi_slopes is not None else None, False, scale, f)
+    # the ALiBi bias stays in float64 until arrange casts it to the computation dtype:
+    # rounding it to a half-precision input dtype would be an error TOL-4 does not allow
+    a = arranged(*(x.transpose(swap) for x in (q, k, v)), mask,
+                 bias if alibi_slopes is not None else None, False, scale, f)
     result = attend_features(a, f, returns_lse=True)
     out, log_sum = result
     return (out.transpose(swap), log_sum) if lse else out.transpose(swap)
