@@ -414,8 +414,11 @@ def _declared_results_hint(declaration: KernelDeclaration) -> str:
 def _sequence_hint(result: Any) -> str:
     if len(result) == 2:
         return ("if it returns (out, weights), declare it: --returns-weights "
-                "(returns_weights=True); if the second item is something else (e.g. the "
-                "log-sum-exp), check a wrapper that returns result[0]")
+                "(returns_weights=True); if it returns (out, lse), declare --returns-lse "
+                "(returns_lse=True); otherwise check a wrapper that returns result[0]")
+    if len(result) == 3:
+        return ("if it returns (out, weights, lse), declare --returns-weights --returns-lse; "
+                "otherwise check a wrapper that returns only the output, e.g. result[0]")
     return "check a wrapper that returns only the output, e.g. result[0]"
 
 

@@ -152,7 +152,10 @@ def error_bound(
     ``chunk_elements`` bounds the size of the (rows x keys) blocks evaluated at once, and
     so the memory used.
     """
-    return _bounds(q, k, v, dtype, locals(), weights, False, chunk_elements)[0]
+    options = dict(mask=mask, bias=bias, is_causal=is_causal,
+                   causal_alignment=causal_alignment, scale=scale)
+    return _bounds(q, k, v, dtype, options, softcap, alibi_slopes, weights, False,
+                   chunk_elements)[0]
 
 
 def error_and_lse_bound(
@@ -172,23 +175,22 @@ def error_and_lse_bound(
     chunk_elements: int = CHUNK_ELEMENTS,
 ) -> tuple[ErrorBound, LseBound]:
     """:func:`error_bound` and the log-sum-exp with its TOL-5 bound, in one pass."""
-    return _bounds(q, k, v, dtype, locals(), weights, True, chunk_elements)
-
-
-_OPTIONS = ("mask", "bias", "is_causal", "causal_alignment", "scale", "softcap", "alibi_slopes")
+    options = dict(mask=mask, bias=bias, is_causal=is_causal,
+                   causal_alignment=causal_alignment, scale=scale)
+    return _bounds(q, k, v, dtype, options, softcap, alibi_slopes, weights, True,
+                   chunk_elements)
 
 
 def _bounds(
-    q: Any, k: Any, v: Any, dtype: str, given: dict[str, Any], weights: bool, lse: bool,
-    chunk_elements: int,
+    q: Any, k: Any, v: Any, dtype: str, options: dict[str, Any], softcap: Any,
+    alibi_slopes: Any, weights: bool, lse: bool, chunk_elements: int,
 ) -> tuple[ErrorBound, LseBound | None]:
+    """Both bounds over row chunks; ``options`` are prepare's (mask, bias, causal, scale)."""
     if dtype not in UNIT_ROUNDOFF:
         raise ValueError(f"dtype={dtype!r}, but should be one of {tuple(UNIT_ROUNDOFF)}")
     if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int) \
             or chunk_elements < 1:
         raise ValueError(f"chunk_elements={chunk_elements!r}, but should be a positive int")
-    options = {name: given[name] for name in _OPTIONS}
-    softcap, alibi_slopes = options.pop("softcap"), options.pop("alibi_slopes")
     call = "error_bound(q, k, v)"
     problem = prepare(q, k, v, **options, call=call)
     problem = with_features(problem, softcap=softcap, alibi_slopes=alibi_slopes,
