@@ -10,6 +10,7 @@ a GQA group of 8, a decode step over 300 keys, 6 batch elements with their own p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -53,51 +54,58 @@ def padded_float16_rows(w: Witness) -> Witness:
     return w.with_(q=q, k=k, bias=bias, dtype="float16")
 
 
+# Strict xfail until the strategies draw realistic sizes (issue 7 part 1): then each entry
+# must be caught, and this note removed.
+NO_REALISTIC_DRAWS = ("the strategies draw only small problems (Lk <= 24, E <= 8, groups <= 3), "
+                      "where this kernel is exact; realistic draws are issue 7 part 1")
+
+
+def entry(name: str, fn: Callable[..., Any], catches: str, w: Witness) -> BuggyKernel:
+    return BuggyKernel(name, fn, catches, witness=w, known_miss=NO_REALISTIC_DRAWS)
+
+
 W = long_keys
 SCALE_CATALOGUE: list[BuggyKernel] = [
     # key blocks of 64 and their tails
-    BuggyKernel("tiled-duplicates-key-tail", tiling.tiled_duplicates_key_tail,
-                "matches-reference", witness=W(100)),
-    BuggyKernel("tiled-drops-key-tail", tiling.tiled_drops_key_tail, "matches-reference",
-                witness=W(100)),
-    BuggyKernel("tiled-accumulator-not-rescaled", tiling.tiled_accumulator_not_rescaled,
-                "matches-reference", witness=W(200)),
-    BuggyKernel("exp2-rescale-without-log2e", tiling.exp2_rescale_without_log2e,
-                "matches-reference", witness=W(200)),
+    entry("tiled-duplicates-key-tail", tiling.tiled_duplicates_key_tail,
+          "matches-reference", W(100)),
+    entry("tiled-drops-key-tail", tiling.tiled_drops_key_tail,
+          "matches-reference", W(100)),
+    entry("tiled-accumulator-not-rescaled", tiling.tiled_accumulator_not_rescaled,
+          "matches-reference", W(200)),
+    entry("exp2-rescale-without-log2e", tiling.exp2_rescale_without_log2e,
+          "matches-reference", W(200)),
     # split-KV chunks of 256 keys
-    BuggyKernel("split-kv-merge-ignores-chunk-max", tiling.split_kv_merge_ignores_chunk_max,
-                "matches-reference", witness=W(1025, magnitude=2.0)),
-    BuggyKernel("split-kv-merge-forgets-chunk-sum", tiling.split_kv_merge_forgets_chunk_sum,
-                "matches-reference", witness=W(1025)),
-    BuggyKernel("split-kv-floor-chunk-length", tiling.split_kv_floor_chunk_length,
-                "matches-reference", witness=W(1023)),
+    entry("split-kv-merge-ignores-chunk-max", tiling.split_kv_merge_ignores_chunk_max,
+          "matches-reference", W(1025, magnitude=2.0)),
+    entry("split-kv-merge-forgets-chunk-sum", tiling.split_kv_merge_forgets_chunk_sum,
+          "matches-reference", W(1025)),
+    entry("split-kv-floor-chunk-length", tiling.split_kv_floor_chunk_length,
+          "matches-reference", W(1023)),
     # causal block skipping and masking
-    BuggyKernel("causal-skip-uses-top-left-limit", tiling.causal_skip_uses_top_left_limit,
-                "decode-consistency", witness=W(300, n_queries=1, is_causal=True)),
-    BuggyKernel("causal-masks-last-key-block-only", tiling.causal_masks_last_key_block_only,
-                "causal-zeros", witness=square_causal(100)),
-    BuggyKernel("causal-tail-query-block-misaligned",
-                tiling.causal_tail_query_block_misaligned, "causal-zeros",
-                witness=square_causal(200)),
+    entry("causal-skip-uses-top-left-limit", tiling.causal_skip_uses_top_left_limit,
+          "decode-consistency", W(300, n_queries=1, is_causal=True)),
+    entry("causal-masks-last-key-block-only", tiling.causal_masks_last_key_block_only,
+          "causal-zeros", square_causal(100)),
+    entry("causal-tail-query-block-misaligned", tiling.causal_tail_query_block_misaligned,
+          "causal-zeros", square_causal(200)),
     # head-dim vector tails
-    BuggyKernel("head-dim-tail-dropped", paths.head_dim_tail_dropped, "matches-reference",
-                witness=W(16, head_dim=59)),
-    BuggyKernel("value-dim-tail-unwritten", paths.value_dim_tail_unwritten,
-                "matches-reference", witness=W(16, value_dim=80)),
-    # programs, heads, dispatch
-    BuggyKernel("program-index-int16", paths.program_index_int16, "matches-reference",
-                witness=W(4, n_queries=4100, heads=(8, 8), head_dim=4, value_dim=4)),
-    BuggyKernel("gqa-large-group-modulo", paths.gqa_large_group_modulo, "gqa-mapping",
-                witness=W(64, heads=(16, 2))),
-    BuggyKernel("decode-path-ignores-mask", paths.decode_path_ignores_mask,
-                "matches-reference",
-                witness=per_element_padding(W(300, n_queries=1, batch=(3,)))),
-    BuggyKernel("large-batch-mask-from-first-element",
-                paths.large_batch_mask_from_first_element, "mask-broadcast",
-                witness=per_element_padding(W(40, batch=(6,)))),
-    BuggyKernel("kv-buffer-truncates-at-2048", paths.kv_buffer_truncates_at_2048,
-                "matches-reference", witness=W(4097, n_queries=2)),
+    entry("head-dim-tail-dropped", paths.head_dim_tail_dropped,
+          "matches-reference", W(16, head_dim=59)),
+    entry("value-dim-tail-unwritten", paths.value_dim_tail_unwritten,
+          "matches-reference", W(16, value_dim=80)),
+    # programs, heads, dispatch on the shapes
+    entry("program-index-int16", paths.program_index_int16, "matches-reference",
+          W(4, n_queries=4100, heads=(8, 8), head_dim=4, value_dim=4)),
+    entry("gqa-large-group-modulo", paths.gqa_large_group_modulo,
+          "gqa-mapping", W(64, heads=(16, 2))),
+    entry("decode-path-ignores-mask", paths.decode_path_ignores_mask,
+          "matches-reference", per_element_padding(W(300, n_queries=1, batch=(3,)))),
+    entry("large-batch-mask-from-first-element", paths.large_batch_mask_from_first_element,
+          "mask-broadcast", per_element_padding(W(40, batch=(6,)))),
+    entry("kv-buffer-truncates-at-2048", paths.kv_buffer_truncates_at_2048,
+          "matches-reference", W(4097, n_queries=2)),
     # extreme values
-    BuggyKernel("biased-scores-stored-in-float16", paths.biased_scores_stored_in_float16,
-                "matches-reference", witness=padded_float16_rows(W(40))),
+    entry("biased-scores-stored-in-float16", paths.biased_scores_stored_in_float16,
+          "matches-reference", padded_float16_rows(W(40))),
 ]
