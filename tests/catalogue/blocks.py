@@ -234,14 +234,20 @@ def combine(p: np.ndarray, allowed: np.ndarray, v: np.ndarray) -> np.ndarray:
     """sum_{j in S(i)} p_ij v_j: disallowed keys are left out of the sum, not multiplied
     by 0, so a non-finite value there cannot leak (SDPA-8.2).
 
-    When every value is finite a disallowed key's zero weight contributes exactly 0, so
-    a plain P @ V gives the same sum without the (Lq, Lk, Ev) array of terms.
+    The finite values go through one P @ V with the disallowed weights and the
+    non-finite values zeroed (no (Lq, Lk, Ev) array of terms); the non-finite values of
+    allowed keys are then added term by term, so they reach the output (SDPA-8.3) and
+    a NaN behind the mask changes no bit.
     """
     with np.errstate(**QUIET):
-        if np.isfinite(v).all():
-            return np.matmul(np.where(allowed, p, p.dtype.type(0)), v)
-        terms = p[..., :, :, None] * v[..., None, :, :]
-        return np.sum(np.where(allowed[..., None], terms, p.dtype.type(0)), axis=-2)
+        finite = np.isfinite(v)
+        out = np.matmul(np.where(allowed, p, p.dtype.type(0)), np.where(finite, v, 0))
+        if finite.all():
+            return out
+        keys = np.flatnonzero(np.reshape(~finite.all(axis=-1), (-1, v.shape[-2])).any(axis=0))
+        bad_terms = np.where(allowed[..., keys, None] & ~finite[..., None, keys, :],
+                             p[..., keys, None] * v[..., None, keys, :], p.dtype.type(0))
+        return out + np.sum(bad_terms, axis=-2)
 
 
 def finish(out: np.ndarray, a: Arranged) -> np.ndarray:
