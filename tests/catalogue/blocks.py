@@ -176,25 +176,13 @@ def operands(
     )
 
 
-def arrange(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    *,
-    mask: np.ndarray | None = None,
-    bias: np.ndarray | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    alignment: str = "top_left",
-    heads: Callable[[int, int], np.ndarray] = contiguous_groups,
-) -> Arranged:
-    """:func:`operands` as one tile of every query and key.
+def arrange(q: np.ndarray, k: np.ndarray, v: np.ndarray, **options: Any) -> Arranged:
+    """:func:`operands` (same keywords) as one tile of every query and key.
 
     ``allowed`` is the mask AND the causal rule (SDPA-3.1, SDPA-3.4, SDPA-4); a -inf
     bias is folded in later by :func:`scores`.
     """
-    return operands(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
-                    alignment=alignment, heads=heads).tile()
+    return operands(q, k, v, **options).tile()
 
 
 def scores(a: Arranged) -> tuple[np.ndarray, np.ndarray]:
