@@ -13,13 +13,11 @@ from attnspec.conformance import declare
 from .blocks import (
     QUIET,
     Arranged,
-    Rescale,
     arrange,
     attend,
     combine,
     finish,
     online_softmax,
-    ragged_blocks,
     row_max,
     scores,
     softmax_lse,
@@ -105,13 +103,6 @@ def top_k_weights(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask
     return _with_weights(a, softmax_lse(s, allowed), allowed)
 
 
-def _whole_blocks(n: int, size: int) -> list[slice]:
-    return ragged_blocks(n - n % size, size)
-
-
-NO_RESCALE = Rescale(total=np.ones_like, acc=np.ones_like)
-
-
 @declare(**ALL)
 def online_softmax_drops_tail(q: Array, k: Array, v: Array, *, mask: Mask = None,
                               bias: Mask = None, is_causal: bool = False,
@@ -120,7 +111,7 @@ def online_softmax_drops_tail(q: Array, k: Array, v: Array, *, mask: Mask = None
     the ragged tail (Lk % 3 keys) is never read."""
     a = _arranged(q, k, v, mask, bias, is_causal, scale)
     s, allowed = scores(a)
-    return finish(online_softmax(s, allowed, a.v, block=3, blocks=_whole_blocks), a)
+    return finish(online_softmax(s, allowed, a.v, block=3, tail=False), a)
 
 
 @declare(**ALL)
@@ -131,7 +122,7 @@ def online_softmax_no_rescale(q: Array, k: Array, v: Array, *, mask: Mask = None
     and the running sum by exp(m_old - m_new): blocks before a new max are overweighted."""
     a = _arranged(q, k, v, mask, bias, is_causal, scale)
     s, allowed = scores(a)
-    return finish(online_softmax(s, allowed, a.v, block=3, rescale=NO_RESCALE), a)
+    return finish(online_softmax(s, allowed, a.v, block=3, rescale=False), a)
 
 
 @declare(**ALL)
