@@ -58,14 +58,19 @@ def _small_mask(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return mask
 
 
-def _small_bias(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """N(0, 3) scores bias with some keys padded: -inf (excluded, SDPA-3.3) or a large
-    finite value (-1e4, finfo(float16).min) that leaves the key a weight of ~0."""
+def _small_bias(rng: np.random.Generator, shape: tuple[int, ...], *,
+                finite_padding: bool) -> np.ndarray:
+    """N(0, 3) scores bias with some keys padded: -inf (excluded, SDPA-3.3) or, with
+    ``finite_padding``, a large finite value (-1e4, finfo(float16).min) that leaves the
+    key a weight of ~0.  Key 0 is never padded, so a row the causal rule leaves a key
+    keeps an unpadded one: a row with only finitely padded keys is a value extreme
+    (a realistic-scale trigger), not a small problem."""
     bias = rng.standard_normal(shape[-2:]) * 3.0
     if shape[-1] > 1 and rng.random() < 0.5:
         padded = rng.random(shape[-1]) < 0.3
-        padded[0] = False  # keep a key unpadded: a row padded entirely is a value extreme
-        bias[:, padded] = rng.choice([-np.inf, -1e4, FLOAT16_MIN])
+        padded[0] = False
+        fills = [-np.inf, -1e4, FLOAT16_MIN] if finite_padding else [-np.inf]
+        bias[:, padded] = rng.choice(fills)
     return bias
 
 
@@ -90,7 +95,8 @@ def small_problem(rng: np.random.Generator) -> Problem:
     return Problem(
         q=_rounded(q, dtype), k=_rounded(k, dtype), v=_rounded(v, dtype), dtype=dtype,
         mask=mask,
-        bias=_rounded(_small_bias(rng, scores_shape), dtype) if rng.random() < 0.5 else None,
+        bias=(_rounded(_small_bias(rng, scores_shape, finite_padding=mask is None), dtype)
+              if rng.random() < 0.5 else None),
         is_causal=bool(rng.random() < 0.4),
         scale=float(rng.choice([0.5, -0.75, 0.0])) if rng.random() < 0.2 else None,
     )
