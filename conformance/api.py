@@ -19,14 +19,18 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..backends import FLOAT_DTYPE_NAMES, Backend, BackendError, get_backend
 from .declaration import KernelDeclaration, declaration_of
 from .kernel import KernelLoadError, KernelUnderTest, load_kernel
 from .layouts import LAYOUTS, from_layout, rename_arguments
 from .registry import Property
-from .runner import Report, Verdict, hypothesis_settings, run_all, select
+from .runner import Report, Verdict, hypothesis_settings, new_report, run_each, select
+from .worker import guard_calls
+
+if TYPE_CHECKING:
+    from .isolation import IsolationOptions
 
 Progress = Callable[[Property, "Verdict | None"], None]
 _STANDARD_LOADER = "kernel = KernelUnderTest.load("
@@ -207,9 +211,13 @@ class KernelSetup:
             declaration = declaration_of(fn, **self.claims)
         except (KernelLoadError, ValueError, TypeError) as exc:
             raise SetupError(str(exc)) from None
+        except SystemExit as exc:  # at import: exit status 0 must not read as "conforms"
+            raise SetupError(f"loading kernel {self.kernel!r} called sys.exit({exc.code!r}) "
+                             "(at import?): nothing was checked") from None
         declaration = _restrict_dtypes(declaration, backend, self.dtypes)
         kernel = KernelUnderTest(fn, backend, declaration, target)
         check_signature(fn, declaration, kernel.target)
+        guard_calls(kernel)
         return kernel
 
     def loader_source(self, kernel: KernelUnderTest) -> str:
@@ -244,20 +252,25 @@ class KernelSetup:
         strict: bool = False,
         progress: Progress | None = None,
         kernel: KernelUnderTest | None = None,
+        isolation: IsolationOptions | None = None,
     ) -> Report:
-        """Run the selected properties (unknown ids and profiles are a SetupError)."""
+        """Run the selected properties (unknown ids and profiles are a SetupError).
+
+        With ``isolation``, the kernel is loaded and run in a supervised worker process
+        (:mod:`.isolation`); otherwise in this one (``kernel``, if given, is used as is).
+        """
+        from .isolation import open_session
+
         try:
-            select(only, skip)
+            properties = select(only, skip)
             hypothesis_settings(profile, seed)
         except ValueError as exc:
             raise SetupError(str(exc)) from None
-        kernel = kernel or self.prepare()
-        loader = self.loader_source(kernel)
-        report = run_all(kernel, profile=profile, seed=seed, only=only, skip=skip,
-                         strict=strict, progress=progress)
-        for verdict in report.verdicts:
-            verdict.reproduction = with_loader(verdict.reproduction, loader)
-        return report
+        with open_session(self, isolation, kernel) as session:
+            loaded = session.start()
+            return run_each(
+                properties, lambda p: session.run_property(p, profile=profile, seed=seed),
+                new_report(loaded, profile=profile, seed=seed, strict=strict), progress)
 
 
 def declaration_source(declaration: KernelDeclaration) -> str:
@@ -294,17 +307,25 @@ def check(
     layout: str = "bhld",
     rename: Mapping[str, str] | None = None,
     dtypes: Iterable[str] | None = None,
+    isolate: bool | IsolationOptions = False,
     **claims: Any,
 ) -> Report:
     """Check ``kernel`` (a callable or ``"MODULE:FUNC"``) clause by clause.
 
     ``claims`` override fields of the kernel's :class:`KernelDeclaration`; ``layout``,
-    ``rename`` and ``dtypes`` are as for :class:`KernelSetup`.  Bad setup (target,
-    signature, backend, option) raises :class:`SetupError`, a ``ValueError``.
+    ``rename`` and ``dtypes`` are as for :class:`KernelSetup`.  ``isolate=True`` (or an
+    :class:`~.isolation.IsolationOptions`) runs the kernel in a supervised worker process,
+    as ``attnspec check`` does: a crash, exit or hang is then a failed verdict; a callable
+    kernel must be importable by its module and name.  Bad setup (target, signature,
+    backend, option) raises :class:`SetupError`, a ``ValueError``.
     """
+    from .isolation import IsolationOptions
+
     setup = KernelSetup(kernel, backend, device, layout, dict(rename or {}),
                         None if dtypes is None else tuple(dtypes), claims)
-    return setup.run(profile=profile, seed=seed, only=only, skip=skip, strict=strict)
+    isolation = IsolationOptions() if isolate is True else (isolate or None)
+    return setup.run(profile=profile, seed=seed, only=only, skip=skip, strict=strict,
+                     isolation=isolation)
 
 
 def assert_conforms(kernel: str | Callable[..., Any], **options: Any) -> Report:

@@ -7,7 +7,13 @@
     attnspec demo
 
 Exit status: 0 when every applicable property passed (SHOULD warnings allowed unless
-``--strict``), 1 when one failed, 2 on a usage or setup error (one line on stderr).
+``--strict``), 1 when one failed, 2 on a usage or setup error (one line on stderr), when
+a report file could not be written, or when the check was interrupted (Ctrl-C, SIGTERM:
+the finished verdicts are printed and written, marked incomplete).
+
+The kernel runs in a supervised worker process: a crash, exit or hang (longer than
+``--timeout`` seconds per call) fails the property that was running, and the check goes
+on.  ``--no-isolate`` runs it in this process instead, for debuggers.
 """
 
 from __future__ import annotations
@@ -18,16 +24,23 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TextIO
 
 from ..reference.masks import CAUSAL_ALIGNMENTS
 from ..reference.sparse_sets import PATTERN_NAMES
 from .api import KernelSetup, SetupError
 from .declaration import LinearClaim, SparseClaim
+from .isolation import DEFAULT_MEMORY_LIMIT_GIB, DEFAULT_TIMEOUT, IsolationOptions, open_session
 from .kernel import KernelLoadError, load_kernel
 from .layouts import LAYOUTS
 from .registry import Property
+from .report_files import (
+    ReportFiles,
+    interruption,
+    signal_name,
+    sigterm_interrupts,
+    still_running,
+)
 from .runner import FAILED, PROFILES, WARNING, Report, Verdict
 
 PROGRAM = "attnspec"
@@ -141,6 +154,14 @@ RUN_FLAGS = (
     Flag("--skip", "skip these property ids (repeatable or comma list)", kind="list",
          metavar="ID", rerun=False),
     Flag("--strict", "SHOULD failures fail the check too (CONF-2)", kind="switch"),
+    Flag("--timeout", "a kernel call (or the suite's work between two calls) taking longer "
+         f"fails its property and the worker is restarted (default {DEFAULT_TIMEOUT:g})",
+         type=float, metavar="SECONDS"),
+    Flag("--memory-limit", "address space the worker may add after loading the backend "
+         f"(default {DEFAULT_MEMORY_LIMIT_GIB:g}; 0: no limit; CPU devices only)", type=float,
+         metavar="GIB"),
+    Flag("--no-isolate", "run the kernel in this process (for debuggers): a crash, exit or "
+         "hang of the kernel ends or stalls the check", kind="switch"),
     Flag("--json", "write the report as JSON to PATH", metavar="PATH", rerun=False),
     Flag("--junit", "write the report as JUnit XML to PATH", metavar="PATH", rerun=False),
     Flag("--markdown", "write the report as a Markdown table to PATH", metavar="PATH",
@@ -320,9 +341,9 @@ class ProgressDisplay:
             self.done += 1
         number = self.done + 1 if verdict is None else self.done
         position = f"[{number:>{len(str(self.total))}}/{self.total}]"
-        if verdict is None:
-            if self.tty:
-                self._write(f"\r\033[K{self.label}{position} {prop.id} ({prop.clause}) ...")
+        if verdict is None:  # on a log, a property that hangs is the last one named
+            start = f"{self.label}{position} {prop.id} ({prop.clause}) ..."
+            self._write(f"\r\033[K{start}" if self.tty else start + "\n")
             return
         line = (f"{self.label}{position} {prop.id} ({prop.clause}): {verdict.status} "
                 f"({verdict.seconds:.1f}s)")
@@ -340,34 +361,78 @@ class ProgressDisplay:
         self.stream.flush()
 
 
-def _check_output_paths(args: argparse.Namespace) -> None:
-    for option in ("json", "junit", "markdown"):
-        path = getattr(args, option)
-        if path is not None and not Path(path).resolve().parent.is_dir():
-            raise SetupError(f"--{option} {path!r}: directory {str(Path(path).parent)!r} "
-                             f"does not exist")
+def report_files(args: argparse.Namespace) -> ReportFiles:
+    """The --json/--junit/--markdown files asked for, checked writable (SetupError if not)."""
+    from . import report as render
+
+    files = ReportFiles([(f"--{option}", getattr(args, option), to_text) for option, to_text
+                         in (("json", render.to_json), ("junit", render.to_junit),
+                             ("markdown", render.to_markdown))
+                         if getattr(args, option) is not None])
+    files.check_writable()
+    return files
+
+
+def isolation_from(args: argparse.Namespace) -> IsolationOptions | None:
+    """The worker's supervision from --timeout/--memory-limit; None with --no-isolate."""
+    timeout, memory = getattr(args, "timeout", None), getattr(args, "memory_limit", None)
+    if getattr(args, "no_isolate", False):
+        if timeout is not None or memory is not None:
+            raise UsageError("--timeout and --memory-limit apply to the worker process; "
+                             "--no-isolate has none")
+        return None
+    try:
+        return IsolationOptions(DEFAULT_TIMEOUT if timeout is None else timeout,
+                                DEFAULT_MEMORY_LIMIT_GIB if memory is None else memory)
+    except ValueError as exc:
+        raise UsageError(str(exc).replace("timeout=", "--timeout ").replace(
+            "memory_limit_gib=", "--memory-limit ")) from None
 
 
 def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
-             label: str = "") -> tuple[Report, Callable[[Verdict], str], str]:
-    """Run one kernel with a progress display: (report, rerun command maker, claim line)."""
+             label: str = "", files: ReportFiles | None = None,
+             ) -> tuple[Report, Callable[[Verdict], str], str]:
+    """Run one kernel with a progress display: (report, rerun command maker, claim line).
+
+    ``files`` are rewritten after every property.  Ctrl-C or SIGTERM ends the run early
+    with the report marked incomplete (``report.incomplete``).
+    """
     from .report import conformance_claim
-    from .runner import select
+    from .runner import new_report, run_each, select
 
     only, skip = _comma_list(args.only), _comma_list(args.skip)
     try:
-        total = len(select(only, skip))
+        properties = select(only, skip)
     except ValueError as exc:
         raise SetupError(str(exc)) from None
-    kernel = setup.prepare()
-    report = setup.run(profile=args.profile or "quick", seed=args.seed, only=only, skip=skip,
-                       strict=args.strict, progress=ProgressDisplay(total, sys.stderr, label),
-                       kernel=kernel)
+    profile, seed, total = args.profile or "quick", args.seed, len(properties)
+    with open_session(setup, isolation_from(args)) as session:
+        kernel = session.start()
+        report = new_report(kernel, profile=profile, seed=seed, strict=args.strict)
 
-    def rerun(verdict: Verdict) -> str:
-        return rerun_command(kernel.target, flags, verdict, args.seed)
+        def rerun(verdict: Verdict) -> str:
+            return rerun_command(kernel.target, flags, verdict, seed)
 
-    if not report.conforms:
+        display = ProgressDisplay(total, sys.stderr, label)
+        if files is not None:  # replaces any report of an earlier run at once
+            files.write(report, rerun, incomplete=still_running(0, total))
+
+        def progress(prop: Property, verdict: Verdict | None) -> None:
+            display(prop, verdict)
+            done = len(report.verdicts)
+            if verdict is not None and files is not None and done < total:
+                files.write(report, rerun, incomplete=still_running(done, total))
+
+        try:
+            run_each(properties, lambda p: session.run_property(p, profile=profile, seed=seed),
+                     report, progress)
+        except KeyboardInterrupt as exc:
+            report.incomplete = interruption(exc, len(report.verdicts), total)
+            print(f"\n{PROGRAM}: {report.incomplete}", file=sys.stderr)
+
+    if report.incomplete:
+        claim = "no conformance claim: the check is incomplete (CONF-6)"
+    elif not report.conforms:
         claim = "no conformance claim: a MUST property failed (CONF-1)"
     elif only or skip:
         claim = "no conformance claim: only some properties ran (--only/--skip)"
@@ -379,15 +444,16 @@ def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
 def command_check(args: argparse.Namespace) -> int:
     from . import report as render
 
-    _check_output_paths(args)
-    report, rerun, claim = _run_one(setup_from(args), args, rerun_flags(args))
+    files = report_files(args)
+    setup = setup_from(args)
+    report, rerun, claim = _run_one(setup, args, rerun_flags(args), files=files)
+    files.write(report, rerun)
     print(render.format_table(report, rerun=rerun, max_reproduction=MAX_SHOWN_REPRODUCTION))
     print(claim)
-    for option, to_text in (("json", render.to_json), ("junit", render.to_junit),
-                            ("markdown", render.to_markdown)):
-        path = getattr(args, option)
-        if path is not None:
-            Path(path).write_text(to_text(report, rerun=rerun), encoding="utf-8")
+    for error in files.errors.values():
+        print(f"{PROGRAM}: error: {error}", file=sys.stderr)
+    if report.incomplete or files.errors:
+        return 2
     return 0 if report.conforms else 1
 
 
@@ -445,6 +511,8 @@ def command_demo(args: argparse.Namespace) -> int:
                            full_reproduction_in="the JSON report of: "
                            "attnspec check ... --json PATH"))
         print(claim)
+        if report.incomplete:
+            return 2
         explained = known_divergences(setup.prepare().fn)
         unexplained = [v.property for v in report.verdicts
                        if v.status == FAILED and v.property not in explained]
@@ -465,17 +533,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``attnspec`` command; returns the exit status."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-        if args.command is None:
-            parser.print_help()
-            return 2
-        return COMMANDS[args.command](args)
+        with sigterm_interrupts():
+            args = parser.parse_args(argv)
+            if args.command is None:
+                parser.print_help()
+                return 2
+            return COMMANDS[args.command](args)
     except (UsageError, SetupError) as exc:
         print(f"{PROGRAM}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"\n{PROGRAM}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # outside a run (loading the kernel, writing reports)
+        print(f"\n{PROGRAM}: interrupted by {signal_name(exc)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

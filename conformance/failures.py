@@ -37,3 +37,17 @@ class PropertyFailure(AssertionError):
 
 class KernelRaised(PropertyFailure):
     """The kernel raised on input the spec defines (it must return a result)."""
+
+
+class KernelExited(BaseException):
+    """The kernel tried to end the process: ``sys.exit`` (any status, 0 included), or
+    ``KeyboardInterrupt`` raised by a kernel running in a worker process (CONF-5).
+
+    Not an ``Exception``, so no property can take it for an answer (a property that
+    accepts any exception as a rejection must not accept this); the runner turns it into
+    a failed verdict on the inputs of the call.
+    """
+
+    def __init__(self, failure: PropertyFailure) -> None:
+        super().__init__(failure.finding)
+        self.failure = failure

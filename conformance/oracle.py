@@ -9,16 +9,19 @@ from .declaration import KernelDeclaration
 from .kernel import Problem, identity_values
 
 
-def reference_bound(problem: Problem, declaration: KernelDeclaration) -> ErrorBound:
+def reference_bound(
+    problem: Problem, declaration: KernelDeclaration, *, weights: bool = False,
+) -> ErrorBound:
     """SDPA-7.1 in float64 and the TOL-2 bound for ``problem`` as the kernel sees it.
 
-    The causal alignment is the one the kernel declares (SDPA-4.1/4.2).
+    The causal alignment is the one the kernel declares (SDPA-4.1/4.2).  The weights
+    (the size of the score matrix) are computed only when ``weights`` is True.
     """
     return error_bound(
         problem.q, problem.k, problem.v,
         dtype=problem.dtype, mask=problem.mask, bias=problem.bias,
         is_causal=problem.is_causal, causal_alignment=declaration.causal_alignment,
-        scale=problem.scale,
+        scale=problem.scale, weights=weights,
     )
 
 
@@ -29,7 +32,7 @@ def weights_bound(problem: Problem, declaration: KernelDeclaration) -> tuple[Any
     outputs, so they get the output bound of that V = I problem.
     """
     if declaration.returns_weights:
-        bound = reference_bound(problem, declaration)
+        bound = reference_bound(problem, declaration, weights=True)
         return bound.weights, bound.weights_tolerance
     bound = reference_bound(identity_values(problem), declaration)
     return bound.out, bound.out_tolerance

@@ -58,7 +58,9 @@ def summary_line(report: Report) -> str:
     """"conforms" or "DOES NOT CONFORM", then the count of each verdict."""
     tally = counts(report)
     seconds = sum(v.seconds for v in report.verdicts)
-    if report.conforms:
+    if report.incomplete:  # CONF-6: no verdict on conformance either way
+        outcome = f"INCOMPLETE ({report.incomplete})"
+    elif report.conforms:
         outcome = "conforms"
         if tally[WARNING]:
             outcome += f" (with {tally[WARNING]} SHOULD warning(s))"
@@ -164,6 +166,7 @@ def report_dict(report: Report, *, rerun: Rerun | None = None) -> dict[str, Any]
     data = report.to_dict()
     data["spec_version"] = spec_version()
     data["counts"] = counts(report)
+    data["complete"] = not report.incomplete
     if rerun is not None:
         for entry, verdict in zip(data["verdicts"], report.verdicts, strict=True):
             entry["rerun"] = rerun(verdict) if verdict.status in (FAILED, WARNING) else ""
@@ -192,7 +195,8 @@ def to_junit(report: Report, *, rerun: Rerun | None = None) -> str:
     for name, value in [("spec_version", spec_version()), ("backend", report.backend),
                         ("device", report.device), ("profile", report.profile),
                         ("seed", str(report.seed)), ("strict", str(report.strict)),
-                        ("conforms", str(report.conforms))]:
+                        ("conforms", str(report.conforms)),
+                        ("complete", str(not report.incomplete))]:
         ET.SubElement(properties, "property", name=name, value=value)
     for verdict in report.verdicts:
         case = ET.SubElement(

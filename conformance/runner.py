@@ -5,13 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
-from .failures import PropertyFailure
+from .failures import KernelExited, PropertyFailure
 from .kernel import KernelUnderTest
 from .registry import Property, all_properties
 
@@ -49,12 +50,16 @@ class Report:
     seed: int | None
     strict: bool
     verdicts: list[Verdict] = field(default_factory=list)
+    # Why not every selected property has a verdict (interrupted, still running); "" when
+    # the run finished.  An incomplete report supports no conformance claim (CONF-6).
+    incomplete: str = ""
 
     @property
     def conforms(self) -> bool:
-        """CONF-1: every applicable MUST property passed (and, when strict, every SHOULD)."""
+        """CONF-1: every applicable MUST property passed (and, when strict, every SHOULD),
+        in a complete run (CONF-6)."""
         bad = {FAILED, WARNING} if self.strict else {FAILED}
-        return not any(v.status in bad for v in self.verdicts)
+        return not self.incomplete and not any(v.status in bad for v in self.verdicts)
 
     def to_dict(self) -> dict[str, object]:
         data = asdict(self)
@@ -115,6 +120,8 @@ def run_property(
             property_test()
     except PropertyFailure as failure:
         verdict = _failed_verdict(prop, failure)
+    except KernelExited as exited:
+        verdict = _failed_verdict(prop, exited.failure)
     except Flaky as flaky:
         verdict = _failed_verdict(prop, PropertyFailure(
             "a failure seen on one run did not recur when Hypothesis re-ran the same input: "
@@ -159,12 +166,29 @@ def run_all(
     """Every selected property against ``kernel``; ``progress`` hears each start and end."""
     properties = select(only, skip)
     hypothesis_settings(profile, seed)  # validate the profile before any work
-    report = Report(kernel.target, kernel.backend.name, str(kernel.backend.device), profile,
-                    seed, strict)
+    return run_each(properties, lambda p: run_property(p, kernel, profile=profile, seed=seed),
+                    new_report(kernel, profile=profile, seed=seed, strict=strict), progress)
+
+
+def new_report(kernel: Any, *, profile: str, seed: int | None, strict: bool) -> Report:
+    """An empty report for ``kernel`` (a KernelUnderTest, or what a worker process says
+    of one: anything with ``target`` and ``backend.name`` / ``backend.device``)."""
+    return Report(kernel.target, kernel.backend.name, str(kernel.backend.device), profile,
+                  seed, strict)
+
+
+def run_each(
+    properties: Iterable[Property],
+    run_one: Callable[[Property], Verdict],
+    report: Report,
+    progress: Callable[[Property, Verdict | None], None] | None = None,
+) -> Report:
+    """Append ``run_one(prop)`` for each property to ``report`` as it finishes, so a caller
+    holding ``report`` keeps every finished verdict if the run is interrupted."""
     for prop in properties:
         if progress:
             progress(prop, None)
-        verdict = run_property(prop, kernel, profile=profile, seed=seed)
+        verdict = run_one(prop)
         report.verdicts.append(verdict)
         if progress:
             progress(prop, verdict)

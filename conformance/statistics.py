@@ -7,6 +7,9 @@ its CDF is the regularized lower incomplete gamma function P(k/2, x/2).
 from __future__ import annotations
 
 import math
+from typing import Any
+
+import numpy as np
 
 
 def regularized_lower_gamma(a: float, x: float) -> float:
@@ -63,3 +66,21 @@ def two_sided_chi_square_interval(dof: int, false_failure: float) -> tuple[float
         chi_square_quantile(false_failure / 2, dof),
         chi_square_quantile(1 - false_failure / 2, dof),
     )
+
+
+def round_outward(interval: tuple[float, float], decimals: int = 1) -> tuple[float, float]:
+    """``interval`` widened to ``decimals`` places: the low end down, the high end up, so
+    that the printed interval is the one used and leaves at most the stated tail mass."""
+    step = 10.0**decimals
+    return math.floor(interval[0] * step) / step, math.ceil(interval[1] * step) / step
+
+
+def sum_of_squares_range(observed: Any, slack: Any) -> tuple[float, float]:
+    """The least and greatest ``sum(d**2) / 2`` over every ``d`` with ``|d - observed| <= slack``
+    (elementwise): the values a statistic ``W = sum(D**2) / 2`` can have when each ``D`` is
+    known only to within ``slack`` of ``observed``."""
+    observed, slack = np.abs(np.asarray(observed, dtype=np.float64)), np.asarray(slack)
+    with np.errstate(invalid="ignore"):  # inf - inf where both are infinite: unknown, so 0
+        nearest = np.nan_to_num(np.maximum(observed - slack, 0.0), nan=0.0)
+    with np.errstate(over="ignore"):  # an infinite slack or log-ratio is an infinite bound
+        return float(np.sum(nearest**2) / 2), float(np.sum((observed + slack) ** 2) / 2)

@@ -231,12 +231,14 @@ def test_should_failure_warns_and_fails_only_when_strict(
     capsys: pytest.CaptureFixture[str], kernels: Path, should_property: str
 ) -> None:
     """CONF-2: a failed SHOULD property is a warning (exit 0); with --strict, exit 1."""
-    status, out, _ = run_main(capsys, "check", f"{kernels}:correct", "--only", should_property)
+    # --no-isolate: the test double is registered in this process only, not in a worker's
+    status, out, _ = run_main(capsys, "check", f"{kernels}:correct", "--only", should_property,
+                              "--no-isolate")
     assert status == 0
     assert "warning test-double-should [SDPA-8.2 SHOULD" in out
     assert "conforms (with 1 SHOULD warning(s))" in out
     status, out, _ = run_main(capsys, "check", f"{kernels}:correct", "--only", should_property,
-                              "--strict")
+                              "--strict", "--no-isolate")
     assert status == 1 and "DOES NOT CONFORM" in out
 
 
@@ -430,13 +432,16 @@ def _prop(property_id: str = "p", clause: str = "SDPA-2.1") -> object:
 
 
 def test_progress_display_plain_and_terminal() -> None:
-    """Progress: one plain line per property when piped; rewritten lines on a terminal."""
+    """Progress: when piped, a line as each property starts (so a log shows which one
+    hangs) and one with its verdict; rewritten lines on a terminal."""
     plain = io.StringIO()
     display = cli.ProgressDisplay(2, plain)
     for name in ("a", "b"):
         display(_prop(name), None)  # type: ignore[arg-type]
         display(_prop(name), Verdict(name, "SDPA-2.1", "MUST", PASSED))  # type: ignore[arg-type]
-    assert plain.getvalue().splitlines() == ["[1/2] a (SDPA-2.1): passed (0.0s)",
+    assert plain.getvalue().splitlines() == ["[1/2] a (SDPA-2.1) ...",
+                                             "[1/2] a (SDPA-2.1): passed (0.0s)",
+                                             "[2/2] b (SDPA-2.1) ...",
                                              "[2/2] b (SDPA-2.1): passed (0.0s)"]
 
     class Terminal(io.StringIO):

@@ -23,6 +23,8 @@ from attnspec.conformance.favor_bound import (
     favor_inputs,
     favor_threshold,
     reference_estimator,
+    rounding_allowance,
+    uniform_weights_error,
 )
 from attnspec.reference.favor import favor_features, favor_projection
 
@@ -113,15 +115,60 @@ def test_threshold_arguments_are_checked() -> None:
 
 
 def test_inputs_keep_every_pair_inside_the_radius() -> None:
-    """LIN-6.2 step 1: |x_i + y_j|^2 <= r^2 for every pair, while |x| is about the offset 3
+    """LIN-6.2 step 1: |x_i + y_j| <= 0.9 r for every pair, while |x| is about the offset 3
     and the exact weights are far from uniform (the reason for the offset)."""
     q, k = favor_inputs(N, HEAD_DIM, radius_sq=0.25, seed=3)
     x, y = q / HEAD_DIM**0.25, k / HEAD_DIM**0.25
     sums = x[:, None, :] + y[None, :, :]
-    assert np.max(np.sum(sums**2, axis=-1)) <= 0.25
+    assert np.max(np.sum(sums**2, axis=-1)) <= 0.9**2 * 0.25
     assert np.all(np.abs(np.linalg.norm(x, axis=1) - 3) <= 0.25)
     weights = exact_weights(q, k)
     assert np.max(np.abs(weights * N - 1)) > 2 * favor_threshold(N, FEATURES).threshold
+
+
+HEAD_DIMS = (1, 2, 8, 64, 128, 256)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_power_against_uniform_weights_does_not_depend_on_the_head_dim(head_dim: int) -> None:
+    """LIN-6.2 (power): the keys' components along c span [-h, h] whatever E, so every row's
+    scores span at least 2|c|h - 2h^2 = 1.25 and a kernel returning uniform weights has a
+    statistic of at least 1 - e^{-0.625} = 0.46 in every redraw, over three times tau (and
+    above the largest rounding-widened threshold); it fails for every seed.  With a_i, b_j
+    uniform in the ball (the inputs before), the spread shrank like 1/sqrt(E) and uniform
+    weights passed about 6% of the time at E = 64 and 42% at E = 128."""
+    threshold = favor_threshold(N, FEATURES).threshold
+    for seed in range(4):
+        q, k = favor_inputs(N, head_dim, seed=seed)
+        assert uniform_weights_error(q, k) >= -math.expm1(-(2 * 3 * 0.225 - 2 * 0.225**2) / 2)
+        assert uniform_weights_error(q, k) > 3 * threshold
+        widened = threshold + rounding_allowance(q, k, FEATURES, "bfloat16", 0.07) * 1.15
+        assert uniform_weights_error(q, k) > widened
+        verdict = favor_acceptance_test(uniform_weights, n=N, head_dim=head_dim,
+                                        num_features=FEATURES, seed=seed)
+        assert not verdict.passed
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_rounded_inputs_stay_inside_the_radius(dtype: str) -> None:
+    """LIN-6.2 step 1 with rounding: the inputs rounded to each dtype the suite draws (as the
+    kernel receives them) still satisfy |x_i + y_j|^2 <= r^2, which the test checks before
+    computing its target from the rounded values; the 0.9 margin covers the 2 u_d |x| that
+    rounding can add (0.025 in bfloat16)."""
+    torch = pytest.importorskip("torch", reason="bfloat16 rounding needs torch")
+    dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+    def rounded(a: np.ndarray) -> np.ndarray:
+        return torch.tensor(a).to(dtypes[dtype]).double().numpy()
+
+    for head_dim in HEAD_DIMS:
+        for seed in range(4):
+            q, k = (rounded(a) for a in favor_inputs(N, head_dim, seed=seed))
+            x, y = q / head_dim**0.25, k / head_dim**0.25
+            assert np.max(np.sum((x[:, None, :] + y[None, :, :]) ** 2, axis=-1)) <= 0.25
+    verdict = favor_acceptance_test(NumpyFavor(1024), n=N, head_dim=HEAD_DIM,
+                                    num_features=1024, rounded=rounded)
+    assert verdict.passed, verdict.message
 
 
 # --- LIN-6.1: unbiasedness and variance of the reference's features -------------------------
@@ -304,3 +351,55 @@ def test_acceptance_test_arguments_are_checked() -> None:
         lambda q, k, s: np.full((4, 4), np.nan), n=4, head_dim=2, num_features=4096
     )
     assert not verdict.passed and verdict.statistic == math.inf
+
+
+# --- LIN-6.2: the kernel's own rounding ----------------------------------------------------
+
+def test_rounding_allowance_per_dtype() -> None:
+    """LIN-6.2 (rounding): at the worked example the allowance kappa that LIN-5.2 gives a
+    kernel computing in each dtype is about 0.08 (bfloat16), 0.0026 (float32) and 1e-11
+    (float64), so the threshold tau + kappa (1 + tau) becomes about 0.235, 0.146 and 0.143;
+    float16 cannot be allowed for (features below 2^-14), and the tail event that voids the
+    allowance (some |w.x| > 9|x|) costs 4e-14 per redraw, which leaves R = 133."""
+    bound = favor_threshold(N, FEATURES)
+    q, k = favor_inputs(N, HEAD_DIM)
+    kappa = {d: rounding_allowance(q, k, FEATURES, d, bound.eta)
+             for d in ("bfloat16", "float32", "float64")}
+    assert 0.07 < kappa["bfloat16"] < 0.09
+    assert 0.002 < kappa["float32"] < 0.003
+    assert 0 < kappa["float64"] < 1e-10
+    assert bound.tail < 1e-13 and bound.redraws == 133
+    with pytest.raises(ValueError, match=r"dtype='float16'"):
+        rounding_allowance(q, k, FEATURES, "float16", bound.eta)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_kernel_rounding_at_the_allowance_passes(dtype: str) -> None:
+    """LIN-6.2 (rounding): a correct estimator whose every weight is then moved by 90% of the
+    allowance, up and down alternately (the worst rounding LIN-5.2 admits), passes; its
+    threshold is the widened one."""
+    bound = favor_threshold(N, 1024)
+    q, k = favor_inputs(N, HEAD_DIM)
+    kappa = rounding_allowance(q, k, 1024, dtype, bound.eta)
+    correct = NumpyFavor(1024)
+    signs = np.where(np.arange(N) % 2 == 0, 1.0, -1.0)
+
+    def rounded_badly(q: np.ndarray, k: np.ndarray, seed: int) -> np.ndarray:
+        return correct(q, k, seed) * (1 + 0.9 * kappa * signs)
+
+    verdict = favor_acceptance_test(rounded_badly, n=N, head_dim=HEAD_DIM, num_features=1024,
+                                    dtype=dtype)
+    assert verdict.passed, verdict.message
+    assert verdict.threshold == pytest.approx(bound.threshold + kappa * (1 + bound.threshold))
+
+
+def test_float16_only_favor_kernels_are_not_applicable() -> None:
+    """LIN-6.2 (rounding), CONF-3: a FAVOR+ kernel declaring only float16 is reported not
+    applicable, with the reason; one that also declares float32 is checked in float32."""
+    from attnspec.conformance import KernelDeclaration, LinearClaim
+    from attnspec.conformance.properties.linear import favor_map
+
+    claim = LinearClaim("favor+", num_features=FEATURES)
+    reason = favor_map(KernelDeclaration(linear=claim, dtypes=("float16",)))
+    assert reason is not None and "float16" in reason
+    assert favor_map(KernelDeclaration(linear=claim, dtypes=("float16", "float32"))) is None

@@ -19,6 +19,10 @@ import numpy as np
 import pytest
 
 from attnspec.backends import Backend
+from attnspec.conformance import KernelUnderTest, LinearClaim, declare
+from attnspec.conformance.properties.linear import within_underflow_guard
+from attnspec.conformance.registry import all_properties
+from attnspec.conformance.runner import PASSED, run_property
 from attnspec.reference.favor import (
     favor_attention,
     favor_feature_error,
@@ -32,6 +36,7 @@ from attnspec.reference.linear import (
     linear_error_bound,
     relu_features,
 )
+from attnspec.reference.masks import causal_offset
 
 FLOAT64_RELATIVE = 1e-12
 ALIGNMENTS = ("top_left", "bottom_right")
@@ -501,3 +506,71 @@ def test_favor_and_bound_arguments_are_checked() -> None:
                            dtype="float32")
     with pytest.raises(ValueError, match="num_features=0"):
         favor_attention(q, k, v, num_features=0, seed=0)
+
+
+# --- LIN-5.2's underflow guard ------------------------------------------------------------------
+
+def _ftz_float32_linear(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """elu+1 linear attention (quadratic form) in float32 with flush-to-zero, as GPUs and XLA
+    compute: every product or sum below float32's smallest normal number becomes 0."""
+    tiny = np.float32(2.0**-126)
+
+    def flush(a: np.ndarray) -> np.ndarray:
+        return np.where(np.abs(a) < tiny, np.float32(0), a).astype(np.float32)
+
+    fq, fk = (flush(np_elu_plus_one(a).astype(np.float32)) for a in (q, k))
+    terms = flush(fq[..., :, None, :] * fk[..., None, :, :])  # (..., Lq, Lk, F)
+    a = flush(terms.sum(axis=-1, dtype=np.float32))
+    numerator = flush(a @ v.astype(np.float32))
+    denominator = flush(a.sum(axis=-1, keepdims=True, dtype=np.float32))
+    safe = np.where(denominator == 0, np.float32(1), denominator)
+    return np.where(denominator == 0, 0, numerator / safe).astype(np.float64)
+
+
+@pytest.mark.parametrize(("shift", "inside"), [(-45.0, False), (-25.0, True)])
+def test_underflow_guard_covers_products_under_flush_to_zero(shift: float, inside: bool) -> None:
+    """LIN-5.2: with every elu+1 feature near e^-45 — above the e^-80 the guard used to ask
+    for — the products phi_if psi_jf are near e^-90, below float32's smallest normal number,
+    and a flush-to-zero kernel (the arithmetic TOL-2 admits) returns 0 rows, far outside the
+    bound: the new guard (products >= 2^-101) puts those rows outside.  Near e^-25
+    (products e^-50) every row is inside and the same kernel is within the bound."""
+    rng = np.random.default_rng(7)
+    q, k = (rng.uniform(-1, 1, (1, 3, 4)) + shift for _ in range(2))
+    v = rng.standard_normal((1, 3, 2))
+    q, k, v = (a.astype(np.float32).astype(np.float64) for a in (q, k, v))
+    bound = linear_error_bound(q, k, v, feature_map=elu_plus_one, dtype="float32")
+    out = _ftz_float32_linear(q, k, v)
+    within = np.abs(out - bound.out) <= bound.out_tolerance
+    guarded = within_underflow_guard(np_elu_plus_one(q), np_elu_plus_one(k), v, "float32", None)
+    assert guarded.all() == inside and guarded.any() == inside
+    assert within.all() == inside
+    features = np.concatenate([np_elu_plus_one(q), np_elu_plus_one(k)], axis=-2)
+    assert features.min() > math.exp(-80)  # the old guard held in both cases
+    products = np_elu_plus_one(q)[..., :, None, :] * np_elu_plus_one(k)[..., None, :, :]
+    assert (products.min() >= 2.0**-101) == inside
+
+
+@pytest.mark.parametrize("map_name", ["elu+1", "relu"])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_linear_property_draws_stay_inside_the_guard(map_name: str, dtype: str) -> None:
+    """LIN-5.2: every problem linear-matches-formula and linear-causal-prefix give a named
+    map (default profile) lies inside the underflow guard in every row, so no row is
+    skipped, and the reference passes both."""
+    seen: list[tuple[np.ndarray, ...]] = []
+    oracle = np_elu_plus_one if map_name == "elu+1" else np_relu
+    reference_map = elu_plus_one if map_name == "elu+1" else relu_features
+
+    def kernel(q: Any, k: Any, v: Any, *, is_causal: bool = False) -> Any:
+        seen.append((*(np.asarray(a, dtype=np.float64) for a in (q, k, v)), is_causal))
+        return linear_attention(q, k, v, feature_map=reference_map, is_causal=is_causal)
+
+    declared = declare(kernel, gqa=True, mask=False, scale=False, dtypes=(dtype,),
+                       linear=LinearClaim(map_name))
+    for property_id in ("linear-matches-formula", "linear-causal-prefix"):
+        result = run_property(all_properties()[property_id],
+                              KernelUnderTest(declared, Backend("numpy")), profile="default")
+        assert result.status == PASSED, result.detail
+    assert len(seen) > 100
+    for q, k, v, causal in seen:
+        offset = causal_offset(q.shape[-2], k.shape[-2], "top_left") if causal else None
+        assert within_underflow_guard(oracle(q), oracle(k), v, dtype, offset).all()

@@ -8,6 +8,7 @@ reference; and the citation metadata carries the spec version.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -53,6 +54,7 @@ CONTRACT = {
     "ROPE-1": "MUST", "ROPE-2": "MUST",
     "TOL-1": "MUST", "TOL-2": "MUST", "TOL-3": "MUST",
     "CONF-1": "MUST", "CONF-2": "SHOULD", "CONF-3": "MUST", "CONF-4": "MUST",
+    "CONF-5": "MUST", "CONF-6": "MUST",
 }
 CONTRACT_AREAS = {clause_id.split("-")[0] for clause_id in CONTRACT}
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -165,28 +167,74 @@ def test_tolerance_constants_agree_with_the_reference() -> None:
 
 # The TOL-2 formula as tolerance.md displays it; the test below evaluates these exact terms.
 FORMULA_TERMS = (
-    r"A_{ij} = \sum_{e=0}^{E-1} |q_{ie}|\,|k_{je}|",
-    r"\max_{j \in S(i)} \Big[ \big(3u_d + (E+4)u_a\big)\,|\alpha|\,A_{ij} + 2u_d\,|b_{ij}| \Big]"
-    r" + 4u_a",
-    r"M_{ic} = \sum_{j} p_{ij}\,|v_{jc}|, \qquad N_{ic} = \sum_{j} p_{ij}\,|v_{jc} - o_{ic}|",
-    r"\tau_{ic} = C \Big[ \tfrac12\big(e^{2\delta_i} - 1\big) N_{ic} "
-    r"+ \big(e^{\delta_i} - 1\big) M_{ic} "
-    r"+ \big(u_d + (L_k+2)u_a\big) M_{ic} + u_d|o_{ic}| \Big]"
+    r"A_{ij} = \sum_{e=0}^{E-1} |q_{ie}|\,|k_{je}|, \qquad \gamma_{ij} = m_i - s_{ij}",
+    r"\Delta_{ij} = \big(4u_d + (E+4)u_a\big)\,|\alpha|\,A_{ij} + 2u_a\,|b_{ij}| + 3u_a\,\gamma_{ij}"
+    r" + 6u_a",
+    r"g_{ij} = \min\big(p_{ij}\,(e^{\Delta_{ij}} - 1),\ 2\big), \qquad D_i = \sum_{j \in S(i)} g_{ij}",
+    r"G_{ic} = \sum_{j} g_{ij}\,|v_{jc}|",
+    r"N_{ic} = \min\Big(G_{ic} + D_i\,|o_{ic}|,\ \sqrt{D_i \textstyle\sum_{j} g_{ij}\,(v_{jc} - o_{ic})^2}\Big)",
+    r"S_{ic} = \min\Big(\frac{N_{ic}}{1 - D_i} + G_{ic},\ 2H_{ic}\Big) \text{ if } D_i < 1",
+    r"\tau_{ic} = C \Big[ S_{ic} + \big(u_d + (L_k+2)u_a\big) M_{ic} + u_d|o_{ic}| \Big]"
     r" + \sigma_d \Big(L_k + 2 + \sum_{j \in S(i)} |v_{jc}|\Big)",
-    r"\tau^p_{ij} = C\,\big(e^{2\delta_i} - 1 + u_d\big)\,p_{ij} + (L_k+2)\sigma_d",
+    r"\tau^p_{ij} = C \Big[ \min\Big(\frac{g_{ij} + p_{ij} D_i}{1 - D_i},\ 1\Big) + u_d\,p_{ij} \Big]"
+    r" + (L_k+2)\sigma_d",
 )
 
 
+def _displayed_bound(q, k, v, mask, bias, scale, dtype):
+    """TOL-2 evaluated term by term as tolerance.md displays it, one element at a time
+    where the text sums (no matrix products, no chunks): (tau, tau^p, D)."""
+    u_d, u_a, sigma = _constants_table()[dtype]
+    (safety,) = {float(c) for c in re.findall(r"\$C = (\d+)\$", _text("tolerance.md"))}
+    _, n_keys, head_dim = k.shape
+    n_queries, value_dim = q.shape[1], v.shape[2]
+    out, p = oracle.sdpa(q, k, v, mask=mask, bias=bias, scale=scale)
+    out, p = out[0], p[0]
+    s = scale * q[0] @ k[0].T + bias
+    tau, tau_p, d = np.zeros((n_queries, value_dim)), np.zeros((n_queries, n_keys)), []
+    for i in range(n_queries):
+        allowed = [j for j in range(n_keys) if mask[i, j]]
+        m = max((s[i, j] for j in allowed), default=0.0)
+        g = np.zeros(n_keys)
+        for j in allowed:
+            a = float(np.sum(np.abs(q[0, i]) * np.abs(k[0, j])))
+            delta = ((4 * u_d + (head_dim + 4) * u_a) * abs(scale) * a + 2 * u_a * abs(bias[i, j])
+                     + 3 * u_a * (m - s[i, j]) + 6 * u_a)
+            if delta < 1:  # the evaluation rule of tolerance.md, which never overflows
+                g[j] = min(p[i, j] * math.expm1(delta), 2.0)
+            else:
+                log_p = math.log(p[i, j]) if p[i, j] > 0 else -math.inf
+                g[j] = min(math.exp(min(log_p + delta, 1.0)) - p[i, j], 2.0)
+        d_i = g.sum()
+        d.append(d_i)
+        for c in range(value_dim):
+            o = out[i, c]
+            big_m = sum(p[i, j] * abs(v[0, j, c]) for j in allowed)
+            big_g = sum(g[j] * abs(v[0, j, c]) for j in allowed)
+            squares = sum(g[j] * v[0, j, c] ** 2 for j in allowed)
+            rounding = 4 * 2.0**-53 * (squares + 2 * abs(o) * big_g + d_i * o * o)
+            n = min(big_g + d_i * abs(o), math.sqrt(
+                d_i * (sum(g[j] * (v[0, j, c] - o) ** 2 for j in allowed) + rounding)))
+            h = max(v[0, :, c].max() - o, o - v[0, :, c].min())
+            part = min(n / (1 - d_i) + big_g, 2 * h) if d_i < 1 else 2 * h
+            tau[i, c] = safety * (part + (u_d + (n_keys + 2) * u_a) * big_m + u_d * abs(o)) + (
+                sigma * (n_keys + 2 + sum(abs(v[0, j, c]) for j in allowed)))
+        for j in range(n_keys):
+            change = min((g[j] + p[i, j] * d_i) / (1 - d_i), 1.0) if d_i < 1 else 1.0
+            tau_p[i, j] = safety * (change + u_d * p[i, j]) + (n_keys + 2) * sigma
+    return tau, tau_p, np.array(d)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_tolerance_formula_agrees_with_the_reference(dtype: str) -> None:
-    """TOL-2: the bound displayed in tolerance.md, evaluated here with the constants parsed
-    from the text, equals what reference/tolerance.py computes (mask, bias, empty row)."""
+@pytest.mark.parametrize("case", ["plain", "padded", "large scores"])
+def test_tolerance_formula_agrees_with_the_reference(dtype: str, case: str) -> None:
+    """TOL-2: the bound displayed in tolerance.md, evaluated element by element with the
+    constants parsed from the text, equals what reference/tolerance.py computes with its
+    matrix products and row chunks (mask, bias, an empty row; keys padded with a huge
+    finite bias, a row padded entirely; scores large enough to reach the cap)."""
     text = _text("tolerance.md")
     for term in FORMULA_TERMS:
         assert term in text, f"tolerance.md no longer displays {term}"
-    u_d, u_a, sigma = _constants_table()[dtype]
-    (safety,) = {float(c) for c in re.findall(r"\$C = (\d+)\$", text)}
-
     rng = np.random.default_rng(7)
     n_queries, n_keys, head_dim, value_dim, scale = 4, 6, 3, 2, 0.75
     # Quarter-integers up to 2 are exact in every dtype, so the inputs are what a kernel sees.
@@ -197,27 +245,26 @@ def test_tolerance_formula_agrees_with_the_reference(dtype: str) -> None:
     )
     mask = rng.random((n_queries, n_keys)) < 0.7
     mask[1] = False  # an empty S(i): its tolerance is the floor alone
-    bound = tolerance.error_bound(q, k, v, dtype=dtype, mask=mask, bias=bias, scale=scale)
-    out, p = oracle.sdpa(q, k, v, mask=mask, bias=bias, scale=scale)
-
-    magnitude = np.abs(q[0]) @ np.abs(k[0]).T
-    score_error = (3 * u_d + (head_dim + 4) * u_a) * abs(scale) * magnitude + 2 * u_d * np.abs(bias)
-    delta = np.where(mask, score_error, 0.0).max(axis=-1, keepdims=True) + 4 * u_a
-    weighted = p[0] @ np.abs(v[0])
-    spread = (p[0][:, :, None] * np.abs(v[0][None, :, :] - out[0][:, None, :])).sum(axis=1)
-    floor = (n_keys + 2) * sigma
-    tau = safety * (
-        np.expm1(2 * delta) / 2 * spread + np.expm1(delta) * weighted
-        + (u_d + (n_keys + 2) * u_a) * weighted
-        + u_d * np.abs(out[0])
-    )
-    tau_p = safety * (np.expm1(2 * delta) + u_d) * p[0] + floor
-
-    out_floor = floor + sigma * (mask @ np.abs(v[0]))
-    np.testing.assert_allclose(np.asarray(bound.out_tolerance)[0], tau + out_floor, rtol=1e-12,
-                               atol=0)
-    np.testing.assert_allclose(np.asarray(bound.weights_tolerance)[0], tau_p, rtol=1e-12, atol=0)
-    assert np.all(np.asarray(bound.out_tolerance)[0, 1] == floor)  # no allowed key, no |v| term
+    mask[0, :2] = mask[2] = True
+    if case == "padded":
+        pad = -65504.0 if dtype == "float16" else float(np.finfo(np.float32).min)
+        bias[0, 1] = bias[2, :] = pad
+    elif case == "large scores":
+        q = q * 2.0**6  # |alpha| A up to ~2e4: beyond 1/u_d in half precision
+    tau, tau_p, d = _displayed_bound(q, k, v, mask, bias, scale, dtype)
+    bound = tolerance.error_bound(q, k, v, dtype=dtype, mask=mask, bias=bias, scale=scale,
+                                  chunk_elements=n_keys)  # one row per chunk
+    np.testing.assert_allclose(np.asarray(bound.out_tolerance)[0], tau, rtol=1e-9, atol=0)
+    np.testing.assert_allclose(np.asarray(bound.weights_tolerance)[0], tau_p, rtol=1e-9, atol=0)
+    np.testing.assert_allclose(np.asarray(bound.score_error)[0], d, rtol=1e-9, atol=0)
+    _, _, sigma = _constants_table()[dtype]
+    assert np.all(np.asarray(bound.out_tolerance)[0, 1] == (n_keys + 2) * sigma)
+    if case == "padded" and dtype != "float16":
+        assert d[2] >= 1  # every key padded: undetermined, the hull cap applies
+        unpadded = mask.copy()
+        unpadded[0, 1] = False  # the padded key of row 0 costs nothing: as if masked
+        _, _, d_masked = _displayed_bound(q, k, v, unpadded, bias, scale, dtype)
+        assert d[0] == pytest.approx(d_masked[0], rel=1e-12)
 
 
 def test_citation_and_changelog_carry_the_spec_version() -> None:

@@ -128,7 +128,8 @@ def shift_limit(dtype: str) -> float:
 
     Biases lie on a grid of 1/8 in [-4, 4] and shifts on the same grid, |c| <= limit + 1.
     A power of two with 2 u_d (limit + 5) <= 1/8 keeps the bias's share of TOL-2's score
-    error delta_i below 1/8, where the bound stays tight, and keeps b + c exact: (limit
+    errors (2 u_a |b| <= 2 u_d |b|) below 1/8, where the bound stays tight, and keeps b + c
+    exact: (limit
     + 5) * 8 <= 1 / (2 u_d) is far less than 2**p = 2 / u_d multiples of 1/8.  4096 (beyond
     exp's range in float64) is enough for the rest.
     """

@@ -2,7 +2,9 @@
 
 Keys and values are shared by every query, so K/V are changed only in columns that the
 mask disallows for every query; bias entries are per query, so every bias entry whose
-position is disallowed wherever it is broadcast to is changed too.
+position is disallowed wherever it is broadcast to is changed too.  The new values keep
+every score finite in the accumulation precision (SDPA-8.1's precondition, that of
+SDPA-7.4), up to the largest values that precondition allows.
 """
 
 from __future__ import annotations
@@ -15,10 +17,39 @@ from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem
 from ..oracle import reference_bound
 from ..registry import dense_only, needs, register
-from ..strategies import draw_problem, draw_rng, random_values
-from .softmax import allowed_keys, compared_rows
+from ..strategies import draw_problem, draw_rng
+from .softmax import allowed_keys, compared_rows, pair_score_magnitudes
 
 NON_FINITE = (np.nan, np.inf, -np.inf)
+LARGEST = "largest within SDPA-7.4"
+NEW_MAGNITUDES = (1.0, 10.0, LARGEST)
+LARGEST_FINITE = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38,
+                  "float32": float(np.finfo(np.float32).max),
+                  "float64": float(np.finfo(np.float64).max)}
+# SDPA-7.2: half precision accumulates in float32, float32 and float64 in themselves
+ACCUMULATION_LARGEST = {**{d: LARGEST_FINITE["float32"] for d in ("float16", "bfloat16",
+                                                                  "float32")},
+                        "float64": LARGEST_FINITE["float64"]}
+
+
+def score_magnitudes(problem: Problem) -> np.ndarray:
+    """``max(|alpha|, 1) sum_e |q_ie| |k_je| + |b_ij|`` for every pair ``(..., Hq, Lq, Lk)``.
+
+    Every partial result of a score — the dot product ``q_i . k_j`` (a kernel may scale
+    after it), ``alpha q_i . k_j`` and its sum with ``b_ij`` — is at most this (times
+    1 + O(E u)), so all are finite in the accumulation precision (SDPA-7.4, SDPA-8.1) when
+    it is well below that precision's largest number.
+    """
+    head_dim = problem.q.shape[-1]
+    alpha = abs(problem.scale) if problem.scale is not None else head_dim**-0.5
+    magnitude = max(alpha, 1.0) * pair_score_magnitudes(problem.with_(scale=1.0))
+    return magnitude if problem.bias is None else magnitude + np.abs(problem.bias)
+
+
+def scores_within_precondition(problem: Problem) -> bool:
+    """SDPA-8.1's precondition with a factor 2 to spare for the kernel's own rounding."""
+    limit = ACCUMULATION_LARGEST[problem.dtype] / 2
+    return bool(np.all(score_magnitudes(problem) <= limit))
 
 
 def disallowed_everywhere(allowed: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -55,26 +86,62 @@ def _compare(kernel: KernelUnderTest, problem: Problem, other: Problem, what: st
                      kernel)
 
 
-@register("masked-values-ignored", "SDPA-8.1", applies=needs("mask"))
-def masked_values_ignored(kernel: KernelUnderTest, data: st.DataObject) -> None:
-    """Other finite keys/values in columns masked for every query, and other finite bias
-    entries at disallowed positions, leave every output identical."""
-    problem, columns = _masked_columns_problem(data, kernel)
-    rng = draw_rng(data)
-    magnitude = data.draw(st.sampled_from([1.0, 10.0]), label="new magnitude")
+def _replace_excluded(problem: Problem, columns: list[int], hidden: np.ndarray | None,
+                      fresh: dict[str, np.ndarray], factor: float) -> Problem:
+    """``problem`` with masked K/V columns and hidden bias entries set to factor * fresh."""
     changed: dict[str, np.ndarray] = {}
     for name in ("k", "v"):
         a = getattr(problem, name).copy()
-        a[..., columns, :] = random_values(kernel, rng, a[..., columns, :].shape, problem.dtype,
-                                           magnitude)
+        a[..., columns, :] = factor * fresh[name]
         changed[name] = a
+    if hidden is not None:
+        changed["bias"] = np.where(hidden, factor * fresh["bias"], problem.bias)
+    return problem.with_(**changed)
+
+
+def largest_factor(problem: Problem, columns: list[int], hidden: np.ndarray | None,
+                   fresh: dict[str, np.ndarray]) -> float:
+    """The largest t such that t * fresh is finite in the dtype and every score stays below
+    a quarter of the accumulation precision's largest number (SDPA-8.1's precondition with
+    room for rounding): scores are linear in t, |s| <= S_kept + t S_fresh."""
+    zeros = {name: np.zeros_like(a) for name, a in fresh.items()}
+    kept = score_magnitudes(_replace_excluded(problem, columns, hidden, zeros, 0.0))
+    only_fresh = problem.with_(k=np.zeros_like(problem.k),
+                               bias=None if hidden is None else np.zeros_like(problem.bias))
+    unit = score_magnitudes(_replace_excluded(only_fresh, columns, hidden, fresh, 1.0))
+    room = ACCUMULATION_LARGEST[problem.dtype] / 4 - kept
+    with np.errstate(divide="ignore", over="ignore"):  # no fresh score: no limit
+        by_scores = float(np.min(np.where(unit > 0, room / unit, np.inf), initial=np.inf))
+    largest_fresh = max(float(np.max(np.abs(a), initial=0.0)) for a in fresh.values())
+    by_dtype = LARGEST_FINITE[problem.dtype] / 2 / max(largest_fresh, 1e-300)
+    factor = min(by_scores, by_dtype)
+    return factor if np.isfinite(factor) else 1.0  # nothing fresh (an empty axis): any will do
+
+
+@register("masked-values-ignored", "SDPA-8.1", applies=needs("mask"))
+def masked_values_ignored(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Other finite keys/values in columns masked for every query, and other finite bias
+    entries at disallowed positions, leave every output identical — for values up to the
+    largest that keep every score finite in the accumulation precision (SDPA-7.4)."""
+    problem, columns = _masked_columns_problem(data, kernel)
+    rng = draw_rng(data)
+    magnitude = data.draw(st.sampled_from(NEW_MAGNITUDES), label="new magnitude")
+    fresh = {name: rng.standard_normal(getattr(problem, name)[..., columns, :].shape)
+             for name in ("k", "v")}
+    hidden = None
     if problem.bias is not None:
         hidden = disallowed_everywhere(_mask_and_causal(problem, kernel), problem.bias.shape)
-        fresh = random_values(kernel, rng, problem.bias.shape, problem.dtype, magnitude)
-        changed["bias"] = np.where(hidden, fresh, problem.bias)
-    _compare(kernel, problem, problem.with_(**changed),
+        fresh["bias"] = rng.standard_normal(problem.bias.shape)
+    factor = (largest_factor(problem, columns, hidden, fresh) if magnitude == LARGEST
+              else magnitude)
+    other = _replace_excluded(problem, columns, hidden, fresh, factor)
+    other = other.with_(**{name: kernel.rounded(getattr(other, name), problem.dtype)
+                           for name in ("k", "v", "bias") if getattr(other, name) is not None})
+    if not scores_within_precondition(other):  # the construction above rules this out
+        raise AssertionError(f"masked-values-ignored drew scores beyond SDPA-7.4: {factor=}")
+    _compare(kernel, problem, other,
              f"out after changing keys/values in masked columns {columns} and bias entries at "
-             "disallowed positions [SDPA-8.1]")
+             f"disallowed positions to values of magnitude {factor:.3g} [SDPA-8.1]")
 
 
 @register("masked-nonfinite-ignored", "SDPA-8.2", applies=needs("mask"))

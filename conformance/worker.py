@@ -1,0 +1,256 @@
+"""The worker side of an isolated check, and the guard every kernel call runs under.
+
+:mod:`.isolation` starts this module in a fresh interpreter.  The worker loads the kernel
+from the :class:`~.api.KernelSetup` it is sent (so an exit, crash or hang while importing
+the kernel's module ends this process, not the check), then runs whole properties and
+sends back one :class:`~.runner.Verdict` each.  Before and after every kernel call it
+tells its supervisor which inputs the kernel is working on: that is what a per-call
+timeout is measured against, and what a verdict names when the process dies mid-call.
+
+:func:`guard_calls` is also applied in-process (``--no-isolate``, the Python API, the
+pytest plugin): it restores NumPy's floating-point error state after each call and turns
+``sys.exit`` inside the kernel into a failed verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .failures import KernelExited, PropertyFailure
+
+if TYPE_CHECKING:
+    from .api import KernelSetup
+    from .kernel import KernelUnderTest, Problem
+
+# A reproduction is only built for inputs this small; larger ones are described by shape.
+MAX_SENT_PROBLEM_BYTES = 256 * 1024
+GIB = 2**30
+
+
+def describe_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """Shapes and keywords of a call made with hand-built arguments (no Problem)."""
+    def shape(x: Any) -> str:
+        return f"{tuple(x.shape)}" if hasattr(x, "shape") else f"={x!r}"[:40]
+
+    names = ("q", "k", "v")[: len(args)]
+    parts = [f"{name}{shape(a)}" for name, a in zip(names, args, strict=False)]
+    parts += [f"{key}{shape(value)}" for key, value in kwargs.items()]
+    return ", ".join(parts)
+
+
+class CallObserver:
+    """Hears each kernel call start and return (the worker tells its supervisor)."""
+
+    def started(self, description: str, problem: Problem | None) -> None:
+        pass
+
+    def returned(self) -> None:
+        pass
+
+
+class CallGuard:
+    """What wraps ``kernel.call``: see :func:`guard_calls`."""
+
+    def __init__(self, kernel: KernelUnderTest) -> None:
+        self.kernel = kernel
+        self.observer: CallObserver | None = None
+        self.interrupt_is_the_kernels = False
+        self.memory_note = ""
+        self.problem: Problem | None = None  # the inputs of the invoke() under way
+        self._call, self._invoke = kernel.call, kernel.invoke
+
+    def invoke(self, problem: Problem) -> tuple[Any, Any]:
+        self.problem = problem
+        try:
+            return self._invoke(problem)
+        finally:
+            self.problem = None
+
+    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        problem = self.problem
+        if self.observer is not None:
+            description = problem.describe() if problem is not None else describe_call(
+                args, kwargs)
+            self.observer.started(description, problem)
+        # A kernel that leaves np.seterr(all="raise") behind must not turn the suite's own
+        # NumPy arithmetic (reference, tolerances) into errors.
+        error_state = np.geterr()
+        try:
+            return self._call(args, kwargs)
+        except SystemExit as exc:
+            raise KernelExited(PropertyFailure(
+                f"the kernel called sys.exit({exc.code!r}): a kernel must return a result or "
+                "raise an exception, never end the process [CONF-5]", problem, self.kernel,
+            )) from None
+        except KeyboardInterrupt:
+            if not self.interrupt_is_the_kernels:
+                raise  # in-process, Ctrl-C: the user's interrupt, not a verdict
+            raise KernelExited(PropertyFailure(
+                "the kernel raised KeyboardInterrupt (no one pressed Ctrl-C: the check runs "
+                "the kernel in a worker process that receives no terminal signals) [CONF-5]",
+                problem, self.kernel,
+            )) from None
+        except MemoryError as exc:
+            if self.memory_note:
+                raise MemoryError(f"{exc} ({self.memory_note})") from None
+            raise
+        finally:
+            np.seterr(**error_state)
+            if self.observer is not None:
+                self.observer.returned()
+
+
+def guard_calls(kernel: KernelUnderTest) -> CallGuard:
+    """Put every call of ``kernel`` under a :class:`CallGuard` (once) and return it.
+
+    The guard wraps this instance's ``call`` (which every call goes through) and
+    ``invoke`` (which knows the :class:`Problem`, for messages).  Configure it through the
+    returned object: ``observer``, ``interrupt_is_the_kernels``, ``memory_note``.
+    """
+    existing = kernel.__dict__.get("call_guard")
+    if isinstance(existing, CallGuard):
+        return existing
+    guard = CallGuard(kernel)
+    kernel.call, kernel.invoke = guard.call, guard.invoke  # type: ignore[method-assign]
+    kernel.call_guard = guard  # type: ignore[attr-defined]
+    return guard
+
+
+def problem_worth_sending(problem: Problem | None) -> Problem | None:
+    """``problem`` when small enough to be a reproduction, else None (described by shape)."""
+    if problem is None:
+        return None
+    arrays = [problem.q, problem.k, problem.v, problem.mask, problem.bias]
+    size = sum(a.nbytes for a in arrays if a is not None)
+    return problem if size <= MAX_SENT_PROBLEM_BYTES else None
+
+
+class _Reporter(CallObserver):
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+
+    def started(self, description: str, problem: Problem | None) -> None:
+        self.connection.send(("call", description, problem_worth_sending(problem)))
+
+    def returned(self) -> None:
+        self.connection.send(("returned",))
+
+
+def limit_memory(backend: Any, gib: float) -> str:
+    """Cap this process's address space at what it maps now plus ``gib`` GiB; a note for
+    MemoryError messages ("" when no limit is applied: ``gib`` 0, a device other than the
+    CPU (GPU runtimes reserve address space that such a limit would break), or no
+    /proc/self/status to measure from)."""
+    if gib <= 0 or "cpu" not in str(backend.device).lower():
+        return ""
+    try:
+        import resource
+
+        with open("/proc/self/status", encoding="ascii") as status:
+            mapped_kib = next(int(line.split()[1]) for line in status
+                              if line.startswith("VmSize:"))
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = mapped_kib * 1024 + int(gib * GIB)
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (ImportError, OSError, StopIteration, ValueError):
+        return ""
+    return (f"the check's worker process may allocate at most {gib:g} GiB beyond the loaded "
+            "backend: --memory-limit GIB, 0 for none")
+
+
+def load(setup: KernelSetup, memory_limit_gib: float) -> tuple[KernelUnderTest, str]:
+    """Prepare the kernel as :meth:`KernelSetup.prepare` does, under the memory limit;
+    an exit while importing its module is a :class:`SetupError`."""
+    from .api import SetupError, resolve_backend
+
+    backend = resolve_backend(setup.backend, setup.device)
+    note = limit_memory(backend, memory_limit_gib)
+    try:
+        kernel = replace(setup, backend=backend).prepare()
+    except KeyboardInterrupt:
+        raise SetupError(f"loading kernel {setup.kernel!r} raised KeyboardInterrupt "
+                         "(at import?): nothing was checked") from None
+    guard_calls(kernel).memory_note = note
+    return kernel, note
+
+
+def _exit_when_orphaned(lifeline: int) -> None:
+    """End this process when the supervisor dies (its end of the pipe closes)."""
+    def watch() -> None:
+        while os.read(lifeline, 1):
+            pass
+        os._exit(70)
+
+    threading.Thread(target=watch, name="attnspec-lifeline", daemon=True).start()
+
+
+def serve(connection: Connection) -> None:
+    """Load the kernel, then run properties until told to stop (the worker's main loop)."""
+    from .api import SetupError, with_loader
+    from .isolation import KernelInfo
+    from .registry import all_properties
+    from .runner import PROFILES, _failed_verdict, run_property
+
+    try:
+        setup, memory_limit_gib = connection.recv()
+    except Exception as exc:  # e.g. a callable kernel the worker cannot import by name
+        connection.send(("setup-error", f"the worker process could not rebuild the kernel "
+                         f"setup ({type(exc).__name__}: {exc}); check a MODULE:FUNC target, or "
+                         "run in-process (--no-isolate, isolate=False)"))
+        return
+    try:
+        kernel, note = load(setup, memory_limit_gib)
+    except SetupError as exc:
+        connection.send(("setup-error", str(exc)))
+        return
+    loader = setup.loader_source(kernel)
+    connection.send(("ready", KernelInfo.of(kernel, loader, note)))
+    guard = guard_calls(kernel)
+    guard.observer = _Reporter(connection)
+    guard.interrupt_is_the_kernels = True
+    registry = all_properties()
+    while True:
+        message = connection.recv()
+        if message is None:
+            return
+        prop_id, profile, examples, seed = message
+        if examples is not None:
+            PROFILES[profile] = examples
+        if prop_id not in registry:
+            connection.send(("setup-error", f"property {prop_id!r} is not registered in the "
+                             "worker process (registered at run time? use --no-isolate)"))
+            return
+        prop = registry[prop_id]
+        try:
+            verdict = run_property(prop, kernel, profile=profile, seed=seed)
+        except BaseException as exc:  # e.g. sys.exit from a result's __array__: a verdict
+            verdict = _failed_verdict(prop, PropertyFailure(
+                f"checking the kernel's result raised {type(exc).__name__}: {str(exc)[:300]}"
+            ))
+        verdict.reproduction = with_loader(verdict.reproduction, loader)
+        connection.send(("verdict", verdict))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -c 'from attnspec.conformance.worker import main; main()' FD LIFELINE``."""
+    fd, lifeline = (int(a) for a in (argv or sys.argv[1:]))
+    _exit_when_orphaned(lifeline)
+    connection = Connection(fd)
+    try:
+        serve(connection)
+    except (EOFError, BrokenPipeError):
+        pass  # the supervisor went away or stopped this worker
+    connection.close()
+    sys.stdout.flush()
+    # Skip interpreter teardown: a kernel's atexit hooks or threads are not the check's.
+    os._exit(0)
+
