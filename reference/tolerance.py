@@ -52,9 +52,19 @@ def accumulation_roundoff(dtype: str) -> float:
     return min(UNIT_ROUNDOFF[dtype], UNIT_ROUNDOFF["float32"])
 
 
-def product_coefficient(dtype: str, head_dim: int) -> float:
-    """TOL-2's coefficient of |alpha| A_ij in the score error Delta_ij: 4u_d + (E + 4)u_a."""
-    return 4 * UNIT_ROUNDOFF[dtype] + (head_dim + 4) * accumulation_roundoff(dtype)
+def product_coefficient(dtype: str, head_dim: int, scale: float | None = None) -> float:
+    """TOL-2's coefficient of |alpha| A_ij in the score error Delta_ij: r_alpha + (E + 4)u_a,
+    r_alpha = 4u_d unless applying the scale is exact (``scale_is_exact``), then 0."""
+    alpha = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    scale_rounding = 0.0 if scale_is_exact(alpha) else 4 * UNIT_ROUNDOFF[dtype]
+    return scale_rounding + (head_dim + 4) * accumulation_roundoff(dtype)
+
+
+def scale_is_exact(alpha: float) -> bool:
+    """True when sqrt(|alpha|) is a power of two (or alpha is 0): then alpha and sqrt(alpha)
+    are exact in every dtype and multiplying an operand by either is exact (TOL-2)."""
+    root = math.sqrt(abs(alpha))
+    return alpha == 0 or (root * root == abs(alpha) and math.frexp(root)[0] == 0.5)
 
 
 def error_bound(
@@ -104,7 +114,7 @@ def error_bound(
     whole = [
         None if pieces[0] is None else xp.reshape(
             xp.concat(list(pieces), axis=-2) if len(parts) > 1 else pieces[0], shape)
-        for pieces, shape in zip(zip(*parts), shapes)
+        for pieces, shape in zip(zip(*parts, strict=True), shapes, strict=True)
     ]
     return ErrorBound(*whole)
 
@@ -141,7 +151,7 @@ def _chunk_bound(
 
     # Delta_ij: the largest error of the computed shifted score of an allowed key.
     magnitude = xp.matmul(xp.abs(chunk.q), xp.matrix_transpose(xp.abs(chunk.k)))
-    delta = product_coefficient(dtype, head_dim) * abs(chunk.scale) * magnitude \
+    delta = product_coefficient(dtype, head_dim, chunk.scale) * abs(chunk.scale) * magnitude \
         + 3 * u_a * gap + 6 * u_a
     if chunk.bias is not None:
         delta = delta + 2 * u_a * xp.abs(chunk.bias)

@@ -168,16 +168,18 @@ def test_tolerance_constants_agree_with_the_reference() -> None:
 # The TOL-2 formula as tolerance.md displays it; the test below evaluates these exact terms.
 FORMULA_TERMS = (
     r"A_{ij} = \sum_{e=0}^{E-1} |q_{ie}|\,|k_{je}|, \qquad \gamma_{ij} = m_i - s_{ij}",
-    r"\Delta_{ij} = \big(4u_d + (E+4)u_a\big)\,|\alpha|\,A_{ij} + 2u_a\,|b_{ij}| + 3u_a\,\gamma_{ij}"
-    r" + 6u_a",
-    r"g_{ij} = \min\big(p_{ij}\,(e^{\Delta_{ij}} - 1),\ 2\big), \qquad D_i = \sum_{j \in S(i)} g_{ij}",
+    r"\Delta_{ij} = \big(r_\alpha + (E+4)u_a\big)\,|\alpha|\,A_{ij} + 2u_a\,|b_{ij}| "
+    r"+ 3u_a\,\gamma_{ij} + 6u_a",
+    r"g_{ij} = \min\big(p_{ij}\,(e^{\Delta_{ij}} - 1),\ 2\big), "
+    r"\qquad D_i = \sum_{j \in S(i)} g_{ij}",
     r"G_{ic} = \sum_{j} g_{ij}\,|v_{jc}|",
-    r"N_{ic} = \min\Big(G_{ic} + D_i\,|o_{ic}|,\ \sqrt{D_i \textstyle\sum_{j} g_{ij}\,(v_{jc} - o_{ic})^2}\Big)",
+    r"N_{ic} = \min\Big(G_{ic} + D_i\,|o_{ic}|,\ "
+    r"\sqrt{D_i \textstyle\sum_{j} g_{ij}\,(v_{jc} - o_{ic})^2}\Big)",
     r"S_{ic} = \min\Big(\frac{N_{ic}}{1 - D_i} + G_{ic},\ 2H_{ic}\Big) \text{ if } D_i < 1",
     r"\tau_{ic} = C \Big[ S_{ic} + \big(u_d + (L_k+2)u_a\big) M_{ic} + u_d|o_{ic}| \Big]"
     r" + \sigma_d \Big(L_k + 2 + \sum_{j \in S(i)} |v_{jc}|\Big)",
-    r"\tau^p_{ij} = C \Big[ \min\Big(\frac{g_{ij} + p_{ij} D_i}{1 - D_i},\ 1\Big) + u_d\,p_{ij} \Big]"
-    r" + (L_k+2)\sigma_d",
+    r"\tau^p_{ij} = C \Big[ \min\Big(\frac{g_{ij} + p_{ij} D_i}{1 - D_i},\ 1\Big) "
+    r"+ u_d\,p_{ij} \Big] + (L_k+2)\sigma_d",
 )
 
 
@@ -198,7 +200,8 @@ def _displayed_bound(q, k, v, mask, bias, scale, dtype):
         g = np.zeros(n_keys)
         for j in allowed:
             a = float(np.sum(np.abs(q[0, i]) * np.abs(k[0, j])))
-            delta = ((4 * u_d + (head_dim + 4) * u_a) * abs(scale) * a + 2 * u_a * abs(bias[i, j])
+            r_alpha = 0.0 if math.log2(math.sqrt(abs(scale))).is_integer() else 4 * u_d
+            delta = ((r_alpha + (head_dim + 4) * u_a) * abs(scale) * a + 2 * u_a * abs(bias[i, j])
                      + 3 * u_a * (m - s[i, j]) + 6 * u_a)
             if delta < 1:  # the evaluation rule of tolerance.md, which never overflows
                 g[j] = min(p[i, j] * math.expm1(delta), 2.0)
@@ -227,7 +230,8 @@ def _displayed_bound(q, k, v, mask, bias, scale, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ["plain", "padded", "large scores"])
-def test_tolerance_formula_agrees_with_the_reference(dtype: str, case: str) -> None:
+@pytest.mark.parametrize("scale", [0.75, 0.25])  # r_alpha = 4 u_d, and 0 (sqrt is 1/2)
+def test_tolerance_formula_agrees_with_the_reference(dtype: str, case: str, scale: float) -> None:
     """TOL-2: the bound displayed in tolerance.md, evaluated element by element with the
     constants parsed from the text, equals what reference/tolerance.py computes with its
     matrix products and row chunks (mask, bias, an empty row; keys padded with a huge
@@ -236,7 +240,7 @@ def test_tolerance_formula_agrees_with_the_reference(dtype: str, case: str) -> N
     for term in FORMULA_TERMS:
         assert term in text, f"tolerance.md no longer displays {term}"
     rng = np.random.default_rng(7)
-    n_queries, n_keys, head_dim, value_dim, scale = 4, 6, 3, 2, 0.75
+    n_queries, n_keys, head_dim, value_dim = 4, 6, 3, 2
     # Quarter-integers up to 2 are exact in every dtype, so the inputs are what a kernel sees.
     q, k, v, bias = (
         rng.integers(-8, 9, size=shape) / 4.0

@@ -190,7 +190,7 @@ def large_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
     # About the largest scores for which TOL-2 stays tight: every Delta_ij <= ln(5/4), so
     # D_i <= 1/4 (spec/tolerance.md; the gap term is at most 2 max|alpha| A_ij).  In float32
     # that is ~2e5, in float64 ~1e14: exp overflows far below either.
-    coefficient = product_coefficient(dtype, problem.q.shape[-1]) + 6 * u_a
+    coefficient = product_coefficient(dtype, problem.q.shape[-1], problem.scale) + 6 * u_a
     valid = 0.9 * (math.log(1 + VALID_SCORE_ERROR) - 4 * u_a) / coefficient
     large = within_validity(kernel, _with_score_magnitude(kernel, problem, valid))
     assert_matches_reference(kernel, large, what="out with large scores (SDPA-7.4)")
