@@ -1,7 +1,8 @@
 """Buggy kernels, part 5: code paths taken only at realistic sizes and values (issue 7).
 
 Real kernels dispatch on the shapes — head-dim vector widths, the number of programs,
-the GQA group size, decode (Lq = 1), the batch size, a maximum cache length — and each
+the GQA group size, decode (Lq = 1), the batch size, a maximum cache length, padding
+biases — and each
 path is a place for a bug the small shapes never reach.  Each kernel here is the
 correct tiled kernel of :mod:`catalogue.tiled` with one path wrong; the docstring says
 which, and the sizes below which it is exact.
@@ -15,17 +16,8 @@ import numpy as np
 
 from attnspec.conformance import declare
 
-from .blocks import (
-    QUIET,
-    Arranged,
-    Operands,
-    combine,
-    contiguous_groups,
-    operands,
-    scores,
-    softmax_lse,
-)
-from .tiled import Tiling, by_row_blocks, tiled
+from .blocks import Operands, contiguous_groups, operands
+from .tiled import Tiling, tiled
 
 Array = np.ndarray
 Mask = np.ndarray | None
@@ -158,22 +150,17 @@ def kv_buffer_truncates_at_2048(q: Array, k: Array, v: Array, *, mask: Mask = No
 
 # --- extreme values -------------------------------------------------------------------
 
-def _biased_scores_in_input_dtype(a: Arranged) -> Array:
-    s, allowed = scores(a)
-    with np.errstate(**QUIET):  # the bug: scores + bias stored in q's dtype, overflowing
-        s = s.astype(a.out_dtype).astype(s.dtype)
-    return combine(softmax_lse(s, allowed), allowed, a.v)
-
-
 @declare(**ALL)
-def biased_scores_stored_in_float16(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                                    bias: Mask = None, is_causal: bool = False,
-                                    scale: float | None = None) -> Array:
-    """Stores the biased scores q.k * scale + bias in the input dtype before the float32
-    softmax (as eager implementations with float16 tensors do): a row padded with
-    finfo(float16).min overflows to -inf at every key scoring below -16, and a row
-    where all of them do has a softmax of -inf - -inf = NaN.  Within TOL-2's rounding
-    budget wherever nothing overflows; float32 and float64 are unaffected."""
+def padding_bias_read_as_mask(q: Array, k: Array, v: Array, *, mask: Mask = None,
+                              bias: Mask = None, is_causal: bool = False,
+                              scale: float | None = None) -> Array:
+    """Turns an additive padding bias into a key mask for its faster masked path: a bias
+    at or below finfo(dtype).min / 2 is taken as "masked".  A finite bias is attended
+    (SDPA-3.3: only -inf excludes), so where a row's keys are all padded with
+    finfo.min — a padded query in a padded batch — the output is 0 instead of the
+    softmax of its scores; rows with an unpadded key are unaffected."""
     ops = _ops(q, k, v, mask, bias, is_causal, scale)
-    return by_row_blocks(ops, lambda o, rows: _biased_scores_in_input_dtype(o.tile(rows)),
-                         TILING.query_block)
+    if ops.bias is not None:
+        padded = ops.bias <= np.finfo(ops.bias.dtype).min / 2
+        ops = ops.with_(mask=~padded if ops.mask is None else ops.mask & ~padded)
+    return tiled(ops, TILING)

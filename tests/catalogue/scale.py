@@ -5,7 +5,7 @@ up to 3 heads per group, up to 3 batch elements (tests/test_catalogue_scale.py c
 it) — and its witness is a realistic input on which it is visibly wrong: a second key
 block, a ragged tail, a second split-KV chunk, a head dim of 59 or 80, 2**15 programs,
 a GQA group of 8, a decode step over 300 keys, 6 batch elements with their own padding,
-4097 keys, a float16 row padded with finfo.min.
+4097 keys, a float16 query row padded with finfo.min.
 """
 
 from __future__ import annotations
@@ -43,15 +43,12 @@ def per_element_padding(w: Witness, seed: int = 5) -> Witness:
 
 
 def padded_float16_rows(w: Witness) -> Witness:
-    """``w`` in float16 with query row 0 of every head a padding row: every key's bias is
-    finfo(float16).min, and the padded query (a large embedding, as pad tokens get) scores
-    below -16 against every key.  Other rows are unpadded."""
-    k = np.abs(w.k) + 1.0
-    q = w.q.copy()
-    q[..., 0, :] = -3.0
+    """``w`` in float16 with query row 0 of every head a padding row, as a padded query of
+    a padded batch gets from an HF-style additive mask: finfo(float16).min on every key.
+    Other rows are unpadded."""
     bias = np.zeros(w.scores_shape)
     bias[..., 0, :] = float(np.finfo(np.float16).min)
-    return w.with_(q=q, k=k, bias=bias, dtype="float16")
+    return w.with_(bias=bias, dtype="float16")
 
 
 # Strict xfail until the strategies draw realistic sizes (issue 7 part 1): then each entry
@@ -106,6 +103,6 @@ SCALE_CATALOGUE: list[BuggyKernel] = [
     entry("kv-buffer-truncates-at-2048", paths.kv_buffer_truncates_at_2048,
           "matches-reference", W(4097, n_queries=2)),
     # extreme values
-    entry("biased-scores-stored-in-float16", paths.biased_scores_stored_in_float16,
+    entry("padding-bias-read-as-mask", paths.padding_bias_read_as_mask,
           "matches-reference", padded_float16_rows(W(40))),
 ]
