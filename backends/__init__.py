@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -18,6 +18,7 @@ from ._registry import ADAPTERS, FLOAT_DTYPE_NAMES, BackendError, canonical_name
 __all__ = [
     "BACKEND_NAMES",
     "FLOAT_DTYPE_NAMES",
+    "REFERENCE_CONFIG",
     "Backend",
     "BackendError",
     "available_backends",
@@ -29,13 +30,29 @@ __all__ = [
 BACKEND_NAMES: tuple[str, ...] = tuple(ADAPTERS)
 
 
-class Backend:
-    """An array library on one device, with the conversions the test suites need."""
+# The library settings attnspec's own tests and survey evaluate the reference in: JAX
+# with float64 available and true float32 matmuls (SDPA-7.2).  Kernels are checked in the
+# settings their users run unless a check asks otherwise (--jax-x64).
+REFERENCE_CONFIG: dict[str, dict[str, Any]] = {
+    "jax": {"jax_enable_x64": True, "jax_default_matmul_precision": "highest"},
+}
 
-    def __init__(self, name: str, device: Any = None) -> None:
+
+class Backend:
+    """An array library on one device, with the conversions the test suites need.
+
+    ``config`` changes library-wide settings (only JAX has any: ``jax_enable_x64``,
+    ``jax_default_matmul_precision``); :attr:`changes` lists what it changed and
+    :attr:`settings` describes the settings in force.  Without ``config`` nothing is
+    changed.
+    """
+
+    def __init__(self, name: str, device: Any = None, *,
+                 config: Mapping[str, Any] | None = None) -> None:
         self.name = canonical_name(name)
         self._adapter = ADAPTERS[self.name]
         self.xp: ModuleType = self._adapter.load()
+        self.changes: list[str] = self._adapter.configure(self.xp, dict(config or {}))
         if device is None:
             self.device = self._adapter.default_device(self.xp)
         elif isinstance(device, str):
@@ -47,6 +64,11 @@ class Backend:
         return f"Backend({self.name!r}, device={self.device!r})"
 
     @property
+    def settings(self) -> str:
+        """The library-wide settings in force that matter to a check ("" when none)."""
+        return self._adapter.describe(self.xp)
+
+    @property
     def dtype_names(self) -> tuple[str, ...]:
         """The spec's floating dtypes (SDPA-7.1) this library supports on this device."""
         return self._adapter.dtype_names(self.xp, self.device)
@@ -56,8 +78,21 @@ class Backend:
         if name not in FLOAT_DTYPE_NAMES:
             raise ValueError(f"dtype={name!r}, but should be one of {FLOAT_DTYPE_NAMES}")
         if name not in self.dtype_names:
-            raise ValueError(f"backend {self.name!r} does not support dtype {name!r}")
+            why = self.missing_dtype_reason(name)
+            raise ValueError(f"backend {self.name!r} does not support dtype {name!r}"
+                             + (f": {why}" if why else ""))
         return getattr(self.xp, name)
+
+    def is_array(self, x: Any) -> bool:
+        """True for an array of this library (a kernel on it must return one, SDPA-1.3)."""
+        return self._adapter.is_array(x)
+
+    def missing_dtype_reason(self, name: str) -> str:
+        """Why this backend lacks the spec dtype ``name`` now ("" if it has it or cannot say),
+        e.g. JAX's float64 while jax_enable_x64 is off."""
+        if name in self.dtype_names:
+            return ""
+        return self._adapter.missing_dtype(self.xp, name)
 
     def asarray(self, a: Any, dtype: str | None = None) -> Any:
         """Move a NumPy array (or nested list) onto this backend's device.

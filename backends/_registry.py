@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -33,6 +33,21 @@ class Adapter:
     to_numpy: Callable[[Any], Any]
     dtype_names: Callable[[ModuleType, Any], tuple[str, ...]]
     parse_device: Callable[[ModuleType, str], Any]
+    # is this an array of this library (what its kernels must return, SDPA-1.3)?
+    is_array: Callable[[Any], bool]
+    # library-wide settings: set some (returning what changed), describe the current ones,
+    # and say why a spec dtype is missing
+    configure: Callable[[ModuleType, Mapping[str, Any]], list[str]] = (
+        lambda xp, config: _no_options(xp, config))
+    describe: Callable[[ModuleType], str] = lambda xp: ""
+    missing_dtype: Callable[[ModuleType, str], str] = lambda xp, name: ""
+
+
+def _no_options(xp: ModuleType, config: Mapping[str, Any]) -> list[str]:
+    if config:
+        raise ValueError(f"config={dict(config)!r}, but {xp.__name__} has no settings attnspec "
+                         "can change; only the jax backend takes config")
+    return []
 
 
 def _import_or_explain(module: str, hint: str) -> ModuleType:
@@ -65,6 +80,12 @@ def _load_strict() -> ModuleType:
     return _import_or_explain(
         "array_api_strict", "install it with: pip install 'attnspec[strict]'"
     )
+
+
+def _is_strict_array(x: Any) -> bool:
+    from array_api_strict._array_object import Array  # the library exports no Array name
+
+    return isinstance(x, Array)
 
 
 def _strict_to_numpy(x: Any) -> Any:
@@ -110,17 +131,55 @@ def _torch_dtypes(xp: ModuleType, device: Any) -> tuple[str, ...]:
 # --- jax -------------------------------------------------------------------------------
 
 def _load_jax() -> ModuleType:
-    jax = _import_or_explain("jax", "install it with: pip install 'attnspec[jax]'")
-    # float64 is part of the spec's dtype set; JAX silently demotes it to float32
-    # unless x64 is on.  Enabling it is global to the process: documented in the README.
-    jax.config.update("jax_enable_x64", True)
-    # On A100/H100-class GPUs JAX's default float32 matmul is TF32 (10-bit mantissa),
-    # which breaks SDPA-7.2 (float32 accumulates in float32) for the reference; ask for
-    # true float32 by default.  A kernel may still pass its own `precision=`.
-    jax.config.update("jax_default_matmul_precision", "highest")
+    # Loading changes no setting: a kernel is checked in the configuration its users run
+    # (JAX's defaults, or what they set).  Settings are changed only when asked for, with
+    # Backend("jax", config={...}), e.g. jax_enable_x64 for float64 (--jax-x64).
+    _import_or_explain("jax", "install it with: pip install 'attnspec[jax]'")
     import jax.numpy as jnp
 
     return jnp
+
+
+# JAX's process-wide settings attnspec may change when asked: float64 needs x64 (JAX
+# otherwise turns float64 into float32), and on A100/H100-class GPUs the default float32
+# matmul is TF32 (10-bit mantissa), below SDPA-7.2's float32 accumulation.
+JAX_SETTINGS = ("jax_enable_x64", "jax_default_matmul_precision")
+
+
+def _jax_configure(xp: ModuleType, config: Mapping[str, Any]) -> list[str]:
+    import jax
+
+    changes = []
+    for name, value in config.items():
+        if name not in JAX_SETTINGS:
+            raise ValueError(f"config key {name!r}, but should be one of {JAX_SETTINGS}")
+        before = getattr(jax.config, name)
+        if before != value:
+            jax.config.update(name, value)
+            changes.append(f"{name}: {before!r} -> {value!r}")
+    return changes
+
+
+def _jax_describe(xp: ModuleType) -> str:
+    import jax
+
+    return ", ".join(f"{name}={getattr(jax.config, name)!r}" for name in JAX_SETTINGS)
+
+
+def _jax_dtypes(xp: ModuleType, device: Any) -> tuple[str, ...]:
+    import jax
+
+    if jax.config.jax_enable_x64:
+        return FLOAT_DTYPE_NAMES
+    return tuple(name for name in FLOAT_DTYPE_NAMES if name != "float64")
+
+
+def _jax_missing_dtype(xp: ModuleType, name: str) -> str:
+    if name != "float64":
+        return ""
+    return ("jax_enable_x64 is off (JAX's default), so JAX turns float64 into float32; turn "
+            "it on with --jax-x64, Backend('jax', config={'jax_enable_x64': True}) or "
+            "JAX_ENABLE_X64=1")
 
 
 def _jax_default_device(xp: ModuleType) -> Any:
@@ -235,26 +294,41 @@ def _asarray_on(xp: ModuleType, a: Any, device: Any) -> Any:
     return xp.asarray(a, device=device)
 
 
+def _array_test(name: str) -> Callable[[Any], bool]:
+    """``array_api_compat.<name>``, looked up when first used (the library may be absent)."""
+    def is_array(x: Any) -> bool:
+        import array_api_compat
+
+        return bool(getattr(array_api_compat, name)(x))
+
+    return is_array
+
+
 ADAPTERS: dict[str, Adapter] = {
     "numpy": Adapter(
         "numpy", "numpy", "pip install numpy", _load_numpy,
         _first_device, _asarray_on, _numpy_to_numpy, _no_bfloat16, _cpu_only,
+        _array_test("is_numpy_array"),
     ),
     "array_api_strict": Adapter(
         "array_api_strict", "array_api_strict", "pip install 'attnspec[strict]'", _load_strict,
         _first_device, _asarray_on, _strict_to_numpy, _strict_dtypes, _cpu_only,
+        _is_strict_array,
     ),
     "torch": Adapter(
         "torch", "torch", "pip install 'attnspec[torch]'", _load_torch,
         _torch_default_device, _torch_from_numpy, _torch_to_numpy, _torch_dtypes, _torch_device,
+        _array_test("is_torch_array"),
     ),
     "jax": Adapter(
         "jax", "jax", "pip install 'attnspec[jax]'", _load_jax,
-        _jax_default_device, _jax_from_numpy, _jax_to_numpy, _torch_dtypes, _jax_device,
+        _jax_default_device, _jax_from_numpy, _jax_to_numpy, _jax_dtypes, _jax_device,
+        _array_test("is_jax_array"), _jax_configure, _jax_describe, _jax_missing_dtype,
     ),
     "cupy": Adapter(
         "cupy", "cupy", "pip install 'attnspec[cupy]'", _load_cupy,
         _cupy_default_device, _cupy_from_numpy, _cupy_to_numpy, _no_bfloat16, _cupy_device,
+        _array_test("is_cupy_array"),
     ),
 }
 

@@ -7,7 +7,8 @@ a boolean mask, E != Ev), and the row reports how far the result is from the flo
 evaluation of the definition on the same rounded inputs (TOL-1), absolutely and as a
 fraction of the TOL-2 bound.  A ratio <= 1 means the reference met its own spec there.
 (The float64 target is computed by the reference on NumPy, so NumPy's float64 row is 0
-by construction; the other rows compare two different libraries or dtypes.)
+by construction; the other rows compare two different libraries or dtypes.)  Each library
+runs in ``REFERENCE_CONFIG`` (JAX: x64 on, float32 matmuls in true float32).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from ..reference.sdpa import scaled_dot_product_attention
 from ..reference.tolerance import error_bound
-from . import BACKEND_NAMES, Backend, BackendError
+from . import BACKEND_NAMES, REFERENCE_CONFIG, Backend, BackendError
 
 # (batch, Hq, Hkv, Lq, Lk, E, Ev): GQA with G = 2, Lq < Lk so bottom-right matters.
 PROBLEM_SHAPE = (2, 4, 2, 5, 9, 16, 8)
@@ -76,7 +77,7 @@ def survey(seed: int = 0) -> list[SurveyRow]:
     rows: list[SurveyRow] = []
     for name in BACKEND_NAMES:
         try:
-            backend = Backend(name)
+            backend = Backend(name, config=REFERENCE_CONFIG.get(name))
         except BackendError as exc:
             rows.append(SurveyRow(name, "", None, None, None, reason=str(exc)))
             continue

@@ -16,24 +16,37 @@ import contextlib
 import inspect
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..backends import FLOAT_DTYPE_NAMES, Backend, BackendError, get_backend
+from .claims import suite_keywords
 from .declaration import KernelDeclaration, declaration_of
+from .hints import class_target_hint, signature_hints
 from .kernel import KernelLoadError, KernelUnderTest, load_kernel
 from .layouts import LAYOUTS, from_layout, rename_arguments
 from .registry import Property
-from .runner import Report, Verdict, hypothesis_settings, new_report, run_each, select
+from .reproduction import LOADER_LINE
+from .runner import (
+    FAILED,
+    WARNING,
+    Report,
+    Verdict,
+    hypothesis_settings,
+    new_report,
+    run_each,
+    select,
+)
+from .side_effects import hypothesis_storage_elsewhere
 from .worker import guard_calls
 
 if TYPE_CHECKING:
-    from .isolation import IsolationOptions
+    from .isolation import InProcessKernel, IsolatedKernel, IsolationOptions
 
 Progress = Callable[[Property, "Verdict | None"], None]
-_STANDARD_LOADER = "kernel = KernelUnderTest.load("
 
 
 class SetupError(ValueError):
@@ -41,6 +54,10 @@ class SetupError(ValueError):
 
     The message is one line that says what was wrong and what was expected.
     """
+
+
+def _name_of(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
 
 
 def absolute_target(target: str) -> str:
@@ -66,8 +83,17 @@ def importable_from_working_directory() -> Iterator[None]:
             sys.path.remove(cwd)
 
 
-def resolve_backend(backend: str | Backend | None, device: Any = None) -> Backend:
-    """The backend to run on; :class:`SetupError` naming it when it is unknown or unusable."""
+def resolve_backend(backend: str | Backend | None, device: Any = None,
+                    config: Mapping[str, Any] | None = None) -> Backend:
+    """The backend to run on, with library ``config`` applied (see :class:`Backend`);
+    :class:`SetupError` naming it when it is unknown or unusable."""
+    if config:
+        name = backend.name if isinstance(backend, Backend) else backend or get_backend().name
+        where = backend.device if isinstance(backend, Backend) else device
+        try:
+            return Backend(name, where, config=config)
+        except (BackendError, ValueError) as exc:
+            raise SetupError(f"backend {name!r} with {dict(config)}: {exc}") from None
     if isinstance(backend, Backend):
         return backend
     if backend is None and device is None:
@@ -81,40 +107,6 @@ def resolve_backend(backend: str | Backend | None, device: Any = None) -> Backen
     except (BackendError, ValueError) as exc:
         on = "" if device is None else f" on device {device!r}"
         raise SetupError(f"backend {name!r}{on} is unusable here: {exc}") from None
-
-
-def suite_keywords(declaration: KernelDeclaration) -> dict[str, str]:
-    """Each keyword the suite may pass the kernel, with the claim that makes it do so."""
-    keywords: dict[str, str] = {}
-    if declaration.family == "dense":
-        if declaration.mask:
-            keywords[declaration.mask_keyword] = (
-                "mask=True (declare mask=False / --no-mask, or mask_keyword / --mask-keyword)"
-            )
-        if declaration.bias:
-            keywords[declaration.bias_keyword] = (
-                "bias=True (declare bias=False / --no-bias, or bias_keyword / --bias-keyword)"
-            )
-        if declaration.causal:
-            keywords["is_causal"] = (
-                "causal=True (declare causal=False / --no-causal, or rename it: "
-                "rename_arguments(fn, is_causal=NAME) / --rename is_causal=NAME)"
-            )
-        if declaration.scale:
-            keywords["scale"] = (
-                "scale=True (declare scale=False / --no-scale, or rename it: "
-                "rename_arguments(fn, scale=NAME) / --rename scale=NAME)"
-            )
-        if declaration.gqa and declaration.gqa_keyword:
-            keywords[declaration.gqa_keyword] = "gqa_keyword (--gqa-keyword)"
-    for name in declaration.extra_kwargs:
-        keywords[name] = "extra_kwargs (--kwarg)"
-    if declaration.sparse is not None and declaration.sparse.pass_params:
-        for name in declaration.sparse.params:
-            keywords[name] = "the sparse pattern's parameters (pass_params / --sparse-pass-params)"
-    if declaration.linear is not None and declaration.linear.feature_map == "favor+":
-        keywords[declaration.linear.seed_keyword] = "the FAVOR+ seed (--linear-seed-keyword)"
-    return keywords
 
 
 def check_signature(fn: Callable[..., Any], declaration: KernelDeclaration, name: str) -> None:
@@ -160,10 +152,14 @@ def _restrict_dtypes(
         claimed = tuple(d for d in claimed if d in wanted)
     usable = tuple(d for d in available if d in claimed)
     if not usable:
+        asked = claimed if wanted is None else wanted
+        reasons = [f"{d}: {backend.missing_dtype_reason(d)}" for d in asked
+                   if backend.missing_dtype_reason(d)]
         raise SetupError(
             f"no dtype to test: the kernel claims {declaration.dtypes or 'every dtype'}, "
             f"backend {backend.name!r} has {', '.join(available)}"
             + (f", and only {', '.join(wanted)} was asked for" if wanted is not None else "")
+            + (f" ({'; '.join(reasons)})" if reasons else "")
         )
     return replace(declaration, dtypes=usable) if wanted is not None else declaration
 
@@ -175,7 +171,9 @@ class KernelSetup:
     ``kernel`` is a callable or a ``"MODULE:FUNC"`` / ``"path/to/file.py:FUNC"`` target;
     ``layout`` is "bhld" (the spec's) or "blhd" (see :func:`layouts.from_blhd`);
     ``rename`` maps spec keywords to the kernel's (see :func:`layouts.rename_arguments`);
-    ``dtypes`` restricts the dtypes tested; ``claims`` override the declaration.
+    ``dtypes`` restricts the dtypes tested; ``claims`` override the declaration;
+    ``jax_x64`` sets JAX's process-wide ``jax_enable_x64`` (None: leave it as it is, JAX's
+    default being off, so float64 is then not checked; the report says so).
     """
 
     kernel: str | Callable[..., Any]
@@ -185,9 +183,25 @@ class KernelSetup:
     rename: Mapping[str, str] = field(default_factory=dict)
     dtypes: tuple[str, ...] | None = None
     claims: Mapping[str, Any] = field(default_factory=dict)
+    jax_x64: bool | None = None
 
-    def prepare(self) -> KernelUnderTest:
-        """Load and adapt the kernel; :class:`SetupError` (one line) on any problem."""
+    def make_backend(self) -> Backend:
+        """The backend to check on, in the JAX configuration asked for (``jax_x64``);
+        :class:`SetupError` when it is unusable."""
+        if self.jax_x64 is None:
+            return resolve_backend(self.backend, self.device)
+        name = self.backend.name if isinstance(self.backend, Backend) else self.backend
+        if (name or get_backend().name) != "jax":
+            raise SetupError(f"jax_x64 (--jax-x64) is a setting of the jax backend, but the "
+                             f"backend is {name or get_backend().name!r}")
+        return resolve_backend(self.backend, self.device, {"jax_enable_x64": self.jax_x64})
+
+    def prepare(self, backend: Backend | None = None) -> KernelUnderTest:
+        """Load and adapt the kernel; :class:`SetupError` (one line) on any problem.
+
+        ``backend``: one already made by :meth:`make_backend` (a worker process makes it
+        before capping its memory).
+        """
         if self.layout not in LAYOUTS:
             raise SetupError(f"layout={self.layout!r}, but should be one of {', '.join(LAYOUTS)}")
         known = {f.name for f in fields(KernelDeclaration)}
@@ -197,7 +211,7 @@ class KernelSetup:
                 f"unknown claim(s) {', '.join(unknown)}; a declaration has "
                 f"{', '.join(sorted(known))}"
             )
-        backend = resolve_backend(self.backend, self.device)
+        backend = backend or self.make_backend()
         target = absolute_target(self.kernel) if isinstance(self.kernel, str) else None
         try:
             if target is not None:
@@ -205,6 +219,10 @@ class KernelSetup:
                     fn = load_kernel(target)
             else:
                 fn = self.kernel
+            not_a_kernel = class_target_hint(fn, target or _name_of(fn))
+            if not_a_kernel:
+                raise SetupError(not_a_kernel)
+            hints = signature_hints(fn, dict(self.rename))
             if self.rename:
                 fn = rename_arguments(fn, **self.rename)
             fn = from_layout(fn, self.layout)
@@ -215,8 +233,10 @@ class KernelSetup:
             raise SetupError(f"loading kernel {self.kernel!r} called sys.exit({exc.code!r}) "
                              "(at import?): nothing was checked") from None
         declaration = _restrict_dtypes(declaration, backend, self.dtypes)
+        _check_favor_features(declaration)
         kernel = KernelUnderTest(fn, backend, declaration, target)
         check_signature(fn, declaration, kernel.target)
+        kernel.setup_hints = hints
         guard_calls(kernel)
         return kernel
 
@@ -236,6 +256,8 @@ class KernelSetup:
         if self.layout != "bhld":
             lines.append(f"fn = from_layout(fn, {self.layout!r})")
         device = "" if self.device is None else f", {self.device!r}"
+        if self.jax_x64 is not None:
+            device += f", config={{'jax_enable_x64': {self.jax_x64!r}}}"
         lines.append(
             f"kernel = KernelUnderTest(fn, Backend({kernel.backend.name!r}{device}), "
             f"{declaration_source(kernel.declaration)}, {kernel.target!r})"
@@ -266,11 +288,66 @@ class KernelSetup:
             hypothesis_settings(profile, seed)
         except ValueError as exc:
             raise SetupError(str(exc)) from None
-        with open_session(self, isolation, kernel) as session:
-            loaded = session.start()
-            return run_each(
-                properties, lambda p: session.run_property(p, profile=profile, seed=seed),
-                new_report(loaded, profile=profile, seed=seed, strict=strict), progress)
+        with hypothesis_storage_elsewhere(), open_session(self, isolation, kernel) as session:
+            report = start_report(session, profile=profile, seed=seed, strict=strict)
+            run_each(properties, lambda p: session.run_property(p, profile=profile, seed=seed),
+                     report, progress)
+            finish_report(report, session, partial=bool(only or skip))
+        return report
+
+
+def start_report(session: IsolatedKernel | InProcessKernel, *, profile: str,
+                 seed: int | None, strict: bool) -> Report:
+    """Load the session's kernel and give the empty report of its run, with the notes on
+    the library's settings and the hints read off the kernel before anything ran."""
+    kernel = session.start()
+    report = new_report(kernel, profile=profile, seed=seed, strict=strict)
+    report.notes = list(session.setup_notes())
+    report.hints = list(kernel.setup_hints)
+    return report
+
+
+def finish_report(report: Report, session: IsolatedKernel | InProcessKernel, *,
+                  partial: bool) -> None:
+    """Add the hints from probing a kernel that failed (in its worker when isolated) and
+    the conformance claim, or why there is none (``partial``: --only/--skip)."""
+    from .report import claim_line
+
+    kernel = session.start()
+    failures = sum(v.status in (FAILED, WARNING) for v in report.verdicts)
+    if failures and not report.incomplete:
+        report.hints.extend(session.run_hints(failures))
+    report.claim = claim_line(report, kernel.declaration, kernel.dtypes, partial=partial)
+
+
+def _check_favor_features(declaration: KernelDeclaration) -> None:
+    """A FAVOR+ kernel declared with too few features for LIN-6.2's test is a usage error
+    (it would otherwise be a "could not check" failure)."""
+    claim = declaration.linear
+    if claim is None or claim.feature_map != "favor+":
+        return
+    from .favor_bound import favor_usage_error
+    from .properties.linear import FAVOR_TEST_QUERIES
+
+    problem = favor_usage_error(claim.num_features, FAVOR_TEST_QUERIES)
+    if problem:
+        raise SetupError(problem)
+
+
+def setup_notes(kernel: KernelUnderTest) -> list[str]:
+    """What the check changed in the library's settings, the settings it ran in, and the
+    claimed dtypes it could not check, with why (for the report's notes)."""
+    backend = kernel.backend
+    notes = [f"changed {change} for this check (as asked: --jax-x64 / jax_x64)"
+             for change in backend.changes]
+    if backend.settings:
+        notes.append(f"{backend.name} settings: {backend.settings}")
+    claimed = kernel.declaration.dtypes or FLOAT_DTYPE_NAMES
+    for name in claimed:
+        reason = backend.missing_dtype_reason(name)
+        if reason:
+            notes.append(f"{name} is not checked: {reason}")
+    return notes
 
 
 def declaration_source(declaration: KernelDeclaration) -> str:
@@ -285,11 +362,11 @@ def declaration_source(declaration: KernelDeclaration) -> str:
 
 
 def with_loader(snippet: str, loader: str) -> str:
-    """``snippet`` (from ``Problem.snippet``) with its kernel-loading line replaced by
+    """``snippet`` (from ``reproduction.snippet``) with its kernel-loading line replaced by
     ``loader``, so layout, renames, device and claims are reproduced too."""
     lines = snippet.splitlines()
     for i, line in enumerate(lines):
-        if line.startswith(_STANDARD_LOADER):
+        if line.startswith(LOADER_LINE):
             return "\n".join([*lines[:i], loader, *lines[i + 1:]])
     return snippet
 
@@ -307,22 +384,23 @@ def check(
     layout: str = "bhld",
     rename: Mapping[str, str] | None = None,
     dtypes: Iterable[str] | None = None,
+    jax_x64: bool | None = None,
     isolate: bool | IsolationOptions = False,
     **claims: Any,
 ) -> Report:
     """Check ``kernel`` (a callable or ``"MODULE:FUNC"``) clause by clause.
 
     ``claims`` override fields of the kernel's :class:`KernelDeclaration`; ``layout``,
-    ``rename`` and ``dtypes`` are as for :class:`KernelSetup`.  ``isolate=True`` (or an
-    :class:`~.isolation.IsolationOptions`) runs the kernel in a supervised worker process,
-    as ``attnspec check`` does: a crash, exit or hang is then a failed verdict; a callable
-    kernel must be importable by its module and name.  Bad setup (target, signature,
-    backend, option) raises :class:`SetupError`, a ``ValueError``.
+    ``rename``, ``dtypes`` and ``jax_x64`` are as for :class:`KernelSetup`.  ``isolate=True``
+    (or an :class:`~.isolation.IsolationOptions`) runs the kernel in a supervised worker
+    process, as ``attnspec check`` does: a crash, exit or hang is then a failed verdict; a
+    callable kernel must be importable by its module and name.  Bad setup (target,
+    signature, backend, option) raises :class:`SetupError`, a ``ValueError``.
     """
     from .isolation import IsolationOptions
 
     setup = KernelSetup(kernel, backend, device, layout, dict(rename or {}),
-                        None if dtypes is None else tuple(dtypes), claims)
+                        None if dtypes is None else tuple(dtypes), claims, jax_x64)
     isolation = IsolationOptions() if isolate is True else (isolate or None)
     return setup.run(profile=profile, seed=seed, only=only, skip=skip, strict=strict,
                      isolation=isolation)
@@ -340,5 +418,14 @@ def assert_conforms(kernel: str | Callable[..., Any], **options: Any) -> Report:
 
     report = check(kernel, **options)
     if not report.conforms:
-        raise AssertionError(format_table(report))
+        raise AssertionError(format_table(report, full_reproduction_in=reproduction_file))
     return report
+
+
+def reproduction_file(verdict: Verdict) -> str:
+    """Write ``verdict``'s full reproduction to a new file in the temporary directory (one
+    too long to show in a message); returns its path."""
+    fd, path = tempfile.mkstemp(prefix=f"attnspec-{verdict.property}-", suffix=".py")
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(verdict.reproduction)
+    return path

@@ -67,6 +67,13 @@ def assert_within_bound(
         ratio = np.where(too_far, error / np.maximum(bound, np.finfo(np.float64).tiny), 0.0)
         worst = ratio == ratio.max() if np.isfinite(ratio).all() else too_far
         at = first_index(worst)
+        if not np.isfinite(actual[at]):
+            raise PropertyFailure(
+                f"{what}[{at}] = {float(actual[at])!r}, but should be finite: "
+                f"{float(expected[at])!r} within {bound[at]:.3g} ({clause}); "
+                f"{int(too_far.sum())} of {too_far.size} elements outside",
+                problem, kernel,
+            )
         raise PropertyFailure(
             f"{what}[{at}] = {float(actual[at])!r}, but should be {float(expected[at])!r} within "
             f"{bound[at]:.3g} ({clause}); error {error[at]:.3g} is {error[at] / bound[at]:.3g}x "

@@ -3,116 +3,77 @@
 The minimal interface is the spec's: ``fn(q, k, v, *, mask=None, is_causal=False,
 scale=None) -> out`` in the layout of SDPA-1.1.  Anything else — an additive bias, GQA,
 the causal alignment, returned weights, a sparse pattern, a linear feature map — is
-declared once, with :func:`declare` or a :class:`KernelDeclaration`, and mirrored by
-the CLI's flags.  Properties a kernel does not claim are reported "not applicable".
+declared once, with :func:`declare` or a :class:`KernelDeclaration`, or with the CLI's
+and the pytest plugin's flags.  Properties a kernel does not claim are reported "not
+applicable"; a declaration that waives a MUST clause is named in the claim (CONF-7).
+The fields, their flags and what the suite does with them are one table,
+:data:`attnspec.conformance.claims.CLAIMS`.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping  # noqa: F401  (field annotations name them)
+from dataclasses import make_dataclass, replace
 from typing import Any
 
-from ..backends import FLOAT_DTYPE_NAMES
-from ..reference.masks import CAUSAL_ALIGNMENTS
+from .claims import CLAIMS, LinearClaim, SparseClaim, waived_clauses
+
+__all__ = ["ATTRIBUTE", "KernelDeclaration", "LinearClaim", "SparseClaim", "declaration_of",
+           "declare", "infer_declaration"]
 
 ATTRIBUTE = "__attnspec__"
 
 
-@dataclass(frozen=True)
-class SparseClaim:
-    """The kernel computes attention restricted to one spec pattern (spec/sparse.md).
-
-    ``params`` are the pattern's parameters as ``attnspec.reference.sparse_mask`` takes
-    them; with ``pass_params`` the kernel receives them as keyword arguments on every
-    call, otherwise they are baked into the kernel.
-    """
-
-    pattern: str
-    params: Mapping[str, Any] = field(default_factory=dict)
-    alignment: str = "top_left"
-    causal: bool = False
-    pass_params: bool = False
-
-
-@dataclass(frozen=True)
-class LinearClaim:
-    """The kernel is kernelized (linear) attention with this feature map (spec/linear.md).
-
-    ``feature_map`` is ``"elu+1"``, ``"relu"``, ``"favor+"`` or a callable phi.  A
-    FAVOR+ kernel draws ``num_features`` random features from the integer it receives
-    as ``seed_keyword``.
-    """
-
-    feature_map: str | Callable[[Any], Any]
-    num_features: int | None = None
-    orthogonal: bool = True
-    seed_keyword: str = "seed"
-    eps: float = 0.0
-    causal_alignment: str = "top_left"
-
-
-@dataclass(frozen=True)
-class KernelDeclaration:
-    """Everything the suite needs to know to call a kernel and judge it."""
-
-    dtypes: tuple[str, ...] | None = None
-    # exactly this many leading batch dims (1 for (B, H, L, E) kernels); None: any (SDPA-1.2)
-    batch_ndim: int | None = None
-    # the kernel needs Ev == E (FlashAttention 2, JAX): the suite pads with exact zeros
-    equal_head_dims: bool = False
-    mask: bool = True
-    causal: bool = True
-    causal_alignment: str = "top_left"
-    scale: bool = True
-    bias: bool = False
-    mask_and_causal: bool = True
-    gqa: bool = False
-    returns_weights: bool = False
-    empty_rows_zero: bool = True
-    mask_keyword: str = "mask"
-    bias_keyword: str = "bias"
-    gqa_keyword: str | None = None
-    extra_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    sparse: SparseClaim | None = None
-    linear: LinearClaim | None = None
+class _DeclarationBehaviour:
+    """What every :class:`KernelDeclaration` can say about itself beyond its fields."""
 
     def __post_init__(self) -> None:
-        if self.dtypes is not None:
-            unknown = [d for d in self.dtypes if d not in FLOAT_DTYPE_NAMES]
-            if unknown or not self.dtypes:
-                raise ValueError(
-                    f"dtypes={self.dtypes!r}, but should be a non-empty subset of "
-                    f"{FLOAT_DTYPE_NAMES}"
-                )
-        if self.batch_ndim is not None and (
-            isinstance(self.batch_ndim, bool) or not isinstance(self.batch_ndim, int)
-            or not 0 <= self.batch_ndim <= 4
-        ):
-            raise ValueError(f"batch_ndim={self.batch_ndim!r}, but should be None or 0..4")
-        alignments = [self.causal_alignment]
-        if self.sparse is not None:
-            alignments.append(self.sparse.alignment)
-        if self.linear is not None:
-            alignments.append(self.linear.causal_alignment)
-        for alignment in alignments:
-            if alignment not in CAUSAL_ALIGNMENTS:
-                raise ValueError(
-                    f"causal_alignment={alignment!r}, but should be one of {CAUSAL_ALIGNMENTS}"
-                )
+        for claim in CLAIMS:
+            problem = claim.invalid(getattr(self, claim.field)) if claim.invalid else None
+            if problem:
+                raise ValueError(problem)
 
     @property
     def family(self) -> str:
         """"dense", "sparse" or "linear": which family of properties applies."""
-        if self.sparse is not None:
+        if self.sparse is not None:  # type: ignore[attr-defined]
             return "sparse"
-        return "linear" if self.linear is not None else "dense"
+        return "linear" if self.linear is not None else "dense"  # type: ignore[attr-defined]
 
     @property
     def bias_shares_mask_argument(self) -> bool:
         """True when mask and bias travel in one argument (PyTorch's float attn_mask)."""
-        return self.bias and self.mask and self.bias_keyword == self.mask_keyword
+        return (self.bias and self.mask  # type: ignore[attr-defined]
+                and self.bias_keyword == self.mask_keyword)  # type: ignore[attr-defined]
+
+    @property
+    def waived(self) -> tuple[str, ...]:
+        """MUST clauses this declaration says the kernel does not follow (CONF-7)."""
+        return waived_clauses(self)  # type: ignore[arg-type]
+
+
+def _docstring() -> str:
+    lines = ["Everything the suite needs to know to call a kernel and judge it.", "",
+             "One field per row of ``attnspec.conformance.claims.CLAIMS``:", ""]
+    for claim in CLAIMS:
+        flags = ", ".join(flag.option for flag in claim.flags) or "--dtype (restricts)"
+        lines.append(f"- ``{claim.field}`` (default {claim.default_value!r}; {flags})")
+    return "\n".join(lines)
+
+
+# Built from the claims table, so a new claim is one new row there.
+KernelDeclaration: Any = make_dataclass(
+    "KernelDeclaration",
+    [(claim.field, claim.annotation, claim.dataclass_field()) for claim in CLAIMS],
+    bases=(_DeclarationBehaviour,), frozen=True, kw_only=True,
+    namespace={"__doc__": _docstring()},
+)
+KernelDeclaration.__module__ = __name__
+"""Everything a kernel claims beyond the minimal interface (CONF-3): one keyword-only,
+frozen field per row of the claims table (``attnspec.conformance.claims.CLAIMS``), e.g.
+``KernelDeclaration(bias=True, gqa=True, causal_alignment="bottom_right")``; the fields,
+their defaults and CLI flags are listed in the class docstring and in the guide."""
 
 
 def declare(fn: Callable[..., Any] | None = None, /, **claims: Any) -> Any:

@@ -20,19 +20,36 @@ class PropertyFailure(AssertionError):
         finding: str,
         problem: Problem | None = None,
         kernel: KernelUnderTest | None = None,
+        *,
+        hint: str = "",
     ) -> None:
         # NumPy 2 scalar reprs (np.float64(0.5)) are noise in a message: show the value
         self.finding = finding = _NUMPY_SCALAR.sub(r"\2", finding)
         self.problem = problem
-        self.counterexample = "" if problem is None else problem.describe()
-        self.reproduction = (
-            "" if problem is None or kernel is None
-            else problem.snippet(kernel.target, kernel.backend.name)
+        self.hint = hint
+        self.counterexample = (
+            "" if problem is None else kernel.describe(problem) if kernel is not None
+            else problem.describe()
         )
+        self.reproduction = ""
+        if problem is not None and kernel is not None:
+            from .reproduction import snippet
+
+            self.reproduction = snippet(problem, kernel, finding)
         message = finding
         if self.counterexample:
             message += f"\n  inputs: {self.counterexample}"
         super().__init__(message)
+
+
+def distinct(found: float, expected: float) -> tuple[str, str]:
+    """``found`` and ``expected`` with as many significant digits (6 to 17) as it takes to
+    tell them apart, so a message never reads "0.57735, but should be 0.57735"."""
+    for digits in range(6, 18):
+        shown = f"{found:.{digits}g}", f"{expected:.{digits}g}"
+        if shown[0] != shown[1]:
+            return shown
+    return repr(found), repr(expected)
 
 
 class KernelRaised(PropertyFailure):

@@ -87,7 +87,7 @@ def favor_threshold(
     sigma = math.sqrt(math.expm1(radius_sq) / num_features)
     eta = 2 * math.sqrt(n) * sigma
     if eta >= 1:
-        needed = math.floor(4 * n * math.expm1(radius_sq)) + 1
+        needed = smallest_num_features(n, radius_sq)
         raise ValueError(
             f"num_features={num_features} gives eta={eta:.3g} >= 1 for n={n} and "
             f"radius_sq={radius_sq}, so no threshold can be derived; should be at least "
@@ -105,6 +105,26 @@ def favor_threshold(
         false_failure_bound=n * math.exp(-per_redraw * redraws),
         tail=tail,
     )
+
+
+def smallest_num_features(n: int, radius_sq: float = 0.25) -> int:
+    """The fewest random features for which LIN-6.2's test can be derived (eta < 1):
+    m > 4 n (e^{r^2} - 1)."""
+    return math.floor(4 * n * math.expm1(radius_sq)) + 1
+
+
+def favor_usage_error(num_features: int | None, n: int, radius_sq: float = 0.25) -> str | None:
+    """Why a FAVOR+ kernel declared with ``num_features`` cannot be checked by LIN-6.2's
+    test on ``n`` keys (None when it can): a usage error, not a failed clause."""
+    if num_features is None:
+        return None
+    needed = smallest_num_features(n, radius_sq)
+    if num_features >= needed:
+        return None
+    return (f"num_features={num_features} (--linear-num-features) is too few random features "
+            f"for the FAVOR+ statistical test (LIN-6.2): with n={n} keys and r^2={radius_sq} "
+            f"it needs m >= {needed} (m > 4 n (e^(r^2) - 1)); declare the kernel with at least "
+            f"{needed} features")
 
 
 def tail_probability(n: int, num_features: int) -> float:

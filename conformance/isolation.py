@@ -15,7 +15,12 @@ the start and return of every kernel call with the inputs of that call, so that:
 
 and in either case the worker is replaced and the check goes on with the next property.
 The worker also caps its address space (``memory_limit_gib``), so a kernel that asks for
-50 GB gets a ``MemoryError`` (a FAILED verdict) instead of exhausting the machine.
+50 GB gets a ``MemoryError`` (a FAILED verdict) instead of exhausting the machine.  The
+hints that probe a failing kernel (:func:`.hints.run_hints`) run in the worker too, under
+the same watch; the supervisor never calls the kernel.  The worker is built from the same
+:class:`~.api.KernelSetup` (declaration, layout, renames, dtypes, JAX's ``jax_x64``), and
+its printing goes where the supervisor routes the kernel's output
+(:func:`.side_effects.kernel_output_to`: stderr, ``--kernel-output PATH`` or nowhere).
 
 :func:`open_session` gives the same interface for an in-process run (``--no-isolate``),
 where a debugger can step into the kernel and nothing is protected.  The unit of work is
@@ -39,11 +44,14 @@ from typing import Any
 
 from ..backends import Backend
 from .api import KernelSetup, SetupError, with_loader
+from .claims import Flag, Getter, UsageError
 from .declaration import KernelDeclaration
 from .failures import PropertyFailure
-from .kernel import KernelUnderTest, Problem, load_kernel
+from .hints import run_hints
+from .kernel import KernelUnderTest, Problem, describe_inputs, load_kernel
 from .registry import Property
 from .runner import PROFILES, Verdict, _failed_verdict, run_property
+from .side_effects import kernel_output_fd
 
 DEFAULT_TIMEOUT = 60.0  # s per kernel call: JAX/XLA compiles a new shape in a few seconds
 DEFAULT_MEMORY_LIMIT_GIB = 16.0  # beyond the loaded backend; quick problems need megabytes
@@ -77,6 +85,41 @@ class IsolationOptions:
                              "number of GiB >= 0 (0: no limit)")
 
 
+# The supervision flags `attnspec check` and the pytest plugin share (the plugin's with
+# --attnspec-); how isolation is turned off or on differs (--no-isolate, --attnspec-isolate).
+SUPERVISION_FLAGS = (
+    Flag("--timeout", "a kernel call (or the suite's work between two calls) taking longer "
+         f"fails its property and the worker is restarted (default {DEFAULT_TIMEOUT:g})",
+         type=float, metavar="SECONDS"),
+    Flag("--memory-limit", "address space the worker may add after loading the backend "
+         f"(default {DEFAULT_MEMORY_LIMIT_GIB:g}; 0: no limit; CPU devices only)", type=float,
+         metavar="GIB"),
+)
+
+
+def isolation_options(isolate: bool, get: Getter, *, prefix: str | None = None,
+                      without: str = "--no-isolate has none") -> IsolationOptions | None:
+    """The worker's supervision from the :data:`SUPERVISION_FLAGS` (``get(dest)``, flags
+    named ``--PREFIX-x`` when ``prefix``); None when not ``isolate`` (then those flags are
+    a :class:`UsageError` that ends with ``without``).  :class:`UsageError` naming the
+    flag for a bad value."""
+    def name(option: str) -> str:
+        return option if prefix is None else f"--{prefix}-{option[2:]}"
+
+    timeout, memory = get("timeout"), get("memory_limit")
+    if not isolate:
+        if timeout is not None or memory is not None:
+            raise UsageError(f"{name('--timeout')} and {name('--memory-limit')} apply to the "
+                             f"worker process; {without}")
+        return None
+    try:
+        return IsolationOptions(DEFAULT_TIMEOUT if timeout is None else timeout,
+                                DEFAULT_MEMORY_LIMIT_GIB if memory is None else memory)
+    except ValueError as exc:
+        raise UsageError(str(exc).replace("timeout=", f"{name('--timeout')} ").replace(
+            "memory_limit_gib=", f"{name('--memory-limit')} ")) from None
+
+
 @dataclass(frozen=True)
 class BackendInfo:
     name: str
@@ -95,9 +138,13 @@ class KernelInfo:
     dtypes: tuple[str, ...]
     loader: str
     memory_note: str = ""
+    setup_notes: tuple[str, ...] = ()  # the library's settings, dtypes not checked
+    setup_hints: tuple[str, ...] = ()  # read off the kernel's signature while loading it
 
     @classmethod
     def of(cls, kernel: KernelUnderTest, loader: str, memory_note: str) -> KernelInfo:
+        from .api import setup_notes
+
         declaration = kernel.declaration
         linear = declaration.linear
         if linear is not None and callable(linear.feature_map):
@@ -105,7 +152,12 @@ class KernelInfo:
             stand_in = CallableInWorker(getattr(linear.feature_map, "__qualname__", "?"))
             declaration = replace(declaration, linear=replace(linear, feature_map=stand_in))
         return cls(kernel.target, BackendInfo(kernel.backend.name, str(kernel.backend.device)),
-                   declaration, kernel.dtypes, loader, memory_note)
+                   declaration, kernel.dtypes, loader, memory_note,
+                   tuple(setup_notes(kernel)), tuple(kernel.setup_hints))
+
+    def describe(self, problem: Problem) -> str:
+        """The inputs of ``problem`` as the worker passed them to the kernel."""
+        return describe_inputs(self.declaration, problem)
 
 
 @dataclass(frozen=True)
@@ -160,7 +212,7 @@ def exit_description(returncode: int) -> str:
 class _Worker:
     """One worker process and the connection to it."""
 
-    def __init__(self) -> None:
+    def __init__(self, stdout: int) -> None:
         self.connection, child = multiprocessing.Pipe()
         lifeline_read, self._lifeline = os.pipe()
         code = (f"import sys; sys.path[:] = {sys.path!r}; "
@@ -168,7 +220,7 @@ class _Worker:
         self.process = subprocess.Popen(
             [sys.executable, "-c", code, str(child.fileno()), str(lifeline_read)],
             pass_fds=(child.fileno(), lifeline_read), stdin=subprocess.DEVNULL,
-            stdout=2,  # the kernel's own printing never lands in the table on stdout
+            stdout=stdout,  # the kernel's own printing never lands in the table on stdout
             start_new_session=True,  # Ctrl-C is the supervisor's to handle, not the kernel's
         )
         child.close()
@@ -235,15 +287,25 @@ class _LastCall:
     in_progress: bool = False
 
 
+class _Lost(Exception):
+    """The worker died or went silent while answering a request; the finding says how."""
+
+    def __init__(self, finding: str, call: _LastCall) -> None:
+        super().__init__(finding)
+        self.finding, self.call = finding, call
+
+
 class IsolatedKernel:
     """A kernel run property by property in a supervised worker (see the module doc)."""
 
     def __init__(self, setup: KernelSetup, options: IsolationOptions | None = None) -> None:
         if isinstance(setup.backend, Backend):  # a loaded library does not pickle
-            setup = replace(setup, backend=setup.backend.name)
+            setup = replace(setup, backend=setup.backend.name,
+                            jax_x64=_jax_x64_in_force(setup))
         self.setup, self.options = setup, options or IsolationOptions()
         self.kernel: KernelInfo | None = None
         self._worker: _Worker | None = None
+        self.lost = 0  # verdicts lost with their worker (a crash, an exit or a hang)
 
     def __enter__(self) -> IsolatedKernel:
         return self
@@ -262,6 +324,10 @@ class IsolatedKernel:
             self._worker.stop()
             self._worker = None
 
+    def setup_notes(self) -> tuple[str, ...]:
+        """What the worker's backend changed and could not check (see ``api.setup_notes``)."""
+        return self.start().setup_notes
+
     def _spawn(self) -> tuple[_Worker, KernelInfo]:
         try:
             payload = _dumps((self.setup, self.options.memory_limit_gib))
@@ -271,7 +337,8 @@ class IsolatedKernel:
                 f"{exc}); check a MODULE:FUNC or file.py:FUNC target, or run in-process "
                 "(--no-isolate, isolate=False)"
             ) from None
-        worker = _Worker()
+        # the kernel's printing goes where this process routes it (kernel_output_to)
+        worker = _Worker(kernel_output_fd())
         limit = max(self.options.timeout, self.options.load_timeout)
         try:
             worker.connection.send_bytes(payload)
@@ -292,39 +359,64 @@ class IsolatedKernel:
             raise SetupError(message[1])
         return worker, message[1]
 
-    def run_property(self, prop: Property, *, profile: str, seed: int | None) -> Verdict:
-        """One property's verdict; a worker that dies or hangs on it gives a FAILED one."""
-        kernel = self.start()
-        if self._worker is None:  # the last one died: a fresh worker for this property
+    def _request(self, request: tuple[Any, ...]) -> Any:
+        """Send ``request`` to a live worker and return its answer; the kernel calls it
+        makes on the way are watched.  :class:`_Lost` when the worker dies or a call (or
+        the work between calls) outlasts the timeout: the worker is then gone."""
+        self.start()
+        if self._worker is None:  # the last one died: a fresh worker for this request
             self._worker, _ = self._spawn()
-        worker, started, call = self._worker, time.perf_counter(), _LastCall()
+        worker, call = self._worker, _LastCall()
         try:
-            # The supervisor's profile table is the one that counts (tests shrink it).
-            worker.send((prop.id, profile, PROFILES.get(profile), seed))
+            worker.send(request)
             while True:
                 message = worker.receive(self.options.timeout)
                 if message is None:
                     self._worker = None
                     worker.kill()
-                    return self._lost(prop, self._hang_finding(call), call, started, kernel)
+                    raise _Lost(self._hang_finding(call), call)
                 kind = message[0]
                 if kind == "call":
                     call = _LastCall(message[1], message[2], in_progress=True)
                 elif kind == "returned":
                     call.in_progress = False
-                elif kind == "verdict":
+                elif kind == "answer":
                     return message[1]
-                else:  # "setup-error": the worker cannot run this property at all
+                else:  # "setup-error": the worker cannot do this at all
                     self._worker = None
                     worker.kill()
                     raise SetupError(message[1])
         except WorkerDied as died:
             self._worker = None
-            return self._lost(prop, self._death_finding(str(died), call), call, started, kernel)
-        except BaseException:  # Ctrl-C, SIGTERM: the property stays unfinished
+            raise _Lost(self._death_finding(str(died), call), call) from None
+        except (_Lost, SetupError):
+            raise
+        except BaseException:  # Ctrl-C, SIGTERM: the request stays unanswered
             self._worker = None
             worker.kill()
             raise
+
+    def run_property(self, prop: Property, *, profile: str, seed: int | None) -> Verdict:
+        """One property's verdict; a worker that dies or hangs on it gives a FAILED one."""
+        kernel, started = self.start(), time.perf_counter()
+        try:
+            # The supervisor's profile table is the one that counts (tests shrink it).
+            return self._request(("property", prop.id, profile, PROFILES.get(profile), seed))
+        except _Lost as lost:
+            self.lost += 1
+            return self._lost(prop, lost.finding, lost.call, started, kernel)
+
+    def run_hints(self, failures: int) -> list[str]:
+        """``hints.run_hints`` in the worker (it calls the kernel); none when the worker
+        dies or hangs on them, and none for a kernel that already crashed, exited or hung
+        (probing it could cost another timeout, and a convention hint would not explain
+        that).  A hint is advice: the verdicts already say what happened."""
+        if self.lost:
+            return []
+        try:
+            return list(self._request(("hints", failures)))
+        except _Lost:
+            return []
 
     def _hang_finding(self, call: _LastCall) -> str:
         limit = f"{self.options.timeout:g} s (--timeout SECONDS)"
@@ -359,6 +451,17 @@ class IsolatedKernel:
         return verdict
 
 
+def _jax_x64_in_force(setup: KernelSetup) -> bool | None:
+    """The worker's ``jax_x64`` for a setup given a loaded :class:`Backend`: JAX's x64
+    setting is process-wide, so a worker checks in the one in force here."""
+    backend = setup.backend
+    if setup.jax_x64 is not None or not isinstance(backend, Backend) or backend.name != "jax":
+        return setup.jax_x64
+    import jax
+
+    return True if jax.config.jax_enable_x64 else None
+
+
 class InProcessKernel:
     """The kernel loaded and run in this process (``--no-isolate``): a debugger can step
     into it; a crash, exit or hang of the kernel is the check's too."""
@@ -382,10 +485,19 @@ class InProcessKernel:
     def close(self) -> None:
         pass
 
+    def setup_notes(self) -> list[str]:
+        from .api import setup_notes
+
+        return setup_notes(self.start())
+
     def run_property(self, prop: Property, *, profile: str, seed: int | None) -> Verdict:
         verdict = run_property(prop, self.start(), profile=profile, seed=seed)
         verdict.reproduction = with_loader(verdict.reproduction, self._loader)
         return verdict
+
+    def run_hints(self, failures: int) -> list[str]:
+        """``hints.run_hints``: probes the kernel, here in this process."""
+        return run_hints(self.start(), self.setup.layout, failures)
 
 
 def open_session(

@@ -8,14 +8,16 @@ output back as float64 NumPy.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import array_api_compat
 import numpy as np
 
 from ..backends import Backend
@@ -24,6 +26,19 @@ from .declaration import KernelDeclaration, declaration_of
 
 class KernelLoadError(ValueError):
     """``MODULE:FUNC`` or ``path.py:FUNC`` does not name a usable kernel."""
+
+
+@contextlib.contextmanager
+def _on_sys_path(directory: str) -> Iterator[None]:
+    """``directory`` first on ``sys.path`` inside the block (unless it already was there)."""
+    added = directory not in sys.path
+    if added:
+        sys.path.insert(0, directory)
+    try:
+        yield
+    finally:
+        if added and directory in sys.path:
+            sys.path.remove(directory)
 
 
 def load_kernel(target: str) -> Callable[..., Any]:
@@ -40,7 +55,9 @@ def load_kernel(target: str) -> Callable[..., Any]:
             spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
             sys.modules[name] = module
-            spec.loader.exec_module(module)  # type: ignore[union-attr]
+            # the file imports its siblings as when run as a script
+            with _on_sys_path(str(path.resolve().parent)):
+                spec.loader.exec_module(module)  # type: ignore[union-attr]
         else:
             module = importlib.import_module(module_part)
     except KernelLoadError:
@@ -91,30 +108,52 @@ class Problem:
         parts.extend(f"{key}={value!r}" for key, value in self.extra.items())
         return ", ".join(parts)
 
-    def snippet(self, target: str, backend: str) -> str:
-        """Python that rebuilds these exact inputs and calls the kernel on them."""
-        def literal(a: np.ndarray) -> str:
-            return f"np.array({a.tolist()!r}, dtype=np.{a.dtype})"
 
-        lines = [
-            "import numpy as np",
-            "nan, inf = np.nan, np.inf  # as NumPy prints non-finite values below",
-            "from attnspec.backends import Backend",
-            "from attnspec.conformance import KernelUnderTest, Problem",
-            f"problem = Problem(q={literal(self.q)},",
-            f"                  k={literal(self.k)},",
-            f"                  v={literal(self.v)},",
-            f"                  dtype={self.dtype!r}, is_causal={self.is_causal!r}, "
-            f"scale={self.scale!r},",
-            f"                  mask={None if self.mask is None else literal(self.mask)},",
-            f"                  bias={None if self.bias is None else literal(self.bias)},",
-            f"                  extra={self.extra!r})",
-            f"kernel = KernelUnderTest.load({target!r}, Backend({backend!r}))",
-            "print(kernel.run(problem))",
-            "from attnspec.conformance import reference_bound",
-            "print(reference_bound(problem, kernel.declaration).out)",
-        ]
-        return "\n".join(lines)
+def describe_inputs(declaration: KernelDeclaration, problem: Problem) -> str:
+    """``problem.describe()``, plus what an adapter changed on the way to the kernel (the
+    zero padding of ``equal_head_dims``), so the inputs shown are those passed."""
+    text = problem.describe()
+    if declaration.equal_head_dims:
+        from .layouts import describe_padding
+
+        padding = describe_padding(problem.q.shape[-1], problem.v.shape[-1],
+                                   problem.scale is not None)
+        if padding:
+            text += f" ({padding})"
+    return text
+
+
+def keyword_sources(declaration: KernelDeclaration,
+                    problem: Problem) -> dict[str, tuple[Any, str | None]]:
+    """The keywords a kernel with ``declaration`` is called with on ``problem``: each with
+    its value (a NumPy array for a mask or bias: a boolean one moves to the backend as
+    is, a float one in the dtype under test) and the Python expression that builds it from
+    ``problem`` and ``backend`` (None for plain values).  Needs no backend, so a
+    reproduction can be written where the kernel is not loaded."""
+    decl, dtype = declaration, problem.dtype
+    keywords: dict[str, tuple[Any, str | None]] = {
+        name: (value, None) for name, value in decl.extra_kwargs.items()}
+    if problem.is_causal:
+        keywords["is_causal"] = (True, None)
+    if problem.scale is not None:
+        keywords["scale"] = (problem.scale, None)
+    if decl.gqa_keyword is not None and problem.q.shape[-3] != problem.k.shape[-3]:
+        keywords[decl.gqa_keyword] = (True, None)
+    if decl.bias_shares_mask_argument and problem.bias is not None:
+        # one float argument: the bias, with -inf where the mask excludes (PyTorch)
+        bias, source = problem.bias, "problem.bias"
+        if problem.mask is not None:
+            bias = np.where(problem.mask, bias, -np.inf)
+            source = "np.where(problem.mask, problem.bias, -inf)"
+        keywords[decl.mask_keyword] = (bias, f"backend.asarray({source}, {dtype!r})")
+    else:
+        if problem.mask is not None:
+            keywords[decl.mask_keyword] = (problem.mask, "backend.asarray(problem.mask)")
+        if problem.bias is not None:
+            keywords[decl.bias_keyword] = (problem.bias,
+                                           f"backend.asarray(problem.bias, {dtype!r})")
+    keywords.update((name, (value, None)) for name, value in problem.extra.items())
+    return keywords
 
 
 class KernelUnderTest:
@@ -137,6 +176,12 @@ class KernelUnderTest:
         module, name = getattr(fn, "__module__", "?"), getattr(fn, "__qualname__", "?")
         self.target = target or f"{module}:{name}"
         self.notes: list[str] = []
+        # hints read off the kernel before anything ran (see hints.signature_hints)
+        self.setup_hints: list[str] = []
+
+    def describe(self, problem: Problem) -> str:
+        """The inputs of ``problem`` as passed to this kernel (see :func:`describe_inputs`)."""
+        return describe_inputs(self.declaration, problem)
 
     def note(self, observation: str) -> None:
         """Record something a passing property should report (e.g. SDPA-1.7's SHOULD)."""
@@ -166,54 +211,86 @@ class KernelUnderTest:
 
     def arguments(self, problem: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Backend arrays and keywords for calling the kernel on ``problem``."""
-        decl, b = self.declaration, self.backend
-        args = tuple(b.asarray(a, problem.dtype) for a in (problem.q, problem.k, problem.v))
-        kwargs: dict[str, Any] = dict(decl.extra_kwargs)
-        if problem.is_causal:
-            kwargs["is_causal"] = True
-        if problem.scale is not None:
-            kwargs["scale"] = problem.scale
-        if decl.gqa_keyword is not None and problem.q.shape[-3] != problem.k.shape[-3]:
-            kwargs[decl.gqa_keyword] = True
-        if decl.bias_shares_mask_argument and problem.bias is not None:
-            bias = problem.bias
-            if problem.mask is not None:
-                bias = np.where(problem.mask, bias, -np.inf)
-            kwargs[decl.mask_keyword] = b.asarray(bias, problem.dtype)
-        else:
-            if problem.mask is not None:
-                kwargs[decl.mask_keyword] = b.asarray(problem.mask)
-            if problem.bias is not None:
-                kwargs[decl.bias_keyword] = b.asarray(problem.bias, problem.dtype)
-        kwargs.update(problem.extra)
-        return args, kwargs
+        args, keywords = self.argument_sources(problem)
+        return args, {name: value for name, (value, _) in keywords.items()}
+
+    def argument_sources(
+        self, problem: Problem
+    ) -> tuple[tuple[Any, ...], dict[str, tuple[Any, str | None]]]:
+        """As :meth:`arguments`, each keyword with the Python expression that builds it
+        from ``problem`` and ``backend`` (None for plain values): what a reproduction
+        snippet writes out."""
+        b, dtype = self.backend, problem.dtype
+        args = tuple(b.asarray(a, dtype) for a in (problem.q, problem.k, problem.v))
+        keywords = {
+            name: (value if source is None else b.asarray(value) if value.dtype == np.bool_
+                   else b.asarray(value, dtype), source)
+            for name, (value, source) in keyword_sources(self.declaration, problem).items()}
+        return args, keywords
 
     def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The kernel's raw result (backend arrays), exactly as it returned it."""
         return self.fn(*args, **kwargs)
 
-    def split(self, result: Any) -> tuple[Any, Any]:
-        """(out, weights or None) from a raw result, per the declaration."""
+    def split(self, result: Any, problem: Problem | None = None) -> tuple[Any, Any]:
+        """(out, weights or None) from a raw result, per the declaration; a result that is
+        not what SDPA-1.3 asks for (None, a tuple, another library's array) is a failure
+        that says so, with the flag to use when it is a convention mismatch."""
+        from .failures import PropertyFailure
+
         if self.declaration.returns_weights:
             if not isinstance(result, (tuple, list)) or len(result) != 2:
-                raise TypeError(
-                    f"kernel declared returns_weights=True but returned {type(result).__name__}"
+                raise PropertyFailure(
+                    f"the kernel returned {_what_it_is(result)}, but declares "
+                    "returns_weights=True, so it should return (out, weights) [SDPA-1.3]",
+                    problem, self,
+                    hint="if it returns only the output, drop --returns-weights "
+                         "(returns_weights=False)",
                 )
-            return result[0], result[1]
-        return result, None
+            out, weights = result
+        elif isinstance(result, (tuple, list)):
+            raise PropertyFailure(
+                f"the kernel returned {_what_it_is(result)}, but should return the output "
+                f"array [SDPA-1.3]", problem, self, hint=_sequence_hint(result),
+            )
+        else:
+            out, weights = result, None
+        for what, x in (("out", out), ("weights", weights)):
+            if (x is not None or what == "out") and not self.backend.is_array(x):
+                raise PropertyFailure(self._not_an_array(what, x), problem, self,
+                                      hint=self._array_hint(x))
+        return out, weights
+
+    def _not_an_array(self, what: str, x: Any) -> str:
+        library = self.backend.name
+        if x is None:
+            return (f"the kernel returned None as {what}, but should return a {library} array "
+                    "(does it end with `return ...`?) [SDPA-1.3]")
+        if array_api_compat.is_array_api_obj(x):
+            return (f"{what} is a {_type_name(x)}, but the kernel runs on {library}: it should "
+                    f"return a {library} array, like its inputs [SDPA-1.3]")
+        return f"{what} is {_what_it_is(x)}, but should be a {library} array [SDPA-1.3]"
+
+    def _array_hint(self, x: Any) -> str:
+        if x is not None and array_api_compat.is_array_api_obj(x):
+            return (f"convert the result to the input's library inside the kernel, or check it "
+                    f"on the backend it returns (--backend {_library_of(x)})")
+        return ""
 
     def invoke(self, problem: Problem) -> tuple[Any, Any]:
         """(out, weights or None) as backend arrays; a kernel exception becomes a failure."""
         from .failures import KernelRaised
 
         try:
-            return self.split(self.call(*self.arguments(problem)))
-        except KernelRaised:
-            raise
+            result = self.call(*self.arguments(problem))
         except Exception as exc:
+            from .hints import raised_hint
+
             raise KernelRaised(
-                f"kernel raised {type(exc).__name__}: {str(exc)[:300]}", problem, self
+                f"kernel raised {type(exc).__name__}: {str(exc)[:300]}", problem, self,
+                hint=raised_hint(exc, self),
             ) from exc
+        return self.split(result, problem)
 
     def numpy(self, x: Any) -> np.ndarray:
         """A backend array as float64 NumPy."""
@@ -230,6 +307,35 @@ class KernelUnderTest:
             return self.numpy(out), self.numpy(weights)
         weights = self.run(identity_values(problem))
         return self.run(problem), weights
+
+
+def _type_name(x: Any) -> str:
+    kind = type(x)
+    module = kind.__module__.split(".")[0]
+    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+
+
+def _what_it_is(x: Any) -> str:
+    """"None", "a tuple of 2 (ndarray, ndarray)", "a str", ... for failure messages."""
+    if x is None:
+        return "None"
+    if isinstance(x, (tuple, list)):
+        parts = ", ".join(_type_name(item) for item in x[:4]) + (", ..." if len(x) > 4 else "")
+        return f"a {type(x).__name__} of {len(x)} ({parts})"
+    return f"a {_type_name(x)}"
+
+
+def _library_of(x: Any) -> str:
+    module = type(x).__module__.split(".")[0]
+    return {"jaxlib": "jax", "array_api_strict": "array_api_strict"}.get(module, module)
+
+
+def _sequence_hint(result: Any) -> str:
+    if len(result) == 2:
+        return ("if it returns (out, weights), declare it: --returns-weights "
+                "(returns_weights=True); if the second item is something else (e.g. the "
+                "log-sum-exp), check a wrapper that returns result[0]")
+    return "check a wrapper that returns only the output, e.g. result[0]"
 
 
 def identity_values(problem: Problem) -> Problem:

@@ -12,7 +12,8 @@ JAX ``(B, T, N, H)``).  Rather than rewrite such a kernel, wrap it::
                                        scale="softmax_scale"))
 
 JAX (and FlashAttention 2) also need ``E == Ev``; :func:`pad_head_dims` lifts that by
-exact zero padding.  The wrappers work on any Array API library (they transpose with the
+exact zero padding (and an exact power-of-two rescaling of q that keeps the kernel's own
+default scale right).  The wrappers work on any Array API library (they transpose with the
 namespace of the inputs) and carry a declaration: the wrapped kernel's own (attached,
 known or read off its signature), updated by the claims given.
 """
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -91,38 +91,78 @@ def from_layout(fn: Callable[..., Any], layout: str, /, **claims: Any) -> Callab
     return declared
 
 
+def padding_plan(head_dim: int, value_dim: int, scale_given: bool) -> tuple[int, int]:
+    """(width, q_factor) for :func:`pad_head_dims`: the head dim q, k and v get, and the
+    power of two q is multiplied by.
+
+    * ``E == Ev`` or ``E == 0``: nothing changes, ``(E, 1)``.
+    * ``Ev < E``: v gets zero columns up to ``E``.
+    * ``Ev > E`` with an explicit scale: q and k get zero columns up to ``Ev`` (zeros add
+      exact zeros to every score; an explicit scale does not depend on the width).
+    * ``Ev > E`` without a scale: the kernel's default scale would be ``1/sqrt(width)``, not
+      ``1/sqrt(E)``.  The width is ``P = E * 4**n >= Ev`` and q is multiplied by ``2**n``:
+      ``(2**n q) . k / sqrt(P) = q . k / sqrt(E)``, and multiplying by a power of two is
+      exact, so the kernel computes the scores it would for ``E``, with its own default
+      scale and without being passed a ``scale`` it may not take.
+    """
+    if head_dim == 0 or value_dim <= head_dim:
+        return max(head_dim, value_dim), 1
+    if scale_given:
+        return value_dim, 1
+    doublings = 0
+    while head_dim * 4**doublings < value_dim:
+        doublings += 1
+    return head_dim * 4**doublings, 2**doublings
+
+
+def describe_padding(head_dim: int, value_dim: int, scale_given: bool) -> str:
+    """What :func:`pad_head_dims` passes the kernel, for the "inputs:" line ("" if nothing)."""
+    width, factor = padding_plan(head_dim, value_dim, scale_given)
+    if width == head_dim == value_dim or head_dim == 0:
+        return ""
+    padded = "v" if value_dim < head_dim else ("q, k" if width == value_dim else "q, k, v")
+    text = f"equal_head_dims: the kernel got {padded} zero-padded to {width} columns"
+    if factor != 1:
+        text += (f" and q times {factor}, so its default scale 1/sqrt({width}) gives "
+                 f"1/sqrt({head_dim})")
+    return text + f"; its output cut to Ev={value_dim}"
+
+
 def pad_head_dims(fn: Callable[..., Any], /, **claims: Any) -> Callable[..., Any]:
     """Wrap a kernel that needs ``E == Ev`` (JAX's ``dot_product_attention``, FlashAttention 2)
-    so it accepts any ``E`` and ``Ev`` (SDPA-1.1), by exact zero padding.
-
-    If ``Ev < E``, ``v`` gets ``E - Ev`` zero columns and the output's extra columns
-    (exactly 0: they are sums of weights times 0) are cut off.  If ``Ev > E``, ``q`` and
-    ``k`` get ``Ev - E`` zero columns, which add exact zeros to every score; the default
-    scale would then be ``1/sqrt(Ev)``, so a call without ``scale`` gets ``scale=1/sqrt(E)``
-    (SDPA-2.1) — on such problems the kernel's own default scale is not what is tested.
-    Works on spec-layout arrays and BLHD ones alike (only the last axis is touched).
+    so it accepts any ``E`` and ``Ev`` (SDPA-1.1), by exact zero padding (see
+    :func:`padding_plan`); the output's extra columns (exactly 0: sums of weights times 0)
+    are cut off.  The wrapper never passes a keyword the caller did not, so a kernel without
+    a ``scale`` parameter works too.  Works on spec-layout arrays and BLHD ones alike (only
+    the last axis is touched).
     """
     declaration = declaration_of(fn, **claims)
     call = f"pad_head_dims({_describe(fn)})(q, k, v)"
 
     def zero_columns(xp: Any, a: Any, width: int) -> Any:
-        zeros = xp.zeros((*a.shape[:-1], width), dtype=a.dtype, device=array_api_compat.device(a))
+        if a.shape[-1] == width:
+            return a
+        zeros = xp.zeros((*a.shape[:-1], width - a.shape[-1]), dtype=a.dtype,
+                         device=array_api_compat.device(a))
         return xp.concat([a, zeros], axis=-1)
 
     @functools.wraps(fn)
     def padded(q: Any, k: Any, v: Any, /, *args: Any, **kwargs: Any) -> Any:
         xp = namespace_of(call, q=q, k=k, v=v)
         head_dim, value_dim = q.shape[-1], v.shape[-1]
-        if head_dim == 0 or value_dim == head_dim:  # E = 0 stays the kernel's to reject
+        width, factor = padding_plan(head_dim, value_dim, kwargs.get("scale") is not None)
+        if width == head_dim == value_dim or head_dim == 0:  # E = 0 is the kernel's to reject
             return fn(q, k, v, *args, **kwargs)
-        if value_dim < head_dim:
-            result = fn(q, k, zero_columns(xp, v, head_dim - value_dim), *args, **kwargs)
-        elif value_dim > head_dim:
-            if kwargs.get("scale") is None and head_dim > 0:
-                kwargs["scale"] = 1 / math.sqrt(head_dim)
-            width = value_dim - head_dim
-            result = fn(zero_columns(xp, q, width), zero_columns(xp, k, width), v, *args,
-                        **kwargs)
+        if factor != 1:
+            scaled = q * factor
+            if bool(xp.any(xp.isinf(scaled) & ~xp.isinf(q))):
+                raise ValueError(
+                    f"q times {factor} overflows {q.dtype}, so the padding to {width} columns "
+                    f"cannot keep the default scale 1/sqrt({head_dim}) exact [{call}]"
+                )
+            q = scaled
+        result = fn(zero_columns(xp, q, width), zero_columns(xp, k, width),
+                    zero_columns(xp, v, width), *args, **kwargs)
         if isinstance(result, (tuple, list)):  # (out, weights, ...): weights need no cut
             return (result[0][..., :value_dim], *result[1:])
         return result[..., :value_dim]

@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:  # imported lazily: a pytest run without the option pays nothing
-    from .api import KernelSetup
-    from .kernel import KernelUnderTest
+    from .isolation import InProcessKernel, IsolatedKernel
     from .registry import Property
     from .runner import Verdict
 
 
-MAX_SHOWN_REPRODUCTION = 6000  # characters of a reproduction shown in a failure
+PREFIX = "attnspec"
 
 
 class AttnspecWarning(UserWarning):
@@ -52,11 +51,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run only these property ids (repeatable or comma list)")
     group.addoption("--attnspec-skip", action="append", default=None, metavar="ID",
                     help="skip these property ids (repeatable or comma list)")
-    group.addoption("--attnspec-layout", default="bhld", metavar="LAYOUT",
-                    help="bhld (the spec's layout) or blhd (JAX/FlashAttention)")
     group.addoption("--attnspec-claim", action="append", default=None, metavar="KEY=VALUE",
                     help="override a declaration field, e.g. bias=True or "
                          "causal_alignment=bottom_right (repeatable)")
+    group.addoption("--attnspec-isolate", action="store_true", default=False,
+                    help="run the kernel in a supervised worker process, as `attnspec check` "
+                         "does: a crash, exit or hang fails the property that was running "
+                         "instead of the pytest run")
+    # every declaration `attnspec check` takes, from the same table, as --attnspec-<flag>
+    from .claims import CLAIM_FLAGS, SETUP_FLAGS
+    from .isolation import SUPERVISION_FLAGS
+
+    for flag in (*SETUP_FLAGS, *CLAIM_FLAGS, *SUPERVISION_FLAGS):
+        flag.add_prefixed(group, PREFIX)
 
 
 def _ids(values: list[str] | None) -> list[str] | None:
@@ -70,34 +77,44 @@ def pytest_configure(config: pytest.Config) -> None:
     if target is None:
         return
     from .api import KernelSetup, SetupError
-    from .cli import UsageError, key_values
-    from .runner import select
+    from .claims import UsageError, claims_from, key_values, setup_from
+    from .isolation import isolation_options, open_session
+    from .runner import hypothesis_settings, select
 
     option = config.getoption
-    try:
-        setup = KernelSetup(
-            target, option("attnspec_backend"), option("attnspec_device"),
-            option("attnspec_layout"), claims=key_values(option("attnspec_claim"),
-                                                          "--attnspec-claim"),
-        )
-        properties = select(_ids(option("attnspec_only")), _ids(option("attnspec_skip")))
-        kernel = setup.prepare()
-        from .runner import hypothesis_settings
 
+    def flag_value(dest: str) -> Any:
+        return option(f"{PREFIX}_{dest}")
+
+    try:
+        claims = {**claims_from(flag_value),
+                  **key_values(option("attnspec_claim"), "--attnspec-claim")}
+        setup = KernelSetup(target, option("attnspec_backend"), option("attnspec_device"),
+                            claims=claims, **setup_from(flag_value))
+        isolation = isolation_options(option("attnspec_isolate"), flag_value, prefix=PREFIX,
+                                      without="they need --attnspec-isolate")
+        properties = select(_ids(option("attnspec_only")), _ids(option("attnspec_skip")))
         hypothesis_settings(option("attnspec_profile"), option("attnspec_seed"))
+        session = open_session(setup, isolation)
+        session.start()  # load the kernel (in its worker when isolated) before collecting
     except (SetupError, UsageError, ValueError) as exc:
         raise pytest.UsageError(f"attnspec: {exc}") from None
-    config.pluginmanager.register(AttnspecSession(config, setup, kernel, properties),
+    config.pluginmanager.register(AttnspecSession(config, session, properties),
                                   "attnspec-session")
 
 
 class AttnspecSession:
-    """Holds the kernel under test for one pytest session and adds its items."""
+    """Holds the kernel under test (loaded here, or in a worker process with
+    ``--attnspec-isolate``) for one pytest session and adds its items."""
 
-    def __init__(self, config: pytest.Config, setup: KernelSetup, kernel: KernelUnderTest,
+    def __init__(self, config: pytest.Config, session: IsolatedKernel | InProcessKernel,
                  properties: list[Property]) -> None:
-        self.config, self.setup, self.kernel, self.properties = config, setup, kernel, properties
+        self.config, self.session, self.properties = config, session, properties
+        self.kernel = session.start()
         self.verdicts: list[Verdict] = []
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.session.close()  # stops the worker process
 
     @pytest.hookimpl(tryfirst=True)  # before -k / -m deselect, so they select properties too
     def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
@@ -111,13 +128,14 @@ class AttnspecSession:
         items.extend(collected)
 
     def verdict(self, prop: Property) -> Verdict:
+        from .side_effects import hypothesis_storage_elsewhere
+
         option = self.config.getoption
-        report = self.setup.run(
-            profile=option("attnspec_profile"), seed=option("attnspec_seed"), only=[prop.id],
-            strict=option("attnspec_strict"), kernel=self.kernel,
-        )
-        self.verdicts.extend(report.verdicts)
-        return report.verdicts[0]
+        with hypothesis_storage_elsewhere():
+            verdict = self.session.run_property(prop, profile=option("attnspec_profile"),
+                                                seed=option("attnspec_seed"))
+        self.verdicts.append(verdict)
+        return verdict
 
     def rerun(self, verdict: Verdict) -> str:
         """A pytest command that reruns just this property."""
@@ -126,8 +144,15 @@ class AttnspecSession:
         for name in ("backend", "device", "seed"):
             if option(f"attnspec_{name}") is not None:
                 tokens += [f"--attnspec-{name}", str(option(f"attnspec_{name}"))]
-        for name in ("profile", "layout"):
-            tokens += [f"--attnspec-{name}", option(f"attnspec_{name}")]
+        tokens += ["--attnspec-profile", option("attnspec_profile")]
+        if option("attnspec_isolate"):
+            tokens.append("--attnspec-isolate")
+        from .claims import CLAIM_FLAGS, SETUP_FLAGS
+        from .isolation import SUPERVISION_FLAGS
+
+        for flag in (*SETUP_FLAGS, *CLAIM_FLAGS, *SUPERVISION_FLAGS):
+            if flag.rerun:
+                tokens += flag.tokens(option(f"{PREFIX}_{flag.dest}"), prefix=PREFIX)
         for claim in option("attnspec_claim") or ():
             tokens += ["--attnspec-claim", claim]
         return shlex.join([*tokens, "--attnspec-only", verdict.property])
@@ -135,15 +160,24 @@ class AttnspecSession:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.verdicts:
             return
+        from .api import finish_report, start_report
+        from .registry import all_properties
         from .report import summary_line
-        from .runner import Report
 
         option = self.config.getoption
-        report = Report(self.kernel.target, self.kernel.backend.name,
-                        str(self.kernel.backend.device), option("attnspec_profile"),
-                        option("attnspec_seed"), option("attnspec_strict"), self.verdicts)
+        report = start_report(self.session, profile=option("attnspec_profile"),
+                              seed=option("attnspec_seed"), strict=option("attnspec_strict"))
+        report.verdicts = list(self.verdicts)
+        # a claim needs every property to have run (no --attnspec-only/-skip, no -k)
+        partial = len({v.property for v in self.verdicts}) < len(all_properties())
+        finish_report(report, self.session, partial=partial)
         terminalreporter.write_sep("=", "attnspec")
+        for note in report.notes:
+            terminalreporter.write_line(f"note: {note}")
         terminalreporter.write_line(f"{self.kernel.target}: {summary_line(report)}")
+        for hint in report.hints:
+            terminalreporter.write_line(f"hint: {hint}")
+        terminalreporter.write_line(report.claim)
 
 
 class AttnspecCollector(pytest.Collector):
@@ -166,16 +200,18 @@ class AttnspecItem(pytest.Item):
         self.prop, self.owner = prop, owner
 
     def runtest(self) -> None:
+        from .api import reproduction_file
         from .report import failure_text
-        from .runner import FAILED, NOT_APPLICABLE, WARNING
+        from .runner import FAILED, NOT_APPLICABLE, WAIVED, WARNING
 
         verdict = self.owner.verdict(self.prop)
         if verdict.status == NOT_APPLICABLE:
             pytest.skip(f"not applicable: {verdict.detail}")
+        if verdict.status == WAIVED:  # the detail says "waived: ..." (CONF-7)
+            pytest.skip(verdict.detail)
         # The finding comes first: pytest's short summary shows the first line.
         text = f"{verdict.detail}\n" + failure_text(
-            verdict, self.owner.rerun, max_reproduction=MAX_SHOWN_REPRODUCTION,
-            full_reproduction_in="the JSON report of: attnspec check ... --json PATH",
+            verdict, self.owner.rerun, full_reproduction_in=reproduction_file,
         )
         if verdict.status == FAILED or (
             verdict.status == WARNING and self.config.getoption("attnspec_strict")

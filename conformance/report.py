@@ -8,18 +8,26 @@ inputs, the reproduction snippet and, when the caller can say how, a rerun comma
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from typing import Any
 
+from .claims import claim_features
 from .clauses import clause as spec_clause
 from .declaration import KernelDeclaration
-from .runner import FAILED, NOT_APPLICABLE, PASSED, WARNING, Report, Verdict
+from .runner import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Report, Verdict
 
 Rerun = Callable[[Verdict], str]
-LABELS = {PASSED: "passed", FAILED: "FAILED", WARNING: "warning", NOT_APPLICABLE: "not applicable"}
+# where a reproduction too long to show is: a description, or a function that puts it
+# somewhere (e.g. a file) and says where
+Where = str | Callable[[Verdict], str]
+MAX_REPRODUCTION = 6000  # characters of a reproduction shown in text
+LABELS = {PASSED: "passed", FAILED: "FAILED", WARNING: "warning", NOT_APPLICABLE: "not applicable",
+          WAIVED: "waived"}
 DETAIL_WIDTH = 72
+INCOMPLETE_CLAIM = "no conformance claim: the check is incomplete (CONF-6)"
 
 
 def spec_version() -> str:
@@ -62,37 +70,56 @@ def summary_line(report: Report) -> str:
         outcome = f"INCOMPLETE ({report.incomplete})"
     elif report.conforms:
         outcome = "conforms"
+        if report.waived:
+            outcome += f" except {', '.join(report.waived)} (waived, CONF-7)"
         if tally[WARNING]:
             outcome += f" (with {tally[WARNING]} SHOULD warning(s))"
     else:
         outcome = "DOES NOT CONFORM"
     return (
         f"result: {outcome}: {tally[FAILED]} failed, {tally[WARNING]} warning(s), "
-        f"{tally[PASSED]} passed, {tally[NOT_APPLICABLE]} not applicable "
+        f"{tally[PASSED]} passed, {tally[NOT_APPLICABLE]} not applicable"
+        f"{f', {tally[WAIVED]} waived' if tally[WAIVED] else ''} "
         f"({len(report.verdicts)} propert{'y' if len(report.verdicts) == 1 else 'ies'}, "
         f"{seconds:.1f} s)"
     )
 
 
 def conformance_claim(declaration: KernelDeclaration, dtypes: tuple[str, ...]) -> str:
-    """The claim a conforming kernel may make (CONF-1): the version, what it declares and
-    the dtypes it was checked in, e.g. "conforms to attnspec 2026.12 (dense, bias, GQA,
-    bottom-right causal; float16, bfloat16, float32)"."""
-    features = [declaration.family]
-    if declaration.family == "dense":
-        features += [name for name, claimed in (
-            ("mask", declaration.mask), ("bias", declaration.bias), ("GQA", declaration.gqa),
-            (f"{declaration.causal_alignment.replace('_', '-')} causal", declaration.causal),
-            ("explicit scale", declaration.scale), ("returned weights",
-                                                    declaration.returns_weights),
-        ) if claimed]
-        if not declaration.empty_rows_zero:
-            features.append("without the fully-masked-row rule")
-    elif declaration.sparse is not None:
-        features.append(declaration.sparse.pattern)
-    elif declaration.linear is not None and isinstance(declaration.linear.feature_map, str):
-        features.append(declaration.linear.feature_map)
-    return f"conforms to attnspec {spec_version()} ({', '.join(features)}; {', '.join(dtypes)})"
+    """The claim a conforming kernel may make (CONF-1): the version, every MUST clause its
+    declaration waives (CONF-7), what it declares and the dtypes it was checked in, e.g.
+    "conforms to attnspec 2026.12 (dense, bias, GQA, bottom-right causal; float16,
+    bfloat16, float32)" or "conforms to attnspec 2026.12 except SDPA-5.1 (dense, ...)"."""
+    waived = declaration.waived
+    exception = f" except {', '.join(waived)}" if waived else ""
+    return (f"conforms to attnspec {spec_version()}{exception} "
+            f"({', '.join(claim_features(declaration))}; {', '.join(dtypes)})")
+
+
+def claim_line(report: Report, declaration: KernelDeclaration, dtypes: tuple[str, ...],
+               *, partial: bool) -> str:
+    """The conformance claim of this run, or why it has none (CONF-1, CONF-2, CONF-6, CONF-7).
+
+    ``partial``: only some properties ran (--only/--skip), so no claim can be made.
+    """
+    failed = [v.property for v in report.verdicts if v.status == FAILED]
+    warned = [v.property for v in report.verdicts if v.status == WARNING]
+    if report.incomplete:
+        return INCOMPLETE_CLAIM
+    if failed:
+        return (f"no conformance claim: {_count(failed, 'MUST property', 'MUST properties')} "
+                f"failed (CONF-1): {', '.join(failed)}")
+    if report.strict and warned:
+        return (f"no conformance claim in a strict run: "
+                f"{_count(warned, 'SHOULD property', 'SHOULD properties')} failed (CONF-2, "
+                f"--strict): {', '.join(warned)}")
+    if partial:
+        return "no conformance claim: only some properties ran (--only/--skip)"
+    return conformance_claim(declaration, dtypes)
+
+
+def _count(items: list[str], one: str, many: str) -> str:
+    return f"{len(items)} {one if len(items) == 1 else many}"
 
 
 def heading(report: Report) -> str:
@@ -108,42 +135,105 @@ def _findings(report: Report) -> list[Verdict]:
     return [v for v in report.verdicts if v.status in (FAILED, WARNING)]
 
 
+# Findings that say what the kernel did on any input (it raised, returned the wrong type)
+# rather than what a property measured: the same one across properties is one cause.
+_ROOT_CAUSES = ("kernel raised ", "the kernel returned ", "out is a", "weights is a",
+                "the property could not check the kernel's result")
+
+
+def _cause(verdict: Verdict) -> tuple[str, ...]:
+    if verdict.detail.startswith(_ROOT_CAUSES):
+        # sizes in the message and a trailing "(context)" differ from property to
+        # property; the cause does not
+        cause = re.sub(r" \([^()]*\)$", "", verdict.detail)
+        return (verdict.status, re.sub(r"\d+", "#", cause), verdict.hint)
+    return (verdict.status, verdict.property)
+
+
+def grouped_findings(report: Report) -> list[list[Verdict]]:
+    """Failures and warnings, those that share one root cause (the same exception, the
+    same wrong return type) grouped, in the order they ran."""
+    groups: dict[tuple[str, ...], list[Verdict]] = {}
+    for verdict in _findings(report):
+        groups.setdefault(_cause(verdict), []).append(verdict)
+    return list(groups.values())
+
+
+def _reproduction_lines(verdict: Verdict, max_reproduction: int | None,
+                        full_reproduction_in: Where) -> list[str]:
+    size = len(verdict.reproduction)
+    if not size:
+        return []
+    if max_reproduction is not None and size > max_reproduction:
+        where = (full_reproduction_in(verdict) if callable(full_reproduction_in)
+                 else full_reproduction_in)
+        return [f"  reproduction: {size} characters of literal inputs, too long to show "
+                f"here; it is in {where}"]
+    return ["  reproduction (runs on its own):", textwrap.indent(verdict.reproduction, "    ")]
+
+
 def failure_text(
-    verdict: Verdict, rerun: Rerun | None = None, *, max_reproduction: int | None = None,
-    full_reproduction_in: str = "the JSON report (--json PATH)",
+    verdict: Verdict, rerun: Rerun | None = None, *,
+    max_reproduction: int | None = MAX_REPRODUCTION,
+    full_reproduction_in: Where = "the JSON report (--json PATH)",
 ) -> str:
     """Everything about one failed or warning verdict: clause, finding, inputs, how to rerun.
 
     A reproduction longer than ``max_reproduction`` characters (its inputs are written
-    out as literals) is not shown; the text says where the full one is.
+    out as literals) is not shown; the text says where the full one is
+    (``full_reproduction_in``, or what it returns for the verdict, e.g. after writing it
+    to a file).
     """
     title = clause_title(verdict.clause)
     lines = [f"{label(verdict)} {verdict.property} [{verdict.clause} {verdict.level}"
              f"{': ' + title if title else ''}]"]
-    lines.append(f"  finding: {verdict.detail}")
+    lines.extend(_case_lines(verdict, rerun, max_reproduction, full_reproduction_in))
+    return "\n".join(lines)
+
+
+def _case_lines(verdict: Verdict, rerun: Rerun | None, max_reproduction: int | None,
+                full_reproduction_in: Where) -> list[str]:
+    lines = [f"  finding: {verdict.detail}"]
+    if verdict.hint:
+        lines.append(f"  hint:    {verdict.hint}")
     if verdict.counterexample:
         lines.append(f"  inputs:  {verdict.counterexample}")
     if rerun is not None:
         lines.append(f"  rerun:   {rerun(verdict)}")
-    size = len(verdict.reproduction)
-    if size and max_reproduction is not None and size > max_reproduction:
-        lines.append(f"  reproduction: {size} characters of literal inputs, too long to show "
-                     f"here; it is in {full_reproduction_in}")
-    elif size:
-        lines.append("  reproduction (runs on its own):")
-        lines.append(textwrap.indent(verdict.reproduction, "    "))
+    return lines + _reproduction_lines(verdict, max_reproduction, full_reproduction_in)
+
+
+def group_text(
+    group: list[Verdict], rerun: Rerun | None = None, *,
+    max_reproduction: int | None = MAX_REPRODUCTION,
+    full_reproduction_in: Where = "the JSON report (--json PATH)",
+) -> str:
+    """:func:`failure_text` for one verdict; for several with one root cause, one finding
+    naming every property, told in full for the first."""
+    if len(group) == 1:
+        return failure_text(group[0], rerun, max_reproduction=max_reproduction,
+                            full_reproduction_in=full_reproduction_in)
+    first = group[0]
+    names = ", ".join(f"{v.property} [{v.clause}]" for v in group)
+    lines = [f"{label(first)} {len(group)} properties, one cause [{first.level}]:",
+             *textwrap.wrap(names, 96, initial_indent="  ", subsequent_indent="  "),
+             f"  (told for the first, {first.property}; the others failed the same way)"]
+    lines.extend(_case_lines(first, rerun, max_reproduction, full_reproduction_in))
     return "\n".join(lines)
 
 
 def format_table(
-    report: Report, *, rerun: Rerun | None = None, max_reproduction: int | None = None,
-    full_reproduction_in: str = "the JSON report (--json PATH)",
+    report: Report, *, rerun: Rerun | None = None,
+    max_reproduction: int | None = MAX_REPRODUCTION,
+    full_reproduction_in: Where = "the JSON report (--json PATH)",
 ) -> str:
-    """The verdict table, then the full story of every failure and warning, then a summary."""
+    """The verdict table, then every finding (one per root cause, see
+    :func:`grouped_findings`), then a summary, the hints and the claim."""
     header = ("property", "clause", "level", "verdict", "time", "detail")
     rows = [
         (v.property, v.clause, v.level, label(v),
-         "" if v.status == NOT_APPLICABLE else f"{v.seconds:.1f}s", _one_line(v.detail))
+         "" if v.status in (NOT_APPLICABLE, WAIVED) else f"{v.seconds:.1f}s",
+         _one_line(v.detail))
         for v in report.verdicts
     ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
@@ -152,12 +242,16 @@ def format_table(
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
         return "  ".join([*cells, row[-1]]).rstrip()
 
-    lines = [heading(report), "", render(header), render((*("-" * w for w in widths), ""))]
+    lines = [heading(report), *(f"note: {note}" for note in report.notes), "", render(header),
+             render((*("-" * w for w in widths), ""))]
     lines.extend(render(row) for row in rows)
-    for verdict in _findings(report):
-        lines.extend(["", failure_text(verdict, rerun, max_reproduction=max_reproduction,
-                                       full_reproduction_in=full_reproduction_in)])
+    for group in grouped_findings(report):
+        lines.extend(["", group_text(group, rerun, max_reproduction=max_reproduction,
+                                     full_reproduction_in=full_reproduction_in)])
     lines.extend(["", summary_line(report)])
+    lines.extend(f"hint: {hint}" for hint in report.hints)
+    if report.claim:
+        lines.append(report.claim)
     return "\n".join(lines)
 
 
@@ -166,6 +260,9 @@ def report_dict(report: Report, *, rerun: Rerun | None = None) -> dict[str, Any]
     data = report.to_dict()
     data["spec_version"] = spec_version()
     data["counts"] = counts(report)
+    data["findings"] = [{"status": group[0].status, "finding": group[0].detail,
+                         "hint": group[0].hint, "properties": [v.property for v in group]}
+                        for group in grouped_findings(report)]
     data["complete"] = not report.incomplete
     if rerun is not None:
         for entry, verdict in zip(data["verdicts"], report.verdicts, strict=True):
@@ -175,6 +272,17 @@ def report_dict(report: Report, *, rerun: Rerun | None = None) -> dict[str, Any]
 
 def to_json(report: Report, *, rerun: Rerun | None = None) -> str:
     return json.dumps(report_dict(report, rerun=rerun), indent=2, default=str) + "\n"
+
+
+def junit_classname(target: str) -> str:
+    """``attnspec.<module>.<function>`` for JUnit: a file target gives its file's stem, so
+    no slash or dot of the path splits the name into bogus packages."""
+    module, _, name = target.rpartition(":")
+    if module.endswith(".py"):
+        module = re.split(r"[\\/]", module)[-1][: -len(".py")]
+    parts = [*(module.split(".") if module else []), *name.split(".")]
+    return ".".join(["attnspec", *(re.sub(r"\W+", "_", part).strip("_") or "_"
+                                   for part in parts)])
 
 
 def to_junit(report: Report, *, rerun: Rerun | None = None) -> str:
@@ -188,7 +296,7 @@ def to_junit(report: Report, *, rerun: Rerun | None = None) -> str:
     suites = ET.Element("testsuites")
     suite = ET.SubElement(
         suites, "testsuite", name=f"attnspec {report.kernel}", tests=str(len(report.verdicts)),
-        failures=str(failing), errors="0", skipped=str(tally[NOT_APPLICABLE]),
+        failures=str(failing), errors="0", skipped=str(tally[NOT_APPLICABLE] + tally[WAIVED]),
         time=f"{sum(v.seconds for v in report.verdicts):.3f}",
     )
     properties = ET.SubElement(suite, "properties")
@@ -196,14 +304,16 @@ def to_junit(report: Report, *, rerun: Rerun | None = None) -> str:
                         ("device", report.device), ("profile", report.profile),
                         ("seed", str(report.seed)), ("strict", str(report.strict)),
                         ("conforms", str(report.conforms)),
-                        ("complete", str(not report.incomplete))]:
+                        ("complete", str(not report.incomplete)),
+                        ("waived", " ".join(report.waived)), ("claim", report.claim),
+                        *(("note", note) for note in report.notes)]:
         ET.SubElement(properties, "property", name=name, value=value)
     for verdict in report.verdicts:
         case = ET.SubElement(
-            suite, "testcase", classname=f"attnspec.{report.kernel}",
+            suite, "testcase", classname=junit_classname(report.kernel),
             name=f"{verdict.property}[{verdict.clause}]", time=f"{verdict.seconds:.3f}",
         )
-        if verdict.status == NOT_APPLICABLE:
+        if verdict.status in (NOT_APPLICABLE, WAIVED):
             ET.SubElement(case, "skipped", message=verdict.detail)
         elif verdict.status == FAILED or (verdict.status == WARNING and report.strict):
             element = ET.SubElement(case, "failure", message=_one_line(verdict.detail, 500),
@@ -212,7 +322,9 @@ def to_junit(report: Report, *, rerun: Rerun | None = None) -> str:
         if verdict.status in (FAILED, WARNING):
             out = ET.SubElement(case, "system-out")
             out.text = failure_text(verdict, rerun) if verdict.status == WARNING else (
-                verdict.reproduction
+                verdict.reproduction if len(verdict.reproduction) <= MAX_REPRODUCTION
+                else _reproduction_lines(verdict, MAX_REPRODUCTION,
+                                         "the JSON report (--json PATH)")[0].strip()
             )
     ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
@@ -230,14 +342,25 @@ def to_markdown(report: Report, *, rerun: Rerun | None = None) -> str:
         verdict = f"**{label(v)}**" if v.status in (FAILED, WARNING) else label(v)
         lines.append(f"| `{v.property}` | {v.clause} | {v.level} | {verdict} | "
                      f"{_cell(v.detail)} |")
-    for v in _findings(report):
-        lines.extend(["", f"### {label(v)} `{v.property}` ({v.clause}, {v.level})", "",
-                      f"- finding: {v.detail}"])
+    for group in grouped_findings(report):
+        v = group[0]
+        title = (f"{label(v)} `{v.property}` ({v.clause}, {v.level})" if len(group) == 1 else
+                 f"{label(v)} {len(group)} properties, one cause ({v.level}): "
+                 + ", ".join(f"`{g.property}`" for g in group))
+        lines.extend(["", f"### {title}", "", f"- finding: {v.detail}"])
+        if v.hint:
+            lines.append(f"- hint: {v.hint}")
         if v.counterexample:
             lines.append(f"- inputs: `{v.counterexample}`")
         if rerun is not None:
             lines.append(f"- rerun: `{rerun(v)}`")
-        if v.reproduction:
+        if v.reproduction and len(v.reproduction) <= MAX_REPRODUCTION:
             lines.extend(["", "```python", v.reproduction, "```"])
+        elif v.reproduction:
+            lines.append(f"- reproduction: {len(v.reproduction)} characters, in the JSON "
+                         "report (--json PATH)")
     lines.extend(["", summary_line(report)])
+    lines.extend(f"- hint: {hint}" for hint in report.hints)
+    if report.claim:
+        lines.extend(["", report.claim])
     return "\n".join(lines) + "\n"

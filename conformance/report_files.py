@@ -121,7 +121,9 @@ class ReportFiles:
         """Write every file; ``incomplete`` marks this version as partial.  A failure is
         remembered (see :attr:`errors`) and the other files are still written."""
         if incomplete is not None:
-            report = replace(report, incomplete=incomplete)
+            from .report import INCOMPLETE_CLAIM
+
+            report = replace(report, incomplete=incomplete, claim=INCOMPLETE_CLAIM)
         for option, path, render in self.files:
             try:
                 write_atomically(path, render(report, rerun=rerun))

@@ -12,12 +12,14 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
+from .claims import waiving_flags
 from .failures import KernelExited, PropertyFailure
 from .kernel import KernelUnderTest
 from .registry import Property, all_properties
 
 PROFILES: dict[str, int] = {"quick": 20, "default": 100, "thorough": 1000}
 PASSED, FAILED, WARNING, NOT_APPLICABLE = "passed", "failed", "warning", "not applicable"
+WAIVED = "waived"  # the declaration waives the property's MUST clause (CONF-7)
 
 
 @dataclass
@@ -33,6 +35,7 @@ class Verdict:
     reproduction: str = ""
     examples: int = 0
     seconds: float = 0.0
+    hint: str = ""  # the exact flag or change that would fix a likely convention mismatch
 
     @property
     def failed_conformance(self) -> bool:
@@ -50,6 +53,14 @@ class Report:
     seed: int | None
     strict: bool
     verdicts: list[Verdict] = field(default_factory=list)
+    # MUST clauses the kernel's declaration waives: named in the claim (CONF-7)
+    waived: list[str] = field(default_factory=list)
+    # the conformance claim, or why there is none (set by whoever knows the whole run)
+    claim: str = ""
+    # what the run changed or left out (backend settings, dtypes not checked)
+    notes: list[str] = field(default_factory=list)
+    # likely convention mismatches, each with the exact flag that fixes it
+    hints: list[str] = field(default_factory=list)
     # Why not every selected property has a verdict (interrupted, still running); "" when
     # the run finished.  An incomplete report supports no conformance claim (CONF-6).
     incomplete: str = ""
@@ -90,7 +101,7 @@ def _failed_verdict(prop: Property, failure: PropertyFailure) -> Verdict:
         property=prop.id, clause=prop.clause, level=level,
         status=FAILED if level == "MUST" else WARNING,
         detail=failure.finding, counterexample=failure.counterexample,
-        reproduction=failure.reproduction,
+        reproduction=failure.reproduction, hint=failure.hint,
     )
 
 
@@ -99,6 +110,11 @@ def run_property(
 ) -> Verdict:
     """Run one property; a kernel that does not claim it gets "not applicable" (CONF-3)."""
     started = time.perf_counter()
+    waivers = waiving_flags(kernel.declaration)
+    if prop.clause in waivers:
+        return Verdict(prop.id, prop.clause, prop.level, WAIVED,
+                       detail=f"waived: the kernel declares {waivers[prop.clause]}, so "
+                              f"{prop.clause} is not checked (CONF-7)")
     reason = prop.applies(kernel.declaration)
     if reason is not None:
         return Verdict(prop.id, prop.clause, prop.level, NOT_APPLICABLE, detail=reason)
@@ -172,9 +188,10 @@ def run_all(
 
 def new_report(kernel: Any, *, profile: str, seed: int | None, strict: bool) -> Report:
     """An empty report for ``kernel`` (a KernelUnderTest, or what a worker process says
-    of one: anything with ``target`` and ``backend.name`` / ``backend.device``)."""
+    of one: anything with ``target``, ``backend.name`` / ``backend.device`` and
+    ``declaration``), naming the MUST clauses its declaration waives (CONF-7)."""
     return Report(kernel.target, kernel.backend.name, str(kernel.backend.device), profile,
-                  seed, strict)
+                  seed, strict, waived=list(kernel.declaration.waived))
 
 
 def run_each(

@@ -17,13 +17,13 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .failures import KernelExited, PropertyFailure
+from .side_effects import hypothesis_storage_elsewhere, kernel_output_to
 
 if TYPE_CHECKING:
     from .api import KernelSetup
@@ -76,8 +76,8 @@ class CallGuard:
     def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         problem = self.problem
         if self.observer is not None:
-            description = problem.describe() if problem is not None else describe_call(
-                args, kwargs)
+            description = self.kernel.describe(problem) if problem is not None else (
+                describe_call(args, kwargs))
             self.observer.started(description, problem)
         # A kernel that leaves np.seterr(all="raise") behind must not turn the suite's own
         # NumPy arithmetic (reference, tolerances) into errors.
@@ -170,12 +170,12 @@ def limit_memory(backend: Any, gib: float) -> str:
 def load(setup: KernelSetup, memory_limit_gib: float) -> tuple[KernelUnderTest, str]:
     """Prepare the kernel as :meth:`KernelSetup.prepare` does, under the memory limit;
     an exit while importing its module is a :class:`SetupError`."""
-    from .api import SetupError, resolve_backend
+    from .api import SetupError
 
-    backend = resolve_backend(setup.backend, setup.device)
+    backend = setup.make_backend()  # in the JAX configuration asked for (jax_x64)
     note = limit_memory(backend, memory_limit_gib)
     try:
-        kernel = replace(setup, backend=backend).prepare()
+        kernel = setup.prepare(backend)
     except KeyboardInterrupt:
         raise SetupError(f"loading kernel {setup.kernel!r} raised KeyboardInterrupt "
                          "(at import?): nothing was checked") from None
@@ -194,11 +194,11 @@ def _exit_when_orphaned(lifeline: int) -> None:
 
 
 def serve(connection: Connection) -> None:
-    """Load the kernel, then run properties until told to stop (the worker's main loop)."""
-    from .api import SetupError, with_loader
+    """Load the kernel, then answer requests until told to stop (the worker's main loop):
+    ``("property", id, profile, examples, seed)`` gets the property's verdict,
+    ``("hints", failures)`` the hints from probing the kernel (:func:`.hints.run_hints`)."""
+    from .api import SetupError
     from .isolation import KernelInfo
-    from .registry import all_properties
-    from .runner import PROFILES, _failed_verdict, run_property
 
     try:
         setup, memory_limit_gib = connection.recv()
@@ -217,27 +217,45 @@ def serve(connection: Connection) -> None:
     guard = guard_calls(kernel)
     guard.observer = _Reporter(connection)
     guard.interrupt_is_the_kernels = True
+    # stdout is where the supervisor routes the kernel's output; its warnings go there too
+    with kernel_output_to(sys.stdout), hypothesis_storage_elsewhere():
+        while True:
+            request = connection.recv()
+            if request is None:
+                return
+            answer = _answer(request, kernel, setup.layout, loader)
+            if isinstance(answer, str):
+                connection.send(("setup-error", answer))
+                return
+            connection.send(("answer", answer[0]))
+
+
+def _answer(request: tuple[Any, ...], kernel: KernelUnderTest, layout: str,
+            loader: str) -> tuple[Any] | str:
+    """(the answer to ``request``,), or why the worker cannot answer it (a setup error)."""
+    from .api import with_loader
+    from .hints import run_hints
+    from .registry import all_properties
+    from .runner import PROFILES, _failed_verdict, run_property
+
+    if request[0] == "hints":
+        return (run_hints(kernel, layout, request[1]),)
+    _, prop_id, profile, examples, seed = request
+    if examples is not None:
+        PROFILES[profile] = examples
     registry = all_properties()
-    while True:
-        message = connection.recv()
-        if message is None:
-            return
-        prop_id, profile, examples, seed = message
-        if examples is not None:
-            PROFILES[profile] = examples
-        if prop_id not in registry:
-            connection.send(("setup-error", f"property {prop_id!r} is not registered in the "
-                             "worker process (registered at run time? use --no-isolate)"))
-            return
-        prop = registry[prop_id]
-        try:
-            verdict = run_property(prop, kernel, profile=profile, seed=seed)
-        except BaseException as exc:  # e.g. sys.exit from a result's __array__: a verdict
-            verdict = _failed_verdict(prop, PropertyFailure(
-                f"checking the kernel's result raised {type(exc).__name__}: {str(exc)[:300]}"
-            ))
-        verdict.reproduction = with_loader(verdict.reproduction, loader)
-        connection.send(("verdict", verdict))
+    if prop_id not in registry:
+        return (f"property {prop_id!r} is not registered in the worker process (registered "
+                "at run time? use --no-isolate)")
+    prop = registry[prop_id]
+    try:
+        verdict = run_property(prop, kernel, profile=profile, seed=seed)
+    except BaseException as exc:  # e.g. sys.exit from a result's __array__: a verdict
+        verdict = _failed_verdict(prop, PropertyFailure(
+            f"checking the kernel's result raised {type(exc).__name__}: {str(exc)[:300]}"
+        ))
+    verdict.reproduction = with_loader(verdict.reproduction, loader)
+    return (verdict,)
 
 
 def main(argv: list[str] | None = None) -> None:

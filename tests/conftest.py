@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from attnspec.backends import BACKEND_NAMES, Backend, BackendError
+from attnspec.backends import BACKEND_NAMES, REFERENCE_CONFIG, Backend, BackendError
 
 
 def _load(name: str) -> Backend:
+    """The backend in the settings the reference is tested in (JAX: float64 available)."""
     try:
-        return Backend(name)
+        return Backend(name, config=REFERENCE_CONFIG.get(name))
     except BackendError as exc:
         pytest.skip(f"backend {name!r} unusable on this machine: {exc}")
 

@@ -25,7 +25,7 @@ from attnspec import (
     set_backend,
     use_backend,
 )
-from attnspec.backends import BACKEND_NAMES
+from attnspec.backends import BACKEND_NAMES, REFERENCE_CONFIG
 from attnspec.backends.survey import SurveyRow, format_survey, survey
 from attnspec.reference import causal_mask, padding_mask, scaled_dot_product_attention
 from attnspec.reference.positional import sinusoidal_positional_encoding
@@ -172,11 +172,35 @@ def test_dtype_names(backend: Backend) -> None:
         backend.dtype("float8")
 
 
+def test_jax_backend_changes_no_setting_unless_asked(tmp_path: Any) -> None:
+    """SDPA-1.4: loading the JAX backend leaves JAX's settings alone (x64 off by default,
+    so float64 is not offered and asking for it says why); config= turns x64 on and says
+    what it changed.  In a fresh process, since JAX settings are process-wide."""
+    pytest.importorskip("jax", reason="the jax extra is not installed")
+    code = (
+        "import jax\n"
+        "from attnspec.backends import Backend\n"
+        "b = Backend('jax')\n"
+        "print(jax.config.jax_enable_x64, b.dtype_names, b.changes)\n"
+        "try:\n    b.dtype('float64')\nexcept ValueError as e:\n    print(e)\n"
+        "b = Backend('jax', config={'jax_enable_x64': True})\n"
+        "print(jax.config.jax_enable_x64, b.dtype_names[-1], b.changes)\n"
+    )
+    result = run_python(code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "False ('float16', 'bfloat16', 'float32') []"
+    assert "does not support dtype 'float64': jax_enable_x64 is off" in lines[1]
+    assert "--jax-x64" in lines[1]
+    assert lines[2] == "True float64 ['jax_enable_x64: False -> True']"
+
+
 def test_jax_float64_is_float64() -> None:
-    """SDPA-1.4: JAX demotes float64 to float32 unless x64 is on; the backend turns it
-    on, so float64 arrays hold float64 values and the reference returns float64."""
+    """SDPA-1.4: JAX demotes float64 to float32 unless x64 is on; in the reference's
+    settings (REFERENCE_CONFIG) float64 arrays hold float64 values and the reference
+    returns float64."""
     try:
-        backend = Backend("jax")
+        backend = Backend("jax", config=REFERENCE_CONFIG["jax"])
     except BackendError as exc:
         pytest.skip(f"backend 'jax' unusable on this machine: {exc}")
     import jax
@@ -191,10 +215,10 @@ def test_jax_float64_is_float64() -> None:
 
 
 def test_jax_float32_matmul_is_float32() -> None:
-    """SDPA-7.2: float32 accumulates in float32, so the JAX backend turns off the TF32
-    default JAX uses for float32 matmuls on recent GPUs (a no-op on CPU)."""
+    """SDPA-7.2: float32 accumulates in float32, so the reference's JAX settings turn off
+    the TF32 default JAX uses for float32 matmuls on recent GPUs (a no-op on CPU)."""
     try:
-        Backend("jax")
+        Backend("jax", config=REFERENCE_CONFIG["jax"])
     except BackendError as exc:
         pytest.skip(f"backend 'jax' unusable on this machine: {exc}")
     import jax
@@ -290,7 +314,8 @@ def test_survey() -> None:
         if reason != "ok":
             assert [row.reason for row in mine] == [reason]
             continue
-        assert tuple(row.dtype for row in mine) == Backend(name).dtype_names
+        assert tuple(row.dtype for row in mine) == Backend(
+            name, config=REFERENCE_CONFIG.get(name)).dtype_names
         for row in mine:
             assert row.reason is None and row.within_bound, row
             assert 0 <= row.max_abs_error < np.inf

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +59,16 @@ def processes_in(directory: Path) -> list[int]:
     return found
 
 
+def _told_as_failed(prop: str, table: str) -> bool:
+    """The text report tells ``prop``'s failure: on its own ("FAILED prop [...]") or in a
+    group of properties with one root cause ("FAILED 2 properties, one cause ...")."""
+    if f"FAILED {prop} [" in table:
+        return True
+    return any(re.search(rf"^  .*\b{re.escape(prop)} \[", group, re.MULTILINE)
+               for group in re.findall(r"^FAILED \d+ properties, one cause.*\n(?:  .*\n)+",
+                                       table, re.MULTILINE))
+
+
 @pytest.mark.parametrize("case", HOSTILE, ids=lambda case: case.name)
 def test_hostile_kernel_gets_its_verdict_from_the_cli(case: Hostile, tmp_path: Path) -> None:
     """CONF-5, SDPA-1.3: ``attnspec check hostile.py:NAME --backend numpy --json`` gives
@@ -80,7 +91,7 @@ def test_hostile_kernel_gets_its_verdict_from_the_cli(case: Hostile, tmp_path: P
     for verdict in report["verdicts"]:
         if verdict["status"] == FAILED:
             assert case.finding in verdict["detail"], verdict["detail"]
-            assert f"FAILED {verdict['property']} [" in result.stdout
+            assert _told_as_failed(verdict["property"], result.stdout), result.stdout
             if case.isolated_only:  # lost with the worker: inputs and reproduction kept
                 assert verdict["counterexample"].startswith("q("), verdict
                 assert f"load_kernel({HOSTILE_FILE + ':' + case.name!r})" in (
@@ -235,6 +246,7 @@ def test_hang_is_attributed_to_the_example_that_hung(
     calls = shapes_file.read_text().splitlines()
     assert len(calls) == 5
     assert verdict.counterexample.startswith(calls[4] + ","), (calls, verdict.counterexample)
+    assert "out = fn(q, k, v" in verdict.reproduction  # the kernel called directly
     rerun_file = tmp_path / "rerun_shapes"
     ran = subprocess.run([sys.executable, "-c", verdict.reproduction], capture_output=True,
                          text=True, timeout=120, cwd=tmp_path,
@@ -325,6 +337,143 @@ def test_a_callable_the_worker_cannot_import_is_a_setup_error() -> None:
 
     with pytest.raises(SetupError, match=r"cannot be sent to a worker process.*--no-isolate"):
         check(local_kernel, backend="numpy", only=["default-scale"], isolate=True)
+
+
+# --- what the worker carries: hints, waivers, JAX settings ------------------------------
+
+WORKER_KERNELS = '''
+import ctypes, os
+import numpy as np
+from attnspec.reference import scaled_dot_product_attention as sdpa
+
+
+def _record_pid():
+    with open(os.environ["PID_FILE"], "a") as handle:
+        handle.write(f"{os.getpid()}\\n")
+
+
+def blhd(q, k, v, *, mask=None, is_causal=False, scale=None):
+    """A (B, L, H, D) kernel checked as if it took the spec's layout."""
+    _record_pid()
+    swap = lambda a: np.swapaxes(a, -2, -3)
+    return swap(sdpa(swap(q), swap(k), swap(v), mask=mask, is_causal=is_causal, scale=scale))
+
+
+def unscaled_crashes_on_random_queries(q, k, v, *, mask=None, is_causal=False, scale=None):
+    """No default scale; crashes on a query with no zero (the hint's random probe, never
+    the one-hot queries of default-scale)."""
+    if np.all(q != 0):
+        ctypes.string_at(0)
+    return sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=1.0 if scale is None else scale)
+
+
+def with_weights(q, k, v, *, mask=None, is_causal=False, scale=None):
+    out = sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+    return out, out
+
+
+def mean_of_v_when_empty(q, k, v, *, mask=None, is_causal=False, scale=None):
+    """JAX's convention for a fully masked row: the mean of V, not 0 (SDPA-5.1 waived)."""
+    out = sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+    if mask is None:
+        return out
+    empty = ~np.asarray(mask).any(axis=-1, keepdims=True)
+    return np.where(empty, np.mean(v, axis=-2, keepdims=True), out)
+'''
+
+
+@pytest.fixture
+def worker_kernels(tmp_path: Path) -> str:
+    path = tmp_path / "worker_kernels.py"
+    path.write_text(WORKER_KERNELS, encoding="utf-8")
+    return str(path)
+
+
+def test_hint_probes_run_in_the_worker(worker_kernels: str, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """SDPA-1.1, CONF-5: isolated, the layout hint still comes (its probe found that the
+    kernel is right in (B, L, H, D)), and every call of the kernel, the probe's included,
+    was made in a worker process, never in the check's own."""
+    pid_file = tmp_path / "pids"
+    monkeypatch.setenv("PID_FILE", str(pid_file))
+    report = check(f"{worker_kernels}:blhd", backend="numpy", dtypes=["float64"],
+                   only=["matches-reference"], isolate=True)
+    assert report.verdicts[0].status == FAILED
+    assert any("pass --layout blhd" in hint for hint in report.hints), report.hints
+    pids = {int(line) for line in pid_file.read_text().split()}
+    assert pids and os.getpid() not in pids
+
+
+def test_a_kernel_that_crashes_on_the_hint_probe_does_not_take_the_check_down(
+    worker_kernels: str,
+) -> None:
+    """CONF-5: the hints probe a failing kernel once more; isolated, a crash there costs
+    the hint, not the check: the verdicts stand and the report is whole."""
+    report = check(f"{worker_kernels}:unscaled_crashes_on_random_queries", backend="numpy",
+                   dtypes=["float64"], only=["default-scale"], isolate=True)
+    (verdict,) = report.verdicts
+    assert verdict.status == FAILED and "looks like 1 (no scale)" in verdict.detail
+    assert report.hints == []
+    assert report.claim.startswith("no conformance claim: 1 MUST property failed")
+
+
+def test_hints_and_waivers_travel_from_the_worker(worker_kernels: str) -> None:
+    """SDPA-1.3, CONF-7: a verdict's hint (an undeclared tuple return: --returns-weights)
+    and a waived clause (SDPA-5.1 with empty_rows_zero=False) come back from the worker
+    as they are in-process, and the claim names the waiver."""
+    returned = check(f"{worker_kernels}:with_weights", backend="numpy", dtypes=["float64"],
+                     only=["output-shape-dtype"], isolate=True)
+    assert "--returns-weights" in returned.verdicts[0].hint
+    waived = check(f"{worker_kernels}:mean_of_v_when_empty", backend="numpy",
+                   dtypes=["float64"], only=["empty-rows-zero", "default-scale"],
+                   isolate=True, empty_rows_zero=False)
+    assert [v.status for v in waived.verdicts] == [runner.WAIVED, PASSED]
+    assert waived.waived == ["SDPA-5.1"]
+    assert waived.claim == "no conformance claim: only some properties ran (--only/--skip)"
+    in_process = check(f"{worker_kernels}:mean_of_v_when_empty", backend="numpy",
+                       dtypes=["float64"], only=["empty-rows-zero", "default-scale"],
+                       empty_rows_zero=False)
+    assert [(v.status, v.detail) for v in waived.verdicts] == [
+        (v.status, v.detail) for v in in_process.verdicts]
+
+
+JAX_EXAMPLES = 2  # examples per property: each new shape costs JAX a compilation
+
+
+def test_the_worker_checks_in_the_jax_settings_asked_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--jax-x64 reaches the worker: its backend has float64 and the report says what was
+    changed; without it, a float64-only check on JAX is a setup error that says why."""
+    pytest.importorskip("jax", reason="the JAX backend needs jax installed")
+    monkeypatch.setitem(runner.PROFILES, "quick", JAX_EXAMPLES)
+    target = "attnspec.reference:scaled_dot_product_attention"
+    report = check(target, backend="jax", dtypes=["float64"], only=["default-scale"],
+                   jax_x64=True, isolate=True)
+    assert report.verdicts[0].status == PASSED, report.verdicts[0].detail
+    assert any("changed jax_enable_x64: False -> True" in note for note in report.notes), (
+        report.notes)
+    assert report.claim.startswith("no conformance claim: only some properties ran")
+    with pytest.raises(SetupError, match=r"no dtype to test.*jax_enable_x64 is off"):
+        check(target, backend="jax", dtypes=["float64"], only=["default-scale"],
+              isolate=True)
+
+
+def test_a_loaded_jax_backend_passes_its_x64_setting_to_the_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Backend object cannot travel to the worker; JAX's process-wide x64 setting, on
+    here, goes with its name, so the worker checks float64 as this process would."""
+    jax = pytest.importorskip("jax", reason="the JAX backend needs jax installed")
+    monkeypatch.setitem(runner.PROFILES, "quick", JAX_EXAMPLES)
+    before = jax.config.jax_enable_x64
+    try:
+        backend = Backend("jax", config={"jax_enable_x64": True})
+        report = check("attnspec.reference:scaled_dot_product_attention", backend=backend,
+                       dtypes=["float64"], only=["default-scale"], isolate=True)
+    finally:
+        jax.config.update("jax_enable_x64", before)
+    assert report.verdicts[0].status == PASSED, report.verdicts[0].detail
 
 
 # --- soak ------------------------------------------------------------------------------

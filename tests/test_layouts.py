@@ -18,7 +18,7 @@ from attnspec.conformance.layouts import (
     pad_head_dims,
     rename_arguments,
 )
-from attnspec.conformance.runner import FAILED, NOT_APPLICABLE
+from attnspec.conformance.runner import FAILED, WAIVED
 from attnspec.reference import scaled_dot_product_attention
 
 AGREEMENT = ["matches-reference", "default-scale", "explicit-scale"]
@@ -146,22 +146,28 @@ def test_kernel_needing_equal_head_dims_conforms_when_padded() -> None:
 
 
 def test_pad_head_dims_pads_and_cuts() -> None:
-    """Ev < E pads v and cuts the output; Ev > E pads q, k and passes scale=1/sqrt(E)."""
+    """SDPA-1.1, SDPA-2.1: Ev < E pads v and cuts the output; Ev > E with a scale pads q, k
+    to Ev; Ev > E without one pads q, k, v to E * 4**n >= Ev and doubles q n times, so the
+    kernel's own default 1/sqrt(E * 4**n) applies 1/sqrt(E), and no scale is passed."""
     calls: list[tuple[tuple[int, ...], ...]] = []
     scales: list[Any] = []
+    largest_q: list[float] = []
 
     def recorder(q: Any, k: Any, v: Any, *, scale: Any = None) -> Any:
         calls.append((q.shape, k.shape, v.shape))
         scales.append(scale)
+        largest_q.append(float(np.max(q)))
         return np.ones((*q.shape[:-1], v.shape[-1]))
 
     padded = pad_head_dims(recorder)
-    assert padded(np.zeros((2, 3, 4)), np.zeros((2, 5, 4)), np.zeros((2, 5, 1))).shape == (2, 3, 1)
-    assert padded(np.zeros((2, 3, 4)), np.zeros((2, 5, 4)), np.zeros((2, 5, 9))).shape == (2, 3, 9)
-    assert padded(np.zeros((2, 3, 4)), np.zeros((2, 5, 4)), np.zeros((2, 5, 9)), scale=0.5).shape
-    assert calls == [((2, 3, 4), (2, 5, 4), (2, 5, 4)), ((2, 3, 9), (2, 5, 9), (2, 5, 9)),
+    ones = np.ones((2, 3, 4))
+    assert padded(ones, np.zeros((2, 5, 4)), np.zeros((2, 5, 1))).shape == (2, 3, 1)
+    assert padded(ones, np.zeros((2, 5, 4)), np.zeros((2, 5, 9))).shape == (2, 3, 9)
+    assert padded(ones, np.zeros((2, 5, 4)), np.zeros((2, 5, 9)), scale=0.5).shape
+    assert calls == [((2, 3, 4), (2, 5, 4), (2, 5, 4)), ((2, 3, 16), (2, 5, 16), (2, 5, 16)),
                      ((2, 3, 9), (2, 5, 9), (2, 5, 9))]
-    assert scales == [None, 1 / math.sqrt(4), 0.5]
+    assert scales == [None, None, 0.5]
+    assert largest_q == [1.0, 2.0, 1.0]
 
 
 # --- rename_arguments --------------------------------------------------------------------------
@@ -214,8 +220,8 @@ def test_rename_arguments_rejects_bad_names() -> None:
 
 def test_jax_dot_product_attention_empty_rows_are_reported_as_sdpa_5_1() -> None:
     """SDPA-5.1: JAX gives mean(V) for a fully masked row; checked through the adapters,
-    the suite reports exactly that clause; declaring empty_rows_zero=False makes the
-    property not applicable instead (CONF-3)."""
+    the suite reports exactly that clause; declaring empty_rows_zero=False waives it
+    instead, and the report names the waived clause (CONF-7)."""
     jax = pytest.importorskip("jax", reason="checks JAX's own kernel")
     kernel = from_blhd(pad_head_dims(jax.nn.dot_product_attention), gqa=True,
                        dtypes=("float32",))
@@ -229,4 +235,5 @@ def test_jax_dot_product_attention_empty_rows_are_reported_as_sdpa_5_1() -> None
     assert "mean(V)" in text or "NaN" in text
     report = assert_conforms(kernel, backend="jax", only=["empty-rows-zero"],
                              empty_rows_zero=False)
-    assert [v.status for v in report.verdicts] == [NOT_APPLICABLE]
+    assert [v.status for v in report.verdicts] == [WAIVED]
+    assert report.waived == ["SDPA-5.1"]

@@ -21,7 +21,14 @@ from attnspec.conformance.declaration import KernelDeclaration
 from attnspec.conformance.kernel import KernelUnderTest
 from attnspec.conformance.known_kernels import known_divergences
 from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import FAILED, NOT_APPLICABLE, PASSED, WARNING, run_property
+from attnspec.conformance.runner import (
+    FAILED,
+    NOT_APPLICABLE,
+    PASSED,
+    WAIVED,
+    WARNING,
+    run_property,
+)
 from attnspec.reference import scaled_dot_product_attention as reference
 
 STRUCTURE = (
@@ -111,12 +118,13 @@ def test_torch_sdpa_passes(property_id: str) -> None:
 
 
 def test_unclaimed_properties_are_not_applicable() -> None:
-    """CONF-3: without GQA, bias or the fully-masked-row rule those properties are "not
-    applicable", never "passed"."""
+    """CONF-3: without GQA or bias those properties are "not applicable", never "passed";
+    CONF-7: the waived fully-masked-row rule is "waived", never "not applicable"."""
     plain = KernelDeclaration(empty_rows_zero=False)
     for property_id in ("gqa-mapping", "gqa-rejects-bad-heads", "bias-semantics",
-                        "mask-wins-over-bias", "empty-rows-zero"):
+                        "mask-wins-over-bias"):
         assert _verdict(reference, property_id, plain).status == NOT_APPLICABLE
+    assert _verdict(reference, "empty-rows-zero", plain).status == WAIVED
     no_route = KernelDeclaration(mask=False, causal=False)
     assert _verdict(reference, "empty-rows-zero", no_route).status == NOT_APPLICABLE
 

@@ -96,6 +96,9 @@ def test_k_selects_properties(pytester: pytest.Pytester, kernel_file: Path) -> N
         ("{file}:correct", ("--attnspec-only", "nope"), "unknown property id(s) nope"),
         ("{file}:correct", ("--attnspec-profile", "fast"), "profile='fast'"),
         ("{file}:correct", ("--attnspec-claim", "bias"), "should be KEY=VALUE"),
+        ("{file}:correct", ("--attnspec-timeout", "5"), "they need --attnspec-isolate"),
+        ("{file}:correct", ("--attnspec-isolate", "--attnspec-timeout", "0"),
+         "--attnspec-timeout 0.0, but should be a positive number of seconds"),
     ],
 )
 def test_bad_setup_is_a_usage_error(pytester: pytest.Pytester, kernel_file: Path, target: str,
@@ -105,3 +108,91 @@ def test_bad_setup_is_a_usage_error(pytester: pytest.Pytester, kernel_file: Path
     result = pytester.runpytest("--attnspec-kernel", target.format(file=kernel_file), *extra)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert any(message in line for line in result.stderr.lines), result.stderr.str()
+
+
+def test_plugin_takes_every_declaration_the_cli_takes(pytester: pytest.Pytester) -> None:
+    """CONF-3 (issue 10): each declaration flag of ``attnspec check`` (the claims table) is
+    a ``--attnspec-...`` option of the plugin, the booleans with their ``--attnspec-no-``."""
+    from attnspec.conformance import claims, isolation
+
+    help_text = pytester.runpytest("--help").stdout.str()
+    for flag in (*claims.SETUP_FLAGS, *claims.CLAIM_FLAGS, *isolation.SUPERVISION_FLAGS):
+        assert f"--attnspec-{flag.option[2:]}" in help_text, flag.option
+        if flag.kind == "bool":
+            assert f"--attnspec-no-{flag.option[2:]}" in help_text, flag.option
+    assert "--attnspec-isolate" in help_text  # the CLI's default, the plugin's option
+
+
+CRASHES_ON_EXPLICIT_SCALE = """
+import ctypes
+from attnspec.reference import scaled_dot_product_attention
+
+
+def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
+    if scale is not None:
+        ctypes.string_at(0)  # SIGSEGV
+    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+"""
+
+
+def test_isolated_plugin_survives_a_crashing_kernel(pytester: pytest.Pytester) -> None:
+    """CONF-5: with --attnspec-isolate the kernel runs in a worker process: a segfault
+    fails the property that was running, and the pytest run goes on to the next one and
+    its summary (run in a subprocess, so a regression cannot take this run down)."""
+    path = pytester.makepyfile(crashing=CRASHES_ON_EXPLICIT_SCALE)
+    result = pytester.runpytest_subprocess(
+        "--attnspec-kernel", f"{path}:attention", "--attnspec-only",
+        "explicit-scale,default-scale", "--attnspec-isolate", "--attnspec-timeout", "30",
+        "-v", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines([
+        "attnspec::explicit-scale?SDPA-2.2? FAILED*",
+        "attnspec::default-scale?SDPA-2.1? PASSED*",
+        "*killed by signal SIGSEGV*",
+        "*rerun:   pytest --attnspec-kernel *--attnspec-isolate *--attnspec-timeout 30.0*",
+        "*no conformance claim: 1 MUST property failed (CONF-1): explicit-scale",
+    ])
+
+
+def _cli_statuses(argv: list[str], tmp_path: Path) -> dict[str, str]:
+    import json
+
+    from attnspec.conformance import cli
+
+    path = tmp_path / "cli.json"
+    cli.main([*argv, "--json", str(path)])
+    outcome = {"passed": "PASSED", "failed": "FAILED", "not applicable": "SKIPPED",
+               "waived": "SKIPPED", "warning": "PASSED"}
+    return {v["property"]: outcome[v["status"]] for v in json.loads(path.read_text())["verdicts"]}
+
+
+def test_same_kernel_same_properties_in_cli_and_plugin(pytester: pytest.Pytester,
+                                                       kernel_file: Path,
+                                                       tmp_path: Path) -> None:
+    """SDPA-2.1, SDPA-4.1 (issue 10): a (B, L, H, E) kernel with FlashAttention's causal=
+    checked with --layout, --rename, --dtype and a claim flag gets the same verdict for
+    every property from the CLI and from the plugin, and the plugin's rerun command repeats
+    those declarations."""
+    only = "default-scale,explicit-scale,causal-zeros,mask-polarity,empty-rows-zero"
+    declarations = ["layout", "blhd", "rename", "is_causal=causal", "dtype", "float64"]
+    cli_args = [*(f"--{d}" if i % 2 == 0 else d for i, d in enumerate(declarations)),
+                "--no-mask"]
+    plugin_args = [*(f"--attnspec-{d}" if i % 2 == 0 else d for i, d in enumerate(declarations)),
+                   "--attnspec-no-mask"]
+    cli = _cli_statuses(["check", f"{kernel_file}:blhd_no_default_scale", "--only", only,
+                         *cli_args], tmp_path)
+    result = pytester.runpytest("--attnspec-kernel", f"{kernel_file}:blhd_no_default_scale",
+                                "--attnspec-only", only, *plugin_args, "-v")
+    plugin = {}
+    for line in result.stdout.lines:
+        if line.startswith("attnspec::") and " " in line:
+            name, outcome = line.split()[:2]
+            plugin[name.removeprefix("attnspec::").split("[")[0]] = outcome
+    assert plugin == cli
+    assert cli["causal-zeros"] == "PASSED" and cli["default-scale"] == "FAILED"
+    assert cli["mask-polarity"] == "SKIPPED"
+    rerun = next(line for line in result.stdout.lines if "rerun:" in line)
+    assert " ".join(plugin_args) in rerun
+    # the summary ends with the claim, or why there is none (CONF-1)
+    result.stdout.fnmatch_lines(["*no conformance claim: 1 MUST property failed (CONF-1): "
+                                 "default-scale"])

@@ -54,7 +54,7 @@ CONTRACT = {
     "ROPE-1": "MUST", "ROPE-2": "MUST",
     "TOL-1": "MUST", "TOL-2": "MUST", "TOL-3": "MUST",
     "CONF-1": "MUST", "CONF-2": "SHOULD", "CONF-3": "MUST", "CONF-4": "MUST",
-    "CONF-5": "MUST", "CONF-6": "MUST",
+    "CONF-5": "MUST", "CONF-6": "MUST", "CONF-7": "MUST",
 }
 CONTRACT_AREAS = {clause_id.split("-")[0] for clause_id in CONTRACT}
 DTYPES = ("float16", "bfloat16", "float32", "float64")

@@ -70,7 +70,7 @@ def gqa_rejects_bad_heads(kernel: KernelUnderTest, data: st.DataObject) -> None:
         result = kernel.call(args, kwargs)
     except Exception:
         return  # any exception is the rejection this clause asks for
-    shape = tuple(getattr(kernel.split(result)[0], "shape", ()))
+    shape = tuple(getattr(kernel.split(result, problem)[0], "shape", ()))
     raise PropertyFailure(
         f"q has Hq={n_q_heads} heads and k/v have Hkv={n_kv_heads}, which does not divide "
         f"it, but the kernel returned a result of shape {shape} instead of raising [SDPA-6.2]",

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from ..assertions import assert_identical, assert_matches_reference, assert_within_bound
 from ..declaration import KernelDeclaration
+from ..failures import PropertyFailure
+from ..hints import mask_convention
 from ..kernel import KernelUnderTest
 from ..oracle import reference_bound, weights_bound
 from ..registry import needs, register
@@ -26,16 +28,10 @@ from ..strategies import (
     draw_rng,
     random_values,
 )
-from .softmax import values_per_query
+from .softmax import LARGEST_FINITE, values_per_query
 
 EXPLICIT_NON_UNIT_SCALES = (0.5, 2.0, 0.125, -0.75, 4.0)
 BIAS_MAGNITUDE = 3.0  # |b| of a few units: (1 - s) * b is far outside TOL-2 for s != 1
-LARGEST_FINITE = {
-    "float16": 65504.0,
-    "bfloat16": (2 - 2.0**-7) * 2.0**127,
-    "float32": float(np.finfo(np.float32).max),
-    "float64": float(np.finfo(np.float64).max),
-}
 
 
 @register("mask-polarity", "SDPA-3.1", applies=needs("mask"))
@@ -54,8 +50,16 @@ def mask_polarity(kernel: KernelUnderTest, data: st.DataObject) -> None:
     keys = np.broadcast_to(chosen, dims.scores_shape[:-1])[..., None]
     expected = np.take_along_axis(values_per_query(problem), keys, axis=-2)
     tolerance = np.asarray(reference_bound(problem, kernel.declaration).out_tolerance)
-    assert_within_bound(out, expected, tolerance, "out (one allowed key per row)",
-                        problem, kernel)
+    try:
+        assert_within_bound(out, expected, tolerance, "out (one allowed key per row)",
+                            problem, kernel)
+    except PropertyFailure as failure:
+        convention = mask_convention(kernel, problem, out)
+        if convention is None:
+            raise
+        finding, hint = convention
+        raise PropertyFailure(f"{finding} [SDPA-3.1]; {failure.finding}", problem, kernel,
+                              hint=hint) from None
 
 
 def _draw_reducible_shape(

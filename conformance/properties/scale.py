@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from ..assertions import first_index
 from ..declaration import KernelDeclaration
-from ..failures import PropertyFailure
+from ..failures import PropertyFailure, distinct
 from ..kernel import KernelUnderTest, Problem
 from ..oracle import reference_bound, weights_bound
 from ..registry import needs, register
@@ -78,10 +78,12 @@ def recovered_scale(kernel: KernelUnderTest, problem: Problem) -> None:
         }
         names = [n for n, c in candidates.items() if abs(found - c) <= float(slack[at])]
         looks = f" (looks like {', '.join(names)})" if names else ""
+        shown, should = distinct(found, expected_scale)
         raise PropertyFailure(
-            f"the kernel's weights imply scale={found:.6g}{looks}, but should be "
-            f"{expected_scale:.6g} (E={head_dim}, Ev={value_dim}, scale={problem.scale!r}); "
-            f"allowed deviation {float(slack[at]):.3g} from TOL-2",
+            f"the kernel's weights imply scale={shown}{looks}, but should be {should} "
+            f"(E={head_dim}, Ev={value_dim}, scale={problem.scale!r}): they differ by "
+            f"{abs(found - expected_scale):.3g}, more than the {float(slack[at]):.3g} TOL-2 "
+            f"allows",
             problem, kernel,
         )
 

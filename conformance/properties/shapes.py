@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from ...backends import FLOAT_DTYPE_NAMES, Backend
 from ..assertions import assert_matches_reference, assert_shape, first_index
 from ..failures import KernelRaised, PropertyFailure
+from ..hints import raised_hint
 from ..kernel import KernelUnderTest, Problem
 from ..registry import always, register
 from ..strategies import draw_any_problem, draw_dims, draw_problem
@@ -34,11 +35,13 @@ def call_with(
     arguments are views or must be inspected after the call.
     """
     try:
-        return kernel.split(kernel.call(args, kwargs))
+        result = kernel.call(args, kwargs)
     except Exception as exc:
         raise KernelRaised(
-            f"kernel raised {type(exc).__name__}: {str(exc)[:300]}{context}", problem, kernel
+            f"kernel raised {type(exc).__name__}: {str(exc)[:300]}{context}", problem, kernel,
+            hint=raised_hint(exc, kernel),
         ) from exc
+    return kernel.split(result, problem)
 
 
 def dtype_name(backend: Backend, dtype: Any) -> str:

@@ -31,6 +31,13 @@ VALID_SCORE_ERROR = 0.25
 # difference of two scores twice larger); bfloat16 has float32's range.
 # half precision scores are accumulated in float32 (SDPA-7.2), so they may exceed 65504
 HUGE_SCORE = {"float16": 1e6, "bfloat16": 1e30, "float32": 1e30, "float64": 1e300}
+EXP_OVERFLOWS = 89.0  # exp(s) is inf in float32 (and so in float16, bfloat16) beyond this
+LARGEST_FINITE = {
+    "float16": 65504.0,
+    "bfloat16": (2 - 2.0**-7) * 2.0**127,
+    "float32": float(np.finfo(np.float32).max),
+    "float64": float(np.finfo(np.float64).max),
+}
 
 
 def scores_shape(problem: Problem) -> tuple[int, ...]:
@@ -192,19 +199,81 @@ def large_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
     # that is ~2e5, in float64 ~1e14: exp overflows far below either.
     coefficient = product_coefficient(dtype, problem.q.shape[-1], problem.scale) + 6 * u_a
     valid = 0.9 * (math.log(1 + VALID_SCORE_ERROR) - 4 * u_a) / coefficient
+    # ... and no larger than a quarter of the dtype's range, so that q k^T formed in the
+    # dtype stays finite here too (the huge problem below tells that overflow apart)
+    valid = min(valid, LARGEST_FINITE[dtype] / 4)
     large = within_validity(kernel, _with_score_magnitude(kernel, problem, valid))
-    assert_matches_reference(kernel, large, what="out with large scores (SDPA-7.4)")
+    out = kernel.run(large)
+    if max_score_magnitude(large) > EXP_OVERFLOWS:
+        if not np.isfinite(out).all():
+            raise PropertyFailure(
+                f"{_non_finite(out, large)}, where exp overflows but q k^T does not: the "
+                "softmax needs max subtraction or an equivalent [SDPA-7.4]", large, kernel,
+            )
+        _raise_if_exp_underflowed(kernel, large, out)
+    assert_matches_reference(kernel, large, out, what="out with large scores (SDPA-7.4)")
     huge = _with_score_magnitude(kernel, problem, HUGE_SCORE[dtype])
     out = kernel.run(huge)
-    bad = ~np.isfinite(out)
-    if bad.any():
-        at = first_index(bad)
+    if not np.isfinite(out).all():
+        _explain_overflow(kernel, problem, huge, out)
+
+
+def _raise_if_exp_underflowed(kernel: KernelUnderTest, problem: Problem, out: np.ndarray) -> None:
+    """Rows the kernel zeroes where the definition is not 0, on scores beyond exp's range:
+    every exp(s) underflowed, which max subtraction prevents (SDPA-7.4)."""
+    expected = np.asarray(reference_bound(problem, kernel.declaration).out)
+    if out.shape != expected.shape:
+        return
+    zeroed = np.all(out == 0, axis=-1) & np.any(expected != 0, axis=-1)
+    if zeroed.any():
+        at = first_index(zeroed)
         raise PropertyFailure(
-            f"out{at} = {out[at]!r} for finite inputs with scores up to "
-            f"{max_score_magnitude(huge):.3g} ({int(bad.sum())} of {bad.size} elements not "
-            f"finite); the softmax needs max subtraction or an equivalent [SDPA-7.4]",
-            huge, kernel,
+            f"out{at} is all 0, but should be {expected[at]!r}, for scores up to "
+            f"{max_score_magnitude(problem):.3g}, where exp underflows but q k^T does not: "
+            "the softmax needs max subtraction or an equivalent [SDPA-7.4]", problem, kernel,
         )
+
+
+def _non_finite(out: np.ndarray, problem: Problem) -> str:
+    at = first_index(~np.isfinite(out))
+    return (f"out{at} = {out[at]!r} for finite inputs with scores up to "
+            f"{max_score_magnitude(problem):.3g} ({int((~np.isfinite(out)).sum())} of "
+            f"{out.size} elements not finite)")
+
+
+def _explain_overflow(kernel: KernelUnderTest, problem: Problem, huge: Problem,
+                      out: np.ndarray) -> None:
+    """Say which overflow a non-finite output on ``huge`` comes from (SDPA-7.4, SDPA-7.2).
+
+    Scores whose exp overflows every dtype (> 1000) but whose unscaled products stay far
+    inside the dtype's range tell the two apart: a kernel that fails there has no max
+    subtraction; one that passes there but fails on ``huge`` overflows in q k^T itself.
+    """
+    dtype, head_dim = problem.dtype, problem.q.shape[-1]
+    largest = LARGEST_FINITE[dtype]
+    moderate_limit = min(HUGE_SCORE[dtype], largest / (4 * math.sqrt(head_dim)))
+    moderate = _with_score_magnitude(kernel, problem, moderate_limit)
+    moderate_out = kernel.run(moderate)
+    if not np.isfinite(moderate_out).all():
+        raise PropertyFailure(
+            f"{_non_finite(moderate_out, moderate)}, where exp overflows but q k^T does not: "
+            "the softmax needs max subtraction or an equivalent [SDPA-7.4]",
+            moderate, kernel,
+        )
+    scale = 1.0 / math.sqrt(head_dim) if huge.scale is None else abs(huge.scale)
+    unscaled = max_score_magnitude(huge) / scale
+    if unscaled > largest:
+        cause = (f"q k^T reaches {unscaled:.3g} before scaling, beyond {dtype}'s largest "
+                 f"finite value {largest:.3g}, so the kernel overflows computing the scores in "
+                 f"{dtype}; {dtype} scores should be accumulated in float32 (SDPA-7.2)")
+    else:
+        cause = (f"an intermediate of the kernel overflows ({dtype} holds up to "
+                 f"{largest:.3g})")
+    raise PropertyFailure(
+        f"{_non_finite(out, huge)}, while scores up to {max_score_magnitude(moderate):.3g} "
+        f"give a finite output, so max subtraction works: {cause} [SDPA-7.4]",
+        huge, kernel,
+    )
 
 
 @register("deterministic", "SDPA-7.5", applies=always)

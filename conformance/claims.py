@@ -1,0 +1,495 @@
+"""The claims table: everything a kernel can claim, in one place (CONF-3, CONF-7).
+
+Each :class:`Claim` is one field of :class:`~attnspec.conformance.KernelDeclaration`
+with its default, the command-line flag(s) that set it and their help, the keyword(s)
+the suite passes the kernel because of it, how it shows in the conformance claim line,
+and the MUST clause a non-default value waives.  ``KernelDeclaration`` and ``declare``,
+the ``attnspec check`` flags, the pytest plugin's ``--attnspec-*`` options,
+``suite_keywords`` (the signature pre-flight), the claim line and the reproductions'
+``KernelDeclaration(...)`` all derive from :data:`CLAIMS`: adding a claim is adding a row.
+
+:data:`SETUP_FLAGS` are the other declarations the CLI and the plugin share: how the
+kernel is called (layout, keyword renames), which dtypes are checked, and the JAX
+configuration to check it in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..backends import FLOAT_DTYPE_NAMES
+from ..reference.masks import CAUSAL_ALIGNMENTS
+from ..reference.sparse_sets import PATTERN_NAMES
+
+if TYPE_CHECKING:
+    from .declaration import KernelDeclaration
+
+FEATURE_MAPS = ("elu+1", "relu", "favor+")
+LAYOUTS = ("bhld", "blhd")
+
+#: A flag's parsed value by its ``dest`` (None, or False for a switch, when not given).
+Getter = Callable[[str], Any]
+
+
+class UsageError(ValueError):
+    """A bad flag value: reported as one line (CLI exit status 2, pytest usage error)."""
+
+
+# --- flag values ---------------------------------------------------------------------------
+
+def literal(text: str) -> Any:
+    """A flag value: a Python/JSON literal (3, 0.5, True, [1, 2], null) or else the string."""
+    lowered = {"true": True, "false": False, "null": None, "none": None}
+    if text.lower() in lowered:
+        return lowered[text.lower()]
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def key_values(pairs: list[str] | None, option: str) -> dict[str, Any]:
+    """``["a=1", "b=x"]`` as ``{"a": 1, "b": "x"}``; UsageError naming ``option`` otherwise."""
+    result: dict[str, Any] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise UsageError(f"{option} {pair!r}, but should be KEY=VALUE")
+        result[key.strip()] = literal(value)
+    return result
+
+
+def comma_list(values: list[str] | None) -> list[str] | None:
+    """Repeated and comma-separated values as one list (None when none was given)."""
+    if not values:
+        return None
+    return [item.strip() for value in values for item in value.split(",") if item.strip()]
+
+
+def _alignment(text: str) -> str:
+    return text.replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line option; the CLI adds it as is, the pytest plugin with ``--attnspec-``."""
+
+    option: str
+    help: str
+    kind: str = "value"  # value | list | switch (store_true) | bool (--x/--no-x)
+    choices: tuple[str, ...] | None = None
+    type: Callable[[str], Any] = str
+    metavar: str | None = None
+    rerun: bool = True  # a rerun command repeats it
+
+    @property
+    def dest(self) -> str:
+        return self.option.lstrip("-").replace("-", "_")
+
+    def add_to(self, parser: argparse.ArgumentParser | Any) -> None:
+        """Add to an argparse parser (or group) under its own name, ``--x/--no-x`` for bools."""
+        if self.kind == "bool":
+            parser.add_argument(self.option, action=argparse.BooleanOptionalAction,
+                                default=None, help=self.help)
+        elif self.kind == "switch":
+            parser.add_argument(self.option, action="store_true", help=self.help)
+        else:
+            parser.add_argument(
+                self.option, action="append" if self.kind == "list" else "store",
+                choices=self.choices, type=self.type, metavar=self.metavar, help=self.help,
+            )
+
+    def add_prefixed(self, group: Any, prefix: str) -> None:
+        """Add to a pytest option group as ``--PREFIX-x`` (and ``--PREFIX-no-x``), dest
+        ``PREFIX_x``: pytest's parser has no ``--no-`` variant of its own."""
+        name, dest = f"--{prefix}-{self.option[2:]}", f"{prefix}_{self.dest}"
+        if self.kind == "bool":
+            group.addoption(name, action="store_const", const=True, default=None, dest=dest,
+                            help=self.help)
+            group.addoption(f"--{prefix}-no-{self.option[2:]}", action="store_const",
+                            const=False, dest=dest, help=f"the opposite of {name}")
+        elif self.kind == "switch":
+            group.addoption(name, action="store_true", default=False, dest=dest, help=self.help)
+        else:
+            group.addoption(name, action="append" if self.kind == "list" else "store",
+                            default=None, choices=self.choices, type=self.type,
+                            metavar=self.metavar, dest=dest, help=self.help)
+
+    def tokens(self, value: Any, prefix: str | None = None) -> list[str]:
+        """The command-line tokens that give this flag ``value`` (none for the default)."""
+        option = self.option if prefix is None else f"--{prefix}-{self.option[2:]}"
+        if value is None or (value is False and self.kind == "switch"):
+            return []
+        if self.kind == "bool":
+            negative = (f"--no-{self.option[2:]}" if prefix is None
+                        else f"--{prefix}-no-{self.option[2:]}")
+            return [option if value else negative]
+        if self.kind == "switch":
+            return [option]
+        if self.kind == "list":
+            return [token for item in value for token in (option, str(item))]
+        return [option, str(value)]
+
+
+# --- the family claims: a sparse pattern, a linear feature map -----------------------------
+
+@dataclass(frozen=True)
+class SparseClaim:
+    """The kernel computes attention restricted to one spec pattern (spec/sparse.md).
+
+    ``params`` are the pattern's parameters as ``attnspec.reference.sparse_mask`` takes
+    them; with ``pass_params`` the kernel receives them as keyword arguments on every
+    call, otherwise they are baked into the kernel.
+    """
+
+    pattern: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    alignment: str = "top_left"
+    causal: bool = False
+    pass_params: bool = False
+
+
+@dataclass(frozen=True)
+class LinearClaim:
+    """The kernel is kernelized (linear) attention with this feature map (spec/linear.md).
+
+    ``feature_map`` is ``"elu+1"``, ``"relu"``, ``"favor+"`` or a callable phi.  A
+    FAVOR+ kernel draws ``num_features`` random features from the integer it receives
+    as ``seed_keyword``.
+    """
+
+    feature_map: str | Callable[[Any], Any]
+    num_features: int | None = None
+    orthogonal: bool = True
+    seed_keyword: str = "seed"
+    eps: float = 0.0
+    causal_alignment: str = "top_left"
+
+
+def _sparse_from_flags(get: Getter) -> SparseClaim | None:
+    given = [f for f in ("sparse_param", "sparse_alignment", "sparse_causal",
+                         "sparse_pass_params") if get(f)]
+    pattern = get("sparse")
+    if pattern is None:
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} needs --sparse PATTERN")
+        return None
+    if pattern not in PATTERN_NAMES:
+        raise UsageError(f"--sparse {pattern!r} is not a spec pattern; expected one of "
+                         f"{', '.join(PATTERN_NAMES)}")
+    return SparseClaim(pattern, key_values(get("sparse_param"), "--sparse-param"),
+                       alignment=get("sparse_alignment") or "top_left",
+                       causal=bool(get("sparse_causal")),
+                       pass_params=bool(get("sparse_pass_params")))
+
+
+def _feature_map(name: str) -> str | Callable[..., Any]:
+    """A named feature map, or the callable ``MODULE:FUNC`` names (--linear)."""
+    if name in FEATURE_MAPS:
+        return name
+    if ":" not in name:
+        raise UsageError(f"--linear {name!r} is neither {', '.join(FEATURE_MAPS)} nor "
+                         "MODULE:FUNC")
+    from .kernel import KernelLoadError, load_kernel
+
+    try:
+        return load_kernel(name)
+    except KernelLoadError as exc:
+        raise UsageError(f"--linear: {exc}") from None
+
+
+def _linear_from_flags(get: Getter) -> LinearClaim | None:
+    given = [f for f in ("linear_num_features", "linear_iid", "linear_seed_keyword",
+                         "linear_eps", "linear_causal_alignment") if get(f) not in (None, False)]
+    feature_map = get("linear")
+    if feature_map is None:
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} needs --linear FEATURE_MAP")
+        return None
+    return LinearClaim(_feature_map(feature_map), get("linear_num_features"),
+                       orthogonal=not get("linear_iid"),
+                       seed_keyword=get("linear_seed_keyword") or "seed",
+                       eps=get("linear_eps") or 0.0,
+                       causal_alignment=get("linear_causal_alignment") or "top_left")
+
+
+# --- the table -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Claim:
+    """One row of the claims table: a declaration field and everything derived from it."""
+
+    field: str
+    annotation: str
+    default: Any = None
+    default_factory: Callable[[], Any] | None = None
+    flags: tuple[Flag, ...] = ()
+    # the value from the flags (None: not given); default: the single flag's value
+    from_flags: Callable[[Getter], Any] | None = None
+    # claims a given flag also sets (unless set by their own flag): --bias-keyword -> bias
+    implies: Mapping[str, Any] = field(default_factory=dict)
+    # keywords the suite passes the kernel because of this claim, and how to stop it
+    keywords: Callable[[KernelDeclaration], tuple[str, ...]] | None = None
+    remedy: str = ""
+    # the words this claim adds to the conformance claim line (None: nothing)
+    shows_as: Callable[[KernelDeclaration], str | None] | None = None
+    # the MUST clause a kernel that does not keep the default does not follow (CONF-7)
+    waives: str | None = None
+    # a message saying what is wrong with a value, or None
+    invalid: Callable[[Any], str | None] | None = None
+
+    def dataclass_field(self) -> Any:
+        if self.default_factory is not None:
+            return field(default_factory=self.default_factory)
+        return field(default=self.default)
+
+    @property
+    def default_value(self) -> Any:
+        return self.default_factory() if self.default_factory is not None else self.default
+
+    def value_from(self, get: Getter) -> Any:
+        """This claim's value from the flags, or None when no flag of it was given."""
+        if self.from_flags is not None:
+            return self.from_flags(get)
+        if not self.flags:
+            return None
+        flag = self.flags[0]
+        value = get(flag.dest)
+        if flag.kind == "switch":
+            return True if value else None
+        return value
+
+
+def _dense(declaration: KernelDeclaration) -> bool:
+    return declaration.family == "dense"
+
+
+def _when(name: str, text: str | Callable[[KernelDeclaration], str]) -> Callable[..., Any]:
+    """shows_as: ``text`` for a dense kernel claiming the boolean ``name``."""
+    def shows(declaration: KernelDeclaration) -> str | None:
+        if not (_dense(declaration) and getattr(declaration, name)):
+            return None
+        return text(declaration) if callable(text) else text
+
+    return shows
+
+
+def _dtypes_invalid(value: Any) -> str | None:
+    if value is not None and (not value or any(d not in FLOAT_DTYPE_NAMES for d in value)):
+        return f"dtypes={value!r}, but should be a non-empty subset of {FLOAT_DTYPE_NAMES}"
+    return None
+
+
+def _batch_ndim_invalid(value: Any) -> str | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or not 0 <= value <= 4):
+        return f"batch_ndim={value!r}, but should be None or 0..4"
+    return None
+
+
+def _alignment_invalid(value: str) -> str | None:
+    if value not in CAUSAL_ALIGNMENTS:
+        return f"causal_alignment={value!r}, but should be one of {CAUSAL_ALIGNMENTS}"
+    return None
+
+
+def _family_alignment_invalid(value: Any) -> str | None:
+    if value is None:
+        return None
+    return _alignment_invalid(getattr(value, "alignment", None)
+                              or getattr(value, "causal_alignment", None))
+
+
+def _linear_shows(declaration: KernelDeclaration) -> str | None:
+    claim = declaration.linear
+    if claim is None:
+        return None
+    return claim.feature_map if isinstance(claim.feature_map, str) else "custom feature map"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim("dtypes", "tuple[str, ...] | None", invalid=_dtypes_invalid),  # --dtype: SETUP_FLAGS
+    Claim("batch_ndim", "int | None", flags=(
+        Flag("--batch-ndim", "the kernel takes exactly this many leading batch dims (1 for "
+             "(B, H, L, E) kernels; default: any number)", type=int, metavar="N"),),
+        invalid=_batch_ndim_invalid,
+        shows_as=lambda d: None if d.batch_ndim is None else _plural(d.batch_ndim, "batch dim")),
+    Claim("equal_head_dims", "bool", False, flags=(
+        Flag("--equal-head-dims", "the kernel needs Ev == E (FlashAttention 2, JAX); the suite "
+             "pads q, k or v with exact zero columns", kind="switch"),),
+        shows_as=lambda d: "needs E == Ev" if d.equal_head_dims else None),
+    Claim("mask", "bool", True, flags=(
+        Flag("--mask", "the kernel takes a boolean mask (default: read off its signature)",
+             kind="bool"),),
+        keywords=lambda d: (d.mask_keyword,) if _dense(d) and d.mask else (),
+        remedy="--no-mask, or --mask-keyword NAME", shows_as=_when("mask", "mask")),
+    Claim("mask_keyword", "str", "mask", flags=(
+        Flag("--mask-keyword", "keyword of the boolean mask (default mask); implies --mask",
+             metavar="NAME"),), implies={"mask": True}),
+    Claim("bias", "bool", False, flags=(
+        Flag("--bias", "the kernel takes an additive float bias", kind="bool"),),
+        keywords=lambda d: (d.bias_keyword,) if _dense(d) and d.bias else (),
+        remedy="--no-bias, or --bias-keyword NAME", shows_as=_when("bias", "bias")),
+    Claim("bias_keyword", "str", "bias", flags=(
+        Flag("--bias-keyword", "keyword of the bias (default bias; PyTorch: attn_mask, a float "
+             "mask added to the scores); implies --bias", metavar="NAME"),),
+        implies={"bias": True}),
+    Claim("gqa", "bool", False, flags=(
+        Flag("--gqa", "grouped-query attention: Hq a multiple of Hkv", kind="bool"),),
+        shows_as=_when("gqa", "GQA")),
+    Claim("gqa_keyword", "str | None", flags=(
+        Flag("--gqa-keyword", "keyword set to True when Hq != Hkv (PyTorch: enable_gqa); "
+             "implies --gqa", metavar="NAME"),), implies={"gqa": True},
+        keywords=lambda d: (d.gqa_keyword,) if _dense(d) and d.gqa and d.gqa_keyword else (),
+        remedy="--gqa-keyword NAME"),
+    Claim("causal", "bool", True, flags=(
+        Flag("--causal", "the kernel takes is_causal", kind="bool"),),
+        keywords=lambda d: ("is_causal",) if _dense(d) and d.causal else (),
+        remedy="--no-causal, or --rename is_causal=NAME",
+        shows_as=_when("causal", lambda d: f"{d.causal_alignment.replace('_', '-')} causal")),
+    Claim("causal_alignment", "str", "top_left", flags=(
+        Flag("--causal-alignment", "what is_causal means when Lq != Lk: top_left (PyTorch/JAX) "
+             "or bottom_right (FlashAttention >= 2.1)", choices=CAUSAL_ALIGNMENTS,
+             type=_alignment),), invalid=_alignment_invalid),
+    Claim("mask_and_causal", "bool", True, flags=(
+        Flag("--mask-and-causal", "mask and is_causal may be passed together", kind="bool"),),
+        shows_as=lambda d: ("mask and causal not combined" if _dense(d) and d.mask and d.causal
+                            and not d.mask_and_causal else None)),
+    Claim("scale", "bool", True, flags=(
+        Flag("--scale", "the kernel takes scale=", kind="bool"),),
+        keywords=lambda d: ("scale",) if _dense(d) and d.scale else (),
+        remedy="--no-scale, or --rename scale=NAME", shows_as=_when("scale", "explicit scale")),
+    Claim("returns_weights", "bool", False, flags=(
+        Flag("--returns-weights", "the kernel returns (out, weights)", kind="bool"),),
+        shows_as=_when("returns_weights", "returned weights")),
+    Claim("empty_rows_zero", "bool", True, flags=(
+        Flag("--empty-rows-zero", "fully masked rows give 0 as the spec says (SDPA-5.1); "
+             "--no-empty-rows-zero for kernels that give mean(V): the claim then names "
+             "SDPA-5.1 as waived (CONF-7)", kind="bool"),), waives="SDPA-5.1"),
+    Claim("extra_kwargs", "Mapping[str, Any]", default_factory=dict, flags=(
+        Flag("--kwarg", "extra keyword passed on every call, e.g. dropout_p=0.0", kind="list",
+             metavar="KEY=VALUE"),),
+        from_flags=lambda get: key_values(get("kwarg"), "--kwarg") or None,
+        keywords=lambda d: tuple(d.extra_kwargs), remedy="--kwarg"),
+    Claim("sparse", "SparseClaim | None", flags=(
+        Flag("--sparse", "the kernel implements this sparse pattern (spec/sparse.md)",
+             metavar="PATTERN"),
+        Flag("--sparse-param", "a parameter of the sparse pattern (repeatable)", kind="list",
+             metavar="KEY=VALUE"),
+        Flag("--sparse-alignment", "causal alignment of the sparse pattern",
+             choices=CAUSAL_ALIGNMENTS, type=_alignment),
+        Flag("--sparse-causal", "the sparse pattern is causal", kind="switch"),
+        Flag("--sparse-pass-params", "pass the pattern's parameters to the kernel as keywords",
+             kind="switch"),
+    ), from_flags=_sparse_from_flags, invalid=_family_alignment_invalid,
+        keywords=lambda d: tuple(d.sparse.params) if d.sparse and d.sparse.pass_params else (),
+        remedy="--sparse-pass-params",
+        shows_as=lambda d: None if d.sparse is None else d.sparse.pattern),
+    Claim("linear", "LinearClaim | None", flags=(
+        Flag("--linear", "the kernel is linear attention with this feature map "
+             f"(spec/linear.md): {', '.join(FEATURE_MAPS)}, or MODULE:FUNC of a feature-map "
+             "callable", metavar="FEATURE_MAP"),
+        Flag("--linear-num-features", "number of random features (FAVOR+)", type=int,
+             metavar="M"),
+        Flag("--linear-iid", "FAVOR+ features are iid, not orthogonal", kind="switch"),
+        Flag("--linear-seed-keyword", "keyword the FAVOR+ seed is passed as (default seed)",
+             metavar="NAME"),
+        Flag("--linear-eps", "epsilon the kernel adds to its denominator", type=float,
+             metavar="EPS"),
+        Flag("--linear-causal-alignment", "causal alignment of the linear kernel",
+             choices=CAUSAL_ALIGNMENTS, type=_alignment),
+    ), from_flags=_linear_from_flags, invalid=_family_alignment_invalid,
+        keywords=lambda d: ((d.linear.seed_keyword,) if d.linear is not None
+                            and d.linear.feature_map == "favor+" else ()),
+        remedy="--linear-seed-keyword NAME", shows_as=_linear_shows),
+)
+CLAIM_FLAGS: tuple[Flag, ...] = tuple(flag for claim in CLAIMS for flag in claim.flags)
+
+SETUP_FLAGS: tuple[Flag, ...] = (
+    Flag("--layout", "the kernel's array layout: bhld (the spec's, default) or blhd "
+         "(JAX/FlashAttention (..., L, H, E))", choices=LAYOUTS),
+    Flag("--rename", "the kernel takes a spec keyword under another name, e.g. "
+         "is_causal=causal, scale=softmax_scale", kind="list", metavar="SPEC=KERNEL"),
+    Flag("--dtype", "test only these dtypes (repeatable or comma list): float16, bfloat16, "
+         "float32, float64", kind="list", metavar="DTYPE"),
+    Flag("--jax-x64", "JAX backend: turn jax_enable_x64 on for this run, so float64 is "
+         "checked too (JAX's default is off: float64 inputs become float32)", kind="switch"),
+)
+
+
+def claim_named(name: str) -> Claim:
+    for claim in CLAIMS:
+        if claim.field == name:
+            return claim
+    raise KeyError(name)
+
+
+def claims_from(get: Getter) -> dict[str, Any]:
+    """Declaration overrides from the claim flags (only those given, and what they imply)."""
+    claims: dict[str, Any] = {}
+    implied: dict[str, Any] = {}
+    for claim in CLAIMS:
+        value = claim.value_from(get)
+        if value is not None:
+            claims[claim.field] = value
+            implied.update(claim.implies)
+    for name, value in implied.items():
+        claims.setdefault(name, value)
+    return claims
+
+
+def setup_from(get: Getter) -> dict[str, Any]:
+    """KernelSetup's layout, rename, dtypes and jax_x64 from the setup flags."""
+    rename = {key: str(value) for key, value in key_values(get("rename"), "--rename").items()}
+    dtypes = comma_list(get("dtype"))
+    return {"layout": get("layout") or "bhld", "rename": rename,
+            "dtypes": None if dtypes is None else tuple(dtypes),
+            "jax_x64": True if get("jax_x64") else None}
+
+
+def suite_keywords(declaration: KernelDeclaration) -> dict[str, str]:
+    """Each keyword the suite may pass the kernel, with the claim that makes it do so and
+    how to change that."""
+    keywords: dict[str, str] = {}
+    for claim in CLAIMS:
+        if claim.keywords is None:
+            continue
+        shown = repr(getattr(declaration, claim.field))
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        for keyword in claim.keywords(declaration):
+            keywords.setdefault(keyword, f"{claim.field}={shown} (change it with "
+                                         f"{claim.remedy})")
+    return keywords
+
+
+def claim_features(declaration: KernelDeclaration) -> list[str]:
+    """The words of the claim line for what ``declaration`` claims, in table order."""
+    words = [declaration.family]
+    for claim in CLAIMS:
+        if claim.shows_as is not None:
+            shown = claim.shows_as(declaration)
+            if shown:
+                words.append(shown)
+    return words
+
+
+def waived_clauses(declaration: KernelDeclaration) -> tuple[str, ...]:
+    """The MUST clauses the declaration says the kernel does not follow (CONF-7)."""
+    return tuple(claim.waives for claim in CLAIMS if claim.waives is not None
+                 and getattr(declaration, claim.field) != claim.default_value)
+
+
+def waiving_flags(declaration: KernelDeclaration) -> dict[str, str]:
+    """Waived clause -> the field that waives it, e.g. ``{"SDPA-5.1": "empty_rows_zero=False"}``."""
+    return {claim.waives: f"{claim.field}={getattr(declaration, claim.field)!r}"
+            for claim in CLAIMS if claim.waives is not None
+            and getattr(declaration, claim.field) != claim.default_value}
+
