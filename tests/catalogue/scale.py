@@ -51,14 +51,24 @@ def padded_float16_rows(w: Witness) -> Witness:
     return w.with_(bias=bias, dtype="float16")
 
 
-# Strict xfail until the strategies draw realistic sizes (issue 7 part 1): then each entry
-# must be caught, and this note removed.
-NO_REALISTIC_DRAWS = ("the strategies draw only small problems (Lk <= 24, E <= 8, groups <= 3), "
-                      "where this kernel is exact; realistic draws are issue 7 part 1")
+# Measured after merging the realistic strata: the quick profile (one or a few examples per
+# realistic stratum, at the smallest size the stratum allows) misses these bugs, whose
+# trigger (a size, dtype or option combination) its strata do not reach yet.  Strict xfail:
+# each turns into a failure the moment the quick profile catches it (issue 7, part 5, open).
+QUICK_MISSES = frozenset({
+    "exp2-rescale-without-log2e", "split-kv-floor-chunk-length",
+    "causal-tail-query-block-misaligned", "head-dim-tail-dropped", "program-index-int16",
+    "gqa-large-group-modulo", "decode-path-ignores-mask", "large-batch-mask-from-first-element",
+    "kv-buffer-truncates-at-2048", "padding-bias-read-as-mask",
+})
+QUICK_MISS_REASON = ("the quick profile's realistic strata do not yet reach this bug's trigger "
+                     "(its witness shows the bug is real)")
 
 
 def entry(name: str, fn: Callable[..., Any], catches: str, w: Witness) -> BuggyKernel:
-    return BuggyKernel(name, fn, catches, witness=w, known_miss=NO_REALISTIC_DRAWS)
+    """A realistic-scale bug that the quick profile's realistic strata must catch."""
+    miss = QUICK_MISS_REASON if name in QUICK_MISSES else None
+    return BuggyKernel(name, fn, catches, witness=w, known_miss=miss)
 
 
 W = long_keys
