@@ -484,7 +484,10 @@ SOAK_KERNELS = (
     # target, property ids expected to fail (all others pass or are not applicable)
     ("attnspec.reference:scaled_dot_product_attention", set()),
     ("catalogue.correct:lse_attention", set()),
-    ("catalogue.bugs_scores:missing_scale", {"default-scale", "score-variance"}),
+    # missing scale: the scale properties, and value comparisons whose fixed per-stratum
+    # seeds draw E >= 2 with the default scale (1/sqrt(E) != 1 changes the output)
+    ("catalogue.bugs_scores:missing_scale", {"default-scale", "score-variance",
+                                             "mask-broadcast", "gqa-mapping"}),
 )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -35,12 +35,27 @@ def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
 
 
-def causal_table(n_queries: int, n_keys: int, alignment: str) -> np.ndarray:
-    """(Lq, Lk) bool: top-left j <= i (SDPA-4.1), bottom-right j <= i + Lk - Lq (SDPA-4.2)."""
+# The causal rule as a kernel applies it: (query indices, key indices) -> allowed table.
+CausalRule = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def causal_rule(offset: int) -> CausalRule:
+    """Key j allowed for query i when j <= i + offset: 0 top-left, Lk - Lq bottom-right."""
+    return lambda rows, keys: keys[None, :] <= rows[:, None] + offset
+
+
+def causal_offset(n_queries: int, n_keys: int, alignment: str) -> int:
+    """Key j is allowed for query i when j <= i + offset: top-left 0 (SDPA-4.1),
+    bottom-right Lk - Lq (SDPA-4.2)."""
     if alignment not in ALIGNMENTS:
         raise ValueError(f"alignment={alignment!r}, but should be one of {ALIGNMENTS}")
-    offset = 0 if alignment == "top_left" else n_keys - n_queries
-    return np.arange(n_keys)[None, :] <= np.arange(n_queries)[:, None] + offset
+    return 0 if alignment == "top_left" else n_keys - n_queries
+
+
+def causal_table(n_queries: int, n_keys: int, alignment: str) -> np.ndarray:
+    """(Lq, Lk) bool: top-left j <= i (SDPA-4.1), bottom-right j <= i + Lk - Lq (SDPA-4.2)."""
+    offset = causal_offset(n_queries, n_keys, alignment)
+    return causal_rule(offset)(np.arange(n_queries), np.arange(n_keys))
 
 
 def contiguous_groups(n_q_heads: int, n_kv_heads: int) -> np.ndarray:
@@ -73,7 +88,55 @@ class Arranged:
         return replace(self, **changes)
 
 
-def arrange(
+@dataclass(frozen=True)
+class Operands:
+    """What :func:`arrange` arranges, before any (Lq, Lk) array exists: q, k and v per
+    query head in the computation dtype, the mask and bias as broadcast views, and the
+    causal rule as a function, so a tiled kernel can cut out one block of query rows
+    and keys at a time in bounded memory.  ``causal_offset`` is None without is_causal.
+    """
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    mask: np.ndarray | None
+    bias: np.ndarray | None
+    causal: CausalRule | None
+    causal_offset: int | None
+    scale: float
+    out_dtype: np.dtype
+
+    def with_(self, **changes: Any) -> Operands:
+        return replace(self, **changes)
+
+    @property
+    def n_queries(self) -> int:
+        return self.q.shape[-2]
+
+    @property
+    def n_keys(self) -> int:
+        return self.k.shape[-2]
+
+    def tile(self, rows: slice = slice(None), keys: slice = slice(None)) -> Arranged:
+        """Query rows ``rows`` against keys ``keys``: the arrays :func:`scores` takes."""
+        rows_at = np.arange(self.n_queries)[rows]
+        keys_at = np.arange(self.n_keys)[keys]
+        shape = (*self.q.shape[:-2], rows_at.size, keys_at.size)
+        allowed = np.ones(shape, dtype=bool)
+        if self.mask is not None:
+            allowed &= self.mask[..., rows, keys]
+        if self.causal is not None:
+            allowed &= self.causal(rows_at, keys_at)
+        work = self.q.dtype
+        return Arranged(
+            q=self.q[..., rows, :], k=self.k[..., keys, :], v=self.v[..., keys, :],
+            allowed=allowed,
+            bias=None if self.bias is None else self.bias[..., rows, keys].astype(work),
+            scale=self.scale, out_dtype=self.out_dtype,
+        )
+
+
+def operands(
     q: np.ndarray,
     k: np.ndarray,
     v: np.ndarray,
@@ -84,12 +147,9 @@ def arrange(
     scale: float | None = None,
     alignment: str = "top_left",
     heads: Callable[[int, int], np.ndarray] = contiguous_groups,
-) -> Arranged:
-    """Check heads, broadcast batch dims, mask and bias, expand K/V to the query heads.
-
-    ``allowed`` is the mask AND the causal rule (SDPA-3.1, SDPA-3.4, SDPA-4); a -inf
-    bias is folded in later by :func:`scores`.
-    """
+) -> Operands:
+    """Check heads, broadcast batch dims, expand K/V to the query heads (SDPA-6.1), and
+    keep the mask (SDPA-3.1), bias and causal rule (SDPA-4) for :meth:`Operands.tile`."""
     n_q_heads, n_queries, head_dim = q.shape[-3:]
     n_kv_heads, n_keys = k.shape[-3], k.shape[-2]
     check_heads(n_q_heads, n_kv_heads)
@@ -102,20 +162,27 @@ def arrange(
         return np.take(a, kv_head, axis=-3).astype(work)
 
     scores_shape = (*batch, n_q_heads, n_queries, n_keys)
-    allowed = np.ones(scores_shape, dtype=bool)
-    if mask is not None:
-        allowed = allowed & mask
-    if is_causal:
-        allowed = allowed & causal_table(n_queries, n_keys, alignment)
-    return Arranged(
+    offset = causal_offset(n_queries, n_keys, alignment)
+    return Operands(
         q=np.broadcast_to(q, (*batch, *q.shape[-3:])).astype(work),
         k=per_query_head(k),
         v=per_query_head(v),
-        allowed=allowed,
-        bias=None if bias is None else np.broadcast_to(bias, scores_shape).astype(work),
+        mask=None if mask is None else np.broadcast_to(mask, scores_shape),
+        bias=None if bias is None else np.broadcast_to(bias, scores_shape),
+        causal=causal_rule(offset) if is_causal else None,
+        causal_offset=offset if is_causal else None,
         scale=default_scale(head_dim) if scale is None else float(scale),
         out_dtype=q.dtype,
     )
+
+
+def arrange(q: np.ndarray, k: np.ndarray, v: np.ndarray, **options: Any) -> Arranged:
+    """:func:`operands` (same keywords) as one tile of every query and key.
+
+    ``allowed`` is the mask AND the causal rule (SDPA-3.1, SDPA-3.4, SDPA-4); a -inf
+    bias is folded in later by :func:`scores`.
+    """
+    return operands(q, k, v, **options).tile()
 
 
 def scores(a: Arranged) -> tuple[np.ndarray, np.ndarray]:
@@ -153,10 +220,22 @@ def softmax_lse(s: np.ndarray, allowed: np.ndarray) -> np.ndarray:
 
 def combine(p: np.ndarray, allowed: np.ndarray, v: np.ndarray) -> np.ndarray:
     """sum_{j in S(i)} p_ij v_j: disallowed keys are left out of the sum, not multiplied
-    by 0, so a non-finite value there cannot leak (SDPA-8.2)."""
+    by 0, so a non-finite value there cannot leak (SDPA-8.2).
+
+    The finite values go through one P @ V with the disallowed weights and the
+    non-finite values zeroed (no (Lq, Lk, Ev) array of terms); the non-finite values of
+    allowed keys are then added term by term, so they reach the output (SDPA-8.3) and
+    a NaN behind the mask changes no bit.
+    """
     with np.errstate(**QUIET):
-        terms = p[..., :, :, None] * v[..., None, :, :]
-        return np.sum(np.where(allowed[..., None], terms, p.dtype.type(0)), axis=-2)
+        finite = np.isfinite(v)
+        out = np.matmul(np.where(allowed, p, p.dtype.type(0)), np.where(finite, v, 0))
+        if finite.all():
+            return out
+        keys = np.flatnonzero(np.reshape(~finite.all(axis=-1), (-1, v.shape[-2])).any(axis=0))
+        bad_terms = np.where(allowed[..., keys, None] & ~finite[..., None, keys, :],
+                             p[..., keys, None] * v[..., None, keys, :], p.dtype.type(0))
+        return out + np.sum(bad_terms, axis=-2)
 
 
 def finish(out: np.ndarray, a: Arranged) -> np.ndarray:
@@ -170,35 +249,82 @@ def attend(a: Arranged) -> np.ndarray:
     return finish(combine(softmax_lse(s, allowed), allowed, a.v), a)
 
 
-def online_softmax(
-    s: np.ndarray, allowed: np.ndarray, v: np.ndarray, *, block: int = 3, rescale: bool = True,
-    tail: bool = True,
-) -> np.ndarray:
-    """FlashAttention-style pass over key blocks: a running max m, a running sum l and
-    an accumulator rescaled by exp(m_old - m_new) whenever the max grows; the output
-    is acc / l, and 0 where l = 0 (a row with nothing allowed, SDPA-5).  Returns the
-    output directly: the weights never exist as a whole.
+def ragged_blocks(n: int, size: int) -> list[slice]:
+    """[0, size), [size, 2 size), ...: every index exactly once, the last block ragged."""
+    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
 
-    ``rescale=False`` and ``tail=False`` exist only for the catalogue's two online-softmax
-    bugs (accumulator not rescaled; ragged last block dropped).
+
+class Rescale(NamedTuple):
+    """What multiplies the running sum and the accumulator when the running max grows
+    by d = m_old - m_new (<= 0): exp(d) for both in a correct online softmax."""
+
+    total: Callable[[np.ndarray], np.ndarray] = np.exp
+    acc: Callable[[np.ndarray], np.ndarray] = np.exp
+
+
+EXACT_RESCALE = Rescale()
+
+
+class Running(NamedTuple):
+    """An online softmax's state over the keys seen so far: max m, sum l, accumulator."""
+
+    m: np.ndarray
+    total: np.ndarray
+    acc: np.ndarray
+
+
+def online_pass(
+    s: np.ndarray, allowed: np.ndarray, v: np.ndarray, *, block: int = 3,
+    blocks: Callable[[int, int], list[slice]] = ragged_blocks, rescale: Rescale = EXACT_RESCALE,
+) -> Running:
+    """FlashAttention-style pass over key blocks: a running max m, a running sum l and
+    an accumulator rescaled by exp(m_old - m_new) whenever the max grows.  The weights
+    never exist as a whole.
+
+    ``blocks`` and ``rescale`` are replaced only by the catalogue's online-softmax bugs.
     """
-    n_keys = s.shape[-1]
     dtype = s.dtype.type
     m = np.full((*s.shape[:-1], 1), -np.inf, dtype=s.dtype)
     total = np.zeros_like(m)
     acc = np.zeros((*s.shape[:-1], v.shape[-1]), dtype=s.dtype)
-    stop = n_keys if tail else n_keys - n_keys % block
     with np.errstate(**QUIET):
-        for start in range(0, stop, block):
-            blk = slice(start, min(start + block, stop))
+        for blk in blocks(s.shape[-1], block):
             s_blk, ok = s[..., blk], allowed[..., blk]
-            m_new = np.maximum(m, np.max(s_blk, axis=-1, keepdims=True))
+            m_new = np.maximum(m, np.max(s_blk, axis=-1, keepdims=True, initial=-np.inf))
             shift = np.where(m_new == -np.inf, dtype(0), m_new)
-            correction = np.exp(m - shift) if rescale else np.ones_like(m)
             p = np.where(ok, np.exp(s_blk - shift), dtype(0))
-            total = total * correction + np.sum(p, axis=-1, keepdims=True)
-            acc = acc * correction + combine(p, ok, v[..., blk, :])
+            total = total * rescale.total(m - shift) + np.sum(p, axis=-1, keepdims=True)
+            acc = acc * rescale.acc(m - shift) + combine(p, ok, v[..., blk, :])
             m = m_new
-        # total is 0 only for a row with nothing allowed; a NaN total must stay NaN.
-        empty = total == 0
-        return np.where(empty, dtype(0), acc / np.where(empty, dtype(1), total))
+    return Running(m, total, acc)
+
+
+def normalise(state: Running) -> np.ndarray:
+    """acc / l, and 0 where l = 0 (a row with nothing allowed, SDPA-5)."""
+    # total is 0 only for a row with nothing allowed; a NaN total must stay NaN.
+    empty = state.total == 0
+    with np.errstate(**QUIET):
+        return np.where(empty, state.acc.dtype.type(0),
+                        state.acc / np.where(empty, state.total.dtype.type(1), state.total))
+
+
+NO_RESCALE = Rescale(total=np.ones_like, acc=np.ones_like)
+
+
+def whole_blocks(n: int, size: int) -> list[slice]:
+    """:func:`ragged_blocks` without the ragged last one."""
+    return ragged_blocks(n - n % size, size)
+
+
+def online_softmax(
+    s: np.ndarray, allowed: np.ndarray, v: np.ndarray, *, block: int = 3, rescale: bool = True,
+    tail: bool = True,
+) -> np.ndarray:
+    """:func:`online_pass` over blocks of ``block`` keys, normalised: the output directly.
+
+    ``rescale=False`` and ``tail=False`` exist only for the catalogue's online-softmax
+    bugs (accumulator not rescaled; ragged last block dropped).
+    """
+    return normalise(online_pass(s, allowed, v, block=block,
+                                 blocks=ragged_blocks if tail else whole_blocks,
+                                 rescale=EXACT_RESCALE if rescale else NO_RESCALE))

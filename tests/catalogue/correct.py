@@ -3,8 +3,9 @@
 None of them calls or copies ``attnspec.reference``.  They differ where kernels in the
 wild differ (log-sum-exp vs online softmax over ragged key blocks vs a gather per query
 row; top-left vs bottom-right causal; returned weights; float16 weights rounded before
-P·V), so the zero-false-failure run shows the suite accepts every legitimate way of
-computing attention, not just the reference's.
+P·V; tiled and split-KV layouts with realistic block sizes), so the zero-false-failure
+run shows the suite accepts every legitimate way of computing attention, not just the
+reference's.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from .blocks import (
     default_scale,
     finish,
     online_softmax,
+    operands,
     scores,
     softmax_lse,
 )
 from .correct_features import FEATURE_KERNELS
+from .tiled import Tiling, tiled
 
 Array = np.ndarray
 
@@ -138,6 +141,42 @@ def row_loop_attention(
     return out.astype(q.dtype)
 
 
+@declare(bias=True, gqa=True)
+def tiled_attention(
+    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
+    is_causal: bool = False, scale: float | None = None,
+) -> Array:
+    """(f) FlashAttention-2's layout: blocks of 128 query rows visit keys in blocks of 64
+    with an online softmax, skipping key blocks past the causal boundary."""
+    return tiled(operands(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale),
+                 Tiling(query_block=128, key_block=64))
+
+
+@declare(bias=True, gqa=True, causal_alignment="bottom_right")
+def tiled_attention_bottom_right(
+    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
+    is_causal: bool = False, scale: float | None = None,
+) -> Array:
+    """(f) Blocks of 64 query rows and 128 keys, bottom-right causal (SDPA-4.2), as
+    FlashAttention >= 2.1 aligns it."""
+    return tiled(operands(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
+                          alignment="bottom_right"),
+                 Tiling(query_block=64, key_block=128))
+
+
+@declare(bias=True, gqa=True, causal_alignment="bottom_right")
+def split_kv_attention(
+    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
+    is_causal: bool = False, scale: float | None = None,
+) -> Array:
+    """(g) Flash-decoding: the keys split into chunks of 256, each chunk an online softmax
+    over blocks of 64 giving (max, sum, normalised output), the chunks merged by
+    log-sum-exp; bottom-right causal, as a KV-cache decoder uses it."""
+    return tiled(operands(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
+                          alignment="bottom_right"),
+                 Tiling(query_block=64, key_block=64, split=256))
+
+
 @dataclass(frozen=True)
 class CorrectKernel:
     """A kernel the suite must pass on every applicable property, on ``backend``."""
@@ -154,6 +193,9 @@ CORRECT: list[CorrectKernel] = [
     CorrectKernel("online-softmax-bottom-right", online_softmax_bottom_right),
     CorrectKernel("row-loop", row_loop_attention),
     CorrectKernel("half-precision-honest", half_precision_honest_attention),
+    CorrectKernel("tiled-128x64", tiled_attention),
+    CorrectKernel("tiled-64x128-bottom-right", tiled_attention_bottom_right),
+    CorrectKernel("split-kv-256", split_kv_attention),
     # spec/features.md and dropout (issue 8)
     *(CorrectKernel(name, fn) for name, fn in FEATURE_KERNELS),
 ]

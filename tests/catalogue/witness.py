@@ -26,7 +26,10 @@ def _transposed_view(a: Any) -> Any:
     return np.swapaxes(np.ascontiguousarray(np.swapaxes(a, -1, -2)), -1, -2)
 
 
-def _differs(actual: np.ndarray, expected: np.ndarray, tolerance: np.ndarray) -> str | None:
+def difference_outside_tol2(actual: np.ndarray, expected: np.ndarray,
+                            tolerance: np.ndarray) -> str | None:
+    """Where ``actual`` departs from the reference: another shape, a non-finite value
+    that is not the reference's bit for bit (TOL-3), or a finite one outside TOL-2."""
     if actual.shape != expected.shape:
         return f"shape {actual.shape}, the reference's is {expected.shape}"
     finite = np.isfinite(expected)
@@ -88,4 +91,5 @@ def observed_difference(bug: BuggyKernel) -> str | None:
     for again in values[1:]:
         if not np.array_equal(values[0], again, equal_nan=True):
             return "different bits on repeated identical calls"
-    return _differs(values[0], np.asarray(bound.out), np.asarray(bound.out_tolerance))
+    return difference_outside_tol2(values[0], np.asarray(bound.out),
+                                   np.asarray(bound.out_tolerance))
