@@ -108,6 +108,9 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
             if name in backends:
                 log(f"{section} on {name}:")
                 measurements += SECTIONS[section](config, backends[name], log)
+                # the GEMM again after each part: the peak is the best seen in the run
+                info[name]["gemm_gflops"] = max(info[name]["gemm_gflops"], gemm_gflops(
+                    backends[name], config.dtype, config.gemm_size, repeats=config.repeats))
                 # written after every part, so that an interrupted run keeps what it measured
                 doc = document(config, args.quick, info, measurements, __version__)
                 (args.out / "bench.json").write_text(json.dumps(doc, indent=1) + "\n")

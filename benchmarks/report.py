@@ -6,6 +6,7 @@ Schema ``attnspec-bench/1`` (every number from one run on one machine)::
      "machine": {"platform", "python", "cpus", "cpus_usable", "environment"}, "quick": bool,
      "config": {BenchConfig fields},
      "backends": {name: {"version", "device", "threads", "gemm_gflops", "memory_method"}},
+     (gemm_gflops: the fastest square float32 product measured before and after each part)
      "measurements": [{"section": "dense" | "sparse" | "linear", "backend", "impl",
                        "length", "seconds", "first_seconds", "runs", "peak_bytes",
                        "skipped", "params", "gflops", "fraction_of_gemm_peak",
