@@ -27,17 +27,31 @@ class Framework(NamedTuple):
     bytes_per_score: float
 
 
+def _torch_sdpa(causal: bool) -> Callable[..., Any]:
+    import torch
+
+    def torch_sdpa(q: Any, k: Any, v: Any) -> Any:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return torch_sdpa
+
+
 def framework_kernel(backend: Backend, causal: bool) -> Framework | None:
-    """torch SDPA or ``jax.nn.dot_product_attention`` (jitted); None for other libraries."""
+    """torch SDPA or ``jax.nn.dot_product_attention`` (jitted); for NumPy, which has no
+    attention kernel, torch SDPA on the same memory (so that it is timed in the same rounds
+    as the NumPy reference); None when none is installed."""
+    # CPU and CUDA torch pick a flash or memory-efficient kernel here: O(L) memory
+    name = "torch.nn.functional.scaled_dot_product_attention"
     if backend.name == "torch":
-        import torch
-
-        def torch_sdpa(q: Any, k: Any, v: Any) -> Any:
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-        # CPU and CUDA pick a flash or memory-efficient kernel for these inputs: O(L) memory
-        return Framework("torch.nn.functional.scaled_dot_product_attention",
-                         lambda q, k, v: (q, k, v), torch_sdpa, 0.0)
+        return Framework(name, lambda q, k, v: (q, k, v), _torch_sdpa(causal), 0.0)
+    if backend.name == "numpy":
+        try:
+            import torch
+        except ImportError:
+            return None
+        return Framework(f"{name} (torch.from_numpy)",
+                         lambda q, k, v: tuple(torch.from_numpy(a) for a in (q, k, v)),
+                         _torch_sdpa(causal), 0.0)
     if backend.name == "jax":
         import jax
 
