@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..backends import FLOAT_DTYPE_NAMES, Backend, BackendError, get_backend
-from .claims import suite_keywords
+from .claims import Flag, Getter, suite_keywords
 from .declaration import KernelDeclaration, declaration_of
 from .hints import class_target_hint, signature_hints
 from .kernel import KernelLoadError, KernelUnderTest, load_kernel
@@ -41,6 +41,7 @@ from .runner import (
     select,
 )
 from .side_effects import hypothesis_storage_elsewhere
+from .sizes import SizeLimits
 from .worker import guard_calls
 
 if TYPE_CHECKING:
@@ -274,9 +275,11 @@ class KernelSetup:
         strict: bool = False,
         progress: Progress | None = None,
         kernel: KernelUnderTest | None = None,
+        limits: SizeLimits | None = None,
         isolation: IsolationOptions | None = None,
     ) -> Report:
-        """Run the selected properties (unknown ids and profiles are a SetupError).
+        """Run the selected properties (unknown ids and profiles are a SetupError);
+        ``limits`` caps the sizes drawn (see :func:`size_limits`).
 
         With ``isolation``, the kernel is loaded and run in a supervised worker process
         (:mod:`.isolation`); otherwise in this one (``kernel``, if given, is used as is).
@@ -288,20 +291,24 @@ class KernelSetup:
             hypothesis_settings(profile, seed)
         except ValueError as exc:
             raise SetupError(str(exc)) from None
+        limits = limits or SizeLimits()
         with hypothesis_storage_elsewhere(), open_session(self, isolation, kernel) as session:
-            report = start_report(session, profile=profile, seed=seed, strict=strict)
-            run_each(properties, lambda p: session.run_property(p, profile=profile, seed=seed),
+            report = start_report(session, profile=profile, seed=seed, strict=strict,
+                                  limits=limits)
+            run_each(properties, lambda p: session.run_property(p, profile=profile, seed=seed,
+                                                                limits=limits),
                      report, progress)
             finish_report(report, session, partial=bool(only or skip))
         return report
 
 
 def start_report(session: IsolatedKernel | InProcessKernel, *, profile: str,
-                 seed: int | None, strict: bool) -> Report:
-    """Load the session's kernel and give the empty report of its run, with the notes on
-    the library's settings and the hints read off the kernel before anything ran."""
+                 seed: int | None, strict: bool, limits: SizeLimits | None = None) -> Report:
+    """Load the session's kernel and give the empty report of its run (within ``limits``),
+    with the notes on the library's settings and the hints read off the kernel before
+    anything ran."""
     kernel = session.start()
-    report = new_report(kernel, profile=profile, seed=seed, strict=strict)
+    report = new_report(kernel, profile=profile, seed=seed, strict=strict, limits=limits)
     report.notes = list(session.setup_notes())
     report.hints = list(kernel.setup_hints)
     return report
@@ -371,6 +378,38 @@ def with_loader(snippet: str, loader: str) -> str:
     return snippet
 
 
+def size_limits(
+    max_len: int | None = None, max_head_dim: int | None = None,
+    max_batch_heads: int | None = None,
+) -> SizeLimits:
+    """The caps on drawn sizes, defaults where None (4096, 256, 512); a bad value is a
+    :class:`SetupError` naming it."""
+    given = {"max_len": max_len, "max_head_dim": max_head_dim,
+             "max_batch_heads": max_batch_heads}
+    try:
+        return SizeLimits(**{name: value for name, value in given.items() if value is not None})
+    except ValueError as exc:
+        raise SetupError(str(exc)) from None
+
+
+_DEFAULT_LIMITS = SizeLimits()
+#: The size caps, shared by ``attnspec check`` and the pytest plugin (``--attnspec-max-len``
+#: ...); each flag's dest is the :class:`SizeLimits` field it sets.
+SIZE_FLAGS: tuple[Flag, ...] = (
+    Flag("--max-len", f"largest Lq and Lk drawn (default {_DEFAULT_LIMITS.max_len}; larger "
+         "adds longer block boundaries)", type=int, metavar="N"),
+    Flag("--max-head-dim", f"largest head dims E and Ev drawn (default "
+         f"{_DEFAULT_LIMITS.max_head_dim})", type=int, metavar="N"),
+    Flag("--max-batch-heads", f"largest batch x query heads drawn (default "
+         f"{_DEFAULT_LIMITS.max_batch_heads})", type=int, metavar="N"),
+)
+
+
+def size_limits_from(get: Getter) -> SizeLimits:
+    """:func:`size_limits` from the :data:`SIZE_FLAGS` (``get(dest)``, None when not given)."""
+    return size_limits(**{flag.dest: get(flag.dest) for flag in SIZE_FLAGS})
+
+
 def check(
     kernel: str | Callable[..., Any],
     *,
@@ -384,6 +423,9 @@ def check(
     layout: str = "bhld",
     rename: Mapping[str, str] | None = None,
     dtypes: Iterable[str] | None = None,
+    max_len: int | None = None,
+    max_head_dim: int | None = None,
+    max_batch_heads: int | None = None,
     jax_x64: bool | None = None,
     isolate: bool | IsolationOptions = False,
     **claims: Any,
@@ -391,19 +433,22 @@ def check(
     """Check ``kernel`` (a callable or ``"MODULE:FUNC"``) clause by clause.
 
     ``claims`` override fields of the kernel's :class:`KernelDeclaration`; ``layout``,
-    ``rename``, ``dtypes`` and ``jax_x64`` are as for :class:`KernelSetup`.  ``isolate=True``
-    (or an :class:`~.isolation.IsolationOptions`) runs the kernel in a supervised worker
-    process, as ``attnspec check`` does: a crash, exit or hang is then a failed verdict; a
-    callable kernel must be importable by its module and name.  Bad setup (target,
-    signature, backend, option) raises :class:`SetupError`, a ``ValueError``.
+    ``rename``, ``dtypes`` and ``jax_x64`` are as for :class:`KernelSetup`.  ``max_len``,
+    ``max_head_dim`` and ``max_batch_heads`` cap (or raise) the largest Lq/Lk, E/Ev and
+    batch x query heads drawn (defaults 4096, 256, 512).  ``isolate=True`` (or an
+    :class:`~.isolation.IsolationOptions`) runs the kernel in a supervised worker process,
+    as ``attnspec check`` does: a crash, exit or hang is then a failed verdict; a callable
+    kernel must be importable by its module and name.  Bad setup (target, signature,
+    backend, option) raises :class:`SetupError`, a ``ValueError``.
     """
     from .isolation import IsolationOptions
 
+    limits = size_limits(max_len, max_head_dim, max_batch_heads)
     setup = KernelSetup(kernel, backend, device, layout, dict(rename or {}),
                         None if dtypes is None else tuple(dtypes), claims, jax_x64)
     isolation = IsolationOptions() if isolate is True else (isolate or None)
     return setup.run(profile=profile, seed=seed, only=only, skip=skip, strict=strict,
-                     isolation=isolation)
+                     limits=limits, isolation=isolation)
 
 
 def assert_conforms(kernel: str | Callable[..., Any], **options: Any) -> Report:

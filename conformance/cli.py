@@ -25,8 +25,17 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+from .. import benchmarks
 from . import claims
-from .api import KernelSetup, SetupError, finish_report, reproduction_file, start_report
+from .api import (
+    SIZE_FLAGS,
+    KernelSetup,
+    SetupError,
+    finish_report,
+    reproduction_file,
+    size_limits_from,
+    start_report,
+)
 from .claims import CLAIM_FLAGS, SETUP_FLAGS, Flag, UsageError, comma_list
 from .isolation import SUPERVISION_FLAGS, IsolationOptions, isolation_options, open_session
 from .registry import Property
@@ -62,8 +71,10 @@ RUN_FLAGS = (
          "default: ATTNSPEC_BACKEND or numpy"),
     Flag("--device", "device on the backend, e.g. cpu, cuda:0; default: ATTNSPEC_DEVICE or the "
          "backend's default"),
-    Flag("--profile", "examples per property: quick 20, default 100, thorough 1000 (default: "
-         "quick)", choices=tuple(PROFILES)),
+    Flag("--profile", "examples per property: quick (20 small + 10 realistic; PyTorch's SDPA "
+         "takes ~25 s on 2 cores), default (~5x), thorough (~50x); default: quick",
+         choices=tuple(PROFILES)),
+    *SIZE_FLAGS,
     Flag("--seed", "random seed; without it every run is derandomised and reproduces exactly",
          type=int, metavar="N"),
     Flag("--only", "run only these property ids (repeatable or comma list)", kind="list",
@@ -108,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in RUN_FLAGS:
         if flag.option in ("--profile", "--seed", "--only", "--skip", "--strict", "--quiet"):
             flag.add_to(demo)
+    benchmarks.add_parser(commands)
     return parser
 
 
@@ -206,6 +218,7 @@ def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
         properties = select(only, skip)
     except ValueError as exc:
         raise SetupError(str(exc)) from None
+    limits = size_limits_from(lambda dest: getattr(args, dest, None))
     profile, seed, total = args.profile or "quick", args.seed, len(properties)
     quiet = getattr(args, "quiet", False)
     display = None if quiet else ProgressDisplay(total, sys.stderr, label)
@@ -213,7 +226,8 @@ def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
         stack.enter_context(kernel_output_to(_kernel_output(args, stack)))
         stack.enter_context(hypothesis_storage_elsewhere())
         session = stack.enter_context(open_session(setup, isolation_from(args)))
-        report = start_report(session, profile=profile, seed=seed, strict=args.strict)
+        report = start_report(session, profile=profile, seed=seed, strict=args.strict,
+                              limits=limits)
         target = report.kernel
 
         def rerun(verdict: Verdict) -> str:
@@ -230,8 +244,8 @@ def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
                 files.write(report, rerun, incomplete=still_running(done, total))
 
         try:
-            run_each(properties, lambda p: session.run_property(p, profile=profile, seed=seed),
-                     report, progress)
+            run_each(properties, lambda p: session.run_property(
+                p, profile=profile, seed=seed, limits=limits), report, progress)
         except KeyboardInterrupt as exc:
             report.incomplete = interruption(exc, len(report.verdicts), total)
             print(f"\n{PROGRAM}: {report.incomplete}", file=sys.stderr)
@@ -334,7 +348,7 @@ def command_demo(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"check": command_check, "properties": command_properties,
-            "backends": command_backends, "demo": command_demo}
+            "backends": command_backends, "demo": command_demo, "bench": benchmarks.command}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

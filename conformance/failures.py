@@ -27,19 +27,26 @@ class PropertyFailure(AssertionError):
         self.finding = finding = _NUMPY_SCALAR.sub(r"\2", finding)
         self.problem = problem
         self.hint = hint
+        self._kernel = kernel
         self.counterexample = (
             "" if problem is None else kernel.describe(problem) if kernel is not None
             else problem.describe()
         )
-        self.reproduction = ""
-        if problem is not None and kernel is not None:
-            from .reproduction import snippet
-
-            self.reproduction = snippet(problem, kernel, finding)
         message = finding
         if self.counterexample:
             message += f"\n  inputs: {self.counterexample}"
         super().__init__(message)
+
+    @property
+    def reproduction(self) -> str:
+        """Python that rebuilds the inputs and calls the kernel, written on demand: while
+        Hypothesis shrinks, most failures are never reported, and realistic inputs are
+        large."""
+        if self.problem is None or self._kernel is None:
+            return ""
+        from .reproduction import snippet
+
+        return snippet(self.problem, self._kernel, self.finding)
 
 
 def distinct(found: float, expected: float) -> tuple[str, str]:

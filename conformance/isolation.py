@@ -52,6 +52,7 @@ from .kernel import KernelUnderTest, Problem, describe_inputs, load_kernel
 from .registry import Property
 from .runner import PROFILES, Verdict, _failed_verdict, run_property
 from .side_effects import kernel_output_fd
+from .sizes import SizeLimits
 
 DEFAULT_TIMEOUT = 60.0  # s per kernel call: JAX/XLA compiles a new shape in a few seconds
 DEFAULT_MEMORY_LIMIT_GIB = 16.0  # beyond the loaded backend; quick problems need megabytes
@@ -396,12 +397,16 @@ class IsolatedKernel:
             worker.kill()
             raise
 
-    def run_property(self, prop: Property, *, profile: str, seed: int | None) -> Verdict:
-        """One property's verdict; a worker that dies or hangs on it gives a FAILED one."""
+    def run_property(self, prop: Property, *, profile: str, seed: int | None,
+                     limits: SizeLimits | None = None) -> Verdict:
+        """One property's verdict; a worker that dies or hangs on it gives a FAILED one.
+        The worker draws the same strata, within the same ``limits``, from the same seeds
+        as :func:`~.runner.run_property` in this process would."""
         kernel, started = self.start(), time.perf_counter()
         try:
             # The supervisor's profile table is the one that counts (tests shrink it).
-            return self._request(("property", prop.id, profile, PROFILES.get(profile), seed))
+            return self._request(("property", prop.id, profile, PROFILES.get(profile), seed,
+                                  limits or SizeLimits()))
         except _Lost as lost:
             self.lost += 1
             return self._lost(prop, lost.finding, lost.call, started, kernel)
@@ -490,8 +495,9 @@ class InProcessKernel:
 
         return setup_notes(self.start())
 
-    def run_property(self, prop: Property, *, profile: str, seed: int | None) -> Verdict:
-        verdict = run_property(prop, self.start(), profile=profile, seed=seed)
+    def run_property(self, prop: Property, *, profile: str, seed: int | None,
+                     limits: SizeLimits | None = None) -> Verdict:
+        verdict = run_property(prop, self.start(), profile=profile, seed=seed, limits=limits)
         verdict.reproduction = with_loader(verdict.reproduction, self._loader)
         return verdict
 

@@ -47,13 +47,16 @@ def known_declaration(fn: Any) -> KernelDeclaration | None:
 
 # Failures of well-known kernels confirmed by hand against the float64 oracle and written up
 # in docs/divergences.md; the demo reports them as such instead of as unexplained failures.
+_CAUSAL_SCALE_ZERO = "docs/divergences.md#torch-causal-scale-zero"
 _TORCH_SDPA_DIVERGENCES = {
     "nan-propagates": "docs/divergences.md#torch-nan-query (pytorch #141128)",
     "mask-broadcast": "docs/divergences.md#torch-1d-mask",
-    "output-in-value-hull": "docs/divergences.md#torch-causal-scale-zero",
+    # the quick profile's "causal with scale 0" combination meets it in these three
+    "matches-reference": _CAUSAL_SCALE_ZERO,
+    "output-in-value-hull": _CAUSAL_SCALE_ZERO,
+    "layout-independence": _CAUSAL_SCALE_ZERO,
     "masked-nonfinite-ignored": "docs/divergences.md#torch-masked-nan (pytorch #101967)",
 }
-_CAUSAL_SCALE_ZERO = "docs/divergences.md#torch-causal-scale-zero"
 _DIVERGENCES: dict[str, dict[str, str]] = {
     "torch.nn.functional.scaled_dot_product_attention": _TORCH_SDPA_DIVERGENCES,
     "torch._C._nn.scaled_dot_product_attention": _TORCH_SDPA_DIVERGENCES,

@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:  # imported lazily: a pytest run without the option pays nothing
+    from .claims import Flag
     from .isolation import InProcessKernel, IsolatedKernel
     from .registry import Property
     from .runner import Verdict
+    from .sizes import SizeLimits
 
 
 PREFIX = "attnspec"
@@ -42,7 +44,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--attnspec-device", default=None, metavar="DEVICE",
                     help="device on that backend, e.g. cpu or cuda:0")
     group.addoption("--attnspec-profile", default="quick", metavar="PROFILE",
-                    help="quick (20 examples per property), default (100) or thorough (1000)")
+                    help="quick (20 small and 10 realistic examples per property), default "
+                         "(~5x) or thorough (~50x)")
     group.addoption("--attnspec-seed", default=None, type=int, metavar="N",
                     help="random seed (default: derandomised, reproducible runs)")
     group.addoption("--attnspec-strict", action="store_true", default=False,
@@ -58,12 +61,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run the kernel in a supervised worker process, as `attnspec check` "
                          "does: a crash, exit or hang fails the property that was running "
                          "instead of the pytest run")
-    # every declaration `attnspec check` takes, from the same table, as --attnspec-<flag>
+    # every declaration `attnspec check` takes, from the same tables, as --attnspec-<flag>
+    for flag in _shared_flags():
+        flag.add_prefixed(group, PREFIX)
+
+
+def _shared_flags() -> tuple[Flag, ...]:
+    """The flags the plugin shares with ``attnspec check`` (the size caps, the claims
+    table's declarations, the worker's supervision), each as ``--attnspec-<flag>``."""
+    from .api import SIZE_FLAGS
     from .claims import CLAIM_FLAGS, SETUP_FLAGS
     from .isolation import SUPERVISION_FLAGS
 
-    for flag in (*SETUP_FLAGS, *CLAIM_FLAGS, *SUPERVISION_FLAGS):
-        flag.add_prefixed(group, PREFIX)
+    return (*SIZE_FLAGS, *SETUP_FLAGS, *CLAIM_FLAGS, *SUPERVISION_FLAGS)
 
 
 def _ids(values: list[str] | None) -> list[str] | None:
@@ -76,7 +86,7 @@ def pytest_configure(config: pytest.Config) -> None:
     target = config.getoption("attnspec_kernel")
     if target is None:
         return
-    from .api import KernelSetup, SetupError
+    from .api import KernelSetup, SetupError, size_limits_from
     from .claims import UsageError, claims_from, key_values, setup_from
     from .isolation import isolation_options, open_session
     from .runner import hypothesis_settings, select
@@ -94,12 +104,13 @@ def pytest_configure(config: pytest.Config) -> None:
         isolation = isolation_options(option("attnspec_isolate"), flag_value, prefix=PREFIX,
                                       without="they need --attnspec-isolate")
         properties = select(_ids(option("attnspec_only")), _ids(option("attnspec_skip")))
+        limits = size_limits_from(flag_value)
         hypothesis_settings(option("attnspec_profile"), option("attnspec_seed"))
         session = open_session(setup, isolation)
         session.start()  # load the kernel (in its worker when isolated) before collecting
     except (SetupError, UsageError, ValueError) as exc:
         raise pytest.UsageError(f"attnspec: {exc}") from None
-    config.pluginmanager.register(AttnspecSession(config, session, properties),
+    config.pluginmanager.register(AttnspecSession(config, session, properties, limits),
                                   "attnspec-session")
 
 
@@ -108,8 +119,9 @@ class AttnspecSession:
     ``--attnspec-isolate``) for one pytest session and adds its items."""
 
     def __init__(self, config: pytest.Config, session: IsolatedKernel | InProcessKernel,
-                 properties: list[Property]) -> None:
+                 properties: list[Property], limits: SizeLimits) -> None:
         self.config, self.session, self.properties = config, session, properties
+        self.limits = limits
         self.kernel = session.start()
         self.verdicts: list[Verdict] = []
 
@@ -133,7 +145,7 @@ class AttnspecSession:
         option = self.config.getoption
         with hypothesis_storage_elsewhere():
             verdict = self.session.run_property(prop, profile=option("attnspec_profile"),
-                                                seed=option("attnspec_seed"))
+                                                seed=option("attnspec_seed"), limits=self.limits)
         self.verdicts.append(verdict)
         return verdict
 
@@ -147,10 +159,7 @@ class AttnspecSession:
         tokens += ["--attnspec-profile", option("attnspec_profile")]
         if option("attnspec_isolate"):
             tokens.append("--attnspec-isolate")
-        from .claims import CLAIM_FLAGS, SETUP_FLAGS
-        from .isolation import SUPERVISION_FLAGS
-
-        for flag in (*SETUP_FLAGS, *CLAIM_FLAGS, *SUPERVISION_FLAGS):
+        for flag in _shared_flags():
             if flag.rerun:
                 tokens += flag.tokens(option(f"{PREFIX}_{flag.dest}"), prefix=PREFIX)
         for claim in option("attnspec_claim") or ():
@@ -166,7 +175,8 @@ class AttnspecSession:
 
         option = self.config.getoption
         report = start_report(self.session, profile=option("attnspec_profile"),
-                              seed=option("attnspec_seed"), strict=option("attnspec_strict"))
+                              seed=option("attnspec_seed"), strict=option("attnspec_strict"),
+                              limits=self.limits)
         report.verdicts = list(self.verdicts)
         # a claim needs every property to have run (no --attnspec-only/-skip, no -k)
         partial = len({v.property for v in self.verdicts}) < len(all_properties())

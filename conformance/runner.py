@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -12,12 +13,83 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
+from . import sizes
 from .claims import waiving_flags
 from .failures import KernelExited, PropertyFailure
 from .kernel import KernelUnderTest
 from .registry import Property, all_properties
+from .sizes import SizeLimits, Stratum
+from .values import COMBINATIONS
 
-PROFILES: dict[str, int] = {"quick": 20, "default": 100, "thorough": 1000}
+# Cost caps per example (sizes.problem_cost, ~ B Hq Lq Lk (E + Ev + 320)), set so that the
+# default profile of PyTorch's SDPA takes about a quarter of its budget (measured with the
+# row-chunked TOL-2 oracle; docs/checking-your-kernel.md).  BLOCKS_COST fits one head of
+# 203 x 203 at E = Ev = 8 or 129 x 129 at 64, decode against 4096 keys at any head dim, or
+# 128 heads of 17 x 17; LONG_COST squares of 523 at E = Ev = 64, cross shapes of 129 x 4096;
+# the huge stratum one head of max_len x max_len at E = Ev = 128 (huge_cost: 2^33.2 at
+# 4096, the issue's anchor).  Each stratum starts from its simplest example, of min_len keys:
+# the first past a block of 16, 64, 256, 512 or 2048.
+BLOCKS_COST, LONG_COST = 2**24, 2**28
+HUGE_HEAD_DIM = 128
+
+
+def huge_cost(limits: SizeLimits) -> int:
+    """The huge stratum's cap: one head of max_len x max_len at E = Ev = HUGE_HEAD_DIM."""
+    length = limits.max_len
+    return sizes.problem_cost(sizes.Dims(batch=(1,), n_kv_heads=1, groups=1, n_queries=length,
+                                         n_keys=length, head_dim=HUGE_HEAD_DIM,
+                                         value_dim=HUGE_HEAD_DIM))
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Examples per property, fewer the larger they may be (the cost model): ``small``
+    of the small draws (they shrink well and cost little), then realistic strata:
+    ``blocks`` examples of at most BLOCKS_COST, ``decode`` ones (1-4 queries, at least 257
+    keys), ``wide`` ones (head dims past 128), ``corners`` of each option combination of
+    values.COMBINATIONS (at least 65 keys), ``long`` ones of at most LONG_COST (at least
+    511 keys) and ``huge`` ones up to one max_len x max_len head.  ``budget_seconds``: the
+    time the profile is sized for, PyTorch's SDPA on 2 CPU cores
+    (docs/checking-your-kernel.md)."""
+
+    small: int
+    blocks: int = 0
+    decode: int = 0
+    wide: int = 0
+    corners: int = 0
+    long: int = 0
+    huge: int = 0
+    budget_seconds: float | None = None
+
+    def strata(self, limits: SizeLimits) -> list[Stratum]:
+        """The strata in the order they run: small, then ever larger problems."""
+        strata = [
+            Stratum("small", self.small),
+            Stratum("blocks", self.blocks, BLOCKS_COST, min_len=16),
+            Stratum("decode", self.decode, BLOCKS_COST, (("shape", "decode"),), min_len=257),
+            Stratum("wide heads", self.wide, BLOCKS_COST, min_len=16, min_head_dim=129),
+            *(Stratum(f"combination: {name}", self.corners, BLOCKS_COST,
+                      tuple(forced.items()), min_len=65)
+              for name, forced in COMBINATIONS),
+            Stratum("long", self.long, LONG_COST, min_len=511),
+            Stratum("huge", self.huge, huge_cost(limits), min_len=2047),
+        ]
+        return [s for s in strata if s.examples > 0]
+
+    @property
+    def examples(self) -> int:
+        """Examples per property (Hypothesis properties)."""
+        return (self.small + self.blocks + self.decode + self.wide + self.long + self.huge
+                + self.corners * len(COMBINATIONS))
+
+
+PROFILES: dict[str, Profile] = {
+    "quick": Profile(20, blocks=3, decode=1, wide=1, corners=1, budget_seconds=60),
+    "default": Profile(100, blocks=20, decode=5, wide=5, corners=3, long=5,
+                       budget_seconds=300),
+    "thorough": Profile(1000, blocks=200, decode=50, wide=50, corners=20, long=40, huge=2,
+                        budget_seconds=3600),
+}
 PASSED, FAILED, WARNING, NOT_APPLICABLE = "passed", "failed", "warning", "not applicable"
 WAIVED = "waived"  # the declaration waives the property's MUST clause (CONF-7)
 
@@ -53,6 +125,7 @@ class Report:
     seed: int | None
     strict: bool
     verdicts: list[Verdict] = field(default_factory=list)
+    limits: SizeLimits = field(default_factory=SizeLimits)
     # MUST clauses the kernel's declaration waives: named in the claim (CONF-7)
     waived: list[str] = field(default_factory=list)
     # the conformance claim, or why there is none (set by whoever knows the whole run)
@@ -78,12 +151,13 @@ class Report:
         return data
 
 
-def hypothesis_settings(profile: str, seed: int | None) -> settings:
-    """Reproducible, quiet, deadline-free settings: no flaky time limits, no database."""
+def hypothesis_settings(profile: str, seed: int | None, examples: int | None = None) -> settings:
+    """Reproducible, quiet, deadline-free settings: no flaky time limits, no database;
+    ``examples`` (default: the profile's small stratum) examples."""
     if profile not in PROFILES:
         raise ValueError(f"profile={profile!r}, but should be one of {', '.join(PROFILES)}")
     return settings(
-        max_examples=PROFILES[profile],
+        max_examples=PROFILES[profile].small if examples is None else examples,
         derandomize=seed is None,
         database=None,
         deadline=None,
@@ -105,10 +179,38 @@ def _failed_verdict(prop: Property, failure: PropertyFailure) -> Verdict:
     )
 
 
+def _stratum_seed(seed: int | None, prop: Property, stratum: Stratum) -> int:
+    """The Hypothesis seed of one (run seed, property, stratum): fixed without --seed, so a
+    run reproduces whatever the runner's own code looks like, and different for every
+    property and stratum, so they explore different examples."""
+    return zlib.crc32(f"{seed}:{prop.id}:{stratum.name}".encode())
+
+
+def _run_strata(
+    prop: Property, kernel: KernelUnderTest, profile: str, seed: int | None,
+    limits: SizeLimits, examples: list[int],
+) -> None:
+    """Each stratum of the profile in turn, as one Hypothesis run; the first failure
+    ends the property (smaller strata first, so it is the smallest stratum that fails)."""
+    for stratum in PROFILES[profile].strata(limits):
+        @hypothesis_seed(_stratum_seed(seed, prop, stratum))
+        @hypothesis_settings(profile, seed, stratum.examples)
+        @given(st.data())
+        def property_test(data: st.DataObject) -> None:
+            examples[0] += 1
+            prop.check(kernel, data)
+
+        with sizes.drawing(stratum, limits):
+            property_test()
+
+
 def run_property(
-    prop: Property, kernel: KernelUnderTest, *, profile: str = "quick", seed: int | None = None
+    prop: Property, kernel: KernelUnderTest, *, profile: str = "quick", seed: int | None = None,
+    limits: SizeLimits | None = None,
 ) -> Verdict:
-    """Run one property; a kernel that does not claim it gets "not applicable" (CONF-3)."""
+    """Run one property; a kernel that does not claim it gets "not applicable" (CONF-3).
+
+    ``limits`` caps the sizes drawn (default: ``SizeLimits()``)."""
     started = time.perf_counter()
     waivers = waiving_flags(kernel.declaration)
     if prop.clause in waivers:
@@ -125,15 +227,7 @@ def run_property(
             prop.check(kernel, 0 if seed is None else seed)
             examples[0] = 1
         else:
-            @hypothesis_settings(profile, seed)
-            @given(st.data())
-            def property_test(data: st.DataObject) -> None:
-                examples[0] += 1
-                prop.check(kernel, data)
-
-            if seed is not None:
-                property_test = hypothesis_seed(seed)(property_test)
-            property_test()
+            _run_strata(prop, kernel, profile, seed, limits or SizeLimits(), examples)
     except PropertyFailure as failure:
         verdict = _failed_verdict(prop, failure)
     except KernelExited as exited:
@@ -178,20 +272,25 @@ def run_all(
     skip: Iterable[str] | None = None,
     strict: bool = False,
     progress: Callable[[Property, Verdict | None], None] | None = None,
+    limits: SizeLimits | None = None,
 ) -> Report:
     """Every selected property against ``kernel``; ``progress`` hears each start and end."""
     properties = select(only, skip)
     hypothesis_settings(profile, seed)  # validate the profile before any work
-    return run_each(properties, lambda p: run_property(p, kernel, profile=profile, seed=seed),
-                    new_report(kernel, profile=profile, seed=seed, strict=strict), progress)
+    limits = limits or SizeLimits()
+    return run_each(
+        properties, lambda p: run_property(p, kernel, profile=profile, seed=seed, limits=limits),
+        new_report(kernel, profile=profile, seed=seed, strict=strict, limits=limits), progress)
 
 
-def new_report(kernel: Any, *, profile: str, seed: int | None, strict: bool) -> Report:
+def new_report(kernel: Any, *, profile: str, seed: int | None, strict: bool,
+               limits: SizeLimits | None = None) -> Report:
     """An empty report for ``kernel`` (a KernelUnderTest, or what a worker process says
     of one: anything with ``target``, ``backend.name`` / ``backend.device`` and
     ``declaration``), naming the MUST clauses its declaration waives (CONF-7)."""
     return Report(kernel.target, kernel.backend.name, str(kernel.backend.device), profile,
-                  seed, strict, waived=list(kernel.declaration.waived))
+                  seed, strict, limits=limits or SizeLimits(),
+                  waived=list(kernel.declaration.waived))
 
 
 def run_each(

@@ -8,39 +8,23 @@ can trip.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
 from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
 
 from ..reference.masks import causal_offset
+from . import sizes, values
 from .kernel import KernelUnderTest, Problem
+from .sizes import Dims
 
 MAGNITUDES = (1.0, 0.25, 3.0, 1e-3, 10.0)
 EXPLICIT_SCALES = (0.5, 1.0, 0.0, 2.0, -0.75, 0.125)
 MAYBE, NEVER, ALWAYS = "maybe", "never", "always"
-
-
-@dataclass(frozen=True)
-class Dims:
-    """Sizes of one problem (SDPA-1.1)."""
-
-    batch: tuple[int, ...]
-    n_kv_heads: int
-    groups: int
-    n_queries: int
-    n_keys: int
-    head_dim: int
-    value_dim: int
-
-    @property
-    def n_q_heads(self) -> int:
-        return self.n_kv_heads * self.groups
-
-    @property
-    def scores_shape(self) -> tuple[int, ...]:
-        return (*self.batch, self.n_q_heads, self.n_queries, self.n_keys)
+# Collections Hypothesis draws element by element (permutations, column sets) up to this
+# size; longer ones come from the values seed, so a realistic example stays a few draws.
+LARGEST_DRAWN_COLLECTION = 24
 
 
 def draw_dims(
@@ -52,22 +36,76 @@ def draw_dims(
     max_len: int = 9,
     max_batch_ndim: int = 2,
     gqa: bool | None = None,
+    weights: bool = False,
+    family: str = "dense",
+    min_kv_heads: int = 1,
+    min_groups: int = 1,
 ) -> Dims:
-    """Batch dims 0-2, GQA only when claimed, Lq != Lk, E != Ev, odd sizes, empty axes."""
+    """Sizes of the runner's current stratum, GQA only when claimed.
+
+    Small stratum: batch dims 0-2, Lq != Lk, E != Ev, odd sizes, empty axes, lengths up to
+    ``max_len``.  Realistic strata (``sizes.draw_realistic_dims``): block-boundary lengths,
+    decode, head dims to 256, wide GQA, many heads, within the stratum's cost cap
+    (``weights``: the weights are observed through V = I; ``family``: "linear" costs
+    differ).  Both stay within the user's limits.
+    """
     use_gqa = kernel.declaration.gqa if gqa is None else gqa
+    drawing = sizes.current()
+    if drawing.realistic:
+        return sizes.draw_realistic_dims(data, kernel, gqa=use_gqa, weights=weights,
+                                         family=family, min_kv_heads=min_kv_heads,
+                                         min_groups=min_groups)
+    limits = drawing.limits
+    max_len = min(max_len, limits.max_len)
+    max_head_dim = min(8, limits.max_head_dim)
     batch_ndim = kernel.declaration.batch_ndim
     if batch_ndim is None:
         batch_ndim = data.draw(st.integers(0, max_batch_ndim), label="batch ndim")
+    # each batch dim up to 3, less only when --max-batch-heads is below 3 ** ndim
+    per_dim = max(1, min(3, math.floor(limits.max_batch_heads ** (1 / max(batch_ndim, 1)))))
+    batch = tuple(data.draw(st.lists(st.integers(1, per_dim), min_size=batch_ndim,
+                                     max_size=batch_ndim), label="batch"))
+    # only a cap below the small sizes (9 batch x 9 heads) changes what is drawn
+    heads_room = max(1, limits.max_batch_heads // math.prod(batch))
+    n_kv_heads = data.draw(st.integers(1, max(1, min(3, heads_room))), label="Hkv")
+    groups_room = max(1, min(3, heads_room // n_kv_heads))
     return Dims(
-        batch=tuple(data.draw(st.lists(st.integers(1, 3), min_size=batch_ndim,
-                                       max_size=batch_ndim), label="batch")),
-        n_kv_heads=data.draw(st.integers(1, 3), label="Hkv"),
-        groups=data.draw(st.integers(1, 3), label="G") if use_gqa else 1,
+        batch=batch,
+        n_kv_heads=n_kv_heads,
+        groups=data.draw(st.integers(1, groups_room), label="G") if use_gqa else 1,
         n_queries=data.draw(st.integers(min_queries, max(max_len, min_queries)), label="Lq"),
         n_keys=data.draw(st.integers(min_keys, max(max_len, min_keys)), label="Lk"),
-        head_dim=data.draw(st.integers(1, 8), label="E"),
-        value_dim=data.draw(st.integers(1, 8), label="Ev"),
+        head_dim=data.draw(st.integers(1, max_head_dim), label="E"),
+        value_dim=data.draw(st.integers(1, max_head_dim), label="Ev"),
     )
+
+
+def draw_permutation(data: st.DataObject, n: int, label: str) -> list[int]:
+    """A permutation of range(n): drawn by Hypothesis when short, else a reversal, a
+    rotation or a shuffle from the values seed."""
+    if n <= LARGEST_DRAWN_COLLECTION:
+        return data.draw(st.permutations(range(n)), label=label)
+    kind = data.draw(st.sampled_from(("reverse", "rotate", "shuffle")), label=f"{label} kind")
+    if kind == "reverse":
+        return list(range(n - 1, -1, -1))
+    if kind == "rotate":
+        shift = data.draw(st.integers(1, n - 1), label=f"{label} shift")
+        return [(i + shift) % n for i in range(n)]
+    return [int(i) for i in draw_rng(data).permutation(n)]
+
+
+def draw_subset(data: st.DataObject, n: int, label: str) -> list[int]:
+    """A non-empty sorted subset of range(n) (n >= 1): drawn by Hypothesis when short, else
+    a block of consecutive indices or a random share from the values seed."""
+    if n <= LARGEST_DRAWN_COLLECTION:
+        return sorted(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n,
+                                         unique=True), label=label))
+    if data.draw(st.booleans(), label=f"{label} scattered"):
+        chosen = np.flatnonzero(draw_rng(data).random(n) < 0.3)
+        return [int(i) for i in chosen] or [n - 1]
+    start = data.draw(st.integers(0, n - 1), label=f"{label} start")
+    stop = data.draw(st.integers(start + 1, n), label=f"{label} stop")
+    return list(range(start, stop))
 
 
 def with_declared_batch(kernel: KernelUnderTest, a: np.ndarray) -> np.ndarray:
@@ -124,16 +162,29 @@ def broadcast_shape_for(data: st.DataObject, full: tuple[int, ...], label: str) 
 def draw_mask(
     data: st.DataObject, rng: np.random.Generator, dims: Dims, *, empty_rows: bool = True,
 ) -> np.ndarray:
-    """Random, windowed or causal-looking masks, often with fully-masked rows."""
-    shape = broadcast_shape_for(data, dims.scores_shape, "mask")
-    kind = data.draw(st.sampled_from(["random", "window", "causal", "all"]), label="mask kind")
+    """Random, windowed or causal-looking masks, often with fully-masked rows; in realistic
+    strata also per-batch-element padding (``values.draw_padding``) and wide windows."""
+    stratum = sizes.current().stratum
+    if stratum.realistic:
+        kind = stratum.option("mask") or data.draw(st.sampled_from(values.MASK_KINDS),
+                                                   label="mask kind")
+        if kind == "padding":
+            return np.ascontiguousarray(values.draw_padding(data, rng, dims))
+        shape = broadcast_shape_for(data, dims.scores_shape, "mask")
+    else:
+        shape = broadcast_shape_for(data, dims.scores_shape, "mask")
+        kind = data.draw(st.sampled_from(["random", "window", "causal", "all"]),
+                         label="mask kind")
     n_q, n_k = shape[-2], shape[-1]
     rows, cols = np.arange(n_q)[:, None], np.arange(n_k)[None, :]
     if kind == "random":
         density = data.draw(st.sampled_from([0.5, 0.8, 0.2]), label="mask density")
         mask = rng.random(shape) < density
     elif kind == "window":
-        left, right = data.draw(st.integers(0, 3), label="left"), data.draw(st.integers(0, 3))
+        if stratum.realistic:
+            left, right = values.draw_window(data)
+        else:
+            left, right = data.draw(st.integers(0, 3), label="left"), data.draw(st.integers(0, 3))
         mask = np.broadcast_to((cols >= rows - left) & (cols <= rows + right), shape).copy()
     elif kind == "causal":
         alignment = data.draw(st.sampled_from(["top_left", "bottom_right"]), label="alignment")
@@ -145,10 +196,33 @@ def draw_mask(
     return mask
 
 
-def _wanted(data: st.DataObject, choice: str, claimed: bool, label: str) -> bool:
+def _wanted(data: st.DataObject, choice: str, claimed: bool, label: str,
+            forced: object = None) -> bool:
+    """Whether to use an option: never unless claimed; "always"; a stratum's forced
+    option; else drawn."""
     if not claimed or choice == NEVER:
         return False
-    return choice == ALWAYS or data.draw(st.booleans(), label=label)
+    if choice == ALWAYS or forced is not None:
+        return True
+    return data.draw(st.booleans(), label=label)
+
+
+def draw_bias(
+    data: st.DataObject, kernel: KernelUnderTest, rng: np.random.Generator, dims: Dims,
+    dtype: str, *, tight: bool = False,
+) -> np.ndarray:
+    """N(0, 1) bias of a shape broadcasting to the scores; in realistic strata also
+    ALiBi-like and padding biases (-1e4, -1e9, finfo.min) unless ``tight`` (a bias of a
+    few units, e.g. so that no row's weights vanish)."""
+    stratum = sizes.current().stratum
+    kind = "normal"
+    if stratum.realistic and not tight:
+        kind = stratum.option("bias") or data.draw(st.sampled_from(values.BIAS_KINDS),
+                                                   label="bias kind")
+    if kind == "normal":
+        shape = broadcast_shape_for(data, dims.scores_shape, "bias")
+        return random_values(kernel, rng, shape, dtype)
+    return values.draw_bias_values(data, kernel, rng, dims, dtype, kind)
 
 
 def draw_problem(
@@ -163,29 +237,47 @@ def draw_problem(
     scale: str = MAYBE,
     empty_rows: bool = True,
     magnitude: float | None = None,
+    tight: bool = False,
     **dims_options: Any,
 ) -> Problem:
     """One problem the kernel claims to handle; ``mask``/``bias``/``causal``/``scale``
-    are "maybe", "never" or "always" (always still requires the claim)."""
+    are "maybe", "never" or "always" (always still requires the claim).
+
+    In realistic strata the q/k values (outlier channels, scores near float16's limit),
+    bias (ALiBi, padding fills) and mask (padding per batch element) are drawn too, and a
+    stratum may force options: "maybe" options it forces are used.  ``tight``: only
+    biases of a few units (see :func:`draw_bias`).
+    """
     decl = kernel.declaration
+    stratum = sizes.current().stratum
     dims = dims or draw_dims(data, kernel, **dims_options)
     dtype = dtype or draw_dtype(data, kernel)
     rng = draw_rng(data)
     if magnitude is None:
         magnitude = data.draw(st.sampled_from(MAGNITUDES), label="magnitude")
+        if stratum.realistic:
+            qk_kind = values.draw_qk_kind(data)
+            if qk_kind != "normal":
+                magnitude = 1.0  # outliers and large scores start from unit channels
+    else:
+        qk_kind = "normal"
     problem = random_problem(kernel, rng, dims, dtype, magnitude)
-    use_causal = _wanted(data, causal, decl.causal, "causal")
-    use_mask = _wanted(data, mask, decl.mask and (decl.mask_and_causal or not use_causal), "mask")
+    if stratum.realistic:
+        problem = values.with_qk_values(data, kernel, rng, problem, qk_kind)
+    use_causal = _wanted(data, causal, decl.causal, "causal", stratum.option("causal"))
+    use_mask = _wanted(data, mask, decl.mask and (decl.mask_and_causal or not use_causal), "mask",
+                       stratum.option("mask"))
     if use_causal:
         problem.is_causal = True
     if use_mask:
         problem.mask = draw_mask(data, rng, dims, empty_rows=empty_rows)
     if _wanted(data, bias, decl.bias and not (use_causal and decl.bias_shares_mask_argument),
-               "bias"):
-        shape = broadcast_shape_for(data, dims.scores_shape, "bias")
-        problem.bias = random_values(kernel, rng, shape, dtype)
-    if _wanted(data, scale, decl.scale, "explicit scale"):
-        problem.scale = data.draw(st.sampled_from(EXPLICIT_SCALES), label="scale")
+               "bias", None if tight else stratum.option("bias")):
+        problem.bias = draw_bias(data, kernel, rng, dims, dtype, tight=tight)
+    forced_scale = stratum.option("scale")
+    if _wanted(data, scale, decl.scale, "explicit scale", forced_scale):
+        problem.scale = (forced_scale if forced_scale is not None
+                         else data.draw(st.sampled_from(EXPLICIT_SCALES), label="scale"))
     return problem
 
 

@@ -240,7 +240,7 @@ def _answer(request: tuple[Any, ...], kernel: KernelUnderTest, layout: str,
 
     if request[0] == "hints":
         return (run_hints(kernel, layout, request[1]),)
-    _, prop_id, profile, examples, seed = request
+    _, prop_id, profile, examples, seed, limits = request
     if examples is not None:
         PROFILES[profile] = examples
     registry = all_properties()
@@ -249,7 +249,7 @@ def _answer(request: tuple[Any, ...], kernel: KernelUnderTest, layout: str,
                 "at run time? use --no-isolate)")
     prop = registry[prop_id]
     try:
-        verdict = run_property(prop, kernel, profile=profile, seed=seed)
+        verdict = run_property(prop, kernel, profile=profile, seed=seed, limits=limits)
     except BaseException as exc:  # e.g. sys.exit from a result's __array__: a verdict
         verdict = _failed_verdict(prop, PropertyFailure(
             f"checking the kernel's result raised {type(exc).__name__}: {str(exc)[:300]}"

@@ -1,5 +1,6 @@
 """The reference implementation: pure Python Array API, one module per spec area."""
 
+from .blocked import blocked_attention, default_block_sizes
 from .favor import favor_attention, favor_feature_map, favor_projection
 from .linear import elu_plus_one, linear_attention, relu_features
 from .masks import CAUSAL_ALIGNMENTS, causal_mask, padding_mask
@@ -28,7 +29,9 @@ __all__ = [
     "bigbird_mask",
     "block_sparse_attention",
     "block_sparse_mask",
+    "blocked_attention",
     "causal_mask",
+    "default_block_sizes",
     "elu_plus_one",
     "favor_attention",
     "favor_feature_map",

@@ -21,6 +21,9 @@ from .sdpa import prepare
 from .tolerance import SAFETY_FACTOR, UNDERFLOW_THRESHOLD, UNIT_ROUNDOFF, accumulation_roundoff
 
 CALL = "linear_attention(q, k, v)"
+# Keys whose prefix sums (chunk x F x Ev numbers) exist at once in the causal form: with
+# F = Ev = 64, 256 keys are 4 MiB per head, which stays in cache.
+PREFIX_CHUNK = 256
 
 FeatureMap = Callable[[Any], Any]
 
@@ -118,21 +121,46 @@ def _numerator_denominator(
         numerator = xp.matmul(fq, state)
         denominator = xp.matmul(fq, xp.sum(fk, axis=-2)[..., :, None])
         return numerator, denominator
+    return _prefix_sums(xp, fq, fk, v, offset)
+
+
+def _prefix_sums(
+    xp: ModuleType, fq: Any, fk: Any, v: Any, offset: int, chunk: int = PREFIX_CHUNK
+) -> tuple[Any, Any]:
+    """The causal ``N`` and ``D``: query i reads the prefix sums of ``fk_j v_j^T`` and
+    ``fk_j`` up to key ``min(i + d, Lk - 1)``; rows with ``i + d < 0`` see no key.
+
+    The prefix sums are ``(Lk, F, Ev)`` numbers; they are formed ``chunk`` keys at a time,
+    each chunk starting from the sums of the keys before it, and read by the queries whose
+    last key lies in the chunk, so memory and time stay linear in L with a small constant.
+    """
+    n_queries, n_keys = fq.shape[-2], fk.shape[-2]
     device = array_api_compat.device(fq)
-    last_key = xp.arange(n_queries, device=device) + offset
-    sees_any = (last_key >= 0)[:, None]
-    last_key = xp.clip(last_key, 0, n_keys - 1)
-    states = xp.cumulative_sum(fk[..., :, :, None] * v[..., :, None, :], axis=-3)
-    sums = xp.cumulative_sum(fk, axis=-2)
-    state_i = xp.take(states, last_key, axis=-3)  # (..., Lq, F, Ev)
-    sum_i = xp.take(sums, last_key, axis=-2)  # (..., Lq, F)
-    numerator = xp.matmul(fq[..., :, None, :], state_i)[..., 0, :]
-    denominator = xp.sum(fq * sum_i, axis=-1, keepdims=True)
-    zero = xp.zeros_like(denominator)
-    return (
-        xp.where(sees_any, numerator, xp.zeros_like(numerator)),
-        xp.where(sees_any, denominator, zero),
-    )
+    blind = min(n_queries, max(0, -offset))  # rows i with i + d < 0
+    batch = fq.shape[:-2]
+    numerators = [xp.zeros((*batch, blind, v.shape[-1]), dtype=fq.dtype, device=device)]
+    denominators = [xp.zeros((*batch, blind, 1), dtype=fq.dtype, device=device)]
+    state = xp.zeros((*fk.shape[:-2], fk.shape[-1], v.shape[-1]), dtype=fk.dtype, device=device)
+    total = xp.zeros((*fk.shape[:-2], fk.shape[-1]), dtype=fk.dtype, device=device)
+    for start in range(0, n_keys, chunk):
+        stop = min(start + chunk, n_keys)
+        states = state[..., None, :, :] + xp.cumulative_sum(
+            fk[..., start:stop, :, None] * v[..., start:stop, None, :], axis=-3)
+        sums = total[..., None, :] + xp.cumulative_sum(fk[..., start:stop, :], axis=-2)
+        # the queries whose last key is in this chunk; the last chunk also takes the rows
+        # after the last key (top-left with Lq > Lk), which see every key
+        first = min(n_queries, max(blind, start - offset))
+        last = n_queries if stop == n_keys else min(n_queries, max(blind, stop - offset))
+        if last > first:
+            position = xp.clip(xp.arange(first, last, device=device) + offset, start,
+                               stop - 1) - start
+            rows = fq[..., first:last, :]
+            numerators.append(xp.matmul(rows[..., :, None, :],
+                                        xp.take(states, position, axis=-3))[..., 0, :])
+            denominators.append(xp.sum(rows * xp.take(sums, position, axis=-2), axis=-1,
+                                       keepdims=True))
+        state, total = states[..., -1, :, :], sums[..., -1, :]
+    return xp.concat(numerators, axis=-2), xp.concat(denominators, axis=-2)
 
 
 def _divide(xp: ModuleType, numerator: Any, denominator: Any) -> Any:

@@ -48,7 +48,7 @@ def compute_dtype(xp: ModuleType, dtype: Any) -> Any:
     return dtype if dtype in (xp.float32, xp.float64) else xp.float32
 
 
-def prepare(
+def check_arguments(
     q: Any,
     k: Any,
     v: Any,
@@ -59,8 +59,9 @@ def prepare(
     causal_alignment: str = "top_left",
     scale: Any = None,
     call: str = CALL,
-) -> AttentionProblem:
-    """Check the arguments against SDPA-1 … SDPA-6 and lay them out for computation."""
+) -> tuple[ModuleType, tuple[int, ...], float | None]:
+    """Check the arguments against SDPA-1 … SDPA-6; returns the namespace, the broadcast
+    batch shape and the checked explicit scale (None for the default)."""
     xp = namespace_of(call, q=q, k=k, v=v, mask=mask, bias=bias)
     require_real_floating(xp, call, "SDPA-1.4", q=q, k=k, v=v, bias=bias)
     require_ndim_at_least(call, "SDPA-1.1", 3, LAYOUT, q=q, k=k, v=v)
@@ -75,7 +76,7 @@ def prepare(
 
     *q_batch, n_q_heads, n_queries, head_dim = q.shape
     *k_batch, n_kv_heads, n_keys, k_head_dim = k.shape
-    *v_batch, v_heads, v_keys, value_dim = v.shape
+    *v_batch, v_heads, v_keys, _ = v.shape
     if head_dim == 0:
         raise ValueError(
             f"q.shape[-1]=0, but the head dim E should be >= 1 (the default scale is "
@@ -106,7 +107,30 @@ def prepare(
         require_broadcastable_to("mask", tuple(mask.shape), scores_shape, call, "SDPA-3.1")
     if bias is not None:
         require_broadcastable_to("bias", tuple(bias.shape), scores_shape, call, "SDPA-3.2")
+    return xp, batch, scale
 
+
+def prepare(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: Any = None,
+    bias: Any = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: Any = None,
+    call: str = CALL,
+) -> AttentionProblem:
+    """Check the arguments against SDPA-1 … SDPA-6 and lay them out for computation."""
+    xp, batch, scale = check_arguments(
+        q, k, v, mask=mask, bias=bias, is_causal=is_causal,
+        causal_alignment=causal_alignment, scale=scale, call=call,
+    )
+    *_, n_q_heads, n_queries, head_dim = q.shape
+    *_, n_kv_heads, n_keys, _ = k.shape
+    value_dim = v.shape[-1]
+    scores_shape = (*batch, n_q_heads, n_queries, n_keys)
     work = compute_dtype(xp, q.dtype)
     groups = n_q_heads // n_kv_heads
     grouped = (*batch, n_kv_heads, groups, n_queries, n_keys)
@@ -187,15 +211,35 @@ def weighted_values(xp: ModuleType, weights: Any, allowed: Any, v: Any) -> Any:
     if bool(xp.all(finite)):
         return xp.matmul(weights, v)
     out = xp.matmul(weights, xp.where(finite, v, xp.zeros_like(v)))
+    return with_nonfinite_values(xp, out, nonfinite_counts(xp, allowed, v))
+
+
+class NonFiniteCounts(NamedTuple):
+    """Per query and value column, how many allowed keys hold NaN, +inf and -inf."""
+
+    nan: Any
+    pos_inf: Any
+    neg_inf: Any
+
+
+def nonfinite_counts(xp: ModuleType, allowed: Any, v: Any) -> NonFiniteCounts:
+    """The allowed keys whose value in each column is NaN, +inf, -inf (SDPA-8.3)."""
     reaches = xp.astype(allowed, v.dtype)
 
     def count(selected: Any) -> Any:
         return xp.matmul(reaches, xp.astype(selected, v.dtype))
 
-    n_nan, n_pos, n_neg = count(xp.isnan(v)), count(v == xp.inf), count(v == -xp.inf)
-    out = xp.where(n_pos > 0, xp.full_like(out, xp.inf), out)
-    out = xp.where(n_neg > 0, xp.full_like(out, -xp.inf), out)
-    undefined = xp.logical_or(n_nan > 0, xp.logical_and(n_pos > 0, n_neg > 0))
+    return NonFiniteCounts(count(xp.isnan(v)), count(v == xp.inf), count(v == -xp.inf))
+
+
+def with_nonfinite_values(xp: ModuleType, out: Any, counts: NonFiniteCounts) -> Any:
+    """``out`` (the sum over the finite values) where an allowed key's non-finite value
+    decides the result: that infinity, or NaN for NaN or both infinities (SDPA-8.3)."""
+    out = xp.where(counts.pos_inf > 0, xp.full_like(out, xp.inf), out)
+    out = xp.where(counts.neg_inf > 0, xp.full_like(out, -xp.inf), out)
+    undefined = xp.logical_or(
+        counts.nan > 0, xp.logical_and(counts.pos_inf > 0, counts.neg_inf > 0)
+    )
     return xp.where(undefined, xp.full_like(out, xp.nan), out)
 
 

@@ -446,7 +446,7 @@ def test_the_worker_checks_in_the_jax_settings_asked_for(
     """--jax-x64 reaches the worker: its backend has float64 and the report says what was
     changed; without it, a float64-only check on JAX is a setup error that says why."""
     pytest.importorskip("jax", reason="the JAX backend needs jax installed")
-    monkeypatch.setitem(runner.PROFILES, "quick", JAX_EXAMPLES)
+    monkeypatch.setitem(runner.PROFILES, "quick", runner.Profile(JAX_EXAMPLES))
     target = "attnspec.reference:scaled_dot_product_attention"
     report = check(target, backend="jax", dtypes=["float64"], only=["default-scale"],
                    jax_x64=True, isolate=True)
@@ -465,7 +465,7 @@ def test_a_loaded_jax_backend_passes_its_x64_setting_to_the_worker(
     """A Backend object cannot travel to the worker; JAX's process-wide x64 setting, on
     here, goes with its name, so the worker checks float64 as this process would."""
     jax = pytest.importorskip("jax", reason="the JAX backend needs jax installed")
-    monkeypatch.setitem(runner.PROFILES, "quick", JAX_EXAMPLES)
+    monkeypatch.setitem(runner.PROFILES, "quick", runner.Profile(JAX_EXAMPLES))
     before = jax.config.jax_enable_x64
     try:
         backend = Backend("jax", config={"jax_enable_x64": True})
@@ -479,12 +479,15 @@ def test_a_loaded_jax_backend_passes_its_x64_setting_to_the_worker(
 # --- soak ------------------------------------------------------------------------------
 
 SOAK_RUNS = 20
-SOAK_EXAMPLES = 2  # examples per property: the soak looks for verdicts that change
+SOAK_EXAMPLES = 2  # small examples per property: the soak looks for verdicts that change
 SOAK_KERNELS = (
     # target, property ids expected to fail (all others pass or are not applicable)
     ("attnspec.reference:scaled_dot_product_attention", set()),
     ("catalogue.correct:lse_attention", set()),
-    ("catalogue.bugs_scores:missing_scale", {"default-scale", "score-variance"}),
+    # missing scale: the scale properties, and value comparisons whose fixed per-stratum
+    # seeds draw E >= 2 with the default scale (1/sqrt(E) != 1 changes the output)
+    ("catalogue.bugs_scores:missing_scale", {"default-scale", "score-variance",
+                                             "mask-broadcast", "gqa-mapping"}),
 )
 
 
@@ -493,7 +496,7 @@ def test_soak_twenty_runs_give_identical_verdicts(monkeypatch: pytest.MonkeyPatc
     """CONF-4, CONF-5: the whole suite, 20 times against the same kernels in the same
     worker, gives the same verdict (status, finding, inputs) every time: 0 flaky verdicts;
     the correct kernels pass and the buggy one fails exactly where it should."""
-    monkeypatch.setitem(runner.PROFILES, "quick", SOAK_EXAMPLES)
+    monkeypatch.setitem(runner.PROFILES, "quick", runner.Profile(SOAK_EXAMPLES))
     properties = list(all_properties().values())
     for target, failing in SOAK_KERNELS:
         setup = KernelSetup(target, "numpy")

@@ -14,7 +14,7 @@ import attnspec
 from attnspec.backends import Backend
 from attnspec.conformance import KernelUnderTest, LinearClaim, SparseClaim, declare
 from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import FAILED, PASSED, PROFILES, WARNING, run_property
+from attnspec.conformance.runner import FAILED, PASSED, PROFILES, WARNING, Profile, run_property
 from attnspec.reference import elu_plus_one, linear_attention, sparse_attention, sparse_mask
 
 NUMPY = Backend("numpy")
@@ -265,7 +265,7 @@ def test_sparse_reference_passes_over_20_seeds(case: str, monkeypatch: pytest.Mo
                                                ) -> None:
     """SPARSE-6.1..6.4, zero false failures: the reference's sparse kernels pass every sparse
     property on 20 seeds (2 examples each, a fresh Hypothesis stream per seed)."""
-    monkeypatch.setitem(PROFILES, "seeded", 2)
+    monkeypatch.setitem(PROFILES, "seeded", Profile(2))
     kernel = KernelUnderTest(reference_sparse(case), NUMPY)
     for property_id in SPARSE_PROPERTIES:
         for seed in ZERO_FALSE_FAILURE_SEEDS:
@@ -279,7 +279,7 @@ def test_linear_reference_passes_over_20_seeds(alignment: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """LIN-5.2, LIN-2.1, zero false failures: the reference's linear attention passes on
     20 seeds (2 examples each)."""
-    monkeypatch.setitem(PROFILES, "seeded", 2)
+    monkeypatch.setitem(PROFILES, "seeded", Profile(2))
     kernel = KernelUnderTest(reference_linear(alignment), NUMPY)
     for property_id in ("linear-matches-formula", "linear-causal-prefix"):
         for seed in ZERO_FALSE_FAILURE_SEEDS:

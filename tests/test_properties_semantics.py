@@ -168,17 +168,23 @@ def torch_sdpa() -> KernelUnderTest:
     return KernelUnderTest(torch.nn.functional.scaled_dot_product_attention, Backend("torch"))
 
 
-TORCH_DIVERGENCES = {"masked-nonfinite-ignored": WARNING, "nan-propagates": FAILED}
+# property -> (verdict, what its counterexample shows): the confirmed divergences
+TORCH_DIVERGENCES = {
+    "masked-nonfinite-ignored": (WARNING, ""),
+    "nan-propagates": (FAILED, ""),
+    "output-in-value-hull": (FAILED, "is_causal=True, scale=0.0"),
+}
 
 
 @pytest.mark.parametrize("property_id", TORCH_CHECKED)
 def test_torch_sdpa(property_id: str, torch_sdpa: KernelUnderTest) -> None:
     """SDPA-4, SDPA-7, SDPA-8: torch SDPA passes all but its confirmed divergences
-    (SDPA-8.2 as a warning, SDPA-8.3 as a failure; pinned by hand below, with the NaN of
-    is_causal + scale=0 that only the thorough profile's output-in-value-hull reaches)."""
+    (SDPA-8.2 as a warning, SDPA-8.3 as a failure, and the NaN of is_causal + scale=0 that
+    the quick profile's "causal with scale 0" combination reaches; pinned by hand below)."""
     result = verdict(property_id, torch_sdpa)
-    assert result.status == TORCH_DIVERGENCES.get(property_id, PASSED), (
-        result.detail, result.counterexample)
+    status, shows = TORCH_DIVERGENCES.get(property_id, (PASSED, ""))
+    assert result.status == status, (result.detail, result.counterexample)
+    assert shows in result.counterexample, result.counterexample
 
 
 def _oracle_out(problem: Problem) -> np.ndarray:
@@ -210,7 +216,7 @@ def test_torch_sdpa_drops_nan_query_row(torch_sdpa: KernelUnderTest) -> None:
 
 
 def test_torch_sdpa_causal_with_zero_scale_is_nan(torch_sdpa: KernelUnderTest) -> None:
-    """SDPA-2.2, SDPA-7.1 (found by output-in-value-hull in the thorough profile): with
+    """SDPA-2.2, SDPA-7.1 (found by the quick profile's "causal with scale 0"): with
     is_causal=True and scale=0.0, torch 2.13's CPU flash path (E == Ev) returns NaN for every
     row with a causally excluded key (0 * -inf); the definition gives uniform weights over
     the allowed keys, i.e. v_0 here, as torch's math backend does."""

@@ -33,7 +33,7 @@ def matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
 def rows_sum_to_one(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Weights (returned, or observed through V = I) are >= 0 and each row with an
     allowed key sums to 1 within TOL-2; rows with none sum to 0 (SDPA-5.1)."""
-    problem = draw_problem(data, kernel, min_keys=1)
+    problem = draw_problem(data, kernel, min_keys=1, weights=True)
     _, weights = kernel.run_with_weights(problem)
     expected, tolerance = weights_bound(problem, kernel.declaration)
     negative = weights < 0

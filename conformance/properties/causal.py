@@ -19,6 +19,7 @@ from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem
 from ..oracle import reference_bound, weights_bound
 from ..registry import needs, register
+from ..sizes import current
 from ..strategies import Dims, draw_dims, draw_problem, draw_rng, random_values
 from .softmax import compared_rows, within_validity
 
@@ -35,11 +36,19 @@ def alignment_clause(declaration: KernelDeclaration) -> str:
     return "SDPA-4.1 top-left: j <= i"
 
 
-def _unequal_dims(data: st.DataObject, kernel: KernelUnderTest) -> Dims:
-    """Dims with Lq != Lk (either way round), where the two alignments differ."""
-    dims = draw_dims(data, kernel, min_queries=1, min_keys=1, max_len=8)
+def _unequal_dims(data: st.DataObject, kernel: KernelUnderTest, weights: bool = False) -> Dims:
+    """Dims with Lq != Lk (either way round), where the two alignments differ; realistic
+    shapes that already differ keep their lengths (a block boundary on either side)."""
+    dims = draw_dims(data, kernel, min_queries=1, min_keys=1, max_len=8, weights=weights)
+    drawing = current()
+    if drawing.realistic and dims.n_queries != dims.n_keys:
+        return dims
     shift = data.draw(st.sampled_from([1, -1, 2, -2, 3, -3]), label="Lk - Lq")
-    n_keys = dims.n_queries + shift if dims.n_queries + shift >= 1 else dims.n_queries - shift
+    n_keys = dims.n_queries + shift
+    if not 1 <= n_keys <= max(drawing.limits.max_len, 2):
+        n_keys = dims.n_queries - shift
+    if n_keys < 1:  # neither way fits a tiny --max-len: one key fewer, or two keys
+        n_keys = dims.n_queries - 1 if dims.n_queries > 1 else 2
     return replace(dims, n_keys=n_keys)
 
 
@@ -84,8 +93,8 @@ def causal_alignment(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """With is_causal and Lq != Lk, the weights are exactly 0 beyond the declared
     alignment's boundary (SDPA-4.1 top-left or SDPA-4.2 bottom-right) and positive within
     it wherever TOL-2 proves the definition's weight positive (and it is not subnormal)."""
-    problem = draw_problem(data, kernel, dims=_unequal_dims(data, kernel), causal="always",
-                           mask="never", bias="never")
+    problem = draw_problem(data, kernel, dims=_unequal_dims(data, kernel, weights=True),
+                           causal="always", mask="never", bias="never")
     problem = within_validity(kernel, problem)
     _, weights = kernel.run_with_weights(problem)
     n_queries, n_keys = problem.q.shape[-2], problem.k.shape[-2]
@@ -133,7 +142,8 @@ def _last_rows(a: np.ndarray | None, n_queries: int, r: int) -> np.ndarray | Non
 def decode_consistency(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """With bottom-right causal, the last r query rows computed alone (same keys) equal
     the last r rows of the full computation within TOL-2: what a KV cache relies on."""
-    problem = within_validity(kernel, draw_problem(data, kernel, causal="always", min_queries=1))
+    problem = within_validity(kernel, draw_problem(data, kernel, causal="always",
+                                                   min_queries=1))
     n_queries = problem.q.shape[-2]
     r = data.draw(st.integers(1, n_queries), label="rows computed alone")
     tail = problem.with_(

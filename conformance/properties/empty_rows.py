@@ -70,20 +70,21 @@ def empty_rows_zero(kernel: KernelUnderTest, data: st.DataObject) -> None:
     decl = kernel.declaration
     route = data.draw(st.sampled_from(empty_row_routes(decl)), label="empty row by")
     if route == "causal":
-        dims = draw_dims(data, kernel)
+        dims = draw_dims(data, kernel, weights=True)
         extra = data.draw(st.integers(1, 4), label="Lq - Lk")
         dims = replace(dims, n_queries=dims.n_keys + extra)
         problem = draw_problem(data, kernel, dims=dims, causal="always")
     else:
-        dims = draw_dims(data, kernel, min_queries=1, min_keys=1)
+        dims = draw_dims(data, kernel, min_queries=1, min_keys=1, weights=True)
         causal = "maybe" if decl.mask_and_causal and route == "mask" else "never"
         problem = draw_problem(data, kernel, dims=dims, causal=causal, **{route: "always"})
         row = data.draw(st.integers(0, dims.n_queries - 1), label="emptied row")
-        if route == "mask":
-            problem.mask[..., row, :] = False
-        else:
-            problem.bias = problem.bias.copy()
-            problem.bias[..., row, :] = -np.inf
+        # a padding mask or bias may broadcast over the queries: give it its query axis
+        values = getattr(problem, route)
+        values = np.broadcast_to(values, (*values.shape[:-2], dims.n_queries,
+                                          values.shape[-1])).copy()
+        values[..., row, :] = False if route == "mask" else -np.inf
+        setattr(problem, route, values)
     empty = ~allowed_keys(problem, decl).any(axis=-1)
     out, weights = kernel.run_with_weights(problem)
     assert_zero_rows(out, empty, "out", problem, kernel)

@@ -20,7 +20,8 @@ from ..assertions import assert_identical, assert_within_bound
 from ..kernel import KernelUnderTest, Problem
 from ..oracle import reference_bound
 from ..registry import needs, register
-from ..strategies import draw_dims, draw_problem, draw_rng, random_values
+from ..sizes import realistic
+from ..strategies import draw_dims, draw_permutation, draw_problem, draw_rng, random_values
 from .softmax import within_validity
 
 # Value pairs (a, b) for linearity: with V1, V2 odd multiples of 1/4 in [-3.75, 3.75],
@@ -47,7 +48,7 @@ def query_permutation(kernel: KernelUnderTest, data: st.DataObject) -> None:
     within the sum of the two runs' TOL-2 bounds."""
     problem = within_validity(kernel, draw_problem(data, kernel, causal="never"))
     n_queries = problem.q.shape[-2]
-    order = data.draw(st.permutations(range(n_queries)), label="query order")
+    order = draw_permutation(data, n_queries, "query order")
     permuted = problem.with_(
         q=problem.q[..., order, :],
         mask=_take(problem.mask, order, -2, n_queries),
@@ -66,7 +67,7 @@ def key_permutation(kernel: KernelUnderTest, data: st.DataObject) -> None:
     output unchanged, within the sum of the two runs' TOL-2 bounds."""
     problem = within_validity(kernel, draw_problem(data, kernel, causal="never"))
     n_keys = problem.k.shape[-2]
-    order = data.draw(st.permutations(range(n_keys)), label="key order")
+    order = draw_permutation(data, n_keys, "key order")
     permuted = problem.with_(
         k=problem.k[..., order, :],
         v=problem.v[..., order, :],
@@ -84,8 +85,11 @@ def key_permutation(kernel: KernelUnderTest, data: st.DataObject) -> None:
 def batch_head_independence(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Changing the inputs of one batch element, one key/value head (with its query heads)
     or one query head leaves every other output identical."""
-    dims = draw_dims(data, kernel)
-    dims = replace(dims, n_kv_heads=dims.n_kv_heads + 1)  # at least two heads to tell apart
+    if realistic():
+        dims = draw_dims(data, kernel, min_kv_heads=2)
+    else:
+        dims = draw_dims(data, kernel)
+        dims = replace(dims, n_kv_heads=dims.n_kv_heads + 1)  # at least two heads to tell apart
     problem = draw_problem(data, kernel, dims=dims)
     groups, batch_size = dims.groups, math.prod(dims.batch)
     choices = ["key/value head", "query head"] + (["batch element"] if batch_size > 1 else [])
@@ -143,7 +147,7 @@ def bias_shift_invariance(kernel: KernelUnderTest, data: st.DataObject) -> None:
     the output by at most the sum of the two runs' TOL-2 bounds."""
     # A kernel taking the bias through its mask argument (PyTorch) gets no causal with it.
     causal = "never" if kernel.declaration.bias_shares_mask_argument else "maybe"
-    problem = draw_problem(data, kernel, bias="always", causal=causal)
+    problem = draw_problem(data, kernel, bias="always", causal=causal, tight=True)
     rng = draw_rng(data)
     bias = np.clip(np.round(rng.standard_normal(problem.bias.shape) * 8), -32, 32) / 8
     limit = shift_limit(problem.dtype)

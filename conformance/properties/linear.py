@@ -45,6 +45,7 @@ SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-
 # that every feature and product is far inside the guard (relu and elu+1 features >= 2^-6
 # and e^-8; products of three such factors >= e^-22) in every dtype.
 SNAP_TO_ZERO, ELU_INPUT_FLOOR = 2.0**-6, -8.0
+QUERY_CHUNK_ELEMENTS = 2**22  # elements of phi_i psi_j products the guard holds at once
 
 
 def within_underflow_guard(fq: np.ndarray, fk: np.ndarray, v: np.ndarray, dtype: str,
@@ -64,12 +65,22 @@ def within_underflow_guard(fq: np.ndarray, fk: np.ndarray, v: np.ndarray, dtype:
     feature_least = 2 * SMALLEST_NORMAL[dtype]
     product_least = 2 * SMALLEST_NORMAL["float64" if dtype == "float64" else "float32"] / (
         accumulation_roundoff(dtype))
-    pairs = fq[..., :, None, :] * fk[..., None, :, :]  # (..., Lq, Lk, F)
     keys = fine(fk, feature_least, (-1,)) & fine(fk[..., :, :, None] * v[..., :, None, :],
                                                  product_least, (-2, -1))  # (..., Lk)
-    ok = (fine(pairs, product_least, (-1,))
-          & fine(pairs[..., None] * v[..., None, :, None, :], product_least, (-2, -1))
-          & keys[..., None, :])  # (..., Lq, Lk)
+    # The smallest nonzero |v_jc| of each key (0 when there is none: every product is then
+    # 0): where phi_if psi_jf is 0 or at least the bound (> 0), its smallest nonzero product
+    # with |v_jc| is the product with this one (rounding is monotonic), so the guard needs
+    # (..., Lq, Lk, F) and never (..., Lq, Lk, F, Ev): realistic strata draw Lk in thousands.
+    least_v = np.where(v > 0, v, np.inf).min(axis=-1, initial=np.inf)
+    least_v = np.where(np.isinf(least_v), 0.0, least_v)[..., None, :, None]  # (..., 1, Lk, 1)
+    n_queries, pair_elements = fq.shape[-2], max(1, fk[..., 0].size * fk.shape[-1])
+    step = max(1, QUERY_CHUNK_ELEMENTS // pair_elements)  # rows per chunk, bounded memory
+    chunks = []
+    for start in range(0, max(n_queries, 1), step):  # one (empty) chunk when Lq = 0
+        pairs = fq[..., start:start + step, None, :] * fk[..., None, :, :]  # (..., l, Lk, F)
+        chunks.append(fine(pairs, product_least, (-1,))
+                      & fine(pairs * least_v, product_least, (-1,)))
+    ok = np.concatenate(chunks, axis=-2) & keys[..., None, :]  # (..., Lq, Lk)
     if offset is not None:
         rows, cols = np.indices(ok.shape[-2:])
         ok = ok | (cols > rows + offset)  # keys the row does not see
@@ -130,7 +141,7 @@ def feature_map_of(kernel: KernelUnderTest) -> Callable[[Any], Any]:
 def check_against_formula(kernel: KernelUnderTest, data: st.DataObject, causal: bool) -> None:
     claim = kernel.declaration.linear
     assert claim is not None
-    dims = draw_dims(data, kernel, max_len=12)
+    dims = draw_dims(data, kernel, max_len=12, family="linear")
     dtype = draw_dtype(data, kernel)
     rng = draw_rng(data)
     magnitude = data.draw(st.sampled_from([1.0, 0.3, 3.0]), label="magnitude")

@@ -20,6 +20,7 @@ from ..failures import PropertyFailure, distinct
 from ..kernel import KernelUnderTest, Problem
 from ..oracle import reference_bound, weights_bound
 from ..registry import needs, register
+from ..sizes import GROUPS, HEAD_DIMS, current
 from ..statistics import round_outward, sum_of_squares_range, two_sided_chi_square_interval
 from ..strategies import draw_dtype, with_declared_batch
 
@@ -31,12 +32,22 @@ EXPLICIT_PROBE_SCALES = (0.0, 0.375, 1.5, -0.5, 0.0625)
 def scale_probe(kernel: KernelUnderTest, data: st.DataObject, scale: float | None) -> Problem:
     """The probe problem: one-hot query, keys along it at dot products 0, a, 2a, ..."""
     decl = kernel.declaration
-    head_dim = data.draw(st.integers(2, 24), label="E")
+    drawing = current()
+    if drawing.realistic:  # head dims kernels special-case, wide groups (the probe is cheap)
+        limits = drawing.limits
+        head_dim = data.draw(st.sampled_from(
+            [e for e in HEAD_DIMS if e <= limits.max_head_dim] or [2]), label="E")
+    else:
+        head_dim = data.draw(st.integers(2, 24), label="E")
     n_keys = data.draw(st.integers(2, 5), label="Lk")
     value_dim = data.draw(st.sampled_from([d for d in (n_keys + 1, n_keys + 3) if d != head_dim]),
                           label="Ev")
     n_kv_heads = data.draw(st.integers(1, 2), label="Hkv")
-    groups = data.draw(st.integers(1, 3), label="G") if decl.gqa else 1
+    if decl.gqa and drawing.realistic:
+        room = max(1, drawing.limits.max_batch_heads // n_kv_heads)
+        groups = data.draw(st.sampled_from([g for g in GROUPS if g <= room]), label="G")
+    else:
+        groups = data.draw(st.integers(1, 3), label="G") if decl.gqa else 1
     n_queries = data.draw(st.integers(1, 3), label="Lq")
     effective = 1 / math.sqrt(head_dim) if scale is None else scale
     # a power of two near 1/s keeps s*a moderate and j*a exact in every dtype

@@ -12,7 +12,12 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ...reference.masks import causal_offset
-from ...reference.tolerance import accumulation_roundoff, error_bound, product_coefficient
+from ...reference.tolerance import (
+    CHUNK_ELEMENTS,
+    accumulation_roundoff,
+    error_bound,
+    product_coefficient,
+)
 from ..assertions import assert_identical, assert_matches_reference, first_index
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
@@ -20,6 +25,7 @@ from ..kernel import KernelUnderTest, Problem
 from ..oracle import reference_bound
 from ..registry import always, register
 from ..strategies import draw_any_problem, draw_dtype, draw_problem
+from ..values import LARGEST_FINITE, with_score_magnitude
 
 # TOL-2 holds for every score error, but grows like 1/(1 - D_i): beyond D_i = 1/4 a
 # comparison can catch little, so value comparisons keep problems below it.
@@ -32,12 +38,6 @@ VALID_SCORE_ERROR = 0.25
 # half precision scores are accumulated in float32 (SDPA-7.2), so they may exceed 65504
 HUGE_SCORE = {"float16": 1e6, "bfloat16": 1e30, "float32": 1e30, "float64": 1e300}
 EXP_OVERFLOWS = 89.0  # exp(s) is inf in float32 (and so in float16, bfloat16) beyond this
-LARGEST_FINITE = {
-    "float16": 65504.0,
-    "bfloat16": (2 - 2.0**-7) * 2.0**127,
-    "float32": float(np.finfo(np.float32).max),
-    "float64": float(np.finfo(np.float64).max),
-}
 
 
 def scores_shape(problem: Problem) -> tuple[int, ...]:
@@ -144,20 +144,37 @@ def values_per_query(problem: Problem) -> np.ndarray:
     return np.broadcast_to(v, (*shape[:-2], *v.shape[-2:]))
 
 
+def allowed_value_range(allowed: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per output element ``(..., Lq, Ev)``, the min and max of its V column over the
+    allowed keys (+inf and -inf for a row with none), from ``allowed`` ``(..., Lq, Lk)``
+    and ``v`` ``(..., Lk, Ev)``; in chunks of query rows, so that the ``(rows, Lk, Ev)``
+    temporaries stay as small as TOL-2's own chunks (a 4096-key problem fits in memory)."""
+    n_queries, n_keys = allowed.shape[-2:]
+    per_row = math.prod(allowed.shape[:-2]) * n_keys * v.shape[-1]
+    step = max(1, CHUNK_ELEMENTS // max(1, per_row))
+    lows, highs = [], []
+    for start in range(0, n_queries, step):
+        chunk = allowed[..., start:start + step, :, None]  # (..., rows, Lk, 1)
+        lows.append(np.where(chunk, v[..., None, :, :], np.inf).min(axis=-2, initial=np.inf))
+        highs.append(np.where(chunk, v[..., None, :, :], -np.inf).max(axis=-2, initial=-np.inf))
+    if not lows:
+        empty = np.zeros((*allowed.shape[:-1], v.shape[-1]))
+        return empty, empty
+    return np.concatenate(lows, axis=-2), np.concatenate(highs, axis=-2)
+
+
 @register("output-in-value-hull", "SDPA-7.1")
 def output_in_value_hull(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Each output element lies between the min and max of its V column over the allowed
     keys S(i), widened by TOL-2: the weights are a convex combination (SDPA-7.1)."""
     problem = within_validity(kernel, draw_problem(data, kernel, min_keys=1))
     out = kernel.run(problem)
-    allowed = allowed_keys(problem, kernel.declaration)[..., None]  # (..., Lq, Lk, 1)
-    v = values_per_query(problem)[..., None, :, :]  # (..., 1, Lk, Ev)
-    low = np.where(allowed, v, np.inf).min(axis=-2, initial=np.inf)
-    high = np.where(allowed, v, -np.inf).max(axis=-2, initial=-np.inf)
+    allowed = allowed_keys(problem, kernel.declaration)
+    low, high = allowed_value_range(allowed, values_per_query(problem))
     # TOL-2 bounds a conforming kernel's distance from the exact output, which lies in
     # [low, high]; C = 4 includes the float64 oracle's own error (spec/tolerance.md).
     tolerance = np.asarray(reference_bound(problem, kernel.declaration).out_tolerance)
-    rows = allowed.any(axis=-2)  # rows with no allowed key are SDPA-5.1's business
+    rows = allowed.any(axis=-1, keepdims=True)  # rows with no key are SDPA-5.1's business
     inside = (out >= low - tolerance) & (out <= high + tolerance)
     outside = rows & ~inside
     if outside.any():
@@ -168,22 +185,6 @@ def output_in_value_hull(kernel: KernelUnderTest, data: st.DataObject) -> None:
             f"{tolerance[at]:.3g} ({int(outside.sum())} of {outside.size} elements) [SDPA-7.1]",
             problem, kernel,
         )
-
-
-def _with_score_magnitude(kernel: KernelUnderTest, problem: Problem, limit: float) -> Problem:
-    """q and k rescaled so that max |alpha| A_ij is about ``limit`` (SDPA-7.4 inputs).
-
-    max|q| = max|k| = sqrt(limit / (|alpha| E)) bounds every product, partial sum and score
-    by ``limit`` while keeping q and k of one size, so neither overflows its dtype.
-    """
-    if not np.any(problem.q) or not np.any(problem.k) or problem.scale == 0:
-        return problem  # no score to make large
-    head_dim = problem.q.shape[-1]
-    scale = 1.0 / math.sqrt(head_dim) if problem.scale is None else abs(problem.scale)
-    target = math.sqrt(limit / (scale * head_dim))
-    q = problem.q * (target / np.max(np.abs(problem.q)))
-    k = problem.k * (target / np.max(np.abs(problem.k)))
-    return problem.with_(q=kernel.rounded(q, problem.dtype), k=kernel.rounded(k, problem.dtype))
 
 
 @register("large-logits", "SDPA-7.4")
@@ -202,7 +203,7 @@ def large_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
     # ... and no larger than a quarter of the dtype's range, so that q k^T formed in the
     # dtype stays finite here too (the huge problem below tells that overflow apart)
     valid = min(valid, LARGEST_FINITE[dtype] / 4)
-    large = within_validity(kernel, _with_score_magnitude(kernel, problem, valid))
+    large = within_validity(kernel, with_score_magnitude(kernel, problem, valid))
     out = kernel.run(large)
     if max_score_magnitude(large) > EXP_OVERFLOWS:
         if not np.isfinite(out).all():
@@ -212,7 +213,7 @@ def large_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
             )
         _raise_if_exp_underflowed(kernel, large, out)
     assert_matches_reference(kernel, large, out, what="out with large scores (SDPA-7.4)")
-    huge = _with_score_magnitude(kernel, problem, HUGE_SCORE[dtype])
+    huge = with_score_magnitude(kernel, problem, HUGE_SCORE[dtype])
     out = kernel.run(huge)
     if not np.isfinite(out).all():
         _explain_overflow(kernel, problem, huge, out)
@@ -252,7 +253,7 @@ def _explain_overflow(kernel: KernelUnderTest, problem: Problem, huge: Problem,
     dtype, head_dim = problem.dtype, problem.q.shape[-1]
     largest = LARGEST_FINITE[dtype]
     moderate_limit = min(HUGE_SCORE[dtype], largest / (4 * math.sqrt(head_dim)))
-    moderate = _with_score_magnitude(kernel, problem, moderate_limit)
+    moderate = with_score_magnitude(kernel, problem, moderate_limit)
     moderate_out = kernel.run(moderate)
     if not np.isfinite(moderate_out).all():
         raise PropertyFailure(

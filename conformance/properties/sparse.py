@@ -53,11 +53,14 @@ def pinned_lengths(pattern: str, params: dict[str, object]) -> tuple[tuple[int, 
     )
 
 
-def draw_sparse_problem(kernel: KernelUnderTest, data: st.DataObject) -> tuple[Problem, np.ndarray]:
-    """Sizes long enough to show the pattern's structure, ragged tails and Lq != Lk."""
+def draw_sparse_problem(
+    kernel: KernelUnderTest, data: st.DataObject, weights: bool = False,
+) -> tuple[Problem, np.ndarray]:
+    """Sizes long enough to show the pattern's structure, ragged tails and Lq != Lk (a
+    block-sparse layout pins the lengths); ``weights``: observed through V = I."""
     claim = kernel.declaration.sparse
     assert claim is not None
-    dims = draw_dims(data, kernel, min_queries=1, min_keys=1, max_len=17)
+    dims = draw_dims(data, kernel, min_queries=1, min_keys=1, max_len=17, weights=weights)
     lengths = pinned_lengths(claim.pattern, dict(claim.params))
     if lengths is not None:
         (q_low, q_high), (k_low, k_high) = lengths
@@ -91,7 +94,7 @@ def sparse_matches_dense(kernel: KernelUnderTest, data: st.DataObject) -> None:
 @register("sparse-weights-exactly-zero", "SPARSE-6.1", applies=sparse_only)
 def sparse_weights_exactly_zero(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Weights of keys outside S(i) (observed through V = I) are exactly 0, never tiny."""
-    problem, mask = draw_sparse_problem(kernel, data)
+    problem, mask = draw_sparse_problem(kernel, data, weights=True)
     weights = kernel.run(identity_values(problem))
     leaked = (weights != 0) & ~np.broadcast_to(mask, weights.shape)
     if leaked.any():

@@ -1,0 +1,6 @@
+"""``attnspec bench``: the reference's time and memory at real sizes, in ratios measured in
+one run against each library's own kernel (see :mod:`attnspec.benchmarks.command`)."""
+
+from .command import add_parser, command, run
+
+__all__ = ["add_parser", "command", "run"]

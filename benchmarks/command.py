@@ -1,0 +1,133 @@
+"""``attnspec bench``: time and memory of the reference against each library's own kernel.
+
+    attnspec bench                      # full run: L = 256 .. 32768 (tens of minutes)
+    attnspec bench --quick              # tiny sizes, seconds: checks that everything runs
+    attnspec bench --backends torch --sections dense --sizes 1024,4096
+
+Writes ``OUT/bench.json`` (schema in :mod:`attnspec.benchmarks.report`) and, when
+matplotlib is installed, ``OUT/bench-dense.png``, ``bench-sparse.png``, ``bench-linear.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..backends import Backend, BackendError
+from . import frameworks, suites
+from .measure import Measurement, gemm_gflops
+from .plots import matplotlib_missing, write_figures
+from .report import document
+
+SECTIONS: dict[str, Callable[..., list[Measurement]]] = {
+    "dense": suites.dense, "sparse": suites.sparse, "linear": suites.linear,
+}
+DEFAULT_BACKENDS = ("numpy", "torch", "jax")
+
+
+def _names(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(t) for t in _names(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ints") \
+            from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: lengths should be ints >= 1")
+    return sizes
+
+
+def add_parser(commands: Any) -> None:
+    """The ``bench`` subcommand of the ``attnspec`` command."""
+    bench = commands.add_parser("bench", help="time and memory of the reference against "
+                                "torch/jax kernels; writes JSON and PNG plots",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_argument("--quick", action="store_true", help="tiny sizes (for tests)")
+    bench.add_argument("--out", type=Path, default=Path("bench-results"),
+                       help="directory for bench.json and the PNGs (default: bench-results)")
+    bench.add_argument("--backends", type=_names, default=list(DEFAULT_BACKENDS),
+                       help="dense section: comma-separated backends (default: numpy,torch,"
+                       "jax, those installed)")
+    bench.add_argument("--scaling-backends", type=_names, default=["numpy"],
+                       help="sparse and linear sections: backends (default: numpy)")
+    bench.add_argument("--sections", type=_names, default=list(SECTIONS),
+                       help=f"comma-separated, of {','.join(SECTIONS)} (default: all)")
+    bench.add_argument("--sizes", type=_sizes, help="dense lengths, e.g. 1024,4096")
+    bench.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+
+
+def _backend_info(backend: Backend, config: suites.BenchConfig) -> dict[str, Any]:
+    return {
+        "version": frameworks.library_version(backend),
+        "device": str(backend.device),
+        "threads": frameworks.threads(backend),
+        "gemm_gflops": gemm_gflops(backend, config.dtype, config.gemm_size,
+                                   repeats=config.repeats),
+        "memory_method": frameworks.MemoryProbe(backend).method,
+    }
+
+
+def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Measure what ``args`` asks for; returns the document (also written to ``args.out``)."""
+    from .. import __version__
+
+    unknown = sorted(set(args.sections) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"--sections: unknown {', '.join(unknown)}; expected of "
+                         f"{', '.join(SECTIONS)}")
+    config = suites.QUICK if args.quick else suites.FULL
+    if args.sizes:
+        config = dataclasses.replace(config, sizes=args.sizes)
+    if args.threads:
+        frameworks.set_threads(args.threads)
+    backends: dict[str, Backend] = {}
+    info: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys([*args.backends, *args.scaling_backends]):
+        try:
+            backends[name] = Backend(name)
+        except (BackendError, ValueError) as exc:
+            log(f"backend {name}: not measured ({exc})")
+            continue
+        info[name] = _backend_info(backends[name], config)
+        log(f"backend {name} {info[name]['version']} on {info[name]['device']}: GEMM "
+            f"{config.gemm_size}^2 {config.dtype} {info[name]['gemm_gflops']:.1f} GFLOP/s")
+    measurements: list[Measurement] = []
+    for section in args.sections:
+        names = args.backends if section == "dense" else args.scaling_backends
+        for name in names:
+            if name in backends:
+                log(f"{section} on {name}:")
+                measurements += SECTIONS[section](config, backends[name], log)
+    doc = document(config, args.quick, info, measurements, __version__)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench.json").write_text(json.dumps(doc, indent=1) + "\n")
+    log(f"wrote {args.out / 'bench.json'}")
+    missing = matplotlib_missing()
+    if missing:
+        log(f"no plots: {missing}")
+    else:
+        for path in write_figures(doc, args.out):
+            log(f"wrote {path}")
+    for target in doc["targets"]:
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[target["met"]]
+        value = "-" if target["value"] is None else f"{target['value']:.3g}"
+        log(f"target: {target['name']}: {value} (limit {target['limit']:.3g}) {verdict}")
+    return doc
+
+
+def command(args: argparse.Namespace) -> int:
+    try:
+        run(args)
+    except ValueError as exc:
+        print(f"attnspec bench: error: {exc}", file=sys.stderr)
+        return 2
+    return 0

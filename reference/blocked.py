@@ -1,0 +1,230 @@
+"""Scaled dot-product attention in O(L) memory: SDPA-7.1 evaluated block by block.
+
+The plain reference (``sdpa.scaled_dot_product_attention``) is the spec's text in code
+and holds every ``Lq x Lk`` score.  This module computes the same function over chunks
+of query rows and, for each chunk, blocks of keys, keeping per query row only the running
+maximum ``m``, the running sum ``l`` of ``exp(s - m)`` and the running ``sum exp(s - m) v``
+(the online softmax of Milakov & Gimelshein 2018, as FlashAttention uses it).  When a
+block raises the maximum from ``m`` to ``m'``, what was summed so far is multiplied by
+``exp(m - m')``; at the end ``o = acc / l``.  In exact arithmetic this is SDPA-7.1; in
+floating point the difference is the "weights not renormalised" term TOL-2 allows for.
+
+Everything the plain reference decides per element is decided the same way here:
+S(i) is the mask AND the causal rule AND score != -inf (SDPA-3.3, SDPA-3.4); a row with
+no allowed key outputs exactly 0 (SDPA-5.1); a NaN or +inf score of an allowed key makes
+the row NaN (SDPA-8.3) because ``maximum`` and ``exp`` propagate it; excluded scores are
+replaced by -inf before any arithmetic, so no excluded value reaches the output
+(SDPA-8.1, SDPA-8.2); and non-finite values of allowed keys are counted apart from the
+finite sum, exactly as in ``sdpa.weighted_values`` (SDPA-8.3).  Key blocks that the
+causal rule excludes for the whole chunk are never read.
+"""
+
+from __future__ import annotations
+
+import math
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import array_api_compat
+
+from ._checks import check_size
+from .masks import causal_offset
+from .sdpa import (
+    AttentionProblem,
+    NonFiniteCounts,
+    check_arguments,
+    nonfinite_counts,
+    prepare,
+    with_nonfinite_values,
+)
+
+CALL = "blocked_attention(q, k, v)"
+
+# Keys per block.  A block of scores is (batch, heads, query_chunk, KEY_BLOCK); 512 keys
+# keep the per-block Python overhead (about 15 array calls) small next to its arithmetic.
+KEY_BLOCK = 512
+# Scores held at once, over all batch elements and heads: 2**20 float32 numbers (4 MiB)
+# stay in a CPU's last-level cache, which is what makes several passes over a block cheap.
+SCORES_PER_BLOCK = 2**20
+MIN_QUERY_CHUNK, MAX_QUERY_CHUNK = 16, 512
+
+
+def default_block_sizes(batch_heads: int, n_queries: int, n_keys: int) -> tuple[int, int]:
+    """``(query_chunk, key_block)`` for a problem of ``batch_heads`` (batch x query heads)
+    score matrices of ``n_queries x n_keys``: blocks of about :data:`SCORES_PER_BLOCK`."""
+    key_block = max(1, min(n_keys, KEY_BLOCK))
+    chunk = SCORES_PER_BLOCK // max(1, batch_heads * key_block)
+    chunk = min(max(chunk, MIN_QUERY_CHUNK), MAX_QUERY_CHUNK)
+    return max(1, min(n_queries, chunk)), key_block
+
+
+class _Scores(NamedTuple):
+    """The inputs of the scores: the laid-out problem plus mask and bias as grouped views."""
+
+    problem: AttentionProblem
+    mask: Any  # None, or bool broadcastable to (*batch, Hkv, G, Lq, Lk)
+    bias: Any  # None, or floating broadcastable to (*batch, Hkv, G, Lq, Lk)
+    causal_offset: int | None  # d of SDPA-4 (query i sees key j iff j <= i + d), or None
+
+
+def _grouped_view(xp: ModuleType, a: Any, n_dims: int, n_kv_heads: int, groups: int) -> Any:
+    """``a``, which broadcasts to ``(*batch, Hq, Lq, Lk)`` (``n_dims`` dims), as an array
+    that broadcasts to ``(*batch, Hkv, G, Lq, Lk)``; a view, never the broadcast copy."""
+    a = xp.reshape(a, (1,) * (n_dims - a.ndim) + tuple(a.shape))
+    heads = (1, 1) if a.shape[-3] == 1 else (n_kv_heads, groups)
+    return xp.reshape(a, (*a.shape[:-3], *heads, *a.shape[-2:]))
+
+
+def _block(a: Any, rows: slice, cols: slice) -> Any:
+    """Rows and columns of the last two axes, leaving broadcast (size-1) axes whole."""
+    return a[..., rows if a.shape[-2] != 1 else slice(None), cols if a.shape[-1] != 1 else
+             slice(None)]
+
+
+def _block_scores(inputs: _Scores, q_chunk: Any, rows: slice, cols: slice) -> Any:
+    """Scaled, biased scores of one block with -inf wherever the pair is excluded
+    (SDPA-3.1, SDPA-3.3, SDPA-3.4, SDPA-4); no excluded value survives this step."""
+    problem = inputs.problem
+    xp = problem.xp
+    k_block = problem.k[..., cols, :]
+    scores = xp.matmul(q_chunk, xp.matrix_transpose(k_block)) * problem.scale
+    if inputs.bias is not None:
+        scores = scores + xp.astype(_block(inputs.bias, rows, cols), scores.dtype)
+    allowed = None if inputs.mask is None else _block(inputs.mask, rows, cols)
+    offset = inputs.causal_offset
+    if offset is not None and cols.stop - 1 > rows.start + offset:
+        # The block crosses the diagonal; blocks wholly below it need no mask at all.
+        device = array_api_compat.device(scores)
+        query = xp.arange(rows.start, rows.stop, device=device)[:, None]
+        key = xp.arange(cols.start, cols.stop, device=device)[None, :]
+        causal = key <= query + offset
+        allowed = causal if allowed is None else xp.logical_and(allowed, causal)
+    if allowed is None:
+        return scores
+    return xp.where(allowed, scores, xp.full_like(scores, -xp.inf))
+
+
+class _Running(NamedTuple):
+    """Per query row: the maximum ``m`` so far, ``l = sum exp(s - m)``, ``acc = sum
+    exp(s - m) v`` over the finite values, and the non-finite value counts."""
+
+    m: Any
+    l: Any
+    acc: Any
+    counts: NonFiniteCounts | None
+
+
+def _absorb(xp: ModuleType, state: _Running | None, scores: Any, v_block: Any,
+            v_nonfinite: Any) -> _Running:
+    """Fold one block of scores and its values into the running state (SDPA-7.1)."""
+    m = xp.max(scores, axis=-1, keepdims=True)
+    if state is not None:
+        m = xp.maximum(state.m, m)  # NaN propagates: a NaN score makes the row NaN
+    # A row with nothing allowed so far has m = -inf; shifting by 0 keeps exp(-inf) = 0.
+    shift = xp.where(m == -xp.inf, xp.zeros_like(m), m)
+    weights = xp.exp(scores - shift)
+    l = xp.sum(weights, axis=-1, keepdims=True)
+    acc = xp.matmul(weights, v_block)
+    counts = None
+    if v_nonfinite is not None:
+        counts = nonfinite_counts(xp, scores != -xp.inf, v_nonfinite)
+    if state is None:
+        return _Running(m, l, acc, counts)
+    # exp(old m - new shift) is 0 where the old m was -inf (nothing summed yet) and <= 1
+    # elsewhere, so the rescaled sums never overflow.
+    rescale = xp.exp(state.m - shift)
+    if counts is not None:
+        counts = NonFiniteCounts(*(a + b for a, b in zip(state.counts, counts, strict=True)))
+    return _Running(m, state.l * rescale + l, state.acc * rescale + acc, counts)
+
+
+def _key_stop(inputs: _Scores, rows: slice, n_keys: int) -> int:
+    """One past the last key any query of ``rows`` may attend under the causal rule."""
+    if inputs.causal_offset is None:
+        return n_keys
+    return max(0, min(n_keys, rows.stop + inputs.causal_offset))
+
+
+def _attend_chunk(inputs: _Scores, rows: slice, key_block: int, v_finite: Any,
+                  v_nonfinite: Any) -> Any:
+    """Output rows ``rows`` of every batch element and head, ``(..., G, rows, Ev)``."""
+    problem = inputs.problem
+    xp = problem.xp
+    q_chunk = problem.q[..., rows, :]
+    state = None
+    for start in range(0, _key_stop(inputs, rows, problem.k.shape[-2]), key_block):
+        cols = slice(start, min(start + key_block, problem.k.shape[-2]))
+        scores = _block_scores(inputs, q_chunk, rows, cols)
+        state = _absorb(xp, state, scores, v_finite[..., cols, :],
+                        None if v_nonfinite is None else v_nonfinite[..., cols, :])
+    if state is None:  # the causal rule leaves these rows no key (SDPA-4.3, SDPA-5.1)
+        shape = (*q_chunk.shape[:-1], v_finite.shape[-1])
+        return xp.zeros(shape, dtype=v_finite.dtype, device=array_api_compat.device(q_chunk))
+    # l == 0 only for rows with no allowed key; their acc is 0, so they give exactly 0.
+    out = state.acc / xp.where(state.l == 0, xp.ones_like(state.l), state.l)
+    if state.counts is not None:
+        out = with_nonfinite_values(xp, out, state.counts)
+    return out
+
+
+def blocked_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: Any = None,
+    bias: Any = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    query_chunk: int | None = None,
+    key_block: int | None = None,
+) -> Any:
+    """``scaled_dot_product_attention`` (spec/dense.md) in O(Lq + Lk) extra memory.
+
+    Arguments, output shape and dtype are those of the plain reference (SDPA-1 … SDPA-8);
+    the result equals it within TOL-2, with the same zeros, NaNs and infinities.  Weights
+    are not returned (they are Lq x Lk by nature).  ``query_chunk`` query rows and
+    ``key_block`` keys are processed at a time; the default
+    (:func:`default_block_sizes`) depends only on the problem's size.  Extra memory is
+    about ``batch * Hq * query_chunk * key_block`` scores plus the output; a mask or bias
+    is read block by block and never broadcast.
+    """
+    xp, _, _ = check_arguments(
+        q, k, v, mask=mask, bias=bias, is_causal=is_causal,
+        causal_alignment=causal_alignment, scale=scale, call=CALL,
+    )
+    problem = prepare(q, k, v, scale=scale, call=CALL)
+    if query_chunk is not None:
+        query_chunk = check_size("query_chunk", query_chunk, CALL, minimum=1)
+    if key_block is not None:
+        key_block = check_size("key_block", key_block, CALL, minimum=1)
+    *_, n_kv_heads, groups, n_queries, _ = problem.q.shape
+    n_keys = problem.k.shape[-2]
+    device = array_api_compat.device(problem.q)
+    if n_keys == 0 or math.prod(problem.out_shape) == 0:  # SDPA-5.2, SDPA-1.5
+        return xp.zeros(problem.out_shape, dtype=problem.out_dtype, device=device)
+    n_dims = len(problem.out_shape)
+    inputs = _Scores(
+        problem=problem,
+        mask=None if mask is None else _grouped_view(xp, mask, n_dims, n_kv_heads, groups),
+        bias=None if bias is None else _grouped_view(xp, bias, n_dims, n_kv_heads, groups),
+        causal_offset=causal_offset(n_queries, n_keys, causal_alignment) if is_causal else None,
+    )
+    default_chunk, default_block = default_block_sizes(
+        math.prod(problem.out_shape[:-2]), n_queries, n_keys)
+    query_chunk, key_block = query_chunk or default_chunk, key_block or default_block
+
+    # Non-finite values are summed apart (SDPA-8.3); the common all-finite case pays one
+    # pass over v for knowing it.
+    finite = xp.isfinite(problem.v)
+    v_finite, v_nonfinite = problem.v, None
+    if not bool(xp.all(finite)):
+        v_finite, v_nonfinite = xp.where(finite, problem.v, xp.zeros_like(problem.v)), problem.v
+    chunks = [
+        _attend_chunk(inputs, slice(start, min(start + query_chunk, n_queries)), key_block,
+                      v_finite, v_nonfinite)
+        for start in range(0, n_queries, query_chunk)
+    ]
+    out = xp.concat(chunks, axis=-2)
+    return xp.astype(xp.reshape(out, problem.out_shape), problem.out_dtype)

@@ -1,0 +1,315 @@
+"""The memory-efficient reference pinned to the plain one (SDPA-7.1, SDPA-7.3, TOL-2).
+
+``blocked_attention`` computes SDPA-7.1 by online softmax over query chunks and key
+blocks.  Hypothesis draws the problems the conformance suite draws (batch broadcasting,
+GQA, Lq != Lk, masks of every broadcast shape with fully masked rows, biases with -inf and
+finfo.min, both causal alignments, explicit scales, Lk = 0, non-finite inputs) together
+with block sizes from 1 to one past the length, so every block-boundary case occurs:
+blocks that divide the length, ragged last blocks, one block, blocks longer than the
+sequence.  On every CPU backend and dtype the result must be within TOL-2 of the plain
+formulation in float64 (TOL-1: on the values the computation received), be exactly 0 where
+the plain reference is (SDPA-5), and be NaN or infinite exactly where the plain reference
+is in the same dtype (SDPA-8.3).
+"""
+
+from __future__ import annotations
+
+import math
+import tracemalloc
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from attnspec.backends import Backend
+from attnspec.reference import (
+    blocked_attention,
+    default_block_sizes,
+    scaled_dot_product_attention,
+)
+from attnspec.reference.tolerance import UNIT_ROUNDOFF, accumulation_roundoff, error_bound
+
+# JAX compiles every operation for every new shape, so it gets fewer examples.
+EXAMPLES = {"numpy": 150, "array_api_strict": 60, "torch": 60, "jax": 5}
+LOWEST = {"float16": -65504.0, "bfloat16": -(2 - 2.0**-7) * 2.0**127,
+          "float32": float(np.finfo(np.float32).min), "float64": float(np.finfo(np.float64).min)}
+NON_FINITE = (np.nan, np.inf, -np.inf)
+
+
+def examples(backend: Backend) -> settings:
+    return settings(max_examples=EXAMPLES.get(backend.name, 20), derandomize=True,
+                    database=None, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def broadcastable_shape(data: st.DataObject, full: tuple[int, ...], label: str) -> tuple[int, ...]:
+    """A shape that broadcasts to ``full``: leading dims dropped, any dim set to 1."""
+    keep = data.draw(st.integers(1, len(full)), label=f"{label} ndim")
+    return tuple(1 if data.draw(st.booleans(), label=f"{label} axis {axis} is 1") else size
+                 for axis, size in enumerate(full[len(full) - keep:]))
+
+
+def draw_case(data: st.DataObject, backend: Backend) -> tuple[dict[str, Any], dict[str, Any]]:
+    """NumPy float64 arguments of one problem and the block sizes to run it with."""
+    batch = tuple(data.draw(st.lists(st.integers(1, 2), max_size=2), label="batch"))
+    n_kv = data.draw(st.integers(1, 2), label="Hkv")
+    groups = data.draw(st.integers(1, 3), label="G")
+    n_q, n_k = data.draw(st.integers(0, 11), label="Lq"), data.draw(st.integers(0, 11), label="Lk")
+    dim = data.draw(st.integers(1, 4), label="E")
+    value_dim = data.draw(st.integers(1, 3), label="Ev")
+    dtype = data.draw(st.sampled_from(backend.dtype_names), label="dtype")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    magnitude = data.draw(st.sampled_from([1.0, 3.0, 10.0]), label="magnitude")
+    scores_shape = (*batch, n_kv * groups, n_q, n_k)
+    case: dict[str, Any] = {
+        "q": rng.standard_normal((*batch, n_kv * groups, n_q, dim)) * magnitude,
+        "k": rng.standard_normal((*batch, n_kv, n_k, dim)) * magnitude,
+        "v": rng.standard_normal((*batch, n_kv, n_k, value_dim)),
+    }
+    if data.draw(st.booleans(), label="mask"):
+        mask = rng.random(broadcastable_shape(data, scores_shape, "mask")) < 0.6
+        if mask.ndim > 1 and mask.shape[-2] and data.draw(st.booleans(), label="blank a row"):
+            mask[..., rng.integers(mask.shape[-2]), :] = False
+        case["mask"] = mask
+    if data.draw(st.booleans(), label="bias"):
+        bias = rng.standard_normal(broadcastable_shape(data, scores_shape, "bias")) * 3
+        bias[rng.random(bias.shape) < 0.15] = -np.inf
+        bias[rng.random(bias.shape) < 0.1] = LOWEST[dtype]
+        case["bias"] = bias
+    if data.draw(st.booleans(), label="causal"):
+        case["is_causal"] = True
+        case["causal_alignment"] = data.draw(st.sampled_from(["top_left", "bottom_right"]))
+    if data.draw(st.booleans(), label="explicit scale"):
+        case["scale"] = data.draw(st.sampled_from([0.5, 0.0, -0.75, 2.0]), label="scale")
+    if data.draw(st.booleans(), label="non-finite inputs"):
+        for name in ("q", "k", "v", "bias"):
+            if name in case and case[name].size:
+                flat = case[name].reshape(-1)
+                flat[rng.integers(flat.size, size=2)] = rng.choice(NON_FINITE, size=2)
+    blocks = {
+        "query_chunk": data.draw(st.none() | st.integers(1, n_q + 1), label="query_chunk"),
+        "key_block": data.draw(st.none() | st.integers(1, n_k + 1), label="key_block"),
+    }
+    return {**case, "dtype": dtype}, blocks
+
+
+def on_backend(backend: Backend, case: dict[str, Any]) -> dict[str, Any]:
+    moved = {n: a for n, a in case.items() if n != "dtype"}
+    for name in ("q", "k", "v", "bias"):
+        if name in case:
+            moved[name] = backend.asarray(case[name], dtype=case["dtype"])
+    if "mask" in case:
+        moved["mask"] = backend.asarray(case["mask"])
+    return moved
+
+
+def as64(backend: Backend, a: Any) -> np.ndarray:
+    return np.asarray(backend.to_numpy(a), dtype=np.float64)
+
+
+def received(backend: Backend, moved: dict[str, Any]) -> dict[str, Any]:
+    """TOL-1: the float64 values the computation received."""
+    return {n: as64(backend, a) if n in ("q", "k", "v", "bias") else
+            np.asarray(backend.to_numpy(a)) if n == "mask" else a for n, a in moved.items()}
+
+
+def value_range(seen: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per output element, min and max of its value column over S(i) (SDPA-7.1: mask, causal
+    rule, bias != -inf) and max |v| there; query head h reads key/value head h // G."""
+    q, v = seen["q"], seen["v"]
+    n_q, n_k = q.shape[-2], v.shape[-2]
+    groups = q.shape[-3] // v.shape[-3]
+    batch = np.broadcast_shapes(q.shape[:-3], seen["k"].shape[:-3], v.shape[:-3])
+    values = np.repeat(np.broadcast_to(v, (*batch, *v.shape[-3:])), groups, axis=-3)
+    allowed = np.ones((*batch, q.shape[-3], n_q, n_k), dtype=bool)
+    if "mask" in seen:
+        allowed = allowed & seen["mask"]
+    if "bias" in seen:
+        allowed = allowed & (seen["bias"] != -np.inf)
+    if seen.get("is_causal"):
+        offset = 0 if seen.get("causal_alignment", "top_left") == "top_left" else n_k - n_q
+        allowed = allowed & (np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + offset)
+    # (..., Lq, Lk, 1) against (..., 1, Lk, Ev)
+    allowed, values = allowed[..., None], values[..., None, :, :]
+    low = np.min(np.where(allowed, values, np.inf), axis=-2, initial=np.inf)
+    high = np.max(np.where(allowed, values, -np.inf), axis=-2, initial=-np.inf)
+    largest = np.max(np.where(allowed, np.abs(values), 0.0), axis=-2, initial=0.0)
+    return low, high, largest
+
+
+def assert_blocked_matches_plain(backend: Backend, case: dict[str, Any],
+                                 blocks: dict[str, Any]) -> None:
+    moved = on_backend(backend, case)
+    got = blocked_attention(**moved, **blocks)
+    plain, weights = scaled_dot_product_attention(**moved, return_weights=True)
+    where = f"{backend.name} {case['dtype']} {blocks} q{tuple(case['q'].shape)} " \
+            f"k{tuple(case['k'].shape)} " + " ".join(n for n in ("mask", "bias", "is_causal",
+                                                                  "scale") if n in case)
+    # SDPA-1.3: shape and dtype.
+    assert tuple(got.shape) == tuple(plain.shape) and got.dtype == plain.dtype, where
+    got64, plain64 = as64(backend, got), as64(backend, plain)
+    # SDPA-8.3 / TOL-3: NaN and each infinity exactly where the plain reference has them.
+    for kind in (np.isnan, np.isposinf, np.isneginf):
+        assert np.array_equal(kind(got64), kind(plain64)), f"{where}: {kind.__name__} differs"
+    # SDPA-5.1 / SDPA-5.2: a row with no allowed key is exactly 0.
+    empty = np.sum(as64(backend, weights), axis=-1) == 0
+    assert np.all(got64[empty] == 0), f"{where}: empty rows are not exactly 0"
+    # SDPA-7.3 / TOL-2 against the plain formulation evaluated in float64.
+    seen = received(backend, moved)
+    bound = error_bound(**seen, dtype=case["dtype"])
+    exact, tolerance = np.asarray(bound.out), np.asarray(bound.out_tolerance)
+    bounded = np.isfinite(exact) & np.isfinite(tolerance)
+    error = np.abs(got64[bounded] - exact[bounded])
+    assert np.all(error <= tolerance[bounded]), (
+        f"{where}: error {np.max(error / tolerance[bounded]):.3g} x TOL-2")
+    # A finfo.min bias on an allowed pair makes delta_i of TOL-2 infinite: the bound says
+    # nothing there (and evaluates to inf * 0 = NaN when N = M = 0).  SDPA-7.1 still puts
+    # the output inside the range of the allowed values, up to the rounding of a convex
+    # combination (TOL-2's (u_d + (Lk + 2) u_a) M term with C = 4, M <= max |v|).
+    vacuous = np.isfinite(exact) & ~np.isfinite(tolerance)
+    if np.any(vacuous):
+        low, high, largest = value_range(seen)
+        u_d = UNIT_ROUNDOFF[case["dtype"]]
+        slack = 4 * (u_d + (case["k"].shape[-2] + 2) * accumulation_roundoff(case["dtype"]))
+        slack = slack * largest
+        inside = (got64 >= low - slack) & (got64 <= high + slack)
+        assert np.all(inside[vacuous]), f"{where}: outside the range of the allowed values"
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy warns on inf - inf; expected
+def test_blocked_matches_plain_within_tol2(cpu_backend: Backend) -> None:
+    """SDPA-7.1, SDPA-7.3, TOL-2, TOL-3 for every drawn problem and block size, and the
+    clauses the draws cover: SDPA-1.2, 1.5, 2.2, 3.1-3.4, 4.1-4.3, 5.1, 5.2, 6.1, 8.3."""
+
+    @examples(cpu_backend)
+    @given(st.data())
+    def check(data: st.DataObject) -> None:
+        assert_blocked_matches_plain(cpu_backend, *draw_case(data, cpu_backend))
+
+    check()
+
+
+def unused_by(used: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """True where an entry of an array of ``shape``, broadcast to ``used.shape``, meets no
+    used pair: ``used`` reduced with "none" over the axes the array is broadcast along."""
+    full = (1,) * (used.ndim - len(shape)) + shape
+    axes = tuple(i for i, (s, u) in enumerate(zip(full, used.shape, strict=True))
+                 if s == 1 and u != 1)
+    return np.reshape(~np.any(used, axis=axes, keepdims=True), shape)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_excluded_values_change_nothing(cpu_backend: Backend) -> None:
+    """SDPA-8.1 (finite), SDPA-8.2 (NaN, +-inf): keys, values and bias entries that only
+    pairs excluded by the mask or the causal rule use leave the output bit-identical,
+    whatever the block sizes: key blocks the causal rule skips, blocks across the diagonal
+    and blocks the mask cuts through."""
+
+    @examples(cpu_backend)
+    @given(st.data())
+    def check(data: st.DataObject) -> None:
+        case, blocks = draw_case(data, cpu_backend)
+        q_shape, n_kv, n_k = case["q"].shape, case["k"].shape[-3], case["k"].shape[-2]
+        n_q = q_shape[-2]
+        case.setdefault("mask", np.random.default_rng(n_q).random((n_q, n_k)) < 0.5)
+        batch = np.broadcast_shapes(q_shape[:-3], case["k"].shape[:-3], case["v"].shape[:-3])
+        allowed = np.broadcast_to(case["mask"], (*batch, q_shape[-3], n_q, n_k))
+        if case.get("is_causal"):
+            offset = 0 if case["causal_alignment"] == "top_left" else n_k - n_q
+            allowed = allowed & (np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + offset)
+        # query head h reads key/value head h // G (SDPA-6.1)
+        per_kv_head = np.reshape(allowed, (*batch, n_kv, q_shape[-3] // n_kv * n_q, n_k))
+        used_keys = np.any(per_kv_head, axis=-2)
+        fill = data.draw(st.sampled_from([np.nan, np.inf, -np.inf, 1e4]), label="poison")
+        poisoned = dict(case)
+        for name in ("k", "v"):
+            unused = unused_by(used_keys, case[name].shape[:-1])
+            poisoned[name] = np.where(unused[..., None], fill, case[name])
+        if "bias" in case:
+            poisoned["bias"] = np.where(unused_by(allowed, case["bias"].shape), fill,
+                                        case["bias"])
+        before = blocked_attention(**on_backend(cpu_backend, case), **blocks)
+        after = blocked_attention(**on_backend(cpu_backend, poisoned), **blocks)
+        before64, after64 = as64(cpu_backend, before), as64(cpu_backend, after)
+        assert np.array_equal(before64, after64, equal_nan=True), (cpu_backend.name, blocks)
+
+    check()
+
+
+def test_default_blocks_at_a_size_with_several_blocks(cpu_backend: Backend) -> None:
+    """SDPA-7.3, TOL-2 with the default block sizes where they split the problem (Lk larger
+    than one key block, several query chunks), causal bottom-right with Lq != Lk, a mask."""
+    rng = np.random.default_rng(7)
+    n_q, n_k = 700, 1100
+    chunk, block = default_block_sizes(4, n_q, n_k)
+    assert chunk < n_q and block < n_k, (chunk, block)
+    case = {
+        "q": rng.standard_normal((2, 2, n_q, 8)), "k": rng.standard_normal((2, 1, n_k, 8)),
+        "v": rng.standard_normal((2, 1, n_k, 4)), "mask": rng.random((n_q, n_k)) < 0.9,
+        "is_causal": True, "causal_alignment": "bottom_right", "dtype": "float32",
+    }
+    assert_blocked_matches_plain(cpu_backend, case, {})
+
+
+def test_default_block_sizes() -> None:
+    """Blocks never exceed the problem, hold about SCORES_PER_BLOCK scores, and are >= 1."""
+    assert default_block_sizes(8, 4096, 4096) == (256, 512)
+    assert default_block_sizes(1, 5, 3) == (5, 3)
+    assert default_block_sizes(1, 0, 0) == (1, 1)
+    chunk, block = default_block_sizes(1024, 10_000, 10_000)
+    assert chunk >= 16 and block == 512
+
+
+def test_memory_is_linear_in_length() -> None:
+    """O(L) extra memory: at Lq = Lk = 4096 the blocked reference's peak (NumPy reports its
+    buffers to tracemalloc) is within a few copies of the inputs and output plus a few
+    blocks, a small fraction of the one Lq x Lk score matrix per head the plain one holds."""
+    n, heads, dim, chunk, block = 4096, 2, 16, 256, 256
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((heads, n, dim), dtype=np.float32) for _ in range(3))
+    tracemalloc.start()
+    try:
+        blocked_attention(q, k, v, is_causal=True, query_chunk=chunk, key_block=block)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    inputs_and_output = 4 * q.nbytes
+    one_block = heads * chunk * block * 4
+    budget = 4 * inputs_and_output + 8 * one_block
+    scores = heads * n * n * 4
+    assert budget < scores / 8, "the budget would not tell O(L) from O(L^2)"
+    assert peak <= budget, f"peak {peak / 1e6:.1f} MB > {budget / 1e6:.1f} MB"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "names"),
+    [
+        ({"query_chunk": 0}, ValueError, "query_chunk=0"),
+        ({"key_block": -2}, ValueError, "key_block=-2"),
+        ({"key_block": 2.5}, TypeError, "key_block=2.5"),
+        ({"query_chunk": True}, ValueError, "query_chunk=True"),
+        ({"mask": np.ones((3, 4), dtype=np.float32)}, TypeError, "mask.dtype"),
+        ({"causal_alignment": "centre", "is_causal": True}, ValueError, "causal_alignment"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs: dict[str, Any], error: type, names: str) -> None:
+    """Bad block sizes (and the arguments the plain reference checks, SDPA-3.1, SDPA-4.3)
+    raise naming the argument."""
+    q = k = v = np.zeros((1, 3, 4), dtype=np.float32)
+    with pytest.raises(error, match=names.replace(".", r"\.")):
+        blocked_attention(q[:, :3], k[:, :4], v[:, :4], **kwargs)
+
+
+def test_matches_plain_for_large_scores_without_overflow() -> None:
+    """SDPA-7.4 across blocks: scores near the float32 limit of exp, rising block by block,
+    so every block rescales what came before; the result is finite and within TOL-2."""
+    n = 64
+    q = np.full((1, n, 1), 300.0)
+    k = np.linspace(-300.0, 300.0, n).reshape(1, n, 1)
+    v = np.random.default_rng(1).standard_normal((1, n, 3))
+    case = {"q": q, "k": k, "v": v, "scale": 1.0, "dtype": "float32"}
+    assert_blocked_matches_plain(Backend("numpy"), case, {"query_chunk": 5, "key_block": 7})
+    assert math.isfinite(float(np.max(np.abs(blocked_attention(
+        q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), scale=1.0,
+        key_block=7)))))
