@@ -17,6 +17,7 @@ reference computes it), never from a formula copied here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,7 +25,7 @@ import numpy as np
 import pytest
 from catalogue.buggy import CATALOGUE
 from catalogue.correct import split_kv_attention, tiled_attention, tiled_attention_bottom_right
-from catalogue.entry import BuggyKernel
+from catalogue.entry import BuggyKernel, Witness
 from catalogue.scale import SCALE_CATALOGUE
 from catalogue.witness import difference_outside_tol2
 
@@ -123,6 +124,26 @@ def test_small_problems_cover_the_envelope(small_problems: list[Problem]) -> Non
     assert {p.dtype for p in small_problems} == set(DTYPES)
     assert any(p.is_causal and p.mask is not None and p.bias is not None
                for p in small_problems)
+
+
+def _beyond_the_small_envelope(w: Witness) -> list[str]:
+    """What makes a witness realistic: a size past the small grid's, or a value extreme."""
+    batch = np.broadcast_shapes(w.q.shape[:-3], w.k.shape[:-3], w.v.shape[:-3])
+    found = [name for name, size, small in (
+        ("Lq", w.q.shape[-2], 24), ("Lk", w.k.shape[-2], 24), ("E", w.q.shape[-1], 16),
+        ("Ev", w.v.shape[-1], 16), ("group", w.q.shape[-3] // w.k.shape[-3], 3),
+        ("batch", math.prod(batch), 3)) if size > small]
+    if w.bias is not None and w.mask is None and (w.bias == FLOAT16_MIN).all(axis=-1).any():
+        found.append("a row padded entirely with finfo.min")
+    return found
+
+
+def test_scale_catalogue_is_large_with_realistic_witnesses() -> None:
+    """CONF-1 (issue 7): at least 15 scale bugs, each with a witness outside the small
+    envelope that the exactness test below covers."""
+    assert len(SCALE_CATALOGUE) >= 15
+    small = [bug.name for bug in SCALE_CATALOGUE if not _beyond_the_small_envelope(bug.witness)]
+    assert not small, f"witnesses inside the small envelope: {small}"
 
 
 @pytest.mark.parametrize("bug", SCALE_CATALOGUE, ids=lambda bug: bug.name)
