@@ -554,8 +554,8 @@ def test_underflow_guard_covers_products_under_flush_to_zero(shift: float, insid
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_linear_property_draws_stay_inside_the_guard(map_name: str, dtype: str) -> None:
     """LIN-5.2: every problem linear-matches-formula and linear-causal-prefix give a named
-    map (default profile) lies inside the underflow guard in every row, so no row is
-    skipped, and the reference passes both."""
+    map (quick profile: small and realistic strata) lies inside the underflow guard in every
+    row, so no row is skipped, and the reference passes both."""
     seen: list[tuple[np.ndarray, ...]] = []
     oracle = np_elu_plus_one if map_name == "elu+1" else np_relu
     reference_map = elu_plus_one if map_name == "elu+1" else relu_features
@@ -568,9 +568,10 @@ def test_linear_property_draws_stay_inside_the_guard(map_name: str, dtype: str) 
                        linear=LinearClaim(map_name))
     for property_id in ("linear-matches-formula", "linear-causal-prefix"):
         result = run_property(all_properties()[property_id],
-                              KernelUnderTest(declared, Backend("numpy")), profile="default")
+                              KernelUnderTest(declared, Backend("numpy")), profile="quick")
         assert result.status == PASSED, result.detail
-    assert len(seen) > 100
+    assert len(seen) > 40
+    assert max(k.shape[-2] for _, k, _, _ in seen) >= 512, "no realistic stratum was drawn"
     for q, k, v, causal in seen:
         offset = causal_offset(q.shape[-2], k.shape[-2], "top_left") if causal else None
         assert within_underflow_guard(oracle(q), oracle(k), v, dtype, offset).all()
