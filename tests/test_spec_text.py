@@ -397,7 +397,8 @@ def test_the_level_checker_catches_mixed_clauses() -> None:
 def test_sections_are_labelled_and_clauses_are_normative(document: str) -> None:
     """index.md section 4: every section says normative or informative, clauses sit only in
     normative sections, informative definitions carry "(informative)", and the normative text
-    of a clause (before its Note and Rationale) does not describe the reference's behaviour."""
+    of a clause (before its Note and Rationale) neither describes the reference's behaviour
+    nor reports what a library was observed to do."""
     blocks = _blocks(document)
     assert all(label != "unlabelled" for _, _, label, _ in blocks), document
     for clause_id, level, label, text in blocks:
@@ -410,6 +411,8 @@ def test_sections_are_labelled_and_clauses_are_normative(document: str) -> None:
         normative = re.split(r"\n\*(?:Note|Rationale|Derivation)", text)[0]
         assert not re.search(r"ValueError|TypeError|the reference (raises|takes|returns|draws)",
                              normative), f"{clause_id}: the reference's behaviour is normative"
+        assert not re.search(r"\(observed|observed on|torch 2\.|jax 0\.", normative), (
+            f"{clause_id}: a fact observed on a library is in normative text")
 
 
 def _declarable_table() -> dict[str, tuple[tuple[str, ...], str, str]]:
