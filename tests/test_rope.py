@@ -159,6 +159,25 @@ def verdicts() -> dict[str, dict[str, str]]:
     return results
 
 
+def test_pytorch_formulation_conforms_in_bfloat16_too() -> None:
+    """ROPE-3 in every dtype the suite draws: Hugging Face's PyTorch RoPE passes both RoPE
+    properties on the torch backend, bfloat16 included (cos and sin rounded to 8 bits)."""
+    pytest.importorskip("torch", reason="the PyTorch check needs torch (scripts/setup)")
+    report = check(catalogue.rope_rotate_half_torch, backend="torch", profile="quick", seed=0,
+                   only=["rope-shape-and-dtype", "rope-matches-reference"])
+    assert {v.property: v.status for v in report.verdicts} == {
+        "rope-shape-and-dtype": "passed", "rope-matches-reference": "passed"}
+    torch = Backend("torch")
+    rng = np.random.default_rng(11)
+    x = torch.to_numpy(torch.asarray(rng.standard_normal((5, 2, 9, 128)) * 30, "bfloat16"))
+    positions = np.asarray(STARTS)[:, None, None] + np.arange(9)
+    actual = torch.to_numpy(catalogue.rope_rotate_half_torch(
+        torch.asarray(x, "bfloat16"), torch.asarray(positions)))
+    bound = rope_error_bound(x.astype(np.float64), positions, dtype="bfloat16", layout="half")
+    ratio = np.abs(actual.astype(np.float64) - bound.rotated) / bound.tolerance
+    assert ratio.max() <= 1, ratio.max()  # measured 0.12 at positions up to 2^17
+
+
 def test_correct_formulations_conform(verdicts: dict[str, dict[str, str]]) -> None:
     """ROPE-1, ROPE-3: the three correct formulations pass both RoPE properties in every
     dtype NumPy has, and no attention property applies to them."""

@@ -77,7 +77,24 @@ def rope_partial(x: Array, positions: Array) -> Array:
     return _rotate_half_style(x, _angles(positions, 16, 500000.0, _accumulation(x.dtype)), 16)
 
 
-CORRECT = (rope_rotate_half, rope_complex, rope_partial)
+@declare(rope=RopeClaim("half"))
+def rope_rotate_half_torch(x: Any, positions: Any) -> Any:
+    """(r4) Hugging Face LLaMA's ``LlamaRotaryEmbedding`` and ``apply_rotary_pos_emb`` in
+    PyTorch, bfloat16 included: ``inv_freq`` and the angles in float32 (float64 for float64
+    inputs), ``cos``/``sin`` cast to x's dtype, the rotation in x's dtype."""
+    import torch
+
+    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    d = x.shape[-1]
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=work) / d))
+    freqs = positions.to(work)[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    rotated = torch.cat((-x[..., d // 2:], x[..., :d // 2]), dim=-1)
+    return x * cos + rotated * sin
+
+
+CORRECT = (rope_rotate_half, rope_complex, rope_partial)  # NumPy functions
 
 
 # --- buggy --------------------------------------------------------------------------------
