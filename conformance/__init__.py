@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from .api import SetupError, assert_conforms, check
 from .assertions import assert_identical, assert_matches_reference, assert_within_bound
-from .declaration import KernelDeclaration, LinearClaim, SparseClaim, declaration_of, declare
+from .declaration import (
+    KernelDeclaration,
+    LinearClaim,
+    RopeClaim,
+    SparseClaim,
+    declaration_of,
+    declare,
+)
 from .failures import KernelRaised, PropertyFailure
 from .kernel import KernelLoadError, KernelUnderTest, Problem, load_kernel
 from .oracle import reference_bound, weights_bound
@@ -25,6 +32,7 @@ __all__ = [
     "Problem",
     "PropertyFailure",
     "Report",
+    "RopeClaim",
     "SetupError",
     "SparseClaim",
     "Verdict",

@@ -119,6 +119,13 @@ def check_signature(fn: Callable[..., Any], declaration: KernelDeclaration, name
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return
+    if declaration.family == "rope":
+        try:
+            signature.bind(None, None, **declaration.extra_kwargs)
+        except TypeError as exc:
+            raise SetupError(f"function {name}{signature} cannot be called as fn(x, positions) "
+                             f"({exc}) [ROPE-1]") from None
+        return
     arrays = (None, None, None)
     # a packed or KV-cache kernel may take its offsets or cache lengths positionally
     # (FlashAttention's varlen does): the suite passes them by name
@@ -237,6 +244,9 @@ class KernelSetup:
         except SystemExit as exc:  # at import: exit status 0 must not read as "conforms"
             raise SetupError(f"loading kernel {self.kernel!r} called sys.exit({exc.code!r}) "
                              "(at import?): nothing was checked") from None
+        if declaration.rope is not None and self.layout != "bhld":
+            raise SetupError("a --rope function takes x (B, H, L, d), the spec's layout "
+                             "(ROPE-1): --layout does not apply")
         if declaration.varlen and self.layout != "bhld":
             raise SetupError("a --varlen kernel takes packed (total, heads, dim) arrays, "
                              "FlashAttention's own layout (VARLEN-1): --layout does not apply")
@@ -255,6 +265,8 @@ class KernelSetup:
             declaration_names.add("SparseClaim")
         if kernel.declaration.linear is not None:
             declaration_names.add("LinearClaim")
+        if kernel.declaration.rope is not None:
+            declaration_names.add("RopeClaim")
         imports = [f"from attnspec.conformance import {', '.join(sorted(declaration_names))}"]
         lines = [f"fn = load_kernel({kernel.target!r})"]
         if self.rename or self.layout != "bhld":

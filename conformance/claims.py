@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..backends import FLOAT_DTYPE_NAMES
 from ..reference.masks import CAUSAL_ALIGNMENTS
+from ..reference.positional import ROPE_LAYOUTS
 from ..reference.sparse_sets import PATTERN_NAMES
 
 if TYPE_CHECKING:
@@ -168,6 +169,43 @@ class LinearClaim:
     seed_keyword: str = "seed"
     eps: float = 0.0
     causal_alignment: str = "top_left"
+
+
+@dataclass(frozen=True)
+class RopeClaim:
+    """The function is rotary position embedding (ROPE-1), called ``fn(x, positions)``.
+
+    ``pairing`` is "interleaved" (features 2i, 2i+1) or "half" (i, i + r/2); ``base`` and
+    ``rotary_dim`` (default: every feature) are the values the function has built in.
+    """
+
+    pairing: str
+    base: float = 10000.0
+    rotary_dim: int | None = None
+
+
+def _rope_from_flags(get: Getter) -> RopeClaim | None:
+    given = [f for f in ("rope_base", "rope_dim") if get(f) is not None]
+    if get("rope") is None:
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} needs --rope PAIRING")
+        return None
+    base = 10000.0 if get("rope_base") is None else get("rope_base")
+    return RopeClaim(get("rope"), base, get("rope_dim"))
+
+
+def _rope_invalid(value: Any) -> str | None:
+    if value is None:
+        return None
+    if value.pairing not in ROPE_LAYOUTS:
+        return f"rope pairing={value.pairing!r}, but should be one of {ROPE_LAYOUTS}"
+    if not (isinstance(value.base, (int, float)) and value.base > 0):
+        return f"rope base={value.base!r}, but should be a number > 0"
+    dim = value.rotary_dim
+    if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 2
+                            or dim % 2):
+        return f"rope rotary_dim={dim!r}, but should be None or an even int >= 2"
+    return None
 
 
 def _sparse_from_flags(get: Getter) -> SparseClaim | None:
@@ -501,6 +539,16 @@ CLAIMS: tuple[Claim, ...] = (
         keywords=lambda d: ((d.linear.seed_keyword,) if d.linear is not None
                             and d.linear.feature_map == "favor+" else ()),
         remedy="--linear-seed-keyword NAME", shows_as=_linear_shows),
+    Claim("rope", "RopeClaim | None", flags=(
+        Flag("--rope", "the function is rotary position embedding (ROPE-1) with this pairing, "
+             "called fn(x (B, H, L, d), positions (B, 1, L) integers); only the RoPE "
+             "properties apply", choices=ROPE_LAYOUTS, metavar="PAIRING"),
+        Flag("--rope-base", "the RoPE function's base (default 10000)", type=float,
+             metavar="BASE"),
+        Flag("--rope-dim", "the RoPE function rotates only the first R features (default: all)",
+             type=int, metavar="R"),
+    ), from_flags=_rope_from_flags, invalid=_rope_invalid,
+        shows_as=lambda d: None if d.rope is None else f"{d.rope.pairing} pairing"),
 )
 CLAIM_FLAGS: tuple[Flag, ...] = tuple(flag for claim in CLAIMS for flag in claim.flags)
 

@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping  # noqa: F401  (field annotations 
 from dataclasses import make_dataclass, replace
 from typing import Any
 
-from .claims import CLAIMS, LinearClaim, SparseClaim, waived_clauses
+from .claims import CLAIMS, LinearClaim, RopeClaim, SparseClaim, waived_clauses
 
-__all__ = ["ATTRIBUTE", "KernelDeclaration", "LinearClaim", "SparseClaim", "declaration_of",
-           "declare", "infer_declaration"]
+__all__ = ["ATTRIBUTE", "KernelDeclaration", "LinearClaim", "RopeClaim", "SparseClaim",
+           "declaration_of", "declare", "infer_declaration"]
 
 ATTRIBUTE = "__attnspec__"
 
@@ -36,8 +36,10 @@ class _DeclarationBehaviour:
 
     @property
     def family(self) -> str:
-        """"dense", "sparse", "linear", "varlen" or "kv-cache": which family of properties
-        applies (the last two have their own calling conventions, spec/features.md)."""
+        """"dense", "sparse", "linear", "varlen", "kv-cache" or "rope": which family of
+        properties applies (the last three have their own calling conventions)."""
+        if self.rope is not None:  # type: ignore[attr-defined]
+            return "rope"
         if self.sparse is not None:  # type: ignore[attr-defined]
             return "sparse"
         if self.linear is not None:  # type: ignore[attr-defined]

@@ -14,7 +14,7 @@ from .declaration import KernelDeclaration
 KINDS = ("hypothesis", "fixed")
 
 
-PACKED_FAMILIES = ("varlen", "kv-cache")
+PACKED_FAMILIES = ("varlen", "kv-cache", "rope")  # own calling conventions
 
 
 def always(declaration: KernelDeclaration) -> str | None:

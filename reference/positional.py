@@ -108,15 +108,19 @@ def apply_rope(
     *,
     base: float = 10000.0,
     layout: str = "interleaved",
+    rotary_dim: int | None = None,
 ) -> Any:
-    """Rotary position embedding (Su et al. 2021) of ``x (..., L, d)``, d even (ROPE-1).
+    """Rotary position embedding (Su et al. 2021) of ``x (..., L, d)`` (ROPE-1).
 
     Feature pair i of the token at position p is rotated by the angle ``p * theta_i``,
-    ``theta_i = base^(-2i/d)``: ``(a, b) -> (a cos - b sin, a sin + b cos)``.  The pairs
-    are features ``(2i, 2i+1)`` for ``layout="interleaved"`` (the paper, GPT-J) and
-    ``(i, i + d/2)`` for ``layout="half"`` (GPT-NeoX, HF LLaMA ``rotate_half``).
+    ``theta_i = base^(-2i/r)``: ``(a, b) -> (a cos - b sin, a sin + b cos)``, for the
+    first ``r = rotary_dim`` features (default all ``d``; r even), and the features from
+    r on are returned unchanged (GPT-J's ``rotary_dim``, GPT-NeoX's ``rotary_pct``).  The
+    pairs are features ``(2i, 2i+1)`` for ``layout="interleaved"`` (the paper, GPT-J) and
+    ``(i, i + r/2)`` for ``layout="half"`` (GPT-NeoX, HF LLaMA ``rotate_half``).
     ``positions`` defaults to ``arange(L)``; otherwise an integer array of x's library
-    that broadcasts to ``x.shape[:-1]`` (e.g. ``(L,)`` or per-sequence ``(B, 1, L)``).
+    that broadcasts to ``x.shape[:-1]`` (e.g. ``(L,)`` or per-sequence ``(B, 1, L)``):
+    absolute positions, ``c .. c+L-1`` for a decoding step after ``c`` cached tokens.
     Returns an array of x's shape and dtype; half precision is rotated in float32.
     """
     call = "apply_rope(x, positions)"
@@ -126,39 +130,61 @@ def apply_rope(
     base = _check_base(base, call, "ROPE-1")
     if x.ndim < 2:
         raise ValueError(f"x.shape={tuple(x.shape)}, but should be (..., L, d) [ROPE-1, {call}]")
-    length, d = x.shape[-2], x.shape[-1]
-    if d % 2 or d == 0:
-        raise ValueError(
-            f"x.shape[-1]={d}, but should be even and >= 2: RoPE rotates feature pairs "
-            f"[ROPE-1, {call}]"
-        )
+    d = x.shape[-1]
+    r = rotary_dim_of(d, rotary_dim, call)
+    positions = _positions(xp, x, positions, call)
     device = array_api_compat.device(x)
     angle_dtype = _angle_dtype(xp, device)
-    if positions is None:
-        positions = xp.arange(length, device=device)
-    else:
-        if not xp.isdtype(positions.dtype, "integral"):
-            raise TypeError(
-                f"positions.dtype={positions.dtype}, but should be an integer dtype "
-                f"[ROPE-1, {call}]"
-            )
-        require_broadcastable_to(
-            "positions", tuple(positions.shape), tuple(x.shape[:-1]), call, "ROPE-1"
-        )
-    half = d // 2
+    half = r // 2
     angles = xp.astype(positions, angle_dtype)[..., None] * _inverse_frequencies(
-        xp, half, d, base, angle_dtype, device
+        xp, half, r, base, angle_dtype, device
     )
     work = compute_dtype(xp, x.dtype)
     cos, sin = xp.astype(xp.cos(angles), work), xp.astype(xp.sin(angles), work)
-    xw = xp.astype(x, work)
-    if layout == "interleaved":
-        a, b = xw[..., 0::2], xw[..., 1::2]
-    else:
-        a, b = xw[..., :half], xw[..., half:]
+    xw = xp.astype(x[..., :r], work)
+    a, b = rope_pairs(xw, layout)
     first, second = a * cos - b * sin, a * sin + b * cos
     if layout == "interleaved":
-        rotated = xp.reshape(xp.stack([first, second], axis=-1), tuple(x.shape))
+        rotated = xp.reshape(xp.stack([first, second], axis=-1), tuple(xw.shape))
     else:
         rotated = xp.concat([first, second], axis=-1)
-    return xp.astype(rotated, x.dtype)
+    rotated = xp.astype(rotated, x.dtype)
+    return rotated if r == d else xp.concat([rotated, x[..., r:]], axis=-1)
+
+
+def rotary_dim_of(d: int, rotary_dim: int | None, call: str) -> int:
+    """The rotary dimension r of ROPE-1: ``d`` by default, else even and 2 <= r <= d."""
+    if rotary_dim is None:
+        if d % 2 or d == 0:
+            raise ValueError(
+                f"x.shape[-1]={d}, but should be even and >= 2: RoPE rotates feature pairs "
+                f"[ROPE-1, {call}]"
+            )
+        return d
+    r = check_size("rotary_dim", rotary_dim, f"ROPE-1, {call}", minimum=2)
+    if r % 2 or r > d:
+        raise ValueError(
+            f"rotary_dim={r} with x.shape[-1]={d}, but should be even, >= 2 and <= {d}: RoPE "
+            f"rotates feature pairs [ROPE-1, {call}]"
+        )
+    return r
+
+
+def rope_pairs(x: Any, layout: str) -> tuple[Any, Any]:
+    """The pair features ``(a_i, b_i)`` of ROPE-1 from the rotated features ``x (..., r)``."""
+    if layout == "interleaved":
+        return x[..., 0::2], x[..., 1::2]
+    half = x.shape[-1] // 2
+    return x[..., :half], x[..., half:]
+
+
+def _positions(xp: ModuleType, x: Any, positions: Any, call: str) -> Any:
+    if positions is None:
+        return xp.arange(x.shape[-2], device=array_api_compat.device(x))
+    if not xp.isdtype(positions.dtype, "integral"):
+        raise TypeError(
+            f"positions.dtype={positions.dtype}, but should be an integer dtype [ROPE-1, {call}]"
+        )
+    require_broadcastable_to("positions", tuple(positions.shape), tuple(x.shape[:-1]), call,
+                             "ROPE-1")
+    return positions

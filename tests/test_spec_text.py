@@ -42,27 +42,31 @@ AREA_DOCUMENT = {
 }
 # The contract: exactly these ids at exactly these levels (issue 2). Code and tests cite
 # them; changing one means a new id (spec/index.md, versioning policy), not an edit here.
+# Split clauses keep their id for the main requirement; the split-off part has the next free
+# number of its section (issue 12): SDPA-1.8, SDPA-7.7, DROP-6.
 CONTRACT = {
     "SDPA-1.1": "MUST", "SDPA-1.2": "MUST", "SDPA-1.3": "MUST", "SDPA-1.4": "MUST",
-    "SDPA-1.5": "MUST", "SDPA-1.6": "MUST", "SDPA-1.7": "MUST",
+    "SDPA-1.5": "MUST", "SDPA-1.6": "MUST", "SDPA-1.7": "MUST", "SDPA-1.8": "SHOULD",
     "SDPA-2.1": "MUST", "SDPA-2.2": "MUST",
     "SDPA-3.1": "MUST", "SDPA-3.2": "MUST", "SDPA-3.3": "MUST", "SDPA-3.4": "MUST",
     "SDPA-4.1": "MUST", "SDPA-4.2": "MUST", "SDPA-4.3": "MUST", "SDPA-4.4": "MUST",
     "SDPA-5.1": "MUST", "SDPA-5.2": "MUST",
     "SDPA-6.1": "MUST", "SDPA-6.2": "SHOULD",
     "SDPA-7.1": "MUST", "SDPA-7.2": "SHOULD", "SDPA-7.3": "MUST", "SDPA-7.4": "MUST",
-    "SDPA-7.5": "MUST", "SDPA-7.6": "MUST",
+    "SDPA-7.5": "MUST", "SDPA-7.6": "MUST", "SDPA-7.7": "MAY",
     "SDPA-8.1": "MUST", "SDPA-8.2": "SHOULD", "SDPA-8.3": "MUST",
     "DROP-1": "MAY", "DROP-2": "MUST", "DROP-3": "MUST", "DROP-4": "MUST", "DROP-5": "MUST",
-    "MHA-1": "MUST", "MHA-2": "MUST",
-    "POS-1": "MUST",
-    "ROPE-1": "MUST", "ROPE-2": "MUST",
+    "DROP-6": "MUST",
+    "ROPE-1": "MUST", "ROPE-3": "MUST",
     "TOL-1": "MUST", "TOL-2": "MUST", "TOL-3": "MUST", "TOL-4": "MUST", "TOL-5": "MUST",
     "TOL-6": "MUST",
     "CONF-1": "MUST", "CONF-2": "SHOULD", "CONF-3": "MUST", "CONF-4": "MUST",
     "CONF-5": "MUST", "CONF-6": "MUST", "CONF-7": "MUST",
 }
-CONTRACT_AREAS = {clause_id.split("-")[0] for clause_id in CONTRACT}
+# Informative definitions with an id (spec/index.md, section 4): citable, not clauses. MHA-1,
+# MHA-2 and POS-1 were MUST clauses nothing checked, ROPE-2 a consequence of ROPE-1 (CHANGELOG).
+DEFINITIONS = {"MHA-1", "MHA-2", "POS-1", "ROPE-2"}
+CONTRACT_AREAS = {clause_id.split("-")[0] for clause_id in CONTRACT} | {"MHA", "POS"}
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
@@ -80,10 +84,13 @@ def test_every_anchor_and_lead_is_a_parsed_clause(document: str) -> None:
     part of a clause the parser reads, so a malformed clause cannot silently vanish."""
     text = _text(document)
     parsed = [c.id for c in all_clauses().values() if c.document == document]
+    definitions = re.findall(rf'^<a id="({CLAUSE_ID})"></a>\n\*\*\1 \(informative\) ', text,
+                             flags=re.MULTILINE)
+    assert set(definitions) <= DEFINITIONS, f"{document}: unlisted informative definitions"
     anchors = re.findall(rf'<a id="({CLAUSE_ID})"></a>', text)
     leads = re.findall(rf"^\*\*({CLAUSE_ID}) \(", text, flags=re.MULTILINE)
-    assert sorted(anchors) == sorted(parsed), f"{document}: anchors without a parsed lead"
-    assert sorted(leads) == sorted(parsed), f"{document}: leads without a parsed anchor"
+    assert sorted(anchors) == sorted(parsed + definitions), f"{document}: anchors without a lead"
+    assert sorted(leads) == sorted(parsed + definitions), f"{document}: leads without an anchor"
 
 
 def test_clauses_have_valid_levels_areas_and_documents() -> None:
@@ -301,3 +308,194 @@ def test_citation_and_changelog_carry_the_spec_version() -> None:
 def test_spec_files_ship_with_the_package() -> None:
     """All clauses: the parser reads the spec from the installed package's spec/ directory."""
     assert Path(attnspec.__file__).resolve().parent / "spec" == SPEC_DIR
+
+
+# --- structure (issue 12): one level per clause, labelled sections, a closed CONF-3 list ----
+
+# BCP 14 key words, longest first, each with the level it belongs to. A key word followed by
+# "clause(s)", "level" or "part", or in parentheses ("SDPA-8.2 (SHOULD)"), names a level; it
+# does not state a requirement.
+KEY_WORDS = {
+    "MUST NOT": "MUST", "SHALL NOT": "MUST", "SHOULD NOT": "SHOULD", "NOT RECOMMENDED": "SHOULD",
+    "MUST": "MUST", "SHALL": "MUST", "REQUIRED": "MUST", "SHOULD": "SHOULD",
+    "RECOMMENDED": "SHOULD", "MAY": "MAY", "OPTIONAL": "MAY",
+}
+KEY_WORD = re.compile(
+    r"(?<!\()\b(" + "|".join(KEY_WORDS) + r")\b(?!\))(?!\s+(?:clauses?|level|part)\b)"
+)
+SPEC_DOCUMENTS = sorted(p.name for p in SPEC_DIR.glob("*.md") if p.name != "CHANGELOG.md")
+LABEL = re.compile(r"\((normative|informative)\)$")
+
+
+def _blocks(document: str) -> list[tuple[str | None, str, str, str]]:
+    """The document cut at every clause anchor and heading: (id or None, level or None,
+    section label, text), where the label is the nearest enclosing heading's."""
+    blocks, current, lines = [], (None, None), []
+    labels = {2: "normative", 3: None}  # a document's introduction is normative
+    fenced = False
+
+    def close() -> None:
+        label = labels[3] or labels[2]
+        blocks.append((*current, label, "\n".join(lines)))
+
+    text_lines = _text(document).split("\n")
+    for number, line in enumerate(text_lines):
+        fenced ^= line.startswith("```")
+        anchor = re.match(rf'<a id="({CLAUSE_ID})"></a>$', line)
+        heading = None if fenced else re.match(r"^(#{2,3}) (.*)$", line)
+        if anchor or heading:
+            close()
+            lines = []
+            if anchor:
+                level = re.match(r"^\*\*\S+ \((\w+)\)", text_lines[number + 1])
+                current = (anchor[1], level[1] if level else None)
+                continue
+            current = (None, None)
+            depth, found = len(heading[1]), LABEL.search(heading[2])
+            if depth == 2:
+                labels[2], labels[3] = (found[1] if found else "unlabelled"), None
+            else:
+                labels[3] = found[1] if found else None
+        lines.append(line)
+    close()
+    return blocks
+
+
+def _key_words(text: str) -> list[str]:
+    return [KEY_WORDS[word] for word in KEY_WORD.findall(text)]
+
+
+@pytest.mark.parametrize("document", SPEC_DOCUMENTS)
+def test_every_clause_uses_only_its_own_level(document: str) -> None:
+    """CONF-1 and index.md section 4: a clause's text, notes and rationale use no BCP 14 key
+    word of another level than the clause's own (a mixed clause is split into two ids), and
+    no key word appears outside clauses but where index.md defines them."""
+    offenders = []
+    for clause_id, level, _, text in _blocks(document):
+        if clause_id is None:
+            if document == "index.md" and text.startswith("## 4. Conventions"):
+                continue  # where the key words are defined
+            words = _key_words(text)
+            if words:
+                offenders.append(f"text outside clauses uses {words}: {text[:80]!r}")
+            continue
+        others = sorted(set(_key_words(text)) - {level})
+        if others:
+            offenders.append(f"{clause_id} ({level}) also uses {others}")
+    assert not offenders, f"{document}: " + "; ".join(offenders)
+
+
+def test_the_level_checker_catches_mixed_clauses() -> None:
+    """The checker above, on the mixed clauses issue 12 quoted (and its allowed forms)."""
+    assert _key_words("The result SHOULD be bit-identical") == ["SHOULD"]
+    assert _key_words("the kernel MUST behave exactly") == ["MUST"]
+    assert _key_words("A kernel SHOULD NOT form it; SHALL be") == ["SHOULD", "MUST"]
+    assert _key_words("MAY clauses are never failed; SDPA-8.2 (SHOULD); a MUST level") == []
+
+
+@pytest.mark.parametrize("document", SPEC_DOCUMENTS)
+def test_sections_are_labelled_and_clauses_are_normative(document: str) -> None:
+    """index.md section 4: every section says normative or informative, clauses sit only in
+    normative sections, informative definitions carry "(informative)", and the normative text
+    of a clause (before its Note and Rationale) neither describes the reference's behaviour
+    nor reports what a library was observed to do."""
+    blocks = _blocks(document)
+    assert all(label != "unlabelled" for _, _, label, _ in blocks), document
+    for clause_id, level, label, text in blocks:
+        if clause_id is None:
+            continue
+        if level == "informative":
+            assert clause_id in DEFINITIONS, clause_id
+            continue
+        assert label == "normative", f"{clause_id} sits in an {label} section"
+        normative = re.split(r"\n\*(?:Note|Rationale|Derivation)", text)[0]
+        assert not re.search(r"ValueError|TypeError|the reference (raises|takes|returns|draws)",
+                             normative), f"{clause_id}: the reference's behaviour is normative"
+        assert not re.search(r"\(observed|observed on|torch 2\.|jax 0\.", normative), (
+            f"{clause_id}: a fact observed on a library is in normative text")
+
+
+def _declarable_table() -> dict[str, tuple[tuple[str, ...], str, str]]:
+    row = re.compile(r"^\| `(\w+)` \| ((?:`--[\w-]+`(?:, )?)+) \| (\w+) \| (.*) \|$",
+                     re.MULTILINE)
+    return {field: (tuple(re.findall(r"`(--[\w-]+)`", flags)), kind, text)
+            for field, flags, kind, text in row.findall(_text("index.md"))}
+
+
+def test_conf3_lists_exactly_the_claims_table() -> None:
+    """CONF-3: the declarable entries in index.md are exactly the rows of the claims table,
+    with their flags, and an entry is a waiver exactly when its row waives a clause, which the
+    entry names (CONF-7); the setup table lists exactly the setup flags."""
+    from attnspec.conformance.claims import CLAIMS, SETUP_FLAGS
+
+    table = _declarable_table()
+    assert set(table) == {claim.field for claim in CLAIMS}
+    for claim in CLAIMS:
+        flags, kind, text = table[claim.field]
+        expected = tuple(f.option for f in claim.flags) or ("--dtype",)
+        assert flags == expected, claim.field
+        assert (kind == "waiver") == (claim.waives is not None), claim.field
+        assert kind in ("property", "convention", "waiver"), claim.field
+        if claim.waives:
+            assert f"waives {claim.waives}" in text, claim.field
+    setup = re.findall(r"^\| `(--[\w-]+)` \| [^|]+ \|$", _text("index.md"), flags=re.MULTILINE)
+    assert setup == [flag.option for flag in SETUP_FLAGS]
+    conf3 = _text("index.md").split('<a id="CONF-3"></a>')[1].split('<a id="CONF-4"></a>')[0]
+    conf3 = conf3.split("\n*Note:*")[0]  # the rationale quotes the old "…"
+    without_ranges = re.sub(rf"{CLAUSE_ID} … {CLAUSE_ID}", "", conf3)  # SOFTCAP-1 … SOFTCAP-3
+    assert "…" not in without_ranges and "..." not in without_ranges, "CONF-3's list is open"
+
+
+def _ids_in(text: str) -> set[str]:
+    areas = "|".join(sorted(AREA_DOCUMENT, key=len, reverse=True))
+    return set(re.findall(rf"\b(?:{areas})-\d+(?:\.\d+)*\b", text))
+
+
+def test_every_cited_id_exists() -> None:
+    """Every clause id that code, tests, guides or the changelog cite is a clause or an
+    informative definition of the spec (a bare section number such as SDPA-4 names the
+    section whose clauses it prefixes)."""
+    # tests/test_site.py checks that the link checker reports an anchor that does not exist
+    known = set(all_clauses()) | DEFINITIONS | {"SDPA-99.9"}
+    sources = [*ROOT.glob("tests/**/*.py"), *ROOT.glob("conformance/**/*.py"),
+               *ROOT.glob("reference/*.py"), *ROOT.glob("docs/*.md"), ROOT / "README.md",
+               SPEC_DIR / "CHANGELOG.md", *SPEC_DIR.glob("*.md")]
+    missing = {}
+    for path in sources:
+        for cited in _ids_in(path.read_text(encoding="utf-8")) - known:
+            if not any(k.startswith(cited + ".") for k in known):
+                missing.setdefault(cited, path.relative_to(ROOT).as_posix())
+    assert not missing, f"cited ids the spec does not have: {missing}"
+
+
+def test_changelog_corrections_name_their_clauses() -> None:
+    """Per-clause change notes: every entry of "Corrections to 2026.12 before its release"
+    names at least one clause or definition id, all of them existing."""
+    corrections = _text("CHANGELOG.md").split("### Corrections to 2026.12 before its release")[1]
+    entries = re.findall(r"^- (.*?)(?=^- |^#|\Z)", corrections, flags=re.MULTILINE | re.DOTALL)
+    assert len(entries) >= 10
+    known = set(all_clauses()) | DEFINITIONS
+    for entry in entries:
+        named = _ids_in(entry)
+        assert named, f"a change note names no clause: {entry[:80]!r}"
+        assert named <= known | {i for i in named if any(k.startswith(i + ".") for k in known)}
+
+
+def test_reference_runs_on_the_pinned_array_api_version() -> None:
+    """Normative references (index.md section 2): the pinned Array API version is one
+    array-api-strict can be restricted to, and the reference computes SDPA under it."""
+    pinned = re.search(r"Python array API standard, version (\d{4}\.\d{2})", _text("index.md"))
+    assert pinned, "index.md pins no Array API version"
+    strict = pytest.importorskip("array_api_strict", reason="the test extra installs it")
+    from attnspec.reference import scaled_dot_product_attention
+
+    before = strict.get_array_api_strict_flags()
+    try:
+        strict.set_array_api_strict_flags(api_version=pinned[1])
+        q = strict.reshape(strict.arange(12, dtype=strict.float64), (1, 2, 3, 2)) / 10
+        out = scaled_dot_product_attention(q, q, q, is_causal=True)
+        expected, _ = oracle.sdpa(np.asarray(q)[0], np.asarray(q)[0], np.asarray(q)[0],
+                                  mask=np.tril(np.ones((3, 3), bool)), scale=2 ** -0.5)
+        np.testing.assert_allclose(np.asarray(out)[0], expected, rtol=1e-12)
+    finally:
+        strict.set_array_api_strict_flags(**before)

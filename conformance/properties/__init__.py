@@ -12,6 +12,7 @@ from . import (  # noqa: F401
     masked_values,
     masking,
     packed,
+    rope,
     scale,
     shapes,
     softmax,

@@ -1,4 +1,4 @@
-"""DROP-1 … DROP-5: dropout, checked through the indicators a kernel draws.
+"""DROP-1 … DROP-6: dropout, checked through the indicators a kernel draws.
 
 With q = 0 every allowed weight of a row is 1/|S(i)|, and with V = I the output row is
 the weight row, so each allowed entry is 0 (dropped) or 1/(|S(i)|(1 - p)) (kept): the
@@ -90,10 +90,10 @@ def hoeffding_radius(n: int, false_failure: float) -> float:
     return math.sqrt(math.log(2 / false_failure) / (2 * n))
 
 
-@register("dropout-zero", "DROP-2", applies=needs("dropout"))
+@register("dropout-zero", "DROP-6", applies=needs("dropout"))
 def dropout_zero(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """With dropout probability 0 (and any seed) every indicator is 1 and the output is
-    the definition within TOL-2 (DROP-1, DROP-2): dropout off means off."""
+    the definition within TOL-2 (DROP-6, DROP-2): dropout off means off."""
     dims = draw_dims(data, kernel)
     problem = with_claimed_features(data, kernel, draw_problem(data, kernel, dims=dims), dims)
     seed = data.draw(st.integers(0, 2**31 - 1), label="seed")

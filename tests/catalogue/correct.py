@@ -92,7 +92,7 @@ def half_precision_honest_attention(
     is_causal: bool = False, scale: float | None = None,
 ) -> Array:
     """(e) FlashAttention's precision: scores and softmax in float32, P rounded to the
-    input dtype before P·V accumulates in float32 — what TOL-2's u_d term admits."""
+    input dtype before P·V (SDPA-7.7) accumulates in float32 — what TOL-2's u_d term admits."""
     a = arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
     s, allowed = scores(a)
     p = softmax_lse(s, allowed).astype(a.out_dtype).astype(s.dtype)

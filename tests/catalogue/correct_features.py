@@ -50,14 +50,14 @@ def features_lse(
          causal_alignment="bottom_right")
 def features_flash(
     q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
-    is_causal: bool = False, scale: float | None = None, softcap: float | None = None,
+    is_causal: bool = False, scale: float | None = None, softcap: float = 0.0,
     alibi_slopes: Array | None = None,
 ) -> tuple[Array, Array]:
     """(f2) FlashAttention 2's arithmetic: tanh of q.k times alpha/c, ALiBi as slope / c
     on that scale, c log2(e) folded into one factor, an online softmax over key blocks of
     64 in base 2, P rounded to the input dtype, the log-sum-exp converted back from base 2
-    (as FlexAttention does); bottom-right."""
-    f = Features(softcap=softcap, alibi_slopes=alibi_slopes, alignment="bottom_right")
+    (as FlexAttention does); bottom-right; and its spelling of no softcap, 0.0 (SOFTCAP-4)."""
+    f = Features(softcap=softcap or None, alibi_slopes=alibi_slopes, alignment="bottom_right")
     a = arranged(q, k, v, mask, bias, is_causal, scale, f)
     work = a.q.dtype.type
     # FA's scale_softmax: the cap, or the scale (1 for scale 0, where FlashAttention's
