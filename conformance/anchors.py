@@ -35,10 +35,10 @@ mask), in every dtype checked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from .sizes import Dims, SizeLimits
+from .sizes import LENGTHS, Dims, SizeLimits, problem_cost
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -61,13 +61,17 @@ class Anchor:
     forced: tuple[tuple[str, Any], ...] = ()
     each_dtype: bool = False  # run once in every dtype the kernel is checked in
 
-    def dims(self, batch_ndim: int | None, limits: SizeLimits, *, gqa: bool,
-             min_kv_heads: int = 1, min_groups: int = 1) -> Dims:
+    def dims(self, batch_ndim: int | None, limits: SizeLimits, cap: int, *, gqa: bool,
+             weights: bool = False, family: str = "dense", min_kv_heads: int = 1,
+             min_groups: int = 1) -> Dims:
         """The anchor's sizes for a kernel with ``batch_ndim`` batch dims (None counts as
         1), cut to the user's limits: lengths to --max-len, head dims to --max-head-dim,
         then batch, groups and key/value heads until batch x heads fits
         --max-batch-heads (a cap is a boundary the user cares about, so the anchor keeps
-        as much of its shape as the caps allow)."""
+        as much of its shape as the caps allow).  Then, where the problem would cost more
+        than ``cap`` (``sizes.problem_cost``; weights observed through V = I cost
+        Lk x Lk values per key/value head), Lk is cut to the longest of sizes.LENGTHS
+        that fits."""
         batch_ndim = 1 if batch_ndim is None else batch_ndim  # realistic inputs: (B, H, L, E)
         kv_heads, groups = self.n_kv_heads, self.n_q_heads // self.n_kv_heads
         if not gqa:
@@ -78,34 +82,40 @@ class Anchor:
         batch = max(1, min(self.batch, room // (kv_heads * groups)))
         groups = max(1, min(groups, room // kv_heads))
         kv_heads = max(1, min(kv_heads, room // groups))
-        return Dims(
+        dims = Dims(
             batch=(batch, *(1,) * (batch_ndim - 1)) if batch_ndim else (),
             n_kv_heads=kv_heads, groups=groups,
             n_queries=min(self.n_queries, limits.max_len),
             n_keys=min(self.n_keys, limits.max_len),
             head_dim=min(self.head_dim, limits.max_head_dim),
             value_dim=min(self.value_dim, limits.max_head_dim))
+        shorter = [n for n in LENGTHS if n < dims.n_keys]
+        while shorter and problem_cost(dims, weights=weights, family=family) > cap:
+            dims = replace(dims, n_keys=shorter.pop())
+        return dims
 
 
 ANCHORS: tuple[Anchor, ...] = (
-    # the first pair of FA's grids at its first head dim that no vector width divides
-    Anchor("FlashAttention 113 x 203, head dim 59, 9 query heads on 3", "FA",
-           113, 203, 59, 59, n_q_heads=9, n_kv_heads=3),
+    # the first pair of FA's grids at its first head dim that no vector width divides;
+    # FA's multi-query heads (9 on 1) cut to 3 on 1 for the cost
+    Anchor("FlashAttention 113 x 203, head dim 59, 3 query heads on 1", "FA",
+           113, 203, 59, 59, n_q_heads=3, n_kv_heads=1),
     # causal, one row past two blocks of 128 (FA 1.x's test_flash_attn_unpadded lengths
     # 97 ... 257 ... 1025, causal or not, d = 16, 32, 40, 64, 80, 128)
     Anchor("FlashAttention 257 x 257 causal, head dim 80", "FA 1.x",
            257, 257, 80, 80, n_q_heads=1, n_kv_heads=1, forced=(("causal", True),)),
     # decode against a long cache: cut to --max-len (4096 by default), past 2048 keys
     Anchor("FlashAttention decode 1 x 131072 (cut to --max-len), head dim 128, MQA 6 on 1",
-           "FA kvcache", 1, 128 * 1024, 128, 128, n_q_heads=6, n_kv_heads=1, batch=2),
-    # many programs: 9 x 6 x 799 = 43146 query rows (> 2**15) on 3 keys: cheap
-    Anchor("FlashAttention 3 799 x 3, batch 9 x 6 heads (43146 rows > 2**15), head dim 111",
-           "FA3", 799, 3, 111, 111, n_q_heads=6, n_kv_heads=2, batch=9),
+           "FA kvcache", 1, 128 * 1024, 128, 128, n_q_heads=6, n_kv_heads=1),
+    # many programs: 9 x 6 x 799 = 43146 query rows (> 2**15) on 3 keys, at FA 1.x's
+    # smallest head dim: cheap
+    Anchor("FlashAttention 3 799 x 3, batch 9 x 6 heads (43146 rows > 2**15), head dim 16",
+           "FA3", 799, 3, 16, 16, n_q_heads=6, n_kv_heads=2, batch=9),
     # a padded batch as HF builds it: per-element key padding as an additive bias of
     # finfo(dtype).min, one batch element padded entirely (its query rows see only
-    # padded keys); FA's (128, 217) with 5 batch elements
-    Anchor("padded batch 5 x 128 x 217, finfo.min bias, an element padded entirely",
-           "FA varlen + HF additive masks", 128, 217, 64, 64, n_q_heads=1, n_kv_heads=1,
+    # padded keys); FA 1.x's length 97 with 5 batch elements
+    Anchor("padded batch 5 x 97 x 97, finfo.min bias, an element padded entirely",
+           "FA 1.x + HF additive masks", 97, 97, 64, 64, n_q_heads=1, n_kv_heads=1,
            batch=5, forced=(("bias", "padding"), ("fill", "finfo.min"),
                             ("padded element", True)), each_dtype=True),
 )

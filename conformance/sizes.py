@@ -243,7 +243,8 @@ def draw_realistic_dims(
     limits, cap = drawing.limits, drawing.stratum.max_cost
     assert cap is not None, "draw_realistic_dims outside a realistic stratum"
     if drawing.stratum.anchor is not None:
-        return drawing.stratum.anchor.dims(kernel.declaration.batch_ndim, limits, gqa=gqa,
+        return drawing.stratum.anchor.dims(kernel.declaration.batch_ndim, limits, cap, gqa=gqa,
+                                           weights=weights, family=family,
                                            min_kv_heads=min_kv_heads, min_groups=min_groups)
     all_lengths = _extended(LENGTHS, limits.max_len)
     lengths = [n for n in all_lengths if n >= drawing.stratum.min_len] or all_lengths[-1:]
