@@ -58,7 +58,7 @@ class Profile:
     (docs/checking-your-kernel.md)."""
 
     small: int
-    anchors: int = 1
+    anchors: int = 0
     blocks: int = 0
     decode: int = 0
     wide: int = 0
@@ -96,11 +96,11 @@ class Profile:
 
 
 PROFILES: dict[str, Profile] = {
-    "quick": Profile(20, blocks=3, decode=1, wide=1, corners=1, budget_seconds=60),
-    "default": Profile(100, blocks=20, decode=5, wide=5, corners=3, long=5,
+    "quick": Profile(20, anchors=1, blocks=3, decode=1, wide=1, corners=1, budget_seconds=60),
+    "default": Profile(100, anchors=1, blocks=20, decode=5, wide=5, corners=3, long=5,
                        budget_seconds=300),
-    "thorough": Profile(1000, blocks=200, decode=50, wide=50, corners=20, long=40, huge=2,
-                        budget_seconds=3600),
+    "thorough": Profile(1000, anchors=1, blocks=200, decode=50, wide=50, corners=20, long=40,
+                        huge=2, budget_seconds=3600),
 }
 PASSED, FAILED, WARNING, NOT_APPLICABLE = "passed", "failed", "warning", "not applicable"
 WAIVED = "waived"  # the declaration waives the property's MUST clause (CONF-7)

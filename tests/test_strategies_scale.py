@@ -200,7 +200,7 @@ def test_block_tail_bug_shrinks_to_one_past_the_block(monkeypatch: pytest.Monkey
     (The quick profile's anchors, which run first, find it too, at their fixed size:
     test_anchor_failure_names_the_anchor.)"""
     monkeypatch.setitem(PROFILES, "quick-without-anchors",
-                        replace(PROFILES["quick"], anchors=0))
+                        replace(PROFILES["quick"], anchors=0))  # the random draws alone
     verdict = run_property(all_properties()["matches-reference"],
                            _numpy_kernel(ragged_tail_dropped), profile="quick-without-anchors")
     assert _keys(verdict.counterexample) == BLOCK + 1, verdict.counterexample
@@ -228,8 +228,8 @@ CORRECT_SUBJECTS = [
 def _realistic_only(monkeypatch: pytest.MonkeyPatch) -> str:
     quick = PROFILES["quick"]
     monkeypatch.setitem(PROFILES, "realistic-quick",
-                        Profile(0, blocks=quick.blocks, decode=quick.decode,
-                                corners=quick.corners))
+                        Profile(0, anchors=quick.anchors, blocks=quick.blocks,
+                                decode=quick.decode, corners=quick.corners))
     return "realistic-quick"
 
 
