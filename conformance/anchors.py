@@ -78,8 +78,11 @@ class Anchor:
             kv_heads, groups = self.n_q_heads, 1
         kv_heads = max(kv_heads, min_kv_heads)
         groups = max(groups, min_groups) if gqa else 1
+        batch = self.batch
+        if batch_ndim == 0:  # no batch dims: the batch elements become more heads
+            kv_heads, batch = kv_heads * batch, 1
         room = limits.max_batch_heads
-        batch = max(1, min(self.batch, room // (kv_heads * groups)))
+        batch = max(1, min(batch, room // (kv_heads * groups)))
         groups = max(1, min(groups, room // kv_heads))
         kv_heads = max(1, min(kv_heads, room // groups))
         dims = Dims(
@@ -107,15 +110,15 @@ ANCHORS: tuple[Anchor, ...] = (
     # decode against a long cache: cut to --max-len (4096 by default), past 2048 keys
     Anchor("FlashAttention decode 1 x 131072 (cut to --max-len), head dim 128, MQA 6 on 1",
            "FA kvcache", 1, 128 * 1024, 128, 128, n_q_heads=6, n_kv_heads=1),
-    # many programs: 9 x 6 x 799 = 43146 query rows (> 2**15) on 3 keys, at FA 1.x's
-    # smallest head dim: cheap
-    Anchor("FlashAttention 3 799 x 3, batch 9 x 6 heads (43146 rows > 2**15), head dim 16",
-           "FA3", 799, 3, 16, 16, n_q_heads=6, n_kv_heads=2, batch=9),
+    # many programs: 9 x 6 x 799 = 43146 query rows (> 2**15) on 3 keys, at aotriton's
+    # smallest odd head dim: cheap
+    Anchor("FlashAttention 3 799 x 3, batch 9 x 6 heads (43146 rows > 2**15), head dim 21",
+           "FA3; head dim from AOT", 799, 3, 21, 21, n_q_heads=6, n_kv_heads=2, batch=9),
     # a padded batch as HF builds it: per-element key padding as an additive bias of
     # finfo(dtype).min, one batch element padded entirely (its query rows see only
-    # padded keys); FA 1.x's length 97 with 5 batch elements
-    Anchor("padded batch 5 x 97 x 97, finfo.min bias, an element padded entirely",
-           "FA 1.x + HF additive masks", 97, 97, 64, 64, n_q_heads=1, n_kv_heads=1,
+    # padded keys); FA 1.x's length 97 with 5 batch elements, aotriton's head dim 72
+    Anchor("padded batch 5 x 97 x 97, finfo.min bias, an element padded entirely, head dim 72",
+           "FA 1.x, AOT; HF additive masks", 97, 97, 72, 72, n_q_heads=1, n_kv_heads=1,
            batch=5, forced=(("bias", "padding"), ("fill", "finfo.min"),
                             ("padded element", True)), each_dtype=True),
 )

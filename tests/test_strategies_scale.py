@@ -370,6 +370,9 @@ def test_anchors_cover_what_upstream_grids_and_special_cases_need() -> None:
                in a.forced for a in ANCHORS)
     assert any(d.n_queries <= 4 and d.n_keys > 2048 for d in dims)
     assert any(d.batch_heads * d.n_queries > 2**15 for d in dims)
+    unbatched = [a.dims(0, SizeLimits(), ANCHOR_COST, gqa=True) for a in ANCHORS]
+    assert all(d.batch == () for d in unbatched)  # a kernel without batch dims: more heads
+    assert [d.batch_heads for d in unbatched] == [d.batch_heads for d in dims]
     assert any(a.each_dtype and ("fill", "finfo.min") in a.forced for a in ANCHORS)
     for name, profile in PROFILES.items():
         names = [s.name for s in profile.strata(SizeLimits())]
