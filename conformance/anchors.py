@@ -26,7 +26,8 @@ Sources (read 2026-11):
        (4096, 4096), (4224, 4224), batch 9 x 6 heads (2 or 1 key/value heads).
   AOT  ROCm/aotriton test/test_backward.py: "PyTorch set" head dims 8, 16, 21, 32, 64, 72,
        96, 128, 160, 192, 203, 256, lengths 4 ... 2048 with 143 and 587, causal only when
-       Lq = Lk; sm_scale 0.0 and 1.2.
+       Lq = Lk; sm_scale 0.0 and 1.2; test_op_bwd_with_matrix_bias adds a matrix bias
+       with BATCH 1 or 4, N_HEADS 1 or 4, head dims 16 ... 256.
 What no fixed grid above has, an anchor adds from the shapes kernels special-case: more
 query rows than an int16 index numbers (2**15), and a padded query row of a padded batch
 whose every key carries the dtype's most negative finite value (an HF-style additive
@@ -116,10 +117,11 @@ ANCHORS: tuple[Anchor, ...] = (
            "FA3; head dim from AOT", 799, 3, 21, 21, n_q_heads=6, n_kv_heads=2, batch=9),
     # a padded batch as HF builds it: per-element key padding as an additive bias of
     # finfo(dtype).min, one batch element padded entirely (its query rows see only
-    # padded keys); FA 1.x's length 97 with 5 batch elements, aotriton's head dim 72
-    Anchor("padded batch 5 x 97 x 97, finfo.min bias, an element padded entirely, head dim 72",
-           "FA 1.x, AOT; HF additive masks", 97, 97, 72, 72, n_q_heads=1, n_kv_heads=1,
-           batch=5, forced=(("bias", "padding"), ("fill", "finfo.min"),
+    # padded keys); the shape of aotriton's test_op_bwd_with_matrix_bias (an additive
+    # bias): batch 4, 64 x 64, head dim 64.  Small: it runs once per dtype.
+    Anchor("padded batch 4 x 64 x 64, finfo.min bias, an element padded entirely, head dim 64",
+           "AOT; HF additive masks", 64, 64, 64, 64, n_q_heads=1, n_kv_heads=1,
+           batch=4, forced=(("bias", "padding"), ("fill", "finfo.min"),
                             ("padded element", True)), each_dtype=True),
 )
 
