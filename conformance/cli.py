@@ -71,8 +71,8 @@ RUN_FLAGS = (
          "default: ATTNSPEC_BACKEND or numpy"),
     Flag("--device", "device on the backend, e.g. cpu, cuda:0; default: ATTNSPEC_DEVICE or the "
          "backend's default"),
-    Flag("--profile", "examples per property: quick (20 small + 10 realistic; PyTorch's SDPA "
-         "takes ~25 s on 2 cores), default (~5x), thorough (~50x); default: quick",
+    Flag("--profile", "examples per property: quick (20 small + 5 anchors + 10 realistic; "
+         "PyTorch's SDPA takes ~40 s of CPU), default (~5x), thorough (~50x); default: quick",
          choices=tuple(PROFILES)),
     *SIZE_FLAGS,
     Flag("--seed", "random seed; without it every run is derandomised and reproduces exactly",

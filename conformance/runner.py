@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
 from . import sizes
+from .anchors import ANCHORS, DTYPES, anchor_options
 from .claims import waiving_flags
 from .failures import KernelExited, PropertyFailure
 from .kernel import KernelUnderTest
@@ -30,6 +31,9 @@ from .values import COMBINATIONS
 # 4096, the issue's anchor).  Each stratum starts from its simplest example, of min_len keys:
 # the first past a block of 16, 64, 256, 512 or 2048.
 BLOCKS_COST, LONG_COST = 2**24, 2**28
+# Anchors (conformance/anchors.py) are fixed problems, each within ANCHOR_COST even
+# observed through V = I (Ev = Lk; tests/test_strategies_scale.py checks it).
+ANCHOR_COST = 2**26
 HUGE_HEAD_DIM = 128
 
 
@@ -44,7 +48,8 @@ def huge_cost(limits: SizeLimits) -> int:
 @dataclass(frozen=True)
 class Profile:
     """Examples per property, fewer the larger they may be (the cost model): ``small``
-    of the small draws (they shrink well and cost little), then realistic strata:
+    of the small draws (they shrink well and cost little), ``anchors`` of each anchor
+    problem (anchors.ANCHORS, fixed shapes from upstream test grids), then realistic strata:
     ``blocks`` examples of at most BLOCKS_COST, ``decode`` ones (1-4 queries, at least 257
     keys), ``wide`` ones (head dims past 128), ``corners`` of each option combination of
     values.COMBINATIONS (at least 65 keys), ``long`` ones of at most LONG_COST (at least
@@ -53,6 +58,7 @@ class Profile:
     (docs/checking-your-kernel.md)."""
 
     small: int
+    anchors: int = 0
     blocks: int = 0
     decode: int = 0
     wide: int = 0
@@ -62,9 +68,14 @@ class Profile:
     budget_seconds: float | None = None
 
     def strata(self, limits: SizeLimits) -> list[Stratum]:
-        """The strata in the order they run: small, then ever larger problems."""
+        """The strata in the order they run: small, the anchors, then ever larger
+        random problems."""
         strata = [
             Stratum("small", self.small),
+            *(Stratum(f"anchor: {anchor.name}" + (f", {dtype}" if dtype else ""),
+                      self.anchors, ANCHOR_COST, anchor_options(anchor, dtype), anchor=anchor)
+              for anchor in ANCHORS
+              for dtype in (DTYPES if anchor.each_dtype else (None,))),
             Stratum("blocks", self.blocks, BLOCKS_COST, min_len=16),
             Stratum("decode", self.decode, BLOCKS_COST, (("shape", "decode"),), min_len=257),
             Stratum("wide heads", self.wide, BLOCKS_COST, min_len=16, min_head_dim=129),
@@ -76,19 +87,20 @@ class Profile:
         ]
         return [s for s in strata if s.examples > 0]
 
-    @property
-    def examples(self) -> int:
-        """Examples per property (Hypothesis properties)."""
-        return (self.small + self.blocks + self.decode + self.wide + self.long + self.huge
-                + self.corners * len(COMBINATIONS))
+    def examples(self, dtypes: tuple[str, ...] = DTYPES) -> int:
+        """Examples per property (Hypothesis properties) for a kernel checked in
+        ``dtypes``: an anchor run in each dtype runs in each of those."""
+        anchors = sum(len(dtypes) if anchor.each_dtype else 1 for anchor in ANCHORS)
+        return (self.small + self.anchors * anchors + self.blocks + self.decode + self.wide
+                + self.long + self.huge + self.corners * len(COMBINATIONS))
 
 
 PROFILES: dict[str, Profile] = {
-    "quick": Profile(20, blocks=3, decode=1, wide=1, corners=1, budget_seconds=60),
-    "default": Profile(100, blocks=20, decode=5, wide=5, corners=3, long=5,
+    "quick": Profile(20, anchors=1, blocks=3, decode=1, wide=1, corners=1, budget_seconds=60),
+    "default": Profile(100, anchors=1, blocks=20, decode=5, wide=5, corners=3, long=5,
                        budget_seconds=300),
-    "thorough": Profile(1000, blocks=200, decode=50, wide=50, corners=20, long=40, huge=2,
-                        budget_seconds=3600),
+    "thorough": Profile(1000, anchors=1, blocks=200, decode=50, wide=50, corners=20, long=40,
+                        huge=2, budget_seconds=3600),
 }
 PASSED, FAILED, WARNING, NOT_APPLICABLE = "passed", "failed", "warning", "not applicable"
 WAIVED = "waived"  # the declaration waives the property's MUST clause (CONF-7)
@@ -151,9 +163,11 @@ class Report:
         return data
 
 
-def hypothesis_settings(profile: str, seed: int | None, examples: int | None = None) -> settings:
+def hypothesis_settings(profile: str, seed: int | None, examples: int | None = None,
+                        shrink: bool = True) -> settings:
     """Reproducible, quiet, deadline-free settings: no flaky time limits, no database;
-    ``examples`` (default: the profile's small stratum) examples."""
+    ``examples`` (default: the profile's small stratum) examples; ``shrink`` False for
+    fixed-size anchors, whose failure is reported as found."""
     if profile not in PROFILES:
         raise ValueError(f"profile={profile!r}, but should be one of {', '.join(PROFILES)}")
     return settings(
@@ -165,7 +179,7 @@ def hypothesis_settings(profile: str, seed: int | None, examples: int | None = N
         verbosity=Verbosity.quiet,
         report_multiple_bugs=False,
         print_blob=False,
-        phases=(Phase.explicit, Phase.generate, Phase.shrink),
+        phases=(Phase.explicit, Phase.generate, *((Phase.shrink,) if shrink else ())),
     )
 
 
@@ -191,17 +205,28 @@ def _run_strata(
     limits: SizeLimits, examples: list[int],
 ) -> None:
     """Each stratum of the profile in turn, as one Hypothesis run; the first failure
-    ends the property (smaller strata first, so it is the smallest stratum that fails)."""
+    ends the property (smaller strata first, so it is the smallest stratum that fails;
+    a failing anchor names itself)."""
     for stratum in PROFILES[profile].strata(limits):
+        dtype = stratum.option("dtype")
+        if dtype not in (None, "widest", *kernel.dtypes):
+            continue  # an anchor in a dtype the kernel is not checked in
+
         @hypothesis_seed(_stratum_seed(seed, prop, stratum))
-        @hypothesis_settings(profile, seed, stratum.examples)
+        @hypothesis_settings(profile, seed, stratum.examples, shrink=stratum.anchor is None)
         @given(st.data())
         def property_test(data: st.DataObject) -> None:
             examples[0] += 1
             prop.check(kernel, data)
 
         with sizes.drawing(stratum, limits):
-            property_test()
+            try:
+                property_test()
+            except PropertyFailure as failure:
+                if stratum.anchor is not None:
+                    failure.finding += (f" [anchor problem {stratum.name.split(': ', 1)[1]!r}"
+                                        f" ({stratum.anchor.source}), conformance/anchors.py]")
+                raise
 
 
 def run_property(

@@ -133,6 +133,7 @@ class Stratum:
     forced: tuple[tuple[str, Any], ...] = ()
     min_len: int = 1  # the fewest keys (and queries of "self" shapes) of its lengths
     min_head_dim: int = 1  # the smallest E of its head dims
+    anchor: Any = None  # an anchors.Anchor: its fixed sizes instead of drawn ones
 
     @property
     def realistic(self) -> bool:
@@ -241,6 +242,10 @@ def draw_realistic_dims(
     drawing = current()
     limits, cap = drawing.limits, drawing.stratum.max_cost
     assert cap is not None, "draw_realistic_dims outside a realistic stratum"
+    if drawing.stratum.anchor is not None:
+        return drawing.stratum.anchor.dims(kernel.declaration.batch_ndim, limits, cap, gqa=gqa,
+                                           weights=weights, family=family,
+                                           min_kv_heads=min_kv_heads, min_groups=min_groups)
     all_lengths = _extended(LENGTHS, limits.max_len)
     lengths = [n for n in all_lengths if n >= drawing.stratum.min_len] or all_lengths[-1:]
     all_head_dims = _extended(HEAD_DIMS, limits.max_head_dim)

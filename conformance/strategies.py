@@ -121,6 +121,12 @@ def draw_rng(data: st.DataObject) -> np.random.Generator:
 
 
 def draw_dtype(data: st.DataObject, kernel: KernelUnderTest) -> str:
+    """One of the kernel's dtypes; an anchor's: its own, or "widest" (the most precise)."""
+    forced = sizes.current().stratum.option("dtype")
+    if forced == "widest":
+        return kernel.widest_dtype
+    if forced in kernel.dtypes:
+        return forced
     return data.draw(st.sampled_from(kernel.dtypes), label="dtype")
 
 

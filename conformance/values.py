@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from hypothesis import strategies as st
 
-from .sizes import LENGTHS, Dims
+from .sizes import LENGTHS, Dims, current
 
 if TYPE_CHECKING:
     from .kernel import KernelUnderTest, Problem
@@ -126,7 +126,9 @@ def draw_padding(data: st.DataObject, rng: np.random.Generator, dims: Dims) -> n
     elements = math.prod(dims.batch)
     choices = [0, n_keys, *[n for n in LENGTHS if n < n_keys], *range(1, min(n_keys, 4))]
     kept_keys = rng.choice(choices, size=elements)
-    if elements and data.draw(st.booleans(), label="a batch element padded entirely"):
+    padded_element = current().stratum.option("padded element") or data.draw(
+        st.booleans(), label="a batch element padded entirely")
+    if elements and padded_element:
         kept_keys[rng.integers(elements)] = 0
     keys = np.arange(n_keys)[None, :] < kept_keys[:, None]  # (elements, Lk)
     kept = keys[:, None, None, :]
@@ -151,7 +153,8 @@ def draw_bias_values(
     if kind == "alibi":
         return kernel.rounded(alibi(dims), dtype)
     kept = draw_padding(data, rng, dims)
-    fill = fill_value(data.draw(st.sampled_from(FILLS), label="padding fill"), dtype)
+    fill = fill_value(current().stratum.option("fill")
+                      or data.draw(st.sampled_from(FILLS), label="padding fill"), dtype)
     inside = 0.0
     if data.draw(st.booleans(), label="ALiBi inside the padding"):
         inside = alibi(dims)

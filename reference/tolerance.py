@@ -20,10 +20,11 @@ from .features import softcapped
 from .sdpa import (
     AttentionProblem,
     allowed_scores,
+    nonfinite_counts,
     prepare,
     scaled_dot_product_attention,
-    weighted_values,
     with_features,
+    with_nonfinite_values,
 )
 
 UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
@@ -36,8 +37,9 @@ SAFETY_FACTOR = 4.0  # TOL-2: 2 for second-order terms, times 2 for the oracle's
 # Score-error terms beyond this can only reach the hull cap of TOL-2, so larger values need
 # not be represented (and exp never overflows).
 _SATURATED_WEIGHT_ERROR = 2.0
-# Elements of one (rows x keys) chunk: ~16 MB per float64 temporary.
-CHUNK_ELEMENTS = 2**21
+# Elements of one (rows x keys) chunk: ~8 MB per float64 temporary (measured: as fast as
+# larger chunks, its passes nearer the cache).
+CHUNK_ELEMENTS = 2**20
 
 
 class ErrorBound(NamedTuple):
@@ -202,9 +204,10 @@ def _bounds(
     n_keys = problem.k.shape[-2]
     rows_per_chunk = max(1, chunk_elements // max(1, math.prod(grouped) * n_keys))
     starts = range(0, n_queries, rows_per_chunk) if n_queries else [0]
+    values = _value_columns(problem)
     parts = [
-        _chunk_bound(problem, start, min(start + rows_per_chunk, n_queries), dtype, weights,
-                     lse)
+        _chunk_bound(problem, values, start, min(start + rows_per_chunk, n_queries), dtype,
+                     weights, lse)
         for start in starts
     ]
     out_shape, weights_shape = problem.out_shape, (*problem.out_shape[:-1], n_keys)
@@ -219,14 +222,35 @@ def _bounds(
     return ErrorBound(*whole[:6]), (LseBound(*whole[6:]) if lse else None)
 
 
+class ValueColumns(NamedTuple):
+    """What TOL-2 needs of the values, computed once for all row chunks: ``table`` is
+    ``(..., Lk, 3 Ev)``, [v, |v|, v*v] with non-finite values as 0 (one matrix product
+    per left factor gives every sum over keys at once); ``low``/``high`` the values' hull
+    (finite values of each key/value head, over all its keys)."""
+
+    table: Any
+    low: Any
+    high: Any
+
+
+def _value_columns(problem: AttentionProblem) -> ValueColumns:
+    xp, v = problem.xp, problem.v
+    finite = xp.where(xp.isfinite(v), v, xp.zeros_like(v))
+    table = xp.concat([finite, xp.abs(finite), finite * finite], axis=-1)
+    if v.shape[-2] == 0:
+        return ValueColumns(table, None, None)
+    return ValueColumns(table, xp.min(finite, axis=-2, keepdims=True),
+                        xp.max(finite, axis=-2, keepdims=True))
+
+
 def _rows(a: Any, start: int, stop: int) -> Any:
     """Query rows ``start:stop`` of an array that is (or broadcasts) ``(..., Lq, ·)``."""
     return a if a is None or a.shape[-2] == 1 else a[..., start:stop, :]
 
 
 def _chunk_bound(
-    problem: AttentionProblem, start: int, stop: int, dtype: str, with_weights: bool,
-    with_lse: bool = False,
+    problem: AttentionProblem, values: ValueColumns, start: int, stop: int, dtype: str,
+    with_weights: bool, with_lse: bool = False,
 ) -> tuple[Any, ...]:
     """(out, tau, p, tau^p, D, attends, lse, tau^lse) of TOL-2 and TOL-5 for query rows
     ``start:stop``, grouped layout; p and tau^p are None unless ``with_weights``, lse and
@@ -239,7 +263,15 @@ def _chunk_bound(
         alibi=_rows(problem.alibi, start, stop),
     )
     u_d, u_a = UNIT_ROUNDOFF[dtype], accumulation_roundoff(dtype)
+    # Lk of the formulas is the problem's; the keys evaluated may be fewer: without the
+    # weights, keys no row of the chunk may attend add exactly 0 to every sum of TOL-2, so
+    # they are left out (a causal chunk skips the key blocks past its last row).
     n_keys, head_dim = chunk.k.shape[-2], chunk.q.shape[-1]
+    value_dim = chunk.v.shape[-1]
+    table = values.table
+    if not with_weights:
+        chunk, keys = _attended_keys(chunk)
+        table = table[..., keys, :]
     scores, allowed = allowed_scores(chunk)
     zero = xp.zeros_like(scores)
     row_max = xp.max(scores, axis=-1, keepdims=True) if n_keys else scores[..., :1]
@@ -250,7 +282,6 @@ def _chunk_bound(
     total = xp.where(total == 0, xp.ones_like(total), total)
     weights = exps / total
     log_weights = xp.where(allowed, -gap - xp.log(total), xp.full_like(scores, -xp.inf))
-    out = weighted_values(xp, weights, allowed, chunk.v)
 
     # Delta_ij: the largest error of the computed shifted score of an allowed key.
     magnitude = xp.matmul(xp.abs(chunk.q), xp.matrix_transpose(xp.abs(chunk.k)))
@@ -264,28 +295,22 @@ def _chunk_bound(
         delta = delta + feature_score_error(xp, dtype, abs(chunk.scale) * magnitude, capped,
                                             chunk.bias, chunk.alibi)
     delta = xp.where(allowed, delta, zero)
-    lse, lse_tolerance = (_lse_bound(xp, dtype, row_max, total, log_weights, delta, allowed)
+    lse, lse_tolerance = (_lse_bound(xp, dtype, row_max, total, log_weights, delta, allowed,
+                                     n_keys)
                           if with_lse else (None, None))
-    # g_ij = p_ij (e^Delta_ij - 1): accurate for small Delta, and e^(log p + Delta) where p
-    # underflows but a perturbed weight need not (a key padded with a large finite bias).
-    small = delta < 1
-    moved = xp.where(
-        small, weights * xp.expm1(xp.where(small, delta, zero)),
-        xp.exp(xp.minimum(log_weights + delta, xp.ones_like(delta))) - weights,
-    )
-    moved = xp.where(allowed, xp.minimum(moved, xp.full_like(moved, _SATURATED_WEIGHT_ERROR)),
-                     zero)
+    moved = _moved_weights(xp, weights, log_weights, delta, allowed)
     score_error = xp.sum(moved, axis=-1, keepdims=True)  # D_i
     determined = score_error < 1
     amplification = 1 / xp.where(determined, 1 - score_error, xp.ones_like(score_error))
 
-    finite_v = xp.where(xp.isfinite(chunk.v), chunk.v, xp.zeros_like(chunk.v))
-    abs_v = xp.abs(finite_v)
+    # one wide matrix product per left factor gives its sums with v, |v| (and v*v)
+    out, weighted_abs = _split(xp.matmul(weights, table[..., :2 * value_dim]),
+                               value_dim, 2)  # o_ic, M_ic
+    if not bool(xp.all(xp.isfinite(chunk.v))):  # SDPA-8.3, as the definition evaluates it
+        out = with_nonfinite_values(xp, out, nonfinite_counts(xp, allowed, chunk.v))
     finite_out = xp.where(xp.isfinite(out), out, xp.zeros_like(out))
     abs_out = xp.abs(finite_out)
-    weighted_abs = xp.matmul(weights, abs_v)  # M_ic
-    moved_abs, moved_v, moved_v2 = (xp.matmul(moved, a) for a in (abs_v, finite_v,
-                                                                   finite_v * finite_v))
+    moved_v, moved_abs, moved_v2 = _split(xp.matmul(moved, table), value_dim, 3)
     # sum_j g_ij |v_jc - o_ic| <= min(triangle inequality, Cauchy-Schwarz)
     by_triangle = moved_abs + score_error * abs_out
     quadratic = moved_v2 - 2 * finite_out * moved_v + score_error * finite_out * finite_out
@@ -295,12 +320,14 @@ def _chunk_bound(
                                                + quadratic_rounding))
     spread = xp.minimum(by_triangle, by_cauchy_schwarz)
     renormalised = xp.where(determined, spread * amplification, xp.full_like(spread, xp.inf))
-    hull = _hull_radius(xp, finite_v, finite_out)
+    hull = (xp.zeros_like(finite_out) if values.low is None else
+            xp.maximum(values.high - finite_out, finite_out - values.low))
     score_part = xp.minimum(renormalised + moved_abs, 2 * hull)
 
     sigma = UNDERFLOW_THRESHOLD[dtype]
     floor = (n_keys + 2) * sigma
-    allowed_abs_values = xp.matmul(xp.astype(allowed, weights.dtype), abs_v)
+    allowed_abs_values = xp.matmul(xp.astype(allowed, weights.dtype),
+                                   table[..., value_dim:2 * value_dim])
     out_tolerance = SAFETY_FACTOR * (
         score_part + (u_d + (n_keys + 2) * u_a) * weighted_abs + u_d * abs_out
     ) + floor + sigma * allowed_abs_values
@@ -316,9 +343,55 @@ def _chunk_bound(
             lse_tolerance)
 
 
+def _attended_keys(chunk: AttentionProblem) -> tuple[AttentionProblem, slice]:
+    """``chunk`` cut to the keys [lo, hi) that the mask and causal rule let some row of it
+    attend (at least one key, so shapes stay non-empty), and that slice of the keys."""
+    xp, allowed = chunk.xp, chunk.allowed
+    n_keys = chunk.k.shape[-2]
+    if allowed is None or n_keys == 0:
+        return chunk, slice(0, n_keys)
+    columns = xp.any(allowed, axis=tuple(range(allowed.ndim - 1)))
+    attended = xp.nonzero(columns)[0]
+    if attended.shape[0] == 0:
+        low, high = 0, 1
+    else:
+        low, high = int(attended[0]), int(attended[-1]) + 1
+    if (low, high) == (0, n_keys):
+        return chunk, slice(0, n_keys)
+
+    def keys(a: Any) -> Any:
+        return a if a is None or a.shape[-1] == 1 else a[..., low:high]
+
+    return chunk._replace(k=chunk.k[..., low:high, :], v=chunk.v[..., low:high, :],
+                          allowed=keys(allowed), bias=keys(chunk.bias),
+                          alibi=keys(chunk.alibi)), slice(low, high)
+
+
+def _split(a: Any, width: int, count: int) -> tuple[Any, ...]:
+    """The ``count`` column blocks of ``width`` of ``a`` (its sums with v, |v|, v*v)."""
+    return tuple(a[..., i * width:(i + 1) * width] for i in range(count))
+
+
+def _moved_weights(xp: ModuleType, weights: Any, log_weights: Any, delta: Any,
+                   allowed: Any) -> Any:
+    """g_ij = p_ij (e^Delta_ij - 1) of TOL-2 (0 for keys outside S(i)), at most
+    _SATURATED_WEIGHT_ERROR: accurate for small Delta, and e^(log p + Delta) where p
+    underflows but a perturbed weight need not (a key padded with a large finite bias)."""
+    small = delta < 1
+    if bool(xp.all(small)):  # the usual case: p_ij (e - 1) < 2, 0 outside S(i)
+        return weights * xp.expm1(delta)
+    zero = xp.zeros_like(delta)
+    moved = xp.where(
+        small, weights * xp.expm1(xp.where(small, delta, zero)),
+        xp.exp(xp.minimum(log_weights + delta, xp.ones_like(delta))) - weights,
+    )
+    return xp.where(allowed, xp.minimum(moved, xp.full_like(moved, _SATURATED_WEIGHT_ERROR)),
+                    zero)
+
+
 def _lse_bound(
     xp: ModuleType, dtype: str, row_max: Any, total: Any, log_weights: Any, delta: Any,
-    allowed: Any,
+    allowed: Any, n_keys: int,
 ) -> tuple[Any, Any]:
     """The log-sum-exp of LSE-1 and its TOL-5 bound, per row ``(..., rows, 1)``.
 
@@ -327,7 +400,7 @@ def _lse_bound(
     lambda^+- = +-log sum_j p_ij e^(+-Delta_ij), evaluated in the log domain (stable for
     keys whose weight underflows).
     """
-    if allowed.shape[-1] == 0:  # no keys: -inf, compared exactly (TOL-3)
+    if n_keys == 0:  # no keys: -inf, compared exactly (TOL-3)
         empty = xp.full((*allowed.shape[:-1], 1), -xp.inf, dtype=total.dtype,
                         device=array_api_compat.device(total))
         return empty, xp.zeros_like(empty)
@@ -335,7 +408,6 @@ def _lse_bound(
     lse = xp.where(attends, row_max + xp.log(total), xp.full_like(row_max, -xp.inf))
     spread = xp.maximum(_log_mean_exp(xp, log_weights, delta, allowed),
                         -_log_mean_exp(xp, log_weights, -delta, allowed))
-    n_keys = allowed.shape[-1]
     tolerance = SAFETY_FACTOR * (spread + lse_final_error(dtype, n_keys, row_max, xp))
     return lse, xp.where(attends, tolerance, xp.zeros_like(tolerance))
 
@@ -358,16 +430,6 @@ def _log_mean_exp(xp: ModuleType, log_weights: Any, delta: Any, allowed: Any) ->
     total = xp.sum(xp.where(allowed, xp.exp(terms - top), none), axis=-1, keepdims=True)
     in_log_domain = top + xp.log(xp.where(total > 0, total, xp.ones_like(total)))
     return xp.where(small, xp.log1p(moved), in_log_domain)
-
-
-def _hull_radius(xp: ModuleType, v: Any, out: Any) -> Any:
-    """max(hi_c - o_ic, o_ic - lo_c) over the finite values of each key/value head: no
-    convex combination of values is farther than this from the output."""
-    if v.shape[-2] == 0:
-        return xp.zeros_like(out)
-    high = xp.max(v, axis=-2, keepdims=True)
-    low = xp.min(v, axis=-2, keepdims=True)
-    return xp.maximum(high - out, out - low)
 
 
 def dropout_error_bound(

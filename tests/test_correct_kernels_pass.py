@@ -202,12 +202,12 @@ REALISTIC_PROFILE = "realistic-strata"
 def test_tiled_kernel_passes_realistic_strata(correct: Any,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """CONF-1/CONF-3: the tiled and split-KV kernels pass every applicable property on
-    the quick profile's realistic strata, where their several query blocks, key blocks
+    the quick profile's anchors and realistic strata, where their several query blocks, key blocks
     and split-KV chunks are exercised (the small stratum is test_correct_kernel_passes)."""
     quick = PROFILES["quick"]
     monkeypatch.setitem(PROFILES, REALISTIC_PROFILE,
-                        Profile(0, blocks=quick.blocks, decode=quick.decode, wide=quick.wide,
-                                corners=quick.corners))
+                        Profile(0, anchors=quick.anchors, blocks=quick.blocks,
+                                decode=quick.decode, wide=quick.wide, corners=quick.corners))
     kernel = KernelUnderTest(correct.fn, Backend(correct.backend))
     bad = []
     for prop in all_properties().values():

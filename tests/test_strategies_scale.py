@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -31,10 +32,12 @@ from attnspec.conformance import (
     declaration_of,
     declare,
 )
+from attnspec.conformance.anchors import ANCHORS
 from attnspec.conformance.kernel import KernelUnderTest
 from attnspec.conformance.oracle import reference_bound
 from attnspec.conformance.registry import all_properties
 from attnspec.conformance.runner import (
+    ANCHOR_COST,
     FAILED,
     NOT_APPLICABLE,
     PASSED,
@@ -191,12 +194,28 @@ def test_quick_profile_catches_scale_bug(bug: Callable[..., Array],
     assert shows_scale(verdict.counterexample), verdict.counterexample
 
 
-def test_block_tail_bug_shrinks_to_one_past_the_block() -> None:
-    """SDPA-7.3: a failure shrinks down the sorted length list to the smallest failing
-    size: the ragged-tail bug's counterexample has 65 keys (64 + 1)."""
+def test_block_tail_bug_shrinks_to_one_past_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SDPA-7.3: a failure of the random draws shrinks down the sorted length list to the
+    smallest failing size: the ragged-tail bug's counterexample has 65 keys (64 + 1).
+    (The quick profile's anchors, which run first, find it too, at their fixed size:
+    test_anchor_failure_names_the_anchor.)"""
+    monkeypatch.setitem(PROFILES, "quick-without-anchors",
+                        replace(PROFILES["quick"], anchors=0))  # the random draws alone
+    verdict = run_property(all_properties()["matches-reference"],
+                           _numpy_kernel(ragged_tail_dropped), profile="quick-without-anchors")
+    assert _keys(verdict.counterexample) == BLOCK + 1, verdict.counterexample
+
+
+def test_anchor_failure_names_the_anchor() -> None:
+    """SDPA-7.3: a kernel that fails an anchor problem is reported on it, as found (not
+    shrunk: its sizes are fixed), with the anchor's name and source in the finding — here
+    FlashAttention's 113 x 203 at head dim 59, 3 query heads on 1."""
     verdict = run_property(all_properties()["matches-reference"],
                            _numpy_kernel(ragged_tail_dropped), profile="quick")
-    assert _keys(verdict.counterexample) == BLOCK + 1, verdict.counterexample
+    assert verdict.status == FAILED
+    assert "[anchor problem 'FlashAttention 113 x 203" in verdict.detail, verdict.detail
+    assert "q(1, 3, 113, 59)" in verdict.counterexample, verdict.counterexample
+    assert "k(1, 1, 203, 59)" in verdict.counterexample, verdict.counterexample
 
 
 CORRECT_SUBJECTS = [
@@ -210,7 +229,7 @@ def _realistic_only(monkeypatch: pytest.MonkeyPatch) -> str:
     quick = PROFILES["quick"]
     monkeypatch.setitem(PROFILES, "realistic-quick",
                         Profile(0, blocks=quick.blocks, decode=quick.decode,
-                                corners=quick.corners))
+                                corners=quick.corners))  # anchors: the tiled kernels' test
     return "realistic-quick"
 
 
@@ -319,6 +338,80 @@ def test_raised_max_len_adds_longer_block_boundaries() -> None:
     assert seen <= {4097, 8191, 8192, 8193, 10000} and {8192, 10000} <= seen, seen
 
 
+# --- anchors: fixed problems from upstream test grids (conformance/anchors.py) ------------
+
+@pytest.mark.parametrize("limits", [SizeLimits(), CAPS], ids=["default limits", "capped"])
+@pytest.mark.parametrize("weights", [False, True], ids=["values", "V = I"])
+def test_anchors_fit_the_cost_model_and_the_caps(limits: SizeLimits, weights: bool) -> None:
+    """SDPA-1.1: every anchor is within the user's caps and ANCHOR_COST, also observed
+    through V = I (Lk cut down sizes.LENGTHS where it must be); under the default limits
+    and with V as given, it keeps its upstream shape but for Lk past --max-len."""
+    for anchor in ANCHORS:
+        dims = anchor.dims(1, limits, ANCHOR_COST, gqa=True, weights=weights)
+        assert max(dims.n_queries, dims.n_keys) <= limits.max_len, (anchor.name, dims)
+        assert max(dims.head_dim, dims.value_dim) <= limits.max_head_dim, (anchor.name, dims)
+        assert dims.batch_heads <= limits.max_batch_heads, (anchor.name, dims)
+        assert problem_cost(dims, weights=weights) <= ANCHOR_COST, (anchor.name, dims)
+        if limits == SizeLimits() and not weights:
+            assert (dims.n_queries, dims.n_keys, dims.head_dim, dims.n_q_heads,
+                    math.prod(dims.batch)) == (anchor.n_queries, min(anchor.n_keys, 4096),
+                                               anchor.head_dim, anchor.n_q_heads,
+                                               anchor.batch), anchor.name
+
+
+def test_anchors_cover_what_upstream_grids_and_special_cases_need() -> None:
+    """SDPA-4.1, SDPA-6.1, SDPA-1.1: the anchors hold a head dim no 32-wide vector divides,
+    a causal square one row past a block of 128, a decode step past 2048 keys, more than
+    2**15 query rows, and a padded batch with finfo.min run in each dtype; every profile
+    runs each of them right after the small problems, before any random realistic draw."""
+    dims = [a.dims(1, SizeLimits(), ANCHOR_COST, gqa=True) for a in ANCHORS]
+    assert any(d.head_dim > 32 and d.head_dim % 32 for d in dims)
+    assert any(a.n_queries == a.n_keys and a.n_queries % 128 == 1 and ("causal", True)
+               in a.forced for a in ANCHORS)
+    assert any(d.n_queries <= 4 and d.n_keys > 2048 for d in dims)
+    assert any(d.batch_heads * d.n_queries > 2**15 for d in dims)
+    unbatched = [a.dims(0, SizeLimits(), ANCHOR_COST, gqa=True) for a in ANCHORS]
+    assert all(d.batch == () for d in unbatched)  # a kernel without batch dims: more heads
+    assert [d.batch_heads for d in unbatched] == [d.batch_heads for d in dims]
+    assert any(a.each_dtype and ("fill", "finfo.min") in a.forced for a in ANCHORS)
+    for name, profile in PROFILES.items():
+        names = [s.name for s in profile.strata(SizeLimits())]
+        anchors = [i for i, n in enumerate(names) if n.startswith("anchor: ")]
+        assert len(anchors) == sum(4 if a.each_dtype else 1 for a in ANCHORS), name
+        assert anchors == list(range(1, 1 + len(anchors))), (name, names)
+
+
+def _recording_dtypes(seen: list[tuple[str, Any, bool]]) -> Callable[..., Any]:
+    @declare(bias=True, gqa=True)
+    def dtype_recording_reference(q: Array, k: Array, v: Array, *, mask: Array | None = None,
+                                  bias: Array | None = None, is_causal: bool = False,
+                                  scale: float | None = None) -> Array:
+        """The reference, noting each call's dtype and whether a query row of it has every
+        key padded with that dtype's most negative finite value."""
+        padded_row = bias is not None and bool(
+            (np.broadcast_to(bias, (*bias.shape[:-1], k.shape[-2]))
+             == np.finfo(q.dtype).min).all(axis=-1).any())
+        seen.append((str(q.dtype), q.shape, padded_row))
+        return reference_sdpa(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+
+    return dtype_recording_reference
+
+
+def test_padded_anchor_runs_in_each_dtype_and_caps_cut_anchors() -> None:
+    """SDPA-3.2, SDPA-1.1: the quick profile calls the kernel, in each dtype it is checked
+    in, with a query row whose every key carries that dtype's finfo.min; the other anchors
+    run in the most precise dtype; --max-len 300 cuts the decode anchor's 4096 keys to 300
+    (and no call is longer)."""
+    seen: list[tuple[str, Any, bool]] = []
+    verdict = run_property(all_properties()["matches-reference"],
+                           _numpy_kernel(_recording_dtypes(seen)), profile="quick",
+                           limits=SizeLimits(max_len=300))
+    assert verdict.status == PASSED, verdict.detail
+    assert {dtype for dtype, _, padded in seen if padded} == {"float16", "float32", "float64"}
+    assert ("float64", (1, 6, 1, 128), False) in seen  # the decode anchor, in float64
+    assert max(shape[-2] for _, shape, _ in seen) <= 300
+
+
 def _recording(seen: list[tuple[tuple[int, ...], tuple[int, ...], Any]]) -> Callable[..., Any]:
     @declare(bias=True, gqa=True)
     def recording_reference(q: Array, k: Array, v: Array, *, mask: Array | None = None,
@@ -339,7 +432,7 @@ def test_quick_profile_draws_realistic_sizes() -> None:
     verdict = run_property(all_properties()["matches-reference"],
                            _numpy_kernel(_recording(seen)), profile="quick")
     assert verdict.status == PASSED, verdict.detail
-    assert verdict.examples >= PROFILES["quick"].examples
+    assert verdict.examples >= PROFILES["quick"].examples(("float16", "float32", "float64"))
     assert any(q[-2] == 1 and k[-2] > 256 for q, k, _ in seen)
     assert any(q[-1] > 128 for q, _, _ in seen)
     assert any(k[-2] == 65 for _, k, _ in seen)

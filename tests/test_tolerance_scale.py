@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnspec.reference.tolerance import UNDERFLOW_THRESHOLD, error_bound
+from attnspec.reference.tolerance import UNDERFLOW_THRESHOLD, error_and_lse_bound, error_bound
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 PADDING = {"float16": -65504.0, "bfloat16": float(np.finfo(np.float32).min),
@@ -46,6 +46,47 @@ def test_chunking_changes_nothing(n_q: int, n_k: int, chunk: int, dtype: str, ca
         np.testing.assert_allclose(np.asarray(getattr(parts, name)),
                                    np.asarray(getattr(whole, name)), rtol=1e-12, atol=0,
                                    err_msg=name)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(n_q=st.integers(1, 40), n_k=st.integers(1, 40), chunk=st.integers(1, 200),
+       dtype=st.sampled_from(DTYPES), alignment=st.sampled_from(["top_left", "bottom_right"]),
+       window=st.sampled_from([None, (0, 0), (3, 1), (9, 40)]), seed=st.integers(0, 2**16))
+def test_skipped_keys_change_nothing(n_q: int, n_k: int, chunk: int, dtype: str,
+                                     alignment: str, window: tuple[int, int] | None,
+                                     seed: int) -> None:
+    """TOL-2, TOL-5: without the weights, each row chunk evaluates only the keys some row
+    of it may attend (a causal chunk skips the key blocks past its last row, a band mask
+    those outside it); the keys left out add exactly 0 to every sum, so out, tau, D_i and
+    the log-sum-exp bound equal the evaluation over every key (the weights=True path),
+    with key 0 a NaN value behind the mask where the band excludes it (SDPA-8.2).  (tau up
+    to the rounding its square root magnifies.)"""
+    rng = np.random.default_rng(seed)
+    q, k, v = _problem(rng, 2, n_q, n_k, 5, 3)
+    mask = None
+    if window is not None:
+        rows, cols = np.arange(n_q)[:, None], np.arange(n_k)[None, :]
+        mask = (cols >= rows - window[0]) & (cols <= rows + window[1])
+        if not mask[:, 0].any():
+            v[:, 0, :] = np.nan
+    bias = rng.standard_normal((2, n_q, n_k)) * 3
+    options = dict(dtype=dtype, mask=mask, bias=bias, is_causal=True,
+                   causal_alignment=alignment, chunk_elements=chunk)
+    skipped, skipped_lse = error_and_lse_bound(q, k, v, weights=False, **options)
+    every_key, every_key_lse = error_and_lse_bound(q, k, v, weights=True, **options)
+    for name in ("out", "score_error", "attends"):
+        np.testing.assert_allclose(np.asarray(getattr(skipped, name)),
+                                   np.asarray(getattr(every_key, name)), rtol=1e-12, atol=0,
+                                   err_msg=name)
+    # tau's Cauchy-Schwarz term is the square root of a difference that cancels (to the
+    # rounding it is charged for) when a row's weight sits on one key: a matrix product
+    # over fewer keys rounds differently, and the root turns 1e-16 into ~1e-9.
+    np.testing.assert_allclose(np.asarray(skipped.out_tolerance),
+                               np.asarray(every_key.out_tolerance), rtol=1e-7, atol=0)
+    for name in skipped_lse._fields:
+        np.testing.assert_allclose(np.asarray(getattr(skipped_lse, name)),
+                                   np.asarray(getattr(every_key_lse, name)), rtol=1e-12,
+                                   atol=0, err_msg=name)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

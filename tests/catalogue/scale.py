@@ -51,34 +51,10 @@ def padded_float16_rows(w: Witness) -> Witness:
     return w.with_(bias=bias, dtype="float16")
 
 
-def entry(name: str, fn: Callable[..., Any], catches: str, w: Witness,
-          known_miss: str = "") -> BuggyKernel:
-    return BuggyKernel(name, fn, catches, witness=w, known_miss=known_miss)
-
-
-# Why the quick profile misses five of them (measured on its realistic strata): each note
-# is a strict xfail in test_catalogue_caught.py, so it goes when the suite catches up.
-MISSED_TAIL_QUERY_BLOCK = (
-    "needs is_causal with Lq > 128, Lq % 128 != 0 and as many keys; the quick profile's 3 "
-    "'blocks' examples a property drew none (the default profile's matches-reference finds "
-    "it at 511 x 511; causal-zeros does not draw it in default either)")
-MISSED_HEAD_DIM_TAIL = (
-    "needs E > 32 with E % 32 != 0 (40, 59, 80, 111, 241); the quick profile's realistic "
-    "draws had E = 8, 32, 160, 192, 256 (the default profile's matches-reference finds it "
-    "at E = 40)")
-MISSED_PROGRAM_INDEX = (
-    "needs B * H * Lq >= 2**15 query rows: at the fewest keys a realistic stratum draws (16) "
-    "that costs >= 2**15 * 16 * 144 ~ 7.5e7 > BLOCKS_COST (2**24), and the long and huge "
-    "strata draw >= 511 and >= 2047 keys, so no profile draws it under the default caps")
-MISSED_KV_BUFFER = (
-    "needs a query that reaches a key past 2048: only decode or cross shapes with > 2048 keys "
-    "fit the blocks strata's cost, and quick's one such draw (2063 keys) had 3 top-left "
-    "causal queries that see 3 keys; not found by the default profile either")
-MISSED_PADDED_ROW = (
-    "shows only in a float16 row whose every allowed key is padded with finfo.min (in "
-    "float32/64 TOL-2 falls back to the value hull there, and 0 is inside it): float16 x a "
-    "padding bias x the finfo.min fill x a padded query row is ~1% of realistic draws, and "
-    "neither quick nor default drew one")
+def entry(name: str, fn: Callable[..., Any], catches: str, w: Witness) -> BuggyKernel:
+    """A scale bug, caught by ``catches`` in the quick profile (its realistic strata, or
+    the anchor problems of conformance/anchors.py)."""
+    return BuggyKernel(name, fn, catches, witness=w)
 
 
 W = long_keys
@@ -105,15 +81,15 @@ SCALE_CATALOGUE: list[BuggyKernel] = [
     entry("causal-masks-last-key-block-only", tiling.causal_masks_last_key_block_only,
           "causal-zeros", square_causal(100)),
     entry("causal-tail-query-block-misaligned", tiling.causal_tail_query_block_misaligned,
-          "matches-reference", square_causal(200), MISSED_TAIL_QUERY_BLOCK),
+          "matches-reference", square_causal(200)),
     # head-dim vector tails
     entry("head-dim-tail-dropped", paths.head_dim_tail_dropped,
-          "matches-reference", W(16, head_dim=59), MISSED_HEAD_DIM_TAIL),
+          "matches-reference", W(16, head_dim=59)),
     entry("value-dim-tail-unwritten", paths.value_dim_tail_unwritten,
           "matches-reference", W(16, value_dim=80)),
     # programs, heads, dispatch on the shapes
     entry("program-index-int16", paths.program_index_int16, "matches-reference",
-          W(4, n_queries=4100, heads=(8, 8), head_dim=4, value_dim=4), MISSED_PROGRAM_INDEX),
+          W(4, n_queries=4100, heads=(8, 8), head_dim=4, value_dim=4)),
     # gqa-mapping (SDPA-6.1) draws groups of 2-3 in quick; matches-reference draws G = 6
     entry("gqa-large-group-modulo", paths.gqa_large_group_modulo,
           "matches-reference", W(64, heads=(16, 2))),
@@ -122,8 +98,8 @@ SCALE_CATALOGUE: list[BuggyKernel] = [
     entry("large-batch-mask-from-first-element", paths.large_batch_mask_from_first_element,
           "matches-reference", per_element_padding(W(40, batch=(6,)))),
     entry("kv-buffer-truncates-at-2048", paths.kv_buffer_truncates_at_2048,
-          "matches-reference", W(4097, n_queries=2), MISSED_KV_BUFFER),
+          "matches-reference", W(4097, n_queries=2)),
     # extreme values
     entry("padding-bias-read-as-mask", paths.padding_bias_read_as_mask,
-          "matches-reference", padded_float16_rows(W(40)), MISSED_PADDED_ROW),
+          "matches-reference", padded_float16_rows(W(40))),
 ]
