@@ -38,6 +38,7 @@ from .api import (
 )
 from .claims import CLAIM_FLAGS, SETUP_FLAGS, Flag, UsageError, comma_list
 from .isolation import SUPERVISION_FLAGS, IsolationOptions, isolation_options, open_session
+from .jobs import parse_jobs, run_properties
 from .registry import Property
 from .report_files import (
     ReportFiles,
@@ -89,6 +90,9 @@ RUN_FLAGS = (
     *SUPERVISION_FLAGS,
     Flag("--no-isolate", "run the kernel in this process (for debuggers): a crash, exit or "
          "hang of the kernel ends or stalls the check", kind="switch"),
+    Flag("--jobs", "run properties in N worker processes at once, or 'auto' for one per "
+         "available CPU; same verdicts, same order (default 1; not with --no-isolate)",
+         metavar="N", rerun=False),
     Flag("--json", "write the report as JSON to PATH", metavar="PATH", rerun=False),
     Flag("--junit", "write the report as JUnit XML to PATH", metavar="PATH", rerun=False),
     Flag("--markdown", "write the report as a Markdown table to PATH", metavar="PATH",
@@ -117,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("backends", help="the reference on every backend and dtype here")
     demo = commands.add_parser("demo", help="check PyTorch's SDPA and the reference itself")
     for flag in RUN_FLAGS:
-        if flag.option in ("--profile", "--seed", "--only", "--skip", "--strict", "--quiet"):
+        if flag.option in ("--profile", "--seed", "--only", "--skip", "--strict", "--quiet",
+                           "--jobs"):
             flag.add_to(demo)
     benchmarks.add_parser(commands)
     return parser
@@ -202,6 +207,20 @@ def isolation_from(args: argparse.Namespace) -> IsolationOptions | None:
                              lambda dest: getattr(args, dest, None))
 
 
+def jobs_from(args: argparse.Namespace, properties: int) -> int:
+    """Worker processes from --jobs (at most one per property); UsageError for a bad
+    value, or more than one with --no-isolate."""
+    value = getattr(args, "jobs", None)
+    try:
+        jobs = parse_jobs(value, "--jobs")
+    except ValueError as exc:
+        raise UsageError(str(exc).replace("--jobs=", "--jobs ")) from None
+    if jobs > 1 and getattr(args, "no_isolate", False):
+        raise UsageError(f"--jobs {value} runs properties in worker processes; --no-isolate "
+                         "runs the kernel in this one, one property at a time")
+    return max(1, min(jobs, properties))
+
+
 def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
              label: str = "", files: ReportFiles | None = None,
              ) -> tuple[Report, Callable[[Verdict], str]]:
@@ -211,7 +230,7 @@ def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
     with the report marked incomplete (``report.incomplete``).  The kernel's printing
     goes to stderr, ``--kernel-output PATH`` or (``--quiet``) nowhere.
     """
-    from .runner import run_each, select
+    from .runner import select
 
     only, skip = comma_list(args.only), comma_list(args.skip)
     try:
@@ -220,12 +239,13 @@ def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
         raise SetupError(str(exc)) from None
     limits = size_limits_from(lambda dest: getattr(args, dest, None))
     profile, seed, total = args.profile or "quick", args.seed, len(properties)
+    jobs = jobs_from(args, total)
     quiet = getattr(args, "quiet", False)
     display = None if quiet else ProgressDisplay(total, sys.stderr, label)
     with contextlib.ExitStack() as stack:
         stack.enter_context(kernel_output_to(_kernel_output(args, stack)))
         stack.enter_context(hypothesis_storage_elsewhere())
-        session = stack.enter_context(open_session(setup, isolation_from(args)))
+        session = stack.enter_context(open_session(setup, isolation_from(args), jobs=jobs))
         report = start_report(session, profile=profile, seed=seed, strict=args.strict,
                               limits=limits)
         target = report.kernel
@@ -244,8 +264,8 @@ def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
                 files.write(report, rerun, incomplete=still_running(done, total))
 
         try:
-            run_each(properties, lambda p: session.run_property(
-                p, profile=profile, seed=seed, limits=limits), report, progress)
+            run_properties(session, properties, report, progress, profile=profile, seed=seed,
+                           limits=limits)
         except KeyboardInterrupt as exc:
             report.incomplete = interruption(exc, len(report.verdicts), total)
             print(f"\n{PROGRAM}: {report.incomplete}", file=sys.stderr)

@@ -18,6 +18,7 @@ from .claims import waiving_flags
 from .failures import KernelExited, PropertyFailure
 from .kernel import KernelUnderTest
 from .registry import Property, all_properties
+from .shape_pool import pool_for_run
 from .sizes import SizeLimits, Stratum
 from .values import COMBINATIONS
 
@@ -192,6 +193,8 @@ def _run_strata(
 ) -> None:
     """Each stratum of the profile in turn, as one Hypothesis run; the first failure
     ends the property (smaller strata first, so it is the smallest stratum that fails)."""
+    # one pool per run; members are the same in every process (shape_pool)
+    pool = pool_for_run(seed) if kernel.backend.compiles_per_shape else None
     for stratum in PROFILES[profile].strata(limits):
         @hypothesis_seed(_stratum_seed(seed, prop, stratum))
         @hypothesis_settings(profile, seed, stratum.examples)
@@ -200,7 +203,7 @@ def _run_strata(
             examples[0] += 1
             prop.check(kernel, data)
 
-        with sizes.drawing(stratum, limits):
+        with sizes.drawing(stratum, limits, pool):
             property_test()
 
 
