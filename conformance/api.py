@@ -302,7 +302,7 @@ class KernelSetup:
         try:
             properties = select(only, skip)
             hypothesis_settings(profile, seed)
-            session = open_session(self, isolation, kernel, min(jobs, len(properties) or 1))
+            session = open_session(self, isolation, kernel, jobs)
         except ValueError as exc:
             raise SetupError(str(exc)) from None
         limits = limits or SizeLimits()

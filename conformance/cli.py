@@ -207,9 +207,9 @@ def isolation_from(args: argparse.Namespace) -> IsolationOptions | None:
                              lambda dest: getattr(args, dest, None))
 
 
-def jobs_from(args: argparse.Namespace, properties: int) -> int:
-    """Worker processes from --jobs (at most one per property); UsageError for a bad
-    value, or more than one with --no-isolate."""
+def jobs_from(args: argparse.Namespace) -> int:
+    """Worker processes from --jobs; UsageError for a bad value, or more than one with
+    --no-isolate."""
     value = getattr(args, "jobs", None)
     try:
         jobs = parse_jobs(value, "--jobs")
@@ -218,7 +218,7 @@ def jobs_from(args: argparse.Namespace, properties: int) -> int:
     if jobs > 1 and getattr(args, "no_isolate", False):
         raise UsageError(f"--jobs {value} runs properties in worker processes; --no-isolate "
                          "runs the kernel in this one, one property at a time")
-    return max(1, min(jobs, properties))
+    return jobs
 
 
 def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
@@ -239,7 +239,7 @@ def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
         raise SetupError(str(exc)) from None
     limits = size_limits_from(lambda dest: getattr(args, dest, None))
     profile, seed, total = args.profile or "quick", args.seed, len(properties)
-    jobs = jobs_from(args, total)
+    jobs = jobs_from(args)
     quiet = getattr(args, "quiet", False)
     display = None if quiet else ProgressDisplay(total, sys.stderr, label)
     with contextlib.ExitStack() as stack:

@@ -125,6 +125,7 @@ def run_in_parallel(
     from ``run_one`` (a worker that cannot be restarted: SetupError) stops the run and is
     raised here."""
     chosen = list(properties)
+    sessions = sessions[:max(1, len(chosen))]  # a worker starts only to run a property
     todo: queue.SimpleQueue[int] = queue.SimpleQueue()
     for index in range(len(chosen)):
         todo.put(index)
