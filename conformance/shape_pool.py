@@ -60,7 +60,11 @@ class SeededDraws:
                       if seed is None else ConjectureData(random=random.Random(seed)))
 
     def draw(self, strategy: st.SearchStrategy[Any], label: str | None = None) -> Any:
-        return self._data.draw(strategy)
+        from hypothesis.control import BuildContext
+
+        # a context of its own: some strategies record what they build in the current one
+        with BuildContext(self._data, wrapped_test=self.draw):
+            return self._data.draw(strategy)
 
 
 @dataclass
@@ -139,3 +143,33 @@ def pooled_broadcast(data: Any, full: tuple[int, ...], label: str,
         lambda draws: broadcast_shape_for(draws, full, label),
         lambda shape: (len(shape), math.prod(shape)),
         members=BROADCAST_POOL, label=f"{label} shape")
+
+
+# Draws besides sizes that change what a compiled kernel is compiled for: its dtype, which
+# optional inputs it gets (mask, bias, scale) and static flags (is_causal).
+TIED_LABELS = frozenset({"dtype", "causal", "mask", "bias", "explicit scale"})
+
+
+class TiedDraws:
+    """Hypothesis's ``data`` for one pooled problem, except that the draws named in
+    TIED_LABELS are answered by seeded draws fixed by the problem's Dims (and the run's
+    seed and stratum): every property meets a pooled shape with the same dtype and
+    options, so the kernel's compilation for it is reused.  They shrink with the shape."""
+
+    def __init__(self, data: Any, dims: Hashable, pool: ShapePool, stratum: Hashable) -> None:
+        self._data, self._dims, self._pool, self._stratum = data, dims, pool, stratum
+
+    def draw(self, strategy: st.SearchStrategy[Any], label: str | None = None) -> Any:
+        if label not in TIED_LABELS:
+            return self._data.draw(strategy, label=label)
+        key = f"{self._pool.seed}:{self._stratum!r}:{self._dims!r}:{label}:{strategy!r}"
+        return SeededDraws(zlib.crc32(key.encode())).draw(strategy, label)
+
+
+def tied_to(data: Any, dims: Hashable) -> Any:
+    """``data`` with the TIED_LABELS draws fixed by ``dims`` (see :class:`TiedDraws`)."""
+    from . import sizes
+
+    drawing = sizes.current()
+    assert drawing.pool is not None, "tied_to outside a pooled stratum"
+    return TiedDraws(data, dims, drawing.pool, drawing.stratum.name)

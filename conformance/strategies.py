@@ -258,6 +258,8 @@ def draw_problem(
     decl = kernel.declaration
     stratum = sizes.current().stratum
     dims = dims or draw_dims(data, kernel, **dims_options)
+    if shape_pool.pooling(data):  # what the kernel compiles for follows the pooled shape
+        data = shape_pool.tied_to(data, dims)
     dtype = dtype or draw_dtype(data, kernel)
     rng = draw_rng(data)
     if magnitude is None:
