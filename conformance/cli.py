@@ -13,7 +13,8 @@ the finished verdicts are printed and written, marked incomplete).
 
 The kernel runs in a supervised worker process: a crash, exit or hang (longer than
 ``--timeout`` seconds per call) fails the property that was running, and the check goes
-on.  ``--no-isolate`` runs it in this process instead, for debuggers.
+on.  ``--no-isolate`` runs it in this process instead, for debuggers; ``--jobs N`` runs
+N worker processes at once (same verdicts, same order).
 """
 
 from __future__ import annotations
@@ -161,13 +162,16 @@ class ProgressDisplay:
 
     def __init__(self, total: int, stream: TextIO, label: str = "") -> None:
         self.total, self.stream, self.label = total, stream, label
-        self.done = 0
+        self.started = self.done = 0
         self.tty = stream.isatty()
 
     def __call__(self, prop: Property, verdict: Verdict | None) -> None:
-        if verdict is not None:
+        # a start is numbered by starts, an end by ends (with --jobs they interleave)
+        if verdict is None:
+            self.started += 1
+        else:
             self.done += 1
-        number = self.done + 1 if verdict is None else self.done
+        number = self.started if verdict is None else self.done
         position = f"[{number:>{len(str(self.total))}}/{self.total}]"
         if verdict is None:  # on a log, a property that hangs is the last one named
             start = f"{self.label}{position} {prop.id} ({prop.clause}) ..."

@@ -1,7 +1,8 @@
 """Shape pools: for backends that compile once per input shape, draw shapes from a few.
 
-JAX (XLA) compiles a kernel anew for every new combination of input shapes: a second or
-so each on a CPU, against milliseconds for running a small problem.  Drawing every
+JAX (XLA) compiles a kernel anew for every new combination of input shapes, dtype and
+static options: about half a second each on a CPU (a second or more op by op), against
+milliseconds for running a small problem.  Drawing every
 example's sizes afresh made the quick profile of ``jax.nn.dot_product_attention`` take
 ~15 minutes.  For a backend that says it compiles per shape
 (:attr:`attnspec.backends.Backend.compiles_per_shape`), the runner gives each stratum a
@@ -17,11 +18,15 @@ compilations are reused.
   the realistic strata of :mod:`.sizes`) from seeded choices, so a realistic stratum's
   members are realistic shapes within its cost cap and the user's limits, as before.
 * They are sorted by size, and the index is a Hypothesis draw: a failure shrinks to the
-  smallest member that fails, and the rest of the example (options, dtype, values)
-  shrinks as always.
+  smallest member that fails, and the values, magnitudes and the rest shrink as always.
+* A mask or bias broadcasts from one of BROADCAST_POOL shapes per problem size, and the
+  dtype and the options that a compiled kernel is compiled for (mask, bias, causal,
+  explicit scale: TIED_LABELS) follow the pooled shape (:class:`TiedDraws`), so that
+  they too repeat from property to property.
 
-What is lost is variety within one run (a few shapes per stratum instead of one per
-example); ``--seed`` draws other pools.
+What is lost is variety within one run (a dozen shapes and option sets instead of one per
+example); ``--seed`` draws other pools.  Problems a property builds itself (probes of
+fixed structure) are not pooled.
 """
 
 from __future__ import annotations
