@@ -218,7 +218,7 @@ def test_items_run_unchanged_under_xdist(pytester: pytest.Pytester, kernel_file:
     args = ("--attnspec-kernel", f"{kernel_file}:no_default_scale", "--attnspec-only",
             "default-scale,explicit-scale,causal-zeros,gqa-mapping", "-v",
             "-p", "no:cacheprovider")
-    serial = pytester.runpytest_subprocess(*args)
+    serial = pytester.runpytest(*args)
     parallel = pytester.runpytest_subprocess(*args, "-n", "2")
     expected = {"attnspec::default-scale[SDPA-2.1]": "FAILED",
                 "attnspec::explicit-scale[SDPA-2.2]": "PASSED",

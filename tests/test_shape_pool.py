@@ -167,16 +167,16 @@ def test_a_failure_still_shrinks_to_the_smallest_pooled_shape() -> None:
         verdict.counterexample, firsts)
 
 
-def test_the_jitted_jax_kernel_of_the_cost_table_runs_pooled() -> None:
-    """SDPA-2.1, SDPA-2.2: attnspec.conformance.jax_kernels (README, "Cost of a check"):
-    jax.nn.dot_product_attention under jax.jit, checked on JAX (a backend that compiles per
-    shape), passes the scale properties; its float16 is left out as declared."""
+def test_the_jitted_jax_kernel_of_the_cost_table_runs() -> None:
+    """SDPA-2.1: attnspec.conformance.jax_kernels (README, "Cost of a check"):
+    jax.nn.dot_product_attention under jax.jit, on JAX (a backend that compiles per shape),
+    passes score-variance (one call: cheap); its float16 is left out as declared.  The
+    pools themselves are tested above on NumPy, where runs cost no compilations."""
     pytest.importorskip("jax", reason="the jitted kernel is JAX's")
     from attnspec.conformance import check
     from attnspec.conformance.jax_kernels import jitted_dot_product_attention
 
     assert Backend("jax").compiles_per_shape
-    report = check(jitted_dot_product_attention, backend="jax",
-                   only=["default-scale", "explicit-scale"])
-    assert [v.status for v in report.verdicts] == [PASSED, PASSED], report.verdicts
+    report = check(jitted_dot_product_attention, backend="jax", only=["score-variance"])
+    assert [v.status for v in report.verdicts] == [PASSED], report.verdicts
     assert "float16" not in jitted_dot_product_attention.__attnspec__.dtypes
