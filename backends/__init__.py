@@ -69,6 +69,12 @@ class Backend:
         return self._adapter.describe(self.xp)
 
     @property
+    def compiles_per_shape(self) -> bool:
+        """Whether the library compiles a function anew for every new combination of input
+        shapes (JAX): a check then reuses a few shapes per run (conformance/shape_pool.py)."""
+        return self._adapter.compiles_per_shape
+
+    @property
     def dtype_names(self) -> tuple[str, ...]:
         """The spec's floating dtypes (SDPA-7.1) this library supports on this device."""
         return self._adapter.dtype_names(self.xp, self.device)

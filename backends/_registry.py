@@ -41,6 +41,9 @@ class Adapter:
         lambda xp, config: _no_options(xp, config))
     describe: Callable[[ModuleType], str] = lambda xp: ""
     missing_dtype: Callable[[ModuleType, str], str] = lambda xp, name: ""
+    # does the library compile a function anew for each new combination of input shapes
+    # (JAX's XLA)?  The conformance suite then draws shapes from a small pool per run.
+    compiles_per_shape: bool = False
 
 
 def _no_options(xp: ModuleType, config: Mapping[str, Any]) -> list[str]:
@@ -324,6 +327,7 @@ ADAPTERS: dict[str, Adapter] = {
         "jax", "jax", "pip install 'attnspec[jax]'", _load_jax,
         _jax_default_device, _jax_from_numpy, _jax_to_numpy, _jax_dtypes, _jax_device,
         _array_test("is_jax_array"), _jax_configure, _jax_describe, _jax_missing_dtype,
+        compiles_per_shape=True,
     ),
     "cupy": Adapter(
         "cupy", "cupy", "pip install 'attnspec[cupy]'", _load_cupy,

@@ -37,7 +37,6 @@ from .runner import (
     Verdict,
     hypothesis_settings,
     new_report,
-    run_each,
     select,
 )
 from .side_effects import hypothesis_storage_elsewhere
@@ -46,6 +45,9 @@ from .worker import guard_calls
 
 if TYPE_CHECKING:
     from .isolation import InProcessKernel, IsolatedKernel, IsolationOptions
+    from .jobs import WorkerPool
+
+    Session = IsolatedKernel | InProcessKernel | WorkerPool
 
 Progress = Callable[[Property, "Verdict | None"], None]
 
@@ -296,32 +298,36 @@ class KernelSetup:
         kernel: KernelUnderTest | None = None,
         limits: SizeLimits | None = None,
         isolation: IsolationOptions | None = None,
+        jobs: int = 1,
     ) -> Report:
         """Run the selected properties (unknown ids and profiles are a SetupError);
         ``limits`` caps the sizes drawn (see :func:`size_limits`).
 
         With ``isolation``, the kernel is loaded and run in a supervised worker process
-        (:mod:`.isolation`); otherwise in this one (``kernel``, if given, is used as is).
+        (:mod:`.isolation`), in ``jobs`` of them at once when more than one (:mod:`.jobs`:
+        the same verdicts in the same order); otherwise in this one (``kernel``, if given,
+        is used as is).
         """
         from .isolation import open_session
+        from .jobs import run_properties
 
         try:
             properties = select(only, skip)
             hypothesis_settings(profile, seed)
+            session = open_session(self, isolation, kernel, jobs)
         except ValueError as exc:
             raise SetupError(str(exc)) from None
         limits = limits or SizeLimits()
-        with hypothesis_storage_elsewhere(), open_session(self, isolation, kernel) as session:
+        with hypothesis_storage_elsewhere(), session:
             report = start_report(session, profile=profile, seed=seed, strict=strict,
                                   limits=limits)
-            run_each(properties, lambda p: session.run_property(p, profile=profile, seed=seed,
-                                                                limits=limits),
-                     report, progress)
+            run_properties(session, properties, report, progress, profile=profile, seed=seed,
+                           limits=limits)
             finish_report(report, session, partial=bool(only or skip))
         return report
 
 
-def start_report(session: IsolatedKernel | InProcessKernel, *, profile: str,
+def start_report(session: Session, *, profile: str,
                  seed: int | None, strict: bool, limits: SizeLimits | None = None) -> Report:
     """Load the session's kernel and give the empty report of its run (within ``limits``),
     with the notes on the library's settings and the hints read off the kernel before
@@ -333,7 +339,7 @@ def start_report(session: IsolatedKernel | InProcessKernel, *, profile: str,
     return report
 
 
-def finish_report(report: Report, session: IsolatedKernel | InProcessKernel, *,
+def finish_report(report: Report, session: Session, *,
                   partial: bool) -> None:
     """Add the hints from probing a kernel that failed (in its worker when isolated) and
     the conformance claim, or why there is none (``partial``: --only/--skip)."""
@@ -447,6 +453,7 @@ def check(
     max_batch_heads: int | None = None,
     jax_x64: bool | None = None,
     isolate: bool | IsolationOptions = False,
+    jobs: int | str = 1,
     **claims: Any,
 ) -> Report:
     """Check ``kernel`` (a callable or ``"MODULE:FUNC"``) clause by clause.
@@ -457,17 +464,24 @@ def check(
     batch x query heads drawn (defaults 4096, 256, 512).  ``isolate=True`` (or an
     :class:`~.isolation.IsolationOptions`) runs the kernel in a supervised worker process,
     as ``attnspec check`` does: a crash, exit or hang is then a failed verdict; a callable
-    kernel must be importable by its module and name.  Bad setup (target, signature,
-    backend, option) raises :class:`SetupError`, a ``ValueError``.
+    kernel must be importable by its module and name.  ``jobs`` (with ``isolate``) runs
+    that many worker processes at once (``"auto"``: one per available CPU), with the same
+    verdicts in the same order.  Bad setup (target, signature, backend, option) raises
+    :class:`SetupError`, a ``ValueError``.
     """
     from .isolation import IsolationOptions
+    from .jobs import parse_jobs
 
+    try:
+        workers = parse_jobs(jobs)
+    except ValueError as exc:
+        raise SetupError(str(exc)) from None
     limits = size_limits(max_len, max_head_dim, max_batch_heads)
     setup = KernelSetup(kernel, backend, device, layout, dict(rename or {}),
                         None if dtypes is None else tuple(dtypes), claims, jax_x64)
     isolation = IsolationOptions() if isolate is True else (isolate or None)
     return setup.run(profile=profile, seed=seed, only=only, skip=skip, strict=strict,
-                     limits=limits, isolation=isolation)
+                     limits=limits, isolation=isolation, jobs=workers)
 
 
 def assert_conforms(kernel: str | Callable[..., Any], **options: Any) -> Report:

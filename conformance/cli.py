@@ -13,7 +13,8 @@ the finished verdicts are printed and written, marked incomplete).
 
 The kernel runs in a supervised worker process: a crash, exit or hang (longer than
 ``--timeout`` seconds per call) fails the property that was running, and the check goes
-on.  ``--no-isolate`` runs it in this process instead, for debuggers.
+on.  ``--no-isolate`` runs it in this process instead, for debuggers; ``--jobs N`` runs
+N worker processes at once (same verdicts, same order).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from .api import (
 )
 from .claims import CLAIM_FLAGS, SETUP_FLAGS, Flag, UsageError, comma_list
 from .isolation import SUPERVISION_FLAGS, IsolationOptions, isolation_options, open_session
+from .jobs import parse_jobs, run_properties
 from .registry import Property
 from .report_files import (
     ReportFiles,
@@ -89,6 +91,9 @@ RUN_FLAGS = (
     *SUPERVISION_FLAGS,
     Flag("--no-isolate", "run the kernel in this process (for debuggers): a crash, exit or "
          "hang of the kernel ends or stalls the check", kind="switch"),
+    Flag("--jobs", "run properties in N worker processes at once, or 'auto' for one per "
+         "available CPU; same verdicts, same order (default 1; not with --no-isolate)",
+         metavar="N", rerun=False),
     Flag("--json", "write the report as JSON to PATH", metavar="PATH", rerun=False),
     Flag("--junit", "write the report as JUnit XML to PATH", metavar="PATH", rerun=False),
     Flag("--markdown", "write the report as a Markdown table to PATH", metavar="PATH",
@@ -117,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("backends", help="the reference on every backend and dtype here")
     demo = commands.add_parser("demo", help="check PyTorch's SDPA and the reference itself")
     for flag in RUN_FLAGS:
-        if flag.option in ("--profile", "--seed", "--only", "--skip", "--strict", "--quiet"):
+        if flag.option in ("--profile", "--seed", "--only", "--skip", "--strict", "--quiet",
+                           "--jobs"):
             flag.add_to(demo)
     benchmarks.add_parser(commands)
     return parser
@@ -156,13 +162,16 @@ class ProgressDisplay:
 
     def __init__(self, total: int, stream: TextIO, label: str = "") -> None:
         self.total, self.stream, self.label = total, stream, label
-        self.done = 0
+        self.started = self.done = 0
         self.tty = stream.isatty()
 
     def __call__(self, prop: Property, verdict: Verdict | None) -> None:
-        if verdict is not None:
+        # a start is numbered by starts, an end by ends (with --jobs they interleave)
+        if verdict is None:
+            self.started += 1
+        else:
             self.done += 1
-        number = self.done + 1 if verdict is None else self.done
+        number = self.started if verdict is None else self.done
         position = f"[{number:>{len(str(self.total))}}/{self.total}]"
         if verdict is None:  # on a log, a property that hangs is the last one named
             start = f"{self.label}{position} {prop.id} ({prop.clause}) ..."
@@ -202,6 +211,20 @@ def isolation_from(args: argparse.Namespace) -> IsolationOptions | None:
                              lambda dest: getattr(args, dest, None))
 
 
+def jobs_from(args: argparse.Namespace) -> int:
+    """Worker processes from --jobs; UsageError for a bad value, or more than one with
+    --no-isolate."""
+    value = getattr(args, "jobs", None)
+    try:
+        jobs = parse_jobs(value, "--jobs")
+    except ValueError as exc:
+        raise UsageError(str(exc).replace("--jobs=", "--jobs ")) from None
+    if jobs > 1 and getattr(args, "no_isolate", False):
+        raise UsageError(f"--jobs {value} runs properties in worker processes; --no-isolate "
+                         "runs the kernel in this one, one property at a time")
+    return jobs
+
+
 def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
              label: str = "", files: ReportFiles | None = None,
              ) -> tuple[Report, Callable[[Verdict], str]]:
@@ -211,7 +234,7 @@ def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
     with the report marked incomplete (``report.incomplete``).  The kernel's printing
     goes to stderr, ``--kernel-output PATH`` or (``--quiet``) nowhere.
     """
-    from .runner import run_each, select
+    from .runner import select
 
     only, skip = comma_list(args.only), comma_list(args.skip)
     try:
@@ -220,12 +243,13 @@ def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
         raise SetupError(str(exc)) from None
     limits = size_limits_from(lambda dest: getattr(args, dest, None))
     profile, seed, total = args.profile or "quick", args.seed, len(properties)
+    jobs = jobs_from(args)
     quiet = getattr(args, "quiet", False)
     display = None if quiet else ProgressDisplay(total, sys.stderr, label)
     with contextlib.ExitStack() as stack:
         stack.enter_context(kernel_output_to(_kernel_output(args, stack)))
         stack.enter_context(hypothesis_storage_elsewhere())
-        session = stack.enter_context(open_session(setup, isolation_from(args)))
+        session = stack.enter_context(open_session(setup, isolation_from(args), jobs=jobs))
         report = start_report(session, profile=profile, seed=seed, strict=args.strict,
                               limits=limits)
         target = report.kernel
@@ -244,8 +268,8 @@ def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
                 files.write(report, rerun, incomplete=still_running(done, total))
 
         try:
-            run_each(properties, lambda p: session.run_property(
-                p, profile=profile, seed=seed, limits=limits), report, progress)
+            run_properties(session, properties, report, progress, profile=profile, seed=seed,
+                           limits=limits)
         except KeyboardInterrupt as exc:
             report.incomplete = interruption(exc, len(report.verdicts), total)
             print(f"\n{PROGRAM}: {report.incomplete}", file=sys.stderr)

@@ -29,6 +29,7 @@ a whole property, so several workers can later share a list of properties.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import multiprocessing
@@ -40,7 +41,7 @@ import sys
 import time
 import types
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..backends import Backend
 from .api import KernelSetup, SetupError, with_loader
@@ -53,6 +54,9 @@ from .registry import Property
 from .runner import PROFILES, Verdict, _failed_verdict, run_property
 from .side_effects import kernel_output_fd
 from .sizes import SizeLimits
+
+if TYPE_CHECKING:
+    from .jobs import WorkerPool
 
 DEFAULT_TIMEOUT = 60.0  # s per kernel call: JAX/XLA compiles a new shape in a few seconds
 DEFAULT_MEMORY_LIMIT_GIB = 16.0  # beyond the loaded backend; quick problems need megabytes
@@ -306,6 +310,7 @@ class IsolatedKernel:
         self.setup, self.options = setup, options or IsolationOptions()
         self.kernel: KernelInfo | None = None
         self._worker: _Worker | None = None
+        self._starting: _Worker | None = None  # a worker loading the kernel (see abort)
         self.lost = 0  # verdicts lost with their worker (a crash, an exit or a hang)
 
     def __enter__(self) -> IsolatedKernel:
@@ -325,6 +330,14 @@ class IsolatedKernel:
             self._worker.stop()
             self._worker = None
 
+    def abort(self) -> None:
+        """Kill the worker now, from any thread (an interrupted ``--jobs`` run): the request
+        it was answering ends as lost, and its thread reads that as the end."""
+        for worker in (self._worker, self._starting):
+            if worker is not None and worker.process.poll() is None:
+                with contextlib.suppress(OSError):
+                    worker.process.kill()
+
     def setup_notes(self) -> tuple[str, ...]:
         """What the worker's backend changed and could not check (see ``api.setup_notes``)."""
         return self.start().setup_notes
@@ -339,7 +352,7 @@ class IsolatedKernel:
                 "(--no-isolate, isolate=False)"
             ) from None
         # the kernel's printing goes where this process routes it (kernel_output_to)
-        worker = _Worker(kernel_output_fd())
+        worker = self._starting = _Worker(kernel_output_fd())
         limit = max(self.options.timeout, self.options.load_timeout)
         try:
             worker.connection.send_bytes(payload)
@@ -351,6 +364,8 @@ class IsolatedKernel:
         except BaseException:
             worker.kill()
             raise
+        finally:
+            self._starting = None
         if message is None:
             worker.kill()
             raise SetupError(f"loading kernel {self.setup.kernel!r} did not finish within "
@@ -508,12 +523,18 @@ class InProcessKernel:
 
 def open_session(
     setup: KernelSetup, isolation: IsolationOptions | None,
-    kernel: KernelUnderTest | None = None,
-) -> IsolatedKernel | InProcessKernel:
-    """Isolated when ``isolation`` is given (then ``kernel`` must be None), else in-process."""
+    kernel: KernelUnderTest | None = None, jobs: int = 1,
+) -> IsolatedKernel | InProcessKernel | WorkerPool:
+    """Isolated when ``isolation`` is given (then ``kernel`` must be None), in ``jobs``
+    worker processes when more than one (:mod:`.jobs`); else in-process."""
+    from .jobs import WorkerPool
+
     if isolation is None:
+        if jobs != 1:
+            raise ValueError(f"jobs={jobs!r} needs worker processes, but the kernel runs in "
+                             "this process (--no-isolate, isolate=False): use jobs=1")
         return InProcessKernel(setup, kernel)
     if kernel is not None:
         raise ValueError("kernel=, a kernel loaded in this process, cannot run isolated; "
                          "pass isolation=None")
-    return IsolatedKernel(setup, isolation)
+    return WorkerPool(setup, isolation, jobs) if jobs > 1 else IsolatedKernel(setup, isolation)

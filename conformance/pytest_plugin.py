@@ -5,6 +5,10 @@ property fails its item; a failed SHOULD property is a pytest warning (a failure
 ``--attnspec-strict``, CONF-2); a property the kernel does not claim is skipped with
 the reason (CONF-3).  Registered through the ``pytest11`` entry point, so it is loaded
 in every pytest run: without ``--attnspec-kernel`` it only adds its options.
+
+The items run unchanged under pytest-xdist (``pytest -n auto``, or remote workers): each
+xdist worker loads the kernel and runs the items it is given; the verdicts travel back
+to the controlling process, which prints the summary and the conformance claim.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ if TYPE_CHECKING:  # imported lazily: a pytest run without the option pays nothi
 
 
 PREFIX = "attnspec"
+VERDICTS_KEY = "attnspec_verdicts"  # pytest-xdist: a worker's verdicts, in its workeroutput
 
 
 class AttnspecWarning(UserWarning):
@@ -128,6 +133,22 @@ class AttnspecSession:
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.session.close()  # stops the worker process
 
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """In a pytest-xdist worker: hand this worker's verdicts to the controller."""
+        output = getattr(self.config, "workeroutput", None)
+        if output is not None:
+            from dataclasses import asdict
+
+            output[VERDICTS_KEY] = [asdict(verdict) for verdict in self.verdicts]
+
+    @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without it
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """In the pytest-xdist controller: collect the verdicts of a worker that ended."""
+        from .runner import Verdict
+
+        output = getattr(node, "workeroutput", None) or {}
+        self.verdicts.extend(Verdict(**fields) for fields in output.get(VERDICTS_KEY, ()))
+
     @pytest.hookimpl(tryfirst=True)  # before -k / -m deselect, so they select properties too
     def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
                                       items: list[pytest.Item]) -> None:
@@ -177,7 +198,8 @@ class AttnspecSession:
         report = start_report(self.session, profile=option("attnspec_profile"),
                               seed=option("attnspec_seed"), strict=option("attnspec_strict"),
                               limits=self.limits)
-        report.verdicts = list(self.verdicts)
+        order = {prop.id: i for i, prop in enumerate(self.properties)}  # xdist: any order
+        report.verdicts = sorted(self.verdicts, key=lambda v: order.get(v.property, len(order)))
         # a claim needs every property to have run (no --attnspec-only/-skip, no -k)
         partial = len({v.property for v in self.verdicts}) < len(all_properties())
         finish_report(report, self.session, partial=partial)

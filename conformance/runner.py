@@ -19,6 +19,7 @@ from .claims import waiving_flags
 from .failures import KernelExited, PropertyFailure
 from .kernel import KernelUnderTest
 from .registry import Property, all_properties
+from .shape_pool import pool_for_run
 from .sizes import SizeLimits, Stratum
 from .values import COMBINATIONS
 
@@ -207,6 +208,8 @@ def _run_strata(
     """Each stratum of the profile in turn, as one Hypothesis run; the first failure
     ends the property (smaller strata first, so it is the smallest stratum that fails;
     a failing anchor names itself)."""
+    # one pool per run; members are the same in every process (shape_pool)
+    pool = pool_for_run(seed) if kernel.backend.compiles_per_shape else None
     for stratum in PROFILES[profile].strata(limits):
         dtype = stratum.option("dtype")
         if dtype not in (None, "widest", *kernel.dtypes):
@@ -219,7 +222,7 @@ def _run_strata(
             examples[0] += 1
             prop.check(kernel, data)
 
-        with sizes.drawing(stratum, limits):
+        with sizes.drawing(stratum, limits, pool):
             try:
                 property_test()
             except PropertyFailure as failure:

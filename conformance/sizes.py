@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 if TYPE_CHECKING:
     from .kernel import KernelUnderTest
+    from .shape_pool import ShapePool
 
 # Lengths at block boundaries (powers of two and one either side) and primes or odd sizes
 # from FlashAttention's and aotriton's test grids (113 x 203, 1023 x 1024, 2063, ...).
@@ -152,6 +153,8 @@ class Drawing:
 
     stratum: Stratum = SMALL
     limits: SizeLimits = field(default_factory=SizeLimits)
+    # shapes come from a few per stratum when the backend compiles per shape (shape_pool)
+    pool: ShapePool | None = None
 
     @property
     def realistic(self) -> bool:
@@ -172,9 +175,10 @@ def realistic() -> bool:
 
 
 @contextlib.contextmanager
-def drawing(stratum: Stratum, limits: SizeLimits | None = None) -> Iterator[Drawing]:
-    """Draw from ``stratum`` within ``limits`` until the block ends."""
-    now = Drawing(stratum, limits or SizeLimits())
+def drawing(stratum: Stratum, limits: SizeLimits | None = None,
+            pool: ShapePool | None = None) -> Iterator[Drawing]:
+    """Draw from ``stratum`` within ``limits`` (shapes from ``pool``) until the block ends."""
+    now = Drawing(stratum, limits or SizeLimits(), pool)
     token = _CURRENT.set(now)
     try:
         yield now

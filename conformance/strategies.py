@@ -15,7 +15,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ..reference.masks import causal_offset
-from . import sizes, values
+from . import shape_pool, sizes, values
 from .kernel import KernelUnderTest, Problem
 from .sizes import Dims
 
@@ -51,6 +51,11 @@ def draw_dims(
     """
     use_gqa = kernel.declaration.gqa if gqa is None else gqa
     drawing = sizes.current()
+    if shape_pool.pooling(data):  # a backend that compiles per shape: a few shapes a run
+        options = dict(min_queries=min_queries, min_keys=min_keys, max_len=max_len,
+                       max_batch_ndim=max_batch_ndim, gqa=use_gqa, weights=weights,
+                       family=family, min_kv_heads=min_kv_heads, min_groups=min_groups)
+        return shape_pool.pooled_dims(data, kernel, draw_dims, options)
     if drawing.realistic:
         return sizes.draw_realistic_dims(data, kernel, gqa=use_gqa, weights=weights,
                                          family=family, min_kv_heads=min_kv_heads,
@@ -157,6 +162,8 @@ def random_problem(
 
 def broadcast_shape_for(data: st.DataObject, full: tuple[int, ...], label: str) -> tuple[int, ...]:
     """A shape that broadcasts to ``full``: leading dims dropped, some dims set to 1."""
+    if shape_pool.pooling(data):  # a backend that compiles per shape: a few shapes a run
+        return shape_pool.pooled_broadcast(data, full, label, broadcast_shape_for)
     keep = data.draw(st.integers(2, len(full)), label=f"{label} ndim")
     shape = list(full[len(full) - keep:])
     for axis in range(len(shape) - 2):
@@ -257,6 +264,8 @@ def draw_problem(
     decl = kernel.declaration
     stratum = sizes.current().stratum
     dims = dims or draw_dims(data, kernel, **dims_options)
+    if shape_pool.pooling(data):  # what the kernel compiles for follows the pooled shape
+        data = shape_pool.tied_to(data, dims)
     dtype = dtype or draw_dtype(data, kernel)
     rng = draw_rng(data)
     if magnitude is None:

@@ -196,3 +196,38 @@ def test_same_kernel_same_properties_in_cli_and_plugin(pytester: pytest.Pytester
     # the summary ends with the claim, or why there is none (CONF-1)
     result.stdout.fnmatch_lines(["*no conformance claim: 1 MUST property failed (CONF-1): "
                                  "default-scale"])
+
+
+def _item_outcomes(result: pytest.RunResult) -> dict[str, str]:
+    """Each attnspec item's outcome from ``-v`` lines, serial ("attnspec::id[...] PASSED")
+    or from xdist ("[gw0] [ 25%] PASSED attnspec::id[...]")."""
+    outcomes = {}
+    for line in result.stdout.lines:
+        words = line.split()
+        items = [w for w in words if w.startswith("attnspec::")]
+        verdicts = [w for w in words if w in ("PASSED", "FAILED", "SKIPPED")]
+        if len(items) == 1 and verdicts and not line.startswith(("FAILED", "PASSED")):
+            outcomes[items[0]] = verdicts[0]
+    return outcomes
+
+
+def test_items_run_unchanged_under_xdist(pytester: pytest.Pytester, kernel_file: Path) -> None:
+    """CONF-1, SDPA-2.1 (issue 11): under pytest-xdist (-n 2) every item gets the outcome
+    it gets in a serial run (a failed MUST, passes, a skip for what is not claimed), and
+    the controller prints the same summary and claim from its workers' verdicts."""
+    args = ("--attnspec-kernel", f"{kernel_file}:no_default_scale", "--attnspec-only",
+            "default-scale,explicit-scale,causal-zeros,gqa-mapping", "-v",
+            "-p", "no:cacheprovider")
+    serial = pytester.runpytest(*args)
+    parallel = pytester.runpytest_subprocess(*args, "-n", "2")
+    expected = {"attnspec::default-scale[SDPA-2.1]": "FAILED",
+                "attnspec::explicit-scale[SDPA-2.2]": "PASSED",
+                "attnspec::causal-zeros[SDPA-4.1]": "PASSED",
+                "attnspec::gqa-mapping[SDPA-6.1]": "SKIPPED"}
+    assert _item_outcomes(serial) == expected
+    assert _item_outcomes(parallel) == expected
+    assert "2 workers [4 items]" in parallel.stdout.str()
+    summary = [line for line in serial.stdout.lines if "result: DOES NOT CONFORM" in line]
+    assert len(summary) == 1 and summary[0].split(" (")[0] in parallel.stdout.str()
+    parallel.stdout.fnmatch_lines(["*no conformance claim: 1 MUST property failed (CONF-1): "
+                                   "default-scale"])

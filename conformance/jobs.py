@@ -1,0 +1,196 @@
+"""Running properties in several supervised worker processes at once (``--jobs N``).
+
+A :class:`WorkerPool` is ``N`` :class:`~.isolation.IsolatedKernel` sessions over one
+:class:`~.api.KernelSetup`: each keeps its own worker process, restarts it after a crash,
+exit or hang and attributes that to the property it was running, exactly as a single
+isolated run does.  :func:`run_in_parallel` hands the properties out one at a time, in
+their order, to whichever worker is free, from one supervisor thread per worker (the
+threads only wait on their worker's pipe: the kernel and the properties run in the worker
+processes).  Everything else happens on the calling thread, so the report, the progress
+display and the report files see one event at a time:
+
+* ``report.verdicts`` always holds the finished verdicts in the order of the properties
+  (clause order), whatever order they finished in, so output and reports are the same
+  for every ``N``, and the verdicts themselves too (each property draws from seeds of its
+  own, :func:`.runner._stratum_seed`);
+* an interrupt (Ctrl-C, SIGTERM) on the calling thread kills every worker, drops the
+  verdicts of properties that were still running, and re-raises: the caller keeps every
+  finished verdict and marks the report incomplete, as with one worker.
+
+Parallel runs need worker processes: ``--no-isolate`` runs one property at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from .runner import Report, Verdict, run_each
+
+if TYPE_CHECKING:
+    from .api import KernelSetup
+    from .isolation import InProcessKernel, IsolatedKernel, IsolationOptions, KernelInfo
+    from .registry import Property
+    from .sizes import SizeLimits
+
+Progress = Callable[["Property", "Verdict | None"], None]
+AUTO = "auto"
+_JOIN_GRACE = 5.0  # s an aborted worker's thread gets to notice that its worker is gone
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def parse_jobs(value: int | str | None, name: str = "jobs") -> int:
+    """Worker processes for ``value``: a positive integer, ``"auto"`` (one per available
+    CPU) or None (1); ValueError naming ``name`` otherwise."""
+    if value is None:
+        return 1
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == AUTO:
+            return available_cpus()
+        value = int(text) if text.isdigit() else text
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r}, but should be a positive integer or "
+                         f"{AUTO!r} (one worker per available CPU)")
+    return value
+
+
+class WorkerPool:
+    """``jobs`` isolated sessions of one kernel; the same interface as one
+    :class:`~.isolation.IsolatedKernel` (``start``, ``close``, ``setup_notes``,
+    ``run_property``, ``run_hints``), with :func:`run_in_parallel` over all of them."""
+
+    def __init__(self, setup: KernelSetup, options: IsolationOptions, jobs: int) -> None:
+        from .isolation import IsolatedKernel
+
+        if jobs < 1:
+            raise ValueError(f"jobs={jobs!r}, but should be at least 1")
+        self.sessions = [IsolatedKernel(setup, options) for _ in range(jobs)]
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def lost(self) -> int:
+        """Verdicts lost with their worker, in all sessions."""
+        return sum(session.lost for session in self.sessions)
+
+    def start(self) -> KernelInfo:
+        """Load the kernel in the first worker (a setup error shows before anything runs);
+        the others start in their own threads when the run begins."""
+        return self.sessions[0].start()
+
+    def close(self) -> None:
+        for session in self.sessions:
+            session.close()
+
+    def abort(self) -> None:
+        for session in self.sessions:
+            session.abort()
+
+    def setup_notes(self) -> tuple[str, ...]:
+        return self.sessions[0].setup_notes()
+
+    def run_property(self, prop: Property, *, profile: str, seed: int | None,
+                     limits: SizeLimits | None = None) -> Verdict:
+        return self.sessions[0].run_property(prop, profile=profile, seed=seed, limits=limits)
+
+    def run_hints(self, failures: int) -> list[str]:
+        """The first worker's hints; none once any worker lost a verdict (as for one)."""
+        return [] if self.lost else self.sessions[0].run_hints(failures)
+
+
+def run_in_parallel(
+    properties: Iterable[Property],
+    sessions: list[Any],
+    run_one: Callable[[Any, Property], Verdict],
+    report: Report,
+    progress: Progress | None = None,
+) -> Report:
+    """``run_one(session, prop)`` for every property, one thread per session; see the
+    module doc for the order of ``report.verdicts`` and for interrupts.  An exception
+    from ``run_one`` (a worker that cannot be restarted: SetupError) stops the run and is
+    raised here."""
+    chosen = list(properties)
+    sessions = sessions[:max(1, len(chosen))]  # a worker starts only to run a property
+    todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for index in range(len(chosen)):
+        todo.put(index)
+    events: queue.SimpleQueue[tuple[str, int, Any]] = queue.SimpleQueue()
+    stop = threading.Event()
+
+    def work(session: Any) -> None:
+        while not stop.is_set():
+            try:
+                index = todo.get_nowait()
+            except queue.Empty:
+                return
+            events.put(("start", index, None))
+            try:
+                verdict = run_one(session, chosen[index])
+            except BaseException as exc:  # handed to the calling thread, which raises it
+                events.put(("error", index, exc))
+                return
+            events.put(("done", index, verdict))
+
+    threads = [threading.Thread(target=work, args=(session,), name=f"attnspec-job-{i}",
+                                daemon=True) for i, session in enumerate(sessions)]
+    finished: dict[int, Verdict] = {}
+    try:
+        for thread in threads:
+            thread.start()
+        while len(finished) < len(chosen):
+            kind, index, payload = events.get()
+            if kind == "error":
+                raise payload
+            if kind == "start":
+                if progress:
+                    progress(chosen[index], None)
+                continue
+            finished[index] = payload
+            report.verdicts[:] = [finished[i] for i in sorted(finished)]
+            if progress:
+                progress(chosen[index], payload)
+    except BaseException:
+        stop.set()
+        for session in sessions:
+            session.abort()
+        for thread in threads:
+            thread.join(_JOIN_GRACE)
+        raise
+    for thread in threads:
+        thread.join()
+    return report
+
+
+def run_properties(
+    session: IsolatedKernel | InProcessKernel | WorkerPool,
+    properties: Iterable[Property],
+    report: Report,
+    progress: Progress | None = None,
+    *,
+    profile: str,
+    seed: int | None,
+    limits: SizeLimits | None,
+) -> Report:
+    """Every property on ``session`` into ``report``: in parallel on a :class:`WorkerPool`,
+    else one after the other (:func:`.runner.run_each`)."""
+    def run_one(on: Any, prop: Property) -> Verdict:
+        return on.run_property(prop, profile=profile, seed=seed, limits=limits)
+
+    if isinstance(session, WorkerPool):
+        return run_in_parallel(properties, session.sessions, run_one, report, progress)
+    return run_each(properties, lambda prop: run_one(session, prop), report, progress)

@@ -1,0 +1,180 @@
+"""Shape pools: for backends that compile once per input shape, draw shapes from a few.
+
+JAX (XLA) compiles a kernel anew for every new combination of input shapes, dtype and
+static options: about half a second each on a CPU (a second or more op by op), against
+milliseconds for running a small problem.  Drawing every
+example's sizes afresh made the quick profile of ``jax.nn.dot_product_attention`` take
+~15 minutes.  For a backend that says it compiles per shape
+(:attr:`attnspec.backends.Backend.compiles_per_shape`), the runner gives each stratum a
+:class:`ShapePool`: an example draws an *index* into a small list of shapes instead of
+each size, so every property of the run meets the same few shapes and the kernel's
+compilations are reused.
+
+* The pool is a deterministic function of the run's seed, the stratum and what the
+  property asks of the draw (its minimum lengths, GQA, ...): the same in every worker
+  process (``--jobs``), whatever order the properties run in, and on every re-run of an
+  example (Hypothesis replays failures).
+* Its members are drawn by the suite's own drawing code (:func:`.strategies.draw_dims`,
+  the realistic strata of :mod:`.sizes`) from seeded choices, so a realistic stratum's
+  members are realistic shapes within its cost cap and the user's limits, as before.
+* They are sorted by size, and the index is a Hypothesis draw: a failure shrinks to the
+  smallest member that fails, and the values, magnitudes and the rest shrink as always.
+* A mask or bias broadcasts from one of BROADCAST_POOL shapes per problem size, and the
+  dtype and the options that a compiled kernel is compiled for (mask, bias, causal,
+  explicit scale: TIED_LABELS) follow the pooled shape (:class:`TiedDraws`), so that
+  they too repeat from property to property.
+
+What is lost is variety within one run (a dozen shapes and option sets instead of one per
+example); ``--seed`` draws other pools.  Problems a property builds itself (probes of
+fixed structure) are not pooled.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import zlib
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from hypothesis import strategies as st
+
+# Members per pool: the small stratum's examples spread over this many shapes; a realistic
+# stratum gets as many as it has examples (1-3 in the quick profile), at most this.
+SMALL_POOL = 4
+LARGEST_REALISTIC_POOL = 3
+# Shapes a mask or bias of one problem size broadcasts from: (Lq, Lk) and one more.
+BROADCAST_POOL = 2
+
+T = TypeVar("T", bound=Hashable)
+
+
+class SeededDraws:
+    """Stands in for Hypothesis's ``data`` while a pool member is drawn: the same draws,
+    answered by Hypothesis's own generator outside any test, from a seeded random source,
+    or (``seed`` None) each the simplest choice, as in the first example Hypothesis runs.
+    The drawing code sees it and does not pool again."""
+
+    def __init__(self, seed: int | None) -> None:
+        # Hypothesis's engine, not its public API: tests/test_shape_pool.py pins it
+        from hypothesis.internal.conjecture.choice import ChoiceTemplate
+        from hypothesis.internal.conjecture.data import ConjectureData
+
+        self._data = (ConjectureData.for_choices([ChoiceTemplate("simplest", count=None)])
+                      if seed is None else ConjectureData(random=random.Random(seed)))
+
+    def draw(self, strategy: st.SearchStrategy[Any], label: str | None = None) -> Any:
+        from hypothesis.control import BuildContext
+
+        # a context of its own: some strategies record what they build in the current one
+        with BuildContext(self._data, wrapped_test=self.draw):
+            return self._data.draw(strategy)
+
+
+@dataclass
+class ShapePool:
+    """The pools of one run (see the module doc); ``seed`` is the run's (None: derandomised).
+    Members are cached per process: computing them again gives the same ones."""
+
+    seed: int | None
+    _members: dict[tuple[Hashable, ...], list[Any]] = field(default_factory=dict)
+
+    def draw(self, data: Any, key: tuple[Hashable, ...], make: Callable[[Any], T],
+             size: Callable[[T], Any], *, members: int, label: str) -> T:
+        """One of ``members`` values that ``make(draws)`` gives for seeded draws, sorted
+        by ``size``; ``key`` names everything ``make`` depends on besides the draws."""
+        pool = self._members.get(key)
+        if pool is None:
+            # the simplest member first: a stratum's first example, as Hypothesis runs it
+            made = [make(SeededDraws(None if i == 0 else
+                                     zlib.crc32(f"{self.seed}:{key!r}:{i}".encode())))
+                    for i in range(members)]
+            pool = sorted(dict.fromkeys(made), key=lambda m: (size(m), repr(m)))
+            self._members[key] = pool
+        # a fixed number of choices for one key, so that a shrunk example replays
+        index = data.draw(st.integers(0, len(pool) - 1), label=f"{label} (pooled)")
+        return pool[index]
+
+
+_RUNS: dict[int | None, ShapePool] = {}
+
+
+def pool_for_run(seed: int | None) -> ShapePool:
+    """The pools of a run with ``seed``, shared by its properties in this process."""
+    return _RUNS.setdefault(seed, ShapePool(seed))
+
+
+def pooling(data: Any) -> bool:
+    """Whether a draw with ``data`` should come from the current stratum's pool."""
+    from . import sizes
+
+    return sizes.current().pool is not None and not isinstance(data, SeededDraws)
+
+
+def members_for(examples: int, realistic: bool) -> int:
+    """How many shapes a stratum of ``examples`` examples draws from."""
+    return max(1, min(examples, LARGEST_REALISTIC_POOL)) if realistic else SMALL_POOL
+
+
+def pooled_dims(data: Any, kernel: Any, draw_dims: Callable[..., Any],
+                options: dict[str, Any]) -> Any:
+    """``draw_dims(data, kernel, **options)`` from the current stratum's pool: the Dims
+    that seeded draws give for the same stratum, limits, options and declared batch."""
+    from . import sizes
+
+    drawing = sizes.current()
+    assert drawing.pool is not None, "pooled_dims outside a pooled stratum"
+    stratum = drawing.stratum
+    key = ("dims", stratum, drawing.limits, kernel.declaration.batch_ndim,
+           tuple(sorted(options.items())))
+    return drawing.pool.draw(
+        data, key, lambda draws: draw_dims(draws, kernel, **options),
+        lambda dims: sizes.problem_cost(dims, weights=options["weights"],
+                                        family=options["family"]),
+        members=members_for(stratum.examples, stratum.realistic), label="shape")
+
+
+def pooled_broadcast(data: Any, full: tuple[int, ...], label: str,
+                     broadcast_shape_for: Callable[..., tuple[int, ...]]) -> tuple[int, ...]:
+    """``broadcast_shape_for(data, full, label)`` from a pool of BROADCAST_POOL shapes
+    (the simplest first: the last two dims of ``full``)."""
+    from . import sizes
+
+    drawing = sizes.current()
+    assert drawing.pool is not None, "pooled_broadcast outside a pooled stratum"
+    return drawing.pool.draw(
+        data, ("broadcast", drawing.stratum.name, full, label),
+        lambda draws: broadcast_shape_for(draws, full, label),
+        lambda shape: (len(shape), math.prod(shape)),
+        members=BROADCAST_POOL, label=f"{label} shape")
+
+
+# Draws besides sizes that change what a compiled kernel is compiled for: its dtype, which
+# optional inputs it gets (mask, bias, scale) and static flags (is_causal).
+TIED_LABELS = frozenset({"dtype", "causal", "mask", "bias", "explicit scale"})
+
+
+class TiedDraws:
+    """Hypothesis's ``data`` for one pooled problem, except that the draws named in
+    TIED_LABELS are answered by seeded draws fixed by the problem's Dims (and the run's
+    seed and stratum): every property meets a pooled shape with the same dtype and
+    options, so the kernel's compilation for it is reused.  They shrink with the shape."""
+
+    def __init__(self, data: Any, dims: Hashable, pool: ShapePool, stratum: Hashable) -> None:
+        self._data, self._dims, self._pool, self._stratum = data, dims, pool, stratum
+
+    def draw(self, strategy: st.SearchStrategy[Any], label: str | None = None) -> Any:
+        if label not in TIED_LABELS:
+            return self._data.draw(strategy, label=label)
+        key = f"{self._pool.seed}:{self._stratum!r}:{self._dims!r}:{label}:{strategy!r}"
+        return SeededDraws(zlib.crc32(key.encode())).draw(strategy, label)
+
+
+def tied_to(data: Any, dims: Hashable) -> Any:
+    """``data`` with the TIED_LABELS draws fixed by ``dims`` (see :class:`TiedDraws`)."""
+    from . import sizes
+
+    drawing = sizes.current()
+    assert drawing.pool is not None, "tied_to outside a pooled stratum"
+    return TiedDraws(data, dims, drawing.pool, drawing.stratum.name)

@@ -1,0 +1,182 @@
+"""Shape pools for backends that compile per shape (issue 11, "A faster suite").
+
+A backend that says it compiles per shape (JAX) gets each stratum's shapes from a small
+pool per run: every property meets the same few shapes (so a jitted kernel's compilations
+are reused), the realistic strata keep their realistic sizes, a failure still shrinks (to
+the smallest pooled shape that fails), and the pools are the same whatever the order the
+properties run in.  Here on NumPy, with its adapter told that it compiles per shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from hypothesis import strategies as st
+
+from attnspec.backends import Backend, _registry
+from attnspec.conformance import declare
+from attnspec.conformance.kernel import KernelUnderTest
+from attnspec.conformance.registry import all_properties
+from attnspec.conformance.runner import FAILED, PASSED, PROFILES, run_property
+from attnspec.conformance.shape_pool import (
+    SMALL_POOL,
+    SeededDraws,
+    ShapePool,
+    pool_for_run,
+    pooled_dims,
+)
+from attnspec.conformance.sizes import SizeLimits, Stratum, drawing, problem_cost
+from attnspec.conformance.strategies import draw_dims
+from attnspec.reference import scaled_dot_product_attention as reference_sdpa
+
+Array = Any
+
+
+def compiling_numpy() -> Backend:
+    """NumPy, with its adapter saying it compiles per shape (as JAX's does)."""
+    backend = Backend("numpy")
+    backend._adapter = dataclasses.replace(backend._adapter, compiles_per_shape=True)
+    return backend
+
+
+def recording(seen: list[tuple[tuple[int, ...], ...]], fn: Any = reference_sdpa) -> Any:
+    @declare(bias=True, gqa=True)
+    def kernel(q: Array, k: Array, v: Array, *, mask: Array | None = None,
+               bias: Array | None = None, is_causal: bool = False,
+               scale: float | None = None) -> Array:
+        seen.append((q.shape, k.shape, v.shape))
+        return fn(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+
+    return kernel
+
+
+def test_backends_say_whether_they_compile_per_shape() -> None:
+    """JAX's adapter compiles per shape; NumPy's and PyTorch's (eager) do not."""
+    assert _registry.ADAPTERS["jax"].compiles_per_shape is True
+    assert _registry.ADAPTERS["numpy"].compiles_per_shape is False
+    assert _registry.ADAPTERS["torch"].compiles_per_shape is False
+    assert Backend("numpy").compiles_per_shape is False
+
+
+@pytest.fixture(scope="module")
+def pooled_shapes() -> dict[str, list[tuple[tuple[int, ...], ...]]]:
+    """The (q, k, v) shapes a correct kernel is called with by two properties, pooled and
+    not (quick profile)."""
+    shapes: dict[str, list[tuple[tuple[int, ...], ...]]] = {}
+    for name, backend in (("pooled", compiling_numpy()), ("free", Backend("numpy"))):
+        for prop in ("matches-reference", "key-permutation"):
+            seen: list[tuple[tuple[int, ...], ...]] = []
+            kernel = KernelUnderTest(recording(seen), backend)
+            assert run_property(all_properties()[prop], kernel).status == PASSED
+            shapes[f"{name} {prop}"] = seen
+    return shapes
+
+
+def test_a_compiling_backend_meets_a_few_shapes_shared_by_properties(pooled_shapes) -> None:  # type: ignore[no-untyped-def]
+    """SDPA-7.3, SDPA-7.6: pooled, the 30 examples of a property use at most a pool's worth
+    of shapes per stratum (4 small + 3 + 1 + 1 + 5 realistic), and a second property meets
+    mostly the same ones (its draws ask for other minimum sizes in places); drawn freely,
+    the two properties meet at least twice as many shapes."""
+    pooled = {shape for shape in pooled_shapes["pooled matches-reference"]}
+    bound = SMALL_POOL + sum(min(s.examples, 3) for s in PROFILES["quick"].strata(SizeLimits())
+                             if s.realistic)
+    assert len(pooled) <= bound
+    other = set(pooled_shapes["pooled key-permutation"])
+    assert len(other & pooled) >= len(other) / 2, (other - pooled, pooled)
+    free = {*pooled_shapes["free matches-reference"], *pooled_shapes["free key-permutation"]}
+    assert len(free) >= 2 * len(pooled | other), (len(free), len(pooled | other))
+
+
+def test_pooled_realistic_strata_keep_their_sizes() -> None:
+    """SDPA-1.1 (issue 7): a pooled blocks stratum draws at least 16 keys within its cost
+    cap, a pooled decode stratum 1-4 queries against at least 257 keys: pool members come
+    from the same drawing code."""
+    kernel = KernelUnderTest(recording([]), compiling_numpy())
+    pool = ShapePool(seed=None)
+    blocks = Stratum("blocks", 3, 2**24, min_len=16)
+    decode = Stratum("decode", 1, 2**24, (("shape", "decode"),), min_len=257)
+    options = dict(min_queries=0, min_keys=0, max_len=9, max_batch_ndim=2, gqa=True,
+                   weights=False, family="dense", min_kv_heads=1, min_groups=1)
+    data = SeededDraws(7)
+    for stratum in (blocks, decode):
+        with drawing(stratum, SizeLimits(), pool):
+            members = {pooled_dims(data, kernel, draw_dims, options) for _ in range(20)}
+        assert 1 <= len(members) <= min(stratum.examples, 3), members
+        for dims in members:
+            assert problem_cost(dims) <= stratum.max_cost, dims
+            if stratum is decode:
+                assert dims.n_queries <= 4 and dims.n_keys >= 257, dims
+            else:
+                assert dims.n_keys >= 16, dims
+
+
+def test_pools_do_not_depend_on_the_order_properties_run_in() -> None:
+    """The same run seed gives the same members whichever pool is filled first, in any
+    process (``--jobs``); another seed gives other ones."""
+    kernel = KernelUnderTest(recording([]), compiling_numpy())
+    options = dict(min_queries=0, min_keys=0, max_len=9, max_batch_ndim=2, gqa=True,
+                   weights=False, family="dense", min_kv_heads=1, min_groups=1)
+    small = Stratum("small", 20)
+
+    def members(pool: ShapePool, stratum: Stratum) -> list[Any]:
+        with drawing(stratum, SizeLimits(), pool):
+            pooled_dims(SeededDraws(0), kernel, draw_dims, options)
+        return next(v for k, v in pool._members.items() if k[1] == stratum)
+
+    first, second = ShapePool(seed=None), ShapePool(seed=None)
+    blocks = Stratum("blocks", 3, 2**24, min_len=16)
+    members(second, blocks)  # fills another pool first
+    assert members(first, small) == members(second, small)
+    assert members(ShapePool(seed=5), small) != members(first, small)
+    assert members(first, small)[0].n_queries == 0  # the simplest first: Hypothesis's first
+
+
+def test_seeded_draws_use_hypothesis_generator_outside_a_test() -> None:
+    """SeededDraws pins the Hypothesis engine calls it relies on: seeded draws repeat, and
+    seed None gives each strategy's simplest value."""
+    assert SeededDraws(None).draw(st.integers(3, 9)) == 3
+    assert SeededDraws(None).draw(st.sampled_from(["a", "b"])) == "a"
+    draws = [SeededDraws(11).draw(st.integers(0, 10**6)) for _ in range(2)]
+    assert draws[0] == draws[1]
+
+
+def second_value_column_off(q: Array, k: Array, v: Array, **options: Any) -> Array:
+    """Wrong whenever there is a query and Ev >= 2, whatever the options: the output's
+    second value column is off by one."""
+    out = reference_sdpa(q, k, v, **options)
+    if out.shape[-1] >= 2:
+        out[..., 1] += 1.0
+    return out
+
+
+def test_a_failure_still_shrinks_to_the_smallest_pooled_shape() -> None:
+    """SDPA-7.3: a kernel that is wrong whenever Lq >= 1 and Ev >= 2 fails
+    matches-reference on a compiling backend too, and its counterexample is the first
+    member of a small-stratum pool (they are sorted by size) that can show the bug:
+    Hypothesis shrank the pool index down to it."""
+    kernel = KernelUnderTest(recording([], second_value_column_off), compiling_numpy())
+    verdict = run_property(all_properties()["matches-reference"], kernel)
+    assert verdict.status == FAILED
+    pools = [members for key, members in pool_for_run(None)._members.items()
+             if key[0] == "dims" and key[1].name == "small"]
+    firsts = {next(d for d in members if d.n_queries and d.value_dim >= 2) for members in pools}
+    shown = {f"q{(*d.batch, d.n_q_heads, d.n_queries, d.head_dim)}" for d in firsts}
+    assert any(verdict.counterexample.startswith(q + ",") for q in shown), (
+        verdict.counterexample, firsts)
+
+
+def test_the_jitted_jax_kernel_of_the_cost_table_runs() -> None:
+    """SDPA-2.1: attnspec.conformance.jax_kernels (README, "Cost of a check"):
+    jax.nn.dot_product_attention under jax.jit, on JAX (a backend that compiles per shape),
+    passes score-variance (one call: cheap); its float16 is left out as declared.  The
+    pools themselves are tested above on NumPy, where runs cost no compilations."""
+    pytest.importorskip("jax", reason="the jitted kernel is JAX's")
+    from attnspec.conformance import check
+    from attnspec.conformance.jax_kernels import jitted_dot_product_attention
+
+    assert Backend("jax").compiles_per_shape
+    report = check(jitted_dot_product_attention, backend="jax", only=["score-variance"])
+    assert [v.status for v in report.verdicts] == [PASSED], report.verdicts
+    assert "float16" not in jitted_dot_product_attention.__attnspec__.dtypes
