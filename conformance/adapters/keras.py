@@ -1,0 +1,50 @@
+"""``keras.ops.dot_product_attention`` on each Keras backend, in the spec's convention
+((B, T, N, H) layout via ``layouts.from_blhd``).
+
+Keras picks its backend once per process, from ``KERAS_BACKEND`` when it is first
+imported; ``dot_product_attention_jax`` / ``_torch`` / ``_numpy`` set it (and fail with a
+clear message if Keras was already imported with another), so check each in its own
+process (``attnspec check`` and ``attnspec matrix`` do: every check runs in a worker).
+
+Declared: an additive ``bias`` and a boolean ``mask`` (True = attend), ``is_causal``,
+``scale``, GQA by head counts, one batch dim (Keras takes 4-d inputs).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..declaration import declare
+from ..layouts import from_blhd
+
+
+def _keras_on(backend: str) -> Any:
+    if "keras" not in sys.modules:
+        os.environ["KERAS_BACKEND"] = backend
+    import keras
+
+    if keras.backend.backend() != backend:
+        raise RuntimeError(f"keras was imported with backend {keras.backend.backend()!r} in "
+                           f"this process, so its {backend} backend cannot be checked here; "
+                           f"run with KERAS_BACKEND={backend}")
+    return keras
+
+
+def _on(backend: str) -> Callable[..., Any]:
+    def kernel(q: Any, k: Any, v: Any, bias: Any = None, mask: Any = None,
+               scale: float | None = None, is_causal: bool = False) -> Any:
+        keras = _keras_on(backend)
+        return keras.ops.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
+                                               is_causal=is_causal)
+
+    adapted = from_blhd(declare(kernel, bias=True, gqa=True, batch_ndim=1))
+    adapted.__name__ = adapted.__qualname__ = f"dot_product_attention_{backend}"
+    return adapted
+
+
+dot_product_attention_jax = _on("jax")
+dot_product_attention_torch = _on("torch")
+dot_product_attention_numpy = _on("numpy")
