@@ -240,3 +240,12 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
 def known_divergences(fn: Any) -> dict[str, str]:
     """Property id -> where the confirmed divergence of this kernel is written up."""
     return dict(_DIVERGENCES.get(qualified_name(fn), {}))
+
+
+def write_ups(entry: KnownKernel) -> dict[str, str]:
+    """Property id -> the confirmed write-up, for a row of the matrix."""
+    for name in (entry.name, entry.adapter, *entry.qualified_names):
+        found = _DIVERGENCES.get(name.replace(":", "."))
+        if found:
+            return dict(found)
+    return {}

@@ -122,33 +122,57 @@ def _key_only(mask: Any) -> bool:
     return mask.ndim >= 2 and mask.shape[-2] == 1 and (mask.ndim < 3 or mask.shape[-3] == 1)
 
 
+# Heads go through the layer in groups, so its (H E)^2 identity projections stay small
+# however many heads the suite draws; each group is the same multi-head code path.
+HEADS_PER_CALL = 8
+
+
 def _mha(q: Any, k: Any, v: Any, attn_mask: Any = None, need_weights: bool = True) -> Any:
     import torch
 
     batch, heads, n_queries, head_dim = q.shape
     n_keys = k.shape[2]
-
-    def concat_heads(x: Any) -> Any:  # (B, H, L, E) -> (B, L, H E)
-        return x.transpose(1, 2).reshape(batch, x.shape[2], heads * head_dim)
-
     key_padding, attention_mask = None, None
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         masked_out = ~attn_mask
         if _key_only(masked_out):
-            key_padding = masked_out.reshape(-1, n_keys).expand(batch, n_keys)
+            key_padding = _as_4d(masked_out).expand(batch, 1, 1, n_keys)[:, 0, 0, :]
         else:
             attention_mask = masked_out
     elif attn_mask is not None:  # float: an additive bias, as in SDPA
         attention_mask = attn_mask
-    if attention_mask is not None:  # (B H, Lq, Lk): batch-major, then heads
+    if attention_mask is not None:
         attention_mask = _as_4d(attention_mask).expand(batch, heads, n_queries, n_keys)
-        attention_mask = attention_mask.reshape(batch * heads, n_queries, n_keys)
+    outs, weights = [], []
+    for first in range(0, heads, HEADS_PER_CALL):
+        group = slice(first, min(first + HEADS_PER_CALL, heads))
+        out, weight = _mha_group(q[:, group], k[:, group], v[:, group], key_padding,
+                                 None if attention_mask is None else attention_mask[:, group],
+                                 need_weights)
+        outs.append(out)
+        weights.append(weight)
+    out = torch.cat(outs, dim=1) if outs else q.new_zeros(batch, 0, n_queries, head_dim)
+    if not need_weights:
+        return out
+    weight = (torch.cat(weights, dim=1) if weights
+              else q.new_zeros(batch, 0, n_queries, n_keys))
+    return out, weight
+
+
+def _mha_group(q: Any, k: Any, v: Any, key_padding: Any, attention_mask: Any,
+               need_weights: bool) -> tuple[Any, Any]:
+    batch, heads, n_queries, head_dim = q.shape
+
+    def concat_heads(x: Any) -> Any:  # (B, H, L, E) -> (B, L, H E)
+        return x.transpose(1, 2).reshape(batch, x.shape[2], heads * head_dim)
+
+    if attention_mask is not None:  # (B H, Lq, Lk): batch-major, then heads
+        attention_mask = attention_mask.reshape(batch * heads, n_queries, k.shape[2])
     layer = _identity_mha(heads * head_dim, heads, q.dtype, q.device)
     out, weights = layer(concat_heads(q), concat_heads(k), concat_heads(v),
                          key_padding_mask=key_padding, attn_mask=attention_mask,
                          need_weights=need_weights, average_attn_weights=False)
-    out = out.reshape(batch, n_queries, heads, head_dim).transpose(1, 2)
-    return (out, weights) if need_weights else out
+    return out.reshape(batch, n_queries, heads, head_dim).transpose(1, 2), weights
 
 
 def _mha_weights(q: Any, k: Any, v: Any, attn_mask: Any = None) -> Any:
