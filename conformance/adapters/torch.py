@@ -114,7 +114,8 @@ def _identity_mha(embed_dim: int, num_heads: int, dtype: Any, device: Any) -> An
     with torch.no_grad():
         layer.in_proj_weight.copy_(torch.cat([eye, eye, eye]))
         layer.out_proj.weight.copy_(eye)
-    return layer.eval()
+    # inference, as a user runs it: no autograd graph (and the fast path may be taken)
+    return layer.eval().requires_grad_(False)
 
 
 def _key_only(mask: Any) -> bool:

@@ -1,0 +1,97 @@
+"""The built-in adapters of known kernels (issue 9): ``attnspec check NAME`` finds each one
+under its library's name with its backend, each computes attention (checked against the
+float64 oracle on small inputs with a mask, a bias and causality), and the divergences the
+matrix shows are pinned here, so a test fails when upstream changes the behaviour.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+from oracle import sdpa
+
+from attnspec.conformance.api import KernelSetup
+from attnspec.conformance.known_kernels import KNOWN_KERNELS, known_backend
+
+torch = pytest.importorskip("torch", reason="the adapters checked here are PyTorch's")
+
+RNG = np.random.default_rng(9)
+Q, K, V = (RNG.standard_normal((2, 3, n, 4)) for n in (5, 6, 6))
+MASK = RNG.random((2, 1, 5, 6)) < 0.7
+MASK[..., 0] = True  # every row keeps a key, so no row is fully masked
+BIAS = RNG.standard_normal((1, 3, 5, 6))
+
+
+def _t(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(x)
+
+
+def test_every_known_kernel_names_an_installed_or_reported_adapter() -> None:
+    """Each matrix row either imports or says which module is missing."""
+    for entry in KNOWN_KERNELS:
+        missing = entry.missing()
+        assert missing is None or missing.startswith("not installed"), entry
+        assert known_backend(entry.name) == entry.backend
+
+
+def test_check_finds_the_adapter_and_backend_of_a_library_name() -> None:
+    """``attnspec check torch.nn:MultiheadAttention`` needs no wrapper and no --backend."""
+    kernel = KernelSetup("torch.nn:MultiheadAttention").prepare()
+    assert kernel.backend.name == "torch"
+    assert kernel.declaration.returns_weights and kernel.declaration.batch_ndim == 1
+    assert "multihead_attention" in kernel.fn.__qualname__
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
+def test_jax_names_resolve_to_the_jax_backend() -> None:
+    assert KernelSetup("jax.nn:dot_product_attention").make_backend().name == "jax"
+
+
+def test_flex_attention_adapters_compute_masked_biased_causal_attention() -> None:
+    from attnspec.conformance.adapters import torch as adapters
+
+    for kernel in (adapters.flex_attention_block_mask, adapters.flex_attention_score_mod):
+        for causal in (False, True):
+            want, _ = sdpa(Q, K, V, mask=MASK, bias=BIAS, is_causal=causal)
+            got = kernel(_t(Q), _t(K), _t(V), mask=_t(MASK), bias=_t(BIAS), is_causal=causal)
+            np.testing.assert_allclose(got.detach().numpy(), want, atol=1e-12, err_msg=str(kernel))
+
+
+def test_multihead_attention_adapter_is_pure_attention_with_either_mask_argument() -> None:
+    """Identity projections: the layer is SDPA per head; a key-only mask goes through
+    key_padding_mask, any other through attn_mask (both True = masked out)."""
+    from attnspec.conformance.adapters.torch import (
+        multihead_attention,
+        multihead_attention_no_weights,
+    )
+
+    key_only = MASK[:, :, :1, :]
+    for mask in (MASK, key_only):
+        want, weights = sdpa(Q, K, V, mask=mask)
+        out, got_weights = multihead_attention(_t(Q), _t(K), _t(V), attn_mask=_t(mask))
+        np.testing.assert_allclose(out.numpy(), want, atol=1e-12)
+        np.testing.assert_allclose(got_weights.numpy(), weights, atol=1e-12)
+        out = multihead_attention_no_weights(_t(Q), _t(K), _t(V), attn_mask=_t(mask))
+        np.testing.assert_allclose(out.numpy(), want, atol=1e-12)
+
+
+def test_upstream_multihead_attention_gives_nan_for_a_fully_masked_row_with_weights() -> None:
+    """docs/divergences.md#mha-empty-rows: SDPA-5.1 says 0.  nn.MultiheadAttention (torch
+    2.13.0) gives NaN with need_weights=True (weights NaN too), through attn_mask,
+    key_padding_mask or an all -inf float mask, and 0 with need_weights=False.  This fails
+    when upstream changes either."""
+    layer = torch.nn.MultiheadAttention(2, 1, bias=False, batch_first=True).eval()
+    x = torch.ones(1, 1, 2)
+    want, _ = sdpa(np.ones((1, 1, 1, 2)), np.ones((1, 1, 1, 2)), np.ones((1, 1, 1, 2)),
+                   mask=np.zeros((1, 1), dtype=bool))
+    assert (want == 0).all()
+    masked_out = torch.ones(1, 1, dtype=torch.bool)
+    with torch.no_grad():
+        for masks in ({"attn_mask": masked_out}, {"key_padding_mask": masked_out},
+                      {"attn_mask": torch.full((1, 1), float("-inf"))}):
+            out, weights = layer(x, x, x, need_weights=True, **masks)
+            assert torch.isnan(out).all() and torch.isnan(weights).all(), masks
+            out, _ = layer(x, x, x, need_weights=False, **masks)
+            assert (out == 0).all(), masks
