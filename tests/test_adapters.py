@@ -95,3 +95,39 @@ def test_upstream_multihead_attention_gives_nan_for_a_fully_masked_row_with_weig
             assert torch.isnan(out).all() and torch.isnan(weights).all(), masks
             out, _ = layer(x, x, x, need_weights=False, **masks)
             assert (out == 0).all(), masks
+
+
+def _refuses_empty_and_cross(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
+                             mask: np.ndarray | None = None, is_causal: bool = False,
+                             scale: float | None = None) -> np.ndarray:
+    """Correct attention that, like local-attention and FlexAttention, raises on an empty
+    length or on Lq != Lk."""
+    from attnspec.reference import scaled_dot_product_attention
+
+    if 0 in (q.shape[-2], k.shape[-2]) or q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"unsupported lengths Lq={q.shape[-2]}, Lk={k.shape[-2]}")
+    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+
+
+def test_limitations_are_declared_once_and_named_in_the_claim() -> None:
+    """equal_lengths and empty_sizes=False: a kernel that refuses Lq != Lk and empty
+    lengths conforms on everything else, the claim line says "needs Lq == Lk" and names
+    SDPA-1.5 and SDPA-5.2 as waived (CONF-7); undeclared, the same kernel fails."""
+    from attnspec.conformance.api import check
+    from attnspec.conformance.declaration import declaration_of
+    from attnspec.conformance.report import conformance_claim
+    from attnspec.conformance.runner import FAILED, WAIVED
+
+    only = ["matches-reference", "empty-sizes", "no-keys-zero", "key-permutation"]
+    declared = check(_refuses_empty_and_cross, backend="numpy", only=only, dtypes=["float64"],
+                     equal_lengths=True, empty_sizes=False)
+    assert declared.conforms, [v.detail for v in declared.verdicts]
+    status = {v.property: v.status for v in declared.verdicts}
+    assert status["empty-sizes"] == status["no-keys-zero"] == WAIVED
+    assert declared.waived == ["SDPA-1.5", "SDPA-5.2"]
+    claim = conformance_claim(declaration_of(_refuses_empty_and_cross, equal_lengths=True,
+                                             empty_sizes=False), ("float64",))
+    assert "needs Lq == Lk" in claim and "except SDPA-1.5, SDPA-5.2" in claim, claim
+    undeclared = check(_refuses_empty_and_cross, backend="numpy", only=only[:2],
+                       dtypes=["float64"])
+    assert {v.status for v in undeclared.verdicts} == {FAILED}

@@ -29,7 +29,7 @@ def _local_attention(q: Any, k: Any, v: Any) -> Any:
 
 
 local_attention = declare(
-    _local_attention, scale=False, causal=False, mask=False, batch_ndim=1,
+    _local_attention, scale=False, causal=False, mask=False, batch_ndim=1, equal_lengths=True,
     sparse=SparseClaim("sliding_window", {"left": LOCAL_WINDOW, "right": 0}, causal=True))
 local_attention.__name__ = local_attention.__qualname__ = "local_attention"
 
@@ -47,7 +47,7 @@ def _performer(q: Any, k: Any, v: Any, seed: int = 0) -> Any:
 
 
 performer_favor = declare(
-    _performer, scale=False, causal=False, mask=False, batch_ndim=1,
+    _performer, scale=False, causal=False, mask=False, batch_ndim=1, empty_sizes=False,
     linear=LinearClaim("favor+", num_features=PERFORMER_FEATURES, seed_keyword="seed"))
 performer_favor.__name__ = performer_favor.__qualname__ = "performer_favor"
 

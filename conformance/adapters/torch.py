@@ -94,9 +94,10 @@ def _flex_score_mod(q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
     return _flex(q, k, v, None if no_mod else score_mod, None, scale, enable_gqa)
 
 
-# FlexAttention takes (B, H, L, E) with E == Ev, mask and bias through mods (so they are
-# never combined by the caller), GQA through enable_gqa.
-_FLEX = {"batch_ndim": 1, "bias": True, "gqa": True, "gqa_keyword": "enable_gqa"}
+# FlexAttention takes (B, H, L, E) with E == Ev and no empty length, mask and bias through
+# mods, GQA through enable_gqa.
+_FLEX = {"batch_ndim": 1, "bias": True, "gqa": True, "gqa_keyword": "enable_gqa",
+         "empty_sizes": False}
 flex_attention_block_mask = pad_head_dims(declare(_flex_block_mask, **_FLEX))
 flex_attention_block_mask.__name__ = flex_attention_block_mask.__qualname__ = \
     "flex_attention_block_mask"
