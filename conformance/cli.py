@@ -395,6 +395,8 @@ def command_matrix(args: argparse.Namespace) -> int:
             for value in getattr(args, option) or ():
                 tokens += [f"--{option}", value]
         check_args = build_parser().parse_args([*tokens, *(["--quiet"] if args.quiet else [])])
+        print(f"{PROGRAM} matrix: checking {entry.name} ({entry.backend})", file=sys.stderr,
+              flush=True)
         saved = {key: os.environ.get(key) for key, _ in entry.env}
         os.environ.update(dict(entry.env))  # the worker inherits it (KERAS_BACKEND)
         started = time.perf_counter()

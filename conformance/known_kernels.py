@@ -234,6 +234,11 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "causal-alignment": _CAUSAL_SCALE_ZERO,
         "layout-independence": "docs/divergences.md#torch-flash-strided",
     },
+    # need_weights=True (MHA's own math path) only; need_weights=False goes through SDPA
+    "torch.nn.modules.activation.MultiheadAttention": {
+        "empty-rows-zero": "docs/divergences.md#mha-empty-rows",
+        "large-logits": "docs/divergences.md#mha-float16-overflow",
+    },
 }
 
 

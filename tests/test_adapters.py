@@ -131,3 +131,24 @@ def test_limitations_are_declared_once_and_named_in_the_claim() -> None:
     undeclared = check(_refuses_empty_and_cross, backend="numpy", only=only[:2],
                        dtypes=["float64"])
     assert {v.status for v in undeclared.verdicts} == {FAILED}
+
+
+def test_upstream_multihead_attention_overflows_float16_scores_with_weights() -> None:
+    """docs/divergences.md#mha-float16-overflow: SDPA-7.4 says finite inputs whose output
+    is representable give a finite output.  With need_weights=True, nn.MultiheadAttention
+    (torch 2.13.0) forms q k^T in float16 and returns NaN once it passes 65504; with
+    need_weights=False it gives the right value.  Fails when upstream changes either."""
+    layer = torch.nn.MultiheadAttention(1, 1, bias=False, batch_first=True,
+                                        dtype=torch.float16).eval().requires_grad_(False)
+    with torch.no_grad():
+        layer.in_proj_weight.fill_(1.0)
+        layer.out_proj.weight.fill_(1.0)
+    q = torch.tensor([[[1000.0]]], dtype=torch.float16)
+    k = torch.tensor([[[1000.0], [-1000.0]]], dtype=torch.float16)
+    v = torch.tensor([[[1.0], [2.0]]], dtype=torch.float16)
+    want, _ = sdpa(q.double().numpy(), k.double().numpy(), v.double().numpy())
+    assert want.item() == 1.0
+    out, weights = layer(q, k, v, need_weights=True)
+    assert torch.isnan(out).all() and torch.isnan(weights).all()
+    out, _ = layer(q, k, v, need_weights=False)
+    assert out.item() == 1.0
