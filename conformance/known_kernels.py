@@ -234,6 +234,17 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "causal-alignment": _CAUSAL_SCALE_ZERO,
         "layout-independence": "docs/divergences.md#torch-flash-strided",
     },
+    # need_weights=False goes through SDPA's CPU flash path: its NaN query and masked NaN
+    "attnspec.conformance.adapters.torch.multihead_attention_no_weights": {
+        "nan-propagates": _TORCH_SDPA_DIVERGENCES["nan-propagates"],
+        "masked-nonfinite-ignored": _TORCH_SDPA_DIVERGENCES["masked-nonfinite-ignored"],
+    },
+    "attnspec.conformance.adapters.torch.flex_attention_score_mod": {
+        "masked-nonfinite-ignored": "docs/divergences.md#flex-masked-nan",
+    },
+    "torch.nn.attention.flex_attention.flex_attention": {
+        "masked-nonfinite-ignored": "docs/divergences.md#flex-masked-nan",
+    },
     # need_weights=True (MHA's own math path) only; need_weights=False goes through SDPA
     "torch.nn.modules.activation.MultiheadAttention": {
         "empty-rows-zero": "docs/divergences.md#mha-empty-rows",

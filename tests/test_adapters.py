@@ -7,6 +7,7 @@ matrix shows are pinned here, so a test fails when upstream changes the behaviou
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -49,6 +50,7 @@ def test_jax_names_resolve_to_the_jax_backend() -> None:
     assert KernelSetup("jax.nn:dot_product_attention").make_backend().name == "jax"
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_attention_adapters_compute_masked_biased_causal_attention() -> None:
     from attnspec.conformance.adapters import torch as adapters
 
@@ -152,3 +154,46 @@ def test_upstream_multihead_attention_overflows_float16_scores_with_weights() ->
     assert torch.isnan(out).all() and torch.isnan(weights).all()
     out, _ = layer(q, k, v, need_weights=False)
     assert out.item() == 1.0
+
+
+def test_upstream_flex_attention_leaks_nan_from_masked_values() -> None:
+    """docs/divergences.md#flex-masked-nan: SDPA-8.2 (SHOULD) says a NaN in a masked-out
+    value does not reach the output; FlexAttention (torch 2.13.0) gives NaN, whether the key
+    is masked by a block mask's mask_mod or by a score_mod's -inf.  Fails when upstream
+    changes it."""
+    import warnings
+
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    q = torch.tensor([[[[0.25, 1.0]]]], dtype=torch.float64)
+    k = torch.tensor([[[[0.5, -1.0], [0.5, 0.5]]]], dtype=torch.float64)
+    v = torch.tensor([[[[1.0, 2.0], [float("nan"), float("nan")]]]], dtype=torch.float64)
+    want, _ = sdpa(q.numpy(), k.numpy(), np.nan_to_num(v.numpy()),
+                   mask=np.array([[True, False]]))
+    assert want.tolist() == [[[[1.0, 2.0]]]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "called without torch.compile()"
+        block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: kv_idx == 0, 1, 1, 1, 2,
+                                       device="cpu")
+        by_block_mask = flex_attention(q, k, v, block_mask=block_mask)
+        by_score_mod = flex_attention(q, k, v, score_mod=lambda s, b, h, q_idx, kv_idx:
+                                      torch.where(kv_idx == 0, s, float("-inf")))
+    assert torch.isnan(by_block_mask).all() and torch.isnan(by_score_mod).all()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("keras") is None, reason="keras is not installed")
+def test_upstream_keras_computes_float64_as_float32(tmp_path: Path) -> None:
+    """docs/divergences.md#keras-float64: keras.ops.dot_product_attention returns float32
+    for float64 inputs (its floatx), so float64 is outside its declared dtypes.  In a fresh
+    process: Keras picks its backend (numpy here) once, at import.  Fails when upstream
+    changes it."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, keras; q = np.full((1, 1, 1, 1), 0.1); "
+            "print(keras.config.floatx(), keras.ops.dot_product_attention(q, q, q).dtype)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**os.environ, "KERAS_BACKEND": "numpy"}, cwd=tmp_path,
+                            timeout=120, check=False)
+    assert result.stdout.split() == ["float32", "float32"], result.stderr[-2000:]

@@ -7,7 +7,9 @@ clear message if Keras was already imported with another), so check each in its 
 process (``attnspec check`` and ``attnspec matrix`` do: every check runs in a worker).
 
 Declared: an additive ``bias`` and a boolean ``mask`` (True = attend), ``is_causal``,
-``scale``, GQA by head counts, one batch dim (Keras takes 4-d inputs).
+``scale``, GQA by head counts, one batch dim (Keras takes 4-d inputs); the dtypes of its
+default floatx (float64 inputs are computed and returned as float32, see
+docs/divergences.md#keras-float64); no empty lengths on the numpy backend.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 
 from ..declaration import declare
 from ..layouts import from_blhd
+
+FLOATX_DTYPES = ("float16", "bfloat16", "float32")
 
 
 def _keras_on(backend: str) -> Any:
@@ -40,7 +44,10 @@ def _on(backend: str) -> Callable[..., Any]:
         return keras.ops.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
                                                is_causal=is_causal)
 
-    adapted = from_blhd(declare(kernel, bias=True, gqa=True, batch_ndim=1))
+    # Keras computes in its floatx (float32): float64 inputs come back float32, so float64 is
+    # outside what it supports; the numpy backend also rejects empty lengths
+    limits = {"dtypes": FLOATX_DTYPES, **({"empty_sizes": False} if backend == "numpy" else {})}
+    adapted = from_blhd(declare(kernel, bias=True, gqa=True, batch_ndim=1, **limits))
     adapted.__name__ = adapted.__qualname__ = f"dot_product_attention_{backend}"
     return adapted
 

@@ -192,6 +192,8 @@ _MHA = {"batch_ndim": 1, "mask_keyword": "attn_mask", "bias": True, "bias_keywor
         "causal": False, "scale": False}
 multihead_attention = pad_head_dims(declare(_mha_weights, returns_weights=True, **_MHA))
 multihead_attention.__name__ = multihead_attention.__qualname__ = "multihead_attention"
-multihead_attention_no_weights = pad_head_dims(declare(_mha_no_weights, **_MHA))
+# need_weights=False with an attn_mask raises for Lk = 0 (docs/divergences.md#mha-empty-keys)
+multihead_attention_no_weights = pad_head_dims(declare(_mha_no_weights, empty_sizes=False,
+                                                       **_MHA))
 multihead_attention_no_weights.__name__ = multihead_attention_no_weights.__qualname__ = \
     "multihead_attention_no_weights"
