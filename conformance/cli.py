@@ -416,6 +416,9 @@ def command_matrix(args: argparse.Namespace) -> int:
                                       time.perf_counter() - started)
 
     rows = matrix.build_rows(entries, check, has_cuda)
+    rows += [matrix.MatrixRow(e.name, e.backend, e.device, e.note, matrix.NOT_SELECTED,
+                              reason="left out of this run (--kernel)")
+             for e in matrix.KNOWN_KERNELS if e not in entries]
     for path, text in ((args.markdown, matrix.to_markdown(rows)),
                        (args.json, matrix.to_json(rows))):
         try:

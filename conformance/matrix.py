@@ -20,8 +20,8 @@ from .known_kernels import KNOWN_KERNELS, KnownKernel
 from .report import grouped_findings
 from .runner import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Report
 
-NOT_INSTALLED, NEEDS_GPU, CHECKED, SETUP_FAILED = ("not installed", "needs a GPU", "checked",
-                                                   "setup failed")
+NOT_INSTALLED, NEEDS_GPU, CHECKED, SETUP_FAILED, NOT_SELECTED = (
+    "not installed", "needs a GPU", "checked", "setup failed", "not run")
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from attnspec.conformance import cli, matrix
+from attnspec.conformance.known_kernels import KNOWN_KERNELS
 from attnspec.conformance.runner import FAILED, NOT_APPLICABLE, PASSED, WAIVED, Report, Verdict
 
 pytest.importorskip("torch", reason="the matrix rows checked here are PyTorch kernels")
@@ -38,10 +39,11 @@ def test_matrix_writes_a_row_per_selected_kernel(matrix_run: dict[str, Any]) -> 
     """Checked rows, and the uninstalled / GPU-only ones reported as such, not crashes."""
     rows = matrix_run["rows"]
     assert matrix_run["status"] == 0
-    assert set(rows) == {"attnspec.conformance.torch_kernels:sdpa_math",
-                         "torch.nn:MultiheadAttention",
-                         "attnspec.conformance.adapters.thirdparty:fast_transformers_linear",
-                         "flash_attn:flash_attn_func"}
+    selected = {"attnspec.conformance.torch_kernels:sdpa_math", "torch.nn:MultiheadAttention",
+                "attnspec.conformance.adapters.thirdparty:fast_transformers_linear",
+                "flash_attn:flash_attn_func"}
+    assert set(rows) == {entry.name for entry in KNOWN_KERNELS}
+    assert {name for name, row in rows.items() if row["status"] != matrix.NOT_SELECTED} == selected
     installed = importlib.util.find_spec("fast_transformers") is not None
     assert (rows["attnspec.conformance.adapters.thirdparty:fast_transformers_linear"]["status"]
             == (matrix.CHECKED if installed else matrix.NOT_INSTALLED))
