@@ -136,6 +136,9 @@ def add_matrix_parser(commands: Any) -> None:
                         help="where to write the matrix (default docs/matrix.md)")
     matrix.add_argument("--json", default="docs/matrix.json", metavar="PATH",
                         help="where to write it as JSON (default docs/matrix.json)")
+    matrix.add_argument("--merge", action="append", metavar="JSON",
+                        help="take the checked rows of an earlier run's JSON (repeatable; a "
+                        "later file wins); with --merge only the --kernel kernels are run")
     for flag in RUN_FLAGS:
         if flag.option in ("--profile", "--seed", "--only", "--skip", "--quiet", "--timeout",
                            "--memory-limit"):
@@ -375,9 +378,12 @@ def command_matrix(args: argparse.Namespace) -> int:
     from .known_kernels import KnownKernel, write_ups
 
     try:
-        entries = matrix.select(args.kernel)
+        earlier = matrix.checked_rows(args.merge or ())
+        entries = matrix.select(args.kernel) if args.kernel or not args.merge else []
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise SetupError(f"--merge: {exc}") from None
     import importlib.util
 
     has_cuda = False
@@ -416,9 +422,12 @@ def command_matrix(args: argparse.Namespace) -> int:
                                       time.perf_counter() - started)
 
     rows = matrix.build_rows(entries, check, has_cuda)
-    rows += [matrix.MatrixRow(e.name, e.backend, e.device, e.note, matrix.NOT_SELECTED,
-                              reason="left out of this run (--kernel)")
+    rows += [earlier.get(e.name) or matrix.MatrixRow(
+                 e.name, e.backend, e.device, e.note, matrix.NOT_SELECTED,
+                 reason="left out of this run (--kernel)")
              for e in matrix.KNOWN_KERNELS if e not in entries]
+    order = [e.name for e in matrix.KNOWN_KERNELS]
+    rows.sort(key=lambda row: order.index(row.name))
     for path, text in ((args.markdown, matrix.to_markdown(rows)),
                        (args.json, matrix.to_json(rows))):
         try:

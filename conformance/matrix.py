@@ -159,6 +159,18 @@ def row_from_report(entry: KnownKernel, report: Report, write_ups: dict[str, str
                      divergences=divergences_of(report, write_ups))
 
 
+def checked_rows(paths: Sequence[str]) -> dict[str, MatrixRow]:
+    """The checked rows of earlier runs' JSON files, by kernel name (a later file wins)."""
+    rows: dict[str, MatrixRow] = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as file:
+            for data in json.load(file):
+                if data["status"] == CHECKED:
+                    data["divergences"] = [Divergence(**d) for d in data["divergences"]]
+                    rows[data["name"]] = MatrixRow(**data)
+    return rows
+
+
 # --- rendering ----------------------------------------------------------------------------
 
 _WORD = {PASSED: "pass", FAILED: "FAIL", WARNING: "warn", NOT_APPLICABLE: "–",

@@ -32,7 +32,7 @@ def matrix_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                        "--only", PROPERTIES, "--quiet", "--markdown", str(md), "--json",
                        str(js)])
     rows = {row["name"]: row for row in json.loads(js.read_text())}
-    return {"status": status, "markdown": md.read_text(), "rows": rows}
+    return {"status": status, "markdown": md.read_text(), "rows": rows, "json": js}
 
 
 def test_matrix_writes_a_row_per_selected_kernel(matrix_run: dict[str, Any]) -> None:
@@ -117,3 +117,17 @@ def test_unknown_kernel_name_is_a_usage_error(tmp_path: Path,
     assert cli.main(["matrix", "--kernel", "no-such-kernel", "--markdown",
                      str(tmp_path / "m.md")]) == 2
     assert "matches no known kernel" in capsys.readouterr().err
+
+
+def test_merge_renders_earlier_runs_without_rerunning(matrix_run: dict[str, Any],
+                                                      tmp_path: Path) -> None:
+    """--merge alone runs nothing: the checked rows of the earlier JSON come back as they
+    were (so rows run at different times make one matrix)."""
+    md, js = tmp_path / "m.md", tmp_path / "m.json"
+    assert cli.main(["matrix", "--merge", str(matrix_run["json"]), "--markdown", str(md),
+                     "--json", str(js)]) == 0
+    rows = {row["name"]: row for row in json.loads(js.read_text())}
+    checked = {n for n, r in matrix_run["rows"].items() if r["status"] == matrix.CHECKED}
+    assert {n for n, r in rows.items() if r["status"] == matrix.CHECKED} == checked
+    for name in checked:
+        assert rows[name] == matrix_run["rows"][name]
