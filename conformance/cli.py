@@ -393,7 +393,9 @@ def command_matrix(args: argparse.Namespace) -> int:
         has_cuda = torch.cuda.is_available()
 
     def check(entry: KnownKernel) -> matrix.MatrixRow:
-        tokens = ["check", entry.name, "--profile", args.profile or "quick"]
+        tokens = ["check", entry.name, "--profile", args.profile or "quick",
+                  "--backend", entry.backend,
+                  *(["--device", "cuda"] if entry.device == "cuda" else [])]
         for option in ("seed", "timeout", "memory_limit"):
             if getattr(args, option, None) is not None:
                 tokens += [f"--{option.replace('_', '-')}", str(getattr(args, option))]

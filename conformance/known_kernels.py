@@ -151,6 +151,13 @@ KNOWN_KERNELS: tuple[KnownKernel, ...] = (
     KnownKernel(_adapter("thirdparty", "fast_transformers_linear"),
                 _adapter("thirdparty", "fast_transformers_linear"), "torch", (),
                 ("fast_transformers",), note="LinearAttention (elu(x) + 1), eps declared"),
+    *(KnownKernel(_adapter("torch", f"sdpa_cuda_{backend}"),
+                  _adapter("torch", f"sdpa_cuda_{backend}"), "torch", (), ("torch",),
+                  device="cuda", note=f"SDPA pinned to its CUDA {backend} backend")
+      for backend in ("math", "efficient", "flash", "cudnn")),
+    KnownKernel(_adapter("jax", "dot_product_attention_cudnn"),
+                _adapter("jax", "dot_product_attention_cudnn"), "jax", (), ("jax",),
+                device="cuda", note="jax.nn.dot_product_attention(implementation='cudnn')"),
     KnownKernel("flash_attn:flash_attn_func", _adapter("thirdparty", "flash_attn_func"),
                 "torch", ("flash_attn.flash_attn_interface.flash_attn_func",),
                 ("flash_attn",), device="cuda", note="(B, S, H, D) layout; bottom-right causal"),

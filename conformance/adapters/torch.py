@@ -197,3 +197,24 @@ multihead_attention_no_weights = pad_head_dims(declare(_mha_no_weights, empty_si
                                                        **_MHA))
 multihead_attention_no_weights.__name__ = multihead_attention_no_weights.__qualname__ = \
     "multihead_attention_no_weights"
+
+
+def _sdpa_on(backend: str) -> Any:
+    """SDPA pinned to one of its CUDA backends (the CPU ones: ``torch_kernels``)."""
+    from ..known_kernels import torch_sdpa_declaration
+    from ..torch_kernels import _sdpa_with_backend
+
+    def kernel(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+               is_causal: bool = False, scale: float | None = None,
+               enable_gqa: bool = False) -> Any:
+        return _sdpa_with_backend(backend, q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                  is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+    kernel.__name__ = kernel.__qualname__ = f"sdpa_{backend.lower()}"
+    return declare(kernel, **torch_sdpa_declaration())
+
+
+sdpa_cuda_math = _sdpa_on("MATH")
+sdpa_cuda_efficient = _sdpa_on("EFFICIENT_ATTENTION")
+sdpa_cuda_flash = _sdpa_on("FLASH_ATTENTION")
+sdpa_cuda_cudnn = _sdpa_on("CUDNN_ATTENTION")
