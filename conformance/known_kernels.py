@@ -86,7 +86,7 @@ class KnownKernel:
             except (ImportError, ValueError):
                 found = False
             if not found:
-                return f"not installed: {module} does not import here"
+                return f"{module} does not import here"
         return None
 
 
