@@ -252,6 +252,9 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
     "torch.nn.attention.flex_attention.flex_attention": {
         "masked-nonfinite-ignored": "docs/divergences.md#flex-masked-nan",
     },
+    "attnspec.conformance.adapters.thirdparty.local_attention": {
+        "sparse-masked-nonfinite-ignored": "docs/divergences.md#local-attention-masked-nan",
+    },
     # need_weights=True (MHA's own math path) only; need_weights=False goes through SDPA
     "torch.nn.modules.activation.MultiheadAttention": {
         "empty-rows-zero": "docs/divergences.md#mha-empty-rows",

@@ -197,3 +197,24 @@ def test_upstream_keras_computes_float64_as_float32(tmp_path: Path) -> None:
                             env={**os.environ, "KERAS_BACKEND": "numpy"}, cwd=tmp_path,
                             timeout=120, check=False)
     assert result.stdout.split() == ["float32", "float32"], result.stderr[-2000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("local_attention") is None,
+                    reason="local-attention is not installed")
+def test_upstream_local_attention_leaks_nan_outside_the_window() -> None:
+    """docs/divergences.md#local-attention-masked-nan: SPARSE-6.3 (SHOULD) says a NaN
+    outside S(i) does not reach row i; local-attention 1.11.2 leaks a NaN value from a key
+    outside the exact window but inside the looked-at bucket.  Fails when upstream changes."""
+    from attnspec.conformance.adapters.thirdparty import local_attention
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 6, 2, dtype=torch.float64, generator=generator)
+               for _ in range(3))
+    clean = local_attention(q, k, v)
+    window = np.zeros((6, 6), dtype=bool)
+    for i in range(6):
+        window[i, max(0, i - 4):i + 1] = True
+    want, _ = sdpa(q.numpy(), k.numpy(), v.numpy(), mask=window)
+    np.testing.assert_allclose(clean.numpy(), want, atol=1e-12)  # the pattern, as declared
+    v[..., 0, :] = float("nan")  # key 0 is outside query 5's window
+    assert torch.isnan(local_attention(q, k, v)[0, 0, 5]).all()
