@@ -240,6 +240,7 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "output-in-value-hull": _CAUSAL_SCALE_ZERO,
         "causal-alignment": _CAUSAL_SCALE_ZERO,
         "layout-independence": "docs/divergences.md#torch-flash-strided",
+        "masked-values-ignored": "docs/divergences.md#torch-masked-overflow",
     },
     # need_weights=False goes through SDPA's CPU flash path: its NaN query and masked NaN
     "attnspec.conformance.adapters.torch.multihead_attention_no_weights": {

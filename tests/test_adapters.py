@@ -218,3 +218,20 @@ def test_upstream_local_attention_leaks_nan_outside_the_window() -> None:
     np.testing.assert_allclose(clean.numpy(), want, atol=1e-12)  # the pattern, as declared
     v[..., 0, :] = float("nan")  # key 0 is outside query 5's window
     assert torch.isnan(local_attention(q, k, v)[0, 0, 5]).all()
+
+
+def test_upstream_sdpa_masked_overflowing_key_gives_nan() -> None:
+    """docs/divergences.md#torch-masked-overflow: SDPA-8.1 says finite values at masked-out
+    positions do not change the output; torch 2.13.0's SDPA (math, CPU flash, dispatcher)
+    gives NaN when a masked key's score overflows.  Fails when upstream changes it."""
+    from attnspec.conformance.torch_kernels import sdpa_flash, sdpa_math
+
+    q = torch.ones(1, 1, 1, 2)
+    k = torch.tensor([[[[0.5, 0.5], [3e38, 3e38]]]])
+    v = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]])
+    mask = torch.tensor([[True, False]])
+    want, _ = sdpa(q.double().numpy(), k.double().numpy(), v.double().numpy(),
+                   mask=mask.numpy())
+    assert want.flatten().tolist() == [1.0, 2.0]
+    for kernel in (torch.nn.functional.scaled_dot_product_attention, sdpa_math, sdpa_flash):
+        assert torch.isnan(kernel(q, k, v, attn_mask=mask)).all(), kernel
