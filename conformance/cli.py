@@ -377,6 +377,7 @@ def command_matrix(args: argparse.Namespace) -> int:
     from . import matrix
     from .known_kernels import KnownKernel, write_ups
 
+    known = {entry.name: entry for entry in matrix.KNOWN_KERNELS}
     try:
         earlier = matrix.checked_rows(args.merge or ())
         entries = matrix.select(args.kernel) if args.kernel or not args.merge else []
@@ -424,6 +425,8 @@ def command_matrix(args: argparse.Namespace) -> int:
                                       time.perf_counter() - started)
 
     rows = matrix.build_rows(entries, check, has_cuda)
+    earlier = {name: matrix.relink(row, write_ups(known[name]))
+               for name, row in earlier.items() if name in known}
     rows += [earlier.get(e.name) or matrix.MatrixRow(
                  e.name, e.backend, e.device, e.note, matrix.NOT_SELECTED,
                  reason="left out of this run (--kernel)")

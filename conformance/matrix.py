@@ -112,7 +112,10 @@ def fold_consequences(divergences: list[Divergence]) -> list[Divergence]:
     by_clause = {d.clause: d for d in divergences}
     kept = []
     for d in divergences:
-        cause = next((by_clause[clause] for pattern, clause, finding in CONSEQUENCES
+        # a crash is a root cause of its own, whatever its first minimal case holds
+        crashed = d.finding.startswith("kernel raised")
+        cause = None if crashed else next((
+                      by_clause[clause] for pattern, clause, finding in CONSEQUENCES
                       if pattern.search(d.inputs) and clause in by_clause
                       and by_clause[clause] is not d
                       and finding in by_clause[clause].finding), None)
@@ -121,6 +124,25 @@ def fold_consequences(divergences: list[Divergence]) -> list[Divergence]:
         else:
             cause.consequences += [f"{p} ({d.clause})" for p in d.properties]
     return kept
+
+
+def relink(row: MatrixRow, write_ups: dict[str, str]) -> MatrixRow:
+    """``row`` with write-ups confirmed since it ran linked, and divergences that one
+    write-up explains merged (for rows taken from an earlier run)."""
+    by_link: dict[str, Divergence] = {}
+    kept = []
+    for d in row.divergences:
+        d.write_up = d.write_up or next((write_ups[p] for p in d.properties
+                                         if p in write_ups), "")
+        if d.write_up in by_link:
+            by_link[d.write_up].properties += d.properties
+            by_link[d.write_up].consequences += d.consequences
+            continue
+        if d.write_up:
+            by_link[d.write_up] = d
+        kept.append(d)
+    row.divergences = kept
+    return row
 
 
 def unavailable(entry: KnownKernel, has_cuda: bool) -> MatrixRow | None:

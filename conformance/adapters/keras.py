@@ -6,7 +6,8 @@ imported; ``dot_product_attention_jax`` / ``_torch`` / ``_numpy`` set it (and fa
 clear message if Keras was already imported with another), so check each in its own
 process (``attnspec check`` and ``attnspec matrix`` do: every check runs in a worker).
 
-Declared: an additive ``bias`` and a boolean ``mask`` (True = attend), ``is_causal``,
+Declared: an additive bias or a boolean mask (True = attend) in one argument, as
+PyTorch's ``attn_mask`` (Keras refuses both at once), ``is_causal``,
 ``scale``, GQA by head counts, one batch dim (Keras takes 4-d inputs); the dtypes of its
 default floatx (float64 inputs are computed and returned as float32, see
 docs/divergences.md#keras-float64); no empty lengths on the numpy backend.
@@ -38,16 +39,22 @@ def _keras_on(backend: str) -> Any:
 
 
 def _on(backend: str) -> Callable[..., Any]:
-    def kernel(q: Any, k: Any, v: Any, bias: Any = None, mask: Any = None,
-               scale: float | None = None, is_causal: bool = False) -> Any:
+    def kernel(q: Any, k: Any, v: Any, mask: Any = None, scale: float | None = None,
+               is_causal: bool = False) -> Any:
         keras = _keras_on(backend)
-        return keras.ops.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
-                                               is_causal=is_causal)
+        # Keras refuses a mask and a bias together ("Only one of `bias` and `mask` can be
+        # provided"): they travel in one argument, as PyTorch's attn_mask, a bool a mask,
+        # a float a bias
+        is_bias = mask is not None and "bool" not in str(mask.dtype)
+        return keras.ops.dot_product_attention(
+            q, k, v, bias=mask if is_bias else None, mask=None if is_bias else mask,
+            scale=scale, is_causal=is_causal)
 
     # Keras computes in its floatx (float32): float64 inputs come back float32, so float64 is
     # outside what it supports; the numpy backend also rejects empty lengths
     limits = {"dtypes": FLOATX_DTYPES, **({"empty_sizes": False} if backend == "numpy" else {})}
-    adapted = from_blhd(declare(kernel, bias=True, gqa=True, batch_ndim=1, **limits))
+    adapted = from_blhd(declare(kernel, bias=True, bias_keyword="mask", gqa=True, batch_ndim=1,
+                                **limits))
     adapted.__name__ = adapted.__qualname__ = f"dot_product_attention_{backend}"
     return adapted
 
