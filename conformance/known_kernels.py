@@ -253,6 +253,21 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
     "torch.nn.attention.flex_attention.flex_attention": {
         "masked-nonfinite-ignored": "docs/divergences.md#flex-masked-nan",
     },
+    "attnspec.conformance.adapters.keras.dot_product_attention_torch": {
+        "empty-rows-zero": "docs/divergences.md#keras-empty-rows",
+        # its minimal case (top-left causal, Lq = 1, key 0 masked out) is an empty row
+        "layout-independence": "docs/divergences.md#keras-empty-rows",
+        "gqa-rejects-bad-heads": "docs/divergences.md#keras-gqa-heads",
+        "nan-propagates": "docs/divergences.md#keras-torch-sdpa",
+        "mask-broadcast": "docs/divergences.md#keras-torch-sdpa",
+        "output-in-value-hull": "docs/divergences.md#keras-torch-sdpa",
+    },
+    "attnspec.conformance.adapters.keras.dot_product_attention_numpy": {
+        "empty-rows-zero": "docs/divergences.md#keras-empty-rows",
+        "gqa-rejects-bad-heads": "docs/divergences.md#keras-gqa-heads",
+        "matches-reference": "docs/divergences.md#keras-numpy-gqa",
+        "large-logits": "docs/divergences.md#keras-numpy-float16",
+    },
     "attnspec.conformance.adapters.thirdparty.local_attention": {
         "sparse-masked-nonfinite-ignored": "docs/divergences.md#local-attention-masked-nan",
     },

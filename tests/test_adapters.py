@@ -235,3 +235,41 @@ def test_upstream_sdpa_masked_overflowing_key_gives_nan() -> None:
     assert want.flatten().tolist() == [1.0, 2.0]
     for kernel in (torch.nn.functional.scaled_dot_product_attention, sdpa_math, sdpa_flash):
         assert torch.isnan(kernel(q, k, v, attn_mask=mask)).all(), kernel
+
+
+NAN = float("nan")
+# What keras 3.15.1 gives on tests/keras_probe.py's inputs; the spec's answers are
+# fully_masked 0 (SDPA-5.1), nan_query NaN (SDPA-8.3), gqa_4_over_2 ones (SDPA-6.1),
+# gqa_1_over_2 an error (SDPA-6.2, SHOULD), float16_scores_1e6 1 (SDPA-7.4), mask_1d 2
+# (SDPA-3.1) and causal_scale_0 [[0, 1], [1, 2], [2, 3]] (SDPA-7.1).
+KERAS_UPSTREAM = {
+    "torch": {"fully_masked": [[[[3.0]]]], "nan_query": [[[[0.0]]]],
+              "gqa_4_over_2": [[[[1.0], [1.0], [1.0], [1.0]]]], "gqa_1_over_2": [[[[1.0], [1.0]]]],
+              "float16_scores_1e6": [[[[1.0]]]], "mask_1d": "IndexError",
+              "causal_scale_0": [[[[NAN, NAN]], [[NAN, NAN]], [[2.0, 3.0]]]]},
+    "numpy": {"fully_masked": [[[[3.0]]]], "nan_query": [[[[NAN]]]],
+              "gqa_4_over_2": "ValueError", "gqa_1_over_2": [[[[1.0], [1.0]]]],
+              "float16_scores_1e6": [[[[NAN]]]], "mask_1d": [[[[2.0]]]],
+              "causal_scale_0": [[[[0.0, 1.0]], [[1.0, 2.0]], [[2.0, 3.0]]]]},
+}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("keras") is None, reason="keras is not installed")
+@pytest.mark.parametrize("backend", sorted(KERAS_UPSTREAM))
+def test_upstream_keras_divergences(backend: str, tmp_path: Path) -> None:
+    """docs/divergences.md#keras-empty-rows ... #keras-numpy-float16: Keras's answers on the
+    divergences' minimal cases, per backend; fails when upstream changes any of them."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    probe = Path(__file__).with_name("keras_probe.py")
+    result = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True,
+                            env={**os.environ, "KERAS_BACKEND": backend}, cwd=tmp_path,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    observed = json.loads(result.stdout.strip().splitlines()[-1])
+    assert observed.keys() == KERAS_UPSTREAM[backend].keys()
+    for case, want in KERAS_UPSTREAM[backend].items():
+        np.testing.assert_equal(observed[case], want, err_msg=f"{backend}: {case}")
