@@ -90,7 +90,7 @@ def divergences_of(report: Report, write_ups: dict[str, str]) -> list[Divergence
                                  " ".join(first.detail.split()),
                                  " ".join(first.counterexample.split()),
                                  [v.property for v in group], link)
-    return fold_consequences(list(merged.values()))
+    return fold_consequences(list(merged.values()), report.waived)
 
 
 # A minimal case that contains what another clause governs: when the kernel also fails
@@ -106,10 +106,16 @@ CONSEQUENCES = (
 )
 
 
-def fold_consequences(divergences: list[Divergence]) -> list[Divergence]:
-    """Divergences whose minimal case meets a clause another divergence failed, folded
-    into that one as consequences (with the property ids, so nothing is hidden)."""
+def fold_consequences(divergences: list[Divergence],
+                      waived: Sequence[str] = ()) -> list[Divergence]:
+    """Divergences whose minimal case meets a clause another divergence failed, or one the
+    declaration waives, folded into it as consequences (with the property ids, so nothing
+    is hidden); a waived clause with consequences is listed as a divergence (status
+    "waived") so that they show."""
     by_clause = {d.clause: d for d in divergences}
+    for clause in waived:
+        by_clause.setdefault(clause, Divergence(clause, "MUST", WAIVED, "waived by the "
+                                                "declaration (CONF-7)", "", []))
     kept = []
     for d in divergences:
         # a crash is a root cause of its own, whatever its first minimal case holds
@@ -123,7 +129,9 @@ def fold_consequences(divergences: list[Divergence]) -> list[Divergence]:
             kept.append(d)
         else:
             cause.consequences += [f"{p} ({d.clause})" for p in d.properties]
-    return kept
+    shown = [by_clause[c] for c in waived if by_clause[c].consequences
+             and by_clause[c] not in divergences]
+    return shown + kept
 
 
 def relink(row: MatrixRow, write_ups: dict[str, str]) -> MatrixRow:
@@ -242,6 +250,7 @@ def to_markdown(rows: Sequence[MatrixRow], title_note: str = "") -> str:
         for d in row.divergences:
             target = d.write_up.split(" ")[0].removeprefix("docs/")
             confirmed = (f"confirmed: [{d.write_up}]({target})" if d.write_up
+                         else "declared, not checked" if d.status == WAIVED
                          else "**unconfirmed** (not yet written up)")
             lines.append(f"- **{d.clause}** ({d.level}, {d.status}) — {confirmed}; properties: "
                          f"{', '.join(d.properties)}")

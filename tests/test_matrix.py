@@ -131,3 +131,15 @@ def test_merge_renders_earlier_runs_without_rerunning(matrix_run: dict[str, Any]
     assert {n for n, r in rows.items() if r["status"] == matrix.CHECKED} == checked
     for name in checked:
         assert rows[name] == matrix_run["rows"][name]
+
+
+def test_failures_on_a_waived_clause_s_inputs_are_its_consequences() -> None:
+    """jax.nn waives SDPA-5.1; a property failing on a fully masked row is listed under
+    the waived clause, not as a divergence of its own."""
+    masked = "q(1, 1, 1, 1), k(1, 1, 1, 1), v(1, 1, 1, 1), dtype=float16, mask(1, 1) (0/1 True)"
+    report = Report("k", "jax", "cpu", "quick", None, False,
+                    verdicts=[_verdict("rows-sum-to-one", "SDPA-7.1", FAILED, masked)])
+    report.waived = ["SDPA-5.1"]
+    [waived] = matrix.divergences_of(report, {})
+    assert (waived.clause, waived.status) == ("SDPA-5.1", WAIVED)
+    assert waived.consequences == ["rows-sum-to-one (SDPA-7.1)"]
