@@ -27,6 +27,7 @@ from .claims import Flag, Getter, suite_keywords
 from .declaration import KernelDeclaration, declaration_of
 from .hints import class_target_hint, signature_hints
 from .kernel import KernelLoadError, KernelUnderTest, load_kernel
+from .known_kernels import known_adapter, known_backend
 from .layouts import LAYOUTS, from_layout, rename_arguments
 from .registry import Property
 from .reproduction import LOADER_LINE
@@ -202,13 +203,16 @@ class KernelSetup:
     def make_backend(self) -> Backend:
         """The backend to check on, in the JAX configuration asked for (``jax_x64``);
         :class:`SetupError` when it is unusable."""
+        backend = self.backend
+        if backend is None and self.device is None:  # a known kernel's own library
+            backend = known_backend(self.kernel)
         if self.jax_x64 is None:
-            return resolve_backend(self.backend, self.device)
-        name = self.backend.name if isinstance(self.backend, Backend) else self.backend
+            return resolve_backend(backend, self.device)
+        name = backend.name if isinstance(backend, Backend) else backend
         if (name or get_backend().name) != "jax":
             raise SetupError(f"jax_x64 (--jax-x64) is a setting of the jax backend, but the "
                              f"backend is {name or get_backend().name!r}")
-        return resolve_backend(self.backend, self.device, {"jax_enable_x64": self.jax_x64})
+        return resolve_backend(backend, self.device, {"jax_enable_x64": self.jax_x64})
 
     def prepare(self, backend: Backend | None = None) -> KernelUnderTest:
         """Load and adapt the kernel; :class:`SetupError` (one line) on any problem.
@@ -233,6 +237,8 @@ class KernelSetup:
                     fn = load_kernel(target)
             else:
                 fn = self.kernel
+            if self.layout == "bhld" and not self.rename:  # else the caller adapts it
+                fn = known_adapter(fn)
             not_a_kernel = class_target_hint(fn, target or _name_of(fn))
             if not_a_kernel:
                 raise SetupError(not_a_kernel)

@@ -275,8 +275,8 @@ class Claim:
     remedy: str = ""
     # the words this claim adds to the conformance claim line (None: nothing)
     shows_as: Callable[[KernelDeclaration], str | None] | None = None
-    # the MUST clause a kernel that does not keep the default does not follow (CONF-7)
-    waives: str | None = None
+    # the MUST clause(s) a kernel that does not keep the default does not follow (CONF-7)
+    waives: str | tuple[str, ...] | None = None
     # a message saying what is wrong with a value, or None
     invalid: Callable[[Any], str | None] | None = None
 
@@ -288,6 +288,10 @@ class Claim:
     @property
     def default_value(self) -> Any:
         return self.default_factory() if self.default_factory is not None else self.default
+
+    @property
+    def waived_clauses(self) -> tuple[str, ...]:
+        return (self.waives,) if isinstance(self.waives, str) else tuple(self.waives or ())
 
     def value_from(self, get: Getter) -> Any:
         """This claim's value from the flags, or None when no flag of it was given."""
@@ -364,6 +368,17 @@ CLAIMS: tuple[Claim, ...] = (
         Flag("--equal-head-dims", "the kernel needs Ev == E (FlashAttention 2, JAX); the suite "
              "pads q, k or v with exact zero columns", kind="switch"),),
         shows_as=lambda d: "needs E == Ev" if d.equal_head_dims else None),
+    # limitations: what a kernel cannot take, declared once instead of failing every
+    # property whose drawn inputs touch it
+    Claim("equal_lengths", "bool", False, flags=(
+        Flag("--equal-lengths", "the kernel needs Lq == Lk (self-attention only, e.g. "
+             "local-attention); the suite draws Lq = Lk, and the claim says so",
+             kind="switch"),),
+        shows_as=lambda d: "needs Lq == Lk" if d.equal_lengths else None),
+    Claim("empty_sizes", "bool", True, flags=(
+        Flag("--empty-sizes", "the kernel takes empty sizes (Lq = 0, Lk = 0; SDPA-1.5, "
+             "SDPA-5.2); --no-empty-sizes: the suite draws none and the claim names both "
+             "clauses as waived (CONF-7)", kind="bool"),), waives=("SDPA-1.5", "SDPA-5.2")),
     Claim("mask", "bool", True, flags=(
         Flag("--mask", "the kernel takes a boolean mask (default: read off its signature)",
              kind="bool"),),
@@ -622,13 +637,14 @@ def claim_features(declaration: KernelDeclaration) -> list[str]:
 
 def waived_clauses(declaration: KernelDeclaration) -> tuple[str, ...]:
     """The MUST clauses the declaration says the kernel does not follow (CONF-7)."""
-    return tuple(claim.waives for claim in CLAIMS if claim.waives is not None
-                 and getattr(declaration, claim.field) != claim.default_value)
+    return tuple(clause for claim in CLAIMS
+                 if getattr(declaration, claim.field) != claim.default_value
+                 for clause in claim.waived_clauses)
 
 
 def waiving_flags(declaration: KernelDeclaration) -> dict[str, str]:
     """Waived clause -> the field that waives it, e.g. ``{"SDPA-5.1": "empty_rows_zero=False"}``."""
-    return {claim.waives: f"{claim.field}={getattr(declaration, claim.field)!r}"
-            for claim in CLAIMS if claim.waives is not None
-            and getattr(declaration, claim.field) != claim.default_value}
+    return {clause: f"{claim.field}={getattr(declaration, claim.field)!r}"
+            for claim in CLAIMS if getattr(declaration, claim.field) != claim.default_value
+            for clause in claim.waived_clauses}
 

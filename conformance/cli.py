@@ -125,8 +125,30 @@ def build_parser() -> argparse.ArgumentParser:
         if flag.option in ("--profile", "--seed", "--only", "--skip", "--strict", "--quiet",
                            "--jobs"):
             flag.add_to(demo)
+    add_matrix_parser(commands)
     benchmarks.add_parser(commands)
     return parser
+
+
+def add_matrix_parser(commands: Any) -> None:
+    matrix = commands.add_parser(
+        "matrix", help="check every installed known kernel; write docs/matrix.md and a JSON",
+        description="Check each known kernel (attnspec.conformance.known_kernels) that is "
+        "installed here, in its own worker, and write the kernel x clause-family matrix with "
+        "each kernel's distinct divergences.")
+    matrix.add_argument("--kernel", action="append", metavar="NAME",
+                        help="only known kernels whose name contains NAME (repeatable)")
+    matrix.add_argument("--markdown", default="docs/matrix.md", metavar="PATH",
+                        help="where to write the matrix (default docs/matrix.md)")
+    matrix.add_argument("--json", default="docs/matrix.json", metavar="PATH",
+                        help="where to write it as JSON (default docs/matrix.json)")
+    matrix.add_argument("--merge", action="append", metavar="JSON",
+                        help="take the checked rows of an earlier run's JSON (repeatable; a "
+                        "later file wins); with --merge only the --kernel kernels are run")
+    for flag in RUN_FLAGS:
+        if flag.option in ("--profile", "--seed", "--only", "--skip", "--quiet", "--timeout",
+                           "--memory-limit"):
+            flag.add_to(matrix)
 
 
 def claims_from(args: argparse.Namespace) -> dict[str, Any]:
@@ -371,7 +393,82 @@ def command_demo(args: argparse.Namespace) -> int:
     return worst
 
 
-COMMANDS = {"check": command_check, "properties": command_properties,
+def command_matrix(args: argparse.Namespace) -> int:
+    """Every known kernel installed here through the suite; exit 0 unless a run broke."""
+    import os
+    import time
+
+    from . import matrix
+    from .known_kernels import KnownKernel, write_ups
+
+    known = {entry.name: entry for entry in matrix.KNOWN_KERNELS}
+    try:
+        earlier = matrix.checked_rows(args.merge or ())
+        entries = matrix.select(args.kernel) if args.kernel or not args.merge else []
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise SetupError(f"--merge: {exc}") from None
+    import importlib.util
+
+    has_cuda = False
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+
+    def check(entry: KnownKernel) -> matrix.MatrixRow:
+        tokens = ["check", entry.name, "--profile", args.profile or "quick",
+                  "--backend", entry.backend,
+                  *(["--device", "cuda"] if entry.device == "cuda" else [])]
+        for option in ("seed", "timeout", "memory_limit"):
+            if getattr(args, option, None) is not None:
+                tokens += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+        for option in ("only", "skip"):
+            for value in getattr(args, option) or ():
+                tokens += [f"--{option}", value]
+        check_args = build_parser().parse_args([*tokens, *(["--quiet"] if args.quiet else [])])
+        print(f"{PROGRAM} matrix: checking {entry.name} ({entry.backend})", file=sys.stderr,
+              flush=True)
+        saved = {key: os.environ.get(key) for key, _ in entry.env}
+        os.environ.update(dict(entry.env))  # the worker inherits it (KERAS_BACKEND)
+        started = time.perf_counter()
+        try:
+            report, _ = _run_one(setup_from(check_args), check_args, tokens[1:],
+                                 label=f"{entry.name}: ")
+        except SetupError as exc:
+            return matrix.MatrixRow(entry.name, entry.backend, entry.device, entry.note,
+                                    matrix.SETUP_FAILED, reason=str(exc))
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+        return matrix.row_from_report(entry, report, write_ups(entry),
+                                      time.perf_counter() - started)
+
+    rows = matrix.build_rows(entries, check, has_cuda)
+    earlier = {name: matrix.relink(row, write_ups(known[name]))
+               for name, row in earlier.items() if name in known}
+    rows += [earlier.get(e.name) or matrix.MatrixRow(
+                 e.name, e.backend, e.device, e.note, matrix.NOT_SELECTED,
+                 reason="left out of this run (--kernel)")
+             for e in matrix.KNOWN_KERNELS if e not in entries]
+    order = [e.name for e in matrix.KNOWN_KERNELS]
+    rows.sort(key=lambda row: order.index(row.name))
+    for path, text in ((args.markdown, matrix.to_markdown(rows)),
+                       (args.json, matrix.to_json(rows))):
+        try:
+            with open(path, "w", encoding="utf-8") as out:
+                out.write(text)
+        except OSError as exc:
+            raise SetupError(f"cannot write {path!r}: {exc.strerror}") from None
+    print(matrix.summary(rows))
+    return 0
+
+
+COMMANDS = {"check": command_check, "matrix": command_matrix, "properties": command_properties,
             "backends": command_backends, "demo": command_demo, "bench": benchmarks.command}
 
 

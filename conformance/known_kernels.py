@@ -1,11 +1,20 @@
-"""Declarations of well-known third-party kernels, so they check with no configuration.
+"""Well-known third-party kernels, so they check with no configuration.
 
-Each entry states what the library documents; the suite then verifies it.
+Each entry states what the library documents; the suite then verifies it.  A kernel whose
+convention a declaration can say (PyTorch's SDPA) has a declaration here; one whose
+convention it cannot (a layout, a module with weights, a mask given as a function) has a
+thin adapter in ``attnspec.conformance.adapters`` that only translates the convention,
+with its declaration attached.  :data:`KNOWN_KERNELS` lists them all: ``attnspec check
+jax.nn:dot_product_attention`` finds the adapter and the backend there, and ``attnspec
+matrix`` checks every installed one.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .declaration import KernelDeclaration
@@ -45,6 +54,166 @@ def known_declaration(fn: Any) -> KernelDeclaration | None:
     return None if factory is None else factory()
 
 
+_ADAPTERS = "attnspec.conformance.adapters"
+
+
+@dataclass(frozen=True)
+class KnownKernel:
+    """One row of the conformance matrix: a kernel people use, and how to check it.
+
+    ``name`` is what a user types (``attnspec check NAME``); ``adapter`` the declared
+    callable in the spec's convention that is checked in its place (the same target when
+    a declaration suffices); ``qualified_names`` the ``module.qualname`` of the library
+    object(s) that ``name`` loads, by which ``attnspec check`` recognises it under any
+    spelling; ``requires`` the modules that must be importable; ``device`` "cpu" or
+    "cuda" (checked only where a GPU is); ``note`` what the adapter does beyond calling.
+    """
+
+    name: str
+    adapter: str
+    backend: str
+    qualified_names: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+    device: str = "cpu"
+    note: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+
+    def missing(self) -> str | None:
+        """Why this kernel cannot be checked here (a module not installed), or None."""
+        for module in self.requires:
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                return f"{module} does not import here"
+        return None
+
+
+def _adapter(module: str, name: str) -> str:
+    return f"{_ADAPTERS}.{module}:{name}"
+
+
+_SDPA_QUALNAMES = ("torch.nn.functional.scaled_dot_product_attention",
+                   "torch._C._nn.scaled_dot_product_attention")
+KNOWN_KERNELS: tuple[KnownKernel, ...] = (
+    KnownKernel("torch.nn.functional:scaled_dot_product_attention",
+                "torch.nn.functional:scaled_dot_product_attention", "torch",
+                _SDPA_QUALNAMES, ("torch",), note="declaration only; the dispatcher's choice"),
+    KnownKernel("attnspec.conformance.torch_kernels:sdpa_math",
+                "attnspec.conformance.torch_kernels:sdpa_math", "torch", (), ("torch",),
+                note="SDPA pinned to its math backend"),
+    KnownKernel("attnspec.conformance.torch_kernels:sdpa_flash",
+                "attnspec.conformance.torch_kernels:sdpa_flash", "torch", (), ("torch",),
+                note="SDPA pinned to its CPU flash backend; batch dims flattened, head dims "
+                     "padded"),
+    KnownKernel("torch.nn.attention.flex_attention:flex_attention",
+                _adapter("torch", "flex_attention_block_mask"), "torch",
+                ("torch.nn.attention.flex_attention.flex_attention",), ("torch",),
+                note="mask and is_causal as a mask_mod in a BlockMask, bias as a score_mod"),
+    KnownKernel(_adapter("torch", "flex_attention_score_mod"),
+                _adapter("torch", "flex_attention_score_mod"), "torch", (), ("torch",),
+                note="mask, is_causal and bias all in one score_mod (-inf where masked)"),
+    KnownKernel("torch.nn:MultiheadAttention", _adapter("torch", "multihead_attention"),
+                "torch", ("torch.nn.modules.activation.MultiheadAttention",), ("torch",),
+                note="identity projections, no bias: pure attention; heads concatenated; "
+                     "mask inverted (True = masked out), key-only masks as key_padding_mask; "
+                     "need_weights=True"),
+    KnownKernel(_adapter("torch", "multihead_attention_no_weights"),
+                _adapter("torch", "multihead_attention_no_weights"), "torch", (), ("torch",),
+                note="as nn.MultiheadAttention, need_weights=False (the fast path)"),
+    KnownKernel("jax.nn:dot_product_attention", _adapter("jax", "dot_product_attention"),
+                "jax", ("jax._src.nn.functions.dot_product_attention",), ("jax",),
+                note="(B, T, N, H) layout; head dims padded to E == Ev; implementation='xla'"),
+    KnownKernel("flax.nnx:dot_product_attention", _adapter("flax", "nnx_dot_product_attention"),
+                "jax", ("flax.nnx.nn.attention.dot_product_attention",), ("flax",),
+                note="(..., L, H, E) layout; deterministic=True"),
+    KnownKernel("flax.linen:dot_product_attention",
+                _adapter("flax", "linen_dot_product_attention"), "jax",
+                ("flax.linen.attention.dot_product_attention",), ("flax",),
+                note="(..., L, H, E) layout; deterministic=True"),
+    *(KnownKernel(_adapter("keras", f"dot_product_attention_{backend}"),
+                  _adapter("keras", f"dot_product_attention_{backend}"), backend, (),
+                  ("keras", backend), env=(("KERAS_BACKEND", backend),),
+                  note=f"keras.ops.dot_product_attention with KERAS_BACKEND={backend}; "
+                       "(B, T, N, H) layout")
+      for backend in ("jax", "torch", "numpy")),
+    KnownKernel(_adapter("thirdparty", "local_attention"),
+                _adapter("thirdparty", "local_attention"), "torch", (),
+                ("local_attention",),
+                note="LocalAttention(window_size=4, causal=True, exact_windowsize=True, "
+                     "look_backward=1) as a causal sliding window of 4 keys back"),
+    KnownKernel(_adapter("thirdparty", "performer_favor"),
+                _adapter("thirdparty", "performer_favor"), "torch", (),
+                ("performer_pytorch",),
+                note="FastAttention(nb_features=M) with its projection drawn from the seed "
+                     "on every call (the redraw)"),
+    KnownKernel(_adapter("thirdparty", "fast_transformers_linear"),
+                _adapter("thirdparty", "fast_transformers_linear"), "torch", (),
+                ("fast_transformers",), note="LinearAttention (elu(x) + 1), eps declared"),
+    *(KnownKernel(_adapter("torch", f"sdpa_cuda_{backend}"),
+                  _adapter("torch", f"sdpa_cuda_{backend}"), "torch", (), ("torch",),
+                  device="cuda", note=f"SDPA pinned to its CUDA {backend} backend")
+      for backend in ("math", "efficient", "flash", "cudnn")),
+    KnownKernel(_adapter("jax", "dot_product_attention_cudnn"),
+                _adapter("jax", "dot_product_attention_cudnn"), "jax", (), ("jax",),
+                device="cuda", note="jax.nn.dot_product_attention(implementation='cudnn')"),
+    KnownKernel("flash_attn:flash_attn_func", _adapter("thirdparty", "flash_attn_func"),
+                "torch", ("flash_attn.flash_attn_interface.flash_attn_func",),
+                ("flash_attn",), device="cuda", note="(B, S, H, D) layout; bottom-right causal"),
+    KnownKernel("xformers.ops:memory_efficient_attention",
+                _adapter("thirdparty", "xformers_memory_efficient"), "torch",
+                ("xformers.ops.fmha.memory_efficient_attention",), ("xformers",),
+                device="cuda", note="(B, M, H, K) layout; mask as an additive bias"),
+)
+
+
+def _entry_of_target(target: str) -> KnownKernel | None:
+    for entry in KNOWN_KERNELS:
+        if target in (entry.name, entry.adapter):
+            return entry
+    return None
+
+
+def known_kernel(fn_or_target: Any) -> KnownKernel | None:
+    """The matrix row of a loaded kernel (by qualified name) or of a target string."""
+    if isinstance(fn_or_target, str):
+        return _entry_of_target(fn_or_target)
+    name = qualified_name(fn_or_target)
+    for entry in KNOWN_KERNELS:
+        if name in entry.qualified_names:
+            return entry
+    return None
+
+
+_KERAS_OPS = "keras.src.ops.nn.dot_product_attention"
+
+
+def known_backend(target: Any) -> str | None:
+    """The backend a known kernel is checked on, when none was asked for."""
+    entry = known_kernel(target) if isinstance(target, str) else None
+    if entry is None and isinstance(target, str):
+        module, _, attribute = target.rpartition(":")
+        if module == "keras.ops" and attribute == "dot_product_attention":
+            return os.environ.get("KERAS_BACKEND") or None
+    return None if entry is None else entry.backend
+
+
+def known_adapter(fn: Any) -> Any:
+    """The declared adapter checked in place of a known library kernel (``fn`` itself
+    when it needs none, or is not known)."""
+    from .kernel import load_kernel
+
+    if qualified_name(fn) == _KERAS_OPS:  # whichever backend keras was imported with
+        import keras
+
+        return load_kernel(_adapter("keras", f"dot_product_attention_{keras.backend.backend()}"))
+    entry = known_kernel(fn)
+    if entry is None or entry.adapter == entry.name:
+        return fn
+    return load_kernel(entry.adapter)
+
+
 # Failures of well-known kernels confirmed by hand against the float64 oracle and written up
 # in docs/divergences.md; the demo reports them as such instead of as unexplained failures.
 _CAUSAL_SCALE_ZERO = "docs/divergences.md#torch-causal-scale-zero"
@@ -71,6 +240,52 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "output-in-value-hull": _CAUSAL_SCALE_ZERO,
         "causal-alignment": _CAUSAL_SCALE_ZERO,
         "layout-independence": "docs/divergences.md#torch-flash-strided",
+        "masked-values-ignored": "docs/divergences.md#torch-masked-overflow",
+    },
+    # need_weights=False goes through SDPA's CPU flash path: its NaN query and masked NaN
+    "attnspec.conformance.adapters.torch.multihead_attention_no_weights": {
+        "nan-propagates": _TORCH_SDPA_DIVERGENCES["nan-propagates"],
+        "masked-nonfinite-ignored": _TORCH_SDPA_DIVERGENCES["masked-nonfinite-ignored"],
+    },
+    "attnspec.conformance.adapters.torch.flex_attention_score_mod": {
+        "masked-nonfinite-ignored": "docs/divergences.md#flex-masked-nan",
+    },
+    "torch.nn.attention.flex_attention.flex_attention": {
+        "masked-nonfinite-ignored": "docs/divergences.md#flex-masked-nan",
+    },
+    "attnspec.conformance.adapters.keras.dot_product_attention_torch": {
+        "empty-rows-zero": "docs/divergences.md#keras-empty-rows",
+        # its minimal case (top-left causal, Lq = 1, key 0 masked out) is an empty row
+        "layout-independence": "docs/divergences.md#keras-empty-rows",
+        "gqa-rejects-bad-heads": "docs/divergences.md#keras-gqa-heads",
+        "nan-propagates": "docs/divergences.md#keras-torch-sdpa",
+        "mask-broadcast": "docs/divergences.md#keras-torch-sdpa",
+        "output-in-value-hull": "docs/divergences.md#keras-torch-sdpa",
+    },
+    "attnspec.conformance.adapters.keras.dot_product_attention_numpy": {
+        "empty-rows-zero": "docs/divergences.md#keras-empty-rows",
+        "gqa-rejects-bad-heads": "docs/divergences.md#keras-gqa-heads",
+        "matches-reference": "docs/divergences.md#keras-numpy-gqa",
+        "large-logits": "docs/divergences.md#keras-numpy-float16",
+    },
+    # SDPA-5.1 is waived by the adapter; these two failed only on fully masked rows
+    # (their minimal cases' masks are all False), the waived divergence
+    "jax._src.nn.functions.dot_product_attention": {
+        "rows-sum-to-one": "docs/divergences.md#jax-empty-rows",
+        "value-linearity": "docs/divergences.md#jax-empty-rows",
+    },
+    "attnspec.conformance.adapters.thirdparty.local_attention": {
+        "sparse-masked-nonfinite-ignored": "docs/divergences.md#local-attention-masked-nan",
+    },
+    # need_weights=True (MHA's own math path) only; need_weights=False goes through SDPA
+    "torch.nn.modules.activation.MultiheadAttention": {
+        "empty-rows-zero": "docs/divergences.md#mha-empty-rows",
+        "large-logits": "docs/divergences.md#mha-float16-overflow",
+        # the same float16 scores, rounded: weights off by just over the TOL-2 bound
+        "matches-reference": "docs/divergences.md#mha-float16-overflow",
+        "bias-semantics": "docs/divergences.md#mha-float16-overflow",
+        # the example of torch-masked-nan through MHA's adapter gives [nan, nan] too
+        "masked-nonfinite-ignored": _TORCH_SDPA_DIVERGENCES["masked-nonfinite-ignored"],
     },
 }
 
@@ -78,3 +293,12 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
 def known_divergences(fn: Any) -> dict[str, str]:
     """Property id -> where the confirmed divergence of this kernel is written up."""
     return dict(_DIVERGENCES.get(qualified_name(fn), {}))
+
+
+def write_ups(entry: KnownKernel) -> dict[str, str]:
+    """Property id -> the confirmed write-up, for a row of the matrix."""
+    for name in (entry.name, entry.adapter, *entry.qualified_names):
+        found = _DIVERGENCES.get(name.replace(":", "."))
+        if found:
+            return dict(found)
+    return {}

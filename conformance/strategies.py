@@ -9,6 +9,7 @@ can trip.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -57,9 +58,9 @@ def draw_dims(
                        family=family, min_kv_heads=min_kv_heads, min_groups=min_groups)
         return shape_pool.pooled_dims(data, kernel, draw_dims, options)
     if drawing.realistic:
-        return sizes.draw_realistic_dims(data, kernel, gqa=use_gqa, weights=weights,
-                                         family=family, min_kv_heads=min_kv_heads,
-                                         min_groups=min_groups)
+        return within_limitations(kernel, sizes.draw_realistic_dims(
+            data, kernel, gqa=use_gqa, weights=weights, family=family,
+            min_kv_heads=min_kv_heads, min_groups=min_groups))
     limits = drawing.limits
     max_len = min(max_len, limits.max_len)
     max_head_dim = min(8, limits.max_head_dim)
@@ -74,7 +75,7 @@ def draw_dims(
     heads_room = max(1, limits.max_batch_heads // math.prod(batch))
     n_kv_heads = data.draw(st.integers(1, max(1, min(3, heads_room))), label="Hkv")
     groups_room = max(1, min(3, heads_room // n_kv_heads))
-    return Dims(
+    return within_limitations(kernel, Dims(
         batch=batch,
         n_kv_heads=n_kv_heads,
         groups=data.draw(st.integers(1, groups_room), label="G") if use_gqa else 1,
@@ -82,7 +83,21 @@ def draw_dims(
         n_keys=data.draw(st.integers(min_keys, max(max_len, min_keys)), label="Lk"),
         head_dim=data.draw(st.integers(1, max_head_dim), label="E"),
         value_dim=data.draw(st.integers(1, max_head_dim), label="Ev"),
-    )
+    ))
+
+
+def within_limitations(kernel: KernelUnderTest, dims: Dims) -> Dims:
+    """``dims`` cut to what the kernel declares it can take: Lq = Lk (the shorter, so the
+    cost never grows) for ``equal_lengths``, no empty length without ``empty_sizes``."""
+    declaration = kernel.declaration
+    n_queries, n_keys = dims.n_queries, dims.n_keys
+    if declaration.equal_lengths:
+        n_queries = n_keys = min(n_queries, n_keys)
+    if not declaration.empty_sizes:
+        n_queries, n_keys = max(n_queries, 1), max(n_keys, 1)
+    if (n_queries, n_keys) == (dims.n_queries, dims.n_keys):
+        return dims
+    return replace(dims, n_queries=n_queries, n_keys=n_keys)
 
 
 def draw_permutation(data: st.DataObject, n: int, label: str) -> list[int]:

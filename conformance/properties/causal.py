@@ -41,8 +41,8 @@ def _unequal_dims(data: st.DataObject, kernel: KernelUnderTest, weights: bool = 
     shapes that already differ keep their lengths (a block boundary on either side)."""
     dims = draw_dims(data, kernel, min_queries=1, min_keys=1, max_len=8, weights=weights)
     drawing = current()
-    if drawing.realistic and dims.n_queries != dims.n_keys:
-        return dims
+    if (drawing.realistic and dims.n_queries != dims.n_keys) or kernel.declaration.equal_lengths:
+        return dims  # a kernel that needs Lq == Lk (declared) is checked at Lq == Lk
     shift = data.draw(st.sampled_from([1, -1, 2, -2, 3, -3]), label="Lk - Lq")
     n_keys = dims.n_queries + shift
     if not 1 <= n_keys <= max(drawing.limits.max_len, 2):

@@ -1,0 +1,280 @@
+"""The conformance matrix: every known kernel (``known_kernels.KNOWN_KERNELS``) checked
+through the suite, one row per kernel, one column per clause family (``SDPA-5`` for
+SDPA-5.1 and SDPA-5.2), and each kernel's distinct divergences listed once.
+
+A divergence is a root cause, not a failing property: the failures of one kernel that
+share a cause (``report.grouped_findings``: the same exception or wrong return type) or
+one confirmed write-up in docs/divergences.md (``known_kernels.known_divergences``) are
+one divergence, shown with the clause and the minimal case of the first property that
+met it.  ``attnspec matrix`` writes the Markdown (docs/matrix.md) and a JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from .known_kernels import KNOWN_KERNELS, KnownKernel
+from .report import grouped_findings
+from .runner import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Report
+
+NOT_INSTALLED, NEEDS_GPU, CHECKED, SETUP_FAILED, NOT_SELECTED = (
+    "not installed", "needs a GPU", "checked", "setup failed", "not run")
+
+
+@dataclass
+class Divergence:
+    """One root cause: its clause, the properties it failed, the minimal case, the write-up."""
+
+    clause: str
+    level: str
+    status: str
+    finding: str
+    inputs: str
+    properties: list[str]
+    write_up: str = ""  # docs/divergences.md#anchor (upstream issue), "" when unconfirmed
+    # properties whose failing case also meets this divergence's inputs (see CONSEQUENCES)
+    consequences: list[str] = field(default_factory=list)
+
+
+@dataclass
+class MatrixRow:
+    name: str
+    backend: str
+    device: str
+    note: str
+    status: str  # checked | not installed | needs a GPU | setup failed
+    reason: str = ""
+    claim: str = ""
+    seconds: float = 0.0
+    cells: dict[str, str] = field(default_factory=dict)  # clause family -> verdict word
+    divergences: list[Divergence] = field(default_factory=list)
+
+
+def family(clause: str) -> str:
+    """``SDPA-5.1`` -> ``SDPA-5``: the column a clause's verdict is shown in."""
+    return clause.split(".")[0]
+
+
+_RANK = {FAILED: 4, WARNING: 3, WAIVED: 2, PASSED: 1, NOT_APPLICABLE: 0}
+
+
+def cells_of(report: Report) -> dict[str, str]:
+    """Each clause family's verdict: the worst of its properties' (waived when the
+    declaration waives a clause of it and nothing of it failed)."""
+    worst: dict[str, str] = {}
+    for verdict in report.verdicts:
+        column = family(verdict.clause)
+        if _RANK.get(verdict.status, 0) >= _RANK.get(worst.get(column, NOT_APPLICABLE), 0):
+            worst[column] = verdict.status
+    for clause in report.waived:
+        if worst.get(family(clause)) in (None, NOT_APPLICABLE, PASSED):
+            worst[family(clause)] = WAIVED
+    return worst
+
+
+def divergences_of(report: Report, write_ups: dict[str, str]) -> list[Divergence]:
+    """The report's findings, one per root cause: grouped by cause, then groups that a
+    single confirmed write-up explains merged into one."""
+    merged: dict[str, Divergence] = {}
+    for group in grouped_findings(report):
+        first = group[0]
+        link = next((write_ups[v.property] for v in group if v.property in write_ups), "")
+        key = link or f"{first.status}:{first.property}:{first.detail[:40]}"
+        if key in merged:
+            merged[key].properties += [v.property for v in group]
+            continue
+        merged[key] = Divergence(first.clause, first.level, first.status,
+                                 " ".join(first.detail.split()),
+                                 " ".join(first.counterexample.split()),
+                                 [v.property for v in group], link)
+    return fold_consequences(list(merged.values()), report.waived)
+
+
+# A minimal case that contains what another clause governs: when the kernel also fails
+# that clause, this failure is reported as its consequence, not as a divergence of its own.
+CONSEQUENCES = (
+    # a mask with no True at all: every row is fully masked (SDPA-5.1)
+    (re.compile(r"mask\([^)]*\) \(0/"), "SDPA-5.1", ""),
+    # no keys at all (Lk = 0): SDPA-5.2
+    (re.compile(r"\bk\((?:\d+, )*0, \d+\)"), "SDPA-5.2", ""),
+    # float64 inputs, when the kernel returns another dtype for them: it computes in that
+    # dtype, so every float64 accuracy failure follows
+    (re.compile(r"dtype=float64"), "SDPA-1.3", "should be float64"),
+)
+
+
+def fold_consequences(divergences: list[Divergence],
+                      waived: Sequence[str] = ()) -> list[Divergence]:
+    """Divergences whose minimal case meets a clause another divergence failed, or one the
+    declaration waives, folded into it as consequences (with the property ids, so nothing
+    is hidden); a waived clause with consequences is listed as a divergence (status
+    "waived") so that they show."""
+    by_clause = {d.clause: d for d in divergences}
+    for clause in waived:
+        by_clause.setdefault(clause, Divergence(clause, "MUST", WAIVED, "waived by the "
+                                                "declaration (CONF-7)", "", []))
+    kept = []
+    for d in divergences:
+        # a crash is a root cause of its own, whatever its first minimal case holds
+        crashed = d.finding.startswith("kernel raised")
+        cause = None if crashed else next((
+                      by_clause[clause] for pattern, clause, finding in CONSEQUENCES
+                      if pattern.search(d.inputs) and clause in by_clause
+                      and by_clause[clause] is not d
+                      and finding in by_clause[clause].finding), None)
+        if cause is None:
+            kept.append(d)
+        else:
+            cause.consequences += [f"{p} ({d.clause})" for p in d.properties]
+    shown = [by_clause[c] for c in waived if by_clause[c].consequences
+             and by_clause[c] not in divergences]
+    return shown + kept
+
+
+def relink(row: MatrixRow, write_ups: dict[str, str]) -> MatrixRow:
+    """``row`` with write-ups confirmed since it ran linked, and divergences that one
+    write-up explains merged (for rows taken from an earlier run)."""
+    by_link: dict[str, Divergence] = {}
+    kept = []
+    for d in row.divergences:
+        d.write_up = d.write_up or next((write_ups[p] for p in d.properties
+                                         if p in write_ups), "")
+        if d.write_up in by_link:
+            by_link[d.write_up].properties += d.properties
+            by_link[d.write_up].consequences += d.consequences
+            continue
+        if d.write_up:
+            by_link[d.write_up] = d
+        kept.append(d)
+    row.divergences = kept
+    return row
+
+
+def unavailable(entry: KnownKernel, has_cuda: bool) -> MatrixRow | None:
+    """The row of a kernel that cannot be checked here, or None when it can."""
+    row = MatrixRow(entry.name, entry.backend, entry.device, entry.note, "")
+    missing = entry.missing()
+    if missing:
+        row.status, row.reason = NOT_INSTALLED, missing
+    elif entry.device == "cuda" and not has_cuda:
+        row.status, row.reason = NEEDS_GPU, "declared for CUDA; no GPU on this machine"
+    else:
+        return None
+    return row
+
+
+def select(names: Sequence[str] | None) -> list[KnownKernel]:
+    """The known kernels whose name contains one of ``names`` (all when None)."""
+    if not names:
+        return list(KNOWN_KERNELS)
+    chosen = [e for e in KNOWN_KERNELS if any(n in e.name for n in names)]
+    if not chosen:
+        raise ValueError(f"--kernel {', '.join(names)} matches no known kernel; known: "
+                         f"{', '.join(e.name for e in KNOWN_KERNELS)}")
+    return chosen
+
+
+def build_rows(entries: Sequence[KnownKernel], check: Callable[[KnownKernel], MatrixRow],
+               has_cuda: bool) -> list[MatrixRow]:
+    return [unavailable(entry, has_cuda) or check(entry) for entry in entries]
+
+
+def row_from_report(entry: KnownKernel, report: Report, write_ups: dict[str, str],
+                    seconds: float) -> MatrixRow:
+    return MatrixRow(entry.name, report.backend, entry.device, entry.note, CHECKED,
+                     claim=report.claim, seconds=seconds, cells=cells_of(report),
+                     divergences=divergences_of(report, write_ups))
+
+
+def checked_rows(paths: Sequence[str]) -> dict[str, MatrixRow]:
+    """The checked rows of earlier runs' JSON files, by kernel name (a later file wins)."""
+    rows: dict[str, MatrixRow] = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as file:
+            for data in json.load(file):
+                if data["status"] == CHECKED:
+                    data["divergences"] = [Divergence(**d) for d in data["divergences"]]
+                    rows[data["name"]] = MatrixRow(**data)
+    return rows
+
+
+# --- rendering ----------------------------------------------------------------------------
+
+_WORD = {PASSED: "pass", FAILED: "FAIL", WARNING: "warn", NOT_APPLICABLE: "–",
+         WAIVED: "waived"}
+
+
+def _anchor(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def _column_key(column: str) -> tuple[str, int]:
+    prefix, _, number = column.rpartition("-")
+    return (prefix, int(number) if number.isdigit() else 0)
+
+
+def to_markdown(rows: Sequence[MatrixRow], title_note: str = "") -> str:
+    checked = [r for r in rows if r.status == CHECKED]
+    columns = sorted({c for r in checked for c, v in r.cells.items() if v != NOT_APPLICABLE},
+                     key=_column_key)
+    lines = ["# Conformance matrix of known kernels", "",
+             "Generated by `attnspec matrix` (quick profile, each kernel in its own worker). "
+             "A cell is the worst verdict of the clause family's properties: pass, FAIL, warn "
+             "(SHOULD), waived (the declaration names the MUST clause it does not follow, "
+             "CONF-7), – (not applicable). Each FAIL links to the kernel's distinct "
+             "divergences below; a divergence with a write-up is confirmed against the "
+             "float64 definition in [divergences.md](divergences.md).", ""]
+    if title_note:
+        lines += [title_note, ""]
+    lines += ["| kernel | backend | " + " | ".join(columns) + " |",
+              "|---|---|" + "---|" * len(columns)]
+    for row in checked:
+        cells = []
+        for column in columns:
+            word = _WORD.get(row.cells.get(column, NOT_APPLICABLE), "?")
+            cells.append(f"[{word}](#{_anchor(row.name)})" if word == "FAIL" else word)
+        lines.append(f"| `{row.name}` | {row.backend} | " + " | ".join(cells) + " |")
+    others = [r for r in rows if r.status != CHECKED]
+    if others:
+        lines += ["", "Not checked here:", ""]
+        lines += [f"- `{r.name}` ({r.backend}, {r.device}): {r.status}: {r.reason}"
+                  for r in others]
+    lines += ["", "## Distinct divergences, kernel by kernel", ""]
+    for row in checked:
+        lines += [f"### {row.name}", "", f"{row.note}. {row.claim} ({row.seconds:.0f} s)", ""]
+        if not row.divergences:
+            lines += ["No divergence.", ""]
+        for d in row.divergences:
+            target = d.write_up.split(" ")[0].removeprefix("docs/")
+            confirmed = (f"confirmed: [{d.write_up}]({target})" if d.write_up
+                         else "declared, not checked" if d.status == WAIVED
+                         else "**unconfirmed** (not yet written up)")
+            lines.append(f"- **{d.clause}** ({d.level}, {d.status}) — {confirmed}; properties: "
+                         f"{', '.join(d.properties)}")
+            lines.append(f"  - finding: {d.finding[:300]}")
+            if d.inputs:
+                lines.append(f"  - minimal case: {d.inputs[:300]}")
+            if d.consequences:
+                lines.append(f"  - also fails, as a consequence (same inputs): "
+                             f"{', '.join(d.consequences)}")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def to_json(rows: Sequence[MatrixRow]) -> str:
+    return json.dumps([asdict(r) for r in rows], indent=2) + "\n"
+
+
+def summary(rows: Sequence[MatrixRow]) -> str:
+    """One line per kernel for the terminal."""
+    out = []
+    for r in rows:
+        if r.status != CHECKED:
+            out.append(f"{r.name}: {r.status} ({r.reason})")
+        else:
+            n = len(r.divergences)
+            out.append(f"{r.name}: {n} distinct divergence{'s' * (n != 1)} ({r.seconds:.0f} s)")
+    return "\n".join(out)
