@@ -244,7 +244,9 @@ def to_markdown(rows: Sequence[MatrixRow], title_note: str = "") -> str:
                   for r in others]
     lines += ["", "## Distinct divergences, kernel by kernel", ""]
     for row in checked:
-        lines += [f"### {row.name}", "", f"{row.note}. {row.claim} ({row.seconds:.0f} s)", ""]
+        # an explicit id: the site's heading slugs drop the dots the table's links keep
+        lines += [f'<a id="{_anchor(row.name)}"></a>', "", f"### {row.name}", "",
+                  f"{row.note}. {row.claim} ({row.seconds:.0f} s)", ""]
         if not row.divergences:
             lines += ["No divergence.", ""]
         for d in row.divergences:
