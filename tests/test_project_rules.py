@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shutil
 import subprocess
@@ -70,3 +71,13 @@ def test_ruff_is_clean() -> None:
         pytest.fail("ruff is not installed; install the test extras: pip install 'attnspec[test]'")
     result = subprocess.run([ruff, "check", str(ROOT)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_mypy_strict_is_clean() -> None:
+    """Type hints hold: ``bash scripts/typecheck`` (mypy --strict on the packages that
+    pyproject's [tool.mypy] lists) finds nothing."""
+    if subprocess.run([sys.executable, "-c", "import mypy"], capture_output=True).returncode:
+        pytest.fail("mypy is not installed; install the test extras: pip install 'attnspec[test]'")
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "typecheck")], capture_output=True,
+                            text=True, env={**os.environ, "PYTHON": sys.executable})
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
