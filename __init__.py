@@ -5,6 +5,7 @@ Array API (:mod:`attnspec.reference`), and a property-based conformance suite
 (:mod:`attnspec.conformance`) that checks anyone's kernel clause by clause.
 """
 
+from ._version import SPEC_VERSION, __version__  # noqa: F401 (re-exported)
 from .backends import (
     Backend,
     BackendError,
@@ -22,9 +23,6 @@ from .reference import (
     scaled_dot_product_attention,
     sinusoidal_positional_encoding,
 )
-
-SPEC_VERSION = "2026.12"
-__version__ = "2026.12.0"
 
 __all__ = [
     "CAUSAL_ALIGNMENTS",

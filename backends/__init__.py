@@ -141,10 +141,11 @@ def set_backend(name: str, device: Any = None) -> Backend:
 def get_backend() -> Backend:
     """The default backend (loaded on first use; NumPy unless configured otherwise)."""
     with _lock:
-        if _current[0] is None:
+        backend = _current[0]
+        if backend is None:
             name, device = _requested[0]
-            _current[0] = Backend(name, device)
-        return _current[0]
+            backend = _current[0] = Backend(name, device)
+        return backend
 
 
 @contextlib.contextmanager

@@ -56,11 +56,12 @@ def survey_problem(seed: int = 0) -> dict[str, np.ndarray]:
 def _measure(backend: Backend, dtype: str, problem: dict[str, np.ndarray]) -> SurveyRow:
     q, k, v = (backend.asarray(problem[n], dtype=dtype) for n in ("q", "k", "v"))
     mask = backend.asarray(problem["mask"])
-    causal = {"is_causal": True, "causal_alignment": "bottom_right"}
-    out = scaled_dot_product_attention(q, k, v, mask=mask, **causal)
+    out = scaled_dot_product_attention(q, k, v, mask=mask, is_causal=True,
+                                       causal_alignment="bottom_right")
     # TOL-1: the target is the definition on the values the computation actually saw.
     seen = [np.asarray(backend.to_numpy(a), dtype=np.float64) for a in (q, k, v)]
-    bound = error_bound(*seen, dtype=dtype, mask=problem["mask"], **causal)
+    bound = error_bound(*seen, dtype=dtype, mask=problem["mask"], is_causal=True,
+                        causal_alignment="bottom_right")
     error = np.abs(np.asarray(backend.to_numpy(out), dtype=np.float64) - bound.out)
     return SurveyRow(
         backend=backend.name,

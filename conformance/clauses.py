@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._version import SPEC_VERSION
+
 LEVELS = ("MUST", "SHOULD", "MAY")
 SPEC_DIR = Path(__file__).resolve().parent.parent / "spec"
 _CLAUSE = re.compile(
@@ -33,7 +35,7 @@ class Clause:
     @property
     def citation(self) -> str:
         """How a paper or an error message cites the clause."""
-        return f"attnspec 2026.12, {self.id}"
+        return f"attnspec {SPEC_VERSION}, {self.id}"
 
     @property
     def url_fragment(self) -> str:

@@ -104,7 +104,7 @@ def check_choice(name: str, value: Any, choices: tuple[str, ...], call: str, cla
             f"{name}={value!r}, but should be one of {', '.join(map(repr, choices))} "
             f"[{clause}, {call}]"
         )
-    return value
+    return str(value)
 
 
 def check_flag(name: str, value: Any, call: str) -> bool:

@@ -134,6 +134,7 @@ def _absorb(xp: ModuleType, state: _Running | None, scores: Any, v_block: Any,
     # elsewhere, so the rescaled sums never overflow.
     rescale = xp.exp(state.m - shift)
     if counts is not None:
+        assert state.counts is not None  # every block counts when the first one did
         counts = NonFiniteCounts(*(a + b for a, b in zip(state.counts, counts, strict=True)))
     return _Running(m, state.l * rescale + l, state.acc * rescale + acc, counts)
 
@@ -142,7 +143,7 @@ def _key_stop(inputs: _Scores, rows: slice, n_keys: int) -> int:
     """One past the last key any query of ``rows`` may attend under the causal rule."""
     if inputs.causal_offset is None:
         return n_keys
-    return max(0, min(n_keys, rows.stop + inputs.causal_offset))
+    return max(0, min(n_keys, int(rows.stop + inputs.causal_offset)))
 
 
 def _attend_chunk(inputs: _Scores, rows: slice, key_block: int, v_finite: Any,

@@ -23,7 +23,7 @@ from .tolerance import UNIT_ROUNDOFF, accumulation_roundoff
 
 
 def _dot(a: list[float], b: list[float]) -> float:
-    return sum(map(operator.mul, a, b))
+    return float(sum(map(operator.mul, a, b)))
 
 
 def _orthonormal_rows(rows: list[list[float]]) -> list[list[float]]:
@@ -39,7 +39,8 @@ def _orthonormal_rows(rows: list[list[float]]) -> list[list[float]]:
     return basis
 
 
-def _draw_projection(num_features: int, head_dim: int, seed: int, orthogonal: bool) -> list:
+def _draw_projection(num_features: int, head_dim: int, seed: int,
+                     orthogonal: bool) -> list[list[float]]:
     """The LIN-4.5 draw as a list of ``num_features`` rows of ``head_dim`` Python floats."""
     rng = random.Random(seed)
 

@@ -90,7 +90,7 @@ def _check_new(q: Any, k: Any, v: Any, k_cache: Any, call: str) -> int:
         raise ValueError(f"k.shape={tuple(k.shape)}, v.shape={tuple(v.shape)}, but should be "
                          f"(B, Hkv, L_new, E) and (B, Hkv, L_new, Ev) with B = {q.shape[0]} and "
                          f"Hkv = {k_cache.shape[1]} [KVCACHE-4, {call}]")
-    return k.shape[2]
+    return int(k.shape[2])
 
 
 def kv_cache_attention(

@@ -29,7 +29,7 @@ def _head_width(name: str, w: Any, rows: int, rows_are: str, heads: int, cols_ar
             f"{rows} = {rows_are} and the columns a positive multiple of {heads} heads "
             f"[MHA-1, {CALL}]"
         )
-    return w.shape[1] // heads
+    return int(w.shape[1]) // heads
 
 
 def _split_heads(xp: ModuleType, a: Any, heads: int) -> Any:

@@ -286,9 +286,12 @@ def library_window(convention: str, window: Any, *, causal: bool = False) -> dic
     check_flag("causal", causal, f"SPARSE-2.2, {call}")
     call = f"SPARSE-2.2, {call}"
     alignment, is_causal = "top_left", causal
+    left: int | None
+    right: int | None
     if convention == "flash_attn":
-        left, right = _pair(convention, window, call)
-        left, right = (None if left < 0 else left), (None if right < 0 else right)
+        left_or_negative, right_or_negative = _pair(convention, window, call)
+        left = None if left_or_negative < 0 else left_or_negative
+        right = None if right_or_negative < 0 else right_or_negative
         alignment = "bottom_right"
     elif convention == "jax":
         if isinstance(window, Sequence) and not isinstance(window, (str, bytes)):

@@ -16,7 +16,7 @@ import array_api_compat
 
 from .masks import creation_namespace
 from .sparse_params import LIBRARY_WINDOWS, build_pattern, draw_random_blocks, library_window
-from .sparse_sets import PATTERN_NAMES, SparsePattern
+from .sparse_sets import PATTERN_NAMES, BigBird, SparsePattern
 
 __all__ = [
     "LIBRARY_WINDOWS",
@@ -151,4 +151,5 @@ def bigbird_mask(
         {"block_size": block_size, "num_random": num_random, "seed": seed,
          "window_blocks": window_blocks, "global_blocks": global_blocks,
          "random_blocks": random_blocks}, "bigbird_mask(n_queries, n_keys)")
+    assert isinstance(sets, BigBird)  # build_pattern("bigbird", ...) builds one
     return mask, sets.random_table(xp, device)

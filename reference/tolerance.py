@@ -179,8 +179,10 @@ def error_and_lse_bound(
     """:func:`error_bound` and the log-sum-exp with its TOL-5 bound, in one pass."""
     options = dict(mask=mask, bias=bias, is_causal=is_causal,
                    causal_alignment=causal_alignment, scale=scale)
-    return _bounds(q, k, v, dtype, options, softcap, alibi_slopes, weights, True,
-                   chunk_elements)
+    bound, lse_bound = _bounds(q, k, v, dtype, options, softcap, alibi_slopes, weights, True,
+                               chunk_elements)
+    assert lse_bound is not None  # _bounds(..., lse=True, ...) computes it
+    return bound, lse_bound
 
 
 def _bounds(

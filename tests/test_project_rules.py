@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shutil
 import subprocess
@@ -70,3 +71,47 @@ def test_ruff_is_clean() -> None:
         pytest.fail("ruff is not installed; install the test extras: pip install 'attnspec[test]'")
     result = subprocess.run([ruff, "check", str(ROOT)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_mypy_strict_is_clean() -> None:
+    """Type hints hold: ``bash scripts/typecheck`` (mypy --strict on the packages that
+    pyproject's [tool.mypy] lists) finds nothing."""
+    if subprocess.run([sys.executable, "-c", "import mypy"], capture_output=True).returncode:
+        pytest.fail("mypy is not installed; install the test extras: pip install 'attnspec[test]'")
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "typecheck")], capture_output=True,
+                            text=True, env={**os.environ, "PYTHON": sys.executable})
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    nodes = [n for n in ast.walk(tree)
+             if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)]
+    return {id(n.body[0].value) for n in nodes
+            if n.body and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)}
+
+
+def test_the_version_is_written_once() -> None:
+    """One version source: _version.py; the installed package's metadata agrees with it
+    (pyproject reads it), and no code writes the version as a literal elsewhere (docstrings
+    may quote it)."""
+    import importlib.metadata
+
+    import attnspec
+
+    assert importlib.metadata.version("attnspec") == attnspec.__version__, (
+        "the installed metadata differs from _version.py: reinstall (bash scripts/setup)")
+    assert attnspec.__version__.startswith(attnspec.SPEC_VERSION + ".")
+    literal = re.compile(re.escape(attnspec.SPEC_VERSION) + r"(?!\d)")
+    written = []
+    for path in sorted(ROOT.rglob("*.py")):
+        relative = path.relative_to(ROOT)
+        skipped = relative.parts[0] in (".venv", "build", ".cache", "tests")
+        if skipped or relative.name == "_version.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = _docstrings(tree)
+        written += [f"{relative}:{node.lineno}" for node in ast.walk(tree)
+                    if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and id(node) not in docstrings and literal.search(node.value)]
+    assert not written, f"the version written outside _version.py: {written}"
