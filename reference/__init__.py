@@ -1,5 +1,6 @@
 """The reference implementation: pure Python Array API, one module per spec area."""
 
+from ._array import Array
 from .blocked import blocked_attention, default_block_sizes
 from .favor import favor_attention, favor_feature_map, favor_projection
 from .features import alibi_slopes
@@ -28,6 +29,7 @@ __all__ = [
     "CAUSAL_ALIGNMENTS",
     "LIBRARY_WINDOWS",
     "PATTERN_NAMES",
+    "Array",
     "alibi_slopes",
     "append_to_cache",
     "apply_rope",

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 import array_api_compat
 
+from ._array import Array
 from ._checks import check_size
 from .masks import causal_offset
 from .sdpa import (
@@ -62,8 +63,8 @@ class _Scores(NamedTuple):
     """The inputs of the scores: the laid-out problem plus mask and bias as grouped views."""
 
     problem: AttentionProblem
-    mask: Any  # None, or bool broadcastable to (*batch, Hkv, G, Lq, Lk)
-    bias: Any  # None, or floating broadcastable to (*batch, Hkv, G, Lq, Lk)
+    mask: Array  # None, or bool broadcastable to (*batch, Hkv, G, Lq, Lk)
+    bias: Array  # None, or floating broadcastable to (*batch, Hkv, G, Lq, Lk)
     causal_offset: int | None  # d of SDPA-4 (query i sees key j iff j <= i + d), or None
 
 
@@ -114,8 +115,8 @@ class _Running(NamedTuple):
     counts: NonFiniteCounts | None
 
 
-def _absorb(xp: ModuleType, state: _Running | None, scores: Any, v_block: Any,
-            v_nonfinite: Any) -> _Running:
+def _absorb(xp: ModuleType, state: _Running | None, scores: Array, v_block: Any,
+            v_nonfinite: Array) -> _Running:
     """Fold one block of scores and its values into the running state (SDPA-7.1)."""
     m = xp.max(scores, axis=-1, keepdims=True)
     if state is not None:
@@ -147,7 +148,7 @@ def _key_stop(inputs: _Scores, rows: slice, n_keys: int) -> int:
 
 
 def _attend_chunk(inputs: _Scores, rows: slice, key_block: int, v_finite: Any,
-                  v_nonfinite: Any) -> Any:
+                  v_nonfinite: Array) -> Any:
     """Output rows ``rows`` of every batch element and head, ``(..., G, rows, Ev)``."""
     problem = inputs.problem
     xp = problem.xp
@@ -169,12 +170,12 @@ def _attend_chunk(inputs: _Scores, rows: slice, key_block: int, v_finite: Any,
 
 
 def blocked_attention(
-    q: Any,
-    k: Any,
-    v: Any,
+    q: Array,
+    k: Array,
+    v: Array,
     *,
-    mask: Any = None,
-    bias: Any = None,
+    mask: Array = None,
+    bias: Array = None,
     is_causal: bool = False,
     causal_alignment: str = "top_left",
     scale: float | None = None,

@@ -15,6 +15,7 @@ from typing import Any
 
 import array_api_compat
 
+from ._array import Array
 from ._checks import check_flag, check_size, namespace_of, require_ndim_at_least
 from .linear import FeatureMapPair, linear_attention
 from .masks import creation_namespace
@@ -83,7 +84,7 @@ def favor_projection(
     return xp.asarray(rows, dtype=xp.float64, device=device)
 
 
-def _favor_logits(x: Any, projection: Any, call: str) -> Any:
+def _favor_logits(x: Any, projection: Array, call: str) -> Any:
     """``w_i . x~ - |x~|^2 / 2`` with ``x~ = x / E^(1/4)``, in x's dtype, shape (..., L, m)."""
     xp = namespace_of(call, x=x, projection=projection)
     if projection.ndim != 2 or projection.shape[1] != x.shape[-1]:
@@ -97,7 +98,7 @@ def _favor_logits(x: Any, projection: Any, call: str) -> Any:
     return xp.matmul(scaled, xp.matrix_transpose(w)) - half_norm_sq
 
 
-def favor_features(x: Any, projection: Any) -> Any:
+def favor_features(x: Any, projection: Array) -> Any:
     """The FAVOR+ map of LIN-4.3 without stabiliser: ``m^(-1/2) exp(w_i . x~ - |x~|^2 / 2)``.
 
     ``phi(q) . phi(k)`` is an unbiased estimate of ``exp(q . k / sqrt(E))`` (LIN-6.1); it can
@@ -108,7 +109,7 @@ def favor_features(x: Any, projection: Any) -> Any:
     return xp.exp(logits) / math.sqrt(projection.shape[0])
 
 
-def favor_feature_map(projection: Any) -> FeatureMapPair:
+def favor_feature_map(projection: Array) -> FeatureMapPair:
     """Stabilised FAVOR+ maps for queries and keys (LIN-4.3 with the LIN-4.6 stabilisers).
 
     Queries: each row's exponents are shifted by that row's maximum.  Keys: all exponents of
@@ -142,9 +143,9 @@ def favor_feature_map(projection: Any) -> FeatureMapPair:
 
 
 def favor_attention(
-    q: Any,
-    k: Any,
-    v: Any,
+    q: Array,
+    k: Array,
+    v: Array,
     *,
     num_features: int,
     seed: int,
@@ -171,7 +172,7 @@ def favor_attention(
     )
 
 
-def favor_feature_error(q: Any, k: Any, projection: Any, *, dtype: str) -> float:
+def favor_feature_error(q: Array, k: Array, projection: Array, *, dtype: str) -> float:
     """The relative error ``a`` of LIN-5.2 for FAVOR+ features computed in ``dtype``.
 
     ``exp((E + 7) u_a M) (1 + 2 u_a) - 1`` with ``M`` the largest

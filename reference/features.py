@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import array_api_compat
 
+from ._array import Array
 from ._checks import check_size, require_broadcastable_to
 from .masks import creation_namespace
 
@@ -77,7 +78,7 @@ def alibi_distance(xp: ModuleType, n_queries: int, n_keys: int, offset: int, dev
     return xp.astype(xp.abs(rows + offset - cols), dtype)
 
 
-def grouped_alibi(problem: AttentionProblem, alibi_slopes: Any, offset: int, call: str) -> Any:
+def grouped_alibi(problem: AttentionProblem, alibi_slopes: Array, offset: int, call: str) -> Any:
     """The ALiBi bias a_ij = -m_h |i + offset - j| (ALIBI-2) in the grouped layout.
 
     ``alibi_slopes`` has one slope per query head, shape ``(..., Hq)`` broadcasting
@@ -105,7 +106,7 @@ def grouped_alibi(problem: AttentionProblem, alibi_slopes: Any, offset: int, cal
     return -slopes * alibi_distance(xp, n_queries, n_keys, offset, device, work)
 
 
-def log_sum_exp(xp: ModuleType, scores: Any, allowed: Any) -> Any:
+def log_sum_exp(xp: ModuleType, scores: Array, allowed: Array) -> Any:
     """log sum_{j in S(i)} exp(s_ij) over the key axis; -inf where S(i) is empty (LSE-1,
     LSE-2).  ``scores`` hold -inf at disallowed keys (``allowed_scores``)."""
     if scores.shape[-1] == 0:

@@ -17,6 +17,7 @@ from typing import Any
 
 import array_api_compat
 
+from ._array import Array
 from ._checks import check_flag, namespace_of
 from .sdpa import scaled_dot_product_attention
 
@@ -38,7 +39,7 @@ def _ints(a: Any, name: str, ndim: int, call: str) -> list[Any]:
 class CacheLayout:
     """Where each batch element's logical cache positions live (KVCACHE-1, KVCACHE-5)."""
 
-    def __init__(self, k_cache: Any, v_cache: Any, cache_seqlens: Any, block_table: Any,
+    def __init__(self, k_cache: Array, v_cache: Array, cache_seqlens: Array, block_table: Array,
                  n_batch: int, n_new: int, call: str) -> None:
         if k_cache.ndim != 4 or v_cache.ndim != 4 or k_cache.shape[:3] != v_cache.shape[:3]:
             raise ValueError(f"k_cache.shape={tuple(k_cache.shape)}, v_cache.shape="
@@ -78,7 +79,7 @@ class CacheLayout:
         return xp.concat(blocks, axis=-2) if blocks else cache[0, ..., :0, :]
 
 
-def _check_new(q: Any, k: Any, v: Any, k_cache: Any, call: str) -> int:
+def _check_new(q: Array, k: Array, v: Array, k_cache: Array, call: str) -> int:
     if (k is None) != (v is None):
         raise ValueError(f"k is {'None' if k is None else 'given'} and v is "
                          f"{'None' if v is None else 'given'}, but should both be given or "
@@ -94,18 +95,18 @@ def _check_new(q: Any, k: Any, v: Any, k_cache: Any, call: str) -> int:
 
 
 def kv_cache_attention(
-    q: Any,
-    k_cache: Any,
-    v_cache: Any,
-    cache_seqlens: Any,
+    q: Array,
+    k_cache: Array,
+    v_cache: Array,
+    cache_seqlens: Array,
     *,
-    k: Any = None,
-    v: Any = None,
-    block_table: Any = None,
+    k: Array = None,
+    v: Array = None,
+    block_table: Array = None,
     is_causal: bool = False,
     scale: float | None = None,
     softcap: float | None = None,
-    alibi_slopes: Any = None,
+    alibi_slopes: Array = None,
     return_lse: bool = False,
 ) -> Any:
     """Attention of ``q`` over each batch element's cached keys and the new ones (KVCACHE-2).
@@ -145,8 +146,9 @@ def kv_cache_attention(
 
 
 def append_to_cache(
-    k_cache: Any, v_cache: Any, cache_seqlens: Any, k: Any, v: Any, *, block_table: Any = None,
-) -> tuple[Any, Any]:
+    k_cache: Array, v_cache: Array, cache_seqlens: Array, k: Array, v: Array, *,
+    block_table: Array = None,
+) -> tuple[Array, Array]:
     """The caches after appending ``k``, ``v`` (KVCACHE-4): batch element b's new keys at
     logical positions ``cache_seqlens[b] ... cache_seqlens[b] + L_new - 1`` (through
     ``block_table`` when paged), every other position unchanged."""

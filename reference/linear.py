@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import array_api_compat
 
+from ._array import Array
 from ._checks import check_choice, check_flag
 from .masks import CAUSAL_ALIGNMENTS, causal_offset
 from .sdpa import prepare
@@ -107,7 +108,7 @@ def _apply(xp: ModuleType, name: str, feature_map: FeatureMap, x: Any, call: str
 
 
 def _numerator_denominator(
-    xp: ModuleType, fq: Any, fk: Any, v: Any, offset: int | None
+    xp: ModuleType, fq: Any, fk: Any, v: Array, offset: int | None
 ) -> tuple[Any, Any]:
     """``N = sum_j A_ij v_j`` and ``D = sum_j A_ij`` over the keys each query sees.
 
@@ -125,7 +126,7 @@ def _numerator_denominator(
 
 
 def _prefix_sums(
-    xp: ModuleType, fq: Any, fk: Any, v: Any, offset: int, chunk: int = PREFIX_CHUNK
+    xp: ModuleType, fq: Any, fk: Any, v: Array, offset: int, chunk: int = PREFIX_CHUNK
 ) -> tuple[Any, Any]:
     """The causal ``N`` and ``D``: query i reads the prefix sums of ``fk_j v_j^T`` and
     ``fk_j`` up to key ``min(i + d, Lk - 1)``; rows with ``i + d < 0`` see no key.
@@ -171,7 +172,7 @@ def _divide(xp: ModuleType, numerator: Any, denominator: Any) -> Any:
 
 
 def _setup(
-    q: Any, k: Any, v: Any, feature_map: Any, is_causal: bool, causal_alignment: str,
+    q: Array, k: Array, v: Array, feature_map: Any, is_causal: bool, causal_alignment: str,
     eps: Any, call: str,
 ) -> tuple[Any, Any, Any, int | None, float]:
     problem = prepare(q, k, v, call=call)
@@ -193,9 +194,9 @@ def _setup(
 
 
 def linear_attention(
-    q: Any,
-    k: Any,
-    v: Any,
+    q: Array,
+    k: Array,
+    v: Array,
     *,
     feature_map: FeatureMap | tuple[FeatureMap, FeatureMap],
     is_causal: bool = False,
@@ -222,9 +223,9 @@ def linear_attention(
 
 
 def linear_error_bound(
-    q: Any,
-    k: Any,
-    v: Any,
+    q: Array,
+    k: Array,
+    v: Array,
     *,
     feature_map: FeatureMap | tuple[FeatureMap, FeatureMap],
     dtype: str,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from ._array import Array
 from ._checks import (
     check_size,
     namespace_of,
@@ -62,8 +63,8 @@ def multi_head_attention(
     b_o: Any = None,
     num_heads: int,
     num_kv_heads: int | None = None,
-    mask: Any = None,
-    bias: Any = None,
+    mask: Array = None,
+    bias: Array = None,
     is_causal: bool = False,
     causal_alignment: str = "top_left",
     scale: float | None = None,

@@ -13,6 +13,7 @@ from typing import Any
 
 import array_api_compat
 
+from ._array import Array
 from ._checks import (
     check_choice,
     check_size,
@@ -104,7 +105,7 @@ def sinusoidal_positional_encoding(
 
 def apply_rope(
     x: Any,
-    positions: Any = None,
+    positions: Array = None,
     *,
     base: float = 10000.0,
     layout: str = "interleaved",
@@ -178,7 +179,7 @@ def rope_pairs(x: Any, layout: str) -> tuple[Any, Any]:
     return x[..., :half], x[..., half:]
 
 
-def _positions(xp: ModuleType, x: Any, positions: Any, call: str) -> Any:
+def _positions(xp: ModuleType, x: Any, positions: Array, call: str) -> Any:
     if positions is None:
         return xp.arange(x.shape[-2], device=array_api_compat.device(x))
     if not xp.isdtype(positions.dtype, "integral"):

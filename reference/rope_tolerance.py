@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import array_api_compat
 
+from ._array import Array
 from ._checks import check_choice, namespace_of, require_real_floating
 from .positional import (
     ROPE_LAYOUTS,
@@ -55,7 +56,7 @@ def angle_roundoff(pair: int, rotary_dim: int, base: float, dtype: str) -> float
 
 def rope_error_bound(
     x: Any,
-    positions: Any = None,
+    positions: Array = None,
     *,
     dtype: str,
     base: float = 10000.0,

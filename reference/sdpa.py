@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import array_api_compat
 
+from ._array import Array
 from ._checks import (
     broadcast_shapes,
     check_choice,
@@ -46,11 +47,11 @@ class AttentionProblem(NamedTuple):
     """
 
     xp: ModuleType
-    q: Any
-    k: Any
-    v: Any
-    allowed: Any
-    bias: Any
+    q: Array
+    k: Array
+    v: Array
+    allowed: Array
+    bias: Array
     scale: float
     out_dtype: Any
     out_shape: tuple[int, ...]
@@ -64,12 +65,12 @@ def compute_dtype(xp: ModuleType, dtype: Any) -> Any:
 
 
 def check_arguments(
-    q: Any,
-    k: Any,
-    v: Any,
+    q: Array,
+    k: Array,
+    v: Array,
     *,
-    mask: Any = None,
-    bias: Any = None,
+    mask: Array = None,
+    bias: Array = None,
     is_causal: bool = False,
     causal_alignment: str = "top_left",
     scale: Any = None,
@@ -126,12 +127,12 @@ def check_arguments(
 
 
 def prepare(
-    q: Any,
-    k: Any,
-    v: Any,
+    q: Array,
+    k: Array,
+    v: Array,
     *,
-    mask: Any = None,
-    bias: Any = None,
+    mask: Array = None,
+    bias: Array = None,
     is_causal: bool = False,
     causal_alignment: str = "top_left",
     scale: Any = None,
@@ -202,7 +203,7 @@ def allowed_scores(problem: AttentionProblem) -> tuple[Any, Any]:
     return xp.where(allowed, scores, xp.full_like(scores, -xp.inf)), allowed
 
 
-def softmax_over_allowed(xp: ModuleType, scores: Any, allowed: Any) -> Any:
+def softmax_over_allowed(xp: ModuleType, scores: Array, allowed: Array) -> Any:
     """Softmax over the key axis of the allowed scores (SDPA-7.1, SDPA-5.1).
 
     Rows with no allowed key get all-zero weights.  Disallowed positions never reach
@@ -219,7 +220,7 @@ def softmax_over_allowed(xp: ModuleType, scores: Any, allowed: Any) -> Any:
     return exps / xp.where(total == 0, xp.ones_like(total), total)
 
 
-def weighted_values(xp: ModuleType, weights: Any, allowed: Any, v: Any) -> Any:
+def weighted_values(xp: ModuleType, weights: Any, allowed: Array, v: Array) -> Any:
     """``weights @ v`` where disallowed keys contribute nothing even if v is not finite.
 
     A plain matmul computes 0 * NaN = NaN for a masked key whose value is NaN; the spec
@@ -241,7 +242,7 @@ class NonFiniteCounts(NamedTuple):
     neg_inf: Any
 
 
-def nonfinite_counts(xp: ModuleType, allowed: Any, v: Any) -> NonFiniteCounts:
+def nonfinite_counts(xp: ModuleType, allowed: Array, v: Array) -> NonFiniteCounts:
     """The allowed keys whose value in each column is NaN, +inf, -inf (SDPA-8.3)."""
     reaches = xp.astype(allowed, v.dtype)
 
@@ -266,7 +267,7 @@ def with_features(
     problem: AttentionProblem,
     *,
     softcap: Any = None,
-    alibi_slopes: Any = None,
+    alibi_slopes: Array = None,
     causal_alignment: str = "top_left",
     call: str = CALL,
 ) -> AttentionProblem:
@@ -282,19 +283,19 @@ def with_features(
 
 
 def scaled_dot_product_attention(
-    q: Any,
-    k: Any,
-    v: Any,
+    q: Array,
+    k: Array,
+    v: Array,
     *,
-    mask: Any = None,
-    bias: Any = None,
+    mask: Array = None,
+    bias: Array = None,
     is_causal: bool = False,
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
-    alibi_slopes: Any = None,
+    alibi_slopes: Array = None,
     dropout_p: float = 0.0,
-    dropout_keep: Any = None,
+    dropout_keep: Array = None,
     return_weights: bool = False,
     return_lse: bool = False,
 ) -> Any:

@@ -19,6 +19,7 @@ from typing import Any
 
 import array_api_compat
 
+from ._array import Array
 from ._checks import check_size
 from .sdpa import AttentionProblem, allowed_scores, prepare, softmax_over_allowed, weighted_values
 from .sparse_params import build_pattern
@@ -52,7 +53,7 @@ class Segment:
     make: Candidates
 
 
-def _attend(problem: AttentionProblem, rows: Any, keys: Any, allowed: Any) -> Any:
+def _attend(problem: AttentionProblem, rows: Any, keys: Any, allowed: Array) -> Any:
     """Attention of the queries ``rows (T, bq)`` over their candidate ``keys (T, S)``.
 
     ``allowed (T, bq, S)`` is S(i) on the candidates; returns ``(..., T * bq, Ev)``.
@@ -315,9 +316,9 @@ def plan(sets: SparsePattern, xp: ModuleType, device: Any) -> list[Segment]:
 
 
 def sparse_attention(
-    q: Any,
-    k: Any,
-    v: Any,
+    q: Array,
+    k: Array,
+    v: Array,
     *,
     pattern: str,
     alignment: str = "top_left",
@@ -350,9 +351,9 @@ def sparse_attention(
 
 
 def block_sparse_attention(
-    q: Any,
-    k: Any,
-    v: Any,
+    q: Array,
+    k: Array,
+    v: Array,
     *,
     layout: Any,
     block_size: int | tuple[int, int],

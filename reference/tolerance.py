@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import array_api_compat
 
+from ._array import Array
 from .features import softcapped
 from .sdpa import (
     AttentionProblem,
@@ -97,7 +98,7 @@ def tanh_roundoff(dtype: str) -> float:
 
 
 def feature_score_error(
-    xp: ModuleType, dtype: str, magnitude: Any, capped: Any, bias: Any, alibi: Any,
+    xp: ModuleType, dtype: str, magnitude: Any, capped: Any, bias: Array, alibi: Any,
 ) -> Any:
     """What softcapping and ALiBi add to TOL-2's score error Delta_ij (TOL-4).
 
@@ -119,7 +120,7 @@ def feature_score_error(
     return extra
 
 
-def lse_final_error(dtype: str, n_keys: int, row_max: Any, xp: ModuleType) -> Any:
+def lse_final_error(dtype: str, n_keys: int, row_max: Array, xp: ModuleType) -> Any:
     """The part of TOL-5 outside the scores: the row sum ((L_k - 1) u_a), the logarithm,
     the scale applied to the maximum, the addition, a ln 2 conversion and the store
     (4 u_a |m_i| + 5 u_a log L_k)."""
@@ -129,18 +130,18 @@ def lse_final_error(dtype: str, n_keys: int, row_max: Any, xp: ModuleType) -> An
 
 
 def error_bound(
-    q: Any,
-    k: Any,
-    v: Any,
+    q: Array,
+    k: Array,
+    v: Array,
     *,
     dtype: str,
-    mask: Any = None,
-    bias: Any = None,
+    mask: Array = None,
+    bias: Array = None,
     is_causal: bool = False,
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
-    alibi_slopes: Any = None,
+    alibi_slopes: Array = None,
     weights: bool = True,
     chunk_elements: int = CHUNK_ELEMENTS,
 ) -> ErrorBound:
@@ -161,18 +162,18 @@ def error_bound(
 
 
 def error_and_lse_bound(
-    q: Any,
-    k: Any,
-    v: Any,
+    q: Array,
+    k: Array,
+    v: Array,
     *,
     dtype: str,
-    mask: Any = None,
-    bias: Any = None,
+    mask: Array = None,
+    bias: Array = None,
     is_causal: bool = False,
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
-    alibi_slopes: Any = None,
+    alibi_slopes: Array = None,
     weights: bool = True,
     chunk_elements: int = CHUNK_ELEMENTS,
 ) -> tuple[ErrorBound, LseBound]:
@@ -186,8 +187,8 @@ def error_and_lse_bound(
 
 
 def _bounds(
-    q: Any, k: Any, v: Any, dtype: str, options: dict[str, Any], softcap: Any,
-    alibi_slopes: Any, weights: bool, lse: bool, chunk_elements: int,
+    q: Array, k: Array, v: Array, dtype: str, options: dict[str, Any], softcap: Any,
+    alibi_slopes: Array, weights: bool, lse: bool, chunk_elements: int,
 ) -> tuple[ErrorBound, LseBound | None]:
     """Both bounds over row chunks; ``options`` are prepare's (mask, bias, causal, scale)."""
     if dtype not in UNIT_ROUNDOFF:
@@ -374,8 +375,8 @@ def _split(a: Any, width: int, count: int) -> tuple[Any, ...]:
     return tuple(a[..., i * width:(i + 1) * width] for i in range(count))
 
 
-def _moved_weights(xp: ModuleType, weights: Any, log_weights: Any, delta: Any,
-                   allowed: Any) -> Any:
+def _moved_weights(xp: ModuleType, weights: Any, log_weights: Array, delta: Any,
+                   allowed: Array) -> Any:
     """g_ij = p_ij (e^Delta_ij - 1) of TOL-2 (0 for keys outside S(i)), at most
     _SATURATED_WEIGHT_ERROR: accurate for small Delta, and e^(log p + Delta) where p
     underflows but a perturbed weight need not (a key padded with a large finite bias)."""
@@ -392,8 +393,8 @@ def _moved_weights(xp: ModuleType, weights: Any, log_weights: Any, delta: Any,
 
 
 def _lse_bound(
-    xp: ModuleType, dtype: str, row_max: Any, total: Any, log_weights: Any, delta: Any,
-    allowed: Any, n_keys: int,
+    xp: ModuleType, dtype: str, row_max: Array, total: Any, log_weights: Array, delta: Any,
+    allowed: Array, n_keys: int,
 ) -> tuple[Any, Any]:
     """The log-sum-exp of LSE-1 and its TOL-5 bound, per row ``(..., rows, 1)``.
 
@@ -414,7 +415,7 @@ def _lse_bound(
     return lse, xp.where(attends, tolerance, xp.zeros_like(tolerance))
 
 
-def _log_mean_exp(xp: ModuleType, log_weights: Any, delta: Any, allowed: Any) -> Any:
+def _log_mean_exp(xp: ModuleType, log_weights: Array, delta: Any, allowed: Array) -> Any:
     """log sum_j p_ij e^(delta_ij) over allowed j, keepdims (0 for rows with none).
 
     Rows whose |delta| are all below 1 use log1p(sum_j p_ij expm1(delta_ij)), accurate
@@ -435,20 +436,20 @@ def _log_mean_exp(xp: ModuleType, log_weights: Any, delta: Any, allowed: Any) ->
 
 
 def dropout_error_bound(
-    q: Any,
-    k: Any,
-    v: Any,
+    q: Array,
+    k: Array,
+    v: Array,
     *,
     dtype: str,
     dropout_p: float,
-    dropout_keep: Any,
-    mask: Any = None,
-    bias: Any = None,
+    dropout_keep: Array,
+    mask: Array = None,
+    bias: Array = None,
     is_causal: bool = False,
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
-    alibi_slopes: Any = None,
+    alibi_slopes: Array = None,
 ) -> tuple[Any, Any]:
     """DROP-2's output for the keep indicators ``dropout_keep`` in float64, and its TOL-6
     bound: each kept weight's TOL-2 bound (and (L_k + 2) u_a of its size for the rescaling

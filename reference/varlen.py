@@ -14,6 +14,7 @@ from typing import Any
 
 import array_api_compat
 
+from ._array import Array
 from ._checks import check_flag, namespace_of
 from .sdpa import compute_dtype, scaled_dot_product_attention
 
@@ -44,9 +45,9 @@ def _heads_first(xp: Any, x: Any) -> Any:
 
 
 def varlen_attention(
-    q: Any,
-    k: Any,
-    v: Any,
+    q: Array,
+    k: Array,
+    v: Array,
     cu_seqlens_q: Any,
     cu_seqlens_k: Any,
     *,
@@ -54,7 +55,7 @@ def varlen_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
-    alibi_slopes: Any = None,
+    alibi_slopes: Array = None,
     return_lse: bool = False,
 ) -> Any:
     """Packed attention (VARLEN-2): sequence b's output rows are the dense attention of
