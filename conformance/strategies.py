@@ -16,7 +16,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ..reference.masks import causal_offset
-from . import shape_pool, sizes, values
+from . import input_features, shape_pool, sizes, values
 from .kernel import KernelUnderTest, Problem
 from .sizes import Dims
 
@@ -88,13 +88,16 @@ def draw_dims(
 
 def within_limitations(kernel: KernelUnderTest, dims: Dims) -> Dims:
     """``dims`` cut to what the kernel declares it can take: Lq = Lk (the shorter, so the
-    cost never grows) for ``equal_lengths``, no empty length without ``empty_sizes``."""
-    declaration = kernel.declaration
+    cost never grows) for ``equal_lengths``, no empty length without ``empty_sizes`` (or
+    while a re-run draws around SDPA-5.2 or SDPA-1.5)."""
+    declaration, avoid = kernel.declaration, input_features.avoided_now()
     n_queries, n_keys = dims.n_queries, dims.n_keys
     if declaration.equal_lengths:
         n_queries = n_keys = min(n_queries, n_keys)
-    if not declaration.empty_sizes:
-        n_queries, n_keys = max(n_queries, 1), max(n_keys, 1)
+    if not declaration.empty_sizes or input_features.NO_KEYS in avoid:
+        n_keys = max(n_keys, 1)
+    if not declaration.empty_sizes or input_features.DEGENERATE in avoid:
+        n_queries = max(n_queries, 1)
     if (n_queries, n_keys) == (dims.n_queries, dims.n_keys):
         return dims
     return replace(dims, n_queries=n_queries, n_keys=n_keys)
@@ -143,11 +146,14 @@ def draw_rng(data: st.DataObject) -> np.random.Generator:
 def draw_dtype(data: st.DataObject, kernel: KernelUnderTest) -> str:
     """One of the kernel's dtypes; an anchor's: its own, or "widest" (the most precise)."""
     forced = sizes.current().stratum.option("dtype")
+    # a re-run drawing around a dtype (SDPA-1.3) draws the others
+    avoided = {input_features.avoided_dtype(name) for name in input_features.avoided_now()}
+    dtypes = tuple(d for d in kernel.dtypes if d not in avoided) or kernel.dtypes
     if forced == "widest":
-        return kernel.widest_dtype
+        return dtypes[-1]
     if forced in kernel.dtypes:
         return forced
-    return data.draw(st.sampled_from(kernel.dtypes), label="dtype")
+    return data.draw(st.sampled_from(dtypes), label="dtype")
 
 
 def random_values(
@@ -221,6 +227,21 @@ def draw_mask(
         mask = np.ones(shape, dtype=bool)
     if empty_rows and n_q and data.draw(st.booleans(), label="blank a row"):
         mask[..., data.draw(st.integers(0, n_q - 1), label="blank row"), :] = False
+    return mask
+
+
+def with_a_key_per_row(problem: Problem, declaration: Any) -> np.ndarray:
+    """``problem.mask`` (broadcast to the scores) with each row that the mask and the causal
+    rule leave without a key given the last key the causal rule allows; a row the causal
+    rule alone empties (bottom-right, Lq > Lk) stays empty."""
+    from .properties.softmax import allowed_keys, scores_shape
+
+    mask = np.broadcast_to(problem.mask, scores_shape(problem)).copy()
+    causal = allowed_keys(problem.with_(mask=None, bias=None), declaration)
+    empty = ~(mask & causal).any(axis=-1)
+    last = causal.shape[-1] - 1 - np.argmax(causal[..., ::-1], axis=-1)
+    rows = np.nonzero(empty & causal.any(axis=-1))
+    mask[(*rows, last[rows])] = True
     return mask
 
 
@@ -300,7 +321,10 @@ def draw_problem(
     if use_causal:
         problem.is_causal = True
     if use_mask:
-        problem.mask = draw_mask(data, rng, dims, empty_rows=empty_rows)
+        avoid_empty = input_features.FULLY_MASKED_ROW in input_features.avoided_now()
+        problem.mask = draw_mask(data, rng, dims, empty_rows=empty_rows and not avoid_empty)
+        if avoid_empty:  # drawing around SDPA-5.1: every row keeps a key it may attend
+            problem.mask = with_a_key_per_row(problem, decl)
     if _wanted(data, bias, decl.bias and not (use_causal and decl.bias_shares_mask_argument),
                "bias", None if tight else stratum.option("bias")):
         problem.bias = draw_bias(data, kernel, rng, dims, dtype, tight=tight)
