@@ -147,14 +147,14 @@ def avoided_now() -> tuple[str, ...]:
 
 
 def reject_avoided(problem: Problem, declaration: KernelDeclaration) -> None:
-    """Discard the current example (Hypothesis ``reject``) when ``problem`` has a feature
+    """Discard the current example (as Hypothesis' ``reject()``) when ``problem`` has a feature
     the run avoids: the one hook every kernel call goes through, so a problem a property
     builds itself is drawn around too."""
     avoid = avoided_now()
     if avoid and any(BY_NAME[name].present(problem, declaration) for name in avoid):
-        from hypothesis import reject
+        from hypothesis.errors import UnsatisfiedAssumption
 
-        reject()
+        raise UnsatisfiedAssumption  # what hypothesis.reject() raises, here outside a test too
 
 
 def describe(names: Iterable[str]) -> str:

@@ -302,3 +302,12 @@ def write_ups(entry: KnownKernel) -> dict[str, str]:
         if found:
             return dict(found)
     return {}
+
+
+def target_write_ups(target: str) -> dict[str, str]:
+    """Property id -> the confirmed write-up, for ``attnspec check TARGET`` (a known
+    kernel's name or adapter, or a library object's ``module:qualname``)."""
+    entry = _entry_of_target(target)
+    if entry is not None:
+        return write_ups(entry)
+    return dict(_DIVERGENCES.get(target.replace(":", "."), {}))
