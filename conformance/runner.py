@@ -168,6 +168,8 @@ class Report:
 
     def to_dict(self) -> dict[str, object]:
         data = asdict(self)
+        if not self.limits.avoid:  # only re-runs avoid features; a run's own limits never do
+            data["limits"].pop("avoid")
         data["conforms"] = self.conforms
         return data
 
