@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..backends import FLOAT_DTYPE_NAMES
+from ..reference.masks import causal_offset
 
 if TYPE_CHECKING:
     from .declaration import KernelDeclaration
@@ -44,9 +45,29 @@ class InputFeature:
     present: Callable[[Problem, KernelDeclaration], bool]
 
 
-def _fully_masked_row(problem: Problem, declaration: KernelDeclaration) -> bool:
-    from .properties.softmax import allowed_keys  # the properties import the strategies
+def scores_shape(problem: Problem) -> tuple[int, ...]:
+    """(*batch, Hq, Lq, Lk) of ``problem`` (SDPA-1.1, SDPA-1.2)."""
+    batch = np.broadcast_shapes(problem.q.shape[:-3], problem.k.shape[:-3], problem.v.shape[:-3])
+    return (*batch, problem.q.shape[-3], problem.q.shape[-2], problem.k.shape[-2])
 
+
+def allowed_keys(problem: Problem, declaration: KernelDeclaration) -> np.ndarray:
+    """S(i) as a boolean ``(*batch, Hq, Lq, Lk)`` array: mask, causal rule (in the declared
+    alignment) and -inf bias together (SDPA-3.3, SDPA-3.4, SDPA-4.1/4.2)."""
+    shape = scores_shape(problem)
+    allowed = np.ones(shape, dtype=bool)
+    if problem.mask is not None:
+        allowed &= np.broadcast_to(problem.mask, shape)
+    if problem.bias is not None:
+        allowed &= np.broadcast_to(problem.bias != -np.inf, shape)
+    if problem.is_causal:
+        n_q, n_k = shape[-2], shape[-1]
+        offset = causal_offset(n_q, n_k, declaration.causal_alignment)
+        allowed &= np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + offset
+    return allowed
+
+
+def _fully_masked_row(problem: Problem, declaration: KernelDeclaration) -> bool:
     if problem.k.shape[-2] == 0 or problem.q.shape[-2] == 0:
         return False  # no keys at all is SDPA-5.2, no rows SDPA-1.5
     return bool((~allowed_keys(problem, declaration).any(axis=-1)).any())

@@ -234,10 +234,8 @@ def with_a_key_per_row(problem: Problem, declaration: Any) -> np.ndarray:
     """``problem.mask`` (broadcast to the scores) with each row that the mask and the causal
     rule leave without a key given the last key the causal rule allows; a row the causal
     rule alone empties (bottom-right, Lq > Lk) stays empty."""
-    from .properties.softmax import allowed_keys, scores_shape
-
-    mask = np.broadcast_to(problem.mask, scores_shape(problem)).copy()
-    causal = allowed_keys(problem.with_(mask=None, bias=None), declaration)
+    mask = np.broadcast_to(problem.mask, input_features.scores_shape(problem)).copy()
+    causal = input_features.allowed_keys(problem.with_(mask=None, bias=None), declaration)
     empty = ~(mask & causal).any(axis=-1)
     last = causal.shape[-1] - 1 - np.argmax(causal[..., ::-1], axis=-1)
     rows = np.nonzero(empty & causal.any(axis=-1))
