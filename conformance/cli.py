@@ -424,7 +424,12 @@ def command_matrix(args: argparse.Namespace) -> int:
 
         has_cuda = torch.cuda.is_available()
 
+    interrupted: list[str] = []  # Ctrl-C or SIGTERM ends the matrix, not just one kernel
+
     def check(entry: KnownKernel) -> matrix.MatrixRow:
+        if interrupted:
+            return matrix.MatrixRow(entry.name, entry.backend, entry.device, entry.note,
+                                    matrix.NOT_SELECTED, reason=f"not run: {interrupted[0]}")
         tokens = ["check", entry.name, "--profile", args.profile or "quick",
                   "--backend", entry.backend,
                   *(["--device", "cuda"] if entry.device == "cuda" else [])]
@@ -452,6 +457,9 @@ def command_matrix(args: argparse.Namespace) -> int:
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
+        if report.incomplete:
+            interrupted.append(f"the matrix was {report.incomplete.split(' after ')[0]} "
+                               f"while checking {entry.name}")
         return matrix.row_from_report(entry, report, write_ups(entry),
                                       time.perf_counter() - started)
 

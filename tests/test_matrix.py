@@ -146,3 +146,26 @@ def test_failures_on_a_waived_clause_s_inputs_are_its_consequences() -> None:
     [waived] = matrix.divergences_of(report, {})
     assert (waived.clause, waived.status) == ("SDPA-5.1", WAIVED)
     assert waived.consequences == ["rows-sum-to-one (SDPA-7.1)"]
+
+
+def test_an_interrupt_ends_the_matrix_not_just_one_kernel(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Ctrl-C or SIGTERM during one kernel's check leaves that kernel's row incomplete and
+    runs no further kernel (each is reported as not run, with why)."""
+    calls: list[str] = []
+
+    def interrupted_run(setup: Any, args: Any, flags: Any, **_: Any) -> tuple[Report, None]:
+        calls.append(setup.kernel)
+        return Report(setup.kernel, "torch", "cpu", "quick", None, False,
+                      incomplete="interrupted by SIGTERM after 3 of 63 properties"), None
+
+    monkeypatch.setattr(cli, "_run_one", interrupted_run)
+    js = tmp_path / "m.json"
+    assert cli.main(["matrix", "--kernel", "sdpa_math", "--kernel", "sdpa_flash", "--quiet",
+                     "--markdown", str(tmp_path / "m.md"), "--json", str(js)]) == 0
+    rows = {row["name"]: row for row in json.loads(js.read_text())}
+    assert calls == ["attnspec.conformance.torch_kernels:sdpa_math"]
+    flash = rows["attnspec.conformance.torch_kernels:sdpa_flash"]
+    assert flash["status"] == matrix.NOT_SELECTED
+    assert flash["reason"] == ("not run: the matrix was interrupted by SIGTERM while checking "
+                               "attnspec.conformance.torch_kernels:sdpa_math")
