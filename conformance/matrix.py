@@ -80,8 +80,9 @@ def relink(row: MatrixRow, write_ups: dict[str, str]) -> MatrixRow:
     by_link: dict[str, Divergence] = {}
     kept = []
     for d in row.divergences:
-        d.write_up = d.write_up or next((write_ups[p] for p in d.properties
-                                         if p in write_ups), "")
+        # a waived clause's write-up is filed under the properties that meet it
+        named = d.properties or [c.split()[0] for c in d.consequences]
+        d.write_up = d.write_up or next((write_ups[p] for p in named if p in write_ups), "")
         if d.write_up in by_link:
             by_link[d.write_up].properties += d.properties
             by_link[d.write_up].consequences += d.consequences

@@ -152,6 +152,9 @@ def divergences(report: Report, write_ups: dict[str, str] | None = None) -> list
                                          "(CONF-7)", "", [], write_ups.get(root, ""))
             waived.append(by_clause[root])
         via = "" if root == v.cause else f", via {v.cause}"
+        if by_clause[root].status == WAIVED and not by_clause[root].write_up:
+            # a waived clause's write-up is filed under the properties that meet it
+            by_clause[root].write_up = write_ups.get(v.property, "")
         by_clause[root].consequences.append(f"{v.property} ({v.clause}{via})")
         by_clause[root].evidence.append(
             f"{v.property}: {v.drawn_around}; minimal case {_flat(v.counterexample)}")
