@@ -51,6 +51,7 @@ def draw_dims(
     differ).  Both stay within the user's limits.
     """
     use_gqa = kernel.declaration.gqa if gqa is None else gqa
+    use_gqa = use_gqa and input_features.GQA not in input_features.avoided_now()
     drawing = sizes.current()
     if shape_pool.pooling(data):  # a backend that compiles per shape: a few shapes a run
         options = dict(min_queries=min_queries, min_keys=min_keys, max_len=max_len,
@@ -263,6 +264,8 @@ def draw_bias(
     few units, e.g. so that no row's weights vanish)."""
     stratum = sizes.current().stratum
     kind = "normal"
+    # drawing around SDPA-7.4: no padding fill (-1e4 ... finfo.min)
+    tight = tight or input_features.LARGE_BIAS in input_features.avoided_now()
     if stratum.realistic and not tight:
         kind = stratum.option("bias") or data.draw(st.sampled_from(values.BIAS_KINDS),
                                                    label="bias kind")
@@ -314,7 +317,9 @@ def draw_problem(
     if stratum.realistic:
         problem = values.with_qk_values(data, kernel, rng, problem, qk_kind)
     use_causal = _wanted(data, causal, decl.causal, "causal", stratum.option("causal"))
-    use_mask = _wanted(data, mask, decl.mask and (decl.mask_and_causal or not use_causal), "mask",
+    together = decl.mask_and_causal and (input_features.MASK_AND_CAUSAL
+                                         not in input_features.avoided_now())
+    use_mask = _wanted(data, mask, decl.mask and (together or not use_causal), "mask",
                        stratum.option("mask"))
     if use_causal:
         problem.is_causal = True
