@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 Rerun = Callable[["Property", "SizeLimits"], Verdict]
 FINDING = (FAILED, WARNING)
+# a supervised re-run stopped while no kernel call was running (isolation._hang_finding):
+# the time went on discarded draws, not on the kernel, so it shows nothing about the kernel
+_SUITE_STALLED = ("no kernel call started within", "nothing happened for")
 
 
 def _failed_clauses(report: Report) -> set[str]:
@@ -86,9 +89,11 @@ def _draw_around_one(report: Report, verdict: Verdict, prop: Property, rerun: Re
                 f"passes drawn around {around}: {again.examples} examples without "
                 f"{'those inputs' if len(avoid) > 1 else 'such inputs'}; it failed only on them")
             return
-        if again.status not in FINDING:
-            verdict.drawn_around = (f"could not be drawn around {around}: every draw had "
-                                    "such inputs; reported as found")
+        if again.status not in FINDING or again.detail.startswith(_SUITE_STALLED):
+            verdict.drawn_around = (f"could not be drawn around {around}: "
+                                    + ("the re-run stalled drawing around them"
+                                       if again.status in FINDING
+                                       else "every draw had such inputs") + "; reported as found")
             return
         first = f"{verdict.counterexample}: {verdict.detail}"
         for name in ("detail", "counterexample", "reproduction", "hint", "features"):

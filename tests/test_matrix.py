@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -169,3 +170,21 @@ def test_an_interrupt_ends_the_matrix_not_just_one_kernel(
     assert flash["status"] == matrix.NOT_SELECTED
     assert flash["reason"] == ("not run: the matrix was interrupted by SIGTERM while checking "
                                "attnspec.conformance.torch_kernels:sdpa_math")
+
+
+def test_every_divergence_in_the_committed_matrix_is_confirmed() -> None:
+    """docs/matrix.json: each checked row's divergences (failed or warning) link a write-up
+    in docs/divergences.md whose anchor exists, and the Markdown shows each row."""
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    rows = matrix.rows_in(docs / "matrix.json")
+    anchors = set(re.findall(r'<a id="([^"]+)"></a>', (docs / "divergences.md").read_text()))
+    markdown = (docs / "matrix.md").read_text()
+    checked = [row for row in rows if row.status == matrix.CHECKED]
+    assert checked
+    for row in checked:
+        assert f"### {row.name}" in markdown
+        for d in row.divergences:
+            if d.status == WAIVED and not d.consequences:
+                continue
+            assert d.write_up.startswith("docs/divergences.md#"), (row.name, d)
+            assert d.write_up.split("#")[1].split()[0] in anchors, (row.name, d.write_up)

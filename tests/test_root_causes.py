@@ -164,6 +164,24 @@ def test_a_failure_that_still_fails_drawn_around_stays_distinct_with_its_new_cas
     assert [d.clause for d in divergences(report)] == ["SDPA-5.1", "SDPA-7.6"]
 
 
+def test_a_re_run_that_stalls_drawing_around_keeps_the_first_case() -> None:
+    """A supervised re-run stopped while no kernel call ran (its draws were all discarded)
+    says nothing about the kernel: the failure stays as found, and says why."""
+    report = Report("k", "numpy", "cpu", "quick", None, False, verdicts=[
+        _verdict("gqa-mapping", "SDPA-6.1", features=("gqa",)),
+        _verdict("key-permutation", "SDPA-7.6", features=("gqa",), case="first case")])
+    stalled = Verdict("key-permutation", "SDPA-7.6", "MUST", FAILED, detail=(
+        "nothing happened for 300 s (--timeout SECONDS) after the kernel returned on the "
+        "inputs below: converting or checking its result did not finish; the check stopped "
+        "its worker process and went on [CONF-5]"))
+    draw_around(report, all_properties().values(),
+                _rerun({"key-permutation": [stalled]}, []), SizeLimits())
+    kept = report.verdicts[1]
+    assert (kept.cause, kept.counterexample) == ("", "first case")
+    assert kept.drawn_around.startswith("could not be drawn around gqa (SDPA-6.1): the re-run "
+                                        "stalled")
+
+
 def test_only_features_of_failed_or_waived_clauses_are_drawn_around() -> None:
     """A feature whose clause passed is not drawn around (the failure is the property's own);
     a waived clause (CONF-7) is, and its consequences are listed under it."""
