@@ -34,8 +34,10 @@ if TYPE_CHECKING:
 Rerun = Callable[["Property", "SizeLimits"], Verdict]
 FINDING = (FAILED, WARNING)
 # a supervised re-run stopped while no kernel call was running (isolation._hang_finding):
-# the time went on discarded draws, not on the kernel, so it shows nothing about the kernel
-_SUITE_STALLED = ("no kernel call started within", "nothing happened for")
+# the time went on discarded draws, not on the kernel; or the property itself broke on a
+# drawn-around input: either way it shows nothing new about the kernel
+_SUITE_STALLED = ("no kernel call started within", "nothing happened for",
+                  "the property could not check the kernel's result")
 
 
 def _failed_clauses(report: Report) -> set[str]:

@@ -243,3 +243,17 @@ def test_the_avoid_hook_rejects_problems_with_an_avoided_feature() -> None:
         with pytest.raises(UnsatisfiedAssumption):
             kernel.run(problem)
         assert kernel.run(problem.with_(mask=np.ones((1, 1), dtype=bool))).shape == (1, 1, 1)
+
+
+def test_drawing_around_empty_rows_leaves_a_mask_without_keys_alone() -> None:
+    """Lk = 0 (SDPA-5.2's inputs) has no row to give a key: the mask comes back as is."""
+    from attnspec.conformance.declaration import KernelDeclaration
+    from attnspec.conformance.strategies import with_a_key_per_row
+
+    none = Problem(q=np.zeros((1, 2, 1)), k=np.zeros((1, 0, 1)), v=np.zeros((1, 0, 1)),
+                   dtype="float32", mask=np.zeros((2, 0), dtype=bool), is_causal=True)
+    assert with_a_key_per_row(none, KernelDeclaration()).shape == (1, 2, 0)
+    blank = none.with_(k=np.zeros((1, 3, 1)), v=np.zeros((1, 3, 1)),
+                       mask=np.zeros((2, 3), dtype=bool))
+    assert with_a_key_per_row(blank, KernelDeclaration()).tolist() == [
+        [[True, False, False], [False, True, False]]]  # top-left causal: the last allowed key
