@@ -230,6 +230,8 @@ def to_markdown(rows: Sequence[MatrixRow], title_note: str = "") -> str:
             lines.append(f"  - finding: {d.finding[:300]}")
             if d.inputs:
                 lines.append(f"  - minimal case: {d.inputs[:300]}")
+            if d.drawn_around:
+                lines.append(f"  - drawn around: {d.drawn_around[:400]}")
             if d.consequences:
                 lines.append(f"  - consequences (each passes re-run with these inputs drawn "
                              f"around): {', '.join(d.consequences)}")

@@ -121,6 +121,8 @@ class Divergence:
     consequences: list[str] = field(default_factory=list)
     # how each consequence was shown to follow (Verdict.drawn_around), in the same order
     evidence: list[str] = field(default_factory=list)
+    # what re-running it around other failed clauses showed (Verdict.drawn_around)
+    drawn_around: str = ""
 
 
 def _flat(text: str) -> str:
@@ -146,7 +148,8 @@ def divergences(report: Report, write_ups: dict[str, str] | None = None) -> list
         else:
             merged[key] = Divergence(first.clause, first.level, first.status,
                                      _flat(first.detail), _flat(first.counterexample),
-                                     [v.property for v in group], link)
+                                     [v.property for v in group], link,
+                                     drawn_around=first.drawn_around)
         for v in group:
             by_clause.setdefault(v.clause, merged[key])
     waived: list[Divergence] = []
