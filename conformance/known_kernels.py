@@ -278,6 +278,7 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
     "jax._src.nn.functions.dot_product_attention": {
         "rows-sum-to-one": "docs/divergences.md#jax-empty-rows",
         "value-linearity": "docs/divergences.md#jax-empty-rows",
+        "masked-nonfinite-ignored": "docs/divergences.md#jax-masked-nan",
     },
     "attnspec.conformance.adapters.thirdparty.local_attention": {
         "sparse-masked-nonfinite-ignored": "docs/divergences.md#local-attention-masked-nan",

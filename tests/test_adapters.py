@@ -311,3 +311,27 @@ def test_upstream_flax_divergences() -> None:
                                                            deterministic=True))).all()
     assert np.asarray(nnx.dot_product_attention(q16, k16, v16, deterministic=True),
                       dtype=np.float64).tolist() == [[[[1.0]]]]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flax") is None, reason="flax is not installed")
+def test_upstream_jax_and_flax_leak_a_masked_nan_value() -> None:
+    """docs/divergences.md#jax-masked-nan: SDPA-8.2 (SHOULD) says a NaN at a masked-out
+    position does not reach the output; jax.nn and flax give NaN for a NaN value of a masked
+    key (the definition: key 1's value, 4), but not for a NaN key.  Fails when upstream
+    changes it."""
+    import jax
+    import jax.numpy as jnp
+    from flax import linen, nnx
+
+    q, k = jnp.full((1, 1, 1, 1), 0.5), jnp.asarray([[[[0.5]], [[1.0]]]])
+    mask = jnp.asarray([[[[False, True]]]])  # key 0 masked out
+    nan_value = jnp.asarray([[[[jnp.nan]], [[4.0]]]])
+    nan_key, values = jnp.asarray([[[[jnp.nan]], [[1.0]]]]), jnp.asarray([[[[2.0]], [[4.0]]]])
+    want, _ = sdpa(np.zeros((1, 1, 1)), np.zeros((1, 2, 1)), np.asarray([[[0.0], [4.0]]]),
+                   mask=np.asarray([[False, True]]))
+    assert want.ravel().tolist() == [4.0]
+    for attention in (jax.nn.dot_product_attention,
+                      lambda *a, **kw: nnx.dot_product_attention(*a, **kw, deterministic=True),
+                      lambda *a, **kw: linen.dot_product_attention(*a, **kw, deterministic=True)):
+        assert np.isnan(np.asarray(attention(q, k, nan_value, mask=mask))).all()
+        assert np.asarray(attention(q, nan_key, values, mask=mask)).ravel().tolist() == [4.0]
