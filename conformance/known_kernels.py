@@ -280,6 +280,20 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "value-linearity": "docs/divergences.md#jax-empty-rows",
         "masked-nonfinite-ignored": "docs/divergences.md#jax-masked-nan",
     },
+    # flax 0.12.8 (docs/divergences.md#flax-empty-rows ... #flax-linen-float16)
+    "flax.nnx.dot_product_attention": {
+        "empty-rows-zero": "docs/divergences.md#flax-empty-rows",
+        "masked-nonfinite-ignored": "docs/divergences.md#jax-masked-nan",
+    },
+    "flax.linen.dot_product_attention": {
+        "empty-rows-zero": "docs/divergences.md#flax-empty-rows",
+        "large-logits": "docs/divergences.md#flax-linen-float16",
+        "masked-nonfinite-ignored": "docs/divergences.md#jax-masked-nan",
+    },
+    "attnspec.conformance.adapters.keras.dot_product_attention_jax": {
+        "empty-rows-zero": "docs/divergences.md#keras-empty-rows",
+        "masked-nonfinite-ignored": "docs/divergences.md#jax-masked-nan",
+    },
     "attnspec.conformance.adapters.thirdparty.local_attention": {
         "sparse-masked-nonfinite-ignored": "docs/divergences.md#local-attention-masked-nan",
     },
