@@ -292,7 +292,6 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
     },
     "attnspec.conformance.adapters.keras.dot_product_attention_jax": {
         "empty-rows-zero": "docs/divergences.md#keras-empty-rows",
-        "masked-nonfinite-ignored": "docs/divergences.md#jax-masked-nan",
     },
     "attnspec.conformance.adapters.thirdparty.local_attention": {
         "sparse-masked-nonfinite-ignored": "docs/divergences.md#local-attention-masked-nan",
