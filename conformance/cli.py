@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -149,6 +150,8 @@ def add_matrix_parser(commands: Any) -> None:
         if flag.option in ("--profile", "--seed", "--only", "--skip", "--quiet", "--timeout",
                            "--memory-limit"):
             flag.add_to(matrix)
+    matrix.add_argument("--jobs", metavar="N", help="check N kernels at once, each in a process "
+                        "of its own, or 'auto' for one per available CPU (default 1)")
 
 
 def claims_from(args: argparse.Namespace) -> dict[str, Any]:
@@ -218,9 +221,11 @@ class ProgressDisplay:
 def report_files(args: argparse.Namespace) -> ReportFiles:
     """The --json/--junit/--markdown files asked for, checked writable (SetupError if not)."""
     from . import report as render
+    from .known_kernels import target_write_ups
 
+    to_json = functools.partial(render.to_json, write_ups=target_write_ups(args.target))
     files = ReportFiles([(f"--{option}", getattr(args, option), to_text) for option, to_text
-                         in (("json", render.to_json), ("junit", render.to_junit),
+                         in (("json", to_json), ("junit", render.to_junit),
                              ("markdown", render.to_markdown))
                          if getattr(args, option) is not None])
     files.check_writable()
@@ -313,6 +318,7 @@ def _kernel_output(args: argparse.Namespace, stack: contextlib.ExitStack) -> Tex
 
 def command_check(args: argparse.Namespace) -> int:
     from . import report as render
+    from .known_kernels import target_write_ups
 
     files = report_files(args)
     setup = setup_from(args)
@@ -320,7 +326,8 @@ def command_check(args: argparse.Namespace) -> int:
     files.write(report, rerun)
     # a reproduction too long to show is in the JSON report, or else in a file of its own
     where = f"the JSON report {args.json}" if args.json else reproduction_file
-    print(render.format_table(report, rerun=rerun, full_reproduction_in=where))
+    print(render.format_table(report, rerun=rerun, full_reproduction_in=where,
+                              write_ups=target_write_ups(args.target)))
     for error in files.errors.values():
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
     if report.incomplete or files.errors:
@@ -417,7 +424,12 @@ def command_matrix(args: argparse.Namespace) -> int:
 
         has_cuda = torch.cuda.is_available()
 
+    interrupted: list[str] = []  # Ctrl-C or SIGTERM ends the matrix, not just one kernel
+
     def check(entry: KnownKernel) -> matrix.MatrixRow:
+        if interrupted:
+            return matrix.MatrixRow(entry.name, entry.backend, entry.device, entry.note,
+                                    matrix.NOT_SELECTED, reason=f"not run: {interrupted[0]}")
         tokens = ["check", entry.name, "--profile", args.profile or "quick",
                   "--backend", entry.backend,
                   *(["--device", "cuda"] if entry.device == "cuda" else [])]
@@ -445,10 +457,29 @@ def command_matrix(args: argparse.Namespace) -> int:
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
+        if report.incomplete:
+            interrupted.append(f"the matrix was {report.incomplete.split(' after ')[0]} "
+                               f"while checking {entry.name}")
         return matrix.row_from_report(entry, report, write_ups(entry),
                                       time.perf_counter() - started)
 
-    rows = matrix.build_rows(entries, check, has_cuda)
+    try:
+        jobs = parse_jobs(args.jobs, "--jobs")
+    except ValueError as exc:
+        raise UsageError(str(exc).replace("--jobs=", "--jobs ")) from None
+    checkable = [e for e in entries if matrix.unavailable(e, has_cuda) is None]
+    if jobs > 1 and len(checkable) > 1:
+        options = [*(["--quiet"] if args.quiet else [])]
+        for option in ("profile", "seed", "timeout", "memory_limit"):
+            if getattr(args, option, None) is not None:
+                options += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+        for option in ("only", "skip"):
+            for value in getattr(args, option) or ():
+                options += [f"--{option}", value]
+        done = {row.name: row for row in matrix.rows_in_processes(checkable, jobs, options)}
+        rows = matrix.build_rows(entries, lambda entry: done[entry.name], has_cuda)
+    else:
+        rows = matrix.build_rows(entries, check, has_cuda)
     earlier = {name: matrix.relink(row, write_ups(known[name]))
                for name, row in earlier.items() if name in known}
     rows += [earlier.get(e.name) or matrix.MatrixRow(

@@ -187,10 +187,19 @@ def run_properties(
     limits: SizeLimits | None,
 ) -> Report:
     """Every property on ``session`` into ``report``: in parallel on a :class:`WorkerPool`,
-    else one after the other (:func:`.runner.run_each`)."""
+    else one after the other (:func:`.runner.run_each`); then the failures re-run around
+    the other clauses the kernel failed (:func:`.root_causes.draw_around`)."""
+    from .root_causes import draw_around
+    from .sizes import SizeLimits
+
+    chosen = list(properties)
+
     def run_one(on: Any, prop: Property) -> Verdict:
         return on.run_property(prop, profile=profile, seed=seed, limits=limits)
 
     if isinstance(session, WorkerPool):
-        return run_in_parallel(properties, session.sessions, run_one, report, progress)
-    return run_each(properties, lambda prop: run_one(session, prop), report, progress)
+        run_in_parallel(chosen, session.sessions, run_one, report, progress)
+    else:
+        run_each(chosen, lambda prop: run_one(session, prop), report, progress)
+    return draw_around(report, chosen, lambda prop, around: session.run_property(
+        prop, profile=profile, seed=seed, limits=around), limits or SizeLimits())

@@ -6,37 +6,30 @@ A divergence is a root cause, not a failing property: the failures of one kernel
 share a cause (``report.grouped_findings``: the same exception or wrong return type) or
 one confirmed write-up in docs/divergences.md (``known_kernels.known_divergences``) are
 one divergence, shown with the clause and the minimal case of the first property that
-met it.  ``attnspec matrix`` writes the Markdown (docs/matrix.md) and a JSON.
+met it; failures that pass when re-run around another failed (or waived) clause's inputs
+are listed under it as its consequences (:mod:`.root_causes`).  ``attnspec matrix``
+writes the Markdown (docs/matrix.md) and a JSON.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from .known_kernels import KNOWN_KERNELS, KnownKernel
-from .report import grouped_findings
+from .root_causes import Divergence, divergences
 from .runner import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Report
 
 NOT_INSTALLED, NEEDS_GPU, CHECKED, SETUP_FAILED, NOT_SELECTED = (
     "not installed", "needs a GPU", "checked", "setup failed", "not run")
-
-
-@dataclass
-class Divergence:
-    """One root cause: its clause, the properties it failed, the minimal case, the write-up."""
-
-    clause: str
-    level: str
-    status: str
-    finding: str
-    inputs: str
-    properties: list[str]
-    write_up: str = ""  # docs/divergences.md#anchor (upstream issue), "" when unconfirmed
-    # properties whose failing case also meets this divergence's inputs (see CONSEQUENCES)
-    consequences: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -76,62 +69,9 @@ def cells_of(report: Report) -> dict[str, str]:
 
 
 def divergences_of(report: Report, write_ups: dict[str, str]) -> list[Divergence]:
-    """The report's findings, one per root cause: grouped by cause, then groups that a
-    single confirmed write-up explains merged into one."""
-    merged: dict[str, Divergence] = {}
-    for group in grouped_findings(report):
-        first = group[0]
-        link = next((write_ups[v.property] for v in group if v.property in write_ups), "")
-        key = link or f"{first.status}:{first.property}:{first.detail[:40]}"
-        if key in merged:
-            merged[key].properties += [v.property for v in group]
-            continue
-        merged[key] = Divergence(first.clause, first.level, first.status,
-                                 " ".join(first.detail.split()),
-                                 " ".join(first.counterexample.split()),
-                                 [v.property for v in group], link)
-    return fold_consequences(list(merged.values()), report.waived)
-
-
-# A minimal case that contains what another clause governs: when the kernel also fails
-# that clause, this failure is reported as its consequence, not as a divergence of its own.
-CONSEQUENCES = (
-    # a mask with no True at all: every row is fully masked (SDPA-5.1)
-    (re.compile(r"mask\([^)]*\) \(0/"), "SDPA-5.1", ""),
-    # no keys at all (Lk = 0): SDPA-5.2
-    (re.compile(r"\bk\((?:\d+, )*0, \d+\)"), "SDPA-5.2", ""),
-    # float64 inputs, when the kernel returns another dtype for them: it computes in that
-    # dtype, so every float64 accuracy failure follows
-    (re.compile(r"dtype=float64"), "SDPA-1.3", "should be float64"),
-)
-
-
-def fold_consequences(divergences: list[Divergence],
-                      waived: Sequence[str] = ()) -> list[Divergence]:
-    """Divergences whose minimal case meets a clause another divergence failed, or one the
-    declaration waives, folded into it as consequences (with the property ids, so nothing
-    is hidden); a waived clause with consequences is listed as a divergence (status
-    "waived") so that they show."""
-    by_clause = {d.clause: d for d in divergences}
-    for clause in waived:
-        by_clause.setdefault(clause, Divergence(clause, "MUST", WAIVED, "waived by the "
-                                                "declaration (CONF-7)", "", []))
-    kept = []
-    for d in divergences:
-        # a crash is a root cause of its own, whatever its first minimal case holds
-        crashed = d.finding.startswith("kernel raised")
-        cause = None if crashed else next((
-                      by_clause[clause] for pattern, clause, finding in CONSEQUENCES
-                      if pattern.search(d.inputs) and clause in by_clause
-                      and by_clause[clause] is not d
-                      and finding in by_clause[clause].finding), None)
-        if cause is None:
-            kept.append(d)
-        else:
-            cause.consequences += [f"{p} ({d.clause})" for p in d.properties]
-    shown = [by_clause[c] for c in waived if by_clause[c].consequences
-             and by_clause[c] not in divergences]
-    return shown + kept
+    """The report's distinct divergences, each with the failures that follow from it
+    (:func:`.root_causes.divergences`: established by re-running them around it)."""
+    return divergences(report, write_ups)
 
 
 def relink(row: MatrixRow, write_ups: dict[str, str]) -> MatrixRow:
@@ -140,8 +80,9 @@ def relink(row: MatrixRow, write_ups: dict[str, str]) -> MatrixRow:
     by_link: dict[str, Divergence] = {}
     kept = []
     for d in row.divergences:
-        d.write_up = d.write_up or next((write_ups[p] for p in d.properties
-                                         if p in write_ups), "")
+        # a waived clause's write-up is filed under the properties that meet it
+        named = d.properties or [c.split()[0] for c in d.consequences]
+        d.write_up = d.write_up or next((write_ups[p] for p in named if p in write_ups), "")
         if d.write_up in by_link:
             by_link[d.write_up].properties += d.properties
             by_link[d.write_up].consequences += d.consequences
@@ -166,11 +107,16 @@ def unavailable(entry: KnownKernel, has_cuda: bool) -> MatrixRow | None:
     return row
 
 
+_FULL_NAMES = {e.name for e in KNOWN_KERNELS}
+
+
 def select(names: Sequence[str] | None) -> list[KnownKernel]:
     """The known kernels whose name contains one of ``names`` (all when None)."""
     if not names:
         return list(KNOWN_KERNELS)
-    chosen = [e for e in KNOWN_KERNELS if any(n in e.name for n in names)]
+    # a name spelt in full is that kernel alone (jax.nn's is part of keras-on-jax's)
+    chosen = [e for e in KNOWN_KERNELS
+              if any(n == e.name or (n in e.name and n not in _FULL_NAMES) for n in names)]
     if not chosen:
         raise ValueError(f"--kernel {', '.join(names)} matches no known kernel; known: "
                          f"{', '.join(e.name for e in KNOWN_KERNELS)}")
@@ -189,16 +135,41 @@ def row_from_report(entry: KnownKernel, report: Report, write_ups: dict[str, str
                      divergences=divergences_of(report, write_ups))
 
 
+def rows_in(path: str | Path) -> list[MatrixRow]:
+    """The rows of a JSON file that :func:`to_json` wrote."""
+    with open(path, encoding="utf-8") as file:
+        found = json.load(file)
+    for data in found:
+        data["divergences"] = [Divergence(**d) for d in data["divergences"]]
+    return [MatrixRow(**data) for data in found]
+
+
 def checked_rows(paths: Sequence[str]) -> dict[str, MatrixRow]:
     """The checked rows of earlier runs' JSON files, by kernel name (a later file wins)."""
-    rows: dict[str, MatrixRow] = {}
-    for path in paths:
-        with open(path, encoding="utf-8") as file:
-            for data in json.load(file):
-                if data["status"] == CHECKED:
-                    data["divergences"] = [Divergence(**d) for d in data["divergences"]]
-                    rows[data["name"]] = MatrixRow(**data)
-    return rows
+    return {row.name: row for path in paths for row in rows_in(path) if row.status == CHECKED}
+
+
+_MATRIX_COMMAND = ("import sys; from attnspec.conformance.cli import main; "
+                   "sys.exit(main(sys.argv[1:]))")
+
+
+def rows_in_processes(entries: Sequence[KnownKernel], jobs: int,
+                      options: Sequence[str]) -> list[MatrixRow]:
+    """Each of ``entries`` checked by ``attnspec matrix --kernel NAME OPTIONS`` in a process
+    of its own, ``jobs`` at a time (``--jobs N``): the kernels' libraries, environment
+    (KERAS_BACKEND) and workers stay apart; the rows come back through a JSON file."""
+    def one(index: int, entry: KnownKernel, folder: str) -> MatrixRow:
+        out = Path(folder) / f"row-{index}.json"
+        command = [sys.executable, "-c", _MATRIX_COMMAND, "matrix", "--kernel", entry.name,
+                   "--json", str(out), "--markdown", os.devnull, *options]
+        status = subprocess.run(command, stdin=subprocess.DEVNULL, check=False).returncode
+        found = [r for r in rows_in(out) if r.name == entry.name] if out.exists() else []
+        return found[0] if found else MatrixRow(
+            entry.name, entry.backend, entry.device, entry.note, SETUP_FAILED,
+            reason=f"its matrix process ended with status {status} and wrote no row")
+
+    with tempfile.TemporaryDirectory() as folder, ThreadPoolExecutor(max(1, jobs)) as pool:
+        return list(pool.map(lambda pair: one(*pair, folder), enumerate(entries)))
 
 
 # --- rendering ----------------------------------------------------------------------------
@@ -259,9 +230,12 @@ def to_markdown(rows: Sequence[MatrixRow], title_note: str = "") -> str:
             lines.append(f"  - finding: {d.finding[:300]}")
             if d.inputs:
                 lines.append(f"  - minimal case: {d.inputs[:300]}")
+            if d.drawn_around:
+                lines.append(f"  - drawn around: {d.drawn_around[:400]}")
             if d.consequences:
-                lines.append(f"  - also fails, as a consequence (same inputs): "
-                             f"{', '.join(d.consequences)}")
+                lines.append(f"  - consequences (each passes re-run with these inputs drawn "
+                             f"around): {', '.join(d.consequences)}")
+                lines.extend(f"    - {evidence[:400]}" for evidence in d.evidence)
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 

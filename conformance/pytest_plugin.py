@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # imported lazily: a pytest run without the option pays nothi
     from .claims import Flag
     from .isolation import InProcessKernel, IsolatedKernel
     from .registry import Property
-    from .runner import Verdict
+    from .runner import Report, Verdict
     from .sizes import SizeLimits
 
 
@@ -206,10 +206,31 @@ class AttnspecSession:
         terminalreporter.write_sep("=", "attnspec")
         for note in report.notes:
             terminalreporter.write_line(f"note: {note}")
+        for line in self.root_causes(report):
+            terminalreporter.write_line(line)
         terminalreporter.write_line(f"{self.kernel.target}: {summary_line(report)}")
         for hint in report.hints:
             terminalreporter.write_line(f"hint: {hint}")
         terminalreporter.write_line(report.claim)
+
+
+    def root_causes(self, report: Report) -> list[str]:
+        """The failures re-run around the other clauses the kernel failed, as the CLI does
+        (root_causes.draw_around), then one line per distinct divergence with the failures
+        that follow from it: the items above keep their own verdicts."""
+        from .root_causes import divergences, draw_around
+
+        option = self.config.getoption
+        draw_around(report, self.properties, lambda prop, around: self.session.run_property(
+            prop, profile=option("attnspec_profile"), seed=option("attnspec_seed"),
+            limits=around), self.limits)
+        found = divergences(report)
+        lines = [f"{len(found)} distinct divergence{'s' * (len(found) != 1)}:"] if found else []
+        for d in found:
+            lines.append(f"  {d.clause} ({d.status}): {', '.join(d.properties) or 'waived'}"
+                         f"{': ' + d.finding[:120] if d.properties else ''}")
+            lines.extend(f"    consequence: {evidence[:240]}" for evidence in d.evidence)
+        return lines
 
 
 class AttnspecCollector(pytest.Collector):

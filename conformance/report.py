@@ -11,7 +11,8 @@ import json
 import re
 import textwrap
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import asdict
 from typing import Any
 
 from .claims import claim_features
@@ -150,13 +151,62 @@ def _cause(verdict: Verdict) -> tuple[str, ...]:
     return (verdict.status, verdict.property)
 
 
-def grouped_findings(report: Report) -> list[list[Verdict]]:
-    """Failures and warnings, those that share one root cause (the same exception, the
-    same wrong return type) grouped, in the order they ran."""
+def grouped_findings(report: Report,
+                     verdicts: Iterable[Verdict] | None = None) -> list[list[Verdict]]:
+    """Failures and warnings (of ``verdicts``, default the report's), those that share one
+    root cause (the same exception, the same wrong return type) grouped, in the order
+    they ran."""
     groups: dict[tuple[str, ...], list[Verdict]] = {}
-    for verdict in _findings(report):
+    for verdict in _findings(report) if verdicts is None else verdicts:
         groups.setdefault(_cause(verdict), []).append(verdict)
     return list(groups.values())
+
+
+def _distinct_groups(report: Report) -> list[list[Verdict]]:
+    """:func:`grouped_findings` of the failures that follow from no other clause's."""
+    return grouped_findings(report, [v for v in _findings(report) if not v.cause])
+
+
+def _linked(group: list[Verdict], write_ups: dict[str, str]) -> str:
+    return next((write_ups[v.property] for v in group if v.property in write_ups), "")
+
+
+def divergence_lines(report: Report, write_ups: dict[str, str] | None = None, *,
+                     rerun: Rerun | None = None,
+                     max_reproduction: int | None = MAX_REPRODUCTION,
+                     full_reproduction_in: Where = "the JSON report (--json PATH)") -> list[str]:
+    """The distinct divergences, each told in full (with its write-up when a known kernel's
+    is confirmed), then the failures that follow from each, folded under their cause with
+    the evidence (root_causes.draw_around); nothing is left out."""
+    from .root_causes import divergences
+
+    found = divergences(report, write_ups)
+    if not found:
+        return []
+    groups = _distinct_groups(report)
+    folded = sum(len(d.consequences) for d in found)
+    lines = ["", f"{len(groups)} distinct divergence{'s' * (len(groups) != 1)}"
+             + (f", {folded} failure{'s' * (folded != 1)} folded as consequences" if folded
+                else "") + ":"]
+    for divergence in found:
+        group = next((g for g in groups if g[0].property in divergence.properties), None)
+        lines.append("")
+        if group is None:  # a waived clause other failures follow from
+            lines.append(f"waived {divergence.clause} [{divergence.level}: "
+                         f"{clause_title(divergence.clause)}]: the declaration waives it "
+                         "(CONF-7)")
+        else:
+            lines.append(group_text(group, rerun, max_reproduction=max_reproduction,
+                                    full_reproduction_in=full_reproduction_in))
+            if group[0].drawn_around:
+                lines.append(f"  drawn around: {group[0].drawn_around}")
+        if divergence.write_up:
+            lines.append(f"  confirmed:   {divergence.write_up}")
+        if divergence.consequences:
+            lines.append(f"  consequences ({len(divergence.consequences)}), each passing "
+                         f"with {divergence.clause}'s inputs drawn around:")
+            lines.extend(f"    - {evidence}" for evidence in divergence.evidence)
+    return lines
 
 
 def _reproduction_lines(verdict: Verdict, max_reproduction: int | None,
@@ -226,14 +276,16 @@ def format_table(
     report: Report, *, rerun: Rerun | None = None,
     max_reproduction: int | None = MAX_REPRODUCTION,
     full_reproduction_in: Where = "the JSON report (--json PATH)",
+    write_ups: dict[str, str] | None = None,
 ) -> str:
-    """The verdict table, then every finding (one per root cause, see
-    :func:`grouped_findings`), then a summary, the hints and the claim."""
+    """The distinct divergences (one per root cause, with their consequences folded in:
+    :func:`divergence_lines`), then the verdict table, a summary, the hints and the
+    claim.  ``write_ups``: property id -> a known kernel's confirmed write-up."""
     header = ("property", "clause", "level", "verdict", "time", "detail")
     rows = [
         (v.property, v.clause, v.level, label(v),
          "" if v.status in (NOT_APPLICABLE, WAIVED) else f"{v.seconds:.1f}s",
-         _one_line(v.detail))
+         _one_line(f"(follows from {v.cause}) {v.detail}" if v.cause else v.detail))
         for v in report.verdicts
     ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
@@ -242,12 +294,12 @@ def format_table(
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
         return "  ".join([*cells, row[-1]]).rstrip()
 
-    lines = [heading(report), *(f"note: {note}" for note in report.notes), "", render(header),
-             render((*("-" * w for w in widths), ""))]
+    lines = [heading(report), *(f"note: {note}" for note in report.notes)]
+    lines.extend(divergence_lines(report, write_ups, rerun=rerun,
+                                  max_reproduction=max_reproduction,
+                                  full_reproduction_in=full_reproduction_in))
+    lines.extend(["", render(header), render((*("-" * w for w in widths), ""))])
     lines.extend(render(row) for row in rows)
-    for group in grouped_findings(report):
-        lines.extend(["", group_text(group, rerun, max_reproduction=max_reproduction,
-                                     full_reproduction_in=full_reproduction_in)])
     lines.extend(["", summary_line(report)])
     lines.extend(f"hint: {hint}" for hint in report.hints)
     if report.claim:
@@ -255,14 +307,20 @@ def format_table(
     return "\n".join(lines)
 
 
-def report_dict(report: Report, *, rerun: Rerun | None = None) -> dict[str, Any]:
-    """``Report.to_dict()`` plus the spec version, the verdict counts and rerun commands."""
+def report_dict(report: Report, *, rerun: Rerun | None = None,
+                write_ups: dict[str, str] | None = None) -> dict[str, Any]:
+    """``Report.to_dict()`` plus the spec version, the verdict counts, rerun commands, the
+    findings that share a cause (``findings``) and the distinct divergences with their
+    consequences (``divergences``, see :mod:`.root_causes`)."""
+    from .root_causes import divergences
+
     data = report.to_dict()
     data["spec_version"] = spec_version()
     data["counts"] = counts(report)
     data["findings"] = [{"status": group[0].status, "finding": group[0].detail,
                          "hint": group[0].hint, "properties": [v.property for v in group]}
                         for group in grouped_findings(report)]
+    data["divergences"] = [asdict(d) for d in divergences(report, write_ups)]
     data["complete"] = not report.incomplete
     if rerun is not None:
         for entry, verdict in zip(data["verdicts"], report.verdicts, strict=True):
@@ -270,8 +328,10 @@ def report_dict(report: Report, *, rerun: Rerun | None = None) -> dict[str, Any]
     return data
 
 
-def to_json(report: Report, *, rerun: Rerun | None = None) -> str:
-    return json.dumps(report_dict(report, rerun=rerun), indent=2, default=str) + "\n"
+def to_json(report: Report, *, rerun: Rerun | None = None,
+            write_ups: dict[str, str] | None = None) -> str:
+    return json.dumps(report_dict(report, rerun=rerun, write_ups=write_ups), indent=2,
+                      default=str) + "\n"
 
 
 def junit_classname(target: str) -> str:

@@ -11,12 +11,13 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
-from hypothesis.errors import Flaky
+from hypothesis.errors import Flaky, Unsatisfiable, UnsatisfiedAssumption
 
 from . import sizes
 from .anchors import ANCHORS, DTYPES, anchor_options
 from .claims import waiving_flags
 from .failures import KernelExited, PropertyFailure
+from .input_features import avoided_dtype, features_of
 from .kernel import KernelUnderTest
 from .registry import Property, all_properties
 from .shape_pool import pool_for_run
@@ -121,6 +122,13 @@ class Verdict:
     examples: int = 0
     seconds: float = 0.0
     hint: str = ""  # the exact flag or change that would fix a likely convention mismatch
+    # input features of the failing case that other clauses govern (input_features.FEATURES)
+    features: list[str] = field(default_factory=list)
+    # the clause this failure follows from: re-run with that clause's inputs drawn around,
+    # the property passed (root_causes.draw_around); "" for a distinct divergence
+    cause: str = ""
+    # what the re-run drawing around other clauses' inputs showed, in words
+    drawn_around: str = ""
 
     @property
     def failed_conformance(self) -> bool:
@@ -160,6 +168,8 @@ class Report:
 
     def to_dict(self) -> dict[str, object]:
         data = asdict(self)
+        if not self.limits.avoid:  # only re-runs avoid features; a run's own limits never do
+            data["limits"].pop("avoid")
         data["conforms"] = self.conforms
         return data
 
@@ -186,11 +196,13 @@ def hypothesis_settings(profile: str, seed: int | None, examples: int | None = N
 
 def _failed_verdict(prop: Property, failure: PropertyFailure) -> Verdict:
     level = prop.level
+    kernel = getattr(failure, "_kernel", None)
     return Verdict(
         property=prop.id, clause=prop.clause, level=level,
         status=FAILED if level == "MUST" else WARNING,
         detail=failure.finding, counterexample=failure.counterexample,
         reproduction=failure.reproduction, hint=failure.hint,
+        features=features_of(failure.problem, getattr(kernel, "declaration", None)),
     )
 
 
@@ -207,24 +219,34 @@ def _run_strata(
 ) -> None:
     """Each stratum of the profile in turn, as one Hypothesis run; the first failure
     ends the property (smaller strata first, so it is the smallest stratum that fails;
-    a failing anchor names itself)."""
+    a failing anchor names itself).  ``examples[0]`` counts the examples checked: not
+    those discarded because they have a feature ``limits.avoid`` leaves out."""
     # one pool per run; members are the same in every process (shape_pool)
     pool = pool_for_run(seed) if kernel.backend.compiles_per_shape else None
+    avoided_dtypes = {avoided_dtype(name) for name in limits.avoid} - {None}
     for stratum in PROFILES[profile].strata(limits):
         dtype = stratum.option("dtype")
-        if dtype not in (None, "widest", *kernel.dtypes):
-            continue  # an anchor in a dtype the kernel is not checked in
+        if dtype not in (None, "widest", *kernel.dtypes) or dtype in avoided_dtypes:
+            continue  # an anchor in a dtype the kernel is not checked in (or drawn around)
 
         @hypothesis_seed(_stratum_seed(seed, prop, stratum))
         @hypothesis_settings(profile, seed, stratum.examples, shrink=stratum.anchor is None)
         @given(st.data())
         def property_test(data: st.DataObject) -> None:
             examples[0] += 1
-            prop.check(kernel, data)
+            try:
+                prop.check(kernel, data)
+            except UnsatisfiedAssumption:  # it had a feature the run draws around
+                examples[0] -= 1
+                raise
 
         with sizes.drawing(stratum, limits, pool):
             try:
                 property_test()
+            except Unsatisfiable:
+                if not limits.avoid:
+                    raise
+                # every draw of this stratum had an avoided feature: nothing to check here
             except PropertyFailure as failure:
                 if stratum.anchor is not None:
                     failure.finding += (f" [anchor problem {stratum.name.split(': ', 1)[1]!r}"
@@ -302,13 +324,19 @@ def run_all(
     progress: Callable[[Property, Verdict | None], None] | None = None,
     limits: SizeLimits | None = None,
 ) -> Report:
-    """Every selected property against ``kernel``; ``progress`` hears each start and end."""
+    """Every selected property against ``kernel``; ``progress`` hears each start and end.
+    Failures are then re-run around the other clauses the kernel failed
+    (:func:`.root_causes.draw_around`)."""
+    from .root_causes import draw_around
+
     properties = select(only, skip)
     hypothesis_settings(profile, seed)  # validate the profile before any work
     limits = limits or SizeLimits()
-    return run_each(
+    report = run_each(
         properties, lambda p: run_property(p, kernel, profile=profile, seed=seed, limits=limits),
         new_report(kernel, profile=profile, seed=seed, strict=strict, limits=limits), progress)
+    return draw_around(report, properties, lambda p, around: run_property(
+        p, kernel, profile=profile, seed=seed, limits=around), limits)
 
 
 def new_report(kernel: Any, *, profile: str, seed: int | None, strict: bool,

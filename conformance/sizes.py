@@ -102,10 +102,17 @@ class SizeLimits:
     max_len: int = 4096
     max_head_dim: int = 256
     max_batch_heads: int = 512
+    # input features (conformance/input_features.py) the draws leave out: a re-run that
+    # draws around a clause the kernel already failed (conformance/root_causes.py)
+    avoid: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("max_len", "max_head_dim", "max_batch_heads"):
             _positive(getattr(self, name), name)
+        from .input_features import feature
+
+        for name in self.avoid:
+            feature(name)  # ValueError for an unknown one
 
 
 def _extended(base: Sequence[int], limit: int) -> tuple[int, ...]:

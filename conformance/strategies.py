@@ -16,7 +16,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ..reference.masks import causal_offset
-from . import shape_pool, sizes, values
+from . import input_features, shape_pool, sizes, values
 from .kernel import KernelUnderTest, Problem
 from .sizes import Dims
 
@@ -51,6 +51,7 @@ def draw_dims(
     differ).  Both stay within the user's limits.
     """
     use_gqa = kernel.declaration.gqa if gqa is None else gqa
+    use_gqa = use_gqa and input_features.GQA not in input_features.avoided_now()
     drawing = sizes.current()
     if shape_pool.pooling(data):  # a backend that compiles per shape: a few shapes a run
         options = dict(min_queries=min_queries, min_keys=min_keys, max_len=max_len,
@@ -88,13 +89,16 @@ def draw_dims(
 
 def within_limitations(kernel: KernelUnderTest, dims: Dims) -> Dims:
     """``dims`` cut to what the kernel declares it can take: Lq = Lk (the shorter, so the
-    cost never grows) for ``equal_lengths``, no empty length without ``empty_sizes``."""
-    declaration = kernel.declaration
+    cost never grows) for ``equal_lengths``, no empty length without ``empty_sizes`` (or
+    while a re-run draws around SDPA-5.2 or SDPA-1.5)."""
+    declaration, avoid = kernel.declaration, input_features.avoided_now()
     n_queries, n_keys = dims.n_queries, dims.n_keys
     if declaration.equal_lengths:
         n_queries = n_keys = min(n_queries, n_keys)
-    if not declaration.empty_sizes:
-        n_queries, n_keys = max(n_queries, 1), max(n_keys, 1)
+    if not declaration.empty_sizes or input_features.NO_KEYS in avoid:
+        n_keys = max(n_keys, 1)
+    if not declaration.empty_sizes or input_features.DEGENERATE in avoid:
+        n_queries = max(n_queries, 1)
     if (n_queries, n_keys) == (dims.n_queries, dims.n_keys):
         return dims
     return replace(dims, n_queries=n_queries, n_keys=n_keys)
@@ -143,11 +147,14 @@ def draw_rng(data: st.DataObject) -> np.random.Generator:
 def draw_dtype(data: st.DataObject, kernel: KernelUnderTest) -> str:
     """One of the kernel's dtypes; an anchor's: its own, or "widest" (the most precise)."""
     forced = sizes.current().stratum.option("dtype")
+    # a re-run drawing around a dtype (SDPA-1.3) draws the others
+    avoided = {input_features.avoided_dtype(name) for name in input_features.avoided_now()}
+    dtypes = tuple(d for d in kernel.dtypes if d not in avoided) or kernel.dtypes
     if forced == "widest":
-        return kernel.widest_dtype
+        return dtypes[-1]
     if forced in kernel.dtypes:
         return forced
-    return data.draw(st.sampled_from(kernel.dtypes), label="dtype")
+    return data.draw(st.sampled_from(dtypes), label="dtype")
 
 
 def random_values(
@@ -224,6 +231,21 @@ def draw_mask(
     return mask
 
 
+def with_a_key_per_row(problem: Problem, declaration: Any) -> np.ndarray:
+    """``problem.mask`` (broadcast to the scores) with each row that the mask and the causal
+    rule leave without a key given the last key the causal rule allows; a row the causal
+    rule alone empties (bottom-right, Lq > Lk) stays empty."""
+    mask = np.broadcast_to(problem.mask, input_features.scores_shape(problem)).copy()
+    if mask.shape[-1] == 0:
+        return mask  # no keys: SDPA-5.2's inputs, not a fully masked row
+    causal = input_features.allowed_keys(problem.with_(mask=None, bias=None), declaration)
+    empty = ~(mask & causal).any(axis=-1)
+    last = causal.shape[-1] - 1 - np.argmax(causal[..., ::-1], axis=-1)
+    rows = np.nonzero(empty & causal.any(axis=-1))
+    mask[(*rows, last[rows])] = True
+    return mask
+
+
 def _wanted(data: st.DataObject, choice: str, claimed: bool, label: str,
             forced: object = None) -> bool:
     """Whether to use an option: never unless claimed; "always"; a stratum's forced
@@ -244,6 +266,8 @@ def draw_bias(
     few units, e.g. so that no row's weights vanish)."""
     stratum = sizes.current().stratum
     kind = "normal"
+    # drawing around SDPA-7.4: no padding fill (-1e4 ... finfo.min)
+    tight = tight or input_features.LARGE_BIAS in input_features.avoided_now()
     if stratum.realistic and not tight:
         kind = stratum.option("bias") or data.draw(st.sampled_from(values.BIAS_KINDS),
                                                    label="bias kind")
@@ -295,12 +319,17 @@ def draw_problem(
     if stratum.realistic:
         problem = values.with_qk_values(data, kernel, rng, problem, qk_kind)
     use_causal = _wanted(data, causal, decl.causal, "causal", stratum.option("causal"))
-    use_mask = _wanted(data, mask, decl.mask and (decl.mask_and_causal or not use_causal), "mask",
+    together = decl.mask_and_causal and (input_features.MASK_AND_CAUSAL
+                                         not in input_features.avoided_now())
+    use_mask = _wanted(data, mask, decl.mask and (together or not use_causal), "mask",
                        stratum.option("mask"))
     if use_causal:
         problem.is_causal = True
     if use_mask:
-        problem.mask = draw_mask(data, rng, dims, empty_rows=empty_rows)
+        avoid_empty = input_features.FULLY_MASKED_ROW in input_features.avoided_now()
+        problem.mask = draw_mask(data, rng, dims, empty_rows=empty_rows and not avoid_empty)
+        if avoid_empty:  # drawing around SDPA-5.1: every row keeps a key it may attend
+            problem.mask = with_a_key_per_row(problem, decl)
     if _wanted(data, bias, decl.bias and not (use_causal and decl.bias_shares_mask_argument),
                "bias", None if tight else stratum.option("bias")):
         problem.bias = draw_bias(data, kernel, rng, dims, dtype, tight=tight)

@@ -238,7 +238,8 @@ def test_upstream_sdpa_masked_overflowing_key_gives_nan() -> None:
 
 
 NAN = float("nan")
-# What keras 3.15.1 gives on tests/keras_probe.py's inputs; the spec's answers are
+# What keras 3.15.1 gives on tests/keras_probe.py's inputs (jax: jax 0.10.2, where only the
+# fully masked row diverges); the spec's answers are
 # fully_masked 0 (SDPA-5.1), nan_query NaN (SDPA-8.3), gqa_4_over_2 ones (SDPA-6.1),
 # gqa_1_over_2 an error (SDPA-6.2, SHOULD), float16_scores_1e6 1 (SDPA-7.4), mask_1d 2
 # (SDPA-3.1) and causal_scale_0 [[0, 1], [1, 2], [2, 3]] (SDPA-7.1).
@@ -247,6 +248,10 @@ KERAS_UPSTREAM = {
               "gqa_4_over_2": [[[[1.0], [1.0], [1.0], [1.0]]]], "gqa_1_over_2": [[[[1.0], [1.0]]]],
               "float16_scores_1e6": [[[[1.0]]]], "mask_1d": "IndexError",
               "causal_scale_0": [[[[NAN, NAN]], [[NAN, NAN]], [[2.0, 3.0]]]]},
+    "jax": {"fully_masked": [[[[3.0]]]], "nan_query": [[[[NAN]]]],
+            "gqa_4_over_2": [[[[1.0], [1.0], [1.0], [1.0]]]], "gqa_1_over_2": "TypeError",
+            "float16_scores_1e6": [[[[1.0]]]], "mask_1d": [[[[2.0]]]],
+            "causal_scale_0": [[[[0.0, 1.0]], [[1.0, 2.0]], [[2.0, 3.0]]]]},
     "numpy": {"fully_masked": [[[[3.0]]]], "nan_query": [[[[NAN]]]],
               "gqa_4_over_2": "ValueError", "gqa_1_over_2": [[[[1.0], [1.0]]]],
               "float16_scores_1e6": [[[[NAN]]]], "mask_1d": [[[[2.0]]]],
@@ -273,3 +278,60 @@ def test_upstream_keras_divergences(backend: str, tmp_path: Path) -> None:
     assert observed.keys() == KERAS_UPSTREAM[backend].keys()
     for case, want in KERAS_UPSTREAM[backend].items():
         np.testing.assert_equal(observed[case], want, err_msg=f"{backend}: {case}")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flax") is None, reason="flax is not installed")
+def test_upstream_flax_divergences() -> None:
+    """docs/divergences.md#flax-empty-rows, #flax-nnx-head-dims, #flax-linen-float16: what
+    flax's dot_product_attention (nnx and linen) gives on each divergence's minimal case,
+    (B, L, H, E) inputs; fails when upstream changes any of them."""
+    import jax.numpy as jnp
+    from flax import linen, nnx
+
+    one = jnp.full((1, 1, 1, 1), 0.5)
+    keys, values = jnp.asarray([[[[0.5]], [[1.0]]]]), jnp.asarray([[[[2.0]], [[4.0]]]])
+    for attention in (nnx.dot_product_attention, linen.dot_product_attention):
+        # SDPA-5.1: 0; flax fills masked logits with finfo.min: mean(V) = 3
+        masked = attention(one, keys, values, mask=jnp.zeros((1, 1, 1, 2), bool),
+                           deterministic=True)
+        assert np.asarray(masked).tolist() == [[[[3.0]]]], attention
+        # ... and an all -inf bias row gives NaN
+        biased = attention(one, keys, values, bias=jnp.full((1, 1, 1, 2), -jnp.inf),
+                           deterministic=True)
+        assert np.isnan(np.asarray(biased)).all(), attention
+    # SDPA-1.1: Ev != E is valid; nnx rejects it (it calls jax.nn.dot_product_attention)
+    with pytest.raises(ValueError):
+        nnx.dot_product_attention(jnp.ones((1, 1, 1, 2)), jnp.ones((1, 2, 1, 2)),
+                                  jnp.ones((1, 2, 1, 3)), deterministic=True)
+    # SDPA-7.4: scores of 1e6 are finite; linen computes them in float16 (65504): NaN; 1
+    q16 = jnp.asarray([[[[1000.0]]]], jnp.float16)
+    k16 = jnp.asarray([[[[1000.0]], [[-1000.0]]]], jnp.float16)
+    v16 = jnp.asarray([[[[1.0]], [[2.0]]]], jnp.float16)
+    assert np.isnan(np.asarray(linen.dot_product_attention(q16, k16, v16,
+                                                           deterministic=True))).all()
+    assert np.asarray(nnx.dot_product_attention(q16, k16, v16, deterministic=True),
+                      dtype=np.float64).tolist() == [[[[1.0]]]]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flax") is None, reason="flax is not installed")
+def test_upstream_jax_and_flax_leak_a_masked_nan_value() -> None:
+    """docs/divergences.md#jax-masked-nan: SDPA-8.2 (SHOULD) says a NaN at a masked-out
+    position does not reach the output; jax.nn and flax give NaN for a NaN value of a masked
+    key (the definition: key 1's value, 4), but not for a NaN key.  Fails when upstream
+    changes it."""
+    import jax
+    import jax.numpy as jnp
+    from flax import linen, nnx
+
+    q, k = jnp.full((1, 1, 1, 1), 0.5), jnp.asarray([[[[0.5]], [[1.0]]]])
+    mask = jnp.asarray([[[[False, True]]]])  # key 0 masked out
+    nan_value = jnp.asarray([[[[jnp.nan]], [[4.0]]]])
+    nan_key, values = jnp.asarray([[[[jnp.nan]], [[1.0]]]]), jnp.asarray([[[[2.0]], [[4.0]]]])
+    want, _ = sdpa(np.zeros((1, 1, 1)), np.zeros((1, 2, 1)), np.asarray([[[0.0], [4.0]]]),
+                   mask=np.asarray([[False, True]]))
+    assert want.ravel().tolist() == [4.0]
+    for attention in (jax.nn.dot_product_attention,
+                      lambda *a, **kw: nnx.dot_product_attention(*a, **kw, deterministic=True),
+                      lambda *a, **kw: linen.dot_product_attention(*a, **kw, deterministic=True)):
+        assert np.isnan(np.asarray(attention(q, k, nan_value, mask=mask))).all()
+        assert np.asarray(attention(q, nan_key, values, mask=mask)).ravel().tolist() == [4.0]

@@ -746,9 +746,13 @@ def _report(strict: bool = False) -> Report:
 
 
 def test_table_shows_every_verdict_and_each_failure_in_full() -> None:
-    """The text table: labels passed / FAILED / warning / not applicable, then details."""
+    """The distinct divergences first, then the text table: labels passed / FAILED /
+    warning / not applicable, then details."""
     text = render.format_table(_report(), rerun=lambda v: f"attnspec check m:f --only {v.property}")
-    rows = {line.split()[0]: line for line in text.splitlines()[4:8]}
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("property "))
+    assert "2 distinct divergences:" in lines[:header]
+    rows = {line.split()[0]: line for line in lines[header + 2:header + 6]}
     assert [rows[p].split()[3] for p in ("ok", "bad", "meh")] == ["passed", "FAILED", "warning"]
     assert "not applicable" in rows["na"] and "does not claim bias" in rows["na"]
     assert "rerun:   attnspec check m:f --only bad" in text

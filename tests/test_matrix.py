@@ -1,14 +1,17 @@
 """``attnspec matrix`` (issue 9): the kernel x clause-family table, one divergence per root
-cause, consequences folded into the divergence whose inputs they share.
+cause, consequences (failures that pass re-run around another failed clause's inputs,
+conformance/root_causes.py) folded into it.
 
-One matrix run on two cheap torch rows (four properties each) is shared by the module;
-the folding and cell rules are also checked on hand-built reports.
+One matrix run on two cheap torch rows (four properties each, two kernels at once in
+processes of their own: --jobs 2) is shared by the module; the folding and cell rules are
+also checked on hand-built reports.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +32,8 @@ def matrix_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     md, js = out / "matrix.md", out / "matrix.json"
     status = cli.main(["matrix", "--kernel", "sdpa_math", "--kernel", "torch.nn:Multihead",
                        "--kernel", "fast_transformers", "--kernel", "flash_attn",
-                       "--only", PROPERTIES, "--quiet", "--markdown", str(md), "--json",
-                       str(js)])
+                       "--only", PROPERTIES, "--quiet", "--jobs", "2", "--markdown", str(md),
+                       "--json", str(js)])
     rows = {row["name"]: row for row in json.loads(js.read_text())}
     return {"status": status, "markdown": md.read_text(), "rows": rows, "json": js}
 
@@ -69,7 +72,9 @@ def test_mha_fully_masked_rows_are_one_divergence(matrix_run: dict[str, Any]) ->
     assert "SDPA-7.1" not in by_clause and "SDPA-3.1" not in by_clause, row["divergences"]
     assert {c.split()[0] for c in empty["consequences"]} == {"rows-sum-to-one",
                                                              "mask-broadcast"}
-    assert "also fails, as a consequence" in matrix_run["markdown"]
+    assert "consequences (each passes re-run with these inputs drawn around)" in (
+        matrix_run["markdown"])
+    assert "passes drawn around fully-masked-row (SDPA-5.1)" in matrix_run["markdown"]
     assert "| `torch.nn:MultiheadAttention` | torch |" in matrix_run["markdown"]
 
 
@@ -86,20 +91,18 @@ def test_cells_take_the_worst_verdict_and_show_waivers() -> None:
                                        "SDPA-6": NOT_APPLICABLE}
 
 
-def test_a_failure_on_another_clause_s_inputs_is_a_consequence_only_if_that_clause_failed(
-) -> None:
-    """An all-False mask in the minimal case means fully masked rows: folded into SDPA-5.1
-    when the kernel failed it, kept as a divergence of its own when it did not."""
+def test_a_failure_is_folded_only_when_its_re_run_showed_a_cause() -> None:
+    """The matrix folds what root_causes.draw_around established (Verdict.cause), never a
+    failure merely because its minimal case looks like another clause's inputs."""
     masked = "q(1, 1, 1, 1), k(1, 1, 1, 1), v(1, 1, 1, 1), dtype=float16, mask(1, 1) (0/1 True)"
     verdicts = [_verdict("empty-rows-zero", "SDPA-5.1", FAILED, "q(1, 1, 1)"),
                 _verdict("rows-sum-to-one", "SDPA-7.1", FAILED, masked),
-                _verdict("query-permutation", "SDPA-7.6", FAILED, "q(2, 3, 4)")]
+                _verdict("query-permutation", "SDPA-7.6", FAILED, masked)]
+    verdicts[1].cause = "SDPA-5.1"
     report = Report("k", "torch", "cpu", "quick", None, False, verdicts=verdicts)
     folded = matrix.divergences_of(report, {})
     assert [d.clause for d in folded] == ["SDPA-5.1", "SDPA-7.6"]
     assert folded[0].consequences == ["rows-sum-to-one (SDPA-7.1)"]
-    alone = Report("k", "torch", "cpu", "quick", None, False, verdicts=verdicts[1:])
-    assert [d.clause for d in matrix.divergences_of(alone, {})] == ["SDPA-7.1", "SDPA-7.6"]
 
 
 def test_failures_explained_by_one_write_up_are_one_divergence() -> None:
@@ -140,6 +143,48 @@ def test_failures_on_a_waived_clause_s_inputs_are_its_consequences() -> None:
     report = Report("k", "jax", "cpu", "quick", None, False,
                     verdicts=[_verdict("rows-sum-to-one", "SDPA-7.1", FAILED, masked)])
     report.waived = ["SDPA-5.1"]
+    report.verdicts[0].cause = "SDPA-5.1"  # its re-run around fully masked rows passed
     [waived] = matrix.divergences_of(report, {})
     assert (waived.clause, waived.status) == ("SDPA-5.1", WAIVED)
     assert waived.consequences == ["rows-sum-to-one (SDPA-7.1)"]
+
+
+def test_an_interrupt_ends_the_matrix_not_just_one_kernel(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Ctrl-C or SIGTERM during one kernel's check leaves that kernel's row incomplete and
+    runs no further kernel (each is reported as not run, with why)."""
+    calls: list[str] = []
+
+    def interrupted_run(setup: Any, args: Any, flags: Any, **_: Any) -> tuple[Report, None]:
+        calls.append(setup.kernel)
+        return Report(setup.kernel, "torch", "cpu", "quick", None, False,
+                      incomplete="interrupted by SIGTERM after 3 of 63 properties"), None
+
+    monkeypatch.setattr(cli, "_run_one", interrupted_run)
+    js = tmp_path / "m.json"
+    assert cli.main(["matrix", "--kernel", "sdpa_math", "--kernel", "sdpa_flash", "--quiet",
+                     "--markdown", str(tmp_path / "m.md"), "--json", str(js)]) == 0
+    rows = {row["name"]: row for row in json.loads(js.read_text())}
+    assert calls == ["attnspec.conformance.torch_kernels:sdpa_math"]
+    flash = rows["attnspec.conformance.torch_kernels:sdpa_flash"]
+    assert flash["status"] == matrix.NOT_SELECTED
+    assert flash["reason"] == ("not run: the matrix was interrupted by SIGTERM while checking "
+                               "attnspec.conformance.torch_kernels:sdpa_math")
+
+
+def test_every_divergence_in_the_committed_matrix_is_confirmed() -> None:
+    """docs/matrix.json: each checked row's divergences (failed or warning) link a write-up
+    in docs/divergences.md whose anchor exists, and the Markdown shows each row."""
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    rows = matrix.rows_in(docs / "matrix.json")
+    anchors = set(re.findall(r'<a id="([^"]+)"></a>', (docs / "divergences.md").read_text()))
+    markdown = (docs / "matrix.md").read_text()
+    checked = [row for row in rows if row.status == matrix.CHECKED]
+    assert checked
+    for row in checked:
+        assert f"### {row.name}" in markdown
+        for d in row.divergences:
+            if d.status == WAIVED and not d.consequences:
+                continue
+            assert d.write_up.startswith("docs/divergences.md#"), (row.name, d)
+            assert d.write_up.split("#")[1].split()[0] in anchors, (row.name, d.write_up)

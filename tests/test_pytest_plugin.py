@@ -231,3 +231,19 @@ def test_items_run_unchanged_under_xdist(pytester: pytest.Pytester, kernel_file:
     assert len(summary) == 1 and summary[0].split(" (")[0] in parallel.stdout.str()
     parallel.stdout.fnmatch_lines(["*no conformance claim: 1 MUST property failed (CONF-1): "
                                    "default-scale"])
+
+
+def test_summary_lists_distinct_divergences_with_their_consequences(
+        pytester: pytest.Pytester) -> None:
+    """Issue 9, as in the CLI: a kernel giving mean(V) for fully masked rows fails both
+    items, and the summary names one divergence (SDPA-5.1) with rows-sum-to-one folded
+    under it, re-run around fully masked rows."""
+    result = pytester.runpytest("--attnspec-kernel", "catalogue.bugs_softmax:finite_fill_jax_style",
+                                "--attnspec-only", "empty-rows-zero,rows-sum-to-one")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines([
+        "*1 distinct divergence:",
+        "  SDPA-5.1 (failed): empty-rows-zero: out*",
+        "    consequence: rows-sum-to-one: passes drawn around fully-masked-row (SDPA-5.1)*",
+        "*DOES NOT CONFORM*",
+    ])

@@ -11,7 +11,6 @@ import math
 import numpy as np
 from hypothesis import strategies as st
 
-from ...reference.masks import causal_offset
 from ...reference.tolerance import (
     CHUNK_ELEMENTS,
     accumulation_roundoff,
@@ -21,6 +20,7 @@ from ...reference.tolerance import (
 from ..assertions import assert_identical, assert_matches_reference, first_index
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
+from ..input_features import allowed_keys, scores_shape
 from ..kernel import KernelUnderTest, Problem
 from ..oracle import reference_bound
 from ..registry import always, register
@@ -40,32 +40,10 @@ HUGE_SCORE = {"float16": 1e6, "bfloat16": 1e30, "float32": 1e30, "float64": 1e30
 EXP_OVERFLOWS = 89.0  # exp(s) is inf in float32 (and so in float16, bfloat16) beyond this
 
 
-def scores_shape(problem: Problem) -> tuple[int, ...]:
-    """(*batch, Hq, Lq, Lk) of ``problem`` (SDPA-1.1, SDPA-1.2)."""
-    batch = np.broadcast_shapes(problem.q.shape[:-3], problem.k.shape[:-3], problem.v.shape[:-3])
-    return (*batch, problem.q.shape[-3], problem.q.shape[-2], problem.k.shape[-2])
-
-
 def _group_heads(problem: Problem, a: np.ndarray) -> np.ndarray:
     """A key-side array ``(..., Hkv, Lk, ·)`` repeated per query head: head h uses h // G."""
     groups = problem.q.shape[-3] // problem.k.shape[-3]
     return np.repeat(a, groups, axis=-3)
-
-
-def allowed_keys(problem: Problem, declaration: KernelDeclaration) -> np.ndarray:
-    """S(i) as a boolean ``(*batch, Hq, Lq, Lk)`` array: mask, causal rule (in the declared
-    alignment) and -inf bias together (SDPA-3.3, SDPA-3.4, SDPA-4.1/4.2)."""
-    shape = scores_shape(problem)
-    allowed = np.ones(shape, dtype=bool)
-    if problem.mask is not None:
-        allowed &= np.broadcast_to(problem.mask, shape)
-    if problem.bias is not None:
-        allowed &= np.broadcast_to(problem.bias != -np.inf, shape)
-    if problem.is_causal:
-        n_q, n_k = shape[-2], shape[-1]
-        offset = causal_offset(n_q, n_k, declaration.causal_alignment)
-        allowed &= np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + offset
-    return allowed
 
 
 def compared_rows(problem: Problem, declaration: KernelDeclaration) -> np.ndarray:

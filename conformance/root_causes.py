@@ -1,0 +1,175 @@
+"""One finding per root cause: drawing around failed clauses, and the divergences of a run.
+
+A kernel that fails one clause (mean(V) for a fully masked row, SDPA-5.1) fails every
+property whose drawn inputs happen to meet that clause's inputs.  After a run,
+:func:`draw_around` re-runs each failed property whose minimal case has an input feature
+(:mod:`.input_features`) governed by another clause the kernel failed or its declaration
+waives, with that feature left out of the draws:
+
+* if the property then passes, its failure is a *consequence* of that clause: the verdict
+  stays failed (the kernel did fail it), keeps its minimal case as evidence, and says how
+  many examples passed drawn around the clause (``Verdict.cause``, ``Verdict.drawn_around``);
+* if it still fails, it is a *distinct divergence*, reported with the new minimal case (the
+  first is kept in ``drawn_around``); features of the new case governed by failed clauses
+  are drawn around in turn.
+
+:func:`divergences` then lists the distinct divergences (failures with one cause, the same
+exception or wrong return type, or one confirmed write-up, merged), each with the
+consequences folded under it; the CLI, the JSON report and the matrix show that list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from .input_features import BY_NAME, describe
+from .runner import FAILED, PASSED, WAIVED, WARNING, Report, Verdict
+
+if TYPE_CHECKING:
+    from .registry import Property
+    from .sizes import SizeLimits
+
+Rerun = Callable[["Property", "SizeLimits"], Verdict]
+FINDING = (FAILED, WARNING)
+# a supervised re-run stopped while no kernel call was running (isolation._hang_finding):
+# the time went on discarded draws, not on the kernel; or the property itself broke on a
+# drawn-around input: either way it shows nothing new about the kernel
+_SUITE_STALLED = ("no kernel call started within", "nothing happened for",
+                  "the property could not check the kernel's result")
+
+
+def _failed_clauses(report: Report) -> set[str]:
+    return {v.clause for v in report.verdicts if v.status in FINDING} | set(report.waived)
+
+
+def root_clause(report: Report, clause: str, seen: frozenset[str] = frozenset()) -> str | None:
+    """The clause a failure caused by ``clause`` finally follows from: ``clause`` itself
+    when one of its failures is distinct (or it is waived and none failed), else the root
+    of what its failures follow from; None when that leads back into ``seen`` (a cycle)."""
+    if clause in seen:
+        return None
+    failed = [v for v in report.verdicts if v.clause == clause and v.status in FINDING]
+    if not failed or any(not v.cause for v in failed):
+        return clause
+    return root_clause(report, failed[0].cause, seen | {clause})
+
+
+def draw_around(report: Report, properties: Iterable[Property], rerun: Rerun,
+                limits: SizeLimits) -> Report:
+    """Re-run each failed property of ``report`` around the inputs of the other clauses the
+    kernel failed or waives (see the module doc), updating its verdict in place.
+    ``rerun(prop, limits)`` runs one property within ``limits`` (with ``avoid`` set)."""
+    by_id = {prop.id: prop for prop in properties}
+    failed = _failed_clauses(report)
+    for verdict in report.verdicts:
+        prop = by_id.get(verdict.property)
+        if verdict.status not in FINDING or prop is None or prop.kind == "fixed":
+            continue
+        _draw_around_one(report, verdict, prop, rerun, limits, failed)
+    return report
+
+
+def _draw_around_one(report: Report, verdict: Verdict, prop: Property, rerun: Rerun,
+                     limits: SizeLimits, failed: set[str]) -> None:
+    avoid: list[str] = []
+    latest = verdict
+    while True:
+        new = [name for name in latest.features if name not in avoid and name in BY_NAME
+               and BY_NAME[name].clause != verdict.clause and BY_NAME[name].clause in failed
+               and root_clause(report, BY_NAME[name].clause, frozenset({verdict.clause}))]
+        if not new:
+            break
+        avoid += new
+        again = rerun(prop, replace(limits, avoid=tuple(avoid)))
+        verdict.seconds += again.seconds
+        around = describe(avoid)
+        if again.status == PASSED and again.examples:
+            verdict.cause = BY_NAME[avoid[0]].clause
+            verdict.drawn_around = (
+                f"passes drawn around {around}: {again.examples} examples without "
+                f"{'those inputs' if len(avoid) > 1 else 'such inputs'}; it failed only on them")
+            return
+        if again.status not in FINDING or again.detail.startswith(_SUITE_STALLED):
+            verdict.drawn_around = (f"could not be drawn around {around}: "
+                                    + ("the re-run stalled drawing around them"
+                                       if again.status in FINDING
+                                       else "every draw had such inputs") + "; reported as found")
+            return
+        first = f"{verdict.counterexample}: {verdict.detail}"
+        for name in ("detail", "counterexample", "reproduction", "hint", "features"):
+            setattr(verdict, name, getattr(again, name))
+        verdict.drawn_around = (f"still fails drawn around {around}, on the case shown; "
+                                f"first minimal case: {first}")
+        latest = again
+
+
+@dataclass
+class Divergence:
+    """One root cause: its clause, the properties it failed, the minimal case, the
+    write-up (docs/divergences.md, for known kernels), and the failures that follow from
+    it (each "property (clause)")."""
+
+    clause: str
+    level: str
+    status: str
+    finding: str
+    inputs: str
+    properties: list[str]
+    write_up: str = ""  # docs/divergences.md#anchor (upstream issue), "" when unconfirmed
+    consequences: list[str] = field(default_factory=list)
+    # how each consequence was shown to follow (Verdict.drawn_around), in the same order
+    evidence: list[str] = field(default_factory=list)
+    # what re-running it around other failed clauses showed (Verdict.drawn_around)
+    drawn_around: str = ""
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def divergences(report: Report, write_ups: dict[str, str] | None = None) -> list[Divergence]:
+    """The report's distinct divergences, in the order they ran, each with the failures
+    that follow from it folded in; a waived clause that failures follow from is listed
+    first, with status "waived"."""
+    from .report import grouped_findings
+
+    write_ups = write_ups or {}
+    merged: dict[str, Divergence] = {}
+    by_clause: dict[str, Divergence] = {}
+    distinct = [v for v in report.verdicts if v.status in FINDING and not v.cause]
+    for group in grouped_findings(report, distinct):
+        first = group[0]
+        link = next((write_ups[v.property] for v in group if v.property in write_ups), "")
+        key = link or f"{first.status}:{first.property}"
+        if key in merged:
+            merged[key].properties += [v.property for v in group]
+        else:
+            merged[key] = Divergence(first.clause, first.level, first.status,
+                                     _flat(first.detail), _flat(first.counterexample),
+                                     [v.property for v in group], link,
+                                     drawn_around=first.drawn_around)
+        for v in group:
+            by_clause.setdefault(v.clause, merged[key])
+    waived: list[Divergence] = []
+    for v in report.verdicts:
+        if v.status not in FINDING or not v.cause:
+            continue
+        root = root_clause(report, v.cause) or v.cause
+        if root not in by_clause:  # a waived clause (CONF-7): no verdict of its own
+            by_clause[root] = Divergence(root, "MUST", WAIVED, "waived by the declaration "
+                                         "(CONF-7)", "", [], write_ups.get(root, ""))
+            waived.append(by_clause[root])
+        via = "" if root == v.cause else f", via {v.cause}"
+        if by_clause[root].status == WAIVED and not by_clause[root].write_up:
+            # a waived clause's write-up is filed under the properties that meet it
+            by_clause[root].write_up = write_ups.get(v.property, "")
+        by_clause[root].consequences.append(f"{v.property} ({v.clause}{via})")
+        by_clause[root].evidence.append(
+            f"{v.property}: {v.drawn_around}; minimal case {_flat(v.counterexample)}")
+    return waived + list(merged.values())
+
+
+def consequence_count(found: Sequence[Divergence]) -> int:
+    return sum(len(d.consequences) for d in found)
