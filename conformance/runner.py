@@ -215,7 +215,7 @@ def _stratum_seed(seed: int | None, prop: Property, stratum: Stratum) -> int:
 
 def _run_strata(
     prop: Property, kernel: KernelUnderTest, profile: str, seed: int | None,
-    limits: SizeLimits, examples: list[int],
+    limits: SizeLimits, examples: list[int], shrink: bool = True,
 ) -> None:
     """Each stratum of the profile in turn, as one Hypothesis run; the first failure
     ends the property (smaller strata first, so it is the smallest stratum that fails;
@@ -230,7 +230,8 @@ def _run_strata(
             continue  # an anchor in a dtype the kernel is not checked in (or drawn around)
 
         @hypothesis_seed(_stratum_seed(seed, prop, stratum))
-        @hypothesis_settings(profile, seed, stratum.examples, shrink=stratum.anchor is None)
+        @hypothesis_settings(profile, seed, stratum.examples,
+                             shrink=shrink and stratum.anchor is None)
         @given(st.data())
         def property_test(data: st.DataObject) -> None:
             examples[0] += 1
@@ -256,11 +257,12 @@ def _run_strata(
 
 def run_property(
     prop: Property, kernel: KernelUnderTest, *, profile: str = "quick", seed: int | None = None,
-    limits: SizeLimits | None = None,
+    limits: SizeLimits | None = None, shrink: bool = True,
 ) -> Verdict:
     """Run one property; a kernel that does not claim it gets "not applicable" (CONF-3).
 
-    ``limits`` caps the sizes drawn (default: ``SizeLimits()``)."""
+    ``limits`` caps the sizes drawn (default: ``SizeLimits()``).  ``shrink=False`` reports
+    the first failing example as found: the same status, for callers that need only that."""
     started = time.perf_counter()
     waivers = waiving_flags(kernel.declaration)
     if prop.clause in waivers:
@@ -277,7 +279,7 @@ def run_property(
             prop.check(kernel, 0 if seed is None else seed)
             examples[0] = 1
         else:
-            _run_strata(prop, kernel, profile, seed, limits or SizeLimits(), examples)
+            _run_strata(prop, kernel, profile, seed, limits or SizeLimits(), examples, shrink)
     except PropertyFailure as failure:
         verdict = _failed_verdict(prop, failure)
     except KernelExited as exited:
