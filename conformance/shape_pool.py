@@ -19,14 +19,25 @@ compilations are reused.
   members are realistic shapes within its cost cap and the user's limits, as before.
 * They are sorted by size, and the index is a Hypothesis draw: a failure shrinks to the
   smallest member that fails, and the values, magnitudes and the rest shrink as always.
+* A property that asks for other sizes (at least one key, two key/value heads, ...) takes
+  the members drawn for a plain request that meet what it asks (:data:`PLAIN_REQUEST`,
+  :func:`meets_request`), and one that would rewrite the sizes it was given (Lq != Lk for
+  the causal alignments, two heads to tell apart) first looks for members where its
+  rewrite is not needed (``draw_dims(where=...)``); only when none fits does it draw a pool
+  of its own.  A kernel that needs E == Ev gets members with E == Ev (the suite's zero
+  padding is done on the device: a compilation more per shape).
 * A mask or bias broadcasts from one of BROADCAST_POOL shapes per problem size, and the
-  dtype and the options that a compiled kernel is compiled for (mask, bias, causal,
-  explicit scale: TIED_LABELS) follow the pooled shape (:class:`TiedDraws`), so that
-  they too repeat from property to property.
+  dtype, the options that a compiled kernel is compiled for (mask, bias, causal,
+  explicit scale) and which broadcast shape (TIED_LABELS) follow the pooled shape
+  (:class:`TiedDraws`), so that they too repeat from property to property.
+* Probes a property builds itself draw their sizes through :func:`pooled_sizes` (the
+  scale probe of default-scale and explicit-scale), a few per stratum as well.
 
 What is lost is variety within one run (a dozen shapes and option sets instead of one per
-example); ``--seed`` draws other pools.  Problems a property builds itself (probes of
-fixed structure) are not pooled.
+example); ``--seed`` draws other pools.  What still compiles per property: the options a
+property forces (no mask, always causal, ...) on a pooled shape, the weights observed
+through V = I (Ev = Lk), the empty sizes and broadcast masks that some properties are
+about, and each dtype of output-shape-dtype.
 """
 
 from __future__ import annotations
