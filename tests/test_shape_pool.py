@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any
 
 import pytest
+from catalogue.buggy import CATALOGUE, BuggyKernel
 from hypothesis import strategies as st
 
 from attnspec.backends import Backend, _registry
@@ -20,7 +21,14 @@ from attnspec.conformance import declare
 from attnspec.conformance.anchors import ANCHORS
 from attnspec.conformance.kernel import KernelUnderTest
 from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import ANCHOR_COST, FAILED, PASSED, PROFILES, run_property
+from attnspec.conformance.runner import (
+    ANCHOR_COST,
+    FAILED,
+    PASSED,
+    PROFILES,
+    WARNING,
+    run_property,
+)
 from attnspec.conformance.shape_pool import (
     SMALL_POOL,
     SeededDraws,
@@ -217,6 +225,24 @@ def test_a_failure_still_shrinks_to_the_smallest_pooled_shape() -> None:
     shown = {f"q{(*d.batch, d.n_q_heads, d.n_queries, d.head_dim)}" for d in firsts}
     assert any(verdict.counterexample.startswith(q + ",") for q in shown), (
         verdict.counterexample, firsts)
+
+
+# Properties whose sizes now come from pools where they used to draw or rewrite their
+# own (causal's Lq != Lk, two heads, two groups, the scale probe).
+REPOOLED = {"causal-zeros", "causal-alignment", "default-scale", "explicit-scale",
+            "batch-head-independence", "gqa-mapping"}
+
+
+@pytest.mark.parametrize("bug", [bug for bug in CATALOGUE if bug.catches in REPOOLED
+                                 and bug.backend == "numpy"], ids=lambda bug: bug.name)
+def test_catalogue_bugs_stay_caught_on_a_compiling_backend(bug: BuggyKernel) -> None:
+    """CONF-1: every catalogued bug that a property taking its sizes from pools catches
+    (tests/test_catalogue_caught.py, on NumPy as is) is caught by it on a backend that
+    compiles per shape too."""
+    prop = all_properties()[bug.catches]
+    verdict = run_property(prop, KernelUnderTest(bug.fn, compiling_numpy()))
+    assert verdict.status == (FAILED if prop.level == "MUST" else WARNING), (
+        bug.name, verdict.status, verdict.detail)
 
 
 def test_the_jitted_jax_kernel_of_the_cost_table_runs() -> None:
