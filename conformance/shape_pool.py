@@ -142,7 +142,7 @@ def members_for(examples: int, realistic: bool) -> int:
 # first looks among the members drawn so, and only when none of them fits (a property
 # needing two key/value heads, more keys than the small members have) draws a pool of its
 # own.  Kernels' compilations are then shared by properties that ask for different
-# minimum sizes: the pool per request made the quick profile compile ~2x the shapes.
+# minimum sizes (a pool per request gave each of them shapes of its own).
 PLAIN_REQUEST = dict(min_queries=0, min_keys=0, max_len=9, max_batch_ndim=2, weights=False,
                      min_kv_heads=1, min_groups=1)
 
@@ -185,9 +185,10 @@ def pooled_dims(data: Any, kernel: Any, draw_dims: Callable[..., Any],
     batch_ndim = kernel.declaration.batch_ndim
     wanted = where or (lambda dims: True)
     fitting = [dims for dims in pool(plain) if meets_request(dims, options, batch_ndim)]
-    own = pool(options)
-    choices = ([dims for dims in fitting if wanted(dims)] or [dims for dims in own if wanted(dims)]
-               or fitting or own)
+    choices = [dims for dims in fitting if wanted(dims)]
+    if not choices:
+        own = pool(options)
+        choices = [dims for dims in own if wanted(dims)] or fitting or own
     return choose(data, choices, "shape")
 
 
