@@ -104,7 +104,9 @@ class Backend:
         """Move a NumPy array (or nested list) onto this backend's device.
 
         ``dtype`` is a spec dtype name; bfloat16 goes through float32 because NumPy has
-        no bfloat16 of its own.
+        no bfloat16 of its own.  Where the library's dtype is one NumPy knows (JAX's
+        bfloat16 is ml_dtypes'), the rounding happens on the host: a conversion on the
+        device would be one more compilation per shape for a library that compiles (JAX).
         """
         import numpy as np
 
@@ -113,7 +115,12 @@ class Backend:
             return self._adapter.from_numpy(self.xp, a, self.device)
         target = self.dtype(dtype)
         staging = a.astype(np.float32) if dtype == "bfloat16" else a.astype(dtype)
-        return self.xp.astype(self._adapter.from_numpy(self.xp, staging, self.device), target)
+        try:
+            host = np.dtype(target)
+        except TypeError:  # PyTorch's and array-api-strict's dtypes: convert on the device
+            return self.xp.astype(self._adapter.from_numpy(self.xp, staging, self.device),
+                                  target)
+        return self._adapter.from_numpy(self.xp, staging.astype(host), self.device)
 
     def to_numpy(self, x: Any) -> Any:
         """A NumPy copy of a backend array (bfloat16 widened to float32)."""

@@ -200,9 +200,9 @@ def _jax_from_numpy(xp: ModuleType, a: Any, device: Any) -> Any:
 def _jax_to_numpy(x: Any) -> Any:
     import numpy as np
 
-    if str(x.dtype) == "bfloat16":
-        x = x.astype("float32")
-    return np.asarray(x)
+    # bfloat16 (ml_dtypes') widened on the host: on the device it would compile per shape
+    host = np.asarray(x)
+    return host.astype(np.float32) if str(x.dtype) == "bfloat16" else host
 
 
 # --- cupy ------------------------------------------------------------------------------

@@ -93,7 +93,9 @@ RUN_FLAGS = (
     Flag("--no-isolate", "run the kernel in this process (for debuggers): a crash, exit or "
          "hang of the kernel ends or stalls the check", kind="switch"),
     Flag("--jobs", "run properties in N worker processes at once, or 'auto' for one per "
-         "available CPU; same verdicts, same order (default 1; not with --no-isolate)",
+         "available CPU; same verdicts, same order (default 1; not with --no-isolate); "
+         "each worker's BLAS, OpenMP and PyTorch threads: CPUs // N, unless OMP_NUM_THREADS "
+         "or another thread variable is set (the report's notes say which)",
          metavar="N", rerun=False),
     Flag("--json", "write the report as JSON to PATH", metavar="PATH", rerun=False),
     Flag("--junit", "write the report as JUnit XML to PATH", metavar="PATH", rerun=False),

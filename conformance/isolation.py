@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 import types
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,14 @@ DEFAULT_MEMORY_LIMIT_GIB = 16.0  # beyond the loaded backend; quick problems nee
 DEFAULT_LOAD_TIMEOUT = 120.0  # s to start a worker and import the backend and the kernel
 FILE_MODULE_PREFIX = "attnspec_kernel_"  # how load_kernel names a file.py:FUNC module
 _STOP_GRACE = 2.0  # s a stopped or dying worker gets to exit before it is killed
+# The variables BLAS and OpenMP libraries (OpenBLAS, MKL, Accelerate, PyTorch's intra-op
+# pool, numexpr) size their thread pools from when they load.  Left unset, each of N
+# workers starts one thread per core: N x cores threads on cores shared with the other
+# workers (PyTorch's quick profile ran 2-3x slower so on this project's 2-core machine).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+# How a worker learns the count its supervisor chose (to apply to PyTorch and report it).
+WORKER_THREADS = "ATTNSPEC_WORKER_THREADS"
 _LIVENESS_CHECK = 1.0  # s between checks that a silent worker is still alive
 
 
@@ -214,10 +223,24 @@ def exit_description(returncode: int) -> str:
     return text
 
 
+def worker_threads(jobs: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables a worker of a run with ``jobs`` workers gets on top of ``environ``
+    (default this process's): every THREAD_VARIABLES set to max(1, CPUs // jobs), and
+    WORKER_THREADS to the same count; nothing when ``environ`` sets any of them (the
+    user's choice stands)."""
+    from .jobs import available_cpus
+
+    environ = os.environ if environ is None else environ
+    if any(name in environ for name in THREAD_VARIABLES):
+        return {}
+    count = str(max(1, available_cpus() // max(1, jobs)))
+    return {**dict.fromkeys(THREAD_VARIABLES, count), WORKER_THREADS: count}
+
+
 class _Worker:
     """One worker process and the connection to it."""
 
-    def __init__(self, stdout: int) -> None:
+    def __init__(self, stdout: int, jobs: int = 1) -> None:
         self.connection, child = multiprocessing.Pipe()
         lifeline_read, self._lifeline = os.pipe()
         code = (f"import sys; sys.path[:] = {sys.path!r}; "
@@ -227,6 +250,7 @@ class _Worker:
             pass_fds=(child.fileno(), lifeline_read), stdin=subprocess.DEVNULL,
             stdout=stdout,  # the kernel's own printing never lands in the table on stdout
             start_new_session=True,  # Ctrl-C is the supervisor's to handle, not the kernel's
+            env={**os.environ, **worker_threads(jobs)},  # set before the kernel's imports
         )
         child.close()
         os.close(lifeline_read)
@@ -303,11 +327,14 @@ class _Lost(Exception):
 class IsolatedKernel:
     """A kernel run property by property in a supervised worker (see the module doc)."""
 
-    def __init__(self, setup: KernelSetup, options: IsolationOptions | None = None) -> None:
+    def __init__(self, setup: KernelSetup, options: IsolationOptions | None = None,
+                 jobs: int = 1) -> None:
+        """``jobs``: how many workers the run has (each gets CPUs // jobs threads)."""
         if isinstance(setup.backend, Backend):  # a loaded library does not pickle
             setup = replace(setup, backend=setup.backend.name,
                             jax_x64=_jax_x64_in_force(setup))
         self.setup, self.options = setup, options or IsolationOptions()
+        self.jobs = jobs
         self.kernel: KernelInfo | None = None
         self._worker: _Worker | None = None
         self._starting: _Worker | None = None  # a worker loading the kernel (see abort)
@@ -352,7 +379,7 @@ class IsolatedKernel:
                 "(--no-isolate, isolate=False)"
             ) from None
         # the kernel's printing goes where this process routes it (kernel_output_to)
-        worker = self._starting = _Worker(kernel_output_fd())
+        worker = self._starting = _Worker(kernel_output_fd(), self.jobs)
         limit = max(self.options.timeout, self.options.load_timeout)
         try:
             worker.connection.send_bytes(payload)

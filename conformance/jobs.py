@@ -17,7 +17,10 @@ display and the report files see one event at a time:
   verdicts of properties that were still running, and re-raises: the caller keeps every
   finished verdict and marks the report incomplete, as with one worker.
 
-Parallel runs need worker processes: ``--no-isolate`` runs one property at a time.
+Each worker's thread pools (BLAS, OpenMP, PyTorch's intra-op pool) get the available
+CPUs divided by ``N`` (:func:`.isolation.worker_threads`, unless the user set
+OMP_NUM_THREADS or another of its variables): N workers do not start a thread per core
+each.  Parallel runs need worker processes: ``--no-isolate`` runs one property at a time.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ class WorkerPool:
 
         if jobs < 1:
             raise ValueError(f"jobs={jobs!r}, but should be at least 1")
-        self.sessions = [IsolatedKernel(setup, options) for _ in range(jobs)]
+        self.sessions = [IsolatedKernel(setup, options, jobs) for _ in range(jobs)]
 
     def __enter__(self) -> WorkerPool:
         return self

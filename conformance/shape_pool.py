@@ -19,14 +19,25 @@ compilations are reused.
   members are realistic shapes within its cost cap and the user's limits, as before.
 * They are sorted by size, and the index is a Hypothesis draw: a failure shrinks to the
   smallest member that fails, and the values, magnitudes and the rest shrink as always.
+* A property that asks for other sizes (at least one key, two key/value heads, ...) takes
+  the members drawn for a plain request that meet what it asks (:data:`PLAIN_REQUEST`,
+  :func:`meets_request`), and one that would rewrite the sizes it was given (Lq != Lk for
+  the causal alignments, two heads to tell apart) first looks for members where its
+  rewrite is not needed (``draw_dims(where=...)``); only when none fits does it draw a pool
+  of its own.  A kernel that needs E == Ev gets members with E == Ev (the suite's zero
+  padding is done on the device: a compilation more per shape).
 * A mask or bias broadcasts from one of BROADCAST_POOL shapes per problem size, and the
-  dtype and the options that a compiled kernel is compiled for (mask, bias, causal,
-  explicit scale: TIED_LABELS) follow the pooled shape (:class:`TiedDraws`), so that
-  they too repeat from property to property.
+  dtype, the options that a compiled kernel is compiled for (mask, bias, causal,
+  explicit scale) and which broadcast shape (TIED_LABELS) follow the pooled shape
+  (:class:`TiedDraws`), so that they too repeat from property to property.
+* Probes a property builds itself draw their sizes through :func:`pooled_sizes` (the
+  scale probe of default-scale and explicit-scale), a few per stratum as well.
 
 What is lost is variety within one run (a dozen shapes and option sets instead of one per
-example); ``--seed`` draws other pools.  Problems a property builds itself (probes of
-fixed structure) are not pooled.
+example); ``--seed`` draws other pools.  What still compiles per property: the options a
+property forces (no mask, always causal, ...) on a pooled shape, the weights observed
+through V = I (Ev = Lk), the empty sizes and broadcast masks that some properties are
+about, and each dtype of output-shape-dtype.
 """
 
 from __future__ import annotations
@@ -80,21 +91,31 @@ class ShapePool:
     seed: int | None
     _members: dict[tuple[Hashable, ...], list[Any]] = field(default_factory=dict)
 
-    def draw(self, data: Any, key: tuple[Hashable, ...], make: Callable[[Any], T],
-             size: Callable[[T], Any], *, members: int, label: str) -> T:
-        """One of ``members`` values that ``make(draws)`` gives for seeded draws, sorted
-        by ``size``; ``key`` names everything ``make`` depends on besides the draws."""
+    def members(self, key: tuple[Hashable, ...], make: Callable[[Any], T],
+                size: Callable[[T], Any], count: int) -> list[T]:
+        """The (up to) ``count`` distinct values that ``make(draws)`` gives for seeded
+        draws, sorted by ``size``; ``key`` names everything ``make`` depends on besides
+        the draws."""
         pool = self._members.get(key)
         if pool is None:
             # the simplest member first: a stratum's first example, as Hypothesis runs it
             made = [make(SeededDraws(None if i == 0 else
                                      zlib.crc32(f"{self.seed}:{key!r}:{i}".encode())))
-                    for i in range(members)]
+                    for i in range(count)]
             pool = sorted(dict.fromkeys(made), key=lambda m: (size(m), repr(m)))
             self._members[key] = pool
-        # a fixed number of choices for one key, so that a shrunk example replays
-        index = data.draw(st.integers(0, len(pool) - 1), label=f"{label} (pooled)")
-        return pool[index]
+        return pool
+
+    def draw(self, data: Any, key: tuple[Hashable, ...], make: Callable[[Any], T],
+             size: Callable[[T], Any], *, members: int, label: str) -> T:
+        """One of :meth:`members`, the index drawn by Hypothesis (it shrinks to the first)."""
+        return choose(data, self.members(key, make, size, members), label)
+
+
+def choose(data: Any, pool: list[T], label: str) -> T:
+    """One of ``pool``, by an index Hypothesis draws: a fixed number of choices for one
+    pool, so that a shrunk example replays."""
+    return pool[data.draw(st.integers(0, len(pool) - 1), label=f"{label} (pooled)")]
 
 
 _RUNS: dict[int | None, ShapePool] = {}
@@ -117,22 +138,98 @@ def members_for(examples: int, realistic: bool) -> int:
     return max(1, min(examples, LARGEST_REALISTIC_POOL)) if realistic else SMALL_POOL
 
 
+# What draw_dims is asked for when nothing is asked of it (its defaults): every request
+# first looks among the members drawn so, and only when none of them fits (a property
+# needing two key/value heads, more keys than the small members have) draws a pool of its
+# own.  Kernels' compilations are then shared by properties that ask for different
+# minimum sizes (a pool per request gave each of them shapes of its own).
+PLAIN_REQUEST = dict(min_queries=0, min_keys=0, max_len=9, max_batch_ndim=2, weights=False,
+                     min_kv_heads=1, min_groups=1)
+
+
 def pooled_dims(data: Any, kernel: Any, draw_dims: Callable[..., Any],
-                options: dict[str, Any]) -> Any:
-    """``draw_dims(data, kernel, **options)`` from the current stratum's pool: the Dims
-    that seeded draws give for the same stratum, limits, options and declared batch."""
+                options: dict[str, Any], where: Callable[[Any], bool] | None = None) -> Any:
+    """``draw_dims(data, kernel, **options)`` from the current stratum's pool: one of the
+    Dims that seeded draws give for a plain request (PLAIN_REQUEST, the kernel's own GQA
+    claim) in the same stratum and limits that meet ``options``
+    (:func:`meets_request`); where none does, one of those drawn for ``options`` itself.
+    A kernel that needs E == Ev (``equal_head_dims``: the suite pads its inputs with zero
+    columns, which on a compiling backend compiles once more per shape) gets E == Ev.
+    ``where``: members for which it holds come first (a property that would otherwise
+    rewrite the sizes it was given, e.g. to make Lq != Lk, finds them among the shapes
+    compiled already)."""
+    from dataclasses import replace
+
     from . import sizes
 
     drawing = sizes.current()
     assert drawing.pool is not None, "pooled_dims outside a pooled stratum"
     stratum = drawing.stratum
-    key = ("dims", stratum, drawing.limits, kernel.declaration.batch_ndim,
-           tuple(sorted(options.items())))
-    return drawing.pool.draw(
-        data, key, lambda draws: draw_dims(draws, kernel, **options),
-        lambda dims: sizes.problem_cost(dims, weights=options["weights"],
-                                        family=options["family"]),
-        members=members_for(stratum.examples, stratum.realistic), label="shape")
+    count = members_for(stratum.examples, stratum.realistic)
+
+    def pool(request: dict[str, Any]) -> list[Any]:
+        def make(draws: Any) -> Any:
+            dims = draw_dims(draws, kernel, **request)
+            if kernel.declaration.equal_head_dims:
+                width = min(dims.head_dim, dims.value_dim)
+                dims = replace(dims, head_dim=width, value_dim=width)
+            return dims
+
+        key = ("dims", stratum, drawing.limits, kernel.declaration.batch_ndim,
+               kernel.declaration.equal_head_dims, tuple(sorted(request.items())))
+        return drawing.pool.members(
+            key, make, lambda dims: sizes.problem_cost(dims, weights=request["weights"],
+                                                       family=request["family"]), count)
+
+    plain = {**options, **PLAIN_REQUEST, "gqa": kernel.declaration.gqa}
+    batch_ndim = kernel.declaration.batch_ndim
+    wanted = where or (lambda dims: True)
+    fitting = [dims for dims in pool(plain) if meets_request(dims, options, batch_ndim)]
+    choices = [dims for dims in fitting if wanted(dims)]
+    if not choices:
+        own = pool(options)
+        choices = [dims for dims in own if wanted(dims)] or fitting or own
+    return choose(data, choices, "shape")
+
+
+def meets_request(dims: Any, options: dict[str, Any], batch_ndim: int | None) -> bool:
+    """Whether ``draw_dims(**options)`` could have drawn ``dims`` in the current stratum
+    for a kernel declaring ``batch_ndim``: at least the minimum lengths and heads asked
+    for, no GQA when not asked for, batch dims and (small stratum) lengths within the
+    maxima, and (realistic strata) within the cost cap for what is asked (weights
+    observed through V = I cost more)."""
+    from . import sizes
+
+    drawing = sizes.current()
+    stratum = drawing.stratum
+    if (dims.n_queries < options["min_queries"] or dims.n_keys < options["min_keys"]
+            or dims.n_kv_heads < options["min_kv_heads"] or dims.groups < options["min_groups"]
+            or (not options["gqa"] and dims.groups != 1)
+            or (batch_ndim is None and len(dims.batch) > options["max_batch_ndim"])):
+        return False
+    if not stratum.realistic:
+        longest = max(options["max_len"], options["min_queries"], options["min_keys"])
+        return max(dims.n_queries, dims.n_keys) <= min(longest, drawing.limits.max_len)
+    cost = sizes.problem_cost(dims, weights=options["weights"], family=options["family"])
+    return stratum.max_cost is not None and cost <= stratum.max_cost
+
+
+def pooled_sizes(data: Any, name: str, draw: Callable[[Any], T]) -> T:
+    """``draw(data)``, the sizes (a tuple of ints, say) of a probe that a property builds
+    itself: in a pooled stratum, one of the few that seeded draws give for ``name`` in
+    this stratum (the smallest first), so that the probes of every example, and of every
+    property that shares ``name``, reuse a few compilations; else drawn as usual."""
+    from . import sizes
+
+    drawing = sizes.current()
+    if not pooling(data):
+        return draw(data)
+    stratum = drawing.stratum
+    assert drawing.pool is not None
+    return drawing.pool.draw(data, ("probe", name, stratum, drawing.limits), draw,
+                             lambda made: made,
+                             members=members_for(stratum.examples, stratum.realistic),
+                             label=name)
 
 
 def pooled_broadcast(data: Any, full: tuple[int, ...], label: str,
@@ -152,7 +249,10 @@ def pooled_broadcast(data: Any, full: tuple[int, ...], label: str,
 
 # Draws besides sizes that change what a compiled kernel is compiled for: its dtype, which
 # optional inputs it gets (mask, bias, scale) and static flags (is_causal).
-TIED_LABELS = frozenset({"dtype", "causal", "mask", "bias", "explicit scale"})
+# Which of BROADCAST_POOL shapes a mask or bias broadcasts from is tied too (mask-broadcast
+# draws its own broadcast shapes, on purpose).
+TIED_LABELS = frozenset({"dtype", "causal", "mask", "bias", "explicit scale",
+                         "mask shape (pooled)", "bias shape (pooled)"})
 
 
 class TiedDraws:
@@ -172,9 +272,11 @@ class TiedDraws:
 
 
 def tied_to(data: Any, dims: Hashable) -> Any:
-    """``data`` with the TIED_LABELS draws fixed by ``dims`` (see :class:`TiedDraws`)."""
+    """``data`` with the TIED_LABELS draws fixed by ``dims`` (see :class:`TiedDraws`);
+    ``data`` itself outside a pooled stratum."""
     from . import sizes
 
     drawing = sizes.current()
-    assert drawing.pool is not None, "tied_to outside a pooled stratum"
+    if not pooling(data) or drawing.pool is None:
+        return data
     return TiedDraws(data, dims, drawing.pool, drawing.stratum.name)

@@ -88,6 +88,36 @@ def problem_cost(dims: Dims, *, weights: bool = False, family: str = "dense") ->
     return dims.batch_heads * (dims.n_queries * dims.n_keys * per_score + rows)
 
 
+def refit(dims: Dims, *, weights: bool = False, family: str = "dense") -> Dims:
+    """``dims`` whose lengths a property rewrote (e.g. Lq = Lk + 3 for rows that see no
+    key), brought back within the current stratum's cost cap and --max-len: both lengths
+    shortened by the same, smallest amount that fits, so Lq - Lk (what the rewrite is
+    about) stays.  The small stratum has no cap; dims that fit come back unchanged."""
+    drawing = current()
+    cap, longest = drawing.stratum.max_cost, drawing.limits.max_len
+
+    def cut(by: int) -> Dims:
+        return replace(dims, n_queries=dims.n_queries - by, n_keys=dims.n_keys - by)
+
+    def fits(by: int) -> bool:
+        candidate = cut(by)
+        return (max(candidate.n_queries, candidate.n_keys) <= longest
+                and (cap is None or problem_cost(candidate, weights=weights,
+                                                 family=family) <= cap))
+
+    # the shorter length keeps at least one element (none if it had none)
+    most = max(0, min(dims.n_queries, dims.n_keys) - 1)
+    if fits(0):
+        return dims
+    low, high = 1, most  # the cost falls as both lengths shrink: bisect the smallest cut
+    if not fits(high):
+        return cut(high)
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits(middle) else (middle + 1, high)
+    return cut(low)
+
+
 def _positive(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r}, but should be a positive integer")

@@ -9,6 +9,7 @@ can trip.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -41,6 +42,7 @@ def draw_dims(
     family: str = "dense",
     min_kv_heads: int = 1,
     min_groups: int = 1,
+    where: Callable[[Dims], bool] | None = None,
 ) -> Dims:
     """Sizes of the runner's current stratum, GQA only when claimed.
 
@@ -48,7 +50,9 @@ def draw_dims(
     ``max_len``.  Realistic strata (``sizes.draw_realistic_dims``): block-boundary lengths,
     decode, head dims to 256, wide GQA, many heads, within the stratum's cost cap
     (``weights``: the weights are observed through V = I; ``family``: "linear" costs
-    differ).  Both stay within the user's limits.
+    differ).  Both stay within the user's limits.  ``where``: on a backend that compiles
+    per shape, pooled shapes for which it holds come first (``shape_pool.pooled_dims``);
+    elsewhere it is not consulted, so a caller still makes sure of what it needs.
     """
     use_gqa = kernel.declaration.gqa if gqa is None else gqa
     use_gqa = use_gqa and input_features.GQA not in input_features.avoided_now()
@@ -57,7 +61,7 @@ def draw_dims(
         options = dict(min_queries=min_queries, min_keys=min_keys, max_len=max_len,
                        max_batch_ndim=max_batch_ndim, gqa=use_gqa, weights=weights,
                        family=family, min_kv_heads=min_kv_heads, min_groups=min_groups)
-        return shape_pool.pooled_dims(data, kernel, draw_dims, options)
+        return shape_pool.pooled_dims(data, kernel, draw_dims, options, where)
     if drawing.realistic:
         return within_limitations(kernel, sizes.draw_realistic_dims(
             data, kernel, gqa=use_gqa, weights=weights, family=family,

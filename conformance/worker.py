@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -183,6 +184,26 @@ def load(setup: KernelSetup, memory_limit_gib: float) -> tuple[KernelUnderTest, 
     return kernel, note
 
 
+def use_worker_threads(environ: Any = None) -> str:
+    """Give PyTorch's intra-op pool (when loaded) the thread count the supervisor chose
+    (``isolation.worker_threads``; BLAS and OpenMP read theirs from the environment when
+    they load) and say what this worker runs with, for the report's notes."""
+    from .isolation import THREAD_VARIABLES, WORKER_THREADS
+
+    environ = os.environ if environ is None else environ
+    chosen = environ.get(WORKER_THREADS)
+    torch = sys.modules.get("torch")
+    if chosen is not None and torch is not None:
+        torch.set_num_threads(int(chosen))
+    pytorch = f", PyTorch {torch.get_num_threads()}" if torch is not None else ""
+    if chosen is not None:
+        return (f"worker threads: {chosen} per worker process ({', '.join(THREAD_VARIABLES)}"
+                f"{pytorch}): the CPUs this check may use divided by --jobs; set "
+                "OMP_NUM_THREADS to choose")
+    given = ", ".join(f"{name}={environ[name]}" for name in THREAD_VARIABLES if name in environ)
+    return f"worker threads: as the environment sets them ({given}{pytorch})" if given else ""
+
+
 def _exit_when_orphaned(lifeline: int) -> None:
     """End this process when the supervisor dies (its end of the pipe closes)."""
     def watch() -> None:
@@ -213,7 +234,11 @@ def serve(connection: Connection) -> None:
         connection.send(("setup-error", str(exc)))
         return
     loader = setup.loader_source(kernel)
-    connection.send(("ready", KernelInfo.of(kernel, loader, note)))
+    info = KernelInfo.of(kernel, loader, note)
+    threads = use_worker_threads()
+    if threads:
+        info = replace(info, setup_notes=(*info.setup_notes, threads))
+    connection.send(("ready", info))
     guard = guard_calls(kernel)
     guard.observer = _Reporter(connection)
     guard.interrupt_is_the_kernels = True

@@ -18,9 +18,15 @@ from test_isolation import ATTNSPEC, processes_in
 from test_reports_incremental import wait_for
 
 from attnspec.conformance import SetupError, check, cli
-from attnspec.conformance.isolation import IsolationOptions
+from attnspec.conformance.isolation import (
+    THREAD_VARIABLES,
+    WORKER_THREADS,
+    IsolationOptions,
+    worker_threads,
+)
 from attnspec.conformance.jobs import available_cpus, parse_jobs
 from attnspec.conformance.runner import FAILED, PASSED
+from attnspec.conformance.worker import use_worker_threads
 
 # Properties the buggy kernel (scores scaled by 1/E) fails and passes, on NumPy: the
 # comparison covers failures with shrunk counterexamples and passes alike.
@@ -164,3 +170,31 @@ def test_jobs_values() -> None:
     with pytest.raises(SetupError, match="jobs=2 needs worker processes"):
         check("attnspec.reference:scaled_dot_product_attention", backend="numpy", jobs=2,
               only=["default-scale", "explicit-scale"])
+
+
+def test_each_worker_runs_cpus_over_jobs_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CONF-5 (issue 11): with --jobs 2 and no thread variable in the environment, the
+    worker gives BLAS, OpenMP and PyTorch's intra-op pool max(1, CPUs // 2) threads and
+    says so in the report's notes, with the count PyTorch reports it ran with."""
+    pytest.importorskip("torch", reason="PyTorch's intra-op threads are what is set")
+    for name in THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    report = check("torch.nn.functional:scaled_dot_product_attention", backend="torch",
+                   only=["score-variance"], isolate=True, jobs=2)
+    expected = max(1, available_cpus() // 2)
+    note = next(n for n in report.notes if n.startswith("worker threads"))
+    assert note.startswith(f"worker threads: {expected} per worker process"), note
+    assert f"PyTorch {expected})" in note, note
+
+
+def test_the_users_thread_variables_stand() -> None:
+    """A worker's environment keeps OMP_NUM_THREADS (or any thread variable) the user set:
+    nothing is added; without them every variable gets CPUs // jobs, at least 1."""
+    assert worker_threads(2, {"OMP_NUM_THREADS": "3", "PATH": "/bin"}) == {}
+    assert worker_threads(4, {"MKL_NUM_THREADS": "1"}) == {}
+    chosen = worker_threads(10**6, {"PATH": "/bin"})
+    assert set(chosen) == {*THREAD_VARIABLES, WORKER_THREADS}
+    assert set(chosen.values()) == {"1"}
+    assert worker_threads(1, {})["OMP_NUM_THREADS"] == str(available_cpus())
+    note = use_worker_threads({"OMP_NUM_THREADS": "3"})
+    assert note.startswith("worker threads: as the environment sets them (OMP_NUM_THREADS=3"), note

@@ -13,17 +13,27 @@ import dataclasses
 from typing import Any
 
 import pytest
+from catalogue.buggy import CATALOGUE, BuggyKernel
 from hypothesis import strategies as st
 
 from attnspec.backends import Backend, _registry
 from attnspec.conformance import declare
+from attnspec.conformance.anchors import ANCHORS
 from attnspec.conformance.kernel import KernelUnderTest
 from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import FAILED, PASSED, PROFILES, run_property
+from attnspec.conformance.runner import (
+    ANCHOR_COST,
+    FAILED,
+    PASSED,
+    PROFILES,
+    WARNING,
+    run_property,
+)
 from attnspec.conformance.shape_pool import (
     SMALL_POOL,
     SeededDraws,
     ShapePool,
+    members_for,
     pool_for_run,
     pooled_dims,
 )
@@ -60,13 +70,19 @@ def test_backends_say_whether_they_compile_per_shape() -> None:
     assert Backend("numpy").compiles_per_shape is False
 
 
+# Properties that ask draw_dims for other minimum sizes (causal-zeros: Lq != Lk, at least
+# one query and key; batch-head-independence: two key/value heads) or build a probe of
+# their own (default-scale): pooled, they meet the shapes the others meet.
+ASKING = ("causal-zeros", "batch-head-independence", "default-scale")
+
+
 @pytest.fixture(scope="module")
 def pooled_shapes() -> dict[str, list[tuple[tuple[int, ...], ...]]]:
-    """The (q, k, v) shapes a correct kernel is called with by two properties, pooled and
+    """The (q, k, v) shapes a correct kernel is called with by some properties, pooled and
     not (quick profile)."""
     shapes: dict[str, list[tuple[tuple[int, ...], ...]]] = {}
     for name, backend in (("pooled", compiling_numpy()), ("free", Backend("numpy"))):
-        for prop in ("matches-reference", "key-permutation"):
+        for prop in ("matches-reference", "key-permutation", *ASKING):
             seen: list[tuple[tuple[int, ...], ...]] = []
             kernel = KernelUnderTest(recording(seen), backend)
             assert run_property(all_properties()[prop], kernel).status == PASSED
@@ -87,6 +103,50 @@ def test_a_compiling_backend_meets_a_few_shapes_shared_by_properties(pooled_shap
     assert len(other & pooled) >= len(other) / 2, (other - pooled, pooled)
     free = {*pooled_shapes["free matches-reference"], *pooled_shapes["free key-permutation"]}
     assert len(free) >= 2 * len(pooled | other), (len(free), len(pooled | other))
+
+
+def test_properties_asking_for_other_sizes_meet_the_shapes_already_met(pooled_shapes) -> None:  # type: ignore[no-untyped-def]
+    """SDPA-4.1, SDPA-7.6, SDPA-2.1: pooled, a property asking for at least one key, Lq !=
+    Lk or two key/value heads takes the shapes drawn for a plain request that meet what
+    it asks (``where``) before drawing a pool of its own or rewriting sizes, and the
+    scale probe's sizes come from a pool too: each meets at most a pool's worth of (q, k)
+    shapes per stratum, fewer than drawn freely; causal-zeros meets matches-reference's
+    anchors wherever their Lq != Lk (it used to add a key to every one of its shapes)."""
+    def qk(shapes: list[tuple[tuple[int, ...], ...]]) -> set[tuple[tuple[int, ...], ...]]:
+        return {(q, k) for q, k, _ in shapes}
+
+    strata = PROFILES["quick"].strata(SizeLimits())
+    bound = sum(members_for(s.examples, s.realistic) for s in strata)
+    for prop in ASKING:
+        pooled, free = qk(pooled_shapes[f"pooled {prop}"]), qk(pooled_shapes[f"free {prop}"])
+        assert len(pooled) <= bound and len(pooled) < len(free), (prop, len(pooled), len(free))
+    anchors = [a.dims(1, SizeLimits(), ANCHOR_COST, gqa=True) for a in ANCHORS]
+    unequal = {((*d.batch, d.n_q_heads, d.n_queries, d.head_dim),
+                (*d.batch, d.n_kv_heads, d.n_keys, d.head_dim))
+               for d in anchors if d.n_queries != d.n_keys}
+    shared = qk(pooled_shapes["pooled causal-zeros"]) & qk(
+        pooled_shapes["pooled matches-reference"])
+    assert unequal and unequal <= shared, (unequal - shared)
+
+
+def test_requests_take_plain_members_that_meet_them() -> None:
+    """A request for at least one query and key, or for members where Lq != Lk, is
+    answered from the plain request's pool when members of it qualify; a kernel that
+    needs E == Ev gets pooled shapes with E == Ev."""
+    kernel = KernelUnderTest(recording([]), compiling_numpy())
+    equal = KernelUnderTest(declare(bias=True, gqa=True, equal_head_dims=True)(
+        lambda q, k, v, **kw: reference_sdpa(q, k, v, **kw)), compiling_numpy())
+    plain = dict(min_queries=0, min_keys=0, max_len=9, max_batch_ndim=2, gqa=True,
+                 weights=False, family="dense", min_kv_heads=1, min_groups=1)
+    pool, small = ShapePool(seed=3), Stratum("small", 20)
+    with drawing(small, SizeLimits(), pool):
+        everything = {pooled_dims(SeededDraws(i), kernel, draw_dims, plain) for i in range(40)}
+        some = {pooled_dims(SeededDraws(i), kernel, draw_dims, {**plain, "min_keys": 1},
+                            where=lambda d: d.n_queries != d.n_keys) for i in range(40)}
+        padded = {pooled_dims(SeededDraws(i), equal, draw_dims, plain) for i in range(40)}
+    assert some and some <= everything, (some, everything)
+    assert all(d.n_keys >= 1 and d.n_queries != d.n_keys for d in some), some
+    assert all(d.head_dim == d.value_dim for d in padded), padded
 
 
 def test_pooled_realistic_strata_keep_their_sizes() -> None:
@@ -142,29 +202,47 @@ def test_seeded_draws_use_hypothesis_generator_outside_a_test() -> None:
     assert draws[0] == draws[1]
 
 
-def second_value_column_off(q: Array, k: Array, v: Array, **options: Any) -> Array:
-    """Wrong whenever there is a query and Ev >= 2, whatever the options: the output's
-    second value column is off by one."""
+def last_value_column_off(q: Array, k: Array, v: Array, **options: Any) -> Array:
+    """Wrong whenever there is a query and a value column, whatever the options: the
+    output's last value column is off by one."""
     out = reference_sdpa(q, k, v, **options)
-    if out.shape[-1] >= 2:
-        out[..., 1] += 1.0
+    if out.shape[-1] >= 1:
+        out[..., -1] += 1.0
     return out
 
 
 def test_a_failure_still_shrinks_to_the_smallest_pooled_shape() -> None:
-    """SDPA-7.3: a kernel that is wrong whenever Lq >= 1 and Ev >= 2 fails
+    """SDPA-7.3: a kernel that is wrong whenever Lq >= 1 and Ev >= 1 fails
     matches-reference on a compiling backend too, and its counterexample is the first
     member of a small-stratum pool (they are sorted by size) that can show the bug:
     Hypothesis shrank the pool index down to it."""
-    kernel = KernelUnderTest(recording([], second_value_column_off), compiling_numpy())
+    kernel = KernelUnderTest(recording([], last_value_column_off), compiling_numpy())
     verdict = run_property(all_properties()["matches-reference"], kernel)
     assert verdict.status == FAILED
     pools = [members for key, members in pool_for_run(None)._members.items()
              if key[0] == "dims" and key[1].name == "small"]
-    firsts = {next(d for d in members if d.n_queries and d.value_dim >= 2) for members in pools}
+    firsts = {next(d for d in members if d.n_queries and d.value_dim) for members in pools}
     shown = {f"q{(*d.batch, d.n_q_heads, d.n_queries, d.head_dim)}" for d in firsts}
     assert any(verdict.counterexample.startswith(q + ",") for q in shown), (
         verdict.counterexample, firsts)
+
+
+# Properties whose sizes now come from pools where they used to draw or rewrite their
+# own (causal's Lq != Lk, two heads, two groups, the scale probe).
+REPOOLED = {"causal-zeros", "causal-alignment", "default-scale", "explicit-scale",
+            "batch-head-independence", "gqa-mapping"}
+
+
+@pytest.mark.parametrize("bug", [bug for bug in CATALOGUE if bug.catches in REPOOLED
+                                 and bug.backend == "numpy"], ids=lambda bug: bug.name)
+def test_catalogue_bugs_stay_caught_on_a_compiling_backend(bug: BuggyKernel) -> None:
+    """CONF-1: every catalogued bug that a property taking its sizes from pools catches
+    (tests/test_catalogue_caught.py, on NumPy as is) is caught by it on a backend that
+    compiles per shape too."""
+    prop = all_properties()[bug.catches]
+    verdict = run_property(prop, KernelUnderTest(bug.fn, compiling_numpy()))
+    assert verdict.status == (FAILED if prop.level == "MUST" else WARNING), (
+        bug.name, verdict.status, verdict.detail)
 
 
 def test_the_jitted_jax_kernel_of_the_cost_table_runs() -> None:

@@ -52,6 +52,7 @@ from attnspec.conformance.sizes import (
     draw_realistic_dims,
     drawing,
     problem_cost,
+    refit,
 )
 from attnspec.conformance.strategies import draw_problem
 from attnspec.conformance.values import FILLS, fill_value
@@ -357,6 +358,30 @@ def test_anchors_fit_the_cost_model_and_the_caps(limits: SizeLimits, weights: bo
                     math.prod(dims.batch)) == (anchor.n_queries, min(anchor.n_keys, 4096),
                                                anchor.head_dim, anchor.n_q_heads,
                                                anchor.batch), anchor.name
+
+
+@pytest.mark.parametrize("limits", [SizeLimits(), CAPS], ids=["default limits", "capped"])
+def test_rewritten_lengths_are_refit_into_the_stratum(limits: SizeLimits) -> None:
+    """SDPA-1.1 (issue 11): a property that rewrites the lengths it drew (Lq = Lk + 3,
+    rows that see no key: empty-rows-zero, lse-empty-rows) gets them back within the
+    stratum's cost cap and --max-len by the smallest equal cut of both, Lq - Lk kept: the
+    decode anchor's 6 heads of 1 x 4096 became 4099 x 4096, ~2**35, 500x its cap."""
+    decode = next(anchor for anchor in ANCHORS if "decode" in anchor.name)
+    stratum = Stratum("anchor", 1, ANCHOR_COST, anchor=decode)
+    dims = decode.dims(1, limits, ANCHOR_COST, gqa=True, weights=True)
+    rewritten = replace(dims, n_queries=dims.n_keys + 3)
+    with drawing(stratum, limits):
+        fitted = refit(rewritten, weights=True)
+    assert problem_cost(rewritten, weights=True) > ANCHOR_COST
+    assert fitted.n_queries - fitted.n_keys == 3 and fitted.n_keys >= 1, fitted
+    assert problem_cost(fitted, weights=True) <= ANCHOR_COST, fitted
+    assert fitted.n_queries <= limits.max_len, fitted
+    one_longer = replace(fitted, n_queries=fitted.n_queries + 1, n_keys=fitted.n_keys + 1)
+    assert (problem_cost(one_longer, weights=True) > ANCHOR_COST
+            or one_longer.n_queries > limits.max_len), fitted
+    with drawing(Stratum("small", 20), limits):  # no cap: only --max-len
+        small = replace(dims, n_queries=5, n_keys=2)
+        assert refit(small) == small
 
 
 def test_anchors_cover_what_upstream_grids_and_special_cases_need() -> None:

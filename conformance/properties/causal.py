@@ -39,9 +39,11 @@ def alignment_clause(declaration: KernelDeclaration) -> str:
 def _unequal_dims(data: st.DataObject, kernel: KernelUnderTest, weights: bool = False) -> Dims:
     """Dims with Lq != Lk (either way round), where the two alignments differ; realistic
     shapes that already differ keep their lengths (a block boundary on either side)."""
-    dims = draw_dims(data, kernel, min_queries=1, min_keys=1, max_len=8, weights=weights)
+    dims = draw_dims(data, kernel, min_queries=1, min_keys=1, max_len=8, weights=weights,
+                     where=lambda dims: dims.n_queries != dims.n_keys)
     drawing = current()
-    if (drawing.realistic and dims.n_queries != dims.n_keys) or kernel.declaration.equal_lengths:
+    keep = drawing.realistic or drawing.pool is not None  # a pooled shape: compiled already
+    if (keep and dims.n_queries != dims.n_keys) or kernel.declaration.equal_lengths:
         return dims  # a kernel that needs Lq == Lk (declared) is checked at Lq == Lk
     shift = data.draw(st.sampled_from([1, -1, 2, -2, 3, -3]), label="Lk - Lq")
     n_keys = dims.n_queries + shift

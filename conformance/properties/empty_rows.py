@@ -12,6 +12,7 @@ from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem
 from ..registry import dense_only, register
+from ..sizes import refit
 from ..strategies import draw_dims, draw_problem
 from .shapes import assert_output_shapes
 from .softmax import allowed_keys
@@ -72,7 +73,7 @@ def empty_rows_zero(kernel: KernelUnderTest, data: st.DataObject) -> None:
     if route == "causal":
         dims = draw_dims(data, kernel, weights=True)
         extra = data.draw(st.integers(1, 4), label="Lq - Lk")
-        dims = replace(dims, n_queries=dims.n_keys + extra)
+        dims = refit(replace(dims, n_queries=dims.n_keys + extra), weights=True)
         problem = draw_problem(data, kernel, dims=dims, causal="always")
     else:
         dims = draw_dims(data, kernel, min_queries=1, min_keys=1, weights=True)

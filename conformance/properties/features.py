@@ -23,6 +23,7 @@ from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem, identity_values
 from ..oracle import lse_bound, reference_bound
 from ..registry import needs, register
+from ..sizes import refit
 from ..strategies import Dims, draw_dims, draw_problem, draw_rng
 
 SOFTCAPS = (1.0, 2.5, 8.0, 30.0, 50.0)  # Gemma 2 caps attention logits at 50
@@ -222,7 +223,8 @@ def _empty_row_problem(data: st.DataObject, kernel: KernelUnderTest) -> Problem:
     if way == "no keys":
         dims = replace(dims, n_keys=0)
     elif way == "bottom-right Lq > Lk":
-        dims = replace(dims, n_queries=dims.n_keys + data.draw(st.integers(1, 3), label="extra"))
+        dims = refit(replace(dims, n_queries=dims.n_keys + data.draw(st.integers(1, 3),
+                                                                     label="extra")))
     problem = draw_problem(data, kernel, dims=dims, mask="never", bias="never",
                            causal="always" if way == "bottom-right Lq > Lk" else "never")
     row = data.draw(st.integers(0, dims.n_queries - 1), label="empty row")

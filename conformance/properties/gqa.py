@@ -12,7 +12,7 @@ from ..assertions import assert_matches_reference, first_index
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem
 from ..registry import needs, register
-from ..sizes import realistic
+from ..sizes import Dims, current, realistic
 from ..strategies import draw_dims, draw_problem, draw_rng, random_values
 
 
@@ -24,9 +24,13 @@ def gqa_mapping(kernel: KernelUnderTest, data: st.DataObject) -> None:
     if realistic():
         dims = draw_dims(data, kernel, min_kv_heads=2, min_groups=2)
     else:
-        dims = draw_dims(data, kernel, min_queries=1, min_keys=1)
-        dims = replace(dims, n_kv_heads=data.draw(st.integers(2, 3), label="Hkv"),
-                       groups=data.draw(st.integers(2, 3), label="G"))
+        def grouped(dims: Dims) -> bool:
+            return dims.n_kv_heads >= 2 and dims.groups >= 2
+
+        dims = draw_dims(data, kernel, min_queries=1, min_keys=1, where=grouped)
+        if current().pool is None or not grouped(dims):  # a pooled shape: compiled already
+            dims = replace(dims, n_kv_heads=data.draw(st.integers(2, 3), label="Hkv"),
+                           groups=data.draw(st.integers(2, 3), label="G"))
     # tight: a bias of a few units, so no row's weights vanish (padding fills could)
     problem = draw_problem(data, kernel, dims=dims, mask="never", causal="never", tight=True)
     # Weights sum to 1 and bias is finite, so column 0 of every output row is g + 1

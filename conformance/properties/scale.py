@@ -20,6 +20,7 @@ from ..failures import PropertyFailure, distinct
 from ..kernel import KernelUnderTest, Problem
 from ..oracle import reference_bound, weights_bound
 from ..registry import needs, register
+from ..shape_pool import pooled_sizes, tied_to
 from ..sizes import GROUPS, HEAD_DIMS, current
 from ..statistics import round_outward, sum_of_squares_range, two_sided_chi_square_interval
 from ..strategies import draw_dtype, with_declared_batch
@@ -30,7 +31,27 @@ EXPLICIT_PROBE_SCALES = (0.0, 0.375, 1.5, -0.5, 0.0625)
 
 
 def scale_probe(kernel: KernelUnderTest, data: st.DataObject, scale: float | None) -> Problem:
-    """The probe problem: one-hot query, keys along it at dot products 0, a, 2a, ..."""
+    """The probe problem: one-hot query, keys along it at dot products 0, a, 2a, ...; its
+    sizes (and dtype) from a few per stratum on a backend that compiles per shape."""
+    probe_sizes = pooled_sizes(data, "scale probe", lambda draws: _probe_sizes(kernel, draws))
+    head_dim, n_keys, value_dim, n_kv_heads, groups, n_queries = probe_sizes
+    effective = 1 / math.sqrt(head_dim) if scale is None else scale
+    # a power of two near 1/s keeps s*a moderate and j*a exact in every dtype
+    step = 2.0 ** round(-math.log2(abs(effective))) if effective else 1.0
+    n_q_heads = n_kv_heads * groups
+    q = np.zeros((n_q_heads, n_queries, head_dim))
+    q[..., 0] = 1.0
+    k = np.zeros((n_kv_heads, n_keys, head_dim))
+    k[..., 0] = np.arange(n_keys) * step
+    v = np.zeros((n_kv_heads, n_keys, value_dim))
+    v[..., :n_keys] = np.eye(n_keys)
+    q, k, v = (with_declared_batch(kernel, a) for a in (q, k, v))
+    dtype = draw_dtype(tied_to(data, probe_sizes), kernel)
+    return Problem(q=q, k=k, v=v, dtype=dtype, scale=scale)
+
+
+def _probe_sizes(kernel: KernelUnderTest, data: st.DataObject) -> tuple[int, ...]:
+    """E, Lk, Ev, Hkv, G and Lq of a scale probe."""
     decl = kernel.declaration
     drawing = current()
     if drawing.realistic:  # head dims kernels special-case, wide groups (the probe is cheap)
@@ -49,18 +70,7 @@ def scale_probe(kernel: KernelUnderTest, data: st.DataObject, scale: float | Non
     else:
         groups = data.draw(st.integers(1, 3), label="G") if decl.gqa else 1
     n_queries = data.draw(st.integers(1, 3), label="Lq")
-    effective = 1 / math.sqrt(head_dim) if scale is None else scale
-    # a power of two near 1/s keeps s*a moderate and j*a exact in every dtype
-    step = 2.0 ** round(-math.log2(abs(effective))) if effective else 1.0
-    n_q_heads = n_kv_heads * groups
-    q = np.zeros((n_q_heads, n_queries, head_dim))
-    q[..., 0] = 1.0
-    k = np.zeros((n_kv_heads, n_keys, head_dim))
-    k[..., 0] = np.arange(n_keys) * step
-    v = np.zeros((n_kv_heads, n_keys, value_dim))
-    v[..., :n_keys] = np.eye(n_keys)
-    q, k, v = (with_declared_batch(kernel, a) for a in (q, k, v))
-    return Problem(q=q, k=k, v=v, dtype=draw_dtype(data, kernel), scale=scale)
+    return head_dim, n_keys, value_dim, n_kv_heads, groups, n_queries
 
 
 def recovered_scale(kernel: KernelUnderTest, problem: Problem) -> None:
