@@ -255,38 +255,7 @@ def pooled_broadcast(data: Any, full: tuple[int, ...], label: str,
 # Which of BROADCAST_POOL shapes a mask or bias broadcasts from is tied too (mask-broadcast
 # draws its own broadcast shapes, on purpose).
 TIED_LABELS = frozenset({"dtype", "causal", "mask", "bias", "explicit scale",
-                         "mask shape (pooled)", "bias shape (pooled)", "option set"})
-
-# The optional inputs a pooled problem gets, as a few sets shared by every property: a
-# covering array of strength 2 (every pair of options in each of its four on/off
-# combinations is in some set).  A property that forces options (no mask, always causal,
-# ...) takes a set that agrees with what it forces, instead of forcing them onto the set
-# its shape came with: the kernel meets at most these 5 option sets per shape, not one
-# per combination the properties force (2^4).  Elsewhere the options are drawn one by one.
-OPTIONS = ("mask", "bias", "causal", "explicit scale")
-OPTION_SETS: tuple[tuple[bool, ...], ...] = (
-    (False, False, False, False),
-    (False, True, True, True),
-    (True, False, True, True),
-    (True, True, False, True),
-    (True, True, True, False),
-)
-
-
-def pooled_options(data: Any, forced: dict[str, bool | None]) -> dict[str, bool] | None:
-    """The options of a pooled problem (``data``: its :class:`TiedDraws`): the first of
-    OPTION_SETS, from an offset tied to the shape on, that agrees with ``forced`` (an
-    option's True or False: what the property or the stratum forces; None: free), so
-    that every property meeting the shape starts from the same set; None when no set
-    agrees (the options are then drawn, and forced, one by one)."""
-    def agrees(values: tuple[bool, ...]) -> bool:
-        return all(forced[name] in (None, value) for name, value in zip(OPTIONS, values,
-                                                                         strict=True))
-
-    offset = data.draw(st.integers(0, len(OPTION_SETS) - 1), label="option set")
-    rotated = OPTION_SETS[offset:] + OPTION_SETS[:offset]
-    chosen = next((values for values in rotated if agrees(values)), None)
-    return None if chosen is None else dict(zip(OPTIONS, chosen, strict=True))
+                         "mask shape (pooled)", "bias shape (pooled)"})
 
 
 class TiedDraws:

@@ -281,37 +281,6 @@ def draw_bias(
     return values.draw_bias_values(data, kernel, rng, dims, dtype, kind)
 
 
-def _pooled_choices(data: Any, kernel: KernelUnderTest, mask: str, bias: str, causal: str,
-                    scale: str, tight: bool) -> tuple[str, str, str, str]:
-    """``mask``, ``bias``, ``causal`` and ``scale`` of a pooled problem, each "always" or
-    "never" as one of the run's option sets (``shape_pool.pooled_options``) says, agreeing
-    with what the property and the stratum force; unchanged when no set agrees."""
-    decl, stratum = kernel.declaration, sizes.current().stratum
-
-    def forced(choice: str, claimed: bool, by_stratum: object) -> bool | None:
-        if not claimed:
-            return None  # never used: any set will do
-        if choice != MAYBE:
-            return choice == ALWAYS
-        return True if by_stratum is not None else None
-
-    wanted = {"mask": forced(mask, decl.mask, stratum.option("mask")),
-              "bias": forced(bias, decl.bias, None if tight else stratum.option("bias")),
-              "causal": forced(causal, decl.causal, stratum.option("causal")),
-              "explicit scale": forced(scale, decl.scale, stratum.option("scale"))}
-    together = decl.mask_and_causal and (input_features.MASK_AND_CAUSAL
-                                         not in input_features.avoided_now())
-    if wanted["causal"] is None and ((wanted["mask"] and not together) or (
-            wanted["bias"] and decl.bias_shares_mask_argument)):
-        wanted["causal"] = False  # causal would drop the mask or bias the property forces
-    chosen = shape_pool.pooled_options(data, wanted)
-    if chosen is None:
-        return mask, bias, causal, scale
-    mask, bias, causal, scale = (ALWAYS if chosen[name] else NEVER for name in
-                                 ("mask", "bias", "causal", "explicit scale"))
-    return mask, bias, causal, scale
-
-
 def draw_problem(
     data: st.DataObject,
     kernel: KernelUnderTest,
@@ -340,8 +309,6 @@ def draw_problem(
     dims = dims or draw_dims(data, kernel, **dims_options)
     if shape_pool.pooling(data):  # what the kernel compiles for follows the pooled shape
         data = shape_pool.tied_to(data, dims)
-        mask, bias, causal, scale = _pooled_choices(data, kernel, mask, bias, causal, scale,
-                                                    tight)
     dtype = dtype or draw_dtype(data, kernel)
     rng = draw_rng(data)
     if magnitude is None:
