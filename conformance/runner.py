@@ -224,6 +224,8 @@ def _run_strata(
     # one pool per run; members are the same in every process (shape_pool)
     pool = pool_for_run(seed) if kernel.backend.compiles_per_shape else None
     avoided_dtypes = {avoided_dtype(name) for name in limits.avoid} - {None}
+    if set(kernel.dtypes) <= avoided_dtypes:
+        return  # a re-run drawing around every dtype checked: no example can be drawn
     for stratum in PROFILES[profile].strata(limits):
         dtype = stratum.option("dtype")
         if dtype not in (None, "widest", *kernel.dtypes) or dtype in avoided_dtypes:

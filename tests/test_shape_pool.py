@@ -258,3 +258,19 @@ def test_the_jitted_jax_kernel_of_the_cost_table_runs() -> None:
     report = check(jitted_dot_product_attention, backend="jax", only=["score-variance"])
     assert [v.status for v in report.verdicts] == [PASSED], report.verdicts
     assert "float16" not in jitted_dot_product_attention.__attnspec__.dtypes
+
+
+def test_a_rerun_drawing_around_every_dtype_checked_draws_nothing() -> None:
+    """SDPA-1.3, CONF-5: a re-run that draws around every dtype the kernel is checked in
+    (its minimal case had float32 inputs, and SDPA-1.3 failed in bfloat16) has no example
+    to draw: it ends at once with none checked, so the report says "every draw had such
+    inputs", instead of discarding draws until Hypothesis or the worker's stall limit gives
+    up (60 s each for a jitted JAX kernel's re-runs, most of its quick profile's time)."""
+    calls: list[int] = []
+    prop = all_properties()["matches-reference"]
+    counting = dataclasses.replace(prop, check=lambda kernel, data: calls.append(1))
+    kernel = KernelUnderTest(declare(dtypes=("float32",))(reference_sdpa), compiling_numpy())
+    verdict = run_property(counting, kernel, limits=SizeLimits(avoid=("float32-inputs",)))
+    assert (verdict.status, verdict.examples, calls) == (PASSED, 0, []), verdict
+    drawn = run_property(counting, kernel, limits=SizeLimits(avoid=("bfloat16-inputs",)))
+    assert drawn.examples > 0 and calls, drawn  # a dtype left: drawn as always
