@@ -163,6 +163,40 @@ def _jax_configure(xp: ModuleType, config: Mapping[str, Any]) -> list[str]:
     return changes
 
 
+# JAX's persistent compilation cache, set through the environment of the worker processes
+# that run a kernel (conformance/isolation.py): the directory, and the thresholds below
+# which JAX does not cache (1 s of compilation by default; a jitted attention compiles in
+# 0.2-0.7 s here, so without them almost nothing would be cached).
+JAX_CACHE_DIRECTORY = "JAX_COMPILATION_CACHE_DIR"
+JAX_CACHE_THRESHOLDS = ("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+                        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES")
+_run_cache: list[str] = []  # this process's directory, made on first use
+
+
+def compilation_cache_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables a worker process gets on top of ``environ`` (default this process's)
+    so that JAX compiles each signature once per run, not once per worker: the workers of
+    ``--jobs N``, a worker started after a crash or a hang, and the re-runs that draw
+    around a failed clause share JAX's persistent compilation cache, in a directory of
+    this process's (removed when it exits) unless ``JAX_COMPILATION_CACHE_DIR`` names one
+    (which then lasts from run to run), with every compilation cached unless the
+    environment sets the thresholds.  The cache holds what XLA compiled from the same
+    program for the same device: a hit runs the same executable.  Only JAX reads these
+    variables."""
+    import atexit
+    import shutil
+    import tempfile
+
+    environ = os.environ if environ is None else environ
+    variables = {name: "0" for name in JAX_CACHE_THRESHOLDS if name not in environ}
+    if JAX_CACHE_DIRECTORY not in environ:
+        if not _run_cache:
+            _run_cache.append(tempfile.mkdtemp(prefix="attnspec-jax-cache-"))
+            atexit.register(shutil.rmtree, _run_cache[0], ignore_errors=True)
+        variables[JAX_CACHE_DIRECTORY] = _run_cache[0]
+    return variables
+
+
 def _jax_describe(xp: ModuleType) -> str:
     import jax
 

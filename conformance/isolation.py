@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..backends import Backend
+from ..backends._registry import compilation_cache_variables
 from .api import KernelSetup, SetupError, with_loader
 from .claims import Flag, Getter, UsageError
 from .declaration import KernelDeclaration
@@ -250,7 +251,8 @@ class _Worker:
             pass_fds=(child.fileno(), lifeline_read), stdin=subprocess.DEVNULL,
             stdout=stdout,  # the kernel's own printing never lands in the table on stdout
             start_new_session=True,  # Ctrl-C is the supervisor's to handle, not the kernel's
-            env={**os.environ, **worker_threads(jobs)},  # set before the kernel's imports
+            # set before the kernel's imports
+            env={**os.environ, **worker_threads(jobs), **compilation_cache_variables()},
         )
         child.close()
         os.close(lifeline_read)

@@ -10,6 +10,9 @@ properties run in.  Here on NumPy, with its adapter told that it compiles per sh
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -274,3 +277,29 @@ def test_a_rerun_drawing_around_every_dtype_checked_draws_nothing() -> None:
     assert (verdict.status, verdict.examples, calls) == (PASSED, 0, []), verdict
     drawn = run_property(counting, kernel, limits=SizeLimits(avoid=("bfloat16-inputs",)))
     assert drawn.examples > 0 and calls, drawn  # a dtype left: drawn as always
+
+
+def test_workers_share_one_jax_compilation_cache_per_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """CONF-5 (issue 11): every worker of a run gets JAX's persistent compilation cache in
+    one directory of the run (the user's JAX_COMPILATION_CACHE_DIR instead, when set) with
+    every compilation cached, so a worker started after a crash, a re-run or another
+    worker of --jobs N loads what one already compiled; thresholds the user set stand.  A
+    JAX process with those variables writes its compilations there."""
+    from attnspec.backends._registry import (
+        JAX_CACHE_DIRECTORY,
+        JAX_CACHE_THRESHOLDS,
+        compilation_cache_variables,
+    )
+
+    run = compilation_cache_variables({})
+    assert run == {**dict.fromkeys(JAX_CACHE_THRESHOLDS, "0"),
+                   JAX_CACHE_DIRECTORY: compilation_cache_variables({})[JAX_CACHE_DIRECTORY]}
+    assert os.path.isdir(run[JAX_CACHE_DIRECTORY])
+    mine = {JAX_CACHE_DIRECTORY: str(tmp_path), JAX_CACHE_THRESHOLDS[0]: "2"}
+    assert compilation_cache_variables(mine) == {JAX_CACHE_THRESHOLDS[1]: "0"}
+    pytest.importorskip("jax", reason="the cache is JAX's")
+    code = "import jax, jax.numpy as jnp; jax.jit(lambda x: x * 3)(jnp.ones(5)).block_until_ready()"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120,
+                   env={**os.environ, **compilation_cache_variables({}),
+                        JAX_CACHE_DIRECTORY: str(tmp_path)})
+    assert any(name.startswith("jit__lambda") for name in os.listdir(tmp_path))
