@@ -18,7 +18,8 @@ from .declaration import (
     declare,
 )
 from .failures import KernelRaised, PropertyFailure
-from .kernel import KernelLoadError, KernelUnderTest, Problem, load_kernel
+from .kernel import KernelUnderTest, Problem
+from .loading import KernelLoadError, load_kernel
 from .oracle import reference_bound, weights_bound
 from .runner import PROFILES, Report, Verdict
 

@@ -39,8 +39,8 @@ from .api import (
     start_report,
 )
 from .claims import CLAIM_FLAGS, SETUP_FLAGS, Flag, UsageError, comma_list
-from .isolation import SUPERVISION_FLAGS, IsolationOptions, isolation_options, open_session
-from .jobs import parse_jobs, run_properties
+from .isolation import SUPERVISION_FLAGS, IsolationOptions, isolation_options
+from .jobs import open_session, parse_jobs, run_properties
 from .registry import Property
 from .report_files import (
     ReportFiles,

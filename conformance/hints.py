@@ -152,22 +152,6 @@ def mask_convention(kernel: KernelUnderTest, problem: Problem,
     return None
 
 
-def raised_hint(exc: BaseException, kernel: KernelUnderTest) -> str:
-    """A hint for an exception the kernel raised: a keyword it does not take (for kernels
-    whose signature the pre-flight could not read), or a tuple/shape mismatch."""
-    import re
-
-    from .claims import suite_keywords
-
-    match = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
-    if match:
-        because = suite_keywords(kernel.declaration).get(match.group(1))
-        if because:
-            return (f"the kernel does not take {match.group(1)}=, which the suite passes "
-                    f"because the declaration says {because}")
-    return ""
-
-
 def run_hints(kernel: KernelUnderTest, layout: str, failures: int) -> list[str]:
     """Hints from probing a kernel that failed ``failures`` properties: when it gets a
     plain problem (no mask, no causal, default scale) wrong but is right once its arrays

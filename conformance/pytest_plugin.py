@@ -93,7 +93,8 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     from .api import KernelSetup, SetupError, size_limits_from
     from .claims import UsageError, claims_from, key_values, setup_from
-    from .isolation import isolation_options, open_session
+    from .isolation import isolation_options
+    from .jobs import open_session
     from .runner import hypothesis_settings, select
 
     option = config.getoption

@@ -11,13 +11,15 @@ import json
 import re
 import textwrap
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from .._version import SPEC_VERSION
 from .claims import claim_features
 from .clauses import clause as spec_clause
 from .declaration import KernelDeclaration
+from .root_causes import divergences, findings, grouped_findings
 from .runner import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Report, Verdict
 
 Rerun = Callable[[Verdict], str]
@@ -32,8 +34,6 @@ INCOMPLETE_CLAIM = "no conformance claim: the check is incomplete (CONF-6)"
 
 
 def spec_version() -> str:
-    from .. import SPEC_VERSION
-
     return SPEC_VERSION
 
 
@@ -132,39 +132,9 @@ def heading(report: Report) -> str:
     )
 
 
-def _findings(report: Report) -> list[Verdict]:
-    return [v for v in report.verdicts if v.status in (FAILED, WARNING)]
-
-
-# Findings that say what the kernel did on any input (it raised, returned the wrong type)
-# rather than what a property measured: the same one across properties is one cause.
-_ROOT_CAUSES = ("kernel raised ", "the kernel returned ", "out is a", "weights is a",
-                "the property could not check the kernel's result")
-
-
-def _cause(verdict: Verdict) -> tuple[str, ...]:
-    if verdict.detail.startswith(_ROOT_CAUSES):
-        # sizes in the message and a trailing "(context)" differ from property to
-        # property; the cause does not
-        cause = re.sub(r" \([^()]*\)$", "", verdict.detail)
-        return (verdict.status, re.sub(r"\d+", "#", cause), verdict.hint)
-    return (verdict.status, verdict.property)
-
-
-def grouped_findings(report: Report,
-                     verdicts: Iterable[Verdict] | None = None) -> list[list[Verdict]]:
-    """Failures and warnings (of ``verdicts``, default the report's), those that share one
-    root cause (the same exception, the same wrong return type) grouped, in the order
-    they ran."""
-    groups: dict[tuple[str, ...], list[Verdict]] = {}
-    for verdict in _findings(report) if verdicts is None else verdicts:
-        groups.setdefault(_cause(verdict), []).append(verdict)
-    return list(groups.values())
-
-
 def _distinct_groups(report: Report) -> list[list[Verdict]]:
     """:func:`grouped_findings` of the failures that follow from no other clause's."""
-    return grouped_findings(report, [v for v in _findings(report) if not v.cause])
+    return grouped_findings(report, [v for v in findings(report) if not v.cause])
 
 
 def _linked(group: list[Verdict], write_ups: dict[str, str]) -> str:
@@ -178,8 +148,6 @@ def divergence_lines(report: Report, write_ups: dict[str, str] | None = None, *,
     """The distinct divergences, each told in full (with its write-up when a known kernel's
     is confirmed), then the failures that follow from each, folded under their cause with
     the evidence (root_causes.draw_around); nothing is left out."""
-    from .root_causes import divergences
-
     found = divergences(report, write_ups)
     if not found:
         return []
@@ -312,8 +280,6 @@ def report_dict(report: Report, *, rerun: Rerun | None = None,
     """``Report.to_dict()`` plus the spec version, the verdict counts, rerun commands, the
     findings that share a cause (``findings``) and the distinct divergences with their
     consequences (``divergences``, see :mod:`.root_causes`)."""
-    from .root_causes import divergences
-
     data = report.to_dict()
     data["spec_version"] = spec_version()
     data["counts"] = counts(report)

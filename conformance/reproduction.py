@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from .failures import PropertyFailure
     from .isolation import KernelInfo
     from .kernel import KernelUnderTest, Problem
 
@@ -81,6 +82,13 @@ def snippet(problem: Problem, kernel: KernelUnderTest | KernelInfo, finding: str
         "print('allowed error (TOL-2):', bound.out_tolerance)",
     ]
     return "\n".join(lines)
+
+
+def failure_snippet(failure: PropertyFailure) -> str:
+    """The reproduction of ``failure`` (empty when it names no problem or no kernel)."""
+    if failure.problem is None or failure.kernel is None:
+        return ""
+    return snippet(failure.problem, failure.kernel, failure.finding)
 
 
 def _wrapped(text: str, width: int = 96) -> list[str]:

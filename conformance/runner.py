@@ -20,6 +20,7 @@ from .failures import KernelExited, PropertyFailure
 from .input_features import avoided_dtype, features_of
 from .kernel import KernelUnderTest
 from .registry import Property, all_properties
+from .reproduction import failure_snippet
 from .shape_pool import pool_for_run
 from .sizes import SizeLimits, Stratum
 from .values import COMBINATIONS
@@ -196,12 +197,12 @@ def hypothesis_settings(profile: str, seed: int | None, examples: int | None = N
 
 def _failed_verdict(prop: Property, failure: PropertyFailure) -> Verdict:
     level = prop.level
-    kernel = getattr(failure, "_kernel", None)
+    kernel = failure.kernel
     return Verdict(
         property=prop.id, clause=prop.clause, level=level,
         status=FAILED if level == "MUST" else WARNING,
         detail=failure.finding, counterexample=failure.counterexample,
-        reproduction=failure.reproduction, hint=failure.hint,
+        reproduction=failure_snippet(failure), hint=failure.hint,
         features=features_of(failure.problem, getattr(kernel, "declaration", None)),
     )
 
@@ -313,32 +314,6 @@ def select(only: Iterable[str] | None = None, skip: Iterable[str] | None = None)
         )
     skipped = set(skip or ())
     return [registry[p] for p in chosen if p not in skipped]
-
-
-def run_all(
-    kernel: KernelUnderTest,
-    *,
-    profile: str = "quick",
-    seed: int | None = None,
-    only: Iterable[str] | None = None,
-    skip: Iterable[str] | None = None,
-    strict: bool = False,
-    progress: Callable[[Property, Verdict | None], None] | None = None,
-    limits: SizeLimits | None = None,
-) -> Report:
-    """Every selected property against ``kernel``; ``progress`` hears each start and end.
-    Failures are then re-run around the other clauses the kernel failed
-    (:func:`.root_causes.draw_around`)."""
-    from .root_causes import draw_around
-
-    properties = select(only, skip)
-    hypothesis_settings(profile, seed)  # validate the profile before any work
-    limits = limits or SizeLimits()
-    report = run_each(
-        properties, lambda p: run_property(p, kernel, profile=profile, seed=seed, limits=limits),
-        new_report(kernel, profile=profile, seed=seed, strict=strict, limits=limits), progress)
-    return draw_around(report, properties, lambda p, around: run_property(
-        p, kernel, profile=profile, seed=seed, limits=around), limits)
 
 
 def new_report(kernel: Any, *, profile: str, seed: int | None, strict: bool,

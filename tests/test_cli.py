@@ -32,7 +32,8 @@ from attnspec.conformance import (
 )
 from attnspec.conformance import report as render
 from attnspec.conformance.declaration import SparseClaim
-from attnspec.conformance.registry import REGISTRY, all_properties, always, register
+from attnspec.conformance.registration import REGISTRY, always, register
+from attnspec.conformance.registry import all_properties
 from attnspec.conformance.runner import (
     FAILED,
     NOT_APPLICABLE,

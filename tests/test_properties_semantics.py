@@ -21,7 +21,7 @@ from attnspec.backends import Backend
 from attnspec.conformance import KernelDeclaration, KernelUnderTest, Problem, reference_bound
 from attnspec.conformance.properties.invariance import shift_limit
 from attnspec.conformance.properties.masked_values import disallowed_everywhere
-from attnspec.conformance.properties.softmax import (
+from attnspec.conformance.properties._helpers import (
     VALID_SCORE_ERROR,
     row_score_errors,
     score_error,

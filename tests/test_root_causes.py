@@ -21,7 +21,7 @@ from attnspec.conformance import declare, input_features
 from attnspec.conformance import report as render
 from attnspec.conformance.kernel import KernelUnderTest, Problem
 from attnspec.conformance.registry import all_properties
-from attnspec.conformance.root_causes import divergences, draw_around
+from attnspec.conformance.root_causes import divergences, draw_around, run_all
 from attnspec.conformance.runner import (
     FAILED,
     PASSED,
@@ -30,7 +30,6 @@ from attnspec.conformance.runner import (
     Profile,
     Report,
     Verdict,
-    run_all,
 )
 from attnspec.conformance.sizes import SizeLimits
 

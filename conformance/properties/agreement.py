@@ -9,7 +9,7 @@ from ..assertions import assert_matches_reference, assert_within_bound, first_in
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest
 from ..oracle import weights_bound
-from ..registry import register
+from ..registration import register
 from ..strategies import draw_problem
 
 

@@ -18,10 +18,10 @@ from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem
 from ..oracle import reference_bound, weights_bound
-from ..registry import needs, register
+from ..registration import needs, register
 from ..sizes import current
 from ..strategies import Dims, draw_dims, draw_problem, draw_rng, random_values
-from .softmax import compared_rows, within_validity
+from ._helpers import compared_rows, within_validity
 
 # TOL-2 does not cover weights in the subnormal range (spec/tolerance.md, "Known
 # limitation"); kernels that flush subnormals to zero (XLA on CPU) return 0 there.

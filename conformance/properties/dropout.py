@@ -20,9 +20,9 @@ from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem, identity_values
 from ..oracle import dropout_bound
-from ..registry import needs, register
+from ..registration import needs, register
 from ..strategies import draw_dims, draw_problem, draw_rng
-from .features import with_claimed_features
+from ._helpers import with_claimed_features
 
 FALSE_FAILURE = 1e-6
 KEPT_FRACTION_PROBABILITIES = (0.1, 0.3, 0.6)

@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 from ..assertions import first_index
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
+from ..input_features import allowed_keys
 from ..kernel import KernelUnderTest, Problem
-from ..registry import dense_only, register
+from ..registration import dense_only, register
 from ..sizes import refit
 from ..strategies import draw_dims, draw_problem
-from .shapes import assert_output_shapes
-from .softmax import allowed_keys
+from ._helpers import assert_output_shapes
 
 
 def empty_row_routes(declaration: KernelDeclaration) -> list[str]:

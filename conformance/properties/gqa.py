@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from ..assertions import assert_matches_reference, first_index
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem
-from ..registry import needs, register
+from ..registration import needs, register
 from ..sizes import Dims, current, realistic
 from ..strategies import draw_dims, draw_problem, draw_rng, random_values
 

@@ -19,10 +19,10 @@ from ...reference.tolerance import UNIT_ROUNDOFF
 from ..assertions import assert_identical, assert_within_bound
 from ..kernel import KernelUnderTest, Problem
 from ..oracle import reference_bound
-from ..registry import needs, register
+from ..registration import needs, register
 from ..sizes import current, realistic
 from ..strategies import draw_dims, draw_permutation, draw_problem, draw_rng, random_values
-from .softmax import within_validity
+from ._helpers import within_validity
 
 # Value pairs (a, b) for linearity: with V1, V2 odd multiples of 1/4 in [-3.75, 3.75],
 # a*V1 + b*V2 is a multiple of 1/8 in [-15, 15], exact in every dtype (8 significant bits

@@ -21,7 +21,7 @@ from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..favor_bound import ROUNDING_DTYPES, favor_acceptance_test
 from ..kernel import KernelUnderTest, Problem
-from ..registry import register
+from ..registration import register
 from ..strategies import (
     draw_dims,
     draw_dtype,
@@ -29,7 +29,7 @@ from ..strategies import (
     random_problem,
     with_declared_batch,
 )
-from .shapes import assert_output_shape_and_dtype
+from ._helpers import assert_output_shape_and_dtype
 
 NAMED_FEATURE_MAPS: dict[str, Callable[[Any], Any]] = {
     "elu+1": elu_plus_one,

@@ -14,12 +14,13 @@ from hypothesis import strategies as st
 
 from ..assertions import assert_identical, first_index
 from ..failures import PropertyFailure
+from ..input_features import allowed_keys
 from ..kernel import KernelUnderTest, Problem
 from ..oracle import reference_bound
-from ..registry import dense_only, needs, register
+from ..registration import dense_only, needs, register
 from ..strategies import draw_problem, draw_rng, draw_subset
 from ..values import LARGEST_FINITE
-from .softmax import allowed_keys, compared_rows, pair_score_magnitudes
+from ._helpers import compared_rows, pair_score_magnitudes
 
 NON_FINITE = (np.nan, np.inf, -np.inf)
 LARGEST = "largest within SDPA-7.4"

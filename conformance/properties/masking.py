@@ -19,7 +19,7 @@ from ..failures import PropertyFailure
 from ..hints import mask_convention
 from ..kernel import KernelUnderTest
 from ..oracle import reference_bound, weights_bound
-from ..registry import needs, register
+from ..registration import needs, register
 from ..strategies import (
     broadcast_shape_for,
     draw_dims,
@@ -29,7 +29,7 @@ from ..strategies import (
     random_values,
 )
 from ..values import LARGEST_FINITE
-from .softmax import values_per_query, within_validity
+from ._helpers import values_per_query, within_validity
 
 EXPLICIT_NON_UNIT_SCALES = (0.5, 2.0, 0.125, -0.75, 4.0)
 BIAS_MAGNITUDE = 3.0  # |b| of a few units: (1 - s) * b is far outside TOL-2 for s != 1

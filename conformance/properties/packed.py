@@ -23,9 +23,9 @@ from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem
 from ..oracle import lse_bound, reference_bound
 from ..packed import Batch, CacheCall, bottom_right, call_kv_cache, call_varlen, per_sequence
-from ..registry import register
+from ..registration import register
 from ..strategies import EXPLICIT_SCALES, draw_dtype, draw_rng, random_values
-from .features import draw_alibi_slopes, draw_softcap
+from ._helpers import draw_alibi_slopes, draw_softcap
 
 Applies = Callable[[KernelDeclaration], "str | None"]
 

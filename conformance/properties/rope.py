@@ -19,7 +19,7 @@ from .. import sizes
 from ..declaration import KernelDeclaration
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
-from ..registry import register
+from ..registration import register
 from ..strategies import draw_dtype, draw_rng, random_values
 
 # Head dims RoPE models use (GPT-J 256 with rotary_dim 64, LLaMA 128, GPT-NeoX 96 at 25%)

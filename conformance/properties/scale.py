@@ -19,7 +19,7 @@ from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure, distinct
 from ..kernel import KernelUnderTest, Problem
 from ..oracle import reference_bound, weights_bound
-from ..registry import needs, register
+from ..registration import needs, register
 from ..shape_pool import pooled_sizes, tied_to
 from ..sizes import GROUPS, HEAD_DIMS, current
 from ..statistics import round_outward, sum_of_squares_range, two_sided_chi_square_interval

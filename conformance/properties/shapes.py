@@ -10,14 +10,19 @@ import array_api_compat
 import numpy as np
 from hypothesis import strategies as st
 
-from ...backends import FLOAT_DTYPE_NAMES, Backend
-from ..assertions import assert_matches_reference, assert_shape, first_index
+from ...backends import Backend
+from ..assertions import assert_matches_reference, first_index
 from ..failures import KernelRaised, PropertyFailure
-from ..hints import raised_hint
-from ..kernel import KernelUnderTest, Problem
-from ..registry import always, register
-from ..strategies import draw_any_problem, draw_dims, draw_problem
-from .softmax import scores_shape
+from ..input_features import scores_shape
+from ..kernel import KernelUnderTest, Problem, raised_hint
+from ..registration import always, register
+from ..strategies import draw_dims, draw_problem
+from ._helpers import (
+    assert_output_shape_and_dtype,
+    assert_output_shapes,
+    call_text,
+    draw_any_problem,
+)
 
 LAYOUTS = ("contiguous", "strided", "strided_rows", "transposed", "broadcast")
 # pytorch #191937: stride-0 K/V went wrong when Lk % 32 == 1.
@@ -44,44 +49,6 @@ def call_with(
     return kernel.split(result, problem)
 
 
-def dtype_name(backend: Backend, dtype: Any) -> str:
-    """The spec's name ("float16", ...) of a backend dtype, or its repr if it has none."""
-    for name in FLOAT_DTYPE_NAMES:
-        if name in backend.dtype_names and dtype == backend.dtype(name):
-            return name
-    return str(dtype)
-
-
-def _call_text(kernel: KernelUnderTest) -> str:
-    return f"{getattr(kernel.fn, '__name__', 'kernel')}(q, k, v)"
-
-
-def _require_array(x: Any, what: str, problem: Problem, kernel: KernelUnderTest) -> None:
-    if not array_api_compat.is_array_api_obj(x):
-        raise PropertyFailure(
-            f"{what} is a {type(x).__name__}, but should be an array [SDPA-1.3, "
-            f"{_call_text(kernel)}]", problem, kernel,
-        )
-
-
-def _expected_shapes(problem: Problem) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(out shape, weights shape): (*batch, Hq, Lq, Ev) and (*batch, Hq, Lq, Lk)."""
-    scores = scores_shape(problem)
-    return (*scores[:-1], problem.v.shape[-1]), scores
-
-
-def assert_output_shapes(
-    kernel: KernelUnderTest, problem: Problem, out: Any, weights: Any,
-) -> None:
-    """Raw ``out`` is a (*batch, Hq, Lq, Ev) array, ``weights`` (if any) (*batch, Hq, Lq, Lk)."""
-    out_shape, weights_shape = _expected_shapes(problem)
-    _require_array(out, "out", problem, kernel)
-    assert_shape(out, out_shape, "out", problem, kernel)
-    if weights is not None:
-        _require_array(weights, "weights", problem, kernel)
-        assert_shape(weights, weights_shape, "weights", problem, kernel)
-
-
 @register("output-shape-dtype", "SDPA-1.3")
 def output_shape_dtype(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """For every claimed dtype the output is a (*batch, Hq, Lq, Ev) array of q's dtype,
@@ -91,20 +58,6 @@ def output_shape_dtype(kernel: KernelUnderTest, data: st.DataObject) -> None:
         problem = draw_problem(data, kernel, dims=dims, dtype=dtype)
         out, weights = kernel.invoke(problem)
         assert_output_shape_and_dtype(kernel, problem, out, weights)
-
-
-def assert_output_shape_and_dtype(
-    kernel: KernelUnderTest, problem: Problem, out: Any, weights: Any = None,
-) -> None:
-    """SDPA-1.3 for one raw result: shapes as ``assert_output_shapes``, dtype q's."""
-    assert_output_shapes(kernel, problem, out, weights)
-    for what, result in (("out", out), ("weights", weights)):
-        if result is not None and result.dtype != kernel.backend.dtype(problem.dtype):
-            raise PropertyFailure(
-                f"{what}.dtype={dtype_name(kernel.backend, result.dtype)}, but should be "
-                f"{problem.dtype}, the dtype of q [SDPA-1.3, {_call_text(kernel)}]",
-                problem, kernel,
-            )
 
 
 @register("empty-sizes", "SDPA-1.5")
@@ -154,7 +107,7 @@ def inputs_unmodified(kernel: KernelUnderTest, data: st.DataObject) -> None:
                 f"{name} was modified by the call: {name}{at} was {before[name][at].item()!r} "
                 f"and is now {after[at].item()!r} ({int(changed.sum())} of {changed.size} "
                 f"elements changed) "
-                f"[SDPA-1.6, {_call_text(kernel)}]", problem, kernel,
+                f"[SDPA-1.6, {call_text(kernel)}]", problem, kernel,
             )
 
 
