@@ -11,8 +11,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from .hints import class_target_hint, signature_hints
 from .kernel import KernelUnderTest
 from .known_kernels import known_adapter, known_backend
 from .layouts import LAYOUTS, from_layout, rename_arguments
-from .loading import KernelLoadError, load_kernel
+from .loading import KernelLoadError, load_kernel, on_sys_path
 from .reproduction import LOADER_LINE
 from .sizes import SizeLimits
 
@@ -49,19 +48,10 @@ def absolute_target(target: str) -> str:
     return target
 
 
-@contextlib.contextmanager
-def importable_from_working_directory() -> Iterator[None]:
+def importable_from_working_directory() -> contextlib.AbstractContextManager[None]:
     """While loading a kernel, ``MODULE:FUNC`` also imports from the working directory
     (as with ``python -m``); ``sys.path`` is restored afterwards."""
-    cwd = os.getcwd()
-    added = cwd not in sys.path
-    if added:
-        sys.path.insert(0, cwd)
-    try:
-        yield
-    finally:
-        if added and cwd in sys.path:
-            sys.path.remove(cwd)
+    return on_sys_path(os.getcwd())
 
 
 def resolve_backend(backend: str | Backend | None, device: Any = None,

@@ -20,7 +20,7 @@ class KernelLoadError(ValueError):
 
 
 @contextlib.contextmanager
-def _on_sys_path(directory: str) -> Iterator[None]:
+def on_sys_path(directory: str) -> Iterator[None]:
     """``directory`` first on ``sys.path`` inside the block (unless it already was there)."""
     added = directory not in sys.path
     if added:
@@ -47,7 +47,7 @@ def load_kernel(target: str) -> Callable[..., Any]:
             module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
             sys.modules[name] = module
             # the file imports its siblings as when run as a script
-            with _on_sys_path(str(path.resolve().parent)):
+            with on_sys_path(str(path.resolve().parent)):
                 spec.loader.exec_module(module)  # type: ignore[union-attr]
         else:
             module = importlib.import_module(module_part)
