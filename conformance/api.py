@@ -10,8 +10,6 @@ runs) and run it here.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -23,14 +21,13 @@ from .kernel_setup import (  # noqa: F401  (the API's names, documented as api.*
     SIZE_FLAGS,
     KernelSetup,
     SetupError,
-    declaration_source,
     setup_notes,
     size_limits,
     size_limits_from,
-    with_loader,
 )
 from .registry import Property
 from .report import claim_line, format_table
+from .reproduce import reproduction_file
 from .runner import (
     FAILED,
     WARNING,
@@ -167,12 +164,3 @@ def assert_conforms(kernel: str | Callable[..., Any], **options: Any) -> Report:
     if not report.conforms:
         raise AssertionError(format_table(report, full_reproduction_in=reproduction_file))
     return report
-
-
-def reproduction_file(verdict: Verdict) -> str:
-    """Write ``verdict``'s full reproduction to a new file in the temporary directory (one
-    too long to show in a message); returns its path."""
-    fd, path = tempfile.mkstemp(prefix=f"attnspec-{verdict.property}-", suffix=".py")
-    with os.fdopen(fd, "w", encoding="utf-8") as file:
-        file.write(verdict.reproduction)
-    return path

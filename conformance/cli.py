@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import shlex
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -34,7 +33,6 @@ from .api import (
     KernelSetup,
     SetupError,
     finish_report,
-    reproduction_file,
     size_limits_from,
     start_report,
 )
@@ -49,10 +47,10 @@ from .report_files import (
     sigterm_interrupts,
     still_running,
 )
+from .reproduce import PROGRAM, reproduction_file, rerun_command, rerun_flags
 from .runner import FAILED, PROFILES, WARNING, Report, Verdict
 from .side_effects import hypothesis_storage_elsewhere, kernel_output_to
 
-PROGRAM = "attnspec"
 DEMO_KERNELS = (
     # (target, backend or None for the default, claims as CLI flags)
     ("torch.nn.functional:scaled_dot_product_attention", "torch", ()),
@@ -166,24 +164,6 @@ def setup_from(args: argparse.Namespace) -> KernelSetup:
                        claims=claims_from(args), **claims.setup_from(lambda d: getattr(args, d)))
 
 
-def rerun_command(target: str, flags: Sequence[str], verdict: Verdict,
-                  seed: int | None) -> str:
-    """The one-line command that reruns just this property, with the same inputs."""
-    tokens = [PROGRAM, "check", target, *flags, "--only", verdict.property]
-    if seed is not None:
-        tokens += ["--seed", str(seed)]
-    return shlex.join(tokens)
-
-
-def rerun_flags(args: argparse.Namespace) -> list[str]:
-    """The flags of this run that matter for a rerun (no --only, --seed or output files)."""
-    tokens: list[str] = []
-    for flag in (*RUN_FLAGS, *DECLARATION_FLAGS):
-        if flag.rerun and flag.option != "--seed":
-            tokens += flag.tokens(getattr(args, flag.dest))
-    return tokens
-
-
 class ProgressDisplay:
     """One line per property on stderr: rewritten in place on a terminal, appended otherwise."""
 
@@ -284,7 +264,7 @@ def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
         target = report.kernel
 
         def rerun(verdict: Verdict) -> str:
-            return rerun_command(target, flags, verdict, seed)
+            return rerun_command(target, flags, verdict.property, seed)
 
         if files is not None:  # replaces any report of an earlier run at once
             files.write(report, rerun, incomplete=still_running(0, total))
@@ -324,7 +304,8 @@ def command_check(args: argparse.Namespace) -> int:
 
     files = report_files(args)
     setup = setup_from(args)
-    report, rerun = _run_one(setup, args, rerun_flags(args), files=files)
+    flags = rerun_flags((*RUN_FLAGS, *DECLARATION_FLAGS), lambda dest: getattr(args, dest))
+    report, rerun = _run_one(setup, args, flags, files=files)
     files.write(report, rerun)
     # a reproduction too long to show is in the JSON report, or else in a file of its own
     where = f"the JSON report {args.json}" if args.json else reproduction_file

@@ -1,6 +1,6 @@
 """Failure reports that show the inputs, the measured error and the clause.
 
-The reproduction of a failure is written on demand by :func:`.reproduction.failure_snippet`
+The reproduction of a failure is written on demand by :func:`.reproduce.failure_snippet`
 (while Hypothesis shrinks, most failures are never reported, and realistic inputs are large).
 """
 
@@ -31,7 +31,7 @@ class PropertyFailure(AssertionError):
         self.finding = finding = _NUMPY_SCALAR.sub(r"\2", finding)
         self.problem = problem
         self.hint = hint
-        self.kernel = kernel  # what the reproduction (reproduction.failure_snippet) calls
+        self.kernel = kernel  # what the reproduction (reproduce.failure_snippet) calls
         self.counterexample = (
             "" if problem is None else kernel.describe(problem) if kernel is not None
             else problem.describe()

@@ -50,8 +50,9 @@ from .declaration import KernelDeclaration
 from .failures import PropertyFailure
 from .hints import run_hints
 from .kernel import KernelUnderTest, Problem, describe_inputs, load_kernel
-from .kernel_setup import KernelSetup, SetupError, setup_notes, with_loader
+from .kernel_setup import KernelSetup, SetupError, setup_notes
 from .registry import Property
+from .reproduce import loader_source
 from .runner import PROFILES, Verdict, _failed_verdict, run_property
 from .side_effects import kernel_output_fd
 from .sizes import SizeLimits
@@ -489,7 +490,6 @@ class IsolatedKernel:
               kernel: KernelInfo) -> Verdict:
         verdict = _failed_verdict(prop, PropertyFailure(finding, call.problem, kernel))  # type: ignore[arg-type]
         verdict.counterexample = verdict.counterexample or call.description
-        verdict.reproduction = with_loader(verdict.reproduction, kernel.loader)
         verdict.seconds = time.perf_counter() - started
         return verdict
 
@@ -522,7 +522,8 @@ class InProcessKernel:
     def start(self) -> KernelUnderTest:
         if self.kernel is None:
             self.kernel = self.setup.prepare()
-        self._loader = self._loader or self.setup.loader_source(self.kernel)
+        if not self._loader:  # a kernel given ready-made is reproduced as this setup builds it
+            self._loader = self.kernel.loader = loader_source(self.setup, self.kernel)
         return self.kernel
 
     def close(self) -> None:
@@ -533,9 +534,7 @@ class InProcessKernel:
 
     def run_property(self, prop: Property, *, profile: str, seed: int | None,
                      limits: SizeLimits | None = None) -> Verdict:
-        verdict = run_property(prop, self.start(), profile=profile, seed=seed, limits=limits)
-        verdict.reproduction = with_loader(verdict.reproduction, self._loader)
-        return verdict
+        return run_property(prop, self.start(), profile=profile, seed=seed, limits=limits)
 
     def run_hints(self, failures: int) -> list[str]:
         """``hints.run_hints``: probes the kernel, here in this process."""

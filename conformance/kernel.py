@@ -177,6 +177,9 @@ class KernelUnderTest:
         self.notes: list[str] = []
         # hints read off the kernel before anything ran (see hints.signature_hints)
         self.setup_hints: list[str] = []
+        # the lines that rebuild this kernel in a reproduction (reproduce.loader_source,
+        # set by KernelSetup.prepare); empty: it is loaded by its target
+        self.loader = ""
 
     def describe(self, problem: Problem) -> str:
         """The inputs of ``problem`` as passed to this kernel (see :func:`describe_inputs`)."""

@@ -12,7 +12,7 @@ import contextlib
 import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from .kernel import KernelUnderTest
 from .known_kernels import known_adapter, known_backend
 from .layouts import LAYOUTS, from_layout, rename_arguments
 from .loading import KernelLoadError, load_kernel, on_sys_path
-from .reproduction import LOADER_LINE
+from .reproduce import loader_source
 from .sizes import SizeLimits
 
 
@@ -231,33 +231,8 @@ class KernelSetup:
         check_signature(fn, declaration, kernel.target)
         kernel.setup_hints = hints
         guard_calls(kernel)
+        kernel.loader = loader_source(self, kernel)
         return kernel
-
-    def loader_source(self, kernel: KernelUnderTest) -> str:
-        """Python lines that rebuild ``kernel`` as :meth:`prepare` built it."""
-        declaration_names = {"KernelDeclaration", "KernelUnderTest", "load_kernel"}
-        if kernel.declaration.sparse is not None:
-            declaration_names.add("SparseClaim")
-        if kernel.declaration.linear is not None:
-            declaration_names.add("LinearClaim")
-        if kernel.declaration.rope is not None:
-            declaration_names.add("RopeClaim")
-        imports = [f"from attnspec.conformance import {', '.join(sorted(declaration_names))}"]
-        lines = [f"fn = load_kernel({kernel.target!r})"]
-        if self.rename or self.layout != "bhld":
-            imports.append("from attnspec.conformance.layouts import from_layout, rename_arguments")
-        if self.rename:
-            lines.append(f"fn = rename_arguments(fn, **{dict(self.rename)!r})")
-        if self.layout != "bhld":
-            lines.append(f"fn = from_layout(fn, {self.layout!r})")
-        device = "" if self.device is None else f", {self.device!r}"
-        if self.jax_x64 is not None:
-            device += f", config={{'jax_enable_x64': {self.jax_x64!r}}}"
-        lines.append(
-            f"kernel = KernelUnderTest(fn, Backend({kernel.backend.name!r}{device}), "
-            f"{declaration_source(kernel.declaration)}, {kernel.target!r})"
-        )
-        return "\n".join([*imports, *lines])
 
 
 def _check_favor_features(declaration: KernelDeclaration) -> None:
@@ -288,27 +263,6 @@ def setup_notes(kernel: KernelUnderTest) -> list[str]:
         if reason:
             notes.append(f"{name} is not checked: {reason}")
     return notes
-
-
-def declaration_source(declaration: KernelDeclaration) -> str:
-    """``KernelDeclaration(...)`` naming only the fields that differ from the defaults."""
-    changed = []
-    for f in fields(declaration):
-        default = f.default_factory() if f.default_factory is not MISSING else f.default
-        value = getattr(declaration, f.name)
-        if value != default:
-            changed.append(f"{f.name}={value!r}")
-    return f"KernelDeclaration({', '.join(changed)})"
-
-
-def with_loader(snippet: str, loader: str) -> str:
-    """``snippet`` (from ``reproduction.snippet``) with its kernel-loading line replaced by
-    ``loader``, so layout, renames, device and claims are reproduced too."""
-    lines = snippet.splitlines()
-    for i, line in enumerate(lines):
-        if line.startswith(LOADER_LINE):
-            return "\n".join([*lines[:i], loader, *lines[i + 1:]])
-    return snippet
 
 
 def size_limits(

@@ -13,7 +13,6 @@ to the controlling process, which prints the summary and the conformance claim.
 
 from __future__ import annotations
 
-import shlex
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -173,20 +172,10 @@ class AttnspecSession:
 
     def rerun(self, verdict: Verdict) -> str:
         """A pytest command that reruns just this property."""
-        option = self.config.getoption
-        tokens = ["pytest", "--attnspec-kernel", self.kernel.target]
-        for name in ("backend", "device", "seed"):
-            if option(f"attnspec_{name}") is not None:
-                tokens += [f"--attnspec-{name}", str(option(f"attnspec_{name}"))]
-        tokens += ["--attnspec-profile", option("attnspec_profile")]
-        if option("attnspec_isolate"):
-            tokens.append("--attnspec-isolate")
-        for flag in _shared_flags():
-            if flag.rerun:
-                tokens += flag.tokens(option(f"{PREFIX}_{flag.dest}"), prefix=PREFIX)
-        for claim in option("attnspec_claim") or ():
-            tokens += ["--attnspec-claim", claim]
-        return shlex.join([*tokens, "--attnspec-only", verdict.property])
+        from .reproduce import pytest_rerun_command
+
+        return pytest_rerun_command(self.kernel.target, self.config.getoption, _shared_flags(),
+                                    PREFIX, verdict.property)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.verdicts:
@@ -254,8 +243,8 @@ class AttnspecItem(pytest.Item):
         self.prop, self.owner = prop, owner
 
     def runtest(self) -> None:
-        from .api import reproduction_file
         from .report import failure_text
+        from .reproduce import reproduction_file
         from .runner import FAILED, NOT_APPLICABLE, WAIVED, WARNING
 
         verdict = self.owner.verdict(self.prop)

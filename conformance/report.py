@@ -19,13 +19,13 @@ from .._version import SPEC_VERSION
 from .claims import claim_features
 from .clauses import clause as spec_clause
 from .declaration import KernelDeclaration
+from .reproduce import Where, reproduction_lines
 from .root_causes import divergences, findings, grouped_findings
 from .runner import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Report, Verdict
 
 Rerun = Callable[[Verdict], str]
 # where a reproduction too long to show is: a description, or a function that puts it
 # somewhere (e.g. a file) and says where
-Where = str | Callable[[Verdict], str]
 MAX_REPRODUCTION = 6000  # characters of a reproduction shown in text
 LABELS = {PASSED: "passed", FAILED: "FAILED", WARNING: "warning", NOT_APPLICABLE: "not applicable",
           WAIVED: "waived"}
@@ -177,19 +177,6 @@ def divergence_lines(report: Report, write_ups: dict[str, str] | None = None, *,
     return lines
 
 
-def _reproduction_lines(verdict: Verdict, max_reproduction: int | None,
-                        full_reproduction_in: Where) -> list[str]:
-    size = len(verdict.reproduction)
-    if not size:
-        return []
-    if max_reproduction is not None and size > max_reproduction:
-        where = (full_reproduction_in(verdict) if callable(full_reproduction_in)
-                 else full_reproduction_in)
-        return [f"  reproduction: {size} characters of literal inputs, too long to show "
-                f"here; it is in {where}"]
-    return ["  reproduction (runs on its own):", textwrap.indent(verdict.reproduction, "    ")]
-
-
 def failure_text(
     verdict: Verdict, rerun: Rerun | None = None, *,
     max_reproduction: int | None = MAX_REPRODUCTION,
@@ -218,7 +205,7 @@ def _case_lines(verdict: Verdict, rerun: Rerun | None, max_reproduction: int | N
         lines.append(f"  inputs:  {verdict.counterexample}")
     if rerun is not None:
         lines.append(f"  rerun:   {rerun(verdict)}")
-    return lines + _reproduction_lines(verdict, max_reproduction, full_reproduction_in)
+    return lines + reproduction_lines(verdict, max_reproduction, full_reproduction_in)
 
 
 def group_text(
@@ -349,7 +336,7 @@ def to_junit(report: Report, *, rerun: Rerun | None = None) -> str:
             out = ET.SubElement(case, "system-out")
             out.text = failure_text(verdict, rerun) if verdict.status == WARNING else (
                 verdict.reproduction if len(verdict.reproduction) <= MAX_REPRODUCTION
-                else _reproduction_lines(verdict, MAX_REPRODUCTION,
+                else reproduction_lines(verdict, MAX_REPRODUCTION,
                                          "the JSON report (--json PATH)")[0].strip()
             )
     ET.indent(suites)

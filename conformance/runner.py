@@ -20,7 +20,7 @@ from .failures import KernelExited, PropertyFailure
 from .input_features import avoided_dtype, features_of
 from .kernel import KernelUnderTest
 from .registry import Property, all_properties
-from .reproduction import failure_snippet
+from .reproduce import failure_snippet
 from .shape_pool import pool_for_run
 from .sizes import SizeLimits, Stratum
 from .values import COMBINATIONS

@@ -141,8 +141,7 @@ def serve(connection: Connection) -> None:
     except SetupError as exc:
         connection.send(("setup-error", str(exc)))
         return
-    loader = setup.loader_source(kernel)
-    info = KernelInfo.of(kernel, loader, note)
+    info = KernelInfo.of(kernel, kernel.loader, note)
     threads = use_worker_threads()
     if threads:
         info = replace(info, setup_notes=(*info.setup_notes, threads))
@@ -156,18 +155,16 @@ def serve(connection: Connection) -> None:
             request = connection.recv()
             if request is None:
                 return
-            answer = _answer(request, kernel, setup.layout, loader)
+            answer = _answer(request, kernel, setup.layout)
             if isinstance(answer, str):
                 connection.send(("setup-error", answer))
                 return
             connection.send(("answer", answer[0]))
 
 
-def _answer(request: tuple[Any, ...], kernel: KernelUnderTest, layout: str,
-            loader: str) -> tuple[Any] | str:
+def _answer(request: tuple[Any, ...], kernel: KernelUnderTest, layout: str) -> tuple[Any] | str:
     """(the answer to ``request``,), or why the worker cannot answer it (a setup error)."""
     from .hints import run_hints
-    from .kernel_setup import with_loader
     from .registry import all_properties
     from .runner import PROFILES, _failed_verdict, run_property
 
@@ -187,7 +184,6 @@ def _answer(request: tuple[Any, ...], kernel: KernelUnderTest, layout: str,
         verdict = _failed_verdict(prop, PropertyFailure(
             f"checking the kernel's result raised {type(exc).__name__}: {str(exc)[:300]}"
         ))
-    verdict.reproduction = with_loader(verdict.reproduction, loader)
     return (verdict,)
 
 

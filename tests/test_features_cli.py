@@ -18,7 +18,7 @@ from attnspec.backends import Backend
 from attnspec.conformance import KernelDeclaration, cli
 from attnspec.conformance.claims import claim_features, suite_keywords
 from attnspec.conformance.kernel import KernelUnderTest, Problem
-from attnspec.conformance.reproduction import snippet
+from attnspec.conformance.reproduce import snippet
 
 KERNELS = '''
 import math

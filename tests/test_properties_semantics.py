@@ -19,14 +19,14 @@ import pytest
 import attnspec.reference as reference
 from attnspec.backends import Backend
 from attnspec.conformance import KernelDeclaration, KernelUnderTest, Problem, reference_bound
-from attnspec.conformance.properties.invariance import shift_limit
-from attnspec.conformance.properties.masked_values import disallowed_everywhere
 from attnspec.conformance.properties._helpers import (
     VALID_SCORE_ERROR,
     row_score_errors,
     score_error,
     within_validity,
 )
+from attnspec.conformance.properties.invariance import shift_limit
+from attnspec.conformance.properties.masked_values import disallowed_everywhere
 from attnspec.conformance.registry import all_properties
 from attnspec.conformance.runner import FAILED, NOT_APPLICABLE, PASSED, WARNING, run_property
 from attnspec.reference.tolerance import UNIT_ROUNDOFF
