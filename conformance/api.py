@@ -2,7 +2,7 @@
 
 The CLI, the pytest plugin and :func:`assert_conforms` all set the kernel up with
 :class:`~.kernel_setup.KernelSetup` (load, adapt, claims, signature checked before anything
-runs) and run it here.
+runs) and validate the run once (:func:`.run_plan.plan_run`); :func:`run` runs it.
 
     >>> from attnspec.conformance import assert_conforms
     >>> assert_conforms(my_attention, backend="torch", bias=True)  # in a test
@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..backends import Backend
-from .isolation import InProcessKernel, IsolatedKernel, IsolationOptions
-from .jobs import WorkerPool, open_session, parse_jobs, run_properties
+from .isolation import IsolationOptions
+from .jobs import run_properties
 from .kernel import KernelUnderTest
 from .kernel_setup import (  # noqa: F401  (the API's names, documented as api.*)
     SIZE_FLAGS,
@@ -28,59 +28,35 @@ from .kernel_setup import (  # noqa: F401  (the API's names, documented as api.*
 from .registry import Property
 from .report import claim_line, format_table
 from .reproduce import reproduction_file
+from .run_plan import RunPlan, Session, plan_run
 from .runner import (
     FAILED,
     WARNING,
     Report,
     Verdict,
-    hypothesis_settings,
     new_report,
-    select,
 )
 from .side_effects import hypothesis_storage_elsewhere
 from .sizes import SizeLimits
 
-Session = IsolatedKernel | InProcessKernel | WorkerPool
 Progress = Callable[[Property, "Verdict | None"], None]
 
 
-def run_setup(
-    setup: KernelSetup,
-    *,
-    profile: str = "quick",
-    seed: int | None = None,
-    only: Iterable[str] | None = None,
-    skip: Iterable[str] | None = None,
-    strict: bool = False,
-    progress: Progress | None = None,
-    kernel: KernelUnderTest | None = None,
-    limits: SizeLimits | None = None,
-    isolation: IsolationOptions | None = None,
-    jobs: int = 1,
-) -> Report:
-    """Run the selected properties (unknown ids and profiles are a SetupError);
-    ``limits`` caps the sizes drawn (see :func:`size_limits`).
-
-    With ``isolation``, the kernel is loaded and run in a supervised worker process
-    (:mod:`.isolation`), in ``jobs`` of them at once when more than one (:mod:`.jobs`:
-    the same verdicts in the same order); otherwise in this one (``kernel``, if given,
-    is used as is).
-    """
-    try:
-        properties = select(only, skip)
-        hypothesis_settings(profile, seed)
-        session = open_session(setup, isolation, kernel, jobs)
-    except ValueError as exc:
-        raise SetupError(str(exc)) from None
-    limits = limits or SizeLimits()
+def run(plan: RunPlan, progress: Progress | None = None,
+        kernel: KernelUnderTest | None = None) -> Report:
+    """Run ``plan`` (see :func:`.run_plan.plan_run`): with ``plan.isolation``, the kernel
+    is loaded and run in a supervised worker process (:mod:`.isolation`), in
+    ``plan.jobs`` of them at once when more than one (:mod:`.jobs`: the same verdicts in
+    the same order); otherwise in this one (``kernel``, if given, is used as is).
+    ``progress`` hears each property start and end."""
+    session = plan.session(kernel)
     with hypothesis_storage_elsewhere(), session:
-        report = start_report(session, profile=profile, seed=seed, strict=strict,
-                              limits=limits)
-        run_properties(session, properties, report, progress, profile=profile, seed=seed,
-                       limits=limits)
-        finish_report(report, session, partial=bool(only or skip))
+        report = start_report(session, profile=plan.profile, seed=plan.seed,
+                              strict=plan.strict, limits=plan.limits)
+        run_properties(session, list(plan.properties), report, progress,
+                       profile=plan.profile, seed=plan.seed, limits=plan.limits)
+        finish_report(report, session, partial=plan.partial)
     return report
-
 
 
 def start_report(session: Session, *, profile: str,
@@ -140,16 +116,12 @@ def check(
     verdicts in the same order.  Bad setup (target, signature, backend, option) raises
     :class:`SetupError`, a ``ValueError``.
     """
-    try:
-        workers = parse_jobs(jobs)
-    except ValueError as exc:
-        raise SetupError(str(exc)) from None
     limits = size_limits(max_len, max_head_dim, max_batch_heads)
     setup = KernelSetup(kernel, backend, device, layout, dict(rename or {}),
                         None if dtypes is None else tuple(dtypes), claims, jax_x64)
     isolation = IsolationOptions() if isolate is True else (isolate or None)
-    return run_setup(setup, profile=profile, seed=seed, only=only, skip=skip, strict=strict,
-                     limits=limits, isolation=isolation, jobs=workers)
+    return run(plan_run(setup, profile=profile, seed=seed, only=only, skip=skip, strict=strict,
+                        limits=limits, isolation=isolation, jobs=jobs))
 
 
 def assert_conforms(kernel: str | Callable[..., Any], **options: Any) -> Report:

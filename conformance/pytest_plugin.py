@@ -93,8 +93,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from .api import KernelSetup, SetupError, size_limits_from
     from .claims import UsageError, claims_from, key_values, setup_from
     from .isolation import isolation_options
-    from .jobs import open_session
-    from .runner import hypothesis_settings, select
+    from .run_plan import plan_run
 
     option = config.getoption
 
@@ -108,15 +107,16 @@ def pytest_configure(config: pytest.Config) -> None:
                             claims=claims, **setup_from(flag_value))
         isolation = isolation_options(option("attnspec_isolate"), flag_value, prefix=PREFIX,
                                       without="they need --attnspec-isolate")
-        properties = select(_ids(option("attnspec_only")), _ids(option("attnspec_skip")))
-        limits = size_limits_from(flag_value)
-        hypothesis_settings(option("attnspec_profile"), option("attnspec_seed"))
-        session = open_session(setup, isolation)
+        plan = plan_run(setup, profile=option("attnspec_profile"), seed=option("attnspec_seed"),
+                        only=_ids(option("attnspec_only")), skip=_ids(option("attnspec_skip")),
+                        limits=size_limits_from(flag_value), isolation=isolation)
+        session = plan.session()
         session.start()  # load the kernel (in its worker when isolated) before collecting
     except (SetupError, UsageError, ValueError) as exc:
         raise pytest.UsageError(f"attnspec: {exc}") from None
-    config.pluginmanager.register(AttnspecSession(config, session, properties, limits),
-                                  "attnspec-session")
+    config.pluginmanager.register(
+        AttnspecSession(config, session, list(plan.properties), plan.limits),
+        "attnspec-session")
 
 
 class AttnspecSession:

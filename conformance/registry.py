@@ -13,9 +13,9 @@ __all__ = ["Property", "all_properties"]
 
 
 def all_properties() -> dict[str, Property]:
-    """Every registered property, in the spec's order of the clauses they check (CONF-4:
-    the order ``attnspec properties`` and the reports list them in); properties of one
-    clause in the order their modules register them."""
+    """Every registered property, in the spec's order of the clauses they check (the order
+    ``attnspec properties`` and the reports list them in); properties of one clause in the
+    order their modules register them."""
     from . import properties  # noqa: F401  (registers on import)
 
     order = spec_order()

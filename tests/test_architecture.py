@@ -45,7 +45,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("properties", ("conformance.properties", "conformance.properties.*")),
     ("registry", ("conformance.registry",)),
     ("running", tuple(f"conformance.{name}" for name in (
-        "runner", "root_causes", "kernel_setup", "isolation", "worker", "jobs"))),
+        "runner", "root_causes", "kernel_setup", "isolation", "worker", "jobs", "run_plan"))),
     ("reporting", ("conformance.report", "conformance.report_files")),
     ("front ends", ("conformance", "conformance.api", "conformance.cli",
                     "conformance.pytest_plugin", "conformance.matrix")),
@@ -248,3 +248,26 @@ def test_architecture_doc_describes_every_layer() -> None:
     text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     headed = re.findall(r"^\*\*Layer \d+, ([a-z ]+)\.\*\*", text, flags=re.MULTILINE)
     assert headed == [name for name, _ in LAYERS]
+
+
+def test_properties_are_listed_in_clause_order(capsys: pytest.CaptureFixture[str]) -> None:
+    """The registry, ``attnspec properties`` and so every report (CONF-1: clause by clause)
+    list the properties in the spec's order of their clauses (documents as spec/index.md's table lists them,
+    clauses as each document declares them), not in the order their modules import."""
+    from attnspec.conformance import cli
+    from attnspec.conformance.clauses import all_clauses, spec_order
+    from attnspec.conformance.registry import all_properties
+
+    order = spec_order()
+    assert sorted(order, key=order.__getitem__) == sorted(all_clauses(), key=order.__getitem__)
+    areas = list(dict.fromkeys(clause.split("-")[0] for clause in order))
+    assert areas.index("SDPA") < areas.index("TOL") < areas.index("SPARSE") < areas.index(
+        "LIN") < areas.index("SOFTCAP"), areas  # dense, tolerance, sparse, linear, features
+    listed = list(all_properties().values())
+    positions = [order[prop.clause] for prop in listed]
+    out_of_order = [(a.id, a.clause, b.id, b.clause) for a, b, pa, pb
+                    in zip(listed, listed[1:], positions, positions[1:], strict=False) if pa > pb]
+    assert not out_of_order, out_of_order
+    assert cli.main(["properties"]) == 0
+    shown = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert shown == [prop.id for prop in listed]
