@@ -252,8 +252,9 @@ def test_architecture_doc_describes_every_layer() -> None:
 
 def test_properties_are_listed_in_clause_order(capsys: pytest.CaptureFixture[str]) -> None:
     """The registry, ``attnspec properties`` and so every report (CONF-1: clause by clause)
-    list the properties in the spec's order of their clauses (documents as spec/index.md's table lists them,
-    clauses as each document declares them), not in the order their modules import."""
+    list the properties in the spec's order of their clauses (documents as the table of
+    spec/index.md lists them, clauses as each document declares them), not in the order
+    their modules import."""
     from attnspec.conformance import cli
     from attnspec.conformance.clauses import all_clauses, spec_order
     from attnspec.conformance.registry import all_properties
