@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .api import SetupError, assert_conforms, check
 from .assertions import assert_identical, assert_matches_reference, assert_within_bound
+from .bounds import reference_bound, weights_bound
 from .declaration import (
     KernelDeclaration,
     LinearClaim,
@@ -20,7 +21,6 @@ from .declaration import (
 from .failures import KernelRaised, PropertyFailure
 from .kernel import KernelUnderTest, Problem
 from .loading import KernelLoadError, load_kernel
-from .oracle import reference_bound, weights_bound
 from .runner import PROFILES, Report, Verdict
 
 __all__ = [

@@ -40,24 +40,24 @@ class CallObserver:
 
 
 class CallGuard:
-    """What wraps ``kernel.call``: see :func:`guard_calls`."""
+    """What wraps ``kernel.call_raw``: see :func:`guard_calls`."""
 
     def __init__(self, kernel: KernelUnderTest) -> None:
         self.kernel = kernel
         self.observer: CallObserver | None = None
         self.interrupt_is_the_kernels = False
         self.memory_note = ""
-        self.problem: Problem | None = None  # the inputs of the invoke() under way
-        self._call, self._invoke = kernel.call, kernel.invoke
+        self.problem: Problem | None = None  # the inputs of the call_on() under way
+        self._call, self._invoke = kernel.call_raw, kernel.call_on
 
-    def invoke(self, problem: Problem) -> tuple[Any, Any]:
+    def call_on(self, problem: Problem) -> tuple[Any, Any]:
         self.problem = problem
         try:
             return self._invoke(problem)
         finally:
             self.problem = None
 
-    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def call_raw(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         problem = self.problem
         if self.observer is not None:
             description = self.kernel.describe(problem) if problem is not None else (
@@ -94,14 +94,14 @@ class CallGuard:
 def guard_calls(kernel: KernelUnderTest) -> CallGuard:
     """Put every call of ``kernel`` under a :class:`CallGuard` (once) and return it.
 
-    The guard wraps this instance's ``call`` (which every call goes through) and
-    ``invoke`` (which knows the :class:`Problem`, for messages).  Configure it through the
+    The guard wraps this instance's ``call_raw`` (which every call goes through) and
+    ``call_on`` (which knows the :class:`Problem`, for messages).  Configure it through the
     returned object: ``observer``, ``interrupt_is_the_kernels``, ``memory_note``.
     """
     existing = kernel.__dict__.get("call_guard")
     if isinstance(existing, CallGuard):
         return existing
     guard = CallGuard(kernel)
-    kernel.call, kernel.invoke = guard.call, guard.invoke  # type: ignore[method-assign]
+    kernel.call_raw, kernel.call_on = guard.call_raw, guard.call_on  # type: ignore[method-assign]
     kernel.call_guard = guard  # type: ignore[attr-defined]
     return guard

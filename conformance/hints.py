@@ -77,7 +77,7 @@ def class_target_hint(obj: Any, target: str) -> str | None:
 
 def _matches(out: np.ndarray, problem: Problem, kernel: KernelUnderTest) -> bool:
     """The kernel's ``out`` lies within TOL-2 of the definition for ``problem``."""
-    from .oracle import reference_bound
+    from .bounds import reference_bound
 
     bound = reference_bound(problem, kernel.declaration)
     expected, tolerance = np.asarray(bound.out), np.asarray(bound.out_tolerance)
@@ -107,7 +107,7 @@ def _run(kernel: KernelUnderTest, problem: Problem) -> np.ndarray | None:
     from .failures import KernelExited
 
     try:
-        return kernel.run(problem)
+        return kernel.output(problem)
     except (Exception, KernelExited):
         return None
 

@@ -234,7 +234,7 @@ class KernelUnderTest:
             for name, (value, source) in keyword_sources(self.declaration, problem).items()}
         return args, keywords
 
-    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def call_raw(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The kernel's raw result (backend arrays), exactly as it returned it."""
         return self.fn(*args, **kwargs)
 
@@ -295,12 +295,12 @@ class KernelUnderTest:
                     f"on the backend it returns (--backend {_library_of(x)})")
         return ""
 
-    def invoke(self, problem: Problem) -> KernelOutputs:
+    def call_on(self, problem: Problem) -> KernelOutputs:
         """(out, weights or None) as backend arrays, the log-sum-exp (or None) as ``.lse``;
         a kernel exception becomes a failure."""
         reject_avoided(problem, self.declaration)  # a re-run drawing around a clause
         try:
-            result = self.call(*self.arguments(problem))
+            result = self.call_raw(*self.arguments(problem))
         except Exception as exc:
             raise KernelRaised(
                 f"kernel raised {type(exc).__name__}: {str(exc)[:300]}", problem, self,
@@ -312,24 +312,24 @@ class KernelUnderTest:
         """A backend array as float64 NumPy."""
         return self.backend.to_numpy(x).astype(np.float64)
 
-    def run(self, problem: Problem) -> np.ndarray:
+    def output(self, problem: Problem) -> np.ndarray:
         """The kernel's output for ``problem`` as float64 NumPy."""
-        return self.numpy(self.invoke(problem)[0])
+        return self.numpy(self.call_on(problem)[0])
 
-    def run_with_lse(self, problem: Problem) -> tuple[np.ndarray, np.ndarray, str]:
+    def output_with_lse(self, problem: Problem) -> tuple[np.ndarray, np.ndarray, str]:
         """Output and log-sum-exp as float64 NumPy, and the log-sum-exp's dtype name (the
         kernel declares ``returns_lse``)."""
-        outputs = self.invoke(problem)
+        outputs = self.call_on(problem)
         dtype = str(outputs.lse.dtype).rsplit(".", 1)[-1]
         return self.numpy(outputs[0]), self.numpy(outputs.lse), dtype
 
-    def run_with_weights(self, problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    def output_with_weights(self, problem: Problem) -> tuple[np.ndarray, np.ndarray]:
         """Output and weights; weights are observed through V = I when not returned."""
         if self.declaration.returns_weights:
-            out, weights = self.invoke(problem)
+            out, weights = self.call_on(problem)
             return self.numpy(out), self.numpy(weights)
         weights = self.run(identity_values(problem))
-        return self.run(problem), weights
+        return self.output(problem), weights
 
 
 def _type_name(x: Any) -> str:

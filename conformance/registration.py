@@ -62,10 +62,6 @@ class Property:
         """The clause's level in the spec (CONF-1, CONF-2): MUST decides conformance."""
         return spec_clause(self.clause).level
 
-    @property
-    def summary(self) -> str:
-        return (self.check.__doc__ or "").strip().splitlines()[0] if self.check.__doc__ else ""
-
 
 REGISTRY: dict[str, Property] = {}
 

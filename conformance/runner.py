@@ -27,7 +27,7 @@ from .values import COMBINATIONS
 
 # Cost caps per example (sizes.problem_cost, ~ B Hq Lq Lk (E + Ev + 320)), set so that the
 # default profile of PyTorch's SDPA takes about a quarter of its budget (measured with the
-# row-chunked TOL-2 oracle; docs/checking-your-kernel.md).  BLOCKS_COST fits one head of
+# row-chunked TOL-2 bound; docs/checking-your-kernel.md).  BLOCKS_COST fits one head of
 # 203 x 203 at E = Ev = 8 or 129 x 129 at 64, decode against 4096 keys at any head dim, or
 # 128 heads of 17 x 17; LONG_COST squares of 523 at E = Ev = 64, cross shapes of 129 x 4096;
 # the huge stratum one head of max_len x max_len at E = Ev = 128 (huge_cost: 2^33.2 at
@@ -130,10 +130,6 @@ class Verdict:
     cause: str = ""
     # what the re-run drawing around other clauses' inputs showed, in words
     drawn_around: str = ""
-
-    @property
-    def failed_conformance(self) -> bool:
-        return self.status == FAILED
 
 
 @dataclass

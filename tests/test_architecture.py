@@ -39,7 +39,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "adapters", "adapters.*"))),
     ("problems", tuple(f"conformance.{name}" for name in (
         "kernel", "failures", "input_features", "sizes", "shape_pool", "values", "anchors",
-        "strategies", "oracle", "assertions", "packed", "hints", "reproduce",
+        "strategies", "bounds", "assertions", "packed", "hints", "reproduce",
         "call_guard"))),
     ("property helpers", ("conformance.registration", "conformance.properties._helpers")),
     ("properties", ("conformance.properties", "conformance.properties.*")),

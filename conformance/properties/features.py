@@ -17,10 +17,10 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ..assertions import assert_matches_reference, assert_shape, assert_within_bound, first_index
+from ..bounds import lse_bound, reference_bound
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem, identity_values
-from ..oracle import lse_bound, reference_bound
 from ..registration import needs, register
 from ..sizes import refit
 from ..strategies import Dims, draw_dims, draw_problem
@@ -76,7 +76,7 @@ def softcap_bounds_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
     problem = draw_problem(data, kernel, dims=dims, dtype=dtype, magnitude=magnitude,
                            mask="never", bias="never", causal="never", scale="never")
     problem = identity_values(problem.with_(softcap=draw_softcap(data)))
-    weights = kernel.run(problem)
+    weights = kernel.output(problem)
     bound = reference_bound(problem, kernel.declaration)
     tolerance = np.asarray(bound.out_tolerance)
     heaviest = np.max(weights - tolerance, axis=-1)
@@ -144,7 +144,7 @@ def lse_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
     beside it is within TOL-2.  Base 2, the unscaled maximum or scores without the bias
     are outside TOL-5."""
     problem = draw_lse_problem(data, kernel)
-    out, lse, _ = kernel.run_with_lse(problem)
+    out, lse, _ = kernel.output_with_lse(problem)
     assert_lse_matches(kernel, problem, lse)
     assert_matches_reference(kernel, problem, out)
 
@@ -155,7 +155,7 @@ def lse_dtype(kernel: KernelUnderTest, data: st.DataObject) -> None:
     and float32 inputs, float64 for float64 inputs (rounding it to float16 would cost
     more than TOL-2 allows the whole output)."""
     problem = draw_lse_problem(data, kernel, min_queries=1, min_keys=1)
-    _, _, dtype = kernel.run_with_lse(problem)
+    _, _, dtype = kernel.output_with_lse(problem)
     wanted = "float64" if problem.dtype == "float64" else "float32"
     if dtype != wanted:
         raise PropertyFailure(f"lse.dtype={dtype} for {problem.dtype} inputs, but should be "
@@ -200,7 +200,7 @@ def lse_empty_rows(kernel: KernelUnderTest, data: st.DataObject) -> None:
     Lk = 0) has log-sum-exp exactly -inf: not +inf (FlashAttention's unsplit forward), not
     a finite fill, not NaN."""
     problem = _empty_row_problem(data, kernel)
-    _, lse, _ = kernel.run_with_lse(problem)
+    _, lse, _ = kernel.output_with_lse(problem)
     _, bound = lse_bound(problem, kernel.declaration)
     expected = np.asarray(bound.lse)
     assert_shape(lse, expected.shape, "lse", problem, kernel)
@@ -234,7 +234,7 @@ def lse_split_combine(kernel: KernelUnderTest, data: st.DataObject) -> None:
     for keys in (slice(0, split), slice(split, dims.n_keys)):
         part = problem.with_(k=problem.k[..., keys, :], v=problem.v[..., keys, :],
                              mask=_columns(problem.mask, keys), bias=_columns(problem.bias, keys))
-        out, lse, _ = kernel.run_with_lse(part)
+        out, lse, _ = kernel.output_with_lse(part)
         bound, lse_part = lse_bound(part, decl)
         parts.append((out, lse, np.asarray(bound.out_tolerance),
                       np.asarray(lse_part.lse_tolerance)))

@@ -35,12 +35,12 @@ def call_with(
 ) -> tuple[Any, Any]:
     """(out, weights or None) for hand-built backend arguments describing ``problem``.
 
-    Like ``KernelUnderTest.invoke``, a kernel exception becomes a failure that shows the
+    Like ``KernelUnderTest.call_on``, a kernel exception becomes a failure that shows the
     problem (and ``context``, e.g. how the arguments were laid out); used where the
     arguments are views or must be inspected after the call.
     """
     try:
-        result = kernel.call(args, kwargs)
+        result = kernel.call_raw(args, kwargs)
     except Exception as exc:
         raise KernelRaised(
             f"kernel raised {type(exc).__name__}: {str(exc)[:300]}{context}", problem, kernel,
@@ -56,7 +56,7 @@ def output_shape_dtype(kernel: KernelUnderTest, data: st.DataObject) -> None:
     dims = draw_dims(data, kernel)
     for dtype in kernel.dtypes:
         problem = draw_problem(data, kernel, dims=dims, dtype=dtype)
-        out, weights = kernel.invoke(problem)
+        out, weights = kernel.call_on(problem)
         assert_output_shape_and_dtype(kernel, problem, out, weights)
 
 
@@ -77,7 +77,7 @@ def empty_sizes(kernel: KernelUnderTest, data: st.DataObject) -> None:
         batch[axis] = 0
         dims = replace(dims, batch=tuple(batch))
     problem = draw_problem(data, kernel, dims=dims)
-    out, weights = kernel.invoke(problem)
+    out, weights = kernel.call_on(problem)
     assert_output_shapes(kernel, problem, out, weights)
 
 
@@ -204,7 +204,7 @@ def layout_independence(kernel: KernelUnderTest, data: st.DataObject) -> None:
     out, _ = call_with(kernel, problem, args, kwargs, f" (input layouts {described})")
     strided = assert_matches_reference(kernel, problem, kernel.numpy(out),
                                        f"out with input layouts {described}")
-    contiguous = kernel.run(problem)
+    contiguous = kernel.output(problem)
     same = (strided == contiguous) | (np.isnan(strided) & np.isnan(contiguous))
     if not same.all():  # SDPA-1.8 (SHOULD, split from SDPA-1.7): reported as a note
         differences = np.abs(strided - contiguous)[~same]

@@ -17,10 +17,10 @@ from ...reference.tolerance import (
     product_coefficient,
 )
 from ..assertions import assert_identical, assert_matches_reference, first_index
+from ..bounds import reference_bound
 from ..failures import PropertyFailure
 from ..input_features import allowed_keys
 from ..kernel import KernelUnderTest, Problem
-from ..oracle import reference_bound
 from ..registration import always, register
 from ..strategies import draw_dtype, draw_problem
 from ..values import LARGEST_FINITE, with_score_magnitude
@@ -72,11 +72,11 @@ def output_in_value_hull(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Each output element lies between the min and max of its V column over the allowed
     keys S(i), widened by TOL-2: the weights are a convex combination (SDPA-7.1)."""
     problem = within_validity(kernel, draw_problem(data, kernel, min_keys=1))
-    out = kernel.run(problem)
+    out = kernel.output(problem)
     allowed = allowed_keys(problem, kernel.declaration)
     low, high = allowed_value_range(allowed, values_per_query(problem))
     # TOL-2 bounds a conforming kernel's distance from the exact output, which lies in
-    # [low, high]; C = 4 includes the float64 oracle's own error (spec/tolerance.md).
+    # [low, high]; C = 4 includes the float64 definition's own error (spec/tolerance.md).
     tolerance = np.asarray(reference_bound(problem, kernel.declaration).out_tolerance)
     rows = allowed.any(axis=-1, keepdims=True)  # rows with no key are SDPA-5.1's business
     inside = (out >= low - tolerance) & (out <= high + tolerance)
@@ -108,7 +108,7 @@ def large_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
     # dtype stays finite here too (the huge problem below tells that overflow apart)
     valid = min(valid, LARGEST_FINITE[dtype] / 4)
     large = within_validity(kernel, with_score_magnitude(kernel, problem, valid))
-    out = kernel.run(large)
+    out = kernel.output(large)
     if max_score_magnitude(large) > EXP_OVERFLOWS:
         if not np.isfinite(out).all():
             raise PropertyFailure(
@@ -118,7 +118,7 @@ def large_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
         _raise_if_exp_underflowed(kernel, large, out)
     assert_matches_reference(kernel, large, out, what="out with large scores (SDPA-7.4)")
     huge = with_score_magnitude(kernel, problem, HUGE_SCORE[dtype])
-    out = kernel.run(huge)
+    out = kernel.output(huge)
     if not np.isfinite(out).all():
         _explain_overflow(kernel, problem, huge, out)
 
@@ -158,7 +158,7 @@ def _explain_overflow(kernel: KernelUnderTest, problem: Problem, huge: Problem,
     largest = LARGEST_FINITE[dtype]
     moderate_limit = min(HUGE_SCORE[dtype], largest / (4 * math.sqrt(head_dim)))
     moderate = with_score_magnitude(kernel, problem, moderate_limit)
-    moderate_out = kernel.run(moderate)
+    moderate_out = kernel.output(moderate)
     if not np.isfinite(moderate_out).all():
         raise PropertyFailure(
             f"{_non_finite(moderate_out, moderate)}, where exp overflows but q k^T does not: "
@@ -186,7 +186,7 @@ def deterministic(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """The same call on the same inputs twice returns identical values (and weights), for
     kernels of every family (a FAVOR+ kernel given the same seed, LIN-4.5)."""
     problem = draw_any_problem(data, kernel)
-    first, second = kernel.invoke(problem), kernel.invoke(problem)
+    first, second = kernel.call_on(problem), kernel.call_on(problem)
     for what, a, b in (("out", first[0], second[0]), ("weights", first[1], second[1])):
         if a is not None:
             assert_identical(kernel.numpy(b), kernel.numpy(a), f"{what} of a second call "

@@ -10,10 +10,10 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ..assertions import assert_identical, assert_within_bound, first_index
+from ..bounds import reference_bound
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem, identity_values
-from ..oracle import reference_bound
 from ..registration import register
 from ..strategies import random_values
 from ._helpers import assert_output_shape_and_dtype, draw_sparse_problem
@@ -35,7 +35,7 @@ def sparse_matches_dense(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Every output lies within TOL-2 of dense attention with the pattern's mask, in q's
     dtype and the spec's output shape (SDPA-1.3)."""
     problem, mask = draw_sparse_problem(kernel, data)
-    raw, _ = kernel.invoke(problem)
+    raw, _ = kernel.call_on(problem)
     assert_output_shape_and_dtype(kernel, problem, raw)
     out = kernel.numpy(raw)
     bound = reference_bound(_dense_equivalent(problem, mask), kernel.declaration)
@@ -47,7 +47,7 @@ def sparse_matches_dense(kernel: KernelUnderTest, data: st.DataObject) -> None:
 def sparse_weights_exactly_zero(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Weights of keys outside S(i) (observed through V = I) are exactly 0, never tiny."""
     problem, mask = draw_sparse_problem(kernel, data, weights=True)
-    weights = kernel.run(identity_values(problem))
+    weights = kernel.output(identity_values(problem))
     leaked = (weights != 0) & ~np.broadcast_to(mask, weights.shape)
     if leaked.any():
         at = first_index(leaked)
@@ -74,9 +74,9 @@ def _outside_row(kernel: KernelUnderTest, data: st.DataObject, replacement: str)
     else:
         changed_k[..., outside, :] = np.nan
         changed_v[..., outside, :] = np.inf
-    before = kernel.run(problem)[..., row, :]
+    before = kernel.output(problem)[..., row, :]
     changed = problem.with_(k=changed_k, v=changed_v)
-    after = kernel.run(changed)[..., row, :]
+    after = kernel.output(changed)[..., row, :]
     assert_identical(after, before, f"out[..., {row}, :] after changing keys/values outside "
                      f"S({row}) to {replacement} values", changed, kernel)
 
