@@ -328,7 +328,7 @@ class KernelUnderTest:
         if self.declaration.returns_weights:
             out, weights = self.call_on(problem)
             return self.numpy(out), self.numpy(weights)
-        weights = self.run(identity_values(problem))
+        weights = self.output(identity_values(problem))
         return self.output(problem), weights
 
 
