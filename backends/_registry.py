@@ -26,7 +26,6 @@ class BackendError(RuntimeError):
 class Adapter:
     name: str
     module: str
-    install_hint: str
     load: Callable[[], ModuleType]
     default_device: Callable[[ModuleType], Any]
     from_numpy: Callable[[ModuleType, Any, Any], Any]
@@ -343,28 +342,28 @@ def _array_test(name: str) -> Callable[[Any], bool]:
 
 ADAPTERS: dict[str, Adapter] = {
     "numpy": Adapter(
-        "numpy", "numpy", "pip install numpy", _load_numpy,
+        "numpy", "numpy", _load_numpy,
         _first_device, _asarray_on, _numpy_to_numpy, _no_bfloat16, _cpu_only,
         _array_test("is_numpy_array"),
     ),
     "array_api_strict": Adapter(
-        "array_api_strict", "array_api_strict", "pip install 'attnspec[strict]'", _load_strict,
+        "array_api_strict", "array_api_strict", _load_strict,
         _first_device, _asarray_on, _strict_to_numpy, _strict_dtypes, _cpu_only,
         _is_strict_array,
     ),
     "torch": Adapter(
-        "torch", "torch", "pip install 'attnspec[torch]'", _load_torch,
+        "torch", "torch", _load_torch,
         _torch_default_device, _torch_from_numpy, _torch_to_numpy, _torch_dtypes, _torch_device,
         _array_test("is_torch_array"),
     ),
     "jax": Adapter(
-        "jax", "jax", "pip install 'attnspec[jax]'", _load_jax,
+        "jax", "jax", _load_jax,
         _jax_default_device, _jax_from_numpy, _jax_to_numpy, _jax_dtypes, _jax_device,
         _array_test("is_jax_array"), _jax_configure, _jax_describe, _jax_missing_dtype,
         compiles_per_shape=True,
     ),
     "cupy": Adapter(
-        "cupy", "cupy", "pip install 'attnspec[cupy]'", _load_cupy,
+        "cupy", "cupy", _load_cupy,
         _cupy_default_device, _cupy_from_numpy, _cupy_to_numpy, _no_bfloat16, _cupy_device,
         _array_test("is_cupy_array"),
     ),

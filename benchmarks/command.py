@@ -78,7 +78,7 @@ def _backend_info(backend: Backend, config: suites.BenchConfig) -> dict[str, Any
 
 def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Measure what ``args`` asks for; returns the document (also written to ``args.out``)."""
-    from .. import __version__
+    from .._version import __version__
 
     unknown = sorted(set(args.sections) - set(SECTIONS))
     if unknown:

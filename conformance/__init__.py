@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .api import SetupError, assert_conforms, check
 from .assertions import assert_identical, assert_matches_reference, assert_within_bound
+from .bounds import reference_bound, weights_bound
 from .declaration import (
     KernelDeclaration,
     LinearClaim,
@@ -18,8 +19,8 @@ from .declaration import (
     declare,
 )
 from .failures import KernelRaised, PropertyFailure
-from .kernel import KernelLoadError, KernelUnderTest, Problem, load_kernel
-from .oracle import reference_bound, weights_bound
+from .kernel import KernelUnderTest, Problem
+from .loading import KernelLoadError, load_kernel
 from .runner import PROFILES, Report, Verdict
 
 __all__ = [

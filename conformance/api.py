@@ -1,10 +1,8 @@
-"""Setting up and running a check; the Python API a kernel project calls from its tests.
+"""The Python API a kernel project calls from its tests, and the one way a check runs.
 
-The CLI, the pytest plugin and :func:`assert_conforms` all go through
-:class:`KernelSetup`: it loads the kernel, adapts its layout and argument names,
-applies the claims, checks that the kernel can be called the way the suite will call
-it (before anything runs), and makes every failure's reproduction snippet rebuild
-exactly that kernel.
+The CLI, the pytest plugin and :func:`assert_conforms` all set the kernel up with
+:class:`~.kernel_setup.KernelSetup` (load, adapt, claims, signature checked before anything
+runs) and validate the run once (:func:`.run_plan.plan_run`); :func:`run` runs it.
 
     >>> from attnspec.conformance import assert_conforms
     >>> assert_conforms(my_attention, backend="torch", bias=True)  # in a test
@@ -12,325 +10,53 @@ exactly that kernel.
 
 from __future__ import annotations
 
-import contextlib
-import inspect
-import os
-import sys
-import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import MISSING, dataclass, field, fields, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
-from ..backends import FLOAT_DTYPE_NAMES, Backend, BackendError, get_backend
-from .claims import Flag, Getter, suite_keywords
-from .declaration import KernelDeclaration, declaration_of
-from .hints import class_target_hint, signature_hints
-from .kernel import KernelLoadError, KernelUnderTest, load_kernel
-from .known_kernels import known_adapter, known_backend
-from .layouts import LAYOUTS, from_layout, rename_arguments
+from ..backends import Backend
+from .isolation import IsolationOptions
+from .jobs import run_properties
+from .kernel import KernelUnderTest
+from .kernel_setup import (  # noqa: F401  (the API's names, documented as api.*)
+    SIZE_FLAGS,
+    KernelSetup,
+    SetupError,
+    setup_notes,
+    size_limits,
+    size_limits_from,
+)
 from .registry import Property
-from .reproduction import LOADER_LINE
+from .report import claim_line, format_table
+from .reproduce import reproduction_file
+from .run_plan import RunPlan, Session, plan_run
 from .runner import (
     FAILED,
     WARNING,
     Report,
     Verdict,
-    hypothesis_settings,
     new_report,
-    select,
 )
 from .side_effects import hypothesis_storage_elsewhere
 from .sizes import SizeLimits
-from .worker import guard_calls
-
-if TYPE_CHECKING:
-    from .isolation import InProcessKernel, IsolatedKernel, IsolationOptions
-    from .jobs import WorkerPool
-
-    Session = IsolatedKernel | InProcessKernel | WorkerPool
 
 Progress = Callable[[Property, "Verdict | None"], None]
 
 
-class SetupError(ValueError):
-    """The check cannot start: bad target, kernel signature, backend, dtype or option.
-
-    The message is one line that says what was wrong and what was expected.
-    """
-
-
-def _name_of(fn: Any) -> str:
-    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
-
-
-def absolute_target(target: str) -> str:
-    """``path/to/file.py:FUNC`` with an absolute path, so a reproduction runs anywhere."""
-    module_part, sep, attribute = target.rpartition(":")
-    if sep and module_part.endswith(".py"):
-        return f"{Path(module_part).resolve()}:{attribute}"
-    return target
-
-
-@contextlib.contextmanager
-def importable_from_working_directory() -> Iterator[None]:
-    """While loading a kernel, ``MODULE:FUNC`` also imports from the working directory
-    (as with ``python -m``); ``sys.path`` is restored afterwards."""
-    cwd = os.getcwd()
-    added = cwd not in sys.path
-    if added:
-        sys.path.insert(0, cwd)
-    try:
-        yield
-    finally:
-        if added and cwd in sys.path:
-            sys.path.remove(cwd)
-
-
-def resolve_backend(backend: str | Backend | None, device: Any = None,
-                    config: Mapping[str, Any] | None = None) -> Backend:
-    """The backend to run on, with library ``config`` applied (see :class:`Backend`);
-    :class:`SetupError` naming it when it is unknown or unusable."""
-    if config:
-        name = backend.name if isinstance(backend, Backend) else backend or get_backend().name
-        where = backend.device if isinstance(backend, Backend) else device
-        try:
-            return Backend(name, where, config=config)
-        except (BackendError, ValueError) as exc:
-            raise SetupError(f"backend {name!r} with {dict(config)}: {exc}") from None
-    if isinstance(backend, Backend):
-        return backend
-    if backend is None and device is None:
-        try:
-            return get_backend()
-        except (BackendError, ValueError) as exc:
-            raise SetupError(f"the default backend is unusable here: {exc}") from None
-    name = backend or get_backend().name
-    try:
-        return Backend(name, device)
-    except (BackendError, ValueError) as exc:
-        on = "" if device is None else f" on device {device!r}"
-        raise SetupError(f"backend {name!r}{on} is unusable here: {exc}") from None
-
-
-def check_signature(fn: Callable[..., Any], declaration: KernelDeclaration, name: str) -> None:
-    """Raise :class:`SetupError` unless ``fn(q, k, v, **keywords)`` binds (SDPA-1.1).
-
-    Kernels without an introspectable signature (C builtins) are let through.
-    """
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return
-    if declaration.family == "rope":
-        try:
-            signature.bind(None, None, **declaration.extra_kwargs)
-        except TypeError as exc:
-            raise SetupError(f"function {name}{signature} cannot be called as fn(x, positions) "
-                             f"({exc}) [ROPE-1]") from None
-        return
-    arrays = (None, None, None)
-    # a packed or KV-cache kernel may take its offsets or cache lengths positionally
-    # (FlashAttention's varlen does): the suite passes them by name
-    given = ({keyword: None for keyword in suite_keywords(declaration)}
-             if declaration.family in ("varlen", "kv-cache") else {})
-    try:
-        signature.bind(*arrays, **given)
-    except TypeError as exc:
-        raise SetupError(
-            f"kernel {name}{signature} cannot be called as fn(q, k, v): it does not accept "
-            f"three positional arrays ({exc}) [SDPA-1.1]"
-        ) from None
-    for keyword, because in suite_keywords(declaration).items():
-        try:
-            signature.bind(*arrays, **{**given, keyword: None})
-        except TypeError:
-            raise SetupError(
-                f"kernel {name}{signature} does not accept the keyword {keyword!r}, which the "
-                f"suite passes because the declaration says {because}"
-            ) from None
-
-
-def _restrict_dtypes(
-    declaration: KernelDeclaration, backend: Backend, wanted: Iterable[str] | None
-) -> KernelDeclaration:
-    available = backend.dtype_names
-    claimed = declaration.dtypes or available
-    if wanted is not None:
-        wanted = tuple(wanted)
-        unknown = [d for d in wanted if d not in FLOAT_DTYPE_NAMES]
-        if unknown or not wanted:
-            raise SetupError(
-                f"dtype {', '.join(unknown) or '(none)'} is not one of "
-                f"{', '.join(FLOAT_DTYPE_NAMES)}"
-            )
-        claimed = tuple(d for d in claimed if d in wanted)
-    usable = tuple(d for d in available if d in claimed)
-    if not usable:
-        asked = claimed if wanted is None else wanted
-        reasons = [f"{d}: {backend.missing_dtype_reason(d)}" for d in asked
-                   if backend.missing_dtype_reason(d)]
-        raise SetupError(
-            f"no dtype to test: the kernel claims {declaration.dtypes or 'every dtype'}, "
-            f"backend {backend.name!r} has {', '.join(available)}"
-            + (f", and only {', '.join(wanted)} was asked for" if wanted is not None else "")
-            + (f" ({'; '.join(reasons)})" if reasons else "")
-        )
-    return replace(declaration, dtypes=usable) if wanted is not None else declaration
-
-
-@dataclass(frozen=True)
-class KernelSetup:
-    """Everything needed to build a :class:`KernelUnderTest` (and to rebuild it elsewhere).
-
-    ``kernel`` is a callable or a ``"MODULE:FUNC"`` / ``"path/to/file.py:FUNC"`` target;
-    ``layout`` is "bhld" (the spec's) or "blhd" (see :func:`layouts.from_blhd`);
-    ``rename`` maps spec keywords to the kernel's (see :func:`layouts.rename_arguments`);
-    ``dtypes`` restricts the dtypes tested; ``claims`` override the declaration;
-    ``jax_x64`` sets JAX's process-wide ``jax_enable_x64`` (None: leave it as it is, JAX's
-    default being off, so float64 is then not checked; the report says so).
-    """
-
-    kernel: str | Callable[..., Any]
-    backend: str | Backend | None = None
-    device: str | None = None
-    layout: str = "bhld"
-    rename: Mapping[str, str] = field(default_factory=dict)
-    dtypes: tuple[str, ...] | None = None
-    claims: Mapping[str, Any] = field(default_factory=dict)
-    jax_x64: bool | None = None
-
-    def make_backend(self) -> Backend:
-        """The backend to check on, in the JAX configuration asked for (``jax_x64``);
-        :class:`SetupError` when it is unusable."""
-        backend = self.backend
-        if backend is None and self.device is None:  # a known kernel's own library
-            backend = known_backend(self.kernel)
-        if self.jax_x64 is None:
-            return resolve_backend(backend, self.device)
-        name = backend.name if isinstance(backend, Backend) else backend
-        if (name or get_backend().name) != "jax":
-            raise SetupError(f"jax_x64 (--jax-x64) is a setting of the jax backend, but the "
-                             f"backend is {name or get_backend().name!r}")
-        return resolve_backend(backend, self.device, {"jax_enable_x64": self.jax_x64})
-
-    def prepare(self, backend: Backend | None = None) -> KernelUnderTest:
-        """Load and adapt the kernel; :class:`SetupError` (one line) on any problem.
-
-        ``backend``: one already made by :meth:`make_backend` (a worker process makes it
-        before capping its memory).
-        """
-        if self.layout not in LAYOUTS:
-            raise SetupError(f"layout={self.layout!r}, but should be one of {', '.join(LAYOUTS)}")
-        known = {f.name for f in fields(KernelDeclaration)}
-        unknown = sorted(set(self.claims) - known)
-        if unknown:
-            raise SetupError(
-                f"unknown claim(s) {', '.join(unknown)}; a declaration has "
-                f"{', '.join(sorted(known))}"
-            )
-        backend = backend or self.make_backend()
-        target = absolute_target(self.kernel) if isinstance(self.kernel, str) else None
-        try:
-            if target is not None:
-                with importable_from_working_directory():
-                    fn = load_kernel(target)
-            else:
-                fn = self.kernel
-            if self.layout == "bhld" and not self.rename:  # else the caller adapts it
-                fn = known_adapter(fn)
-            not_a_kernel = class_target_hint(fn, target or _name_of(fn))
-            if not_a_kernel:
-                raise SetupError(not_a_kernel)
-            hints = signature_hints(fn, dict(self.rename))
-            if self.rename:
-                fn = rename_arguments(fn, **self.rename)
-            fn = from_layout(fn, self.layout)
-            declaration = declaration_of(fn, **self.claims)
-        except (KernelLoadError, ValueError, TypeError) as exc:
-            raise SetupError(str(exc)) from None
-        except SystemExit as exc:  # at import: exit status 0 must not read as "conforms"
-            raise SetupError(f"loading kernel {self.kernel!r} called sys.exit({exc.code!r}) "
-                             "(at import?): nothing was checked") from None
-        if declaration.rope is not None and self.layout != "bhld":
-            raise SetupError("a --rope function takes x (B, H, L, d), the spec's layout "
-                             "(ROPE-1): --layout does not apply")
-        if declaration.varlen and self.layout != "bhld":
-            raise SetupError("a --varlen kernel takes packed (total, heads, dim) arrays, "
-                             "FlashAttention's own layout (VARLEN-1): --layout does not apply")
-        declaration = _restrict_dtypes(declaration, backend, self.dtypes)
-        _check_favor_features(declaration)
-        kernel = KernelUnderTest(fn, backend, declaration, target)
-        check_signature(fn, declaration, kernel.target)
-        kernel.setup_hints = hints
-        guard_calls(kernel)
-        return kernel
-
-    def loader_source(self, kernel: KernelUnderTest) -> str:
-        """Python lines that rebuild ``kernel`` as :meth:`prepare` built it."""
-        declaration_names = {"KernelDeclaration", "KernelUnderTest", "load_kernel"}
-        if kernel.declaration.sparse is not None:
-            declaration_names.add("SparseClaim")
-        if kernel.declaration.linear is not None:
-            declaration_names.add("LinearClaim")
-        if kernel.declaration.rope is not None:
-            declaration_names.add("RopeClaim")
-        imports = [f"from attnspec.conformance import {', '.join(sorted(declaration_names))}"]
-        lines = [f"fn = load_kernel({kernel.target!r})"]
-        if self.rename or self.layout != "bhld":
-            imports.append("from attnspec.conformance.layouts import from_layout, rename_arguments")
-        if self.rename:
-            lines.append(f"fn = rename_arguments(fn, **{dict(self.rename)!r})")
-        if self.layout != "bhld":
-            lines.append(f"fn = from_layout(fn, {self.layout!r})")
-        device = "" if self.device is None else f", {self.device!r}"
-        if self.jax_x64 is not None:
-            device += f", config={{'jax_enable_x64': {self.jax_x64!r}}}"
-        lines.append(
-            f"kernel = KernelUnderTest(fn, Backend({kernel.backend.name!r}{device}), "
-            f"{declaration_source(kernel.declaration)}, {kernel.target!r})"
-        )
-        return "\n".join([*imports, *lines])
-
-    def run(
-        self,
-        *,
-        profile: str = "quick",
-        seed: int | None = None,
-        only: Iterable[str] | None = None,
-        skip: Iterable[str] | None = None,
-        strict: bool = False,
-        progress: Progress | None = None,
-        kernel: KernelUnderTest | None = None,
-        limits: SizeLimits | None = None,
-        isolation: IsolationOptions | None = None,
-        jobs: int = 1,
-    ) -> Report:
-        """Run the selected properties (unknown ids and profiles are a SetupError);
-        ``limits`` caps the sizes drawn (see :func:`size_limits`).
-
-        With ``isolation``, the kernel is loaded and run in a supervised worker process
-        (:mod:`.isolation`), in ``jobs`` of them at once when more than one (:mod:`.jobs`:
-        the same verdicts in the same order); otherwise in this one (``kernel``, if given,
-        is used as is).
-        """
-        from .isolation import open_session
-        from .jobs import run_properties
-
-        try:
-            properties = select(only, skip)
-            hypothesis_settings(profile, seed)
-            session = open_session(self, isolation, kernel, jobs)
-        except ValueError as exc:
-            raise SetupError(str(exc)) from None
-        limits = limits or SizeLimits()
-        with hypothesis_storage_elsewhere(), session:
-            report = start_report(session, profile=profile, seed=seed, strict=strict,
-                                  limits=limits)
-            run_properties(session, properties, report, progress, profile=profile, seed=seed,
-                           limits=limits)
-            finish_report(report, session, partial=bool(only or skip))
-        return report
+def run(plan: RunPlan, progress: Progress | None = None,
+        kernel: KernelUnderTest | None = None) -> Report:
+    """Run ``plan`` (see :func:`.run_plan.plan_run`): with ``plan.isolation``, the kernel
+    is loaded and run in a supervised worker process (:mod:`.isolation`), in
+    ``plan.jobs`` of them at once when more than one (:mod:`.jobs`: the same verdicts in
+    the same order); otherwise in this one (``kernel``, if given, is used as is).
+    ``progress`` hears each property start and end."""
+    session = plan.session(kernel)
+    with hypothesis_storage_elsewhere(), session:
+        report = start_report(session, profile=plan.profile, seed=plan.seed,
+                              strict=plan.strict, limits=plan.limits)
+        run_properties(session, list(plan.properties), report, progress,
+                       profile=plan.profile, seed=plan.seed, limits=plan.limits)
+        finish_report(report, session, partial=plan.partial)
+    return report
 
 
 def start_report(session: Session, *, profile: str,
@@ -349,96 +75,11 @@ def finish_report(report: Report, session: Session, *,
                   partial: bool) -> None:
     """Add the hints from probing a kernel that failed (in its worker when isolated) and
     the conformance claim, or why there is none (``partial``: --only/--skip)."""
-    from .report import claim_line
-
     kernel = session.start()
     failures = sum(v.status in (FAILED, WARNING) for v in report.verdicts)
     if failures and not report.incomplete:
         report.hints.extend(session.run_hints(failures))
     report.claim = claim_line(report, kernel.declaration, kernel.dtypes, partial=partial)
-
-
-def _check_favor_features(declaration: KernelDeclaration) -> None:
-    """A FAVOR+ kernel declared with too few features for LIN-6.2's test is a usage error
-    (it would otherwise be a "could not check" failure)."""
-    claim = declaration.linear
-    if claim is None or claim.feature_map != "favor+":
-        return
-    from .favor_bound import favor_usage_error
-    from .properties.linear import FAVOR_TEST_QUERIES
-
-    problem = favor_usage_error(claim.num_features, FAVOR_TEST_QUERIES)
-    if problem:
-        raise SetupError(problem)
-
-
-def setup_notes(kernel: KernelUnderTest) -> list[str]:
-    """What the check changed in the library's settings, the settings it ran in, and the
-    claimed dtypes it could not check, with why (for the report's notes)."""
-    backend = kernel.backend
-    notes = [f"changed {change} for this check (as asked: --jax-x64 / jax_x64)"
-             for change in backend.changes]
-    if backend.settings:
-        notes.append(f"{backend.name} settings: {backend.settings}")
-    claimed = kernel.declaration.dtypes or FLOAT_DTYPE_NAMES
-    for name in claimed:
-        reason = backend.missing_dtype_reason(name)
-        if reason:
-            notes.append(f"{name} is not checked: {reason}")
-    return notes
-
-
-def declaration_source(declaration: KernelDeclaration) -> str:
-    """``KernelDeclaration(...)`` naming only the fields that differ from the defaults."""
-    changed = []
-    for f in fields(declaration):
-        default = f.default_factory() if f.default_factory is not MISSING else f.default
-        value = getattr(declaration, f.name)
-        if value != default:
-            changed.append(f"{f.name}={value!r}")
-    return f"KernelDeclaration({', '.join(changed)})"
-
-
-def with_loader(snippet: str, loader: str) -> str:
-    """``snippet`` (from ``reproduction.snippet``) with its kernel-loading line replaced by
-    ``loader``, so layout, renames, device and claims are reproduced too."""
-    lines = snippet.splitlines()
-    for i, line in enumerate(lines):
-        if line.startswith(LOADER_LINE):
-            return "\n".join([*lines[:i], loader, *lines[i + 1:]])
-    return snippet
-
-
-def size_limits(
-    max_len: int | None = None, max_head_dim: int | None = None,
-    max_batch_heads: int | None = None,
-) -> SizeLimits:
-    """The caps on drawn sizes, defaults where None (4096, 256, 512); a bad value is a
-    :class:`SetupError` naming it."""
-    given = {"max_len": max_len, "max_head_dim": max_head_dim,
-             "max_batch_heads": max_batch_heads}
-    try:
-        return SizeLimits(**{name: value for name, value in given.items() if value is not None})
-    except ValueError as exc:
-        raise SetupError(str(exc)) from None
-
-
-_DEFAULT_LIMITS = SizeLimits()
-#: The size caps, shared by ``attnspec check`` and the pytest plugin (``--attnspec-max-len``
-#: ...); each flag's dest is the :class:`SizeLimits` field it sets.
-SIZE_FLAGS: tuple[Flag, ...] = (
-    Flag("--max-len", f"largest Lq and Lk drawn (default {_DEFAULT_LIMITS.max_len}; larger "
-         "adds longer block boundaries)", type=int, metavar="N"),
-    Flag("--max-head-dim", f"largest head dims E and Ev drawn (default "
-         f"{_DEFAULT_LIMITS.max_head_dim})", type=int, metavar="N"),
-    Flag("--max-batch-heads", f"largest batch x query heads drawn (default "
-         f"{_DEFAULT_LIMITS.max_batch_heads})", type=int, metavar="N"),
-)
-
-
-def size_limits_from(get: Getter) -> SizeLimits:
-    """:func:`size_limits` from the :data:`SIZE_FLAGS` (``get(dest)``, None when not given)."""
-    return size_limits(**{flag.dest: get(flag.dest) for flag in SIZE_FLAGS})
 
 
 def check(
@@ -475,19 +116,12 @@ def check(
     verdicts in the same order.  Bad setup (target, signature, backend, option) raises
     :class:`SetupError`, a ``ValueError``.
     """
-    from .isolation import IsolationOptions
-    from .jobs import parse_jobs
-
-    try:
-        workers = parse_jobs(jobs)
-    except ValueError as exc:
-        raise SetupError(str(exc)) from None
     limits = size_limits(max_len, max_head_dim, max_batch_heads)
     setup = KernelSetup(kernel, backend, device, layout, dict(rename or {}),
                         None if dtypes is None else tuple(dtypes), claims, jax_x64)
     isolation = IsolationOptions() if isolate is True else (isolate or None)
-    return setup.run(profile=profile, seed=seed, only=only, skip=skip, strict=strict,
-                     limits=limits, isolation=isolation, jobs=workers)
+    return run(plan_run(setup, profile=profile, seed=seed, only=only, skip=skip, strict=strict,
+                        limits=limits, isolation=isolation, jobs=jobs))
 
 
 def assert_conforms(kernel: str | Callable[..., Any], **options: Any) -> Report:
@@ -498,18 +132,7 @@ def assert_conforms(kernel: str | Callable[..., Any], **options: Any) -> Report:
     warnings and fail only with ``strict=True``.  Returns the :class:`Report` so a test
     can also look at warnings.
     """
-    from .report import format_table
-
     report = check(kernel, **options)
     if not report.conforms:
         raise AssertionError(format_table(report, full_reproduction_in=reproduction_file))
     return report
-
-
-def reproduction_file(verdict: Verdict) -> str:
-    """Write ``verdict``'s full reproduction to a new file in the temporary directory (one
-    too long to show in a message); returns its path."""
-    fd, path = tempfile.mkstemp(prefix=f"attnspec-{verdict.property}-", suffix=".py")
-    with os.fdopen(fd, "w", encoding="utf-8") as file:
-        file.write(verdict.reproduction)
-    return path

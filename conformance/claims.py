@@ -232,7 +232,7 @@ def _feature_map(name: str) -> str | Callable[..., Any]:
     if ":" not in name:
         raise UsageError(f"--linear {name!r} is neither {', '.join(FEATURE_MAPS)} nor "
                          "MODULE:FUNC")
-    from .kernel import KernelLoadError, load_kernel
+    from .loading import KernelLoadError, load_kernel
 
     try:
         return load_kernel(name)

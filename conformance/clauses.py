@@ -58,6 +58,29 @@ def all_clauses() -> dict[str, Clause]:
     return clauses
 
 
+def _documents_in_reading_order() -> list[Path]:
+    """The spec documents in the order of the document table of spec/index.md (its rows
+    start ``| [dense.md](dense.md) |``); any document it does not list comes last."""
+    listed = re.findall(r"^\| \[([\w-]+\.md)\]\(", (SPEC_DIR / "index.md").read_text(
+        encoding="utf-8"), flags=re.MULTILINE)
+    documents = sorted(SPEC_DIR.glob("*.md"))
+    rank = {name: i for i, name in enumerate(dict.fromkeys(listed))}
+    return sorted(documents, key=lambda path: rank.get(path.name, len(rank)))
+
+
+@functools.cache
+def spec_order() -> dict[str, int]:
+    """Each clause id's position in the spec read in order: documents as spec/index.md
+    lists them, clauses as each document declares them."""
+    clauses = all_clauses()
+    order: dict[str, int] = {}
+    for document in _documents_in_reading_order():
+        for match in _CLAUSE.finditer(document.read_text(encoding="utf-8")):
+            if match["id"] in clauses:
+                order.setdefault(match["id"], len(order))
+    return order
+
+
 def clause(clause_id: str) -> Clause:
     """The clause with this id; KeyError naming the spec documents if there is none."""
     try:

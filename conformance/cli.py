@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import shlex
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -34,12 +33,11 @@ from .api import (
     KernelSetup,
     SetupError,
     finish_report,
-    reproduction_file,
     size_limits_from,
     start_report,
 )
 from .claims import CLAIM_FLAGS, SETUP_FLAGS, Flag, UsageError, comma_list
-from .isolation import SUPERVISION_FLAGS, IsolationOptions, isolation_options, open_session
+from .isolation import SUPERVISION_FLAGS, IsolationOptions, isolation_options
 from .jobs import parse_jobs, run_properties
 from .registry import Property
 from .report_files import (
@@ -49,14 +47,15 @@ from .report_files import (
     sigterm_interrupts,
     still_running,
 )
+from .reproduce import PROGRAM, reproduction_file, rerun_command, rerun_flags
+from .run_plan import plan_run
 from .runner import FAILED, PROFILES, WARNING, Report, Verdict
 from .side_effects import hypothesis_storage_elsewhere, kernel_output_to
 
-PROGRAM = "attnspec"
-DEMO_KERNELS = (
-    # (target, backend or None for the default, claims as CLI flags)
-    ("torch.nn.functional:scaled_dot_product_attention", "torch", ()),
-    ("attnspec.reference:scaled_dot_product_attention", None, ("--bias", "--gqa")),
+DEMO_KERNELS: tuple[tuple[str, str | None, dict[str, Any]], ...] = (
+    # (target, backend or None for the default, claims)
+    ("torch.nn.functional:scaled_dot_product_attention", "torch", {}),
+    ("attnspec.reference:scaled_dot_product_attention", None, {"bias": True, "gqa": True}),
 )
 
 
@@ -166,24 +165,6 @@ def setup_from(args: argparse.Namespace) -> KernelSetup:
                        claims=claims_from(args), **claims.setup_from(lambda d: getattr(args, d)))
 
 
-def rerun_command(target: str, flags: Sequence[str], verdict: Verdict,
-                  seed: int | None) -> str:
-    """The one-line command that reruns just this property, with the same inputs."""
-    tokens = [PROGRAM, "check", target, *flags, "--only", verdict.property]
-    if seed is not None:
-        tokens += ["--seed", str(seed)]
-    return shlex.join(tokens)
-
-
-def rerun_flags(args: argparse.Namespace) -> list[str]:
-    """The flags of this run that matter for a rerun (no --only, --seed or output files)."""
-    tokens: list[str] = []
-    for flag in (*RUN_FLAGS, *DECLARATION_FLAGS):
-        if flag.rerun and flag.option != "--seed":
-            tokens += flag.tokens(getattr(args, flag.dest))
-    return tokens
-
-
 class ProgressDisplay:
     """One line per property on stderr: rewritten in place on a terminal, appended otherwise."""
 
@@ -263,28 +244,24 @@ def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
     with the report marked incomplete (``report.incomplete``).  The kernel's printing
     goes to stderr, ``--kernel-output PATH`` or (``--quiet``) nowhere.
     """
-    from .runner import select
-
-    only, skip = comma_list(args.only), comma_list(args.skip)
-    try:
-        properties = select(only, skip)
-    except ValueError as exc:
-        raise SetupError(str(exc)) from None
-    limits = size_limits_from(lambda dest: getattr(args, dest, None))
-    profile, seed, total = args.profile or "quick", args.seed, len(properties)
-    jobs = jobs_from(args)
+    plan = plan_run(setup, profile=args.profile or "quick", seed=args.seed,
+                    only=comma_list(args.only), skip=comma_list(args.skip),
+                    strict=args.strict,
+                    limits=size_limits_from(lambda dest: getattr(args, dest, None)),
+                    isolation=isolation_from(args), jobs=jobs_from(args))
+    profile, seed, total = plan.profile, plan.seed, len(plan.properties)
     quiet = getattr(args, "quiet", False)
     display = None if quiet else ProgressDisplay(total, sys.stderr, label)
     with contextlib.ExitStack() as stack:
         stack.enter_context(kernel_output_to(_kernel_output(args, stack)))
         stack.enter_context(hypothesis_storage_elsewhere())
-        session = stack.enter_context(open_session(setup, isolation_from(args), jobs=jobs))
-        report = start_report(session, profile=profile, seed=seed, strict=args.strict,
-                              limits=limits)
+        session = stack.enter_context(plan.session())
+        report = start_report(session, profile=profile, seed=seed, strict=plan.strict,
+                              limits=plan.limits)
         target = report.kernel
 
         def rerun(verdict: Verdict) -> str:
-            return rerun_command(target, flags, verdict, seed)
+            return rerun_command(target, flags, verdict.property, seed)
 
         if files is not None:  # replaces any report of an earlier run at once
             files.write(report, rerun, incomplete=still_running(0, total))
@@ -297,12 +274,12 @@ def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
                 files.write(report, rerun, incomplete=still_running(done, total))
 
         try:
-            run_properties(session, properties, report, progress, profile=profile, seed=seed,
-                           limits=limits)
+            run_properties(session, list(plan.properties), report, progress, profile=profile,
+                           seed=seed, limits=plan.limits)
         except KeyboardInterrupt as exc:
             report.incomplete = interruption(exc, len(report.verdicts), total)
             print(f"\n{PROGRAM}: {report.incomplete}", file=sys.stderr)
-        finish_report(report, session, partial=bool(only or skip))
+        finish_report(report, session, partial=plan.partial)
     return report, rerun
 
 
@@ -324,7 +301,8 @@ def command_check(args: argparse.Namespace) -> int:
 
     files = report_files(args)
     setup = setup_from(args)
-    report, rerun = _run_one(setup, args, rerun_flags(args), files=files)
+    flags = rerun_flags((*RUN_FLAGS, *DECLARATION_FLAGS), lambda dest: getattr(args, dest))
+    report, rerun = _run_one(setup, args, flags, files=files)
     files.write(report, rerun)
     # a reproduction too long to show is in the JSON report, or else in a file of its own
     where = f"the JSON report {args.json}" if args.json else reproduction_file
@@ -370,27 +348,27 @@ def command_demo(args: argparse.Namespace) -> int:
     Exit 0 when every failure is a confirmed divergence written up in docs/divergences.md.
     """
     from ..backends import Backend, BackendError
-    from .known_kernels import known_divergences
+    from .known_kernels import target_write_ups
     from .report import format_table
     from .runner import FAILED, WARNING
 
     worst = 0
-    for target, backend, flags in DEMO_KERNELS:
+    for target, backend, claimed in DEMO_KERNELS:
         if backend is not None:
             try:
                 Backend(backend)
             except BackendError as exc:
                 print(f"skipping {target}: {exc}\n")
                 continue
-        claims = {"bias": True, "gqa": True} if "--bias" in flags else {}
-        setup = KernelSetup(target, backend, claims=claims)
+        setup = KernelSetup(target, backend, claims=claimed)
         backend_flags = ["--backend", backend] if backend else []
-        report, rerun = _run_one(setup, args, [*backend_flags, *flags],
+        claim_flags = rerun_flags(CLAIM_FLAGS, claimed.get)
+        report, rerun = _run_one(setup, args, [*backend_flags, *claim_flags],
                                  label=f"{target.rpartition(':')[0]}: ")
         print(format_table(report, rerun=rerun, full_reproduction_in=reproduction_file))
         if report.incomplete:
             return 2
-        explained = known_divergences(setup.prepare().fn)
+        explained = target_write_ups(target)  # by name: the kernel is not loaded again
         unexplained = [v.property for v in report.verdicts
                        if v.status == FAILED and v.property not in explained]
         for verdict in report.verdicts:

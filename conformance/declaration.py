@@ -134,8 +134,7 @@ def infer_declaration(fn: Callable[..., Any]) -> KernelDeclaration:
 
 
 def declaration_of(fn: Callable[..., Any], **overrides: Any) -> KernelDeclaration:
-    """The kernel's declaration: attached, known (see ``known_kernels``), or inferred."""
-    from .known_kernels import known_declaration
+    """The kernel's declaration: attached, known (:func:`known_declaration`), or inferred."""
 
     declaration = getattr(fn, ATTRIBUTE, None)
     if declaration is None:
@@ -145,3 +144,37 @@ def declaration_of(fn: Callable[..., Any], **overrides: Any) -> KernelDeclaratio
     if not isinstance(declaration, KernelDeclaration):
         raise TypeError(f"{ATTRIBUTE} of the kernel should be a KernelDeclaration")
     return replace(declaration, **overrides) if overrides else declaration
+
+
+def torch_sdpa_declaration() -> dict[str, Any]:
+    """What ``torch.nn.functional.scaled_dot_product_attention`` documents, as claims."""
+    # float attn_mask is an additive bias and a bool one a mask, through one argument;
+    # attn_mask together with is_causal=True raises, so that combination is not claimed.
+    return {
+        "mask_keyword": "attn_mask",
+        "bias": True,
+        "bias_keyword": "attn_mask",
+        "mask_and_causal": False,
+        "gqa": True,
+        "gqa_keyword": "enable_gqa",
+        "extra_kwargs": {"dropout_p": 0.0},
+    }
+
+
+def _torch_sdpa() -> KernelDeclaration:
+    return KernelDeclaration(**torch_sdpa_declaration())
+
+
+_KNOWN: dict[str, Callable[[], KernelDeclaration]] = {
+    "torch.nn.functional.scaled_dot_product_attention": _torch_sdpa,
+    "torch._C._nn.scaled_dot_product_attention": _torch_sdpa,
+}
+
+
+def qualified_name(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', None) or ''}.{getattr(fn, '__qualname__', '')}"
+
+
+def known_declaration(fn: Any) -> KernelDeclaration | None:
+    factory = _KNOWN.get(qualified_name(fn))
+    return None if factory is None else factory()

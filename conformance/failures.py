@@ -1,4 +1,8 @@
-"""Failure reports that show the inputs, the measured error, the clause and a reproduction."""
+"""Failure reports that show the inputs, the measured error and the clause.
+
+The reproduction of a failure is written on demand by :func:`.reproduce.failure_snippet`
+(while Hypothesis shrinks, most failures are never reported, and realistic inputs are large).
+"""
 
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ class PropertyFailure(AssertionError):
         self.finding = finding = _NUMPY_SCALAR.sub(r"\2", finding)
         self.problem = problem
         self.hint = hint
-        self._kernel = kernel
+        self.kernel = kernel  # what the reproduction (reproduce.failure_snippet) calls
         self.counterexample = (
             "" if problem is None else kernel.describe(problem) if kernel is not None
             else problem.describe()
@@ -36,17 +40,6 @@ class PropertyFailure(AssertionError):
         if self.counterexample:
             message += f"\n  inputs: {self.counterexample}"
         super().__init__(message)
-
-    @property
-    def reproduction(self) -> str:
-        """Python that rebuilds the inputs and calls the kernel, written on demand: while
-        Hypothesis shrinks, most failures are never reported, and realistic inputs are
-        large."""
-        if self.problem is None or self._kernel is None:
-            return ""
-        from .reproduction import snippet
-
-        return snippet(self.problem, self._kernel, self.finding)
 
 
 def distinct(found: float, expected: float) -> tuple[str, str]:

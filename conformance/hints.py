@@ -77,7 +77,7 @@ def class_target_hint(obj: Any, target: str) -> str | None:
 
 def _matches(out: np.ndarray, problem: Problem, kernel: KernelUnderTest) -> bool:
     """The kernel's ``out`` lies within TOL-2 of the definition for ``problem``."""
-    from .oracle import reference_bound
+    from .bounds import reference_bound
 
     bound = reference_bound(problem, kernel.declaration)
     expected, tolerance = np.asarray(bound.out), np.asarray(bound.out_tolerance)
@@ -107,7 +107,7 @@ def _run(kernel: KernelUnderTest, problem: Problem) -> np.ndarray | None:
     from .failures import KernelExited
 
     try:
-        return kernel.run(problem)
+        return kernel.output(problem)
     except (Exception, KernelExited):
         return None
 
@@ -150,22 +150,6 @@ def mask_convention(kernel: KernelUnderTest, problem: Problem,
                 f"declare it as an additive bias: --bias-keyword {keyword} --no-mask (the "
                 f"suite then passes 0 / -inf float masks in {keyword})")
     return None
-
-
-def raised_hint(exc: BaseException, kernel: KernelUnderTest) -> str:
-    """A hint for an exception the kernel raised: a keyword it does not take (for kernels
-    whose signature the pre-flight could not read), or a tuple/shape mismatch."""
-    import re
-
-    from .claims import suite_keywords
-
-    match = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
-    if match:
-        because = suite_keywords(kernel.declaration).get(match.group(1))
-        if because:
-            return (f"the kernel does not take {match.group(1)}=, which the suite passes "
-                    f"because the declaration says {because}")
-    return ""
 
 
 def run_hints(kernel: KernelUnderTest, layout: str, failures: int) -> list[str]:

@@ -6,7 +6,7 @@ linearity and accuracy properties alike).  Each :class:`InputFeature` names such
 the clause that governs them and how to tell them in a :class:`~.kernel.Problem`.  The
 runner re-runs a failed property with the features of its minimal case that belong to
 other failed (or waived) clauses left out of the draws (``SizeLimits.avoid``, honoured by
-:mod:`.strategies` and, for problems a property builds itself, by :func:`reject_avoided`
+:mod:`.strategies` and, for problems a property builds itself, by :func:`.kernel.reject_avoided`
 on every kernel call); see :mod:`.root_causes`.
 
 The clauses come from the spec (spec/dense.md) and the claims table (conformance/claims.py:
@@ -157,25 +157,6 @@ def governed_by(clauses: Iterable[str]) -> list[str]:
     """The features the ``clauses`` govern."""
     chosen = set(clauses)
     return [row.name for row in FEATURES if row.clause in chosen]
-
-
-def avoided_now() -> tuple[str, ...]:
-    """The features the current draw must avoid (``SizeLimits.avoid`` of the running
-    stratum; none outside a run)."""
-    from . import sizes
-
-    return sizes.current().limits.avoid
-
-
-def reject_avoided(problem: Problem, declaration: KernelDeclaration) -> None:
-    """Discard the current example (as Hypothesis' ``reject()``) when ``problem`` has a feature
-    the run avoids: the one hook every kernel call goes through, so a problem a property
-    builds itself is drawn around too."""
-    avoid = avoided_now()
-    if avoid and any(BY_NAME[name].present(problem, declaration) for name in avoid):
-        from hypothesis.errors import UnsatisfiedAssumption
-
-        raise UnsatisfiedAssumption  # what hypothesis.reject() raises, here outside a test too
 
 
 def describe(names: Iterable[str]) -> str:

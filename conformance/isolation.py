@@ -2,7 +2,7 @@
 
 The check's own process (the supervisor) never imports the kernel.  It starts a worker
 (:mod:`.worker`, a fresh interpreter with the same ``sys.path``), sends it the
-:class:`~.api.KernelSetup`, and asks it for one whole property at a time; the worker
+:class:`~.kernel_setup.KernelSetup`, and asks it for one whole property at a time; the worker
 answers with the :class:`~.runner.Verdict`.  While a property runs, the worker reports
 the start and return of every kernel call with the inputs of that call, so that:
 
@@ -18,11 +18,11 @@ The worker also caps its address space (``memory_limit_gib``), so a kernel that 
 50 GB gets a ``MemoryError`` (a FAILED verdict) instead of exhausting the machine.  The
 hints that probe a failing kernel (:func:`.hints.run_hints`) run in the worker too, under
 the same watch; the supervisor never calls the kernel.  The worker is built from the same
-:class:`~.api.KernelSetup` (declaration, layout, renames, dtypes, JAX's ``jax_x64``), and
-its printing goes where the supervisor routes the kernel's output
+:class:`~.kernel_setup.KernelSetup` (declaration, layout, renames, dtypes, JAX's
+``jax_x64``), and its printing goes where the supervisor routes the kernel's output
 (:func:`.side_effects.kernel_output_to`: stderr, ``--kernel-output PATH`` or nowhere).
 
-:func:`open_session` gives the same interface for an in-process run (``--no-isolate``),
+:class:`InProcessKernel` gives the same interface for an in-process run (``--no-isolate``),
 where a debugger can step into the kernel and nothing is protected.  The unit of work is
 a whole property, so several workers can later share a list of properties.
 """
@@ -46,19 +46,20 @@ from typing import TYPE_CHECKING, Any
 
 from ..backends import Backend
 from ..backends._registry import compilation_cache_variables
-from .api import KernelSetup, SetupError, with_loader
 from .claims import Flag, Getter, UsageError
 from .declaration import KernelDeclaration
 from .failures import PropertyFailure
 from .hints import run_hints
 from .kernel import KernelUnderTest, Problem, describe_inputs, load_kernel
+from .kernel_setup import KernelSetup, SetupError, setup_notes
 from .registry import Property
+from .reproduce import loader_source
 from .runner import PROFILES, Verdict, _failed_verdict, run_property
 from .side_effects import kernel_output_fd
 from .sizes import SizeLimits
 
 if TYPE_CHECKING:
-    from .jobs import WorkerPool
+    pass
 
 DEFAULT_TIMEOUT = 60.0  # s per kernel call: JAX/XLA compiles a new shape in a few seconds
 DEFAULT_MEMORY_LIMIT_GIB = 16.0  # beyond the loaded backend; quick problems need megabytes
@@ -158,8 +159,6 @@ class KernelInfo:
 
     @classmethod
     def of(cls, kernel: KernelUnderTest, loader: str, memory_note: str) -> KernelInfo:
-        from .api import setup_notes
-
         declaration = kernel.declaration
         linear = declaration.linear
         if linear is not None and callable(linear.feature_map):
@@ -229,8 +228,6 @@ def worker_threads(jobs: int, environ: Mapping[str, str] | None = None) -> dict[
     (default this process's): every THREAD_VARIABLES set to max(1, CPUs // jobs), and
     WORKER_THREADS to the same count; nothing when ``environ`` sets any of them (the
     user's choice stands)."""
-    from .jobs import available_cpus
-
     environ = os.environ if environ is None else environ
     if any(name in environ for name in THREAD_VARIABLES):
         return {}
@@ -368,7 +365,7 @@ class IsolatedKernel:
                     worker.process.kill()
 
     def setup_notes(self) -> tuple[str, ...]:
-        """What the worker's backend changed and could not check (see ``api.setup_notes``)."""
+        """What the worker's backend changed and could not check (``setup_notes``)."""
         return self.start().setup_notes
 
     def _spawn(self) -> tuple[_Worker, KernelInfo]:
@@ -495,7 +492,6 @@ class IsolatedKernel:
               kernel: KernelInfo) -> Verdict:
         verdict = _failed_verdict(prop, PropertyFailure(finding, call.problem, kernel))  # type: ignore[arg-type]
         verdict.counterexample = verdict.counterexample or call.description
-        verdict.reproduction = with_loader(verdict.reproduction, kernel.loader)
         verdict.seconds = time.perf_counter() - started
         return verdict
 
@@ -528,42 +524,28 @@ class InProcessKernel:
     def start(self) -> KernelUnderTest:
         if self.kernel is None:
             self.kernel = self.setup.prepare()
-        self._loader = self._loader or self.setup.loader_source(self.kernel)
+        if not self._loader:  # a kernel given ready-made is reproduced as this setup builds it
+            self._loader = self.kernel.loader = loader_source(self.setup, self.kernel)
         return self.kernel
 
     def close(self) -> None:
         pass
 
     def setup_notes(self) -> list[str]:
-        from .api import setup_notes
-
         return setup_notes(self.start())
 
     def run_property(self, prop: Property, *, profile: str, seed: int | None,
                      limits: SizeLimits | None = None) -> Verdict:
-        verdict = run_property(prop, self.start(), profile=profile, seed=seed, limits=limits)
-        verdict.reproduction = with_loader(verdict.reproduction, self._loader)
-        return verdict
+        return run_property(prop, self.start(), profile=profile, seed=seed, limits=limits)
 
     def run_hints(self, failures: int) -> list[str]:
         """``hints.run_hints``: probes the kernel, here in this process."""
         return run_hints(self.start(), self.setup.layout, failures)
 
 
-def open_session(
-    setup: KernelSetup, isolation: IsolationOptions | None,
-    kernel: KernelUnderTest | None = None, jobs: int = 1,
-) -> IsolatedKernel | InProcessKernel | WorkerPool:
-    """Isolated when ``isolation`` is given (then ``kernel`` must be None), in ``jobs``
-    worker processes when more than one (:mod:`.jobs`); else in-process."""
-    from .jobs import WorkerPool
-
-    if isolation is None:
-        if jobs != 1:
-            raise ValueError(f"jobs={jobs!r} needs worker processes, but the kernel runs in "
-                             "this process (--no-isolate, isolate=False): use jobs=1")
-        return InProcessKernel(setup, kernel)
-    if kernel is not None:
-        raise ValueError("kernel=, a kernel loaded in this process, cannot run isolated; "
-                         "pass isolation=None")
-    return WorkerPool(setup, isolation, jobs) if jobs > 1 else IsolatedKernel(setup, isolation)
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

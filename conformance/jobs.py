@@ -1,7 +1,7 @@
 """Running properties in several supervised worker processes at once (``--jobs N``).
 
 A :class:`WorkerPool` is ``N`` :class:`~.isolation.IsolatedKernel` sessions over one
-:class:`~.api.KernelSetup`: each keeps its own worker process, restarts it after a crash,
+:class:`~.kernel_setup.KernelSetup`: each keeps its own worker process, restarts it after a crash,
 exit or hang and attributes that to the property it was running, exactly as a single
 isolated run does.  :func:`run_in_parallel` hands the properties out one at a time, in
 their order, to whichever worker is free, from one supervisor thread per worker (the
@@ -25,31 +25,24 @@ each.  Parallel runs need worker processes: ``--no-isolate`` runs one property a
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from .isolation import InProcessKernel, IsolatedKernel, available_cpus
+from .kernel import KernelUnderTest
 from .runner import Report, Verdict, run_each
 
 if TYPE_CHECKING:
-    from .api import KernelSetup
-    from .isolation import InProcessKernel, IsolatedKernel, IsolationOptions, KernelInfo
+    from .isolation import IsolationOptions, KernelInfo
+    from .kernel_setup import KernelSetup
     from .registry import Property
     from .sizes import SizeLimits
 
 Progress = Callable[["Property", "Verdict | None"], None]
 AUTO = "auto"
 _JOIN_GRACE = 5.0  # s an aborted worker's thread gets to notice that its worker is gone
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def parse_jobs(value: int | str | None, name: str = "jobs") -> int:
@@ -74,8 +67,6 @@ class WorkerPool:
     ``run_property``, ``run_hints``), with :func:`run_in_parallel` over all of them."""
 
     def __init__(self, setup: KernelSetup, options: IsolationOptions, jobs: int) -> None:
-        from .isolation import IsolatedKernel
-
         if jobs < 1:
             raise ValueError(f"jobs={jobs!r}, but should be at least 1")
         self.sessions = [IsolatedKernel(setup, options, jobs) for _ in range(jobs)]
@@ -206,3 +197,20 @@ def run_properties(
         run_each(chosen, lambda prop: run_one(session, prop), report, progress)
     return draw_around(report, chosen, lambda prop, around: session.run_property(
         prop, profile=profile, seed=seed, limits=around), limits or SizeLimits())
+
+
+def open_session(
+    setup: KernelSetup, isolation: IsolationOptions | None,
+    kernel: KernelUnderTest | None = None, jobs: int = 1,
+) -> IsolatedKernel | InProcessKernel | WorkerPool:
+    """Isolated when ``isolation`` is given (then ``kernel`` must be None), in ``jobs``
+    worker processes when more than one (:mod:`.jobs`); else in-process."""
+    if isolation is None:
+        if jobs != 1:
+            raise ValueError(f"jobs={jobs!r} needs worker processes, but the kernel runs in "
+                             "this process (--no-isolate, isolate=False): use jobs=1")
+        return InProcessKernel(setup, kernel)
+    if kernel is not None:
+        raise ValueError("kernel=, a kernel loaded in this process, cannot run isolated; "
+                         "pass isolation=None")
+    return WorkerPool(setup, isolation, jobs) if jobs > 1 else IsolatedKernel(setup, isolation)

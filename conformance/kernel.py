@@ -1,4 +1,4 @@
-"""Calling a kernel under test: loading it, building its arguments, reading its output.
+"""Calling a kernel under test (loaded by :mod:`.loading`): its arguments and its output.
 
 Properties describe inputs as a :class:`Problem` of NumPy float64 arrays holding values
 exactly representable in the dtype under test; :class:`KernelUnderTest` moves them to
@@ -8,72 +8,22 @@ output back as float64 NumPy.
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import importlib.util
-import sys
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import array_api_compat
 import numpy as np
+from hypothesis.errors import UnsatisfiedAssumption
 
 from ..backends import Backend
+from . import sizes
+from .claims import suite_keywords
 from .declaration import KernelDeclaration, declaration_of
-
-
-class KernelLoadError(ValueError):
-    """``MODULE:FUNC`` or ``path.py:FUNC`` does not name a usable kernel."""
-
-
-@contextlib.contextmanager
-def _on_sys_path(directory: str) -> Iterator[None]:
-    """``directory`` first on ``sys.path`` inside the block (unless it already was there)."""
-    added = directory not in sys.path
-    if added:
-        sys.path.insert(0, directory)
-    try:
-        yield
-    finally:
-        if added and directory in sys.path:
-            sys.path.remove(directory)
-
-
-def load_kernel(target: str) -> Callable[..., Any]:
-    """Import ``MODULE:FUNC`` (dots allowed in FUNC) or ``path/to/file.py:FUNC``."""
-    module_part, sep, attribute = target.rpartition(":")
-    if not sep or not module_part or not attribute:
-        raise KernelLoadError(f"kernel {target!r} should be MODULE:FUNC or path/to/file.py:FUNC")
-    try:
-        if module_part.endswith(".py"):
-            path = Path(module_part)
-            if not path.is_file():
-                raise KernelLoadError(f"kernel file {str(path)!r} does not exist")
-            name = f"attnspec_kernel_{abs(hash(str(path.resolve())))}"
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-            sys.modules[name] = module
-            # the file imports its siblings as when run as a script
-            with _on_sys_path(str(path.resolve().parent)):
-                spec.loader.exec_module(module)  # type: ignore[union-attr]
-        else:
-            module = importlib.import_module(module_part)
-    except KernelLoadError:
-        raise
-    except Exception as exc:
-        raise KernelLoadError(
-            f"module {module_part!r} does not import: {type(exc).__name__}: {exc}"
-        ) from None
-    obj: Any = module
-    for part in attribute.split("."):
-        if not hasattr(obj, part):
-            raise KernelLoadError(f"{module_part!r} has no attribute {attribute!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise KernelLoadError(f"{target!r} is a {type(obj).__name__}, not a callable kernel")
-    return obj
+from .failures import KernelRaised, PropertyFailure
+from .input_features import BY_NAME
+from .loading import load_kernel
 
 
 @dataclass
@@ -227,6 +177,9 @@ class KernelUnderTest:
         self.notes: list[str] = []
         # hints read off the kernel before anything ran (see hints.signature_hints)
         self.setup_hints: list[str] = []
+        # the lines that rebuild this kernel in a reproduction (reproduce.loader_source,
+        # set by KernelSetup.prepare); empty: it is loaded by its target
+        self.loader = ""
 
     def describe(self, problem: Problem) -> str:
         """The inputs of ``problem`` as passed to this kernel (see :func:`describe_inputs`)."""
@@ -281,7 +234,7 @@ class KernelUnderTest:
             for name, (value, source) in keyword_sources(self.declaration, problem).items()}
         return args, keywords
 
-    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def call_raw(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The kernel's raw result (backend arrays), exactly as it returned it."""
         return self.fn(*args, **kwargs)
 
@@ -297,7 +250,6 @@ class KernelUnderTest:
         (``returns_lse``).  A result that is not what SDPA-1.3 asks for (None, a tuple,
         another library's array) is a failure that says so, with the flag to use when it is
         a convention mismatch."""
-        from .failures import PropertyFailure
 
         decl = self.declaration
         expected = ["out", *(["weights"] if decl.returns_weights else []),
@@ -343,18 +295,13 @@ class KernelUnderTest:
                     f"on the backend it returns (--backend {_library_of(x)})")
         return ""
 
-    def invoke(self, problem: Problem) -> KernelOutputs:
+    def call_on(self, problem: Problem) -> KernelOutputs:
         """(out, weights or None) as backend arrays, the log-sum-exp (or None) as ``.lse``;
         a kernel exception becomes a failure."""
-        from .failures import KernelRaised
-        from .input_features import reject_avoided
-
         reject_avoided(problem, self.declaration)  # a re-run drawing around a clause
         try:
-            result = self.call(*self.arguments(problem))
+            result = self.call_raw(*self.arguments(problem))
         except Exception as exc:
-            from .hints import raised_hint
-
             raise KernelRaised(
                 f"kernel raised {type(exc).__name__}: {str(exc)[:300]}", problem, self,
                 hint=raised_hint(exc, self),
@@ -365,24 +312,24 @@ class KernelUnderTest:
         """A backend array as float64 NumPy."""
         return self.backend.to_numpy(x).astype(np.float64)
 
-    def run(self, problem: Problem) -> np.ndarray:
+    def output(self, problem: Problem) -> np.ndarray:
         """The kernel's output for ``problem`` as float64 NumPy."""
-        return self.numpy(self.invoke(problem)[0])
+        return self.numpy(self.call_on(problem)[0])
 
-    def run_with_lse(self, problem: Problem) -> tuple[np.ndarray, np.ndarray, str]:
+    def output_with_lse(self, problem: Problem) -> tuple[np.ndarray, np.ndarray, str]:
         """Output and log-sum-exp as float64 NumPy, and the log-sum-exp's dtype name (the
         kernel declares ``returns_lse``)."""
-        outputs = self.invoke(problem)
+        outputs = self.call_on(problem)
         dtype = str(outputs.lse.dtype).rsplit(".", 1)[-1]
         return self.numpy(outputs[0]), self.numpy(outputs.lse), dtype
 
-    def run_with_weights(self, problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    def output_with_weights(self, problem: Problem) -> tuple[np.ndarray, np.ndarray]:
         """Output and weights; weights are observed through V = I when not returned."""
         if self.declaration.returns_weights:
-            out, weights = self.invoke(problem)
+            out, weights = self.call_on(problem)
             return self.numpy(out), self.numpy(weights)
-        weights = self.run(identity_values(problem))
-        return self.run(problem), weights
+        weights = self.output(identity_values(problem))
+        return self.output(problem), weights
 
 
 def _type_name(x: Any) -> str:
@@ -429,3 +376,24 @@ def identity_values(problem: Problem) -> Problem:
     n_keys = problem.k.shape[-2]
     eye = np.broadcast_to(np.eye(n_keys), (*problem.k.shape[:-1], n_keys))
     return problem.with_(v=np.ascontiguousarray(eye))
+
+
+def raised_hint(exc: BaseException, kernel: KernelUnderTest) -> str:
+    """A hint for an exception the kernel raised: a keyword it does not take (for kernels
+    whose signature the pre-flight could not read), or a tuple/shape mismatch."""
+    match = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+    if match:
+        because = suite_keywords(kernel.declaration).get(match.group(1))
+        if because:
+            return (f"the kernel does not take {match.group(1)}=, which the suite passes "
+                    f"because the declaration says {because}")
+    return ""
+
+
+def reject_avoided(problem: Problem, declaration: KernelDeclaration) -> None:
+    """Discard the current example (as Hypothesis' ``reject()``) when ``problem`` has a feature
+    the run avoids: the one hook every kernel call goes through, so a problem a property
+    builds itself is drawn around too."""
+    avoid = sizes.avoided_now()
+    if avoid and any(BY_NAME[name].present(problem, declaration) for name in avoid):
+        raise UnsatisfiedAssumption  # what hypothesis.reject() raises, here outside a test too

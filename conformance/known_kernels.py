@@ -13,46 +13,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .declaration import KernelDeclaration
-
-
-def torch_sdpa_declaration() -> dict[str, Any]:
-    """What ``torch.nn.functional.scaled_dot_product_attention`` documents, as claims."""
-    # float attn_mask is an additive bias and a bool one a mask, through one argument;
-    # attn_mask together with is_causal=True raises, so that combination is not claimed.
-    return {
-        "mask_keyword": "attn_mask",
-        "bias": True,
-        "bias_keyword": "attn_mask",
-        "mask_and_causal": False,
-        "gqa": True,
-        "gqa_keyword": "enable_gqa",
-        "extra_kwargs": {"dropout_p": 0.0},
-    }
-
-
-def _torch_sdpa() -> KernelDeclaration:
-    return KernelDeclaration(**torch_sdpa_declaration())
-
-
-_KNOWN: dict[str, Callable[[], KernelDeclaration]] = {
-    "torch.nn.functional.scaled_dot_product_attention": _torch_sdpa,
-    "torch._C._nn.scaled_dot_product_attention": _torch_sdpa,
-}
-
-
-def qualified_name(fn: Any) -> str:
-    return f"{getattr(fn, '__module__', None) or ''}.{getattr(fn, '__qualname__', '')}"
-
-
-def known_declaration(fn: Any) -> KernelDeclaration | None:
-    factory = _KNOWN.get(qualified_name(fn))
-    return None if factory is None else factory()
-
+from .declaration import qualified_name
 
 _ADAPTERS = "attnspec.conformance.adapters"
 
@@ -202,7 +166,7 @@ def known_backend(target: Any) -> str | None:
 def known_adapter(fn: Any) -> Any:
     """The declared adapter checked in place of a known library kernel (``fn`` itself
     when it needs none, or is not known)."""
-    from .kernel import load_kernel
+    from .loading import load_kernel
 
     if qualified_name(fn) == _KERAS_OPS:  # whichever backend keras was imported with
         import keras

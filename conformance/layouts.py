@@ -28,8 +28,7 @@ from typing import Any
 import array_api_compat
 
 from ..reference._checks import check_choice, namespace_of, require_ndim_at_least
-from .declaration import ATTRIBUTE, declaration_of, infer_declaration
-from .known_kernels import known_declaration
+from .declaration import ATTRIBUTE, declaration_of, infer_declaration, known_declaration
 
 LAYOUTS = ("bhld", "blhd")
 SPEC_KEYWORDS = ("mask", "bias", "is_causal", "scale")

@@ -113,7 +113,7 @@ def _call(kernel: KernelUnderTest, batch: Batch, args: tuple[Any, ...],
     from .failures import KernelRaised
 
     try:
-        return kernel.call(args, keywords)
+        return kernel.call_raw(args, keywords)
     except Exception as exc:
         raise KernelRaised(f"kernel raised {type(exc).__name__}: {str(exc)[:300]} [call: "
                            f"{batch.describe()}]") from exc

@@ -13,7 +13,6 @@ to the controlling process, which prints the summary and the conformance claim.
 
 from __future__ import annotations
 
-import shlex
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -93,8 +92,8 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     from .api import KernelSetup, SetupError, size_limits_from
     from .claims import UsageError, claims_from, key_values, setup_from
-    from .isolation import isolation_options, open_session
-    from .runner import hypothesis_settings, select
+    from .isolation import isolation_options
+    from .run_plan import plan_run
 
     option = config.getoption
 
@@ -108,15 +107,16 @@ def pytest_configure(config: pytest.Config) -> None:
                             claims=claims, **setup_from(flag_value))
         isolation = isolation_options(option("attnspec_isolate"), flag_value, prefix=PREFIX,
                                       without="they need --attnspec-isolate")
-        properties = select(_ids(option("attnspec_only")), _ids(option("attnspec_skip")))
-        limits = size_limits_from(flag_value)
-        hypothesis_settings(option("attnspec_profile"), option("attnspec_seed"))
-        session = open_session(setup, isolation)
+        plan = plan_run(setup, profile=option("attnspec_profile"), seed=option("attnspec_seed"),
+                        only=_ids(option("attnspec_only")), skip=_ids(option("attnspec_skip")),
+                        limits=size_limits_from(flag_value), isolation=isolation)
+        session = plan.session()
         session.start()  # load the kernel (in its worker when isolated) before collecting
     except (SetupError, UsageError, ValueError) as exc:
         raise pytest.UsageError(f"attnspec: {exc}") from None
-    config.pluginmanager.register(AttnspecSession(config, session, properties, limits),
-                                  "attnspec-session")
+    config.pluginmanager.register(
+        AttnspecSession(config, session, list(plan.properties), plan.limits),
+        "attnspec-session")
 
 
 class AttnspecSession:
@@ -172,20 +172,10 @@ class AttnspecSession:
 
     def rerun(self, verdict: Verdict) -> str:
         """A pytest command that reruns just this property."""
-        option = self.config.getoption
-        tokens = ["pytest", "--attnspec-kernel", self.kernel.target]
-        for name in ("backend", "device", "seed"):
-            if option(f"attnspec_{name}") is not None:
-                tokens += [f"--attnspec-{name}", str(option(f"attnspec_{name}"))]
-        tokens += ["--attnspec-profile", option("attnspec_profile")]
-        if option("attnspec_isolate"):
-            tokens.append("--attnspec-isolate")
-        for flag in _shared_flags():
-            if flag.rerun:
-                tokens += flag.tokens(option(f"{PREFIX}_{flag.dest}"), prefix=PREFIX)
-        for claim in option("attnspec_claim") or ():
-            tokens += ["--attnspec-claim", claim]
-        return shlex.join([*tokens, "--attnspec-only", verdict.property])
+        from .reproduce import pytest_rerun_command
+
+        return pytest_rerun_command(self.kernel.target, self.config.getoption, _shared_flags(),
+                                    PREFIX, verdict.property)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.verdicts:
@@ -253,8 +243,8 @@ class AttnspecItem(pytest.Item):
         self.prop, self.owner = prop, owner
 
     def runtest(self) -> None:
-        from .api import reproduction_file
         from .report import failure_text
+        from .reproduce import reproduction_file
         from .runner import FAILED, NOT_APPLICABLE, WAIVED, WARNING
 
         verdict = self.owner.verdict(self.prop)

@@ -1,95 +1,24 @@
-"""Properties: one per spec clause they check, registered under a stable id."""
+"""The registered properties, in the order of the clauses they check.
+
+Importing :mod:`.properties` registers every property (:mod:`.registration`); this module
+sits above the property modules, so none of them can import it (tests/test_architecture.py).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from .clauses import spec_order
+from .registration import REGISTRY, Property
 
-from .clauses import clause as spec_clause
-from .declaration import KernelDeclaration
-
-# "hypothesis": check(kernel, data) runs once per generated example.
-# "fixed": check(kernel, seed) runs once; statistical checks state their false-failure rate.
-KINDS = ("hypothesis", "fixed")
-
-
-PACKED_FAMILIES = ("varlen", "kv-cache", "rope")  # own calling conventions
-
-
-def always(declaration: KernelDeclaration) -> str | None:
-    """Every family whose kernels take ``fn(q, k, v, ...)`` problems: dense, sparse and
-    linear.  Packed (varlen) and KV-cache kernels have calling conventions of their own
-    and their own properties (spec/features.md)."""
-    if declaration.family in PACKED_FAMILIES:
-        return f"the kernel declares {declaration.family} attention, checked by its own properties"
-    return None
-
-
-def dense_only(declaration: KernelDeclaration) -> str | None:
-    if declaration.family != "dense":
-        return f"the kernel declares {declaration.family} attention, not dense SDPA"
-    return None
-
-
-def needs(*claims: str) -> Callable[[KernelDeclaration], str | None]:
-    """Applicable only to dense kernels with every named boolean claim set."""
-
-    def applies(declaration: KernelDeclaration) -> str | None:
-        reason = dense_only(declaration)
-        if reason:
-            return reason
-        missing = [c for c in claims if not getattr(declaration, c)]
-        return f"the kernel does not claim {', '.join(missing)}" if missing else None
-
-    return applies
-
-
-@dataclass(frozen=True)
-class Property:
-    id: str
-    clause: str
-    kind: str
-    check: Callable[..., None]
-    applies: Callable[[KernelDeclaration], str | None]
-
-    @property
-    def level(self) -> str:
-        """The clause's level in the spec (CONF-1, CONF-2): MUST decides conformance."""
-        return spec_clause(self.clause).level
-
-    @property
-    def summary(self) -> str:
-        return (self.check.__doc__ or "").strip().splitlines()[0] if self.check.__doc__ else ""
-
-
-REGISTRY: dict[str, Property] = {}
-
-
-def register(
-    property_id: str,
-    clause: str,
-    *,
-    kind: str = "hypothesis",
-    applies: Callable[[KernelDeclaration], str | None] = dense_only,
-) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Register ``check`` as property ``property_id`` citing ``clause``."""
-    if kind not in KINDS:
-        raise ValueError(f"kind={kind!r}, but should be one of {KINDS}")
-
-    def decorate(check: Callable[..., Any]) -> Callable[..., Any]:
-        if property_id in REGISTRY:
-            raise ValueError(f"property {property_id!r} is registered twice")
-        if not check.__doc__:
-            raise ValueError(f"property {property_id!r} needs a docstring saying what it proves")
-        REGISTRY[property_id] = Property(property_id, clause, kind, check, applies)
-        return check
-
-    return decorate
+__all__ = ["Property", "all_properties"]
 
 
 def all_properties() -> dict[str, Property]:
-    """Every registered property, importing the property modules on first use."""
+    """Every registered property, in the spec's order of the clauses they check (the order
+    ``attnspec properties`` and the reports list them in); properties of one clause in the
+    order their modules register them."""
     from . import properties  # noqa: F401  (registers on import)
 
-    return REGISTRY
+    order = spec_order()
+    ranked = sorted(enumerate(REGISTRY.values()),
+                    key=lambda item: (order.get(item[1].clause, len(order)), item[0]))
+    return {prop.id: prop for _, prop in ranked}

@@ -11,19 +11,21 @@ import json
 import re
 import textwrap
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from .._version import SPEC_VERSION
 from .claims import claim_features
 from .clauses import clause as spec_clause
 from .declaration import KernelDeclaration
+from .reproduce import Where, reproduction_lines
+from .root_causes import divergences, findings, grouped_findings
 from .runner import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Report, Verdict
 
 Rerun = Callable[[Verdict], str]
 # where a reproduction too long to show is: a description, or a function that puts it
 # somewhere (e.g. a file) and says where
-Where = str | Callable[[Verdict], str]
 MAX_REPRODUCTION = 6000  # characters of a reproduction shown in text
 LABELS = {PASSED: "passed", FAILED: "FAILED", WARNING: "warning", NOT_APPLICABLE: "not applicable",
           WAIVED: "waived"}
@@ -32,8 +34,6 @@ INCOMPLETE_CLAIM = "no conformance claim: the check is incomplete (CONF-6)"
 
 
 def spec_version() -> str:
-    from .. import SPEC_VERSION
-
     return SPEC_VERSION
 
 
@@ -132,39 +132,9 @@ def heading(report: Report) -> str:
     )
 
 
-def _findings(report: Report) -> list[Verdict]:
-    return [v for v in report.verdicts if v.status in (FAILED, WARNING)]
-
-
-# Findings that say what the kernel did on any input (it raised, returned the wrong type)
-# rather than what a property measured: the same one across properties is one cause.
-_ROOT_CAUSES = ("kernel raised ", "the kernel returned ", "out is a", "weights is a",
-                "the property could not check the kernel's result")
-
-
-def _cause(verdict: Verdict) -> tuple[str, ...]:
-    if verdict.detail.startswith(_ROOT_CAUSES):
-        # sizes in the message and a trailing "(context)" differ from property to
-        # property; the cause does not
-        cause = re.sub(r" \([^()]*\)$", "", verdict.detail)
-        return (verdict.status, re.sub(r"\d+", "#", cause), verdict.hint)
-    return (verdict.status, verdict.property)
-
-
-def grouped_findings(report: Report,
-                     verdicts: Iterable[Verdict] | None = None) -> list[list[Verdict]]:
-    """Failures and warnings (of ``verdicts``, default the report's), those that share one
-    root cause (the same exception, the same wrong return type) grouped, in the order
-    they ran."""
-    groups: dict[tuple[str, ...], list[Verdict]] = {}
-    for verdict in _findings(report) if verdicts is None else verdicts:
-        groups.setdefault(_cause(verdict), []).append(verdict)
-    return list(groups.values())
-
-
 def _distinct_groups(report: Report) -> list[list[Verdict]]:
     """:func:`grouped_findings` of the failures that follow from no other clause's."""
-    return grouped_findings(report, [v for v in _findings(report) if not v.cause])
+    return grouped_findings(report, [v for v in findings(report) if not v.cause])
 
 
 def _linked(group: list[Verdict], write_ups: dict[str, str]) -> str:
@@ -178,8 +148,6 @@ def divergence_lines(report: Report, write_ups: dict[str, str] | None = None, *,
     """The distinct divergences, each told in full (with its write-up when a known kernel's
     is confirmed), then the failures that follow from each, folded under their cause with
     the evidence (root_causes.draw_around); nothing is left out."""
-    from .root_causes import divergences
-
     found = divergences(report, write_ups)
     if not found:
         return []
@@ -207,19 +175,6 @@ def divergence_lines(report: Report, write_ups: dict[str, str] | None = None, *,
                          f"with {divergence.clause}'s inputs drawn around:")
             lines.extend(f"    - {evidence}" for evidence in divergence.evidence)
     return lines
-
-
-def _reproduction_lines(verdict: Verdict, max_reproduction: int | None,
-                        full_reproduction_in: Where) -> list[str]:
-    size = len(verdict.reproduction)
-    if not size:
-        return []
-    if max_reproduction is not None and size > max_reproduction:
-        where = (full_reproduction_in(verdict) if callable(full_reproduction_in)
-                 else full_reproduction_in)
-        return [f"  reproduction: {size} characters of literal inputs, too long to show "
-                f"here; it is in {where}"]
-    return ["  reproduction (runs on its own):", textwrap.indent(verdict.reproduction, "    ")]
 
 
 def failure_text(
@@ -250,7 +205,7 @@ def _case_lines(verdict: Verdict, rerun: Rerun | None, max_reproduction: int | N
         lines.append(f"  inputs:  {verdict.counterexample}")
     if rerun is not None:
         lines.append(f"  rerun:   {rerun(verdict)}")
-    return lines + _reproduction_lines(verdict, max_reproduction, full_reproduction_in)
+    return lines + reproduction_lines(verdict, max_reproduction, full_reproduction_in)
 
 
 def group_text(
@@ -312,8 +267,6 @@ def report_dict(report: Report, *, rerun: Rerun | None = None,
     """``Report.to_dict()`` plus the spec version, the verdict counts, rerun commands, the
     findings that share a cause (``findings``) and the distinct divergences with their
     consequences (``divergences``, see :mod:`.root_causes`)."""
-    from .root_causes import divergences
-
     data = report.to_dict()
     data["spec_version"] = spec_version()
     data["counts"] = counts(report)
@@ -383,7 +336,7 @@ def to_junit(report: Report, *, rerun: Rerun | None = None) -> str:
             out = ET.SubElement(case, "system-out")
             out.text = failure_text(verdict, rerun) if verdict.status == WARNING else (
                 verdict.reproduction if len(verdict.reproduction) <= MAX_REPRODUCTION
-                else _reproduction_lines(verdict, MAX_REPRODUCTION,
+                else reproduction_lines(verdict, MAX_REPRODUCTION,
                                          "the JSON report (--json PATH)")[0].strip()
             )
     ET.indent(suites)

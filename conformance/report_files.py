@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from .api import SetupError
+from .kernel_setup import SetupError
 from .runner import Report, Verdict
 
 Rerun = Callable[[Verdict], str]

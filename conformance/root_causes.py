@@ -20,16 +20,30 @@ consequences folded under it; the CLI, the JSON report and the matrix show that 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from .input_features import BY_NAME, describe
-from .runner import FAILED, PASSED, WAIVED, WARNING, Report, Verdict
+from .kernel import KernelUnderTest
+from .runner import (
+    FAILED,
+    PASSED,
+    WAIVED,
+    WARNING,
+    Report,
+    Verdict,
+    hypothesis_settings,
+    new_report,
+    run_each,
+    run_property,
+    select,
+)
+from .sizes import SizeLimits
 
 if TYPE_CHECKING:
     from .registry import Property
-    from .sizes import SizeLimits
 
 Rerun = Callable[["Property", "SizeLimits"], Verdict]
 FINDING = (FAILED, WARNING)
@@ -133,8 +147,6 @@ def divergences(report: Report, write_ups: dict[str, str] | None = None) -> list
     """The report's distinct divergences, in the order they ran, each with the failures
     that follow from it folded in; a waived clause that failures follow from is listed
     first, with status "waived"."""
-    from .report import grouped_findings
-
     write_ups = write_ups or {}
     merged: dict[str, Divergence] = {}
     by_clause: dict[str, Divergence] = {}
@@ -173,3 +185,57 @@ def divergences(report: Report, write_ups: dict[str, str] | None = None) -> list
 
 def consequence_count(found: Sequence[Divergence]) -> int:
     return sum(len(d.consequences) for d in found)
+
+
+def run_all(
+    kernel: KernelUnderTest,
+    *,
+    profile: str = "quick",
+    seed: int | None = None,
+    only: Iterable[str] | None = None,
+    skip: Iterable[str] | None = None,
+    strict: bool = False,
+    progress: Callable[[Property, Verdict | None], None] | None = None,
+    limits: SizeLimits | None = None,
+) -> Report:
+    """Every selected property against ``kernel``; ``progress`` hears each start and end.
+    Failures are then re-run around the other clauses the kernel failed
+    (:func:`.root_causes.draw_around`)."""
+    properties = select(only, skip)
+    hypothesis_settings(profile, seed)  # validate the profile before any work
+    limits = limits or SizeLimits()
+    report = run_each(
+        properties, lambda p: run_property(p, kernel, profile=profile, seed=seed, limits=limits),
+        new_report(kernel, profile=profile, seed=seed, strict=strict, limits=limits), progress)
+    return draw_around(report, properties, lambda p, around: run_property(
+        p, kernel, profile=profile, seed=seed, limits=around), limits)
+
+
+def findings(report: Report) -> list[Verdict]:
+    return [v for v in report.verdicts if v.status in (FAILED, WARNING)]
+
+
+# Findings that say what the kernel did on any input (it raised, returned the wrong type)
+# rather than what a property measured: the same one across properties is one cause.
+_ROOT_CAUSES = ("kernel raised ", "the kernel returned ", "out is a", "weights is a",
+                "the property could not check the kernel's result")
+
+
+def _cause(verdict: Verdict) -> tuple[str, ...]:
+    if verdict.detail.startswith(_ROOT_CAUSES):
+        # sizes in the message and a trailing "(context)" differ from property to
+        # property; the cause does not
+        cause = re.sub(r" \([^()]*\)$", "", verdict.detail)
+        return (verdict.status, re.sub(r"\d+", "#", cause), verdict.hint)
+    return (verdict.status, verdict.property)
+
+
+def grouped_findings(report: Report,
+                     verdicts: Iterable[Verdict] | None = None) -> list[list[Verdict]]:
+    """Failures and warnings (of ``verdicts``, default the report's), those that share one
+    root cause (the same exception, the same wrong return type) grouped, in the order
+    they ran."""
+    groups: dict[tuple[str, ...], list[Verdict]] = {}
+    for verdict in findings(report) if verdicts is None else verdicts:
+        groups.setdefault(_cause(verdict), []).append(verdict)
+    return list(groups.values())

@@ -20,13 +20,14 @@ from .failures import KernelExited, PropertyFailure
 from .input_features import avoided_dtype, features_of
 from .kernel import KernelUnderTest
 from .registry import Property, all_properties
+from .reproduce import failure_snippet
 from .shape_pool import pool_for_run
 from .sizes import SizeLimits, Stratum
 from .values import COMBINATIONS
 
 # Cost caps per example (sizes.problem_cost, ~ B Hq Lq Lk (E + Ev + 320)), set so that the
 # default profile of PyTorch's SDPA takes about a quarter of its budget (measured with the
-# row-chunked TOL-2 oracle; docs/checking-your-kernel.md).  BLOCKS_COST fits one head of
+# row-chunked TOL-2 bound; docs/checking-your-kernel.md).  BLOCKS_COST fits one head of
 # 203 x 203 at E = Ev = 8 or 129 x 129 at 64, decode against 4096 keys at any head dim, or
 # 128 heads of 17 x 17; LONG_COST squares of 523 at E = Ev = 64, cross shapes of 129 x 4096;
 # the huge stratum one head of max_len x max_len at E = Ev = 128 (huge_cost: 2^33.2 at
@@ -130,10 +131,6 @@ class Verdict:
     # what the re-run drawing around other clauses' inputs showed, in words
     drawn_around: str = ""
 
-    @property
-    def failed_conformance(self) -> bool:
-        return self.status == FAILED
-
 
 @dataclass
 class Report:
@@ -196,12 +193,12 @@ def hypothesis_settings(profile: str, seed: int | None, examples: int | None = N
 
 def _failed_verdict(prop: Property, failure: PropertyFailure) -> Verdict:
     level = prop.level
-    kernel = getattr(failure, "_kernel", None)
+    kernel = failure.kernel
     return Verdict(
         property=prop.id, clause=prop.clause, level=level,
         status=FAILED if level == "MUST" else WARNING,
         detail=failure.finding, counterexample=failure.counterexample,
-        reproduction=failure.reproduction, hint=failure.hint,
+        reproduction=failure_snippet(failure), hint=failure.hint,
         features=features_of(failure.problem, getattr(kernel, "declaration", None)),
     )
 
@@ -315,32 +312,6 @@ def select(only: Iterable[str] | None = None, skip: Iterable[str] | None = None)
         )
     skipped = set(skip or ())
     return [registry[p] for p in chosen if p not in skipped]
-
-
-def run_all(
-    kernel: KernelUnderTest,
-    *,
-    profile: str = "quick",
-    seed: int | None = None,
-    only: Iterable[str] | None = None,
-    skip: Iterable[str] | None = None,
-    strict: bool = False,
-    progress: Callable[[Property, Verdict | None], None] | None = None,
-    limits: SizeLimits | None = None,
-) -> Report:
-    """Every selected property against ``kernel``; ``progress`` hears each start and end.
-    Failures are then re-run around the other clauses the kernel failed
-    (:func:`.root_causes.draw_around`)."""
-    from .root_causes import draw_around
-
-    properties = select(only, skip)
-    hypothesis_settings(profile, seed)  # validate the profile before any work
-    limits = limits or SizeLimits()
-    report = run_each(
-        properties, lambda p: run_property(p, kernel, profile=profile, seed=seed, limits=limits),
-        new_report(kernel, profile=profile, seed=seed, strict=strict, limits=limits), progress)
-    return draw_around(report, properties, lambda p, around: run_property(
-        p, kernel, profile=profile, seed=seed, limits=around), limits)
 
 
 def new_report(kernel: Any, *, profile: str, seed: int | None, strict: bool,

@@ -160,7 +160,7 @@ def pooled_dims(data: Any, kernel: Any, draw_dims: Callable[..., Any],
     compiled already)."""
     from dataclasses import replace
 
-    from . import input_features, sizes
+    from . import sizes
 
     drawing = sizes.current()
     assert drawing.pool is not None, "pooled_dims outside a pooled stratum"
@@ -178,7 +178,7 @@ def pooled_dims(data: Any, kernel: Any, draw_dims: Callable[..., Any],
         # what other clauses' failures make draws avoid (GQA, empty rows) changes the
         # members, so a pool drawn before a failure is not reused after it
         key = ("dims", stratum, drawing.limits, kernel.declaration.batch_ndim,
-               kernel.declaration.equal_head_dims, input_features.avoided_now(),
+               kernel.declaration.equal_head_dims, sizes.avoided_now(),
                tuple(sorted(request.items())))
         return drawing.pool.members(
             key, make, lambda dims: sizes.problem_cost(dims, weights=request["weights"],

@@ -339,3 +339,9 @@ def draw_realistic_dims(
                                                  else BATCH))
         sizer.dims = replace(sizer.dims, batch=tuple(batch))
     return sizer.dims
+
+
+def avoided_now() -> tuple[str, ...]:
+    """The features the current draw must avoid (``SizeLimits.avoid`` of the running
+    stratum; none outside a run)."""
+    return current().limits.avoid

@@ -55,7 +55,7 @@ def draw_dims(
     elsewhere it is not consulted, so a caller still makes sure of what it needs.
     """
     use_gqa = kernel.declaration.gqa if gqa is None else gqa
-    use_gqa = use_gqa and input_features.GQA not in input_features.avoided_now()
+    use_gqa = use_gqa and input_features.GQA not in sizes.avoided_now()
     drawing = sizes.current()
     if shape_pool.pooling(data):  # a backend that compiles per shape: a few shapes a run
         options = dict(min_queries=min_queries, min_keys=min_keys, max_len=max_len,
@@ -95,7 +95,7 @@ def within_limitations(kernel: KernelUnderTest, dims: Dims) -> Dims:
     """``dims`` cut to what the kernel declares it can take: Lq = Lk (the shorter, so the
     cost never grows) for ``equal_lengths``, no empty length without ``empty_sizes`` (or
     while a re-run draws around SDPA-5.2 or SDPA-1.5)."""
-    declaration, avoid = kernel.declaration, input_features.avoided_now()
+    declaration, avoid = kernel.declaration, sizes.avoided_now()
     n_queries, n_keys = dims.n_queries, dims.n_keys
     if declaration.equal_lengths:
         n_queries = n_keys = min(n_queries, n_keys)
@@ -152,7 +152,7 @@ def draw_dtype(data: st.DataObject, kernel: KernelUnderTest) -> str:
     """One of the kernel's dtypes; an anchor's: its own, or "widest" (the most precise)."""
     forced = sizes.current().stratum.option("dtype")
     # a re-run drawing around a dtype (SDPA-1.3) draws the others
-    avoided = {input_features.avoided_dtype(name) for name in input_features.avoided_now()}
+    avoided = {input_features.avoided_dtype(name) for name in sizes.avoided_now()}
     dtypes = tuple(d for d in kernel.dtypes if d not in avoided) or kernel.dtypes
     if forced == "widest":
         return dtypes[-1]
@@ -271,7 +271,7 @@ def draw_bias(
     stratum = sizes.current().stratum
     kind = "normal"
     # drawing around SDPA-7.4: no padding fill (-1e4 ... finfo.min)
-    tight = tight or input_features.LARGE_BIAS in input_features.avoided_now()
+    tight = tight or input_features.LARGE_BIAS in sizes.avoided_now()
     if stratum.realistic and not tight:
         kind = stratum.option("bias") or data.draw(st.sampled_from(values.BIAS_KINDS),
                                                    label="bias kind")
@@ -324,13 +324,13 @@ def draw_problem(
         problem = values.with_qk_values(data, kernel, rng, problem, qk_kind)
     use_causal = _wanted(data, causal, decl.causal, "causal", stratum.option("causal"))
     together = decl.mask_and_causal and (input_features.MASK_AND_CAUSAL
-                                         not in input_features.avoided_now())
+                                         not in sizes.avoided_now())
     use_mask = _wanted(data, mask, decl.mask and (together or not use_causal), "mask",
                        stratum.option("mask"))
     if use_causal:
         problem.is_causal = True
     if use_mask:
-        avoid_empty = input_features.FULLY_MASKED_ROW in input_features.avoided_now()
+        avoid_empty = input_features.FULLY_MASKED_ROW in sizes.avoided_now()
         problem.mask = draw_mask(data, rng, dims, empty_rows=empty_rows and not avoid_empty)
         if avoid_empty:  # drawing around SDPA-5.1: every row keeps a key it may attend
             problem.mask = with_a_key_per_row(problem, decl)
@@ -344,19 +344,3 @@ def draw_problem(
     return problem
 
 
-def draw_any_problem(data: st.DataObject, kernel: KernelUnderTest) -> Problem:
-    """A problem of the kernel's own family: dense (``draw_problem``), sparse (its declared
-    pattern, at lengths the pattern allows) or linear (no mask, bias or scale; a seed for
-    FAVOR+ kernels), for properties that hold for every attention kernel."""
-    declaration = kernel.declaration
-    if declaration.sparse is not None:
-        from .properties.sparse import draw_sparse_problem
-
-        return draw_sparse_problem(kernel, data)[0]
-    if declaration.linear is None:
-        return draw_problem(data, kernel)
-    problem = draw_problem(data, kernel, mask="never", bias="never", scale="never")
-    if declaration.linear.feature_map == "favor+":
-        problem.extra[declaration.linear.seed_keyword] = data.draw(st.integers(0, 2**16),
-                                                                   label="seed")
-    return problem

@@ -18,8 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .declaration import declare
-from .known_kernels import torch_sdpa_declaration
+from .declaration import declare, torch_sdpa_declaration
 from .layouts import pad_head_dims
 
 

@@ -1,15 +1,13 @@
 """The worker side of an isolated check, and the guard every kernel call runs under.
 
 :mod:`.isolation` starts this module in a fresh interpreter.  The worker loads the kernel
-from the :class:`~.api.KernelSetup` it is sent (so an exit, crash or hang while importing
+from the :class:`~.kernel_setup.KernelSetup` it is sent (so an exit, crash or hang while importing
 the kernel's module ends this process, not the check), then runs whole properties and
 sends back one :class:`~.runner.Verdict` each.  Before and after every kernel call it
 tells its supervisor which inputs the kernel is working on: that is what a per-call
 timeout is measured against, and what a verdict names when the process dies mid-call.
 
-:func:`guard_calls` is also applied in-process (``--no-isolate``, the Python API, the
-pytest plugin): it restores NumPy's floating-point error state after each call and turns
-``sys.exit`` inside the kernel into a failed verdict.
+Every kernel call, here and in-process, runs under :func:`.call_guard.guard_calls`.
 """
 
 from __future__ import annotations
@@ -21,107 +19,17 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from .failures import KernelExited, PropertyFailure
+from .call_guard import CallObserver, guard_calls
+from .failures import PropertyFailure
 from .side_effects import hypothesis_storage_elsewhere, kernel_output_to
 
 if TYPE_CHECKING:
-    from .api import KernelSetup
     from .kernel import KernelUnderTest, Problem
+    from .kernel_setup import KernelSetup
 
 # A reproduction is only built for inputs this small; larger ones are described by shape.
 MAX_SENT_PROBLEM_BYTES = 256 * 1024
 GIB = 2**30
-
-
-def describe_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """Shapes and keywords of a call made with hand-built arguments (no Problem)."""
-    def shape(x: Any) -> str:
-        return f"{tuple(x.shape)}" if hasattr(x, "shape") else f"={x!r}"[:40]
-
-    names = ("q", "k", "v")[: len(args)]
-    parts = [f"{name}{shape(a)}" for name, a in zip(names, args, strict=False)]
-    parts += [f"{key}{shape(value)}" for key, value in kwargs.items()]
-    return ", ".join(parts)
-
-
-class CallObserver:
-    """Hears each kernel call start and return (the worker tells its supervisor)."""
-
-    def started(self, description: str, problem: Problem | None) -> None:
-        pass
-
-    def returned(self) -> None:
-        pass
-
-
-class CallGuard:
-    """What wraps ``kernel.call``: see :func:`guard_calls`."""
-
-    def __init__(self, kernel: KernelUnderTest) -> None:
-        self.kernel = kernel
-        self.observer: CallObserver | None = None
-        self.interrupt_is_the_kernels = False
-        self.memory_note = ""
-        self.problem: Problem | None = None  # the inputs of the invoke() under way
-        self._call, self._invoke = kernel.call, kernel.invoke
-
-    def invoke(self, problem: Problem) -> tuple[Any, Any]:
-        self.problem = problem
-        try:
-            return self._invoke(problem)
-        finally:
-            self.problem = None
-
-    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        problem = self.problem
-        if self.observer is not None:
-            description = self.kernel.describe(problem) if problem is not None else (
-                describe_call(args, kwargs))
-            self.observer.started(description, problem)
-        # A kernel that leaves np.seterr(all="raise") behind must not turn the suite's own
-        # NumPy arithmetic (reference, tolerances) into errors.
-        error_state = np.geterr()
-        try:
-            return self._call(args, kwargs)
-        except SystemExit as exc:
-            raise KernelExited(PropertyFailure(
-                f"the kernel called sys.exit({exc.code!r}): a kernel must return a result or "
-                "raise an exception, never end the process [CONF-5]", problem, self.kernel,
-            )) from None
-        except KeyboardInterrupt:
-            if not self.interrupt_is_the_kernels:
-                raise  # in-process, Ctrl-C: the user's interrupt, not a verdict
-            raise KernelExited(PropertyFailure(
-                "the kernel raised KeyboardInterrupt (no one pressed Ctrl-C: the check runs "
-                "the kernel in a worker process that receives no terminal signals) [CONF-5]",
-                problem, self.kernel,
-            )) from None
-        except MemoryError as exc:
-            if self.memory_note:
-                raise MemoryError(f"{exc} ({self.memory_note})") from None
-            raise
-        finally:
-            np.seterr(**error_state)
-            if self.observer is not None:
-                self.observer.returned()
-
-
-def guard_calls(kernel: KernelUnderTest) -> CallGuard:
-    """Put every call of ``kernel`` under a :class:`CallGuard` (once) and return it.
-
-    The guard wraps this instance's ``call`` (which every call goes through) and
-    ``invoke`` (which knows the :class:`Problem`, for messages).  Configure it through the
-    returned object: ``observer``, ``interrupt_is_the_kernels``, ``memory_note``.
-    """
-    existing = kernel.__dict__.get("call_guard")
-    if isinstance(existing, CallGuard):
-        return existing
-    guard = CallGuard(kernel)
-    kernel.call, kernel.invoke = guard.call, guard.invoke  # type: ignore[method-assign]
-    kernel.call_guard = guard  # type: ignore[attr-defined]
-    return guard
 
 
 def problem_worth_sending(problem: Problem | None) -> Problem | None:
@@ -171,7 +79,7 @@ def limit_memory(backend: Any, gib: float) -> str:
 def load(setup: KernelSetup, memory_limit_gib: float) -> tuple[KernelUnderTest, str]:
     """Prepare the kernel as :meth:`KernelSetup.prepare` does, under the memory limit;
     an exit while importing its module is a :class:`SetupError`."""
-    from .api import SetupError
+    from .kernel_setup import SetupError
 
     backend = setup.make_backend()  # in the JAX configuration asked for (jax_x64)
     note = limit_memory(backend, memory_limit_gib)
@@ -218,8 +126,8 @@ def serve(connection: Connection) -> None:
     """Load the kernel, then answer requests until told to stop (the worker's main loop):
     ``("property", id, profile, examples, seed)`` gets the property's verdict,
     ``("hints", failures)`` the hints from probing the kernel (:func:`.hints.run_hints`)."""
-    from .api import SetupError
     from .isolation import KernelInfo
+    from .kernel_setup import SetupError
 
     try:
         setup, memory_limit_gib = connection.recv()
@@ -233,8 +141,7 @@ def serve(connection: Connection) -> None:
     except SetupError as exc:
         connection.send(("setup-error", str(exc)))
         return
-    loader = setup.loader_source(kernel)
-    info = KernelInfo.of(kernel, loader, note)
+    info = KernelInfo.of(kernel, kernel.loader, note)
     threads = use_worker_threads()
     if threads:
         info = replace(info, setup_notes=(*info.setup_notes, threads))
@@ -248,17 +155,15 @@ def serve(connection: Connection) -> None:
             request = connection.recv()
             if request is None:
                 return
-            answer = _answer(request, kernel, setup.layout, loader)
+            answer = _answer(request, kernel, setup.layout)
             if isinstance(answer, str):
                 connection.send(("setup-error", answer))
                 return
             connection.send(("answer", answer[0]))
 
 
-def _answer(request: tuple[Any, ...], kernel: KernelUnderTest, layout: str,
-            loader: str) -> tuple[Any] | str:
+def _answer(request: tuple[Any, ...], kernel: KernelUnderTest, layout: str) -> tuple[Any] | str:
     """(the answer to ``request``,), or why the worker cannot answer it (a setup error)."""
-    from .api import with_loader
     from .hints import run_hints
     from .registry import all_properties
     from .runner import PROFILES, _failed_verdict, run_property
@@ -279,7 +184,6 @@ def _answer(request: tuple[Any, ...], kernel: KernelUnderTest, layout: str,
         verdict = _failed_verdict(prop, PropertyFailure(
             f"checking the kernel's result raised {type(exc).__name__}: {str(exc)[:300]}"
         ))
-    verdict.reproduction = with_loader(verdict.reproduction, loader)
     return (verdict,)
 
 

@@ -11,7 +11,7 @@
     definition within TOL-2 at realistic sizes: 1023/1024/1025 and 4097 keys, head dims
     59, 111 and 256, a GQA group of 8, decode (Lq = 1), in float16, float32 and float64.
 
-The bounds come from ``attnspec.conformance.oracle.reference_bound`` (TOL-2 as the
+The bounds come from ``attnspec.conformance.bounds.reference_bound`` (TOL-2 as the
 reference computes it), never from a formula copied here.
 """
 
@@ -31,8 +31,8 @@ from catalogue.witness import difference_outside_tol2
 
 from attnspec.backends import Backend
 from attnspec.conformance import declaration_of
+from attnspec.conformance.bounds import reference_bound
 from attnspec.conformance.kernel import KernelUnderTest, Problem
-from attnspec.conformance.oracle import reference_bound
 
 DTYPES = ("float16", "float32", "float64")
 SMALL_PROBLEMS = 160
@@ -158,7 +158,7 @@ def test_scale_bug_is_exact_on_small_problems(
         if (index, alignment) not in small_bounds:
             small_bounds[index, alignment] = reference_bound(problem, kernel.declaration)
         bound = small_bounds[index, alignment]
-        difference = difference_outside_tol2(kernel.run(problem), np.asarray(bound.out),
+        difference = difference_outside_tol2(kernel.output(problem), np.asarray(bound.out),
                                              np.asarray(bound.out_tolerance))
         assert difference is None, f"{bug.name} on {problem.describe()}: {difference}"
 
@@ -183,7 +183,7 @@ def test_small_problems_catch_the_small_scale_analogues(
         if (index, alignment) not in small_bounds:
             small_bounds[index, alignment] = reference_bound(problem, kernel.declaration)
         bound = small_bounds[index, alignment]
-        found += difference_outside_tol2(kernel.run(problem), np.asarray(bound.out),
+        found += difference_outside_tol2(kernel.output(problem), np.asarray(bound.out),
                                          np.asarray(bound.out_tolerance)) is not None
     assert found >= 10, f"{name} differs from the definition on only {found} small problems"
 
@@ -247,6 +247,6 @@ def test_tiled_and_split_kv_kernels_conform_at_realistic_sizes(case: str, dtype:
         if alignment not in bounds:
             bounds[alignment] = reference_bound(problem, kernel.declaration)
         bound = bounds[alignment]
-        difference = difference_outside_tol2(kernel.run(problem), np.asarray(bound.out),
+        difference = difference_outside_tol2(kernel.output(problem), np.asarray(bound.out),
                                              np.asarray(bound.out_tolerance))
         assert difference is None, f"{fn.__name__} on {problem.describe()}: {difference}"

@@ -32,7 +32,8 @@ from attnspec.conformance import (
 )
 from attnspec.conformance import report as render
 from attnspec.conformance.declaration import SparseClaim
-from attnspec.conformance.registry import REGISTRY, all_properties, always, register
+from attnspec.conformance.registration import REGISTRY, always, register
+from attnspec.conformance.registry import all_properties
 from attnspec.conformance.runner import (
     FAILED,
     NOT_APPLICABLE,
@@ -165,7 +166,7 @@ def test_buggy_kernel_exits_1_and_its_reproduction_runs(kernels: Path, tmp_path:
     # output lies outside the TOL-2 bound of the definition there.
     snippet = verdict["reproduction"] + textwrap.dedent("""
         bound = reference_bound(problem, kernel.declaration)
-        outside = np.abs(kernel.run(problem) - np.asarray(bound.out)) > np.asarray(
+        outside = np.abs(kernel.output(problem) - np.asarray(bound.out)) > np.asarray(
             bound.out_tolerance)
         print("OUTSIDE", bool(outside.any()))
     """)
@@ -444,7 +445,7 @@ def test_reproduction_rebuilds_layout_renames_and_claims(capsys: pytest.CaptureF
     snippet += textwrap.dedent("""
         bound = reference_bound(problem, kernel.declaration)
         print("CAUSAL", kernel.declaration.causal, "MASK", kernel.declaration.mask)
-        print("OUTSIDE", bool((np.abs(kernel.run(problem) - np.asarray(bound.out))
+        print("OUTSIDE", bool((np.abs(kernel.output(problem) - np.asarray(bound.out))
                                > np.asarray(bound.out_tolerance)).any()))
     """)
     ran = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True,

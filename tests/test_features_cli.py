@@ -18,7 +18,7 @@ from attnspec.backends import Backend
 from attnspec.conformance import KernelDeclaration, cli
 from attnspec.conformance.claims import claim_features, suite_keywords
 from attnspec.conformance.kernel import KernelUnderTest, Problem
-from attnspec.conformance.reproduction import snippet
+from attnspec.conformance.reproduce import snippet
 
 KERNELS = '''
 import math
@@ -199,5 +199,5 @@ def test_reproduction_rebuilds_the_features(kernels: Path) -> None:
     code = snippet(problem, kernel)
     assert "softcap=3.0" in code and "out, lse = fn(" in code
     assert "alibi_slopes = backend.asarray(problem.alibi_slopes, 'float32')" in code
-    out, lse, dtype = kernel.run_with_lse(problem)
+    out, lse, dtype = kernel.output_with_lse(problem)
     assert out.shape == (1, 2, 3, 2) and lse.shape == (1, 2, 3) and dtype == "float64"

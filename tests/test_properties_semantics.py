@@ -19,14 +19,14 @@ import pytest
 import attnspec.reference as reference
 from attnspec.backends import Backend
 from attnspec.conformance import KernelDeclaration, KernelUnderTest, Problem, reference_bound
-from attnspec.conformance.properties.invariance import shift_limit
-from attnspec.conformance.properties.masked_values import disallowed_everywhere
-from attnspec.conformance.properties.softmax import (
+from attnspec.conformance.properties._helpers import (
     VALID_SCORE_ERROR,
     row_score_errors,
     score_error,
     within_validity,
 )
+from attnspec.conformance.properties.invariance import shift_limit
+from attnspec.conformance.properties.masked_values import disallowed_everywhere
 from attnspec.conformance.registry import all_properties
 from attnspec.conformance.runner import FAILED, NOT_APPLICABLE, PASSED, WARNING, run_property
 from attnspec.reference.tolerance import UNIT_ROUNDOFF
@@ -198,7 +198,7 @@ def test_torch_sdpa_leaks_nan_from_masked_key(torch_sdpa: KernelUnderTest) -> No
                       v=np.array([[[[2.0], [3.0]]]]), dtype="float32",
                       mask=np.array([[True, False]]))
     assert _oracle_out(problem).tolist() == [[[[2.0]]]]
-    assert np.isnan(torch_sdpa.run(problem)).all()
+    assert np.isnan(torch_sdpa.output(problem)).all()
 
 
 def test_torch_sdpa_drops_nan_query_row(torch_sdpa: KernelUnderTest) -> None:
@@ -208,11 +208,11 @@ def test_torch_sdpa_drops_nan_query_row(torch_sdpa: KernelUnderTest) -> None:
     problem = Problem(q=np.array([[[[np.nan]]]]), k=np.ones((1, 1, 1, 1)),
                       v=np.ones((1, 1, 1, 1)), dtype="float32")
     assert np.isnan(_oracle_out(problem)).all()
-    assert torch_sdpa.run(problem).tolist() == [[[[0.0]]]]
+    assert torch_sdpa.output(problem).tolist() == [[[[0.0]]]]
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel(SDPBackend.MATH):
-        assert np.isnan(torch_sdpa.run(problem)).all()
+        assert np.isnan(torch_sdpa.output(problem)).all()
 
 
 def test_torch_sdpa_causal_with_zero_scale_is_nan(torch_sdpa: KernelUnderTest) -> None:
@@ -223,11 +223,11 @@ def test_torch_sdpa_causal_with_zero_scale_is_nan(torch_sdpa: KernelUnderTest) -
     problem = Problem(q=np.ones((1, 1, 1, 1)), k=np.ones((1, 1, 2, 1)),
                       v=np.array([[[[0.5], [2.0]]]]), dtype="float32", is_causal=True, scale=0.0)
     assert _oracle_out(problem).tolist() == [[[[0.5]]]]
-    assert np.isnan(torch_sdpa.run(problem)).all()
+    assert np.isnan(torch_sdpa.output(problem)).all()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel(SDPBackend.MATH):
-        assert torch_sdpa.run(problem).tolist() == [[[[0.5]]]]
+        assert torch_sdpa.output(problem).tolist() == [[[[0.5]]]]
 
 
 # --- each bug is caught by the property written for it -----------------------------------

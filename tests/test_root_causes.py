@@ -21,7 +21,7 @@ from attnspec.conformance import declare, input_features
 from attnspec.conformance import report as render
 from attnspec.conformance.kernel import KernelUnderTest, Problem
 from attnspec.conformance.registry import all_properties
-from attnspec.conformance.root_causes import divergences, draw_around
+from attnspec.conformance.root_causes import divergences, draw_around, run_all
 from attnspec.conformance.runner import (
     FAILED,
     PASSED,
@@ -30,7 +30,6 @@ from attnspec.conformance.runner import (
     Profile,
     Report,
     Verdict,
-    run_all,
 )
 from attnspec.conformance.sizes import SizeLimits
 
@@ -234,15 +233,15 @@ def test_the_avoid_hook_rejects_problems_with_an_avoided_feature() -> None:
     kernel = KernelUnderTest(finite_fill_jax_style, Backend("numpy"))
     assert input_features.features_of(problem, kernel.declaration) == [
         "fully-masked-row", "float64-inputs"]
-    assert kernel.run(problem).shape == (1, 1, 1)  # outside a run nothing is avoided
+    assert kernel.output(problem).shape == (1, 1, 1)  # outside a run nothing is avoided
     from hypothesis.errors import UnsatisfiedAssumption
 
     from attnspec.conformance import sizes
 
     with sizes.drawing(sizes.SMALL, SizeLimits(avoid=("fully-masked-row",))):
         with pytest.raises(UnsatisfiedAssumption):
-            kernel.run(problem)
-        assert kernel.run(problem.with_(mask=np.ones((1, 1), dtype=bool))).shape == (1, 1, 1)
+            kernel.output(problem)
+        assert kernel.output(problem.with_(mask=np.ones((1, 1), dtype=bool))).shape == (1, 1, 1)
 
 
 def test_drawing_around_empty_rows_leaves_a_mask_without_keys_alone() -> None:

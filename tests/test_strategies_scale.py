@@ -33,8 +33,8 @@ from attnspec.conformance import (
     declare,
 )
 from attnspec.conformance.anchors import ANCHORS
+from attnspec.conformance.bounds import reference_bound
 from attnspec.conformance.kernel import KernelUnderTest
-from attnspec.conformance.oracle import reference_bound
 from attnspec.conformance.registry import all_properties
 from attnspec.conformance.runner import (
     ANCHOR_COST,

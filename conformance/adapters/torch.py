@@ -201,7 +201,7 @@ multihead_attention_no_weights.__name__ = multihead_attention_no_weights.__qualn
 
 def _sdpa_on(backend: str) -> Any:
     """SDPA pinned to one of its CUDA backends (the CPU ones: ``torch_kernels``)."""
-    from ..known_kernels import torch_sdpa_declaration
+    from ..declaration import torch_sdpa_declaration
     from ..torch_kernels import _sdpa_with_backend
 
     def kernel(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,

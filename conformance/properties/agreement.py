@@ -6,10 +6,10 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ..assertions import assert_matches_reference, assert_within_bound, first_index
+from ..bounds import weights_bound
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest
-from ..oracle import weights_bound
-from ..registry import register
+from ..registration import register
 from ..strategies import draw_problem
 
 
@@ -20,7 +20,7 @@ def matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
     # rows longer than 8 keys catch truncations such as top-k attention
     problem = draw_problem(data, kernel, max_len=24)
     if kernel.declaration.returns_weights:
-        out, weights = kernel.run_with_weights(problem)
+        out, weights = kernel.output_with_weights(problem)
         assert_matches_reference(kernel, problem, out)
         expected, tolerance = weights_bound(problem, kernel.declaration)
         assert_within_bound(weights, np.asarray(expected), np.asarray(tolerance), "weights",
@@ -34,7 +34,7 @@ def rows_sum_to_one(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Weights (returned, or observed through V = I) are >= 0 and each row with an
     allowed key sums to 1 within TOL-2; rows with none sum to 0 (SDPA-5.1)."""
     problem = draw_problem(data, kernel, min_keys=1, weights=True)
-    _, weights = kernel.run_with_weights(problem)
+    _, weights = kernel.output_with_weights(problem)
     expected, tolerance = weights_bound(problem, kernel.declaration)
     negative = weights < 0
     if negative.any():

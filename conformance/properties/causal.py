@@ -14,14 +14,14 @@ from hypothesis import strategies as st
 
 from ...reference.masks import causal_offset
 from ..assertions import assert_identical, assert_within_bound, first_index
+from ..bounds import reference_bound, weights_bound
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem
-from ..oracle import reference_bound, weights_bound
-from ..registry import needs, register
+from ..registration import needs, register
 from ..sizes import current
 from ..strategies import Dims, draw_dims, draw_problem, draw_rng, random_values
-from .softmax import compared_rows, within_validity
+from ._helpers import compared_rows, within_validity
 
 # TOL-2 does not cover weights in the subnormal range (spec/tolerance.md, "Known
 # limitation"); kernels that flush subnormals to zero (XLA on CPU) return 0 there.
@@ -81,7 +81,7 @@ def causal_zeros(kernel: KernelUnderTest, data: st.DataObject) -> None:
     other = problem.with_(**changed)
     before = (np.arange(n_queries) + offset < cut)[:, None]
     rows = before & compared_rows(problem, kernel.declaration)
-    out, out_changed = kernel.run(problem), kernel.run(other)
+    out, out_changed = kernel.output(problem), kernel.output(other)
     assert_identical(
         np.where(rows, out_changed, 0.0), np.where(rows, out, 0.0),
         f"out of rows i + {offset} < {cut} after changing keys/values j >= {cut} "
@@ -98,7 +98,7 @@ def causal_alignment(kernel: KernelUnderTest, data: st.DataObject) -> None:
     problem = draw_problem(data, kernel, dims=_unequal_dims(data, kernel, weights=True),
                            causal="always", mask="never", bias="never")
     problem = within_validity(kernel, problem)
-    _, weights = kernel.run_with_weights(problem)
+    _, weights = kernel.output_with_weights(problem)
     n_queries, n_keys = problem.q.shape[-2], problem.k.shape[-2]
     offset = _offset(problem, kernel.declaration)
     allowed = np.arange(n_keys)[None, :] <= np.arange(n_queries)[:, None] + offset
@@ -153,7 +153,7 @@ def decode_consistency(kernel: KernelUnderTest, data: st.DataObject) -> None:
         mask=_last_rows(problem.mask, n_queries, r),
         bias=_last_rows(problem.bias, n_queries, r),
     )
-    full_out, tail_out = kernel.run(problem), kernel.run(tail)
+    full_out, tail_out = kernel.output(problem), kernel.output(tail)
     # The float64 definitions of the two rows coincide (same S(i), SDPA-4.2), so each run
     # is within its own TOL-2 bound of one value: their distance is within the sum.
     tolerance = (np.asarray(reference_bound(tail, kernel.declaration).out_tolerance)

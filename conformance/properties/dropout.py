@@ -16,13 +16,13 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ..assertions import assert_identical, assert_matches_reference, assert_within_bound
+from ..bounds import dropout_bound
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem, identity_values
-from ..oracle import dropout_bound
-from ..registry import needs, register
+from ..registration import needs, register
 from ..strategies import draw_dims, draw_problem, draw_rng
-from .features import with_claimed_features
+from ._helpers import with_claimed_features
 
 FALSE_FAILURE = 1e-6
 KEPT_FRACTION_PROBABILITIES = (0.1, 0.3, 0.6)
@@ -65,7 +65,7 @@ def indicator_problem(kernel: KernelUnderTest, dropout_p: float, seed: int,
 def observe_indicators(kernel: KernelUnderTest, problem: Problem) -> np.ndarray:
     """The keep indicators the kernel drew, read off its output, after checking the whole
     output against DROP-2 with them within TOL-6 (which makes the reading exact)."""
-    out = kernel.run(problem)
+    out = kernel.output(problem)
     allowed = np.broadcast_to(
         dropout_bound(problem, kernel.declaration, all_kept(problem))[0] > 0, out.shape)
     visible = np.maximum(allowed.sum(axis=-1, keepdims=True), 1)
@@ -200,7 +200,7 @@ def dropout_unbiased(kernel: KernelUnderTest, seed: int) -> None:
     v = rng.uniform(1.0, 2.0, _laid_out(kernel, 1, heads, n_keys, value_dim))
     q, k, v = (kernel.rounded(_copies(a, copies), dtype) for a in (q, k, v))
     problem = Problem(q=q, k=k, v=v, dtype=dtype, dropout_p=UNBIASED_P, seed=SEED + seed)
-    _, mean = _first_and_mean(kernel.run(problem), copies)
+    _, mean = _first_and_mean(kernel.output(problem), copies)
     # the definition, and the largest TOL-6 bound over all indicator patterns: with
     # positive values every term is largest when all are kept
     definition, _ = dropout_bound(problem.with_(dropout_p=0.0), kernel.declaration,
@@ -221,7 +221,7 @@ def dropout_seed(kernel: KernelUnderTest, seed: int) -> None:
     """The same seed gives bit-identical outputs; seeds s and s + 1 give different
     indicators (4096 independent ones coincide with probability < 1e-900 at p = 0.3)."""
     problem = indicator_problem(kernel, INDEPENDENCE_P, SEED + seed, batch=1, heads=1)
-    first, again = kernel.run(problem), kernel.run(problem)
+    first, again = kernel.output(problem), kernel.output(problem)
     assert_identical(again, first, f"out of a second call with seed={problem.seed}", problem,
                      kernel)
     other = problem.with_(seed=problem.seed + 1)

@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 from ..assertions import first_index
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
+from ..input_features import allowed_keys
 from ..kernel import KernelUnderTest, Problem
-from ..registry import dense_only, register
+from ..registration import dense_only, register
 from ..sizes import refit
 from ..strategies import draw_dims, draw_problem
-from .shapes import assert_output_shapes
-from .softmax import allowed_keys
+from ._helpers import assert_output_shapes
 
 
 def empty_row_routes(declaration: KernelDeclaration) -> list[str]:
@@ -87,7 +87,7 @@ def empty_rows_zero(kernel: KernelUnderTest, data: st.DataObject) -> None:
         values[..., row, :] = False if route == "mask" else -np.inf
         setattr(problem, route, values)
     empty = ~allowed_keys(problem, decl).any(axis=-1)
-    out, weights = kernel.run_with_weights(problem)
+    out, weights = kernel.output_with_weights(problem)
     assert_zero_rows(out, empty, "out", problem, kernel)
     assert_zero_rows(weights, empty, "weights", problem, kernel)
 
@@ -98,7 +98,7 @@ def no_keys_zero(kernel: KernelUnderTest, data: st.DataObject) -> None:
     the mask, bias and causal rule the kernel claims."""
     dims = replace(draw_dims(data, kernel, min_queries=1), n_keys=0)
     problem = draw_problem(data, kernel, dims=dims)
-    out, weights = kernel.invoke(problem)
+    out, weights = kernel.call_on(problem)
     assert_output_shapes(kernel, problem, out, weights)
     out = kernel.numpy(out)
     wrong = ~(out == 0)

@@ -16,62 +16,17 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from ...reference.features import alibi_slopes as standard_slopes
 from ..assertions import assert_matches_reference, assert_shape, assert_within_bound, first_index
+from ..bounds import lse_bound, reference_bound
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem, identity_values
-from ..oracle import lse_bound, reference_bound
-from ..registry import needs, register
+from ..registration import needs, register
 from ..sizes import refit
-from ..strategies import Dims, draw_dims, draw_problem, draw_rng
+from ..strategies import Dims, draw_dims, draw_problem
+from ._helpers import draw_softcap, with_claimed_features
 
-SOFTCAPS = (1.0, 2.5, 8.0, 30.0, 50.0)  # Gemma 2 caps attention logits at 50
 SOFTCAP_MAGNITUDES = (1.0, 3.0, 10.0)  # q and k entries: scores from ~1 to ~100 * sqrt(E)
-SLOPE_FACTORS = (1.0, 0.25, 4.0)
-
-
-def draw_softcap(data: st.DataObject) -> float:
-    return data.draw(st.sampled_from(SOFTCAPS), label="softcap")
-
-
-def draw_alibi_slopes(data: st.DataObject, kernel: KernelUnderTest, dims: Dims) -> np.ndarray:
-    """Slopes of ALIBI-1: the standard ones (ALIBI-3) for a kernel that computes its own;
-    otherwise ``(Hq,)`` or ``(*batch, Hq)``, standard slopes times a factor or uniform
-    ones, as float64 values exact in float32 (the dtype the suite passes them in)."""
-    n_heads = dims.n_q_heads
-    standard = np.asarray(_standard(n_heads), dtype=np.float64)
-    if kernel.declaration.alibi_builtin_slopes:
-        return standard
-    rng = draw_rng(data)
-    if data.draw(st.booleans(), label="uniform slopes"):
-        slopes = rng.uniform(0.01, 1.0, n_heads)
-    else:
-        slopes = standard * data.draw(st.sampled_from(SLOPE_FACTORS), label="slope factor")
-    if dims.batch and data.draw(st.booleans(), label="per-batch slopes"):
-        slopes = slopes * rng.uniform(0.5, 2.0, (*dims.batch, 1))
-    return slopes.astype(np.float32).astype(np.float64)
-
-
-def _standard(n_heads: int) -> list[float]:
-    import array_api_compat.numpy as xp
-
-    return [float(s) for s in standard_slopes(n_heads, xp=xp)]
-
-
-def with_claimed_features(data: st.DataObject, kernel: KernelUnderTest, problem: Problem,
-                          dims: Dims, *, softcap: bool | None = None,
-                          alibi: bool | None = None) -> Problem:
-    """``problem`` with the features the kernel claims: each drawn ("maybe") unless
-    ``softcap``/``alibi`` say always (True) or never (False)."""
-    decl = kernel.declaration
-    if decl.softcap and softcap is not False and (
-            softcap or data.draw(st.booleans(), label="with softcap")):
-        problem = problem.with_(softcap=draw_softcap(data))
-    if decl.alibi and alibi is not False and (
-            alibi or data.draw(st.booleans(), label="with ALiBi")):
-        problem = problem.with_(alibi_slopes=draw_alibi_slopes(data, kernel, dims))
-    return problem
 
 
 def _unequal_dims(data: st.DataObject, kernel: KernelUnderTest) -> Dims:
@@ -121,7 +76,7 @@ def softcap_bounds_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
     problem = draw_problem(data, kernel, dims=dims, dtype=dtype, magnitude=magnitude,
                            mask="never", bias="never", causal="never", scale="never")
     problem = identity_values(problem.with_(softcap=draw_softcap(data)))
-    weights = kernel.run(problem)
+    weights = kernel.output(problem)
     bound = reference_bound(problem, kernel.declaration)
     tolerance = np.asarray(bound.out_tolerance)
     heaviest = np.max(weights - tolerance, axis=-1)
@@ -189,7 +144,7 @@ def lse_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
     beside it is within TOL-2.  Base 2, the unscaled maximum or scores without the bias
     are outside TOL-5."""
     problem = draw_lse_problem(data, kernel)
-    out, lse, _ = kernel.run_with_lse(problem)
+    out, lse, _ = kernel.output_with_lse(problem)
     assert_lse_matches(kernel, problem, lse)
     assert_matches_reference(kernel, problem, out)
 
@@ -200,7 +155,7 @@ def lse_dtype(kernel: KernelUnderTest, data: st.DataObject) -> None:
     and float32 inputs, float64 for float64 inputs (rounding it to float16 would cost
     more than TOL-2 allows the whole output)."""
     problem = draw_lse_problem(data, kernel, min_queries=1, min_keys=1)
-    _, _, dtype = kernel.run_with_lse(problem)
+    _, _, dtype = kernel.output_with_lse(problem)
     wanted = "float64" if problem.dtype == "float64" else "float32"
     if dtype != wanted:
         raise PropertyFailure(f"lse.dtype={dtype} for {problem.dtype} inputs, but should be "
@@ -245,7 +200,7 @@ def lse_empty_rows(kernel: KernelUnderTest, data: st.DataObject) -> None:
     Lk = 0) has log-sum-exp exactly -inf: not +inf (FlashAttention's unsplit forward), not
     a finite fill, not NaN."""
     problem = _empty_row_problem(data, kernel)
-    _, lse, _ = kernel.run_with_lse(problem)
+    _, lse, _ = kernel.output_with_lse(problem)
     _, bound = lse_bound(problem, kernel.declaration)
     expected = np.asarray(bound.lse)
     assert_shape(lse, expected.shape, "lse", problem, kernel)
@@ -279,7 +234,7 @@ def lse_split_combine(kernel: KernelUnderTest, data: st.DataObject) -> None:
     for keys in (slice(0, split), slice(split, dims.n_keys)):
         part = problem.with_(k=problem.k[..., keys, :], v=problem.v[..., keys, :],
                              mask=_columns(problem.mask, keys), bias=_columns(problem.bias, keys))
-        out, lse, _ = kernel.run_with_lse(part)
+        out, lse, _ = kernel.output_with_lse(part)
         bound, lse_part = lse_bound(part, decl)
         parts.append((out, lse, np.asarray(bound.out_tolerance),
                       np.asarray(lse_part.lse_tolerance)))

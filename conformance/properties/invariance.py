@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 
 from ...reference.tolerance import UNIT_ROUNDOFF
 from ..assertions import assert_identical, assert_within_bound
+from ..bounds import reference_bound
 from ..kernel import KernelUnderTest, Problem
-from ..oracle import reference_bound
-from ..registry import needs, register
+from ..registration import needs, register
 from ..sizes import current, realistic
 from ..strategies import draw_dims, draw_permutation, draw_problem, draw_rng, random_values
-from .softmax import within_validity
+from ._helpers import within_validity
 
 # Value pairs (a, b) for linearity: with V1, V2 odd multiples of 1/4 in [-3.75, 3.75],
 # a*V1 + b*V2 is a multiple of 1/8 in [-15, 15], exact in every dtype (8 significant bits
@@ -54,7 +54,7 @@ def query_permutation(kernel: KernelUnderTest, data: st.DataObject) -> None:
         mask=_take(problem.mask, order, -2, n_queries),
         bias=_take(problem.bias, order, -2, n_queries),
     )
-    out, out_permuted = kernel.run(problem), kernel.run(permuted)
+    out, out_permuted = kernel.output(problem), kernel.output(permuted)
     tolerance = _tolerance(kernel, permuted) + _tolerance(kernel, problem)[..., order, :]
     assert_within_bound(out_permuted, out[..., order, :], tolerance,
                         f"out with queries in order {order} vs out rows in that order "
@@ -74,7 +74,7 @@ def key_permutation(kernel: KernelUnderTest, data: st.DataObject) -> None:
         mask=_take(problem.mask, order, -1, n_keys),
         bias=_take(problem.bias, order, -1, n_keys),
     )
-    out, out_permuted = kernel.run(problem), kernel.run(permuted)
+    out, out_permuted = kernel.output(problem), kernel.output(permuted)
     tolerance = _tolerance(kernel, permuted) + _tolerance(kernel, problem)
     assert_within_bound(out_permuted, out, tolerance,
                         f"out with keys/values in order {order} vs the original out [SDPA-7.6]",
@@ -120,7 +120,7 @@ def batch_head_independence(kernel: KernelUnderTest, data: st.DataObject) -> Non
         touched = (..., head, slice(None), slice(None))
         renew(q, touched)
     other = problem.with_(q=q, k=k, v=v)
-    out, out_other = kernel.run(problem), kernel.run(other)
+    out, out_other = kernel.output(problem), kernel.output(other)
     untouched = np.ones(out.shape, dtype=bool)
     untouched[touched] = False
     assert_identical(np.where(untouched, out_other, 0.0), np.where(untouched, out, 0.0),
@@ -160,7 +160,7 @@ def bias_shift_invariance(kernel: KernelUnderTest, data: st.DataObject) -> None:
     # so that both are inside TOL-2's domain.
     q = within_validity(kernel, original.with_(bias=np.abs(bias) + np.abs(shifts))).q
     original, shifted = original.with_(q=q), shifted.with_(q=q)
-    out, out_shifted = kernel.run(original), kernel.run(shifted)
+    out, out_shifted = kernel.output(original), kernel.output(shifted)
     tolerance = _tolerance(kernel, shifted) + _tolerance(kernel, original)
     assert_within_bound(out_shifted, out, tolerance,
                         "out with a per-row constant added to the bias vs the original out "
@@ -182,7 +182,7 @@ def value_linearity(kernel: KernelUnderTest, data: st.DataObject) -> None:
     first = problem.with_(v=_grid_values(rng, problem.v.shape))
     second = problem.with_(v=_grid_values(rng, problem.v.shape))
     combined = problem.with_(v=a * first.v + b * second.v)
-    out1, out2, out3 = kernel.run(first), kernel.run(second), kernel.run(combined)
+    out1, out2, out3 = kernel.output(first), kernel.output(second), kernel.output(combined)
     tolerance = (_tolerance(kernel, combined) + abs(a) * _tolerance(kernel, first)
                  + abs(b) * _tolerance(kernel, second))
     assert_within_bound(out3, a * out1 + b * out2, tolerance,

@@ -21,7 +21,7 @@ from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..favor_bound import ROUNDING_DTYPES, favor_acceptance_test
 from ..kernel import KernelUnderTest, Problem
-from ..registry import register
+from ..registration import register
 from ..strategies import (
     draw_dims,
     draw_dtype,
@@ -29,7 +29,7 @@ from ..strategies import (
     random_problem,
     with_declared_batch,
 )
-from .shapes import assert_output_shape_and_dtype
+from ._helpers import assert_output_shape_and_dtype
 
 NAMED_FEATURE_MAPS: dict[str, Callable[[Any], Any]] = {
     "elu+1": elu_plus_one,
@@ -147,7 +147,7 @@ def check_against_formula(kernel: KernelUnderTest, data: st.DataObject, causal: 
     magnitude = data.draw(st.sampled_from([1.0, 0.3, 3.0]), label="magnitude")
     problem = _snapped(random_problem(kernel, rng, dims, dtype, magnitude, is_causal=causal),
                        claim.feature_map)
-    raw, _ = kernel.invoke(problem)
+    raw, _ = kernel.call_on(problem)
     assert_output_shape_and_dtype(kernel, problem, raw)
     out = kernel.numpy(raw)
     feature_map = feature_map_of(kernel)
@@ -197,7 +197,7 @@ def favor_error_bound(kernel: KernelUnderTest, seed: int) -> None:
             extra={claim.seed_keyword: redraw_seed},
         )
         last[:] = [problem]
-        return kernel.run(problem).reshape(FAVOR_TEST_QUERIES, FAVOR_TEST_QUERIES)
+        return kernel.output(problem).reshape(FAVOR_TEST_QUERIES, FAVOR_TEST_QUERIES)
 
     verdict = favor_acceptance_test(
         estimate_weights, n=FAVOR_TEST_QUERIES, head_dim=FAVOR_TEST_HEAD_DIM,

@@ -13,13 +13,14 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ..assertions import assert_identical, first_index
+from ..bounds import reference_bound
 from ..failures import PropertyFailure
+from ..input_features import allowed_keys
 from ..kernel import KernelUnderTest, Problem
-from ..oracle import reference_bound
-from ..registry import dense_only, needs, register
+from ..registration import dense_only, needs, register
 from ..strategies import draw_problem, draw_rng, draw_subset
 from ..values import LARGEST_FINITE
-from .softmax import allowed_keys, compared_rows, pair_score_magnitudes
+from ._helpers import compared_rows, pair_score_magnitudes
 
 NON_FINITE = (np.nan, np.inf, -np.inf)
 LARGEST = "largest within SDPA-7.4"
@@ -79,7 +80,7 @@ def _mask_and_causal(problem: Problem, kernel: KernelUnderTest) -> np.ndarray:
 
 def _compare(kernel: KernelUnderTest, problem: Problem, other: Problem, what: str) -> None:
     rows = compared_rows(problem, kernel.declaration)
-    out, out_other = kernel.run(problem), kernel.run(other)
+    out, out_other = kernel.output(problem), kernel.output(other)
     assert_identical(np.where(rows, out_other, 0.0), np.where(rows, out, 0.0), what, other,
                      kernel)
 
@@ -181,7 +182,7 @@ def nan_propagates(kernel: KernelUnderTest, data: st.DataObject) -> None:
     a[index] = np.nan
     poisoned = problem.with_(**{target: a})
     expected = np.isnan(np.asarray(reference_bound(poisoned, kernel.declaration).out))
-    out = kernel.run(poisoned)
+    out = kernel.output(poisoned)
     missing = expected & ~np.isnan(out)
     if missing.any():
         at = first_index(missing)

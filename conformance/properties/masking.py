@@ -14,12 +14,12 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ..assertions import assert_identical, assert_matches_reference, assert_within_bound
+from ..bounds import reference_bound, weights_bound
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..hints import mask_convention
 from ..kernel import KernelUnderTest
-from ..oracle import reference_bound, weights_bound
-from ..registry import needs, register
+from ..registration import needs, register
 from ..strategies import (
     broadcast_shape_for,
     draw_dims,
@@ -29,7 +29,7 @@ from ..strategies import (
     random_values,
 )
 from ..values import LARGEST_FINITE
-from .softmax import values_per_query, within_validity
+from ._helpers import values_per_query, within_validity
 
 EXPLICIT_NON_UNIT_SCALES = (0.5, 2.0, 0.125, -0.75, 4.0)
 BIAS_MAGNITUDE = 3.0  # |b| of a few units: (1 - s) * b is far outside TOL-2 for s != 1
@@ -45,7 +45,7 @@ def mask_polarity(kernel: KernelUnderTest, data: st.DataObject) -> None:
     shape = broadcast_shape_for(data, dims.scores_shape, "mask")
     chosen = rng.integers(0, dims.n_keys, size=shape[:-1])
     problem.mask = np.arange(dims.n_keys) == chosen[..., None]
-    out = kernel.run(problem)
+    out = kernel.output(problem)
 
     # Row i of head h reads value row chosen[i] of the key/value head it uses (SDPA-6.1).
     keys = np.broadcast_to(chosen, dims.scores_shape[:-1])[..., None]
@@ -111,7 +111,7 @@ def bias_semantics(kernel: KernelUnderTest, data: st.DataObject) -> None:
     problem.bias = random_values(kernel, draw_rng(data), shape, problem.dtype, BIAS_MAGNITUDE)
     # the scale drawn here may make realistic scores too large for TOL-2 to be tight
     problem = within_validity(kernel, problem)
-    out, weights = kernel.run_with_weights(problem)
+    out, weights = kernel.output_with_weights(problem)
     assert_matches_reference(kernel, problem, out)
     expected, tolerance = weights_bound(problem, kernel.declaration)
     assert_within_bound(weights, np.asarray(expected), np.asarray(tolerance), "weights",
@@ -152,7 +152,7 @@ def mask_wins_over_bias(kernel: KernelUnderTest, data: st.DataObject) -> None:
     loud = zeroed.with_(
         bias=np.where(mask, bias, _large_finite_fill(kernel, data, mask.shape, problem.dtype))
     )
-    assert_identical(kernel.run(loud), kernel.run(zeroed),
+    assert_identical(kernel.output(loud), kernel.output(zeroed),
                      "out with large finite bias at masked positions vs bias 0 there",
                      loud, kernel)
 
@@ -166,5 +166,5 @@ def mask_and_causal(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """A mask together with is_causal allows exactly the keys both allow: the result is
     within TOL-2 of the definition with the AND of the mask and the causal mask."""
     problem = draw_problem(data, kernel, mask="always", causal="always", bias="never")
-    out = kernel.run(problem)
+    out = kernel.output(problem)
     assert_matches_reference(kernel, problem, out, "out (mask AND causal)")

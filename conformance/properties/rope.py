@@ -19,7 +19,7 @@ from .. import sizes
 from ..declaration import KernelDeclaration
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
-from ..registry import register
+from ..registration import register
 from ..strategies import draw_dtype, draw_rng, random_values
 
 # Head dims RoPE models use (GPT-J 256 with rotary_dim 64, LLaMA 128, GPT-NeoX 96 at 25%)
@@ -82,8 +82,8 @@ def _rotate(kernel: KernelUnderTest, call: RopeCall) -> np.ndarray:
     """The function's result as float64 NumPy, after ROPE-1's shape and dtype checks."""
     backend = kernel.backend
     try:
-        result = kernel.call((backend.asarray(call.x, call.dtype), backend.asarray(call.positions)),
-                             dict(kernel.declaration.extra_kwargs))
+        arrays = (backend.asarray(call.x, call.dtype), backend.asarray(call.positions))
+        result = kernel.call_raw(arrays, dict(kernel.declaration.extra_kwargs))
     except Exception as exc:
         raise KernelRaised(f"the RoPE function raised {type(exc).__name__}: {str(exc)[:300]} "
                            f"[call: {call.describe()}]") from exc

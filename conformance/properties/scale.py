@@ -15,11 +15,11 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ..assertions import first_index
+from ..bounds import reference_bound, weights_bound
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure, distinct
 from ..kernel import KernelUnderTest, Problem
-from ..oracle import reference_bound, weights_bound
-from ..registry import needs, register
+from ..registration import needs, register
 from ..shape_pool import pooled_sizes, tied_to
 from ..sizes import GROUPS, HEAD_DIMS, current
 from ..statistics import round_outward, sum_of_squares_range, two_sided_chi_square_interval
@@ -78,7 +78,7 @@ def recovered_scale(kernel: KernelUnderTest, problem: Problem) -> None:
     n_keys = problem.k.shape[-2]
     head_dim, value_dim = problem.q.shape[-1], problem.v.shape[-1]
     step = float(problem.k[..., 0, 1, 0].flat[0])
-    out = kernel.run(problem)[..., :n_keys]
+    out = kernel.output(problem)[..., :n_keys]
     identity_problem = problem.with_(v=problem.v[..., :n_keys])
     expected, tolerance = (np.asarray(a) for a in weights_bound(identity_problem,
                                                                 kernel.declaration))
@@ -175,7 +175,7 @@ def score_variance(kernel: KernelUnderTest, seed: int) -> None:
     q, k, v = (with_declared_batch(kernel, a) for a in
                (q, k, np.broadcast_to(np.eye(2), (pairs, 2, 2)).copy()))
     problem = Problem(q=kernel.rounded(q, dtype), k=kernel.rounded(k, dtype), v=v, dtype=dtype)
-    weights = kernel.run(problem).reshape(pairs, 2)
+    weights = kernel.output(problem).reshape(pairs, 2)
     with np.errstate(divide="ignore", invalid="ignore"):
         log_ratio = np.log(weights[:, 1]) - np.log(weights[:, 0])
     slack = log_ratio_slack(problem, exact_log_ratio, kernel.declaration)

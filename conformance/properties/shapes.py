@@ -10,14 +10,19 @@ import array_api_compat
 import numpy as np
 from hypothesis import strategies as st
 
-from ...backends import FLOAT_DTYPE_NAMES, Backend
-from ..assertions import assert_matches_reference, assert_shape, first_index
+from ...backends import Backend
+from ..assertions import assert_matches_reference, first_index
 from ..failures import KernelRaised, PropertyFailure
-from ..hints import raised_hint
-from ..kernel import KernelUnderTest, Problem
-from ..registry import always, register
-from ..strategies import draw_any_problem, draw_dims, draw_problem
-from .softmax import scores_shape
+from ..input_features import scores_shape
+from ..kernel import KernelUnderTest, Problem, raised_hint
+from ..registration import always, register
+from ..strategies import draw_dims, draw_problem
+from ._helpers import (
+    assert_output_shape_and_dtype,
+    assert_output_shapes,
+    call_text,
+    draw_any_problem,
+)
 
 LAYOUTS = ("contiguous", "strided", "strided_rows", "transposed", "broadcast")
 # pytorch #191937: stride-0 K/V went wrong when Lk % 32 == 1.
@@ -30,56 +35,18 @@ def call_with(
 ) -> tuple[Any, Any]:
     """(out, weights or None) for hand-built backend arguments describing ``problem``.
 
-    Like ``KernelUnderTest.invoke``, a kernel exception becomes a failure that shows the
+    Like ``KernelUnderTest.call_on``, a kernel exception becomes a failure that shows the
     problem (and ``context``, e.g. how the arguments were laid out); used where the
     arguments are views or must be inspected after the call.
     """
     try:
-        result = kernel.call(args, kwargs)
+        result = kernel.call_raw(args, kwargs)
     except Exception as exc:
         raise KernelRaised(
             f"kernel raised {type(exc).__name__}: {str(exc)[:300]}{context}", problem, kernel,
             hint=raised_hint(exc, kernel),
         ) from exc
     return kernel.split(result, problem)
-
-
-def dtype_name(backend: Backend, dtype: Any) -> str:
-    """The spec's name ("float16", ...) of a backend dtype, or its repr if it has none."""
-    for name in FLOAT_DTYPE_NAMES:
-        if name in backend.dtype_names and dtype == backend.dtype(name):
-            return name
-    return str(dtype)
-
-
-def _call_text(kernel: KernelUnderTest) -> str:
-    return f"{getattr(kernel.fn, '__name__', 'kernel')}(q, k, v)"
-
-
-def _require_array(x: Any, what: str, problem: Problem, kernel: KernelUnderTest) -> None:
-    if not array_api_compat.is_array_api_obj(x):
-        raise PropertyFailure(
-            f"{what} is a {type(x).__name__}, but should be an array [SDPA-1.3, "
-            f"{_call_text(kernel)}]", problem, kernel,
-        )
-
-
-def _expected_shapes(problem: Problem) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(out shape, weights shape): (*batch, Hq, Lq, Ev) and (*batch, Hq, Lq, Lk)."""
-    scores = scores_shape(problem)
-    return (*scores[:-1], problem.v.shape[-1]), scores
-
-
-def assert_output_shapes(
-    kernel: KernelUnderTest, problem: Problem, out: Any, weights: Any,
-) -> None:
-    """Raw ``out`` is a (*batch, Hq, Lq, Ev) array, ``weights`` (if any) (*batch, Hq, Lq, Lk)."""
-    out_shape, weights_shape = _expected_shapes(problem)
-    _require_array(out, "out", problem, kernel)
-    assert_shape(out, out_shape, "out", problem, kernel)
-    if weights is not None:
-        _require_array(weights, "weights", problem, kernel)
-        assert_shape(weights, weights_shape, "weights", problem, kernel)
 
 
 @register("output-shape-dtype", "SDPA-1.3")
@@ -89,22 +56,8 @@ def output_shape_dtype(kernel: KernelUnderTest, data: st.DataObject) -> None:
     dims = draw_dims(data, kernel)
     for dtype in kernel.dtypes:
         problem = draw_problem(data, kernel, dims=dims, dtype=dtype)
-        out, weights = kernel.invoke(problem)
+        out, weights = kernel.call_on(problem)
         assert_output_shape_and_dtype(kernel, problem, out, weights)
-
-
-def assert_output_shape_and_dtype(
-    kernel: KernelUnderTest, problem: Problem, out: Any, weights: Any = None,
-) -> None:
-    """SDPA-1.3 for one raw result: shapes as ``assert_output_shapes``, dtype q's."""
-    assert_output_shapes(kernel, problem, out, weights)
-    for what, result in (("out", out), ("weights", weights)):
-        if result is not None and result.dtype != kernel.backend.dtype(problem.dtype):
-            raise PropertyFailure(
-                f"{what}.dtype={dtype_name(kernel.backend, result.dtype)}, but should be "
-                f"{problem.dtype}, the dtype of q [SDPA-1.3, {_call_text(kernel)}]",
-                problem, kernel,
-            )
 
 
 @register("empty-sizes", "SDPA-1.5")
@@ -124,7 +77,7 @@ def empty_sizes(kernel: KernelUnderTest, data: st.DataObject) -> None:
         batch[axis] = 0
         dims = replace(dims, batch=tuple(batch))
     problem = draw_problem(data, kernel, dims=dims)
-    out, weights = kernel.invoke(problem)
+    out, weights = kernel.call_on(problem)
     assert_output_shapes(kernel, problem, out, weights)
 
 
@@ -154,7 +107,7 @@ def inputs_unmodified(kernel: KernelUnderTest, data: st.DataObject) -> None:
                 f"{name} was modified by the call: {name}{at} was {before[name][at].item()!r} "
                 f"and is now {after[at].item()!r} ({int(changed.sum())} of {changed.size} "
                 f"elements changed) "
-                f"[SDPA-1.6, {_call_text(kernel)}]", problem, kernel,
+                f"[SDPA-1.6, {call_text(kernel)}]", problem, kernel,
             )
 
 
@@ -251,7 +204,7 @@ def layout_independence(kernel: KernelUnderTest, data: st.DataObject) -> None:
     out, _ = call_with(kernel, problem, args, kwargs, f" (input layouts {described})")
     strided = assert_matches_reference(kernel, problem, kernel.numpy(out),
                                        f"out with input layouts {described}")
-    contiguous = kernel.run(problem)
+    contiguous = kernel.output(problem)
     same = (strided == contiguous) | (np.isnan(strided) & np.isnan(contiguous))
     if not same.all():  # SDPA-1.8 (SHOULD, split from SDPA-1.7): reported as a note
         differences = np.abs(strided - contiguous)[~same]

@@ -14,22 +14,23 @@ from hypothesis import strategies as st
 from ...reference.tolerance import (
     CHUNK_ELEMENTS,
     accumulation_roundoff,
-    error_bound,
     product_coefficient,
 )
 from ..assertions import assert_identical, assert_matches_reference, first_index
-from ..declaration import KernelDeclaration
+from ..bounds import reference_bound
 from ..failures import PropertyFailure
-from ..input_features import allowed_keys, scores_shape
+from ..input_features import allowed_keys
 from ..kernel import KernelUnderTest, Problem
-from ..oracle import reference_bound
-from ..registry import always, register
-from ..strategies import draw_any_problem, draw_dtype, draw_problem
+from ..registration import always, register
+from ..strategies import draw_dtype, draw_problem
 from ..values import LARGEST_FINITE, with_score_magnitude
-
-# TOL-2 holds for every score error, but grows like 1/(1 - D_i): beyond D_i = 1/4 a
-# comparison can catch little, so value comparisons keep problems below it.
-VALID_SCORE_ERROR = 0.25
+from ._helpers import (
+    VALID_SCORE_ERROR,
+    draw_any_problem,
+    pair_score_magnitudes,
+    values_per_query,
+    within_validity,
+)
 
 # SDPA-7.4: the largest |scaled score| whose scores, and differences of two scores, stay
 # finite in the dtype a kernel may hold them in.  float16 kernels may keep scores in
@@ -40,86 +41,11 @@ HUGE_SCORE = {"float16": 1e6, "bfloat16": 1e30, "float32": 1e30, "float64": 1e30
 EXP_OVERFLOWS = 89.0  # exp(s) is inf in float32 (and so in float16, bfloat16) beyond this
 
 
-def _group_heads(problem: Problem, a: np.ndarray) -> np.ndarray:
-    """A key-side array ``(..., Hkv, Lk, ·)`` repeated per query head: head h uses h // G."""
-    groups = problem.q.shape[-3] // problem.k.shape[-3]
-    return np.repeat(a, groups, axis=-3)
-
-
-def compared_rows(problem: Problem, declaration: KernelDeclaration) -> np.ndarray:
-    """``(*batch, Hq, Lq, 1)``: rows whose output the spec fixes for this kernel.
-
-    A row with no allowed key outputs 0 (SDPA-5.1) only for a kernel claiming that rule;
-    for any other kernel its output is not compared.
-    """
-    allowed = allowed_keys(problem, declaration)
-    rows = allowed.any(axis=-1, keepdims=True)
-    return np.ones_like(rows) if declaration.empty_rows_zero else rows
-
-
-def pair_score_magnitudes(problem: Problem) -> np.ndarray:
-    """|alpha| A_ij of TOL-2 for every pair (allowed or not), ``(..., Hq, Lq, Lk)``."""
-    head_dim, n_kv = problem.q.shape[-1], problem.k.shape[-3]
-    scale = 1.0 / math.sqrt(head_dim) if problem.scale is None else abs(problem.scale)
-    keys = np.repeat(np.abs(problem.k), problem.q.shape[-3] // max(n_kv, 1), axis=-3)
-    return scale * (np.abs(problem.q) @ np.swapaxes(keys, -1, -2))
-
-
 def max_score_magnitude(problem: Problem) -> float:
     """max over (i, j) of |alpha| A_ij of TOL-2, over every pair (allowed or not)."""
     if problem.q.size == 0 or problem.k.size == 0:
         return 0.0
     return float(np.max(pair_score_magnitudes(problem)))
-
-
-def row_score_errors(problem: Problem, declaration: KernelDeclaration | None = None) -> np.ndarray:
-    """D_i of TOL-2 for every query row of ``problem`` (0 for rows with no allowed key)."""
-    alignment = "top_left" if declaration is None else declaration.causal_alignment
-    return np.asarray(error_bound(
-        problem.q, problem.k, problem.v, dtype=problem.dtype, mask=problem.mask,
-        bias=problem.bias, is_causal=problem.is_causal, causal_alignment=alignment,
-        scale=problem.scale, weights=False,
-    ).score_error)
-
-
-def score_error(problem: Problem) -> float:
-    """max_i D_i of TOL-2: how far the score errors a kernel may make can move a row's
-    weights (relative, weighted by the weights themselves)."""
-    errors = row_score_errors(problem)
-    return float(np.max(errors)) if errors.size else 0.0
-
-
-def within_validity(kernel: KernelUnderTest, problem: Problem) -> Problem:
-    """``problem`` with q scaled by a power of two until D_i <= 1/4 (TOL-2 tight).
-
-    Properties that compare values within TOL-2 use this, so that the bound stays tight
-    enough to catch errors (it holds for any D, spec/tolerance.md).  Rows whose bias alone
-    puts them beyond 1/4 (every key padded with a huge finite bias: their weights are not
-    determined by the arithmetic SDPA-7.2 allows) keep TOL-2's hull bound and are left out
-    of the target.
-    """
-    errors = row_score_errors(problem, kernel.declaration)
-    if errors.size == 0 or np.max(errors) <= VALID_SCORE_ERROR:
-        return problem
-    unscaled = problem.with_(q=np.zeros_like(problem.q))
-    reachable = row_score_errors(unscaled, kernel.declaration) < VALID_SCORE_ERROR
-    if not np.any(reachable & (errors > VALID_SCORE_ERROR)):
-        return problem
-    scaled = problem
-    for halvings in range(1, 2100):  # a float64 q underflows to 0 within 1100 halvings
-        q = kernel.rounded(problem.q * 2.0**-halvings, problem.dtype)
-        scaled = problem.with_(q=q)
-        errors = row_score_errors(scaled, kernel.declaration)
-        if np.all(errors[reachable] <= VALID_SCORE_ERROR):
-            return scaled
-    return scaled
-
-
-def values_per_query(problem: Problem) -> np.ndarray:
-    """V broadcast to ``(*batch, Hq, Lk, Ev)``: the values each query head attends."""
-    v = _group_heads(problem, problem.v)
-    shape = scores_shape(problem)
-    return np.broadcast_to(v, (*shape[:-2], *v.shape[-2:]))
 
 
 def allowed_value_range(allowed: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -146,11 +72,11 @@ def output_in_value_hull(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Each output element lies between the min and max of its V column over the allowed
     keys S(i), widened by TOL-2: the weights are a convex combination (SDPA-7.1)."""
     problem = within_validity(kernel, draw_problem(data, kernel, min_keys=1))
-    out = kernel.run(problem)
+    out = kernel.output(problem)
     allowed = allowed_keys(problem, kernel.declaration)
     low, high = allowed_value_range(allowed, values_per_query(problem))
     # TOL-2 bounds a conforming kernel's distance from the exact output, which lies in
-    # [low, high]; C = 4 includes the float64 oracle's own error (spec/tolerance.md).
+    # [low, high]; C = 4 includes the float64 definition's own error (spec/tolerance.md).
     tolerance = np.asarray(reference_bound(problem, kernel.declaration).out_tolerance)
     rows = allowed.any(axis=-1, keepdims=True)  # rows with no key are SDPA-5.1's business
     inside = (out >= low - tolerance) & (out <= high + tolerance)
@@ -182,7 +108,7 @@ def large_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
     # dtype stays finite here too (the huge problem below tells that overflow apart)
     valid = min(valid, LARGEST_FINITE[dtype] / 4)
     large = within_validity(kernel, with_score_magnitude(kernel, problem, valid))
-    out = kernel.run(large)
+    out = kernel.output(large)
     if max_score_magnitude(large) > EXP_OVERFLOWS:
         if not np.isfinite(out).all():
             raise PropertyFailure(
@@ -192,7 +118,7 @@ def large_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
         _raise_if_exp_underflowed(kernel, large, out)
     assert_matches_reference(kernel, large, out, what="out with large scores (SDPA-7.4)")
     huge = with_score_magnitude(kernel, problem, HUGE_SCORE[dtype])
-    out = kernel.run(huge)
+    out = kernel.output(huge)
     if not np.isfinite(out).all():
         _explain_overflow(kernel, problem, huge, out)
 
@@ -232,7 +158,7 @@ def _explain_overflow(kernel: KernelUnderTest, problem: Problem, huge: Problem,
     largest = LARGEST_FINITE[dtype]
     moderate_limit = min(HUGE_SCORE[dtype], largest / (4 * math.sqrt(head_dim)))
     moderate = with_score_magnitude(kernel, problem, moderate_limit)
-    moderate_out = kernel.run(moderate)
+    moderate_out = kernel.output(moderate)
     if not np.isfinite(moderate_out).all():
         raise PropertyFailure(
             f"{_non_finite(moderate_out, moderate)}, where exp overflows but q k^T does not: "
@@ -260,7 +186,7 @@ def deterministic(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """The same call on the same inputs twice returns identical values (and weights), for
     kernels of every family (a FAVOR+ kernel given the same seed, LIN-4.5)."""
     problem = draw_any_problem(data, kernel)
-    first, second = kernel.invoke(problem), kernel.invoke(problem)
+    first, second = kernel.call_on(problem), kernel.call_on(problem)
     for what, a, b in (("out", first[0], second[0]), ("weights", first[1], second[1])):
         if a is not None:
             assert_identical(kernel.numpy(b), kernel.numpy(a), f"{what} of a second call "

@@ -6,71 +6,23 @@ The kernel declares one pattern (``SparseClaim``); the pattern's mask from
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-import array_api_compat.numpy as np_namespace
 import numpy as np
 from hypothesis import strategies as st
 
-from ...reference.sparse_patterns import sparse_mask
 from ..assertions import assert_identical, assert_within_bound, first_index
+from ..bounds import reference_bound
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem, identity_values
-from ..oracle import reference_bound
-from ..registry import register
-from ..strategies import draw_dims, draw_dtype, draw_rng, random_problem, random_values
-from .shapes import assert_output_shape_and_dtype
+from ..registration import register
+from ..strategies import random_values
+from ._helpers import assert_output_shape_and_dtype, draw_sparse_problem
 
 
 def sparse_only(declaration: KernelDeclaration) -> str | None:
     if declaration.sparse is None:
         return "the kernel does not declare a sparse pattern"
     return None
-
-
-def pattern_mask(kernel: KernelUnderTest, n_queries: int, n_keys: int) -> np.ndarray:
-    """The declared pattern's boolean (Lq, Lk) mask, as NumPy."""
-    claim = kernel.declaration.sparse
-    assert claim is not None
-    return np.asarray(sparse_mask(
-        claim.pattern, n_queries, n_keys, alignment=claim.alignment, causal=claim.causal,
-        xp=np_namespace, **dict(claim.params),
-    ))
-
-
-def pinned_lengths(pattern: str, params: dict[str, object]) -> tuple[tuple[int, int], ...] | None:
-    """Length ranges a pattern's parameters fix: a block layout of (nqb, nkb) blocks of
-    size (bq, bk) needs Lq in ((nqb - 1) bq, nqb bq], likewise Lk (ragged last block)."""
-    if pattern != "block_sparse":
-        return None
-    layout = np.asarray(params["layout"])
-    size = params["block_size"]
-    sizes = (size, size) if isinstance(size, int) else tuple(size)  # type: ignore[arg-type]
-    return tuple(
-        ((blocks - 1) * block + 1, blocks * block)
-        for blocks, block in zip(layout.shape, sizes, strict=True)
-    )
-
-
-def draw_sparse_problem(
-    kernel: KernelUnderTest, data: st.DataObject, weights: bool = False,
-) -> tuple[Problem, np.ndarray]:
-    """Sizes long enough to show the pattern's structure, ragged tails and Lq != Lk (a
-    block-sparse layout pins the lengths); ``weights``: observed through V = I."""
-    claim = kernel.declaration.sparse
-    assert claim is not None
-    dims = draw_dims(data, kernel, min_queries=1, min_keys=1, max_len=17, weights=weights)
-    lengths = pinned_lengths(claim.pattern, dict(claim.params))
-    if lengths is not None:
-        (q_low, q_high), (k_low, k_high) = lengths
-        dims = replace(dims, n_queries=data.draw(st.integers(q_low, q_high), label="Lq"),
-                       n_keys=data.draw(st.integers(k_low, k_high), label="Lk"))
-    dtype = draw_dtype(data, kernel)
-    rng = draw_rng(data)
-    problem = random_problem(kernel, rng, dims, dtype,
-                             extra=dict(claim.params) if claim.pass_params else {})
-    return problem, pattern_mask(kernel, dims.n_queries, dims.n_keys)
 
 
 def _dense_equivalent(problem: Problem, mask: np.ndarray) -> Problem:
@@ -83,7 +35,7 @@ def sparse_matches_dense(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Every output lies within TOL-2 of dense attention with the pattern's mask, in q's
     dtype and the spec's output shape (SDPA-1.3)."""
     problem, mask = draw_sparse_problem(kernel, data)
-    raw, _ = kernel.invoke(problem)
+    raw, _ = kernel.call_on(problem)
     assert_output_shape_and_dtype(kernel, problem, raw)
     out = kernel.numpy(raw)
     bound = reference_bound(_dense_equivalent(problem, mask), kernel.declaration)
@@ -95,7 +47,7 @@ def sparse_matches_dense(kernel: KernelUnderTest, data: st.DataObject) -> None:
 def sparse_weights_exactly_zero(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Weights of keys outside S(i) (observed through V = I) are exactly 0, never tiny."""
     problem, mask = draw_sparse_problem(kernel, data, weights=True)
-    weights = kernel.run(identity_values(problem))
+    weights = kernel.output(identity_values(problem))
     leaked = (weights != 0) & ~np.broadcast_to(mask, weights.shape)
     if leaked.any():
         at = first_index(leaked)
@@ -122,9 +74,9 @@ def _outside_row(kernel: KernelUnderTest, data: st.DataObject, replacement: str)
     else:
         changed_k[..., outside, :] = np.nan
         changed_v[..., outside, :] = np.inf
-    before = kernel.run(problem)[..., row, :]
+    before = kernel.output(problem)[..., row, :]
     changed = problem.with_(k=changed_k, v=changed_v)
-    after = kernel.run(changed)[..., row, :]
+    after = kernel.output(changed)[..., row, :]
     assert_identical(after, before, f"out[..., {row}, :] after changing keys/values outside "
                      f"S({row}) to {replacement} values", changed, kernel)
 

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from attnspec.backends import Backend
+from attnspec.conformance.bounds import lse_bound, reference_bound
 from attnspec.conformance.kernel import KernelUnderTest, Problem
-from attnspec.conformance.oracle import lse_bound, reference_bound
 from attnspec.conformance.packed import Batch, CacheCall, call_kv_cache, call_varlen
 from attnspec.reference import append_to_cache, kv_cache_attention, varlen_attention
 
@@ -72,7 +72,7 @@ def out_differs(problem: Problem) -> Evidence:
     """Evidence: the output departs from the definition (with features) beyond TOL-2."""
     def evidence(kernel: KernelUnderTest) -> str | None:
         bound = reference_bound(problem, kernel.declaration)
-        return _outside(kernel.run(problem), np.asarray(bound.out),
+        return _outside(kernel.output(problem), np.asarray(bound.out),
                         np.asarray(bound.out_tolerance), "out")
     return evidence
 
@@ -80,7 +80,7 @@ def out_differs(problem: Problem) -> Evidence:
 def lse_differs(problem: Problem) -> Evidence:
     """Evidence: the log-sum-exp departs from LSE-1 beyond TOL-5, or is not float32."""
     def evidence(kernel: KernelUnderTest) -> str | None:
-        _, lse, dtype = kernel.run_with_lse(problem)
+        _, lse, dtype = kernel.output_with_lse(problem)
         wanted = "float64" if problem.dtype == "float64" else "float32"
         if dtype != wanted:
             return f"lse.dtype={dtype} for {problem.dtype} inputs"
@@ -94,7 +94,7 @@ def _observed(kernel: KernelUnderTest, p: float, seed: int) -> tuple[np.ndarray,
     q = np.zeros((2, 4, 64, 4))
     problem = Problem(q=q, k=q, v=np.broadcast_to(np.eye(64), (2, 4, 64, 64)).copy(),
                       dtype="float64", dropout_p=p, seed=seed)
-    out = kernel.run(problem)
+    out = kernel.output(problem)
     return out, out > 0
 
 
@@ -178,7 +178,7 @@ def varlen_accepts_bad_offsets(kernel: KernelUnderTest) -> str | None:
     keys = np.concatenate([[0], np.cumsum([s.k.shape[-2] for s in batch.sequences])])
     args, keywords = varlen_arguments(kernel, batch, offsets=(bad, keys.astype(np.int32)))
     try:
-        kernel.call(args, keywords)
+        kernel.call_raw(args, keywords)
     except ValueError:
         return None
     return f"cu_seqlens_q={bad.tolist()} for 14 tokens gave a result; the reference raises"

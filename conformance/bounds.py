@@ -52,7 +52,7 @@ def dropout_bound(
 
 
 def weights_bound(problem: Problem, declaration: KernelDeclaration) -> tuple[Any, Any]:
-    """(weights, tolerance) matching how ``KernelUnderTest.run_with_weights`` observes them.
+    """(weights, tolerance) matching how ``KernelUnderTest.output_with_weights`` observes them.
 
     Returned weights get the weights bound of TOL-2; weights observed through V = I are
     outputs, so they get the output bound of that V = I problem.

@@ -1,0 +1,224 @@
+"""Every reproduction a failure report gives, built here and nowhere else.
+
+- :func:`snippet`: Python that rebuilds a failing input exactly and calls the kernel on it
+  as the suite did, ``fn(q, k, v, ...)``, then prints what the property compared.  The
+  inputs are NumPy literals of the float64 values the kernel saw (already rounded to the
+  dtype under test), reshaped to their exact shape, so empty arrays come back with their
+  shape (``q(1, 0, 1)`` is ``np.array([]).reshape(1, 0, 1)``).
+- :func:`loader_source`, :func:`declaration_source`: the lines in it that rebuild the
+  kernel as its :class:`~.kernel_setup.KernelSetup` built it (layout, renames, claims);
+  the setup keeps them on the kernel (``KernelUnderTest.loader``).
+- :func:`rerun_command`, :func:`rerun_flags`, :func:`pytest_rerun_command`: the command
+  that reruns one property, for ``attnspec check`` and for the pytest plugin.
+- :func:`reproduction_lines`, :func:`reproduction_file`: a failure text's reproduction,
+  or the file a reproduction too long to show is written to.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import tempfile
+import textwrap
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import MISSING, fields
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .claims import Flag, Getter
+from .declaration import KernelDeclaration
+
+if TYPE_CHECKING:
+    from .failures import PropertyFailure
+    from .isolation import KernelInfo
+    from .kernel import KernelUnderTest, Problem
+    from .kernel_setup import KernelSetup
+    from .runner import Verdict
+
+PROGRAM = "attnspec"
+#: where a reproduction too long to show is: a place, or a function writing it there
+Where = str | Callable[["Verdict"], str]
+
+
+def array_literal(a: np.ndarray) -> str:
+    """``np.array([...], dtype=...).reshape(shape)``: exact values (repr of float64 round-
+    trips), exact shape (empty and 0-d arrays too)."""
+    dtype = "bool" if a.dtype == np.bool_ else f"np.{a.dtype}"
+    return f"np.array({a.tolist()!r}, dtype={dtype}).reshape({tuple(a.shape)!r})"
+
+
+def _value(value: Any) -> str:
+    return f"np.{value!r}" if isinstance(value, np.generic) else repr(value)
+
+
+def snippet(problem: Problem, kernel: KernelUnderTest | KernelInfo, finding: str = "") -> str:
+    """The reproduction of ``problem`` on ``kernel`` (loaded here, or in a worker process);
+    ``finding`` is quoted as a comment."""
+    def optional(a: np.ndarray | None) -> str:
+        return "None" if a is None else array_literal(a)
+
+    from .kernel import keyword_sources
+
+    keywords = keyword_sources(kernel.declaration, problem)
+    call = ", ".join(["q", "k", "v", *(f"{name}={name if source else _value(value)}"
+                                       for name, (value, source) in keywords.items())])
+    declaration = kernel.declaration
+    target = ", ".join(["out", *(["weights"] if declaration.returns_weights else []),
+                        *(["lse"] if declaration.returns_lse else [])])
+    given = {"softcap": problem.softcap, "alibi_slopes": problem.alibi_slopes,
+             "dropout_p": problem.dropout_p or None, "seed": problem.seed}
+    features = "".join(
+        f" {name}={array_literal(value) if isinstance(value, np.ndarray) else _value(value)},"
+        for name, value in given.items() if value is not None)
+    lines = [
+        *(f"# {line}" for line in _wrapped(f"finding: {finding}") if finding),
+        "import numpy as np",
+        "nan, inf = np.nan, np.inf  # as NumPy prints non-finite values below",
+        "from attnspec.backends import Backend",
+        "from attnspec.conformance import KernelUnderTest, Problem, reference_bound",
+        f"# the inputs as the kernel saw them: float64 values already rounded to {problem.dtype}",
+        "problem = Problem(",
+        f"    q={array_literal(problem.q)},",
+        f"    k={array_literal(problem.k)},",
+        f"    v={array_literal(problem.v)},",
+        f"    dtype={problem.dtype!r}, is_causal={problem.is_causal!r}, "
+        f"scale={_value(problem.scale)},",
+        f"    mask={optional(problem.mask)},",
+        f"    bias={optional(problem.bias)},{features}",
+        f"    extra={problem.extra!r})",
+        _loader_line(kernel),
+        "fn, backend = kernel.fn, kernel.backend"
+        + ("  # fn pads E and Ev equal (equal_head_dims)" if kernel.declaration.equal_head_dims
+           else ""),
+        f"q, k, v = (backend.asarray(a, {problem.dtype!r}) for a in (problem.q, problem.k, "
+        "problem.v))",
+        *(f"{name} = {source}" for name, (_, source) in keywords.items() if source),
+        f"{target} = fn({call})",
+        "print('kernel output:', out)",
+        "bound = reference_bound(problem, kernel.declaration)",
+        "print('float64 definition (SDPA-7.1):', bound.out)",
+        "print('allowed error (TOL-2):', bound.out_tolerance)",
+    ]
+    return "\n".join(lines)
+
+
+def _wrapped(text: str, width: int = 96) -> list[str]:
+    return textwrap.wrap(" ".join(text.split()), width) or [""]
+
+
+def failure_snippet(failure: PropertyFailure) -> str:
+    """The reproduction of ``failure`` (empty when it names no problem or no kernel)."""
+    if failure.problem is None or failure.kernel is None:
+        return ""
+    return snippet(failure.problem, failure.kernel, failure.finding)
+
+
+def _loader_line(kernel: KernelUnderTest | KernelInfo) -> str:
+    """The lines that rebuild the kernel: those of its setup (:func:`loader_source`, kept
+    on the kernel), else loading it by its target with its own declaration."""
+    return kernel.loader or (
+        f"kernel = KernelUnderTest.load({kernel.target!r}, Backend({kernel.backend.name!r}))")
+
+
+def loader_source(setup: KernelSetup, kernel: KernelUnderTest) -> str:
+    """Python lines that rebuild ``kernel`` as ``setup.prepare()`` built it: layout,
+    renames, device, JAX's x64 setting and the claims."""
+    declaration_names = {"KernelDeclaration", "KernelUnderTest", "load_kernel"}
+    if kernel.declaration.sparse is not None:
+        declaration_names.add("SparseClaim")
+    if kernel.declaration.linear is not None:
+        declaration_names.add("LinearClaim")
+    if kernel.declaration.rope is not None:
+        declaration_names.add("RopeClaim")
+    imports = [f"from attnspec.conformance import {', '.join(sorted(declaration_names))}"]
+    lines = [f"fn = load_kernel({kernel.target!r})"]
+    if setup.rename or setup.layout != "bhld":
+        imports.append("from attnspec.conformance.layouts import from_layout, rename_arguments")
+    if setup.rename:
+        lines.append(f"fn = rename_arguments(fn, **{dict(setup.rename)!r})")
+    if setup.layout != "bhld":
+        lines.append(f"fn = from_layout(fn, {setup.layout!r})")
+    device = "" if setup.device is None else f", {setup.device!r}"
+    if setup.jax_x64 is not None:
+        device += f", config={{'jax_enable_x64': {setup.jax_x64!r}}}"
+    lines.append(
+        f"kernel = KernelUnderTest(fn, Backend({kernel.backend.name!r}{device}), "
+        f"{declaration_source(kernel.declaration)}, {kernel.target!r})"
+    )
+    return "\n".join([*imports, *lines])
+
+
+def declaration_source(declaration: KernelDeclaration) -> str:
+    """``KernelDeclaration(...)`` naming only the fields that differ from the defaults."""
+    changed = []
+    for f in fields(declaration):
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        value = getattr(declaration, f.name)
+        if value != default:
+            changed.append(f"{f.name}={value!r}")
+    return f"KernelDeclaration({', '.join(changed)})"
+
+
+def rerun_flags(flags: Iterable[Flag], get: Getter, *, prefix: str | None = None) -> list[str]:
+    """The tokens of the ``flags`` that matter for a rerun (``Flag.rerun``: not --only,
+    --skip or output files; not --seed, which the rerun commands place themselves), with
+    the values ``get(dest)`` gives."""
+    tokens: list[str] = []
+    for flag in flags:
+        if flag.rerun and flag.option != "--seed":
+            tokens += flag.tokens(get(flag.dest), prefix=prefix)
+    return tokens
+
+
+def rerun_command(target: str, flags: Sequence[str], property_id: str,
+                  seed: int | None) -> str:
+    """The one-line ``attnspec check`` that reruns just this property, with the same
+    inputs (``flags``: :func:`rerun_flags` of the run)."""
+    tokens = [PROGRAM, "check", target, *flags, "--only", property_id]
+    if seed is not None:
+        tokens += ["--seed", str(seed)]
+    return shlex.join(tokens)
+
+
+def pytest_rerun_command(target: str, option: Callable[[str], Any], flags: Iterable[Flag],
+                         prefix: str, property_id: str) -> str:
+    """The pytest command that reruns just this property (the plugin's options read with
+    ``option(dest)``; ``flags``: those it shares with ``attnspec check``, as
+    ``--<prefix>-<flag>``)."""
+    tokens = ["pytest", f"--{prefix}-kernel", target]
+    for name in ("backend", "device", "seed"):
+        if option(f"{prefix}_{name}") is not None:
+            tokens += [f"--{prefix}-{name}", str(option(f"{prefix}_{name}"))]
+    tokens += [f"--{prefix}-profile", option(f"{prefix}_profile")]
+    if option(f"{prefix}_isolate"):
+        tokens.append(f"--{prefix}-isolate")
+    tokens += rerun_flags(flags, lambda dest: option(f"{prefix}_{dest}"), prefix=prefix)
+    for claim in option(f"{prefix}_claim") or ():
+        tokens += [f"--{prefix}-claim", claim]
+    return shlex.join([*tokens, f"--{prefix}-only", property_id])
+
+
+def reproduction_lines(verdict: Verdict, max_reproduction: int | None,
+                       full_reproduction_in: Where) -> list[str]:
+    """A failure text's reproduction: the snippet indented, or where it is when longer
+    than ``max_reproduction`` characters (a path, or a function of the verdict giving one,
+    e.g. :func:`reproduction_file`)."""
+    size = len(verdict.reproduction)
+    if not size:
+        return []
+    if max_reproduction is not None and size > max_reproduction:
+        where = (full_reproduction_in(verdict) if callable(full_reproduction_in)
+                 else full_reproduction_in)
+        return [f"  reproduction: {size} characters of literal inputs, too long to show "
+                f"here; it is in {where}"]
+    return ["  reproduction (runs on its own):", textwrap.indent(verdict.reproduction, "    ")]
+
+
+def reproduction_file(verdict: Verdict) -> str:
+    """Write ``verdict``'s full reproduction to a new file in the temporary directory (one
+    too long to show in a message); returns its path."""
+    fd, path = tempfile.mkstemp(prefix=f"attnspec-{verdict.property}-", suffix=".py")
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(verdict.reproduction)
+    return path
