@@ -39,6 +39,9 @@ from ._helpers import (
 # half precision scores are accumulated in float32 (SDPA-7.2), so they may exceed 65504
 HUGE_SCORE = {"float16": 1e6, "bfloat16": 1e30, "float32": 1e30, "float64": 1e300}
 EXP_OVERFLOWS = 89.0  # exp(s) is inf in float32 (and so in float16, bfloat16) beyond this
+# Scores whose exp overflows every dtype (float64's beyond 710) and whose rounding error
+# (|s| u, 6e-4 in float32) is far below exp's range: a kernel failing here lacks max subtraction
+MODERATE_SCORE = 1e4
 
 
 def max_score_magnitude(problem: Problem) -> float:
@@ -152,11 +155,12 @@ def _explain_overflow(kernel: KernelUnderTest, problem: Problem, huge: Problem,
 
     Scores whose exp overflows every dtype (> 1000) but whose unscaled products stay far
     inside the dtype's range tell the two apart: a kernel that fails there has no max
-    subtraction; one that passes there but fails on ``huge`` overflows in q k^T itself.
+    subtraction; one that passes there but fails on ``huge`` overflows in q k^T itself or in
+    an intermediate such as s - max (docs/divergences.md#jax-jit-large-scores).
     """
     dtype, head_dim = problem.dtype, problem.q.shape[-1]
     largest = LARGEST_FINITE[dtype]
-    moderate_limit = min(HUGE_SCORE[dtype], largest / (4 * math.sqrt(head_dim)))
+    moderate_limit = min(MODERATE_SCORE, largest / (4 * math.sqrt(head_dim)))
     moderate = with_score_magnitude(kernel, problem, moderate_limit)
     moderate_out = kernel.output(moderate)
     if not np.isfinite(moderate_out).all():
@@ -173,7 +177,9 @@ def _explain_overflow(kernel: KernelUnderTest, problem: Problem, huge: Problem,
                  f"{dtype}; {dtype} scores should be accumulated in float32 (SDPA-7.2)")
     else:
         cause = (f"an intermediate of the kernel overflows ({dtype} holds up to "
-                 f"{largest:.3g})")
+                 f"{largest:.3g}), e.g. exp(s - max) because the max was taken of scores "
+                 "rounded differently from those exponentiated (XLA's fused multiply-add), "
+                 "so s - max is the scores' rounding error, not <= 0")
     raise PropertyFailure(
         f"{_non_finite(out, huge)}, while scores up to {max_score_magnitude(moderate):.3g} "
         f"give a finite output, so max subtraction works: {cause} [SDPA-7.4]",
