@@ -244,9 +244,6 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "rows-sum-to-one": "docs/divergences.md#jax-empty-rows",
         "value-linearity": "docs/divergences.md#jax-empty-rows",
         "masked-nonfinite-ignored": "docs/divergences.md#jax-masked-nan",
-        # under jax.jit only (the adapter calls it eagerly and passes): XLA:CPU's fused
-        # multiply-add makes s - max(s) positive on float32 scores around 1e29
-        "large-logits": "docs/divergences.md#jax-jit-large-scores",
     },
     # flax 0.12.8 (docs/divergences.md#flax-empty-rows ... #flax-linen-float16)
     "flax.nnx.dot_product_attention": {
