@@ -12,7 +12,7 @@ import array_api_compat.numpy as np_namespace
 import numpy as np
 from hypothesis import strategies as st
 
-from ...reference.sparse_patterns import sparse_mask
+from ...reference.sparse.masks import sparse_mask
 from ..assertions import assert_identical, assert_within_bound, first_index
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure

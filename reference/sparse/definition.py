@@ -2,8 +2,8 @@
 
 Each pattern is one pointwise predicate ``allowed(xp, i, j)`` on broadcastable integer
 arrays, so the same formula builds the dense boolean mask (on the whole Lq x Lk grid,
-``sparse_patterns.py``) and checks the candidate keys of the sparse kernels
-(``sparse_kernels.py``) on their gathered grid: mask and kernels cannot disagree.
+``masks.py``) and checks the candidate keys of the sparse kernels
+(``kernels.py``) on their gathered grid: mask and kernels cannot disagree.
 """
 
 from __future__ import annotations

@@ -19,11 +19,10 @@ from typing import Any
 
 import array_api_compat
 
-from ._array import Array
-from ._checks import check_size
-from .sdpa import AttentionProblem, allowed_scores, prepare, softmax_over_allowed, weighted_values
-from .sparse_params import build_pattern
-from .sparse_sets import (
+from .._array import Array
+from .._checks import check_size
+from ..sdpa import AttentionProblem, allowed_scores, prepare, softmax_over_allowed, weighted_values
+from .definition import (
     BigBird,
     BlockSparse,
     Fixed,
@@ -34,6 +33,7 @@ from .sparse_sets import (
     in_window,
     index_dtype,
 )
+from .parameters import build_pattern
 
 # Gathered (query row, candidate key) pairs per chunk, per batch element and head:
 # bounds the temporaries to CHUNK_PAIRS * (E + Ev + 2) numbers whatever Lq is.

@@ -1,7 +1,7 @@
 """Parameters of the sparse patterns: validation, BigBird's random draw, library windows.
 
 ``build_pattern`` turns a pattern name and its keyword parameters into the index set of
-``sparse_sets.py`` (SPARSE-1.4: bad parameters are errors that name the argument);
+``definition.py`` (SPARSE-1.4: bad parameters are errors that name the argument);
 ``draw_random_blocks`` is SPARSE-5.3's generator; ``library_window`` is SPARSE-2.2.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 
 import array_api_compat
 
-from ._checks import check_choice, check_flag, check_size, namespace_of
-from .masks import CAUSAL_ALIGNMENTS, causal_offset
-from .sparse_sets import (
+from .._checks import check_choice, check_flag, check_size, namespace_of
+from ..masks import CAUSAL_ALIGNMENTS, causal_offset
+from .definition import (
     PATTERN_NAMES,
     BigBird,
     BlockSparse,

@@ -3,7 +3,7 @@
 ``sparse_mask`` is the one entry point the conformance suite calls with a declared
 pattern name and parameters; each pattern also has a named builder.  The mask passed
 to the dense reference *defines* the pattern's attention (SPARSE-1.1); the kernels of
-``sparse_kernels.py`` compute the same thing without building it.
+``kernels.py`` compute the same thing without building it.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 import array_api_compat
 
-from .masks import creation_namespace
-from .sparse_params import LIBRARY_WINDOWS, build_pattern, draw_random_blocks, library_window
-from .sparse_sets import PATTERN_NAMES, BigBird, SparsePattern
+from ..masks import creation_namespace
+from .definition import PATTERN_NAMES, BigBird, SparsePattern
+from .parameters import LIBRARY_WINDOWS, build_pattern, draw_random_blocks, library_window
 
 __all__ = [
     "LIBRARY_WINDOWS",
