@@ -3,7 +3,9 @@
 float64 must agree with the oracle to ~1e-12 relative; lower precisions must lie within
 the TOL-2 bound computed on the dtype-rounded inputs (TOL-1).  The ``backend`` fixture
 covers numpy, torch, jax and array_api_strict here, and CuPy where a GPU is present
-(``scripts/gpu-check``).
+(``scripts/gpu-check``).  Problems are drawn by Hypothesis (shapes, masks, biases with
+-inf entries, options and the values themselves, so that a failure shrinks to the
+smallest problem and the simplest values); the hand-written cases run first as examples.
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ from typing import Any
 import numpy as np
 import oracle
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+from support import drawn
 
 from attnspec.backends import Backend
 from attnspec.reference import scaled_dot_product_attention
@@ -139,15 +145,98 @@ def assert_matches_oracle(backend: Backend, problem: dict[str, Any], dtype: str)
     assert np.all(weight_ratio <= 1), f"{where}: weights error {np.max(weight_ratio):.3g} x TOL-2"
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-def test_reference_matches_oracle(backend: Backend, case: str) -> None:
+# Values shrink towards 0 and masks towards False (every key disallowed); |x| <= 4 keeps
+# the scores where every dtype represents them (SDPA-7.4's large scores have their own test).
+VALUES = st.floats(-4.0, 4.0, allow_nan=False, allow_subnormal=False)
+BIAS_VALUES = st.one_of(VALUES, st.just(-np.inf))  # SDPA-3.3: -inf excludes a key
+
+
+def broadcast_to_some(draw: st.DrawFn, full: tuple[int, ...], min_dims: int) -> tuple[int, ...]:
+    """A shape that broadcasts to ``full``: a suffix of it, some sizes replaced by 1."""
+    n_dims = draw(st.integers(min_dims, len(full)))
+    kept = full[len(full) - n_dims:]
+    return tuple(draw(st.sampled_from((size, 1))) for size in kept)
+
+
+@st.composite
+def problems(draw: st.DrawFn) -> dict[str, Any]:
+    """A dense problem of SDPA-1 … SDPA-6: batch dims (empty, zero-sized, broadcast),
+    GQA groups, Lq and Lk from 0, E != Ev, Ev = 0, a broadcast mask and bias, causal in
+    both alignments, explicit scales including 0 and negative ones."""
+    n_kv_heads, group = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    n_queries, n_keys = draw(st.integers(0, 5)), draw(st.integers(0, 6))
+    head_dim, value_dim = draw(st.integers(1, 4)), draw(st.integers(0, 3))
+    batch = tuple(draw(st.lists(st.integers(0, 2), max_size=2)))
+    q_batch = broadcast_to_some(draw, batch, 0)
+    kv_batch = broadcast_to_some(draw, batch, 0)
+    problem: dict[str, Any] = {
+        "q": draw(arrays(np.float64, (*q_batch, n_kv_heads * group, n_queries, head_dim),
+                         elements=VALUES, fill=st.nothing())),
+        "k": draw(arrays(np.float64, (*kv_batch, n_kv_heads, n_keys, head_dim),
+                         elements=VALUES, fill=st.nothing())),
+        "v": draw(arrays(np.float64, (*kv_batch, n_kv_heads, n_keys, value_dim),
+                         elements=VALUES, fill=st.nothing())),
+    }
+    batch = np.broadcast_shapes(q_batch, kv_batch)  # what the call broadcasts to (SDPA-1.2)
+    scores = (*batch, n_kv_heads * group, n_queries, n_keys)
+    if draw(st.booleans()):
+        problem["mask"] = draw(arrays(np.bool_, broadcast_to_some(draw, scores, 2),
+                                      fill=st.nothing()))
+    if draw(st.booleans()):
+        problem["bias"] = draw(arrays(np.float64, broadcast_to_some(draw, scores, 2),
+                                      elements=BIAS_VALUES, fill=st.nothing()))
+    if draw(st.booleans()):
+        problem["is_causal"] = True
+        problem["causal_alignment"] = draw(st.sampled_from(("top_left", "bottom_right")))
+    if draw(st.booleans()):
+        problem["scale"] = draw(st.floats(-2.0, 2.0, allow_subnormal=False))
+    return problem
+
+
+@st.composite
+def problems_of_the_cases(draw: st.DrawFn) -> dict[str, Any]:
+    """Drawn values (and masks, -inf bias entries) on the shapes and options of one
+    hand-written case: for JAX, which compiles every operation anew for each new shape."""
+    case = CASES[draw(st.sampled_from(list(CASES)))]
+    problem = {name: draw(arrays(np.float64, case[name], elements=VALUES, fill=st.nothing()))
+               for name in ("q", "k", "v")}
+    if "mask" in case:
+        problem["mask"] = draw(arrays(np.bool_, case["mask"], fill=st.nothing()))
+    if "bias" in case:
+        problem["bias"] = draw(arrays(np.float64, case["bias"], fill=st.nothing(),
+                                      elements=BIAS_VALUES if case.get("minus_inf") else VALUES))
+    problem.update({o: case[o] for o in OPTIONS if o in case})
+    return problem
+
+
+# Generated problems per backend, on top of the 13 hand-written cases; NumPy is cheapest
+# per call, so it explores most.  JAX draws values on the cases' shapes only: a new shape
+# costs seconds of compilation per operation, which the drawn shapes of the other
+# backends already cover on the same (backend-independent) reference code.
+DRAWN_PROBLEMS = {"numpy": 60, "array_api_strict": 25, "torch": 25, "jax": 10, "cupy": 25}
+
+
+def with_hand_written_cases(test: Any) -> Any:
+    """Every case of :data:`CASES` as an explicit example, run before the drawn ones."""
+    for name, case in reversed(CASES.items()):
+        test = example(problem=make_problem(case)).via(f"hand-written case {name!r}")(test)
+    return test
+
+
+def test_reference_matches_oracle(backend: Backend) -> None:
     """SDPA-7.1, SDPA-7.3, TOL-1, TOL-2 on every dtype, and the clauses each case names.
 
     (SDPA-1.1, 1.2, 1.3, 1.5, 2.1, 2.2, 3.1-3.4, 4.1-4.3, 5.1, 5.2, 6.1.)
     """
-    problem = make_problem(CASES[case])
-    for dtype in backend.dtype_names:
-        assert_matches_oracle(backend, problem, dtype)
+
+    @drawn(DRAWN_PROBLEMS.get(backend.name, 25))
+    @given(problem=problems_of_the_cases() if backend.name == "jax" else problems())
+    @with_hand_written_cases
+    def matches_oracle(problem: dict[str, Any]) -> None:
+        for dtype in backend.dtype_names:
+            assert_matches_oracle(backend, problem, dtype)
+
+    matches_oracle()
 
 
 def test_scale_zero_gives_uniform_weights(cpu_backend: Backend) -> None:
