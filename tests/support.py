@@ -6,7 +6,16 @@ module cannot be imported by name under ``--import-mode=importlib``.
 
 from __future__ import annotations
 
+import os
+import sys
+import time
+from pathlib import Path
+
 from hypothesis import settings
+
+TESTS = Path(__file__).resolve().parent  # on pythonpath: ``oracle``, ``catalogue``, ``support``
+ROOT = TESTS.parent  # the checkout, which is the ``attnspec`` package
+ATTNSPEC = str(Path(sys.executable).parent / "attnspec")  # the CLI of the venv under test
 
 # The project's own Hypothesis tests: the same examples on every run (derandomize), no
 # database (nothing learned in one run changes the next), no deadline (timings on a shared
@@ -17,3 +26,66 @@ DRAWN = settings(derandomize=True, database=None, deadline=None, print_blob=Fals
 def drawn(max_examples: int) -> settings:
     """:data:`DRAWN` with a bounded number of generated examples (explicit ones run too)."""
     return settings(DRAWN, max_examples=max_examples)
+
+
+def processes_in(directory: Path) -> list[int]:
+    """Ids of live processes whose working directory is ``directory`` (leftover workers)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if Path(os.readlink(entry / "cwd")) == directory:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def wait_for(path: Path, text: str, seconds: float = 120) -> None:
+    """Until ``path`` exists and contains ``text``."""
+    deadline = time.monotonic() + seconds
+    while not (path.exists() and text in path.read_text()):
+        assert time.monotonic() < deadline, f"{path} never said {text!r}"
+        time.sleep(0.1)
+
+
+# Small kernels for the command-line and plugin tests (one correct, the others each with
+# one defect a property or the loader reports).
+KERNELS = '''
+from attnspec.reference import scaled_dot_product_attention
+
+
+def correct(q, k, v, *, mask=None, is_causal=False, scale=None):
+    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+
+
+def no_default_scale(q, k, v, *, mask=None, is_causal=False, scale=None):
+    # the bug: scores left unscaled when scale=None
+    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
+                                        scale=1.0 if scale is None else scale)
+
+
+def without_scale(q, k, v, *, mask=None, is_causal=False):
+    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
+def returns_text(q, k, v, *, mask=None, is_causal=False, scale=None):
+    return "not an array"
+
+
+def two_arrays(q, k):
+    return q
+
+
+NOT_CALLABLE = 3
+
+
+def blhd_no_default_scale(q, k, v, *, mask=None, causal=False, scale=None):
+    # (..., L, H, E) layout, FlashAttention's keyword name, and the scale bug
+    from array_api_compat import array_namespace
+
+    xp = array_namespace(q, k, v)
+    swap = tuple(range(q.ndim - 3)) + (q.ndim - 2, q.ndim - 3, q.ndim - 1)
+    out = no_default_scale(*(xp.permute_dims(a, swap) for a in (q, k, v)), mask=mask,
+                           is_causal=causal, scale=scale)
+    return xp.permute_dims(out, swap)
+'''

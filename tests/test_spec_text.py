@@ -458,7 +458,7 @@ def test_every_cited_id_exists() -> None:
     # tests/test_site.py checks that the link checker reports an anchor that does not exist
     known = set(all_clauses()) | DEFINITIONS | {"SDPA-99.9"}
     sources = [*ROOT.glob("tests/**/*.py"), *ROOT.glob("conformance/**/*.py"),
-               *ROOT.glob("reference/*.py"), *ROOT.glob("docs/*.md"), ROOT / "README.md",
+               *ROOT.glob("reference/**/*.py"), *ROOT.glob("docs/*.md"), ROOT / "README.md",
                SPEC_DIR / "CHANGELOG.md", *SPEC_DIR.glob("*.md")]
     missing = {}
     for path in sources:

@@ -13,19 +13,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from test_isolation import processes_in
+from support import ATTNSPEC, processes_in, wait_for
 
 from attnspec.conformance import cli
 from attnspec.conformance.report_files import ReportFiles, write_atomically
 from attnspec.conformance.runner import PASSED, Report, Verdict
 
-ATTNSPEC = str(Path(sys.executable).parent / "attnspec")
 KERNELS = '''
 import os, time
 from attnspec.reference import scaled_dot_product_attention
@@ -62,14 +60,6 @@ def junit_properties(path: Path) -> dict[str, str]:
 def temporary_files(directory: Path) -> list[str]:
     """Files the atomic writes would leave behind if they did not clean up."""
     return [p.name for p in directory.iterdir() if p.name.endswith((".tmp", ".probe"))]
-
-
-def wait_for(path: Path, text: str, seconds: float = 120) -> None:
-    """Until ``path`` exists and contains ``text``."""
-    deadline = time.monotonic() + seconds
-    while not (path.exists() and text in path.read_text()):
-        assert time.monotonic() < deadline, f"{path} never said {text!r}"
-        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("make, args, words", [

@@ -5,21 +5,22 @@ For each buggy kernel: the named property, run on the quick profile's examples e
 clause).  The first failing example decides that status; shrinking it afterwards only
 makes the counterexample minimal (and was 90-98 % of these tests' time), so these runs
 stop at the first failure (``run_property(..., shrink=False)``); the shrunk
-counterexamples and their reproductions are tested through the command in test_cli.py,
-test_jobs.py and test_isolation.py.  And, independently of the suite, the bug is real:
-on its witness input the kernel visibly departs from the reference (catalogue.witness).
+counterexamples and their reproductions are tested through the command in
+tests/conformance/test_cli.py, test_jobs.py and test_isolation.py.  And, independently of
+the suite, the bug is real: on its witness input the kernel visibly departs from the
+reference (catalogue.witness).
 """
 
 from __future__ import annotations
 
 import pytest
-from catalogue.buggy import CATALOGUE, BuggyKernel
-from catalogue.witness import observed_difference
 
 from attnspec.backends import Backend, BackendError
 from attnspec.conformance.kernel import KernelUnderTest
 from attnspec.conformance.registry import all_properties
 from attnspec.conformance.runner import FAILED, WARNING, run_property
+from catalogue.buggy import CATALOGUE, BuggyKernel
+from catalogue.witness import observed_difference
 
 
 def _ids(bug: BuggyKernel) -> str:

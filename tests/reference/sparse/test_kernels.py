@@ -6,7 +6,7 @@ sparse_mask(...))`` — for random shapes with ragged blocks, Lq != Lk, both ali
 causality, GQA, batch broadcasting and empty rows.  Weights are observed through
 V = I: masked-out ones must be exactly 0.  Keys and values a query may not attend are
 replaced by other finite values, NaN and infinities: its output must not change.  The
-dense mask comes from ``sparse_mask``, whose sets tests/test_sparse_patterns.py checks.
+dense mask comes from ``sparse_mask``, whose sets tests/reference/sparse/test_masks.py checks.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from catalogue import hostile
 from catalogue.hostile import HOSTILE, Hostile
+from support import ATTNSPEC, processes_in
 
 from attnspec.backends import Backend
 from attnspec.conformance import SetupError, check, cli, runner
@@ -30,7 +31,6 @@ from attnspec.conformance.kernel import KernelUnderTest, load_kernel
 from attnspec.conformance.registry import all_properties
 from attnspec.conformance.runner import FAILED, PASSED, new_report, run_each, run_property
 
-ATTNSPEC = str(Path(sys.executable).parent / "attnspec")
 HOSTILE_FILE = str(Path(hostile.__file__).resolve())
 HANG_TIMEOUT = "2"  # s: the hang tests wait this long, once per property
 
@@ -45,18 +45,6 @@ def attnspec(*argv: str, cwd: Path, env: dict[str, str] | None = None,
                                 env={**os.environ, **(env or {})})
     result.stderr = stderr.read_text(errors="replace")
     return result
-
-
-def processes_in(directory: Path) -> list[int]:
-    """Ids of live processes whose working directory is ``directory`` (leftover workers)."""
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            if Path(os.readlink(entry / "cwd")) == directory:
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 def _told_as_failed(prop: str, table: str) -> bool:

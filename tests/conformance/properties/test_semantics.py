@@ -261,7 +261,7 @@ def test_bug_is_caught(property_id: str, kernel: dict[str, str]) -> None:
     property written for its clause (a warning for the SHOULD clause SDPA-8.2), and the
     failure cites the clause."""
     prop = all_properties()[property_id]
-    # the first failing example decides the status: not shrunk (as test_catalogue_caught.py)
+    # the first failing example decides the status: not shrunk (as tests/catalogue/test_caught.py)
     result = run_property(prop, numpy_kernel(**kernel), profile="quick", shrink=False)
     assert result.status == (WARNING if prop.level == "SHOULD" else FAILED), result.detail
     assert prop.clause.split(".")[0] in result.detail

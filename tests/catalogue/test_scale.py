@@ -6,7 +6,7 @@
     group, up to 3 batch elements, every dtype, masks with empty rows and NaN behind
     them, biases with -inf and finite padding entries, causal, explicit scales.  So a
     suite that draws only small problems cannot catch them: they need the realistic
-    sizes their witnesses have (test_catalogue_caught.py::test_bug_is_real).
+    sizes their witnesses have (tests/catalogue/test_caught.py::test_bug_is_real).
 (b) The correct tiled and split-KV kernels of ``catalogue.correct`` agree with the
     definition within TOL-2 at realistic sizes: 1023/1024/1025 and 4097 keys, head dims
     59, 111 and 256, a GQA group of 8, decode (Lq = 1), in float16, float32 and float64.
@@ -23,16 +23,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from catalogue.buggy import CATALOGUE
-from catalogue.correct import split_kv_attention, tiled_attention, tiled_attention_bottom_right
-from catalogue.entry import BuggyKernel, Witness
-from catalogue.scale import SCALE_CATALOGUE
-from catalogue.witness import difference_outside_tol2
 
 from attnspec.backends import Backend
 from attnspec.conformance import declaration_of
 from attnspec.conformance.kernel import KernelUnderTest, Problem
 from attnspec.conformance.oracle import reference_bound
+from catalogue.buggy import CATALOGUE
+from catalogue.correct import split_kv_attention, tiled_attention, tiled_attention_bottom_right
+from catalogue.entry import BuggyKernel, Witness
+from catalogue.scale import SCALE_CATALOGUE
+from catalogue.witness import difference_outside_tol2
 
 DTYPES = ("float16", "float32", "float64")
 SMALL_PROBLEMS = 160

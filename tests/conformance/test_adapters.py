@@ -238,8 +238,8 @@ def test_upstream_sdpa_masked_overflowing_key_gives_nan() -> None:
 
 
 NAN = float("nan")
-# What keras 3.15.1 gives on tests/keras_probe.py's inputs (jax: jax 0.10.2, where only the
-# fully masked row diverges); the spec's answers are
+# What keras 3.15.1 gives on keras_probe.py's inputs (beside this file; jax: jax 0.10.2,
+# where only the fully masked row diverges); the spec's answers are
 # fully_masked 0 (SDPA-5.1), nan_query NaN (SDPA-8.3), gqa_4_over_2 ones (SDPA-6.1),
 # gqa_1_over_2 an error (SDPA-6.2, SHOULD), float16_scores_1e6 1 (SDPA-7.4), mask_1d 2
 # (SDPA-3.1) and causal_scale_0 [[0, 1], [1, 2], [2, 3]] (SDPA-7.1).

@@ -8,6 +8,9 @@ agree with ``reference.varlen_attention`` and ``reference.kv_cache_attention``.
 from __future__ import annotations
 
 import pytest
+
+from attnspec.backends import Backend
+from attnspec.conformance.kernel import KernelUnderTest
 from catalogue import correct_features, packed_kernels
 from catalogue.features_catalogue import (
     FEATURE_CATALOGUE,
@@ -20,9 +23,6 @@ from catalogue.features_catalogue import (
     varlen_accepts_bad_offsets,
     varlen_differs,
 )
-
-from attnspec.backends import Backend
-from attnspec.conformance.kernel import KernelUnderTest
 
 
 def _kernel(fn: object) -> KernelUnderTest:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import ROOT
 
 from attnspec.conformance import cli, matrix
 from attnspec.conformance.known_kernels import KNOWN_KERNELS
@@ -175,7 +176,7 @@ def test_an_interrupt_ends_the_matrix_not_just_one_kernel(
 def test_every_divergence_in_the_committed_matrix_is_confirmed() -> None:
     """docs/matrix.json: each checked row's divergences (failed or warning) link a write-up
     in docs/divergences.md whose anchor exists, and the Markdown shows each row."""
-    docs = Path(__file__).resolve().parent.parent / "docs"
+    docs = ROOT / "docs"
     rows = matrix.rows_in(docs / "matrix.json")
     anchors = set(re.findall(r'<a id="([^"]+)"></a>', (docs / "divergences.md").read_text()))
     markdown = (docs / "matrix.md").read_text()

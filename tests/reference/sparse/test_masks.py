@@ -17,12 +17,12 @@ import math
 import random
 import re
 import zlib
-from pathlib import Path
 from typing import Any
 
 import array_api_compat.numpy as np_xp
 import numpy as np
 import pytest
+from support import ROOT
 
 from attnspec.backends import Backend
 from attnspec.reference import (
@@ -37,7 +37,6 @@ from attnspec.reference import (
     strided_mask,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 ALIGNMENTS = ("top_left", "bottom_right")
 
 

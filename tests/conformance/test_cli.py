@@ -15,24 +15,21 @@ import subprocess
 import sys
 import textwrap
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
+from support import ATTNSPEC, KERNELS
 
 from attnspec import SPEC_VERSION
 from attnspec.conformance import (
-    Problem,
-    PropertyFailure,
     SetupError,
     assert_conforms,
     cli,
 )
 from attnspec.conformance import report as render
 from attnspec.conformance.declaration import SparseClaim
-from attnspec.conformance.registry import REGISTRY, all_properties, always, register
+from attnspec.conformance.registry import all_properties
 from attnspec.conformance.runner import (
     FAILED,
     NOT_APPLICABLE,
@@ -46,48 +43,8 @@ from attnspec.conformance.runner import (
 )
 
 BIN = Path(sys.executable).parent
-ATTNSPEC = str(BIN / "attnspec")
 CHEAP = "default-scale,explicit-scale"  # closed-form probes: one small call per example
 
-KERNELS = '''
-from attnspec.reference import scaled_dot_product_attention
-
-
-def correct(q, k, v, *, mask=None, is_causal=False, scale=None):
-    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
-
-
-def no_default_scale(q, k, v, *, mask=None, is_causal=False, scale=None):
-    # the bug: scores left unscaled when scale=None
-    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
-                                        scale=1.0 if scale is None else scale)
-
-
-def without_scale(q, k, v, *, mask=None, is_causal=False):
-    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal)
-
-
-def returns_text(q, k, v, *, mask=None, is_causal=False, scale=None):
-    return "not an array"
-
-
-def two_arrays(q, k):
-    return q
-
-
-NOT_CALLABLE = 3
-
-
-def blhd_no_default_scale(q, k, v, *, mask=None, causal=False, scale=None):
-    # (..., L, H, E) layout, FlashAttention's keyword name, and the scale bug
-    from array_api_compat import array_namespace
-
-    xp = array_namespace(q, k, v)
-    swap = tuple(range(q.ndim - 3)) + (q.ndim - 2, q.ndim - 3, q.ndim - 1)
-    out = no_default_scale(*(xp.permute_dims(a, swap) for a in (q, k, v)), mask=mask,
-                           is_causal=causal, scale=scale)
-    return xp.permute_dims(out, swap)
-'''
 
 
 @pytest.fixture
@@ -95,29 +52,6 @@ def kernels(tmp_path: Path) -> Path:
     path = tmp_path / "kernels.py"
     path.write_text(KERNELS, encoding="utf-8")
     return path
-
-
-@pytest.fixture
-def should_property() -> Iterator[str]:
-    """A test double registered for one test: a SHOULD-level property that always fails.
-
-    It exercises how a failed SHOULD clause is reported (CONF-2) independently of which
-    real SHOULD properties exist; its clause is a real SHOULD clause, so the level is
-    read from the spec as for any property.
-    """
-    property_id = "test-double-should"
-    all_properties()
-
-    @register(property_id, "SDPA-8.2", kind="fixed", applies=always)
-    def always_warns(kernel, seed):  # type: ignore[no-untyped-def]
-        """Test double: fails every kernel, on one tiny problem, at SHOULD level."""
-        one = np.ones((1, 1, 1))
-        raise PropertyFailure("test double failed", Problem(one, one, one, "float64"), kernel)
-
-    try:
-        yield property_id
-    finally:
-        del REGISTRY[property_id]
 
 
 def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -659,8 +593,8 @@ def test_waived_must_clause_is_named_in_every_report(capsys: pytest.CaptureFixtu
     A claim needs every property to run, but what is checked here is how the reports name
     the waiver: 2 small examples a property, in this process, are enough for that (the
     quick profile was 30-60 s of this suite; the reference's zero-false-failure run is
-    test_correct_kernels_pass.py, the waiver's way out of a worker test_isolation.py's
-    test_hints_and_waivers_travel_from_the_worker)."""
+    tests/catalogue/test_correct_pass.py, the waiver's way out of a worker
+    tests/conformance/test_isolation.py's test_hints_and_waivers_travel_from_the_worker)."""
     monkeypatch.setitem(PROFILES, "quick", Profile(2))
     kernel = tmp_path / "plain.py"
     kernel.write_text(KERNELS, encoding="utf-8")

@@ -241,7 +241,7 @@ def test_correct_kernels_pass_realistic_strata(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """CONF-1: correct kernels pass every applicable property on the quick profile's
-    realistic strata (the small stratum is tests/test_correct_kernels_pass.py's)."""
+    realistic strata (the small stratum is tests/catalogue/test_correct_pass.py's)."""
     profile = _realistic_only(monkeypatch)
     kernel = KernelUnderTest(fn, Backend(backend), declaration_of(fn, **claims))
     bad = []

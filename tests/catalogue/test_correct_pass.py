@@ -18,7 +18,7 @@ exceptions keep 20 seeds: "fixed" properties (statistical checks such as SDPA-2.
 chi-square), where each seed is a fresh sample, and kernels with confirmed divergences,
 whose run would otherwise end at the first divergence it meets.  The realistic strata
 (block-boundary sizes, decode, padding fills, option combinations) cost far more per
-example: their zero-false-failure run is in tests/test_strategies_scale.py, and for the
+example: their zero-false-failure run is in tests/conformance/test_strategies.py, and for the
 tiled and split-KV kernels below.
 """
 
@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from catalogue.correct import CORRECT
 
 from attnspec.backends import Backend, BackendError
 from attnspec.conformance import declaration_of, declare
@@ -48,6 +47,7 @@ from attnspec.conformance.runner import (
 )
 from attnspec.reference import scaled_dot_product_attention as reference_sdpa
 from attnspec.reference.tolerance import error_bound
+from catalogue.correct import CORRECT
 
 SEEDS = range(20)  # fixed properties, and kernels with confirmed divergences
 EXAMPLES_PER_SEED = 2
@@ -306,7 +306,7 @@ def _random_problem(rng: np.random.Generator) -> dict[str, Any]:
     return problem
 
 
-# Packed (varlen) and KV-cache kernels take other arguments: tests/test_features_catalogue.py
+# Packed (varlen) and KV-cache kernels take other arguments: tests/catalogue/test_features.py
 # checks them against reference.varlen_attention and reference.kv_cache_attention.
 DENSE_CALLABLE = [c for c in CORRECT
                   if declaration_of(c.fn).family not in ("varlen", "kv-cache")]

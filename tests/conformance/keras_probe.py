@@ -1,7 +1,7 @@
 """Keras's dot_product_attention on the inputs of docs/divergences.md#keras, as JSON.
 
 Run as a script with KERAS_BACKEND set (Keras picks its backend once, at import); used by
-tests/test_adapters.py to pin the upstream behaviour.  Each input is (B, T, N, H).
+tests/conformance/test_adapters.py to pin the upstream behaviour.  Each input is (B, T, N, H).
 """
 
 import json

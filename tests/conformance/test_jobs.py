@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_isolation import ATTNSPEC, processes_in
-from test_reports_incremental import wait_for
+from support import ATTNSPEC, processes_in, wait_for
 
 from attnspec.conformance import SetupError, check, cli
 from attnspec.conformance.isolation import (

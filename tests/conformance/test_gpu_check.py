@@ -13,11 +13,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support import ROOT
 
 from attnspec.conformance import matrix
 from attnspec.conformance.known_kernels import KNOWN_KERNELS
 
-ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu-check"
 
 

@@ -237,7 +237,7 @@ REPOOLED = {"causal-zeros", "causal-alignment", "default-scale", "explicit-scale
                                  and bug.backend == "numpy"], ids=lambda bug: bug.name)
 def test_catalogue_bugs_stay_caught_on_a_compiling_backend(bug: BuggyKernel) -> None:
     """CONF-1: every catalogued bug that a property taking its sizes from pools catches
-    (tests/test_catalogue_caught.py, on NumPy as is) is caught by it on a backend that
+    (tests/catalogue/test_caught.py, on NumPy as is) is caught by it on a backend that
     compiles per shape too."""
     prop = all_properties()[bug.catches]
     verdict = run_property(prop, KernelUnderTest(bug.fn, compiling_numpy()))

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import TESTS
 
 from attnspec.conformance import SetupError, check, cli
 from attnspec.conformance.failures import distinct
@@ -250,7 +251,7 @@ def test_large_logits_names_which_overflow(tmp_path: Path) -> None:
     q k^T is finite; a kernel forming q k^T in float16 is told its scores overflow, not
     that it lacks max subtraction."""
     kernel = tmp_path / "overflows.py"
-    kernel.write_text(LARGE_LOGITS_KERNELS.format(tests=str(Path(__file__).parent)))
+    kernel.write_text(LARGE_LOGITS_KERNELS.format(tests=str(TESTS)))
     verdict = check(f"{kernel}:no_max_subtraction", only=["large-logits"]).verdicts[0]
     assert re.search("where exp (over|under)flows but q k\\^T does not: the softmax needs max "
                      "subtraction", verdict.detail), verdict.detail
