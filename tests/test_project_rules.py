@@ -39,7 +39,8 @@ def _under_reference(path: Path) -> str:
 
 @pytest.mark.parametrize("path", REFERENCE_MODULES, ids=_under_reference)
 def test_reference_imports_no_array_library(path: Path) -> None:
-    """reference/ is pure Array API: it never imports an array library (issue 2)."""
+    """reference/ is pure Array API: it never imports an array library (SDPA-7.1: one
+    definition for every library)."""
     assert not (_imported_modules(path) & set(LIBRARIES)), path
 
 

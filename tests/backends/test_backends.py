@@ -1,4 +1,4 @@
-"""Backend selection, conversions, dtypes and devices (issue 2, "Backends").
+"""Backend selection, conversions, dtypes and devices (SDPA-1.3, SDPA-1.4, TOL-1).
 
 These are the plumbing the conformance suite stands on: the values a kernel receives
 must be exactly the values the oracle is given (TOL-1), every dtype of SDPA-1.4 must

@@ -1,4 +1,4 @@
-"""Catalogue entries for the bugs that live only at realistic scale (issue 7).
+"""Catalogue entries for the bugs that live only at realistic scale (SDPA-7.3, TOL-2).
 
 Each kernel is exact (within TOL-2) on every small problem — Lq, Lk <= 24, E, Ev <= 16,
 up to 3 heads per group, up to 3 batch elements (tests/catalogue/test_scale.py checks

@@ -1,4 +1,4 @@
-"""Every catalogued bug is caught by the property the catalogue names (issue 4).
+"""Every catalogued bug is caught by the property the catalogue names (CONF-1).
 
 For each buggy kernel: the named property, run on the quick profile's examples exactly as
 ``attnspec check`` draws them, reports "failed" (MUST clause) or "warning" (SHOULD

@@ -1,4 +1,4 @@
-"""The zero-false-failure run (issue 4): correct kernels pass every applicable property.
+"""The zero-false-failure run (CONF-1): correct kernels pass every applicable property.
 
 Kernels: the independently written NumPy formulations of ``catalogue.correct``, the
 reference itself (declared with bias and GQA: plain, returning weights, bottom-right),

@@ -1,5 +1,5 @@
 """The feature catalogue's evidence is sound: on the correct feature kernels every piece
-of evidence finds nothing, so a bug's evidence shows its bug, not the check (issue 8).
+of evidence finds nothing, so a bug's evidence shows its bug, not the check (CONF-1).
 
 Independently of the conformance properties, the packed and KV-cache correct kernels
 agree with ``reference.varlen_attention`` and ``reference.kv_cache_attention``.

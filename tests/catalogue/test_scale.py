@@ -1,4 +1,4 @@
-"""The realistic-scale half of the catalogue (issue 7), checked without the suite.
+"""The realistic-scale half of the catalogue (CONF-1, TOL-2), checked without the suite.
 
 (a) Every bug of ``catalogue.scale`` is exact — within TOL-2 of the definition, bit for
     bit where it is not finite (SDPA-7.3, TOL-2, TOL-3) — on a seeded grid of small
@@ -139,7 +139,7 @@ def _beyond_the_small_envelope(w: Witness) -> list[str]:
 
 
 def test_scale_catalogue_is_large_with_realistic_witnesses() -> None:
-    """CONF-1 (issue 7): at least 15 scale bugs, each with a witness outside the small
+    """CONF-1: at least 15 scale bugs, each with a witness outside the small
     envelope that the exactness test below covers."""
     assert len(SCALE_CATALOGUE) >= 15
     small = [bug.name for bug in SCALE_CATALOGUE if not _beyond_the_small_envelope(bug.witness)]

@@ -1,4 +1,4 @@
-"""The built-in adapters of known kernels (issue 9): ``attnspec check NAME`` finds each one
+"""The built-in adapters of known kernels (CONF-1, CONF-3): ``attnspec check NAME`` finds each one
 under its library's name with its backend, each computes attention (checked against the
 float64 oracle on small inputs with a mask, a bias and causality), and the divergences the
 matrix shows are pinned here, so a test fails when upstream changes the behaviour.

@@ -1,4 +1,4 @@
-"""The ``attnspec`` command and the report renderers (issue 4, "Running it").
+"""The ``attnspec`` command and the report renderers (CONF-1, CONF-2, CONF-3).
 
 Kernels under test are tiny files written into ``tmp_path``: one correct (it calls the
 reference), one with a realistic bug (no default scale, SDPA-2.1).  Each check runs one
@@ -252,7 +252,7 @@ def scales_by_one_over_e(q, k, v, *, mask=None, is_causal=False):
 
 def test_equal_head_dims_without_a_scale_parameter(capsys: pytest.CaptureFixture[str],
                                                    tmp_path: Path) -> None:
-    """SDPA-1.1, SDPA-2.1 (issue 10's false failure): --equal-head-dims on a correct kernel
+    """SDPA-1.1, SDPA-2.1 (once a false failure): --equal-head-dims on a correct kernel
     with no scale parameter passes (it is never given scale=), a 1/E default scale is
     still caught, and the inputs line says how the kernel's arguments were padded."""
     kernel = tmp_path / "noscale.py"
@@ -270,7 +270,7 @@ def test_equal_head_dims_without_a_scale_parameter(capsys: pytest.CaptureFixture
 
 
 def test_jax_is_checked_in_its_own_settings_unless_asked(tmp_path: Path) -> None:
-    """SDPA-1.4 (issue 10): on JAX the check changes no setting: with x64 off (JAX's
+    """SDPA-1.4: on JAX the check changes no setting: with x64 off (JAX's
     default) float64 is not checked and the report says why; --jax-x64 turns it on, checks
     float64 and says what it changed.  Each in a fresh process (the setting is global),
     running only a property the kernel does not claim: the settings are the setup's."""
@@ -555,7 +555,7 @@ def _check_parser() -> Any:
     (["--no-mask", "--mask-keyword", "m"], {"mask_keyword": "m", "mask": False}),
 ])
 def test_keyword_flags_turn_their_claim_on(flags: list[str], expected: dict[str, Any]) -> None:
-    """CONF-3 (issue 10): --mask-keyword, --bias-keyword and --gqa-keyword claim what they
+    """CONF-3: --mask-keyword, --bias-keyword and --gqa-keyword claim what they
     name, unless the claim's own flag says otherwise."""
     args = cli.build_parser().parse_args(["check", "m:f", *flags])
     assert cli.claims_from(args) == expected

@@ -1,5 +1,5 @@
 """The feature claims end to end: flags, the keywords the kernel gets, the claim line,
-the worker, reproductions (issue 8).
+the worker, reproductions (CONF-3).
 
 The kernels are tiny files in ``tmp_path`` calling the reference, as a FlashAttention- or
 FlexAttention-style wrapper would: keywords ``softcap``, ``alibi_slopes``, ``return_lse``

@@ -1,4 +1,4 @@
-"""scripts/gpu-check's matrix step (issue 9): the CUDA rows of the known kernels through
+"""scripts/gpu-check's matrix step (CONF-1, CONF-3): the CUDA rows of the known kernels through
 ``attnspec matrix``.  It cannot run on a GPU here; ``--matrix-only`` on a machine without
 one must report each CUDA row as needing a GPU (or not installed), write the matrix files,
 and pass.

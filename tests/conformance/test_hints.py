@@ -1,4 +1,4 @@
-"""Findings that say what is wrong and hints that say what to do (issue 10).
+"""Findings that say what is wrong and hints that say what to do (CONF-1, CONF-3).
 
 Each test gives the suite a kernel written for another convention (FlashAttention's layout
 and keyword names, a tuple return, PyTorch's float ``attn_mask``, a mask whose True means

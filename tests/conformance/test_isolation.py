@@ -1,4 +1,4 @@
-"""The kernel runs in a supervised worker process (issue 10, "Isolation"; CONF-5).
+"""The kernel runs in a supervised worker process (CONF-5).
 
 Every hostile kernel of ``catalogue.hostile`` is checked through the real ``attnspec``
 command in a subprocess, and gets its expected verdicts and exit status: a crash, a

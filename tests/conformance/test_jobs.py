@@ -1,4 +1,4 @@
-"""Properties in several worker processes at once: ``attnspec check --jobs N`` (issue 11).
+"""Properties in several worker processes at once: ``attnspec check --jobs N`` (CONF-5, CONF-6).
 
 The verdicts, their order (clause order, whatever order they finish in) and the reports
 are the same for every N; a crash or a hang in one worker fails only the property it was
@@ -172,7 +172,7 @@ def test_jobs_values() -> None:
 
 
 def test_each_worker_runs_cpus_over_jobs_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """CONF-5 (issue 11): with --jobs 2 and no thread variable in the environment, the
+    """CONF-5: with --jobs 2 and no thread variable in the environment, the
     worker gives BLAS, OpenMP and PyTorch's intra-op pool max(1, CPUs // 2) threads and
     says so in the report's notes, with the count PyTorch reports it ran with."""
     pytest.importorskip("torch", reason="PyTorch's intra-op threads are what is set")

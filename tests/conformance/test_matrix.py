@@ -1,4 +1,4 @@
-"""``attnspec matrix`` (issue 9): the kernel x clause-family table, one divergence per root
+"""``attnspec matrix`` (CONF-1, CONF-7): the kernel x clause-family table, one divergence per root
 cause, consequences (failures that pass re-run around another failed clause's inputs,
 conformance/root_causes.py) folded into it.
 

@@ -1,4 +1,4 @@
-"""The pytest plugin: ``pytest --attnspec-kernel MODULE:FUNC`` (issue 4, "Running it").
+"""The pytest plugin: ``pytest --attnspec-kernel MODULE:FUNC`` (CONF-1, CONF-2, CONF-3).
 
 Each inner run is a pytester run in this process on a kernel file in its temporary
 directory, restricted to one or two cheap properties.
@@ -114,7 +114,7 @@ def test_bad_setup_is_a_usage_error(pytester: pytest.Pytester, kernel_file: Path
 
 
 def test_plugin_takes_every_declaration_the_cli_takes(pytester: pytest.Pytester) -> None:
-    """CONF-3 (issue 10): each declaration flag of ``attnspec check`` (the claims table) is
+    """CONF-3: each declaration flag of ``attnspec check`` (the claims table) is
     a ``--attnspec-...`` option of the plugin, the booleans with their ``--attnspec-no-``."""
     from attnspec.conformance import claims, isolation
 
@@ -172,7 +172,7 @@ def _cli_statuses(argv: list[str], tmp_path: Path) -> dict[str, str]:
 def test_same_kernel_same_properties_in_cli_and_plugin(pytester: pytest.Pytester,
                                                        kernel_file: Path,
                                                        tmp_path: Path) -> None:
-    """SDPA-2.1, SDPA-4.1 (issue 10): a (B, L, H, E) kernel with FlashAttention's causal=
+    """SDPA-2.1, SDPA-4.1: a (B, L, H, E) kernel with FlashAttention's causal=
     checked with --layout, --rename, --dtype and a claim flag gets the same verdict for
     every property from the CLI and from the plugin, and the plugin's rerun command repeats
     those declarations."""
@@ -215,7 +215,7 @@ def _item_outcomes(result: pytest.RunResult) -> dict[str, str]:
 
 
 def test_items_run_unchanged_under_xdist(pytester: pytest.Pytester, kernel_file: Path) -> None:
-    """CONF-1, SDPA-2.1 (issue 11): under pytest-xdist (-n 2) every item gets the outcome
+    """CONF-1, SDPA-2.1: under pytest-xdist (-n 2) every item gets the outcome
     it gets in a serial run (a failed MUST, passes, a skip for what is not claimed), and
     the controller prints the same summary and claim from its workers' verdicts."""
     args = ("--attnspec-kernel", f"{kernel_file}:no_default_scale", "--attnspec-only",

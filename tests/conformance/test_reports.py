@@ -1,4 +1,4 @@
-"""Reports never lose a verdict (issue 10; CONF-6).
+"""Reports never lose a verdict (CONF-6).
 
 Report paths are checked before anything runs; every report is rewritten atomically
 after each property and says it is incomplete until the run has finished; Ctrl-C and

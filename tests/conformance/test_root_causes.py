@@ -1,4 +1,4 @@
-"""One finding per root cause (issue 9): failed properties re-run drawing around the clauses
+"""One finding per root cause (CONF-1): failed properties re-run drawing around the clauses
 the kernel failed (conformance/root_causes.py, conformance/input_features.py).
 
 Three catalogue-style kernels run in this process on a few properties each, on a profile

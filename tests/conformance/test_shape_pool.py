@@ -1,4 +1,4 @@
-"""Shape pools for backends that compile per shape (issue 11, "A faster suite").
+"""Shape pools for backends that compile per shape (SDPA-1.1, CONF-1).
 
 A backend that says it compiles per shape (JAX) gets each stratum's shapes from a small
 pool per run: every property meets the same few shapes (so a jitted kernel's compilations
@@ -150,7 +150,7 @@ def test_requests_take_plain_members_that_meet_them() -> None:
 
 
 def test_pooled_realistic_strata_keep_their_sizes() -> None:
-    """SDPA-1.1 (issue 7): a pooled blocks stratum draws at least 16 keys within its cost
+    """SDPA-1.1: a pooled blocks stratum draws at least 16 keys within its cost
     cap, a pooled decode stratum 1-4 queries against at least 257 keys: pool members come
     from the same drawing code."""
     kernel = KernelUnderTest(recording([]), compiling_numpy())

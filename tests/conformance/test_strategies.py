@@ -1,4 +1,4 @@
-"""Realistic strata and value regimes (issue 7): the quick profile draws problems where real
+"""Realistic strata and value regimes (SDPA-7.3, TOL-2): the quick profile draws problems where real
 kernels break, within the cost model and the user's caps, and shrinks to the smallest.
 
 Four kernels below are exact on small problems and wrong only at realistic scale, as
@@ -362,7 +362,7 @@ def test_anchors_fit_the_cost_model_and_the_caps(limits: SizeLimits, weights: bo
 
 @pytest.mark.parametrize("limits", [SizeLimits(), CAPS], ids=["default limits", "capped"])
 def test_rewritten_lengths_are_refit_into_the_stratum(limits: SizeLimits) -> None:
-    """SDPA-1.1 (issue 11): a property that rewrites the lengths it drew (Lq = Lk + 3,
+    """SDPA-1.1: a property that rewrites the lengths it drew (Lq = Lk + 3,
     rows that see no key: empty-rows-zero, lse-empty-rows) gets them back within the
     stratum's cost cap and --max-len by the smallest equal cut of both, Lq - Lk kept: the
     decode anchor's 6 heads of 1 x 4096 became 4099 x 4096, ~2**35, 500x its cap."""

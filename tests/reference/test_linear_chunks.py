@@ -1,7 +1,7 @@
 """The causal linear form evaluated in key chunks (``reference.linear._prefix_sums``).
 
 Causal linear attention reads prefix sums of ``fk_j v_j^T``; the reference forms them a
-chunk of keys at a time so that time and memory stay linear in L (issue 11).  Every chunk
+chunk of keys at a time so that time and memory stay linear in L (LIN-1.2).  Every chunk
 size, including 1, sizes that do not divide Lk and sizes beyond it, gives the masked
 quadratic sums of LIN-2.1 for both alignments and Lq != Lk, rows that see no key give
 exactly 0 (LIN-1.4), and a NaN reaches only the rows whose prefix contains it.
