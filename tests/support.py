@@ -9,9 +9,18 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 from hypothesis import settings
+
+from attnspec.backends import Backend, BackendError
+from attnspec.conformance.declaration import KernelDeclaration
+from attnspec.conformance.kernel import KernelUnderTest
+from attnspec.conformance.registry import all_properties
+from attnspec.conformance.runner import Verdict, run_property
 
 TESTS = Path(__file__).resolve().parent  # on pythonpath: ``oracle``, ``catalogue``, ``support``
 ROOT = TESTS.parent  # the checkout, which is the ``attnspec`` package
@@ -26,6 +35,28 @@ DRAWN = settings(derandomize=True, database=None, deadline=None, print_blob=Fals
 def drawn(max_examples: int) -> settings:
     """:data:`DRAWN` with a bounded number of generated examples (explicit ones run too)."""
     return settings(DRAWN, max_examples=max_examples)
+
+
+def backend_or_skip(name: str, config: dict[str, Any] | None = None) -> Backend:
+    """The backend ``name``, or a skip that says why it is unusable here (not installed,
+    no device): optional libraries are extras, so their absence is not a failure."""
+    try:
+        return Backend(name, config=config)
+    except BackendError as exc:
+        pytest.skip(f"backend {name!r} unusable on this machine: {exc}")
+
+
+def verdict_of(property_id: str, kernel: KernelUnderTest | Callable[..., Any], *,
+            backend: Backend | str = "numpy", declaration: KernelDeclaration | None = None,
+            **options: Any) -> Verdict:
+    """The verdict of the registered property ``property_id`` on ``kernel``: a
+    KernelUnderTest, or a function run on ``backend`` under ``declaration`` (none: it
+    claims nothing optional).  ``options`` go to ``run_property`` (profile, seed, limits,
+    shrink)."""
+    if not isinstance(kernel, KernelUnderTest):
+        chosen = backend_or_skip(backend) if isinstance(backend, str) else backend
+        kernel = KernelUnderTest(kernel, chosen, declaration)
+    return run_property(all_properties()[property_id], kernel, **options)
 
 
 def processes_in(directory: Path) -> list[int]:

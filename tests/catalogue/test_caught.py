@@ -14,6 +14,7 @@ reference (catalogue.witness).
 from __future__ import annotations
 
 import pytest
+from support import verdict_of
 
 from attnspec.backends import Backend, BackendError
 from attnspec.conformance.kernel import KernelUnderTest
@@ -86,7 +87,6 @@ def test_top_k_truncation_caught_with_more_examples() -> None:
     """SDPA-7.3: the top-8 bug, missed in the quick profile only for want of 9-key rows,
     is caught by matches-reference in the default profile (100 examples)."""
     bug = next(b for b in CATALOGUE if b.name == "top-8-weights")
-    verdict = run_property(all_properties()[bug.catches],
-                           KernelUnderTest(bug.fn, _backend(bug)), profile="default",
+    verdict = verdict_of(bug.catches, KernelUnderTest(bug.fn, _backend(bug)), profile="default",
                            shrink=False)
     assert verdict.status == FAILED, verdict.detail

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support import verdict_of
 
 from attnspec.backends import Backend, BackendError
 from attnspec.conformance import declaration_of, declare
@@ -266,7 +267,7 @@ def test_tiled_kernel_passes_realistic_strata(correct: Any, prop_id: str,
                         Profile(0, anchors=quick.anchors, blocks=quick.blocks,
                                 decode=quick.decode, wide=quick.wide, corners=quick.corners))
     kernel = KernelUnderTest(correct.fn, Backend(correct.backend))
-    verdict = run_property(all_properties()[prop_id], kernel, profile=REALISTIC_PROFILE,
+    verdict = verdict_of(prop_id, kernel, profile=REALISTIC_PROFILE,
                            seed=0)
     assert verdict.status in (PASSED, NOT_APPLICABLE), (
         f"correct kernel {correct.name}, {prop_id}: {verdict.status}: {verdict.detail}\n"
@@ -357,8 +358,7 @@ def test_torch_nan_leak_is_a_real_divergence() -> None:
         *(torch.from_numpy(x) for x in (q, k, v)), attn_mask=torch.from_numpy(mask))
     assert np.isfinite(expected).all()
     assert np.isnan(out.numpy()).all()
-    verdict = run_property(all_properties()["masked-nonfinite-ignored"],
-                           _kernel(_subject("torch-sdpa")))
+    verdict = verdict_of("masked-nonfinite-ignored", _kernel(_subject("torch-sdpa")))
     assert verdict.status == WARNING, verdict.detail
 
 
@@ -408,7 +408,7 @@ def test_torch_1d_mask_is_a_real_divergence() -> None:
     with pytest.raises(IndexError):
         torch.nn.functional.scaled_dot_product_attention(
             *(torch.from_numpy(x) for x in (q, k, v)), attn_mask=torch.from_numpy(mask))
-    verdict = run_property(all_properties()["mask-broadcast"], _kernel(_subject("torch-sdpa")))
+    verdict = verdict_of("mask-broadcast", _kernel(_subject("torch-sdpa")))
     assert verdict.status == FAILED and "IndexError" in verdict.detail, verdict.detail
 
 

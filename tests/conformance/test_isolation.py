@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from catalogue import hostile
 from catalogue.hostile import HOSTILE, Hostile
-from support import ATTNSPEC, processes_in
+from support import ATTNSPEC, processes_in, verdict_of
 
 from attnspec.backends import Backend
 from attnspec.conformance import SetupError, check, cli, runner
@@ -29,7 +29,7 @@ from attnspec.conformance.api import KernelSetup
 from attnspec.conformance.isolation import IsolatedKernel, IsolationOptions
 from attnspec.conformance.kernel import KernelUnderTest, load_kernel
 from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import FAILED, PASSED, new_report, run_each, run_property
+from attnspec.conformance.runner import FAILED, PASSED, new_report, run_each
 
 HOSTILE_FILE = str(Path(hostile.__file__).resolve())
 HANG_TIMEOUT = "2"  # s: the hang tests wait this long, once per property
@@ -113,7 +113,7 @@ def test_a_kernel_that_leaves_seterr_raise_would_cause_false_failures_unguarded(
     kernel = KernelUnderTest(load_kernel(f"{HOSTILE_FILE}:leaves_seterr_raise"),
                              Backend("numpy"))
     with np.errstate():
-        statuses = [run_property(all_properties()[p], kernel).status
+        statuses = [verdict_of(p, kernel).status
                     for p in ("default-scale", "large-logits", "matches-reference")]
     assert statuses[0] == PASSED and FAILED in statuses[1:]
 

@@ -3,20 +3,13 @@ property, it never crashes the run."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
+from support import verdict_of
 
 import attnspec
 from attnspec.backends import Backend
 from attnspec.conformance import KernelUnderTest, check
-from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import FAILED, PASSED, run_property
-
-
-def _verdict(fn: Any) -> Any:
-    kernel = KernelUnderTest(fn, Backend("numpy"))
-    return run_property(all_properties()["matches-reference"], kernel)
+from attnspec.conformance.runner import FAILED, PASSED
 
 
 def test_a_kernel_whose_failures_do_not_recur_fails_instead_of_crashing() -> None:
@@ -28,7 +21,7 @@ def test_a_kernel_whose_failures_do_not_recur_fails_instead_of_crashing() -> Non
         return out + 1e-3 * out * np.random.default_rng().integers(0, 2, size=out.shape)
 
     for _ in range(4):
-        assert _verdict(noisy).status == FAILED
+        assert verdict_of("matches-reference", noisy).status == FAILED
 
 
 def test_an_unusable_result_fails_the_property() -> None:
@@ -36,7 +29,7 @@ def test_an_unusable_result_fails_the_property() -> None:
     def returns_text(q, k, v, *, mask=None, is_causal=False, scale=None):
         return "attention"
 
-    verdict = _verdict(returns_text)
+    verdict = verdict_of("matches-reference", returns_text)
     assert verdict.status == FAILED and "str" in verdict.detail + verdict.counterexample
 
 
@@ -50,7 +43,7 @@ def test_layout_dependent_rounding_passes_with_a_note() -> None:
         return out if contiguous else out * (1 + np.finfo(out.dtype).eps)
 
     kernel = KernelUnderTest(layout_dependent, Backend("numpy"))
-    verdict = run_property(all_properties()["layout-independence"], kernel, profile="default")
+    verdict = verdict_of("layout-independence", kernel, profile="default")
     assert verdict.status == PASSED and "not bit-identical" in verdict.detail
 
 

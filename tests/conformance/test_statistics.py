@@ -9,13 +9,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support import verdict_of
 
 import attnspec
 from attnspec.backends import Backend
 from attnspec.conformance import KernelUnderTest, declare
 from attnspec.conformance.properties.scale import SCORE_VARIANCE_PAIRS, score_variance_interval
-from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import FAILED, PASSED, run_property
+from attnspec.conformance.runner import FAILED, PASSED
 from attnspec.conformance.statistics import (
     chi_square_cdf,
     chi_square_quantile,
@@ -25,13 +25,6 @@ from attnspec.conformance.statistics import (
 from attnspec.reference.tolerance import UNIT_ROUNDOFF, error_bound
 
 SPEC = Path(attnspec.__file__).parent / "spec"
-
-
-@pytest.fixture
-def torch_backend() -> Backend:
-    """bfloat16, one of the dtypes the suite draws, needs the torch backend."""
-    pytest.importorskip("torch", reason="the torch extra is not installed")
-    return Backend("torch")
 
 
 @pytest.mark.parametrize(("x", "dof", "expected"), [
@@ -118,8 +111,7 @@ def test_kernels_at_the_edge_of_tol2_pass_in_every_dtype(dtype: str, direction: 
     1e-6."""
     for seed in range(3):
         kernel = tol2_adversary(direction, dtype, torch_backend)
-        result = run_property(all_properties()["score-variance"],
-                              KernelUnderTest(kernel, torch_backend), seed=seed)
+        result = verdict_of("score-variance", KernelUnderTest(kernel, torch_backend), seed=seed)
         assert result.status == PASSED, result.detail
 
 
@@ -140,6 +132,5 @@ def test_wrong_scales_still_fail_in_every_dtype(dtype: str, bug: str,
     def kernel(q: Any, k: Any, v: Any, *, mask=None, is_causal=False, scale=None) -> Any:
         return attnspec.scaled_dot_product_attention(q, k, v, scale=WRONG_SCALES[bug](q.shape[-1]))
 
-    result = run_property(all_properties()["score-variance"],
-                          KernelUnderTest(declare(kernel, dtypes=(dtype,)), torch_backend))
+    result = verdict_of("score-variance", declare(kernel, dtypes=(dtype,)), backend=torch_backend)
     assert result.status == FAILED, result.detail

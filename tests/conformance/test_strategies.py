@@ -21,6 +21,7 @@ from catalogue.blocks import arrange, combine, finish, online_softmax, scores, s
 from catalogue.correct import lse_attention, online_softmax_attention
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import backend_or_skip, verdict_of
 
 from attnspec.backends import Backend
 from attnspec.conformance import (
@@ -178,7 +179,7 @@ def small_only(monkeypatch: pytest.MonkeyPatch) -> str:
 def test_scale_bug_is_exact_on_small_problems(bug: Callable[..., Array], small_only: str) -> None:
     """SDPA-7.3: each scale bug passes matches-reference on the small stratum alone, so
     only the realistic strata can catch it."""
-    verdict = run_property(all_properties()["matches-reference"], _numpy_kernel(bug),
+    verdict = verdict_of("matches-reference", _numpy_kernel(bug),
                            profile=small_only)
     assert verdict.status == PASSED, verdict.detail
 
@@ -189,7 +190,7 @@ def test_quick_profile_catches_scale_bug(bug: Callable[..., Array],
                                          shows_scale: Callable[[str], bool]) -> None:
     """SDPA-7.3: the quick profile's matches-reference fails each scale bug, and the shrunk
     counterexample has the size that triggers it (e.g. 65 keys: one past a block)."""
-    verdict = run_property(all_properties()["matches-reference"], _numpy_kernel(bug),
+    verdict = verdict_of("matches-reference", _numpy_kernel(bug),
                            profile="quick")
     assert verdict.status == FAILED, f"{bug.__name__}: {verdict.status}"
     assert shows_scale(verdict.counterexample), verdict.counterexample
@@ -202,8 +203,8 @@ def test_block_tail_bug_shrinks_to_one_past_the_block(monkeypatch: pytest.Monkey
     test_anchor_failure_names_the_anchor.)"""
     monkeypatch.setitem(PROFILES, "quick-without-anchors",
                         replace(PROFILES["quick"], anchors=0))  # the random draws alone
-    verdict = run_property(all_properties()["matches-reference"],
-                           _numpy_kernel(ragged_tail_dropped), profile="quick-without-anchors")
+    verdict = verdict_of("matches-reference", _numpy_kernel(ragged_tail_dropped),
+                         profile="quick-without-anchors")
     assert _keys(verdict.counterexample) == BLOCK + 1, verdict.counterexample
 
 
@@ -211,8 +212,7 @@ def test_anchor_failure_names_the_anchor() -> None:
     """SDPA-7.3: a kernel that fails an anchor problem is reported on it, as found (not
     shrunk: its sizes are fixed), with the anchor's name and source in the finding — here
     FlashAttention's 113 x 203 at head dim 59, 3 query heads on 1."""
-    verdict = run_property(all_properties()["matches-reference"],
-                           _numpy_kernel(ragged_tail_dropped), profile="quick")
+    verdict = verdict_of("matches-reference", _numpy_kernel(ragged_tail_dropped), profile="quick")
     assert verdict.status == FAILED
     assert "[anchor problem 'FlashAttention 113 x 203" in verdict.detail, verdict.detail
     assert "q(1, 3, 113, 59)" in verdict.counterexample, verdict.counterexample
@@ -243,7 +243,7 @@ def test_correct_kernels_pass_realistic_strata(
     """CONF-1: correct kernels pass every applicable property on the quick profile's
     realistic strata (the small stratum is tests/catalogue/test_correct_pass.py's)."""
     profile = _realistic_only(monkeypatch)
-    kernel = KernelUnderTest(fn, Backend(backend), declaration_of(fn, **claims))
+    kernel = KernelUnderTest(fn, backend_or_skip(backend), declaration_of(fn, **claims))
     bad = []
     for prop in all_properties().values():
         verdict = run_property(prop, kernel, profile=profile)
@@ -428,9 +428,8 @@ def test_padded_anchor_runs_in_each_dtype_and_caps_cut_anchors() -> None:
     run in the most precise dtype; --max-len 300 cuts the decode anchor's 4096 keys to 300
     (and no call is longer)."""
     seen: list[tuple[str, Any, bool]] = []
-    verdict = run_property(all_properties()["matches-reference"],
-                           _numpy_kernel(_recording_dtypes(seen)), profile="quick",
-                           limits=SizeLimits(max_len=300))
+    verdict = verdict_of("matches-reference", _numpy_kernel(_recording_dtypes(seen)),
+                         limits=SizeLimits(max_len=300))
     assert verdict.status == PASSED, verdict.detail
     assert {dtype for dtype, _, padded in seen if padded} == {"float16", "float32", "float64"}
     assert ("float64", (1, 6, 1, 128), False) in seen  # the decode anchor, in float64
@@ -454,8 +453,7 @@ def test_quick_profile_draws_realistic_sizes() -> None:
     query against more than 256 keys, a head dim past 128, 65 keys (one past a block of 64),
     GQA groups, and a batch of 128 elements with different padding masks."""
     seen: list[tuple[tuple[int, ...], tuple[int, ...], Any]] = []
-    verdict = run_property(all_properties()["matches-reference"],
-                           _numpy_kernel(_recording(seen)), profile="quick")
+    verdict = verdict_of("matches-reference", _numpy_kernel(_recording(seen)), profile="quick")
     assert verdict.status == PASSED, verdict.detail
     assert verdict.examples >= PROFILES["quick"].examples(("float16", "float32", "float64"))
     assert any(q[-2] == 1 and k[-2] > 256 for q, k, _ in seen)
@@ -474,8 +472,9 @@ def test_quick_profile_finds_torch_causal_scale_zero() -> None:
     with scale=0 (docs/divergences.md); the quick profile finds it (the thorough one did
     before realistic strata)."""
     torch = pytest.importorskip("torch", reason="torch SDPA needs the torch extra")
-    kernel = KernelUnderTest(torch.nn.functional.scaled_dot_product_attention, Backend("torch"))
-    verdict = run_property(all_properties()["matches-reference"], kernel, profile="quick")
+    kernel = KernelUnderTest(torch.nn.functional.scaled_dot_product_attention,
+                             backend_or_skip("torch"))
+    verdict = verdict_of("matches-reference", kernel, profile="quick")
     assert verdict.status == FAILED
     assert "is_causal=True" in verdict.counterexample and "scale=0.0" in verdict.counterexample
     assert "= nan" in verdict.detail
@@ -494,8 +493,9 @@ def test_every_padding_fill_is_drawn_and_bounded(dtype: str) -> None:
     underflow floor that still counts a padded key), so padding hides no error."""
     kernel = GQA_REFERENCE
     if dtype == "bfloat16":  # NumPy has no bfloat16: torch rounds to it
-        pytest.importorskip("torch", reason="bfloat16 rounding needs the torch extra")
-        kernel = KernelUnderTest(reference_sdpa, Backend("torch"), GQA_REFERENCE.declaration)
+        # NumPy has no bfloat16: torch rounds to it
+        kernel = KernelUnderTest(reference_sdpa, backend_or_skip("torch"),
+                                 GQA_REFERENCE.declaration)
     expected = {float(kernel.rounded(np.array(fill_value(name, dtype)), dtype))
                 for name in FILLS}
     assert len(expected) == len(FILLS) and (-math.inf in expected) == (dtype == "float16")

@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support import backend_or_skip, verdict_of
 
 from attnspec.backends import Backend
-from attnspec.conformance import KernelUnderTest, LinearClaim, declare
+from attnspec.conformance import LinearClaim, declare
 from attnspec.conformance.properties.linear import within_underflow_guard
-from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import PASSED, run_property
+from attnspec.conformance.runner import PASSED
 from attnspec.reference.favor import (
     favor_attention,
     favor_feature_error,
@@ -341,7 +341,7 @@ def test_reference_in_low_precision_is_within_the_bound(dtype: str, map_name: st
     """LIN-5.1, LIN-5.2: the reference computing in float16, bfloat16 and float32 (on torch,
     which has all three) lies within the bound around the float64 formula evaluated on the
     rounded inputs, non-causal and causal in both alignments."""
-    torch_backend = Backend("torch")
+    torch_backend = backend_or_skip("torch")
     numpy_backend = Backend("numpy")
     reference_map, _ = _maps(map_name, torch_backend)
     bound_map, _ = _maps(map_name, numpy_backend)
@@ -382,7 +382,7 @@ def test_an_undeclared_eps_is_outside_the_bound() -> None:
     """LIN-3.1, LIN-3.2: with small features (elu+1 of inputs near -6, D ~ 1e-3) the
     pytorch-fast-transformers eps of 1e-6, undeclared, moves float32 outputs by ~1e-3
     relative, far outside the bound; declared, the same kernel is inside it."""
-    torch_backend = Backend("torch")
+    torch_backend = backend_or_skip("torch")
     q, k, v = inputs(*LENGTHS[0], seed=4)
     (q_low, q64), (k_low, k64), (v_low, v64) = (
         _representable(a, torch_backend, "float32") for a in (q - 6, k - 6, v)
@@ -567,8 +567,7 @@ def test_linear_property_draws_stay_inside_the_guard(map_name: str, dtype: str) 
     declared = declare(kernel, gqa=True, mask=False, scale=False, dtypes=(dtype,),
                        linear=LinearClaim(map_name))
     for property_id in ("linear-matches-formula", "linear-causal-prefix"):
-        result = run_property(all_properties()[property_id],
-                              KernelUnderTest(declared, Backend("numpy")), profile="quick")
+        result = verdict_of(property_id, declared)
         assert result.status == PASSED, result.detail
     assert len(seen) > 40
     assert max(k.shape[-2] for _, k, _, _ in seen) >= 512, "no realistic stratum was drawn"

@@ -9,25 +9,20 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support import backend_or_skip, verdict_of
 
 import attnspec
 from attnspec.backends import Backend
 from attnspec.conformance import KernelUnderTest, LinearClaim, SparseClaim, declare
-from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import FAILED, PASSED, PROFILES, WARNING, Profile, run_property
+from attnspec.conformance.runner import FAILED, PASSED, PROFILES, WARNING, Profile
 from attnspec.reference import elu_plus_one, linear_attention, sparse_attention, sparse_mask
 
 NUMPY = Backend("numpy")
 
 
-def verdict(fn: Callable[..., Any], property_id: str, backend: Backend = NUMPY) -> Any:
-    return run_property(all_properties()[property_id], KernelUnderTest(fn, backend),
-                        profile="quick")
-
-
 def assert_status(fn: Callable[..., Any], property_id: str, status: str,
                   backend: Backend = NUMPY) -> None:
-    result = verdict(fn, property_id, backend)
+    result = verdict_of(property_id, fn, backend=backend)
     assert result.status == status, (property_id, result.detail, result.counterexample)
 
 
@@ -59,7 +54,7 @@ def test_scale_properties_pass_on_the_reference_and_torch(property_id: str) -> N
     torch = pytest.importorskip("torch", reason="torch is an optional backend")
     assert_status(reference_with_scale(lambda e, ev, s: s), property_id, PASSED)
     assert_status(torch.nn.functional.scaled_dot_product_attention, property_id, PASSED,
-                  Backend("torch"))
+                  backend_or_skip("torch"))
 
 
 @pytest.mark.parametrize("bug", sorted(SCALE_BUGS))
@@ -74,7 +69,7 @@ def test_an_ignored_explicit_scale_is_caught() -> None:
     ignores = reference_with_scale(lambda e, ev, s: None)
     assert_status(ignores, "explicit-scale", FAILED)
     assert_status(ignores, "default-scale", PASSED)
-    detail = verdict(reference_with_scale(SCALE_BUGS["divides by E"]), "default-scale").detail
+    detail = verdict_of("default-scale", reference_with_scale(SCALE_BUGS["divides by E"])).detail
     assert "looks like 1/E" in detail
 
 
@@ -164,14 +159,14 @@ def test_family_kernels_must_keep_the_dtype() -> None:
         return sparse(q, k, v, scale=scale).astype(np.float64)
 
     upcast_sparse.__attnspec__ = sparse.__attnspec__
-    assert "dtype" in verdict(upcast_sparse, "sparse-matches-dense").detail
+    assert "dtype" in verdict_of("sparse-matches-dense", upcast_sparse).detail
     linear = reference_linear()
 
     def upcast_linear(q, k, v, *, is_causal=False):
         return linear(q, k, v, is_causal=is_causal).astype(np.float64)
 
     upcast_linear.__attnspec__ = linear.__attnspec__
-    assert "dtype" in verdict(upcast_linear, "linear-matches-formula").detail
+    assert "dtype" in verdict_of("linear-matches-formula", upcast_linear).detail
 
 
 def test_sparse_bugs_are_caught() -> None:
@@ -269,7 +264,7 @@ def test_sparse_reference_passes_over_20_seeds(case: str, monkeypatch: pytest.Mo
     kernel = KernelUnderTest(reference_sparse(case), NUMPY)
     for property_id in SPARSE_PROPERTIES:
         for seed in ZERO_FALSE_FAILURE_SEEDS:
-            result = run_property(all_properties()[property_id], kernel, profile="seeded",
+            result = verdict_of(property_id, kernel, profile="seeded",
                                   seed=seed)
             assert result.status == PASSED, (property_id, seed, result.detail)
 
@@ -283,7 +278,7 @@ def test_linear_reference_passes_over_20_seeds(alignment: str,
     kernel = KernelUnderTest(reference_linear(alignment), NUMPY)
     for property_id in ("linear-matches-formula", "linear-causal-prefix"):
         for seed in ZERO_FALSE_FAILURE_SEEDS:
-            result = run_property(all_properties()[property_id], kernel, profile="seeded",
+            result = verdict_of(property_id, kernel, profile="seeded",
                                   seed=seed)
             assert result.status == PASSED, (property_id, seed, result.detail)
 

@@ -13,28 +13,23 @@ from typing import Any
 import numpy as np
 import pytest
 from catalogue.buggy import CATALOGUE
+from support import verdict_of
 
 import attnspec
 from attnspec.backends import Backend
-from attnspec.conformance import KernelUnderTest, Problem, declare
+from attnspec.conformance import Problem, declare
 from attnspec.conformance.properties import masked_values
 from attnspec.conformance.properties.masked_values import (
     ACCUMULATION_LARGEST,
     scores_within_precondition,
 )
-from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import FAILED, PASSED, run_property
+from attnspec.conformance.runner import FAILED, PASSED
 
 NUMPY = Backend("numpy")
 
 
-def _run(fn: Any, backend: Backend = NUMPY, profile: str = "quick") -> Any:
-    """The property's verdict; a failure is not shrunk, since the first failing example
-    decides the status and only the status is asserted here."""
-    return run_property(all_properties()["masked-values-ignored"], KernelUnderTest(fn, backend),
-                        profile=profile, shrink=False)
-
-
+# A failure is not shrunk (shrink=False): the first failing example decides the status,
+# and only the status is asserted here.
 def test_outside_the_precondition_pytorch_returns_nan() -> None:
     """SDPA-8.1, SDPA-7.4: q = [10, -10], allowed key [1, 1], masked key [1e38, 0], V = I in
     float32: the masked score overflows, PyTorch returns NaN and the definition [1, 0]; the
@@ -72,8 +67,9 @@ def test_draws_reach_the_largest_values_the_precondition_allows(dtype: str) -> N
     accumulation precision's largest number (or keys at 1/100 of float16's largest value,
     where the dtype binds first)."""
     seen: list[Problem] = []
-    result = _run(recording(attnspec.scaled_dot_product_attention, seen, (dtype,)),
-                  profile="default")
+    result = verdict_of("masked-values-ignored",
+                        recording(attnspec.scaled_dot_product_attention, seen, (dtype,)),
+                        profile="default", shrink=False)
     assert result.status == PASSED, result.detail
     assert seen and all(scores_within_precondition(p) for p in seen)
     largest_key = max(float(np.max(np.abs(p.k), initial=0)) for p in seen)
@@ -107,9 +103,9 @@ def test_a_finite_mask_fill_is_caught_only_by_the_largest_values(monkeypatch) ->
     property drew before), and fails once it draws the largest values the precondition
     allows, which make an excluded score dominate."""
     kernel = declare(mask_with_minus_1e9, dtypes=("float64",))
-    assert _run(kernel).status == FAILED
+    assert verdict_of("masked-values-ignored", kernel, shrink=False).status == FAILED
     monkeypatch.setattr(masked_values, "NEW_MAGNITUDES", (1.0, 10.0))
-    assert _run(kernel).status == PASSED
+    assert verdict_of("masked-values-ignored", kernel, shrink=False).status == PASSED
 
 
 def test_a_bug_the_old_draws_caught_is_still_caught() -> None:
@@ -117,4 +113,4 @@ def test_a_bug_the_old_draws_caught_is_still_caught() -> None:
     keys too), which the property caught before, still fails it."""
     bug = next(b for b in CATALOGUE if b.name == "max-includes-masked-keys")
     assert bug.catches == "masked-values-ignored"
-    assert _run(bug.fn).status == FAILED
+    assert verdict_of("masked-values-ignored", bug.fn, shrink=False).status == FAILED

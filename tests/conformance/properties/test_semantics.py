@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support import backend_or_skip, verdict_of
 
 import attnspec.reference as reference
 from attnspec.backends import Backend
@@ -40,10 +41,6 @@ SEMANTIC = (
 TORCH_CHECKED = tuple(p for p in SEMANTIC if p != "decode-consistency")  # torch is top-left
 
 
-def verdict(property_id: str, kernel: KernelUnderTest) -> Any:
-    return run_property(all_properties()[property_id], kernel, profile="quick")
-
-
 # --- correct kernels ---------------------------------------------------------------------
 
 def reference_kernel(backend: str, alignment: str) -> KernelUnderTest:
@@ -54,7 +51,8 @@ def reference_kernel(backend: str, alignment: str) -> KernelUnderTest:
 
     declaration = KernelDeclaration(bias=True, gqa=True, causal_alignment=alignment,
                                     extra_kwargs={"causal_alignment": alignment})
-    return KernelUnderTest(attention, Backend(backend), declaration, f"reference[{alignment}]")
+    return KernelUnderTest(attention, backend_or_skip(backend), declaration,
+                           f"reference[{alignment}]")
 
 
 def numpy_attention(
@@ -134,7 +132,7 @@ def numpy_kernel(bug: str = "", alignment: str = "top_left", claimed: str = "",
 @pytest.mark.parametrize("property_id", SEMANTIC)
 def test_reference_passes(property_id: str, alignment: str) -> None:
     """SDPA-4, SDPA-7, SDPA-8: the reference (NumPy) passes every semantic property."""
-    result = verdict(property_id, reference_kernel("numpy", alignment))
+    result = verdict_of(property_id, reference_kernel("numpy", alignment))
     expected = NOT_APPLICABLE if (property_id, alignment) == ("decode-consistency",
                                                               "top_left") else PASSED
     assert result.status == expected, (result.detail, result.counterexample)
@@ -147,7 +145,7 @@ def test_reference_passes(property_id: str, alignment: str) -> None:
 def test_reference_passes_on_other_backends(property_id: str, backend: str) -> None:
     """SDPA-4.4, SDPA-7.4, SDPA-7.6, SDPA-8.2, SDPA-8.3: the reference passes on the strict
     namespace and on torch (the properties that depend most on the array library)."""
-    result = verdict(property_id, reference_kernel(backend, "bottom_right"))
+    result = verdict_of(property_id, reference_kernel(backend, "bottom_right"))
     assert result.status == PASSED, (result.detail, result.counterexample)
 
 
@@ -156,7 +154,7 @@ def test_reference_passes_on_other_backends(property_id: str, backend: str) -> N
 def test_independent_numpy_formulation_passes(property_id: str, alignment: str) -> None:
     """SDPA-4, SDPA-7, SDPA-8: the bug-free NumPy formulation the buggy kernels start from
     passes too, so each failure below is the bug's."""
-    result = verdict(property_id, numpy_kernel(alignment=alignment))
+    result = verdict_of(property_id, numpy_kernel(alignment=alignment))
     assert result.status == PASSED, (result.detail, result.counterexample)
 
 
@@ -165,7 +163,8 @@ def test_independent_numpy_formulation_passes(property_id: str, alignment: str) 
 @pytest.fixture(scope="module")
 def torch_sdpa() -> KernelUnderTest:
     torch = pytest.importorskip("torch", reason="torch is an optional backend")
-    return KernelUnderTest(torch.nn.functional.scaled_dot_product_attention, Backend("torch"))
+    return KernelUnderTest(torch.nn.functional.scaled_dot_product_attention,
+                           backend_or_skip("torch"))
 
 
 # property -> (verdict, what its counterexample shows): the confirmed divergences
@@ -181,7 +180,7 @@ def test_torch_sdpa(property_id: str, torch_sdpa: KernelUnderTest) -> None:
     """SDPA-4, SDPA-7, SDPA-8: torch SDPA passes all but its confirmed divergences
     (SDPA-8.2 as a warning, SDPA-8.3 as a failure, and the NaN of is_causal + scale=0 that
     the quick profile's "causal with scale 0" combination reaches; pinned by hand below)."""
-    result = verdict(property_id, torch_sdpa)
+    result = verdict_of(property_id, torch_sdpa)
     status, shows = TORCH_DIVERGENCES.get(property_id, (PASSED, ""))
     assert result.status == status, (result.detail, result.counterexample)
     assert shows in result.counterexample, result.counterexample
@@ -280,7 +279,7 @@ def test_bug_is_caught(property_id: str, kernel: dict[str, str]) -> None:
 def test_not_applicable_without_the_claim(property_id: str, claims: dict[str, Any]) -> None:
     """CONF-3: a kernel that does not claim what a property needs gets "not applicable"."""
     kernel = KernelUnderTest(numpy_attention, Backend("numpy"), KernelDeclaration(**claims))
-    assert verdict(property_id, kernel).status == NOT_APPLICABLE
+    assert verdict_of(property_id, kernel).status == NOT_APPLICABLE
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
@@ -289,8 +288,7 @@ def test_within_validity_reaches_the_domain_of_tol2(dtype: str) -> None:
     row whose every key is padded with finfo.min (bias alone beyond the domain) is left
     out of the target, and the other rows still reach it."""
     # torch: the one CPU backend with every dtype, bfloat16 included
-    pytest.importorskip("torch", reason="torch is an optional backend")
-    kernel = KernelUnderTest(numpy_attention, Backend("torch"), KernelDeclaration())
+    kernel = KernelUnderTest(numpy_attention, backend_or_skip("torch"), KernelDeclaration())
     rng = np.random.default_rng(1)
     magnitude = 4 / math.sqrt(UNIT_ROUNDOFF[dtype])  # |alpha| A ~ 16 / u_d: far outside
     problem = Problem(q=kernel.rounded(rng.standard_normal((2, 3, 4)) * magnitude, dtype),
@@ -321,12 +319,12 @@ def test_within_validity_reaches_the_domain_of_tol2(dtype: str) -> None:
 def test_bias_shifts_are_exact(dtype: str) -> None:
     """SDPA-7.6: every bias b + c that bias-shift-invariance can build is exact in the
     dtype, so the two problems have the same definition."""
-    pytest.importorskip("torch", reason="torch is an optional backend")
+    torch = backend_or_skip("torch")
     limit = shift_limit(dtype)
     grid = np.arange(-32, 33) / 8
     shifts = np.concatenate([np.arange(-8, 9) / 8 + base for base in (-limit, 0.0, limit)])
     sums = (grid[:, None] + shifts[None, :]).ravel()
-    kernel = KernelUnderTest(numpy_attention, Backend("torch"), KernelDeclaration())
+    kernel = KernelUnderTest(numpy_attention, torch, KernelDeclaration())
     assert np.array_equal(kernel.rounded(sums, dtype), sums)
     assert 2 * UNIT_ROUNDOFF[dtype] * np.abs(sums).max() <= 1 / 8
 

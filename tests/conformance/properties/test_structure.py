@@ -15,10 +15,9 @@ from typing import Any
 import array_api_compat
 import numpy as np
 import pytest
+from support import verdict_of
 
-from attnspec.backends import Backend
 from attnspec.conformance.declaration import KernelDeclaration
-from attnspec.conformance.kernel import KernelUnderTest
 from attnspec.conformance.known_kernels import known_divergences
 from attnspec.conformance.registry import all_properties
 from attnspec.conformance.runner import (
@@ -27,7 +26,6 @@ from attnspec.conformance.runner import (
     PASSED,
     WAIVED,
     WARNING,
-    run_property,
 )
 from attnspec.reference import scaled_dot_product_attention as reference
 
@@ -41,21 +39,6 @@ WITH_WEIGHTS_BOTTOM_RIGHT = KernelDeclaration(
     bias=True, gqa=True, returns_weights=True, causal_alignment="bottom_right",
     extra_kwargs={"return_weights": True, "causal_alignment": "bottom_right"},
 )
-
-
-def _load(name: str) -> Backend:
-    from attnspec.backends import BackendError
-
-    try:
-        return Backend(name)
-    except BackendError as exc:
-        pytest.skip(f"backend {name!r} unusable on this machine: {exc}")
-
-
-def _verdict(fn: Any, property_id: str, declaration: KernelDeclaration,
-             backend: str = "numpy") -> Any:
-    kernel = KernelUnderTest(fn, _load(backend), declaration)
-    return run_property(all_properties()[property_id], kernel, profile="quick")
 
 
 def _expected_failure(property_id: str) -> str:
@@ -88,14 +71,14 @@ def test_properties_registered_with_their_clauses() -> None:
 def test_reference_passes(backend: str, property_id: str) -> None:
     """SDPA-1/3/5/6: the reference (bias, GQA, top-left) passes on NumPy, PyTorch and
     array-api-strict."""
-    verdict = _verdict(reference, property_id, FULL, backend)
+    verdict = verdict_of(property_id, reference, declaration=FULL, backend=backend)
     assert verdict.status == PASSED, f"{verdict.detail}\n{verdict.counterexample}"
 
 
 @pytest.mark.parametrize("property_id", STRUCTURE)
 def test_reference_with_weights_bottom_right_passes(property_id: str) -> None:
     """SDPA-1.3, SDPA-4.3, SDPA-5.1: returned weights and bottom-right empty rows pass."""
-    verdict = _verdict(reference, property_id, WITH_WEIGHTS_BOTTOM_RIGHT)
+    verdict = verdict_of(property_id, reference, declaration=WITH_WEIGHTS_BOTTOM_RIGHT)
     assert verdict.status == PASSED, f"{verdict.detail}\n{verdict.counterexample}"
 
 
@@ -105,8 +88,7 @@ def test_torch_sdpa_passes(property_id: str) -> None:
     applicable (mask and bias share attn_mask; attn_mask with is_causal raises)."""
     torch = pytest.importorskip("torch", reason="torch is an optional backend")
     fn = torch.nn.functional.scaled_dot_product_attention
-    kernel = KernelUnderTest(fn, _load("torch"))
-    verdict = run_property(all_properties()[property_id], kernel, profile="quick")
+    verdict = verdict_of(property_id, fn, backend="torch")
     expected = (NOT_APPLICABLE if property_id in ("mask-wins-over-bias", "mask-and-causal")
                 else PASSED)
     if property_id in known_divergences(fn):
@@ -123,10 +105,10 @@ def test_unclaimed_properties_are_not_applicable() -> None:
     plain = KernelDeclaration(empty_rows_zero=False)
     for property_id in ("gqa-mapping", "gqa-rejects-bad-heads", "bias-semantics",
                         "mask-wins-over-bias"):
-        assert _verdict(reference, property_id, plain).status == NOT_APPLICABLE
-    assert _verdict(reference, "empty-rows-zero", plain).status == WAIVED
+        assert verdict_of(property_id, reference, declaration=plain).status == NOT_APPLICABLE
+    assert verdict_of("empty-rows-zero", reference, declaration=plain).status == WAIVED
     no_route = KernelDeclaration(mask=False, causal=False)
-    assert _verdict(reference, "empty-rows-zero", no_route).status == NOT_APPLICABLE
+    assert verdict_of("empty-rows-zero", reference, declaration=no_route).status == NOT_APPLICABLE
 
 
 # --- buggy kernels fail ------------------------------------------------------------------
@@ -277,7 +259,7 @@ def test_buggy_kernel_fails(bug: Any, property_id: str, declaration: KernelDecla
     quick profile, with a finding that says what went wrong."""
     if backend == "torch":
         pytest.importorskip("torch", reason="torch is an optional backend")
-    verdict = _verdict(bug, property_id, declaration, backend)
+    verdict = verdict_of(property_id, bug, declaration=declaration, backend=backend)
     assert verdict.status == _expected_failure(property_id), verdict.detail
     assert words in verdict.detail
     assert verdict.counterexample and verdict.reproduction
@@ -286,5 +268,5 @@ def test_buggy_kernel_fails(bug: Any, property_id: str, declaration: KernelDecla
 def test_rounding_gqa_mapping_is_right_for_whole_groups() -> None:
     """SDPA-6.1: the floor(h * Hkv / Hq) kernel maps whole groups correctly, so only
     SDPA-6.2 may flag it: gqa-mapping must not fail a correct mapping."""
-    verdict = _verdict(gqa_rounds_heads, "gqa-mapping", KernelDeclaration(gqa=True))
+    verdict = verdict_of("gqa-mapping", gqa_rounds_heads, declaration=KernelDeclaration(gqa=True))
     assert verdict.status == PASSED, verdict.detail

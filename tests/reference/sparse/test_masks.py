@@ -22,7 +22,7 @@ from typing import Any
 import array_api_compat.numpy as np_xp
 import numpy as np
 import pytest
-from support import ROOT
+from support import ROOT, backend_or_skip
 
 from attnspec.backends import Backend
 from attnspec.reference import (
@@ -370,7 +370,7 @@ def test_jax_local_window_size_is_the_same_set() -> None:
     keys of library_window("jax", ...): observed through V = I with q = k = 0, where the
     weights are uniform over the keys a query may attend."""
     jax = pytest.importorskip("jax", reason="JAX is not installed; its mapping is not checked")
-    jnp = Backend("jax").xp
+    jnp = backend_or_skip("jax").xp
     # One shape (JAX compiles the attention per shape, about 3 s), several windows.
     n_queries, n_keys = 5, 9
     for window, causal in (((2, 1), False), ((1, 3), False), ((0, 0), False), (2, False),
