@@ -13,10 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import settings
 
 from attnspec.backends import Backend, BackendError
+from attnspec.conformance import cli
 from attnspec.conformance.declaration import KernelDeclaration
 from attnspec.conformance.kernel import KernelUnderTest
 from attnspec.conformance.registry import all_properties
@@ -57,6 +59,46 @@ def verdict_of(property_id: str, kernel: KernelUnderTest | Callable[..., Any], *
         chosen = backend_or_skip(backend) if isinstance(backend, str) else backend
         kernel = KernelUnderTest(kernel, chosen, declaration)
     return run_property(all_properties()[property_id], kernel, **options)
+
+
+FLOATING_ARGUMENTS = ("q", "k", "v", "bias")
+
+
+def on_backend(backend: Backend, problem: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """A problem of NumPy arrays as ``backend`` arrays: q, k, v, bias in ``dtype``, the mask
+    boolean, ALiBi slopes in float32 (FlashAttention's convention); options unchanged."""
+    moved = dict(problem)
+    for name in FLOATING_ARGUMENTS:
+        if name in problem:
+            moved[name] = backend.asarray(problem[name], dtype=dtype)
+    if "alibi_slopes" in problem:
+        moved["alibi_slopes"] = backend.asarray(problem["alibi_slopes"], dtype="float32")
+    if "mask" in problem:
+        moved["mask"] = backend.asarray(problem["mask"])
+    return moved
+
+
+def as64(backend: Backend, a: Any) -> np.ndarray:
+    """A backend array as float64 NumPy (exact: every dtype converts without rounding)."""
+    return np.asarray(backend.to_numpy(a), dtype=np.float64)
+
+
+def seen_by_kernel(backend: Backend, moved: dict[str, Any]) -> dict[str, Any]:
+    """TOL-1: the float64 values the computation actually received."""
+    seen = dict(moved)
+    for name in (*FLOATING_ARGUMENTS, "alibi_slopes"):
+        if name in moved:
+            seen[name] = as64(backend, moved[name])
+    if "mask" in moved:
+        seen["mask"] = np.asarray(backend.to_numpy(moved["mask"]), dtype=bool)
+    return seen
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``attnspec ARGV`` in this process: exit status, stdout, stderr."""
+    status = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
 
 
 def processes_in(directory: Path) -> list[int]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ATTNSPEC, KERNELS
+from support import ATTNSPEC, KERNELS, run_main
 
 from attnspec import SPEC_VERSION
 from attnspec.conformance import (
@@ -53,11 +53,6 @@ def kernels(tmp_path: Path) -> Path:
     path.write_text(KERNELS, encoding="utf-8")
     return path
 
-
-def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    status = cli.main(list(argv))
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
 
 
 def run_command(*argv: str, cwd: Path,

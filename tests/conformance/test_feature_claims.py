@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support import run_main
 
 from attnspec.backends import Backend
 from attnspec.conformance import KernelDeclaration, cli
@@ -88,11 +89,6 @@ def kernels(tmp_path: Path) -> Path:
     path.write_text(KERNELS, encoding="utf-8")
     return path
 
-
-def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    status = cli.main(list(argv))
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
 
 
 @pytest.mark.parametrize(("flags", "expected"), [

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import oracle_features
 import pytest
+from support import as64, on_backend, seen_by_kernel
 
 from attnspec.backends import Backend
 from attnspec.reference import alibi_slopes, scaled_dot_product_attention
@@ -67,32 +68,6 @@ def make_problem(case: dict[str, Any], seed: int = 0) -> dict[str, Any]:
             problem[option] = case[option]
     return problem
 
-
-def on_backend(backend: Backend, problem: dict[str, Any], dtype: str) -> dict[str, Any]:
-    moved = dict(problem)
-    for name in ("q", "k", "v", "bias"):
-        if name in problem:
-            moved[name] = backend.asarray(problem[name], dtype=dtype)
-    if "alibi_slopes" in problem:  # FlashAttention's convention: float32 slopes
-        moved["alibi_slopes"] = backend.asarray(problem["alibi_slopes"], dtype="float32")
-    if "mask" in problem:
-        moved["mask"] = backend.asarray(problem["mask"])
-    return moved
-
-
-def as64(backend: Backend, a: Any) -> np.ndarray:
-    return np.asarray(backend.to_numpy(a), dtype=np.float64)
-
-
-def seen_by_kernel(backend: Backend, moved: dict[str, Any]) -> dict[str, Any]:
-    """TOL-1: the float64 values the computation received."""
-    seen = dict(moved)
-    for name in ("q", "k", "v", "bias", "alibi_slopes"):
-        if name in moved:
-            seen[name] = as64(backend, moved[name])
-    if "mask" in moved:
-        seen["mask"] = np.asarray(backend.to_numpy(moved["mask"]), dtype=bool)
-    return seen
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
-from support import drawn
+from support import as64, drawn, on_backend, seen_by_kernel
 
 from attnspec.backends import Backend
 from attnspec.reference import scaled_dot_product_attention
@@ -93,36 +93,10 @@ def make_problem(case: dict[str, Any], seed: int = 0) -> dict[str, Any]:
     return problem
 
 
-def on_backend(backend: Backend, problem: dict[str, Any], dtype: str) -> dict[str, Any]:
-    """The problem as backend arrays of ``dtype`` (mask stays bool)."""
-    moved = dict(problem)
-    for name in ("q", "k", "v", "bias"):
-        if name in problem:
-            moved[name] = backend.asarray(problem[name], dtype=dtype)
-    if "mask" in problem:
-        moved["mask"] = backend.asarray(problem["mask"])
-    return moved
-
-
-def as64(backend: Backend, a: Any) -> np.ndarray:
-    return np.asarray(backend.to_numpy(a), dtype=np.float64)
-
-
-def rounded(backend: Backend, moved: dict[str, Any]) -> dict[str, Any]:
-    """TOL-1: the float64 values the computation actually received."""
-    seen = dict(moved)
-    for name in ("q", "k", "v", "bias"):
-        if name in moved:
-            seen[name] = as64(backend, moved[name])
-    if "mask" in moved:
-        seen["mask"] = np.asarray(backend.to_numpy(moved["mask"]), dtype=bool)
-    return seen
-
-
 def assert_matches_oracle(backend: Backend, problem: dict[str, Any], dtype: str) -> None:
     moved = on_backend(backend, problem, dtype)
     out, weights = scaled_dot_product_attention(**moved, return_weights=True)
-    seen = rounded(backend, moved)
+    seen = seen_by_kernel(backend, moved)
     expected_out, expected_weights = oracle.sdpa(**seen)
     where = f"{backend.name} {dtype}"
     # SDPA-1.3: shape and dtype.
