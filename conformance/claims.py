@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..backends import FLOAT_DTYPE_NAMES
 from ..reference.masks import CAUSAL_ALIGNMENTS
 from ..reference.positional import ROPE_LAYOUTS
-from ..reference.sparse_sets import PATTERN_NAMES
+from ..reference.sparse.definition import PATTERN_NAMES
 
 if TYPE_CHECKING:
     from .declaration import KernelDeclaration

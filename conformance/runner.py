@@ -35,7 +35,7 @@ from .values import COMBINATIONS
 # the first past a block of 16, 64, 256, 512 or 2048.
 BLOCKS_COST, LONG_COST = 2**24, 2**28
 # Anchors (conformance/anchors.py) are fixed problems, each within ANCHOR_COST even
-# observed through V = I (Ev = Lk; tests/test_strategies_scale.py checks it).
+# observed through V = I (Ev = Lk; tests/conformance/test_strategies.py checks it).
 ANCHOR_COST = 2**26
 HUGE_HEAD_DIM = 128
 

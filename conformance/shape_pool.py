@@ -68,7 +68,7 @@ class SeededDraws:
     The drawing code sees it and does not pool again."""
 
     def __init__(self, seed: int | None) -> None:
-        # Hypothesis's engine, not its public API: tests/test_shape_pool.py pins it
+        # Hypothesis's engine, not its public API: tests/conformance/test_shape_pool.py pins it
         from hypothesis.internal.conjecture.choice import ChoiceTemplate
         from hypothesis.internal.conjecture.data import ConjectureData
 

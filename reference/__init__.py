@@ -10,16 +10,17 @@ from .masks import CAUSAL_ALIGNMENTS, causal_mask, padding_mask
 from .mha import multi_head_attention
 from .positional import apply_rope, sinusoidal_positional_encoding
 from .sdpa import scaled_dot_product_attention
-from .sparse_kernels import block_sparse_attention, sparse_attention
-from .sparse_patterns import (
+from .sparse import (
     LIBRARY_WINDOWS,
     PATTERN_NAMES,
     bigbird_mask,
+    block_sparse_attention,
     block_sparse_mask,
     fixed_mask,
     library_window,
     longformer_mask,
     sliding_window_mask,
+    sparse_attention,
     sparse_mask,
     strided_mask,
 )

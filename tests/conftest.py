@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from support import backend_or_skip
 
-from attnspec.backends import BACKEND_NAMES, REFERENCE_CONFIG, Backend, BackendError
+from attnspec.backends import BACKEND_NAMES, REFERENCE_CONFIG, Backend
 
 
 def _load(name: str) -> Backend:
     """The backend in the settings the reference is tested in (JAX: float64 available)."""
-    try:
-        return Backend(name, config=REFERENCE_CONFIG.get(name))
-    except BackendError as exc:
-        pytest.skip(f"backend {name!r} unusable on this machine: {exc}")
+    return backend_or_skip(name, config=REFERENCE_CONFIG.get(name))
 
 
 @pytest.fixture(params=BACKEND_NAMES)
@@ -25,3 +23,9 @@ def backend(request: pytest.FixtureRequest) -> Backend:
 def cpu_backend(request: pytest.FixtureRequest) -> Backend:
     """The backends CI must run (all but CuPy, which needs a CUDA device)."""
     return _load(request.param)
+
+
+@pytest.fixture(scope="session")
+def torch_backend() -> Backend:
+    """PyTorch on its default device, for the tests about torch's own kernels or dtypes."""
+    return backend_or_skip("torch")

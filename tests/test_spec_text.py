@@ -40,10 +40,10 @@ AREA_DOCUMENT = {
     "VARLEN": "features.md",
     "KVCACHE": "features.md",
 }
-# The contract: exactly these ids at exactly these levels (issue 2). Code and tests cite
+# The contract: exactly these ids at exactly these levels (CONF-1, CONF-2). Code and tests cite
 # them; changing one means a new id (spec/index.md, versioning policy), not an edit here.
 # Split clauses keep their id for the main requirement; the split-off part has the next free
-# number of its section (issue 12): SDPA-1.8, SDPA-7.7, DROP-6.
+# number of its section: SDPA-1.8, SDPA-7.7, DROP-6.
 CONTRACT = {
     "SDPA-1.1": "MUST", "SDPA-1.2": "MUST", "SDPA-1.3": "MUST", "SDPA-1.4": "MUST",
     "SDPA-1.5": "MUST", "SDPA-1.6": "MUST", "SDPA-1.7": "MUST", "SDPA-1.8": "SHOULD",
@@ -310,7 +310,7 @@ def test_spec_files_ship_with_the_package() -> None:
     assert Path(attnspec.__file__).resolve().parent / "spec" == SPEC_DIR
 
 
-# --- structure (issue 12): one level per clause, labelled sections, a closed CONF-3 list ----
+# --- structure (CONF-1, CONF-2): one level per clause, labelled sections, a closed CONF-3 list ----
 
 # BCP 14 key words, longest first, each with the level it belongs to. A key word followed by
 # "clause(s)", "level" or "part", or in parentheses ("SDPA-8.2 (SHOULD)"), names a level; it
@@ -386,7 +386,7 @@ def test_every_clause_uses_only_its_own_level(document: str) -> None:
 
 
 def test_the_level_checker_catches_mixed_clauses() -> None:
-    """The checker above, on the mixed clauses issue 12 quoted (and its allowed forms)."""
+    """The checker above, on mixed clauses as they were once written (and its allowed forms)."""
     assert _key_words("The result SHOULD be bit-identical") == ["SHOULD"]
     assert _key_words("the kernel MUST behave exactly") == ["MUST"]
     assert _key_words("A kernel SHOULD NOT form it; SHALL be") == ["SHOULD", "MUST"]
@@ -458,7 +458,7 @@ def test_every_cited_id_exists() -> None:
     # tests/test_site.py checks that the link checker reports an anchor that does not exist
     known = set(all_clauses()) | DEFINITIONS | {"SDPA-99.9"}
     sources = [*ROOT.glob("tests/**/*.py"), *ROOT.glob("conformance/**/*.py"),
-               *ROOT.glob("reference/*.py"), *ROOT.glob("docs/*.md"), ROOT / "README.md",
+               *ROOT.glob("reference/**/*.py"), *ROOT.glob("docs/*.md"), ROOT / "README.md",
                SPEC_DIR / "CHANGELOG.md", *SPEC_DIR.glob("*.md")]
     missing = {}
     for path in sources:

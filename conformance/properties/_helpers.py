@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from ...backends import FLOAT_DTYPE_NAMES, Backend
 from ...reference.features import alibi_slopes as standard_slopes
-from ...reference.sparse_patterns import sparse_mask
+from ...reference.sparse.masks import sparse_mask
 from ...reference.tolerance import error_bound
 from ..assertions import assert_shape
 from ..declaration import KernelDeclaration

@@ -1,4 +1,4 @@
-"""A catalogue of attention kernels that proves the conformance suite works (issue 4).
+"""A catalogue of attention kernels that proves the conformance suite works (CONF-1).
 
 ``catalogue.correct.CORRECT``: independently written correct kernels the suite must
 pass on every applicable property.  ``catalogue.buggy.CATALOGUE``: kernels with exactly

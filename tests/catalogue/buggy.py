@@ -162,8 +162,8 @@ CATALOGUE: list[BuggyKernel] = [
     BuggyKernel("torch-float16-scores-overflow", plumbing.torch_scores_in_input_dtype,
                 "large-logits", backend="torch",
                 witness=_large_first_pair(W(dtype="float16"), 200.0)),
-    # realistic scale: exact on small problems, wrong at the witness's size (issue 7)
+    # realistic scale: exact on small problems, wrong at the witness's size (CONF-1)
     *SCALE_CATALOGUE,
-    # spec/features.md and dropout (issue 8): entries with their own evidence
+    # spec/features.md and dropout (DROP-2): entries with their own evidence
     *FEATURE_CATALOGUE,
 ]

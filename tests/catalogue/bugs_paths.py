@@ -1,4 +1,4 @@
-"""Buggy kernels, part 5: code paths taken only at realistic sizes and values (issue 7).
+"""Buggy kernels, part 5: code paths taken only at realistic sizes and values (SDPA-7.3, TOL-2).
 
 Real kernels dispatch on the shapes — head-dim vector widths, the number of programs,
 the GQA group size, decode (Lq = 1), the batch size, a maximum cache length, padding

@@ -1,4 +1,4 @@
-"""Buggy kernels, part 4: tiling bugs that only exist at realistic scale (issue 7).
+"""Buggy kernels, part 4: tiling bugs that only exist at realistic scale (SDPA-7.3, TOL-2).
 
 Each kernel is the correct tiled kernel of :mod:`catalogue.tiled` — blocks of 128
 query rows and 64 keys, or flash-decoding chunks of 256 keys — with exactly one step of

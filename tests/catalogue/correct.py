@@ -196,6 +196,6 @@ CORRECT: list[CorrectKernel] = [
     CorrectKernel("tiled-128x64", tiled_attention),
     CorrectKernel("tiled-64x128-bottom-right", tiled_attention_bottom_right),
     CorrectKernel("split-kv-256", split_kv_attention),
-    # spec/features.md and dropout (issue 8)
+    # spec/features.md and dropout (DROP-2)
     *(CorrectKernel(name, fn) for name, fn in FEATURE_KERNELS),
 ]

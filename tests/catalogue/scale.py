@@ -1,7 +1,7 @@
-"""Catalogue entries for the bugs that live only at realistic scale (issue 7).
+"""Catalogue entries for the bugs that live only at realistic scale (SDPA-7.3, TOL-2).
 
 Each kernel is exact (within TOL-2) on every small problem — Lq, Lk <= 24, E, Ev <= 16,
-up to 3 heads per group, up to 3 batch elements (tests/test_catalogue_scale.py checks
+up to 3 heads per group, up to 3 batch elements (tests/catalogue/test_scale.py checks
 it) — and its witness is a realistic input on which it is visibly wrong: a second key
 block, a ragged tail, a second split-KV chunk, a head dim of 59 or 80, 2**15 programs,
 a GQA group of 8, a decode step over 300 keys, 6 batch elements with their own padding,

@@ -1,0 +1,67 @@
+"""The feature catalogue's evidence is sound: on the correct feature kernels every piece
+of evidence finds nothing, so a bug's evidence shows its bug, not the check (CONF-1).
+
+Independently of the conformance properties, the packed and KV-cache correct kernels
+agree with ``reference.varlen_attention`` and ``reference.kv_cache_attention``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from attnspec.backends import Backend
+from attnspec.conformance.kernel import KernelUnderTest
+from catalogue import correct_features, packed_kernels
+from catalogue.features_catalogue import (
+    FEATURE_CATALOGUE,
+    cache_differs,
+    kept_fraction_wrong,
+    kept_values_wrong,
+    seed_ignored,
+    shared_indicators,
+    stale_changes_output,
+    varlen_accepts_bad_offsets,
+    varlen_differs,
+)
+
+
+def _kernel(fn: object) -> KernelUnderTest:
+    return KernelUnderTest(fn, Backend("numpy"))  # type: ignore[arg-type]
+
+
+def test_feature_catalogue_covers_every_feature_property() -> None:
+    """SOFTCAP, ALIBI, LSE, DROP, VARLEN, KVCACHE: every feature property has a bug."""
+    from attnspec.conformance.registry import all_properties
+
+    caught = {bug.catches for bug in FEATURE_CATALOGUE}
+    features = {pid for pid, prop in all_properties().items()
+                if prop.clause.split("-")[0] in ("SOFTCAP", "ALIBI", "LSE", "DROP", "VARLEN",
+                                                 "KVCACHE")}
+    assert features - caught == set()
+
+
+@pytest.mark.parametrize("fn", [packed_kernels.varlen_block_diagonal],
+                         ids=lambda fn: fn.__name__)
+def test_correct_varlen_kernel_matches_the_reference(fn: object) -> None:
+    """VARLEN-1 ... VARLEN-3: the block-diagonal kernel equals reference.varlen_attention on
+    ragged sequences with empty ones, GQA, causal and softcap, and rejects bad offsets."""
+    kernel = _kernel(fn)
+    assert varlen_differs(kernel) is None
+    assert varlen_accepts_bad_offsets(kernel) is None
+
+
+@pytest.mark.parametrize("fn", [packed_kernels.kv_cache_in_place,
+                                packed_kernels.kv_cache_contiguous],
+                         ids=lambda fn: fn.__name__)
+def test_correct_cache_kernels_match_the_reference(fn: object) -> None:
+    """KVCACHE-2, KVCACHE-4, KVCACHE-5: output and appended cache equal the reference's."""
+    assert cache_differs(_kernel(fn)) is None
+    assert stale_changes_output(_kernel(fn)) is None
+
+
+def test_dropout_evidence_finds_nothing_in_correct_dropout() -> None:
+    """DROP-2 ... DROP-4: the dropout evidence is quiet on the correct dropout kernel."""
+    kernel = _kernel(correct_features.dropout_attention)
+    for evidence in (kept_values_wrong, kept_fraction_wrong, seed_ignored,
+                     shared_indicators(axis=1), shared_indicators(axis=2)):
+        assert evidence(kernel) is None, evidence

@@ -1,0 +1,34 @@
+"""Fixtures shared by the tests of the conformance suite's front ends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from attnspec.conformance import Problem, PropertyFailure
+from attnspec.conformance.registry import REGISTRY, all_properties, always, register
+
+
+@pytest.fixture
+def should_property() -> Iterator[str]:
+    """A test double registered for one test: a SHOULD-level property that always fails.
+
+    It exercises how a failed SHOULD clause is reported (CONF-2) independently of which
+    real SHOULD properties exist; its clause is a real SHOULD clause, so the level is
+    read from the spec as for any property.
+    """
+    property_id = "test-double-should"
+    all_properties()
+
+    @register(property_id, "SDPA-8.2", kind="fixed", applies=always)
+    def always_warns(kernel, seed):  # type: ignore[no-untyped-def]
+        """Test double: fails every kernel, on one tiny problem, at SHOULD level."""
+        one = np.ones((1, 1, 1))
+        raise PropertyFailure("test double failed", Problem(one, one, one, "float64"), kernel)
+
+    try:
+        yield property_id
+    finally:
+        del REGISTRY[property_id]

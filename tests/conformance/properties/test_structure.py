@@ -1,0 +1,272 @@
+"""The structural properties (SDPA-1, SDPA-3, SDPA-5, SDPA-6) pass correct kernels and fail
+realistic buggy ones.
+
+Correct kernels: the reference (declared with bias, GQA, and in a second configuration
+with returned weights and bottom-right causal alignment) on every CPU backend, and
+PyTorch's SDPA.  Each buggy kernel below has one realistic bug, and the test asserts that
+the property for the clause it breaks reports it in the quick profile.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import array_api_compat
+import numpy as np
+import pytest
+from support import verdict_of
+
+from attnspec.conformance.declaration import KernelDeclaration
+from attnspec.conformance.known_kernels import known_divergences
+from attnspec.conformance.registry import all_properties
+from attnspec.conformance.runner import (
+    FAILED,
+    NOT_APPLICABLE,
+    PASSED,
+    WAIVED,
+    WARNING,
+)
+from attnspec.reference import scaled_dot_product_attention as reference
+
+STRUCTURE = (
+    "output-shape-dtype", "empty-sizes", "inputs-unmodified", "layout-independence",
+    "mask-polarity", "mask-broadcast", "bias-semantics", "mask-wins-over-bias",
+    "mask-and-causal", "empty-rows-zero", "no-keys-zero", "gqa-mapping", "gqa-rejects-bad-heads",
+)
+FULL = KernelDeclaration(bias=True, gqa=True)
+WITH_WEIGHTS_BOTTOM_RIGHT = KernelDeclaration(
+    bias=True, gqa=True, returns_weights=True, causal_alignment="bottom_right",
+    extra_kwargs={"return_weights": True, "causal_alignment": "bottom_right"},
+)
+
+
+def _expected_failure(property_id: str) -> str:
+    """CONF-1/CONF-2: a MUST clause fails, a SHOULD clause warns."""
+    return FAILED if all_properties()[property_id].level == "MUST" else WARNING
+
+
+def test_properties_registered_with_their_clauses() -> None:
+    """SDPA-1.3 … SDPA-6.2: every structural property is registered under the clause it checks."""
+    clauses = {
+        "output-shape-dtype": "SDPA-1.3", "empty-sizes": "SDPA-1.5",
+        "inputs-unmodified": "SDPA-1.6", "layout-independence": "SDPA-1.7",
+        "mask-polarity": "SDPA-3.1", "mask-broadcast": "SDPA-3.1",
+        "bias-semantics": "SDPA-3.2", "mask-wins-over-bias": "SDPA-3.3",
+        "mask-and-causal": "SDPA-3.4", "empty-rows-zero": "SDPA-5.1",
+        "no-keys-zero": "SDPA-5.2", "gqa-mapping": "SDPA-6.1",
+        "gqa-rejects-bad-heads": "SDPA-6.2",
+    }
+    registry = all_properties()
+    assert {p: registry[p].clause for p in STRUCTURE} == clauses
+    assert registry["gqa-rejects-bad-heads"].level == "SHOULD"
+
+
+# --- correct kernels pass ----------------------------------------------------------------
+
+# JAX is left out: the eager reference compiles every op for every new shape, which costs
+# minutes per property on 2 cores (tests/test_reference*.py cover the reference on JAX).
+@pytest.mark.parametrize("backend", ["numpy", "torch", "array_api_strict"])
+@pytest.mark.parametrize("property_id", STRUCTURE)
+def test_reference_passes(backend: str, property_id: str) -> None:
+    """SDPA-1/3/5/6: the reference (bias, GQA, top-left) passes on NumPy, PyTorch and
+    array-api-strict."""
+    verdict = verdict_of(property_id, reference, declaration=FULL, backend=backend)
+    assert verdict.status == PASSED, f"{verdict.detail}\n{verdict.counterexample}"
+
+
+@pytest.mark.parametrize("property_id", STRUCTURE)
+def test_reference_with_weights_bottom_right_passes(property_id: str) -> None:
+    """SDPA-1.3, SDPA-4.3, SDPA-5.1: returned weights and bottom-right empty rows pass."""
+    verdict = verdict_of(property_id, reference, declaration=WITH_WEIGHTS_BOTTOM_RIGHT)
+    assert verdict.status == PASSED, f"{verdict.detail}\n{verdict.counterexample}"
+
+
+@pytest.mark.parametrize("property_id", STRUCTURE)
+def test_torch_sdpa_passes(property_id: str) -> None:
+    """SDPA-1/3/5/6: PyTorch's SDPA passes what it claims; SDPA-3.3 and SDPA-3.4 are not
+    applicable (mask and bias share attn_mask; attn_mask with is_causal raises)."""
+    torch = pytest.importorskip("torch", reason="torch is an optional backend")
+    fn = torch.nn.functional.scaled_dot_product_attention
+    verdict = verdict_of(property_id, fn, backend="torch")
+    expected = (NOT_APPLICABLE if property_id in ("mask-wins-over-bias", "mask-and-causal")
+                else PASSED)
+    if property_id in known_divergences(fn):
+        # confirmed against the oracle and written up in docs/divergences.md
+        expected = FAILED
+        if property_id == "mask-broadcast":  # docs/divergences.md#torch-1d-mask
+            assert "IndexError" in verdict.detail and "mask(" in verdict.counterexample
+    assert verdict.status == expected, f"{verdict.detail}\n{verdict.counterexample}"
+
+
+def test_unclaimed_properties_are_not_applicable() -> None:
+    """CONF-3: without GQA or bias those properties are "not applicable", never "passed";
+    CONF-7: the waived fully-masked-row rule is "waived", never "not applicable"."""
+    plain = KernelDeclaration(empty_rows_zero=False)
+    for property_id in ("gqa-mapping", "gqa-rejects-bad-heads", "bias-semantics",
+                        "mask-wins-over-bias"):
+        assert verdict_of(property_id, reference, declaration=plain).status == NOT_APPLICABLE
+    assert verdict_of("empty-rows-zero", reference, declaration=plain).status == WAIVED
+    no_route = KernelDeclaration(mask=False, causal=False)
+    assert verdict_of("empty-rows-zero", reference, declaration=no_route).status == NOT_APPLICABLE
+
+
+# --- buggy kernels fail ------------------------------------------------------------------
+
+def _scale(q: Any, scale: float | None) -> float:
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+
+
+def upcasts_to_float32(q, k, v, *, mask=None, bias=None, is_causal=False, scale=None):
+    """Computes in float32 and forgets to cast back (SDPA-1.3)."""
+    xp = array_api_compat.array_namespace(q)
+    return xp.astype(reference(q, k, v, mask=mask, is_causal=is_causal, scale=scale),
+                     xp.float32)
+
+
+def flattens_batch_with_reshape(q, k, v, *, scale=None):
+    """Flattens batch and heads with reshape(-1, L, E), which NumPy cannot do when L or E
+    is 0 (SDPA-1.5)."""
+    out = reference(q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:]),
+                    v.reshape(-1, *v.shape[-2:]), scale=scale)
+    return out.reshape(*q.shape[:-1], v.shape[-1])
+
+
+def scales_q_in_place(q, k, v, *, mask=None, is_causal=False, scale=None):
+    """Pre-scales the caller's q in place to save a temporary (SDPA-1.6)."""
+    q *= q.dtype.type(_scale(q, scale))
+    return reference(q, k, v, mask=mask, is_causal=is_causal, scale=1.0)
+
+
+def assumes_contiguous(q, k, v, *, mask=None, is_causal=False, scale=None):
+    """Reads each input's storage as if it were contiguous, ignoring its strides (SDPA-1.7)."""
+    def raw(x):
+        strides = [1] * x.ndim
+        for axis in range(x.ndim - 2, -1, -1):
+            strides[axis] = strides[axis + 1] * x.shape[axis + 1]
+        return x.as_strided(x.shape, strides, x.storage_offset())
+
+    mask = None if mask is None else raw(mask)
+    return reference(raw(q), raw(k), raw(v), mask=mask, is_causal=is_causal, scale=scale)
+
+
+def inverted_mask(q, k, v, *, mask=None, is_causal=False, scale=None):
+    """Treats True as "masked out", like torch.nn.MultiheadAttention (SDPA-3.1)."""
+    xp = array_api_compat.array_namespace(q)
+    mask = None if mask is None else xp.logical_not(mask)
+    return reference(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+
+
+def two_dim_mask_as_key_padding(q, k, v, *, mask=None, is_causal=False, scale=None):
+    """Reads any 2-D mask as a (batch, Lk) key-padding mask (SDPA-3.1 broadcasting)."""
+    if mask is not None and mask.ndim == 2:
+        mask = mask[:, None, None, :]
+    return reference(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+
+
+def bias_before_scaling(q, k, v, *, mask=None, bias=None, is_causal=False, scale=None):
+    """Computes scale * (q.k + bias) instead of scale * q.k + bias (SDPA-3.2)."""
+    s = _scale(q, scale)
+    bias = None if bias is None else bias * s
+    return reference(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=s)
+
+
+def mask_as_additive_fill(q, k, v, *, mask=None, bias=None, is_causal=False, scale=None):
+    """Turns the mask into a -1e4 additive term on the bias, so a large bias un-masks
+    (SDPA-3.3)."""
+    if mask is not None:
+        fill = np.where(mask, 0.0, -1e4)
+        bias = fill if bias is None else bias + fill
+    with np.errstate(over="ignore"):  # the huge biases the property passes overflow here
+        return reference(q, k, v, bias=bias, is_causal=is_causal, scale=scale)
+
+
+def causal_replaces_mask(q, k, v, *, mask=None, is_causal=False, scale=None):
+    """With is_causal the causal mask replaces the user's mask instead of AND-ing (SDPA-3.4)."""
+    if is_causal:
+        mask = None
+    return reference(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+
+
+def finite_fill_mean_of_v(q, k, v, *, mask=None, is_causal=False, scale=None):
+    """Fills masked scores with -0.7 * finfo.max like JAX: all-masked rows give mean(V)
+    (SDPA-5.1)."""
+    bias = None if mask is None else np.where(mask, 0.0, -0.7 * np.finfo(q.dtype).max)
+    return reference(q, k, v, bias=bias, is_causal=is_causal, scale=scale)
+
+
+def naive_softmax(q, k, v, *, mask=None, scale=None):
+    """A textbook softmax with -inf masking: all-masked rows and Lk = 0 give 0/0 = NaN
+    (SDPA-5.1, SDPA-5.2)."""
+    scores = (q.astype(np.float64) @ np.swapaxes(k, -1, -2)) * _scale(q, scale)
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        e = np.exp(scores - scores.max(axis=-1, keepdims=True, initial=-np.inf))
+        out = (e @ v) / e.sum(axis=-1, keepdims=True)
+    return out.astype(q.dtype)
+
+
+def gqa_tiles_heads(q, k, v, *, mask=None, is_causal=False, scale=None):
+    """Expands K/V heads with tile instead of repeat: head h reads h % Hkv (SDPA-6.1)."""
+    groups = q.shape[-3] // k.shape[-3]
+    reps = (1,) * (k.ndim - 3) + (groups, 1, 1)
+    return reference(q, np.tile(k, reps), np.tile(v, reps), mask=mask,
+                     is_causal=is_causal, scale=scale)
+
+
+def gqa_rounds_heads(q, k, v, *, mask=None, is_causal=False, scale=None):
+    """Maps query head h to kv head floor(h * Hkv / Hq): right for whole groups, silently
+    something for any other head count (SDPA-6.2)."""
+    heads = (np.arange(q.shape[-3]) * k.shape[-3]) // q.shape[-3]
+    return reference(q, np.take(k, heads, axis=-3), np.take(v, heads, axis=-3), mask=mask,
+                     is_causal=is_causal, scale=scale)
+
+
+BUGS = [
+    # (bug, property that must catch it, declaration, backend, words in the finding)
+    (upcasts_to_float32, "output-shape-dtype", KernelDeclaration(), "numpy",
+     "out.dtype=float32, but should be float"),
+    (flattens_batch_with_reshape, "empty-sizes",
+     KernelDeclaration(mask=False, causal=False), "numpy", "kernel raised ValueError"),
+    (scales_q_in_place, "inputs-unmodified", KernelDeclaration(), "numpy",
+     "q was modified by the call"),
+    (assumes_contiguous, "layout-independence", KernelDeclaration(), "torch",
+     "input layouts"),
+    (inverted_mask, "mask-polarity", KernelDeclaration(), "numpy", "one allowed key per row"),
+    (two_dim_mask_as_key_padding, "mask-broadcast", KernelDeclaration(), "numpy", "mask"),
+    (bias_before_scaling, "bias-semantics", KernelDeclaration(bias=True), "numpy", "TOL-2"),
+    (mask_as_additive_fill, "mask-wins-over-bias", KernelDeclaration(bias=True), "numpy",
+     "large finite bias at masked positions"),
+    (causal_replaces_mask, "mask-and-causal", KernelDeclaration(), "numpy", "mask AND causal"),
+    (finite_fill_mean_of_v, "empty-rows-zero", KernelDeclaration(), "numpy",
+     "in a row with no allowed key"),
+    (naive_softmax, "empty-rows-zero", KernelDeclaration(causal=False), "numpy", "NaN"),
+    (naive_softmax, "no-keys-zero", KernelDeclaration(causal=False), "numpy",
+     "nan with Lk = 0"),
+    (gqa_tiles_heads, "gqa-mapping", KernelDeclaration(gqa=True), "numpy",
+     "but should read head h // G"),
+    (gqa_rounds_heads, "gqa-rejects-bad-heads", KernelDeclaration(gqa=True), "numpy",
+     "instead of raising"),
+]
+
+
+@pytest.mark.parametrize(("bug", "property_id", "declaration", "backend", "words"), BUGS,
+                         ids=[f"{b[1]}-{b[0].__name__}" for b in BUGS])
+def test_buggy_kernel_fails(bug: Any, property_id: str, declaration: KernelDeclaration,
+                            backend: str, words: str) -> None:
+    """CONF-1/CONF-2: the property of the clause a realistic bug breaks reports it in the
+    quick profile, with a finding that says what went wrong."""
+    if backend == "torch":
+        pytest.importorskip("torch", reason="torch is an optional backend")
+    verdict = verdict_of(property_id, bug, declaration=declaration, backend=backend)
+    assert verdict.status == _expected_failure(property_id), verdict.detail
+    assert words in verdict.detail
+    assert verdict.counterexample and verdict.reproduction
+
+
+def test_rounding_gqa_mapping_is_right_for_whole_groups() -> None:
+    """SDPA-6.1: the floor(h * Hkv / Hq) kernel maps whole groups correctly, so only
+    SDPA-6.2 may flag it: gqa-mapping must not fail a correct mapping."""
+    verdict = verdict_of("gqa-mapping", gqa_rounds_heads, declaration=KernelDeclaration(gqa=True))
+    assert verdict.status == PASSED, verdict.detail

@@ -1,0 +1,337 @@
+"""The built-in adapters of known kernels (CONF-1, CONF-3): ``attnspec check NAME`` finds each one
+under its library's name with its backend, each computes attention (checked against the
+float64 oracle on small inputs with a mask, a bias and causality), and the divergences the
+matrix shows are pinned here, so a test fails when upstream changes the behaviour.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+from oracle import sdpa
+
+from attnspec.conformance.api import KernelSetup
+from attnspec.conformance.known_kernels import KNOWN_KERNELS, known_backend
+
+torch = pytest.importorskip("torch", reason="the adapters checked here are PyTorch's")
+
+RNG = np.random.default_rng(9)
+Q, K, V = (RNG.standard_normal((2, 3, n, 4)) for n in (5, 6, 6))
+MASK = RNG.random((2, 1, 5, 6)) < 0.7
+MASK[..., 0] = True  # every row keeps a key, so no row is fully masked
+BIAS = RNG.standard_normal((1, 3, 5, 6))
+
+
+def _t(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(x)
+
+
+def test_every_known_kernel_names_an_installed_or_reported_adapter() -> None:
+    """Each matrix row either imports or says which module is missing."""
+    for entry in KNOWN_KERNELS:
+        missing = entry.missing()
+        assert missing is None or missing.endswith("does not import here"), entry
+        assert known_backend(entry.name) == entry.backend
+
+
+def test_check_finds_the_adapter_and_backend_of_a_library_name() -> None:
+    """``attnspec check torch.nn:MultiheadAttention`` needs no wrapper and no --backend."""
+    kernel = KernelSetup("torch.nn:MultiheadAttention").prepare()
+    assert kernel.backend.name == "torch"
+    assert kernel.declaration.returns_weights and kernel.declaration.batch_ndim == 1
+    assert "multihead_attention" in kernel.fn.__qualname__
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
+def test_jax_names_resolve_to_the_jax_backend() -> None:
+    assert KernelSetup("jax.nn:dot_product_attention").make_backend().name == "jax"
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_attention_adapters_compute_masked_biased_causal_attention() -> None:
+    from attnspec.conformance.adapters import torch as adapters
+
+    for kernel in (adapters.flex_attention_block_mask, adapters.flex_attention_score_mod):
+        for causal in (False, True):
+            want, _ = sdpa(Q, K, V, mask=MASK, bias=BIAS, is_causal=causal)
+            got = kernel(_t(Q), _t(K), _t(V), mask=_t(MASK), bias=_t(BIAS), is_causal=causal)
+            np.testing.assert_allclose(got.detach().numpy(), want, atol=1e-12, err_msg=str(kernel))
+
+
+def test_multihead_attention_adapter_is_pure_attention_with_either_mask_argument() -> None:
+    """Identity projections: the layer is SDPA per head; a key-only mask goes through
+    key_padding_mask, any other through attn_mask (both True = masked out)."""
+    from attnspec.conformance.adapters.torch import (
+        multihead_attention,
+        multihead_attention_no_weights,
+    )
+
+    key_only = MASK[:, :, :1, :]
+    for mask in (MASK, key_only):
+        want, weights = sdpa(Q, K, V, mask=mask)
+        out, got_weights = multihead_attention(_t(Q), _t(K), _t(V), attn_mask=_t(mask))
+        np.testing.assert_allclose(out.numpy(), want, atol=1e-12)
+        np.testing.assert_allclose(got_weights.numpy(), weights, atol=1e-12)
+        out = multihead_attention_no_weights(_t(Q), _t(K), _t(V), attn_mask=_t(mask))
+        np.testing.assert_allclose(out.numpy(), want, atol=1e-12)
+
+
+def test_upstream_multihead_attention_gives_nan_for_a_fully_masked_row_with_weights() -> None:
+    """docs/divergences.md#mha-empty-rows: SDPA-5.1 says 0.  nn.MultiheadAttention (torch
+    2.13.0) gives NaN with need_weights=True (weights NaN too), through attn_mask,
+    key_padding_mask or an all -inf float mask, and 0 with need_weights=False.  This fails
+    when upstream changes either."""
+    layer = torch.nn.MultiheadAttention(2, 1, bias=False, batch_first=True).eval()
+    x = torch.ones(1, 1, 2)
+    want, _ = sdpa(np.ones((1, 1, 1, 2)), np.ones((1, 1, 1, 2)), np.ones((1, 1, 1, 2)),
+                   mask=np.zeros((1, 1), dtype=bool))
+    assert (want == 0).all()
+    masked_out = torch.ones(1, 1, dtype=torch.bool)
+    with torch.no_grad():
+        for masks in ({"attn_mask": masked_out}, {"key_padding_mask": masked_out},
+                      {"attn_mask": torch.full((1, 1), float("-inf"))}):
+            out, weights = layer(x, x, x, need_weights=True, **masks)
+            assert torch.isnan(out).all() and torch.isnan(weights).all(), masks
+            out, _ = layer(x, x, x, need_weights=False, **masks)
+            assert (out == 0).all(), masks
+
+
+def _refuses_empty_and_cross(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
+                             mask: np.ndarray | None = None, is_causal: bool = False,
+                             scale: float | None = None) -> np.ndarray:
+    """Correct attention that, like local-attention and FlexAttention, raises on an empty
+    length or on Lq != Lk."""
+    from attnspec.reference import scaled_dot_product_attention
+
+    if 0 in (q.shape[-2], k.shape[-2]) or q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"unsupported lengths Lq={q.shape[-2]}, Lk={k.shape[-2]}")
+    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+
+
+def test_limitations_are_declared_once_and_named_in_the_claim() -> None:
+    """equal_lengths and empty_sizes=False: a kernel that refuses Lq != Lk and empty
+    lengths conforms on everything else, the claim line says "needs Lq == Lk" and names
+    SDPA-1.5 and SDPA-5.2 as waived (CONF-7); undeclared, the same kernel fails."""
+    from attnspec.conformance.api import check
+    from attnspec.conformance.declaration import declaration_of
+    from attnspec.conformance.report import conformance_claim
+    from attnspec.conformance.runner import FAILED, WAIVED
+
+    only = ["matches-reference", "empty-sizes", "no-keys-zero", "key-permutation"]
+    declared = check(_refuses_empty_and_cross, backend="numpy", only=only, dtypes=["float64"],
+                     equal_lengths=True, empty_sizes=False)
+    assert declared.conforms, [v.detail for v in declared.verdicts]
+    status = {v.property: v.status for v in declared.verdicts}
+    assert status["empty-sizes"] == status["no-keys-zero"] == WAIVED
+    assert declared.waived == ["SDPA-1.5", "SDPA-5.2"]
+    claim = conformance_claim(declaration_of(_refuses_empty_and_cross, equal_lengths=True,
+                                             empty_sizes=False), ("float64",))
+    assert "needs Lq == Lk" in claim and "except SDPA-1.5, SDPA-5.2" in claim, claim
+    undeclared = check(_refuses_empty_and_cross, backend="numpy", only=only[:2],
+                       dtypes=["float64"])
+    assert {v.status for v in undeclared.verdicts} == {FAILED}
+
+
+def test_upstream_multihead_attention_overflows_float16_scores_with_weights() -> None:
+    """docs/divergences.md#mha-float16-overflow: SDPA-7.4 says finite inputs whose output
+    is representable give a finite output.  With need_weights=True, nn.MultiheadAttention
+    (torch 2.13.0) forms q k^T in float16 and returns NaN once it passes 65504; with
+    need_weights=False it gives the right value.  Fails when upstream changes either."""
+    layer = torch.nn.MultiheadAttention(1, 1, bias=False, batch_first=True,
+                                        dtype=torch.float16).eval().requires_grad_(False)
+    with torch.no_grad():
+        layer.in_proj_weight.fill_(1.0)
+        layer.out_proj.weight.fill_(1.0)
+    q = torch.tensor([[[1000.0]]], dtype=torch.float16)
+    k = torch.tensor([[[1000.0], [-1000.0]]], dtype=torch.float16)
+    v = torch.tensor([[[1.0], [2.0]]], dtype=torch.float16)
+    want, _ = sdpa(q.double().numpy(), k.double().numpy(), v.double().numpy())
+    assert want.item() == 1.0
+    out, weights = layer(q, k, v, need_weights=True)
+    assert torch.isnan(out).all() and torch.isnan(weights).all()
+    out, _ = layer(q, k, v, need_weights=False)
+    assert out.item() == 1.0
+
+
+def test_upstream_flex_attention_leaks_nan_from_masked_values() -> None:
+    """docs/divergences.md#flex-masked-nan: SDPA-8.2 (SHOULD) says a NaN in a masked-out
+    value does not reach the output; FlexAttention (torch 2.13.0) gives NaN, whether the key
+    is masked by a block mask's mask_mod or by a score_mod's -inf.  Fails when upstream
+    changes it."""
+    import warnings
+
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    q = torch.tensor([[[[0.25, 1.0]]]], dtype=torch.float64)
+    k = torch.tensor([[[[0.5, -1.0], [0.5, 0.5]]]], dtype=torch.float64)
+    v = torch.tensor([[[[1.0, 2.0], [float("nan"), float("nan")]]]], dtype=torch.float64)
+    want, _ = sdpa(q.numpy(), k.numpy(), np.nan_to_num(v.numpy()),
+                   mask=np.array([[True, False]]))
+    assert want.tolist() == [[[[1.0, 2.0]]]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "called without torch.compile()"
+        block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: kv_idx == 0, 1, 1, 1, 2,
+                                       device="cpu")
+        by_block_mask = flex_attention(q, k, v, block_mask=block_mask)
+        by_score_mod = flex_attention(q, k, v, score_mod=lambda s, b, h, q_idx, kv_idx:
+                                      torch.where(kv_idx == 0, s, float("-inf")))
+    assert torch.isnan(by_block_mask).all() and torch.isnan(by_score_mod).all()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("keras") is None, reason="keras is not installed")
+def test_upstream_keras_computes_float64_as_float32(tmp_path: Path) -> None:
+    """docs/divergences.md#keras-float64: keras.ops.dot_product_attention returns float32
+    for float64 inputs (its floatx), so float64 is outside its declared dtypes.  In a fresh
+    process: Keras picks its backend (numpy here) once, at import.  Fails when upstream
+    changes it."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, keras; q = np.full((1, 1, 1, 1), 0.1); "
+            "print(keras.config.floatx(), keras.ops.dot_product_attention(q, q, q).dtype)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**os.environ, "KERAS_BACKEND": "numpy"}, cwd=tmp_path,
+                            timeout=120, check=False)
+    assert result.stdout.split() == ["float32", "float32"], result.stderr[-2000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("local_attention") is None,
+                    reason="local-attention is not installed")
+def test_upstream_local_attention_leaks_nan_outside_the_window() -> None:
+    """docs/divergences.md#local-attention-masked-nan: SPARSE-6.3 (SHOULD) says a NaN
+    outside S(i) does not reach row i; local-attention 1.11.2 leaks a NaN value from a key
+    outside the exact window but inside the looked-at bucket.  Fails when upstream changes."""
+    from attnspec.conformance.adapters.thirdparty import local_attention
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 6, 2, dtype=torch.float64, generator=generator)
+               for _ in range(3))
+    clean = local_attention(q, k, v)
+    window = np.zeros((6, 6), dtype=bool)
+    for i in range(6):
+        window[i, max(0, i - 4):i + 1] = True
+    want, _ = sdpa(q.numpy(), k.numpy(), v.numpy(), mask=window)
+    np.testing.assert_allclose(clean.numpy(), want, atol=1e-12)  # the pattern, as declared
+    v[..., 0, :] = float("nan")  # key 0 is outside query 5's window
+    assert torch.isnan(local_attention(q, k, v)[0, 0, 5]).all()
+
+
+def test_upstream_sdpa_masked_overflowing_key_gives_nan() -> None:
+    """docs/divergences.md#torch-masked-overflow: SDPA-8.1 says finite values at masked-out
+    positions do not change the output; torch 2.13.0's SDPA (math, CPU flash, dispatcher)
+    gives NaN when a masked key's score overflows.  Fails when upstream changes it."""
+    from attnspec.conformance.torch_kernels import sdpa_flash, sdpa_math
+
+    q = torch.ones(1, 1, 1, 2)
+    k = torch.tensor([[[[0.5, 0.5], [3e38, 3e38]]]])
+    v = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]])
+    mask = torch.tensor([[True, False]])
+    want, _ = sdpa(q.double().numpy(), k.double().numpy(), v.double().numpy(),
+                   mask=mask.numpy())
+    assert want.flatten().tolist() == [1.0, 2.0]
+    for kernel in (torch.nn.functional.scaled_dot_product_attention, sdpa_math, sdpa_flash):
+        assert torch.isnan(kernel(q, k, v, attn_mask=mask)).all(), kernel
+
+
+NAN = float("nan")
+# What keras 3.15.1 gives on keras_probe.py's inputs (beside this file; jax: jax 0.10.2,
+# where only the fully masked row diverges); the spec's answers are
+# fully_masked 0 (SDPA-5.1), nan_query NaN (SDPA-8.3), gqa_4_over_2 ones (SDPA-6.1),
+# gqa_1_over_2 an error (SDPA-6.2, SHOULD), float16_scores_1e6 1 (SDPA-7.4), mask_1d 2
+# (SDPA-3.1) and causal_scale_0 [[0, 1], [1, 2], [2, 3]] (SDPA-7.1).
+KERAS_UPSTREAM = {
+    "torch": {"fully_masked": [[[[3.0]]]], "nan_query": [[[[0.0]]]],
+              "gqa_4_over_2": [[[[1.0], [1.0], [1.0], [1.0]]]], "gqa_1_over_2": [[[[1.0], [1.0]]]],
+              "float16_scores_1e6": [[[[1.0]]]], "mask_1d": "IndexError",
+              "causal_scale_0": [[[[NAN, NAN]], [[NAN, NAN]], [[2.0, 3.0]]]]},
+    "jax": {"fully_masked": [[[[3.0]]]], "nan_query": [[[[NAN]]]],
+            "gqa_4_over_2": [[[[1.0], [1.0], [1.0], [1.0]]]], "gqa_1_over_2": "TypeError",
+            "float16_scores_1e6": [[[[1.0]]]], "mask_1d": [[[[2.0]]]],
+            "causal_scale_0": [[[[0.0, 1.0]], [[1.0, 2.0]], [[2.0, 3.0]]]]},
+    "numpy": {"fully_masked": [[[[3.0]]]], "nan_query": [[[[NAN]]]],
+              "gqa_4_over_2": "ValueError", "gqa_1_over_2": [[[[1.0], [1.0]]]],
+              "float16_scores_1e6": [[[[NAN]]]], "mask_1d": [[[[2.0]]]],
+              "causal_scale_0": [[[[0.0, 1.0]], [[1.0, 2.0]], [[2.0, 3.0]]]]},
+}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("keras") is None, reason="keras is not installed")
+@pytest.mark.parametrize("backend", sorted(KERAS_UPSTREAM))
+def test_upstream_keras_divergences(backend: str, tmp_path: Path) -> None:
+    """docs/divergences.md#keras-empty-rows ... #keras-numpy-float16: Keras's answers on the
+    divergences' minimal cases, per backend; fails when upstream changes any of them."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    probe = Path(__file__).with_name("keras_probe.py")
+    result = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True,
+                            env={**os.environ, "KERAS_BACKEND": backend}, cwd=tmp_path,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    observed = json.loads(result.stdout.strip().splitlines()[-1])
+    assert observed.keys() == KERAS_UPSTREAM[backend].keys()
+    for case, want in KERAS_UPSTREAM[backend].items():
+        np.testing.assert_equal(observed[case], want, err_msg=f"{backend}: {case}")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flax") is None, reason="flax is not installed")
+def test_upstream_flax_divergences() -> None:
+    """docs/divergences.md#flax-empty-rows, #flax-nnx-head-dims, #flax-linen-float16: what
+    flax's dot_product_attention (nnx and linen) gives on each divergence's minimal case,
+    (B, L, H, E) inputs; fails when upstream changes any of them."""
+    import jax.numpy as jnp
+    from flax import linen, nnx
+
+    one = jnp.full((1, 1, 1, 1), 0.5)
+    keys, values = jnp.asarray([[[[0.5]], [[1.0]]]]), jnp.asarray([[[[2.0]], [[4.0]]]])
+    for attention in (nnx.dot_product_attention, linen.dot_product_attention):
+        # SDPA-5.1: 0; flax fills masked logits with finfo.min: mean(V) = 3
+        masked = attention(one, keys, values, mask=jnp.zeros((1, 1, 1, 2), bool),
+                           deterministic=True)
+        assert np.asarray(masked).tolist() == [[[[3.0]]]], attention
+        # ... and an all -inf bias row gives NaN
+        biased = attention(one, keys, values, bias=jnp.full((1, 1, 1, 2), -jnp.inf),
+                           deterministic=True)
+        assert np.isnan(np.asarray(biased)).all(), attention
+    # SDPA-1.1: Ev != E is valid; nnx rejects it (it calls jax.nn.dot_product_attention)
+    with pytest.raises(ValueError):
+        nnx.dot_product_attention(jnp.ones((1, 1, 1, 2)), jnp.ones((1, 2, 1, 2)),
+                                  jnp.ones((1, 2, 1, 3)), deterministic=True)
+    # SDPA-7.4: scores of 1e6 are finite; linen computes them in float16 (65504): NaN; 1
+    q16 = jnp.asarray([[[[1000.0]]]], jnp.float16)
+    k16 = jnp.asarray([[[[1000.0]], [[-1000.0]]]], jnp.float16)
+    v16 = jnp.asarray([[[[1.0]], [[2.0]]]], jnp.float16)
+    assert np.isnan(np.asarray(linen.dot_product_attention(q16, k16, v16,
+                                                           deterministic=True))).all()
+    assert np.asarray(nnx.dot_product_attention(q16, k16, v16, deterministic=True),
+                      dtype=np.float64).tolist() == [[[[1.0]]]]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flax") is None, reason="flax is not installed")
+def test_upstream_jax_and_flax_leak_a_masked_nan_value() -> None:
+    """docs/divergences.md#jax-masked-nan: SDPA-8.2 (SHOULD) says a NaN at a masked-out
+    position does not reach the output; jax.nn and flax give NaN for a NaN value of a masked
+    key (the definition: key 1's value, 4), but not for a NaN key.  Fails when upstream
+    changes it."""
+    import jax
+    import jax.numpy as jnp
+    from flax import linen, nnx
+
+    q, k = jnp.full((1, 1, 1, 1), 0.5), jnp.asarray([[[[0.5]], [[1.0]]]])
+    mask = jnp.asarray([[[[False, True]]]])  # key 0 masked out
+    nan_value = jnp.asarray([[[[jnp.nan]], [[4.0]]]])
+    nan_key, values = jnp.asarray([[[[jnp.nan]], [[1.0]]]]), jnp.asarray([[[[2.0]], [[4.0]]]])
+    want, _ = sdpa(np.zeros((1, 1, 1)), np.zeros((1, 2, 1)), np.asarray([[[0.0], [4.0]]]),
+                   mask=np.asarray([[False, True]]))
+    assert want.ravel().tolist() == [4.0]
+    for attention in (jax.nn.dot_product_attention,
+                      lambda *a, **kw: nnx.dot_product_attention(*a, **kw, deterministic=True),
+                      lambda *a, **kw: linen.dot_product_attention(*a, **kw, deterministic=True)):
+        assert np.isnan(np.asarray(attention(q, k, nan_value, mask=mask))).all()
+        assert np.asarray(attention(q, nan_key, values, mask=mask)).ravel().tolist() == [4.0]

@@ -1,0 +1,199 @@
+"""Properties in several worker processes at once: ``attnspec check --jobs N`` (CONF-5, CONF-6).
+
+The verdicts, their order (clause order, whatever order they finish in) and the reports
+are the same for every N; a crash or a hang in one worker fails only the property it was
+running (CONF-5); an interrupt keeps every finished verdict, marked incomplete (CONF-6).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from support import ATTNSPEC, processes_in, wait_for
+
+from attnspec.conformance import SetupError, check, cli
+from attnspec.conformance.isolation import (
+    THREAD_VARIABLES,
+    WORKER_THREADS,
+    IsolationOptions,
+    worker_threads,
+)
+from attnspec.conformance.jobs import available_cpus, parse_jobs
+from attnspec.conformance.runner import FAILED, PASSED
+from attnspec.conformance.worker import use_worker_threads
+
+# Properties the buggy kernel (scores scaled by 1/E) fails and passes, on NumPy: the
+# comparison covers failures with shrunk counterexamples and passes alike.
+ONLY = ["matches-reference", "default-scale", "explicit-scale", "causal-zeros",
+        "key-permutation", "mask-polarity", "empty-rows-zero", "output-shape-dtype"]
+KERNELS = {"correct": "catalogue.correct:online_softmax_attention",
+           "buggy": "catalogue.bugs_scores:scale_one_over_e"}
+
+
+def outcome(report):  # type: ignore[no-untyped-def]
+    """What a run decided, without its timings."""
+    return [(v.property, v.status, v.detail, v.counterexample, v.reproduction, v.examples)
+            for v in report.verdicts]
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[tuple[str, int], object]:
+    """Each catalogue kernel checked with one worker and with two (one run each)."""
+    return {(name, jobs): check(target, backend="numpy", only=ONLY, isolate=True, jobs=jobs)
+            for name, target in KERNELS.items() for jobs in (1, 2)}
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_two_jobs_give_the_same_verdicts_in_the_same_order(name: str, runs) -> None:  # type: ignore[no-untyped-def]
+    """CONF-1: --jobs 2 decides every property as --jobs 1 does (same status, finding,
+    shrunk counterexample, reproduction and number of examples), listed in the same
+    order, and the same claim."""
+    one, two = runs[(name, 1)], runs[(name, 2)]
+    assert [v.property for v in two.verdicts] == ONLY
+    assert outcome(two) == outcome(one)
+    assert two.claim == one.claim and two.conforms == one.conforms
+
+
+def test_the_comparison_has_failures_and_passes(runs) -> None:  # type: ignore[no-untyped-def]
+    """The buggy kernel fails some of the properties compared (SDPA-2.1) and passes others;
+    the correct one passes them all: equal outcomes are not equal by being empty."""
+    buggy = {v.property: v.status for v in runs[("buggy", 2)].verdicts}
+    assert buggy["default-scale"] == FAILED and buggy["matches-reference"] == FAILED
+    assert PASSED in buggy.values()
+    assert {v.status for v in runs[("correct", 2)].verdicts} == {PASSED}
+
+
+HOSTILE_SOMETIMES = '''
+import os, time
+from attnspec.reference import scaled_dot_product_attention
+
+
+def crashes_or_hangs(q, k, v, *, mask=None, is_causal=False, scale=None):
+    if scale is not None:
+        os.kill(os.getpid(), 11)
+    while is_causal:
+        time.sleep(1)
+    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+
+
+def hangs_on_causal(q, k, v, *, mask=None, is_causal=False, scale=None):
+    while is_causal:
+        time.sleep(1)
+    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+'''
+
+
+@pytest.fixture
+def hostile(tmp_path: Path) -> str:
+    path = tmp_path / "sometimes.py"
+    path.write_text(HOSTILE_SOMETIMES, encoding="utf-8")
+    return str(path)
+
+
+def test_a_crash_or_hang_in_one_job_fails_only_its_property(hostile: str) -> None:
+    """CONF-5 with two workers: a segfault on explicit-scale and a hang on causal-zeros
+    (past --timeout 2) fail those two properties, each naming what happened and the
+    inputs of the call; default-scale, run beside them, passes."""
+    report = check(f"{hostile}:crashes_or_hangs", backend="numpy", jobs=2,
+                   only=["explicit-scale", "default-scale", "causal-zeros"],
+                   isolate=IsolationOptions(timeout=2), causal=True)
+    statuses = {v.property: v.status for v in report.verdicts}
+    assert statuses == {"explicit-scale": FAILED, "default-scale": PASSED,
+                        "causal-zeros": FAILED}
+    crashed, _, hung = report.verdicts
+    assert "SIGSEGV" in crashed.detail and "scale=" in crashed.counterexample
+    assert hung.detail.startswith("the kernel did not return within 2 s")
+    assert "is_causal=True" in hung.counterexample
+
+
+@pytest.mark.parametrize("signum, name", [(signal.SIGINT, "SIGINT (Ctrl-C)"),
+                                          (signal.SIGTERM, "SIGTERM")])
+def test_interrupt_with_jobs_keeps_finished_verdicts_in_order(
+    signum: int, name: str, hostile: str, tmp_path: Path,
+) -> None:
+    """CONF-6 with two workers: causal-zeros, the first property, hangs in one worker
+    while the other finishes default-scale and explicit-scale; the report holds those
+    two, in their order, marked still running; SIGINT or SIGTERM then ends the check with
+    exit 2,
+    the hung property left out, the report marked incomplete, no worker left behind."""
+    process = subprocess.Popen(
+        [ATTNSPEC, "check", f"{hostile}:hangs_on_causal", "--backend", "numpy",
+         "--only", "causal-zeros,default-scale,explicit-scale", "--jobs", "2",
+         "--timeout", "300", "--json", "r.json", "--markdown", "r.md"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(tmp_path / "r.md", "2 of 3")
+        running = json.loads((tmp_path / "r.json").read_text())
+        assert [v["property"] for v in running["verdicts"]] == ["default-scale",
+                                                                "explicit-scale"]
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 2, err
+    final = json.loads((tmp_path / "r.json").read_text())
+    reason = f"interrupted by {name} after 2 of 3 properties"
+    assert final["incomplete"] == reason and final["complete"] is False
+    assert [(v["property"], v["status"]) for v in final["verdicts"]] == [
+        ("default-scale", PASSED), ("explicit-scale", PASSED)]
+    assert f"result: INCOMPLETE ({reason})" in out and "Traceback" not in err
+    time.sleep(0.5)
+    assert processes_in(tmp_path) == []
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--jobs", "0"], "--jobs 0, but should be a positive integer or 'auto'"),
+    (["--jobs", "two"], "--jobs 'two', but should be a positive integer or 'auto'"),
+    (["--jobs", "2", "--no-isolate"], "--no-isolate runs the kernel in this one"),
+])
+def test_bad_jobs_are_one_line_and_exit_2(argv: list[str], words: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    status = cli.main(["check", "attnspec.reference:scaled_dot_product_attention",
+                       "--backend", "numpy", "--only", "default-scale", *argv])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and words in lines[0], lines
+
+
+def test_jobs_values() -> None:
+    """'auto' is one worker per CPU this process may use; the API rejects bad values and
+    more than one job in-process with a SetupError naming jobs."""
+    assert parse_jobs("auto") == available_cpus() >= 1
+    assert parse_jobs(None) == 1 and parse_jobs("3") == 3 and parse_jobs(2) == 2
+    with pytest.raises(SetupError, match="jobs=0, but should be a positive integer"):
+        check("attnspec.reference:scaled_dot_product_attention", backend="numpy", jobs=0)
+    with pytest.raises(SetupError, match="jobs=2 needs worker processes"):
+        check("attnspec.reference:scaled_dot_product_attention", backend="numpy", jobs=2,
+              only=["default-scale", "explicit-scale"])
+
+
+def test_each_worker_runs_cpus_over_jobs_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CONF-5: with --jobs 2 and no thread variable in the environment, the
+    worker gives BLAS, OpenMP and PyTorch's intra-op pool max(1, CPUs // 2) threads and
+    says so in the report's notes, with the count PyTorch reports it ran with."""
+    pytest.importorskip("torch", reason="PyTorch's intra-op threads are what is set")
+    for name in THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    report = check("torch.nn.functional:scaled_dot_product_attention", backend="torch",
+                   only=["score-variance"], isolate=True, jobs=2)
+    expected = max(1, available_cpus() // 2)
+    note = next(n for n in report.notes if n.startswith("worker threads"))
+    assert note.startswith(f"worker threads: {expected} per worker process"), note
+    assert f"PyTorch {expected})" in note, note
+
+
+def test_the_users_thread_variables_stand() -> None:
+    """A worker's environment keeps OMP_NUM_THREADS (or any thread variable) the user set:
+    nothing is added; without them every variable gets CPUs // jobs, at least 1."""
+    assert worker_threads(2, {"OMP_NUM_THREADS": "3", "PATH": "/bin"}) == {}
+    assert worker_threads(4, {"MKL_NUM_THREADS": "1"}) == {}
+    chosen = worker_threads(10**6, {"PATH": "/bin"})
+    assert set(chosen) == {*THREAD_VARIABLES, WORKER_THREADS}
+    assert set(chosen.values()) == {"1"}
+    assert worker_threads(1, {})["OMP_NUM_THREADS"] == str(available_cpus())
+    note = use_worker_threads({"OMP_NUM_THREADS": "3"})
+    assert note.startswith("worker threads: as the environment sets them (OMP_NUM_THREADS=3"), note

@@ -1,0 +1,306 @@
+"""Shape pools for backends that compile per shape (SDPA-1.1, CONF-1).
+
+A backend that says it compiles per shape (JAX) gets each stratum's shapes from a small
+pool per run: every property meets the same few shapes (so a jitted kernel's compilations
+are reused), the realistic strata keep their realistic sizes, a failure still shrinks (to
+the smallest pooled shape that fails), and the pools are the same whatever the order the
+properties run in.  Here on NumPy, with its adapter told that it compiles per shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from catalogue.buggy import CATALOGUE, BuggyKernel
+from hypothesis import strategies as st
+from support import backend_or_skip, verdict_of
+
+from attnspec.backends import Backend, _registry
+from attnspec.conformance import declare
+from attnspec.conformance.anchors import ANCHORS
+from attnspec.conformance.kernel import KernelUnderTest
+from attnspec.conformance.registry import all_properties
+from attnspec.conformance.runner import (
+    ANCHOR_COST,
+    FAILED,
+    PASSED,
+    PROFILES,
+    WARNING,
+    run_property,
+)
+from attnspec.conformance.shape_pool import (
+    SMALL_POOL,
+    SeededDraws,
+    ShapePool,
+    members_for,
+    pool_for_run,
+    pooled_dims,
+)
+from attnspec.conformance.sizes import SizeLimits, Stratum, drawing, problem_cost
+from attnspec.conformance.strategies import draw_dims
+from attnspec.reference import scaled_dot_product_attention as reference_sdpa
+
+Array = Any
+
+
+def compiling_numpy() -> Backend:
+    """NumPy, with its adapter saying it compiles per shape (as JAX's does)."""
+    backend = Backend("numpy")
+    backend._adapter = dataclasses.replace(backend._adapter, compiles_per_shape=True)
+    return backend
+
+
+def recording(seen: list[tuple[tuple[int, ...], ...]], fn: Any = reference_sdpa) -> Any:
+    @declare(bias=True, gqa=True)
+    def kernel(q: Array, k: Array, v: Array, *, mask: Array | None = None,
+               bias: Array | None = None, is_causal: bool = False,
+               scale: float | None = None) -> Array:
+        seen.append((q.shape, k.shape, v.shape))
+        return fn(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+
+    return kernel
+
+
+def test_backends_say_whether_they_compile_per_shape() -> None:
+    """JAX's adapter compiles per shape; NumPy's and PyTorch's (eager) do not."""
+    assert _registry.ADAPTERS["jax"].compiles_per_shape is True
+    assert _registry.ADAPTERS["numpy"].compiles_per_shape is False
+    assert _registry.ADAPTERS["torch"].compiles_per_shape is False
+    assert Backend("numpy").compiles_per_shape is False
+
+
+# Properties that ask draw_dims for other minimum sizes (causal-zeros: Lq != Lk, at least
+# one query and key; batch-head-independence: two key/value heads) or build a probe of
+# their own (default-scale): pooled, they meet the shapes the others meet.
+ASKING = ("causal-zeros", "batch-head-independence", "default-scale")
+
+
+@pytest.fixture(scope="module")
+def pooled_shapes() -> dict[str, list[tuple[tuple[int, ...], ...]]]:
+    """The (q, k, v) shapes a correct kernel is called with by some properties, pooled and
+    not (quick profile)."""
+    shapes: dict[str, list[tuple[tuple[int, ...], ...]]] = {}
+    for name, backend in (("pooled", compiling_numpy()), ("free", Backend("numpy"))):
+        for prop in ("matches-reference", "key-permutation", *ASKING):
+            seen: list[tuple[tuple[int, ...], ...]] = []
+            kernel = KernelUnderTest(recording(seen), backend)
+            assert verdict_of(prop, kernel).status == PASSED
+            shapes[f"{name} {prop}"] = seen
+    return shapes
+
+
+def test_a_compiling_backend_meets_a_few_shapes_shared_by_properties(pooled_shapes) -> None:  # type: ignore[no-untyped-def]
+    """SDPA-7.3, SDPA-7.6: pooled, the 30 examples of a property use at most a pool's worth
+    of shapes per stratum (4 small + 3 + 1 + 1 + 5 realistic), and a second property meets
+    mostly the same ones (its draws ask for other minimum sizes in places); drawn freely,
+    the two properties meet at least twice as many shapes."""
+    pooled = {shape for shape in pooled_shapes["pooled matches-reference"]}
+    bound = SMALL_POOL + sum(min(s.examples, 3) for s in PROFILES["quick"].strata(SizeLimits())
+                             if s.realistic)
+    assert len(pooled) <= bound
+    other = set(pooled_shapes["pooled key-permutation"])
+    assert len(other & pooled) >= len(other) / 2, (other - pooled, pooled)
+    free = {*pooled_shapes["free matches-reference"], *pooled_shapes["free key-permutation"]}
+    assert len(free) >= 2 * len(pooled | other), (len(free), len(pooled | other))
+
+
+def test_properties_asking_for_other_sizes_meet_the_shapes_already_met(pooled_shapes) -> None:  # type: ignore[no-untyped-def]
+    """SDPA-4.1, SDPA-7.6, SDPA-2.1: pooled, a property asking for at least one key, Lq !=
+    Lk or two key/value heads takes the shapes drawn for a plain request that meet what
+    it asks (``where``) before drawing a pool of its own or rewriting sizes, and the
+    scale probe's sizes come from a pool too: each meets at most a pool's worth of (q, k)
+    shapes per stratum, fewer than drawn freely; causal-zeros meets matches-reference's
+    anchors wherever their Lq != Lk (it used to add a key to every one of its shapes)."""
+    def qk(shapes: list[tuple[tuple[int, ...], ...]]) -> set[tuple[tuple[int, ...], ...]]:
+        return {(q, k) for q, k, _ in shapes}
+
+    strata = PROFILES["quick"].strata(SizeLimits())
+    bound = sum(members_for(s.examples, s.realistic) for s in strata)
+    for prop in ASKING:
+        pooled, free = qk(pooled_shapes[f"pooled {prop}"]), qk(pooled_shapes[f"free {prop}"])
+        assert len(pooled) <= bound and len(pooled) < len(free), (prop, len(pooled), len(free))
+    anchors = [a.dims(1, SizeLimits(), ANCHOR_COST, gqa=True) for a in ANCHORS]
+    unequal = {((*d.batch, d.n_q_heads, d.n_queries, d.head_dim),
+                (*d.batch, d.n_kv_heads, d.n_keys, d.head_dim))
+               for d in anchors if d.n_queries != d.n_keys}
+    shared = qk(pooled_shapes["pooled causal-zeros"]) & qk(
+        pooled_shapes["pooled matches-reference"])
+    assert unequal and unequal <= shared, (unequal - shared)
+
+
+def test_requests_take_plain_members_that_meet_them() -> None:
+    """A request for at least one query and key, or for members where Lq != Lk, is
+    answered from the plain request's pool when members of it qualify; a kernel that
+    needs E == Ev gets pooled shapes with E == Ev."""
+    kernel = KernelUnderTest(recording([]), compiling_numpy())
+    equal = KernelUnderTest(declare(bias=True, gqa=True, equal_head_dims=True)(
+        lambda q, k, v, **kw: reference_sdpa(q, k, v, **kw)), compiling_numpy())
+    plain = dict(min_queries=0, min_keys=0, max_len=9, max_batch_ndim=2, gqa=True,
+                 weights=False, family="dense", min_kv_heads=1, min_groups=1)
+    pool, small = ShapePool(seed=3), Stratum("small", 20)
+    with drawing(small, SizeLimits(), pool):
+        everything = {pooled_dims(SeededDraws(i), kernel, draw_dims, plain) for i in range(40)}
+        some = {pooled_dims(SeededDraws(i), kernel, draw_dims, {**plain, "min_keys": 1},
+                            where=lambda d: d.n_queries != d.n_keys) for i in range(40)}
+        padded = {pooled_dims(SeededDraws(i), equal, draw_dims, plain) for i in range(40)}
+    assert some and some <= everything, (some, everything)
+    assert all(d.n_keys >= 1 and d.n_queries != d.n_keys for d in some), some
+    assert all(d.head_dim == d.value_dim for d in padded), padded
+
+
+def test_pooled_realistic_strata_keep_their_sizes() -> None:
+    """SDPA-1.1: a pooled blocks stratum draws at least 16 keys within its cost
+    cap, a pooled decode stratum 1-4 queries against at least 257 keys: pool members come
+    from the same drawing code."""
+    kernel = KernelUnderTest(recording([]), compiling_numpy())
+    pool = ShapePool(seed=None)
+    blocks = Stratum("blocks", 3, 2**24, min_len=16)
+    decode = Stratum("decode", 1, 2**24, (("shape", "decode"),), min_len=257)
+    options = dict(min_queries=0, min_keys=0, max_len=9, max_batch_ndim=2, gqa=True,
+                   weights=False, family="dense", min_kv_heads=1, min_groups=1)
+    data = SeededDraws(7)
+    for stratum in (blocks, decode):
+        with drawing(stratum, SizeLimits(), pool):
+            members = {pooled_dims(data, kernel, draw_dims, options) for _ in range(20)}
+        assert 1 <= len(members) <= min(stratum.examples, 3), members
+        for dims in members:
+            assert problem_cost(dims) <= stratum.max_cost, dims
+            if stratum is decode:
+                assert dims.n_queries <= 4 and dims.n_keys >= 257, dims
+            else:
+                assert dims.n_keys >= 16, dims
+
+
+def test_pools_do_not_depend_on_the_order_properties_run_in() -> None:
+    """The same run seed gives the same members whichever pool is filled first, in any
+    process (``--jobs``); another seed gives other ones."""
+    kernel = KernelUnderTest(recording([]), compiling_numpy())
+    options = dict(min_queries=0, min_keys=0, max_len=9, max_batch_ndim=2, gqa=True,
+                   weights=False, family="dense", min_kv_heads=1, min_groups=1)
+    small = Stratum("small", 20)
+
+    def members(pool: ShapePool, stratum: Stratum) -> list[Any]:
+        with drawing(stratum, SizeLimits(), pool):
+            pooled_dims(SeededDraws(0), kernel, draw_dims, options)
+        return next(v for k, v in pool._members.items() if k[1] == stratum)
+
+    first, second = ShapePool(seed=None), ShapePool(seed=None)
+    blocks = Stratum("blocks", 3, 2**24, min_len=16)
+    members(second, blocks)  # fills another pool first
+    assert members(first, small) == members(second, small)
+    assert members(ShapePool(seed=5), small) != members(first, small)
+    assert members(first, small)[0].n_queries == 0  # the simplest first: Hypothesis's first
+
+
+def test_seeded_draws_use_hypothesis_generator_outside_a_test() -> None:
+    """SeededDraws pins the Hypothesis engine calls it relies on: seeded draws repeat, and
+    seed None gives each strategy's simplest value."""
+    assert SeededDraws(None).draw(st.integers(3, 9)) == 3
+    assert SeededDraws(None).draw(st.sampled_from(["a", "b"])) == "a"
+    draws = [SeededDraws(11).draw(st.integers(0, 10**6)) for _ in range(2)]
+    assert draws[0] == draws[1]
+
+
+def last_value_column_off(q: Array, k: Array, v: Array, **options: Any) -> Array:
+    """Wrong whenever there is a query and a value column, whatever the options: the
+    output's last value column is off by one."""
+    out = reference_sdpa(q, k, v, **options)
+    if out.shape[-1] >= 1:
+        out[..., -1] += 1.0
+    return out
+
+
+def test_a_failure_still_shrinks_to_the_smallest_pooled_shape() -> None:
+    """SDPA-7.3: a kernel that is wrong whenever Lq >= 1 and Ev >= 1 fails
+    matches-reference on a compiling backend too, and its counterexample is the first
+    member of a small-stratum pool (they are sorted by size) that can show the bug:
+    Hypothesis shrank the pool index down to it."""
+    kernel = KernelUnderTest(recording([], last_value_column_off), compiling_numpy())
+    verdict = verdict_of("matches-reference", kernel)
+    assert verdict.status == FAILED
+    pools = [members for key, members in pool_for_run(None)._members.items()
+             if key[0] == "dims" and key[1].name == "small"]
+    firsts = {next(d for d in members if d.n_queries and d.value_dim) for members in pools}
+    shown = {f"q{(*d.batch, d.n_q_heads, d.n_queries, d.head_dim)}" for d in firsts}
+    assert any(verdict.counterexample.startswith(q + ",") for q in shown), (
+        verdict.counterexample, firsts)
+
+
+# Properties whose sizes now come from pools where they used to draw or rewrite their
+# own (causal's Lq != Lk, two heads, two groups, the scale probe).
+REPOOLED = {"causal-zeros", "causal-alignment", "default-scale", "explicit-scale",
+            "batch-head-independence", "gqa-mapping"}
+
+
+@pytest.mark.parametrize("bug", [bug for bug in CATALOGUE if bug.catches in REPOOLED
+                                 and bug.backend == "numpy"], ids=lambda bug: bug.name)
+def test_catalogue_bugs_stay_caught_on_a_compiling_backend(bug: BuggyKernel) -> None:
+    """CONF-1: every catalogued bug that a property taking its sizes from pools catches
+    (tests/catalogue/test_caught.py, on NumPy as is) is caught by it on a backend that
+    compiles per shape too."""
+    prop = all_properties()[bug.catches]
+    verdict = run_property(prop, KernelUnderTest(bug.fn, compiling_numpy()))
+    assert verdict.status == (FAILED if prop.level == "MUST" else WARNING), (
+        bug.name, verdict.status, verdict.detail)
+
+
+def test_the_jitted_jax_kernel_of_the_cost_table_runs() -> None:
+    """SDPA-2.1: attnspec.conformance.jax_kernels (README, "Cost of a check"):
+    jax.nn.dot_product_attention under jax.jit, on JAX (a backend that compiles per shape),
+    passes score-variance (one call: cheap); its float16 is left out as declared.  The
+    pools themselves are tested above on NumPy, where runs cost no compilations."""
+    pytest.importorskip("jax", reason="the jitted kernel is JAX's")
+    from attnspec.conformance import check
+    from attnspec.conformance.jax_kernels import jitted_dot_product_attention
+
+    assert backend_or_skip("jax").compiles_per_shape
+    report = check(jitted_dot_product_attention, backend="jax", only=["score-variance"])
+    assert [v.status for v in report.verdicts] == [PASSED], report.verdicts
+    assert "float16" not in jitted_dot_product_attention.__attnspec__.dtypes
+
+
+def test_a_rerun_drawing_around_every_dtype_checked_draws_nothing() -> None:
+    """SDPA-1.3, CONF-5: a re-run that draws around every dtype the kernel is checked in
+    (its minimal case had float32 inputs, and SDPA-1.3 failed in bfloat16) has no example
+    to draw: it ends at once with none checked, so the report says "every draw had such
+    inputs", instead of discarding draws until Hypothesis or the worker's stall limit gives
+    up (60 s each for a jitted JAX kernel's re-runs, most of its quick profile's time)."""
+    calls: list[int] = []
+    prop = all_properties()["matches-reference"]
+    counting = dataclasses.replace(prop, check=lambda kernel, data: calls.append(1))
+    kernel = KernelUnderTest(declare(dtypes=("float32",))(reference_sdpa), compiling_numpy())
+    verdict = run_property(counting, kernel, limits=SizeLimits(avoid=("float32-inputs",)))
+    assert (verdict.status, verdict.examples, calls) == (PASSED, 0, []), verdict
+    drawn = run_property(counting, kernel, limits=SizeLimits(avoid=("bfloat16-inputs",)))
+    assert drawn.examples > 0 and calls, drawn  # a dtype left: drawn as always
+
+
+def test_workers_share_one_jax_compilation_cache_per_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """CONF-5 (issue 11): every worker of a run gets JAX's persistent compilation cache in
+    one directory of the run (the user's JAX_COMPILATION_CACHE_DIR instead, when set) with
+    every compilation cached, so a worker started after a crash, a re-run or another
+    worker of --jobs N loads what one already compiled; thresholds the user set stand.  A
+    JAX process with those variables writes its compilations there."""
+    from attnspec.backends._registry import (
+        JAX_CACHE_DIRECTORY,
+        JAX_CACHE_THRESHOLDS,
+        compilation_cache_variables,
+    )
+
+    run = compilation_cache_variables({})
+    assert run == {**dict.fromkeys(JAX_CACHE_THRESHOLDS, "0"),
+                   JAX_CACHE_DIRECTORY: compilation_cache_variables({})[JAX_CACHE_DIRECTORY]}
+    assert os.path.isdir(run[JAX_CACHE_DIRECTORY])
+    mine = {JAX_CACHE_DIRECTORY: str(tmp_path), JAX_CACHE_THRESHOLDS[0]: "2"}
+    assert compilation_cache_variables(mine) == {JAX_CACHE_THRESHOLDS[1]: "0"}
+    pytest.importorskip("jax", reason="the cache is JAX's")
+    code = "import jax, jax.numpy as jnp; jax.jit(lambda x: x * 3)(jnp.ones(5)).block_until_ready()"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120,
+                   env={**os.environ, **compilation_cache_variables({}),
+                        JAX_CACHE_DIRECTORY: str(tmp_path)})
+    assert any(name.startswith("jit__lambda") for name in os.listdir(tmp_path))

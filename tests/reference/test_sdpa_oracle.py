@@ -1,0 +1,380 @@
+"""The reference against the independent NumPy oracle, on every backend and dtype.
+
+float64 must agree with the oracle to ~1e-12 relative; lower precisions must lie within
+the TOL-2 bound computed on the dtype-rounded inputs (TOL-1).  The ``backend`` fixture
+covers numpy, torch, jax and array_api_strict here, and CuPy where a GPU is present
+(``scripts/gpu-check``).  Problems are drawn by Hypothesis (shapes, masks, biases with
+-inf entries, options and the values themselves, so that a failure shrinks to the
+smallest problem and the simplest values); the hand-written cases run first as examples.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import oracle
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+from support import as64, drawn, on_backend, seen_by_kernel
+
+from attnspec.backends import Backend
+from attnspec.reference import scaled_dot_product_attention
+from attnspec.reference.tolerance import error_bound
+
+FLOAT64_RELATIVE = 1e-12
+
+# Each case: shapes of q, k, v (and of mask/bias when present) plus the options; the
+# comment names the clauses it exists for.  Masks are random with density 0.7 and may
+# have forced all-False rows; biases are standard normal, optionally with -inf entries.
+# Cases share shape families (A, B, D) on purpose: JAX compiles every operation anew
+# for each new shape, and sharing keeps the JAX run within the CI budget.
+SHAPES_A = dict(q=(6, 4, 1), k=(3, 6, 1), v=(3, 6, 5))  # no batch, G = 2, E = 1 != Ev
+SHAPES_B = dict(q=(3, 4, 5, 4), k=(3, 2, 3, 4), v=(3, 2, 3, 2))  # G = 2, Lq > Lk
+SHAPES_D = dict(q=(2, 1, 2, 4, 8), k=(1, 3, 1, 6, 8), v=(1, 3, 1, 6, 3))  # batch (2, 3), Lq < Lk
+CASES: dict[str, dict[str, Any]] = {
+    # SDPA-1.1, SDPA-2.1, SDPA-6.1: no batch dim, default scale with E = 1, h // G.
+    "no-batch-gqa-e1": dict(**SHAPES_A),
+    # SDPA-2.2: scale 0 gives uniform weights over the allowed keys; negative scales.
+    "scale-zero": dict(**SHAPES_A, mask=(4, 6), scale=0.0),
+    "scale-negative": dict(**SHAPES_A, bias=(4, 6), scale=-0.7),
+    # SDPA-6.1, SDPA-4.2, SDPA-4.3, SDPA-5.1: Lq > Lk bottom-right leaves rows empty.
+    "gqa-lq>lk-bottom-right-mask": dict(
+        **SHAPES_B, mask=(5, 3), is_causal=True, causal_alignment="bottom_right"
+    ),
+    # SDPA-3.3, SDPA-3.4, SDPA-4.1, SDPA-5.1: mask AND causal, bias, fully-masked rows.
+    "gqa-lq>lk-top-left-mask-bias-empty-rows": dict(
+        **SHAPES_B, mask=(3, 1, 5, 3), empty_rows=(1,), bias=(5, 3),
+        is_causal=True, causal_alignment="top_left",
+    ),
+    # SDPA-3.3, SDPA-5.1: -inf bias entries exclude keys; an all -inf row is empty.
+    "bias-minus-inf": dict(**SHAPES_B, bias=(3, 4, 5, 3), minus_inf=True),
+    # SDPA-1.2, SDPA-3.2, SDPA-4.1: two broadcast batch dims, Lq < Lk top-left, bias.
+    "batch2-top-left-bias": dict(
+        **SHAPES_D, bias=(3, 1, 4, 6), is_causal=True, causal_alignment="top_left"
+    ),
+    # SDPA-3.1, SDPA-3.3, SDPA-4.2: a per-head key mask (Hq, 1, Lk), full bias, Lq < Lk.
+    "batch2-bottom-right-head-mask-bias": dict(
+        **SHAPES_D, mask=(2, 1, 6), bias=(2, 3, 2, 4, 6),
+        is_causal=True, causal_alignment="bottom_right",
+    ),
+    # SDPA-5.2: Lk = 0 gives zeros, also with a mask and causal.
+    "lk0": dict(
+        q=(1, 2, 3, 4), k=(1, 2, 0, 4), v=(1, 2, 0, 3), mask=(3, 0),
+        is_causal=True, causal_alignment="bottom_right",
+    ),
+    # SDPA-1.5: Lq = 0, a zero batch dim, Ev = 0.
+    "lq0": dict(q=(1, 2, 0, 4), k=(1, 2, 5, 4), v=(1, 2, 5, 3), is_causal=True),
+    "zero-batch": dict(q=(0, 2, 3, 4), k=(0, 2, 5, 4), v=(0, 2, 5, 3)),
+    "ev0": dict(q=(1, 2, 3, 4), k=(1, 2, 5, 4), v=(1, 2, 5, 0)),
+}
+
+OPTIONS = ("is_causal", "causal_alignment", "scale")
+
+
+def make_problem(case: dict[str, Any], seed: int = 0) -> dict[str, Any]:
+    """NumPy float64 inputs (and a bool mask) for a case of :data:`CASES`."""
+    rng = np.random.default_rng(seed)
+    problem: dict[str, Any] = {n: rng.standard_normal(case[n]) for n in ("q", "k", "v")}
+    if "mask" in case:
+        mask = rng.random(case["mask"]) < 0.7
+        for row in case.get("empty_rows", ()):
+            mask[..., row, :] = False
+        problem["mask"] = mask
+    if "bias" in case:
+        bias = rng.standard_normal(case["bias"])
+        if case.get("minus_inf"):
+            bias[rng.random(bias.shape) < 0.3] = -np.inf
+            bias[..., 1, :] = -np.inf
+        problem["bias"] = bias
+    problem.update({o: case[o] for o in OPTIONS if o in case})
+    return problem
+
+
+def assert_matches_oracle(backend: Backend, problem: dict[str, Any], dtype: str) -> None:
+    moved = on_backend(backend, problem, dtype)
+    out, weights = scaled_dot_product_attention(**moved, return_weights=True)
+    seen = seen_by_kernel(backend, moved)
+    expected_out, expected_weights = oracle.sdpa(**seen)
+    where = f"{backend.name} {dtype}"
+    # SDPA-1.3: shape and dtype.
+    assert tuple(out.shape) == expected_out.shape, where
+    assert tuple(weights.shape) == expected_weights.shape, where
+    assert out.dtype == backend.dtype(dtype) and weights.dtype == out.dtype, where
+    got_out, got_weights = as64(backend, out), as64(backend, weights)
+    # SDPA-5.1 / SDPA-5.2: a row with no allowed key is exactly 0, weights too.
+    empty = np.sum(expected_weights, axis=-1) == 0
+    assert np.all(got_out[empty] == 0) and np.all(got_weights[empty] == 0), where
+    if dtype == "float64":
+        magnitude = np.max(np.abs(seen["v"]), initial=1.0)
+        assert np.all(np.abs(got_out - expected_out) <= FLOAT64_RELATIVE * magnitude), where
+        assert np.all(np.abs(got_weights - expected_weights) <= FLOAT64_RELATIVE), where
+        return
+    bound = error_bound(**seen, dtype=dtype)
+    out_ratio = np.abs(got_out - expected_out) / bound.out_tolerance
+    weight_ratio = np.abs(got_weights - expected_weights) / bound.weights_tolerance
+    assert np.all(out_ratio <= 1), f"{where}: out error {np.max(out_ratio):.3g} x TOL-2"
+    assert np.all(weight_ratio <= 1), f"{where}: weights error {np.max(weight_ratio):.3g} x TOL-2"
+
+
+# Values shrink towards 0 and masks towards False (every key disallowed); |x| <= 4 keeps
+# the scores where every dtype represents them (SDPA-7.4's large scores have their own test).
+VALUES = st.floats(-4.0, 4.0, allow_nan=False, allow_subnormal=False)
+BIAS_VALUES = st.one_of(VALUES, st.just(-np.inf))  # SDPA-3.3: -inf excludes a key
+
+
+def broadcast_to_some(draw: st.DrawFn, full: tuple[int, ...], min_dims: int) -> tuple[int, ...]:
+    """A shape that broadcasts to ``full``: a suffix of it, some sizes replaced by 1."""
+    n_dims = draw(st.integers(min_dims, len(full)))
+    kept = full[len(full) - n_dims:]
+    return tuple(draw(st.sampled_from((size, 1))) for size in kept)
+
+
+@st.composite
+def problems(draw: st.DrawFn) -> dict[str, Any]:
+    """A dense problem of SDPA-1 … SDPA-6: batch dims (empty, zero-sized, broadcast),
+    GQA groups, Lq and Lk from 0, E != Ev, Ev = 0, a broadcast mask and bias, causal in
+    both alignments, explicit scales including 0 and negative ones."""
+    # Zero sizes (SDPA-1.5, SDPA-5.2) are drawn last of each list: a test would otherwise
+    # spend most examples on empty arrays (Hypothesis favours the ends of a range), and
+    # sampled_from shrinks to the first entry, the smallest non-empty size.
+    n_kv_heads, group = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    n_queries, n_keys = draw(st.sampled_from((1, 2, 3, 4, 5, 0))), draw(st.sampled_from(
+        (1, 2, 3, 4, 5, 6, 0)))
+    head_dim, value_dim = draw(st.integers(1, 4)), draw(st.sampled_from((1, 2, 3, 0)))
+    batch = tuple(draw(st.lists(st.sampled_from((1, 2, 3, 0)), max_size=2)))
+    q_batch = broadcast_to_some(draw, batch, 0)
+    kv_batch = broadcast_to_some(draw, batch, 0)
+    problem: dict[str, Any] = {
+        "q": draw(arrays(np.float64, (*q_batch, n_kv_heads * group, n_queries, head_dim),
+                         elements=VALUES, fill=st.nothing())),
+        "k": draw(arrays(np.float64, (*kv_batch, n_kv_heads, n_keys, head_dim),
+                         elements=VALUES, fill=st.nothing())),
+        "v": draw(arrays(np.float64, (*kv_batch, n_kv_heads, n_keys, value_dim),
+                         elements=VALUES, fill=st.nothing())),
+    }
+    batch = np.broadcast_shapes(q_batch, kv_batch)  # what the call broadcasts to (SDPA-1.2)
+    scores = (*batch, n_kv_heads * group, n_queries, n_keys)
+    if draw(st.booleans()):
+        problem["mask"] = draw(arrays(np.bool_, broadcast_to_some(draw, scores, 2),
+                                      fill=st.nothing()))
+    if draw(st.booleans()):
+        problem["bias"] = draw(arrays(np.float64, broadcast_to_some(draw, scores, 2),
+                                      elements=BIAS_VALUES, fill=st.nothing()))
+    if draw(st.booleans()):
+        problem["is_causal"] = True
+        problem["causal_alignment"] = draw(st.sampled_from(("top_left", "bottom_right")))
+    if draw(st.booleans()):
+        problem["scale"] = draw(st.floats(-2.0, 2.0, allow_subnormal=False))
+    return problem
+
+
+@st.composite
+def problems_of_the_cases(draw: st.DrawFn) -> dict[str, Any]:
+    """Drawn values (and masks, -inf bias entries) on the shapes and options of one
+    hand-written case: for JAX, which compiles every operation anew for each new shape."""
+    case = CASES[draw(st.sampled_from(list(CASES)))]
+    problem = {name: draw(arrays(np.float64, case[name], elements=VALUES, fill=st.nothing()))
+               for name in ("q", "k", "v")}
+    if "mask" in case:
+        problem["mask"] = draw(arrays(np.bool_, case["mask"], fill=st.nothing()))
+    if "bias" in case:
+        problem["bias"] = draw(arrays(np.float64, case["bias"], fill=st.nothing(),
+                                      elements=BIAS_VALUES if case.get("minus_inf") else VALUES))
+    problem.update({o: case[o] for o in OPTIONS if o in case})
+    return problem
+
+
+# Generated problems per backend, on top of the 13 hand-written cases; NumPy is cheapest
+# per call, so it explores most.  JAX draws values on the cases' shapes only: a new shape
+# costs seconds of compilation per operation, which the drawn shapes of the other
+# backends already cover on the same (backend-independent) reference code.
+DRAWN_PROBLEMS = {"numpy": 60, "array_api_strict": 25, "torch": 25, "jax": 10, "cupy": 25}
+
+
+def with_hand_written_cases(test: Any) -> Any:
+    """Every case of :data:`CASES` as an explicit example, run before the drawn ones."""
+    for name, case in reversed(CASES.items()):
+        test = example(problem=make_problem(case)).via(f"hand-written case {name!r}")(test)
+    return test
+
+
+def test_reference_matches_oracle(backend: Backend) -> None:
+    """SDPA-7.1, SDPA-7.3, TOL-1, TOL-2 on every dtype, and the clauses each case names.
+
+    (SDPA-1.1, 1.2, 1.3, 1.5, 2.1, 2.2, 3.1-3.4, 4.1-4.3, 5.1, 5.2, 6.1.)
+    """
+
+    @drawn(DRAWN_PROBLEMS.get(backend.name, 25))
+    @given(problem=problems_of_the_cases() if backend.name == "jax" else problems())
+    @with_hand_written_cases
+    def matches_oracle(problem: dict[str, Any]) -> None:
+        for dtype in backend.dtype_names:
+            assert_matches_oracle(backend, problem, dtype)
+
+    matches_oracle()
+
+
+def test_scale_zero_gives_uniform_weights(cpu_backend: Backend) -> None:
+    """SDPA-2.2: scale=0 weighs every allowed key 1/|S(i)|, whatever q and k are."""
+    problem = make_problem(CASES["scale-zero"], seed=3)
+    moved = on_backend(cpu_backend, problem, "float64")
+    _, weights = scaled_dot_product_attention(**moved, return_weights=True)
+    mask = np.broadcast_to(problem["mask"], weights.shape)
+    counts = np.sum(mask, axis=-1, keepdims=True)
+    expected = np.where(mask, 1.0 / np.maximum(counts, 1), 0.0)
+    assert np.all(np.abs(as64(cpu_backend, weights) - expected) <= FLOAT64_RELATIVE)
+
+
+def test_decode_consistency(backend: Backend) -> None:
+    """SDPA-4.4: bottom-right, the last query row alone equals the full result's last row."""
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal(SHAPES_D[n]) for n in ("q", "k", "v"))
+    causal = {"is_causal": True, "causal_alignment": "bottom_right"}
+    for dtype in backend.dtype_names:
+        qb, kb, vb = (backend.asarray(a, dtype=dtype) for a in (q, k, v))
+        full = as64(backend, scaled_dot_product_attention(qb, kb, vb, **causal))
+        seen = [as64(backend, a) for a in (qb, kb, vb)]
+        # The KV-cache decode step: the last query alone (bottom-right puts it at key Lk-1).
+        alone = as64(backend, scaled_dot_product_attention(qb[..., -1:, :], kb, vb, **causal))
+        tol = error_bound(seen[0][..., -1:, :], *seen[1:], dtype=dtype, **causal)
+        # Each is within TOL-2 of the same float64 value, hence within twice it of each other.
+        assert np.all(np.abs(alone - full[..., -1:, :]) <= 2 * tol.out_tolerance), dtype
+
+
+def disallowed_problem() -> dict[str, Any]:
+    """SHAPES_D (Lq=4 < Lk=6), top-left causal, a mask whose key column 2 is all False.
+
+    Keys 2, 4 and 5 are disallowed for every query; key 3 only for queries 0-2; key 0
+    is allowed for every query, so no row is empty.
+    """
+    rng = np.random.default_rng(5)
+    problem = {n: rng.standard_normal(SHAPES_D[n]) for n in ("q", "k", "v")}
+    mask = rng.random((2, 3, 2, 4, 6)) < 0.8
+    mask[..., 2] = False
+    mask[..., 0] = True
+    problem.update(bias=rng.standard_normal(mask.shape), mask=mask, is_causal=True)
+    return problem
+
+
+def copied(problem: dict[str, Any]) -> dict[str, Any]:
+    return {n: a.copy() if isinstance(a, np.ndarray) else a for n, a in problem.items()}
+
+
+def run(backend: Backend, problem: dict[str, Any], dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    out, weights = scaled_dot_product_attention(
+        **on_backend(backend, problem, dtype), return_weights=True
+    )
+    return as64(backend, out), as64(backend, weights)
+
+
+def with_disallowed_replaced(problem: dict[str, Any], fill: Any) -> dict[str, Any]:
+    """Keys/values 2, 4, 5 and every disallowed bias entry replaced by ``fill``."""
+    changed = copied(problem)
+    for name in ("k", "v"):
+        changed[name][..., [2, 4, 5], :] = fill(changed[name][..., [2, 4, 5], :].shape)
+    allowed = problem["mask"] & oracle.causal_matrix(4, 6, "top_left")
+    changed["bias"][~allowed] = fill(changed["bias"][~allowed].shape)
+    return changed
+
+
+@pytest.mark.parametrize(
+    ("clause", "fill"),
+    [
+        ("SDPA-8.1", lambda shape: np.full(shape, 1e3)),
+        ("SDPA-8.1", lambda shape: np.random.default_rng(6).standard_normal(shape) * 30),
+        ("SDPA-8.2", lambda shape: np.full(shape, np.nan)),
+        ("SDPA-8.2", lambda shape: np.full(shape, np.inf)),
+        ("SDPA-8.2", lambda shape: np.full(shape, -np.inf)),
+    ],
+    ids=["8.1-large", "8.1-random", "8.2-nan", "8.2-inf", "8.2-minus-inf"],
+)
+# q . k with an infinite masked key is inf or NaN before the mask removes it: expected.
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
+def test_disallowed_values_change_nothing(cpu_backend: Backend, clause: str, fill: Any) -> None:
+    """SDPA-8.1 (finite) / SDPA-8.2 (non-finite): keys, values and bias entries a query
+    may not attend leave its output and weights bit-identical."""
+    problem = disallowed_problem()
+    changed = with_disallowed_replaced(problem, fill)
+    for dtype in cpu_backend.dtype_names:
+        before, after = run(cpu_backend, problem, dtype), run(cpu_backend, changed, dtype)
+        assert np.array_equal(before[0], after[0]), (clause, dtype)
+        assert np.array_equal(before[1], after[1]), (clause, dtype)
+
+
+def test_key_beyond_causal_boundary_changes_nothing_before_it(cpu_backend: Backend) -> None:
+    """SDPA-8.1, SDPA-4.1: key 3 is disallowed for queries 0-2 only; changing it (NaN
+    included, SDPA-8.2) leaves rows 0-2 bit-identical."""
+    problem = disallowed_problem()
+    for value in (7.0, np.nan):
+        changed = copied(problem)
+        changed["k"][..., 3, :] = value
+        changed["v"][..., 3, :] = value
+        for dtype in cpu_backend.dtype_names:
+            before, after = run(cpu_backend, problem, dtype), run(cpu_backend, changed, dtype)
+            assert np.array_equal(before[0][..., :3, :], after[0][..., :3, :]), (value, dtype)
+            assert not np.array_equal(before[0][..., 3, :], after[0][..., 3, :]), (value, dtype)
+
+
+def test_nan_propagates(cpu_backend: Backend) -> None:
+    """SDPA-8.3: NaN in q_i, or in bias_ij of an allowed key, makes out_i NaN and leaves
+    other rows alone; NaN in the shared k_0 makes every row NaN; NaN in one column of
+    the allowed v_0 makes that column NaN and no other."""
+    problem = disallowed_problem()
+    row = (..., 1, 2)  # head 1, query 2, in every batch element
+    for dtype in cpu_backend.dtype_names:
+        base_out = run(cpu_backend, problem, dtype)[0]
+        assert np.all(np.isfinite(base_out))
+        for name in ("q", "bias"):
+            changed = copied(problem)
+            changed[name][(*row, 0)] = np.nan  # q feature 0, or the bias of key 0
+            out = run(cpu_backend, changed, dtype)[0]
+            assert np.all(np.isnan(out[..., 1, 2, :])), (name, dtype)
+            others = np.ones(out.shape[:-1], dtype=bool)
+            others[row] = False
+            assert np.array_equal(out[others], base_out[others]), (name, dtype)
+        changed = copied(problem)
+        changed["k"][..., 0, 5] = np.nan
+        assert np.all(np.isnan(run(cpu_backend, changed, dtype)[0])), dtype
+        changed = copied(problem)
+        changed["v"][..., 0, 1] = np.nan
+        out = run(cpu_backend, changed, dtype)[0]
+        assert np.all(np.isnan(out[..., 1])), dtype
+        assert np.all(np.isfinite(out[..., [0, 2]])), dtype
+
+
+def test_inputs_not_modified(backend: Backend) -> None:
+    """SDPA-1.6: q, k, v, mask and bias hold the same values after the call."""
+    problem = disallowed_problem()
+    for dtype in backend.dtype_names:
+        moved = on_backend(backend, problem, dtype)
+        before = {n: backend.to_numpy(moved[n]).copy() for n in ("q", "k", "v", "bias", "mask")}
+        scaled_dot_product_attention(**moved, return_weights=True)
+        for name, copy in before.items():
+            assert np.array_equal(backend.to_numpy(moved[name]), copy), (name, dtype)
+
+
+def test_large_scores_stay_finite(backend: Backend) -> None:
+    """SDPA-7.4: scores around 1.4e4 (exp overflows in every float) give finite outputs,
+    within TOL-2 of the oracle; the inputs are exact in every dtype."""
+    q = np.full(SHAPES_D["q"], 100.0)
+    k = np.where(np.arange(6)[:, None] < 3, 50.0, 48.0) * np.ones(SHAPES_D["k"])
+    v = np.random.default_rng(8).integers(-8, 8, SHAPES_D["v"]).astype(np.float64)
+    expected, _ = oracle.sdpa(q, k, v)
+    assert np.all(np.isfinite(expected))
+    for dtype in backend.dtype_names:
+        moved = [backend.asarray(a, dtype=dtype) for a in (q, k, v)]
+        out = as64(backend, scaled_dot_product_attention(*moved))
+        tol = error_bound(q, k, v, dtype=dtype).out_tolerance
+        assert np.all(np.isfinite(out)), dtype
+        assert np.all(np.abs(out - expected) <= tol), dtype
+
+
+def test_determinism(cpu_backend: Backend) -> None:
+    """SDPA-7.5: the same call on the same inputs returns identical values twice."""
+    problem = make_problem(CASES["batch2-bottom-right-head-mask-bias"], seed=7)
+    for dtype in cpu_backend.dtype_names:
+        first, second = run(cpu_backend, problem, dtype), run(cpu_backend, problem, dtype)
+        assert np.array_equal(first[0], second[0]) and np.array_equal(first[1], second[1])

@@ -1,0 +1,164 @@
+"""Helpers shared by the test modules (fixtures built on them live in conftest.py).
+
+Plain functions, importable as ``support`` (``tests/`` is on ``pythonpath``): a conftest
+module cannot be imported by name under ``--import-mode=importlib``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import settings
+
+from attnspec.backends import Backend, BackendError
+from attnspec.conformance import cli
+from attnspec.conformance.declaration import KernelDeclaration
+from attnspec.conformance.kernel import KernelUnderTest
+from attnspec.conformance.registry import all_properties
+from attnspec.conformance.runner import Verdict, run_property
+
+TESTS = Path(__file__).resolve().parent  # on pythonpath: ``oracle``, ``catalogue``, ``support``
+ROOT = TESTS.parent  # the checkout, which is the ``attnspec`` package
+ATTNSPEC = str(Path(sys.executable).parent / "attnspec")  # the CLI of the venv under test
+
+# The project's own Hypothesis tests: the same examples on every run (derandomize), no
+# database (nothing learned in one run changes the next), no deadline (timings on a shared
+# 2-core machine are not the property under test).  Each test states its example count.
+DRAWN = settings(derandomize=True, database=None, deadline=None, print_blob=False)
+
+
+def drawn(max_examples: int) -> settings:
+    """:data:`DRAWN` with a bounded number of generated examples (explicit ones run too)."""
+    return settings(DRAWN, max_examples=max_examples)
+
+
+def backend_or_skip(name: str, config: dict[str, Any] | None = None) -> Backend:
+    """The backend ``name``, or a skip that says why it is unusable here (not installed,
+    no device): optional libraries are extras, so their absence is not a failure."""
+    try:
+        return Backend(name, config=config)
+    except BackendError as exc:
+        pytest.skip(f"backend {name!r} unusable on this machine: {exc}")
+
+
+def verdict_of(property_id: str, kernel: KernelUnderTest | Callable[..., Any], *,
+            backend: Backend | str = "numpy", declaration: KernelDeclaration | None = None,
+            **options: Any) -> Verdict:
+    """The verdict of the registered property ``property_id`` on ``kernel``: a
+    KernelUnderTest, or a function run on ``backend`` under ``declaration`` (none: it
+    claims nothing optional).  ``options`` go to ``run_property`` (profile, seed, limits,
+    shrink)."""
+    if not isinstance(kernel, KernelUnderTest):
+        chosen = backend_or_skip(backend) if isinstance(backend, str) else backend
+        kernel = KernelUnderTest(kernel, chosen, declaration)
+    return run_property(all_properties()[property_id], kernel, **options)
+
+
+FLOATING_ARGUMENTS = ("q", "k", "v", "bias")
+
+
+def on_backend(backend: Backend, problem: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """A problem of NumPy arrays as ``backend`` arrays: q, k, v, bias in ``dtype``, the mask
+    boolean, ALiBi slopes in float32 (FlashAttention's convention); options unchanged."""
+    moved = dict(problem)
+    for name in FLOATING_ARGUMENTS:
+        if name in problem:
+            moved[name] = backend.asarray(problem[name], dtype=dtype)
+    if "alibi_slopes" in problem:
+        moved["alibi_slopes"] = backend.asarray(problem["alibi_slopes"], dtype="float32")
+    if "mask" in problem:
+        moved["mask"] = backend.asarray(problem["mask"])
+    return moved
+
+
+def as64(backend: Backend, a: Any) -> np.ndarray:
+    """A backend array as float64 NumPy (exact: every dtype converts without rounding)."""
+    return np.asarray(backend.to_numpy(a), dtype=np.float64)
+
+
+def seen_by_kernel(backend: Backend, moved: dict[str, Any]) -> dict[str, Any]:
+    """TOL-1: the float64 values the computation actually received."""
+    seen = dict(moved)
+    for name in (*FLOATING_ARGUMENTS, "alibi_slopes"):
+        if name in moved:
+            seen[name] = as64(backend, moved[name])
+    if "mask" in moved:
+        seen["mask"] = np.asarray(backend.to_numpy(moved["mask"]), dtype=bool)
+    return seen
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``attnspec ARGV`` in this process: exit status, stdout, stderr."""
+    status = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def processes_in(directory: Path) -> list[int]:
+    """Ids of live processes whose working directory is ``directory`` (leftover workers)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if Path(os.readlink(entry / "cwd")) == directory:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def wait_for(path: Path, text: str, seconds: float = 120) -> None:
+    """Until ``path`` exists and contains ``text``."""
+    deadline = time.monotonic() + seconds
+    while not (path.exists() and text in path.read_text()):
+        assert time.monotonic() < deadline, f"{path} never said {text!r}"
+        time.sleep(0.1)
+
+
+# Small kernels for the command-line and plugin tests (one correct, the others each with
+# one defect a property or the loader reports).
+KERNELS = '''
+from attnspec.reference import scaled_dot_product_attention
+
+
+def correct(q, k, v, *, mask=None, is_causal=False, scale=None):
+    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+
+
+def no_default_scale(q, k, v, *, mask=None, is_causal=False, scale=None):
+    # the bug: scores left unscaled when scale=None
+    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
+                                        scale=1.0 if scale is None else scale)
+
+
+def without_scale(q, k, v, *, mask=None, is_causal=False):
+    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal)
+
+
+def returns_text(q, k, v, *, mask=None, is_causal=False, scale=None):
+    return "not an array"
+
+
+def two_arrays(q, k):
+    return q
+
+
+NOT_CALLABLE = 3
+
+
+def blhd_no_default_scale(q, k, v, *, mask=None, causal=False, scale=None):
+    # (..., L, H, E) layout, FlashAttention's keyword name, and the scale bug
+    from array_api_compat import array_namespace
+
+    xp = array_namespace(q, k, v)
+    swap = tuple(range(q.ndim - 3)) + (q.ndim - 2, q.ndim - 3, q.ndim - 1)
+    out = no_default_scale(*(xp.permute_dims(a, swap) for a in (q, k, v)), mask=mask,
+                           is_causal=causal, scale=scale)
+    return xp.permute_dims(out, swap)
+'''
