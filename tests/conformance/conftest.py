@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from attnspec.conformance import Problem, PropertyFailure
-from attnspec.conformance.registry import REGISTRY, all_properties, always, register
+from attnspec.conformance.registration import REGISTRY, always, register
+from attnspec.conformance.registry import all_properties
 
 
 @pytest.fixture
