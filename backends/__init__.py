@@ -47,8 +47,9 @@ class Backend:
     changed.
     """
 
-    def __init__(self, name: str, device: Any = None, *,
-                 config: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, name: str, device: Any = None, *, config: Mapping[str, Any] | None = None
+    ) -> None:
         self.name = canonical_name(name)
         self._adapter = ADAPTERS[self.name]
         self.xp: ModuleType = self._adapter.load()
@@ -85,8 +86,10 @@ class Backend:
             raise ValueError(f"dtype={name!r}, but should be one of {FLOAT_DTYPE_NAMES}")
         if name not in self.dtype_names:
             why = self.missing_dtype_reason(name)
-            raise ValueError(f"backend {self.name!r} does not support dtype {name!r}"
-                             + (f": {why}" if why else ""))
+            raise ValueError(
+                f"backend {self.name!r} does not support dtype {name!r}"
+                + (f": {why}" if why else "")
+            )
         return getattr(self.xp, name)
 
     def is_array(self, x: Any) -> bool:
@@ -118,8 +121,7 @@ class Backend:
         try:
             host = np.dtype(target)
         except TypeError:  # PyTorch's and array-api-strict's dtypes: convert on the device
-            return self.xp.astype(self._adapter.from_numpy(self.xp, staging, self.device),
-                                  target)
+            return self.xp.astype(self._adapter.from_numpy(self.xp, staging, self.device), target)
         return self._adapter.from_numpy(self.xp, staging.astype(host), self.device)
 
     def to_numpy(self, x: Any) -> Any:

@@ -36,8 +36,9 @@ class Adapter:
     is_array: Callable[[Any], bool]
     # library-wide settings: set some (returning what changed), describe the current ones,
     # and say why a spec dtype is missing
-    configure: Callable[[ModuleType, Mapping[str, Any]], list[str]] = (
-        lambda xp, config: _no_options(xp, config))
+    configure: Callable[[ModuleType, Mapping[str, Any]], list[str]] = lambda xp, config: (
+        _no_options(xp, config)
+    )
     describe: Callable[[ModuleType], str] = lambda xp: ""
     missing_dtype: Callable[[ModuleType, str], str] = lambda xp, name: ""
     # does the library compile a function anew for each new combination of input shapes
@@ -47,8 +48,10 @@ class Adapter:
 
 def _no_options(xp: ModuleType, config: Mapping[str, Any]) -> list[str]:
     if config:
-        raise ValueError(f"config={dict(config)!r}, but {xp.__name__} has no settings attnspec "
-                         "can change; only the jax backend takes config")
+        raise ValueError(
+            f"config={dict(config)!r}, but {xp.__name__} has no settings attnspec "
+            "can change; only the jax backend takes config"
+        )
     return []
 
 
@@ -62,6 +65,7 @@ def _import_or_explain(module: str, hint: str) -> ModuleType:
 
 
 # --- numpy -----------------------------------------------------------------------------
+
 
 def _load_numpy() -> ModuleType:
     _import_or_explain("numpy", "install it with: pip install numpy")
@@ -78,10 +82,9 @@ def _numpy_to_numpy(x: Any) -> Any:
 
 # --- array_api_strict ------------------------------------------------------------------
 
+
 def _load_strict() -> ModuleType:
-    return _import_or_explain(
-        "array_api_strict", "install it with: pip install 'attnspec[strict]'"
-    )
+    return _import_or_explain("array_api_strict", "install it with: pip install 'attnspec[strict]'")
 
 
 def _is_strict_array(x: Any) -> bool:
@@ -97,6 +100,7 @@ def _strict_to_numpy(x: Any) -> Any:
 
 
 # --- torch -----------------------------------------------------------------------------
+
 
 def _load_torch() -> ModuleType:
     _import_or_explain("torch", "install it with: pip install 'attnspec[torch]'")
@@ -131,6 +135,7 @@ def _torch_dtypes(xp: ModuleType, device: Any) -> tuple[str, ...]:
 
 
 # --- jax -------------------------------------------------------------------------------
+
 
 def _load_jax() -> ModuleType:
     # Loading changes no setting: a kernel is checked in the configuration its users run
@@ -167,8 +172,10 @@ def _jax_configure(xp: ModuleType, config: Mapping[str, Any]) -> list[str]:
 # which JAX does not cache (1 s of compilation by default; a jitted attention compiles in
 # 0.2-0.7 s here, so without them almost nothing would be cached).
 JAX_CACHE_DIRECTORY = "JAX_COMPILATION_CACHE_DIR"
-JAX_CACHE_THRESHOLDS = ("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-                        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES")
+JAX_CACHE_THRESHOLDS = (
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
+)
 _run_cache: list[str] = []  # this process's directory, made on first use
 
 
@@ -213,9 +220,11 @@ def _jax_dtypes(xp: ModuleType, device: Any) -> tuple[str, ...]:
 def _jax_missing_dtype(xp: ModuleType, name: str) -> str:
     if name != "float64":
         return ""
-    return ("jax_enable_x64 is off (JAX's default), so JAX turns float64 into float32; turn "
-            "it on with --jax-x64, Backend('jax', config={'jax_enable_x64': True}) or "
-            "JAX_ENABLE_X64=1")
+    return (
+        "jax_enable_x64 is off (JAX's default), so JAX turns float64 into float32; turn "
+        "it on with --jax-x64, Backend('jax', config={'jax_enable_x64': True}) or "
+        "JAX_ENABLE_X64=1"
+    )
 
 
 def _jax_default_device(xp: ModuleType) -> Any:
@@ -239,6 +248,7 @@ def _jax_to_numpy(x: Any) -> Any:
 
 
 # --- cupy ------------------------------------------------------------------------------
+
 
 def _load_cupy() -> ModuleType:
     cupy = _import_or_explain("cupy", "install it with: pip install 'attnspec[cupy]'")
@@ -332,6 +342,7 @@ def _asarray_on(xp: ModuleType, a: Any, device: Any) -> Any:
 
 def _array_test(name: str) -> Callable[[Any], bool]:
     """``array_api_compat.<name>``, looked up when first used (the library may be absent)."""
+
     def is_array(x: Any) -> bool:
         import array_api_compat
 
@@ -342,35 +353,72 @@ def _array_test(name: str) -> Callable[[Any], bool]:
 
 ADAPTERS: dict[str, Adapter] = {
     "numpy": Adapter(
-        "numpy", "numpy", _load_numpy,
-        _first_device, _asarray_on, _numpy_to_numpy, _no_bfloat16, _cpu_only,
+        "numpy",
+        "numpy",
+        _load_numpy,
+        _first_device,
+        _asarray_on,
+        _numpy_to_numpy,
+        _no_bfloat16,
+        _cpu_only,
         _array_test("is_numpy_array"),
     ),
     "array_api_strict": Adapter(
-        "array_api_strict", "array_api_strict", _load_strict,
-        _first_device, _asarray_on, _strict_to_numpy, _strict_dtypes, _cpu_only,
+        "array_api_strict",
+        "array_api_strict",
+        _load_strict,
+        _first_device,
+        _asarray_on,
+        _strict_to_numpy,
+        _strict_dtypes,
+        _cpu_only,
         _is_strict_array,
     ),
     "torch": Adapter(
-        "torch", "torch", _load_torch,
-        _torch_default_device, _torch_from_numpy, _torch_to_numpy, _torch_dtypes, _torch_device,
+        "torch",
+        "torch",
+        _load_torch,
+        _torch_default_device,
+        _torch_from_numpy,
+        _torch_to_numpy,
+        _torch_dtypes,
+        _torch_device,
         _array_test("is_torch_array"),
     ),
     "jax": Adapter(
-        "jax", "jax", _load_jax,
-        _jax_default_device, _jax_from_numpy, _jax_to_numpy, _jax_dtypes, _jax_device,
-        _array_test("is_jax_array"), _jax_configure, _jax_describe, _jax_missing_dtype,
+        "jax",
+        "jax",
+        _load_jax,
+        _jax_default_device,
+        _jax_from_numpy,
+        _jax_to_numpy,
+        _jax_dtypes,
+        _jax_device,
+        _array_test("is_jax_array"),
+        _jax_configure,
+        _jax_describe,
+        _jax_missing_dtype,
         compiles_per_shape=True,
     ),
     "cupy": Adapter(
-        "cupy", "cupy", _load_cupy,
-        _cupy_default_device, _cupy_from_numpy, _cupy_to_numpy, _no_bfloat16, _cupy_device,
+        "cupy",
+        "cupy",
+        _load_cupy,
+        _cupy_default_device,
+        _cupy_from_numpy,
+        _cupy_to_numpy,
+        _no_bfloat16,
+        _cupy_device,
         _array_test("is_cupy_array"),
     ),
 }
 
-ALIASES = {"np": "numpy", "pytorch": "torch", "strict": "array_api_strict",
-           "array-api-strict": "array_api_strict"}
+ALIASES = {
+    "np": "numpy",
+    "pytorch": "torch",
+    "strict": "array_api_strict",
+    "array-api-strict": "array_api_strict",
+}
 
 
 def canonical_name(name: str) -> str:

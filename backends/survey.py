@@ -56,12 +56,14 @@ def survey_problem(seed: int = 0) -> dict[str, np.ndarray]:
 def _measure(backend: Backend, dtype: str, problem: dict[str, np.ndarray]) -> SurveyRow:
     q, k, v = (backend.asarray(problem[n], dtype=dtype) for n in ("q", "k", "v"))
     mask = backend.asarray(problem["mask"])
-    out = scaled_dot_product_attention(q, k, v, mask=mask, is_causal=True,
-                                       causal_alignment="bottom_right")
+    out = scaled_dot_product_attention(
+        q, k, v, mask=mask, is_causal=True, causal_alignment="bottom_right"
+    )
     # TOL-1: the target is the definition on the values the computation actually saw.
     seen = [np.asarray(backend.to_numpy(a), dtype=np.float64) for a in (q, k, v)]
-    bound = error_bound(*seen, dtype=dtype, mask=problem["mask"], is_causal=True,
-                        causal_alignment="bottom_right")
+    bound = error_bound(
+        *seen, dtype=dtype, mask=problem["mask"], is_causal=True, causal_alignment="bottom_right"
+    )
     error = np.abs(np.asarray(backend.to_numpy(out), dtype=np.float64) - bound.out)
     return SurveyRow(
         backend=backend.name,
@@ -92,14 +94,20 @@ def format_survey(rows: list[SurveyRow]) -> str:
     table = [header]
     for row in rows:
         if row.reason is None:
-            table.append((
-                row.backend, row.device, row.dtype or "",
-                f"{row.max_abs_error:.3e}", f"{row.bound_ratio:.3f}",
-                "within TOL-2" if row.within_bound else "OUTSIDE TOL-2",
-            ))
+            table.append(
+                (
+                    row.backend,
+                    row.device,
+                    row.dtype or "",
+                    f"{row.max_abs_error:.3e}",
+                    f"{row.bound_ratio:.3f}",
+                    "within TOL-2" if row.within_bound else "OUTSIDE TOL-2",
+                )
+            )
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
-             for r in table]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in table
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     unusable = [row for row in rows if row.reason is not None]
     if unusable:

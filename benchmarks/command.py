@@ -25,7 +25,9 @@ from .plots import matplotlib_missing, write_figures
 from .report import document
 
 SECTIONS: dict[str, Callable[..., list[Measurement]]] = {
-    "dense": suites.dense, "sparse": suites.sparse, "linear": suites.linear,
+    "dense": suites.dense,
+    "sparse": suites.sparse,
+    "linear": suites.linear,
 }
 DEFAULT_BACKENDS = ("numpy", "torch", "jax")
 
@@ -38,8 +40,9 @@ def _sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(t) for t in _names(text))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ints") \
-            from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of ints"
+        ) from None
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: lengths should be ints >= 1")
     return sizes
@@ -47,20 +50,38 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 def add_parser(commands: Any) -> None:
     """The ``bench`` subcommand of the ``attnspec`` command."""
-    bench = commands.add_parser("bench", help="time and memory of the reference against "
-                                "torch/jax kernels; writes JSON and PNG plots",
-                                description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench = commands.add_parser(
+        "bench",
+        help="time and memory of the reference against "
+        "torch/jax kernels; writes JSON and PNG plots",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     bench.add_argument("--quick", action="store_true", help="tiny sizes (for tests)")
-    bench.add_argument("--out", type=Path, default=Path("bench-results"),
-                       help="directory for bench.json and the PNGs (default: bench-results)")
-    bench.add_argument("--backends", type=_names, default=list(DEFAULT_BACKENDS),
-                       help="dense section: comma-separated backends (default: numpy,torch,"
-                       "jax, those installed)")
-    bench.add_argument("--scaling-backends", type=_names, default=["numpy"],
-                       help="sparse and linear sections: backends (default: numpy)")
-    bench.add_argument("--sections", type=_names, default=list(SECTIONS),
-                       help=f"comma-separated, of {','.join(SECTIONS)} (default: all)")
+    bench.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench-results"),
+        help="directory for bench.json and the PNGs (default: bench-results)",
+    )
+    bench.add_argument(
+        "--backends",
+        type=_names,
+        default=list(DEFAULT_BACKENDS),
+        help="dense section: comma-separated backends (default: numpy,torch,jax, those installed)",
+    )
+    bench.add_argument(
+        "--scaling-backends",
+        type=_names,
+        default=["numpy"],
+        help="sparse and linear sections: backends (default: numpy)",
+    )
+    bench.add_argument(
+        "--sections",
+        type=_names,
+        default=list(SECTIONS),
+        help=f"comma-separated, of {','.join(SECTIONS)} (default: all)",
+    )
     bench.add_argument("--sizes", type=_sizes, help="dense lengths, e.g. 1024,4096")
     bench.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
 
@@ -70,8 +91,7 @@ def _backend_info(backend: Backend, config: suites.BenchConfig) -> dict[str, Any
         "version": frameworks.library_version(backend),
         "device": str(backend.device),
         "threads": frameworks.threads(backend),
-        "gemm_gflops": gemm_gflops(backend, config.dtype, config.gemm_size,
-                                   repeats=config.repeats),
+        "gemm_gflops": gemm_gflops(backend, config.dtype, config.gemm_size, repeats=config.repeats),
         "memory_method": frameworks.MemoryProbe(backend).method,
     }
 
@@ -82,8 +102,9 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
 
     unknown = sorted(set(args.sections) - set(SECTIONS))
     if unknown:
-        raise ValueError(f"--sections: unknown {', '.join(unknown)}; expected of "
-                         f"{', '.join(SECTIONS)}")
+        raise ValueError(
+            f"--sections: unknown {', '.join(unknown)}; expected of {', '.join(SECTIONS)}"
+        )
     config = suites.QUICK if args.quick else suites.FULL
     if args.sizes:
         config = dataclasses.replace(config, sizes=args.sizes)
@@ -98,8 +119,10 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
             log(f"backend {name}: not measured ({exc})")
             continue
         info[name] = _backend_info(backends[name], config)
-        log(f"backend {name} {info[name]['version']} on {info[name]['device']}: GEMM "
-            f"{config.gemm_size}^2 {config.dtype} {info[name]['gemm_gflops']:.1f} GFLOP/s")
+        log(
+            f"backend {name} {info[name]['version']} on {info[name]['device']}: GEMM "
+            f"{config.gemm_size}^2 {config.dtype} {info[name]['gemm_gflops']:.1f} GFLOP/s"
+        )
     measurements: list[Measurement] = []
     args.out.mkdir(parents=True, exist_ok=True)
     for section in args.sections:
@@ -109,8 +132,12 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
                 log(f"{section} on {name}:")
                 measurements += SECTIONS[section](config, backends[name], log)
                 # the GEMM again after each part: the peak is the best seen in the run
-                info[name]["gemm_gflops"] = max(info[name]["gemm_gflops"], gemm_gflops(
-                    backends[name], config.dtype, config.gemm_size, repeats=config.repeats))
+                info[name]["gemm_gflops"] = max(
+                    info[name]["gemm_gflops"],
+                    gemm_gflops(
+                        backends[name], config.dtype, config.gemm_size, repeats=config.repeats
+                    ),
+                )
                 # written after every part, so that an interrupted run keeps what it measured
                 doc = document(config, args.quick, info, measurements, __version__)
                 (args.out / "bench.json").write_text(json.dumps(doc, indent=1) + "\n")

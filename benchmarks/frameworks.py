@@ -49,9 +49,12 @@ def framework_kernel(backend: Backend, causal: bool) -> Framework | None:
             import torch
         except ImportError:
             return None
-        return Framework(f"{name} (torch.from_numpy)",
-                         lambda q, k, v: tuple(torch.from_numpy(a) for a in (q, k, v)),
-                         _torch_sdpa(causal), 0.0)
+        return Framework(
+            f"{name} (torch.from_numpy)",
+            lambda q, k, v: tuple(torch.from_numpy(a) for a in (q, k, v)),
+            _torch_sdpa(causal),
+            0.0,
+        )
     if backend.name == "jax":
         import jax
 
@@ -59,8 +62,7 @@ def framework_kernel(backend: Backend, causal: bool) -> Framework | None:
             # jax.nn.dot_product_attention takes (batch, length, heads, dim)
             return tuple(jax.numpy.swapaxes(a, -2, -3) for a in (q, k, v))
 
-        attention = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v,
-                                                                         is_causal=causal))
+        attention = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal))
         # the XLA implementation forms the float32 logits and the probabilities
         return Framework("jax.nn.dot_product_attention (jax.jit)", to_blhd, attention, 12.0)
     return None
@@ -144,8 +146,10 @@ class MemoryProbe:
             try:
                 Path("/proc/self/clear_refs").write_text("5")
                 _proc_status("VmHWM")
-                self.method = ("process peak RSS above the RSS at the start (VmHWM, reset "
-                               "through /proc/self/clear_refs, after malloc_trim)")
+                self.method = (
+                    "process peak RSS above the RSS at the start (VmHWM, reset "
+                    "through /proc/self/clear_refs, after malloc_trim)"
+                )
                 if backend.name == "jax":
                     # XLA's CPU client reuses buffers it freed without returning them
                     self.method += "; a lower bound for jax, whose allocator keeps buffers"

@@ -63,8 +63,9 @@ def _larger(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else max(a, b)
 
 
-def time_together(calls: dict[str, Callable[[], Any]], probe: MemoryProbe, *, repeats: int,
-                  budget_seconds: float) -> dict[str, Timing]:
+def time_together(
+    calls: dict[str, Callable[[], Any]], probe: MemoryProbe, *, repeats: int, budget_seconds: float
+) -> dict[str, Timing]:
     """Each call's :class:`Timing`, measured as the module docstring says."""
     first = {name: _run_once(call, probe) for name, call in calls.items()}
     round_seconds = sum(t for t, _ in first.values())
@@ -76,8 +77,7 @@ def time_together(calls: dict[str, Callable[[], Any]], probe: MemoryProbe, *, re
             seconds, peak = _run_once(call, probe)
             times[name].append(seconds)
             peaks[name] = _larger(peaks[name], peak)
-    return {name: Timing(min(times[name]), first[name][0], rounds, peaks[name])
-            for name in calls}
+    return {name: Timing(min(times[name]), first[name][0], rounds, peaks[name]) for name in calls}
 
 
 def fits(backend: Backend, planned_bytes: float) -> str | None:
@@ -85,8 +85,10 @@ def fits(backend: Backend, planned_bytes: float) -> str | None:
     free = memory_available(backend)
     if free is None or planned_bytes <= MEMORY_HEADROOM * free:
         return None
-    return (f"needs about {planned_bytes / 1e9:.1f} GB; {free / 1e9:.1f} GB free, of which "
-            f"{MEMORY_HEADROOM:.0%} may be planned")
+    return (
+        f"needs about {planned_bytes / 1e9:.1f} GB; {free / 1e9:.1f} GB free, of which "
+        f"{MEMORY_HEADROOM:.0%} may be planned"
+    )
 
 
 def gemm_gflops(backend: Backend, dtype: str, size: int, *, repeats: int) -> float:
@@ -95,13 +97,18 @@ def gemm_gflops(backend: Backend, dtype: str, size: int, *, repeats: int) -> flo
 
     rng = np.random.default_rng(0)
     a, b = (backend.asarray(rng.standard_normal((size, size)), dtype=dtype) for _ in range(2))
-    timing = time_together({"gemm": lambda: backend.xp.matmul(a, b)}, MemoryProbe(backend),
-                           repeats=repeats, budget_seconds=2.0)["gemm"]
+    timing = time_together(
+        {"gemm": lambda: backend.xp.matmul(a, b)},
+        MemoryProbe(backend),
+        repeats=repeats,
+        budget_seconds=2.0,
+    )["gemm"]
     return 2 * size**3 / timing.seconds / 1e9
 
 
-def attention_flops(batch_heads: int, n_queries: int, n_keys: int, head_dim: int,
-                    value_dim: int, causal: bool) -> float:
+def attention_flops(
+    batch_heads: int, n_queries: int, n_keys: int, head_dim: int, value_dim: int, causal: bool
+) -> float:
     """Multiply-adds x 2 of q k^T and p v over the pairs a query may attend (top-left
     causal: key j <= query i), the count FlashAttention's benchmarks use."""
     if not causal:
@@ -115,8 +122,9 @@ def attention_flops(batch_heads: int, n_queries: int, n_keys: int, head_dim: int
 
 def power_law_exponent(lengths: list[int], seconds: list[float]) -> float | None:
     """Least-squares slope of log(seconds) against log(length): time ~ length**slope."""
-    points = [(math.log(n), math.log(t)) for n, t in zip(lengths, seconds, strict=True)
-              if t and t > 0]
+    points = [
+        (math.log(n), math.log(t)) for n, t in zip(lengths, seconds, strict=True) if t and t > 0
+    ]
     if len(points) < 2:
         return None
     mean_x = sum(x for x, _ in points) / len(points)

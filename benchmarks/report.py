@@ -36,15 +36,25 @@ TARGET_LENGTH, LONG_LENGTH = 4096, 32768
 MAX_RELATIVE_TIME, MAX_PEAK_BYTES, MAX_EXPONENT = 3.0, 2e9, 1.1
 
 
-def _dense_extras(records: list[dict[str, Any]], config: BenchConfig,
-                  backends: dict[str, dict[str, Any]]) -> None:
-    kernels = {(r["backend"], r["length"]): r for r in records
-               if r["section"] == "dense" and r["impl"] == "framework" and r["seconds"]}
+def _dense_extras(
+    records: list[dict[str, Any]], config: BenchConfig, backends: dict[str, dict[str, Any]]
+) -> None:
+    kernels = {
+        (r["backend"], r["length"]): r
+        for r in records
+        if r["section"] == "dense" and r["impl"] == "framework" and r["seconds"]
+    }
     for r in records:
         if r["section"] != "dense" or not r["seconds"]:
             continue
-        flops = attention_flops(config.batch * config.heads, r["length"], r["length"],
-                                config.head_dim, config.head_dim, config.causal)
+        flops = attention_flops(
+            config.batch * config.heads,
+            r["length"],
+            r["length"],
+            config.head_dim,
+            config.head_dim,
+            config.causal,
+        )
         r["gflops"] = flops / r["seconds"] / 1e9
         peak = backends[r["backend"]].get("gemm_gflops")
         r["fraction_of_gemm_peak"] = r["gflops"] / peak if peak else None
@@ -55,8 +65,11 @@ def _dense_extras(records: list[dict[str, Any]], config: BenchConfig,
 
 
 def _sparse_extras(records: list[dict[str, Any]]) -> None:
-    dense = {r["params"]["pattern"]: r for r in records
-             if r["section"] == "sparse" and r["impl"].startswith("dense blocked")}
+    dense = {
+        r["params"]["pattern"]: r
+        for r in records
+        if r["section"] == "sparse" and r["impl"].startswith("dense blocked")
+    }
     for r in records:
         base = dense.get(r["params"].get("pattern")) if r["section"] == "sparse" else None
         if base and r["seconds"] and base["seconds"]:
@@ -65,23 +78,43 @@ def _sparse_extras(records: list[dict[str, Any]]) -> None:
 
 
 def _target(name: str, value: float | None, limit: float, how: str) -> dict[str, Any]:
-    return {"name": name, "value": value, "limit": limit,
-            "met": None if value is None else bool(value <= limit), "how": how}
+    return {
+        "name": name,
+        "value": value,
+        "limit": limit,
+        "met": None if value is None else bool(value <= limit),
+        "how": how,
+    }
 
 
 def targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Issue 11's targets, evaluated on this run (None where the run did not measure it)."""
     found = []
     for r in records:
-        if r["section"] == "dense" and r["impl"] == "blocked" and r["length"] == TARGET_LENGTH \
-                and r.get("relative_time") is not None:
-            found.append(_target(
-                f"blocked reference ({r['backend']}) / {r['relative_to']} at L = {TARGET_LENGTH}",
-                r["relative_time"], MAX_RELATIVE_TIME, "fastest of the timed runs, one process"))
+        if (
+            r["section"] == "dense"
+            and r["impl"] == "blocked"
+            and r["length"] == TARGET_LENGTH
+            and r.get("relative_time") is not None
+        ):
+            found.append(
+                _target(
+                    f"blocked reference ({r['backend']}) / {r['relative_to']} "
+                    f"at L = {TARGET_LENGTH}",
+                    r["relative_time"],
+                    MAX_RELATIVE_TIME,
+                    "fastest of the timed runs, one process",
+                )
+            )
         if r["section"] == "dense" and r["impl"] == "blocked" and r["length"] == LONG_LENGTH:
-            found.append(_target(
-                f"blocked reference peak memory at L = {LONG_LENGTH} ({r['backend']})",
-                r["peak_bytes"], MAX_PEAK_BYTES, "peak above the memory in use before the call"))
+            found.append(
+                _target(
+                    f"blocked reference peak memory at L = {LONG_LENGTH} ({r['backend']})",
+                    r["peak_bytes"],
+                    MAX_PEAK_BYTES,
+                    "peak above the memory in use before the call",
+                )
+            )
     for impl in ("linear", "linear causal"):
         by_backend: dict[str, list[dict[str, Any]]] = {}
         for r in records:
@@ -90,9 +123,15 @@ def targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for backend, rows in by_backend.items():
             lengths = [r["length"] for r in rows]
             exponent = power_law_exponent(lengths, [r["seconds"] for r in rows])
-            found.append(_target(
-                f"{impl} attention time exponent over L = {min(lengths)}-{max(lengths)} "
-                f"({backend})", exponent, MAX_EXPONENT, "least-squares slope of log t on log L"))
+            found.append(
+                _target(
+                    f"{impl} attention time exponent over L = {min(lengths)}-{max(lengths)} "
+                    f"({backend})",
+                    exponent,
+                    MAX_EXPONENT,
+                    "least-squares slope of log t on log L",
+                )
+            )
     return found
 
 
@@ -102,14 +141,21 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 def _machine() -> dict[str, Any]:
     affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     return {
-        "platform": platform.platform(), "python": sys.version.split()[0],
-        "cpus": os.cpu_count(), "cpus_usable": None if affinity is None else len(affinity),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        "cpus_usable": None if affinity is None else len(affinity),
         "environment": {n: os.environ[n] for n in THREAD_VARIABLES if n in os.environ},
     }
 
 
-def document(config: BenchConfig, quick: bool, backends: dict[str, dict[str, Any]],
-             measurements: list[Measurement], version: str) -> dict[str, Any]:
+def document(
+    config: BenchConfig,
+    quick: bool,
+    backends: dict[str, dict[str, Any]],
+    measurements: list[Measurement],
+    version: str,
+) -> dict[str, Any]:
     records = [m.to_dict() for m in measurements]
     for r in records:
         r.update(gflops=None, fraction_of_gemm_peak=None, relative_time=None, relative_to=None)

@@ -55,15 +55,34 @@ class BenchConfig:
 
 
 FULL = BenchConfig(
-    sizes=(256, 512, 1024, 2048, 4096, 8192, 16384, 32768), batch=1, heads=8, head_dim=64,
-    dtype="float32", causal=True, sparse_length=16384, sparse_heads=1,
-    linear_sizes=(1024, 2048, 4096, 8192, 16384, 32768, 65536), linear_heads=1,
-    gemm_size=2048, repeats=5, budget_seconds=30.0,
+    sizes=(256, 512, 1024, 2048, 4096, 8192, 16384, 32768),
+    batch=1,
+    heads=8,
+    head_dim=64,
+    dtype="float32",
+    causal=True,
+    sparse_length=16384,
+    sparse_heads=1,
+    linear_sizes=(1024, 2048, 4096, 8192, 16384, 32768, 65536),
+    linear_heads=1,
+    gemm_size=2048,
+    repeats=5,
+    budget_seconds=30.0,
 )
 QUICK = BenchConfig(
-    sizes=(64, 160), batch=1, heads=2, head_dim=16, dtype="float32", causal=True,
-    sparse_length=256, sparse_heads=1, linear_sizes=(64, 128, 256), linear_heads=1,
-    gemm_size=128, repeats=1, budget_seconds=0.0,
+    sizes=(64, 160),
+    batch=1,
+    heads=2,
+    head_dim=16,
+    dtype="float32",
+    causal=True,
+    sparse_length=256,
+    sparse_heads=1,
+    linear_sizes=(64, 128, 256),
+    linear_heads=1,
+    gemm_size=128,
+    repeats=1,
+    budget_seconds=0.0,
 )
 
 
@@ -75,37 +94,53 @@ def sparse_patterns(length: int) -> dict[str, dict[str, Any]]:
         "sliding_window": {"left": min(256, length // 4), "right": 0, "causal": True},
         "strided": {"stride": block, "causal": True},
         "fixed": {"stride": block, "summary": max(1, block // 16), "causal": True},
-        "block_sparse": {"block_size": block, "layout": [
-            [abs(i - j) <= 1 or j == 0 for j in range(n_blocks)] for i in range(n_blocks)]},
+        "block_sparse": {
+            "block_size": block,
+            "layout": [
+                [abs(i - j) <= 1 or j == 0 for j in range(n_blocks)] for i in range(n_blocks)
+            ],
+        },
         "longformer": {"left": block, "right": block, "global_tokens": tuple(range(8))},
-        "bigbird": {"block_size": max(1, block // 2), "window_blocks": 1,
-                    "global_blocks": (0,), "num_random": 3, "seed": 0},
+        "bigbird": {
+            "block_size": max(1, block // 2),
+            "window_blocks": 1,
+            "global_blocks": (0,),
+            "num_random": 3,
+            "seed": 0,
+        },
     }
 
 
-def _inputs(backend: Backend, shape_q: tuple[int, ...], n_keys: int, dtype: str,
-            seed: int = 0) -> tuple[Any, Any, Any]:
+def _inputs(
+    backend: Backend, shape_q: tuple[int, ...], n_keys: int, dtype: str, seed: int = 0
+) -> tuple[Any, Any, Any]:
     rng = np.random.default_rng(seed)
     shape_k = (*shape_q[:-2], n_keys, shape_q[-1])
-    return tuple(backend.asarray(rng.standard_normal(s), dtype=dtype)
-                 for s in (shape_q, shape_k, shape_k))
+    return tuple(
+        backend.asarray(rng.standard_normal(s), dtype=dtype) for s in (shape_q, shape_k, shape_k)
+    )
 
 
 def _itemsize(dtype: str) -> int:
     return 8 if dtype == "float64" else 4  # half precision is computed in float32
 
 
-def _measure(backend: Backend, probe: MemoryProbe, config: BenchConfig,
-             runs: list[tuple[Measurement, Callable[[], Any], float]],
-             log: Log) -> list[Measurement]:
+def _measure(
+    backend: Backend,
+    probe: MemoryProbe,
+    config: BenchConfig,
+    runs: list[tuple[Measurement, Callable[[], Any], float]],
+    log: Log,
+) -> list[Measurement]:
     """Time the runs that fit in memory together; the others are recorded as skipped."""
     calls = {}
     for record, call, planned_bytes in runs:
         record.skipped = fits(backend, planned_bytes)
         if record.skipped is None:
             calls[record.impl] = call
-    timings = time_together(calls, probe, repeats=config.repeats,
-                            budget_seconds=config.budget_seconds)
+    timings = time_together(
+        calls, probe, repeats=config.repeats, budget_seconds=config.budget_seconds
+    )
     for record, _, _ in runs:
         line = f"  {record.backend:6} {record.impl:34} L={record.length:6}  "
         if record.skipped is not None:
@@ -119,17 +154,24 @@ def _measure(backend: Backend, probe: MemoryProbe, config: BenchConfig,
     return [record for record, _, _ in runs]
 
 
-def _dense_runs(framework: Framework | None, q: Any, k: Any, v: Any, config: BenchConfig,
-                scores: int) -> list[tuple[str, Callable[[], Any], float]]:
+def _dense_runs(
+    framework: Framework | None, q: Any, k: Any, v: Any, config: BenchConfig, scores: int
+) -> list[tuple[str, Callable[[], Any], float]]:
     """(impl, call, bytes it plans to hold) for one length."""
     runs: list[tuple[str, Callable[[], Any], float]] = []
     if framework is not None:
         args = framework.prepare(q, k, v)
-        runs.append(("framework", lambda: framework.call(*args),
-                     framework.bytes_per_score * scores))
+        runs.append(
+            ("framework", lambda: framework.call(*args), framework.bytes_per_score * scores)
+        )
     runs.append(("blocked", lambda: blocked_attention(q, k, v, is_causal=config.causal), 0.0))
-    runs.append(("plain", lambda: scaled_dot_product_attention(q, k, v, is_causal=config.causal),
-                 PLAIN_BYTES_PER_SCORE_ITEM * _itemsize(config.dtype) * scores))
+    runs.append(
+        (
+            "plain",
+            lambda: scaled_dot_product_attention(q, k, v, is_causal=config.causal),
+            PLAIN_BYTES_PER_SCORE_ITEM * _itemsize(config.dtype) * scores,
+        )
+    )
     return runs
 
 
@@ -139,14 +181,16 @@ def dense(config: BenchConfig, backend: Backend, log: Log) -> list[Measurement]:
     probe = MemoryProbe(backend)
     records = []
     for length in config.sizes:
-        q, k, v = _inputs(backend, (config.batch, config.heads, length, config.head_dim),
-                          length, config.dtype)
+        q, k, v = _inputs(
+            backend, (config.batch, config.heads, length, config.head_dim), length, config.dtype
+        )
         scores = config.batch * config.heads * length * length
         runs = []
         for impl, call, planned in _dense_runs(framework, q, k, v, config, scores):
             params = {"framework": framework.name} if impl == "framework" and framework else {}
-            runs.append((Measurement("dense", backend.name, impl, length, params=params),
-                         call, planned))
+            runs.append(
+                (Measurement("dense", backend.name, impl, length, params=params), call, planned)
+            )
         records += _measure(backend, probe, config, runs, log)
         del q, k, v
     return records
@@ -156,24 +200,37 @@ def sparse(config: BenchConfig, backend: Backend, log: Log) -> list[Measurement]
     """Each pattern's sparse kernel against the dense reference with the pattern's mask."""
     length = config.sparse_length
     probe = MemoryProbe(backend)
-    q, k, v = _inputs(backend, (config.batch, config.sparse_heads, length, config.head_dim),
-                      length, config.dtype)
+    q, k, v = _inputs(
+        backend, (config.batch, config.sparse_heads, length, config.head_dim), length, config.dtype
+    )
     scores = config.batch * config.sparse_heads * length * length
     records = []
     for pattern, params in sparse_patterns(length).items():
-        mask = sparse_mask(pattern, length, length, xp=backend.xp, device=backend.device,
-                           **params)
+        mask = sparse_mask(pattern, length, length, xp=backend.xp, device=backend.device, **params)
         described = {"pattern": pattern, **{n: p for n, p in params.items() if n != "layout"}}
         runs = [
-            (f"sparse {pattern}", lambda p=pattern, kw=params: sparse_attention(
-                q, k, v, pattern=p, **kw), 0.0),
+            (
+                f"sparse {pattern}",
+                lambda p=pattern, kw=params: sparse_attention(q, k, v, pattern=p, **kw),
+                0.0,
+            ),
             (f"dense blocked {pattern}", lambda m=mask: blocked_attention(q, k, v, mask=m), 0.0),
-            (f"dense plain {pattern}", lambda m=mask: scaled_dot_product_attention(
-                q, k, v, mask=m), PLAIN_BYTES_PER_SCORE_ITEM * _itemsize(config.dtype) * scores),
+            (
+                f"dense plain {pattern}",
+                lambda m=mask: scaled_dot_product_attention(q, k, v, mask=m),
+                PLAIN_BYTES_PER_SCORE_ITEM * _itemsize(config.dtype) * scores,
+            ),
         ]
-        records += _measure(backend, probe, config, [
-            (Measurement("sparse", backend.name, impl, length, params=described), call, planned)
-            for impl, call, planned in runs], log)
+        records += _measure(
+            backend,
+            probe,
+            config,
+            [
+                (Measurement("sparse", backend.name, impl, length, params=described), call, planned)
+                for impl, call, planned in runs
+            ],
+            log,
+        )
         del mask
     return records
 
@@ -184,15 +241,41 @@ def linear(config: BenchConfig, backend: Backend, log: Log) -> list[Measurement]
     records = []
     for causal in (False, True):
         for length in config.linear_sizes:
-            q, k, v = _inputs(backend, (config.batch, config.linear_heads, length,
-                                        config.head_dim), length, config.dtype)
+            q, k, v = _inputs(
+                backend,
+                (config.batch, config.linear_heads, length, config.head_dim),
+                length,
+                config.dtype,
+            )
             # the causal form holds prefix sums of k (x) v: L x E x Ev numbers, three times
-            planned = (3 * config.batch * config.linear_heads * length * config.head_dim**2
-                       * _itemsize(config.dtype)) if causal else 0.0
+            planned = (
+                (
+                    3
+                    * config.batch
+                    * config.linear_heads
+                    * length
+                    * config.head_dim**2
+                    * _itemsize(config.dtype)
+                )
+                if causal
+                else 0.0
+            )
             impl = "linear causal" if causal else "linear"
-            records += _measure(backend, probe, config, [(
-                Measurement("linear", backend.name, impl, length,
-                            params={"feature_map": "elu+1"}),
-                lambda q=q, k=k, v=v, c=causal: linear_attention(
-                    q, k, v, feature_map=elu_plus_one, is_causal=c), planned)], log)
+            records += _measure(
+                backend,
+                probe,
+                config,
+                [
+                    (
+                        Measurement(
+                            "linear", backend.name, impl, length, params={"feature_map": "elu+1"}
+                        ),
+                        lambda q=q, k=k, v=v, c=causal: linear_attention(
+                            q, k, v, feature_map=elu_plus_one, is_causal=c
+                        ),
+                        planned,
+                    )
+                ],
+                log,
+            )
     return records

@@ -48,4 +48,3 @@ __all__ = [
     "reference_bound",
     "weights_bound",
 ]
-

@@ -62,9 +62,18 @@ class Anchor:
     forced: tuple[tuple[str, Any], ...] = ()
     each_dtype: bool = False  # run once in every dtype the kernel is checked in
 
-    def dims(self, batch_ndim: int | None, limits: SizeLimits, cap: int, *, gqa: bool,
-             weights: bool = False, family: str = "dense", min_kv_heads: int = 1,
-             min_groups: int = 1) -> Dims:
+    def dims(
+        self,
+        batch_ndim: int | None,
+        limits: SizeLimits,
+        cap: int,
+        *,
+        gqa: bool,
+        weights: bool = False,
+        family: str = "dense",
+        min_kv_heads: int = 1,
+        min_groups: int = 1,
+    ) -> Dims:
         """The anchor's sizes for a kernel with ``batch_ndim`` batch dims (None counts as
         1), cut to the user's limits: lengths to --max-len, head dims to --max-head-dim,
         then batch, groups and key/value heads until batch x heads fits
@@ -88,11 +97,13 @@ class Anchor:
         kv_heads = max(1, min(kv_heads, room // groups))
         dims = Dims(
             batch=(batch, *(1,) * (batch_ndim - 1)) if batch_ndim else (),
-            n_kv_heads=kv_heads, groups=groups,
+            n_kv_heads=kv_heads,
+            groups=groups,
             n_queries=min(self.n_queries, limits.max_len),
             n_keys=min(self.n_keys, limits.max_len),
             head_dim=min(self.head_dim, limits.max_head_dim),
-            value_dim=min(self.value_dim, limits.max_head_dim))
+            value_dim=min(self.value_dim, limits.max_head_dim),
+        )
         shorter = [n for n in LENGTHS if n < dims.n_keys]
         while shorter and problem_cost(dims, weights=weights, family=family) > cap:
             dims = replace(dims, n_keys=shorter.pop())
@@ -102,27 +113,70 @@ class Anchor:
 ANCHORS: tuple[Anchor, ...] = (
     # the first pair of FA's grids at its first head dim that no vector width divides;
     # FA's multi-query heads (9 on 1) cut to 3 on 1 for the cost
-    Anchor("FlashAttention 113 x 203, head dim 59, 3 query heads on 1", "FA",
-           113, 203, 59, 59, n_q_heads=3, n_kv_heads=1),
+    Anchor(
+        "FlashAttention 113 x 203, head dim 59, 3 query heads on 1",
+        "FA",
+        113,
+        203,
+        59,
+        59,
+        n_q_heads=3,
+        n_kv_heads=1,
+    ),
     # causal, one row past two blocks of 128 (FA 1.x's test_flash_attn_unpadded lengths
     # 97 ... 257 ... 1025, causal or not, d = 16, 32, 40, 64, 80, 128)
-    Anchor("FlashAttention 257 x 257 causal, head dim 80", "FA 1.x",
-           257, 257, 80, 80, n_q_heads=1, n_kv_heads=1, forced=(("causal", True),)),
+    Anchor(
+        "FlashAttention 257 x 257 causal, head dim 80",
+        "FA 1.x",
+        257,
+        257,
+        80,
+        80,
+        n_q_heads=1,
+        n_kv_heads=1,
+        forced=(("causal", True),),
+    ),
     # decode against a long cache: cut to --max-len (4096 by default), past 2048 keys
-    Anchor("FlashAttention decode 1 x 131072 (cut to --max-len), head dim 128, MQA 6 on 1",
-           "FA kvcache", 1, 128 * 1024, 128, 128, n_q_heads=6, n_kv_heads=1),
+    Anchor(
+        "FlashAttention decode 1 x 131072 (cut to --max-len), head dim 128, MQA 6 on 1",
+        "FA kvcache",
+        1,
+        128 * 1024,
+        128,
+        128,
+        n_q_heads=6,
+        n_kv_heads=1,
+    ),
     # many programs: 9 x 6 x 799 = 43146 query rows (> 2**15) on 3 keys, at aotriton's
     # smallest odd head dim: cheap
-    Anchor("FlashAttention 3 799 x 3, batch 9 x 6 heads (43146 rows > 2**15), head dim 21",
-           "FA3; head dim from AOT", 799, 3, 21, 21, n_q_heads=6, n_kv_heads=2, batch=9),
+    Anchor(
+        "FlashAttention 3 799 x 3, batch 9 x 6 heads (43146 rows > 2**15), head dim 21",
+        "FA3; head dim from AOT",
+        799,
+        3,
+        21,
+        21,
+        n_q_heads=6,
+        n_kv_heads=2,
+        batch=9,
+    ),
     # a padded batch as HF builds it: per-element key padding as an additive bias of
     # finfo(dtype).min, one batch element padded entirely (its query rows see only
     # padded keys); the shape of aotriton's test_op_bwd_with_matrix_bias (an additive
     # bias): batch 4, 64 x 64, head dim 64.  Small: it runs once per dtype.
-    Anchor("padded batch 4 x 64 x 64, finfo.min bias, an element padded entirely, head dim 64",
-           "AOT; HF additive masks", 64, 64, 64, 64, n_q_heads=1, n_kv_heads=1,
-           batch=4, forced=(("bias", "padding"), ("fill", "finfo.min"),
-                            ("padded element", True)), each_dtype=True),
+    Anchor(
+        "padded batch 4 x 64 x 64, finfo.min bias, an element padded entirely, head dim 64",
+        "AOT; HF additive masks",
+        64,
+        64,
+        64,
+        64,
+        n_q_heads=1,
+        n_kv_heads=1,
+        batch=4,
+        forced=(("bias", "padding"), ("fill", "finfo.min"), ("padded element", True)),
+        each_dtype=True,
+    ),
 )
 
 

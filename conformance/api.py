@@ -42,8 +42,9 @@ from .sizes import SizeLimits
 Progress = Callable[[Property, "Verdict | None"], None]
 
 
-def run(plan: RunPlan, progress: Progress | None = None,
-        kernel: KernelUnderTest | None = None) -> Report:
+def run(
+    plan: RunPlan, progress: Progress | None = None, kernel: KernelUnderTest | None = None
+) -> Report:
     """Run ``plan`` (see :func:`.run_plan.plan_run`): with ``plan.isolation``, the kernel
     is loaded and run in a supervised worker process (:mod:`.isolation`), in
     ``plan.jobs`` of them at once when more than one (:mod:`.jobs`: the same verdicts in
@@ -51,16 +52,30 @@ def run(plan: RunPlan, progress: Progress | None = None,
     ``progress`` hears each property start and end."""
     session = plan.session(kernel)
     with hypothesis_storage_elsewhere(), session:
-        report = start_report(session, profile=plan.profile, seed=plan.seed,
-                              strict=plan.strict, limits=plan.limits)
-        run_properties(session, list(plan.properties), report, progress,
-                       profile=plan.profile, seed=plan.seed, limits=plan.limits)
+        report = start_report(
+            session, profile=plan.profile, seed=plan.seed, strict=plan.strict, limits=plan.limits
+        )
+        run_properties(
+            session,
+            list(plan.properties),
+            report,
+            progress,
+            profile=plan.profile,
+            seed=plan.seed,
+            limits=plan.limits,
+        )
         finish_report(report, session, partial=plan.partial)
     return report
 
 
-def start_report(session: Session, *, profile: str,
-                 seed: int | None, strict: bool, limits: SizeLimits | None = None) -> Report:
+def start_report(
+    session: Session,
+    *,
+    profile: str,
+    seed: int | None,
+    strict: bool,
+    limits: SizeLimits | None = None,
+) -> Report:
     """Load the session's kernel and give the empty report of its run (within ``limits``),
     with the notes on the library's settings and the hints read off the kernel before
     anything ran."""
@@ -71,8 +86,7 @@ def start_report(session: Session, *, profile: str,
     return report
 
 
-def finish_report(report: Report, session: Session, *,
-                  partial: bool) -> None:
+def finish_report(report: Report, session: Session, *, partial: bool) -> None:
     """Add the hints from probing a kernel that failed (in its worker when isolated) and
     the conformance claim, or why there is none (``partial``: --only/--skip)."""
     kernel = session.start()
@@ -117,11 +131,30 @@ def check(
     :class:`SetupError`, a ``ValueError``.
     """
     limits = size_limits(max_len, max_head_dim, max_batch_heads)
-    setup = KernelSetup(kernel, backend, device, layout, dict(rename or {}),
-                        None if dtypes is None else tuple(dtypes), claims, jax_x64)
+    setup = KernelSetup(
+        kernel,
+        backend,
+        device,
+        layout,
+        dict(rename or {}),
+        None if dtypes is None else tuple(dtypes),
+        claims,
+        jax_x64,
+    )
     isolation = IsolationOptions() if isolate is True else (isolate or None)
-    return run(plan_run(setup, profile=profile, seed=seed, only=only, skip=skip, strict=strict,
-                        limits=limits, isolation=isolation, jobs=jobs))
+    return run(
+        plan_run(
+            setup,
+            profile=profile,
+            seed=seed,
+            only=only,
+            skip=skip,
+            strict=strict,
+            limits=limits,
+            isolation=isolation,
+            jobs=jobs,
+        )
+    )
 
 
 def assert_conforms(kernel: str | Callable[..., Any], **options: Any) -> Report:

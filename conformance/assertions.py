@@ -15,7 +15,10 @@ def first_index(where: np.ndarray) -> tuple[int, ...]:
 
 
 def assert_shape(
-    actual: np.ndarray, expected: tuple[int, ...], what: str, problem: Problem,
+    actual: np.ndarray,
+    expected: tuple[int, ...],
+    what: str,
+    problem: Problem,
     kernel: KernelUnderTest,
 ) -> None:
     if tuple(actual.shape) != tuple(expected):
@@ -25,7 +28,10 @@ def assert_shape(
 
 
 def assert_identical(
-    actual: np.ndarray, expected: np.ndarray, what: str, problem: Problem,
+    actual: np.ndarray,
+    expected: np.ndarray,
+    what: str,
+    problem: Problem,
     kernel: KernelUnderTest,
 ) -> None:
     """Equal values everywhere (IEEE ==, NaN matching NaN, +0 == -0)."""
@@ -36,13 +42,19 @@ def assert_identical(
         raise PropertyFailure(
             f"{what} differs at {at}: {float(actual[at])!r} vs {float(expected[at])!r} "
             f"({int((~same).sum())} of {same.size} elements differ)",
-            problem, kernel,
+            problem,
+            kernel,
         )
 
 
 def assert_within_bound(
-    actual: np.ndarray, expected: np.ndarray, bound: np.ndarray, what: str,
-    problem: Problem, kernel: KernelUnderTest, clause: str = "TOL-2",
+    actual: np.ndarray,
+    expected: np.ndarray,
+    bound: np.ndarray,
+    what: str,
+    problem: Problem,
+    kernel: KernelUnderTest,
+    clause: str = "TOL-2",
 ) -> None:
     """|actual - expected| <= bound elementwise; non-finite expected values must match.
 
@@ -51,9 +63,7 @@ def assert_within_bound(
     assert_shape(actual, expected.shape, what, problem, kernel)
     finite = np.isfinite(expected)
     exact = ~finite
-    mismatched_nonfinite = exact & ~(
-        (actual == expected) | (np.isnan(actual) & np.isnan(expected))
-    )
+    mismatched_nonfinite = exact & ~((actual == expected) | (np.isnan(actual) & np.isnan(expected)))
     with np.errstate(invalid="ignore"):
         error = np.where(finite, np.abs(actual - expected), 0.0)
         too_far = finite & ~(error <= bound)
@@ -61,7 +71,8 @@ def assert_within_bound(
         at = first_index(mismatched_nonfinite)
         raise PropertyFailure(
             f"{what}[{at}] = {float(actual[at])!r}, but should be {float(expected[at])!r} (TOL-3)",
-            problem, kernel,
+            problem,
+            kernel,
         )
     if too_far.any():
         ratio = np.where(too_far, error / np.maximum(bound, np.finfo(np.float64).tiny), 0.0)
@@ -72,18 +83,22 @@ def assert_within_bound(
                 f"{what}[{at}] = {float(actual[at])!r}, but should be finite: "
                 f"{float(expected[at])!r} within {bound[at]:.3g} ({clause}); "
                 f"{int(too_far.sum())} of {too_far.size} elements outside",
-                problem, kernel,
+                problem,
+                kernel,
             )
         raise PropertyFailure(
             f"{what}[{at}] = {float(actual[at])!r}, but should be {float(expected[at])!r} within "
             f"{bound[at]:.3g} ({clause}); error {error[at]:.3g} is {error[at] / bound[at]:.3g}x "
             f"the bound; {int(too_far.sum())} of {too_far.size} elements outside",
-            problem, kernel,
+            problem,
+            kernel,
         )
 
 
 def assert_matches_reference(
-    kernel: KernelUnderTest, problem: Problem, out: np.ndarray | None = None,
+    kernel: KernelUnderTest,
+    problem: Problem,
+    out: np.ndarray | None = None,
     what: str = "out",
 ) -> np.ndarray:
     """The kernel's output lies within TOL-2 of the float64 definition (SDPA-7.3)."""

@@ -16,39 +16,57 @@ from .kernel import Problem, identity_values
 
 
 def reference_bound(
-    problem: Problem, declaration: KernelDeclaration, *, weights: bool = False,
+    problem: Problem,
+    declaration: KernelDeclaration,
+    *,
+    weights: bool = False,
 ) -> ErrorBound:
     """SDPA-7.1 in float64 and the TOL-2 bound for ``problem`` as the kernel sees it.
 
     The causal alignment is the one the kernel declares (SDPA-4.1/4.2).  The weights
     (the size of the score matrix) are computed only when ``weights`` is True.
     """
-    return error_bound(problem.q, problem.k, problem.v, **_definition(problem, declaration),
-                       weights=weights)
+    return error_bound(
+        problem.q, problem.k, problem.v, **_definition(problem, declaration), weights=weights
+    )
 
 
 def _definition(problem: Problem, declaration: KernelDeclaration) -> dict[str, Any]:
     """The keywords of the reference's definition for ``problem``: mask, bias, the declared
     causal alignment (which anchors ALiBi too, ALIBI-2), scale and the features."""
-    return dict(dtype=problem.dtype, mask=problem.mask, bias=problem.bias,
-                is_causal=problem.is_causal, causal_alignment=declaration.causal_alignment,
-                scale=problem.scale, softcap=problem.softcap,
-                alibi_slopes=problem.alibi_slopes)
+    return dict(
+        dtype=problem.dtype,
+        mask=problem.mask,
+        bias=problem.bias,
+        is_causal=problem.is_causal,
+        causal_alignment=declaration.causal_alignment,
+        scale=problem.scale,
+        softcap=problem.softcap,
+        alibi_slopes=problem.alibi_slopes,
+    )
 
 
 def lse_bound(problem: Problem, declaration: KernelDeclaration) -> tuple[ErrorBound, LseBound]:
     """The TOL-2 bound of the output and the log-sum-exp with its TOL-5 bound (LSE-1)."""
-    return error_and_lse_bound(problem.q, problem.k, problem.v,
-                               **_definition(problem, declaration), weights=False)
+    return error_and_lse_bound(
+        problem.q, problem.k, problem.v, **_definition(problem, declaration), weights=False
+    )
 
 
 def dropout_bound(
-    problem: Problem, declaration: KernelDeclaration, keep: Any,
+    problem: Problem,
+    declaration: KernelDeclaration,
+    keep: Any,
 ) -> tuple[Any, Any]:
     """DROP-2's output for the keep indicators ``keep`` and its TOL-6 bound."""
-    return dropout_error_bound(problem.q, problem.k, problem.v,
-                               **_definition(problem, declaration),
-                               dropout_p=problem.dropout_p, dropout_keep=keep)
+    return dropout_error_bound(
+        problem.q,
+        problem.k,
+        problem.v,
+        **_definition(problem, declaration),
+        dropout_p=problem.dropout_p,
+        dropout_keep=keep,
+    )
 
 
 def weights_bound(problem: Problem, declaration: KernelDeclaration) -> tuple[Any, Any]:

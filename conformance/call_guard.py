@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 def describe_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """Shapes and keywords of a call made with hand-built arguments (no Problem)."""
+
     def shape(x: Any) -> str:
         return f"{tuple(x.shape)}" if hasattr(x, "shape") else f"={x!r}"[:40]
 
@@ -60,8 +61,11 @@ class CallGuard:
     def call_raw(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         problem = self.problem
         if self.observer is not None:
-            description = self.kernel.describe(problem) if problem is not None else (
-                describe_call(args, kwargs))
+            description = (
+                self.kernel.describe(problem)
+                if problem is not None
+                else (describe_call(args, kwargs))
+            )
             self.observer.started(description, problem)
         # A kernel that leaves np.seterr(all="raise") behind must not turn the suite's own
         # NumPy arithmetic (reference, tolerances) into errors.
@@ -69,18 +73,25 @@ class CallGuard:
         try:
             return self._call(args, kwargs)
         except SystemExit as exc:
-            raise KernelExited(PropertyFailure(
-                f"the kernel called sys.exit({exc.code!r}): a kernel must return a result or "
-                "raise an exception, never end the process [CONF-5]", problem, self.kernel,
-            )) from None
+            raise KernelExited(
+                PropertyFailure(
+                    f"the kernel called sys.exit({exc.code!r}): a kernel must return a result or "
+                    "raise an exception, never end the process [CONF-5]",
+                    problem,
+                    self.kernel,
+                )
+            ) from None
         except KeyboardInterrupt:
             if not self.interrupt_is_the_kernels:
                 raise  # in-process, Ctrl-C: the user's interrupt, not a verdict
-            raise KernelExited(PropertyFailure(
-                "the kernel raised KeyboardInterrupt (no one pressed Ctrl-C: the check runs "
-                "the kernel in a worker process that receives no terminal signals) [CONF-5]",
-                problem, self.kernel,
-            )) from None
+            raise KernelExited(
+                PropertyFailure(
+                    "the kernel raised KeyboardInterrupt (no one pressed Ctrl-C: the check runs "
+                    "the kernel in a worker process that receives no terminal signals) [CONF-5]",
+                    problem,
+                    self.kernel,
+                )
+            ) from None
         except MemoryError as exc:
             if self.memory_note:
                 raise MemoryError(f"{exc} ({self.memory_note})") from None

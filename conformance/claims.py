@@ -42,6 +42,7 @@ class UsageError(ValueError):
 
 # --- flag values ---------------------------------------------------------------------------
 
+
 def literal(text: str) -> Any:
     """A flag value: a Python/JSON literal (3, 0.5, True, [1, 2], null) or else the string."""
     lowered = {"true": True, "false": False, "null": None, "none": None}
@@ -94,14 +95,19 @@ class Flag:
     def add_to(self, parser: argparse.ArgumentParser | Any) -> None:
         """Add to an argparse parser (or group) under its own name, ``--x/--no-x`` for bools."""
         if self.kind == "bool":
-            parser.add_argument(self.option, action=argparse.BooleanOptionalAction,
-                                default=None, help=self.help)
+            parser.add_argument(
+                self.option, action=argparse.BooleanOptionalAction, default=None, help=self.help
+            )
         elif self.kind == "switch":
             parser.add_argument(self.option, action="store_true", help=self.help)
         else:
             parser.add_argument(
-                self.option, action="append" if self.kind == "list" else "store",
-                choices=self.choices, type=self.type, metavar=self.metavar, help=self.help,
+                self.option,
+                action="append" if self.kind == "list" else "store",
+                choices=self.choices,
+                type=self.type,
+                metavar=self.metavar,
+                help=self.help,
             )
 
     def add_prefixed(self, group: Any, prefix: str) -> None:
@@ -109,16 +115,29 @@ class Flag:
         ``PREFIX_x``: pytest's parser has no ``--no-`` variant of its own."""
         name, dest = f"--{prefix}-{self.option[2:]}", f"{prefix}_{self.dest}"
         if self.kind == "bool":
-            group.addoption(name, action="store_const", const=True, default=None, dest=dest,
-                            help=self.help)
-            group.addoption(f"--{prefix}-no-{self.option[2:]}", action="store_const",
-                            const=False, dest=dest, help=f"the opposite of {name}")
+            group.addoption(
+                name, action="store_const", const=True, default=None, dest=dest, help=self.help
+            )
+            group.addoption(
+                f"--{prefix}-no-{self.option[2:]}",
+                action="store_const",
+                const=False,
+                dest=dest,
+                help=f"the opposite of {name}",
+            )
         elif self.kind == "switch":
             group.addoption(name, action="store_true", default=False, dest=dest, help=self.help)
         else:
-            group.addoption(name, action="append" if self.kind == "list" else "store",
-                            default=None, choices=self.choices, type=self.type,
-                            metavar=self.metavar, dest=dest, help=self.help)
+            group.addoption(
+                name,
+                action="append" if self.kind == "list" else "store",
+                default=None,
+                choices=self.choices,
+                type=self.type,
+                metavar=self.metavar,
+                dest=dest,
+                help=self.help,
+            )
 
     def tokens(self, value: Any, prefix: str | None = None) -> list[str]:
         """The command-line tokens that give this flag ``value`` (none for the default)."""
@@ -126,8 +145,9 @@ class Flag:
         if value is None or (value is False and self.kind == "switch"):
             return []
         if self.kind == "bool":
-            negative = (f"--no-{self.option[2:]}" if prefix is None
-                        else f"--{prefix}-no-{self.option[2:]}")
+            negative = (
+                f"--no-{self.option[2:]}" if prefix is None else f"--{prefix}-no-{self.option[2:]}"
+            )
             return [option if value else negative]
         if self.kind == "switch":
             return [option]
@@ -137,6 +157,7 @@ class Flag:
 
 
 # --- the family claims: a sparse pattern, a linear feature map -----------------------------
+
 
 @dataclass(frozen=True)
 class SparseClaim:
@@ -202,27 +223,36 @@ def _rope_invalid(value: Any) -> str | None:
     if not (isinstance(value.base, (int, float)) and value.base > 0):
         return f"rope base={value.base!r}, but should be a number > 0"
     dim = value.rotary_dim
-    if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 2
-                            or dim % 2):
+    if dim is not None and (
+        isinstance(dim, bool) or not isinstance(dim, int) or dim < 2 or dim % 2
+    ):
         return f"rope rotary_dim={dim!r}, but should be None or an even int >= 2"
     return None
 
 
 def _sparse_from_flags(get: Getter) -> SparseClaim | None:
-    given = [f for f in ("sparse_param", "sparse_alignment", "sparse_causal",
-                         "sparse_pass_params") if get(f)]
+    given = [
+        f
+        for f in ("sparse_param", "sparse_alignment", "sparse_causal", "sparse_pass_params")
+        if get(f)
+    ]
     pattern = get("sparse")
     if pattern is None:
         if given:
             raise UsageError(f"--{given[0].replace('_', '-')} needs --sparse PATTERN")
         return None
     if pattern not in PATTERN_NAMES:
-        raise UsageError(f"--sparse {pattern!r} is not a spec pattern; expected one of "
-                         f"{', '.join(PATTERN_NAMES)}")
-    return SparseClaim(pattern, key_values(get("sparse_param"), "--sparse-param"),
-                       alignment=get("sparse_alignment") or "top_left",
-                       causal=bool(get("sparse_causal")),
-                       pass_params=bool(get("sparse_pass_params")))
+        raise UsageError(
+            f"--sparse {pattern!r} is not a spec pattern; expected one of "
+            f"{', '.join(PATTERN_NAMES)}"
+        )
+    return SparseClaim(
+        pattern,
+        key_values(get("sparse_param"), "--sparse-param"),
+        alignment=get("sparse_alignment") or "top_left",
+        causal=bool(get("sparse_causal")),
+        pass_params=bool(get("sparse_pass_params")),
+    )
 
 
 def _feature_map(name: str) -> str | Callable[..., Any]:
@@ -230,8 +260,7 @@ def _feature_map(name: str) -> str | Callable[..., Any]:
     if name in FEATURE_MAPS:
         return name
     if ":" not in name:
-        raise UsageError(f"--linear {name!r} is neither {', '.join(FEATURE_MAPS)} nor "
-                         "MODULE:FUNC")
+        raise UsageError(f"--linear {name!r} is neither {', '.join(FEATURE_MAPS)} nor MODULE:FUNC")
     from .loading import KernelLoadError, load_kernel
 
     try:
@@ -241,21 +270,34 @@ def _feature_map(name: str) -> str | Callable[..., Any]:
 
 
 def _linear_from_flags(get: Getter) -> LinearClaim | None:
-    given = [f for f in ("linear_num_features", "linear_iid", "linear_seed_keyword",
-                         "linear_eps", "linear_causal_alignment") if get(f) not in (None, False)]
+    given = [
+        f
+        for f in (
+            "linear_num_features",
+            "linear_iid",
+            "linear_seed_keyword",
+            "linear_eps",
+            "linear_causal_alignment",
+        )
+        if get(f) not in (None, False)
+    ]
     feature_map = get("linear")
     if feature_map is None:
         if given:
             raise UsageError(f"--{given[0].replace('_', '-')} needs --linear FEATURE_MAP")
         return None
-    return LinearClaim(_feature_map(feature_map), get("linear_num_features"),
-                       orthogonal=not get("linear_iid"),
-                       seed_keyword=get("linear_seed_keyword") or "seed",
-                       eps=get("linear_eps") or 0.0,
-                       causal_alignment=get("linear_causal_alignment") or "top_left")
+    return LinearClaim(
+        _feature_map(feature_map),
+        get("linear_num_features"),
+        orthogonal=not get("linear_iid"),
+        seed_keyword=get("linear_seed_keyword") or "seed",
+        eps=get("linear_eps") or 0.0,
+        causal_alignment=get("linear_causal_alignment") or "top_left",
+    )
 
 
 # --- the table -----------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Claim:
@@ -312,6 +354,7 @@ def _dense(declaration: KernelDeclaration) -> bool:
 
 def _when(name: str, text: str | Callable[[KernelDeclaration], str]) -> Callable[..., Any]:
     """shows_as: ``text`` for a dense kernel claiming the boolean ``name``."""
+
     def shows(declaration: KernelDeclaration) -> str | None:
         if not (_dense(declaration) and getattr(declaration, name)):
             return None
@@ -327,8 +370,9 @@ def _dtypes_invalid(value: Any) -> str | None:
 
 
 def _batch_ndim_invalid(value: Any) -> str | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                              or not 0 <= value <= 4):
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 4
+    ):
         return f"batch_ndim={value!r}, but should be None or 0..4"
     return None
 
@@ -342,8 +386,9 @@ def _alignment_invalid(value: str) -> str | None:
 def _family_alignment_invalid(value: Any) -> str | None:
     if value is None:
         return None
-    return _alignment_invalid(getattr(value, "alignment", None)
-                              or getattr(value, "causal_alignment", None))
+    return _alignment_invalid(
+        getattr(value, "alignment", None) or getattr(value, "causal_alignment", None)
+    )
 
 
 def _linear_shows(declaration: KernelDeclaration) -> str | None:
@@ -359,223 +404,631 @@ def _plural(n: int, word: str) -> str:
 
 CLAIMS: tuple[Claim, ...] = (
     Claim("dtypes", "tuple[str, ...] | None", invalid=_dtypes_invalid),  # --dtype: SETUP_FLAGS
-    Claim("batch_ndim", "int | None", flags=(
-        Flag("--batch-ndim", "the kernel takes exactly this many leading batch dims (1 for "
-             "(B, H, L, E) kernels; default: any number)", type=int, metavar="N"),),
+    Claim(
+        "batch_ndim",
+        "int | None",
+        flags=(
+            Flag(
+                "--batch-ndim",
+                "the kernel takes exactly this many leading batch dims (1 for "
+                "(B, H, L, E) kernels; default: any number)",
+                type=int,
+                metavar="N",
+            ),
+        ),
         invalid=_batch_ndim_invalid,
-        shows_as=lambda d: None if d.batch_ndim is None else _plural(d.batch_ndim, "batch dim")),
-    Claim("equal_head_dims", "bool", False, flags=(
-        Flag("--equal-head-dims", "the kernel needs Ev == E (FlashAttention 2, JAX); the suite "
-             "pads q, k or v with exact zero columns", kind="switch"),),
-        shows_as=lambda d: "needs E == Ev" if d.equal_head_dims else None),
+        shows_as=lambda d: None if d.batch_ndim is None else _plural(d.batch_ndim, "batch dim"),
+    ),
+    Claim(
+        "equal_head_dims",
+        "bool",
+        False,
+        flags=(
+            Flag(
+                "--equal-head-dims",
+                "the kernel needs Ev == E (FlashAttention 2, JAX); the suite "
+                "pads q, k or v with exact zero columns",
+                kind="switch",
+            ),
+        ),
+        shows_as=lambda d: "needs E == Ev" if d.equal_head_dims else None,
+    ),
     # limitations: what a kernel cannot take, declared once instead of failing every
     # property whose drawn inputs touch it
-    Claim("equal_lengths", "bool", False, flags=(
-        Flag("--equal-lengths", "the kernel needs Lq == Lk (self-attention only, e.g. "
-             "local-attention); the suite draws Lq = Lk, and the claim says so",
-             kind="switch"),),
-        shows_as=lambda d: "needs Lq == Lk" if d.equal_lengths else None),
-    Claim("empty_sizes", "bool", True, flags=(
-        Flag("--empty-sizes", "the kernel takes empty sizes (Lq = 0, Lk = 0; SDPA-1.5, "
-             "SDPA-5.2); --no-empty-sizes: the suite draws none and the claim names both "
-             "clauses as waived (CONF-7)", kind="bool"),), waives=("SDPA-1.5", "SDPA-5.2")),
-    Claim("mask", "bool", True, flags=(
-        Flag("--mask", "the kernel takes a boolean mask (default: read off its signature)",
-             kind="bool"),),
+    Claim(
+        "equal_lengths",
+        "bool",
+        False,
+        flags=(
+            Flag(
+                "--equal-lengths",
+                "the kernel needs Lq == Lk (self-attention only, e.g. "
+                "local-attention); the suite draws Lq = Lk, and the claim says so",
+                kind="switch",
+            ),
+        ),
+        shows_as=lambda d: "needs Lq == Lk" if d.equal_lengths else None,
+    ),
+    Claim(
+        "empty_sizes",
+        "bool",
+        True,
+        flags=(
+            Flag(
+                "--empty-sizes",
+                "the kernel takes empty sizes (Lq = 0, Lk = 0; SDPA-1.5, "
+                "SDPA-5.2); --no-empty-sizes: the suite draws none and the claim names both "
+                "clauses as waived (CONF-7)",
+                kind="bool",
+            ),
+        ),
+        waives=("SDPA-1.5", "SDPA-5.2"),
+    ),
+    Claim(
+        "mask",
+        "bool",
+        True,
+        flags=(
+            Flag(
+                "--mask",
+                "the kernel takes a boolean mask (default: read off its signature)",
+                kind="bool",
+            ),
+        ),
         keywords=lambda d: (d.mask_keyword,) if _dense(d) and d.mask else (),
-        remedy="--no-mask, or --mask-keyword NAME", shows_as=_when("mask", "mask")),
-    Claim("mask_keyword", "str", "mask", flags=(
-        Flag("--mask-keyword", "keyword of the boolean mask (default mask); implies --mask",
-             metavar="NAME"),), implies={"mask": True}),
-    Claim("bias", "bool", False, flags=(
-        Flag("--bias", "the kernel takes an additive float bias", kind="bool"),),
+        remedy="--no-mask, or --mask-keyword NAME",
+        shows_as=_when("mask", "mask"),
+    ),
+    Claim(
+        "mask_keyword",
+        "str",
+        "mask",
+        flags=(
+            Flag(
+                "--mask-keyword",
+                "keyword of the boolean mask (default mask); implies --mask",
+                metavar="NAME",
+            ),
+        ),
+        implies={"mask": True},
+    ),
+    Claim(
+        "bias",
+        "bool",
+        False,
+        flags=(Flag("--bias", "the kernel takes an additive float bias", kind="bool"),),
         keywords=lambda d: (d.bias_keyword,) if _dense(d) and d.bias else (),
-        remedy="--no-bias, or --bias-keyword NAME", shows_as=_when("bias", "bias")),
-    Claim("bias_keyword", "str", "bias", flags=(
-        Flag("--bias-keyword", "keyword of the bias (default bias; PyTorch: attn_mask, a float "
-             "mask added to the scores); implies --bias", metavar="NAME"),),
-        implies={"bias": True}),
-    Claim("gqa", "bool", False, flags=(
-        Flag("--gqa", "grouped-query attention: Hq a multiple of Hkv", kind="bool"),),
-        shows_as=_when("gqa", "GQA")),
-    Claim("gqa_keyword", "str | None", flags=(
-        Flag("--gqa-keyword", "keyword set to True when Hq != Hkv (PyTorch: enable_gqa); "
-             "implies --gqa", metavar="NAME"),), implies={"gqa": True},
+        remedy="--no-bias, or --bias-keyword NAME",
+        shows_as=_when("bias", "bias"),
+    ),
+    Claim(
+        "bias_keyword",
+        "str",
+        "bias",
+        flags=(
+            Flag(
+                "--bias-keyword",
+                "keyword of the bias (default bias; PyTorch: attn_mask, a float "
+                "mask added to the scores); implies --bias",
+                metavar="NAME",
+            ),
+        ),
+        implies={"bias": True},
+    ),
+    Claim(
+        "gqa",
+        "bool",
+        False,
+        flags=(Flag("--gqa", "grouped-query attention: Hq a multiple of Hkv", kind="bool"),),
+        shows_as=_when("gqa", "GQA"),
+    ),
+    Claim(
+        "gqa_keyword",
+        "str | None",
+        flags=(
+            Flag(
+                "--gqa-keyword",
+                "keyword set to True when Hq != Hkv (PyTorch: enable_gqa); implies --gqa",
+                metavar="NAME",
+            ),
+        ),
+        implies={"gqa": True},
         keywords=lambda d: (d.gqa_keyword,) if _dense(d) and d.gqa and d.gqa_keyword else (),
-        remedy="--gqa-keyword NAME"),
-    Claim("causal", "bool", True, flags=(
-        Flag("--causal", "the kernel takes is_causal", kind="bool"),),
+        remedy="--gqa-keyword NAME",
+    ),
+    Claim(
+        "causal",
+        "bool",
+        True,
+        flags=(Flag("--causal", "the kernel takes is_causal", kind="bool"),),
         keywords=lambda d: ("is_causal",) if _dense(d) and d.causal else (),
         remedy="--no-causal, or --rename is_causal=NAME",
-        shows_as=_when("causal", lambda d: f"{d.causal_alignment.replace('_', '-')} causal")),
-    Claim("causal_alignment", "str", "top_left", flags=(
-        Flag("--causal-alignment", "what is_causal means when Lq != Lk: top_left (PyTorch/JAX) "
-             "or bottom_right (FlashAttention >= 2.1)", choices=CAUSAL_ALIGNMENTS,
-             type=_alignment),), invalid=_alignment_invalid),
-    Claim("mask_and_causal", "bool", True, flags=(
-        Flag("--mask-and-causal", "mask and is_causal may be passed together", kind="bool"),),
-        shows_as=lambda d: ("mask and causal not combined" if _dense(d) and d.mask and d.causal
-                            and not d.mask_and_causal else None)),
-    Claim("scale", "bool", True, flags=(
-        Flag("--scale", "the kernel takes scale=", kind="bool"),),
+        shows_as=_when("causal", lambda d: f"{d.causal_alignment.replace('_', '-')} causal"),
+    ),
+    Claim(
+        "causal_alignment",
+        "str",
+        "top_left",
+        flags=(
+            Flag(
+                "--causal-alignment",
+                "what is_causal means when Lq != Lk: top_left (PyTorch/JAX) "
+                "or bottom_right (FlashAttention >= 2.1)",
+                choices=CAUSAL_ALIGNMENTS,
+                type=_alignment,
+            ),
+        ),
+        invalid=_alignment_invalid,
+    ),
+    Claim(
+        "mask_and_causal",
+        "bool",
+        True,
+        flags=(
+            Flag("--mask-and-causal", "mask and is_causal may be passed together", kind="bool"),
+        ),
+        shows_as=lambda d: (
+            "mask and causal not combined"
+            if _dense(d) and d.mask and d.causal and not d.mask_and_causal
+            else None
+        ),
+    ),
+    Claim(
+        "scale",
+        "bool",
+        True,
+        flags=(Flag("--scale", "the kernel takes scale=", kind="bool"),),
         keywords=lambda d: ("scale",) if _dense(d) and d.scale else (),
-        remedy="--no-scale, or --rename scale=NAME", shows_as=_when("scale", "explicit scale")),
-    Claim("returns_weights", "bool", False, flags=(
-        Flag("--returns-weights", "the kernel returns (out, weights)", kind="bool"),),
-        shows_as=_when("returns_weights", "returned weights")),
-    Claim("empty_rows_zero", "bool", True, flags=(
-        Flag("--empty-rows-zero", "fully masked rows give 0 as the spec says (SDPA-5.1); "
-             "--no-empty-rows-zero for kernels that give mean(V): the claim then names "
-             "SDPA-5.1 as waived (CONF-7)", kind="bool"),), waives="SDPA-5.1"),
-    Claim("extra_kwargs", "Mapping[str, Any]", default_factory=dict, flags=(
-        Flag("--kwarg", "extra keyword passed on every call, e.g. dropout_p=0.0", kind="list",
-             metavar="KEY=VALUE"),),
+        remedy="--no-scale, or --rename scale=NAME",
+        shows_as=_when("scale", "explicit scale"),
+    ),
+    Claim(
+        "returns_weights",
+        "bool",
+        False,
+        flags=(Flag("--returns-weights", "the kernel returns (out, weights)", kind="bool"),),
+        shows_as=_when("returns_weights", "returned weights"),
+    ),
+    Claim(
+        "empty_rows_zero",
+        "bool",
+        True,
+        flags=(
+            Flag(
+                "--empty-rows-zero",
+                "fully masked rows give 0 as the spec says (SDPA-5.1); "
+                "--no-empty-rows-zero for kernels that give mean(V): the claim then names "
+                "SDPA-5.1 as waived (CONF-7)",
+                kind="bool",
+            ),
+        ),
+        waives="SDPA-5.1",
+    ),
+    Claim(
+        "extra_kwargs",
+        "Mapping[str, Any]",
+        default_factory=dict,
+        flags=(
+            Flag(
+                "--kwarg",
+                "extra keyword passed on every call, e.g. dropout_p=0.0",
+                kind="list",
+                metavar="KEY=VALUE",
+            ),
+        ),
         from_flags=lambda get: key_values(get("kwarg"), "--kwarg") or None,
-        keywords=lambda d: tuple(d.extra_kwargs), remedy="--kwarg"),
+        keywords=lambda d: tuple(d.extra_kwargs),
+        remedy="--kwarg",
+    ),
     # --- the features of spec/features.md and dropout (DROP-2 ... DROP-5) ---
-    Claim("softcap", "bool", False, flags=(
-        Flag("--softcap", "the kernel takes a logit softcap c > 0 and computes c tanh(x / c) of "
-             "the scaled scores before bias and mask (SOFTCAP-1; FlashAttention, Gemma 2)",
-             kind="bool"),),
+    Claim(
+        "softcap",
+        "bool",
+        False,
+        flags=(
+            Flag(
+                "--softcap",
+                "the kernel takes a logit softcap c > 0 and computes c tanh(x / c) of "
+                "the scaled scores before bias and mask (SOFTCAP-1; FlashAttention, Gemma 2)",
+                kind="bool",
+            ),
+        ),
         keywords=lambda d: (d.softcap_keyword,) if _dense(d) and d.softcap else (),
-        remedy="--no-softcap, or --softcap-keyword NAME", shows_as=_when("softcap", "softcap")),
-    Claim("softcap_keyword", "str", "softcap", flags=(
-        Flag("--softcap-keyword", "keyword of the softcap (default softcap); implies --softcap",
-             metavar="NAME"),), implies={"softcap": True}),
-    Claim("alibi", "bool", False, flags=(
-        Flag("--alibi", "the kernel adds ALiBi biases -m_h |i + d - j| from per-query-head "
-             "slopes, anchored at its causal alignment's corner (ALIBI-2); the slopes are "
-             "passed as float32 (Hq,) or (..., Hq) arrays", kind="bool"),),
+        remedy="--no-softcap, or --softcap-keyword NAME",
+        shows_as=_when("softcap", "softcap"),
+    ),
+    Claim(
+        "softcap_keyword",
+        "str",
+        "softcap",
+        flags=(
+            Flag(
+                "--softcap-keyword",
+                "keyword of the softcap (default softcap); implies --softcap",
+                metavar="NAME",
+            ),
+        ),
+        implies={"softcap": True},
+    ),
+    Claim(
+        "alibi",
+        "bool",
+        False,
+        flags=(
+            Flag(
+                "--alibi",
+                "the kernel adds ALiBi biases -m_h |i + d - j| from per-query-head "
+                "slopes, anchored at its causal alignment's corner (ALIBI-2); the slopes are "
+                "passed as float32 (Hq,) or (..., Hq) arrays",
+                kind="bool",
+            ),
+        ),
         keywords=lambda d: (d.alibi_keyword,) if _dense(d) and d.alibi else (),
         remedy="--no-alibi, or --alibi-keyword NAME",
-        shows_as=_when("alibi", lambda d: "ALiBi (standard slopes)" if d.alibi_builtin_slopes
-                       else "ALiBi")),
-    Claim("alibi_keyword", "str", "alibi_slopes", flags=(
-        Flag("--alibi-keyword", "keyword of the ALiBi slopes (default alibi_slopes); implies "
-             "--alibi", metavar="NAME"),), implies={"alibi": True}),
-    Claim("alibi_builtin_slopes", "bool", False, flags=(
-        Flag("--alibi-builtin-slopes", "the kernel takes no slopes: it computes the standard "
-             "slopes of Press et al. for its heads itself (ALIBI-3), and the ALiBi keyword "
-             "(e.g. --alibi-keyword use_alibi) is a switch the suite sets to True; implies "
-             "--alibi", kind="switch"),), implies={"alibi": True}),
-    Claim("returns_lse", "bool", False, flags=(
-        Flag("--returns-lse", "the kernel also returns the log-sum-exp of each query row: "
-             "(out, lse), or (out, weights, lse) with --returns-weights (LSE-1 ... LSE-4)",
-             kind="bool"),),
-        shows_as=_when("returns_lse", "log-sum-exp")),
-    Claim("lse_keyword", "str | None", flags=(
-        Flag("--lse-keyword", "keyword set to True on every call to get the log-sum-exp "
-             "(FlashAttention's kvcache: return_softmax_lse; FlexAttention: return_lse); "
-             "implies --returns-lse", metavar="NAME"),), implies={"returns_lse": True},
-        keywords=lambda d: ((d.lse_keyword,) if _dense(d) and d.returns_lse and d.lse_keyword
-                            else ()),
-        remedy="--lse-keyword NAME"),
-    Claim("dropout", "bool", False, flags=(
-        Flag("--dropout", "the kernel takes a dropout probability (0.0 is passed on every call "
-             "but the dropout checks) and a seed: DROP-2 ... DROP-5 are checked statistically",
-             kind="bool"),),
-        keywords=lambda d: ((d.dropout_keyword, *((d.dropout_seed_keyword,)
-                                                  if d.dropout_seeded else ()))
-                            if _dense(d) and d.dropout else ()),
+        shows_as=_when(
+            "alibi", lambda d: "ALiBi (standard slopes)" if d.alibi_builtin_slopes else "ALiBi"
+        ),
+    ),
+    Claim(
+        "alibi_keyword",
+        "str",
+        "alibi_slopes",
+        flags=(
+            Flag(
+                "--alibi-keyword",
+                "keyword of the ALiBi slopes (default alibi_slopes); implies --alibi",
+                metavar="NAME",
+            ),
+        ),
+        implies={"alibi": True},
+    ),
+    Claim(
+        "alibi_builtin_slopes",
+        "bool",
+        False,
+        flags=(
+            Flag(
+                "--alibi-builtin-slopes",
+                "the kernel takes no slopes: it computes the standard "
+                "slopes of Press et al. for its heads itself (ALIBI-3), and the ALiBi keyword "
+                "(e.g. --alibi-keyword use_alibi) is a switch the suite sets to True; implies "
+                "--alibi",
+                kind="switch",
+            ),
+        ),
+        implies={"alibi": True},
+    ),
+    Claim(
+        "returns_lse",
+        "bool",
+        False,
+        flags=(
+            Flag(
+                "--returns-lse",
+                "the kernel also returns the log-sum-exp of each query row: "
+                "(out, lse), or (out, weights, lse) with --returns-weights (LSE-1 ... LSE-4)",
+                kind="bool",
+            ),
+        ),
+        shows_as=_when("returns_lse", "log-sum-exp"),
+    ),
+    Claim(
+        "lse_keyword",
+        "str | None",
+        flags=(
+            Flag(
+                "--lse-keyword",
+                "keyword set to True on every call to get the log-sum-exp "
+                "(FlashAttention's kvcache: return_softmax_lse; FlexAttention: return_lse); "
+                "implies --returns-lse",
+                metavar="NAME",
+            ),
+        ),
+        implies={"returns_lse": True},
+        keywords=lambda d: (
+            (d.lse_keyword,) if _dense(d) and d.returns_lse and d.lse_keyword else ()
+        ),
+        remedy="--lse-keyword NAME",
+    ),
+    Claim(
+        "dropout",
+        "bool",
+        False,
+        flags=(
+            Flag(
+                "--dropout",
+                "the kernel takes a dropout probability (0.0 is passed on every call "
+                "but the dropout checks) and a seed: DROP-2 ... DROP-5 are checked statistically",
+                kind="bool",
+            ),
+        ),
+        keywords=lambda d: (
+            (d.dropout_keyword, *((d.dropout_seed_keyword,) if d.dropout_seeded else ()))
+            if _dense(d) and d.dropout
+            else ()
+        ),
         remedy="--no-dropout, --dropout-keyword NAME, --dropout-seed-keyword NAME or "
-               "--no-dropout-seeded",
-        shows_as=_when("dropout", "dropout")),
-    Claim("dropout_keyword", "str", "dropout_p", flags=(
-        Flag("--dropout-keyword", "keyword of the dropout probability (default dropout_p); "
-             "implies --dropout", metavar="NAME"),), implies={"dropout": True}),
-    Claim("dropout_seed_keyword", "str", "seed", flags=(
-        Flag("--dropout-seed-keyword", "keyword of the integer dropout seed (default seed); "
-             "implies --dropout", metavar="NAME"),), implies={"dropout": True}),
-    Claim("dropout_seeded", "bool", True, flags=(
-        Flag("--dropout-seeded", "the kernel takes its dropout seed as a keyword (default); "
-             "--no-dropout-seeded: it draws from its library's own generator, so DROP-4 is "
-             "not checked", kind="bool"),)),
-    Claim("varlen", "bool", False, flags=(
-        Flag("--varlen", "the kernel takes packed sequences (VARLEN-1): fn(q (total_q, Hq, E), "
-             "k, v, cu_seqlens_q=, cu_seqlens_k=, max_seqlen_q=, max_seqlen_k=) with int32 "
-             "offsets, FlashAttention's varlen convention; only the varlen properties apply",
-             kind="switch"),),
-        keywords=lambda d: (("cu_seqlens_q", "cu_seqlens_k",
-                             *(("max_seqlen_q", "max_seqlen_k") if d.varlen_max_seqlen else ()))
-                            if d.varlen else ()),
-        remedy="--rename cu_seqlens_q=NAME ..., or --no-varlen-max-seqlen"),
-    Claim("varlen_max_seqlen", "bool", True, flags=(
-        Flag("--varlen-max-seqlen", "pass max_seqlen_q and max_seqlen_k to a --varlen kernel "
-             "(default; --no-varlen-max-seqlen: it takes only the offsets)", kind="bool"),)),
-    Claim("kv_cache", "bool", False, flags=(
-        Flag("--kv-cache", "the kernel attends over a KV cache (KVCACHE-1): fn(q, k_cache, "
-             "v_cache, cache_seqlens=, k=, v=, [block_table=]) as FlashAttention's "
-             "flash_attn_with_kvcache, bottom-right; only the KV-cache properties apply",
-             kind="switch"),),
-        keywords=lambda d: (("cache_seqlens", *(("k", "v") if d.kv_cache_append else ()),
-                             *(("block_table",) if d.kv_cache_paged else ()))
-                            if d.kv_cache else ()),
+        "--no-dropout-seeded",
+        shows_as=_when("dropout", "dropout"),
+    ),
+    Claim(
+        "dropout_keyword",
+        "str",
+        "dropout_p",
+        flags=(
+            Flag(
+                "--dropout-keyword",
+                "keyword of the dropout probability (default dropout_p); implies --dropout",
+                metavar="NAME",
+            ),
+        ),
+        implies={"dropout": True},
+    ),
+    Claim(
+        "dropout_seed_keyword",
+        "str",
+        "seed",
+        flags=(
+            Flag(
+                "--dropout-seed-keyword",
+                "keyword of the integer dropout seed (default seed); implies --dropout",
+                metavar="NAME",
+            ),
+        ),
+        implies={"dropout": True},
+    ),
+    Claim(
+        "dropout_seeded",
+        "bool",
+        True,
+        flags=(
+            Flag(
+                "--dropout-seeded",
+                "the kernel takes its dropout seed as a keyword (default); "
+                "--no-dropout-seeded: it draws from its library's own generator, so DROP-4 is "
+                "not checked",
+                kind="bool",
+            ),
+        ),
+    ),
+    Claim(
+        "varlen",
+        "bool",
+        False,
+        flags=(
+            Flag(
+                "--varlen",
+                "the kernel takes packed sequences (VARLEN-1): fn(q (total_q, Hq, E), "
+                "k, v, cu_seqlens_q=, cu_seqlens_k=, max_seqlen_q=, max_seqlen_k=) with int32 "
+                "offsets, FlashAttention's varlen convention; only the varlen properties apply",
+                kind="switch",
+            ),
+        ),
+        keywords=lambda d: (
+            (
+                "cu_seqlens_q",
+                "cu_seqlens_k",
+                *(("max_seqlen_q", "max_seqlen_k") if d.varlen_max_seqlen else ()),
+            )
+            if d.varlen
+            else ()
+        ),
+        remedy="--rename cu_seqlens_q=NAME ..., or --no-varlen-max-seqlen",
+    ),
+    Claim(
+        "varlen_max_seqlen",
+        "bool",
+        True,
+        flags=(
+            Flag(
+                "--varlen-max-seqlen",
+                "pass max_seqlen_q and max_seqlen_k to a --varlen kernel "
+                "(default; --no-varlen-max-seqlen: it takes only the offsets)",
+                kind="bool",
+            ),
+        ),
+    ),
+    Claim(
+        "kv_cache",
+        "bool",
+        False,
+        flags=(
+            Flag(
+                "--kv-cache",
+                "the kernel attends over a KV cache (KVCACHE-1): fn(q, k_cache, "
+                "v_cache, cache_seqlens=, k=, v=, [block_table=]) as FlashAttention's "
+                "flash_attn_with_kvcache, bottom-right; only the KV-cache properties apply",
+                kind="switch",
+            ),
+        ),
+        keywords=lambda d: (
+            (
+                "cache_seqlens",
+                *(("k", "v") if d.kv_cache_append else ()),
+                *(("block_table",) if d.kv_cache_paged else ()),
+            )
+            if d.kv_cache
+            else ()
+        ),
         remedy="--rename cache_seqlens=NAME ..., --no-kv-cache-append",
-        shows_as=lambda d: "paged" if d.kv_cache and d.kv_cache_paged else None),
-    Claim("kv_cache_append", "bool", True, flags=(
-        Flag("--kv-cache-append", "the --kv-cache kernel takes new keys k=, v= and writes them "
-             "into the cache in place at cache_seqlens (KVCACHE-4; default)", kind="bool"),)),
-    Claim("kv_cache_paged", "bool", False, flags=(
-        Flag("--kv-cache-paged", "the --kv-cache kernel takes a paged cache (num_blocks, Hkv, "
-             "block_size, E) and block_table= (KVCACHE-5)", kind="switch"),),
-        implies={"kv_cache": True}),
-    Claim("kv_cache_block_size", "int | None", flags=(
-        Flag("--kv-cache-block-size", "the block size a paged cache must have (FlashAttention: "
-             "a multiple of 256); default: the suite draws small ones", type=int,
-             metavar="N"),), implies={"kv_cache": True, "kv_cache_paged": True}),
-    Claim("sparse", "SparseClaim | None", flags=(
-        Flag("--sparse", "the kernel implements this sparse pattern (spec/sparse.md)",
-             metavar="PATTERN"),
-        Flag("--sparse-param", "a parameter of the sparse pattern (repeatable)", kind="list",
-             metavar="KEY=VALUE"),
-        Flag("--sparse-alignment", "causal alignment of the sparse pattern",
-             choices=CAUSAL_ALIGNMENTS, type=_alignment),
-        Flag("--sparse-causal", "the sparse pattern is causal", kind="switch"),
-        Flag("--sparse-pass-params", "pass the pattern's parameters to the kernel as keywords",
-             kind="switch"),
-    ), from_flags=_sparse_from_flags, invalid=_family_alignment_invalid,
+        shows_as=lambda d: "paged" if d.kv_cache and d.kv_cache_paged else None,
+    ),
+    Claim(
+        "kv_cache_append",
+        "bool",
+        True,
+        flags=(
+            Flag(
+                "--kv-cache-append",
+                "the --kv-cache kernel takes new keys k=, v= and writes them "
+                "into the cache in place at cache_seqlens (KVCACHE-4; default)",
+                kind="bool",
+            ),
+        ),
+    ),
+    Claim(
+        "kv_cache_paged",
+        "bool",
+        False,
+        flags=(
+            Flag(
+                "--kv-cache-paged",
+                "the --kv-cache kernel takes a paged cache (num_blocks, Hkv, "
+                "block_size, E) and block_table= (KVCACHE-5)",
+                kind="switch",
+            ),
+        ),
+        implies={"kv_cache": True},
+    ),
+    Claim(
+        "kv_cache_block_size",
+        "int | None",
+        flags=(
+            Flag(
+                "--kv-cache-block-size",
+                "the block size a paged cache must have (FlashAttention: "
+                "a multiple of 256); default: the suite draws small ones",
+                type=int,
+                metavar="N",
+            ),
+        ),
+        implies={"kv_cache": True, "kv_cache_paged": True},
+    ),
+    Claim(
+        "sparse",
+        "SparseClaim | None",
+        flags=(
+            Flag(
+                "--sparse",
+                "the kernel implements this sparse pattern (spec/sparse.md)",
+                metavar="PATTERN",
+            ),
+            Flag(
+                "--sparse-param",
+                "a parameter of the sparse pattern (repeatable)",
+                kind="list",
+                metavar="KEY=VALUE",
+            ),
+            Flag(
+                "--sparse-alignment",
+                "causal alignment of the sparse pattern",
+                choices=CAUSAL_ALIGNMENTS,
+                type=_alignment,
+            ),
+            Flag("--sparse-causal", "the sparse pattern is causal", kind="switch"),
+            Flag(
+                "--sparse-pass-params",
+                "pass the pattern's parameters to the kernel as keywords",
+                kind="switch",
+            ),
+        ),
+        from_flags=_sparse_from_flags,
+        invalid=_family_alignment_invalid,
         keywords=lambda d: tuple(d.sparse.params) if d.sparse and d.sparse.pass_params else (),
         remedy="--sparse-pass-params",
-        shows_as=lambda d: None if d.sparse is None else d.sparse.pattern),
-    Claim("linear", "LinearClaim | None", flags=(
-        Flag("--linear", "the kernel is linear attention with this feature map "
-             f"(spec/linear.md): {', '.join(FEATURE_MAPS)}, or MODULE:FUNC of a feature-map "
-             "callable", metavar="FEATURE_MAP"),
-        Flag("--linear-num-features", "number of random features (FAVOR+)", type=int,
-             metavar="M"),
-        Flag("--linear-iid", "FAVOR+ features are iid, not orthogonal", kind="switch"),
-        Flag("--linear-seed-keyword", "keyword the FAVOR+ seed is passed as (default seed)",
-             metavar="NAME"),
-        Flag("--linear-eps", "epsilon the kernel adds to its denominator", type=float,
-             metavar="EPS"),
-        Flag("--linear-causal-alignment", "causal alignment of the linear kernel",
-             choices=CAUSAL_ALIGNMENTS, type=_alignment),
-    ), from_flags=_linear_from_flags, invalid=_family_alignment_invalid,
-        keywords=lambda d: ((d.linear.seed_keyword,) if d.linear is not None
-                            and d.linear.feature_map == "favor+" else ()),
-        remedy="--linear-seed-keyword NAME", shows_as=_linear_shows),
-    Claim("rope", "RopeClaim | None", flags=(
-        Flag("--rope", "the function is rotary position embedding (ROPE-1) with this pairing, "
-             "called fn(x (B, H, L, d), positions (B, 1, L) integers); only the RoPE "
-             "properties apply", choices=ROPE_LAYOUTS, metavar="PAIRING"),
-        Flag("--rope-base", "the RoPE function's base (default 10000)", type=float,
-             metavar="BASE"),
-        Flag("--rope-dim", "the RoPE function rotates only the first R features (default: all)",
-             type=int, metavar="R"),
-    ), from_flags=_rope_from_flags, invalid=_rope_invalid,
-        shows_as=lambda d: None if d.rope is None else f"{d.rope.pairing} pairing"),
+        shows_as=lambda d: None if d.sparse is None else d.sparse.pattern,
+    ),
+    Claim(
+        "linear",
+        "LinearClaim | None",
+        flags=(
+            Flag(
+                "--linear",
+                "the kernel is linear attention with this feature map "
+                f"(spec/linear.md): {', '.join(FEATURE_MAPS)}, or MODULE:FUNC of a feature-map "
+                "callable",
+                metavar="FEATURE_MAP",
+            ),
+            Flag(
+                "--linear-num-features", "number of random features (FAVOR+)", type=int, metavar="M"
+            ),
+            Flag("--linear-iid", "FAVOR+ features are iid, not orthogonal", kind="switch"),
+            Flag(
+                "--linear-seed-keyword",
+                "keyword the FAVOR+ seed is passed as (default seed)",
+                metavar="NAME",
+            ),
+            Flag(
+                "--linear-eps",
+                "epsilon the kernel adds to its denominator",
+                type=float,
+                metavar="EPS",
+            ),
+            Flag(
+                "--linear-causal-alignment",
+                "causal alignment of the linear kernel",
+                choices=CAUSAL_ALIGNMENTS,
+                type=_alignment,
+            ),
+        ),
+        from_flags=_linear_from_flags,
+        invalid=_family_alignment_invalid,
+        keywords=lambda d: (
+            (d.linear.seed_keyword,)
+            if d.linear is not None and d.linear.feature_map == "favor+"
+            else ()
+        ),
+        remedy="--linear-seed-keyword NAME",
+        shows_as=_linear_shows,
+    ),
+    Claim(
+        "rope",
+        "RopeClaim | None",
+        flags=(
+            Flag(
+                "--rope",
+                "the function is rotary position embedding (ROPE-1) with this pairing, "
+                "called fn(x (B, H, L, d), positions (B, 1, L) integers); only the RoPE "
+                "properties apply",
+                choices=ROPE_LAYOUTS,
+                metavar="PAIRING",
+            ),
+            Flag(
+                "--rope-base",
+                "the RoPE function's base (default 10000)",
+                type=float,
+                metavar="BASE",
+            ),
+            Flag(
+                "--rope-dim",
+                "the RoPE function rotates only the first R features (default: all)",
+                type=int,
+                metavar="R",
+            ),
+        ),
+        from_flags=_rope_from_flags,
+        invalid=_rope_invalid,
+        shows_as=lambda d: None if d.rope is None else f"{d.rope.pairing} pairing",
+    ),
 )
 CLAIM_FLAGS: tuple[Flag, ...] = tuple(flag for claim in CLAIMS for flag in claim.flags)
 
 SETUP_FLAGS: tuple[Flag, ...] = (
-    Flag("--layout", "the kernel's array layout: bhld (the spec's, default) or blhd "
-         "(JAX/FlashAttention (..., L, H, E))", choices=LAYOUTS),
-    Flag("--rename", "the kernel takes a spec keyword under another name, e.g. "
-         "is_causal=causal, scale=softmax_scale", kind="list", metavar="SPEC=KERNEL"),
-    Flag("--dtype", "test only these dtypes (repeatable or comma list): float16, bfloat16, "
-         "float32, float64", kind="list", metavar="DTYPE"),
-    Flag("--jax-x64", "JAX backend: turn jax_enable_x64 on for this run, so float64 is "
-         "checked too (JAX's default is off: float64 inputs become float32)", kind="switch"),
+    Flag(
+        "--layout",
+        "the kernel's array layout: bhld (the spec's, default) or blhd "
+        "(JAX/FlashAttention (..., L, H, E))",
+        choices=LAYOUTS,
+    ),
+    Flag(
+        "--rename",
+        "the kernel takes a spec keyword under another name, e.g. "
+        "is_causal=causal, scale=softmax_scale",
+        kind="list",
+        metavar="SPEC=KERNEL",
+    ),
+    Flag(
+        "--dtype",
+        "test only these dtypes (repeatable or comma list): float16, bfloat16, float32, float64",
+        kind="list",
+        metavar="DTYPE",
+    ),
+    Flag(
+        "--jax-x64",
+        "JAX backend: turn jax_enable_x64 on for this run, so float64 is "
+        "checked too (JAX's default is off: float64 inputs become float32)",
+        kind="switch",
+    ),
 )
 
 
@@ -604,9 +1057,12 @@ def setup_from(get: Getter) -> dict[str, Any]:
     """KernelSetup's layout, rename, dtypes and jax_x64 from the setup flags."""
     rename = {key: str(value) for key, value in key_values(get("rename"), "--rename").items()}
     dtypes = comma_list(get("dtype"))
-    return {"layout": get("layout") or "bhld", "rename": rename,
-            "dtypes": None if dtypes is None else tuple(dtypes),
-            "jax_x64": True if get("jax_x64") else None}
+    return {
+        "layout": get("layout") or "bhld",
+        "rename": rename,
+        "dtypes": None if dtypes is None else tuple(dtypes),
+        "jax_x64": True if get("jax_x64") else None,
+    }
 
 
 def suite_keywords(declaration: KernelDeclaration) -> dict[str, str]:
@@ -619,8 +1075,7 @@ def suite_keywords(declaration: KernelDeclaration) -> dict[str, str]:
         shown = repr(getattr(declaration, claim.field))
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
         for keyword in claim.keywords(declaration):
-            keywords.setdefault(keyword, f"{claim.field}={shown} (change it with "
-                                         f"{claim.remedy})")
+            keywords.setdefault(keyword, f"{claim.field}={shown} (change it with {claim.remedy})")
     return keywords
 
 
@@ -637,14 +1092,19 @@ def claim_features(declaration: KernelDeclaration) -> list[str]:
 
 def waived_clauses(declaration: KernelDeclaration) -> tuple[str, ...]:
     """The MUST clauses the declaration says the kernel does not follow (CONF-7)."""
-    return tuple(clause for claim in CLAIMS
-                 if getattr(declaration, claim.field) != claim.default_value
-                 for clause in claim.waived_clauses)
+    return tuple(
+        clause
+        for claim in CLAIMS
+        if getattr(declaration, claim.field) != claim.default_value
+        for clause in claim.waived_clauses
+    )
 
 
 def waiving_flags(declaration: KernelDeclaration) -> dict[str, str]:
     """Waived clause -> the field that waives it, e.g. ``{"SDPA-5.1": "empty_rows_zero=False"}``."""
-    return {clause: f"{claim.field}={getattr(declaration, claim.field)!r}"
-            for claim in CLAIMS if getattr(declaration, claim.field) != claim.default_value
-            for clause in claim.waived_clauses}
-
+    return {
+        clause: f"{claim.field}={getattr(declaration, claim.field)!r}"
+        for claim in CLAIMS
+        if getattr(declaration, claim.field) != claim.default_value
+        for clause in claim.waived_clauses
+    }

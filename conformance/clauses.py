@@ -61,8 +61,11 @@ def all_clauses() -> dict[str, Clause]:
 def _documents_in_reading_order() -> list[Path]:
     """The spec documents in the order of the document table of spec/index.md (its rows
     start ``| [dense.md](dense.md) |``); any document it does not list comes last."""
-    listed = re.findall(r"^\| \[([\w-]+\.md)\]\(", (SPEC_DIR / "index.md").read_text(
-        encoding="utf-8"), flags=re.MULTILINE)
+    listed = re.findall(
+        r"^\| \[([\w-]+\.md)\]\(",
+        (SPEC_DIR / "index.md").read_text(encoding="utf-8"),
+        flags=re.MULTILINE,
+    )
     documents = sorted(SPEC_DIR.glob("*.md"))
     rank = {name: i for i, name in enumerate(dict.fromkeys(listed))}
     return sorted(documents, key=lambda path: rank.get(path.name, len(rank)))

@@ -69,37 +69,76 @@ class _Parser(argparse.ArgumentParser):
 
 
 RUN_FLAGS = (
-    Flag("--backend", "array library to run on (numpy, torch, jax, cupy, array_api_strict); "
-         "default: ATTNSPEC_BACKEND or numpy"),
-    Flag("--device", "device on the backend, e.g. cpu, cuda:0; default: ATTNSPEC_DEVICE or the "
-         "backend's default"),
-    Flag("--profile", "examples per property: quick (20 small + 5 anchors + 10 realistic; "
-         "PyTorch's SDPA takes ~40 s of CPU), default (~5x), thorough (~50x); default: quick",
-         choices=tuple(PROFILES)),
+    Flag(
+        "--backend",
+        "array library to run on (numpy, torch, jax, cupy, array_api_strict); "
+        "default: ATTNSPEC_BACKEND or numpy",
+    ),
+    Flag(
+        "--device",
+        "device on the backend, e.g. cpu, cuda:0; default: ATTNSPEC_DEVICE or the "
+        "backend's default",
+    ),
+    Flag(
+        "--profile",
+        "examples per property: quick (20 small + 5 anchors + 10 realistic; "
+        "PyTorch's SDPA takes ~40 s of CPU), default (~5x), thorough (~50x); default: quick",
+        choices=tuple(PROFILES),
+    ),
     *SIZE_FLAGS,
-    Flag("--seed", "random seed; without it every run is derandomised and reproduces exactly",
-         type=int, metavar="N"),
-    Flag("--only", "run only these property ids (repeatable or comma list)", kind="list",
-         metavar="ID", rerun=False),
-    Flag("--skip", "skip these property ids (repeatable or comma list)", kind="list",
-         metavar="ID", rerun=False),
+    Flag(
+        "--seed",
+        "random seed; without it every run is derandomised and reproduces exactly",
+        type=int,
+        metavar="N",
+    ),
+    Flag(
+        "--only",
+        "run only these property ids (repeatable or comma list)",
+        kind="list",
+        metavar="ID",
+        rerun=False,
+    ),
+    Flag(
+        "--skip",
+        "skip these property ids (repeatable or comma list)",
+        kind="list",
+        metavar="ID",
+        rerun=False,
+    ),
     Flag("--strict", "SHOULD failures fail the check too (CONF-2)", kind="switch"),
-    Flag("--kernel-output", "write what the kernel prints to PATH (default: stderr, so the "
-         "table on stdout stays clean)", metavar="PATH", rerun=False),
-    Flag("--quiet", "no progress lines, and the kernel's printing is dropped (unless "
-         "--kernel-output)", kind="switch", rerun=False),
+    Flag(
+        "--kernel-output",
+        "write what the kernel prints to PATH (default: stderr, so the "
+        "table on stdout stays clean)",
+        metavar="PATH",
+        rerun=False,
+    ),
+    Flag(
+        "--quiet",
+        "no progress lines, and the kernel's printing is dropped (unless --kernel-output)",
+        kind="switch",
+        rerun=False,
+    ),
     *SUPERVISION_FLAGS,
-    Flag("--no-isolate", "run the kernel in this process (for debuggers): a crash, exit or "
-         "hang of the kernel ends or stalls the check", kind="switch"),
-    Flag("--jobs", "run properties in N worker processes at once, or 'auto' for one per "
-         "available CPU; same verdicts, same order (default 1; not with --no-isolate); "
-         "each worker's BLAS, OpenMP and PyTorch threads: CPUs // N, unless OMP_NUM_THREADS "
-         "or another thread variable is set (the report's notes say which)",
-         metavar="N", rerun=False),
+    Flag(
+        "--no-isolate",
+        "run the kernel in this process (for debuggers): a crash, exit or "
+        "hang of the kernel ends or stalls the check",
+        kind="switch",
+    ),
+    Flag(
+        "--jobs",
+        "run properties in N worker processes at once, or 'auto' for one per "
+        "available CPU; same verdicts, same order (default 1; not with --no-isolate); "
+        "each worker's BLAS, OpenMP and PyTorch threads: CPUs // N, unless OMP_NUM_THREADS "
+        "or another thread variable is set (the report's notes say which)",
+        metavar="N",
+        rerun=False,
+    ),
     Flag("--json", "write the report as JSON to PATH", metavar="PATH", rerun=False),
     Flag("--junit", "write the report as JUnit XML to PATH", metavar="PATH", rerun=False),
-    Flag("--markdown", "write the report as a Markdown table to PATH", metavar="PATH",
-         rerun=False),
+    Flag("--markdown", "write the report as a Markdown table to PATH", metavar="PATH", rerun=False),
 )
 # How the kernel is called and what it claims: the claims table (claims.py), shared with
 # the pytest plugin and the Python API.
@@ -107,12 +146,17 @@ DECLARATION_FLAGS = (*SETUP_FLAGS, *CLAIM_FLAGS)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROGRAM, description="attnspec: check attention kernels against the "
-                     "spec, clause by clause.")
+    parser = _Parser(
+        prog=PROGRAM,
+        description="attnspec: check attention kernels against the spec, clause by clause.",
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    check = commands.add_parser("check", help="check a kernel clause by clause",
-                                description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    check = commands.add_parser(
+        "check",
+        help="check a kernel clause by clause",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     check.add_argument("target", help="MODULE:FUNC or path/to/file.py:FUNC")
     running = check.add_argument_group("running")
     for flag in RUN_FLAGS:
@@ -124,8 +168,15 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("backends", help="the reference on every backend and dtype here")
     demo = commands.add_parser("demo", help="check PyTorch's SDPA and the reference itself")
     for flag in RUN_FLAGS:
-        if flag.option in ("--profile", "--seed", "--only", "--skip", "--strict", "--quiet",
-                           "--jobs"):
+        if flag.option in (
+            "--profile",
+            "--seed",
+            "--only",
+            "--skip",
+            "--strict",
+            "--quiet",
+            "--jobs",
+        ):
             flag.add_to(demo)
     add_matrix_parser(commands)
     benchmarks.add_parser(commands)
@@ -134,25 +185,54 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_matrix_parser(commands: Any) -> None:
     matrix = commands.add_parser(
-        "matrix", help="check every installed known kernel; write docs/matrix.md and a JSON",
+        "matrix",
+        help="check every installed known kernel; write docs/matrix.md and a JSON",
         description="Check each known kernel (attnspec.conformance.known_kernels) that is "
         "installed here, in its own worker, and write the kernel x clause-family matrix with "
-        "each kernel's distinct divergences.")
-    matrix.add_argument("--kernel", action="append", metavar="NAME",
-                        help="only known kernels whose name contains NAME (repeatable)")
-    matrix.add_argument("--markdown", default="docs/matrix.md", metavar="PATH",
-                        help="where to write the matrix (default docs/matrix.md)")
-    matrix.add_argument("--json", default="docs/matrix.json", metavar="PATH",
-                        help="where to write it as JSON (default docs/matrix.json)")
-    matrix.add_argument("--merge", action="append", metavar="JSON",
-                        help="take the checked rows of an earlier run's JSON (repeatable; a "
-                        "later file wins); with --merge only the --kernel kernels are run")
+        "each kernel's distinct divergences.",
+    )
+    matrix.add_argument(
+        "--kernel",
+        action="append",
+        metavar="NAME",
+        help="only known kernels whose name contains NAME (repeatable)",
+    )
+    matrix.add_argument(
+        "--markdown",
+        default="docs/matrix.md",
+        metavar="PATH",
+        help="where to write the matrix (default docs/matrix.md)",
+    )
+    matrix.add_argument(
+        "--json",
+        default="docs/matrix.json",
+        metavar="PATH",
+        help="where to write it as JSON (default docs/matrix.json)",
+    )
+    matrix.add_argument(
+        "--merge",
+        action="append",
+        metavar="JSON",
+        help="take the checked rows of an earlier run's JSON (repeatable; a "
+        "later file wins); with --merge only the --kernel kernels are run",
+    )
     for flag in RUN_FLAGS:
-        if flag.option in ("--profile", "--seed", "--only", "--skip", "--quiet", "--timeout",
-                           "--memory-limit"):
+        if flag.option in (
+            "--profile",
+            "--seed",
+            "--only",
+            "--skip",
+            "--quiet",
+            "--timeout",
+            "--memory-limit",
+        ):
             flag.add_to(matrix)
-    matrix.add_argument("--jobs", metavar="N", help="check N kernels at once, each in a process "
-                        "of its own, or 'auto' for one per available CPU (default 1)")
+    matrix.add_argument(
+        "--jobs",
+        metavar="N",
+        help="check N kernels at once, each in a process "
+        "of its own, or 'auto' for one per available CPU (default 1)",
+    )
 
 
 def claims_from(args: argparse.Namespace) -> dict[str, Any]:
@@ -161,8 +241,13 @@ def claims_from(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def setup_from(args: argparse.Namespace) -> KernelSetup:
-    return KernelSetup(args.target, args.backend, args.device,
-                       claims=claims_from(args), **claims.setup_from(lambda d: getattr(args, d)))
+    return KernelSetup(
+        args.target,
+        args.backend,
+        args.device,
+        claims=claims_from(args),
+        **claims.setup_from(lambda d: getattr(args, d)),
+    )
 
 
 class ProgressDisplay:
@@ -185,8 +270,10 @@ class ProgressDisplay:
             start = f"{self.label}{position} {prop.id} ({prop.clause}) ..."
             self._write(f"\r\033[K{start}" if self.tty else start + "\n")
             return
-        line = (f"{self.label}{position} {prop.id} ({prop.clause}): {verdict.status} "
-                f"({verdict.seconds:.1f}s)")
+        line = (
+            f"{self.label}{position} {prop.id} ({prop.clause}): {verdict.status} "
+            f"({verdict.seconds:.1f}s)"
+        )
         if not self.tty:
             self._write(line + "\n")
         elif verdict.status in (FAILED, WARNING):
@@ -207,18 +294,26 @@ def report_files(args: argparse.Namespace) -> ReportFiles:
     from .known_kernels import target_write_ups
 
     to_json = functools.partial(render.to_json, write_ups=target_write_ups(args.target))
-    files = ReportFiles([(f"--{option}", getattr(args, option), to_text) for option, to_text
-                         in (("json", to_json), ("junit", render.to_junit),
-                             ("markdown", render.to_markdown))
-                         if getattr(args, option) is not None])
+    files = ReportFiles(
+        [
+            (f"--{option}", getattr(args, option), to_text)
+            for option, to_text in (
+                ("json", to_json),
+                ("junit", render.to_junit),
+                ("markdown", render.to_markdown),
+            )
+            if getattr(args, option) is not None
+        ]
+    )
     files.check_writable()
     return files
 
 
 def isolation_from(args: argparse.Namespace) -> IsolationOptions | None:
     """The worker's supervision from --timeout/--memory-limit; None with --no-isolate."""
-    return isolation_options(not getattr(args, "no_isolate", False),
-                             lambda dest: getattr(args, dest, None))
+    return isolation_options(
+        not getattr(args, "no_isolate", False), lambda dest: getattr(args, dest, None)
+    )
 
 
 def jobs_from(args: argparse.Namespace) -> int:
@@ -230,25 +325,37 @@ def jobs_from(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc).replace("--jobs=", "--jobs ")) from None
     if jobs > 1 and getattr(args, "no_isolate", False):
-        raise UsageError(f"--jobs {value} runs properties in worker processes; --no-isolate "
-                         "runs the kernel in this one, one property at a time")
+        raise UsageError(
+            f"--jobs {value} runs properties in worker processes; --no-isolate "
+            "runs the kernel in this one, one property at a time"
+        )
     return jobs
 
 
-def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
-             label: str = "", files: ReportFiles | None = None,
-             ) -> tuple[Report, Callable[[Verdict], str]]:
+def _run_one(
+    setup: KernelSetup,
+    args: argparse.Namespace,
+    flags: Sequence[str],
+    label: str = "",
+    files: ReportFiles | None = None,
+) -> tuple[Report, Callable[[Verdict], str]]:
     """Run one kernel with a progress display: (report, rerun command maker).
 
     ``files`` are rewritten after every property.  Ctrl-C or SIGTERM ends the run early
     with the report marked incomplete (``report.incomplete``).  The kernel's printing
     goes to stderr, ``--kernel-output PATH`` or (``--quiet``) nowhere.
     """
-    plan = plan_run(setup, profile=args.profile or "quick", seed=args.seed,
-                    only=comma_list(args.only), skip=comma_list(args.skip),
-                    strict=args.strict,
-                    limits=size_limits_from(lambda dest: getattr(args, dest, None)),
-                    isolation=isolation_from(args), jobs=jobs_from(args))
+    plan = plan_run(
+        setup,
+        profile=args.profile or "quick",
+        seed=args.seed,
+        only=comma_list(args.only),
+        skip=comma_list(args.skip),
+        strict=args.strict,
+        limits=size_limits_from(lambda dest: getattr(args, dest, None)),
+        isolation=isolation_from(args),
+        jobs=jobs_from(args),
+    )
     profile, seed, total = plan.profile, plan.seed, len(plan.properties)
     quiet = getattr(args, "quiet", False)
     display = None if quiet else ProgressDisplay(total, sys.stderr, label)
@@ -256,8 +363,9 @@ def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
         stack.enter_context(kernel_output_to(_kernel_output(args, stack)))
         stack.enter_context(hypothesis_storage_elsewhere())
         session = stack.enter_context(plan.session())
-        report = start_report(session, profile=profile, seed=seed, strict=plan.strict,
-                              limits=plan.limits)
+        report = start_report(
+            session, profile=profile, seed=seed, strict=plan.strict, limits=plan.limits
+        )
         target = report.kernel
 
         def rerun(verdict: Verdict) -> str:
@@ -274,8 +382,15 @@ def _run_one(setup: KernelSetup, args: argparse.Namespace, flags: Sequence[str],
                 files.write(report, rerun, incomplete=still_running(done, total))
 
         try:
-            run_properties(session, list(plan.properties), report, progress, profile=profile,
-                           seed=seed, limits=plan.limits)
+            run_properties(
+                session,
+                list(plan.properties),
+                report,
+                progress,
+                profile=profile,
+                seed=seed,
+                limits=plan.limits,
+            )
         except KeyboardInterrupt as exc:
             report.incomplete = interruption(exc, len(report.verdicts), total)
             print(f"\n{PROGRAM}: {report.incomplete}", file=sys.stderr)
@@ -306,8 +421,11 @@ def command_check(args: argparse.Namespace) -> int:
     files.write(report, rerun)
     # a reproduction too long to show is in the JSON report, or else in a file of its own
     where = f"the JSON report {args.json}" if args.json else reproduction_file
-    print(render.format_table(report, rerun=rerun, full_reproduction_in=where,
-                              write_ups=target_write_ups(args.target)))
+    print(
+        render.format_table(
+            report, rerun=rerun, full_reproduction_in=where, write_ups=target_write_ups(args.target)
+        )
+    )
     for error in files.errors.values():
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
     if report.incomplete or files.errors:
@@ -363,18 +481,24 @@ def command_demo(args: argparse.Namespace) -> int:
         setup = KernelSetup(target, backend, claims=claimed)
         backend_flags = ["--backend", backend] if backend else []
         claim_flags = rerun_flags(CLAIM_FLAGS, claimed.get)
-        report, rerun = _run_one(setup, args, [*backend_flags, *claim_flags],
-                                 label=f"{target.rpartition(':')[0]}: ")
+        report, rerun = _run_one(
+            setup, args, [*backend_flags, *claim_flags], label=f"{target.rpartition(':')[0]}: "
+        )
         print(format_table(report, rerun=rerun, full_reproduction_in=reproduction_file))
         if report.incomplete:
             return 2
         explained = target_write_ups(target)  # by name: the kernel is not loaded again
-        unexplained = [v.property for v in report.verdicts
-                       if v.status == FAILED and v.property not in explained]
+        unexplained = [
+            v.property
+            for v in report.verdicts
+            if v.status == FAILED and v.property not in explained
+        ]
         for verdict in report.verdicts:
             if verdict.status in (FAILED, WARNING) and verdict.property in explained:
-                print(f"confirmed divergence, not a suite artefact: {verdict.property} "
-                      f"[{verdict.clause}] -> {explained[verdict.property]}")
+                print(
+                    f"confirmed divergence, not a suite artefact: {verdict.property} "
+                    f"[{verdict.clause}] -> {explained[verdict.property]}"
+                )
         print()
         worst = max(worst, 1 if unexplained else 0)
     return worst
@@ -408,11 +532,23 @@ def command_matrix(args: argparse.Namespace) -> int:
 
     def check(entry: KnownKernel) -> matrix.MatrixRow:
         if interrupted:
-            return matrix.MatrixRow(entry.name, entry.backend, entry.device, entry.note,
-                                    matrix.NOT_SELECTED, reason=f"not run: {interrupted[0]}")
-        tokens = ["check", entry.name, "--profile", args.profile or "quick",
-                  "--backend", entry.backend,
-                  *(["--device", "cuda"] if entry.device == "cuda" else [])]
+            return matrix.MatrixRow(
+                entry.name,
+                entry.backend,
+                entry.device,
+                entry.note,
+                matrix.NOT_SELECTED,
+                reason=f"not run: {interrupted[0]}",
+            )
+        tokens = [
+            "check",
+            entry.name,
+            "--profile",
+            args.profile or "quick",
+            "--backend",
+            entry.backend,
+            *(["--device", "cuda"] if entry.device == "cuda" else []),
+        ]
         for option in ("seed", "timeout", "memory_limit"):
             if getattr(args, option, None) is not None:
                 tokens += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
@@ -420,17 +556,27 @@ def command_matrix(args: argparse.Namespace) -> int:
             for value in getattr(args, option) or ():
                 tokens += [f"--{option}", value]
         check_args = build_parser().parse_args([*tokens, *(["--quiet"] if args.quiet else [])])
-        print(f"{PROGRAM} matrix: checking {entry.name} ({entry.backend})", file=sys.stderr,
-              flush=True)
+        print(
+            f"{PROGRAM} matrix: checking {entry.name} ({entry.backend})",
+            file=sys.stderr,
+            flush=True,
+        )
         saved = {key: os.environ.get(key) for key, _ in entry.env}
         os.environ.update(dict(entry.env))  # the worker inherits it (KERAS_BACKEND)
         started = time.perf_counter()
         try:
-            report, _ = _run_one(setup_from(check_args), check_args, tokens[1:],
-                                 label=f"{entry.name}: ")
+            report, _ = _run_one(
+                setup_from(check_args), check_args, tokens[1:], label=f"{entry.name}: "
+            )
         except SetupError as exc:
-            return matrix.MatrixRow(entry.name, entry.backend, entry.device, entry.note,
-                                    matrix.SETUP_FAILED, reason=str(exc))
+            return matrix.MatrixRow(
+                entry.name,
+                entry.backend,
+                entry.device,
+                entry.note,
+                matrix.SETUP_FAILED,
+                reason=str(exc),
+            )
         finally:
             for key, value in saved.items():
                 if value is None:
@@ -438,10 +584,13 @@ def command_matrix(args: argparse.Namespace) -> int:
                 else:
                     os.environ[key] = value
         if report.incomplete:
-            interrupted.append(f"the matrix was {report.incomplete.split(' after ')[0]} "
-                               f"while checking {entry.name}")
-        return matrix.row_from_report(entry, report, write_ups(entry),
-                                      time.perf_counter() - started)
+            interrupted.append(
+                f"the matrix was {report.incomplete.split(' after ')[0]} "
+                f"while checking {entry.name}"
+            )
+        return matrix.row_from_report(
+            entry, report, write_ups(entry), time.perf_counter() - started
+        )
 
     try:
         jobs = parse_jobs(args.jobs, "--jobs")
@@ -460,16 +609,30 @@ def command_matrix(args: argparse.Namespace) -> int:
         rows = matrix.build_rows(entries, lambda entry: done[entry.name], has_cuda)
     else:
         rows = matrix.build_rows(entries, check, has_cuda)
-    earlier = {name: matrix.relink(row, write_ups(known[name]))
-               for name, row in earlier.items() if name in known}
-    rows += [earlier.get(e.name) or matrix.MatrixRow(
-                 e.name, e.backend, e.device, e.note, matrix.NOT_SELECTED,
-                 reason="left out of this run (--kernel)")
-             for e in matrix.KNOWN_KERNELS if e not in entries]
+    earlier = {
+        name: matrix.relink(row, write_ups(known[name]))
+        for name, row in earlier.items()
+        if name in known
+    }
+    rows += [
+        earlier.get(e.name)
+        or matrix.MatrixRow(
+            e.name,
+            e.backend,
+            e.device,
+            e.note,
+            matrix.NOT_SELECTED,
+            reason="left out of this run (--kernel)",
+        )
+        for e in matrix.KNOWN_KERNELS
+        if e not in entries
+    ]
     order = [e.name for e in matrix.KNOWN_KERNELS]
     rows.sort(key=lambda row: order.index(row.name))
-    for path, text in ((args.markdown, matrix.to_markdown(rows)),
-                       (args.json, matrix.to_json(rows))):
+    for path, text in (
+        (args.markdown, matrix.to_markdown(rows)),
+        (args.json, matrix.to_json(rows)),
+    ):
         try:
             with open(path, "w", encoding="utf-8") as out:
                 out.write(text)
@@ -479,8 +642,14 @@ def command_matrix(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"check": command_check, "matrix": command_matrix, "properties": command_properties,
-            "backends": command_backends, "demo": command_demo, "bench": benchmarks.command}
+COMMANDS = {
+    "check": command_check,
+    "matrix": command_matrix,
+    "properties": command_properties,
+    "backends": command_backends,
+    "demo": command_demo,
+    "bench": benchmarks.command,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

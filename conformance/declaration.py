@@ -19,8 +19,16 @@ from typing import Any
 
 from .claims import CLAIMS, LinearClaim, RopeClaim, SparseClaim, waived_clauses
 
-__all__ = ["ATTRIBUTE", "KernelDeclaration", "LinearClaim", "RopeClaim", "SparseClaim",
-           "declaration_of", "declare", "infer_declaration"]
+__all__ = [
+    "ATTRIBUTE",
+    "KernelDeclaration",
+    "LinearClaim",
+    "RopeClaim",
+    "SparseClaim",
+    "declaration_of",
+    "declare",
+    "infer_declaration",
+]
 
 ATTRIBUTE = "__attnspec__"
 
@@ -36,7 +44,7 @@ class _DeclarationBehaviour:
 
     @property
     def family(self) -> str:
-        """"dense", "sparse", "linear", "varlen", "kv-cache" or "rope": which family of
+        """ "dense", "sparse", "linear", "varlen", "kv-cache" or "rope": which family of
         properties applies (the last three have their own calling conventions)."""
         if self.rope is not None:  # type: ignore[attr-defined]
             return "rope"
@@ -51,8 +59,11 @@ class _DeclarationBehaviour:
     @property
     def bias_shares_mask_argument(self) -> bool:
         """True when mask and bias travel in one argument (PyTorch's float attn_mask)."""
-        return (self.bias and self.mask  # type: ignore[attr-defined]
-                and self.bias_keyword == self.mask_keyword)  # type: ignore[attr-defined]
+        return (
+            self.bias
+            and self.mask  # type: ignore[attr-defined]
+            and self.bias_keyword == self.mask_keyword
+        )  # type: ignore[attr-defined]
 
     @property
     def waived(self) -> tuple[str, ...]:
@@ -61,8 +72,12 @@ class _DeclarationBehaviour:
 
 
 def _docstring() -> str:
-    lines = ["Everything the suite needs to know to call a kernel and judge it.", "",
-             "One field per row of ``attnspec.conformance.claims.CLAIMS``:", ""]
+    lines = [
+        "Everything the suite needs to know to call a kernel and judge it.",
+        "",
+        "One field per row of ``attnspec.conformance.claims.CLAIMS``:",
+        "",
+    ]
     for claim in CLAIMS:
         flags = ", ".join(flag.option for flag in claim.flags) or "--dtype (restricts)"
         lines.append(f"- ``{claim.field}`` (default {claim.default_value!r}; {flags})")
@@ -73,7 +88,9 @@ def _docstring() -> str:
 KernelDeclaration: Any = make_dataclass(
     "KernelDeclaration",
     [(claim.field, claim.annotation, claim.dataclass_field()) for claim in CLAIMS],
-    bases=(_DeclarationBehaviour,), frozen=True, kw_only=True,
+    bases=(_DeclarationBehaviour,),
+    frozen=True,
+    kw_only=True,
     namespace={"__doc__": _docstring()},
 )
 KernelDeclaration.__module__ = __name__
@@ -109,7 +126,8 @@ def _keyword_parameters(fn: Callable[..., Any]) -> set[str] | None:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return None
     return {
-        p.name for p in parameters
+        p.name
+        for p in parameters
         if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     }
 

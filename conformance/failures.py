@@ -33,7 +33,10 @@ class PropertyFailure(AssertionError):
         self.hint = hint
         self.kernel = kernel  # what the reproduction (reproduce.failure_snippet) calls
         self.counterexample = (
-            "" if problem is None else kernel.describe(problem) if kernel is not None
+            ""
+            if problem is None
+            else kernel.describe(problem)
+            if kernel is not None
             else problem.describe()
         )
         message = finding

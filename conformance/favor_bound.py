@@ -121,10 +121,12 @@ def favor_usage_error(num_features: int | None, n: int, radius_sq: float = 0.25)
     needed = smallest_num_features(n, radius_sq)
     if num_features >= needed:
         return None
-    return (f"num_features={num_features} (--linear-num-features) is too few random features "
-            f"for the FAVOR+ statistical test (LIN-6.2): with n={n} keys and r^2={radius_sq} "
-            f"it needs m >= {needed} (m > 4 n (e^(r^2) - 1)); declare the kernel with at least "
-            f"{needed} features")
+    return (
+        f"num_features={num_features} (--linear-num-features) is too few random features "
+        f"for the FAVOR+ statistical test (LIN-6.2): with n={n} keys and r^2={radius_sq} "
+        f"it needs m >= {needed} (m > 4 n (e^(r^2) - 1)); declare the kernel with at least "
+        f"{needed} features"
+    )
 
 
 def tail_probability(n: int, num_features: int) -> float:
@@ -254,8 +256,10 @@ def favor_acceptance_test(
         raise TypeError(f"estimate_weights={estimate_weights!r}, but should be callable [{CALL}]")
     head_dim = check_size("head_dim", head_dim, CALL, minimum=1)
     seed = check_size("seed", seed, CALL)
-    if isinstance(offset_norm, bool) or not isinstance(offset_norm, (int, float)) or not (
-        math.isfinite(offset_norm) and offset_norm >= 0
+    if (
+        isinstance(offset_norm, bool)
+        or not isinstance(offset_norm, (int, float))
+        or not (math.isfinite(offset_norm) and offset_norm >= 0)
     ):
         raise ValueError(f"offset_norm={offset_norm!r}, but should be finite and >= 0 [{CALL}]")
     bound = favor_threshold(n, num_features, radius_sq, false_failure)
@@ -327,7 +331,11 @@ def reference_estimator(num_features: int, *, orthogonal: bool = True) -> Weight
     def estimate(q: Any, k: Any, seed: int) -> Any:
         identity = np.eye(k.shape[0])
         out = favor_attention(
-            q[None], k[None], identity[None], num_features=num_features, seed=seed,
+            q[None],
+            k[None],
+            identity[None],
+            num_features=num_features,
+            seed=seed,
             orthogonal=orthogonal,
         )
         return np.asarray(out)[0]

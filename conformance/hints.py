@@ -43,18 +43,27 @@ def signature_hints(fn: Callable[..., Any], rename: dict[str, str] | None = None
     if parameters is None:
         return []
     renamed = set((rename or {}).values())
-    flags = [flag for name, (spec_name, flag) in KEYWORD_SYNONYMS.items()
-             if name in parameters and spec_name not in parameters and name not in renamed]
+    flags = [
+        flag
+        for name, (spec_name, flag) in KEYWORD_SYNONYMS.items()
+        if name in parameters and spec_name not in parameters and name not in renamed
+    ]
     if not flags:
         return []
-    names = [name for name in KEYWORD_SYNONYMS if name in parameters and name not in renamed
-             and KEYWORD_SYNONYMS[name][0] not in parameters]
-    hint = (f"the kernel takes {', '.join(f'{n}=' for n in names)} (another library's "
-            f"name{'s' if len(names) > 1 else ''} for the spec's keywords): pass "
-            f"{' '.join(flags)} so the suite checks {'them' if len(names) > 1 else 'it'}")
+    names = [
+        name
+        for name in KEYWORD_SYNONYMS
+        if name in parameters
+        and name not in renamed
+        and KEYWORD_SYNONYMS[name][0] not in parameters
+    ]
+    hint = (
+        f"the kernel takes {', '.join(f'{n}=' for n in names)} (another library's "
+        f"name{'s' if len(names) > 1 else ''} for the spec's keywords): pass "
+        f"{' '.join(flags)} so the suite checks {'them' if len(names) > 1 else 'it'}"
+    )
     if {"causal", "softmax_scale"} & set(names):
-        hint += ("; FlashAttention-style kernels also take (B, L, H, D) arrays: "
-                 "--layout blhd")
+        hint += "; FlashAttention-style kernels also take (B, L, H, D) arrays: --layout blhd"
     return [hint]
 
 
@@ -63,16 +72,24 @@ def class_target_hint(obj: Any, target: str) -> str | None:
     subclass): the suite would construct it with (q, k, v) instead of calling it."""
     if not inspect.isclass(obj):
         return None
-    kind = "an nn.Module class" if any(
-        base.__module__.startswith("torch.nn") for base in inspect.getmro(obj)) else "a class"
-    if not (hasattr(obj, "forward") or "__call__" in vars(obj)
-            or any("__call__" in vars(base) for base in inspect.getmro(obj)[1:-1])):
+    kind = (
+        "an nn.Module class"
+        if any(base.__module__.startswith("torch.nn") for base in inspect.getmro(obj))
+        else "a class"
+    )
+    if not (
+        hasattr(obj, "forward")
+        or "__call__" in vars(obj)
+        or any("__call__" in vars(base) for base in inspect.getmro(obj)[1:-1])
+    ):
         return None
     module, _, name = target.rpartition(":")
-    return (f"{target!r} is {kind}, not a kernel: calling it with (q, k, v) would construct "
-            f"it. Pass an instance: in a file, `from {module.removesuffix('.py')} import "
-            f"{name.split('.')[-1]}` and `attention = {name.split('.')[-1]}(...)`, then check "
-            f"that_file.py:attention (or pass an instance to assert_conforms)")
+    return (
+        f"{target!r} is {kind}, not a kernel: calling it with (q, k, v) would construct "
+        f"it. Pass an instance: in a file, `from {module.removesuffix('.py')} import "
+        f"{name.split('.')[-1]}` and `attention = {name.split('.')[-1]}(...)`, then check "
+        f"that_file.py:attention (or pass an instance to assert_conforms)"
+    )
 
 
 def _matches(out: np.ndarray, problem: Problem, kernel: KernelUnderTest) -> bool:
@@ -96,8 +113,10 @@ def probe_problem(kernel: KernelUnderTest, dtype: str | None = None) -> Problem:
 
     dtype = dtype or kernel.widest_dtype
     rng = np.random.default_rng(0)
-    q, k, v = (with_declared_batch(kernel, kernel.rounded(rng.standard_normal(shape), dtype))
-               for shape in ((2, 3, 4), (2, 5, 4), (2, 5, 6)))
+    q, k, v = (
+        with_declared_batch(kernel, kernel.rounded(rng.standard_normal(shape), dtype))
+        for shape in ((2, 3, 4), (2, 5, 4), (2, 5, 6))
+    )
     return Problem(q=q, k=k, v=v, dtype=dtype)
 
 
@@ -112,8 +131,9 @@ def _run(kernel: KernelUnderTest, problem: Problem) -> np.ndarray | None:
         return None
 
 
-def mask_convention(kernel: KernelUnderTest, problem: Problem,
-                    out: np.ndarray) -> tuple[str, str] | None:
+def mask_convention(
+    kernel: KernelUnderTest, problem: Problem, out: np.ndarray
+) -> tuple[str, str] | None:
     """(finding, hint) when a kernel's output does not follow a boolean mask (SDPA-3.1) but
     follows another convention exactly: the mask inverted (True = masked out) or the mask
     added to the scores as a float (PyTorch's float ``attn_mask``).
@@ -137,18 +157,22 @@ def mask_convention(kernel: KernelUnderTest, problem: Problem,
     mask, keyword = problem.mask, kernel.declaration.mask_keyword
     # every row keeps an allowed key once inverted, so SDPA-5.1 plays no part
     if np.all(np.logical_not(mask).any(axis=-1)) and _matches(
-            out, problem.with_(mask=np.logical_not(mask)), kernel):
-        return ("the output follows the mask inverted: the kernel reads True as \"masked "
-                "out\" (the key_padding_mask convention), but True means \"may attend\""
-                + seen,
-                f"invert the mask before the kernel, e.g. check a wrapper calling "
-                f"fn(q, k, v, {keyword}=None if {keyword} is None else ~{keyword}, ...)")
+        out, problem.with_(mask=np.logical_not(mask)), kernel
+    ):
+        return (
+            'the output follows the mask inverted: the kernel reads True as "masked '
+            'out" (the key_padding_mask convention), but True means "may attend"' + seen,
+            f"invert the mask before the kernel, e.g. check a wrapper calling "
+            f"fn(q, k, v, {keyword}=None if {keyword} is None else ~{keyword}, ...)",
+        )
     if _matches(out, problem.with_(mask=None, bias=mask.astype(np.float64)), kernel):
-        return ("the output is that of the mask added to the scores as a float (True = +1, "
-                "False = 0): the kernel takes a PyTorch-style additive float mask, not a "
-                "boolean one" + seen,
-                f"declare it as an additive bias: --bias-keyword {keyword} --no-mask (the "
-                f"suite then passes 0 / -inf float masks in {keyword})")
+        return (
+            "the output is that of the mask added to the scores as a float (True = +1, "
+            "False = 0): the kernel takes a PyTorch-style additive float mask, not a "
+            "boolean one" + seen,
+            f"declare it as an additive bias: --bias-keyword {keyword} --no-mask (the "
+            f"suite then passes 0 / -inf float masks in {keyword})",
+        )
     return None
 
 
@@ -163,13 +187,19 @@ def run_hints(kernel: KernelUnderTest, layout: str, failures: int) -> list[str]:
     if out is not None and _matches(out, problem, kernel):
         return []
     # as layouts.from_blhd would call it, but through the kernel's own (guarded) calls
-    swapped = problem.with_(**{name: np.swapaxes(getattr(problem, name), -2, -3)
-                               for name in ("q", "k", "v")})
+    swapped = problem.with_(
+        **{name: np.swapaxes(getattr(problem, name), -2, -3) for name in ("q", "k", "v")}
+    )
     reordered = _run(kernel, swapped)
-    if (reordered is None or reordered.ndim < 3
-            or not _matches(np.swapaxes(reordered, -2, -3), problem, kernel)):
+    if (
+        reordered is None
+        or reordered.ndim < 3
+        or not _matches(np.swapaxes(reordered, -2, -3), problem, kernel)
+    ):
         return []
-    return [f"the kernel is right on a probe once its q, k, v and output are read as "
-            f"(..., L, H, E): it takes the (B, L, H, D) layout of JAX and FlashAttention, "
-            f"so pass --layout blhd (the {failures} failure{'s' if failures > 1 else ''} "
-            f"above may all come from this)"]
+    return [
+        f"the kernel is right on a probe once its q, k, v and output are read as "
+        f"(..., L, H, E): it takes the (B, L, H, D) layout of JAX and FlashAttention, "
+        f"so pass --layout blhd (the {failures} failure{'s' if failures > 1 else ''} "
+        f"above may all come from this)"
+    ]

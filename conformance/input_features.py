@@ -108,21 +108,32 @@ FULLY_MASKED_ROW, NO_KEYS, DEGENERATE = "fully-masked-row", "no-keys", "degenera
 GQA, MASK_AND_CAUSAL, LARGE_BIAS = "gqa", "mask-and-causal", "large-finite-bias"
 
 FEATURES: tuple[InputFeature, ...] = (
-    InputFeature(FULLY_MASKED_ROW, "SDPA-5.1", "a query row with no allowed key (an all-False "
-                 "mask row, an all -inf bias row, bottom-right causal rows with Lq > Lk)",
-                 _fully_masked_row),
+    InputFeature(
+        FULLY_MASKED_ROW,
+        "SDPA-5.1",
+        "a query row with no allowed key (an all-False "
+        "mask row, an all -inf bias row, bottom-right causal rows with Lq > Lk)",
+        _fully_masked_row,
+    ),
     InputFeature(NO_KEYS, "SDPA-5.2", "no keys (Lk = 0)", _no_keys),
-    InputFeature(DEGENERATE, "SDPA-1.5", "an empty size (Lq = 0, a batch dim of 0, Ev = 0)",
-                 _degenerate),
+    InputFeature(
+        DEGENERATE, "SDPA-1.5", "an empty size (Lq = 0, a batch dim of 0, Ev = 0)", _degenerate
+    ),
     InputFeature(GQA, "SDPA-6.1", "grouped heads (Hq != Hkv)", _gqa),
-    InputFeature(MASK_AND_CAUSAL, "SDPA-3.4", "a mask together with is_causal",
-                 _mask_and_causal),
-    InputFeature(LARGE_BIAS, "SDPA-7.4", f"a finite bias of magnitude >= {LARGE_FINITE_BIAS:g} "
-                 "(a padding fill such as -1e9 or finfo.min)", _large_finite_bias),
+    InputFeature(MASK_AND_CAUSAL, "SDPA-3.4", "a mask together with is_causal", _mask_and_causal),
+    InputFeature(
+        LARGE_BIAS,
+        "SDPA-7.4",
+        f"a finite bias of magnitude >= {LARGE_FINITE_BIAS:g} "
+        "(a padding fill such as -1e9 or finfo.min)",
+        _large_finite_bias,
+    ),
     # SDPA-1.3: the output has q's dtype, so a kernel that computes or returns float64
     # inputs in float32 fails every float64 accuracy check as a consequence
-    *(InputFeature(f"{dtype}-inputs", "SDPA-1.3", f"{dtype} inputs", _in_dtype(dtype))
-      for dtype in FLOAT_DTYPE_NAMES),
+    *(
+        InputFeature(f"{dtype}-inputs", "SDPA-1.3", f"{dtype} inputs", _in_dtype(dtype))
+        for dtype in FLOAT_DTYPE_NAMES
+    ),
 )
 BY_NAME = {feature.name: feature for feature in FEATURES}
 

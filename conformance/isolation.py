@@ -70,8 +70,13 @@ _STOP_GRACE = 2.0  # s a stopped or dying worker gets to exit before it is kille
 # pool, numexpr) size their thread pools from when they load.  Left unset, each of N
 # workers starts one thread per core: N x cores threads on cores shared with the other
 # workers (PyTorch's quick profile ran 2-3x slower so on this project's 2-core machine).
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+THREAD_VARIABLES = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 # How a worker learns the count its supervisor chose (to apply to PyTorch and report it).
 WORKER_THREADS = "ATTNSPEC_WORKER_THREADS"
 _LIVENESS_CHECK = 1.0  # s between checks that a silent worker is still alive
@@ -93,47 +98,68 @@ class IsolationOptions:
         for name in ("timeout", "load_timeout"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name}={value!r}, but should be a positive number of "
-                                 "seconds")
-        if not (isinstance(self.memory_limit_gib, (int, float))
-                and math.isfinite(self.memory_limit_gib) and self.memory_limit_gib >= 0):
-            raise ValueError(f"memory_limit_gib={self.memory_limit_gib!r}, but should be a "
-                             "number of GiB >= 0 (0: no limit)")
+                raise ValueError(f"{name}={value!r}, but should be a positive number of seconds")
+        if not (
+            isinstance(self.memory_limit_gib, (int, float))
+            and math.isfinite(self.memory_limit_gib)
+            and self.memory_limit_gib >= 0
+        ):
+            raise ValueError(
+                f"memory_limit_gib={self.memory_limit_gib!r}, but should be a "
+                "number of GiB >= 0 (0: no limit)"
+            )
 
 
 # The supervision flags `attnspec check` and the pytest plugin share (the plugin's with
 # --attnspec-); how isolation is turned off or on differs (--no-isolate, --attnspec-isolate).
 SUPERVISION_FLAGS = (
-    Flag("--timeout", "a kernel call (or the suite's work between two calls) taking longer "
-         f"fails its property and the worker is restarted (default {DEFAULT_TIMEOUT:g})",
-         type=float, metavar="SECONDS"),
-    Flag("--memory-limit", "address space the worker may add after loading the backend "
-         f"(default {DEFAULT_MEMORY_LIMIT_GIB:g}; 0: no limit; CPU devices only)", type=float,
-         metavar="GIB"),
+    Flag(
+        "--timeout",
+        "a kernel call (or the suite's work between two calls) taking longer "
+        f"fails its property and the worker is restarted (default {DEFAULT_TIMEOUT:g})",
+        type=float,
+        metavar="SECONDS",
+    ),
+    Flag(
+        "--memory-limit",
+        "address space the worker may add after loading the backend "
+        f"(default {DEFAULT_MEMORY_LIMIT_GIB:g}; 0: no limit; CPU devices only)",
+        type=float,
+        metavar="GIB",
+    ),
 )
 
 
-def isolation_options(isolate: bool, get: Getter, *, prefix: str | None = None,
-                      without: str = "--no-isolate has none") -> IsolationOptions | None:
+def isolation_options(
+    isolate: bool, get: Getter, *, prefix: str | None = None, without: str = "--no-isolate has none"
+) -> IsolationOptions | None:
     """The worker's supervision from the :data:`SUPERVISION_FLAGS` (``get(dest)``, flags
     named ``--PREFIX-x`` when ``prefix``); None when not ``isolate`` (then those flags are
     a :class:`UsageError` that ends with ``without``).  :class:`UsageError` naming the
     flag for a bad value."""
+
     def name(option: str) -> str:
         return option if prefix is None else f"--{prefix}-{option[2:]}"
 
     timeout, memory = get("timeout"), get("memory_limit")
     if not isolate:
         if timeout is not None or memory is not None:
-            raise UsageError(f"{name('--timeout')} and {name('--memory-limit')} apply to the "
-                             f"worker process; {without}")
+            raise UsageError(
+                f"{name('--timeout')} and {name('--memory-limit')} apply to the "
+                f"worker process; {without}"
+            )
         return None
     try:
-        return IsolationOptions(DEFAULT_TIMEOUT if timeout is None else timeout,
-                                DEFAULT_MEMORY_LIMIT_GIB if memory is None else memory)
+        return IsolationOptions(
+            DEFAULT_TIMEOUT if timeout is None else timeout,
+            DEFAULT_MEMORY_LIMIT_GIB if memory is None else memory,
+        )
     except ValueError as exc:
-        raise UsageError(str(exc).replace("timeout=", f"{name('--timeout')} ").replace(
-            "memory_limit_gib=", f"{name('--memory-limit')} ")) from None
+        raise UsageError(
+            str(exc)
+            .replace("timeout=", f"{name('--timeout')} ")
+            .replace("memory_limit_gib=", f"{name('--memory-limit')} ")
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -165,9 +191,16 @@ class KernelInfo:
             # Unpickling the function would import the kernel's module in the supervisor.
             stand_in = CallableInWorker(getattr(linear.feature_map, "__qualname__", "?"))
             declaration = replace(declaration, linear=replace(linear, feature_map=stand_in))
-        return cls(kernel.target, BackendInfo(kernel.backend.name, str(kernel.backend.device)),
-                   declaration, kernel.dtypes, loader, memory_note,
-                   tuple(setup_notes(kernel)), tuple(kernel.setup_hints))
+        return cls(
+            kernel.target,
+            BackendInfo(kernel.backend.name, str(kernel.backend.device)),
+            declaration,
+            kernel.dtypes,
+            loader,
+            memory_note,
+            tuple(setup_notes(kernel)),
+            tuple(kernel.setup_hints),
+        )
 
     def describe(self, problem: Problem) -> str:
         """The inputs of ``problem`` as the worker passed them to the kernel."""
@@ -190,8 +223,12 @@ class _SetupPickler(pickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         module = sys.modules.get(getattr(obj, "__module__", None) or "")
-        if (isinstance(obj, types.FunctionType) and module is not None
-                and module.__name__.startswith(FILE_MODULE_PREFIX) and module.__file__):
+        if (
+            isinstance(obj, types.FunctionType)
+            and module is not None
+            and module.__name__.startswith(FILE_MODULE_PREFIX)
+            and module.__file__
+        ):
             return load_kernel, (f"{module.__file__}:{obj.__qualname__}",)
         return NotImplemented
 
@@ -241,11 +278,14 @@ class _Worker:
     def __init__(self, stdout: int, jobs: int = 1) -> None:
         self.connection, child = multiprocessing.Pipe()
         lifeline_read, self._lifeline = os.pipe()
-        code = (f"import sys; sys.path[:] = {sys.path!r}; "
-                "from attnspec.conformance.worker import main; main()")
+        code = (
+            f"import sys; sys.path[:] = {sys.path!r}; "
+            "from attnspec.conformance.worker import main; main()"
+        )
         self.process = subprocess.Popen(
             [sys.executable, "-c", code, str(child.fileno()), str(lifeline_read)],
-            pass_fds=(child.fileno(), lifeline_read), stdin=subprocess.DEVNULL,
+            pass_fds=(child.fileno(), lifeline_read),
+            stdin=subprocess.DEVNULL,
             stdout=stdout,  # the kernel's own printing never lands in the table on stdout
             start_new_session=True,  # Ctrl-C is the supervisor's to handle, not the kernel's
             # set before the kernel's imports
@@ -326,12 +366,12 @@ class _Lost(Exception):
 class IsolatedKernel:
     """A kernel run property by property in a supervised worker (see the module doc)."""
 
-    def __init__(self, setup: KernelSetup, options: IsolationOptions | None = None,
-                 jobs: int = 1) -> None:
+    def __init__(
+        self, setup: KernelSetup, options: IsolationOptions | None = None, jobs: int = 1
+    ) -> None:
         """``jobs``: how many workers the run has (each gets CPUs // jobs threads)."""
         if isinstance(setup.backend, Backend):  # a loaded library does not pickle
-            setup = replace(setup, backend=setup.backend.name,
-                            jax_x64=_jax_x64_in_force(setup))
+            setup = replace(setup, backend=setup.backend.name, jax_x64=_jax_x64_in_force(setup))
         self.setup, self.options = setup, options or IsolationOptions()
         self.jobs = jobs
         self.kernel: KernelInfo | None = None
@@ -385,8 +425,10 @@ class IsolatedKernel:
             message = worker.receive(limit)
         except (WorkerDied, BrokenPipeError) as died:
             worker.kill()
-            raise SetupError(f"loading kernel {self.setup.kernel!r}: the worker process {died} "
-                             "(at import?): nothing was checked") from None
+            raise SetupError(
+                f"loading kernel {self.setup.kernel!r}: the worker process {died} "
+                "(at import?): nothing was checked"
+            ) from None
         except BaseException:
             worker.kill()
             raise
@@ -394,8 +436,10 @@ class IsolatedKernel:
             self._starting = None
         if message is None:
             worker.kill()
-            raise SetupError(f"loading kernel {self.setup.kernel!r} did not finish within "
-                             f"{limit:g} s (at import?): nothing was checked")
+            raise SetupError(
+                f"loading kernel {self.setup.kernel!r} did not finish within "
+                f"{limit:g} s (at import?): nothing was checked"
+            )
         if message[0] != "ready":
             worker.kill()
             raise SetupError(message[1])
@@ -438,16 +482,18 @@ class IsolatedKernel:
             worker.kill()
             raise
 
-    def run_property(self, prop: Property, *, profile: str, seed: int | None,
-                     limits: SizeLimits | None = None) -> Verdict:
+    def run_property(
+        self, prop: Property, *, profile: str, seed: int | None, limits: SizeLimits | None = None
+    ) -> Verdict:
         """One property's verdict; a worker that dies or hangs on it gives a FAILED one.
         The worker draws the same strata, within the same ``limits``, from the same seeds
         as :func:`~.runner.run_property` in this process would."""
         kernel, started = self.start(), time.perf_counter()
         try:
             # The supervisor's profile table is the one that counts (tests shrink it).
-            return self._request(("property", prop.id, profile, PROFILES.get(profile), seed,
-                                  limits or SizeLimits()))
+            return self._request(
+                ("property", prop.id, profile, PROFILES.get(profile), seed, limits or SizeLimits())
+            )
         except _Lost as lost:
             self.lost += 1
             return self._lost(prop, lost.finding, lost.call, started, kernel)
@@ -469,8 +515,10 @@ class IsolatedKernel:
         if call.in_progress:
             what = f"the kernel did not return within {limit} on the inputs below"
         elif call.description:
-            what = (f"nothing happened for {limit} after the kernel returned on the inputs "
-                    "below: converting or checking its result did not finish")
+            what = (
+                f"nothing happened for {limit} after the kernel returned on the inputs "
+                "below: converting or checking its result did not finish"
+            )
         else:
             what = f"no kernel call started within {limit} of the property starting"
         return f"{what}; the check stopped its worker process and went on [CONF-5]"
@@ -480,16 +528,20 @@ class IsolatedKernel:
         if call.in_progress:
             when = "during a kernel call, on the inputs below"
         elif call.description:
-            when = ("after the kernel returned on the inputs below, while the suite checked "
-                    "its result")
+            when = (
+                "after the kernel returned on the inputs below, while the suite checked its result"
+            )
         else:
             when = "before the kernel was called"
-        return (f"the worker process running the kernel {how}, {when}; the check started a "
-                "new worker and went on [CONF-5]")
+        return (
+            f"the worker process running the kernel {how}, {when}; the check started a "
+            "new worker and went on [CONF-5]"
+        )
 
     @staticmethod
-    def _lost(prop: Property, finding: str, call: _LastCall, started: float,
-              kernel: KernelInfo) -> Verdict:
+    def _lost(
+        prop: Property, finding: str, call: _LastCall, started: float, kernel: KernelInfo
+    ) -> Verdict:
         verdict = _failed_verdict(prop, PropertyFailure(finding, call.problem, kernel))  # type: ignore[arg-type]
         verdict.counterexample = verdict.counterexample or call.description
         verdict.seconds = time.perf_counter() - started
@@ -534,8 +586,9 @@ class InProcessKernel:
     def setup_notes(self) -> list[str]:
         return setup_notes(self.start())
 
-    def run_property(self, prop: Property, *, profile: str, seed: int | None,
-                     limits: SizeLimits | None = None) -> Verdict:
+    def run_property(
+        self, prop: Property, *, profile: str, seed: int | None, limits: SizeLimits | None = None
+    ) -> Verdict:
         return run_property(prop, self.start(), profile=profile, seed=seed, limits=limits)
 
     def run_hints(self, failures: int) -> list[str]:

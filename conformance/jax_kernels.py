@@ -25,22 +25,36 @@ from .declaration import declare
 def _jitted() -> Any:
     import jax
 
-    def attention(q: Any, k: Any, v: Any, mask: Any, bias: Any, scale: Any,
-                  is_causal: bool) -> Any:
+    def attention(q: Any, k: Any, v: Any, mask: Any, bias: Any, scale: Any, is_causal: bool) -> Any:
         def to_jax(x: Any) -> Any:
             return jax.numpy.swapaxes(x, -3, -2)
 
-        out = jax.nn.dot_product_attention(to_jax(q), to_jax(k), to_jax(v), bias=bias,
-                                           mask=mask, scale=scale, is_causal=is_causal)
+        out = jax.nn.dot_product_attention(
+            to_jax(q), to_jax(k), to_jax(v), bias=bias, mask=mask, scale=scale, is_causal=is_causal
+        )
         return to_jax(out)
 
     return jax.jit(attention, static_argnames=("is_causal",))
 
 
-@declare(batch_ndim=1, gqa=True, bias=True, mask_and_causal=True, equal_head_dims=True,
-         empty_rows_zero=False, dtypes=("bfloat16", "float32", "float64"))
-def jitted_dot_product_attention(q: Any, k: Any, v: Any, *, mask: Any = None,
-                                 bias: Any = None, is_causal: bool = False,
-                                 scale: float | None = None) -> Any:
+@declare(
+    batch_ndim=1,
+    gqa=True,
+    bias=True,
+    mask_and_causal=True,
+    equal_head_dims=True,
+    empty_rows_zero=False,
+    dtypes=("bfloat16", "float32", "float64"),
+)
+def jitted_dot_product_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: Any = None,
+    bias: Any = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Any:
     """jax.nn.dot_product_attention under jax.jit, in the spec's (B, H, L, E) layout."""
     return _jitted()(q, k, v, mask, bias, scale, is_causal=is_causal)

@@ -56,8 +56,10 @@ def parse_jobs(value: int | str | None, name: str = "jobs") -> int:
             return available_cpus()
         value = int(text) if text.isdigit() else text
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r}, but should be a positive integer or "
-                         f"{AUTO!r} (one worker per available CPU)")
+        raise ValueError(
+            f"{name}={value!r}, but should be a positive integer or "
+            f"{AUTO!r} (one worker per available CPU)"
+        )
     return value
 
 
@@ -98,8 +100,9 @@ class WorkerPool:
     def setup_notes(self) -> tuple[str, ...]:
         return self.sessions[0].setup_notes()
 
-    def run_property(self, prop: Property, *, profile: str, seed: int | None,
-                     limits: SizeLimits | None = None) -> Verdict:
+    def run_property(
+        self, prop: Property, *, profile: str, seed: int | None, limits: SizeLimits | None = None
+    ) -> Verdict:
         return self.sessions[0].run_property(prop, profile=profile, seed=seed, limits=limits)
 
     def run_hints(self, failures: int) -> list[str]:
@@ -119,7 +122,7 @@ def run_in_parallel(
     from ``run_one`` (a worker that cannot be restarted: SetupError) stops the run and is
     raised here."""
     chosen = list(properties)
-    sessions = sessions[:max(1, len(chosen))]  # a worker starts only to run a property
+    sessions = sessions[: max(1, len(chosen))]  # a worker starts only to run a property
     todo: queue.SimpleQueue[int] = queue.SimpleQueue()
     for index in range(len(chosen)):
         todo.put(index)
@@ -140,8 +143,10 @@ def run_in_parallel(
                 return
             events.put(("done", index, verdict))
 
-    threads = [threading.Thread(target=work, args=(session,), name=f"attnspec-job-{i}",
-                                daemon=True) for i, session in enumerate(sessions)]
+    threads = [
+        threading.Thread(target=work, args=(session,), name=f"attnspec-job-{i}", daemon=True)
+        for i, session in enumerate(sessions)
+    ]
     finished: dict[int, Verdict] = {}
     try:
         for thread in threads:
@@ -195,22 +200,31 @@ def run_properties(
         run_in_parallel(chosen, session.sessions, run_one, report, progress)
     else:
         run_each(chosen, lambda prop: run_one(session, prop), report, progress)
-    return draw_around(report, chosen, lambda prop, around: session.run_property(
-        prop, profile=profile, seed=seed, limits=around), limits or SizeLimits())
+    return draw_around(
+        report,
+        chosen,
+        lambda prop, around: session.run_property(prop, profile=profile, seed=seed, limits=around),
+        limits or SizeLimits(),
+    )
 
 
 def open_session(
-    setup: KernelSetup, isolation: IsolationOptions | None,
-    kernel: KernelUnderTest | None = None, jobs: int = 1,
+    setup: KernelSetup,
+    isolation: IsolationOptions | None,
+    kernel: KernelUnderTest | None = None,
+    jobs: int = 1,
 ) -> IsolatedKernel | InProcessKernel | WorkerPool:
     """Isolated when ``isolation`` is given (then ``kernel`` must be None), in ``jobs``
     worker processes when more than one (:mod:`.jobs`); else in-process."""
     if isolation is None:
         if jobs != 1:
-            raise ValueError(f"jobs={jobs!r} needs worker processes, but the kernel runs in "
-                             "this process (--no-isolate, isolate=False): use jobs=1")
+            raise ValueError(
+                f"jobs={jobs!r} needs worker processes, but the kernel runs in "
+                "this process (--no-isolate, isolate=False): use jobs=1"
+            )
         return InProcessKernel(setup, kernel)
     if kernel is not None:
-        raise ValueError("kernel=, a kernel loaded in this process, cannot run isolated; "
-                         "pass isolation=None")
+        raise ValueError(
+            "kernel=, a kernel loaded in this process, cannot run isolated; pass isolation=None"
+        )
     return WorkerPool(setup, isolation, jobs) if jobs > 1 else IsolatedKernel(setup, isolation)

@@ -52,8 +52,12 @@ class Problem:
     def describe(self) -> str:
         """Shapes, dtype and mask summary for a failure message."""
         parts = [
-            f"q{tuple(self.q.shape)}", f"k{tuple(self.k.shape)}", f"v{tuple(self.v.shape)}",
-            f"dtype={self.dtype}", f"is_causal={self.is_causal}", f"scale={self.scale!r}",
+            f"q{tuple(self.q.shape)}",
+            f"k{tuple(self.k.shape)}",
+            f"v{tuple(self.v.shape)}",
+            f"dtype={self.dtype}",
+            f"is_causal={self.is_causal}",
+            f"scale={self.scale!r}",
         ]
         if self.mask is not None:
             parts.append(
@@ -78,15 +82,17 @@ def describe_inputs(declaration: KernelDeclaration, problem: Problem) -> str:
     if declaration.equal_head_dims:
         from .layouts import describe_padding
 
-        padding = describe_padding(problem.q.shape[-1], problem.v.shape[-1],
-                                   problem.scale is not None)
+        padding = describe_padding(
+            problem.q.shape[-1], problem.v.shape[-1], problem.scale is not None
+        )
         if padding:
             text += f" ({padding})"
     return text
 
 
-def keyword_sources(declaration: KernelDeclaration,
-                    problem: Problem) -> dict[str, tuple[Any, str | None]]:
+def keyword_sources(
+    declaration: KernelDeclaration, problem: Problem
+) -> dict[str, tuple[Any, str | None]]:
     """The keywords a kernel with ``declaration`` is called with on ``problem``: each with
     its value (a NumPy array for a mask or bias: a boolean one moves to the backend as
     is, a float one in the dtype under test) and the Python expression that builds it from
@@ -94,7 +100,8 @@ def keyword_sources(declaration: KernelDeclaration,
     reproduction can be written where the kernel is not loaded."""
     decl, dtype = declaration, problem.dtype
     keywords: dict[str, tuple[Any, str | None]] = {
-        name: (value, None) for name, value in decl.extra_kwargs.items()}
+        name: (value, None) for name, value in decl.extra_kwargs.items()
+    }
     if problem.is_causal:
         keywords["is_causal"] = (True, None)
     if problem.scale is not None:
@@ -112,15 +119,18 @@ def keyword_sources(declaration: KernelDeclaration,
         if problem.mask is not None:
             keywords[decl.mask_keyword] = (problem.mask, "backend.asarray(problem.mask)")
         if problem.bias is not None:
-            keywords[decl.bias_keyword] = (problem.bias,
-                                           f"backend.asarray(problem.bias, {dtype!r})")
+            keywords[decl.bias_keyword] = (
+                problem.bias,
+                f"backend.asarray(problem.bias, {dtype!r})",
+            )
     keywords.update(feature_keywords(decl, problem))
     keywords.update((name, (value, None)) for name, value in problem.extra.items())
     return keywords
 
 
-def feature_keywords(declaration: KernelDeclaration,
-                     problem: Problem) -> dict[str, tuple[Any, str | None]]:
+def feature_keywords(
+    declaration: KernelDeclaration, problem: Problem
+) -> dict[str, tuple[Any, str | None]]:
     """The keywords of spec/features.md and dropout, as :func:`keyword_sources` gives them:
     the softcap, the ALiBi slopes (float32, as FlashAttention takes them; True for a kernel
     with built-in slopes, which turns ALiBi on), the log-sum-exp request, the dropout
@@ -132,8 +142,10 @@ def feature_keywords(declaration: KernelDeclaration,
     if problem.alibi_slopes is not None and decl.alibi_builtin_slopes:
         keywords[decl.alibi_keyword] = (True, None)  # ALiBi on, the kernel's own slopes
     elif problem.alibi_slopes is not None:
-        keywords[decl.alibi_keyword] = (problem.alibi_slopes.astype(np.float32),
-                                        "backend.asarray(problem.alibi_slopes, 'float32')")
+        keywords[decl.alibi_keyword] = (
+            problem.alibi_slopes.astype(np.float32),
+            "backend.asarray(problem.alibi_slopes, 'float32')",
+        )
     if decl.returns_lse and decl.lse_keyword:
         keywords[decl.lse_keyword] = (True, None)
     if decl.dropout:
@@ -224,6 +236,7 @@ class KernelUnderTest:
         snippet writes out."""
         b, dtype = self.backend, problem.dtype
         args = tuple(b.asarray(a, dtype) for a in (problem.q, problem.k, problem.v))
+
         def moved(value: np.ndarray) -> Any:  # float32 arrays (ALiBi slopes) stay float32
             if value.dtype == np.bool_:
                 return b.asarray(value)
@@ -231,7 +244,8 @@ class KernelUnderTest:
 
         keywords = {
             name: (value if source is None else moved(value), source)
-            for name, (value, source) in keyword_sources(self.declaration, problem).items()}
+            for name, (value, source) in keyword_sources(self.declaration, problem).items()
+        }
         return args, keywords
 
     def call_raw(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -252,47 +266,67 @@ class KernelUnderTest:
         a convention mismatch."""
 
         decl = self.declaration
-        expected = ["out", *(["weights"] if decl.returns_weights else []),
-                    *(["lse"] if decl.returns_lse else [])]
+        expected = [
+            "out",
+            *(["weights"] if decl.returns_weights else []),
+            *(["lse"] if decl.returns_lse else []),
+        ]
         if len(expected) > 1:
             if not isinstance(result, (tuple, list)) or len(result) != len(expected):
-                claimed = " and ".join(f"{name}=True" for name, claims in (
-                    ("returns_weights", decl.returns_weights),
-                    ("returns_lse", decl.returns_lse)) if claims)
+                claimed = " and ".join(
+                    f"{name}=True"
+                    for name, claims in (
+                        ("returns_weights", decl.returns_weights),
+                        ("returns_lse", decl.returns_lse),
+                    )
+                    if claims
+                )
                 raise PropertyFailure(
                     f"the kernel returned {_what_it_is(result)}, but declares {claimed}, so "
                     f"it should return ({', '.join(expected)}) [SDPA-1.3]",
-                    problem, self, hint=_declared_results_hint(decl),
+                    problem,
+                    self,
+                    hint=_declared_results_hint(decl),
                 )
             parts = dict(zip(expected, result, strict=True))
         elif isinstance(result, (tuple, list)):
             raise PropertyFailure(
                 f"the kernel returned {_what_it_is(result)}, but should return the output "
-                f"array [SDPA-1.3]", problem, self, hint=_sequence_hint(result),
+                f"array [SDPA-1.3]",
+                problem,
+                self,
+                hint=_sequence_hint(result),
             )
         else:
             parts = {"out": result}
         for what in expected:
             x = parts[what]
             if not self.backend.is_array(x):
-                raise PropertyFailure(self._not_an_array(what, x), problem, self,
-                                      hint=self._array_hint(x))
+                raise PropertyFailure(
+                    self._not_an_array(what, x), problem, self, hint=self._array_hint(x)
+                )
         return parts["out"], parts.get("weights"), parts.get("lse")
 
     def _not_an_array(self, what: str, x: Any) -> str:
         library = self.backend.name
         if x is None:
-            return (f"the kernel returned None as {what}, but should return a {library} array "
-                    "(does it end with `return ...`?) [SDPA-1.3]")
+            return (
+                f"the kernel returned None as {what}, but should return a {library} array "
+                "(does it end with `return ...`?) [SDPA-1.3]"
+            )
         if array_api_compat.is_array_api_obj(x):
-            return (f"{what} is a {_type_name(x)}, but the kernel runs on {library}: it should "
-                    f"return a {library} array, like its inputs [SDPA-1.3]")
+            return (
+                f"{what} is a {_type_name(x)}, but the kernel runs on {library}: it should "
+                f"return a {library} array, like its inputs [SDPA-1.3]"
+            )
         return f"{what} is {_what_it_is(x)}, but should be a {library} array [SDPA-1.3]"
 
     def _array_hint(self, x: Any) -> str:
         if x is not None and array_api_compat.is_array_api_obj(x):
-            return (f"convert the result to the input's library inside the kernel, or check it "
-                    f"on the backend it returns (--backend {_library_of(x)})")
+            return (
+                f"convert the result to the input's library inside the kernel, or check it "
+                f"on the backend it returns (--backend {_library_of(x)})"
+            )
         return ""
 
     def call_on(self, problem: Problem) -> KernelOutputs:
@@ -303,7 +337,9 @@ class KernelUnderTest:
             result = self.call_raw(*self.arguments(problem))
         except Exception as exc:
             raise KernelRaised(
-                f"kernel raised {type(exc).__name__}: {str(exc)[:300]}", problem, self,
+                f"kernel raised {type(exc).__name__}: {str(exc)[:300]}",
+                problem,
+                self,
                 hint=raised_hint(exc, self),
             ) from exc
         return KernelOutputs(*self.results(result, problem))
@@ -339,7 +375,7 @@ def _type_name(x: Any) -> str:
 
 
 def _what_it_is(x: Any) -> str:
-    """"None", "a tuple of 2 (ndarray, ndarray)", "a str", ... for failure messages."""
+    """ "None", "a tuple of 2 (ndarray, ndarray)", "a str", ... for failure messages."""
     if x is None:
         return "None"
     if isinstance(x, (tuple, list)):
@@ -356,18 +392,24 @@ def _library_of(x: Any) -> str:
 def _declared_results_hint(declaration: KernelDeclaration) -> str:
     if declaration.returns_weights and not declaration.returns_lse:
         return "if it returns only the output, drop --returns-weights (returns_weights=False)"
-    return ("if it returns only the output, drop --returns-lse (returns_lse=False); the "
-            "log-sum-exp comes last, after the weights where both are returned")
+    return (
+        "if it returns only the output, drop --returns-lse (returns_lse=False); the "
+        "log-sum-exp comes last, after the weights where both are returned"
+    )
 
 
 def _sequence_hint(result: Any) -> str:
     if len(result) == 2:
-        return ("if it returns (out, weights), declare it: --returns-weights "
-                "(returns_weights=True); if it returns (out, lse), declare --returns-lse "
-                "(returns_lse=True); otherwise check a wrapper that returns result[0]")
+        return (
+            "if it returns (out, weights), declare it: --returns-weights "
+            "(returns_weights=True); if it returns (out, lse), declare --returns-lse "
+            "(returns_lse=True); otherwise check a wrapper that returns result[0]"
+        )
     if len(result) == 3:
-        return ("if it returns (out, weights, lse), declare --returns-weights --returns-lse; "
-                "otherwise check a wrapper that returns only the output, e.g. result[0]")
+        return (
+            "if it returns (out, weights, lse), declare --returns-weights --returns-lse; "
+            "otherwise check a wrapper that returns only the output, e.g. result[0]"
+        )
     return "check a wrapper that returns only the output, e.g. result[0]"
 
 
@@ -385,8 +427,10 @@ def raised_hint(exc: BaseException, kernel: KernelUnderTest) -> str:
     if match:
         because = suite_keywords(kernel.declaration).get(match.group(1))
         if because:
-            return (f"the kernel does not take {match.group(1)}=, which the suite passes "
-                    f"because the declaration says {because}")
+            return (
+                f"the kernel does not take {match.group(1)}=, which the suite passes "
+                f"because the declaration says {because}"
+            )
     return ""
 
 

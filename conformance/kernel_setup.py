@@ -54,8 +54,9 @@ def importable_from_working_directory() -> contextlib.AbstractContextManager[Non
     return on_sys_path(os.getcwd())
 
 
-def resolve_backend(backend: str | Backend | None, device: Any = None,
-                    config: Mapping[str, Any] | None = None) -> Backend:
+def resolve_backend(
+    backend: str | Backend | None, device: Any = None, config: Mapping[str, Any] | None = None
+) -> Backend:
     """The backend to run on, with library ``config`` applied (see :class:`Backend`);
     :class:`SetupError` naming it when it is unknown or unusable."""
     if config:
@@ -93,14 +94,18 @@ def check_signature(fn: Callable[..., Any], declaration: KernelDeclaration, name
         try:
             signature.bind(None, None, **declaration.extra_kwargs)
         except TypeError as exc:
-            raise SetupError(f"function {name}{signature} cannot be called as fn(x, positions) "
-                             f"({exc}) [ROPE-1]") from None
+            raise SetupError(
+                f"function {name}{signature} cannot be called as fn(x, positions) ({exc}) [ROPE-1]"
+            ) from None
         return
     arrays = (None, None, None)
     # a packed or KV-cache kernel may take its offsets or cache lengths positionally
     # (FlashAttention's varlen does): the suite passes them by name
-    given = ({keyword: None for keyword in suite_keywords(declaration)}
-             if declaration.family in ("varlen", "kv-cache") else {})
+    given = (
+        {keyword: None for keyword in suite_keywords(declaration)}
+        if declaration.family in ("varlen", "kv-cache")
+        else {}
+    )
     try:
         signature.bind(*arrays, **given)
     except TypeError as exc:
@@ -135,8 +140,11 @@ def _restrict_dtypes(
     usable = tuple(d for d in available if d in claimed)
     if not usable:
         asked = claimed if wanted is None else wanted
-        reasons = [f"{d}: {backend.missing_dtype_reason(d)}" for d in asked
-                   if backend.missing_dtype_reason(d)]
+        reasons = [
+            f"{d}: {backend.missing_dtype_reason(d)}"
+            for d in asked
+            if backend.missing_dtype_reason(d)
+        ]
         raise SetupError(
             f"no dtype to test: the kernel claims {declaration.dtypes or 'every dtype'}, "
             f"backend {backend.name!r} has {', '.join(available)}"
@@ -177,8 +185,10 @@ class KernelSetup:
             return resolve_backend(backend, self.device)
         name = backend.name if isinstance(backend, Backend) else backend
         if (name or get_backend().name) != "jax":
-            raise SetupError(f"jax_x64 (--jax-x64) is a setting of the jax backend, but the "
-                             f"backend is {name or get_backend().name!r}")
+            raise SetupError(
+                f"jax_x64 (--jax-x64) is a setting of the jax backend, but the "
+                f"backend is {name or get_backend().name!r}"
+            )
         return resolve_backend(backend, self.device, {"jax_enable_x64": self.jax_x64})
 
     def prepare(self, backend: Backend | None = None) -> KernelUnderTest:
@@ -217,14 +227,20 @@ class KernelSetup:
         except (KernelLoadError, ValueError, TypeError) as exc:
             raise SetupError(str(exc)) from None
         except SystemExit as exc:  # at import: exit status 0 must not read as "conforms"
-            raise SetupError(f"loading kernel {self.kernel!r} called sys.exit({exc.code!r}) "
-                             "(at import?): nothing was checked") from None
+            raise SetupError(
+                f"loading kernel {self.kernel!r} called sys.exit({exc.code!r}) "
+                "(at import?): nothing was checked"
+            ) from None
         if declaration.rope is not None and self.layout != "bhld":
-            raise SetupError("a --rope function takes x (B, H, L, d), the spec's layout "
-                             "(ROPE-1): --layout does not apply")
+            raise SetupError(
+                "a --rope function takes x (B, H, L, d), the spec's layout "
+                "(ROPE-1): --layout does not apply"
+            )
         if declaration.varlen and self.layout != "bhld":
-            raise SetupError("a --varlen kernel takes packed (total, heads, dim) arrays, "
-                             "FlashAttention's own layout (VARLEN-1): --layout does not apply")
+            raise SetupError(
+                "a --varlen kernel takes packed (total, heads, dim) arrays, "
+                "FlashAttention's own layout (VARLEN-1): --layout does not apply"
+            )
         declaration = _restrict_dtypes(declaration, backend, self.dtypes)
         _check_favor_features(declaration)
         kernel = KernelUnderTest(fn, backend, declaration, target)
@@ -253,8 +269,10 @@ def setup_notes(kernel: KernelUnderTest) -> list[str]:
     """What the check changed in the library's settings, the settings it ran in, and the
     claimed dtypes it could not check, with why (for the report's notes)."""
     backend = kernel.backend
-    notes = [f"changed {change} for this check (as asked: --jax-x64 / jax_x64)"
-             for change in backend.changes]
+    notes = [
+        f"changed {change} for this check (as asked: --jax-x64 / jax_x64)"
+        for change in backend.changes
+    ]
     if backend.settings:
         notes.append(f"{backend.name} settings: {backend.settings}")
     claimed = kernel.declaration.dtypes or FLOAT_DTYPE_NAMES
@@ -266,13 +284,13 @@ def setup_notes(kernel: KernelUnderTest) -> list[str]:
 
 
 def size_limits(
-    max_len: int | None = None, max_head_dim: int | None = None,
+    max_len: int | None = None,
+    max_head_dim: int | None = None,
     max_batch_heads: int | None = None,
 ) -> SizeLimits:
     """The caps on drawn sizes, defaults where None (4096, 256, 512); a bad value is a
     :class:`SetupError` naming it."""
-    given = {"max_len": max_len, "max_head_dim": max_head_dim,
-             "max_batch_heads": max_batch_heads}
+    given = {"max_len": max_len, "max_head_dim": max_head_dim, "max_batch_heads": max_batch_heads}
     try:
         return SizeLimits(**{name: value for name, value in given.items() if value is not None})
     except ValueError as exc:
@@ -283,12 +301,25 @@ _DEFAULT_LIMITS = SizeLimits()
 #: The size caps, shared by ``attnspec check`` and the pytest plugin (``--attnspec-max-len``
 #: ...); each flag's dest is the :class:`SizeLimits` field it sets.
 SIZE_FLAGS: tuple[Flag, ...] = (
-    Flag("--max-len", f"largest Lq and Lk drawn (default {_DEFAULT_LIMITS.max_len}; larger "
-         "adds longer block boundaries)", type=int, metavar="N"),
-    Flag("--max-head-dim", f"largest head dims E and Ev drawn (default "
-         f"{_DEFAULT_LIMITS.max_head_dim})", type=int, metavar="N"),
-    Flag("--max-batch-heads", f"largest batch x query heads drawn (default "
-         f"{_DEFAULT_LIMITS.max_batch_heads})", type=int, metavar="N"),
+    Flag(
+        "--max-len",
+        f"largest Lq and Lk drawn (default {_DEFAULT_LIMITS.max_len}; larger "
+        "adds longer block boundaries)",
+        type=int,
+        metavar="N",
+    ),
+    Flag(
+        "--max-head-dim",
+        f"largest head dims E and Ev drawn (default {_DEFAULT_LIMITS.max_head_dim})",
+        type=int,
+        metavar="N",
+    ),
+    Flag(
+        "--max-batch-heads",
+        f"largest batch x query heads drawn (default {_DEFAULT_LIMITS.max_batch_heads})",
+        type=int,
+        metavar="N",
+    ),
 )
 
 

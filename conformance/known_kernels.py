@@ -58,77 +58,171 @@ def _adapter(module: str, name: str) -> str:
     return f"{_ADAPTERS}.{module}:{name}"
 
 
-_SDPA_QUALNAMES = ("torch.nn.functional.scaled_dot_product_attention",
-                   "torch._C._nn.scaled_dot_product_attention")
+_SDPA_QUALNAMES = (
+    "torch.nn.functional.scaled_dot_product_attention",
+    "torch._C._nn.scaled_dot_product_attention",
+)
 KNOWN_KERNELS: tuple[KnownKernel, ...] = (
-    KnownKernel("torch.nn.functional:scaled_dot_product_attention",
-                "torch.nn.functional:scaled_dot_product_attention", "torch",
-                _SDPA_QUALNAMES, ("torch",), note="declaration only; the dispatcher's choice"),
-    KnownKernel("attnspec.conformance.torch_kernels:sdpa_math",
-                "attnspec.conformance.torch_kernels:sdpa_math", "torch", (), ("torch",),
-                note="SDPA pinned to its math backend"),
-    KnownKernel("attnspec.conformance.torch_kernels:sdpa_flash",
-                "attnspec.conformance.torch_kernels:sdpa_flash", "torch", (), ("torch",),
-                note="SDPA pinned to its CPU flash backend; batch dims flattened, head dims "
-                     "padded"),
-    KnownKernel("torch.nn.attention.flex_attention:flex_attention",
-                _adapter("torch", "flex_attention_block_mask"), "torch",
-                ("torch.nn.attention.flex_attention.flex_attention",), ("torch",),
-                note="mask and is_causal as a mask_mod in a BlockMask, bias as a score_mod"),
-    KnownKernel(_adapter("torch", "flex_attention_score_mod"),
-                _adapter("torch", "flex_attention_score_mod"), "torch", (), ("torch",),
-                note="mask, is_causal and bias all in one score_mod (-inf where masked)"),
-    KnownKernel("torch.nn:MultiheadAttention", _adapter("torch", "multihead_attention"),
-                "torch", ("torch.nn.modules.activation.MultiheadAttention",), ("torch",),
-                note="identity projections, no bias: pure attention; heads concatenated; "
-                     "mask inverted (True = masked out), key-only masks as key_padding_mask; "
-                     "need_weights=True"),
-    KnownKernel(_adapter("torch", "multihead_attention_no_weights"),
-                _adapter("torch", "multihead_attention_no_weights"), "torch", (), ("torch",),
-                note="as nn.MultiheadAttention, need_weights=False (the fast path)"),
-    KnownKernel("jax.nn:dot_product_attention", _adapter("jax", "dot_product_attention"),
-                "jax", ("jax._src.nn.functions.dot_product_attention",), ("jax",),
-                note="(B, T, N, H) layout; head dims padded to E == Ev; implementation='xla'"),
-    KnownKernel("flax.nnx:dot_product_attention", _adapter("flax", "nnx_dot_product_attention"),
-                "jax", ("flax.nnx.nn.attention.dot_product_attention",), ("flax",),
-                note="(..., L, H, E) layout; deterministic=True"),
-    KnownKernel("flax.linen:dot_product_attention",
-                _adapter("flax", "linen_dot_product_attention"), "jax",
-                ("flax.linen.attention.dot_product_attention",), ("flax",),
-                note="(..., L, H, E) layout; deterministic=True"),
-    *(KnownKernel(_adapter("keras", f"dot_product_attention_{backend}"),
-                  _adapter("keras", f"dot_product_attention_{backend}"), backend, (),
-                  ("keras", backend), env=(("KERAS_BACKEND", backend),),
-                  note=f"keras.ops.dot_product_attention with KERAS_BACKEND={backend}; "
-                       "(B, T, N, H) layout")
-      for backend in ("jax", "torch", "numpy")),
-    KnownKernel(_adapter("thirdparty", "local_attention"),
-                _adapter("thirdparty", "local_attention"), "torch", (),
-                ("local_attention",),
-                note="LocalAttention(window_size=4, causal=True, exact_windowsize=True, "
-                     "look_backward=1) as a causal sliding window of 4 keys back"),
-    KnownKernel(_adapter("thirdparty", "performer_favor"),
-                _adapter("thirdparty", "performer_favor"), "torch", (),
-                ("performer_pytorch",),
-                note="FastAttention(nb_features=M) with its projection drawn from the seed "
-                     "on every call (the redraw)"),
-    KnownKernel(_adapter("thirdparty", "fast_transformers_linear"),
-                _adapter("thirdparty", "fast_transformers_linear"), "torch", (),
-                ("fast_transformers",), note="LinearAttention (elu(x) + 1), eps declared"),
-    *(KnownKernel(_adapter("torch", f"sdpa_cuda_{backend}"),
-                  _adapter("torch", f"sdpa_cuda_{backend}"), "torch", (), ("torch",),
-                  device="cuda", note=f"SDPA pinned to its CUDA {backend} backend")
-      for backend in ("math", "efficient", "flash", "cudnn")),
-    KnownKernel(_adapter("jax", "dot_product_attention_cudnn"),
-                _adapter("jax", "dot_product_attention_cudnn"), "jax", (), ("jax",),
-                device="cuda", note="jax.nn.dot_product_attention(implementation='cudnn')"),
-    KnownKernel("flash_attn:flash_attn_func", _adapter("thirdparty", "flash_attn_func"),
-                "torch", ("flash_attn.flash_attn_interface.flash_attn_func",),
-                ("flash_attn",), device="cuda", note="(B, S, H, D) layout; bottom-right causal"),
-    KnownKernel("xformers.ops:memory_efficient_attention",
-                _adapter("thirdparty", "xformers_memory_efficient"), "torch",
-                ("xformers.ops.fmha.memory_efficient_attention",), ("xformers",),
-                device="cuda", note="(B, M, H, K) layout; mask as an additive bias"),
+    KnownKernel(
+        "torch.nn.functional:scaled_dot_product_attention",
+        "torch.nn.functional:scaled_dot_product_attention",
+        "torch",
+        _SDPA_QUALNAMES,
+        ("torch",),
+        note="declaration only; the dispatcher's choice",
+    ),
+    KnownKernel(
+        "attnspec.conformance.torch_kernels:sdpa_math",
+        "attnspec.conformance.torch_kernels:sdpa_math",
+        "torch",
+        (),
+        ("torch",),
+        note="SDPA pinned to its math backend",
+    ),
+    KnownKernel(
+        "attnspec.conformance.torch_kernels:sdpa_flash",
+        "attnspec.conformance.torch_kernels:sdpa_flash",
+        "torch",
+        (),
+        ("torch",),
+        note="SDPA pinned to its CPU flash backend; batch dims flattened, head dims padded",
+    ),
+    KnownKernel(
+        "torch.nn.attention.flex_attention:flex_attention",
+        _adapter("torch", "flex_attention_block_mask"),
+        "torch",
+        ("torch.nn.attention.flex_attention.flex_attention",),
+        ("torch",),
+        note="mask and is_causal as a mask_mod in a BlockMask, bias as a score_mod",
+    ),
+    KnownKernel(
+        _adapter("torch", "flex_attention_score_mod"),
+        _adapter("torch", "flex_attention_score_mod"),
+        "torch",
+        (),
+        ("torch",),
+        note="mask, is_causal and bias all in one score_mod (-inf where masked)",
+    ),
+    KnownKernel(
+        "torch.nn:MultiheadAttention",
+        _adapter("torch", "multihead_attention"),
+        "torch",
+        ("torch.nn.modules.activation.MultiheadAttention",),
+        ("torch",),
+        note="identity projections, no bias: pure attention; heads concatenated; "
+        "mask inverted (True = masked out), key-only masks as key_padding_mask; "
+        "need_weights=True",
+    ),
+    KnownKernel(
+        _adapter("torch", "multihead_attention_no_weights"),
+        _adapter("torch", "multihead_attention_no_weights"),
+        "torch",
+        (),
+        ("torch",),
+        note="as nn.MultiheadAttention, need_weights=False (the fast path)",
+    ),
+    KnownKernel(
+        "jax.nn:dot_product_attention",
+        _adapter("jax", "dot_product_attention"),
+        "jax",
+        ("jax._src.nn.functions.dot_product_attention",),
+        ("jax",),
+        note="(B, T, N, H) layout; head dims padded to E == Ev; implementation='xla'",
+    ),
+    KnownKernel(
+        "flax.nnx:dot_product_attention",
+        _adapter("flax", "nnx_dot_product_attention"),
+        "jax",
+        ("flax.nnx.nn.attention.dot_product_attention",),
+        ("flax",),
+        note="(..., L, H, E) layout; deterministic=True",
+    ),
+    KnownKernel(
+        "flax.linen:dot_product_attention",
+        _adapter("flax", "linen_dot_product_attention"),
+        "jax",
+        ("flax.linen.attention.dot_product_attention",),
+        ("flax",),
+        note="(..., L, H, E) layout; deterministic=True",
+    ),
+    *(
+        KnownKernel(
+            _adapter("keras", f"dot_product_attention_{backend}"),
+            _adapter("keras", f"dot_product_attention_{backend}"),
+            backend,
+            (),
+            ("keras", backend),
+            env=(("KERAS_BACKEND", backend),),
+            note=f"keras.ops.dot_product_attention with KERAS_BACKEND={backend}; "
+            "(B, T, N, H) layout",
+        )
+        for backend in ("jax", "torch", "numpy")
+    ),
+    KnownKernel(
+        _adapter("thirdparty", "local_attention"),
+        _adapter("thirdparty", "local_attention"),
+        "torch",
+        (),
+        ("local_attention",),
+        note="LocalAttention(window_size=4, causal=True, exact_windowsize=True, "
+        "look_backward=1) as a causal sliding window of 4 keys back",
+    ),
+    KnownKernel(
+        _adapter("thirdparty", "performer_favor"),
+        _adapter("thirdparty", "performer_favor"),
+        "torch",
+        (),
+        ("performer_pytorch",),
+        note="FastAttention(nb_features=M) with its projection drawn from the seed "
+        "on every call (the redraw)",
+    ),
+    KnownKernel(
+        _adapter("thirdparty", "fast_transformers_linear"),
+        _adapter("thirdparty", "fast_transformers_linear"),
+        "torch",
+        (),
+        ("fast_transformers",),
+        note="LinearAttention (elu(x) + 1), eps declared",
+    ),
+    *(
+        KnownKernel(
+            _adapter("torch", f"sdpa_cuda_{backend}"),
+            _adapter("torch", f"sdpa_cuda_{backend}"),
+            "torch",
+            (),
+            ("torch",),
+            device="cuda",
+            note=f"SDPA pinned to its CUDA {backend} backend",
+        )
+        for backend in ("math", "efficient", "flash", "cudnn")
+    ),
+    KnownKernel(
+        _adapter("jax", "dot_product_attention_cudnn"),
+        _adapter("jax", "dot_product_attention_cudnn"),
+        "jax",
+        (),
+        ("jax",),
+        device="cuda",
+        note="jax.nn.dot_product_attention(implementation='cudnn')",
+    ),
+    KnownKernel(
+        "flash_attn:flash_attn_func",
+        _adapter("thirdparty", "flash_attn_func"),
+        "torch",
+        ("flash_attn.flash_attn_interface.flash_attn_func",),
+        ("flash_attn",),
+        device="cuda",
+        note="(B, S, H, D) layout; bottom-right causal",
+    ),
+    KnownKernel(
+        "xformers.ops:memory_efficient_attention",
+        _adapter("thirdparty", "xformers_memory_efficient"),
+        "torch",
+        ("xformers.ops.fmha.memory_efficient_attention",),
+        ("xformers",),
+        device="cuda",
+        note="(B, M, H, K) layout; mask as an additive bias",
+    ),
 )
 
 

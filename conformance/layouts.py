@@ -61,8 +61,10 @@ def from_blhd(fn: Callable[..., Any], /, **claims: Any) -> Callable[..., Any]:
         xp = namespace_of(call, q=q, k=k, v=v)
         require_ndim_at_least(call, "SDPA-1.1", 3, "(..., H, L, E)", q=q, k=k, v=v)
         # a KV-cache call's new keys and values (KVCACHE-1) follow the layout too
-        kwargs = {name: _swap_heads_and_length(xp, a) if name in CACHE_KEYWORDS else a
-                  for name, a in kwargs.items()}
+        kwargs = {
+            name: _swap_heads_and_length(xp, a) if name in CACHE_KEYWORDS else a
+            for name, a in kwargs.items()
+        }
         result = fn(*(_swap_heads_and_length(xp, a) for a in (q, k, v)), *args, **kwargs)
         if isinstance(result, (tuple, list)):  # (out, weights): weights are already spec
             return (_swap_heads_and_length(xp, result[0]), *result[1:])
@@ -126,8 +128,9 @@ def describe_padding(head_dim: int, value_dim: int, scale_given: bool) -> str:
     padded = "v" if value_dim < head_dim else ("q, k" if width == value_dim else "q, k, v")
     text = f"equal_head_dims: the kernel got {padded} zero-padded to {width} columns"
     if factor != 1:
-        text += (f" and q times {factor}, so its default scale 1/sqrt({width}) gives "
-                 f"1/sqrt({head_dim})")
+        text += (
+            f" and q times {factor}, so its default scale 1/sqrt({width}) gives 1/sqrt({head_dim})"
+        )
     return text + f"; its output cut to Ev={value_dim}"
 
 
@@ -145,8 +148,9 @@ def pad_head_dims(fn: Callable[..., Any], /, **claims: Any) -> Callable[..., Any
     def zero_columns(xp: Any, a: Any, width: int) -> Any:
         if a.shape[-1] == width:
             return a
-        zeros = xp.zeros((*a.shape[:-1], width - a.shape[-1]), dtype=a.dtype,
-                         device=array_api_compat.device(a))
+        zeros = xp.zeros(
+            (*a.shape[:-1], width - a.shape[-1]), dtype=a.dtype, device=array_api_compat.device(a)
+        )
         return xp.concat([a, zeros], axis=-1)
 
     @functools.wraps(fn)
@@ -164,8 +168,13 @@ def pad_head_dims(fn: Callable[..., Any], /, **claims: Any) -> Callable[..., Any
                     f"cannot keep the default scale 1/sqrt({head_dim}) exact [{call}]"
                 )
             q = scaled
-        result = fn(zero_columns(xp, q, width), zero_columns(xp, k, width),
-                    zero_columns(xp, v, width), *args, **kwargs)
+        result = fn(
+            zero_columns(xp, q, width),
+            zero_columns(xp, k, width),
+            zero_columns(xp, v, width),
+            *args,
+            **kwargs,
+        )
         if isinstance(result, (tuple, list)):  # (out, weights, ...): weights need no cut
             return (result[0][..., :value_dim], *result[1:])
         return result[..., :value_dim]
@@ -194,9 +203,9 @@ def _renamed_signature(
             )
     to_spec = {kernel: spec for spec, kernel in kernel_names.items()}
     try:
-        return signature.replace(parameters=[
-            p.replace(name=to_spec.get(p.name, p.name)) for p in parameters.values()
-        ])
+        return signature.replace(
+            parameters=[p.replace(name=to_spec.get(p.name, p.name)) for p in parameters.values()]
+        )
     except ValueError as exc:
         raise ValueError(
             f"renaming {kernel_names} gives {_describe(fn)} two parameters of one name ({exc}) "
@@ -225,8 +234,7 @@ def rename_arguments(fn: Callable[..., Any], /, **kernel_names: str) -> Callable
 
     @functools.wraps(fn)
     def renamed(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **{kernel_names.get(name, name): value
-                            for name, value in kwargs.items()})
+        return fn(*args, **{kernel_names.get(name, name): value for name, value in kwargs.items()})
 
     del renamed.__wrapped__  # the signature is the renamed one below, not fn's
     renamed.__name__ = f"rename_arguments({getattr(fn, '__name__', 'kernel')})"

@@ -29,7 +29,12 @@ from .root_causes import Divergence, divergences
 from .runner import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Report
 
 NOT_INSTALLED, NEEDS_GPU, CHECKED, SETUP_FAILED, NOT_SELECTED = (
-    "not installed", "needs a GPU", "checked", "setup failed", "not run")
+    "not installed",
+    "needs a GPU",
+    "checked",
+    "setup failed",
+    "not run",
+)
 
 
 @dataclass
@@ -115,24 +120,39 @@ def select(names: Sequence[str] | None) -> list[KnownKernel]:
     if not names:
         return list(KNOWN_KERNELS)
     # a name spelt in full is that kernel alone (jax.nn's is part of keras-on-jax's)
-    chosen = [e for e in KNOWN_KERNELS
-              if any(n == e.name or (n in e.name and n not in _FULL_NAMES) for n in names)]
+    chosen = [
+        e
+        for e in KNOWN_KERNELS
+        if any(n == e.name or (n in e.name and n not in _FULL_NAMES) for n in names)
+    ]
     if not chosen:
-        raise ValueError(f"--kernel {', '.join(names)} matches no known kernel; known: "
-                         f"{', '.join(e.name for e in KNOWN_KERNELS)}")
+        raise ValueError(
+            f"--kernel {', '.join(names)} matches no known kernel; known: "
+            f"{', '.join(e.name for e in KNOWN_KERNELS)}"
+        )
     return chosen
 
 
-def build_rows(entries: Sequence[KnownKernel], check: Callable[[KnownKernel], MatrixRow],
-               has_cuda: bool) -> list[MatrixRow]:
+def build_rows(
+    entries: Sequence[KnownKernel], check: Callable[[KnownKernel], MatrixRow], has_cuda: bool
+) -> list[MatrixRow]:
     return [unavailable(entry, has_cuda) or check(entry) for entry in entries]
 
 
-def row_from_report(entry: KnownKernel, report: Report, write_ups: dict[str, str],
-                    seconds: float) -> MatrixRow:
-    return MatrixRow(entry.name, report.backend, entry.device, entry.note, CHECKED,
-                     claim=report.claim, seconds=seconds, cells=cells_of(report),
-                     divergences=divergences_of(report, write_ups))
+def row_from_report(
+    entry: KnownKernel, report: Report, write_ups: dict[str, str], seconds: float
+) -> MatrixRow:
+    return MatrixRow(
+        entry.name,
+        report.backend,
+        entry.device,
+        entry.note,
+        CHECKED,
+        claim=report.claim,
+        seconds=seconds,
+        cells=cells_of(report),
+        divergences=divergences_of(report, write_ups),
+    )
 
 
 def rows_in(path: str | Path) -> list[MatrixRow]:
@@ -149,24 +169,47 @@ def checked_rows(paths: Sequence[str]) -> dict[str, MatrixRow]:
     return {row.name: row for path in paths for row in rows_in(path) if row.status == CHECKED}
 
 
-_MATRIX_COMMAND = ("import sys; from attnspec.conformance.cli import main; "
-                   "sys.exit(main(sys.argv[1:]))")
+_MATRIX_COMMAND = (
+    "import sys; from attnspec.conformance.cli import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
-def rows_in_processes(entries: Sequence[KnownKernel], jobs: int,
-                      options: Sequence[str]) -> list[MatrixRow]:
+def rows_in_processes(
+    entries: Sequence[KnownKernel], jobs: int, options: Sequence[str]
+) -> list[MatrixRow]:
     """Each of ``entries`` checked by ``attnspec matrix --kernel NAME OPTIONS`` in a process
     of its own, ``jobs`` at a time (``--jobs N``): the kernels' libraries, environment
     (KERAS_BACKEND) and workers stay apart; the rows come back through a JSON file."""
+
     def one(index: int, entry: KnownKernel, folder: str) -> MatrixRow:
         out = Path(folder) / f"row-{index}.json"
-        command = [sys.executable, "-c", _MATRIX_COMMAND, "matrix", "--kernel", entry.name,
-                   "--json", str(out), "--markdown", os.devnull, *options]
+        command = [
+            sys.executable,
+            "-c",
+            _MATRIX_COMMAND,
+            "matrix",
+            "--kernel",
+            entry.name,
+            "--json",
+            str(out),
+            "--markdown",
+            os.devnull,
+            *options,
+        ]
         status = subprocess.run(command, stdin=subprocess.DEVNULL, check=False).returncode
         found = [r for r in rows_in(out) if r.name == entry.name] if out.exists() else []
-        return found[0] if found else MatrixRow(
-            entry.name, entry.backend, entry.device, entry.note, SETUP_FAILED,
-            reason=f"its matrix process ended with status {status} and wrote no row")
+        return (
+            found[0]
+            if found
+            else MatrixRow(
+                entry.name,
+                entry.backend,
+                entry.device,
+                entry.note,
+                SETUP_FAILED,
+                reason=f"its matrix process ended with status {status} and wrote no row",
+            )
+        )
 
     with tempfile.TemporaryDirectory() as folder, ThreadPoolExecutor(max(1, jobs)) as pool:
         return list(pool.map(lambda pair: one(*pair, folder), enumerate(entries)))
@@ -174,8 +217,7 @@ def rows_in_processes(entries: Sequence[KnownKernel], jobs: int,
 
 # --- rendering ----------------------------------------------------------------------------
 
-_WORD = {PASSED: "pass", FAILED: "FAIL", WARNING: "warn", NOT_APPLICABLE: "–",
-         WAIVED: "waived"}
+_WORD = {PASSED: "pass", FAILED: "FAIL", WARNING: "warn", NOT_APPLICABLE: "–", WAIVED: "waived"}
 
 
 def _anchor(name: str) -> str:
@@ -189,19 +231,26 @@ def _column_key(column: str) -> tuple[str, int]:
 
 def to_markdown(rows: Sequence[MatrixRow], title_note: str = "") -> str:
     checked = [r for r in rows if r.status == CHECKED]
-    columns = sorted({c for r in checked for c, v in r.cells.items() if v != NOT_APPLICABLE},
-                     key=_column_key)
-    lines = ["# Conformance matrix of known kernels", "",
-             "Generated by `attnspec matrix` (quick profile, each kernel in its own worker). "
-             "A cell is the worst verdict of the clause family's properties: pass, FAIL, warn "
-             "(SHOULD), waived (the declaration names the MUST clause it does not follow, "
-             "CONF-7), – (not applicable). Each FAIL links to the kernel's distinct "
-             "divergences below; a divergence with a write-up is confirmed against the "
-             "float64 definition in [divergences.md](divergences.md).", ""]
+    columns = sorted(
+        {c for r in checked for c, v in r.cells.items() if v != NOT_APPLICABLE}, key=_column_key
+    )
+    lines = [
+        "# Conformance matrix of known kernels",
+        "",
+        "Generated by `attnspec matrix` (quick profile, each kernel in its own worker). "
+        "A cell is the worst verdict of the clause family's properties: pass, FAIL, warn "
+        "(SHOULD), waived (the declaration names the MUST clause it does not follow, "
+        "CONF-7), – (not applicable). Each FAIL links to the kernel's distinct "
+        "divergences below; a divergence with a write-up is confirmed against the "
+        "float64 definition in [divergences.md](divergences.md).",
+        "",
+    ]
     if title_note:
         lines += [title_note, ""]
-    lines += ["| kernel | backend | " + " | ".join(columns) + " |",
-              "|---|---|" + "---|" * len(columns)]
+    lines += [
+        "| kernel | backend | " + " | ".join(columns) + " |",
+        "|---|---|" + "---|" * len(columns),
+    ]
     for row in checked:
         cells = []
         for column in columns:
@@ -211,30 +260,43 @@ def to_markdown(rows: Sequence[MatrixRow], title_note: str = "") -> str:
     others = [r for r in rows if r.status != CHECKED]
     if others:
         lines += ["", "Not checked here:", ""]
-        lines += [f"- `{r.name}` ({r.backend}, {r.device}): {r.status}: {r.reason}"
-                  for r in others]
+        lines += [f"- `{r.name}` ({r.backend}, {r.device}): {r.status}: {r.reason}" for r in others]
     lines += ["", "## Distinct divergences, kernel by kernel", ""]
     for row in checked:
         # an explicit id: the site's heading slugs drop the dots the table's links keep
-        lines += [f'<a id="{_anchor(row.name)}"></a>', "", f"### {row.name}", "",
-                  f"{row.note}. {row.claim} ({row.seconds:.0f} s)", ""]
+        lines += [
+            f'<a id="{_anchor(row.name)}"></a>',
+            "",
+            f"### {row.name}",
+            "",
+            f"{row.note}. {row.claim} ({row.seconds:.0f} s)",
+            "",
+        ]
         if not row.divergences:
             lines += ["No divergence.", ""]
         for d in row.divergences:
             target = d.write_up.split(" ")[0].removeprefix("docs/")
-            confirmed = (f"confirmed: [{d.write_up}]({target})" if d.write_up
-                         else "declared, not checked" if d.status == WAIVED
-                         else "**unconfirmed** (not yet written up)")
-            lines.append(f"- **{d.clause}** ({d.level}, {d.status}) — {confirmed}; properties: "
-                         f"{', '.join(d.properties)}")
+            confirmed = (
+                f"confirmed: [{d.write_up}]({target})"
+                if d.write_up
+                else "declared, not checked"
+                if d.status == WAIVED
+                else "**unconfirmed** (not yet written up)"
+            )
+            lines.append(
+                f"- **{d.clause}** ({d.level}, {d.status}) — {confirmed}; properties: "
+                f"{', '.join(d.properties)}"
+            )
             lines.append(f"  - finding: {d.finding[:300]}")
             if d.inputs:
                 lines.append(f"  - minimal case: {d.inputs[:300]}")
             if d.drawn_around:
                 lines.append(f"  - drawn around: {d.drawn_around[:400]}")
             if d.consequences:
-                lines.append(f"  - consequences (each passes re-run with these inputs drawn "
-                             f"around): {', '.join(d.consequences)}")
+                lines.append(
+                    f"  - consequences (each passes re-run with these inputs drawn "
+                    f"around): {', '.join(d.consequences)}"
+                )
                 lines.extend(f"    - {evidence[:400]}" for evidence in d.evidence)
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

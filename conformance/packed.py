@@ -34,10 +34,16 @@ class Batch:
         """Lengths and options, for a failure message (the call has no single Problem)."""
         lengths = [(s.q.shape[-2], s.k.shape[-2]) for s in self.sequences]
         first = self.first
-        parts = [f"{len(lengths)} sequences (Lq, Lk) = {lengths}", f"Hq={first.q.shape[-3]}",
-                 f"Hkv={first.k.shape[-3]}", f"E={first.q.shape[-1]}", f"Ev={first.v.shape[-1]}",
-                 f"dtype={first.dtype}", f"is_causal={first.is_causal}",
-                 f"scale={first.scale!r}"]
+        parts = [
+            f"{len(lengths)} sequences (Lq, Lk) = {lengths}",
+            f"Hq={first.q.shape[-3]}",
+            f"Hkv={first.k.shape[-3]}",
+            f"E={first.q.shape[-1]}",
+            f"Ev={first.v.shape[-1]}",
+            f"dtype={first.dtype}",
+            f"is_causal={first.is_causal}",
+            f"scale={first.scale!r}",
+        ]
         if first.softcap is not None:
             parts.append(f"softcap={first.softcap!r}")
         if first.alibi_slopes is not None:
@@ -68,8 +74,7 @@ class CacheCall:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> str:
-        text = (f"cache_seqlens={self.lengths}, {self.n_new} new keys, capacity "
-                f"{self.capacity}")
+        text = f"cache_seqlens={self.lengths}, {self.n_new} new keys, capacity {self.capacity}"
         if self.block_size is not None:
             text += f", paged: blocks of {self.block_size}, table {self.table.tolist()}"
         return text
@@ -97,8 +102,9 @@ def _slopes(kernel: KernelUnderTest, batch: Batch, keywords: dict[str, Any]) -> 
     """ALiBi slopes of the batch as (B, Hq) float32 (FlashAttention's per-batch form)."""
     decl = kernel.declaration
     if batch.first.alibi_slopes is not None and not decl.alibi_builtin_slopes:
-        slopes = np.stack([np.broadcast_to(s.alibi_slopes, (s.q.shape[-3],))
-                           for s in batch.sequences]).astype(np.float32)
+        slopes = np.stack(
+            [np.broadcast_to(s.alibi_slopes, (s.q.shape[-3],)) for s in batch.sequences]
+        ).astype(np.float32)
         keywords[decl.alibi_keyword] = kernel.backend.asarray(slopes, "float32")
 
 
@@ -107,32 +113,40 @@ def _results(kernel: KernelUnderTest, result: Any) -> tuple[np.ndarray, np.ndarr
     return kernel.numpy(out), None if lse is None else kernel.numpy(lse)
 
 
-def _call(kernel: KernelUnderTest, batch: Batch, args: tuple[Any, ...],
-          keywords: dict[str, Any]) -> Any:
+def _call(
+    kernel: KernelUnderTest, batch: Batch, args: tuple[Any, ...], keywords: dict[str, Any]
+) -> Any:
     """The kernel's raw result; an exception it raises is a failure naming the call."""
     from .failures import KernelRaised
 
     try:
         return kernel.call_raw(args, keywords)
     except Exception as exc:
-        raise KernelRaised(f"kernel raised {type(exc).__name__}: {str(exc)[:300]} [call: "
-                           f"{batch.describe()}]") from exc
+        raise KernelRaised(
+            f"kernel raised {type(exc).__name__}: {str(exc)[:300]} [call: {batch.describe()}]"
+        ) from exc
 
 
-def varlen_arguments(kernel: KernelUnderTest, batch: Batch,
-                     offsets: tuple[np.ndarray, np.ndarray] | None = None,
-                     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def varlen_arguments(
+    kernel: KernelUnderTest,
+    batch: Batch,
+    offsets: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(q, k, v)`` packed as ``(total, H, ·)`` and the keywords of VARLEN-1; ``offsets``
     replace the true cu_seqlens (to pass malformed ones, VARLEN-4)."""
     b, dtype = kernel.backend, batch.first.dtype
-    arrays = [b.asarray(np.concatenate([np.swapaxes(getattr(s, name), 0, 1)
-                                        for s in batch.sequences]), dtype)
-              for name in ("q", "k", "v")]
+    arrays = [
+        b.asarray(
+            np.concatenate([np.swapaxes(getattr(s, name), 0, 1) for s in batch.sequences]), dtype
+        )
+        for name in ("q", "k", "v")
+    ]
     lengths_q = [s.q.shape[-2] for s in batch.sequences]
     lengths_k = [s.k.shape[-2] for s in batch.sequences]
     if offsets is None:
-        offsets = tuple(np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
-                        for n in (lengths_q, lengths_k))
+        offsets = tuple(
+            np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (lengths_q, lengths_k)
+        )
     keywords = {"cu_seqlens_q": b.asarray(offsets[0]), "cu_seqlens_k": b.asarray(offsets[1])}
     if kernel.declaration.varlen_max_seqlen:
         keywords.update(max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k))
@@ -165,11 +179,18 @@ def cache_contents(batch: Batch, kernel: KernelUnderTest) -> tuple[np.ndarray, n
     call = batch.cache
     first = batch.first
     n_kv, head_dim, value_dim = first.k.shape[-3], first.k.shape[-1], first.v.shape[-1]
-    count, length = ((len(call.lengths), call.capacity) if call.block_size is None
-                     else (call.n_blocks, call.block_size))
-    caches = [kernel.rounded(_filled((count, n_kv, length, width), call.stale_seed + i,
-                                     call.stale_magnitude), first.dtype)
-              for i, width in enumerate((head_dim, value_dim))]
+    count, length = (
+        (len(call.lengths), call.capacity)
+        if call.block_size is None
+        else (call.n_blocks, call.block_size)
+    )
+    caches = [
+        kernel.rounded(
+            _filled((count, n_kv, length, width), call.stale_seed + i, call.stale_magnitude),
+            first.dtype,
+        )
+        for i, width in enumerate((head_dim, value_dim))
+    ]
     for b, (cached, sequence) in enumerate(zip(call.lengths, batch.sequences, strict=True)):
         for t in range(cached):
             index, position = call.position(b, t)
@@ -178,8 +199,9 @@ def cache_contents(batch: Batch, kernel: KernelUnderTest) -> tuple[np.ndarray, n
     return caches[0], caches[1]
 
 
-def kv_cache_arguments(kernel: KernelUnderTest, batch: Batch
-                       ) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, np.ndarray]]:
+def kv_cache_arguments(
+    kernel: KernelUnderTest, batch: Batch
+) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, np.ndarray]]:
     """``(q, k_cache, v_cache)``, the keywords of KVCACHE-1, and the NumPy inputs."""
     b, dtype, call = kernel.backend, batch.first.dtype, batch.cache
     inputs = {"q": np.stack([s.q for s in batch.sequences])}
@@ -189,8 +211,7 @@ def kv_cache_arguments(kernel: KernelUnderTest, batch: Batch
     keywords: dict[str, Any] = {"cache_seqlens": b.asarray(inputs["cache_seqlens"])}
     if call.n_new:
         for name in ("k", "v"):
-            inputs[name] = np.stack([getattr(s, name)[:, -call.n_new:]
-                                     for s in batch.sequences])
+            inputs[name] = np.stack([getattr(s, name)[:, -call.n_new :] for s in batch.sequences])
             keywords[name] = b.asarray(inputs[name], dtype)
     if call.block_size is not None:
         inputs["block_table"] = call.table.astype(np.int32)
@@ -200,16 +221,19 @@ def kv_cache_arguments(kernel: KernelUnderTest, batch: Batch
     return args, keywords, inputs
 
 
-def call_kv_cache(kernel: KernelUnderTest, batch: Batch
-                  ) -> tuple[np.ndarray, np.ndarray | None, dict[str, Any], dict[str, np.ndarray]]:
+def call_kv_cache(
+    kernel: KernelUnderTest, batch: Batch
+) -> tuple[np.ndarray, np.ndarray | None, dict[str, Any], dict[str, np.ndarray]]:
     """The output ``(B, Hq, Lq, Ev)``, the log-sum-exp (or None), every argument as the
     kernel left it (NumPy) and as it was given."""
     args, keywords, inputs = kv_cache_arguments(kernel, batch)
     out, lse = _results(kernel, _call(kernel, batch, args, keywords))
-    after = dict(zip(("q", "k_cache", "v_cache"), (kernel.numpy(a) for a in args),
-                     strict=True))
-    after.update((name, np.asarray(kernel.backend.to_numpy(keywords[name])))
-                 for name in inputs if name in keywords)
+    after = dict(zip(("q", "k_cache", "v_cache"), (kernel.numpy(a) for a in args), strict=True))
+    after.update(
+        (name, np.asarray(kernel.backend.to_numpy(keywords[name])))
+        for name in inputs
+        if name in keywords
+    )
     return out, lse, after, inputs
 
 

@@ -40,31 +40,75 @@ class PropertyFailed(Exception):
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("attnspec", "attnspec conformance suite")
-    group.addoption("--attnspec-kernel", metavar="MODULE:FUNC", default=None,
-                    help="check this kernel (or path/to/file.py:FUNC) against the attention "
-                         "spec, one test item per property")
-    group.addoption("--attnspec-backend", default=None, metavar="NAME",
-                    help="array library to run the kernel on (default: ATTNSPEC_BACKEND or numpy)")
-    group.addoption("--attnspec-device", default=None, metavar="DEVICE",
-                    help="device on that backend, e.g. cpu or cuda:0")
-    group.addoption("--attnspec-profile", default="quick", metavar="PROFILE",
-                    help="quick (20 small and 10 realistic examples per property), default "
-                         "(~5x) or thorough (~50x)")
-    group.addoption("--attnspec-seed", default=None, type=int, metavar="N",
-                    help="random seed (default: derandomised, reproducible runs)")
-    group.addoption("--attnspec-strict", action="store_true", default=False,
-                    help="fail on SHOULD clauses too, not only MUST")
-    group.addoption("--attnspec-only", action="append", default=None, metavar="ID",
-                    help="run only these property ids (repeatable or comma list)")
-    group.addoption("--attnspec-skip", action="append", default=None, metavar="ID",
-                    help="skip these property ids (repeatable or comma list)")
-    group.addoption("--attnspec-claim", action="append", default=None, metavar="KEY=VALUE",
-                    help="override a declaration field, e.g. bias=True or "
-                         "causal_alignment=bottom_right (repeatable)")
-    group.addoption("--attnspec-isolate", action="store_true", default=False,
-                    help="run the kernel in a supervised worker process, as `attnspec check` "
-                         "does: a crash, exit or hang fails the property that was running "
-                         "instead of the pytest run")
+    group.addoption(
+        "--attnspec-kernel",
+        metavar="MODULE:FUNC",
+        default=None,
+        help="check this kernel (or path/to/file.py:FUNC) against the attention "
+        "spec, one test item per property",
+    )
+    group.addoption(
+        "--attnspec-backend",
+        default=None,
+        metavar="NAME",
+        help="array library to run the kernel on (default: ATTNSPEC_BACKEND or numpy)",
+    )
+    group.addoption(
+        "--attnspec-device",
+        default=None,
+        metavar="DEVICE",
+        help="device on that backend, e.g. cpu or cuda:0",
+    )
+    group.addoption(
+        "--attnspec-profile",
+        default="quick",
+        metavar="PROFILE",
+        help="quick (20 small and 10 realistic examples per property), default "
+        "(~5x) or thorough (~50x)",
+    )
+    group.addoption(
+        "--attnspec-seed",
+        default=None,
+        type=int,
+        metavar="N",
+        help="random seed (default: derandomised, reproducible runs)",
+    )
+    group.addoption(
+        "--attnspec-strict",
+        action="store_true",
+        default=False,
+        help="fail on SHOULD clauses too, not only MUST",
+    )
+    group.addoption(
+        "--attnspec-only",
+        action="append",
+        default=None,
+        metavar="ID",
+        help="run only these property ids (repeatable or comma list)",
+    )
+    group.addoption(
+        "--attnspec-skip",
+        action="append",
+        default=None,
+        metavar="ID",
+        help="skip these property ids (repeatable or comma list)",
+    )
+    group.addoption(
+        "--attnspec-claim",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="override a declaration field, e.g. bias=True or "
+        "causal_alignment=bottom_right (repeatable)",
+    )
+    group.addoption(
+        "--attnspec-isolate",
+        action="store_true",
+        default=False,
+        help="run the kernel in a supervised worker process, as `attnspec check` "
+        "does: a crash, exit or hang fails the property that was running "
+        "instead of the pytest run",
+    )
     # every declaration `attnspec check` takes, from the same tables, as --attnspec-<flag>
     for flag in _shared_flags():
         flag.add_prefixed(group, PREFIX)
@@ -101,30 +145,52 @@ def pytest_configure(config: pytest.Config) -> None:
         return option(f"{PREFIX}_{dest}")
 
     try:
-        claims = {**claims_from(flag_value),
-                  **key_values(option("attnspec_claim"), "--attnspec-claim")}
-        setup = KernelSetup(target, option("attnspec_backend"), option("attnspec_device"),
-                            claims=claims, **setup_from(flag_value))
-        isolation = isolation_options(option("attnspec_isolate"), flag_value, prefix=PREFIX,
-                                      without="they need --attnspec-isolate")
-        plan = plan_run(setup, profile=option("attnspec_profile"), seed=option("attnspec_seed"),
-                        only=_ids(option("attnspec_only")), skip=_ids(option("attnspec_skip")),
-                        limits=size_limits_from(flag_value), isolation=isolation)
+        claims = {
+            **claims_from(flag_value),
+            **key_values(option("attnspec_claim"), "--attnspec-claim"),
+        }
+        setup = KernelSetup(
+            target,
+            option("attnspec_backend"),
+            option("attnspec_device"),
+            claims=claims,
+            **setup_from(flag_value),
+        )
+        isolation = isolation_options(
+            option("attnspec_isolate"),
+            flag_value,
+            prefix=PREFIX,
+            without="they need --attnspec-isolate",
+        )
+        plan = plan_run(
+            setup,
+            profile=option("attnspec_profile"),
+            seed=option("attnspec_seed"),
+            only=_ids(option("attnspec_only")),
+            skip=_ids(option("attnspec_skip")),
+            limits=size_limits_from(flag_value),
+            isolation=isolation,
+        )
         session = plan.session()
         session.start()  # load the kernel (in its worker when isolated) before collecting
     except (SetupError, UsageError, ValueError) as exc:
         raise pytest.UsageError(f"attnspec: {exc}") from None
     config.pluginmanager.register(
-        AttnspecSession(config, session, list(plan.properties), plan.limits),
-        "attnspec-session")
+        AttnspecSession(config, session, list(plan.properties), plan.limits), "attnspec-session"
+    )
 
 
 class AttnspecSession:
     """Holds the kernel under test (loaded here, or in a worker process with
     ``--attnspec-isolate``) for one pytest session and adds its items."""
 
-    def __init__(self, config: pytest.Config, session: IsolatedKernel | InProcessKernel,
-                 properties: list[Property], limits: SizeLimits) -> None:
+    def __init__(
+        self,
+        config: pytest.Config,
+        session: IsolatedKernel | InProcessKernel,
+        properties: list[Property],
+        limits: SizeLimits,
+    ) -> None:
         self.config, self.session, self.properties = config, session, properties
         self.limits = limits
         self.kernel = session.start()
@@ -150,8 +216,9 @@ class AttnspecSession:
         self.verdicts.extend(Verdict(**fields) for fields in output.get(VERDICTS_KEY, ()))
 
     @pytest.hookimpl(tryfirst=True)  # before -k / -m deselect, so they select properties too
-    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
-                                      items: list[pytest.Item]) -> None:
+    def pytest_collection_modifyitems(
+        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
         collector = AttnspecCollector.from_parent(session, name="attnspec", nodeid="attnspec")
         collected = collector.collect()
         # Reported like any collector's result, so "collected N items" counts these.
@@ -165,8 +232,12 @@ class AttnspecSession:
 
         option = self.config.getoption
         with hypothesis_storage_elsewhere():
-            verdict = self.session.run_property(prop, profile=option("attnspec_profile"),
-                                                seed=option("attnspec_seed"), limits=self.limits)
+            verdict = self.session.run_property(
+                prop,
+                profile=option("attnspec_profile"),
+                seed=option("attnspec_seed"),
+                limits=self.limits,
+            )
         self.verdicts.append(verdict)
         return verdict
 
@@ -174,8 +245,9 @@ class AttnspecSession:
         """A pytest command that reruns just this property."""
         from .reproduce import pytest_rerun_command
 
-        return pytest_rerun_command(self.kernel.target, self.config.getoption, _shared_flags(),
-                                    PREFIX, verdict.property)
+        return pytest_rerun_command(
+            self.kernel.target, self.config.getoption, _shared_flags(), PREFIX, verdict.property
+        )
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.verdicts:
@@ -185,9 +257,13 @@ class AttnspecSession:
         from .report import summary_line
 
         option = self.config.getoption
-        report = start_report(self.session, profile=option("attnspec_profile"),
-                              seed=option("attnspec_seed"), strict=option("attnspec_strict"),
-                              limits=self.limits)
+        report = start_report(
+            self.session,
+            profile=option("attnspec_profile"),
+            seed=option("attnspec_seed"),
+            strict=option("attnspec_strict"),
+            limits=self.limits,
+        )
         order = {prop.id: i for i, prop in enumerate(self.properties)}  # xdist: any order
         report.verdicts = sorted(self.verdicts, key=lambda v: order.get(v.property, len(order)))
         # a claim needs every property to have run (no --attnspec-only/-skip, no -k)
@@ -203,7 +279,6 @@ class AttnspecSession:
             terminalreporter.write_line(f"hint: {hint}")
         terminalreporter.write_line(report.claim)
 
-
     def root_causes(self, report: Report) -> list[str]:
         """The failures re-run around the other clauses the kernel failed, as the CLI does
         (root_causes.draw_around), then one line per distinct divergence with the failures
@@ -211,14 +286,24 @@ class AttnspecSession:
         from .root_causes import divergences, draw_around
 
         option = self.config.getoption
-        draw_around(report, self.properties, lambda prop, around: self.session.run_property(
-            prop, profile=option("attnspec_profile"), seed=option("attnspec_seed"),
-            limits=around), self.limits)
+        draw_around(
+            report,
+            self.properties,
+            lambda prop, around: self.session.run_property(
+                prop,
+                profile=option("attnspec_profile"),
+                seed=option("attnspec_seed"),
+                limits=around,
+            ),
+            self.limits,
+        )
         found = divergences(report)
         lines = [f"{len(found)} distinct divergence{'s' * (len(found) != 1)}:"] if found else []
         for d in found:
-            lines.append(f"  {d.clause} ({d.status}): {', '.join(d.properties) or 'waived'}"
-                         f"{': ' + d.finding[:120] if d.properties else ''}")
+            lines.append(
+                f"  {d.clause} ({d.status}): {', '.join(d.properties) or 'waived'}"
+                f"{': ' + d.finding[:120] if d.properties else ''}"
+            )
             lines.extend(f"    consequence: {evidence[:240]}" for evidence in d.evidence)
         return lines
 
@@ -229,8 +314,9 @@ class AttnspecCollector(pytest.Collector):
     def collect(self) -> list[pytest.Item]:
         session: AttnspecSession = self.config.pluginmanager.get_plugin("attnspec-session")
         return [
-            AttnspecItem.from_parent(self, name=f"{prop.id}[{prop.clause}]", prop=prop,
-                                     owner=session)
+            AttnspecItem.from_parent(
+                self, name=f"{prop.id}[{prop.clause}]", prop=prop, owner=session
+            )
             for prop in session.properties
         ]
 
@@ -254,7 +340,9 @@ class AttnspecItem(pytest.Item):
             pytest.skip(verdict.detail)
         # The finding comes first: pytest's short summary shows the first line.
         text = f"{verdict.detail}\n" + failure_text(
-            verdict, self.owner.rerun, full_reproduction_in=reproduction_file,
+            verdict,
+            self.owner.rerun,
+            full_reproduction_in=reproduction_file,
         )
         if verdict.status == FAILED or (
             verdict.status == WARNING and self.config.getoption("attnspec_strict")
@@ -263,8 +351,7 @@ class AttnspecItem(pytest.Item):
         if verdict.status == WARNING:
             warnings.warn(AttnspecWarning(text), stacklevel=1)
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
-                     style: Any = None) -> str:
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, PropertyFailed):
             return str(excinfo.value)
         return str(super().repr_failure(excinfo, style=style))

@@ -19,6 +19,8 @@ def all_properties() -> dict[str, Property]:
     from . import properties  # noqa: F401  (registers on import)
 
     order = spec_order()
-    ranked = sorted(enumerate(REGISTRY.values()),
-                    key=lambda item: (order.get(item[1].clause, len(order)), item[0]))
+    ranked = sorted(
+        enumerate(REGISTRY.values()),
+        key=lambda item: (order.get(item[1].clause, len(order)), item[0]),
+    )
     return {prop.id: prop for _, prop in ranked}

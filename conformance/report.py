@@ -27,8 +27,13 @@ Rerun = Callable[[Verdict], str]
 # where a reproduction too long to show is: a description, or a function that puts it
 # somewhere (e.g. a file) and says where
 MAX_REPRODUCTION = 6000  # characters of a reproduction shown in text
-LABELS = {PASSED: "passed", FAILED: "FAILED", WARNING: "warning", NOT_APPLICABLE: "not applicable",
-          WAIVED: "waived"}
+LABELS = {
+    PASSED: "passed",
+    FAILED: "FAILED",
+    WARNING: "warning",
+    NOT_APPLICABLE: "not applicable",
+    WAIVED: "waived",
+}
 DETAIL_WIDTH = 72
 INCOMPLETE_CLAIM = "no conformance claim: the check is incomplete (CONF-6)"
 
@@ -64,7 +69,7 @@ def _one_line(text: str, width: int = DETAIL_WIDTH) -> str:
 
 
 def summary_line(report: Report) -> str:
-    """"conforms" or "DOES NOT CONFORM", then the count of each verdict."""
+    """ "conforms" or "DOES NOT CONFORM", then the count of each verdict."""
     tally = counts(report)
     seconds = sum(v.seconds for v in report.verdicts)
     if report.incomplete:  # CONF-6: no verdict on conformance either way
@@ -93,12 +98,15 @@ def conformance_claim(declaration: KernelDeclaration, dtypes: tuple[str, ...]) -
     bfloat16, float32)" or "conforms to attnspec 2026.12 except SDPA-5.1 (dense, ...)"."""
     waived = declaration.waived
     exception = f" except {', '.join(waived)}" if waived else ""
-    return (f"conforms to attnspec {spec_version()}{exception} "
-            f"({', '.join(claim_features(declaration))}; {', '.join(dtypes)})")
+    return (
+        f"conforms to attnspec {spec_version()}{exception} "
+        f"({', '.join(claim_features(declaration))}; {', '.join(dtypes)})"
+    )
 
 
-def claim_line(report: Report, declaration: KernelDeclaration, dtypes: tuple[str, ...],
-               *, partial: bool) -> str:
+def claim_line(
+    report: Report, declaration: KernelDeclaration, dtypes: tuple[str, ...], *, partial: bool
+) -> str:
     """The conformance claim of this run, or why it has none (CONF-1, CONF-2, CONF-6, CONF-7).
 
     ``partial``: only some properties ran (--only/--skip), so no claim can be made.
@@ -108,12 +116,16 @@ def claim_line(report: Report, declaration: KernelDeclaration, dtypes: tuple[str
     if report.incomplete:
         return INCOMPLETE_CLAIM
     if failed:
-        return (f"no conformance claim: {_count(failed, 'MUST property', 'MUST properties')} "
-                f"failed (CONF-1): {', '.join(failed)}")
+        return (
+            f"no conformance claim: {_count(failed, 'MUST property', 'MUST properties')} "
+            f"failed (CONF-1): {', '.join(failed)}"
+        )
     if report.strict and warned:
-        return (f"no conformance claim in a strict run: "
-                f"{_count(warned, 'SHOULD property', 'SHOULD properties')} failed (CONF-2, "
-                f"--strict): {', '.join(warned)}")
+        return (
+            f"no conformance claim in a strict run: "
+            f"{_count(warned, 'SHOULD property', 'SHOULD properties')} failed (CONF-2, "
+            f"--strict): {', '.join(warned)}"
+        )
     if partial:
         return "no conformance claim: only some properties ran (--only/--skip)"
     return conformance_claim(declaration, dtypes)
@@ -141,10 +153,14 @@ def _linked(group: list[Verdict], write_ups: dict[str, str]) -> str:
     return next((write_ups[v.property] for v in group if v.property in write_ups), "")
 
 
-def divergence_lines(report: Report, write_ups: dict[str, str] | None = None, *,
-                     rerun: Rerun | None = None,
-                     max_reproduction: int | None = MAX_REPRODUCTION,
-                     full_reproduction_in: Where = "the JSON report (--json PATH)") -> list[str]:
+def divergence_lines(
+    report: Report,
+    write_ups: dict[str, str] | None = None,
+    *,
+    rerun: Rerun | None = None,
+    max_reproduction: int | None = MAX_REPRODUCTION,
+    full_reproduction_in: Where = "the JSON report (--json PATH)",
+) -> list[str]:
     """The distinct divergences, each told in full (with its write-up when a known kernel's
     is confirmed), then the failures that follow from each, folded under their cause with
     the evidence (root_causes.draw_around); nothing is left out."""
@@ -153,32 +169,47 @@ def divergence_lines(report: Report, write_ups: dict[str, str] | None = None, *,
         return []
     groups = _distinct_groups(report)
     folded = sum(len(d.consequences) for d in found)
-    lines = ["", f"{len(groups)} distinct divergence{'s' * (len(groups) != 1)}"
-             + (f", {folded} failure{'s' * (folded != 1)} folded as consequences" if folded
-                else "") + ":"]
+    lines = [
+        "",
+        f"{len(groups)} distinct divergence{'s' * (len(groups) != 1)}"
+        + (f", {folded} failure{'s' * (folded != 1)} folded as consequences" if folded else "")
+        + ":",
+    ]
     for divergence in found:
         group = next((g for g in groups if g[0].property in divergence.properties), None)
         lines.append("")
         if group is None:  # a waived clause other failures follow from
-            lines.append(f"waived {divergence.clause} [{divergence.level}: "
-                         f"{clause_title(divergence.clause)}]: the declaration waives it "
-                         "(CONF-7)")
+            lines.append(
+                f"waived {divergence.clause} [{divergence.level}: "
+                f"{clause_title(divergence.clause)}]: the declaration waives it "
+                "(CONF-7)"
+            )
         else:
-            lines.append(group_text(group, rerun, max_reproduction=max_reproduction,
-                                    full_reproduction_in=full_reproduction_in))
+            lines.append(
+                group_text(
+                    group,
+                    rerun,
+                    max_reproduction=max_reproduction,
+                    full_reproduction_in=full_reproduction_in,
+                )
+            )
             if group[0].drawn_around:
                 lines.append(f"  drawn around: {group[0].drawn_around}")
         if divergence.write_up:
             lines.append(f"  confirmed:   {divergence.write_up}")
         if divergence.consequences:
-            lines.append(f"  consequences ({len(divergence.consequences)}), each passing "
-                         f"with {divergence.clause}'s inputs drawn around:")
+            lines.append(
+                f"  consequences ({len(divergence.consequences)}), each passing "
+                f"with {divergence.clause}'s inputs drawn around:"
+            )
             lines.extend(f"    - {evidence}" for evidence in divergence.evidence)
     return lines
 
 
 def failure_text(
-    verdict: Verdict, rerun: Rerun | None = None, *,
+    verdict: Verdict,
+    rerun: Rerun | None = None,
+    *,
     max_reproduction: int | None = MAX_REPRODUCTION,
     full_reproduction_in: Where = "the JSON report (--json PATH)",
 ) -> str:
@@ -190,14 +221,17 @@ def failure_text(
     to a file).
     """
     title = clause_title(verdict.clause)
-    lines = [f"{label(verdict)} {verdict.property} [{verdict.clause} {verdict.level}"
-             f"{': ' + title if title else ''}]"]
+    lines = [
+        f"{label(verdict)} {verdict.property} [{verdict.clause} {verdict.level}"
+        f"{': ' + title if title else ''}]"
+    ]
     lines.extend(_case_lines(verdict, rerun, max_reproduction, full_reproduction_in))
     return "\n".join(lines)
 
 
-def _case_lines(verdict: Verdict, rerun: Rerun | None, max_reproduction: int | None,
-                full_reproduction_in: Where) -> list[str]:
+def _case_lines(
+    verdict: Verdict, rerun: Rerun | None, max_reproduction: int | None, full_reproduction_in: Where
+) -> list[str]:
     lines = [f"  finding: {verdict.detail}"]
     if verdict.hint:
         lines.append(f"  hint:    {verdict.hint}")
@@ -209,26 +243,36 @@ def _case_lines(verdict: Verdict, rerun: Rerun | None, max_reproduction: int | N
 
 
 def group_text(
-    group: list[Verdict], rerun: Rerun | None = None, *,
+    group: list[Verdict],
+    rerun: Rerun | None = None,
+    *,
     max_reproduction: int | None = MAX_REPRODUCTION,
     full_reproduction_in: Where = "the JSON report (--json PATH)",
 ) -> str:
     """:func:`failure_text` for one verdict; for several with one root cause, one finding
     naming every property, told in full for the first."""
     if len(group) == 1:
-        return failure_text(group[0], rerun, max_reproduction=max_reproduction,
-                            full_reproduction_in=full_reproduction_in)
+        return failure_text(
+            group[0],
+            rerun,
+            max_reproduction=max_reproduction,
+            full_reproduction_in=full_reproduction_in,
+        )
     first = group[0]
     names = ", ".join(f"{v.property} [{v.clause}]" for v in group)
-    lines = [f"{label(first)} {len(group)} properties, one cause [{first.level}]:",
-             *textwrap.wrap(names, 96, initial_indent="  ", subsequent_indent="  "),
-             f"  (told for the first, {first.property}; the others failed the same way)"]
+    lines = [
+        f"{label(first)} {len(group)} properties, one cause [{first.level}]:",
+        *textwrap.wrap(names, 96, initial_indent="  ", subsequent_indent="  "),
+        f"  (told for the first, {first.property}; the others failed the same way)",
+    ]
     lines.extend(_case_lines(first, rerun, max_reproduction, full_reproduction_in))
     return "\n".join(lines)
 
 
 def format_table(
-    report: Report, *, rerun: Rerun | None = None,
+    report: Report,
+    *,
+    rerun: Rerun | None = None,
     max_reproduction: int | None = MAX_REPRODUCTION,
     full_reproduction_in: Where = "the JSON report (--json PATH)",
     write_ups: dict[str, str] | None = None,
@@ -238,9 +282,14 @@ def format_table(
     claim.  ``write_ups``: property id -> a known kernel's confirmed write-up."""
     header = ("property", "clause", "level", "verdict", "time", "detail")
     rows = [
-        (v.property, v.clause, v.level, label(v),
-         "" if v.status in (NOT_APPLICABLE, WAIVED) else f"{v.seconds:.1f}s",
-         _one_line(f"(follows from {v.cause}) {v.detail}" if v.cause else v.detail))
+        (
+            v.property,
+            v.clause,
+            v.level,
+            label(v),
+            "" if v.status in (NOT_APPLICABLE, WAIVED) else f"{v.seconds:.1f}s",
+            _one_line(f"(follows from {v.cause}) {v.detail}" if v.cause else v.detail),
+        )
         for v in report.verdicts
     ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
@@ -250,9 +299,15 @@ def format_table(
         return "  ".join([*cells, row[-1]]).rstrip()
 
     lines = [heading(report), *(f"note: {note}" for note in report.notes)]
-    lines.extend(divergence_lines(report, write_ups, rerun=rerun,
-                                  max_reproduction=max_reproduction,
-                                  full_reproduction_in=full_reproduction_in))
+    lines.extend(
+        divergence_lines(
+            report,
+            write_ups,
+            rerun=rerun,
+            max_reproduction=max_reproduction,
+            full_reproduction_in=full_reproduction_in,
+        )
+    )
     lines.extend(["", render(header), render((*("-" * w for w in widths), ""))])
     lines.extend(render(row) for row in rows)
     lines.extend(["", summary_line(report)])
@@ -262,17 +317,24 @@ def format_table(
     return "\n".join(lines)
 
 
-def report_dict(report: Report, *, rerun: Rerun | None = None,
-                write_ups: dict[str, str] | None = None) -> dict[str, Any]:
+def report_dict(
+    report: Report, *, rerun: Rerun | None = None, write_ups: dict[str, str] | None = None
+) -> dict[str, Any]:
     """``Report.to_dict()`` plus the spec version, the verdict counts, rerun commands, the
     findings that share a cause (``findings``) and the distinct divergences with their
     consequences (``divergences``, see :mod:`.root_causes`)."""
     data = report.to_dict()
     data["spec_version"] = spec_version()
     data["counts"] = counts(report)
-    data["findings"] = [{"status": group[0].status, "finding": group[0].detail,
-                         "hint": group[0].hint, "properties": [v.property for v in group]}
-                        for group in grouped_findings(report)]
+    data["findings"] = [
+        {
+            "status": group[0].status,
+            "finding": group[0].detail,
+            "hint": group[0].hint,
+            "properties": [v.property for v in group],
+        }
+        for group in grouped_findings(report)
+    ]
     data["divergences"] = [asdict(d) for d in divergences(report, write_ups)]
     data["complete"] = not report.incomplete
     if rerun is not None:
@@ -281,10 +343,13 @@ def report_dict(report: Report, *, rerun: Rerun | None = None,
     return data
 
 
-def to_json(report: Report, *, rerun: Rerun | None = None,
-            write_ups: dict[str, str] | None = None) -> str:
-    return json.dumps(report_dict(report, rerun=rerun, write_ups=write_ups), indent=2,
-                      default=str) + "\n"
+def to_json(
+    report: Report, *, rerun: Rerun | None = None, write_ups: dict[str, str] | None = None
+) -> str:
+    return (
+        json.dumps(report_dict(report, rerun=rerun, write_ups=write_ups), indent=2, default=str)
+        + "\n"
+    )
 
 
 def junit_classname(target: str) -> str:
@@ -294,8 +359,7 @@ def junit_classname(target: str) -> str:
     if module.endswith(".py"):
         module = re.split(r"[\\/]", module)[-1][: -len(".py")]
     parts = [*(module.split(".") if module else []), *name.split(".")]
-    return ".".join(["attnspec", *(re.sub(r"\W+", "_", part).strip("_") or "_"
-                                   for part in parts)])
+    return ".".join(["attnspec", *(re.sub(r"\W+", "_", part).strip("_") or "_" for part in parts)])
 
 
 def to_junit(report: Report, *, rerun: Rerun | None = None) -> str:
@@ -308,36 +372,60 @@ def to_junit(report: Report, *, rerun: Rerun | None = None) -> str:
     failing = tally[FAILED] + (tally[WARNING] if report.strict else 0)
     suites = ET.Element("testsuites")
     suite = ET.SubElement(
-        suites, "testsuite", name=f"attnspec {report.kernel}", tests=str(len(report.verdicts)),
-        failures=str(failing), errors="0", skipped=str(tally[NOT_APPLICABLE] + tally[WAIVED]),
+        suites,
+        "testsuite",
+        name=f"attnspec {report.kernel}",
+        tests=str(len(report.verdicts)),
+        failures=str(failing),
+        errors="0",
+        skipped=str(tally[NOT_APPLICABLE] + tally[WAIVED]),
         time=f"{sum(v.seconds for v in report.verdicts):.3f}",
     )
     properties = ET.SubElement(suite, "properties")
-    for name, value in [("spec_version", spec_version()), ("backend", report.backend),
-                        ("device", report.device), ("profile", report.profile),
-                        ("seed", str(report.seed)), ("strict", str(report.strict)),
-                        ("conforms", str(report.conforms)),
-                        ("complete", str(not report.incomplete)),
-                        ("waived", " ".join(report.waived)), ("claim", report.claim),
-                        *(("note", note) for note in report.notes)]:
+    for name, value in [
+        ("spec_version", spec_version()),
+        ("backend", report.backend),
+        ("device", report.device),
+        ("profile", report.profile),
+        ("seed", str(report.seed)),
+        ("strict", str(report.strict)),
+        ("conforms", str(report.conforms)),
+        ("complete", str(not report.incomplete)),
+        ("waived", " ".join(report.waived)),
+        ("claim", report.claim),
+        *(("note", note) for note in report.notes),
+    ]:
         ET.SubElement(properties, "property", name=name, value=value)
     for verdict in report.verdicts:
         case = ET.SubElement(
-            suite, "testcase", classname=junit_classname(report.kernel),
-            name=f"{verdict.property}[{verdict.clause}]", time=f"{verdict.seconds:.3f}",
+            suite,
+            "testcase",
+            classname=junit_classname(report.kernel),
+            name=f"{verdict.property}[{verdict.clause}]",
+            time=f"{verdict.seconds:.3f}",
         )
         if verdict.status in (NOT_APPLICABLE, WAIVED):
             ET.SubElement(case, "skipped", message=verdict.detail)
         elif verdict.status == FAILED or (verdict.status == WARNING and report.strict):
-            element = ET.SubElement(case, "failure", message=_one_line(verdict.detail, 500),
-                                    type=f"{verdict.clause} {verdict.level}")
+            element = ET.SubElement(
+                case,
+                "failure",
+                message=_one_line(verdict.detail, 500),
+                type=f"{verdict.clause} {verdict.level}",
+            )
             element.text = failure_text(verdict, rerun)
         if verdict.status in (FAILED, WARNING):
             out = ET.SubElement(case, "system-out")
-            out.text = failure_text(verdict, rerun) if verdict.status == WARNING else (
-                verdict.reproduction if len(verdict.reproduction) <= MAX_REPRODUCTION
-                else reproduction_lines(verdict, MAX_REPRODUCTION,
-                                         "the JSON report (--json PATH)")[0].strip()
+            out.text = (
+                failure_text(verdict, rerun)
+                if verdict.status == WARNING
+                else (
+                    verdict.reproduction
+                    if len(verdict.reproduction) <= MAX_REPRODUCTION
+                    else reproduction_lines(
+                        verdict, MAX_REPRODUCTION, "the JSON report (--json PATH)"
+                    )[0].strip()
+                )
             )
     ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
@@ -349,17 +437,23 @@ def _cell(text: str) -> str:
 
 def to_markdown(report: Report, *, rerun: Rerun | None = None) -> str:
     """A Markdown table of verdicts, then one section per failure with its reproduction."""
-    lines = [f"## {heading(report)}", "", "| property | clause | level | verdict | detail |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"## {heading(report)}",
+        "",
+        "| property | clause | level | verdict | detail |",
+        "|---|---|---|---|---|",
+    ]
     for v in report.verdicts:
         verdict = f"**{label(v)}**" if v.status in (FAILED, WARNING) else label(v)
-        lines.append(f"| `{v.property}` | {v.clause} | {v.level} | {verdict} | "
-                     f"{_cell(v.detail)} |")
+        lines.append(f"| `{v.property}` | {v.clause} | {v.level} | {verdict} | {_cell(v.detail)} |")
     for group in grouped_findings(report):
         v = group[0]
-        title = (f"{label(v)} `{v.property}` ({v.clause}, {v.level})" if len(group) == 1 else
-                 f"{label(v)} {len(group)} properties, one cause ({v.level}): "
-                 + ", ".join(f"`{g.property}`" for g in group))
+        title = (
+            f"{label(v)} `{v.property}` ({v.clause}, {v.level})"
+            if len(group) == 1
+            else f"{label(v)} {len(group)} properties, one cause ({v.level}): "
+            + ", ".join(f"`{g.property}`" for g in group)
+        )
         lines.extend(["", f"### {title}", "", f"- finding: {v.detail}"])
         if v.hint:
             lines.append(f"- hint: {v.hint}")
@@ -370,8 +464,10 @@ def to_markdown(report: Report, *, rerun: Rerun | None = None) -> str:
         if v.reproduction and len(v.reproduction) <= MAX_REPRODUCTION:
             lines.extend(["", "```python", v.reproduction, "```"])
         elif v.reproduction:
-            lines.append(f"- reproduction: {len(v.reproduction)} characters, in the JSON "
-                         "report (--json PATH)")
+            lines.append(
+                f"- reproduction: {len(v.reproduction)} characters, in the JSON "
+                "report (--json PATH)"
+            )
     lines.extend(["", summary_line(report)])
     lines.extend(f"- hint: {hint}" for hint in report.hints)
     if report.claim:

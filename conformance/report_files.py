@@ -56,8 +56,10 @@ def interruption(exc: KeyboardInterrupt, done: int, total: int) -> str:
 
 
 def still_running(done: int, total: int) -> str:
-    return (f"the check was still running: {done} of {total} properties had a verdict when "
-            "this was written")
+    return (
+        f"the check was still running: {done} of {total} properties had a verdict when "
+        "this was written"
+    )
 
 
 def _temporary_path(path: Path) -> Path:
@@ -113,11 +115,13 @@ class ReportFiles:
                 os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666))
                 probe.unlink()
             except OSError as exc:
-                raise SetupError(f"{where}: cannot write in {str(path.parent)!r}: "
-                                 f"{_reason(exc)}") from None
+                raise SetupError(
+                    f"{where}: cannot write in {str(path.parent)!r}: {_reason(exc)}"
+                ) from None
 
-    def write(self, report: Report, rerun: Rerun | None = None, *,
-              incomplete: str | None = None) -> None:
+    def write(
+        self, report: Report, rerun: Rerun | None = None, *, incomplete: str | None = None
+    ) -> None:
         """Write every file; ``incomplete`` marks this version as partial.  A failure is
         remembered (see :attr:`errors`) and the other files are still written."""
         if incomplete is not None:
@@ -128,7 +132,8 @@ class ReportFiles:
             try:
                 write_atomically(path, render(report, rerun=rerun))
             except OSError as exc:
-                self.errors[option] = (f"{option} {str(path)!r}: the report could not be "
-                                       f"written: {_reason(exc)}")
+                self.errors[option] = (
+                    f"{option} {str(path)!r}: the report could not be written: {_reason(exc)}"
+                )
             else:
                 self.errors.pop(option, None)

@@ -55,22 +55,43 @@ def _value(value: Any) -> str:
 def snippet(problem: Problem, kernel: KernelUnderTest | KernelInfo, finding: str = "") -> str:
     """The reproduction of ``problem`` on ``kernel`` (loaded here, or in a worker process);
     ``finding`` is quoted as a comment."""
+
     def optional(a: np.ndarray | None) -> str:
         return "None" if a is None else array_literal(a)
 
     from .kernel import keyword_sources
 
     keywords = keyword_sources(kernel.declaration, problem)
-    call = ", ".join(["q", "k", "v", *(f"{name}={name if source else _value(value)}"
-                                       for name, (value, source) in keywords.items())])
+    call = ", ".join(
+        [
+            "q",
+            "k",
+            "v",
+            *(
+                f"{name}={name if source else _value(value)}"
+                for name, (value, source) in keywords.items()
+            ),
+        ]
+    )
     declaration = kernel.declaration
-    target = ", ".join(["out", *(["weights"] if declaration.returns_weights else []),
-                        *(["lse"] if declaration.returns_lse else [])])
-    given = {"softcap": problem.softcap, "alibi_slopes": problem.alibi_slopes,
-             "dropout_p": problem.dropout_p or None, "seed": problem.seed}
+    target = ", ".join(
+        [
+            "out",
+            *(["weights"] if declaration.returns_weights else []),
+            *(["lse"] if declaration.returns_lse else []),
+        ]
+    )
+    given = {
+        "softcap": problem.softcap,
+        "alibi_slopes": problem.alibi_slopes,
+        "dropout_p": problem.dropout_p or None,
+        "seed": problem.seed,
+    }
     features = "".join(
         f" {name}={array_literal(value) if isinstance(value, np.ndarray) else _value(value)},"
-        for name, value in given.items() if value is not None)
+        for name, value in given.items()
+        if value is not None
+    )
     lines = [
         *(f"# {line}" for line in _wrapped(f"finding: {finding}") if finding),
         "import numpy as np",
@@ -89,8 +110,11 @@ def snippet(problem: Problem, kernel: KernelUnderTest | KernelInfo, finding: str
         f"    extra={problem.extra!r})",
         _loader_line(kernel),
         "fn, backend = kernel.fn, kernel.backend"
-        + ("  # fn pads E and Ev equal (equal_head_dims)" if kernel.declaration.equal_head_dims
-           else ""),
+        + (
+            "  # fn pads E and Ev equal (equal_head_dims)"
+            if kernel.declaration.equal_head_dims
+            else ""
+        ),
         f"q, k, v = (backend.asarray(a, {problem.dtype!r}) for a in (problem.q, problem.k, "
         "problem.v))",
         *(f"{name} = {source}" for name, (_, source) in keywords.items() if source),
@@ -118,7 +142,8 @@ def _loader_line(kernel: KernelUnderTest | KernelInfo) -> str:
     """The lines that rebuild the kernel: those of its setup (:func:`loader_source`, kept
     on the kernel), else loading it by its target with its own declaration."""
     return kernel.loader or (
-        f"kernel = KernelUnderTest.load({kernel.target!r}, Backend({kernel.backend.name!r}))")
+        f"kernel = KernelUnderTest.load({kernel.target!r}, Backend({kernel.backend.name!r}))"
+    )
 
 
 def loader_source(setup: KernelSetup, kernel: KernelUnderTest) -> str:
@@ -171,8 +196,7 @@ def rerun_flags(flags: Iterable[Flag], get: Getter, *, prefix: str | None = None
     return tokens
 
 
-def rerun_command(target: str, flags: Sequence[str], property_id: str,
-                  seed: int | None) -> str:
+def rerun_command(target: str, flags: Sequence[str], property_id: str, seed: int | None) -> str:
     """The one-line ``attnspec check`` that reruns just this property, with the same
     inputs (``flags``: :func:`rerun_flags` of the run)."""
     tokens = [PROGRAM, "check", target, *flags, "--only", property_id]
@@ -181,8 +205,9 @@ def rerun_command(target: str, flags: Sequence[str], property_id: str,
     return shlex.join(tokens)
 
 
-def pytest_rerun_command(target: str, option: Callable[[str], Any], flags: Iterable[Flag],
-                         prefix: str, property_id: str) -> str:
+def pytest_rerun_command(
+    target: str, option: Callable[[str], Any], flags: Iterable[Flag], prefix: str, property_id: str
+) -> str:
     """The pytest command that reruns just this property (the plugin's options read with
     ``option(dest)``; ``flags``: those it shares with ``attnspec check``, as
     ``--<prefix>-<flag>``)."""
@@ -199,8 +224,9 @@ def pytest_rerun_command(target: str, option: Callable[[str], Any], flags: Itera
     return shlex.join([*tokens, f"--{prefix}-only", property_id])
 
 
-def reproduction_lines(verdict: Verdict, max_reproduction: int | None,
-                       full_reproduction_in: Where) -> list[str]:
+def reproduction_lines(
+    verdict: Verdict, max_reproduction: int | None, full_reproduction_in: Where
+) -> list[str]:
     """A failure text's reproduction: the snippet indented, or where it is when longer
     than ``max_reproduction`` characters (a path, or a function of the verdict giving one,
     e.g. :func:`reproduction_file`)."""
@@ -208,10 +234,15 @@ def reproduction_lines(verdict: Verdict, max_reproduction: int | None,
     if not size:
         return []
     if max_reproduction is not None and size > max_reproduction:
-        where = (full_reproduction_in(verdict) if callable(full_reproduction_in)
-                 else full_reproduction_in)
-        return [f"  reproduction: {size} characters of literal inputs, too long to show "
-                f"here; it is in {where}"]
+        where = (
+            full_reproduction_in(verdict)
+            if callable(full_reproduction_in)
+            else full_reproduction_in
+        )
+        return [
+            f"  reproduction: {size} characters of literal inputs, too long to show "
+            f"here; it is in {where}"
+        ]
     return ["  reproduction (runs on its own):", textwrap.indent(verdict.reproduction, "    ")]
 
 

@@ -50,8 +50,11 @@ FINDING = (FAILED, WARNING)
 # a supervised re-run stopped while no kernel call was running (isolation._hang_finding):
 # the time went on discarded draws, not on the kernel; or the property itself broke on a
 # drawn-around input: either way it shows nothing new about the kernel
-_SUITE_STALLED = ("no kernel call started within", "nothing happened for",
-                  "the property could not check the kernel's result")
+_SUITE_STALLED = (
+    "no kernel call started within",
+    "nothing happened for",
+    "the property could not check the kernel's result",
+)
 
 
 def _failed_clauses(report: Report) -> set[str]:
@@ -70,8 +73,9 @@ def root_clause(report: Report, clause: str, seen: frozenset[str] = frozenset())
     return root_clause(report, failed[0].cause, seen | {clause})
 
 
-def draw_around(report: Report, properties: Iterable[Property], rerun: Rerun,
-                limits: SizeLimits) -> Report:
+def draw_around(
+    report: Report, properties: Iterable[Property], rerun: Rerun, limits: SizeLimits
+) -> Report:
     """Re-run each failed property of ``report`` around the inputs of the other clauses the
     kernel failed or waives (see the module doc), updating its verdict in place.
     ``rerun(prop, limits)`` runs one property within ``limits`` (with ``avoid`` set)."""
@@ -85,14 +89,26 @@ def draw_around(report: Report, properties: Iterable[Property], rerun: Rerun,
     return report
 
 
-def _draw_around_one(report: Report, verdict: Verdict, prop: Property, rerun: Rerun,
-                     limits: SizeLimits, failed: set[str]) -> None:
+def _draw_around_one(
+    report: Report,
+    verdict: Verdict,
+    prop: Property,
+    rerun: Rerun,
+    limits: SizeLimits,
+    failed: set[str],
+) -> None:
     avoid: list[str] = []
     latest = verdict
     while True:
-        new = [name for name in latest.features if name not in avoid and name in BY_NAME
-               and BY_NAME[name].clause != verdict.clause and BY_NAME[name].clause in failed
-               and root_clause(report, BY_NAME[name].clause, frozenset({verdict.clause}))]
+        new = [
+            name
+            for name in latest.features
+            if name not in avoid
+            and name in BY_NAME
+            and BY_NAME[name].clause != verdict.clause
+            and BY_NAME[name].clause in failed
+            and root_clause(report, BY_NAME[name].clause, frozenset({verdict.clause}))
+        ]
         if not new:
             break
         avoid += new
@@ -103,19 +119,26 @@ def _draw_around_one(report: Report, verdict: Verdict, prop: Property, rerun: Re
             verdict.cause = BY_NAME[avoid[0]].clause
             verdict.drawn_around = (
                 f"passes drawn around {around}: {again.examples} examples without "
-                f"{'those inputs' if len(avoid) > 1 else 'such inputs'}; it failed only on them")
+                f"{'those inputs' if len(avoid) > 1 else 'such inputs'}; it failed only on them"
+            )
             return
         if again.status not in FINDING or again.detail.startswith(_SUITE_STALLED):
-            verdict.drawn_around = (f"could not be drawn around {around}: "
-                                    + ("the re-run stalled drawing around them"
-                                       if again.status in FINDING
-                                       else "every draw had such inputs") + "; reported as found")
+            verdict.drawn_around = (
+                f"could not be drawn around {around}: "
+                + (
+                    "the re-run stalled drawing around them"
+                    if again.status in FINDING
+                    else "every draw had such inputs"
+                )
+                + "; reported as found"
+            )
             return
         first = f"{verdict.counterexample}: {verdict.detail}"
         for name in ("detail", "counterexample", "reproduction", "hint", "features"):
             setattr(verdict, name, getattr(again, name))
-        verdict.drawn_around = (f"still fails drawn around {around}, on the case shown; "
-                                f"first minimal case: {first}")
+        verdict.drawn_around = (
+            f"still fails drawn around {around}, on the case shown; first minimal case: {first}"
+        )
         latest = again
 
 
@@ -158,10 +181,16 @@ def divergences(report: Report, write_ups: dict[str, str] | None = None) -> list
         if key in merged:
             merged[key].properties += [v.property for v in group]
         else:
-            merged[key] = Divergence(first.clause, first.level, first.status,
-                                     _flat(first.detail), _flat(first.counterexample),
-                                     [v.property for v in group], link,
-                                     drawn_around=first.drawn_around)
+            merged[key] = Divergence(
+                first.clause,
+                first.level,
+                first.status,
+                _flat(first.detail),
+                _flat(first.counterexample),
+                [v.property for v in group],
+                link,
+                drawn_around=first.drawn_around,
+            )
         for v in group:
             by_clause.setdefault(v.clause, merged[key])
     waived: list[Divergence] = []
@@ -170,8 +199,15 @@ def divergences(report: Report, write_ups: dict[str, str] | None = None) -> list
             continue
         root = root_clause(report, v.cause) or v.cause
         if root not in by_clause:  # a waived clause (CONF-7): no verdict of its own
-            by_clause[root] = Divergence(root, "MUST", WAIVED, "waived by the declaration "
-                                         "(CONF-7)", "", [], write_ups.get(root, ""))
+            by_clause[root] = Divergence(
+                root,
+                "MUST",
+                WAIVED,
+                "waived by the declaration (CONF-7)",
+                "",
+                [],
+                write_ups.get(root, ""),
+            )
             waived.append(by_clause[root])
         via = "" if root == v.cause else f", via {v.cause}"
         if by_clause[root].status == WAIVED and not by_clause[root].write_up:
@@ -179,7 +215,8 @@ def divergences(report: Report, write_ups: dict[str, str] | None = None) -> list
             by_clause[root].write_up = write_ups.get(v.property, "")
         by_clause[root].consequences.append(f"{v.property} ({v.clause}{via})")
         by_clause[root].evidence.append(
-            f"{v.property}: {v.drawn_around}; minimal case {_flat(v.counterexample)}")
+            f"{v.property}: {v.drawn_around}; minimal case {_flat(v.counterexample)}"
+        )
     return waived + list(merged.values())
 
 
@@ -205,10 +242,17 @@ def run_all(
     hypothesis_settings(profile, seed)  # validate the profile before any work
     limits = limits or SizeLimits()
     report = run_each(
-        properties, lambda p: run_property(p, kernel, profile=profile, seed=seed, limits=limits),
-        new_report(kernel, profile=profile, seed=seed, strict=strict, limits=limits), progress)
-    return draw_around(report, properties, lambda p, around: run_property(
-        p, kernel, profile=profile, seed=seed, limits=around), limits)
+        properties,
+        lambda p: run_property(p, kernel, profile=profile, seed=seed, limits=limits),
+        new_report(kernel, profile=profile, seed=seed, strict=strict, limits=limits),
+        progress,
+    )
+    return draw_around(
+        report,
+        properties,
+        lambda p, around: run_property(p, kernel, profile=profile, seed=seed, limits=around),
+        limits,
+    )
 
 
 def findings(report: Report) -> list[Verdict]:
@@ -217,8 +261,13 @@ def findings(report: Report) -> list[Verdict]:
 
 # Findings that say what the kernel did on any input (it raised, returned the wrong type)
 # rather than what a property measured: the same one across properties is one cause.
-_ROOT_CAUSES = ("kernel raised ", "the kernel returned ", "out is a", "weights is a",
-                "the property could not check the kernel's result")
+_ROOT_CAUSES = (
+    "kernel raised ",
+    "the kernel returned ",
+    "out is a",
+    "weights is a",
+    "the property could not check the kernel's result",
+)
 
 
 def _cause(verdict: Verdict) -> tuple[str, ...]:
@@ -230,8 +279,9 @@ def _cause(verdict: Verdict) -> tuple[str, ...]:
     return (verdict.status, verdict.property)
 
 
-def grouped_findings(report: Report,
-                     verdicts: Iterable[Verdict] | None = None) -> list[list[Verdict]]:
+def grouped_findings(
+    report: Report, verdicts: Iterable[Verdict] | None = None
+) -> list[list[Verdict]]:
     """Failures and warnings (of ``verdicts``, default the report's), those that share one
     root cause (the same exception, the same wrong return type) grouped, in the order
     they ran."""

@@ -69,5 +69,14 @@ def plan_run(
         workers = parse_jobs(jobs)
     except ValueError as exc:
         raise SetupError(str(exc)) from None
-    return RunPlan(setup, properties, profile, seed, strict, limits or SizeLimits(),
-                   isolation, workers, partial=bool(only or skip))
+    return RunPlan(
+        setup,
+        properties,
+        profile,
+        seed,
+        strict,
+        limits or SizeLimits(),
+        isolation,
+        workers,
+        partial=bool(only or skip),
+    )

@@ -43,9 +43,17 @@ HUGE_HEAD_DIM = 128
 def huge_cost(limits: SizeLimits) -> int:
     """The huge stratum's cap: one head of max_len x max_len at E = Ev = HUGE_HEAD_DIM."""
     length = limits.max_len
-    return sizes.problem_cost(sizes.Dims(batch=(1,), n_kv_heads=1, groups=1, n_queries=length,
-                                         n_keys=length, head_dim=HUGE_HEAD_DIM,
-                                         value_dim=HUGE_HEAD_DIM))
+    return sizes.problem_cost(
+        sizes.Dims(
+            batch=(1,),
+            n_kv_heads=1,
+            groups=1,
+            n_queries=length,
+            n_keys=length,
+            head_dim=HUGE_HEAD_DIM,
+            value_dim=HUGE_HEAD_DIM,
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -75,16 +83,30 @@ class Profile:
         random problems."""
         strata = [
             Stratum("small", self.small),
-            *(Stratum(f"anchor: {anchor.name}" + (f", {dtype}" if dtype else ""),
-                      self.anchors, ANCHOR_COST, anchor_options(anchor, dtype), anchor=anchor)
-              for anchor in ANCHORS
-              for dtype in (DTYPES if anchor.each_dtype else (None,))),
+            *(
+                Stratum(
+                    f"anchor: {anchor.name}" + (f", {dtype}" if dtype else ""),
+                    self.anchors,
+                    ANCHOR_COST,
+                    anchor_options(anchor, dtype),
+                    anchor=anchor,
+                )
+                for anchor in ANCHORS
+                for dtype in (DTYPES if anchor.each_dtype else (None,))
+            ),
             Stratum("blocks", self.blocks, BLOCKS_COST, min_len=16),
             Stratum("decode", self.decode, BLOCKS_COST, (("shape", "decode"),), min_len=257),
             Stratum("wide heads", self.wide, BLOCKS_COST, min_len=16, min_head_dim=129),
-            *(Stratum(f"combination: {name}", self.corners, BLOCKS_COST,
-                      tuple(forced.items()), min_len=65)
-              for name, forced in COMBINATIONS),
+            *(
+                Stratum(
+                    f"combination: {name}",
+                    self.corners,
+                    BLOCKS_COST,
+                    tuple(forced.items()),
+                    min_len=65,
+                )
+                for name, forced in COMBINATIONS
+            ),
             Stratum("long", self.long, LONG_COST, min_len=511),
             Stratum("huge", self.huge, huge_cost(limits), min_len=2047),
         ]
@@ -94,16 +116,34 @@ class Profile:
         """Examples per property (Hypothesis properties) for a kernel checked in
         ``dtypes``: an anchor run in each dtype runs in each of those."""
         anchors = sum(len(dtypes) if anchor.each_dtype else 1 for anchor in ANCHORS)
-        return (self.small + self.anchors * anchors + self.blocks + self.decode + self.wide
-                + self.long + self.huge + self.corners * len(COMBINATIONS))
+        return (
+            self.small
+            + self.anchors * anchors
+            + self.blocks
+            + self.decode
+            + self.wide
+            + self.long
+            + self.huge
+            + self.corners * len(COMBINATIONS)
+        )
 
 
 PROFILES: dict[str, Profile] = {
     "quick": Profile(20, anchors=1, blocks=3, decode=1, wide=1, corners=1, budget_seconds=60),
-    "default": Profile(100, anchors=1, blocks=20, decode=5, wide=5, corners=3, long=5,
-                       budget_seconds=300),
-    "thorough": Profile(1000, anchors=1, blocks=200, decode=50, wide=50, corners=20, long=40,
-                        huge=2, budget_seconds=3600),
+    "default": Profile(
+        100, anchors=1, blocks=20, decode=5, wide=5, corners=3, long=5, budget_seconds=300
+    ),
+    "thorough": Profile(
+        1000,
+        anchors=1,
+        blocks=200,
+        decode=50,
+        wide=50,
+        corners=20,
+        long=40,
+        huge=2,
+        budget_seconds=3600,
+    ),
 }
 PASSED, FAILED, WARNING, NOT_APPLICABLE = "passed", "failed", "warning", "not applicable"
 WAIVED = "waived"  # the declaration waives the property's MUST clause (CONF-7)
@@ -171,8 +211,9 @@ class Report:
         return data
 
 
-def hypothesis_settings(profile: str, seed: int | None, examples: int | None = None,
-                        shrink: bool = True) -> settings:
+def hypothesis_settings(
+    profile: str, seed: int | None, examples: int | None = None, shrink: bool = True
+) -> settings:
     """Reproducible, quiet, deadline-free settings: no flaky time limits, no database;
     ``examples`` (default: the profile's small stratum) examples; ``shrink`` False for
     fixed-size anchors, whose failure is reported as found."""
@@ -195,10 +236,14 @@ def _failed_verdict(prop: Property, failure: PropertyFailure) -> Verdict:
     level = prop.level
     kernel = failure.kernel
     return Verdict(
-        property=prop.id, clause=prop.clause, level=level,
+        property=prop.id,
+        clause=prop.clause,
+        level=level,
         status=FAILED if level == "MUST" else WARNING,
-        detail=failure.finding, counterexample=failure.counterexample,
-        reproduction=failure_snippet(failure), hint=failure.hint,
+        detail=failure.finding,
+        counterexample=failure.counterexample,
+        reproduction=failure_snippet(failure),
+        hint=failure.hint,
         features=features_of(failure.problem, getattr(kernel, "declaration", None)),
     )
 
@@ -211,8 +256,13 @@ def _stratum_seed(seed: int | None, prop: Property, stratum: Stratum) -> int:
 
 
 def _run_strata(
-    prop: Property, kernel: KernelUnderTest, profile: str, seed: int | None,
-    limits: SizeLimits, examples: list[int], shrink: bool = True,
+    prop: Property,
+    kernel: KernelUnderTest,
+    profile: str,
+    seed: int | None,
+    limits: SizeLimits,
+    examples: list[int],
+    shrink: bool = True,
 ) -> None:
     """Each stratum of the profile in turn, as one Hypothesis run; the first failure
     ends the property (smaller strata first, so it is the smallest stratum that fails;
@@ -229,8 +279,9 @@ def _run_strata(
             continue  # an anchor in a dtype the kernel is not checked in (or drawn around)
 
         @hypothesis_seed(_stratum_seed(seed, prop, stratum))
-        @hypothesis_settings(profile, seed, stratum.examples,
-                             shrink=shrink and stratum.anchor is None)
+        @hypothesis_settings(
+            profile, seed, stratum.examples, shrink=shrink and stratum.anchor is None
+        )
         @given(st.data())
         def property_test(data: st.DataObject) -> None:
             examples[0] += 1
@@ -249,14 +300,21 @@ def _run_strata(
                 # every draw of this stratum had an avoided feature: nothing to check here
             except PropertyFailure as failure:
                 if stratum.anchor is not None:
-                    failure.finding += (f" [anchor problem {stratum.name.split(': ', 1)[1]!r}"
-                                        f" ({stratum.anchor.source}), conformance/anchors.py]")
+                    failure.finding += (
+                        f" [anchor problem {stratum.name.split(': ', 1)[1]!r}"
+                        f" ({stratum.anchor.source}), conformance/anchors.py]"
+                    )
                 raise
 
 
 def run_property(
-    prop: Property, kernel: KernelUnderTest, *, profile: str = "quick", seed: int | None = None,
-    limits: SizeLimits | None = None, shrink: bool = True,
+    prop: Property,
+    kernel: KernelUnderTest,
+    *,
+    profile: str = "quick",
+    seed: int | None = None,
+    limits: SizeLimits | None = None,
+    shrink: bool = True,
 ) -> Verdict:
     """Run one property; a kernel that does not claim it gets "not applicable" (CONF-3).
 
@@ -265,9 +323,14 @@ def run_property(
     started = time.perf_counter()
     waivers = waiving_flags(kernel.declaration)
     if prop.clause in waivers:
-        return Verdict(prop.id, prop.clause, prop.level, WAIVED,
-                       detail=f"waived: the kernel declares {waivers[prop.clause]}, so "
-                              f"{prop.clause} is not checked (CONF-7)")
+        return Verdict(
+            prop.id,
+            prop.clause,
+            prop.level,
+            WAIVED,
+            detail=f"waived: the kernel declares {waivers[prop.clause]}, so "
+            f"{prop.clause} is not checked (CONF-7)",
+        )
     reason = prop.applies(kernel.declaration)
     if reason is not None:
         return Verdict(prop.id, prop.clause, prop.level, NOT_APPLICABLE, detail=reason)
@@ -284,18 +347,25 @@ def run_property(
     except KernelExited as exited:
         verdict = _failed_verdict(prop, exited.failure)
     except Flaky as flaky:
-        verdict = _failed_verdict(prop, PropertyFailure(
-            "a failure seen on one run did not recur when Hypothesis re-ran the same input: "
-            f"the kernel's output is not reproducible (SDPA-7.5) [{type(flaky).__name__}]"
-        ))
+        verdict = _failed_verdict(
+            prop,
+            PropertyFailure(
+                "a failure seen on one run did not recur when Hypothesis re-ran the same input: "
+                f"the kernel's output is not reproducible (SDPA-7.5) [{type(flaky).__name__}]"
+            ),
+        )
     except Exception as exc:  # an unusable result, e.g. not an array: still a verdict
-        verdict = _failed_verdict(prop, PropertyFailure(
-            f"the property could not check the kernel's result: {type(exc).__name__}: "
-            f"{str(exc)[:300]}"
-        ))
+        verdict = _failed_verdict(
+            prop,
+            PropertyFailure(
+                f"the property could not check the kernel's result: {type(exc).__name__}: "
+                f"{str(exc)[:300]}"
+            ),
+        )
     else:
-        verdict = Verdict(prop.id, prop.clause, prop.level, PASSED,
-                          detail="; ".join(kernel.notes[:2]))
+        verdict = Verdict(
+            prop.id, prop.clause, prop.level, PASSED, detail="; ".join(kernel.notes[:2])
+        )
     verdict.examples = examples[0]
     verdict.seconds = time.perf_counter() - started
     return verdict
@@ -314,14 +384,22 @@ def select(only: Iterable[str] | None = None, skip: Iterable[str] | None = None)
     return [registry[p] for p in chosen if p not in skipped]
 
 
-def new_report(kernel: Any, *, profile: str, seed: int | None, strict: bool,
-               limits: SizeLimits | None = None) -> Report:
+def new_report(
+    kernel: Any, *, profile: str, seed: int | None, strict: bool, limits: SizeLimits | None = None
+) -> Report:
     """An empty report for ``kernel`` (a KernelUnderTest, or what a worker process says
     of one: anything with ``target``, ``backend.name`` / ``backend.device`` and
     ``declaration``), naming the MUST clauses its declaration waives (CONF-7)."""
-    return Report(kernel.target, kernel.backend.name, str(kernel.backend.device), profile,
-                  seed, strict, limits=limits or SizeLimits(),
-                  waived=list(kernel.declaration.waived))
+    return Report(
+        kernel.target,
+        kernel.backend.name,
+        str(kernel.backend.device),
+        profile,
+        seed,
+        strict,
+        limits=limits or SizeLimits(),
+        waived=list(kernel.declaration.waived),
+    )
 
 
 def run_each(

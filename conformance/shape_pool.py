@@ -72,8 +72,11 @@ class SeededDraws:
         from hypothesis.internal.conjecture.choice import ChoiceTemplate
         from hypothesis.internal.conjecture.data import ConjectureData
 
-        self._data = (ConjectureData.for_choices([ChoiceTemplate("simplest", count=None)])
-                      if seed is None else ConjectureData(random=random.Random(seed)))
+        self._data = (
+            ConjectureData.for_choices([ChoiceTemplate("simplest", count=None)])
+            if seed is None
+            else ConjectureData(random=random.Random(seed))
+        )
 
     def draw(self, strategy: st.SearchStrategy[Any], label: str | None = None) -> Any:
         from hypothesis.control import BuildContext
@@ -91,23 +94,39 @@ class ShapePool:
     seed: int | None
     _members: dict[tuple[Hashable, ...], list[Any]] = field(default_factory=dict)
 
-    def members(self, key: tuple[Hashable, ...], make: Callable[[Any], T],
-                size: Callable[[T], Any], count: int) -> list[T]:
+    def members(
+        self,
+        key: tuple[Hashable, ...],
+        make: Callable[[Any], T],
+        size: Callable[[T], Any],
+        count: int,
+    ) -> list[T]:
         """The (up to) ``count`` distinct values that ``make(draws)`` gives for seeded
         draws, sorted by ``size``; ``key`` names everything ``make`` depends on besides
         the draws."""
         pool = self._members.get(key)
         if pool is None:
             # the simplest member first: a stratum's first example, as Hypothesis runs it
-            made = [make(SeededDraws(None if i == 0 else
-                                     zlib.crc32(f"{self.seed}:{key!r}:{i}".encode())))
-                    for i in range(count)]
+            made = [
+                make(
+                    SeededDraws(None if i == 0 else zlib.crc32(f"{self.seed}:{key!r}:{i}".encode()))
+                )
+                for i in range(count)
+            ]
             pool = sorted(dict.fromkeys(made), key=lambda m: (size(m), repr(m)))
             self._members[key] = pool
         return pool
 
-    def draw(self, data: Any, key: tuple[Hashable, ...], make: Callable[[Any], T],
-             size: Callable[[T], Any], *, members: int, label: str) -> T:
+    def draw(
+        self,
+        data: Any,
+        key: tuple[Hashable, ...],
+        make: Callable[[Any], T],
+        size: Callable[[T], Any],
+        *,
+        members: int,
+        label: str,
+    ) -> T:
         """One of :meth:`members`, the index drawn by Hypothesis (it shrinks to the first)."""
         return choose(data, self.members(key, make, size, members), label)
 
@@ -143,12 +162,24 @@ def members_for(examples: int, realistic: bool) -> int:
 # needing two key/value heads, more keys than the small members have) draws a pool of its
 # own.  Kernels' compilations are then shared by properties that ask for different
 # minimum sizes (a pool per request gave each of them shapes of its own).
-PLAIN_REQUEST = dict(min_queries=0, min_keys=0, max_len=9, max_batch_ndim=2, weights=False,
-                     min_kv_heads=1, min_groups=1)
+PLAIN_REQUEST = dict(
+    min_queries=0,
+    min_keys=0,
+    max_len=9,
+    max_batch_ndim=2,
+    weights=False,
+    min_kv_heads=1,
+    min_groups=1,
+)
 
 
-def pooled_dims(data: Any, kernel: Any, draw_dims: Callable[..., Any],
-                options: dict[str, Any], where: Callable[[Any], bool] | None = None) -> Any:
+def pooled_dims(
+    data: Any,
+    kernel: Any,
+    draw_dims: Callable[..., Any],
+    options: dict[str, Any],
+    where: Callable[[Any], bool] | None = None,
+) -> Any:
     """``draw_dims(data, kernel, **options)`` from the current stratum's pool: one of the
     Dims that seeded draws give for a plain request (PLAIN_REQUEST, the kernel's own GQA
     claim) in the same stratum and limits that meet ``options``
@@ -177,12 +208,23 @@ def pooled_dims(data: Any, kernel: Any, draw_dims: Callable[..., Any],
 
         # what other clauses' failures make draws avoid (GQA, empty rows) changes the
         # members, so a pool drawn before a failure is not reused after it
-        key = ("dims", stratum, drawing.limits, kernel.declaration.batch_ndim,
-               kernel.declaration.equal_head_dims, sizes.avoided_now(),
-               tuple(sorted(request.items())))
+        key = (
+            "dims",
+            stratum,
+            drawing.limits,
+            kernel.declaration.batch_ndim,
+            kernel.declaration.equal_head_dims,
+            sizes.avoided_now(),
+            tuple(sorted(request.items())),
+        )
         return drawing.pool.members(
-            key, make, lambda dims: sizes.problem_cost(dims, weights=request["weights"],
-                                                       family=request["family"]), count)
+            key,
+            make,
+            lambda dims: sizes.problem_cost(
+                dims, weights=request["weights"], family=request["family"]
+            ),
+            count,
+        )
 
     plain = {**options, **PLAIN_REQUEST, "gqa": kernel.declaration.gqa}
     batch_ndim = kernel.declaration.batch_ndim
@@ -205,10 +247,14 @@ def meets_request(dims: Any, options: dict[str, Any], batch_ndim: int | None) ->
 
     drawing = sizes.current()
     stratum = drawing.stratum
-    if (dims.n_queries < options["min_queries"] or dims.n_keys < options["min_keys"]
-            or dims.n_kv_heads < options["min_kv_heads"] or dims.groups < options["min_groups"]
-            or (not options["gqa"] and dims.groups != 1)
-            or (batch_ndim is None and len(dims.batch) > options["max_batch_ndim"])):
+    if (
+        dims.n_queries < options["min_queries"]
+        or dims.n_keys < options["min_keys"]
+        or dims.n_kv_heads < options["min_kv_heads"]
+        or dims.groups < options["min_groups"]
+        or (not options["gqa"] and dims.groups != 1)
+        or (batch_ndim is None and len(dims.batch) > options["max_batch_ndim"])
+    ):
         return False
     if not stratum.realistic:
         longest = max(options["max_len"], options["min_queries"], options["min_keys"])
@@ -229,14 +275,22 @@ def pooled_sizes(data: Any, name: str, draw: Callable[[Any], T]) -> T:
         return draw(data)
     stratum = drawing.stratum
     assert drawing.pool is not None
-    return drawing.pool.draw(data, ("probe", name, stratum, drawing.limits), draw,
-                             lambda made: made,
-                             members=members_for(stratum.examples, stratum.realistic),
-                             label=name)
+    return drawing.pool.draw(
+        data,
+        ("probe", name, stratum, drawing.limits),
+        draw,
+        lambda made: made,
+        members=members_for(stratum.examples, stratum.realistic),
+        label=name,
+    )
 
 
-def pooled_broadcast(data: Any, full: tuple[int, ...], label: str,
-                     broadcast_shape_for: Callable[..., tuple[int, ...]]) -> tuple[int, ...]:
+def pooled_broadcast(
+    data: Any,
+    full: tuple[int, ...],
+    label: str,
+    broadcast_shape_for: Callable[..., tuple[int, ...]],
+) -> tuple[int, ...]:
     """``broadcast_shape_for(data, full, label)`` from a pool of BROADCAST_POOL shapes
     (the simplest first: the last two dims of ``full``)."""
     from . import sizes
@@ -244,18 +298,30 @@ def pooled_broadcast(data: Any, full: tuple[int, ...], label: str,
     drawing = sizes.current()
     assert drawing.pool is not None, "pooled_broadcast outside a pooled stratum"
     return drawing.pool.draw(
-        data, ("broadcast", drawing.stratum.name, full, label),
+        data,
+        ("broadcast", drawing.stratum.name, full, label),
         lambda draws: broadcast_shape_for(draws, full, label),
         lambda shape: (len(shape), math.prod(shape)),
-        members=BROADCAST_POOL, label=f"{label} shape")
+        members=BROADCAST_POOL,
+        label=f"{label} shape",
+    )
 
 
 # Draws besides sizes that change what a compiled kernel is compiled for: its dtype, which
 # optional inputs it gets (mask, bias, scale) and static flags (is_causal).
 # Which of BROADCAST_POOL shapes a mask or bias broadcasts from is tied too (mask-broadcast
 # draws its own broadcast shapes, on purpose).
-TIED_LABELS = frozenset({"dtype", "causal", "mask", "bias", "explicit scale",
-                         "mask shape (pooled)", "bias shape (pooled)"})
+TIED_LABELS = frozenset(
+    {
+        "dtype",
+        "causal",
+        "mask",
+        "bias",
+        "explicit scale",
+        "mask shape (pooled)",
+        "bias shape (pooled)",
+    }
+)
 
 
 class TiedDraws:

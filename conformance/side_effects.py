@@ -56,8 +56,14 @@ def kernel_output_to(stream: TextIO | None) -> Iterator[None]:
 
 
 def _writer_to(target: TextIO) -> Callable[..., None]:
-    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-             file: TextIO | None = None, line: str | None = None) -> None:
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
         target.write(warnings.formatwarning(message, category, filename, lineno, line))
 
     return show

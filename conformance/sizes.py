@@ -30,8 +30,38 @@ if TYPE_CHECKING:
 
 # Lengths at block boundaries (powers of two and one either side) and primes or odd sizes
 # from FlashAttention's and aotriton's test grids (113 x 203, 1023 x 1024, 2063, ...).
-LENGTHS = (16, 17, 31, 32, 33, 63, 64, 65, 113, 127, 128, 129, 203, 255, 256, 257, 511, 512,
-           513, 523, 1023, 1024, 1025, 1033, 2047, 2048, 2049, 2063, 4095, 4096)
+LENGTHS = (
+    16,
+    17,
+    31,
+    32,
+    33,
+    63,
+    64,
+    65,
+    113,
+    127,
+    128,
+    129,
+    203,
+    255,
+    256,
+    257,
+    511,
+    512,
+    513,
+    523,
+    1023,
+    1024,
+    1025,
+    1033,
+    2047,
+    2048,
+    2049,
+    2063,
+    4095,
+    4096,
+)
 DECODE_QUERIES = (1, 2, 3, 4)
 # Head dims kernels special-case (32 ... 256) and the non-powers of two their tests use.
 HEAD_DIMS = (8, 16, 32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 241, 256)
@@ -101,9 +131,9 @@ def refit(dims: Dims, *, weights: bool = False, family: str = "dense") -> Dims:
 
     def fits(by: int) -> bool:
         candidate = cut(by)
-        return (max(candidate.n_queries, candidate.n_keys) <= longest
-                and (cap is None or problem_cost(candidate, weights=weights,
-                                                 family=family) <= cap))
+        return max(candidate.n_queries, candidate.n_keys) <= longest and (
+            cap is None or problem_cost(candidate, weights=weights, family=family) <= cap
+        )
 
     # the shorter length keeps at least one element (none if it had none)
     most = max(0, min(dims.n_queries, dims.n_keys) - 1)
@@ -212,8 +242,9 @@ def realistic() -> bool:
 
 
 @contextlib.contextmanager
-def drawing(stratum: Stratum, limits: SizeLimits | None = None,
-            pool: ShapePool | None = None) -> Iterator[Drawing]:
+def drawing(
+    stratum: Stratum, limits: SizeLimits | None = None, pool: ShapePool | None = None
+) -> Iterator[Drawing]:
     """Draw from ``stratum`` within ``limits`` (shapes from ``pool``) until the block ends."""
     now = Drawing(stratum, limits or SizeLimits(), pool)
     token = _CURRENT.set(now)
@@ -223,8 +254,9 @@ def drawing(stratum: Stratum, limits: SizeLimits | None = None,
         _CURRENT.reset(token)
 
 
-def _fitting(values: Sequence[int], fits: Callable[[int], bool],
-             fallback: int | None = None) -> tuple[int, ...]:
+def _fitting(
+    values: Sequence[int], fits: Callable[[int], bool], fallback: int | None = None
+) -> tuple[int, ...]:
     """The prefix of sorted ``values`` that ``fits``; when none does, ``fallback`` (default
     the smallest value): a cap below the smallest size gives the smallest, not nothing."""
     prefix = tuple(v for v in values if fits(v))
@@ -253,13 +285,16 @@ class _Sizer:
 
     def fits(self, **changes: Any) -> bool:
         candidate = replace(self.dims, **changes)
-        return (candidate.batch_heads <= self.limits.max_batch_heads
-                and problem_cost(candidate, weights=self.weights, family=self.family)
-                <= self.cap)
+        return (
+            candidate.batch_heads <= self.limits.max_batch_heads
+            and problem_cost(candidate, weights=self.weights, family=self.family) <= self.cap
+        )
 
-    def draw(self, name: str, values: Sequence[int], label: str,
-             together: Sequence[str] = ()) -> int:
+    def draw(
+        self, name: str, values: Sequence[int], label: str, together: Sequence[str] = ()
+    ) -> int:
         """Draw ``name`` (and set ``together`` to the same value) from what fits."""
+
         def fits(v: int) -> bool:
             return self.fits(**{name: v, **{t: v for t in together}})
 
@@ -284,29 +319,49 @@ def draw_realistic_dims(
     limits, cap = drawing.limits, drawing.stratum.max_cost
     assert cap is not None, "draw_realistic_dims outside a realistic stratum"
     if drawing.stratum.anchor is not None:
-        return drawing.stratum.anchor.dims(kernel.declaration.batch_ndim, limits, cap, gqa=gqa,
-                                           weights=weights, family=family,
-                                           min_kv_heads=min_kv_heads, min_groups=min_groups)
+        return drawing.stratum.anchor.dims(
+            kernel.declaration.batch_ndim,
+            limits,
+            cap,
+            gqa=gqa,
+            weights=weights,
+            family=family,
+            min_kv_heads=min_kv_heads,
+            min_groups=min_groups,
+        )
     all_lengths = _extended(LENGTHS, limits.max_len)
     lengths = [n for n in all_lengths if n >= drawing.stratum.min_len] or all_lengths[-1:]
     all_head_dims = _extended(HEAD_DIMS, limits.max_head_dim)
-    head_dims = ([e for e in all_head_dims if e >= drawing.stratum.min_head_dim]
-                 or all_head_dims[-1:])
+    head_dims = [e for e in all_head_dims if e >= drawing.stratum.min_head_dim] or all_head_dims[
+        -1:
+    ]
     batch_ndim = kernel.declaration.batch_ndim
     batch_ndim = 1 if batch_ndim is None else batch_ndim  # realistic inputs are (B, H, L, E)
-    smallest = Dims(batch=(1,) * batch_ndim, n_kv_heads=min_kv_heads,
-                    groups=min_groups if gqa else 1, n_queries=1, n_keys=1,
-                    head_dim=head_dims[0], value_dim=head_dims[0])
+    smallest = Dims(
+        batch=(1,) * batch_ndim,
+        n_kv_heads=min_kv_heads,
+        groups=min_groups if gqa else 1,
+        n_queries=1,
+        n_keys=1,
+        head_dim=head_dims[0],
+        value_dim=head_dims[0],
+    )
     sizer = _Sizer(data, smallest, cap, limits, weights, family)
     # batched shapes have short rows whatever the stratum's min_len, up to BATCHED_MAX_LEN
-    short = ([n for n in all_lengths if LENGTHS[0] <= n <= BATCHED_MAX_LEN]
-             if drawing.stratum.min_len <= BATCHED_MAX_LEN else [])
+    short = (
+        [n for n in all_lengths if LENGTHS[0] <= n <= BATCHED_MAX_LEN]
+        if drawing.stratum.min_len <= BATCHED_MAX_LEN
+        else []
+    )
     kinds = SHAPE_KINDS if short else tuple(k for k in SHAPE_KINDS if k != "batched")
-    kind = drawing.stratum.option("shape") or data.draw(st.sampled_from(kinds),
-                                                        label="shape kind")
+    kind = drawing.stratum.option("shape") or data.draw(st.sampled_from(kinds), label="shape kind")
     if kind in ("self", "batched"):
-        sizer.draw("n_keys", (short or lengths[:1]) if kind == "batched" else lengths, "L",
-                   together=("n_queries",))
+        sizer.draw(
+            "n_keys",
+            (short or lengths[:1]) if kind == "batched" else lengths,
+            "L",
+            together=("n_queries",),
+        )
     elif kind == "cross":
         sizer.dims = replace(sizer.dims, n_queries=all_lengths[0])
         sizer.draw("n_keys", lengths, "Lk")
@@ -331,12 +386,15 @@ def draw_realistic_dims(
         batch = list(sizer.dims.batch)
 
         def with_batch(b: int, axis: int = axis, batch: list[int] = batch) -> bool:
-            return sizer.fits(batch=(*batch[:axis], b, *batch[axis + 1:]))
+            return sizer.fits(batch=(*batch[:axis], b, *batch[axis + 1 :]))
 
         candidates = sizes if axis == 0 else BATCH
-        batch[axis] = _pick(data, _fitting(candidates, with_batch, fallback if axis == 0 else 1),
-                            f"batch {axis}", len(MANY if kind == "batched" and not axis
-                                                 else BATCH))
+        batch[axis] = _pick(
+            data,
+            _fitting(candidates, with_batch, fallback if axis == 0 else 1),
+            f"batch {axis}",
+            len(MANY if kind == "batched" and not axis else BATCH),
+        )
         sizer.dims = replace(sizer.dims, batch=tuple(batch))
     return sizer.dims
 

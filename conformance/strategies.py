@@ -58,14 +58,31 @@ def draw_dims(
     use_gqa = use_gqa and input_features.GQA not in sizes.avoided_now()
     drawing = sizes.current()
     if shape_pool.pooling(data):  # a backend that compiles per shape: a few shapes a run
-        options = dict(min_queries=min_queries, min_keys=min_keys, max_len=max_len,
-                       max_batch_ndim=max_batch_ndim, gqa=use_gqa, weights=weights,
-                       family=family, min_kv_heads=min_kv_heads, min_groups=min_groups)
+        options = dict(
+            min_queries=min_queries,
+            min_keys=min_keys,
+            max_len=max_len,
+            max_batch_ndim=max_batch_ndim,
+            gqa=use_gqa,
+            weights=weights,
+            family=family,
+            min_kv_heads=min_kv_heads,
+            min_groups=min_groups,
+        )
         return shape_pool.pooled_dims(data, kernel, draw_dims, options, where)
     if drawing.realistic:
-        return within_limitations(kernel, sizes.draw_realistic_dims(
-            data, kernel, gqa=use_gqa, weights=weights, family=family,
-            min_kv_heads=min_kv_heads, min_groups=min_groups))
+        return within_limitations(
+            kernel,
+            sizes.draw_realistic_dims(
+                data,
+                kernel,
+                gqa=use_gqa,
+                weights=weights,
+                family=family,
+                min_kv_heads=min_kv_heads,
+                min_groups=min_groups,
+            ),
+        )
     limits = drawing.limits
     max_len = min(max_len, limits.max_len)
     max_head_dim = min(8, limits.max_head_dim)
@@ -74,21 +91,28 @@ def draw_dims(
         batch_ndim = data.draw(st.integers(0, max_batch_ndim), label="batch ndim")
     # each batch dim up to 3, less only when --max-batch-heads is below 3 ** ndim
     per_dim = max(1, min(3, math.floor(limits.max_batch_heads ** (1 / max(batch_ndim, 1)))))
-    batch = tuple(data.draw(st.lists(st.integers(1, per_dim), min_size=batch_ndim,
-                                     max_size=batch_ndim), label="batch"))
+    batch = tuple(
+        data.draw(
+            st.lists(st.integers(1, per_dim), min_size=batch_ndim, max_size=batch_ndim),
+            label="batch",
+        )
+    )
     # only a cap below the small sizes (9 batch x 9 heads) changes what is drawn
     heads_room = max(1, limits.max_batch_heads // math.prod(batch))
     n_kv_heads = data.draw(st.integers(1, max(1, min(3, heads_room))), label="Hkv")
     groups_room = max(1, min(3, heads_room // n_kv_heads))
-    return within_limitations(kernel, Dims(
-        batch=batch,
-        n_kv_heads=n_kv_heads,
-        groups=data.draw(st.integers(1, groups_room), label="G") if use_gqa else 1,
-        n_queries=data.draw(st.integers(min_queries, max(max_len, min_queries)), label="Lq"),
-        n_keys=data.draw(st.integers(min_keys, max(max_len, min_keys)), label="Lk"),
-        head_dim=data.draw(st.integers(1, max_head_dim), label="E"),
-        value_dim=data.draw(st.integers(1, max_head_dim), label="Ev"),
-    ))
+    return within_limitations(
+        kernel,
+        Dims(
+            batch=batch,
+            n_kv_heads=n_kv_heads,
+            groups=data.draw(st.integers(1, groups_room), label="G") if use_gqa else 1,
+            n_queries=data.draw(st.integers(min_queries, max(max_len, min_queries)), label="Lq"),
+            n_keys=data.draw(st.integers(min_keys, max(max_len, min_keys)), label="Lk"),
+            head_dim=data.draw(st.integers(1, max_head_dim), label="E"),
+            value_dim=data.draw(st.integers(1, max_head_dim), label="Ev"),
+        ),
+    )
 
 
 def within_limitations(kernel: KernelUnderTest, dims: Dims) -> Dims:
@@ -126,8 +150,11 @@ def draw_subset(data: st.DataObject, n: int, label: str) -> list[int]:
     """A non-empty sorted subset of range(n) (n >= 1): drawn by Hypothesis when short, else
     a block of consecutive indices or a random share from the values seed."""
     if n <= LARGEST_DRAWN_COLLECTION:
-        return sorted(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n,
-                                         unique=True), label=label))
+        return sorted(
+            data.draw(
+                st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True), label=label
+            )
+        )
     if data.draw(st.booleans(), label=f"{label} scattered"):
         chosen = np.flatnonzero(draw_rng(data).random(n) < 0.3)
         return [int(i) for i in chosen] or [n - 1]
@@ -162,7 +189,10 @@ def draw_dtype(data: st.DataObject, kernel: KernelUnderTest) -> str:
 
 
 def random_values(
-    kernel: KernelUnderTest, rng: np.random.Generator, shape: tuple[int, ...], dtype: str,
+    kernel: KernelUnderTest,
+    rng: np.random.Generator,
+    shape: tuple[int, ...],
+    dtype: str,
     magnitude: float = 1.0,
 ) -> np.ndarray:
     """Normal values times ``magnitude``, rounded to ``dtype`` as the kernel will see them."""
@@ -170,17 +200,32 @@ def random_values(
 
 
 def random_problem(
-    kernel: KernelUnderTest, rng: np.random.Generator, dims: Dims, dtype: str,
-    magnitude: float = 1.0, **fields: Any,
+    kernel: KernelUnderTest,
+    rng: np.random.Generator,
+    dims: Dims,
+    dtype: str,
+    magnitude: float = 1.0,
+    **fields: Any,
 ) -> Problem:
     """q, k (scaled by ``magnitude``) and v of ``dims``, as the kernel will see them."""
     return Problem(
-        q=random_values(kernel, rng, (*dims.batch, dims.n_q_heads, dims.n_queries,
-                                      dims.head_dim), dtype, magnitude),
-        k=random_values(kernel, rng, (*dims.batch, dims.n_kv_heads, dims.n_keys,
-                                      dims.head_dim), dtype, magnitude),
-        v=random_values(kernel, rng, (*dims.batch, dims.n_kv_heads, dims.n_keys,
-                                      dims.value_dim), dtype),
+        q=random_values(
+            kernel,
+            rng,
+            (*dims.batch, dims.n_q_heads, dims.n_queries, dims.head_dim),
+            dtype,
+            magnitude,
+        ),
+        k=random_values(
+            kernel,
+            rng,
+            (*dims.batch, dims.n_kv_heads, dims.n_keys, dims.head_dim),
+            dtype,
+            magnitude,
+        ),
+        v=random_values(
+            kernel, rng, (*dims.batch, dims.n_kv_heads, dims.n_keys, dims.value_dim), dtype
+        ),
         dtype=dtype,
         **fields,
     )
@@ -191,7 +236,7 @@ def broadcast_shape_for(data: st.DataObject, full: tuple[int, ...], label: str) 
     if shape_pool.pooling(data):  # a backend that compiles per shape: a few shapes a run
         return shape_pool.pooled_broadcast(data, full, label, broadcast_shape_for)
     keep = data.draw(st.integers(2, len(full)), label=f"{label} ndim")
-    shape = list(full[len(full) - keep:])
+    shape = list(full[len(full) - keep :])
     for axis in range(len(shape) - 2):
         if data.draw(st.booleans(), label=f"{label} broadcast axis {axis}"):
             shape[axis] = 1
@@ -199,21 +244,25 @@ def broadcast_shape_for(data: st.DataObject, full: tuple[int, ...], label: str) 
 
 
 def draw_mask(
-    data: st.DataObject, rng: np.random.Generator, dims: Dims, *, empty_rows: bool = True,
+    data: st.DataObject,
+    rng: np.random.Generator,
+    dims: Dims,
+    *,
+    empty_rows: bool = True,
 ) -> np.ndarray:
     """Random, windowed or causal-looking masks, often with fully-masked rows; in realistic
     strata also per-batch-element padding (``values.draw_padding``) and wide windows."""
     stratum = sizes.current().stratum
     if stratum.realistic:
-        kind = stratum.option("mask") or data.draw(st.sampled_from(values.MASK_KINDS),
-                                                   label="mask kind")
+        kind = stratum.option("mask") or data.draw(
+            st.sampled_from(values.MASK_KINDS), label="mask kind"
+        )
         if kind == "padding":
             return np.ascontiguousarray(values.draw_padding(data, rng, dims))
         shape = broadcast_shape_for(data, dims.scores_shape, "mask")
     else:
         shape = broadcast_shape_for(data, dims.scores_shape, "mask")
-        kind = data.draw(st.sampled_from(["random", "window", "causal", "all"]),
-                         label="mask kind")
+        kind = data.draw(st.sampled_from(["random", "window", "causal", "all"]), label="mask kind")
     n_q, n_k = shape[-2], shape[-1]
     rows, cols = np.arange(n_q)[:, None], np.arange(n_k)[None, :]
     if kind == "random":
@@ -250,8 +299,9 @@ def with_a_key_per_row(problem: Problem, declaration: Any) -> np.ndarray:
     return mask
 
 
-def _wanted(data: st.DataObject, choice: str, claimed: bool, label: str,
-            forced: object = None) -> bool:
+def _wanted(
+    data: st.DataObject, choice: str, claimed: bool, label: str, forced: object = None
+) -> bool:
     """Whether to use an option: never unless claimed; "always"; a stratum's forced
     option; else drawn."""
     if not claimed or choice == NEVER:
@@ -262,8 +312,13 @@ def _wanted(data: st.DataObject, choice: str, claimed: bool, label: str,
 
 
 def draw_bias(
-    data: st.DataObject, kernel: KernelUnderTest, rng: np.random.Generator, dims: Dims,
-    dtype: str, *, tight: bool = False,
+    data: st.DataObject,
+    kernel: KernelUnderTest,
+    rng: np.random.Generator,
+    dims: Dims,
+    dtype: str,
+    *,
+    tight: bool = False,
 ) -> np.ndarray:
     """N(0, 1) bias of a shape broadcasting to the scores; in realistic strata also
     ALiBi-like and padding biases (-1e4, -1e9, finfo.min) unless ``tight`` (a bias of a
@@ -273,8 +328,9 @@ def draw_bias(
     # drawing around SDPA-7.4: no padding fill (-1e4 ... finfo.min)
     tight = tight or input_features.LARGE_BIAS in sizes.avoided_now()
     if stratum.realistic and not tight:
-        kind = stratum.option("bias") or data.draw(st.sampled_from(values.BIAS_KINDS),
-                                                   label="bias kind")
+        kind = stratum.option("bias") or data.draw(
+            st.sampled_from(values.BIAS_KINDS), label="bias kind"
+        )
     if kind == "normal":
         shape = broadcast_shape_for(data, dims.scores_shape, "bias")
         return random_values(kernel, rng, shape, dtype)
@@ -323,10 +379,10 @@ def draw_problem(
     if stratum.realistic:
         problem = values.with_qk_values(data, kernel, rng, problem, qk_kind)
     use_causal = _wanted(data, causal, decl.causal, "causal", stratum.option("causal"))
-    together = decl.mask_and_causal and (input_features.MASK_AND_CAUSAL
-                                         not in sizes.avoided_now())
-    use_mask = _wanted(data, mask, decl.mask and (together or not use_causal), "mask",
-                       stratum.option("mask"))
+    together = decl.mask_and_causal and (input_features.MASK_AND_CAUSAL not in sizes.avoided_now())
+    use_mask = _wanted(
+        data, mask, decl.mask and (together or not use_causal), "mask", stratum.option("mask")
+    )
     if use_causal:
         problem.is_causal = True
     if use_mask:
@@ -334,13 +390,19 @@ def draw_problem(
         problem.mask = draw_mask(data, rng, dims, empty_rows=empty_rows and not avoid_empty)
         if avoid_empty:  # drawing around SDPA-5.1: every row keeps a key it may attend
             problem.mask = with_a_key_per_row(problem, decl)
-    if _wanted(data, bias, decl.bias and not (use_causal and decl.bias_shares_mask_argument),
-               "bias", None if tight else stratum.option("bias")):
+    if _wanted(
+        data,
+        bias,
+        decl.bias and not (use_causal and decl.bias_shares_mask_argument),
+        "bias",
+        None if tight else stratum.option("bias"),
+    ):
         problem.bias = draw_bias(data, kernel, rng, dims, dtype, tight=tight)
     forced_scale = stratum.option("scale")
     if _wanted(data, scale, decl.scale, "explicit scale", forced_scale):
-        problem.scale = (forced_scale if forced_scale is not None
-                         else data.draw(st.sampled_from(EXPLICIT_SCALES), label="scale"))
+        problem.scale = (
+            forced_scale
+            if forced_scale is not None
+            else data.draw(st.sampled_from(EXPLICIT_SCALES), label="scale")
+        )
     return problem
-
-

@@ -30,17 +30,40 @@ def _sdpa_with_backend(backend: str, q: Any, k: Any, v: Any, **kwargs: Any) -> A
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
-def sdpa_math(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,
-              is_causal: bool = False, scale: float | None = None,
-              enable_gqa: bool = False) -> Any:
+def sdpa_math(
+    q: Any,
+    k: Any,
+    v: Any,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Any:
     """PyTorch SDPA restricted to its math (composite) backend."""
-    return _sdpa_with_backend("MATH", q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    return _sdpa_with_backend(
+        "MATH",
+        q,
+        k,
+        v,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=enable_gqa,
+    )
 
 
-def _flash_4d(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,
-              is_causal: bool = False, scale: float | None = None,
-              enable_gqa: bool = False) -> Any:
+def _flash_4d(
+    q: Any,
+    k: Any,
+    v: Any,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Any:
     import torch
 
     batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
@@ -51,9 +74,15 @@ def _flash_4d(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 
     n_heads, n_queries, n_keys = q.shape[-3], q.shape[-2], k.shape[-2]
     mask = None if attn_mask is None else flat(attn_mask, (n_heads, n_queries, n_keys))
     out = _sdpa_with_backend(
-        "FLASH_ATTENTION", flat(q, tuple(q.shape[-3:])), flat(k, tuple(k.shape[-3:])),
-        flat(v, tuple(v.shape[-3:])), attn_mask=mask, dropout_p=dropout_p,
-        is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+        "FLASH_ATTENTION",
+        flat(q, tuple(q.shape[-3:])),
+        flat(k, tuple(k.shape[-3:])),
+        flat(v, tuple(v.shape[-3:])),
+        attn_mask=mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=enable_gqa,
     )
     return out.reshape(*batch, *out.shape[-3:])
 

@@ -45,8 +45,10 @@ FILLS = ("-1e4", "-1e9", "finfo.min")
 COMBINATIONS: tuple[tuple[str, dict[str, object]], ...] = (
     ("causal with scale 0", {"causal": True, "scale": 0.0}),
     ("causal with a negative scale, GQA", {"causal": True, "scale": -0.75, "gqa": True}),
-    ("padded batch of 128 heads, scale 0",
-     {"mask": "padding", "scale": 0.0, "shape": "batched", "batch_heads": 128}),
+    (
+        "padded batch of 128 heads, scale 0",
+        {"mask": "padding", "scale": 0.0, "shape": "batched", "batch_heads": 128},
+    ),
     ("padding bias with causal, GQA", {"bias": "padding", "causal": True, "gqa": True}),
     ("ALiBi bias in decode, GQA", {"bias": "alibi", "shape": "decode", "gqa": True}),
 )
@@ -76,7 +78,10 @@ def with_score_magnitude(kernel: KernelUnderTest, problem: Problem, limit: float
 
 
 def with_outlier_channels(
-    kernel: KernelUnderTest, problem: Problem, rng: np.random.Generator, factor: float,
+    kernel: KernelUnderTest,
+    problem: Problem,
+    rng: np.random.Generator,
+    factor: float,
 ) -> Problem:
     """q and k with 1-3 of their channels (the same in both) ``factor`` times larger."""
     head_dim = problem.q.shape[-1]
@@ -85,8 +90,10 @@ def with_outlier_channels(
     channels = rng.choice(head_dim, size=min(head_dim, int(rng.integers(1, 4))), replace=False)
     gain = np.ones(head_dim)
     gain[channels] = factor
-    return problem.with_(q=kernel.rounded(problem.q * gain, problem.dtype),
-                         k=kernel.rounded(problem.k * gain, problem.dtype))
+    return problem.with_(
+        q=kernel.rounded(problem.q * gain, problem.dtype),
+        k=kernel.rounded(problem.k * gain, problem.dtype),
+    )
 
 
 def draw_qk_kind(data: st.DataObject) -> str:
@@ -94,7 +101,10 @@ def draw_qk_kind(data: st.DataObject) -> str:
 
 
 def with_qk_values(
-    data: st.DataObject, kernel: KernelUnderTest, rng: np.random.Generator, problem: Problem,
+    data: st.DataObject,
+    kernel: KernelUnderTest,
+    rng: np.random.Generator,
+    problem: Problem,
     kind: str,
 ) -> Problem:
     """``problem`` with q/k values of ``kind``: outlier channels, or scores near float16's
@@ -127,7 +137,8 @@ def draw_padding(data: st.DataObject, rng: np.random.Generator, dims: Dims) -> n
     choices = [0, n_keys, *[n for n in LENGTHS if n < n_keys], *range(1, min(n_keys, 4))]
     kept_keys = rng.choice(choices, size=elements)
     padded_element = current().stratum.option("padded element") or data.draw(
-        st.booleans(), label="a batch element padded entirely")
+        st.booleans(), label="a batch element padded entirely"
+    )
     if elements and padded_element:
         kept_keys[rng.integers(elements)] = 0
     keys = np.arange(n_keys)[None, :] < kept_keys[:, None]  # (elements, Lk)
@@ -141,20 +152,28 @@ def draw_padding(data: st.DataObject, rng: np.random.Generator, dims: Dims) -> n
 
 def draw_window(data: st.DataObject, sides: Sequence[int] = WINDOW_SIDES) -> tuple[int, int]:
     """(left, right) extents of a band mask."""
-    return (data.draw(st.sampled_from(tuple(sides)), label="left"),
-            data.draw(st.sampled_from(tuple(sides)), label="right"))
+    return (
+        data.draw(st.sampled_from(tuple(sides)), label="left"),
+        data.draw(st.sampled_from(tuple(sides)), label="right"),
+    )
 
 
 def draw_bias_values(
-    data: st.DataObject, kernel: KernelUnderTest, rng: np.random.Generator, dims: Dims,
-    dtype: str, kind: str,
+    data: st.DataObject,
+    kernel: KernelUnderTest,
+    rng: np.random.Generator,
+    dims: Dims,
+    dtype: str,
+    kind: str,
 ) -> np.ndarray:
     """A realistic bias of ``kind`` ("alibi" or "padding"), rounded to ``dtype``."""
     if kind == "alibi":
         return kernel.rounded(alibi(dims), dtype)
     kept = draw_padding(data, rng, dims)
-    fill = fill_value(current().stratum.option("fill")
-                      or data.draw(st.sampled_from(FILLS), label="padding fill"), dtype)
+    fill = fill_value(
+        current().stratum.option("fill") or data.draw(st.sampled_from(FILLS), label="padding fill"),
+        dtype,
+    )
     inside = 0.0
     if data.draw(st.booleans(), label="ALiBi inside the padding"):
         inside = alibi(dims)

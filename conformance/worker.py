@@ -63,8 +63,7 @@ def limit_memory(backend: Any, gib: float) -> str:
         import resource
 
         with open("/proc/self/status", encoding="ascii") as status:
-            mapped_kib = next(int(line.split()[1]) for line in status
-                              if line.startswith("VmSize:"))
+            mapped_kib = next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
         limit = mapped_kib * 1024 + int(gib * GIB)
         if hard != resource.RLIM_INFINITY:
@@ -72,8 +71,10 @@ def limit_memory(backend: Any, gib: float) -> str:
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     except (ImportError, OSError, StopIteration, ValueError):
         return ""
-    return (f"the check's worker process may allocate at most {gib:g} GiB beyond the loaded "
-            "backend: --memory-limit GIB, 0 for none")
+    return (
+        f"the check's worker process may allocate at most {gib:g} GiB beyond the loaded "
+        "backend: --memory-limit GIB, 0 for none"
+    )
 
 
 def load(setup: KernelSetup, memory_limit_gib: float) -> tuple[KernelUnderTest, str]:
@@ -86,8 +87,10 @@ def load(setup: KernelSetup, memory_limit_gib: float) -> tuple[KernelUnderTest, 
     try:
         kernel = setup.prepare(backend)
     except KeyboardInterrupt:
-        raise SetupError(f"loading kernel {setup.kernel!r} raised KeyboardInterrupt "
-                         "(at import?): nothing was checked") from None
+        raise SetupError(
+            f"loading kernel {setup.kernel!r} raised KeyboardInterrupt "
+            "(at import?): nothing was checked"
+        ) from None
     guard_calls(kernel).memory_note = note
     return kernel, note
 
@@ -105,15 +108,18 @@ def use_worker_threads(environ: Any = None) -> str:
         torch.set_num_threads(int(chosen))
     pytorch = f", PyTorch {torch.get_num_threads()}" if torch is not None else ""
     if chosen is not None:
-        return (f"worker threads: {chosen} per worker process ({', '.join(THREAD_VARIABLES)}"
-                f"{pytorch}): the CPUs this check may use divided by --jobs; set "
-                "OMP_NUM_THREADS to choose")
+        return (
+            f"worker threads: {chosen} per worker process ({', '.join(THREAD_VARIABLES)}"
+            f"{pytorch}): the CPUs this check may use divided by --jobs; set "
+            "OMP_NUM_THREADS to choose"
+        )
     given = ", ".join(f"{name}={environ[name]}" for name in THREAD_VARIABLES if name in environ)
     return f"worker threads: as the environment sets them ({given}{pytorch})" if given else ""
 
 
 def _exit_when_orphaned(lifeline: int) -> None:
     """End this process when the supervisor dies (its end of the pipe closes)."""
+
     def watch() -> None:
         while os.read(lifeline, 1):
             pass
@@ -132,9 +138,14 @@ def serve(connection: Connection) -> None:
     try:
         setup, memory_limit_gib = connection.recv()
     except Exception as exc:  # e.g. a callable kernel the worker cannot import by name
-        connection.send(("setup-error", f"the worker process could not rebuild the kernel "
-                         f"setup ({type(exc).__name__}: {exc}); check a MODULE:FUNC target, or "
-                         "run in-process (--no-isolate, isolate=False)"))
+        connection.send(
+            (
+                "setup-error",
+                f"the worker process could not rebuild the kernel "
+                f"setup ({type(exc).__name__}: {exc}); check a MODULE:FUNC target, or "
+                "run in-process (--no-isolate, isolate=False)",
+            )
+        )
         return
     try:
         kernel, note = load(setup, memory_limit_gib)
@@ -175,15 +186,20 @@ def _answer(request: tuple[Any, ...], kernel: KernelUnderTest, layout: str) -> t
         PROFILES[profile] = examples
     registry = all_properties()
     if prop_id not in registry:
-        return (f"property {prop_id!r} is not registered in the worker process (registered "
-                "at run time? use --no-isolate)")
+        return (
+            f"property {prop_id!r} is not registered in the worker process (registered "
+            "at run time? use --no-isolate)"
+        )
     prop = registry[prop_id]
     try:
         verdict = run_property(prop, kernel, profile=profile, seed=seed, limits=limits)
     except BaseException as exc:  # e.g. sys.exit from a result's __array__: a verdict
-        verdict = _failed_verdict(prop, PropertyFailure(
-            f"checking the kernel's result raised {type(exc).__name__}: {str(exc)[:300]}"
-        ))
+        verdict = _failed_verdict(
+            prop,
+            PropertyFailure(
+                f"checking the kernel's result raised {type(exc).__name__}: {str(exc)[:300]}"
+            ),
+        )
     return (verdict,)
 
 
@@ -200,4 +216,3 @@ def main(argv: list[str] | None = None) -> None:
     sys.stdout.flush()
     # Skip interpreter teardown: a kernel's atexit hooks or threads are not the check's.
     os._exit(0)
-

@@ -78,8 +78,9 @@ def _grouped_view(xp: ModuleType, a: Any, n_dims: int, n_kv_heads: int, groups: 
 
 def _block(a: Any, rows: slice, cols: slice) -> Any:
     """Rows and columns of the last two axes, leaving broadcast (size-1) axes whole."""
-    return a[..., rows if a.shape[-2] != 1 else slice(None), cols if a.shape[-1] != 1 else
-             slice(None)]
+    return a[
+        ..., rows if a.shape[-2] != 1 else slice(None), cols if a.shape[-1] != 1 else slice(None)
+    ]
 
 
 def _block_scores(inputs: _Scores, q_chunk: Any, rows: slice, cols: slice) -> Any:
@@ -115,8 +116,9 @@ class _Running(NamedTuple):
     counts: NonFiniteCounts | None
 
 
-def _absorb(xp: ModuleType, state: _Running | None, scores: Array, v_block: Any,
-            v_nonfinite: Array) -> _Running:
+def _absorb(
+    xp: ModuleType, state: _Running | None, scores: Array, v_block: Any, v_nonfinite: Array
+) -> _Running:
     """Fold one block of scores and its values into the running state (SDPA-7.1)."""
     m = xp.max(scores, axis=-1, keepdims=True)
     if state is not None:
@@ -147,8 +149,9 @@ def _key_stop(inputs: _Scores, rows: slice, n_keys: int) -> int:
     return max(0, min(n_keys, int(rows.stop + inputs.causal_offset)))
 
 
-def _attend_chunk(inputs: _Scores, rows: slice, key_block: int, v_finite: Any,
-                  v_nonfinite: Array) -> Any:
+def _attend_chunk(
+    inputs: _Scores, rows: slice, key_block: int, v_finite: Any, v_nonfinite: Array
+) -> Any:
     """Output rows ``rows`` of every batch element and head, ``(..., G, rows, Ev)``."""
     problem = inputs.problem
     xp = problem.xp
@@ -157,8 +160,13 @@ def _attend_chunk(inputs: _Scores, rows: slice, key_block: int, v_finite: Any,
     for start in range(0, _key_stop(inputs, rows, problem.k.shape[-2]), key_block):
         cols = slice(start, min(start + key_block, problem.k.shape[-2]))
         scores = _block_scores(inputs, q_chunk, rows, cols)
-        state = _absorb(xp, state, scores, v_finite[..., cols, :],
-                        None if v_nonfinite is None else v_nonfinite[..., cols, :])
+        state = _absorb(
+            xp,
+            state,
+            scores,
+            v_finite[..., cols, :],
+            None if v_nonfinite is None else v_nonfinite[..., cols, :],
+        )
     if state is None:  # the causal rule leaves these rows no key (SDPA-4.3, SDPA-5.1)
         shape = (*q_chunk.shape[:-1], v_finite.shape[-1])
         return xp.zeros(shape, dtype=v_finite.dtype, device=array_api_compat.device(q_chunk))
@@ -193,8 +201,15 @@ def blocked_attention(
     is read block by block and never broadcast.
     """
     xp, _, _ = check_arguments(
-        q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, call=CALL,
+        q,
+        k,
+        v,
+        mask=mask,
+        bias=bias,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        call=CALL,
     )
     problem = prepare(q, k, v, scale=scale, call=CALL)
     if query_chunk is not None:
@@ -214,7 +229,8 @@ def blocked_attention(
         causal_offset=causal_offset(n_queries, n_keys, causal_alignment) if is_causal else None,
     )
     default_chunk, default_block = default_block_sizes(
-        math.prod(problem.out_shape[:-2]), n_queries, n_keys)
+        math.prod(problem.out_shape[:-2]), n_queries, n_keys
+    )
     query_chunk, key_block = query_chunk or default_chunk, key_block or default_block
 
     # Non-finite values are summed apart (SDPA-8.3); the common all-finite case pays one
@@ -224,8 +240,13 @@ def blocked_attention(
     if not bool(xp.all(finite)):
         v_finite, v_nonfinite = xp.where(finite, problem.v, xp.zeros_like(problem.v)), problem.v
     chunks = [
-        _attend_chunk(inputs, slice(start, min(start + query_chunk, n_queries)), key_block,
-                      v_finite, v_nonfinite)
+        _attend_chunk(
+            inputs,
+            slice(start, min(start + query_chunk, n_queries)),
+            key_block,
+            v_finite,
+            v_nonfinite,
+        )
         for start in range(0, n_queries, query_chunk)
     ]
     out = xp.concat(chunks, axis=-2)

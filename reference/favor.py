@@ -40,8 +40,9 @@ def _orthonormal_rows(rows: list[list[float]]) -> list[list[float]]:
     return basis
 
 
-def _draw_projection(num_features: int, head_dim: int, seed: int,
-                     orthogonal: bool) -> list[list[float]]:
+def _draw_projection(
+    num_features: int, head_dim: int, seed: int, orthogonal: bool
+) -> list[list[float]]:
     """The LIN-4.5 draw as a list of ``num_features`` rows of ``head_dim`` Python floats."""
     rng = random.Random(seed)
 
@@ -118,8 +119,10 @@ def favor_feature_map(projection: Array) -> FeatureMapPair:
     :func:`favor_features` in exact arithmetic, while no exponent exceeds 0.
     """
     call = "favor_feature_map(projection)"
-    if not array_api_compat.is_array_api_obj(projection) or projection.ndim != 2 or (
-        projection.shape[0] < 1
+    if (
+        not array_api_compat.is_array_api_obj(projection)
+        or projection.ndim != 2
+        or (projection.shape[0] < 1)
     ):
         raise ValueError(
             f"projection={projection!r}, but should be a (num_features, head_dim) array with "
@@ -163,12 +166,21 @@ def favor_attention(
     xp = namespace_of(call, q=q, k=k, v=v)
     require_ndim_at_least(call, "SDPA-1.1", 3, LAYOUT, q=q, k=k, v=v)
     projection = favor_projection(
-        num_features, q.shape[-1], seed=seed, orthogonal=orthogonal,
-        xp=xp, device=array_api_compat.device(q),
+        num_features,
+        q.shape[-1],
+        seed=seed,
+        orthogonal=orthogonal,
+        xp=xp,
+        device=array_api_compat.device(q),
     )
     return linear_attention(
-        q, k, v, feature_map=favor_feature_map(projection), is_causal=is_causal,
-        causal_alignment=causal_alignment, eps=eps,
+        q,
+        k,
+        v,
+        feature_map=favor_feature_map(projection),
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        eps=eps,
     )
 
 

@@ -27,16 +27,20 @@ def check_softcap(softcap: Any, call: str) -> float | None:
     if softcap is None:
         return None
     if isinstance(softcap, (bool, str, bytes)):
-        raise TypeError(f"softcap={softcap!r}, but should be None or a real number > 0 "
-                        f"[SOFTCAP-2, {call}]")
+        raise TypeError(
+            f"softcap={softcap!r}, but should be None or a real number > 0 [SOFTCAP-2, {call}]"
+        )
     try:
         value = float(softcap)
     except (TypeError, ValueError):
-        raise TypeError(f"softcap={softcap!r}, but should be None or a real number > 0 "
-                        f"[SOFTCAP-2, {call}]") from None
+        raise TypeError(
+            f"softcap={softcap!r}, but should be None or a real number > 0 [SOFTCAP-2, {call}]"
+        ) from None
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"softcap={softcap!r}, but should be a finite number > 0 (None for "
-                         f"no capping) [SOFTCAP-2, {call}]")
+        raise ValueError(
+            f"softcap={softcap!r}, but should be a finite number > 0 (None for "
+            f"no capping) [SOFTCAP-2, {call}]"
+        )
     return value
 
 
@@ -46,7 +50,11 @@ def softcapped(xp: ModuleType, scaled: Any, softcap: float) -> Any:
 
 
 def alibi_slopes(
-    n_heads: int, *, xp: ModuleType | None = None, device: Any = None, dtype: Any = None,
+    n_heads: int,
+    *,
+    xp: ModuleType | None = None,
+    device: Any = None,
+    dtype: Any = None,
 ) -> Any:
     """The standard ALiBi slopes of ALIBI-3 for ``n_heads`` heads, shape ``(n_heads,)``.
 
@@ -70,8 +78,9 @@ def _press_slopes(n_heads: int) -> list[float]:
     return slopes
 
 
-def alibi_distance(xp: ModuleType, n_queries: int, n_keys: int, offset: int, device: Any,
-                   dtype: Any) -> Any:
+def alibi_distance(
+    xp: ModuleType, n_queries: int, n_keys: int, offset: int, device: Any, dtype: Any
+) -> Any:
     """|i + offset - j| as an ``(Lq, Lk)`` array: the ALiBi distance of ALIBI-2."""
     rows = xp.arange(n_queries, device=device)[:, None]
     cols = xp.arange(n_keys, device=device)[None, :]
@@ -88,20 +97,29 @@ def grouped_alibi(problem: AttentionProblem, alibi_slopes: Array, offset: int, c
     *batch, n_kv_heads, groups, n_queries, _ = problem.q.shape
     n_keys = problem.k.shape[-2]
     if not xp.isdtype(alibi_slopes.dtype, "real floating"):
-        raise TypeError(f"alibi_slopes.dtype={alibi_slopes.dtype}, but should be a real "
-                        f"floating dtype [ALIBI-1, {call}]")
+        raise TypeError(
+            f"alibi_slopes.dtype={alibi_slopes.dtype}, but should be a real "
+            f"floating dtype [ALIBI-1, {call}]"
+        )
     n_heads = n_kv_heads * groups
     if alibi_slopes.ndim < 1:
-        raise ValueError(f"alibi_slopes.shape={tuple(alibi_slopes.shape)}, but should be "
-                         f"(..., {n_heads}): one slope per query head [ALIBI-1, {call}]")
+        raise ValueError(
+            f"alibi_slopes.shape={tuple(alibi_slopes.shape)}, but should be "
+            f"(..., {n_heads}): one slope per query head [ALIBI-1, {call}]"
+        )
     if alibi_slopes.shape[-1] != n_heads:
-        raise ValueError(f"alibi_slopes.shape={tuple(alibi_slopes.shape)}, but its last axis "
-                         f"should have one slope per query head ({n_heads}) [ALIBI-1, {call}]")
-    require_broadcastable_to("alibi_slopes", tuple(alibi_slopes.shape), (*batch, n_heads),
-                             call, "ALIBI-1")
+        raise ValueError(
+            f"alibi_slopes.shape={tuple(alibi_slopes.shape)}, but its last axis "
+            f"should have one slope per query head ({n_heads}) [ALIBI-1, {call}]"
+        )
+    require_broadcastable_to(
+        "alibi_slopes", tuple(alibi_slopes.shape), (*batch, n_heads), call, "ALIBI-1"
+    )
     work = problem.q.dtype
-    slopes = xp.reshape(xp.broadcast_to(xp.astype(alibi_slopes, work), (*batch, n_heads)),
-                        (*batch, n_kv_heads, groups, 1, 1))
+    slopes = xp.reshape(
+        xp.broadcast_to(xp.astype(alibi_slopes, work), (*batch, n_heads)),
+        (*batch, n_kv_heads, groups, 1, 1),
+    )
     device = array_api_compat.device(problem.q)
     return -slopes * alibi_distance(xp, n_queries, n_keys, offset, device, work)
 
@@ -110,8 +128,9 @@ def log_sum_exp(xp: ModuleType, scores: Array, allowed: Array) -> Any:
     """log sum_{j in S(i)} exp(s_ij) over the key axis; -inf where S(i) is empty (LSE-1,
     LSE-2).  ``scores`` hold -inf at disallowed keys (``allowed_scores``)."""
     if scores.shape[-1] == 0:
-        return xp.full(scores.shape[:-1], -xp.inf, dtype=scores.dtype,
-                       device=array_api_compat.device(scores))
+        return xp.full(
+            scores.shape[:-1], -xp.inf, dtype=scores.dtype, device=array_api_compat.device(scores)
+        )
     row_max = xp.max(scores, axis=-1)
     attends = xp.any(allowed, axis=-1)
     shift = xp.where(attends, row_max, xp.zeros_like(row_max))
@@ -124,20 +143,26 @@ def log_sum_exp(xp: ModuleType, scores: Array, allowed: Array) -> Any:
 def check_dropout_p(dropout_p: Any, call: str) -> float:
     """``dropout_p`` as a float in [0, 1) (DROP-2)."""
     if isinstance(dropout_p, (bool, str, bytes)):
-        raise TypeError(f"dropout_p={dropout_p!r}, but should be a real number in [0, 1) "
-                        f"[DROP-2, {call}]")
+        raise TypeError(
+            f"dropout_p={dropout_p!r}, but should be a real number in [0, 1) [DROP-2, {call}]"
+        )
     try:
         value = float(dropout_p)
     except (TypeError, ValueError):
-        raise TypeError(f"dropout_p={dropout_p!r}, but should be a real number in [0, 1) "
-                        f"[DROP-2, {call}]") from None
+        raise TypeError(
+            f"dropout_p={dropout_p!r}, but should be a real number in [0, 1) [DROP-2, {call}]"
+        ) from None
     if not 0.0 <= value < 1.0:
         raise ValueError(f"dropout_p={dropout_p!r}, but should be in [0, 1) [DROP-2, {call}]")
     return value
 
 
 def dropped_weights(
-    problem: AttentionProblem, weights: Any, dropout_p: float, keep: Any, call: str,
+    problem: AttentionProblem,
+    weights: Any,
+    dropout_p: float,
+    keep: Any,
+    call: str,
 ) -> Any:
     """``weights * keep / (1 - p)`` (DROP-2): kept weights rescaled, dropped ones 0, no
     renormalisation.  ``keep`` is boolean, broadcasting to ``(..., Hq, Lq, Lk)``; the
@@ -147,11 +172,13 @@ def dropped_weights(
         if dropout_p > 0:
             raise ValueError(
                 f"dropout_p={dropout_p!r} needs dropout_keep=, the boolean keep mask: the "
-                f"reference draws no random numbers [DROP-2, {call}]")
+                f"reference draws no random numbers [DROP-2, {call}]"
+            )
         return weights
     if keep.dtype != xp.bool:
-        raise TypeError(f"dropout_keep.dtype={keep.dtype}, but should be bool (True = kept) "
-                        f"[DROP-2, {call}]")
+        raise TypeError(
+            f"dropout_keep.dtype={keep.dtype}, but should be bool (True = kept) [DROP-2, {call}]"
+        )
     *grouped, n_queries, n_keys = weights.shape
     n_heads = grouped[-1] * grouped[-2]
     scores_shape = (*grouped[:-2], n_heads, n_queries, n_keys)

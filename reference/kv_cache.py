@@ -29,8 +29,10 @@ def _ints(a: Any, name: str, ndim: int, call: str) -> list[Any]:
     """An integer array of ``ndim`` dims as nested Python lists (KVCACHE-1)."""
     xp = namespace_of(call, **{name: a})
     if a.ndim != ndim or not xp.isdtype(a.dtype, "integral"):
-        raise TypeError(f"{name} has dtype {a.dtype} and shape {tuple(a.shape)}, but should be "
-                        f"a {ndim}-d integer array [KVCACHE-1, {call}]")
+        raise TypeError(
+            f"{name} has dtype {a.dtype} and shape {tuple(a.shape)}, but should be "
+            f"a {ndim}-d integer array [KVCACHE-1, {call}]"
+        )
     if ndim == 1:
         return [int(a[i]) for i in range(a.shape[0])]
     return [[int(a[i, j]) for j in range(a.shape[1])] for i in range(a.shape[0])]
@@ -39,37 +41,56 @@ def _ints(a: Any, name: str, ndim: int, call: str) -> list[Any]:
 class CacheLayout:
     """Where each batch element's logical cache positions live (KVCACHE-1, KVCACHE-5)."""
 
-    def __init__(self, k_cache: Array, v_cache: Array, cache_seqlens: Array, block_table: Array,
-                 n_batch: int, n_new: int, call: str) -> None:
+    def __init__(
+        self,
+        k_cache: Array,
+        v_cache: Array,
+        cache_seqlens: Array,
+        block_table: Array,
+        n_batch: int,
+        n_new: int,
+        call: str,
+    ) -> None:
         if k_cache.ndim != 4 or v_cache.ndim != 4 or k_cache.shape[:3] != v_cache.shape[:3]:
-            raise ValueError(f"k_cache.shape={tuple(k_cache.shape)}, v_cache.shape="
-                             f"{tuple(v_cache.shape)}, but should be (B, Hkv, L_cache, E) and "
-                             f"(B, Hkv, L_cache, Ev), or paged (num_blocks, Hkv, block_size, ·) "
-                             f"[KVCACHE-1, {call}]")
+            raise ValueError(
+                f"k_cache.shape={tuple(k_cache.shape)}, v_cache.shape="
+                f"{tuple(v_cache.shape)}, but should be (B, Hkv, L_cache, E) and "
+                f"(B, Hkv, L_cache, Ev), or paged (num_blocks, Hkv, block_size, ·) "
+                f"[KVCACHE-1, {call}]"
+            )
         self.lengths = _ints(cache_seqlens, "cache_seqlens", 1, call)
         if len(self.lengths) != n_batch:
-            raise ValueError(f"cache_seqlens has {len(self.lengths)} entries, but should have "
-                             f"one per batch element ({n_batch}) [KVCACHE-1, {call}]")
+            raise ValueError(
+                f"cache_seqlens has {len(self.lengths)} entries, but should have "
+                f"one per batch element ({n_batch}) [KVCACHE-1, {call}]"
+            )
         self.paged = block_table is not None
         if self.paged:
             self.table = _ints(block_table, "block_table", 2, call)
             n_blocks, self.block_size = k_cache.shape[0], k_cache.shape[2]
             if len(self.table) != n_batch or any(
-                    not 0 <= n < n_blocks for row in self.table for n in row):
-                raise ValueError(f"block_table={self.table}, but should have one row per batch "
-                                 f"element ({n_batch}) of block indices in [0, {n_blocks}) "
-                                 f"[KVCACHE-5, {call}]")
+                not 0 <= n < n_blocks for row in self.table for n in row
+            ):
+                raise ValueError(
+                    f"block_table={self.table}, but should have one row per batch "
+                    f"element ({n_batch}) of block indices in [0, {n_blocks}) "
+                    f"[KVCACHE-5, {call}]"
+                )
             capacity = (len(self.table[0]) if self.table else 0) * self.block_size
         else:
             if k_cache.shape[0] != n_batch:
-                raise ValueError(f"k_cache.shape[0]={k_cache.shape[0]}, but should be the batch "
-                                 f"size {n_batch} (or pass block_table=) [KVCACHE-1, {call}]")
+                raise ValueError(
+                    f"k_cache.shape[0]={k_cache.shape[0]}, but should be the batch "
+                    f"size {n_batch} (or pass block_table=) [KVCACHE-1, {call}]"
+                )
             capacity = k_cache.shape[2]
         for b, length in enumerate(self.lengths):
             if not 0 <= length <= capacity - n_new:
-                raise ValueError(f"cache_seqlens[{b}]={length}, but should be in [0, "
-                                 f"{capacity - n_new}]: the cache holds {capacity} positions "
-                                 f"and {n_new} new keys are appended [KVCACHE-2, {call}]")
+                raise ValueError(
+                    f"cache_seqlens[{b}]={length}, but should be in [0, "
+                    f"{capacity - n_new}]: the cache holds {capacity} positions "
+                    f"and {n_new} new keys are appended [KVCACHE-2, {call}]"
+                )
 
     def logical(self, xp: ModuleType, cache: Any, b: int) -> Any:
         """Batch element ``b``'s cache as ``(Hkv, capacity, ·)``, in logical order."""
@@ -81,16 +102,25 @@ class CacheLayout:
 
 def _check_new(q: Array, k: Array, v: Array, k_cache: Array, call: str) -> int:
     if (k is None) != (v is None):
-        raise ValueError(f"k is {'None' if k is None else 'given'} and v is "
-                         f"{'None' if v is None else 'given'}, but should both be given or "
-                         f"both None [KVCACHE-4, {call}]")
+        raise ValueError(
+            f"k is {'None' if k is None else 'given'} and v is "
+            f"{'None' if v is None else 'given'}, but should both be given or "
+            f"both None [KVCACHE-4, {call}]"
+        )
     if k is None:
         return 0
-    if k.ndim != 4 or v.ndim != 4 or k.shape[:3] != v.shape[:3] or k.shape[0] != q.shape[0] \
-            or k.shape[1] != k_cache.shape[1]:
-        raise ValueError(f"k.shape={tuple(k.shape)}, v.shape={tuple(v.shape)}, but should be "
-                         f"(B, Hkv, L_new, E) and (B, Hkv, L_new, Ev) with B = {q.shape[0]} and "
-                         f"Hkv = {k_cache.shape[1]} [KVCACHE-4, {call}]")
+    if (
+        k.ndim != 4
+        or v.ndim != 4
+        or k.shape[:3] != v.shape[:3]
+        or k.shape[0] != q.shape[0]
+        or k.shape[1] != k_cache.shape[1]
+    ):
+        raise ValueError(
+            f"k.shape={tuple(k.shape)}, v.shape={tuple(v.shape)}, but should be "
+            f"(B, Hkv, L_new, E) and (B, Hkv, L_new, Ev) with B = {q.shape[0]} and "
+            f"Hkv = {k_cache.shape[1]} [KVCACHE-4, {call}]"
+        )
     return int(k.shape[2])
 
 
@@ -115,12 +145,14 @@ def kv_cache_attention(
     ``L_new`` new keys; causal calls and ALiBi are bottom-right with L_k = cache_seqlens[b]
     + L_new.  Returns ``out (B, Hq, Lq, Ev)``, or ``(out, lse)`` with ``lse (B, Hq, Lq)``.
     """
-    xp = namespace_of(CALL, q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v,
-                      alibi_slopes=alibi_slopes)
+    xp = namespace_of(
+        CALL, q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, alibi_slopes=alibi_slopes
+    )
     check_flag("return_lse", return_lse, CALL)
     if q.ndim != 4:
-        raise ValueError(f"q.shape={tuple(q.shape)}, but should be (B, Hq, Lq, E) "
-                         f"[KVCACHE-1, {CALL}]")
+        raise ValueError(
+            f"q.shape={tuple(q.shape)}, but should be (B, Hq, Lq, E) [KVCACHE-1, {CALL}]"
+        )
     n_new = _check_new(q, k, v, k_cache, CALL)
     layout = CacheLayout(k_cache, v_cache, cache_seqlens, block_table, q.shape[0], n_new, CALL)
     outs, lses = [], []
@@ -130,23 +162,38 @@ def kv_cache_attention(
         if n_new:
             keys = xp.concat([keys, k[b, ...]], axis=-2)
             values = xp.concat([values, v[b, ...]], axis=-2)
-        slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.ndim == 1 \
-            else alibi_slopes[b, ...]
+        slopes = (
+            alibi_slopes if alibi_slopes is None or alibi_slopes.ndim == 1 else alibi_slopes[b, ...]
+        )
         out_b, lse_b = scaled_dot_product_attention(
-            q[b, ...], keys, values, is_causal=is_causal, causal_alignment="bottom_right",
-            scale=scale, softcap=softcap, alibi_slopes=slopes, return_lse=True)
+            q[b, ...],
+            keys,
+            values,
+            is_causal=is_causal,
+            causal_alignment="bottom_right",
+            scale=scale,
+            softcap=softcap,
+            alibi_slopes=slopes,
+            return_lse=True,
+        )
         outs.append(out_b)
         lses.append(lse_b)
     if not outs:
-        out, lse = scaled_dot_product_attention(q, k_cache[:0, ...], v_cache[:0, ...],
-                                                return_lse=True)
+        out, lse = scaled_dot_product_attention(
+            q, k_cache[:0, ...], v_cache[:0, ...], return_lse=True
+        )
     else:
         out, lse = xp.stack(outs), xp.stack(lses)
     return (out, lse) if return_lse else out
 
 
 def append_to_cache(
-    k_cache: Array, v_cache: Array, cache_seqlens: Array, k: Array, v: Array, *,
+    k_cache: Array,
+    v_cache: Array,
+    cache_seqlens: Array,
+    k: Array,
+    v: Array,
+    *,
     block_table: Array = None,
 ) -> tuple[Array, Array]:
     """The caches after appending ``k``, ``v`` (KVCACHE-4): batch element b's new keys at
@@ -156,8 +203,7 @@ def append_to_cache(
     if k is None or v is None:
         raise ValueError(f"k and v should be arrays of new keys and values [KVCACHE-4, {APPEND}]")
     n_new = _check_new(k, k, v, k_cache, APPEND)
-    layout = CacheLayout(k_cache, v_cache, cache_seqlens, block_table, k.shape[0], n_new,
-                         APPEND)
+    layout = CacheLayout(k_cache, v_cache, cache_seqlens, block_table, k.shape[0], n_new, APPEND)
     return _written(layout, k_cache, k), _written(layout, v_cache, v)
 
 
@@ -169,19 +215,20 @@ def _written(layout: CacheLayout, cache: Any, new: Any) -> Any:
     if not layout.paged:
         rows = []
         for b, length in enumerate(layout.lengths):
-            rows.append(_overwrite(xp, cache[b, ...], new[b, ...], length, 0, n_new,
-                                   device))
+            rows.append(_overwrite(xp, cache[b, ...], new[b, ...], length, 0, n_new, device))
         return xp.stack(rows) if rows else cache
     blocks = [cache[n, ...] for n in range(cache.shape[0])]
     for b, length in enumerate(layout.lengths):
         for j, n in enumerate(layout.table[b]):
-            blocks[n] = _overwrite(xp, blocks[n], new[b, ...], length, j * layout.block_size,
-                                   n_new, device)
+            blocks[n] = _overwrite(
+                xp, blocks[n], new[b, ...], length, j * layout.block_size, n_new, device
+            )
     return xp.stack(blocks)
 
 
-def _overwrite(xp: ModuleType, rows: Any, new: Any, length: int, first: int, n_new: int,
-               device: Any) -> Any:
+def _overwrite(
+    xp: ModuleType, rows: Any, new: Any, length: int, first: int, n_new: int, device: Any
+) -> Any:
     """``rows (H, n, ·)`` holding logical positions ``first ... first + n - 1``, with the
     positions in ``[length, length + n_new)`` replaced by ``new`` in order."""
     if n_new == 0:

@@ -146,20 +146,24 @@ def _prefix_sums(
     for start in range(0, n_keys, chunk):
         stop = min(start + chunk, n_keys)
         states = state[..., None, :, :] + xp.cumulative_sum(
-            fk[..., start:stop, :, None] * v[..., start:stop, None, :], axis=-3)
+            fk[..., start:stop, :, None] * v[..., start:stop, None, :], axis=-3
+        )
         sums = total[..., None, :] + xp.cumulative_sum(fk[..., start:stop, :], axis=-2)
         # the queries whose last key is in this chunk; the last chunk also takes the rows
         # after the last key (top-left with Lq > Lk), which see every key
         first = min(n_queries, max(blind, start - offset))
         last = n_queries if stop == n_keys else min(n_queries, max(blind, stop - offset))
         if last > first:
-            position = xp.clip(xp.arange(first, last, device=device) + offset, start,
-                               stop - 1) - start
+            position = (
+                xp.clip(xp.arange(first, last, device=device) + offset, start, stop - 1) - start
+            )
             rows = fq[..., first:last, :]
-            numerators.append(xp.matmul(rows[..., :, None, :],
-                                        xp.take(states, position, axis=-3))[..., 0, :])
-            denominators.append(xp.sum(rows * xp.take(sums, position, axis=-2), axis=-1,
-                                       keepdims=True))
+            numerators.append(
+                xp.matmul(rows[..., :, None, :], xp.take(states, position, axis=-3))[..., 0, :]
+            )
+            denominators.append(
+                xp.sum(rows * xp.take(sums, position, axis=-2), axis=-1, keepdims=True)
+            )
         state, total = states[..., -1, :, :], sums[..., -1, :]
     return xp.concat(numerators, axis=-2), xp.concat(denominators, axis=-2)
 
@@ -172,8 +176,14 @@ def _divide(xp: ModuleType, numerator: Any, denominator: Any) -> Any:
 
 
 def _setup(
-    q: Array, k: Array, v: Array, feature_map: Any, is_causal: bool, causal_alignment: str,
-    eps: Any, call: str,
+    q: Array,
+    k: Array,
+    v: Array,
+    feature_map: Any,
+    is_causal: bool,
+    causal_alignment: str,
+    eps: Any,
+    call: str,
 ) -> tuple[Any, Any, Any, int | None, float]:
     problem = prepare(q, k, v, call=call)
     check_flag("is_causal", is_causal, call)

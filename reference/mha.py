@@ -131,8 +131,15 @@ def multi_head_attention(
     k = _split_heads(xp, project(y, w_k, b_k), num_kv_heads)
     v = _split_heads(xp, project(y, w_v, b_v), num_kv_heads)
     attended = scaled_dot_product_attention(
-        q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, return_weights=return_weights,
+        q,
+        k,
+        v,
+        mask=mask,
+        bias=bias,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        return_weights=return_weights,
     )
     per_head, p = attended if return_weights else (attended, None)
     out = xp.astype(project(_merge_heads(xp, per_head), w_o, b_o), x.dtype)

@@ -65,8 +65,9 @@ def _angle_dtype(xp: ModuleType, device: Any) -> Any:
     return xp.float64 if "float64" in available else xp.float32
 
 
-def _inverse_frequencies(xp: ModuleType, n_pairs: int, d: int, base: float, dtype: Any,
-                         device: Any) -> Any:
+def _inverse_frequencies(
+    xp: ModuleType, n_pairs: int, d: int, base: float, dtype: Any, device: Any
+) -> Any:
     """theta_i = base^(-2i/d) for i = 0 .. n_pairs-1 (POS-1, ROPE-1)."""
     exponents = xp.arange(n_pairs, dtype=dtype, device=device) * (2.0 / d)
     return base ** (-exponents)
@@ -186,6 +187,7 @@ def _positions(xp: ModuleType, x: Any, positions: Array, call: str) -> Any:
         raise TypeError(
             f"positions.dtype={positions.dtype}, but should be an integer dtype [ROPE-1, {call}]"
         )
-    require_broadcastable_to("positions", tuple(positions.shape), tuple(x.shape[:-1]), call,
-                             "ROPE-1")
+    require_broadcastable_to(
+        "positions", tuple(positions.shape), tuple(x.shape[:-1]), call, "ROPE-1"
+    )
     return positions

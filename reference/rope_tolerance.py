@@ -81,17 +81,19 @@ def rope_error_bound(
 
     u_d, u_a = UNIT_ROUNDOFF[dtype], accumulation_roundoff(dtype)
     half = r // 2
-    angles = xp.abs(xp.astype(positions, wide)[..., None]
-                    * _inverse_frequencies(xp, half, r, base, wide, device))
-    kappa = xp.asarray([angle_roundoff(i, r, base, dtype) for i in range(half)], dtype=wide,
-                       device=device)
+    angles = xp.abs(
+        xp.astype(positions, wide)[..., None]
+        * _inverse_frequencies(xp, half, r, base, wide, device)
+    )
+    kappa = xp.asarray(
+        [angle_roundoff(i, r, base, dtype) for i in range(half)], dtype=wide, device=device
+    )
     a, b = rope_pairs(x64[..., :r], layout)
     pair_size = xp.abs(a) + xp.abs(b)
     per_pair = pair_size * (kappa * angles + COS_SIN_ROUNDOFFS * u_a + 2 * u_d)
     # both features of a pair share its term; lay it out as the pairs are laid out
     if layout == "interleaved":
-        per_feature = xp.reshape(xp.stack([per_pair, per_pair], axis=-1),
-                                 (*per_pair.shape[:-1], r))
+        per_feature = xp.reshape(xp.stack([per_pair, per_pair], axis=-1), (*per_pair.shape[:-1], r))
     else:
         per_feature = xp.concat([per_pair, per_pair], axis=-1)
     floor = SUBNORMAL_ROUNDINGS * UNDERFLOW_THRESHOLD[dtype]

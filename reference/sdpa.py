@@ -140,8 +140,15 @@ def prepare(
 ) -> AttentionProblem:
     """Check the arguments against SDPA-1 … SDPA-6 and lay them out for computation."""
     xp, batch, scale = check_arguments(
-        q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, call=call,
+        q,
+        k,
+        v,
+        mask=mask,
+        bias=bias,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        call=call,
     )
     *_, n_q_heads, n_queries, head_dim = q.shape
     *_, n_kv_heads, n_keys, _ = k.shape
@@ -320,15 +327,23 @@ def scaled_dot_product_attention(
     namespace_of(CALL, q=q, alibi_slopes=alibi_slopes, dropout_keep=dropout_keep)
     dropout_p = check_dropout_p(dropout_p, CALL)
     problem = prepare(
-        q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale,
+        q,
+        k,
+        v,
+        mask=mask,
+        bias=bias,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        scale=scale,
     )
-    problem = with_features(problem, softcap=softcap, alibi_slopes=alibi_slopes,
-                            causal_alignment=causal_alignment)
+    problem = with_features(
+        problem, softcap=softcap, alibi_slopes=alibi_slopes, causal_alignment=causal_alignment
+    )
     xp = problem.xp
     scores, allowed = allowed_scores(problem)
-    weights = dropped_weights(problem, softmax_over_allowed(xp, scores, allowed), dropout_p,
-                              dropout_keep, CALL)
+    weights = dropped_weights(
+        problem, softmax_over_allowed(xp, scores, allowed), dropout_p, dropout_keep, CALL
+    )
     values = weighted_values(xp, weights, allowed, problem.v)
     out = xp.astype(xp.reshape(values, problem.out_shape), problem.out_dtype)
     results = [out]

@@ -32,7 +32,10 @@ UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, 
 # sigma_d of TOL-2: the dtype's smallest subnormal, or the smallest normal of the format the
 # kernel computes in when that is larger, so flush-to-zero arithmetic (GPUs, XLA on CPU) conforms
 UNDERFLOW_THRESHOLD = {
-    "float16": 2.0**-24, "bfloat16": 2.0**-126, "float32": 2.0**-126, "float64": 2.0**-1022,
+    "float16": 2.0**-24,
+    "bfloat16": 2.0**-126,
+    "float32": 2.0**-126,
+    "float64": 2.0**-1022,
 }
 SAFETY_FACTOR = 4.0  # TOL-2: 2 for second-order terms, times 2 for the oracle's own error
 # Score-error terms beyond this can only reach the hull cap of TOL-2, so larger values need
@@ -98,7 +101,12 @@ def tanh_roundoff(dtype: str) -> float:
 
 
 def feature_score_error(
-    xp: ModuleType, dtype: str, magnitude: Any, capped: Any, bias: Array, alibi: Any,
+    xp: ModuleType,
+    dtype: str,
+    magnitude: Any,
+    capped: Any,
+    bias: Array,
+    alibi: Any,
 ) -> Any:
     """What softcapping and ALiBi add to TOL-2's score error Delta_ij (TOL-4).
 
@@ -125,8 +133,7 @@ def lse_final_error(dtype: str, n_keys: int, row_max: Array, xp: ModuleType) -> 
     the scale applied to the maximum, the addition, a ln 2 conversion and the store
     (4 u_a |m_i| + 5 u_a log L_k)."""
     u_a = accumulation_roundoff(dtype)
-    return (max(n_keys - 1, 0) * u_a + 5 * u_a * math.log(max(n_keys, 1))
-            + 4 * u_a * xp.abs(row_max))
+    return max(n_keys - 1, 0) * u_a + 5 * u_a * math.log(max(n_keys, 1)) + 4 * u_a * xp.abs(row_max)
 
 
 def error_bound(
@@ -155,10 +162,12 @@ def error_bound(
     ``chunk_elements`` bounds the size of the (rows x keys) blocks evaluated at once, and
     so the memory used.
     """
-    options = dict(mask=mask, bias=bias, is_causal=is_causal,
-                   causal_alignment=causal_alignment, scale=scale)
-    return _bounds(q, k, v, dtype, options, softcap, alibi_slopes, weights, False,
-                   chunk_elements)[0]
+    options = dict(
+        mask=mask, bias=bias, is_causal=is_causal, causal_alignment=causal_alignment, scale=scale
+    )
+    return _bounds(q, k, v, dtype, options, softcap, alibi_slopes, weights, False, chunk_elements)[
+        0
+    ]
 
 
 def error_and_lse_bound(
@@ -178,28 +187,46 @@ def error_and_lse_bound(
     chunk_elements: int = CHUNK_ELEMENTS,
 ) -> tuple[ErrorBound, LseBound]:
     """:func:`error_bound` and the log-sum-exp with its TOL-5 bound, in one pass."""
-    options = dict(mask=mask, bias=bias, is_causal=is_causal,
-                   causal_alignment=causal_alignment, scale=scale)
-    bound, lse_bound = _bounds(q, k, v, dtype, options, softcap, alibi_slopes, weights, True,
-                               chunk_elements)
+    options = dict(
+        mask=mask, bias=bias, is_causal=is_causal, causal_alignment=causal_alignment, scale=scale
+    )
+    bound, lse_bound = _bounds(
+        q, k, v, dtype, options, softcap, alibi_slopes, weights, True, chunk_elements
+    )
     assert lse_bound is not None  # _bounds(..., lse=True, ...) computes it
     return bound, lse_bound
 
 
 def _bounds(
-    q: Array, k: Array, v: Array, dtype: str, options: dict[str, Any], softcap: Any,
-    alibi_slopes: Array, weights: bool, lse: bool, chunk_elements: int,
+    q: Array,
+    k: Array,
+    v: Array,
+    dtype: str,
+    options: dict[str, Any],
+    softcap: Any,
+    alibi_slopes: Array,
+    weights: bool,
+    lse: bool,
+    chunk_elements: int,
 ) -> tuple[ErrorBound, LseBound | None]:
     """Both bounds over row chunks; ``options`` are prepare's (mask, bias, causal, scale)."""
     if dtype not in UNIT_ROUNDOFF:
         raise ValueError(f"dtype={dtype!r}, but should be one of {tuple(UNIT_ROUNDOFF)}")
-    if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int) \
-            or chunk_elements < 1:
+    if (
+        isinstance(chunk_elements, bool)
+        or not isinstance(chunk_elements, int)
+        or chunk_elements < 1
+    ):
         raise ValueError(f"chunk_elements={chunk_elements!r}, but should be a positive int")
     call = "error_bound(q, k, v)"
     problem = prepare(q, k, v, **options, call=call)
-    problem = with_features(problem, softcap=softcap, alibi_slopes=alibi_slopes,
-                            causal_alignment=options["causal_alignment"], call=call)
+    problem = with_features(
+        problem,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        causal_alignment=options["causal_alignment"],
+        call=call,
+    )
     xp = problem.xp
     if problem.q.dtype != xp.float64:
         raise TypeError(f"error_bound needs float64 inputs, got {problem.q.dtype}")
@@ -209,17 +236,27 @@ def _bounds(
     starts = range(0, n_queries, rows_per_chunk) if n_queries else [0]
     values = _value_columns(problem)
     parts = [
-        _chunk_bound(problem, values, start, min(start + rows_per_chunk, n_queries), dtype,
-                     weights, lse)
+        _chunk_bound(
+            problem, values, start, min(start + rows_per_chunk, n_queries), dtype, weights, lse
+        )
         for start in starts
     ]
     out_shape, weights_shape = problem.out_shape, (*problem.out_shape[:-1], n_keys)
     rows_shape = out_shape[:-1]
-    shapes = (out_shape, out_shape, weights_shape, weights_shape, rows_shape, rows_shape,
-              rows_shape, rows_shape)
+    shapes = (
+        out_shape,
+        out_shape,
+        weights_shape,
+        weights_shape,
+        rows_shape,
+        rows_shape,
+        rows_shape,
+        rows_shape,
+    )
     whole = [
-        None if pieces[0] is None else xp.reshape(
-            xp.concat(list(pieces), axis=-2) if len(parts) > 1 else pieces[0], shape)
+        None
+        if pieces[0] is None
+        else xp.reshape(xp.concat(list(pieces), axis=-2) if len(parts) > 1 else pieces[0], shape)
         for pieces, shape in zip(zip(*parts, strict=True), shapes, strict=True)
     ]
     return ErrorBound(*whole[:6]), (LseBound(*whole[6:]) if lse else None)
@@ -242,8 +279,9 @@ def _value_columns(problem: AttentionProblem) -> ValueColumns:
     table = xp.concat([finite, xp.abs(finite), finite * finite], axis=-1)
     if v.shape[-2] == 0:
         return ValueColumns(table, None, None)
-    return ValueColumns(table, xp.min(finite, axis=-2, keepdims=True),
-                        xp.max(finite, axis=-2, keepdims=True))
+    return ValueColumns(
+        table, xp.min(finite, axis=-2, keepdims=True), xp.max(finite, axis=-2, keepdims=True)
+    )
 
 
 def _rows(a: Any, start: int, stop: int) -> Any:
@@ -252,8 +290,13 @@ def _rows(a: Any, start: int, stop: int) -> Any:
 
 
 def _chunk_bound(
-    problem: AttentionProblem, values: ValueColumns, start: int, stop: int, dtype: str,
-    with_weights: bool, with_lse: bool = False,
+    problem: AttentionProblem,
+    values: ValueColumns,
+    start: int,
+    stop: int,
+    dtype: str,
+    with_weights: bool,
+    with_lse: bool = False,
 ) -> tuple[Any, ...]:
     """(out, tau, p, tau^p, D, attends, lse, tau^lse) of TOL-2 and TOL-5 for query rows
     ``start:stop``, grouped layout; p and tau^p are None unless ``with_weights``, lse and
@@ -288,27 +331,39 @@ def _chunk_bound(
 
     # Delta_ij: the largest error of the computed shifted score of an allowed key.
     magnitude = xp.matmul(xp.abs(chunk.q), xp.matrix_transpose(xp.abs(chunk.k)))
-    delta = product_coefficient(dtype, head_dim, chunk.scale) * abs(chunk.scale) * magnitude \
-        + 3 * u_a * gap + 6 * u_a
+    delta = (
+        product_coefficient(dtype, head_dim, chunk.scale) * abs(chunk.scale) * magnitude
+        + 3 * u_a * gap
+        + 6 * u_a
+    )
     if chunk.bias is not None:
         delta = delta + 2 * u_a * xp.abs(chunk.bias)
     if chunk.softcap is not None or chunk.alibi is not None:
-        capped = None if chunk.softcap is None else softcapped(
-            xp, xp.matmul(chunk.q, xp.matrix_transpose(chunk.k)) * chunk.scale, chunk.softcap)
-        delta = delta + feature_score_error(xp, dtype, abs(chunk.scale) * magnitude, capped,
-                                            chunk.bias, chunk.alibi)
+        capped = (
+            None
+            if chunk.softcap is None
+            else softcapped(
+                xp, xp.matmul(chunk.q, xp.matrix_transpose(chunk.k)) * chunk.scale, chunk.softcap
+            )
+        )
+        delta = delta + feature_score_error(
+            xp, dtype, abs(chunk.scale) * magnitude, capped, chunk.bias, chunk.alibi
+        )
     delta = xp.where(allowed, delta, zero)
-    lse, lse_tolerance = (_lse_bound(xp, dtype, row_max, total, log_weights, delta, allowed,
-                                     n_keys)
-                          if with_lse else (None, None))
+    lse, lse_tolerance = (
+        _lse_bound(xp, dtype, row_max, total, log_weights, delta, allowed, n_keys)
+        if with_lse
+        else (None, None)
+    )
     moved = _moved_weights(xp, weights, log_weights, delta, allowed)
     score_error = xp.sum(moved, axis=-1, keepdims=True)  # D_i
     determined = score_error < 1
     amplification = 1 / xp.where(determined, 1 - score_error, xp.ones_like(score_error))
 
     # one wide matrix product per left factor gives its sums with v, |v| (and v*v)
-    out, weighted_abs = _split(xp.matmul(weights, table[..., :2 * value_dim]),
-                               value_dim, 2)  # o_ic, M_ic
+    out, weighted_abs = _split(
+        xp.matmul(weights, table[..., : 2 * value_dim]), value_dim, 2
+    )  # o_ic, M_ic
     if not bool(xp.all(xp.isfinite(chunk.v))):  # SDPA-8.3, as the definition evaluates it
         out = with_nonfinite_values(xp, out, nonfinite_counts(xp, allowed, chunk.v))
     finite_out = xp.where(xp.isfinite(out), out, xp.zeros_like(out))
@@ -317,33 +372,53 @@ def _chunk_bound(
     # sum_j g_ij |v_jc - o_ic| <= min(triangle inequality, Cauchy-Schwarz)
     by_triangle = moved_abs + score_error * abs_out
     quadratic = moved_v2 - 2 * finite_out * moved_v + score_error * finite_out * finite_out
-    quadratic_rounding = 4 * UNIT_ROUNDOFF["float64"] * (
-        moved_v2 + 2 * abs_out * moved_abs + score_error * finite_out * finite_out)
-    by_cauchy_schwarz = xp.sqrt(score_error * (xp.maximum(quadratic, xp.zeros_like(quadratic))
-                                               + quadratic_rounding))
+    quadratic_rounding = (
+        4
+        * UNIT_ROUNDOFF["float64"]
+        * (moved_v2 + 2 * abs_out * moved_abs + score_error * finite_out * finite_out)
+    )
+    by_cauchy_schwarz = xp.sqrt(
+        score_error * (xp.maximum(quadratic, xp.zeros_like(quadratic)) + quadratic_rounding)
+    )
     spread = xp.minimum(by_triangle, by_cauchy_schwarz)
     renormalised = xp.where(determined, spread * amplification, xp.full_like(spread, xp.inf))
-    hull = (xp.zeros_like(finite_out) if values.low is None else
-            xp.maximum(values.high - finite_out, finite_out - values.low))
+    hull = (
+        xp.zeros_like(finite_out)
+        if values.low is None
+        else xp.maximum(values.high - finite_out, finite_out - values.low)
+    )
     score_part = xp.minimum(renormalised + moved_abs, 2 * hull)
 
     sigma = UNDERFLOW_THRESHOLD[dtype]
     floor = (n_keys + 2) * sigma
-    allowed_abs_values = xp.matmul(xp.astype(allowed, weights.dtype),
-                                   table[..., value_dim:2 * value_dim])
-    out_tolerance = SAFETY_FACTOR * (
-        score_part + (u_d + (n_keys + 2) * u_a) * weighted_abs + u_d * abs_out
-    ) + floor + sigma * allowed_abs_values
+    allowed_abs_values = xp.matmul(
+        xp.astype(allowed, weights.dtype), table[..., value_dim : 2 * value_dim]
+    )
+    out_tolerance = (
+        SAFETY_FACTOR * (score_part + (u_d + (n_keys + 2) * u_a) * weighted_abs + u_d * abs_out)
+        + floor
+        + sigma * allowed_abs_values
+    )
     out_tolerance = xp.where(xp.isfinite(out), out_tolerance, xp.zeros_like(out))
     attends = xp.any(allowed, axis=-1, keepdims=True)
     if not with_weights:
         return out, out_tolerance, None, None, score_error, attends, lse, lse_tolerance
     weight_change = xp.where(
-        determined, (moved + weights * score_error) * amplification, xp.ones_like(moved))
-    weights_tolerance = SAFETY_FACTOR * (
-        xp.minimum(weight_change, xp.ones_like(moved)) + u_d * weights) + floor
-    return (out, out_tolerance, weights, weights_tolerance, score_error, attends, lse,
-            lse_tolerance)
+        determined, (moved + weights * score_error) * amplification, xp.ones_like(moved)
+    )
+    weights_tolerance = (
+        SAFETY_FACTOR * (xp.minimum(weight_change, xp.ones_like(moved)) + u_d * weights) + floor
+    )
+    return (
+        out,
+        out_tolerance,
+        weights,
+        weights_tolerance,
+        score_error,
+        attends,
+        lse,
+        lse_tolerance,
+    )
 
 
 def _attended_keys(chunk: AttentionProblem) -> tuple[AttentionProblem, slice]:
@@ -365,18 +440,23 @@ def _attended_keys(chunk: AttentionProblem) -> tuple[AttentionProblem, slice]:
     def keys(a: Any) -> Any:
         return a if a is None or a.shape[-1] == 1 else a[..., low:high]
 
-    return chunk._replace(k=chunk.k[..., low:high, :], v=chunk.v[..., low:high, :],
-                          allowed=keys(allowed), bias=keys(chunk.bias),
-                          alibi=keys(chunk.alibi)), slice(low, high)
+    return chunk._replace(
+        k=chunk.k[..., low:high, :],
+        v=chunk.v[..., low:high, :],
+        allowed=keys(allowed),
+        bias=keys(chunk.bias),
+        alibi=keys(chunk.alibi),
+    ), slice(low, high)
 
 
 def _split(a: Any, width: int, count: int) -> tuple[Any, ...]:
     """The ``count`` column blocks of ``width`` of ``a`` (its sums with v, |v|, v*v)."""
-    return tuple(a[..., i * width:(i + 1) * width] for i in range(count))
+    return tuple(a[..., i * width : (i + 1) * width] for i in range(count))
 
 
-def _moved_weights(xp: ModuleType, weights: Any, log_weights: Array, delta: Any,
-                   allowed: Array) -> Any:
+def _moved_weights(
+    xp: ModuleType, weights: Any, log_weights: Array, delta: Any, allowed: Array
+) -> Any:
     """g_ij = p_ij (e^Delta_ij - 1) of TOL-2 (0 for keys outside S(i)), at most
     _SATURATED_WEIGHT_ERROR: accurate for small Delta, and e^(log p + Delta) where p
     underflows but a perturbed weight need not (a key padded with a large finite bias)."""
@@ -385,16 +465,22 @@ def _moved_weights(xp: ModuleType, weights: Any, log_weights: Array, delta: Any,
         return weights * xp.expm1(delta)
     zero = xp.zeros_like(delta)
     moved = xp.where(
-        small, weights * xp.expm1(xp.where(small, delta, zero)),
+        small,
+        weights * xp.expm1(xp.where(small, delta, zero)),
         xp.exp(xp.minimum(log_weights + delta, xp.ones_like(delta))) - weights,
     )
-    return xp.where(allowed, xp.minimum(moved, xp.full_like(moved, _SATURATED_WEIGHT_ERROR)),
-                    zero)
+    return xp.where(allowed, xp.minimum(moved, xp.full_like(moved, _SATURATED_WEIGHT_ERROR)), zero)
 
 
 def _lse_bound(
-    xp: ModuleType, dtype: str, row_max: Array, total: Any, log_weights: Array, delta: Any,
-    allowed: Array, n_keys: int,
+    xp: ModuleType,
+    dtype: str,
+    row_max: Array,
+    total: Any,
+    log_weights: Array,
+    delta: Any,
+    allowed: Array,
+    n_keys: int,
 ) -> tuple[Any, Any]:
     """The log-sum-exp of LSE-1 and its TOL-5 bound, per row ``(..., rows, 1)``.
 
@@ -404,13 +490,19 @@ def _lse_bound(
     keys whose weight underflows).
     """
     if n_keys == 0:  # no keys: -inf, compared exactly (TOL-3)
-        empty = xp.full((*allowed.shape[:-1], 1), -xp.inf, dtype=total.dtype,
-                        device=array_api_compat.device(total))
+        empty = xp.full(
+            (*allowed.shape[:-1], 1),
+            -xp.inf,
+            dtype=total.dtype,
+            device=array_api_compat.device(total),
+        )
         return empty, xp.zeros_like(empty)
     attends = xp.any(allowed, axis=-1, keepdims=True)
     lse = xp.where(attends, row_max + xp.log(total), xp.full_like(row_max, -xp.inf))
-    spread = xp.maximum(_log_mean_exp(xp, log_weights, delta, allowed),
-                        -_log_mean_exp(xp, log_weights, -delta, allowed))
+    spread = xp.maximum(
+        _log_mean_exp(xp, log_weights, delta, allowed),
+        -_log_mean_exp(xp, log_weights, -delta, allowed),
+    )
     tolerance = SAFETY_FACTOR * (spread + lse_final_error(dtype, n_keys, row_max, xp))
     return lse, xp.where(attends, tolerance, xp.zeros_like(tolerance))
 
@@ -422,11 +514,15 @@ def _log_mean_exp(xp: ModuleType, log_weights: Array, delta: Any, allowed: Array
     however small delta is; other rows the log domain, stable for keys whose weight
     underflows however large their delta."""
     none = xp.zeros_like(delta)
-    small = xp.all(xp.logical_or(xp.abs(delta) < 1, xp.logical_not(allowed)), axis=-1,
-                   keepdims=True)
+    small = xp.all(
+        xp.logical_or(xp.abs(delta) < 1, xp.logical_not(allowed)), axis=-1, keepdims=True
+    )
     weights = xp.where(allowed, xp.exp(log_weights), none)
-    moved = xp.sum(weights * xp.expm1(xp.where(allowed, xp.clip(delta, -1.0, 1.0), none)),
-                   axis=-1, keepdims=True)
+    moved = xp.sum(
+        weights * xp.expm1(xp.where(allowed, xp.clip(delta, -1.0, 1.0), none)),
+        axis=-1,
+        keepdims=True,
+    )
     terms = xp.where(allowed, log_weights + delta, xp.full_like(delta, -xp.inf))
     top = xp.max(terms, axis=-1, keepdims=True) if terms.shape[-1] else terms[..., :1]
     top = xp.where(xp.isfinite(top), top, xp.zeros_like(top))
@@ -454,24 +550,33 @@ def dropout_error_bound(
     """DROP-2's output for the keep indicators ``dropout_keep`` in float64, and its TOL-6
     bound: each kept weight's TOL-2 bound (and (L_k + 2) u_a of its size for the rescaling
     and the sum), rescaled by 1 / (1 - p), plus the output rounding and the floor."""
-    options = dict(mask=mask, bias=bias, is_causal=is_causal, causal_alignment=causal_alignment,
-                   scale=scale, softcap=softcap, alibi_slopes=alibi_slopes)
-    out = scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, dropout_keep=dropout_keep,
-                                       **options)
+    options = dict(
+        mask=mask,
+        bias=bias,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+    )
+    out = scaled_dot_product_attention(
+        q, k, v, dropout_p=dropout_p, dropout_keep=dropout_keep, **options
+    )
     bound = error_bound(q, k, v, dtype=dtype, weights=True, **options)
     xp = array_api_compat.array_namespace(out)
     n_keys, n_q_heads, n_kv_heads = k.shape[-2], q.shape[-3], k.shape[-3]
     u_a = accumulation_roundoff(dtype)
     kept = xp.astype(xp.broadcast_to(dropout_keep, bound.weights.shape), out.dtype)
-    charged = kept * (bound.weights_tolerance
-                      + SAFETY_FACTOR * (n_keys + 2) * u_a * bound.weights)
+    charged = kept * (bound.weights_tolerance + SAFETY_FACTOR * (n_keys + 2) * u_a * bound.weights)
     *batch, _, n_queries, _ = charged.shape
-    grouped = xp.reshape(charged, (*batch, n_kv_heads, n_q_heads // n_kv_heads, n_queries,
-                                   n_keys))
+    grouped = xp.reshape(charged, (*batch, n_kv_heads, n_q_heads // n_kv_heads, n_queries, n_keys))
     values = xp.broadcast_to(v, (*batch, *v.shape[-3:]))
     abs_values = xp.abs(xp.where(xp.isfinite(values), values, xp.zeros_like(values)))
     spread = xp.reshape(xp.matmul(grouped, abs_values[..., None, :, :]), out.shape)
     finite_out = xp.where(xp.isfinite(out), out, xp.zeros_like(out))
-    tolerance = spread / (1 - dropout_p) + SAFETY_FACTOR * UNIT_ROUNDOFF[dtype] * xp.abs(
-        finite_out) + (n_keys + 2) * UNDERFLOW_THRESHOLD[dtype]
+    tolerance = (
+        spread / (1 - dropout_p)
+        + SAFETY_FACTOR * UNIT_ROUNDOFF[dtype] * xp.abs(finite_out)
+        + (n_keys + 2) * UNDERFLOW_THRESHOLD[dtype]
+    )
     return out, xp.where(xp.isfinite(out), tolerance, xp.zeros_like(out))

@@ -27,16 +27,22 @@ def sequence_offsets(cu_seqlens: Any, name: str, total: int, call: str) -> list[
     array of B + 1 non-decreasing offsets from 0 to ``total``."""
     xp = namespace_of(call, **{name: cu_seqlens})
     if cu_seqlens.ndim != 1 or not xp.isdtype(cu_seqlens.dtype, "integral"):
-        raise TypeError(f"{name} has dtype {cu_seqlens.dtype} and shape "
-                        f"{tuple(cu_seqlens.shape)}, but should be a 1-d integer array of "
-                        f"B + 1 offsets [VARLEN-1, {call}]")
+        raise TypeError(
+            f"{name} has dtype {cu_seqlens.dtype} and shape "
+            f"{tuple(cu_seqlens.shape)}, but should be a 1-d integer array of "
+            f"B + 1 offsets [VARLEN-1, {call}]"
+        )
     offsets = [int(cu_seqlens[i]) for i in range(cu_seqlens.shape[0])]
     if not offsets or offsets[0] != 0 or offsets[-1] != total:
-        raise ValueError(f"{name}={offsets}, but should start at 0 and end at the number of "
-                         f"packed tokens, {total} [VARLEN-1, {call}]")
+        raise ValueError(
+            f"{name}={offsets}, but should start at 0 and end at the number of "
+            f"packed tokens, {total} [VARLEN-1, {call}]"
+        )
     if any(b < a for a, b in itertools.pairwise(offsets)):
-        raise ValueError(f"{name}={offsets}, but should be non-decreasing (sequence lengths "
-                         f">= 0) [VARLEN-1, {call}]")
+        raise ValueError(
+            f"{name}={offsets}, but should be non-decreasing (sequence lengths "
+            f">= 0) [VARLEN-1, {call}]"
+        )
     return offsets
 
 
@@ -69,30 +75,49 @@ def varlen_attention(
     check_flag("return_lse", return_lse, CALL)
     for name, a in (("q", q), ("k", k), ("v", v)):
         if a.ndim != 3:
-            raise ValueError(f"{name}.shape={tuple(a.shape)}, but should be {PACKED} "
-                             f"[VARLEN-1, {CALL}]")
+            raise ValueError(
+                f"{name}.shape={tuple(a.shape)}, but should be {PACKED} [VARLEN-1, {CALL}]"
+            )
     if k.shape[0] != v.shape[0]:
-        raise ValueError(f"k.shape[0]={k.shape[0]}, v.shape[0]={v.shape[0]}, but should be "
-                         f"equal: both hold the packed keys [VARLEN-1, {CALL}]")
+        raise ValueError(
+            f"k.shape[0]={k.shape[0]}, v.shape[0]={v.shape[0]}, but should be "
+            f"equal: both hold the packed keys [VARLEN-1, {CALL}]"
+        )
     starts_q = sequence_offsets(cu_seqlens_q, "cu_seqlens_q", q.shape[0], CALL)
     starts_k = sequence_offsets(cu_seqlens_k, "cu_seqlens_k", k.shape[0], CALL)
     if len(starts_q) != len(starts_k):
-        raise ValueError(f"cu_seqlens_q has {len(starts_q)} offsets and cu_seqlens_k "
-                         f"{len(starts_k)}, but both should have B + 1 [VARLEN-1, {CALL}]")
-    if alibi_slopes is not None and alibi_slopes.ndim == 2 \
-            and alibi_slopes.shape[0] != len(starts_q) - 1:
-        raise ValueError(f"alibi_slopes.shape={tuple(alibi_slopes.shape)}, but should be "
-                         f"(Hq,) or (B, Hq) with B = {len(starts_q) - 1} [ALIBI-1, {CALL}]")
+        raise ValueError(
+            f"cu_seqlens_q has {len(starts_q)} offsets and cu_seqlens_k "
+            f"{len(starts_k)}, but both should have B + 1 [VARLEN-1, {CALL}]"
+        )
+    if (
+        alibi_slopes is not None
+        and alibi_slopes.ndim == 2
+        and alibi_slopes.shape[0] != len(starts_q) - 1
+    ):
+        raise ValueError(
+            f"alibi_slopes.shape={tuple(alibi_slopes.shape)}, but should be "
+            f"(Hq,) or (B, Hq) with B = {len(starts_q) - 1} [ALIBI-1, {CALL}]"
+        )
     outs, lses = [], []
     for b in range(len(starts_q) - 1):
-        q_b = _heads_first(xp, q[starts_q[b]:starts_q[b + 1], ...])
-        k_b = _heads_first(xp, k[starts_k[b]:starts_k[b + 1], ...])
-        v_b = _heads_first(xp, v[starts_k[b]:starts_k[b + 1], ...])
-        slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.ndim == 1 \
-            else alibi_slopes[b, ...]
+        q_b = _heads_first(xp, q[starts_q[b] : starts_q[b + 1], ...])
+        k_b = _heads_first(xp, k[starts_k[b] : starts_k[b + 1], ...])
+        v_b = _heads_first(xp, v[starts_k[b] : starts_k[b + 1], ...])
+        slopes = (
+            alibi_slopes if alibi_slopes is None or alibi_slopes.ndim == 1 else alibi_slopes[b, ...]
+        )
         out_b, lse_b = scaled_dot_product_attention(
-            q_b, k_b, v_b, is_causal=is_causal, causal_alignment=causal_alignment,
-            scale=scale, softcap=softcap, alibi_slopes=slopes, return_lse=True)
+            q_b,
+            k_b,
+            v_b,
+            is_causal=is_causal,
+            causal_alignment=causal_alignment,
+            scale=scale,
+            softcap=softcap,
+            alibi_slopes=slopes,
+            return_lse=True,
+        )
         outs.append(_heads_first(xp, out_b))
         lses.append(lse_b)
     if not outs:  # B = 0: no sequence, so no token either

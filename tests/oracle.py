@@ -157,7 +157,7 @@ def mha(
 
     def heads(projected: np.ndarray, count: int) -> np.ndarray:
         width = projected.shape[-1] // count
-        return np.stack([projected[..., h * width:(h + 1) * width] for h in range(count)], -3)
+        return np.stack([projected[..., h * width : (h + 1) * width] for h in range(count)], -3)
 
     q = heads(project(x, w_q, b_q), num_heads)
     k = heads(project(y, w_k, b_k), num_kv_heads)

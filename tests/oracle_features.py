@@ -16,6 +16,7 @@ from oracle import causal_allows
 
 def press_slopes(n_heads: int) -> list[float]:
     """ALIBI-3, the recursive ``get_slopes`` of Press et al. as published."""
+
     def power_of_two(n: int) -> list[float]:
         start = 2 ** (-(2 ** -(math.log2(n) - 3)))
         return [start * start**i for i in range(n)]
@@ -27,9 +28,18 @@ def press_slopes(n_heads: int) -> list[float]:
 
 
 def sdpa_features(
-    q: Any, k: Any, v: Any, *, mask: Any = None, bias: Any = None, is_causal: bool = False,
-    causal_alignment: str = "top_left", scale: float | None = None,
-    softcap: float | None = None, alibi_slopes: Any = None, dropout_p: float = 0.0,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: Any = None,
+    bias: Any = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Any = None,
+    dropout_p: float = 0.0,
     dropout_keep: Any = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(out, weights, lse) of features.md's Summary, row by row in float64.
@@ -50,8 +60,11 @@ def sdpa_features(
         return None if a is None else np.broadcast_to(np.asarray(a, dtype=dtype), scores_shape)
 
     mask, bias, keep = full(mask, bool), full(bias, np.float64), full(dropout_keep, bool)
-    slopes = None if alibi_slopes is None else np.broadcast_to(
-        np.asarray(alibi_slopes, np.float64), (*batch, n_q_heads))
+    slopes = (
+        None
+        if alibi_slopes is None
+        else np.broadcast_to(np.asarray(alibi_slopes, np.float64), (*batch, n_q_heads))
+    )
     alpha = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     delta = 0 if causal_alignment == "top_left" else n_keys - n_queries
     group = n_q_heads // n_kv_heads
@@ -69,8 +82,9 @@ def sdpa_features(
                         continue
                     if is_causal and not causal_allows(i, j, n_queries, n_keys, causal_alignment):
                         continue
-                    x = alpha * sum(float(q[(*b, h, i, e)]) * float(k[(*b, g, j, e)])
-                                    for e in range(head_dim))
+                    x = alpha * sum(
+                        float(q[(*b, h, i, e)]) * float(k[(*b, g, j, e)]) for e in range(head_dim)
+                    )
                     s = softcap * math.tanh(x / softcap) if softcap is not None else x
                     if bias is not None:
                         s += float(bias[(*b, h, i, j)])
@@ -95,8 +109,16 @@ def sdpa_features(
     return out, weights, lse
 
 
-def varlen(q: Any, k: Any, v: Any, cu_q: list[int], cu_k: list[int], *,
-           alibi_slopes: Any = None, **options: Any) -> tuple[np.ndarray, np.ndarray]:
+def varlen(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_q: list[int],
+    cu_k: list[int],
+    *,
+    alibi_slopes: Any = None,
+    **options: Any,
+) -> tuple[np.ndarray, np.ndarray]:
     """VARLEN-2 as a block-diagonal dense problem: one batch element of all T_q queries
     and T_k keys, a mask that lets token i of sequence b see key j of the same sequence
     only, and the causal rule and ALiBi with each sequence's own (Lq, Lk) built into the
@@ -116,18 +138,31 @@ def varlen(q: Any, k: Any, v: Any, cu_q: list[int], cu_k: list[int], *,
         for i in range(n_queries):
             for j in range(n_keys):
                 row, col = cu_q[b] + i, cu_k[b] + j
-                mask[row, col] = not is_causal or causal_allows(i, j, n_queries, n_keys,
-                                                                alignment)
+                mask[row, col] = not is_causal or causal_allows(i, j, n_queries, n_keys, alignment)
                 if slopes is not None:
                     bias[:, row, col] = -slopes * abs(i + delta - j)
-    out, _, lse = sdpa_features(q.transpose(1, 0, 2), k.transpose(1, 0, 2),
-                                v.transpose(1, 0, 2), mask=mask, bias=bias, **options)
+    out, _, lse = sdpa_features(
+        q.transpose(1, 0, 2),
+        k.transpose(1, 0, 2),
+        v.transpose(1, 0, 2),
+        mask=mask,
+        bias=bias,
+        **options,
+    )
     return out.transpose(1, 0, 2), lse
 
 
-def kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: list[int], *, k: Any = None,
-             v: Any = None, block_table: Any = None, **options: Any
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def kv_cache(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    lengths: list[int],
+    *,
+    k: Any = None,
+    v: Any = None,
+    block_table: Any = None,
+    **options: Any,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """KVCACHE-2 and KVCACHE-4: write the new keys into a copy of the cache, position by
     position (through the block table when paged), then attend each batch element's first
     cache_seqlens[b] + L_new logical positions, bottom-right.  Returns (out, lse, k_cache
@@ -152,13 +187,17 @@ def kv_cache(q: Any, k_cache: Any, v_cache: Any, lengths: list[int], *, k: Any =
         total = length + n_new
         keys, values = (
             np.stack([c[where(b, t)[0], :, where(b, t)[1]] for t in range(total)], 1)
-            if total else np.zeros((c.shape[1], 0, c.shape[3])) for c in (k_after, v_after))
+            if total
+            else np.zeros((c.shape[1], 0, c.shape[3]))
+            for c in (k_after, v_after)
+        )
         slopes = options.get("alibi_slopes")
         per_batch = dict(options)
         if slopes is not None and np.ndim(slopes) == 2:
             per_batch["alibi_slopes"] = np.asarray(slopes)[b]
-        out, _, lse = sdpa_features(q[b], keys, values, causal_alignment="bottom_right",
-                                    **per_batch)
+        out, _, lse = sdpa_features(
+            q[b], keys, values, causal_alignment="bottom_right", **per_batch
+        )
         outs.append(out)
         lses.append(lse)
     return np.stack(outs), np.stack(lses), k_after, v_after

@@ -48,9 +48,14 @@ def backend_or_skip(name: str, config: dict[str, Any] | None = None) -> Backend:
         pytest.skip(f"backend {name!r} unusable on this machine: {exc}")
 
 
-def verdict_of(property_id: str, kernel: KernelUnderTest | Callable[..., Any], *,
-            backend: Backend | str = "numpy", declaration: KernelDeclaration | None = None,
-            **options: Any) -> Verdict:
+def verdict_of(
+    property_id: str,
+    kernel: KernelUnderTest | Callable[..., Any],
+    *,
+    backend: Backend | str = "numpy",
+    declaration: KernelDeclaration | None = None,
+    **options: Any,
+) -> Verdict:
     """The verdict of the registered property ``property_id`` on ``kernel``: a
     KernelUnderTest, or a function run on ``backend`` under ``declaration`` (none: it
     claims nothing optional).  ``options`` go to ``run_property`` (profile, seed, limits,
@@ -123,7 +128,7 @@ def wait_for(path: Path, text: str, seconds: float = 120) -> None:
 
 # Small kernels for the command-line and plugin tests (one correct, the others each with
 # one defect a property or the loader reports).
-KERNELS = '''
+KERNELS = """
 from attnspec.reference import scaled_dot_product_attention
 
 
@@ -161,4 +166,4 @@ def blhd_no_default_scale(q, k, v, *, mask=None, causal=False, scale=None):
     out = no_default_scale(*(xp.permute_dims(a, swap) for a in (q, k, v)), mask=mask,
                            is_causal=causal, scale=scale)
     return xp.permute_dims(out, swap)
-'''
+"""

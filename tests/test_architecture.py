@@ -33,31 +33,90 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reference", ("reference", "reference.*")),
     ("package", ("",)),
     ("tools", ("backends.survey", "benchmarks", "benchmarks.*")),
-    ("claims", tuple(f"conformance.{name}" for name in (
-        "clauses", "side_effects", "statistics", "favor_bound", "loading", "claims",
-        "declaration", "known_kernels", "layouts", "torch_kernels", "jax_kernels",
-        "adapters", "adapters.*"))),
-    ("problems", tuple(f"conformance.{name}" for name in (
-        "kernel", "failures", "input_features", "sizes", "shape_pool", "values", "anchors",
-        "strategies", "bounds", "assertions", "packed", "hints", "reproduce",
-        "call_guard"))),
+    (
+        "claims",
+        tuple(
+            f"conformance.{name}"
+            for name in (
+                "clauses",
+                "side_effects",
+                "statistics",
+                "favor_bound",
+                "loading",
+                "claims",
+                "declaration",
+                "known_kernels",
+                "layouts",
+                "torch_kernels",
+                "jax_kernels",
+                "adapters",
+                "adapters.*",
+            )
+        ),
+    ),
+    (
+        "problems",
+        tuple(
+            f"conformance.{name}"
+            for name in (
+                "kernel",
+                "failures",
+                "input_features",
+                "sizes",
+                "shape_pool",
+                "values",
+                "anchors",
+                "strategies",
+                "bounds",
+                "assertions",
+                "packed",
+                "hints",
+                "reproduce",
+                "call_guard",
+            )
+        ),
+    ),
     ("property helpers", ("conformance.registration", "conformance.properties._helpers")),
     ("properties", ("conformance.properties", "conformance.properties.*")),
     ("registry", ("conformance.registry",)),
-    ("running", tuple(f"conformance.{name}" for name in (
-        "runner", "root_causes", "kernel_setup", "isolation", "worker", "jobs", "run_plan"))),
+    (
+        "running",
+        tuple(
+            f"conformance.{name}"
+            for name in (
+                "runner",
+                "root_causes",
+                "kernel_setup",
+                "isolation",
+                "worker",
+                "jobs",
+                "run_plan",
+            )
+        ),
+    ),
     ("reporting", ("conformance.report", "conformance.report_files")),
-    ("front ends", ("conformance", "conformance.api", "conformance.cli",
-                    "conformance.pytest_plugin", "conformance.matrix")),
+    (
+        "front ends",
+        (
+            "conformance",
+            "conformance.api",
+            "conformance.cli",
+            "conformance.pytest_plugin",
+            "conformance.matrix",
+        ),
+    ),
 )
 
 
 def layer_of(module: str, layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS) -> int:
     """The index of ``module``'s layer; the most specific pattern wins (an exact name over
     ``pkg.*``), so ``conformance.properties._helpers`` is a helper, not a property."""
-    matches = [(pattern != module, -len(pattern), index)
-               for index, (_, patterns) in enumerate(layers)
-               for pattern in patterns if fnmatch.fnmatchcase(module, pattern)]
+    matches = [
+        (pattern != module, -len(pattern), index)
+        for index, (_, patterns) in enumerate(layers)
+        for pattern in patterns
+        if fnmatch.fnmatchcase(module, pattern)
+    ]
     if not matches:
         raise LookupError(f"module {module!r} is in no layer of tests/test_architecture.py")
     return min(matches)[2]
@@ -109,7 +168,7 @@ def imports_of(module: str, source: str, is_package: bool, known: set[str]) -> s
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".") if package else []
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 target = ".".join([*base, *([node.module] if node.module else [])])
             else:
                 target = relative(node.module or "")
@@ -125,16 +184,19 @@ def imports_of(module: str, source: str, is_package: bool, known: set[str]) -> s
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     modules = package_modules(root)
     known = set(modules)
-    return {name: imports_of(name, path.read_text(encoding="utf-8"), is_package, known)
-            for name, (path, is_package) in modules.items()}
+    return {
+        name: imports_of(name, path.read_text(encoding="utf-8"), is_package, known)
+        for name, (path, is_package) in modules.items()
+    }
 
 
 def _shown(module: str) -> str:
     return f"attnspec.{module}" if module else "attnspec"
 
 
-def upward_edges(graph: dict[str, set[str]],
-                 layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS) -> list[str]:
+def upward_edges(
+    graph: dict[str, set[str]], layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS
+) -> list[str]:
     """``module -> module`` for every import of a higher layer, with both layers named."""
     found = []
     for module, imported in sorted(graph.items()):
@@ -142,8 +204,10 @@ def upward_edges(graph: dict[str, set[str]],
         for target in sorted(imported):
             high = layer_of(target, layers)
             if high > low:
-                found.append(f"{_shown(module)} -> {_shown(target)} ({layers[low][0]} imports "
-                             f"{layers[high][0]})")
+                found.append(
+                    f"{_shown(module)} -> {_shown(target)} ({layers[low][0]} imports "
+                    f"{layers[high][0]})"
+                )
     return found
 
 
@@ -184,8 +248,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def _cycle_edges(graph: dict[str, set[str]], component: list[str]) -> str:
     members = set(component)
-    return ", ".join(f"{_shown(a)} -> {_shown(b)}" for a in component
-                     for b in sorted(graph[a] & members))
+    return ", ".join(
+        f"{_shown(a)} -> {_shown(b)}" for a in component for b in sorted(graph[a] & members)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -222,12 +287,12 @@ def test_checker_finds_an_upward_edge_and_a_cycle() -> None:
     fine = {"low": set(), "low.a": {"low"}, "high": {"low.a"}}
     assert not upward_edges(fine, layers) and not cycles(fine)
     back_edge = {**fine, "low.a": {"low", "high"}}
-    assert upward_edges(back_edge, layers) == [
-        "attnspec.low.a -> attnspec.high (low imports high)"]
+    assert upward_edges(back_edge, layers) == ["attnspec.low.a -> attnspec.high (low imports high)"]
     cyclic = {**fine, "low": {"low.a"}}
     assert cycles(cyclic) == [["low", "low.a"]]
     assert _cycle_edges(cyclic, ["low", "low.a"]) == (
-        "attnspec.low -> attnspec.low.a, attnspec.low.a -> attnspec.low")
+        "attnspec.low -> attnspec.low.a, attnspec.low.a -> attnspec.low"
+    )
 
 
 def test_lazy_imports_count_and_type_checking_imports_do_not(tmp_path: Path) -> None:
@@ -262,12 +327,20 @@ def test_properties_are_listed_in_clause_order(capsys: pytest.CaptureFixture[str
     order = spec_order()
     assert sorted(order, key=order.__getitem__) == sorted(all_clauses(), key=order.__getitem__)
     areas = list(dict.fromkeys(clause.split("-")[0] for clause in order))
-    assert areas.index("SDPA") < areas.index("TOL") < areas.index("SPARSE") < areas.index(
-        "LIN") < areas.index("SOFTCAP"), areas  # dense, tolerance, sparse, linear, features
+    assert (
+        areas.index("SDPA")
+        < areas.index("TOL")
+        < areas.index("SPARSE")
+        < areas.index("LIN")
+        < areas.index("SOFTCAP")
+    ), areas  # dense, tolerance, sparse, linear, features
     listed = list(all_properties().values())
     positions = [order[prop.clause] for prop in listed]
-    out_of_order = [(a.id, a.clause, b.id, b.clause) for a, b, pa, pb
-                    in zip(listed, listed[1:], positions, positions[1:], strict=False) if pa > pb]
+    out_of_order = [
+        (a.id, a.clause, b.id, b.clause)
+        for a, b, pa, pb in zip(listed, listed[1:], positions, positions[1:], strict=False)
+        if pa > pb
+    ]
     assert not out_of_order, out_of_order
     assert cli.main(["properties"]) == 0
     shown = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]]

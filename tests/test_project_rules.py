@@ -71,13 +71,27 @@ def test_every_property_cites_an_existing_clause() -> None:
         assert prop.level in ("MUST", "SHOULD", "MAY")
 
 
-def test_ruff_is_clean() -> None:
-    """The style rule: ruff-clean (the linter is part of the test extras)."""
+def _ruff() -> str:
+    """The ruff of the test extras (beside this Python), else the one on PATH."""
     beside_python = Path(sys.executable).parent / "ruff"
     ruff = str(beside_python) if beside_python.exists() else shutil.which("ruff")
     if ruff is None:
         pytest.fail("ruff is not installed; install the test extras: pip install 'attnspec[test]'")
+    return ruff
+
+
+def test_ruff_is_clean() -> None:
+    """The style rule: ruff-clean (the linter is part of the test extras)."""
+    ruff = _ruff()
     result = subprocess.run([ruff, "check", str(ROOT)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_ruff_format_leaves_the_tree_unchanged() -> None:
+    """The formatting rule: ``ruff format`` would change no file (the pre-commit hook and
+    CONTRIBUTING.md run the same command)."""
+    ruff = _ruff()
+    result = subprocess.run([ruff, "format", "--check", str(ROOT)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-3000:]
 
 
@@ -86,17 +100,26 @@ def test_mypy_strict_is_clean() -> None:
     pyproject's [tool.mypy] lists) finds nothing."""
     if subprocess.run([sys.executable, "-c", "import mypy"], capture_output=True).returncode:
         pytest.fail("mypy is not installed; install the test extras: pip install 'attnspec[test]'")
-    result = subprocess.run(["bash", str(ROOT / "scripts" / "typecheck")], capture_output=True,
-                            text=True, env={**os.environ, "PYTHON": sys.executable})
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "typecheck")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
-    nodes = [n for n in ast.walk(tree)
-             if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)]
-    return {id(n.body[0].value) for n in nodes
-            if n.body and isinstance(n.body[0], ast.Expr)
-            and isinstance(n.body[0].value, ast.Constant)}
+    nodes = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+    ]
+    return {
+        id(n.body[0].value)
+        for n in nodes
+        if n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)
+    }
 
 
 def test_the_version_is_written_once() -> None:
@@ -108,20 +131,31 @@ def test_the_version_is_written_once() -> None:
     import attnspec
 
     assert importlib.metadata.version("attnspec") == attnspec.__version__, (
-        "the installed metadata differs from _version.py: reinstall (bash scripts/setup)")
+        "the installed metadata differs from _version.py: reinstall (bash scripts/setup)"
+    )
     assert attnspec.__version__.startswith(attnspec.SPEC_VERSION + ".")
     literal = re.compile(re.escape(attnspec.SPEC_VERSION) + r"(?!\d)")
     written = []
-    package = [*ROOT.glob("*.py"), *(path for folder in ("reference", "backends", "conformance",
-                                                           "benchmarks", "scripts")
-                                     for path in (ROOT / folder).rglob("*.py"))]
+    package = [
+        *ROOT.glob("*.py"),
+        *(
+            path
+            for folder in ("reference", "backends", "conformance", "benchmarks", "scripts")
+            for path in (ROOT / folder).rglob("*.py")
+        ),
+    ]
     for path in sorted(package):
         relative = path.relative_to(ROOT)
         if relative.name == "_version.py":
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         docstrings = _docstrings(tree)
-        written += [f"{relative}:{node.lineno}" for node in ast.walk(tree)
-                    if isinstance(node, ast.Constant) and isinstance(node.value, str)
-                    and id(node) not in docstrings and literal.search(node.value)]
+        written += [
+            f"{relative}:{node.lineno}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+            and literal.search(node.value)
+        ]
     assert not written, f"the version written outside _version.py: {written}"

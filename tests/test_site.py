@@ -42,13 +42,17 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The site built by ``scripts/build-site`` into a temporary folder, once per run."""
     missing = [name for name in DOCS_EXTRA if importlib.util.find_spec(name) is None]
     if missing:
-        pytest.skip(f"the docs extra is not installed (no {', '.join(missing)}): "
-                    "pip install -e '.[docs]'")
+        pytest.skip(
+            f"the docs extra is not installed (no {', '.join(missing)}): pip install -e '.[docs]'"
+        )
     out = tmp_path_factory.mktemp("site")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    result = subprocess.run(["bash", str(ROOT / "scripts/build-site"), str(out)],
-                            capture_output=True, text=True,
-                            env={**os.environ, "PYTHON": sys.executable})
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts/build-site"), str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -70,8 +74,11 @@ def test_every_clause_has_a_stable_anchor(site: Path) -> None:
     # informative definitions with an id (MHA-1, POS-1, ...) are citable the same way
     for document in (ROOT / "spec").glob("*.md"):
         page = (site / "spec" / f"{document.stem}.html").read_text(encoding="utf-8")
-        for anchor in re.findall(r'^<a id="([A-Z]+-[\d.]+)"></a>$',
-                                 document.read_text(encoding="utf-8"), flags=re.MULTILINE):
+        for anchor in re.findall(
+            r'^<a id="([A-Z]+-[\d.]+)"></a>$',
+            document.read_text(encoding="utf-8"),
+            flags=re.MULTILINE,
+        ):
             assert f'id="{anchor}"' in page, (document.name, anchor)
 
 
@@ -81,7 +88,7 @@ def test_mathematics_is_rendered_to_mathml(site: Path) -> None:
     of formulas."""
     for page in ("index", "dense", "features", "tolerance", "sparse", "linear", "CHANGELOG"):
         text = (site / "spec" / f"{page}.html").read_text(encoding="utf-8")
-        body = text[text.index('<article'):text.index('</article>')]
+        body = text[text.index("<article") : text.index("</article>")]
         assert "arithmatex" not in body and "$$" not in body and "\\(" not in body, page
     dense = (site / "spec/dense.html").read_text(encoding="utf-8")
     assert dense.count("<math") > 100

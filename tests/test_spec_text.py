@@ -45,23 +45,59 @@ AREA_DOCUMENT = {
 # Split clauses keep their id for the main requirement; the split-off part has the next free
 # number of its section: SDPA-1.8, SDPA-7.7, DROP-6.
 CONTRACT = {
-    "SDPA-1.1": "MUST", "SDPA-1.2": "MUST", "SDPA-1.3": "MUST", "SDPA-1.4": "MUST",
-    "SDPA-1.5": "MUST", "SDPA-1.6": "MUST", "SDPA-1.7": "MUST", "SDPA-1.8": "SHOULD",
-    "SDPA-2.1": "MUST", "SDPA-2.2": "MUST",
-    "SDPA-3.1": "MUST", "SDPA-3.2": "MUST", "SDPA-3.3": "MUST", "SDPA-3.4": "MUST",
-    "SDPA-4.1": "MUST", "SDPA-4.2": "MUST", "SDPA-4.3": "MUST", "SDPA-4.4": "MUST",
-    "SDPA-5.1": "MUST", "SDPA-5.2": "MUST",
-    "SDPA-6.1": "MUST", "SDPA-6.2": "SHOULD",
-    "SDPA-7.1": "MUST", "SDPA-7.2": "SHOULD", "SDPA-7.3": "MUST", "SDPA-7.4": "MUST",
-    "SDPA-7.5": "MUST", "SDPA-7.6": "MUST", "SDPA-7.7": "MAY",
-    "SDPA-8.1": "MUST", "SDPA-8.2": "SHOULD", "SDPA-8.3": "MUST",
-    "DROP-1": "MAY", "DROP-2": "MUST", "DROP-3": "MUST", "DROP-4": "MUST", "DROP-5": "MUST",
+    "SDPA-1.1": "MUST",
+    "SDPA-1.2": "MUST",
+    "SDPA-1.3": "MUST",
+    "SDPA-1.4": "MUST",
+    "SDPA-1.5": "MUST",
+    "SDPA-1.6": "MUST",
+    "SDPA-1.7": "MUST",
+    "SDPA-1.8": "SHOULD",
+    "SDPA-2.1": "MUST",
+    "SDPA-2.2": "MUST",
+    "SDPA-3.1": "MUST",
+    "SDPA-3.2": "MUST",
+    "SDPA-3.3": "MUST",
+    "SDPA-3.4": "MUST",
+    "SDPA-4.1": "MUST",
+    "SDPA-4.2": "MUST",
+    "SDPA-4.3": "MUST",
+    "SDPA-4.4": "MUST",
+    "SDPA-5.1": "MUST",
+    "SDPA-5.2": "MUST",
+    "SDPA-6.1": "MUST",
+    "SDPA-6.2": "SHOULD",
+    "SDPA-7.1": "MUST",
+    "SDPA-7.2": "SHOULD",
+    "SDPA-7.3": "MUST",
+    "SDPA-7.4": "MUST",
+    "SDPA-7.5": "MUST",
+    "SDPA-7.6": "MUST",
+    "SDPA-7.7": "MAY",
+    "SDPA-8.1": "MUST",
+    "SDPA-8.2": "SHOULD",
+    "SDPA-8.3": "MUST",
+    "DROP-1": "MAY",
+    "DROP-2": "MUST",
+    "DROP-3": "MUST",
+    "DROP-4": "MUST",
+    "DROP-5": "MUST",
     "DROP-6": "MUST",
-    "ROPE-1": "MUST", "ROPE-3": "MUST",
-    "TOL-1": "MUST", "TOL-2": "MUST", "TOL-3": "MUST", "TOL-4": "MUST", "TOL-5": "MUST",
+    "ROPE-1": "MUST",
+    "ROPE-3": "MUST",
+    "TOL-1": "MUST",
+    "TOL-2": "MUST",
+    "TOL-3": "MUST",
+    "TOL-4": "MUST",
+    "TOL-5": "MUST",
     "TOL-6": "MUST",
-    "CONF-1": "MUST", "CONF-2": "SHOULD", "CONF-3": "MUST", "CONF-4": "MUST",
-    "CONF-5": "MUST", "CONF-6": "MUST", "CONF-7": "MUST",
+    "CONF-1": "MUST",
+    "CONF-2": "SHOULD",
+    "CONF-3": "MUST",
+    "CONF-4": "MUST",
+    "CONF-5": "MUST",
+    "CONF-6": "MUST",
+    "CONF-7": "MUST",
 }
 # Informative definitions with an id (spec/index.md, section 4): citable, not clauses. MHA-1,
 # MHA-2 and POS-1 were MUST clauses nothing checked, ROPE-2 a consequence of ROPE-1 (CHANGELOG).
@@ -84,8 +120,9 @@ def test_every_anchor_and_lead_is_a_parsed_clause(document: str) -> None:
     part of a clause the parser reads, so a malformed clause cannot silently vanish."""
     text = _text(document)
     parsed = [c.id for c in all_clauses().values() if c.document == document]
-    definitions = re.findall(rf'^<a id="({CLAUSE_ID})"></a>\n\*\*\1 \(informative\) ', text,
-                             flags=re.MULTILINE)
+    definitions = re.findall(
+        rf'^<a id="({CLAUSE_ID})"></a>\n\*\*\1 \(informative\) ', text, flags=re.MULTILINE
+    )
     assert set(definitions) <= DEFINITIONS, f"{document}: unlisted informative definitions"
     anchors = re.findall(rf'<a id="({CLAUSE_ID})"></a>', text)
     leads = re.findall(rf"^\*\*({CLAUSE_ID}) \(", text, flags=re.MULTILINE)
@@ -214,8 +251,12 @@ def _displayed_bound(q, k, v, mask, bias, scale, dtype):
         for j in allowed:
             a = float(np.sum(np.abs(q[0, i]) * np.abs(k[0, j])))
             r_alpha = 0.0 if math.log2(math.sqrt(abs(scale))).is_integer() else 4 * u_d
-            delta = ((r_alpha + (head_dim + 4) * u_a) * abs(scale) * a + 2 * u_a * abs(bias[i, j])
-                     + 3 * u_a * (m - s[i, j]) + 6 * u_a)
+            delta = (
+                (r_alpha + (head_dim + 4) * u_a) * abs(scale) * a
+                + 2 * u_a * abs(bias[i, j])
+                + 3 * u_a * (m - s[i, j])
+                + 6 * u_a
+            )
             if delta < 1:  # the evaluation rule of tolerance.md, which never overflows
                 g[j] = min(p[i, j] * math.expm1(delta), 2.0)
             else:
@@ -229,12 +270,15 @@ def _displayed_bound(q, k, v, mask, bias, scale, dtype):
             big_g = sum(g[j] * abs(v[0, j, c]) for j in allowed)
             squares = sum(g[j] * v[0, j, c] ** 2 for j in allowed)
             rounding = 4 * 2.0**-53 * (squares + 2 * abs(o) * big_g + d_i * o * o)
-            n = min(big_g + d_i * abs(o), math.sqrt(
-                d_i * (sum(g[j] * (v[0, j, c] - o) ** 2 for j in allowed) + rounding)))
+            n = min(
+                big_g + d_i * abs(o),
+                math.sqrt(d_i * (sum(g[j] * (v[0, j, c] - o) ** 2 for j in allowed) + rounding)),
+            )
             h = max(v[0, :, c].max() - o, o - v[0, :, c].min())
             part = min(n / (1 - d_i) + big_g, 2 * h) if d_i < 1 else 2 * h
             tau[i, c] = safety * (part + (u_d + (n_keys + 2) * u_a) * big_m + u_d * abs(o)) + (
-                sigma * (n_keys + 2 + sum(abs(v[0, j, c]) for j in allowed)))
+                sigma * (n_keys + 2 + sum(abs(v[0, j, c]) for j in allowed))
+            )
         for j in range(n_keys):
             change = min((g[j] + p[i, j] * d_i) / (1 - d_i), 1.0) if d_i < 1 else 1.0
             tau_p[i, j] = safety * (change + u_d * p[i, j]) + (n_keys + 2) * sigma
@@ -257,8 +301,12 @@ def test_tolerance_formula_agrees_with_the_reference(dtype: str, case: str, scal
     # Quarter-integers up to 2 are exact in every dtype, so the inputs are what a kernel sees.
     q, k, v, bias = (
         rng.integers(-8, 9, size=shape) / 4.0
-        for shape in ((1, n_queries, head_dim), (1, n_keys, head_dim), (1, n_keys, value_dim),
-                      (n_queries, n_keys))
+        for shape in (
+            (1, n_queries, head_dim),
+            (1, n_keys, head_dim),
+            (1, n_keys, value_dim),
+            (n_queries, n_keys),
+        )
     )
     mask = rng.random((n_queries, n_keys)) < 0.7
     mask[1] = False  # an empty S(i): its tolerance is the floor alone
@@ -269,8 +317,9 @@ def test_tolerance_formula_agrees_with_the_reference(dtype: str, case: str, scal
     elif case == "large scores":
         q = q * 2.0**6  # |alpha| A up to ~2e4: beyond 1/u_d in half precision
     tau, tau_p, d = _displayed_bound(q, k, v, mask, bias, scale, dtype)
-    bound = tolerance.error_bound(q, k, v, dtype=dtype, mask=mask, bias=bias, scale=scale,
-                                  chunk_elements=n_keys)  # one row per chunk
+    bound = tolerance.error_bound(
+        q, k, v, dtype=dtype, mask=mask, bias=bias, scale=scale, chunk_elements=n_keys
+    )  # one row per chunk
     np.testing.assert_allclose(np.asarray(bound.out_tolerance)[0], tau, rtol=1e-9, atol=0)
     np.testing.assert_allclose(np.asarray(bound.weights_tolerance)[0], tau_p, rtol=1e-9, atol=0)
     np.testing.assert_allclose(np.asarray(bound.score_error)[0], d, rtol=1e-9, atol=0)
@@ -316,9 +365,17 @@ def test_spec_files_ship_with_the_package() -> None:
 # "clause(s)", "level" or "part", or in parentheses ("SDPA-8.2 (SHOULD)"), names a level; it
 # does not state a requirement.
 KEY_WORDS = {
-    "MUST NOT": "MUST", "SHALL NOT": "MUST", "SHOULD NOT": "SHOULD", "NOT RECOMMENDED": "SHOULD",
-    "MUST": "MUST", "SHALL": "MUST", "REQUIRED": "MUST", "SHOULD": "SHOULD",
-    "RECOMMENDED": "SHOULD", "MAY": "MAY", "OPTIONAL": "MAY",
+    "MUST NOT": "MUST",
+    "SHALL NOT": "MUST",
+    "SHOULD NOT": "SHOULD",
+    "NOT RECOMMENDED": "SHOULD",
+    "MUST": "MUST",
+    "SHALL": "MUST",
+    "REQUIRED": "MUST",
+    "SHOULD": "SHOULD",
+    "RECOMMENDED": "SHOULD",
+    "MAY": "MAY",
+    "OPTIONAL": "MAY",
 }
 KEY_WORD = re.compile(
     r"(?<!\()\b(" + "|".join(KEY_WORDS) + r")\b(?!\))(?!\s+(?:clauses?|level|part)\b)"
@@ -409,17 +466,20 @@ def test_sections_are_labelled_and_clauses_are_normative(document: str) -> None:
             continue
         assert label == "normative", f"{clause_id} sits in an {label} section"
         normative = re.split(r"\n\*(?:Note|Rationale|Derivation)", text)[0]
-        assert not re.search(r"ValueError|TypeError|the reference (raises|takes|returns|draws)",
-                             normative), f"{clause_id}: the reference's behaviour is normative"
+        assert not re.search(
+            r"ValueError|TypeError|the reference (raises|takes|returns|draws)", normative
+        ), f"{clause_id}: the reference's behaviour is normative"
         assert not re.search(r"\(observed|observed on|torch 2\.|jax 0\.", normative), (
-            f"{clause_id}: a fact observed on a library is in normative text")
+            f"{clause_id}: a fact observed on a library is in normative text"
+        )
 
 
 def _declarable_table() -> dict[str, tuple[tuple[str, ...], str, str]]:
-    row = re.compile(r"^\| `(\w+)` \| ((?:`--[\w-]+`(?:, )?)+) \| (\w+) \| (.*) \|$",
-                     re.MULTILINE)
-    return {field: (tuple(re.findall(r"`(--[\w-]+)`", flags)), kind, text)
-            for field, flags, kind, text in row.findall(_text("index.md"))}
+    row = re.compile(r"^\| `(\w+)` \| ((?:`--[\w-]+`(?:, )?)+) \| (\w+) \| (.*) \|$", re.MULTILINE)
+    return {
+        field: (tuple(re.findall(r"`(--[\w-]+)`", flags)), kind, text)
+        for field, flags, kind, text in row.findall(_text("index.md"))
+    }
 
 
 def test_conf3_lists_exactly_the_claims_table() -> None:
@@ -457,9 +517,15 @@ def test_every_cited_id_exists() -> None:
     section whose clauses it prefixes)."""
     # tests/test_site.py checks that the link checker reports an anchor that does not exist
     known = set(all_clauses()) | DEFINITIONS | {"SDPA-99.9"}
-    sources = [*ROOT.glob("tests/**/*.py"), *ROOT.glob("conformance/**/*.py"),
-               *ROOT.glob("reference/**/*.py"), *ROOT.glob("docs/*.md"), ROOT / "README.md",
-               SPEC_DIR / "CHANGELOG.md", *SPEC_DIR.glob("*.md")]
+    sources = [
+        *ROOT.glob("tests/**/*.py"),
+        *ROOT.glob("conformance/**/*.py"),
+        *ROOT.glob("reference/**/*.py"),
+        *ROOT.glob("docs/*.md"),
+        ROOT / "README.md",
+        SPEC_DIR / "CHANGELOG.md",
+        *SPEC_DIR.glob("*.md"),
+    ]
     missing = {}
     for path in sources:
         for cited in _ids_in(path.read_text(encoding="utf-8")) - known:
@@ -494,8 +560,13 @@ def test_reference_runs_on_the_pinned_array_api_version() -> None:
         strict.set_array_api_strict_flags(api_version=pinned[1])
         q = strict.reshape(strict.arange(12, dtype=strict.float64), (1, 2, 3, 2)) / 10
         out = scaled_dot_product_attention(q, q, q, is_causal=True)
-        expected, _ = oracle.sdpa(np.asarray(q)[0], np.asarray(q)[0], np.asarray(q)[0],
-                                  mask=np.tril(np.ones((3, 3), bool)), scale=2 ** -0.5)
+        expected, _ = oracle.sdpa(
+            np.asarray(q)[0],
+            np.asarray(q)[0],
+            np.asarray(q)[0],
+            mask=np.tril(np.ones((3, 3), bool)),
+            scale=2**-0.5,
+        )
         np.testing.assert_allclose(np.asarray(out)[0], expected, rtol=1e-12)
     finally:
         strict.set_array_api_strict_flags(**before)

@@ -14,12 +14,14 @@ from ..declaration import declare
 from ..layouts import from_blhd
 
 
-def _nnx(q: Any, k: Any, v: Any, bias: Any = None, mask: Any = None,
-         is_causal: bool = False) -> Any:
+def _nnx(
+    q: Any, k: Any, v: Any, bias: Any = None, mask: Any = None, is_causal: bool = False
+) -> Any:
     from flax import nnx
 
-    return nnx.dot_product_attention(q, k, v, bias=bias, mask=mask, deterministic=True,
-                                     is_causal=is_causal)
+    return nnx.dot_product_attention(
+        q, k, v, bias=bias, mask=mask, deterministic=True, is_causal=is_causal
+    )
 
 
 def _linen(q: Any, k: Any, v: Any, bias: Any = None, mask: Any = None) -> Any:

@@ -32,29 +32,44 @@ def _keras_on(backend: str) -> Any:
     import keras
 
     if keras.backend.backend() != backend:
-        raise RuntimeError(f"keras was imported with backend {keras.backend.backend()!r} in "
-                           f"this process, so its {backend} backend cannot be checked here; "
-                           f"run with KERAS_BACKEND={backend}")
+        raise RuntimeError(
+            f"keras was imported with backend {keras.backend.backend()!r} in "
+            f"this process, so its {backend} backend cannot be checked here; "
+            f"run with KERAS_BACKEND={backend}"
+        )
     return keras
 
 
 def _on(backend: str) -> Callable[..., Any]:
-    def kernel(q: Any, k: Any, v: Any, mask: Any = None, scale: float | None = None,
-               is_causal: bool = False) -> Any:
+    def kernel(
+        q: Any,
+        k: Any,
+        v: Any,
+        mask: Any = None,
+        scale: float | None = None,
+        is_causal: bool = False,
+    ) -> Any:
         keras = _keras_on(backend)
         # Keras refuses a mask and a bias together ("Only one of `bias` and `mask` can be
         # provided"): they travel in one argument, as PyTorch's attn_mask, a bool a mask,
         # a float a bias
         is_bias = mask is not None and "bool" not in str(mask.dtype)
         return keras.ops.dot_product_attention(
-            q, k, v, bias=mask if is_bias else None, mask=None if is_bias else mask,
-            scale=scale, is_causal=is_causal)
+            q,
+            k,
+            v,
+            bias=mask if is_bias else None,
+            mask=None if is_bias else mask,
+            scale=scale,
+            is_causal=is_causal,
+        )
 
     # Keras computes in its floatx (float32): float64 inputs come back float32, so float64 is
     # outside what it supports; the numpy backend also rejects empty lengths
     limits = {"dtypes": FLOATX_DTYPES, **({"empty_sizes": False} if backend == "numpy" else {})}
-    adapted = from_blhd(declare(kernel, bias=True, bias_keyword="mask", gqa=True, batch_ndim=1,
-                                **limits))
+    adapted = from_blhd(
+        declare(kernel, bias=True, bias_keyword="mask", gqa=True, batch_ndim=1, **limits)
+    )
     adapted.__name__ = adapted.__qualname__ = f"dot_product_attention_{backend}"
     return adapted
 

@@ -23,14 +23,21 @@ def _local_attention(q: Any, k: Any, v: Any) -> Any:
 
     # causal + exact_windowsize: key j is seen by query i iff 0 <= i - j <= window_size
     # (look_backward=1 window); autopad lets any length through
-    layer = LocalAttention(window_size=LOCAL_WINDOW, causal=True, look_backward=1,
-                           exact_windowsize=True, autopad=True)
+    layer = LocalAttention(
+        window_size=LOCAL_WINDOW, causal=True, look_backward=1, exact_windowsize=True, autopad=True
+    )
     return layer(q, k, v)
 
 
 local_attention = declare(
-    _local_attention, scale=False, causal=False, mask=False, batch_ndim=1, equal_lengths=True,
-    sparse=SparseClaim("sliding_window", {"left": LOCAL_WINDOW, "right": 0}, causal=True))
+    _local_attention,
+    scale=False,
+    causal=False,
+    mask=False,
+    batch_ndim=1,
+    equal_lengths=True,
+    sparse=SparseClaim("sliding_window", {"left": LOCAL_WINDOW, "right": 0}, causal=True),
+)
 local_attention.__name__ = local_attention.__qualname__ = "local_attention"
 
 
@@ -47,8 +54,14 @@ def _performer(q: Any, k: Any, v: Any, seed: int = 0) -> Any:
 
 
 performer_favor = declare(
-    _performer, scale=False, causal=False, mask=False, batch_ndim=1, empty_sizes=False,
-    linear=LinearClaim("favor+", num_features=PERFORMER_FEATURES, seed_keyword="seed"))
+    _performer,
+    scale=False,
+    causal=False,
+    mask=False,
+    batch_ndim=1,
+    empty_sizes=False,
+    linear=LinearClaim("favor+", num_features=PERFORMER_FEATURES, seed_keyword="seed"),
+)
 performer_favor.__name__ = performer_favor.__qualname__ = "performer_favor"
 
 
@@ -60,17 +73,28 @@ def _fast_transformers(q: Any, k: Any, v: Any) -> Any:
     n, _, lq, _ = q.shape
     lk = k.shape[-2]
     layer = LinearAttention(q.shape[-1])
-    out = layer(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), FullMask(lq, lk),
-                LengthMask(q.new_full((n,), lq, dtype=int)),
-                LengthMask(q.new_full((n,), lk, dtype=int)))
+    out = layer(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        FullMask(lq, lk),
+        LengthMask(q.new_full((n,), lq, dtype=int)),
+        LengthMask(q.new_full((n,), lk, dtype=int)),
+    )
     return out.transpose(1, 2)
 
 
 fast_transformers_linear = declare(
-    _fast_transformers, scale=False, causal=False, mask=False, batch_ndim=1,
-    linear=LinearClaim("elu+1", eps=1e-6))
-fast_transformers_linear.__name__ = fast_transformers_linear.__qualname__ = \
+    _fast_transformers,
+    scale=False,
+    causal=False,
+    mask=False,
+    batch_ndim=1,
+    linear=LinearClaim("elu+1", eps=1e-6),
+)
+fast_transformers_linear.__name__ = fast_transformers_linear.__qualname__ = (
     "fast_transformers_linear"
+)
 
 
 def _flash(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
@@ -79,10 +103,18 @@ def _flash(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
     return flash_attn_func(q, k, v, **kwargs)
 
 
-flash_attn_func = from_blhd(pad_head_dims(declare(
-    rename_arguments(_flash, is_causal="causal", scale="softmax_scale"),
-    mask=False, gqa=True, causal_alignment="bottom_right", batch_ndim=1,
-    dtypes=("float16", "bfloat16"))))
+flash_attn_func = from_blhd(
+    pad_head_dims(
+        declare(
+            rename_arguments(_flash, is_causal="causal", scale="softmax_scale"),
+            mask=False,
+            gqa=True,
+            causal_alignment="bottom_right",
+            batch_ndim=1,
+            dtypes=("float16", "bfloat16"),
+        )
+    )
+)
 flash_attn_func.__name__ = flash_attn_func.__qualname__ = "flash_attn_func"
 
 
@@ -92,7 +124,9 @@ def _xformers(q: Any, k: Any, v: Any, bias: Any = None, scale: float | None = No
     return memory_efficient_attention(q, k, v, attn_bias=bias, scale=scale)
 
 
-xformers_memory_efficient = from_blhd(declare(_xformers, mask=False, causal=False, bias=True,
-                                              batch_ndim=1))
-xformers_memory_efficient.__name__ = xformers_memory_efficient.__qualname__ = \
+xformers_memory_efficient = from_blhd(
+    declare(_xformers, mask=False, causal=False, bias=True, batch_ndim=1)
+)
+xformers_memory_efficient.__name__ = xformers_memory_efficient.__qualname__ = (
     "xformers_memory_efficient"
+)

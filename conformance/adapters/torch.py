@@ -24,10 +24,13 @@ from ..layouts import pad_head_dims
 def _index(tensor: Any) -> Any:
     """``tensor[b, h, q, kv]`` of a (B|1, H|1, Lq|1, Lk|1) tensor, broadcasting size-1 dims
     the way FlexAttention's mods are called (with index tensors)."""
+
     def at(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
         index = [b, h, q_idx, kv_idx]
-        return tensor[tuple(0 if size == 1 else i for size, i in zip(tensor.shape, index,
-                                                                    strict=True))]
+        return tensor[
+            tuple(0 if size == 1 else i for size, i in zip(tensor.shape, index, strict=True))
+        ]
+
     return at
 
 
@@ -35,12 +38,14 @@ def _as_4d(x: Any) -> Any:
     return x.reshape((1,) * (4 - x.ndim) + tuple(x.shape)) if x.ndim < 4 else x
 
 
-def _flex(q: Any, k: Any, v: Any, score_mod: Any, block_mask: Any, scale: float | None,
-          enable_gqa: bool) -> Any:
+def _flex(
+    q: Any, k: Any, v: Any, score_mod: Any, block_mask: Any, scale: float | None, enable_gqa: bool
+) -> Any:
     from torch.nn.attention.flex_attention import flex_attention
 
-    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                          enable_gqa=enable_gqa)
+    return flex_attention(
+        q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa
+    )
 
 
 def _bias_mod(bias: Any) -> Any:
@@ -50,6 +55,7 @@ def _bias_mod(bias: Any) -> Any:
 
     def score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
         return score + at(b, h, q_idx, kv_idx).to(score.dtype)
+
     return score_mod
 
 
@@ -65,23 +71,43 @@ def _allowed(mask: Any, is_causal: bool) -> Any:
             by_mask = at(b, h, q_idx, kv_idx)
             allowed = by_mask if allowed is None else allowed & by_mask
         return allowed
+
     return mask_mod
 
 
-def _flex_block_mask(q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
-                     is_causal: bool = False, scale: float | None = None,
-                     enable_gqa: bool = False) -> Any:
+def _flex_block_mask(
+    q: Any,
+    k: Any,
+    v: Any,
+    mask: Any = None,
+    bias: Any = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Any:
     from torch.nn.attention.flex_attention import create_block_mask
 
     mask_mod = _allowed(mask, is_causal)
-    block_mask = None if mask_mod is None else create_block_mask(
-        mask_mod, q.shape[0], q.shape[1], q.shape[2], k.shape[2], device=str(q.device))
+    block_mask = (
+        None
+        if mask_mod is None
+        else create_block_mask(
+            mask_mod, q.shape[0], q.shape[1], q.shape[2], k.shape[2], device=str(q.device)
+        )
+    )
     return _flex(q, k, v, _bias_mod(bias), block_mask, scale, enable_gqa)
 
 
-def _flex_score_mod(q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
-                    is_causal: bool = False, scale: float | None = None,
-                    enable_gqa: bool = False) -> Any:
+def _flex_score_mod(
+    q: Any,
+    k: Any,
+    v: Any,
+    mask: Any = None,
+    bias: Any = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Any:
     biased, allowed = _bias_mod(bias), _allowed(mask, is_causal)
 
     def score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
@@ -90,27 +116,36 @@ def _flex_score_mod(q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None,
         if allowed is not None:
             score = score.masked_fill(~allowed(b, h, q_idx, kv_idx), float("-inf"))
         return score
+
     no_mod = biased is None and allowed is None
     return _flex(q, k, v, None if no_mod else score_mod, None, scale, enable_gqa)
 
 
 # FlexAttention takes (B, H, L, E) with E == Ev and no empty length, mask and bias through
 # mods, GQA through enable_gqa.
-_FLEX = {"batch_ndim": 1, "bias": True, "gqa": True, "gqa_keyword": "enable_gqa",
-         "empty_sizes": False}
+_FLEX = {
+    "batch_ndim": 1,
+    "bias": True,
+    "gqa": True,
+    "gqa_keyword": "enable_gqa",
+    "empty_sizes": False,
+}
 flex_attention_block_mask = pad_head_dims(declare(_flex_block_mask, **_FLEX))
-flex_attention_block_mask.__name__ = flex_attention_block_mask.__qualname__ = \
+flex_attention_block_mask.__name__ = flex_attention_block_mask.__qualname__ = (
     "flex_attention_block_mask"
+)
 flex_attention_score_mod = pad_head_dims(declare(_flex_score_mod, **_FLEX))
-flex_attention_score_mod.__name__ = flex_attention_score_mod.__qualname__ = \
+flex_attention_score_mod.__name__ = flex_attention_score_mod.__qualname__ = (
     "flex_attention_score_mod"
+)
 
 
 def _identity_mha(embed_dim: int, num_heads: int, dtype: Any, device: Any) -> Any:
     import torch
 
-    layer = torch.nn.MultiheadAttention(embed_dim, num_heads, bias=False, batch_first=True,
-                                        dtype=dtype, device=device)
+    layer = torch.nn.MultiheadAttention(
+        embed_dim, num_heads, bias=False, batch_first=True, dtype=dtype, device=device
+    )
     eye = torch.eye(embed_dim, dtype=dtype, device=device)
     with torch.no_grad():
         layer.in_proj_weight.copy_(torch.cat([eye, eye, eye]))
@@ -148,21 +183,26 @@ def _mha(q: Any, k: Any, v: Any, attn_mask: Any = None, need_weights: bool = Tru
     outs, weights = [], []
     for first in range(0, heads, HEADS_PER_CALL):
         group = slice(first, min(first + HEADS_PER_CALL, heads))
-        out, weight = _mha_group(q[:, group], k[:, group], v[:, group], key_padding,
-                                 None if attention_mask is None else attention_mask[:, group],
-                                 need_weights)
+        out, weight = _mha_group(
+            q[:, group],
+            k[:, group],
+            v[:, group],
+            key_padding,
+            None if attention_mask is None else attention_mask[:, group],
+            need_weights,
+        )
         outs.append(out)
         weights.append(weight)
     out = torch.cat(outs, dim=1) if outs else q.new_zeros(batch, 0, n_queries, head_dim)
     if not need_weights:
         return out
-    weight = (torch.cat(weights, dim=1) if weights
-              else q.new_zeros(batch, 0, n_queries, n_keys))
+    weight = torch.cat(weights, dim=1) if weights else q.new_zeros(batch, 0, n_queries, n_keys)
     return out, weight
 
 
-def _mha_group(q: Any, k: Any, v: Any, key_padding: Any, attention_mask: Any,
-               need_weights: bool) -> tuple[Any, Any]:
+def _mha_group(
+    q: Any, k: Any, v: Any, key_padding: Any, attention_mask: Any, need_weights: bool
+) -> tuple[Any, Any]:
     batch, heads, n_queries, head_dim = q.shape
 
     def concat_heads(x: Any) -> Any:  # (B, H, L, E) -> (B, L, H E)
@@ -171,9 +211,15 @@ def _mha_group(q: Any, k: Any, v: Any, key_padding: Any, attention_mask: Any,
     if attention_mask is not None:  # (B H, Lq, Lk): batch-major, then heads
         attention_mask = attention_mask.reshape(batch * heads, n_queries, k.shape[2])
     layer = _identity_mha(heads * head_dim, heads, q.dtype, q.device)
-    out, weights = layer(concat_heads(q), concat_heads(k), concat_heads(v),
-                         key_padding_mask=key_padding, attn_mask=attention_mask,
-                         need_weights=need_weights, average_attn_weights=False)
+    out, weights = layer(
+        concat_heads(q),
+        concat_heads(k),
+        concat_heads(v),
+        key_padding_mask=key_padding,
+        attn_mask=attention_mask,
+        need_weights=need_weights,
+        average_attn_weights=False,
+    )
     return out.reshape(batch, n_queries, heads, head_dim).transpose(1, 2), weights
 
 
@@ -188,15 +234,21 @@ def _mha_no_weights(q: Any, k: Any, v: Any, attn_mask: Any = None) -> Any:
 # Scale fixed at 1/sqrt(E), no is_causal of its own (its is_causal is a hint about
 # attn_mask), one batch dim, E == Ev (the heads share one embedding); a boolean or float
 # attn_mask, as SDPA's, so mask and bias are never combined by the kernel.
-_MHA = {"batch_ndim": 1, "mask_keyword": "attn_mask", "bias": True, "bias_keyword": "attn_mask",
-        "causal": False, "scale": False}
+_MHA = {
+    "batch_ndim": 1,
+    "mask_keyword": "attn_mask",
+    "bias": True,
+    "bias_keyword": "attn_mask",
+    "causal": False,
+    "scale": False,
+}
 multihead_attention = pad_head_dims(declare(_mha_weights, returns_weights=True, **_MHA))
 multihead_attention.__name__ = multihead_attention.__qualname__ = "multihead_attention"
 # need_weights=False with an attn_mask raises for Lk = 0 (docs/divergences.md#mha-empty-keys)
-multihead_attention_no_weights = pad_head_dims(declare(_mha_no_weights, empty_sizes=False,
-                                                       **_MHA))
-multihead_attention_no_weights.__name__ = multihead_attention_no_weights.__qualname__ = \
+multihead_attention_no_weights = pad_head_dims(declare(_mha_no_weights, empty_sizes=False, **_MHA))
+multihead_attention_no_weights.__name__ = multihead_attention_no_weights.__qualname__ = (
     "multihead_attention_no_weights"
+)
 
 
 def _sdpa_on(backend: str) -> Any:
@@ -204,11 +256,27 @@ def _sdpa_on(backend: str) -> Any:
     from ..declaration import torch_sdpa_declaration
     from ..torch_kernels import _sdpa_with_backend
 
-    def kernel(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,
-               is_causal: bool = False, scale: float | None = None,
-               enable_gqa: bool = False) -> Any:
-        return _sdpa_with_backend(backend, q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                                  is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    def kernel(
+        q: Any,
+        k: Any,
+        v: Any,
+        attn_mask: Any = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> Any:
+        return _sdpa_with_backend(
+            backend,
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
 
     kernel.__name__ = kernel.__qualname__ = f"sdpa_{backend.lower()}"
     return declare(kernel, **torch_sdpa_declaration())

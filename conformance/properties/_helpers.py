@@ -62,11 +62,20 @@ def pair_score_magnitudes(problem: Problem) -> np.ndarray:
 def row_score_errors(problem: Problem, declaration: KernelDeclaration | None = None) -> np.ndarray:
     """D_i of TOL-2 for every query row of ``problem`` (0 for rows with no allowed key)."""
     alignment = "top_left" if declaration is None else declaration.causal_alignment
-    return np.asarray(error_bound(
-        problem.q, problem.k, problem.v, dtype=problem.dtype, mask=problem.mask,
-        bias=problem.bias, is_causal=problem.is_causal, causal_alignment=alignment,
-        scale=problem.scale, weights=False,
-    ).score_error)
+    return np.asarray(
+        error_bound(
+            problem.q,
+            problem.k,
+            problem.v,
+            dtype=problem.dtype,
+            mask=problem.mask,
+            bias=problem.bias,
+            is_causal=problem.is_causal,
+            causal_alignment=alignment,
+            scale=problem.scale,
+            weights=False,
+        ).score_error
+    )
 
 
 def score_error(problem: Problem) -> float:
@@ -125,7 +134,9 @@ def _require_array(x: Any, what: str, problem: Problem, kernel: KernelUnderTest)
     if not array_api_compat.is_array_api_obj(x):
         raise PropertyFailure(
             f"{what} is a {type(x).__name__}, but should be an array [SDPA-1.3, "
-            f"{call_text(kernel)}]", problem, kernel,
+            f"{call_text(kernel)}]",
+            problem,
+            kernel,
         )
 
 
@@ -136,7 +147,10 @@ def _expected_shapes(problem: Problem) -> tuple[tuple[int, ...], tuple[int, ...]
 
 
 def assert_output_shapes(
-    kernel: KernelUnderTest, problem: Problem, out: Any, weights: Any,
+    kernel: KernelUnderTest,
+    problem: Problem,
+    out: Any,
+    weights: Any,
 ) -> None:
     """Raw ``out`` is a (*batch, Hq, Lq, Ev) array, ``weights`` (if any) (*batch, Hq, Lq, Lk)."""
     out_shape, weights_shape = _expected_shapes(problem)
@@ -148,7 +162,10 @@ def assert_output_shapes(
 
 
 def assert_output_shape_and_dtype(
-    kernel: KernelUnderTest, problem: Problem, out: Any, weights: Any = None,
+    kernel: KernelUnderTest,
+    problem: Problem,
+    out: Any,
+    weights: Any = None,
 ) -> None:
     """SDPA-1.3 for one raw result: shapes as ``assert_output_shapes``, dtype q's."""
     assert_output_shapes(kernel, problem, out, weights)
@@ -157,7 +174,8 @@ def assert_output_shape_and_dtype(
             raise PropertyFailure(
                 f"{what}.dtype={dtype_name(kernel.backend, result.dtype)}, but should be "
                 f"{problem.dtype}, the dtype of q [SDPA-1.3, {call_text(kernel)}]",
-                problem, kernel,
+                problem,
+                kernel,
             )
 
 
@@ -193,17 +211,29 @@ def _standard(n_heads: int) -> list[float]:
     return [float(s) for s in standard_slopes(n_heads, xp=np_namespace)]
 
 
-def with_claimed_features(data: st.DataObject, kernel: KernelUnderTest, problem: Problem,
-                          dims: Dims, *, softcap: bool | None = None,
-                          alibi: bool | None = None) -> Problem:
+def with_claimed_features(
+    data: st.DataObject,
+    kernel: KernelUnderTest,
+    problem: Problem,
+    dims: Dims,
+    *,
+    softcap: bool | None = None,
+    alibi: bool | None = None,
+) -> Problem:
     """``problem`` with the features the kernel claims: each drawn ("maybe") unless
     ``softcap``/``alibi`` say always (True) or never (False)."""
     decl = kernel.declaration
-    if decl.softcap and softcap is not False and (
-            softcap or data.draw(st.booleans(), label="with softcap")):
+    if (
+        decl.softcap
+        and softcap is not False
+        and (softcap or data.draw(st.booleans(), label="with softcap"))
+    ):
         problem = problem.with_(softcap=draw_softcap(data))
-    if decl.alibi and alibi is not False and (
-            alibi or data.draw(st.booleans(), label="with ALiBi")):
+    if (
+        decl.alibi
+        and alibi is not False
+        and (alibi or data.draw(st.booleans(), label="with ALiBi"))
+    ):
         problem = problem.with_(alibi_slopes=draw_alibi_slopes(data, kernel, dims))
     return problem
 
@@ -212,10 +242,17 @@ def pattern_mask(kernel: KernelUnderTest, n_queries: int, n_keys: int) -> np.nda
     """The declared pattern's boolean (Lq, Lk) mask, as NumPy."""
     claim = kernel.declaration.sparse
     assert claim is not None
-    return np.asarray(sparse_mask(
-        claim.pattern, n_queries, n_keys, alignment=claim.alignment, causal=claim.causal,
-        xp=np_namespace, **dict(claim.params),
-    ))
+    return np.asarray(
+        sparse_mask(
+            claim.pattern,
+            n_queries,
+            n_keys,
+            alignment=claim.alignment,
+            causal=claim.causal,
+            xp=np_namespace,
+            **dict(claim.params),
+        )
+    )
 
 
 def pinned_lengths(pattern: str, params: dict[str, object]) -> tuple[tuple[int, int], ...] | None:
@@ -233,7 +270,9 @@ def pinned_lengths(pattern: str, params: dict[str, object]) -> tuple[tuple[int, 
 
 
 def draw_sparse_problem(
-    kernel: KernelUnderTest, data: st.DataObject, weights: bool = False,
+    kernel: KernelUnderTest,
+    data: st.DataObject,
+    weights: bool = False,
 ) -> tuple[Problem, np.ndarray]:
     """Sizes long enough to show the pattern's structure, ragged tails and Lq != Lk (a
     block-sparse layout pins the lengths); ``weights``: observed through V = I."""
@@ -243,12 +282,16 @@ def draw_sparse_problem(
     lengths = pinned_lengths(claim.pattern, dict(claim.params))
     if lengths is not None:
         (q_low, q_high), (k_low, k_high) = lengths
-        dims = replace(dims, n_queries=data.draw(st.integers(q_low, q_high), label="Lq"),
-                       n_keys=data.draw(st.integers(k_low, k_high), label="Lk"))
+        dims = replace(
+            dims,
+            n_queries=data.draw(st.integers(q_low, q_high), label="Lq"),
+            n_keys=data.draw(st.integers(k_low, k_high), label="Lk"),
+        )
     dtype = draw_dtype(data, kernel)
     rng = draw_rng(data)
-    problem = random_problem(kernel, rng, dims, dtype,
-                             extra=dict(claim.params) if claim.pass_params else {})
+    problem = random_problem(
+        kernel, rng, dims, dtype, extra=dict(claim.params) if claim.pass_params else {}
+    )
     return problem, pattern_mask(kernel, dims.n_queries, dims.n_keys)
 
 
@@ -263,6 +306,7 @@ def draw_any_problem(data: st.DataObject, kernel: KernelUnderTest) -> Problem:
         return draw_problem(data, kernel)
     problem = draw_problem(data, kernel, mask="never", bias="never", scale="never")
     if declaration.linear.feature_map == "favor+":
-        problem.extra[declaration.linear.seed_keyword] = data.draw(st.integers(0, 2**16),
-                                                                   label="seed")
+        problem.extra[declaration.linear.seed_keyword] = data.draw(
+            st.integers(0, 2**16), label="seed"
+        )
     return problem

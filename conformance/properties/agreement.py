@@ -23,8 +23,9 @@ def matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
         out, weights = kernel.output_with_weights(problem)
         assert_matches_reference(kernel, problem, out)
         expected, tolerance = weights_bound(problem, kernel.declaration)
-        assert_within_bound(weights, np.asarray(expected), np.asarray(tolerance), "weights",
-                            problem, kernel)
+        assert_within_bound(
+            weights, np.asarray(expected), np.asarray(tolerance), "weights", problem, kernel
+        )
     else:
         assert_matches_reference(kernel, problem)
 
@@ -40,6 +41,11 @@ def rows_sum_to_one(kernel: KernelUnderTest, data: st.DataObject) -> None:
     if negative.any():
         at = first_index(negative)
         raise PropertyFailure(f"weight{at} = {weights[at]!r} is negative", problem, kernel)
-    assert_within_bound(weights.sum(axis=-1), np.asarray(expected).sum(axis=-1),
-                        np.asarray(tolerance).sum(axis=-1), "row sum of weights",
-                        problem, kernel)
+    assert_within_bound(
+        weights.sum(axis=-1),
+        np.asarray(expected).sum(axis=-1),
+        np.asarray(tolerance).sum(axis=-1),
+        "row sum of weights",
+        problem,
+        kernel,
+    )

@@ -25,8 +25,12 @@ from ._helpers import compared_rows, within_validity
 
 # TOL-2 does not cover weights in the subnormal range (spec/tolerance.md, "Known
 # limitation"); kernels that flush subnormals to zero (XLA on CPU) return 0 there.
-SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126,
-                   "float64": 2.0**-1022}
+SMALLEST_NORMAL = {
+    "float16": 2.0**-14,
+    "bfloat16": 2.0**-126,
+    "float32": 2.0**-126,
+    "float64": 2.0**-1022,
+}
 
 
 def alignment_clause(declaration: KernelDeclaration) -> str:
@@ -39,8 +43,15 @@ def alignment_clause(declaration: KernelDeclaration) -> str:
 def _unequal_dims(data: st.DataObject, kernel: KernelUnderTest, weights: bool = False) -> Dims:
     """Dims with Lq != Lk (either way round), where the two alignments differ; realistic
     shapes that already differ keep their lengths (a block boundary on either side)."""
-    dims = draw_dims(data, kernel, min_queries=1, min_keys=1, max_len=8, weights=weights,
-                     where=lambda dims: dims.n_queries != dims.n_keys)
+    dims = draw_dims(
+        data,
+        kernel,
+        min_queries=1,
+        min_keys=1,
+        max_len=8,
+        weights=weights,
+        where=lambda dims: dims.n_queries != dims.n_keys,
+    )
     drawing = current()
     keep = drawing.realistic or drawing.pool is not None  # a pooled shape: compiled already
     if (keep and dims.n_queries != dims.n_keys) or kernel.declaration.equal_lengths:
@@ -83,10 +94,12 @@ def causal_zeros(kernel: KernelUnderTest, data: st.DataObject) -> None:
     rows = before & compared_rows(problem, kernel.declaration)
     out, out_changed = kernel.output(problem), kernel.output(other)
     assert_identical(
-        np.where(rows, out_changed, 0.0), np.where(rows, out, 0.0),
+        np.where(rows, out_changed, 0.0),
+        np.where(rows, out, 0.0),
         f"out of rows i + {offset} < {cut} after changing keys/values j >= {cut} "
         f"[{alignment_clause(kernel.declaration)}]",
-        other, kernel,
+        other,
+        kernel,
     )
 
 
@@ -95,8 +108,14 @@ def causal_alignment(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """With is_causal and Lq != Lk, the weights are exactly 0 beyond the declared
     alignment's boundary (SDPA-4.1 top-left or SDPA-4.2 bottom-right) and positive within
     it wherever TOL-2 proves the definition's weight positive (and it is not subnormal)."""
-    problem = draw_problem(data, kernel, dims=_unequal_dims(data, kernel, weights=True),
-                           causal="always", mask="never", bias="never")
+    problem = draw_problem(
+        data,
+        kernel,
+        dims=_unequal_dims(data, kernel, weights=True),
+        causal="always",
+        mask="never",
+        bias="never",
+    )
     problem = within_validity(kernel, problem)
     _, weights = kernel.output_with_weights(problem)
     n_queries, n_keys = problem.q.shape[-2], problem.k.shape[-2]
@@ -111,7 +130,8 @@ def causal_alignment(kernel: KernelUnderTest, data: st.DataObject) -> None:
             f"weight{at} = {weights[at]!r}, but key {at[-1]} is beyond query {at[-2]}'s causal "
             f"boundary (offset {offset}), so it should be exactly 0; {int(leaked.sum())} such "
             f"weights [{clause}]",
-            problem, kernel,
+            problem,
+            kernel,
         )
     expected, tolerance = (np.asarray(a) for a in weights_bound(problem, kernel.declaration))
     provably_positive = (expected - tolerance > 0) & (expected >= SMALLEST_NORMAL[problem.dtype])
@@ -122,7 +142,8 @@ def causal_alignment(kernel: KernelUnderTest, data: st.DataObject) -> None:
             f"weight{at} = {weights[at]!r}, but key {at[-1]} is within query {at[-2]}'s causal "
             f"boundary (offset {offset}) and the definition gives {expected[at]:.6g} "
             f"(TOL-2 bound {tolerance[at]:.3g}); {int(missing.sum())} such weights [{clause}]",
-            problem, kernel,
+            problem,
+            kernel,
         )
 
 
@@ -137,28 +158,35 @@ def _last_rows(a: np.ndarray | None, n_queries: int, r: int) -> np.ndarray | Non
     """Rows ``-r:`` of a mask or bias whose query axis is not broadcast."""
     if a is None or a.shape[-2] != n_queries:
         return a
-    return a[..., n_queries - r:, :]
+    return a[..., n_queries - r :, :]
 
 
 @register("decode-consistency", "SDPA-4.4", applies=_decode_applies)
 def decode_consistency(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """With bottom-right causal, the last r query rows computed alone (same keys) equal
     the last r rows of the full computation within TOL-2: what a KV cache relies on."""
-    problem = within_validity(kernel, draw_problem(data, kernel, causal="always",
-                                                   min_queries=1))
+    problem = within_validity(kernel, draw_problem(data, kernel, causal="always", min_queries=1))
     n_queries = problem.q.shape[-2]
     r = data.draw(st.integers(1, n_queries), label="rows computed alone")
     tail = problem.with_(
-        q=problem.q[..., n_queries - r:, :],
+        q=problem.q[..., n_queries - r :, :],
         mask=_last_rows(problem.mask, n_queries, r),
         bias=_last_rows(problem.bias, n_queries, r),
     )
     full_out, tail_out = kernel.output(problem), kernel.output(tail)
     # The float64 definitions of the two rows coincide (same S(i), SDPA-4.2), so each run
     # is within its own TOL-2 bound of one value: their distance is within the sum.
-    tolerance = (np.asarray(reference_bound(tail, kernel.declaration).out_tolerance)
-                 + np.asarray(reference_bound(problem, kernel.declaration).out_tolerance)
-                 [..., n_queries - r:, :])
-    assert_within_bound(tail_out, full_out[..., n_queries - r:, :], tolerance,
-                        f"out of the last {r} rows computed alone vs the full call [SDPA-4.4]",
-                        tail, kernel)
+    tolerance = (
+        np.asarray(reference_bound(tail, kernel.declaration).out_tolerance)
+        + np.asarray(reference_bound(problem, kernel.declaration).out_tolerance)[
+            ..., n_queries - r :, :
+        ]
+    )
+    assert_within_bound(
+        tail_out,
+        full_out[..., n_queries - r :, :],
+        tolerance,
+        f"out of the last {r} rows computed alone vs the full call [SDPA-4.4]",
+        tail,
+        kernel,
+    )

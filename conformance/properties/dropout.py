@@ -40,8 +40,9 @@ def _seeded(declaration: KernelDeclaration) -> str | None:
     return reason
 
 
-def _laid_out(kernel: KernelUnderTest, batch: int, heads: int, length: int,
-              width: int) -> tuple[int, ...]:
+def _laid_out(
+    kernel: KernelUnderTest, batch: int, heads: int, length: int, width: int
+) -> tuple[int, ...]:
     """(batch, heads, length, width), or (batch * heads, length, width) for a kernel that
     takes no batch dim: independent copies either way (DROP-3)."""
     wanted = kernel.declaration.batch_ndim
@@ -50,15 +51,30 @@ def _laid_out(kernel: KernelUnderTest, batch: int, heads: int, length: int,
     return (*(1,) * max((wanted or 1) - 1, 0), batch, heads, length, width)
 
 
-def indicator_problem(kernel: KernelUnderTest, dropout_p: float, seed: int,
-                      mask: np.ndarray | None = None, n_queries: int = OBSERVED[2],
-                      n_keys: int = OBSERVED[3], heads: int = OBSERVED[1],
-                      batch: int = OBSERVED[0], is_causal: bool = False) -> Problem:
+def indicator_problem(
+    kernel: KernelUnderTest,
+    dropout_p: float,
+    seed: int,
+    mask: np.ndarray | None = None,
+    n_queries: int = OBSERVED[2],
+    n_keys: int = OBSERVED[3],
+    heads: int = OBSERVED[1],
+    batch: int = OBSERVED[0],
+    is_causal: bool = False,
+) -> Problem:
     """q = 0 and V = I: the output is the kept-and-rescaled weight matrix."""
     q = np.zeros(_laid_out(kernel, batch, heads, n_queries, 4))
     k = np.zeros(_laid_out(kernel, batch, heads, n_keys, 4))
-    problem = Problem(q=q, k=k, v=k, dtype=kernel.widest_dtype, mask=mask,
-                      is_causal=is_causal, dropout_p=dropout_p, seed=seed)
+    problem = Problem(
+        q=q,
+        k=k,
+        v=k,
+        dtype=kernel.widest_dtype,
+        mask=mask,
+        is_causal=is_causal,
+        dropout_p=dropout_p,
+        seed=seed,
+    )
     return identity_values(problem)
 
 
@@ -67,14 +83,21 @@ def observe_indicators(kernel: KernelUnderTest, problem: Problem) -> np.ndarray:
     output against DROP-2 with them within TOL-6 (which makes the reading exact)."""
     out = kernel.output(problem)
     allowed = np.broadcast_to(
-        dropout_bound(problem, kernel.declaration, all_kept(problem))[0] > 0, out.shape)
+        dropout_bound(problem, kernel.declaration, all_kept(problem))[0] > 0, out.shape
+    )
     visible = np.maximum(allowed.sum(axis=-1, keepdims=True), 1)
     kept = allowed & (out > 0.5 / (visible * (1 - problem.dropout_p)))
     expected, tolerance = dropout_bound(problem, kernel.declaration, kept)
-    assert_within_bound(out, np.asarray(expected), np.asarray(tolerance),
-                        f"out with dropout_p={problem.dropout_p} (q = 0, V = I: each allowed "
-                        "entry is 0 or 1/(|S(i)|(1 - p)))", problem, kernel,
-                        clause="DROP-2, TOL-6")
+    assert_within_bound(
+        out,
+        np.asarray(expected),
+        np.asarray(tolerance),
+        f"out with dropout_p={problem.dropout_p} (q = 0, V = I: each allowed "
+        "entry is 0 or 1/(|S(i)|(1 - p)))",
+        problem,
+        kernel,
+        clause="DROP-2, TOL-6",
+    )
     return kept
 
 
@@ -115,12 +138,22 @@ def dropout_rescaling(kernel: KernelUnderTest, data: st.DataObject) -> None:
         mask = draw_rng(data).random((dims.n_queries, dims.n_keys)) < 0.6
         if data.draw(st.booleans(), label="blank a row"):
             mask[data.draw(st.integers(0, dims.n_queries - 1), label="blank row")] = False
-    causal = decl.causal and (mask is None or decl.mask_and_causal) and data.draw(
-        st.booleans(), label="causal")
-    problem = indicator_problem(kernel, p, data.draw(st.integers(0, 2**31 - 1), label="seed"),
-                                mask=mask, n_queries=dims.n_queries, n_keys=dims.n_keys,
-                                heads=dims.n_q_heads, batch=max(1, math.prod(dims.batch)),
-                                is_causal=causal)
+    causal = (
+        decl.causal
+        and (mask is None or decl.mask_and_causal)
+        and data.draw(st.booleans(), label="causal")
+    )
+    problem = indicator_problem(
+        kernel,
+        p,
+        data.draw(st.integers(0, 2**31 - 1), label="seed"),
+        mask=mask,
+        n_queries=dims.n_queries,
+        n_keys=dims.n_keys,
+        heads=dims.n_q_heads,
+        batch=max(1, math.prod(dims.batch)),
+        is_causal=causal,
+    )
     observe_indicators(kernel, problem)
 
 
@@ -139,14 +172,18 @@ def dropout_kept_fraction(kernel: KernelUnderTest, seed: int) -> None:
             raise PropertyFailure(
                 f"with dropout_p={p} the kernel kept {fraction:.4f} of {n} weights, but should "
                 f"keep 1 - p = {1 - p:g} (Hoeffding radius {radius:.4f}, false failure <= "
-                f"{FALSE_FAILURE:g}); is p the keep probability? [DROP-3]", problem, kernel)
+                f"{FALSE_FAILURE:g}); is p the keep probability? [DROP-3]",
+                problem,
+                kernel,
+            )
 
 
 def _pairs(kept: np.ndarray, axis: int, gap: int) -> tuple[np.ndarray, np.ndarray]:
     """Disjoint pairs (x, x + gap) along ``axis``: blocks of 2 gap, first half with second."""
     size = kept.shape[axis] - kept.shape[axis] % (2 * gap)
     blocks = np.moveaxis(kept, axis, -1)[..., :size].reshape(
-        *np.moveaxis(kept, axis, -1).shape[:-1], size // (2 * gap), 2, gap)
+        *np.moveaxis(kept, axis, -1).shape[:-1], size // (2 * gap), 2, gap
+    )
     return blocks[..., 0, :], blocks[..., 1, :]
 
 
@@ -159,8 +196,13 @@ def dropout_independence(kernel: KernelUnderTest, seed: int) -> None:
     p = INDEPENDENCE_P
     problem = indicator_problem(kernel, p, SEED + seed)
     kept = observe_indicators(kernel, problem).reshape(OBSERVED)
-    relations = {"heads h, h + 1": (1, 1), "batch elements b, b + 1": (0, 1),
-                 "queries i, i + 1": (2, 1), "keys j, j + 1": (3, 1), "keys j, j + 16": (3, 16)}
+    relations = {
+        "heads h, h + 1": (1, 1),
+        "batch elements b, b + 1": (0, 1),
+        "queries i, i + 1": (2, 1),
+        "keys j, j + 1": (3, 1),
+        "keys j, j + 16": (3, 16),
+    }
     expected = (1 - p) ** 2
     for name, (axis, gap) in relations.items():
         first, second = _pairs(kept, axis, gap)
@@ -171,7 +213,10 @@ def dropout_independence(kernel: KernelUnderTest, seed: int) -> None:
                 f"indicators of {name} are both kept in {float(both.mean()):.4f} of "
                 f"{both.size} disjoint pairs, but independent ones are with probability "
                 f"(1 - p)^2 = {expected:.4f} (p = {p}, Hoeffding radius {radius:.4f}, false "
-                f"failure <= {FALSE_FAILURE:g}) [DROP-3]", problem, kernel)
+                f"failure <= {FALSE_FAILURE:g}) [DROP-3]",
+                problem,
+                kernel,
+            )
 
 
 def _copies(a: np.ndarray, copies: int) -> np.ndarray:
@@ -203,17 +248,23 @@ def dropout_unbiased(kernel: KernelUnderTest, seed: int) -> None:
     _, mean = _first_and_mean(kernel.output(problem), copies)
     # the definition, and the largest TOL-6 bound over all indicator patterns: with
     # positive values every term is largest when all are kept
-    definition, _ = dropout_bound(problem.with_(dropout_p=0.0), kernel.declaration,
-                                  all_kept(problem))
+    definition, _ = dropout_bound(
+        problem.with_(dropout_p=0.0), kernel.declaration, all_kept(problem)
+    )
     _, rounding = dropout_bound(problem, kernel.declaration, all_kept(problem))
     target, _ = _first_and_mean(np.asarray(definition), copies)
     slack, _ = _first_and_mean(np.asarray(rounding), copies)
     width = target / (1 - UNBIASED_P) + 2 * slack  # the range one copy's output can take
     radius = width * math.sqrt(math.log(2 * target.size / FALSE_FAILURE) / (2 * copies))
-    assert_within_bound(mean, target, radius + slack,
-                        f"mean output of {copies} copies with dropout_p={UNBIASED_P}", problem,
-                        kernel, clause="DROP-3: E[out] = the definition; Hoeffding, "
-                        f"false failure <= {FALSE_FAILURE:g}")
+    assert_within_bound(
+        mean,
+        target,
+        radius + slack,
+        f"mean output of {copies} copies with dropout_p={UNBIASED_P}",
+        problem,
+        kernel,
+        clause=f"DROP-3: E[out] = the definition; Hoeffding, false failure <= {FALSE_FAILURE:g}",
+    )
 
 
 @register("dropout-seed", "DROP-4", kind="fixed", applies=_seeded)
@@ -222,11 +273,14 @@ def dropout_seed(kernel: KernelUnderTest, seed: int) -> None:
     indicators (4096 independent ones coincide with probability < 1e-900 at p = 0.3)."""
     problem = indicator_problem(kernel, INDEPENDENCE_P, SEED + seed, batch=1, heads=1)
     first, again = kernel.output(problem), kernel.output(problem)
-    assert_identical(again, first, f"out of a second call with seed={problem.seed}", problem,
-                     kernel)
+    assert_identical(
+        again, first, f"out of a second call with seed={problem.seed}", problem, kernel
+    )
     other = problem.with_(seed=problem.seed + 1)
     if np.array_equal(observe_indicators(kernel, other), observe_indicators(kernel, problem)):
         raise PropertyFailure(
             f"seeds {problem.seed} and {other.seed} gave the same {OBSERVED[2] * OBSERVED[3]} "
-            "keep indicators: the kernel ignores the seed it is given [DROP-4]", other, kernel)
-
+            "keep indicators: the kernel ignores the seed it is given [DROP-4]",
+            other,
+            kernel,
+        )

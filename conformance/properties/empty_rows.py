@@ -43,7 +43,11 @@ def claims_empty_rows(declaration: KernelDeclaration) -> str | None:
 
 
 def assert_zero_rows(
-    values: np.ndarray, rows: np.ndarray, what: str, problem: Problem, kernel: KernelUnderTest,
+    values: np.ndarray,
+    rows: np.ndarray,
+    what: str,
+    problem: Problem,
+    kernel: KernelUnderTest,
 ) -> None:
     """``values[..., i, :]`` is exactly 0 wherever ``rows[..., i]`` is True."""
     wrong = rows[..., None] & ~(values == 0)
@@ -60,7 +64,8 @@ def assert_zero_rows(
             f"{what}{at} = {float(values[at])!r} in a row with no allowed key, but should be "
             f"exactly 0 (the row is {looks}); {int(wrong.sum())} elements of such rows "
             f"are not 0 [SDPA-5.1]",
-            problem, kernel,
+            problem,
+            kernel,
         )
 
 
@@ -82,8 +87,9 @@ def empty_rows_zero(kernel: KernelUnderTest, data: st.DataObject) -> None:
         row = data.draw(st.integers(0, dims.n_queries - 1), label="emptied row")
         # a padding mask or bias may broadcast over the queries: give it its query axis
         values = getattr(problem, route)
-        values = np.broadcast_to(values, (*values.shape[:-2], dims.n_queries,
-                                          values.shape[-1])).copy()
+        values = np.broadcast_to(
+            values, (*values.shape[:-2], dims.n_queries, values.shape[-1])
+        ).copy()
         values[..., row, :] = False if route == "mask" else -np.inf
         setattr(problem, route, values)
     empty = ~allowed_keys(problem, decl).any(axis=-1)
@@ -107,5 +113,6 @@ def no_keys_zero(kernel: KernelUnderTest, data: st.DataObject) -> None:
         raise PropertyFailure(
             f"out{at} = {float(out[at])!r} with Lk = 0, but should be exactly 0 "
             f"({int(wrong.sum())} of {wrong.size} elements are not) [SDPA-5.2]",
-            problem, kernel,
+            problem,
+            kernel,
         )

@@ -45,8 +45,11 @@ def _alibi_applies(builtin: bool) -> Callable[[KernelDeclaration], str | None]:
     def applies(declaration: KernelDeclaration) -> str | None:
         reason = needs("alibi")(declaration)
         if reason is None and declaration.alibi_builtin_slopes != builtin:
-            return ("the kernel computes its own slopes (ALIBI-3)" if not builtin
-                    else "the kernel takes its slopes as an argument")
+            return (
+                "the kernel computes its own slopes (ALIBI-3)"
+                if not builtin
+                else "the kernel takes its slopes as an argument"
+            )
         return reason
 
     return applies
@@ -61,8 +64,9 @@ def softcap_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> N
     dims = draw_dims(data, kernel)
     magnitude = data.draw(st.sampled_from(SOFTCAP_MAGNITUDES), label="magnitude")
     problem = draw_problem(data, kernel, dims=dims, magnitude=magnitude)
-    assert_matches_reference(kernel, with_claimed_features(data, kernel, problem, dims,
-                                                           softcap=True))
+    assert_matches_reference(
+        kernel, with_claimed_features(data, kernel, problem, dims, softcap=True)
+    )
 
 
 @register("softcap-bounds-logits", "SOFTCAP-3", applies=needs("softcap"))
@@ -73,8 +77,17 @@ def softcap_bounds_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
     dims = draw_dims(data, kernel, min_queries=1, min_keys=2, gqa=False, weights=True)
     dtype = kernel.widest_dtype
     magnitude = 40.0 if dtype != "float16" else 20.0
-    problem = draw_problem(data, kernel, dims=dims, dtype=dtype, magnitude=magnitude,
-                           mask="never", bias="never", causal="never", scale="never")
+    problem = draw_problem(
+        data,
+        kernel,
+        dims=dims,
+        dtype=dtype,
+        magnitude=magnitude,
+        mask="never",
+        bias="never",
+        causal="never",
+        scale="never",
+    )
     problem = identity_values(problem.with_(softcap=draw_softcap(data)))
     weights = kernel.output(problem)
     bound = reference_bound(problem, kernel.declaration)
@@ -90,7 +103,9 @@ def softcap_bounds_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
             f"row {at} has weights from {float(np.min(row)):.3g} to {float(np.max(row)):.3g}, a "
             f"ratio beyond e^(2c) = {math.exp(2 * cap):.3g} for softcap c = {cap:g} even after "
             f"the TOL-2 slack: capped scores lie in [-c, c] [SOFTCAP-3]",
-            problem, kernel)
+            problem,
+            kernel,
+        )
 
 
 @register("alibi-matches-reference", "ALIBI-2", applies=_alibi_applies(builtin=False))
@@ -101,8 +116,7 @@ def alibi_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> Non
     slopes read per key/value head or scaled with the scores are outside TOL-2."""
     dims = _unequal_dims(data, kernel)
     problem = draw_problem(data, kernel, dims=dims)
-    assert_matches_reference(kernel, with_claimed_features(data, kernel, problem, dims,
-                                                           alibi=True))
+    assert_matches_reference(kernel, with_claimed_features(data, kernel, problem, dims, alibi=True))
 
 
 @register("alibi-standard-slopes", "ALIBI-3", applies=_alibi_applies(builtin=True))
@@ -113,8 +127,7 @@ def alibi_standard_slopes(kernel: KernelUnderTest, data: st.DataObject) -> None:
     dims = _unequal_dims(data, kernel)
     dims = replace(dims, n_kv_heads=data.draw(st.integers(1, 12), label="Hkv"), groups=1)
     problem = draw_problem(data, kernel, dims=dims)
-    assert_matches_reference(kernel, with_claimed_features(data, kernel, problem, dims,
-                                                           alibi=True))
+    assert_matches_reference(kernel, with_claimed_features(data, kernel, problem, dims, alibi=True))
 
 
 def _lse_applies(declaration: KernelDeclaration) -> str | None:
@@ -126,15 +139,17 @@ def draw_lse_problem(data: st.DataObject, kernel: KernelUnderTest, **options: An
     return with_claimed_features(data, kernel, draw_problem(data, kernel, dims=dims), dims)
 
 
-def assert_lse_matches(kernel: KernelUnderTest, problem: Problem, lse: np.ndarray,
-                       what: str = "lse") -> None:
+def assert_lse_matches(
+    kernel: KernelUnderTest, problem: Problem, lse: np.ndarray, what: str = "lse"
+) -> None:
     """The kernel's log-sum-exp has shape (..., Hq, Lq) (LSE-3) and lies within TOL-5 of
     LSE-1; -inf where no key is visible (LSE-2, compared exactly: TOL-3)."""
     _, bound = lse_bound(problem, kernel.declaration)
     expected = np.asarray(bound.lse)
     assert_shape(lse, expected.shape, what, problem, kernel)
-    assert_within_bound(lse, expected, np.asarray(bound.lse_tolerance), what, problem, kernel,
-                        clause="TOL-5")
+    assert_within_bound(
+        lse, expected, np.asarray(bound.lse_tolerance), what, problem, kernel, clause="TOL-5"
+    )
 
 
 @register("lse-matches-reference", "LSE-1", applies=_lse_applies)
@@ -158,8 +173,12 @@ def lse_dtype(kernel: KernelUnderTest, data: st.DataObject) -> None:
     _, _, dtype = kernel.output_with_lse(problem)
     wanted = "float64" if problem.dtype == "float64" else "float32"
     if dtype != wanted:
-        raise PropertyFailure(f"lse.dtype={dtype} for {problem.dtype} inputs, but should be "
-                              f"{wanted}, the accumulation precision [LSE-3]", problem, kernel)
+        raise PropertyFailure(
+            f"lse.dtype={dtype} for {problem.dtype} inputs, but should be "
+            f"{wanted}, the accumulation precision [LSE-3]",
+            problem,
+            kernel,
+        )
 
 
 def _empty_row_problem(data: st.DataObject, kernel: KernelUnderTest) -> Problem:
@@ -178,10 +197,17 @@ def _empty_row_problem(data: st.DataObject, kernel: KernelUnderTest) -> Problem:
     if way == "no keys":
         dims = replace(dims, n_keys=0)
     elif way == "bottom-right Lq > Lk":
-        dims = refit(replace(dims, n_queries=dims.n_keys + data.draw(st.integers(1, 3),
-                                                                     label="extra")))
-    problem = draw_problem(data, kernel, dims=dims, mask="never", bias="never",
-                           causal="always" if way == "bottom-right Lq > Lk" else "never")
+        dims = refit(
+            replace(dims, n_queries=dims.n_keys + data.draw(st.integers(1, 3), label="extra"))
+        )
+    problem = draw_problem(
+        data,
+        kernel,
+        dims=dims,
+        mask="never",
+        bias="never",
+        causal="always" if way == "bottom-right Lq > Lk" else "never",
+    )
     row = data.draw(st.integers(0, dims.n_queries - 1), label="empty row")
     if way == "blank mask row":
         mask = np.ones(dims.scores_shape, dtype=bool)
@@ -211,7 +237,10 @@ def lse_empty_rows(kernel: KernelUnderTest, data: st.DataObject) -> None:
         raise PropertyFailure(
             f"lse{at} = {float(lse[at])!r}, but row {at[-1]} sees no key, so it should be "
             f"-inf, the log of an empty sum; {int(wrong.sum())} of {int(empty.sum())} such "
-            f"rows differ [LSE-2]", problem, kernel)
+            f"rows differ [LSE-2]",
+            problem,
+            kernel,
+        )
 
 
 def _columns(a: np.ndarray | None, keys: slice) -> np.ndarray | None:
@@ -232,12 +261,17 @@ def lse_split_combine(kernel: KernelUnderTest, data: st.DataObject) -> None:
     split = data.draw(st.integers(0, dims.n_keys), label="split at")
     parts = []
     for keys in (slice(0, split), slice(split, dims.n_keys)):
-        part = problem.with_(k=problem.k[..., keys, :], v=problem.v[..., keys, :],
-                             mask=_columns(problem.mask, keys), bias=_columns(problem.bias, keys))
+        part = problem.with_(
+            k=problem.k[..., keys, :],
+            v=problem.v[..., keys, :],
+            mask=_columns(problem.mask, keys),
+            bias=_columns(problem.bias, keys),
+        )
         out, lse, _ = kernel.output_with_lse(part)
         bound, lse_part = lse_bound(part, decl)
-        parts.append((out, lse, np.asarray(bound.out_tolerance),
-                      np.asarray(lse_part.lse_tolerance)))
+        parts.append(
+            (out, lse, np.asarray(bound.out_tolerance), np.asarray(lse_part.lse_tolerance))
+        )
     (out_a, lse_a, tau_a, tl_a), (out_b, lse_b, tau_b, tl_b) = parts
     with np.errstate(invalid="ignore", over="ignore"):
         lse = np.logaddexp(lse_a, lse_b)
@@ -251,10 +285,22 @@ def lse_split_combine(kernel: KernelUnderTest, data: st.DataObject) -> None:
         moved = t * np.minimum(0.25, share * (1 - share) * np.exp(2 * t))
         spread = np.abs(out_a - out_b) + tau_a + tau_b
         tolerance = share * tau_a + (1 - share) * tau_b + np.nan_to_num(moved * spread)
-    assert_within_bound(lse, np.asarray(full_lse.lse), tl_a + tl_b, "log-sum-exp combined from "
-                        f"keys [0, {split}) and [{split}, {dims.n_keys})", problem, kernel,
-                        clause="LSE-1 with TOL-5")
+    assert_within_bound(
+        lse,
+        np.asarray(full_lse.lse),
+        tl_a + tl_b,
+        f"log-sum-exp combined from keys [0, {split}) and [{split}, {dims.n_keys})",
+        problem,
+        kernel,
+        clause="LSE-1 with TOL-5",
+    )
     rows = np.asarray(full.attends)[..., None] & np.ones_like(out, dtype=bool)
-    assert_within_bound(np.where(rows, out, 0.0), np.where(rows, np.asarray(full.out), 0.0),
-                        np.where(rows, tolerance, 0.0), "out combined by the log-sum-exps",
-                        problem, kernel, clause="LSE-1 with TOL-2")
+    assert_within_bound(
+        np.where(rows, out, 0.0),
+        np.where(rows, np.asarray(full.out), 0.0),
+        np.where(rows, tolerance, 0.0),
+        "out combined by the log-sum-exps",
+        problem,
+        kernel,
+        clause="LSE-1 with TOL-2",
+    )

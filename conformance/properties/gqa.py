@@ -24,13 +24,17 @@ def gqa_mapping(kernel: KernelUnderTest, data: st.DataObject) -> None:
     if realistic():
         dims = draw_dims(data, kernel, min_kv_heads=2, min_groups=2)
     else:
+
         def grouped(dims: Dims) -> bool:
             return dims.n_kv_heads >= 2 and dims.groups >= 2
 
         dims = draw_dims(data, kernel, min_queries=1, min_keys=1, where=grouped)
         if current().pool is None or not grouped(dims):  # a pooled shape: compiled already
-            dims = replace(dims, n_kv_heads=data.draw(st.integers(2, 3), label="Hkv"),
-                           groups=data.draw(st.integers(2, 3), label="G"))
+            dims = replace(
+                dims,
+                n_kv_heads=data.draw(st.integers(2, 3), label="Hkv"),
+                groups=data.draw(st.integers(2, 3), label="G"),
+            )
     # tight: a bias of a few units, so no row's weights vanish (padding fills could)
     problem = draw_problem(data, kernel, dims=dims, mask="never", causal="never", tight=True)
     # Weights sum to 1 and bias is finite, so column 0 of every output row is g + 1
@@ -50,7 +54,8 @@ def gqa_mapping(kernel: KernelUnderTest, data: st.DataObject) -> None:
             f"query head {head} read key/value head {read[at]:g} (out{(*at, 0)} = "
             f"{float(out[(*at, 0)])!r}), but should read head h // G = {head} // "
             f"{dims.groups} = {should[at]} [SDPA-6.1]",
-            problem, kernel,
+            problem,
+            kernel,
         )
     assert_matches_reference(kernel, problem, out)
 
@@ -66,12 +71,11 @@ def gqa_rejects_bad_heads(kernel: KernelUnderTest, data: st.DataObject) -> None:
     dtype = kernel.widest_dtype
     rng = draw_rng(data)
     problem = Problem(
-        q=random_values(kernel, rng, (*dims.batch, n_q_heads, dims.n_queries, dims.head_dim),
-                        dtype),
-        k=random_values(kernel, rng, (*dims.batch, n_kv_heads, dims.n_keys, dims.head_dim),
-                        dtype),
-        v=random_values(kernel, rng, (*dims.batch, n_kv_heads, dims.n_keys, dims.value_dim),
-                        dtype),
+        q=random_values(
+            kernel, rng, (*dims.batch, n_q_heads, dims.n_queries, dims.head_dim), dtype
+        ),
+        k=random_values(kernel, rng, (*dims.batch, n_kv_heads, dims.n_keys, dims.head_dim), dtype),
+        v=random_values(kernel, rng, (*dims.batch, n_kv_heads, dims.n_keys, dims.value_dim), dtype),
         dtype=dtype,
     )
     args, kwargs = kernel.arguments(problem)
@@ -83,5 +87,6 @@ def gqa_rejects_bad_heads(kernel: KernelUnderTest, data: st.DataObject) -> None:
     raise PropertyFailure(
         f"q has Hq={n_q_heads} heads and k/v have Hkv={n_kv_heads}, which does not divide "
         f"it, but the kernel returned a result of shape {shape} instead of raising [SDPA-6.2]",
-        problem, kernel,
+        problem,
+        kernel,
     )

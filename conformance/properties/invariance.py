@@ -56,9 +56,14 @@ def query_permutation(kernel: KernelUnderTest, data: st.DataObject) -> None:
     )
     out, out_permuted = kernel.output(problem), kernel.output(permuted)
     tolerance = _tolerance(kernel, permuted) + _tolerance(kernel, problem)[..., order, :]
-    assert_within_bound(out_permuted, out[..., order, :], tolerance,
-                        f"out with queries in order {order} vs out rows in that order "
-                        "[SDPA-7.6]", permuted, kernel)
+    assert_within_bound(
+        out_permuted,
+        out[..., order, :],
+        tolerance,
+        f"out with queries in order {order} vs out rows in that order [SDPA-7.6]",
+        permuted,
+        kernel,
+    )
 
 
 @register("key-permutation", "SDPA-7.6")
@@ -76,9 +81,14 @@ def key_permutation(kernel: KernelUnderTest, data: st.DataObject) -> None:
     )
     out, out_permuted = kernel.output(problem), kernel.output(permuted)
     tolerance = _tolerance(kernel, permuted) + _tolerance(kernel, problem)
-    assert_within_bound(out_permuted, out, tolerance,
-                        f"out with keys/values in order {order} vs the original out [SDPA-7.6]",
-                        permuted, kernel)
+    assert_within_bound(
+        out_permuted,
+        out,
+        tolerance,
+        f"out with keys/values in order {order} vs the original out [SDPA-7.6]",
+        permuted,
+        kernel,
+    )
 
 
 @register("batch-head-independence", "SDPA-7.6")
@@ -103,8 +113,9 @@ def batch_head_independence(kernel: KernelUnderTest, data: st.DataObject) -> Non
         a[where] = random_values(kernel, rng, a[where].shape, problem.dtype, magnitude)
 
     if part == "batch element":
-        index = np.unravel_index(data.draw(st.integers(0, batch_size - 1), label="batch"),
-                                 dims.batch)
+        index = np.unravel_index(
+            data.draw(st.integers(0, batch_size - 1), label="batch"), dims.batch
+        )
         where: tuple[object, ...] = tuple(int(i) for i in index)
         for a in (q, k, v):
             renew(a, where)
@@ -123,9 +134,13 @@ def batch_head_independence(kernel: KernelUnderTest, data: st.DataObject) -> Non
     out, out_other = kernel.output(problem), kernel.output(other)
     untouched = np.ones(out.shape, dtype=bool)
     untouched[touched] = False
-    assert_identical(np.where(untouched, out_other, 0.0), np.where(untouched, out, 0.0),
-                     f"out of the other batch elements and heads after changing one {part} "
-                     "[SDPA-7.6]", other, kernel)
+    assert_identical(
+        np.where(untouched, out_other, 0.0),
+        np.where(untouched, out, 0.0),
+        f"out of the other batch elements and heads after changing one {part} [SDPA-7.6]",
+        other,
+        kernel,
+    )
 
 
 def shift_limit(dtype: str) -> float:
@@ -162,9 +177,14 @@ def bias_shift_invariance(kernel: KernelUnderTest, data: st.DataObject) -> None:
     original, shifted = original.with_(q=q), shifted.with_(q=q)
     out, out_shifted = kernel.output(original), kernel.output(shifted)
     tolerance = _tolerance(kernel, shifted) + _tolerance(kernel, original)
-    assert_within_bound(out_shifted, out, tolerance,
-                        "out with a per-row constant added to the bias vs the original out "
-                        "[SDPA-7.6]", shifted, kernel)
+    assert_within_bound(
+        out_shifted,
+        out,
+        tolerance,
+        "out with a per-row constant added to the bias vs the original out [SDPA-7.6]",
+        shifted,
+        kernel,
+    )
 
 
 def _grid_values(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -183,8 +203,16 @@ def value_linearity(kernel: KernelUnderTest, data: st.DataObject) -> None:
     second = problem.with_(v=_grid_values(rng, problem.v.shape))
     combined = problem.with_(v=a * first.v + b * second.v)
     out1, out2, out3 = kernel.output(first), kernel.output(second), kernel.output(combined)
-    tolerance = (_tolerance(kernel, combined) + abs(a) * _tolerance(kernel, first)
-                 + abs(b) * _tolerance(kernel, second))
-    assert_within_bound(out3, a * out1 + b * out2, tolerance,
-                        f"out({a} V1 + {b} V2) vs {a} out(V1) + {b} out(V2) [SDPA-7.6]",
-                        combined, kernel)
+    tolerance = (
+        _tolerance(kernel, combined)
+        + abs(a) * _tolerance(kernel, first)
+        + abs(b) * _tolerance(kernel, second)
+    )
+    assert_within_bound(
+        out3,
+        a * out1 + b * out2,
+        tolerance,
+        f"out({a} V1 + {b} V2) vs {a} out(V1) + {b} out(V2) [SDPA-7.6]",
+        combined,
+        kernel,
+    )

@@ -39,8 +39,12 @@ FAVOR = "favor+"
 FAVOR_TEST_QUERIES, FAVOR_TEST_HEAD_DIM = 16, 8
 # The smallest normal numbers: of the dtype, where features are stored (lambda_d of LIN-5.2's
 # guard), and of the accumulation format (lambda_a): float32 for half precision (SDPA-7.2).
-SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126,
-                   "float64": 2.0**-1022}
+SMALLEST_NORMAL = {
+    "float16": 2.0**-14,
+    "bfloat16": 2.0**-126,
+    "float32": 2.0**-126,
+    "float64": 2.0**-1022,
+}
 # Drawn inputs smaller than this in magnitude become 0, and elu+1 inputs are kept >= -8, so
 # that every feature and product is far inside the guard (relu and elu+1 features >= 2^-6
 # and e^-8; products of three such factors >= e^-22) in every dtype.
@@ -48,8 +52,9 @@ SNAP_TO_ZERO, ELU_INPUT_FLOOR = 2.0**-6, -8.0
 QUERY_CHUNK_ELEMENTS = 2**22  # elements of phi_i psi_j products the guard holds at once
 
 
-def within_underflow_guard(fq: np.ndarray, fk: np.ndarray, v: np.ndarray, dtype: str,
-                           offset: int | None) -> np.ndarray:
+def within_underflow_guard(
+    fq: np.ndarray, fk: np.ndarray, v: np.ndarray, dtype: str, offset: int | None
+) -> np.ndarray:
     """Rows ``(..., Hq, Lq, 1)`` inside LIN-5.2's underflow guard.
 
     Every nonzero feature of the row and of the keys it sees is at least 2 lambda_d, and
@@ -63,10 +68,14 @@ def within_underflow_guard(fq: np.ndarray, fk: np.ndarray, v: np.ndarray, dtype:
         return ((a == 0) | (a >= least)).all(axis=axes)
 
     feature_least = 2 * SMALLEST_NORMAL[dtype]
-    product_least = 2 * SMALLEST_NORMAL["float64" if dtype == "float64" else "float32"] / (
-        accumulation_roundoff(dtype))
-    keys = fine(fk, feature_least, (-1,)) & fine(fk[..., :, :, None] * v[..., :, None, :],
-                                                 product_least, (-2, -1))  # (..., Lk)
+    product_least = (
+        2
+        * SMALLEST_NORMAL["float64" if dtype == "float64" else "float32"]
+        / (accumulation_roundoff(dtype))
+    )
+    keys = fine(fk, feature_least, (-1,)) & fine(
+        fk[..., :, :, None] * v[..., :, None, :], product_least, (-2, -1)
+    )  # (..., Lk)
     # The smallest nonzero |v_jc| of each key (0 when there is none: every product is then
     # 0): where phi_if psi_jf is 0 or at least the bound (> 0), its smallest nonzero product
     # with |v_jc| is the product with this one (rounding is monotonic), so the guard needs
@@ -77,9 +86,10 @@ def within_underflow_guard(fq: np.ndarray, fk: np.ndarray, v: np.ndarray, dtype:
     step = max(1, QUERY_CHUNK_ELEMENTS // pair_elements)  # rows per chunk, bounded memory
     chunks = []
     for start in range(0, max(n_queries, 1), step):  # one (empty) chunk when Lq = 0
-        pairs = fq[..., start:start + step, None, :] * fk[..., None, :, :]  # (..., l, Lk, F)
-        chunks.append(fine(pairs, product_least, (-1,))
-                      & fine(pairs * least_v, product_least, (-1,)))
+        pairs = fq[..., start : start + step, None, :] * fk[..., None, :, :]  # (..., l, Lk, F)
+        chunks.append(
+            fine(pairs, product_least, (-1,)) & fine(pairs * least_v, product_least, (-1,))
+        )
     ok = np.concatenate(chunks, axis=-2) & keys[..., None, :]  # (..., Lq, Lk)
     if offset is not None:
         rows, cols = np.indices(ok.shape[-2:])
@@ -89,8 +99,10 @@ def within_underflow_guard(fq: np.ndarray, fk: np.ndarray, v: np.ndarray, dtype:
 
 def _snapped(problem: Problem, map_name: Any) -> Problem:
     """The drawn problem with tiny inputs set to 0 and, for elu+1, q and k kept >= -8."""
-    arrays = {name: np.where(np.abs(a) < SNAP_TO_ZERO, 0.0, a)
-              for name, a in (("q", problem.q), ("k", problem.k), ("v", problem.v))}
+    arrays = {
+        name: np.where(np.abs(a) < SNAP_TO_ZERO, 0.0, a)
+        for name, a in (("q", problem.q), ("k", problem.k), ("v", problem.v))
+    }
     if map_name == "elu+1":
         arrays["q"], arrays["k"] = (np.maximum(arrays[n], ELU_INPUT_FLOOR) for n in ("q", "k"))
     return problem.with_(**arrays)
@@ -119,8 +131,10 @@ def favor_map(declaration: KernelDeclaration) -> str | None:
     if not claim.num_features:
         return "a FAVOR+ kernel must declare num_features"
     if declaration.dtypes and not set(declaration.dtypes) & set(ROUNDING_DTYPES):
-        return ("LIN-6.2 allows for the rounding of bfloat16, float32 and float64 only: FAVOR+ "
-                "features in float16 fall below its smallest normal number")
+        return (
+            "LIN-6.2 allows for the rounding of bfloat16, float32 and float64 only: FAVOR+ "
+            "features in float16 fall below its smallest normal number"
+        )
     return None
 
 
@@ -145,25 +159,38 @@ def check_against_formula(kernel: KernelUnderTest, data: st.DataObject, causal: 
     dtype = draw_dtype(data, kernel)
     rng = draw_rng(data)
     magnitude = data.draw(st.sampled_from([1.0, 0.3, 3.0]), label="magnitude")
-    problem = _snapped(random_problem(kernel, rng, dims, dtype, magnitude, is_causal=causal),
-                       claim.feature_map)
+    problem = _snapped(
+        random_problem(kernel, rng, dims, dtype, magnitude, is_causal=causal), claim.feature_map
+    )
     raw, _ = kernel.call_on(problem)
     assert_output_shape_and_dtype(kernel, problem, raw)
     out = kernel.numpy(raw)
     feature_map = feature_map_of(kernel)
     bound = linear_error_bound(
-        problem.q, problem.k, problem.v, feature_map=feature_map, dtype=dtype,
-        is_causal=causal, causal_alignment=claim.causal_alignment, eps=claim.eps,
+        problem.q,
+        problem.k,
+        problem.v,
+        feature_map=feature_map,
+        dtype=dtype,
+        is_causal=causal,
+        causal_alignment=claim.causal_alignment,
+        eps=claim.eps,
     )
     n_queries, n_keys = problem.q.shape[-2], problem.k.shape[-2]
     offset = causal_offset(n_queries, n_keys, claim.causal_alignment) if causal else None
-    guarded = within_underflow_guard(np.asarray(feature_map(problem.q)),
-                                     np.asarray(feature_map(problem.k)), problem.v, dtype, offset)
+    guarded = within_underflow_guard(
+        np.asarray(feature_map(problem.q)),
+        np.asarray(feature_map(problem.k)),
+        problem.v,
+        dtype,
+        offset,
+    )
     # LIN-5.2 says nothing about rows outside its guard (only a map the author supplies
     # can produce them: the named maps' draws are inside by construction)
     tolerance = np.where(guarded, np.asarray(bound.out_tolerance), np.inf)
-    assert_within_bound(out, np.asarray(bound.out), tolerance, "out", problem, kernel,
-                        clause="LIN-5.2")
+    assert_within_bound(
+        out, np.asarray(bound.out), tolerance, "out", problem, kernel, clause="LIN-5.2"
+    )
 
 
 @register("linear-matches-formula", "LIN-5.2", applies=deterministic_map)
@@ -193,16 +220,23 @@ def favor_error_bound(kernel: KernelUnderTest, seed: int) -> None:
     def estimate_weights(q: np.ndarray, k: np.ndarray, redraw_seed: int) -> np.ndarray:
         q, k, v = (with_declared_batch(kernel, a[None]) for a in (q, k, np.eye(k.shape[0])))
         problem = Problem(
-            q=kernel.rounded(q, dtype), k=kernel.rounded(k, dtype), v=v, dtype=dtype,
+            q=kernel.rounded(q, dtype),
+            k=kernel.rounded(k, dtype),
+            v=v,
+            dtype=dtype,
             extra={claim.seed_keyword: redraw_seed},
         )
         last[:] = [problem]
         return kernel.output(problem).reshape(FAVOR_TEST_QUERIES, FAVOR_TEST_QUERIES)
 
     verdict = favor_acceptance_test(
-        estimate_weights, n=FAVOR_TEST_QUERIES, head_dim=FAVOR_TEST_HEAD_DIM,
-        num_features=claim.num_features, seed=seed,
-        rounded=lambda a: kernel.rounded(a, dtype), dtype=dtype,
+        estimate_weights,
+        n=FAVOR_TEST_QUERIES,
+        head_dim=FAVOR_TEST_HEAD_DIM,
+        num_features=claim.num_features,
+        seed=seed,
+        rounded=lambda a: kernel.rounded(a, dtype),
+        dtype=dtype,
     )
     if not verdict.passed:
         raise PropertyFailure(verdict.message, last[0] if last else None, kernel)

@@ -26,9 +26,10 @@ NON_FINITE = (np.nan, np.inf, -np.inf)
 LARGEST = "largest within SDPA-7.4"
 NEW_MAGNITUDES = (1.0, 10.0, LARGEST)
 # SDPA-7.2: half precision accumulates in float32, float32 and float64 in themselves
-ACCUMULATION_LARGEST = {**{d: LARGEST_FINITE["float32"] for d in ("float16", "bfloat16",
-                                                                  "float32")},
-                        "float64": LARGEST_FINITE["float64"]}
+ACCUMULATION_LARGEST = {
+    **{d: LARGEST_FINITE["float32"] for d in ("float16", "bfloat16", "float32")},
+    "float64": LARGEST_FINITE["float64"],
+}
 
 
 def score_magnitudes(problem: Problem) -> np.ndarray:
@@ -60,7 +61,10 @@ def disallowed_everywhere(allowed: np.ndarray, shape: tuple[int, ...]) -> np.nda
 
 
 def _masked_columns_problem(
-    data: st.DataObject, kernel: KernelUnderTest, *, tight: bool = False,
+    data: st.DataObject,
+    kernel: KernelUnderTest,
+    *,
+    tight: bool = False,
 ) -> tuple[Problem, list[int]]:
     """A problem whose mask disallows some key columns for every query (``tight``: with a
     bias of a few units, see :func:`~..strategies.draw_problem`)."""
@@ -81,12 +85,16 @@ def _mask_and_causal(problem: Problem, kernel: KernelUnderTest) -> np.ndarray:
 def _compare(kernel: KernelUnderTest, problem: Problem, other: Problem, what: str) -> None:
     rows = compared_rows(problem, kernel.declaration)
     out, out_other = kernel.output(problem), kernel.output(other)
-    assert_identical(np.where(rows, out_other, 0.0), np.where(rows, out, 0.0), what, other,
-                     kernel)
+    assert_identical(np.where(rows, out_other, 0.0), np.where(rows, out, 0.0), what, other, kernel)
 
 
-def _replace_excluded(problem: Problem, columns: list[int], hidden: np.ndarray | None,
-                      fresh: dict[str, np.ndarray], factor: float) -> Problem:
+def _replace_excluded(
+    problem: Problem,
+    columns: list[int],
+    hidden: np.ndarray | None,
+    fresh: dict[str, np.ndarray],
+    factor: float,
+) -> Problem:
     """``problem`` with masked K/V columns and hidden bias entries set to factor * fresh."""
     changed: dict[str, np.ndarray] = {}
     for name in ("k", "v"):
@@ -98,15 +106,17 @@ def _replace_excluded(problem: Problem, columns: list[int], hidden: np.ndarray |
     return problem.with_(**changed)
 
 
-def largest_factor(problem: Problem, columns: list[int], hidden: np.ndarray | None,
-                   fresh: dict[str, np.ndarray]) -> float:
+def largest_factor(
+    problem: Problem, columns: list[int], hidden: np.ndarray | None, fresh: dict[str, np.ndarray]
+) -> float:
     """The largest t such that t * fresh is finite in the dtype and every score stays below
     a quarter of the accumulation precision's largest number (SDPA-8.1's precondition with
     room for rounding): scores are linear in t, |s| <= S_kept + t S_fresh."""
     zeros = {name: np.zeros_like(a) for name, a in fresh.items()}
     kept = score_magnitudes(_replace_excluded(problem, columns, hidden, zeros, 0.0))
-    only_fresh = problem.with_(k=np.zeros_like(problem.k),
-                               bias=None if hidden is None else np.zeros_like(problem.bias))
+    only_fresh = problem.with_(
+        k=np.zeros_like(problem.k), bias=None if hidden is None else np.zeros_like(problem.bias)
+    )
     unit = score_magnitudes(_replace_excluded(only_fresh, columns, hidden, fresh, 1.0))
     room = ACCUMULATION_LARGEST[problem.dtype] / 4 - kept
     with np.errstate(divide="ignore", over="ignore"):  # no fresh score: no limit
@@ -127,22 +137,32 @@ def masked_values_ignored(kernel: KernelUnderTest, data: st.DataObject) -> None:
     problem, columns = _masked_columns_problem(data, kernel, tight=True)
     rng = draw_rng(data)
     magnitude = data.draw(st.sampled_from(NEW_MAGNITUDES), label="new magnitude")
-    fresh = {name: rng.standard_normal(getattr(problem, name)[..., columns, :].shape)
-             for name in ("k", "v")}
+    fresh = {
+        name: rng.standard_normal(getattr(problem, name)[..., columns, :].shape)
+        for name in ("k", "v")
+    }
     hidden = None
     if problem.bias is not None:
         hidden = disallowed_everywhere(_mask_and_causal(problem, kernel), problem.bias.shape)
         fresh["bias"] = rng.standard_normal(problem.bias.shape)
-    factor = (largest_factor(problem, columns, hidden, fresh) if magnitude == LARGEST
-              else magnitude)
+    factor = largest_factor(problem, columns, hidden, fresh) if magnitude == LARGEST else magnitude
     other = _replace_excluded(problem, columns, hidden, fresh, factor)
-    other = other.with_(**{name: kernel.rounded(getattr(other, name), problem.dtype)
-                           for name in ("k", "v", "bias") if getattr(other, name) is not None})
+    other = other.with_(
+        **{
+            name: kernel.rounded(getattr(other, name), problem.dtype)
+            for name in ("k", "v", "bias")
+            if getattr(other, name) is not None
+        }
+    )
     if not scores_within_precondition(other):  # the construction above rules this out
         raise AssertionError(f"masked-values-ignored drew scores beyond SDPA-7.4: {factor=}")
-    _compare(kernel, problem, other,
-             f"out after changing keys/values in masked columns {columns} and bias entries at "
-             f"disallowed positions to values of magnitude {factor:.3g} [SDPA-8.1]")
+    _compare(
+        kernel,
+        problem,
+        other,
+        f"out after changing keys/values in masked columns {columns} and bias entries at "
+        f"disallowed positions to values of magnitude {factor:.3g} [SDPA-8.1]",
+    )
 
 
 @register("masked-nonfinite-ignored", "SDPA-8.2", applies=needs("mask"))
@@ -165,9 +185,13 @@ def masked_nonfinite_ignored(kernel: KernelUnderTest, data: st.DataObject) -> No
         first[np.flatnonzero(region)[:1]] = True
         region = first.reshape(a.shape)
     a[region] = value
-    _compare(kernel, problem, problem.with_(**{target: a}),
-             f"out after writing {value} into {target} at disallowed positions (masked columns "
-             f"{columns}) [SDPA-8.2]")
+    _compare(
+        kernel,
+        problem,
+        problem.with_(**{target: a}),
+        f"out after writing {value} into {target} at disallowed positions (masked columns "
+        f"{columns}) [SDPA-8.2]",
+    )
 
 
 @register("nan-propagates", "SDPA-8.3", applies=dense_only)
@@ -191,5 +215,6 @@ def nan_propagates(kernel: KernelUnderTest, data: st.DataObject) -> None:
             f"out{at} = {out[at]!r}, but the NaN at {target}{where} reaches it, so it should "
             f"be NaN; {int(missing.sum())} of {int(expected.sum())} such elements are not "
             "[SDPA-8.3, TOL-3]",
-            poisoned, kernel,
+            poisoned,
+            kernel,
         )

@@ -52,26 +52,30 @@ def mask_polarity(kernel: KernelUnderTest, data: st.DataObject) -> None:
     expected = np.take_along_axis(values_per_query(problem), keys, axis=-2)
     tolerance = np.asarray(reference_bound(problem, kernel.declaration).out_tolerance)
     try:
-        assert_within_bound(out, expected, tolerance, "out (one allowed key per row)",
-                            problem, kernel)
+        assert_within_bound(
+            out, expected, tolerance, "out (one allowed key per row)", problem, kernel
+        )
     except PropertyFailure as failure:
         convention = mask_convention(kernel, problem, out)
         if convention is None:
             raise
         finding, hint = convention
-        raise PropertyFailure(f"{finding} [SDPA-3.1]; {failure.finding}", problem, kernel,
-                              hint=hint) from None
+        raise PropertyFailure(
+            f"{finding} [SDPA-3.1]; {failure.finding}", problem, kernel, hint=hint
+        ) from None
 
 
 def _draw_reducible_shape(
-    data: st.DataObject, full: tuple[int, ...], label: str,
+    data: st.DataObject,
+    full: tuple[int, ...],
+    label: str,
 ) -> tuple[int, ...]:
     """A shape broadcasting to ``full``: leading dims dropped, any dim (Lq and Lk too) set
     to 1, e.g. (Lk,), (Lq, Lk), (Hq, 1, Lk), (B, 1, 1, Lk), (Lq, 1)."""
     keep = data.draw(st.integers(1, len(full)), label=f"{label} ndim")
     return tuple(
         1 if data.draw(st.booleans(), label=f"{label} broadcast axis {axis}") else size
-        for axis, size in enumerate(full[len(full) - keep:])
+        for axis, size in enumerate(full[len(full) - keep :])
     )
 
 
@@ -103,8 +107,9 @@ def bias_semantics(kernel: KernelUnderTest, data: st.DataObject) -> None:
     dims = draw_dims(data, kernel, weights=True)
     # E >= 2 so that the default scale 1/sqrt(E) is not 1 either.
     dims = replace(dims, head_dim=max(2, dims.head_dim))
-    problem = draw_problem(data, kernel, dims=dims, mask="never", bias="never", causal="never",
-                           scale="never")
+    problem = draw_problem(
+        data, kernel, dims=dims, mask="never", bias="never", causal="never", scale="never"
+    )
     if kernel.declaration.scale:
         problem.scale = data.draw(st.sampled_from(EXPLICIT_NON_UNIT_SCALES), label="scale")
     shape = broadcast_shape_for(data, dims.scores_shape, "bias")
@@ -114,21 +119,25 @@ def bias_semantics(kernel: KernelUnderTest, data: st.DataObject) -> None:
     out, weights = kernel.output_with_weights(problem)
     assert_matches_reference(kernel, problem, out)
     expected, tolerance = weights_bound(problem, kernel.declaration)
-    assert_within_bound(weights, np.asarray(expected), np.asarray(tolerance), "weights",
-                        problem, kernel)
+    assert_within_bound(
+        weights, np.asarray(expected), np.asarray(tolerance), "weights", problem, kernel
+    )
 
 
 def separate_mask_and_bias(declaration: KernelDeclaration) -> str | None:
     """Applicable to kernels taking a boolean mask and a bias as two arguments."""
     reason = needs("mask", "bias")(declaration)
     if reason is None and declaration.bias_shares_mask_argument:
-        reason = ("mask and bias travel in one argument, so the caller combines them "
-                  "(SDPA-3.3 is the caller's business)")
+        reason = (
+            "mask and bias travel in one argument, so the caller combines them "
+            "(SDPA-3.3 is the caller's business)"
+        )
     return reason
 
 
-def _large_finite_fill(kernel: KernelUnderTest, data: st.DataObject, shape: tuple[int, ...],
-                       dtype: str) -> np.ndarray:
+def _large_finite_fill(
+    kernel: KernelUnderTest, data: st.DataObject, shape: tuple[int, ...], dtype: str
+) -> np.ndarray:
     """Bias values for masked positions: the dtype's largest finite values of both signs,
     1e4 and random ones, so that an additive mask fill (-1e9, finfo.min) is overpowered."""
     big = LARGEST_FINITE[dtype]
@@ -152,9 +161,13 @@ def mask_wins_over_bias(kernel: KernelUnderTest, data: st.DataObject) -> None:
     loud = zeroed.with_(
         bias=np.where(mask, bias, _large_finite_fill(kernel, data, mask.shape, problem.dtype))
     )
-    assert_identical(kernel.output(loud), kernel.output(zeroed),
-                     "out with large finite bias at masked positions vs bias 0 there",
-                     loud, kernel)
+    assert_identical(
+        kernel.output(loud),
+        kernel.output(zeroed),
+        "out with large finite bias at masked positions vs bias 0 there",
+        loud,
+        kernel,
+    )
 
     excluded = rng.random(mask.shape) < data.draw(st.sampled_from([0.3, 0.6]), label="-inf share")
     by_bias = zeroed.with_(bias=np.where(excluded, -np.inf, zeroed.bias))

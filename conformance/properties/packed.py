@@ -36,6 +36,7 @@ def _family(name: str, **claims: bool) -> Applies:
             return f"the kernel does not declare {name} attention"
         missing = [c for c, wanted in claims.items() if getattr(declaration, c) != wanted]
         return f"the kernel does not claim {', '.join(missing)}" if missing else None
+
     return applies
 
 
@@ -48,8 +49,9 @@ def reported_as(batch: Batch) -> Iterator[None]:
     except PropertyFailure as failure:
         if failure.problem is None:
             raise
-        raise PropertyFailure(f"{failure.finding} [call: {batch.describe()}]",
-                              hint=failure.hint) from None
+        raise PropertyFailure(
+            f"{failure.finding} [call: {batch.describe()}]", hint=failure.hint
+        ) from None
 
 
 # Realistic strata: sequence and cache lengths at block boundaries (sizes.LENGTHS) up to
@@ -65,8 +67,10 @@ def _lengths(data: st.DataObject, label: str, small: int) -> int:
     drawing = sizes.current()
     if not drawing.realistic:
         return data.draw(st.integers(0, small), label=label)
-    choices = [0, *(n for n in sizes.LENGTHS
-                    if n <= min(REALISTIC_MAX_LENGTH, drawing.limits.max_len))]
+    choices = [
+        0,
+        *(n for n in sizes.LENGTHS if n <= min(REALISTIC_MAX_LENGTH, drawing.limits.max_len)),
+    ]
     return data.draw(st.sampled_from(choices), label=label)
 
 
@@ -78,8 +82,11 @@ class _Heads:
         self.groups = data.draw(st.integers(1, 3), label="G") if kernel.declaration.gqa else 1
         drawing = sizes.current()
         if drawing.realistic:
-            dims = [e for e in sizes.HEAD_DIMS
-                    if e <= min(REALISTIC_MAX_HEAD_DIM, drawing.limits.max_head_dim)] or [1]
+            dims = [
+                e
+                for e in sizes.HEAD_DIMS
+                if e <= min(REALISTIC_MAX_HEAD_DIM, drawing.limits.max_head_dim)
+            ] or [1]
             self.head_dim = data.draw(st.sampled_from(dims), label="E")
             self.value_dim = data.draw(st.sampled_from(dims), label="Ev")
         else:
@@ -91,17 +98,26 @@ class _Heads:
         return self.n_kv * self.groups
 
 
-def _sequence(kernel: KernelUnderTest, rng: np.random.Generator, heads: _Heads,
-              n_queries: int, n_keys: int, dtype: str, magnitude: float) -> Problem:
+def _sequence(
+    kernel: KernelUnderTest,
+    rng: np.random.Generator,
+    heads: _Heads,
+    n_queries: int,
+    n_keys: int,
+    dtype: str,
+    magnitude: float,
+) -> Problem:
     return Problem(
         q=random_values(kernel, rng, (heads.n_q, n_queries, heads.head_dim), dtype, magnitude),
         k=random_values(kernel, rng, (heads.n_kv, n_keys, heads.head_dim), dtype, magnitude),
         v=random_values(kernel, rng, (heads.n_kv, n_keys, heads.value_dim), dtype),
-        dtype=dtype)
+        dtype=dtype,
+    )
 
 
-def _with_options(data: st.DataObject, kernel: KernelUnderTest, batch: Batch,
-                  heads: _Heads) -> Batch:
+def _with_options(
+    data: st.DataObject, kernel: KernelUnderTest, batch: Batch, heads: _Heads
+) -> Batch:
     """Causal, scale, softcap and ALiBi, the same for every sequence (as one call has)."""
     decl = kernel.declaration
     changes: dict[str, object] = {}
@@ -115,15 +131,22 @@ def _with_options(data: st.DataObject, kernel: KernelUnderTest, batch: Batch,
     if decl.alibi and data.draw(st.booleans(), label="with ALiBi"):
         from ..strategies import Dims
 
-        dims = Dims(batch=(), n_kv_heads=heads.n_kv, groups=heads.groups, n_queries=1,
-                    n_keys=1, head_dim=heads.head_dim, value_dim=heads.value_dim)
-        sequences = [s.with_(alibi_slopes=draw_alibi_slopes(data, kernel, dims))
-                     for s in sequences]
+        dims = Dims(
+            batch=(),
+            n_kv_heads=heads.n_kv,
+            groups=heads.groups,
+            n_queries=1,
+            n_keys=1,
+            head_dim=heads.head_dim,
+            value_dim=heads.value_dim,
+        )
+        sequences = [s.with_(alibi_slopes=draw_alibi_slopes(data, kernel, dims)) for s in sequences]
     return replace(batch, sequences=sequences)
 
 
-def draw_varlen_batch(data: st.DataObject, kernel: KernelUnderTest, *,
-                      empty: bool = False) -> Batch:
+def draw_varlen_batch(
+    data: st.DataObject, kernel: KernelUnderTest, *, empty: bool = False
+) -> Batch:
     """1-4 sequences of 0-9 queries and keys (``empty``: at least one with none)."""
     heads, dtype = _Heads(data, kernel), draw_dtype(data, kernel)
     rng = draw_rng(data)
@@ -135,39 +158,61 @@ def draw_varlen_batch(data: st.DataObject, kernel: KernelUnderTest, *,
         which = data.draw(st.sampled_from(["queries", "keys", "both"]), label="empty side")
         n_q, n_k = lengths[b]
         lengths[b] = (0 if which != "keys" else max(n_q, 1), 0 if which != "queries" else n_k)
-    batch = Batch([_sequence(kernel, rng, heads, n_q, n_k, dtype, magnitude)
-                   for n_q, n_k in lengths])
+    batch = Batch(
+        [_sequence(kernel, rng, heads, n_q, n_k, dtype, magnitude) for n_q, n_k in lengths]
+    )
     return _with_options(data, kernel, batch, heads)
 
 
-def _compare_sequences(kernel: KernelUnderTest, batch: Batch, outs: list[np.ndarray],
-                       lses: list[np.ndarray] | None, declaration: KernelDeclaration,
-                       clause: str) -> None:
+def _compare_sequences(
+    kernel: KernelUnderTest,
+    batch: Batch,
+    outs: list[np.ndarray],
+    lses: list[np.ndarray] | None,
+    declaration: KernelDeclaration,
+    clause: str,
+) -> None:
     for b, (sequence, out) in enumerate(zip(batch.sequences, outs, strict=True)):
         where = f"sequence {b}"
         if lses is None:
             bound = reference_bound(sequence, declaration)
         else:
             bound, lse_part = lse_bound(sequence, declaration)
-            assert_within_bound(lses[b], np.asarray(lse_part.lse),
-                                np.asarray(lse_part.lse_tolerance), f"lse of {where}",
-                                sequence, kernel, clause=f"{clause}, TOL-5")
-        assert_within_bound(out, np.asarray(bound.out), np.asarray(bound.out_tolerance),
-                            f"out of {where}", sequence, kernel, clause=f"{clause}, TOL-2")
+            assert_within_bound(
+                lses[b],
+                np.asarray(lse_part.lse),
+                np.asarray(lse_part.lse_tolerance),
+                f"lse of {where}",
+                sequence,
+                kernel,
+                clause=f"{clause}, TOL-5",
+            )
+        assert_within_bound(
+            out,
+            np.asarray(bound.out),
+            np.asarray(bound.out_tolerance),
+            f"out of {where}",
+            sequence,
+            kernel,
+            clause=f"{clause}, TOL-2",
+        )
 
 
 def _check_varlen(kernel: KernelUnderTest, batch: Batch, clause: str) -> None:
     out, lse = call_varlen(kernel, batch)
     first = batch.first
     total_q = sum(s.q.shape[-2] for s in batch.sequences)
-    assert_shape(out, (total_q, first.q.shape[-3], first.v.shape[-1]), "packed out", first,
-                 kernel)
+    assert_shape(out, (total_q, first.q.shape[-3], first.v.shape[-1]), "packed out", first, kernel)
     if lse is not None:
-        assert_shape(lse, (first.q.shape[-3], total_q), "packed lse (Hq, total_q)", first,
-                     kernel)
-    _compare_sequences(kernel, batch, per_sequence(batch, out, 0),
-                       None if lse is None else per_sequence(batch, lse, -1),
-                       kernel.declaration, clause)
+        assert_shape(lse, (first.q.shape[-3], total_q), "packed lse (Hq, total_q)", first, kernel)
+    _compare_sequences(
+        kernel,
+        batch,
+        per_sequence(batch, out, 0),
+        None if lse is None else per_sequence(batch, lse, -1),
+        kernel.declaration,
+        clause,
+    )
 
 
 @register("varlen-matches-reference", "VARLEN-2", applies=_family("varlen"))
@@ -199,17 +244,24 @@ def varlen_isolation(kernel: KernelUnderTest, data: st.DataObject) -> None:
     b = data.draw(st.integers(0, len(batch.sequences) - 1), label="changed sequence")
     rng = draw_rng(data)
     changed = batch.sequences[b]
-    changed = changed.with_(k=random_values(kernel, rng, changed.k.shape, changed.dtype, 3.0),
-                            v=random_values(kernel, rng, changed.v.shape, changed.dtype, 3.0))
-    other = replace(batch, sequences=[*batch.sequences[:b], changed, *batch.sequences[b + 1:]])
+    changed = changed.with_(
+        k=random_values(kernel, rng, changed.k.shape, changed.dtype, 3.0),
+        v=random_values(kernel, rng, changed.v.shape, changed.dtype, 3.0),
+    )
+    other = replace(batch, sequences=[*batch.sequences[:b], changed, *batch.sequences[b + 1 :]])
     before = per_sequence(batch, call_varlen(kernel, batch)[0], 0)
     after = per_sequence(other, call_varlen(kernel, other)[0], 0)
     with reported_as(other):
         for index, (x, y) in enumerate(zip(before, after, strict=True)):
             if index != b:
-                assert_identical(y, x, f"out of sequence {index} after changing sequence "
-                                 f"{b}'s keys and values [VARLEN-2]", other.sequences[index],
-                                 kernel)
+                assert_identical(
+                    y,
+                    x,
+                    f"out of sequence {index} after changing sequence "
+                    f"{b}'s keys and values [VARLEN-2]",
+                    other.sequences[index],
+                    kernel,
+                )
 
 
 @register("varlen-rejects-bad-offsets", "VARLEN-4", applies=_family("varlen"))
@@ -229,7 +281,8 @@ def varlen_rejects_bad_offsets(kernel: KernelUnderTest, data: st.DataObject) -> 
     else:
         bad[1] = bad[-1] + 1
     keys = np.concatenate([[0], np.cumsum([s.k.shape[-2] for s in batch.sequences])]).astype(
-        np.int32)
+        np.int32
+    )
     args, keywords = varlen_arguments(kernel, batch, offsets=(bad, keys))
     try:
         kernel.call_raw(args, keywords)
@@ -237,7 +290,8 @@ def varlen_rejects_bad_offsets(kernel: KernelUnderTest, data: st.DataObject) -> 
         return
     raise PropertyFailure(
         f"cu_seqlens_q={bad.tolist()} ({how}; {offsets[-1]} query tokens were passed), but the "
-        f"kernel returned a result instead of raising [VARLEN-4] [call: {batch.describe()}]")
+        f"kernel returned a result instead of raising [VARLEN-4] [call: {batch.describe()}]"
+    )
 
 
 def draw_cache_batch(data: st.DataObject, kernel: KernelUnderTest) -> Batch:
@@ -257,28 +311,47 @@ def draw_cache_batch(data: st.DataObject, kernel: KernelUnderTest) -> Batch:
     if decl.kv_cache_paged:
         block_size = decl.kv_cache_block_size or data.draw(
             st.sampled_from([16, 64, 256]) if sizes.current().realistic else st.integers(1, 4),
-            label="block")
+            label="block",
+        )
         per_row = -(-max(capacity, 1) // block_size)
         capacity = per_row * block_size
         n_blocks = count * per_row + data.draw(st.integers(0, 2), label="unused blocks")
-        table = rng.permutation(n_blocks)[:count * per_row].reshape(count, per_row)
-    cache = CacheCall(lengths=lengths, n_new=n_new, capacity=capacity, block_size=block_size,
-                      table=table, n_blocks=n_blocks,
-                      stale_seed=data.draw(st.integers(0, 2**16), label="stale values"))
-    batch = Batch([_sequence(kernel, rng, heads, n_queries, length + n_new, dtype, 1.0)
-                   for length in lengths], cache=cache)
+        table = rng.permutation(n_blocks)[: count * per_row].reshape(count, per_row)
+    cache = CacheCall(
+        lengths=lengths,
+        n_new=n_new,
+        capacity=capacity,
+        block_size=block_size,
+        table=table,
+        n_blocks=n_blocks,
+        stale_seed=data.draw(st.integers(0, 2**16), label="stale values"),
+    )
+    batch = Batch(
+        [
+            _sequence(kernel, rng, heads, n_queries, length + n_new, dtype, 1.0)
+            for length in lengths
+        ],
+        cache=cache,
+    )
     return _with_options(data, kernel, batch, heads)
 
 
-def _check_cache_output(kernel: KernelUnderTest, batch: Batch, out: np.ndarray,
-                        lse: np.ndarray | None, clause: str) -> None:
+def _check_cache_output(
+    kernel: KernelUnderTest, batch: Batch, out: np.ndarray, lse: np.ndarray | None, clause: str
+) -> None:
     first = batch.first
     shape = (len(batch.sequences), first.q.shape[-3], first.q.shape[-2], first.v.shape[-1])
     assert_shape(out, shape, "out (B, Hq, Lq, Ev)", first, kernel)
     if lse is not None:
         assert_shape(lse, shape[:-1], "lse (B, Hq, Lq)", first, kernel)
-    _compare_sequences(kernel, batch, list(out), None if lse is None else list(lse),
-                       bottom_right(kernel.declaration), clause)
+    _compare_sequences(
+        kernel,
+        batch,
+        list(out),
+        None if lse is None else list(lse),
+        bottom_right(kernel.declaration),
+        clause,
+    )
 
 
 @register("kv-cache-matches-reference", "KVCACHE-2", applies=_family("kv-cache"))
@@ -298,12 +371,19 @@ def kv_cache_stale_positions(kernel: KernelUnderTest, data: st.DataObject) -> No
     """Other finite values at cache positions past every valid length (and in unused
     blocks) leave the output bit-identical."""
     batch = draw_cache_batch(data, kernel)
-    other = replace(batch, cache=replace(batch.cache, stale_seed=batch.cache.stale_seed + 1,
-                                         stale_magnitude=30.0))
+    other = replace(
+        batch,
+        cache=replace(batch.cache, stale_seed=batch.cache.stale_seed + 1, stale_magnitude=30.0),
+    )
     first, again = call_kv_cache(kernel, batch)[0], call_kv_cache(kernel, other)[0]
     with reported_as(other):
-        assert_identical(again, first, "out after changing the cache past every valid length "
-                         "[KVCACHE-3]", batch.first, kernel)
+        assert_identical(
+            again,
+            first,
+            "out after changing the cache past every valid length [KVCACHE-3]",
+            batch.first,
+            kernel,
+        )
 
 
 def _appended(batch: Batch, before: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -318,8 +398,7 @@ def _appended(batch: Batch, before: dict[str, np.ndarray]) -> tuple[np.ndarray, 
     return caches[0], caches[1]
 
 
-@register("kv-cache-append", "KVCACHE-4",
-          applies=_family("kv-cache", kv_cache_append=True))
+@register("kv-cache-append", "KVCACHE-4", applies=_family("kv-cache", kv_cache_append=True))
 def kv_cache_append(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """After the call the cache holds the new keys and values at cache_seqlens[b] ...
     cache_seqlens[b] + L_new - 1 (through the block table when paged), every other cache
@@ -330,8 +409,13 @@ def kv_cache_append(kernel: KernelUnderTest, data: st.DataObject) -> None:
     with reported_as(batch):
         for name, value in before.items():
             want = expected.get(name, value)
-            assert_identical(after[name].astype(np.float64), want.astype(np.float64),
-                             f"{name} after the call [KVCACHE-4]", batch.first, kernel)
+            assert_identical(
+                after[name].astype(np.float64),
+                want.astype(np.float64),
+                f"{name} after the call [KVCACHE-4]",
+                batch.first,
+                kernel,
+            )
 
 
 @register("kv-cache-paged", "KVCACHE-5", applies=_family("kv-cache", kv_cache_paged=True))
@@ -342,7 +426,7 @@ def kv_cache_paged(kernel: KernelUnderTest, data: st.DataObject) -> None:
     batch = draw_cache_batch(data, kernel)
     rng = draw_rng(data)
     cache = batch.cache
-    shuffled = rng.permutation(cache.n_blocks + 2)[:cache.table.size].reshape(cache.table.shape)
+    shuffled = rng.permutation(cache.n_blocks + 2)[: cache.table.size].reshape(cache.table.shape)
     batch = replace(batch, cache=replace(cache, table=shuffled, n_blocks=cache.n_blocks + 2))
     out, lse, _, _ = call_kv_cache(kernel, batch)
     with reported_as(batch):

@@ -47,19 +47,26 @@ class RopeCall:
     def describe(self) -> str:
         starts = sorted({int(p) for p in self.positions[:, 0, 0]}) if self.x.shape[2] else []
         largest = np.abs(self.x).max(initial=0)
-        return (f"x {tuple(self.x.shape)} {self.dtype} with |x| <= {largest:.3g}, "
-                f"positions (B, 1, L) starting at {starts}")
+        return (
+            f"x {tuple(self.x.shape)} {self.dtype} with |x| <= {largest:.3g}, "
+            f"positions (B, 1, L) starting at {starts}"
+        )
 
 
-def _draw_call(data: st.DataObject, kernel: KernelUnderTest, *, decode: bool | None = None,
-               ) -> RopeCall:
+def _draw_call(
+    data: st.DataObject,
+    kernel: KernelUnderTest,
+    *,
+    decode: bool | None = None,
+) -> RopeCall:
     claim = kernel.declaration.rope
     dtype = draw_dtype(data, kernel)
     realistic = sizes.current().realistic
     rotary = claim.rotary_dim or 0
     if realistic:
-        head_dim = data.draw(st.sampled_from([h for h in REALISTIC_HEAD_DIMS if h >= rotary]
-                                             or [rotary]), label="d")
+        head_dim = data.draw(
+            st.sampled_from([h for h in REALISTIC_HEAD_DIMS if h >= rotary] or [rotary]), label="d"
+        )
         length = data.draw(st.sampled_from(REALISTIC_LENGTHS), label="L")
     else:
         head_dim = max(rotary, 2 * data.draw(st.integers(1, 8), label="d/2"))
@@ -69,10 +76,15 @@ def _draw_call(data: st.DataObject, kernel: KernelUnderTest, *, decode: bool | N
     batch, heads = data.draw(st.integers(1, 3), label="B"), data.draw(st.integers(1, 3), label="H")
     if decode is None:
         decode = data.draw(st.booleans(), label="decode step")
-    starts = ([data.draw(st.sampled_from(CACHE_LENGTHS), label=f"cache length {b}")
-               for b in range(batch)] if decode else [0] * batch)
-    positions = (np.asarray(starts, np.int64)[:, None, None]
-                 + np.arange(length, dtype=np.int64)[None, None, :])
+    starts = (
+        [data.draw(st.sampled_from(CACHE_LENGTHS), label=f"cache length {b}") for b in range(batch)]
+        if decode
+        else [0] * batch
+    )
+    positions = (
+        np.asarray(starts, np.int64)[:, None, None]
+        + np.arange(length, dtype=np.int64)[None, None, :]
+    )
     magnitude = data.draw(st.sampled_from(MAGNITUDES), label="magnitude")
     x = random_values(kernel, draw_rng(data), (batch, heads, length, head_dim), dtype, magnitude)
     return RopeCall(x, positions, dtype)
@@ -85,16 +97,21 @@ def _rotate(kernel: KernelUnderTest, call: RopeCall) -> np.ndarray:
         arrays = (backend.asarray(call.x, call.dtype), backend.asarray(call.positions))
         result = kernel.call_raw(arrays, dict(kernel.declaration.extra_kwargs))
     except Exception as exc:
-        raise KernelRaised(f"the RoPE function raised {type(exc).__name__}: {str(exc)[:300]} "
-                           f"[call: {call.describe()}]") from exc
+        raise KernelRaised(
+            f"the RoPE function raised {type(exc).__name__}: {str(exc)[:300]} "
+            f"[call: {call.describe()}]"
+        ) from exc
     if not backend.is_array(result):
-        raise PropertyFailure(f"the RoPE function returned {type(result).__name__}, but should "
-                              f"return one array of x's shape (ROPE-1) [call: {call.describe()}]")
+        raise PropertyFailure(
+            f"the RoPE function returned {type(result).__name__}, but should "
+            f"return one array of x's shape (ROPE-1) [call: {call.describe()}]"
+        )
     if tuple(result.shape) != call.x.shape or result.dtype != backend.dtype(call.dtype):
         raise PropertyFailure(
             f"the RoPE function returned shape {tuple(result.shape)} of dtype {result.dtype}, but "
             f"should return x's shape {call.x.shape} and dtype {call.dtype} (ROPE-1) "
-            f"[call: {call.describe()}]")
+            f"[call: {call.describe()}]"
+        )
     return kernel.numpy(result)
 
 
@@ -114,18 +131,24 @@ def rope_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None
     claim = kernel.declaration.rope
     call = _draw_call(data, kernel)
     actual = _rotate(kernel, call)
-    bound = rope_error_bound(call.x, call.positions, dtype=call.dtype, base=claim.base,
-                             layout=claim.pairing, rotary_dim=claim.rotary_dim)
+    bound = rope_error_bound(
+        call.x,
+        call.positions,
+        dtype=call.dtype,
+        base=claim.base,
+        layout=claim.pairing,
+        rotary_dim=claim.rotary_dim,
+    )
     expected, tolerance = np.asarray(bound.rotated), np.asarray(bound.tolerance)
     with np.errstate(invalid="ignore"):
         error = np.abs(actual - expected)
         outside = ~(error <= tolerance)
     if outside.any():
         with np.errstate(over="ignore", invalid="ignore"):
-            ratio = np.where(outside, error / np.maximum(tolerance, np.finfo(np.float64).tiny),
-                             0.0)
-        at = np.unravel_index(int(np.nanargmax(np.where(np.isnan(ratio), np.inf, ratio))),
-                              ratio.shape)
+            ratio = np.where(outside, error / np.maximum(tolerance, np.finfo(np.float64).tiny), 0.0)
+        at = np.unravel_index(
+            int(np.nanargmax(np.where(np.isnan(ratio), np.inf, ratio))), ratio.shape
+        )
         b, _, token, feature = at
         raise PropertyFailure(
             f"out[{tuple(int(i) for i in at)}] = {actual[at]!r}, but should be {expected[at]!r} "
@@ -133,4 +156,5 @@ def rope_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None
             f"rotary dim {claim.rotary_dim or call.x.shape[-1]}): feature {int(feature)} of the "
             f"token at position {int(call.positions[b, 0, token])}; "
             f"{int(outside.sum())} of {outside.size} elements outside the bound "
-            f"[call: {call.describe()}]")
+            f"[call: {call.describe()}]"
+        )

@@ -56,13 +56,15 @@ def _probe_sizes(kernel: KernelUnderTest, data: st.DataObject) -> tuple[int, ...
     drawing = current()
     if drawing.realistic:  # head dims kernels special-case, wide groups (the probe is cheap)
         limits = drawing.limits
-        head_dim = data.draw(st.sampled_from(
-            [e for e in HEAD_DIMS if e <= limits.max_head_dim] or [2]), label="E")
+        head_dim = data.draw(
+            st.sampled_from([e for e in HEAD_DIMS if e <= limits.max_head_dim] or [2]), label="E"
+        )
     else:
         head_dim = data.draw(st.integers(2, 24), label="E")
     n_keys = data.draw(st.integers(2, 5), label="Lk")
-    value_dim = data.draw(st.sampled_from([d for d in (n_keys + 1, n_keys + 3) if d != head_dim]),
-                          label="Ev")
+    value_dim = data.draw(
+        st.sampled_from([d for d in (n_keys + 1, n_keys + 3) if d != head_dim]), label="Ev"
+    )
     n_kv_heads = data.draw(st.integers(1, 2), label="Hkv")
     if decl.gqa and drawing.realistic:
         room = max(1, drawing.limits.max_batch_heads // n_kv_heads)
@@ -80,22 +82,27 @@ def recovered_scale(kernel: KernelUnderTest, problem: Problem) -> None:
     step = float(problem.k[..., 0, 1, 0].flat[0])
     out = kernel.output(problem)[..., :n_keys]
     identity_problem = problem.with_(v=problem.v[..., :n_keys])
-    expected, tolerance = (np.asarray(a) for a in weights_bound(identity_problem,
-                                                                kernel.declaration))
+    expected, tolerance = (
+        np.asarray(a) for a in weights_bound(identity_problem, kernel.declaration)
+    )
     expected_scale = 1 / math.sqrt(head_dim) if problem.scale is None else problem.scale
     with np.errstate(divide="ignore", invalid="ignore"):
         implied = np.log(out[..., 1:] / out[..., :-1]) / step
         # first-order error of a log-ratio of weights each within its TOL-2 bound
-        slack = (tolerance[..., 1:] / expected[..., 1:]
-                 + tolerance[..., :-1] / expected[..., :-1]) / step
+        slack = (
+            tolerance[..., 1:] / expected[..., 1:] + tolerance[..., :-1] / expected[..., :-1]
+        ) / step
     bad = ~(np.abs(implied - expected_scale) <= slack)
     if bad.any():
         at = first_index(bad)
         found = float(implied[at])
         candidates = {
-            "1/sqrt(E)": 1 / math.sqrt(head_dim), "1/E": 1 / head_dim,
-            "1/sqrt(Ev)": 1 / math.sqrt(value_dim), "1 (no scale)": 1.0,
-            "scale**2": expected_scale**2, "0": 0.0,
+            "1/sqrt(E)": 1 / math.sqrt(head_dim),
+            "1/E": 1 / head_dim,
+            "1/sqrt(Ev)": 1 / math.sqrt(value_dim),
+            "1 (no scale)": 1.0,
+            "scale**2": expected_scale**2,
+            "0": 0.0,
         }
         names = [n for n, c in candidates.items() if abs(found - c) <= float(slack[at])]
         looks = f" (looks like {', '.join(names)})" if names else ""
@@ -105,7 +112,8 @@ def recovered_scale(kernel: KernelUnderTest, problem: Problem) -> None:
             f"(E={head_dim}, Ev={value_dim}, scale={problem.scale!r}): they differ by "
             f"{abs(found - expected_scale):.3g}, more than the {float(slack[at]):.3g} TOL-2 "
             f"allows",
-            problem, kernel,
+            problem,
+            kernel,
         )
 
 
@@ -125,12 +133,14 @@ def explicit_scale(kernel: KernelUnderTest, data: st.DataObject) -> None:
 
 def score_variance_interval() -> tuple[float, float]:
     """The chi^2_N acceptance interval for W, false failure 1e-6, rounded outward to 0.1."""
-    return round_outward(two_sided_chi_square_interval(SCORE_VARIANCE_PAIRS,
-                                                       SCORE_VARIANCE_FALSE_FAILURE))
+    return round_outward(
+        two_sided_chi_square_interval(SCORE_VARIANCE_PAIRS, SCORE_VARIANCE_FALSE_FAILURE)
+    )
 
 
-def log_ratio_slack(problem: Problem, exact_log_ratio: np.ndarray,
-                    declaration: KernelDeclaration) -> np.ndarray:
+def log_ratio_slack(
+    problem: Problem, exact_log_ratio: np.ndarray, declaration: KernelDeclaration
+) -> np.ndarray:
     """Per pair, how far a kernel within TOL-2 can put log p_2 - log p_1 from the exact D.
 
     Three parts, all derived, none tuned: the inputs rounded to the dtype move D to the
@@ -140,8 +150,9 @@ def log_ratio_slack(problem: Problem, exact_log_ratio: np.ndarray,
     """
     bound = reference_bound(problem, declaration)
     weights = np.asarray(bound.out)[..., 0, :].reshape(-1, 2)
-    relative = (np.asarray(bound.out_tolerance)[..., 0, :].reshape(-1, 2)
-                / np.where(weights > 0, weights, np.nan))
+    relative = np.asarray(bound.out_tolerance)[..., 0, :].reshape(-1, 2) / np.where(
+        weights > 0, weights, np.nan
+    )
     with np.errstate(divide="ignore", invalid="ignore"):
         tol2 = np.where(relative < 1, -np.log1p(-np.minimum(relative, 1.0)), np.inf).sum(axis=1)
     head_dim = problem.q.shape[-1]
@@ -172,8 +183,10 @@ def score_variance(kernel: KernelUnderTest, seed: int) -> None:
     q = direction / np.linalg.norm(direction, axis=-1, keepdims=True) * math.sqrt(head_dim)
     k = rng.standard_normal((pairs, 2, head_dim))
     exact_log_ratio = np.einsum("pe,pe->p", q[:, 0], k[:, 1] - k[:, 0]) / math.sqrt(head_dim)
-    q, k, v = (with_declared_batch(kernel, a) for a in
-               (q, k, np.broadcast_to(np.eye(2), (pairs, 2, 2)).copy()))
+    q, k, v = (
+        with_declared_batch(kernel, a)
+        for a in (q, k, np.broadcast_to(np.eye(2), (pairs, 2, 2)).copy())
+    )
     problem = Problem(q=kernel.rounded(q, dtype), k=kernel.rounded(k, dtype), v=v, dtype=dtype)
     weights = kernel.output(problem).reshape(pairs, 2)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -190,5 +203,6 @@ def score_variance(kernel: KernelUnderTest, seed: int) -> None:
             f"(false failure <= {SCORE_VARIANCE_FALSE_FAILURE:g}); implied scale ~ "
             f"{math.sqrt(statistic / pairs / head_dim):.4g}, "
             f"expected {1 / math.sqrt(head_dim):.4g}",
-            problem, kernel,
+            problem,
+            kernel,
         )

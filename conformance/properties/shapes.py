@@ -30,7 +30,10 @@ AWKWARD_KEY_COUNTS = (33, 1, 65)
 
 
 def call_with(
-    kernel: KernelUnderTest, problem: Problem, args: tuple[Any, ...], kwargs: dict[str, Any],
+    kernel: KernelUnderTest,
+    problem: Problem,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
     context: str = "",
 ) -> tuple[Any, Any]:
     """(out, weights or None) for hand-built backend arguments describing ``problem``.
@@ -43,7 +46,9 @@ def call_with(
         result = kernel.call_raw(args, kwargs)
     except Exception as exc:
         raise KernelRaised(
-            f"kernel raised {type(exc).__name__}: {str(exc)[:300]}{context}", problem, kernel,
+            f"kernel raised {type(exc).__name__}: {str(exc)[:300]}{context}",
+            problem,
+            kernel,
             hint=raised_hint(exc, kernel),
         ) from exc
     return kernel.split(result, problem)
@@ -107,7 +112,9 @@ def inputs_unmodified(kernel: KernelUnderTest, data: st.DataObject) -> None:
                 f"{name} was modified by the call: {name}{at} was {before[name][at].item()!r} "
                 f"and is now {after[at].item()!r} ({int(changed.sum())} of {changed.size} "
                 f"elements changed) "
-                f"[SDPA-1.6, {call_text(kernel)}]", problem, kernel,
+                f"[SDPA-1.6, {call_text(kernel)}]",
+                problem,
+                kernel,
             )
 
 
@@ -122,7 +129,10 @@ def _interleaved(values: np.ndarray, axis: int) -> np.ndarray:
 
 
 def laid_out(
-    backend: Backend, values: np.ndarray, dtype: str | None, layout: str,
+    backend: Backend,
+    values: np.ndarray,
+    dtype: str | None,
+    layout: str,
     shape: tuple[int, ...] | None = None,
 ) -> Any:
     """A backend array equal to ``values`` (broadcast to ``shape`` for "broadcast") whose
@@ -146,7 +156,8 @@ def laid_out(
 def _one_along(data: st.DataObject, values: np.ndarray, label: str) -> np.ndarray:
     """``values`` cut to size 1 along some drawn axes (all but the innermost)."""
     index = tuple(
-        slice(0, 1) if data.draw(st.booleans(), label=f"{label} stride-0 axis {axis}")
+        slice(0, 1)
+        if data.draw(st.booleans(), label=f"{label} stride-0 axis {axis}")
         else slice(None)
         for axis in range(values.ndim - 1)
     )
@@ -190,8 +201,13 @@ def layout_independence(kernel: KernelUnderTest, data: st.DataObject) -> None:
     args, kwargs = kernel.arguments(problem)
     backend = kernel.backend
     args = tuple(
-        laid_out(backend, small.get(name, getattr(problem, name)), problem.dtype,
-                 layouts[name], getattr(problem, name).shape)
+        laid_out(
+            backend,
+            small.get(name, getattr(problem, name)),
+            problem.dtype,
+            layouts[name],
+            getattr(problem, name).shape,
+        )
         for name in "qkv"
     )
     for keyword, layout in layouts.items():
@@ -202,14 +218,17 @@ def layout_independence(kernel: KernelUnderTest, data: st.DataObject) -> None:
 
     described = ", ".join(f"{n}: {lay}" for n, lay in layouts.items())
     out, _ = call_with(kernel, problem, args, kwargs, f" (input layouts {described})")
-    strided = assert_matches_reference(kernel, problem, kernel.numpy(out),
-                                       f"out with input layouts {described}")
+    strided = assert_matches_reference(
+        kernel, problem, kernel.numpy(out), f"out with input layouts {described}"
+    )
     contiguous = kernel.output(problem)
     same = (strided == contiguous) | (np.isnan(strided) & np.isnan(contiguous))
     if not same.all():  # SDPA-1.8 (SHOULD, split from SDPA-1.7): reported as a note
         differences = np.abs(strided - contiguous)[~same]
         differences = differences[~np.isnan(differences)]
-        worst = (f"max difference {differences.max():.3g}" if differences.size
-                 else "NaN in one where the other has a number")
-        kernel.note(f"not bit-identical to contiguous inputs for layouts {described} "
-                    f"({worst})")
+        worst = (
+            f"max difference {differences.max():.3g}"
+            if differences.size
+            else "NaN in one where the other has a number"
+        )
+        kernel.note(f"not bit-identical to contiguous inputs for layouts {described} ({worst})")

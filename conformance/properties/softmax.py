@@ -61,7 +61,7 @@ def allowed_value_range(allowed: np.ndarray, v: np.ndarray) -> tuple[np.ndarray,
     step = max(1, CHUNK_ELEMENTS // max(1, per_row))
     lows, highs = [], []
     for start in range(0, n_queries, step):
-        chunk = allowed[..., start:start + step, :, None]  # (..., rows, Lk, 1)
+        chunk = allowed[..., start : start + step, :, None]  # (..., rows, Lk, 1)
         lows.append(np.where(chunk, v[..., None, :, :], np.inf).min(axis=-2, initial=np.inf))
         highs.append(np.where(chunk, v[..., None, :, :], -np.inf).max(axis=-2, initial=-np.inf))
     if not lows:
@@ -90,7 +90,8 @@ def output_in_value_hull(kernel: KernelUnderTest, data: st.DataObject) -> None:
             f"out{at} = {out[at]!r} lies outside [{low[at]!r}, {high[at]!r}], the range of "
             f"its V column over the allowed keys, by more than the TOL-2 bound "
             f"{tolerance[at]:.3g} ({int(outside.sum())} of {outside.size} elements) [SDPA-7.1]",
-            problem, kernel,
+            problem,
+            kernel,
         )
 
 
@@ -99,8 +100,9 @@ def large_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Finite scores far beyond exp's range give a finite output, within TOL-2 wherever
     TOL-2 is valid: a softmax without max subtraction overflows (SDPA-7.4)."""
     dtype = draw_dtype(data, kernel)
-    problem = draw_problem(data, kernel, dtype=dtype, bias="never", scale="never",
-                           magnitude=1.0, min_keys=1)
+    problem = draw_problem(
+        data, kernel, dtype=dtype, bias="never", scale="never", magnitude=1.0, min_keys=1
+    )
     u_a = accumulation_roundoff(dtype)
     # About the largest scores for which TOL-2 stays tight: every Delta_ij <= ln(5/4), so
     # D_i <= 1/4 (spec/tolerance.md; the gap term is at most 2 max|alpha| A_ij).  In float32
@@ -116,7 +118,9 @@ def large_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
         if not np.isfinite(out).all():
             raise PropertyFailure(
                 f"{_non_finite(out, large)}, where exp overflows but q k^T does not: the "
-                "softmax needs max subtraction or an equivalent [SDPA-7.4]", large, kernel,
+                "softmax needs max subtraction or an equivalent [SDPA-7.4]",
+                large,
+                kernel,
             )
         _raise_if_exp_underflowed(kernel, large, out)
     assert_matches_reference(kernel, large, out, what="out with large scores (SDPA-7.4)")
@@ -138,19 +142,24 @@ def _raise_if_exp_underflowed(kernel: KernelUnderTest, problem: Problem, out: np
         raise PropertyFailure(
             f"out{at} is all 0, but should be {expected[at]!r}, for scores up to "
             f"{max_score_magnitude(problem):.3g}, where exp underflows but q k^T does not: "
-            "the softmax needs max subtraction or an equivalent [SDPA-7.4]", problem, kernel,
+            "the softmax needs max subtraction or an equivalent [SDPA-7.4]",
+            problem,
+            kernel,
         )
 
 
 def _non_finite(out: np.ndarray, problem: Problem) -> str:
     at = first_index(~np.isfinite(out))
-    return (f"out{at} = {out[at]!r} for finite inputs with scores up to "
-            f"{max_score_magnitude(problem):.3g} ({int((~np.isfinite(out)).sum())} of "
-            f"{out.size} elements not finite)")
+    return (
+        f"out{at} = {out[at]!r} for finite inputs with scores up to "
+        f"{max_score_magnitude(problem):.3g} ({int((~np.isfinite(out)).sum())} of "
+        f"{out.size} elements not finite)"
+    )
 
 
-def _explain_overflow(kernel: KernelUnderTest, problem: Problem, huge: Problem,
-                      out: np.ndarray) -> None:
+def _explain_overflow(
+    kernel: KernelUnderTest, problem: Problem, huge: Problem, out: np.ndarray
+) -> None:
     """Say which overflow a non-finite output on ``huge`` comes from (SDPA-7.4, SDPA-7.2).
 
     Scores whose exp overflows every dtype (> 1000) but whose unscaled products stay far
@@ -167,23 +176,29 @@ def _explain_overflow(kernel: KernelUnderTest, problem: Problem, huge: Problem,
         raise PropertyFailure(
             f"{_non_finite(moderate_out, moderate)}, where exp overflows but q k^T does not: "
             "the softmax needs max subtraction or an equivalent [SDPA-7.4]",
-            moderate, kernel,
+            moderate,
+            kernel,
         )
     scale = 1.0 / math.sqrt(head_dim) if huge.scale is None else abs(huge.scale)
     unscaled = max_score_magnitude(huge) / scale
     if unscaled > largest:
-        cause = (f"q k^T reaches {unscaled:.3g} before scaling, beyond {dtype}'s largest "
-                 f"finite value {largest:.3g}, so the kernel overflows computing the scores in "
-                 f"{dtype}; {dtype} scores should be accumulated in float32 (SDPA-7.2)")
+        cause = (
+            f"q k^T reaches {unscaled:.3g} before scaling, beyond {dtype}'s largest "
+            f"finite value {largest:.3g}, so the kernel overflows computing the scores in "
+            f"{dtype}; {dtype} scores should be accumulated in float32 (SDPA-7.2)"
+        )
     else:
-        cause = (f"an intermediate of the kernel overflows ({dtype} holds up to "
-                 f"{largest:.3g}), e.g. exp(s - max) because the max was taken of scores "
-                 "rounded differently from those exponentiated (XLA's fused multiply-add), "
-                 "so s - max is the scores' rounding error, not <= 0")
+        cause = (
+            f"an intermediate of the kernel overflows ({dtype} holds up to "
+            f"{largest:.3g}), e.g. exp(s - max) because the max was taken of scores "
+            "rounded differently from those exponentiated (XLA's fused multiply-add), "
+            "so s - max is the scores' rounding error, not <= 0"
+        )
     raise PropertyFailure(
         f"{_non_finite(out, huge)}, while scores up to {max_score_magnitude(moderate):.3g} "
         f"give a finite output, so max subtraction works: {cause} [SDPA-7.4]",
-        huge, kernel,
+        huge,
+        kernel,
     )
 
 
@@ -195,5 +210,10 @@ def deterministic(kernel: KernelUnderTest, data: st.DataObject) -> None:
     first, second = kernel.call_on(problem), kernel.call_on(problem)
     for what, a, b in (("out", first[0], second[0]), ("weights", first[1], second[1])):
         if a is not None:
-            assert_identical(kernel.numpy(b), kernel.numpy(a), f"{what} of a second call "
-                             "(SDPA-7.5)", problem, kernel)
+            assert_identical(
+                kernel.numpy(b),
+                kernel.numpy(a),
+                f"{what} of a second call (SDPA-7.5)",
+                problem,
+                kernel,
+            )

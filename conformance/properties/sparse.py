@@ -39,8 +39,9 @@ def sparse_matches_dense(kernel: KernelUnderTest, data: st.DataObject) -> None:
     assert_output_shape_and_dtype(kernel, problem, raw)
     out = kernel.numpy(raw)
     bound = reference_bound(_dense_equivalent(problem, mask), kernel.declaration)
-    assert_within_bound(out, np.asarray(bound.out), np.asarray(bound.out_tolerance), "out",
-                        problem, kernel)
+    assert_within_bound(
+        out, np.asarray(bound.out), np.asarray(bound.out_tolerance), "out", problem, kernel
+    )
 
 
 @register("sparse-weights-exactly-zero", "SPARSE-6.1", applies=sparse_only)
@@ -54,7 +55,8 @@ def sparse_weights_exactly_zero(kernel: KernelUnderTest, data: st.DataObject) ->
         raise PropertyFailure(
             f"weight{at} = {float(weights[at])!r}, but key {at[-1]} is outside S({at[-2]}) of "
             f"pattern {kernel.declaration.sparse.pattern!r} and must weigh exactly 0",  # type: ignore[union-attr]
-            problem, kernel,
+            problem,
+            kernel,
         )
 
 
@@ -67,18 +69,25 @@ def _outside_row(kernel: KernelUnderTest, data: st.DataObject, replacement: str)
     rng = np.random.default_rng(row)
     changed_k, changed_v = problem.k.copy(), problem.v.copy()
     if replacement == "finite":
-        changed_k[..., outside, :] = random_values(kernel, rng, changed_k[..., outside, :].shape,
-                                                   problem.dtype, 5.0)
-        changed_v[..., outside, :] = random_values(kernel, rng, changed_v[..., outside, :].shape,
-                                                   problem.dtype, 5.0)
+        changed_k[..., outside, :] = random_values(
+            kernel, rng, changed_k[..., outside, :].shape, problem.dtype, 5.0
+        )
+        changed_v[..., outside, :] = random_values(
+            kernel, rng, changed_v[..., outside, :].shape, problem.dtype, 5.0
+        )
     else:
         changed_k[..., outside, :] = np.nan
         changed_v[..., outside, :] = np.inf
     before = kernel.output(problem)[..., row, :]
     changed = problem.with_(k=changed_k, v=changed_v)
     after = kernel.output(changed)[..., row, :]
-    assert_identical(after, before, f"out[..., {row}, :] after changing keys/values outside "
-                     f"S({row}) to {replacement} values", changed, kernel)
+    assert_identical(
+        after,
+        before,
+        f"out[..., {row}, :] after changing keys/values outside S({row}) to {replacement} values",
+        changed,
+        kernel,
+    )
 
 
 @register("sparse-masked-ignored", "SPARSE-6.2", applies=sparse_only)

@@ -42,8 +42,9 @@ def _listed(nav: Any) -> set[str]:
 
 def on_config(config: Any) -> Any:
     listed = _listed(config["nav"])
-    sections = {next(iter(item)): item[next(iter(item))] for item in config["nav"]
-                if isinstance(item, dict)}
+    sections = {
+        next(iter(item)): item[next(iter(item))] for item in config["nav"] if isinstance(item, dict)
+    }
     for folder, section in NAV_SECTIONS.items():
         for path in sorted((ROOT / folder).glob("*.md")):
             page = path.relative_to(ROOT).as_posix()
@@ -55,10 +56,15 @@ def on_config(config: Any) -> Any:
 def on_files(files: Files, config: Any) -> Files:
     for folder, pattern in REPOSITORY_PAGES:
         for path in sorted((ROOT / folder).glob(pattern)):
-            files.append(File(path.relative_to(ROOT).as_posix(), src_dir=str(ROOT),
-                              dest_dir=config["site_dir"],
-                              use_directory_urls=config["use_directory_urls"],
-                              inclusion=InclusionLevel.INCLUDED))
+            files.append(
+                File(
+                    path.relative_to(ROOT).as_posix(),
+                    src_dir=str(ROOT),
+                    dest_dir=config["site_dir"],
+                    use_directory_urls=config["use_directory_urls"],
+                    inclusion=InclusionLevel.INCLUDED,
+                )
+            )
     return files
 
 
@@ -84,6 +90,7 @@ def _mathml(tex: str, display: str) -> str:
 
 
 def on_page_content(content: str, page: Any, config: Any, files: Files) -> str:
-    content = DISPLAY_MATH.sub(lambda m: f'<div class="math">{_mathml(m[1], "block")}</div>',
-                               content)
+    content = DISPLAY_MATH.sub(
+        lambda m: f'<div class="math">{_mathml(m[1], "block")}</div>', content
+    )
     return INLINE_MATH.sub(lambda m: _mathml(m[1], "inline"), content)

@@ -72,8 +72,10 @@ def main(argv: list[str]) -> int:
     broken, external = broken_links(Path(argv[0]))
     for line in broken:
         print(f"broken link: {line}", file=sys.stderr)
-    print(f"link check: {len(broken)} broken internal links; {external} external links not "
-          "fetched (no network)")
+    print(
+        f"link check: {len(broken)} broken internal links; {external} external links not "
+        "fetched (no network)"
+    )
     return 1 if broken else 0
 
 

@@ -134,8 +134,9 @@ class Longformer(SparsePattern):
 
     def contains(self, xp: ModuleType, i: Any, t: Any, j: Any) -> Any:
         window = in_window(xp, t - j, self.left, self.right, self.dilation)
-        globals_ = xp.logical_or(_member(xp, j, self.global_tokens),
-                                 _member(xp, t, self.global_tokens))
+        globals_ = xp.logical_or(
+            _member(xp, j, self.global_tokens), _member(xp, t, self.global_tokens)
+        )
         return xp.logical_or(window, globals_)
 
 
@@ -155,8 +156,10 @@ class BigBird(SparsePattern):
         """``random_blocks`` as an integer array (query blocks, r), -1 where none was drawn."""
         width = len(self.random_blocks[0]) if self.random_blocks else 0
         flat = [block for row in self.random_blocks for block in row]
-        return xp.reshape(xp.asarray(flat, dtype=index_dtype(xp, device), device=device),
-                          (len(self.random_blocks), width))
+        return xp.reshape(
+            xp.asarray(flat, dtype=index_dtype(xp, device), device=device),
+            (len(self.random_blocks), width),
+        )
 
     def contains(self, xp: ModuleType, i: Any, t: Any, j: Any) -> Any:
         query_block = xp.floor_divide(t, self.block_size)

@@ -78,8 +78,9 @@ def _attend(problem: AttentionProblem, rows: Any, keys: Any, allowed: Array) -> 
     return xp.reshape(out, (*out.shape[:-3], tiles * per_tile, out.shape[-1]))
 
 
-def _run(problem: AttentionProblem, sets: SparsePattern, segments: list[Segment],
-         query_chunk: int | None) -> Any:
+def _run(
+    problem: AttentionProblem, sets: SparsePattern, segments: list[Segment], query_chunk: int | None
+) -> Any:
     """Attend every segment chunk by chunk and stitch the rows back in order."""
     xp = problem.xp
     n_queries = sets.n_queries
@@ -103,6 +104,7 @@ def _run(problem: AttentionProblem, sets: SparsePattern, segments: list[Segment]
 
 # --- candidate keys per pattern --------------------------------------------------------------
 
+
 def _in_keys(xp: ModuleType, keys: Any, n_keys: int) -> Any:
     return xp.logical_and(keys >= 0, keys < n_keys)
 
@@ -118,8 +120,9 @@ def _per_query(start: int, stop: int, width: int, make: Candidates) -> Segment:
     return Segment(start, stop, 1, width, make)
 
 
-def _window_span(sets: SparsePattern, left: int | None, right: int | None, dilation: int,
-                 a: int, b: int) -> tuple[int, int]:
+def _window_span(
+    sets: SparsePattern, left: int | None, right: int | None, dilation: int, a: int, b: int
+) -> tuple[int, int]:
     """Range of m with candidate key t - dilation * m for the queries a .. b - 1."""
     t_first, t_last = a + sets.offset, b - 1 + sets.offset
     high = t_last // dilation
@@ -133,29 +136,39 @@ def _window_span(sets: SparsePattern, left: int | None, right: int | None, dilat
     return low, high
 
 
-def _window_candidates(xp: ModuleType, device: Any, sets: SparsePattern, left: int | None,
-                       right: int | None, dilation: int, a: int, b: int) -> tuple[Any, Any]:
+def _window_candidates(
+    xp: ModuleType,
+    device: Any,
+    sets: SparsePattern,
+    left: int | None,
+    right: int | None,
+    dilation: int,
+    a: int,
+    b: int,
+) -> tuple[Any, Any]:
     low, high = _window_span(sets, left, right, dilation, a, b)
     t = xp.arange(a, b, device=device)[:, None] + sets.offset
     keys = t - dilation * xp.arange(low, max(high + 1, low), device=device)[None, :]
     return t, keys
 
 
-def _dense_rows(xp: ModuleType, device: Any, sets: SparsePattern, start: int,
-                stop: int) -> Segment:
+def _dense_rows(xp: ModuleType, device: Any, sets: SparsePattern, start: int, stop: int) -> Segment:
     """Queries whose S(i) may be every key (global rows) gather all keys."""
 
     def make(a: int, b: int) -> tuple[Any, Any, Any]:
         rows = xp.arange(a, b, device=device)[:, None]
-        keys = xp.broadcast_to(xp.arange(sets.n_keys, device=device)[None, :],
-                               (b - a, sets.n_keys))
+        keys = xp.broadcast_to(xp.arange(sets.n_keys, device=device)[None, :], (b - a, sets.n_keys))
         return rows, keys, xp.ones_like(keys, dtype=xp.bool)
 
     return _per_query(start, stop, sets.n_keys, make)
 
 
-def _split_rows(n_queries: int, dense_rows: list[tuple[int, int]], sparse: Callable[
-        [int, int], Segment], dense: Callable[[int, int], Segment]) -> list[Segment]:
+def _split_rows(
+    n_queries: int,
+    dense_rows: list[tuple[int, int]],
+    sparse: Callable[[int, int], Segment],
+    dense: Callable[[int, int], Segment],
+) -> list[Segment]:
     """Cut 0 .. Lq - 1 into dense row ranges and the sparse ranges between them, in order."""
     segments, position = [], 0
     for start, stop in sorted((max(s, 0), min(e, n_queries)) for s, e in dense_rows):
@@ -173,8 +186,7 @@ def _split_rows(n_queries: int, dense_rows: list[tuple[int, int]], sparse: Calla
 
 def _plan_window(xp: ModuleType, device: Any, sets: SlidingWindow) -> list[Segment]:
     def make(a: int, b: int) -> tuple[Any, Any, Any]:
-        t, keys = _window_candidates(xp, device, sets, sets.left, sets.right,
-                                     sets.dilation, a, b)
+        t, keys = _window_candidates(xp, device, sets, sets.left, sets.right, sets.dilation, a, b)
         return t - sets.offset, keys, _in_keys(xp, keys, sets.n_keys)
 
     low, high = _window_span(sets, sets.left, sets.right, sets.dilation, 0, sets.n_queries)
@@ -190,11 +202,14 @@ def _plan_strided(xp: ModuleType, device: Any, sets: Strided) -> list[Segment]:
         # (so no key is listed twice).
         past = (b - 1 + offset) // stride
         future = 0 if sets.causal else (sets.n_keys - 1 - a - offset) // stride
-        keys = xp.concat([
-            t - xp.arange(stride + 1, device=device)[None, :],
-            t - stride * xp.arange(2, max(past + 1, 2), device=device)[None, :],
-            t + stride * xp.arange(1, max(future + 1, 1), device=device)[None, :],
-        ], axis=1)
+        keys = xp.concat(
+            [
+                t - xp.arange(stride + 1, device=device)[None, :],
+                t - stride * xp.arange(2, max(past + 1, 2), device=device)[None, :],
+                t + stride * xp.arange(1, max(future + 1, 1), device=device)[None, :],
+            ],
+            axis=1,
+        )
         return t - offset, keys, _in_keys(xp, keys, sets.n_keys)
 
     past = (sets.n_queries - 1 + offset) // stride
@@ -210,7 +225,9 @@ def _plan_fixed(xp: ModuleType, device: Any, sets: Fixed) -> list[Segment]:
         n_blocks = min(n_blocks, max((sets.n_queries - 1 + sets.offset) // stride + 1, 0))
     summaries = xp.reshape(
         xp.arange(n_blocks, device=device)[:, None] * stride
-        + xp.arange(stride - summary, stride, device=device)[None, :], (1, -1))
+        + xp.arange(stride - summary, stride, device=device)[None, :],
+        (1, -1),
+    )
 
     def make(a: int, b: int) -> tuple[Any, Any, Any]:
         t = xp.arange(a, b, device=device)[:, None] + sets.offset
@@ -251,22 +268,22 @@ def _plan_longformer(xp: ModuleType, device: Any, sets: Longformer) -> list[Segm
     global_keys = xp.asarray(keys_global, dtype=index_dtype(xp, device), device=device)[None, :]
 
     def make(a: int, b: int) -> tuple[Any, Any, Any]:
-        t, window = _window_candidates(xp, device, sets, sets.left, sets.right,
-                                       sets.dilation, a, b)
+        t, window = _window_candidates(xp, device, sets, sets.left, sets.right, sets.dilation, a, b)
         # A global key inside the window is already a window candidate.
-        extra = xp.logical_not(in_window(xp, t - global_keys, sets.left, sets.right,
-                                          sets.dilation))
-        keys = xp.concat([window, xp.broadcast_to(global_keys, (b - a, len(keys_global)))],
-                         axis=1)
+        extra = xp.logical_not(in_window(xp, t - global_keys, sets.left, sets.right, sets.dilation))
+        keys = xp.concat([window, xp.broadcast_to(global_keys, (b - a, len(keys_global)))], axis=1)
         ok = xp.concat([_in_keys(xp, window, sets.n_keys), extra], axis=1)
         return t - sets.offset, keys, ok
 
     low, high = _window_span(sets, sets.left, sets.right, sets.dilation, 0, sets.n_queries)
     width = max(high - low + 1, 0) + len(keys_global)
     dense_rows = [(g - sets.offset, g - sets.offset + 1) for g in sets.global_tokens]
-    return _split_rows(sets.n_queries, dense_rows,
-                       lambda a, b: _per_query(a, b, width, make),
-                       lambda a, b: _dense_rows(xp, device, sets, a, b))
+    return _split_rows(
+        sets.n_queries,
+        dense_rows,
+        lambda a, b: _per_query(a, b, width, make),
+        lambda a, b: _dense_rows(xp, device, sets, a, b),
+    )
 
 
 def _plan_bigbird(xp: ModuleType, device: Any, sets: BigBird) -> list[Segment]:
@@ -293,11 +310,15 @@ def _plan_bigbird(xp: ModuleType, device: Any, sets: BigBird) -> list[Segment]:
         return t - sets.offset, keys, xp.logical_and(ok, _in_keys(xp, keys, sets.n_keys))
 
     width = (2 * window + 1 + len(sets.global_blocks) + table.shape[1]) * size
-    dense_rows = [(g * size - sets.offset, (g + 1) * size - sets.offset)
-                  for g in sets.global_blocks]
-    return _split_rows(sets.n_queries, dense_rows,
-                       lambda a, b: _per_query(a, b, width, make),
-                       lambda a, b: _dense_rows(xp, device, sets, a, b))
+    dense_rows = [
+        (g * size - sets.offset, (g + 1) * size - sets.offset) for g in sets.global_blocks
+    ]
+    return _split_rows(
+        sets.n_queries,
+        dense_rows,
+        lambda a, b: _per_query(a, b, width, make),
+        lambda a, b: _dense_rows(xp, device, sets, a, b),
+    )
 
 
 _PLANNERS: dict[type, Callable[[ModuleType, Any, Any], list[Segment]]] = {
@@ -343,8 +364,17 @@ def sparse_attention(
     xp = problem.xp
     device = array_api_compat.device(q)
     n_queries, n_keys = problem.q.shape[-2], problem.k.shape[-2]
-    sets = build_pattern(pattern, n_queries, n_keys, alignment=alignment, causal=causal,
-                         params=params, call=call, xp=xp, device=device)
+    sets = build_pattern(
+        pattern,
+        n_queries,
+        n_keys,
+        alignment=alignment,
+        causal=causal,
+        params=params,
+        call=call,
+        xp=xp,
+        device=device,
+    )
     if n_queries == 0 or n_keys == 0:
         return xp.zeros(problem.out_shape, dtype=problem.out_dtype, device=device)
     return _run(problem, sets, plan(sets, xp, device), query_chunk)
@@ -366,5 +396,13 @@ def block_sparse_attention(
     with ``layout[I, J]``; ``block_size`` is b or ``(bq, bk)`` and the last blocks may be
     ragged.  Keys and values are gathered once per query block.
     """
-    return sparse_attention(q, k, v, pattern="block_sparse", layout=layout,
-                            block_size=block_size, scale=scale, query_chunk=query_chunk)
+    return sparse_attention(
+        q,
+        k,
+        v,
+        pattern="block_sparse",
+        layout=layout,
+        block_size=block_size,
+        scale=scale,
+        query_chunk=query_chunk,
+    )

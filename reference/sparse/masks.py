@@ -41,16 +41,35 @@ def pattern_mask(sets: SparsePattern, xp: ModuleType, device: Any) -> Any:
 
 
 def _mask_of(
-    pattern: str, n_queries: int, n_keys: int, alignment: str, causal: bool,
-    xp: ModuleType | None, device: Any, params: dict[str, Any], call: str,
+    pattern: str,
+    n_queries: int,
+    n_keys: int,
+    alignment: str,
+    causal: bool,
+    xp: ModuleType | None,
+    device: Any,
+    params: dict[str, Any],
+    call: str,
 ) -> tuple[SparsePattern, Any, ModuleType, Any]:
-    if xp is None and pattern == "block_sparse" and array_api_compat.is_array_api_obj(
-            params.get("layout")):
+    if (
+        xp is None
+        and pattern == "block_sparse"
+        and array_api_compat.is_array_api_obj(params.get("layout"))
+    ):
         layout = params["layout"]
         xp, device = array_api_compat.array_namespace(layout), array_api_compat.device(layout)
     xp, device = creation_namespace(xp, device)
-    sets = build_pattern(pattern, n_queries, n_keys, alignment=alignment, causal=causal,
-                         params=params, call=call, xp=xp, device=device)
+    sets = build_pattern(
+        pattern,
+        n_queries,
+        n_keys,
+        alignment=alignment,
+        causal=causal,
+        params=params,
+        call=call,
+        xp=xp,
+        device=device,
+    )
     return sets, pattern_mask(sets, xp, device), xp, device
 
 
@@ -78,66 +97,150 @@ def sparse_mask(
 
 
 def sliding_window_mask(
-    n_queries: int, n_keys: int, *, left: int | None, right: int | None, dilation: int = 1,
-    alignment: str = "top_left", causal: bool = False,
-    xp: ModuleType | None = None, device: Any = None,
+    n_queries: int,
+    n_keys: int,
+    *,
+    left: int | None,
+    right: int | None,
+    dilation: int = 1,
+    alignment: str = "top_left",
+    causal: bool = False,
+    xp: ModuleType | None = None,
+    device: Any = None,
 ) -> Any:
     """Keys ``t_i - left .. t_i + right`` (inclusive; None = unbounded) with
     ``(t_i - j) mod dilation == 0`` (SPARSE-2.1)."""
-    return _mask_of("sliding_window", n_queries, n_keys, alignment, causal, xp, device,
-                    {"left": left, "right": right, "dilation": dilation},
-                    "sliding_window_mask(n_queries, n_keys)")[1]
+    return _mask_of(
+        "sliding_window",
+        n_queries,
+        n_keys,
+        alignment,
+        causal,
+        xp,
+        device,
+        {"left": left, "right": right, "dilation": dilation},
+        "sliding_window_mask(n_queries, n_keys)",
+    )[1]
 
 
 def strided_mask(
-    n_queries: int, n_keys: int, *, stride: int, alignment: str = "top_left",
-    causal: bool = False, xp: ModuleType | None = None, device: Any = None,
+    n_queries: int,
+    n_keys: int,
+    *,
+    stride: int,
+    alignment: str = "top_left",
+    causal: bool = False,
+    xp: ModuleType | None = None,
+    device: Any = None,
 ) -> Any:
     """Sparse Transformer strided pattern with stride l (SPARSE-3.1)."""
-    return _mask_of("strided", n_queries, n_keys, alignment, causal, xp, device,
-                    {"stride": stride}, "strided_mask(n_queries, n_keys)")[1]
+    return _mask_of(
+        "strided",
+        n_queries,
+        n_keys,
+        alignment,
+        causal,
+        xp,
+        device,
+        {"stride": stride},
+        "strided_mask(n_queries, n_keys)",
+    )[1]
 
 
 def fixed_mask(
-    n_queries: int, n_keys: int, *, stride: int, summary: int, alignment: str = "top_left",
-    causal: bool = False, xp: ModuleType | None = None, device: Any = None,
+    n_queries: int,
+    n_keys: int,
+    *,
+    stride: int,
+    summary: int,
+    alignment: str = "top_left",
+    causal: bool = False,
+    xp: ModuleType | None = None,
+    device: Any = None,
 ) -> Any:
     """Sparse Transformer fixed pattern: own block of ``stride`` keys plus the last
     ``summary`` keys of every block (SPARSE-3.2)."""
-    return _mask_of("fixed", n_queries, n_keys, alignment, causal, xp, device,
-                    {"stride": stride, "summary": summary},
-                    "fixed_mask(n_queries, n_keys)")[1]
+    return _mask_of(
+        "fixed",
+        n_queries,
+        n_keys,
+        alignment,
+        causal,
+        xp,
+        device,
+        {"stride": stride, "summary": summary},
+        "fixed_mask(n_queries, n_keys)",
+    )[1]
 
 
 def block_sparse_mask(
-    n_queries: int, n_keys: int, *, layout: Any, block_size: int | tuple[int, int],
-    alignment: str = "top_left", causal: bool = False,
-    xp: ModuleType | None = None, device: Any = None,
+    n_queries: int,
+    n_keys: int,
+    *,
+    layout: Any,
+    block_size: int | tuple[int, int],
+    alignment: str = "top_left",
+    causal: bool = False,
+    xp: ModuleType | None = None,
+    device: Any = None,
 ) -> Any:
     """Query block I attends key block J iff ``layout[I, J]``; last blocks may be ragged
     (SPARSE-4.1)."""
-    return _mask_of("block_sparse", n_queries, n_keys, alignment, causal, xp, device,
-                    {"layout": layout, "block_size": block_size},
-                    "block_sparse_mask(n_queries, n_keys)")[1]
+    return _mask_of(
+        "block_sparse",
+        n_queries,
+        n_keys,
+        alignment,
+        causal,
+        xp,
+        device,
+        {"layout": layout, "block_size": block_size},
+        "block_sparse_mask(n_queries, n_keys)",
+    )[1]
 
 
 def longformer_mask(
-    n_queries: int, n_keys: int, *, left: int | None, right: int | None,
-    global_tokens: Sequence[int] = (), dilation: int = 1, alignment: str = "top_left",
-    causal: bool = False, xp: ModuleType | None = None, device: Any = None,
+    n_queries: int,
+    n_keys: int,
+    *,
+    left: int | None,
+    right: int | None,
+    global_tokens: Sequence[int] = (),
+    dilation: int = 1,
+    alignment: str = "top_left",
+    causal: bool = False,
+    xp: ModuleType | None = None,
+    device: Any = None,
 ) -> Any:
     """Sliding window plus global tokens that attend, and are attended by, every
     position (SPARSE-5.1)."""
-    return _mask_of("longformer", n_queries, n_keys, alignment, causal, xp, device,
-                    {"left": left, "right": right, "global_tokens": global_tokens,
-                     "dilation": dilation}, "longformer_mask(n_queries, n_keys)")[1]
+    return _mask_of(
+        "longformer",
+        n_queries,
+        n_keys,
+        alignment,
+        causal,
+        xp,
+        device,
+        {"left": left, "right": right, "global_tokens": global_tokens, "dilation": dilation},
+        "longformer_mask(n_queries, n_keys)",
+    )[1]
 
 
 def bigbird_mask(
-    n_queries: int, n_keys: int, *, block_size: int, num_random: int = 0,
-    seed: int | None = None, window_blocks: int = 1, global_blocks: Sequence[int] = (),
-    random_blocks: Any = None, alignment: str = "top_left", causal: bool = False,
-    xp: ModuleType | None = None, device: Any = None,
+    n_queries: int,
+    n_keys: int,
+    *,
+    block_size: int,
+    num_random: int = 0,
+    seed: int | None = None,
+    window_blocks: int = 1,
+    global_blocks: Sequence[int] = (),
+    random_blocks: Any = None,
+    alignment: str = "top_left",
+    causal: bool = False,
+    xp: ModuleType | None = None,
+    device: Any = None,
 ) -> tuple[Any, Any]:
     """BigBird: block window, global blocks and ``num_random`` random key blocks per
     query block drawn from ``seed`` (SPARSE-5.2, SPARSE-5.3).
@@ -147,9 +250,22 @@ def bigbird_mask(
     ``random_blocks=`` to reproduce the pattern without the seed.
     """
     sets, mask, xp, device = _mask_of(
-        "bigbird", n_queries, n_keys, alignment, causal, xp, device,
-        {"block_size": block_size, "num_random": num_random, "seed": seed,
-         "window_blocks": window_blocks, "global_blocks": global_blocks,
-         "random_blocks": random_blocks}, "bigbird_mask(n_queries, n_keys)")
+        "bigbird",
+        n_queries,
+        n_keys,
+        alignment,
+        causal,
+        xp,
+        device,
+        {
+            "block_size": block_size,
+            "num_random": num_random,
+            "seed": seed,
+            "window_blocks": window_blocks,
+            "global_blocks": global_blocks,
+            "random_blocks": random_blocks,
+        },
+        "bigbird_mask(n_queries, n_keys)",
+    )
     assert isinstance(sets, BigBird)  # build_pattern("bigbird", ...) builds one
     return mask, sets.random_table(xp, device)

@@ -50,7 +50,8 @@ def _block_sizes(value: Any, call: str) -> tuple[int, int]:
                 f"(query block, key block) [{call}]"
             )
         return check_size("block_size[0]", value[0], call, minimum=1), check_size(
-            "block_size[1]", value[1], call, minimum=1)
+            "block_size[1]", value[1], call, minimum=1
+        )
     size = check_size("block_size", value, call, minimum=1)
     return size, size
 
@@ -62,9 +63,12 @@ def _blocks(length: int, size: int) -> int:
 def _sliding_window(
     base: dict[str, Any], call: str, *, left: Any, right: Any, dilation: Any = 1
 ) -> SlidingWindow:
-    return SlidingWindow(**base, left=_window_bound("left", left, call),
-                         right=_window_bound("right", right, call),
-                         dilation=check_size("dilation", dilation, call, minimum=1))
+    return SlidingWindow(
+        **base,
+        left=_window_bound("left", left, call),
+        right=_window_bound("right", right, call),
+        dilation=check_size("dilation", dilation, call, minimum=1),
+    )
 
 
 def _strided(base: dict[str, Any], call: str, *, stride: Any) -> Strided:
@@ -80,8 +84,13 @@ def _fixed(base: dict[str, Any], call: str, *, stride: Any, summary: Any) -> Fix
 
 
 def _block_sparse(
-    base: dict[str, Any], call: str, *, layout: Any, block_size: Any,
-    xp: ModuleType, device: Any,
+    base: dict[str, Any],
+    call: str,
+    *,
+    layout: Any,
+    block_size: Any,
+    xp: ModuleType,
+    device: Any,
 ) -> BlockSparse:
     block_q, block_k = _block_sizes(block_size, call)
     if array_api_compat.is_array_api_obj(layout):
@@ -110,18 +119,31 @@ def _block_sparse(
 
 
 def _longformer(
-    base: dict[str, Any], call: str, *, left: Any, right: Any,
-    global_tokens: Any = (), dilation: Any = 1,
+    base: dict[str, Any],
+    call: str,
+    *,
+    left: Any,
+    right: Any,
+    global_tokens: Any = (),
+    dilation: Any = 1,
 ) -> Longformer:
-    return Longformer(**base, left=_window_bound("left", left, call),
-                      right=_window_bound("right", right, call),
-                      dilation=check_size("dilation", dilation, call, minimum=1),
-                      global_tokens=_int_tuple("global_tokens", global_tokens, call))
+    return Longformer(
+        **base,
+        left=_window_bound("left", left, call),
+        right=_window_bound("right", right, call),
+        dilation=check_size("dilation", dilation, call, minimum=1),
+        global_tokens=_int_tuple("global_tokens", global_tokens, call),
+    )
 
 
 def draw_random_blocks(
-    seed: int, first_block: int, n_query_blocks: int, n_key_blocks: int,
-    window_blocks: int, global_blocks: Sequence[int], num_random: int,
+    seed: int,
+    first_block: int,
+    n_query_blocks: int,
+    n_key_blocks: int,
+    window_blocks: int,
+    global_blocks: Sequence[int],
+    num_random: int,
 ) -> tuple[tuple[int, ...], ...]:
     """BigBird's random key blocks exactly as SPARSE-5.3 draws them.
 
@@ -133,25 +155,37 @@ def draw_random_blocks(
     for query_block in range(first_block, first_block + n_query_blocks):
         drawn: list[int] = []
         if query_block not in global_blocks:
-            pool = [b for b in range(n_key_blocks)
-                    if abs(query_block - b) > window_blocks and b not in global_blocks]
+            pool = [
+                b
+                for b in range(n_key_blocks)
+                if abs(query_block - b) > window_blocks and b not in global_blocks
+            ]
             for slot in range(min(num_random, len(pool))):
                 pick = slot + math.floor(rng.random() * (len(pool) - slot))
                 pool[slot], pool[pick] = pool[pick], pool[slot]
-            drawn = sorted(pool[:min(num_random, len(pool))])
+            drawn = sorted(pool[: min(num_random, len(pool))])
         rows.append(tuple(drawn + [-1] * (num_random - len(drawn))))
     return tuple(rows)
 
 
 def _random_blocks_given(
-    table: Any, first_block: int, n_query_blocks: int, n_key_blocks: int,
-    window_blocks: int, global_blocks: Sequence[int], call: str,
+    table: Any,
+    first_block: int,
+    n_query_blocks: int,
+    n_key_blocks: int,
+    window_blocks: int,
+    global_blocks: Sequence[int],
+    call: str,
 ) -> tuple[tuple[int, ...], ...]:
     shape = tuple(table.shape) if array_api_compat.is_array_api_obj(table) else None
     try:
-        rows = [tuple(int(table[r][s]) if shape is None else int(table[r, s])
-                      for s in range(len(table[r]) if shape is None else shape[1]))
-                for r in range(len(table) if shape is None else shape[0])]
+        rows = [
+            tuple(
+                int(table[r][s]) if shape is None else int(table[r, s])
+                for s in range(len(table[r]) if shape is None else shape[1])
+            )
+            for r in range(len(table) if shape is None else shape[0])
+        ]
     except (TypeError, ValueError, IndexError):
         raise TypeError(f"random_blocks should be a 2-d table of ints [{call}]") from None
     widths = {len(row) for row in rows}
@@ -163,8 +197,13 @@ def _random_blocks_given(
     for r, row in enumerate(rows):
         query_block = first_block + r
         blocks = [b for b in row if b != -1]
-        bad = [b for b in blocks if not 0 <= b < n_key_blocks or b in global_blocks
-               or abs(query_block - b) <= window_blocks]
+        bad = [
+            b
+            for b in blocks
+            if not 0 <= b < n_key_blocks
+            or b in global_blocks
+            or abs(query_block - b) <= window_blocks
+        ]
         if bad or len(set(blocks)) != len(blocks):
             raise ValueError(
                 f"random_blocks[{r}]={list(row)}, but should hold distinct key blocks in "
@@ -175,8 +214,14 @@ def _random_blocks_given(
 
 
 def _bigbird(
-    base: dict[str, Any], call: str, *, block_size: Any, num_random: Any = 0,
-    seed: Any = None, window_blocks: Any = 1, global_blocks: Any = (),
+    base: dict[str, Any],
+    call: str,
+    *,
+    block_size: Any,
+    num_random: Any = 0,
+    seed: Any = None,
+    window_blocks: Any = 1,
+    global_blocks: Any = (),
     random_blocks: Any = None,
 ) -> BigBird:
     size = check_size("block_size", block_size, call, minimum=1)
@@ -185,20 +230,25 @@ def _bigbird(
     first, count = query_blocks(base["n_queries"], base["offset"], size)
     n_key_blocks = _blocks(base["n_keys"], size)
     if random_blocks is not None:
-        drawn = _random_blocks_given(random_blocks, first, count, n_key_blocks, window,
-                                     globals_, call)
+        drawn = _random_blocks_given(
+            random_blocks, first, count, n_key_blocks, window, globals_, call
+        )
     else:
         num_random = check_size("num_random", num_random, call)
-        if num_random and (seed is None or isinstance(seed, bool)
-                           or not isinstance(seed, int)):
+        if num_random and (seed is None or isinstance(seed, bool) or not isinstance(seed, int)):
             raise TypeError(
                 f"seed={seed!r}, but should be an int when num_random={num_random} > 0 "
                 f"(or pass random_blocks=) [{call}]"
             )
-        drawn = draw_random_blocks(seed, first, count, n_key_blocks, window, globals_,
-                                   num_random)
-    return BigBird(**base, block_size=size, window_blocks=window, global_blocks=globals_,
-                   first_block=first, random_blocks=drawn)
+        drawn = draw_random_blocks(seed, first, count, n_key_blocks, window, globals_, num_random)
+    return BigBird(
+        **base,
+        block_size=size,
+        window_blocks=window,
+        global_blocks=globals_,
+        first_block=first,
+        random_blocks=drawn,
+    )
 
 
 _BUILDERS: dict[str, Callable[..., SparsePattern]] = {
@@ -209,13 +259,23 @@ _BUILDERS: dict[str, Callable[..., SparsePattern]] = {
     "longformer": _longformer,
     "bigbird": _bigbird,
 }
-_CLAUSES = {cls.name: cls.clause
-            for cls in (SlidingWindow, Strided, Fixed, BlockSparse, Longformer, BigBird)}
+_CLAUSES = {
+    cls.name: cls.clause
+    for cls in (SlidingWindow, Strided, Fixed, BlockSparse, Longformer, BigBird)
+}
 
 
 def build_pattern(
-    pattern: str, n_queries: int, n_keys: int, *, alignment: str, causal: bool,
-    params: dict[str, Any], call: str, xp: ModuleType, device: Any,
+    pattern: str,
+    n_queries: int,
+    n_keys: int,
+    *,
+    alignment: str,
+    causal: bool,
+    params: dict[str, Any],
+    call: str,
+    xp: ModuleType,
+    device: Any,
 ) -> SparsePattern:
     """Validate a pattern name and its parameters (SPARSE-1.4) and return S(i)."""
     check_choice("pattern", pattern, PATTERN_NAMES, call, "SPARSE-1.1")
@@ -231,32 +291,45 @@ def build_pattern(
     try:
         signature.bind({}, "", **params)
     except TypeError:
-        names = [p.name for p in list(signature.parameters.values())[2:]
-                 if p.name not in ("xp", "device")]
-        required = [p.name for p in list(signature.parameters.values())[2:]
-                    if p.default is inspect.Parameter.empty and p.name not in ("xp", "device")]
+        names = [
+            p.name
+            for p in list(signature.parameters.values())[2:]
+            if p.name not in ("xp", "device")
+        ]
+        required = [
+            p.name
+            for p in list(signature.parameters.values())[2:]
+            if p.default is inspect.Parameter.empty and p.name not in ("xp", "device")
+        ]
         given = sorted(set(params) - {"xp", "device"})
         raise TypeError(
             f"pattern={pattern!r} takes parameters {', '.join(names)} (required: "
             f"{', '.join(required) or 'none'}), but got {', '.join(given) or 'none'} "
             f"[{_CLAUSES[pattern]}, {call}]"
         ) from None
-    base = {"n_queries": n_queries, "n_keys": n_keys, "causal": causal,
-            "offset": causal_offset(n_queries, n_keys, alignment)}
+    base = {
+        "n_queries": n_queries,
+        "n_keys": n_keys,
+        "causal": causal,
+        "offset": causal_offset(n_queries, n_keys, alignment),
+    }
     return builder(base, clause_call, **params)
 
 
 # --- library window conventions -------------------------------------------------------------
 
 LIBRARY_WINDOWS = (
-    "flash_attn", "jax", "xformers_local", "xformers_causal_local", "xformers_components",
+    "flash_attn",
+    "jax",
+    "xformers_local",
+    "xformers_causal_local",
+    "xformers_components",
 )
 
 
 def _pair(convention: str, window: Any, call: str) -> tuple[int, int]:
     """The two ints of a (left, right) window argument, negative ones included."""
-    if isinstance(window, Sequence) and not isinstance(window, (str, bytes)) \
-            and len(window) == 2:
+    if isinstance(window, Sequence) and not isinstance(window, (str, bytes)) and len(window) == 2:
         try:
             return operator.index(window[0]), operator.index(window[1])
         except TypeError:
@@ -317,5 +390,10 @@ def library_window(convention: str, window: Any, *, causal: bool = False) -> dic
                 f"window_size={size}, but should be odd without causal=True (xformers "
                 f"asserts it) [{call}]"
             )
-    return {"pattern": "sliding_window", "left": left, "right": right,
-            "alignment": alignment, "causal": is_causal}
+    return {
+        "pattern": "sliding_window",
+        "left": left,
+        "right": right,
+        "alignment": alignment,
+        "causal": is_causal,
+    }

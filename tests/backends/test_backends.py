@@ -46,8 +46,13 @@ def run_python(code: str, cwd: Any, **environment: str) -> subprocess.CompletedP
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNSPEC_")}
     env.update(environment)
     return subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True,
-        timeout=300, check=False,
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
 
 
@@ -64,7 +69,8 @@ def test_env_backend_selects_torch_at_import(tmp_path: Any) -> None:
 def test_env_device_cpu(tmp_path: Any) -> None:
     """ATTNSPEC_DEVICE=cpu alone selects the default library (NumPy) on the CPU."""
     result = run_python(
-        "import attnspec; b = attnspec.get_backend(); print(b.name, b.device)", tmp_path,
+        "import attnspec; b = attnspec.get_backend(); print(b.name, b.device)",
+        tmp_path,
         ATTNSPEC_DEVICE="cpu",
     )
     assert result.returncode == 0, result.stderr
@@ -251,6 +257,7 @@ def fake_cupy(get_device_count: Any) -> types.ModuleType:
 def test_cupy_without_cuda_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """CuPy installed but no usable CUDA device (driver missing, or zero devices) gives
     BackendError with that reason, on any machine (CuPy is replaced by a stand-in)."""
+
     def no_driver() -> int:
         raise RuntimeError("cudaErrorInsufficientDriver")
 
@@ -314,8 +321,10 @@ def test_survey() -> None:
         if reason != "ok":
             assert [row.reason for row in mine] == [reason]
             continue
-        assert tuple(row.dtype for row in mine) == Backend(
-            name, config=REFERENCE_CONFIG.get(name)).dtype_names
+        assert (
+            tuple(row.dtype for row in mine)
+            == Backend(name, config=REFERENCE_CONFIG.get(name)).dtype_names
+        )
         for row in mine:
             assert row.reason is None and row.within_bound, row
             assert 0 <= row.max_abs_error < np.inf

@@ -25,8 +25,20 @@ from attnspec.benchmarks.report import SCHEMA
 from attnspec.conformance.cli import main
 
 MEASUREMENT_KEYS = {
-    "section", "backend", "impl", "length", "seconds", "first_seconds", "runs", "peak_bytes",
-    "skipped", "params", "gflops", "fraction_of_gemm_peak", "relative_time", "relative_to",
+    "section",
+    "backend",
+    "impl",
+    "length",
+    "seconds",
+    "first_seconds",
+    "runs",
+    "peak_bytes",
+    "skipped",
+    "params",
+    "gflops",
+    "fraction_of_gemm_peak",
+    "relative_time",
+    "relative_to",
 }
 
 
@@ -41,18 +53,19 @@ def installed(names: tuple[str, ...]) -> list[str]:
     return found
 
 
-def run_bench(tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str,
-              backends: list[str]) -> tuple[dict[str, Any], str]:
+def run_bench(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str, backends: list[str]
+) -> tuple[dict[str, Any], str]:
     out = tmp_path / "bench"
-    status = main(["bench", "--quick", "--out", str(out), "--backends", ",".join(backends),
-                   *extra])
+    status = main(["bench", "--quick", "--out", str(out), "--backends", ",".join(backends), *extra])
     printed = capsys.readouterr().out
     assert status == 0, printed
     return json.loads((out / "bench.json").read_text()), printed
 
 
-def test_quick_bench_writes_json_and_plots(tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_quick_bench_writes_json_and_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Every section, on every installed backend: each (backend, impl, length) is measured
     or skipped with a reason; dense ratios are against the library's kernel (torch SDPA for
     NumPy); the PNGs are written, or the run says that matplotlib is missing."""
@@ -74,8 +87,10 @@ def test_quick_bench_writes_json_and_plots(tmp_path: Path,
         impls = ["blocked", "plain"] + (["framework"] if backend in with_kernel else [])
         for length in suites.QUICK.sizes:
             assert {(backend, impl, length) for impl in impls} <= dense, (backend, length)
-    kernels = {"torch": "torch.nn.functional.scaled_dot_product_attention",
-               "jax": "jax.nn.dot_product_attention"}
+    kernels = {
+        "torch": "torch.nn.functional.scaled_dot_product_attention",
+        "jax": "jax.nn.dot_product_attention",
+    }
     for r in records:
         if r["section"] == "dense" and r["seconds"]:
             assert 0 < r["gflops"] and 0 < r["fraction_of_gemm_peak"], r
@@ -86,7 +101,8 @@ def test_quick_bench_writes_json_and_plots(tmp_path: Path,
     assert patterns == set(suites.sparse_patterns(suites.QUICK.sparse_length))
     linear = [r for r in records if r["section"] == "linear"]
     assert {(r["impl"], r["length"]) for r in linear} == {
-        (impl, n) for impl in ("linear", "linear causal") for n in suites.QUICK.linear_sizes}
+        (impl, n) for impl in ("linear", "linear causal") for n in suites.QUICK.linear_sizes
+    }
     names = [t["name"] for t in doc["targets"]]
     assert any(n.startswith("linear causal attention time exponent") for n in names), names
     missing = matplotlib_missing()
@@ -98,8 +114,8 @@ def test_quick_bench_writes_json_and_plots(tmp_path: Path,
 
 
 def test_plain_reference_is_skipped_where_it_would_not_fit(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A measurement planned beyond the free memory is recorded as skipped, with the sizes
     in the reason, and the rest of the run (plots included) goes on."""
     monkeypatch.setattr(suites, "PLAIN_BYTES_PER_SCORE_ITEM", 1e15)
@@ -110,13 +126,17 @@ def test_plain_reference_is_skipped_where_it_would_not_fit(
     assert blocked and all(r["seconds"] for r in blocked)
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--sections", "dense,bogus"], "--sections: unknown bogus"),
-    (["--sizes", "0,12"], "lengths should be ints >= 1"),
-    (["--sizes", "a"], "is not a comma-separated list of ints"),
-])
-def test_bad_arguments_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                 argv: list[str], message: str) -> None:
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--sections", "dense,bogus"], "--sections: unknown bogus"),
+        (["--sizes", "0,12"], "lengths should be ints >= 1"),
+        (["--sizes", "a"], "is not a comma-separated list of ints"),
+    ],
+)
+def test_bad_arguments_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
     status = main(["bench", "--quick", "--out", str(tmp_path), *argv])
     assert status == 2
     assert message in capsys.readouterr().err

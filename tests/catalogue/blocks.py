@@ -129,10 +129,13 @@ class Operands:
             allowed &= self.causal(rows_at, keys_at)
         work = self.q.dtype
         return Arranged(
-            q=self.q[..., rows, :], k=self.k[..., keys, :], v=self.v[..., keys, :],
+            q=self.q[..., rows, :],
+            k=self.k[..., keys, :],
+            v=self.v[..., keys, :],
             allowed=allowed,
             bias=None if self.bias is None else self.bias[..., rows, keys].astype(work),
-            scale=self.scale, out_dtype=self.out_dtype,
+            scale=self.scale,
+            out_dtype=self.out_dtype,
         )
 
 
@@ -233,8 +236,11 @@ def combine(p: np.ndarray, allowed: np.ndarray, v: np.ndarray) -> np.ndarray:
         if finite.all():
             return out
         keys = np.flatnonzero(np.reshape(~finite.all(axis=-1), (-1, v.shape[-2])).any(axis=0))
-        bad_terms = np.where(allowed[..., keys, None] & ~finite[..., None, keys, :],
-                             p[..., keys, None] * v[..., None, keys, :], p.dtype.type(0))
+        bad_terms = np.where(
+            allowed[..., keys, None] & ~finite[..., None, keys, :],
+            p[..., keys, None] * v[..., None, keys, :],
+            p.dtype.type(0),
+        )
         return out + np.sum(bad_terms, axis=-2)
 
 
@@ -274,8 +280,13 @@ class Running(NamedTuple):
 
 
 def online_pass(
-    s: np.ndarray, allowed: np.ndarray, v: np.ndarray, *, block: int = 3,
-    blocks: Callable[[int, int], list[slice]] = ragged_blocks, rescale: Rescale = EXACT_RESCALE,
+    s: np.ndarray,
+    allowed: np.ndarray,
+    v: np.ndarray,
+    *,
+    block: int = 3,
+    blocks: Callable[[int, int], list[slice]] = ragged_blocks,
+    rescale: Rescale = EXACT_RESCALE,
 ) -> Running:
     """FlashAttention-style pass over key blocks: a running max m, a running sum l and
     an accumulator rescaled by exp(m_old - m_new) whenever the max grows.  The weights
@@ -304,8 +315,11 @@ def normalise(state: Running) -> np.ndarray:
     # total is 0 only for a row with nothing allowed; a NaN total must stay NaN.
     empty = state.total == 0
     with np.errstate(**QUIET):
-        return np.where(empty, state.acc.dtype.type(0),
-                        state.acc / np.where(empty, state.total.dtype.type(1), state.total))
+        return np.where(
+            empty,
+            state.acc.dtype.type(0),
+            state.acc / np.where(empty, state.total.dtype.type(1), state.total),
+        )
 
 
 NO_RESCALE = Rescale(total=np.ones_like, acc=np.ones_like)
@@ -317,7 +331,12 @@ def whole_blocks(n: int, size: int) -> list[slice]:
 
 
 def online_softmax(
-    s: np.ndarray, allowed: np.ndarray, v: np.ndarray, *, block: int = 3, rescale: bool = True,
+    s: np.ndarray,
+    allowed: np.ndarray,
+    v: np.ndarray,
+    *,
+    block: int = 3,
+    rescale: bool = True,
     tail: bool = True,
 ) -> np.ndarray:
     """:func:`online_pass` over blocks of ``block`` keys, normalised: the output directly.
@@ -325,6 +344,13 @@ def online_softmax(
     ``rescale=False`` and ``tail=False`` exist only for the catalogue's online-softmax
     bugs (accumulator not rescaled; ragged last block dropped).
     """
-    return normalise(online_pass(s, allowed, v, block=block,
-                                 blocks=ragged_blocks if tail else whole_blocks,
-                                 rescale=EXACT_RESCALE if rescale else NO_RESCALE))
+    return normalise(
+        online_pass(
+            s,
+            allowed,
+            v,
+            block=block,
+            blocks=ragged_blocks if tail else whole_blocks,
+            rescale=EXACT_RESCALE if rescale else NO_RESCALE,
+        )
+    )

@@ -32,8 +32,9 @@ def first_row_masked(w: Witness) -> Witness:
     return w.with_(mask=mask)
 
 
-def first_key_masked(w: Witness, *, k_fill: float | None = None,
-                     v_fill: float | None = None) -> Witness:
+def first_key_masked(
+    w: Witness, *, k_fill: float | None = None, v_fill: float | None = None
+) -> Witness:
     """``w`` with key 0 masked for every query, its k and/or v row overwritten."""
     mask = np.ones(w.scores_shape, dtype=bool)
     mask[..., 0] = False
@@ -76,92 +77,168 @@ CATALOGUE: list[BuggyKernel] = [
     BuggyKernel("scale-one-over-E", sc.scale_one_over_e, "default-scale"),
     BuggyKernel("scale-one-over-sqrt-Ev", sc.scale_one_over_sqrt_ev, "default-scale"),
     BuggyKernel("scale-squared", sc.scale_squared, "explicit-scale"),
-    BuggyKernel("explicit-scale-ignored", sc.explicit_scale_ignored, "explicit-scale",
-                witness=W(scale=2.0)),
-    BuggyKernel("scale-0-means-default", sc.scale_zero_means_default, "explicit-scale",
-                witness=W(scale=0.0)),
+    BuggyKernel(
+        "explicit-scale-ignored", sc.explicit_scale_ignored, "explicit-scale", witness=W(scale=2.0)
+    ),
+    BuggyKernel(
+        "scale-0-means-default", sc.scale_zero_means_default, "explicit-scale", witness=W(scale=0.0)
+    ),
     BuggyKernel("missing-scale", sc.missing_scale, "score-variance"),
     # mask and bias (SDPA-3)
-    BuggyKernel("inverted-mask-polarity", sc.inverted_mask_polarity, "mask-polarity",
-                witness=random_mask(W())),
-    BuggyKernel("mask-ignores-head-broadcast", sc.mask_ignores_head_broadcast,
-                "mask-broadcast", witness=random_mask(W())),
-    BuggyKernel("causal-ignored-with-mask", sc.causal_ignored_with_mask, "mask-and-causal",
-                witness=random_mask(W(is_causal=True))),
-    BuggyKernel("additive-mask-minus-1e4", sc.additive_mask_minus_1e4, "mask-wins-over-bias",
-                witness=_large_masked_bias(W())),
-    BuggyKernel("max-includes-masked-keys", sc.max_includes_masked_keys,
-                "masked-values-ignored", witness=_big_masked_key(W())),
-    BuggyKernel("bias-before-scaling", sc.bias_before_scaling, "bias-semantics",
-                witness=W(bias=np.random.default_rng(3).standard_normal((5, 7)) * 3)),
-    BuggyKernel("logits-soft-capped", sc.logits_soft_capped, "bias-shift-invariance",
-                witness=W(magnitude=5.0)),
+    BuggyKernel(
+        "inverted-mask-polarity",
+        sc.inverted_mask_polarity,
+        "mask-polarity",
+        witness=random_mask(W()),
+    ),
+    BuggyKernel(
+        "mask-ignores-head-broadcast",
+        sc.mask_ignores_head_broadcast,
+        "mask-broadcast",
+        witness=random_mask(W()),
+    ),
+    BuggyKernel(
+        "causal-ignored-with-mask",
+        sc.causal_ignored_with_mask,
+        "mask-and-causal",
+        witness=random_mask(W(is_causal=True)),
+    ),
+    BuggyKernel(
+        "additive-mask-minus-1e4",
+        sc.additive_mask_minus_1e4,
+        "mask-wins-over-bias",
+        witness=_large_masked_bias(W()),
+    ),
+    BuggyKernel(
+        "max-includes-masked-keys",
+        sc.max_includes_masked_keys,
+        "masked-values-ignored",
+        witness=_big_masked_key(W()),
+    ),
+    BuggyKernel(
+        "bias-before-scaling",
+        sc.bias_before_scaling,
+        "bias-semantics",
+        witness=W(bias=np.random.default_rng(3).standard_normal((5, 7)) * 3),
+    ),
+    BuggyKernel(
+        "logits-soft-capped",
+        sc.logits_soft_capped,
+        "bias-shift-invariance",
+        witness=W(magnitude=5.0),
+    ),
     # causal (SDPA-4)
-    BuggyKernel("causal-j-lt-i", sc.causal_strict, "causal-alignment",
-                witness=W(is_causal=True)),
-    BuggyKernel("causal-j-le-i-plus-1", sc.causal_one_ahead, "causal-zeros",
-                witness=W(is_causal=True)),
-    BuggyKernel("top-left-declared-bottom-right", sc.top_left_declared_bottom_right,
-                "causal-alignment", witness=W(is_causal=True)),
-    BuggyKernel("bottom-right-declared-top-left", sc.bottom_right_declared_top_left,
-                "causal-alignment", witness=W(is_causal=True)),
-    BuggyKernel("decode-step-top-left", sc.decode_step_top_left, "decode-consistency",
-                witness=W(is_causal=True, n_queries=1)),
+    BuggyKernel("causal-j-lt-i", sc.causal_strict, "causal-alignment", witness=W(is_causal=True)),
+    BuggyKernel(
+        "causal-j-le-i-plus-1", sc.causal_one_ahead, "causal-zeros", witness=W(is_causal=True)
+    ),
+    BuggyKernel(
+        "top-left-declared-bottom-right",
+        sc.top_left_declared_bottom_right,
+        "causal-alignment",
+        witness=W(is_causal=True),
+    ),
+    BuggyKernel(
+        "bottom-right-declared-top-left",
+        sc.bottom_right_declared_top_left,
+        "causal-alignment",
+        witness=W(is_causal=True),
+    ),
+    BuggyKernel(
+        "decode-step-top-left",
+        sc.decode_step_top_left,
+        "decode-consistency",
+        witness=W(is_causal=True, n_queries=1),
+    ),
     # heads (SDPA-6)
     BuggyKernel("gqa-h-mod-Hkv", sc.gqa_modulo_mapping, "gqa-mapping", witness=W(heads=(4, 2))),
-    BuggyKernel("gqa-accepts-indivisible-heads", sc.gqa_accepts_indivisible_heads,
-                "gqa-rejects-bad-heads", witness=W(heads=(3, 2))),
+    BuggyKernel(
+        "gqa-accepts-indivisible-heads",
+        sc.gqa_accepts_indivisible_heads,
+        "gqa-rejects-bad-heads",
+        witness=W(heads=(3, 2)),
+    ),
     # softmax and weighted sum (SDPA-7)
     BuggyKernel("softmax-over-queries", sm.softmax_over_query_axis, "rows-sum-to-one"),
-    BuggyKernel("mask-after-softmax", sm.mask_after_softmax, "rows-sum-to-one",
-                witness=random_mask(W())),
-    BuggyKernel("no-max-subtraction", sm.no_max_subtraction, "large-logits",
-                witness=_large_first_pair(W(), 30.0)),
-    BuggyKernel("online-softmax-drops-tail", sm.online_softmax_drops_tail,
-                "matches-reference"),
-    BuggyKernel("online-softmax-no-rescale", sm.online_softmax_no_rescale,
-                "key-permutation"),
+    BuggyKernel(
+        "mask-after-softmax", sm.mask_after_softmax, "rows-sum-to-one", witness=random_mask(W())
+    ),
+    BuggyKernel(
+        "no-max-subtraction",
+        sm.no_max_subtraction,
+        "large-logits",
+        witness=_large_first_pair(W(), 30.0),
+    ),
+    BuggyKernel("online-softmax-drops-tail", sm.online_softmax_drops_tail, "matches-reference"),
+    BuggyKernel("online-softmax-no-rescale", sm.online_softmax_no_rescale, "key-permutation"),
     BuggyKernel("eps-in-denominator", sm.eps_in_denominator, "matches-reference"),
-    BuggyKernel("top-8-weights", sm.top_k_weights, "matches-reference",
-                witness=W(n_keys=12)),
+    BuggyKernel("top-8-weights", sm.top_k_weights, "matches-reference", witness=W(n_keys=12)),
     BuggyKernel("float64-in-float32", sm.float64_computed_in_float32, "matches-reference"),
-    BuggyKernel("values-cached-in-float16", sm.values_cached_in_float16,
-                "matches-reference"),
+    BuggyKernel("values-cached-in-float16", sm.values_cached_in_float16, "matches-reference"),
     BuggyKernel("values-cached-in-int8", sm.values_cached_in_int8, "value-linearity"),
-    BuggyKernel("missing-final-normalisation", sm.missing_final_normalisation,
-                "output-in-value-hull"),
-    BuggyKernel("batch-and-heads-transposed", sm.batch_and_heads_transposed,
-                "batch-head-independence"),
-    BuggyKernel("query-tail-block-skipped", sm.query_tail_block_skipped,
-                "query-permutation"),
+    BuggyKernel(
+        "missing-final-normalisation", sm.missing_final_normalisation, "output-in-value-hull"
+    ),
+    BuggyKernel(
+        "batch-and-heads-transposed", sm.batch_and_heads_transposed, "batch-head-independence"
+    ),
+    BuggyKernel("query-tail-block-skipped", sm.query_tail_block_skipped, "query-permutation"),
     # empty rows and no keys (SDPA-5)
-    BuggyKernel("finite-fill-minus-1e9", sm.finite_fill_minus_1e9, "empty-rows-zero",
-                witness=first_row_masked(W())),
-    BuggyKernel("finite-fill-jax-style", sm.finite_fill_jax_style, "empty-rows-zero",
-                witness=first_row_masked(W())),
-    BuggyKernel("nan-on-empty-rows", sm.nan_on_empty_rows, "empty-rows-zero",
-                witness=first_row_masked(W())),
-    BuggyKernel("no-keys-gives-nan", sm.no_keys_gives_nan, "no-keys-zero",
-                witness=W(n_keys=0)),
+    BuggyKernel(
+        "finite-fill-minus-1e9",
+        sm.finite_fill_minus_1e9,
+        "empty-rows-zero",
+        witness=first_row_masked(W()),
+    ),
+    BuggyKernel(
+        "finite-fill-jax-style",
+        sm.finite_fill_jax_style,
+        "empty-rows-zero",
+        witness=first_row_masked(W()),
+    ),
+    BuggyKernel(
+        "nan-on-empty-rows", sm.nan_on_empty_rows, "empty-rows-zero", witness=first_row_masked(W())
+    ),
+    BuggyKernel("no-keys-gives-nan", sm.no_keys_gives_nan, "no-keys-zero", witness=W(n_keys=0)),
     # non-finite values (SDPA-8)
-    BuggyKernel("nan-leaks-through-matmul", sm.nan_leaks_through_matmul,
-                "masked-nonfinite-ignored", witness=first_key_masked(W(), v_fill=np.nan)),
-    BuggyKernel("nan-inputs-sanitised", sm.nan_inputs_sanitised, "nan-propagates",
-                witness=_nan_query(W())),
+    BuggyKernel(
+        "nan-leaks-through-matmul",
+        sm.nan_leaks_through_matmul,
+        "masked-nonfinite-ignored",
+        witness=first_key_masked(W(), v_fill=np.nan),
+    ),
+    BuggyKernel(
+        "nan-inputs-sanitised", sm.nan_inputs_sanitised, "nan-propagates", witness=_nan_query(W())
+    ),
     # plumbing (SDPA-1, SDPA-7.5)
-    BuggyKernel("dtype-not-preserved", plumbing.dtype_not_preserved, "output-shape-dtype",
-                witness=W(dtype="float16")),
+    BuggyKernel(
+        "dtype-not-preserved",
+        plumbing.dtype_not_preserved,
+        "output-shape-dtype",
+        witness=W(dtype="float16"),
+    ),
     BuggyKernel("scales-q-in-place", plumbing.scales_q_in_place, "inputs-unmodified"),
     BuggyKernel("random-key-order", plumbing.random_key_order, "deterministic"),
-    BuggyKernel("strides-ignored", plumbing.strides_ignored, "layout-independence",
-                witness=W(strided=True)),
-    BuggyKernel("empty-batch-crashes", plumbing.empty_batch_crashes, "empty-sizes",
-                witness=W(batch=(0,))),
-    BuggyKernel("torch-bfloat16-left-in-float32", plumbing.torch_bfloat16_left_in_float32,
-                "output-shape-dtype", backend="torch", witness=W(dtype="bfloat16")),
-    BuggyKernel("torch-float16-scores-overflow", plumbing.torch_scores_in_input_dtype,
-                "large-logits", backend="torch",
-                witness=_large_first_pair(W(dtype="float16"), 200.0)),
+    BuggyKernel(
+        "strides-ignored", plumbing.strides_ignored, "layout-independence", witness=W(strided=True)
+    ),
+    BuggyKernel(
+        "empty-batch-crashes", plumbing.empty_batch_crashes, "empty-sizes", witness=W(batch=(0,))
+    ),
+    BuggyKernel(
+        "torch-bfloat16-left-in-float32",
+        plumbing.torch_bfloat16_left_in_float32,
+        "output-shape-dtype",
+        backend="torch",
+        witness=W(dtype="bfloat16"),
+    ),
+    BuggyKernel(
+        "torch-float16-scores-overflow",
+        plumbing.torch_scores_in_input_dtype,
+        "large-logits",
+        backend="torch",
+        witness=_large_first_pair(W(dtype="float16"), 200.0),
+    ),
     # realistic scale: exact on small problems, wrong at the witness's size (CONF-1)
     *SCALE_CATALOGUE,
     # spec/features.md and dropout (DROP-2): entries with their own evidence

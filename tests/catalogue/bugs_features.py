@@ -38,10 +38,19 @@ def _masked_softmax_output(a: Arranged, s: Array, allowed: Array) -> Array:
 
 # --- softcapping (SOFTCAP-1, SOFTCAP-3) ---------------------------------------------------
 
+
 @declare(**SOFTCAP)
-def softcap_before_scale(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                         is_causal: bool = False, scale: float | None = None,
-                         softcap: float | None = None) -> Array:
+def softcap_before_scale(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> Array:
     """Caps the unscaled q.k and scales afterwards: alpha c tanh(q.k / c) instead of
     c tanh(alpha q.k / c)."""
     f = Features()
@@ -58,9 +67,17 @@ def softcap_before_scale(q: Array, k: Array, v: Array, *, mask: Mask = None, bia
 
 
 @declare(**SOFTCAP)
-def softcap_bias_inside(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                        is_causal: bool = False, scale: float | None = None,
-                        softcap: float | None = None) -> Array:
+def softcap_bias_inside(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> Array:
     """Adds the bias before capping: c tanh((alpha q.k + b) / c), so a padding bias of
     finfo.min becomes -c."""
     f = Features()
@@ -74,9 +91,17 @@ def softcap_bias_inside(q: Array, k: Array, v: Array, *, mask: Mask = None, bias
 
 
 @declare(**SOFTCAP)
-def softcap_mask_inside(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                        is_causal: bool = False, scale: float | None = None,
-                        softcap: float | None = None) -> Array:
+def softcap_mask_inside(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> Array:
     """Masks with finfo.min before capping (as a Flax port of Gemma 2 does): a masked key's
     score becomes -c and it is attended."""
     f = Features()
@@ -95,9 +120,17 @@ def softcap_mask_inside(q: Array, k: Array, v: Array, *, mask: Mask = None, bias
 
 
 @declare(**SOFTCAP)
-def softcap_ignored(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                    is_causal: bool = False, scale: float | None = None,
-                    softcap: float | None = None) -> Array:
+def softcap_ignored(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> Array:
     """Accepts softcap= and does nothing with it."""
     f = Features()
     return attend_features(arranged(q, k, v, mask, bias, is_causal, scale, f), f)
@@ -105,8 +138,18 @@ def softcap_ignored(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Ma
 
 # --- ALiBi (ALIBI-2, ALIBI-3) --------------------------------------------------------------
 
-def _with_alibi(q: Array, k: Array, v: Array, mask: Mask, bias: Mask, is_causal: bool,
-                scale: float | None, alignment: str, alibi: Array | None) -> Array:
+
+def _with_alibi(
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Mask,
+    bias: Mask,
+    is_causal: bool,
+    scale: float | None,
+    alignment: str,
+    alibi: Array | None,
+) -> Array:
     """The definition with ``alibi`` (or None) as the ALiBi term, given whole."""
     f = Features(alignment=alignment)
     a = arranged(q, k, v, mask, bias, is_causal, scale, f)
@@ -117,48 +160,83 @@ def _with_alibi(q: Array, k: Array, v: Array, mask: Mask, bias: Mask, is_causal:
 
 
 @declare(**ALIBI, causal_alignment="bottom_right")
-def alibi_wrong_corner(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                       is_causal: bool = False, scale: float | None = None,
-                       alibi_slopes: Array | None = None) -> Array:
+def alibi_wrong_corner(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    alibi_slopes: Array | None = None,
+) -> Array:
     """Bottom-right causal, but the ALiBi distance measured top-left, |i - j|."""
-    alibi = None if alibi_slopes is None else (
-        lambda a: alibi_bias(a, alibi_slopes, "top_left"))
+    alibi = None if alibi_slopes is None else (lambda a: alibi_bias(a, alibi_slopes, "top_left"))
     return _with_alibi(q, k, v, mask, bias, is_causal, scale, "bottom_right", alibi)
 
 
 @declare(**ALIBI)
-def alibi_positive_sign(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                        is_causal: bool = False, scale: float | None = None,
-                        alibi_slopes: Array | None = None) -> Array:
+def alibi_positive_sign(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    alibi_slopes: Array | None = None,
+) -> Array:
     """Adds +m_h |i - j|: distant keys are favoured instead of penalised."""
-    alibi = None if alibi_slopes is None else (
-        lambda a: -alibi_bias(a, alibi_slopes, "top_left"))
+    alibi = None if alibi_slopes is None else (lambda a: -alibi_bias(a, alibi_slopes, "top_left"))
     return _with_alibi(q, k, v, mask, bias, is_causal, scale, "top_left", alibi)
 
 
 @declare(**ALIBI)
-def alibi_kv_head_slopes(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                         is_causal: bool = False, scale: float | None = None,
-                         alibi_slopes: Array | None = None) -> Array:
+def alibi_kv_head_slopes(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    alibi_slopes: Array | None = None,
+) -> Array:
     """Indexes the slopes by the key/value head a query head reads: query head h gets
     slope g = h // G instead of slope h."""
+
     def alibi(a: Arranged) -> Array:
         n_q_heads, n_kv_heads = q.shape[-3], k.shape[-3]
         slopes = np.broadcast_to(alibi_slopes, (*alibi_slopes.shape[:-1], n_q_heads))
         per_kv = np.take(slopes, np.arange(n_q_heads) // (n_q_heads // n_kv_heads), axis=-1)
         return alibi_bias(a, per_kv, "top_left")
 
-    return _with_alibi(q, k, v, mask, bias, is_causal, scale, "top_left",
-                       None if alibi_slopes is None else alibi)
+    return _with_alibi(
+        q, k, v, mask, bias, is_causal, scale, "top_left", None if alibi_slopes is None else alibi
+    )
 
 
 @declare(**ALIBI)
-def alibi_scaled(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                 is_causal: bool = False, scale: float | None = None,
-                 alibi_slopes: Array | None = None) -> Array:
+def alibi_scaled(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    alibi_slopes: Array | None = None,
+) -> Array:
     """Adds ALiBi to q.k before scaling, so the bias is multiplied by alpha."""
-    alibi = None if alibi_slopes is None else (
-        lambda a: a.q.dtype.type(a.scale) * alibi_bias(a, alibi_slopes, "top_left"))
+    alibi = (
+        None
+        if alibi_slopes is None
+        else (lambda a: a.q.dtype.type(a.scale) * alibi_bias(a, alibi_slopes, "top_left"))
+    )
     return _with_alibi(q, k, v, mask, bias, is_causal, scale, "top_left", alibi)
 
 
@@ -167,20 +245,35 @@ def _naive_slopes(n_heads: int) -> Array:
 
 
 @declare(gqa=True, alibi=True, alibi_builtin_slopes=True, alibi_keyword="use_alibi")
-def alibi_naive_slopes(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                       is_causal: bool = False, scale: float | None = None,
-                       use_alibi: bool = False) -> Array:
+def alibi_naive_slopes(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    use_alibi: bool = False,
+) -> Array:
     """Computes its own slopes as 2^(-8(h+1)/H) for every H: right for powers of two only
     (Press et al. interleave the slopes of the next power of two otherwise)."""
-    alibi = (lambda a: alibi_bias(a, _naive_slopes(q.shape[-3]), "top_left")) if use_alibi \
-        else None
+    alibi = (lambda a: alibi_bias(a, _naive_slopes(q.shape[-3]), "top_left")) if use_alibi else None
     return _with_alibi(q, k, v, mask, None, is_causal, scale, "top_left", alibi)
 
 
 # --- the log-sum-exp (LSE-1 ... LSE-3) ------------------------------------------------------
 
-def _lse_kernel(q: Array, k: Array, v: Array, mask: Mask, bias: Mask, is_causal: bool,
-                scale: float | None, softcap: float | None) -> tuple[Arranged, Array, Array, Array]:
+
+def _lse_kernel(
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Mask,
+    bias: Mask,
+    is_causal: bool,
+    scale: float | None,
+    softcap: float | None,
+) -> tuple[Arranged, Array, Array, Array]:
     f = Features(softcap=softcap)
     a = arranged(q, k, v, mask, bias, is_causal, scale, f)
     s, allowed = feature_scores(a, f)
@@ -188,9 +281,17 @@ def _lse_kernel(q: Array, k: Array, v: Array, mask: Mask, bias: Mask, is_causal:
 
 
 @declare(**LSE)
-def lse_base_two(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                 is_causal: bool = False, scale: float | None = None,
-                 softcap: float | None = None) -> tuple[Array, Array]:
+def lse_base_two(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> tuple[Array, Array]:
     """Returns the log-sum-exp in base 2, as FlexAttention keeps it internally, without the
     final conversion."""
     _, out, lse, _ = _lse_kernel(q, k, v, mask, bias, is_causal, scale, softcap)
@@ -198,9 +299,17 @@ def lse_base_two(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask 
 
 
 @declare(**LSE)
-def lse_unscaled_max(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                     is_causal: bool = False, scale: float | None = None,
-                     softcap: float | None = None) -> tuple[Array, Array]:
+def lse_unscaled_max(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> tuple[Array, Array]:
     """Adds the row maximum of the unscaled q.k (FlashAttention keeps that one) without
     multiplying it by the scale: lse = max(q.k) + log(sum exp(s - alpha max(q.k)))."""
     a, out, lse, allowed = _lse_kernel(q, k, v, mask, bias, is_causal, scale, softcap)
@@ -211,36 +320,68 @@ def lse_unscaled_max(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: M
 
 
 @declare(**LSE)
-def lse_plus_inf_empty(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                       is_causal: bool = False, scale: float | None = None,
-                       softcap: float | None = None) -> tuple[Array, Array]:
+def lse_plus_inf_empty(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> tuple[Array, Array]:
     """+inf for a row with no visible key, as FlashAttention's unsplit forward writes it."""
     _, out, lse, _ = _lse_kernel(q, k, v, mask, bias, is_causal, scale, softcap)
     return out, np.where(lse == -np.inf, np.inf, lse)
 
 
 @declare(**LSE)
-def lse_zero_empty(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                   is_causal: bool = False, scale: float | None = None,
-                   softcap: float | None = None) -> tuple[Array, Array]:
+def lse_zero_empty(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> tuple[Array, Array]:
     """0 for a row with no visible key: the maximum's 0 fill plus log(1), never made -inf."""
     _, out, lse, _ = _lse_kernel(q, k, v, mask, bias, is_causal, scale, softcap)
     return out, np.where(lse == -np.inf, 0, lse).astype(lse.dtype)
 
 
 @declare(**LSE)
-def lse_input_dtype(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                    is_causal: bool = False, scale: float | None = None,
-                    softcap: float | None = None) -> tuple[Array, Array]:
+def lse_input_dtype(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> tuple[Array, Array]:
     """Returns the log-sum-exp in the input dtype (float16 for float16 inputs)."""
     _, out, lse, _ = _lse_kernel(q, k, v, mask, bias, is_causal, scale, softcap)
     return out, lse.astype(q.dtype)
 
 
 @declare(**LSE)
-def lse_without_softcap(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                        is_causal: bool = False, scale: float | None = None,
-                        softcap: float | None = None) -> tuple[Array, Array]:
+def lse_without_softcap(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> tuple[Array, Array]:
     """Caps the scores for the weights but returns the log-sum-exp of the uncapped ones."""
     _, out, _, _ = _lse_kernel(q, k, v, mask, bias, is_causal, scale, softcap)
     _, _, uncapped, _ = _lse_kernel(q, k, v, mask, bias, is_causal, scale, None)
@@ -248,10 +389,17 @@ def lse_without_softcap(q: Array, k: Array, v: Array, *, mask: Mask = None, bias
 
 
 @declare(**LSE)
-def lse_plus_inf_without_keys(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                              bias: Mask = None, is_causal: bool = False,
-                              scale: float | None = None,
-                              softcap: float | None = None) -> tuple[Array, Array]:
+def lse_plus_inf_without_keys(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> tuple[Array, Array]:
     """+inf for every row when there are no keys at all (FlashAttention's early exit for
     an empty key range writes INFINITY), -inf correctly for masked-out rows: a split-KV
     part without keys then dominates the combination."""
@@ -261,9 +409,20 @@ def lse_plus_inf_without_keys(q: Array, k: Array, v: Array, *, mask: Mask = None
 
 # --- dropout (DROP-2 ... DROP-4) ------------------------------------------------------------
 
-def _dropout(q: Array, k: Array, v: Array, mask: Mask, bias: Mask, is_causal: bool,
-             scale: float | None, dropout_p: float, keep: Array | None,
-             rescale: float | None = None, renormalise: bool = False) -> Array:
+
+def _dropout(
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Mask,
+    bias: Mask,
+    is_causal: bool,
+    scale: float | None,
+    dropout_p: float,
+    keep: Array | None,
+    rescale: float | None = None,
+    renormalise: bool = False,
+) -> Array:
     """Weights times ``keep`` times ``rescale`` (1/(1 - p) unless given), renormalised
     over the kept keys when ``renormalise``."""
     f = Features()
@@ -286,29 +445,54 @@ def _shape(q: Array, k: Array) -> tuple[int, ...]:
 
 
 @declare(**DROPOUT)
-def dropout_no_rescale(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                       is_causal: bool = False, scale: float | None = None,
-                       dropout_p: float = 0.0, seed: int | None = None) -> Array:
+def dropout_no_rescale(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    seed: int | None = None,
+) -> Array:
     """Drops weights but never multiplies the kept ones by 1/(1 - p)."""
     keep = keep_mask(_shape(q, k), dropout_p, seed)
     return _dropout(q, k, v, mask, bias, is_causal, scale, dropout_p, keep, rescale=1.0)
 
 
 @declare(**DROPOUT)
-def dropout_times_keep_probability(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                                   bias: Mask = None, is_causal: bool = False,
-                                   scale: float | None = None, dropout_p: float = 0.0,
-                                   seed: int | None = None) -> Array:
+def dropout_times_keep_probability(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    seed: int | None = None,
+) -> Array:
     """Multiplies kept weights by 1 - p instead of dividing by it."""
     keep = keep_mask(_shape(q, k), dropout_p, seed)
-    return _dropout(q, k, v, mask, bias, is_causal, scale, dropout_p, keep,
-                    rescale=1 - dropout_p)
+    return _dropout(q, k, v, mask, bias, is_causal, scale, dropout_p, keep, rescale=1 - dropout_p)
 
 
 @declare(**DROPOUT)
-def dropout_renormalised(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                         is_causal: bool = False, scale: float | None = None,
-                         dropout_p: float = 0.0, seed: int | None = None) -> Array:
+def dropout_renormalised(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    seed: int | None = None,
+) -> Array:
     """Renormalises the kept weights to sum to 1 (as dropping scores before the softmax
     would)."""
     keep = keep_mask(_shape(q, k), dropout_p, seed)
@@ -316,19 +500,36 @@ def dropout_renormalised(q: Array, k: Array, v: Array, *, mask: Mask = None, bia
 
 
 @declare(**DROPOUT)
-def dropout_keeps_with_p(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                         is_causal: bool = False, scale: float | None = None,
-                         dropout_p: float = 0.0, seed: int | None = None) -> Array:
+def dropout_keeps_with_p(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    seed: int | None = None,
+) -> Array:
     """Keeps a weight with probability p (the comparison reversed), rescaling by 1/(1 - p)."""
     keep = ~keep_mask(_shape(q, k), dropout_p, seed) if dropout_p else None
     return _dropout(q, k, v, mask, bias, is_causal, scale, dropout_p, keep)
 
 
 @declare(**DROPOUT)
-def dropout_shared_by_heads(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                            bias: Mask = None, is_causal: bool = False,
-                            scale: float | None = None, dropout_p: float = 0.0,
-                            seed: int | None = None) -> Array:
+def dropout_shared_by_heads(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    seed: int | None = None,
+) -> Array:
     """Draws one mask per batch element and uses it for every head (the head left out of
     the random stream's offset)."""
     shape = _shape(q, k)
@@ -337,9 +538,18 @@ def dropout_shared_by_heads(q: Array, k: Array, v: Array, *, mask: Mask = None,
 
 
 @declare(**DROPOUT)
-def dropout_per_key(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                    is_causal: bool = False, scale: float | None = None,
-                    dropout_p: float = 0.0, seed: int | None = None) -> Array:
+def dropout_per_key(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    seed: int | None = None,
+) -> Array:
     """Draws one indicator per key and uses it for every query (a mask over key positions,
     the query left out of the offset)."""
     shape = _shape(q, k)
@@ -348,10 +558,18 @@ def dropout_per_key(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Ma
 
 
 @declare(**DROPOUT)
-def dropout_zero_means_default(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                               bias: Mask = None, is_causal: bool = False,
-                               scale: float | None = None, dropout_p: float = 0.0,
-                               seed: int | None = None) -> Array:
+def dropout_zero_means_default(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    seed: int | None = None,
+) -> Array:
     """Reads dropout_p=0.0 as "not given" and falls back to its default rate of 0.1
     (``p = dropout_p or 0.1``), so dropout cannot be turned off."""
     p = dropout_p or 0.1
@@ -363,10 +581,18 @@ _UNSEEDED = np.random.default_rng(12345)
 
 
 @declare(**DROPOUT)
-def dropout_ignores_seed(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                         is_causal: bool = False, scale: float | None = None,
-                         dropout_p: float = 0.0, seed: int | None = None) -> Array:
+def dropout_ignores_seed(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    seed: int | None = None,
+) -> Array:
     """Takes seed= but draws from a module-level generator, so a seed reproduces nothing."""
     keep = _UNSEEDED.random(_shape(q, k)) >= dropout_p
     return _dropout(q, k, v, mask, bias, is_causal, scale, dropout_p, keep)
-

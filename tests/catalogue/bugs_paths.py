@@ -32,8 +32,9 @@ LARGE_BATCH = 4  # more batch elements than this take the large-batch path
 KV_CAPACITY = 2048  # keys a fixed-size KV buffer holds
 
 
-def _ops(q: Array, k: Array, v: Array, mask: Mask, bias: Mask, is_causal: bool,
-         scale: float | None) -> Operands:
+def _ops(
+    q: Array, k: Array, v: Array, mask: Mask, bias: Mask, is_causal: bool, scale: float | None
+) -> Operands:
     return operands(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
 
 
@@ -45,10 +46,18 @@ def _whole_vectors(n: int) -> int:
 
 # --- head-dim vector tails ------------------------------------------------------------
 
+
 @declare(**ALL)
-def head_dim_tail_dropped(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                          bias: Mask = None, is_causal: bool = False,
-                          scale: float | None = None) -> Array:
+def head_dim_tail_dropped(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Forms q.k in 32-wide vector steps with no remainder loop once E > 32 (E <= 32
     takes a scalar path): the last E % 32 features are left out of the scores (E = 59
     keeps 32, E = 111 keeps 96); the scale is still 1/sqrt(E)."""
@@ -58,22 +67,37 @@ def head_dim_tail_dropped(q: Array, k: Array, v: Array, *, mask: Mask = None,
 
 
 @declare(**ALL)
-def value_dim_tail_unwritten(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                             bias: Mask = None, is_causal: bool = False,
-                             scale: float | None = None) -> Array:
+def value_dim_tail_unwritten(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Stores the output in 32-wide vector steps with no remainder store once Ev > 32:
     the last Ev % 32 output columns keep the zeros the buffer was allocated with."""
     out = tiled(_ops(q, k, v, mask, bias, is_causal, scale), TILING)
-    out[..., _whole_vectors(v.shape[-1]):] = 0
+    out[..., _whole_vectors(v.shape[-1]) :] = 0
     return out
 
 
 # --- program indices ------------------------------------------------------------------
 
+
 @declare(**ALL)
-def program_index_int16(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                        bias: Mask = None, is_causal: bool = False,
-                        scale: float | None = None) -> Array:
+def program_index_int16(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Numbers its (batch, head, query row) programs with an int16 index: once
     B * H * Lq exceeds 2**15 the index wraps negative and those rows are written with
     the output of a row counted from the end (8 heads of 4096 queries already do)."""
@@ -85,6 +109,7 @@ def program_index_int16(q: Array, k: Array, v: Array, *, mask: Mask = None,
 
 # --- head mapping (SDPA-6) --------------------------------------------------------------
 
+
 def _large_group_heads(n_q_heads: int, n_kv_heads: int) -> Array:
     if n_q_heads // n_kv_heads >= LARGE_GROUP:
         return np.arange(n_q_heads) % n_kv_heads
@@ -92,23 +117,39 @@ def _large_group_heads(n_q_heads: int, n_kv_heads: int) -> Array:
 
 
 @declare(**ALL)
-def gqa_large_group_modulo(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                           bias: Mask = None, is_causal: bool = False,
-                           scale: float | None = None) -> Array:
+def gqa_large_group_modulo(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Takes a special path for GQA groups of 4 or more query heads (as decode kernels
     pack a whole group into one tile) that maps query head h to key/value head
     h % Hkv instead of h // G (SDPA-6.1); groups of 2 or 3 take the right path."""
-    ops = operands(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
-                   heads=_large_group_heads)
+    ops = operands(
+        q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale, heads=_large_group_heads
+    )
     return tiled(ops, TILING)
 
 
 # --- dispatch on the shapes ------------------------------------------------------------
 
+
 @declare(**ALL)
-def decode_path_ignores_mask(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                             bias: Mask = None, is_causal: bool = False,
-                             scale: float | None = None) -> Array:
+def decode_path_ignores_mask(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Sends a decode step (Lq = 1) with more than 256 keys to a flash-decoding split-KV
     kernel that takes cache lengths, not masks: the boolean mask is dropped on that
     path only."""
@@ -119,9 +160,16 @@ def decode_path_ignores_mask(q: Array, k: Array, v: Array, *, mask: Mask = None,
 
 
 @declare(**ALL)
-def large_batch_mask_from_first_element(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                                        bias: Mask = None, is_causal: bool = False,
-                                        scale: float | None = None) -> Array:
+def large_batch_mask_from_first_element(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Takes a large-batch path for more than 4 batch elements that assumes the mask is
     shared by the batch and reads batch element 0's: every other element gets element
     0's padding."""
@@ -134,26 +182,45 @@ def large_batch_mask_from_first_element(q: Array, k: Array, v: Array, *, mask: M
 
 
 @declare(**ALL)
-def kv_buffer_truncates_at_2048(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                                bias: Mask = None, is_causal: bool = False,
-                                scale: float | None = None) -> Array:
+def kv_buffer_truncates_at_2048(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Copies K and V into a fixed KV buffer of 2048 keys before attending: longer key
     sequences are silently truncated to their first 2048 keys."""
     ops = _ops(q, k, v, mask, bias, is_causal, scale)
     kept = slice(0, KV_CAPACITY)
-    return tiled(ops.with_(
-        k=ops.k[..., kept, :], v=ops.v[..., kept, :],
-        mask=None if ops.mask is None else ops.mask[..., kept],
-        bias=None if ops.bias is None else ops.bias[..., kept],
-    ), TILING)
+    return tiled(
+        ops.with_(
+            k=ops.k[..., kept, :],
+            v=ops.v[..., kept, :],
+            mask=None if ops.mask is None else ops.mask[..., kept],
+            bias=None if ops.bias is None else ops.bias[..., kept],
+        ),
+        TILING,
+    )
 
 
 # --- extreme values -------------------------------------------------------------------
 
+
 @declare(**ALL)
-def padding_bias_read_as_mask(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                              bias: Mask = None, is_causal: bool = False,
-                              scale: float | None = None) -> Array:
+def padding_bias_read_as_mask(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Turns an additive padding bias into a key mask for its faster masked path: a bias
     at or below finfo(dtype).min / 2 is taken as "masked".  A finite bias is attended
     (SDPA-3.3: only -inf excludes), so where a row's keys are all padded with

@@ -21,16 +21,33 @@ ALL = {"bias": True, "gqa": True}
 
 
 @declare(**ALL)
-def dtype_not_preserved(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                        is_causal: bool = False, scale: float | None = None) -> Array:
+def dtype_not_preserved(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Returns its float32 result as is: float16 and float64 inputs get a float32 output."""
-    return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-                          scale=scale)).astype(np.float32)
+    return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)).astype(
+        np.float32
+    )
 
 
 @declare(**ALL)
-def scales_q_in_place(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                      is_causal: bool = False, scale: float | None = None) -> Array:
+def scales_q_in_place(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Pre-scales the queries with ``q *= scale``, writing into the caller's array."""
     alpha = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     q *= q.dtype.type(alpha)
@@ -38,17 +55,29 @@ def scales_q_in_place(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: 
 
 
 @declare(**ALL)
-def random_key_order(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                     is_causal: bool = False, scale: float | None = None) -> Array:
+def random_key_order(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Visits the keys in a different order on every call (split-K partial results
     combined as they arrive, like atomics; the order comes from NumPy's global random
     state): the same call twice gives different last bits."""
     a = arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
     order = np.random.permutation(a.k.shape[-2])
-    return attend(a.with_(
-        k=a.k[..., order, :], v=a.v[..., order, :], allowed=a.allowed[..., order],
-        bias=None if a.bias is None else a.bias[..., order],
-    ))
+    return attend(
+        a.with_(
+            k=a.k[..., order, :],
+            v=a.v[..., order, :],
+            allowed=a.allowed[..., order],
+            bias=None if a.bias is None else a.bias[..., order],
+        )
+    )
 
 
 def _as_if_contiguous(x: Array) -> Array:
@@ -62,15 +91,23 @@ def _as_if_contiguous(x: Array) -> Array:
     while isinstance(root.base, np.ndarray):
         root = root.base
     start = x.__array_interface__["data"][0] - root.__array_interface__["data"][0]
-    flat = np.ascontiguousarray(root).reshape(-1).view(x.dtype)[start // x.itemsize:]
+    flat = np.ascontiguousarray(root).reshape(-1).view(x.dtype)[start // x.itemsize :]
     if flat.size == 0:
         flat = np.ascontiguousarray(root).reshape(-1).view(x.dtype)
     return np.resize(flat, x.size).reshape(x.shape)
 
 
 @declare(**ALL)
-def strides_ignored(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                    is_causal: bool = False, scale: float | None = None) -> Array:
+def strides_ignored(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Reads q, k and v through their data pointers as if they were contiguous, so
     transposed, sliced or broadcast (stride-0) views are read wrongly (pytorch #191937,
     PR #187506, flash-attn #355)."""
@@ -79,9 +116,16 @@ def strides_ignored(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Ma
 
 
 @declare(**ALL)
-def empty_batch_crashes(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                        bias: Mask = None, is_causal: bool = False,
-                        scale: float | None = None) -> Array:
+def empty_batch_crashes(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Loops over the flattened batch and ``np.stack``s the per-element results, which
     raises for a batch of size 0 ("need at least one array to stack")."""
     batch = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
@@ -94,17 +138,34 @@ def empty_batch_crashes(q: Array, k: Array, v: Array, *, mask: Mask = None,
     qs, ks, vs = (per_element(x, x.shape[-3:]) for x in (q, k, v))
     masks, biases = per_element(mask, full[-3:]), per_element(bias, full[-3:])
     outs = [
-        attend(arrange(qs[b], ks[b], vs[b], mask=None if masks is None else masks[b],
-                       bias=None if biases is None else biases[b], is_causal=is_causal,
-                       scale=scale))
+        attend(
+            arrange(
+                qs[b],
+                ks[b],
+                vs[b],
+                mask=None if masks is None else masks[b],
+                bias=None if biases is None else biases[b],
+                is_causal=is_causal,
+                scale=scale,
+            )
+        )
         for b in range(qs.shape[0])
     ]
     stacked = np.stack(outs)
     return stacked.reshape(*batch, *stacked.shape[1:])
 
 
-def _torch_attention(q: Any, k: Any, v: Any, mask: Any, bias: Any, is_causal: bool,
-                     scale: float | None, *, scores_in_input_dtype: bool = False) -> Any:
+def _torch_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    mask: Any,
+    bias: Any,
+    is_causal: bool,
+    scale: float | None,
+    *,
+    scores_in_input_dtype: bool = False,
+) -> Any:
     """Correct attention in PyTorch, computed in float32 (float64 for float64 inputs) and
     returned in that dtype; ``scores_in_input_dtype`` forms Q K^T before upcasting."""
     import torch
@@ -139,8 +200,16 @@ def _torch_attention(q: Any, k: Any, v: Any, mask: Any, bias: Any, is_causal: bo
 
 
 @declare(**ALL)
-def torch_scores_in_input_dtype(q: Any, k: Any, v: Any, *, mask: Any = None, bias: Any = None,
-                                is_causal: bool = False, scale: float | None = None) -> Any:
+def torch_scores_in_input_dtype(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: Any = None,
+    bias: Any = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Any:
     """A PyTorch kernel that forms Q K^T in the input dtype before upcasting: float16
     scores overflow to inf past 65504 and the row turns NaN, although the float32
     accumulation SDPA-7.2/7.4 ask for keeps them finite (pytorch #119131)."""
@@ -149,9 +218,16 @@ def torch_scores_in_input_dtype(q: Any, k: Any, v: Any, *, mask: Any = None, bia
 
 
 @declare(**ALL)
-def torch_bfloat16_left_in_float32(q: Any, k: Any, v: Any, *, mask: Any = None,
-                                   bias: Any = None, is_causal: bool = False,
-                                   scale: float | None = None) -> Any:
+def torch_bfloat16_left_in_float32(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    mask: Any = None,
+    bias: Any = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Any:
     """A PyTorch kernel that upcasts half precision to float32 and casts the result back
     for float16 only (``if q.dtype == torch.float16: out = out.half()``): bfloat16
     inputs get a float32 output."""

@@ -30,74 +30,181 @@ ALL = {"bias": True, "gqa": True}
 
 # --- scale (SDPA-2) --------------------------------------------------------------------
 
+
 @declare(**ALL)
-def scale_one_over_e(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                     is_causal: bool = False, scale: float | None = None) -> Array:
+def scale_one_over_e(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Default scale 1/E instead of 1/sqrt(E) (a misread of "scaled by the dimension")."""
-    return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-                          scale=1.0 / q.shape[-1] if scale is None else scale))
+    return attend(
+        arrange(
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            is_causal=is_causal,
+            scale=1.0 / q.shape[-1] if scale is None else scale,
+        )
+    )
 
 
 @declare(**ALL)
-def scale_one_over_sqrt_ev(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                           bias: Mask = None, is_causal: bool = False,
-                           scale: float | None = None) -> Array:
+def scale_one_over_sqrt_ev(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Default scale 1/sqrt(Ev), the value head dim: only shows when Ev != E."""
-    return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-                          scale=default_scale(v.shape[-1]) if scale is None else scale))
+    return attend(
+        arrange(
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            is_causal=is_causal,
+            scale=default_scale(v.shape[-1]) if scale is None else scale,
+        )
+    )
 
 
 @declare(**ALL)
-def scale_squared(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                  is_causal: bool = False, scale: float | None = None) -> Array:
+def scale_squared(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Scales q and k each by the scale, not by its square root, so scores get scale**2
     (the split PyTorch's math backend does right with sqrt(scale), PR #163508)."""
     a = arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
-    return attend(a.with_(q=a.q * a.q.dtype.type(a.scale), k=a.k * a.k.dtype.type(a.scale),
-                          scale=1.0))
+    return attend(
+        a.with_(q=a.q * a.q.dtype.type(a.scale), k=a.k * a.k.dtype.type(a.scale), scale=1.0)
+    )
 
 
 @declare(**ALL)
-def explicit_scale_ignored(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                           bias: Mask = None, is_causal: bool = False,
-                           scale: float | None = None) -> Array:
+def explicit_scale_ignored(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Accepts ``scale=`` but always uses 1/sqrt(E)."""
     return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=None))
 
 
 @declare(**ALL)
-def scale_zero_means_default(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                             bias: Mask = None, is_causal: bool = False,
-                             scale: float | None = None) -> Array:
+def scale_zero_means_default(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """``scale or 1/sqrt(E)``: an explicit scale of 0 silently becomes the default
     (the ``if not scale`` slip SDPA-2.2's rationale warns about)."""
-    return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-                          scale=scale or default_scale(q.shape[-1])))
+    return attend(
+        arrange(
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            is_causal=is_causal,
+            scale=scale or default_scale(q.shape[-1]),
+        )
+    )
 
 
 @declare(**ALL)
-def missing_scale(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                  is_causal: bool = False, scale: float | None = None) -> Array:
+def missing_scale(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """No default scaling at all: unscaled dot products, score variance E instead of 1."""
-    return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-                          scale=1.0 if scale is None else scale))
+    return attend(
+        arrange(
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            is_causal=is_causal,
+            scale=1.0 if scale is None else scale,
+        )
+    )
 
 
 # --- mask (SDPA-3) ---------------------------------------------------------------------
 
+
 @declare(**ALL)
-def inverted_mask_polarity(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                           bias: Mask = None, is_causal: bool = False,
-                           scale: float | None = None) -> Array:
+def inverted_mask_polarity(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """True = masked out, the ``torch.nn.MultiheadAttention`` convention, used for SDPA."""
-    return attend(arrange(q, k, v, mask=None if mask is None else ~mask, bias=bias,
-                          is_causal=is_causal, scale=scale))
+    return attend(
+        arrange(
+            q,
+            k,
+            v,
+            mask=None if mask is None else ~mask,
+            bias=bias,
+            is_causal=is_causal,
+            scale=scale,
+        )
+    )
 
 
 @declare(**ALL)
-def mask_ignores_head_broadcast(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                                bias: Mask = None, is_causal: bool = False,
-                                scale: float | None = None) -> Array:
+def mask_ignores_head_broadcast(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Assumes a padding-style mask (B, 1, Lq, Lk): takes head 0 of the mask for every
     head, so a per-head mask is wrong for all heads but the first."""
     if mask is not None and mask.ndim >= 3:
@@ -106,19 +213,34 @@ def mask_ignores_head_broadcast(q: Array, k: Array, v: Array, *, mask: Mask = No
 
 
 @declare(**ALL)
-def causal_ignored_with_mask(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                             bias: Mask = None, is_causal: bool = False,
-                             scale: float | None = None) -> Array:
+def causal_ignored_with_mask(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """With both a mask and ``is_causal=True``, uses the mask alone ("the mask already
     says what to attend"), instead of their AND."""
-    return attend(arrange(q, k, v, mask=mask, bias=bias,
-                          is_causal=is_causal and mask is None, scale=scale))
+    return attend(
+        arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal and mask is None, scale=scale)
+    )
 
 
 @declare(**ALL)
-def additive_mask_minus_1e4(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                            bias: Mask = None, is_causal: bool = False,
-                            scale: float | None = None) -> Array:
+def additive_mask_minus_1e4(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Turns the mask into an additive -1e4 and sums it with the bias (the old Hugging
     Face "extended attention mask"): a large bias at a masked position beats the mask."""
     a = arrange(q, k, v, mask=None, bias=bias, is_causal=is_causal, scale=scale)
@@ -130,9 +252,16 @@ def additive_mask_minus_1e4(q: Array, k: Array, v: Array, *, mask: Mask = None,
 
 
 @declare(**ALL)
-def max_includes_masked_keys(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                             bias: Mask = None, is_causal: bool = False,
-                             scale: float | None = None) -> Array:
+def max_includes_masked_keys(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Takes the row max over every key, masked ones included (a max over the whole
     tile before masking): exact in real arithmetic, but masked keys then change the
     rounding, and a large masked score underflows the allowed weights."""
@@ -150,10 +279,18 @@ def max_includes_masked_keys(q: Array, k: Array, v: Array, *, mask: Mask = None,
 
 # --- bias (SDPA-3.2, SDPA-7.6) ---------------------------------------------------------
 
+
 @declare(**ALL)
-def bias_before_scaling(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                        bias: Mask = None, is_causal: bool = False,
-                        scale: float | None = None) -> Array:
+def bias_before_scaling(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Adds the bias to q.k and then scales: (q.k + b) * scale instead of scale*q.k + b."""
     a = arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
     if a.bias is not None:
@@ -162,9 +299,16 @@ def bias_before_scaling(q: Array, k: Array, v: Array, *, mask: Mask = None,
 
 
 @declare(**ALL)
-def logits_soft_capped(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                       bias: Mask = None, is_causal: bool = False,
-                       scale: float | None = None) -> Array:
+def logits_soft_capped(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Applies Gemma-2-style logit soft-capping 30 * tanh(s / 30) that nobody asked for:
     harmless for small scores, but a per-row shift of the bias is no longer a no-op."""
     a = arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
@@ -176,8 +320,10 @@ def logits_soft_capped(q: Array, k: Array, v: Array, *, mask: Mask = None,
 
 # --- causal (SDPA-4) -------------------------------------------------------------------
 
-def _with_causal(q: Array, k: Array, v: Array, mask: Mask, bias: Mask, scale: float | None,
-                 table: Array | None) -> Array:
+
+def _with_causal(
+    q: Array, k: Array, v: Array, mask: Mask, bias: Mask, scale: float | None, table: Array | None
+) -> Array:
     """attend() with ``table`` (Lq, Lk) as the causal rule instead of the spec's."""
     a = arrange(q, k, v, mask=mask, bias=bias, scale=scale)
     if table is not None:
@@ -186,8 +332,16 @@ def _with_causal(q: Array, k: Array, v: Array, mask: Mask, bias: Mask, scale: fl
 
 
 @declare(**ALL)
-def causal_strict(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                  is_causal: bool = False, scale: float | None = None) -> Array:
+def causal_strict(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Causal off by one: j < i, so a query does not see its own key (row 0 sees nothing)."""
     n_q, n_k = q.shape[-2], k.shape[-2]
     table = np.arange(n_k)[None, :] < np.arange(n_q)[:, None] if is_causal else None
@@ -195,8 +349,16 @@ def causal_strict(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask
 
 
 @declare(**ALL)
-def causal_one_ahead(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                     is_causal: bool = False, scale: float | None = None) -> Array:
+def causal_one_ahead(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Causal off by one the other way: j <= i + 1, each query sees one future key."""
     n_q, n_k = q.shape[-2], k.shape[-2]
     table = np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + 1 if is_causal else None
@@ -204,9 +366,16 @@ def causal_one_ahead(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: M
 
 
 @declare(causal_alignment="bottom_right", **ALL)
-def top_left_declared_bottom_right(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                                   bias: Mask = None, is_causal: bool = False,
-                                   scale: float | None = None) -> Array:
+def top_left_declared_bottom_right(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Declares bottom-right alignment but computes top-left (pytorch #115111,
     flash-attn #20: the triangle anchored at the wrong corner when Lq != Lk)."""
     table = causal_table(q.shape[-2], k.shape[-2], "top_left") if is_causal else None
@@ -214,9 +383,16 @@ def top_left_declared_bottom_right(q: Array, k: Array, v: Array, *, mask: Mask =
 
 
 @declare(**ALL)
-def bottom_right_declared_top_left(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                                   bias: Mask = None, is_causal: bool = False,
-                                   scale: float | None = None) -> Array:
+def bottom_right_declared_top_left(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Declares top-left alignment (PyTorch's ``is_causal``) but computes bottom-right
     (flash-attn >= 2.1 semantics behind a PyTorch-style API, mlx #2835)."""
     table = causal_table(q.shape[-2], k.shape[-2], "bottom_right") if is_causal else None
@@ -224,9 +400,16 @@ def bottom_right_declared_top_left(q: Array, k: Array, v: Array, *, mask: Mask =
 
 
 @declare(causal_alignment="bottom_right", **ALL)
-def decode_step_top_left(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                         bias: Mask = None, is_causal: bool = False,
-                         scale: float | None = None) -> Array:
+def decode_step_top_left(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Bottom-right causal, except that the single-query decode path (Lq == 1) uses the
     top-left rule, so the decoded token sees only key 0 (executorch #22426)."""
     n_q, n_k = q.shape[-2], k.shape[-2]
@@ -237,23 +420,40 @@ def decode_step_top_left(q: Array, k: Array, v: Array, *, mask: Mask = None,
 
 # --- grouped-query heads (SDPA-6) ------------------------------------------------------
 
+
 def _tiled_heads(n_q_heads: int, n_kv_heads: int) -> Array:
     return np.arange(n_q_heads) % n_kv_heads
 
 
 @declare(**ALL)
-def gqa_modulo_mapping(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                       is_causal: bool = False, scale: float | None = None) -> Array:
+def gqa_modulo_mapping(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Query head h reads key/value head h % Hkv (``tile`` instead of ``repeat``,
     jax-js PR #180) instead of h // G."""
-    return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
-                          heads=_tiled_heads))
+    return attend(
+        arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale, heads=_tiled_heads)
+    )
 
 
 @declare(**ALL)
-def gqa_accepts_indivisible_heads(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                                  bias: Mask = None, is_causal: bool = False,
-                                  scale: float | None = None) -> Array:
+def gqa_accepts_indivisible_heads(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """No head-count check: query head h reads key/value head floor(h * Hkv / Hq), which
     is h // G when Hq = G * Hkv but silently pairs heads when it is not (fla #1029)."""
     n_q_heads, n_kv_heads = q.shape[-3], k.shape[-3]
@@ -262,4 +462,3 @@ def gqa_accepts_indivisible_heads(q: Array, k: Array, v: Array, *, mask: Mask = 
         kv_head = np.arange(n_q_heads) * n_kv_heads // n_q_heads
         k, v = np.take(k, kv_head, axis=-3), np.take(v, kv_head, axis=-3)
     return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale))
-

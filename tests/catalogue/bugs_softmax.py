@@ -28,8 +28,9 @@ Mask = np.ndarray | None
 ALL = {"bias": True, "gqa": True}
 
 
-def _arranged(q: Array, k: Array, v: Array, mask: Mask, bias: Mask, is_causal: bool,
-              scale: float | None) -> Arranged:
+def _arranged(
+    q: Array, k: Array, v: Array, mask: Mask, bias: Mask, is_causal: bool, scale: float | None
+) -> Arranged:
     return arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
 
 
@@ -39,10 +40,18 @@ def _with_weights(a: Arranged, p: Array, allowed: Array) -> Array:
 
 # --- the softmax (SDPA-7.1, SDPA-7.4) --------------------------------------------------
 
+
 @declare(**ALL)
-def softmax_over_query_axis(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                            bias: Mask = None, is_causal: bool = False,
-                            scale: float | None = None) -> Array:
+def softmax_over_query_axis(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Normalises over the query axis (``softmax(dim=-2)``) instead of the key axis."""
     a = _arranged(q, k, v, mask, bias, is_causal, scale)
     s, allowed = scores(a)
@@ -51,8 +60,16 @@ def softmax_over_query_axis(q: Array, k: Array, v: Array, *, mask: Mask = None,
 
 
 @declare(**ALL)
-def mask_after_softmax(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                       is_causal: bool = False, scale: float | None = None) -> Array:
+def mask_after_softmax(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Softmax over every key, then the excluded weights set to 0 without renormalising:
     rows with an excluded key sum to less than 1, and excluded keys still shape the rest."""
     a = _arranged(q, k, v, mask, bias, is_causal, scale)
@@ -63,8 +80,16 @@ def mask_after_softmax(q: Array, k: Array, v: Array, *, mask: Mask = None, bias:
 
 
 @declare(**ALL)
-def no_max_subtraction(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                       is_causal: bool = False, scale: float | None = None) -> Array:
+def no_max_subtraction(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """exp(s) / sum exp(s) without subtracting the row max: overflows to inf/inf = NaN
     once a score passes ~88 in float32 or ~709 in float64 (pytorch #119131)."""
     a = _arranged(q, k, v, mask, bias, is_causal, scale)
@@ -77,8 +102,16 @@ def no_max_subtraction(q: Array, k: Array, v: Array, *, mask: Mask = None, bias:
 
 
 @declare(**ALL)
-def eps_in_denominator(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                       is_causal: bool = False, scale: float | None = None) -> Array:
+def eps_in_denominator(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Divides by sum + 1e-6 "for safety": a relative error of up to 1e-6 in every row,
     invisible in float16, far outside TOL-2 in float64."""
     a = _arranged(q, k, v, mask, bias, is_causal, scale)
@@ -90,8 +123,16 @@ def eps_in_denominator(q: Array, k: Array, v: Array, *, mask: Mask = None, bias:
 
 
 @declare(**ALL)
-def top_k_weights(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                  is_causal: bool = False, scale: float | None = None) -> Array:
+def top_k_weights(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Keeps only the 8 largest scores of each row (a "sparse softmax" speed-up) and
     renormalises: exact whenever a row has at most 8 allowed keys."""
     a = _arranged(q, k, v, mask, bias, is_causal, scale)
@@ -104,9 +145,16 @@ def top_k_weights(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask
 
 
 @declare(**ALL)
-def online_softmax_drops_tail(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                              bias: Mask = None, is_causal: bool = False,
-                              scale: float | None = None) -> Array:
+def online_softmax_drops_tail(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Online softmax over key blocks of 3 whose loop stops at the last full block:
     the ragged tail (Lk % 3 keys) is never read."""
     a = _arranged(q, k, v, mask, bias, is_causal, scale)
@@ -115,9 +163,16 @@ def online_softmax_drops_tail(q: Array, k: Array, v: Array, *, mask: Mask = None
 
 
 @declare(**ALL)
-def online_softmax_no_rescale(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                              bias: Mask = None, is_causal: bool = False,
-                              scale: float | None = None) -> Array:
+def online_softmax_no_rescale(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Online softmax that updates the running max but never rescales the accumulator
     and the running sum by exp(m_old - m_new): blocks before a new max are overweighted."""
     a = _arranged(q, k, v, mask, bias, is_causal, scale)
@@ -126,9 +181,16 @@ def online_softmax_no_rescale(q: Array, k: Array, v: Array, *, mask: Mask = None
 
 
 @declare(**ALL)
-def missing_final_normalisation(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                                bias: Mask = None, is_causal: bool = False,
-                                scale: float | None = None) -> Array:
+def missing_final_normalisation(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Deferred normalisation (FlashAttention keeps acc and l) with the final acc / l
     forgotten: the output is sum_j exp(s_ij - m_i) v_j, outside the values' range."""
     a = _arranged(q, k, v, mask, bias, is_causal, scale)
@@ -139,22 +201,39 @@ def missing_final_normalisation(q: Array, k: Array, v: Array, *, mask: Mask = No
 
 
 @declare(**ALL)
-def float64_computed_in_float32(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                                bias: Mask = None, is_causal: bool = False,
-                                scale: float | None = None) -> Array:
+def float64_computed_in_float32(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Casts everything to float32 "for speed" and the result back: float64 inputs get
     float32 accuracy, far outside float64's TOL-2."""
     a = _arranged(q, k, v, mask, bias, is_causal, scale)
-    low = a.with_(q=a.q.astype(np.float32), k=a.k.astype(np.float32),
-                  v=a.v.astype(np.float32),
-                  bias=None if a.bias is None else a.bias.astype(np.float32))
+    low = a.with_(
+        q=a.q.astype(np.float32),
+        k=a.k.astype(np.float32),
+        v=a.v.astype(np.float32),
+        bias=None if a.bias is None else a.bias.astype(np.float32),
+    )
     return attend(low)
 
 
 @declare(**ALL)
-def values_cached_in_float16(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                             bias: Mask = None, is_causal: bool = False,
-                             scale: float | None = None) -> Array:
+def values_cached_in_float16(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Stores V in a float16 KV cache whatever the input dtype: V is rounded (and
     overflows past 65504), so the output is no longer linear in V at float32/64 accuracy."""
     v16 = np.asarray(v).astype(np.float16).astype(v.dtype)
@@ -162,9 +241,16 @@ def values_cached_in_float16(q: Array, k: Array, v: Array, *, mask: Mask = None,
 
 
 @declare(**ALL)
-def values_cached_in_int8(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                          bias: Mask = None, is_causal: bool = False,
-                          scale: float | None = None) -> Array:
+def values_cached_in_int8(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Stores V in an int8 KV cache with a fixed scale of 1/32 (calibrated on small
     activations): values are rounded to 1/32 and clipped to [-4, 127/32], so the output
     stops being linear in V as soon as a value leaves that range."""
@@ -173,14 +259,22 @@ def values_cached_in_int8(q: Array, k: Array, v: Array, *, mask: Mask = None,
 
 
 @declare(**ALL)
-def batch_and_heads_transposed(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                               bias: Mask = None, is_causal: bool = False,
-                               scale: float | None = None) -> Array:
+def batch_and_heads_transposed(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Flattens (batch, heads) of Q batch-major but of K/V head-major ('b h' vs 'h b' in
     a rearrange), so query head h of batch b attends another batch element's keys."""
     a = _arranged(q, k, v, mask, bias, is_causal, scale)
     lead = a.q.shape[:-2]
     if len(lead) >= 2:
+
         def mixed(x: Array) -> Array:
             return np.swapaxes(x, -3, -4).reshape(x.shape)
 
@@ -189,9 +283,16 @@ def batch_and_heads_transposed(q: Array, k: Array, v: Array, *, mask: Mask = Non
 
 
 @declare(**ALL)
-def query_tail_block_skipped(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                             bias: Mask = None, is_causal: bool = False,
-                             scale: float | None = None) -> Array:
+def query_tail_block_skipped(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Processes queries in blocks of 4 and launches Lq // 4 blocks (floor, not ceil):
     the ragged last block of queries is never written and stays 0."""
     full = attend(_arranged(q, k, v, mask, bias, is_causal, scale))
@@ -203,8 +304,17 @@ def query_tail_block_skipped(q: Array, k: Array, v: Array, *, mask: Mask = None,
 
 # --- empty rows and no keys (SDPA-5) ---------------------------------------------------
 
-def _filled(q: Array, k: Array, v: Array, mask: Mask, bias: Mask, is_causal: bool,
-            scale: float | None, fill: float | None) -> Array:
+
+def _filled(
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Mask,
+    bias: Mask,
+    is_causal: bool,
+    scale: float | None,
+    fill: float | None,
+) -> Array:
     """Excluded scores replaced by ``fill`` (a finite number, or -inf when None), then a
     plain softmax over every key and a plain P @ V, as JAX/Keras/Flax and pre-2.5
     PyTorch do."""
@@ -219,18 +329,32 @@ def _filled(q: Array, k: Array, v: Array, mask: Mask, bias: Mask, is_causal: boo
 
 
 @declare(**ALL)
-def finite_fill_minus_1e9(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                          bias: Mask = None, is_causal: bool = False,
-                          scale: float | None = None) -> Array:
+def finite_fill_minus_1e9(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Masks with a finite -1e9: a fully-masked row gets a uniform softmax and outputs
     mean(V) instead of 0 (onnxruntime #28904)."""
     return _filled(q, k, v, mask, bias, is_causal, scale, -1e9)
 
 
 @declare(**ALL)
-def finite_fill_jax_style(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                          bias: Mask = None, is_causal: bool = False,
-                          scale: float | None = None) -> Array:
+def finite_fill_jax_style(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Masks with -0.7 * finfo(dtype).max, as ``jax.nn.dot_product_attention`` does:
     a fully-masked row outputs mean(V) instead of 0."""
     fill = -0.7 * float(np.finfo(np.result_type(q.dtype, np.float32)).max)
@@ -238,16 +362,32 @@ def finite_fill_jax_style(q: Array, k: Array, v: Array, *, mask: Mask = None,
 
 
 @declare(**ALL)
-def nan_on_empty_rows(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                      is_causal: bool = False, scale: float | None = None) -> Array:
+def nan_on_empty_rows(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Masks with -inf and takes a plain softmax: a fully-masked row is
     exp(-inf - -inf) = NaN (pytorch #41508, #103749 before ``_safe_softmax``)."""
     return _filled(q, k, v, mask, bias, is_causal, scale, None)
 
 
 @declare(**ALL)
-def no_keys_gives_nan(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: Mask = None,
-                      is_causal: bool = False, scale: float | None = None) -> Array:
+def no_keys_gives_nan(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Deferred normalisation acc / l whose empty-row guard reads the mask argument:
     rows the mask empties give 0, but with Lk = 0 (and no mask) l = 0 and 0 / 0 = NaN."""
     a = _arranged(q, k, v, mask, bias, is_causal, scale)
@@ -263,10 +403,18 @@ def no_keys_gives_nan(q: Array, k: Array, v: Array, *, mask: Mask = None, bias: 
 
 # --- non-finite values (SDPA-8) --------------------------------------------------------
 
+
 @declare(**ALL)
-def nan_leaks_through_matmul(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                             bias: Mask = None, is_causal: bool = False,
-                             scale: float | None = None) -> Array:
+def nan_leaks_through_matmul(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Correct weights, then a plain P @ V: a masked key's NaN/inf value times its zero
     weight is NaN (pytorch #101967)."""
     a = _arranged(q, k, v, mask, bias, is_causal, scale)
@@ -276,9 +424,16 @@ def nan_leaks_through_matmul(q: Array, k: Array, v: Array, *, mask: Mask = None,
 
 
 @declare(**ALL)
-def nan_inputs_sanitised(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                         bias: Mask = None, is_causal: bool = False,
-                         scale: float | None = None) -> Array:
+def nan_inputs_sanitised(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """``nan_to_num`` on q, k and v "to be robust": an upstream NaN becomes a plausible
     finite output instead of propagating."""
     q, k, v = (np.nan_to_num(x) for x in (q, k, v))

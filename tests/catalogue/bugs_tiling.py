@@ -24,13 +24,23 @@ TILING = Tiling(query_block=128, key_block=64)
 SPLIT_KV = Tiling(query_block=64, key_block=64, split=256)
 
 
-def _ops(q: Array, k: Array, v: Array, mask: Mask, bias: Mask, is_causal: bool,
-         scale: float | None, alignment: str = "top_left") -> Operands:
-    return operands(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
-                    alignment=alignment)
+def _ops(
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Mask,
+    bias: Mask,
+    is_causal: bool,
+    scale: float | None,
+    alignment: str = "top_left",
+) -> Operands:
+    return operands(
+        q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale, alignment=alignment
+    )
 
 
 # --- key blocks and their tails ------------------------------------------------------
+
 
 def _end_aligned_last_block(n: int, size: int) -> list[slice]:
     blocks = ragged_blocks(n, size)
@@ -40,9 +50,16 @@ def _end_aligned_last_block(n: int, size: int) -> list[slice]:
 
 
 @declare(**ALL)
-def tiled_duplicates_key_tail(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                              bias: Mask = None, is_causal: bool = False,
-                              scale: float | None = None) -> Array:
+def tiled_duplicates_key_tail(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Loads the ragged last key block as the 64 keys ending at Lk (a full-width load,
     no bounds check) but forgets to mask the keys it shares with the previous block:
     when Lk > 64 and Lk % 64 != 0, those 64 - Lk % 64 keys are counted twice."""
@@ -56,9 +73,16 @@ def _at_least_one_whole_block(n: int, size: int) -> list[slice]:
 
 
 @declare(**ALL)
-def tiled_drops_key_tail(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                         bias: Mask = None, is_causal: bool = False,
-                         scale: float | None = None) -> Array:
+def tiled_drops_key_tail(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Counts key blocks as max(1, Lk // 64) — floor, with a guard added after short
     sequences crashed — so for Lk > 64 the last Lk % 64 keys are never visited."""
     ops = _ops(q, k, v, mask, bias, is_causal, scale)
@@ -67,10 +91,18 @@ def tiled_drops_key_tail(q: Array, k: Array, v: Array, *, mask: Mask = None,
 
 # --- rescaling the running state ----------------------------------------------------
 
+
 @declare(**ALL)
-def tiled_accumulator_not_rescaled(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                                   bias: Mask = None, is_causal: bool = False,
-                                   scale: float | None = None) -> Array:
+def tiled_accumulator_not_rescaled(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Rescales the running sum by exp(m_old - m_new) when a later key block raises the
     running max, but not the output accumulator: earlier blocks keep their old weight
     in the numerator.  One 64-key block never rescales, so Lk <= 64 is exact."""
@@ -79,9 +111,16 @@ def tiled_accumulator_not_rescaled(q: Array, k: Array, v: Array, *, mask: Mask =
 
 
 @declare(**ALL)
-def exp2_rescale_without_log2e(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                               bias: Mask = None, is_causal: bool = False,
-                               scale: float | None = None) -> Array:
+def exp2_rescale_without_log2e(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Computes in base 2 (scores folded by log2(e), exp2 instead of exp), but the
     rescale factor between key blocks is exp2(m_old - m_new) on the max kept in natural
     units: log2(e) is forgotten in that one path, so earlier blocks are overweighted by
@@ -92,10 +131,18 @@ def exp2_rescale_without_log2e(q: Array, k: Array, v: Array, *, mask: Mask = Non
 
 # --- split-KV (flash-decoding) merges ---------------------------------------------
 
+
 @declare(**BOTTOM_RIGHT)
-def split_kv_merge_ignores_chunk_max(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                                     bias: Mask = None, is_causal: bool = False,
-                                     scale: float | None = None) -> Array:
+def split_kv_merge_ignores_chunk_max(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Merges the split-KV chunks by their sums l_c alone, as if every chunk's sum were
     relative to the same max: each chunk's exp(m_c - M) is dropped, so a chunk of low
     scores weighs as much as one of high scores.  Exact with one chunk (Lk <= 256)."""
@@ -104,9 +151,16 @@ def split_kv_merge_ignores_chunk_max(q: Array, k: Array, v: Array, *, mask: Mask
 
 
 @declare(**BOTTOM_RIGHT)
-def split_kv_merge_forgets_chunk_sum(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                                     bias: Mask = None, is_causal: bool = False,
-                                     scale: float | None = None) -> Array:
+def split_kv_merge_forgets_chunk_sum(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Weights each chunk's normalised output by exp(m_c - M) but forgets its sum l_c
     (exp(lse_c - LSE) taken as exp(m_c - M)): a chunk of many similar keys weighs as
     much as a chunk of one.  Exact with one chunk (Lk <= 256)."""
@@ -121,9 +175,16 @@ def _floor_length_chunks(n: int, size: int) -> list[slice]:
 
 
 @declare(**BOTTOM_RIGHT)
-def split_kv_floor_chunk_length(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                                bias: Mask = None, is_causal: bool = False,
-                                scale: float | None = None) -> Array:
+def split_kv_floor_chunk_length(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Splits Lk keys into n = ceil(Lk / 256) chunks of Lk // n keys (floor): the last
     Lk % n keys belong to no chunk (Lk = 1023: 4 chunks of 255, keys 1020-1022 lost;
     Lk = 1024 or 1025 happen to divide).  One chunk for Lk <= 256 is exact."""
@@ -133,6 +194,7 @@ def split_kv_floor_chunk_length(q: Array, k: Array, v: Array, *, mask: Mask = No
 
 # --- causal block skipping ----------------------------------------------------------
 
+
 def _top_left_key_limit(rows: slice, ops: Operands, key_block: int) -> int:
     if ops.causal_offset is None:
         return ops.n_keys
@@ -140,9 +202,16 @@ def _top_left_key_limit(rows: slice, ops: Operands, key_block: int) -> int:
 
 
 @declare(**BOTTOM_RIGHT)
-def causal_skip_uses_top_left_limit(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                                    bias: Mask = None, is_causal: bool = False,
-                                    scale: float | None = None) -> Array:
+def causal_skip_uses_top_left_limit(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """A bottom-right causal kernel (SDPA-4.2) whose block skipping still computes the
     last key block a query block needs with the top-left formula ceil(row_end / 64):
     masking inside the visited blocks is right, but with Lk > Lq whole key blocks
@@ -161,16 +230,24 @@ def _masks_last_visited_block_only(ops: Operands, tiling: Tiling) -> CausalRule:
         block_stop = np.minimum((rows // qb + 1) * qb, n_queries)
         limit = np.clip(-(-(block_stop + offset) // kb) * kb, 0, n_keys)
         last_block_start = (np.maximum(limit, 1) - 1) // kb * kb
-        return ((keys[None, :] <= rows[:, None] + offset)
-                | (keys[None, :] < last_block_start[:, None]))
+        return (keys[None, :] <= rows[:, None] + offset) | (
+            keys[None, :] < last_block_start[:, None]
+        )
 
     return rule
 
 
 @declare(**ALL)
-def causal_masks_last_key_block_only(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                                     bias: Mask = None, is_causal: bool = False,
-                                     scale: float | None = None) -> Array:
+def causal_masks_last_key_block_only(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Applies the causal mask only in the last key block a query block visits
     (n_masking_steps = 1, right only while query blocks are no taller than key blocks):
     with 128-row query blocks over 64-key blocks the block before the diagonal one is
@@ -197,9 +274,16 @@ def _tail_block_with_unshifted_rows(ops: Operands, query_block: int) -> CausalRu
 
 
 @declare(**ALL)
-def causal_tail_query_block_misaligned(q: Array, k: Array, v: Array, *, mask: Mask = None,
-                                       bias: Mask = None, is_causal: bool = False,
-                                       scale: float | None = None) -> Array:
+def causal_tail_query_block_misaligned(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Runs the ragged last query block as the 128 rows ending at Lq (a full-height
     load, rows it shares with the previous block recomputed) but builds their causal
     mask from the unshifted block start: for Lq > 128 with Lq % 128 != 0 those rows see

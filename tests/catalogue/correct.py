@@ -39,8 +39,14 @@ Array = np.ndarray
 
 @declare(bias=True, gqa=True)
 def lse_attention(
-    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
-    is_causal: bool = False, scale: float | None = None,
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
 ) -> Array:
     """(a) Weights exp(s - logsumexp(s)) over the allowed keys, then sum_j p_ij v_j."""
     return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale))
@@ -48,8 +54,14 @@ def lse_attention(
 
 @declare(bias=True, gqa=True, returns_weights=True)
 def lse_attention_with_weights(
-    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
-    is_causal: bool = False, scale: float | None = None,
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
 ) -> tuple[Array, Array]:
     """(d) :func:`lse_attention` that also returns its weights, in q's dtype."""
     a = arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
@@ -59,19 +71,32 @@ def lse_attention_with_weights(
 
 
 def _online(
-    q: Array, k: Array, v: Array, mask: Array | None, bias: Array | None, is_causal: bool,
-    scale: float | None, alignment: str,
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Array | None,
+    bias: Array | None,
+    is_causal: bool,
+    scale: float | None,
+    alignment: str,
 ) -> Array:
-    a = arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
-                alignment=alignment)
+    a = arrange(
+        q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale, alignment=alignment
+    )
     s, allowed = scores(a)
     return finish(online_softmax(s, allowed, a.v, block=3), a)
 
 
 @declare(bias=True, gqa=True)
 def online_softmax_attention(
-    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
-    is_causal: bool = False, scale: float | None = None,
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
 ) -> Array:
     """(b) Online softmax over key blocks of 3 (the last one ragged), FlashAttention-style."""
     return _online(q, k, v, mask, bias, is_causal, scale, "top_left")
@@ -79,8 +104,14 @@ def online_softmax_attention(
 
 @declare(bias=True, gqa=True, causal_alignment="bottom_right")
 def online_softmax_bottom_right(
-    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
-    is_causal: bool = False, scale: float | None = None,
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
 ) -> Array:
     """(d) :func:`online_softmax_attention` with bottom-right causal alignment (SDPA-4.2)."""
     return _online(q, k, v, mask, bias, is_causal, scale, "bottom_right")
@@ -88,8 +119,14 @@ def online_softmax_bottom_right(
 
 @declare(bias=True, gqa=True)
 def half_precision_honest_attention(
-    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
-    is_causal: bool = False, scale: float | None = None,
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
 ) -> Array:
     """(e) FlashAttention's precision: scores and softmax in float32, P rounded to the
     input dtype before P·V (SDPA-7.7) accumulates in float32 — what TOL-2's u_d term admits."""
@@ -101,8 +138,14 @@ def half_precision_honest_attention(
 
 @declare(bias=True, gqa=True)
 def row_loop_attention(
-    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
-    is_causal: bool = False, scale: float | None = None,
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
 ) -> Array:
     """(c) One query row at a time: gather the keys of S(i), softmax them, sum their values.
 
@@ -143,38 +186,78 @@ def row_loop_attention(
 
 @declare(bias=True, gqa=True)
 def tiled_attention(
-    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
-    is_causal: bool = False, scale: float | None = None,
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
 ) -> Array:
     """(f) FlashAttention-2's layout: blocks of 128 query rows visit keys in blocks of 64
     with an online softmax, skipping key blocks past the causal boundary."""
-    return tiled(operands(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale),
-                 Tiling(query_block=128, key_block=64))
+    return tiled(
+        operands(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale),
+        Tiling(query_block=128, key_block=64),
+    )
 
 
 @declare(bias=True, gqa=True, causal_alignment="bottom_right")
 def tiled_attention_bottom_right(
-    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
-    is_causal: bool = False, scale: float | None = None,
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
 ) -> Array:
     """(f) Blocks of 64 query rows and 128 keys, bottom-right causal (SDPA-4.2), as
     FlashAttention >= 2.1 aligns it."""
-    return tiled(operands(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
-                          alignment="bottom_right"),
-                 Tiling(query_block=64, key_block=128))
+    return tiled(
+        operands(
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            is_causal=is_causal,
+            scale=scale,
+            alignment="bottom_right",
+        ),
+        Tiling(query_block=64, key_block=128),
+    )
 
 
 @declare(bias=True, gqa=True, causal_alignment="bottom_right")
 def split_kv_attention(
-    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
-    is_causal: bool = False, scale: float | None = None,
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
 ) -> Array:
     """(g) Flash-decoding: the keys split into chunks of 256, each chunk an online softmax
     over blocks of 64 giving (max, sum, normalised output), the chunks merged by
     log-sum-exp; bottom-right causal, as a KV-cache decoder uses it."""
-    return tiled(operands(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
-                          alignment="bottom_right"),
-                 Tiling(query_block=64, key_block=64, split=256))
+    return tiled(
+        operands(
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            is_causal=is_causal,
+            scale=scale,
+            alignment="bottom_right",
+        ),
+        Tiling(query_block=64, key_block=64, split=256),
+    )
 
 
 @dataclass(frozen=True)

@@ -36,21 +36,35 @@ LOG2E = math.log2(math.e)
 
 @declare(bias=True, gqa=True, softcap=True, alibi=True, returns_lse=True)
 def features_lse(
-    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
-    is_causal: bool = False, scale: float | None = None, softcap: float | None = None,
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
     alibi_slopes: Array | None = None,
 ) -> tuple[Array, Array]:
     """(f1) Scores of features.md in natural log, weights from the log-sum-exp, top-left."""
     f = Features(softcap=softcap, alibi_slopes=alibi_slopes)
-    return attend_features(arranged(q, k, v, mask, bias, is_causal, scale, f), f,
-                           returns_lse=True)
+    return attend_features(arranged(q, k, v, mask, bias, is_causal, scale, f), f, returns_lse=True)
 
 
-@declare(bias=True, gqa=True, softcap=True, alibi=True, returns_lse=True,
-         causal_alignment="bottom_right")
+@declare(
+    bias=True, gqa=True, softcap=True, alibi=True, returns_lse=True, causal_alignment="bottom_right"
+)
 def features_flash(
-    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
-    is_causal: bool = False, scale: float | None = None, softcap: float = 0.0,
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    softcap: float = 0.0,
     alibi_slopes: Array | None = None,
 ) -> tuple[Array, Array]:
     """(f2) FlashAttention 2's arithmetic: tanh of q.k times alpha/c, ALiBi as slope / c
@@ -70,10 +84,15 @@ def features_flash(
         elif a.scale == 0:
             raw = raw * work(0)
         if f.alibi_slopes is not None:
-            slope = np.broadcast_to(np.asarray(f.alibi_slopes, np.float32),
-                                    a.q.shape[:-2]).astype(a.q.dtype) / unit
+            slope = (
+                np.broadcast_to(np.asarray(f.alibi_slopes, np.float32), a.q.shape[:-2]).astype(
+                    a.q.dtype
+                )
+                / unit
+            )
             raw = raw - slope[..., None, None] * distance(*raw.shape[-2:], f.alignment).astype(
-                a.q.dtype)
+                a.q.dtype
+            )
         s2 = raw * work(unit * LOG2E)  # scores in base 2
         if a.bias is not None:
             s2 = s2 + a.bias * work(LOG2E)
@@ -95,15 +114,21 @@ def features_flash(
             m = m_new
         empty = total == 0
         out = np.where(empty, work(0), acc / np.where(empty, work(1), total))
-        lse = np.where(empty, -np.inf,
-                       (m + np.log2(np.where(empty, 1, total))) * work(math.log(2)))
+        lse = np.where(empty, -np.inf, (m + np.log2(np.where(empty, 1, total))) * work(math.log(2)))
     return finish(out, a), lse[..., 0]
 
 
 @declare(bias=True, gqa=True, alibi=True, alibi_builtin_slopes=True, alibi_keyword="use_alibi")
 def alibi_builtin(
-    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
-    is_causal: bool = False, scale: float | None = None, use_alibi: bool = False,
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    use_alibi: bool = False,
 ) -> Array:
     """(f3) ALiBi, when asked for, with the standard slopes for its own heads (ALIBI-3),
     as BLOOM and MPT compute them; top-left."""
@@ -113,8 +138,15 @@ def alibi_builtin(
 
 @declare(bias=True, gqa=True, dropout=True)
 def dropout_attention(
-    q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
-    is_causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
     seed: int | None = None,
 ) -> Array:
     """(f4) Dropout as FlashAttention applies it: unnormalised exponentials dropped by

@@ -37,9 +37,16 @@ class Witness:
 
 
 def witness(
-    *, seed: int = 0, batch: tuple[int, ...] = (2,), heads: tuple[int, int] = (2, 2),
-    n_queries: int = 5, n_keys: int = 7, head_dim: int = 4, value_dim: int = 3,
-    magnitude: float = 1.0, **options: Any,
+    *,
+    seed: int = 0,
+    batch: tuple[int, ...] = (2,),
+    heads: tuple[int, int] = (2, 2),
+    n_queries: int = 5,
+    n_keys: int = 7,
+    head_dim: int = 4,
+    value_dim: int = 3,
+    magnitude: float = 1.0,
+    **options: Any,
 ) -> Witness:
     """Random normal q, k (times ``magnitude``) and v: Lq != Lk, E != Ev, a batch dim."""
     rng = np.random.default_rng(seed)
@@ -63,5 +70,3 @@ class BuggyKernel:
     witness: Witness = field(default_factory=witness)
     # Why the named property does not (yet) catch it in the quick profile; empty when it does.
     known_miss: str = ""
-
-

@@ -31,6 +31,7 @@ class Features:
 def press_slopes(n_heads: int) -> np.ndarray:
     """ALIBI-3 written from the clause: 2^(-8(h+1)/H) for H a power of two; else those of
     the largest power of two P below H, then every other slope of 2P."""
+
     def geometric(n: int) -> list[float]:
         return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
 
@@ -51,15 +52,22 @@ def alibi_bias(a: Arranged, slopes: np.ndarray, alignment: str) -> np.ndarray:
     """-m_h |i + d - j| per query head, ``(*batch, Hq, Lq, Lk)`` in the computation dtype."""
     n_queries, n_keys = a.q.shape[-2], a.k.shape[-2]
     per_head = np.broadcast_to(np.asarray(slopes, np.float64), a.q.shape[:-2])
-    return (-per_head[..., None, None] * distance(n_queries, n_keys, alignment)).astype(
-        a.q.dtype)
+    return (-per_head[..., None, None] * distance(n_queries, n_keys, alignment)).astype(a.q.dtype)
 
 
-def arranged(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
-             bias: np.ndarray | None, is_causal: bool, scale: float | None,
-             f: Features) -> Arranged:
-    return arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
-                   alignment=f.alignment)
+def arranged(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    mask: np.ndarray | None,
+    bias: np.ndarray | None,
+    is_causal: bool,
+    scale: float | None,
+    f: Features,
+) -> Arranged:
+    return arrange(
+        q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale, alignment=f.alignment
+    )
 
 
 def feature_scores(a: Arranged, f: Features) -> tuple[np.ndarray, np.ndarray]:

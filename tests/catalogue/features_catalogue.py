@@ -44,18 +44,30 @@ class FeatureBug:
         return self.evidence(KernelUnderTest(self.fn, Backend(self.backend)))
 
 
-def _problem(seed: int = 0, *, heads: tuple[int, int] = (4, 2), n_queries: int = 5,
-             n_keys: int = 7, magnitude: float = 1.0, dtype: str = "float64",
-             **fields: Any) -> Problem:
+def _problem(
+    seed: int = 0,
+    *,
+    heads: tuple[int, int] = (4, 2),
+    n_queries: int = 5,
+    n_keys: int = 7,
+    magnitude: float = 1.0,
+    dtype: str = "float64",
+    **fields: Any,
+) -> Problem:
     rng = np.random.default_rng(seed)
     n_q, n_kv = heads
-    return Problem(q=rng.standard_normal((2, n_q, n_queries, 6)) * magnitude,
-                   k=rng.standard_normal((2, n_kv, n_keys, 6)) * magnitude,
-                   v=rng.standard_normal((2, n_kv, n_keys, 3)), dtype=dtype, **fields)
+    return Problem(
+        q=rng.standard_normal((2, n_q, n_queries, 6)) * magnitude,
+        k=rng.standard_normal((2, n_kv, n_keys, 6)) * magnitude,
+        v=rng.standard_normal((2, n_kv, n_keys, 3)),
+        dtype=dtype,
+        **fields,
+    )
 
 
-def _outside(actual: np.ndarray, expected: np.ndarray, tolerance: np.ndarray,
-             what: str) -> str | None:
+def _outside(
+    actual: np.ndarray, expected: np.ndarray, tolerance: np.ndarray, what: str
+) -> str | None:
     if actual.shape != expected.shape:
         return f"{what} has shape {actual.shape}, the definition's is {expected.shape}"
     same = (actual == expected) | (np.isnan(actual) & np.isnan(expected))
@@ -64,21 +76,27 @@ def _outside(actual: np.ndarray, expected: np.ndarray, tolerance: np.ndarray,
     if not bad.any():
         return None
     at = tuple(int(i) for i in np.argwhere(bad)[0])
-    return (f"{what}{at} = {float(actual[at])!r}, the definition's is {float(expected[at])!r} "
-            f"(bound {float(tolerance[at]):.3g})")
+    return (
+        f"{what}{at} = {float(actual[at])!r}, the definition's is {float(expected[at])!r} "
+        f"(bound {float(tolerance[at]):.3g})"
+    )
 
 
 def out_differs(problem: Problem) -> Evidence:
     """Evidence: the output departs from the definition (with features) beyond TOL-2."""
+
     def evidence(kernel: KernelUnderTest) -> str | None:
         bound = reference_bound(problem, kernel.declaration)
-        return _outside(kernel.output(problem), np.asarray(bound.out),
-                        np.asarray(bound.out_tolerance), "out")
+        return _outside(
+            kernel.output(problem), np.asarray(bound.out), np.asarray(bound.out_tolerance), "out"
+        )
+
     return evidence
 
 
 def lse_differs(problem: Problem) -> Evidence:
     """Evidence: the log-sum-exp departs from LSE-1 beyond TOL-5, or is not float32."""
+
     def evidence(kernel: KernelUnderTest) -> str | None:
         _, lse, dtype = kernel.output_with_lse(problem)
         wanted = "float64" if problem.dtype == "float64" else "float32"
@@ -86,14 +104,21 @@ def lse_differs(problem: Problem) -> Evidence:
             return f"lse.dtype={dtype} for {problem.dtype} inputs"
         _, bound = lse_bound(problem, kernel.declaration)
         return _outside(lse, np.asarray(bound.lse), np.asarray(bound.lse_tolerance), "lse")
+
     return evidence
 
 
 def _observed(kernel: KernelUnderTest, p: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """q = 0, V = I, (2, 4, 64, 64): the output (kept, rescaled weights) and its support."""
     q = np.zeros((2, 4, 64, 4))
-    problem = Problem(q=q, k=q, v=np.broadcast_to(np.eye(64), (2, 4, 64, 64)).copy(),
-                      dtype="float64", dropout_p=p, seed=seed)
+    problem = Problem(
+        q=q,
+        k=q,
+        v=np.broadcast_to(np.eye(64), (2, 4, 64, 64)).copy(),
+        dtype="float64",
+        dropout_p=p,
+        seed=seed,
+    )
     out = kernel.output(problem)
     return out, out > 0
 
@@ -111,18 +136,26 @@ def kept_values_wrong(kernel: KernelUnderTest) -> str | None:
 def kept_fraction_wrong(kernel: KernelUnderTest) -> str | None:
     """Evidence: the kept fraction of 32768 indicators is far from 1 - p = 0.7."""
     _, kept = _observed(kernel, 0.3, 2)
-    return None if abs(kept.mean() - 0.7) < 0.05 else (
-        f"kept {kept.mean():.3f} of {kept.size} weights with p = 0.3")
+    return (
+        None
+        if abs(kept.mean() - 0.7) < 0.05
+        else (f"kept {kept.mean():.3f} of {kept.size} weights with p = 0.3")
+    )
 
 
 def shared_indicators(axis: int) -> Evidence:
     """Evidence: indicators along ``axis`` are identical, which independent ones of 64
     entries each are with probability (0.7^2 + 0.3^2)^64 < 1e-12."""
+
     def evidence(kernel: KernelUnderTest) -> str | None:
         _, kept = _observed(kernel, 0.3, 3)
         first, second = np.take(kept, 0, axis=axis), np.take(kept, 1, axis=axis)
-        return (f"indicators 0 and 1 along axis {axis} are identical"
-                if np.array_equal(first, second) else None)
+        return (
+            f"indicators 0 and 1 along axis {axis} are identical"
+            if np.array_equal(first, second)
+            else None
+        )
+
     return evidence
 
 
@@ -135,9 +168,17 @@ def seed_ignored(kernel: KernelUnderTest) -> str | None:
 def _sequences(lengths: list[tuple[int, int]], seed: int = 7) -> list[Problem]:
     """Causal float64 sequences of the given (Lq, Lk), Hq = 4 reading Hkv = 2."""
     rng = np.random.default_rng(seed)
-    return [Problem(q=rng.standard_normal((4, n_q, 6)), k=rng.standard_normal((2, n_k, 6)),
-                    v=rng.standard_normal((2, n_k, 3)), dtype="float64", is_causal=True,
-                    softcap=5.0) for n_q, n_k in lengths]
+    return [
+        Problem(
+            q=rng.standard_normal((4, n_q, 6)),
+            k=rng.standard_normal((2, n_k, 6)),
+            v=rng.standard_normal((2, n_k, 3)),
+            dtype="float64",
+            is_causal=True,
+            softcap=5.0,
+        )
+        for n_q, n_k in lengths
+    ]
 
 
 def _close(got: np.ndarray, want: np.ndarray, what: str) -> str | None:
@@ -158,14 +199,25 @@ def varlen_differs(kernel: KernelUnderTest) -> str | None:
     kernel accepts offsets the reference rejects."""
     batch = VARLEN_BATCH
     out, lse = call_varlen(kernel, batch)
-    q, k, v = (np.concatenate([np.swapaxes(getattr(s, n), 0, 1) for s in batch.sequences])
-               for n in "qkv")
-    offsets = [np.concatenate([[0], np.cumsum([getattr(s, n).shape[-2]
-                                               for s in batch.sequences])]).astype(np.int32)
-               for n in "qk"]
-    want, want_lse = varlen_attention(q, k, v, *offsets, is_causal=True,
-                                      causal_alignment="bottom_right", softcap=5.0,
-                                      return_lse=True)
+    q, k, v = (
+        np.concatenate([np.swapaxes(getattr(s, n), 0, 1) for s in batch.sequences]) for n in "qkv"
+    )
+    offsets = [
+        np.concatenate([[0], np.cumsum([getattr(s, n).shape[-2] for s in batch.sequences])]).astype(
+            np.int32
+        )
+        for n in "qk"
+    ]
+    want, want_lse = varlen_attention(
+        q,
+        k,
+        v,
+        *offsets,
+        is_causal=True,
+        causal_alignment="bottom_right",
+        softcap=5.0,
+        return_lse=True,
+    )
     return _close(out, want, "out") or _close(lse, want_lse, "lse")
 
 
@@ -184,10 +236,18 @@ def varlen_accepts_bad_offsets(kernel: KernelUnderTest) -> str | None:
     return f"cu_seqlens_q={bad.tolist()} for 14 tokens gave a result; the reference raises"
 
 
-CACHE_BATCH = Batch(_sequences([(2, 5), (2, 2), (2, 7)], seed=8),
-                    cache=CacheCall(lengths=[3, 0, 5], n_new=2, capacity=8, block_size=2,
-                                    table=np.array([[5, 0, 7, 2], [1, 9, 3, 6], [8, 4, 10, 11]]),
-                                    n_blocks=13, stale_seed=3))
+CACHE_BATCH = Batch(
+    _sequences([(2, 5), (2, 2), (2, 7)], seed=8),
+    cache=CacheCall(
+        lengths=[3, 0, 5],
+        n_new=2,
+        capacity=8,
+        block_size=2,
+        table=np.array([[5, 0, 7, 2], [1, 9, 3, 6], [8, 4, 10, 11]]),
+        n_blocks=13,
+        stale_seed=3,
+    ),
+)
 
 
 def cache_differs(kernel: KernelUnderTest) -> str | None:
@@ -195,17 +255,29 @@ def cache_differs(kernel: KernelUnderTest) -> str | None:
     and reference.append_to_cache (float64)."""
     batch = CACHE_BATCH
     if not kernel.declaration.kv_cache_paged:
-        batch = Batch(batch.sequences, cache=CacheCall(lengths=[3, 0, 5], n_new=2, capacity=8,
-                                                       stale_seed=3))
+        batch = Batch(
+            batch.sequences, cache=CacheCall(lengths=[3, 0, 5], n_new=2, capacity=8, stale_seed=3)
+        )
     out, lse, after, before = call_kv_cache(kernel, batch)
     options = dict(k=before["k"], v=before["v"], block_table=before.get("block_table"))
-    want, want_lse = kv_cache_attention(before["q"], before["k_cache"], before["v_cache"],
-                                        before["cache_seqlens"], is_causal=True, softcap=5.0,
-                                        return_lse=True, **options)
-    caches = append_to_cache(before["k_cache"], before["v_cache"], before["cache_seqlens"],
-                             **options)
-    return (_close(out, want, "out") or _close(lse, want_lse, "lse")
-            or _close(after["k_cache"], caches[0], "k_cache after the call"))
+    want, want_lse = kv_cache_attention(
+        before["q"],
+        before["k_cache"],
+        before["v_cache"],
+        before["cache_seqlens"],
+        is_causal=True,
+        softcap=5.0,
+        return_lse=True,
+        **options,
+    )
+    caches = append_to_cache(
+        before["k_cache"], before["v_cache"], before["cache_seqlens"], **options
+    )
+    return (
+        _close(out, want, "out")
+        or _close(lse, want_lse, "lse")
+        or _close(after["k_cache"], caches[0], "k_cache after the call")
+    )
 
 
 def stale_changes_output(kernel: KernelUnderTest) -> str | None:
@@ -225,71 +297,173 @@ def _masked(problem: Problem) -> Problem:
 
 SLOPES = press_slopes(4).astype(np.float64)
 FEATURE_CATALOGUE: list[FeatureBug] = [
-    FeatureBug("softcap-before-scale", bugs.softcap_before_scale, "softcap-matches-reference",
-               out_differs(_problem(magnitude=3.0, softcap=2.0))),
-    FeatureBug("softcap-bias-inside", bugs.softcap_bias_inside, "softcap-matches-reference",
-               out_differs(_problem(softcap=1.0, bias=np.random.default_rng(5).standard_normal(
-                   (2, 4, 5, 7)) * 3))),
-    FeatureBug("softcap-mask-inside", bugs.softcap_mask_inside, "softcap-matches-reference",
-               out_differs(_masked(_problem(magnitude=3.0, softcap=1.0)))),
-    FeatureBug("softcap-ignored", bugs.softcap_ignored, "softcap-bounds-logits",
-               out_differs(_problem(magnitude=3.0, softcap=2.0))),
-    FeatureBug("alibi-wrong-corner", bugs.alibi_wrong_corner, "alibi-matches-reference",
-               out_differs(_problem(alibi_slopes=SLOPES, n_queries=3, n_keys=7))),
-    FeatureBug("alibi-positive-sign", bugs.alibi_positive_sign, "alibi-matches-reference",
-               out_differs(_problem(alibi_slopes=SLOPES))),
-    FeatureBug("alibi-kv-head-slopes", bugs.alibi_kv_head_slopes, "alibi-matches-reference",
-               out_differs(_problem(alibi_slopes=SLOPES))),
-    FeatureBug("alibi-scaled", bugs.alibi_scaled, "alibi-matches-reference",
-               out_differs(_problem(alibi_slopes=SLOPES))),
-    FeatureBug("alibi-naive-slopes", bugs.alibi_naive_slopes, "alibi-standard-slopes",
-               out_differs(_problem(heads=(6, 6), alibi_slopes=press_slopes(6).astype(
-                   np.float64)))),
-    FeatureBug("lse-base-two", bugs.lse_base_two, "lse-matches-reference",
-               lse_differs(_problem())),
-    FeatureBug("lse-unscaled-max", bugs.lse_unscaled_max, "lse-matches-reference",
-               lse_differs(_problem(magnitude=2.0))),
-    FeatureBug("lse-plus-inf-empty", bugs.lse_plus_inf_empty, "lse-empty-rows",
-               lse_differs(_problem(n_keys=0))),
-    FeatureBug("lse-zero-empty", bugs.lse_zero_empty, "lse-empty-rows",
-               lse_differs(_problem(n_keys=0))),
-    FeatureBug("lse-input-dtype", bugs.lse_input_dtype, "lse-dtype",
-               lse_differs(_problem(dtype="float16"))),
-    FeatureBug("lse-without-softcap", bugs.lse_without_softcap, "lse-matches-reference",
-               lse_differs(_problem(magnitude=3.0, softcap=1.0))),
-    FeatureBug("dropout-no-rescale", bugs.dropout_no_rescale, "dropout-rescaling",
-               kept_values_wrong),
-    FeatureBug("dropout-times-keep-probability", bugs.dropout_times_keep_probability,
-               "dropout-unbiased", kept_values_wrong),
-    FeatureBug("dropout-renormalised", bugs.dropout_renormalised, "dropout-rescaling",
-               kept_values_wrong),
-    FeatureBug("dropout-keeps-with-p", bugs.dropout_keeps_with_p, "dropout-kept-fraction",
-               kept_fraction_wrong),
-    FeatureBug("dropout-shared-by-heads", bugs.dropout_shared_by_heads,
-               "dropout-independence", shared_indicators(axis=1)),
-    FeatureBug("dropout-per-key", bugs.dropout_per_key, "dropout-independence",
-               shared_indicators(axis=2)),
+    FeatureBug(
+        "softcap-before-scale",
+        bugs.softcap_before_scale,
+        "softcap-matches-reference",
+        out_differs(_problem(magnitude=3.0, softcap=2.0)),
+    ),
+    FeatureBug(
+        "softcap-bias-inside",
+        bugs.softcap_bias_inside,
+        "softcap-matches-reference",
+        out_differs(
+            _problem(softcap=1.0, bias=np.random.default_rng(5).standard_normal((2, 4, 5, 7)) * 3)
+        ),
+    ),
+    FeatureBug(
+        "softcap-mask-inside",
+        bugs.softcap_mask_inside,
+        "softcap-matches-reference",
+        out_differs(_masked(_problem(magnitude=3.0, softcap=1.0))),
+    ),
+    FeatureBug(
+        "softcap-ignored",
+        bugs.softcap_ignored,
+        "softcap-bounds-logits",
+        out_differs(_problem(magnitude=3.0, softcap=2.0)),
+    ),
+    FeatureBug(
+        "alibi-wrong-corner",
+        bugs.alibi_wrong_corner,
+        "alibi-matches-reference",
+        out_differs(_problem(alibi_slopes=SLOPES, n_queries=3, n_keys=7)),
+    ),
+    FeatureBug(
+        "alibi-positive-sign",
+        bugs.alibi_positive_sign,
+        "alibi-matches-reference",
+        out_differs(_problem(alibi_slopes=SLOPES)),
+    ),
+    FeatureBug(
+        "alibi-kv-head-slopes",
+        bugs.alibi_kv_head_slopes,
+        "alibi-matches-reference",
+        out_differs(_problem(alibi_slopes=SLOPES)),
+    ),
+    FeatureBug(
+        "alibi-scaled",
+        bugs.alibi_scaled,
+        "alibi-matches-reference",
+        out_differs(_problem(alibi_slopes=SLOPES)),
+    ),
+    FeatureBug(
+        "alibi-naive-slopes",
+        bugs.alibi_naive_slopes,
+        "alibi-standard-slopes",
+        out_differs(_problem(heads=(6, 6), alibi_slopes=press_slopes(6).astype(np.float64))),
+    ),
+    FeatureBug("lse-base-two", bugs.lse_base_two, "lse-matches-reference", lse_differs(_problem())),
+    FeatureBug(
+        "lse-unscaled-max",
+        bugs.lse_unscaled_max,
+        "lse-matches-reference",
+        lse_differs(_problem(magnitude=2.0)),
+    ),
+    FeatureBug(
+        "lse-plus-inf-empty",
+        bugs.lse_plus_inf_empty,
+        "lse-empty-rows",
+        lse_differs(_problem(n_keys=0)),
+    ),
+    FeatureBug(
+        "lse-zero-empty", bugs.lse_zero_empty, "lse-empty-rows", lse_differs(_problem(n_keys=0))
+    ),
+    FeatureBug(
+        "lse-input-dtype", bugs.lse_input_dtype, "lse-dtype", lse_differs(_problem(dtype="float16"))
+    ),
+    FeatureBug(
+        "lse-without-softcap",
+        bugs.lse_without_softcap,
+        "lse-matches-reference",
+        lse_differs(_problem(magnitude=3.0, softcap=1.0)),
+    ),
+    FeatureBug(
+        "dropout-no-rescale", bugs.dropout_no_rescale, "dropout-rescaling", kept_values_wrong
+    ),
+    FeatureBug(
+        "dropout-times-keep-probability",
+        bugs.dropout_times_keep_probability,
+        "dropout-unbiased",
+        kept_values_wrong,
+    ),
+    FeatureBug(
+        "dropout-renormalised", bugs.dropout_renormalised, "dropout-rescaling", kept_values_wrong
+    ),
+    FeatureBug(
+        "dropout-keeps-with-p",
+        bugs.dropout_keeps_with_p,
+        "dropout-kept-fraction",
+        kept_fraction_wrong,
+    ),
+    FeatureBug(
+        "dropout-shared-by-heads",
+        bugs.dropout_shared_by_heads,
+        "dropout-independence",
+        shared_indicators(axis=1),
+    ),
+    FeatureBug(
+        "dropout-per-key", bugs.dropout_per_key, "dropout-independence", shared_indicators(axis=2)
+    ),
     FeatureBug("dropout-ignores-seed", bugs.dropout_ignores_seed, "dropout-seed", seed_ignored),
-    FeatureBug("dropout-zero-means-default", bugs.dropout_zero_means_default, "dropout-zero",
-               out_differs(_problem(dropout_p=0.0, seed=3))),
-    FeatureBug("lse-plus-inf-without-keys", bugs.lse_plus_inf_without_keys, "lse-split-combine",
-               lse_differs(_problem(n_keys=0))),
-    FeatureBug("varlen-global-alignment", packed.varlen_global_alignment,
-               "varlen-matches-reference", varlen_differs),
-    FeatureBug("varlen-sees-previous-key", packed.varlen_sees_previous_key, "varlen-isolation",
-               varlen_differs),
-    FeatureBug("varlen-empty-keys-nan", packed.varlen_empty_keys_nan, "varlen-empty-sequences",
-               varlen_differs),
-    FeatureBug("varlen-unchecked-offsets", packed.varlen_unchecked_offsets,
-               "varlen-rejects-bad-offsets", varlen_accepts_bad_offsets),
-    FeatureBug("kv-cache-reads-one-more", packed.kv_cache_reads_one_more,
-               "kv-cache-matches-reference", cache_differs),
-    FeatureBug("kv-cache-top-left", packed.kv_cache_top_left, "kv-cache-matches-reference",
-               cache_differs),
-    FeatureBug("kv-cache-writes-one-late", packed.kv_cache_writes_one_late, "kv-cache-append",
-               cache_differs),
-    FeatureBug("kv-cache-stale-max", packed.kv_cache_stale_max, "kv-cache-stale-positions",
-               stale_changes_output),
-    FeatureBug("kv-cache-ignores-table", packed.kv_cache_ignores_table, "kv-cache-paged",
-               cache_differs),
+    FeatureBug(
+        "dropout-zero-means-default",
+        bugs.dropout_zero_means_default,
+        "dropout-zero",
+        out_differs(_problem(dropout_p=0.0, seed=3)),
+    ),
+    FeatureBug(
+        "lse-plus-inf-without-keys",
+        bugs.lse_plus_inf_without_keys,
+        "lse-split-combine",
+        lse_differs(_problem(n_keys=0)),
+    ),
+    FeatureBug(
+        "varlen-global-alignment",
+        packed.varlen_global_alignment,
+        "varlen-matches-reference",
+        varlen_differs,
+    ),
+    FeatureBug(
+        "varlen-sees-previous-key",
+        packed.varlen_sees_previous_key,
+        "varlen-isolation",
+        varlen_differs,
+    ),
+    FeatureBug(
+        "varlen-empty-keys-nan",
+        packed.varlen_empty_keys_nan,
+        "varlen-empty-sequences",
+        varlen_differs,
+    ),
+    FeatureBug(
+        "varlen-unchecked-offsets",
+        packed.varlen_unchecked_offsets,
+        "varlen-rejects-bad-offsets",
+        varlen_accepts_bad_offsets,
+    ),
+    FeatureBug(
+        "kv-cache-reads-one-more",
+        packed.kv_cache_reads_one_more,
+        "kv-cache-matches-reference",
+        cache_differs,
+    ),
+    FeatureBug(
+        "kv-cache-top-left", packed.kv_cache_top_left, "kv-cache-matches-reference", cache_differs
+    ),
+    FeatureBug(
+        "kv-cache-writes-one-late",
+        packed.kv_cache_writes_one_late,
+        "kv-cache-append",
+        cache_differs,
+    ),
+    FeatureBug(
+        "kv-cache-stale-max",
+        packed.kv_cache_stale_max,
+        "kv-cache-stale-positions",
+        stale_changes_output,
+    ),
+    FeatureBug(
+        "kv-cache-ignores-table", packed.kv_cache_ignores_table, "kv-cache-paged", cache_differs
+    ),
 ]

@@ -38,77 +38,165 @@ def _segfault() -> None:
     ctypes.string_at(0)  # reads address 0: SIGSEGV
 
 
-_IMPORT_HAZARDS = {"sys.exit": lambda: sys.exit(0), "os._exit": lambda: os._exit(0),
-                   "segfault": _segfault, "hang": _hang}
+_IMPORT_HAZARDS = {
+    "sys.exit": lambda: sys.exit(0),
+    "os._exit": lambda: os._exit(0),
+    "segfault": _segfault,
+    "hang": _hang,
+}
 if os.environ.get(AT_IMPORT) in _IMPORT_HAZARDS:
     _IMPORT_HAZARDS[os.environ[AT_IMPORT]]()
 
 
-def attention(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-              is_causal: bool = False, scale: float | None = None) -> Array:
+def attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Correct: the reference (the control every hostile kernel is compared with)."""
     return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
 
 
-def hangs(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-          is_causal: bool = False, scale: float | None = None) -> Array:
+def hangs(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Never returns."""
     _hang()
     raise AssertionError("unreachable")
 
 
-def calls_sys_exit_0(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                     is_causal: bool = False, scale: float | None = None) -> Array:
+def calls_sys_exit_0(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     sys.exit(0)
 
 
-def calls_os_exit_0(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                    is_causal: bool = False, scale: float | None = None) -> Array:
+def calls_os_exit_0(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     os._exit(0)
 
 
-def calls_os_exit_3(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                    is_causal: bool = False, scale: float | None = None) -> Array:
+def calls_os_exit_3(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     os._exit(3)
 
 
-def segfaults(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-              is_causal: bool = False, scale: float | None = None) -> Array:
+def segfaults(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     _segfault()
     raise AssertionError("unreachable")
 
 
-def raises_keyboard_interrupt(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                              is_causal: bool = False, scale: float | None = None) -> Array:
+def raises_keyboard_interrupt(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     raise KeyboardInterrupt
 
 
-def allocates_50_gb(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                    is_causal: bool = False, scale: float | None = None) -> Array:
+def allocates_50_gb(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Touches 50 GB (np.ones writes every page), then answers correctly."""
     scratch = np.ones(50 * 10**9 // 8)
     return attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale) + 0 * scratch[0]
 
 
-def returns_none(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                 is_causal: bool = False, scale: float | None = None) -> Array:
+def returns_none(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     return None
 
 
-def returns_list(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                 is_causal: bool = False, scale: float | None = None) -> Array:
+def returns_list(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     return attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale).tolist()
 
 
-def returns_tuple(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                  is_causal: bool = False, scale: float | None = None) -> Array:
+def returns_tuple(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """(out, weights) from a kernel that does not declare returns_weights."""
     out = attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
     return out, out
 
 
-def returns_wrong_backend(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                          is_causal: bool = False, scale: float | None = None) -> Array:
+def returns_wrong_backend(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """The right values as an array_api_strict array (which has no float16: float32 then),
     under the NumPy backend."""
     import array_api_strict
@@ -117,21 +205,42 @@ def returns_wrong_backend(q: Array, k: Array, v: Array, *, mask: Array | None = 
     return array_api_strict.asarray(out.astype(np.promote_types(out.dtype, np.float32)))
 
 
-def returns_int(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                is_causal: bool = False, scale: float | None = None) -> Array:
+def returns_int(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     return 0
 
 
-def mutates_inputs(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                   is_causal: bool = False, scale: float | None = None) -> Array:
+def mutates_inputs(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """The right answer, then q overwritten in place (scratch reuse gone wrong)."""
     out = attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
     q[...] = 0
     return out
 
 
-def noisy(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-          is_causal: bool = False, scale: float | None = None) -> Array:
+def noisy(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Within TOL-2 every time, but one ulp off in a fresh random half of the elements on
     every call (an unseeded atomic-add order): not deterministic (SDPA-7.5)."""
     out = attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
@@ -140,15 +249,29 @@ def noisy(q: Array, k: Array, v: Array, *, mask: Array | None = None,
     return np.where(rng.random(out.shape) < 0.5, nudged, out).astype(out.dtype)
 
 
-def prints_a_megabyte(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                      is_causal: bool = False, scale: float | None = None) -> Array:
+def prints_a_megabyte(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Correct, but prints 1 MiB on every call."""
     print("x" * (2**20 - 1))
     return attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
 
 
-def leaves_seterr_raise(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                        is_causal: bool = False, scale: float | None = None) -> Array:
+def leaves_seterr_raise(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Correct, but leaves NumPy raising on every floating-point warning, underflow
     included, for whoever computes next."""
     out = attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
@@ -181,27 +304,41 @@ CHEAP = ("default-scale", "explicit-scale")  # one small call per example
 SHAPE = ("output-shape-dtype",)  # SDPA-1.3: an array of the right shape, dtype and backend
 HOSTILE = (
     Hostile("attention", CHEAP, "passed", 0),
-    Hostile("hangs", ("default-scale",), "failed", 1, "did not return within",
-            isolated_only=True),
+    Hostile("hangs", ("default-scale",), "failed", 1, "did not return within", isolated_only=True),
     Hostile("calls_sys_exit_0", CHEAP, "failed", 1, "called sys.exit(0)"),
-    Hostile("calls_os_exit_0", CHEAP, "failed", 1, "ended with exit status 0",
-            isolated_only=True),
-    Hostile("calls_os_exit_3", CHEAP, "failed", 1, "ended with exit status 3",
-            isolated_only=True),
+    Hostile("calls_os_exit_0", CHEAP, "failed", 1, "ended with exit status 0", isolated_only=True),
+    Hostile("calls_os_exit_3", CHEAP, "failed", 1, "ended with exit status 3", isolated_only=True),
     Hostile("segfaults", CHEAP, "failed", 1, "SIGSEGV", isolated_only=True),
-    Hostile("raises_keyboard_interrupt", CHEAP, "failed", 1, "raised KeyboardInterrupt",
-            isolated_only=True),
+    Hostile(
+        "raises_keyboard_interrupt",
+        CHEAP,
+        "failed",
+        1,
+        "raised KeyboardInterrupt",
+        isolated_only=True,
+    ),
     Hostile("allocates_50_gb", CHEAP, "failed", 1, "MemoryError", isolated_only=True),
     Hostile("returns_none", SHAPE, "failed", 1),
     Hostile("returns_list", SHAPE, "failed", 1),
     Hostile("returns_tuple", SHAPE, "failed", 1),
     Hostile("returns_wrong_backend", SHAPE, "failed", 1),
     Hostile("returns_int", SHAPE, "failed", 1),
-    Hostile("mutates_inputs", ("inputs-unmodified", "default-scale"), "failed", 1,
-            statuses=(("default-scale", "passed"),)),
-    Hostile("noisy", ("deterministic", "default-scale"), "failed", 1,
-            statuses=(("default-scale", "passed"),)),
+    Hostile(
+        "mutates_inputs",
+        ("inputs-unmodified", "default-scale"),
+        "failed",
+        1,
+        statuses=(("default-scale", "passed"),),
+    ),
+    Hostile(
+        "noisy",
+        ("deterministic", "default-scale"),
+        "failed",
+        1,
+        statuses=(("default-scale", "passed"),),
+    ),
     Hostile("prints_a_megabyte", ("default-scale",), "passed", 0),
-    Hostile("leaves_seterr_raise", ("default-scale", "large-logits", "matches-reference"),
-            "passed", 0),
+    Hostile(
+        "leaves_seterr_raise", ("default-scale", "large-logits", "matches-reference"), "passed", 0
+    ),
 )

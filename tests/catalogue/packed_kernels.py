@@ -18,10 +18,24 @@ from attnspec.conformance import declare
 from .feature_blocks import Features, arranged, attend_features
 
 Array = np.ndarray
-VARLEN = {"varlen": True, "gqa": True, "causal_alignment": "bottom_right", "softcap": True,
-          "alibi": True, "lse_keyword": "return_lse", "returns_lse": True}
-CACHE = {"kv_cache": True, "kv_cache_paged": True, "gqa": True, "softcap": True,
-         "alibi": True, "lse_keyword": "return_lse", "returns_lse": True}
+VARLEN = {
+    "varlen": True,
+    "gqa": True,
+    "causal_alignment": "bottom_right",
+    "softcap": True,
+    "alibi": True,
+    "lse_keyword": "return_lse",
+    "returns_lse": True,
+}
+CACHE = {
+    "kv_cache": True,
+    "kv_cache_paged": True,
+    "gqa": True,
+    "softcap": True,
+    "alibi": True,
+    "lse_keyword": "return_lse",
+    "returns_lse": True,
+}
 
 
 def _offsets(cu: Array, total: int) -> list[int]:
@@ -31,10 +45,19 @@ def _offsets(cu: Array, total: int) -> list[int]:
     return offsets
 
 
-def _block_diagonal(q: Array, k: Array, v: Array, cu_q: list[int], cu_k: list[int],
-                    is_causal: bool, scale: float | None, softcap: float | None,
-                    alibi_slopes: Array | None, offset_of: Callable[[int, int], int],
-                    lse: bool) -> Any:
+def _block_diagonal(
+    q: Array,
+    k: Array,
+    v: Array,
+    cu_q: list[int],
+    cu_k: list[int],
+    is_causal: bool,
+    scale: float | None,
+    softcap: float | None,
+    alibi_slopes: Array | None,
+    offset_of: Callable[[int, int], int],
+    lse: bool,
+) -> Any:
     """One dense call over all tokens: a mask lets sequence b's queries see its own keys
     (causally, with the offset ``offset_of(Lq_b, Lk_b)``), and the ALiBi bias is built per
     sequence from the same offset."""
@@ -58,58 +81,127 @@ def _block_diagonal(q: Array, k: Array, v: Array, cu_q: list[int], cu_k: list[in
     swap = (1, 0, 2)
     # the ALiBi bias stays in float64 until arrange casts it to the computation dtype:
     # rounding it to a half-precision input dtype would be an error TOL-4 does not allow
-    a = arranged(*(x.transpose(swap) for x in (q, k, v)), mask,
-                 bias if alibi_slopes is not None else None, False, scale, f)
+    a = arranged(
+        *(x.transpose(swap) for x in (q, k, v)),
+        mask,
+        bias if alibi_slopes is not None else None,
+        False,
+        scale,
+        f,
+    )
     result = attend_features(a, f, returns_lse=True)
     out, log_sum = result
     return (out.transpose(swap), log_sum) if lse else out.transpose(swap)
 
 
 @declare(**VARLEN)
-def varlen_block_diagonal(q: Array, k: Array, v: Array, *, cu_seqlens_q: Array,
-                          cu_seqlens_k: Array, max_seqlen_q: int, max_seqlen_k: int,
-                          is_causal: bool = False, scale: float | None = None,
-                          softcap: float | None = None, alibi_slopes: Array | None = None,
-                          return_lse: bool = False) -> Any:
+def varlen_block_diagonal(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    cu_seqlens_q: Array,
+    cu_seqlens_k: Array,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    is_causal: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Array | None = None,
+    return_lse: bool = False,
+) -> Any:
     """(v1) A block-diagonal mask over the packed tokens, bottom-right per sequence."""
     cu_q, cu_k = _offsets(cu_seqlens_q, q.shape[0]), _offsets(cu_seqlens_k, k.shape[0])
-    return _block_diagonal(q, k, v, cu_q, cu_k, is_causal, scale, softcap, alibi_slopes,
-                           lambda n_q, n_k: n_k - n_q, return_lse)
+    return _block_diagonal(
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        is_causal,
+        scale,
+        softcap,
+        alibi_slopes,
+        lambda n_q, n_k: n_k - n_q,
+        return_lse,
+    )
 
 
 @declare(**VARLEN)
-def varlen_global_alignment(q: Array, k: Array, v: Array, *, cu_seqlens_q: Array,
-                            cu_seqlens_k: Array, max_seqlen_q: int, max_seqlen_k: int,
-                            is_causal: bool = False, scale: float | None = None,
-                            softcap: float | None = None, alibi_slopes: Array | None = None,
-                            return_lse: bool = False) -> Any:
+def varlen_global_alignment(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    cu_seqlens_q: Array,
+    cu_seqlens_k: Array,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    is_causal: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Array | None = None,
+    return_lse: bool = False,
+) -> Any:
     """Aligns every sequence's causal rule and ALiBi with the packed totals, T_k - T_q,
     instead of its own L_k - L_q."""
     cu_q, cu_k = _offsets(cu_seqlens_q, q.shape[0]), _offsets(cu_seqlens_k, k.shape[0])
     total = k.shape[0] - q.shape[0]
-    return _block_diagonal(q, k, v, cu_q, cu_k, is_causal, scale, softcap, alibi_slopes,
-                           lambda n_q, n_k: total, return_lse)
+    return _block_diagonal(
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        is_causal,
+        scale,
+        softcap,
+        alibi_slopes,
+        lambda n_q, n_k: total,
+        return_lse,
+    )
 
 
 @declare(**VARLEN)
-def varlen_sees_previous_key(q: Array, k: Array, v: Array, *, cu_seqlens_q: Array,
-                             cu_seqlens_k: Array, max_seqlen_q: int, max_seqlen_k: int,
-                             is_causal: bool = False, scale: float | None = None,
-                             softcap: float | None = None, alibi_slopes: Array | None = None,
-                             return_lse: bool = False) -> Any:
+def varlen_sees_previous_key(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    cu_seqlens_q: Array,
+    cu_seqlens_k: Array,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    is_causal: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Array | None = None,
+    return_lse: bool = False,
+) -> Any:
     """Starts each sequence's keys one token early (cu_k[b] - 1): it sees the previous
     sequence's last key."""
     cu_q, cu_k = _offsets(cu_seqlens_q, q.shape[0]), _offsets(cu_seqlens_k, k.shape[0])
     outs, lses = [], []
     for b in range(len(cu_q) - 1):
         start = max(cu_k[b] - 1, 0)
-        f = Features(softcap=softcap, alignment="bottom_right",
-                     alibi_slopes=None if alibi_slopes is None else
-                     (alibi_slopes[b] if np.ndim(alibi_slopes) == 2 else alibi_slopes))
+        f = Features(
+            softcap=softcap,
+            alignment="bottom_right",
+            alibi_slopes=None
+            if alibi_slopes is None
+            else (alibi_slopes[b] if np.ndim(alibi_slopes) == 2 else alibi_slopes),
+        )
         swap = (1, 0, 2)
-        a = arranged(q[cu_q[b]:cu_q[b + 1]].transpose(swap),
-                     k[start:cu_k[b + 1]].transpose(swap), v[start:cu_k[b + 1]].transpose(swap),
-                     None, None, is_causal, scale, f)
+        a = arranged(
+            q[cu_q[b] : cu_q[b + 1]].transpose(swap),
+            k[start : cu_k[b + 1]].transpose(swap),
+            v[start : cu_k[b + 1]].transpose(swap),
+            None,
+            None,
+            is_causal,
+            scale,
+            f,
+        )
         out, lse = attend_features(a, f, returns_lse=True)
         outs.append(out.transpose(swap))
         lses.append(lse)
@@ -118,40 +210,81 @@ def varlen_sees_previous_key(q: Array, k: Array, v: Array, *, cu_seqlens_q: Arra
 
 
 @declare(**VARLEN)
-def varlen_empty_keys_nan(q: Array, k: Array, v: Array, *, cu_seqlens_q: Array,
-                          cu_seqlens_k: Array, max_seqlen_q: int, max_seqlen_k: int,
-                          is_causal: bool = False, scale: float | None = None,
-                          softcap: float | None = None, alibi_slopes: Array | None = None,
-                          return_lse: bool = False) -> Any:
+def varlen_empty_keys_nan(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    cu_seqlens_q: Array,
+    cu_seqlens_k: Array,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    is_causal: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Array | None = None,
+    return_lse: bool = False,
+) -> Any:
     """Divides by a zero row sum for a sequence without keys: its rows are NaN."""
-    out, lse = varlen_block_diagonal(q, k, v, cu_seqlens_q=cu_seqlens_q,
-                                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                                     max_seqlen_k=max_seqlen_k, is_causal=is_causal,
-                                     scale=scale, softcap=softcap, alibi_slopes=alibi_slopes,
-                                     return_lse=True)
+    out, lse = varlen_block_diagonal(
+        q,
+        k,
+        v,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        is_causal=is_causal,
+        scale=scale,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        return_lse=True,
+    )
     cu_q, cu_k = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
     for b in range(len(cu_q) - 1):
         if cu_k[b + 1] == cu_k[b]:
-            out[cu_q[b]:cu_q[b + 1]] = np.nan
+            out[cu_q[b] : cu_q[b + 1]] = np.nan
     return (out, lse) if return_lse else out
 
 
 @declare(**VARLEN)
-def varlen_unchecked_offsets(q: Array, k: Array, v: Array, *, cu_seqlens_q: Array,
-                             cu_seqlens_k: Array, max_seqlen_q: int, max_seqlen_k: int,
-                             is_causal: bool = False, scale: float | None = None,
-                             softcap: float | None = None, alibi_slopes: Array | None = None,
-                             return_lse: bool = False) -> Any:
+def varlen_unchecked_offsets(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    cu_seqlens_q: Array,
+    cu_seqlens_k: Array,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    is_causal: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Array | None = None,
+    return_lse: bool = False,
+) -> Any:
     """Trusts its offsets: clips them to the tokens it has instead of rejecting them
     (xformers #1122)."""
     cu_q = list(np.minimum(np.maximum.accumulate(np.asarray(cu_seqlens_q)), q.shape[0]))
     cu_q[-1] = q.shape[0]
     cu_k = _offsets(cu_seqlens_k, k.shape[0])
-    return _block_diagonal(q, k, v, [int(x) for x in cu_q], cu_k, is_causal, scale, softcap,
-                           alibi_slopes, lambda n_q, n_k: n_k - n_q, return_lse)
+    return _block_diagonal(
+        q,
+        k,
+        v,
+        [int(x) for x in cu_q],
+        cu_k,
+        is_causal,
+        scale,
+        softcap,
+        alibi_slopes,
+        lambda n_q, n_k: n_k - n_q,
+        return_lse,
+    )
 
 
 # --- KV caches ----------------------------------------------------------------------------
+
 
 def _position(block_table: Array | None, block: int, b: int, t: int) -> tuple[int, int]:
     if block_table is None:
@@ -159,12 +292,26 @@ def _position(block_table: Array | None, block: int, b: int, t: int) -> tuple[in
     return int(block_table[b][t // block]), t % block
 
 
-def _cache_attention(q: Array, k_cache: Array, v_cache: Array, cache_seqlens: Array,
-                     k: Array | None, v: Array | None, block_table: Array | None,
-                     is_causal: bool, scale: float | None, softcap: float | None,
-                     alibi_slopes: Array | None, return_lse: bool, *, write_at: int = 0,
-                     read_extra: int = 0, alignment: str = "bottom_right",
-                     table_in_order: bool = False, max_over_capacity: bool = False) -> Any:
+def _cache_attention(
+    q: Array,
+    k_cache: Array,
+    v_cache: Array,
+    cache_seqlens: Array,
+    k: Array | None,
+    v: Array | None,
+    block_table: Array | None,
+    is_causal: bool,
+    scale: float | None,
+    softcap: float | None,
+    alibi_slopes: Array | None,
+    return_lse: bool,
+    *,
+    write_at: int = 0,
+    read_extra: int = 0,
+    alignment: str = "bottom_right",
+    table_in_order: bool = False,
+    max_over_capacity: bool = False,
+) -> Any:
     """Write the new keys in place at cache_seqlens[b] (+ ``write_at``), then attend each
     batch element's first cache_seqlens[b] (+ ``read_extra``) + L_new logical positions."""
     block = k_cache.shape[2]
@@ -182,12 +329,21 @@ def _cache_attention(q: Array, k_cache: Array, v_cache: Array, cache_seqlens: Ar
     for b, length in enumerate(lengths):
         total = length + read_extra + n_new
         places = [_position(table, block, b, t) for t in range(total)]
-        keys = np.stack([k_cache[i, :, p] for i, p in places], axis=1) if places else \
-            k_cache[:1, :, :0][0]
-        values = np.stack([v_cache[i, :, p] for i, p in places], axis=1) if places else \
-            v_cache[:1, :, :0][0]
-        slopes = None if alibi_slopes is None else (
-            alibi_slopes[b] if np.ndim(alibi_slopes) == 2 else alibi_slopes)
+        keys = (
+            np.stack([k_cache[i, :, p] for i, p in places], axis=1)
+            if places
+            else k_cache[:1, :, :0][0]
+        )
+        values = (
+            np.stack([v_cache[i, :, p] for i, p in places], axis=1)
+            if places
+            else v_cache[:1, :, :0][0]
+        )
+        slopes = (
+            None
+            if alibi_slopes is None
+            else (alibi_slopes[b] if np.ndim(alibi_slopes) == 2 else alibi_slopes)
+        )
         f = Features(softcap=softcap, alibi_slopes=slopes, alignment=alignment)
         a = arranged(q[b], keys, values, None, None, is_causal, scale, f)
         if max_over_capacity:
@@ -200,8 +356,9 @@ def _cache_attention(q: Array, k_cache: Array, v_cache: Array, cache_seqlens: Ar
     return (out, lse) if return_lse else out
 
 
-def _shifted_by_block_max(a: Any, f: Features, q: Array, k_cache: Array, table: Array | None,
-                          block: int, b: int) -> tuple[Array, Array]:
+def _shifted_by_block_max(
+    a: Any, f: Features, q: Array, k_cache: Array, table: Array | None, block: int, b: int
+) -> tuple[Array, Array]:
     """The softmax shifted by the maximum over every position of the cache rows it
     touched, stale ones included: harmless in exact arithmetic, but a stale score far
     above the valid ones underflows every valid weight."""
@@ -212,9 +369,10 @@ def _shifted_by_block_max(a: Any, f: Features, q: Array, k_cache: Array, table: 
     every = np.concatenate(rows, axis=-2).astype(s.dtype)
     groups = q.shape[-3] // every.shape[-3]
     stale = np.matmul(q.astype(s.dtype), np.swapaxes(np.repeat(every, groups, axis=-3), -1, -2))
-    m = np.maximum(np.max(s, axis=-1, keepdims=True, initial=-np.inf),
-                   np.max(stale * s.dtype.type(a.scale), axis=-1, keepdims=True,
-                          initial=-np.inf))
+    m = np.maximum(
+        np.max(s, axis=-1, keepdims=True, initial=-np.inf),
+        np.max(stale * s.dtype.type(a.scale), axis=-1, keepdims=True, initial=-np.inf),
+    )
     m = np.where(np.isfinite(m), m, 0)
     with np.errstate(all="ignore"):
         e = np.where(allowed, np.exp(s - m), 0).astype(s.dtype)
@@ -225,38 +383,76 @@ def _shifted_by_block_max(a: Any, f: Features, q: Array, k_cache: Array, table: 
 
 def _cache_kernel(name: str, doc: str, *, paged: bool = True, **bug: Any) -> Callable[..., Any]:
     """A KV-cache kernel (contiguous or paged) with ``bug`` passed to _cache_attention."""
+
     @declare(**{**CACHE, "kv_cache_paged": paged})
-    def kernel(q: Array, k_cache: Array, v_cache: Array, *, cache_seqlens: Array,
-               k: Array | None = None, v: Array | None = None, block_table: Array | None = None,
-               is_causal: bool = False, scale: float | None = None,
-               softcap: float | None = None, alibi_slopes: Array | None = None,
-               return_lse: bool = False) -> Any:
-        return _cache_attention(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
-                                is_causal, scale, softcap, alibi_slopes, return_lse, **bug)
+    def kernel(
+        q: Array,
+        k_cache: Array,
+        v_cache: Array,
+        *,
+        cache_seqlens: Array,
+        k: Array | None = None,
+        v: Array | None = None,
+        block_table: Array | None = None,
+        is_causal: bool = False,
+        scale: float | None = None,
+        softcap: float | None = None,
+        alibi_slopes: Array | None = None,
+        return_lse: bool = False,
+    ) -> Any:
+        return _cache_attention(
+            q,
+            k_cache,
+            v_cache,
+            cache_seqlens,
+            k,
+            v,
+            block_table,
+            is_causal,
+            scale,
+            softcap,
+            alibi_slopes,
+            return_lse,
+            **bug,
+        )
 
     kernel.__doc__ = doc
     kernel.__name__ = kernel.__qualname__ = name
     return kernel
 
 
-IN_PLACE = ("FlashAttention's flash_attn_with_kvcache: new keys written into the cache in place "
-            "at cache_seqlens, then attention over the first cache_seqlens + L_new logical "
-            "positions, bottom-right")
+IN_PLACE = (
+    "FlashAttention's flash_attn_with_kvcache: new keys written into the cache in place "
+    "at cache_seqlens, then attention over the first cache_seqlens + L_new logical "
+    "positions, bottom-right"
+)
 kv_cache_in_place = _cache_kernel("kv_cache_in_place", f"(k1) {IN_PLACE}, paged.")
-kv_cache_contiguous = _cache_kernel("kv_cache_contiguous", f"(k2) {IN_PLACE}, contiguous.",
-                                    paged=False)
+kv_cache_contiguous = _cache_kernel(
+    "kv_cache_contiguous", f"(k2) {IN_PLACE}, contiguous.", paged=False
+)
 kv_cache_reads_one_more = _cache_kernel(
-    "kv_cache_reads_one_more", "Attends cache_seqlens[b] + 1 cached keys: one stale position "
-    "too many.", read_extra=1)
+    "kv_cache_reads_one_more",
+    "Attends cache_seqlens[b] + 1 cached keys: one stale position too many.",
+    read_extra=1,
+)
 kv_cache_top_left = _cache_kernel(
-    "kv_cache_top_left", "Aligns the causal rule and ALiBi top-left, as for a prompt, not "
-    "bottom-right.", alignment="top_left")
+    "kv_cache_top_left",
+    "Aligns the causal rule and ALiBi top-left, as for a prompt, not bottom-right.",
+    alignment="top_left",
+)
 kv_cache_writes_one_late = _cache_kernel(
-    "kv_cache_writes_one_late", "Writes the new keys at cache_seqlens[b] + 1, leaving a hole, "
-    "and reads them there.", write_at=1, read_extra=1)
+    "kv_cache_writes_one_late",
+    "Writes the new keys at cache_seqlens[b] + 1, leaving a hole, and reads them there.",
+    write_at=1,
+    read_extra=1,
+)
 kv_cache_stale_max = _cache_kernel(
-    "kv_cache_stale_max", "Shifts the softmax by the maximum over the whole cache rows, stale "
-    "positions included.", max_over_capacity=True)
+    "kv_cache_stale_max",
+    "Shifts the softmax by the maximum over the whole cache rows, stale positions included.",
+    max_over_capacity=True,
+)
 kv_cache_ignores_table = _cache_kernel(
-    "kv_cache_ignores_table", "Reads and writes the blocks in memory order (block b * M + j), "
-    "ignoring block_table.", table_in_order=True)
+    "kv_cache_ignores_table",
+    "Reads and writes the blocks in memory order (block b * M + j), ignoring block_table.",
+    table_in_order=True,
+)

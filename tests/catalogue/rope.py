@@ -25,8 +25,9 @@ def _accumulation(dtype: np.dtype) -> type:
     return np.float32 if dtype == np.float16 else dtype.type
 
 
-def _angles(positions: Array, r: int, base: float, work: type, *,
-            exponent_scale: float = 2.0) -> Array:
+def _angles(
+    positions: Array, r: int, base: float, work: type, *, exponent_scale: float = 2.0
+) -> Array:
     """p * theta_i, theta_i = 1 / base^(2i/r), the way Hugging Face's inv_freq computes it."""
     exponents = np.arange(0, r // 2, dtype=work) * work(exponent_scale) / work(r)
     inverse = work(1) / np.power(work(base), exponents)
@@ -38,7 +39,7 @@ def _rotate_half_style(x: Array, angles: Array, r: int) -> Array:
     emb = np.concatenate([angles, angles], axis=-1)
     cos, sin = np.cos(emb).astype(x.dtype), np.sin(emb).astype(x.dtype)
     head = x[..., :r]
-    rotated = np.concatenate([-head[..., r // 2:], head[..., :r // 2]], axis=-1)
+    rotated = np.concatenate([-head[..., r // 2 :], head[..., : r // 2]], axis=-1)
     out = head * cos + rotated * sin
     return np.concatenate([out, x[..., r:]], axis=-1)
 
@@ -56,11 +57,13 @@ def _interleaved_style(x: Array, angles: Array, r: int) -> Array:
 
 # --- correct ------------------------------------------------------------------------------
 
+
 @declare(rope=RopeClaim("half"))
 def rope_rotate_half(x: Array, positions: Array) -> Array:
     """(r1) Hugging Face LLaMA's ``apply_rotary_pos_emb`` with ``rotate_half``."""
-    return _rotate_half_style(x, _angles(positions, x.shape[-1], 10000.0,
-                                         _accumulation(x.dtype)), x.shape[-1])
+    return _rotate_half_style(
+        x, _angles(positions, x.shape[-1], 10000.0, _accumulation(x.dtype)), x.shape[-1]
+    )
 
 
 @declare(rope=RopeClaim("interleaved"))
@@ -90,7 +93,7 @@ def rope_rotate_half_torch(x: Any, positions: Any) -> Any:
     freqs = positions.to(work)[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-    rotated = torch.cat((-x[..., d // 2:], x[..., :d // 2]), dim=-1)
+    rotated = torch.cat((-x[..., d // 2 :], x[..., : d // 2]), dim=-1)
     return x * cos + rotated * sin
 
 
@@ -98,6 +101,7 @@ CORRECT = (rope_rotate_half, rope_complex, rope_partial)  # NumPy functions
 
 
 # --- buggy --------------------------------------------------------------------------------
+
 
 @declare(rope=RopeClaim("half"))
 def rope_wrong_pairing(x: Array, positions: Array) -> Array:
@@ -122,8 +126,9 @@ def rope_position_off_by_one(x: Array, positions: Array) -> Array:
 def rope_exponent_i_over_d(x: Array, positions: Array) -> Array:
     """theta_i = base^(-i/d) instead of base^(-2i/d): frequencies fall half as fast."""
     d = x.shape[-1]
-    return _rotate_half_style(x, _angles(positions, d, 10000.0, _accumulation(x.dtype),
-                                         exponent_scale=1.0), d)
+    return _rotate_half_style(
+        x, _angles(positions, d, 10000.0, _accumulation(x.dtype), exponent_scale=1.0), d
+    )
 
 
 @declare(rope=RopeClaim("half"))
@@ -137,8 +142,9 @@ def rope_half_precision_angles(x: Array, positions: Array) -> Array:
     """Computes the angles in x's dtype (inv_freq and positions in float16): a whole
     radian off at positions in the thousands (and infinite past 65504)."""
     with np.errstate(over="ignore", invalid="ignore"):
-        return _rotate_half_style(x, _angles(positions, x.shape[-1], 10000.0, x.dtype.type),
-                                  x.shape[-1])
+        return _rotate_half_style(
+            x, _angles(positions, x.shape[-1], 10000.0, x.dtype.type), x.shape[-1]
+        )
 
 
 @declare(rope=RopeClaim("interleaved"))

@@ -20,12 +20,28 @@ from . import bugs_tiling as tiling
 from .entry import BuggyKernel, Witness, witness
 
 
-def long_keys(n_keys: int, *, n_queries: int = 6, head_dim: int = 16, value_dim: int = 16,
-              batch: tuple[int, ...] = (1,), heads: tuple[int, int] = (2, 2),
-              dtype: str = "float32", **options: Any) -> Witness:
+def long_keys(
+    n_keys: int,
+    *,
+    n_queries: int = 6,
+    head_dim: int = 16,
+    value_dim: int = 16,
+    batch: tuple[int, ...] = (1,),
+    heads: tuple[int, int] = (2, 2),
+    dtype: str = "float32",
+    **options: Any,
+) -> Witness:
     """A few queries (cheap to check) against ``n_keys`` keys, float32 by default."""
-    return witness(n_keys=n_keys, n_queries=n_queries, head_dim=head_dim,
-                   value_dim=value_dim, batch=batch, heads=heads, dtype=dtype, **options)
+    return witness(
+        n_keys=n_keys,
+        n_queries=n_queries,
+        head_dim=head_dim,
+        value_dim=value_dim,
+        batch=batch,
+        heads=heads,
+        dtype=dtype,
+        **options,
+    )
 
 
 def square_causal(n: int) -> Witness:
@@ -60,46 +76,107 @@ def entry(name: str, fn: Callable[..., Any], catches: str, w: Witness) -> BuggyK
 W = long_keys
 SCALE_CATALOGUE: list[BuggyKernel] = [
     # key blocks of 64 and their tails
-    entry("tiled-duplicates-key-tail", tiling.tiled_duplicates_key_tail,
-          "matches-reference", W(100)),
-    entry("tiled-drops-key-tail", tiling.tiled_drops_key_tail,
-          "matches-reference", W(100)),
-    entry("tiled-accumulator-not-rescaled", tiling.tiled_accumulator_not_rescaled,
-          "matches-reference", W(200)),
-    entry("exp2-rescale-without-log2e", tiling.exp2_rescale_without_log2e,
-          "key-permutation", W(200)),
+    entry(
+        "tiled-duplicates-key-tail", tiling.tiled_duplicates_key_tail, "matches-reference", W(100)
+    ),
+    entry("tiled-drops-key-tail", tiling.tiled_drops_key_tail, "matches-reference", W(100)),
+    entry(
+        "tiled-accumulator-not-rescaled",
+        tiling.tiled_accumulator_not_rescaled,
+        "matches-reference",
+        W(200),
+    ),
+    entry(
+        "exp2-rescale-without-log2e", tiling.exp2_rescale_without_log2e, "key-permutation", W(200)
+    ),
     # split-KV chunks of 256 keys
-    entry("split-kv-merge-ignores-chunk-max", tiling.split_kv_merge_ignores_chunk_max,
-          "matches-reference", W(1025, magnitude=2.0)),
-    entry("split-kv-merge-forgets-chunk-sum", tiling.split_kv_merge_forgets_chunk_sum,
-          "matches-reference", W(1025)),
-    entry("split-kv-floor-chunk-length", tiling.split_kv_floor_chunk_length,
-          "key-permutation", W(1023)),
+    entry(
+        "split-kv-merge-ignores-chunk-max",
+        tiling.split_kv_merge_ignores_chunk_max,
+        "matches-reference",
+        W(1025, magnitude=2.0),
+    ),
+    entry(
+        "split-kv-merge-forgets-chunk-sum",
+        tiling.split_kv_merge_forgets_chunk_sum,
+        "matches-reference",
+        W(1025),
+    ),
+    entry(
+        "split-kv-floor-chunk-length",
+        tiling.split_kv_floor_chunk_length,
+        "key-permutation",
+        W(1023),
+    ),
     # causal block skipping and masking
-    entry("causal-skip-uses-top-left-limit", tiling.causal_skip_uses_top_left_limit,
-          "decode-consistency", W(300, n_queries=1, is_causal=True)),
-    entry("causal-masks-last-key-block-only", tiling.causal_masks_last_key_block_only,
-          "causal-zeros", square_causal(100)),
-    entry("causal-tail-query-block-misaligned", tiling.causal_tail_query_block_misaligned,
-          "matches-reference", square_causal(200)),
+    entry(
+        "causal-skip-uses-top-left-limit",
+        tiling.causal_skip_uses_top_left_limit,
+        "decode-consistency",
+        W(300, n_queries=1, is_causal=True),
+    ),
+    entry(
+        "causal-masks-last-key-block-only",
+        tiling.causal_masks_last_key_block_only,
+        "causal-zeros",
+        square_causal(100),
+    ),
+    entry(
+        "causal-tail-query-block-misaligned",
+        tiling.causal_tail_query_block_misaligned,
+        "matches-reference",
+        square_causal(200),
+    ),
     # head-dim vector tails
-    entry("head-dim-tail-dropped", paths.head_dim_tail_dropped,
-          "matches-reference", W(16, head_dim=59)),
-    entry("value-dim-tail-unwritten", paths.value_dim_tail_unwritten,
-          "matches-reference", W(16, value_dim=80)),
+    entry(
+        "head-dim-tail-dropped",
+        paths.head_dim_tail_dropped,
+        "matches-reference",
+        W(16, head_dim=59),
+    ),
+    entry(
+        "value-dim-tail-unwritten",
+        paths.value_dim_tail_unwritten,
+        "matches-reference",
+        W(16, value_dim=80),
+    ),
     # programs, heads, dispatch on the shapes
-    entry("program-index-int16", paths.program_index_int16, "matches-reference",
-          W(4, n_queries=4100, heads=(8, 8), head_dim=4, value_dim=4)),
+    entry(
+        "program-index-int16",
+        paths.program_index_int16,
+        "matches-reference",
+        W(4, n_queries=4100, heads=(8, 8), head_dim=4, value_dim=4),
+    ),
     # gqa-mapping (SDPA-6.1) draws groups of 2-3 in quick; matches-reference draws G = 6
-    entry("gqa-large-group-modulo", paths.gqa_large_group_modulo,
-          "matches-reference", W(64, heads=(16, 2))),
-    entry("decode-path-ignores-mask", paths.decode_path_ignores_mask,
-          "mask-polarity", per_element_padding(W(300, n_queries=1, batch=(3,)))),
-    entry("large-batch-mask-from-first-element", paths.large_batch_mask_from_first_element,
-          "matches-reference", per_element_padding(W(40, batch=(6,)))),
-    entry("kv-buffer-truncates-at-2048", paths.kv_buffer_truncates_at_2048,
-          "matches-reference", W(4097, n_queries=2)),
+    entry(
+        "gqa-large-group-modulo",
+        paths.gqa_large_group_modulo,
+        "matches-reference",
+        W(64, heads=(16, 2)),
+    ),
+    entry(
+        "decode-path-ignores-mask",
+        paths.decode_path_ignores_mask,
+        "mask-polarity",
+        per_element_padding(W(300, n_queries=1, batch=(3,))),
+    ),
+    entry(
+        "large-batch-mask-from-first-element",
+        paths.large_batch_mask_from_first_element,
+        "matches-reference",
+        per_element_padding(W(40, batch=(6,))),
+    ),
+    entry(
+        "kv-buffer-truncates-at-2048",
+        paths.kv_buffer_truncates_at_2048,
+        "matches-reference",
+        W(4097, n_queries=2),
+    ),
     # extreme values
-    entry("padding-bias-read-as-mask", paths.padding_bias_read_as_mask,
-          "matches-reference", padded_float16_rows(W(40))),
+    entry(
+        "padding-bias-read-as-mask",
+        paths.padding_bias_read_as_mask,
+        "matches-reference",
+        padded_float16_rows(W(40)),
+    ),
 ]

@@ -74,8 +74,9 @@ def test_named_property_catches_bug(bug: BuggyKernel, request: pytest.FixtureReq
         f"property {bug.catches!r} is not registered (known: {', '.join(sorted(registry))})"
     )
     prop = registry[bug.catches]
-    verdict = run_property(prop, KernelUnderTest(bug.fn, _backend(bug)), profile="quick",
-                           shrink=False)
+    verdict = run_property(
+        prop, KernelUnderTest(bug.fn, _backend(bug)), profile="quick", shrink=False
+    )
     expected = FAILED if prop.level == "MUST" else WARNING
     assert verdict.status == expected, (
         f"{bug.catches} ({prop.clause}, {prop.level}) on {bug.name}: {verdict.status} "
@@ -87,6 +88,7 @@ def test_top_k_truncation_caught_with_more_examples() -> None:
     """SDPA-7.3: the top-8 bug, missed in the quick profile only for want of 9-key rows,
     is caught by matches-reference in the default profile (100 examples)."""
     bug = next(b for b in CATALOGUE if b.name == "top-8-weights")
-    verdict = verdict_of(bug.catches, KernelUnderTest(bug.fn, _backend(bug)), profile="default",
-                           shrink=False)
+    verdict = verdict_of(
+        bug.catches, KernelUnderTest(bug.fn, _backend(bug)), profile="default", shrink=False
+    )
     assert verdict.status == FAILED, verdict.detail

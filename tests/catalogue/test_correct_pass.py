@@ -76,20 +76,25 @@ class Divergence:
 TORCH_CAUSAL_SCALE_ZERO = Divergence(
     "torch-causal-scale-zero: the CPU flash kernel (4-d inputs, E == Ev) gives NaN rows "
     "for is_causal=True with scale=0.0 (SDPA-2.2, SDPA-7.1); the math backend is right",
-    FAILED, None,
-    lambda verdict: ("is_causal=True" in verdict.counterexample
-                     and "scale=0.0" in verdict.counterexample),
+    FAILED,
+    None,
+    lambda verdict: (
+        "is_causal=True" in verdict.counterexample and "scale=0.0" in verdict.counterexample
+    ),
 )
 TORCH_NAN_HIDDEN = Divergence(
     "torch-nan-query, pytorch #141128: the CPU flash kernel (4-d inputs, E == Ev) outputs "
     "0, not NaN, for a query row whose scores are NaN (SDPA-8.3)",
-    FAILED, ("nan-propagates",),
+    FAILED,
+    ("nan-propagates",),
     lambda verdict: "= 0.0, but the NaN at" in verdict.detail,
 )
 # Properties torch fails on (nearly) every example: running them on 20 seeds would only
 # repeat the confirmed divergence and pay for shrinking it each time.
-TORCH_NAN_LEAK = ("torch-masked-nan, pytorch #101967: NaN at masked keys/values leaks "
-                  "through 0 * NaN (SDPA-8.2, SHOULD)")
+TORCH_NAN_LEAK = (
+    "torch-masked-nan, pytorch #101967: NaN at masked keys/values leaks "
+    "through 0 * NaN (SDPA-8.2, SHOULD)"
+)
 TORCH_1D_MASK = "torch-1d-mask: a 1-d key mask raises IndexError with 4-d inputs (SDPA-3.1)"
 
 
@@ -125,29 +130,56 @@ def _torch_sdpa_flash() -> Callable[..., Any]:
     return sdpa_flash
 
 
-TORCH_FLASH_STRIDED = ("torch-flash-strided: pinned to the flash backend, a value tensor "
-                       "with a non-unit innermost stride raises 'No available kernel' "
-                       "(the public function falls back to math)")
+TORCH_FLASH_STRIDED = (
+    "torch-flash-strided: pinned to the flash backend, a value tensor "
+    "with a non-unit innermost stride raises 'No available kernel' "
+    "(the public function falls back to math)"
+)
 WITH_BIAS_AND_GQA = {"bias": True, "gqa": True}
 SUBJECTS: list[Subject] = [
     *(Subject(c.name, c.fn, c.backend) for c in CORRECT),
     Subject("reference", reference_sdpa, claims=WITH_BIAS_AND_GQA),
-    Subject("reference-with-weights", reference_sdpa,
-            claims={**WITH_BIAS_AND_GQA, "returns_weights": True,
-                    "extra_kwargs": {"return_weights": True}}),
-    Subject("reference-bottom-right", reference_sdpa,
-            claims={**WITH_BIAS_AND_GQA, "causal_alignment": "bottom_right",
-                    "extra_kwargs": {"causal_alignment": "bottom_right"}}),
-    Subject("torch-sdpa", _torch_sdpa, backend="torch",
-            divergences=(TORCH_CAUSAL_SCALE_ZERO, TORCH_NAN_HIDDEN),
-            not_run={"masked-nonfinite-ignored": TORCH_NAN_LEAK,
-                     "mask-broadcast": TORCH_1D_MASK}),
-    Subject("torch-sdpa-math", _torch_sdpa_math, backend="torch",
-            not_run={"masked-nonfinite-ignored": TORCH_NAN_LEAK}),
-    Subject("torch-sdpa-flash", _torch_sdpa_flash, backend="torch",
-            divergences=(TORCH_CAUSAL_SCALE_ZERO, TORCH_NAN_HIDDEN),
-            not_run={"masked-nonfinite-ignored": TORCH_NAN_LEAK,
-                     "layout-independence": TORCH_FLASH_STRIDED}),
+    Subject(
+        "reference-with-weights",
+        reference_sdpa,
+        claims={
+            **WITH_BIAS_AND_GQA,
+            "returns_weights": True,
+            "extra_kwargs": {"return_weights": True},
+        },
+    ),
+    Subject(
+        "reference-bottom-right",
+        reference_sdpa,
+        claims={
+            **WITH_BIAS_AND_GQA,
+            "causal_alignment": "bottom_right",
+            "extra_kwargs": {"causal_alignment": "bottom_right"},
+        },
+    ),
+    Subject(
+        "torch-sdpa",
+        _torch_sdpa,
+        backend="torch",
+        divergences=(TORCH_CAUSAL_SCALE_ZERO, TORCH_NAN_HIDDEN),
+        not_run={"masked-nonfinite-ignored": TORCH_NAN_LEAK, "mask-broadcast": TORCH_1D_MASK},
+    ),
+    Subject(
+        "torch-sdpa-math",
+        _torch_sdpa_math,
+        backend="torch",
+        not_run={"masked-nonfinite-ignored": TORCH_NAN_LEAK},
+    ),
+    Subject(
+        "torch-sdpa-flash",
+        _torch_sdpa_flash,
+        backend="torch",
+        divergences=(TORCH_CAUSAL_SCALE_ZERO, TORCH_NAN_HIDDEN),
+        not_run={
+            "masked-nonfinite-ignored": TORCH_NAN_LEAK,
+            "layout-independence": TORCH_FLASH_STRIDED,
+        },
+    ),
 ]
 
 
@@ -161,8 +193,11 @@ def _seed_profile(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def _kernel(subject: Subject) -> KernelUnderTest:
-    fn = (subject.fn() if subject.fn in (_torch_sdpa, _torch_sdpa_math, _torch_sdpa_flash)
-          else subject.fn)
+    fn = (
+        subject.fn()
+        if subject.fn in (_torch_sdpa, _torch_sdpa_math, _torch_sdpa_flash)
+        else subject.fn
+    )
     try:
         backend = Backend(subject.backend)
     except BackendError as exc:
@@ -197,22 +232,28 @@ def test_correct_kernel_passes(subject: Subject, prop_id: str) -> None:
         verdict = run_property(prop, kernel, profile=profile, seed=seed)
         if verdict.status == NOT_APPLICABLE:
             break  # decided by the declaration alone: the same on every seed
-        if verdict.status != PASSED and not any(d.accepts(verdict)
-                                                for d in subject.divergences):
-            bad.append(f"seed {seed}: {verdict.status}: {verdict.detail}\n"
-                       f"  inputs: {verdict.counterexample}")
-    assert not bad, (f"{prop_id} ({prop.clause}) on correct kernel {subject.name}:\n"
-                     + "\n".join(bad[:3]))
+        if verdict.status != PASSED and not any(d.accepts(verdict) for d in subject.divergences):
+            bad.append(
+                f"seed {seed}: {verdict.status}: {verdict.detail}\n"
+                f"  inputs: {verdict.counterexample}"
+            )
+    assert not bad, f"{prop_id} ({prop.clause}) on correct kernel {subject.name}:\n" + "\n".join(
+        bad[:3]
+    )
 
 
 def _recording_reference(seen: list[bytes]) -> Callable[..., Any]:
     """The reference, declared with the default claims, recording each call's inputs."""
 
-    def recorded(q: Any, k: Any, v: Any, *, mask: Any = None, is_causal: bool = False,
-                 scale: Any = None) -> Any:
+    def recorded(
+        q: Any, k: Any, v: Any, *, mask: Any = None, is_causal: bool = False, scale: Any = None
+    ) -> Any:
         arrays = [np.asarray(a) for a in (q, k, v, mask) if a is not None]
-        seen.append(repr([(a.shape, a.dtype.str, a.tobytes()) for a in arrays]
-                         + [is_causal, scale]).encode())
+        seen.append(
+            repr(
+                [(a.shape, a.dtype.str, a.tobytes()) for a in arrays] + [is_causal, scale]
+            ).encode()
+        )
         return reference_sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
 
     return declare(recorded)
@@ -249,7 +290,8 @@ REALISTIC_PROFILE = "realistic-strata"
 
 TILED_CASES = [
     pytest.param(correct, prop_id, id=f"{correct.name}-{prop_id}")
-    for correct in CORRECT if correct.name in TILED_NAMES
+    for correct in CORRECT
+    if correct.name in TILED_NAMES
     for prop_id in all_properties()
 ]
 
@@ -257,21 +299,31 @@ TILED_CASES = [
 # one item per (kernel, property), not per kernel: a kernel's whole run was one 25-45 s
 # item, which an xdist worker could only start near the end and then finish alone
 @pytest.mark.parametrize(("correct", "prop_id"), TILED_CASES)
-def test_tiled_kernel_passes_realistic_strata(correct: Any, prop_id: str,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tiled_kernel_passes_realistic_strata(
+    correct: Any, prop_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """CONF-1/CONF-3: the tiled and split-KV kernels pass every applicable property on
     the quick profile's anchors and realistic strata, where their several query blocks, key blocks
     and split-KV chunks are exercised (the small stratum is test_correct_kernel_passes)."""
     quick = PROFILES["quick"]
-    monkeypatch.setitem(PROFILES, REALISTIC_PROFILE,
-                        Profile(0, anchors=quick.anchors, blocks=quick.blocks,
-                                decode=quick.decode, wide=quick.wide, corners=quick.corners))
+    monkeypatch.setitem(
+        PROFILES,
+        REALISTIC_PROFILE,
+        Profile(
+            0,
+            anchors=quick.anchors,
+            blocks=quick.blocks,
+            decode=quick.decode,
+            wide=quick.wide,
+            corners=quick.corners,
+        ),
+    )
     kernel = KernelUnderTest(correct.fn, Backend(correct.backend))
-    verdict = verdict_of(prop_id, kernel, profile=REALISTIC_PROFILE,
-                           seed=0)
+    verdict = verdict_of(prop_id, kernel, profile=REALISTIC_PROFILE, seed=0)
     assert verdict.status in (PASSED, NOT_APPLICABLE), (
         f"correct kernel {correct.name}, {prop_id}: {verdict.status}: {verdict.detail}\n"
-        f"  inputs: {verdict.counterexample}")
+        f"  inputs: {verdict.counterexample}"
+    )
 
 
 def _random_problem(rng: np.random.Generator) -> dict[str, Any]:
@@ -290,7 +342,9 @@ def _random_problem(rng: np.random.Generator) -> dict[str, Any]:
         "q": values((*batch, n_kv * groups, n_q, e), magnitude),
         "k": values((*batch, n_kv, n_k, e), magnitude),
         "v": values((*batch, n_kv, n_k, ev)),
-        "dtype": dtype, "mask": None, "bias": None,
+        "dtype": dtype,
+        "mask": None,
+        "bias": None,
         "is_causal": bool(rng.random() < 0.4),
         "scale": float(rng.choice([0.5, -0.75, 0.0])) if rng.random() < 0.3 else None,
     }
@@ -309,8 +363,7 @@ def _random_problem(rng: np.random.Generator) -> dict[str, Any]:
 
 # Packed (varlen) and KV-cache kernels take other arguments: tests/catalogue/test_features.py
 # checks them against reference.varlen_attention and reference.kv_cache_attention.
-DENSE_CALLABLE = [c for c in CORRECT
-                  if declaration_of(c.fn).family not in ("varlen", "kv-cache")]
+DENSE_CALLABLE = [c for c in CORRECT if declaration_of(c.fn).family not in ("varlen", "kv-cache")]
 
 
 @pytest.mark.parametrize("correct", DENSE_CALLABLE, ids=lambda c: c.name)
@@ -322,13 +375,24 @@ def test_correct_kernel_matches_reference_directly(correct: Any) -> None:
     declaration = declaration_of(correct.fn)
     for _ in range(150):
         p = _random_problem(rng)
-        bound = error_bound(p["q"], p["k"], p["v"], dtype=p["dtype"], mask=p["mask"],
-                            bias=p["bias"], is_causal=p["is_causal"], scale=p["scale"],
-                            causal_alignment=declaration.causal_alignment)
+        bound = error_bound(
+            p["q"],
+            p["k"],
+            p["v"],
+            dtype=p["dtype"],
+            mask=p["mask"],
+            bias=p["bias"],
+            is_causal=p["is_causal"],
+            scale=p["scale"],
+            causal_alignment=declaration.causal_alignment,
+        )
         result = correct.fn(
-            *(p[name].astype(p["dtype"]) for name in "qkv"), mask=p["mask"],
+            *(p[name].astype(p["dtype"]) for name in "qkv"),
+            mask=p["mask"],
             bias=None if p["bias"] is None else p["bias"].astype(p["dtype"]),
-            is_causal=p["is_causal"], scale=p["scale"])
+            is_causal=p["is_causal"],
+            scale=p["scale"],
+        )
         out = result[0] if declaration.returns_weights or declaration.returns_lse else result
         assert out.dtype == np.dtype(p["dtype"]) and out.shape == bound.out.shape
         out = out.astype(np.float64)
@@ -339,6 +403,7 @@ def test_correct_kernel_matches_reference_directly(correct: Any) -> None:
 
 
 # --- PyTorch's divergences, each confirmed against the float64 definition -------------
+
 
 def _torch() -> Any:
     return pytest.importorskip("torch", reason="torch SDPA needs the torch extra")
@@ -355,7 +420,8 @@ def test_torch_nan_leak_is_a_real_divergence() -> None:
     v[:, 0, :] = np.nan
     expected = reference_sdpa(q, k, v, mask=mask)  # the float64 definition
     out = torch.nn.functional.scaled_dot_product_attention(
-        *(torch.from_numpy(x) for x in (q, k, v)), attn_mask=torch.from_numpy(mask))
+        *(torch.from_numpy(x) for x in (q, k, v)), attn_mask=torch.from_numpy(mask)
+    )
     assert np.isfinite(expected).all()
     assert np.isnan(out.numpy()).all()
     verdict = verdict_of("masked-nonfinite-ignored", _kernel(_subject("torch-sdpa")))
@@ -407,7 +473,8 @@ def test_torch_1d_mask_is_a_real_divergence() -> None:
     assert np.isfinite(expected).all()
     with pytest.raises(IndexError):
         torch.nn.functional.scaled_dot_product_attention(
-            *(torch.from_numpy(x) for x in (q, k, v)), attn_mask=torch.from_numpy(mask))
+            *(torch.from_numpy(x) for x in (q, k, v)), attn_mask=torch.from_numpy(mask)
+        )
     verdict = verdict_of("mask-broadcast", _kernel(_subject("torch-sdpa")))
     assert verdict.status == FAILED and "IndexError" in verdict.detail, verdict.detail
 

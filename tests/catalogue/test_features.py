@@ -34,14 +34,15 @@ def test_feature_catalogue_covers_every_feature_property() -> None:
     from attnspec.conformance.registry import all_properties
 
     caught = {bug.catches for bug in FEATURE_CATALOGUE}
-    features = {pid for pid, prop in all_properties().items()
-                if prop.clause.split("-")[0] in ("SOFTCAP", "ALIBI", "LSE", "DROP", "VARLEN",
-                                                 "KVCACHE")}
+    features = {
+        pid
+        for pid, prop in all_properties().items()
+        if prop.clause.split("-")[0] in ("SOFTCAP", "ALIBI", "LSE", "DROP", "VARLEN", "KVCACHE")
+    }
     assert features - caught == set()
 
 
-@pytest.mark.parametrize("fn", [packed_kernels.varlen_block_diagonal],
-                         ids=lambda fn: fn.__name__)
+@pytest.mark.parametrize("fn", [packed_kernels.varlen_block_diagonal], ids=lambda fn: fn.__name__)
 def test_correct_varlen_kernel_matches_the_reference(fn: object) -> None:
     """VARLEN-1 ... VARLEN-3: the block-diagonal kernel equals reference.varlen_attention on
     ragged sequences with empty ones, GQA, causal and softcap, and rejects bad offsets."""
@@ -50,9 +51,11 @@ def test_correct_varlen_kernel_matches_the_reference(fn: object) -> None:
     assert varlen_accepts_bad_offsets(kernel) is None
 
 
-@pytest.mark.parametrize("fn", [packed_kernels.kv_cache_in_place,
-                                packed_kernels.kv_cache_contiguous],
-                         ids=lambda fn: fn.__name__)
+@pytest.mark.parametrize(
+    "fn",
+    [packed_kernels.kv_cache_in_place, packed_kernels.kv_cache_contiguous],
+    ids=lambda fn: fn.__name__,
+)
 def test_correct_cache_kernels_match_the_reference(fn: object) -> None:
     """KVCACHE-2, KVCACHE-4, KVCACHE-5: output and appended cache equal the reference's."""
     assert cache_differs(_kernel(fn)) is None
@@ -62,6 +65,11 @@ def test_correct_cache_kernels_match_the_reference(fn: object) -> None:
 def test_dropout_evidence_finds_nothing_in_correct_dropout() -> None:
     """DROP-2 ... DROP-4: the dropout evidence is quiet on the correct dropout kernel."""
     kernel = _kernel(correct_features.dropout_attention)
-    for evidence in (kept_values_wrong, kept_fraction_wrong, seed_ignored,
-                     shared_indicators(axis=1), shared_indicators(axis=2)):
+    for evidence in (
+        kept_values_wrong,
+        kept_fraction_wrong,
+        seed_ignored,
+        shared_indicators(axis=1),
+        shared_indicators(axis=2),
+    ):
         assert evidence(kernel) is None, evidence

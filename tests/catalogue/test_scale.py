@@ -59,8 +59,9 @@ def _small_mask(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return mask
 
 
-def _small_bias(rng: np.random.Generator, shape: tuple[int, ...], *,
-                finite_padding: bool) -> np.ndarray:
+def _small_bias(
+    rng: np.random.Generator, shape: tuple[int, ...], *, finite_padding: bool
+) -> np.ndarray:
     """N(0, 3) scores bias with some keys padded: -inf (excluded, SDPA-3.3) or, with
     ``finite_padding``, a large finite value (-1e4, finfo(float16).min) that leaves the
     key a weight of ~0.  Key 0 is never padded, so a row the causal rule leaves a key
@@ -79,8 +80,9 @@ def small_problem(rng: np.random.Generator) -> Problem:
     """A random problem inside the small envelope, values rounded to its dtype."""
     batch = () if rng.random() < 0.3 else (int(rng.integers(1, 4)),)
     n_kv, group = (int(n) for n in rng.integers(1, 4, size=2))
-    n_q, n_k = (int(n) for n in rng.choice([0, 1, 2, 7, 16, 23, 24, *rng.integers(0, 25, 3)],
-                                           size=2))
+    n_q, n_k = (
+        int(n) for n in rng.choice([0, 1, 2, 7, 16, 23, 24, *rng.integers(0, 25, 3)], size=2)
+    )
     e, ev = (int(n) for n in rng.integers(1, 17, size=2))
     dtype = str(rng.choice(DTYPES))
     magnitude = float(rng.choice([0.1, 1.0, 3.0]))
@@ -94,10 +96,16 @@ def small_problem(rng: np.random.Generator) -> Problem:
         mask[..., 0] = False  # key 0 masked for every query, its values NaN (SDPA-8.2)
         v[..., 0, :] = np.nan
     return Problem(
-        q=_rounded(q, dtype), k=_rounded(k, dtype), v=_rounded(v, dtype), dtype=dtype,
+        q=_rounded(q, dtype),
+        k=_rounded(k, dtype),
+        v=_rounded(v, dtype),
+        dtype=dtype,
         mask=mask,
-        bias=(_rounded(_small_bias(rng, scores_shape, finite_padding=mask is None), dtype)
-              if rng.random() < 0.5 else None),
+        bias=(
+            _rounded(_small_bias(rng, scores_shape, finite_padding=mask is None), dtype)
+            if rng.random() < 0.5
+            else None
+        ),
         is_causal=bool(rng.random() < 0.4),
         scale=float(rng.choice([0.5, -0.75, 0.0])) if rng.random() < 0.2 else None,
     )
@@ -122,17 +130,24 @@ def test_small_problems_cover_the_envelope(small_problems: list[Problem]) -> Non
     assert max(p.q.shape[-1] for p in small_problems) == 16
     assert max(p.q.shape[-3] // p.k.shape[-3] for p in small_problems) == 3
     assert {p.dtype for p in small_problems} == set(DTYPES)
-    assert any(p.is_causal and p.mask is not None and p.bias is not None
-               for p in small_problems)
+    assert any(p.is_causal and p.mask is not None and p.bias is not None for p in small_problems)
 
 
 def _beyond_the_small_envelope(w: Witness) -> list[str]:
     """What makes a witness realistic: a size past the small grid's, or a value extreme."""
     batch = np.broadcast_shapes(w.q.shape[:-3], w.k.shape[:-3], w.v.shape[:-3])
-    found = [name for name, size, small in (
-        ("Lq", w.q.shape[-2], 24), ("Lk", w.k.shape[-2], 24), ("E", w.q.shape[-1], 16),
-        ("Ev", w.v.shape[-1], 16), ("group", w.q.shape[-3] // w.k.shape[-3], 3),
-        ("batch", math.prod(batch), 3)) if size > small]
+    found = [
+        name
+        for name, size, small in (
+            ("Lq", w.q.shape[-2], 24),
+            ("Lk", w.k.shape[-2], 24),
+            ("E", w.q.shape[-1], 16),
+            ("Ev", w.v.shape[-1], 16),
+            ("group", w.q.shape[-3] // w.k.shape[-3], 3),
+            ("batch", math.prod(batch), 3),
+        )
+        if size > small
+    ]
     if w.bias is not None and w.mask is None and (w.bias == FLOAT16_MIN).all(axis=-1).any():
         found.append("a row padded entirely with finfo.min")
     return found
@@ -148,7 +163,9 @@ def test_scale_catalogue_is_large_with_realistic_witnesses() -> None:
 
 @pytest.mark.parametrize("bug", SCALE_CATALOGUE, ids=lambda bug: bug.name)
 def test_scale_bug_is_exact_on_small_problems(
-    bug: BuggyKernel, small_problems: list[Problem], small_bounds: dict[tuple[int, str], Any],
+    bug: BuggyKernel,
+    small_problems: list[Problem],
+    small_bounds: dict[tuple[int, str], Any],
 ) -> None:
     """SDPA-7.3/TOL-2: the bug cannot show below realistic sizes — each of 160 small
     problems is within TOL-2 of the definition (non-finite outputs bit for bit)."""
@@ -158,20 +175,27 @@ def test_scale_bug_is_exact_on_small_problems(
         if (index, alignment) not in small_bounds:
             small_bounds[index, alignment] = reference_bound(problem, kernel.declaration)
         bound = small_bounds[index, alignment]
-        difference = difference_outside_tol2(kernel.output(problem), np.asarray(bound.out),
-                                             np.asarray(bound.out_tolerance))
+        difference = difference_outside_tol2(
+            kernel.output(problem), np.asarray(bound.out), np.asarray(bound.out_tolerance)
+        )
         assert difference is None, f"{bug.name} on {problem.describe()}: {difference}"
 
 
 # The catalogue's small-scale versions of the same bugs (key blocks of 3, query blocks of
 # 4, h % Hkv for every group): if the grid is exact for the scale bugs, it is not blind.
-SMALL_ANALOGUES = ("online-softmax-drops-tail", "online-softmax-no-rescale",
-                   "query-tail-block-skipped", "gqa-h-mod-Hkv")
+SMALL_ANALOGUES = (
+    "online-softmax-drops-tail",
+    "online-softmax-no-rescale",
+    "query-tail-block-skipped",
+    "gqa-h-mod-Hkv",
+)
 
 
 @pytest.mark.parametrize("name", SMALL_ANALOGUES)
 def test_small_problems_catch_the_small_scale_analogues(
-    name: str, small_problems: list[Problem], small_bounds: dict[tuple[int, str], Any],
+    name: str,
+    small_problems: list[Problem],
+    small_bounds: dict[tuple[int, str], Any],
 ) -> None:
     """SDPA-7.3: the same grid finds the tiling and head-mapping bugs when their block
     sizes or thresholds are small, so its silence on the scale bugs means exactness."""
@@ -183,16 +207,31 @@ def test_small_problems_catch_the_small_scale_analogues(
         if (index, alignment) not in small_bounds:
             small_bounds[index, alignment] = reference_bound(problem, kernel.declaration)
         bound = small_bounds[index, alignment]
-        found += difference_outside_tol2(kernel.output(problem), np.asarray(bound.out),
-                                         np.asarray(bound.out_tolerance)) is not None
+        found += (
+            difference_outside_tol2(
+                kernel.output(problem), np.asarray(bound.out), np.asarray(bound.out_tolerance)
+            )
+            is not None
+        )
     assert found >= 10, f"{name} differs from the definition on only {found} small problems"
 
 
 # --- correct tiled and split-KV kernels at realistic sizes ------------------------------
 
-def _realistic(rng: np.random.Generator, dtype: str, *, n_queries: int, n_keys: int,
-               head_dim: int, value_dim: int, heads: tuple[int, int], batch: tuple[int, ...],
-               is_causal: bool = False, padded: bool = False) -> Problem:
+
+def _realistic(
+    rng: np.random.Generator,
+    dtype: str,
+    *,
+    n_queries: int,
+    n_keys: int,
+    head_dim: int,
+    value_dim: int,
+    heads: tuple[int, int],
+    batch: tuple[int, ...],
+    is_causal: bool = False,
+    padded: bool = False,
+) -> Problem:
     """Random values at a realistic size; ``padded`` adds per-batch key padding as a
     boolean mask and an additive -1e4 bias on further keys (HF-style)."""
     n_q_heads, n_kv_heads = heads
@@ -203,28 +242,61 @@ def _realistic(rng: np.random.Generator, dtype: str, *, n_queries: int, n_keys: 
     if padded:
         lengths = rng.integers(n_keys // 2, n_keys + 1, size=batch)
         mask = np.arange(n_keys) < lengths[..., None, None, None]
-        bias = np.where(rng.random((n_queries, n_keys)) < 0.1, -1e4,
-                        rng.standard_normal((n_queries, n_keys)))
-    return Problem(q=_rounded(q, dtype), k=_rounded(k, dtype), v=_rounded(v, dtype),
-                   dtype=dtype, mask=mask,
-                   bias=None if bias is None else _rounded(bias, dtype), is_causal=is_causal)
+        bias = np.where(
+            rng.random((n_queries, n_keys)) < 0.1, -1e4, rng.standard_normal((n_queries, n_keys))
+        )
+    return Problem(
+        q=_rounded(q, dtype),
+        k=_rounded(k, dtype),
+        v=_rounded(v, dtype),
+        dtype=dtype,
+        mask=mask,
+        bias=None if bias is None else _rounded(bias, dtype),
+        is_causal=is_causal,
+    )
 
 
 REALISTIC: dict[str, dict[str, Any]] = {
-    "Lk1023-E59-padded": dict(n_queries=20, n_keys=1023, head_dim=59, value_dim=24,
-                              heads=(2, 2), batch=(2,), padded=True),
-    "Lk1024-E111-causal": dict(n_queries=70, n_keys=1024, head_dim=111, value_dim=32,
-                               heads=(2, 1), batch=(1,), is_causal=True),
-    "Lk1025-E256-gqa8": dict(n_queries=9, n_keys=1025, head_dim=256, value_dim=16,
-                             heads=(8, 1), batch=(1,)),
-    "decode-Lk4097-gqa8-causal": dict(n_queries=1, n_keys=4097, head_dim=128, value_dim=64,
-                                      heads=(8, 1), batch=(2,), is_causal=True,
-                                      padded=True),
-    "113x203-causal": dict(n_queries=113, n_keys=203, head_dim=80, value_dim=80,
-                           heads=(3, 3), batch=(1,), is_causal=True),
+    "Lk1023-E59-padded": dict(
+        n_queries=20, n_keys=1023, head_dim=59, value_dim=24, heads=(2, 2), batch=(2,), padded=True
+    ),
+    "Lk1024-E111-causal": dict(
+        n_queries=70,
+        n_keys=1024,
+        head_dim=111,
+        value_dim=32,
+        heads=(2, 1),
+        batch=(1,),
+        is_causal=True,
+    ),
+    "Lk1025-E256-gqa8": dict(
+        n_queries=9, n_keys=1025, head_dim=256, value_dim=16, heads=(8, 1), batch=(1,)
+    ),
+    "decode-Lk4097-gqa8-causal": dict(
+        n_queries=1,
+        n_keys=4097,
+        head_dim=128,
+        value_dim=64,
+        heads=(8, 1),
+        batch=(2,),
+        is_causal=True,
+        padded=True,
+    ),
+    "113x203-causal": dict(
+        n_queries=113,
+        n_keys=203,
+        head_dim=80,
+        value_dim=80,
+        heads=(3, 3),
+        batch=(1,),
+        is_causal=True,
+    ),
 }
-TILED_KERNELS: list[Callable[..., Any]] = [tiled_attention, tiled_attention_bottom_right,
-                                           split_kv_attention]
+TILED_KERNELS: list[Callable[..., Any]] = [
+    tiled_attention,
+    tiled_attention_bottom_right,
+    split_kv_attention,
+]
 
 
 def _realistic_cases() -> Iterator[Any]:
@@ -247,6 +319,7 @@ def test_tiled_and_split_kv_kernels_conform_at_realistic_sizes(case: str, dtype:
         if alignment not in bounds:
             bounds[alignment] = reference_bound(problem, kernel.declaration)
         bound = bounds[alignment]
-        difference = difference_outside_tol2(kernel.output(problem), np.asarray(bound.out),
-                                             np.asarray(bound.out_tolerance))
+        difference = difference_outside_tol2(
+            kernel.output(problem), np.asarray(bound.out), np.asarray(bound.out_tolerance)
+        )
         assert difference is None, f"{fn.__name__} on {problem.describe()}: {difference}"

@@ -76,8 +76,9 @@ def merge_chunks(
         total = np.sum(weights, axis=0)
         merged = np.sum(weights * np.stack([c.out for c in chunks]), axis=0)
         empty = total == 0
-        return np.where(empty, merged.dtype.type(0),
-                        merged / np.where(empty, total.dtype.type(1), total))
+        return np.where(
+            empty, merged.dtype.type(0), merged / np.where(empty, total.dtype.type(1), total)
+        )
 
 
 @dataclass(frozen=True)
@@ -105,9 +106,14 @@ def _row_block(ops: Operands, rows: slice, tiling: Tiling) -> np.ndarray:
     s, allowed = scores(a)
     parts = []
     for chunk in tiling.chunks(limit, tiling.split or max(limit, 1)):
-        state: Running = online_pass(s[..., chunk], allowed[..., chunk], a.v[..., chunk, :],
-                                     block=tiling.key_block, blocks=tiling.key_blocks,
-                                     rescale=tiling.rescale)
+        state: Running = online_pass(
+            s[..., chunk],
+            allowed[..., chunk],
+            a.v[..., chunk, :],
+            block=tiling.key_block,
+            blocks=tiling.key_blocks,
+            rescale=tiling.rescale,
+        )
         parts.append(Chunk(state.m, state.total, normalise(state)))
     if not parts:  # no key within reach of any row of the block (SDPA-5)
         return np.zeros((*a.q.shape[:-1], a.v.shape[-1]), dtype=a.q.dtype)

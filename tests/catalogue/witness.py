@@ -26,8 +26,9 @@ def _transposed_view(a: Any) -> Any:
     return np.swapaxes(np.ascontiguousarray(np.swapaxes(a, -1, -2)), -1, -2)
 
 
-def difference_outside_tol2(actual: np.ndarray, expected: np.ndarray,
-                            tolerance: np.ndarray) -> str | None:
+def difference_outside_tol2(
+    actual: np.ndarray, expected: np.ndarray, tolerance: np.ndarray
+) -> str | None:
     """Where ``actual`` departs from the reference: another shape, a non-finite value
     that is not the reference's bit for bit (TOL-3), or a finite one outside TOL-2."""
     if actual.shape != expected.shape:
@@ -41,8 +42,10 @@ def difference_outside_tol2(actual: np.ndarray, expected: np.ndarray,
         outside = finite & ~(np.abs(actual - expected) <= tolerance)
     if outside.any():
         at = tuple(int(i) for i in np.argwhere(outside)[0])
-        return (f"out{at} = {float(actual[at])!r}, the reference's is {float(expected[at])!r} "
-                f"(TOL-2 allows {tolerance[at]:.3g})")
+        return (
+            f"out{at} = {float(actual[at])!r}, the reference's is {float(expected[at])!r} "
+            f"(TOL-2 allows {tolerance[at]:.3g})"
+        )
     return None
 
 
@@ -60,9 +63,17 @@ def observed_difference(bug: BuggyKernel) -> str | None:
     q, k, v = rounded(w.q), rounded(w.k), rounded(w.v)
     bias = None if w.bias is None else rounded(w.bias)
     try:
-        bound = error_bound(q, k, v, dtype=w.dtype, mask=w.mask, bias=bias,
-                            is_causal=w.is_causal, causal_alignment=declaration.causal_alignment,
-                            scale=w.scale)
+        bound = error_bound(
+            q,
+            k,
+            v,
+            dtype=w.dtype,
+            mask=w.mask,
+            bias=bias,
+            is_causal=w.is_causal,
+            causal_alignment=declaration.causal_alignment,
+            scale=w.scale,
+        )
     except ValueError as exc:
         bound, rejection = None, exc
 
@@ -91,5 +102,6 @@ def observed_difference(bug: BuggyKernel) -> str | None:
     for again in values[1:]:
         if not np.array_equal(values[0], again, equal_nan=True):
             return "different bits on repeated identical calls"
-    return difference_outside_tol2(values[0], np.asarray(bound.out),
-                                   np.asarray(bound.out_tolerance))
+    return difference_outside_tol2(
+        values[0], np.asarray(bound.out), np.asarray(bound.out_tolerance)
+    )

@@ -41,13 +41,18 @@ q4, q1, kv2 = arr(np.ones((1, 1, 4, 1))), arr(np.ones((1, 1, 1, 1))), arr(np.one
 q16 = arr([[[[1000.0]]]], "float16")
 k16, v16 = arr([[[[1000.0]], [[-1000.0]]]], "float16"), arr([[[[1.0]], [[2.0]]]], "float16")
 qc, vc = arr(np.ones((1, 3, 1, 2))), arr(np.arange(6.0).reshape(1, 3, 1, 2))
-print(json.dumps({
-    "fully_masked": outcome(lambda: attention(one, k2, v2,
-                                              mask=arr(np.zeros((1, 1, 1, 2)), "bool"))),
-    "nan_query": outcome(lambda: attention(arr([[[[np.nan]]]]), k2, v2)),
-    "gqa_4_over_2": outcome(lambda: attention(q4, kv2, kv2)),
-    "gqa_1_over_2": outcome(lambda: attention(q1, kv2, kv2)),
-    "float16_scores_1e6": outcome(lambda: attention(q16, k16, v16)),
-    "mask_1d": outcome(lambda: attention(one, k2, v2, mask=arr([True, False], "bool"))),
-    "causal_scale_0": outcome(lambda: attention(qc, qc, vc, is_causal=True, scale=0.0)),
-}))
+print(
+    json.dumps(
+        {
+            "fully_masked": outcome(
+                lambda: attention(one, k2, v2, mask=arr(np.zeros((1, 1, 1, 2)), "bool"))
+            ),
+            "nan_query": outcome(lambda: attention(arr([[[[np.nan]]]]), k2, v2)),
+            "gqa_4_over_2": outcome(lambda: attention(q4, kv2, kv2)),
+            "gqa_1_over_2": outcome(lambda: attention(q1, kv2, kv2)),
+            "float16_scores_1e6": outcome(lambda: attention(q16, k16, v16)),
+            "mask_1d": outcome(lambda: attention(one, k2, v2, mask=arr([True, False], "bool"))),
+            "causal_scale_0": outcome(lambda: attention(qc, qc, vc, is_causal=True, scale=0.0)),
+        }
+    )
+)

@@ -86,22 +86,35 @@ def test_upstream_multihead_attention_gives_nan_for_a_fully_masked_row_with_weig
     when upstream changes either."""
     layer = torch.nn.MultiheadAttention(2, 1, bias=False, batch_first=True).eval()
     x = torch.ones(1, 1, 2)
-    want, _ = sdpa(np.ones((1, 1, 1, 2)), np.ones((1, 1, 1, 2)), np.ones((1, 1, 1, 2)),
-                   mask=np.zeros((1, 1), dtype=bool))
+    want, _ = sdpa(
+        np.ones((1, 1, 1, 2)),
+        np.ones((1, 1, 1, 2)),
+        np.ones((1, 1, 1, 2)),
+        mask=np.zeros((1, 1), dtype=bool),
+    )
     assert (want == 0).all()
     masked_out = torch.ones(1, 1, dtype=torch.bool)
     with torch.no_grad():
-        for masks in ({"attn_mask": masked_out}, {"key_padding_mask": masked_out},
-                      {"attn_mask": torch.full((1, 1), float("-inf"))}):
+        for masks in (
+            {"attn_mask": masked_out},
+            {"key_padding_mask": masked_out},
+            {"attn_mask": torch.full((1, 1), float("-inf"))},
+        ):
             out, weights = layer(x, x, x, need_weights=True, **masks)
             assert torch.isnan(out).all() and torch.isnan(weights).all(), masks
             out, _ = layer(x, x, x, need_weights=False, **masks)
             assert (out == 0).all(), masks
 
 
-def _refuses_empty_and_cross(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
-                             mask: np.ndarray | None = None, is_causal: bool = False,
-                             scale: float | None = None) -> np.ndarray:
+def _refuses_empty_and_cross(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    mask: np.ndarray | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> np.ndarray:
     """Correct attention that, like local-attention and FlexAttention, raises on an empty
     length or on Lq != Lk."""
     from attnspec.reference import scaled_dot_product_attention
@@ -121,17 +134,24 @@ def test_limitations_are_declared_once_and_named_in_the_claim() -> None:
     from attnspec.conformance.runner import FAILED, WAIVED
 
     only = ["matches-reference", "empty-sizes", "no-keys-zero", "key-permutation"]
-    declared = check(_refuses_empty_and_cross, backend="numpy", only=only, dtypes=["float64"],
-                     equal_lengths=True, empty_sizes=False)
+    declared = check(
+        _refuses_empty_and_cross,
+        backend="numpy",
+        only=only,
+        dtypes=["float64"],
+        equal_lengths=True,
+        empty_sizes=False,
+    )
     assert declared.conforms, [v.detail for v in declared.verdicts]
     status = {v.property: v.status for v in declared.verdicts}
     assert status["empty-sizes"] == status["no-keys-zero"] == WAIVED
     assert declared.waived == ["SDPA-1.5", "SDPA-5.2"]
-    claim = conformance_claim(declaration_of(_refuses_empty_and_cross, equal_lengths=True,
-                                             empty_sizes=False), ("float64",))
+    claim = conformance_claim(
+        declaration_of(_refuses_empty_and_cross, equal_lengths=True, empty_sizes=False),
+        ("float64",),
+    )
     assert "needs Lq == Lk" in claim and "except SDPA-1.5, SDPA-5.2" in claim, claim
-    undeclared = check(_refuses_empty_and_cross, backend="numpy", only=only[:2],
-                       dtypes=["float64"])
+    undeclared = check(_refuses_empty_and_cross, backend="numpy", only=only[:2], dtypes=["float64"])
     assert {v.status for v in undeclared.verdicts} == {FAILED}
 
 
@@ -140,8 +160,11 @@ def test_upstream_multihead_attention_overflows_float16_scores_with_weights() ->
     is representable give a finite output.  With need_weights=True, nn.MultiheadAttention
     (torch 2.13.0) forms q k^T in float16 and returns NaN once it passes 65504; with
     need_weights=False it gives the right value.  Fails when upstream changes either."""
-    layer = torch.nn.MultiheadAttention(1, 1, bias=False, batch_first=True,
-                                        dtype=torch.float16).eval().requires_grad_(False)
+    layer = (
+        torch.nn.MultiheadAttention(1, 1, bias=False, batch_first=True, dtype=torch.float16)
+        .eval()
+        .requires_grad_(False)
+    )
     with torch.no_grad():
         layer.in_proj_weight.fill_(1.0)
         layer.out_proj.weight.fill_(1.0)
@@ -168,16 +191,20 @@ def test_upstream_flex_attention_leaks_nan_from_masked_values() -> None:
     q = torch.tensor([[[[0.25, 1.0]]]], dtype=torch.float64)
     k = torch.tensor([[[[0.5, -1.0], [0.5, 0.5]]]], dtype=torch.float64)
     v = torch.tensor([[[[1.0, 2.0], [float("nan"), float("nan")]]]], dtype=torch.float64)
-    want, _ = sdpa(q.numpy(), k.numpy(), np.nan_to_num(v.numpy()),
-                   mask=np.array([[True, False]]))
+    want, _ = sdpa(q.numpy(), k.numpy(), np.nan_to_num(v.numpy()), mask=np.array([[True, False]]))
     assert want.tolist() == [[[[1.0, 2.0]]]]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "called without torch.compile()"
-        block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: kv_idx == 0, 1, 1, 1, 2,
-                                       device="cpu")
+        block_mask = create_block_mask(
+            lambda b, h, q_idx, kv_idx: kv_idx == 0, 1, 1, 1, 2, device="cpu"
+        )
         by_block_mask = flex_attention(q, k, v, block_mask=block_mask)
-        by_score_mod = flex_attention(q, k, v, score_mod=lambda s, b, h, q_idx, kv_idx:
-                                      torch.where(kv_idx == 0, s, float("-inf")))
+        by_score_mod = flex_attention(
+            q,
+            k,
+            v,
+            score_mod=lambda s, b, h, q_idx, kv_idx: torch.where(kv_idx == 0, s, float("-inf")),
+        )
     assert torch.isnan(by_block_mask).all() and torch.isnan(by_score_mod).all()
 
 
@@ -191,16 +218,25 @@ def test_upstream_keras_computes_float64_as_float32(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    code = ("import numpy as np, keras; q = np.full((1, 1, 1, 1), 0.1); "
-            "print(keras.config.floatx(), keras.ops.dot_product_attention(q, q, q).dtype)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env={**os.environ, "KERAS_BACKEND": "numpy"}, cwd=tmp_path,
-                            timeout=120, check=False)
+    code = (
+        "import numpy as np, keras; q = np.full((1, 1, 1, 1), 0.1); "
+        "print(keras.config.floatx(), keras.ops.dot_product_attention(q, q, q).dtype)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KERAS_BACKEND": "numpy"},
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
     assert result.stdout.split() == ["float32", "float32"], result.stderr[-2000:]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("local_attention") is None,
-                    reason="local-attention is not installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("local_attention") is None, reason="local-attention is not installed"
+)
 def test_upstream_local_attention_leaks_nan_outside_the_window() -> None:
     """docs/divergences.md#local-attention-masked-nan: SPARSE-6.3 (SHOULD) says a NaN
     outside S(i) does not reach row i; local-attention 1.11.2 leaks a NaN value from a key
@@ -208,12 +244,11 @@ def test_upstream_local_attention_leaks_nan_outside_the_window() -> None:
     from attnspec.conformance.adapters.thirdparty import local_attention
 
     generator = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 1, 6, 2, dtype=torch.float64, generator=generator)
-               for _ in range(3))
+    q, k, v = (torch.randn(1, 1, 6, 2, dtype=torch.float64, generator=generator) for _ in range(3))
     clean = local_attention(q, k, v)
     window = np.zeros((6, 6), dtype=bool)
     for i in range(6):
-        window[i, max(0, i - 4):i + 1] = True
+        window[i, max(0, i - 4) : i + 1] = True
     want, _ = sdpa(q.numpy(), k.numpy(), v.numpy(), mask=window)
     np.testing.assert_allclose(clean.numpy(), want, atol=1e-12)  # the pattern, as declared
     v[..., 0, :] = float("nan")  # key 0 is outside query 5's window
@@ -230,8 +265,7 @@ def test_upstream_sdpa_masked_overflowing_key_gives_nan() -> None:
     k = torch.tensor([[[[0.5, 0.5], [3e38, 3e38]]]])
     v = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]])
     mask = torch.tensor([[True, False]])
-    want, _ = sdpa(q.double().numpy(), k.double().numpy(), v.double().numpy(),
-                   mask=mask.numpy())
+    want, _ = sdpa(q.double().numpy(), k.double().numpy(), v.double().numpy(), mask=mask.numpy())
     assert want.flatten().tolist() == [1.0, 2.0]
     for kernel in (torch.nn.functional.scaled_dot_product_attention, sdpa_math, sdpa_flash):
         assert torch.isnan(kernel(q, k, v, attn_mask=mask)).all(), kernel
@@ -244,18 +278,33 @@ NAN = float("nan")
 # gqa_1_over_2 an error (SDPA-6.2, SHOULD), float16_scores_1e6 1 (SDPA-7.4), mask_1d 2
 # (SDPA-3.1) and causal_scale_0 [[0, 1], [1, 2], [2, 3]] (SDPA-7.1).
 KERAS_UPSTREAM = {
-    "torch": {"fully_masked": [[[[3.0]]]], "nan_query": [[[[0.0]]]],
-              "gqa_4_over_2": [[[[1.0], [1.0], [1.0], [1.0]]]], "gqa_1_over_2": [[[[1.0], [1.0]]]],
-              "float16_scores_1e6": [[[[1.0]]]], "mask_1d": "IndexError",
-              "causal_scale_0": [[[[NAN, NAN]], [[NAN, NAN]], [[2.0, 3.0]]]]},
-    "jax": {"fully_masked": [[[[3.0]]]], "nan_query": [[[[NAN]]]],
-            "gqa_4_over_2": [[[[1.0], [1.0], [1.0], [1.0]]]], "gqa_1_over_2": "TypeError",
-            "float16_scores_1e6": [[[[1.0]]]], "mask_1d": [[[[2.0]]]],
-            "causal_scale_0": [[[[0.0, 1.0]], [[1.0, 2.0]], [[2.0, 3.0]]]]},
-    "numpy": {"fully_masked": [[[[3.0]]]], "nan_query": [[[[NAN]]]],
-              "gqa_4_over_2": "ValueError", "gqa_1_over_2": [[[[1.0], [1.0]]]],
-              "float16_scores_1e6": [[[[NAN]]]], "mask_1d": [[[[2.0]]]],
-              "causal_scale_0": [[[[0.0, 1.0]], [[1.0, 2.0]], [[2.0, 3.0]]]]},
+    "torch": {
+        "fully_masked": [[[[3.0]]]],
+        "nan_query": [[[[0.0]]]],
+        "gqa_4_over_2": [[[[1.0], [1.0], [1.0], [1.0]]]],
+        "gqa_1_over_2": [[[[1.0], [1.0]]]],
+        "float16_scores_1e6": [[[[1.0]]]],
+        "mask_1d": "IndexError",
+        "causal_scale_0": [[[[NAN, NAN]], [[NAN, NAN]], [[2.0, 3.0]]]],
+    },
+    "jax": {
+        "fully_masked": [[[[3.0]]]],
+        "nan_query": [[[[NAN]]]],
+        "gqa_4_over_2": [[[[1.0], [1.0], [1.0], [1.0]]]],
+        "gqa_1_over_2": "TypeError",
+        "float16_scores_1e6": [[[[1.0]]]],
+        "mask_1d": [[[[2.0]]]],
+        "causal_scale_0": [[[[0.0, 1.0]], [[1.0, 2.0]], [[2.0, 3.0]]]],
+    },
+    "numpy": {
+        "fully_masked": [[[[3.0]]]],
+        "nan_query": [[[[NAN]]]],
+        "gqa_4_over_2": "ValueError",
+        "gqa_1_over_2": [[[[1.0], [1.0]]]],
+        "float16_scores_1e6": [[[[NAN]]]],
+        "mask_1d": [[[[2.0]]]],
+        "causal_scale_0": [[[[0.0, 1.0]], [[1.0, 2.0]], [[2.0, 3.0]]]],
+    },
 }
 
 
@@ -270,9 +319,15 @@ def test_upstream_keras_divergences(backend: str, tmp_path: Path) -> None:
     import sys
 
     probe = Path(__file__).with_name("keras_probe.py")
-    result = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True,
-                            env={**os.environ, "KERAS_BACKEND": backend}, cwd=tmp_path,
-                            timeout=120, check=False)
+    result = subprocess.run(
+        [sys.executable, str(probe)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KERAS_BACKEND": backend},
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     observed = json.loads(result.stdout.strip().splitlines()[-1])
     assert observed.keys() == KERAS_UPSTREAM[backend].keys()
@@ -292,25 +347,33 @@ def test_upstream_flax_divergences() -> None:
     keys, values = jnp.asarray([[[[0.5]], [[1.0]]]]), jnp.asarray([[[[2.0]], [[4.0]]]])
     for attention in (nnx.dot_product_attention, linen.dot_product_attention):
         # SDPA-5.1: 0; flax fills masked logits with finfo.min: mean(V) = 3
-        masked = attention(one, keys, values, mask=jnp.zeros((1, 1, 1, 2), bool),
-                           deterministic=True)
+        masked = attention(
+            one, keys, values, mask=jnp.zeros((1, 1, 1, 2), bool), deterministic=True
+        )
         assert np.asarray(masked).tolist() == [[[[3.0]]]], attention
         # ... and an all -inf bias row gives NaN
-        biased = attention(one, keys, values, bias=jnp.full((1, 1, 1, 2), -jnp.inf),
-                           deterministic=True)
+        biased = attention(
+            one, keys, values, bias=jnp.full((1, 1, 1, 2), -jnp.inf), deterministic=True
+        )
         assert np.isnan(np.asarray(biased)).all(), attention
     # SDPA-1.1: Ev != E is valid; nnx rejects it (it calls jax.nn.dot_product_attention)
     with pytest.raises(ValueError):
-        nnx.dot_product_attention(jnp.ones((1, 1, 1, 2)), jnp.ones((1, 2, 1, 2)),
-                                  jnp.ones((1, 2, 1, 3)), deterministic=True)
+        nnx.dot_product_attention(
+            jnp.ones((1, 1, 1, 2)),
+            jnp.ones((1, 2, 1, 2)),
+            jnp.ones((1, 2, 1, 3)),
+            deterministic=True,
+        )
     # SDPA-7.4: scores of 1e6 are finite; linen computes them in float16 (65504): NaN; 1
     q16 = jnp.asarray([[[[1000.0]]]], jnp.float16)
     k16 = jnp.asarray([[[[1000.0]], [[-1000.0]]]], jnp.float16)
     v16 = jnp.asarray([[[[1.0]], [[2.0]]]], jnp.float16)
-    assert np.isnan(np.asarray(linen.dot_product_attention(q16, k16, v16,
-                                                           deterministic=True))).all()
-    assert np.asarray(nnx.dot_product_attention(q16, k16, v16, deterministic=True),
-                      dtype=np.float64).tolist() == [[[[1.0]]]]
+    assert np.isnan(
+        np.asarray(linen.dot_product_attention(q16, k16, v16, deterministic=True))
+    ).all()
+    assert np.asarray(
+        nnx.dot_product_attention(q16, k16, v16, deterministic=True), dtype=np.float64
+    ).tolist() == [[[[1.0]]]]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("flax") is None, reason="flax is not installed")
@@ -327,11 +390,17 @@ def test_upstream_jax_and_flax_leak_a_masked_nan_value() -> None:
     mask = jnp.asarray([[[[False, True]]]])  # key 0 masked out
     nan_value = jnp.asarray([[[[jnp.nan]], [[4.0]]]])
     nan_key, values = jnp.asarray([[[[jnp.nan]], [[1.0]]]]), jnp.asarray([[[[2.0]], [[4.0]]]])
-    want, _ = sdpa(np.zeros((1, 1, 1)), np.zeros((1, 2, 1)), np.asarray([[[0.0], [4.0]]]),
-                   mask=np.asarray([[False, True]]))
+    want, _ = sdpa(
+        np.zeros((1, 1, 1)),
+        np.zeros((1, 2, 1)),
+        np.asarray([[[0.0], [4.0]]]),
+        mask=np.asarray([[False, True]]),
+    )
     assert want.ravel().tolist() == [4.0]
-    for attention in (jax.nn.dot_product_attention,
-                      lambda *a, **kw: nnx.dot_product_attention(*a, **kw, deterministic=True),
-                      lambda *a, **kw: linen.dot_product_attention(*a, **kw, deterministic=True)):
+    for attention in (
+        jax.nn.dot_product_attention,
+        lambda *a, **kw: nnx.dot_product_attention(*a, **kw, deterministic=True),
+        lambda *a, **kw: linen.dot_product_attention(*a, **kw, deterministic=True),
+    ):
         assert np.isnan(np.asarray(attention(q, k, nan_value, mask=mask))).all()
         assert np.asarray(attention(q, nan_key, values, mask=mask)).ravel().tolist() == [4.0]

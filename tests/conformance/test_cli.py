@@ -46,7 +46,6 @@ BIN = Path(sys.executable).parent
 CHEAP = "default-scale,explicit-scale"  # closed-form probes: one small call per example
 
 
-
 @pytest.fixture
 def kernels(tmp_path: Path) -> Path:
     path = tmp_path / "kernels.py"
@@ -54,22 +53,27 @@ def kernels(tmp_path: Path) -> Path:
     return path
 
 
-
-def run_command(*argv: str, cwd: Path,
-                unset: dict[str, None] | None = None) -> subprocess.CompletedProcess[str]:
+def run_command(
+    *argv: str, cwd: Path, unset: dict[str, None] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in (unset or {})}
-    return subprocess.run([ATTNSPEC, *argv], capture_output=True, text=True, cwd=cwd,
-                          timeout=120, env=env)
+    return subprocess.run(
+        [ATTNSPEC, *argv], capture_output=True, text=True, cwd=cwd, timeout=120, env=env
+    )
 
 
 # --- attnspec check: exit status and table -------------------------------------------------
+
 
 def test_correct_kernel_exits_0(capsys: pytest.CaptureFixture[str], kernels: Path) -> None:
     """CONF-1: every applicable MUST property passed -> exit 0, table says passed."""
     status, out, _ = run_main(capsys, "check", f"{kernels}:correct", "--only", CHEAP)
     assert status == 0
-    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("default-",
-                                                                                   "explicit-"))}
+    rows = {
+        line.split()[0]: line
+        for line in out.splitlines()
+        if line.startswith(("default-", "explicit-"))
+    }
     assert set(rows) == {"default-scale", "explicit-scale"}
     assert "SDPA-2.1" in rows["default-scale"] and " passed " in rows["default-scale"] + " "
     assert "result: conforms" in out
@@ -79,8 +83,15 @@ def test_buggy_kernel_exits_1_and_its_reproduction_runs(kernels: Path, tmp_path:
     """SDPA-2.1 / CONF-1: the unscaled kernel fails default-scale (exit 1); the table shows
     the counterexample, a rerun command and a reproduction that runs on its own."""
     report_path = tmp_path / "report.json"
-    result = run_command("check", "kernels.py:no_default_scale", "--only", CHEAP,
-                         "--json", str(report_path), cwd=tmp_path)
+    result = run_command(
+        "check",
+        "kernels.py:no_default_scale",
+        "--only",
+        CHEAP,
+        "--json",
+        str(report_path),
+        cwd=tmp_path,
+    )
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     out = result.stdout
@@ -88,8 +99,11 @@ def test_buggy_kernel_exits_1_and_its_reproduction_runs(kernels: Path, tmp_path:
     assert "inputs:  q(" in out and "rerun:   attnspec check" in out
     assert "explicit-scale" in out and "result: DOES NOT CONFORM" in out
 
-    verdict = next(v for v in json.loads(report_path.read_text())["verdicts"]
-                   if v["property"] == "default-scale")
+    verdict = next(
+        v
+        for v in json.loads(report_path.read_text())["verdicts"]
+        if v["property"] == "default-scale"
+    )
     # Run the snippet elsewhere, then confirm it rebuilt the failing case: the kernel's
     # output lies outside the TOL-2 bound of the definition there.
     snippet = verdict["reproduction"] + textwrap.dedent("""
@@ -100,19 +114,29 @@ def test_buggy_kernel_exits_1_and_its_reproduction_runs(kernels: Path, tmp_path:
     """)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    ran = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True,
-                         cwd=elsewhere, timeout=120)
+    ran = subprocess.run(
+        [sys.executable, "-c", snippet], capture_output=True, text=True, cwd=elsewhere, timeout=120
+    )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip().endswith("OUTSIDE True")
 
 
 def test_rerun_command_reproduces_the_failure(kernels: Path, tmp_path: Path) -> None:
     """The one-line rerun command runs just that property and finds the same thing."""
-    first = run_command("check", "kernels.py:no_default_scale", "--only", CHEAP, "--seed", "7",
-                        "--no-mask", cwd=tmp_path)
+    first = run_command(
+        "check",
+        "kernels.py:no_default_scale",
+        "--only",
+        CHEAP,
+        "--seed",
+        "7",
+        "--no-mask",
+        cwd=tmp_path,
+    )
     assert first.returncode == 1
-    rerun = next(line.split("rerun:", 1)[1].strip() for line in first.stdout.splitlines()
-                 if "rerun:" in line)
+    rerun = next(
+        line.split("rerun:", 1)[1].strip() for line in first.stdout.splitlines() if "rerun:" in line
+    )
     argv = shlex.split(rerun)
     assert argv[:2] == ["attnspec", "check"]
     assert argv[-4:] == ["--only", "default-scale", "--seed", "7"] and "--no-mask" in argv
@@ -125,15 +149,18 @@ def test_rerun_command_reproduces_the_failure(kernels: Path, tmp_path: Path) -> 
     assert finding(again.stdout) == finding(first.stdout)
 
 
-def test_unreadable_result_fails_the_property_not_the_run(capsys: pytest.CaptureFixture[str],
-                                                          kernels: Path) -> None:
+def test_unreadable_result_fails_the_property_not_the_run(
+    capsys: pytest.CaptureFixture[str], kernels: Path
+) -> None:
     """SDPA-1.3: a result the suite cannot read as an array fails each property (exit 1)
     with what it was, instead of a traceback ending the run; the two failures share that
     one cause and are told once."""
     status, out, _ = run_main(capsys, "check", f"{kernels}:returns_text", "--only", CHEAP)
     assert status == 1
-    assert ("FAILED 2 properties, one cause [MUST]:\n  default-scale [SDPA-2.1], "
-            "explicit-scale [SDPA-2.2]\n") in out
+    assert (
+        "FAILED 2 properties, one cause [MUST]:\n  default-scale [SDPA-2.1], "
+        "explicit-scale [SDPA-2.2]\n"
+    ) in out
     assert out.count("  finding: out is a str, but should be a numpy array [SDPA-1.3]") == 1
 
 
@@ -143,9 +170,12 @@ def test_conformance_claim_only_after_a_full_passing_run() -> None:
 
     claim = render.conformance_claim(
         KernelDeclaration(bias=True, gqa=True, causal_alignment="bottom_right", scale=False),
-        ("float16", "bfloat16", "float32"))
-    assert claim == (f"conforms to attnspec {SPEC_VERSION} (dense, mask, bias, GQA, "
-                     "bottom-right causal; float16, bfloat16, float32)")
+        ("float16", "bfloat16", "float32"),
+    )
+    assert claim == (
+        f"conforms to attnspec {SPEC_VERSION} (dense, mask, bias, GQA, "
+        "bottom-right causal; float16, bfloat16, float32)"
+    )
 
 
 def test_module_target_imports_from_the_working_directory(
@@ -156,29 +186,35 @@ def test_module_target_imports_from_the_working_directory(
     (tmp_path / "attnspec_cwd_kernels.py").write_text(KERNELS, encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     before = list(sys.path)
-    status, _, err = run_main(capsys, "check", "attnspec_cwd_kernels:correct", "--only",
-                              "default-scale")
+    status, _, err = run_main(
+        capsys, "check", "attnspec_cwd_kernels:correct", "--only", "default-scale"
+    )
     assert status == 0, err
     assert sys.path == before
 
 
-def test_file_target_imports_the_files_next_to_it(capsys: pytest.CaptureFixture[str],
-                                                  tmp_path: Path) -> None:
+def test_file_target_imports_the_files_next_to_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     """A path/to/file.py:FUNC kernel imports a helper module next to it (as when run as a
     script), from any working directory; sys.path is left as it was."""
     package = tmp_path / "project"
     package.mkdir()
     (package / "attnspec_sibling_helper.py").write_text(KERNELS, encoding="utf-8")
     (package / "uses_sibling.py").write_text(
-        "from attnspec_sibling_helper import correct as attention\n", encoding="utf-8")
+        "from attnspec_sibling_helper import correct as attention\n", encoding="utf-8"
+    )
     before = list(sys.path)
-    status, _, err = run_main(capsys, "check", f"{package / 'uses_sibling.py'}:attention",
-                              "--only", "default-scale")
+    status, _, err = run_main(
+        capsys, "check", f"{package / 'uses_sibling.py'}:attention", "--only", "default-scale"
+    )
     assert status == 0, err
     assert sys.path == before
 
 
-PRINTING_KERNEL = KERNELS + '''
+PRINTING_KERNEL = (
+    KERNELS
+    + """
 
 import os
 
@@ -190,7 +226,8 @@ def chatty(q, k, v, *, mask=None, is_causal=False, scale=None):
     print("PRINTED BY THE KERNEL")
     os.write(1, b"WRITTEN TO FD 1\\n")
     return correct(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
-'''
+"""
+)
 
 
 def test_kernel_output_is_kept_off_the_table(tmp_path: Path) -> None:
@@ -207,8 +244,9 @@ def test_kernel_output_is_kept_off_the_table(tmp_path: Path) -> None:
     assert all(text in plain.stderr for text in kernel_said)
     assert "result: conforms" in plain.stdout
 
-    to_file = run_command("check", "chatty.py:chatty", *only, "--kernel-output", "k.log",
-                          cwd=tmp_path)
+    to_file = run_command(
+        "check", "chatty.py:chatty", *only, "--kernel-output", "k.log", cwd=tmp_path
+    )
     log = (tmp_path / "k.log").read_text(encoding="utf-8")
     assert all(text in log for text in kernel_said)
     assert not any(text in to_file.stdout + to_file.stderr for text in kernel_said)
@@ -222,13 +260,14 @@ def test_no_hypothesis_directory_is_left_behind(tmp_path: Path) -> None:
     """A check leaves no .hypothesis/ folder where it runs (Hypothesis would cache the
     constants of the kernel's file there); HYPOTHESIS_STORAGE_DIRECTORY is honoured."""
     (tmp_path / "kernels.py").write_text(KERNELS, encoding="utf-8")
-    result = run_command("check", "kernels.py:correct", "--only", "default-scale,deterministic",
-                         cwd=tmp_path)
+    result = run_command(
+        "check", "kernels.py:correct", "--only", "default-scale,deterministic", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / ".hypothesis").exists()
 
 
-NO_SCALE_KERNELS = '''
+NO_SCALE_KERNELS = """
 from attnspec.reference import scaled_dot_product_attention
 
 
@@ -242,22 +281,23 @@ def scales_by_one_over_e(q, k, v, *, mask=None, is_causal=False):
     assert q.shape[-1] == v.shape[-1], "needs Ev == E"
     return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
                                         scale=1 / q.shape[-1])
-'''
+"""
 
 
-def test_equal_head_dims_without_a_scale_parameter(capsys: pytest.CaptureFixture[str],
-                                                   tmp_path: Path) -> None:
+def test_equal_head_dims_without_a_scale_parameter(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     """SDPA-1.1, SDPA-2.1 (once a false failure): --equal-head-dims on a correct kernel
     with no scale parameter passes (it is never given scale=), a 1/E default scale is
     still caught, and the inputs line says how the kernel's arguments were padded."""
     kernel = tmp_path / "noscale.py"
     kernel.write_text(NO_SCALE_KERNELS, encoding="utf-8")
     only = ("--only", "matches-reference,default-scale", "--dtype", "float64")
-    status, out, err = run_main(capsys, "check", f"{kernel}:attention", "--equal-head-dims",
-                                *only)
+    status, out, err = run_main(capsys, "check", f"{kernel}:attention", "--equal-head-dims", *only)
     assert status == 0, out + err
-    status, out, _ = run_main(capsys, "check", f"{kernel}:scales_by_one_over_e",
-                              "--equal-head-dims", *only)
+    status, out, _ = run_main(
+        capsys, "check", f"{kernel}:scales_by_one_over_e", "--equal-head-dims", *only
+    )
     assert status == 1 and "FAILED default-scale [SDPA-2.1" in out
     inputs = next(line for line in out.splitlines() if line.startswith("  inputs:"))
     assert "scale=None (equal_head_dims: the kernel got q, k, v zero-padded to" in inputs
@@ -275,9 +315,19 @@ def test_jax_is_checked_in_its_own_settings_unless_asked(tmp_path: Path) -> None
     reports = {}
     for name, flags in (("default", ()), ("x64", ("--jax-x64",))):
         path = tmp_path / f"{name}.json"
-        result = run_command("check", "kernels.py:correct", "--backend", "jax", "--only",
-                             "bias-semantics", *flags, "--json", str(path), cwd=tmp_path,
-                             unset=env_free)
+        result = run_command(
+            "check",
+            "kernels.py:correct",
+            "--backend",
+            "jax",
+            "--only",
+            "bias-semantics",
+            *flags,
+            "--json",
+            str(path),
+            cwd=tmp_path,
+            unset=env_free,
+        )
         assert result.returncode == 0, result.stderr
         reports[name] = (json.loads(path.read_text()), result.stdout)
     data, out = reports["default"]
@@ -288,8 +338,9 @@ def test_jax_is_checked_in_its_own_settings_unless_asked(tmp_path: Path) -> None
     assert not any("float64 is not checked" in note for note in data["notes"])
 
 
-def test_unclaimed_property_is_not_applicable(capsys: pytest.CaptureFixture[str],
-                                              kernels: Path) -> None:
+def test_unclaimed_property_is_not_applicable(
+    capsys: pytest.CaptureFixture[str], kernels: Path
+) -> None:
     """CONF-3: a kernel without ``scale=`` gets explicit-scale "not applicable", exit 0."""
     status, out, _ = run_main(capsys, "check", f"{kernels}:without_scale", "--only", CHEAP)
     assert status == 0
@@ -304,36 +355,56 @@ def test_should_failure_warns_and_fails_only_when_strict(
 ) -> None:
     """CONF-2: a failed SHOULD property is a warning (exit 0); with --strict, exit 1."""
     # --no-isolate: the test double is registered in this process only, not in a worker's
-    status, out, _ = run_main(capsys, "check", f"{kernels}:correct", "--only", should_property,
-                              "--no-isolate")
+    status, out, _ = run_main(
+        capsys, "check", f"{kernels}:correct", "--only", should_property, "--no-isolate"
+    )
     assert status == 0
     assert "warning test-double-should [SDPA-8.2 SHOULD" in out
     assert "conforms (with 1 SHOULD warning(s))" in out
-    status, out, _ = run_main(capsys, "check", f"{kernels}:correct", "--only", should_property,
-                              "--strict", "--no-isolate")
+    status, out, _ = run_main(
+        capsys, "check", f"{kernels}:correct", "--only", should_property, "--strict", "--no-isolate"
+    )
     assert status == 1 and "DOES NOT CONFORM" in out
     assert "MUST" not in out.splitlines()[-1]
     assert out.splitlines()[-1].startswith("no conformance claim in a strict run: 1 SHOULD")
 
 
-def test_only_and_skip_select_properties(capsys: pytest.CaptureFixture[str], kernels: Path,
-                                         tmp_path: Path) -> None:
+def test_only_and_skip_select_properties(
+    capsys: pytest.CaptureFixture[str], kernels: Path, tmp_path: Path
+) -> None:
     """--only and --skip (repeatable and comma lists) choose exactly the properties run."""
     path = tmp_path / "r.json"
-    status, _, _ = run_main(capsys, "check", f"{kernels}:correct", "--only", "default-scale",
-                            "--only", "explicit-scale,score-variance", "--skip", "score-variance",
-                            "--json", str(path))
+    status, _, _ = run_main(
+        capsys,
+        "check",
+        f"{kernels}:correct",
+        "--only",
+        "default-scale",
+        "--only",
+        "explicit-scale,score-variance",
+        "--skip",
+        "score-variance",
+        "--json",
+        str(path),
+    )
     assert status == 0
     ran = [v["property"] for v in json.loads(path.read_text())["verdicts"]]
     assert ran == ["default-scale", "explicit-scale"]
 
 
-def test_report_files_parse(capsys: pytest.CaptureFixture[str], kernels: Path,
-                            tmp_path: Path) -> None:
+def test_report_files_parse(
+    capsys: pytest.CaptureFixture[str], kernels: Path, tmp_path: Path
+) -> None:
     """--json, --junit and --markdown write reports that parse and agree with the run."""
     paths = {kind: tmp_path / f"report.{kind}" for kind in ("json", "junit", "markdown")}
-    status, _, _ = run_main(capsys, "check", f"{kernels}:no_default_scale", "--only", CHEAP,
-                            *(a for kind, p in paths.items() for a in (f"--{kind}", str(p))))
+    status, _, _ = run_main(
+        capsys,
+        "check",
+        f"{kernels}:no_default_scale",
+        "--only",
+        CHEAP,
+        *(a for kind, p in paths.items() for a in (f"--{kind}", str(p))),
+    )
     assert status == 1
     data = json.loads(paths["json"].read_text())
     assert data["spec_version"] == SPEC_VERSION and data["conforms"] is False
@@ -346,7 +417,8 @@ def test_report_files_parse(capsys: pytest.CaptureFixture[str], kernels: Path,
     cases = {case.get("name"): case for case in suite.iter("testcase")}
     # the file's path gives no bogus packages: neither its slashes nor its dots
     assert {case.get("classname") for case in cases.values()} == {
-        "attnspec.kernels.no_default_scale"}
+        "attnspec.kernels.no_default_scale"
+    }
     assert set(cases) == {"default-scale[SDPA-2.1]", "explicit-scale[SDPA-2.2]"}
     assert cases["default-scale[SDPA-2.1]"].find("failure") is not None
     assert "KernelUnderTest" in cases["default-scale[SDPA-2.1]"].findtext("system-out", "")
@@ -358,14 +430,28 @@ def test_report_files_parse(capsys: pytest.CaptureFixture[str], kernels: Path,
     assert "```python" in markdown
 
 
-def test_reproduction_rebuilds_layout_renames_and_claims(capsys: pytest.CaptureFixture[str],
-                                                          kernels: Path, tmp_path: Path) -> None:
+def test_reproduction_rebuilds_layout_renames_and_claims(
+    capsys: pytest.CaptureFixture[str], kernels: Path, tmp_path: Path
+) -> None:
     """A kernel checked through --layout blhd, --rename and claim flags is rebuilt the same
     way by its reproduction snippet, which then shows the SDPA-2.1 failure again."""
     path = tmp_path / "r.json"
-    status, out, _ = run_main(capsys, "check", f"{kernels}:blhd_no_default_scale", "--layout",
-                              "blhd", "--rename", "is_causal=causal", "--no-mask",
-                              "--dtype", "float64", "--only", "default-scale", "--json", str(path))
+    status, out, _ = run_main(
+        capsys,
+        "check",
+        f"{kernels}:blhd_no_default_scale",
+        "--layout",
+        "blhd",
+        "--rename",
+        "is_causal=causal",
+        "--no-mask",
+        "--dtype",
+        "float64",
+        "--only",
+        "default-scale",
+        "--json",
+        str(path),
+    )
     assert status == 1
     assert "--layout blhd --rename is_causal=causal --dtype float64 --no-mask" in out
     snippet = json.loads(path.read_text())["verdicts"][0]["reproduction"]
@@ -376,8 +462,9 @@ def test_reproduction_rebuilds_layout_renames_and_claims(capsys: pytest.CaptureF
         print("OUTSIDE", bool((np.abs(kernel.output(problem) - np.asarray(bound.out))
                                > np.asarray(bound.out_tolerance)).any()))
     """)
-    ran = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=120)
+    ran = subprocess.run(
+        [sys.executable, "-c", snippet], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.splitlines()[-2:] == ["CAUSAL True MASK False", "OUTSIDE True"]
 
@@ -414,6 +501,7 @@ def test_assert_conforms_caps_the_reproduction(kernels: Path) -> None:
 
 # --- usage and setup errors: exit 2, one line, no traceback --------------------------------
 
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -422,26 +510,35 @@ def test_assert_conforms_caps_the_reproduction(kernels: Path) -> None:
         (["check", "{kernels}:NOT_CALLABLE"], "is a int, not a callable kernel"),
         (["check", "{kernels}:two_arrays"], "does not accept three positional arrays"),
         (["check", "{kernels}:correct", "--bias"], "does not accept the keyword 'bias'"),
-        (["check", "{kernels}:correct", "--only", "no-such-property"],
-         "unknown property id(s) no-such-property"),
+        (
+            ["check", "{kernels}:correct", "--only", "no-such-property"],
+            "unknown property id(s) no-such-property",
+        ),
         (["check", "{kernels}:correct", "--backend", "nonsense"], "backend 'nonsense'"),
         (["check", "{kernels}:correct", "--profile", "fast"], "argument --profile"),
         (["check", "{kernels}:correct", "--dtype", "int8"], "dtype int8 is not one of"),
-        (["check", "{kernels}:correct", "--backend", "numpy", "--dtype", "bfloat16"],
-         "no dtype to test"),
+        (
+            ["check", "{kernels}:correct", "--backend", "numpy", "--dtype", "bfloat16"],
+            "no dtype to test",
+        ),
         (["check", "{kernels}:correct", "--sparse-param", "window=2"], "needs --sparse"),
         (["check", "{kernels}:correct", "--kwarg", "oops"], "should be KEY=VALUE"),
         (["check", "{kernels}"], "should be MODULE:FUNC"),
         (["check", "{kernels}:correct", "--json", "/no/such/dir/r.json"], "does not exist"),
         # LIN-6.2 cannot be derived for m <= 4 n (e^(1/4) - 1) = 18.2 with n = 16 keys
-        (["check", "{kernels}:correct", "--linear", "favor+", "--linear-num-features", "16"],
-         "it needs m >= 19"),
-        (["check", "{kernels}:correct", "--backend", "numpy", "--jax-x64"],
-         "jax_x64 (--jax-x64) is a setting of the jax backend"),
+        (
+            ["check", "{kernels}:correct", "--linear", "favor+", "--linear-num-features", "16"],
+            "it needs m >= 19",
+        ),
+        (
+            ["check", "{kernels}:correct", "--backend", "numpy", "--jax-x64"],
+            "jax_x64 (--jax-x64) is a setting of the jax backend",
+        ),
     ],
 )
-def test_usage_errors_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], kernels: Path,
-                                           argv: list[str], message: str) -> None:
+def test_usage_errors_exit_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], kernels: Path, argv: list[str], message: str
+) -> None:
     """SDPA-1.1 and the CLI contract: bad targets, signatures and options exit 2 with one
     clear line on stderr and nothing run."""
     status, out, err = run_main(capsys, *(a.format(kernels=kernels) for a in argv))
@@ -460,6 +557,7 @@ def test_usage_error_in_a_real_process_has_no_traceback(kernels: Path, tmp_path:
 
 # --- the other commands -----------------------------------------------------------------------
 
+
 def test_properties_lists_every_property(capsys: pytest.CaptureFixture[str]) -> None:
     """``attnspec properties``: every registered id with its clause and level."""
     status, out, _ = run_main(capsys, "properties")
@@ -469,14 +567,17 @@ def test_properties_lists_every_property(capsys: pytest.CaptureFixture[str]) -> 
         assert lines[prop.id][1:3] == [prop.clause, prop.level]
 
 
-def test_backends_prints_the_survey(capsys: pytest.CaptureFixture[str],
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_backends_prints_the_survey(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``attnspec backends`` prints backends.survey's table (survey stubbed: it is slow
     and tested with the backends)."""
     from attnspec.backends import survey
 
-    rows = [survey.SurveyRow("numpy", "cpu", "float64", 0.0, 0.0),
-            survey.SurveyRow("cupy", "-", None, None, None, reason="no CUDA device")]
+    rows = [
+        survey.SurveyRow("numpy", "cpu", "float64", 0.0, 0.0),
+        survey.SurveyRow("cupy", "-", None, None, None, reason="no CUDA device"),
+    ]
     monkeypatch.setattr(survey, "survey", lambda seed=0: rows)
     status, out, _ = run_main(capsys, "backends")
     assert status == 0
@@ -500,19 +601,46 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 # --- flags, progress, renderers (pure) ------------------------------------------------------
 
+
 def test_declaration_flags_become_claims() -> None:
     """CONF-3: each declaration flag sets exactly its KernelDeclaration field."""
-    args = cli.build_parser().parse_args([
-        "check", "m:f", "--bias", "--bias-keyword", "attn_mask", "--gqa-keyword", "enable_gqa",
-        "--causal-alignment", "bottom-right", "--no-empty-rows-zero", "--returns-weights",
-        "--no-mask-and-causal", "--no-scale", "--kwarg", "dropout_p=0.0",
-        "--sparse", "sliding_window", "--sparse-param", "left=2", "--sparse-param", "right=0",
-        "--sparse-causal",
-    ])
+    args = cli.build_parser().parse_args(
+        [
+            "check",
+            "m:f",
+            "--bias",
+            "--bias-keyword",
+            "attn_mask",
+            "--gqa-keyword",
+            "enable_gqa",
+            "--causal-alignment",
+            "bottom-right",
+            "--no-empty-rows-zero",
+            "--returns-weights",
+            "--no-mask-and-causal",
+            "--no-scale",
+            "--kwarg",
+            "dropout_p=0.0",
+            "--sparse",
+            "sliding_window",
+            "--sparse-param",
+            "left=2",
+            "--sparse-param",
+            "right=0",
+            "--sparse-causal",
+        ]
+    )
     assert cli.claims_from(args) == {
-        "bias": True, "bias_keyword": "attn_mask", "gqa_keyword": "enable_gqa", "gqa": True,
-        "causal_alignment": "bottom_right", "empty_rows_zero": False, "returns_weights": True,
-        "mask_and_causal": False, "scale": False, "extra_kwargs": {"dropout_p": 0.0},
+        "bias": True,
+        "bias_keyword": "attn_mask",
+        "gqa_keyword": "enable_gqa",
+        "gqa": True,
+        "causal_alignment": "bottom_right",
+        "empty_rows_zero": False,
+        "returns_weights": True,
+        "mask_and_causal": False,
+        "scale": False,
+        "extra_kwargs": {"dropout_p": 0.0},
         "sparse": SparseClaim("sliding_window", {"left": 2, "right": 0}, causal=True),
     }
     assert cli.claims_from(cli.build_parser().parse_args(["check", "m:f"])) == {}
@@ -529,8 +657,9 @@ def test_claims_table_is_the_one_source_of_declaration_fields_and_flags() -> Non
     for claim in claims.CLAIMS:
         assert getattr(KernelDeclaration(), claim.field) == claim.default_value
         assert claim.field == "dtypes" or claim.flags, f"{claim.field} has no flag"
-    options = {action.option_strings[0] for action in _check_parser()._actions
-               if action.option_strings}
+    options = {
+        action.option_strings[0] for action in _check_parser()._actions if action.option_strings
+    }
     table = {flag.option for flag in (*claims.SETUP_FLAGS, *claims.CLAIM_FLAGS)}
     assert table <= options
     assert cli.DECLARATION_FLAGS == (*claims.SETUP_FLAGS, *claims.CLAIM_FLAGS)
@@ -542,13 +671,16 @@ def _check_parser() -> Any:
     return subparsers.choices["check"]
 
 
-@pytest.mark.parametrize(("flags", "expected"), [
-    (["--mask-keyword", "attn_mask"], {"mask_keyword": "attn_mask", "mask": True}),
-    (["--bias-keyword", "attn_bias"], {"bias_keyword": "attn_bias", "bias": True}),
-    (["--gqa-keyword", "enable_gqa"], {"gqa_keyword": "enable_gqa", "gqa": True}),
-    (["--no-bias", "--bias-keyword", "b"], {"bias_keyword": "b", "bias": False}),
-    (["--no-mask", "--mask-keyword", "m"], {"mask_keyword": "m", "mask": False}),
-])
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--mask-keyword", "attn_mask"], {"mask_keyword": "attn_mask", "mask": True}),
+        (["--bias-keyword", "attn_bias"], {"bias_keyword": "attn_bias", "bias": True}),
+        (["--gqa-keyword", "enable_gqa"], {"gqa_keyword": "enable_gqa", "gqa": True}),
+        (["--no-bias", "--bias-keyword", "b"], {"bias_keyword": "b", "bias": False}),
+        (["--no-mask", "--mask-keyword", "m"], {"mask_keyword": "m", "mask": False}),
+    ],
+)
 def test_keyword_flags_turn_their_claim_on(flags: list[str], expected: dict[str, Any]) -> None:
     """CONF-3: --mask-keyword, --bias-keyword and --gqa-keyword claim what they
     name, unless the claim's own flag says otherwise."""
@@ -556,8 +688,9 @@ def test_keyword_flags_turn_their_claim_on(flags: list[str], expected: dict[str,
     assert cli.claims_from(args) == expected
 
 
-def test_bias_keyword_alone_runs_the_bias_properties(capsys: pytest.CaptureFixture[str],
-                                                     tmp_path: Path) -> None:
+def test_bias_keyword_alone_runs_the_bias_properties(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     """SDPA-3.2: --bias-keyword NAME alone makes bias-semantics run (not "not applicable"),
     and it catches a kernel that ignores that argument."""
     kernel = tmp_path / "biased.py"
@@ -569,8 +702,17 @@ def test_bias_keyword_alone_runs_the_bias_properties(capsys: pytest.CaptureFixtu
         "    return sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale)\n"
     )
     for name, status in (("good", 0), ("ignores", 1)):
-        code, out, err = run_main(capsys, "check", f"{kernel}:{name}", "--bias-keyword",
-                                  "attn_bias", "--dtype", "float64", "--only", "bias-semantics")
+        code, out, err = run_main(
+            capsys,
+            "check",
+            f"{kernel}:{name}",
+            "--bias-keyword",
+            "attn_bias",
+            "--dtype",
+            "float64",
+            "--only",
+            "bias-semantics",
+        )
         assert code == status, err
         row = next(line for line in out.splitlines() if line.startswith("bias-semantics"))
         assert ("passed" if status == 0 else "FAILED") in row
@@ -578,9 +720,9 @@ def test_bias_keyword_alone_runs_the_bias_properties(capsys: pytest.CaptureFixtu
 
 # the full run feeds the kernel NaN (SDPA-8.x), which NumPy reports while computing on it
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
-def test_waived_must_clause_is_named_in_every_report(capsys: pytest.CaptureFixture[str],
-                                                     tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_waived_must_clause_is_named_in_every_report(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """CONF-7: --no-empty-rows-zero waives SDPA-5.1: its property is "waived", the claim of
     a full passing run says "except SDPA-5.1", exit 0, and JSON, JUnit and Markdown say
     the same.
@@ -594,12 +736,23 @@ def test_waived_must_clause_is_named_in_every_report(capsys: pytest.CaptureFixtu
     kernel = tmp_path / "plain.py"
     kernel.write_text(KERNELS, encoding="utf-8")
     paths = {kind: tmp_path / f"report.{kind}" for kind in ("json", "junit", "markdown")}
-    status, out, err = run_main(capsys, "check", f"{kernel}:correct", "--no-empty-rows-zero",
-                                "--dtype", "float64", "--profile", "quick", "--no-isolate",
-                                *(a for kind, p in paths.items() for a in (f"--{kind}", str(p))))
+    status, out, err = run_main(
+        capsys,
+        "check",
+        f"{kernel}:correct",
+        "--no-empty-rows-zero",
+        "--dtype",
+        "float64",
+        "--profile",
+        "quick",
+        "--no-isolate",
+        *(a for kind, p in paths.items() for a in (f"--{kind}", str(p))),
+    )
     assert status == 0, err
-    claim = (f"conforms to attnspec {SPEC_VERSION} except SDPA-5.1 (dense, mask, top-left "
-             "causal, explicit scale; float64)")
+    claim = (
+        f"conforms to attnspec {SPEC_VERSION} except SDPA-5.1 (dense, mask, top-left "
+        "causal, explicit scale; float64)"
+    )
     assert out.rstrip().splitlines()[-1] == claim
     row = next(line for line in out.splitlines() if line.startswith("empty-rows-zero"))
     assert " waived " in row and "empty_rows_zero=False" in row
@@ -624,23 +777,34 @@ def test_claim_line_says_why_there_is_no_claim() -> None:
     declaration, dtypes = KernelDeclaration(), ("float32",)
     report = _report()
     assert render.claim_line(report, declaration, dtypes, partial=False) == (
-        "no conformance claim: 1 MUST property failed (CONF-1): bad")
+        "no conformance claim: 1 MUST property failed (CONF-1): bad"
+    )
     report.verdicts = [v for v in report.verdicts if v.status != FAILED]
     assert render.claim_line(report, declaration, dtypes, partial=False).startswith(
-        f"conforms to attnspec {SPEC_VERSION} (dense")
+        f"conforms to attnspec {SPEC_VERSION} (dense"
+    )
     report.strict = True
     assert render.claim_line(report, declaration, dtypes, partial=False) == (
-        "no conformance claim in a strict run: 1 SHOULD property failed (CONF-2, --strict): "
-        "meh")
+        "no conformance claim in a strict run: 1 SHOULD property failed (CONF-2, --strict): meh"
+    )
     report.strict = False
     assert render.claim_line(report, declaration, dtypes, partial=True) == (
-        "no conformance claim: only some properties ran (--only/--skip)")
+        "no conformance claim: only some properties ran (--only/--skip)"
+    )
 
 
 def test_linear_flags_become_a_linear_claim() -> None:
-    args = cli.build_parser().parse_args([
-        "check", "m:f", "--linear", "favor+", "--linear-num-features", "256", "--linear-iid",
-    ])
+    args = cli.build_parser().parse_args(
+        [
+            "check",
+            "m:f",
+            "--linear",
+            "favor+",
+            "--linear-num-features",
+            "256",
+            "--linear-iid",
+        ]
+    )
     claim = cli.claims_from(args)["linear"]
     assert (claim.feature_map, claim.num_features, claim.orthogonal) == ("favor+", 256, False)
 
@@ -657,10 +821,12 @@ def test_progress_display_plain_and_terminal() -> None:
     for name in ("a", "b"):
         display(_prop(name), None)  # type: ignore[arg-type]
         display(_prop(name), Verdict(name, "SDPA-2.1", "MUST", PASSED))  # type: ignore[arg-type]
-    assert plain.getvalue().splitlines() == ["[1/2] a (SDPA-2.1) ...",
-                                             "[1/2] a (SDPA-2.1): passed (0.0s)",
-                                             "[2/2] b (SDPA-2.1) ...",
-                                             "[2/2] b (SDPA-2.1): passed (0.0s)"]
+    assert plain.getvalue().splitlines() == [
+        "[1/2] a (SDPA-2.1) ...",
+        "[1/2] a (SDPA-2.1): passed (0.0s)",
+        "[2/2] b (SDPA-2.1) ...",
+        "[2/2] b (SDPA-2.1): passed (0.0s)",
+    ]
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
@@ -675,13 +841,28 @@ def test_progress_display_plain_and_terminal() -> None:
 
 
 def _report(strict: bool = False) -> Report:
-    return Report("m:f", "numpy", "cpu", "quick", None, strict, [
-        Verdict("ok", "SDPA-2.1", "MUST", PASSED, seconds=0.5),
-        Verdict("bad", "SDPA-4.1", "MUST", FAILED, "out differs | here", "q(1, 1, 2)",
-                "print('repro')"),
-        Verdict("meh", "SDPA-8.2", "SHOULD", WARNING, "NaN leaks", "q(1, 1, 1)", "print(1)"),
-        Verdict("na", "SDPA-3.2", "MUST", NOT_APPLICABLE, "the kernel does not claim bias"),
-    ])
+    return Report(
+        "m:f",
+        "numpy",
+        "cpu",
+        "quick",
+        None,
+        strict,
+        [
+            Verdict("ok", "SDPA-2.1", "MUST", PASSED, seconds=0.5),
+            Verdict(
+                "bad",
+                "SDPA-4.1",
+                "MUST",
+                FAILED,
+                "out differs | here",
+                "q(1, 1, 2)",
+                "print('repro')",
+            ),
+            Verdict("meh", "SDPA-8.2", "SHOULD", WARNING, "NaN leaks", "q(1, 1, 1)", "print(1)"),
+            Verdict("na", "SDPA-3.2", "MUST", NOT_APPLICABLE, "the kernel does not claim bias"),
+        ],
+    )
 
 
 def test_table_shows_every_verdict_and_each_failure_in_full() -> None:
@@ -691,7 +872,7 @@ def test_table_shows_every_verdict_and_each_failure_in_full() -> None:
     lines = text.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("property "))
     assert "2 distinct divergences:" in lines[:header]
-    rows = {line.split()[0]: line for line in lines[header + 2:header + 6]}
+    rows = {line.split()[0]: line for line in lines[header + 2 : header + 6]}
     assert [rows[p].split()[3] for p in ("ok", "bad", "meh")] == ["passed", "FAILED", "warning"]
     assert "not applicable" in rows["na"] and "does not claim bias" in rows["na"]
     assert "rerun:   attnspec check m:f --only bad" in text
@@ -725,8 +906,9 @@ def test_markdown_escapes_pipes_and_json_has_spec_version() -> None:
     assert data["counts"] == {PASSED: 1, FAILED: 1, WARNING: 1, NOT_APPLICABLE: 1, WAIVED: 0}
 
 
-def test_unknown_sparse_pattern_is_a_usage_error(capsys: pytest.CaptureFixture[str],
-                                                 tmp_path: Path) -> None:
+def test_unknown_sparse_pattern_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     """SPARSE-1.1: --sparse takes only the spec's pattern names (exit 2, one line)."""
     kernel = tmp_path / "k.py"
     kernel.write_text("def attention(q, k, v, *, scale=None):\n    return q\n")
@@ -734,8 +916,9 @@ def test_unknown_sparse_pattern_is_a_usage_error(capsys: pytest.CaptureFixture[s
     assert status == 2 and "not a spec pattern" in err and "sliding_window" in err
 
 
-def test_linear_feature_map_may_be_a_callable(capsys: pytest.CaptureFixture[str],
-                                              tmp_path: Path) -> None:
+def test_linear_feature_map_may_be_a_callable(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     """LIN-5.1: --linear MODULE:FUNC declares a custom feature map; the formula property
     then runs with it (and a wrong map is caught)."""
     kernel = tmp_path / "linear_kernel.py"
@@ -747,11 +930,13 @@ def test_linear_feature_map_may_be_a_callable(capsys: pytest.CaptureFixture[str]
         "    return linear_attention(q, k, v, feature_map=phi, is_causal=is_causal)\n"
     )
     only = ("--only", "linear-matches-formula,linear-causal-prefix")
-    status, out, _ = run_main(capsys, "check", f"{kernel}:attention", "--linear",
-                              f"{kernel}:phi", *only)
+    status, out, _ = run_main(
+        capsys, "check", f"{kernel}:attention", "--linear", f"{kernel}:phi", *only
+    )
     assert status == 0 and "linear-matches-formula" in out
-    status, _, _ = run_main(capsys, "check", f"{kernel}:attention", "--linear",
-                            f"{kernel}:other", *only)
+    status, _, _ = run_main(
+        capsys, "check", f"{kernel}:attention", "--linear", f"{kernel}:other", *only
+    )
     assert status == 1
     status, _, err = run_main(capsys, "check", f"{kernel}:attention", "--linear", "softmax")
     assert status == 2 and "MODULE:FUNC" in err

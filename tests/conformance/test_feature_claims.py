@@ -21,7 +21,7 @@ from attnspec.conformance.claims import claim_features, suite_keywords
 from attnspec.conformance.kernel import KernelUnderTest, Problem
 from attnspec.conformance.reproduce import snippet
 
-KERNELS = '''
+KERNELS = """
 import math
 import numpy as np
 from attnspec.reference import scaled_dot_product_attention as sdpa
@@ -79,7 +79,7 @@ def dropout(q, k, v, *, mask=None, is_causal=False, scale=None, dropout_p=0.0, r
     keep = np.random.default_rng(rng_seed).random(shape) >= dropout_p
     return sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
                 dropout_keep=keep)
-'''
+"""
 FEATURES = "softcap-matches-reference,alibi-matches-reference,lse-matches-reference,lse-empty-rows"
 
 
@@ -90,16 +90,22 @@ def kernels(tmp_path: Path) -> Path:
     return path
 
 
-
-@pytest.mark.parametrize(("flags", "expected"), [
-    (["--softcap-keyword", "logit_cap"], {"softcap_keyword": "logit_cap", "softcap": True}),
-    (["--alibi-builtin-slopes"], {"alibi_builtin_slopes": True, "alibi": True}),
-    (["--lse-keyword", "return_softmax_lse"],
-     {"lse_keyword": "return_softmax_lse", "returns_lse": True}),
-    (["--dropout-seed-keyword", "rng_seed"], {"dropout_seed_keyword": "rng_seed",
-                                              "dropout": True}),
-    (["--no-dropout-seeded", "--dropout"], {"dropout_seeded": False, "dropout": True}),
-])
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--softcap-keyword", "logit_cap"], {"softcap_keyword": "logit_cap", "softcap": True}),
+        (["--alibi-builtin-slopes"], {"alibi_builtin_slopes": True, "alibi": True}),
+        (
+            ["--lse-keyword", "return_softmax_lse"],
+            {"lse_keyword": "return_softmax_lse", "returns_lse": True},
+        ),
+        (
+            ["--dropout-seed-keyword", "rng_seed"],
+            {"dropout_seed_keyword": "rng_seed", "dropout": True},
+        ),
+        (["--no-dropout-seeded", "--dropout"], {"dropout_seeded": False, "dropout": True}),
+    ],
+)
 def test_feature_flags_set_their_claims(flags: list[str], expected: dict[str, Any]) -> None:
     """CONF-3: each feature flag (one row of the claims table) sets its field, and a
     keyword flag turns its feature on."""
@@ -109,73 +115,136 @@ def test_feature_flags_set_their_claims(flags: list[str], expected: dict[str, An
 
 def test_claims_give_keywords_and_claim_words() -> None:
     """CONF-1, CONF-3: the keywords the suite passes and the words of the claim line."""
-    declaration = KernelDeclaration(softcap=True, alibi=True, lse_keyword="return_lse",
-                                    returns_lse=True, dropout=True,
-                                    dropout_seed_keyword="rng_seed")
+    declaration = KernelDeclaration(
+        softcap=True,
+        alibi=True,
+        lse_keyword="return_lse",
+        returns_lse=True,
+        dropout=True,
+        dropout_seed_keyword="rng_seed",
+    )
     assert {"softcap", "alibi_slopes", "return_lse", "dropout_p", "rng_seed"} <= set(
-        suite_keywords(declaration))
+        suite_keywords(declaration)
+    )
     assert claim_features(declaration)[-4:] == ["softcap", "ALiBi", "log-sum-exp", "dropout"]
 
 
-def test_flash_like_kernel_conforms_through_the_worker(capsys: pytest.CaptureFixture[str],
-                                                       kernels: Path) -> None:
+def test_flash_like_kernel_conforms_through_the_worker(
+    capsys: pytest.CaptureFixture[str], kernels: Path
+) -> None:
     """SOFTCAP-1, ALIBI-2, LSE-1, LSE-2: a kernel taking softcap=, alibi_slopes= and
     return_lse= passes, in the worker process (the features travel with each problem),
     and all four pass."""
-    status, out, err = run_main(capsys, "check", f"{kernels}:flash_like", "--softcap",
-                                "--alibi", "--lse-keyword", "return_lse", "--only", FEATURES)
+    status, out, err = run_main(
+        capsys,
+        "check",
+        f"{kernels}:flash_like",
+        "--softcap",
+        "--alibi",
+        "--lse-keyword",
+        "return_lse",
+        "--only",
+        FEATURES,
+    )
     assert status == 0, out + err
     assert "4 passed" in out
 
 
-def test_base_two_lse_fails_with_a_reproduction(capsys: pytest.CaptureFixture[str],
-                                               kernels: Path) -> None:
+def test_base_two_lse_fails_with_a_reproduction(
+    capsys: pytest.CaptureFixture[str], kernels: Path
+) -> None:
     """LSE-1: a log-sum-exp in base 2 fails lse-matches-reference, exit 1."""
-    status, out, _ = run_main(capsys, "check", f"{kernels}:lse_base_two", "--softcap",
-                              "--alibi", "--returns-lse", "--only", "lse-matches-reference")
+    status, out, _ = run_main(
+        capsys,
+        "check",
+        f"{kernels}:lse_base_two",
+        "--softcap",
+        "--alibi",
+        "--returns-lse",
+        "--only",
+        "lse-matches-reference",
+    )
     assert status == 1
     assert "TOL-5" in out
 
 
-def test_dropout_kernel_with_a_renamed_seed(capsys: pytest.CaptureFixture[str],
-                                           kernels: Path) -> None:
+def test_dropout_kernel_with_a_renamed_seed(
+    capsys: pytest.CaptureFixture[str], kernels: Path
+) -> None:
     """DROP-1 ... DROP-4: a kernel whose seed keyword is rng_seed passes every dropout
     property; without --dropout they are not applicable."""
-    status, out, err = run_main(capsys, "check", f"{kernels}:dropout", "--dropout-seed-keyword",
-                                "rng_seed", "--dtype", "float64", "--only",
-                                "dropout-zero,dropout-rescaling,dropout-seed,dropout-kept-fraction")
+    status, out, err = run_main(
+        capsys,
+        "check",
+        f"{kernels}:dropout",
+        "--dropout-seed-keyword",
+        "rng_seed",
+        "--dtype",
+        "float64",
+        "--only",
+        "dropout-zero,dropout-rescaling,dropout-seed,dropout-kept-fraction",
+    )
     assert status == 0, out + err
     status, out, _ = run_main(capsys, "check", f"{kernels}:dropout", "--only", "dropout-seed")
     assert "not applicable" in out
 
 
-FLASH = ["--rename", "is_causal=causal", "--rename", "scale=softmax_scale", "--gqa",
-         "--softcap", "--alibi", "--causal-alignment", "bottom_right"]
+FLASH = [
+    "--rename",
+    "is_causal=causal",
+    "--rename",
+    "scale=softmax_scale",
+    "--gqa",
+    "--softcap",
+    "--alibi",
+    "--causal-alignment",
+    "bottom_right",
+]
 
 
-def test_flash_attention_varlen_convention(capsys: pytest.CaptureFixture[str],
-                                          kernels: Path) -> None:
+def test_flash_attention_varlen_convention(
+    capsys: pytest.CaptureFixture[str], kernels: Path
+) -> None:
     """VARLEN-1 ... VARLEN-3: FlashAttention's varlen signature (positional cu_seqlens and
     max_seqlen, causal=, softmax_scale=) is checked as is, with --varlen and renames."""
-    status, out, err = run_main(capsys, "check", f"{kernels}:flash_attn_varlen_func",
-                                "--varlen", "--lse-keyword", "return_lse", *FLASH, "--only",
-                                "varlen-matches-reference,varlen-empty-sequences,"
-                                "varlen-isolation")
+    status, out, err = run_main(
+        capsys,
+        "check",
+        f"{kernels}:flash_attn_varlen_func",
+        "--varlen",
+        "--lse-keyword",
+        "return_lse",
+        *FLASH,
+        "--only",
+        "varlen-matches-reference,varlen-empty-sequences,varlen-isolation",
+    )
     assert status == 0, out + err
-    status, _, err = run_main(capsys, "check", f"{kernels}:flash_attn_varlen_func",
-                              "--varlen", "--layout", "blhd")
+    status, _, err = run_main(
+        capsys, "check", f"{kernels}:flash_attn_varlen_func", "--varlen", "--layout", "blhd"
+    )
     assert status == 2 and "--layout does not apply" in err
 
 
-def test_flash_attention_kvcache_convention(capsys: pytest.CaptureFixture[str],
-                                           kernels: Path) -> None:
+def test_flash_attention_kvcache_convention(
+    capsys: pytest.CaptureFixture[str], kernels: Path
+) -> None:
     """KVCACHE-1 ... KVCACHE-5: FlashAttention's flash_attn_with_kvcache in its (B, L, H, E)
     layout (new k, v included), paged, appending in place, is checked with --layout blhd."""
-    status, out, err = run_main(capsys, "check", f"{kernels}:flash_attn_with_kvcache",
-                                "--kv-cache-paged", "--layout", "blhd", "--lse-keyword",
-                                "return_softmax_lse", *FLASH, "--dtype", "float32,float64",
-                                "--only", "kv-cache-matches-reference,kv-cache-append,"
-                                "kv-cache-paged,kv-cache-stale-positions")
+    status, out, err = run_main(
+        capsys,
+        "check",
+        f"{kernels}:flash_attn_with_kvcache",
+        "--kv-cache-paged",
+        "--layout",
+        "blhd",
+        "--lse-keyword",
+        "return_softmax_lse",
+        *FLASH,
+        "--dtype",
+        "float32,float64",
+        "--only",
+        "kv-cache-matches-reference,kv-cache-append,kv-cache-paged,kv-cache-stale-positions",
+    )
     assert status == 0, out + err
 
 
@@ -185,13 +254,19 @@ def test_reproduction_rebuilds_the_features(kernels: Path) -> None:
     from attnspec.conformance.kernel import load_kernel
 
     fn = load_kernel(f"{kernels}:flash_like")
-    declaration = KernelDeclaration(softcap=True, alibi=True, lse_keyword="return_lse",
-                                    returns_lse=True)
+    declaration = KernelDeclaration(
+        softcap=True, alibi=True, lse_keyword="return_lse", returns_lse=True
+    )
     kernel = KernelUnderTest(fn, Backend("numpy"), declaration, target=f"{kernels}:flash_like")
     rng = np.random.default_rng(0)
-    problem = Problem(q=rng.standard_normal((1, 2, 3, 4)), k=rng.standard_normal((1, 2, 5, 4)),
-                      v=rng.standard_normal((1, 2, 5, 2)), dtype="float64", softcap=3.0,
-                      alibi_slopes=np.array([0.5, 0.25]))
+    problem = Problem(
+        q=rng.standard_normal((1, 2, 3, 4)),
+        k=rng.standard_normal((1, 2, 5, 4)),
+        v=rng.standard_normal((1, 2, 5, 2)),
+        dtype="float64",
+        softcap=3.0,
+        alibi_slopes=np.array([0.5, 0.25]),
+    )
     code = snippet(problem, kernel)
     assert "softcap=3.0" in code and "out, lse = fn(" in code
     assert "alibi_slopes = backend.asarray(problem.alibi_slopes, 'float32')" in code

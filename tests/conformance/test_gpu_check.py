@@ -21,31 +21,40 @@ from attnspec.conformance.known_kernels import KNOWN_KERNELS
 SCRIPT = ROOT / "scripts" / "gpu-check"
 
 
-@pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "attnspec").exists(),
-                    reason="scripts/gpu-check runs the checkout's .venv/bin/attnspec, absent here")
+@pytest.mark.skipif(
+    not (ROOT / ".venv" / "bin" / "attnspec").exists(),
+    reason="scripts/gpu-check runs the checkout's .venv/bin/attnspec, absent here",
+)
 def test_matrix_step_reports_cuda_rows_without_a_gpu(tmp_path: Path) -> None:
     if importlib.util.find_spec("torch") is not None:
         import torch
 
         if torch.cuda.is_available():
             pytest.skip("a GPU is present: the step would check the rows (minutes)")
-    done = subprocess.run(["bash", str(SCRIPT), "--matrix-only"], capture_output=True,
-                          text=True, timeout=300, check=False,
-                          env={**os.environ, "GPU_CHECK_MATRIX_OUT": str(tmp_path)})
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "--matrix-only"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "GPU_CHECK_MATRIX_OUT": str(tmp_path)},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     cuda = [e for e in KNOWN_KERNELS if e.device == "cuda"]
     rows = {r["name"]: r for r in json.loads((tmp_path / "matrix.json").read_text())}
     for entry in cuda:
         assert rows[entry.name]["status"] in (matrix.NEEDS_GPU, matrix.NOT_INSTALLED), entry
         assert f"  {entry.name}: " in done.stdout
-    assert (f"matrix    CUDA rows: 0 checked, "
-            f"{sum(rows[e.name]['status'] == matrix.NEEDS_GPU for e in cuda)} need a GPU"
-            in done.stdout)
+    assert (
+        f"matrix    CUDA rows: 0 checked, "
+        f"{sum(rows[e.name]['status'] == matrix.NEEDS_GPU for e in cuda)} need a GPU" in done.stdout
+    )
     # the CPU rows of docs/matrix.json are merged in, not re-run
     assert any(r["status"] == matrix.CHECKED for r in rows.values())
 
 
 def test_gpu_check_refuses_an_unknown_option() -> None:
-    done = subprocess.run(["bash", str(SCRIPT), "--bogus"], capture_output=True, text=True,
-                          timeout=30, check=False)
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "--bogus"], capture_output=True, text=True, timeout=30, check=False
+    )
     assert done.returncode == 2 and "usage: scripts/gpu-check [--matrix-only]" in done.stderr

@@ -95,8 +95,9 @@ def hints_of(out: str) -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip().startswith("hint:")]
 
 
-def test_flash_layout_and_keywords_get_the_exact_flags(capsys: pytest.CaptureFixture[str],
-                                                       kernels: Path) -> None:
+def test_flash_layout_and_keywords_get_the_exact_flags(
+    capsys: pytest.CaptureFixture[str], kernels: Path
+) -> None:
     """SDPA-1.1, SDPA-4.1, SDPA-2.2: a (B, L, H, D) kernel taking causal=/softmax_scale=
     gets one hint with --rename for both keywords and one with --layout blhd (found by
     probing it); with those flags it passes."""
@@ -107,31 +108,46 @@ def test_flash_layout_and_keywords_get_the_exact_flags(capsys: pytest.CaptureFix
     hints = hints_of(out)
     assert any("--rename is_causal=causal --rename scale=softmax_scale" in h for h in hints)
     assert any("pass --layout blhd" in h and "(B, L, H, D)" in h for h in hints)
-    status, out = run(capsys, "check", target, *only, "--layout", "blhd", "--rename",
-                      "is_causal=causal", "--rename", "scale=softmax_scale")
+    status, out = run(
+        capsys,
+        "check",
+        target,
+        *only,
+        "--layout",
+        "blhd",
+        "--rename",
+        "is_causal=causal",
+        "--rename",
+        "scale=softmax_scale",
+    )
     assert status == 0, out
     assert hints_of(out) == []
     row = next(line for line in out.splitlines() if line.startswith("causal-zeros"))
     assert " passed " in row  # the renamed is_causal is now claimed and checked
 
 
-def test_tuple_return_says_returns_weights(capsys: pytest.CaptureFixture[str],
-                                           kernels: Path) -> None:
+def test_tuple_return_says_returns_weights(
+    capsys: pytest.CaptureFixture[str], kernels: Path
+) -> None:
     """SDPA-1.3: a kernel returning (out, weights) undeclared is told so, with
     --returns-weights; declared, it passes."""
     target = f"{kernels}:with_weights"
     status, out = run(capsys, "check", target, "--only", "matches-reference,default-scale")
     assert status == 1
-    assert "the kernel returned a tuple of 2 (numpy.ndarray, numpy.ndarray), but should " \
-           "return the output array [SDPA-1.3]" in out
+    assert (
+        "the kernel returned a tuple of 2 (numpy.ndarray, numpy.ndarray), but should "
+        "return the output array [SDPA-1.3]" in out
+    )
     assert "--returns-weights" in out and "AttributeError" not in out
-    status, out = run(capsys, "check", target, "--only", "matches-reference,default-scale",
-                      "--returns-weights")
+    status, out = run(
+        capsys, "check", target, "--only", "matches-reference,default-scale", "--returns-weights"
+    )
     assert status == 0, out
 
 
-def test_float_attn_mask_says_bias_keyword(capsys: pytest.CaptureFixture[str],
-                                           kernels: Path) -> None:
+def test_float_attn_mask_says_bias_keyword(
+    capsys: pytest.CaptureFixture[str], kernels: Path
+) -> None:
     """SDPA-3.1, SDPA-3.2: a kernel adding attn_mask to the scores (PyTorch's float mask)
     fails mask-polarity with a finding that says so and the flags that declare it as a
     bias; with them, bias-semantics runs and passes."""
@@ -140,8 +156,16 @@ def test_float_attn_mask_says_bias_keyword(capsys: pytest.CaptureFixture[str],
     assert status == 1
     assert "the kernel takes a PyTorch-style additive float mask" in out
     assert "hint:    declare it as an additive bias: --bias-keyword attn_mask --no-mask" in out
-    status, out = run(capsys, "check", target, "--only", "mask-polarity,bias-semantics",
-                      "--bias-keyword", "attn_mask", "--no-mask")
+    status, out = run(
+        capsys,
+        "check",
+        target,
+        "--only",
+        "mask-polarity,bias-semantics",
+        "--bias-keyword",
+        "attn_mask",
+        "--no-mask",
+    )
     assert status == 0, out
     row = next(line for line in out.splitlines() if line.startswith("bias-semantics"))
     assert " passed " in row
@@ -150,22 +174,32 @@ def test_float_attn_mask_says_bias_keyword(capsys: pytest.CaptureFixture[str],
 def test_inverted_mask_is_called_inverted(kernels: Path) -> None:
     """SDPA-3.1: a kernel reading True as "masked out" fails mask-polarity with a finding
     that says the output follows the inverted mask, and how to invert it."""
-    verdict = check(f"{kernels}:inverted_mask", only=["mask-polarity"],
-                    dtypes=["float64"]).verdicts[0]
+    verdict = check(
+        f"{kernels}:inverted_mask", only=["mask-polarity"], dtypes=["float64"]
+    ).verdicts[0]
     assert verdict.status == "failed"
     assert verdict.detail.startswith("the output follows the mask inverted")
     assert "~mask" in verdict.hint
 
 
-def test_one_root_cause_is_one_finding(capsys: pytest.CaptureFixture[str], kernels: Path,
-                                       tmp_path: Path) -> None:
+def test_one_root_cause_is_one_finding(
+    capsys: pytest.CaptureFixture[str], kernels: Path, tmp_path: Path
+) -> None:
     """SDPA-1.1: a kernel that rejects is_causal (its **kwargs hide it from the pre-flight)
     fails many properties for that one reason: told once, naming every property, with the
     flag that stops the suite passing is_causal; the JSON groups them the same way."""
     path = tmp_path / "r.json"
-    status, out = run(capsys, "check", f"{kernels}:takes_anything", "--no-mask", "--no-scale",
-                      "--only", "matches-reference,deterministic,causal-zeros,causal-alignment",
-                      "--json", str(path))
+    status, out = run(
+        capsys,
+        "check",
+        f"{kernels}:takes_anything",
+        "--no-mask",
+        "--no-scale",
+        "--only",
+        "matches-reference,deterministic,causal-zeros,causal-alignment",
+        "--json",
+        str(path),
+    )
     assert status == 1
     assert "FAILED 4 properties, one cause [MUST]:" in out
     assert out.count("\n  finding: kernel raised TypeError") == 1
@@ -173,14 +207,20 @@ def test_one_root_cause_is_one_finding(capsys: pytest.CaptureFixture[str], kerne
     assert "hint:    the kernel does not take is_causal=" in out and "--no-causal" in out
     findings = json.loads(path.read_text())["findings"]
     assert [f["properties"] for f in findings] == [
-        ["matches-reference", "deterministic", "causal-zeros", "causal-alignment"]]
+        ["matches-reference", "deterministic", "causal-zeros", "causal-alignment"]
+    ]
 
 
-@pytest.mark.parametrize(("name", "finding"), [
-    ("returns_none", "the kernel returned None as out, but should return a numpy array"),
-    ("returns_list", "the kernel returned a list of 1 (numpy.ndarray), but should return the "
-                     "output array"),
-])
+@pytest.mark.parametrize(
+    ("name", "finding"),
+    [
+        ("returns_none", "the kernel returned None as out, but should return a numpy array"),
+        (
+            "returns_list",
+            "the kernel returned a list of 1 (numpy.ndarray), but should return the output array",
+        ),
+    ],
+)
 def test_results_that_are_not_arrays_are_named(kernels: Path, name: str, finding: str) -> None:
     """SDPA-1.3: None or a list is named as such (never an AttributeError from reading it)."""
     verdict = check(f"{kernels}:{name}", only=["default-scale"]).verdicts[0]
@@ -197,9 +237,11 @@ def test_numpy_array_under_torch_is_named(tmp_path: Path) -> None:
     kernel.write_text(
         "from attnspec.reference import scaled_dot_product_attention as sdpa\n"
         "def attention(q, k, v, *, mask=None, is_causal=False, scale=None):\n"
-        "    return sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale).numpy()\n")
-    report = check(f"{kernel}:attention", backend="torch", dtypes=["float16"],
-                   only=["output-shape-dtype"])
+        "    return sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale).numpy()\n"
+    )
+    report = check(
+        f"{kernel}:attention", backend="torch", dtypes=["float16"], only=["output-shape-dtype"]
+    )
     detail = report.verdicts[0].detail
     assert detail.startswith("out is a numpy.ndarray, but the kernel runs on torch"), detail
     assert "--backend numpy" in report.verdicts[0].hint
@@ -214,7 +256,8 @@ def test_module_class_target_says_pass_an_instance(tmp_path: Path) -> None:
         "import torch\n"
         "class Attention(torch.nn.Module):\n"
         "    def forward(self, q, k, v, *, mask=None, is_causal=False, scale=None):\n"
-        "        return torch.nn.functional.scaled_dot_product_attention(q, k, v)\n")
+        "        return torch.nn.functional.scaled_dot_product_attention(q, k, v)\n"
+    )
     with pytest.raises(SetupError, match=r"is an nn\.Module class, not a kernel") as error:
         check(f"{kernel}:Attention", backend="torch", only=["default-scale"])
     assert "Pass an instance" in str(error.value)
@@ -224,8 +267,9 @@ def test_module_class_target_says_pass_an_instance(tmp_path: Path) -> None:
 def test_scale_finding_shows_the_digits_that_differ(kernels: Path) -> None:
     """SDPA-2.1: a default scale held in float32 differs from 1/sqrt(E) in the 8th digit;
     the finding shows both to that digit and the difference, never two equal numbers."""
-    verdict = check(f"{kernels}:scale_rounded_to_float32", only=["default-scale"],
-                    dtypes=["float64"]).verdicts[0]
+    verdict = check(
+        f"{kernels}:scale_rounded_to_float32", only=["default-scale"], dtypes=["float64"]
+    ).verdicts[0]
     assert verdict.status == "failed"
     implied = verdict.detail.split("imply scale=")[1].split(" ")[0]
     expected = verdict.detail.split("but should be ")[1].split(" ")[0]
@@ -234,16 +278,18 @@ def test_scale_finding_shows_the_digits_that_differ(kernels: Path) -> None:
 
 def test_distinct_shows_enough_digits() -> None:
     assert distinct(0.5773502691896258, 0.5773502691896257) == (
-        "0.5773502691896258", "0.5773502691896257")
+        "0.5773502691896258",
+        "0.5773502691896257",
+    )
     assert distinct(1.00004, 0.7071067811865476) == ("1.00004", "0.707107")
 
 
-LARGE_LOGITS_KERNELS = '''
+LARGE_LOGITS_KERNELS = """
 import sys
 sys.path.insert(0, {tests!r})
 from catalogue.bugs_softmax import no_max_subtraction
 from catalogue.bugs_plumbing import torch_scores_in_input_dtype
-'''
+"""
 
 
 def test_large_logits_names_which_overflow(tmp_path: Path) -> None:
@@ -253,18 +299,25 @@ def test_large_logits_names_which_overflow(tmp_path: Path) -> None:
     kernel = tmp_path / "overflows.py"
     kernel.write_text(LARGE_LOGITS_KERNELS.format(tests=str(TESTS)))
     verdict = check(f"{kernel}:no_max_subtraction", only=["large-logits"]).verdicts[0]
-    assert re.search("where exp (over|under)flows but q k\\^T does not: the softmax needs max "
-                     "subtraction", verdict.detail), verdict.detail
+    assert re.search(
+        "where exp (over|under)flows but q k\\^T does not: the softmax needs max subtraction",
+        verdict.detail,
+    ), verdict.detail
     pytest.importorskip("torch", reason="the float16 scores kernel is a torch one")
-    verdict = check(f"{kernel}:torch_scores_in_input_dtype", backend="torch",
-                    dtypes=["float16"], only=["large-logits"]).verdicts[0]
+    verdict = check(
+        f"{kernel}:torch_scores_in_input_dtype",
+        backend="torch",
+        dtypes=["float16"],
+        only=["large-logits"],
+    ).verdicts[0]
     assert "so max subtraction works: q k^T reaches" in verdict.detail
     assert "float16's largest finite value" in verdict.detail
     assert "max subtraction or an equivalent" not in verdict.detail
 
 
-def test_reproduction_of_empty_inputs_raises_what_the_check_saw(kernels: Path,
-                                                                tmp_path: Path) -> None:
+def test_reproduction_of_empty_inputs_raises_what_the_check_saw(
+    kernels: Path, tmp_path: Path
+) -> None:
     """SDPA-1.5: the reproduction rebuilds empty inputs with their exact shape (q(1, 0, 1)
     is not np.array([[]])) and calls fn(q, k, v, ...) directly, so it raises the very
     exception the finding reports."""
@@ -274,11 +327,17 @@ def test_reproduction_of_empty_inputs_raises_what_the_check_saw(kernels: Path,
         "def attention(q, k, v, *, mask=None, is_causal=False, scale=None):\n"
         "    if 0 in q.shape:\n"
         "        raise RuntimeError(f'empty q of shape {tuple(q.shape)}')\n"
-        "    return sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale)\n")
+        "    return sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale)\n"
+    )
     verdict = check(f"{kernel}:attention", only=["empty-sizes"]).verdicts[0]
     assert verdict.status == "failed" and "empty q of shape" in verdict.detail
     assert "out = fn(q, k, v" in verdict.reproduction
-    ran = subprocess.run([sys.executable, "-c", verdict.reproduction], capture_output=True,
-                         text=True, cwd=tmp_path, timeout=120)
+    ran = subprocess.run(
+        [sys.executable, "-c", verdict.reproduction],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     shown = verdict.detail.split("RuntimeError: ")[1]
     assert ran.returncode != 0 and f"RuntimeError: {shown}" in ran.stderr

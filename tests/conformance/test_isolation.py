@@ -35,14 +35,21 @@ HOSTILE_FILE = str(Path(hostile.__file__).resolve())
 HANG_TIMEOUT = "2"  # s: the hang tests wait this long, once per property
 
 
-def attnspec(*argv: str, cwd: Path, env: dict[str, str] | None = None,
-             timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def attnspec(
+    *argv: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     """The real command in a subprocess; stderr goes to a file (kernels print megabytes)."""
     stderr = cwd / "stderr.txt"
     with stderr.open("w") as err:
-        result = subprocess.run([ATTNSPEC, *argv], stdout=subprocess.PIPE, stderr=err,
-                                text=True, cwd=cwd, timeout=timeout,
-                                env={**os.environ, **(env or {})})
+        result = subprocess.run(
+            [ATTNSPEC, *argv],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            cwd=cwd,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+        )
     result.stderr = stderr.read_text(errors="replace")
     return result
 
@@ -52,9 +59,12 @@ def _told_as_failed(prop: str, table: str) -> bool:
     group of properties with one root cause ("FAILED 2 properties, one cause ...")."""
     if f"FAILED {prop} [" in table:
         return True
-    return any(re.search(rf"^  .*\b{re.escape(prop)} \[", group, re.MULTILINE)
-               for group in re.findall(r"^FAILED \d+ properties, one cause.*\n(?:  .*\n)+",
-                                       table, re.MULTILINE))
+    return any(
+        re.search(rf"^  .*\b{re.escape(prop)} \[", group, re.MULTILINE)
+        for group in re.findall(
+            r"^FAILED \d+ properties, one cause.*\n(?:  .*\n)+", table, re.MULTILINE
+        )
+    )
 
 
 @pytest.mark.parametrize("case", HOSTILE, ids=lambda case: case.name)
@@ -64,12 +74,23 @@ def test_hostile_kernel_gets_its_verdict_from_the_cli(case: Hostile, tmp_path: P
     signal's or the kernel's own), keeps the kernel's printing off the table's stdout, and
     a crash or hang names the inputs of the call and carries a reproduction."""
     if case.name == "allocates_50_gb" and not Path("/proc/self/status").exists():
-        pytest.skip("the worker's memory limit is measured from /proc/self/status (Linux); "
-                    "without it this kernel would really touch 50 GB")
+        pytest.skip(
+            "the worker's memory limit is measured from /proc/self/status (Linux); "
+            "without it this kernel would really touch 50 GB"
+        )
     timeout = ["--timeout", HANG_TIMEOUT] if case.name == "hangs" else []
-    result = attnspec("check", f"{HOSTILE_FILE}:{case.name}", "--backend", "numpy",
-                      "--only", ",".join(case.only), "--json", "report.json", *timeout,
-                      cwd=tmp_path)
+    result = attnspec(
+        "check",
+        f"{HOSTILE_FILE}:{case.name}",
+        "--backend",
+        "numpy",
+        "--only",
+        ",".join(case.only),
+        "--json",
+        "report.json",
+        *timeout,
+        cwd=tmp_path,
+    )
     assert result.returncode == case.exit, result.stdout + result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     report = json.loads((tmp_path / "report.json").read_text())
@@ -82,16 +103,18 @@ def test_hostile_kernel_gets_its_verdict_from_the_cli(case: Hostile, tmp_path: P
             assert _told_as_failed(verdict["property"], result.stdout), result.stdout
             if case.isolated_only:  # lost with the worker: inputs and reproduction kept
                 assert verdict["counterexample"].startswith("q("), verdict
-                assert f"load_kernel({HOSTILE_FILE + ':' + case.name!r})" in (
-                    verdict["reproduction"])
+                assert (
+                    f"load_kernel({HOSTILE_FILE + ':' + case.name!r})" in (verdict["reproduction"])
+                )
     assert "xxxxxxxx" not in result.stdout  # prints_a_megabyte's output is not in the table
     if case.name == "prints_a_megabyte":  # but on stderr, whole: 1 MiB per call
         assert result.stderr.count("x" * (2**20 - 1)) >= 20  # >= one call per example
     assert processes_in(tmp_path) == []
 
 
-@pytest.mark.parametrize("case", [c for c in HOSTILE if not c.isolated_only],
-                         ids=lambda case: case.name)
+@pytest.mark.parametrize(
+    "case", [c for c in HOSTILE if not c.isolated_only], ids=lambda case: case.name
+)
 def test_hostile_kernel_in_process_gets_the_same_verdict(case: Hostile) -> None:
     """CONF-5: in-process (the Python API's default, --no-isolate) the same verdicts:
     sys.exit in a kernel is a failure, not the end of the run, and NumPy's error state a
@@ -100,7 +123,8 @@ def test_hostile_kernel_in_process_gets_the_same_verdict(case: Hostile) -> None:
         report = check(f"{HOSTILE_FILE}:{case.name}", backend="numpy", only=case.only)
         after = np.geterr()
     assert {v.property: v.status for v in report.verdicts} == {
-        prop: case.expected(prop) for prop in case.only}
+        prop: case.expected(prop) for prop in case.only
+    }
     for verdict in report.verdicts:
         if verdict.status == FAILED:
             assert case.finding in verdict.detail
@@ -110,11 +134,12 @@ def test_hostile_kernel_in_process_gets_the_same_verdict(case: Hostile) -> None:
 def test_a_kernel_that_leaves_seterr_raise_would_cause_false_failures_unguarded() -> None:
     """Why calls are guarded: run bare, the seterr kernel's leftover state makes its next
     call and the suite's own NumPy code raise, failing properties it satisfies."""
-    kernel = KernelUnderTest(load_kernel(f"{HOSTILE_FILE}:leaves_seterr_raise"),
-                             Backend("numpy"))
+    kernel = KernelUnderTest(load_kernel(f"{HOSTILE_FILE}:leaves_seterr_raise"), Backend("numpy"))
     with np.errstate():
-        statuses = [verdict_of(p, kernel).status
-                    for p in ("default-scale", "large-logits", "matches-reference")]
+        statuses = [
+            verdict_of(p, kernel).status
+            for p in ("default-scale", "large-logits", "matches-reference")
+        ]
     assert statuses[0] == PASSED and FAILED in statuses[1:]
 
 
@@ -123,24 +148,43 @@ def test_keyboard_interrupt_in_process_is_an_interrupt(
 ) -> None:
     """In-process a KeyboardInterrupt cannot be told from Ctrl-C: the check stops,
     incomplete, exit 2 (in a worker the same kernel gets a FAILED verdict)."""
-    status = cli.main(["check", f"{HOSTILE_FILE}:raises_keyboard_interrupt", "--backend",
-                       "numpy", "--only", "default-scale", "--no-isolate"])
+    status = cli.main(
+        [
+            "check",
+            f"{HOSTILE_FILE}:raises_keyboard_interrupt",
+            "--backend",
+            "numpy",
+            "--only",
+            "default-scale",
+            "--no-isolate",
+        ]
+    )
     captured = capsys.readouterr()
     assert status == 2
     assert "INCOMPLETE (interrupted by SIGINT (Ctrl-C) after 0 of 1 properties)" in captured.out
 
 
-@pytest.mark.parametrize("hazard, words", [
-    ("sys.exit", "called sys.exit(0)"),
-    ("os._exit", "ended with exit status 0"),
-    ("segfault", "SIGSEGV"),
-])
-def test_exit_or_crash_at_import_is_a_setup_error(hazard: str, words: str,
-                                                  tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "hazard, words",
+    [
+        ("sys.exit", "called sys.exit(0)"),
+        ("os._exit", "ended with exit status 0"),
+        ("segfault", "SIGSEGV"),
+    ],
+)
+def test_exit_or_crash_at_import_is_a_setup_error(hazard: str, words: str, tmp_path: Path) -> None:
     """A module that exits or crashes while being imported: exit 2 and one line, never
     exit 0 with no table (nothing was checked)."""
-    result = attnspec("check", f"{HOSTILE_FILE}:attention", "--backend", "numpy", "--json",
-                      "report.json", cwd=tmp_path, env={hostile.AT_IMPORT: hazard})
+    result = attnspec(
+        "check",
+        f"{HOSTILE_FILE}:attention",
+        "--backend",
+        "numpy",
+        "--json",
+        "report.json",
+        cwd=tmp_path,
+        env={hostile.AT_IMPORT: hazard},
+    )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("attnspec: error: loading kernel "), lines
@@ -149,7 +193,8 @@ def test_exit_or_crash_at_import_is_a_setup_error(hazard: str, words: str,
 
 
 def test_sys_exit_at_import_in_process_is_a_setup_error(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """--no-isolate too: sys.exit(0) at import is exit 2, not a silent exit 0."""
     monkeypatch.setenv(hostile.AT_IMPORT, "sys.exit")
@@ -162,12 +207,14 @@ def test_hang_at_import_is_a_setup_error(monkeypatch: pytest.MonkeyPatch) -> Non
     """Loading that does not finish within the load timeout is a SetupError."""
     monkeypatch.setenv(hostile.AT_IMPORT, "hang")
     setup = KernelSetup(f"{HOSTILE_FILE}:attention", "numpy")
-    with (pytest.raises(SetupError, match=r"did not finish within 2 s"),
-          IsolatedKernel(setup, IsolationOptions(timeout=1, load_timeout=2)) as isolated):
+    with (
+        pytest.raises(SetupError, match=r"did not finish within 2 s"),
+        IsolatedKernel(setup, IsolationOptions(timeout=1, load_timeout=2)) as isolated,
+    ):
         isolated.start()
 
 
-SOMETIMES = '''
+SOMETIMES = """
 import os, time
 from attnspec.reference import scaled_dot_product_attention
 
@@ -207,7 +254,7 @@ def allocates(q, k, v, *, mask=None, is_causal=False, scale=None):
     import numpy as np
     np.empty(2**30, dtype=np.uint8)  # 1 GiB of address space, never touched
     return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
-'''
+"""
 
 
 @pytest.fixture
@@ -218,7 +265,9 @@ def sometimes(tmp_path: Path) -> str:
 
 
 def test_hang_is_attributed_to_the_example_that_hung(
-    sometimes: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    sometimes: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """CONF-5: a kernel that hangs on its fifth call, after four calls of earlier examples
     returned: the verdict names the inputs of the call that hung (as the kernel itself
@@ -226,8 +275,12 @@ def test_hang_is_attributed_to_the_example_that_hung(
     inputs (in a fresh process that call is the first, and returns)."""
     shapes_file = tmp_path / "shapes"
     monkeypatch.setenv("SHAPES_FILE", str(shapes_file))
-    report = check(f"{sometimes}:hangs_on_fifth_call", backend="numpy",
-                   only=["matches-reference"], isolate=IsolationOptions(timeout=2))
+    report = check(
+        f"{sometimes}:hangs_on_fifth_call",
+        backend="numpy",
+        only=["matches-reference"],
+        isolate=IsolationOptions(timeout=2),
+    )
     (verdict,) = report.verdicts
     assert verdict.status == FAILED
     assert verdict.detail.startswith("the kernel did not return within 2 s (--timeout")
@@ -236,9 +289,14 @@ def test_hang_is_attributed_to_the_example_that_hung(
     assert verdict.counterexample.startswith(calls[4] + ","), (calls, verdict.counterexample)
     assert "out = fn(q, k, v" in verdict.reproduction  # the kernel called directly
     rerun_file = tmp_path / "rerun_shapes"
-    ran = subprocess.run([sys.executable, "-c", verdict.reproduction], capture_output=True,
-                         text=True, timeout=120, cwd=tmp_path,
-                         env={**os.environ, "SHAPES_FILE": str(rerun_file)})
+    ran = subprocess.run(
+        [sys.executable, "-c", verdict.reproduction],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "SHAPES_FILE": str(rerun_file)},
+    )
     assert ran.returncode == 0, ran.stderr
     assert rerun_file.read_text().splitlines()[0] == calls[4]
 
@@ -246,10 +304,16 @@ def test_hang_is_attributed_to_the_example_that_hung(
 def test_crash_fails_one_property_and_the_next_runs_in_a_new_worker(sometimes: str) -> None:
     """A segfault on explicit-scale's inputs fails that property; default-scale, run after
     it, gets a fresh worker and passes."""
-    report = check(f"{sometimes}:crashes_on_explicit_scale", backend="numpy",
-                   only=["explicit-scale", "default-scale"], isolate=True)
+    report = check(
+        f"{sometimes}:crashes_on_explicit_scale",
+        backend="numpy",
+        only=["explicit-scale", "default-scale"],
+        isolate=True,
+    )
     assert [(v.property, v.status) for v in report.verdicts] == [
-        ("explicit-scale", FAILED), ("default-scale", PASSED)]
+        ("explicit-scale", FAILED),
+        ("default-scale", PASSED),
+    ]
     assert "SIGSEGV" in report.verdicts[0].detail
     assert "scale=" in report.verdicts[0].counterexample
 
@@ -257,23 +321,28 @@ def test_crash_fails_one_property_and_the_next_runs_in_a_new_worker(sometimes: s
 def test_timeout_is_per_call_not_per_property(sometimes: str) -> None:
     """Four calls of 0.5 s each under a 1.5 s timeout: the property takes longer than the
     timeout in all, yet no call does, so it passes."""
-    report = check(f"{sometimes}:slow_first_calls", backend="numpy", only=["default-scale"],
-                   isolate=IsolationOptions(timeout=1.5))
+    report = check(
+        f"{sometimes}:slow_first_calls",
+        backend="numpy",
+        only=["default-scale"],
+        isolate=IsolationOptions(timeout=1.5),
+    )
     (verdict,) = report.verdicts
     assert verdict.status == PASSED, verdict.detail
     assert verdict.seconds > 1.5
 
 
 def test_the_kernel_runs_in_another_process_unless_no_isolate(
-    sometimes: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    sometimes: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """attnspec check runs the kernel in a worker; --no-isolate in the check's own process
     (where a debugger can reach it)."""
     pid_file = tmp_path / "pid"
     monkeypatch.setenv("PID_FILE", str(pid_file))
-    argv = ["check", f"{sometimes}:reports_pid", "--backend", "numpy", "--only",
-            "default-scale"]
+    argv = ["check", f"{sometimes}:reports_pid", "--backend", "numpy", "--only", "default-scale"]
     assert cli.main(argv) == 0
     assert int(pid_file.read_text()) != os.getpid()
     assert cli.main([*argv, "--no-isolate"]) == 0
@@ -285,8 +354,12 @@ def test_memory_limit_is_an_option(sometimes: str) -> None:
     """--memory-limit: 1 GiB of address space is refused under a 0.5 GiB limit (a
     MemoryError verdict that names the option) and allowed under the default."""
     target = f"{sometimes}:allocates"
-    limited = check(target, backend="numpy", only=["default-scale"],
-                    isolate=IsolationOptions(memory_limit_gib=0.5))
+    limited = check(
+        target,
+        backend="numpy",
+        only=["default-scale"],
+        isolate=IsolationOptions(memory_limit_gib=0.5),
+    )
     assert limited.verdicts[0].status == FAILED
     assert "MemoryError" in limited.verdicts[0].detail
     assert "--memory-limit" in limited.verdicts[0].detail
@@ -294,13 +367,17 @@ def test_memory_limit_is_an_option(sometimes: str) -> None:
     assert default.verdicts[0].status == PASSED
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--timeout", "0"], "--timeout 0.0, but should be a positive number of seconds"),
-    (["--memory-limit", "-1"], "--memory-limit -1.0, but should be a number of GiB >= 0"),
-    (["--timeout", "5", "--no-isolate"], "--no-isolate has none"),
-])
-def test_isolation_options_are_checked(argv: list[str], words: str,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--timeout", "0"], "--timeout 0.0, but should be a positive number of seconds"),
+        (["--memory-limit", "-1"], "--memory-limit -1.0, but should be a number of GiB >= 0"),
+        (["--timeout", "5", "--no-isolate"], "--no-isolate has none"),
+    ],
+)
+def test_isolation_options_are_checked(
+    argv: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Bad --timeout / --memory-limit values: exit 2 and one line naming the option."""
     status = cli.main(["check", f"{HOSTILE_FILE}:attention", *argv])
     err = capsys.readouterr().err.strip().splitlines()
@@ -320,6 +397,7 @@ def test_isolation_options_reject_bad_values() -> None:
 def test_a_callable_the_worker_cannot_import_is_a_setup_error() -> None:
     """A kernel defined inside a function cannot be rebuilt in a worker: a SetupError that
     says what to do (a MODULE:FUNC target, or run in-process)."""
+
     def local_kernel(q, k, v, *, mask=None, is_causal=False, scale=None):  # type: ignore[no-untyped-def]
         return q
 
@@ -377,15 +455,21 @@ def worker_kernels(tmp_path: Path) -> str:
     return str(path)
 
 
-def test_hint_probes_run_in_the_worker(worker_kernels: str, tmp_path: Path,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hint_probes_run_in_the_worker(
+    worker_kernels: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """SDPA-1.1, CONF-5: isolated, the layout hint still comes (its probe found that the
     kernel is right in (B, L, H, D)), and every call of the kernel, the probe's included,
     was made in a worker process, never in the check's own."""
     pid_file = tmp_path / "pids"
     monkeypatch.setenv("PID_FILE", str(pid_file))
-    report = check(f"{worker_kernels}:blhd", backend="numpy", dtypes=["float64"],
-                   only=["matches-reference"], isolate=True)
+    report = check(
+        f"{worker_kernels}:blhd",
+        backend="numpy",
+        dtypes=["float64"],
+        only=["matches-reference"],
+        isolate=True,
+    )
     assert report.verdicts[0].status == FAILED
     assert any("pass --layout blhd" in hint for hint in report.hints), report.hints
     pids = {int(line) for line in pid_file.read_text().split()}
@@ -397,8 +481,13 @@ def test_a_kernel_that_crashes_on_the_hint_probe_does_not_take_the_check_down(
 ) -> None:
     """CONF-5: the hints probe a failing kernel once more; isolated, a crash there costs
     the hint, not the check: the verdicts stand and the report is whole."""
-    report = check(f"{worker_kernels}:unscaled_crashes_on_random_queries", backend="numpy",
-                   dtypes=["float64"], only=["default-scale"], isolate=True)
+    report = check(
+        f"{worker_kernels}:unscaled_crashes_on_random_queries",
+        backend="numpy",
+        dtypes=["float64"],
+        only=["default-scale"],
+        isolate=True,
+    )
     (verdict,) = report.verdicts
     assert verdict.status == FAILED and "looks like 1 (no scale)" in verdict.detail
     assert report.hints == []
@@ -409,20 +498,35 @@ def test_hints_and_waivers_travel_from_the_worker(worker_kernels: str) -> None:
     """SDPA-1.3, CONF-7: a verdict's hint (an undeclared tuple return: --returns-weights)
     and a waived clause (SDPA-5.1 with empty_rows_zero=False) come back from the worker
     as they are in-process, and the claim names the waiver."""
-    returned = check(f"{worker_kernels}:with_weights", backend="numpy", dtypes=["float64"],
-                     only=["output-shape-dtype"], isolate=True)
+    returned = check(
+        f"{worker_kernels}:with_weights",
+        backend="numpy",
+        dtypes=["float64"],
+        only=["output-shape-dtype"],
+        isolate=True,
+    )
     assert "--returns-weights" in returned.verdicts[0].hint
-    waived = check(f"{worker_kernels}:mean_of_v_when_empty", backend="numpy",
-                   dtypes=["float64"], only=["empty-rows-zero", "default-scale"],
-                   isolate=True, empty_rows_zero=False)
+    waived = check(
+        f"{worker_kernels}:mean_of_v_when_empty",
+        backend="numpy",
+        dtypes=["float64"],
+        only=["empty-rows-zero", "default-scale"],
+        isolate=True,
+        empty_rows_zero=False,
+    )
     assert [v.status for v in waived.verdicts] == [runner.WAIVED, PASSED]
     assert waived.waived == ["SDPA-5.1"]
     assert waived.claim == "no conformance claim: only some properties ran (--only/--skip)"
-    in_process = check(f"{worker_kernels}:mean_of_v_when_empty", backend="numpy",
-                       dtypes=["float64"], only=["empty-rows-zero", "default-scale"],
-                       empty_rows_zero=False)
+    in_process = check(
+        f"{worker_kernels}:mean_of_v_when_empty",
+        backend="numpy",
+        dtypes=["float64"],
+        only=["empty-rows-zero", "default-scale"],
+        empty_rows_zero=False,
+    )
     assert [(v.status, v.detail) for v in waived.verdicts] == [
-        (v.status, v.detail) for v in in_process.verdicts]
+        (v.status, v.detail) for v in in_process.verdicts
+    ]
 
 
 JAX_EXAMPLES = 2  # examples per property: each new shape costs JAX a compilation
@@ -436,15 +540,21 @@ def test_the_worker_checks_in_the_jax_settings_asked_for(
     pytest.importorskip("jax", reason="the JAX backend needs jax installed")
     monkeypatch.setitem(runner.PROFILES, "quick", runner.Profile(JAX_EXAMPLES))
     target = "attnspec.reference:scaled_dot_product_attention"
-    report = check(target, backend="jax", dtypes=["float64"], only=["default-scale"],
-                   jax_x64=True, isolate=True)
+    report = check(
+        target,
+        backend="jax",
+        dtypes=["float64"],
+        only=["default-scale"],
+        jax_x64=True,
+        isolate=True,
+    )
     assert report.verdicts[0].status == PASSED, report.verdicts[0].detail
     assert any("changed jax_enable_x64: False -> True" in note for note in report.notes), (
-        report.notes)
+        report.notes
+    )
     assert report.claim.startswith("no conformance claim: only some properties ran")
     with pytest.raises(SetupError, match=r"no dtype to test.*jax_enable_x64 is off"):
-        check(target, backend="jax", dtypes=["float64"], only=["default-scale"],
-              isolate=True)
+        check(target, backend="jax", dtypes=["float64"], only=["default-scale"], isolate=True)
 
 
 def test_a_loaded_jax_backend_passes_its_x64_setting_to_the_worker(
@@ -457,8 +567,13 @@ def test_a_loaded_jax_backend_passes_its_x64_setting_to_the_worker(
     before = jax.config.jax_enable_x64
     try:
         backend = Backend("jax", config={"jax_enable_x64": True})
-        report = check("attnspec.reference:scaled_dot_product_attention", backend=backend,
-                       dtypes=["float64"], only=["default-scale"], isolate=True)
+        report = check(
+            "attnspec.reference:scaled_dot_product_attention",
+            backend=backend,
+            dtypes=["float64"],
+            only=["default-scale"],
+            isolate=True,
+        )
     finally:
         jax.config.update("jax_enable_x64", before)
     assert report.verdicts[0].status == PASSED, report.verdicts[0].detail
@@ -474,8 +589,10 @@ SOAK_KERNELS = (
     ("catalogue.correct:lse_attention", set()),
     # missing scale: the scale properties, and value comparisons whose fixed per-stratum
     # seeds draw E >= 2 with the default scale (1/sqrt(E) != 1 changes the output)
-    ("catalogue.bugs_scores:missing_scale", {"default-scale", "score-variance",
-                                             "mask-broadcast", "gqa-mapping"}),
+    (
+        "catalogue.bugs_scores:missing_scale",
+        {"default-scale", "score-variance", "mask-broadcast", "gqa-mapping"},
+    ),
 )
 
 
@@ -490,14 +607,18 @@ def test_soak_twenty_runs_give_identical_verdicts(monkeypatch: pytest.MonkeyPatc
         setup = KernelSetup(target, "numpy")
         with IsolatedKernel(setup) as isolated:
             kernel = isolated.start()
-            runs = [run_each(properties,
-                             lambda p: isolated.run_property(p, profile="quick", seed=None),
-                             new_report(kernel, profile="quick", seed=None, strict=False))
-                    for _ in range(SOAK_RUNS)]
-        seen = [[(v.property, v.status, v.detail, v.counterexample) for v in run.verdicts]
-                for run in runs]
-        flaky = [row for i, row in enumerate(seen[0])
-                 if any(other[i] != row for other in seen[1:])]
+            runs = [
+                run_each(
+                    properties,
+                    lambda p: isolated.run_property(p, profile="quick", seed=None),
+                    new_report(kernel, profile="quick", seed=None, strict=False),
+                )
+                for _ in range(SOAK_RUNS)
+            ]
+        seen = [
+            [(v.property, v.status, v.detail, v.counterexample) for v in run.verdicts]
+            for run in runs
+        ]
+        flaky = [row for i, row in enumerate(seen[0]) if any(other[i] != row for other in seen[1:])]
         assert flaky == [], f"{target}: verdicts that changed between runs: {flaky}"
         assert {v.property for v in runs[0].verdicts if v.status == FAILED} == failing
-

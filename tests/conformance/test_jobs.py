@@ -29,23 +29,38 @@ from attnspec.conformance.worker import use_worker_threads
 
 # Properties the buggy kernel (scores scaled by 1/E) fails and passes, on NumPy: the
 # comparison covers failures with shrunk counterexamples and passes alike.
-ONLY = ["matches-reference", "default-scale", "explicit-scale", "causal-zeros",
-        "key-permutation", "mask-polarity", "empty-rows-zero", "output-shape-dtype"]
-KERNELS = {"correct": "catalogue.correct:online_softmax_attention",
-           "buggy": "catalogue.bugs_scores:scale_one_over_e"}
+ONLY = [
+    "matches-reference",
+    "default-scale",
+    "explicit-scale",
+    "causal-zeros",
+    "key-permutation",
+    "mask-polarity",
+    "empty-rows-zero",
+    "output-shape-dtype",
+]
+KERNELS = {
+    "correct": "catalogue.correct:online_softmax_attention",
+    "buggy": "catalogue.bugs_scores:scale_one_over_e",
+}
 
 
 def outcome(report):  # type: ignore[no-untyped-def]
     """What a run decided, without its timings."""
-    return [(v.property, v.status, v.detail, v.counterexample, v.reproduction, v.examples)
-            for v in report.verdicts]
+    return [
+        (v.property, v.status, v.detail, v.counterexample, v.reproduction, v.examples)
+        for v in report.verdicts
+    ]
 
 
 @pytest.fixture(scope="module")
 def runs() -> dict[tuple[str, int], object]:
     """Each catalogue kernel checked with one worker and with two (one run each)."""
-    return {(name, jobs): check(target, backend="numpy", only=ONLY, isolate=True, jobs=jobs)
-            for name, target in KERNELS.items() for jobs in (1, 2)}
+    return {
+        (name, jobs): check(target, backend="numpy", only=ONLY, isolate=True, jobs=jobs)
+        for name, target in KERNELS.items()
+        for jobs in (1, 2)
+    }
 
 
 @pytest.mark.parametrize("name", list(KERNELS))
@@ -68,7 +83,7 @@ def test_the_comparison_has_failures_and_passes(runs) -> None:  # type: ignore[n
     assert {v.status for v in runs[("correct", 2)].verdicts} == {PASSED}
 
 
-HOSTILE_SOMETIMES = '''
+HOSTILE_SOMETIMES = """
 import os, time
 from attnspec.reference import scaled_dot_product_attention
 
@@ -85,7 +100,7 @@ def hangs_on_causal(q, k, v, *, mask=None, is_causal=False, scale=None):
     while is_causal:
         time.sleep(1)
     return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
-'''
+"""
 
 
 @pytest.fixture
@@ -99,22 +114,30 @@ def test_a_crash_or_hang_in_one_job_fails_only_its_property(hostile: str) -> Non
     """CONF-5 with two workers: a segfault on explicit-scale and a hang on causal-zeros
     (past --timeout 2) fail those two properties, each naming what happened and the
     inputs of the call; default-scale, run beside them, passes."""
-    report = check(f"{hostile}:crashes_or_hangs", backend="numpy", jobs=2,
-                   only=["explicit-scale", "default-scale", "causal-zeros"],
-                   isolate=IsolationOptions(timeout=2), causal=True)
+    report = check(
+        f"{hostile}:crashes_or_hangs",
+        backend="numpy",
+        jobs=2,
+        only=["explicit-scale", "default-scale", "causal-zeros"],
+        isolate=IsolationOptions(timeout=2),
+        causal=True,
+    )
     statuses = {v.property: v.status for v in report.verdicts}
-    assert statuses == {"explicit-scale": FAILED, "default-scale": PASSED,
-                        "causal-zeros": FAILED}
+    assert statuses == {"explicit-scale": FAILED, "default-scale": PASSED, "causal-zeros": FAILED}
     crashed, _, hung = report.verdicts
     assert "SIGSEGV" in crashed.detail and "scale=" in crashed.counterexample
     assert hung.detail.startswith("the kernel did not return within 2 s")
     assert "is_causal=True" in hung.counterexample
 
 
-@pytest.mark.parametrize("signum, name", [(signal.SIGINT, "SIGINT (Ctrl-C)"),
-                                          (signal.SIGTERM, "SIGTERM")])
+@pytest.mark.parametrize(
+    "signum, name", [(signal.SIGINT, "SIGINT (Ctrl-C)"), (signal.SIGTERM, "SIGTERM")]
+)
 def test_interrupt_with_jobs_keeps_finished_verdicts_in_order(
-    signum: int, name: str, hostile: str, tmp_path: Path,
+    signum: int,
+    name: str,
+    hostile: str,
+    tmp_path: Path,
 ) -> None:
     """CONF-6 with two workers: causal-zeros, the first property, hangs in one worker
     while the other finishes default-scale and explicit-scale; the report holds those
@@ -122,15 +145,32 @@ def test_interrupt_with_jobs_keeps_finished_verdicts_in_order(
     exit 2,
     the hung property left out, the report marked incomplete, no worker left behind."""
     process = subprocess.Popen(
-        [ATTNSPEC, "check", f"{hostile}:hangs_on_causal", "--backend", "numpy",
-         "--only", "causal-zeros,default-scale,explicit-scale", "--jobs", "2",
-         "--timeout", "300", "--json", "r.json", "--markdown", "r.md"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            ATTNSPEC,
+            "check",
+            f"{hostile}:hangs_on_causal",
+            "--backend",
+            "numpy",
+            "--only",
+            "causal-zeros,default-scale,explicit-scale",
+            "--jobs",
+            "2",
+            "--timeout",
+            "300",
+            "--json",
+            "r.json",
+            "--markdown",
+            "r.md",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(tmp_path / "r.md", "2 of 3")
         running = json.loads((tmp_path / "r.json").read_text())
-        assert [v["property"] for v in running["verdicts"]] == ["default-scale",
-                                                                "explicit-scale"]
+        assert [v["property"] for v in running["verdicts"]] == ["default-scale", "explicit-scale"]
         process.send_signal(signum)
         out, err = process.communicate(timeout=60)
     finally:
@@ -140,21 +180,36 @@ def test_interrupt_with_jobs_keeps_finished_verdicts_in_order(
     reason = f"interrupted by {name} after 2 of 3 properties"
     assert final["incomplete"] == reason and final["complete"] is False
     assert [(v["property"], v["status"]) for v in final["verdicts"]] == [
-        ("default-scale", PASSED), ("explicit-scale", PASSED)]
+        ("default-scale", PASSED),
+        ("explicit-scale", PASSED),
+    ]
     assert f"result: INCOMPLETE ({reason})" in out and "Traceback" not in err
     time.sleep(0.5)
     assert processes_in(tmp_path) == []
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--jobs", "0"], "--jobs 0, but should be a positive integer or 'auto'"),
-    (["--jobs", "two"], "--jobs 'two', but should be a positive integer or 'auto'"),
-    (["--jobs", "2", "--no-isolate"], "--no-isolate runs the kernel in this one"),
-])
-def test_bad_jobs_are_one_line_and_exit_2(argv: list[str], words: str,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
-    status = cli.main(["check", "attnspec.reference:scaled_dot_product_attention",
-                       "--backend", "numpy", "--only", "default-scale", *argv])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--jobs", "0"], "--jobs 0, but should be a positive integer or 'auto'"),
+        (["--jobs", "two"], "--jobs 'two', but should be a positive integer or 'auto'"),
+        (["--jobs", "2", "--no-isolate"], "--no-isolate runs the kernel in this one"),
+    ],
+)
+def test_bad_jobs_are_one_line_and_exit_2(
+    argv: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = cli.main(
+        [
+            "check",
+            "attnspec.reference:scaled_dot_product_attention",
+            "--backend",
+            "numpy",
+            "--only",
+            "default-scale",
+            *argv,
+        ]
+    )
     lines = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(lines) == 1 and words in lines[0], lines
 
@@ -167,8 +222,12 @@ def test_jobs_values() -> None:
     with pytest.raises(SetupError, match="jobs=0, but should be a positive integer"):
         check("attnspec.reference:scaled_dot_product_attention", backend="numpy", jobs=0)
     with pytest.raises(SetupError, match="jobs=2 needs worker processes"):
-        check("attnspec.reference:scaled_dot_product_attention", backend="numpy", jobs=2,
-              only=["default-scale", "explicit-scale"])
+        check(
+            "attnspec.reference:scaled_dot_product_attention",
+            backend="numpy",
+            jobs=2,
+            only=["default-scale", "explicit-scale"],
+        )
 
 
 def test_each_worker_runs_cpus_over_jobs_threads(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -178,8 +237,13 @@ def test_each_worker_runs_cpus_over_jobs_threads(monkeypatch: pytest.MonkeyPatch
     pytest.importorskip("torch", reason="PyTorch's intra-op threads are what is set")
     for name in THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    report = check("torch.nn.functional:scaled_dot_product_attention", backend="torch",
-                   only=["score-variance"], isolate=True, jobs=2)
+    report = check(
+        "torch.nn.functional:scaled_dot_product_attention",
+        backend="torch",
+        only=["score-variance"],
+        isolate=True,
+        jobs=2,
+    )
     expected = max(1, available_cpus() // 2)
     note = next(n for n in report.notes if n.startswith("worker threads"))
     assert note.startswith(f"worker threads: {expected} per worker process"), note

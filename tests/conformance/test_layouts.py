@@ -34,8 +34,15 @@ def _numpy_attention(scores: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     return np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
 
 
-def blhd_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, mask: np.ndarray | None = None,
-                   is_causal: bool = False, scale: float | None = None) -> np.ndarray:
+def blhd_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    mask: np.ndarray | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> np.ndarray:
     """Attention written natively for (..., L, H, E) arrays, as JAX and FlashAttention
     lay them out; the mask stays (..., H, Lq, Lk)."""
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -50,19 +57,27 @@ def blhd_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, mask: np.ndar
     return np.einsum("...hqk,...khe->...qhe", weights, v.astype(np.float64)).astype(q.dtype)
 
 
-def same_dims_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
-                        mask: np.ndarray | None = None, is_causal: bool = False,
-                        scale: float | None = None) -> np.ndarray:
+def same_dims_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    mask: np.ndarray | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> np.ndarray:
     """A spec-layout kernel that, like JAX's and FlashAttention 2's, needs E == Ev."""
     if v.shape[-1] != q.shape[-1]:
         raise ValueError(f"value head dim {v.shape[-1]} != query head dim {q.shape[-1]}")
     swap = (*range(q.ndim - 3), q.ndim - 2, q.ndim - 3, q.ndim - 1)
-    out = blhd_attention(*(np.transpose(a, swap) for a in (q, k, v)), mask=mask,
-                         is_causal=is_causal, scale=scale)
+    out = blhd_attention(
+        *(np.transpose(a, swap) for a in (q, k, v)), mask=mask, is_causal=is_causal, scale=scale
+    )
     return np.transpose(out, swap)
 
 
 # --- from_blhd --------------------------------------------------------------------------------
+
 
 def test_blhd_kernel_conforms_through_the_adapter() -> None:
     """SDPA-1.1: a correct BLHD kernel, wrapped, passes the agreement properties."""
@@ -84,13 +99,16 @@ def test_from_blhd_transposes_exactly(cpu_backend: Backend, batch: tuple[int, ..
 
     def reference_in_blhd(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
         xp = array_namespace(q, k, v)
-        out = scaled_dot_product_attention(*(xp.permute_dims(a, to_blhd) for a in (q, k, v)),
-                                           **kwargs)
+        out = scaled_dot_product_attention(
+            *(xp.permute_dims(a, to_blhd) for a in (q, k, v)), **kwargs
+        )
         return xp.permute_dims(out, to_blhd)
 
     rng = np.random.default_rng(0)
-    q, k, v = (cpu_backend.asarray(rng.standard_normal((*batch, 2, length, dim)), "float32")
-               for length, dim in ((3, 4), (5, 4), (5, 6)))
+    q, k, v = (
+        cpu_backend.asarray(rng.standard_normal((*batch, 2, length, dim)), "float32")
+        for length, dim in ((3, 4), (5, 4), (5, 6))
+    )
     mask = cpu_backend.asarray(rng.random((2, 3, 5)) < 0.7)
     out = from_blhd(reference_in_blhd)(q, k, v, mask=mask, is_causal=True)
     expected = scaled_dot_product_attention(q, k, v, mask=mask, is_causal=True)
@@ -112,7 +130,10 @@ def test_from_blhd_keeps_and_updates_the_declaration() -> None:
     wrapped = from_blhd(declared, gqa=True)
     declaration = declaration_of(wrapped)
     assert (declaration.bias, declaration.gqa, declaration.causal_alignment) == (
-        True, True, "bottom_right")
+        True,
+        True,
+        "bottom_right",
+    )
     assert wrapped.__qualname__ == "from_blhd(blhd_attention)"
     torch = pytest.importorskip("torch", reason="torch SDPA's known declaration")
     known = declaration_of(from_blhd(torch.nn.functional.scaled_dot_product_attention))
@@ -138,6 +159,7 @@ def test_from_layout() -> None:
 
 
 # --- pad_head_dims ------------------------------------------------------------------------------
+
 
 def test_kernel_needing_equal_head_dims_conforms_when_padded() -> None:
     """SDPA-1.1, SDPA-2.1: zero padding lets an E == Ev kernel take any E and Ev exactly."""
@@ -165,16 +187,26 @@ def test_pad_head_dims_pads_and_cuts() -> None:
     assert padded(ones, np.zeros((2, 5, 4)), np.zeros((2, 5, 1))).shape == (2, 3, 1)
     assert padded(ones, np.zeros((2, 5, 4)), np.zeros((2, 5, 9))).shape == (2, 3, 9)
     assert padded(ones, np.zeros((2, 5, 4)), np.zeros((2, 5, 9)), scale=0.5).shape
-    assert calls == [((2, 3, 4), (2, 5, 4), (2, 5, 4)), ((2, 3, 16), (2, 5, 16), (2, 5, 16)),
-                     ((2, 3, 9), (2, 5, 9), (2, 5, 9))]
+    assert calls == [
+        ((2, 3, 4), (2, 5, 4), (2, 5, 4)),
+        ((2, 3, 16), (2, 5, 16), (2, 5, 16)),
+        ((2, 3, 9), (2, 5, 9), (2, 5, 9)),
+    ]
     assert scales == [None, None, 0.5]
     assert largest_q == [1.0, 2.0, 1.0]
 
 
 # --- rename_arguments --------------------------------------------------------------------------
 
-def flash_like(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool = False,
-               softmax_scale: float | None = None) -> np.ndarray:
+
+def flash_like(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+) -> np.ndarray:
     """FlashAttention's keyword names (causal, softmax_scale), spec layout, no mask."""
     return same_dims_attention(q, k, v, is_causal=causal, scale=softmax_scale)
 
@@ -191,19 +223,20 @@ def test_renamed_kernel_is_read_and_checked_under_spec_names() -> None:
 def test_renamed_keywords_reach_the_kernel() -> None:
     seen: dict[str, Any] = {}
 
-    def kernel(q: Any, k: Any, v: Any, *, causal: bool = False,
-               softmax_scale: Any = None) -> Any:
+    def kernel(q: Any, k: Any, v: Any, *, causal: bool = False, softmax_scale: Any = None) -> Any:
         seen.update(causal=causal, softmax_scale=softmax_scale)
         return v
 
     rename_arguments(kernel, is_causal="causal", scale="softmax_scale")(
-        1, 2, 3, is_causal=True, scale=0.25)
+        1, 2, 3, is_causal=True, scale=0.25
+    )
     assert seen == {"causal": True, "softmax_scale": 0.25}
 
 
 def test_rename_keeps_a_declared_keyword_under_its_spec_name() -> None:
     kernel = declare(bias=True, mask_keyword="attn_mask")(
-        lambda q, k, v, *, attn_mask=None, bias=None: v)
+        lambda q, k, v, *, attn_mask=None, bias=None: v
+    )
     assert declaration_of(rename_arguments(kernel, mask="attn_mask")).mask_keyword == "mask"
 
 
@@ -219,13 +252,13 @@ def test_rename_arguments_rejects_bad_names() -> None:
 
 # --- jax.nn.dot_product_attention ----------------------------------------------------------------
 
+
 def test_jax_dot_product_attention_empty_rows_are_reported_as_sdpa_5_1() -> None:
     """SDPA-5.1: JAX gives mean(V) for a fully masked row; checked through the adapters,
     the suite reports exactly that clause; declaring empty_rows_zero=False waives it
     instead, and the report names the waived clause (CONF-7)."""
     jax = pytest.importorskip("jax", reason="checks JAX's own kernel")
-    kernel = from_blhd(pad_head_dims(jax.nn.dot_product_attention), gqa=True,
-                       dtypes=("float32",))
+    kernel = from_blhd(pad_head_dims(jax.nn.dot_product_attention), gqa=True, dtypes=("float32",))
     with pytest.raises(AssertionError) as failure:
         assert_conforms(kernel, backend="jax", only=["empty-rows-zero"])
     text = str(failure.value)
@@ -234,7 +267,6 @@ def test_jax_dot_product_attention_empty_rows_are_reported_as_sdpa_5_1() -> None
     # gives NaN: whichever the shrunk example hit, the finding names what it saw.
     assert "in a row with no allowed key, but should be exactly 0" in text
     assert "mean(V)" in text or "NaN" in text
-    report = assert_conforms(kernel, backend="jax", only=["empty-rows-zero"],
-                             empty_rows_zero=False)
+    report = assert_conforms(kernel, backend="jax", only=["empty-rows-zero"], empty_rows_zero=False)
     assert [v.status for v in report.verdicts] == [WAIVED]
     assert report.waived == ["SDPA-5.1"]

@@ -31,10 +31,28 @@ PROPERTIES = "empty-rows-zero,rows-sum-to-one,mask-broadcast,masked-nonfinite-ig
 def matrix_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("matrix")
     md, js = out / "matrix.md", out / "matrix.json"
-    status = cli.main(["matrix", "--kernel", "sdpa_math", "--kernel", "torch.nn:Multihead",
-                       "--kernel", "fast_transformers", "--kernel", "flash_attn",
-                       "--only", PROPERTIES, "--quiet", "--jobs", "2", "--markdown", str(md),
-                       "--json", str(js)])
+    status = cli.main(
+        [
+            "matrix",
+            "--kernel",
+            "sdpa_math",
+            "--kernel",
+            "torch.nn:Multihead",
+            "--kernel",
+            "fast_transformers",
+            "--kernel",
+            "flash_attn",
+            "--only",
+            PROPERTIES,
+            "--quiet",
+            "--jobs",
+            "2",
+            "--markdown",
+            str(md),
+            "--json",
+            str(js),
+        ]
+    )
     rows = {row["name"]: row for row in json.loads(js.read_text())}
     return {"status": status, "markdown": md.read_text(), "rows": rows, "json": js}
 
@@ -43,14 +61,18 @@ def test_matrix_writes_a_row_per_selected_kernel(matrix_run: dict[str, Any]) -> 
     """Checked rows, and the uninstalled / GPU-only ones reported as such, not crashes."""
     rows = matrix_run["rows"]
     assert matrix_run["status"] == 0
-    selected = {"attnspec.conformance.torch_kernels:sdpa_math", "torch.nn:MultiheadAttention",
-                "attnspec.conformance.adapters.thirdparty:fast_transformers_linear",
-                "flash_attn:flash_attn_func"}
+    selected = {
+        "attnspec.conformance.torch_kernels:sdpa_math",
+        "torch.nn:MultiheadAttention",
+        "attnspec.conformance.adapters.thirdparty:fast_transformers_linear",
+        "flash_attn:flash_attn_func",
+    }
     assert set(rows) == {entry.name for entry in KNOWN_KERNELS}
     assert {name for name, row in rows.items() if row["status"] != matrix.NOT_SELECTED} == selected
     installed = importlib.util.find_spec("fast_transformers") is not None
-    assert (rows["attnspec.conformance.adapters.thirdparty:fast_transformers_linear"]["status"]
-            == (matrix.CHECKED if installed else matrix.NOT_INSTALLED))
+    assert rows["attnspec.conformance.adapters.thirdparty:fast_transformers_linear"]["status"] == (
+        matrix.CHECKED if installed else matrix.NOT_INSTALLED
+    )
     flash = rows["flash_attn:flash_attn_func"]
     assert flash["status"] in (matrix.NOT_INSTALLED, matrix.NEEDS_GPU), flash
 
@@ -71,10 +93,11 @@ def test_mha_fully_masked_rows_are_one_divergence(matrix_run: dict[str, Any]) ->
     by_clause = {d["clause"]: d for d in row["divergences"]}
     empty = by_clause["SDPA-5.1"]
     assert "SDPA-7.1" not in by_clause and "SDPA-3.1" not in by_clause, row["divergences"]
-    assert {c.split()[0] for c in empty["consequences"]} == {"rows-sum-to-one",
-                                                             "mask-broadcast"}
-    assert "consequences (each passes re-run with these inputs drawn around)" in (
-        matrix_run["markdown"])
+    assert {c.split()[0] for c in empty["consequences"]} == {"rows-sum-to-one", "mask-broadcast"}
+    assert (
+        "consequences (each passes re-run with these inputs drawn around)"
+        in (matrix_run["markdown"])
+    )
     assert "passes drawn around fully-masked-row (SDPA-5.1)" in matrix_run["markdown"]
     assert "| `torch.nn:MultiheadAttention` | torch |" in matrix_run["markdown"]
 
@@ -84,21 +107,33 @@ def _verdict(prop: str, clause: str, status: str, inputs: str = "") -> Verdict:
 
 
 def test_cells_take_the_worst_verdict_and_show_waivers() -> None:
-    report = Report("k", "torch", "cpu", "quick", None, False, verdicts=[
-        _verdict("a", "SDPA-7.1", PASSED), _verdict("b", "SDPA-7.3", FAILED),
-        _verdict("c", "SDPA-5.1", WAIVED), _verdict("d", "SDPA-6.1", NOT_APPLICABLE)])
+    report = Report(
+        "k",
+        "torch",
+        "cpu",
+        "quick",
+        None,
+        False,
+        verdicts=[
+            _verdict("a", "SDPA-7.1", PASSED),
+            _verdict("b", "SDPA-7.3", FAILED),
+            _verdict("c", "SDPA-5.1", WAIVED),
+            _verdict("d", "SDPA-6.1", NOT_APPLICABLE),
+        ],
+    )
     report.waived = ["SDPA-5.1"]
-    assert matrix.cells_of(report) == {"SDPA-7": FAILED, "SDPA-5": WAIVED,
-                                       "SDPA-6": NOT_APPLICABLE}
+    assert matrix.cells_of(report) == {"SDPA-7": FAILED, "SDPA-5": WAIVED, "SDPA-6": NOT_APPLICABLE}
 
 
 def test_a_failure_is_folded_only_when_its_re_run_showed_a_cause() -> None:
     """The matrix folds what root_causes.draw_around established (Verdict.cause), never a
     failure merely because its minimal case looks like another clause's inputs."""
     masked = "q(1, 1, 1, 1), k(1, 1, 1, 1), v(1, 1, 1, 1), dtype=float16, mask(1, 1) (0/1 True)"
-    verdicts = [_verdict("empty-rows-zero", "SDPA-5.1", FAILED, "q(1, 1, 1)"),
-                _verdict("rows-sum-to-one", "SDPA-7.1", FAILED, masked),
-                _verdict("query-permutation", "SDPA-7.6", FAILED, masked)]
+    verdicts = [
+        _verdict("empty-rows-zero", "SDPA-5.1", FAILED, "q(1, 1, 1)"),
+        _verdict("rows-sum-to-one", "SDPA-7.1", FAILED, masked),
+        _verdict("query-permutation", "SDPA-7.6", FAILED, masked),
+    ]
     verdicts[1].cause = "SDPA-5.1"
     report = Report("k", "torch", "cpu", "quick", None, False, verdicts=verdicts)
     folded = matrix.divergences_of(report, {})
@@ -107,29 +142,38 @@ def test_a_failure_is_folded_only_when_its_re_run_showed_a_cause() -> None:
 
 
 def test_failures_explained_by_one_write_up_are_one_divergence() -> None:
-    verdicts = [_verdict("matches-reference", "SDPA-7.3", FAILED),
-                _verdict("output-in-value-hull", "SDPA-7.1", FAILED)]
+    verdicts = [
+        _verdict("matches-reference", "SDPA-7.3", FAILED),
+        _verdict("output-in-value-hull", "SDPA-7.1", FAILED),
+    ]
     report = Report("k", "torch", "cpu", "quick", None, False, verdicts=verdicts)
     link = "docs/divergences.md#torch-causal-scale-zero"
-    [one] = matrix.divergences_of(report, {"matches-reference": link,
-                                           "output-in-value-hull": link})
+    [one] = matrix.divergences_of(report, {"matches-reference": link, "output-in-value-hull": link})
     assert one.properties == ["matches-reference", "output-in-value-hull"]
 
 
-def test_unknown_kernel_name_is_a_usage_error(tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["matrix", "--kernel", "no-such-kernel", "--markdown",
-                     str(tmp_path / "m.md")]) == 2
+def test_unknown_kernel_name_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        cli.main(["matrix", "--kernel", "no-such-kernel", "--markdown", str(tmp_path / "m.md")])
+        == 2
+    )
     assert "matches no known kernel" in capsys.readouterr().err
 
 
-def test_merge_renders_earlier_runs_without_rerunning(matrix_run: dict[str, Any],
-                                                      tmp_path: Path) -> None:
+def test_merge_renders_earlier_runs_without_rerunning(
+    matrix_run: dict[str, Any], tmp_path: Path
+) -> None:
     """--merge alone runs nothing: the checked rows of the earlier JSON come back as they
     were (so rows run at different times make one matrix)."""
     md, js = tmp_path / "m.md", tmp_path / "m.json"
-    assert cli.main(["matrix", "--merge", str(matrix_run["json"]), "--markdown", str(md),
-                     "--json", str(js)]) == 0
+    assert (
+        cli.main(
+            ["matrix", "--merge", str(matrix_run["json"]), "--markdown", str(md), "--json", str(js)]
+        )
+        == 0
+    )
     rows = {row["name"]: row for row in json.loads(js.read_text())}
     checked = {n for n, r in matrix_run["rows"].items() if r["status"] == matrix.CHECKED}
     assert {n for n, r in rows.items() if r["status"] == matrix.CHECKED} == checked
@@ -141,8 +185,15 @@ def test_failures_on_a_waived_clause_s_inputs_are_its_consequences() -> None:
     """jax.nn waives SDPA-5.1; a property failing on a fully masked row is listed under
     the waived clause, not as a divergence of its own."""
     masked = "q(1, 1, 1, 1), k(1, 1, 1, 1), v(1, 1, 1, 1), dtype=float16, mask(1, 1) (0/1 True)"
-    report = Report("k", "jax", "cpu", "quick", None, False,
-                    verdicts=[_verdict("rows-sum-to-one", "SDPA-7.1", FAILED, masked)])
+    report = Report(
+        "k",
+        "jax",
+        "cpu",
+        "quick",
+        None,
+        False,
+        verdicts=[_verdict("rows-sum-to-one", "SDPA-7.1", FAILED, masked)],
+    )
     report.waived = ["SDPA-5.1"]
     report.verdicts[0].cause = "SDPA-5.1"  # its re-run around fully masked rows passed
     [waived] = matrix.divergences_of(report, {})
@@ -151,26 +202,51 @@ def test_failures_on_a_waived_clause_s_inputs_are_its_consequences() -> None:
 
 
 def test_an_interrupt_ends_the_matrix_not_just_one_kernel(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """Ctrl-C or SIGTERM during one kernel's check leaves that kernel's row incomplete and
     runs no further kernel (each is reported as not run, with why)."""
     calls: list[str] = []
 
     def interrupted_run(setup: Any, args: Any, flags: Any, **_: Any) -> tuple[Report, None]:
         calls.append(setup.kernel)
-        return Report(setup.kernel, "torch", "cpu", "quick", None, False,
-                      incomplete="interrupted by SIGTERM after 3 of 63 properties"), None
+        return Report(
+            setup.kernel,
+            "torch",
+            "cpu",
+            "quick",
+            None,
+            False,
+            incomplete="interrupted by SIGTERM after 3 of 63 properties",
+        ), None
 
     monkeypatch.setattr(cli, "_run_one", interrupted_run)
     js = tmp_path / "m.json"
-    assert cli.main(["matrix", "--kernel", "sdpa_math", "--kernel", "sdpa_flash", "--quiet",
-                     "--markdown", str(tmp_path / "m.md"), "--json", str(js)]) == 0
+    assert (
+        cli.main(
+            [
+                "matrix",
+                "--kernel",
+                "sdpa_math",
+                "--kernel",
+                "sdpa_flash",
+                "--quiet",
+                "--markdown",
+                str(tmp_path / "m.md"),
+                "--json",
+                str(js),
+            ]
+        )
+        == 0
+    )
     rows = {row["name"]: row for row in json.loads(js.read_text())}
     assert calls == ["attnspec.conformance.torch_kernels:sdpa_math"]
     flash = rows["attnspec.conformance.torch_kernels:sdpa_flash"]
     assert flash["status"] == matrix.NOT_SELECTED
-    assert flash["reason"] == ("not run: the matrix was interrupted by SIGTERM while checking "
-                               "attnspec.conformance.torch_kernels:sdpa_math")
+    assert flash["reason"] == (
+        "not run: the matrix was interrupted by SIGTERM while checking "
+        "attnspec.conformance.torch_kernels:sdpa_math"
+    )
 
 
 def test_every_divergence_in_the_committed_matrix_is_confirmed() -> None:

@@ -33,46 +33,55 @@ def test_without_the_option_the_plugin_adds_nothing(pytester: pytest.Pytester) -
 
 def test_importing_the_plugin_loads_no_kernel_library_or_property() -> None:
     """Loaded in every pytest run, the plugin imports neither torch/jax nor the properties."""
-    code = ("import sys, attnspec.conformance.pytest_plugin as p; "
-            "print(sorted(m for m in ('torch', 'jax', 'attnspec.conformance.properties') "
-            "if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120)
+    code = (
+        "import sys, attnspec.conformance.pytest_plugin as p; "
+        "print(sorted(m for m in ('torch', 'jax', 'attnspec.conformance.properties') "
+        "if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 
 
-def test_one_item_per_property_and_must_failures_fail(pytester: pytest.Pytester,
-                                                      kernel_file: Path) -> None:
+def test_one_item_per_property_and_must_failures_fail(
+    pytester: pytest.Pytester, kernel_file: Path
+) -> None:
     """CONF-1, SDPA-2.1: items are named attnspec::ID[CLAUSE]; the unscaled kernel fails
     default-scale with its finding, counterexample and reproduction in the report."""
-    result = pytester.runpytest("--attnspec-kernel", f"{kernel_file}:no_default_scale",
-                                "--attnspec-only", CHEAP, "-v")
+    result = pytester.runpytest(
+        "--attnspec-kernel", f"{kernel_file}:no_default_scale", "--attnspec-only", CHEAP, "-v"
+    )
     result.assert_outcomes(failed=1, passed=1)
-    result.stdout.fnmatch_lines([
-        "*collected 2 items*",
-        "attnspec::default-scale?SDPA-2.1? FAILED*",
-        "attnspec::explicit-scale?SDPA-2.2? PASSED*",
-        "*FAILED default-scale ?SDPA-2.1 MUST*",
-        "*inputs:  q(*",
-        "*rerun:   pytest --attnspec-kernel *--attnspec-only default-scale",
-        "*reproduction (runs on its own):*",
-        "*DOES NOT CONFORM*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*collected 2 items*",
+            "attnspec::default-scale?SDPA-2.1? FAILED*",
+            "attnspec::explicit-scale?SDPA-2.2? PASSED*",
+            "*FAILED default-scale ?SDPA-2.1 MUST*",
+            "*inputs:  q(*",
+            "*rerun:   pytest --attnspec-kernel *--attnspec-only default-scale",
+            "*reproduction (runs on its own):*",
+            "*DOES NOT CONFORM*",
+        ]
+    )
 
 
-def test_correct_kernel_passes_and_unclaimed_is_skipped(pytester: pytest.Pytester,
-                                                        kernel_file: Path) -> None:
+def test_correct_kernel_passes_and_unclaimed_is_skipped(
+    pytester: pytest.Pytester, kernel_file: Path
+) -> None:
     """CONF-3: a property the kernel does not claim is skipped with the reason."""
-    result = pytester.runpytest("--attnspec-kernel", f"{kernel_file}:without_scale",
-                                "--attnspec-only", CHEAP, "-rs")
+    result = pytester.runpytest(
+        "--attnspec-kernel", f"{kernel_file}:without_scale", "--attnspec-only", CHEAP, "-rs"
+    )
     result.assert_outcomes(passed=1, skipped=1)
     result.stdout.fnmatch_lines(["*SKIPPED*not applicable: the kernel does not claim scale*"])
 
 
-def test_should_failure_is_a_warning_unless_strict(pytester: pytest.Pytester,
-                                                   kernel_file: Path,
-                                                   should_property: str) -> None:
+def test_should_failure_is_a_warning_unless_strict(
+    pytester: pytest.Pytester, kernel_file: Path, should_property: str
+) -> None:
     """CONF-2: a failed SHOULD property passes with a pytest warning; strict fails it."""
     args = ("--attnspec-kernel", f"{kernel_file}:correct", "--attnspec-only", should_property)
     # Counted: the plugin's warning alone.  Under --rootdir=tests this process has imported
@@ -86,8 +95,15 @@ def test_should_failure_is_a_warning_unless_strict(pytester: pytest.Pytester,
 
 def test_k_selects_properties(pytester: pytest.Pytester, kernel_file: Path) -> None:
     """-k works on property ids, like on any test."""
-    result = pytester.runpytest("--attnspec-kernel", f"{kernel_file}:correct",
-                                "--attnspec-only", CHEAP, "-k", "explicit", "-v")
+    result = pytester.runpytest(
+        "--attnspec-kernel",
+        f"{kernel_file}:correct",
+        "--attnspec-only",
+        CHEAP,
+        "-k",
+        "explicit",
+        "-v",
+    )
     result.assert_outcomes(passed=1, deselected=1)
 
 
@@ -100,12 +116,16 @@ def test_k_selects_properties(pytester: pytest.Pytester, kernel_file: Path) -> N
         ("{file}:correct", ("--attnspec-profile", "fast"), "profile='fast'"),
         ("{file}:correct", ("--attnspec-claim", "bias"), "should be KEY=VALUE"),
         ("{file}:correct", ("--attnspec-timeout", "5"), "they need --attnspec-isolate"),
-        ("{file}:correct", ("--attnspec-isolate", "--attnspec-timeout", "0"),
-         "--attnspec-timeout 0.0, but should be a positive number of seconds"),
+        (
+            "{file}:correct",
+            ("--attnspec-isolate", "--attnspec-timeout", "0"),
+            "--attnspec-timeout 0.0, but should be a positive number of seconds",
+        ),
     ],
 )
-def test_bad_setup_is_a_usage_error(pytester: pytest.Pytester, kernel_file: Path, target: str,
-                                    extra: tuple[str, ...], message: str) -> None:
+def test_bad_setup_is_a_usage_error(
+    pytester: pytest.Pytester, kernel_file: Path, target: str, extra: tuple[str, ...], message: str
+) -> None:
     """SDPA-1.1 and the plugin contract: a bad kernel or option stops pytest with a usage
     error (exit 4) and one clear line."""
     result = pytester.runpytest("--attnspec-kernel", target.format(file=kernel_file), *extra)
@@ -144,17 +164,27 @@ def test_isolated_plugin_survives_a_crashing_kernel(pytester: pytest.Pytester) -
     its summary (run in a subprocess, so a regression cannot take this run down)."""
     path = pytester.makepyfile(crashing=CRASHES_ON_EXPLICIT_SCALE)
     result = pytester.runpytest_subprocess(
-        "--attnspec-kernel", f"{path}:attention", "--attnspec-only",
-        "explicit-scale,default-scale", "--attnspec-isolate", "--attnspec-timeout", "30",
-        "-v", "-p", "no:cacheprovider")
+        "--attnspec-kernel",
+        f"{path}:attention",
+        "--attnspec-only",
+        "explicit-scale,default-scale",
+        "--attnspec-isolate",
+        "--attnspec-timeout",
+        "30",
+        "-v",
+        "-p",
+        "no:cacheprovider",
+    )
     result.assert_outcomes(failed=1, passed=1)
-    result.stdout.fnmatch_lines([
-        "attnspec::explicit-scale?SDPA-2.2? FAILED*",
-        "attnspec::default-scale?SDPA-2.1? PASSED*",
-        "*killed by signal SIGSEGV*",
-        "*rerun:   pytest --attnspec-kernel *--attnspec-isolate *--attnspec-timeout 30.0*",
-        "*no conformance claim: 1 MUST property failed (CONF-1): explicit-scale",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "attnspec::explicit-scale?SDPA-2.2? FAILED*",
+            "attnspec::default-scale?SDPA-2.1? PASSED*",
+            "*killed by signal SIGSEGV*",
+            "*rerun:   pytest --attnspec-kernel *--attnspec-isolate *--attnspec-timeout 30.0*",
+            "*no conformance claim: 1 MUST property failed (CONF-1): explicit-scale",
+        ]
+    )
 
 
 def _cli_statuses(argv: list[str], tmp_path: Path) -> dict[str, str]:
@@ -164,28 +194,41 @@ def _cli_statuses(argv: list[str], tmp_path: Path) -> dict[str, str]:
 
     path = tmp_path / "cli.json"
     cli.main([*argv, "--json", str(path)])
-    outcome = {"passed": "PASSED", "failed": "FAILED", "not applicable": "SKIPPED",
-               "waived": "SKIPPED", "warning": "PASSED"}
+    outcome = {
+        "passed": "PASSED",
+        "failed": "FAILED",
+        "not applicable": "SKIPPED",
+        "waived": "SKIPPED",
+        "warning": "PASSED",
+    }
     return {v["property"]: outcome[v["status"]] for v in json.loads(path.read_text())["verdicts"]}
 
 
-def test_same_kernel_same_properties_in_cli_and_plugin(pytester: pytest.Pytester,
-                                                       kernel_file: Path,
-                                                       tmp_path: Path) -> None:
+def test_same_kernel_same_properties_in_cli_and_plugin(
+    pytester: pytest.Pytester, kernel_file: Path, tmp_path: Path
+) -> None:
     """SDPA-2.1, SDPA-4.1: a (B, L, H, E) kernel with FlashAttention's causal=
     checked with --layout, --rename, --dtype and a claim flag gets the same verdict for
     every property from the CLI and from the plugin, and the plugin's rerun command repeats
     those declarations."""
     only = "default-scale,explicit-scale,causal-zeros,mask-polarity,empty-rows-zero"
     declarations = ["layout", "blhd", "rename", "is_causal=causal", "dtype", "float64"]
-    cli_args = [*(f"--{d}" if i % 2 == 0 else d for i, d in enumerate(declarations)),
-                "--no-mask"]
-    plugin_args = [*(f"--attnspec-{d}" if i % 2 == 0 else d for i, d in enumerate(declarations)),
-                   "--attnspec-no-mask"]
-    cli = _cli_statuses(["check", f"{kernel_file}:blhd_no_default_scale", "--only", only,
-                         *cli_args], tmp_path)
-    result = pytester.runpytest("--attnspec-kernel", f"{kernel_file}:blhd_no_default_scale",
-                                "--attnspec-only", only, *plugin_args, "-v")
+    cli_args = [*(f"--{d}" if i % 2 == 0 else d for i, d in enumerate(declarations)), "--no-mask"]
+    plugin_args = [
+        *(f"--attnspec-{d}" if i % 2 == 0 else d for i, d in enumerate(declarations)),
+        "--attnspec-no-mask",
+    ]
+    cli = _cli_statuses(
+        ["check", f"{kernel_file}:blhd_no_default_scale", "--only", only, *cli_args], tmp_path
+    )
+    result = pytester.runpytest(
+        "--attnspec-kernel",
+        f"{kernel_file}:blhd_no_default_scale",
+        "--attnspec-only",
+        only,
+        *plugin_args,
+        "-v",
+    )
     plugin = {}
     for line in result.stdout.lines:
         if line.startswith("attnspec::") and " " in line:
@@ -197,8 +240,9 @@ def test_same_kernel_same_properties_in_cli_and_plugin(pytester: pytest.Pytester
     rerun = next(line for line in result.stdout.lines if "rerun:" in line)
     assert " ".join(plugin_args) in rerun
     # the summary ends with the claim, or why there is none (CONF-1)
-    result.stdout.fnmatch_lines(["*no conformance claim: 1 MUST property failed (CONF-1): "
-                                 "default-scale"])
+    result.stdout.fnmatch_lines(
+        ["*no conformance claim: 1 MUST property failed (CONF-1): default-scale"]
+    )
 
 
 def _item_outcomes(result: pytest.RunResult) -> dict[str, str]:
@@ -218,35 +262,51 @@ def test_items_run_unchanged_under_xdist(pytester: pytest.Pytester, kernel_file:
     """CONF-1, SDPA-2.1: under pytest-xdist (-n 2) every item gets the outcome
     it gets in a serial run (a failed MUST, passes, a skip for what is not claimed), and
     the controller prints the same summary and claim from its workers' verdicts."""
-    args = ("--attnspec-kernel", f"{kernel_file}:no_default_scale", "--attnspec-only",
-            "default-scale,explicit-scale,causal-zeros,gqa-mapping", "-v",
-            "-p", "no:cacheprovider")
+    args = (
+        "--attnspec-kernel",
+        f"{kernel_file}:no_default_scale",
+        "--attnspec-only",
+        "default-scale,explicit-scale,causal-zeros,gqa-mapping",
+        "-v",
+        "-p",
+        "no:cacheprovider",
+    )
     serial = pytester.runpytest(*args)
     parallel = pytester.runpytest_subprocess(*args, "-n", "2")
-    expected = {"attnspec::default-scale[SDPA-2.1]": "FAILED",
-                "attnspec::explicit-scale[SDPA-2.2]": "PASSED",
-                "attnspec::causal-zeros[SDPA-4.1]": "PASSED",
-                "attnspec::gqa-mapping[SDPA-6.1]": "SKIPPED"}
+    expected = {
+        "attnspec::default-scale[SDPA-2.1]": "FAILED",
+        "attnspec::explicit-scale[SDPA-2.2]": "PASSED",
+        "attnspec::causal-zeros[SDPA-4.1]": "PASSED",
+        "attnspec::gqa-mapping[SDPA-6.1]": "SKIPPED",
+    }
     assert _item_outcomes(serial) == expected
     assert _item_outcomes(parallel) == expected
     assert "2 workers [4 items]" in parallel.stdout.str()
     summary = [line for line in serial.stdout.lines if "result: DOES NOT CONFORM" in line]
     assert len(summary) == 1 and summary[0].split(" (")[0] in parallel.stdout.str()
-    parallel.stdout.fnmatch_lines(["*no conformance claim: 1 MUST property failed (CONF-1): "
-                                   "default-scale"])
+    parallel.stdout.fnmatch_lines(
+        ["*no conformance claim: 1 MUST property failed (CONF-1): default-scale"]
+    )
 
 
 def test_summary_lists_distinct_divergences_with_their_consequences(
-        pytester: pytest.Pytester) -> None:
+    pytester: pytest.Pytester,
+) -> None:
     """Issue 9, as in the CLI: a kernel giving mean(V) for fully masked rows fails both
     items, and the summary names one divergence (SDPA-5.1) with rows-sum-to-one folded
     under it, re-run around fully masked rows."""
-    result = pytester.runpytest("--attnspec-kernel", "catalogue.bugs_softmax:finite_fill_jax_style",
-                                "--attnspec-only", "empty-rows-zero,rows-sum-to-one")
+    result = pytester.runpytest(
+        "--attnspec-kernel",
+        "catalogue.bugs_softmax:finite_fill_jax_style",
+        "--attnspec-only",
+        "empty-rows-zero,rows-sum-to-one",
+    )
     result.assert_outcomes(failed=2)
-    result.stdout.fnmatch_lines([
-        "*1 distinct divergence:",
-        "  SDPA-5.1 (failed): empty-rows-zero: out*",
-        "    consequence: rows-sum-to-one: passes drawn around fully-masked-row (SDPA-5.1)*",
-        "*DOES NOT CONFORM*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*1 distinct divergence:",
+            "  SDPA-5.1 (failed): empty-rows-zero: out*",
+            "    consequence: rows-sum-to-one: passes drawn around fully-masked-row (SDPA-5.1)*",
+            "*DOES NOT CONFORM*",
+        ]
+    )

@@ -24,7 +24,7 @@ from attnspec.conformance import cli
 from attnspec.conformance.report_files import ReportFiles, write_atomically
 from attnspec.conformance.runner import PASSED, Report, Verdict
 
-KERNELS = '''
+KERNELS = """
 import os, time
 from attnspec.reference import scaled_dot_product_attention
 
@@ -41,7 +41,7 @@ def blocks_its_json_report(q, k, v, *, mask=None, is_causal=False, scale=None):
         os.remove(path)
         os.mkdir(path)
     return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
-'''
+"""
 REPORTS = ("--json", "r.json", "--junit", "r.xml", "--markdown", "r.md")
 
 
@@ -62,16 +62,27 @@ def temporary_files(directory: Path) -> list[str]:
     return [p.name for p in directory.iterdir() if p.name.endswith((".tmp", ".probe"))]
 
 
-@pytest.mark.parametrize("make, args, words", [
-    (lambda d: (d / "sub").mkdir(), ("--json", "sub"), "is a directory, but should be a file"),
-    (lambda d: None, ("--junit", "missing/r.xml"), "directory 'missing' does not exist"),
-    (lambda d: (d / "file").write_text(""), ("--markdown", "file/r.md"),
-     "directory 'file' does not exist"),
-    (lambda d: None, ("--json", "same", "--junit", "./same"), "--json writes the same file"),
-])
+@pytest.mark.parametrize(
+    "make, args, words",
+    [
+        (lambda d: (d / "sub").mkdir(), ("--json", "sub"), "is a directory, but should be a file"),
+        (lambda d: None, ("--junit", "missing/r.xml"), "directory 'missing' does not exist"),
+        (
+            lambda d: (d / "file").write_text(""),
+            ("--markdown", "file/r.md"),
+            "directory 'file' does not exist",
+        ),
+        (lambda d: None, ("--json", "same", "--junit", "./same"), "--json writes the same file"),
+    ],
+)
 def test_report_paths_are_checked_before_anything_runs(
-    make, args: tuple[str, ...], words: str, kernels: str, tmp_path: Path,  # type: ignore[no-untyped-def]
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    make,
+    args: tuple[str, ...],
+    words: str,
+    kernels: str,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A report path that cannot be written: exit 2 and one line, before any property ran
     (no progress line), so no verdict is computed for a report that cannot be saved."""
@@ -85,30 +96,50 @@ def test_report_paths_are_checked_before_anything_runs(
 
 
 def test_unwritable_directory_is_found_before_the_run(
-    kernels: str, capsys: pytest.CaptureFixture[str],
+    kernels: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A directory that exists but cannot be written in (here /proc): exit 2, one line."""
     if not Path("/proc").is_dir():
         pytest.skip("needs Linux /proc as a directory nobody can create files in")
-    status = cli.main(["check", f"{kernels}:hangs_on_explicit_scale", "--json",
-                       "/proc/attnspec-report.json"])
+    status = cli.main(
+        ["check", f"{kernels}:hangs_on_explicit_scale", "--json", "/proc/attnspec-report.json"]
+    )
     lines = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(lines) == 1 and "cannot write in '/proc'" in lines[0], lines
 
 
-@pytest.mark.parametrize("signum, name", [(signal.SIGTERM, "SIGTERM"),
-                                          (signal.SIGINT, "SIGINT (Ctrl-C)")])
+@pytest.mark.parametrize(
+    "signum, name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT (Ctrl-C)")]
+)
 def test_interrupt_keeps_finished_verdicts_marked_incomplete(
-    signum: int, name: str, kernels: str, tmp_path: Path,
+    signum: int,
+    name: str,
+    kernels: str,
+    tmp_path: Path,
 ) -> None:
     """CONF-6: while a property hangs, the reports already hold the finished one and say
     the check is still running; SIGTERM or Ctrl-C then ends the check with exit 2, the
     table and the reports show the finished verdicts, marked incomplete, and no worker
     process or temporary file is left behind."""
     process = subprocess.Popen(
-        [ATTNSPEC, "check", f"{kernels}:hangs_on_explicit_scale", "--backend", "numpy",
-         "--only", "default-scale,explicit-scale", "--timeout", "300", *REPORTS],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            ATTNSPEC,
+            "check",
+            f"{kernels}:hangs_on_explicit_scale",
+            "--backend",
+            "numpy",
+            "--only",
+            "default-scale,explicit-scale",
+            "--timeout",
+            "300",
+            *REPORTS,
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(tmp_path / "r.md", "1 of 2")  # the last file written after default-scale
         running = json.loads((tmp_path / "r.json").read_text())
@@ -124,8 +155,7 @@ def test_interrupt_keeps_finished_verdicts_marked_incomplete(
     final = json.loads((tmp_path / "r.json").read_text())
     reason = f"interrupted by {name} after 1 of 2 properties"
     assert final["incomplete"] == reason and final["complete"] is False
-    assert [(v["property"], v["status"]) for v in final["verdicts"]] == [("default-scale",
-                                                                          PASSED)]
+    assert [(v["property"], v["status"]) for v in final["verdicts"]] == [("default-scale", PASSED)]
     assert junit_properties(tmp_path / "r.xml")["complete"] == "False"
     assert f"result: INCOMPLETE ({reason})" in (tmp_path / "r.md").read_text()
     assert f"result: INCOMPLETE ({reason})" in out
@@ -138,7 +168,8 @@ def test_interrupt_keeps_finished_verdicts_marked_incomplete(
 
 
 def test_a_killed_check_leaves_an_incomplete_report_and_no_worker(
-    kernels: str, tmp_path: Path,
+    kernels: str,
+    tmp_path: Path,
 ) -> None:
     """CONF-6: a report from an earlier run is replaced as soon as the kernel is loaded, so
     a check killed outright (SIGKILL: nothing can be saved then) during its first property
@@ -146,9 +177,22 @@ def test_a_killed_check_leaves_an_incomplete_report_and_no_worker(
     exits on its own."""
     (tmp_path / "r.json").write_text('{"stale": true}')
     process = subprocess.Popen(
-        [ATTNSPEC, "check", f"{kernels}:hangs_on_explicit_scale", "--backend", "numpy",
-         "--only", "explicit-scale", "--timeout", "300", *REPORTS],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            ATTNSPEC,
+            "check",
+            f"{kernels}:hangs_on_explicit_scale",
+            "--backend",
+            "numpy",
+            "--only",
+            "explicit-scale",
+            "--timeout",
+            "300",
+            *REPORTS,
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(tmp_path / "r.md", "0 of 1")
         time.sleep(0.5)  # into the hanging call
@@ -164,13 +208,17 @@ def test_a_killed_check_leaves_an_incomplete_report_and_no_worker(
         time.sleep(0.2)
 
 
-def test_finished_reports_are_complete(kernels: str, tmp_path: Path,
-                                       capsys: pytest.CaptureFixture[str],
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_finished_reports_are_complete(
+    kernels: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """After a finished run every report says complete, and no temporary file is left."""
     monkeypatch.chdir(tmp_path)
-    status = cli.main(["check", f"{kernels}:hangs_on_explicit_scale", "--only",
-                       "default-scale", *REPORTS])
+    status = cli.main(
+        ["check", f"{kernels}:hangs_on_explicit_scale", "--only", "default-scale", *REPORTS]
+    )
     capsys.readouterr()
     assert status == 0
     data = json.loads((tmp_path / "r.json").read_text())
@@ -181,27 +229,38 @@ def test_finished_reports_are_complete(kernels: str, tmp_path: Path,
 
 
 def test_a_report_that_cannot_be_written_later_is_one_line_and_exit_2(
-    kernels: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    kernels: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The JSON path becomes a directory during the run: one line naming it, exit 2, and
     the JUnit and Markdown reports are still written, complete."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("JSON_REPORT", str(tmp_path / "r.json"))
-    status = cli.main(["check", f"{kernels}:blocks_its_json_report", "--only",
-                       "default-scale,explicit-scale", *REPORTS])
+    status = cli.main(
+        [
+            "check",
+            f"{kernels}:blocks_its_json_report",
+            "--only",
+            "default-scale,explicit-scale",
+            *REPORTS,
+        ]
+    )
     captured = capsys.readouterr()
     errors = [line for line in captured.err.splitlines() if "error" in line]
     assert status == 2
-    assert errors == ["attnspec: error: --json 'r.json': the report could not be written: "
-                      "Is a directory"]
+    assert errors == [
+        "attnspec: error: --json 'r.json': the report could not be written: Is a directory"
+    ]
     assert "result: conforms" in captured.out  # the verdicts themselves are fine
     assert junit_properties(tmp_path / "r.xml")["complete"] == "True"
     assert "explicit-scale" in (tmp_path / "r.md").read_text()
 
 
 def test_write_atomically_leaves_the_old_file_when_a_write_fails(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A failed write (disk full, here a failing rename) keeps the previous report whole
     and removes its temporary file."""
@@ -219,14 +278,20 @@ def test_write_atomically_leaves_the_old_file_when_a_write_fails(
 
 
 def test_report_files_remember_only_the_latest_failure(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A write that fails, then succeeds (space freed), leaves no error behind; the other
     file is written either way."""
-    files = ReportFiles([("--json", tmp_path / "a", lambda r, rerun: "a"),
-                         ("--markdown", tmp_path / "b", lambda r, rerun: "b")])
-    report = Report("m:f", "numpy", "cpu", "quick", None, False,
-                    [Verdict("p", "SDPA-2.1", "MUST", PASSED)])
+    files = ReportFiles(
+        [
+            ("--json", tmp_path / "a", lambda r, rerun: "a"),
+            ("--markdown", tmp_path / "b", lambda r, rerun: "b"),
+        ]
+    )
+    report = Report(
+        "m:f", "numpy", "cpu", "quick", None, False, [Verdict("p", "SDPA-2.1", "MUST", PASSED)]
+    )
     real_replace = os.replace
 
     def fail_for_a(src: str, dst: str) -> None:

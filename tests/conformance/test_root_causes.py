@@ -38,9 +38,16 @@ ALL = {"bias": True, "gqa": True}
 
 
 @declare(**ALL, dtypes=("float32", "float64"))
-def float64_returned_as_float32(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
-                                mask: np.ndarray | None = None, bias: np.ndarray | None = None,
-                                is_causal: bool = False, scale: float | None = None) -> np.ndarray:
+def float64_returned_as_float32(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    mask: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> np.ndarray:
     """float64 inputs computed and returned in float32 (JAX without x64): SDPA-1.3."""
     if q.dtype == np.float64:
         q, k, v = (a.astype(np.float32) for a in (q, k, v))
@@ -49,14 +56,20 @@ def float64_returned_as_float32(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
 
 
 @declare(**ALL)
-def mean_v_and_scale_by_e(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
-                          mask: np.ndarray | None = None, bias: np.ndarray | None = None,
-                          is_causal: bool = False, scale: float | None = None) -> np.ndarray:
+def mean_v_and_scale_by_e(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    mask: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> np.ndarray:
     """Two independent bugs: mean(V) for fully masked rows (SDPA-5.1) and a default scale
     of 1/E instead of 1/sqrt(E) (SDPA-2.1)."""
     scale = 1.0 / q.shape[-1] if scale is None else scale
-    return finite_fill_jax_style(q, k, v, mask=mask, bias=bias, is_causal=is_causal,
-                                 scale=scale)
+    return finite_fill_jax_style(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +80,17 @@ def runs() -> Iterator[dict[str, Report]]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(PROFILES, PROFILE, Profile(20))
         yield {
-            "mean-v": check(finite_fill_jax_style, ["empty-rows-zero", "rows-sum-to-one",
-                                                    "key-permutation", "matches-reference"]),
-            "float32": check(float64_returned_as_float32,
-                             ["output-shape-dtype", "matches-reference"]),
-            "two-bugs": check(mean_v_and_scale_by_e, ["empty-rows-zero", "default-scale",
-                                                      "key-permutation", "matches-reference"]),
+            "mean-v": check(
+                finite_fill_jax_style,
+                ["empty-rows-zero", "rows-sum-to-one", "key-permutation", "matches-reference"],
+            ),
+            "float32": check(
+                float64_returned_as_float32, ["output-shape-dtype", "matches-reference"]
+            ),
+            "two-bugs": check(
+                mean_v_and_scale_by_e,
+                ["empty-rows-zero", "default-scale", "key-permutation", "matches-reference"],
+            ),
         }
 
 
@@ -89,7 +107,10 @@ def test_mean_v_for_fully_masked_rows_is_one_divergence(runs: dict[str, Report])
     [divergence] = divergences(report)
     assert divergence.clause == "SDPA-5.1" and divergence.properties == ["empty-rows-zero"]
     assert sorted(c.split()[0] for c in divergence.consequences) == [
-        "key-permutation", "matches-reference", "rows-sum-to-one"]
+        "key-permutation",
+        "matches-reference",
+        "rows-sum-to-one",
+    ]
     for verdict in report.verdicts[1:]:
         assert verdict.cause == "SDPA-5.1", verdict
         assert input_features.FULLY_MASKED_ROW in verdict.features
@@ -130,10 +151,23 @@ def test_two_independent_bugs_are_two_divergences(runs: dict[str, Report]) -> No
 
 # --- the rules, on hand-built reports -------------------------------------------------------
 
-def _verdict(prop: str, clause: str, status: str = FAILED, features: tuple[str, ...] = (),
-             case: str = "q(1, 1, 1)") -> Verdict:
-    return Verdict(prop, clause, "MUST", status, detail=f"{prop} broke", counterexample=case,
-                   features=list(features))
+
+def _verdict(
+    prop: str,
+    clause: str,
+    status: str = FAILED,
+    features: tuple[str, ...] = (),
+    case: str = "q(1, 1, 1)",
+) -> Verdict:
+    return Verdict(
+        prop,
+        clause,
+        "MUST",
+        status,
+        detail=f"{prop} broke",
+        counterexample=case,
+        features=list(features),
+    )
 
 
 def _rerun(results: dict[str, list[Verdict]], calls: list[tuple[str, tuple[str, ...]]]) -> Any:
@@ -147,14 +181,25 @@ def _rerun(results: dict[str, list[Verdict]], calls: list[tuple[str, tuple[str, 
 def test_a_failure_that_still_fails_drawn_around_stays_distinct_with_its_new_case() -> None:
     """No hiding: a property that still fails with the other clause's inputs drawn around
     is a divergence of its own, shown on the new minimal case, the first one kept."""
-    report = Report("k", "numpy", "cpu", "quick", None, False, verdicts=[
-        _verdict("empty-rows-zero", "SDPA-5.1", features=("fully-masked-row",)),
-        _verdict("key-permutation", "SDPA-7.6", features=("fully-masked-row",),
-                 case="first case")])
+    report = Report(
+        "k",
+        "numpy",
+        "cpu",
+        "quick",
+        None,
+        False,
+        verdicts=[
+            _verdict("empty-rows-zero", "SDPA-5.1", features=("fully-masked-row",)),
+            _verdict(
+                "key-permutation", "SDPA-7.6", features=("fully-masked-row",), case="first case"
+            ),
+        ],
+    )
     again = _verdict("key-permutation", "SDPA-7.6", case="second case")
     calls: list[tuple[str, tuple[str, ...]]] = []
-    draw_around(report, all_properties().values(), _rerun({"key-permutation": [again]}, calls),
-                SizeLimits())
+    draw_around(
+        report, all_properties().values(), _rerun({"key-permutation": [again]}, calls), SizeLimits()
+    )
     assert calls == [("key-permutation", ("fully-masked-row",))]
     moved = report.verdicts[1]
     assert (moved.cause, moved.counterexample) == ("", "second case")
@@ -166,36 +211,74 @@ def test_a_failure_that_still_fails_drawn_around_stays_distinct_with_its_new_cas
 def test_a_re_run_that_stalls_drawing_around_keeps_the_first_case() -> None:
     """A supervised re-run stopped while no kernel call ran (its draws were all discarded)
     says nothing about the kernel: the failure stays as found, and says why."""
-    report = Report("k", "numpy", "cpu", "quick", None, False, verdicts=[
-        _verdict("gqa-mapping", "SDPA-6.1", features=("gqa",)),
-        _verdict("key-permutation", "SDPA-7.6", features=("gqa",), case="first case")])
-    stalled = Verdict("key-permutation", "SDPA-7.6", "MUST", FAILED, detail=(
-        "nothing happened for 300 s (--timeout SECONDS) after the kernel returned on the "
-        "inputs below: converting or checking its result did not finish; the check stopped "
-        "its worker process and went on [CONF-5]"))
-    draw_around(report, all_properties().values(),
-                _rerun({"key-permutation": [stalled]}, []), SizeLimits())
+    report = Report(
+        "k",
+        "numpy",
+        "cpu",
+        "quick",
+        None,
+        False,
+        verdicts=[
+            _verdict("gqa-mapping", "SDPA-6.1", features=("gqa",)),
+            _verdict("key-permutation", "SDPA-7.6", features=("gqa",), case="first case"),
+        ],
+    )
+    stalled = Verdict(
+        "key-permutation",
+        "SDPA-7.6",
+        "MUST",
+        FAILED,
+        detail=(
+            "nothing happened for 300 s (--timeout SECONDS) after the kernel returned on the "
+            "inputs below: converting or checking its result did not finish; the check stopped "
+            "its worker process and went on [CONF-5]"
+        ),
+    )
+    draw_around(
+        report, all_properties().values(), _rerun({"key-permutation": [stalled]}, []), SizeLimits()
+    )
     kept = report.verdicts[1]
     assert (kept.cause, kept.counterexample) == ("", "first case")
-    assert kept.drawn_around.startswith("could not be drawn around gqa (SDPA-6.1): the re-run "
-                                        "stalled")
+    assert kept.drawn_around.startswith(
+        "could not be drawn around gqa (SDPA-6.1): the re-run stalled"
+    )
 
 
 def test_only_features_of_failed_or_waived_clauses_are_drawn_around() -> None:
     """A feature whose clause passed is not drawn around (the failure is the property's own);
     a waived clause (CONF-7) is, and its consequences are listed under it."""
-    passed = Report("k", "numpy", "cpu", "quick", None, False, verdicts=[
-        _verdict("empty-rows-zero", "SDPA-5.1", PASSED),
-        _verdict("rows-sum-to-one", "SDPA-7.1", features=("fully-masked-row",))])
+    passed = Report(
+        "k",
+        "numpy",
+        "cpu",
+        "quick",
+        None,
+        False,
+        verdicts=[
+            _verdict("empty-rows-zero", "SDPA-5.1", PASSED),
+            _verdict("rows-sum-to-one", "SDPA-7.1", features=("fully-masked-row",)),
+        ],
+    )
     calls: list[tuple[str, tuple[str, ...]]] = []
     draw_around(passed, all_properties().values(), _rerun({}, calls), SizeLimits())
     assert calls == [] and [d.clause for d in divergences(passed)] == ["SDPA-7.1"]
-    waived = Report("k", "jax", "cpu", "quick", None, False, waived=["SDPA-5.1"], verdicts=[
-        _verdict("empty-rows-zero", "SDPA-5.1", WAIVED),
-        _verdict("rows-sum-to-one", "SDPA-7.1", features=("fully-masked-row",))])
+    waived = Report(
+        "k",
+        "jax",
+        "cpu",
+        "quick",
+        None,
+        False,
+        waived=["SDPA-5.1"],
+        verdicts=[
+            _verdict("empty-rows-zero", "SDPA-5.1", WAIVED),
+            _verdict("rows-sum-to-one", "SDPA-7.1", features=("fully-masked-row",)),
+        ],
+    )
     ok = Verdict("rows-sum-to-one", "SDPA-7.1", "MUST", PASSED, examples=12)
-    draw_around(waived, all_properties().values(), _rerun({"rows-sum-to-one": [ok]}, calls),
-                SizeLimits())
+    draw_around(
+        waived, all_properties().values(), _rerun({"rows-sum-to-one": [ok]}, calls), SizeLimits()
+    )
     [root] = divergences(waived)
     assert (root.clause, root.status) == ("SDPA-5.1", WAIVED)
     assert root.consequences == ["rows-sum-to-one (SDPA-7.1)"]
@@ -205,20 +288,45 @@ def test_only_features_of_failed_or_waived_clauses_are_drawn_around() -> None:
 def test_consequences_of_consequences_fold_to_the_root_and_cycles_do_not_hide() -> None:
     """A failure caused by a clause whose own failure follows from a third is listed under
     the third; two failures that each follow from the other stay one divergence."""
-    chain = Report("k", "numpy", "cpu", "quick", None, False, verdicts=[
-        _verdict("output-shape-dtype", "SDPA-1.3"),
-        _verdict("empty-rows-zero", "SDPA-5.1"), _verdict("key-permutation", "SDPA-7.6")])
+    chain = Report(
+        "k",
+        "numpy",
+        "cpu",
+        "quick",
+        None,
+        False,
+        verdicts=[
+            _verdict("output-shape-dtype", "SDPA-1.3"),
+            _verdict("empty-rows-zero", "SDPA-5.1"),
+            _verdict("key-permutation", "SDPA-7.6"),
+        ],
+    )
     chain.verdicts[1].cause, chain.verdicts[2].cause = "SDPA-1.3", "SDPA-5.1"
     [root] = divergences(chain)
-    assert root.consequences == ["empty-rows-zero (SDPA-5.1)",
-                                 "key-permutation (SDPA-7.6, via SDPA-5.1)"]
-    cycle = Report("k", "numpy", "cpu", "quick", None, False, verdicts=[
-        _verdict("empty-rows-zero", "SDPA-5.1", features=("float64-inputs",)),
-        _verdict("output-shape-dtype", "SDPA-1.3", features=("fully-masked-row",))])
+    assert root.consequences == [
+        "empty-rows-zero (SDPA-5.1)",
+        "key-permutation (SDPA-7.6, via SDPA-5.1)",
+    ]
+    cycle = Report(
+        "k",
+        "numpy",
+        "cpu",
+        "quick",
+        None,
+        False,
+        verdicts=[
+            _verdict("empty-rows-zero", "SDPA-5.1", features=("float64-inputs",)),
+            _verdict("output-shape-dtype", "SDPA-1.3", features=("fully-masked-row",)),
+        ],
+    )
     ok = Verdict("any", "SDPA-7.3", "MUST", PASSED, examples=5)
     calls: list[tuple[str, tuple[str, ...]]] = []
-    draw_around(cycle, all_properties().values(), _rerun(
-        {"empty-rows-zero": [ok], "output-shape-dtype": [ok]}, calls), SizeLimits())
+    draw_around(
+        cycle,
+        all_properties().values(),
+        _rerun({"empty-rows-zero": [ok], "output-shape-dtype": [ok]}, calls),
+        SizeLimits(),
+    )
     assert [v.cause for v in cycle.verdicts] == ["SDPA-1.3", ""]
     assert len(divergences(cycle)) == 1
 
@@ -228,11 +336,18 @@ def test_the_avoid_hook_rejects_problems_with_an_avoided_feature() -> None:
     itself with such a feature is discarded on the kernel call, inside a run only."""
     with pytest.raises(ValueError, match="avoid='fully-masked'"):
         SizeLimits(avoid=("fully-masked",))
-    problem = Problem(q=np.zeros((1, 1, 1)), k=np.zeros((1, 1, 1)), v=np.zeros((1, 1, 1)),
-                      dtype="float64", mask=np.zeros((1, 1), dtype=bool))
+    problem = Problem(
+        q=np.zeros((1, 1, 1)),
+        k=np.zeros((1, 1, 1)),
+        v=np.zeros((1, 1, 1)),
+        dtype="float64",
+        mask=np.zeros((1, 1), dtype=bool),
+    )
     kernel = KernelUnderTest(finite_fill_jax_style, Backend("numpy"))
     assert input_features.features_of(problem, kernel.declaration) == [
-        "fully-masked-row", "float64-inputs"]
+        "fully-masked-row",
+        "float64-inputs",
+    ]
     assert kernel.output(problem).shape == (1, 1, 1)  # outside a run nothing is avoided
     from hypothesis.errors import UnsatisfiedAssumption
 
@@ -249,10 +364,18 @@ def test_drawing_around_empty_rows_leaves_a_mask_without_keys_alone() -> None:
     from attnspec.conformance.declaration import KernelDeclaration
     from attnspec.conformance.strategies import with_a_key_per_row
 
-    none = Problem(q=np.zeros((1, 2, 1)), k=np.zeros((1, 0, 1)), v=np.zeros((1, 0, 1)),
-                   dtype="float32", mask=np.zeros((2, 0), dtype=bool), is_causal=True)
+    none = Problem(
+        q=np.zeros((1, 2, 1)),
+        k=np.zeros((1, 0, 1)),
+        v=np.zeros((1, 0, 1)),
+        dtype="float32",
+        mask=np.zeros((2, 0), dtype=bool),
+        is_causal=True,
+    )
     assert with_a_key_per_row(none, KernelDeclaration()).shape == (1, 2, 0)
-    blank = none.with_(k=np.zeros((1, 3, 1)), v=np.zeros((1, 3, 1)),
-                       mask=np.zeros((2, 3), dtype=bool))
+    blank = none.with_(
+        k=np.zeros((1, 3, 1)), v=np.zeros((1, 3, 1)), mask=np.zeros((2, 3), dtype=bool)
+    )
     assert with_a_key_per_row(blank, KernelDeclaration()).tolist() == [
-        [[True, False, False], [False, True, False]]]  # top-left causal: the last allowed key
+        [[True, False, False], [False, True, False]]
+    ]  # top-left causal: the last allowed key

@@ -15,9 +15,11 @@ from attnspec.conformance.runner import FAILED, PASSED
 def test_a_kernel_whose_failures_do_not_recur_fails_instead_of_crashing() -> None:
     """SDPA-7.5: noise from an unseeded generator makes Hypothesis' replay flaky; each of
     several runs still ends in a failed verdict."""
+
     def noisy(q, k, v, *, mask=None, is_causal=False, scale=None):
-        out = attnspec.scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
-                                                    scale=scale)
+        out = attnspec.scaled_dot_product_attention(
+            q, k, v, mask=mask, is_causal=is_causal, scale=scale
+        )
         return out + 1e-3 * out * np.random.default_rng().integers(0, 2, size=out.shape)
 
     for _ in range(4):
@@ -26,6 +28,7 @@ def test_a_kernel_whose_failures_do_not_recur_fails_instead_of_crashing() -> Non
 
 def test_an_unusable_result_fails_the_property() -> None:
     """SDPA-1.3: a kernel that returns a string gets a failed verdict naming the problem."""
+
     def returns_text(q, k, v, *, mask=None, is_causal=False, scale=None):
         return "attention"
 
@@ -36,9 +39,11 @@ def test_an_unusable_result_fails_the_property() -> None:
 def test_layout_dependent_rounding_passes_with_a_note() -> None:
     """SDPA-1.7: a result that differs from the contiguous one by rounding only passes
     (the MUST half) and the verdict reports that it is not bit-identical (the SHOULD half)."""
+
     def layout_dependent(q, k, v, *, mask=None, is_causal=False, scale=None):
-        out = attnspec.scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
-                                                    scale=scale)
+        out = attnspec.scaled_dot_product_attention(
+            q, k, v, mask=mask, is_causal=is_causal, scale=scale
+        )
         contiguous = all(a.flags.c_contiguous for a in (q, k, v))
         return out if contiguous else out * (1 + np.finfo(out.dtype).eps)
 
@@ -50,28 +55,30 @@ def test_layout_dependent_rounding_passes_with_a_note() -> None:
 def test_a_kernel_of_fixed_rank_conforms_once_it_declares_its_batch_dims() -> None:
     """SDPA-1.2 as a declared restriction (CONF-3): a (B, H, L, E)-only kernel gets every
     applicable property passed with batch_ndim=1, hand-built problems included."""
+
     def four_d_only(q, k, v, *, mask=None, is_causal=False, scale=None):
         if not q.ndim == k.ndim == v.ndim == 4:
             raise ValueError(f"(B, H, L, E) arrays only, got q.ndim={q.ndim}")
-        return attnspec.scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
-                                                     scale=scale)
+        return attnspec.scaled_dot_product_attention(
+            q, k, v, mask=mask, is_causal=is_causal, scale=scale
+        )
 
     report = check(four_d_only, backend="numpy", batch_ndim=1)
-    assert report.conforms, [(v.property, v.detail) for v in report.verdicts
-                             if v.status == FAILED]
+    assert report.conforms, [(v.property, v.detail) for v in report.verdicts if v.status == FAILED]
     assert not check(four_d_only, backend="numpy", only=["default-scale"]).conforms
 
 
 def test_a_kernel_needing_equal_head_dims_conforms_once_it_declares_it() -> None:
     """SDPA-1.1 with Ev == E as a declared restriction: the suite pads with exact zero
     columns (layouts.pad_head_dims) instead of failing every property on Ev != E."""
+
     def equal_dims_only(q, k, v, *, mask=None, is_causal=False, scale=None):
         if q.shape[-1] != v.shape[-1]:
             raise ValueError("E must equal Ev")
-        return attnspec.scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
-                                                     scale=scale)
+        return attnspec.scaled_dot_product_attention(
+            q, k, v, mask=mask, is_causal=is_causal, scale=scale
+        )
 
     report = check(equal_dims_only, backend="numpy", equal_head_dims=True)
-    assert report.conforms, [(v.property, v.detail) for v in report.verdicts
-                             if v.status == FAILED]
+    assert report.conforms, [(v.property, v.detail) for v in report.verdicts if v.status == FAILED]
     assert not check(equal_dims_only, backend="numpy", only=["default-scale"]).conforms

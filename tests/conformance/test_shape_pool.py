@@ -57,9 +57,16 @@ def compiling_numpy() -> Backend:
 
 def recording(seen: list[tuple[tuple[int, ...], ...]], fn: Any = reference_sdpa) -> Any:
     @declare(bias=True, gqa=True)
-    def kernel(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-               bias: Array | None = None, is_causal: bool = False,
-               scale: float | None = None) -> Array:
+    def kernel(
+        q: Array,
+        k: Array,
+        v: Array,
+        *,
+        mask: Array | None = None,
+        bias: Array | None = None,
+        is_causal: bool = False,
+        scale: float | None = None,
+    ) -> Array:
         seen.append((q.shape, k.shape, v.shape))
         return fn(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
 
@@ -100,8 +107,9 @@ def test_a_compiling_backend_meets_a_few_shapes_shared_by_properties(pooled_shap
     mostly the same ones (its draws ask for other minimum sizes in places); drawn freely,
     the two properties meet at least twice as many shapes."""
     pooled = {shape for shape in pooled_shapes["pooled matches-reference"]}
-    bound = SMALL_POOL + sum(min(s.examples, 3) for s in PROFILES["quick"].strata(SizeLimits())
-                             if s.realistic)
+    bound = SMALL_POOL + sum(
+        min(s.examples, 3) for s in PROFILES["quick"].strata(SizeLimits()) if s.realistic
+    )
     assert len(pooled) <= bound
     other = set(pooled_shapes["pooled key-permutation"])
     assert len(other & pooled) >= len(other) / 2, (other - pooled, pooled)
@@ -116,6 +124,7 @@ def test_properties_asking_for_other_sizes_meet_the_shapes_already_met(pooled_sh
     scale probe's sizes come from a pool too: each meets at most a pool's worth of (q, k)
     shapes per stratum, fewer than drawn freely; causal-zeros meets matches-reference's
     anchors wherever their Lq != Lk (it used to add a key to every one of its shapes)."""
+
     def qk(shapes: list[tuple[tuple[int, ...], ...]]) -> set[tuple[tuple[int, ...], ...]]:
         return {(q, k) for q, k, _ in shapes}
 
@@ -125,12 +134,18 @@ def test_properties_asking_for_other_sizes_meet_the_shapes_already_met(pooled_sh
         pooled, free = qk(pooled_shapes[f"pooled {prop}"]), qk(pooled_shapes[f"free {prop}"])
         assert len(pooled) <= bound and len(pooled) < len(free), (prop, len(pooled), len(free))
     anchors = [a.dims(1, SizeLimits(), ANCHOR_COST, gqa=True) for a in ANCHORS]
-    unequal = {((*d.batch, d.n_q_heads, d.n_queries, d.head_dim),
-                (*d.batch, d.n_kv_heads, d.n_keys, d.head_dim))
-               for d in anchors if d.n_queries != d.n_keys}
+    unequal = {
+        (
+            (*d.batch, d.n_q_heads, d.n_queries, d.head_dim),
+            (*d.batch, d.n_kv_heads, d.n_keys, d.head_dim),
+        )
+        for d in anchors
+        if d.n_queries != d.n_keys
+    }
     shared = qk(pooled_shapes["pooled causal-zeros"]) & qk(
-        pooled_shapes["pooled matches-reference"])
-    assert unequal and unequal <= shared, (unequal - shared)
+        pooled_shapes["pooled matches-reference"]
+    )
+    assert unequal and unequal <= shared, unequal - shared
 
 
 def test_requests_take_plain_members_that_meet_them() -> None:
@@ -138,15 +153,36 @@ def test_requests_take_plain_members_that_meet_them() -> None:
     answered from the plain request's pool when members of it qualify; a kernel that
     needs E == Ev gets pooled shapes with E == Ev."""
     kernel = KernelUnderTest(recording([]), compiling_numpy())
-    equal = KernelUnderTest(declare(bias=True, gqa=True, equal_head_dims=True)(
-        lambda q, k, v, **kw: reference_sdpa(q, k, v, **kw)), compiling_numpy())
-    plain = dict(min_queries=0, min_keys=0, max_len=9, max_batch_ndim=2, gqa=True,
-                 weights=False, family="dense", min_kv_heads=1, min_groups=1)
+    equal = KernelUnderTest(
+        declare(bias=True, gqa=True, equal_head_dims=True)(
+            lambda q, k, v, **kw: reference_sdpa(q, k, v, **kw)
+        ),
+        compiling_numpy(),
+    )
+    plain = dict(
+        min_queries=0,
+        min_keys=0,
+        max_len=9,
+        max_batch_ndim=2,
+        gqa=True,
+        weights=False,
+        family="dense",
+        min_kv_heads=1,
+        min_groups=1,
+    )
     pool, small = ShapePool(seed=3), Stratum("small", 20)
     with drawing(small, SizeLimits(), pool):
         everything = {pooled_dims(SeededDraws(i), kernel, draw_dims, plain) for i in range(40)}
-        some = {pooled_dims(SeededDraws(i), kernel, draw_dims, {**plain, "min_keys": 1},
-                            where=lambda d: d.n_queries != d.n_keys) for i in range(40)}
+        some = {
+            pooled_dims(
+                SeededDraws(i),
+                kernel,
+                draw_dims,
+                {**plain, "min_keys": 1},
+                where=lambda d: d.n_queries != d.n_keys,
+            )
+            for i in range(40)
+        }
         padded = {pooled_dims(SeededDraws(i), equal, draw_dims, plain) for i in range(40)}
     assert some and some <= everything, (some, everything)
     assert all(d.n_keys >= 1 and d.n_queries != d.n_keys for d in some), some
@@ -161,8 +197,17 @@ def test_pooled_realistic_strata_keep_their_sizes() -> None:
     pool = ShapePool(seed=None)
     blocks = Stratum("blocks", 3, 2**24, min_len=16)
     decode = Stratum("decode", 1, 2**24, (("shape", "decode"),), min_len=257)
-    options = dict(min_queries=0, min_keys=0, max_len=9, max_batch_ndim=2, gqa=True,
-                   weights=False, family="dense", min_kv_heads=1, min_groups=1)
+    options = dict(
+        min_queries=0,
+        min_keys=0,
+        max_len=9,
+        max_batch_ndim=2,
+        gqa=True,
+        weights=False,
+        family="dense",
+        min_kv_heads=1,
+        min_groups=1,
+    )
     data = SeededDraws(7)
     for stratum in (blocks, decode):
         with drawing(stratum, SizeLimits(), pool):
@@ -180,8 +225,17 @@ def test_pools_do_not_depend_on_the_order_properties_run_in() -> None:
     """The same run seed gives the same members whichever pool is filled first, in any
     process (``--jobs``); another seed gives other ones."""
     kernel = KernelUnderTest(recording([]), compiling_numpy())
-    options = dict(min_queries=0, min_keys=0, max_len=9, max_batch_ndim=2, gqa=True,
-                   weights=False, family="dense", min_kv_heads=1, min_groups=1)
+    options = dict(
+        min_queries=0,
+        min_keys=0,
+        max_len=9,
+        max_batch_ndim=2,
+        gqa=True,
+        weights=False,
+        family="dense",
+        min_kv_heads=1,
+        min_groups=1,
+    )
     small = Stratum("small", 20)
 
     def members(pool: ShapePool, stratum: Stratum) -> list[Any]:
@@ -223,22 +277,36 @@ def test_a_failure_still_shrinks_to_the_smallest_pooled_shape() -> None:
     kernel = KernelUnderTest(recording([], last_value_column_off), compiling_numpy())
     verdict = verdict_of("matches-reference", kernel)
     assert verdict.status == FAILED
-    pools = [members for key, members in pool_for_run(None)._members.items()
-             if key[0] == "dims" and key[1].name == "small"]
+    pools = [
+        members
+        for key, members in pool_for_run(None)._members.items()
+        if key[0] == "dims" and key[1].name == "small"
+    ]
     firsts = {next(d for d in members if d.n_queries and d.value_dim) for members in pools}
     shown = {f"q{(*d.batch, d.n_q_heads, d.n_queries, d.head_dim)}" for d in firsts}
     assert any(verdict.counterexample.startswith(q + ",") for q in shown), (
-        verdict.counterexample, firsts)
+        verdict.counterexample,
+        firsts,
+    )
 
 
 # Properties whose sizes now come from pools where they used to draw or rewrite their
 # own (causal's Lq != Lk, two heads, two groups, the scale probe).
-REPOOLED = {"causal-zeros", "causal-alignment", "default-scale", "explicit-scale",
-            "batch-head-independence", "gqa-mapping"}
+REPOOLED = {
+    "causal-zeros",
+    "causal-alignment",
+    "default-scale",
+    "explicit-scale",
+    "batch-head-independence",
+    "gqa-mapping",
+}
 
 
-@pytest.mark.parametrize("bug", [bug for bug in CATALOGUE if bug.catches in REPOOLED
-                                 and bug.backend == "numpy"], ids=lambda bug: bug.name)
+@pytest.mark.parametrize(
+    "bug",
+    [bug for bug in CATALOGUE if bug.catches in REPOOLED and bug.backend == "numpy"],
+    ids=lambda bug: bug.name,
+)
 def test_catalogue_bugs_stay_caught_on_a_compiling_backend(bug: BuggyKernel) -> None:
     """CONF-1: every catalogued bug that a property taking its sizes from pools catches
     (tests/catalogue/test_caught.py, on NumPy as is) is caught by it on a backend that
@@ -246,7 +314,10 @@ def test_catalogue_bugs_stay_caught_on_a_compiling_backend(bug: BuggyKernel) -> 
     prop = all_properties()[bug.catches]
     verdict = run_property(prop, KernelUnderTest(bug.fn, compiling_numpy()))
     assert verdict.status == (FAILED if prop.level == "MUST" else WARNING), (
-        bug.name, verdict.status, verdict.detail)
+        bug.name,
+        verdict.status,
+        verdict.detail,
+    )
 
 
 def test_the_jitted_jax_kernel_of_the_cost_table_runs() -> None:
@@ -293,14 +364,19 @@ def test_workers_share_one_jax_compilation_cache_per_run(tmp_path) -> None:  # t
     )
 
     run = compilation_cache_variables({})
-    assert run == {**dict.fromkeys(JAX_CACHE_THRESHOLDS, "0"),
-                   JAX_CACHE_DIRECTORY: compilation_cache_variables({})[JAX_CACHE_DIRECTORY]}
+    assert run == {
+        **dict.fromkeys(JAX_CACHE_THRESHOLDS, "0"),
+        JAX_CACHE_DIRECTORY: compilation_cache_variables({})[JAX_CACHE_DIRECTORY],
+    }
     assert os.path.isdir(run[JAX_CACHE_DIRECTORY])
     mine = {JAX_CACHE_DIRECTORY: str(tmp_path), JAX_CACHE_THRESHOLDS[0]: "2"}
     assert compilation_cache_variables(mine) == {JAX_CACHE_THRESHOLDS[1]: "0"}
     pytest.importorskip("jax", reason="the cache is JAX's")
     code = "import jax, jax.numpy as jnp; jax.jit(lambda x: x * 3)(jnp.ones(5)).block_until_ready()"
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120,
-                   env={**os.environ, **compilation_cache_variables({}),
-                        JAX_CACHE_DIRECTORY: str(tmp_path)})
+    subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        timeout=120,
+        env={**os.environ, **compilation_cache_variables({}), JAX_CACHE_DIRECTORY: str(tmp_path)},
+    )
     assert any(name.startswith("jit__lambda") for name in os.listdir(tmp_path))

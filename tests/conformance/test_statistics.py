@@ -27,12 +27,15 @@ from attnspec.reference.tolerance import UNIT_ROUNDOFF, error_bound
 SPEC = Path(attnspec.__file__).parent / "spec"
 
 
-@pytest.mark.parametrize(("x", "dof", "expected"), [
-    (3.841458820694124, 1, 0.95),      # textbook critical values
-    (5.991464547107979, 2, 0.95),
-    (2.0, 2, 1 - math.exp(-1.0)),      # chi^2_2 is exponential with mean 2
-    (10.0, 2, 1 - math.exp(-5.0)),
-])
+@pytest.mark.parametrize(
+    ("x", "dof", "expected"),
+    [
+        (3.841458820694124, 1, 0.95),  # textbook critical values
+        (5.991464547107979, 2, 0.95),
+        (2.0, 2, 1 - math.exp(-1.0)),  # chi^2_2 is exponential with mean 2
+        (10.0, 2, 1 - math.exp(-5.0)),
+    ],
+)
 def test_cdf_matches_closed_forms(x: float, dof: int, expected: float) -> None:
     """The regularized incomplete gamma gives known chi-square probabilities."""
     assert chi_square_cdf(x, dof) == pytest.approx(expected, rel=1e-9)
@@ -104,8 +107,9 @@ def tol2_adversary(direction: int, dtype: str, backend: Backend) -> Any:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("direction", [1, -1], ids=["outward", "inward"])
-def test_kernels_at_the_edge_of_tol2_pass_in_every_dtype(dtype: str, direction: int,
-                                                         torch_backend: Backend) -> None:
+def test_kernels_at_the_edge_of_tol2_pass_in_every_dtype(
+    dtype: str, direction: int, torch_backend: Backend
+) -> None:
     """SDPA-2.1, CONF-4: a kernel within TOL-2 that moves every log-ratio as far as its bound
     allows passes score-variance in every dtype (seeds 0-2), so rounding adds nothing to the
     1e-6."""
@@ -124,8 +128,9 @@ WRONG_SCALES = {
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bug", sorted(WRONG_SCALES))
-def test_wrong_scales_still_fail_in_every_dtype(dtype: str, bug: str,
-                                               torch_backend: Backend) -> None:
+def test_wrong_scales_still_fail_in_every_dtype(
+    dtype: str, bug: str, torch_backend: Backend
+) -> None:
     """SDPA-2.1: with the rounding slack, the wrong default scales the old test caught still
     fail in every dtype, bfloat16 included (there 1/E reaches at most W ~ 162 < 1705.7)."""
 

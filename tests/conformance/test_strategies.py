@@ -66,15 +66,29 @@ Array = np.ndarray
 BLOCK = 64
 
 
-def _arranged(q: Array, k: Array, v: Array, mask: Array | None, bias: Array | None,
-              is_causal: bool, scale: float | None) -> Any:
+def _arranged(
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Array | None,
+    bias: Array | None,
+    is_causal: bool,
+    scale: float | None,
+) -> Any:
     return arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
 
 
 @declare(bias=True, gqa=True)
-def tiled_without_rescale(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                          bias: Array | None = None, is_causal: bool = False,
-                          scale: float | None = None) -> Array:
+def tiled_without_rescale(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Online softmax over blocks of 64 keys that forgets to rescale its accumulator and
     running sum when a later block raises the running max: exact up to 64 keys."""
     a = _arranged(q, k, v, mask, bias, is_causal, scale)
@@ -83,9 +97,16 @@ def tiled_without_rescale(q: Array, k: Array, v: Array, *, mask: Array | None = 
 
 
 @declare(bias=True, gqa=True)
-def ragged_tail_dropped(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                        bias: Array | None = None, is_causal: bool = False,
-                        scale: float | None = None) -> Array:
+def ragged_tail_dropped(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """Blocks of 64 keys whose ragged last block is skipped once there is more than one
     block: wrong only when Lk > 64 and Lk % 64 != 0."""
     a = _arranged(q, k, v, mask, bias, is_causal, scale)
@@ -98,9 +119,16 @@ WIDEST_VECTOR_PATH = 128
 
 
 @declare(bias=True, gqa=True)
-def wide_head_dim_truncated(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                            bias: Array | None = None, is_causal: bool = False,
-                            scale: float | None = None) -> Array:
+def wide_head_dim_truncated(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """A head-dim path that only reads the first 128 channels of q and k: wrong only for
     E > 128 (the scale stays 1/sqrt(E))."""
     a = _arranged(q, k, v, mask, bias, is_causal, scale)
@@ -113,9 +141,16 @@ SPLIT = 256
 
 
 @declare(bias=True, gqa=True)
-def decode_splits_averaged(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                           bias: Array | None = None, is_causal: bool = False,
-                           scale: float | None = None) -> Array:
+def decode_splits_averaged(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
     """A flash-decoding path for one query against more than 256 keys: each split of 256
     keys is normalised on its own and the splits' outputs are averaged, not weighted by
     their log-sum-exp.  Every other shape takes the exact path."""
@@ -128,8 +163,9 @@ def decode_splits_averaged(q: Array, k: Array, v: Array, *, mask: Array | None =
     for start in range(0, n_keys, SPLIT):
         blk = slice(start, start + SPLIT)
         part_allowed = allowed[..., blk]
-        parts.append(combine(softmax_lse(s[..., blk], part_allowed), part_allowed,
-                             a.v[..., blk, :]))
+        parts.append(
+            combine(softmax_lse(s[..., blk], part_allowed), part_allowed, a.v[..., blk, :])
+        )
         seen.append(part_allowed.any(axis=-1)[..., None])
     count = np.sum(seen, axis=0)
     with np.errstate(invalid="ignore"):
@@ -149,7 +185,7 @@ SCALE_BUGS: list[tuple[Callable[..., Array], Callable[[str], bool]]] = [
 def _shape(inputs: str, name: str) -> tuple[int, ...]:
     """The shape of ``name`` (q, k or v) in a counterexample's description."""
     start = inputs.index(f"{name}(") + len(name) + 1
-    return tuple(int(n) for n in inputs[start:inputs.index(")", start)].split(",") if n.strip())
+    return tuple(int(n) for n in inputs[start : inputs.index(")", start)].split(",") if n.strip())
 
 
 def _keys(inputs: str) -> int:
@@ -179,19 +215,19 @@ def small_only(monkeypatch: pytest.MonkeyPatch) -> str:
 def test_scale_bug_is_exact_on_small_problems(bug: Callable[..., Array], small_only: str) -> None:
     """SDPA-7.3: each scale bug passes matches-reference on the small stratum alone, so
     only the realistic strata can catch it."""
-    verdict = verdict_of("matches-reference", _numpy_kernel(bug),
-                           profile=small_only)
+    verdict = verdict_of("matches-reference", _numpy_kernel(bug), profile=small_only)
     assert verdict.status == PASSED, verdict.detail
 
 
-@pytest.mark.parametrize(("bug", "shows_scale"), SCALE_BUGS,
-                         ids=lambda x: getattr(x, "__name__", ""))
-def test_quick_profile_catches_scale_bug(bug: Callable[..., Array],
-                                         shows_scale: Callable[[str], bool]) -> None:
+@pytest.mark.parametrize(
+    ("bug", "shows_scale"), SCALE_BUGS, ids=lambda x: getattr(x, "__name__", "")
+)
+def test_quick_profile_catches_scale_bug(
+    bug: Callable[..., Array], shows_scale: Callable[[str], bool]
+) -> None:
     """SDPA-7.3: the quick profile's matches-reference fails each scale bug, and the shrunk
     counterexample has the size that triggers it (e.g. 65 keys: one past a block)."""
-    verdict = verdict_of("matches-reference", _numpy_kernel(bug),
-                           profile="quick")
+    verdict = verdict_of("matches-reference", _numpy_kernel(bug), profile="quick")
     assert verdict.status == FAILED, f"{bug.__name__}: {verdict.status}"
     assert shows_scale(verdict.counterexample), verdict.counterexample
 
@@ -201,10 +237,12 @@ def test_block_tail_bug_shrinks_to_one_past_the_block(monkeypatch: pytest.Monkey
     smallest failing size: the ragged-tail bug's counterexample has 65 keys (64 + 1).
     (The quick profile's anchors, which run first, find it too, at their fixed size:
     test_anchor_failure_names_the_anchor.)"""
-    monkeypatch.setitem(PROFILES, "quick-without-anchors",
-                        replace(PROFILES["quick"], anchors=0))  # the random draws alone
-    verdict = verdict_of("matches-reference", _numpy_kernel(ragged_tail_dropped),
-                         profile="quick-without-anchors")
+    monkeypatch.setitem(
+        PROFILES, "quick-without-anchors", replace(PROFILES["quick"], anchors=0)
+    )  # the random draws alone
+    verdict = verdict_of(
+        "matches-reference", _numpy_kernel(ragged_tail_dropped), profile="quick-without-anchors"
+    )
     assert _keys(verdict.counterexample) == BLOCK + 1, verdict.counterexample
 
 
@@ -228,16 +266,22 @@ CORRECT_SUBJECTS = [
 
 def _realistic_only(monkeypatch: pytest.MonkeyPatch) -> str:
     quick = PROFILES["quick"]
-    monkeypatch.setitem(PROFILES, "realistic-quick",
-                        Profile(0, blocks=quick.blocks, decode=quick.decode,
-                                corners=quick.corners))  # anchors: the tiled kernels' test
+    monkeypatch.setitem(
+        PROFILES,
+        "realistic-quick",
+        Profile(0, blocks=quick.blocks, decode=quick.decode, corners=quick.corners),
+    )  # anchors: the tiled kernels' test
     return "realistic-quick"
 
 
-@pytest.mark.parametrize(("name", "fn", "backend", "claims"), CORRECT_SUBJECTS,
-                         ids=[s[0] for s in CORRECT_SUBJECTS])
+@pytest.mark.parametrize(
+    ("name", "fn", "backend", "claims"), CORRECT_SUBJECTS, ids=[s[0] for s in CORRECT_SUBJECTS]
+)
 def test_correct_kernels_pass_realistic_strata(
-    name: str, fn: Callable[..., Any], backend: str, claims: dict[str, Any],
+    name: str,
+    fn: Callable[..., Any],
+    backend: str,
+    claims: dict[str, Any],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """CONF-1: correct kernels pass every applicable property on the quick profile's
@@ -255,22 +299,29 @@ def test_correct_kernels_pass_realistic_strata(
 def _sliding_window_reference(shapes: list[tuple[int, ...]]) -> Callable[..., Any]:
     def kernel(q: Array, k: Array, v: Array, *, scale: float | None = None) -> Array:
         shapes.append(k.shape)
-        return sparse_attention(q, k, v, pattern="sliding_window", left=70, right=0,
-                                scale=scale)
-    return declare(kernel, gqa=True, mask=False, causal=False,
-                   sparse=SparseClaim("sliding_window", {"left": 70, "right": 0}))
+        return sparse_attention(q, k, v, pattern="sliding_window", left=70, right=0, scale=scale)
+
+    return declare(
+        kernel,
+        gqa=True,
+        mask=False,
+        causal=False,
+        sparse=SparseClaim("sliding_window", {"left": 70, "right": 0}),
+    )
 
 
 def _linear_reference(shapes: list[tuple[int, ...]]) -> Callable[..., Any]:
     def kernel(q: Array, k: Array, v: Array, *, is_causal: bool = False) -> Array:
         shapes.append(k.shape)
         return linear_attention(q, k, v, feature_map=elu_plus_one, is_causal=is_causal)
+
     return declare(kernel, gqa=True, mask=False, scale=False, linear=LinearClaim("elu+1"))
 
 
 @pytest.mark.parametrize("family", ["sparse", "linear"])
 def test_sparse_and_linear_references_pass_realistic_strata(
-    family: str, monkeypatch: pytest.MonkeyPatch,
+    family: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """SPARSE-6, LIN-5.2, LIN-2.1: the reference's sparse (a window of 70 keys: past a
     block) and linear kernels pass their properties on the realistic strata, which call
@@ -282,8 +333,11 @@ def test_sparse_and_linear_references_pass_realistic_strata(
     ran = 0
     for prop in all_properties().values():
         verdict = run_property(prop, kernel, profile=profile)
-        assert verdict.status in (PASSED, NOT_APPLICABLE), (prop.id, verdict.detail,
-                                                             verdict.counterexample)
+        assert verdict.status in (PASSED, NOT_APPLICABLE), (
+            prop.id,
+            verdict.detail,
+            verdict.counterexample,
+        )
         ran += verdict.status == PASSED
     assert ran >= 3
     assert max(shape[-2] for shape in shapes) > 256
@@ -291,20 +345,26 @@ def test_sparse_and_linear_references_pass_realistic_strata(
 
 # --- what is drawn: caps, cost model, coverage --------------------------------------------
 
-GQA_REFERENCE = KernelUnderTest(reference_sdpa, Backend("numpy"),
-                                declaration_of(reference_sdpa, bias=True, gqa=True))
+GQA_REFERENCE = KernelUnderTest(
+    reference_sdpa, Backend("numpy"), declaration_of(reference_sdpa, bias=True, gqa=True)
+)
 CAPS = SizeLimits(max_len=300, max_head_dim=100, max_batch_heads=40)
 
 
-@pytest.mark.parametrize("stratum", [
-    Stratum("blocks", 1, 2**22, min_len=16),
-    Stratum("decode", 1, 2**22, (("shape", "decode"),), min_len=257),
-    Stratum("wide", 1, 2**22, min_len=16, min_head_dim=129),
-    Stratum("long", 1, 2**26, min_len=511),
-], ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "stratum",
+    [
+        Stratum("blocks", 1, 2**22, min_len=16),
+        Stratum("decode", 1, 2**22, (("shape", "decode"),), min_len=257),
+        Stratum("wide", 1, 2**22, min_len=16, min_head_dim=129),
+        Stratum("long", 1, 2**26, min_len=511),
+    ],
+    ids=lambda s: s.name,
+)
 @pytest.mark.parametrize("limits", [SizeLimits(), CAPS], ids=["default limits", "capped"])
-def test_realistic_dims_stay_within_the_cost_cap_and_the_limits(stratum: Stratum,
-                                                               limits: SizeLimits) -> None:
+def test_realistic_dims_stay_within_the_cost_cap_and_the_limits(
+    stratum: Stratum, limits: SizeLimits
+) -> None:
     """SDPA-1.1: every realistic problem is within the user's caps and the stratum's cost
     cap (or is the stratum's smallest problem), and its lengths come from the block list."""
     allowed_lengths = {*LENGTHS, *range(1, 5), limits.max_len}
@@ -331,8 +391,10 @@ def test_raised_max_len_adds_longer_block_boundaries() -> None:
     @settings(max_examples=200, database=None, deadline=None)
     @given(st.data())
     def collect(data: st.DataObject) -> None:
-        with drawing(Stratum("decode", 1, 2**24, (("shape", "decode"),), min_len=4097),
-                     SizeLimits(max_len=10000)):
+        with drawing(
+            Stratum("decode", 1, 2**24, (("shape", "decode"),), min_len=4097),
+            SizeLimits(max_len=10000),
+        ):
             seen.add(draw_realistic_dims(data, GQA_REFERENCE, gqa=True).n_keys)
 
     collect()
@@ -340,6 +402,7 @@ def test_raised_max_len_adds_longer_block_boundaries() -> None:
 
 
 # --- anchors: fixed problems from upstream test grids (conformance/anchors.py) ------------
+
 
 @pytest.mark.parametrize("limits", [SizeLimits(), CAPS], ids=["default limits", "capped"])
 @pytest.mark.parametrize("weights", [False, True], ids=["values", "V = I"])
@@ -354,10 +417,19 @@ def test_anchors_fit_the_cost_model_and_the_caps(limits: SizeLimits, weights: bo
         assert dims.batch_heads <= limits.max_batch_heads, (anchor.name, dims)
         assert problem_cost(dims, weights=weights) <= ANCHOR_COST, (anchor.name, dims)
         if limits == SizeLimits() and not weights:
-            assert (dims.n_queries, dims.n_keys, dims.head_dim, dims.n_q_heads,
-                    math.prod(dims.batch)) == (anchor.n_queries, min(anchor.n_keys, 4096),
-                                               anchor.head_dim, anchor.n_q_heads,
-                                               anchor.batch), anchor.name
+            assert (
+                dims.n_queries,
+                dims.n_keys,
+                dims.head_dim,
+                dims.n_q_heads,
+                math.prod(dims.batch),
+            ) == (
+                anchor.n_queries,
+                min(anchor.n_keys, 4096),
+                anchor.head_dim,
+                anchor.n_q_heads,
+                anchor.batch,
+            ), anchor.name
 
 
 @pytest.mark.parametrize("limits", [SizeLimits(), CAPS], ids=["default limits", "capped"])
@@ -377,8 +449,10 @@ def test_rewritten_lengths_are_refit_into_the_stratum(limits: SizeLimits) -> Non
     assert problem_cost(fitted, weights=True) <= ANCHOR_COST, fitted
     assert fitted.n_queries <= limits.max_len, fitted
     one_longer = replace(fitted, n_queries=fitted.n_queries + 1, n_keys=fitted.n_keys + 1)
-    assert (problem_cost(one_longer, weights=True) > ANCHOR_COST
-            or one_longer.n_queries > limits.max_len), fitted
+    assert (
+        problem_cost(one_longer, weights=True) > ANCHOR_COST
+        or one_longer.n_queries > limits.max_len
+    ), fitted
     with drawing(Stratum("small", 20), limits):  # no cap: only --max-len
         small = replace(dims, n_queries=5, n_keys=2)
         assert refit(small) == small
@@ -391,8 +465,10 @@ def test_anchors_cover_what_upstream_grids_and_special_cases_need() -> None:
     runs each of them right after the small problems, before any random realistic draw."""
     dims = [a.dims(1, SizeLimits(), ANCHOR_COST, gqa=True) for a in ANCHORS]
     assert any(d.head_dim > 32 and d.head_dim % 32 for d in dims)
-    assert any(a.n_queries == a.n_keys and a.n_queries % 128 == 1 and ("causal", True)
-               in a.forced for a in ANCHORS)
+    assert any(
+        a.n_queries == a.n_keys and a.n_queries % 128 == 1 and ("causal", True) in a.forced
+        for a in ANCHORS
+    )
     assert any(d.n_queries <= 4 and d.n_keys > 2048 for d in dims)
     assert any(d.batch_heads * d.n_queries > 2**15 for d in dims)
     unbatched = [a.dims(0, SizeLimits(), ANCHOR_COST, gqa=True) for a in ANCHORS]
@@ -408,14 +484,23 @@ def test_anchors_cover_what_upstream_grids_and_special_cases_need() -> None:
 
 def _recording_dtypes(seen: list[tuple[str, Any, bool]]) -> Callable[..., Any]:
     @declare(bias=True, gqa=True)
-    def dtype_recording_reference(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                                  bias: Array | None = None, is_causal: bool = False,
-                                  scale: float | None = None) -> Array:
+    def dtype_recording_reference(
+        q: Array,
+        k: Array,
+        v: Array,
+        *,
+        mask: Array | None = None,
+        bias: Array | None = None,
+        is_causal: bool = False,
+        scale: float | None = None,
+    ) -> Array:
         """The reference, noting each call's dtype and whether a query row of it has every
         key padded with that dtype's most negative finite value."""
         padded_row = bias is not None and bool(
-            (np.broadcast_to(bias, (*bias.shape[:-1], k.shape[-2]))
-             == np.finfo(q.dtype).min).all(axis=-1).any())
+            (np.broadcast_to(bias, (*bias.shape[:-1], k.shape[-2])) == np.finfo(q.dtype).min)
+            .all(axis=-1)
+            .any()
+        )
         seen.append((str(q.dtype), q.shape, padded_row))
         return reference_sdpa(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
 
@@ -428,8 +513,9 @@ def test_padded_anchor_runs_in_each_dtype_and_caps_cut_anchors() -> None:
     run in the most precise dtype; --max-len 300 cuts the decode anchor's 4096 keys to 300
     (and no call is longer)."""
     seen: list[tuple[str, Any, bool]] = []
-    verdict = verdict_of("matches-reference", _numpy_kernel(_recording_dtypes(seen)),
-                         limits=SizeLimits(max_len=300))
+    verdict = verdict_of(
+        "matches-reference", _numpy_kernel(_recording_dtypes(seen)), limits=SizeLimits(max_len=300)
+    )
     assert verdict.status == PASSED, verdict.detail
     assert {dtype for dtype, _, padded in seen if padded} == {"float16", "float32", "float64"}
     assert ("float64", (1, 6, 1, 128), False) in seen  # the decode anchor, in float64
@@ -438,9 +524,16 @@ def test_padded_anchor_runs_in_each_dtype_and_caps_cut_anchors() -> None:
 
 def _recording(seen: list[tuple[tuple[int, ...], tuple[int, ...], Any]]) -> Callable[..., Any]:
     @declare(bias=True, gqa=True)
-    def recording_reference(q: Array, k: Array, v: Array, *, mask: Array | None = None,
-                            bias: Array | None = None, is_causal: bool = False,
-                            scale: float | None = None) -> Array:
+    def recording_reference(
+        q: Array,
+        k: Array,
+        v: Array,
+        *,
+        mask: Array | None = None,
+        bias: Array | None = None,
+        is_causal: bool = False,
+        scale: float | None = None,
+    ) -> Array:
         """The reference, noting the shapes and mask it is called with."""
         seen.append((q.shape, k.shape, mask))
         return reference_sdpa(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
@@ -472,8 +565,9 @@ def test_quick_profile_finds_torch_causal_scale_zero() -> None:
     with scale=0 (docs/divergences.md); the quick profile finds it (the thorough one did
     before realistic strata)."""
     torch = pytest.importorskip("torch", reason="torch SDPA needs the torch extra")
-    kernel = KernelUnderTest(torch.nn.functional.scaled_dot_product_attention,
-                             backend_or_skip("torch"))
+    kernel = KernelUnderTest(
+        torch.nn.functional.scaled_dot_product_attention, backend_or_skip("torch")
+    )
     verdict = verdict_of("matches-reference", kernel, profile="quick")
     assert verdict.status == FAILED
     assert "is_causal=True" in verdict.counterexample and "scale=0.0" in verdict.counterexample
@@ -494,10 +588,10 @@ def test_every_padding_fill_is_drawn_and_bounded(dtype: str) -> None:
     kernel = GQA_REFERENCE
     if dtype == "bfloat16":  # NumPy has no bfloat16: torch rounds to it
         # NumPy has no bfloat16: torch rounds to it
-        kernel = KernelUnderTest(reference_sdpa, backend_or_skip("torch"),
-                                 GQA_REFERENCE.declaration)
-    expected = {float(kernel.rounded(np.array(fill_value(name, dtype)), dtype))
-                for name in FILLS}
+        kernel = KernelUnderTest(
+            reference_sdpa, backend_or_skip("torch"), GQA_REFERENCE.declaration
+        )
+    expected = {float(kernel.rounded(np.array(fill_value(name, dtype)), dtype)) for name in FILLS}
     assert len(expected) == len(FILLS) and (-math.inf in expected) == (dtype == "float16")
     seen: dict[float, Any] = {}
 
@@ -505,8 +599,9 @@ def test_every_padding_fill_is_drawn_and_bounded(dtype: str) -> None:
     @given(st.data())
     def collect(data: st.DataObject) -> None:
         with drawing(PADDED_STRATUM, SizeLimits(max_len=300, max_batch_heads=16)):
-            problem = draw_problem(data, kernel, dtype=dtype, bias="always", mask="never",
-                                   causal="never")
+            problem = draw_problem(
+                data, kernel, dtype=dtype, bias="always", mask="never", causal="never"
+            )
         padded = problem.bias < -1e3  # ALiBi inside the padding stays above -300
         if padded.any():
             seen.setdefault(float(problem.bias[padded].flat[0]), problem)
@@ -514,8 +609,7 @@ def test_every_padding_fill_is_drawn_and_bounded(dtype: str) -> None:
     collect()
     assert set(seen) == expected, (dtype, sorted(seen))
     for fill, problem in seen.items():
-        padded = np.broadcast_to(problem.bias == fill, (*problem.q.shape[:-1],
-                                                        problem.k.shape[-2]))
+        padded = np.broadcast_to(problem.bias == fill, (*problem.q.shape[:-1], problem.k.shape[-2]))
         kept = np.where(padded, 0.0, problem.bias)
         bound = reference_bound(problem, kernel.declaration)
         masked = reference_bound(problem.with_(bias=kept, mask=~padded), kernel.declaration)
@@ -527,14 +621,19 @@ def test_every_padding_fill_is_drawn_and_bounded(dtype: str) -> None:
             continue
         v = np.repeat(problem.v, problem.q.shape[-3] // problem.v.shape[-3], axis=-3)
         floor = UNDERFLOW_THRESHOLD[dtype] * (padded * 1.0) @ np.abs(v)
-        np.testing.assert_allclose(np.where(attends, tau, 0.0),
-                                   np.where(attends, tau_masked + floor, 0.0),
-                                   rtol=1e-6, atol=0, err_msg=f"fill {fill}")
+        np.testing.assert_allclose(
+            np.where(attends, tau, 0.0),
+            np.where(attends, tau_masked + floor, 0.0),
+            rtol=1e-6,
+            atol=0,
+            err_msg=f"fill {fill}",
+        )
 
 
 def test_realistic_problems_keep_the_bound_finite() -> None:
     """TOL-2: realistic q/k values (outlier channels, scores near float16's limit) and
     biases (ALiBi, every padding fill) never make the bound NaN or infinite, unscaled."""
+
     @settings(max_examples=80, database=None, deadline=None)
     @given(st.data())
     def check_bound(data: st.DataObject) -> None:
@@ -550,6 +649,7 @@ def test_realistic_problems_keep_the_bound_finite() -> None:
 
 # --- the caps as options --------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("bad", [0, -3, 2.5, True])
 def test_size_limits_reject_non_positive_integers(bad: Any) -> None:
     """Bad input: each cap must be a positive integer; the error names it."""
@@ -560,22 +660,37 @@ def test_size_limits_reject_non_positive_integers(bad: Any) -> None:
             check(lse_attention, only=["matches-reference"], **{name: bad})
 
 
-def test_cli_caps_flow_into_the_run_and_the_report(capsys: pytest.CaptureFixture[str],
-                                                  tmp_path: Any) -> None:
+def test_cli_caps_flow_into_the_run_and_the_report(
+    capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
     """The CLI's --max-len/--max-head-dim/--max-batch-heads reach the draws and the JSON
     report; a bad value exits 2 with one line."""
     report = tmp_path / "report.json"
-    status = cli.main(["check", "attnspec.reference:scaled_dot_product_attention",
-                       "--only", "default-scale", "--max-len", "40", "--max-head-dim", "32",
-                       "--max-batch-heads", "8", "--json", str(report)])
+    status = cli.main(
+        [
+            "check",
+            "attnspec.reference:scaled_dot_product_attention",
+            "--only",
+            "default-scale",
+            "--max-len",
+            "40",
+            "--max-head-dim",
+            "32",
+            "--max-batch-heads",
+            "8",
+            "--json",
+            str(report),
+        ]
+    )
     capsys.readouterr()
     assert status == 0
     import json
 
     limits = json.loads(report.read_text())["limits"]
     assert limits == {"max_len": 40, "max_head_dim": 32, "max_batch_heads": 8}
-    status = cli.main(["check", "attnspec.reference:scaled_dot_product_attention",
-                       "--max-head-dim", "0"])
+    status = cli.main(
+        ["check", "attnspec.reference:scaled_dot_product_attention", "--max-head-dim", "0"]
+    )
     err = capsys.readouterr().err
     assert status == 2 and "max_head_dim=0" in err and err.count("\n") == 1
 
@@ -583,8 +698,13 @@ def test_cli_caps_flow_into_the_run_and_the_report(capsys: pytest.CaptureFixture
 def test_api_caps_bound_every_drawn_shape() -> None:
     """SDPA-1.1: check(..., max_len, max_head_dim, max_batch_heads) bounds every call."""
     seen: list[tuple[tuple[int, ...], tuple[int, ...], Any]] = []
-    check(_recording(seen), only=["matches-reference", "rows-sum-to-one"], max_len=70,
-          max_head_dim=20, max_batch_heads=6)
+    check(
+        _recording(seen),
+        only=["matches-reference", "rows-sum-to-one"],
+        max_len=70,
+        max_head_dim=20,
+        max_batch_heads=6,
+    )
     assert seen
     for q, k, _ in seen:
         assert q[-2] <= 70 and k[-2] <= 70 and q[-1] <= 20, (q, k)
@@ -592,28 +712,39 @@ def test_api_caps_bound_every_drawn_shape() -> None:
 
 
 ISOLATION_CAPS = {"max_len": 100, "max_head_dim": 64, "max_batch_heads": 16}
-ISOLATION_PROPERTIES = ["matches-reference", "output-in-value-hull", "key-permutation",
-                        "default-scale", "gqa-mapping", "masked-values-ignored"]
+ISOLATION_PROPERTIES = [
+    "matches-reference",
+    "output-in-value-hull",
+    "key-permutation",
+    "default-scale",
+    "gqa-mapping",
+    "masked-values-ignored",
+]
 
 
 def _verdicts(report: Any) -> list[tuple[Any, ...]]:
-    return [(v.property, v.status, v.detail, v.counterexample, v.examples)
-            for v in report.verdicts]
+    return [(v.property, v.status, v.detail, v.counterexample, v.examples) for v in report.verdicts]
 
 
-@pytest.mark.parametrize(("kernel", "caps", "status"), [
-    ("ragged_tail_dropped", {"max_len": 64}, PASSED),
-    ("ragged_tail_dropped", {"max_len": 100}, FAILED),
-    ("lse_attention", ISOLATION_CAPS, PASSED),
-], ids=["tail bug within 64", "tail bug within 100", "correct"])
-def test_isolated_and_in_process_runs_agree_with_caps(kernel: str, caps: dict[str, int],
-                                                      status: str) -> None:
+@pytest.mark.parametrize(
+    ("kernel", "caps", "status"),
+    [
+        ("ragged_tail_dropped", {"max_len": 64}, PASSED),
+        ("ragged_tail_dropped", {"max_len": 100}, FAILED),
+        ("lse_attention", ISOLATION_CAPS, PASSED),
+    ],
+    ids=["tail bug within 64", "tail bug within 100", "correct"],
+)
+def test_isolated_and_in_process_runs_agree_with_caps(
+    kernel: str, caps: dict[str, int], status: str
+) -> None:
     """CONF-4, CONF-5: the worker draws the same strata, within the same size caps, from
     the same per-(property, stratum) seeds as an in-process run: both give identical
     verdicts (status, finding, inputs, examples).  The block-tail bug passes when
     --max-len 64 reaches the worker (no ragged block) and fails past 64 keys at 100."""
-    target = (f"{__file__}:{kernel}" if kernel == "ragged_tail_dropped"
-              else f"catalogue.correct:{kernel}")
+    target = (
+        f"{__file__}:{kernel}" if kernel == "ragged_tail_dropped" else f"catalogue.correct:{kernel}"
+    )
     only = ["matches-reference"] if kernel == "ragged_tail_dropped" else ISOLATION_PROPERTIES
     isolated = check(target, backend="numpy", only=only, isolate=True, **caps)
     in_process = check(target, backend="numpy", only=only, isolate=False, **caps)
@@ -627,9 +758,18 @@ def test_pytest_plugin_takes_the_caps(pytester: pytest.Pytester) -> None:
     """The plugin's --attnspec-max-len/-max-head-dim/-max-batch-heads reach the run; a bad
     one is a usage error naming it."""
     kernel = "attnspec.reference:scaled_dot_product_attention"
-    result = pytester.runpytest("--attnspec-kernel", kernel, "--attnspec-only", "default-scale",
-                                "--attnspec-max-len", "40", "--attnspec-max-head-dim", "32",
-                                "--attnspec-max-batch-heads", "8")
+    result = pytester.runpytest(
+        "--attnspec-kernel",
+        kernel,
+        "--attnspec-only",
+        "default-scale",
+        "--attnspec-max-len",
+        "40",
+        "--attnspec-max-head-dim",
+        "32",
+        "--attnspec-max-batch-heads",
+        "8",
+    )
     result.assert_outcomes(passed=1)
     result = pytester.runpytest("--attnspec-kernel", kernel, "--attnspec-max-len", "0")
     assert result.ret == pytest.ExitCode.USAGE_ERROR

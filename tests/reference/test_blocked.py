@@ -33,21 +33,32 @@ from attnspec.reference.tolerance import UNIT_ROUNDOFF, accumulation_roundoff, e
 
 # JAX compiles every operation for every new shape, so it gets fewer examples.
 EXAMPLES = {"numpy": 150, "array_api_strict": 60, "torch": 60, "jax": 5}
-LOWEST = {"float16": -65504.0, "bfloat16": -(2 - 2.0**-7) * 2.0**127,
-          "float32": float(np.finfo(np.float32).min), "float64": float(np.finfo(np.float64).min)}
+LOWEST = {
+    "float16": -65504.0,
+    "bfloat16": -(2 - 2.0**-7) * 2.0**127,
+    "float32": float(np.finfo(np.float32).min),
+    "float64": float(np.finfo(np.float64).min),
+}
 NON_FINITE = (np.nan, np.inf, -np.inf)
 
 
 def examples(backend: Backend) -> settings:
-    return settings(max_examples=EXAMPLES.get(backend.name, 20), derandomize=True,
-                    database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    return settings(
+        max_examples=EXAMPLES.get(backend.name, 20),
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 def broadcastable_shape(data: st.DataObject, full: tuple[int, ...], label: str) -> tuple[int, ...]:
     """A shape that broadcasts to ``full``: leading dims dropped, any dim set to 1."""
     keep = data.draw(st.integers(1, len(full)), label=f"{label} ndim")
-    return tuple(1 if data.draw(st.booleans(), label=f"{label} axis {axis} is 1") else size
-                 for axis, size in enumerate(full[len(full) - keep:]))
+    return tuple(
+        1 if data.draw(st.booleans(), label=f"{label} axis {axis} is 1") else size
+        for axis, size in enumerate(full[len(full) - keep :])
+    )
 
 
 def draw_case(data: st.DataObject, backend: Backend) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -110,8 +121,14 @@ def as64(backend: Backend, a: Any) -> np.ndarray:
 
 def received(backend: Backend, moved: dict[str, Any]) -> dict[str, Any]:
     """TOL-1: the float64 values the computation received."""
-    return {n: as64(backend, a) if n in ("q", "k", "v", "bias") else
-            np.asarray(backend.to_numpy(a)) if n == "mask" else a for n, a in moved.items()}
+    return {
+        n: as64(backend, a)
+        if n in ("q", "k", "v", "bias")
+        else np.asarray(backend.to_numpy(a))
+        if n == "mask"
+        else a
+        for n, a in moved.items()
+    }
 
 
 def value_range(seen: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -138,14 +155,17 @@ def value_range(seen: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return low, high, largest
 
 
-def assert_blocked_matches_plain(backend: Backend, case: dict[str, Any],
-                                 blocks: dict[str, Any]) -> None:
+def assert_blocked_matches_plain(
+    backend: Backend, case: dict[str, Any], blocks: dict[str, Any]
+) -> None:
     moved = on_backend(backend, case)
     got = blocked_attention(**moved, **blocks)
     plain, weights = scaled_dot_product_attention(**moved, return_weights=True)
-    where = f"{backend.name} {case['dtype']} {blocks} q{tuple(case['q'].shape)} " \
-            f"k{tuple(case['k'].shape)} " + " ".join(n for n in ("mask", "bias", "is_causal",
-                                                                  "scale") if n in case)
+    where = (
+        f"{backend.name} {case['dtype']} {blocks} q{tuple(case['q'].shape)} "
+        f"k{tuple(case['k'].shape)} "
+        + " ".join(n for n in ("mask", "bias", "is_causal", "scale") if n in case)
+    )
     # SDPA-1.3: shape and dtype.
     assert tuple(got.shape) == tuple(plain.shape) and got.dtype == plain.dtype, where
     got64, plain64 = as64(backend, got), as64(backend, plain)
@@ -162,7 +182,8 @@ def assert_blocked_matches_plain(backend: Backend, case: dict[str, Any],
     bounded = np.isfinite(exact) & np.isfinite(tolerance)
     error = np.abs(got64[bounded] - exact[bounded])
     assert np.all(error <= tolerance[bounded]), (
-        f"{where}: error {np.max(error / tolerance[bounded]):.3g} x TOL-2")
+        f"{where}: error {np.max(error / tolerance[bounded]):.3g} x TOL-2"
+    )
     # A finfo.min bias on an allowed pair makes delta_i of TOL-2 infinite: the bound says
     # nothing there (and evaluates to inf * 0 = NaN when N = M = 0).  SDPA-7.1 still puts
     # the output inside the range of the allowed values, up to the rounding of a convex
@@ -194,8 +215,9 @@ def unused_by(used: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """True where an entry of an array of ``shape``, broadcast to ``used.shape``, meets no
     used pair: ``used`` reduced with "none" over the axes the array is broadcast along."""
     full = (1,) * (used.ndim - len(shape)) + shape
-    axes = tuple(i for i, (s, u) in enumerate(zip(full, used.shape, strict=True))
-                 if s == 1 and u != 1)
+    axes = tuple(
+        i for i, (s, u) in enumerate(zip(full, used.shape, strict=True)) if s == 1 and u != 1
+    )
     return np.reshape(~np.any(used, axis=axes, keepdims=True), shape)
 
 
@@ -227,8 +249,7 @@ def test_excluded_values_change_nothing(cpu_backend: Backend) -> None:
             unused = unused_by(used_keys, case[name].shape[:-1])
             poisoned[name] = np.where(unused[..., None], fill, case[name])
         if "bias" in case:
-            poisoned["bias"] = np.where(unused_by(allowed, case["bias"].shape), fill,
-                                        case["bias"])
+            poisoned["bias"] = np.where(unused_by(allowed, case["bias"].shape), fill, case["bias"])
         before = blocked_attention(**on_backend(cpu_backend, case), **blocks)
         after = blocked_attention(**on_backend(cpu_backend, poisoned), **blocks)
         before64, after64 = as64(cpu_backend, before), as64(cpu_backend, after)
@@ -245,9 +266,13 @@ def test_default_blocks_at_a_size_with_several_blocks(cpu_backend: Backend) -> N
     chunk, block = default_block_sizes(4, n_q, n_k)
     assert chunk < n_q and block < n_k, (chunk, block)
     case = {
-        "q": rng.standard_normal((2, 2, n_q, 8)), "k": rng.standard_normal((2, 1, n_k, 8)),
-        "v": rng.standard_normal((2, 1, n_k, 4)), "mask": rng.random((n_q, n_k)) < 0.9,
-        "is_causal": True, "causal_alignment": "bottom_right", "dtype": "float32",
+        "q": rng.standard_normal((2, 2, n_q, 8)),
+        "k": rng.standard_normal((2, 1, n_k, 8)),
+        "v": rng.standard_normal((2, 1, n_k, 4)),
+        "mask": rng.random((n_q, n_k)) < 0.9,
+        "is_causal": True,
+        "causal_alignment": "bottom_right",
+        "dtype": "float32",
     }
     assert_blocked_matches_plain(cpu_backend, case, {})
 
@@ -310,6 +335,18 @@ def test_matches_plain_for_large_scores_without_overflow() -> None:
     v = np.random.default_rng(1).standard_normal((1, n, 3))
     case = {"q": q, "k": k, "v": v, "scale": 1.0, "dtype": "float32"}
     assert_blocked_matches_plain(Backend("numpy"), case, {"query_chunk": 5, "key_block": 7})
-    assert math.isfinite(float(np.max(np.abs(blocked_attention(
-        q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), scale=1.0,
-        key_block=7)))))
+    assert math.isfinite(
+        float(
+            np.max(
+                np.abs(
+                    blocked_attention(
+                        q.astype(np.float32),
+                        k.astype(np.float32),
+                        v.astype(np.float32),
+                        scale=1.0,
+                        key_block=7,
+                    )
+                )
+            )
+        )
+    )

@@ -87,6 +87,7 @@ def uniform_weights(q: np.ndarray, k: np.ndarray, seed: int) -> np.ndarray:
 
 # --- LIN-6.2: the constants ----------------------------------------------------------------
 
+
 def test_threshold_matches_the_worked_example() -> None:
     """LIN-6.2: n = 16, m = 4096, r^2 = 0.25 give sigma ~ 0.0083, eta ~ 0.067, tau ~ 0.143
     and R = 133 (the hand derivation in the spec and in research.md), and R is the smallest
@@ -144,8 +145,9 @@ def test_power_against_uniform_weights_does_not_depend_on_the_head_dim(head_dim:
         assert uniform_weights_error(q, k) > 3 * threshold
         widened = threshold + rounding_allowance(q, k, FEATURES, "bfloat16", 0.07) * 1.15
         assert uniform_weights_error(q, k) > widened
-        verdict = favor_acceptance_test(uniform_weights, n=N, head_dim=head_dim,
-                                        num_features=FEATURES, seed=seed)
+        verdict = favor_acceptance_test(
+            uniform_weights, n=N, head_dim=head_dim, num_features=FEATURES, seed=seed
+        )
         assert not verdict.passed
 
 
@@ -166,12 +168,14 @@ def test_rounded_inputs_stay_inside_the_radius(dtype: str) -> None:
             q, k = (rounded(a) for a in favor_inputs(N, head_dim, seed=seed))
             x, y = q / head_dim**0.25, k / head_dim**0.25
             assert np.max(np.sum((x[:, None, :] + y[None, :, :]) ** 2, axis=-1)) <= 0.25
-    verdict = favor_acceptance_test(NumpyFavor(1024), n=N, head_dim=HEAD_DIM,
-                                    num_features=1024, rounded=rounded)
+    verdict = favor_acceptance_test(
+        NumpyFavor(1024), n=N, head_dim=HEAD_DIM, num_features=1024, rounded=rounded
+    )
     assert verdict.passed, verdict.message
 
 
 # --- LIN-6.1: unbiasedness and variance of the reference's features -------------------------
+
 
 @pytest.mark.parametrize("orthogonal", [True, False])
 def test_reference_features_are_unbiased_with_the_stated_variance(orthogonal: bool) -> None:
@@ -206,6 +210,7 @@ def test_reference_features_are_unbiased_with_the_stated_variance(orthogonal: bo
 
 
 # --- LIN-6.2 (a): a correct estimator, simulated ---------------------------------------------
+
 
 @pytest.mark.parametrize("orthogonal", [True, False])
 def test_correct_estimator_simulation_sits_under_the_bound(orthogonal: bool) -> None:
@@ -280,9 +285,7 @@ REJECTED = {
 def test_biased_estimators_are_rejected(name: str) -> None:
     """LIN-6.2: kernels with a documented bias, or far fewer features than declared (m = 4096
     declared, 4 used), fail the test at the worked example's settings."""
-    verdict = favor_acceptance_test(
-        REJECTED[name](), n=N, head_dim=HEAD_DIM, num_features=FEATURES
-    )
+    verdict = favor_acceptance_test(REJECTED[name](), n=N, head_dim=HEAD_DIM, num_features=FEATURES)
     assert not verdict.passed
     assert verdict.statistic > verdict.threshold
     assert "LIN-6.2 failed" in verdict.message
@@ -334,15 +337,14 @@ def test_without_the_offset_a_uniform_kernel_would_pass() -> None:
 
 # --- bad input ------------------------------------------------------------------------------------
 
+
 def test_acceptance_test_arguments_are_checked() -> None:
     """LIN-6.2: a non-callable estimator, a wrong shape, or a bad offset are usage errors;
     non-finite weights are a failed verdict, not an error."""
     with pytest.raises(TypeError, match="estimate_weights="):
         favor_acceptance_test(None, n=4, head_dim=2, num_features=4096)
     with pytest.raises(ValueError, match=re.escape("returned shape (3, 4)")):
-        favor_acceptance_test(
-            lambda q, k, s: np.ones((3, 4)), n=4, head_dim=2, num_features=4096
-        )
+        favor_acceptance_test(lambda q, k, s: np.ones((3, 4)), n=4, head_dim=2, num_features=4096)
     with pytest.raises(ValueError, match="offset_norm=-1"):
         favor_acceptance_test(uniform_weights, n=4, head_dim=2, num_features=4096, offset_norm=-1)
     with pytest.raises(ValueError, match="seed=-2"):
@@ -355,6 +357,7 @@ def test_acceptance_test_arguments_are_checked() -> None:
 
 # --- LIN-6.2: the kernel's own rounding ----------------------------------------------------
 
+
 def test_rounding_allowance_per_dtype() -> None:
     """LIN-6.2 (rounding): at the worked example the allowance kappa that LIN-5.2 gives a
     kernel computing in each dtype is about 0.08 (bfloat16), 0.0026 (float32) and 1e-11
@@ -363,8 +366,10 @@ def test_rounding_allowance_per_dtype() -> None:
     allowance (some |w.x| > 9|x|) costs 4e-14 per redraw, which leaves R = 133."""
     bound = favor_threshold(N, FEATURES)
     q, k = favor_inputs(N, HEAD_DIM)
-    kappa = {d: rounding_allowance(q, k, FEATURES, d, bound.eta)
-             for d in ("bfloat16", "float32", "float64")}
+    kappa = {
+        d: rounding_allowance(q, k, FEATURES, d, bound.eta)
+        for d in ("bfloat16", "float32", "float64")
+    }
     assert 0.07 < kappa["bfloat16"] < 0.09
     assert 0.002 < kappa["float32"] < 0.003
     assert 0 < kappa["float64"] < 1e-10
@@ -387,8 +392,9 @@ def test_kernel_rounding_at_the_allowance_passes(dtype: str) -> None:
     def rounded_badly(q: np.ndarray, k: np.ndarray, seed: int) -> np.ndarray:
         return correct(q, k, seed) * (1 + 0.9 * kappa * signs)
 
-    verdict = favor_acceptance_test(rounded_badly, n=N, head_dim=HEAD_DIM, num_features=1024,
-                                    dtype=dtype)
+    verdict = favor_acceptance_test(
+        rounded_badly, n=N, head_dim=HEAD_DIM, num_features=1024, dtype=dtype
+    )
     assert verdict.passed, verdict.message
     assert verdict.threshold == pytest.approx(bound.threshold + kappa * (1 + bound.threshold))
 

@@ -23,20 +23,29 @@ SHAPES_GQA = dict(q=(2, 4, 5, 4), k=(2, 2, 3, 4), v=(2, 2, 3, 3))  # Lq > Lk, G 
 SHAPES_LONG = dict(q=(1, 2, 3, 6), k=(1, 1, 7, 6), v=(1, 1, 7, 2))  # Lq < Lk, G = 2
 CASES: dict[str, dict[str, Any]] = {
     # SOFTCAP-1: large scores against a small cap, with a mask, a bias and an empty row.
-    "softcap-mask-bias": dict(**SHAPES_GQA, magnitude=4.0, softcap=1.5, mask=(5, 3),
-                              bias=(4, 5, 3), empty_rows=(2,)),
+    "softcap-mask-bias": dict(
+        **SHAPES_GQA, magnitude=4.0, softcap=1.5, mask=(5, 3), bias=(4, 5, 3), empty_rows=(2,)
+    ),
     # SOFTCAP-1, SDPA-4.2: bottom-right causal with Lq > Lk leaves rows empty.
-    "softcap-causal-bottom-right": dict(**SHAPES_GQA, softcap=20.0, is_causal=True,
-                                        causal_alignment="bottom_right"),
+    "softcap-causal-bottom-right": dict(
+        **SHAPES_GQA, softcap=20.0, is_causal=True, causal_alignment="bottom_right"
+    ),
     # ALIBI-1, ALIBI-2: per-batch slopes (B, Hq), non-causal, both anchors, Lq < Lk.
     "alibi-top-left": dict(**SHAPES_LONG, alibi=(1, 2)),
     "alibi-bottom-right": dict(**SHAPES_LONG, alibi=(2,), causal_alignment="bottom_right"),
     # ALIBI-2 with causal and a -inf bias, GQA, Lq > Lk bottom-right.
-    "alibi-causal-gqa": dict(**SHAPES_GQA, alibi=(2, 4), is_causal=True, bias=(2, 4, 5, 3),
-                             minus_inf=True, causal_alignment="bottom_right"),
+    "alibi-causal-gqa": dict(
+        **SHAPES_GQA,
+        alibi=(2, 4),
+        is_causal=True,
+        bias=(2, 4, 5, 3),
+        minus_inf=True,
+        causal_alignment="bottom_right",
+    ),
     # SOFTCAP-1 + ALIBI-2 + explicit scale: the order cap, then ALiBi.
-    "softcap-alibi-scale": dict(**SHAPES_LONG, magnitude=3.0, softcap=2.0, alibi=(2,),
-                                scale=0.8, is_causal=True),
+    "softcap-alibi-scale": dict(
+        **SHAPES_LONG, magnitude=3.0, softcap=2.0, alibi=(2,), scale=0.8, is_causal=True
+    ),
     # LSE-2: Lk = 0 gives -inf everywhere.
     "lk0": dict(q=(1, 2, 3, 4), k=(1, 2, 0, 4), v=(1, 2, 0, 3), alibi=(2,), softcap=3.0),
 }
@@ -61,13 +70,12 @@ def make_problem(case: dict[str, Any], seed: int = 0) -> dict[str, Any]:
     if "alibi" in case:
         n_heads = case["q"][-3]
         problem["alibi_slopes"] = np.broadcast_to(
-            np.asarray(oracle_features.press_slopes(n_heads)), case["alibi"]) * (
-            1 + rng.random(case["alibi"]))
+            np.asarray(oracle_features.press_slopes(n_heads)), case["alibi"]
+        ) * (1 + rng.random(case["alibi"]))
     for option in ("softcap", "is_causal", "causal_alignment", "scale"):
         if option in case:
             problem[option] = case[option]
     return problem
-
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
@@ -78,8 +86,9 @@ def test_features_match_oracle(backend: Backend, case: str) -> None:
     problem = make_problem(CASES[case])
     for dtype in backend.dtype_names:
         moved = on_backend(backend, problem, dtype)
-        out, weights, lse = scaled_dot_product_attention(**moved, return_weights=True,
-                                                         return_lse=True)
+        out, weights, lse = scaled_dot_product_attention(
+            **moved, return_weights=True, return_lse=True
+        )
         seen = seen_by_kernel(backend, moved)
         expected_out, expected_weights, expected_lse = oracle_features.sdpa_features(**seen)
         where = f"{backend.name} {dtype} {case}"
@@ -98,8 +107,9 @@ def test_features_match_oracle(backend: Backend, case: str) -> None:
             assert np.all(np.abs(got_lse - expected_lse) <= FLOAT64_RELATIVE * scale), where
             continue
         options = {n: seen[n] for n in seen if n not in ("q", "k", "v")}
-        bound, lse_bound = error_and_lse_bound(seen["q"], seen["k"], seen["v"], dtype=dtype,
-                                               **options)
+        bound, lse_bound = error_and_lse_bound(
+            seen["q"], seen["k"], seen["v"], dtype=dtype, **options
+        )
         assert np.all(np.abs(got_out - expected_out) <= bound.out_tolerance), where
         assert np.all(np.abs(got_weights - expected_weights) <= bound.weights_tolerance), where
         assert np.all(np.abs(got_lse - expected_lse) <= np.asarray(lse_bound.lse_tolerance)), where
@@ -109,12 +119,17 @@ def test_lse_reproduces_the_weights_and_combines_splits() -> None:
     """LSE-1: p_ij = exp(s_ij - lse_i), and two disjoint key halves combine by their
     log-sum-exps into the full output and log-sum-exp (a half may be empty for a row)."""
     problem = make_problem(CASES["softcap-alibi-scale"], seed=1)
-    out, weights, lse = scaled_dot_product_attention(**problem, return_weights=True,
-                                                     return_lse=True)
+    out, weights, lse = scaled_dot_product_attention(
+        **problem, return_weights=True, return_lse=True
+    )
     n_keys = problem["k"].shape[-2]
     first = np.arange(n_keys) < 3
-    halves = [scaled_dot_product_attention(**problem, mask=np.broadcast_to(part, (3, n_keys)),
-                                           return_lse=True) for part in (first, ~first)]
+    halves = [
+        scaled_dot_product_attention(
+            **problem, mask=np.broadcast_to(part, (3, n_keys)), return_lse=True
+        )
+        for part in (first, ~first)
+    ]
     (out_a, lse_a), (out_b, lse_b) = halves
     combined_lse = np.logaddexp(lse_a, lse_b)
     share_a = np.where(lse_a == -np.inf, 0.0, np.exp(lse_a - combined_lse))[..., None]
@@ -131,8 +146,11 @@ def test_softcap_bounds_weight_ratios() -> None:
     """SOFTCAP-3: with scores up to ~1e4 and cap c, every weight ratio within a row is
     at most e^(2c); without the cap the same inputs give ratios beyond e^(100)."""
     rng = np.random.default_rng(2)
-    q, k, v = rng.standard_normal((1, 4, 8)) * 30, rng.standard_normal((1, 9, 8)) * 30, \
-        rng.standard_normal((1, 9, 2))
+    q, k, v = (
+        rng.standard_normal((1, 4, 8)) * 30,
+        rng.standard_normal((1, 9, 8)) * 30,
+        rng.standard_normal((1, 9, 2)),
+    )
     cap = 3.0
     _, capped = scaled_dot_product_attention(q, k, v, softcap=cap, return_weights=True)
     _, plain = scaled_dot_product_attention(q, k, v, return_weights=True)
@@ -165,56 +183,95 @@ def test_alibi_anchor_follows_the_alignment() -> None:
     causal, and under causal differ only through the keys beyond i (the |.|): a top-left
     anchor with a bottom-right causal rule is not a per-row constant."""
     rng = np.random.default_rng(3)
-    q, k, v = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 6, 4)), \
-        rng.standard_normal((2, 6, 2))
+    q, k, v = (
+        rng.standard_normal((2, 3, 4)),
+        rng.standard_normal((2, 6, 4)),
+        rng.standard_normal((2, 6, 2)),
+    )
     slopes = np.array([0.5, 0.25])
 
     def run(alignment: str, n_keys: int = 6, **options: Any) -> np.ndarray:
-        return scaled_dot_product_attention(q, k[:, :n_keys], v[:, :n_keys],
-                                            alibi_slopes=slopes, causal_alignment=alignment,
-                                            **options)
+        return scaled_dot_product_attention(
+            q,
+            k[:, :n_keys],
+            v[:, :n_keys],
+            alibi_slopes=slopes,
+            causal_alignment=alignment,
+            **options,
+        )
 
     np.testing.assert_allclose(run("top_left", 3), run("bottom_right", 3), rtol=1e-12)
     assert not np.allclose(run("top_left"), run("bottom_right"))
     # bottom-right causal: query i sits at key i + 3; the top-left distance |i - j|
     # disagrees with i + 3 - j on keys i < j <= i + 3, which the causal rule allows.
     top_left_bias = -slopes[:, None, None] * np.abs(np.arange(3)[:, None] - np.arange(6))
-    wrong = scaled_dot_product_attention(q, k, v, bias=top_left_bias, is_causal=True,
-                                         causal_alignment="bottom_right")
+    wrong = scaled_dot_product_attention(
+        q, k, v, bias=top_left_bias, is_causal=True, causal_alignment="bottom_right"
+    )
     right = run("bottom_right", is_causal=True)
     assert not np.allclose(wrong, right)
 
 
 BAD_FEATURES = [
-    ("softcap-zero", dict(softcap=0.0), ValueError,
-     "softcap=0.0, but should be a finite number > 0 (None for no capping) [SOFTCAP-2"),
+    (
+        "softcap-zero",
+        dict(softcap=0.0),
+        ValueError,
+        "softcap=0.0, but should be a finite number > 0 (None for no capping) [SOFTCAP-2",
+    ),
     ("softcap-negative", dict(softcap=-2.0), ValueError, "softcap=-2.0, but should be a finite"),
     ("softcap-inf", dict(softcap=float("inf")), ValueError, "softcap=inf, but should be a finite"),
     ("softcap-str", dict(softcap="50"), TypeError, "softcap='50', but should be None or a real"),
     ("softcap-bool", dict(softcap=True), TypeError, "softcap=True, but should be None or a real"),
-    ("alibi-length", dict(alibi_slopes=np.ones(3)), ValueError,
-     "alibi_slopes.shape=(3,), but its last axis should have one slope per query head (4) "
-     "[ALIBI-1"),
-    ("alibi-batch", dict(alibi_slopes=np.ones((2, 4))), ValueError,
-     "alibi_slopes.shape=(2, 4), but should broadcast to (1, 4) [ALIBI-1"),
-    ("alibi-scalar", dict(alibi_slopes=np.ones(())), ValueError,
-     "alibi_slopes.shape=(), but should be (..., 4): one slope per query head"),
-    ("alibi-int", dict(alibi_slopes=np.ones(4, np.int32)), TypeError,
-     "alibi_slopes.dtype=int32, but should be a real floating dtype [ALIBI-1"),
-    ("alibi-list", dict(alibi_slopes=[0.5] * 4), TypeError,
-     "alibi_slopes is a list, but should be an array"),
+    (
+        "alibi-length",
+        dict(alibi_slopes=np.ones(3)),
+        ValueError,
+        "alibi_slopes.shape=(3,), but its last axis should have one slope per query head (4) "
+        "[ALIBI-1",
+    ),
+    (
+        "alibi-batch",
+        dict(alibi_slopes=np.ones((2, 4))),
+        ValueError,
+        "alibi_slopes.shape=(2, 4), but should broadcast to (1, 4) [ALIBI-1",
+    ),
+    (
+        "alibi-scalar",
+        dict(alibi_slopes=np.ones(())),
+        ValueError,
+        "alibi_slopes.shape=(), but should be (..., 4): one slope per query head",
+    ),
+    (
+        "alibi-int",
+        dict(alibi_slopes=np.ones(4, np.int32)),
+        TypeError,
+        "alibi_slopes.dtype=int32, but should be a real floating dtype [ALIBI-1",
+    ),
+    (
+        "alibi-list",
+        dict(alibi_slopes=[0.5] * 4),
+        TypeError,
+        "alibi_slopes is a list, but should be an array",
+    ),
     ("return-lse", dict(return_lse=1), TypeError, "return_lse=1, but should be True or False"),
 ]
 
 
-@pytest.mark.parametrize(("options", "error", "message"), [row[1:] for row in BAD_FEATURES],
-                         ids=[row[0] for row in BAD_FEATURES])
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [row[1:] for row in BAD_FEATURES],
+    ids=[row[0] for row in BAD_FEATURES],
+)
 def test_bad_feature_arguments(options: dict[str, Any], error: type, message: str) -> None:
     """SOFTCAP-2, ALIBI-1, LSE: bad arguments name themselves, what they should be and
     the clause."""
     rng = np.random.default_rng(0)
-    q, k, v = rng.standard_normal((1, 4, 3, 8)), rng.standard_normal((1, 2, 5, 8)), \
-        rng.standard_normal((1, 2, 5, 6))
+    q, k, v = (
+        rng.standard_normal((1, 4, 3, 8)),
+        rng.standard_normal((1, 2, 5, 8)),
+        rng.standard_normal((1, 2, 5, 6)),
+    )
     with pytest.raises(error) as raised:
         scaled_dot_product_attention(q, k, v, **options)
     assert message in str(raised.value)
@@ -233,13 +290,17 @@ def test_dropout_with_keep_mask_matches_oracle(cpu_backend: Backend) -> None:
     keep = np.random.default_rng(5).random((2, 4, 5, 3)) < 0.6
     moved = on_backend(cpu_backend, problem, "float64")
     out, weights, lse = scaled_dot_product_attention(
-        **moved, dropout_p=0.4, dropout_keep=cpu_backend.asarray(keep), return_weights=True,
-        return_lse=True)
+        **moved,
+        dropout_p=0.4,
+        dropout_keep=cpu_backend.asarray(keep),
+        return_weights=True,
+        return_lse=True,
+    )
     expected_out, expected_weights, expected_lse = oracle_features.sdpa_features(
-        **problem, dropout_p=0.4, dropout_keep=keep)
+        **problem, dropout_p=0.4, dropout_keep=keep
+    )
     np.testing.assert_allclose(as64(cpu_backend, out), expected_out, rtol=1e-12, atol=1e-13)
-    np.testing.assert_allclose(as64(cpu_backend, weights), expected_weights, rtol=1e-12,
-                               atol=1e-15)
+    np.testing.assert_allclose(as64(cpu_backend, weights), expected_weights, rtol=1e-12, atol=1e-15)
     undropped = scaled_dot_product_attention(**moved, return_lse=True)[1]
     assert np.array_equal(as64(cpu_backend, lse), as64(cpu_backend, undropped))
     assert np.array_equal(as64(cpu_backend, lse) == -np.inf, expected_lse == -np.inf)
@@ -249,22 +310,40 @@ BAD_DROPOUT = [
     ("p-one", dict(dropout_p=1.0), ValueError, "dropout_p=1.0, but should be in [0, 1) [DROP-2"),
     ("p-negative", dict(dropout_p=-0.1), ValueError, "dropout_p=-0.1, but should be in [0, 1)"),
     ("p-str", dict(dropout_p="0.1"), TypeError, "dropout_p='0.1', but should be a real number"),
-    ("p-without-keep", dict(dropout_p=0.1), ValueError,
-     "dropout_p=0.1 needs dropout_keep=, the boolean keep mask: the reference draws no random"),
-    ("keep-float", dict(dropout_p=0.1, dropout_keep=np.ones((3, 5))), TypeError,
-     "dropout_keep.dtype=float64, but should be bool (True = kept) [DROP-2"),
-    ("keep-shape", dict(dropout_p=0.1, dropout_keep=np.ones((2, 3, 5), bool)), ValueError,
-     "dropout_keep.shape=(2, 3, 5), but should broadcast to (1, 4, 3, 5) [DROP-2"),
+    (
+        "p-without-keep",
+        dict(dropout_p=0.1),
+        ValueError,
+        "dropout_p=0.1 needs dropout_keep=, the boolean keep mask: the reference draws no random",
+    ),
+    (
+        "keep-float",
+        dict(dropout_p=0.1, dropout_keep=np.ones((3, 5))),
+        TypeError,
+        "dropout_keep.dtype=float64, but should be bool (True = kept) [DROP-2",
+    ),
+    (
+        "keep-shape",
+        dict(dropout_p=0.1, dropout_keep=np.ones((2, 3, 5), bool)),
+        ValueError,
+        "dropout_keep.shape=(2, 3, 5), but should broadcast to (1, 4, 3, 5) [DROP-2",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("options", "error", "message"), [row[1:] for row in BAD_DROPOUT],
-                         ids=[row[0] for row in BAD_DROPOUT])
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [row[1:] for row in BAD_DROPOUT],
+    ids=[row[0] for row in BAD_DROPOUT],
+)
 def test_bad_dropout_arguments(options: dict[str, Any], error: type, message: str) -> None:
     """DROP-2: p outside [0, 1), a missing or malformed keep mask name themselves."""
     rng = np.random.default_rng(0)
-    q, k, v = rng.standard_normal((1, 4, 3, 8)), rng.standard_normal((1, 2, 5, 8)), \
-        rng.standard_normal((1, 2, 5, 6))
+    q, k, v = (
+        rng.standard_normal((1, 4, 3, 8)),
+        rng.standard_normal((1, 2, 5, 8)),
+        rng.standard_normal((1, 2, 5, 6)),
+    )
     with pytest.raises(error) as raised:
         scaled_dot_product_attention(q, k, v, **options)
     assert message in str(raised.value)

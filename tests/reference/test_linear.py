@@ -48,6 +48,7 @@ LENGTHS = ((5, 8), (8, 5))
 
 # --- the oracle ------------------------------------------------------------------------
 
+
 def np_elu_plus_one(x: np.ndarray) -> np.ndarray:
     return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
 
@@ -64,7 +65,11 @@ def np_favor(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def quadratic_form(
-    fq: np.ndarray, fk: np.ndarray, v: np.ndarray, *, alignment: str | None = None,
+    fq: np.ndarray,
+    fk: np.ndarray,
+    v: np.ndarray,
+    *,
+    alignment: str | None = None,
     eps: float = 0.0,
 ) -> np.ndarray:
     """LIN-1.2/LIN-2.1 as the masked, row-normalised quadratic form, query head h using
@@ -116,6 +121,7 @@ def _maps(name: str, backend: Backend) -> tuple[Any, Any]:
 
 # --- LIN-1.2, LIN-2.1, LIN-4.1 … LIN-4.3: the reference equals the quadratic form -----------
 
+
 @pytest.mark.parametrize("map_name", ["elu+1", "relu", "favor+"])
 @pytest.mark.parametrize("causal", [None, *ALIGNMENTS])
 def test_reference_equals_quadratic_form(cpu_backend: Backend, map_name: str, causal) -> None:
@@ -127,7 +133,8 @@ def test_reference_equals_quadratic_form(cpu_backend: Backend, map_name: str, ca
         q, k, v = inputs(n_queries, n_keys)
         out = linear_attention(
             *(cpu_backend.asarray(a, "float64") for a in (q, k, v)),
-            feature_map=reference_map, is_causal=causal is not None,
+            feature_map=reference_map,
+            is_causal=causal is not None,
             causal_alignment=causal or "top_left",
         )
         expected = quadratic_form(oracle_map(q), oracle_map(k), v, alignment=causal)
@@ -142,12 +149,18 @@ def test_batch_dims_broadcast() -> None:
     k, v = k[:1], v[0]
     for causal in (None, "bottom_right"):
         out = linear_attention(
-            q, k, v, feature_map=elu_plus_one, is_causal=causal is not None,
+            q,
+            k,
+            v,
+            feature_map=elu_plus_one,
+            is_causal=causal is not None,
             causal_alignment=causal or "top_left",
         )
         expected = quadratic_form(
-            np_elu_plus_one(q), np_elu_plus_one(np.broadcast_to(k, (BATCH, *k.shape[1:]))),
-            np.broadcast_to(v, (BATCH, *v.shape)), alignment=causal,
+            np_elu_plus_one(q),
+            np_elu_plus_one(np.broadcast_to(k, (BATCH, *k.shape[1:]))),
+            np.broadcast_to(v, (BATCH, *v.shape)),
+            alignment=causal,
         )
         assert out.shape == (BATCH, HQ, LENGTHS[0][0], EV)
         assert_float64_close(out, expected, v)
@@ -171,7 +184,8 @@ def test_output_dtype_is_q_dtype(cpu_backend: Backend) -> None:
     dtype = next(d for d in ("bfloat16", "float16", "float32") if d in cpu_backend.dtype_names)
     q, k, v = inputs(*LENGTHS[0])
     out = linear_attention(
-        *(cpu_backend.asarray(a, dtype) for a in (q, k, v)), feature_map=elu_plus_one,
+        *(cpu_backend.asarray(a, dtype) for a in (q, k, v)),
+        feature_map=elu_plus_one,
         is_causal=True,
     )
     assert out.dtype == cpu_backend.dtype(dtype)
@@ -191,10 +205,13 @@ def test_zero_denominators_give_zero(cpu_backend: Backend) -> None:
     q[:, :, (0, 2), :half] = np.abs(q[:, :, (0, 2), :half]) + 0.1
     k[..., half:] = np.abs(k[..., half:]) + 0.1
     for causal in (False, True):
-        out = cpu_backend.to_numpy(linear_attention(
-            *(cpu_backend.asarray(a, "float64") for a in (q, k, v)),
-            feature_map=relu_features, is_causal=causal,
-        ))
+        out = cpu_backend.to_numpy(
+            linear_attention(
+                *(cpu_backend.asarray(a, "float64") for a in (q, k, v)),
+                feature_map=relu_features,
+                is_causal=causal,
+            )
+        )
         assert np.all(out[:, :, (0, 2)] == 0)
         alignment = "top_left" if causal else None
         expected = quadratic_form(np_relu(q), np_relu(k), v, alignment=alignment)
@@ -213,7 +230,10 @@ def test_declared_eps_is_in_the_denominator(cpu_backend: Backend) -> None:
     for causal in (None, "bottom_right"):
         for eps in (0.0, 0.5):
             out = linear_attention(
-                *arrays, feature_map=elu_plus_one, eps=eps, is_causal=causal is not None,
+                *arrays,
+                feature_map=elu_plus_one,
+                eps=eps,
+                is_causal=causal is not None,
                 causal_alignment=causal or "top_left",
             )
             expected = quadratic_form(
@@ -239,7 +259,9 @@ def test_linear_memory_at_a_length_where_the_quadratic_form_cannot_exist() -> No
         assert peak < 100e6, peak
         if causal:
             head = quadratic_form(
-                np_elu_plus_one(q[:, :16]), np_elu_plus_one(k[:, :16]), v[:, :16],
+                np_elu_plus_one(q[:, :16]),
+                np_elu_plus_one(k[:, :16]),
+                v[:, :16],
                 alignment="top_left",
             )
             assert_float64_close(out[:, :16], head, v)
@@ -248,11 +270,13 @@ def test_linear_memory_at_a_length_where_the_quadratic_form_cannot_exist() -> No
 
 # --- LIN-4.4 … LIN-4.6: the FAVOR+ projection and stabilisers ------------------------------
 
+
 def test_projection_identical_on_every_backend(cpu_backend: Backend) -> None:
     """LIN-4.5: the same seed gives bit-identical float64 projections on every backend."""
     for orthogonal in (True, False):
-        here = favor_projection(11, 4, seed=7, orthogonal=orthogonal, xp=cpu_backend.xp,
-                                device=cpu_backend.device)
+        here = favor_projection(
+            11, 4, seed=7, orthogonal=orthogonal, xp=cpu_backend.xp, device=cpu_backend.device
+        )
         numpy_one = favor_projection(11, 4, seed=7, orthogonal=orthogonal, xp=Backend("numpy").xp)
         assert here.dtype == cpu_backend.xp.float64
         assert np.array_equal(cpu_backend.to_numpy(here), np.asarray(numpy_one))
@@ -291,11 +315,11 @@ def test_orthogonal_rows_are_orthogonal_within_each_block() -> None:
     w = np.asarray(favor_projection(m, dim, seed=4, xp=Backend("numpy").xp))
     assert w.shape == (m, dim)
     for start in range(0, m, dim):
-        block = w[start:start + dim]
+        block = w[start : start + dim]
         gram = block @ block.T
         off_diagonal = gram - np.diag(np.diag(gram))
         assert np.max(np.abs(off_diagonal)) <= 1e-12 * np.max(np.diag(gram))
-    across = w[:dim] @ w[dim:2 * dim].T
+    across = w[:dim] @ w[dim : 2 * dim].T
     assert np.max(np.abs(across)) > 1e-3
     assert np.ptp(np.linalg.norm(w, axis=1)) > 1e-3
 
@@ -316,7 +340,9 @@ def test_stabilisers_cancel_and_prevent_underflow(cpu_backend: Backend) -> None:
     exact = [cpu_backend.to_numpy(a).astype(np.float64) for a in low]  # LIN-5.1 target inputs
     w_np = cpu_backend.to_numpy(w)
     bound = linear_error_bound(
-        *exact, feature_map=favor_feature_map(w_np), dtype="float32",
+        *exact,
+        feature_map=favor_feature_map(w_np),
+        dtype="float32",
         feature_error=favor_feature_error(exact[0], exact[1], w_np, dtype="float32"),
     )
     unstable = cpu_backend.to_numpy(
@@ -328,6 +354,7 @@ def test_stabilisers_cancel_and_prevent_underflow(cpu_backend: Backend) -> None:
 
 
 # --- LIN-2.2, LIN-3.1, LIN-5.2: the accuracy bound --------------------------------------------
+
 
 def _representable(a: np.ndarray, backend: Backend, dtype: str) -> tuple[Any, np.ndarray]:
     """``a`` rounded to ``dtype`` on ``backend``, and the same values exactly in float64."""
@@ -359,7 +386,12 @@ def test_reference_in_low_precision_is_within_the_bound(dtype: str, map_name: st
             linear_attention(q_low, k_low, v_low, feature_map=reference_map, **options)
         ).astype(np.float64)
         bound = linear_error_bound(
-            q64, k64, v64, feature_map=bound_map, dtype=dtype, feature_error=feature_error,
+            q64,
+            k64,
+            v64,
+            feature_map=bound_map,
+            dtype=dtype,
+            feature_error=feature_error,
             **options,
         )
         assert np.all(np.abs(out - bound.out) <= bound.out_tolerance)
@@ -371,7 +403,12 @@ def test_float64_evaluation_orders_agree_within_the_bound() -> None:
     q, k, v = inputs(*LENGTHS[0], seed=3)
     for causal in (None, *ALIGNMENTS):
         bound = linear_error_bound(
-            q, k, v, feature_map=elu_plus_one, dtype="float64", is_causal=causal is not None,
+            q,
+            k,
+            v,
+            feature_map=elu_plus_one,
+            dtype="float64",
+            is_causal=causal is not None,
             causal_alignment=causal or "top_left",
         )
         other = quadratic_form(np_elu_plus_one(q), np_elu_plus_one(k), v, alignment=causal)
@@ -410,23 +447,32 @@ def test_later_keys_change_earlier_rows_by_rounding_only(cpu_backend: Backend) -
     changed_k[..., boundary:, :] = 3 * k[..., boundary:, :] + 1  # larger: moves the maximum
     changed_v[..., boundary:, :] = -v[..., boundary:, :]
     outs = [
-        cpu_backend.to_numpy(linear_attention(
-            *(cpu_backend.asarray(a, "float64") for a in arrays), feature_map=feature_map,
-            is_causal=True,
-        ))
+        cpu_backend.to_numpy(
+            linear_attention(
+                *(cpu_backend.asarray(a, "float64") for a in arrays),
+                feature_map=feature_map,
+                is_causal=True,
+            )
+        )
         for arrays in ((q, k, v), (q, changed_k, changed_v))
     ]
     bound = linear_error_bound(
-        q, k, v, feature_map=favor_feature_map(cpu_backend.to_numpy(w)), dtype="float64",
+        q,
+        k,
+        v,
+        feature_map=favor_feature_map(cpu_backend.to_numpy(w)),
+        dtype="float64",
         is_causal=True,
     )
     head = slice(0, boundary)
-    assert np.all(np.abs(outs[1][..., head, :] - outs[0][..., head, :])
-                  <= bound.out_tolerance[..., head, :])
+    assert np.all(
+        np.abs(outs[1][..., head, :] - outs[0][..., head, :]) <= bound.out_tolerance[..., head, :]
+    )
     assert not np.allclose(outs[1][..., boundary:, :], outs[0][..., boundary:, :])
 
 
 # --- bad input ---------------------------------------------------------------------------------
+
 
 def _negative(x: Any) -> Any:
     return x - 10
@@ -448,14 +494,19 @@ BAD_CALLS = {
     "negative features": (dict(feature_map=_negative), ValueError, "features >= 0 [LIN-1.3"),
     "map changes the length": (dict(feature_map=_drop_row), ValueError, "only change the last"),
     "query and key widths differ": (
-        dict(feature_map=(elu_plus_one, _wider)), ValueError, "same number [LIN-1.1"
+        dict(feature_map=(elu_plus_one, _wider)),
+        ValueError,
+        "same number [LIN-1.1",
     ),
     "eps negative": (dict(eps=-1e-6), ValueError, "eps=-1e-06"),
     "eps nan": (dict(eps=float("nan")), ValueError, "eps=nan"),
     "eps bool": (dict(eps=True), TypeError, "eps=True"),
     "is_causal not bool": (dict(is_causal=1), TypeError, "is_causal=1"),
-    "unknown alignment": (dict(is_causal=True, causal_alignment="lower_right"), ValueError,
-                          "causal_alignment='lower_right'"),
+    "unknown alignment": (
+        dict(is_causal=True, causal_alignment="lower_right"),
+        ValueError,
+        "causal_alignment='lower_right'",
+    ),
 }
 
 
@@ -502,13 +553,15 @@ def test_favor_and_bound_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="dtype='half'"):
         linear_error_bound(q, k, v, feature_map=elu_plus_one, dtype="half")
     with pytest.raises(TypeError, match="should be float64"):
-        linear_error_bound(*(a.astype(np.float32) for a in (q, k, v)), feature_map=elu_plus_one,
-                           dtype="float32")
+        linear_error_bound(
+            *(a.astype(np.float32) for a in (q, k, v)), feature_map=elu_plus_one, dtype="float32"
+        )
     with pytest.raises(ValueError, match="num_features=0"):
         favor_attention(q, k, v, num_features=0, seed=0)
 
 
 # --- LIN-5.2's underflow guard ------------------------------------------------------------------
+
 
 def _ftz_float32_linear(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     """elu+1 linear attention (quadratic form) in float32 with flush-to-zero, as GPUs and XLA
@@ -564,8 +617,9 @@ def test_linear_property_draws_stay_inside_the_guard(map_name: str, dtype: str) 
         seen.append((*(np.asarray(a, dtype=np.float64) for a in (q, k, v)), is_causal))
         return linear_attention(q, k, v, feature_map=reference_map, is_causal=is_causal)
 
-    declared = declare(kernel, gqa=True, mask=False, scale=False, dtypes=(dtype,),
-                       linear=LinearClaim(map_name))
+    declared = declare(
+        kernel, gqa=True, mask=False, scale=False, dtypes=(dtype,), linear=LinearClaim(map_name)
+    )
     for property_id in ("linear-matches-formula", "linear-causal-prefix"):
         result = verdict_of(property_id, declared)
         assert result.status == PASSED, result.detail

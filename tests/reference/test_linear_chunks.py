@@ -17,8 +17,9 @@ from attnspec.reference.linear import _prefix_sums
 from attnspec.reference.masks import causal_offset
 
 
-def masked_sums(fq: np.ndarray, fk: np.ndarray, v: np.ndarray, offset: int
-                ) -> tuple[np.ndarray, np.ndarray]:
+def masked_sums(
+    fq: np.ndarray, fk: np.ndarray, v: np.ndarray, offset: int
+) -> tuple[np.ndarray, np.ndarray]:
     """LIN-2.1 written out: sum over j <= i + d of A_ij v_j and of A_ij."""
     scores = fq @ np.swapaxes(fk, -1, -2)
     keys = np.arange(fk.shape[-2])[None, :] <= np.arange(fq.shape[-2])[:, None] + offset
@@ -29,17 +30,20 @@ def masked_sums(fq: np.ndarray, fk: np.ndarray, v: np.ndarray, offset: int
 @pytest.mark.parametrize(("n_queries", "n_keys"), [(7, 7), (5, 11), (11, 5)])
 @pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
 @pytest.mark.parametrize("chunk", [1, 3, 64])
-def test_every_chunk_size_gives_the_masked_sums(cpu_backend: Backend, n_queries: int,
-                                                n_keys: int, alignment: str,
-                                                chunk: int) -> None:
+def test_every_chunk_size_gives_the_masked_sums(
+    cpu_backend: Backend, n_queries: int, n_keys: int, alignment: str, chunk: int
+) -> None:
     """LIN-2.1, LIN-1.4: float64 sums equal the masked quadratic form to ~1e-12."""
     rng = np.random.default_rng(n_queries * 31 + n_keys)
     fq = rng.random((2, 3, n_queries, 4))
     fk, v = rng.random((2, 1, n_keys, 4)), rng.standard_normal((2, 1, n_keys, 2))
     offset = causal_offset(n_queries, n_keys, alignment)
     numerator, denominator = _prefix_sums(
-        cpu_backend.xp, *(cpu_backend.asarray(a, "float64") for a in (fq, fk, v)), offset,
-        chunk=chunk)
+        cpu_backend.xp,
+        *(cpu_backend.asarray(a, "float64") for a in (fq, fk, v)),
+        offset,
+        chunk=chunk,
+    )
     expected = masked_sums(fq, fk, v, offset)
     for got, want in zip((numerator, denominator), expected, strict=True):
         got = np.asarray(cpu_backend.to_numpy(got))

@@ -24,6 +24,7 @@ def as64(backend: Backend, a: Any) -> np.ndarray:
 
 # --- multi-head attention ----------------------------------------------------------------
 
+
 def mha_problem(seed: int, *, cross: bool, num_heads: int, num_kv_heads: int) -> dict[str, Any]:
     """x (2, 5, 12) and, for cross-attention, y (2, 7, 10); E = 3, Ev = 2, d_out = 7."""
     rng = np.random.default_rng(seed)
@@ -43,14 +44,13 @@ def mha_problem(seed: int, *, cross: bool, num_heads: int, num_kv_heads: int) ->
     return problem
 
 
-def run_mha(backend: Backend, problem: dict[str, Any], dtype: str = "float64",
-            **options: Any) -> tuple[np.ndarray, np.ndarray]:
+def run_mha(
+    backend: Backend, problem: dict[str, Any], dtype: str = "float64", **options: Any
+) -> tuple[np.ndarray, np.ndarray]:
     arrays = {n: backend.asarray(a, dtype=dtype) for n, a in problem.items()}
     for name in ("mask", "bias"):
         if name in options and not isinstance(options[name], type(arrays["x"])):
-            options[name] = backend.asarray(
-                options[name], dtype=None if name == "mask" else dtype
-            )
+            options[name] = backend.asarray(options[name], dtype=None if name == "mask" else dtype)
     out, weights = multi_head_attention(**arrays, **options, return_weights=True)
     return out, weights
 
@@ -76,8 +76,11 @@ def test_mha_cross_attention_gqa_matches_oracle(cpu_backend: Backend) -> None:
     problem = mha_problem(1, cross=True, num_heads=4, num_kv_heads=2)
     rng = np.random.default_rng(2)
     options = {
-        "mask": rng.random((2, 1, 5, 7)) < 0.7, "bias": rng.standard_normal((4, 5, 7)),
-        "is_causal": True, "causal_alignment": "bottom_right", "scale": 0.3,
+        "mask": rng.random((2, 1, 5, 7)) < 0.7,
+        "bias": rng.standard_normal((4, 5, 7)),
+        "is_causal": True,
+        "causal_alignment": "bottom_right",
+        "scale": 0.3,
     }
     out, weights = run_mha(cpu_backend, problem, num_heads=4, num_kv_heads=2, **options)
     expected, expected_weights = oracle.mha(**problem, num_heads=4, num_kv_heads=2, **options)
@@ -93,7 +96,7 @@ def test_mha_gqa_equals_repeated_heads() -> None:
     grouped, _ = run_mha(Backend("numpy"), problem, num_heads=4, num_kv_heads=2)
     repeated = dict(problem)
     for name, width in (("w_k", 3), ("w_v", 2), ("b_v", 2)):
-        columns = [problem[name][..., g * width:(g + 1) * width] for g in (0, 0, 1, 1)]
+        columns = [problem[name][..., g * width : (g + 1) * width] for g in (0, 0, 1, 1)]
         repeated[name] = np.concatenate(columns, axis=-1)
     full, _ = run_mha(Backend("numpy"), repeated, num_heads=4)
     assert_close_float64(np.asarray(grouped), np.asarray(full))
@@ -103,8 +106,9 @@ def test_mha_self_is_cross_with_y_equal_x() -> None:
     """MHA-2: y=None is self-attention, the same as passing y = x."""
     problem = mha_problem(4, cross=False, num_heads=2, num_kv_heads=1)
     alone, _ = run_mha(Backend("numpy"), problem, num_heads=2, num_kv_heads=1)
-    crossed, _ = run_mha(Backend("numpy"), {**problem, "y": problem["x"]}, num_heads=2,
-                         num_kv_heads=1)
+    crossed, _ = run_mha(
+        Backend("numpy"), {**problem, "y": problem["x"]}, num_heads=2, num_kv_heads=1
+    )
     assert np.array_equal(np.asarray(alone), np.asarray(crossed))
 
 
@@ -142,9 +146,12 @@ def test_sinusoidal_closed_form(cpu_backend: Backend) -> None:
     """POS-1: with base 10000 and d = 5, columns are sin p, cos p, sin(p/10000^(2/5)),
     cos(p/10000^(2/5)), and the odd last column sin(p/10000^(4/5)); row 0 is 0,1,0,1,0."""
     n = 9
-    table = as64(cpu_backend, sinusoidal_positional_encoding(
-        n, 5, dtype="float64", xp=cpu_backend.xp, device=cpu_backend.device
-    ))
+    table = as64(
+        cpu_backend,
+        sinusoidal_positional_encoding(
+            n, 5, dtype="float64", xp=cpu_backend.xp, device=cpu_backend.device
+        ),
+    )
     p = np.arange(n, dtype=np.float64)
     slow, slowest = 10000.0 ** (2 / 5), 10000.0 ** (4 / 5)
     expected = np.stack(
@@ -156,13 +163,17 @@ def test_sinusoidal_closed_form(cpu_backend: Backend) -> None:
 
 def test_sinusoidal_base(cpu_backend: Backend) -> None:
     """POS-1: ``base`` replaces 10000: with base 100 and d = 4, column 2 is sin(p/10)."""
-    table = as64(cpu_backend, sinusoidal_positional_encoding(
-        9, 4, base=100.0, dtype="float64", xp=cpu_backend.xp, device=cpu_backend.device
-    ))
+    table = as64(
+        cpu_backend,
+        sinusoidal_positional_encoding(
+            9, 4, base=100.0, dtype="float64", xp=cpu_backend.xp, device=cpu_backend.device
+        ),
+    )
     assert np.all(np.abs(table[:, 2] - np.sin(np.arange(9) / 10.0)) <= 13 * U64)
 
 
 # --- rotary position embedding ----------------------------------------------------------
+
 
 def pair_magnitude(x: np.ndarray, layout: str) -> np.ndarray:
     """|a| + |b| of the feature pair each feature belongs to (ROPE-1 pairing)."""

@@ -28,9 +28,11 @@ NUMPY_DTYPE = {"float16": np.float16, "float32": np.float32, "float64": np.float
 
 # --- the reference: partial rotary dimensions -------------------------------------------------
 
+
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
 def test_partial_rotary_rotates_the_first_r_features_with_frequencies_from_r(
-        layout: str, cpu_backend: Backend) -> None:
+    layout: str, cpu_backend: Backend
+) -> None:
     """ROPE-1, on every CPU backend: with rotary_dim r the first r features are the
     oracle's RoPE of dimension r (theta_i = base^(-2i/r)), the others come back unchanged,
     bit for bit; and the ROPE-3 bound evaluates to the same numbers as on NumPy."""
@@ -39,25 +41,34 @@ def test_partial_rotary_rotates_the_first_r_features_with_frequencies_from_r(
     positions = np.array([0, 4095])[:, None, None] + np.arange(5)
     xb, pb = cpu_backend.asarray(x, "float64"), cpu_backend.asarray(positions)
     out = cpu_backend.to_numpy(apply_rope(xb, pb, layout=layout, rotary_dim=6, base=500.0))
-    np.testing.assert_allclose(out[..., :6], oracle.rope(x[..., :6], positions, base=500.0,
-                                                         layout=layout), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        out[..., :6],
+        oracle.rope(x[..., :6], positions, base=500.0, layout=layout),
+        rtol=0,
+        atol=1e-12,
+    )
     np.testing.assert_array_equal(out[..., 6:], x[..., 6:])
     full = cpu_backend.to_numpy(apply_rope(xb, pb, layout=layout, rotary_dim=10))
     np.testing.assert_array_equal(full, cpu_backend.to_numpy(apply_rope(xb, pb, layout=layout)))
     bound = rope_error_bound(xb, pb, dtype="float32", layout=layout, rotary_dim=6, base=500.0)
-    on_numpy = rope_error_bound(x, positions, dtype="float32", layout=layout, rotary_dim=6,
-                                base=500.0)
-    np.testing.assert_allclose(cpu_backend.to_numpy(bound.tolerance),
-                               np.asarray(on_numpy.tolerance), rtol=1e-12, atol=0)
+    on_numpy = rope_error_bound(
+        x, positions, dtype="float32", layout=layout, rotary_dim=6, base=500.0
+    )
+    np.testing.assert_allclose(
+        cpu_backend.to_numpy(bound.tolerance), np.asarray(on_numpy.tolerance), rtol=1e-12, atol=0
+    )
 
 
-@pytest.mark.parametrize(("rotary_dim", "error", "message"), [
-    (3, ValueError, "rotary_dim=3 with x.shape[-1]=8, but should be even, >= 2 and <= 8"),
-    (10, ValueError, "rotary_dim=10 with x.shape[-1]=8, but should be even, >= 2 and <= 8"),
-    (0, ValueError, "rotary_dim=0, but should be an int >= 2"),
-    (True, ValueError, "rotary_dim=True, but should be an int >= 2"),
-    (4.0, TypeError, "rotary_dim=4.0, but should be an int >= 2"),
-])
+@pytest.mark.parametrize(
+    ("rotary_dim", "error", "message"),
+    [
+        (3, ValueError, "rotary_dim=3 with x.shape[-1]=8, but should be even, >= 2 and <= 8"),
+        (10, ValueError, "rotary_dim=10 with x.shape[-1]=8, but should be even, >= 2 and <= 8"),
+        (0, ValueError, "rotary_dim=0, but should be an int >= 2"),
+        (True, ValueError, "rotary_dim=True, but should be an int >= 2"),
+        (4.0, TypeError, "rotary_dim=4.0, but should be an int >= 2"),
+    ],
+)
 def test_bad_rotary_dim_is_named(rotary_dim: object, error: type, message: str) -> None:
     """ROPE-1 (note): the reference names a rotary dimension that is odd, too large or not
     an int, and the clause it violates."""
@@ -66,6 +77,7 @@ def test_bad_rotary_dim_is_named(rotary_dim: object, error: type, message: str) 
 
 
 # --- ROPE-3: the bound as displayed, and sound ------------------------------------------------
+
 
 def _rope3_text() -> str:
     dense = (SPEC_DIR / "dense.md").read_text(encoding="utf-8")
@@ -102,9 +114,14 @@ def test_displayed_bound_is_what_the_reference_evaluates(dtype: str, layout: str
             phi = positions[index] * base ** (-2 * i / r)
             kappa = (3 * (2 * i / r) * math.log(base) + 6) * u_a
             for feature in (f, g):
-                expected[(*index, feature)] = 4 * (
-                    (abs(a) + abs(b)) * (kappa * abs(phi) + 4 * u_a + 2 * u_d)
-                    + 2 * u_d * abs(y[(*index, feature)])) + 3 * sigma
+                expected[(*index, feature)] = (
+                    4
+                    * (
+                        (abs(a) + abs(b)) * (kappa * abs(phi) + 4 * u_a + 2 * u_d)
+                        + 2 * u_d * abs(y[(*index, feature)])
+                    )
+                    + 3 * sigma
+                )
     bound = rope_error_bound(x, positions, dtype=dtype, base=base, layout=layout, rotary_dim=r)
     np.testing.assert_allclose(np.asarray(bound.tolerance), expected, rtol=1e-12, atol=0)
     np.testing.assert_allclose(np.asarray(bound.rotated)[..., :r], y, rtol=0, atol=1e-12)
@@ -119,12 +136,17 @@ def _worst_ratio(fn: object, dtype: str, starts: tuple[int, ...], head_dim: int 
     x = (rng.standard_normal((len(starts), 2, 9, head_dim)) * 30).astype(NUMPY_DTYPE[dtype])
     positions = np.asarray(starts)[:, None, None] + np.arange(9)
     actual = fn(x, positions).astype(np.float64)  # type: ignore[operator]
-    bound = rope_error_bound(x.astype(np.float64), positions, dtype=dtype, base=claim.base,
-                             layout=claim.pairing, rotary_dim=claim.rotary_dim)
+    bound = rope_error_bound(
+        x.astype(np.float64),
+        positions,
+        dtype=dtype,
+        base=claim.base,
+        layout=claim.pairing,
+        rotary_dim=claim.rotary_dim,
+    )
     error, tolerance = np.abs(actual - np.asarray(bound.rotated)), np.asarray(bound.tolerance)
     assert np.all(error[tolerance == 0] == 0), "a feature beyond the rotary dim changed"
-    return float(np.max(np.divide(error, tolerance, out=np.zeros_like(error),
-                                  where=tolerance > 0)))
+    return float(np.max(np.divide(error, tolerance, out=np.zeros_like(error), where=tolerance > 0)))
 
 
 STARTS = (0, 1000, 4095, 32767, 131062)  # positions up to 2^17 - 1
@@ -149,6 +171,7 @@ def test_the_bound_rejects_half_precision_angles_at_realistic_positions() -> Non
 
 # --- the conformance suite on the catalogue ---------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def verdicts() -> dict[str, dict[str, str]]:
     """One quick-profile check of every catalogue function on NumPy: its verdict per
@@ -164,16 +187,24 @@ def test_pytorch_formulation_conforms_in_bfloat16_too() -> None:
     """ROPE-3 in every dtype the suite draws: Hugging Face's PyTorch RoPE passes both RoPE
     properties on the torch backend, bfloat16 included (cos and sin rounded to 8 bits)."""
     pytest.importorskip("torch", reason="the PyTorch check needs torch (scripts/setup)")
-    report = check(catalogue.rope_rotate_half_torch, backend="torch", profile="quick", seed=0,
-                   only=["rope-shape-and-dtype", "rope-matches-reference"])
+    report = check(
+        catalogue.rope_rotate_half_torch,
+        backend="torch",
+        profile="quick",
+        seed=0,
+        only=["rope-shape-and-dtype", "rope-matches-reference"],
+    )
     assert {v.property: v.status for v in report.verdicts} == {
-        "rope-shape-and-dtype": "passed", "rope-matches-reference": "passed"}
+        "rope-shape-and-dtype": "passed",
+        "rope-matches-reference": "passed",
+    }
     torch = backend_or_skip("torch")
     rng = np.random.default_rng(11)
     x = torch.to_numpy(torch.asarray(rng.standard_normal((5, 2, 9, 128)) * 30, "bfloat16"))
     positions = np.asarray(STARTS)[:, None, None] + np.arange(9)
-    actual = torch.to_numpy(catalogue.rope_rotate_half_torch(
-        torch.asarray(x, "bfloat16"), torch.asarray(positions)))
+    actual = torch.to_numpy(
+        catalogue.rope_rotate_half_torch(torch.asarray(x, "bfloat16"), torch.asarray(positions))
+    )
     bound = rope_error_bound(x.astype(np.float64), positions, dtype="bfloat16", layout="half")
     ratio = np.abs(actual.astype(np.float64) - bound.rotated) / bound.tolerance
     assert ratio.max() <= 1, ratio.max()  # measured 0.12 at positions up to 2^17
@@ -191,8 +222,9 @@ def test_correct_formulations_conform(verdicts: dict[str, dict[str, str]]) -> No
 
 
 @pytest.mark.parametrize("bug", catalogue.BUGS, ids=lambda bug: bug.fn.__name__)
-def test_every_rope_bug_is_caught(bug: catalogue.RopeBug,
-                                  verdicts: dict[str, dict[str, str]]) -> None:
+def test_every_rope_bug_is_caught(
+    bug: catalogue.RopeBug, verdicts: dict[str, dict[str, str]]
+) -> None:
     """ROPE-1, ROPE-3: each catalogued bug fails the property that names it."""
     assert verdicts[bug.fn.__name__][bug.catches] == "failed"
 
@@ -205,18 +237,33 @@ def test_every_rope_property_has_a_bug() -> None:
     assert rope_properties == {bug.catches for bug in catalogue.BUGS}
 
 
-def test_rope_flags_declare_a_function(capsys: pytest.CaptureFixture[str],
-                                       tmp_path: Path) -> None:
+def test_rope_flags_declare_a_function(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """CONF-3 (rope entry): `attnspec check FILE:FUNC --rope half --rope-base B --rope-dim R`
     declares an undecorated function; the claim line names the pairing; --rope-dim alone is a
     usage error."""
     module = tmp_path / "my_rope.py"
-    module.write_text("from catalogue.rope import _accumulation, _angles, _rotate_half_style\n\n\n"
-                      "def rope(x, positions):  # GPT-NeoX partial rotary, undeclared\n"
-                      "    angles = _angles(positions, 16, 500000.0, _accumulation(x.dtype))\n"
-                      "    return _rotate_half_style(x, angles, 16)\n")
-    status = cli.main(["check", f"{module}:rope", "--backend", "numpy", "--rope", "half",
-                       "--rope-base", "500000", "--rope-dim", "16", "--seed", "0"])
+    module.write_text(
+        "from catalogue.rope import _accumulation, _angles, _rotate_half_style\n\n\n"
+        "def rope(x, positions):  # GPT-NeoX partial rotary, undeclared\n"
+        "    angles = _angles(positions, 16, 500000.0, _accumulation(x.dtype))\n"
+        "    return _rotate_half_style(x, angles, 16)\n"
+    )
+    status = cli.main(
+        [
+            "check",
+            f"{module}:rope",
+            "--backend",
+            "numpy",
+            "--rope",
+            "half",
+            "--rope-base",
+            "500000",
+            "--rope-dim",
+            "16",
+            "--seed",
+            "0",
+        ]
+    )
     out = capsys.readouterr().out
     assert status == 0, out
     assert "half pairing" in out and "result: conforms" in out

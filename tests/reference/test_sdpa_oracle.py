@@ -46,8 +46,12 @@ CASES: dict[str, dict[str, Any]] = {
     ),
     # SDPA-3.3, SDPA-3.4, SDPA-4.1, SDPA-5.1: mask AND causal, bias, fully-masked rows.
     "gqa-lq>lk-top-left-mask-bias-empty-rows": dict(
-        **SHAPES_B, mask=(3, 1, 5, 3), empty_rows=(1,), bias=(5, 3),
-        is_causal=True, causal_alignment="top_left",
+        **SHAPES_B,
+        mask=(3, 1, 5, 3),
+        empty_rows=(1,),
+        bias=(5, 3),
+        is_causal=True,
+        causal_alignment="top_left",
     ),
     # SDPA-3.3, SDPA-5.1: -inf bias entries exclude keys; an all -inf row is empty.
     "bias-minus-inf": dict(**SHAPES_B, bias=(3, 4, 5, 3), minus_inf=True),
@@ -57,13 +61,20 @@ CASES: dict[str, dict[str, Any]] = {
     ),
     # SDPA-3.1, SDPA-3.3, SDPA-4.2: a per-head key mask (Hq, 1, Lk), full bias, Lq < Lk.
     "batch2-bottom-right-head-mask-bias": dict(
-        **SHAPES_D, mask=(2, 1, 6), bias=(2, 3, 2, 4, 6),
-        is_causal=True, causal_alignment="bottom_right",
+        **SHAPES_D,
+        mask=(2, 1, 6),
+        bias=(2, 3, 2, 4, 6),
+        is_causal=True,
+        causal_alignment="bottom_right",
     ),
     # SDPA-5.2: Lk = 0 gives zeros, also with a mask and causal.
     "lk0": dict(
-        q=(1, 2, 3, 4), k=(1, 2, 0, 4), v=(1, 2, 0, 3), mask=(3, 0),
-        is_causal=True, causal_alignment="bottom_right",
+        q=(1, 2, 3, 4),
+        k=(1, 2, 0, 4),
+        v=(1, 2, 0, 3),
+        mask=(3, 0),
+        is_causal=True,
+        causal_alignment="bottom_right",
     ),
     # SDPA-1.5: Lq = 0, a zero batch dim, Ev = 0.
     "lq0": dict(q=(1, 2, 0, 4), k=(1, 2, 5, 4), v=(1, 2, 5, 3), is_causal=True),
@@ -128,7 +139,7 @@ BIAS_VALUES = st.one_of(VALUES, st.just(-np.inf))  # SDPA-3.3: -inf excludes a k
 def broadcast_to_some(draw: st.DrawFn, full: tuple[int, ...], min_dims: int) -> tuple[int, ...]:
     """A shape that broadcasts to ``full``: a suffix of it, some sizes replaced by 1."""
     n_dims = draw(st.integers(min_dims, len(full)))
-    kept = full[len(full) - n_dims:]
+    kept = full[len(full) - n_dims :]
     return tuple(draw(st.sampled_from((size, 1))) for size in kept)
 
 
@@ -141,28 +152,55 @@ def problems(draw: st.DrawFn) -> dict[str, Any]:
     # spend most examples on empty arrays (Hypothesis favours the ends of a range), and
     # sampled_from shrinks to the first entry, the smallest non-empty size.
     n_kv_heads, group = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-    n_queries, n_keys = draw(st.sampled_from((1, 2, 3, 4, 5, 0))), draw(st.sampled_from(
-        (1, 2, 3, 4, 5, 6, 0)))
+    n_queries, n_keys = (
+        draw(st.sampled_from((1, 2, 3, 4, 5, 0))),
+        draw(st.sampled_from((1, 2, 3, 4, 5, 6, 0))),
+    )
     head_dim, value_dim = draw(st.integers(1, 4)), draw(st.sampled_from((1, 2, 3, 0)))
     batch = tuple(draw(st.lists(st.sampled_from((1, 2, 3, 0)), max_size=2)))
     q_batch = broadcast_to_some(draw, batch, 0)
     kv_batch = broadcast_to_some(draw, batch, 0)
     problem: dict[str, Any] = {
-        "q": draw(arrays(np.float64, (*q_batch, n_kv_heads * group, n_queries, head_dim),
-                         elements=VALUES, fill=st.nothing())),
-        "k": draw(arrays(np.float64, (*kv_batch, n_kv_heads, n_keys, head_dim),
-                         elements=VALUES, fill=st.nothing())),
-        "v": draw(arrays(np.float64, (*kv_batch, n_kv_heads, n_keys, value_dim),
-                         elements=VALUES, fill=st.nothing())),
+        "q": draw(
+            arrays(
+                np.float64,
+                (*q_batch, n_kv_heads * group, n_queries, head_dim),
+                elements=VALUES,
+                fill=st.nothing(),
+            )
+        ),
+        "k": draw(
+            arrays(
+                np.float64,
+                (*kv_batch, n_kv_heads, n_keys, head_dim),
+                elements=VALUES,
+                fill=st.nothing(),
+            )
+        ),
+        "v": draw(
+            arrays(
+                np.float64,
+                (*kv_batch, n_kv_heads, n_keys, value_dim),
+                elements=VALUES,
+                fill=st.nothing(),
+            )
+        ),
     }
     batch = np.broadcast_shapes(q_batch, kv_batch)  # what the call broadcasts to (SDPA-1.2)
     scores = (*batch, n_kv_heads * group, n_queries, n_keys)
     if draw(st.booleans()):
-        problem["mask"] = draw(arrays(np.bool_, broadcast_to_some(draw, scores, 2),
-                                      fill=st.nothing()))
+        problem["mask"] = draw(
+            arrays(np.bool_, broadcast_to_some(draw, scores, 2), fill=st.nothing())
+        )
     if draw(st.booleans()):
-        problem["bias"] = draw(arrays(np.float64, broadcast_to_some(draw, scores, 2),
-                                      elements=BIAS_VALUES, fill=st.nothing()))
+        problem["bias"] = draw(
+            arrays(
+                np.float64,
+                broadcast_to_some(draw, scores, 2),
+                elements=BIAS_VALUES,
+                fill=st.nothing(),
+            )
+        )
     if draw(st.booleans()):
         problem["is_causal"] = True
         problem["causal_alignment"] = draw(st.sampled_from(("top_left", "bottom_right")))
@@ -176,13 +214,21 @@ def problems_of_the_cases(draw: st.DrawFn) -> dict[str, Any]:
     """Drawn values (and masks, -inf bias entries) on the shapes and options of one
     hand-written case: for JAX, which compiles every operation anew for each new shape."""
     case = CASES[draw(st.sampled_from(list(CASES)))]
-    problem = {name: draw(arrays(np.float64, case[name], elements=VALUES, fill=st.nothing()))
-               for name in ("q", "k", "v")}
+    problem = {
+        name: draw(arrays(np.float64, case[name], elements=VALUES, fill=st.nothing()))
+        for name in ("q", "k", "v")
+    }
     if "mask" in case:
         problem["mask"] = draw(arrays(np.bool_, case["mask"], fill=st.nothing()))
     if "bias" in case:
-        problem["bias"] = draw(arrays(np.float64, case["bias"], fill=st.nothing(),
-                                      elements=BIAS_VALUES if case.get("minus_inf") else VALUES))
+        problem["bias"] = draw(
+            arrays(
+                np.float64,
+                case["bias"],
+                fill=st.nothing(),
+                elements=BIAS_VALUES if case.get("minus_inf") else VALUES,
+            )
+        )
     problem.update({o: case[o] for o in OPTIONS if o in case})
     return problem
 

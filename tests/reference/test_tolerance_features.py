@@ -47,17 +47,27 @@ def _displayed(q, k, bias, mask, slopes, cap, scale, dtype):
         deltas, g = {}, 0.0
         for j in allowed:
             a = abs(scale) * float(np.abs(q[i]) @ np.abs(k[j]))
-            base = ((4 * u_d + (head_dim + 4) * u_a) * a + 2 * u_a * abs(bias[i, j])
-                    + 3 * u_a * (m - s[j]) + 6 * u_a)
-            deltas[j] = (base + u_a * a + (u_t + u_a) * abs(capped[j])
-                         + u_a * (a + abs(bias[i, j])) + 5 * u_a * abs(alibi[j]))
+            base = (
+                (4 * u_d + (head_dim + 4) * u_a) * a
+                + 2 * u_a * abs(bias[i, j])
+                + 3 * u_a * (m - s[j])
+                + 6 * u_a
+            )
+            deltas[j] = (
+                base
+                + u_a * a
+                + (u_t + u_a) * abs(capped[j])
+                + u_a * (a + abs(bias[i, j]))
+                + 5 * u_a * abs(alibi[j])
+            )
             p = math.exp(s[j] - lse)
             g += min(p * math.expm1(deltas[j]), 2.0)
         # log sum_j p_ij e^(+-Delta) = log1p(sum_j p_ij expm1(+-Delta)): exact for tiny Delta
         up = math.log1p(sum(math.exp(s[j] - lse) * math.expm1(deltas[j]) for j in allowed))
         down = -math.log1p(sum(math.exp(s[j] - lse) * math.expm1(-deltas[j]) for j in allowed))
-        tau = 4 * (max(up, down) + (n_keys - 1) * u_a + 4 * u_a * abs(m)
-                   + 5 * u_a * math.log(n_keys))
+        tau = 4 * (
+            max(up, down) + (n_keys - 1) * u_a + 4 * u_a * abs(m) + 5 * u_a * math.log(n_keys)
+        )
         d_rows.append(g)
         tau_rows.append(tau)
     return np.array(d_rows), np.array(tau_rows)
@@ -72,16 +82,26 @@ def test_displayed_formulas_agree_with_the_reference(dtype: str) -> None:
         assert term in text, f"tolerance.md no longer displays {term}"
     rng = np.random.default_rng(11)
     n_queries, n_keys, head_dim, scale, cap, slope = 3, 6, 4, 0.75, 2.5, 0.25
-    q, k, v, bias = (rng.integers(-8, 9, size=shape) / 4.0 for shape in
-                     ((n_queries, head_dim), (n_keys, head_dim), (n_keys, 2),
-                      (n_queries, n_keys)))
+    q, k, v, bias = (
+        rng.integers(-8, 9, size=shape) / 4.0
+        for shape in ((n_queries, head_dim), (n_keys, head_dim), (n_keys, 2), (n_queries, n_keys))
+    )
     mask = rng.random((n_queries, n_keys)) < 0.7
     mask[:, 0] = True
     d, tau = _displayed(q, k, bias, mask, slope, cap, scale, dtype)
     bound, lse_bound = error_and_lse_bound(
-        q[None], k[None], v[None], dtype=dtype, mask=mask, bias=bias, scale=scale,
-        softcap=cap, alibi_slopes=np.array([slope]), causal_alignment="bottom_right",
-        chunk_elements=n_keys)
+        q[None],
+        k[None],
+        v[None],
+        dtype=dtype,
+        mask=mask,
+        bias=bias,
+        scale=scale,
+        softcap=cap,
+        alibi_slopes=np.array([slope]),
+        causal_alignment="bottom_right",
+        chunk_elements=n_keys,
+    )
     np.testing.assert_allclose(np.asarray(bound.score_error)[0], d, rtol=1e-9)
     np.testing.assert_allclose(np.asarray(lse_bound.lse_tolerance)[0], tau, rtol=1e-9)
 
@@ -103,8 +123,9 @@ def _half_precision_features(q, k, v, slopes, cap, dtype):
     folded = f32(1 / math.sqrt(q.shape[-1])) / f32(cap)
     raw = (q.astype(f32) @ k.astype(f32).swapaxes(-1, -2)) * folded
     tanh = np.tanh(raw).astype(dtype).astype(f32)
-    distance = np.abs(np.arange(n_queries)[:, None] + n_keys - n_queries
-                      - np.arange(n_keys)[None, :]).astype(f32)
+    distance = np.abs(
+        np.arange(n_queries)[:, None] + n_keys - n_queries - np.arange(n_keys)[None, :]
+    ).astype(f32)
     alibi = (slopes.astype(f32)[:, None, None] / f32(cap)) * distance
     scores2 = (tanh - alibi) * f32(cap * math.log2(math.e))
     top = scores2.max(-1, keepdims=True)
@@ -122,16 +143,21 @@ def test_honest_half_precision_features_within_the_bound(dtype: str) -> None:
     without TOL-4's terms would not have covered all of it."""
     rng = np.random.default_rng(5)
     heads, n_queries, n_keys, head_dim = 4, 33, 70, 64
-    q, k = (rng.standard_normal((heads, n, head_dim)).astype(dtype) * 3
-            for n in (n_queries, n_keys))
+    q, k = (
+        rng.standard_normal((heads, n, head_dim)).astype(dtype) * 3 for n in (n_queries, n_keys)
+    )
     v = rng.standard_normal((heads, n_keys, 8)).astype(dtype)
     slopes = np.asarray(oracle_features.press_slopes(heads), dtype=np.float32)
     cap = 8.0
     out, lse = _half_precision_features(q, k, v, slopes, cap, dtype)
     seen = [a.astype(np.float64) for a in (q, k, v)]
-    bound, lse_bound = error_and_lse_bound(*seen, dtype=dtype, softcap=cap,
-                                           alibi_slopes=slopes.astype(np.float64),
-                                           causal_alignment="bottom_right")
+    bound, lse_bound = error_and_lse_bound(
+        *seen,
+        dtype=dtype,
+        softcap=cap,
+        alibi_slopes=slopes.astype(np.float64),
+        causal_alignment="bottom_right",
+    )
     out_error = np.abs(out.astype(np.float64) - bound.out)
     lse_error = np.abs(lse.astype(np.float64) - lse_bound.lse)
     assert np.all(out_error <= bound.out_tolerance)
@@ -143,8 +169,11 @@ def test_base_two_lse_is_far_outside_the_bound() -> None:
     """TOL-5 against LSE-1: a log-sum-exp left in base 2 (or of unscaled scores) is
     outside the bound by orders of magnitude in float32."""
     rng = np.random.default_rng(6)
-    q, k, v = rng.standard_normal((2, 5, 16)), rng.standard_normal((2, 9, 16)), \
-        rng.standard_normal((2, 9, 3))
+    q, k, v = (
+        rng.standard_normal((2, 5, 16)),
+        rng.standard_normal((2, 9, 16)),
+        rng.standard_normal((2, 9, 3)),
+    )
     _, bound = error_and_lse_bound(q, k, v, dtype="float32")
     base_two = bound.lse / math.log(2)
     assert np.min(np.abs(base_two - bound.lse) / bound.lse_tolerance) > 100
@@ -155,17 +184,24 @@ def test_lse_bound_chunking_changes_nothing(chunk: int) -> None:
     """TOL-5: rows are independent, so the log-sum-exp and its bound evaluated in chunks
     of any size equal the whole evaluation (with an empty row, softcap and ALiBi)."""
     rng = np.random.default_rng(8)
-    q, k, v = rng.standard_normal((3, 6, 4)), rng.standard_normal((3, 5, 4)), \
-        rng.standard_normal((3, 5, 2))
+    q, k, v = (
+        rng.standard_normal((3, 6, 4)),
+        rng.standard_normal((3, 5, 4)),
+        rng.standard_normal((3, 5, 2)),
+    )
     mask = rng.random((6, 5)) < 0.6
     mask[2] = False
-    options = dict(dtype="float16", mask=mask, softcap=4.0, alibi_slopes=np.array([.5, .25, 1.]))
+    options = dict(dtype="float16", mask=mask, softcap=4.0, alibi_slopes=np.array([0.5, 0.25, 1.0]))
     _, whole = error_and_lse_bound(q, k, v, **options)
     _, parts = error_and_lse_bound(q, k, v, **options, chunk_elements=chunk)
     for name in whole._fields:
         # matrix products of different row counts may round differently in the last bit
-        np.testing.assert_allclose(np.asarray(getattr(parts, name)),
-                                   np.asarray(getattr(whole, name)), rtol=1e-12, err_msg=name)
+        np.testing.assert_allclose(
+            np.asarray(getattr(parts, name)),
+            np.asarray(getattr(whole, name)),
+            rtol=1e-12,
+            err_msg=name,
+        )
     assert np.all(np.asarray(whole.lse)[:, 2] == -np.inf)
 
 
@@ -177,18 +213,24 @@ def test_dropout_bound_as_displayed_and_honest_half_precision() -> None:
     text = (SPEC_DIR / "tolerance.md").read_text(encoding="utf-8")
     assert r"\xi_{ij}\Big(\tau^p_{ij} + C\,(L_k + 2)\,u_a\,p_{ij}\Big)|v_{jc}|" in text
     rng = np.random.default_rng(9)
-    q, k, v = (rng.standard_normal(shape).astype(np.float16).astype(np.float64)
-               for shape in ((2, 6, 8), (2, 9, 8), (2, 9, 3)))
+    q, k, v = (
+        rng.standard_normal(shape).astype(np.float16).astype(np.float64)
+        for shape in ((2, 6, 8), (2, 9, 8), (2, 9, 3))
+    )
     keep, p = rng.random((2, 6, 9)) < 0.7, 0.3
-    out, tau = tolerance.dropout_error_bound(q, k, v, dtype="float16", dropout_p=p,
-                                             dropout_keep=keep)
+    out, tau = tolerance.dropout_error_bound(
+        q, k, v, dtype="float16", dropout_p=p, dropout_keep=keep
+    )
     weights = tolerance.error_bound(q, k, v, dtype="float16")
     u_a, u_d = 2.0**-24, 2.0**-11
     expected = np.zeros_like(tau)
     for h, i, c in np.ndindex(*tau.shape):
-        kept = sum(keep[h, i, j] * (weights.weights_tolerance[h, i, j]
-                                    + 4 * 11 * u_a * weights.weights[h, i, j]) * abs(v[h, j, c])
-                   for j in range(9))
+        kept = sum(
+            keep[h, i, j]
+            * (weights.weights_tolerance[h, i, j] + 4 * 11 * u_a * weights.weights[h, i, j])
+            * abs(v[h, j, c])
+            for j in range(9)
+        )
         expected[h, i, c] = kept / (1 - p) + 4 * u_d * abs(out[h, i, c]) + 11 * 2.0**-24
     np.testing.assert_allclose(tau, expected, rtol=1e-12)
     # honest float16: float32 softmax, weights rounded to float16, kept ones rescaled

@@ -19,20 +19,34 @@ from hypothesis import strategies as st
 from attnspec.reference.tolerance import UNDERFLOW_THRESHOLD, error_and_lse_bound, error_bound
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
-PADDING = {"float16": -65504.0, "bfloat16": float(np.finfo(np.float32).min),
-           "float32": float(np.finfo(np.float32).min), "float64": float(np.finfo(np.float64).min)}
+PADDING = {
+    "float16": -65504.0,
+    "bfloat16": float(np.finfo(np.float32).min),
+    "float32": float(np.finfo(np.float32).min),
+    "float64": float(np.finfo(np.float64).min),
+}
 
 
 def _problem(rng: np.random.Generator, heads: int, n_q: int, n_k: int, e: int, ev: int):
-    return (rng.standard_normal((heads, n_q, e)), rng.standard_normal((heads, n_k, e)),
-            rng.standard_normal((heads, n_k, ev)))
+    return (
+        rng.standard_normal((heads, n_q, e)),
+        rng.standard_normal((heads, n_k, e)),
+        rng.standard_normal((heads, n_k, ev)),
+    )
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
-@given(n_q=st.integers(0, 9), n_k=st.integers(0, 9), chunk=st.integers(1, 40),
-       dtype=st.sampled_from(DTYPES), causal=st.booleans(), seed=st.integers(0, 2**16))
-def test_chunking_changes_nothing(n_q: int, n_k: int, chunk: int, dtype: str, causal: bool,
-                                  seed: int) -> None:
+@given(
+    n_q=st.integers(0, 9),
+    n_k=st.integers(0, 9),
+    chunk=st.integers(1, 40),
+    dtype=st.sampled_from(DTYPES),
+    causal=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_chunking_changes_nothing(
+    n_q: int, n_k: int, chunk: int, dtype: str, causal: bool, seed: int
+) -> None:
     """TOL-2: rows are independent, so evaluating the bound in chunks of any number of rows
     gives the bound of the whole problem (same out, tolerances and D_i)."""
     rng = np.random.default_rng(seed)
@@ -40,21 +54,38 @@ def test_chunking_changes_nothing(n_q: int, n_k: int, chunk: int, dtype: str, ca
     mask = rng.random((n_q, n_k)) < 0.6
     bias = rng.standard_normal((2, 1, n_k))
     whole = error_bound(q, k, v, dtype=dtype, mask=mask, bias=bias, is_causal=causal)
-    parts = error_bound(q, k, v, dtype=dtype, mask=mask, bias=bias, is_causal=causal,
-                        chunk_elements=chunk)
+    parts = error_bound(
+        q, k, v, dtype=dtype, mask=mask, bias=bias, is_causal=causal, chunk_elements=chunk
+    )
     for name in whole._fields:
-        np.testing.assert_allclose(np.asarray(getattr(parts, name)),
-                                   np.asarray(getattr(whole, name)), rtol=1e-12, atol=0,
-                                   err_msg=name)
+        np.testing.assert_allclose(
+            np.asarray(getattr(parts, name)),
+            np.asarray(getattr(whole, name)),
+            rtol=1e-12,
+            atol=0,
+            err_msg=name,
+        )
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
-@given(n_q=st.integers(1, 40), n_k=st.integers(1, 40), chunk=st.integers(1, 200),
-       dtype=st.sampled_from(DTYPES), alignment=st.sampled_from(["top_left", "bottom_right"]),
-       window=st.sampled_from([None, (0, 0), (3, 1), (9, 40)]), seed=st.integers(0, 2**16))
-def test_skipped_keys_change_nothing(n_q: int, n_k: int, chunk: int, dtype: str,
-                                     alignment: str, window: tuple[int, int] | None,
-                                     seed: int) -> None:
+@given(
+    n_q=st.integers(1, 40),
+    n_k=st.integers(1, 40),
+    chunk=st.integers(1, 200),
+    dtype=st.sampled_from(DTYPES),
+    alignment=st.sampled_from(["top_left", "bottom_right"]),
+    window=st.sampled_from([None, (0, 0), (3, 1), (9, 40)]),
+    seed=st.integers(0, 2**16),
+)
+def test_skipped_keys_change_nothing(
+    n_q: int,
+    n_k: int,
+    chunk: int,
+    dtype: str,
+    alignment: str,
+    window: tuple[int, int] | None,
+    seed: int,
+) -> None:
     """TOL-2, TOL-5: without the weights, each row chunk evaluates only the keys some row
     of it may attend (a causal chunk skips the key blocks past its last row, a band mask
     those outside it); the keys left out add exactly 0 to every sum, so out, tau, D_i and
@@ -70,23 +101,38 @@ def test_skipped_keys_change_nothing(n_q: int, n_k: int, chunk: int, dtype: str,
         if not mask[:, 0].any():
             v[:, 0, :] = np.nan
     bias = rng.standard_normal((2, n_q, n_k)) * 3
-    options = dict(dtype=dtype, mask=mask, bias=bias, is_causal=True,
-                   causal_alignment=alignment, chunk_elements=chunk)
+    options = dict(
+        dtype=dtype,
+        mask=mask,
+        bias=bias,
+        is_causal=True,
+        causal_alignment=alignment,
+        chunk_elements=chunk,
+    )
     skipped, skipped_lse = error_and_lse_bound(q, k, v, weights=False, **options)
     every_key, every_key_lse = error_and_lse_bound(q, k, v, weights=True, **options)
     for name in ("out", "score_error", "attends"):
-        np.testing.assert_allclose(np.asarray(getattr(skipped, name)),
-                                   np.asarray(getattr(every_key, name)), rtol=1e-12, atol=0,
-                                   err_msg=name)
+        np.testing.assert_allclose(
+            np.asarray(getattr(skipped, name)),
+            np.asarray(getattr(every_key, name)),
+            rtol=1e-12,
+            atol=0,
+            err_msg=name,
+        )
     # tau's Cauchy-Schwarz term is the square root of a difference that cancels (to the
     # rounding it is charged for) when a row's weight sits on one key: a matrix product
     # over fewer keys rounds differently, and the root turns 1e-16 into ~1e-9.
-    np.testing.assert_allclose(np.asarray(skipped.out_tolerance),
-                               np.asarray(every_key.out_tolerance), rtol=1e-7, atol=0)
+    np.testing.assert_allclose(
+        np.asarray(skipped.out_tolerance), np.asarray(every_key.out_tolerance), rtol=1e-7, atol=0
+    )
     for name in skipped_lse._fields:
-        np.testing.assert_allclose(np.asarray(getattr(skipped_lse, name)),
-                                   np.asarray(getattr(every_key_lse, name)), rtol=1e-12,
-                                   atol=0, err_msg=name)
+        np.testing.assert_allclose(
+            np.asarray(getattr(skipped_lse, name)),
+            np.asarray(getattr(every_key_lse, name)),
+            rtol=1e-12,
+            atol=0,
+            err_msg=name,
+        )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -108,8 +154,9 @@ def test_padded_keys_cost_nothing(dtype: str, pad: float | str) -> None:
     tau = np.asarray(padded.out_tolerance)
     assert np.all(np.isfinite(tau))
     padded_floor = UNDERFLOW_THRESHOLD[dtype] * ((~keep) * 1.0) @ np.abs(v)  # (4, 1, 48)
-    np.testing.assert_allclose(tau, np.asarray(masked.out_tolerance) + padded_floor,
-                               rtol=1e-6, atol=0)
+    np.testing.assert_allclose(
+        tau, np.asarray(masked.out_tolerance) + padded_floor, rtol=1e-6, atol=0
+    )
     assert np.max(tau) < np.max(np.abs(v)) / 2  # finer than the hull: not "anything passes"
 
 
@@ -139,8 +186,9 @@ def test_memory_is_bounded_by_the_chunk() -> None:
     q, k, v = _problem(rng, 4, 1024, 1024, 32, 32)
     tracemalloc.start()
     try:
-        bound = error_bound(q, k, v, dtype="float16", is_causal=True, weights=False,
-                            chunk_elements=2**16)
+        bound = error_bound(
+            q, k, v, dtype="float16", is_causal=True, weights=False, chunk_elements=2**16
+        )
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -158,7 +206,7 @@ def _attention_float16_accumulation(q, k, v, bias):
     p = (p / p.sum(axis=-1, keepdims=True)).astype(np.float16)
     out = np.zeros((*p.shape[:-1], v.shape[-1]), dtype=np.float16)
     for j in range(v.shape[-2]):
-        out = out + p[..., j:j + 1] * v[..., j:j + 1, :].astype(np.float16)
+        out = out + p[..., j : j + 1] * v[..., j : j + 1, :].astype(np.float16)
     return out
 
 

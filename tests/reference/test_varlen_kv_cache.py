@@ -38,9 +38,11 @@ def dtypes_for(backend: Backend, case: str, first_case: str) -> tuple[str, ...]:
     if backend.name != "jax":
         return backend.dtype_names
     if case != first_case:
-        pytest.skip("JAX: one case in float32 covers its Array API path (compiling every "
-                    "op per shape costs ~30 s a case); numpy, torch and array_api_strict "
-                    "run every case and dtype")
+        pytest.skip(
+            "JAX: one case in float32 covers its Array API path (compiling every "
+            "op per shape costs ~30 s a case); numpy, torch and array_api_strict "
+            "run every case and dtype"
+        )
     return ("float32",)
 
 
@@ -50,13 +52,20 @@ def as64(backend: Backend, a: Any) -> np.ndarray:
 
 VARLEN_CASES = {
     # VARLEN-2: three sequences, one with no keys (VARLEN-3), GQA, bottom-right causal
-    "causal-bottom-right-empty-keys": dict(seq_q=[3, 2, 4], seq_k=[5, 0, 2], heads=(4, 2),
-                                           is_causal=True, causal_alignment="bottom_right"),
+    "causal-bottom-right-empty-keys": dict(
+        seq_q=[3, 2, 4],
+        seq_k=[5, 0, 2],
+        heads=(4, 2),
+        is_causal=True,
+        causal_alignment="bottom_right",
+    ),
     # VARLEN-2: top-left, ALiBi per sequence, softcap; an empty sequence (VARLEN-3)
-    "alibi-softcap-top-left": dict(seq_q=[2, 0, 5], seq_k=[4, 3, 5], heads=(2, 2),
-                                   alibi=(3, 2), softcap=2.0, is_causal=True),
-    "alibi-bottom-right": dict(seq_q=[4, 1], seq_k=[2, 6], heads=(2, 1), alibi=(2,),
-                               causal_alignment="bottom_right"),
+    "alibi-softcap-top-left": dict(
+        seq_q=[2, 0, 5], seq_k=[4, 3, 5], heads=(2, 2), alibi=(3, 2), softcap=2.0, is_causal=True
+    ),
+    "alibi-bottom-right": dict(
+        seq_q=[4, 1], seq_k=[2, 6], heads=(2, 1), alibi=(2,), causal_alignment="bottom_right"
+    ),
 }
 
 
@@ -66,8 +75,9 @@ def test_varlen_matches_block_diagonal_oracle(backend: Backend, case: str) -> No
     alignment and ALiBi per sequence; empty sequences; out (T_q, Hq, Ev), lse (Hq, T_q)."""
     spec = dict(VARLEN_CASES[case])
     rng = np.random.default_rng(0)
-    cu_q, cu_k = (np.concatenate([[0], np.cumsum(spec.pop(n))]).astype(np.int32)
-                  for n in ("seq_q", "seq_k"))
+    cu_q, cu_k = (
+        np.concatenate([[0], np.cumsum(spec.pop(n))]).astype(np.int32) for n in ("seq_q", "seq_k")
+    )
     n_q_heads, n_kv_heads = spec.pop("heads")
     q = rng.standard_normal((int(cu_q[-1]), n_q_heads, 4))
     k = rng.standard_normal((int(cu_k[-1]), n_kv_heads, 4))
@@ -79,13 +89,15 @@ def test_varlen_matches_block_diagonal_oracle(backend: Backend, case: str) -> No
         options = dict(spec)
         if "alibi_slopes" in options:
             options["alibi_slopes"] = backend.asarray(options["alibi_slopes"], "float32")
-        out, lse = varlen_attention(*arrays, backend.xp.asarray(cu_q), backend.xp.asarray(cu_k),
-                                    return_lse=True, **options)
+        out, lse = varlen_attention(
+            *arrays, backend.xp.asarray(cu_q), backend.xp.asarray(cu_k), return_lse=True, **options
+        )
         seen = [as64(backend, a) for a in arrays]
         if "alibi_slopes" in options:
             options["alibi_slopes"] = as64(backend, options["alibi_slopes"])
-        expected_out, expected_lse = oracle_features.varlen(*seen, cu_q.tolist(), cu_k.tolist(),
-                                                            **options)
+        expected_out, expected_lse = oracle_features.varlen(
+            *seen, cu_q.tolist(), cu_k.tolist(), **options
+        )
         assert tuple(out.shape) == expected_out.shape and tuple(lse.shape) == expected_lse.shape
         _close(as64(backend, out), expected_out, dtype, f"{backend.name} {dtype} out")
         _close(as64(backend, lse), expected_lse, dtype, f"{backend.name} {dtype} lse")
@@ -95,11 +107,13 @@ KV_CASES = {
     # KVCACHE-2: decode (Lq = 1) against cached prefixes of different lengths, one empty
     "decode": dict(lengths=[5, 0, 3], capacity=6, n_new=0, n_queries=1),
     # KVCACHE-2, KVCACHE-4: two new keys appended, causal bottom-right, GQA, ALiBi, softcap
-    "append-causal": dict(lengths=[1, 4], capacity=6, n_new=2, n_queries=3, is_causal=True,
-                          alibi=(2, 4), softcap=5.0),
+    "append-causal": dict(
+        lengths=[1, 4], capacity=6, n_new=2, n_queries=3, is_causal=True, alibi=(2, 4), softcap=5.0
+    ),
     # KVCACHE-5: paged cache, blocks of 2 in a shuffled table, new keys crossing a block
-    "paged-append": dict(lengths=[3, 0], capacity=6, n_new=2, n_queries=2, block_size=2,
-                         is_causal=True),
+    "paged-append": dict(
+        lengths=[3, 0], capacity=6, n_new=2, n_queries=2, block_size=2, is_causal=True
+    ),
 }
 
 
@@ -110,7 +124,7 @@ def _kv_problem(spec: dict[str, Any], rng: np.random.Generator) -> dict[str, Any
     block_size = spec.get("block_size")
     if block_size:
         per_row = capacity // block_size
-        table = rng.permutation(batch * per_row + 1)[:batch * per_row].reshape(batch, per_row)
+        table = rng.permutation(batch * per_row + 1)[: batch * per_row].reshape(batch, per_row)
         problem["block_table"] = table.astype(np.int32)
         n_cache, length = batch * per_row + 1, block_size
     else:
@@ -137,79 +151,160 @@ def test_kv_cache_matches_oracle(backend: Backend, case: str) -> None:
     problem = _kv_problem(spec, np.random.default_rng(1))
     lengths = np.asarray(spec["lengths"], dtype=np.int32)
     for dtype in dtypes_for(backend, case, "paged-append"):
-        moved = {n: (backend.asarray(a, "float32" if n == "alibi_slopes" else dtype)
-                     if isinstance(a, np.ndarray) and n != "block_table" else a)
-                 for n, a in problem.items()}
+        moved = {
+            n: (
+                backend.asarray(a, "float32" if n == "alibi_slopes" else dtype)
+                if isinstance(a, np.ndarray) and n != "block_table"
+                else a
+            )
+            for n, a in problem.items()
+        }
         if "block_table" in moved:
             moved["block_table"] = backend.xp.asarray(problem["block_table"])
-        seen = {n: (as64(backend, a) if n in ("q", "k_cache", "v_cache", "k", "v",
-                                              "alibi_slopes") else a)
-                for n, a in moved.items()}
+        seen = {
+            n: (
+                as64(backend, a)
+                if n in ("q", "k_cache", "v_cache", "k", "v", "alibi_slopes")
+                else a
+            )
+            for n, a in moved.items()
+        }
         seen["block_table"] = problem.get("block_table")
-        out, lse = kv_cache_attention(moved["q"], moved["k_cache"], moved["v_cache"],
-                                      backend.xp.asarray(lengths), return_lse=True,
-                                      **{n: a for n, a in moved.items()
-                                         if n not in ("q", "k_cache", "v_cache")})
+        out, lse = kv_cache_attention(
+            moved["q"],
+            moved["k_cache"],
+            moved["v_cache"],
+            backend.xp.asarray(lengths),
+            return_lse=True,
+            **{n: a for n, a in moved.items() if n not in ("q", "k_cache", "v_cache")},
+        )
         expected = oracle_features.kv_cache(
-            seen["q"], seen["k_cache"], seen["v_cache"], spec["lengths"],
-            **{n: a for n, a in seen.items() if n not in ("q", "k_cache", "v_cache")})
+            seen["q"],
+            seen["k_cache"],
+            seen["v_cache"],
+            spec["lengths"],
+            **{n: a for n, a in seen.items() if n not in ("q", "k_cache", "v_cache")},
+        )
         where = f"{backend.name} {dtype} {case}"
         _close(as64(backend, out), expected[0], dtype, where + " out")
         _close(as64(backend, lse), expected[1], dtype, where + " lse")
         if "k" in moved:
-            after = append_to_cache(moved["k_cache"], moved["v_cache"],
-                                    backend.xp.asarray(lengths), moved["k"], moved["v"],
-                                    block_table=moved.get("block_table"))
+            after = append_to_cache(
+                moved["k_cache"],
+                moved["v_cache"],
+                backend.xp.asarray(lengths),
+                moved["k"],
+                moved["v"],
+                block_table=moved.get("block_table"),
+            )
             for got, want in zip(after, expected[2:], strict=True):
                 assert np.array_equal(as64(backend, got), want), where
 
 
 def _varlen(**changes: Any) -> Any:
-    arrays = dict(q=np.zeros((5, 2, 4)), k=np.zeros((6, 2, 4)), v=np.zeros((6, 2, 3)),
-                  cu_seqlens_q=np.array([0, 2, 5], np.int32),
-                  cu_seqlens_k=np.array([0, 6, 6], np.int32))
+    arrays = dict(
+        q=np.zeros((5, 2, 4)),
+        k=np.zeros((6, 2, 4)),
+        v=np.zeros((6, 2, 3)),
+        cu_seqlens_q=np.array([0, 2, 5], np.int32),
+        cu_seqlens_k=np.array([0, 6, 6], np.int32),
+    )
     arrays.update(changes)
     return lambda: varlen_attention(**arrays)
 
 
 def _cache(**changes: Any) -> Any:
-    arrays = dict(q=np.zeros((2, 2, 1, 4)), k_cache=np.zeros((2, 1, 5, 4)),
-                  v_cache=np.zeros((2, 1, 5, 3)), cache_seqlens=np.array([2, 5], np.int32))
+    arrays = dict(
+        q=np.zeros((2, 2, 1, 4)),
+        k_cache=np.zeros((2, 1, 5, 4)),
+        v_cache=np.zeros((2, 1, 5, 3)),
+        cache_seqlens=np.array([2, 5], np.int32),
+    )
     arrays.update(changes)
     return lambda: kv_cache_attention(**arrays)
 
 
 BAD = [
-    ("cu-float", _varlen(cu_seqlens_q=np.array([0.0, 2.0, 5.0])), TypeError,
-     "cu_seqlens_q has dtype float64 and shape (3,), but should be a 1-d integer array"),
-    ("cu-end", _varlen(cu_seqlens_q=np.array([0, 2, 4], np.int32)), ValueError,
-     "cu_seqlens_q=[0, 2, 4], but should start at 0 and end at the number of packed tokens, 5"),
-    ("cu-decreasing", _varlen(cu_seqlens_k=np.array([0, 4, 2, 6], np.int32),
-                              cu_seqlens_q=np.array([0, 1, 2, 5], np.int32)), ValueError,
-     "cu_seqlens_k=[0, 4, 2, 6], but should be non-decreasing"),
-    ("cu-count", _varlen(cu_seqlens_k=np.array([0, 6], np.int32)), ValueError,
-     "cu_seqlens_q has 3 offsets and cu_seqlens_k 2, but both should have B + 1"),
-    ("packed-ndim", _varlen(q=np.zeros((1, 5, 2, 4))), ValueError,
-     "q.shape=(1, 5, 2, 4), but should be (total_tokens, heads, head_dim)"),
-    ("cache-too-long", _cache(cache_seqlens=np.array([2, 6], np.int32)), ValueError,
-     "cache_seqlens[1]=6, but should be in [0, 5]: the cache holds 5 positions"),
-    ("cache-append-overflows", _cache(k=np.zeros((2, 1, 1, 4)), v=np.zeros((2, 1, 1, 3))),
-     ValueError, "cache_seqlens[1]=5, but should be in [0, 4]"),
-    ("cache-lengths-count", _cache(cache_seqlens=np.array([2], np.int32)), ValueError,
-     "cache_seqlens has 1 entries, but should have one per batch element (2)"),
-    ("cache-lengths-float", _cache(cache_seqlens=np.array([2.0, 1.0])), TypeError,
-     "cache_seqlens has dtype float64 and shape (2,), but should be a 1-d integer array"),
-    ("new-k-only", _cache(k=np.zeros((2, 1, 1, 4))), ValueError,
-     "k is given and v is None, but should both be given or both None"),
-    ("block-out-of-range", _cache(block_table=np.array([[0, 3], [1, 2]], np.int32),
-                                  k_cache=np.zeros((3, 1, 4, 4)), v_cache=np.zeros((3, 1, 4, 3))),
-     ValueError, "block_table=[[0, 3], [1, 2]], but should have one row per batch element (2) "
-                 "of block indices in [0, 3)"),
+    (
+        "cu-float",
+        _varlen(cu_seqlens_q=np.array([0.0, 2.0, 5.0])),
+        TypeError,
+        "cu_seqlens_q has dtype float64 and shape (3,), but should be a 1-d integer array",
+    ),
+    (
+        "cu-end",
+        _varlen(cu_seqlens_q=np.array([0, 2, 4], np.int32)),
+        ValueError,
+        "cu_seqlens_q=[0, 2, 4], but should start at 0 and end at the number of packed tokens, 5",
+    ),
+    (
+        "cu-decreasing",
+        _varlen(
+            cu_seqlens_k=np.array([0, 4, 2, 6], np.int32),
+            cu_seqlens_q=np.array([0, 1, 2, 5], np.int32),
+        ),
+        ValueError,
+        "cu_seqlens_k=[0, 4, 2, 6], but should be non-decreasing",
+    ),
+    (
+        "cu-count",
+        _varlen(cu_seqlens_k=np.array([0, 6], np.int32)),
+        ValueError,
+        "cu_seqlens_q has 3 offsets and cu_seqlens_k 2, but both should have B + 1",
+    ),
+    (
+        "packed-ndim",
+        _varlen(q=np.zeros((1, 5, 2, 4))),
+        ValueError,
+        "q.shape=(1, 5, 2, 4), but should be (total_tokens, heads, head_dim)",
+    ),
+    (
+        "cache-too-long",
+        _cache(cache_seqlens=np.array([2, 6], np.int32)),
+        ValueError,
+        "cache_seqlens[1]=6, but should be in [0, 5]: the cache holds 5 positions",
+    ),
+    (
+        "cache-append-overflows",
+        _cache(k=np.zeros((2, 1, 1, 4)), v=np.zeros((2, 1, 1, 3))),
+        ValueError,
+        "cache_seqlens[1]=5, but should be in [0, 4]",
+    ),
+    (
+        "cache-lengths-count",
+        _cache(cache_seqlens=np.array([2], np.int32)),
+        ValueError,
+        "cache_seqlens has 1 entries, but should have one per batch element (2)",
+    ),
+    (
+        "cache-lengths-float",
+        _cache(cache_seqlens=np.array([2.0, 1.0])),
+        TypeError,
+        "cache_seqlens has dtype float64 and shape (2,), but should be a 1-d integer array",
+    ),
+    (
+        "new-k-only",
+        _cache(k=np.zeros((2, 1, 1, 4))),
+        ValueError,
+        "k is given and v is None, but should both be given or both None",
+    ),
+    (
+        "block-out-of-range",
+        _cache(
+            block_table=np.array([[0, 3], [1, 2]], np.int32),
+            k_cache=np.zeros((3, 1, 4, 4)),
+            v_cache=np.zeros((3, 1, 4, 3)),
+        ),
+        ValueError,
+        "block_table=[[0, 3], [1, 2]], but should have one row per batch element (2) "
+        "of block indices in [0, 3)",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("call", "error", "message"), [row[1:] for row in BAD],
-                         ids=[row[0] for row in BAD])
+@pytest.mark.parametrize(
+    ("call", "error", "message"), [row[1:] for row in BAD], ids=[row[0] for row in BAD]
+)
 def test_bad_packed_arguments(call: Any, error: type, message: str) -> None:
     """VARLEN-1, KVCACHE-1, KVCACHE-2, KVCACHE-4, KVCACHE-5: malformed offsets, lengths
     and block tables are errors that name the argument (xformers #1122 accepted them)."""

@@ -20,19 +20,23 @@ from attnspec.reference import elu_plus_one, linear_attention, sparse_attention,
 NUMPY = Backend("numpy")
 
 
-def assert_status(fn: Callable[..., Any], property_id: str, status: str,
-                  backend: Backend = NUMPY) -> None:
+def assert_status(
+    fn: Callable[..., Any], property_id: str, status: str, backend: Backend = NUMPY
+) -> None:
     result = verdict_of(property_id, fn, backend=backend)
     assert result.status == status, (property_id, result.detail, result.counterexample)
 
 
 # --- SDPA-2: the score scale ---------------------------------------------------------------
 
+
 def reference_with_scale(choose: Callable[[int, int, float | None], float | None]) -> Any:
     def kernel(q, k, v, *, mask=None, is_causal=False, scale=None):
         chosen = choose(q.shape[-1], v.shape[-1], scale)
-        return attnspec.scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
-                                                     scale=chosen)
+        return attnspec.scaled_dot_product_attention(
+            q, k, v, mask=mask, is_causal=is_causal, scale=chosen
+        )
+
     return declare(kernel, gqa=True)
 
 
@@ -53,8 +57,12 @@ def test_scale_properties_pass_on_the_reference_and_torch(property_id: str) -> N
     """SDPA-2.1, SDPA-2.2: the reference and PyTorch SDPA scale exactly as specified."""
     torch = pytest.importorskip("torch", reason="torch is an optional backend")
     assert_status(reference_with_scale(lambda e, ev, s: s), property_id, PASSED)
-    assert_status(torch.nn.functional.scaled_dot_product_attention, property_id, PASSED,
-                  backend_or_skip("torch"))
+    assert_status(
+        torch.nn.functional.scaled_dot_product_attention,
+        property_id,
+        PASSED,
+        backend_or_skip("torch"),
+    )
 
 
 @pytest.mark.parametrize("bug", sorted(SCALE_BUGS))
@@ -80,14 +88,20 @@ PATTERNS = {
     "sliding_window_bottom_right": ({"left": 3, "right": 0}, "bottom_right", False),
     "strided": ({"stride": 3}, "top_left", True),
     "fixed": ({"stride": 4, "summary": 1}, "top_left", True),
-    "block_sparse": ({"block_size": 3, "layout": [[True, False], [True, True]]}, "top_left",
-                     False),
+    "block_sparse": ({"block_size": 3, "layout": [[True, False], [True, True]]}, "top_left", False),
     "longformer": ({"left": 1, "right": 1, "global_tokens": (0,)}, "top_left", False),
-    "bigbird": ({"block_size": 2, "num_random": 1, "seed": 5, "global_blocks": (0,)},
-                "top_left", False),
+    "bigbird": (
+        {"block_size": 2, "num_random": 1, "seed": 5, "global_blocks": (0,)},
+        "top_left",
+        False,
+    ),
 }
-SPARSE_PROPERTIES = ("sparse-matches-dense", "sparse-weights-exactly-zero",
-                     "sparse-masked-ignored", "sparse-masked-nonfinite-ignored")
+SPARSE_PROPERTIES = (
+    "sparse-matches-dense",
+    "sparse-weights-exactly-zero",
+    "sparse-masked-ignored",
+    "sparse-masked-nonfinite-ignored",
+)
 
 
 def _pattern(case: str) -> str:
@@ -98,14 +112,29 @@ def reference_sparse(case: str) -> Any:
     params, alignment, causal = PATTERNS[case]
 
     def kernel(q, k, v, *, scale=None):
-        return sparse_attention(q, k, v, pattern=_pattern(case), alignment=alignment,
-                                causal=causal, scale=scale, **params)
-    return declare(kernel, gqa=True, mask=False, causal=False,
-                   sparse=SparseClaim(_pattern(case), params, alignment, causal))
+        return sparse_attention(
+            q,
+            k,
+            v,
+            pattern=_pattern(case),
+            alignment=alignment,
+            causal=causal,
+            scale=scale,
+            **params,
+        )
+
+    return declare(
+        kernel,
+        gqa=True,
+        mask=False,
+        causal=False,
+        sparse=SparseClaim(_pattern(case), params, alignment, causal),
+    )
 
 
-def masked_softmax_kernel(case: str, *, fill: float | None = None,
-                          zero_after_softmax: bool = False, left_shift: int = 0) -> Any:
+def masked_softmax_kernel(
+    case: str, *, fill: float | None = None, zero_after_softmax: bool = False, left_shift: int = 0
+) -> Any:
     """Dense NumPy attention over the pattern's mask, written independently of the
     reference; the keyword arguments inject one realistic bug each."""
     params, alignment, causal = PATTERNS[case]
@@ -115,8 +144,11 @@ def masked_softmax_kernel(case: str, *, fill: float | None = None,
 
     def kernel(q, k, v, *, scale=None):
         n_q, n_k = q.shape[-2], k.shape[-2]
-        mask = np.asarray(sparse_mask(_pattern(case), n_q, n_k, alignment=alignment,
-                                      causal=causal, xp=np, **params))
+        mask = np.asarray(
+            sparse_mask(
+                _pattern(case), n_q, n_k, alignment=alignment, causal=causal, xp=np, **params
+            )
+        )
         groups = q.shape[-3] // k.shape[-3]
         k, v = np.repeat(k, groups, axis=-3), np.repeat(v, groups, axis=-3)
         s = q @ np.swapaxes(k, -1, -2) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
@@ -137,8 +169,14 @@ def masked_softmax_kernel(case: str, *, fill: float | None = None,
             keep = mask[index[-1]]
             out[index] = p[index][keep] @ v[(*index[:-1], keep)] if keep.any() else 0.0
         return out.astype(q.dtype)
-    return declare(kernel, gqa=True, mask=False, causal=False,
-                   sparse=SparseClaim(_pattern(case), PATTERNS[case][0], alignment, causal))
+
+    return declare(
+        kernel,
+        gqa=True,
+        mask=False,
+        causal=False,
+        sparse=SparseClaim(_pattern(case), PATTERNS[case][0], alignment, causal),
+    )
 
 
 @pytest.mark.parametrize("case", sorted(PATTERNS))
@@ -172,27 +210,46 @@ def test_family_kernels_must_keep_the_dtype() -> None:
 def test_sparse_bugs_are_caught() -> None:
     """SPARSE-6: a window one key too wide, a finite -1e9 fill (tiny weights, mean(V) on
     empty rows) and a 0 * NaN leak are each caught by the property of their clause."""
-    assert_status(masked_softmax_kernel("sliding_window", left_shift=1),
-                  "sparse-matches-dense", FAILED)
-    assert_status(masked_softmax_kernel("sliding_window", left_shift=1),
-                  "sparse-weights-exactly-zero", FAILED)
-    assert_status(masked_softmax_kernel("sliding_window", left_shift=1),
-                  "sparse-masked-ignored", FAILED)
-    assert_status(masked_softmax_kernel("sliding_window", fill=-1e9),
-                  "sparse-weights-exactly-zero", FAILED)
-    assert_status(masked_softmax_kernel("strided", zero_after_softmax=True),
-                  "sparse-masked-nonfinite-ignored", WARNING)
+    assert_status(
+        masked_softmax_kernel("sliding_window", left_shift=1), "sparse-matches-dense", FAILED
+    )
+    assert_status(
+        masked_softmax_kernel("sliding_window", left_shift=1), "sparse-weights-exactly-zero", FAILED
+    )
+    assert_status(
+        masked_softmax_kernel("sliding_window", left_shift=1), "sparse-masked-ignored", FAILED
+    )
+    assert_status(
+        masked_softmax_kernel("sliding_window", fill=-1e9), "sparse-weights-exactly-zero", FAILED
+    )
+    assert_status(
+        masked_softmax_kernel("strided", zero_after_softmax=True),
+        "sparse-masked-nonfinite-ignored",
+        WARNING,
+    )
 
 
 # --- LIN: linear attention -------------------------------------------------------------------
 
-def reference_linear(alignment: str = "top_left", eps: float = 0.0, declared_eps: float = 0.0,
-                     declared_alignment: str | None = None) -> Any:
+
+def reference_linear(
+    alignment: str = "top_left",
+    eps: float = 0.0,
+    declared_eps: float = 0.0,
+    declared_alignment: str | None = None,
+) -> Any:
     def kernel(q, k, v, *, is_causal=False):
-        return linear_attention(q, k, v, feature_map=elu_plus_one, is_causal=is_causal,
-                                causal_alignment=alignment, eps=eps)
-    claim = LinearClaim("elu+1", eps=declared_eps,
-                        causal_alignment=declared_alignment or alignment)
+        return linear_attention(
+            q,
+            k,
+            v,
+            feature_map=elu_plus_one,
+            is_causal=is_causal,
+            causal_alignment=alignment,
+            eps=eps,
+        )
+
+    claim = LinearClaim("elu+1", eps=declared_eps, causal_alignment=declared_alignment or alignment)
     return declare(kernel, gqa=True, mask=False, scale=False, linear=claim)
 
 
@@ -213,18 +270,23 @@ def test_linear_properties_pass_on_correct_kernels(property_id: str) -> None:
     """LIN-5.2, LIN-2.1: the reference (both alignments) and an independent quadratic form."""
     assert_status(reference_linear(), property_id, PASSED)
     assert_status(reference_linear("bottom_right"), property_id, PASSED)
-    assert_status(declare(quadratic_linear, gqa=True, mask=False, scale=False,
-                          linear=LinearClaim("elu+1")), property_id, PASSED)
+    assert_status(
+        declare(quadratic_linear, gqa=True, mask=False, scale=False, linear=LinearClaim("elu+1")),
+        property_id,
+        PASSED,
+    )
 
 
 def test_linear_bugs_are_caught() -> None:
     """LIN-3.1 via LIN-5.2: an undeclared eps=1e-6; LIN-2.1: the other causal alignment;
     LIN-4.2: relu declared while elu+1 is computed."""
     assert_status(reference_linear(eps=1e-6), "linear-matches-formula", FAILED)
-    assert_status(reference_linear(eps=1e-6, declared_eps=1e-6), "linear-matches-formula",
-                  PASSED)
-    assert_status(reference_linear("bottom_right", declared_alignment="top_left"),
-                  "linear-causal-prefix", FAILED)
+    assert_status(reference_linear(eps=1e-6, declared_eps=1e-6), "linear-matches-formula", PASSED)
+    assert_status(
+        reference_linear("bottom_right", declared_alignment="top_left"),
+        "linear-causal-prefix",
+        FAILED,
+    )
     wrong_map = declare(quadratic_linear, mask=False, scale=False, linear=LinearClaim("relu"))
     assert_status(wrong_map, "linear-matches-formula", FAILED)
 
@@ -232,6 +294,7 @@ def test_linear_bugs_are_caught() -> None:
 def numpy_favor(num_features: int, *, key_factor: bool = True, drawn: int | None = None) -> Any:
     """FAVOR+ with iid features drawn by NumPy from the seed (independent of the reference);
     ``key_factor=False`` drops exp(-|y|^2/2) on keys, ``drawn`` uses fewer features."""
+
     def kernel(q, k, v, *, seed, is_causal=False):
         head_dim = q.shape[-1]
         w = np.random.default_rng(seed).standard_normal((drawn or num_features, head_dim))
@@ -240,8 +303,10 @@ def numpy_favor(num_features: int, *, key_factor: bool = True, drawn: int | None
         phi_y = np.exp(y @ w.T - (key_factor * (y * y).sum(-1, keepdims=True) / 2))
         a = phi_x @ np.swapaxes(phi_y, -1, -2)
         return (a @ v) / a.sum(axis=-1, keepdims=True)
-    return declare(kernel, mask=False, scale=False,
-                   linear=LinearClaim("favor+", num_features=num_features))
+
+    return declare(
+        kernel, mask=False, scale=False, linear=LinearClaim("favor+", num_features=num_features)
+    )
 
 
 def test_favor_acceptance_passes_a_correct_estimator_and_rejects_biased_ones() -> None:
@@ -256,30 +321,28 @@ ZERO_FALSE_FAILURE_SEEDS = range(20)
 
 
 @pytest.mark.parametrize("case", sorted(PATTERNS))
-def test_sparse_reference_passes_over_20_seeds(case: str, monkeypatch: pytest.MonkeyPatch
-                                               ) -> None:
+def test_sparse_reference_passes_over_20_seeds(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """SPARSE-6.1..6.4, zero false failures: the reference's sparse kernels pass every sparse
     property on 20 seeds (2 examples each, a fresh Hypothesis stream per seed)."""
     monkeypatch.setitem(PROFILES, "seeded", Profile(2))
     kernel = KernelUnderTest(reference_sparse(case), NUMPY)
     for property_id in SPARSE_PROPERTIES:
         for seed in ZERO_FALSE_FAILURE_SEEDS:
-            result = verdict_of(property_id, kernel, profile="seeded",
-                                  seed=seed)
+            result = verdict_of(property_id, kernel, profile="seeded", seed=seed)
             assert result.status == PASSED, (property_id, seed, result.detail)
 
 
 @pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
-def test_linear_reference_passes_over_20_seeds(alignment: str,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_linear_reference_passes_over_20_seeds(
+    alignment: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """LIN-5.2, LIN-2.1, zero false failures: the reference's linear attention passes on
     20 seeds (2 examples each)."""
     monkeypatch.setitem(PROFILES, "seeded", Profile(2))
     kernel = KernelUnderTest(reference_linear(alignment), NUMPY)
     for property_id in ("linear-matches-formula", "linear-causal-prefix"):
         for seed in ZERO_FALSE_FAILURE_SEEDS:
-            result = verdict_of(property_id, kernel, profile="seeded",
-                                  seed=seed)
+            result = verdict_of(property_id, kernel, profile="seeded", seed=seed)
             assert result.status == PASSED, (property_id, seed, result.detail)
 
 

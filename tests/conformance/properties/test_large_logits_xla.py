@@ -18,7 +18,7 @@ from attnspec.reference import scaled_dot_product_attention as sdpa
 # unrounded score minus that max (one fused multiply-add), so s - max is the score's
 # rounding error, up to ~|s| 6e-8, not <= 0.  Within TOL-2 on the scores the property
 # compares values on; non-finite on scores around 1e29.
-KERNELS = '''
+KERNELS = """
 import sys
 import numpy as np
 sys.path.insert(0, {tests!r})
@@ -32,7 +32,7 @@ def max_of_rounded_scores(q, k, v):
     with np.errstate(over="ignore", invalid="ignore"):
         e = np.exp((exact - rounded_max).astype(np.float32))
         return ((e / e.sum(axis=-1, keepdims=True)) @ v).astype(np.float32)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -48,15 +48,19 @@ def test_large_logits_tells_an_inconsistent_max_from_a_missing_one(kernels: Path
     subtraction works on moderate scores; a softmax without max subtraction is still told
     it needs one.  Before MODERATE_SCORE both were told "needs max subtraction", because
     the moderate re-run used scores of 1e30 again in float32."""
-    verdict = check(f"{kernels}:max_of_rounded_scores", dtypes=["float32"],
-                    only=["large-logits"]).verdicts[0]
+    verdict = check(
+        f"{kernels}:max_of_rounded_scores", dtypes=["float32"], only=["large-logits"]
+    ).verdicts[0]
     assert verdict.status == "failed", verdict.detail
     assert "so max subtraction works: an intermediate of the kernel overflows" in verdict.detail
     assert "needs max subtraction" not in verdict.detail, verdict.detail
-    verdict = check(f"{kernels}:no_max_subtraction", dtypes=["float32"],
-                    only=["large-logits"]).verdicts[0]
-    assert re.search("where exp (over|under)flows but q k\\^T does not: the softmax needs max "
-                     "subtraction", verdict.detail), verdict.detail
+    verdict = check(
+        f"{kernels}:no_max_subtraction", dtypes=["float32"], only=["large-logits"]
+    ).verdicts[0]
+    assert re.search(
+        "where exp (over|under)flows but q k\\^T does not: the softmax needs max subtraction",
+        verdict.detail,
+    ), verdict.detail
 
 
 @pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
@@ -71,9 +75,11 @@ def test_upstream_jax_jit_overflows_on_huge_float32_scores() -> None:
     q = jnp.full((1, 1, 1, 1), 3e14, jnp.float32)
     k = jnp.asarray([3e14, -3e14], jnp.float32).reshape(1, 2, 1, 1)
     v = jnp.asarray([1.0, 2.0], jnp.float32).reshape(1, 2, 1, 1)
-    want = sdpa(np.asarray(q, np.float64)[0].transpose(1, 0, 2),
-                np.asarray(k, np.float64)[0].transpose(1, 0, 2),
-                np.asarray(v, np.float64)[0].transpose(1, 0, 2))
+    want = sdpa(
+        np.asarray(q, np.float64)[0].transpose(1, 0, 2),
+        np.asarray(k, np.float64)[0].transpose(1, 0, 2),
+        np.asarray(v, np.float64)[0].transpose(1, 0, 2),
+    )
     assert want.ravel().tolist() == [1.0]
     assert np.asarray(jax.nn.dot_product_attention(q, k, v)).ravel().tolist() == [1.0]
     assert np.isnan(np.asarray(jax.jit(jax.nn.dot_product_attention)(q, k, v))).all()

@@ -40,8 +40,7 @@ def test_outside_the_precondition_pytorch_returns_nan() -> None:
     v = np.eye(2)[None]
     mask = np.array([[[True, False]]])
     as_torch = [torch.tensor(a, dtype=torch.float32) for a in (q, k, v)]
-    out = torch.nn.functional.scaled_dot_product_attention(*as_torch,
-                                                           attn_mask=torch.tensor(mask))
+    out = torch.nn.functional.scaled_dot_product_attention(*as_torch, attn_mask=torch.tensor(mask))
     assert torch.isnan(out).all()
     assert np.array_equal(attnspec.scaled_dot_product_attention(q, k, v, mask=mask), [[[1, 0]]])
     assert not scores_within_precondition(Problem(q=q, k=k, v=v, dtype="float32", mask=mask))
@@ -51,8 +50,9 @@ def test_outside_the_precondition_pytorch_returns_nan() -> None:
 def recording(fn: Any, seen: list[Problem], dtypes: tuple[str, ...]) -> Any:
     """``fn`` declared with a mask and ``dtypes``, recording each call's inputs as a Problem."""
 
-    def kernel(q: Any, k: Any, v: Any, *, mask: Any = None, is_causal: bool = False,
-               scale: Any = None) -> Any:
+    def kernel(
+        q: Any, k: Any, v: Any, *, mask: Any = None, is_causal: bool = False, scale: Any = None
+    ) -> Any:
         arrays = [np.asarray(a, dtype=np.float64) for a in (q, k, v)]
         seen.append(Problem(*arrays, dtype=str(q.dtype), mask=mask, scale=scale))
         return fn(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
@@ -67,28 +67,32 @@ def test_draws_reach_the_largest_values_the_precondition_allows(dtype: str) -> N
     accumulation precision's largest number (or keys at 1/100 of float16's largest value,
     where the dtype binds first)."""
     seen: list[Problem] = []
-    result = verdict_of("masked-values-ignored",
-                        recording(attnspec.scaled_dot_product_attention, seen, (dtype,)),
-                        profile="default", shrink=False)
+    result = verdict_of(
+        "masked-values-ignored",
+        recording(attnspec.scaled_dot_product_attention, seen, (dtype,)),
+        profile="default",
+        shrink=False,
+    )
     assert result.status == PASSED, result.detail
     assert seen and all(scores_within_precondition(p) for p in seen)
     largest_key = max(float(np.max(np.abs(p.k), initial=0)) for p in seen)
-    largest_score = max(float(np.max(masked_values.score_magnitudes(p), initial=0))
-                        for p in seen)
+    largest_score = max(float(np.max(masked_values.score_magnitudes(p), initial=0)) for p in seen)
     if dtype == "float16":
         assert largest_key >= 65504 / 100
     else:
         assert largest_score >= ACCUMULATION_LARGEST[dtype] / 100
 
 
-def mask_with_minus_1e9(q: Any, k: Any, v: Any, *, mask: Any = None, is_causal: bool = False,
-                        scale: Any = None) -> Any:
+def mask_with_minus_1e9(
+    q: Any, k: Any, v: Any, *, mask: Any = None, is_causal: bool = False, scale: Any = None
+) -> Any:
     """Masks by adding -1e9 to excluded scores (``masked_fill(-1e9)``), a common idiom: exact
     for scores of ordinary size, wrong once an excluded score exceeds about 1e9."""
     scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
     scores = scale * (q @ np.swapaxes(k, -1, -2))
-    allowed = np.ones(scores.shape, dtype=bool) if mask is None else np.broadcast_to(mask,
-                                                                                    scores.shape)
+    allowed = (
+        np.ones(scores.shape, dtype=bool) if mask is None else np.broadcast_to(mask, scores.shape)
+    )
     if is_causal:
         rows, cols = np.indices(scores.shape[-2:])
         allowed = allowed & (cols <= rows)

@@ -33,15 +33,26 @@ from attnspec.conformance.runner import FAILED, NOT_APPLICABLE, PASSED, WARNING,
 from attnspec.reference.tolerance import UNIT_ROUNDOFF
 
 SEMANTIC = (
-    "causal-zeros", "causal-alignment", "decode-consistency", "output-in-value-hull",
-    "large-logits", "deterministic", "query-permutation", "key-permutation",
-    "batch-head-independence", "bias-shift-invariance", "value-linearity",
-    "masked-values-ignored", "masked-nonfinite-ignored", "nan-propagates",
+    "causal-zeros",
+    "causal-alignment",
+    "decode-consistency",
+    "output-in-value-hull",
+    "large-logits",
+    "deterministic",
+    "query-permutation",
+    "key-permutation",
+    "batch-head-independence",
+    "bias-shift-invariance",
+    "value-linearity",
+    "masked-values-ignored",
+    "masked-nonfinite-ignored",
+    "nan-propagates",
 )
 TORCH_CHECKED = tuple(p for p in SEMANTIC if p != "decode-consistency")  # torch is top-left
 
 
 # --- correct kernels ---------------------------------------------------------------------
+
 
 def reference_kernel(backend: str, alignment: str) -> KernelUnderTest:
     """The reference, declaring everything it supports."""
@@ -49,16 +60,28 @@ def reference_kernel(backend: str, alignment: str) -> KernelUnderTest:
     def attention(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
         return reference.scaled_dot_product_attention(q, k, v, **kwargs)
 
-    declaration = KernelDeclaration(bias=True, gqa=True, causal_alignment=alignment,
-                                    extra_kwargs={"causal_alignment": alignment})
-    return KernelUnderTest(attention, backend_or_skip(backend), declaration,
-                           f"reference[{alignment}]")
+    declaration = KernelDeclaration(
+        bias=True,
+        gqa=True,
+        causal_alignment=alignment,
+        extra_kwargs={"causal_alignment": alignment},
+    )
+    return KernelUnderTest(
+        attention, backend_or_skip(backend), declaration, f"reference[{alignment}]"
+    )
 
 
 def numpy_attention(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, *, mask: np.ndarray | None = None,
-    bias: np.ndarray | None = None, is_causal: bool = False, scale: float | None = None,
-    alignment: str = "top_left", bug: str = "",
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    mask: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    alignment: str = "top_left",
+    bug: str = "",
 ) -> np.ndarray:
     """SDPA-7.1 written independently in NumPy (float64 inside), with one optional bug."""
     dtype = q.dtype
@@ -89,8 +112,9 @@ def numpy_attention(
     if bug == "no_max_subtraction":
         top = np.zeros((*scores.shape[:-1], 1))
     elif bug == "max_before_bias":
-        top = np.max(np.where(allowed, unbiased, -np.inf), axis=key_axes, keepdims=True,
-                     initial=-np.inf)
+        top = np.max(
+            np.where(allowed, unbiased, -np.inf), axis=key_axes, keepdims=True, initial=-np.inf
+        )
     else:
         top = np.max(scores, axis=key_axes, keepdims=True, initial=-np.inf)
     top = np.where(top == -np.inf, 0.0, top)
@@ -116,15 +140,17 @@ def numpy_attention(
 NOISE = np.random.default_rng(0)
 
 
-def numpy_kernel(bug: str = "", alignment: str = "top_left", claimed: str = "",
-                 **claims: Any) -> KernelUnderTest:
+def numpy_kernel(
+    bug: str = "", alignment: str = "top_left", claimed: str = "", **claims: Any
+) -> KernelUnderTest:
     """``numpy_attention`` with ``bug``, computing ``alignment`` but declaring ``claimed``."""
 
     def attention(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
         return numpy_attention(q, k, v, alignment=alignment, bug=bug, **kwargs)
 
-    declaration = KernelDeclaration(bias=True, gqa=True,
-                                    causal_alignment=claimed or alignment, **claims)
+    declaration = KernelDeclaration(
+        bias=True, gqa=True, causal_alignment=claimed or alignment, **claims
+    )
     return KernelUnderTest(attention, Backend("numpy"), declaration, f"numpy_attention[{bug}]")
 
 
@@ -133,15 +159,23 @@ def numpy_kernel(bug: str = "", alignment: str = "top_left", claimed: str = "",
 def test_reference_passes(property_id: str, alignment: str) -> None:
     """SDPA-4, SDPA-7, SDPA-8: the reference (NumPy) passes every semantic property."""
     result = verdict_of(property_id, reference_kernel("numpy", alignment))
-    expected = NOT_APPLICABLE if (property_id, alignment) == ("decode-consistency",
-                                                              "top_left") else PASSED
+    expected = (
+        NOT_APPLICABLE if (property_id, alignment) == ("decode-consistency", "top_left") else PASSED
+    )
     assert result.status == expected, (result.detail, result.counterexample)
 
 
 @pytest.mark.parametrize("backend", ["array_api_strict", "torch"])
-@pytest.mark.parametrize("property_id", ["decode-consistency", "large-logits",
-                                         "masked-nonfinite-ignored", "nan-propagates",
-                                         "value-linearity"])
+@pytest.mark.parametrize(
+    "property_id",
+    [
+        "decode-consistency",
+        "large-logits",
+        "masked-nonfinite-ignored",
+        "nan-propagates",
+        "value-linearity",
+    ],
+)
 def test_reference_passes_on_other_backends(property_id: str, backend: str) -> None:
     """SDPA-4.4, SDPA-7.4, SDPA-7.6, SDPA-8.2, SDPA-8.3: the reference passes on the strict
     namespace and on torch (the properties that depend most on the array library)."""
@@ -149,8 +183,10 @@ def test_reference_passes_on_other_backends(property_id: str, backend: str) -> N
     assert result.status == PASSED, (result.detail, result.counterexample)
 
 
-@pytest.mark.parametrize(("property_id", "alignment"), [
-    *((p, "top_left") for p in TORCH_CHECKED), *((p, "bottom_right") for p in SEMANTIC)])
+@pytest.mark.parametrize(
+    ("property_id", "alignment"),
+    [*((p, "top_left") for p in TORCH_CHECKED), *((p, "bottom_right") for p in SEMANTIC)],
+)
 def test_independent_numpy_formulation_passes(property_id: str, alignment: str) -> None:
     """SDPA-4, SDPA-7, SDPA-8: the bug-free NumPy formulation the buggy kernels start from
     passes too, so each failure below is the bug's."""
@@ -160,11 +196,13 @@ def test_independent_numpy_formulation_passes(property_id: str, alignment: str) 
 
 # --- PyTorch SDPA: a third-party kernel, with its confirmed divergences ------------------
 
+
 @pytest.fixture(scope="module")
 def torch_sdpa() -> KernelUnderTest:
     torch = pytest.importorskip("torch", reason="torch is an optional backend")
-    return KernelUnderTest(torch.nn.functional.scaled_dot_product_attention,
-                           backend_or_skip("torch"))
+    return KernelUnderTest(
+        torch.nn.functional.scaled_dot_product_attention, backend_or_skip("torch")
+    )
 
 
 # property -> (verdict, what its counterexample shows): the confirmed divergences
@@ -193,9 +231,13 @@ def _oracle_out(problem: Problem) -> np.ndarray:
 def test_torch_sdpa_leaks_nan_from_masked_key(torch_sdpa: KernelUnderTest) -> None:
     """SDPA-8.2 (pytorch #101967): a NaN key in a column the mask excludes turns the row
     NaN in torch SDPA; the definition (float64 oracle) gives the allowed key's value."""
-    problem = Problem(q=np.ones((1, 1, 1, 1)), k=np.array([[[[1.0], [np.nan]]]]),
-                      v=np.array([[[[2.0], [3.0]]]]), dtype="float32",
-                      mask=np.array([[True, False]]))
+    problem = Problem(
+        q=np.ones((1, 1, 1, 1)),
+        k=np.array([[[[1.0], [np.nan]]]]),
+        v=np.array([[[[2.0], [3.0]]]]),
+        dtype="float32",
+        mask=np.array([[True, False]]),
+    )
     assert _oracle_out(problem).tolist() == [[[[2.0]]]]
     assert np.isnan(torch_sdpa.output(problem)).all()
 
@@ -204,8 +246,12 @@ def test_torch_sdpa_drops_nan_query_row(torch_sdpa: KernelUnderTest) -> None:
     """SDPA-8.3: torch 2.13's CPU flash path (taken when E == Ev) returns 0 for a query
     containing NaN when Lk <= 8; the definition and torch's own math backend give NaN
     (pytorch #141128, closed, reported this for all lengths; longer rows now give NaN)."""
-    problem = Problem(q=np.array([[[[np.nan]]]]), k=np.ones((1, 1, 1, 1)),
-                      v=np.ones((1, 1, 1, 1)), dtype="float32")
+    problem = Problem(
+        q=np.array([[[[np.nan]]]]),
+        k=np.ones((1, 1, 1, 1)),
+        v=np.ones((1, 1, 1, 1)),
+        dtype="float32",
+    )
     assert np.isnan(_oracle_out(problem)).all()
     assert torch_sdpa.output(problem).tolist() == [[[[0.0]]]]
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -219,8 +265,14 @@ def test_torch_sdpa_causal_with_zero_scale_is_nan(torch_sdpa: KernelUnderTest) -
     is_causal=True and scale=0.0, torch 2.13's CPU flash path (E == Ev) returns NaN for every
     row with a causally excluded key (0 * -inf); the definition gives uniform weights over
     the allowed keys, i.e. v_0 here, as torch's math backend does."""
-    problem = Problem(q=np.ones((1, 1, 1, 1)), k=np.ones((1, 1, 2, 1)),
-                      v=np.array([[[[0.5], [2.0]]]]), dtype="float32", is_causal=True, scale=0.0)
+    problem = Problem(
+        q=np.ones((1, 1, 1, 1)),
+        k=np.ones((1, 1, 2, 1)),
+        v=np.array([[[[0.5], [2.0]]]]),
+        dtype="float32",
+        is_causal=True,
+        scale=0.0,
+    )
     assert _oracle_out(problem).tolist() == [[[[0.5]]]]
     assert np.isnan(torch_sdpa.output(problem)).all()
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -253,8 +305,11 @@ CAUGHT = [
 ]
 
 
-@pytest.mark.parametrize(("property_id", "kernel"), CAUGHT,
-                         ids=[f"{p}-{'-'.join(map(str, k.values()))}" for p, k in CAUGHT])
+@pytest.mark.parametrize(
+    ("property_id", "kernel"),
+    CAUGHT,
+    ids=[f"{p}-{'-'.join(map(str, k.values()))}" for p, k in CAUGHT],
+)
 def test_bug_is_caught(property_id: str, kernel: dict[str, str]) -> None:
     """SDPA-4.1/4.2/4.4, SDPA-7.1/7.4/7.5/7.6, SDPA-8.1/8.2/8.3: each realistic bug fails the
     property written for its clause (a warning for the SHOULD clause SDPA-8.2), and the
@@ -269,13 +324,17 @@ def test_bug_is_caught(property_id: str, kernel: dict[str, str]) -> None:
 
 # --- applicability and the helpers' own guarantees ---------------------------------------
 
-@pytest.mark.parametrize(("property_id", "claims"), [
-    ("decode-consistency", dict(causal_alignment="top_left")),
-    ("causal-zeros", dict(causal=False)),
-    ("bias-shift-invariance", dict(bias=False)),
-    ("masked-values-ignored", dict(mask=False)),
-    ("masked-nonfinite-ignored", dict(mask=False)),
-])
+
+@pytest.mark.parametrize(
+    ("property_id", "claims"),
+    [
+        ("decode-consistency", dict(causal_alignment="top_left")),
+        ("causal-zeros", dict(causal=False)),
+        ("bias-shift-invariance", dict(bias=False)),
+        ("masked-values-ignored", dict(mask=False)),
+        ("masked-nonfinite-ignored", dict(mask=False)),
+    ],
+)
 def test_not_applicable_without_the_claim(property_id: str, claims: dict[str, Any]) -> None:
     """CONF-3: a kernel that does not claim what a property needs gets "not applicable"."""
     kernel = KernelUnderTest(numpy_attention, Backend("numpy"), KernelDeclaration(**claims))
@@ -291,10 +350,13 @@ def test_within_validity_reaches_the_domain_of_tol2(dtype: str) -> None:
     kernel = KernelUnderTest(numpy_attention, backend_or_skip("torch"), KernelDeclaration())
     rng = np.random.default_rng(1)
     magnitude = 4 / math.sqrt(UNIT_ROUNDOFF[dtype])  # |alpha| A ~ 16 / u_d: far outside
-    problem = Problem(q=kernel.rounded(rng.standard_normal((2, 3, 4)) * magnitude, dtype),
-                      k=kernel.rounded(rng.standard_normal((2, 5, 4)) * magnitude, dtype),
-                      v=rng.standard_normal((2, 5, 3)), dtype=dtype,
-                      bias=kernel.rounded(rng.standard_normal((3, 5)), dtype))
+    problem = Problem(
+        q=kernel.rounded(rng.standard_normal((2, 3, 4)) * magnitude, dtype),
+        k=kernel.rounded(rng.standard_normal((2, 5, 4)) * magnitude, dtype),
+        v=rng.standard_normal((2, 5, 3)),
+        dtype=dtype,
+        bias=kernel.rounded(rng.standard_normal((3, 5)), dtype),
+    )
     assert score_error(problem) > VALID_SCORE_ERROR
     scaled = within_validity(kernel, problem)
     assert score_error(scaled) <= VALID_SCORE_ERROR

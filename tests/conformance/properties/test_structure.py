@@ -30,13 +30,26 @@ from attnspec.conformance.runner import (
 from attnspec.reference import scaled_dot_product_attention as reference
 
 STRUCTURE = (
-    "output-shape-dtype", "empty-sizes", "inputs-unmodified", "layout-independence",
-    "mask-polarity", "mask-broadcast", "bias-semantics", "mask-wins-over-bias",
-    "mask-and-causal", "empty-rows-zero", "no-keys-zero", "gqa-mapping", "gqa-rejects-bad-heads",
+    "output-shape-dtype",
+    "empty-sizes",
+    "inputs-unmodified",
+    "layout-independence",
+    "mask-polarity",
+    "mask-broadcast",
+    "bias-semantics",
+    "mask-wins-over-bias",
+    "mask-and-causal",
+    "empty-rows-zero",
+    "no-keys-zero",
+    "gqa-mapping",
+    "gqa-rejects-bad-heads",
 )
 FULL = KernelDeclaration(bias=True, gqa=True)
 WITH_WEIGHTS_BOTTOM_RIGHT = KernelDeclaration(
-    bias=True, gqa=True, returns_weights=True, causal_alignment="bottom_right",
+    bias=True,
+    gqa=True,
+    returns_weights=True,
+    causal_alignment="bottom_right",
     extra_kwargs={"return_weights": True, "causal_alignment": "bottom_right"},
 )
 
@@ -49,12 +62,18 @@ def _expected_failure(property_id: str) -> str:
 def test_properties_registered_with_their_clauses() -> None:
     """SDPA-1.3 … SDPA-6.2: every structural property is registered under the clause it checks."""
     clauses = {
-        "output-shape-dtype": "SDPA-1.3", "empty-sizes": "SDPA-1.5",
-        "inputs-unmodified": "SDPA-1.6", "layout-independence": "SDPA-1.7",
-        "mask-polarity": "SDPA-3.1", "mask-broadcast": "SDPA-3.1",
-        "bias-semantics": "SDPA-3.2", "mask-wins-over-bias": "SDPA-3.3",
-        "mask-and-causal": "SDPA-3.4", "empty-rows-zero": "SDPA-5.1",
-        "no-keys-zero": "SDPA-5.2", "gqa-mapping": "SDPA-6.1",
+        "output-shape-dtype": "SDPA-1.3",
+        "empty-sizes": "SDPA-1.5",
+        "inputs-unmodified": "SDPA-1.6",
+        "layout-independence": "SDPA-1.7",
+        "mask-polarity": "SDPA-3.1",
+        "mask-broadcast": "SDPA-3.1",
+        "bias-semantics": "SDPA-3.2",
+        "mask-wins-over-bias": "SDPA-3.3",
+        "mask-and-causal": "SDPA-3.4",
+        "empty-rows-zero": "SDPA-5.1",
+        "no-keys-zero": "SDPA-5.2",
+        "gqa-mapping": "SDPA-6.1",
         "gqa-rejects-bad-heads": "SDPA-6.2",
     }
     registry = all_properties()
@@ -63,6 +82,7 @@ def test_properties_registered_with_their_clauses() -> None:
 
 
 # --- correct kernels pass ----------------------------------------------------------------
+
 
 # JAX is left out: the eager reference compiles every op for every new shape, which costs
 # minutes per property on 2 cores (tests/test_reference*.py cover the reference on JAX).
@@ -89,8 +109,9 @@ def test_torch_sdpa_passes(property_id: str) -> None:
     torch = pytest.importorskip("torch", reason="torch is an optional backend")
     fn = torch.nn.functional.scaled_dot_product_attention
     verdict = verdict_of(property_id, fn, backend="torch")
-    expected = (NOT_APPLICABLE if property_id in ("mask-wins-over-bias", "mask-and-causal")
-                else PASSED)
+    expected = (
+        NOT_APPLICABLE if property_id in ("mask-wins-over-bias", "mask-and-causal") else PASSED
+    )
     if property_id in known_divergences(fn):
         # confirmed against the oracle and written up in docs/divergences.md
         expected = FAILED
@@ -103,8 +124,12 @@ def test_unclaimed_properties_are_not_applicable() -> None:
     """CONF-3: without GQA or bias those properties are "not applicable", never "passed";
     CONF-7: the waived fully-masked-row rule is "waived", never "not applicable"."""
     plain = KernelDeclaration(empty_rows_zero=False)
-    for property_id in ("gqa-mapping", "gqa-rejects-bad-heads", "bias-semantics",
-                        "mask-wins-over-bias"):
+    for property_id in (
+        "gqa-mapping",
+        "gqa-rejects-bad-heads",
+        "bias-semantics",
+        "mask-wins-over-bias",
+    ):
         assert verdict_of(property_id, reference, declaration=plain).status == NOT_APPLICABLE
     assert verdict_of("empty-rows-zero", reference, declaration=plain).status == WAIVED
     no_route = KernelDeclaration(mask=False, causal=False)
@@ -113,6 +138,7 @@ def test_unclaimed_properties_are_not_applicable() -> None:
 
 # --- buggy kernels fail ------------------------------------------------------------------
 
+
 def _scale(q: Any, scale: float | None) -> float:
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
 
@@ -120,15 +146,18 @@ def _scale(q: Any, scale: float | None) -> float:
 def upcasts_to_float32(q, k, v, *, mask=None, bias=None, is_causal=False, scale=None):
     """Computes in float32 and forgets to cast back (SDPA-1.3)."""
     xp = array_api_compat.array_namespace(q)
-    return xp.astype(reference(q, k, v, mask=mask, is_causal=is_causal, scale=scale),
-                     xp.float32)
+    return xp.astype(reference(q, k, v, mask=mask, is_causal=is_causal, scale=scale), xp.float32)
 
 
 def flattens_batch_with_reshape(q, k, v, *, scale=None):
     """Flattens batch and heads with reshape(-1, L, E), which NumPy cannot do when L or E
     is 0 (SDPA-1.5)."""
-    out = reference(q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:]),
-                    v.reshape(-1, *v.shape[-2:]), scale=scale)
+    out = reference(
+        q.reshape(-1, *q.shape[-2:]),
+        k.reshape(-1, *k.shape[-2:]),
+        v.reshape(-1, *v.shape[-2:]),
+        scale=scale,
+    )
     return out.reshape(*q.shape[:-1], v.shape[-1])
 
 
@@ -140,6 +169,7 @@ def scales_q_in_place(q, k, v, *, mask=None, is_causal=False, scale=None):
 
 def assumes_contiguous(q, k, v, *, mask=None, is_causal=False, scale=None):
     """Reads each input's storage as if it were contiguous, ignoring its strides (SDPA-1.7)."""
+
     def raw(x):
         strides = [1] * x.ndim
         for axis in range(x.ndim - 2, -1, -1):
@@ -211,50 +241,94 @@ def gqa_tiles_heads(q, k, v, *, mask=None, is_causal=False, scale=None):
     """Expands K/V heads with tile instead of repeat: head h reads h % Hkv (SDPA-6.1)."""
     groups = q.shape[-3] // k.shape[-3]
     reps = (1,) * (k.ndim - 3) + (groups, 1, 1)
-    return reference(q, np.tile(k, reps), np.tile(v, reps), mask=mask,
-                     is_causal=is_causal, scale=scale)
+    return reference(
+        q, np.tile(k, reps), np.tile(v, reps), mask=mask, is_causal=is_causal, scale=scale
+    )
 
 
 def gqa_rounds_heads(q, k, v, *, mask=None, is_causal=False, scale=None):
     """Maps query head h to kv head floor(h * Hkv / Hq): right for whole groups, silently
     something for any other head count (SDPA-6.2)."""
     heads = (np.arange(q.shape[-3]) * k.shape[-3]) // q.shape[-3]
-    return reference(q, np.take(k, heads, axis=-3), np.take(v, heads, axis=-3), mask=mask,
-                     is_causal=is_causal, scale=scale)
+    return reference(
+        q,
+        np.take(k, heads, axis=-3),
+        np.take(v, heads, axis=-3),
+        mask=mask,
+        is_causal=is_causal,
+        scale=scale,
+    )
 
 
 BUGS = [
     # (bug, property that must catch it, declaration, backend, words in the finding)
-    (upcasts_to_float32, "output-shape-dtype", KernelDeclaration(), "numpy",
-     "out.dtype=float32, but should be float"),
-    (flattens_batch_with_reshape, "empty-sizes",
-     KernelDeclaration(mask=False, causal=False), "numpy", "kernel raised ValueError"),
-    (scales_q_in_place, "inputs-unmodified", KernelDeclaration(), "numpy",
-     "q was modified by the call"),
-    (assumes_contiguous, "layout-independence", KernelDeclaration(), "torch",
-     "input layouts"),
+    (
+        upcasts_to_float32,
+        "output-shape-dtype",
+        KernelDeclaration(),
+        "numpy",
+        "out.dtype=float32, but should be float",
+    ),
+    (
+        flattens_batch_with_reshape,
+        "empty-sizes",
+        KernelDeclaration(mask=False, causal=False),
+        "numpy",
+        "kernel raised ValueError",
+    ),
+    (
+        scales_q_in_place,
+        "inputs-unmodified",
+        KernelDeclaration(),
+        "numpy",
+        "q was modified by the call",
+    ),
+    (assumes_contiguous, "layout-independence", KernelDeclaration(), "torch", "input layouts"),
     (inverted_mask, "mask-polarity", KernelDeclaration(), "numpy", "one allowed key per row"),
     (two_dim_mask_as_key_padding, "mask-broadcast", KernelDeclaration(), "numpy", "mask"),
     (bias_before_scaling, "bias-semantics", KernelDeclaration(bias=True), "numpy", "TOL-2"),
-    (mask_as_additive_fill, "mask-wins-over-bias", KernelDeclaration(bias=True), "numpy",
-     "large finite bias at masked positions"),
+    (
+        mask_as_additive_fill,
+        "mask-wins-over-bias",
+        KernelDeclaration(bias=True),
+        "numpy",
+        "large finite bias at masked positions",
+    ),
     (causal_replaces_mask, "mask-and-causal", KernelDeclaration(), "numpy", "mask AND causal"),
-    (finite_fill_mean_of_v, "empty-rows-zero", KernelDeclaration(), "numpy",
-     "in a row with no allowed key"),
+    (
+        finite_fill_mean_of_v,
+        "empty-rows-zero",
+        KernelDeclaration(),
+        "numpy",
+        "in a row with no allowed key",
+    ),
     (naive_softmax, "empty-rows-zero", KernelDeclaration(causal=False), "numpy", "NaN"),
-    (naive_softmax, "no-keys-zero", KernelDeclaration(causal=False), "numpy",
-     "nan with Lk = 0"),
-    (gqa_tiles_heads, "gqa-mapping", KernelDeclaration(gqa=True), "numpy",
-     "but should read head h // G"),
-    (gqa_rounds_heads, "gqa-rejects-bad-heads", KernelDeclaration(gqa=True), "numpy",
-     "instead of raising"),
+    (naive_softmax, "no-keys-zero", KernelDeclaration(causal=False), "numpy", "nan with Lk = 0"),
+    (
+        gqa_tiles_heads,
+        "gqa-mapping",
+        KernelDeclaration(gqa=True),
+        "numpy",
+        "but should read head h // G",
+    ),
+    (
+        gqa_rounds_heads,
+        "gqa-rejects-bad-heads",
+        KernelDeclaration(gqa=True),
+        "numpy",
+        "instead of raising",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("bug", "property_id", "declaration", "backend", "words"), BUGS,
-                         ids=[f"{b[1]}-{b[0].__name__}" for b in BUGS])
-def test_buggy_kernel_fails(bug: Any, property_id: str, declaration: KernelDeclaration,
-                            backend: str, words: str) -> None:
+@pytest.mark.parametrize(
+    ("bug", "property_id", "declaration", "backend", "words"),
+    BUGS,
+    ids=[f"{b[1]}-{b[0].__name__}" for b in BUGS],
+)
+def test_buggy_kernel_fails(
+    bug: Any, property_id: str, declaration: KernelDeclaration, backend: str, words: str
+) -> None:
     """CONF-1/CONF-2: the property of the clause a realistic bug breaks reports it in the
     quick profile, with a finding that says what went wrong."""
     if backend == "torch":

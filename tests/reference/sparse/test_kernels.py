@@ -43,8 +43,12 @@ from attnspec.reference.tolerance import error_bound
 # case), so it runs the one fixed case per pattern only (the explicit example); the others
 # draw as many as they did from random.Random before, on top of that example.
 CASES = {"numpy": 12, "torch": 6, "array_api_strict": 6}
-DTYPES = {"numpy": ("float16", "float32", "float64"), "torch": ("bfloat16", "float32", "float64"),
-          "array_api_strict": ("float32", "float64"), "jax": ("float32",)}
+DTYPES = {
+    "numpy": ("float16", "float32", "float64"),
+    "torch": ("bfloat16", "float32", "float64"),
+    "array_api_strict": ("float32", "float64"),
+    "jax": ("float32",),
+}
 
 
 @dataclass
@@ -66,20 +70,37 @@ class Case:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def mask(self) -> np.ndarray:
-        return np.asarray(sparse_mask(self.pattern, self.n_queries, self.n_keys, xp=np_xp,
-                                      alignment=self.alignment, causal=self.causal,
-                                      **self.params))
+        return np.asarray(
+            sparse_mask(
+                self.pattern,
+                self.n_queries,
+                self.n_keys,
+                xp=np_xp,
+                alignment=self.alignment,
+                causal=self.causal,
+                **self.params,
+            )
+        )
 
     def shapes(self) -> tuple[tuple[int, ...], ...]:
         (q_batch, kv_batch), (n_q_heads, n_kv_heads) = self.batch, self.heads
-        return ((*q_batch, n_q_heads, self.n_queries, self.head_dim),
-                (*kv_batch, n_kv_heads, self.n_keys, self.head_dim),
-                (*kv_batch, n_kv_heads, self.n_keys, self.value_dim))
+        return (
+            (*q_batch, n_q_heads, self.n_queries, self.head_dim),
+            (*kv_batch, n_kv_heads, self.n_keys, self.head_dim),
+            (*kv_batch, n_kv_heads, self.n_keys, self.value_dim),
+        )
 
     def run(self, backend: Backend, q: Any, k: Any, v: Any) -> np.ndarray:
-        out = sparse_attention(q, k, v, pattern=self.pattern, alignment=self.alignment,
-                               causal=self.causal, query_chunk=self.query_chunk,
-                               **self.params)
+        out = sparse_attention(
+            q,
+            k,
+            v,
+            pattern=self.pattern,
+            alignment=self.alignment,
+            causal=self.causal,
+            query_chunk=self.query_chunk,
+            **self.params,
+        )
         return np.asarray(backend.to_numpy(out), dtype=np.float64)
 
 
@@ -87,13 +108,15 @@ BOUND = st.one_of(st.integers(0, 6), st.none())  # a window side; None: unbounde
 
 
 @st.composite
-def pattern_params(draw: st.DrawFn, pattern: str, n_queries: int,
-                   n_keys: int) -> dict[str, Any]:
+def pattern_params(draw: st.DrawFn, pattern: str, n_queries: int, n_keys: int) -> dict[str, Any]:
     """Parameters of ``pattern``, often with ragged blocks; they shrink to small blocks,
     narrow windows and no global or random blocks."""
     if pattern == "sliding_window":
-        return {"left": draw(BOUND), "right": draw(BOUND),
-                "dilation": draw(st.sampled_from((1, 2, 3)))}
+        return {
+            "left": draw(BOUND),
+            "right": draw(BOUND),
+            "dilation": draw(st.sampled_from((1, 2, 3))),
+        }
     if pattern == "strided":
         return {"stride": draw(st.integers(1, 6))}
     if pattern == "fixed":
@@ -105,13 +128,21 @@ def pattern_params(draw: st.DrawFn, pattern: str, n_queries: int,
         return {"block_size": block, "layout": draw(arrays(np.bool_, shape)).tolist()}
     if pattern == "longformer":
         tokens = st.lists(st.integers(0, max(n_queries, n_keys) + 1), max_size=3, unique=True)
-        return {"left": draw(BOUND), "right": draw(BOUND),
-                "dilation": draw(st.sampled_from((1, 2))), "global_tokens": draw(tokens)}
+        return {
+            "left": draw(BOUND),
+            "right": draw(BOUND),
+            "dilation": draw(st.sampled_from((1, 2))),
+            "global_tokens": draw(tokens),
+        }
     size = draw(st.integers(1, 5))
     blocks = -(-max(n_queries, n_keys) // size) + 1
-    return {"block_size": size, "window_blocks": draw(st.integers(0, 2)),
-            "global_blocks": draw(st.lists(st.integers(0, blocks - 1), max_size=2, unique=True)),
-            "num_random": draw(st.integers(0, 3)), "seed": draw(st.integers(0, 2**31))}
+    return {
+        "block_size": size,
+        "window_blocks": draw(st.integers(0, 2)),
+        "global_blocks": draw(st.lists(st.integers(0, blocks - 1), max_size=2, unique=True)),
+        "num_random": draw(st.integers(0, 3)),
+        "seed": draw(st.integers(0, 2**31)),
+    }
 
 
 BATCHES = (((), ()), ((2,), (2,)), ((2,), (1,)), ((1, 2), (2,)))
@@ -123,24 +154,45 @@ def cases(draw: st.DrawFn, pattern: str, dtypes: tuple[str, ...]) -> Case:
     batch dims, query chunks, any of ``dtypes``."""
     n_queries, n_keys = draw(st.integers(1, 23)), draw(st.integers(1, 23))
     n_kv_heads, groups = draw(st.integers(1, 2)), draw(st.integers(1, 3))
-    return Case(pattern, n_queries, n_keys, draw(pattern_params(pattern, n_queries, n_keys)),
-                alignment=draw(st.sampled_from(("top_left", "bottom_right"))),
-                causal=draw(st.booleans()), batch=draw(st.sampled_from(BATCHES)),
-                heads=(n_kv_heads * groups, n_kv_heads), head_dim=draw(st.integers(1, 8)),
-                value_dim=draw(st.integers(1, 6)), dtype=draw(st.sampled_from(dtypes)),
-                query_chunk=draw(st.sampled_from((None, 1, 2, 5))))
+    return Case(
+        pattern,
+        n_queries,
+        n_keys,
+        draw(pattern_params(pattern, n_queries, n_keys)),
+        alignment=draw(st.sampled_from(("top_left", "bottom_right"))),
+        causal=draw(st.booleans()),
+        batch=draw(st.sampled_from(BATCHES)),
+        heads=(n_kv_heads * groups, n_kv_heads),
+        head_dim=draw(st.integers(1, 8)),
+        value_dim=draw(st.integers(1, 6)),
+        dtype=draw(st.sampled_from(dtypes)),
+        query_chunk=draw(st.sampled_from((None, 1, 2, 5))),
+    )
 
 
 JAX_PARAMS: dict[str, tuple[dict[str, Any], str, bool]] = {
     "sliding_window": ({"left": 3, "right": None, "dilation": 2}, "bottom_right", True),
     "strided": ({"stride": 3}, "top_left", True),
     "fixed": ({"stride": 4, "summary": 1}, "bottom_right", False),
-    "block_sparse": ({"block_size": (3, 4), "layout": [
-        [True, False, True, False], [False, True, True, False], [True, False, False, True],
-        [False, False, True, True]]}, "bottom_right", True),
+    "block_sparse": (
+        {
+            "block_size": (3, 4),
+            "layout": [
+                [True, False, True, False],
+                [False, True, True, False],
+                [True, False, False, True],
+                [False, False, True, True],
+            ],
+        },
+        "bottom_right",
+        True,
+    ),
     "longformer": ({"left": 2, "right": 1, "global_tokens": [0]}, "top_left", False),
-    "bigbird": ({"block_size": 3, "window_blocks": 1, "global_blocks": [0], "num_random": 1,
-                 "seed": 7}, "bottom_right", False),
+    "bigbird": (
+        {"block_size": 3, "window_blocks": 1, "global_blocks": [0], "num_random": 1, "seed": 7},
+        "bottom_right",
+        False,
+    ),
 }
 
 
@@ -148,30 +200,50 @@ def jax_case(pattern: str) -> Case:
     """JAX's one case per pattern: Lq != Lk, GQA, a broadcast batch dim, one query chunk
     and Ev = Lk, so that the V = I and perturbation tests reuse its compiled shapes."""
     params, alignment, causal = JAX_PARAMS[pattern]
-    return Case(pattern, 11, 14, params, alignment=alignment, causal=causal,
-                batch=((2,), (1,)), heads=(4, 2), head_dim=5, value_dim=14)
+    return Case(
+        pattern,
+        11,
+        14,
+        params,
+        alignment=alignment,
+        causal=causal,
+        batch=((2,), (1,)),
+        heads=(4, 2),
+        head_dim=5,
+        value_dim=14,
+    )
 
 
 def on_drawn_cases(backend: Backend, pattern: str, examples: dict[str, int]) -> Any:
     """Decorate a check ``(case, seed)`` into a Hypothesis test of the cases ``backend``
     draws for ``pattern`` (``examples[backend]`` of them), JAX's fixed case first."""
     dtypes = tuple(d for d in DTYPES.get(backend.name, ("float32",)) if d in backend.dtype_names)
-    run = (settings(DRAWN, phases=[Phase.explicit]) if backend.name == "jax"
-           else drawn(examples.get(backend.name, 2)))
+    run = (
+        settings(DRAWN, phases=[Phase.explicit])
+        if backend.name == "jax"
+        else drawn(examples.get(backend.name, 2))
+    )
 
     def decorate(check: Any) -> Any:
-        return run(given(case=cases(pattern, dtypes), seed=st.integers(0, 2**32 - 1))(
-            example(case=jax_case(pattern), seed=zlib.crc32(pattern.encode()))(check)))
+        return run(
+            given(case=cases(pattern, dtypes), seed=st.integers(0, 2**32 - 1))(
+                example(case=jax_case(pattern), seed=zlib.crc32(pattern.encode()))(check)
+            )
+        )
 
     return decorate
 
 
-def inputs(backend: Backend, case: Case, rng: np.random.Generator,
-           values: np.ndarray | None = None) -> tuple[list[Any], list[np.ndarray]]:
+def inputs(
+    backend: Backend, case: Case, rng: np.random.Generator, values: np.ndarray | None = None
+) -> tuple[list[Any], list[np.ndarray]]:
     """q, k, v on the backend in the case's dtype, and the exact float64 values it holds."""
     q_shape, k_shape, v_shape = case.shapes()
-    raw = [rng.standard_normal(q_shape), rng.standard_normal(k_shape),
-           rng.standard_normal(v_shape) if values is None else values]
+    raw = [
+        rng.standard_normal(q_shape),
+        rng.standard_normal(k_shape),
+        rng.standard_normal(v_shape) if values is None else values,
+    ]
     arrays = [backend.asarray(a, case.dtype) for a in raw]
     return arrays, [np.asarray(backend.to_numpy(a), dtype=np.float64) for a in arrays]
 
@@ -183,14 +255,15 @@ def assert_within_tol2(case: Case, out: np.ndarray, exact: list[np.ndarray]) -> 
     assert out.shape == bound.out.shape
     assert inside.all(), (
         f"{case}: {np.count_nonzero(~inside)} elements outside TOL-2, worst error "
-        f"{error[~inside].max():.3g} vs bound {bound.out_tolerance[~inside].min():.3g}")
+        f"{error[~inside].max():.3g} vs bound {bound.out_tolerance[~inside].min():.3g}"
+    )
 
 
 # --- agreement with dense masked attention (SPARSE-6.4) -------------------------------------
 
+
 @pytest.mark.parametrize("pattern", PATTERN_NAMES)
-def test_sparse_attention_equals_dense_masked_attention(cpu_backend: Backend,
-                                                        pattern: str) -> None:
+def test_sparse_attention_equals_dense_masked_attention(cpu_backend: Backend, pattern: str) -> None:
     """SPARSE-6.4 (with SPARSE-1.1, SPARSE-1.2, SPARSE-1.3, SDPA-6.1): every output element
     lies within TOL-2 of the float64 dense attention with the pattern's mask — random
     shapes with ragged blocks, Lq != Lk, both alignments, causality, GQA, broadcast batch
@@ -199,6 +272,7 @@ def test_sparse_attention_equals_dense_masked_attention(cpu_backend: Backend,
     SPARSE-6.1: run again with V = I, the output row is the weight row: every key outside
     S(i) has weight exactly 0 (so empty rows are exactly 0), the others are within TOL-2.
     """
+
     @on_drawn_cases(cpu_backend, pattern, CASES)
     def agrees_with_dense(case: Case, seed: int) -> None:
         (q, k, v), exact = inputs(cpu_backend, case, np.random.default_rng(seed))
@@ -219,25 +293,44 @@ def test_block_sparse_attention_any_layout(cpu_backend: Backend) -> None:
     block) equals dense attention with the layout's mask, ragged last blocks and a query
     block that attends nothing (its rows are exactly 0, SDPA-5.1) included."""
     if cpu_backend.name == "jax":
-        pytest.skip("block_sparse_attention is sparse_attention(pattern='block_sparse'), whose "
-                    "JAX case runs in test_sparse_attention_equals_dense_masked_attention; "
-                    "JAX compiles every new shape for seconds")
+        pytest.skip(
+            "block_sparse_attention is sparse_attention(pattern='block_sparse'), whose "
+            "JAX case runs in test_sparse_attention_equals_dense_masked_attention; "
+            "JAX compiles every new shape for seconds"
+        )
     rng = np.random.default_rng(41)
     layout = [[True, False, True, False], [False, False, False, False], [True, True, False, True]]
-    case = Case("block_sparse", 11, 14, {"layout": layout, "block_size": (4, 4)},
-                batch=((2,), (2,)), heads=(2, 1))
+    case = Case(
+        "block_sparse",
+        11,
+        14,
+        {"layout": layout, "block_size": (4, 4)},
+        batch=((2,), (2,)),
+        heads=(2, 1),
+    )
     (q, k, v), exact = inputs(cpu_backend, case, rng)
     for chunk in (None, 1):
-        out = np.asarray(cpu_backend.to_numpy(block_sparse_attention(
-            q, k, v, layout=layout, block_size=(4, 4), query_chunk=chunk)), dtype=np.float64)
+        out = np.asarray(
+            cpu_backend.to_numpy(
+                block_sparse_attention(q, k, v, layout=layout, block_size=(4, 4), query_chunk=chunk)
+            ),
+            dtype=np.float64,
+        )
         assert_within_tol2(case, out, exact)
         assert np.all(out[..., 4:8, :] == 0)
 
 
 # --- masked-out keys and values (SPARSE-6.2, SPARSE-6.3) ---------------------------------------
 
-def perturbed(backend: Backend, case: Case, exact: np.ndarray, outside: np.ndarray,
-              fill: float | None, rng: np.random.Generator) -> Any:
+
+def perturbed(
+    backend: Backend,
+    case: Case,
+    exact: np.ndarray,
+    outside: np.ndarray,
+    fill: float | None,
+    rng: np.random.Generator,
+) -> Any:
     """``exact`` with the keys/values at ``outside`` replaced by ``fill`` (random if None)."""
     changed = exact.copy()
     replacement = rng.standard_normal(changed.shape) * 3 if fill is None else fill
@@ -258,6 +351,7 @@ def test_masked_out_keys_and_values_change_nothing(cpu_backend: Backend, pattern
     """SPARSE-6.2 (other finite values, MUST) and SPARSE-6.3 (NaN, +inf, -inf, SHOULD):
     replacing every key and value that query i may not attend leaves row i of the output
     identical (IEEE equality), for a query with keys and one without."""
+
     @on_drawn_cases(cpu_backend, pattern, PERTURBED_CASES)
     def unchanged(case: Case, seed: int) -> None:
         rng = np.random.default_rng(seed)
@@ -277,6 +371,7 @@ def test_masked_out_keys_and_values_change_nothing(cpu_backend: Backend, pattern
 
 # --- sizes, errors, memory ------------------------------------------------------------------
 
+
 def test_degenerate_sizes_give_zeros() -> None:
     """SPARSE-1.2 with SDPA-5.1 and SDPA-5.2: Lq = 0, Lk = 0 and rows whose set is empty
     (bottom-right causal with Lq > Lk, a window beyond the keys) give exact zeros."""
@@ -287,11 +382,13 @@ def test_degenerate_sizes_give_zeros() -> None:
         out = sparse_attention(q, k, v, pattern="strided", stride=2)
         assert out.shape == (2, n_queries, 2) and np.all(out == 0)
     q, k, v = rng.standard_normal((1, 7, 3)), rng.standard_normal((1, 3, 3)), np.ones((1, 3, 2))
-    out = sparse_attention(q, k, v, pattern="sliding_window", left=1, right=0,
-                           alignment="bottom_right", causal=True)
+    out = sparse_attention(
+        q, k, v, pattern="sliding_window", left=1, right=0, alignment="bottom_right", causal=True
+    )
     assert np.all(out[:, :4] == 0) and np.all(np.abs(out[:, 5:] - 1) < 1e-12)
-    far = sparse_attention(q, k, v, pattern="sliding_window", left=0, right=None, dilation=1,
-                           alignment="top_left")
+    far = sparse_attention(
+        q, k, v, pattern="sliding_window", left=0, right=None, dilation=1, alignment="top_left"
+    )
     assert np.all(far[:, 3:] == 0)
     nothing = block_sparse_attention(q, k, v, layout=[[False]] * 4, block_size=(2, 3))
     assert nothing.shape == (1, 7, 2) and np.all(nothing == 0)
@@ -302,15 +399,20 @@ BAD_CALLS = [
     (ValueError, "pattern='banded'", {"pattern": "banded"}),
     (TypeError, "takes parameters", {"pattern": "fixed", "stride": 2}),
     (ValueError, "query_chunk=0", {"pattern": "strided", "stride": 2, "query_chunk": 0}),
-    (ValueError, "layout.shape=(1, 1)", {"pattern": "block_sparse", "layout": [[True]],
-                                         "block_size": 2}),
+    (
+        ValueError,
+        "layout.shape=(1, 1)",
+        {"pattern": "block_sparse", "layout": [[True]], "block_size": 2},
+    ),
 ]
 
 
-@pytest.mark.parametrize(("error", "fragment", "keywords"), BAD_CALLS,
-                         ids=[fragment for _, fragment, _ in BAD_CALLS])
-def test_bad_arguments_raise_naming_them(error: type, fragment: str,
-                                         keywords: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("error", "fragment", "keywords"), BAD_CALLS, ids=[fragment for _, fragment, _ in BAD_CALLS]
+)
+def test_bad_arguments_raise_naming_them(
+    error: type, fragment: str, keywords: dict[str, Any]
+) -> None:
     """SPARSE-1.4: the kernels validate like the masks, naming the argument and the call."""
     q = np.zeros((1, 5, 2))
     with pytest.raises(error, match="sparse_attention") as raised:
@@ -321,11 +423,21 @@ def test_bad_arguments_raise_naming_them(error: type, fragment: str,
 def test_bad_tensors_raise_as_dense_attention() -> None:
     """SPARSE-1.1: the kernels check q, k, v by the dense clauses (SDPA-1.4, SDPA-6.2)."""
     with pytest.raises(TypeError, match=r"q.dtype=int64.*SDPA-1.4"):
-        sparse_attention(np.zeros((1, 2, 2), dtype=np.int64), np.zeros((1, 2, 2)),
-                         np.zeros((1, 2, 2)), pattern="strided", stride=1)
+        sparse_attention(
+            np.zeros((1, 2, 2), dtype=np.int64),
+            np.zeros((1, 2, 2)),
+            np.zeros((1, 2, 2)),
+            pattern="strided",
+            stride=1,
+        )
     with pytest.raises(ValueError, match=r"SDPA-6\.2"):
-        sparse_attention(np.zeros((3, 2, 2)), np.zeros((2, 2, 2)), np.zeros((2, 2, 2)),
-                         pattern="strided", stride=1)
+        sparse_attention(
+            np.zeros((3, 2, 2)),
+            np.zeros((2, 2, 2)),
+            np.zeros((2, 2, 2)),
+            pattern="strided",
+            stride=1,
+        )
 
 
 def test_memory_stays_below_one_mask() -> None:

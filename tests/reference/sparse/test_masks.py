@@ -42,22 +42,32 @@ ALIGNMENTS = ("top_left", "bottom_right")
 
 # --- the spec's formulas, as Python sets ---------------------------------------------------
 
+
 def offset(n_queries: int, n_keys: int, alignment: str) -> int:
     """SPARSE-1.2: d = 0 (top-left) or Lk - Lq (bottom-right)."""
     return 0 if alignment == "top_left" else n_keys - n_queries
 
 
-def window_set(t: int, n_keys: int, left: int | None, right: int | None,
-               dilation: int) -> set[int]:
+def window_set(t: int, n_keys: int, left: int | None, right: int | None, dilation: int) -> set[int]:
     """SPARSE-2.1: t - left <= j <= t + right, (t - j) mod dilation == 0."""
-    return {j for j in range(n_keys)
-            if (left is None or j >= t - left) and (right is None or j <= t + right)
-            and (t - j) % dilation == 0}
+    return {
+        j
+        for j in range(n_keys)
+        if (left is None or j >= t - left)
+        and (right is None or j <= t + right)
+        and (t - j) % dilation == 0
+    }
 
 
-def expected_sets(pattern: str, n_queries: int, n_keys: int, alignment: str, causal: bool,
-                  params: dict[str, Any], random_rows: list[list[int]] | None = None
-                  ) -> list[set[int]]:
+def expected_sets(
+    pattern: str,
+    n_queries: int,
+    n_keys: int,
+    alignment: str,
+    causal: bool,
+    params: dict[str, Any],
+    random_rows: list[list[int]] | None = None,
+) -> list[set[int]]:
     """S(i) for every query, straight from spec/sparse.md (Python's // and % floor)."""
     d = offset(n_queries, n_keys, alignment)
     keys = range(n_keys)
@@ -65,23 +75,25 @@ def expected_sets(pattern: str, n_queries: int, n_keys: int, alignment: str, cau
     for i in range(n_queries):
         t = i + d
         if pattern == "sliding_window":
-            s = window_set(t, n_keys, params["left"], params["right"],
-                           params.get("dilation", 1))
+            s = window_set(t, n_keys, params["left"], params["right"], params.get("dilation", 1))
         elif pattern == "strided":
             stride = params["stride"]
             s = {j for j in keys if t - stride <= j <= t} | {
-                j for j in keys if (t - j) % stride == 0}
+                j for j in keys if (t - j) % stride == 0
+            }
         elif pattern == "fixed":
             stride, summary = params["stride"], params["summary"]
             s = {j for j in keys if j // stride == t // stride} | {
-                j for j in keys if j % stride in range(stride - summary, stride)}
+                j for j in keys if j % stride in range(stride - summary, stride)
+            }
         elif pattern == "block_sparse":
             block_q, block_k = params["block_size"]
             s = {j for j in keys if params["layout"][i // block_q][j // block_k]}
         elif pattern == "longformer":
             globals_ = set(params["global_tokens"])
-            s = window_set(t, n_keys, params["left"], params["right"],
-                           params.get("dilation", 1)) | (globals_ & set(keys))
+            s = window_set(
+                t, n_keys, params["left"], params["right"], params.get("dilation", 1)
+            ) | (globals_ & set(keys))
             if t in globals_:
                 s = set(keys)
         else:  # bigbird
@@ -89,9 +101,14 @@ def expected_sets(pattern: str, n_queries: int, n_keys: int, alignment: str, cau
             globals_ = set(params["global_blocks"])
             first = d // size
             drawn = set(random_rows[t // size - first]) if random_rows else set()
-            s = {j for j in keys
-                 if abs(t // size - j // size) <= near or j // size in globals_
-                 or t // size in globals_ or j // size in drawn}
+            s = {
+                j
+                for j in keys
+                if abs(t // size - j // size) <= near
+                or j // size in globals_
+                or t // size in globals_
+                or j // size in drawn
+            }
         sets.append({j for j in s if j <= t} if causal else s)
     return sets
 
@@ -103,8 +120,15 @@ def as_mask(sets: list[set[int]], n_keys: int) -> np.ndarray:
     return mask
 
 
-def spec_draw(seed: int, first: int, count: int, n_key_blocks: int, near: int,
-              globals_: set[int], num_random: int) -> list[list[int]]:
+def spec_draw(
+    seed: int,
+    first: int,
+    count: int,
+    n_key_blocks: int,
+    near: int,
+    globals_: set[int],
+    num_random: int,
+) -> list[list[int]]:
     """SPARSE-5.3's pseudo-code, transcribed line by line."""
     rng = random.Random(seed)
     table = []
@@ -112,8 +136,9 @@ def spec_draw(seed: int, first: int, count: int, n_key_blocks: int, near: int,
         if query_block in globals_:
             row: list[int] = []
         else:
-            pool = [b for b in range(n_key_blocks)
-                    if abs(query_block - b) > near and b not in globals_]
+            pool = [
+                b for b in range(n_key_blocks) if abs(query_block - b) > near and b not in globals_
+            ]
             m = min(num_random, len(pool))
             for s in range(m):
                 p = s + math.floor(rng.random() * (len(pool) - s))
@@ -125,18 +150,23 @@ def spec_draw(seed: int, first: int, count: int, n_key_blocks: int, near: int,
 
 # --- random cases ------------------------------------------------------------------------
 
+
 def _bound(rng: random.Random, top: int) -> int | None:
     return None if rng.random() < 0.2 else rng.randint(0, top)
 
 
-def random_case(pattern: str, rng: random.Random, n_queries: int | None = None,
-                n_keys: int | None = None) -> tuple[int, int, dict[str, Any]]:
+def random_case(
+    pattern: str, rng: random.Random, n_queries: int | None = None, n_keys: int | None = None
+) -> tuple[int, int, dict[str, Any]]:
     """Small (Lq, Lk, params) for a pattern, ragged blocks and Lq != Lk included."""
     n_queries = rng.randint(1, 14) if n_queries is None else n_queries
     n_keys = rng.randint(1, 14) if n_keys is None else n_keys
     if pattern == "sliding_window":
-        params = {"left": _bound(rng, 5), "right": _bound(rng, 5),
-                  "dilation": rng.choice((1, 1, 2, 3))}
+        params = {
+            "left": _bound(rng, 5),
+            "right": _bound(rng, 5),
+            "dilation": rng.choice((1, 1, 2, 3)),
+        }
     elif pattern == "strided":
         params = {"stride": rng.randint(1, 5)}
     elif pattern == "fixed":
@@ -146,44 +176,79 @@ def random_case(pattern: str, rng: random.Random, n_queries: int | None = None,
         block = (rng.randint(1, 5), rng.randint(1, 5))
         density = rng.choice((0.2, 0.5, 0.8))
         shape = (-(-n_queries // block[0]), -(-n_keys // block[1]))
-        params = {"block_size": block,
-                  "layout": [[rng.random() < density for _ in range(shape[1])]
-                             for _ in range(shape[0])]}
+        params = {
+            "block_size": block,
+            "layout": [[rng.random() < density for _ in range(shape[1])] for _ in range(shape[0])],
+        }
     elif pattern == "longformer":
         span = max(n_queries, n_keys) + 2
-        params = {"left": _bound(rng, 3), "right": _bound(rng, 3),
-                  "dilation": rng.choice((1, 2)),
-                  "global_tokens": rng.sample(range(span), rng.randint(0, 3))}
+        params = {
+            "left": _bound(rng, 3),
+            "right": _bound(rng, 3),
+            "dilation": rng.choice((1, 2)),
+            "global_tokens": rng.sample(range(span), rng.randint(0, 3)),
+        }
     else:
         size = rng.randint(1, 4)
         blocks = -(-max(n_queries, n_keys) // size) + 1
-        params = {"block_size": size, "window_blocks": rng.randint(0, 2),
-                  "global_blocks": rng.sample(range(blocks), min(blocks, rng.randint(0, 2))),
-                  "num_random": rng.randint(0, 3), "seed": rng.randint(0, 2**31)}
+        params = {
+            "block_size": size,
+            "window_blocks": rng.randint(0, 2),
+            "global_blocks": rng.sample(range(blocks), min(blocks, rng.randint(0, 2))),
+            "num_random": rng.randint(0, 3),
+            "seed": rng.randint(0, 2**31),
+        }
     return n_queries, n_keys, params
 
 
-def check_case(backend: Backend, pattern: str, n_queries: int, n_keys: int,
-               alignment: str, causal: bool, params: dict[str, Any]) -> None:
+def check_case(
+    backend: Backend,
+    pattern: str,
+    n_queries: int,
+    n_keys: int,
+    alignment: str,
+    causal: bool,
+    params: dict[str, Any],
+) -> None:
     keywords = dict(params)
     if pattern == "block_sparse":
-        keywords["layout"] = backend.asarray(np.array(params["layout"], dtype=bool).reshape(
-            -(-n_queries // params["block_size"][0]), -(-n_keys // params["block_size"][1])))
+        keywords["layout"] = backend.asarray(
+            np.array(params["layout"], dtype=bool).reshape(
+                -(-n_queries // params["block_size"][0]), -(-n_keys // params["block_size"][1])
+            )
+        )
     random_rows = None
     if pattern == "bigbird":
-        mask, table = bigbird_mask(n_queries, n_keys, alignment=alignment, causal=causal,
-                                   xp=backend.xp, device=backend.device, **keywords)
+        mask, table = bigbird_mask(
+            n_queries,
+            n_keys,
+            alignment=alignment,
+            causal=causal,
+            xp=backend.xp,
+            device=backend.device,
+            **keywords,
+        )
         random_rows = backend.to_numpy(table).tolist()
     else:
-        mask = sparse_mask(pattern, n_queries, n_keys, alignment=alignment, causal=causal,
-                           xp=backend.xp, device=backend.device, **keywords)
-    expected = as_mask(expected_sets(pattern, n_queries, n_keys, alignment, causal, params,
-                                     random_rows), n_keys)
+        mask = sparse_mask(
+            pattern,
+            n_queries,
+            n_keys,
+            alignment=alignment,
+            causal=causal,
+            xp=backend.xp,
+            device=backend.device,
+            **keywords,
+        )
+    expected = as_mask(
+        expected_sets(pattern, n_queries, n_keys, alignment, causal, params, random_rows), n_keys
+    )
     got = backend.to_numpy(mask)
     assert got.dtype == bool and got.shape == (n_queries, n_keys)
     assert np.array_equal(got, expected), (
         f"{pattern} Lq={n_queries} Lk={n_keys} {alignment} causal={causal} {params}\n"
-        f"got\n{got.astype(int)}\nexpected\n{expected.astype(int)}")
+        f"got\n{got.astype(int)}\nexpected\n{expected.astype(int)}"
+    )
 
 
 @pytest.mark.parametrize("pattern", PATTERN_NAMES)
@@ -227,23 +292,34 @@ def test_named_builders_equal_sparse_mask() -> None:
     kw = {"alignment": "bottom_right", "causal": True, "xp": np_xp}
     layout = [[True, False, True], [False, True, False]]
     pairs = [
-        (sliding_window_mask(5, 9, left=2, right=1, dilation=2, **kw),
-         sparse_mask("sliding_window", 5, 9, left=2, right=1, dilation=2, **kw)),
+        (
+            sliding_window_mask(5, 9, left=2, right=1, dilation=2, **kw),
+            sparse_mask("sliding_window", 5, 9, left=2, right=1, dilation=2, **kw),
+        ),
         (strided_mask(5, 9, stride=3, **kw), sparse_mask("strided", 5, 9, stride=3, **kw)),
-        (fixed_mask(5, 9, stride=3, summary=1, **kw),
-         sparse_mask("fixed", 5, 9, stride=3, summary=1, **kw)),
-        (block_sparse_mask(5, 9, layout=layout, block_size=(3, 4), **kw),
-         sparse_mask("block_sparse", 5, 9, layout=layout, block_size=(3, 4), **kw)),
-        (longformer_mask(5, 9, left=1, right=1, global_tokens=[2], **kw),
-         sparse_mask("longformer", 5, 9, left=1, right=1, global_tokens=[2], **kw)),
-        (bigbird_mask(5, 9, block_size=2, num_random=1, seed=3, **kw)[0],
-         sparse_mask("bigbird", 5, 9, block_size=2, num_random=1, seed=3, **kw)),
+        (
+            fixed_mask(5, 9, stride=3, summary=1, **kw),
+            sparse_mask("fixed", 5, 9, stride=3, summary=1, **kw),
+        ),
+        (
+            block_sparse_mask(5, 9, layout=layout, block_size=(3, 4), **kw),
+            sparse_mask("block_sparse", 5, 9, layout=layout, block_size=(3, 4), **kw),
+        ),
+        (
+            longformer_mask(5, 9, left=1, right=1, global_tokens=[2], **kw),
+            sparse_mask("longformer", 5, 9, left=1, right=1, global_tokens=[2], **kw),
+        ),
+        (
+            bigbird_mask(5, 9, block_size=2, num_random=1, seed=3, **kw)[0],
+            sparse_mask("bigbird", 5, 9, block_size=2, num_random=1, seed=3, **kw),
+        ),
     ]
     for named, generic in pairs:
         assert np.array_equal(named, generic)
 
 
 # --- BigBird's random blocks (SPARSE-5.3) -----------------------------------------------------
+
 
 def test_bigbird_draw_follows_the_pseudo_code() -> None:
     """SPARSE-5.3: the drawn table is exactly the spec's pseudo-code, for 200 random
@@ -256,17 +332,26 @@ def test_bigbird_draw_follows_the_pseudo_code() -> None:
         n_key_blocks = -(-n_keys // size)
         globals_ = set(rng.sample(range(n_key_blocks + 1), min(2, n_key_blocks)))
         seed = rng.randint(0, 2**40)
-        _, table = bigbird_mask(n_queries, n_keys, block_size=size, window_blocks=near,
-                                global_blocks=sorted(globals_), num_random=r, seed=seed,
-                                alignment=alignment, xp=np_xp)
+        _, table = bigbird_mask(
+            n_queries,
+            n_keys,
+            block_size=size,
+            window_blocks=near,
+            global_blocks=sorted(globals_),
+            num_random=r,
+            seed=seed,
+            alignment=alignment,
+            xp=np_xp,
+        )
         d = offset(n_queries, n_keys, alignment)
         first, last = d // size, (n_queries - 1 + d) // size
         expected = spec_draw(seed, first, last - first + 1, n_key_blocks, near, globals_, r)
         assert np.asarray(table).tolist() == expected
         for query_block, row in zip(range(first, last + 1), expected, strict=True):
             drawn = [b for b in row if b >= 0]
-            pool = [b for b in range(n_key_blocks)
-                    if abs(query_block - b) > near and b not in globals_]
+            pool = [
+                b for b in range(n_key_blocks) if abs(query_block - b) > near and b not in globals_
+            ]
             assert len(set(drawn)) == len(drawn) and set(drawn) <= set(pool)
             assert len(drawn) == (0 if query_block in globals_ else min(r, len(pool)))
 
@@ -286,13 +371,16 @@ def test_bigbird_seed_reproduces_and_table_replaces_it() -> None:
 
 # --- library conventions (SPARSE-2.2) ---------------------------------------------------------
 
+
 def flash_attn_local_mask(n_queries: int, n_keys: int, window: tuple[int, int]) -> np.ndarray:
     """Transcription of flash-attention tests/test_flash_attn.py ``construct_local_mask``
     (True = masked out there) for non-negative windows, returned as True = may attend."""
     row = np.arange(n_queries)[:, None]
     col = np.arange(n_keys)[None, :]
-    masked = np.logical_or(col > np.minimum(row + n_keys - n_queries + window[1], n_keys),
-                           col < row + n_keys - n_queries - window[0])
+    masked = np.logical_or(
+        col > np.minimum(row + n_keys - n_queries + window[1], n_keys),
+        col < row + n_keys - n_queries - window[0],
+    )
     return ~masked
 
 
@@ -302,8 +390,12 @@ def test_flash_attn_window_matches_its_reference_mask() -> None:
     for n_queries in range(1, 9):
         for n_keys in range(1, 9):
             for window in ((0, 0), (1, 0), (0, 2), (2, 3), (5, 1), (7, 7)):
-                ours = sparse_mask(n_queries=n_queries, n_keys=n_keys, xp=np_xp,
-                                   **library_window("flash_attn", window))
+                ours = sparse_mask(
+                    n_queries=n_queries,
+                    n_keys=n_keys,
+                    xp=np_xp,
+                    **library_window("flash_attn", window),
+                )
                 assert np.array_equal(ours, flash_attn_local_mask(n_queries, n_keys, window))
 
 
@@ -318,8 +410,10 @@ def test_flash_attn_documented_causal_examples() -> None:
     # causal=True with a window: FlashAttention sets the right extent to 0.
     causal = library_window("flash_attn", (2, 5), causal=True)
     right_zero = library_window("flash_attn", (2, 0))
-    assert np.array_equal(sparse_mask(n_queries=6, n_keys=9, xp=np_xp, **causal),
-                          sparse_mask(n_queries=6, n_keys=9, xp=np_xp, **right_zero))
+    assert np.array_equal(
+        sparse_mask(n_queries=6, n_keys=9, xp=np_xp, **causal),
+        sparse_mask(n_queries=6, n_keys=9, xp=np_xp, **right_zero),
+    )
 
 
 def test_xformers_local_documented_examples() -> None:
@@ -345,24 +439,29 @@ def test_xformers_masks_match_their_materialize() -> None:
             for left, right in ((0, 0), (1, 2), (3, 0), (0, 4)):
                 kw = library_window("xformers_local", (left, right))
                 expected = np.triu(ones, d - left) & np.tril(ones, d + right)
-                assert np.array_equal(sparse_mask(n_queries=n_queries, n_keys=n_keys,
-                                                  xp=np_xp, **kw), expected)
+                assert np.array_equal(
+                    sparse_mask(n_queries=n_queries, n_keys=n_keys, xp=np_xp, **kw), expected
+                )
             for w in (1, 2, 4):
                 kw = library_window("xformers_causal_local", w)
                 expected = np.tril(ones, d) & np.triu(ones, d - w + 1)
-                assert np.array_equal(sparse_mask(n_queries=n_queries, n_keys=n_keys,
-                                                  xp=np_xp, **kw), expected)
+                assert np.array_equal(
+                    sparse_mask(n_queries=n_queries, n_keys=n_keys, xp=np_xp, **kw), expected
+                )
     for length in range(1, 9):
         distance = np.abs(np.arange(length)[:, None] - np.arange(length)[None, :])
         for w in (1, 3, 5):
             kw = library_window("xformers_components", w)
-            assert np.array_equal(sparse_mask(n_queries=length, n_keys=length, xp=np_xp, **kw),
-                                  distance < w // 2 + 1)
+            assert np.array_equal(
+                sparse_mask(n_queries=length, n_keys=length, xp=np_xp, **kw), distance < w // 2 + 1
+            )
         for w in (1, 2, 3):
             kw = library_window("xformers_components", w, causal=True)
             causal = np.tril(np.ones((length, length), dtype=bool))
-            assert np.array_equal(sparse_mask(n_queries=length, n_keys=length, xp=np_xp, **kw),
-                                  (distance < (2 * w + 1) // 2 + 1) & causal)
+            assert np.array_equal(
+                sparse_mask(n_queries=length, n_keys=length, xp=np_xp, **kw),
+                (distance < (2 * w + 1) // 2 + 1) & causal,
+            )
 
 
 def test_jax_local_window_size_is_the_same_set() -> None:
@@ -373,16 +472,30 @@ def test_jax_local_window_size_is_the_same_set() -> None:
     jnp = backend_or_skip("jax").xp
     # One shape (JAX compiles the attention per shape, about 3 s), several windows.
     n_queries, n_keys = 5, 9
-    for window, causal in (((2, 1), False), ((1, 3), False), ((0, 0), False), (2, False),
-                           ((3, 0), True), ((1, 4), True), (6, True)):
+    for window, causal in (
+        ((2, 1), False),
+        ((1, 3), False),
+        ((0, 0), False),
+        (2, False),
+        ((3, 0), True),
+        ((1, 4), True),
+        (6, True),
+    ):
         # JAX wants v's head dimension equal to q's: E = Lk.
         q = jnp.zeros((1, n_queries, 1, n_keys), dtype=jnp.float32)
         k = jnp.zeros((1, n_keys, 1, n_keys), dtype=jnp.float32)
         v = jnp.eye(n_keys, dtype=jnp.float32)[None, :, None, :]
-        out = np.asarray(jax.nn.dot_product_attention(
-            q, k, v, local_window_size=window, is_causal=causal))[0, :, 0, :]
-        ours = np.asarray(sparse_mask(n_queries=n_queries, n_keys=n_keys, xp=np_xp,
-                                      **library_window("jax", window, causal=causal)))
+        out = np.asarray(
+            jax.nn.dot_product_attention(q, k, v, local_window_size=window, is_causal=causal)
+        )[0, :, 0, :]
+        ours = np.asarray(
+            sparse_mask(
+                n_queries=n_queries,
+                n_keys=n_keys,
+                xp=np_xp,
+                **library_window("jax", window, causal=causal),
+            )
+        )
         # JAX gives empty rows the mean of V (SDPA-5.1 divergence): compare the others.
         rows = ours.any(axis=1)
         assert rows.any()
@@ -393,37 +506,73 @@ def test_jax_local_window_size_is_the_same_set() -> None:
 
 BAD_PARAMETERS = [
     (ValueError, "pattern='diagonal'", lambda: sparse_mask("diagonal", 3, 3, xp=np_xp)),
-    (ValueError, "alignment='centre'", lambda: sparse_mask(
-        "strided", 3, 3, stride=2, alignment="centre", xp=np_xp)),
-    (TypeError, "causal='yes'", lambda: sparse_mask(
-        "strided", 3, 3, stride=2, causal="yes", xp=np_xp)),
+    (
+        ValueError,
+        "alignment='centre'",
+        lambda: sparse_mask("strided", 3, 3, stride=2, alignment="centre", xp=np_xp),
+    ),
+    (
+        TypeError,
+        "causal='yes'",
+        lambda: sparse_mask("strided", 3, 3, stride=2, causal="yes", xp=np_xp),
+    ),
     (ValueError, "n_queries=-1", lambda: sparse_mask("strided", -1, 3, stride=2, xp=np_xp)),
     (ValueError, "left=-1", lambda: sliding_window_mask(3, 3, left=-1, right=0, xp=np_xp)),
     (TypeError, "right=1.5", lambda: sliding_window_mask(3, 3, left=1, right=1.5, xp=np_xp)),
-    (ValueError, "dilation=0", lambda: sliding_window_mask(
-        3, 3, left=1, right=1, dilation=0, xp=np_xp)),
+    (
+        ValueError,
+        "dilation=0",
+        lambda: sliding_window_mask(3, 3, left=1, right=1, dilation=0, xp=np_xp),
+    ),
     (TypeError, "got width", lambda: sparse_mask("sliding_window", 3, 3, width=2, xp=np_xp)),
-    (TypeError, "required: left, right", lambda: sparse_mask(
-        "sliding_window", 3, 3, left=2, xp=np_xp)),
+    (
+        TypeError,
+        "required: left, right",
+        lambda: sparse_mask("sliding_window", 3, 3, left=2, xp=np_xp),
+    ),
     (ValueError, "stride=0", lambda: strided_mask(3, 3, stride=0, xp=np_xp)),
     (ValueError, "summary=5", lambda: fixed_mask(3, 3, stride=4, summary=5, xp=np_xp)),
-    (ValueError, "layout.shape=(1, 1)", lambda: block_sparse_mask(
-        5, 5, layout=[[True]], block_size=2, xp=np_xp)),
-    (TypeError, "layout.dtype=float64", lambda: block_sparse_mask(
-        2, 2, layout=np.ones((1, 1)), block_size=2, xp=np_xp)),
-    (ValueError, "block_size=(1, 2, 3)", lambda: block_sparse_mask(
-        2, 2, layout=[[True]], block_size=(1, 2, 3), xp=np_xp)),
-    (ValueError, "block_size[1]=0", lambda: block_sparse_mask(
-        2, 2, layout=[[True]], block_size=(2, 0), xp=np_xp)),
-    (ValueError, "global_tokens[1]=-2", lambda: longformer_mask(
-        4, 4, left=1, right=1, global_tokens=[0, -2], xp=np_xp)),
-    (TypeError, "global_tokens=3", lambda: longformer_mask(
-        4, 4, left=1, right=1, global_tokens=3, xp=np_xp)),
+    (
+        ValueError,
+        "layout.shape=(1, 1)",
+        lambda: block_sparse_mask(5, 5, layout=[[True]], block_size=2, xp=np_xp),
+    ),
+    (
+        TypeError,
+        "layout.dtype=float64",
+        lambda: block_sparse_mask(2, 2, layout=np.ones((1, 1)), block_size=2, xp=np_xp),
+    ),
+    (
+        ValueError,
+        "block_size=(1, 2, 3)",
+        lambda: block_sparse_mask(2, 2, layout=[[True]], block_size=(1, 2, 3), xp=np_xp),
+    ),
+    (
+        ValueError,
+        "block_size[1]=0",
+        lambda: block_sparse_mask(2, 2, layout=[[True]], block_size=(2, 0), xp=np_xp),
+    ),
+    (
+        ValueError,
+        "global_tokens[1]=-2",
+        lambda: longformer_mask(4, 4, left=1, right=1, global_tokens=[0, -2], xp=np_xp),
+    ),
+    (
+        TypeError,
+        "global_tokens=3",
+        lambda: longformer_mask(4, 4, left=1, right=1, global_tokens=3, xp=np_xp),
+    ),
     (TypeError, "seed=None", lambda: bigbird_mask(8, 8, block_size=2, num_random=1, xp=np_xp)),
-    (ValueError, "random_blocks has 1 rows", lambda: bigbird_mask(
-        8, 8, block_size=2, random_blocks=[[3]], xp=np_xp)),
-    (ValueError, "random_blocks[0]=[1]", lambda: bigbird_mask(
-        8, 8, block_size=2, random_blocks=[[1], [3], [0], [-1]], xp=np_xp)),
+    (
+        ValueError,
+        "random_blocks has 1 rows",
+        lambda: bigbird_mask(8, 8, block_size=2, random_blocks=[[3]], xp=np_xp),
+    ),
+    (
+        ValueError,
+        "random_blocks[0]=[1]",
+        lambda: bigbird_mask(8, 8, block_size=2, random_blocks=[[1], [3], [0], [-1]], xp=np_xp),
+    ),
     (ValueError, "convention='torch'", lambda: library_window("torch", (1, 1))),
     (TypeError, "window=3, but flash_attn takes a pair", lambda: library_window("flash_attn", 3)),
     (ValueError, "window_size=4", lambda: library_window("xformers_components", 4)),
@@ -433,8 +582,11 @@ BAD_PARAMETERS = [
 ]
 
 
-@pytest.mark.parametrize(("error", "fragment", "call"), BAD_PARAMETERS,
-                         ids=[fragment for _, fragment, _ in BAD_PARAMETERS])
+@pytest.mark.parametrize(
+    ("error", "fragment", "call"),
+    BAD_PARAMETERS,
+    ids=[fragment for _, fragment, _ in BAD_PARAMETERS],
+)
 def test_bad_parameters_raise_naming_them(error: type, fragment: str, call: Any) -> None:
     """SPARSE-1.4: a bad pattern parameter raises ValueError/TypeError naming the argument,
     its value and the clause."""
@@ -449,11 +601,11 @@ def test_layout_from_another_library_is_rejected() -> None:
     """SPARSE-1.4: a layout array must belong to the library the mask is built with."""
     torch = pytest.importorskip("torch", reason="torch is not installed")
     with pytest.raises(TypeError, match="layout is a torch"):
-        block_sparse_mask(2, 2, layout=torch.ones((1, 1), dtype=torch.bool), block_size=2,
-                          xp=np_xp)
+        block_sparse_mask(2, 2, layout=torch.ones((1, 1), dtype=torch.bool), block_size=2, xp=np_xp)
 
 
 # --- figures -------------------------------------------------------------------------------
+
 
 def _draw_patterns_module() -> Any:
     path = ROOT / "scripts" / "draw-patterns"
@@ -476,7 +628,8 @@ def test_figures_are_what_the_script_draws_now() -> None:
         committed = ROOT / "spec" / "figures" / name
         assert committed.exists(), f"{name} missing: run scripts/draw-patterns"
         assert drawing.picture(committed.read_bytes()) == drawing.picture(data), (
-            f"{name} is stale: run scripts/draw-patterns")
+            f"{name} is stale: run scripts/draw-patterns"
+        )
 
 
 def test_figure_pixels_are_the_mask() -> None:
@@ -486,6 +639,10 @@ def test_figure_pixels_are_the_mask() -> None:
     mask = np.asarray(sliding_window_mask(5, 7, left=1, right=2, xp=np_xp))
     rows = drawing.pixels(mask.tolist(), None)
     centre = drawing.CELL // 2
-    cells = np.array([[rows[i * drawing.CELL + centre][j * drawing.CELL + centre]
-                       for j in range(7)] for i in range(5)])
+    cells = np.array(
+        [
+            [rows[i * drawing.CELL + centre][j * drawing.CELL + centre] for j in range(7)]
+            for i in range(5)
+        ]
+    )
     assert np.array_equal(cells == 1, mask)
