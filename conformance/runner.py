@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
@@ -21,7 +21,7 @@ from .input_features import avoided_dtype, features_of
 from .kernel import KernelUnderTest
 from .registry import Property, all_properties
 from .reproduce import failure_snippet
-from .shape_pool import pool_for_run
+from .shape_pool import ShapePool, pool_for_run
 from .sizes import SizeLimits, Stratum
 from .values import COMBINATIONS
 
@@ -145,6 +145,9 @@ PROFILES: dict[str, Profile] = {
         budget_seconds=3600,
     ),
 }
+# Profiles that nest (CONF-8): each runs every stratum of the one before it first, as
+# that one runs it, so whatever a smaller profile finds the larger ones find too.
+NESTED = ("quick", "default", "thorough")
 PASSED, FAILED, WARNING, NOT_APPLICABLE = "passed", "failed", "warning", "not applicable"
 WAIVED = "waived"  # the declaration waives the property's MUST clause (CONF-7)
 
@@ -273,38 +276,74 @@ def _run_strata(
     avoided_dtypes = {avoided_dtype(name) for name in limits.avoid} - {None}
     if set(kernel.dtypes) <= avoided_dtypes:
         return  # a re-run drawing around every dtype checked: no example can be drawn
-    for stratum in PROFILES[profile].strata(limits):
-        dtype = stratum.option("dtype")
+    for whole in PROFILES[profile].strata(limits):
+        dtype = whole.option("dtype")
         if dtype not in (None, "widest", *kernel.dtypes) or dtype in avoided_dtypes:
             continue  # an anchor in a dtype the kernel is not checked in (or drawn around)
+        for stratum, count, part_seed in _nested_parts(profile, whole, limits, seed, prop):
 
-        @hypothesis_seed(_stratum_seed(seed, prop, stratum))
-        @hypothesis_settings(
-            profile, seed, stratum.examples, shrink=shrink and stratum.anchor is None
-        )
-        @given(st.data())
-        def property_test(data: st.DataObject) -> None:
-            examples[0] += 1
-            try:
-                prop.check(kernel, data)
-            except UnsatisfiedAssumption:  # it had a feature the run draws around
-                examples[0] -= 1
-                raise
-
-        with sizes.drawing(stratum, limits, pool):
-            try:
-                property_test()
-            except Unsatisfiable:
-                if not limits.avoid:
+            @hypothesis_seed(part_seed)
+            @hypothesis_settings(profile, seed, count, shrink=shrink and stratum.anchor is None)
+            @given(st.data())
+            def property_test(data: st.DataObject) -> None:
+                examples[0] += 1
+                try:
+                    prop.check(kernel, data)
+                except UnsatisfiedAssumption:  # it had a feature the run draws around
+                    examples[0] -= 1
                     raise
-                # every draw of this stratum had an avoided feature: nothing to check here
-            except PropertyFailure as failure:
-                if stratum.anchor is not None:
-                    failure.finding += (
-                        f" [anchor problem {stratum.name.split(': ', 1)[1]!r}"
-                        f" ({stratum.anchor.source}), conformance/anchors.py]"
-                    )
+
+            _run_part(property_test, stratum, limits, pool)
+
+
+def _nested_parts(
+    profile: str, stratum: Stratum, limits: SizeLimits, seed: int | None, prop: Property
+) -> list[tuple[Stratum, int, int]]:
+    """The Hypothesis runs of one stratum of ``profile``, as (stratum, examples, seed):
+    profiles nest (CONF-8), so a stratum of a profile of NESTED first runs exactly the
+    same stratum of each smaller profile of NESTED (the same examples, seed and pools:
+    ``stratum.examples`` sizes the pools, conformance/shape_pool.py), then its examples
+    past those, under a seed of their own.  Other profiles run as one part."""
+    if profile not in NESTED:
+        return [(stratum, stratum.examples, _stratum_seed(seed, prop, stratum))]
+    parts: list[tuple[Stratum, int, int]] = []
+    done = 0
+    for smaller in NESTED[: NESTED.index(profile) + 1]:
+        total = next(
+            (s.examples for s in PROFILES[smaller].strata(limits) if s.name == stratum.name), 0
+        )
+        total = min(total, stratum.examples)
+        if total <= done:
+            continue
+        # the first part's seed is the one a profile of one part would use
+        salt = "" if not parts else f":{smaller}"
+        part_seed = zlib.crc32(f"{seed}:{prop.id}:{stratum.name}{salt}".encode())
+        parts.append((replace(stratum, examples=total), total - done, part_seed))
+        done = total
+    return parts
+
+
+def _run_part(
+    property_test: Callable[[], None],
+    stratum: Stratum,
+    limits: SizeLimits,
+    pool: ShapePool | None,
+) -> None:
+    """One Hypothesis run of (part of) ``stratum``; a failing anchor names itself."""
+    with sizes.drawing(stratum, limits, pool):
+        try:
+            property_test()
+        except Unsatisfiable:
+            if not limits.avoid:
                 raise
+            # every draw of this stratum had an avoided feature: nothing to check here
+        except PropertyFailure as failure:
+            if stratum.anchor is not None:
+                failure.finding += (
+                    f" [anchor problem {stratum.name.split(': ', 1)[1]!r}"
+                    f" ({stratum.anchor.source}), conformance/anchors.py]"
+                )
+            raise
 
 
 def run_property(

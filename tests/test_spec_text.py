@@ -98,6 +98,7 @@ CONTRACT = {
     "CONF-5": "MUST",
     "CONF-6": "MUST",
     "CONF-7": "MUST",
+    "CONF-8": "MUST",
 }
 # Informative definitions with an id (spec/index.md, section 4): citable, not clauses. MHA-1,
 # MHA-2 and POS-1 were MUST clauses nothing checked, ROPE-2 a consequence of ROPE-1 (CHANGELOG).

@@ -1,0 +1,123 @@
+"""CONF-8: profiles nest.  Each stratum of a larger profile first runs that stratum of the
+smaller profiles exactly as they run it (the same Hypothesis seed, example count and
+shape pools), so whatever quick finds, default and thorough find too."""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import pytest
+from catalogue.buggy import CATALOGUE
+from support import backend_or_skip
+
+from attnspec.conformance import declare
+from attnspec.conformance.kernel import KernelUnderTest
+from attnspec.conformance.registry import all_properties
+from attnspec.conformance.runner import (
+    FAILED,
+    NESTED,
+    PROFILES,
+    _nested_parts,
+    run_property,
+)
+from attnspec.conformance.sizes import SizeLimits, current
+from attnspec.reference import scaled_dot_product_attention as reference_sdpa
+
+# Small enough that every stratum of the default profile costs milliseconds per example.
+LIMITS = SizeLimits(max_len=33, max_head_dim=16, max_batch_heads=8)
+Array = Any
+
+
+def test_every_stratum_grows_from_quick_to_thorough() -> None:
+    """CONF-8: no stratum of a larger profile has fewer examples than a smaller one's."""
+    for smaller, larger in itertools.pairwise(NESTED):
+        counts = {s.name: s.examples for s in PROFILES[larger].strata(SizeLimits())}
+        for stratum in PROFILES[smaller].strata(SizeLimits()):
+            assert counts.get(stratum.name, 0) >= stratum.examples, (smaller, larger, stratum)
+
+
+def test_larger_profiles_run_the_smaller_ones_parts_first() -> None:
+    """CONF-8: a stratum's Hypothesis runs in a larger profile begin with the smaller
+    profile's runs of it, the same (stratum, examples, seed), then add examples past
+    them under other seeds."""
+    prop = all_properties()["matches-reference"]
+    for seed in (None, 7):
+        for smaller, larger in itertools.pairwise(NESTED):
+            big = {s.name: s for s in PROFILES[larger].strata(SizeLimits())}
+            for stratum in PROFILES[smaller].strata(SizeLimits()):
+                small_parts = _nested_parts(smaller, stratum, SizeLimits(), seed, prop)
+                large_parts = _nested_parts(larger, big[stratum.name], SizeLimits(), seed, prop)
+                assert large_parts[: len(small_parts)] == small_parts
+                assert sum(count for _, count, _ in large_parts) == big[stratum.name].examples
+                assert len({part_seed for _, _, part_seed in large_parts}) == len(large_parts)
+
+
+def recording(calls: dict[str, list[tuple[Any, ...]]]) -> Any:
+    """The reference, recording each call's inputs (shapes, options, a checksum of the
+    values) under the stratum it was drawn in."""
+
+    @declare(bias=True, gqa=True)
+    def kernel(
+        q: Array,
+        k: Array,
+        v: Array,
+        *,
+        mask: Array | None = None,
+        bias: Array | None = None,
+        is_causal: bool = False,
+        scale: float | None = None,
+    ) -> Array:
+        arrays = [np.asarray(a) for a in (q, k, v, mask, bias) if a is not None]
+        checksum = zlib.crc32(b"".join(a.tobytes() for a in arrays))
+        shapes = tuple((a.shape, str(a.dtype)) for a in arrays)
+        calls[current().stratum.name].append((shapes, is_causal, scale, checksum))
+        return reference_sdpa(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+
+    return kernel
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["drawn", "pooled"])
+def test_default_draws_quicks_problems_first(pooled: bool) -> None:
+    """CONF-8: in every stratum, the first calls the default profile makes of a kernel
+    are exactly the calls the quick profile makes (same inputs, values included), for
+    drawn sizes and for the shape pools of a backend that compiles per shape."""
+    backend = backend_or_skip("numpy")
+    if pooled:
+        import dataclasses
+
+        backend._adapter = dataclasses.replace(backend._adapter, compiles_per_shape=True)
+    runs: dict[str, dict[str, list[tuple[Any, ...]]]] = {}
+    for profile in ("quick", "default"):
+        calls: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+        kernel = KernelUnderTest(recording(calls), backend)
+        verdict = run_property(
+            all_properties()["matches-reference"], kernel, profile=profile, limits=LIMITS
+        )
+        assert verdict.status == "passed", verdict.detail
+        runs[profile] = calls
+    quick, default = runs["quick"], runs["default"]
+    assert set(quick) <= set(default)
+    for stratum, made in quick.items():
+        assert default[stratum][: len(made)] == made, stratum
+
+
+NESTING_BUGS = ("eps-in-denominator", "online-softmax-drops-tail", "mask-after-softmax")
+
+
+@pytest.mark.parametrize("name", NESTING_BUGS)
+def test_what_quick_finds_default_finds(name: str) -> None:
+    """CONF-8: a catalogue bug that quick catches, default catches on the same first
+    failing input (runs stop at the first failure: shrink=False)."""
+    bug = next(b for b in CATALOGUE if b.name == name)
+    kernel = KernelUnderTest(bug.fn, backend_or_skip(bug.backend))
+    prop = all_properties()[bug.catches]
+    quick, default = (
+        run_property(prop, kernel, profile=profile, limits=LIMITS, shrink=False)
+        for profile in ("quick", "default")
+    )
+    assert quick.status == FAILED, quick.detail
+    assert (default.status, default.counterexample) == (quick.status, quick.counterexample)
