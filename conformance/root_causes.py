@@ -166,6 +166,32 @@ def _flat(text: str) -> str:
     return " ".join(text.split())
 
 
+def _add_divergence(
+    merged: dict[str, Divergence],
+    by_clause: dict[str, Divergence],
+    group: list[Verdict],
+    link: str,
+) -> None:
+    """Fold ``group`` (failures of one minimal case and one write-up) into ``merged``."""
+    first = group[0]
+    key = link or f"{first.status}:{first.property}"
+    if key in merged:
+        merged[key].properties += [v.property for v in group]
+    else:
+        merged[key] = Divergence(
+            first.clause,
+            first.level,
+            first.status,
+            _flat(first.detail),
+            _flat(first.counterexample),
+            [v.property for v in group],
+            link,
+            drawn_around=first.drawn_around,
+        )
+    for v in group:
+        by_clause.setdefault(v.clause, merged[key])
+
+
 def divergences(report: Report, write_ups: dict[str, str] | None = None) -> list[Divergence]:
     """The report's distinct divergences, in the order they ran, each with the failures
     that follow from it folded in; a waived clause that failures follow from is listed
@@ -174,25 +200,16 @@ def divergences(report: Report, write_ups: dict[str, str] | None = None) -> list
     merged: dict[str, Divergence] = {}
     by_clause: dict[str, Divergence] = {}
     distinct = [v for v in report.verdicts if v.status in FINDING and not v.cause]
-    for group in grouped_findings(report, distinct):
-        first = group[0]
-        link = next((write_ups[v.property] for v in group if v.property in write_ups), "")
-        key = link or f"{first.status}:{first.property}"
-        if key in merged:
-            merged[key].properties += [v.property for v in group]
-        else:
-            merged[key] = Divergence(
-                first.clause,
-                first.level,
-                first.status,
-                _flat(first.detail),
-                _flat(first.counterexample),
-                [v.property for v in group],
-                link,
-                drawn_around=first.drawn_around,
-            )
-        for v in group:
-            by_clause.setdefault(v.clause, merged[key])
+    for whole in grouped_findings(report, distinct):
+        # properties whose write-ups differ failed for different written-up reasons, even
+        # on one minimal case: one divergence per write-up (the unlinked with the first one)
+        links = [write_ups.get(v.property, "") for v in whole]
+        first_link = next((link for link in links if link), "")
+        parts: dict[str, list[Verdict]] = {}
+        for v, link in zip(whole, links, strict=True):
+            parts.setdefault(link or first_link, []).append(v)
+        for link, group in parts.items():
+            _add_divergence(merged, by_clause, group, link)
     waived: list[Divergence] = []
     for v in report.verdicts:
         if v.status not in FINDING or not v.cause:

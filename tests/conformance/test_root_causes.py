@@ -379,3 +379,23 @@ def test_drawing_around_empty_rows_leaves_a_mask_without_keys_alone() -> None:
     assert with_a_key_per_row(blank, KernelDeclaration()).tolist() == [
         [[True, False, False], [False, True, False]]
     ]  # top-left causal: the last allowed key
+
+
+def test_one_root_cause_with_two_write_ups_is_two_divergences() -> None:
+    """Two properties that fail with the same exception but whose write-ups differ are two
+    divergences, each with its own write-up, not one under the first write-up."""
+    raised = [
+        _verdict(p, c)
+        for p, c in (("matches-reference", "SDPA-7.3"), ("nan-propagates", "SDPA-7.6"))
+    ]
+    for verdict in raised:
+        verdict.detail = "kernel raised ValueError: bad shape"
+    report = Report("k", "numpy", "cpu", "quick", None, False, verdicts=raised)
+    found = divergences(report, {"matches-reference": "docs/a.md", "nan-propagates": "docs/b.md"})
+    assert [(d.properties, d.write_up) for d in found] == [
+        (["matches-reference"], "docs/a.md"),
+        (["nan-propagates"], "docs/b.md"),
+    ]
+    # with one write-up between them they stay one divergence, the unlinked one folded in
+    (one,) = divergences(report, {"nan-propagates": "docs/b.md"})
+    assert (one.properties, one.write_up) == (["matches-reference", "nan-propagates"], "docs/b.md")
