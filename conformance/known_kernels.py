@@ -370,6 +370,43 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
 }
 
 
+@dataclass(frozen=True)
+class Confirms:
+    """What one write-up confirms: the clauses a failure it explains is listed under (by
+    default the own clause of the property the write-up is filed under) and text that
+    failure's finding or minimal case shows (one of ``shows``; any text when empty)."""
+
+    clauses: tuple[str, ...] = ()
+    shows: tuple[str, ...] = ()  # any one of them
+
+
+# Write-ups whose failure is listed under a clause besides the property's own (a waived
+# clause they follow from) or that name what their failures show.
+_CONFIRMS: dict[str, Confirms] = {
+    # its NaN rows show on the combination "causal with scale 0" only
+    _CAUSAL_SCALE_ZERO: Confirms(shows=("scale=0.0",)),
+    # rows-sum-to-one (SDPA-7.1) and value-linearity (SDPA-7.6) on fully masked rows:
+    # distinct failures, or consequences of the waived SDPA-5.1
+    "docs/divergences.md#jax-empty-rows": Confirms(("SDPA-5.1", "SDPA-7.1", "SDPA-7.6")),
+    "docs/divergences.md#mha-float16-overflow": Confirms(shows=("float16",)),
+    "docs/divergences.md#keras-numpy-float16": Confirms(shows=("float16",)),
+    "docs/divergences.md#flax-linen-float16": Confirms(shows=("float16",)),
+    # PyTorch SDPA's: NaN query, the 1-d mask's IndexError, causal with scale 0, masked NaN
+    "docs/divergences.md#keras-torch-sdpa": Confirms(shows=("nan", "IndexError", "scale=0.0")),
+    # a fully masked row meets layout-independence first (its padded anchor) as well
+    "docs/divergences.md#keras-empty-rows": Confirms(("SDPA-5.1", "SDPA-1.7")),
+}
+
+
+def confirms(link: str, own_clause: str, clause: str, evidence: str) -> bool:
+    """Whether the write-up ``link``, filed under a property of ``own_clause``, explains
+    a failure listed under ``clause`` whose finding and minimal case read ``evidence``:
+    a property that fails for another reason than the one written up stays unconfirmed."""
+    scope = _CONFIRMS.get(link, Confirms())
+    shown = not scope.shows or any(text in evidence for text in scope.shows)
+    return clause in (scope.clauses or (own_clause,)) and shown
+
+
 def known_divergences(fn: Any) -> dict[str, str]:
     """Property id -> where the confirmed divergence of this kernel is written up."""
     return dict(_DIVERGENCES.get(qualified_name(fn), {}))

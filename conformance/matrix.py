@@ -82,12 +82,27 @@ def divergences_of(report: Report, write_ups: dict[str, str]) -> list[Divergence
 def relink(row: MatrixRow, write_ups: dict[str, str]) -> MatrixRow:
     """``row`` with write-ups confirmed since it ran linked, and divergences that one
     write-up explains merged (for rows taken from an earlier run)."""
+    from .known_kernels import confirms
+    from .registry import all_properties
+
+    registry = all_properties()
     by_link: dict[str, Divergence] = {}
     kept = []
     for d in row.divergences:
-        # a waived clause's write-up is filed under the properties that meet it
+        # a waived clause's write-up is filed under the properties that meet it; a link
+        # holds when the write-up explains this failure (known_kernels.confirms), and
+        # properties confirmed by different write-ups leave the divergence unconfirmed
         named = d.properties or [c.split()[0] for c in d.consequences]
-        d.write_up = d.write_up or next((write_ups[p] for p in named if p in write_ups), "")
+        # a waived clause has no case of its own: its consequences' cases show it
+        evidence = " ".join([d.finding, d.inputs, *(d.evidence if d.status == WAIVED else [])])
+        links = {
+            write_ups[p]
+            for p in named
+            if p in write_ups
+            and p in registry
+            and confirms(write_ups[p], registry[p].clause, d.clause, evidence)
+        }
+        d.write_up = links.pop() if len(links) == 1 else ""
         if d.write_up in by_link:
             by_link[d.write_up].properties += d.properties
             by_link[d.write_up].consequences += d.consequences

@@ -166,6 +166,16 @@ def _flat(text: str) -> str:
     return " ".join(text.split())
 
 
+def _confirmed_link(verdict: Verdict, clause: str, write_ups: dict[str, str]) -> str:
+    """The write-up filed under ``verdict``'s property when it explains this failure,
+    listed under ``clause`` (known_kernels.confirms); "" when none does."""
+    from .known_kernels import confirms
+
+    link = write_ups.get(verdict.property, "")
+    evidence = f"{verdict.detail} {verdict.counterexample}"
+    return link if link and confirms(link, verdict.clause, clause, evidence) else ""
+
+
 def _add_divergence(
     merged: dict[str, Divergence],
     by_clause: dict[str, Divergence],
@@ -202,13 +212,18 @@ def divergences(report: Report, write_ups: dict[str, str] | None = None) -> list
     distinct = [v for v in report.verdicts if v.status in FINDING and not v.cause]
     for whole in grouped_findings(report, distinct):
         # properties whose write-ups differ failed for different written-up reasons, even
-        # on one minimal case: one divergence per write-up (the unlinked with the first one)
-        links = [write_ups.get(v.property, "") for v in whole]
-        first_link = next((link for link in links if link), "")
+        # on one minimal case: one divergence per write-up; one whose write-up does not
+        # explain this failure is a divergence of its own, unconfirmed; those without a
+        # write-up go with the group's first
+        links = {v.property: _confirmed_link(v, v.clause, write_ups) for v in whole}
+        first_link = next((link for link in links.values() if link), "")
         parts: dict[str, list[Verdict]] = {}
-        for v, link in zip(whole, links, strict=True):
-            parts.setdefault(link or first_link, []).append(v)
-        for link, group in parts.items():
+        for v in whole:
+            unexplained = v.property in write_ups and not links[v.property]
+            key = f"unconfirmed: {v.property}" if unexplained else links[v.property] or first_link
+            parts.setdefault(key, []).append(v)
+        for key, group in parts.items():
+            link = "" if key.startswith("unconfirmed: ") else key
             _add_divergence(merged, by_clause, group, link)
     waived: list[Divergence] = []
     for v in report.verdicts:
@@ -223,13 +238,13 @@ def divergences(report: Report, write_ups: dict[str, str] | None = None) -> list
                 "waived by the declaration (CONF-7)",
                 "",
                 [],
-                write_ups.get(root, ""),
+                "",
             )
             waived.append(by_clause[root])
         via = "" if root == v.cause else f", via {v.cause}"
         if by_clause[root].status == WAIVED and not by_clause[root].write_up:
             # a waived clause's write-up is filed under the properties that meet it
-            by_clause[root].write_up = write_ups.get(v.property, "")
+            by_clause[root].write_up = _confirmed_link(v, root, write_ups)
         by_clause[root].consequences.append(f"{v.property} ({v.clause}{via})")
         by_clause[root].evidence.append(
             f"{v.property}: {v.drawn_around}; minimal case {_flat(v.counterexample)}"

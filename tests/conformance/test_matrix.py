@@ -20,6 +20,7 @@ from support import ROOT
 
 from attnspec.conformance import cli, matrix
 from attnspec.conformance.known_kernels import KNOWN_KERNELS
+from attnspec.conformance.root_causes import Divergence
 from attnspec.conformance.runner import FAILED, NOT_APPLICABLE, PASSED, WAIVED, Report, Verdict
 
 pytest.importorskip("torch", reason="the matrix rows checked here are PyTorch kernels")
@@ -142,14 +143,43 @@ def test_a_failure_is_folded_only_when_its_re_run_showed_a_cause() -> None:
 
 
 def test_failures_explained_by_one_write_up_are_one_divergence() -> None:
+    causal_scale_zero = "q(1, 1, 2, 1), dtype=float16, is_causal=True, scale=0.0"
     verdicts = [
-        _verdict("matches-reference", "SDPA-7.3", FAILED),
-        _verdict("output-in-value-hull", "SDPA-7.1", FAILED),
+        _verdict("matches-reference", "SDPA-7.3", FAILED, causal_scale_zero),
+        _verdict("output-in-value-hull", "SDPA-7.1", FAILED, causal_scale_zero),
     ]
     report = Report("k", "torch", "cpu", "quick", None, False, verdicts=verdicts)
     link = "docs/divergences.md#torch-causal-scale-zero"
     [one] = matrix.divergences_of(report, {"matches-reference": link, "output-in-value-hull": link})
     assert one.properties == ["matches-reference", "output-in-value-hull"]
+
+
+def test_relink_links_only_what_a_write_up_describes() -> None:
+    """matrix.relink (rows of earlier runs): a divergence whose properties' write-ups
+    differ, or whose failure is not the one written up, is left unconfirmed; one that is
+    gets its write-up."""
+    link = "docs/divergences.md#torch-causal-scale-zero"
+
+    def row(inputs: str, properties: list[str], clause: str = "SDPA-7.3") -> matrix.MatrixRow:
+        found = Divergence(clause, "MUST", FAILED, "out is nan", inputs, properties)
+        return matrix.MatrixRow("k", "torch", "cpu", "", matrix.CHECKED, divergences=[found])
+
+    zero, half = "q(1, 1, 1), is_causal=True, scale=0.0", "q(1, 1, 1), scale=0.5"
+    assert (
+        matrix.relink(row(zero, ["matches-reference"]), {"matches-reference": link})
+        .divergences[0]
+        .write_up
+        == link
+    )
+    assert (
+        not matrix.relink(row(half, ["matches-reference"]), {"matches-reference": link})
+        .divergences[0]
+        .write_up
+    )
+    # two properties of SDPA-7.1, each with a write-up of its own
+    two = {"output-in-value-hull": "docs/a.md", "rows-sum-to-one": "docs/b.md"}
+    relinked = matrix.relink(row(zero, [*two], "SDPA-7.1"), two)
+    assert relinked.divergences[0].write_up == ""
 
 
 def test_unknown_kernel_name_is_a_usage_error(
@@ -265,3 +295,21 @@ def test_every_divergence_in_the_committed_matrix_is_confirmed() -> None:
                 continue
             assert d.write_up.startswith("docs/divergences.md#"), (row.name, d)
             assert d.write_up.split("#")[1].split()[0] in anchors, (row.name, d.write_up)
+
+
+def test_every_write_up_scope_names_a_write_up_in_use() -> None:
+    """Each entry of what a write-up confirms (known_kernels._CONFIRMS) is a link some
+    known kernel's divergence uses, to an anchor docs/divergences.md has, and names
+    clauses that exist: a scope cannot outlive its write-up."""
+    from attnspec.conformance.known_kernels import _CONFIRMS, _DIVERGENCES
+    from attnspec.conformance.registry import all_properties
+
+    used = {link for entries in _DIVERGENCES.values() for link in entries.values()}
+    anchors = set(
+        re.findall(r'<a id="([^"]+)"></a>', (ROOT / "docs" / "divergences.md").read_text())
+    )
+    clauses = {prop.clause for prop in all_properties().values()}
+    for link, scope in _CONFIRMS.items():
+        assert link in used, link
+        assert link.split("#")[1].split()[0] in anchors, link
+        assert set(scope.clauses) <= clauses, (link, scope.clauses)

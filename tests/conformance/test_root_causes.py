@@ -383,10 +383,11 @@ def test_drawing_around_empty_rows_leaves_a_mask_without_keys_alone() -> None:
 
 def test_one_root_cause_with_two_write_ups_is_two_divergences() -> None:
     """Two properties that fail with the same exception but whose write-ups differ are two
-    divergences, each with its own write-up, not one under the first write-up."""
+    divergences, each with its own write-up, not one under the first write-up; a property
+    without a write-up stays with the one that has it."""
     raised = [
         _verdict(p, c)
-        for p, c in (("matches-reference", "SDPA-7.3"), ("nan-propagates", "SDPA-7.6"))
+        for p, c in (("matches-reference", "SDPA-7.3"), ("nan-propagates", "SDPA-8.3"))
     ]
     for verdict in raised:
         verdict.detail = "kernel raised ValueError: bad shape"
@@ -396,6 +397,28 @@ def test_one_root_cause_with_two_write_ups_is_two_divergences() -> None:
         (["matches-reference"], "docs/a.md"),
         (["nan-propagates"], "docs/b.md"),
     ]
-    # with one write-up between them they stay one divergence, the unlinked one folded in
     (one,) = divergences(report, {"nan-propagates": "docs/b.md"})
     assert (one.properties, one.write_up) == (["matches-reference", "nan-propagates"], "docs/b.md")
+
+
+def test_a_write_up_links_only_the_failure_it_describes() -> None:
+    """A property's write-up confirms its failure only when the failure is listed under the
+    clause the write-up names and shows what it describes: PyTorch's causal-with-scale-0
+    write-up does not explain a matches-reference failure without scale 0, and a write-up
+    of a property's own clause does not explain its failure as a consequence of another
+    (waived) clause.  Both say "unconfirmed" (no write-up)."""
+    link = "docs/divergences.md#torch-causal-scale-zero"
+    scale_zero = _verdict("matches-reference", "SDPA-7.3", case="q(1, 1, 1), scale=0.0")
+    other = _verdict("matches-reference", "SDPA-7.3", case="q(1, 1, 1), scale=0.5")
+    for verdict, expected in ((scale_zero, link), (other, "")):
+        report = Report("k", "torch", "cpu", "quick", None, False, verdicts=[verdict])
+        [found] = divergences(report, {"matches-reference": link})
+        assert found.write_up == expected, verdict.counterexample
+    consequence = _verdict("rows-sum-to-one", "SDPA-7.1")
+    consequence.cause = "SDPA-5.1"  # waived: no verdict of its own
+    report = Report("k", "numpy", "cpu", "quick", None, False, verdicts=[consequence])
+    [waived] = divergences(report, {"rows-sum-to-one": "docs/own-clause.md"})
+    assert (waived.clause, waived.write_up) == ("SDPA-5.1", "")
+    # the jax write-up names SDPA-5.1: it does explain rows-sum-to-one's failure there
+    [waived] = divergences(report, {"rows-sum-to-one": "docs/divergences.md#jax-empty-rows"})
+    assert waived.write_up == "docs/divergences.md#jax-empty-rows"
