@@ -303,7 +303,8 @@ def _nested_parts(
     profiles nest (CONF-8), so a stratum of a profile of NESTED first runs exactly the
     same stratum of each smaller profile of NESTED (the same examples, seed and pools:
     ``stratum.examples`` sizes the pools, conformance/shape_pool.py), then its examples
-    past those, under a seed of their own.  Other profiles run as one part."""
+    past those, under a seed of their own, from pools that extend the first part's
+    (``pool_examples``).  Other profiles run as one part."""
     if profile not in NESTED:
         return [(stratum, stratum.examples, _stratum_seed(seed, prop, stratum))]
     parts: list[tuple[Stratum, int, int]] = []
@@ -318,7 +319,11 @@ def _nested_parts(
         # the first part's seed is the one a profile of one part would use
         salt = "" if not parts else f":{smaller}"
         part_seed = zlib.crc32(f"{seed}:{prop.id}:{stratum.name}{salt}".encode())
-        parts.append((replace(stratum, examples=total), total - done, part_seed))
+        # every part's pools are keyed as the first part's, sized for its own total: they
+        # hold the first part's members first (shape_pool.pool_key)
+        sized = {"pool_examples": total} if parts else {}
+        first = parts[0][0].examples if parts else total
+        parts.append((replace(stratum, examples=first, **sized), total - done, part_seed))
         done = total
     return parts
 

@@ -92,7 +92,9 @@ class ShapePool:
     Members are cached per process: computing them again gives the same ones."""
 
     seed: int | None
+    # sorted pools by (key, count); the members made so far by key, in seed order
     _members: dict[tuple[Hashable, ...], list[Any]] = field(default_factory=dict)
+    _made: dict[tuple[Hashable, ...], list[Any]] = field(default_factory=dict)
 
     def members(
         self,
@@ -101,20 +103,21 @@ class ShapePool:
         size: Callable[[T], Any],
         count: int,
     ) -> list[T]:
-        """The (up to) ``count`` distinct values that ``make(draws)`` gives for seeded
-        draws, sorted by ``size``; ``key`` names everything ``make`` depends on besides
-        the draws."""
-        pool = self._members.get(key)
+        """The (up to) ``count`` distinct values that ``make(draws)`` gives for the first
+        ``count`` seeded draws, sorted by ``size``; ``key`` names everything ``make``
+        depends on besides the draws.  A larger ``count`` keeps a smaller one's members."""
+        pool = self._members.get((*key, count))
         if pool is None:
-            # the simplest member first: a stratum's first example, as Hypothesis runs it
-            made = [
-                make(
-                    SeededDraws(None if i == 0 else zlib.crc32(f"{self.seed}:{key!r}:{i}".encode()))
-                )
-                for i in range(count)
-            ]
-            pool = sorted(dict.fromkeys(made), key=lambda m: (size(m), repr(m)))
-            self._members[key] = pool
+            made = self._made.setdefault(key, [])
+            # member i comes from seed i whatever ``count``: a larger pool holds a smaller
+            # one's members (a nesting profile's larger stratum reuses their compilations)
+            while len(made) < count:
+                i = len(made)
+                # the simplest member first: a stratum's first example, as Hypothesis runs it
+                seeded = None if i == 0 else zlib.crc32(f"{self.seed}:{key!r}:{i}".encode())
+                made.append(make(SeededDraws(seeded)))
+            pool = sorted(dict.fromkeys(made[:count]), key=lambda m: (size(m), repr(m)))
+            self._members[(*key, count)] = pool
         return pool
 
     def draw(
@@ -157,6 +160,19 @@ def members_for(examples: int, realistic: bool) -> int:
     return max(1, min(examples, LARGEST_REALISTIC_POOL)) if realistic else SMALL_POOL
 
 
+def pool_size(stratum: Any) -> int:
+    """How many shapes ``stratum`` draws from (its ``pool_examples`` when set)."""
+    return members_for(max(stratum.examples, stratum.pool_examples), stratum.realistic)
+
+
+def pool_key(stratum: Any) -> Any:
+    """``stratum`` as its pools are keyed: without ``pool_examples``, so the later parts of
+    a nesting profile's stratum draw the members of its first part first."""
+    from dataclasses import replace
+
+    return replace(stratum, pool_examples=0)
+
+
 # What draw_dims is asked for when nothing is asked of it (its defaults): every request
 # first looks among the members drawn so, and only when none of them fits (a property
 # needing two key/value heads, more keys than the small members have) draws a pool of its
@@ -196,7 +212,7 @@ def pooled_dims(
     drawing = sizes.current()
     assert drawing.pool is not None, "pooled_dims outside a pooled stratum"
     stratum = drawing.stratum
-    count = members_for(stratum.examples, stratum.realistic)
+    count = pool_size(stratum)
 
     def pool(request: dict[str, Any]) -> list[Any]:
         def make(draws: Any) -> Any:
@@ -210,7 +226,7 @@ def pooled_dims(
         # members, so a pool drawn before a failure is not reused after it
         key = (
             "dims",
-            stratum,
+            pool_key(stratum),
             drawing.limits,
             kernel.declaration.batch_ndim,
             kernel.declaration.equal_head_dims,
@@ -277,10 +293,10 @@ def pooled_sizes(data: Any, name: str, draw: Callable[[Any], T]) -> T:
     assert drawing.pool is not None
     return drawing.pool.draw(
         data,
-        ("probe", name, stratum, drawing.limits),
+        ("probe", name, pool_key(stratum), drawing.limits),
         draw,
         lambda made: made,
-        members=members_for(stratum.examples, stratum.realistic),
+        members=pool_size(stratum),
         label=name,
     )
 

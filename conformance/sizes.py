@@ -202,6 +202,9 @@ class Stratum:
     min_len: int = 1  # the fewest keys (and queries of "self" shapes) of its lengths
     min_head_dim: int = 1  # the smallest E of its head dims
     anchor: Any = None  # an anchors.Anchor: its fixed sizes instead of drawn ones
+    # the examples its shape pools are sized for, when more than ``examples``: the part of
+    # a larger profile's stratum past a smaller profile's (runner._nested_parts)
+    pool_examples: int = 0
 
     @property
     def realistic(self) -> bool:

@@ -24,6 +24,7 @@ from attnspec.conformance.runner import (
     _nested_parts,
     run_property,
 )
+from attnspec.conformance.shape_pool import pool_for_run
 from attnspec.conformance.sizes import SizeLimits, current
 from attnspec.reference import scaled_dot_product_attention as reference_sdpa
 
@@ -84,7 +85,8 @@ def recording(calls: dict[str, list[tuple[Any, ...]]]) -> Any:
 def test_default_draws_quicks_problems_first(pooled: bool) -> None:
     """CONF-8: in every stratum, the first calls the default profile makes of a kernel
     are exactly the calls the quick profile makes (same inputs, values included), for
-    drawn sizes and for the shape pools of a backend that compiles per shape."""
+    drawn sizes and for the shape pools of a backend that compiles per shape, whose
+    larger pools extend the smaller ones."""
     backend = backend_or_skip("numpy")
     if pooled:
         import dataclasses
@@ -103,6 +105,14 @@ def test_default_draws_quicks_problems_first(pooled: bool) -> None:
     assert set(quick) <= set(default)
     for stratum, made in quick.items():
         assert default[stratum][: len(made)] == made, stratum
+    if pooled:  # a stratum's larger pools hold its smaller ones' members (shape_pool)
+        pools = pool_for_run(None)._members
+        for (*key, count), members in pools.items():
+            smaller = [p for (*k, c), p in pools.items() if k == key and c < count]
+            assert all(set(p) <= set(members) for p in smaller), key
+        assert any(k == key and c < count for (*k, c) in pools for (*key, count) in pools), (
+            "no stratum drew pools of two sizes"
+        )
 
 
 NESTING_BUGS = ("eps-in-denominator", "online-softmax-drops-tail", "mask-after-softmax")
