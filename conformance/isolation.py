@@ -50,8 +50,9 @@ from .claims import Flag, Getter, UsageError
 from .declaration import KernelDeclaration
 from .failures import PropertyFailure
 from .hints import run_hints
-from .kernel import KernelUnderTest, Problem, describe_inputs, load_kernel
+from .kernel import KernelUnderTest, Problem, describe_inputs
 from .kernel_setup import KernelSetup, SetupError, setup_notes
+from .loading import load_kernel
 from .registry import Property
 from .reproduce import loader_source
 from .runner import PROFILES, Verdict, _failed_verdict, run_property

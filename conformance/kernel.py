@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import array_api_compat
 import numpy as np
@@ -48,6 +48,13 @@ class Problem:
 
     def with_(self, **changes: Any) -> Problem:
         return replace(self, **changes)
+
+    def required(self, name: Literal["mask", "bias", "alibi_slopes"]) -> np.ndarray:
+        """The optional input ``name`` of a problem drawn with one (mask="always" ...)."""
+        value: np.ndarray | None = getattr(self, name)
+        if value is None:
+            raise ValueError(f"{name}: expected a problem that has one, got {self.describe()}")
+        return value
 
     def describe(self) -> str:
         """Shapes, dtype and mask summary for a failure message."""

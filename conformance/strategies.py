@@ -288,7 +288,7 @@ def with_a_key_per_row(problem: Problem, declaration: Any) -> np.ndarray:
     """``problem.mask`` (broadcast to the scores) with each row that the mask and the causal
     rule leave without a key given the last key the causal rule allows; a row the causal
     rule alone empties (bottom-right, Lq > Lk) stays empty."""
-    mask = np.broadcast_to(problem.mask, input_features.scores_shape(problem)).copy()
+    mask = np.broadcast_to(problem.required("mask"), input_features.scores_shape(problem)).copy()
     if mask.shape[-1] == 0:
         return mask  # no keys: SDPA-5.2's inputs, not a fully masked row
     causal = input_features.allowed_keys(problem.with_(mask=None, bias=None), declaration)

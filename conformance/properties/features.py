@@ -22,8 +22,8 @@ from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem, identity_values
 from ..registration import needs, register
-from ..sizes import refit
-from ..strategies import Dims, draw_dims, draw_problem
+from ..sizes import Dims, refit
+from ..strategies import draw_dims, draw_problem
 from ._helpers import draw_softcap, with_claimed_features
 
 SOFTCAP_MAGNITUDES = (1.0, 3.0, 10.0)  # q and k entries: scores from ~1 to ~100 * sqrt(E)

@@ -165,7 +165,7 @@ def bias_shift_invariance(kernel: KernelUnderTest, data: st.DataObject) -> None:
     causal = "never" if kernel.declaration.bias_shares_mask_argument else "maybe"
     problem = draw_problem(data, kernel, bias="always", causal=causal, tight=True)
     rng = draw_rng(data)
-    bias = np.clip(np.round(rng.standard_normal(problem.bias.shape) * 8), -32, 32) / 8
+    bias = np.clip(np.round(rng.standard_normal(problem.required("bias").shape) * 8), -32, 32) / 8
     limit = shift_limit(problem.dtype)
     base = data.draw(st.sampled_from([limit, -limit, 0.0]), label="shift size")
     shifts = base + rng.integers(-8, 9, size=(*bias.shape[:-1], 1)) / 8

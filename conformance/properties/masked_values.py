@@ -72,7 +72,7 @@ def _masked_columns_problem(
     problem = draw_problem(data, kernel, mask="always", causal=causal, min_keys=1, tight=tight)
     n_keys = problem.k.shape[-2]
     columns = draw_subset(data, n_keys, "masked columns")
-    mask = problem.mask.copy()
+    mask = problem.required("mask").copy()
     mask[..., columns] = False
     return problem.with_(mask=mask), columns
 
@@ -102,7 +102,7 @@ def _replace_excluded(
         a[..., columns, :] = factor * fresh[name]
         changed[name] = a
     if hidden is not None:
-        changed["bias"] = np.where(hidden, factor * fresh["bias"], problem.bias)
+        changed["bias"] = np.where(hidden, factor * fresh["bias"], problem.required("bias"))
     return problem.with_(**changed)
 
 
