@@ -349,7 +349,7 @@ class Claim:
 
 
 def _dense(declaration: KernelDeclaration) -> bool:
-    return declaration.family == "dense"
+    return bool(declaration.family == "dense")
 
 
 def _when(name: str, text: str | Callable[[KernelDeclaration], str]) -> Callable[..., Any]:
@@ -377,7 +377,7 @@ def _batch_ndim_invalid(value: Any) -> str | None:
     return None
 
 
-def _alignment_invalid(value: str) -> str | None:
+def _alignment_invalid(value: object) -> str | None:
     if value not in CAUSAL_ALIGNMENTS:
         return f"causal_alignment={value!r}, but should be one of {CAUSAL_ALIGNMENTS}"
     return None

@@ -228,7 +228,7 @@ class KernelUnderTest:
 
     def rounded(self, a: np.ndarray, dtype: str) -> np.ndarray:
         """``a`` rounded to ``dtype`` on the backend and back: the values the kernel sees."""
-        return self.backend.to_numpy(self.backend.asarray(a, dtype)).astype(np.float64)
+        return self.numpy(self.backend.asarray(a, dtype))
 
     def arguments(self, problem: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Backend arrays and keywords for calling the kernel on ``problem``."""
@@ -353,7 +353,8 @@ class KernelUnderTest:
 
     def numpy(self, x: Any) -> np.ndarray:
         """A backend array as float64 NumPy."""
-        return self.backend.to_numpy(x).astype(np.float64)
+        values: np.ndarray = self.backend.to_numpy(x)
+        return values.astype(np.float64)
 
     def output(self, problem: Problem) -> np.ndarray:
         """The kernel's output for ``problem`` as float64 NumPy."""

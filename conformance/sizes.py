@@ -299,7 +299,8 @@ class _Sizer:
             return self.fits(**{name: v, **{t: v for t in together}})
 
         value = _pick(self.data, _fitting(values, fits), label, len(values))
-        self.dims = replace(self.dims, **{name: value, **{t: value for t in together}})
+        changes: dict[str, Any] = {name: value, **{t: value for t in together}}
+        self.dims = replace(self.dims, **changes)
         return value
 
 
