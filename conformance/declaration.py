@@ -75,7 +75,7 @@ class _DeclarationBehaviour:
     @property
     def waived(self) -> tuple[str, ...]:
         """MUST clauses this declaration says the kernel does not follow (CONF-7)."""
-        return waived_clauses(self)  # type: ignore[arg-type]
+        return waived_clauses(self)
 
 
 def _docstring() -> str:

@@ -143,7 +143,8 @@ def feature_keywords(
     with built-in slopes, which turns ALiBi on), the log-sum-exp request, the dropout
     probability (0.0 on every call of a dropout kernel but the dropout checks) and its
     seed."""
-    decl, keywords = declaration, {}
+    decl = declaration
+    keywords: dict[str, tuple[Any, str | None]] = {}
     if problem.softcap is not None:
         keywords[decl.softcap_keyword] = (problem.softcap, None)
     if problem.alibi_slopes is not None and decl.alibi_builtin_slopes:
@@ -162,7 +163,7 @@ def feature_keywords(
     return keywords
 
 
-class KernelOutputs(tuple):
+class KernelOutputs(tuple[Any, ...]):
     """``(out, weights)`` of one call, unpacking as two as it always did, with the
     log-sum-exp of a kernel that returns one as ``.lse`` (None otherwise)."""
 
