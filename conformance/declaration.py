@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping  # noqa: F401  (field annotations name them)
 from dataclasses import make_dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .claims import CLAIMS, LinearClaim, RopeClaim, SparseClaim, waived_clauses
 
@@ -107,6 +107,15 @@ frozen field per row of the claims table (``attnspec.conformance.claims.CLAIMS``
 their defaults and CLI flags are listed in the class docstring and in the guide."""
 
 
+Kernel = TypeVar("Kernel", bound=Callable[..., Any])
+
+
+@overload
+def declare(fn: Kernel, /, **claims: Any) -> Kernel: ...
+@overload
+def declare(fn: None = None, /, **claims: Any) -> Callable[[Kernel], Kernel]: ...
+
+
 def declare(fn: Callable[..., Any] | None = None, /, **claims: Any) -> Any:
     """Attach a :class:`KernelDeclaration` to a kernel; usable bare or with claims.
 
@@ -115,7 +124,7 @@ def declare(fn: Callable[..., Any] | None = None, /, **claims: Any) -> Any:
     """
     declaration = KernelDeclaration(**claims)
 
-    def attach(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    def attach(kernel: Kernel) -> Kernel:
         if not callable(kernel):
             raise TypeError(f"declare() needs a callable kernel, got {type(kernel).__name__}")
         setattr(kernel, ATTRIBUTE, declaration)

@@ -88,13 +88,13 @@ def softcap_bounds_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
         causal="never",
         scale="never",
     )
-    problem = identity_values(problem.with_(softcap=draw_softcap(data)))
+    cap = draw_softcap(data)
+    problem = identity_values(problem.with_(softcap=cap))
     weights = kernel.output(problem)
     bound = reference_bound(problem, kernel.declaration)
     tolerance = np.asarray(bound.out_tolerance)
     heaviest = np.max(weights - tolerance, axis=-1)
     lightest = np.min(weights + tolerance, axis=-1)
-    cap = problem.softcap
     broken = ~(heaviest <= math.exp(2 * cap) * lightest)
     if broken.any():
         at = first_index(broken)

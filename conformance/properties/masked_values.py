@@ -145,7 +145,11 @@ def masked_values_ignored(kernel: KernelUnderTest, data: st.DataObject) -> None:
     if problem.bias is not None:
         hidden = disallowed_everywhere(_mask_and_causal(problem, kernel), problem.bias.shape)
         fresh["bias"] = rng.standard_normal(problem.bias.shape)
-    factor = largest_factor(problem, columns, hidden, fresh) if magnitude == LARGEST else magnitude
+    factor = (
+        largest_factor(problem, columns, hidden, fresh)
+        if isinstance(magnitude, str)  # LARGEST, the only str
+        else magnitude
+    )
     other = _replace_excluded(problem, columns, hidden, fresh, factor)
     other = other.with_(
         **{
