@@ -362,7 +362,8 @@ def _run_one(
     with contextlib.ExitStack() as stack:
         stack.enter_context(kernel_output_to(_kernel_output(args, stack)))
         stack.enter_context(hypothesis_storage_elsewhere())
-        session = stack.enter_context(plan.session())
+        session = plan.session()
+        stack.enter_context(session)  # each session's __enter__ returns itself
         report = start_report(
             session, profile=profile, seed=seed, strict=plan.strict, limits=plan.limits
         )

@@ -320,7 +320,7 @@ def draw_realistic_dims(
     limits, cap = drawing.limits, drawing.stratum.max_cost
     assert cap is not None, "draw_realistic_dims outside a realistic stratum"
     if drawing.stratum.anchor is not None:
-        return drawing.stratum.anchor.dims(
+        anchored: Dims = drawing.stratum.anchor.dims(
             kernel.declaration.batch_ndim,
             limits,
             cap,
@@ -330,6 +330,7 @@ def draw_realistic_dims(
             min_kv_heads=min_kv_heads,
             min_groups=min_groups,
         )
+        return anchored
     all_lengths = _extended(LENGTHS, limits.max_len)
     lengths = [n for n in all_lengths if n >= drawing.stratum.min_len] or all_lengths[-1:]
     all_head_dims = _extended(HEAD_DIMS, limits.max_head_dim)
@@ -377,7 +378,8 @@ def draw_realistic_dims(
         at_least = max(min_groups, 2 if drawing.stratum.option("gqa") else 1)
         sizer.draw("groups", [g for g in GROUPS if g >= at_least], "G")
     sizer.draw("n_kv_heads", [h for h in KV_HEADS if h >= min_kv_heads], "Hkv")
-    sizes, fallback = BATCH, 1
+    sizes: Sequence[int] = BATCH
+    fallback = 1
     if kind == "batched":  # the stratum's forced batch x heads, over the cost cap if need be
         heads = sizer.dims.n_q_heads
         at_least = min(drawing.stratum.option("batch_heads") or 1, limits.max_batch_heads)

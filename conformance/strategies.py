@@ -69,7 +69,8 @@ def draw_dims(
             min_kv_heads=min_kv_heads,
             min_groups=min_groups,
         )
-        return shape_pool.pooled_dims(data, kernel, draw_dims, options, where)
+        pooled: Dims = shape_pool.pooled_dims(data, kernel, draw_dims, options, where)
+        return pooled
     if drawing.realistic:
         return within_limitations(
             kernel,
@@ -184,7 +185,7 @@ def draw_dtype(data: st.DataObject, kernel: KernelUnderTest) -> str:
     if forced == "widest":
         return dtypes[-1]
     if forced in kernel.dtypes:
-        return forced
+        return str(forced)
     return data.draw(st.sampled_from(dtypes), label="dtype")
 
 

@@ -24,7 +24,7 @@ from ._helpers import compared_rows, pair_score_magnitudes
 
 NON_FINITE = (np.nan, np.inf, -np.inf)
 LARGEST = "largest within SDPA-7.4"
-NEW_MAGNITUDES = (1.0, 10.0, LARGEST)
+NEW_MAGNITUDES: tuple[float | str, ...] = (1.0, 10.0, LARGEST)
 # SDPA-7.2: half precision accumulates in float32, float32 and float64 in themselves
 ACCUMULATION_LARGEST = {
     **{d: LARGEST_FINITE["float32"] for d in ("float16", "bfloat16", "float32")},
