@@ -20,8 +20,8 @@ import pytest
 
 if TYPE_CHECKING:  # imported lazily: a pytest run without the option pays nothing
     from .claims import Flag
-    from .run_plan import Session
     from .registry import Property
+    from .run_plan import Session
     from .runner import Report, Verdict
     from .sizes import SizeLimits
 
