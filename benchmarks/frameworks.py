@@ -87,9 +87,9 @@ def on_cpu(backend: Backend) -> bool:
     if backend.name in ("numpy", "array_api_strict"):
         return True
     if backend.name == "torch":
-        return device.type == "cpu"
+        return bool(device.type == "cpu")
     if backend.name == "jax":
-        return device.platform == "cpu"
+        return bool(device.platform == "cpu")
     return False
 
 

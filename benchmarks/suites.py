@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -211,13 +212,13 @@ def sparse(config: BenchConfig, backend: Backend, log: Log) -> list[Measurement]
         runs = [
             (
                 f"sparse {pattern}",
-                lambda p=pattern, kw=params: sparse_attention(q, k, v, pattern=p, **kw),
+                partial(sparse_attention, q, k, v, pattern=pattern, **params),
                 0.0,
             ),
-            (f"dense blocked {pattern}", lambda m=mask: blocked_attention(q, k, v, mask=m), 0.0),
+            (f"dense blocked {pattern}", partial(blocked_attention, q, k, v, mask=mask), 0.0),
             (
                 f"dense plain {pattern}",
-                lambda m=mask: scaled_dot_product_attention(q, k, v, mask=m),
+                partial(scaled_dot_product_attention, q, k, v, mask=mask),
                 PLAIN_BYTES_PER_SCORE_ITEM * _itemsize(config.dtype) * scores,
             ),
         ]
@@ -270,8 +271,8 @@ def linear(config: BenchConfig, backend: Backend, log: Log) -> list[Measurement]
                         Measurement(
                             "linear", backend.name, impl, length, params={"feature_map": "elu+1"}
                         ),
-                        lambda q=q, k=k, v=v, c=causal: linear_attention(
-                            q, k, v, feature_map=elu_plus_one, is_causal=c
+                        partial(
+                            linear_attention, q, k, v, feature_map=elu_plus_one, is_causal=causal
                         ),
                         planned,
                     )

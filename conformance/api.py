@@ -17,14 +17,14 @@ from ..backends import Backend
 from .isolation import IsolationOptions
 from .jobs import run_properties
 from .kernel import KernelUnderTest
-from .kernel_setup import (  # noqa: F401  (the API's names, documented as api.*)
-    SIZE_FLAGS,
-    KernelSetup,
-    SetupError,
-    setup_notes,
-    size_limits,
-    size_limits_from,
-)
+
+# the API's names, documented as api.* (`X as X`: an explicit re-export)
+from .kernel_setup import SIZE_FLAGS as SIZE_FLAGS
+from .kernel_setup import KernelSetup as KernelSetup
+from .kernel_setup import SetupError as SetupError
+from .kernel_setup import setup_notes as setup_notes
+from .kernel_setup import size_limits as size_limits
+from .kernel_setup import size_limits_from as size_limits_from
 from .registry import Property
 from .report import claim_line, format_table
 from .reproduce import reproduction_file

@@ -15,7 +15,7 @@ import numpy as np
 from .failures import KernelExited, PropertyFailure
 
 if TYPE_CHECKING:
-    from .kernel import KernelUnderTest, Problem
+    from .kernel import KernelOutputs, KernelUnderTest, Problem
 
 
 def describe_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -51,7 +51,7 @@ class CallGuard:
         self.problem: Problem | None = None  # the inputs of the call_on() under way
         self._call, self._invoke = kernel.call_raw, kernel.call_on
 
-    def call_on(self, problem: Problem) -> tuple[Any, Any]:
+    def call_on(self, problem: Problem) -> KernelOutputs:
         self.problem = problem
         try:
             return self._invoke(problem)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -311,7 +312,8 @@ class Claim:
     # the value from the flags (None: not given); default: the single flag's value
     from_flags: Callable[[Getter], Any] | None = None
     # claims a given flag also sets (unless set by their own flag): --bias-keyword -> bias
-    implies: Mapping[str, Any] = field(default_factory=dict)
+    # dataclasses.field: the class's own `field` attribute shadows the name for mypy
+    implies: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # keywords the suite passes the kernel because of this claim, and how to stop it
     keywords: Callable[[KernelDeclaration], tuple[str, ...]] | None = None
     remedy: str = ""
@@ -349,7 +351,7 @@ class Claim:
 
 
 def _dense(declaration: KernelDeclaration) -> bool:
-    return declaration.family == "dense"
+    return bool(declaration.family == "dense")
 
 
 def _when(name: str, text: str | Callable[[KernelDeclaration], str]) -> Callable[..., Any]:
@@ -377,7 +379,7 @@ def _batch_ndim_invalid(value: Any) -> str | None:
     return None
 
 
-def _alignment_invalid(value: str) -> str | None:
+def _alignment_invalid(value: object) -> str | None:
     if value not in CAUSAL_ALIGNMENTS:
         return f"causal_alignment={value!r}, but should be one of {CAUSAL_ALIGNMENTS}"
     return None

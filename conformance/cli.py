@@ -362,7 +362,8 @@ def _run_one(
     with contextlib.ExitStack() as stack:
         stack.enter_context(kernel_output_to(_kernel_output(args, stack)))
         stack.enter_context(hypothesis_storage_elsewhere())
-        session = stack.enter_context(plan.session())
+        session = plan.session()
+        stack.enter_context(session)  # each session's __enter__ returns itself
         report = start_report(
             session, profile=profile, seed=seed, strict=plan.strict, limits=plan.limits
         )
@@ -510,9 +511,9 @@ def command_matrix(args: argparse.Namespace) -> int:
     import time
 
     from . import matrix
-    from .known_kernels import KnownKernel, write_ups
+    from .known_kernels import KNOWN_KERNELS, KnownKernel, write_ups
 
-    known = {entry.name: entry for entry in matrix.KNOWN_KERNELS}
+    known = {entry.name: entry for entry in KNOWN_KERNELS}
     try:
         earlier = matrix.checked_rows(args.merge or ())
         entries = matrix.select(args.kernel) if args.kernel or not args.merge else []
@@ -624,10 +625,10 @@ def command_matrix(args: argparse.Namespace) -> int:
             matrix.NOT_SELECTED,
             reason="left out of this run (--kernel)",
         )
-        for e in matrix.KNOWN_KERNELS
+        for e in KNOWN_KERNELS
         if e not in entries
     ]
-    order = [e.name for e in matrix.KNOWN_KERNELS]
+    order = [e.name for e in KNOWN_KERNELS]
     rows.sort(key=lambda row: order.index(row.name))
     for path, text in (
         (args.markdown, matrix.to_markdown(rows)),

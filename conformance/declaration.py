@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping  # noqa: F401  (field annotations name them)
 from dataclasses import make_dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .claims import CLAIMS, LinearClaim, RopeClaim, SparseClaim, waived_clauses
 
@@ -36,6 +36,17 @@ ATTRIBUTE = "__attnspec__"
 class _DeclarationBehaviour:
     """What every :class:`KernelDeclaration` can say about itself beyond its fields."""
 
+    if TYPE_CHECKING:  # the claims table's fields these methods read (see CLAIMS)
+        rope: RopeClaim | None
+        sparse: SparseClaim | None
+        linear: LinearClaim | None
+        varlen: bool
+        kv_cache: bool
+        mask: bool
+        mask_keyword: str
+        bias: bool
+        bias_keyword: str
+
     def __post_init__(self) -> None:
         for claim in CLAIMS:
             problem = claim.invalid(getattr(self, claim.field)) if claim.invalid else None
@@ -46,29 +57,25 @@ class _DeclarationBehaviour:
     def family(self) -> str:
         """ "dense", "sparse", "linear", "varlen", "kv-cache" or "rope": which family of
         properties applies (the last three have their own calling conventions)."""
-        if self.rope is not None:  # type: ignore[attr-defined]
+        if self.rope is not None:
             return "rope"
-        if self.sparse is not None:  # type: ignore[attr-defined]
+        if self.sparse is not None:
             return "sparse"
-        if self.linear is not None:  # type: ignore[attr-defined]
+        if self.linear is not None:
             return "linear"
-        if self.varlen:  # type: ignore[attr-defined]
+        if self.varlen:
             return "varlen"
-        return "kv-cache" if self.kv_cache else "dense"  # type: ignore[attr-defined]
+        return "kv-cache" if self.kv_cache else "dense"
 
     @property
     def bias_shares_mask_argument(self) -> bool:
         """True when mask and bias travel in one argument (PyTorch's float attn_mask)."""
-        return (
-            self.bias
-            and self.mask  # type: ignore[attr-defined]
-            and self.bias_keyword == self.mask_keyword
-        )  # type: ignore[attr-defined]
+        return self.bias and self.mask and self.bias_keyword == self.mask_keyword
 
     @property
     def waived(self) -> tuple[str, ...]:
         """MUST clauses this declaration says the kernel does not follow (CONF-7)."""
-        return waived_clauses(self)  # type: ignore[arg-type]
+        return waived_clauses(self)
 
 
 def _docstring() -> str:
@@ -100,6 +107,15 @@ frozen field per row of the claims table (``attnspec.conformance.claims.CLAIMS``
 their defaults and CLI flags are listed in the class docstring and in the guide."""
 
 
+Kernel = TypeVar("Kernel", bound=Callable[..., Any])
+
+
+@overload
+def declare(fn: Kernel, /, **claims: Any) -> Kernel: ...
+@overload
+def declare(fn: None = None, /, **claims: Any) -> Callable[[Kernel], Kernel]: ...
+
+
 def declare(fn: Callable[..., Any] | None = None, /, **claims: Any) -> Any:
     """Attach a :class:`KernelDeclaration` to a kernel; usable bare or with claims.
 
@@ -108,7 +124,7 @@ def declare(fn: Callable[..., Any] | None = None, /, **claims: Any) -> Any:
     """
     declaration = KernelDeclaration(**claims)
 
-    def attach(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    def attach(kernel: Kernel) -> Kernel:
         if not callable(kernel):
             raise TypeError(f"declare() needs a callable kernel, got {type(kernel).__name__}")
         setattr(kernel, ATTRIBUTE, declaration)

@@ -168,7 +168,8 @@ def rounding_allowance(q: Any, k: Any, num_features: int, dtype: str, eta: float
     flushed = 4 * m * smallest_normal * math.exp(-log_smallest_value)
     smallest_weight = float(exact_weights(q, k).min()) * (1 - eta) / (1 + eta)
     floor = (m + n + 2) * UNDERFLOW_THRESHOLD[dtype] / smallest_weight
-    return SAFETY_FACTOR * (2 * rho + 2 * u_a + u_d) + 2 * flushed + floor
+    bound: float = SAFETY_FACTOR * (2 * rho + 2 * u_a + u_d) + 2 * flushed + floor
+    return bound
 
 
 #: a_i and b_j lie in the ball of radius INPUT_RADIUS_FRACTION * r / 2, so that rounding the

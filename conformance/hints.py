@@ -154,7 +154,7 @@ def mask_convention(
         if probe is None:
             return None
         out = probe
-    mask, keyword = problem.mask, kernel.declaration.mask_keyword
+    mask, keyword = problem.required("mask"), kernel.declaration.mask_keyword
     # every row keeps an allowed key once inverted, so SDPA-5.1 plays no part
     if np.all(np.logical_not(mask).any(axis=-1)) and _matches(
         out, problem.with_(mask=np.logical_not(mask)), kernel

@@ -74,7 +74,7 @@ def _fully_masked_row(problem: Problem, declaration: KernelDeclaration) -> bool:
 
 
 def _no_keys(problem: Problem, declaration: KernelDeclaration) -> bool:
-    return problem.k.shape[-2] == 0
+    return bool(problem.k.shape[-2] == 0)
 
 
 def _degenerate(problem: Problem, declaration: KernelDeclaration) -> bool:
@@ -83,7 +83,7 @@ def _degenerate(problem: Problem, declaration: KernelDeclaration) -> bool:
 
 
 def _gqa(problem: Problem, declaration: KernelDeclaration) -> bool:
-    return problem.q.shape[-3] != problem.k.shape[-3]
+    return bool(problem.q.shape[-3] != problem.k.shape[-3])
 
 
 def _mask_and_causal(problem: Problem, declaration: KernelDeclaration) -> bool:

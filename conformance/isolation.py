@@ -50,8 +50,9 @@ from .claims import Flag, Getter, UsageError
 from .declaration import KernelDeclaration
 from .failures import PropertyFailure
 from .hints import run_hints
-from .kernel import KernelUnderTest, Problem, describe_inputs, load_kernel
+from .kernel import KernelUnderTest, Problem, describe_inputs
 from .kernel_setup import KernelSetup, SetupError, setup_notes
+from .loading import load_kernel
 from .registry import Property
 from .reproduce import loader_source
 from .runner import PROFILES, Verdict, _failed_verdict, run_property
@@ -491,12 +492,13 @@ class IsolatedKernel:
         kernel, started = self.start(), time.perf_counter()
         try:
             # The supervisor's profile table is the one that counts (tests shrink it).
-            return self._request(
+            verdict: Verdict = self._request(
                 ("property", prop.id, profile, PROFILES.get(profile), seed, limits or SizeLimits())
             )
         except _Lost as lost:
             self.lost += 1
             return self._lost(prop, lost.finding, lost.call, started, kernel)
+        return verdict
 
     def run_hints(self, failures: int) -> list[str]:
         """``hints.run_hints`` in the worker (it calls the kernel); none when the worker
@@ -556,7 +558,8 @@ def _jax_x64_in_force(setup: KernelSetup) -> bool | None:
         return setup.jax_x64
     import jax
 
-    return True if jax.config.jax_enable_x64 else None
+    # jax.config declares its flags as no attributes (they are added at runtime)
+    return True if jax.config.jax_enable_x64 else None  # type: ignore[attr-defined]
 
 
 class InProcessKernel:

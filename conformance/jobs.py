@@ -194,7 +194,8 @@ def run_properties(
     chosen = list(properties)
 
     def run_one(on: Any, prop: Property) -> Verdict:
-        return on.run_property(prop, profile=profile, seed=seed, limits=limits)
+        verdict: Verdict = on.run_property(prop, profile=profile, seed=seed, limits=limits)
+        return verdict
 
     if isinstance(session, WorkerPool):
         run_in_parallel(chosen, session.sessions, run_one, report, progress)

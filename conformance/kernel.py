@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import array_api_compat
 import numpy as np
@@ -48,6 +48,13 @@ class Problem:
 
     def with_(self, **changes: Any) -> Problem:
         return replace(self, **changes)
+
+    def required(self, name: Literal["mask", "bias", "alibi_slopes"]) -> np.ndarray:
+        """The optional input ``name`` of a problem drawn with one (mask="always" ...)."""
+        value: np.ndarray | None = getattr(self, name)
+        if value is None:
+            raise ValueError(f"{name}: expected a problem that has one, got {self.describe()}")
+        return value
 
     def describe(self) -> str:
         """Shapes, dtype and mask summary for a failure message."""
@@ -136,7 +143,8 @@ def feature_keywords(
     with built-in slopes, which turns ALiBi on), the log-sum-exp request, the dropout
     probability (0.0 on every call of a dropout kernel but the dropout checks) and its
     seed."""
-    decl, keywords = declaration, {}
+    decl = declaration
+    keywords: dict[str, tuple[Any, str | None]] = {}
     if problem.softcap is not None:
         keywords[decl.softcap_keyword] = (problem.softcap, None)
     if problem.alibi_slopes is not None and decl.alibi_builtin_slopes:
@@ -155,7 +163,7 @@ def feature_keywords(
     return keywords
 
 
-class KernelOutputs(tuple):
+class KernelOutputs(tuple[Any, ...]):
     """``(out, weights)`` of one call, unpacking as two as it always did, with the
     log-sum-exp of a kernel that returns one as ``.lse`` (None otherwise)."""
 
@@ -221,7 +229,7 @@ class KernelUnderTest:
 
     def rounded(self, a: np.ndarray, dtype: str) -> np.ndarray:
         """``a`` rounded to ``dtype`` on the backend and back: the values the kernel sees."""
-        return self.backend.to_numpy(self.backend.asarray(a, dtype)).astype(np.float64)
+        return self.numpy(self.backend.asarray(a, dtype))
 
     def arguments(self, problem: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Backend arrays and keywords for calling the kernel on ``problem``."""
@@ -346,7 +354,8 @@ class KernelUnderTest:
 
     def numpy(self, x: Any) -> np.ndarray:
         """A backend array as float64 NumPy."""
-        return self.backend.to_numpy(x).astype(np.float64)
+        values: np.ndarray = self.backend.to_numpy(x)
+        return values.astype(np.float64)
 
     def output(self, problem: Problem) -> np.ndarray:
         """The kernel's output for ``problem`` as float64 NumPy."""

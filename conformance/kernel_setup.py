@@ -209,9 +209,9 @@ class KernelSetup:
         backend = backend or self.make_backend()
         target = absolute_target(self.kernel) if isinstance(self.kernel, str) else None
         try:
-            if target is not None:
+            if isinstance(self.kernel, str):
                 with importable_from_working_directory():
-                    fn = load_kernel(target)
+                    fn = load_kernel(target or self.kernel)  # target: set for a str kernel
             else:
                 fn = self.kernel
             if self.layout == "bhld" and not self.rename:  # else the caller adapts it
@@ -292,7 +292,8 @@ def size_limits(
     :class:`SetupError` naming it."""
     given = {"max_len": max_len, "max_head_dim": max_head_dim, "max_batch_heads": max_batch_heads}
     try:
-        return SizeLimits(**{name: value for name, value in given.items() if value is not None})
+        chosen: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
+        return SizeLimits(**chosen)
     except ValueError as exc:
         raise SetupError(str(exc)) from None
 

@@ -64,4 +64,5 @@ def load_kernel(target: str) -> Callable[..., Any]:
         obj = getattr(obj, part)
     if not callable(obj):
         raise KernelLoadError(f"{target!r} is a {type(obj).__name__}, not a callable kernel")
-    return obj
+    kernel: Callable[..., Any] = obj  # callable, checked above
+    return kernel

@@ -227,7 +227,7 @@ def rows_in_processes(
         )
 
     with tempfile.TemporaryDirectory() as folder, ThreadPoolExecutor(max(1, jobs)) as pool:
-        return list(pool.map(lambda pair: one(*pair, folder), enumerate(entries)))
+        return list(pool.map(lambda pair: one(pair[0], pair[1], folder), enumerate(entries)))
 
 
 # --- rendering ----------------------------------------------------------------------------

@@ -30,6 +30,13 @@ class Batch:
     def first(self) -> Problem:
         return self.sequences[0]
 
+    @property
+    def kv_cache(self) -> CacheCall:
+        """``cache``, for the functions that only take a KV-cache call."""
+        if self.cache is None:
+            raise ValueError(f"batch: expected a KV-cache call (cache set), got {self.describe()}")
+        return self.cache
+
     def describe(self) -> str:
         """Lengths and options, for a failure message (the call has no single Problem)."""
         lengths = [(s.q.shape[-2], s.k.shape[-2]) for s in self.sequences]
@@ -73,17 +80,24 @@ class CacheCall:
     stale_magnitude: float = 3.0
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def block_table(self) -> np.ndarray:
+        """``table``, for a paged cache (``block_size`` set)."""
+        if self.table is None:
+            raise ValueError(f"table: a paged cache (block_size={self.block_size}) needs one")
+        return self.table
+
     def describe(self) -> str:
         text = f"cache_seqlens={self.lengths}, {self.n_new} new keys, capacity {self.capacity}"
         if self.block_size is not None:
-            text += f", paged: blocks of {self.block_size}, table {self.table.tolist()}"
+            text += f", paged: blocks of {self.block_size}, table {self.block_table.tolist()}"
         return text
 
     def position(self, b: int, t: int) -> tuple[int, int]:
         """(cache index, position in it) of batch element b's logical position t."""
         if self.block_size is None:
             return b, t
-        return int(self.table[b, t // self.block_size]), t % self.block_size
+        return int(self.block_table[b, t // self.block_size]), t % self.block_size
 
 
 def _options(kernel: KernelUnderTest, first: Problem) -> dict[str, Any]:
@@ -103,7 +117,7 @@ def _slopes(kernel: KernelUnderTest, batch: Batch, keywords: dict[str, Any]) -> 
     decl = kernel.declaration
     if batch.first.alibi_slopes is not None and not decl.alibi_builtin_slopes:
         slopes = np.stack(
-            [np.broadcast_to(s.alibi_slopes, (s.q.shape[-3],)) for s in batch.sequences]
+            [np.broadcast_to(s.required("alibi_slopes"), (s.q.shape[-3],)) for s in batch.sequences]
         ).astype(np.float32)
         keywords[decl.alibi_keyword] = kernel.backend.asarray(slopes, "float32")
 
@@ -144,9 +158,10 @@ def varlen_arguments(
     lengths_q = [s.q.shape[-2] for s in batch.sequences]
     lengths_k = [s.k.shape[-2] for s in batch.sequences]
     if offsets is None:
-        offsets = tuple(
+        offsets_q, offsets_k = (
             np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (lengths_q, lengths_k)
         )
+        offsets = offsets_q, offsets_k
     keywords = {"cu_seqlens_q": b.asarray(offsets[0]), "cu_seqlens_k": b.asarray(offsets[1])}
     if kernel.declaration.varlen_max_seqlen:
         keywords.update(max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k))
@@ -176,7 +191,7 @@ def _filled(shape: tuple[int, ...], seed: int, magnitude: float) -> np.ndarray:
 def cache_contents(batch: Batch, kernel: KernelUnderTest) -> tuple[np.ndarray, np.ndarray]:
     """The caches before the call, float64 values exact in the dtype: each batch element's
     cached keys and values at their logical positions, stale values everywhere else."""
-    call = batch.cache
+    call = batch.kv_cache
     first = batch.first
     n_kv, head_dim, value_dim = first.k.shape[-3], first.k.shape[-1], first.v.shape[-1]
     count, length = (
@@ -203,7 +218,7 @@ def kv_cache_arguments(
     kernel: KernelUnderTest, batch: Batch
 ) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, np.ndarray]]:
     """``(q, k_cache, v_cache)``, the keywords of KVCACHE-1, and the NumPy inputs."""
-    b, dtype, call = kernel.backend, batch.first.dtype, batch.cache
+    b, dtype, call = kernel.backend, batch.first.dtype, batch.kv_cache
     inputs = {"q": np.stack([s.q for s in batch.sequences])}
     inputs["k_cache"], inputs["v_cache"] = cache_contents(batch, kernel)
     args = tuple(b.asarray(inputs[name], dtype) for name in ("q", "k_cache", "v_cache"))
@@ -214,7 +229,7 @@ def kv_cache_arguments(
             inputs[name] = np.stack([getattr(s, name)[:, -call.n_new :] for s in batch.sequences])
             keywords[name] = b.asarray(inputs[name], dtype)
     if call.block_size is not None:
-        inputs["block_table"] = call.table.astype(np.int32)
+        inputs["block_table"] = call.block_table.astype(np.int32)
         keywords["block_table"] = b.asarray(inputs["block_table"])
     keywords.update(_options(kernel, batch.first))
     _slopes(kernel, batch, keywords)

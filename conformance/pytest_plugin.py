@@ -20,8 +20,8 @@ import pytest
 
 if TYPE_CHECKING:  # imported lazily: a pytest run without the option pays nothing
     from .claims import Flag
-    from .isolation import InProcessKernel, IsolatedKernel
     from .registry import Property
+    from .run_plan import Session
     from .runner import Report, Verdict
     from .sizes import SizeLimits
 
@@ -187,7 +187,7 @@ class AttnspecSession:
     def __init__(
         self,
         config: pytest.Config,
-        session: IsolatedKernel | InProcessKernel,
+        session: Session,
         properties: list[Property],
         limits: SizeLimits,
     ) -> None:
@@ -223,7 +223,7 @@ class AttnspecSession:
         collected = collector.collect()
         # Reported like any collector's result, so "collected N items" counts these.
         session.ihook.pytest_collectreport(
-            report=pytest.CollectReport(collector.nodeid, "passed", None, collected)
+            report=pytest.CollectReport(collector.nodeid, "passed", None, list(collected))
         )
         items.extend(collected)
 
@@ -312,7 +312,9 @@ class AttnspecCollector(pytest.Collector):
     """The virtual collector ``attnspec``: one item per selected property."""
 
     def collect(self) -> list[pytest.Item]:
-        session: AttnspecSession = self.config.pluginmanager.get_plugin("attnspec-session")
+        session = self.config.pluginmanager.get_plugin("attnspec-session")
+        if not isinstance(session, AttnspecSession):
+            raise RuntimeError("attnspec: the collector needs the attnspec-session plugin")
         return [
             AttnspecItem.from_parent(
                 self, name=f"{prop.id}[{prop.clause}]", prop=prop, owner=session

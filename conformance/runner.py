@@ -206,7 +206,7 @@ class Report:
         bad = {FAILED, WARNING} if self.strict else {FAILED}
         return not self.incomplete and not any(v.status in bad for v in self.verdicts)
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         if not self.limits.avoid:  # only re-runs avoid features; a run's own limits never do
             data["limits"].pop("avoid")

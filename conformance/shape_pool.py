@@ -137,7 +137,8 @@ class ShapePool:
 def choose(data: Any, pool: list[T], label: str) -> T:
     """One of ``pool``, by an index Hypothesis draws: a fixed number of choices for one
     pool, so that a shrunk example replays."""
-    return pool[data.draw(st.integers(0, len(pool) - 1), label=f"{label} (pooled)")]
+    index: int = data.draw(st.integers(0, len(pool) - 1), label=f"{label} (pooled)")
+    return pool[index]
 
 
 _RUNS: dict[int | None, ShapePool] = {}
@@ -233,6 +234,7 @@ def pooled_dims(
             sizes.avoided_now(),
             tuple(sorted(request.items())),
         )
+        assert drawing.pool is not None  # checked above; mypy does not carry it into closures
         return drawing.pool.members(
             key,
             make,
@@ -274,7 +276,7 @@ def meets_request(dims: Any, options: dict[str, Any], batch_ndim: int | None) ->
         return False
     if not stratum.realistic:
         longest = max(options["max_len"], options["min_queries"], options["min_keys"])
-        return max(dims.n_queries, dims.n_keys) <= min(longest, drawing.limits.max_len)
+        return bool(max(dims.n_queries, dims.n_keys) <= min(longest, drawing.limits.max_len))
     cost = sizes.problem_cost(dims, weights=options["weights"], family=options["family"])
     return stratum.max_cost is not None and cost <= stratum.max_cost
 
@@ -291,7 +293,7 @@ def pooled_sizes(data: Any, name: str, draw: Callable[[Any], T]) -> T:
         return draw(data)
     stratum = drawing.stratum
     assert drawing.pool is not None
-    return drawing.pool.draw(
+    chosen: T = drawing.pool.draw(
         data,
         ("probe", name, pool_key(stratum), drawing.limits),
         draw,
@@ -299,6 +301,7 @@ def pooled_sizes(data: Any, name: str, draw: Callable[[Any], T]) -> T:
         members=pool_size(stratum),
         label=name,
     )
+    return chosen
 
 
 def pooled_broadcast(

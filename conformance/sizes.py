@@ -302,7 +302,8 @@ class _Sizer:
             return self.fits(**{name: v, **{t: v for t in together}})
 
         value = _pick(self.data, _fitting(values, fits), label, len(values))
-        self.dims = replace(self.dims, **{name: value, **{t: value for t in together}})
+        changes: dict[str, Any] = {name: value, **{t: value for t in together}}
+        self.dims = replace(self.dims, **changes)
         return value
 
 
@@ -322,7 +323,7 @@ def draw_realistic_dims(
     limits, cap = drawing.limits, drawing.stratum.max_cost
     assert cap is not None, "draw_realistic_dims outside a realistic stratum"
     if drawing.stratum.anchor is not None:
-        return drawing.stratum.anchor.dims(
+        anchored: Dims = drawing.stratum.anchor.dims(
             kernel.declaration.batch_ndim,
             limits,
             cap,
@@ -332,6 +333,7 @@ def draw_realistic_dims(
             min_kv_heads=min_kv_heads,
             min_groups=min_groups,
         )
+        return anchored
     all_lengths = _extended(LENGTHS, limits.max_len)
     lengths = [n for n in all_lengths if n >= drawing.stratum.min_len] or all_lengths[-1:]
     all_head_dims = _extended(HEAD_DIMS, limits.max_head_dim)
@@ -379,7 +381,8 @@ def draw_realistic_dims(
         at_least = max(min_groups, 2 if drawing.stratum.option("gqa") else 1)
         sizer.draw("groups", [g for g in GROUPS if g >= at_least], "G")
     sizer.draw("n_kv_heads", [h for h in KV_HEADS if h >= min_kv_heads], "Hkv")
-    sizes, fallback = BATCH, 1
+    sizes: Sequence[int] = BATCH
+    fallback = 1
     if kind == "batched":  # the stratum's forced batch x heads, over the cost cap if need be
         heads = sizer.dims.n_q_heads
         at_least = min(drawing.stratum.option("batch_heads") or 1, limits.max_batch_heads)

@@ -69,7 +69,8 @@ def draw_dims(
             min_kv_heads=min_kv_heads,
             min_groups=min_groups,
         )
-        return shape_pool.pooled_dims(data, kernel, draw_dims, options, where)
+        pooled: Dims = shape_pool.pooled_dims(data, kernel, draw_dims, options, where)
+        return pooled
     if drawing.realistic:
         return within_limitations(
             kernel,
@@ -184,7 +185,7 @@ def draw_dtype(data: st.DataObject, kernel: KernelUnderTest) -> str:
     if forced == "widest":
         return dtypes[-1]
     if forced in kernel.dtypes:
-        return forced
+        return str(forced)
     return data.draw(st.sampled_from(dtypes), label="dtype")
 
 
@@ -288,7 +289,7 @@ def with_a_key_per_row(problem: Problem, declaration: Any) -> np.ndarray:
     """``problem.mask`` (broadcast to the scores) with each row that the mask and the causal
     rule leave without a key given the last key the causal rule allows; a row the causal
     rule alone empties (bottom-right, Lq > Lk) stays empty."""
-    mask = np.broadcast_to(problem.mask, input_features.scores_shape(problem)).copy()
+    mask = np.broadcast_to(problem.required("mask"), input_features.scores_shape(problem)).copy()
     if mask.shape[-1] == 0:
         return mask  # no keys: SDPA-5.2's inputs, not a fully masked row
     causal = input_features.allowed_keys(problem.with_(mask=None, bias=None), declaration)

@@ -66,7 +66,8 @@ def _flash_4d(
 ) -> Any:
     import torch
 
-    batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    # torch.broadcast_shapes is published without annotations
+    batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])  # type: ignore[no-untyped-call]
 
     def flat(x: Any, tail: tuple[int, ...]) -> Any:
         return x.expand(*batch, *tail).reshape(math.prod(batch), *tail)

@@ -125,7 +125,8 @@ def alibi(dims: Dims) -> np.ndarray:
     slopes = 2.0 ** (-8.0 * np.arange(1, heads + 1) / max(heads, 1))
     rows = np.arange(dims.n_queries)[:, None] + (dims.n_keys - dims.n_queries)
     distance = np.abs(rows - np.arange(dims.n_keys)[None, :])
-    return -slopes[:, None, None] * distance
+    bias: np.ndarray = -slopes[:, None, None] * distance
+    return bias
 
 
 def draw_padding(data: st.DataObject, rng: np.random.Generator, dims: Dims) -> np.ndarray:
@@ -174,7 +175,7 @@ def draw_bias_values(
         current().stratum.option("fill") or data.draw(st.sampled_from(FILLS), label="padding fill"),
         dtype,
     )
-    inside = 0.0
+    inside: float | np.ndarray = 0.0
     if data.draw(st.booleans(), label="ALiBi inside the padding"):
         inside = alibi(dims)
     bias = np.where(kept, inside, fill)

@@ -10,7 +10,7 @@ masked row gives mean(V), confirmed in docs/divergences.md#jax-empty-rows.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from ..declaration import declare
 from ..layouts import from_blhd, pad_head_dims
@@ -29,7 +29,7 @@ def _xla(
     *,
     scale: float | None = None,
     is_causal: bool = False,
-    implementation: str = "xla",
+    implementation: Literal["xla", "cudnn"] = "xla",
 ) -> Any:
     import jax
 

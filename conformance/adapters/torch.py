@@ -156,7 +156,7 @@ def _identity_mha(embed_dim: int, num_heads: int, dtype: Any, device: Any) -> An
 
 def _key_only(mask: Any) -> bool:
     """A (..., 1|H==1, 1, Lk) mask: one row of keys for every query and head."""
-    return mask.ndim >= 2 and mask.shape[-2] == 1 and (mask.ndim < 3 or mask.shape[-3] == 1)
+    return bool(mask.ndim >= 2 and mask.shape[-2] == 1 and (mask.ndim < 3 or mask.shape[-3] == 1))
 
 
 # Heads go through the layer in groups, so its (H E)^2 identity projections stay small

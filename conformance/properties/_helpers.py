@@ -47,7 +47,7 @@ def compared_rows(problem: Problem, declaration: KernelDeclaration) -> np.ndarra
     for any other kernel its output is not compared.
     """
     allowed = allowed_keys(problem, declaration)
-    rows = allowed.any(axis=-1, keepdims=True)
+    rows = np.asarray(allowed.any(axis=-1, keepdims=True))
     return np.ones_like(rows) if declaration.empty_rows_zero else rows
 
 
@@ -56,7 +56,8 @@ def pair_score_magnitudes(problem: Problem) -> np.ndarray:
     head_dim, n_kv = problem.q.shape[-1], problem.k.shape[-3]
     scale = 1.0 / math.sqrt(head_dim) if problem.scale is None else abs(problem.scale)
     keys = np.repeat(np.abs(problem.k), problem.q.shape[-3] // max(n_kv, 1), axis=-3)
-    return scale * (np.abs(problem.q) @ np.swapaxes(keys, -1, -2))
+    magnitudes: np.ndarray = scale * (np.abs(problem.q) @ np.swapaxes(keys, -1, -2))
+    return magnitudes
 
 
 def row_score_errors(problem: Problem, declaration: KernelDeclaration | None = None) -> np.ndarray:
@@ -202,7 +203,7 @@ def draw_alibi_slopes(data: st.DataObject, kernel: KernelUnderTest, dims: Dims) 
         slopes = rng.uniform(0.01, 1.0, n_heads)
     else:
         slopes = standard * data.draw(st.sampled_from(SLOPE_FACTORS), label="slope factor")
-    if dims.batch and data.draw(st.booleans(), label="per-batch slopes"):
+    if len(dims.batch) > 0 and data.draw(st.booleans(), label="per-batch slopes"):
         slopes = slopes * rng.uniform(0.5, 2.0, (*dims.batch, 1))
     return slopes.astype(np.float32).astype(np.float64)
 

@@ -19,8 +19,8 @@ from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem
 from ..registration import needs, register
-from ..sizes import current
-from ..strategies import Dims, draw_dims, draw_problem, draw_rng, random_values
+from ..sizes import Dims, current
+from ..strategies import draw_dims, draw_problem, draw_rng, random_values
 from ._helpers import compared_rows, within_validity
 
 # TOL-2 does not cover weights in the subnormal range (spec/tolerance.md, "Known

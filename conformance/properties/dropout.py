@@ -86,7 +86,7 @@ def observe_indicators(kernel: KernelUnderTest, problem: Problem) -> np.ndarray:
         dropout_bound(problem, kernel.declaration, all_kept(problem))[0] > 0, out.shape
     )
     visible = np.maximum(allowed.sum(axis=-1, keepdims=True), 1)
-    kept = allowed & (out > 0.5 / (visible * (1 - problem.dropout_p)))
+    kept: np.ndarray = allowed & (out > 0.5 / (visible * (1 - problem.dropout_p)))
     expected, tolerance = dropout_bound(problem, kernel.declaration, kept)
     assert_within_bound(
         out,
@@ -271,12 +271,13 @@ def dropout_unbiased(kernel: KernelUnderTest, seed: int) -> None:
 def dropout_seed(kernel: KernelUnderTest, seed: int) -> None:
     """The same seed gives bit-identical outputs; seeds s and s + 1 give different
     indicators (4096 independent ones coincide with probability < 1e-900 at p = 0.3)."""
-    problem = indicator_problem(kernel, INDEPENDENCE_P, SEED + seed, batch=1, heads=1)
+    first_seed = SEED + seed
+    problem = indicator_problem(kernel, INDEPENDENCE_P, first_seed, batch=1, heads=1)
     first, again = kernel.output(problem), kernel.output(problem)
     assert_identical(
         again, first, f"out of a second call with seed={problem.seed}", problem, kernel
     )
-    other = problem.with_(seed=problem.seed + 1)
+    other = problem.with_(seed=first_seed + 1)
     if np.array_equal(observe_indicators(kernel, other), observe_indicators(kernel, problem)):
         raise PropertyFailure(
             f"seeds {problem.seed} and {other.seed} gave the same {OBSERVED[2] * OBSERVED[3]} "

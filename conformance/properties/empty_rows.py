@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
@@ -83,7 +84,8 @@ def empty_rows_zero(kernel: KernelUnderTest, data: st.DataObject) -> None:
     else:
         dims = draw_dims(data, kernel, min_queries=1, min_keys=1, weights=True)
         causal = "maybe" if decl.mask_and_causal and route == "mask" else "never"
-        problem = draw_problem(data, kernel, dims=dims, causal=causal, **{route: "always"})
+        route_always: dict[str, Any] = {route: "always"}
+        problem = draw_problem(data, kernel, dims=dims, causal=causal, **route_always)
         row = data.draw(st.integers(0, dims.n_queries - 1), label="emptied row")
         # a padding mask or bias may broadcast over the queries: give it its query axis
         values = getattr(problem, route)
@@ -92,7 +94,7 @@ def empty_rows_zero(kernel: KernelUnderTest, data: st.DataObject) -> None:
         ).copy()
         values[..., row, :] = False if route == "mask" else -np.inf
         setattr(problem, route, values)
-    empty = ~allowed_keys(problem, decl).any(axis=-1)
+    empty = np.asarray(~allowed_keys(problem, decl).any(axis=-1))
     out, weights = kernel.output_with_weights(problem)
     assert_zero_rows(out, empty, "out", problem, kernel)
     assert_zero_rows(weights, empty, "weights", problem, kernel)

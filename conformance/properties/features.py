@@ -22,8 +22,8 @@ from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest, Problem, identity_values
 from ..registration import needs, register
-from ..sizes import refit
-from ..strategies import Dims, draw_dims, draw_problem
+from ..sizes import Dims, refit
+from ..strategies import draw_dims, draw_problem
 from ._helpers import draw_softcap, with_claimed_features
 
 SOFTCAP_MAGNITUDES = (1.0, 3.0, 10.0)  # q and k entries: scores from ~1 to ~100 * sqrt(E)
@@ -88,13 +88,13 @@ def softcap_bounds_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
         causal="never",
         scale="never",
     )
-    problem = identity_values(problem.with_(softcap=draw_softcap(data)))
+    cap = draw_softcap(data)
+    problem = identity_values(problem.with_(softcap=cap))
     weights = kernel.output(problem)
     bound = reference_bound(problem, kernel.declaration)
     tolerance = np.asarray(bound.out_tolerance)
     heaviest = np.max(weights - tolerance, axis=-1)
     lightest = np.min(weights + tolerance, axis=-1)
-    cap = problem.softcap
     broken = ~(heaviest <= math.exp(2 * cap) * lightest)
     if broken.any():
         at = first_index(broken)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
@@ -109,14 +110,14 @@ def batch_head_independence(kernel: KernelUnderTest, data: st.DataObject) -> Non
     magnitude = data.draw(st.sampled_from([1.0, 4.0]), label="new magnitude")
     q, k, v = problem.q.copy(), problem.k.copy(), problem.v.copy()
 
-    def renew(a: np.ndarray, where: tuple[object, ...]) -> None:
+    def renew(a: np.ndarray, where: tuple[Any, ...]) -> None:
         a[where] = random_values(kernel, rng, a[where].shape, problem.dtype, magnitude)
 
     if part == "batch element":
         index = np.unravel_index(
             data.draw(st.integers(0, batch_size - 1), label="batch"), dims.batch
         )
-        where: tuple[object, ...] = tuple(int(i) for i in index)
+        where: tuple[Any, ...] = tuple(int(i) for i in index)
         for a in (q, k, v):
             renew(a, where)
         touched = where
@@ -165,7 +166,7 @@ def bias_shift_invariance(kernel: KernelUnderTest, data: st.DataObject) -> None:
     causal = "never" if kernel.declaration.bias_shares_mask_argument else "maybe"
     problem = draw_problem(data, kernel, bias="always", causal=causal, tight=True)
     rng = draw_rng(data)
-    bias = np.clip(np.round(rng.standard_normal(problem.bias.shape) * 8), -32, 32) / 8
+    bias = np.clip(np.round(rng.standard_normal(problem.required("bias").shape) * 8), -32, 32) / 8
     limit = shift_limit(problem.dtype)
     base = data.draw(st.sampled_from([limit, -limit, 0.0]), label="shift size")
     shifts = base + rng.integers(-8, 9, size=(*bias.shape[:-1], 1)) / 8

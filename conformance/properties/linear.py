@@ -65,7 +65,8 @@ def within_underflow_guard(
     fk, v = (np.repeat(a, fq.shape[-3] // fk.shape[-3], axis=-3) for a in (fk, np.abs(v)))
 
     def fine(a: np.ndarray, least: float, axes: tuple[int, ...]) -> np.ndarray:
-        return ((a == 0) | (a >= least)).all(axis=axes)
+        fits: np.ndarray = ((a == 0) | (a >= least)).all(axis=axes)
+        return fits
 
     feature_least = 2 * SMALLEST_NORMAL[dtype]
     product_least = (
@@ -94,7 +95,8 @@ def within_underflow_guard(
     if offset is not None:
         rows, cols = np.indices(ok.shape[-2:])
         ok = ok | (cols > rows + offset)  # keys the row does not see
-    return (ok.all(axis=-1) & fine(fq, feature_least, (-1,)))[..., None]
+    rows_ok: np.ndarray = (ok.all(axis=-1) & fine(fq, feature_least, (-1,)))[..., None]
+    return rows_ok
 
 
 def _snapped(problem: Problem, map_name: Any) -> Problem:
@@ -142,7 +144,8 @@ def feature_map_of(kernel: KernelUnderTest) -> Callable[[Any], Any]:
     claim = kernel.declaration.linear
     assert claim is not None
     if callable(claim.feature_map):
-        return claim.feature_map
+        feature_map: Callable[[Any], Any] = claim.feature_map
+        return feature_map
     try:
         return NAMED_FEATURE_MAPS[claim.feature_map]
     except KeyError:

@@ -24,7 +24,7 @@ from ._helpers import compared_rows, pair_score_magnitudes
 
 NON_FINITE = (np.nan, np.inf, -np.inf)
 LARGEST = "largest within SDPA-7.4"
-NEW_MAGNITUDES = (1.0, 10.0, LARGEST)
+NEW_MAGNITUDES: tuple[float | str, ...] = (1.0, 10.0, LARGEST)
 # SDPA-7.2: half precision accumulates in float32, float32 and float64 in themselves
 ACCUMULATION_LARGEST = {
     **{d: LARGEST_FINITE["float32"] for d in ("float16", "bfloat16", "float32")},
@@ -72,7 +72,7 @@ def _masked_columns_problem(
     problem = draw_problem(data, kernel, mask="always", causal=causal, min_keys=1, tight=tight)
     n_keys = problem.k.shape[-2]
     columns = draw_subset(data, n_keys, "masked columns")
-    mask = problem.mask.copy()
+    mask = problem.required("mask").copy()
     mask[..., columns] = False
     return problem.with_(mask=mask), columns
 
@@ -102,7 +102,7 @@ def _replace_excluded(
         a[..., columns, :] = factor * fresh[name]
         changed[name] = a
     if hidden is not None:
-        changed["bias"] = np.where(hidden, factor * fresh["bias"], problem.bias)
+        changed["bias"] = np.where(hidden, factor * fresh["bias"], problem.required("bias"))
     return problem.with_(**changed)
 
 
@@ -145,7 +145,11 @@ def masked_values_ignored(kernel: KernelUnderTest, data: st.DataObject) -> None:
     if problem.bias is not None:
         hidden = disallowed_everywhere(_mask_and_causal(problem, kernel), problem.bias.shape)
         fresh["bias"] = rng.standard_normal(problem.bias.shape)
-    factor = largest_factor(problem, columns, hidden, fresh) if magnitude == LARGEST else magnitude
+    factor = (
+        largest_factor(problem, columns, hidden, fresh)
+        if isinstance(magnitude, str)  # LARGEST, the only str
+        else magnitude
+    )
     other = _replace_excluded(problem, columns, hidden, fresh, factor)
     other = other.with_(
         **{

@@ -90,7 +90,9 @@ def mask_broadcast(kernel: KernelUnderTest, data: st.DataObject) -> None:
     shape = _draw_reducible_shape(data, dims.scores_shape, "mask")
     density = data.draw(st.sampled_from([0.5, 0.8, 0.2]), label="mask density")
     small = problem.with_(mask=rng.random(shape) < density)
-    full = problem.with_(mask=np.ascontiguousarray(np.broadcast_to(small.mask, dims.scores_shape)))
+    full = problem.with_(
+        mask=np.ascontiguousarray(np.broadcast_to(small.required("mask"), dims.scores_shape))
+    )
     assert_matches_reference(kernel, small, what="out (broadcast mask)")
     assert_matches_reference(kernel, full, what="out (full mask)")
     # the smallest broadcastable mask, a 1-d key mask, in every example (pytorch rejects it
@@ -170,7 +172,7 @@ def mask_wins_over_bias(kernel: KernelUnderTest, data: st.DataObject) -> None:
     )
 
     excluded = rng.random(mask.shape) < data.draw(st.sampled_from([0.3, 0.6]), label="-inf share")
-    by_bias = zeroed.with_(bias=np.where(excluded, -np.inf, zeroed.bias))
+    by_bias = zeroed.with_(bias=np.where(excluded, -np.inf, zeroed.required("bias")))
     assert_matches_reference(kernel, by_bias, what="out with -inf bias")
 
 

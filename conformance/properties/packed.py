@@ -129,7 +129,7 @@ def _with_options(
         changes["softcap"] = draw_softcap(data)
     sequences = [s.with_(**changes) for s in batch.sequences]
     if decl.alibi and data.draw(st.booleans(), label="with ALiBi"):
-        from ..strategies import Dims
+        from ..sizes import Dims
 
         dims = Dims(
             batch=(),
@@ -371,9 +371,9 @@ def kv_cache_stale_positions(kernel: KernelUnderTest, data: st.DataObject) -> No
     """Other finite values at cache positions past every valid length (and in unused
     blocks) leave the output bit-identical."""
     batch = draw_cache_batch(data, kernel)
+    cache = batch.kv_cache
     other = replace(
-        batch,
-        cache=replace(batch.cache, stale_seed=batch.cache.stale_seed + 1, stale_magnitude=30.0),
+        batch, cache=replace(cache, stale_seed=cache.stale_seed + 1, stale_magnitude=30.0)
     )
     first, again = call_kv_cache(kernel, batch)[0], call_kv_cache(kernel, other)[0]
     with reported_as(other):
@@ -388,7 +388,7 @@ def kv_cache_stale_positions(kernel: KernelUnderTest, data: st.DataObject) -> No
 
 def _appended(batch: Batch, before: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """The caches of KVCACHE-4: the new keys written at cache_seqlens[b] onwards."""
-    call = batch.cache
+    call = batch.kv_cache
     caches = [before["k_cache"].copy(), before["v_cache"].copy()]
     for b, (length, sequence) in enumerate(zip(call.lengths, batch.sequences, strict=True)):
         for t in range(call.n_new):
@@ -425,8 +425,9 @@ def kv_cache_paged(kernel: KernelUnderTest, data: st.DataObject) -> None:
     blocks in memory order passes only identity tables)."""
     batch = draw_cache_batch(data, kernel)
     rng = draw_rng(data)
-    cache = batch.cache
-    shuffled = rng.permutation(cache.n_blocks + 2)[: cache.table.size].reshape(cache.table.shape)
+    cache = batch.kv_cache
+    table = cache.block_table
+    shuffled = rng.permutation(cache.n_blocks + 2)[: table.size].reshape(table.shape)
     batch = replace(batch, cache=replace(cache, table=shuffled, n_blocks=cache.n_blocks + 2))
     out, lse, _, _ = call_kv_cache(kernel, batch)
     with reported_as(batch):

@@ -159,7 +159,10 @@ def log_ratio_slack(
     q, k = problem.q.reshape(-1, head_dim), problem.k.reshape(-1, 2, head_dim)
     rounded_log_ratio = np.einsum("pe,pe->p", q, k[:, 1] - k[:, 0]) / math.sqrt(head_dim)
     magnitude = np.einsum("pe,pje->p", np.abs(q), np.abs(k)) / math.sqrt(head_dim)
-    return np.abs(exact_log_ratio - rounded_log_ratio) + tol2 + 2.0**-40 * (1 + magnitude)
+    slack: np.ndarray = (
+        np.abs(exact_log_ratio - rounded_log_ratio) + tol2 + 2.0**-40 * (1 + magnitude)
+    )
+    return slack
 
 
 @register("score-variance", "SDPA-2.1", kind="fixed")

@@ -54,7 +54,7 @@ def sparse_weights_exactly_zero(kernel: KernelUnderTest, data: st.DataObject) ->
         at = first_index(leaked)
         raise PropertyFailure(
             f"weight{at} = {float(weights[at])!r}, but key {at[-1]} is outside S({at[-2]}) of "
-            f"pattern {kernel.declaration.sparse.pattern!r} and must weigh exactly 0",  # type: ignore[union-attr]
+            f"pattern {kernel.declaration.sparse.pattern!r} and must weigh exactly 0",
             problem,
             kernel,
         )
