@@ -321,9 +321,10 @@ def _nested_parts(
         part_seed = zlib.crc32(f"{seed}:{prop.id}:{stratum.name}{salt}".encode())
         # every part's pools are keyed as the first part's, sized for its own total: they
         # hold the first part's members first (shape_pool.pool_key)
-        sized = {"pool_examples": total} if parts else {}
         first = parts[0][0].examples if parts else total
-        parts.append((replace(stratum, examples=first, **sized), total - done, part_seed))
+        pool_examples = total if parts else stratum.pool_examples
+        part = replace(stratum, examples=first, pool_examples=pool_examples)
+        parts.append((part, total - done, part_seed))
         done = total
     return parts
 
