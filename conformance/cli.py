@@ -615,19 +615,7 @@ def command_matrix(args: argparse.Namespace) -> int:
         for name, row in earlier.items()
         if name in known
     }
-    rows += [
-        earlier.get(e.name)
-        or matrix.MatrixRow(
-            e.name,
-            e.backend,
-            e.device,
-            e.note,
-            matrix.NOT_SELECTED,
-            reason="left out of this run (--kernel)",
-        )
-        for e in KNOWN_KERNELS
-        if e not in entries
-    ]
+    rows += [matrix.unselected_row(e, earlier, has_cuda) for e in KNOWN_KERNELS if e not in entries]
     order = [e.name for e in KNOWN_KERNELS]
     rows.sort(key=lambda row: order.index(row.name))
     for path, text in (

@@ -154,6 +154,23 @@ def build_rows(
     return [unavailable(entry, has_cuda) or check(entry) for entry in entries]
 
 
+def unselected_row(entry: KnownKernel, earlier: dict[str, MatrixRow], has_cuda: bool) -> MatrixRow:
+    """The row of a kernel that ``--kernel`` left out: its checked row from an earlier run
+    (``--merge``), else why it cannot run here (not installed, needs a GPU), else "left out"."""
+    return (
+        earlier.get(entry.name)
+        or unavailable(entry, has_cuda)
+        or MatrixRow(
+            entry.name,
+            entry.backend,
+            entry.device,
+            entry.note,
+            NOT_SELECTED,
+            reason="left out of this run (--kernel)",
+        )
+    )
+
+
 def row_from_report(
     entry: KnownKernel, report: Report, write_ups: dict[str, str], seconds: float
 ) -> MatrixRow:

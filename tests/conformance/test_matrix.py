@@ -313,3 +313,15 @@ def test_every_write_up_scope_names_a_write_up_in_use() -> None:
         assert link in used, link
         assert link.split("#")[1].split()[0] in anchors, link
         assert set(scope.clauses) <= clauses, (link, scope.clauses)
+
+
+def test_a_kernel_left_out_by_kernel_keeps_why_it_cannot_run() -> None:
+    """CONF-1: a row ``--kernel`` left out is its earlier checked row, else the reason it
+    cannot run here (a CUDA kernel without a GPU), and only else "left out"."""
+    cuda = next(e for e in KNOWN_KERNELS if e.device == "cuda")
+    assert matrix.unselected_row(cuda, {}, has_cuda=False).status == matrix.NEEDS_GPU
+    earlier = matrix.MatrixRow(cuda.name, cuda.backend, cuda.device, cuda.note, matrix.CHECKED)
+    assert matrix.unselected_row(cuda, {cuda.name: earlier}, has_cuda=False) is earlier
+    runnable = next(e for e in KNOWN_KERNELS if matrix.unavailable(e, has_cuda=False) is None)
+    row = matrix.unselected_row(runnable, {}, has_cuda=False)
+    assert (row.status, row.reason) == (matrix.NOT_SELECTED, "left out of this run (--kernel)")
