@@ -48,6 +48,7 @@ from .report_files import (
     still_running,
 )
 from .reproduce import PROGRAM, reproduction_file, rerun_command, rerun_flags
+from .root_causes import divergences
 from .run_plan import plan_run
 from .runner import FAILED, PROFILES, WARNING, Report, Verdict
 from .side_effects import hypothesis_storage_elsewhere, kernel_output_to
@@ -469,7 +470,7 @@ def command_demo(args: argparse.Namespace) -> int:
     from ..backends import Backend, BackendError
     from .known_kernels import target_write_ups
     from .report import format_table
-    from .runner import FAILED, WARNING
+    from .runner import FAILED
 
     worst = 0
     for target, backend, claimed in DEMO_KERNELS:
@@ -488,18 +489,17 @@ def command_demo(args: argparse.Namespace) -> int:
         print(format_table(report, rerun=rerun, full_reproduction_in=reproduction_file))
         if report.incomplete:
             return 2
-        explained = target_write_ups(target)  # by name: the kernel is not loaded again
-        unexplained = [
-            v.property
-            for v in report.verdicts
-            if v.status == FAILED and v.property not in explained
-        ]
-        for verdict in report.verdicts:
-            if verdict.status in (FAILED, WARNING) and verdict.property in explained:
+        # by name (the kernel is not loaded again); a write-up counts only for the failure
+        # it describes (known_kernels.confirms, applied by root_causes.divergences)
+        found = divergences(report, target_write_ups(target))
+        for divergence in found:
+            if divergence.write_up:
                 print(
-                    f"confirmed divergence, not a suite artefact: {verdict.property} "
-                    f"[{verdict.clause}] -> {explained[verdict.property]}"
+                    "confirmed divergence, not a suite artefact: "
+                    f"{', '.join(divergence.properties)} [{divergence.clause}] -> "
+                    f"{divergence.write_up}"
                 )
+        unexplained = [d for d in found if d.status == FAILED and not d.write_up]
         print()
         worst = max(worst, 1 if unexplained else 0)
     return worst

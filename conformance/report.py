@@ -149,10 +149,6 @@ def _distinct_groups(report: Report) -> list[list[Verdict]]:
     return grouped_findings(report, [v for v in findings(report) if not v.cause])
 
 
-def _linked(group: list[Verdict], write_ups: dict[str, str]) -> str:
-    return next((write_ups[v.property] for v in group if v.property in write_ups), "")
-
-
 def divergence_lines(
     report: Report,
     write_ups: dict[str, str] | None = None,

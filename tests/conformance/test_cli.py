@@ -594,6 +594,16 @@ def test_demo_checks_torch_and_the_reference(capsys: pytest.CaptureFixture[str])
     assert out.count("result: conforms") == 2
 
 
+def test_demo_calls_a_written_up_failure_confirmed(capsys: pytest.CaptureFixture[str]) -> None:
+    """SDPA-8.3: PyTorch's SDPA turns a NaN query into 0 (docs/divergences.md#torch-nan-query);
+    the demo names that failure as the confirmed divergence and exits 0 (CONF-1)."""
+    pytest.importorskip("torch", reason="the demo's first kernel is PyTorch's SDPA")
+    status, out, _ = run_main(capsys, "demo", "--only", "nan-propagates")
+    assert "confirmed divergence, not a suite artefact: nan-propagates [SDPA-8.3]" in out, out
+    assert "divergences.md#torch-nan-query" in out
+    assert status == 0
+
+
 def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = run_main(capsys)
     assert status == 2 and "check" in out and "demo" in out
