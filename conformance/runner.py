@@ -251,11 +251,13 @@ def _failed_verdict(prop: Property, failure: PropertyFailure) -> Verdict:
     )
 
 
-def _stratum_seed(seed: int | None, prop: Property, stratum: Stratum) -> int:
+def _stratum_seed(seed: int | None, prop: Property, stratum: Stratum, part: str = "") -> int:
     """The Hypothesis seed of one (run seed, property, stratum): fixed without --seed, so a
     run reproduces whatever the runner's own code looks like, and different for every
-    property and stratum, so they explore different examples."""
-    return zlib.crc32(f"{seed}:{prop.id}:{stratum.name}".encode())
+    property and stratum, so they explore different examples.  ``part``: the smaller
+    profile whose examples a later part of a nested stratum continues (CONF-8)."""
+    salt = f":{part}" if part else ""
+    return zlib.crc32(f"{seed}:{prop.id}:{stratum.name}{salt}".encode())
 
 
 def _run_strata(
@@ -317,8 +319,7 @@ def _nested_parts(
         if total <= done:
             continue
         # the first part's seed is the one a profile of one part would use
-        salt = "" if not parts else f":{smaller}"
-        part_seed = zlib.crc32(f"{seed}:{prop.id}:{stratum.name}{salt}".encode())
+        part_seed = _stratum_seed(seed, prop, stratum, smaller if parts else "")
         # every part's pools are keyed as the first part's, sized for its own total: they
         # hold the first part's members first (shape_pool.pool_key)
         first = parts[0][0].examples if parts else total
