@@ -1,42 +1,45 @@
 """The catalogue of buggy kernels: one realistic bug each, and the property that catches it.
 
 Every entry names the property (by its stable id) whose clause the bug violates most
-directly, and carries a :class:`Witness`: one concrete input on which the bug shows
-against the reference, checked without the conformance suite (``catalogue.witness``),
-so a test can tell "the suite caught it" from "there was nothing to catch".
+directly, and carries a witness (a suite :class:`Problem`): one concrete input on which
+the bug shows against the reference, checked without the conformance suite
+(``catalogue.witness``), so a test can tell "the suite caught it" from "there was nothing to catch".
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from attnspec.conformance.input_features import scores_shape
+from attnspec.conformance.kernel import Problem
+
 from . import bugs_plumbing as plumbing
 from . import bugs_scores as sc
 from . import bugs_softmax as sm
-from .entry import BuggyKernel, Witness, witness
+from .entry import BuggyKernel, witness
 from .features_catalogue import FEATURE_CATALOGUE
 from .scale import SCALE_CATALOGUE
 
-__all__ = ["CATALOGUE", "BuggyKernel", "Witness", "witness"]
+__all__ = ["CATALOGUE", "BuggyKernel", "witness"]
 
 
-def random_mask(w: Witness, density: float = 0.6, seed: int = 1) -> Witness:
+def random_mask(w: Problem, density: float = 0.6, seed: int = 1) -> Problem:
     """``w`` with a random per-head mask of the full scores shape."""
-    return w.with_(mask=np.random.default_rng(seed).random(w.scores_shape) < density)
+    return w.with_(mask=np.random.default_rng(seed).random(scores_shape(w)) < density)
 
 
-def first_row_masked(w: Witness) -> Witness:
+def first_row_masked(w: Problem) -> Problem:
     """``w`` with a mask that excludes every key of query 0 (an empty row) and no other."""
-    mask = np.ones(w.scores_shape, dtype=bool)
+    mask = np.ones(scores_shape(w), dtype=bool)
     mask[..., 0, :] = False
     return w.with_(mask=mask)
 
 
 def first_key_masked(
-    w: Witness, *, k_fill: float | None = None, v_fill: float | None = None
-) -> Witness:
+    w: Problem, *, k_fill: float | None = None, v_fill: float | None = None
+) -> Problem:
     """``w`` with key 0 masked for every query, its k and/or v row overwritten."""
-    mask = np.ones(w.scores_shape, dtype=bool)
+    mask = np.ones(scores_shape(w), dtype=bool)
     mask[..., 0] = False
     k, v = w.k.copy(), w.v.copy()
     if k_fill is not None:
@@ -46,7 +49,7 @@ def first_key_masked(
     return w.with_(mask=mask, k=k, v=v)
 
 
-def _large_first_pair(w: Witness, value: float) -> Witness:
+def _large_first_pair(w: Problem, value: float) -> Problem:
     """``w`` with query 0 and key 0 set to ``value`` in every feature: score E*value**2*scale."""
     q, k = w.q.copy(), w.k.copy()
     q[..., 0, :] = value
@@ -54,19 +57,19 @@ def _large_first_pair(w: Witness, value: float) -> Witness:
     return w.with_(q=q, k=k)
 
 
-def _nan_query(w: Witness) -> Witness:
+def _nan_query(w: Problem) -> Problem:
     q = w.q.copy()
     q[..., 0, 1, 2] = np.nan
     return w.with_(q=q)
 
 
-def _large_masked_bias(w: Witness) -> Witness:
+def _large_masked_bias(w: Problem) -> Problem:
     w = random_mask(w)
     rng = np.random.default_rng(2)
-    return w.with_(bias=np.where(w.mask, rng.standard_normal(w.scores_shape), 3e4))
+    return w.with_(bias=np.where(w.mask, rng.standard_normal(scores_shape(w)), 3e4))
 
 
-def _big_masked_key(w: Witness) -> Witness:
+def _big_masked_key(w: Problem) -> Problem:
     w = w.with_(q=np.abs(w.q))
     return first_key_masked(w, k_fill=2000.0)
 
@@ -220,7 +223,7 @@ CATALOGUE: list[BuggyKernel] = [
     BuggyKernel("scales-q-in-place", plumbing.scales_q_in_place, "inputs-unmodified"),
     BuggyKernel("random-key-order", plumbing.random_key_order, "deterministic"),
     BuggyKernel(
-        "strides-ignored", plumbing.strides_ignored, "layout-independence", witness=W(strided=True)
+        "strides-ignored", plumbing.strides_ignored, "layout-independence", strided_witness=True
     ),
     BuggyKernel(
         "empty-batch-crashes", plumbing.empty_batch_crashes, "empty-sizes", witness=W(batch=(0,))

@@ -1,39 +1,16 @@
 """What a catalogue entry is: a buggy kernel, the property that should catch it, and a
-witness input on which the bug shows against the reference."""
+witness input on which the bug shows against the reference (a suite ``Problem``: the one
+shape an attention call's inputs have in the suite and its tests)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class Witness:
-    """An input (float64 values, rounded to ``dtype`` when used) that exposes a bug.
-
-    ``strided`` passes q, k and v as transposed (non-contiguous) views of the same values.
-    """
-
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    dtype: str = "float64"
-    mask: np.ndarray | None = None
-    bias: np.ndarray | None = None
-    is_causal: bool = False
-    scale: float | None = None
-    strided: bool = False
-
-    def with_(self, **changes: Any) -> Witness:
-        return replace(self, **changes)
-
-    @property
-    def scores_shape(self) -> tuple[int, ...]:
-        batch = np.broadcast_shapes(self.q.shape[:-3], self.k.shape[:-3], self.v.shape[:-3])
-        return (*batch, self.q.shape[-3], self.q.shape[-2], self.k.shape[-2])
+from attnspec.conformance.kernel import Problem
 
 
 def witness(
@@ -46,15 +23,19 @@ def witness(
     head_dim: int = 4,
     value_dim: int = 3,
     magnitude: float = 1.0,
+    dtype: str = "float64",
     **options: Any,
-) -> Witness:
-    """Random normal q, k (times ``magnitude``) and v: Lq != Lk, E != Ev, a batch dim."""
+) -> Problem:
+    """A witness: random normal q, k (times ``magnitude``) and v with Lq != Lk, E != Ev and
+    a batch dim, as the suite's :class:`~attnspec.conformance.kernel.Problem` (float64
+    values, rounded to ``dtype`` when used)."""
     rng = np.random.default_rng(seed)
     n_q_heads, n_kv_heads = heads
-    return Witness(
+    return Problem(
         q=rng.standard_normal((*batch, n_q_heads, n_queries, head_dim)) * magnitude,
         k=rng.standard_normal((*batch, n_kv_heads, n_keys, head_dim)) * magnitude,
         v=rng.standard_normal((*batch, n_kv_heads, n_keys, value_dim)),
+        dtype=dtype,
         **options,
     )
 
@@ -67,6 +48,8 @@ class BuggyKernel:
     fn: Callable[..., Any]
     catches: str
     backend: str = "numpy"
-    witness: Witness = field(default_factory=witness)
+    witness: Problem = field(default_factory=witness)
+    # pass the witness's q, k and v as transposed (non-contiguous) views of its values
+    strided_witness: bool = False
     # Why the named property does not (yet) catch it in the quick profile; empty when it does.
     known_miss: str = ""

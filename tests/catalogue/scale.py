@@ -15,9 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from attnspec.conformance.input_features import scores_shape
+from attnspec.conformance.kernel import Problem
+
 from . import bugs_paths as paths
 from . import bugs_tiling as tiling
-from .entry import BuggyKernel, Witness, witness
+from .entry import BuggyKernel, witness
 
 
 def long_keys(
@@ -30,7 +33,7 @@ def long_keys(
     heads: tuple[int, int] = (2, 2),
     dtype: str = "float32",
     **options: Any,
-) -> Witness:
+) -> Problem:
     """A few queries (cheap to check) against ``n_keys`` keys, float32 by default."""
     return witness(
         n_keys=n_keys,
@@ -44,12 +47,12 @@ def long_keys(
     )
 
 
-def square_causal(n: int) -> Witness:
+def square_causal(n: int) -> Problem:
     """Lq = Lk = n with is_causal: enough rows and keys for several blocks."""
     return long_keys(n, n_queries=n, heads=(1, 1), head_dim=8, value_dim=8, is_causal=True)
 
 
-def per_element_padding(w: Witness, seed: int = 5) -> Witness:
+def per_element_padding(w: Problem, seed: int = 5) -> Problem:
     """``w`` with a key-padding mask (*batch, 1, 1, Lk) of a different length per batch
     element, as a batch of sequences of unequal length is padded."""
     batch, n_keys = w.q.shape[:-3], w.k.shape[-2]
@@ -58,16 +61,16 @@ def per_element_padding(w: Witness, seed: int = 5) -> Witness:
     return w.with_(mask=mask)
 
 
-def padded_float16_rows(w: Witness) -> Witness:
+def padded_float16_rows(w: Problem) -> Problem:
     """``w`` in float16 with query row 0 of every head a padding row, as a padded query of
     a padded batch gets from an HF-style additive mask: finfo(float16).min on every key.
     Other rows are unpadded."""
-    bias = np.zeros(w.scores_shape)
+    bias = np.zeros(scores_shape(w))
     bias[..., 0, :] = float(np.finfo(np.float16).min)
     return w.with_(bias=bias, dtype="float16")
 
 
-def entry(name: str, fn: Callable[..., Any], catches: str, w: Witness) -> BuggyKernel:
+def entry(name: str, fn: Callable[..., Any], catches: str, w: Problem) -> BuggyKernel:
     """A scale bug, caught by ``catches`` in the quick profile (its realistic strata, or
     the anchor problems of conformance/anchors.py)."""
     return BuggyKernel(name, fn, catches, witness=w)

@@ -30,7 +30,7 @@ from attnspec.conformance.bounds import reference_bound
 from attnspec.conformance.kernel import KernelUnderTest, Problem
 from catalogue.buggy import CATALOGUE
 from catalogue.correct import split_kv_attention, tiled_attention, tiled_attention_bottom_right
-from catalogue.entry import BuggyKernel, Witness
+from catalogue.entry import BuggyKernel
 from catalogue.scale import SCALE_CATALOGUE
 from catalogue.witness import difference_outside_tol2
 
@@ -133,7 +133,7 @@ def test_small_problems_cover_the_envelope(small_problems: list[Problem]) -> Non
     assert any(p.is_causal and p.mask is not None and p.bias is not None for p in small_problems)
 
 
-def _beyond_the_small_envelope(w: Witness) -> list[str]:
+def _beyond_the_small_envelope(w: Problem) -> list[str]:
     """What makes a witness realistic: a size past the small grid's, or a value extreme."""
     batch = np.broadcast_shapes(w.q.shape[:-3], w.k.shape[:-3], w.v.shape[:-3])
     found = [

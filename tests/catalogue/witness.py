@@ -1,6 +1,6 @@
 """Is a catalogued bug really a bug?  A direct check, independent of the conformance suite.
 
-Runs a buggy kernel on its :class:`~catalogue.buggy.Witness` and compares with the
+Runs a buggy kernel on its witness (a suite ``Problem``) and compares with the
 reference (``attnspec.reference``) and its TOL-2 bound: a difference is a raised error
 the reference does not raise (or the reverse), modified inputs, a wrong dtype or shape,
 different bits on repeated calls, or a value outside TOL-2.
@@ -16,7 +16,7 @@ from attnspec.backends import Backend
 from attnspec.conformance import declaration_of
 from attnspec.reference.tolerance import error_bound
 
-from .buggy import BuggyKernel, Witness
+from .buggy import BuggyKernel
 
 REPEATS = 5  # enough calls that a random summation order shows with near certainty
 
@@ -53,7 +53,7 @@ def observed_difference(bug: BuggyKernel) -> str | None:
     """How ``bug`` visibly departs from the reference on its witness, or None."""
     if hasattr(bug, "observed_difference"):  # feature entries carry their own evidence
         return bug.observed_difference()
-    w: Witness = bug.witness
+    w = bug.witness
     backend = Backend(bug.backend)
     declaration = declaration_of(bug.fn)
 
@@ -78,7 +78,7 @@ def observed_difference(bug: BuggyKernel) -> str | None:
         bound, rejection = None, exc
 
     args = [backend.asarray(a, w.dtype) for a in (q, k, v)]
-    if w.strided:
+    if bug.strided_witness:
         args = [_transposed_view(a) for a in args]
     kwargs: dict[str, Any] = {"is_causal": w.is_causal, "scale": w.scale}
     if w.mask is not None:
