@@ -31,7 +31,7 @@ from ._array import Array
 from ._checks import check_size
 from .masks import causal_offset
 from .sdpa import (
-    AttentionProblem,
+    GroupedInputs,
     NonFiniteCounts,
     check_arguments,
     nonfinite_counts,
@@ -62,7 +62,7 @@ def default_block_sizes(batch_heads: int, n_queries: int, n_keys: int) -> tuple[
 class _Scores(NamedTuple):
     """The inputs of the scores: the laid-out problem plus mask and bias as grouped views."""
 
-    problem: AttentionProblem
+    problem: GroupedInputs
     mask: Array  # None, or bool broadcastable to (*batch, Hkv, G, Lq, Lk)
     bias: Array  # None, or floating broadcastable to (*batch, Hkv, G, Lq, Lk)
     causal_offset: int | None  # d of SDPA-4 (query i sees key j iff j <= i + d), or None

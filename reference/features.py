@@ -1,7 +1,7 @@
 """The score features of spec/features.md: logit softcapping (SOFTCAP), ALiBi (ALIBI), the
 log-sum-exp (LSE), and dropout applied with an explicit keep mask (DROP-2 … DROP-5).
 
-Each takes or returns arrays in the grouped layout of :class:`~.sdpa.AttentionProblem`
+Each takes or returns arrays in the grouped layout of :class:`~.sdpa.GroupedInputs`
 (``(*batch, Hkv, G, Lq, ·)``), so the dense reference, the varlen and KV-cache references
 and the tolerance model share one implementation.
 """
@@ -19,7 +19,7 @@ from ._checks import check_size, require_broadcastable_to
 from .masks import creation_namespace
 
 if TYPE_CHECKING:  # sdpa imports this module
-    from .sdpa import AttentionProblem
+    from .sdpa import GroupedInputs
 
 
 def check_softcap(softcap: Any, call: str) -> float | None:
@@ -87,7 +87,7 @@ def alibi_distance(
     return xp.astype(xp.abs(rows + offset - cols), dtype)
 
 
-def grouped_alibi(problem: AttentionProblem, alibi_slopes: Array, offset: int, call: str) -> Any:
+def grouped_alibi(problem: GroupedInputs, alibi_slopes: Array, offset: int, call: str) -> Any:
     """The ALiBi bias a_ij = -m_h |i + offset - j| (ALIBI-2) in the grouped layout.
 
     ``alibi_slopes`` has one slope per query head, shape ``(..., Hq)`` broadcasting
@@ -158,7 +158,7 @@ def check_dropout_p(dropout_p: Any, call: str) -> float:
 
 
 def dropped_weights(
-    problem: AttentionProblem,
+    problem: GroupedInputs,
     weights: Any,
     dropout_p: float,
     keep: Any,

@@ -35,8 +35,12 @@ CALL = "scaled_dot_product_attention(q, k, v)"
 LAYOUT = "(..., heads, length, head_dim)"
 
 
-class AttentionProblem(NamedTuple):
+class GroupedInputs(NamedTuple):
     """Validated, broadcast inputs in the computation dtype, heads split into groups.
+
+    Not a second description of a problem (that is the arguments of
+    :func:`scaled_dot_product_attention`, and ``conformance.kernel.Problem`` in the suite):
+    the form the definition is computed in.
 
     ``q`` is ``(*batch, Hkv, G, Lq, E)``; ``k`` and ``v`` are ``(*batch, Hkv, 1, Lk, ·)``;
     ``allowed`` (or None when every key is allowed) and ``bias`` (or None) broadcast to
@@ -137,7 +141,7 @@ def prepare(
     causal_alignment: str = "top_left",
     scale: Any = None,
     call: str = CALL,
-) -> AttentionProblem:
+) -> GroupedInputs:
     """Check the arguments against SDPA-1 … SDPA-6 and lay them out for computation."""
     xp, batch, scale = check_arguments(
         q,
@@ -177,7 +181,7 @@ def prepare(
     k5 = xp.broadcast_to(xp.astype(k, work), (*batch, n_kv_heads, n_keys, head_dim))
     v5 = xp.broadcast_to(xp.astype(v, work), (*batch, n_kv_heads, n_keys, value_dim))
     bias5 = None if bias is None else grouped_scores(xp.astype(bias, work))
-    return AttentionProblem(
+    return GroupedInputs(
         xp=xp,
         q=q5,
         k=k5[..., None, :, :],
@@ -190,7 +194,7 @@ def prepare(
     )
 
 
-def allowed_scores(problem: AttentionProblem) -> tuple[Any, Any]:
+def allowed_scores(problem: GroupedInputs) -> tuple[Any, Any]:
     """Scaled, biased scores and the boolean set S(i) of keys each query may attend.
 
     A key is allowed when the mask and the causal rule allow it and its bias is not
@@ -271,13 +275,13 @@ def with_nonfinite_values(xp: ModuleType, out: Any, counts: NonFiniteCounts) -> 
 
 
 def with_features(
-    problem: AttentionProblem,
+    problem: GroupedInputs,
     *,
     softcap: Any = None,
     alibi_slopes: Array = None,
     causal_alignment: str = "top_left",
     call: str = CALL,
-) -> AttentionProblem:
+) -> GroupedInputs:
     """``problem`` with logit softcapping (SOFTCAP-1, SOFTCAP-2) and the ALiBi bias of
     ``alibi_slopes`` (ALIBI-1, ALIBI-2), measured from the corner of ``causal_alignment``."""
     softcap = check_softcap(softcap, call)

@@ -19,7 +19,7 @@ import array_api_compat
 from ._array import Array
 from .features import softcapped
 from .sdpa import (
-    AttentionProblem,
+    GroupedInputs,
     allowed_scores,
     nonfinite_counts,
     prepare,
@@ -273,7 +273,7 @@ class ValueColumns(NamedTuple):
     high: Any
 
 
-def _value_columns(problem: AttentionProblem) -> ValueColumns:
+def _value_columns(problem: GroupedInputs) -> ValueColumns:
     xp, v = problem.xp, problem.v
     finite = xp.where(xp.isfinite(v), v, xp.zeros_like(v))
     table = xp.concat([finite, xp.abs(finite), finite * finite], axis=-1)
@@ -290,7 +290,7 @@ def _rows(a: Any, start: int, stop: int) -> Any:
 
 
 def _chunk_bound(
-    problem: AttentionProblem,
+    problem: GroupedInputs,
     values: ValueColumns,
     start: int,
     stop: int,
@@ -421,7 +421,7 @@ def _chunk_bound(
     )
 
 
-def _attended_keys(chunk: AttentionProblem) -> tuple[AttentionProblem, slice]:
+def _attended_keys(chunk: GroupedInputs) -> tuple[GroupedInputs, slice]:
     """``chunk`` cut to the keys [lo, hi) that the mask and causal rule let some row of it
     attend (at least one key, so shapes stay non-empty), and that slice of the keys."""
     xp, allowed = chunk.xp, chunk.allowed

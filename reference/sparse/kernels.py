@@ -21,7 +21,7 @@ import array_api_compat
 
 from .._array import Array
 from .._checks import check_size
-from ..sdpa import AttentionProblem, allowed_scores, prepare, softmax_over_allowed, weighted_values
+from ..sdpa import GroupedInputs, allowed_scores, prepare, softmax_over_allowed, weighted_values
 from .definition import (
     BigBird,
     BlockSparse,
@@ -53,7 +53,7 @@ class Segment:
     make: Candidates
 
 
-def _attend(problem: AttentionProblem, rows: Any, keys: Any, allowed: Array) -> Any:
+def _attend(problem: GroupedInputs, rows: Any, keys: Any, allowed: Array) -> Any:
     """Attention of the queries ``rows (T, bq)`` over their candidate ``keys (T, S)``.
 
     ``allowed (T, bq, S)`` is S(i) on the candidates; returns ``(..., T * bq, Ev)``.
@@ -79,7 +79,7 @@ def _attend(problem: AttentionProblem, rows: Any, keys: Any, allowed: Array) -> 
 
 
 def _run(
-    problem: AttentionProblem, sets: SparsePattern, segments: list[Segment], query_chunk: int | None
+    problem: GroupedInputs, sets: SparsePattern, segments: list[Segment], query_chunk: int | None
 ) -> Any:
     """Attend every segment chunk by chunk and stitch the rows back in order."""
     xp = problem.xp
