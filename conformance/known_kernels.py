@@ -435,8 +435,9 @@ _CONFIRMS: dict[str, Confirms] = {
     # masked scores beyond Keras's fill (-45850 in float16): masked-values-ignored's largest
     # magnitudes, which it prints as 1.41e+04, not its 1 and 10
     _KERAS_TORCH_MASK_FILL: Confirms(shows=("e+",)),
-    # a non-finite value (not key, not bias) at a masked position: 0 * NaN
-    _JAX_MASKED_NAN: Confirms(shows=("into v at",)),
+    # a non-finite value at a masked position (0 * NaN), or key where a -inf bias, not the
+    # mask, excludes it (NaN + -inf): a NaN key the mask excludes does not leak
+    _JAX_MASKED_NAN: Confirms(shows=("into v at", "into k at")),
     # numpy broadcasting refusing Hq != Hkv
     "docs/divergences.md#keras-numpy-gqa": Confirms(shows=("could not be broadcast",)),
     "docs/divergences.md#flax-linen-float16": Confirms(shows=("float16",)),

@@ -51,6 +51,7 @@ v16_12 = arr([[[[1.0]], [[2.0]]]], "float16")
 q16_3, k16_round = arr([[[[3.0]]]], "float16"), arr([[[[21.34375]], [[21.3125]]]], "float16")
 v16_01 = arr([[[[0.0]], [[1.0]]]], "float16")
 key_0_masked, key_1_masked = arr([[[[False, True]]]], "bool"), arr([[[[True, False]]]], "bool")
+key_0_excluded = arr([[[[-np.inf, 0.0]]]])  # by a -inf bias, not the mask
 q_e2, k_e2, v_e3 = (
     arr(np.ones((1, 1, 1, 2))),
     arr(np.ones((1, 2, 1, 2))),
@@ -77,6 +78,9 @@ print(
             "float16_score_rounding": outcome(lambda: attention(q16_3, k16_round, v16_01)),
             "masked_nan_value": outcome(
                 lambda: attention(one, k2, arr([[[[np.nan]], [[4.0]]]]), mask=key_0_masked)
+            ),
+            "bias_excluded_nan_key": outcome(
+                lambda: attention(one, arr([[[[np.nan]], [[1.0]]]]), v2, bias=key_0_excluded)
             ),
             "value_dim_3_head_dim_2": outcome(lambda: attention(q_e2, k_e2, v_e3)),
             "value_dim_3_no_queries_shape": outcome(

@@ -278,8 +278,9 @@ NAN = float("nan")
 # (SDPA-7.4), mask_1d 2 (SDPA-3.1), causal_scale_0 [[0, 1], [1, 2], [2, 3]] (SDPA-7.1),
 # and, computed by test_keras_probe_definitions, causal_min_bias 2 (SDPA-4.1),
 # masked_score_5e4_float16 1 (SDPA-8.1), float16_score_rounding 0.47658 within 0.00194
-# (SDPA-7.3), masked_nan_value 4 (SDPA-8.2, SHOULD), value_dim_3_head_dim_2 ones of
-# shape (1, 1, 1, 3) and value_dim_3_no_queries_shape [1, 0, 1, 3] (SDPA-1.1, SDPA-1.5).
+# (SDPA-7.3), masked_nan_value and bias_excluded_nan_key 4 (SDPA-8.2, SHOULD),
+# value_dim_3_head_dim_2 ones of shape (1, 1, 1, 3) and value_dim_3_no_queries_shape
+# [1, 0, 1, 3] (SDPA-1.1, SDPA-1.5).
 KERAS_UPSTREAM = {
     "torch": {
         "fully_masked": [[[[3.0]]]],
@@ -293,6 +294,7 @@ KERAS_UPSTREAM = {
         "masked_score_5e4_float16": [[[[2.0]]]],
         "float16_score_rounding": [[[[0.476562]]]],
         "masked_nan_value": [[[[NAN]]]],
+        "bias_excluded_nan_key": [[[[NAN]]]],
         "value_dim_3_head_dim_2": [[[[1.0, 1.0, 1.0]]]],
         "value_dim_3_no_queries_shape": [1, 0, 1, 3],
     },
@@ -308,6 +310,7 @@ KERAS_UPSTREAM = {
         "masked_score_5e4_float16": [[[[1.0]]]],
         "float16_score_rounding": [[[[0.476562]]]],
         "masked_nan_value": [[[[NAN]]]],
+        "bias_excluded_nan_key": [[[[NAN]]]],
         "value_dim_3_head_dim_2": "TypeError",
         "value_dim_3_no_queries_shape": [1, 0, 1, 2],
     },
@@ -323,6 +326,7 @@ KERAS_UPSTREAM = {
         "masked_score_5e4_float16": [[[[1.0]]]],
         "float16_score_rounding": [[[[0.484375]]]],
         "masked_nan_value": [[[[NAN]]]],
+        "bias_excluded_nan_key": [[[[NAN]]]],
         "value_dim_3_head_dim_2": [[[[1.0, 1.0, 1.0]]]],
         "value_dim_3_no_queries_shape": [1, 0, 1, 3],
     },
@@ -331,14 +335,20 @@ KERAS_UPSTREAM = {
 
 # The probe's later cases that each backend answers differently from the definition
 KERAS_DIVERGING = {
-    "torch": {"masked_score_5e4_float16", "masked_nan_value"},
+    "torch": {"masked_score_5e4_float16", "masked_nan_value", "bias_excluded_nan_key"},
     "jax": {
         "causal_min_bias",
         "masked_nan_value",
+        "bias_excluded_nan_key",
         "value_dim_3_head_dim_2",
         "value_dim_3_no_queries_shape",
     },
-    "numpy": {"causal_min_bias", "float16_score_rounding", "masked_nan_value"},
+    "numpy": {
+        "causal_min_bias",
+        "float16_score_rounding",
+        "masked_nan_value",
+        "bias_excluded_nan_key",
+    },
 }
 
 
@@ -376,11 +386,18 @@ def test_keras_probe_definitions() -> None:
             np.asarray([[[0.0], [4.0]]]),  # key 0's NaN is masked out: any value
             mask=np.asarray([[False, True]]),
         )[0],
+        "bias_excluded_nan_key": sdpa(
+            np.full((1, 1, 1), 0.5),
+            np.asarray([[[0.0], [1.0]]]),  # key 0's NaN is excluded by its -inf bias: any key
+            np.asarray([[[2.0], [4.0]]]),
+            bias=np.asarray([[-np.inf, 0.0]]),
+        )[0],
         "value_dim_3_head_dim_2": sdpa(np.ones((1, 1, 2)), np.ones((1, 2, 2)), np.ones((1, 2, 3)))[
             0
         ],
     }
     assert [definitions[c].ravel().tolist() for c in sorted(definitions)] == [
+        [4.0],
         [2.0],
         [4.0],
         [1.0],
@@ -474,7 +491,8 @@ def test_upstream_flax_divergences() -> None:
 def test_upstream_jax_and_flax_leak_a_masked_nan_value() -> None:
     """docs/divergences.md#jax-masked-nan: SDPA-8.2 (SHOULD) says a NaN at a masked-out
     position does not reach the output; jax.nn and flax give NaN for a NaN value of a masked
-    key (the definition: key 1's value, 4), but not for a NaN key.  Fails when upstream
+    key (the definition: key 1's value, 4), but not for a NaN key, unless the key is
+    excluded by a -inf bias instead of the mask (NaN + -inf is NaN).  Fails when upstream
     changes it."""
     import jax
     import jax.numpy as jnp
@@ -482,6 +500,7 @@ def test_upstream_jax_and_flax_leak_a_masked_nan_value() -> None:
 
     q, k = jnp.full((1, 1, 1, 1), 0.5), jnp.asarray([[[[0.5]], [[1.0]]]])
     mask = jnp.asarray([[[[False, True]]]])  # key 0 masked out
+    excluded_by_bias = jnp.asarray([[[[-jnp.inf, 0.0]]]])  # key 0 excluded (SDPA-3.3)
     nan_value = jnp.asarray([[[[jnp.nan]], [[4.0]]]])
     nan_key, values = jnp.asarray([[[[jnp.nan]], [[1.0]]]]), jnp.asarray([[[[2.0]], [[4.0]]]])
     want, _ = sdpa(
@@ -498,3 +517,4 @@ def test_upstream_jax_and_flax_leak_a_masked_nan_value() -> None:
     ):
         assert np.isnan(np.asarray(attention(q, k, nan_value, mask=mask))).all()
         assert np.asarray(attention(q, nan_key, values, mask=mask)).ravel().tolist() == [4.0]
+        assert np.isnan(np.asarray(attention(q, nan_key, values, bias=excluded_by_bias))).all()
