@@ -272,11 +272,15 @@ def test_upstream_sdpa_masked_overflowing_key_gives_nan() -> None:
 
 
 NAN = float("nan")
-# What keras 3.15.1 gives on keras_probe.py's inputs (beside this file; jax: jax 0.10.2,
-# where only the fully masked row diverges); the spec's answers are
-# fully_masked 0 (SDPA-5.1), nan_query NaN (SDPA-8.3), gqa_4_over_2 ones (SDPA-6.1),
-# gqa_1_over_2 an error (SDPA-6.2, SHOULD), float16_scores_1e6 1 (SDPA-7.4), mask_1d 2
-# (SDPA-3.1) and causal_scale_0 [[0, 1], [1, 2], [2, 3]] (SDPA-7.1).
+# What keras 3.15.1 gives on keras_probe.py's inputs (beside this file; jax: jax 0.10.2);
+# the spec's answers are fully_masked 0 (SDPA-5.1), nan_query NaN (SDPA-8.3), gqa_4_over_2
+# ones (SDPA-6.1), gqa_1_over_2 an error (SDPA-6.2, SHOULD), float16_scores_1e6 1
+# (SDPA-7.4), mask_1d 2 (SDPA-3.1), causal_scale_0 [[0, 1], [1, 2], [2, 3]] (SDPA-7.1),
+# and, computed by test_keras_probe_definitions, causal_min_bias 2 (SDPA-4.1),
+# masked_score_5e4_float16 1 (SDPA-8.1), float16_score_rounding 0.47658 within 0.00194
+# (SDPA-7.3), masked_nan_value and bias_excluded_nan_key 4 (SDPA-8.2, SHOULD),
+# value_dim_3_head_dim_2 ones of shape (1, 1, 1, 3) and value_dim_3_no_queries_shape
+# [1, 0, 1, 3] (SDPA-1.1, SDPA-1.5).
 KERAS_UPSTREAM = {
     "torch": {
         "fully_masked": [[[[3.0]]]],
@@ -286,6 +290,13 @@ KERAS_UPSTREAM = {
         "float16_scores_1e6": [[[[1.0]]]],
         "mask_1d": "IndexError",
         "causal_scale_0": [[[[NAN, NAN]], [[NAN, NAN]], [[2.0, 3.0]]]],
+        "causal_min_bias": [[[[2.0]]]],
+        "masked_score_5e4_float16": [[[[2.0]]]],
+        "float16_score_rounding": [[[[0.476562]]]],
+        "masked_nan_value": [[[[NAN]]]],
+        "bias_excluded_nan_key": [[[[NAN]]]],
+        "value_dim_3_head_dim_2": [[[[1.0, 1.0, 1.0]]]],
+        "value_dim_3_no_queries_shape": [1, 0, 1, 3],
     },
     "jax": {
         "fully_masked": [[[[3.0]]]],
@@ -295,6 +306,13 @@ KERAS_UPSTREAM = {
         "float16_scores_1e6": [[[[1.0]]]],
         "mask_1d": [[[[2.0]]]],
         "causal_scale_0": [[[[0.0, 1.0]], [[1.0, 2.0]], [[2.0, 3.0]]]],
+        "causal_min_bias": [[[[4.0]]]],
+        "masked_score_5e4_float16": [[[[1.0]]]],
+        "float16_score_rounding": [[[[0.476562]]]],
+        "masked_nan_value": [[[[NAN]]]],
+        "bias_excluded_nan_key": [[[[NAN]]]],
+        "value_dim_3_head_dim_2": "TypeError",
+        "value_dim_3_no_queries_shape": [1, 0, 1, 2],
     },
     "numpy": {
         "fully_masked": [[[[3.0]]]],
@@ -304,8 +322,101 @@ KERAS_UPSTREAM = {
         "float16_scores_1e6": [[[[NAN]]]],
         "mask_1d": [[[[2.0]]]],
         "causal_scale_0": [[[[0.0, 1.0]], [[1.0, 2.0]], [[2.0, 3.0]]]],
+        "causal_min_bias": [[[[4.0]]]],
+        "masked_score_5e4_float16": [[[[1.0]]]],
+        "float16_score_rounding": [[[[0.484375]]]],
+        "masked_nan_value": [[[[NAN]]]],
+        "bias_excluded_nan_key": [[[[NAN]]]],
+        "value_dim_3_head_dim_2": [[[[1.0, 1.0, 1.0]]]],
+        "value_dim_3_no_queries_shape": [1, 0, 1, 3],
     },
 }
+
+
+# The probe's later cases that each backend answers differently from the definition
+KERAS_DIVERGING = {
+    "torch": {"masked_score_5e4_float16", "masked_nan_value", "bias_excluded_nan_key"},
+    "jax": {
+        "causal_min_bias",
+        "masked_nan_value",
+        "bias_excluded_nan_key",
+        "value_dim_3_head_dim_2",
+        "value_dim_3_no_queries_shape",
+    },
+    "numpy": {
+        "causal_min_bias",
+        "float16_score_rounding",
+        "masked_nan_value",
+        "bias_excluded_nan_key",
+    },
+}
+
+
+def test_keras_probe_definitions() -> None:
+    """The float64 definitions (tests/oracle.py, TOL-2 for the float16 accuracy case) of
+    keras_probe.py's later cases, restated in the spec's (B, H, L, E) layout, and which of
+    KERAS_UPSTREAM's pinned answers differ from them: the pins are divergences, not typos."""
+    from attnspec.reference.tolerance import error_bound
+
+    finfo_min = float(np.finfo(np.float32).min)
+    rounding = error_bound(
+        np.full((1, 1, 1, 1), 3.0),
+        np.asarray([[[[21.34375], [21.3125]]]]),
+        np.asarray([[[[0.0], [1.0]]]]),
+        dtype="float16",
+        weights=False,
+    )
+    definitions = {
+        "causal_min_bias": sdpa(
+            np.ones((1, 1, 1)),
+            np.asarray([[[1.0], [-1.0]]]),
+            np.asarray([[[2.0], [4.0]]]),
+            bias=np.full((1, 2), finfo_min),
+            is_causal=True,
+        )[0],
+        "masked_score_5e4_float16": sdpa(
+            np.ones((1, 1, 1)),
+            np.asarray([[[0.5], [5.0e4]]]),
+            np.asarray([[[1.0], [2.0]]]),
+            mask=np.asarray([[True, False]]),
+        )[0],
+        "masked_nan_value": sdpa(
+            np.full((1, 1, 1), 0.5),
+            np.asarray([[[0.5], [1.0]]]),
+            np.asarray([[[0.0], [4.0]]]),  # key 0's NaN is masked out: any value
+            mask=np.asarray([[False, True]]),
+        )[0],
+        "bias_excluded_nan_key": sdpa(
+            np.full((1, 1, 1), 0.5),
+            np.asarray([[[0.0], [1.0]]]),  # key 0's NaN is excluded by its -inf bias: any key
+            np.asarray([[[2.0], [4.0]]]),
+            bias=np.asarray([[-np.inf, 0.0]]),
+        )[0],
+        "value_dim_3_head_dim_2": sdpa(np.ones((1, 1, 2)), np.ones((1, 2, 2)), np.ones((1, 2, 3)))[
+            0
+        ],
+    }
+    assert [definitions[c].ravel().tolist() for c in sorted(definitions)] == [
+        [4.0],
+        [2.0],
+        [4.0],
+        [1.0],
+        [1.0, 1.0, 1.0],
+    ]
+    want, tolerance = rounding.out.item(), rounding.out_tolerance.item()
+    for backend, answers in KERAS_UPSTREAM.items():
+        diverging = set()
+        for case, definition in definitions.items():
+            got = np.asarray(answers[case], dtype=object)
+            if got.shape != (1, 1, 1, definition.size) or not np.array_equal(
+                got.astype(float).ravel(), definition.ravel()
+            ):
+                diverging.add(case)
+        if abs(answers["float16_score_rounding"][0][0][0][0] - want) > tolerance:
+            diverging.add("float16_score_rounding")
+        if answers["value_dim_3_no_queries_shape"] != [1, 0, 1, 3]:
+            diverging.add("value_dim_3_no_queries_shape")
+        assert diverging == KERAS_DIVERGING[backend], backend
 
 
 @pytest.mark.skipif(importlib.util.find_spec("keras") is None, reason="keras is not installed")
@@ -380,7 +491,8 @@ def test_upstream_flax_divergences() -> None:
 def test_upstream_jax_and_flax_leak_a_masked_nan_value() -> None:
     """docs/divergences.md#jax-masked-nan: SDPA-8.2 (SHOULD) says a NaN at a masked-out
     position does not reach the output; jax.nn and flax give NaN for a NaN value of a masked
-    key (the definition: key 1's value, 4), but not for a NaN key.  Fails when upstream
+    key (the definition: key 1's value, 4), but not for a NaN key, unless the key is
+    excluded by a -inf bias instead of the mask (NaN + -inf is NaN).  Fails when upstream
     changes it."""
     import jax
     import jax.numpy as jnp
@@ -388,6 +500,7 @@ def test_upstream_jax_and_flax_leak_a_masked_nan_value() -> None:
 
     q, k = jnp.full((1, 1, 1, 1), 0.5), jnp.asarray([[[[0.5]], [[1.0]]]])
     mask = jnp.asarray([[[[False, True]]]])  # key 0 masked out
+    excluded_by_bias = jnp.asarray([[[[-jnp.inf, 0.0]]]])  # key 0 excluded (SDPA-3.3)
     nan_value = jnp.asarray([[[[jnp.nan]], [[4.0]]]])
     nan_key, values = jnp.asarray([[[[jnp.nan]], [[1.0]]]]), jnp.asarray([[[[2.0]], [[4.0]]]])
     want, _ = sdpa(
@@ -404,3 +517,4 @@ def test_upstream_jax_and_flax_leak_a_masked_nan_value() -> None:
     ):
         assert np.isnan(np.asarray(attention(q, k, nan_value, mask=mask))).all()
         assert np.asarray(attention(q, nan_key, values, mask=mask)).ravel().tolist() == [4.0]
+        assert np.isnan(np.asarray(attention(q, nan_key, values, bias=excluded_by_bias))).all()

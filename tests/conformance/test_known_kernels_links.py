@@ -1,0 +1,152 @@
+"""What each write-up filed in conformance/known_kernels.py confirms (CONF-1's "confirmed"
+divergences): a link holds for the failure its docs/divergences.md entry describes, listed
+under the clauses it names and showing what it shows, and for no other failure of the same
+property.  The evidence strings are the findings and minimal cases of the matrix run
+(/work/logs/matrix/m1.md) that the entries were confirmed on, and their near misses.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from support import ROOT
+
+from attnspec.conformance.known_kernels import _DIVERGENCES, KNOWN_KERNELS, confirms, write_ups
+from attnspec.conformance.registry import all_properties
+
+DOCS = "docs/divergences.md#"
+FLOAT16_LAYOUT = (
+    "out with input layouts q: contiguous, k: contiguous, v: contiguous[(0, 0, 0, 1)] = "
+    "0.0407, but should be 0.0441 within 0.000675 (TOL-2); error 0.0034 is 5.04x the bound "
+    "q(1, 2, 1, 1), k(1, 2, 65, 1), v(1, 2, 65, 2), dtype=float16, is_causal=False, scale=None"
+)
+FLOAT32_LAYOUT = FLOAT16_LAYOUT.replace("float16", "float32")
+# a fully masked float16 row (flax.linen, --only layout-independence): SDPA-5.1's, not rounding
+FLOAT16_EMPTY_ROW = (
+    "out with input layouts q: contiguous, k: contiguous, v: contiguous, mask: contiguous"
+    "[(0, 0, 1, 0, 2)] = -3.771484375, but should be 0.0 within 1.79e-07 (TOL-2); error 3.77 "
+    "is 2.11e+07x the bound q(1, 3, 2, 6, 7), k(1, 3, 2, 1, 7), v(1, 3, 2, 1, 7), "
+    "dtype=float16, is_causal=False, scale=None, mask(3, 1, 6, 1) (8/18 True)"
+)
+CAUSAL_MIN_BIAS = (
+    "out of rows i + 0 < 1 after changing keys/values j >= 1 [SDPA-4.1 top-left: j <= i] "
+    "differs at (1, 0, 0, 0) q(4, 1, 64, 64), k(4, 1, 65, 64), v(4, 1, 65, 64), "
+    "dtype=bfloat16, is_causal=True, scale=0.5, mask(64, 65) (4160/4160 True), bias(4, 1, 1, 65)"
+)
+CAUSAL_MASK_ONLY = (
+    "out of rows i + 0 < 1 after changing keys/values j >= 1 differs at (0, 0, 0, 0) "
+    "q(1, 1, 1, 1), k(1, 1, 2, 1), v(1, 1, 2, 1), dtype=float32, is_causal=True, scale=None, "
+    "mask(1, 2) (0/2 True)"
+)
+MASKED_LARGE = (
+    "out after changing keys/values in masked columns [1] and bias entries at disallowed "
+    "positions to values of magnitude 1.41e+04 [SDPA-8.1] differs at (0, 0, 23, 0): -9912.0 "
+    "vs 0.27 q(1, 2, 65, 8), k(1, 1, 65, 8), v(1, 1, 65, 8), dtype=float16, is_causal=True, "
+    "scale=-0.75, mask(1, 2, 65, 65) (8320/8450 True)"
+)
+GQA_RAISES = (
+    "kernel raised ValueError: operands could not be broadcast together with remapped shapes "
+    "q(1, 4, 1, 1), k(1, 2, 1, 1), v(1, 2, 1, 1), dtype=float32, is_causal=False, scale=None"
+)
+MASKED_NAN_VALUE = (
+    "out after writing nan into v at disallowed positions (masked columns [0]) [SDPA-8.2] "
+    "differs at (0, 0, 0, 0): nan vs -1.8154296875 q(1, 1, 1, 1), k(1, 1, 6, 1), dtype=float16"
+)
+MASKED_NAN_KEY = MASKED_NAN_VALUE.replace("into v", "into k")  # through a -inf bias
+MASKED_NAN_BIAS = MASKED_NAN_VALUE.replace("into v", "into bias")
+MASKED_ONE = MASKED_LARGE.replace("magnitude 1.41e+04", "magnitude 1")
+
+# (kernel row, property, the clause the failure is listed under, evidence, linked?)
+CASES = [
+    # keras numpy, float16 scores: the contiguous call's inaccuracy, before and after it is
+    # reported as accuracy (SDPA-7.3); a float32 failure is another cause
+    ("keras:dot_product_attention_numpy", "layout-independence", "SDPA-1.7", FLOAT16_LAYOUT, True),
+    ("keras:dot_product_attention_numpy", "layout-independence", "SDPA-7.3", FLOAT16_LAYOUT, True),
+    ("keras:dot_product_attention_numpy", "layout-independence", "SDPA-1.7", FLOAT32_LAYOUT, False),
+    ("keras:dot_product_attention_numpy", "matches-reference", "SDPA-7.3", FLOAT16_LAYOUT, True),
+    ("keras:dot_product_attention_numpy", "gqa-mapping", "SDPA-6.1", GQA_RAISES, True),
+    ("keras:dot_product_attention_numpy", "gqa-mapping", "SDPA-6.1", FLOAT16_LAYOUT, False),
+    (
+        "keras:dot_product_attention_numpy",
+        "masked-nonfinite-ignored",
+        "SDPA-8.2",
+        GQA_RAISES,
+        False,
+    ),
+    ("keras:dot_product_attention_numpy", "causal-zeros", "SDPA-4.1", CAUSAL_MIN_BIAS, True),
+    # a fully masked row (keras-empty-rows' cause) has no bias to show
+    ("keras:dot_product_attention_numpy", "causal-zeros", "SDPA-4.1", CAUSAL_MASK_ONLY, False),
+    # flax.linen: float16 scores, met as layout-independence and mask-wins-over-bias
+    ("flax.linen:dot_product_attention", "layout-independence", "SDPA-1.7", FLOAT16_LAYOUT, True),
+    ("flax.linen:dot_product_attention", "mask-wins-over-bias", "SDPA-3.3", FLOAT16_LAYOUT, True),
+    ("flax.linen:dot_product_attention", "mask-wins-over-bias", "SDPA-3.3", FLOAT32_LAYOUT, False),
+    (
+        "flax.linen:dot_product_attention",
+        "layout-independence",
+        "SDPA-1.7",
+        FLOAT16_EMPTY_ROW,
+        False,
+    ),
+    (
+        "keras:dot_product_attention_numpy",
+        "matches-reference",
+        "SDPA-7.3",
+        FLOAT16_EMPTY_ROW,
+        False,
+    ),
+    # jax.nn, and nnx and keras-on-jax through it: the fill above a finfo.min bias
+    ("jax.nn:dot_product_attention", "causal-zeros", "SDPA-4.1", CAUSAL_MIN_BIAS, True),
+    ("jax.nn:dot_product_attention", "causal-zeros", "SDPA-4.1", CAUSAL_MASK_ONLY, False),
+    ("jax.nn:dot_product_attention", "causal-zeros", "SDPA-5.1", CAUSAL_MIN_BIAS, False),
+    ("flax.nnx:dot_product_attention", "causal-zeros", "SDPA-4.1", CAUSAL_MIN_BIAS, True),
+    ("keras:dot_product_attention_jax", "causal-zeros", "SDPA-4.1", CAUSAL_MIN_BIAS, True),
+    (
+        "keras:dot_product_attention_jax",
+        "masked-nonfinite-ignored",
+        "SDPA-8.2",
+        MASKED_NAN_VALUE,
+        True,
+    ),
+    (
+        "keras:dot_product_attention_jax",
+        "masked-nonfinite-ignored",
+        "SDPA-8.2",
+        MASKED_NAN_KEY,
+        True,
+    ),
+    (
+        "keras:dot_product_attention_jax",
+        "masked-nonfinite-ignored",
+        "SDPA-8.2",
+        MASKED_NAN_BIAS,
+        False,
+    ),
+    # keras torch: the additive fill of a boolean mask
+    ("keras:dot_product_attention_torch", "masked-values-ignored", "SDPA-8.1", MASKED_LARGE, True),
+    ("keras:dot_product_attention_torch", "masked-values-ignored", "SDPA-8.1", MASKED_ONE, False),
+]
+
+
+def _row(name: str) -> dict[str, str]:
+    adapter = f"attnspec.conformance.adapters.{name}"
+    [entry] = [e for e in KNOWN_KERNELS if e.name in (name, adapter)]
+    return write_ups(entry)
+
+
+@pytest.mark.parametrize(("kernel", "prop", "clause", "evidence", "linked"), CASES)
+def test_a_write_up_links_the_failure_it_describes_and_no_other(
+    kernel: str, prop: str, clause: str, evidence: str, linked: bool
+) -> None:
+    link = _row(kernel)[prop]
+    own = all_properties()[prop].clause
+    assert confirms(link, own, clause, evidence) is linked, (kernel, prop, link, evidence)
+
+
+def test_every_filed_write_up_has_its_anchor() -> None:
+    """Each write-up known_kernels files (under any kernel and property) points at an
+    anchor docs/divergences.md has, so a confirmed failure never links a missing entry."""
+    anchors = set(re.findall(r'<a id="([^"]+)"></a>', (ROOT / "docs/divergences.md").read_text()))
+    links = {link for entries in _DIVERGENCES.values() for link in entries.values()}
+    missing = sorted(link for link in links if link.split("#")[1].split()[0] not in anchors)
+    assert not missing, missing
