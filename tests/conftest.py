@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from support import backend_or_skip
 
 from attnspec.backends import BACKEND_NAMES, REFERENCE_CONFIG, Backend
+from attnspec.conformance.isolation import THREAD_VARIABLES, worker_threads
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, each worker's BLAS, OpenMP and PyTorch pools get CPUs // workers
+    threads, as ``attnspec check --jobs`` gives its workers (isolation.worker_threads; a
+    thread variable the user set stands).  Set here, in the controller before it starts the
+    workers, so that they (and the checks they start) read it when NumPy or PyTorch load.
+    Why: with every worker starting a thread per core, 2 workers on 2 cores ran OpenBLAS's
+    spinning threads 2x oversubscribed, a small matmul 20x slower (39 ms, not 2 ms, for
+    (1, 4, 128, 64) @ its transpose on the shared machine); the same tests, no check weaker.
+    """
+    workers = len(getattr(config.option, "tx", None) or ())
+    if workers > 1 and "PYTEST_XDIST_WORKER" not in os.environ:
+        chosen = worker_threads(workers)
+        os.environ.update({name: chosen[name] for name in THREAD_VARIABLES if name in chosen})
 
 
 def _load(name: str) -> Backend:

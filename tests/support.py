@@ -7,6 +7,7 @@ module cannot be imported by name under ``--import-mode=importlib``.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -116,6 +117,28 @@ def processes_in(directory: Path) -> list[int]:
         except OSError:
             continue
     return found
+
+
+# Starts the CLI with SIGINT at its default action.  A process inherits an ignored SIGINT
+# (pytest started as a background job of a non-interactive shell, as CI may start it:
+# pytest-xdist's workers keep that disposition) and Python then installs no Ctrl-C handler,
+# so a SIGINT sent to the check would be ignored, as it must be for a background job.  The
+# interrupt tests model a check started from a terminal, where Ctrl-C reaches it.  (Not
+# ``preexec_fn``: it can deadlock in a process with threads, as pytest-xdist's workers are.)
+_EXEC_WITH_DEFAULT_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
+def start_cli(args: list[str], cwd: Path, **popen: Any) -> subprocess.Popen[str]:
+    """``attnspec *args`` in ``cwd``, text mode, receiving SIGINT as from a terminal."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _EXEC_WITH_DEFAULT_SIGINT, ATTNSPEC, *args],
+        cwd=cwd,
+        text=True,
+        **popen,
+    )
 
 
 def wait_for(path: Path, text: str, seconds: float = 120) -> None:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import ATTNSPEC, processes_in, wait_for
+from support import processes_in, start_cli, wait_for
 
 from attnspec.conformance import SetupError, check, cli
 from attnspec.conformance.isolation import (
@@ -144,9 +144,8 @@ def test_interrupt_with_jobs_keeps_finished_verdicts_in_order(
     two, in their order, marked still running; SIGINT or SIGTERM then ends the check with
     exit 2,
     the hung property left out, the report marked incomplete, no worker left behind."""
-    process = subprocess.Popen(
+    process = start_cli(
         [
-            ATTNSPEC,
             "check",
             f"{hostile}:hangs_on_causal",
             "--backend",
@@ -162,10 +161,9 @@ def test_interrupt_with_jobs_keeps_finished_verdicts_in_order(
             "--markdown",
             "r.md",
         ],
-        cwd=tmp_path,
+        tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
     )
     try:
         wait_for(tmp_path / "r.md", "2 of 3")

@@ -18,7 +18,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from support import ATTNSPEC, processes_in, wait_for
+from support import ATTNSPEC, processes_in, start_cli, wait_for
 
 from attnspec.conformance import cli
 from attnspec.conformance.report_files import ReportFiles, write_atomically
@@ -122,24 +122,24 @@ def test_interrupt_keeps_finished_verdicts_marked_incomplete(
     the check is still running; SIGTERM or Ctrl-C then ends the check with exit 2, the
     table and the reports show the finished verdicts, marked incomplete, and no worker
     process or temporary file is left behind."""
-    process = subprocess.Popen(
-        [
-            ATTNSPEC,
-            "check",
-            f"{kernels}:hangs_on_explicit_scale",
-            "--backend",
-            "numpy",
-            "--only",
-            "default-scale,explicit-scale",
-            "--timeout",
-            "300",
-            *REPORTS,
-        ],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as stderr:
+        process = start_cli(
+            [
+                "check",
+                f"{kernels}:hangs_on_explicit_scale",
+                "--backend",
+                "numpy",
+                "--only",
+                "default-scale,explicit-scale",
+                "--timeout",
+                "300",
+                *REPORTS,
+            ],
+            tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
     try:
         wait_for(tmp_path / "r.md", "1 of 2")  # the last file written after default-scale
         running = json.loads((tmp_path / "r.json").read_text())
@@ -147,10 +147,14 @@ def test_interrupt_keeps_finished_verdicts_marked_incomplete(
         assert running["complete"] is False and running["conforms"] is False
         assert running["incomplete"].startswith("the check was still running: 1 of 2")
         assert junit_properties(tmp_path / "r.xml")["complete"] == "False"
+        # Signalled only once the hanging property has started: a signal between the
+        # report write and this line would leave no log of which property hung.
+        wait_for(log, "[2/2] explicit-scale (SDPA-2.2) ...")
         process.send_signal(signum)
-        out, err = process.communicate(timeout=60)
+        out, _ = process.communicate(timeout=60)
     finally:
         process.kill()
+    err = log.read_text()
     assert process.returncode == 2, err
     final = json.loads((tmp_path / "r.json").read_text())
     reason = f"interrupted by {name} after 1 of 2 properties"
