@@ -12,10 +12,12 @@ from hypothesis import strategies as st
 
 from ...backends import Backend
 from ..assertions import assert_matches_reference, first_index
+from ..declaration import KernelDeclaration
 from ..failures import KernelRaised, PropertyFailure
 from ..input_features import scores_shape
 from ..kernel import KernelUnderTest, Problem, raised_hint
-from ..registration import always, register
+from ..registration import always, dense_only, register
+from ..sizes import current
 from ..strategies import draw_dims, draw_problem
 from ._helpers import (
     assert_output_shape_and_dtype,
@@ -52,6 +54,31 @@ def call_with(
             hint=raised_hint(exc, kernel),
         ) from exc
     return kernel.split(result, problem)
+
+
+def _takes_unequal_head_dims(declaration: KernelDeclaration) -> str | None:
+    reason = dense_only(declaration)
+    if reason is None and declaration.equal_head_dims:
+        reason = "the kernel declares equal_head_dims (needs E == Ev): the suite pads it"
+    return reason
+
+
+@register("value-head-dim", "SDPA-1.1", applies=_takes_unequal_head_dims)
+def value_head_dim(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Ev != E (larger and smaller, with masks, bias, causal and GQA drawn) is accepted and
+    gives a (*batch, Hq, Lq, Ev) output: the one finding of a kernel that rejects it, which
+    every other property's failure on such inputs follows from (input_features)."""
+    dims = draw_dims(data, kernel, where=lambda d: d.value_dim not in (0, d.head_dim))
+    if dims.value_dim in (0, dims.head_dim):
+        room = current().limits.max_head_dim
+        other = dims.head_dim + 1 if dims.head_dim < room else max(dims.head_dim - 1, 1)
+        if other == dims.head_dim:
+            kernel.note("--max-head-dim 1 leaves no Ev != E to draw")
+            return
+        dims = replace(dims, value_dim=other)
+    problem = draw_problem(data, kernel, dims=dims)
+    out, weights = kernel.call_on(problem)
+    assert_output_shapes(kernel, problem, out, weights)
 
 
 @register("output-shape-dtype", "SDPA-1.3")

@@ -217,6 +217,9 @@ CATALOGUE: list[BuggyKernel] = [
         "output-shape-dtype",
         witness=W(dtype="float16"),
     ),
+    BuggyKernel(
+        "value-dim-must-equal-head-dim", plumbing.value_dim_must_equal_head_dim, "value-head-dim"
+    ),
     BuggyKernel("scales-q-in-place", plumbing.scales_q_in_place, "inputs-unmodified"),
     BuggyKernel("random-key-order", plumbing.random_key_order, "deterministic"),
     BuggyKernel(

@@ -21,6 +21,24 @@ ALL = {"bias": True, "gqa": True}
 
 
 @declare(**ALL)
+def value_dim_must_equal_head_dim(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
+    """Checks v against q's head dim, so Ev != E raises (flax.nnx and keras on JAX, through
+    ``jax.nn.dot_product_attention``: "value shape should be [...]")."""
+    if v.shape[-1] != q.shape[-1]:
+        raise ValueError(f"value shape should be {[*v.shape[:-1], q.shape[-1]]}: but got {v.shape}")
+    return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale))
+
+
+@declare(**ALL)
 def dtype_not_preserved(
     q: Array,
     k: Array,

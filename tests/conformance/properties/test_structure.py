@@ -30,6 +30,7 @@ from attnspec.conformance.runner import (
 from attnspec.reference import scaled_dot_product_attention as reference
 
 STRUCTURE = (
+    "value-head-dim",
     "output-shape-dtype",
     "empty-sizes",
     "inputs-unmodified",
@@ -60,8 +61,9 @@ def _expected_failure(property_id: str) -> str:
 
 
 def test_properties_registered_with_their_clauses() -> None:
-    """SDPA-1.3 … SDPA-6.2: every structural property is registered under the clause it checks."""
+    """SDPA-1.1 … SDPA-6.2: every structural property is registered under the clause it checks."""
     clauses = {
+        "value-head-dim": "SDPA-1.1",
         "output-shape-dtype": "SDPA-1.3",
         "empty-sizes": "SDPA-1.5",
         "inputs-unmodified": "SDPA-1.6",
