@@ -345,14 +345,15 @@ def test_buggy_kernel_fails(
 
 
 def test_an_accuracy_failure_is_matches_references_not_another_clauses() -> None:
-    """SDPA-1.7, SDPA-3.3 vs SDPA-7.3: a kernel inaccurate past 32 keys whatever the layout
-    passes layout-independence and mask-wins-over-bias (each compares two calls of the
-    kernel), and matches-reference meets the awkward key counts layout-independence
-    draws (33, 65) already in its small draws."""
+    """SDPA-1.7, SDPA-3.3, SDPA-3.1 vs SDPA-7.3: a kernel inaccurate past 32 keys whatever
+    the layout passes layout-independence, mask-wins-over-bias and mask-broadcast (each
+    compares two calls of the kernel), and matches-reference meets the awkward key counts
+    layout-independence draws (33, 65) in its small draws too, not only at realistic
+    sizes."""
     from catalogue.bugs_plumbing import tail_keys_kept_in_float16
 
     small = {"limits": SizeLimits(max_len=65), "profile": "quick"}
-    for property_id in ("layout-independence", "mask-wins-over-bias"):
+    for property_id in ("layout-independence", "mask-wins-over-bias", "mask-broadcast"):
         verdict = verdict_of(property_id, tail_keys_kept_in_float16, declaration=FULL, **small)
         assert verdict.status == PASSED, f"{property_id}: {verdict.detail}"
     with pytest.MonkeyPatch.context() as patch:
