@@ -26,7 +26,7 @@ from ..bounds import reference_bound, weights_bound
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..hints import mask_convention
-from ..kernel import KernelUnderTest
+from ..kernel import KernelUnderTest, Problem
 from ..registration import needs, register
 from ..strategies import (
     broadcast_shape_for,
@@ -90,8 +90,10 @@ def _draw_reducible_shape(
 @register("mask-broadcast", "SDPA-3.1", applies=needs("mask"))
 def mask_broadcast(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """A mask of any shape that broadcasts to (..., Hq, Lq, Lk), a 1-d key mask too, gives
-    the result of the explicitly broadcast full mask, within TOL-2 (each call within its
-    bound of the one definition; how close they are to it is matches-reference's)."""
+    the result of the explicitly broadcast full mask, and a full mask gives each head the
+    result of that head alone with its own slice of the mask: within TOL-2 (each call
+    within its bound of the one definition; how close they are to it is
+    matches-reference's)."""
     dims = draw_dims(data, kernel)
     problem = draw_problem(data, kernel, dims=dims, mask="never", bias="never", causal="never")
     rng = draw_rng(data)
@@ -104,8 +106,30 @@ def mask_broadcast(kernel: KernelUnderTest, data: st.DataObject) -> None:
     for reduced, what in ((small, "out (broadcast mask)"), (key_mask, "out (1-d key mask)")):
         mask = np.broadcast_to(reduced.required("mask"), dims.scores_shape)
         full = reduced.with_(mask=np.ascontiguousarray(mask))
-        out = kernel.output(reduced)
-        assert_same_result(kernel, reduced, out, kernel.output(full), f"{what} vs the full mask")
+        out, out_full = kernel.output(reduced), kernel.output(full)
+        assert_same_result(kernel, reduced, out, out_full, f"{what} vs the full mask")
+        if reduced is small and full.q.shape[-3] > 1:  # a per-head mask acts per head
+            alone = _head_by_head(kernel, full)
+            assert_same_result(kernel, full, out_full, alone, "out (full mask) vs each head alone")
+
+
+def _head_by_head(kernel: KernelUnderTest, problem: Problem) -> np.ndarray:
+    """The output of ``problem`` (a full mask) computed one query head at a time, each with
+    its key/value head (SDPA-6.1) and its own slice of the mask."""
+    mask = problem.required("mask")
+    groups = problem.q.shape[-3] // problem.k.shape[-3]
+    heads = [
+        kernel.output(
+            problem.with_(
+                q=problem.q[..., h : h + 1, :, :],
+                k=problem.k[..., h // groups : h // groups + 1, :, :],
+                v=problem.v[..., h // groups : h // groups + 1, :, :],
+                mask=mask[..., h : h + 1, :, :],
+            )
+        )
+        for h in range(problem.q.shape[-3])
+    ]
+    return np.concatenate(heads, axis=-3)
 
 
 @register("bias-semantics", "SDPA-3.2", applies=needs("bias"))

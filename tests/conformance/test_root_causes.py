@@ -221,9 +221,12 @@ def test_a_kernel_that_rejects_unequal_head_dims_is_one_divergence(
 def test_a_kernel_declaring_equal_head_dims_never_meets_unequal_ones() -> None:
     """SDPA-1.1 / equal_head_dims: the declared limitation is no finding; value-head-dim
     is not applicable and no problem has the feature (the kernel sees padded inputs)."""
-    kernel = KernelUnderTest(
-        declare(equal_head_dims=True, **ALL)(value_dim_must_equal_head_dim), Backend("numpy")
-    )
+
+    @declare(equal_head_dims=True, **ALL)  # on a kernel of its own: declare marks the function
+    def padded(q: np.ndarray, k: np.ndarray, v: np.ndarray, **options: Any) -> np.ndarray:
+        return value_dim_must_equal_head_dim(q, k, v, **options)
+
+    kernel = KernelUnderTest(padded, Backend("numpy"))
     problem = Problem(
         q=np.zeros((1, 1, 2)), k=np.zeros((1, 1, 2)), v=np.zeros((1, 1, 3)), dtype="float64"
     )
