@@ -113,3 +113,28 @@ def assert_matches_reference(
         expected, tolerance = np.where(empty, out, expected), np.where(empty, np.inf, tolerance)
     assert_within_bound(out, expected, tolerance, what, problem, kernel)
     return out
+
+
+def assert_same_result(
+    kernel: KernelUnderTest,
+    problem: Problem,
+    actual: np.ndarray,
+    expected: np.ndarray,
+    what: str,
+    *,
+    keyless_rows: bool = True,
+) -> None:
+    """Two calls of the kernel whose definitions coincide (``problem``'s) agree within the
+    sum of their TOL-2 bounds: each is within its bound of the one definition, and how
+    close they are to it is SDPA-7.3's.  Rows without an allowed key are left out for a
+    kernel that waives SDPA-5.1, as in :func:`assert_matches_reference`, and for every
+    kernel unless ``keyless_rows`` (where the two calls empty them differently, which
+    SDPA-5.1 governs)."""
+    assert_shape(actual, expected.shape, what, problem, kernel)
+    bound = reference_bound(problem, kernel.declaration)
+    tolerance = 2 * np.asarray(bound.out_tolerance)
+    assert_shape(actual, tolerance.shape, what, problem, kernel)
+    if not (keyless_rows and kernel.declaration.empty_rows_zero):
+        empty = np.broadcast_to(~np.asarray(bound.attends)[..., None], expected.shape)
+        actual = np.where(empty, expected, actual)
+    assert_within_bound(actual, expected, tolerance, what, problem, kernel)

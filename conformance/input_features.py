@@ -11,7 +11,7 @@ on every kernel call); see :mod:`.root_causes`.
 
 The clauses come from the spec (spec/dense.md) and the claims table (conformance/claims.py:
 the waivers ``empty_rows_zero`` and ``empty_sizes``, the claims ``gqa``, ``mask_and_causal``,
-``dtypes``): one row per governed input, in one place.
+``dtypes``, ``equal_head_dims``): one row per governed input, in one place.
 """
 
 from __future__ import annotations
@@ -43,6 +43,10 @@ class InputFeature:
     clause: str
     description: str
     present: Callable[[Problem, KernelDeclaration], bool]
+    # one of several features that split every input between them (the dtypes): drawn
+    # around only where a failure of its clause had it, since every failure has one of them
+    # (SDPA-1.3 failing in float16 says nothing about float32 inputs)
+    partitions: bool = False
 
 
 def scores_shape(problem: Problem) -> tuple[int, ...]:
@@ -77,6 +81,13 @@ def _no_keys(problem: Problem, declaration: KernelDeclaration) -> bool:
     return bool(problem.k.shape[-2] == 0)
 
 
+def _unequal_head_dims(problem: Problem, declaration: KernelDeclaration) -> bool:
+    # a kernel declaring equal_head_dims is called on zero-padded inputs: it never sees one;
+    # Ev = 0 is an empty size (SDPA-1.5)
+    value_dim = problem.v.shape[-1]
+    return not declaration.equal_head_dims and value_dim not in (0, problem.q.shape[-1])
+
+
 def _degenerate(problem: Problem, declaration: KernelDeclaration) -> bool:
     batch = (*problem.q.shape[:-3], *problem.k.shape[:-3], *problem.v.shape[:-3])
     return problem.q.shape[-2] == 0 or 0 in batch or problem.v.shape[-1] == 0
@@ -106,6 +117,11 @@ def _in_dtype(dtype: str) -> Callable[[Problem, KernelDeclaration], bool]:
 
 FULLY_MASKED_ROW, NO_KEYS, DEGENERATE = "fully-masked-row", "no-keys", "degenerate-size"
 GQA, MASK_AND_CAUSAL, LARGE_BIAS = "gqa", "mask-and-causal", "large-finite-bias"
+UNEQUAL_HEAD_DIMS = "unequal-head-dims"
+# Features a re-run leaves out by changing how the kernel is called, not what is drawn:
+# Ev != E is zero-padded away as ``equal_head_dims`` does (KernelUnderTest.call_raw), so
+# weights observed through V = I (Ev = Lk) stay drawable
+CALLED_AROUND = frozenset({UNEQUAL_HEAD_DIMS})
 
 FEATURES: tuple[InputFeature, ...] = (
     InputFeature(
@@ -116,6 +132,13 @@ FEATURES: tuple[InputFeature, ...] = (
         _fully_masked_row,
     ),
     InputFeature(NO_KEYS, "SDPA-5.2", "no keys (Lk = 0)", _no_keys),
+    InputFeature(
+        UNEQUAL_HEAD_DIMS,
+        "SDPA-1.1",
+        "a value head dim other than q's and k's (Ev != E); drawn around by zero-padding "
+        "the kernel's inputs to E = Ev, as equal_head_dims does",
+        _unequal_head_dims,
+    ),
     InputFeature(
         DEGENERATE, "SDPA-1.5", "an empty size (Lq = 0, a batch dim of 0, Ev = 0)", _degenerate
     ),
@@ -131,7 +154,9 @@ FEATURES: tuple[InputFeature, ...] = (
     # SDPA-1.3: the output has q's dtype, so a kernel that computes or returns float64
     # inputs in float32 fails every float64 accuracy check as a consequence
     *(
-        InputFeature(f"{dtype}-inputs", "SDPA-1.3", f"{dtype} inputs", _in_dtype(dtype))
+        InputFeature(
+            f"{dtype}-inputs", "SDPA-1.3", f"{dtype} inputs", _in_dtype(dtype), partitions=True
+        )
         for dtype in FLOAT_DTYPE_NAMES
     ),
 )

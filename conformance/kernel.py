@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 import array_api_compat
@@ -22,7 +22,7 @@ from . import sizes
 from .claims import suite_keywords
 from .declaration import KernelDeclaration, declaration_of
 from .failures import KernelRaised, PropertyFailure
-from .input_features import BY_NAME
+from .input_features import BY_NAME, CALLED_AROUND, UNEQUAL_HEAD_DIMS
 from .loading import load_kernel
 
 
@@ -86,7 +86,7 @@ def describe_inputs(declaration: KernelDeclaration, problem: Problem) -> str:
     """``problem.describe()``, plus what an adapter changed on the way to the kernel (the
     zero padding of ``equal_head_dims``), so the inputs shown are those passed."""
     text = problem.describe()
-    if declaration.equal_head_dims:
+    if pads_head_dims(declaration):
         from .layouts import describe_padding
 
         padding = describe_padding(
@@ -192,6 +192,7 @@ class KernelUnderTest:
 
             fn = pad_head_dims(fn)
         self.fn = fn
+        self._padded: Callable[..., Any] | None = None  # fn zero-padded to E = Ev, made once
         module, name = getattr(fn, "__module__", "?"), getattr(fn, "__qualname__", "?")
         self.target = target or f"{module}:{name}"
         self.notes: list[str] = []
@@ -257,7 +258,15 @@ class KernelUnderTest:
         return args, keywords
 
     def call_raw(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The kernel's raw result (backend arrays), exactly as it returned it."""
+        """The kernel's raw result (backend arrays), exactly as it returned it; while a
+        re-run draws around Ev != E (SDPA-1.1), on inputs zero-padded to E = Ev, as
+        ``equal_head_dims`` would call it."""
+        if pads_head_dims(self.declaration) and not self.declaration.equal_head_dims:
+            if self._padded is None:
+                from .layouts import pad_head_dims
+
+                self._padded = pad_head_dims(self.fn, **_fields(self.declaration))
+            return self._padded(*args, **kwargs)
         return self.fn(*args, **kwargs)
 
     def split(self, result: Any, problem: Problem | None = None) -> tuple[Any, Any]:
@@ -447,6 +456,16 @@ def reject_avoided(problem: Problem, declaration: KernelDeclaration) -> None:
     """Discard the current example (as Hypothesis' ``reject()``) when ``problem`` has a feature
     the run avoids: the one hook every kernel call goes through, so a problem a property
     builds itself is drawn around too."""
-    avoid = sizes.avoided_now()
+    avoid = [name for name in sizes.avoided_now() if name not in CALLED_AROUND]
     if avoid and any(BY_NAME[name].present(problem, declaration) for name in avoid):
         raise UnsatisfiedAssumption  # what hypothesis.reject() raises, here outside a test too
+
+
+def pads_head_dims(declaration: KernelDeclaration) -> bool:
+    """Whether the kernel is called on inputs zero-padded to E = Ev: it declares
+    ``equal_head_dims``, or a re-run draws around Ev != E (SDPA-1.1, input_features)."""
+    return declaration.equal_head_dims or UNEQUAL_HEAD_DIMS in sizes.avoided_now()
+
+
+def _fields(declaration: KernelDeclaration) -> dict[str, Any]:
+    return {f.name: getattr(declaration, f.name) for f in fields(declaration)}

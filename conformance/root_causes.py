@@ -78,15 +78,51 @@ def draw_around(
 ) -> Report:
     """Re-run each failed property of ``report`` around the inputs of the other clauses the
     kernel failed or waives (see the module doc), updating its verdict in place.
-    ``rerun(prop, limits)`` runs one property within ``limits`` (with ``avoid`` set)."""
+    ``rerun(prop, limits)`` runs one property within ``limits`` (with ``avoid`` set).
+
+    Failures of the clauses that govern input features are settled first, so a clause
+    whose own failures all follow from another (SDPA-1.3 failing only on GQA) is known as
+    such before other properties would draw around its inputs."""
     by_id = {prop.id: prop for prop in properties}
     failed = _failed_clauses(report)
-    for verdict in report.verdicts:
+    governing = {row.clause for row in BY_NAME.values()}
+    order = sorted(report.verdicts, key=lambda v: v.clause not in governing)
+    for verdict in order:
         prop = by_id.get(verdict.property)
         if verdict.status not in FINDING or prop is None or prop.kind == "fixed":
             continue
         _draw_around_one(report, verdict, prop, rerun, limits, failed)
     return report
+
+
+def _implicated(report: Report, name: str, own: str, failed: set[str]) -> bool:
+    """Whether a failure of clause ``own`` on inputs with feature ``name`` may follow from
+    the clause governing that feature: the clause is waived, or failed on its own (not
+    only as a consequence of a third clause); a partitioning feature (a dtype) only when
+    one of those failures had it."""
+    clause = BY_NAME[name].clause
+    if clause == own or clause not in failed:
+        return False
+    if clause in report.waived:
+        return True
+    if root_clause(report, clause, frozenset({own})) != clause:
+        return False  # its failures follow from another clause: draw around that one's
+    if not BY_NAME[name].partitions:
+        return True
+    return any(
+        v.clause == clause and v.status in FINDING and not v.cause and name in v.features
+        for v in report.verdicts
+    )
+
+
+def _settles(again: Verdict) -> bool:
+    return again.status == PASSED and again.examples > 0
+
+
+def _unsettled(again: Verdict) -> bool:
+    """The re-run showed nothing about the kernel: no example could be drawn, or it
+    stalled (isolation) on discarded draws."""
+    return again.status not in FINDING or again.detail.startswith(_SUITE_STALLED)
 
 
 def _draw_around_one(
@@ -105,39 +141,48 @@ def _draw_around_one(
             for name in latest.features
             if name not in avoid
             and name in BY_NAME
-            and BY_NAME[name].clause != verdict.clause
-            and BY_NAME[name].clause in failed
-            and root_clause(report, BY_NAME[name].clause, frozenset({verdict.clause}))
+            and _implicated(report, name, verdict.clause, failed)
         ]
         if not new:
             break
-        avoid += new
-        again = rerun(prop, replace(limits, avoid=tuple(avoid)))
+        trial = avoid + new
+        again = rerun(prop, replace(limits, avoid=tuple(trial)))
         verdict.seconds += again.seconds
-        around = describe(avoid)
-        if again.status == PASSED and again.examples:
-            verdict.cause = BY_NAME[avoid[0]].clause
+        if _unsettled(again) and len(trial) > 1:
+            # a smaller avoid set may draw where this one cannot (every dtype left out,
+            # every draw discarded): one feature fewer at a time, the latest first
+            for smaller in ([n for n in trial if n != dropped] for dropped in reversed(trial)):
+                fallback = rerun(prop, replace(limits, avoid=tuple(smaller)))
+                verdict.seconds += fallback.seconds
+                if _settles(fallback):
+                    trial, again = smaller, fallback
+                    break
+        if _settles(again):
+            verdict.cause = BY_NAME[trial[0]].clause
             verdict.drawn_around = (
-                f"passes drawn around {around}: {again.examples} examples without "
-                f"{'those inputs' if len(avoid) > 1 else 'such inputs'}; it failed only on them"
+                f"passes drawn around {describe(trial)}: {again.examples} examples without "
+                f"{'those inputs' if len(trial) > 1 else 'such inputs'}; it failed only on them"
             )
             return
-        if again.status not in FINDING or again.detail.startswith(_SUITE_STALLED):
+        if _unsettled(again):
             verdict.drawn_around = (
-                f"could not be drawn around {around}: "
+                f"could not be drawn around {describe(trial)}: "
                 + (
                     "the re-run stalled drawing around them"
                     if again.status in FINDING
                     else "every draw had such inputs"
                 )
+                + (", nor around any one of them fewer" if len(trial) > 1 else "")
                 + "; reported as found"
             )
             return
+        avoid = trial
         first = f"{verdict.counterexample}: {verdict.detail}"
         for name in ("detail", "counterexample", "reproduction", "hint", "features"):
             setattr(verdict, name, getattr(again, name))
         verdict.drawn_around = (
-            f"still fails drawn around {around}, on the case shown; first minimal case: {first}"
+            f"still fails drawn around {describe(avoid)}, on the case shown; "
+            f"first minimal case: {first}"
         )
         latest = again
 

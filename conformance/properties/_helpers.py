@@ -26,8 +26,30 @@ from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..input_features import allowed_keys, scores_shape
 from ..kernel import KernelUnderTest, Problem
-from ..sizes import Dims
-from ..strategies import draw_dims, draw_dtype, draw_problem, draw_rng, random_problem
+from ..sizes import Dims, realistic
+from ..strategies import (
+    draw_dims,
+    draw_dtype,
+    draw_problem,
+    draw_rng,
+    random_problem,
+    within_limitations,
+)
+
+# Key counts one past a power of two, where tiled kernels meet a partial block: pytorch
+# #191937 (stride-0 K/V wrong when Lk % 32 == 1); 1 is the degenerate row of one key.
+AWKWARD_KEY_COUNTS = (33, 1, 65)
+
+
+def with_awkward_key_count(data: st.DataObject, kernel: KernelUnderTest, dims: Dims) -> Dims:
+    """``dims`` of a small draw with Lk often one of AWKWARD_KEY_COUNTS (Lq = Lk kept for
+    ``equal_lengths``); realistic strata draw their own block boundaries."""
+    if realistic():
+        return dims
+    choices = (dims.n_keys, dims.n_keys, *AWKWARD_KEY_COUNTS)
+    n_keys = data.draw(st.sampled_from(choices), label="Lk")
+    return within_limitations(kernel, replace(dims, n_keys=n_keys))
+
 
 # TOL-2 holds for every score error, but grows like 1/(1 - D_i): beyond D_i = 1/4 a
 # comparison can catch little, so value comparisons keep problems below it.

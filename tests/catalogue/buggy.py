@@ -220,6 +220,15 @@ CATALOGUE: list[BuggyKernel] = [
         "output-shape-dtype",
         witness=W(dtype="float16"),
     ),
+    BuggyKernel(
+        "value-dim-must-equal-head-dim", plumbing.value_dim_must_equal_head_dim, "value-head-dim"
+    ),
+    BuggyKernel(
+        "tail-keys-kept-in-float16",
+        plumbing.tail_keys_kept_in_float16,
+        "matches-reference",
+        witness=W(n_keys=33),
+    ),
     BuggyKernel("scales-q-in-place", plumbing.scales_q_in_place, "inputs-unmodified"),
     BuggyKernel("random-key-order", plumbing.random_key_order, "deterministic"),
     BuggyKernel(

@@ -21,6 +21,45 @@ ALL = {"bias": True, "gqa": True}
 
 
 @declare(**ALL)
+def value_dim_must_equal_head_dim(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
+    """Checks v against q's head dim, so Ev != E raises (flax.nnx and keras on JAX, through
+    ``jax.nn.dot_product_attention``: "value shape should be [...]")."""
+    if v.shape[-1] != q.shape[-1]:
+        raise ValueError(f"value shape should be {[*v.shape[:-1], q.shape[-1]]}: but got {v.shape}")
+    return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale))
+
+
+@declare(**ALL)
+def tail_keys_kept_in_float16(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
+    """Keeps the keys and values past the first block of 32 in a float16 buffer (a tail
+    block of the wrong type): float32 and float64 results are inaccurate once Lk > 32,
+    whatever the inputs' memory layout (SDPA-7.3, not SDPA-1.7)."""
+    if k.shape[-2] > 32:
+        k, v = k.copy(), v.copy()
+        k[..., 32:, :] = k[..., 32:, :].astype(np.float16)
+        v[..., 32:, :] = v[..., 32:, :].astype(np.float16)
+    return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale))
+
+
+@declare(**ALL)
 def dtype_not_preserved(
     q: Array,
     k: Array,

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from catalogue.blocks import arrange, attend
+from catalogue.bugs_plumbing import value_dim_must_equal_head_dim
 from catalogue.bugs_softmax import finite_fill_jax_style
 
 from attnspec.backends import Backend
@@ -24,6 +25,7 @@ from attnspec.conformance.registry import all_properties
 from attnspec.conformance.root_causes import divergences, draw_around, run_all
 from attnspec.conformance.runner import (
     FAILED,
+    NOT_APPLICABLE,
     PASSED,
     PROFILES,
     WAIVED,
@@ -72,6 +74,25 @@ def mean_v_and_scale_by_e(
     return finite_fill_jax_style(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
 
 
+@declare(**ALL, dtypes=("float16", "float32"))
+def mean_v_no_gqa_float16_as_float32(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    mask: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> np.ndarray:
+    """Three bugs, as keras on NumPy has them: mean(V) for fully masked rows (SDPA-5.1),
+    grouped heads rejected (SDPA-6.1) and float16 inputs answered in float32 (SDPA-1.3)."""
+    if q.shape[-3] != k.shape[-3]:
+        raise ValueError(f"operands could not be broadcast together: {q.shape}, {k.shape}")
+    out = finite_fill_jax_style(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    return out.astype(np.float32) if q.dtype == np.float16 else out
+
+
 @pytest.fixture(scope="module")
 def runs() -> Iterator[dict[str, Report]]:
     def check(fn: Any, only: list[str]) -> Report:
@@ -90,6 +111,14 @@ def runs() -> Iterator[dict[str, Report]]:
             "two-bugs": check(
                 mean_v_and_scale_by_e,
                 ["empty-rows-zero", "default-scale", "key-permutation", "matches-reference"],
+            ),
+            "three-bugs": check(
+                mean_v_no_gqa_float16_as_float32,
+                ["output-shape-dtype", "empty-rows-zero", "gqa-mapping", "rows-sum-to-one"],
+            ),
+            "value-dim": check(
+                value_dim_must_equal_head_dim,
+                ["value-head-dim", "output-shape-dtype", "rows-sum-to-one", "matches-reference"],
             ),
         }
 
@@ -147,6 +176,66 @@ def test_two_independent_bugs_are_two_divergences(runs: dict[str, Report]) -> No
     assert "matches-reference" in found[2].properties
     # its case shown has no fully masked row: the first draw, or the re-run drawn around it
     assert input_features.FULLY_MASKED_ROW not in reference.features
+
+
+def test_a_dtype_is_drawn_around_only_where_its_clause_failed_in_it(
+    runs: dict[str, Report],
+) -> None:
+    """SDPA-1.3 failed in float16 only: a mean(V) failure in float32 is re-run around empty
+    rows and grouped heads (whichever it meets first), never around float32 too; before, every
+    dtype the failures met was left out until nothing could be drawn, and rows-sum-to-one
+    was reported as a divergence of its own ("could not be drawn around")."""
+    report = runs["three-bugs"]
+    verdicts = {v.property: v for v in report.verdicts}
+    assert {p: v.status for p, v in verdicts.items()} == dict.fromkeys(verdicts, FAILED)
+    rows = verdicts["rows-sum-to-one"]
+    assert rows.cause in ("SDPA-5.1", "SDPA-6.1"), rows.drawn_around
+    assert rows.drawn_around.startswith("passes drawn around "), rows.drawn_around
+    assert "fully-masked-row (SDPA-5.1)" in rows.drawn_around
+    assert "float32-inputs" not in rows.drawn_around
+    found = divergences(report)
+    assert sorted(d.clause for d in found) == ["SDPA-1.3", "SDPA-5.1", "SDPA-6.1"]
+    assert not any("could not be drawn around" in d.drawn_around for d in found)
+
+
+def test_a_kernel_that_rejects_unequal_head_dims_is_one_divergence(
+    runs: dict[str, Report],
+) -> None:
+    """SDPA-1.1: Ev != E raising is one finding (value-head-dim); the shape, accuracy and
+    weights (V = I, Ev = Lk) failures pass re-run with Ev != E padded away, as
+    equal_head_dims does, and are listed as its consequences."""
+    report = runs["value-dim"]
+    assert set(_statuses(report).values()) == {FAILED}, _statuses(report)
+    [divergence] = divergences(report)
+    assert divergence.clause == "SDPA-1.1" and divergence.properties == ["value-head-dim"]
+    assert "value shape should be" in divergence.finding
+    assert sorted(c.split()[0] for c in divergence.consequences) == [
+        "matches-reference",
+        "output-shape-dtype",
+        "rows-sum-to-one",
+    ]
+    for verdict in report.verdicts[1:]:
+        assert "passes drawn around unequal-head-dims (SDPA-1.1)" in verdict.drawn_around
+
+
+def test_a_kernel_declaring_equal_head_dims_never_meets_unequal_ones() -> None:
+    """SDPA-1.1 / equal_head_dims: the declared limitation is no finding; value-head-dim
+    is not applicable and no problem has the feature (the kernel sees padded inputs)."""
+
+    @declare(equal_head_dims=True, **ALL)  # on a kernel of its own: declare marks the function
+    def padded(q: np.ndarray, k: np.ndarray, v: np.ndarray, **options: Any) -> np.ndarray:
+        return value_dim_must_equal_head_dim(q, k, v, **options)
+
+    kernel = KernelUnderTest(padded, Backend("numpy"))
+    problem = Problem(
+        q=np.zeros((1, 1, 2)), k=np.zeros((1, 1, 2)), v=np.zeros((1, 1, 3)), dtype="float64"
+    )
+    assert input_features.UNEQUAL_HEAD_DIMS not in input_features.features_of(
+        problem, kernel.declaration
+    )
+    assert kernel.output(problem).shape == (1, 1, 3)
+    [verdict] = run_all(kernel, profile="quick", only=["value-head-dim"]).verdicts
+    assert verdict.status == NOT_APPLICABLE and "equal_head_dims" in verdict.detail
 
 
 # --- the rules, on hand-built reports -------------------------------------------------------
@@ -244,6 +333,81 @@ def test_a_re_run_that_stalls_drawing_around_keeps_the_first_case() -> None:
     )
 
 
+def _three_failures() -> Report:
+    return Report(
+        "k",
+        "numpy",
+        "cpu",
+        "quick",
+        None,
+        False,
+        verdicts=[
+            _verdict("empty-rows-zero", "SDPA-5.1", features=("fully-masked-row",)),
+            _verdict("gqa-mapping", "SDPA-6.1", features=("gqa",)),
+            _verdict("rows-sum-to-one", "SDPA-7.1", features=("fully-masked-row", "gqa")),
+        ],
+    )
+
+
+def test_a_re_run_that_cannot_draw_falls_back_to_a_smaller_avoid_set() -> None:
+    """A re-run that can draw nothing around every feature of the case (or stalls) is
+    tried with one feature fewer before giving up: passing so, the failure is a
+    consequence; the honest "could not be drawn around" is kept for when none settles."""
+    nothing = Verdict("rows-sum-to-one", "SDPA-7.1", "MUST", PASSED, examples=0)
+    ok = Verdict("rows-sum-to-one", "SDPA-7.1", "MUST", PASSED, examples=9)
+    fails = _verdict("rows-sum-to-one", "SDPA-7.1", case="another case")
+    for results, settled in (([nothing, fails, ok], True), ([nothing, fails, nothing], False)):
+        report = _three_failures()
+        calls: list[tuple[str, tuple[str, ...]]] = []
+        rerun = _rerun({"rows-sum-to-one": list(results)}, calls)
+        draw_around(report, all_properties().values(), rerun, SizeLimits())
+        assert calls == [
+            ("rows-sum-to-one", ("fully-masked-row", "gqa")),
+            ("rows-sum-to-one", ("fully-masked-row",)),
+            ("rows-sum-to-one", ("gqa",)),
+        ]
+        rows = report.verdicts[2]
+        if settled:
+            assert rows.cause == "SDPA-6.1"
+            assert rows.drawn_around.startswith("passes drawn around gqa (SDPA-6.1): 9 examples")
+        else:
+            assert (rows.cause, rows.counterexample) == ("", "q(1, 1, 1)")
+            assert rows.drawn_around == (
+                "could not be drawn around fully-masked-row (SDPA-5.1), gqa (SDPA-6.1): every "
+                "draw had such inputs, nor around any one of them fewer; reported as found"
+            )
+
+
+def test_a_clause_failing_only_as_a_consequence_is_not_drawn_around() -> None:
+    """SDPA-1.3 failing only on grouped heads (its failure follows from SDPA-6.1) does not
+    make other properties draw around dtypes; nor does SDPA-1.3 failing in float16 make
+    them draw around float32 inputs."""
+    report = Report(
+        "k",
+        "numpy",
+        "cpu",
+        "quick",
+        None,
+        False,
+        verdicts=[
+            _verdict("gqa-mapping", "SDPA-6.1", features=("gqa",)),
+            _verdict("output-shape-dtype", "SDPA-1.3", features=("gqa", "float16-inputs")),
+            _verdict("key-permutation", "SDPA-7.6", features=("float16-inputs",)),
+            _verdict("query-permutation", "SDPA-7.6", features=("float32-inputs",)),
+        ],
+    )
+    ok = Verdict("any", "SDPA-7.6", "MUST", PASSED, examples=5)
+    calls: list[tuple[str, tuple[str, ...]]] = []
+    draw_around(
+        report,
+        all_properties().values(),
+        _rerun({"output-shape-dtype": [ok]}, calls),
+        SizeLimits(),
+    )
+    assert calls == [("output-shape-dtype", ("gqa",))]
+    assert [d.clause for d in divergences(report)] == ["SDPA-6.1", "SDPA-7.6", "SDPA-7.6"]
+
+
 def test_only_features_of_failed_or_waived_clauses_are_drawn_around() -> None:
     """A feature whose clause passed is not drawn around (the failure is the property's own);
     a waived clause (CONF-7) is, and its consequences are listed under it."""
@@ -316,7 +480,9 @@ def test_consequences_of_consequences_fold_to_the_root_and_cycles_do_not_hide() 
         False,
         verdicts=[
             _verdict("empty-rows-zero", "SDPA-5.1", features=("float64-inputs",)),
-            _verdict("output-shape-dtype", "SDPA-1.3", features=("fully-masked-row",)),
+            _verdict(
+                "output-shape-dtype", "SDPA-1.3", features=("fully-masked-row", "float64-inputs")
+            ),
         ],
     )
     ok = Verdict("any", "SDPA-7.3", "MUST", PASSED, examples=5)

@@ -24,12 +24,16 @@ from attnspec.conformance.runner import (
     FAILED,
     NOT_APPLICABLE,
     PASSED,
+    PROFILES,
     WAIVED,
     WARNING,
+    Profile,
 )
+from attnspec.conformance.sizes import SizeLimits
 from attnspec.reference import scaled_dot_product_attention as reference
 
 STRUCTURE = (
+    "value-head-dim",
     "output-shape-dtype",
     "empty-sizes",
     "inputs-unmodified",
@@ -60,8 +64,9 @@ def _expected_failure(property_id: str) -> str:
 
 
 def test_properties_registered_with_their_clauses() -> None:
-    """SDPA-1.3 … SDPA-6.2: every structural property is registered under the clause it checks."""
+    """SDPA-1.1 … SDPA-6.2: every structural property is registered under the clause it checks."""
     clauses = {
+        "value-head-dim": "SDPA-1.1",
         "output-shape-dtype": "SDPA-1.3",
         "empty-sizes": "SDPA-1.5",
         "inputs-unmodified": "SDPA-1.6",
@@ -337,6 +342,27 @@ def test_buggy_kernel_fails(
     assert verdict.status == _expected_failure(property_id), verdict.detail
     assert words in verdict.detail
     assert verdict.counterexample and verdict.reproduction
+
+
+def test_an_accuracy_failure_is_matches_references_not_another_clauses() -> None:
+    """SDPA-1.7, SDPA-3.3, SDPA-3.1 vs SDPA-7.3: a kernel inaccurate past 32 keys whatever
+    the layout passes layout-independence, mask-wins-over-bias and mask-broadcast (each
+    compares two calls of the kernel), and matches-reference meets the awkward key counts
+    layout-independence draws (33, 65) in its small draws too, not only at realistic
+    sizes."""
+    from catalogue.bugs_plumbing import tail_keys_kept_in_float16
+
+    small = {"limits": SizeLimits(max_len=65), "profile": "quick"}
+    for property_id in ("layout-independence", "mask-wins-over-bias", "mask-broadcast"):
+        verdict = verdict_of(property_id, tail_keys_kept_in_float16, declaration=FULL, **small)
+        assert verdict.status == PASSED, f"{property_id}: {verdict.detail}"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(PROFILES, "small-only", Profile(100))  # no realistic stratum
+        verdict = verdict_of(
+            "matches-reference", tail_keys_kept_in_float16, declaration=FULL, profile="small-only"
+        )
+    assert verdict.status == FAILED, verdict.detail
+    assert ", 33, " in verdict.counterexample, verdict.counterexample  # shrunk to 33 keys
 
 
 def test_rounding_gqa_mapping_is_right_for_whole_groups() -> None:
