@@ -19,10 +19,10 @@ from typing import Any
 from ..backends import FLOAT_DTYPE_NAMES, Backend, BackendError, get_backend
 from .call_guard import guard_calls
 from .claims import Flag, Getter, suite_keywords
-from .declaration import KernelDeclaration, declaration_of
+from .declaration import KernelDeclaration, declaration_of, qualified_name
 from .hints import class_target_hint, signature_hints
 from .kernel import KernelUnderTest
-from .known_kernels import known_adapter, known_backend
+from .known_kernels import KNOWN_KERNELS, known_adapter, known_backend
 from .layouts import LAYOUTS, from_layout, rename_arguments
 from .loading import KernelLoadError, load_kernel, on_sys_path
 from .reproduce import loader_source
@@ -52,6 +52,51 @@ def importable_from_working_directory() -> contextlib.AbstractContextManager[Non
     """While loading a kernel, ``MODULE:FUNC`` also imports from the working directory
     (as with ``python -m``); ``sys.path`` is restored afterwards."""
     return on_sys_path(os.getcwd())
+
+
+def loaded_kernel(kernel: str | Callable[..., Any], *, adapt_known: bool) -> Callable[..., Any]:
+    """``kernel`` loaded (a target, imported as ``attnspec check`` imports it) and, with
+    ``adapt_known``, a known library kernel replaced by its declared adapter
+    (:func:`.known_kernels.known_adapter`): the first half of :func:`kernel_function`."""
+    if isinstance(kernel, str):
+        with importable_from_working_directory():
+            fn = load_kernel(absolute_target(kernel))
+    else:
+        fn = kernel
+    return known_adapter(fn) if adapt_known else fn
+
+
+def in_spec_convention(
+    fn: Callable[..., Any], layout: str, rename: Mapping[str, str]
+) -> Callable[..., Any]:
+    """``fn`` with its argument names (``rename``) and ``layout`` translated to the spec's:
+    the second half of :func:`kernel_function`."""
+    if rename:
+        fn = rename_arguments(fn, **rename)
+    return from_layout(fn, layout)
+
+
+def kernel_function(
+    kernel: str | Callable[..., Any],
+    layout: str = "bhld",
+    rename: Mapping[str, str] | None = None,
+) -> Callable[..., Any]:
+    """The callable a check of ``kernel`` runs: loaded, a known kernel adapted (unless a
+    layout or renames are given: then the caller adapts it), renamed and relaid out.
+    :meth:`KernelSetup.prepare` builds it this way and every reproduction calls this."""
+    rename = dict(rename or {})
+    fn = loaded_kernel(kernel, adapt_known=layout == "bhld" and not rename)
+    return in_spec_convention(fn, layout, rename)
+
+
+def known_environment(fn: Callable[..., Any]) -> dict[str, str]:
+    """The environment variables the known kernel ``fn`` (an adapter) is checked with
+    (Keras's ``KERAS_BACKEND``: the backend it imports with); empty for any other."""
+    name = qualified_name(fn)
+    for entry in KNOWN_KERNELS:
+        if entry.env and name == entry.adapter.replace(":", "."):
+            return dict(entry.env)
+    return {}
 
 
 def resolve_backend(
@@ -209,20 +254,13 @@ class KernelSetup:
         backend = backend or self.make_backend()
         target = absolute_target(self.kernel) if isinstance(self.kernel, str) else None
         try:
-            if isinstance(self.kernel, str):
-                with importable_from_working_directory():
-                    fn = load_kernel(target or self.kernel)  # target: set for a str kernel
-            else:
-                fn = self.kernel
-            if self.layout == "bhld" and not self.rename:  # else the caller adapts it
-                fn = known_adapter(fn)
+            # kernel_function's steps, with the checks on the loaded kernel in between
+            fn = loaded_kernel(self.kernel, adapt_known=self.layout == "bhld" and not self.rename)
             not_a_kernel = class_target_hint(fn, target or _name_of(fn))
             if not_a_kernel:
                 raise SetupError(not_a_kernel)
             hints = signature_hints(fn, dict(self.rename))
-            if self.rename:
-                fn = rename_arguments(fn, **self.rename)
-            fn = from_layout(fn, self.layout)
+            fn = in_spec_convention(fn, self.layout, self.rename)
             declaration = declaration_of(fn, **self.claims)
         except (KernelLoadError, ValueError, TypeError) as exc:
             raise SetupError(str(exc)) from None
