@@ -232,13 +232,30 @@ def rerun_flags(flags: Iterable[Flag], get: Getter, *, prefix: str | None = None
     return tokens
 
 
+#: environment variables a kernel's library reads once, at import, that pick what is
+#: checked: the library (the first part of the target's module) -> the variable
+_IMPORT_SETTINGS = {"keras": "KERAS_BACKEND"}
+
+
+def rerun_environment(target: str) -> list[str]:
+    """``NAME=value`` for each setting of ``target``'s library read at import that is set
+    now (Keras's backend): a rerun command repeats it, so it checks the same thing in a
+    shell where it is not set.  (A known Keras adapter sets its own; a reproduction
+    snippet sets what the loaded kernel needs: :func:`loader_source`.)"""
+    library = target.rpartition(":")[0].split(".")[0]
+    name = _IMPORT_SETTINGS.get(library)
+    value = None if name is None else os.environ.get(name)
+    return [] if value is None else [f"{name}={value}"]
+
+
 def rerun_command(target: str, flags: Sequence[str], property_id: str, seed: int | None) -> str:
     """The one-line ``attnspec check`` that reruns just this property, with the same
-    inputs (``flags``: :func:`rerun_flags` of the run)."""
+    inputs (``flags``: :func:`rerun_flags` of the run) and library settings
+    (:func:`rerun_environment`)."""
     tokens = [PROGRAM, "check", target, *flags, "--only", property_id]
     if seed is not None:
         tokens += ["--seed", str(seed)]
-    return shlex.join(tokens)
+    return shlex.join([*rerun_environment(target), *tokens])
 
 
 def pytest_rerun_command(
@@ -247,7 +264,7 @@ def pytest_rerun_command(
     """The pytest command that reruns just this property (the plugin's options read with
     ``option(dest)``; ``flags``: those it shares with ``attnspec check``, as
     ``--<prefix>-<flag>``)."""
-    tokens = ["pytest", f"--{prefix}-kernel", target]
+    tokens = [*rerun_environment(target), "pytest", f"--{prefix}-kernel", target]
     for name in ("backend", "device", "seed"):
         if option(f"{prefix}_{name}") is not None:
             tokens += [f"--{prefix}-{name}", str(option(f"{prefix}_{name}"))]
