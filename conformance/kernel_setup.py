@@ -19,10 +19,10 @@ from typing import Any
 from ..backends import FLOAT_DTYPE_NAMES, Backend, BackendError, get_backend
 from .call_guard import guard_calls
 from .claims import Flag, Getter, suite_keywords
-from .declaration import KernelDeclaration, declaration_of, qualified_name
+from .declaration import KernelDeclaration, declaration_of
 from .hints import class_target_hint, signature_hints
 from .kernel import KernelUnderTest
-from .known_kernels import KNOWN_KERNELS, known_adapter, known_backend
+from .known_kernels import known_adapter, known_backend
 from .layouts import LAYOUTS, from_layout, rename_arguments
 from .loading import KernelLoadError, load_kernel, on_sys_path
 from .reproduce import loader_source
@@ -87,16 +87,6 @@ def kernel_function(
     rename = dict(rename or {})
     fn = loaded_kernel(kernel, adapt_known=layout == "bhld" and not rename)
     return in_spec_convention(fn, layout, rename)
-
-
-def known_environment(fn: Callable[..., Any]) -> dict[str, str]:
-    """The environment variables the known kernel ``fn`` (an adapter) is checked with
-    (Keras's ``KERAS_BACKEND``: the backend it imports with); empty for any other."""
-    name = qualified_name(fn)
-    for entry in KNOWN_KERNELS:
-        if entry.env and name == entry.adapter.replace(":", "."):
-            return dict(entry.env)
-    return {}
 
 
 def resolve_backend(

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .claims import Flag, Getter
-from .declaration import KernelDeclaration
+from .declaration import KernelDeclaration, qualified_name
+from .known_kernels import KNOWN_KERNELS
 
 if TYPE_CHECKING:
     from .failures import PropertyFailure
@@ -151,8 +152,6 @@ def loader_source(setup: KernelSetup, kernel: KernelUnderTest) -> str:
     environment a known kernel needs, the loading, adapter, renames and layout (one call
     of :func:`.kernel_setup.kernel_function`, which ``prepare`` builds it with too),
     device, JAX's x64 setting and the claims."""
-    from .kernel_setup import known_environment
-
     return rebuild_source(
         kernel.target,
         kernel.backend.name,
@@ -163,6 +162,16 @@ def loader_source(setup: KernelSetup, kernel: KernelUnderTest) -> str:
         jax_x64=setup.jax_x64,
         environment=known_environment(kernel.fn),
     )
+
+
+def known_environment(fn: Callable[..., Any]) -> dict[str, str]:
+    """The environment variables the known kernel ``fn`` (an adapter) is checked with
+    (Keras's ``KERAS_BACKEND``: the backend it imports with); empty for any other."""
+    name = qualified_name(fn)
+    for entry in KNOWN_KERNELS:
+        if entry.env and name == entry.adapter.replace(":", "."):
+            return dict(entry.env)
+    return {}
 
 
 def rebuild_source(
