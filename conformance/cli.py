@@ -294,14 +294,16 @@ def report_files(args: argparse.Namespace) -> ReportFiles:
     from . import report as render
     from .known_kernels import target_write_ups
 
-    to_json = functools.partial(render.to_json, write_ups=target_write_ups(args.target))
+    write_ups = target_write_ups(args.target)
+    to_json = functools.partial(render.to_json, write_ups=write_ups)
+    to_markdown = functools.partial(render.to_markdown, write_ups=write_ups)
     files = ReportFiles(
         [
             (f"--{option}", getattr(args, option), to_text)
             for option, to_text in (
                 ("json", to_json),
                 ("junit", render.to_junit),
-                ("markdown", render.to_markdown),
+                ("markdown", to_markdown),
             )
             if getattr(args, option) is not None
         ]

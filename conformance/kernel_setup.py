@@ -54,6 +54,41 @@ def importable_from_working_directory() -> contextlib.AbstractContextManager[Non
     return on_sys_path(os.getcwd())
 
 
+def loaded_kernel(kernel: str | Callable[..., Any], *, adapt_known: bool) -> Callable[..., Any]:
+    """``kernel`` loaded (a target, imported as ``attnspec check`` imports it) and, with
+    ``adapt_known``, a known library kernel replaced by its declared adapter
+    (:func:`.known_kernels.known_adapter`): the first half of :func:`kernel_function`."""
+    if isinstance(kernel, str):
+        with importable_from_working_directory():
+            fn = load_kernel(absolute_target(kernel))
+    else:
+        fn = kernel
+    return known_adapter(fn) if adapt_known else fn
+
+
+def in_spec_convention(
+    fn: Callable[..., Any], layout: str, rename: Mapping[str, str]
+) -> Callable[..., Any]:
+    """``fn`` with its argument names (``rename``) and ``layout`` translated to the spec's:
+    the second half of :func:`kernel_function`."""
+    if rename:
+        fn = rename_arguments(fn, **rename)
+    return from_layout(fn, layout)
+
+
+def kernel_function(
+    kernel: str | Callable[..., Any],
+    layout: str = "bhld",
+    rename: Mapping[str, str] | None = None,
+) -> Callable[..., Any]:
+    """The callable a check of ``kernel`` runs: loaded, a known kernel adapted (unless a
+    layout or renames are given: then the caller adapts it), renamed and relaid out.
+    :meth:`KernelSetup.prepare` builds it this way and every reproduction calls this."""
+    rename = dict(rename or {})
+    fn = loaded_kernel(kernel, adapt_known=layout == "bhld" and not rename)
+    return in_spec_convention(fn, layout, rename)
+
+
 def resolve_backend(
     backend: str | Backend | None, device: Any = None, config: Mapping[str, Any] | None = None
 ) -> Backend:
@@ -209,20 +244,13 @@ class KernelSetup:
         backend = backend or self.make_backend()
         target = absolute_target(self.kernel) if isinstance(self.kernel, str) else None
         try:
-            if isinstance(self.kernel, str):
-                with importable_from_working_directory():
-                    fn = load_kernel(target or self.kernel)  # target: set for a str kernel
-            else:
-                fn = self.kernel
-            if self.layout == "bhld" and not self.rename:  # else the caller adapts it
-                fn = known_adapter(fn)
+            # kernel_function's steps, with the checks on the loaded kernel in between
+            fn = loaded_kernel(self.kernel, adapt_known=self.layout == "bhld" and not self.rename)
             not_a_kernel = class_target_hint(fn, target or _name_of(fn))
             if not_a_kernel:
                 raise SetupError(not_a_kernel)
             hints = signature_hints(fn, dict(self.rename))
-            if self.rename:
-                fn = rename_arguments(fn, **self.rename)
-            fn = from_layout(fn, self.layout)
+            fn = in_spec_convention(fn, self.layout, self.rename)
             declaration = declaration_of(fn, **self.claims)
         except (KernelLoadError, ValueError, TypeError) as exc:
             raise SetupError(str(exc)) from None

@@ -25,7 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .known_kernels import KNOWN_KERNELS, KnownKernel
-from .root_causes import Divergence, divergences
+from .report import divergence_count, divergence_markdown
+from .root_causes import Divergence, MergedFinding, divergences
 from .runner import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Report
 
 NOT_INSTALLED, NEEDS_GPU, CHECKED, SETUP_FAILED, NOT_SELECTED = (
@@ -79,6 +80,11 @@ def divergences_of(report: Report, write_ups: dict[str, str]) -> list[Divergence
     return divergences(report, write_ups)
 
 
+def _only_finding(d: Divergence) -> MergedFinding:
+    """The one minimal case of a divergence saved before divergences listed theirs."""
+    return MergedFinding(d.clause, d.level, d.status, list(d.properties), d.finding, d.inputs)
+
+
 def relink(row: MatrixRow, write_ups: dict[str, str]) -> MatrixRow:
     """``row`` with write-ups confirmed since it ran linked, and divergences that one
     write-up explains merged (for rows taken from an earlier run)."""
@@ -104,11 +110,15 @@ def relink(row: MatrixRow, write_ups: dict[str, str]) -> MatrixRow:
         }
         d.write_up = links.pop() if len(links) == 1 else ""
         if d.write_up in by_link:
-            by_link[d.write_up].properties += d.properties
-            by_link[d.write_up].consequences += d.consequences
+            kept_one = by_link[d.write_up]
+            kept_one.properties += d.properties
+            kept_one.consequences += d.consequences
+            kept_one.evidence += d.evidence  # one line per consequence, in its order
+            kept_one.findings += d.findings or [_only_finding(d)]
             continue
         if d.write_up:
             by_link[d.write_up] = d
+            d.findings = d.findings or [_only_finding(d)]
         kept.append(d)
     row.divergences = kept
     return row
@@ -192,7 +202,10 @@ def rows_in(path: str | Path) -> list[MatrixRow]:
     with open(path, encoding="utf-8") as file:
         found = json.load(file)
     for data in found:
-        data["divergences"] = [Divergence(**d) for d in data["divergences"]]
+        data["divergences"] = [
+            Divergence(**{**d, "findings": [MergedFinding(**f) for f in d.get("findings", [])]})
+            for d in data["divergences"]
+        ]
     return [MatrixRow(**data) for data in found]
 
 
@@ -315,21 +328,7 @@ def to_markdown(rows: Sequence[MatrixRow], title_note: str = "") -> str:
                 if d.status == WAIVED
                 else "**unconfirmed** (not yet written up)"
             )
-            lines.append(
-                f"- **{d.clause}** ({d.level}, {d.status}) — {confirmed}; properties: "
-                f"{', '.join(d.properties)}"
-            )
-            lines.append(f"  - finding: {d.finding[:300]}")
-            if d.inputs:
-                lines.append(f"  - minimal case: {d.inputs[:300]}")
-            if d.drawn_around:
-                lines.append(f"  - drawn around: {d.drawn_around[:400]}")
-            if d.consequences:
-                lines.append(
-                    f"  - consequences (each passes re-run with these inputs drawn "
-                    f"around): {', '.join(d.consequences)}"
-                )
-                lines.extend(f"    - {evidence[:400]}" for evidence in d.evidence)
+            lines.extend(divergence_markdown(d, confirmed, clip=300))
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
@@ -345,6 +344,5 @@ def summary(rows: Sequence[MatrixRow]) -> str:
         if r.status != CHECKED:
             out.append(f"{r.name}: {r.status} ({r.reason})")
         else:
-            n = len(r.divergences)
-            out.append(f"{r.name}: {n} distinct divergence{'s' * (n != 1)} ({r.seconds:.0f} s)")
+            out.append(f"{r.name}: {divergence_count(r.divergences)} ({r.seconds:.0f} s)")
     return "\n".join(out)

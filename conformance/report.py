@@ -11,7 +11,7 @@ import json
 import re
 import textwrap
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -20,7 +20,7 @@ from .claims import claim_features
 from .clauses import clause as spec_clause
 from .declaration import KernelDeclaration
 from .reproduce import Where, reproduction_lines
-from .root_causes import divergences, findings, grouped_findings
+from .root_causes import Divergence, divergences, findings, grouped_findings
 from .runner import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Report, Verdict
 
 Rerun = Callable[[Verdict], str]
@@ -144,9 +144,23 @@ def heading(report: Report) -> str:
     )
 
 
-def _distinct_groups(report: Report) -> list[list[Verdict]]:
-    """:func:`grouped_findings` of the failures that follow from no other clause's."""
-    return grouped_findings(report, [v for v in findings(report) if not v.cause])
+def divergence_count(found: Sequence[Divergence]) -> str:
+    """ "N distinct divergences": the blocks a report lists (each one write-up or one
+    minimal case), the waived clauses that failures follow from counted apart."""
+    waived = sum(d.status == WAIVED for d in found)
+    n = len(found) - waived
+    return f"{n} distinct divergence{'s' * (n != 1)}" + (
+        f" and {waived} waived clause{'s' * (waived != 1)} that failures follow from"
+        if waived
+        else ""
+    )
+
+
+def merged_groups(report: Report, divergence: Divergence) -> list[list[Verdict]]:
+    """The failures ``divergence`` lists, one group per minimal case it merges (several
+    when one write-up explains them all); none for a waived clause."""
+    listed = [v for v in findings(report) if v.property in divergence.properties]
+    return grouped_findings(report, listed)
 
 
 def divergence_lines(
@@ -158,29 +172,34 @@ def divergence_lines(
     full_reproduction_in: Where = "the JSON report (--json PATH)",
 ) -> list[str]:
     """The distinct divergences, each told in full (with its write-up when a known kernel's
-    is confirmed), then the failures that follow from each, folded under their cause with
-    the evidence (root_causes.draw_around); nothing is left out."""
+    is confirmed; every minimal case one write-up merges), then the failures that follow
+    from each, folded under their cause with the evidence (root_causes.draw_around);
+    nothing is left out."""
     found = divergences(report, write_ups)
     if not found:
         return []
-    groups = _distinct_groups(report)
     folded = sum(len(d.consequences) for d in found)
     lines = [
         "",
-        f"{len(groups)} distinct divergence{'s' * (len(groups) != 1)}"
+        divergence_count(found)
         + (f", {folded} failure{'s' * (folded != 1)} folded as consequences" if folded else "")
         + ":",
     ]
     for divergence in found:
-        group = next((g for g in groups if g[0].property in divergence.properties), None)
+        groups = merged_groups(report, divergence)
         lines.append("")
-        if group is None:  # a waived clause other failures follow from
+        if not groups:  # a waived clause other failures follow from
             lines.append(
                 f"waived {divergence.clause} [{divergence.level}: "
                 f"{clause_title(divergence.clause)}]: the declaration waives it "
                 "(CONF-7)"
             )
-        else:
+        if len(groups) > 1:
+            lines.append(
+                f"one divergence, {len(groups)} findings that one write-up explains "
+                f"({divergence.write_up or 'unconfirmed'}):"
+            )
+        for group in groups:
             lines.append(
                 group_text(
                     group,
@@ -427,12 +446,65 @@ def to_junit(report: Report, *, rerun: Rerun | None = None) -> str:
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
 
 
+def divergence_markdown(divergence: Divergence, confirmed: str, clip: int = 2000) -> list[str]:
+    """A Markdown list item for ``divergence`` (``confirmed``: how its write-up is told),
+    with every minimal case it merges, what it was drawn around and its consequences;
+    each text cut at ``clip`` characters (the matrix keeps its page short)."""
+    d = divergence
+    lines = [
+        f"- **{d.clause}** ({d.level}, {d.status}) — {confirmed}; properties: "
+        f"{', '.join(d.properties)}"
+    ]
+    if len(d.findings) > 1:
+        lines.append(f"  - {len(d.findings)} findings, one write-up explains them all:")
+        for case in d.findings:
+            lines.append(
+                f"    - `{'`, `'.join(case.properties)}` ({case.clause}, {case.level}, "
+                f"{case.status}): {case.finding[:clip]}"
+                + (f"; minimal case: {case.inputs[:clip]}" if case.inputs else "")
+            )
+    else:
+        lines.append(f"  - finding: {d.finding[:clip]}")
+        if d.inputs:
+            lines.append(f"  - minimal case: {d.inputs[:clip]}")
+    if d.drawn_around:
+        lines.append(f"  - drawn around: {d.drawn_around[:clip]}")
+    if d.consequences:
+        lines.append(
+            f"  - consequences (each passes re-run with these inputs drawn "
+            f"around): {', '.join(d.consequences)}"
+        )
+        lines.extend(f"    - {evidence[:clip]}" for evidence in d.evidence)
+    return lines
+
+
+def _divergences_markdown(report: Report, write_ups: dict[str, str] | None) -> list[str]:
+    found = divergences(report, write_ups)
+    if not found:
+        return []
+    lines = ["", f"### {divergence_count(found)}", ""]
+    for d in found:
+        confirmed = (
+            f"confirmed: {d.write_up}"
+            if d.write_up
+            else "declared, not checked"
+            if d.status == WAIVED
+            else "unconfirmed"
+        )
+        lines.extend(divergence_markdown(d, confirmed))
+    return lines
+
+
 def _cell(text: str) -> str:
     return _one_line(text, 200).replace("|", "\\|")
 
 
-def to_markdown(report: Report, *, rerun: Rerun | None = None) -> str:
-    """A Markdown table of verdicts, then one section per failure with its reproduction."""
+def to_markdown(
+    report: Report, *, rerun: Rerun | None = None, write_ups: dict[str, str] | None = None
+) -> str:
+    """A Markdown table of verdicts, the distinct divergences (``write_ups``: property id
+    -> a known kernel's confirmed write-up), then one section per failure with its
+    reproduction."""
     lines = [
         f"## {heading(report)}",
         "",
@@ -442,6 +514,7 @@ def to_markdown(report: Report, *, rerun: Rerun | None = None) -> str:
     for v in report.verdicts:
         verdict = f"**{label(v)}**" if v.status in (FAILED, WARNING) else label(v)
         lines.append(f"| `{v.property}` | {v.clause} | {v.level} | {verdict} | {_cell(v.detail)} |")
+    lines.extend(_divergences_markdown(report, write_ups))
     for group in grouped_findings(report):
         v = group[0]
         title = (

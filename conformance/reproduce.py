@@ -5,9 +5,11 @@
   inputs are NumPy literals of the float64 values the kernel saw (already rounded to the
   dtype under test), reshaped to their exact shape, so empty arrays come back with their
   shape (``q(1, 0, 1)`` is ``np.array([]).reshape(1, 0, 1)``).
-- :func:`loader_source`, :func:`declaration_source`: the lines in it that rebuild the
-  kernel as its :class:`~.kernel_setup.KernelSetup` built it (layout, renames, claims);
-  the setup keeps them on the kernel (``KernelUnderTest.loader``).
+- :func:`loader_source`, :func:`rebuild_source`, :func:`declaration_source`: the lines
+  in it that rebuild the kernel as its :class:`~.kernel_setup.KernelSetup` built it
+  (through the same :func:`~.kernel_setup.kernel_function`: a known kernel's adapter,
+  layout, renames; the environment it needs; the claims); the setup keeps them on the
+  kernel (``KernelUnderTest.loader``).
 - :func:`rerun_command`, :func:`rerun_flags`, :func:`pytest_rerun_command`: the command
   that reruns one property, for ``attnspec check`` and for the pytest plugin.
 - :func:`reproduction_lines`, :func:`reproduction_file`: a failure text's reproduction,
@@ -20,14 +22,15 @@ import os
 import shlex
 import tempfile
 import textwrap
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import MISSING, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .claims import Flag, Getter
-from .declaration import KernelDeclaration
+from .declaration import KernelDeclaration, qualified_name
+from .known_kernels import KNOWN_KERNELS
 
 if TYPE_CHECKING:
     from .failures import PropertyFailure
@@ -140,38 +143,80 @@ def failure_snippet(failure: PropertyFailure) -> str:
 
 def _loader_line(kernel: KernelUnderTest | KernelInfo) -> str:
     """The lines that rebuild the kernel: those of its setup (:func:`loader_source`, kept
-    on the kernel), else loading it by its target with its own declaration."""
-    return kernel.loader or (
-        f"kernel = KernelUnderTest.load({kernel.target!r}, Backend({kernel.backend.name!r}))"
-    )
+    on the kernel), else loading it by its target, as a check does, with its declaration."""
+    return kernel.loader or rebuild_source(kernel.target, kernel.backend.name, kernel.declaration)
 
 
 def loader_source(setup: KernelSetup, kernel: KernelUnderTest) -> str:
-    """Python lines that rebuild ``kernel`` as ``setup.prepare()`` built it: layout,
-    renames, device, JAX's x64 setting and the claims."""
-    declaration_names = {"KernelDeclaration", "KernelUnderTest", "load_kernel"}
-    if kernel.declaration.sparse is not None:
-        declaration_names.add("SparseClaim")
-    if kernel.declaration.linear is not None:
-        declaration_names.add("LinearClaim")
-    if kernel.declaration.rope is not None:
-        declaration_names.add("RopeClaim")
-    imports = [f"from attnspec.conformance import {', '.join(sorted(declaration_names))}"]
-    lines = [f"fn = load_kernel({kernel.target!r})"]
-    if setup.rename or setup.layout != "bhld":
-        imports.append("from attnspec.conformance.layouts import from_layout, rename_arguments")
-    if setup.rename:
-        lines.append(f"fn = rename_arguments(fn, **{dict(setup.rename)!r})")
-    if setup.layout != "bhld":
-        lines.append(f"fn = from_layout(fn, {setup.layout!r})")
-    device = "" if setup.device is None else f", {setup.device!r}"
-    if setup.jax_x64 is not None:
-        device += f", config={{'jax_enable_x64': {setup.jax_x64!r}}}"
-    lines.append(
-        f"kernel = KernelUnderTest(fn, Backend({kernel.backend.name!r}{device}), "
-        f"{declaration_source(kernel.declaration)}, {kernel.target!r})"
+    """Python lines that rebuild ``kernel`` as ``setup.prepare()`` built it: the
+    environment a known kernel needs, the loading, adapter, renames and layout (one call
+    of :func:`.kernel_setup.kernel_function`, which ``prepare`` builds it with too),
+    device, JAX's x64 setting and the claims."""
+    return rebuild_source(
+        kernel.target,
+        kernel.backend.name,
+        kernel.declaration,
+        layout=setup.layout,
+        rename=setup.rename,
+        device=setup.device,
+        jax_x64=setup.jax_x64,
+        environment=known_environment(kernel.fn),
     )
-    return "\n".join([*imports, *lines])
+
+
+def known_environment(fn: Callable[..., Any]) -> dict[str, str]:
+    """The environment variables the known kernel ``fn`` (an adapter) is checked with
+    (Keras's ``KERAS_BACKEND``: the backend it imports with); empty for any other."""
+    name = qualified_name(fn)
+    for entry in KNOWN_KERNELS:
+        if entry.env and name == entry.adapter.replace(":", "."):
+            return dict(entry.env)
+    return {}
+
+
+def rebuild_source(
+    target: str,
+    backend: str,
+    declaration: KernelDeclaration,
+    *,
+    layout: str = "bhld",
+    rename: Mapping[str, str] | None = None,
+    device: str | None = None,
+    jax_x64: bool | None = None,
+    environment: Mapping[str, str] | None = None,
+) -> str:
+    """Python lines that build ``kernel`` (a :class:`KernelUnderTest`) from ``target``
+    the way a check does (:func:`.kernel_setup.kernel_function`), on ``backend``, with
+    ``declaration`` spelled out (the claims and overrides included)."""
+    declaration_names = {"KernelDeclaration", "KernelUnderTest"}
+    if declaration.sparse is not None:
+        declaration_names.add("SparseClaim")
+    if declaration.linear is not None:
+        declaration_names.add("LinearClaim")
+    if declaration.rope is not None:
+        declaration_names.add("RopeClaim")
+    lines = []
+    if environment:
+        # set before the kernel's library is imported (Keras reads KERAS_BACKEND then)
+        lines += ["import os", f"os.environ.update({dict(environment)!r})  # as the check ran"]
+    lines += [
+        f"from attnspec.conformance import {', '.join(sorted(declaration_names))}",
+        "from attnspec.conformance.kernel_setup import kernel_function",
+    ]
+    arguments = [repr(target)]
+    if layout != "bhld" or rename:
+        arguments.append(repr(layout))
+    if rename:
+        arguments.append(repr(dict(rename)))
+    lines.append(f"fn = kernel_function({', '.join(arguments)})")
+    where = "" if device is None else f", {device!r}"
+    if jax_x64 is not None:
+        where += f", config={{'jax_enable_x64': {jax_x64!r}}}"
+    lines.append(
+        f"kernel = KernelUnderTest(fn, Backend({backend!r}{where}), "
+        f"{declaration_source(declaration)}, {target!r})"
+    )
+    return "\n".join(lines)
 
 
 def declaration_source(declaration: KernelDeclaration) -> str:
@@ -196,13 +241,30 @@ def rerun_flags(flags: Iterable[Flag], get: Getter, *, prefix: str | None = None
     return tokens
 
 
+#: environment variables a kernel's library reads once, at import, that pick what is
+#: checked: the library (the first part of the target's module) -> the variable
+_IMPORT_SETTINGS = {"keras": "KERAS_BACKEND"}
+
+
+def rerun_environment(target: str) -> list[str]:
+    """``NAME=value`` for each setting of ``target``'s library read at import that is set
+    now (Keras's backend): a rerun command repeats it, so it checks the same thing in a
+    shell where it is not set.  (A known Keras adapter sets its own; a reproduction
+    snippet sets what the loaded kernel needs: :func:`loader_source`.)"""
+    library = target.rpartition(":")[0].split(".")[0]
+    name = _IMPORT_SETTINGS.get(library)
+    value = None if name is None else os.environ.get(name)
+    return [] if value is None else [f"{name}={value}"]
+
+
 def rerun_command(target: str, flags: Sequence[str], property_id: str, seed: int | None) -> str:
     """The one-line ``attnspec check`` that reruns just this property, with the same
-    inputs (``flags``: :func:`rerun_flags` of the run)."""
+    inputs (``flags``: :func:`rerun_flags` of the run) and library settings
+    (:func:`rerun_environment`)."""
     tokens = [PROGRAM, "check", target, *flags, "--only", property_id]
     if seed is not None:
         tokens += ["--seed", str(seed)]
-    return shlex.join(tokens)
+    return shlex.join([*rerun_environment(target), *tokens])
 
 
 def pytest_rerun_command(
@@ -211,7 +273,7 @@ def pytest_rerun_command(
     """The pytest command that reruns just this property (the plugin's options read with
     ``option(dest)``; ``flags``: those it shares with ``attnspec check``, as
     ``--<prefix>-<flag>``)."""
-    tokens = ["pytest", f"--{prefix}-kernel", target]
+    tokens = [*rerun_environment(target), "pytest", f"--{prefix}-kernel", target]
     for name in ("backend", "device", "seed"):
         if option(f"{prefix}_{name}") is not None:
             tokens += [f"--{prefix}-{name}", str(option(f"{prefix}_{name}"))]

@@ -188,6 +188,19 @@ def _draw_around_one(
 
 
 @dataclass
+class MergedFinding:
+    """One minimal case among those a divergence merges (one write-up explains them all):
+    its clause, the properties that failed on it, the finding and the case."""
+
+    clause: str
+    level: str
+    status: str
+    properties: list[str]
+    finding: str
+    inputs: str
+
+
+@dataclass
 class Divergence:
     """One root cause: its clause, the properties it failed, the minimal case, the
     write-up (docs/divergences.md, for known kernels), and the failures that follow from
@@ -205,6 +218,8 @@ class Divergence:
     evidence: list[str] = field(default_factory=list)
     # what re-running it around other failed clauses showed (Verdict.drawn_around)
     drawn_around: str = ""
+    # every minimal case it merges (the first is the one above), told in reports
+    findings: list[MergedFinding] = field(default_factory=list)
 
 
 def _flat(text: str) -> str:
@@ -243,6 +258,16 @@ def _add_divergence(
             link,
             drawn_around=first.drawn_around,
         )
+    merged[key].findings.append(
+        MergedFinding(
+            first.clause,
+            first.level,
+            first.status,
+            [v.property for v in group],
+            _flat(first.detail),
+            _flat(first.counterexample),
+        )
+    )
     for v in group:
         by_clause.setdefault(v.clause, merged[key])
 

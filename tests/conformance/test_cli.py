@@ -455,7 +455,8 @@ def test_reproduction_rebuilds_layout_renames_and_claims(
     assert status == 1
     assert "--layout blhd --rename is_causal=causal --dtype float64 --no-mask" in out
     snippet = json.loads(path.read_text())["verdicts"][0]["reproduction"]
-    assert "fn = from_layout(fn, 'blhd')" in snippet and "KernelDeclaration(" in snippet
+    assert "fn = kernel_function(" in snippet and "'blhd', {'is_causal': 'causal'})" in snippet
+    assert "KernelDeclaration(" in snippet
     snippet += textwrap.dedent("""
         bound = reference_bound(problem, kernel.declaration)
         print("CAUSAL", kernel.declaration.causal, "MASK", kernel.declaration.mask)

@@ -104,7 +104,8 @@ def test_hostile_kernel_gets_its_verdict_from_the_cli(case: Hostile, tmp_path: P
             if case.isolated_only:  # lost with the worker: inputs and reproduction kept
                 assert verdict["counterexample"].startswith("q("), verdict
                 assert (
-                    f"load_kernel({HOSTILE_FILE + ':' + case.name!r})" in (verdict["reproduction"])
+                    f"kernel_function({HOSTILE_FILE + ':' + case.name!r})"
+                    in (verdict["reproduction"])
                 )
     assert "xxxxxxxx" not in result.stdout  # prints_a_megabyte's output is not in the table
     if case.name == "prints_a_megabyte":  # but on stderr, whole: 1 MiB per call
