@@ -21,12 +21,13 @@ from ...backends import FLOAT_DTYPE_NAMES, Backend
 from ...reference.features import alibi_slopes as standard_slopes
 from ...reference.sparse.masks import sparse_mask
 from ...reference.tolerance import error_bound
+from .. import shape_pool
 from ..assertions import assert_shape
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..input_features import allowed_keys, scores_shape
 from ..kernel import KernelUnderTest, Problem
-from ..sizes import Dims, realistic
+from ..sizes import Dims, current, realistic
 from ..strategies import (
     draw_dims,
     draw_dtype,
@@ -41,12 +42,21 @@ from ..strategies import (
 AWKWARD_KEY_COUNTS = (33, 1, 65)
 
 
+def awkward_key_counts() -> tuple[int, ...]:
+    """The AWKWARD_KEY_COUNTS within the user's ``--max-len`` (a size cap holds for every
+    draw, spec/index.md section 7)."""
+    return tuple(n for n in AWKWARD_KEY_COUNTS if n <= current().limits.max_len)
+
+
 def with_awkward_key_count(data: st.DataObject, kernel: KernelUnderTest, dims: Dims) -> Dims:
     """``dims`` of a small draw with Lk often one of AWKWARD_KEY_COUNTS (Lq = Lk kept for
-    ``equal_lengths``); realistic strata draw their own block boundaries."""
-    if realistic():
+    ``equal_lengths``); realistic strata draw their own block boundaries.  On a backend
+    that compiles per shape the pooled small shapes are kept as drawn (each awkward count
+    would be a new compilation per pooled shape); its realistic strata still meet block
+    boundaries."""
+    if realistic() or shape_pool.pooling(data):
         return dims
-    choices = (dims.n_keys, dims.n_keys, *AWKWARD_KEY_COUNTS)
+    choices = (dims.n_keys, dims.n_keys, *awkward_key_counts())
     n_keys = data.draw(st.sampled_from(choices), label="Lk")
     return within_limitations(kernel, replace(dims, n_keys=n_keys))
 

@@ -20,9 +20,9 @@ from ..registration import always, dense_only, register
 from ..sizes import current
 from ..strategies import draw_dims, draw_problem
 from ._helpers import (
-    AWKWARD_KEY_COUNTS,
     assert_output_shape_and_dtype,
     assert_output_shapes,
+    awkward_key_counts,
     call_text,
     draw_any_problem,
 )
@@ -198,7 +198,7 @@ def layout_independence(kernel: KernelUnderTest, data: st.DataObject) -> None:
     definition); how close either is to the definition is matches-reference's (SDPA-7.3)."""
     decl = kernel.declaration
     dims = draw_dims(data, kernel)
-    n_keys = data.draw(st.sampled_from((dims.n_keys, *AWKWARD_KEY_COUNTS)), label="Lk")
+    n_keys = data.draw(st.sampled_from((dims.n_keys, *awkward_key_counts())), label="Lk")
     problem = draw_problem(data, kernel, dims=replace(dims, n_keys=n_keys))
     full_scores = scores_shape(problem)
 
