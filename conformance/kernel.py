@@ -23,7 +23,6 @@ from .claims import suite_keywords
 from .declaration import KernelDeclaration, declaration_of
 from .failures import KernelRaised, PropertyFailure
 from .input_features import BY_NAME, CALLED_AROUND, UNEQUAL_HEAD_DIMS
-from .loading import load_kernel
 
 
 @dataclass
@@ -210,11 +209,6 @@ class KernelUnderTest:
         """Record something a passing property should report (e.g. SDPA-1.7's SHOULD)."""
         if observation not in self.notes:
             self.notes.append(observation)
-
-    @classmethod
-    def load(cls, target: str, backend: Backend, **overrides: Any) -> KernelUnderTest:
-        fn = load_kernel(target)
-        return cls(fn, backend, declaration_of(fn, **overrides), target)
 
     @property
     def dtypes(self) -> tuple[str, ...]:

@@ -251,7 +251,7 @@ def test_flash_attention_kvcache_convention(
 def test_reproduction_rebuilds_the_features(kernels: Path) -> None:
     """The reproduction snippet passes softcap, float32 slopes and return_lse to the kernel
     and unpacks (out, lse); running it prints the kernel's output."""
-    from attnspec.conformance.kernel import load_kernel
+    from attnspec.conformance.loading import load_kernel
 
     fn = load_kernel(f"{kernels}:flash_like")
     declaration = KernelDeclaration(

@@ -27,7 +27,8 @@ from attnspec.backends import Backend
 from attnspec.conformance import SetupError, check, cli, runner
 from attnspec.conformance.api import KernelSetup
 from attnspec.conformance.isolation import IsolatedKernel, IsolationOptions
-from attnspec.conformance.kernel import KernelUnderTest, load_kernel
+from attnspec.conformance.kernel import KernelUnderTest
+from attnspec.conformance.loading import load_kernel
 from attnspec.conformance.registry import all_properties
 from attnspec.conformance.runner import FAILED, PASSED, new_report, run_each
 
