@@ -1,9 +1,12 @@
 """Hypothesis strategies for attention problems, restricted to what a kernel claims.
 
 Sizes, dtypes and structure (masks, bias, causal, scale) are drawn by Hypothesis and
-shrink; array values come from a NumPy generator seeded by a drawn integer, which keeps
-drawing fast and every example reproducible.  Nothing is filtered, so no health check
-can trip.
+shrink.  In the small stratum the q, k, v and bias values are drawn by Hypothesis too, a
+byte per element mapped to normal-like values, so that a failing example shrinks towards
+zeros and a few simple values (``element_values``).  The realistic strata's values, and
+random masks, shuffles and subsets, come from a NumPy generator seeded by a drawn integer,
+which keeps drawing fast.  Every example is reproducible.  Nothing is filtered, so no
+health check can trip.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from hypothesis import strategies as st
 
 from ..reference.masks import causal_offset
 from . import input_features, shape_pool, sizes, values
+from .element_values import ValueGenerator
 from .kernel import KernelUnderTest, Problem
 from .sizes import Dims
 
@@ -172,8 +176,10 @@ def with_declared_batch(kernel: KernelUnderTest, a: np.ndarray) -> np.ndarray:
     return a.reshape((1,) * missing + a.shape) if missing > 0 else a
 
 
-def draw_rng(data: st.DataObject) -> np.random.Generator:
-    return np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="values seed"))
+def draw_rng(data: st.DataObject) -> ValueGenerator:
+    """A NumPy generator seeded by a drawn integer; :func:`random_values` draws a small
+    array's values from ``data`` through it."""
+    return ValueGenerator(data, data.draw(st.integers(0, 2**32 - 1), label="values seed"))
 
 
 def draw_dtype(data: st.DataObject, kernel: KernelUnderTest) -> str:
@@ -196,8 +202,13 @@ def random_values(
     dtype: str,
     magnitude: float = 1.0,
 ) -> np.ndarray:
-    """Normal values times ``magnitude``, rounded to ``dtype`` as the kernel will see them."""
-    return kernel.rounded(rng.standard_normal(shape) * magnitude, dtype)
+    """Normal values times ``magnitude``, rounded to ``dtype`` as the kernel will see them:
+    in the small stratum with ``rng`` from :func:`draw_rng`, drawn by Hypothesis a byte
+    per element so that they shrink to simple values (``element_values``); in realistic
+    strata from ``rng``."""
+    drawn = isinstance(rng, ValueGenerator) and not sizes.realistic()
+    normal = rng.drawn_normal(shape) if drawn else rng.standard_normal(shape)
+    return kernel.rounded(normal * magnitude, dtype)
 
 
 def random_problem(

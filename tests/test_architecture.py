@@ -65,6 +65,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                 "sizes",
                 "shape_pool",
                 "values",
+                "element_values",
                 "anchors",
                 "strategies",
                 "bounds",
