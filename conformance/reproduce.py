@@ -4,7 +4,8 @@
   as the suite did, ``fn(q, k, v, ...)``, then prints what the property compared.  The
   inputs are NumPy literals of the float64 values the kernel saw (already rounded to the
   dtype under test), reshaped to their exact shape, so empty arrays come back with their
-  shape (``q(1, 0, 1)`` is ``np.array([]).reshape(1, 0, 1)``).
+  shape (``q(1, 0, 1)`` is ``np.array([]).reshape(1, 0, 1)``); an input of mostly zeros
+  (a shrunk counterexample's often is) is ``np.zeros`` and an assignment per nonzero value.
 - :func:`loader_source`, :func:`rebuild_source`, :func:`declaration_source`: the lines
   in it that rebuild the kernel as its :class:`~.kernel_setup.KernelSetup` built it
   (through the same :func:`~.kernel_setup.kernel_function`: a known kernel's adapter,
@@ -40,15 +41,41 @@ if TYPE_CHECKING:
     from .runner import Verdict
 
 PROGRAM = "attnspec"
+#: a float input with at most this many nonzero values (fewer than its zeros) is written as
+#: np.zeros and one assignment per nonzero value, as a shrunk counterexample reads best
+SPARSE_VALUES = 8
 #: where a reproduction too long to show is: a place, or a function writing it there
 Where = str | Callable[["Verdict"], str]
 
 
 def array_literal(a: np.ndarray) -> str:
     """``np.array([...], dtype=...).reshape(shape)``: exact values (repr of float64 round-
-    trips), exact shape (empty and 0-d arrays too)."""
+    trips), exact shape (empty and 0-d arrays too); ``np.full(shape, value, dtype=...)``
+    for an array of one value (a shrunk counterexample's are often all zeros)."""
     dtype = "bool" if a.dtype == np.bool_ else f"np.{a.dtype}"
+    if a.size > 1 and _one_value(a):
+        return f"np.full({tuple(a.shape)!r}, {a.flat[0].item()!r}, dtype={dtype})"
     return f"np.array({a.tolist()!r}, dtype={dtype}).reshape({tuple(a.shape)!r})"
+
+
+def _one_value(a: np.ndarray) -> bool:
+    """Whether every element of ``a`` is its first, bit for bit (0.0 and -0.0 differ)."""
+    same = a == a.flat[0]
+    if a.dtype.kind == "f":
+        same &= np.signbit(a) == np.signbit(a.flat[0])
+    return bool(same.all())
+
+
+def _sparse(a: np.ndarray) -> bool:
+    """Whether a float array is best written as zeros and an assignment per nonzero value
+    (a shrunk counterexample's arrays often are): at most SPARSE_VALUES of them, fewer
+    than its zeros, and no -0.0 (which np.zeros would not give back)."""
+    nonzero = np.count_nonzero(a)
+    return (
+        a.dtype.kind == "f"
+        and nonzero <= min(SPARSE_VALUES, a.size // 2)
+        and not np.any((a == 0) & np.signbit(a))
+    )
 
 
 def _value(value: Any) -> str:
@@ -59,8 +86,19 @@ def snippet(problem: Problem, kernel: KernelUnderTest | KernelInfo, finding: str
     """The reproduction of ``problem`` on ``kernel`` (loaded here, or in a worker process);
     ``finding`` is quoted as a comment."""
 
-    def optional(a: np.ndarray | None) -> str:
-        return "None" if a is None else array_literal(a)
+    nonzero: list[str] = []  # assignments of the few nonzero values of sparse arrays
+
+    def literal(name: str, a: np.ndarray) -> str:
+        if not _sparse(a):
+            return array_literal(a)
+        nonzero.extend(
+            f"problem.{name}[{', '.join(map(str, index))}] = {float(a[index])!r}"
+            for index in zip(*np.nonzero(a), strict=True)
+        )
+        return f"np.zeros({tuple(a.shape)!r}, dtype=np.{a.dtype})"
+
+    def optional(name: str, a: np.ndarray | None) -> str:
+        return "None" if a is None else literal(name, a)
 
     from .kernel import keyword_sources
 
@@ -103,14 +141,15 @@ def snippet(problem: Problem, kernel: KernelUnderTest | KernelInfo, finding: str
         "from attnspec.conformance import KernelUnderTest, Problem, reference_bound",
         f"# the inputs as the kernel saw them: float64 values already rounded to {problem.dtype}",
         "problem = Problem(",
-        f"    q={array_literal(problem.q)},",
-        f"    k={array_literal(problem.k)},",
-        f"    v={array_literal(problem.v)},",
+        f"    q={literal('q', problem.q)},",
+        f"    k={literal('k', problem.k)},",
+        f"    v={literal('v', problem.v)},",
         f"    dtype={problem.dtype!r}, is_causal={problem.is_causal!r}, "
         f"scale={_value(problem.scale)},",
-        f"    mask={optional(problem.mask)},",
-        f"    bias={optional(problem.bias)},{features}",
+        f"    mask={optional('mask', problem.mask)},",
+        f"    bias={optional('bias', problem.bias)},{features}",
         f"    extra={problem.extra!r})",
+        *nonzero,
         _loader_line(kernel),
         "fn, backend = kernel.fn, kernel.backend"
         + (
