@@ -70,11 +70,10 @@ def _sparse(a: np.ndarray) -> bool:
     """Whether a float array is best written as zeros and an assignment per nonzero value
     (a shrunk counterexample's arrays often are): at most SPARSE_VALUES of them, fewer
     than its zeros, and no -0.0 (which np.zeros would not give back)."""
-    nonzero = np.count_nonzero(a)
     return (
         a.dtype.kind == "f"
-        and nonzero <= min(SPARSE_VALUES, a.size // 2)
-        and not np.any((a == 0) & np.signbit(a))
+        and int(np.count_nonzero(a)) <= min(SPARSE_VALUES, a.size // 2)
+        and not bool(np.any((a == 0) & np.signbit(a)))
     )
 
 

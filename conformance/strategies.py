@@ -206,8 +206,10 @@ def random_values(
     in the small stratum with ``rng`` from :func:`draw_rng`, drawn by Hypothesis a byte
     per element so that they shrink to simple values (``element_values``); in realistic
     strata from ``rng``."""
-    drawn = isinstance(rng, ValueGenerator) and not sizes.realistic()
-    normal = rng.drawn_normal(shape) if drawn else rng.standard_normal(shape)
+    if isinstance(rng, ValueGenerator) and not sizes.realistic():
+        normal = rng.drawn_normal(shape)
+    else:
+        normal = rng.standard_normal(shape)
     return kernel.rounded(normal * magnitude, dtype)
 
 
