@@ -13,6 +13,7 @@ from support import verdict_of
 
 import attnspec
 from attnspec.backends import Backend
+from attnspec.conformance import sizes
 from attnspec.conformance.element_values import (
     DRAWN_ELEMENTS,
     SIMPLE_VALUES,
@@ -22,6 +23,7 @@ from attnspec.conformance.element_values import (
 from attnspec.conformance.kernel import KernelUnderTest, Problem
 from attnspec.conformance.reproduce import snippet
 from attnspec.conformance.runner import FAILED, Verdict
+from attnspec.conformance.strategies import random_values
 
 
 class GivenBytes:
@@ -32,6 +34,13 @@ class GivenBytes:
 
     def draw(self, strategy: Any, label: str | None = None) -> bytes:
         return self.drawn
+
+
+class NoDraws:
+    """Stands in for Hypothesis's ``data`` where nothing may be drawn."""
+
+    def draw(self, strategy: Any, label: str | None = None) -> bytes:
+        raise AssertionError(f"drew {label}")
 
 
 def test_value_table_is_normal_with_simple_values_first() -> None:
@@ -175,3 +184,16 @@ def test_a_sparse_input_is_rebuilt_exactly() -> None:
     source = "\n".join(input_lines(reproduction))
     assert "q=np.zeros((1, 3, 4)" in source and "v=np.array(" in source
     assert "bias=np.full((3, 5), 0.5" in source
+
+
+def test_realistic_strata_keep_the_seeded_generator() -> None:
+    """SDPA-7.3: a realistic stratum's values are the seeded generator's normal values (as
+    np.random.default_rng(seed) gives them), drawing nothing from Hypothesis; the small
+    stratum's come from the drawn bytes."""
+    kernel = KernelUnderTest(ignores_last_key, Backend("numpy"))
+    with sizes.drawing(sizes.Stratum("realistic", 1, max_cost=10**6)):
+        values = random_values(kernel, ValueGenerator(NoDraws(), 7), (3, 4), "float64")
+    np.testing.assert_array_equal(values, np.random.default_rng(7).standard_normal((3, 4)))
+    drawn = bytes(range(1, 13))
+    small = random_values(kernel, ValueGenerator(GivenBytes(drawn), 7), (3, 4), "float64")
+    np.testing.assert_array_equal(small.ravel(), VALUE_TABLE[list(drawn)])
