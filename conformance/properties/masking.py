@@ -89,8 +89,8 @@ def _draw_reducible_shape(
 
 @register("mask-broadcast", "SDPA-3.1", applies=needs("mask"))
 def mask_broadcast(kernel: KernelUnderTest, data: st.DataObject) -> None:
-    """A mask of any shape that broadcasts to (..., Hq, Lq, Lk), a 1-d key mask too, gives
-    the result of the explicitly broadcast full mask, and a full mask gives each head the
+    """A mask of any shape that broadcasts to (..., Hq, Lq, Lk), a 1-d key mask and an
+    (Lq, Lk) mask too, gives the result of the explicitly broadcast full mask, and a full mask gives each head the
     result of that head alone with its own slice of the mask: within TOL-2 (each call
     within its bound of the one definition; how close they are to it is
     matches-reference's)."""
@@ -103,7 +103,14 @@ def mask_broadcast(kernel: KernelUnderTest, data: st.DataObject) -> None:
     # the smallest broadcastable mask, a 1-d key mask, in every example (pytorch rejects it
     # for 4-d q: docs/divergences.md)
     key_mask = problem.with_(mask=rng.random(dims.n_keys) < density)
-    for reduced, what in ((small, "out (broadcast mask)"), (key_mask, "out (1-d key mask)")):
+    # and the (Lq, Lk) mask callers pass most, in every example too (a kernel that reads a
+    # 2-d mask as (batch, Lk) key padding is wrong on it)
+    rows_mask = problem.with_(mask=rng.random(dims.scores_shape[-2:]) < density)
+    for reduced, what in (
+        (small, "out (broadcast mask)"),
+        (key_mask, "out (1-d key mask)"),
+        (rows_mask, "out ((Lq, Lk) mask)"),
+    ):
         mask = np.broadcast_to(reduced.required("mask"), dims.scores_shape)
         full = reduced.with_(mask=np.ascontiguousarray(mask))
         out, out_full = kernel.output(reduced), kernel.output(full)
