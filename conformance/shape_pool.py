@@ -174,6 +174,20 @@ def pool_key(stratum: Any) -> Any:
     return replace(stratum, pool_examples=0)
 
 
+def limits_key() -> Any:
+    """The current draw's limits as pools are keyed: of the features a re-run avoids
+    (``SizeLimits.avoid``), only those that change the sizes drawn (GQA, empty lengths:
+    input_features.DRAWN_AROUND_IN_SIZES), so that a re-run drawing around a fully masked
+    row or a large bias meets the shapes, and reuses the compilations, of the first run."""
+    from dataclasses import replace
+
+    from . import input_features, sizes
+
+    limits = sizes.current().limits
+    drawn_around = input_features.DRAWN_AROUND_IN_SIZES
+    return replace(limits, avoid=tuple(a for a in limits.avoid if a in drawn_around))
+
+
 # What draw_dims is asked for when nothing is asked of it (its defaults): every request
 # first looks among the members drawn so, and only when none of them fits (a property
 # needing two key/value heads, more keys than the small members have) draws a pool of its
@@ -223,15 +237,16 @@ def pooled_dims(
                 dims = replace(dims, head_dim=width, value_dim=width)
             return dims
 
-        # what other clauses' failures make draws avoid (GQA, empty rows) changes the
-        # members, so a pool drawn before a failure is not reused after it
+        # what other clauses' failures make draws avoid in sizes (GQA, empty lengths)
+        # changes the members, so such a pool is not reused after a failure (limits_key)
+        limits = limits_key()
         key = (
             "dims",
             pool_key(stratum),
-            drawing.limits,
+            limits,
             kernel.declaration.batch_ndim,
             kernel.declaration.equal_head_dims,
-            sizes.avoided_now(),
+            limits.avoid,
             tuple(sorted(request.items())),
         )
         assert drawing.pool is not None  # checked above; mypy does not carry it into closures
@@ -295,7 +310,7 @@ def pooled_sizes(data: Any, name: str, draw: Callable[[Any], T]) -> T:
     assert drawing.pool is not None
     chosen: T = drawing.pool.draw(
         data,
-        ("probe", name, pool_key(stratum), drawing.limits),
+        ("probe", name, pool_key(stratum), limits_key()),
         draw,
         lambda made: made,
         members=pool_size(stratum),

@@ -164,8 +164,13 @@ def laid_out(
     """A backend array equal to ``values`` (broadcast to ``shape`` for "broadcast") whose
     memory layout is ``layout``, built as a view with the backend's Array API namespace.
 
-    JAX has no strides: there the views are copies, which is fine.
+    JAX has no strides: there the views are copies, which is fine, and on a backend that
+    compiles per shape (JAX) they are built on the host, the same arrays without the device
+    operations that would each compile once per shape.
     """
+    if backend.compiles_per_shape:
+        full = np.broadcast_to(values, shape or values.shape) if layout == "broadcast" else values
+        return backend.asarray(full, dtype)
     xp = backend.xp
     if layout == "strided":  # every other element of the innermost axis
         return backend.asarray(_interleaved(values, -1), dtype)[..., ::2]
