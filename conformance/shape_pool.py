@@ -26,10 +26,11 @@ compilations are reused.
   rewrite is not needed (``draw_dims(where=...)``); only when none fits does it draw a pool
   of its own.  A kernel that needs E == Ev gets members with E == Ev (the suite's zero
   padding is done on the device: a compilation more per shape).
-* A mask or bias broadcasts from one of BROADCAST_POOL shapes per problem size, and the
-  dtype, the options that a compiled kernel is compiled for (mask, bias, causal,
-  explicit scale) and which broadcast shape (TIED_LABELS) follow the pooled shape
-  (:class:`TiedDraws`), so that they too repeat from property to property.
+* A mask or bias broadcasts from one of BROADCAST_POOL shapes per problem size, the same
+  one in every property (but mask-broadcast, which is about them), and the dtype and the
+  options that a compiled kernel is compiled for (mask, bias, causal, explicit scale:
+  TIED_LABELS) follow the pooled shape (:class:`TiedDraws`), so that they too repeat from
+  property to property.
 * Probes a property builds itself draw their sizes through :func:`pooled_sizes` (the
   scale probe of default-scale and explicit-scale), a few per stratum as well.
 
@@ -326,36 +327,32 @@ def pooled_broadcast(
     broadcast_shape_for: Callable[..., tuple[int, ...]],
 ) -> tuple[int, ...]:
     """``broadcast_shape_for(data, full, label)`` from a pool of BROADCAST_POOL shapes
-    (the simplest first: the last two dims of ``full``)."""
+    (the simplest first: the last two dims of ``full``), the same one for every mask (or
+    bias) of scores ``full`` in the stratum, whichever property draws it: no property but
+    mask-broadcast (which draws its own shapes) is about the shape a mask broadcasts from,
+    and each other choice would be one more compilation of the kernel.  Which member it is
+    is a seeded draw fixed by ``full``, so both members appear in a run, for different
+    shapes."""
     from . import sizes
 
     drawing = sizes.current()
-    assert drawing.pool is not None, "pooled_broadcast outside a pooled stratum"
-    return drawing.pool.draw(
-        data,
-        ("broadcast", drawing.stratum.name, full, label),
+    pool = drawing.pool
+    assert pool is not None, "pooled_broadcast outside a pooled stratum"
+    key = ("broadcast", drawing.stratum.name, full, label)
+    members = pool.members(
+        key,
         lambda draws: broadcast_shape_for(draws, full, label),
         lambda shape: (len(shape), math.prod(shape)),
-        members=BROADCAST_POOL,
-        label=f"{label} shape",
+        BROADCAST_POOL,
     )
+    return choose(SeededDraws(zlib.crc32(f"{pool.seed}:{key!r}".encode())), members, label)
 
 
 # Draws besides sizes that change what a compiled kernel is compiled for: its dtype, which
 # optional inputs it gets (mask, bias, scale) and static flags (is_causal).
-# Which of BROADCAST_POOL shapes a mask or bias broadcasts from is tied too (mask-broadcast
-# draws its own broadcast shapes, on purpose).
-TIED_LABELS = frozenset(
-    {
-        "dtype",
-        "causal",
-        "mask",
-        "bias",
-        "explicit scale",
-        "mask shape (pooled)",
-        "bias shape (pooled)",
-    }
-)
+# (Which of BROADCAST_POOL shapes a mask or bias broadcasts from is fixed by the scores'
+# shape: pooled_broadcast.)
+TIED_LABELS = frozenset({"dtype", "causal", "mask", "bias", "explicit scale"})
 
 
 class TiedDraws:
