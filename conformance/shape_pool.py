@@ -25,7 +25,12 @@ compilations are reused.
   the causal alignments, two heads to tell apart) first looks for members where its
   rewrite is not needed (``draw_dims(where=...)``); only when none fits does it draw a pool
   of its own.  A kernel that needs E == Ev gets members with E == Ev (the suite's zero
-  padding is done on the device: a compilation more per shape).
+  padding, done on the host where the backend compiles per shape, is rarely needed).
+* What the suite itself does to a kernel's arrays (zero padding and the output's cut,
+  layout-independence's views) is done on the host for such a backend
+  (:func:`.layouts.pad_head_dims_on_host`, :meth:`Backend.on_host`): only the kernel
+  compiles.  A re-run drawing around a failed clause meets the same pools unless it draws
+  around sizes (:func:`limits_key`).
 * A mask or bias broadcasts from one of BROADCAST_POOL shapes per problem size, the same
   one in every property (but mask-broadcast, which is about them), and the dtype and the
   options that a compiled kernel is compiled for (mask, bias, causal, explicit scale:
@@ -217,7 +222,7 @@ def pooled_dims(
     claim) in the same stratum and limits that meet ``options``
     (:func:`meets_request`); where none does, one of those drawn for ``options`` itself.
     A kernel that needs E == Ev (``equal_head_dims``: the suite pads its inputs with zero
-    columns, which on a compiling backend compiles once more per shape) gets E == Ev.
+    columns) gets E == Ev.
     ``where``: members for which it holds come first (a property that would otherwise
     rewrite the sizes it was given, e.g. to make Lq != Lk, finds them among the shapes
     compiled already)."""
