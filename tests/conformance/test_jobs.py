@@ -191,7 +191,7 @@ def test_interrupt_with_jobs_keeps_finished_verdicts_in_order(
     [
         (["--jobs", "0"], "--jobs 0, but should be a positive integer or 'auto'"),
         (["--jobs", "two"], "--jobs 'two', but should be a positive integer or 'auto'"),
-        (["--jobs", "2", "--no-isolate"], "--no-isolate runs the kernel in this one"),
+        (["--jobs", "2", "--no-isolate"], "--no-isolate (isolate=False) runs the kernel in this"),
     ],
 )
 def test_bad_jobs_are_one_line_and_exit_2(
@@ -219,7 +219,7 @@ def test_jobs_values() -> None:
     assert parse_jobs(None) == 1 and parse_jobs("3") == 3 and parse_jobs(2) == 2
     with pytest.raises(SetupError, match="jobs=0, but should be a positive integer"):
         check("attnspec.reference:scaled_dot_product_attention", backend="numpy", jobs=0)
-    with pytest.raises(SetupError, match="jobs=2 needs worker processes"):
+    with pytest.raises(SetupError, match="jobs=2 runs properties in worker processes"):
         check(
             "attnspec.reference:scaled_dot_product_attention",
             backend="numpy",

@@ -21,6 +21,7 @@ from support import ROOT
 from attnspec.conformance import cli, matrix
 from attnspec.conformance.known_kernels import KNOWN_KERNELS
 from attnspec.conformance.root_causes import Divergence
+from attnspec.conformance.run_plan import Execution
 from attnspec.conformance.runner import FAILED, NOT_APPLICABLE, PASSED, WAIVED, Report, Verdict
 
 pytest.importorskip("torch", reason="the matrix rows checked here are PyTorch kernels")
@@ -251,9 +252,9 @@ def test_an_interrupt_ends_the_matrix_not_just_one_kernel(
     runs no further kernel (each is reported as not run, with why)."""
     calls: list[str] = []
 
-    def interrupted_run(setup: Any, args: Any, flags: Any, **_: Any) -> tuple[Report, None]:
+    def interrupted_run(setup: Any, args: Any, flags: Any, **_: Any) -> Execution:
         calls.append(setup.kernel)
-        return Report(
+        report = Report(
             setup.kernel,
             "torch",
             "cpu",
@@ -261,7 +262,8 @@ def test_an_interrupt_ends_the_matrix_not_just_one_kernel(
             None,
             False,
             incomplete="interrupted by SIGTERM after 3 of 63 properties",
-        ), None
+        )
+        return Execution(report, None, {})
 
     monkeypatch.setattr(cli, "_run_one", interrupted_run)
     js = tmp_path / "m.json"

@@ -20,9 +20,10 @@ from catalogue.bugs_softmax import finite_fill_jax_style
 from attnspec.backends import Backend
 from attnspec.conformance import declare, input_features
 from attnspec.conformance import report as render
+from attnspec.conformance.api import check
 from attnspec.conformance.kernel import KernelUnderTest, Problem
 from attnspec.conformance.registry import all_properties
-from attnspec.conformance.root_causes import divergences, draw_around, run_all
+from attnspec.conformance.root_causes import divergences, draw_around
 from attnspec.conformance.runner import (
     FAILED,
     NOT_APPLICABLE,
@@ -95,28 +96,28 @@ def mean_v_no_gqa_float16_as_float32(
 
 @pytest.fixture(scope="module")
 def runs() -> Iterator[dict[str, Report]]:
-    def check(fn: Any, only: list[str]) -> Report:
-        return run_all(KernelUnderTest(fn, Backend("numpy")), profile=PROFILE, only=only)
+    def checked(fn: Any, only: list[str]) -> Report:
+        return check(fn, backend="numpy", profile=PROFILE, only=only)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(PROFILES, PROFILE, Profile(20))
         yield {
-            "mean-v": check(
+            "mean-v": checked(
                 finite_fill_jax_style,
                 ["empty-rows-zero", "rows-sum-to-one", "key-permutation", "matches-reference"],
             ),
-            "float32": check(
+            "float32": checked(
                 float64_returned_as_float32, ["output-shape-dtype", "matches-reference"]
             ),
-            "two-bugs": check(
+            "two-bugs": checked(
                 mean_v_and_scale_by_e,
                 ["empty-rows-zero", "default-scale", "key-permutation", "matches-reference"],
             ),
-            "three-bugs": check(
+            "three-bugs": checked(
                 mean_v_no_gqa_float16_as_float32,
                 ["output-shape-dtype", "empty-rows-zero", "gqa-mapping", "rows-sum-to-one"],
             ),
-            "value-dim": check(
+            "value-dim": checked(
                 value_dim_must_equal_head_dim,
                 ["value-head-dim", "output-shape-dtype", "rows-sum-to-one", "matches-reference"],
             ),
@@ -234,7 +235,7 @@ def test_a_kernel_declaring_equal_head_dims_never_meets_unequal_ones() -> None:
         problem, kernel.declaration
     )
     assert kernel.output(problem).shape == (1, 1, 3)
-    [verdict] = run_all(kernel, profile="quick", only=["value-head-dim"]).verdicts
+    [verdict] = check(padded, backend="numpy", only=["value-head-dim"]).verdicts
     assert verdict.status == NOT_APPLICABLE and "equal_head_dims" in verdict.detail
 
 
