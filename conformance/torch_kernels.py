@@ -16,6 +16,7 @@ columns, so the numbers tested are the kernel's own.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from .declaration import declare, torch_sdpa_declaration
@@ -30,28 +31,40 @@ def _sdpa_with_backend(backend: str, q: Any, k: Any, v: Any, **kwargs: Any) -> A
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
-def sdpa_math(
-    q: Any,
-    k: Any,
-    v: Any,
-    attn_mask: Any = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> Any:
-    """PyTorch SDPA restricted to its math (composite) backend."""
-    return _sdpa_with_backend(
-        "MATH",
-        q,
-        k,
-        v,
-        attn_mask=attn_mask,
-        dropout_p=dropout_p,
-        is_causal=is_causal,
-        scale=scale,
-        enable_gqa=enable_gqa,
-    )
+def sdpa_on(backend: str, name: str, module: str = __name__) -> Callable[..., Any]:
+    """PyTorch SDPA pinned to ``SDPBackend.<backend>``, with torch's own signature and
+    declaration, named ``module.name`` (where it is defined, so that it loads and
+    pickles by that name)."""
+
+    def kernel(
+        q: Any,
+        k: Any,
+        v: Any,
+        attn_mask: Any = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> Any:
+        return _sdpa_with_backend(
+            backend,
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+
+    kernel.__name__ = kernel.__qualname__ = name
+    kernel.__module__ = module
+    kernel.__doc__ = f"PyTorch SDPA restricted to its {backend} backend."
+    return declare(kernel, **torch_sdpa_declaration())
+
+
+sdpa_math = sdpa_on("MATH", "sdpa_math")
 
 
 def _flash_4d(
@@ -88,7 +101,6 @@ def _flash_4d(
     return out.reshape(*batch, *out.shape[-3:])
 
 
-declare(sdpa_math, **torch_sdpa_declaration())
 sdpa_flash = pad_head_dims(declare(_flash_4d, **torch_sdpa_declaration()))
 sdpa_flash.__doc__ = "PyTorch SDPA restricted to its flash backend (any batch dims, E and Ev)."
 sdpa_flash.__qualname__ = sdpa_flash.__name__ = "sdpa_flash"
