@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import processes_in, start_cli, wait_for
+from support import kernel_file, processes_in, start_cli, wait_for
 
 from attnspec.conformance import SetupError, check, cli
 from attnspec.conformance.isolation import (
@@ -105,9 +105,7 @@ def hangs_on_causal(q, k, v, *, mask=None, is_causal=False, scale=None):
 
 @pytest.fixture
 def hostile(tmp_path: Path) -> str:
-    path = tmp_path / "sometimes.py"
-    path.write_text(HOSTILE_SOMETIMES, encoding="utf-8")
-    return str(path)
+    return str(kernel_file(tmp_path, "sometimes.py", HOSTILE_SOMETIMES))
 
 
 def test_a_crash_or_hang_in_one_job_fails_only_its_property(hostile: str) -> None:
