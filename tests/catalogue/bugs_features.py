@@ -21,6 +21,7 @@ from .feature_blocks import (
     feature_scores,
     keep_mask,
     log_sum_exp,
+    softcapped,
     weighted,
 )
 
@@ -57,9 +58,8 @@ def softcap_before_scale(
     a = arranged(q, k, v, mask, bias, is_causal, scale, f)
     if softcap is None:
         return attend_features(a, f)
-    cap, work = a.q.dtype.type(softcap), a.q.dtype.type
     with np.errstate(**QUIET):
-        s = cap * np.tanh(np.matmul(a.q, np.swapaxes(a.k, -1, -2)) / cap) * work(a.scale)
+        s = softcapped(np.matmul(a.q, np.swapaxes(a.k, -1, -2)), softcap) * a.q.dtype.type(a.scale)
         if a.bias is not None:
             s = s + a.bias
     allowed = a.allowed & (s != -np.inf)
@@ -84,9 +84,7 @@ def softcap_bias_inside(
     a = arranged(q, k, v, mask, bias, is_causal, scale, f)
     s, allowed = feature_scores(a, f)  # scaled + bias, masked
     if softcap is not None:
-        cap = s.dtype.type(softcap)
-        with np.errstate(**QUIET):
-            s = np.where(allowed, cap * np.tanh(s / cap), -np.inf)
+        s = np.where(allowed, softcapped(s, softcap), -np.inf)
     return _masked_softmax_output(a, s, allowed)
 
 
@@ -113,10 +111,7 @@ def softcap_mask_inside(
         return _masked_softmax_output(a, np.where(allowed, s, -np.inf), allowed)
     if mask is not None:
         s = np.where(np.broadcast_to(mask, s.shape), s, np.finfo(s.dtype).min)
-    cap = s.dtype.type(softcap)
-    with np.errstate(**QUIET):
-        s = np.where(allowed, cap * np.tanh(s / cap), -np.inf)
-    return _masked_softmax_output(a, s, allowed)
+    return _masked_softmax_output(a, np.where(allowed, softcapped(s, softcap), -np.inf), allowed)
 
 
 @declare(**SOFTCAP)
