@@ -154,20 +154,18 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("properties", help="list every property: id, clause, level, summary")
     commands.add_parser("backends", help="the reference on every backend and dtype here")
     demo = commands.add_parser("demo", help="check PyTorch's SDPA and the reference itself")
-    for flag in RUN_FLAGS:
-        if flag.option in (
-            "--profile",
-            "--seed",
-            "--only",
-            "--skip",
-            "--strict",
-            "--quiet",
-            "--jobs",
-        ):
-            flag.add_to(demo)
+    add_run_flags(demo, "--profile", "--seed", "--only", "--skip", "--strict", "--quiet", "--jobs")
     add_matrix_parser(commands)
     benchmarks.add_parser(commands)
     return parser
+
+
+def add_run_flags(parser: argparse.ArgumentParser, *options: str) -> None:
+    """The flags of ``attnspec check`` named ``options``, for a command that takes only
+    those (same names, help and parsing)."""
+    for flag in RUN_FLAGS:
+        if flag.option in options:
+            flag.add_to(parser)
 
 
 def add_matrix_parser(commands: Any) -> None:
@@ -203,17 +201,9 @@ def add_matrix_parser(commands: Any) -> None:
         help="take the checked rows of an earlier run's JSON (repeatable; a "
         "later file wins); with --merge only the --kernel kernels are run",
     )
-    for flag in RUN_FLAGS:
-        if flag.option in (
-            "--profile",
-            "--seed",
-            "--only",
-            "--skip",
-            "--quiet",
-            "--timeout",
-            "--memory-limit",
-        ):
-            flag.add_to(matrix)
+    add_run_flags(
+        matrix, "--profile", "--seed", "--only", "--skip", "--quiet", "--timeout", "--memory-limit"
+    )
     matrix.add_argument(
         "--jobs",
         metavar="N",

@@ -234,25 +234,6 @@ BAD_FEATURES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("options", "error", "message"),
-    [row[1:] for row in BAD_FEATURES],
-    ids=[row[0] for row in BAD_FEATURES],
-)
-def test_bad_feature_arguments(options: dict[str, Any], error: type, message: str) -> None:
-    """SOFTCAP-2, ALIBI-1, LSE: bad arguments name themselves, what they should be and
-    the clause."""
-    rng = np.random.default_rng(0)
-    q, k, v = (
-        rng.standard_normal((1, 4, 3, 8)),
-        rng.standard_normal((1, 2, 5, 8)),
-        rng.standard_normal((1, 2, 5, 6)),
-    )
-    with pytest.raises(error) as raised:
-        scaled_dot_product_attention(q, k, v, **options)
-    assert message in str(raised.value)
-
-
 def test_bad_alibi_slopes_count() -> None:
     """ALIBI-3: alibi_slopes(n_heads) needs n_heads >= 1."""
     with pytest.raises(ValueError, match=r"n_heads=0, but should be an int >= 1"):
@@ -309,11 +290,13 @@ BAD_DROPOUT = [
 
 @pytest.mark.parametrize(
     ("options", "error", "message"),
-    [row[1:] for row in BAD_DROPOUT],
-    ids=[row[0] for row in BAD_DROPOUT],
+    [row[1:] for row in (*BAD_FEATURES, *BAD_DROPOUT)],
+    ids=[row[0] for row in (*BAD_FEATURES, *BAD_DROPOUT)],
 )
-def test_bad_dropout_arguments(options: dict[str, Any], error: type, message: str) -> None:
-    """DROP-2: p outside [0, 1), a missing or malformed keep mask name themselves."""
+def test_bad_feature_arguments(options: dict[str, Any], error: type, message: str) -> None:
+    """SOFTCAP-2, ALIBI-1, LSE, DROP-2: bad feature arguments (and dropout's p outside
+    [0, 1), a missing or malformed keep mask) name themselves, what they should be and
+    the clause."""
     rng = np.random.default_rng(0)
     q, k, v = (
         rng.standard_normal((1, 4, 3, 8)),
