@@ -49,27 +49,14 @@ if os.environ.get(AT_IMPORT) in _IMPORT_HAZARDS:
     _IMPORT_HAZARDS[os.environ[AT_IMPORT]]()
 
 
-def attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
-    """Correct: the reference (the control every hostile kernel is compared with)."""
-    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
-
-
 Answer = Callable[[Any, Array], Any]  # (the correct output, q) -> what the kernel returns
 
 
 def _hostile(
     name: str, doc: str, *, before: Callable[[], Any] | None = None, answer: Answer | None = None
 ) -> Callable[..., Any]:
-    """A kernel with :func:`attention`'s signature that runs ``before`` first, then returns
-    ``answer(out, q)`` of the correct output (``out`` itself when None)."""
+    """A kernel with the spec's minimal signature that runs ``before`` first, then returns
+    ``answer(out, q)`` of the correct output, the reference's (``out`` itself when None)."""
 
     def kernel(
         q: Array,
@@ -82,7 +69,7 @@ def _hostile(
     ) -> Any:
         if before is not None:
             before()
-        out = attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+        out = scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
         return out if answer is None else answer(out, q)
 
     kernel.__doc__ = doc
@@ -121,6 +108,9 @@ def _then_seterr_raise(out: Array, q: Array) -> Array:
     return out
 
 
+attention = _hostile(
+    "attention", "Correct: the reference (the control every hostile kernel is compared with)."
+)
 hangs = _hostile("hangs", "Never returns.", before=_hang)
 calls_sys_exit_0 = _hostile("calls_sys_exit_0", "Calls sys.exit(0).", before=lambda: sys.exit(0))
 calls_os_exit_0 = _hostile("calls_os_exit_0", "Calls os._exit(0).", before=lambda: os._exit(0))
