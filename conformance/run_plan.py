@@ -12,6 +12,7 @@ the report files (an unknown format, or a path that cannot be written, rejected)
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -62,19 +63,22 @@ class RunPlan:
             raise SetupError(str(exc)) from None
 
     def report_files(self) -> ReportFiles:
-        """The report files, each rendered with the confirmed write-ups of the kernel's
-        known divergences (``known_kernels.target_write_ups`` of the report's kernel)."""
+        """The report files, each written by :func:`render_report` in its format."""
+        return ReportFiles(
+            [
+                (f"--{fmt}", path, functools.partial(render_report, fmt))
+                for fmt, path in self.reports
+            ]
+        )
 
-        def rendered(fmt: str) -> Callable[..., str]:
-            def to_text(report: Report, rerun: Rerun | None = None) -> str:
-                if fmt == "junit":
-                    return render.to_junit(report, rerun=rerun)
-                to = render.to_json if fmt == "json" else render.to_markdown
-                return to(report, rerun=rerun, write_ups=target_write_ups(report.kernel))
 
-            return to_text
-
-        return ReportFiles([(f"--{fmt}", path, rendered(fmt)) for fmt, path in self.reports])
+def render_report(fmt: str, report: Report, rerun: Rerun | None = None) -> str:
+    """``report`` in ``fmt`` (one of :data:`REPORT_FORMATS`); JSON and Markdown with the
+    confirmed write-ups of the kernel's known divergences (``known_kernels``)."""
+    if fmt == "junit":
+        return render.to_junit(report, rerun=rerun)
+    to_text = render.to_json if fmt == "json" else render.to_markdown
+    return to_text(report, rerun=rerun, write_ups=target_write_ups(report.kernel))
 
 
 def plan_run(
