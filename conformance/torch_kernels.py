@@ -15,6 +15,7 @@ columns, so the numbers tested are the kernel's own.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -67,40 +68,35 @@ def sdpa_on(backend: str, name: str, module: str = __name__) -> Callable[..., An
 sdpa_math = sdpa_on("MATH", "sdpa_math")
 
 
-def _flash_4d(
-    q: Any,
-    k: Any,
-    v: Any,
-    attn_mask: Any = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> Any:
-    import torch
+def one_batch_dim(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """``kernel`` (torch's signature, 4-d inputs only) for any number of batch dims: q, k, v
+    and the mask broadcast and flattened into one batch dim, the output's restored (exact
+    reshapes)."""
 
-    # torch.broadcast_shapes is published without annotations
-    batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])  # type: ignore[no-untyped-call]
+    @functools.wraps(kernel)
+    def flattened(q: Any, k: Any, v: Any, /, attn_mask: Any = None, **options: Any) -> Any:
+        import torch
 
-    def flat(x: Any, tail: tuple[int, ...]) -> Any:
-        return x.expand(*batch, *tail).reshape(math.prod(batch), *tail)
+        # torch.broadcast_shapes is published without annotations
+        batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])  # type: ignore[no-untyped-call]
 
-    n_heads, n_queries, n_keys = q.shape[-3], q.shape[-2], k.shape[-2]
-    mask = None if attn_mask is None else flat(attn_mask, (n_heads, n_queries, n_keys))
-    out = _sdpa_with_backend(
-        "FLASH_ATTENTION",
-        flat(q, tuple(q.shape[-3:])),
-        flat(k, tuple(k.shape[-3:])),
-        flat(v, tuple(v.shape[-3:])),
-        attn_mask=mask,
-        dropout_p=dropout_p,
-        is_causal=is_causal,
-        scale=scale,
-        enable_gqa=enable_gqa,
-    )
-    return out.reshape(*batch, *out.shape[-3:])
+        def flat(x: Any, tail: tuple[int, ...]) -> Any:
+            return x.expand(*batch, *tail).reshape(math.prod(batch), *tail)
+
+        n_heads, n_queries, n_keys = q.shape[-3], q.shape[-2], k.shape[-2]
+        mask = None if attn_mask is None else flat(attn_mask, (n_heads, n_queries, n_keys))
+        out = kernel(
+            flat(q, tuple(q.shape[-3:])),
+            flat(k, tuple(k.shape[-3:])),
+            flat(v, tuple(v.shape[-3:])),
+            attn_mask=mask,
+            **options,
+        )
+        return out.reshape(*batch, *out.shape[-3:])
+
+    return flattened
 
 
-sdpa_flash = pad_head_dims(declare(_flash_4d, **torch_sdpa_declaration()))
+sdpa_flash = pad_head_dims(one_batch_dim(sdpa_on("FLASH_ATTENTION", "sdpa_flash")))
 sdpa_flash.__doc__ = "PyTorch SDPA restricted to its flash backend (any batch dims, E and Ev)."
 sdpa_flash.__qualname__ = sdpa_flash.__name__ = "sdpa_flash"
