@@ -15,6 +15,7 @@ import numpy as np
 
 from attnspec.conformance import declare
 
+from .blocks import named
 from .feature_blocks import Features, arranged, attend_features
 
 Array = np.ndarray
@@ -146,9 +147,7 @@ def _varlen_kernel(name: str, doc: str, **bug: Any) -> Callable[..., Any]:
             **bug,
         )
 
-    kernel.__doc__ = doc
-    kernel.__name__ = kernel.__qualname__ = name
-    return kernel
+    return named(kernel, name, doc)
 
 
 varlen_block_diagonal = _varlen_kernel(
@@ -313,9 +312,7 @@ def _cache_kernel(name: str, doc: str, *, paged: bool = True, **bug: Any) -> Cal
             **bug,
         )
 
-    kernel.__doc__ = doc
-    kernel.__name__ = kernel.__qualname__ = name
-    return kernel
+    return named(kernel, name, doc)
 
 
 IN_PLACE = (
