@@ -340,16 +340,28 @@ class KernelUnderTest:
         """(out, weights or None) as backend arrays, the log-sum-exp (or None) as ``.lse``;
         a kernel exception becomes a failure."""
         reject_avoided(problem, self.declaration)  # a re-run drawing around a clause
+        result = self.call_checked(*self.arguments(problem), problem)
+        return KernelOutputs(*self.results(result, problem))
+
+    def call_checked(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        problem: Problem | None = None,
+        context: str = "",
+    ) -> Any:
+        """:meth:`call_raw`, an exception the kernel raises made a :class:`KernelRaised`
+        failure that shows ``problem`` (when the call has one) and ``context`` (how the
+        arguments were made, e.g. " [call: ...]"), with a hint where one applies."""
         try:
-            result = self.call_raw(*self.arguments(problem))
+            return self.call_raw(args, kwargs)
         except Exception as exc:
             raise KernelRaised(
-                f"kernel raised {type(exc).__name__}: {str(exc)[:300]}",
+                f"kernel raised {type(exc).__name__}: {str(exc)[:300]}{context}",
                 problem,
                 self,
                 hint=raised_hint(exc, self),
             ) from exc
-        return KernelOutputs(*self.results(result, problem))
 
     def numpy(self, x: Any) -> np.ndarray:
         """A backend array as float64 NumPy."""

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from ...backends import Backend
 from ..assertions import assert_same_result, first_index
 from ..declaration import KernelDeclaration
-from ..failures import KernelRaised, PropertyFailure
+from ..failures import PropertyFailure
 from ..input_features import scores_shape
-from ..kernel import KernelUnderTest, Problem, raised_hint
+from ..kernel import KernelUnderTest, Problem
 from ..registration import always, dense_only, register
 from ..sizes import current
 from ..strategies import draw_dims, draw_problem
@@ -43,15 +43,7 @@ def call_with(
     problem (and ``context``, e.g. how the arguments were laid out); used where the
     arguments are views or must be inspected after the call.
     """
-    try:
-        result = kernel.call_raw(args, kwargs)
-    except Exception as exc:
-        raise KernelRaised(
-            f"kernel raised {type(exc).__name__}: {str(exc)[:300]}{context}",
-            problem,
-            kernel,
-            hint=raised_hint(exc, kernel),
-        ) from exc
+    result = kernel.call_checked(args, kwargs, problem, context)
     return kernel.split(result, problem)
 
 
