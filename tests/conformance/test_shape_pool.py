@@ -353,7 +353,7 @@ def test_a_rerun_drawing_around_every_dtype_checked_draws_nothing() -> None:
 
 
 def test_workers_share_one_jax_compilation_cache_per_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """CONF-5 (issue 11): every worker of a run gets JAX's persistent compilation cache in
+    """CONF-5: every worker of a run gets JAX's persistent compilation cache in
     one directory of the run (the user's JAX_COMPILATION_CACHE_DIR instead, when set) with
     every compilation cached, so a worker started after a crash, a re-run or another
     worker of --jobs N loads what one already compiled; thresholds the user set stand.  A
@@ -384,7 +384,7 @@ def test_workers_share_one_jax_compilation_cache_per_run(tmp_path) -> None:  # t
 
 
 def test_the_suites_own_array_operations_compile_nothing_on_jax() -> None:
-    """SDPA-1.1, SDPA-1.7 (issue 11): on JAX, which compiles every operation anew per shape,
+    """SDPA-1.1, SDPA-1.7: on JAX, which compiles every operation anew per shape,
     the zero padding of a kernel that needs E == Ev (Ev < E; Ev > E with an explicit scale
     and with the power-of-two factor on q), the cut of its output and layout-independence's
     views are done on the host: checking compiles the kernel's signatures and nothing else
@@ -434,7 +434,7 @@ def test_the_suites_own_array_operations_compile_nothing_on_jax() -> None:
 
 
 def test_a_rerun_drawing_around_values_meets_the_first_runs_shapes() -> None:
-    """CONF-5 (issue 11): a re-run drawing around a fully masked row or a large bias (the
+    """CONF-5: a re-run drawing around a fully masked row or a large bias (the
     values, masks and options drawn, not the sizes) draws its problem and probe sizes from
     the pools of the first run, whose compilations a compiling backend has already paid
     (it drew pools of its own before, 24 more kernel compilations); drawing around GQA
