@@ -128,6 +128,26 @@ class Backend:
         """A NumPy copy of a backend array (bfloat16 widened to float32)."""
         return self._adapter.to_numpy(x)
 
+    def dtype_name(self, x: Any) -> str | None:
+        """The spec dtype name of the backend array ``x`` (None: not a floating dtype this
+        backend has)."""
+        dtype = getattr(x, "dtype", None)
+        return next((name for name in self.dtype_names if self.dtype(name) == dtype), None)
+
+    def on_host(self, x: Any, fn: Any) -> Any:
+        """``fn`` applied to a NumPy copy of the floating backend array ``x`` (bfloat16
+        widened exactly to float32), its result moved back in ``x``'s dtype: the same values
+        as ``fn`` done with the library's own operations when ``fn`` is exact in that dtype
+        (zero padding, slicing, a power-of-two factor short of overflow), but with no
+        device operation, which a library that compiles per shape (JAX) compiles anew for
+        every shape."""
+        name = self.dtype_name(x)
+        if name is None:
+            raise ValueError(
+                f"x.dtype={getattr(x, 'dtype', None)}, but should be one of {self.dtype_names}"
+            )
+        return self.asarray(fn(self.to_numpy(x)), name)
+
 
 _lock = threading.Lock()
 _current: list[Backend | None] = [None]

@@ -2,7 +2,8 @@
 
 The CLI, the pytest plugin and :func:`assert_conforms` all set the kernel up with
 :class:`~.kernel_setup.KernelSetup` (load, adapt, claims, signature checked before anything
-runs) and validate the run once (:func:`.run_plan.plan_run`); :func:`run` runs it.
+runs) and validate the run once (:func:`.run_plan.plan_run`, report files included); the
+CLI and :func:`run` run it with :func:`.run_plan.execute`.
 
     >>> from attnspec.conformance import assert_conforms
     >>> assert_conforms(my_attention, backend="torch", bias=True)  # in a test
@@ -10,12 +11,12 @@ runs) and validate the run once (:func:`.run_plan.plan_run`); :func:`run` runs i
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..backends import Backend
 from .isolation import IsolationOptions
-from .jobs import run_properties
 from .kernel import KernelUnderTest
 
 # the API's names, documented as api.* (`X as X`: an explicit re-export)
@@ -25,75 +26,23 @@ from .kernel_setup import SetupError as SetupError
 from .kernel_setup import setup_notes as setup_notes
 from .kernel_setup import size_limits as size_limits
 from .kernel_setup import size_limits_from as size_limits_from
-from .registry import Property
-from .report import claim_line, format_table
+from .report import format_table
 from .reproduce import reproduction_file
-from .run_plan import RunPlan, Session, plan_run
-from .runner import (
-    FAILED,
-    WARNING,
-    Report,
-    Verdict,
-    new_report,
-)
-from .side_effects import hypothesis_storage_elsewhere
-from .sizes import SizeLimits
-
-Progress = Callable[[Property, "Verdict | None"], None]
+from .run_plan import Progress, RunPlan, execute, plan_run
+from .runner import Report
 
 
 def run(
     plan: RunPlan, progress: Progress | None = None, kernel: KernelUnderTest | None = None
 ) -> Report:
-    """Run ``plan`` (see :func:`.run_plan.plan_run`): with ``plan.isolation``, the kernel
-    is loaded and run in a supervised worker process (:mod:`.isolation`), in
-    ``plan.jobs`` of them at once when more than one (:mod:`.jobs`: the same verdicts in
-    the same order); otherwise in this one (``kernel``, if given, is used as is).
-    ``progress`` hears each property start and end."""
-    session = plan.session(kernel)
-    with hypothesis_storage_elsewhere(), session:
-        report = start_report(
-            session, profile=plan.profile, seed=plan.seed, strict=plan.strict, limits=plan.limits
-        )
-        run_properties(
-            session,
-            list(plan.properties),
-            report,
-            progress,
-            profile=plan.profile,
-            seed=plan.seed,
-            limits=plan.limits,
-        )
-        finish_report(report, session, partial=plan.partial)
-    return report
-
-
-def start_report(
-    session: Session,
-    *,
-    profile: str,
-    seed: int | None,
-    strict: bool,
-    limits: SizeLimits | None = None,
-) -> Report:
-    """Load the session's kernel and give the empty report of its run (within ``limits``),
-    with the notes on the library's settings and the hints read off the kernel before
-    anything ran."""
-    kernel = session.start()
-    report = new_report(kernel, profile=profile, seed=seed, strict=strict, limits=limits)
-    report.notes = list(session.setup_notes())
-    report.hints = list(kernel.setup_hints)
-    return report
-
-
-def finish_report(report: Report, session: Session, *, partial: bool) -> None:
-    """Add the hints from probing a kernel that failed (in its worker when isolated) and
-    the conformance claim, or why there is none (``partial``: --only/--skip)."""
-    kernel = session.start()
-    failures = sum(v.status in (FAILED, WARNING) for v in report.verdicts)
-    if failures and not report.incomplete:
-        report.hints.extend(session.run_hints(failures))
-    report.claim = claim_line(report, kernel.declaration, kernel.dtypes, partial=partial)
+    """Run ``plan`` (see :func:`.run_plan.plan_run` and :func:`.run_plan.execute`; the
+    kernel is in ``kernel``, if given, in this process) and write its report files;
+    ``progress`` hears each property start and end.  ``OSError`` names the report files
+    that could not be written."""
+    done = execute(plan, progress, kernel)
+    if done.file_errors:
+        raise OSError("; ".join(done.file_errors.values()))
+    return done.report
 
 
 def check(
@@ -115,6 +64,7 @@ def check(
     jax_x64: bool | None = None,
     isolate: bool | IsolationOptions = False,
     jobs: int | str = 1,
+    reports: Mapping[str, str | os.PathLike[str]] | None = None,
     **claims: Any,
 ) -> Report:
     """Check ``kernel`` (a callable or ``"MODULE:FUNC"``) clause by clause.
@@ -127,7 +77,9 @@ def check(
     as ``attnspec check`` does: a crash, exit or hang is then a failed verdict; a callable
     kernel must be importable by its module and name.  ``jobs`` (with ``isolate``) runs
     that many worker processes at once (``"auto"``: one per available CPU), with the same
-    verdicts in the same order.  Bad setup (target, signature, backend, option) raises
+    verdicts in the same order.  ``reports`` maps a format ("json", "junit",
+    "markdown") to the file the report is written to (rewritten after every property, as
+    ``attnspec check --json PATH`` does).  Bad setup (target, signature, backend, option) raises
     :class:`SetupError`, a ``ValueError``.
     """
     limits = size_limits(max_len, max_head_dim, max_batch_heads)
@@ -153,6 +105,7 @@ def check(
             limits=limits,
             isolation=isolation,
             jobs=jobs,
+            reports=reports,
         )
     )
 

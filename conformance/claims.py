@@ -1,12 +1,13 @@
 """The claims table: everything a kernel can claim, in one place (CONF-3, CONF-7).
 
 Each :class:`Claim` is one field of :class:`~attnspec.conformance.KernelDeclaration`
-with its default, the command-line flag(s) that set it and their help, the keyword(s)
-the suite passes the kernel because of it, how it shows in the conformance claim line,
-and the MUST clause a non-default value waives.  ``KernelDeclaration`` and ``declare``,
-the ``attnspec check`` flags, the pytest plugin's ``--attnspec-*`` options,
-``suite_keywords`` (the signature pre-flight), the claim line and the reproductions'
-``KernelDeclaration(...)`` all derive from :data:`CLAIMS`: adding a claim is adding a row.
+(which gives its type and default, so that mypy checks every use) with the command-line
+flag(s) that set it and their help, the keyword(s) the suite passes the kernel because of
+it, how it shows in the conformance claim line, and the MUST clause a non-default value
+waives.  The validation of ``KernelDeclaration``, the ``attnspec check`` flags, the pytest
+plugin's ``--attnspec-*`` options, ``suite_keywords`` (the signature pre-flight) and the
+claim line all derive from :data:`CLAIMS`: adding a claim is adding a field there and a
+row here (tests/conformance/test_cli.py checks that they agree).
 
 :data:`SETUP_FLAGS` are the other declarations the CLI and the plugin share: how the
 kernel is called (layout, keyword renames), which dtypes are checked, and the JAX
@@ -304,10 +305,7 @@ def _linear_from_flags(get: Getter) -> LinearClaim | None:
 class Claim:
     """One row of the claims table: a declaration field and everything derived from it."""
 
-    field: str
-    annotation: str
-    default: Any = None
-    default_factory: Callable[[], Any] | None = None
+    field: str  # its name in KernelDeclaration, which gives its type and default
     flags: tuple[Flag, ...] = ()
     # the value from the flags (None: not given); default: the single flag's value
     from_flags: Callable[[Getter], Any] | None = None
@@ -323,15 +321,6 @@ class Claim:
     waives: str | tuple[str, ...] | None = None
     # a message saying what is wrong with a value, or None
     invalid: Callable[[Any], str | None] | None = None
-
-    def dataclass_field(self) -> Any:
-        if self.default_factory is not None:
-            return field(default_factory=self.default_factory)
-        return field(default=self.default)
-
-    @property
-    def default_value(self) -> Any:
-        return self.default_factory() if self.default_factory is not None else self.default
 
     @property
     def waived_clauses(self) -> tuple[str, ...]:
@@ -405,10 +394,9 @@ def _plural(n: int, word: str) -> str:
 
 
 CLAIMS: tuple[Claim, ...] = (
-    Claim("dtypes", "tuple[str, ...] | None", invalid=_dtypes_invalid),  # --dtype: SETUP_FLAGS
+    Claim("dtypes", invalid=_dtypes_invalid),  # --dtype: SETUP_FLAGS
     Claim(
         "batch_ndim",
-        "int | None",
         flags=(
             Flag(
                 "--batch-ndim",
@@ -423,8 +411,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "equal_head_dims",
-        "bool",
-        False,
         flags=(
             Flag(
                 "--equal-head-dims",
@@ -439,8 +425,6 @@ CLAIMS: tuple[Claim, ...] = (
     # property whose drawn inputs touch it
     Claim(
         "equal_lengths",
-        "bool",
-        False,
         flags=(
             Flag(
                 "--equal-lengths",
@@ -453,8 +437,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "empty_sizes",
-        "bool",
-        True,
         flags=(
             Flag(
                 "--empty-sizes",
@@ -468,8 +450,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "mask",
-        "bool",
-        True,
         flags=(
             Flag(
                 "--mask",
@@ -483,8 +463,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "mask_keyword",
-        "str",
-        "mask",
         flags=(
             Flag(
                 "--mask-keyword",
@@ -496,8 +474,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "bias",
-        "bool",
-        False,
         flags=(Flag("--bias", "the kernel takes an additive float bias", kind="bool"),),
         keywords=lambda d: (d.bias_keyword,) if _dense(d) and d.bias else (),
         remedy="--no-bias, or --bias-keyword NAME",
@@ -505,8 +481,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "bias_keyword",
-        "str",
-        "bias",
         flags=(
             Flag(
                 "--bias-keyword",
@@ -519,14 +493,11 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "gqa",
-        "bool",
-        False,
         flags=(Flag("--gqa", "grouped-query attention: Hq a multiple of Hkv", kind="bool"),),
         shows_as=_when("gqa", "GQA"),
     ),
     Claim(
         "gqa_keyword",
-        "str | None",
         flags=(
             Flag(
                 "--gqa-keyword",
@@ -540,8 +511,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "causal",
-        "bool",
-        True,
         flags=(Flag("--causal", "the kernel takes is_causal", kind="bool"),),
         keywords=lambda d: ("is_causal",) if _dense(d) and d.causal else (),
         remedy="--no-causal, or --rename is_causal=NAME",
@@ -549,8 +518,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "causal_alignment",
-        "str",
-        "top_left",
         flags=(
             Flag(
                 "--causal-alignment",
@@ -564,8 +531,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "mask_and_causal",
-        "bool",
-        True,
         flags=(
             Flag("--mask-and-causal", "mask and is_causal may be passed together", kind="bool"),
         ),
@@ -577,8 +542,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "scale",
-        "bool",
-        True,
         flags=(Flag("--scale", "the kernel takes scale=", kind="bool"),),
         keywords=lambda d: ("scale",) if _dense(d) and d.scale else (),
         remedy="--no-scale, or --rename scale=NAME",
@@ -586,15 +549,11 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "returns_weights",
-        "bool",
-        False,
         flags=(Flag("--returns-weights", "the kernel returns (out, weights)", kind="bool"),),
         shows_as=_when("returns_weights", "returned weights"),
     ),
     Claim(
         "empty_rows_zero",
-        "bool",
-        True,
         flags=(
             Flag(
                 "--empty-rows-zero",
@@ -608,8 +567,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "extra_kwargs",
-        "Mapping[str, Any]",
-        default_factory=dict,
         flags=(
             Flag(
                 "--kwarg",
@@ -625,8 +582,6 @@ CLAIMS: tuple[Claim, ...] = (
     # --- the features of spec/features.md and dropout (DROP-2 ... DROP-5) ---
     Claim(
         "softcap",
-        "bool",
-        False,
         flags=(
             Flag(
                 "--softcap",
@@ -641,8 +596,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "softcap_keyword",
-        "str",
-        "softcap",
         flags=(
             Flag(
                 "--softcap-keyword",
@@ -654,8 +607,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "alibi",
-        "bool",
-        False,
         flags=(
             Flag(
                 "--alibi",
@@ -673,8 +624,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "alibi_keyword",
-        "str",
-        "alibi_slopes",
         flags=(
             Flag(
                 "--alibi-keyword",
@@ -686,8 +635,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "alibi_builtin_slopes",
-        "bool",
-        False,
         flags=(
             Flag(
                 "--alibi-builtin-slopes",
@@ -702,8 +649,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "returns_lse",
-        "bool",
-        False,
         flags=(
             Flag(
                 "--returns-lse",
@@ -716,7 +661,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "lse_keyword",
-        "str | None",
         flags=(
             Flag(
                 "--lse-keyword",
@@ -734,8 +678,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "dropout",
-        "bool",
-        False,
         flags=(
             Flag(
                 "--dropout",
@@ -755,8 +697,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "dropout_keyword",
-        "str",
-        "dropout_p",
         flags=(
             Flag(
                 "--dropout-keyword",
@@ -768,8 +708,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "dropout_seed_keyword",
-        "str",
-        "seed",
         flags=(
             Flag(
                 "--dropout-seed-keyword",
@@ -781,8 +719,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "dropout_seeded",
-        "bool",
-        True,
         flags=(
             Flag(
                 "--dropout-seeded",
@@ -795,8 +731,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "varlen",
-        "bool",
-        False,
         flags=(
             Flag(
                 "--varlen",
@@ -819,8 +753,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "varlen_max_seqlen",
-        "bool",
-        True,
         flags=(
             Flag(
                 "--varlen-max-seqlen",
@@ -832,8 +764,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "kv_cache",
-        "bool",
-        False,
         flags=(
             Flag(
                 "--kv-cache",
@@ -857,8 +787,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "kv_cache_append",
-        "bool",
-        True,
         flags=(
             Flag(
                 "--kv-cache-append",
@@ -870,8 +798,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "kv_cache_paged",
-        "bool",
-        False,
         flags=(
             Flag(
                 "--kv-cache-paged",
@@ -884,7 +810,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "kv_cache_block_size",
-        "int | None",
         flags=(
             Flag(
                 "--kv-cache-block-size",
@@ -898,7 +823,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "sparse",
-        "SparseClaim | None",
         flags=(
             Flag(
                 "--sparse",
@@ -932,7 +856,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "linear",
-        "LinearClaim | None",
         flags=(
             Flag(
                 "--linear",
@@ -975,7 +898,6 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "rope",
-        "RopeClaim | None",
         flags=(
             Flag(
                 "--rope",
@@ -1090,23 +1012,3 @@ def claim_features(declaration: KernelDeclaration) -> list[str]:
             if shown:
                 words.append(shown)
     return words
-
-
-def waived_clauses(declaration: KernelDeclaration) -> tuple[str, ...]:
-    """The MUST clauses the declaration says the kernel does not follow (CONF-7)."""
-    return tuple(
-        clause
-        for claim in CLAIMS
-        if getattr(declaration, claim.field) != claim.default_value
-        for clause in claim.waived_clauses
-    )
-
-
-def waiving_flags(declaration: KernelDeclaration) -> dict[str, str]:
-    """Waived clause -> the field that waives it, e.g. ``{"SDPA-5.1": "empty_rows_zero=False"}``."""
-    return {
-        clause: f"{claim.field}={getattr(declaration, claim.field)!r}"
-        for claim in CLAIMS
-        if getattr(declaration, claim.field) != claim.default_value
-        for clause in claim.waived_clauses
-    }

@@ -21,37 +21,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from .. import benchmarks
 from . import claims
-from .api import (
-    SIZE_FLAGS,
-    KernelSetup,
-    SetupError,
-    finish_report,
-    size_limits_from,
-    start_report,
-)
+from .api import SIZE_FLAGS, KernelSetup, SetupError, size_limits_from
 from .claims import CLAIM_FLAGS, SETUP_FLAGS, Flag, UsageError, comma_list
 from .isolation import SUPERVISION_FLAGS, IsolationOptions, isolation_options
-from .jobs import parse_jobs, run_properties
+from .jobs import parse_jobs
 from .registry import Property
-from .report_files import (
-    ReportFiles,
-    interruption,
-    signal_name,
-    sigterm_interrupts,
-    still_running,
-)
-from .reproduce import PROGRAM, reproduction_file, rerun_command, rerun_flags
+from .report_files import signal_name, sigterm_interrupts
+from .reproduce import PROGRAM, reproduction_file, rerun_flags
 from .root_causes import divergences
-from .run_plan import plan_run
-from .runner import FAILED, PROFILES, WARNING, Report, Verdict
-from .side_effects import hypothesis_storage_elsewhere, kernel_output_to
+from .run_plan import REPORT_FORMATS, Execution, execute, plan_run
+from .runner import FAILED, PROFILES, WARNING, Verdict
+from .side_effects import kernel_output_to
 
 DEMO_KERNELS: tuple[tuple[str, str | None, dict[str, Any]], ...] = (
     # (target, backend or None for the default, claims)
@@ -168,20 +154,18 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("properties", help="list every property: id, clause, level, summary")
     commands.add_parser("backends", help="the reference on every backend and dtype here")
     demo = commands.add_parser("demo", help="check PyTorch's SDPA and the reference itself")
-    for flag in RUN_FLAGS:
-        if flag.option in (
-            "--profile",
-            "--seed",
-            "--only",
-            "--skip",
-            "--strict",
-            "--quiet",
-            "--jobs",
-        ):
-            flag.add_to(demo)
+    add_run_flags(demo, "--profile", "--seed", "--only", "--skip", "--strict", "--quiet", "--jobs")
     add_matrix_parser(commands)
     benchmarks.add_parser(commands)
     return parser
+
+
+def add_run_flags(parser: argparse.ArgumentParser, *options: str) -> None:
+    """The flags of ``attnspec check`` named ``options``, for a command that takes only
+    those (same names, help and parsing)."""
+    for flag in RUN_FLAGS:
+        if flag.option in options:
+            flag.add_to(parser)
 
 
 def add_matrix_parser(commands: Any) -> None:
@@ -217,17 +201,9 @@ def add_matrix_parser(commands: Any) -> None:
         help="take the checked rows of an earlier run's JSON (repeatable; a "
         "later file wins); with --merge only the --kernel kernels are run",
     )
-    for flag in RUN_FLAGS:
-        if flag.option in (
-            "--profile",
-            "--seed",
-            "--only",
-            "--skip",
-            "--quiet",
-            "--timeout",
-            "--memory-limit",
-        ):
-            flag.add_to(matrix)
+    add_run_flags(
+        matrix, "--profile", "--seed", "--only", "--skip", "--quiet", "--timeout", "--memory-limit"
+    )
     matrix.add_argument(
         "--jobs",
         metavar="N",
@@ -289,27 +265,9 @@ class ProgressDisplay:
         self.stream.flush()
 
 
-def report_files(args: argparse.Namespace) -> ReportFiles:
-    """The --json/--junit/--markdown files asked for, checked writable (SetupError if not)."""
-    from . import report as render
-    from .known_kernels import target_write_ups
-
-    write_ups = target_write_ups(args.target)
-    to_json = functools.partial(render.to_json, write_ups=write_ups)
-    to_markdown = functools.partial(render.to_markdown, write_ups=write_ups)
-    files = ReportFiles(
-        [
-            (f"--{option}", getattr(args, option), to_text)
-            for option, to_text in (
-                ("json", to_json),
-                ("junit", render.to_junit),
-                ("markdown", to_markdown),
-            )
-            if getattr(args, option) is not None
-        ]
-    )
-    files.check_writable()
-    return files
+def report_paths(args: argparse.Namespace) -> dict[str, str | None]:
+    """The --json/--junit/--markdown files asked for (checked by :func:`.run_plan.plan_run`)."""
+    return {fmt: getattr(args, fmt, None) for fmt in REPORT_FORMATS}
 
 
 def isolation_from(args: argparse.Namespace) -> IsolationOptions | None:
@@ -320,19 +278,11 @@ def isolation_from(args: argparse.Namespace) -> IsolationOptions | None:
 
 
 def jobs_from(args: argparse.Namespace) -> int:
-    """Worker processes from --jobs; UsageError for a bad value, or more than one with
-    --no-isolate."""
-    value = getattr(args, "jobs", None)
+    """Worker processes from --jobs; UsageError for a bad value."""
     try:
-        jobs = parse_jobs(value, "--jobs")
+        return parse_jobs(getattr(args, "jobs", None), "--jobs")
     except ValueError as exc:
         raise UsageError(str(exc).replace("--jobs=", "--jobs ")) from None
-    if jobs > 1 and getattr(args, "no_isolate", False):
-        raise UsageError(
-            f"--jobs {value} runs properties in worker processes; --no-isolate "
-            "runs the kernel in this one, one property at a time"
-        )
-    return jobs
 
 
 def _run_one(
@@ -340,13 +290,14 @@ def _run_one(
     args: argparse.Namespace,
     flags: Sequence[str],
     label: str = "",
-    files: ReportFiles | None = None,
-) -> tuple[Report, Callable[[Verdict], str]]:
-    """Run one kernel with a progress display: (report, rerun command maker).
+    reports: dict[str, str | None] | None = None,
+) -> Execution:
+    """Run one kernel with a progress display (:func:`.run_plan.execute`).
 
-    ``files`` are rewritten after every property.  Ctrl-C or SIGTERM ends the run early
-    with the report marked incomplete (``report.incomplete``).  The kernel's printing
-    goes to stderr, ``--kernel-output PATH`` or (``--quiet``) nowhere.
+    ``reports`` (--json/--junit/--markdown) are rewritten after every property.  Ctrl-C
+    or SIGTERM ends the run early with the report marked incomplete
+    (``report.incomplete``).  The kernel's printing goes to stderr, ``--kernel-output
+    PATH`` or (``--quiet``) nowhere.
     """
     plan = plan_run(
         setup,
@@ -358,48 +309,16 @@ def _run_one(
         limits=size_limits_from(lambda dest: getattr(args, dest, None)),
         isolation=isolation_from(args),
         jobs=jobs_from(args),
+        reports=reports,
     )
-    profile, seed, total = plan.profile, plan.seed, len(plan.properties)
     quiet = getattr(args, "quiet", False)
-    display = None if quiet else ProgressDisplay(total, sys.stderr, label)
+    display = None if quiet else ProgressDisplay(len(plan.properties), sys.stderr, label)
     with contextlib.ExitStack() as stack:
         stack.enter_context(kernel_output_to(_kernel_output(args, stack)))
-        stack.enter_context(hypothesis_storage_elsewhere())
-        session = plan.session()
-        stack.enter_context(session)  # each session's __enter__ returns itself
-        report = start_report(
-            session, profile=profile, seed=seed, strict=plan.strict, limits=plan.limits
-        )
-        target = report.kernel
-
-        def rerun(verdict: Verdict) -> str:
-            return rerun_command(target, flags, verdict.property, seed)
-
-        if files is not None:  # replaces any report of an earlier run at once
-            files.write(report, rerun, incomplete=still_running(0, total))
-
-        def progress(prop: Property, verdict: Verdict | None) -> None:
-            if display is not None:
-                display(prop, verdict)
-            done = len(report.verdicts)
-            if verdict is not None and files is not None and done < total:
-                files.write(report, rerun, incomplete=still_running(done, total))
-
-        try:
-            run_properties(
-                session,
-                list(plan.properties),
-                report,
-                progress,
-                profile=profile,
-                seed=seed,
-                limits=plan.limits,
-            )
-        except KeyboardInterrupt as exc:
-            report.incomplete = interruption(exc, len(report.verdicts), total)
-            print(f"\n{PROGRAM}: {report.incomplete}", file=sys.stderr)
-        finish_report(report, session, partial=plan.partial)
-    return report, rerun
+        done = execute(plan, display, rerun_flags=flags, interruptible=True)
+    if done.report.incomplete:
+        print(f"\n{PROGRAM}: {done.report.incomplete}", file=sys.stderr)
+    return done
 
 
 def _kernel_output(args: argparse.Namespace, stack: contextlib.ExitStack) -> TextIO | None:
@@ -418,21 +337,23 @@ def command_check(args: argparse.Namespace) -> int:
     from . import report as render
     from .known_kernels import target_write_ups
 
-    files = report_files(args)
     setup = setup_from(args)
     flags = rerun_flags((*RUN_FLAGS, *DECLARATION_FLAGS), lambda dest: getattr(args, dest))
-    report, rerun = _run_one(setup, args, flags, files=files)
-    files.write(report, rerun)
+    done = _run_one(setup, args, flags, reports=report_paths(args))
+    report = done.report
     # a reproduction too long to show is in the JSON report, or else in a file of its own
     where = f"the JSON report {args.json}" if args.json else reproduction_file
     print(
         render.format_table(
-            report, rerun=rerun, full_reproduction_in=where, write_ups=target_write_ups(args.target)
+            report,
+            rerun=done.rerun,
+            full_reproduction_in=where,
+            write_ups=target_write_ups(args.target),
         )
     )
-    for error in files.errors.values():
+    for error in done.file_errors.values():
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
-    if report.incomplete or files.errors:
+    if report.incomplete or done.file_errors:
         return 2
     return 0 if report.conforms else 1
 
@@ -485,10 +406,11 @@ def command_demo(args: argparse.Namespace) -> int:
         setup = KernelSetup(target, backend, claims=claimed)
         backend_flags = ["--backend", backend] if backend else []
         claim_flags = rerun_flags(CLAIM_FLAGS, claimed.get)
-        report, rerun = _run_one(
+        done = _run_one(
             setup, args, [*backend_flags, *claim_flags], label=f"{target.rpartition(':')[0]}: "
         )
-        print(format_table(report, rerun=rerun, full_reproduction_in=reproduction_file))
+        report = done.report
+        print(format_table(report, rerun=done.rerun, full_reproduction_in=reproduction_file))
         if report.incomplete:
             return 2
         # by name (the kernel is not loaded again); a write-up counts only for the failure
@@ -568,9 +490,9 @@ def command_matrix(args: argparse.Namespace) -> int:
         os.environ.update(dict(entry.env))  # the worker inherits it (KERAS_BACKEND)
         started = time.perf_counter()
         try:
-            report, _ = _run_one(
+            report = _run_one(
                 setup_from(check_args), check_args, tokens[1:], label=f"{entry.name}: "
-            )
+            ).report
         except SetupError as exc:
             return matrix.MatrixRow(
                 entry.name,

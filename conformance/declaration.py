@@ -13,11 +13,11 @@ The fields, their flags and what the suite does with them are one table,
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping  # noqa: F401  (field annotations name them)
-from dataclasses import make_dataclass, replace
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields, replace
+from typing import Any, TypeVar, overload
 
-from .claims import CLAIMS, LinearClaim, RopeClaim, SparseClaim, waived_clauses
+from .claims import CLAIMS, LinearClaim, RopeClaim, SparseClaim
 
 __all__ = [
     "ATTRIBUTE",
@@ -33,19 +33,55 @@ __all__ = [
 ATTRIBUTE = "__attnspec__"
 
 
-class _DeclarationBehaviour:
-    """What every :class:`KernelDeclaration` can say about itself beyond its fields."""
+@dataclass(frozen=True, kw_only=True)
+class KernelDeclaration:
+    """Everything a kernel claims beyond the minimal interface (CONF-3), e.g.
+    ``KernelDeclaration(bias=True, gqa=True, causal_alignment="bottom_right")``.
 
-    if TYPE_CHECKING:  # the claims table's fields these methods read (see CLAIMS)
-        rope: RopeClaim | None
-        sparse: SparseClaim | None
-        linear: LinearClaim | None
-        varlen: bool
-        kv_cache: bool
-        mask: bool
-        mask_keyword: str
-        bias: bool
-        bias_keyword: str
+    One field per row of the claims table (``attnspec.conformance.claims.CLAIMS``), in its
+    order: the field's type and default are here, its flags, the keywords it makes the
+    suite pass, its words in the claim line and the clause it waives are in the table
+    (``tests/conformance/test_cli.py`` checks that the two name the same fields).
+    """
+
+    dtypes: tuple[str, ...] | None = None
+    batch_ndim: int | None = None
+    equal_head_dims: bool = False
+    equal_lengths: bool = False
+    empty_sizes: bool = True
+    mask: bool = True
+    mask_keyword: str = "mask"
+    bias: bool = False
+    bias_keyword: str = "bias"
+    gqa: bool = False
+    gqa_keyword: str | None = None
+    causal: bool = True
+    causal_alignment: str = "top_left"
+    mask_and_causal: bool = True
+    scale: bool = True
+    returns_weights: bool = False
+    empty_rows_zero: bool = True
+    extra_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    softcap: bool = False
+    softcap_keyword: str = "softcap"
+    alibi: bool = False
+    alibi_keyword: str = "alibi_slopes"
+    alibi_builtin_slopes: bool = False
+    returns_lse: bool = False
+    lse_keyword: str | None = None
+    dropout: bool = False
+    dropout_keyword: str = "dropout_p"
+    dropout_seed_keyword: str = "seed"
+    dropout_seeded: bool = True
+    varlen: bool = False
+    varlen_max_seqlen: bool = True
+    kv_cache: bool = False
+    kv_cache_append: bool = True
+    kv_cache_paged: bool = False
+    kv_cache_block_size: int | None = None
+    sparse: SparseClaim | None = None
+    linear: LinearClaim | None = None
+    rope: RopeClaim | None = None
 
     def __post_init__(self) -> None:
         for claim in CLAIMS:
@@ -72,39 +108,30 @@ class _DeclarationBehaviour:
         """True when mask and bias travel in one argument (PyTorch's float attn_mask)."""
         return self.bias and self.mask and self.bias_keyword == self.mask_keyword
 
+    def changed(self) -> dict[str, Any]:
+        """The fields whose value is not their default, in field order."""
+        changed = {}
+        for f in fields(self):
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            if getattr(self, f.name) != default:
+                changed[f.name] = getattr(self, f.name)
+        return changed
+
+    def waivers(self) -> dict[str, str]:
+        """Waived clause -> the field that waives it, e.g.
+        ``{"SDPA-5.1": "empty_rows_zero=False"}`` (CONF-7)."""
+        changed = self.changed()
+        return {
+            clause: f"{claim.field}={changed[claim.field]!r}"
+            for claim in CLAIMS
+            if claim.field in changed
+            for clause in claim.waived_clauses
+        }
+
     @property
     def waived(self) -> tuple[str, ...]:
         """MUST clauses this declaration says the kernel does not follow (CONF-7)."""
-        return waived_clauses(self)
-
-
-def _docstring() -> str:
-    lines = [
-        "Everything the suite needs to know to call a kernel and judge it.",
-        "",
-        "One field per row of ``attnspec.conformance.claims.CLAIMS``:",
-        "",
-    ]
-    for claim in CLAIMS:
-        flags = ", ".join(flag.option for flag in claim.flags) or "--dtype (restricts)"
-        lines.append(f"- ``{claim.field}`` (default {claim.default_value!r}; {flags})")
-    return "\n".join(lines)
-
-
-# Built from the claims table, so a new claim is one new row there.
-KernelDeclaration: Any = make_dataclass(
-    "KernelDeclaration",
-    [(claim.field, claim.annotation, claim.dataclass_field()) for claim in CLAIMS],
-    bases=(_DeclarationBehaviour,),
-    frozen=True,
-    kw_only=True,
-    namespace={"__doc__": _docstring()},
-)
-KernelDeclaration.__module__ = __name__
-"""Everything a kernel claims beyond the minimal interface (CONF-3): one keyword-only,
-frozen field per row of the claims table (``attnspec.conformance.claims.CLAIMS``), e.g.
-``KernelDeclaration(bias=True, gqa=True, causal_alignment="bottom_right")``; the fields,
-their defaults and CLI flags are listed in the class docstring and in the guide."""
+        return tuple(self.waivers())
 
 
 Kernel = TypeVar("Kernel", bound=Callable[..., Any])

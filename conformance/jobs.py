@@ -217,12 +217,7 @@ def open_session(
 ) -> IsolatedKernel | InProcessKernel | WorkerPool:
     """Isolated when ``isolation`` is given (then ``kernel`` must be None), in ``jobs``
     worker processes when more than one (:mod:`.jobs`); else in-process."""
-    if isolation is None:
-        if jobs != 1:
-            raise ValueError(
-                f"jobs={jobs!r} needs worker processes, but the kernel runs in "
-                "this process (--no-isolate, isolate=False): use jobs=1"
-            )
+    if isolation is None:  # jobs is 1 here: run_plan.plan_run checked it
         return InProcessKernel(setup, kernel)
     if kernel is not None:
         raise ValueError(

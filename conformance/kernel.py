@@ -187,9 +187,7 @@ class KernelUnderTest:
         self.backend = backend
         self.declaration = declaration if declaration is not None else declaration_of(fn)
         if self.declaration.equal_head_dims:
-            from .layouts import pad_head_dims
-
-            fn = pad_head_dims(fn)
+            fn = padded_head_dims(fn, backend)
         self.fn = fn
         self._padded: Callable[..., Any] | None = None  # fn zero-padded to E = Ev, made once
         module, name = getattr(fn, "__module__", "?"), getattr(fn, "__qualname__", "?")
@@ -257,9 +255,7 @@ class KernelUnderTest:
         ``equal_head_dims`` would call it."""
         if pads_head_dims(self.declaration) and not self.declaration.equal_head_dims:
             if self._padded is None:
-                from .layouts import pad_head_dims
-
-                self._padded = pad_head_dims(self.fn, **_fields(self.declaration))
+                self._padded = padded_head_dims(self.fn, self.backend, **_fields(self.declaration))
             return self._padded(*args, **kwargs)
         return self.fn(*args, **kwargs)
 
@@ -344,16 +340,28 @@ class KernelUnderTest:
         """(out, weights or None) as backend arrays, the log-sum-exp (or None) as ``.lse``;
         a kernel exception becomes a failure."""
         reject_avoided(problem, self.declaration)  # a re-run drawing around a clause
+        result = self.call_checked(*self.arguments(problem), problem)
+        return KernelOutputs(*self.results(result, problem))
+
+    def call_checked(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        problem: Problem | None = None,
+        context: str = "",
+    ) -> Any:
+        """:meth:`call_raw`, an exception the kernel raises made a :class:`KernelRaised`
+        failure that shows ``problem`` (when the call has one) and ``context`` (how the
+        arguments were made, e.g. " [call: ...]"), with a hint where one applies."""
         try:
-            result = self.call_raw(*self.arguments(problem))
+            return self.call_raw(args, kwargs)
         except Exception as exc:
             raise KernelRaised(
-                f"kernel raised {type(exc).__name__}: {str(exc)[:300]}",
+                f"kernel raised {type(exc).__name__}: {str(exc)[:300]}{context}",
                 problem,
                 self,
                 hint=raised_hint(exc, self),
             ) from exc
-        return KernelOutputs(*self.results(result, problem))
 
     def numpy(self, x: Any) -> np.ndarray:
         """A backend array as float64 NumPy."""
@@ -459,6 +467,16 @@ def pads_head_dims(declaration: KernelDeclaration) -> bool:
     """Whether the kernel is called on inputs zero-padded to E = Ev: it declares
     ``equal_head_dims``, or a re-run draws around Ev != E (SDPA-1.1, input_features)."""
     return declaration.equal_head_dims or UNEQUAL_HEAD_DIMS in sizes.avoided_now()
+
+
+def padded_head_dims(fn: Callable[..., Any], backend: Backend, **claims: Any) -> Callable[..., Any]:
+    """``fn`` zero-padded to E = Ev (:func:`.layouts.pad_head_dims`); on a backend that
+    compiles per shape, with the padding done on the host, where it compiles nothing."""
+    from .layouts import pad_head_dims, pad_head_dims_on_host
+
+    if backend.compiles_per_shape:
+        return pad_head_dims_on_host(fn, backend, **claims)
+    return pad_head_dims(fn, **claims)
 
 
 def _fields(declaration: KernelDeclaration) -> dict[str, Any]:

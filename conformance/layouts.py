@@ -26,7 +26,9 @@ from collections.abc import Callable
 from typing import Any
 
 import array_api_compat
+import numpy as np
 
+from ..backends import Backend
 from ..reference._checks import check_choice, namespace_of, require_ndim_at_least
 from .declaration import ATTRIBUTE, declaration_of, infer_declaration, known_declaration
 
@@ -142,16 +144,51 @@ def pad_head_dims(fn: Callable[..., Any], /, **claims: Any) -> Callable[..., Any
     a ``scale`` parameter works too.  Works on spec-layout arrays and BLHD ones alike (only
     the last axis is touched).
     """
+    return _padded(fn, None, claims)
+
+
+def pad_head_dims_on_host(
+    fn: Callable[..., Any], backend: Backend, /, **claims: Any
+) -> Callable[..., Any]:
+    """:func:`pad_head_dims` with the padding, the power-of-two factor and the output's cut
+    done on host copies (:meth:`Backend.on_host`): the kernel gets the same arrays, but no
+    device operation runs, which on a backend that compiles per shape (JAX) would compile
+    once more for every shape the suite pads (KernelUnderTest pads so on such a backend)."""
+    return _padded(fn, backend, claims)
+
+
+def _padded(
+    fn: Callable[..., Any], host: Backend | None, claims: dict[str, Any]
+) -> Callable[..., Any]:
+    """``fn`` padded as :func:`pad_head_dims` says, on the host of ``host`` if given."""
     declaration = declaration_of(fn, **claims)
     call = f"pad_head_dims({_describe(fn)})(q, k, v)"
+
+    def on_host(a: Any, op: Callable[[np.ndarray], np.ndarray]) -> Any | None:
+        # None: done on the device (no host backend, or not a floating array it has)
+        if host is None or not host.is_array(a) or host.dtype_name(a) is None:
+            return None
+        return host.on_host(a, op)
 
     def zero_columns(xp: Any, a: Any, width: int) -> Any:
         if a.shape[-1] == width:
             return a
-        zeros = xp.zeros(
-            (*a.shape[:-1], width - a.shape[-1]), dtype=a.dtype, device=array_api_compat.device(a)
-        )
+        missing = (*a.shape[:-1], width - a.shape[-1])
+        padded = on_host(a, lambda h: np.concatenate([h, np.zeros(missing, h.dtype)], axis=-1))
+        if padded is not None:
+            return padded
+        zeros = xp.zeros(missing, dtype=a.dtype, device=array_api_compat.device(a))
         return xp.concat([a, zeros], axis=-1)
+
+    def overflows(xp: Any, q: Any, scaled: Any) -> bool:
+        if host is not None and host.is_array(q):
+            before, after = host.to_numpy(q), host.to_numpy(scaled)
+            return bool(np.any(np.isinf(after) & ~np.isinf(before)))
+        return bool(xp.any(xp.isinf(scaled) & ~xp.isinf(q)))
+
+    def first_columns(result: Any, n: int) -> Any:
+        cut = on_host(result, lambda h: h[..., :n])
+        return result[..., :n] if cut is None else cut
 
     @functools.wraps(fn)
     def padded(q: Any, k: Any, v: Any, /, *args: Any, **kwargs: Any) -> Any:
@@ -161,8 +198,9 @@ def pad_head_dims(fn: Callable[..., Any], /, **claims: Any) -> Callable[..., Any
         if width == head_dim == value_dim or head_dim == 0:  # E = 0 is the kernel's to reject
             return fn(q, k, v, *args, **kwargs)
         if factor != 1:
-            scaled = q * factor
-            if bool(xp.any(xp.isinf(scaled) & ~xp.isinf(q))):
+            scaled = on_host(q, lambda h: h * factor)
+            scaled = q * factor if scaled is None else scaled
+            if overflows(xp, q, scaled):
                 raise ValueError(
                     f"q times {factor} overflows {q.dtype}, so the padding to {width} columns "
                     f"cannot keep the default scale 1/sqrt({head_dim}) exact [{call}]"
@@ -176,8 +214,8 @@ def pad_head_dims(fn: Callable[..., Any], /, **claims: Any) -> Callable[..., Any
             **kwargs,
         )
         if isinstance(result, (tuple, list)):  # (out, weights, ...): weights need no cut
-            return (result[0][..., :value_dim], *result[1:])
-        return result[..., :value_dim]
+            return (first_columns(result[0], value_dim), *result[1:])
+        return first_columns(result, value_dim)
 
     padded.__name__ = f"pad_head_dims({getattr(fn, '__name__', 'kernel')})"
     padded.__qualname__ = f"pad_head_dims({_describe(fn)})"

@@ -131,14 +131,7 @@ def _call(
     kernel: KernelUnderTest, batch: Batch, args: tuple[Any, ...], keywords: dict[str, Any]
 ) -> Any:
     """The kernel's raw result; an exception it raises is a failure naming the call."""
-    from .failures import KernelRaised
-
-    try:
-        return kernel.call_raw(args, keywords)
-    except Exception as exc:
-        raise KernelRaised(
-            f"kernel raised {type(exc).__name__}: {str(exc)[:300]} [call: {batch.describe()}]"
-        ) from exc
+    return kernel.call_checked(args, keywords, context=f" [call: {batch.describe()}]")
 
 
 def varlen_arguments(

@@ -21,9 +21,8 @@ import pytest
 if TYPE_CHECKING:  # imported lazily: a pytest run without the option pays nothing
     from .claims import Flag
     from .registry import Property
-    from .run_plan import Session
+    from .run_plan import RunPlan, Session
     from .runner import Report, Verdict
-    from .sizes import SizeLimits
 
 
 PREFIX = "attnspec"
@@ -168,6 +167,7 @@ def pytest_configure(config: pytest.Config) -> None:
             seed=option("attnspec_seed"),
             only=_ids(option("attnspec_only")),
             skip=_ids(option("attnspec_skip")),
+            strict=option("attnspec_strict"),
             limits=size_limits_from(flag_value),
             isolation=isolation,
         )
@@ -175,9 +175,7 @@ def pytest_configure(config: pytest.Config) -> None:
         session.start()  # load the kernel (in its worker when isolated) before collecting
     except (SetupError, UsageError, ValueError) as exc:
         raise pytest.UsageError(f"attnspec: {exc}") from None
-    config.pluginmanager.register(
-        AttnspecSession(config, session, list(plan.properties), plan.limits), "attnspec-session"
-    )
+    config.pluginmanager.register(AttnspecSession(config, session, plan), "attnspec-session")
 
 
 class AttnspecSession:
@@ -188,11 +186,10 @@ class AttnspecSession:
         self,
         config: pytest.Config,
         session: Session,
-        properties: list[Property],
-        limits: SizeLimits,
+        plan: RunPlan,
     ) -> None:
-        self.config, self.session, self.properties = config, session, properties
-        self.limits = limits
+        self.config, self.session, self.plan = config, session, plan
+        self.properties = list(plan.properties)
         self.kernel = session.start()
         self.verdicts: list[Verdict] = []
 
@@ -230,13 +227,10 @@ class AttnspecSession:
     def verdict(self, prop: Property) -> Verdict:
         from .side_effects import hypothesis_storage_elsewhere
 
-        option = self.config.getoption
+        plan = self.plan
         with hypothesis_storage_elsewhere():
             verdict = self.session.run_property(
-                prop,
-                profile=option("attnspec_profile"),
-                seed=option("attnspec_seed"),
-                limits=self.limits,
+                prop, profile=plan.profile, seed=plan.seed, limits=plan.limits
             )
         self.verdicts.append(verdict)
         return verdict
@@ -252,18 +246,11 @@ class AttnspecSession:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.verdicts:
             return
-        from .api import finish_report, start_report
         from .registry import all_properties
         from .report import summary_line
+        from .run_plan import finish_report, start_report
 
-        option = self.config.getoption
-        report = start_report(
-            self.session,
-            profile=option("attnspec_profile"),
-            seed=option("attnspec_seed"),
-            strict=option("attnspec_strict"),
-            limits=self.limits,
-        )
+        report = start_report(self.session, self.plan)
         order = {prop.id: i for i, prop in enumerate(self.properties)}  # xdist: any order
         report.verdicts = sorted(self.verdicts, key=lambda v: order.get(v.property, len(order)))
         # a claim needs every property to have run (no --attnspec-only/-skip, no -k)
@@ -285,17 +272,14 @@ class AttnspecSession:
         that follow from it: the items above keep their own verdicts."""
         from .root_causes import divergences, draw_around
 
-        option = self.config.getoption
+        plan = self.plan
         draw_around(
             report,
             self.properties,
             lambda prop, around: self.session.run_property(
-                prop,
-                profile=option("attnspec_profile"),
-                seed=option("attnspec_seed"),
-                limits=around,
+                prop, profile=plan.profile, seed=plan.seed, limits=around
             ),
-            self.limits,
+            plan.limits,
         )
         found = divergences(report)
         lines = [f"{len(found)} distinct divergence{'s' * (len(found) != 1)}:"] if found else []
@@ -346,9 +330,7 @@ class AttnspecItem(pytest.Item):
             self.owner.rerun,
             full_reproduction_in=reproduction_file,
         )
-        if verdict.status == FAILED or (
-            verdict.status == WARNING and self.config.getoption("attnspec_strict")
-        ):
+        if verdict.status == FAILED or (verdict.status == WARNING and self.owner.plan.strict):
             raise PropertyFailed(text)
         if verdict.status == WARNING:
             warnings.warn(AttnspecWarning(text), stacklevel=1)

@@ -24,7 +24,6 @@ import shlex
 import tempfile
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import MISSING, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -259,12 +258,7 @@ def rebuild_source(
 
 def declaration_source(declaration: KernelDeclaration) -> str:
     """``KernelDeclaration(...)`` naming only the fields that differ from the defaults."""
-    changed = []
-    for f in fields(declaration):
-        default = f.default_factory() if f.default_factory is not MISSING else f.default
-        value = getattr(declaration, f.name)
-        if value != default:
-            changed.append(f"{f.name}={value!r}")
+    changed = (f"{name}={value!r}" for name, value in declaration.changed().items())
     return f"KernelDeclaration({', '.join(changed)})"
 
 

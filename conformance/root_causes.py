@@ -26,7 +26,6 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from .input_features import BY_NAME, describe
-from .kernel import KernelUnderTest
 from .runner import (
     FAILED,
     PASSED,
@@ -34,11 +33,6 @@ from .runner import (
     WARNING,
     Report,
     Verdict,
-    hypothesis_settings,
-    new_report,
-    run_each,
-    run_property,
-    select,
 )
 from .sizes import SizeLimits
 
@@ -324,37 +318,6 @@ def divergences(report: Report, write_ups: dict[str, str] | None = None) -> list
 
 def consequence_count(found: Sequence[Divergence]) -> int:
     return sum(len(d.consequences) for d in found)
-
-
-def run_all(
-    kernel: KernelUnderTest,
-    *,
-    profile: str = "quick",
-    seed: int | None = None,
-    only: Iterable[str] | None = None,
-    skip: Iterable[str] | None = None,
-    strict: bool = False,
-    progress: Callable[[Property, Verdict | None], None] | None = None,
-    limits: SizeLimits | None = None,
-) -> Report:
-    """Every selected property against ``kernel``; ``progress`` hears each start and end.
-    Failures are then re-run around the other clauses the kernel failed
-    (:func:`.root_causes.draw_around`)."""
-    properties = select(only, skip)
-    hypothesis_settings(profile, seed)  # validate the profile before any work
-    limits = limits or SizeLimits()
-    report = run_each(
-        properties,
-        lambda p: run_property(p, kernel, profile=profile, seed=seed, limits=limits),
-        new_report(kernel, profile=profile, seed=seed, strict=strict, limits=limits),
-        progress,
-    )
-    return draw_around(
-        report,
-        properties,
-        lambda p, around: run_property(p, kernel, profile=profile, seed=seed, limits=around),
-        limits,
-    )
 
 
 def findings(report: Report) -> list[Verdict]:

@@ -15,7 +15,6 @@ from hypothesis.errors import Flaky, Unsatisfiable, UnsatisfiedAssumption
 
 from . import sizes
 from .anchors import ANCHORS, DTYPES, anchor_options
-from .claims import waiving_flags
 from .failures import KernelExited, PropertyFailure
 from .input_features import avoided_dtype, features_of
 from .kernel import KernelUnderTest
@@ -367,7 +366,7 @@ def run_property(
     ``limits`` caps the sizes drawn (default: ``SizeLimits()``).  ``shrink=False`` reports
     the first failing example as found: the same status, for callers that need only that."""
     started = time.perf_counter()
-    waivers = waiving_flags(kernel.declaration)
+    waivers = kernel.declaration.waivers()
     if prop.clause in waivers:
         return Verdict(
             prop.id,

@@ -25,11 +25,17 @@ compilations are reused.
   the causal alignments, two heads to tell apart) first looks for members where its
   rewrite is not needed (``draw_dims(where=...)``); only when none fits does it draw a pool
   of its own.  A kernel that needs E == Ev gets members with E == Ev (the suite's zero
-  padding is done on the device: a compilation more per shape).
-* A mask or bias broadcasts from one of BROADCAST_POOL shapes per problem size, and the
-  dtype, the options that a compiled kernel is compiled for (mask, bias, causal,
-  explicit scale) and which broadcast shape (TIED_LABELS) follow the pooled shape
-  (:class:`TiedDraws`), so that they too repeat from property to property.
+  padding, done on the host where the backend compiles per shape, is rarely needed).
+* What the suite itself does to a kernel's arrays (zero padding and the output's cut,
+  layout-independence's views) is done on the host for such a backend
+  (:func:`.layouts.pad_head_dims_on_host`, :meth:`Backend.on_host`): only the kernel
+  compiles.  A re-run drawing around a failed clause meets the same pools unless it draws
+  around sizes (:func:`limits_key`).
+* A mask or bias broadcasts from one of BROADCAST_POOL shapes per problem size, the same
+  one in every property (but mask-broadcast, which is about them), and the dtype and the
+  options that a compiled kernel is compiled for (mask, bias, causal, explicit scale:
+  TIED_LABELS) follow the pooled shape (:class:`TiedDraws`), so that they too repeat from
+  property to property.
 * Probes a property builds itself draw their sizes through :func:`pooled_sizes` (the
   scale probe of default-scale and explicit-scale), a few per stratum as well.
 
@@ -174,6 +180,20 @@ def pool_key(stratum: Any) -> Any:
     return replace(stratum, pool_examples=0)
 
 
+def limits_key() -> Any:
+    """The current draw's limits as pools are keyed: of the features a re-run avoids
+    (``SizeLimits.avoid``), only those that change the sizes drawn (GQA, empty lengths:
+    input_features.DRAWN_AROUND_IN_SIZES), so that a re-run drawing around a fully masked
+    row or a large bias meets the shapes, and reuses the compilations, of the first run."""
+    from dataclasses import replace
+
+    from . import input_features, sizes
+
+    limits = sizes.current().limits
+    drawn_around = input_features.DRAWN_AROUND_IN_SIZES
+    return replace(limits, avoid=tuple(a for a in limits.avoid if a in drawn_around))
+
+
 # What draw_dims is asked for when nothing is asked of it (its defaults): every request
 # first looks among the members drawn so, and only when none of them fits (a property
 # needing two key/value heads, more keys than the small members have) draws a pool of its
@@ -202,7 +222,7 @@ def pooled_dims(
     claim) in the same stratum and limits that meet ``options``
     (:func:`meets_request`); where none does, one of those drawn for ``options`` itself.
     A kernel that needs E == Ev (``equal_head_dims``: the suite pads its inputs with zero
-    columns, which on a compiling backend compiles once more per shape) gets E == Ev.
+    columns) gets E == Ev.
     ``where``: members for which it holds come first (a property that would otherwise
     rewrite the sizes it was given, e.g. to make Lq != Lk, finds them among the shapes
     compiled already)."""
@@ -223,15 +243,16 @@ def pooled_dims(
                 dims = replace(dims, head_dim=width, value_dim=width)
             return dims
 
-        # what other clauses' failures make draws avoid (GQA, empty rows) changes the
-        # members, so a pool drawn before a failure is not reused after it
+        # what other clauses' failures make draws avoid in sizes (GQA, empty lengths)
+        # changes the members, so such a pool is not reused after a failure (limits_key)
+        limits = limits_key()
         key = (
             "dims",
             pool_key(stratum),
-            drawing.limits,
+            limits,
             kernel.declaration.batch_ndim,
             kernel.declaration.equal_head_dims,
-            sizes.avoided_now(),
+            limits.avoid,
             tuple(sorted(request.items())),
         )
         assert drawing.pool is not None  # checked above; mypy does not carry it into closures
@@ -295,7 +316,7 @@ def pooled_sizes(data: Any, name: str, draw: Callable[[Any], T]) -> T:
     assert drawing.pool is not None
     chosen: T = drawing.pool.draw(
         data,
-        ("probe", name, pool_key(stratum), drawing.limits),
+        ("probe", name, pool_key(stratum), limits_key()),
         draw,
         lambda made: made,
         members=pool_size(stratum),
@@ -311,36 +332,32 @@ def pooled_broadcast(
     broadcast_shape_for: Callable[..., tuple[int, ...]],
 ) -> tuple[int, ...]:
     """``broadcast_shape_for(data, full, label)`` from a pool of BROADCAST_POOL shapes
-    (the simplest first: the last two dims of ``full``)."""
+    (the simplest first: the last two dims of ``full``), the same one for every mask (or
+    bias) of scores ``full`` in the stratum, whichever property draws it: no property but
+    mask-broadcast (which draws its own shapes) is about the shape a mask broadcasts from,
+    and each other choice would be one more compilation of the kernel.  Which member it is
+    is a seeded draw fixed by ``full``, so both members appear in a run, for different
+    shapes."""
     from . import sizes
 
     drawing = sizes.current()
-    assert drawing.pool is not None, "pooled_broadcast outside a pooled stratum"
-    return drawing.pool.draw(
-        data,
-        ("broadcast", drawing.stratum.name, full, label),
+    pool = drawing.pool
+    assert pool is not None, "pooled_broadcast outside a pooled stratum"
+    key = ("broadcast", drawing.stratum.name, full, label)
+    members = pool.members(
+        key,
         lambda draws: broadcast_shape_for(draws, full, label),
         lambda shape: (len(shape), math.prod(shape)),
-        members=BROADCAST_POOL,
-        label=f"{label} shape",
+        BROADCAST_POOL,
     )
+    return choose(SeededDraws(zlib.crc32(f"{pool.seed}:{key!r}".encode())), members, label)
 
 
 # Draws besides sizes that change what a compiled kernel is compiled for: its dtype, which
 # optional inputs it gets (mask, bias, scale) and static flags (is_causal).
-# Which of BROADCAST_POOL shapes a mask or bias broadcasts from is tied too (mask-broadcast
-# draws its own broadcast shapes, on purpose).
-TIED_LABELS = frozenset(
-    {
-        "dtype",
-        "causal",
-        "mask",
-        "bias",
-        "explicit scale",
-        "mask shape (pooled)",
-        "bias shape (pooled)",
-    }
-)
+# (Which of BROADCAST_POOL shapes a mask or bias broadcasts from is fixed by the scores'
+# shape: pooled_broadcast.)
+TIED_LABELS = frozenset({"dtype", "causal", "mask", "bias", "explicit scale"})
 
 
 class TiedDraws:

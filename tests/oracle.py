@@ -32,7 +32,7 @@ def causal_matrix(n_queries: int, n_keys: int, alignment: str) -> np.ndarray:
     return table
 
 
-def sdpa(
+def sdpa_rows(
     q: Any,
     k: Any,
     v: Any,
@@ -42,32 +42,47 @@ def sdpa(
     is_causal: bool = False,
     causal_alignment: str = "top_left",
     scale: float | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """SDPA-7.1 evaluated row by row in float64; returns ``(out, weights)``.
+    softcap: float | None = None,
+    alibi_slopes: Any = None,
+    dropout_p: float = 0.0,
+    dropout_keep: Any = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(out, weights, lse) of SDPA-7.1 and features.md's Summary, row by row in float64.
 
     S(i) holds the keys j the mask allows (SDPA-3.1), the causal rule allows (SDPA-4,
-    combined by AND: SDPA-3.4) and whose bias is not -inf (SDPA-3.3).  Query head h
+    combined by AND: SDPA-3.4) and whose score is not -inf (SDPA-3.3).  Query head h
     reads key/value head h // G (SDPA-6.1).  An empty S(i) gives a zero row (SDPA-5).
+    s_ij = c tanh(alpha q_i.k_j / c) + b_ij - m_h |i + delta - j|; the weights after
+    dropout are p_ij keep_ij / (1 - p) (DROP-2); lse is of the scores, -inf for empty rows.
     """
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
-    *q_batch, n_q_heads, n_queries, head_dim = q.shape
-    *k_batch, n_kv_heads, n_keys, _ = k.shape
-    value_dim = v.shape[-1]
-    batch = np.broadcast_shapes(tuple(q_batch), tuple(k_batch), tuple(v.shape[:-3]))
-    group = n_q_heads // n_kv_heads
+    *_, n_q_heads, n_queries, head_dim = q.shape
+    n_kv_heads, n_keys, value_dim = k.shape[-3], k.shape[-2], v.shape[-1]
+    batch = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
     q = np.broadcast_to(q, (*batch, *q.shape[-3:]))
     k = np.broadcast_to(k, (*batch, *k.shape[-3:]))
     v = np.broadcast_to(v, (*batch, *v.shape[-3:]))
     scores_shape = (*batch, n_q_heads, n_queries, n_keys)
-    mask = None if mask is None else np.broadcast_to(np.asarray(mask, dtype=bool), scores_shape)
-    bias = None if bias is None else np.broadcast_to(np.asarray(bias, np.float64), scores_shape)
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+    def full(a: Any, dtype: Any) -> np.ndarray | None:
+        return None if a is None else np.broadcast_to(np.asarray(a, dtype=dtype), scores_shape)
+
+    mask, bias, keep = full(mask, bool), full(bias, np.float64), full(dropout_keep, bool)
+    slopes = (
+        None
+        if alibi_slopes is None
+        else np.broadcast_to(np.asarray(alibi_slopes, np.float64), (*batch, n_q_heads))
+    )
+    alpha = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    delta = 0 if causal_alignment == "top_left" else n_keys - n_queries
+    group = n_q_heads // n_kv_heads
 
     out = np.zeros((*batch, n_q_heads, n_queries, value_dim))
     weights = np.zeros(scores_shape)
+    lse = np.full((*batch, n_q_heads, n_queries), -math.inf)
     for b in np.ndindex(*batch):
         for h in range(n_q_heads):
-            kv_head = h // group
+            g = h // group
             for i in range(n_queries):
                 allowed, scores = [], []
                 for j in range(n_keys):
@@ -75,21 +90,37 @@ def sdpa(
                         continue
                     if is_causal and not causal_allows(i, j, n_queries, n_keys, causal_alignment):
                         continue
-                    s = scale * float(np.dot(q[(*b, h, i)], k[(*b, kv_head, j)]))
+                    x = alpha * sum(
+                        float(q[(*b, h, i, e)]) * float(k[(*b, g, j, e)]) for e in range(head_dim)
+                    )
+                    s = softcap * math.tanh(x / softcap) if softcap is not None else x
                     if bias is not None:
-                        s = s + bias[(*b, h, i, j)]
+                        s += float(bias[(*b, h, i, j)])
+                    if slopes is not None:
+                        s -= float(slopes[(*b, h)]) * abs(i + delta - j)
                     if s == -math.inf:
                         continue
                     allowed.append(j)
                     scores.append(s)
                 if not allowed:
                     continue
-                s = np.array(scores)
-                e = np.exp(s - np.max(s))
-                p = e / np.sum(e)
-                weights[(*b, h, i)][allowed] = p
-                rows = v[(*b, kv_head)][allowed]
-                out[(*b, h, i)] = np.sum(p[:, None] * rows, axis=0)
+                top = max(scores)
+                exps = [math.exp(s - top) for s in scores]
+                total = sum(exps)
+                lse[(*b, h, i)] = top + math.log(total)
+                for j, e in zip(allowed, exps, strict=True):
+                    p = e / total
+                    if keep is not None:
+                        p = p / (1.0 - dropout_p) if keep[(*b, h, i, j)] else 0.0
+                    weights[(*b, h, i, j)] = p
+                    out[(*b, h, i)] += p * v[(*b, g, j)]
+    return out, weights, lse
+
+
+def sdpa(q: Any, k: Any, v: Any, **options: Any) -> tuple[np.ndarray, np.ndarray]:
+    """SDPA-7.1's ``(out, weights)`` (:func:`sdpa_rows`; options: mask, bias, is_causal,
+    causal_alignment, scale)."""
+    out, weights, _ = sdpa_rows(q, k, v, **options)
     return out, weights
 
 

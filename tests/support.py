@@ -23,7 +23,7 @@ from attnspec.conformance import cli
 from attnspec.conformance.declaration import KernelDeclaration
 from attnspec.conformance.kernel import KernelUnderTest
 from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import Verdict, run_property
+from attnspec.conformance.runner import FAILED, WARNING, Report, Verdict, run_property
 
 TESTS = Path(__file__).resolve().parent  # on pythonpath: ``oracle``, ``catalogue``, ``support``
 ROOT = TESTS.parent  # the checkout, which is the ``attnspec`` package
@@ -67,6 +67,33 @@ def verdict_of(
     return run_property(all_properties()[property_id], kernel, **options)
 
 
+def hand_verdict(
+    prop: str,
+    clause: str,
+    status: str = FAILED,
+    *,
+    detail: str | None = None,
+    case: str | None = None,
+    features: tuple[str, ...] = (),
+) -> Verdict:
+    """A verdict written by hand, for the rules that read reports (root causes, cells,
+    divergence counts): level SHOULD for a warning, else MUST; detail "PROP broke"; a
+    failure or warning found on ``case`` (default "q(1, 1, 1)")."""
+    level = "SHOULD" if status == WARNING else "MUST"
+    detail = f"{prop} broke" if detail is None else detail
+    if case is None:
+        case = "q(1, 1, 1)" if status in (FAILED, WARNING) else ""
+    return Verdict(
+        prop, clause, level, status, detail=detail, counterexample=case, features=list(features)
+    )
+
+
+def hand_report(verdicts: list[Verdict], backend: str = "numpy", **fields: Any) -> Report:
+    """A report of kernel "k" on ``backend`` (quick profile, no seed) holding ``verdicts``;
+    ``fields``: other :class:`Report` fields (``waived``, ...)."""
+    return Report("k", backend, "cpu", "quick", None, False, verdicts=verdicts, **fields)
+
+
 FLOATING_ARGUMENTS = ("q", "k", "v", "bias")
 
 
@@ -98,6 +125,13 @@ def seen_by_kernel(backend: Backend, moved: dict[str, Any]) -> dict[str, Any]:
     if "mask" in moved:
         seen["mask"] = np.asarray(backend.to_numpy(moved["mask"]), dtype=bool)
     return seen
+
+
+def kernel_file(directory: Path, name: str, source: str) -> Path:
+    """``source`` written to ``directory/name``: a kernel module a test loads by its path."""
+    path = directory / name
+    path.write_text(source, encoding="utf-8")
+    return path
 
 
 def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

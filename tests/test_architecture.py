@@ -91,11 +91,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                 "isolation",
                 "worker",
                 "jobs",
-                "run_plan",
             )
         ),
     ),
-    ("reporting", ("conformance.report", "conformance.report_files")),
+    (
+        "reporting",
+        ("conformance.report", "conformance.report_files", "conformance.run_plan"),
+    ),
     (
         "front ends",
         (

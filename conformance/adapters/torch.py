@@ -19,6 +19,7 @@ from typing import Any
 
 from ..declaration import declare
 from ..layouts import pad_head_dims
+from ..torch_kernels import sdpa_on
 
 
 def _index(tensor: Any) -> Any:
@@ -251,38 +252,8 @@ multihead_attention_no_weights.__name__ = multihead_attention_no_weights.__qualn
 )
 
 
-def _sdpa_on(backend: str) -> Any:
-    """SDPA pinned to one of its CUDA backends (the CPU ones: ``torch_kernels``)."""
-    from ..declaration import torch_sdpa_declaration
-    from ..torch_kernels import _sdpa_with_backend
-
-    def kernel(
-        q: Any,
-        k: Any,
-        v: Any,
-        attn_mask: Any = None,
-        dropout_p: float = 0.0,
-        is_causal: bool = False,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-    ) -> Any:
-        return _sdpa_with_backend(
-            backend,
-            q,
-            k,
-            v,
-            attn_mask=attn_mask,
-            dropout_p=dropout_p,
-            is_causal=is_causal,
-            scale=scale,
-            enable_gqa=enable_gqa,
-        )
-
-    kernel.__name__ = kernel.__qualname__ = f"sdpa_{backend.lower()}"
-    return declare(kernel, **torch_sdpa_declaration())
-
-
-sdpa_cuda_math = _sdpa_on("MATH")
-sdpa_cuda_efficient = _sdpa_on("EFFICIENT_ATTENTION")
-sdpa_cuda_flash = _sdpa_on("FLASH_ATTENTION")
-sdpa_cuda_cudnn = _sdpa_on("CUDNN_ATTENTION")
+# SDPA pinned to one of its CUDA backends (the CPU ones: ``torch_kernels``)
+sdpa_cuda_math = sdpa_on("MATH", "sdpa_cuda_math", __name__)
+sdpa_cuda_efficient = sdpa_on("EFFICIENT_ATTENTION", "sdpa_cuda_efficient", __name__)
+sdpa_cuda_flash = sdpa_on("FLASH_ATTENTION", "sdpa_cuda_flash", __name__)
+sdpa_cuda_cudnn = sdpa_on("CUDNN_ATTENTION", "sdpa_cuda_cudnn", __name__)

@@ -60,6 +60,7 @@ def _draw_call(
     decode: bool | None = None,
 ) -> RopeCall:
     claim = kernel.declaration.rope
+    assert claim is not None  # the property applies only to a --rope declaration
     dtype = draw_dtype(data, kernel)
     realistic = sizes.current().realistic
     rotary = claim.rotary_dim or 0
@@ -129,6 +130,7 @@ def rope_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None
     """Every element within the ROPE-3 bound of ROPE-1 in float64, with the declared
     pairing, base and rotary dimension; features beyond the rotary dimension exact."""
     claim = kernel.declaration.rope
+    assert claim is not None  # the property applies only to a --rope declaration
     call = _draw_call(data, kernel)
     actual = _rotate(kernel, call)
     bound = rope_error_bound(

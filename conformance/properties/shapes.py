@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from ...backends import Backend
 from ..assertions import assert_same_result, first_index
 from ..declaration import KernelDeclaration
-from ..failures import KernelRaised, PropertyFailure
+from ..failures import PropertyFailure
 from ..input_features import scores_shape
-from ..kernel import KernelUnderTest, Problem, raised_hint
+from ..kernel import KernelUnderTest, Problem
 from ..registration import always, dense_only, register
 from ..sizes import current
 from ..strategies import draw_dims, draw_problem
@@ -43,15 +43,7 @@ def call_with(
     problem (and ``context``, e.g. how the arguments were laid out); used where the
     arguments are views or must be inspected after the call.
     """
-    try:
-        result = kernel.call_raw(args, kwargs)
-    except Exception as exc:
-        raise KernelRaised(
-            f"kernel raised {type(exc).__name__}: {str(exc)[:300]}{context}",
-            problem,
-            kernel,
-            hint=raised_hint(exc, kernel),
-        ) from exc
+    result = kernel.call_checked(args, kwargs, problem, context)
     return kernel.split(result, problem)
 
 
@@ -164,8 +156,13 @@ def laid_out(
     """A backend array equal to ``values`` (broadcast to ``shape`` for "broadcast") whose
     memory layout is ``layout``, built as a view with the backend's Array API namespace.
 
-    JAX has no strides: there the views are copies, which is fine.
+    JAX has no strides: there the views are copies, which is fine, and on a backend that
+    compiles per shape (JAX) they are built on the host, the same arrays without the device
+    operations that would each compile once per shape.
     """
+    if backend.compiles_per_shape:
+        full = np.broadcast_to(values, shape or values.shape) if layout == "broadcast" else values
+        return backend.asarray(full, dtype)
     xp = backend.xp
     if layout == "strided":  # every other element of the innermost axis
         return backend.asarray(_interleaved(values, -1), dtype)[..., ::2]

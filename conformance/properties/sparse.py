@@ -52,9 +52,11 @@ def sparse_weights_exactly_zero(kernel: KernelUnderTest, data: st.DataObject) ->
     leaked = (weights != 0) & ~np.broadcast_to(mask, weights.shape)
     if leaked.any():
         at = first_index(leaked)
+        claim = kernel.declaration.sparse
+        assert claim is not None  # the property applies only to a sparse declaration
         raise PropertyFailure(
             f"weight{at} = {float(weights[at])!r}, but key {at[-1]} is outside S({at[-2]}) of "
-            f"pattern {kernel.declaration.sparse.pattern!r} and must weigh exactly 0",
+            f"pattern {claim.pattern!r} and must weigh exactly 0",
             problem,
             kernel,
         )

@@ -25,6 +25,17 @@ ALIGNMENTS = ("top_left", "bottom_right")
 QUIET = {"all": "ignore"}
 
 
+Kernel = Callable[..., Any]
+
+
+def named(kernel: Kernel, name: str, doc: str) -> Kernel:
+    """``kernel``, made by a factory, as the module-level function ``name`` documented by
+    ``doc``: reports show it, and worker processes load it, by that name."""
+    kernel.__doc__ = doc
+    kernel.__name__ = kernel.__qualname__ = name
+    return kernel
+
+
 def compute_dtype(dtype: np.dtype) -> np.dtype:
     """float16 is computed in float32 (SDPA-7.2); float32/float64 in their own dtype."""
     return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)

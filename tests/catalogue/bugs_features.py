@@ -7,12 +7,14 @@ Every kernel declares what it claims, so the suite calls it with those features.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from attnspec.conformance import declare
 
-from .blocks import QUIET, Arranged, finish, row_max, softmax_lse
+from .blocks import QUIET, Arranged, finish, named, row_max, softmax_lse
 from .feature_blocks import (
     Features,
     alibi_bias,
@@ -21,6 +23,7 @@ from .feature_blocks import (
     feature_scores,
     keep_mask,
     log_sum_exp,
+    softcapped,
     weighted,
 )
 
@@ -57,9 +60,8 @@ def softcap_before_scale(
     a = arranged(q, k, v, mask, bias, is_causal, scale, f)
     if softcap is None:
         return attend_features(a, f)
-    cap, work = a.q.dtype.type(softcap), a.q.dtype.type
     with np.errstate(**QUIET):
-        s = cap * np.tanh(np.matmul(a.q, np.swapaxes(a.k, -1, -2)) / cap) * work(a.scale)
+        s = softcapped(np.matmul(a.q, np.swapaxes(a.k, -1, -2)), softcap) * a.q.dtype.type(a.scale)
         if a.bias is not None:
             s = s + a.bias
     allowed = a.allowed & (s != -np.inf)
@@ -84,9 +86,7 @@ def softcap_bias_inside(
     a = arranged(q, k, v, mask, bias, is_causal, scale, f)
     s, allowed = feature_scores(a, f)  # scaled + bias, masked
     if softcap is not None:
-        cap = s.dtype.type(softcap)
-        with np.errstate(**QUIET):
-            s = np.where(allowed, cap * np.tanh(s / cap), -np.inf)
+        s = np.where(allowed, softcapped(s, softcap), -np.inf)
     return _masked_softmax_output(a, s, allowed)
 
 
@@ -113,10 +113,7 @@ def softcap_mask_inside(
         return _masked_softmax_output(a, np.where(allowed, s, -np.inf), allowed)
     if mask is not None:
         s = np.where(np.broadcast_to(mask, s.shape), s, np.finfo(s.dtype).min)
-    cap = s.dtype.type(softcap)
-    with np.errstate(**QUIET):
-        s = np.where(allowed, cap * np.tanh(s / cap), -np.inf)
-    return _masked_softmax_output(a, s, allowed)
+    return _masked_softmax_output(a, np.where(allowed, softcapped(s, softcap), -np.inf), allowed)
 
 
 @declare(**SOFTCAP)
@@ -159,38 +156,49 @@ def _with_alibi(
     return _masked_softmax_output(a, s, allowed)
 
 
-@declare(**ALIBI, causal_alignment="bottom_right")
-def alibi_wrong_corner(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    alibi_slopes: Array | None = None,
-) -> Array:
-    """Bottom-right causal, but the ALiBi distance measured top-left, |i - j|."""
-    alibi = None if alibi_slopes is None else (lambda a: alibi_bias(a, alibi_slopes, "top_left"))
-    return _with_alibi(q, k, v, mask, bias, is_causal, scale, "bottom_right", alibi)
+# (the arranged inputs, the slopes given) -> the ALiBi term a kernel adds to the scores
+AlibiTerm = Callable[[Arranged, Array], Array]
 
 
-@declare(**ALIBI)
-def alibi_positive_sign(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    alibi_slopes: Array | None = None,
-) -> Array:
-    """Adds +m_h |i - j|: distant keys are favoured instead of penalised."""
-    alibi = None if alibi_slopes is None else (lambda a: -alibi_bias(a, alibi_slopes, "top_left"))
-    return _with_alibi(q, k, v, mask, bias, is_causal, scale, "top_left", alibi)
+def _alibi_bug(
+    name: str, doc: str, term: AlibiTerm, alignment: str = "top_left"
+) -> Callable[..., Any]:
+    """An ALiBi kernel (causal ``alignment``, declared) adding ``term(a, alibi_slopes)``."""
+
+    @declare(**ALIBI, causal_alignment=alignment)
+    def kernel(
+        q: Array,
+        k: Array,
+        v: Array,
+        *,
+        mask: Mask = None,
+        bias: Mask = None,
+        is_causal: bool = False,
+        scale: float | None = None,
+        alibi_slopes: Array | None = None,
+    ) -> Array:
+        alibi = None if alibi_slopes is None else (lambda a: term(a, alibi_slopes))
+        return _with_alibi(q, k, v, mask, bias, is_causal, scale, alignment, alibi)
+
+    return named(kernel, name, doc)
+
+
+alibi_wrong_corner = _alibi_bug(
+    "alibi_wrong_corner",
+    "Bottom-right causal, but the ALiBi distance measured top-left, |i - j|.",
+    lambda a, slopes: alibi_bias(a, slopes, "top_left"),
+    alignment="bottom_right",
+)
+alibi_positive_sign = _alibi_bug(
+    "alibi_positive_sign",
+    "Adds +m_h |i - j|: distant keys are favoured instead of penalised.",
+    lambda a, slopes: -alibi_bias(a, slopes, "top_left"),
+)
+alibi_scaled = _alibi_bug(
+    "alibi_scaled",
+    "Adds ALiBi to q.k before scaling, so the bias is multiplied by alpha.",
+    lambda a, slopes: a.q.dtype.type(a.scale) * alibi_bias(a, slopes, "top_left"),
+)
 
 
 @declare(**ALIBI)
@@ -217,27 +225,6 @@ def alibi_kv_head_slopes(
     return _with_alibi(
         q, k, v, mask, bias, is_causal, scale, "top_left", None if alibi_slopes is None else alibi
     )
-
-
-@declare(**ALIBI)
-def alibi_scaled(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    alibi_slopes: Array | None = None,
-) -> Array:
-    """Adds ALiBi to q.k before scaling, so the bias is multiplied by alpha."""
-    alibi = (
-        None
-        if alibi_slopes is None
-        else (lambda a: a.q.dtype.type(a.scale) * alibi_bias(a, alibi_slopes, "top_left"))
-    )
-    return _with_alibi(q, k, v, mask, bias, is_causal, scale, "top_left", alibi)
 
 
 def _naive_slopes(n_heads: int) -> Array:
@@ -280,94 +267,73 @@ def _lse_kernel(
     return a, _masked_softmax_output(a, s, allowed), log_sum_exp(s, allowed), allowed
 
 
-@declare(**LSE)
-def lse_base_two(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    softcap: float | None = None,
-) -> tuple[Array, Array]:
-    """Returns the log-sum-exp in base 2, as FlexAttention keeps it internally, without the
-    final conversion."""
-    _, out, lse, _ = _lse_kernel(q, k, v, mask, bias, is_causal, scale, softcap)
-    return out, lse / math.log(2)
+# (the arranged inputs, the correct log-sum-exp, the allowed keys) -> the one returned
+LseBug = Callable[[Arranged, Array, Array], Array]
 
 
-@declare(**LSE)
-def lse_unscaled_max(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    softcap: float | None = None,
-) -> tuple[Array, Array]:
-    """Adds the row maximum of the unscaled q.k (FlashAttention keeps that one) without
-    multiplying it by the scale: lse = max(q.k) + log(sum exp(s - alpha max(q.k)))."""
-    a, out, lse, allowed = _lse_kernel(q, k, v, mask, bias, is_causal, scale, softcap)
+def _lse_bug(name: str, doc: str, returned: LseBug) -> Callable[..., Any]:
+    """A kernel returning the correct output and ``returned(a, lse, allowed)`` for its
+    log-sum-exp."""
+
+    @declare(**LSE)
+    def kernel(
+        q: Array,
+        k: Array,
+        v: Array,
+        *,
+        mask: Mask = None,
+        bias: Mask = None,
+        is_causal: bool = False,
+        scale: float | None = None,
+        softcap: float | None = None,
+    ) -> tuple[Array, Array]:
+        a, out, lse, allowed = _lse_kernel(q, k, v, mask, bias, is_causal, scale, softcap)
+        return out, returned(a, lse, allowed)
+
+    return named(kernel, name, doc)
+
+
+def _plus_unscaled_max(a: Arranged, lse: Array, allowed: Array) -> Array:
     raw = np.where(allowed, np.matmul(a.q, np.swapaxes(a.k, -1, -2)), -np.inf)
     top = row_max(raw)[..., 0]
     with np.errstate(**QUIET):
-        return out, np.where(np.isfinite(lse), lse + (1 - a.scale) * top, lse)
+        return np.where(np.isfinite(lse), lse + (1 - a.scale) * top, lse)
 
 
-@declare(**LSE)
-def lse_plus_inf_empty(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    softcap: float | None = None,
-) -> tuple[Array, Array]:
-    """+inf for a row with no visible key, as FlashAttention's unsplit forward writes it."""
-    _, out, lse, _ = _lse_kernel(q, k, v, mask, bias, is_causal, scale, softcap)
-    return out, np.where(lse == -np.inf, np.inf, lse)
-
-
-@declare(**LSE)
-def lse_zero_empty(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    softcap: float | None = None,
-) -> tuple[Array, Array]:
-    """0 for a row with no visible key: the maximum's 0 fill plus log(1), never made -inf."""
-    _, out, lse, _ = _lse_kernel(q, k, v, mask, bias, is_causal, scale, softcap)
-    return out, np.where(lse == -np.inf, 0, lse).astype(lse.dtype)
-
-
-@declare(**LSE)
-def lse_input_dtype(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    softcap: float | None = None,
-) -> tuple[Array, Array]:
-    """Returns the log-sum-exp in the input dtype (float16 for float16 inputs)."""
-    _, out, lse, _ = _lse_kernel(q, k, v, mask, bias, is_causal, scale, softcap)
-    return out, lse.astype(q.dtype)
+lse_base_two = _lse_bug(
+    "lse_base_two",
+    "Returns the log-sum-exp in base 2, as FlexAttention keeps it internally, without the "
+    "final conversion.",
+    lambda a, lse, allowed: lse / math.log(2),
+)
+lse_unscaled_max = _lse_bug(
+    "lse_unscaled_max",
+    "Adds the row maximum of the unscaled q.k (FlashAttention keeps that one) without "
+    "multiplying it by the scale: lse = max(q.k) + log(sum exp(s - alpha max(q.k))).",
+    _plus_unscaled_max,
+)
+lse_plus_inf_empty = _lse_bug(
+    "lse_plus_inf_empty",
+    "+inf for a row with no visible key, as FlashAttention's unsplit forward writes it.",
+    lambda a, lse, allowed: np.where(lse == -np.inf, np.inf, lse),
+)
+lse_zero_empty = _lse_bug(
+    "lse_zero_empty",
+    "0 for a row with no visible key: the maximum's 0 fill plus log(1), never made -inf.",
+    lambda a, lse, allowed: np.where(lse == -np.inf, 0, lse).astype(lse.dtype),
+)
+lse_input_dtype = _lse_bug(
+    "lse_input_dtype",
+    "Returns the log-sum-exp in the input dtype (float16 for float16 inputs).",
+    lambda a, lse, allowed: lse.astype(a.out_dtype),
+)
+lse_plus_inf_without_keys = _lse_bug(
+    "lse_plus_inf_without_keys",
+    "+inf for every row when there are no keys at all (FlashAttention's early exit for an "
+    "empty key range writes INFINITY), -inf correctly for masked-out rows: a split-KV part "
+    "without keys then dominates the combination.",
+    lambda a, lse, allowed: np.full_like(lse, np.inf) if a.k.shape[-2] == 0 else lse,
+)
 
 
 @declare(**LSE)
@@ -386,25 +352,6 @@ def lse_without_softcap(
     _, out, _, _ = _lse_kernel(q, k, v, mask, bias, is_causal, scale, softcap)
     _, _, uncapped, _ = _lse_kernel(q, k, v, mask, bias, is_causal, scale, None)
     return out, uncapped
-
-
-@declare(**LSE)
-def lse_plus_inf_without_keys(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    softcap: float | None = None,
-) -> tuple[Array, Array]:
-    """+inf for every row when there are no keys at all (FlashAttention's early exit for
-    an empty key range writes INFINITY), -inf correctly for masked-out rows: a split-KV
-    part without keys then dominates the combination."""
-    _, out, lse, _ = _lse_kernel(q, k, v, mask, bias, is_causal, scale, softcap)
-    return out, np.full_like(lse, np.inf) if k.shape[-2] == 0 else lse
 
 
 # --- dropout (DROP-2 ... DROP-4) ------------------------------------------------------------
@@ -444,155 +391,95 @@ def _shape(q: Array, k: Array) -> tuple[int, ...]:
     return (*batch, q.shape[-3], q.shape[-2], k.shape[-2])
 
 
-@declare(**DROPOUT)
-def dropout_no_rescale(
-    q: Array,
-    k: Array,
-    v: Array,
+# (weights shape, dropout_p, seed) -> the keep indicators a kernel draws (or None)
+Keep = Callable[[tuple[int, ...], float, "int | None"], "Array | None"]
+
+
+def _dropout_bug(
+    name: str,
+    doc: str,
     *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    seed: int | None = None,
-) -> Array:
-    """Drops weights but never multiplies the kept ones by 1/(1 - p)."""
-    keep = keep_mask(_shape(q, k), dropout_p, seed)
-    return _dropout(q, k, v, mask, bias, is_causal, scale, dropout_p, keep, rescale=1.0)
+    keep: Keep = keep_mask,
+    rate: Callable[[float], float] = lambda p: p,
+    rescale: Callable[[float], float] | None = None,
+    renormalise: bool = False,
+) -> Callable[..., Any]:
+    """A dropout kernel drawing ``keep(shape, p, seed)`` at rate ``rate(dropout_p)``, kept
+    weights times ``rescale(p)`` (default 1/(1 - p)) or renormalised (:func:`_dropout`)."""
 
+    @declare(**DROPOUT)
+    def kernel(
+        q: Array,
+        k: Array,
+        v: Array,
+        *,
+        mask: Mask = None,
+        bias: Mask = None,
+        is_causal: bool = False,
+        scale: float | None = None,
+        dropout_p: float = 0.0,
+        seed: int | None = None,
+    ) -> Array:
+        p = rate(dropout_p)
+        return _dropout(
+            q,
+            k,
+            v,
+            mask,
+            bias,
+            is_causal,
+            scale,
+            p,
+            keep(_shape(q, k), p, seed),
+            rescale=None if rescale is None else rescale(p),
+            renormalise=renormalise,
+        )
 
-@declare(**DROPOUT)
-def dropout_times_keep_probability(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    seed: int | None = None,
-) -> Array:
-    """Multiplies kept weights by 1 - p instead of dividing by it."""
-    keep = keep_mask(_shape(q, k), dropout_p, seed)
-    return _dropout(q, k, v, mask, bias, is_causal, scale, dropout_p, keep, rescale=1 - dropout_p)
-
-
-@declare(**DROPOUT)
-def dropout_renormalised(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    seed: int | None = None,
-) -> Array:
-    """Renormalises the kept weights to sum to 1 (as dropping scores before the softmax
-    would)."""
-    keep = keep_mask(_shape(q, k), dropout_p, seed)
-    return _dropout(q, k, v, mask, bias, is_causal, scale, dropout_p, keep, renormalise=True)
-
-
-@declare(**DROPOUT)
-def dropout_keeps_with_p(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    seed: int | None = None,
-) -> Array:
-    """Keeps a weight with probability p (the comparison reversed), rescaling by 1/(1 - p)."""
-    keep = ~keep_mask(_shape(q, k), dropout_p, seed) if dropout_p else None
-    return _dropout(q, k, v, mask, bias, is_causal, scale, dropout_p, keep)
-
-
-@declare(**DROPOUT)
-def dropout_shared_by_heads(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    seed: int | None = None,
-) -> Array:
-    """Draws one mask per batch element and uses it for every head (the head left out of
-    the random stream's offset)."""
-    shape = _shape(q, k)
-    keep = keep_mask((*shape[:-3], 1, *shape[-2:]), dropout_p, seed)
-    return _dropout(q, k, v, mask, bias, is_causal, scale, dropout_p, keep)
-
-
-@declare(**DROPOUT)
-def dropout_per_key(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    seed: int | None = None,
-) -> Array:
-    """Draws one indicator per key and uses it for every query (a mask over key positions,
-    the query left out of the offset)."""
-    shape = _shape(q, k)
-    keep = keep_mask((*shape[:-2], 1, shape[-1]), dropout_p, seed)
-    return _dropout(q, k, v, mask, bias, is_causal, scale, dropout_p, keep)
-
-
-@declare(**DROPOUT)
-def dropout_zero_means_default(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    seed: int | None = None,
-) -> Array:
-    """Reads dropout_p=0.0 as "not given" and falls back to its default rate of 0.1
-    (``p = dropout_p or 0.1``), so dropout cannot be turned off."""
-    p = dropout_p or 0.1
-    keep = keep_mask(_shape(q, k), p, seed)
-    return _dropout(q, k, v, mask, bias, is_causal, scale, p, keep)
+    return named(kernel, name, doc)
 
 
 _UNSEEDED = np.random.default_rng(12345)
 
-
-@declare(**DROPOUT)
-def dropout_ignores_seed(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    seed: int | None = None,
-) -> Array:
-    """Takes seed= but draws from a module-level generator, so a seed reproduces nothing."""
-    keep = _UNSEEDED.random(_shape(q, k)) >= dropout_p
-    return _dropout(q, k, v, mask, bias, is_causal, scale, dropout_p, keep)
+dropout_no_rescale = _dropout_bug(
+    "dropout_no_rescale",
+    "Drops weights but never multiplies the kept ones by 1/(1 - p).",
+    rescale=lambda p: 1.0,
+)
+dropout_times_keep_probability = _dropout_bug(
+    "dropout_times_keep_probability",
+    "Multiplies kept weights by 1 - p instead of dividing by it.",
+    rescale=lambda p: 1 - p,
+)
+dropout_renormalised = _dropout_bug(
+    "dropout_renormalised",
+    "Renormalises the kept weights to sum to 1 (as dropping scores before the softmax would).",
+    renormalise=True,
+)
+dropout_keeps_with_p = _dropout_bug(
+    "dropout_keeps_with_p",
+    "Keeps a weight with probability p (the comparison reversed), rescaling by 1/(1 - p).",
+    keep=lambda shape, p, seed: ~keep_mask(shape, p, seed) if p else None,
+)
+dropout_shared_by_heads = _dropout_bug(
+    "dropout_shared_by_heads",
+    "Draws one mask per batch element and uses it for every head (the head left out of "
+    "the random stream's offset).",
+    keep=lambda shape, p, seed: keep_mask((*shape[:-3], 1, *shape[-2:]), p, seed),
+)
+dropout_per_key = _dropout_bug(
+    "dropout_per_key",
+    "Draws one indicator per key and uses it for every query (a mask over key positions, "
+    "the query left out of the offset).",
+    keep=lambda shape, p, seed: keep_mask((*shape[:-2], 1, shape[-1]), p, seed),
+)
+dropout_zero_means_default = _dropout_bug(
+    "dropout_zero_means_default",
+    'Reads dropout_p=0.0 as "not given" and falls back to its default rate of 0.1 '
+    "(``p = dropout_p or 0.1``), so dropout cannot be turned off.",
+    rate=lambda p: p or 0.1,
+)
+dropout_ignores_seed = _dropout_bug(
+    "dropout_ignores_seed",
+    "Takes seed= but draws from a module-level generator, so a seed reproduces nothing.",
+    keep=lambda shape, p, seed: _UNSEEDED.random(shape) >= p,
+)

@@ -70,14 +70,20 @@ def arranged(
     )
 
 
+def softcapped(x: np.ndarray, softcap: float) -> np.ndarray:
+    """SOFTCAP-1's c tanh(x / c), in the dtype of ``x``."""
+    cap = x.dtype.type(softcap)
+    with np.errstate(**QUIET):
+        return cap * np.tanh(x / cap)
+
+
 def feature_scores(a: Arranged, f: Features) -> tuple[np.ndarray, np.ndarray]:
     """features.md's scores: x = alpha q.k, c tanh(x / c), + bias, + ALiBi; -inf where the
     mask, the causal rule or a -inf bias excludes the key."""
     with np.errstate(**QUIET):
         s = np.matmul(a.q, np.swapaxes(a.k, -1, -2)) * a.q.dtype.type(a.scale)
         if f.softcap is not None:
-            cap = a.q.dtype.type(f.softcap)
-            s = cap * np.tanh(s / cap)
+            s = softcapped(s, f.softcap)
         if a.bias is not None:
             s = s + a.bias
         if f.alibi_slopes is not None:

@@ -18,6 +18,7 @@ import ctypes
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,235 +49,117 @@ if os.environ.get(AT_IMPORT) in _IMPORT_HAZARDS:
     _IMPORT_HAZARDS[os.environ[AT_IMPORT]]()
 
 
-def attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
-    """Correct: the reference (the control every hostile kernel is compared with)."""
-    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+Answer = Callable[[Any, Array], Any]  # (the correct output, q) -> what the kernel returns
 
 
-def hangs(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
-    """Never returns."""
-    _hang()
-    raise AssertionError("unreachable")
+def _hostile(
+    name: str, doc: str, *, before: Callable[[], Any] | None = None, answer: Answer | None = None
+) -> Callable[..., Any]:
+    """A kernel with the spec's minimal signature that runs ``before`` first, then returns
+    ``answer(out, q)`` of the correct output, the reference's (``out`` itself when None)."""
+
+    def kernel(
+        q: Array,
+        k: Array,
+        v: Array,
+        *,
+        mask: Array | None = None,
+        is_causal: bool = False,
+        scale: float | None = None,
+    ) -> Any:
+        if before is not None:
+            before()
+        out = scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+        return out if answer is None else answer(out, q)
+
+    kernel.__doc__ = doc
+    kernel.__name__ = kernel.__qualname__ = name
+    return kernel
 
 
-def calls_sys_exit_0(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
-    sys.exit(0)
-
-
-def calls_os_exit_0(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
-    os._exit(0)
-
-
-def calls_os_exit_3(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
-    os._exit(3)
-
-
-def segfaults(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
-    _segfault()
-    raise AssertionError("unreachable")
-
-
-def raises_keyboard_interrupt(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+def _raise_keyboard_interrupt() -> None:
     raise KeyboardInterrupt
 
 
-def allocates_50_gb(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
-    """Touches 50 GB (np.ones writes every page), then answers correctly."""
-    scratch = np.ones(50 * 10**9 // 8)
-    return attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale) + 0 * scratch[0]
+def _plus_50_gb_touched(out: Array, q: Array) -> Array:
+    scratch = np.ones(50 * 10**9 // 8)  # np.ones writes every page
+    return out + 0 * scratch[0]
 
 
-def returns_none(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
-    return None
-
-
-def returns_list(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
-    return attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale).tolist()
-
-
-def returns_tuple(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
-    """(out, weights) from a kernel that does not declare returns_weights."""
-    out = attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
-    return out, out
-
-
-def returns_wrong_backend(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
-    """The right values as an array_api_strict array (which has no float16: float32 then),
-    under the NumPy backend."""
+def _as_array_api_strict(out: Array, q: Array) -> Any:
     import array_api_strict
 
-    out = attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
     return array_api_strict.asarray(out.astype(np.promote_types(out.dtype, np.float32)))
 
 
-def returns_int(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
-    return 0
-
-
-def mutates_inputs(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
-    """The right answer, then q overwritten in place (scratch reuse gone wrong)."""
-    out = attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+def _then_q_zeroed(out: Array, q: Array) -> Array:
     q[...] = 0
     return out
 
 
-def noisy(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
-    """Within TOL-2 every time, but one ulp off in a fresh random half of the elements on
-    every call (an unseeded atomic-add order): not deterministic (SDPA-7.5)."""
-    out = attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+def _one_ulp_off_at_random(out: Array, q: Array) -> Array:
     rng = np.random.default_rng()  # fresh OS entropy each call
     nudged = np.nextafter(out, np.asarray(np.inf, dtype=out.dtype))
     return np.where(rng.random(out.shape) < 0.5, nudged, out).astype(out.dtype)
 
 
-def prints_a_megabyte(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
-    """Correct, but prints 1 MiB on every call."""
-    print("x" * (2**20 - 1))
-    return attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
-
-
-def leaves_seterr_raise(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
-    """Correct, but leaves NumPy raising on every floating-point warning, underflow
-    included, for whoever computes next."""
-    out = attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+def _then_seterr_raise(out: Array, q: Array) -> Array:
     np.seterr(all="raise")
     return out
+
+
+attention = _hostile(
+    "attention", "Correct: the reference (the control every hostile kernel is compared with)."
+)
+hangs = _hostile("hangs", "Never returns.", before=_hang)
+calls_sys_exit_0 = _hostile("calls_sys_exit_0", "Calls sys.exit(0).", before=lambda: sys.exit(0))
+calls_os_exit_0 = _hostile("calls_os_exit_0", "Calls os._exit(0).", before=lambda: os._exit(0))
+calls_os_exit_3 = _hostile("calls_os_exit_3", "Calls os._exit(3).", before=lambda: os._exit(3))
+segfaults = _hostile("segfaults", "Reads address 0: SIGSEGV.", before=_segfault)
+raises_keyboard_interrupt = _hostile(
+    "raises_keyboard_interrupt", "Raises KeyboardInterrupt.", before=_raise_keyboard_interrupt
+)
+allocates_50_gb = _hostile(
+    "allocates_50_gb",
+    "Touches 50 GB (np.ones writes every page), then answers correctly.",
+    answer=_plus_50_gb_touched,
+)
+returns_none = _hostile("returns_none", "Returns None.", answer=lambda out, q: None)
+returns_list = _hostile("returns_list", "Returns a list.", answer=lambda out, q: out.tolist())
+returns_tuple = _hostile(
+    "returns_tuple",
+    "(out, weights) from a kernel that does not declare returns_weights.",
+    answer=lambda out, q: (out, out),
+)
+returns_wrong_backend = _hostile(
+    "returns_wrong_backend",
+    "The right values as an array_api_strict array (which has no float16: float32 then), "
+    "under the NumPy backend.",
+    answer=_as_array_api_strict,
+)
+returns_int = _hostile("returns_int", "Returns the int 0.", answer=lambda out, q: 0)
+mutates_inputs = _hostile(
+    "mutates_inputs",
+    "The right answer, then q overwritten in place (scratch reuse gone wrong).",
+    answer=_then_q_zeroed,
+)
+noisy = _hostile(
+    "noisy",
+    "Within TOL-2 every time, but one ulp off in a fresh random half of the elements on "
+    "every call (an unseeded atomic-add order): not deterministic (SDPA-7.5).",
+    answer=_one_ulp_off_at_random,
+)
+prints_a_megabyte = _hostile(
+    "prints_a_megabyte",
+    "Correct, but prints 1 MiB on every call.",
+    before=lambda: print("x" * (2**20 - 1)),
+)
+leaves_seterr_raise = _hostile(
+    "leaves_seterr_raise",
+    "Correct, but leaves NumPy raising on every floating-point warning, underflow "
+    "included, for whoever computes next.",
+    answer=_then_seterr_raise,
+)
 
 
 @dataclass(frozen=True)

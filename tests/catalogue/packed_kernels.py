@@ -15,6 +15,7 @@ import numpy as np
 
 from attnspec.conformance import declare
 
+from .blocks import named
 from .feature_blocks import Features, arranged, attend_features
 
 Array = np.ndarray
@@ -49,25 +50,39 @@ def _block_diagonal(
     q: Array,
     k: Array,
     v: Array,
-    cu_q: list[int],
-    cu_k: list[int],
+    cu_seqlens_q: Array,
+    cu_seqlens_k: Array,
     is_causal: bool,
     scale: float | None,
     softcap: float | None,
     alibi_slopes: Array | None,
-    offset_of: Callable[[int, int], int],
-    lse: bool,
+    return_lse: bool,
+    *,
+    global_alignment: bool = False,
+    early_keys: int = 0,
+    trust_offsets: bool = False,
+    empty_keys_nan: bool = False,
 ) -> Any:
     """One dense call over all tokens: a mask lets sequence b's queries see its own keys
-    (causally, with the offset ``offset_of(Lq_b, Lk_b)``), and the ALiBi bias is built per
-    sequence from the same offset."""
+    (causally, bottom-right within the sequence), and the ALiBi bias is built per sequence
+    from the same offset.  The keyword arguments are the bugs: the packed totals' offset
+    T_k - T_q for every sequence, keys starting ``early_keys`` tokens before the sequence,
+    query offsets clipped to the tokens instead of checked, NaN rows for a sequence
+    without keys."""
     heads, total_q, total_k = q.shape[1], q.shape[0], k.shape[0]
+    if trust_offsets:
+        cu_q = [int(x) for x in np.minimum(np.maximum.accumulate(cu_seqlens_q), total_q)]
+        cu_q[-1] = total_q
+    else:
+        cu_q = _offsets(cu_seqlens_q, total_q)
+    cu_k = _offsets(cu_seqlens_k, total_k)
     mask = np.zeros((total_q, total_k), dtype=bool)
     bias = np.zeros((heads, total_q, total_k))
     for b in range(len(cu_q) - 1):
-        rows, cols = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
-        n_q, n_k = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]
-        offset = offset_of(n_q, n_k)
+        first_key = max(cu_k[b] - early_keys, 0)
+        rows, cols = slice(cu_q[b], cu_q[b + 1]), slice(first_key, cu_k[b + 1])
+        n_q, n_k = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - first_key
+        offset = total_k - total_q if global_alignment else n_k - n_q
         allowed = np.ones((n_q, n_k), dtype=bool)
         if is_causal:
             allowed = np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + offset
@@ -89,198 +104,79 @@ def _block_diagonal(
         scale,
         f,
     )
-    result = attend_features(a, f, returns_lse=True)
-    out, log_sum = result
-    return (out.transpose(swap), log_sum) if lse else out.transpose(swap)
+    out, lse = attend_features(a, f, returns_lse=True)
+    out = out.transpose(swap)
+    if empty_keys_nan:
+        for b in range(len(cu_q) - 1):
+            if cu_k[b + 1] == cu_k[b]:
+                out[cu_q[b] : cu_q[b + 1]] = np.nan
+    return (out, lse) if return_lse else out
 
 
-@declare(**VARLEN)
-def varlen_block_diagonal(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    cu_seqlens_q: Array,
-    cu_seqlens_k: Array,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    is_causal: bool = False,
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Array | None = None,
-    return_lse: bool = False,
-) -> Any:
-    """(v1) A block-diagonal mask over the packed tokens, bottom-right per sequence."""
-    cu_q, cu_k = _offsets(cu_seqlens_q, q.shape[0]), _offsets(cu_seqlens_k, k.shape[0])
-    return _block_diagonal(
-        q,
-        k,
-        v,
-        cu_q,
-        cu_k,
-        is_causal,
-        scale,
-        softcap,
-        alibi_slopes,
-        lambda n_q, n_k: n_k - n_q,
-        return_lse,
-    )
+def _varlen_kernel(name: str, doc: str, **bug: Any) -> Callable[..., Any]:
+    """A varlen kernel (FlashAttention's flash_attn_varlen_func signature) computing
+    :func:`_block_diagonal` with ``bug``."""
 
-
-@declare(**VARLEN)
-def varlen_global_alignment(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    cu_seqlens_q: Array,
-    cu_seqlens_k: Array,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    is_causal: bool = False,
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Array | None = None,
-    return_lse: bool = False,
-) -> Any:
-    """Aligns every sequence's causal rule and ALiBi with the packed totals, T_k - T_q,
-    instead of its own L_k - L_q."""
-    cu_q, cu_k = _offsets(cu_seqlens_q, q.shape[0]), _offsets(cu_seqlens_k, k.shape[0])
-    total = k.shape[0] - q.shape[0]
-    return _block_diagonal(
-        q,
-        k,
-        v,
-        cu_q,
-        cu_k,
-        is_causal,
-        scale,
-        softcap,
-        alibi_slopes,
-        lambda n_q, n_k: total,
-        return_lse,
-    )
-
-
-@declare(**VARLEN)
-def varlen_sees_previous_key(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    cu_seqlens_q: Array,
-    cu_seqlens_k: Array,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    is_causal: bool = False,
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Array | None = None,
-    return_lse: bool = False,
-) -> Any:
-    """Starts each sequence's keys one token early (cu_k[b] - 1): it sees the previous
-    sequence's last key."""
-    cu_q, cu_k = _offsets(cu_seqlens_q, q.shape[0]), _offsets(cu_seqlens_k, k.shape[0])
-    outs, lses = [], []
-    for b in range(len(cu_q) - 1):
-        start = max(cu_k[b] - 1, 0)
-        f = Features(
-            softcap=softcap,
-            alignment="bottom_right",
-            alibi_slopes=None
-            if alibi_slopes is None
-            else (alibi_slopes[b] if np.ndim(alibi_slopes) == 2 else alibi_slopes),
-        )
-        swap = (1, 0, 2)
-        a = arranged(
-            q[cu_q[b] : cu_q[b + 1]].transpose(swap),
-            k[start : cu_k[b + 1]].transpose(swap),
-            v[start : cu_k[b + 1]].transpose(swap),
-            None,
-            None,
+    @declare(**VARLEN)
+    def kernel(
+        q: Array,
+        k: Array,
+        v: Array,
+        *,
+        cu_seqlens_q: Array,
+        cu_seqlens_k: Array,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        is_causal: bool = False,
+        scale: float | None = None,
+        softcap: float | None = None,
+        alibi_slopes: Array | None = None,
+        return_lse: bool = False,
+    ) -> Any:
+        return _block_diagonal(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
             is_causal,
             scale,
-            f,
+            softcap,
+            alibi_slopes,
+            return_lse,
+            **bug,
         )
-        out, lse = attend_features(a, f, returns_lse=True)
-        outs.append(out.transpose(swap))
-        lses.append(lse)
-    out, lse = np.concatenate(outs), np.concatenate(lses, axis=-1)
-    return (out, lse) if return_lse else out
+
+    return named(kernel, name, doc)
 
 
-@declare(**VARLEN)
-def varlen_empty_keys_nan(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    cu_seqlens_q: Array,
-    cu_seqlens_k: Array,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    is_causal: bool = False,
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Array | None = None,
-    return_lse: bool = False,
-) -> Any:
-    """Divides by a zero row sum for a sequence without keys: its rows are NaN."""
-    out, lse = varlen_block_diagonal(
-        q,
-        k,
-        v,
-        cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-        is_causal=is_causal,
-        scale=scale,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        return_lse=True,
-    )
-    cu_q, cu_k = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
-    for b in range(len(cu_q) - 1):
-        if cu_k[b + 1] == cu_k[b]:
-            out[cu_q[b] : cu_q[b + 1]] = np.nan
-    return (out, lse) if return_lse else out
-
-
-@declare(**VARLEN)
-def varlen_unchecked_offsets(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    cu_seqlens_q: Array,
-    cu_seqlens_k: Array,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    is_causal: bool = False,
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Array | None = None,
-    return_lse: bool = False,
-) -> Any:
-    """Trusts its offsets: clips them to the tokens it has instead of rejecting them
-    (xformers #1122)."""
-    cu_q = list(np.minimum(np.maximum.accumulate(np.asarray(cu_seqlens_q)), q.shape[0]))
-    cu_q[-1] = q.shape[0]
-    cu_k = _offsets(cu_seqlens_k, k.shape[0])
-    return _block_diagonal(
-        q,
-        k,
-        v,
-        [int(x) for x in cu_q],
-        cu_k,
-        is_causal,
-        scale,
-        softcap,
-        alibi_slopes,
-        lambda n_q, n_k: n_k - n_q,
-        return_lse,
-    )
+varlen_block_diagonal = _varlen_kernel(
+    "varlen_block_diagonal",
+    "(v1) A block-diagonal mask over the packed tokens, bottom-right per sequence.",
+)
+varlen_global_alignment = _varlen_kernel(
+    "varlen_global_alignment",
+    "Aligns every sequence's causal rule and ALiBi with the packed totals, T_k - T_q, "
+    "instead of its own L_k - L_q.",
+    global_alignment=True,
+)
+varlen_sees_previous_key = _varlen_kernel(
+    "varlen_sees_previous_key",
+    "Starts each sequence's keys one token early (cu_k[b] - 1): it sees the previous "
+    "sequence's last key.",
+    early_keys=1,
+)
+varlen_empty_keys_nan = _varlen_kernel(
+    "varlen_empty_keys_nan",
+    "Divides by a zero row sum for a sequence without keys: its rows are NaN.",
+    empty_keys_nan=True,
+)
+varlen_unchecked_offsets = _varlen_kernel(
+    "varlen_unchecked_offsets",
+    "Trusts its offsets: clips them to the tokens it has instead of rejecting them "
+    "(xformers #1122).",
+    trust_offsets=True,
+)
 
 
 # --- KV caches ----------------------------------------------------------------------------
@@ -416,9 +312,7 @@ def _cache_kernel(name: str, doc: str, *, paged: bool = True, **bug: Any) -> Cal
             **bug,
         )
 
-    kernel.__doc__ = doc
-    kernel.__name__ = kernel.__qualname__ = name
-    return kernel
+    return named(kernel, name, doc)
 
 
 IN_PLACE = (

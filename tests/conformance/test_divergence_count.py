@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from support import hand_verdict
 
 from attnspec.conformance import matrix
 from attnspec.conformance import report as render
 from attnspec.conformance.known_kernels import KNOWN_KERNELS, write_ups
 from attnspec.conformance.root_causes import divergences
-from attnspec.conformance.runner import FAILED, PASSED, WARNING, Report, Verdict
+from attnspec.conformance.runner import FAILED, PASSED, WARNING, Report
 
 LINEN = next(e for e in KNOWN_KERNELS if e.name == "flax.linen:dot_product_attention")
 WRITE_UPS = write_ups(LINEN)
@@ -28,20 +29,37 @@ CASE_B = "q(2, 1, 1, 4), k(2, 1, 7, 4), v(2, 1, 7, 4), dtype=float16, bias(1, 7)
 CASE_C = "q(1, 1, 1, 1), k(1, 1, 2, 1), v(1, 1, 2, 1), dtype=float32, mask(1, 2) (0/2 True)"
 
 
-def _verdict(prop: str, clause: str, status: str, detail: str, case: str) -> Verdict:
-    level = "SHOULD" if status == WARNING else "MUST"
-    return Verdict(prop, clause, level, status, detail=detail, counterexample=case)
-
-
 @pytest.fixture(scope="module")
 def report() -> Report:
     verdicts = [
-        _verdict("default-scale", "SDPA-2.1", PASSED, "", ""),
-        _verdict("matches-reference", "SDPA-7.3", FAILED, "out off by 3.1e-03 (float16)", CASE_A),
-        _verdict("layout-independence", "SDPA-1.7", FAILED, "contiguous call off by 2e-03", CASE_B),
-        _verdict("empty-rows-zero", "SDPA-5.1", FAILED, "row 0 is mean(v), should be 0", CASE_C),
-        _verdict("rows-sum-to-one", "SDPA-7.1", FAILED, "weights sum to 0.5", CASE_C),
-        _verdict("gqa-rejects-bad-heads", "SDPA-6.2", WARNING, "Hq=3, Hkv=2 accepted", CASE_A),
+        hand_verdict("default-scale", "SDPA-2.1", PASSED, detail="", case=""),
+        hand_verdict(
+            "matches-reference",
+            "SDPA-7.3",
+            FAILED,
+            detail="out off by 3.1e-03 (float16)",
+            case=CASE_A,
+        ),
+        hand_verdict(
+            "layout-independence",
+            "SDPA-1.7",
+            FAILED,
+            detail="contiguous call off by 2e-03",
+            case=CASE_B,
+        ),
+        hand_verdict(
+            "empty-rows-zero",
+            "SDPA-5.1",
+            FAILED,
+            detail="row 0 is mean(v), should be 0",
+            case=CASE_C,
+        ),
+        hand_verdict(
+            "rows-sum-to-one", "SDPA-7.1", FAILED, detail="weights sum to 0.5", case=CASE_C
+        ),
+        hand_verdict(
+            "gqa-rejects-bad-heads", "SDPA-6.2", WARNING, detail="Hq=3, Hkv=2 accepted", case=CASE_A
+        ),
     ]
     verdicts[4].cause = "SDPA-5.2"  # a clause with no verdict of its own: a waived one
     verdicts[4].drawn_around = "passes drawn around Lk = 0 (SDPA-5.2)"

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import TESTS
+from support import TESTS, kernel_file
 
 from attnspec.conformance import SetupError, check, cli
 from attnspec.conformance.failures import distinct
@@ -81,9 +81,7 @@ def scale_rounded_to_float32(q, k, v, *, mask=None, is_causal=False, scale=None)
 
 @pytest.fixture
 def kernels(tmp_path: Path) -> Path:
-    path = tmp_path / "convention_kernels.py"
-    path.write_text(KERNELS, encoding="utf-8")
-    return path
+    return kernel_file(tmp_path, "convention_kernels.py", KERNELS)
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:

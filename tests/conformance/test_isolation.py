@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from catalogue import hostile
 from catalogue.hostile import HOSTILE, Hostile
-from support import ATTNSPEC, processes_in, verdict_of
+from support import ATTNSPEC, kernel_file, processes_in, verdict_of
 
 from attnspec.backends import Backend
 from attnspec.conformance import SetupError, check, cli, runner
@@ -261,9 +261,7 @@ def allocates(q, k, v, *, mask=None, is_causal=False, scale=None):
 
 @pytest.fixture
 def sometimes(tmp_path: Path) -> str:
-    path = tmp_path / "sometimes.py"
-    path.write_text(SOMETIMES, encoding="utf-8")
-    return str(path)
+    return str(kernel_file(tmp_path, "sometimes.py", SOMETIMES))
 
 
 def test_hang_is_attributed_to_the_example_that_hung(
@@ -452,9 +450,7 @@ def mean_of_v_when_empty(q, k, v, *, mask=None, is_causal=False, scale=None):
 
 @pytest.fixture
 def worker_kernels(tmp_path: Path) -> str:
-    path = tmp_path / "worker_kernels.py"
-    path.write_text(WORKER_KERNELS, encoding="utf-8")
-    return str(path)
+    return str(kernel_file(tmp_path, "worker_kernels.py", WORKER_KERNELS))
 
 
 def test_hint_probes_run_in_the_worker(

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import processes_in, start_cli, wait_for
+from support import kernel_file, processes_in, start_cli, wait_for
 
 from attnspec.conformance import SetupError, check, cli
 from attnspec.conformance.isolation import (
@@ -105,9 +105,7 @@ def hangs_on_causal(q, k, v, *, mask=None, is_causal=False, scale=None):
 
 @pytest.fixture
 def hostile(tmp_path: Path) -> str:
-    path = tmp_path / "sometimes.py"
-    path.write_text(HOSTILE_SOMETIMES, encoding="utf-8")
-    return str(path)
+    return str(kernel_file(tmp_path, "sometimes.py", HOSTILE_SOMETIMES))
 
 
 def test_a_crash_or_hang_in_one_job_fails_only_its_property(hostile: str) -> None:
@@ -191,7 +189,7 @@ def test_interrupt_with_jobs_keeps_finished_verdicts_in_order(
     [
         (["--jobs", "0"], "--jobs 0, but should be a positive integer or 'auto'"),
         (["--jobs", "two"], "--jobs 'two', but should be a positive integer or 'auto'"),
-        (["--jobs", "2", "--no-isolate"], "--no-isolate runs the kernel in this one"),
+        (["--jobs", "2", "--no-isolate"], "--no-isolate (isolate=False) runs the kernel in this"),
     ],
 )
 def test_bad_jobs_are_one_line_and_exit_2(
@@ -219,7 +217,7 @@ def test_jobs_values() -> None:
     assert parse_jobs(None) == 1 and parse_jobs("3") == 3 and parse_jobs(2) == 2
     with pytest.raises(SetupError, match="jobs=0, but should be a positive integer"):
         check("attnspec.reference:scaled_dot_product_attention", backend="numpy", jobs=0)
-    with pytest.raises(SetupError, match="jobs=2 needs worker processes"):
+    with pytest.raises(SetupError, match="jobs=2 runs properties in worker processes"):
         check(
             "attnspec.reference:scaled_dot_product_attention",
             backend="numpy",

@@ -3,6 +3,7 @@ FlashAttention way are checked against the spec's layout (SDPA-1.1) unchanged.""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -126,7 +127,10 @@ def test_from_blhd_transposes_only_the_output_of_a_tuple() -> None:
 
 def test_from_blhd_keeps_and_updates_the_declaration() -> None:
     """The wrapper carries the kernel's declaration (attached, known or inferred) plus claims."""
-    declared = declare(bias=True, causal_alignment="bottom_right")(blhd_attention)
+    # declare() marks the function it is given: a copy, so that blhd_attention stays
+    # undeclared for the tests that run after this one in the same worker
+    copy = functools.wraps(blhd_attention)(lambda *args, **kwargs: blhd_attention(*args, **kwargs))
+    declared = declare(bias=True, causal_alignment="bottom_right")(copy)
     wrapped = from_blhd(declared, gqa=True)
     declaration = declaration_of(wrapped)
     assert (declaration.bias, declaration.gqa, declaration.causal_alignment) == (

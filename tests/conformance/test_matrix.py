@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ROOT
+from support import ROOT, hand_report, hand_verdict
 
 from attnspec.conformance import cli, matrix
 from attnspec.conformance.known_kernels import KNOWN_KERNELS
 from attnspec.conformance.root_causes import Divergence
-from attnspec.conformance.runner import FAILED, NOT_APPLICABLE, PASSED, WAIVED, Report, Verdict
+from attnspec.conformance.run_plan import Execution
+from attnspec.conformance.runner import FAILED, NOT_APPLICABLE, PASSED, WAIVED, Report
 
 pytest.importorskip("torch", reason="the matrix rows checked here are PyTorch kernels")
 
@@ -116,10 +117,6 @@ def test_mha_fully_masked_rows_are_one_divergence(matrix_run: dict[str, Any]) ->
     assert "| `torch.nn:MultiheadAttention` | torch |" in matrix_run["markdown"]
 
 
-def _verdict(prop: str, clause: str, status: str, inputs: str = "") -> Verdict:
-    return Verdict(prop, clause, "MUST", status, detail=f"{prop} broke", counterexample=inputs)
-
-
 def test_cells_take_the_worst_verdict_and_show_waivers() -> None:
     report = Report(
         "k",
@@ -129,10 +126,10 @@ def test_cells_take_the_worst_verdict_and_show_waivers() -> None:
         None,
         False,
         verdicts=[
-            _verdict("a", "SDPA-7.1", PASSED),
-            _verdict("b", "SDPA-7.3", FAILED),
-            _verdict("c", "SDPA-5.1", WAIVED),
-            _verdict("d", "SDPA-6.1", NOT_APPLICABLE),
+            hand_verdict("a", "SDPA-7.1", PASSED),
+            hand_verdict("b", "SDPA-7.3", FAILED),
+            hand_verdict("c", "SDPA-5.1", WAIVED),
+            hand_verdict("d", "SDPA-6.1", NOT_APPLICABLE),
         ],
     )
     report.waived = ["SDPA-5.1"]
@@ -144,12 +141,12 @@ def test_a_failure_is_folded_only_when_its_re_run_showed_a_cause() -> None:
     failure merely because its minimal case looks like another clause's inputs."""
     masked = "q(1, 1, 1, 1), k(1, 1, 1, 1), v(1, 1, 1, 1), dtype=float16, mask(1, 1) (0/1 True)"
     verdicts = [
-        _verdict("empty-rows-zero", "SDPA-5.1", FAILED, "q(1, 1, 1)"),
-        _verdict("rows-sum-to-one", "SDPA-7.1", FAILED, masked),
-        _verdict("query-permutation", "SDPA-7.6", FAILED, masked),
+        hand_verdict("empty-rows-zero", "SDPA-5.1", FAILED, case="q(1, 1, 1)"),
+        hand_verdict("rows-sum-to-one", "SDPA-7.1", FAILED, case=masked),
+        hand_verdict("query-permutation", "SDPA-7.6", FAILED, case=masked),
     ]
     verdicts[1].cause = "SDPA-5.1"
-    report = Report("k", "torch", "cpu", "quick", None, False, verdicts=verdicts)
+    report = hand_report(verdicts, backend="torch")
     folded = matrix.divergences_of(report, {})
     assert [d.clause for d in folded] == ["SDPA-5.1", "SDPA-7.6"]
     assert folded[0].consequences == ["rows-sum-to-one (SDPA-7.1)"]
@@ -158,10 +155,10 @@ def test_a_failure_is_folded_only_when_its_re_run_showed_a_cause() -> None:
 def test_failures_explained_by_one_write_up_are_one_divergence() -> None:
     causal_scale_zero = "q(1, 1, 2, 1), dtype=float16, is_causal=True, scale=0.0"
     verdicts = [
-        _verdict("matches-reference", "SDPA-7.3", FAILED, causal_scale_zero),
-        _verdict("output-in-value-hull", "SDPA-7.1", FAILED, causal_scale_zero),
+        hand_verdict("matches-reference", "SDPA-7.3", FAILED, case=causal_scale_zero),
+        hand_verdict("output-in-value-hull", "SDPA-7.1", FAILED, case=causal_scale_zero),
     ]
-    report = Report("k", "torch", "cpu", "quick", None, False, verdicts=verdicts)
+    report = hand_report(verdicts, backend="torch")
     link = "docs/divergences.md#torch-causal-scale-zero"
     [one] = matrix.divergences_of(report, {"matches-reference": link, "output-in-value-hull": link})
     assert one.properties == ["matches-reference", "output-in-value-hull"]
@@ -235,7 +232,7 @@ def test_failures_on_a_waived_clause_s_inputs_are_its_consequences() -> None:
         "quick",
         None,
         False,
-        verdicts=[_verdict("rows-sum-to-one", "SDPA-7.1", FAILED, masked)],
+        verdicts=[hand_verdict("rows-sum-to-one", "SDPA-7.1", FAILED, case=masked)],
     )
     report.waived = ["SDPA-5.1"]
     report.verdicts[0].cause = "SDPA-5.1"  # its re-run around fully masked rows passed
@@ -251,9 +248,9 @@ def test_an_interrupt_ends_the_matrix_not_just_one_kernel(
     runs no further kernel (each is reported as not run, with why)."""
     calls: list[str] = []
 
-    def interrupted_run(setup: Any, args: Any, flags: Any, **_: Any) -> tuple[Report, None]:
+    def interrupted_run(setup: Any, args: Any, flags: Any, **_: Any) -> Execution:
         calls.append(setup.kernel)
-        return Report(
+        report = Report(
             setup.kernel,
             "torch",
             "cpu",
@@ -261,7 +258,8 @@ def test_an_interrupt_ends_the_matrix_not_just_one_kernel(
             None,
             False,
             incomplete="interrupted by SIGTERM after 3 of 63 properties",
-        ), None
+        )
+        return Execution(report, None, {})
 
     monkeypatch.setattr(cli, "_run_one", interrupted_run)
     js = tmp_path / "m.json"

@@ -18,7 +18,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from support import ATTNSPEC, processes_in, start_cli, wait_for
+from support import ATTNSPEC, kernel_file, processes_in, start_cli, wait_for
 
 from attnspec.conformance import cli
 from attnspec.conformance.report_files import ReportFiles, write_atomically
@@ -47,9 +47,7 @@ REPORTS = ("--json", "r.json", "--junit", "r.xml", "--markdown", "r.md")
 
 @pytest.fixture
 def kernels(tmp_path: Path) -> str:
-    path = tmp_path / "kernels.py"
-    path.write_text(KERNELS, encoding="utf-8")
-    return str(path)
+    return str(kernel_file(tmp_path, "kernels.py", KERNELS))
 
 
 def junit_properties(path: Path) -> dict[str, str]:

@@ -16,13 +16,15 @@ import pytest
 from catalogue.blocks import arrange, attend
 from catalogue.bugs_plumbing import value_dim_must_equal_head_dim
 from catalogue.bugs_softmax import finite_fill_jax_style
+from support import hand_report, hand_verdict
 
 from attnspec.backends import Backend
 from attnspec.conformance import declare, input_features
 from attnspec.conformance import report as render
+from attnspec.conformance.api import check
 from attnspec.conformance.kernel import KernelUnderTest, Problem
 from attnspec.conformance.registry import all_properties
-from attnspec.conformance.root_causes import divergences, draw_around, run_all
+from attnspec.conformance.root_causes import divergences, draw_around
 from attnspec.conformance.runner import (
     FAILED,
     NOT_APPLICABLE,
@@ -95,28 +97,28 @@ def mean_v_no_gqa_float16_as_float32(
 
 @pytest.fixture(scope="module")
 def runs() -> Iterator[dict[str, Report]]:
-    def check(fn: Any, only: list[str]) -> Report:
-        return run_all(KernelUnderTest(fn, Backend("numpy")), profile=PROFILE, only=only)
+    def checked(fn: Any, only: list[str]) -> Report:
+        return check(fn, backend="numpy", profile=PROFILE, only=only)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(PROFILES, PROFILE, Profile(20))
         yield {
-            "mean-v": check(
+            "mean-v": checked(
                 finite_fill_jax_style,
                 ["empty-rows-zero", "rows-sum-to-one", "key-permutation", "matches-reference"],
             ),
-            "float32": check(
+            "float32": checked(
                 float64_returned_as_float32, ["output-shape-dtype", "matches-reference"]
             ),
-            "two-bugs": check(
+            "two-bugs": checked(
                 mean_v_and_scale_by_e,
                 ["empty-rows-zero", "default-scale", "key-permutation", "matches-reference"],
             ),
-            "three-bugs": check(
+            "three-bugs": checked(
                 mean_v_no_gqa_float16_as_float32,
                 ["output-shape-dtype", "empty-rows-zero", "gqa-mapping", "rows-sum-to-one"],
             ),
-            "value-dim": check(
+            "value-dim": checked(
                 value_dim_must_equal_head_dim,
                 ["value-head-dim", "output-shape-dtype", "rows-sum-to-one", "matches-reference"],
             ),
@@ -234,29 +236,11 @@ def test_a_kernel_declaring_equal_head_dims_never_meets_unequal_ones() -> None:
         problem, kernel.declaration
     )
     assert kernel.output(problem).shape == (1, 1, 3)
-    [verdict] = run_all(kernel, profile="quick", only=["value-head-dim"]).verdicts
+    [verdict] = check(padded, backend="numpy", only=["value-head-dim"]).verdicts
     assert verdict.status == NOT_APPLICABLE and "equal_head_dims" in verdict.detail
 
 
 # --- the rules, on hand-built reports -------------------------------------------------------
-
-
-def _verdict(
-    prop: str,
-    clause: str,
-    status: str = FAILED,
-    features: tuple[str, ...] = (),
-    case: str = "q(1, 1, 1)",
-) -> Verdict:
-    return Verdict(
-        prop,
-        clause,
-        "MUST",
-        status,
-        detail=f"{prop} broke",
-        counterexample=case,
-        features=list(features),
-    )
 
 
 def _rerun(results: dict[str, list[Verdict]], calls: list[tuple[str, tuple[str, ...]]]) -> Any:
@@ -270,21 +254,15 @@ def _rerun(results: dict[str, list[Verdict]], calls: list[tuple[str, tuple[str, 
 def test_a_failure_that_still_fails_drawn_around_stays_distinct_with_its_new_case() -> None:
     """No hiding: a property that still fails with the other clause's inputs drawn around
     is a divergence of its own, shown on the new minimal case, the first one kept."""
-    report = Report(
-        "k",
-        "numpy",
-        "cpu",
-        "quick",
-        None,
-        False,
-        verdicts=[
-            _verdict("empty-rows-zero", "SDPA-5.1", features=("fully-masked-row",)),
-            _verdict(
+    report = hand_report(
+        [
+            hand_verdict("empty-rows-zero", "SDPA-5.1", features=("fully-masked-row",)),
+            hand_verdict(
                 "key-permutation", "SDPA-7.6", features=("fully-masked-row",), case="first case"
             ),
         ],
     )
-    again = _verdict("key-permutation", "SDPA-7.6", case="second case")
+    again = hand_verdict("key-permutation", "SDPA-7.6", case="second case")
     calls: list[tuple[str, tuple[str, ...]]] = []
     draw_around(
         report, all_properties().values(), _rerun({"key-permutation": [again]}, calls), SizeLimits()
@@ -300,16 +278,10 @@ def test_a_failure_that_still_fails_drawn_around_stays_distinct_with_its_new_cas
 def test_a_re_run_that_stalls_drawing_around_keeps_the_first_case() -> None:
     """A supervised re-run stopped while no kernel call ran (its draws were all discarded)
     says nothing about the kernel: the failure stays as found, and says why."""
-    report = Report(
-        "k",
-        "numpy",
-        "cpu",
-        "quick",
-        None,
-        False,
-        verdicts=[
-            _verdict("gqa-mapping", "SDPA-6.1", features=("gqa",)),
-            _verdict("key-permutation", "SDPA-7.6", features=("gqa",), case="first case"),
+    report = hand_report(
+        [
+            hand_verdict("gqa-mapping", "SDPA-6.1", features=("gqa",)),
+            hand_verdict("key-permutation", "SDPA-7.6", features=("gqa",), case="first case"),
         ],
     )
     stalled = Verdict(
@@ -334,17 +306,11 @@ def test_a_re_run_that_stalls_drawing_around_keeps_the_first_case() -> None:
 
 
 def _three_failures() -> Report:
-    return Report(
-        "k",
-        "numpy",
-        "cpu",
-        "quick",
-        None,
-        False,
-        verdicts=[
-            _verdict("empty-rows-zero", "SDPA-5.1", features=("fully-masked-row",)),
-            _verdict("gqa-mapping", "SDPA-6.1", features=("gqa",)),
-            _verdict("rows-sum-to-one", "SDPA-7.1", features=("fully-masked-row", "gqa")),
+    return hand_report(
+        [
+            hand_verdict("empty-rows-zero", "SDPA-5.1", features=("fully-masked-row",)),
+            hand_verdict("gqa-mapping", "SDPA-6.1", features=("gqa",)),
+            hand_verdict("rows-sum-to-one", "SDPA-7.1", features=("fully-masked-row", "gqa")),
         ],
     )
 
@@ -355,7 +321,7 @@ def test_a_re_run_that_cannot_draw_falls_back_to_a_smaller_avoid_set() -> None:
     consequence; the honest "could not be drawn around" is kept for when none settles."""
     nothing = Verdict("rows-sum-to-one", "SDPA-7.1", "MUST", PASSED, examples=0)
     ok = Verdict("rows-sum-to-one", "SDPA-7.1", "MUST", PASSED, examples=9)
-    fails = _verdict("rows-sum-to-one", "SDPA-7.1", case="another case")
+    fails = hand_verdict("rows-sum-to-one", "SDPA-7.1", case="another case")
     for results, settled in (([nothing, fails, ok], True), ([nothing, fails, nothing], False)):
         report = _three_failures()
         calls: list[tuple[str, tuple[str, ...]]] = []
@@ -382,18 +348,12 @@ def test_a_clause_failing_only_as_a_consequence_is_not_drawn_around() -> None:
     """SDPA-1.3 failing only on grouped heads (its failure follows from SDPA-6.1) does not
     make other properties draw around dtypes; nor does SDPA-1.3 failing in float16 make
     them draw around float32 inputs."""
-    report = Report(
-        "k",
-        "numpy",
-        "cpu",
-        "quick",
-        None,
-        False,
-        verdicts=[
-            _verdict("gqa-mapping", "SDPA-6.1", features=("gqa",)),
-            _verdict("output-shape-dtype", "SDPA-1.3", features=("gqa", "float16-inputs")),
-            _verdict("key-permutation", "SDPA-7.6", features=("float16-inputs",)),
-            _verdict("query-permutation", "SDPA-7.6", features=("float32-inputs",)),
+    report = hand_report(
+        [
+            hand_verdict("gqa-mapping", "SDPA-6.1", features=("gqa",)),
+            hand_verdict("output-shape-dtype", "SDPA-1.3", features=("gqa", "float16-inputs")),
+            hand_verdict("key-permutation", "SDPA-7.6", features=("float16-inputs",)),
+            hand_verdict("query-permutation", "SDPA-7.6", features=("float32-inputs",)),
         ],
     )
     ok = Verdict("any", "SDPA-7.6", "MUST", PASSED, examples=5)
@@ -411,33 +371,22 @@ def test_a_clause_failing_only_as_a_consequence_is_not_drawn_around() -> None:
 def test_only_features_of_failed_or_waived_clauses_are_drawn_around() -> None:
     """A feature whose clause passed is not drawn around (the failure is the property's own);
     a waived clause (CONF-7) is, and its consequences are listed under it."""
-    passed = Report(
-        "k",
-        "numpy",
-        "cpu",
-        "quick",
-        None,
-        False,
-        verdicts=[
-            _verdict("empty-rows-zero", "SDPA-5.1", PASSED),
-            _verdict("rows-sum-to-one", "SDPA-7.1", features=("fully-masked-row",)),
+    passed = hand_report(
+        [
+            hand_verdict("empty-rows-zero", "SDPA-5.1", PASSED),
+            hand_verdict("rows-sum-to-one", "SDPA-7.1", features=("fully-masked-row",)),
         ],
     )
     calls: list[tuple[str, tuple[str, ...]]] = []
     draw_around(passed, all_properties().values(), _rerun({}, calls), SizeLimits())
     assert calls == [] and [d.clause for d in divergences(passed)] == ["SDPA-7.1"]
-    waived = Report(
-        "k",
-        "jax",
-        "cpu",
-        "quick",
-        None,
-        False,
-        waived=["SDPA-5.1"],
-        verdicts=[
-            _verdict("empty-rows-zero", "SDPA-5.1", WAIVED),
-            _verdict("rows-sum-to-one", "SDPA-7.1", features=("fully-masked-row",)),
+    waived = hand_report(
+        [
+            hand_verdict("empty-rows-zero", "SDPA-5.1", WAIVED),
+            hand_verdict("rows-sum-to-one", "SDPA-7.1", features=("fully-masked-row",)),
         ],
+        backend="jax",
+        waived=["SDPA-5.1"],
     )
     ok = Verdict("rows-sum-to-one", "SDPA-7.1", "MUST", PASSED, examples=12)
     draw_around(
@@ -452,17 +401,11 @@ def test_only_features_of_failed_or_waived_clauses_are_drawn_around() -> None:
 def test_consequences_of_consequences_fold_to_the_root_and_cycles_do_not_hide() -> None:
     """A failure caused by a clause whose own failure follows from a third is listed under
     the third; two failures that each follow from the other stay one divergence."""
-    chain = Report(
-        "k",
-        "numpy",
-        "cpu",
-        "quick",
-        None,
-        False,
-        verdicts=[
-            _verdict("output-shape-dtype", "SDPA-1.3"),
-            _verdict("empty-rows-zero", "SDPA-5.1"),
-            _verdict("key-permutation", "SDPA-7.6"),
+    chain = hand_report(
+        [
+            hand_verdict("output-shape-dtype", "SDPA-1.3"),
+            hand_verdict("empty-rows-zero", "SDPA-5.1"),
+            hand_verdict("key-permutation", "SDPA-7.6"),
         ],
     )
     chain.verdicts[1].cause, chain.verdicts[2].cause = "SDPA-1.3", "SDPA-5.1"
@@ -471,16 +414,10 @@ def test_consequences_of_consequences_fold_to_the_root_and_cycles_do_not_hide() 
         "empty-rows-zero (SDPA-5.1)",
         "key-permutation (SDPA-7.6, via SDPA-5.1)",
     ]
-    cycle = Report(
-        "k",
-        "numpy",
-        "cpu",
-        "quick",
-        None,
-        False,
-        verdicts=[
-            _verdict("empty-rows-zero", "SDPA-5.1", features=("float64-inputs",)),
-            _verdict(
+    cycle = hand_report(
+        [
+            hand_verdict("empty-rows-zero", "SDPA-5.1", features=("float64-inputs",)),
+            hand_verdict(
                 "output-shape-dtype", "SDPA-1.3", features=("fully-masked-row", "float64-inputs")
             ),
         ],
@@ -552,12 +489,12 @@ def test_one_root_cause_with_two_write_ups_is_two_divergences() -> None:
     divergences, each with its own write-up, not one under the first write-up; a property
     without a write-up stays with the one that has it."""
     raised = [
-        _verdict(p, c)
+        hand_verdict(p, c)
         for p, c in (("matches-reference", "SDPA-7.3"), ("nan-propagates", "SDPA-8.3"))
     ]
     for verdict in raised:
         verdict.detail = "kernel raised ValueError: bad shape"
-    report = Report("k", "numpy", "cpu", "quick", None, False, verdicts=raised)
+    report = hand_report(raised)
     found = divergences(report, {"matches-reference": "docs/a.md", "nan-propagates": "docs/b.md"})
     assert [(d.properties, d.write_up) for d in found] == [
         (["matches-reference"], "docs/a.md"),
@@ -574,15 +511,15 @@ def test_a_write_up_links_only_the_failure_it_describes() -> None:
     of a property's own clause does not explain its failure as a consequence of another
     (waived) clause.  Both say "unconfirmed" (no write-up)."""
     link = "docs/divergences.md#torch-causal-scale-zero"
-    scale_zero = _verdict("matches-reference", "SDPA-7.3", case="q(1, 1, 1), scale=0.0")
-    other = _verdict("matches-reference", "SDPA-7.3", case="q(1, 1, 1), scale=0.5")
+    scale_zero = hand_verdict("matches-reference", "SDPA-7.3", case="q(1, 1, 1), scale=0.0")
+    other = hand_verdict("matches-reference", "SDPA-7.3", case="q(1, 1, 1), scale=0.5")
     for verdict, expected in ((scale_zero, link), (other, "")):
-        report = Report("k", "torch", "cpu", "quick", None, False, verdicts=[verdict])
+        report = hand_report([verdict], backend="torch")
         [found] = divergences(report, {"matches-reference": link})
         assert found.write_up == expected, verdict.counterexample
-    consequence = _verdict("rows-sum-to-one", "SDPA-7.1")
+    consequence = hand_verdict("rows-sum-to-one", "SDPA-7.1")
     consequence.cause = "SDPA-5.1"  # waived: no verdict of its own
-    report = Report("k", "numpy", "cpu", "quick", None, False, verdicts=[consequence])
+    report = hand_report([consequence])
     [waived] = divergences(report, {"rows-sum-to-one": "docs/own-clause.md"})
     assert (waived.clause, waived.write_up) == ("SDPA-5.1", "")
     # the jax write-up names SDPA-5.1: it does explain rows-sum-to-one's failure there

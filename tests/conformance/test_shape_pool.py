@@ -15,6 +15,7 @@ import subprocess
 import sys
 from typing import Any
 
+import numpy as np
 import pytest
 from catalogue.buggy import CATALOGUE, BuggyKernel
 from hypothesis import strategies as st
@@ -352,7 +353,7 @@ def test_a_rerun_drawing_around_every_dtype_checked_draws_nothing() -> None:
 
 
 def test_workers_share_one_jax_compilation_cache_per_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """CONF-5 (issue 11): every worker of a run gets JAX's persistent compilation cache in
+    """CONF-5: every worker of a run gets JAX's persistent compilation cache in
     one directory of the run (the user's JAX_COMPILATION_CACHE_DIR instead, when set) with
     every compilation cached, so a worker started after a crash, a re-run or another
     worker of --jobs N loads what one already compiled; thresholds the user set stand.  A
@@ -380,3 +381,76 @@ def test_workers_share_one_jax_compilation_cache_per_run(tmp_path) -> None:  # t
         env={**os.environ, **compilation_cache_variables({}), JAX_CACHE_DIRECTORY: str(tmp_path)},
     )
     assert any(name.startswith("jit__lambda") for name in os.listdir(tmp_path))
+
+
+def test_the_suites_own_array_operations_compile_nothing_on_jax() -> None:
+    """SDPA-1.1, SDPA-1.7: on JAX, which compiles every operation anew per shape,
+    the zero padding of a kernel that needs E == Ev (Ev < E; Ev > E with an explicit scale
+    and with the power-of-two factor on q), the cut of its output and layout-independence's
+    views are done on the host: checking compiles the kernel's signatures and nothing else
+    (it compiled ~330 eager operations in the quick profile before), and the kernel gets
+    the very arrays the device operations gave (the same output, bit for bit)."""
+    jax = pytest.importorskip("jax", reason="the compilations counted are JAX's")
+    from attnspec.conformance.jax_kernels import jitted_dot_product_attention
+    from attnspec.conformance.layouts import pad_head_dims
+    from attnspec.conformance.properties.shapes import LAYOUTS, laid_out
+    from attnspec.conformance.sizes import Dims
+    from attnspec.conformance.strategies import random_problem
+
+    backend = backend_or_skip("jax")
+    kernel = KernelUnderTest(jitted_dot_product_attention, backend)
+    rng = np.random.default_rng(11)
+    # E == Ev first: whatever JAX compiles once per process (not per shape) happens here
+    kernel.output(random_problem(kernel, rng, Dims((2,), 1, 2, 3, 5, 3, 3), "float32"))
+    problems = [
+        random_problem(kernel, rng, Dims((2,), 1, 2, 3, 5, 4, value_dim), dtype, scale=scale)
+        for value_dim, scale, dtype in (
+            (2, None, "float32"),
+            (6, None, "bfloat16"),  # q times 2, widened to float32 on the host and back
+            (6, 0.5, "float32"),
+        )
+    ]
+    compiled: list[str] = []
+
+    def heard(event: str, duration: float, **info: Any) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(str(info.get("fun_name")))
+
+    jax.monitoring.register_event_duration_secs_listener(heard)
+    try:
+        outputs = [kernel.output(problem) for problem in problems]
+        views = [laid_out(backend, problems[0].q, "float32", layout) for layout in LAYOUTS]
+    finally:
+        jax.monitoring.unregister_event_duration_listener(heard)
+    assert compiled and set(compiled) == {"jit(attention)"}, compiled
+    assert len(compiled) == len(problems)  # one signature each, all padded differently
+    on_device = pad_head_dims(jitted_dot_product_attention)
+    for problem, out in zip(problems, outputs, strict=True):
+        args, kwargs = kernel.arguments(problem)
+        expected = kernel.numpy(on_device(*args, **kwargs))
+        np.testing.assert_array_equal(out, expected)
+    for view in views:
+        np.testing.assert_array_equal(backend.to_numpy(view), backend.to_numpy(views[0]))
+
+
+def test_a_rerun_drawing_around_values_meets_the_first_runs_shapes() -> None:
+    """CONF-5: a re-run drawing around a fully masked row or a large bias (the
+    values, masks and options drawn, not the sizes) draws its problem and probe sizes from
+    the pools of the first run, whose compilations a compiling backend has already paid
+    (it drew pools of its own before, 24 more kernel compilations); drawing around GQA
+    or empty lengths changes the sizes, so its pools are its own."""
+    from attnspec.conformance.shape_pool import limits_key
+
+    prop = all_properties()["rows-sum-to-one"]
+    kernel = KernelUnderTest(recording([]), compiling_numpy())
+    pool = pool_for_run(7)
+    assert run_property(prop, kernel, seed=7).status == PASSED
+    sizes_pools = lambda: {key for key in pool._made if key[0] in ("dims", "probe")}  # noqa: E731
+    first_pools = sizes_pools()
+    around = SizeLimits(avoid=("fully-masked-row", "large-finite-bias"))
+    assert run_property(prop, kernel, seed=7, limits=around).status == PASSED
+    assert sizes_pools() == first_pools  # (a tight bias may broadcast from new shapes)
+    with drawing(Stratum("small", 20), around, pool):
+        assert limits_key() == SizeLimits()
+    with drawing(Stratum("small", 20), SizeLimits(avoid=("gqa", "fully-masked-row")), pool):
+        assert limits_key() == SizeLimits(avoid=("gqa",))

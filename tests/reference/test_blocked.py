@@ -14,14 +14,15 @@ is in the same dtype (SDPA-8.3).
 
 from __future__ import annotations
 
-import math
 import tracemalloc
 from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from problems import broadcast_to_some, random_problem
+from support import as64, on_backend, seen_by_kernel
 
 from attnspec.backends import Backend
 from attnspec.reference import (
@@ -52,83 +53,53 @@ def examples(backend: Backend) -> settings:
     )
 
 
-def broadcastable_shape(data: st.DataObject, full: tuple[int, ...], label: str) -> tuple[int, ...]:
-    """A shape that broadcasts to ``full``: leading dims dropped, any dim set to 1."""
-    keep = data.draw(st.integers(1, len(full)), label=f"{label} ndim")
-    return tuple(
-        1 if data.draw(st.booleans(), label=f"{label} axis {axis} is 1") else size
-        for axis, size in enumerate(full[len(full) - keep :])
-    )
+Blocks = dict[str, int | None]  # blocked_attention's query_chunk and key_block
+Case = tuple[dict[str, Any], str, Blocks]  # a problem (tests/problems.py), a dtype, blocks
 
 
-def draw_case(data: st.DataObject, backend: Backend) -> tuple[dict[str, Any], dict[str, Any]]:
-    """NumPy float64 arguments of one problem and the block sizes to run it with."""
-    batch = tuple(data.draw(st.lists(st.integers(1, 2), max_size=2), label="batch"))
-    n_kv = data.draw(st.integers(1, 2), label="Hkv")
-    groups = data.draw(st.integers(1, 3), label="G")
-    n_q, n_k = data.draw(st.integers(0, 11), label="Lq"), data.draw(st.integers(0, 11), label="Lk")
-    dim = data.draw(st.integers(1, 4), label="E")
-    value_dim = data.draw(st.integers(1, 3), label="Ev")
-    dtype = data.draw(st.sampled_from(backend.dtype_names), label="dtype")
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
-    magnitude = data.draw(st.sampled_from([1.0, 3.0, 10.0]), label="magnitude")
+@st.composite
+def cases(draw: st.DrawFn, dtypes: tuple[str, ...]) -> Case:
+    """A problem, a dtype to run it in and the block sizes to run it with."""
+    batch = tuple(draw(st.lists(st.integers(1, 2), max_size=2), label="batch"))
+    n_kv = draw(st.integers(1, 2), label="Hkv")
+    groups = draw(st.integers(1, 3), label="G")
+    n_q, n_k = draw(st.integers(0, 11), label="Lq"), draw(st.integers(0, 11), label="Lk")
+    dim = draw(st.integers(1, 4), label="E")
+    value_dim = draw(st.integers(1, 3), label="Ev")
+    dtype = draw(st.sampled_from(dtypes), label="dtype")
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
+    magnitude = draw(st.sampled_from([1.0, 3.0, 10.0]), label="magnitude")
     scores_shape = (*batch, n_kv * groups, n_q, n_k)
-    case: dict[str, Any] = {
+    problem: dict[str, Any] = {
         "q": rng.standard_normal((*batch, n_kv * groups, n_q, dim)) * magnitude,
         "k": rng.standard_normal((*batch, n_kv, n_k, dim)) * magnitude,
         "v": rng.standard_normal((*batch, n_kv, n_k, value_dim)),
     }
-    if data.draw(st.booleans(), label="mask"):
-        mask = rng.random(broadcastable_shape(data, scores_shape, "mask")) < 0.6
-        if mask.ndim > 1 and mask.shape[-2] and data.draw(st.booleans(), label="blank a row"):
+    if draw(st.booleans(), label="mask"):
+        mask = rng.random(broadcast_to_some(draw, scores_shape, 1)) < 0.6
+        if mask.ndim > 1 and mask.shape[-2] and draw(st.booleans(), label="blank a row"):
             mask[..., rng.integers(mask.shape[-2]), :] = False
-        case["mask"] = mask
-    if data.draw(st.booleans(), label="bias"):
-        bias = rng.standard_normal(broadcastable_shape(data, scores_shape, "bias")) * 3
+        problem["mask"] = mask
+    if draw(st.booleans(), label="bias"):
+        bias = rng.standard_normal(broadcast_to_some(draw, scores_shape, 1)) * 3
         bias[rng.random(bias.shape) < 0.15] = -np.inf
         bias[rng.random(bias.shape) < 0.1] = LOWEST[dtype]
-        case["bias"] = bias
-    if data.draw(st.booleans(), label="causal"):
-        case["is_causal"] = True
-        case["causal_alignment"] = data.draw(st.sampled_from(["top_left", "bottom_right"]))
-    if data.draw(st.booleans(), label="explicit scale"):
-        case["scale"] = data.draw(st.sampled_from([0.5, 0.0, -0.75, 2.0]), label="scale")
-    if data.draw(st.booleans(), label="non-finite inputs"):
+        problem["bias"] = bias
+    if draw(st.booleans(), label="causal"):
+        problem["is_causal"] = True
+        problem["causal_alignment"] = draw(st.sampled_from(["top_left", "bottom_right"]))
+    if draw(st.booleans(), label="explicit scale"):
+        problem["scale"] = draw(st.sampled_from([0.5, 0.0, -0.75, 2.0]), label="scale")
+    if draw(st.booleans(), label="non-finite inputs"):
         for name in ("q", "k", "v", "bias"):
-            if name in case and case[name].size:
-                flat = case[name].reshape(-1)
+            if name in problem and problem[name].size:
+                flat = problem[name].reshape(-1)
                 flat[rng.integers(flat.size, size=2)] = rng.choice(NON_FINITE, size=2)
     blocks = {
-        "query_chunk": data.draw(st.none() | st.integers(1, n_q + 1), label="query_chunk"),
-        "key_block": data.draw(st.none() | st.integers(1, n_k + 1), label="key_block"),
+        "query_chunk": draw(st.none() | st.integers(1, n_q + 1), label="query_chunk"),
+        "key_block": draw(st.none() | st.integers(1, n_k + 1), label="key_block"),
     }
-    return {**case, "dtype": dtype}, blocks
-
-
-def on_backend(backend: Backend, case: dict[str, Any]) -> dict[str, Any]:
-    moved = {n: a for n, a in case.items() if n != "dtype"}
-    for name in ("q", "k", "v", "bias"):
-        if name in case:
-            moved[name] = backend.asarray(case[name], dtype=case["dtype"])
-    if "mask" in case:
-        moved["mask"] = backend.asarray(case["mask"])
-    return moved
-
-
-def as64(backend: Backend, a: Any) -> np.ndarray:
-    return np.asarray(backend.to_numpy(a), dtype=np.float64)
-
-
-def received(backend: Backend, moved: dict[str, Any]) -> dict[str, Any]:
-    """TOL-1: the float64 values the computation received."""
-    return {
-        n: as64(backend, a)
-        if n in ("q", "k", "v", "bias")
-        else np.asarray(backend.to_numpy(a))
-        if n == "mask"
-        else a
-        for n, a in moved.items()
-    }
+    return problem, dtype, blocks
 
 
 def value_range(seen: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -156,15 +127,15 @@ def value_range(seen: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def assert_blocked_matches_plain(
-    backend: Backend, case: dict[str, Any], blocks: dict[str, Any]
+    backend: Backend, problem: dict[str, Any], dtype: str, blocks: Blocks
 ) -> None:
-    moved = on_backend(backend, case)
+    moved = on_backend(backend, problem, dtype)
     got = blocked_attention(**moved, **blocks)
     plain, weights = scaled_dot_product_attention(**moved, return_weights=True)
     where = (
-        f"{backend.name} {case['dtype']} {blocks} q{tuple(case['q'].shape)} "
-        f"k{tuple(case['k'].shape)} "
-        + " ".join(n for n in ("mask", "bias", "is_causal", "scale") if n in case)
+        f"{backend.name} {dtype} {blocks} q{tuple(problem['q'].shape)} "
+        f"k{tuple(problem['k'].shape)} "
+        + " ".join(n for n in ("mask", "bias", "is_causal", "scale") if n in problem)
     )
     # SDPA-1.3: shape and dtype.
     assert tuple(got.shape) == tuple(plain.shape) and got.dtype == plain.dtype, where
@@ -176,8 +147,8 @@ def assert_blocked_matches_plain(
     empty = np.sum(as64(backend, weights), axis=-1) == 0
     assert np.all(got64[empty] == 0), f"{where}: empty rows are not exactly 0"
     # SDPA-7.3 / TOL-2 against the plain formulation evaluated in float64.
-    seen = received(backend, moved)
-    bound = error_bound(**seen, dtype=case["dtype"])
+    seen = seen_by_kernel(backend, moved)
+    bound = error_bound(**seen, dtype=dtype)
     exact, tolerance = np.asarray(bound.out), np.asarray(bound.out_tolerance)
     bounded = np.isfinite(exact) & np.isfinite(tolerance)
     error = np.abs(got64[bounded] - exact[bounded])
@@ -191,22 +162,55 @@ def assert_blocked_matches_plain(
     vacuous = np.isfinite(exact) & ~np.isfinite(tolerance)
     if np.any(vacuous):
         low, high, largest = value_range(seen)
-        u_d = UNIT_ROUNDOFF[case["dtype"]]
-        slack = 4 * (u_d + (case["k"].shape[-2] + 2) * accumulation_roundoff(case["dtype"]))
+        u_d = UNIT_ROUNDOFF[dtype]
+        slack = 4 * (u_d + (problem["k"].shape[-2] + 2) * accumulation_roundoff(dtype))
         slack = slack * largest
         inside = (got64 >= low - slack) & (got64 <= high + slack)
         assert np.all(inside[vacuous]), f"{where}: outside the range of the allowed values"
 
 
+def several_default_blocks() -> Case:
+    """Default block sizes where they split the problem (Lk larger than one key block,
+    several query chunks), causal bottom-right with Lq != Lk, a mask."""
+    n_q, n_k = 700, 1100
+    problem = random_problem(
+        q=(2, 2, n_q, 8),
+        k=(2, 1, n_k, 8),
+        v=(2, 1, n_k, 4),
+        mask=(n_q, n_k),
+        is_causal=True,
+        causal_alignment="bottom_right",
+        seed=7,
+    )
+    return problem, "float32", {}
+
+
+def rising_large_scores() -> Case:
+    """SDPA-7.4 across blocks: scores near the float32 limit of exp, rising block by block,
+    so every block rescales what came before."""
+    n = 64
+    problem = {
+        "q": np.full((1, n, 1), 300.0),
+        "k": np.linspace(-300.0, 300.0, n).reshape(1, n, 1),
+        "v": np.random.default_rng(1).standard_normal((1, n, 3)),
+        "scale": 1.0,
+    }
+    return problem, "float32", {"query_chunk": 5, "key_block": 7}
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy warns on inf - inf; expected
 def test_blocked_matches_plain_within_tol2(cpu_backend: Backend) -> None:
     """SDPA-7.1, SDPA-7.3, TOL-2, TOL-3 for every drawn problem and block size, and the
-    clauses the draws cover: SDPA-1.2, 1.5, 2.2, 3.1-3.4, 4.1-4.3, 5.1, 5.2, 6.1, 8.3."""
+    clauses the draws cover: SDPA-1.2, 1.5, 2.2, 3.1-3.4, 4.1-4.3, 5.1, 5.2, 6.1, 8.3;
+    first on the default blocks splitting a problem and on rising large scores (SDPA-7.4:
+    finite where the plain reference is)."""
 
     @examples(cpu_backend)
-    @given(st.data())
-    def check(data: st.DataObject) -> None:
-        assert_blocked_matches_plain(cpu_backend, *draw_case(data, cpu_backend))
+    @given(case=cases(cpu_backend.dtype_names))
+    @example(case=several_default_blocks()).via("several default blocks")
+    @example(case=rising_large_scores()).via("rising large scores, SDPA-7.4")
+    def check(case: Case) -> None:
+        assert_blocked_matches_plain(cpu_backend, *case)
 
     check()
 
@@ -231,7 +235,7 @@ def test_excluded_values_change_nothing(cpu_backend: Backend) -> None:
     @examples(cpu_backend)
     @given(st.data())
     def check(data: st.DataObject) -> None:
-        case, blocks = draw_case(data, cpu_backend)
+        case, dtype, blocks = data.draw(cases(cpu_backend.dtype_names), label="case")
         q_shape, n_kv, n_k = case["q"].shape, case["k"].shape[-3], case["k"].shape[-2]
         n_q = q_shape[-2]
         case.setdefault("mask", np.random.default_rng(n_q).random((n_q, n_k)) < 0.5)
@@ -250,35 +254,19 @@ def test_excluded_values_change_nothing(cpu_backend: Backend) -> None:
             poisoned[name] = np.where(unused[..., None], fill, case[name])
         if "bias" in case:
             poisoned["bias"] = np.where(unused_by(allowed, case["bias"].shape), fill, case["bias"])
-        before = blocked_attention(**on_backend(cpu_backend, case), **blocks)
-        after = blocked_attention(**on_backend(cpu_backend, poisoned), **blocks)
+        before = blocked_attention(**on_backend(cpu_backend, case, dtype), **blocks)
+        after = blocked_attention(**on_backend(cpu_backend, poisoned, dtype), **blocks)
         before64, after64 = as64(cpu_backend, before), as64(cpu_backend, after)
         assert np.array_equal(before64, after64, equal_nan=True), (cpu_backend.name, blocks)
 
     check()
 
 
-def test_default_blocks_at_a_size_with_several_blocks(cpu_backend: Backend) -> None:
-    """SDPA-7.3, TOL-2 with the default block sizes where they split the problem (Lk larger
-    than one key block, several query chunks), causal bottom-right with Lq != Lk, a mask."""
-    rng = np.random.default_rng(7)
-    n_q, n_k = 700, 1100
-    chunk, block = default_block_sizes(4, n_q, n_k)
-    assert chunk < n_q and block < n_k, (chunk, block)
-    case = {
-        "q": rng.standard_normal((2, 2, n_q, 8)),
-        "k": rng.standard_normal((2, 1, n_k, 8)),
-        "v": rng.standard_normal((2, 1, n_k, 4)),
-        "mask": rng.random((n_q, n_k)) < 0.9,
-        "is_causal": True,
-        "causal_alignment": "bottom_right",
-        "dtype": "float32",
-    }
-    assert_blocked_matches_plain(cpu_backend, case, {})
-
-
 def test_default_block_sizes() -> None:
-    """Blocks never exceed the problem, hold about SCORES_PER_BLOCK scores, and are >= 1."""
+    """Blocks never exceed the problem, hold about SCORES_PER_BLOCK scores, and are >= 1;
+    they split the problem of :func:`several_default_blocks`."""
+    chunk, block = default_block_sizes(4, 700, 1100)
+    assert chunk < 700 and block < 1100, (chunk, block)
     assert default_block_sizes(8, 4096, 4096) == (256, 512)
     assert default_block_sizes(1, 5, 3) == (5, 3)
     assert default_block_sizes(1, 0, 0) == (1, 1)
@@ -324,29 +312,3 @@ def test_bad_arguments_are_named(kwargs: dict[str, Any], error: type, names: str
     q = k = v = np.zeros((1, 3, 4), dtype=np.float32)
     with pytest.raises(error, match=names.replace(".", r"\.")):
         blocked_attention(q[:, :3], k[:, :4], v[:, :4], **kwargs)
-
-
-def test_matches_plain_for_large_scores_without_overflow() -> None:
-    """SDPA-7.4 across blocks: scores near the float32 limit of exp, rising block by block,
-    so every block rescales what came before; the result is finite and within TOL-2."""
-    n = 64
-    q = np.full((1, n, 1), 300.0)
-    k = np.linspace(-300.0, 300.0, n).reshape(1, n, 1)
-    v = np.random.default_rng(1).standard_normal((1, n, 3))
-    case = {"q": q, "k": k, "v": v, "scale": 1.0, "dtype": "float32"}
-    assert_blocked_matches_plain(Backend("numpy"), case, {"query_chunk": 5, "key_block": 7})
-    assert math.isfinite(
-        float(
-            np.max(
-                np.abs(
-                    blocked_attention(
-                        q.astype(np.float32),
-                        k.astype(np.float32),
-                        v.astype(np.float32),
-                        scale=1.0,
-                        key_block=7,
-                    )
-                )
-            )
-        )
-    )

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import oracle_features
 import pytest
+from problems import random_problem
 from support import as64, on_backend, seen_by_kernel
 
 from attnspec.backends import Backend
@@ -23,18 +24,20 @@ SHAPES_GQA = dict(q=(2, 4, 5, 4), k=(2, 2, 3, 4), v=(2, 2, 3, 3))  # Lq > Lk, G 
 SHAPES_LONG = dict(q=(1, 2, 3, 6), k=(1, 1, 7, 6), v=(1, 1, 7, 2))  # Lq < Lk, G = 2
 CASES: dict[str, dict[str, Any]] = {
     # SOFTCAP-1: large scores against a small cap, with a mask, a bias and an empty row.
-    "softcap-mask-bias": dict(
+    "softcap-mask-bias": random_problem(
         **SHAPES_GQA, magnitude=4.0, softcap=1.5, mask=(5, 3), bias=(4, 5, 3), empty_rows=(2,)
     ),
     # SOFTCAP-1, SDPA-4.2: bottom-right causal with Lq > Lk leaves rows empty.
-    "softcap-causal-bottom-right": dict(
+    "softcap-causal-bottom-right": random_problem(
         **SHAPES_GQA, softcap=20.0, is_causal=True, causal_alignment="bottom_right"
     ),
     # ALIBI-1, ALIBI-2: per-batch slopes (B, Hq), non-causal, both anchors, Lq < Lk.
-    "alibi-top-left": dict(**SHAPES_LONG, alibi=(1, 2)),
-    "alibi-bottom-right": dict(**SHAPES_LONG, alibi=(2,), causal_alignment="bottom_right"),
+    "alibi-top-left": random_problem(**SHAPES_LONG, alibi=(1, 2)),
+    "alibi-bottom-right": random_problem(
+        **SHAPES_LONG, alibi=(2,), causal_alignment="bottom_right"
+    ),
     # ALIBI-2 with causal and a -inf bias, GQA, Lq > Lk bottom-right.
-    "alibi-causal-gqa": dict(
+    "alibi-causal-gqa": random_problem(
         **SHAPES_GQA,
         alibi=(2, 4),
         is_causal=True,
@@ -43,39 +46,12 @@ CASES: dict[str, dict[str, Any]] = {
         causal_alignment="bottom_right",
     ),
     # SOFTCAP-1 + ALIBI-2 + explicit scale: the order cap, then ALiBi.
-    "softcap-alibi-scale": dict(
+    "softcap-alibi-scale": random_problem(
         **SHAPES_LONG, magnitude=3.0, softcap=2.0, alibi=(2,), scale=0.8, is_causal=True
     ),
     # LSE-2: Lk = 0 gives -inf everywhere.
-    "lk0": dict(q=(1, 2, 3, 4), k=(1, 2, 0, 4), v=(1, 2, 0, 3), alibi=(2,), softcap=3.0),
+    "lk0": random_problem(q=(1, 2, 3, 4), k=(1, 2, 0, 4), v=(1, 2, 0, 3), alibi=(2,), softcap=3.0),
 }
-
-
-def make_problem(case: dict[str, Any], seed: int = 0) -> dict[str, Any]:
-    rng = np.random.default_rng(seed)
-    magnitude = case.get("magnitude", 1.0)
-    problem: dict[str, Any] = {n: rng.standard_normal(case[n]) for n in ("q", "k", "v")}
-    problem["q"] *= magnitude
-    problem["k"] *= magnitude
-    if "mask" in case:
-        mask = rng.random(case["mask"]) < 0.7
-        for row in case.get("empty_rows", ()):
-            mask[..., row, :] = False
-        problem["mask"] = mask
-    if "bias" in case:
-        bias = rng.standard_normal(case["bias"])
-        if case.get("minus_inf"):
-            bias[rng.random(bias.shape) < 0.3] = -np.inf
-        problem["bias"] = bias
-    if "alibi" in case:
-        n_heads = case["q"][-3]
-        problem["alibi_slopes"] = np.broadcast_to(
-            np.asarray(oracle_features.press_slopes(n_heads)), case["alibi"]
-        ) * (1 + rng.random(case["alibi"]))
-    for option in ("softcap", "is_causal", "causal_alignment", "scale"):
-        if option in case:
-            problem[option] = case[option]
-    return problem
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
@@ -83,7 +59,7 @@ def test_features_match_oracle(backend: Backend, case: str) -> None:
     """SOFTCAP-1, ALIBI-1, ALIBI-2, LSE-1 … LSE-4, TOL-4, TOL-5: out, weights and the
     log-sum-exp on every backend and dtype; LSE-3: shape (..., Hq, Lq) and the
     accumulation dtype; LSE-2: -inf exactly where a row sees no key."""
-    problem = make_problem(CASES[case])
+    problem = CASES[case]
     for dtype in backend.dtype_names:
         moved = on_backend(backend, problem, dtype)
         out, weights, lse = scaled_dot_product_attention(
@@ -118,7 +94,7 @@ def test_features_match_oracle(backend: Backend, case: str) -> None:
 def test_lse_reproduces_the_weights_and_combines_splits() -> None:
     """LSE-1: p_ij = exp(s_ij - lse_i), and two disjoint key halves combine by their
     log-sum-exps into the full output and log-sum-exp (a half may be empty for a row)."""
-    problem = make_problem(CASES["softcap-alibi-scale"], seed=1)
+    problem = CASES["softcap-alibi-scale"]
     out, weights, lse = scaled_dot_product_attention(
         **problem, return_weights=True, return_lse=True
     )
@@ -258,25 +234,6 @@ BAD_FEATURES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("options", "error", "message"),
-    [row[1:] for row in BAD_FEATURES],
-    ids=[row[0] for row in BAD_FEATURES],
-)
-def test_bad_feature_arguments(options: dict[str, Any], error: type, message: str) -> None:
-    """SOFTCAP-2, ALIBI-1, LSE: bad arguments name themselves, what they should be and
-    the clause."""
-    rng = np.random.default_rng(0)
-    q, k, v = (
-        rng.standard_normal((1, 4, 3, 8)),
-        rng.standard_normal((1, 2, 5, 8)),
-        rng.standard_normal((1, 2, 5, 6)),
-    )
-    with pytest.raises(error) as raised:
-        scaled_dot_product_attention(q, k, v, **options)
-    assert message in str(raised.value)
-
-
 def test_bad_alibi_slopes_count() -> None:
     """ALIBI-3: alibi_slopes(n_heads) needs n_heads >= 1."""
     with pytest.raises(ValueError, match=r"n_heads=0, but should be an int >= 1"):
@@ -286,7 +243,7 @@ def test_bad_alibi_slopes_count() -> None:
 def test_dropout_with_keep_mask_matches_oracle(cpu_backend: Backend) -> None:
     """DROP-2: kept weights rescaled by 1/(1-p), dropped ones 0, no renormalisation;
     excluded keys and empty rows untouched; the log-sum-exp unchanged by dropout."""
-    problem = make_problem(CASES["softcap-mask-bias"], seed=4)
+    problem = CASES["softcap-mask-bias"]
     keep = np.random.default_rng(5).random((2, 4, 5, 3)) < 0.6
     moved = on_backend(cpu_backend, problem, "float64")
     out, weights, lse = scaled_dot_product_attention(
@@ -333,11 +290,13 @@ BAD_DROPOUT = [
 
 @pytest.mark.parametrize(
     ("options", "error", "message"),
-    [row[1:] for row in BAD_DROPOUT],
-    ids=[row[0] for row in BAD_DROPOUT],
+    [row[1:] for row in (*BAD_FEATURES, *BAD_DROPOUT)],
+    ids=[row[0] for row in (*BAD_FEATURES, *BAD_DROPOUT)],
 )
-def test_bad_dropout_arguments(options: dict[str, Any], error: type, message: str) -> None:
-    """DROP-2: p outside [0, 1), a missing or malformed keep mask name themselves."""
+def test_bad_feature_arguments(options: dict[str, Any], error: type, message: str) -> None:
+    """SOFTCAP-2, ALIBI-1, LSE, DROP-2: bad feature arguments (and dropout's p outside
+    [0, 1), a missing or malformed keep mask) name themselves, what they should be and
+    the clause."""
     rng = np.random.default_rng(0)
     q, k, v = (
         rng.standard_normal((1, 4, 3, 8)),

@@ -5,7 +5,7 @@ the TOL-2 bound computed on the dtype-rounded inputs (TOL-1).  The ``backend`` f
 covers numpy, torch, jax and array_api_strict here, and CuPy where a GPU is present
 (``scripts/gpu-check``).  Problems are drawn by Hypothesis (shapes, masks, biases with
 -inf entries, options and the values themselves, so that a failure shrinks to the
-smallest problem and the simplest values); the hand-written cases run first as examples.
+smallest problem and the simplest values); the hand-written problems run first as examples.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import numpy as np
 import oracle
 import pytest
 from hypothesis import example, given
-from hypothesis import strategies as st
-from hypothesis.extra.numpy import arrays
+from problems import problems, random_problem, redrawn
 from support import as64, drawn, on_backend, seen_by_kernel
 
 from attnspec.backends import Backend
@@ -26,9 +25,8 @@ from attnspec.reference.tolerance import error_bound
 
 FLOAT64_RELATIVE = 1e-12
 
-# Each case: shapes of q, k, v (and of mask/bias when present) plus the options; the
-# comment names the clauses it exists for.  Masks are random with density 0.7 and may
-# have forced all-False rows; biases are standard normal, optionally with -inf entries.
+# The hand-written problems (tests/problems.py: random_problem), each run first as an
+# explicit example of the drawn test; the comment names the clauses it exists for.
 # Cases share shape families (A, B, D) on purpose: JAX compiles every operation anew
 # for each new shape, and sharing keeps the JAX run within the CI budget.
 SHAPES_A = dict(q=(6, 4, 1), k=(3, 6, 1), v=(3, 6, 5))  # no batch, G = 2, E = 1 != Ev
@@ -36,16 +34,16 @@ SHAPES_B = dict(q=(3, 4, 5, 4), k=(3, 2, 3, 4), v=(3, 2, 3, 2))  # G = 2, Lq > L
 SHAPES_D = dict(q=(2, 1, 2, 4, 8), k=(1, 3, 1, 6, 8), v=(1, 3, 1, 6, 3))  # batch (2, 3), Lq < Lk
 CASES: dict[str, dict[str, Any]] = {
     # SDPA-1.1, SDPA-2.1, SDPA-6.1: no batch dim, default scale with E = 1, h // G.
-    "no-batch-gqa-e1": dict(**SHAPES_A),
+    "no-batch-gqa-e1": random_problem(**SHAPES_A),
     # SDPA-2.2: scale 0 gives uniform weights over the allowed keys; negative scales.
-    "scale-zero": dict(**SHAPES_A, mask=(4, 6), scale=0.0),
-    "scale-negative": dict(**SHAPES_A, bias=(4, 6), scale=-0.7),
+    "scale-zero": random_problem(**SHAPES_A, mask=(4, 6), scale=0.0),
+    "scale-negative": random_problem(**SHAPES_A, bias=(4, 6), scale=-0.7),
     # SDPA-6.1, SDPA-4.2, SDPA-4.3, SDPA-5.1: Lq > Lk bottom-right leaves rows empty.
-    "gqa-lq>lk-bottom-right-mask": dict(
+    "gqa-lq>lk-bottom-right-mask": random_problem(
         **SHAPES_B, mask=(5, 3), is_causal=True, causal_alignment="bottom_right"
     ),
     # SDPA-3.3, SDPA-3.4, SDPA-4.1, SDPA-5.1: mask AND causal, bias, fully-masked rows.
-    "gqa-lq>lk-top-left-mask-bias-empty-rows": dict(
+    "gqa-lq>lk-top-left-mask-bias-empty-rows": random_problem(
         **SHAPES_B,
         mask=(3, 1, 5, 3),
         empty_rows=(1,),
@@ -54,13 +52,15 @@ CASES: dict[str, dict[str, Any]] = {
         causal_alignment="top_left",
     ),
     # SDPA-3.3, SDPA-5.1: -inf bias entries exclude keys; an all -inf row is empty.
-    "bias-minus-inf": dict(**SHAPES_B, bias=(3, 4, 5, 3), minus_inf=True),
+    "bias-minus-inf": random_problem(
+        **SHAPES_B, bias=(3, 4, 5, 3), minus_inf=True, empty_rows=(1,)
+    ),
     # SDPA-1.2, SDPA-3.2, SDPA-4.1: two broadcast batch dims, Lq < Lk top-left, bias.
-    "batch2-top-left-bias": dict(
+    "batch2-top-left-bias": random_problem(
         **SHAPES_D, bias=(3, 1, 4, 6), is_causal=True, causal_alignment="top_left"
     ),
     # SDPA-3.1, SDPA-3.3, SDPA-4.2: a per-head key mask (Hq, 1, Lk), full bias, Lq < Lk.
-    "batch2-bottom-right-head-mask-bias": dict(
+    "batch2-bottom-right-head-mask-bias": random_problem(
         **SHAPES_D,
         mask=(2, 1, 6),
         bias=(2, 3, 2, 4, 6),
@@ -68,7 +68,7 @@ CASES: dict[str, dict[str, Any]] = {
         causal_alignment="bottom_right",
     ),
     # SDPA-5.2: Lk = 0 gives zeros, also with a mask and causal.
-    "lk0": dict(
+    "lk0": random_problem(
         q=(1, 2, 3, 4),
         k=(1, 2, 0, 4),
         v=(1, 2, 0, 3),
@@ -77,31 +77,10 @@ CASES: dict[str, dict[str, Any]] = {
         causal_alignment="bottom_right",
     ),
     # SDPA-1.5: Lq = 0, a zero batch dim, Ev = 0.
-    "lq0": dict(q=(1, 2, 0, 4), k=(1, 2, 5, 4), v=(1, 2, 5, 3), is_causal=True),
-    "zero-batch": dict(q=(0, 2, 3, 4), k=(0, 2, 5, 4), v=(0, 2, 5, 3)),
-    "ev0": dict(q=(1, 2, 3, 4), k=(1, 2, 5, 4), v=(1, 2, 5, 0)),
+    "lq0": random_problem(q=(1, 2, 0, 4), k=(1, 2, 5, 4), v=(1, 2, 5, 3), is_causal=True),
+    "zero-batch": random_problem(q=(0, 2, 3, 4), k=(0, 2, 5, 4), v=(0, 2, 5, 3)),
+    "ev0": random_problem(q=(1, 2, 3, 4), k=(1, 2, 5, 4), v=(1, 2, 5, 0)),
 }
-
-OPTIONS = ("is_causal", "causal_alignment", "scale")
-
-
-def make_problem(case: dict[str, Any], seed: int = 0) -> dict[str, Any]:
-    """NumPy float64 inputs (and a bool mask) for a case of :data:`CASES`."""
-    rng = np.random.default_rng(seed)
-    problem: dict[str, Any] = {n: rng.standard_normal(case[n]) for n in ("q", "k", "v")}
-    if "mask" in case:
-        mask = rng.random(case["mask"]) < 0.7
-        for row in case.get("empty_rows", ()):
-            mask[..., row, :] = False
-        problem["mask"] = mask
-    if "bias" in case:
-        bias = rng.standard_normal(case["bias"])
-        if case.get("minus_inf"):
-            bias[rng.random(bias.shape) < 0.3] = -np.inf
-            bias[..., 1, :] = -np.inf
-        problem["bias"] = bias
-    problem.update({o: case[o] for o in OPTIONS if o in case})
-    return problem
 
 
 def assert_matches_oracle(backend: Backend, problem: dict[str, Any], dtype: str) -> None:
@@ -130,109 +109,6 @@ def assert_matches_oracle(backend: Backend, problem: dict[str, Any], dtype: str)
     assert np.all(weight_ratio <= 1), f"{where}: weights error {np.max(weight_ratio):.3g} x TOL-2"
 
 
-# Values shrink towards 0 and masks towards False (every key disallowed); |x| <= 4 keeps
-# the scores where every dtype represents them (SDPA-7.4's large scores have their own test).
-VALUES = st.floats(-4.0, 4.0, allow_nan=False, allow_subnormal=False)
-BIAS_VALUES = st.one_of(VALUES, st.just(-np.inf))  # SDPA-3.3: -inf excludes a key
-
-
-def broadcast_to_some(draw: st.DrawFn, full: tuple[int, ...], min_dims: int) -> tuple[int, ...]:
-    """A shape that broadcasts to ``full``: a suffix of it, some sizes replaced by 1."""
-    n_dims = draw(st.integers(min_dims, len(full)))
-    kept = full[len(full) - n_dims :]
-    return tuple(draw(st.sampled_from((size, 1))) for size in kept)
-
-
-@st.composite
-def problems(draw: st.DrawFn) -> dict[str, Any]:
-    """A dense problem of SDPA-1 … SDPA-6: batch dims (empty, zero-sized, broadcast),
-    GQA groups, Lq and Lk from 0, E != Ev, Ev = 0, a broadcast mask and bias, causal in
-    both alignments, explicit scales including 0 and negative ones."""
-    # Zero sizes (SDPA-1.5, SDPA-5.2) are drawn last of each list: a test would otherwise
-    # spend most examples on empty arrays (Hypothesis favours the ends of a range), and
-    # sampled_from shrinks to the first entry, the smallest non-empty size.
-    n_kv_heads, group = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-    n_queries, n_keys = (
-        draw(st.sampled_from((1, 2, 3, 4, 5, 0))),
-        draw(st.sampled_from((1, 2, 3, 4, 5, 6, 0))),
-    )
-    head_dim, value_dim = draw(st.integers(1, 4)), draw(st.sampled_from((1, 2, 3, 0)))
-    batch = tuple(draw(st.lists(st.sampled_from((1, 2, 3, 0)), max_size=2)))
-    q_batch = broadcast_to_some(draw, batch, 0)
-    kv_batch = broadcast_to_some(draw, batch, 0)
-    problem: dict[str, Any] = {
-        "q": draw(
-            arrays(
-                np.float64,
-                (*q_batch, n_kv_heads * group, n_queries, head_dim),
-                elements=VALUES,
-                fill=st.nothing(),
-            )
-        ),
-        "k": draw(
-            arrays(
-                np.float64,
-                (*kv_batch, n_kv_heads, n_keys, head_dim),
-                elements=VALUES,
-                fill=st.nothing(),
-            )
-        ),
-        "v": draw(
-            arrays(
-                np.float64,
-                (*kv_batch, n_kv_heads, n_keys, value_dim),
-                elements=VALUES,
-                fill=st.nothing(),
-            )
-        ),
-    }
-    batch = np.broadcast_shapes(q_batch, kv_batch)  # what the call broadcasts to (SDPA-1.2)
-    scores = (*batch, n_kv_heads * group, n_queries, n_keys)
-    if draw(st.booleans()):
-        problem["mask"] = draw(
-            arrays(np.bool_, broadcast_to_some(draw, scores, 2), fill=st.nothing())
-        )
-    if draw(st.booleans()):
-        problem["bias"] = draw(
-            arrays(
-                np.float64,
-                broadcast_to_some(draw, scores, 2),
-                elements=BIAS_VALUES,
-                fill=st.nothing(),
-            )
-        )
-    if draw(st.booleans()):
-        problem["is_causal"] = True
-        problem["causal_alignment"] = draw(st.sampled_from(("top_left", "bottom_right")))
-    if draw(st.booleans()):
-        problem["scale"] = draw(st.floats(-2.0, 2.0, allow_subnormal=False))
-    return problem
-
-
-@st.composite
-def problems_of_the_cases(draw: st.DrawFn) -> dict[str, Any]:
-    """Drawn values (and masks, -inf bias entries) on the shapes and options of one
-    hand-written case: for JAX, which compiles every operation anew for each new shape."""
-    case = CASES[draw(st.sampled_from(list(CASES)))]
-    problem = {
-        name: draw(arrays(np.float64, case[name], elements=VALUES, fill=st.nothing()))
-        for name in ("q", "k", "v")
-    }
-    if "mask" in case:
-        problem["mask"] = draw(arrays(np.bool_, case["mask"], fill=st.nothing()))
-    if "bias" in case:
-        problem["bias"] = draw(
-            arrays(
-                np.float64,
-                case["bias"],
-                fill=st.nothing(),
-                elements=BIAS_VALUES if case.get("minus_inf") else VALUES,
-            )
-        )
-    problem.update({o: case[o] for o in OPTIONS if o in case})
-    return problem
-
-
 # Generated problems per backend, on top of the 13 hand-written cases; NumPy is cheapest
 # per call, so it explores most.  JAX draws values on the cases' shapes only: a new shape
 # costs seconds of compilation per operation, which the drawn shapes of the other
@@ -243,7 +119,7 @@ DRAWN_PROBLEMS = {"numpy": 60, "array_api_strict": 25, "torch": 25, "jax": 10, "
 def with_hand_written_cases(test: Any) -> Any:
     """Every case of :data:`CASES` as an explicit example, run before the drawn ones."""
     for name, case in reversed(CASES.items()):
-        test = example(problem=make_problem(case)).via(f"hand-written case {name!r}")(test)
+        test = example(problem=case).via(f"hand-written case {name!r}")(test)
     return test
 
 
@@ -254,7 +130,7 @@ def test_reference_matches_oracle(backend: Backend) -> None:
     """
 
     @drawn(DRAWN_PROBLEMS.get(backend.name, 25))
-    @given(problem=problems_of_the_cases() if backend.name == "jax" else problems())
+    @given(problem=redrawn(list(CASES.values())) if backend.name == "jax" else problems())
     @with_hand_written_cases
     def matches_oracle(problem: dict[str, Any]) -> None:
         for dtype in backend.dtype_names:
@@ -265,7 +141,7 @@ def test_reference_matches_oracle(backend: Backend) -> None:
 
 def test_scale_zero_gives_uniform_weights(cpu_backend: Backend) -> None:
     """SDPA-2.2: scale=0 weighs every allowed key 1/|S(i)|, whatever q and k are."""
-    problem = make_problem(CASES["scale-zero"], seed=3)
+    problem = CASES["scale-zero"]
     moved = on_backend(cpu_backend, problem, "float64")
     _, weights = scaled_dot_product_attention(**moved, return_weights=True)
     mask = np.broadcast_to(problem["mask"], weights.shape)
@@ -420,7 +296,7 @@ def test_large_scores_stay_finite(backend: Backend) -> None:
 
 def test_determinism(cpu_backend: Backend) -> None:
     """SDPA-7.5: the same call on the same inputs returns identical values twice."""
-    problem = make_problem(CASES["batch2-bottom-right-head-mask-bias"], seed=7)
+    problem = CASES["batch2-bottom-right-head-mask-bias"]
     for dtype in cpu_backend.dtype_names:
         first, second = run(cpu_backend, problem, dtype), run(cpu_backend, problem, dtype)
         assert np.array_equal(first[0], second[0]) and np.array_equal(first[1], second[1])
