@@ -296,7 +296,9 @@ def test_equal_head_dims_without_a_scale_parameter(
         capsys, "check", f"{kernel}:scales_by_one_over_e", "--equal-head-dims", *only
     )
     assert status == 1 and "FAILED default-scale [SDPA-2.1" in out
-    inputs = next(line for line in out.splitlines() if line.startswith("  inputs:"))
+    lines = out.splitlines()
+    failed = next(i for i, line in enumerate(lines) if line.startswith("FAILED default-scale"))
+    inputs = next(line for line in lines[failed:] if line.startswith("  inputs:"))
     assert "scale=None (equal_head_dims: the kernel got q, k, v zero-padded to" in inputs
     assert "and q times" in inputs and "TypeError" not in out
 

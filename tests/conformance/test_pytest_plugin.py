@@ -305,7 +305,7 @@ def test_summary_lists_distinct_divergences_with_their_consequences(
     result.stdout.fnmatch_lines(
         [
             "*1 distinct divergence:",
-            "  SDPA-5.1 (failed): empty-rows-zero: out*",
+            "  SDPA-5.1 (failed): empty-rows-zero: * in a row with no allowed key*",
             "    consequence: rows-sum-to-one: passes drawn around fully-masked-row (SDPA-5.1)*",
             "*DOES NOT CONFORM*",
         ]
