@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import zlib
 from typing import Any
 
 import numpy as np
@@ -66,6 +67,22 @@ class ValueGenerator(np.random.Generator):
     def __init__(self, data: Any, seed: int) -> None:
         super().__init__(np.random.PCG64(seed))
         self.data = data
+        self._arrays = 0
+
+    def _draw_bytes(self, strategy: st.SearchStrategy[bytes]) -> bytes:
+        """One array's bytes, under a span label of its own (the array's index here).
+        Hypothesis's generator also runs examples made by copying a span over another of
+        the same label; copying one array's bytes over another's repeats an example's
+        sizes, mask and options, and such repeats crowded out new structures (a 20-example
+        run met 3 masks instead of about 10)."""
+        self._arrays += 1
+        conjecture = getattr(self.data, "conjecture_data", None)  # Hypothesis's st.data()
+        if conjecture is None:  # a stand-in (shape pools, tests): its own draw
+            drawn: bytes = self.data.draw(strategy, label="values")
+            return drawn
+        label = zlib.crc32(f"attnspec array values {self._arrays}".encode())
+        drawn = conjecture.draw(strategy, label=label)
+        return drawn
 
     def drawn_normal(self, shape: tuple[int, ...]) -> np.ndarray:
         """Normal-like float64 values of ``shape`` whose bytes Hypothesis draws (see the
@@ -74,9 +91,7 @@ class ValueGenerator(np.random.Generator):
         # at most 256 bytes whatever the size: bytes recorded for a larger array still fit
         # a smaller one (the first ones used), so shrinking the sizes keeps them
         at_least = min(size, DRAWN_ELEMENTS)
-        drawn = self.data.draw(
-            st.binary(min_size=at_least, max_size=DRAWN_ELEMENTS), label="values"
-        )
+        drawn = self._draw_bytes(st.binary(min_size=at_least, max_size=DRAWN_ELEMENTS))
         indices = np.frombuffer(drawn, dtype=np.uint8)[:size]
         if size > DRAWN_ELEMENTS:
             blocks = math.ceil(size / DRAWN_ELEMENTS)
