@@ -73,11 +73,13 @@ class ValueGenerator(np.random.Generator):
         """One array's bytes, under a span label of its own (the array's index here).
         Hypothesis's generator also runs examples made by copying a span over another of
         the same label; copying one array's bytes over another's repeats an example's
-        sizes, mask and options, and such repeats crowded out new structures (a 20-example
-        run met 3 masks instead of about 10)."""
+        sizes, mask and options, and such repeats crowded out new structures (16.0 distinct
+        ones in 20 examples with one label, 17.9 with these, 17.6 with seeded values).
+        ``conjecture_data`` is st.data()'s own engine object (semi-public); stand-ins for
+        ``data`` (shape pools, tests) draw through their ``draw``."""
         self._arrays += 1
-        conjecture = getattr(self.data, "conjecture_data", None)  # Hypothesis's st.data()
-        if conjecture is None:  # a stand-in (shape pools, tests): its own draw
+        conjecture = getattr(self.data, "conjecture_data", None)
+        if conjecture is None:
             drawn: bytes = self.data.draw(strategy, label="values")
             return drawn
         label = zlib.crc32(f"attnspec array values {self._arrays}".encode())
