@@ -283,6 +283,46 @@ def test_no_import_cycles(graph: dict[str, set[str]]) -> None:
     assert not found, "import cycles:\n" + "\n".join(_cycle_edges(graph, c) for c in found)
 
 
+PROPERTY_HELPERS = "conformance.properties._helpers"
+
+
+def sibling_property_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``module -> module`` for every property module importing another property module
+    (the package ``conformance.properties``, which imports them all, is not one)."""
+
+    def is_property_module(name: str) -> bool:
+        return name.startswith("conformance.properties.") and name != PROPERTY_HELPERS
+
+    return [
+        f"{_shown(module)} -> {_shown(target)}"
+        for module, imported in sorted(graph.items())
+        if is_property_module(module)
+        for target in sorted(imported)
+        if is_property_module(target)
+    ]
+
+
+def test_property_modules_import_no_sibling(graph: dict[str, set[str]]) -> None:
+    """CONF-1: one property module per spec area, none importing another (they share one
+    layer, so the layer check alone allows it); what several need is in ``_helpers.py``."""
+    found = sibling_property_imports(graph)
+    assert not found, "property modules importing a sibling:\n" + "\n".join(found)
+
+
+def test_sibling_check_finds_a_sibling_import() -> None:
+    """The check above fails on ``properties.gqa -> properties.shapes``, not on the helpers
+    or on the package that imports every property module."""
+    fine = {
+        "conformance.properties": {"conformance.properties.gqa"},
+        "conformance.properties.gqa": {PROPERTY_HELPERS, "conformance.kernel"},
+    }
+    assert not sibling_property_imports(fine)
+    sibling = {**fine, "conformance.properties.gqa": {"conformance.properties.shapes"}}
+    assert sibling_property_imports(sibling) == [
+        "attnspec.conformance.properties.gqa -> attnspec.conformance.properties.shapes"
+    ]
+
+
 def test_checker_finds_an_upward_edge_and_a_cycle() -> None:
     """The checks above fail on a back edge and on a cycle, naming ``module -> module``."""
     layers = (("low", ("low", "low.*")), ("high", ("high",)))
