@@ -357,6 +357,45 @@ def test_architecture_doc_describes_every_layer() -> None:
     assert headed == [name for name, _ in LAYERS]
 
 
+def layer_paragraphs(text: str) -> dict[str, str]:
+    """docs/architecture.md's paragraph of each layer, by the layer's name."""
+    found = re.findall(
+        r"^\*\*Layer \d+, ([a-z ]+)\.\*\*(.*?)(?=^\*\*Layer |^## |\Z)",
+        text,
+        flags=re.MULTILINE | re.DOTALL,
+    )
+    return dict(found)
+
+
+def doc_names(module: str, path: Path) -> list[str]:
+    """How docs/architecture.md may name ``module`` (in backticks): its file, its file in
+    its folder (``properties/_helpers.py``), a folder it is in (``adapters/``,
+    ``properties/*.py``); a module directly in conformance/ by its file name only (the
+    layer paragraphs list them one by one, so a new one must be added by name)."""
+    parts = path.relative_to(ROOT).parts
+    names = ["/".join(parts), "/".join(parts[1:])] if len(parts) > 1 else [parts[0]]
+    folders = parts[:-1]
+    if module.startswith("conformance."):
+        folders = folders[1:]  # not the whole of conformance/
+    for depth in range(len(folders), 0, -1):
+        folder = "/".join(folders[:depth])
+        names += [f"{folder}/", f"{folder}/*.py"]
+    return [f"`{name}`" for name in names]
+
+
+def test_architecture_doc_puts_every_module_in_its_layer() -> None:
+    """docs/architecture.md names every module of the package in the paragraph of the layer
+    LAYERS puts it in, so that the page and the enforced table cannot drift apart."""
+    paragraphs = layer_paragraphs((ROOT / "docs" / "architecture.md").read_text("utf-8"))
+    misplaced = []
+    for module, (path, _) in sorted(package_modules().items()):
+        layer = LAYERS[layer_of(module)][0]
+        names = doc_names(module, path)
+        if not any(name in paragraphs.get(layer, "") for name in names):
+            misplaced.append(f"{_shown(module)}: none of {names} in the layer {layer!r}")
+    assert not misplaced, "\n".join(misplaced)
+
+
 def test_properties_are_listed_in_clause_order(capsys: pytest.CaptureFixture[str]) -> None:
     """The registry, ``attnspec properties`` and so every report (CONF-1: clause by clause)
     list the properties in the spec's order of their clauses (documents as the table of
