@@ -23,8 +23,10 @@ from attnspec.conformance.favor_bound import (
     favor_acceptance_test,
     favor_inputs,
     favor_threshold,
+    favor_usage_error,
     reference_estimator,
     rounding_allowance,
+    smallest_num_features,
     uniform_weights_error,
 )
 
@@ -113,6 +115,20 @@ def test_threshold_arguments_are_checked() -> None:
         favor_threshold(16, 4096, -1)
     with pytest.raises(ValueError, match=r"n=0"):
         favor_threshold(0, 4096)
+
+
+def test_favor_usage_error_agrees_with_the_threshold_derivation() -> None:
+    """LIN-6.2: the fewest features a FAVOR+ declaration may have is exactly the fewest for
+    which favor_threshold derives a test (eta < 1); one fewer is a usage error naming it."""
+    for n in (1, 16, 64):
+        needed = smallest_num_features(n)
+        assert favor_usage_error(needed, n) is None
+        favor_threshold(n, needed)
+        message = favor_usage_error(needed - 1, n)
+        assert message is not None and f"num_features={needed - 1}" in message
+        assert f"it needs m >= {needed}" in message and "LIN-6.2" in message
+        with pytest.raises(ValueError, match=f"should be at least {needed}"):
+            favor_threshold(n, needed - 1)
 
 
 def test_inputs_keep_every_pair_inside_the_radius() -> None:
