@@ -23,6 +23,7 @@ from .claims import suite_keywords
 from .declaration import KernelDeclaration, declaration_of
 from .failures import KernelRaised, PropertyFailure
 from .input_features import BY_NAME, CALLED_AROUND, UNEQUAL_HEAD_DIMS
+from .layouts import describe_padding, pad_head_dims
 
 
 @dataclass
@@ -86,8 +87,6 @@ def describe_inputs(declaration: KernelDeclaration, problem: Problem) -> str:
     zero padding of ``equal_head_dims``), so the inputs shown are those passed."""
     text = problem.describe()
     if pads_head_dims(declaration):
-        from .layouts import describe_padding
-
         padding = describe_padding(
             problem.q.shape[-1], problem.v.shape[-1], problem.scale is not None
         )
@@ -187,8 +186,6 @@ class KernelUnderTest:
         self.backend = backend
         self.declaration = declaration if declaration is not None else declaration_of(fn)
         if self.declaration.equal_head_dims:
-            from .layouts import pad_head_dims
-
             fn = pad_head_dims(fn)
         self.fn = fn
         self._padded: Callable[..., Any] | None = None  # fn zero-padded to E = Ev, made once
@@ -257,8 +254,6 @@ class KernelUnderTest:
         ``equal_head_dims`` would call it."""
         if pads_head_dims(self.declaration) and not self.declaration.equal_head_dims:
             if self._padded is None:
-                from .layouts import pad_head_dims
-
                 self._padded = pad_head_dims(self.fn, **_fields(self.declaration))
             return self._padded(*args, **kwargs)
         return self.fn(*args, **kwargs)
