@@ -224,16 +224,9 @@ class KernelUnderTest:
         return self.numpy(self.backend.asarray(a, dtype))
 
     def arguments(self, problem: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Backend arrays and keywords for calling the kernel on ``problem``."""
-        args, keywords = self.argument_sources(problem)
-        return args, {name: value for name, (value, _) in keywords.items()}
-
-    def argument_sources(
-        self, problem: Problem
-    ) -> tuple[tuple[Any, ...], dict[str, tuple[Any, str | None]]]:
-        """As :meth:`arguments`, each keyword with the Python expression that builds it
-        from ``problem`` and ``backend`` (None for plain values): what a reproduction
-        snippet writes out."""
+        """Backend arrays and keywords for calling the kernel on ``problem``: q, k, v and
+        the keywords of :func:`keyword_sources` (the lines a reproduction writes out),
+        their arrays moved to the backend."""
         b, dtype = self.backend, problem.dtype
         args = tuple(b.asarray(a, dtype) for a in (problem.q, problem.k, problem.v))
 
@@ -243,7 +236,7 @@ class KernelUnderTest:
             return b.asarray(value, "float32" if value.dtype == np.float32 else dtype)
 
         keywords = {
-            name: (value if source is None else moved(value), source)
+            name: value if source is None else moved(value)
             for name, (value, source) in keyword_sources(self.declaration, problem).items()
         }
         return args, keywords
