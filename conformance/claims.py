@@ -956,13 +956,6 @@ SETUP_FLAGS: tuple[Flag, ...] = (
 )
 
 
-def claim_named(name: str) -> Claim:
-    for claim in CLAIMS:
-        if claim.field == name:
-            return claim
-    raise KeyError(name)
-
-
 def claims_from(get: Getter) -> dict[str, Any]:
     """Declaration overrides from the claim flags (only those given, and what they imply)."""
     claims: dict[str, Any] = {}

@@ -37,10 +37,6 @@ class Clause:
         """How a paper or an error message cites the clause."""
         return f"attnspec {SPEC_VERSION}, {self.id}"
 
-    @property
-    def url_fragment(self) -> str:
-        return f"spec/{self.document}#{self.id}"
-
 
 @functools.cache
 def all_clauses() -> dict[str, Clause]:

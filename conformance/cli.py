@@ -429,6 +429,19 @@ def command_demo(args: argparse.Namespace) -> int:
     return worst
 
 
+def _passed_on(args: argparse.Namespace, options: Sequence[str]) -> list[str]:
+    """The matrix's ``options`` given, and its --only/--skip, as the command-line tokens of
+    each kernel's check (in this process or in a worker of --jobs)."""
+    tokens: list[str] = []
+    for option in options:
+        if getattr(args, option, None) is not None:
+            tokens += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+    for option in ("only", "skip"):
+        for value in getattr(args, option) or ():
+            tokens += [f"--{option}", value]
+    return tokens
+
+
 def command_matrix(args: argparse.Namespace) -> int:
     """Every known kernel installed here through the suite; exit 0 unless a run broke."""
     import os
@@ -473,13 +486,8 @@ def command_matrix(args: argparse.Namespace) -> int:
             "--backend",
             entry.backend,
             *(["--device", "cuda"] if entry.device == "cuda" else []),
+            *_passed_on(args, ("seed", "timeout", "memory_limit")),
         ]
-        for option in ("seed", "timeout", "memory_limit"):
-            if getattr(args, option, None) is not None:
-                tokens += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
-        for option in ("only", "skip"):
-            for value in getattr(args, option) or ():
-                tokens += [f"--{option}", value]
         check_args = build_parser().parse_args([*tokens, *(["--quiet"] if args.quiet else [])])
         print(
             f"{PROGRAM} matrix: checking {entry.name} ({entry.backend})",
@@ -523,13 +531,10 @@ def command_matrix(args: argparse.Namespace) -> int:
         raise UsageError(str(exc).replace("--jobs=", "--jobs ")) from None
     checkable = [e for e in entries if matrix.unavailable(e, has_cuda) is None]
     if jobs > 1 and len(checkable) > 1:
-        options = [*(["--quiet"] if args.quiet else [])]
-        for option in ("profile", "seed", "timeout", "memory_limit"):
-            if getattr(args, option, None) is not None:
-                options += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
-        for option in ("only", "skip"):
-            for value in getattr(args, option) or ():
-                options += [f"--{option}", value]
+        options = [
+            *(["--quiet"] if args.quiet else []),
+            *_passed_on(args, ("profile", "seed", "timeout", "memory_limit")),
+        ]
         done = {row.name: row for row in matrix.rows_in_processes(checkable, jobs, options)}
         rows = matrix.build_rows(entries, lambda entry: done[entry.name], has_cuda)
     else:

@@ -30,6 +30,9 @@ TAIL_SIGMAS = 9.0
 #: Dtypes whose rounding LIN-6.2 can allow for: float16 stores features below 2^-14 as
 #: subnormals or zeros, which no relative allowance covers.
 ROUNDING_DTYPES = ("bfloat16", "float32", "float64")
+#: The n queries (and keys) and head dim E of the problems LIN-6.2's test draws: a FAVOR+
+#: kernel is set up only if its declared feature count is enough for n (favor_usage_error).
+FAVOR_TEST_QUERIES, FAVOR_TEST_HEAD_DIM = 16, 8
 
 #: ``estimate_weights(q, k, seed) -> P_hat``: q and k are float64 ``(n, E)``, P_hat ``(n, n)``.
 WeightEstimator = Callable[[Any, Any, int], Any]

@@ -193,12 +193,6 @@ def features_of(problem: Problem | None, declaration: KernelDeclaration | None) 
     return found
 
 
-def governed_by(clauses: Iterable[str]) -> list[str]:
-    """The features the ``clauses`` govern."""
-    chosen = set(clauses)
-    return [row.name for row in FEATURES if row.clause in chosen]
-
-
 def describe(names: Iterable[str]) -> str:
     """``names`` with their clauses, for reports: "fully-masked-row (SDPA-5.1)"."""
     return ", ".join(f"{name} ({BY_NAME[name].clause})" for name in names if name in BY_NAME)

@@ -23,6 +23,7 @@ from .claims import suite_keywords
 from .declaration import KernelDeclaration, declaration_of
 from .failures import KernelRaised, PropertyFailure
 from .input_features import BY_NAME, CALLED_AROUND, UNEQUAL_HEAD_DIMS
+from .layouts import describe_padding, pad_head_dims, pad_head_dims_on_host
 
 
 @dataclass
@@ -86,8 +87,6 @@ def describe_inputs(declaration: KernelDeclaration, problem: Problem) -> str:
     zero padding of ``equal_head_dims``), so the inputs shown are those passed."""
     text = problem.describe()
     if pads_head_dims(declaration):
-        from .layouts import describe_padding
-
         padding = describe_padding(
             problem.q.shape[-1], problem.v.shape[-1], problem.scale is not None
         )
@@ -225,16 +224,9 @@ class KernelUnderTest:
         return self.numpy(self.backend.asarray(a, dtype))
 
     def arguments(self, problem: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Backend arrays and keywords for calling the kernel on ``problem``."""
-        args, keywords = self.argument_sources(problem)
-        return args, {name: value for name, (value, _) in keywords.items()}
-
-    def argument_sources(
-        self, problem: Problem
-    ) -> tuple[tuple[Any, ...], dict[str, tuple[Any, str | None]]]:
-        """As :meth:`arguments`, each keyword with the Python expression that builds it
-        from ``problem`` and ``backend`` (None for plain values): what a reproduction
-        snippet writes out."""
+        """Backend arrays and keywords for calling the kernel on ``problem``: q, k, v and
+        the keywords of :func:`keyword_sources` (the lines a reproduction writes out),
+        their arrays moved to the backend."""
         b, dtype = self.backend, problem.dtype
         args = tuple(b.asarray(a, dtype) for a in (problem.q, problem.k, problem.v))
 
@@ -244,7 +236,7 @@ class KernelUnderTest:
             return b.asarray(value, "float32" if value.dtype == np.float32 else dtype)
 
         keywords = {
-            name: (value if source is None else moved(value), source)
+            name: value if source is None else moved(value)
             for name, (value, source) in keyword_sources(self.declaration, problem).items()
         }
         return args, keywords
@@ -472,8 +464,6 @@ def pads_head_dims(declaration: KernelDeclaration) -> bool:
 def padded_head_dims(fn: Callable[..., Any], backend: Backend, **claims: Any) -> Callable[..., Any]:
     """``fn`` zero-padded to E = Ev (:func:`.layouts.pad_head_dims`); on a backend that
     compiles per shape, with the padding done on the host, where it compiles nothing."""
-    from .layouts import pad_head_dims, pad_head_dims_on_host
-
     if backend.compiles_per_shape:
         return pad_head_dims_on_host(fn, backend, **claims)
     return pad_head_dims(fn, **claims)

@@ -20,6 +20,7 @@ from ..backends import FLOAT_DTYPE_NAMES, Backend, BackendError, get_backend
 from .call_guard import guard_calls
 from .claims import Flag, Getter, suite_keywords
 from .declaration import KernelDeclaration, declaration_of
+from .favor_bound import FAVOR_TEST_QUERIES, favor_usage_error
 from .hints import class_target_hint, signature_hints
 from .kernel import KernelUnderTest
 from .known_kernels import known_adapter, known_backend
@@ -285,9 +286,6 @@ def _check_favor_features(declaration: KernelDeclaration) -> None:
     claim = declaration.linear
     if claim is None or claim.feature_map != "favor+":
         return
-    from .favor_bound import favor_usage_error
-    from .properties.linear import FAVOR_TEST_QUERIES
-
     problem = favor_usage_error(claim.num_features, FAVOR_TEST_QUERIES)
     if problem:
         raise SetupError(problem)

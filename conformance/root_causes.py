@@ -21,7 +21,7 @@ consequences folded under it; the CLI, the JSON report and the matrix show that 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -314,10 +314,6 @@ def divergences(report: Report, write_ups: dict[str, str] | None = None) -> list
             f"{v.property}: {v.drawn_around}; minimal case {_flat(v.counterexample)}"
         )
     return waived + list(merged.values())
-
-
-def consequence_count(found: Sequence[Divergence]) -> int:
-    return sum(len(d.consequences) for d in found)
 
 
 def findings(report: Report) -> list[Verdict]:

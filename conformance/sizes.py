@@ -73,10 +73,10 @@ BATCHED_MAX_LEN = 129
 # self: Lq = Lk; cross: Lq and Lk drawn apart (either larger); decode: Lq of 1-4 against a
 # long Lk; batched: short rows, batch x heads in the hundreds.
 SHAPE_KINDS = ("self", "cross", "decode", "batched")
-# The float64 oracle's elementwise work per score, in units of one head-dim column.  The
-# TOL-2 oracle (reference/tolerance.py, in row chunks) measured on one core: ~210 ns per
-# score, plus ~0.3 ns per E column and ~1 ns per Ev column (its matrix products with V):
-# one score costs about 320 columns.
+# The elementwise work per score of the comparison (the float64 definition and its TOL-2
+# bound, bounds.py -> reference/tolerance.py: error_bound, in row chunks), in units of one
+# head-dim column; measured on one core: ~210 ns per score, plus ~0.3 ns per E column and
+# ~1 ns per Ev column (its matrix products with V): one score costs about 320 columns.
 SCORE_COST = 320
 
 
@@ -106,9 +106,10 @@ class Dims:
 
 
 def problem_cost(dims: Dims, *, weights: bool = False, family: str = "dense") -> int:
-    """Work to check one problem, ~ B Hq Lq Lk (E + Ev + SCORE_COST): the oracle's matmuls
-    and its elementwise passes over the scores.  ``weights``: the weights are observed
-    through V = I, so Ev is Lk.  Linear attention's prefix states cost B H L E Ev."""
+    """Work to check one problem, ~ B Hq Lq Lk (E + Ev + SCORE_COST): the TOL-2
+    comparison's matmuls and its elementwise passes over the scores.  ``weights``: the
+    weights are observed through V = I, so Ev is Lk.  Linear attention's prefix states cost
+    B H L E Ev."""
     if family == "linear":
         length = dims.n_queries + dims.n_keys
         return dims.batch_heads * length * (dims.head_dim + 1) * (dims.value_dim + 1)

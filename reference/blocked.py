@@ -189,7 +189,7 @@ def blocked_attention(
     scale: float | None = None,
     query_chunk: int | None = None,
     key_block: int | None = None,
-) -> Any:
+) -> Array:
     """``scaled_dot_product_attention`` (spec/dense.md) in O(Lq + Lk) extra memory.
 
     Arguments, output shape and dtype are those of the plain reference (SDPA-1 … SDPA-8);

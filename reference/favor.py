@@ -68,7 +68,7 @@ def favor_projection(
     orthogonal: bool = True,
     xp: ModuleType | None = None,
     device: Any = None,
-) -> Any:
+) -> Array:
     """The ``(num_features, head_dim)`` float64 matrix W of FAVOR+ (LIN-4.4, LIN-4.5).
 
     Rows are iid ``N(0, I)`` or, with ``orthogonal=True``, orthogonal within blocks of
@@ -99,7 +99,7 @@ def _favor_logits(x: Any, projection: Array, call: str) -> Any:
     return xp.matmul(scaled, xp.matrix_transpose(w)) - half_norm_sq
 
 
-def favor_features(x: Any, projection: Array) -> Any:
+def favor_features(x: Array, projection: Array) -> Array:
     """The FAVOR+ map of LIN-4.3 without stabiliser: ``m^(-1/2) exp(w_i . x~ - |x~|^2 / 2)``.
 
     ``phi(q) . phi(k)`` is an unbiased estimate of ``exp(q . k / sqrt(E))`` (LIN-6.1); it can
@@ -156,7 +156,7 @@ def favor_attention(
     is_causal: bool = False,
     causal_alignment: str = "top_left",
     eps: float = 0.0,
-) -> Any:
+) -> Array:
     """Performer attention: :func:`linear_attention` with the FAVOR+ map drawn from ``seed``.
 
     One projection of ``num_features`` rows serves every batch element and head (LIN-4.3);

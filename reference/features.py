@@ -44,7 +44,7 @@ def check_softcap(softcap: Any, call: str) -> float | None:
     return value
 
 
-def softcapped(xp: ModuleType, scaled: Any, softcap: float) -> Any:
+def softcapped(xp: ModuleType, scaled: Array, softcap: float) -> Array:
     """cap * tanh(x / cap) of the scaled dot products (SOFTCAP-1)."""
     return softcap * xp.tanh(scaled / softcap)
 
@@ -55,7 +55,7 @@ def alibi_slopes(
     xp: ModuleType | None = None,
     device: Any = None,
     dtype: Any = None,
-) -> Any:
+) -> Array:
     """The standard ALiBi slopes of ALIBI-3 for ``n_heads`` heads, shape ``(n_heads,)``.
 
     For H a power of two, head h (0-based) gets 2^(-8(h+1)/H); otherwise the slopes of the
@@ -80,14 +80,14 @@ def _press_slopes(n_heads: int) -> list[float]:
 
 def alibi_distance(
     xp: ModuleType, n_queries: int, n_keys: int, offset: int, device: Any, dtype: Any
-) -> Any:
+) -> Array:
     """|i + offset - j| as an ``(Lq, Lk)`` array: the ALiBi distance of ALIBI-2."""
     rows = xp.arange(n_queries, device=device)[:, None]
     cols = xp.arange(n_keys, device=device)[None, :]
     return xp.astype(xp.abs(rows + offset - cols), dtype)
 
 
-def grouped_alibi(problem: GroupedInputs, alibi_slopes: Array, offset: int, call: str) -> Any:
+def grouped_alibi(problem: GroupedInputs, alibi_slopes: Array, offset: int, call: str) -> Array:
     """The ALiBi bias a_ij = -m_h |i + offset - j| (ALIBI-2) in the grouped layout.
 
     ``alibi_slopes`` has one slope per query head, shape ``(..., Hq)`` broadcasting
@@ -124,7 +124,7 @@ def grouped_alibi(problem: GroupedInputs, alibi_slopes: Array, offset: int, call
     return -slopes * alibi_distance(xp, n_queries, n_keys, offset, device, work)
 
 
-def log_sum_exp(xp: ModuleType, scores: Array, allowed: Array) -> Any:
+def log_sum_exp(xp: ModuleType, scores: Array, allowed: Array) -> Array:
     """log sum_{j in S(i)} exp(s_ij) over the key axis; -inf where S(i) is empty (LSE-1,
     LSE-2).  ``scores`` hold -inf at disallowed keys (``allowed_scores``)."""
     if scores.shape[-1] == 0:
@@ -159,11 +159,11 @@ def check_dropout_p(dropout_p: Any, call: str) -> float:
 
 def dropped_weights(
     problem: GroupedInputs,
-    weights: Any,
+    weights: Array,
     dropout_p: float,
-    keep: Any,
+    keep: Array,
     call: str,
-) -> Any:
+) -> Array:
     """``weights * keep / (1 - p)`` (DROP-2): kept weights rescaled, dropped ones 0, no
     renormalisation.  ``keep`` is boolean, broadcasting to ``(..., Hq, Lq, Lk)``; the
     reference draws nothing itself, so it stays deterministic."""

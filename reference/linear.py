@@ -43,7 +43,7 @@ class LinearErrorBound(NamedTuple):
     out_tolerance: Any
 
 
-def elu_plus_one(x: Any) -> Any:
+def elu_plus_one(x: Array) -> Array:
     """``elu(x) + 1``: ``x + 1`` for ``x > 0``, ``exp(x)`` otherwise (LIN-4.1), elementwise."""
     xp = array_api_compat.array_namespace(x)
     non_positive = x <= 0
@@ -52,7 +52,7 @@ def elu_plus_one(x: Any) -> Any:
     return xp.where(non_positive, xp.exp(xp.where(non_positive, x, xp.zeros_like(x))), x + 1)
 
 
-def relu_features(x: Any) -> Any:
+def relu_features(x: Array) -> Array:
     """``max(x, 0)`` elementwise (LIN-4.2); NaN propagates."""
     xp = array_api_compat.array_namespace(x)
     return xp.where(x < 0, xp.zeros_like(x), x)
@@ -212,7 +212,7 @@ def linear_attention(
     is_causal: bool = False,
     causal_alignment: str = "top_left",
     eps: float = 0.0,
-) -> Any:
+) -> Array:
     """Kernelized attention as spec/linear.md defines it.
 
     ``q (..., Hq, Lq, E)``, ``k (..., Hkv, Lk, E)``, ``v (..., Hkv, Lk, Ev)`` with the layout,

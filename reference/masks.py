@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from ._array import Array
 from ._checks import check_choice, check_size
 
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
@@ -36,7 +37,7 @@ def causal_mask(
     *,
     xp: ModuleType | None = None,
     device: Any = None,
-) -> Any:
+) -> Array:
     """Boolean ``(n_queries, n_keys)`` mask, True where query i may attend key j.
 
     ``top_left``: j <= i (SDPA-4.1).  ``bottom_right``: j <= i + n_keys - n_queries
@@ -53,8 +54,8 @@ def causal_mask(
 
 
 def padding_mask(
-    key_lengths: Any, n_keys: int, *, xp: ModuleType | None = None, device: Any = None
-) -> Any:
+    key_lengths: Array, n_keys: int, *, xp: ModuleType | None = None, device: Any = None
+) -> Array:
     """Boolean ``(batch, 1, 1, n_keys)`` mask keeping the first ``key_lengths[b]`` keys."""
     call = "padding_mask(key_lengths, n_keys)"
     n_keys = check_size("n_keys", n_keys, call)

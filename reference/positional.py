@@ -81,7 +81,7 @@ def sinusoidal_positional_encoding(
     dtype: Any = None,
     xp: ModuleType | None = None,
     device: Any = None,
-) -> Any:
+) -> Array:
     """The ``(n, d)`` sinusoidal table of Vaswani et al. 2017 (POS-1).
 
     ``PE[p, 2i] = sin(p / base^(2i/d))`` and ``PE[p, 2i+1] = cos(p / base^(2i/d))`` for
@@ -105,13 +105,13 @@ def sinusoidal_positional_encoding(
 
 
 def apply_rope(
-    x: Any,
+    x: Array,
     positions: Array = None,
     *,
     base: float = 10000.0,
     layout: str = "interleaved",
     rotary_dim: int | None = None,
-) -> Any:
+) -> Array:
     """Rotary position embedding (Su et al. 2021) of ``x (..., L, d)`` (ROPE-1).
 
     Feature pair i of the token at position p is rotated by the angle ``p * theta_i``,
@@ -172,7 +172,7 @@ def rotary_dim_of(d: int, rotary_dim: int | None, call: str) -> int:
     return r
 
 
-def rope_pairs(x: Any, layout: str) -> tuple[Any, Any]:
+def rope_pairs(x: Array, layout: str) -> tuple[Array, Array]:
     """The pair features ``(a_i, b_i)`` of ROPE-1 from the rotated features ``x (..., r)``."""
     if layout == "interleaved":
         return x[..., 0::2], x[..., 1::2]

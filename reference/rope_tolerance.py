@@ -55,7 +55,7 @@ def angle_roundoff(pair: int, rotary_dim: int, base: float, dtype: str) -> float
 
 
 def rope_error_bound(
-    x: Any,
+    x: Array,
     positions: Array = None,
     *,
     dtype: str,

@@ -214,7 +214,7 @@ def allowed_scores(problem: GroupedInputs) -> tuple[Any, Any]:
     return xp.where(allowed, scores, xp.full_like(scores, -xp.inf)), allowed
 
 
-def softmax_over_allowed(xp: ModuleType, scores: Array, allowed: Array) -> Any:
+def softmax_over_allowed(xp: ModuleType, scores: Array, allowed: Array) -> Array:
     """Softmax over the key axis of the allowed scores (SDPA-7.1, SDPA-5.1).
 
     Rows with no allowed key get all-zero weights.  Disallowed positions never reach
@@ -231,7 +231,7 @@ def softmax_over_allowed(xp: ModuleType, scores: Array, allowed: Array) -> Any:
     return exps / xp.where(total == 0, xp.ones_like(total), total)
 
 
-def weighted_values(xp: ModuleType, weights: Any, allowed: Array, v: Array) -> Any:
+def weighted_values(xp: ModuleType, weights: Array, allowed: Array, v: Array) -> Array:
     """``weights @ v`` where disallowed keys contribute nothing even if v is not finite.
 
     A plain matmul computes 0 * NaN = NaN for a masked key whose value is NaN; the spec
@@ -263,7 +263,7 @@ def nonfinite_counts(xp: ModuleType, allowed: Array, v: Array) -> NonFiniteCount
     return NonFiniteCounts(count(xp.isnan(v)), count(v == xp.inf), count(v == -xp.inf))
 
 
-def with_nonfinite_values(xp: ModuleType, out: Any, counts: NonFiniteCounts) -> Any:
+def with_nonfinite_values(xp: ModuleType, out: Array, counts: NonFiniteCounts) -> Array:
     """``out`` (the sum over the finite values) where an allowed key's non-finite value
     decides the result: that infinity, or NaN for NaN or both infinities (SDPA-8.3)."""
     out = xp.where(counts.pos_inf > 0, xp.full_like(out, xp.inf), out)

@@ -284,6 +284,46 @@ def test_no_import_cycles(graph: dict[str, set[str]]) -> None:
     assert not found, "import cycles:\n" + "\n".join(_cycle_edges(graph, c) for c in found)
 
 
+PROPERTY_HELPERS = "conformance.properties._helpers"
+
+
+def sibling_property_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``module -> module`` for every property module importing another property module
+    (the package ``conformance.properties``, which imports them all, is not one)."""
+
+    def is_property_module(name: str) -> bool:
+        return name.startswith("conformance.properties.") and name != PROPERTY_HELPERS
+
+    return [
+        f"{_shown(module)} -> {_shown(target)}"
+        for module, imported in sorted(graph.items())
+        if is_property_module(module)
+        for target in sorted(imported)
+        if is_property_module(target)
+    ]
+
+
+def test_property_modules_import_no_sibling(graph: dict[str, set[str]]) -> None:
+    """CONF-1: one property module per spec area, none importing another (they share one
+    layer, so the layer check alone allows it); what several need is in ``_helpers.py``."""
+    found = sibling_property_imports(graph)
+    assert not found, "property modules importing a sibling:\n" + "\n".join(found)
+
+
+def test_sibling_check_finds_a_sibling_import() -> None:
+    """The check above fails on ``properties.gqa -> properties.shapes``, not on the helpers
+    or on the package that imports every property module."""
+    fine = {
+        "conformance.properties": {"conformance.properties.gqa"},
+        "conformance.properties.gqa": {PROPERTY_HELPERS, "conformance.kernel"},
+    }
+    assert not sibling_property_imports(fine)
+    sibling = {**fine, "conformance.properties.gqa": {"conformance.properties.shapes"}}
+    assert sibling_property_imports(sibling) == [
+        "attnspec.conformance.properties.gqa -> attnspec.conformance.properties.shapes"
+    ]
+
+
 def test_checker_finds_an_upward_edge_and_a_cycle() -> None:
     """The checks above fail on a back edge and on a cycle, naming ``module -> module``."""
     layers = (("low", ("low", "low.*")), ("high", ("high",)))
@@ -316,6 +356,45 @@ def test_architecture_doc_describes_every_layer() -> None:
     text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     headed = re.findall(r"^\*\*Layer \d+, ([a-z ]+)\.\*\*", text, flags=re.MULTILINE)
     assert headed == [name for name, _ in LAYERS]
+
+
+def layer_paragraphs(text: str) -> dict[str, str]:
+    """docs/architecture.md's paragraph of each layer, by the layer's name."""
+    found = re.findall(
+        r"^\*\*Layer \d+, ([a-z ]+)\.\*\*(.*?)(?=^\*\*Layer |^## |\Z)",
+        text,
+        flags=re.MULTILINE | re.DOTALL,
+    )
+    return dict(found)
+
+
+def doc_names(module: str, path: Path) -> list[str]:
+    """How docs/architecture.md may name ``module`` (in backticks): its file, its file in
+    its folder (``properties/_helpers.py``), a folder it is in (``adapters/``,
+    ``properties/*.py``); a module directly in conformance/ by its file name only (the
+    layer paragraphs list them one by one, so a new one must be added by name)."""
+    parts = path.relative_to(ROOT).parts
+    names = ["/".join(parts), "/".join(parts[1:])] if len(parts) > 1 else [parts[0]]
+    folders = parts[:-1]
+    if module.startswith("conformance."):
+        folders = folders[1:]  # not the whole of conformance/
+    for depth in range(len(folders), 0, -1):
+        folder = "/".join(folders[:depth])
+        names += [f"{folder}/", f"{folder}/*.py"]
+    return [f"`{name}`" for name in names]
+
+
+def test_architecture_doc_puts_every_module_in_its_layer() -> None:
+    """docs/architecture.md names every module of the package in the paragraph of the layer
+    LAYERS puts it in, so that the page and the enforced table cannot drift apart."""
+    paragraphs = layer_paragraphs((ROOT / "docs" / "architecture.md").read_text("utf-8"))
+    misplaced = []
+    for module, (path, _) in sorted(package_modules().items()):
+        layer = LAYERS[layer_of(module)][0]
+        names = doc_names(module, path)
+        if not any(name in paragraphs.get(layer, "") for name in names):
+            misplaced.append(f"{_shown(module)}: none of {names} in the layer {layer!r}")
+    assert not misplaced, "\n".join(misplaced)
 
 
 def test_properties_are_listed_in_clause_order(capsys: pytest.CaptureFixture[str]) -> None:

@@ -159,3 +159,15 @@ def test_the_version_is_written_once() -> None:
             and literal.search(node.value)
         ]
     assert not written, f"the version written outside _version.py: {written}"
+
+
+def test_the_package_changelog_heads_the_version() -> None:
+    """The package's CHANGELOG.md (beside spec/CHANGELOG.md) opens with the version of
+    _version.py (versioning policy, spec/index.md section 5), so that a release cannot ship
+    without its entry."""
+    import attnspec
+
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    first = re.search(r"^## (\S+) ", text, flags=re.MULTILINE)
+    assert first, "CHANGELOG.md has no '## VERSION — DATE' section"
+    assert first[1] == attnspec.__version__, (first[1], attnspec.__version__)

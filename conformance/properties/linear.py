@@ -19,7 +19,12 @@ from ...reference.tolerance import accumulation_roundoff
 from ..assertions import assert_within_bound
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
-from ..favor_bound import ROUNDING_DTYPES, favor_acceptance_test
+from ..favor_bound import (
+    FAVOR_TEST_HEAD_DIM,
+    FAVOR_TEST_QUERIES,
+    ROUNDING_DTYPES,
+    favor_acceptance_test,
+)
 from ..kernel import KernelUnderTest, Problem
 from ..registration import register
 from ..strategies import (
@@ -36,7 +41,6 @@ NAMED_FEATURE_MAPS: dict[str, Callable[[Any], Any]] = {
     "relu": relu_features,
 }
 FAVOR = "favor+"
-FAVOR_TEST_QUERIES, FAVOR_TEST_HEAD_DIM = 16, 8
 # The smallest normal numbers: of the dtype, where features are stored (lambda_d of LIN-5.2's
 # guard), and of the accumulation format (lambda_a): float32 for half precision (SDPA-7.2).
 SMALLEST_NORMAL = {

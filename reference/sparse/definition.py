@@ -16,6 +16,8 @@ from typing import Any, ClassVar
 
 import array_api_compat
 
+from .._array import Array
+
 PATTERN_NAMES = ("sliding_window", "strided", "fixed", "block_sparse", "longformer", "bigbird")
 
 
@@ -33,8 +35,8 @@ def _member(xp: ModuleType, x: Any, values: Sequence[int]) -> Any:
 
 
 def in_window(
-    xp: ModuleType, distance: Any, left: int | None, right: int | None, dilation: int
-) -> Any:
+    xp: ModuleType, distance: Array, left: int | None, right: int | None, dilation: int
+) -> Array:
     """``-right <= t - j <= left`` and ``(t - j) mod dilation == 0`` (SPARSE-2.1)."""
     inside = xp.ones_like(distance, dtype=xp.bool)
     if left is not None:

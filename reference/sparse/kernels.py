@@ -347,7 +347,7 @@ def sparse_attention(
     scale: float | None = None,
     query_chunk: int | None = None,
     **params: Any,
-) -> Any:
+) -> Array:
     """Attention restricted to a spec pattern, computing only the allowed pairs.
 
     Equals ``scaled_dot_product_attention(q, k, v, mask=sparse_mask(pattern, Lq, Lk,
@@ -389,7 +389,7 @@ def block_sparse_attention(
     block_size: int | tuple[int, int],
     scale: float | None = None,
     query_chunk: int | None = None,
-) -> Any:
+) -> Array:
     """Block-sparse attention for any boolean block ``layout`` (SPARSE-4.1).
 
     Query block I (rows ``I*bq .. I*bq + bq - 1``) attends the keys of the key blocks J

@@ -14,6 +14,7 @@ from typing import Any
 
 import array_api_compat
 
+from .._array import Array
 from ..masks import creation_namespace
 from .definition import PATTERN_NAMES, BigBird, SparsePattern
 from .parameters import LIBRARY_WINDOWS, build_pattern, draw_random_blocks, library_window
@@ -33,7 +34,7 @@ __all__ = [
 ]
 
 
-def pattern_mask(sets: SparsePattern, xp: ModuleType, device: Any) -> Any:
+def pattern_mask(sets: SparsePattern, xp: ModuleType, device: Any) -> Array:
     """The boolean (Lq, Lk) mask of S(i): True where query i may attend key j."""
     rows = xp.arange(sets.n_queries, device=device)[:, None]
     cols = xp.arange(sets.n_keys, device=device)[None, :]
@@ -83,7 +84,7 @@ def sparse_mask(
     xp: ModuleType | None = None,
     device: Any = None,
     **params: Any,
-) -> Any:
+) -> Array:
     """Boolean ``(n_queries, n_keys)`` mask of a spec pattern, True = may attend.
 
     ``pattern`` is one of :data:`PATTERN_NAMES`; ``params`` are that pattern's
@@ -107,7 +108,7 @@ def sliding_window_mask(
     causal: bool = False,
     xp: ModuleType | None = None,
     device: Any = None,
-) -> Any:
+) -> Array:
     """Keys ``t_i - left .. t_i + right`` (inclusive; None = unbounded) with
     ``(t_i - j) mod dilation == 0`` (SPARSE-2.1)."""
     return _mask_of(
@@ -132,7 +133,7 @@ def strided_mask(
     causal: bool = False,
     xp: ModuleType | None = None,
     device: Any = None,
-) -> Any:
+) -> Array:
     """Sparse Transformer strided pattern with stride l (SPARSE-3.1)."""
     return _mask_of(
         "strided",
@@ -157,7 +158,7 @@ def fixed_mask(
     causal: bool = False,
     xp: ModuleType | None = None,
     device: Any = None,
-) -> Any:
+) -> Array:
     """Sparse Transformer fixed pattern: own block of ``stride`` keys plus the last
     ``summary`` keys of every block (SPARSE-3.2)."""
     return _mask_of(
@@ -183,7 +184,7 @@ def block_sparse_mask(
     causal: bool = False,
     xp: ModuleType | None = None,
     device: Any = None,
-) -> Any:
+) -> Array:
     """Query block I attends key block J iff ``layout[I, J]``; last blocks may be ragged
     (SPARSE-4.1)."""
     return _mask_of(
@@ -211,7 +212,7 @@ def longformer_mask(
     causal: bool = False,
     xp: ModuleType | None = None,
     device: Any = None,
-) -> Any:
+) -> Array:
     """Sliding window plus global tokens that attend, and are attended by, every
     position (SPARSE-5.1)."""
     return _mask_of(
@@ -241,7 +242,7 @@ def bigbird_mask(
     causal: bool = False,
     xp: ModuleType | None = None,
     device: Any = None,
-) -> tuple[Any, Any]:
+) -> tuple[Array, Array]:
     """BigBird: block window, global blocks and ``num_random`` random key blocks per
     query block drawn from ``seed`` (SPARSE-5.2, SPARSE-5.3).
 

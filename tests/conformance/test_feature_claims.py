@@ -17,7 +17,7 @@ from support import run_main
 
 from attnspec.backends import Backend
 from attnspec.conformance import KernelDeclaration, cli
-from attnspec.conformance.claims import claim_features, suite_keywords
+from attnspec.conformance.claims import UsageError, claim_features, claims_from, suite_keywords
 from attnspec.conformance.kernel import KernelUnderTest, Problem
 from attnspec.conformance.reproduce import snippet
 
@@ -272,3 +272,38 @@ def test_reproduction_rebuilds_the_features(kernels: Path) -> None:
     assert "alibi_slopes = backend.asarray(problem.alibi_slopes, 'float32')" in code
     out, lse, dtype = kernel.output_with_lse(problem)
     assert out.shape == (1, 2, 3, 2) and lse.shape == (1, 2, 3) and dtype == "float64"
+
+
+def test_rope_flags_declare_a_function(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """CONF-3 (rope entry): `attnspec check FILE:FUNC --rope half --rope-base B --rope-dim R`
+    declares an undecorated function; the claim line names the pairing; --rope-dim alone is a
+    usage error."""
+    module = tmp_path / "my_rope.py"
+    module.write_text(
+        "from catalogue.rope import _accumulation, _angles, _rotate_half_style\n\n\n"
+        "def rope(x, positions):  # GPT-NeoX partial rotary, undeclared\n"
+        "    angles = _angles(positions, 16, 500000.0, _accumulation(x.dtype))\n"
+        "    return _rotate_half_style(x, angles, 16)\n"
+    )
+    status = cli.main(
+        [
+            "check",
+            f"{module}:rope",
+            "--backend",
+            "numpy",
+            "--rope",
+            "half",
+            "--rope-base",
+            "500000",
+            "--rope-dim",
+            "16",
+            "--seed",
+            "0",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "half pairing" in out and "result: conforms" in out
+    values = {"rope_dim": 16}
+    with pytest.raises(UsageError, match="--rope-dim needs --rope PAIRING"):
+        claims_from(lambda name: values.get(name))

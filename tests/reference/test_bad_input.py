@@ -371,23 +371,3 @@ def test_mha_two_libraries_mixed() -> None:
     with pytest.raises(TypeError) as raised:
         multi_head_attention(X, torch_tensor(Y), **WEIGHTS, num_heads=4, num_kv_heads=2)
     assert "y: torch.Tensor" in str(raised.value)
-
-
-def test_favor_usage_error_agrees_with_the_threshold_derivation() -> None:
-    """LIN-6.2: the fewest features a FAVOR+ declaration may have is exactly the fewest for
-    which favor_threshold derives a test (eta < 1); one fewer is a usage error naming it."""
-    from attnspec.conformance.favor_bound import (
-        favor_threshold,
-        favor_usage_error,
-        smallest_num_features,
-    )
-
-    for n in (1, 16, 64):
-        needed = smallest_num_features(n)
-        assert favor_usage_error(needed, n) is None
-        favor_threshold(n, needed)
-        message = favor_usage_error(needed - 1, n)
-        assert message is not None and f"num_features={needed - 1}" in message
-        assert f"it needs m >= {needed}" in message and "LIN-6.2" in message
-        with pytest.raises(ValueError, match=f"should be at least {needed}"):
-            favor_threshold(n, needed - 1)

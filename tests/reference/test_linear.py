@@ -1,28 +1,26 @@
 """Linear attention (spec/linear.md, the LIN clauses) against an independent NumPy oracle.
 
-The oracle below is the quadratic form of LIN-1.2/LIN-2.1 written from the spec in plain
-NumPy: it builds the full ``Lq x Lk`` matrix ``A = phi(Q) psi(K)^T`` (which the reference
-never does), masks it, and row-normalises it.  The feature maps are re-implemented here
-too, so a shared bug cannot cancel.  Every reference call runs on numpy, torch, jax and
-array_api_strict through the ``cpu_backend`` fixture.
+The oracle (tests/oracle_linear.py) is the quadratic form of LIN-1.2/LIN-2.1 written from
+the spec in plain NumPy: it builds the full ``Lq x Lk`` matrix ``A = phi(Q) psi(K)^T``
+(which the reference never does), masks it, and row-normalises it, with feature maps of its
+own, so a shared bug cannot cancel.  Every reference call runs on numpy, torch, jax and
+array_api_strict through the ``cpu_backend`` fixture.  LIN-5.2's underflow guard of the
+linear properties: tests/conformance/properties/test_linear.py.
 """
 
 from __future__ import annotations
 
-import math
 import random
 import re
 import tracemalloc
 from typing import Any
 
 import numpy as np
+import oracle_linear
 import pytest
-from support import backend_or_skip, verdict_of
+from support import backend_or_skip
 
 from attnspec.backends import Backend
-from attnspec.conformance import LinearClaim, declare
-from attnspec.conformance.properties.linear import within_underflow_guard
-from attnspec.conformance.runner import PASSED
 from attnspec.reference.favor import (
     favor_attention,
     favor_feature_error,
@@ -36,7 +34,6 @@ from attnspec.reference.linear import (
     linear_error_bound,
     relu_features,
 )
-from attnspec.reference.masks import causal_offset
 
 FLOAT64_RELATIVE = 1e-12
 ALIGNMENTS = ("top_left", "bottom_right")
@@ -44,48 +41,6 @@ ALIGNMENTS = ("top_left", "bottom_right")
 # batch 2, Hq = 4 = 2 * Hkv (GQA), E = 6 != Ev = 3, and Lq != Lk both ways.
 BATCH, HQ, HKV, E, EV = 2, 4, 2, 6, 3
 LENGTHS = ((5, 8), (8, 5))
-
-
-# --- the oracle ------------------------------------------------------------------------
-
-
-def np_elu_plus_one(x: np.ndarray) -> np.ndarray:
-    return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
-
-
-def np_relu(x: np.ndarray) -> np.ndarray:
-    return np.maximum(x, 0.0)
-
-
-def np_favor(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """LIN-4.3 without stabiliser: m^-1/2 exp(-|x~|^2/2) exp(W x~), x~ = x / E^(1/4)."""
-    scaled = x / x.shape[-1] ** 0.25
-    exponent = scaled @ w.T - 0.5 * np.sum(scaled**2, axis=-1, keepdims=True)
-    return np.exp(exponent) / math.sqrt(w.shape[0])
-
-
-def quadratic_form(
-    fq: np.ndarray,
-    fk: np.ndarray,
-    v: np.ndarray,
-    *,
-    alignment: str | None = None,
-    eps: float = 0.0,
-) -> np.ndarray:
-    """LIN-1.2/LIN-2.1 as the masked, row-normalised quadratic form, query head h using
-    key/value head h // G (SDPA-6.1); a zero denominator gives 0 (LIN-1.4)."""
-    group = fq.shape[-3] // fk.shape[-3]
-    fk, v = np.repeat(fk, group, axis=-3), np.repeat(v, group, axis=-3)
-    a = fq @ np.swapaxes(fk, -1, -2)
-    n_queries, n_keys = a.shape[-2:]
-    if alignment is not None:
-        offset = 0 if alignment == "top_left" else n_keys - n_queries
-        rows, cols = np.arange(n_queries)[:, None], np.arange(n_keys)[None, :]
-        a = a * (cols <= rows + offset)
-    denominator = a.sum(axis=-1, keepdims=True) + eps
-    numerator = a @ v
-    safe = np.where(denominator == 0, 1.0, denominator)
-    return np.where(denominator == 0, 0.0, numerator / safe)
 
 
 def inputs(n_queries: int, n_keys: int, seed: int = 0) -> tuple[np.ndarray, ...]:
@@ -104,8 +59,8 @@ def assert_float64_close(actual: np.ndarray, expected: np.ndarray, v: np.ndarray
 
 
 MAPS = {
-    "elu+1": (elu_plus_one, lambda backend: np_elu_plus_one),
-    "relu": (relu_features, lambda backend: np_relu),
+    "elu+1": (elu_plus_one, lambda backend: oracle_linear.elu_plus_one),
+    "relu": (relu_features, lambda backend: oracle_linear.relu),
 }
 
 
@@ -114,7 +69,7 @@ def _maps(name: str, backend: Backend) -> tuple[Any, Any]:
     if name == "favor+":
         w = favor_projection(16, E, seed=3, xp=backend.xp, device=backend.device)
         w_np = backend.to_numpy(w)
-        return favor_feature_map(w), lambda x: np_favor(x, w_np)
+        return favor_feature_map(w), lambda x: oracle_linear.favor(x, w_np)
     reference_map, oracle_map = MAPS[name]
     return reference_map, oracle_map(backend)
 
@@ -137,7 +92,7 @@ def test_reference_equals_quadratic_form(cpu_backend: Backend, map_name: str, ca
             is_causal=causal is not None,
             causal_alignment=causal or "top_left",
         )
-        expected = quadratic_form(oracle_map(q), oracle_map(k), v, alignment=causal)
+        expected = oracle_linear.quadratic_form(oracle_map(q), oracle_map(k), v, alignment=causal)
         assert tuple(out.shape) == (BATCH, HQ, n_queries, EV)
         assert_float64_close(cpu_backend.to_numpy(out), expected, v)
 
@@ -156,9 +111,9 @@ def test_batch_dims_broadcast() -> None:
             is_causal=causal is not None,
             causal_alignment=causal or "top_left",
         )
-        expected = quadratic_form(
-            np_elu_plus_one(q),
-            np_elu_plus_one(np.broadcast_to(k, (BATCH, *k.shape[1:]))),
+        expected = oracle_linear.quadratic_form(
+            oracle_linear.elu_plus_one(q),
+            oracle_linear.elu_plus_one(np.broadcast_to(k, (BATCH, *k.shape[1:]))),
             np.broadcast_to(v, (BATCH, *v.shape)),
             alignment=causal,
         )
@@ -214,7 +169,9 @@ def test_zero_denominators_give_zero(cpu_backend: Backend) -> None:
         )
         assert np.all(out[:, :, (0, 2)] == 0)
         alignment = "top_left" if causal else None
-        expected = quadratic_form(np_relu(q), np_relu(k), v, alignment=alignment)
+        expected = oracle_linear.quadratic_form(
+            oracle_linear.relu(q), oracle_linear.relu(k), v, alignment=alignment
+        )
         assert_float64_close(out, expected, v)
     empty = [cpu_backend.asarray(a, "float64") for a in inputs(LENGTHS[0][0], 0)]
     for causal in (False, True):
@@ -236,8 +193,12 @@ def test_declared_eps_is_in_the_denominator(cpu_backend: Backend) -> None:
                 is_causal=causal is not None,
                 causal_alignment=causal or "top_left",
             )
-            expected = quadratic_form(
-                np_elu_plus_one(q), np_elu_plus_one(k), v, alignment=causal, eps=eps
+            expected = oracle_linear.quadratic_form(
+                oracle_linear.elu_plus_one(q),
+                oracle_linear.elu_plus_one(k),
+                v,
+                alignment=causal,
+                eps=eps,
             )
             assert_float64_close(cpu_backend.to_numpy(out), expected, v)
 
@@ -258,9 +219,9 @@ def test_linear_memory_at_a_length_where_the_quadratic_form_cannot_exist() -> No
         # Inputs and a few (L, F, Ev) or (L, F) temporaries: well under 100 MB, 3000x below A.
         assert peak < 100e6, peak
         if causal:
-            head = quadratic_form(
-                np_elu_plus_one(q[:, :16]),
-                np_elu_plus_one(k[:, :16]),
+            head = oracle_linear.quadratic_form(
+                oracle_linear.elu_plus_one(q[:, :16]),
+                oracle_linear.elu_plus_one(k[:, :16]),
                 v[:, :16],
                 alignment="top_left",
             )
@@ -411,7 +372,9 @@ def test_float64_evaluation_orders_agree_within_the_bound() -> None:
             is_causal=causal is not None,
             causal_alignment=causal or "top_left",
         )
-        other = quadratic_form(np_elu_plus_one(q), np_elu_plus_one(k), v, alignment=causal)
+        other = oracle_linear.quadratic_form(
+            oracle_linear.elu_plus_one(q), oracle_linear.elu_plus_one(k), v, alignment=causal
+        )
         assert np.all(np.abs(other - bound.out) <= bound.out_tolerance)
 
 
@@ -558,73 +521,3 @@ def test_favor_and_bound_arguments_are_checked() -> None:
         )
     with pytest.raises(ValueError, match="num_features=0"):
         favor_attention(q, k, v, num_features=0, seed=0)
-
-
-# --- LIN-5.2's underflow guard ------------------------------------------------------------------
-
-
-def _ftz_float32_linear(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """elu+1 linear attention (quadratic form) in float32 with flush-to-zero, as GPUs and XLA
-    compute: every product or sum below float32's smallest normal number becomes 0."""
-    tiny = np.float32(2.0**-126)
-
-    def flush(a: np.ndarray) -> np.ndarray:
-        return np.where(np.abs(a) < tiny, np.float32(0), a).astype(np.float32)
-
-    fq, fk = (flush(np_elu_plus_one(a).astype(np.float32)) for a in (q, k))
-    terms = flush(fq[..., :, None, :] * fk[..., None, :, :])  # (..., Lq, Lk, F)
-    a = flush(terms.sum(axis=-1, dtype=np.float32))
-    numerator = flush(a @ v.astype(np.float32))
-    denominator = flush(a.sum(axis=-1, keepdims=True, dtype=np.float32))
-    safe = np.where(denominator == 0, np.float32(1), denominator)
-    return np.where(denominator == 0, 0, numerator / safe).astype(np.float64)
-
-
-@pytest.mark.parametrize(("shift", "inside"), [(-45.0, False), (-25.0, True)])
-def test_underflow_guard_covers_products_under_flush_to_zero(shift: float, inside: bool) -> None:
-    """LIN-5.2: with every elu+1 feature near e^-45 — above the e^-80 the guard used to ask
-    for — the products phi_if psi_jf are near e^-90, below float32's smallest normal number,
-    and a flush-to-zero kernel (the arithmetic TOL-2 admits) returns 0 rows, far outside the
-    bound: the new guard (products >= 2^-101) puts those rows outside.  Near e^-25
-    (products e^-50) every row is inside and the same kernel is within the bound."""
-    rng = np.random.default_rng(7)
-    q, k = (rng.uniform(-1, 1, (1, 3, 4)) + shift for _ in range(2))
-    v = rng.standard_normal((1, 3, 2))
-    q, k, v = (a.astype(np.float32).astype(np.float64) for a in (q, k, v))
-    bound = linear_error_bound(q, k, v, feature_map=elu_plus_one, dtype="float32")
-    out = _ftz_float32_linear(q, k, v)
-    within = np.abs(out - bound.out) <= bound.out_tolerance
-    guarded = within_underflow_guard(np_elu_plus_one(q), np_elu_plus_one(k), v, "float32", None)
-    assert guarded.all() == inside and guarded.any() == inside
-    assert within.all() == inside
-    features = np.concatenate([np_elu_plus_one(q), np_elu_plus_one(k)], axis=-2)
-    assert features.min() > math.exp(-80)  # the old guard held in both cases
-    products = np_elu_plus_one(q)[..., :, None, :] * np_elu_plus_one(k)[..., None, :, :]
-    assert (products.min() >= 2.0**-101) == inside
-
-
-@pytest.mark.parametrize("map_name", ["elu+1", "relu"])
-@pytest.mark.parametrize("dtype", ["float16", "float32"])
-def test_linear_property_draws_stay_inside_the_guard(map_name: str, dtype: str) -> None:
-    """LIN-5.2: every problem linear-matches-formula and linear-causal-prefix give a named
-    map (quick profile: small and realistic strata) lies inside the underflow guard in every
-    row, so no row is skipped, and the reference passes both."""
-    seen: list[tuple[np.ndarray, ...]] = []
-    oracle = np_elu_plus_one if map_name == "elu+1" else np_relu
-    reference_map = elu_plus_one if map_name == "elu+1" else relu_features
-
-    def kernel(q: Any, k: Any, v: Any, *, is_causal: bool = False) -> Any:
-        seen.append((*(np.asarray(a, dtype=np.float64) for a in (q, k, v)), is_causal))
-        return linear_attention(q, k, v, feature_map=reference_map, is_causal=is_causal)
-
-    declared = declare(
-        kernel, gqa=True, mask=False, scale=False, dtypes=(dtype,), linear=LinearClaim(map_name)
-    )
-    for property_id in ("linear-matches-formula", "linear-causal-prefix"):
-        result = verdict_of(property_id, declared)
-        assert result.status == PASSED, result.detail
-    assert len(seen) > 40
-    assert max(k.shape[-2] for _, k, _, _ in seen) >= 512, "no realistic stratum was drawn"
-    for q, k, v, causal in seen:
-        offset = causal_offset(q.shape[-2], k.shape[-2], "top_left") if causal else None
-        assert within_underflow_guard(oracle(q), oracle(k), v, dtype, offset).all()

@@ -1,12 +1,11 @@
 """Rotary position embedding: partial rotary dimensions in the reference (ROPE-1), the
-ROPE-3 bound as the spec displays it, its soundness on correct formulations at positions up
-to 2^17 in every dtype, and the conformance suite on the RoPE catalogue (ROPE-1, ROPE-3)."""
+ROPE-3 bound as the spec displays it, and its soundness on correct formulations at positions
+up to 2^17 in every dtype (the suite on the RoPE catalogue: tests/catalogue/test_rope.py)."""
 
 from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 import oracle
@@ -15,8 +14,7 @@ from catalogue import rope as catalogue
 from support import backend_or_skip
 
 from attnspec.backends import Backend
-from attnspec.conformance import check, cli
-from attnspec.conformance.claims import UsageError, claims_from
+from attnspec.conformance import check
 from attnspec.conformance.clauses import SPEC_DIR
 from attnspec.reference import apply_rope
 from attnspec.reference.rope_tolerance import rope_error_bound
@@ -169,18 +167,7 @@ def test_the_bound_rejects_half_precision_angles_at_realistic_positions() -> Non
     assert _worst_ratio(catalogue.rope_half_precision_angles, "float16", (1000,)) > 10
 
 
-# --- the conformance suite on the catalogue ---------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def verdicts() -> dict[str, dict[str, str]]:
-    """One quick-profile check of every catalogue function on NumPy: its verdict per
-    property (about 0.6 s each)."""
-    results = {}
-    for fn in (*catalogue.CORRECT, *(bug.fn for bug in catalogue.BUGS)):
-        report = check(fn, backend="numpy", profile="quick", seed=0)
-        results[fn.__name__] = {v.property: v.status for v in report.verdicts}
-    return results
+# --- ROPE-3 in bfloat16, through the suite too -------------------------------------------------
 
 
 def test_pytorch_formulation_conforms_in_bfloat16_too() -> None:
@@ -208,65 +195,3 @@ def test_pytorch_formulation_conforms_in_bfloat16_too() -> None:
     bound = rope_error_bound(x.astype(np.float64), positions, dtype="bfloat16", layout="half")
     ratio = np.abs(actual.astype(np.float64) - bound.rotated) / bound.tolerance
     assert ratio.max() <= 1, ratio.max()  # measured 0.12 at positions up to 2^17
-
-
-def test_correct_formulations_conform(verdicts: dict[str, dict[str, str]]) -> None:
-    """ROPE-1, ROPE-3: the three correct formulations pass both RoPE properties in every
-    dtype NumPy has, and no attention property applies to them."""
-    for fn in catalogue.CORRECT:
-        statuses = verdicts[fn.__name__]
-        assert statuses["rope-matches-reference"] == "passed", fn.__name__
-        assert statuses["rope-shape-and-dtype"] == "passed", fn.__name__
-        others = {s for p, s in statuses.items() if not p.startswith("rope-")}
-        assert others == {"not applicable"}, (fn.__name__, others)
-
-
-@pytest.mark.parametrize("bug", catalogue.BUGS, ids=lambda bug: bug.fn.__name__)
-def test_every_rope_bug_is_caught(
-    bug: catalogue.RopeBug, verdicts: dict[str, dict[str, str]]
-) -> None:
-    """ROPE-1, ROPE-3: each catalogued bug fails the property that names it."""
-    assert verdicts[bug.fn.__name__][bug.catches] == "failed"
-
-
-def test_every_rope_property_has_a_bug() -> None:
-    """The catalogue shows every RoPE property failing on a realistic bug."""
-    from attnspec.conformance.registry import all_properties
-
-    rope_properties = {p for p in all_properties() if p.startswith("rope-")}
-    assert rope_properties == {bug.catches for bug in catalogue.BUGS}
-
-
-def test_rope_flags_declare_a_function(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    """CONF-3 (rope entry): `attnspec check FILE:FUNC --rope half --rope-base B --rope-dim R`
-    declares an undecorated function; the claim line names the pairing; --rope-dim alone is a
-    usage error."""
-    module = tmp_path / "my_rope.py"
-    module.write_text(
-        "from catalogue.rope import _accumulation, _angles, _rotate_half_style\n\n\n"
-        "def rope(x, positions):  # GPT-NeoX partial rotary, undeclared\n"
-        "    angles = _angles(positions, 16, 500000.0, _accumulation(x.dtype))\n"
-        "    return _rotate_half_style(x, angles, 16)\n"
-    )
-    status = cli.main(
-        [
-            "check",
-            f"{module}:rope",
-            "--backend",
-            "numpy",
-            "--rope",
-            "half",
-            "--rope-base",
-            "500000",
-            "--rope-dim",
-            "16",
-            "--seed",
-            "0",
-        ]
-    )
-    out = capsys.readouterr().out
-    assert status == 0, out
-    assert "half pairing" in out and "result: conforms" in out
-    values = {"rope_dim": 16}
-    with pytest.raises(UsageError, match="--rope-dim needs --rope PAIRING"):
-        claims_from(lambda name: values.get(name))

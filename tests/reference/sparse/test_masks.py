@@ -1,8 +1,9 @@
 """The sparse patterns' index sets (spec/sparse.md, SPARSE-1 … SPARSE-5), checked.
 
 Every mask ``sparse_mask`` builds is compared with a brute-force set builder written
-here, in plain Python, from the spec's formulas — for hundreds of small (Lq, Lk,
-parameters) on NumPy and a sample on every other CPU backend.  BigBird's draw is
+here, in plain Python, from the spec's formulas — for 240 small (Lq, Lk, parameters) per
+pattern drawn by Hypothesis on NumPy (a failure shrinks to the shortest lengths and simplest
+parameters) and a hand-written case per pattern on every other CPU backend.  BigBird's draw is
 re-implemented from SPARSE-5.3's pseudo-code.  The library window conventions of
 SPARSE-2.2 are checked against JAX itself and against transcriptions of the upstream
 FlashAttention and xformers sources and docstrings.  The figures in spec/figures/ are
@@ -16,13 +17,15 @@ import importlib.util
 import math
 import random
 import re
-import zlib
 from typing import Any
 
 import array_api_compat.numpy as np_xp
 import numpy as np
 import pytest
-from support import ROOT, backend_or_skip
+from hypothesis import example, given
+from hypothesis import strategies as st
+from sparse_problems import FIXED_LENGTHS, FIXED_PARAMS, pattern_params
+from support import ROOT, backend_or_skip, drawn
 
 from attnspec.backends import Backend
 from attnspec.reference import (
@@ -148,59 +151,6 @@ def spec_draw(
     return table
 
 
-# --- random cases ------------------------------------------------------------------------
-
-
-def _bound(rng: random.Random, top: int) -> int | None:
-    return None if rng.random() < 0.2 else rng.randint(0, top)
-
-
-def random_case(
-    pattern: str, rng: random.Random, n_queries: int | None = None, n_keys: int | None = None
-) -> tuple[int, int, dict[str, Any]]:
-    """Small (Lq, Lk, params) for a pattern, ragged blocks and Lq != Lk included."""
-    n_queries = rng.randint(1, 14) if n_queries is None else n_queries
-    n_keys = rng.randint(1, 14) if n_keys is None else n_keys
-    if pattern == "sliding_window":
-        params = {
-            "left": _bound(rng, 5),
-            "right": _bound(rng, 5),
-            "dilation": rng.choice((1, 1, 2, 3)),
-        }
-    elif pattern == "strided":
-        params = {"stride": rng.randint(1, 5)}
-    elif pattern == "fixed":
-        stride = rng.randint(1, 5)
-        params = {"stride": stride, "summary": rng.randint(0, stride)}
-    elif pattern == "block_sparse":
-        block = (rng.randint(1, 5), rng.randint(1, 5))
-        density = rng.choice((0.2, 0.5, 0.8))
-        shape = (-(-n_queries // block[0]), -(-n_keys // block[1]))
-        params = {
-            "block_size": block,
-            "layout": [[rng.random() < density for _ in range(shape[1])] for _ in range(shape[0])],
-        }
-    elif pattern == "longformer":
-        span = max(n_queries, n_keys) + 2
-        params = {
-            "left": _bound(rng, 3),
-            "right": _bound(rng, 3),
-            "dilation": rng.choice((1, 2)),
-            "global_tokens": rng.sample(range(span), rng.randint(0, 3)),
-        }
-    else:
-        size = rng.randint(1, 4)
-        blocks = -(-max(n_queries, n_keys) // size) + 1
-        params = {
-            "block_size": size,
-            "window_blocks": rng.randint(0, 2),
-            "global_blocks": rng.sample(range(blocks), min(blocks, rng.randint(0, 2))),
-            "num_random": rng.randint(0, 3),
-            "seed": rng.randint(0, 2**31),
-        }
-    return n_queries, n_keys, params
-
-
 def check_case(
     backend: Backend,
     pattern: str,
@@ -251,28 +201,41 @@ def check_case(
     )
 
 
+@st.composite
+def small_cases(draw: st.DrawFn, pattern: str) -> tuple[int, int, str, bool, dict[str, Any]]:
+    """(Lq, Lk, alignment, causal, params) of ``pattern``: lengths 1-14, ragged blocks and
+    Lq != Lk included; a failure shrinks to the shortest lengths and simplest parameters."""
+    n_queries, n_keys = draw(st.integers(1, 14)), draw(st.integers(1, 14))
+    alignment, causal = draw(st.sampled_from(ALIGNMENTS)), draw(st.booleans())
+    return n_queries, n_keys, alignment, causal, draw(pattern_params(pattern, n_queries, n_keys))
+
+
 @pytest.mark.parametrize("pattern", PATTERN_NAMES)
 def test_mask_equals_the_spec_set_on_numpy(pattern: str) -> None:
     """SPARSE-1.1, SPARSE-1.2, SPARSE-1.3 and each pattern's clause (SPARSE-2.1, SPARSE-3.1,
-    SPARSE-3.2, SPARSE-4.1, SPARSE-5.1, SPARSE-5.2): the mask is exactly S(i), for 60 random
-    small (Lq, Lk, params) in both alignments, with and without causality."""
-    rng = random.Random(zlib.crc32(pattern.encode()))
+    SPARSE-3.2, SPARSE-4.1, SPARSE-5.1, SPARSE-5.2): the mask is exactly S(i), for 240
+    drawn small (Lq, Lk, params) in both alignments, with and without causality, after the
+    pattern's hand-written case."""
     numpy = Backend("numpy")
-    for _ in range(60):
-        n_queries, n_keys, params = random_case(pattern, rng)
-        for alignment in ALIGNMENTS:
-            for causal in (False, True):
-                check_case(numpy, pattern, n_queries, n_keys, alignment, causal, params)
+    params, alignment, causal = FIXED_PARAMS[pattern]
+
+    @drawn(240)
+    @given(case=small_cases(pattern))
+    @example(case=(*FIXED_LENGTHS, alignment, causal, params)).via("the hand-written case")
+    def mask_is_the_set(case: tuple[int, int, str, bool, dict[str, Any]]) -> None:
+        n_queries, n_keys, alignment, causal, params = case
+        check_case(numpy, pattern, n_queries, n_keys, alignment, causal, params)
+
+    mask_is_the_set()
 
 
 def test_mask_equals_the_spec_set_on_every_backend(cpu_backend: Backend) -> None:
     """SPARSE-1.1: the mask builders are pure Array API — the same sets on every backend.
-    One (Lq, Lk) = (9, 13) case per pattern, alignments and causality alternating: JAX
-    compiles every operation for each new shape, so the shapes are shared."""
-    for n, pattern in enumerate(PATTERN_NAMES):
-        rng = random.Random(zlib.crc32(f"backend-{pattern}".encode()))
-        params = random_case(pattern, rng, 9, 13)[2]
-        check_case(cpu_backend, pattern, 9, 13, ALIGNMENTS[n % 2], n % 3 == 0, params)
+    The hand-written case of each pattern (Lq = 11, Lk = 14; tests/sparse_problems.py):
+    JAX compiles every operation for each new shape, so the shapes are shared."""
+    for pattern in PATTERN_NAMES:
+        params, alignment, causal = FIXED_PARAMS[pattern]
+        check_case(cpu_backend, pattern, *FIXED_LENGTHS, alignment, causal, params)
 
 
 def test_degenerate_sizes() -> None:
@@ -280,7 +243,7 @@ def test_degenerate_sizes() -> None:
     numpy = Backend("numpy")
     for pattern in PATTERN_NAMES:
         for n_queries, n_keys in ((0, 5), (5, 0), (0, 0)):
-            _, _, params = random_case(pattern, random.Random(7))
+            params = dict(FIXED_PARAMS[pattern][0])
             if pattern == "block_sparse":
                 block_q, block_k = params["block_size"]
                 params["layout"] = [[True] * (-(-n_keys // block_k))] * (-(-n_queries // block_q))
