@@ -458,13 +458,12 @@ def command_matrix(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     except OSError as exc:
         raise SetupError(f"--merge: {exc}") from None
-    import importlib.util
+    from ..backends import Backend, BackendError
 
-    has_cuda = False
-    if importlib.util.find_spec("torch") is not None:
-        import torch
-
-        has_cuda = torch.cuda.is_available()
+    try:  # the CUDA rows need torch's default device to be a GPU
+        has_cuda = "cuda" in str(Backend("torch").device)
+    except BackendError:
+        has_cuda = False
 
     interrupted: list[str] = []  # Ctrl-C or SIGTERM ends the matrix, not just one kernel
 

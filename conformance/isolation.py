@@ -556,10 +556,8 @@ def _jax_x64_in_force(setup: KernelSetup) -> bool | None:
     backend = setup.backend
     if setup.jax_x64 is not None or not isinstance(backend, Backend) or backend.name != "jax":
         return setup.jax_x64
-    import jax
-
-    # jax.config declares its flags as no attributes (they are added at runtime)
-    return True if jax.config.jax_enable_x64 else None  # type: ignore[attr-defined]
+    # JAX offers float64 only with x64 on (backends/_registry.py)
+    return True if "float64" in backend.dtype_names else None
 
 
 class InProcessKernel:
