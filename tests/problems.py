@@ -4,7 +4,7 @@ A *problem* is the keyword arguments of one call of the reference: NumPy float64
 ``k``, ``v`` (and ``bias``, ``alibi_slopes``), a bool ``mask`` and the options
 (``is_causal``, ``causal_alignment``, ``scale``, ``softcap``).  ``support.on_backend``
 moves it to a backend in a dtype; the oracles take it as it is.  :func:`problems` draws
-one (Hypothesis); :func:`random_problem` writes one by hand from its shapes, with
+one (Hypothesis); :func:`problem_of_shapes` writes one by hand from its shapes, with
 reproducible random values, for an ``@example`` or a test of one situation.
 """
 
@@ -26,7 +26,7 @@ VALUES = st.floats(-4.0, 4.0, allow_nan=False, allow_subnormal=False)
 BIAS_VALUES = st.one_of(VALUES, st.just(-np.inf))  # SDPA-3.3: -inf excludes a key
 
 
-def random_problem(
+def problem_of_shapes(
     *,
     q: Shape,
     k: Shape,

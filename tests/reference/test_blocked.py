@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from problems import broadcast_to_some, random_problem
+from problems import broadcast_to_some, problem_of_shapes
 from support import as64, on_backend, seen_by_kernel
 
 from attnspec.backends import Backend
@@ -173,7 +173,7 @@ def several_default_blocks() -> Case:
     """Default block sizes where they split the problem (Lk larger than one key block,
     several query chunks), causal bottom-right with Lq != Lk, a mask."""
     n_q, n_k = 700, 1100
-    problem = random_problem(
+    problem = problem_of_shapes(
         q=(2, 2, n_q, 8),
         k=(2, 1, n_k, 8),
         v=(2, 1, n_k, 4),

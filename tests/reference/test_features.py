@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import oracle_features
 import pytest
-from problems import random_problem
+from problems import problem_of_shapes
 from support import as64, on_backend, seen_by_kernel
 
 from attnspec.backends import Backend
@@ -24,20 +24,20 @@ SHAPES_GQA = dict(q=(2, 4, 5, 4), k=(2, 2, 3, 4), v=(2, 2, 3, 3))  # Lq > Lk, G 
 SHAPES_LONG = dict(q=(1, 2, 3, 6), k=(1, 1, 7, 6), v=(1, 1, 7, 2))  # Lq < Lk, G = 2
 CASES: dict[str, dict[str, Any]] = {
     # SOFTCAP-1: large scores against a small cap, with a mask, a bias and an empty row.
-    "softcap-mask-bias": random_problem(
+    "softcap-mask-bias": problem_of_shapes(
         **SHAPES_GQA, magnitude=4.0, softcap=1.5, mask=(5, 3), bias=(4, 5, 3), empty_rows=(2,)
     ),
     # SOFTCAP-1, SDPA-4.2: bottom-right causal with Lq > Lk leaves rows empty.
-    "softcap-causal-bottom-right": random_problem(
+    "softcap-causal-bottom-right": problem_of_shapes(
         **SHAPES_GQA, softcap=20.0, is_causal=True, causal_alignment="bottom_right"
     ),
     # ALIBI-1, ALIBI-2: per-batch slopes (B, Hq), non-causal, both anchors, Lq < Lk.
-    "alibi-top-left": random_problem(**SHAPES_LONG, alibi=(1, 2)),
-    "alibi-bottom-right": random_problem(
+    "alibi-top-left": problem_of_shapes(**SHAPES_LONG, alibi=(1, 2)),
+    "alibi-bottom-right": problem_of_shapes(
         **SHAPES_LONG, alibi=(2,), causal_alignment="bottom_right"
     ),
     # ALIBI-2 with causal and a -inf bias, GQA, Lq > Lk bottom-right.
-    "alibi-causal-gqa": random_problem(
+    "alibi-causal-gqa": problem_of_shapes(
         **SHAPES_GQA,
         alibi=(2, 4),
         is_causal=True,
@@ -46,11 +46,13 @@ CASES: dict[str, dict[str, Any]] = {
         causal_alignment="bottom_right",
     ),
     # SOFTCAP-1 + ALIBI-2 + explicit scale: the order cap, then ALiBi.
-    "softcap-alibi-scale": random_problem(
+    "softcap-alibi-scale": problem_of_shapes(
         **SHAPES_LONG, magnitude=3.0, softcap=2.0, alibi=(2,), scale=0.8, is_causal=True
     ),
     # LSE-2: Lk = 0 gives -inf everywhere.
-    "lk0": random_problem(q=(1, 2, 3, 4), k=(1, 2, 0, 4), v=(1, 2, 0, 3), alibi=(2,), softcap=3.0),
+    "lk0": problem_of_shapes(
+        q=(1, 2, 3, 4), k=(1, 2, 0, 4), v=(1, 2, 0, 3), alibi=(2,), softcap=3.0
+    ),
 }
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import oracle
 import pytest
 from hypothesis import example, given
-from problems import problems, random_problem, redrawn
+from problems import problem_of_shapes, problems, redrawn
 from support import as64, drawn, on_backend, seen_by_kernel
 
 from attnspec.backends import Backend
@@ -25,7 +25,7 @@ from attnspec.reference.tolerance import error_bound
 
 FLOAT64_RELATIVE = 1e-12
 
-# The hand-written problems (tests/problems.py: random_problem), each run first as an
+# The hand-written problems (tests/problems.py: problem_of_shapes), each run first as an
 # explicit example of the drawn test; the comment names the clauses it exists for.
 # Cases share shape families (A, B, D) on purpose: JAX compiles every operation anew
 # for each new shape, and sharing keeps the JAX run within the CI budget.
@@ -34,16 +34,16 @@ SHAPES_B = dict(q=(3, 4, 5, 4), k=(3, 2, 3, 4), v=(3, 2, 3, 2))  # G = 2, Lq > L
 SHAPES_D = dict(q=(2, 1, 2, 4, 8), k=(1, 3, 1, 6, 8), v=(1, 3, 1, 6, 3))  # batch (2, 3), Lq < Lk
 CASES: dict[str, dict[str, Any]] = {
     # SDPA-1.1, SDPA-2.1, SDPA-6.1: no batch dim, default scale with E = 1, h // G.
-    "no-batch-gqa-e1": random_problem(**SHAPES_A),
+    "no-batch-gqa-e1": problem_of_shapes(**SHAPES_A),
     # SDPA-2.2: scale 0 gives uniform weights over the allowed keys; negative scales.
-    "scale-zero": random_problem(**SHAPES_A, mask=(4, 6), scale=0.0),
-    "scale-negative": random_problem(**SHAPES_A, bias=(4, 6), scale=-0.7),
+    "scale-zero": problem_of_shapes(**SHAPES_A, mask=(4, 6), scale=0.0),
+    "scale-negative": problem_of_shapes(**SHAPES_A, bias=(4, 6), scale=-0.7),
     # SDPA-6.1, SDPA-4.2, SDPA-4.3, SDPA-5.1: Lq > Lk bottom-right leaves rows empty.
-    "gqa-lq>lk-bottom-right-mask": random_problem(
+    "gqa-lq>lk-bottom-right-mask": problem_of_shapes(
         **SHAPES_B, mask=(5, 3), is_causal=True, causal_alignment="bottom_right"
     ),
     # SDPA-3.3, SDPA-3.4, SDPA-4.1, SDPA-5.1: mask AND causal, bias, fully-masked rows.
-    "gqa-lq>lk-top-left-mask-bias-empty-rows": random_problem(
+    "gqa-lq>lk-top-left-mask-bias-empty-rows": problem_of_shapes(
         **SHAPES_B,
         mask=(3, 1, 5, 3),
         empty_rows=(1,),
@@ -52,15 +52,15 @@ CASES: dict[str, dict[str, Any]] = {
         causal_alignment="top_left",
     ),
     # SDPA-3.3, SDPA-5.1: -inf bias entries exclude keys; an all -inf row is empty.
-    "bias-minus-inf": random_problem(
+    "bias-minus-inf": problem_of_shapes(
         **SHAPES_B, bias=(3, 4, 5, 3), minus_inf=True, empty_rows=(1,)
     ),
     # SDPA-1.2, SDPA-3.2, SDPA-4.1: two broadcast batch dims, Lq < Lk top-left, bias.
-    "batch2-top-left-bias": random_problem(
+    "batch2-top-left-bias": problem_of_shapes(
         **SHAPES_D, bias=(3, 1, 4, 6), is_causal=True, causal_alignment="top_left"
     ),
     # SDPA-3.1, SDPA-3.3, SDPA-4.2: a per-head key mask (Hq, 1, Lk), full bias, Lq < Lk.
-    "batch2-bottom-right-head-mask-bias": random_problem(
+    "batch2-bottom-right-head-mask-bias": problem_of_shapes(
         **SHAPES_D,
         mask=(2, 1, 6),
         bias=(2, 3, 2, 4, 6),
@@ -68,7 +68,7 @@ CASES: dict[str, dict[str, Any]] = {
         causal_alignment="bottom_right",
     ),
     # SDPA-5.2: Lk = 0 gives zeros, also with a mask and causal.
-    "lk0": random_problem(
+    "lk0": problem_of_shapes(
         q=(1, 2, 3, 4),
         k=(1, 2, 0, 4),
         v=(1, 2, 0, 3),
@@ -77,9 +77,9 @@ CASES: dict[str, dict[str, Any]] = {
         causal_alignment="bottom_right",
     ),
     # SDPA-1.5: Lq = 0, a zero batch dim, Ev = 0.
-    "lq0": random_problem(q=(1, 2, 0, 4), k=(1, 2, 5, 4), v=(1, 2, 5, 3), is_causal=True),
-    "zero-batch": random_problem(q=(0, 2, 3, 4), k=(0, 2, 5, 4), v=(0, 2, 5, 3)),
-    "ev0": random_problem(q=(1, 2, 3, 4), k=(1, 2, 5, 4), v=(1, 2, 5, 0)),
+    "lq0": problem_of_shapes(q=(1, 2, 0, 4), k=(1, 2, 5, 4), v=(1, 2, 5, 3), is_causal=True),
+    "zero-batch": problem_of_shapes(q=(0, 2, 3, 4), k=(0, 2, 5, 4), v=(0, 2, 5, 3)),
+    "ev0": problem_of_shapes(q=(1, 2, 3, 4), k=(1, 2, 5, 4), v=(1, 2, 5, 0)),
 }
 
 
