@@ -52,7 +52,7 @@ import math
 import random
 import zlib
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from hypothesis import strategies as st
@@ -175,8 +175,6 @@ def pool_size(stratum: Any) -> int:
 def pool_key(stratum: Any) -> Any:
     """``stratum`` as its pools are keyed: without ``pool_examples``, so the later parts of
     a nesting profile's stratum draw the members of its first part first."""
-    from dataclasses import replace
-
     return replace(stratum, pool_examples=0)
 
 
@@ -185,8 +183,6 @@ def limits_key() -> Any:
     (``SizeLimits.avoid``), only those that change the sizes drawn (GQA, empty lengths:
     input_features.DRAWN_AROUND_IN_SIZES), so that a re-run drawing around a fully masked
     row or a large bias meets the shapes, and reuses the compilations, of the first run."""
-    from dataclasses import replace
-
     from . import input_features, sizes
 
     limits = sizes.current().limits
@@ -226,8 +222,6 @@ def pooled_dims(
     ``where``: members for which it holds come first (a property that would otherwise
     rewrite the sizes it was given, e.g. to make Lq != Lk, finds them among the shapes
     compiled already)."""
-    from dataclasses import replace
-
     from . import sizes
 
     drawing = sizes.current()

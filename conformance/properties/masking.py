@@ -92,9 +92,8 @@ def mask_broadcast(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """A mask of any shape that broadcasts to (..., Hq, Lq, Lk), a 1-d key mask and an
     (Lq, Lk) mask too, gives the result of the explicitly broadcast full mask, and a full
     mask gives each head the result of that head alone with its own slice of the mask:
-    within TOL-2 (each call
-    within its bound of the one definition; how close they are to it is
-    matches-reference's)."""
+    within TOL-2 (each call within its bound of the one definition; how close they are to
+    it is matches-reference's)."""
     dims = draw_dims(data, kernel)
     problem = draw_problem(data, kernel, dims=dims, mask="never", bias="never", causal="never")
     rng = draw_rng(data)
