@@ -73,10 +73,24 @@ def weights_bound(problem: Problem, declaration: KernelDeclaration) -> tuple[Any
     """(weights, tolerance) matching how ``KernelUnderTest.output_with_weights`` observes them.
 
     Returned weights get the weights bound of TOL-2; weights observed through V = I are
-    outputs, so they get the output bound of that V = I problem.
+    outputs, so they get :func:`observed_weights_bound`.
     """
     if declaration.returns_weights:
         bound = reference_bound(problem, declaration, weights=True)
         return bound.weights, bound.weights_tolerance
+    return observed_weights_bound(problem, declaration)
+
+
+def observed_weights_bound(problem: Problem, declaration: KernelDeclaration) -> tuple[Any, Any]:
+    """(weights, tolerance) of weights observed through V = I
+    (``KernelUnderTest.observed_weights``): the output and output bound (TOL-2) of the
+    V = I problem.
+
+    They hold as well for weights observed in column blocks V_j = I[:, j:j + Ev]: TOL-2
+    bounds output column c from column c of V alone (its sums over keys of v_jc, |v_jc|,
+    v_jc^2 and its hull over keys; the weights and score errors do not depend on V), so
+    block column c, column j + c of I, gets the bound of column j + c of the one V = I
+    call, to the bit (tests/conformance/test_observed_weights.py checks it).
+    """
     bound = reference_bound(identity_values(problem), declaration)
     return bound.out, bound.out_tolerance

@@ -8,6 +8,7 @@ output back as float64 NumPy.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
@@ -372,12 +373,39 @@ class KernelUnderTest:
         return self.numpy(outputs[0]), self.numpy(outputs.lse), dtype
 
     def output_with_weights(self, problem: Problem) -> tuple[np.ndarray, np.ndarray]:
-        """Output and weights; weights are observed through V = I when not returned."""
+        """Output and weights; weights are observed (:meth:`observed_weights`) when not
+        returned."""
         if self.declaration.returns_weights:
             out, weights = self.call_on(problem)
             return self.numpy(out), self.numpy(weights)
-        weights = self.output(identity_values(problem))
+        weights = self.observed_weights(problem)
         return self.output(problem), weights
+
+    def observed_weights(self, problem: Problem) -> np.ndarray:
+        """The weights ``(..., Hq, Lq, Lk)`` of ``problem`` read off the kernel's output
+        with V = I (SDPA-7.1: output column c is then sum_j p_ij I_jc = p_ic), as float64.
+
+        On a backend that compiles per shape, in column blocks (:func:`identity_blocks`):
+        one call per block of Ev columns of I, each with the problem's own shapes (compiled
+        already, as a rule), where one call with V = I (Ev = Lk, and for ``equal_head_dims``
+        q and k padded to Lk) is a compilation of its own.  Each output column is still one
+        weight times 1 plus exact zeros, so the blocks give the one call's weights to the
+        bit where the kernel computes the scores of both calls alike (the reference,
+        PyTorch's math SDPA: tests/conformance/test_observed_weights.py), and the one
+        call's TOL-2 bound holds (:func:`.bounds.observed_weights_bound`).  A kernel that
+        pads E up to Ev (``equal_head_dims``) or picks its algorithm by Ev computes the
+        blocks' scores as for the problem itself, which can differ from the one call in
+        the last bit.  Elsewhere, and where blocks would take more than MAX_WEIGHT_BLOCKS
+        calls, one call with V = I."""
+        blocks = identity_blocks(problem) if self.backend.compiles_per_shape else None
+        if blocks is None:
+            return self.output(identity_values(problem))
+        n_keys = problem.k.shape[-2]
+        columns = [
+            self.output(block)[..., : min(n_keys - start, block.v.shape[-1])]
+            for start, block in blocks
+        ]
+        return np.concatenate(columns, axis=-1)
 
 
 def _type_name(x: Any) -> str:
@@ -430,6 +458,34 @@ def identity_values(problem: Problem) -> Problem:
     n_keys = problem.k.shape[-2]
     eye = np.broadcast_to(np.eye(n_keys), (*problem.k.shape[:-1], n_keys))
     return problem.with_(v=np.ascontiguousarray(eye))
+
+
+# The most calls one weights observation makes in column blocks.  Each block call is an
+# attention of the problem's own size: ceil(Lk / Ev) of them do ~Lk (E + Ev) / Ev work per
+# score row where the one V = I call does E + Lk, under twice as much for E <= Ev, but
+# Ev = 1 against Lk = 2063 keys would be 2063 calls.  Measured on the jitted JAX kernel
+# (CPU, load ~2): a block call of the problem compiled already takes 0.2 ms (Lq = Lk = 64)
+# to 1.5 ms (6 heads, one query, 2063 keys, E = Ev = 64: 33 blocks, 0.05 s in all), the
+# one V = I call 0.3-0.65 s cold (its compilation), so 64 calls stay below a compilation.
+MAX_WEIGHT_BLOCKS = 64
+
+
+def identity_blocks(problem: Problem) -> list[tuple[int, Problem]] | None:
+    """``problem`` with V = I cut into blocks of its own Ev columns: (j, the problem with
+    V_j = I[:, j:j + Ev]) for j = 0, Ev, 2 Ev, ... < Lk, the last block's columns past Lk
+    zero (one block, all zero, for Lk = 0); V_j has the problem's own v shape, so output
+    columns 0 .. min(Ev, Lk - j) - 1 of the call are the weights of keys j, j + 1, ...
+    None where blocks do not serve: Ev = 0 (no columns to read), or more than
+    MAX_WEIGHT_BLOCKS of them."""
+    n_keys, value_dim = problem.k.shape[-2], problem.v.shape[-1]
+    if value_dim == 0 or math.ceil(n_keys / value_dim) > MAX_WEIGHT_BLOCKS:
+        return None
+    blocks = []
+    for start in range(0, max(n_keys, 1), value_dim):
+        # row r of column c is 1 where r = start + c: columns past key Lk - 1 are all zero
+        block = np.broadcast_to(np.eye(n_keys, value_dim, k=-start), problem.v.shape)
+        blocks.append((start, problem.with_(v=np.ascontiguousarray(block))))
+    return blocks
 
 
 def raised_hint(exc: BaseException, kernel: KernelUnderTest) -> str:

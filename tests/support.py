@@ -6,6 +6,7 @@ module cannot be imported by name under ``--import-mode=importlib``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -19,11 +20,12 @@ import pytest
 from hypothesis import settings
 
 from attnspec.backends import Backend, BackendError
-from attnspec.conformance import cli
+from attnspec.conformance import cli, declare
 from attnspec.conformance.declaration import KernelDeclaration
 from attnspec.conformance.kernel import KernelUnderTest
 from attnspec.conformance.registry import all_properties
 from attnspec.conformance.runner import FAILED, WARNING, Report, Verdict, run_property
+from attnspec.reference import scaled_dot_product_attention as reference_sdpa
 
 TESTS = Path(__file__).resolve().parent  # on pythonpath: ``oracle``, ``catalogue``, ``support``
 ROOT = TESTS.parent  # the checkout, which is the ``attnspec`` package
@@ -47,6 +49,41 @@ def backend_or_skip(name: str, config: dict[str, Any] | None = None) -> Backend:
         return Backend(name, config=config)
     except BackendError as exc:
         pytest.skip(f"backend {name!r} unusable on this machine: {exc}")
+
+
+def compiling(name: str = "numpy", compiles_per_shape: bool = True) -> Backend:
+    """The backend ``name`` (skipped where unusable), its adapter saying that it compiles
+    (or not) per shape: NumPy then draws from shape pools and observes weights in column
+    blocks as JAX does, where runs cost no compilations; JAX with False takes the paths of
+    backends that do not."""
+    backend = backend_or_skip(name)
+    backend._adapter = dataclasses.replace(backend._adapter, compiles_per_shape=compiles_per_shape)
+    return backend
+
+
+Shapes = tuple[tuple[int, ...], ...]
+
+
+def recording(seen: list[Shapes], fn: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """``fn`` (default: the reference) as a kernel claiming a bias and GQA that appends the
+    (q, k, v) shapes of every call to ``seen``."""
+    attention = reference_sdpa if fn is None else fn
+
+    @declare(bias=True, gqa=True)
+    def kernel(
+        q: Any,
+        k: Any,
+        v: Any,
+        *,
+        mask: Any = None,
+        bias: Any = None,
+        is_causal: bool = False,
+        scale: float | None = None,
+    ) -> Any:
+        seen.append((tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+        return attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+
+    return kernel
 
 
 def verdict_of(

@@ -62,7 +62,10 @@ def indicator_problem(
     batch: int = OBSERVED[0],
     is_causal: bool = False,
 ) -> Problem:
-    """q = 0 and V = I: the output is the kept-and-rescaled weight matrix."""
+    """q = 0 and V = I: the output is the kept-and-rescaled weight matrix.  Always one
+    call with V = I, never KernelUnderTest.observed_weights' column blocks (on a backend
+    that compiles per shape): each call draws a dropout mask of its own, so blocks would
+    read their columns off different masks."""
     q = np.zeros(_laid_out(kernel, batch, heads, n_queries, 4))
     k = np.zeros(_laid_out(kernel, batch, heads, n_keys, 4))
     problem = Problem(

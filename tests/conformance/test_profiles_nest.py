@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 from catalogue.buggy import CATALOGUE
-from support import backend_or_skip
+from support import backend_or_skip, compiling
 
 from attnspec.conformance import declare
 from attnspec.conformance.kernel import KernelUnderTest
@@ -87,11 +87,7 @@ def test_default_draws_quicks_problems_first(pooled: bool) -> None:
     are exactly the calls the quick profile makes (same inputs, values included), for
     drawn sizes and for the shape pools of a backend that compiles per shape, whose
     larger pools extend the smaller ones."""
-    backend = backend_or_skip("numpy")
-    if pooled:
-        import dataclasses
-
-        backend._adapter = dataclasses.replace(backend._adapter, compiles_per_shape=True)
+    backend = compiling("numpy", compiles_per_shape=pooled)
     runs: dict[str, dict[str, list[tuple[Any, ...]]]] = {}
     for profile in ("quick", "default"):
         calls: dict[str, list[tuple[Any, ...]]] = defaultdict(list)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from catalogue.buggy import CATALOGUE, BuggyKernel
 from hypothesis import strategies as st
-from support import backend_or_skip, verdict_of
+from support import backend_or_skip, compiling, recording, verdict_of
 
 from attnspec.backends import Backend, _registry
 from attnspec.conformance import declare
@@ -49,31 +49,6 @@ from attnspec.reference import scaled_dot_product_attention as reference_sdpa
 Array = Any
 
 
-def compiling_numpy() -> Backend:
-    """NumPy, with its adapter saying it compiles per shape (as JAX's does)."""
-    backend = Backend("numpy")
-    backend._adapter = dataclasses.replace(backend._adapter, compiles_per_shape=True)
-    return backend
-
-
-def recording(seen: list[tuple[tuple[int, ...], ...]], fn: Any = reference_sdpa) -> Any:
-    @declare(bias=True, gqa=True)
-    def kernel(
-        q: Array,
-        k: Array,
-        v: Array,
-        *,
-        mask: Array | None = None,
-        bias: Array | None = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-    ) -> Array:
-        seen.append((q.shape, k.shape, v.shape))
-        return fn(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
-
-    return kernel
-
-
 def test_backends_say_whether_they_compile_per_shape() -> None:
     """JAX's adapter compiles per shape; NumPy's and PyTorch's (eager) do not."""
     assert _registry.ADAPTERS["jax"].compiles_per_shape is True
@@ -93,7 +68,7 @@ def pooled_shapes() -> dict[str, list[tuple[tuple[int, ...], ...]]]:
     """The (q, k, v) shapes a correct kernel is called with by some properties, pooled and
     not (quick profile)."""
     shapes: dict[str, list[tuple[tuple[int, ...], ...]]] = {}
-    for name, backend in (("pooled", compiling_numpy()), ("free", Backend("numpy"))):
+    for name, backend in (("pooled", compiling()), ("free", Backend("numpy"))):
         for prop in ("matches-reference", "key-permutation", *ASKING):
             seen: list[tuple[tuple[int, ...], ...]] = []
             kernel = KernelUnderTest(recording(seen), backend)
@@ -153,12 +128,12 @@ def test_requests_take_plain_members_that_meet_them() -> None:
     """A request for at least one query and key, or for members where Lq != Lk, is
     answered from the plain request's pool when members of it qualify; a kernel that
     needs E == Ev gets pooled shapes with E == Ev."""
-    kernel = KernelUnderTest(recording([]), compiling_numpy())
+    kernel = KernelUnderTest(recording([]), compiling())
     equal = KernelUnderTest(
         declare(bias=True, gqa=True, equal_head_dims=True)(
             lambda q, k, v, **kw: reference_sdpa(q, k, v, **kw)
         ),
-        compiling_numpy(),
+        compiling(),
     )
     plain = dict(
         min_queries=0,
@@ -194,7 +169,7 @@ def test_pooled_realistic_strata_keep_their_sizes() -> None:
     """SDPA-1.1: a pooled blocks stratum draws at least 16 keys within its cost
     cap, a pooled decode stratum 1-4 queries against at least 257 keys: pool members come
     from the same drawing code."""
-    kernel = KernelUnderTest(recording([]), compiling_numpy())
+    kernel = KernelUnderTest(recording([]), compiling())
     pool = ShapePool(seed=None)
     blocks = Stratum("blocks", 3, 2**24, min_len=16)
     decode = Stratum("decode", 1, 2**24, (("shape", "decode"),), min_len=257)
@@ -225,7 +200,7 @@ def test_pooled_realistic_strata_keep_their_sizes() -> None:
 def test_pools_do_not_depend_on_the_order_properties_run_in() -> None:
     """The same run seed gives the same members whichever pool is filled first, in any
     process (``--jobs``); another seed gives other ones."""
-    kernel = KernelUnderTest(recording([]), compiling_numpy())
+    kernel = KernelUnderTest(recording([]), compiling())
     options = dict(
         min_queries=0,
         min_keys=0,
@@ -275,7 +250,7 @@ def test_a_failure_still_shrinks_to_the_smallest_pooled_shape() -> None:
     matches-reference on a compiling backend too, and its counterexample is the first
     member of a small-stratum pool (they are sorted by size) that can show the bug:
     Hypothesis shrank the pool index down to it."""
-    kernel = KernelUnderTest(recording([], last_value_column_off), compiling_numpy())
+    kernel = KernelUnderTest(recording([], last_value_column_off), compiling())
     verdict = verdict_of("matches-reference", kernel)
     assert verdict.status == FAILED
     pools = [
@@ -303,17 +278,33 @@ REPOOLED = {
 }
 
 
+# Properties that observe the weights through V = I: in column blocks on a backend that
+# compiles per shape (KernelUnderTest.observed_weights).
+OBSERVING_WEIGHTS = {
+    "rows-sum-to-one",
+    "causal-alignment",
+    "bias-semantics",
+    "empty-rows-zero",
+    "softcap-bounds-logits",
+}
+
+
 @pytest.mark.parametrize(
     "bug",
-    [bug for bug in CATALOGUE if bug.catches in REPOOLED and bug.backend == "numpy"],
+    [
+        bug
+        for bug in CATALOGUE
+        if bug.catches in REPOOLED | OBSERVING_WEIGHTS and bug.backend == "numpy"
+    ],
     ids=lambda bug: bug.name,
 )
 def test_catalogue_bugs_stay_caught_on_a_compiling_backend(bug: BuggyKernel) -> None:
-    """CONF-1: every catalogued bug that a property taking its sizes from pools catches
+    """CONF-1: every catalogued bug that a property taking its sizes from pools, or
+    observing the weights (in column blocks there, SDPA-7.1), catches
     (tests/catalogue/test_caught.py, on NumPy as is) is caught by it on a backend that
-    compiles per shape too."""
+    compiles per shape too (the first failure decides, not shrunk, as there)."""
     prop = all_properties()[bug.catches]
-    verdict = run_property(prop, KernelUnderTest(bug.fn, compiling_numpy()))
+    verdict = run_property(prop, KernelUnderTest(bug.fn, compiling()), shrink=False)
     assert verdict.status == (FAILED if prop.level == "MUST" else WARNING), (
         bug.name,
         verdict.status,
@@ -345,7 +336,7 @@ def test_a_rerun_drawing_around_every_dtype_checked_draws_nothing() -> None:
     calls: list[int] = []
     prop = all_properties()["matches-reference"]
     counting = dataclasses.replace(prop, check=lambda kernel, data: calls.append(1))
-    kernel = KernelUnderTest(declare(dtypes=("float32",))(reference_sdpa), compiling_numpy())
+    kernel = KernelUnderTest(declare(dtypes=("float32",))(reference_sdpa), compiling())
     verdict = run_property(counting, kernel, limits=SizeLimits(avoid=("float32-inputs",)))
     assert (verdict.status, verdict.examples, calls) == (PASSED, 0, []), verdict
     drawn = run_property(counting, kernel, limits=SizeLimits(avoid=("bfloat16-inputs",)))
@@ -442,7 +433,7 @@ def test_a_rerun_drawing_around_values_meets_the_first_runs_shapes() -> None:
     from attnspec.conformance.shape_pool import limits_key
 
     prop = all_properties()["rows-sum-to-one"]
-    kernel = KernelUnderTest(recording([]), compiling_numpy())
+    kernel = KernelUnderTest(recording([]), compiling())
     pool = pool_for_run(7)
     assert run_property(prop, kernel, seed=7).status == PASSED
     sizes_pools = lambda: {key for key in pool._made if key[0] in ("dims", "probe")}  # noqa: E731

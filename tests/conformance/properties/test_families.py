@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import backend_or_skip, verdict_of
+from support import backend_or_skip, compiling, verdict_of
 
 import attnspec
 from attnspec.backends import Backend
@@ -209,7 +209,9 @@ def test_family_kernels_must_keep_the_dtype() -> None:
 
 def test_sparse_bugs_are_caught() -> None:
     """SPARSE-6: a window one key too wide, a finite -1e9 fill (tiny weights, mean(V) on
-    empty rows) and a 0 * NaN leak are each caught by the property of their clause."""
+    empty rows) and a 0 * NaN leak are each caught by the property of their clause; the
+    weights' leaks with the weights observed in column blocks too (SDPA-7.1, as on a
+    backend that compiles per shape)."""
     assert_status(
         masked_softmax_kernel("sliding_window", left_shift=1), "sparse-matches-dense", FAILED
     )
@@ -222,6 +224,14 @@ def test_sparse_bugs_are_caught() -> None:
     assert_status(
         masked_softmax_kernel("sliding_window", fill=-1e9), "sparse-weights-exactly-zero", FAILED
     )
+    # the weights observed in column blocks, as on a backend that compiles per shape
+    for bug in (dict(left_shift=1), dict(fill=-1e9)):
+        assert_status(
+            masked_softmax_kernel("sliding_window", **bug),
+            "sparse-weights-exactly-zero",
+            FAILED,
+            compiling(),
+        )
     assert_status(
         masked_softmax_kernel("strided", zero_after_softmax=True),
         "sparse-masked-nonfinite-ignored",

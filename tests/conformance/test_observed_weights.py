@@ -1,0 +1,228 @@
+"""Weights observed through V = I (SDPA-7.1), in column blocks on a backend that compiles
+per shape (``KernelUnderTest.observed_weights``, issue #11).
+
+With V = I the output is the weight matrix; a kernel compiled per shape (jitted JAX) would
+compile once more for V's (Lk, Lk) shape (and, declaring ``equal_head_dims``, for q and k
+padded to Lk), so there the suite calls it once per block of Ev columns of I, on the
+problem's own shapes.  Each output column is one weight times 1 plus exact zeros: the
+blocks give the one call's weights bit for bit wherever the kernel computes the scores of
+both calls alike, and the one call's TOL-2 bound to the bit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+from problems import VALUES
+from support import backend_or_skip, compiling, drawn, recording
+
+from attnspec.backends import Backend
+from attnspec.conformance.bounds import observed_weights_bound, reference_bound
+from attnspec.conformance.declaration import KernelDeclaration
+from attnspec.conformance.kernel import MAX_WEIGHT_BLOCKS, KernelUnderTest, Problem, identity_blocks
+from attnspec.conformance.registry import all_properties
+from attnspec.conformance.runner import PASSED, run_property
+from attnspec.conformance.sizes import SizeLimits
+
+Shape = tuple[int, ...]
+
+
+@st.composite
+def weight_problems(
+    draw: st.DrawFn, declaration: KernelDeclaration, dtypes: tuple[str, ...]
+) -> Problem:
+    """SDPA-1.1 problems as a kernel with ``declaration`` takes them: 0-2 batch dims (its
+    ``batch_ndim`` if declared), GQA where claimed, Lk from 1 to 9 (multiples of Ev and
+    not) and 0 last, Ev from 1 to 4 and 0 last, E from 1 to 4, a mask (full or (Lq, Lk)),
+    a bias, causal and an explicit scale as claimed (mask and causal together only where
+    claimed), in one of ``dtypes``."""
+    batch_ndim = declaration.batch_ndim
+    if batch_ndim is None:
+        batch_ndim = draw(st.integers(0, 2))
+    batch = tuple(draw(st.lists(st.integers(1, 2), min_size=batch_ndim, max_size=batch_ndim)))
+    n_kv_heads = draw(st.integers(1, 2))
+    groups = draw(st.integers(1, 3)) if declaration.gqa else 1
+    n_queries = draw(st.integers(1, 4))
+    n_keys = draw(st.sampled_from((1, 2, 3, 4, 5, 6, 7, 8, 9, 0)))
+    head_dim, value_dim = draw(st.integers(1, 4)), draw(st.sampled_from((1, 2, 3, 4, 0)))
+
+    def values(*shape: int) -> np.ndarray:
+        return draw(arrays(np.float64, (*batch, *shape), elements=VALUES, fill=st.nothing()))
+
+    n_heads = n_kv_heads * groups
+    problem = Problem(
+        q=values(n_heads, n_queries, head_dim),
+        k=values(n_kv_heads, n_keys, head_dim),
+        v=values(n_kv_heads, n_keys, value_dim),
+        dtype=draw(st.sampled_from(dtypes)),
+        is_causal=declaration.causal and draw(st.booleans()),
+    )
+    if declaration.mask and (declaration.mask_and_causal or not problem.is_causal):
+        if draw(st.booleans()):
+            full = draw(st.booleans())
+            shape = (*batch, n_heads, n_queries, n_keys) if full else (n_queries, n_keys)
+            problem.mask = draw(arrays(np.bool_, shape))
+    if declaration.bias and not (problem.is_causal and declaration.bias_shares_mask_argument):
+        if draw(st.booleans()):
+            problem.bias = values(n_heads, n_queries, n_keys)
+    if declaration.scale and draw(st.booleans()):
+        problem.scale = draw(st.sampled_from((0.5, 1.0, 2.0)))
+    return problem
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal shapes and values, NaN where NaN and zeros of the same sign."""
+    return np.array_equal(a, b, equal_nan=True) and bool(np.all(np.signbit(a) == np.signbit(b)))
+
+
+def blocks_and_one_call(problem: Problem, backend: str = "numpy") -> tuple[Any, ...]:
+    """(weights observed in blocks, the v shapes of those calls, weights observed in one
+    call) of the reference on ``backend``."""
+    in_blocks: list[tuple[Shape, ...]] = []
+    blocked = KernelUnderTest(recording(in_blocks), compiling(backend))
+    one_call = KernelUnderTest(recording([]), compiling(backend, False))
+    weights = blocked.observed_weights(problem)
+    return weights, [v for _, _, v in in_blocks], one_call.observed_weights(problem)
+
+
+def expected_calls(problem: Problem) -> list[Shape]:
+    """SDPA-1.1: the v shape of every call the blocks make: the problem's own, once per
+    Ev columns of the Lk keys (once for Lk = 0)."""
+    n_keys, value_dim = problem.k.shape[-2], problem.v.shape[-1]
+    return [tuple(problem.v.shape)] * max(1, math.ceil(n_keys / value_dim))
+
+
+DECLARED = recording([]).__attnspec__
+
+
+@given(weight_problems(DECLARED, ("float32", "float64")))
+@drawn(60)
+def test_blocks_observe_the_one_calls_weights_on_the_reference(problem: Problem) -> None:
+    """SDPA-7.1: on a backend that compiles per shape the weights come from calls on the
+    problem's own v shape, one per block of Ev columns of I, and equal those of the one
+    V = I call bit for bit (GQA, masks, bias, causal, batch dims, Lk not a multiple of Ev,
+    Lk = 0); Ev = 0 takes the one call, as a non-compiling backend does."""
+    blocks, calls, one_call = blocks_and_one_call(problem)
+    assert same_bits(blocks, one_call), problem.describe()
+    n_keys = problem.k.shape[-2]
+    assert blocks.shape == (*problem.q.shape[:-1], n_keys)
+    if problem.v.shape[-1] == 0:
+        assert calls == [(*problem.k.shape[:-1], n_keys)]
+    else:
+        assert calls == expected_calls(problem)
+
+
+@pytest.mark.parametrize("n_keys", [MAX_WEIGHT_BLOCKS, MAX_WEIGHT_BLOCKS + 1])
+def test_more_blocks_than_the_cap_take_one_call(n_keys: int) -> None:
+    """SDPA-7.1: with Ev = 1, Lk = MAX_WEIGHT_BLOCKS keys take that many calls of the
+    problem's shape; one key more takes the one V = I call (values of Lk x Lk); both
+    observe the one call's weights."""
+    rng = np.random.default_rng(n_keys)
+    problem = Problem(
+        q=rng.standard_normal((2, 3, 4)),
+        k=rng.standard_normal((2, n_keys, 4)),
+        v=rng.standard_normal((2, n_keys, 1)),
+        dtype="float32",
+        mask=rng.random((3, n_keys)) < 0.7,
+    )
+    blocks, calls, one_call = blocks_and_one_call(problem)
+    assert same_bits(blocks, one_call)
+    if n_keys <= MAX_WEIGHT_BLOCKS:
+        assert calls == expected_calls(problem)
+    else:
+        assert identity_blocks(problem) is None
+        assert calls == [(2, n_keys, n_keys)]
+
+
+def test_blocks_observe_the_one_calls_weights_on_the_reference_on_jax() -> None:
+    """SDPA-7.1: the same on JAX (XLA's arithmetic; each new shape compiles, so one
+    problem: GQA, a mask, causal, Lk = 7 in blocks of Ev = 3)."""
+    backend_or_skip("jax")
+    rng = np.random.default_rng(7)
+    problem = Problem(
+        q=rng.standard_normal((1, 4, 5, 2)),
+        k=rng.standard_normal((1, 2, 7, 2)),
+        v=rng.standard_normal((1, 2, 7, 3)),
+        dtype="float32",
+        mask=rng.random((5, 7)) < 0.7,
+        is_causal=True,
+    )
+    blocks, calls, one_call = blocks_and_one_call(problem, "jax")
+    assert same_bits(blocks, one_call)
+    assert calls == expected_calls(problem)
+
+
+def test_blocks_observe_the_one_calls_weights_on_torch_sdpa() -> None:
+    """SDPA-7.1: PyTorch SDPA's math backend (torch_kernels.sdpa_math: its own arithmetic,
+    GQA through enable_gqa, mask and bias through one argument), told it compiles per
+    shape, observes in blocks the one call's weights bit for bit."""
+    backend_or_skip("torch")
+    from attnspec.conformance.torch_kernels import sdpa_math
+
+    declaration = sdpa_math.__attnspec__
+
+    @given(weight_problems(declaration, ("bfloat16", "float32", "float64")))
+    @drawn(30)
+    def check(problem: Problem) -> None:
+        blocked = KernelUnderTest(sdpa_math, compiling("torch")).observed_weights(problem)
+        one_call = KernelUnderTest(sdpa_math, Backend("torch")).observed_weights(problem)
+        assert same_bits(blocked, one_call), problem.describe()
+
+    check()
+
+
+@given(weight_problems(DECLARED, ("float32",)))
+@drawn(30)
+@example(Problem(q=np.ones((2, 3, 2)), k=np.ones((1, 5, 2)), v=np.ones((1, 5, 2)), dtype="float32"))
+def test_each_block_has_the_one_calls_bound(problem: Problem) -> None:
+    """TOL-2: output column c of block j (values I[:, j:j + Ev]) gets, to the bit, the
+    bound of column j + c of the one V = I problem: observed_weights_bound holds for the
+    weights observed in blocks."""
+    blocks = identity_blocks(problem)
+    if blocks is None:  # Ev = 0: observed in one call
+        return
+    whole = observed_weights_bound(problem, DECLARED)
+    n_keys = problem.k.shape[-2]
+    for start, block in blocks:
+        width = min(n_keys - start, block.v.shape[-1])
+        bound = reference_bound(block, DECLARED)
+        for mine, of_whole in zip((bound.out, bound.out_tolerance), whole, strict=True):
+            assert same_bits(
+                np.asarray(mine)[..., :width], np.asarray(of_whole)[..., start : start + width]
+            ), (start, problem.describe())
+
+
+class RecordingKernel(KernelUnderTest):
+    """A kernel under test recording the (q, k, v) shapes of every problem it is called on
+    (before the suite's zero padding to E = Ev)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.problems: list[tuple[tuple[int, ...], ...]] = []
+
+    def call_on(self, problem: Problem) -> Any:
+        self.problems.append((problem.q.shape, problem.k.shape, problem.v.shape))
+        return super().call_on(problem)
+
+
+def test_the_jitted_jax_kernel_is_not_called_with_values_of_lk_columns() -> None:
+    """SDPA-7.1, SDPA-3.2, SDPA-4.1 (issue #11): bias-semantics and causal-alignment read
+    the weights of jax.nn.dot_product_attention under jax.jit (declaring E == Ev) on the
+    problems' own shapes: no call has values of Lk columns where E differs (each such
+    V = I call compiled the kernel once more, with q and k padded to Lk), and both pass."""
+    pytest.importorskip("jax", reason="the jitted kernel is JAX's")
+    from attnspec.conformance.jax_kernels import jitted_dot_product_attention
+
+    kernel = RecordingKernel(jitted_dot_product_attention, backend_or_skip("jax"))
+    for prop in ("bias-semantics", "causal-alignment"):
+        # lengths up to 64: the realistic strata's larger ones cost compilations, not cover
+        verdict = run_property(all_properties()[prop], kernel, limits=SizeLimits(max_len=64))
+        assert verdict.status == PASSED, (prop, verdict.detail)
+    identity_like = [(q, k, v) for q, k, v in kernel.problems if v[-1] == k[-2] != q[-1]]
+    assert kernel.problems and not identity_like, identity_like
