@@ -38,12 +38,16 @@ compilations are reused.
   property to property.
 * Probes a property builds itself draw their sizes through :func:`pooled_sizes` (the
   scale probe of default-scale and explicit-scale), a few per stratum as well.
+* The weights a property observes through V = I are read in column blocks of the identity,
+  each a call on the problem's own shapes (:meth:`.kernel.KernelUnderTest.observed_weights`),
+  not with values of Lk x Lk (and, for ``equal_head_dims``, q and k padded to Lk).
 
 What is lost is variety within one run (a dozen shapes and option sets instead of one per
 example); ``--seed`` draws other pools.  What still compiles per property: the options a
-property forces (no mask, always causal, ...) on a pooled shape, the weights observed
-through V = I (Ev = Lk), the empty sizes and broadcast masks that some properties are
-about, and each dtype of output-shape-dtype.
+property forces (no mask, always causal, ...) on a pooled shape, the empty sizes and
+broadcast masks that some properties are about, each dtype of output-shape-dtype, and the
+weights observed through V = I in one call where blocks would be more than
+:data:`.kernel.MAX_WEIGHT_BLOCKS` calls (Ev tiny against Lk) or Ev = 0.
 """
 
 from __future__ import annotations
