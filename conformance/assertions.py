@@ -55,10 +55,14 @@ def assert_within_bound(
     problem: Problem,
     kernel: KernelUnderTest,
     clause: str = "TOL-2",
+    *,
+    shows_weights: bool = False,
 ) -> None:
     """|actual - expected| <= bound elementwise; non-finite expected values must match.
 
-    ``clause`` names the bound in the message (TOL-2, or LIN-5.2 for linear attention).
+    ``clause`` names the bound in the message (TOL-2, or LIN-5.2 for linear attention);
+    ``shows_weights``: ``actual`` holds weights observed through V = I (the reproduction
+    prints them, see :class:`PropertyFailure`).
     """
     assert_shape(actual, expected.shape, what, problem, kernel)
     finite = np.isfinite(expected)
@@ -73,6 +77,7 @@ def assert_within_bound(
             f"{what}[{at}] = {float(actual[at])!r}, but should be {float(expected[at])!r} (TOL-3)",
             problem,
             kernel,
+            shows_weights=shows_weights,
         )
     if too_far.any():
         ratio = np.where(too_far, error / np.maximum(bound, np.finfo(np.float64).tiny), 0.0)
@@ -85,6 +90,7 @@ def assert_within_bound(
                 f"{int(too_far.sum())} of {too_far.size} elements outside",
                 problem,
                 kernel,
+                shows_weights=shows_weights,
             )
         raise PropertyFailure(
             f"{what}[{at}] = {float(actual[at])!r}, but should be {float(expected[at])!r} within "
@@ -92,6 +98,7 @@ def assert_within_bound(
             f"the bound; {int(too_far.sum())} of {too_far.size} elements outside",
             problem,
             kernel,
+            shows_weights=shows_weights,
         )
 
 

@@ -17,7 +17,11 @@ _NUMPY_SCALAR = re.compile(r"np\.(float\d+|int\d+|uint\d+|bool_?|str_)\(([^()]*)
 
 
 class PropertyFailure(AssertionError):
-    """A property does not hold; the message is complete and self-contained."""
+    """A property does not hold; the message is complete and self-contained.
+
+    ``shows_weights``: the finding is about weights observed through V = I
+    (``KernelUnderTest.observed_weights``), which the reproduction then prints too.
+    """
 
     def __init__(
         self,
@@ -26,11 +30,13 @@ class PropertyFailure(AssertionError):
         kernel: KernelUnderTest | None = None,
         *,
         hint: str = "",
+        shows_weights: bool = False,
     ) -> None:
         # NumPy 2 scalar reprs (np.float64(0.5)) are noise in a message: show the value
         self.finding = finding = _NUMPY_SCALAR.sub(r"\2", finding)
         self.problem = problem
         self.hint = hint
+        self.shows_weights = shows_weights
         self.kernel = kernel  # what the reproduction (reproduce.failure_snippet) calls
         self.counterexample = (
             ""

@@ -372,6 +372,12 @@ class KernelUnderTest:
         dtype = str(outputs.lse.dtype).rsplit(".", 1)[-1]
         return self.numpy(outputs[0]), self.numpy(outputs.lse), dtype
 
+    @property
+    def observes_weights(self) -> bool:
+        """Whether :meth:`output_with_weights` observes the weights through V = I (the
+        kernel does not return them)."""
+        return not self.declaration.returns_weights
+
     def output_with_weights(self, problem: Problem) -> tuple[np.ndarray, np.ndarray]:
         """Output and weights; weights are observed (:meth:`observed_weights`) when not
         returned."""

@@ -80,9 +80,17 @@ def _value(value: Any) -> str:
     return f"np.{value!r}" if isinstance(value, np.generic) else repr(value)
 
 
-def snippet(problem: Problem, kernel: KernelUnderTest | KernelInfo, finding: str = "") -> str:
+def snippet(
+    problem: Problem,
+    kernel: KernelUnderTest | KernelInfo,
+    finding: str = "",
+    shows_weights: bool = False,
+) -> str:
     """The reproduction of ``problem`` on ``kernel`` (loaded here, or in a worker process);
-    ``finding`` is quoted as a comment."""
+    ``finding`` is quoted as a comment.  ``shows_weights``: the finding is about weights
+    observed through V = I, so the snippet also calls the kernel with V = I (one call,
+    however the suite observed them) and prints its output, the weights, against their
+    definition and bound."""
 
     nonzero: list[str] = []  # assignments of the few nonzero values of sparse arrays
 
@@ -101,25 +109,31 @@ def snippet(problem: Problem, kernel: KernelUnderTest | KernelInfo, finding: str
     from .kernel import keyword_sources
 
     keywords = keyword_sources(kernel.declaration, problem)
-    call = ", ".join(
-        [
-            "q",
-            "k",
-            "v",
-            *(
-                f"{name}={name if source else _value(value)}"
-                for name, (value, source) in keywords.items()
-            ),
-        ]
-    )
+
+    def call(values: str) -> str:
+        return ", ".join(
+            [
+                "q",
+                "k",
+                values,
+                *(
+                    f"{name}={name if source else _value(value)}"
+                    for name, (value, source) in keywords.items()
+                ),
+            ]
+        )
+
     declaration = kernel.declaration
-    target = ", ".join(
-        [
-            "out",
-            *(["weights"] if declaration.returns_weights else []),
-            *(["lse"] if declaration.returns_lse else []),
-        ]
-    )
+
+    def target(first: str) -> str:
+        return ", ".join(
+            [
+                first,
+                *(["weights"] if declaration.returns_weights else []),
+                *(["lse"] if declaration.returns_lse else []),
+            ]
+        )
+
     given = {
         "softcap": problem.softcap,
         "alibi_slopes": problem.alibi_slopes,
@@ -158,13 +172,30 @@ def snippet(problem: Problem, kernel: KernelUnderTest | KernelInfo, finding: str
         f"q, k, v = (backend.asarray(a, {problem.dtype!r}) for a in (problem.q, problem.k, "
         "problem.v))",
         *(f"{name} = {source}" for name, (_, source) in keywords.items() if source),
-        f"{target} = fn({call})",
+        f"{target('out')} = fn({call('v')})",
         "print('kernel output:', out)",
         "bound = reference_bound(problem, kernel.declaration)",
         "print('float64 definition (SDPA-7.1):', bound.out)",
         "print('allowed error (TOL-2):', bound.out_tolerance)",
+        *(_weights_lines(problem.dtype, target("observed"), call("eye")) if shows_weights else []),
     ]
     return "\n".join(lines)
+
+
+def _weights_lines(dtype: str, target: str, call: str) -> list[str]:
+    """The lines of a snippet that observe the weights as the property did: the output of
+    one call with V = I (SDPA-7.1), against the V = I problem's definition and TOL-2 bound."""
+    return [
+        "# the weights, observed through V = I: the output with V = I is the weight matrix",
+        "from attnspec.conformance.bounds import observed_weights_bound",
+        "from attnspec.conformance.kernel import identity_values",
+        f"eye = backend.asarray(identity_values(problem).v, {dtype!r})",
+        f"{target} = fn({call})",
+        "print('kernel weights:', observed)",
+        "expected, tolerance = observed_weights_bound(problem, kernel.declaration)",
+        "print('float64 weights (SDPA-7.1):', expected)",
+        "print('allowed error (TOL-2):', tolerance)",
+    ]
 
 
 def _wrapped(text: str, width: int = 96) -> list[str]:
@@ -175,7 +206,7 @@ def failure_snippet(failure: PropertyFailure) -> str:
     """The reproduction of ``failure`` (empty when it names no problem or no kernel)."""
     if failure.problem is None or failure.kernel is None:
         return ""
-    return snippet(failure.problem, failure.kernel, failure.finding)
+    return snippet(failure.problem, failure.kernel, failure.finding, failure.shows_weights)
 
 
 def _loader_line(kernel: KernelUnderTest | KernelInfo) -> str:

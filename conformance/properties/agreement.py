@@ -44,7 +44,12 @@ def rows_sum_to_one(kernel: KernelUnderTest, data: st.DataObject) -> None:
     negative = weights < 0
     if negative.any():
         at = first_index(negative)
-        raise PropertyFailure(f"weight{at} = {weights[at]!r} is negative", problem, kernel)
+        raise PropertyFailure(
+            f"weight{at} = {weights[at]!r} is negative",
+            problem,
+            kernel,
+            shows_weights=kernel.observes_weights,
+        )
     assert_within_bound(
         weights.sum(axis=-1),
         np.asarray(expected).sum(axis=-1),
@@ -52,4 +57,5 @@ def rows_sum_to_one(kernel: KernelUnderTest, data: st.DataObject) -> None:
         "row sum of weights",
         problem,
         kernel,
+        shows_weights=kernel.observes_weights,
     )

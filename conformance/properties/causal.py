@@ -132,6 +132,7 @@ def causal_alignment(kernel: KernelUnderTest, data: st.DataObject) -> None:
             f"weights [{clause}]",
             problem,
             kernel,
+            shows_weights=kernel.observes_weights,
         )
     expected, tolerance = (np.asarray(a) for a in weights_bound(problem, kernel.declaration))
     provably_positive = (expected - tolerance > 0) & (expected >= SMALLEST_NORMAL[problem.dtype])
@@ -144,6 +145,7 @@ def causal_alignment(kernel: KernelUnderTest, data: st.DataObject) -> None:
             f"(TOL-2 bound {tolerance[at]:.3g}); {int(missing.sum())} such weights [{clause}]",
             problem,
             kernel,
+            shows_weights=kernel.observes_weights,
         )
 
 

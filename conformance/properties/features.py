@@ -20,7 +20,7 @@ from ..assertions import assert_matches_reference, assert_shape, assert_within_b
 from ..bounds import lse_bound, observed_weights_bound
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
-from ..kernel import KernelUnderTest, Problem, identity_values
+from ..kernel import KernelUnderTest, Problem
 from ..registration import needs, register
 from ..sizes import Dims, refit
 from ..strategies import draw_dims, draw_problem
@@ -102,9 +102,9 @@ def softcap_bounds_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
             f"row {at} has weights from {float(np.min(row)):.3g} to {float(np.max(row)):.3g}, a "
             f"ratio beyond e^(2c) = {math.exp(2 * cap):.3g} for softcap c = {cap:g} even after "
             f"the TOL-2 slack: capped scores lie in [-c, c] [SOFTCAP-3]",
-            # with V = I (one call) the reproduction's output is the weights
-            identity_values(problem),
+            problem,
             kernel,
+            shows_weights=True,
         )
 
 

@@ -160,7 +160,13 @@ def bias_semantics(kernel: KernelUnderTest, data: st.DataObject) -> None:
     assert_matches_reference(kernel, problem, out)
     expected, tolerance = weights_bound(problem, kernel.declaration)
     assert_within_bound(
-        weights, np.asarray(expected), np.asarray(tolerance), "weights", problem, kernel
+        weights,
+        np.asarray(expected),
+        np.asarray(tolerance),
+        "weights",
+        problem,
+        kernel,
+        shows_weights=kernel.observes_weights,
     )
 
 

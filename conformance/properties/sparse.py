@@ -59,6 +59,7 @@ def sparse_weights_exactly_zero(kernel: KernelUnderTest, data: st.DataObject) ->
             f"pattern {claim.pattern!r} and must weigh exactly 0",
             problem,
             kernel,
+            shows_weights=True,
         )
 
 

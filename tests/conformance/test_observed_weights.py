@@ -11,11 +11,14 @@ both calls alike, and the one call's TOL-2 bound to the bit.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 from typing import Any
 
 import numpy as np
 import pytest
+from catalogue.buggy import CATALOGUE
 from hypothesis import example, given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -27,7 +30,7 @@ from attnspec.conformance.bounds import observed_weights_bound, reference_bound
 from attnspec.conformance.declaration import KernelDeclaration
 from attnspec.conformance.kernel import MAX_WEIGHT_BLOCKS, KernelUnderTest, Problem, identity_blocks
 from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import PASSED, run_property
+from attnspec.conformance.runner import FAILED, PASSED, run_property
 from attnspec.conformance.sizes import SizeLimits
 
 Shape = tuple[int, ...]
@@ -226,3 +229,23 @@ def test_the_jitted_jax_kernel_is_not_called_with_values_of_lk_columns() -> None
         assert verdict.status == PASSED, (prop, verdict.detail)
     identity_like = [(q, k, v) for q, k, v in kernel.problems if v[-1] == k[-2] != q[-1]]
     assert kernel.problems and not identity_like, identity_like
+
+
+@pytest.mark.parametrize("bug", ["causal-j-lt-i", "softcap-ignored"])
+def test_a_failure_on_observed_weights_reproduces_them(bug: str) -> None:
+    """SDPA-4.1, SOFTCAP-3, CONF-1: a failure found on weights observed in column blocks
+    (causal-alignment, softcap-bounds-logits on NumPy told it compiles per shape) gives a
+    reproduction that, run on its own, observes the weights with one V = I call and shows
+    them outside their TOL-2 bound (its V, which a shrunk weights failure has all zero,
+    would show nothing)."""
+    entry = next(entry for entry in CATALOGUE if entry.name == bug)
+    prop = all_properties()[entry.catches]
+    verdict = run_property(prop, KernelUnderTest(entry.fn, compiling()))
+    assert verdict.status == FAILED, verdict.detail
+    scope: dict[str, Any] = {}
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        exec(verdict.reproduction, scope)
+    assert "kernel weights:" in printed.getvalue()
+    observed = np.asarray(scope["observed"], dtype=np.float64)
+    error = np.abs(observed - np.asarray(scope["expected"]))
+    assert np.any(error > np.asarray(scope["tolerance"])), verdict.reproduction
