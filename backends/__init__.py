@@ -76,6 +76,12 @@ class Backend:
         return self._adapter.compiles_per_shape
 
     @property
+    def on_cpu(self) -> bool:
+        """Whether the device is the host's CPU, not an accelerator (a check then runs its
+        properties in one worker process per CPU by default: ``attnspec check --jobs``)."""
+        return self._adapter.on_cpu(self.device)
+
+    @property
     def dtype_names(self) -> tuple[str, ...]:
         """The spec's floating dtypes (SDPA-7.1) this library supports on this device."""
         return self._adapter.dtype_names(self.xp, self.device)

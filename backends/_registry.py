@@ -44,6 +44,8 @@ class Adapter:
     # does the library compile a function anew for each new combination of input shapes
     # (JAX's XLA)?  The conformance suite then draws shapes from a small pool per run.
     compiles_per_shape: bool = False
+    # is this device the host's CPU (not an accelerator that worker processes would share)?
+    on_cpu: Callable[[Any], bool] = lambda device: True
 
 
 def _no_options(xp: ModuleType, config: Mapping[str, Any]) -> list[str]:
@@ -384,6 +386,7 @@ ADAPTERS: dict[str, Adapter] = {
         _torch_dtypes,
         _torch_device,
         _array_test("is_torch_array"),
+        on_cpu=lambda device: device.type == "cpu",
     ),
     "jax": Adapter(
         "jax",
@@ -399,6 +402,7 @@ ADAPTERS: dict[str, Adapter] = {
         _jax_describe,
         _jax_missing_dtype,
         compiles_per_shape=True,
+        on_cpu=lambda device: device.platform == "cpu",
     ),
     "cupy": Adapter(
         "cupy",
@@ -410,6 +414,7 @@ ADAPTERS: dict[str, Adapter] = {
         _no_bfloat16,
         _cupy_device,
         _array_test("is_cupy_array"),
+        on_cpu=lambda device: False,
     ),
 }
 

@@ -63,7 +63,7 @@ def check(
     max_batch_heads: int | None = None,
     jax_x64: bool | None = None,
     isolate: bool | IsolationOptions = False,
-    jobs: int | str = 1,
+    jobs: int | str | None = None,
     reports: Mapping[str, str | os.PathLike[str]] | None = None,
     **claims: Any,
 ) -> Report:
@@ -76,8 +76,9 @@ def check(
     :class:`~.isolation.IsolationOptions`) runs the kernel in a supervised worker process,
     as ``attnspec check`` does: a crash, exit or hang is then a failed verdict; a callable
     kernel must be importable by its module and name.  ``jobs`` (with ``isolate``) runs
-    that many worker processes at once (``"auto"``: one per available CPU), with the same
-    verdicts in the same order.  ``reports`` maps a format ("json", "junit",
+    that many worker processes at once (``"auto"``: one per available CPU; None, the
+    default: one per CPU, at most 4, when the kernel runs on a CPU, else one), with the
+    same verdicts in the same order.  ``reports`` maps a format ("json", "junit",
     "markdown") to the file the report is written to (rewritten after every property, as
     ``attnspec check --json PATH`` does).  Bad setup (target, signature, backend, option) raises
     :class:`SetupError`, a ``ValueError``.

@@ -30,7 +30,7 @@ from . import claims
 from .api import SIZE_FLAGS, KernelSetup, SetupError, size_limits_from
 from .claims import CLAIM_FLAGS, SETUP_FLAGS, Flag, UsageError, comma_list
 from .isolation import SUPERVISION_FLAGS, IsolationOptions, isolation_options
-from .jobs import parse_jobs
+from .jobs import MOST_DEFAULT_JOBS, parse_jobs
 from .registry import Property
 from .report_files import signal_name, sigterm_interrupts
 from .reproduce import PROGRAM, reproduction_file, rerun_flags
@@ -117,7 +117,8 @@ RUN_FLAGS = (
     Flag(
         "--jobs",
         "run properties in N worker processes at once, or 'auto' for one per "
-        "available CPU; same verdicts, same order (default 1; not with --no-isolate); "
+        "available CPU; same verdicts, same order (default: one per CPU, at most "
+        f"{MOST_DEFAULT_JOBS}, on a CPU; 1 on an accelerator or with --no-isolate); "
         "each worker's BLAS, OpenMP and PyTorch threads: CPUs // N, unless OMP_NUM_THREADS "
         "or another thread variable is set (the report's notes say which)",
         metavar="N",
@@ -277,10 +278,14 @@ def isolation_from(args: argparse.Namespace) -> IsolationOptions | None:
     )
 
 
-def jobs_from(args: argparse.Namespace) -> int:
-    """Worker processes from --jobs; UsageError for a bad value."""
+def jobs_from(args: argparse.Namespace) -> int | None:
+    """Worker processes from --jobs (None, the default, when not given: run_plan.plan_run);
+    UsageError for a bad value."""
+    given = getattr(args, "jobs", None)
+    if given is None:
+        return None
     try:
-        return parse_jobs(getattr(args, "jobs", None), "--jobs")
+        return parse_jobs(given, "--jobs")
     except ValueError as exc:
         raise UsageError(str(exc).replace("--jobs=", "--jobs ")) from None
 
@@ -487,7 +492,9 @@ def command_matrix(args: argparse.Namespace) -> int:
             *(["--device", "cuda"] if entry.device == "cuda" else []),
             *_passed_on(args, ("seed", "timeout", "memory_limit")),
         ]
-        check_args = build_parser().parse_args([*tokens, *(["--quiet"] if args.quiet else [])])
+        # one worker per kernel: the matrix's own --jobs checks kernels side by side
+        own = ["--jobs", "1", *(["--quiet"] if args.quiet else [])]
+        check_args = build_parser().parse_args([*tokens, *own])
         print(
             f"{PROGRAM} matrix: checking {entry.name} ({entry.backend})",
             file=sys.stderr,

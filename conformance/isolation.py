@@ -167,6 +167,7 @@ def isolation_options(
 class BackendInfo:
     name: str
     device: str
+    on_cpu: bool = True
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,7 @@ class KernelInfo:
             declaration = replace(declaration, linear=replace(linear, feature_map=stand_in))
         return cls(
             kernel.target,
-            BackendInfo(kernel.backend.name, str(kernel.backend.device)),
+            BackendInfo(kernel.backend.name, str(kernel.backend.device), kernel.backend.on_cpu),
             declaration,
             kernel.dtypes,
             loader,

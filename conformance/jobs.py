@@ -42,7 +42,18 @@ if TYPE_CHECKING:
 
 Progress = Callable[["Property", "Verdict | None"], None]
 AUTO = "auto"
+# Workers of a run that does not say (--jobs not given): one per CPU, at most this many.
+# A quick profile is ~60 properties, the longest a few percent of the whole, so more
+# workers gain little and each holds its own copy of the kernel's library in memory.
+MOST_DEFAULT_JOBS = 4
 _JOIN_GRACE = 5.0  # s an aborted worker's thread gets to notice that its worker is gone
+
+
+def default_jobs() -> int:
+    """Workers when the run does not say: one per available CPU, at most MOST_DEFAULT_JOBS
+    (one, the first, when the kernel turns out to run on an accelerator:
+    :meth:`WorkerPool.running`)."""
+    return min(available_cpus(), MOST_DEFAULT_JOBS)
 
 
 def parse_jobs(value: int | str | None, name: str = "jobs") -> int:
@@ -66,12 +77,26 @@ def parse_jobs(value: int | str | None, name: str = "jobs") -> int:
 class WorkerPool:
     """``jobs`` isolated sessions of one kernel; the same interface as one
     :class:`~.isolation.IsolatedKernel` (``start``, ``close``, ``setup_notes``,
-    ``run_property``, ``run_hints``), with :func:`run_in_parallel` over all of them."""
+    ``run_property``, ``run_hints``), with :func:`run_in_parallel` over all of them.
+    ``cpu_only``: the pool was sized by the CPUs (the default number of jobs), so a kernel
+    on an accelerator runs in its first worker only (:meth:`running`)."""
 
-    def __init__(self, setup: KernelSetup, options: IsolationOptions, jobs: int) -> None:
+    def __init__(
+        self, setup: KernelSetup, options: IsolationOptions, jobs: int, *, cpu_only: bool = False
+    ) -> None:
         if jobs < 1:
             raise ValueError(f"jobs={jobs!r}, but should be at least 1")
         self.sessions = [IsolatedKernel(setup, options, jobs) for _ in range(jobs)]
+        self.cpu_only = cpu_only
+
+    def running(self) -> list[IsolatedKernel]:
+        """The sessions the run uses: all of them, or only the first when the pool is
+        ``cpu_only`` and the kernel's device is an accelerator, which workers would share
+        (and where each JAX process reserves most of its memory).  Loads the kernel in the
+        first worker to learn its device."""
+        if self.cpu_only and not self.start().backend.on_cpu:
+            return self.sessions[:1]
+        return self.sessions
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -198,7 +223,7 @@ def run_properties(
         return verdict
 
     if isinstance(session, WorkerPool):
-        run_in_parallel(chosen, session.sessions, run_one, report, progress)
+        run_in_parallel(chosen, session.running(), run_one, report, progress)
     else:
         run_each(chosen, lambda prop: run_one(session, prop), report, progress)
     return draw_around(
@@ -214,13 +239,18 @@ def open_session(
     isolation: IsolationOptions | None,
     kernel: KernelUnderTest | None = None,
     jobs: int = 1,
+    *,
+    cpu_only: bool = False,
 ) -> IsolatedKernel | InProcessKernel | WorkerPool:
     """Isolated when ``isolation`` is given (then ``kernel`` must be None), in ``jobs``
-    worker processes when more than one (:mod:`.jobs`); else in-process."""
+    worker processes when more than one (:mod:`.jobs`; ``cpu_only``: only when the kernel
+    runs on a CPU, :meth:`WorkerPool.running`); else in-process."""
     if isolation is None:  # jobs is 1 here: run_plan.plan_run checked it
         return InProcessKernel(setup, kernel)
     if kernel is not None:
         raise ValueError(
             "kernel=, a kernel loaded in this process, cannot run isolated; pass isolation=None"
         )
-    return WorkerPool(setup, isolation, jobs) if jobs > 1 else IsolatedKernel(setup, isolation)
+    if jobs == 1:
+        return IsolatedKernel(setup, isolation)
+    return WorkerPool(setup, isolation, jobs, cpu_only=cpu_only)

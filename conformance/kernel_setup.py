@@ -350,6 +350,15 @@ SIZE_FLAGS: tuple[Flag, ...] = (
 )
 
 
-def size_limits_from(get: Getter) -> SizeLimits:
-    """:func:`size_limits` from the :data:`SIZE_FLAGS` (``get(dest)``, None when not given)."""
-    return size_limits(**{flag.dest: get(flag.dest) for flag in SIZE_FLAGS})
+def size_limits_from(get: Getter, *, prefix: str | None = None) -> SizeLimits:
+    """:func:`size_limits` from the :data:`SIZE_FLAGS` (``get(dest)``, None when not given;
+    flags named ``--PREFIX-x`` when ``prefix``); the :class:`SetupError` for a bad value
+    names the flag (``--max-len -3``), not the field."""
+    try:
+        return size_limits(**{flag.dest: get(flag.dest) for flag in SIZE_FLAGS})
+    except SetupError as exc:
+        message = str(exc)
+        for flag in SIZE_FLAGS:
+            name = flag.option if prefix is None else f"--{prefix}-{flag.option[2:]}"
+            message = message.replace(f"{flag.dest}=", f"{name} ")
+        raise SetupError(message) from None

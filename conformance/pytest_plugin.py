@@ -168,7 +168,7 @@ def pytest_configure(config: pytest.Config) -> None:
             only=_ids(option("attnspec_only")),
             skip=_ids(option("attnspec_skip")),
             strict=option("attnspec_strict"),
-            limits=size_limits_from(flag_value),
+            limits=size_limits_from(flag_value, prefix=PREFIX),
             isolation=isolation,
         )
         session = plan.session()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import report as render
 from .isolation import InProcessKernel, IsolatedKernel, IsolationOptions
-from .jobs import WorkerPool, open_session, parse_jobs, run_properties
+from .jobs import WorkerPool, default_jobs, open_session, parse_jobs, run_properties
 from .kernel import KernelUnderTest
 from .kernel_setup import KernelSetup, SetupError
 from .known_kernels import target_write_ups
@@ -40,7 +40,8 @@ REPORT_FORMATS = ("json", "junit", "markdown")
 class RunPlan:
     """A validated check: ``properties`` in the order they run; ``partial`` when
     ``--only``/``--skip`` chose them (the report then makes no conformance claim, CONF-6);
-    ``isolation`` None runs the kernel in this process, else in ``jobs`` workers;
+    ``isolation`` None runs the kernel in this process, else in ``jobs`` workers (only
+    the first, ``jobs_by_device``, when the kernel turns out to run on an accelerator);
     ``reports``: (format, path) of each report file, every path checked writable."""
 
     setup: KernelSetup
@@ -51,6 +52,7 @@ class RunPlan:
     limits: SizeLimits = field(default_factory=SizeLimits)
     isolation: IsolationOptions | None = None
     jobs: int = 1
+    jobs_by_device: bool = False
     partial: bool = False
     reports: tuple[tuple[str, Path], ...] = ()
 
@@ -58,7 +60,9 @@ class RunPlan:
         """Where the kernel runs (see :func:`.jobs.open_session`); ``kernel``: one already
         loaded in this process, for an in-process run."""
         try:
-            return open_session(self.setup, self.isolation, kernel, self.jobs)
+            return open_session(
+                self.setup, self.isolation, kernel, self.jobs, cpu_only=self.jobs_by_device
+            )
         except ValueError as exc:
             raise SetupError(str(exc)) from None
 
@@ -91,18 +95,20 @@ def plan_run(
     strict: bool = False,
     limits: SizeLimits | None = None,
     isolation: IsolationOptions | None = None,
-    jobs: int | str = 1,
+    jobs: int | str | None = 1,
     reports: Mapping[str, str | os.PathLike[str] | None] | None = None,
 ) -> RunPlan:
     """The plan of a check, every choice validated here; :class:`SetupError` on the first
     bad one (an unknown property id or profile, a bad number of jobs, more than one job
     without worker processes, a report format not in :data:`REPORT_FORMATS` or a report
-    path that cannot be written)."""
+    path that cannot be written).  ``jobs`` None: the default, one worker per CPU
+    (:func:`.jobs.default_jobs`) when the kernel runs isolated and on a CPU, else one."""
     only, skip = (None if ids is None else tuple(ids) for ids in (only, skip))
     try:
         properties = tuple(select(only, skip))
         hypothesis_settings(profile, seed)  # an unknown profile, before any work
-        workers = parse_jobs(jobs)
+        by_device = jobs is None and isolation is not None
+        workers = default_jobs() if by_device else parse_jobs(jobs)
     except ValueError as exc:
         raise SetupError(str(exc)) from None
     if workers > 1 and isolation is None:
@@ -119,6 +125,7 @@ def plan_run(
         limits or SizeLimits(),
         isolation,
         workers,
+        jobs_by_device=by_device,
         partial=bool(only or skip),
         reports=_report_paths(reports or {}),
     )

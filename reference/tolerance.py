@@ -289,6 +289,16 @@ def _rows(a: Any, start: int, stop: int) -> Any:
     return a if a is None or a.shape[-2] == 1 else a[..., start:stop, :]
 
 
+def _exp_without_overflow(xp: ModuleType, x: Array) -> Array:
+    """``exp(x)``, inf where it overflows, without the library's overflow warning: a row
+    whose largest score is +inf or NaN (SDPA-8) makes the shifted scores of its finite keys
+    huge, and ``exp`` of them is inf either way."""
+    overflows = x > math.log(xp.finfo(x.dtype).max)
+    return xp.where(
+        overflows, xp.full_like(x, xp.inf), xp.exp(xp.where(overflows, xp.zeros_like(x), x))
+    )
+
+
 def _chunk_bound(
     problem: GroupedInputs,
     values: ValueColumns,
@@ -323,7 +333,7 @@ def _chunk_bound(
     row_max = xp.max(scores, axis=-1, keepdims=True) if n_keys else scores[..., :1]
     row_max = xp.where(xp.isfinite(row_max), row_max, xp.zeros_like(row_max))
     gap = xp.where(allowed, row_max - scores, zero)  # >= 0: the shifted score's size
-    exps = xp.where(allowed, xp.exp(-gap), zero)
+    exps = xp.where(allowed, _exp_without_overflow(xp, -gap), zero)
     total = xp.sum(exps, axis=-1, keepdims=True)
     total = xp.where(total == 0, xp.ones_like(total), total)
     weights = exps / total

@@ -16,14 +16,25 @@ from pathlib import Path
 import pytest
 from support import kernel_file, processes_in, start_cli, wait_for
 
+from attnspec.backends import Backend
+from attnspec.backends._registry import ADAPTERS
 from attnspec.conformance import SetupError, check, cli
+from attnspec.conformance.api import KernelSetup
 from attnspec.conformance.isolation import (
     THREAD_VARIABLES,
     WORKER_THREADS,
+    BackendInfo,
     IsolationOptions,
     worker_threads,
 )
-from attnspec.conformance.jobs import available_cpus, parse_jobs
+from attnspec.conformance.jobs import (
+    MOST_DEFAULT_JOBS,
+    WorkerPool,
+    available_cpus,
+    default_jobs,
+    parse_jobs,
+)
+from attnspec.conformance.run_plan import plan_run
 from attnspec.conformance.runner import FAILED, PASSED
 from attnspec.conformance.worker import use_worker_threads
 
@@ -257,3 +268,76 @@ def test_the_users_thread_variables_stand() -> None:
     assert worker_threads(1, {})["OMP_NUM_THREADS"] == str(available_cpus())
     note = use_worker_threads({"OMP_NUM_THREADS": "3"})
     assert note.startswith("worker threads: as the environment sets them (OMP_NUM_THREADS=3"), note
+
+
+def test_the_default_is_one_worker_per_cpu_on_a_cpu() -> None:
+    """CONF-5: without jobs, an isolated run plans one worker per CPU, at most
+    MOST_DEFAULT_JOBS, to be cut to one on an accelerator; an in-process run plans one
+    (no error: the user did not ask for more); a number given is kept as given."""
+    setup = KernelSetup("attnspec.reference:scaled_dot_product_attention", "numpy")
+    assert default_jobs() == min(available_cpus(), MOST_DEFAULT_JOBS) >= 1
+    isolated = plan_run(setup, isolation=IsolationOptions(), jobs=None)
+    assert (isolated.jobs, isolated.jobs_by_device) == (default_jobs(), True)
+    in_process = plan_run(setup, isolation=None, jobs=None)
+    assert (in_process.jobs, in_process.jobs_by_device) == (1, False)
+    given = plan_run(setup, isolation=IsolationOptions(), jobs=3)
+    assert (given.jobs, given.jobs_by_device) == (3, False)
+
+
+@pytest.mark.parametrize("on_cpu", [True, False])
+@pytest.mark.parametrize("cpu_only", [True, False])
+def test_a_pool_sized_by_cpus_runs_one_worker_on_an_accelerator(
+    on_cpu: bool, cpu_only: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CONF-5: a pool sized by the CPUs (the default) runs every worker for a kernel on a
+    CPU and only the first for one on an accelerator (workers would share it); a pool of
+    --jobs N runs N either way.  (The first worker's report of its device is stood in for:
+    this machine has no GPU.)"""
+    setup = KernelSetup("attnspec.reference:scaled_dot_product_attention", "numpy")
+    pool = WorkerPool(setup, IsolationOptions(), 3, cpu_only=cpu_only)
+    info = type(
+        "Info", (), {"backend": BackendInfo("torch", "cuda:0" if not on_cpu else "cpu", on_cpu)}
+    )
+    monkeypatch.setattr(pool, "start", lambda: info)
+    running = pool.running()
+    assert running == (pool.sessions[:1] if cpu_only and not on_cpu else pool.sessions)
+
+
+def test_backends_say_whether_they_run_on_the_cpu() -> None:
+    """Backend.on_cpu: NumPy's device is the CPU, a CuPy device never is (checked on the
+    adapter: CuPy needs a CUDA GPU, which this test does not), torch's and JAX's follow
+    the device."""
+    assert Backend("numpy").on_cpu
+    assert ADAPTERS["cupy"].on_cpu(None) is False
+    torch = pytest.importorskip("torch", reason="torch devices are what is read")
+    assert Backend("torch", "cpu").on_cpu
+    assert ADAPTERS["torch"].on_cpu(torch.device("cuda:0")) is False
+    pytest.importorskip("jax", reason="jax devices are what is read")
+    assert Backend("jax", "cpu").on_cpu
+
+
+def test_the_cli_runs_the_default_workers(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CONF-5: ``attnspec check`` without --jobs runs default_jobs() workers on a CPU: each
+    worker's threads are the CPUs divided by that number (the report's notes say so)."""
+    for name in THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    report = tmp_path / "report.json"
+    status = cli.main(
+        [
+            "check",
+            "attnspec.reference:scaled_dot_product_attention",
+            "--backend",
+            "numpy",
+            "--only",
+            "default-scale,explicit-scale",
+            "--json",
+            str(report),
+        ]
+    )
+    capsys.readouterr()
+    notes = json.loads(report.read_text())["notes"]
+    threads = next(n for n in notes if n.startswith("worker threads"))
+    expected = max(1, available_cpus() // default_jobs())
+    assert status == 0 and threads.startswith(f"worker threads: {expected} per worker"), notes

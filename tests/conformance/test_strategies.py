@@ -678,7 +678,7 @@ def test_cli_caps_flow_into_the_run_and_the_report(
     capsys: pytest.CaptureFixture[str], tmp_path: Any
 ) -> None:
     """The CLI's --max-len/--max-head-dim/--max-batch-heads reach the draws and the JSON
-    report; a bad value exits 2 with one line."""
+    report; a bad value exits 2 with one line naming the flag."""
     report = tmp_path / "report.json"
     status = cli.main(
         [
@@ -706,7 +706,7 @@ def test_cli_caps_flow_into_the_run_and_the_report(
         ["check", "attnspec.reference:scaled_dot_product_attention", "--max-head-dim", "0"]
     )
     err = capsys.readouterr().err
-    assert status == 2 and "max_head_dim=0" in err and err.count("\n") == 1
+    assert status == 2 and "--max-head-dim 0, but" in err and err.count("\n") == 1
 
 
 def test_api_caps_bound_every_drawn_shape() -> None:
@@ -770,7 +770,7 @@ def test_isolated_and_in_process_runs_agree_with_caps(
 
 def test_pytest_plugin_takes_the_caps(pytester: pytest.Pytester) -> None:
     """The plugin's --attnspec-max-len/-max-head-dim/-max-batch-heads reach the run; a bad
-    one is a usage error naming it."""
+    one is a usage error naming the flag."""
     kernel = "attnspec.reference:scaled_dot_product_attention"
     result = pytester.runpytest(
         "--attnspec-kernel",
@@ -787,4 +787,4 @@ def test_pytest_plugin_takes_the_caps(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=1)
     result = pytester.runpytest("--attnspec-kernel", kernel, "--attnspec-max-len", "0")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert "max_len=0" in result.stderr.str()
+    assert "--attnspec-max-len 0, but" in result.stderr.str()

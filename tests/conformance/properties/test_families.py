@@ -159,7 +159,8 @@ def masked_softmax_kernel(
         masked = np.where(mask, s, -np.inf)
         peak = np.max(masked, axis=-1, keepdims=True, initial=-np.inf)
         peak = np.where(np.isfinite(peak), peak, 0.0)
-        e = np.where(mask, np.exp(np.where(mask, s, 0.0) - peak), 0.0)
+        with np.errstate(over="ignore"):  # a row whose peak is +inf: exp is inf either way
+            e = np.where(mask, np.exp(np.where(mask, s, 0.0) - peak), 0.0)
         total = e.sum(axis=-1, keepdims=True)
         p = e / np.where(total == 0, 1.0, total)
         if zero_after_softmax:
