@@ -117,8 +117,9 @@ RUN_FLAGS = (
     Flag(
         "--jobs",
         "run properties in N worker processes at once, or 'auto' for one per "
-        "available CPU; same verdicts, same order (default: one per CPU, at most "
-        f"{MOST_DEFAULT_JOBS}, on a CPU; 1 on an accelerator or with --no-isolate); "
+        "available CPU; same verdicts, same order (default: ATTNSPEC_JOBS if set, else one "
+        f"per CPU, at most {MOST_DEFAULT_JOBS}, on a CPU, 1 on an accelerator; 1 with "
+        "--no-isolate); "
         "each worker's BLAS, OpenMP and PyTorch threads: CPUs // N, unless OMP_NUM_THREADS "
         "or another thread variable is set (the report's notes say which)",
         metavar="N",

@@ -25,9 +25,10 @@ each.  Parallel runs need worker processes: ``--no-isolate`` runs one property a
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .isolation import InProcessKernel, IsolatedKernel, available_cpus
@@ -42,7 +43,10 @@ if TYPE_CHECKING:
 
 Progress = Callable[["Property", "Verdict | None"], None]
 AUTO = "auto"
-# Workers of a run that does not say (--jobs not given): one per CPU, at most this many.
+# The environment variable that sets the number of workers of a run that does not say
+# (--jobs not given), as --jobs does: a shared CI machine sets ATTNSPEC_JOBS=1.
+JOBS_VARIABLE = "ATTNSPEC_JOBS"
+# Workers of a run that says nothing (no --jobs, no ATTNSPEC_JOBS): one per CPU, at most this many.
 # A quick profile is ~60 properties, the longest a few percent of the whole, so more
 # workers gain little and each holds its own copy of the kernel's library in memory.
 MOST_DEFAULT_JOBS = 4
@@ -50,10 +54,17 @@ _JOIN_GRACE = 5.0  # s an aborted worker's thread gets to notice that its worker
 
 
 def default_jobs() -> int:
-    """Workers when the run does not say: one per available CPU, at most MOST_DEFAULT_JOBS
-    (one, the first, when the kernel turns out to run on an accelerator:
+    """Workers when neither the run nor ATTNSPEC_JOBS says: one per available CPU, at most
+    MOST_DEFAULT_JOBS (one, the first, when the kernel turns out to run on an accelerator:
     :meth:`WorkerPool.running`)."""
     return min(available_cpus(), MOST_DEFAULT_JOBS)
+
+
+def jobs_from_environment(environ: Mapping[str, str] | None = None) -> int | str | None:
+    """ATTNSPEC_JOBS as --jobs takes it (checked by :func:`parse_jobs`), None when unset
+    or empty."""
+    value = (os.environ if environ is None else environ).get(JOBS_VARIABLE, "").strip()
+    return value or None
 
 
 def parse_jobs(value: int | str | None, name: str = "jobs") -> int:

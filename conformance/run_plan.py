@@ -20,7 +20,15 @@ from pathlib import Path
 
 from . import report as render
 from .isolation import InProcessKernel, IsolatedKernel, IsolationOptions
-from .jobs import WorkerPool, default_jobs, open_session, parse_jobs, run_properties
+from .jobs import (
+    JOBS_VARIABLE,
+    WorkerPool,
+    default_jobs,
+    jobs_from_environment,
+    open_session,
+    parse_jobs,
+    run_properties,
+)
 from .kernel import KernelUnderTest
 from .kernel_setup import KernelSetup, SetupError
 from .known_kernels import target_write_ups
@@ -101,14 +109,20 @@ def plan_run(
     """The plan of a check, every choice validated here; :class:`SetupError` on the first
     bad one (an unknown property id or profile, a bad number of jobs, more than one job
     without worker processes, a report format not in :data:`REPORT_FORMATS` or a report
-    path that cannot be written).  ``jobs`` None: the default, one worker per CPU
-    (:func:`.jobs.default_jobs`) when the kernel runs isolated and on a CPU, else one."""
+    path that cannot be written).  ``jobs`` None: the default, ATTNSPEC_JOBS where set,
+    else one worker per CPU (:func:`.jobs.default_jobs`) when the kernel runs isolated and
+    on a CPU; one in-process either way."""
     only, skip = (None if ids is None else tuple(ids) for ids in (only, skip))
     try:
         properties = tuple(select(only, skip))
         hypothesis_settings(profile, seed)  # an unknown profile, before any work
-        by_device = jobs is None and isolation is not None
-        workers = default_jobs() if by_device else parse_jobs(jobs)
+        if jobs is None and isolation is None:
+            workers, by_device = 1, False  # a default: in-process runs one at a time
+        elif jobs is None and jobs_from_environment() is not None:
+            workers, by_device = parse_jobs(jobs_from_environment(), JOBS_VARIABLE), False
+        else:
+            by_device = jobs is None
+            workers = default_jobs() if by_device else parse_jobs(jobs)
     except ValueError as exc:
         raise SetupError(str(exc)) from None
     if workers > 1 and isolation is None:

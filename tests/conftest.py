@@ -9,6 +9,7 @@ from support import backend_or_skip
 
 from attnspec.backends import BACKEND_NAMES, REFERENCE_CONFIG, Backend
 from attnspec.conformance.isolation import THREAD_VARIABLES, worker_threads
+from attnspec.conformance.jobs import JOBS_VARIABLE
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -20,6 +21,10 @@ def pytest_configure(config: pytest.Config) -> None:
     spinning threads 2x oversubscribed, a small matmul 20x slower (39 ms, not 2 ms, for
     (1, 4, 128, 64) @ its transpose on the shared machine); the same tests, no check weaker.
     """
+    # One worker per check unless a test asks for more: the default (one per CPU) starts a
+    # second worker process for every small check of the suite's own tests, which made
+    # them ~1.8x slower on 2 cores; tests/conformance/test_jobs.py checks the default.
+    os.environ.setdefault(JOBS_VARIABLE, "1")
     workers = len(getattr(config.option, "tx", None) or ())
     if workers > 1 and "PYTEST_XDIST_WORKER" not in os.environ:
         chosen = worker_threads(workers)

@@ -28,6 +28,7 @@ from attnspec.conformance.isolation import (
     worker_threads,
 )
 from attnspec.conformance.jobs import (
+    JOBS_VARIABLE,
     MOST_DEFAULT_JOBS,
     WorkerPool,
     available_cpus,
@@ -270,10 +271,11 @@ def test_the_users_thread_variables_stand() -> None:
     assert note.startswith("worker threads: as the environment sets them (OMP_NUM_THREADS=3"), note
 
 
-def test_the_default_is_one_worker_per_cpu_on_a_cpu() -> None:
+def test_the_default_is_one_worker_per_cpu_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """CONF-5: without jobs, an isolated run plans one worker per CPU, at most
     MOST_DEFAULT_JOBS, to be cut to one on an accelerator; an in-process run plans one
     (no error: the user did not ask for more); a number given is kept as given."""
+    monkeypatch.delenv(JOBS_VARIABLE, raising=False)
     setup = KernelSetup("attnspec.reference:scaled_dot_product_attention", "numpy")
     assert default_jobs() == min(available_cpus(), MOST_DEFAULT_JOBS) >= 1
     isolated = plan_run(setup, isolation=IsolationOptions(), jobs=None)
@@ -321,7 +323,7 @@ def test_the_cli_runs_the_default_workers(
 ) -> None:
     """CONF-5: ``attnspec check`` without --jobs runs default_jobs() workers on a CPU: each
     worker's threads are the CPUs divided by that number (the report's notes say so)."""
-    for name in THREAD_VARIABLES:
+    for name in (*THREAD_VARIABLES, JOBS_VARIABLE):
         monkeypatch.delenv(name, raising=False)
     report = tmp_path / "report.json"
     status = cli.main(
@@ -341,3 +343,20 @@ def test_the_cli_runs_the_default_workers(
     threads = next(n for n in notes if n.startswith("worker threads"))
     expected = max(1, available_cpus() // default_jobs())
     assert status == 0 and threads.startswith(f"worker threads: {expected} per worker"), notes
+
+
+def test_attnspec_jobs_sets_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CONF-5: ATTNSPEC_JOBS gives the number of workers of a run that does not say, as
+    --jobs does (a number, 'auto'); a bad value is a SetupError naming the variable; a
+    number given to the run wins; an in-process run stays one."""
+    setup = KernelSetup("attnspec.reference:scaled_dot_product_attention", "numpy")
+    isolation = IsolationOptions()
+    monkeypatch.setenv(JOBS_VARIABLE, "3")
+    assert plan_run(setup, isolation=isolation, jobs=None).jobs == 3
+    assert plan_run(setup, isolation=isolation, jobs=2).jobs == 2
+    assert plan_run(setup, isolation=None, jobs=None).jobs == 1
+    monkeypatch.setenv(JOBS_VARIABLE, "auto")
+    assert plan_run(setup, isolation=isolation, jobs=None).jobs == available_cpus()
+    monkeypatch.setenv(JOBS_VARIABLE, "two")
+    with pytest.raises(SetupError, match="ATTNSPEC_JOBS='two', but should be a positive"):
+        plan_run(setup, isolation=isolation, jobs=None)
