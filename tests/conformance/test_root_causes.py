@@ -24,7 +24,7 @@ from attnspec.conformance import report as render
 from attnspec.conformance.api import check
 from attnspec.conformance.kernel import KernelUnderTest, Problem
 from attnspec.conformance.registry import all_properties
-from attnspec.conformance.root_causes import divergences, draw_around
+from attnspec.conformance.root_causes import Rerun, divergences, draw_around, one_at_a_time
 from attnspec.conformance.runner import (
     FAILED,
     NOT_APPLICABLE,
@@ -242,12 +242,22 @@ def test_a_kernel_declaring_equal_head_dims_never_meets_unequal_ones() -> None:
 # --- the rules, on hand-built reports -------------------------------------------------------
 
 
-def _rerun(results: dict[str, list[Verdict]], calls: list[tuple[str, tuple[str, ...]]]) -> Any:
+def _stub_rerun(
+    results: dict[str, list[Verdict]], calls: list[tuple[str, tuple[str, ...]]]
+) -> Rerun:
+    """A re-run that answers each property with its next verdict in ``results`` and logs
+    the call (property, features avoided) in ``calls``."""
+
     def rerun(prop: Any, limits: SizeLimits) -> Verdict:
         calls.append((prop.id, limits.avoid))
         return results[prop.id].pop(0)
 
     return rerun
+
+
+def _rerun(results: dict[str, list[Verdict]], calls: list[tuple[str, tuple[str, ...]]]) -> Any:
+    """The stub re-run, the verdicts settled one at a time, as with one session."""
+    return one_at_a_time(_stub_rerun(results, calls))
 
 
 def test_a_failure_that_still_fails_drawn_around_stays_distinct_with_its_new_case() -> None:
@@ -324,8 +334,8 @@ def test_a_re_run_that_cannot_draw_falls_back_to_a_smaller_avoid_set() -> None:
     for results, settled in (([nothing, fails, ok], True), ([nothing, fails, nothing], False)):
         report = _three_failures()
         calls: list[tuple[str, tuple[str, ...]]] = []
-        rerun = _rerun({"rows-sum-to-one": list(results)}, calls)
-        draw_around(report, all_properties().values(), rerun, SizeLimits())
+        settle_all = _rerun({"rows-sum-to-one": list(results)}, calls)
+        draw_around(report, all_properties().values(), settle_all, SizeLimits())
         assert calls == [
             ("rows-sum-to-one", ("fully-masked-row", "gqa")),
             ("rows-sum-to-one", ("fully-masked-row",)),
