@@ -17,6 +17,17 @@ display and the report files see one event at a time:
   verdicts of properties that were still running, and re-raises: the caller keeps every
   finished verdict and marks the report incomplete, as with one worker.
 
+The failures then re-run around the other clauses the kernel failed
+(:func:`.root_causes.draw_around`) over the same workers, in the same way
+(:func:`each_in_parallel`): draw_around hands over the verdicts it can settle at once
+(those of the clauses that govern no input feature, after those that do, settled clause
+by clause; the module doc of :mod:`.root_causes` says why the outcome is that of settling
+them one by one); each verdict's re-runs run one after the other in one worker, and the
+settled verdict replaces the found one in the report on the calling thread.  A crash or
+hang in a re-run is attributed by the worker's session as in any run; an interrupt leaves
+the verdicts not yet settled as they were found, and an aborted session refuses the next
+re-run (:class:`.isolation.Aborted`) rather than start a worker again.
+
 Each worker's thread pools (BLAS, OpenMP, PyTorch's intra-op pool) get the available
 CPUs divided by ``N`` (:func:`.isolation.worker_threads`, unless the user set
 OMP_NUM_THREADS or another of its variables): N workers do not start a thread per core
