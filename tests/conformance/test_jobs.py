@@ -243,6 +243,33 @@ def test_a_crash_or_hang_in_one_job_fails_only_its_property(hostile: str) -> Non
     assert "is_causal=True" in hung.counterexample
 
 
+def _check_in_two_jobs(
+    target: str, only: list[str], cwd: Path, *flags: str
+) -> subprocess.Popen[str]:
+    """``attnspec check TARGET`` of ``only`` on NumPy in two workers, started in ``cwd``
+    (writing r.json there), with a timeout no test waits for."""
+    return start_cli(
+        [
+            "check",
+            target,
+            "--backend",
+            "numpy",
+            "--only",
+            ",".join(only),
+            "--jobs",
+            "2",
+            "--timeout",
+            "300",
+            "--json",
+            "r.json",
+            *flags,
+        ],
+        cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
 @pytest.mark.parametrize(
     "signum, name", [(signal.SIGINT, "SIGINT (Ctrl-C)"), (signal.SIGTERM, "SIGTERM")]
 )
@@ -257,26 +284,12 @@ def test_interrupt_with_jobs_keeps_finished_verdicts_in_order(
     two, in their order, marked still running; SIGINT or SIGTERM then ends the check with
     exit 2,
     the hung property left out, the report marked incomplete, no worker left behind."""
-    process = start_cli(
-        [
-            "check",
-            f"{hostile}:hangs_on_causal",
-            "--backend",
-            "numpy",
-            "--only",
-            "causal-zeros,default-scale,explicit-scale",
-            "--jobs",
-            "2",
-            "--timeout",
-            "300",
-            "--json",
-            "r.json",
-            "--markdown",
-            "r.md",
-        ],
+    process = _check_in_two_jobs(
+        f"{hostile}:hangs_on_causal",
+        ["causal-zeros", "default-scale", "explicit-scale"],
         tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        "--markdown",
+        "r.md",
     )
     try:
         wait_for(tmp_path / "r.md", "2 of 3")
@@ -305,25 +318,7 @@ def test_re_runs_run_at_once_and_an_interrupt_keeps_every_verdict(tmp_path: Path
     with exit 2, the report marked incomplete with all three verdicts as found (nothing
     settled), no worker left behind and none started again."""
     kernel = kernel_file(tmp_path, "re_runs.py", RE_RUNS)
-    process = start_cli(
-        [
-            "check",
-            f"{kernel}:hangs_when_drawn_around",
-            "--backend",
-            "numpy",
-            "--only",
-            ",".join(DRAWN_AROUND),
-            "--jobs",
-            "2",
-            "--timeout",
-            "300",
-            "--json",
-            "r.json",
-        ],
-        tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    process = _check_in_two_jobs(f"{kernel}:hangs_when_drawn_around", DRAWN_AROUND, tmp_path)
     try:
         deadline = time.monotonic() + 120
         while len(list(tmp_path.glob("drawing-around-in-*"))) < 2:
