@@ -365,6 +365,10 @@ class _Lost(Exception):
         self.finding, self.call = finding, call
 
 
+class Aborted(Exception):
+    """The session was aborted (an interrupted ``--jobs`` run): it runs nothing more."""
+
+
 class IsolatedKernel:
     """A kernel run property by property in a supervised worker (see the module doc)."""
 
@@ -380,6 +384,7 @@ class IsolatedKernel:
         self._worker: _Worker | None = None
         self._starting: _Worker | None = None  # a worker loading the kernel (see abort)
         self.lost = 0  # verdicts lost with their worker (a crash, an exit or a hang)
+        self._aborted = False  # abort() was called: no worker is started any more
 
     def __enter__(self) -> IsolatedKernel:
         return self
@@ -400,7 +405,10 @@ class IsolatedKernel:
 
     def abort(self) -> None:
         """Kill the worker now, from any thread (an interrupted ``--jobs`` run): the request
-        it was answering ends as lost, and its thread reads that as the end."""
+        it was answering ends as lost, and its thread reads that as the end; a request
+        after it (the next re-run of a verdict being settled) raises :class:`Aborted`
+        instead of starting a worker again."""
+        self._aborted = True  # before reading _starting: _spawn sets that, then reads this
         for worker in (self._worker, self._starting):
             if worker is not None and worker.process.poll() is None:
                 with contextlib.suppress(OSError):
@@ -423,6 +431,8 @@ class IsolatedKernel:
         worker = self._starting = _Worker(kernel_output_fd(), self.jobs)
         limit = max(self.options.timeout, self.options.load_timeout)
         try:
+            if self._aborted:  # abort() ran before it could see this worker
+                raise Aborted(f"loading kernel {self.setup.kernel!r}: the run was aborted")
             worker.connection.send_bytes(payload)
             message = worker.receive(limit)
         except (WorkerDied, BrokenPipeError) as died:
@@ -451,6 +461,8 @@ class IsolatedKernel:
         """Send ``request`` to a live worker and return its answer; the kernel calls it
         makes on the way are watched.  :class:`_Lost` when the worker dies or a call (or
         the work between calls) outlasts the timeout: the worker is then gone."""
+        if self._aborted:
+            raise Aborted(f"{request[0]} request to an aborted worker: the run was aborted")
         self.start()
         if self._worker is None:  # the last one died: a fresh worker for this request
             self._worker, _ = self._spawn()

@@ -17,6 +17,17 @@ display and the report files see one event at a time:
   verdicts of properties that were still running, and re-raises: the caller keeps every
   finished verdict and marks the report incomplete, as with one worker.
 
+The failures then re-run around the other clauses the kernel failed
+(:func:`.root_causes.draw_around`) over the same workers, in the same way
+(:func:`each_in_parallel`): draw_around hands over the verdicts it can settle at once
+(those of the clauses that govern no input feature, after those that do, settled clause
+by clause; the module doc of :mod:`.root_causes` says why the outcome is that of settling
+them one by one); each verdict's re-runs run one after the other in one worker, and the
+settled verdict replaces the found one in the report on the calling thread.  A crash or
+hang in a re-run is attributed by the worker's session as in any run; an interrupt leaves
+the verdicts not yet settled as they were found, and an aborted session refuses the next
+re-run (:class:`.isolation.Aborted`) rather than start a worker again.
+
 Each worker's thread pools (BLAS, OpenMP, PyTorch's intra-op pool) get the available
 CPUs divided by ``N`` (:func:`.isolation.worker_threads`, unless the user set
 OMP_NUM_THREADS or another of its variables): N workers do not start a thread per core
@@ -28,8 +39,8 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .isolation import InProcessKernel, IsolatedKernel, available_cpus
 from .kernel import KernelUnderTest
@@ -42,6 +53,8 @@ if TYPE_CHECKING:
     from .sizes import SizeLimits
 
 Progress = Callable[["Property", "Verdict | None"], None]
+T = TypeVar("T")
+R = TypeVar("R")
 AUTO = "auto"
 # The environment variable that sets the number of workers of a run that does not say
 # (--jobs not given), as --jobs does: a shared CI machine sets ATTNSPEC_JOBS=1.
@@ -153,14 +166,41 @@ def run_in_parallel(
     report: Report,
     progress: Progress | None = None,
 ) -> Report:
-    """``run_one(session, prop)`` for every property, one thread per session; see the
-    module doc for the order of ``report.verdicts`` and for interrupts.  An exception
-    from ``run_one`` (a worker that cannot be restarted: SetupError) stops the run and is
-    raised here."""
+    """``run_one(session, prop)`` for every property, one thread per session, into
+    ``report``; see the module doc for the order of ``report.verdicts`` and for
+    interrupts, and :func:`each_in_parallel` for errors."""
     chosen = list(properties)
-    sessions = sessions[: max(1, len(chosen))]  # a worker starts only to run a property
+    finished: dict[int, Verdict] = {}
+
+    def started(index: int) -> None:
+        if progress:
+            progress(chosen[index], None)
+
+    def done(index: int, verdict: Verdict) -> None:
+        finished[index] = verdict
+        report.verdicts[:] = [finished[i] for i in sorted(finished)]
+        if progress:
+            progress(chosen[index], verdict)
+
+    each_in_parallel(chosen, sessions, run_one, done, started)
+    return report
+
+
+def each_in_parallel(
+    items: Sequence[T],
+    sessions: list[Any],
+    run_one: Callable[[Any, T], R],
+    done: Callable[[int, R], None],
+    started: Callable[[int], None] | None = None,
+) -> None:
+    """``run_one(session, item)`` for every item, one thread per session (no more threads
+    than items), each taking the next item in order when free; ``started(index)`` and
+    ``done(index, result)`` are called on the calling thread, one at a time.  An exception
+    from ``run_one`` (a worker that cannot be restarted: SetupError) stops the run and is
+    raised here; so is an interrupt, after every session is aborted (see the module doc)."""
+    sessions = sessions[: max(1, len(items))]  # a worker starts only to run something
     todo: queue.SimpleQueue[int] = queue.SimpleQueue()
-    for index in range(len(chosen)):
+    for index in range(len(items)):
         todo.put(index)
     events: queue.SimpleQueue[tuple[str, int, Any]] = queue.SimpleQueue()
     stop = threading.Event()
@@ -173,32 +213,30 @@ def run_in_parallel(
                 return
             events.put(("start", index, None))
             try:
-                verdict = run_one(session, chosen[index])
+                result = run_one(session, items[index])
             except BaseException as exc:  # handed to the calling thread, which raises it
                 events.put(("error", index, exc))
                 return
-            events.put(("done", index, verdict))
+            events.put(("done", index, result))
 
     threads = [
         threading.Thread(target=work, args=(session,), name=f"attnspec-job-{i}", daemon=True)
         for i, session in enumerate(sessions)
     ]
-    finished: dict[int, Verdict] = {}
+    finished = 0
     try:
         for thread in threads:
             thread.start()
-        while len(finished) < len(chosen):
+        while finished < len(items):
             kind, index, payload = events.get()
             if kind == "error":
                 raise payload
             if kind == "start":
-                if progress:
-                    progress(chosen[index], None)
+                if started:
+                    started(index)
                 continue
-            finished[index] = payload
-            report.verdicts[:] = [finished[i] for i in sorted(finished)]
-            if progress:
-                progress(chosen[index], payload)
+            finished += 1
+            done(index, payload)
     except BaseException:
         stop.set()
         for session in sessions:
@@ -208,7 +246,6 @@ def run_in_parallel(
         raise
     for thread in threads:
         thread.join()
-    return report
 
 
 def run_properties(
@@ -223,26 +260,32 @@ def run_properties(
 ) -> Report:
     """Every property on ``session`` into ``report``: in parallel on a :class:`WorkerPool`,
     else one after the other (:func:`.runner.run_each`); then the failures re-run around
-    the other clauses the kernel failed (:func:`.root_causes.draw_around`)."""
-    from .root_causes import draw_around
+    the other clauses the kernel failed (:func:`.root_causes.draw_around`), those it can
+    settle at once over the pool's workers, else one after the other."""
+    from .root_causes import Keep, Rerun, Settle, SettleAll, draw_around, one_at_a_time
     from .sizes import SizeLimits
 
     chosen = list(properties)
 
-    def run_one(on: Any, prop: Property) -> Verdict:
-        verdict: Verdict = on.run_property(prop, profile=profile, seed=seed, limits=limits)
+    def run_on(on: Any, prop: Property, within: SizeLimits | None = limits) -> Verdict:
+        verdict: Verdict = on.run_property(prop, profile=profile, seed=seed, limits=within)
         return verdict
 
+    def rerun_on(on: Any) -> Rerun:
+        return lambda prop, around: run_on(on, prop, around)
+
+    settle_all: SettleAll
     if isinstance(session, WorkerPool):
-        run_in_parallel(chosen, session.running(), run_one, report, progress)
+        running = session.running()
+        run_in_parallel(chosen, running, run_on, report, progress)
+
+        def settle_all(settles: Sequence[Settle], keep: Keep) -> None:
+            each_in_parallel(settles, running, lambda on, settle: settle(rerun_on(on)), keep)
+
     else:
-        run_each(chosen, lambda prop: run_one(session, prop), report, progress)
-    return draw_around(
-        report,
-        chosen,
-        lambda prop, around: session.run_property(prop, profile=profile, seed=seed, limits=around),
-        limits or SizeLimits(),
-    )
+        run_each(chosen, lambda prop: run_on(session, prop), report, progress)
+        settle_all = one_at_a_time(rerun_on(session))
+    return draw_around(report, chosen, settle_all, limits or SizeLimits())
 
 
 def open_session(

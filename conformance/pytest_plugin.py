@@ -270,14 +270,17 @@ class AttnspecSession:
         """The failures re-run around the other clauses the kernel failed, as the CLI does
         (root_causes.draw_around), then one line per distinct divergence with the failures
         that follow from it: the items above keep their own verdicts."""
-        from .root_causes import divergences, draw_around
+        from .root_causes import divergences, draw_around, one_at_a_time
 
         plan = self.plan
+        # one at a time, as pytest ran the items: on the session's first worker only
         draw_around(
             report,
             self.properties,
-            lambda prop, around: self.session.run_property(
-                prop, profile=plan.profile, seed=plan.seed, limits=around
+            one_at_a_time(
+                lambda prop, around: self.session.run_property(
+                    prop, profile=plan.profile, seed=plan.seed, limits=around
+                )
             ),
             plan.limits,
         )

@@ -13,6 +13,28 @@ waives, with that feature left out of the draws:
   first is kept in ``drawn_around``); features of the new case governed by failed clauses
   are drawn around in turn.
 
+Which re-runs are independent (what lets ``--jobs N`` run them at once,
+:func:`.jobs.run_properties`): settling one verdict (its re-runs, one after the other, each
+with an avoid set grown from the last) writes that verdict only, and reads, besides its own
+case, the verdicts of the clauses governing the features of its case (``_implicated``:
+their ``cause``, and their ``features`` for a dtype; ``root_clause`` follows ``cause`` from
+one governing clause to another, every ``cause`` being a governing clause) and nothing
+else: the set of failed clauses and the waived ones are fixed before the first re-run, and
+no status changes.  So
+
+* the verdicts of non-governing clauses read only governing verdicts, which no longer
+  change once those are settled, and never each other: they are settled at once, after;
+* a verdict never reads the verdicts of its own clause (``_implicated`` skips features its
+  own clause governs, and ``root_clause`` stops on entering it), so consecutive verdicts of
+  one governing clause are settled at once too;
+* a verdict of one governing clause may read those of another, settled before it or not
+  depending on the order: those are settled in the report's order, one clause after the
+  other.
+
+Each verdict is settled on a copy, with every re-run of its own in the serial order, and
+the copy replaces it in the report on the calling thread once done: the outcome is the
+same whatever settles first, and an interrupted verdict stays as it was found.
+
 :func:`divergences` then lists the distinct divergences (failures with one cause, the same
 exception or wrong return type, or one confirmed write-up, merged), each with the
 consequences folded under it; the CLI, the JSON report and the matrix show that list.
@@ -21,8 +43,10 @@ consequences folded under it; the CLI, the JSON report and the matrix show that 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from copy import copy
 from dataclasses import dataclass, field, replace
+from itertools import groupby
 from typing import TYPE_CHECKING
 
 from .input_features import BY_NAME, describe
@@ -39,7 +63,14 @@ from .sizes import SizeLimits
 if TYPE_CHECKING:
     from .registry import Property
 
+# runs one property within the limits given (their ``avoid`` set), on one session
 Rerun = Callable[["Property", "SizeLimits"], Verdict]
+# settles one failed verdict with the re-runs it makes through the Rerun given: a copy
+Settle = Callable[[Rerun], Verdict]
+# takes a settled verdict by the index of its Settle
+Keep = Callable[[int, Verdict], None]
+# runs independent Settles (serially or over workers), each result to Keep on this thread
+SettleAll = Callable[[Sequence[Settle], Keep], None]
 FINDING = (FAILED, WARNING)
 # a supervised re-run stopped while no kernel call was running (isolation._hang_finding):
 # the time went on discarded draws, not on the kernel; or the property itself broke on a
@@ -67,25 +98,65 @@ def root_clause(report: Report, clause: str, seen: frozenset[str] = frozenset())
     return root_clause(report, failed[0].cause, seen | {clause})
 
 
+def one_at_a_time(rerun: Rerun) -> SettleAll:
+    """Settle verdicts one after the other in this thread, each re-run through ``rerun``
+    (one session: a single worker, or the kernel in this process)."""
+
+    def settle_all(settles: Sequence[Settle], keep: Keep) -> None:
+        for index, settle in enumerate(settles):
+            keep(index, settle(rerun))
+
+    return settle_all
+
+
 def draw_around(
-    report: Report, properties: Iterable[Property], rerun: Rerun, limits: SizeLimits
+    report: Report, properties: Iterable[Property], settle_all: SettleAll, limits: SizeLimits
 ) -> Report:
     """Re-run each failed property of ``report`` around the inputs of the other clauses the
-    kernel failed or waives (see the module doc), updating its verdict in place.
-    ``rerun(prop, limits)`` runs one property within ``limits`` (with ``avoid`` set).
+    kernel failed or waives (see the module doc), replacing its verdict with the settled
+    one.  ``settle_all(settles, keep)`` runs independent settles, each given a ``rerun(prop,
+    limits)`` that runs one property within ``limits`` (with ``avoid`` set), and calls
+    ``keep(index, verdict)`` on this thread for each: :func:`one_at_a_time`, or over
+    workers (:func:`.jobs.run_properties`).
 
-    Failures of the clauses that govern input features are settled first, so a clause
-    whose own failures all follow from another (SDPA-1.3 failing only on GQA) is known as
-    such before other properties would draw around its inputs."""
+    Failures of the clauses that govern input features are settled first, clause by
+    clause in the report's order, so a clause whose own failures all follow from another
+    (SDPA-1.3 failing only on GQA) is known as such before other properties would draw
+    around its inputs; the others then all at once (the module doc says why that gives
+    the outcome of settling them one by one)."""
     by_id = {prop.id: prop for prop in properties}
     failed = _failed_clauses(report)
     governing = {row.clause for row in BY_NAME.values()}
-    order = sorted(report.verdicts, key=lambda v: v.clause not in governing)
-    for verdict in order:
-        prop = by_id.get(verdict.property)
-        if verdict.status not in FINDING or prop is None or prop.kind == "fixed":
-            continue
-        _draw_around_one(report, verdict, prop, rerun, limits, failed)
+    positions = [
+        index
+        for index, verdict in enumerate(report.verdicts)
+        if verdict.status in FINDING
+        and verdict.property in by_id
+        and by_id[verdict.property].kind != "fixed"
+    ]
+    batches = [
+        list(batch)
+        for _, batch in groupby(
+            (i for i in positions if report.verdicts[i].clause in governing),
+            key=lambda i: report.verdicts[i].clause,
+        )
+    ]
+    batches.append([i for i in positions if report.verdicts[i].clause not in governing])
+
+    def settle(index: int) -> Settle:
+        verdict = report.verdicts[index]
+        prop = by_id[verdict.property]
+        return lambda rerun: _settled(report, verdict, prop, rerun, limits, failed)
+
+    def keep_in(batch: list[int]) -> Keep:
+        def keep(position: int, settled: Verdict) -> None:
+            report.verdicts[batch[position]] = settled
+
+        return keep
+
+    for batch in batches:
+        if batch:
+            settle_all([settle(index) for index in batch], keep_in(batch))
     return report
 
 
@@ -119,14 +190,16 @@ def _unsettled(again: Verdict) -> bool:
     return again.status not in FINDING or again.detail.startswith(_SUITE_STALLED)
 
 
-def _draw_around_one(
+def _settled(
     report: Report,
-    verdict: Verdict,
+    found: Verdict,
     prop: Property,
     rerun: Rerun,
     limits: SizeLimits,
     failed: set[str],
-) -> None:
+) -> Verdict:
+    """``found`` settled by its re-runs: a copy; ``report`` is only read."""
+    verdict = copy(found)
     avoid: list[str] = []
     latest = verdict
     while True:
@@ -157,7 +230,7 @@ def _draw_around_one(
                 f"passes drawn around {describe(trial)}: {again.examples} examples without "
                 f"{'those inputs' if len(trial) > 1 else 'such inputs'}; it failed only on them"
             )
-            return
+            return verdict
         if _unsettled(again):
             verdict.drawn_around = (
                 f"could not be drawn around {describe(trial)}: "
@@ -169,7 +242,7 @@ def _draw_around_one(
                 + (", nor around any one of them fewer" if len(trial) > 1 else "")
                 + "; reported as found"
             )
-            return
+            return verdict
         avoid = trial
         first = f"{verdict.counterexample}: {verdict.detail}"
         for name in ("detail", "counterexample", "reproduction", "hint", "features"):
@@ -179,6 +252,7 @@ def _draw_around_one(
             f"first minimal case: {first}"
         )
         latest = again
+    return verdict
 
 
 @dataclass

@@ -11,6 +11,7 @@ import json
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,9 @@ from attnspec.conformance.api import KernelSetup
 from attnspec.conformance.isolation import (
     THREAD_VARIABLES,
     WORKER_THREADS,
+    Aborted,
     BackendInfo,
+    IsolatedKernel,
     IsolationOptions,
     worker_threads,
 )
@@ -35,8 +38,9 @@ from attnspec.conformance.jobs import (
     default_jobs,
     parse_jobs,
 )
+from attnspec.conformance.registry import all_properties
 from attnspec.conformance.run_plan import plan_run
-from attnspec.conformance.runner import FAILED, PASSED
+from attnspec.conformance.runner import FAILED, PASSED, PROFILES, Profile, Report
 from attnspec.conformance.worker import use_worker_threads
 
 # Properties the buggy kernel (scores scaled by 1/E) fails and passes, on NumPy: the
@@ -58,9 +62,20 @@ KERNELS = {
 
 
 def outcome(report):  # type: ignore[no-untyped-def]
-    """What a run decided, without its timings."""
+    """What a run decided, without its timings: each verdict, and what drawing around the
+    other failed clauses made of it (root_causes.draw_around)."""
     return [
-        (v.property, v.status, v.detail, v.counterexample, v.reproduction, v.examples)
+        (
+            v.property,
+            v.status,
+            v.detail,
+            v.counterexample,
+            v.reproduction,
+            v.examples,
+            v.features,
+            v.cause,
+            v.drawn_around,
+        )
         for v in report.verdicts
     ]
 
@@ -93,6 +108,95 @@ def test_the_comparison_has_failures_and_passes(runs) -> None:  # type: ignore[n
     assert buggy["default-scale"] == FAILED and buggy["matches-reference"] == FAILED
     assert PASSED in buggy.values()
     assert {v.status for v in runs[("correct", 2)].verdicts} == {PASSED}
+
+
+# mean(V) for fully masked rows (SDPA-5.1): empty-rows-zero fails, and the two others fail
+# on such rows only, each re-run drawing around them after the properties
+DRAWN_AROUND = ["empty-rows-zero", "rows-sum-to-one", "masked-values-ignored"]
+FEW = "jobs-draw-around"  # 10 small draws a stratum: these meet a fully masked row
+RE_RUNS = """
+import os, signal, time
+from pathlib import Path
+
+import numpy as np
+
+from attnspec.conformance import sizes
+from attnspec.reference import scaled_dot_product_attention
+
+
+def _mean_v_on_empty_rows(q, k, v, mask, is_causal, scale):
+    # the bug (SDPA-5.1): mean(V) for a query row with no allowed key
+    out = scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+    if mask is None or k.shape[-2] == 0:
+        return out
+    empty = ~np.broadcast_to(mask, (*out.shape[:-1], k.shape[-2])).any(axis=-1)
+    return np.where(empty[..., None], v.mean(axis=-2, keepdims=True), out).astype(out.dtype)
+
+
+def _drawing_around():
+    # a re-run drawing around a failed clause's inputs is under way (SizeLimits.avoid)
+    return bool(sizes.current().limits.avoid)
+
+
+def crashes_when_drawn_around(q, k, v, *, mask=None, is_causal=False, scale=None):
+    if _drawing_around():
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return _mean_v_on_empty_rows(q, k, v, mask, is_causal, scale)
+
+
+def hangs_when_drawn_around(q, k, v, *, mask=None, is_causal=False, scale=None):
+    if _drawing_around():
+        Path(f"drawing-around-in-{os.getpid()}").touch()
+        while True:
+            time.sleep(1)
+    return _mean_v_on_empty_rows(q, k, v, mask, is_causal, scale)
+"""
+
+
+@pytest.fixture(scope="module")
+def re_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, int], Report]]:
+    """A catalogue kernel with mean(V) for fully masked rows, and one with that bug that
+    crashes in every re-run, each checked on DRAWN_AROUND with one worker and with two."""
+    crashes = kernel_file(tmp_path_factory.mktemp("re-runs"), "re_runs.py", RE_RUNS)
+    kernels = {
+        "follows": "catalogue.bugs_softmax:finite_fill_jax_style",
+        "crashes": f"{crashes}:crashes_when_drawn_around",
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(PROFILES, FEW, Profile(10))
+        yield {
+            (name, jobs): check(
+                target, backend="numpy", profile=FEW, only=DRAWN_AROUND, isolate=True, jobs=jobs
+            )
+            for name, target in kernels.items()
+            for jobs in (1, 2)
+        }
+
+
+@pytest.mark.parametrize("name", ["follows", "crashes"])
+def test_re_runs_drawn_around_give_the_same_verdicts_with_two_jobs(name: str, re_runs) -> None:  # type: ignore[no-untyped-def]
+    """CONF-1, CONF-5: the failures re-run around SDPA-5.1's fully masked rows, settled on
+    two workers at once, come out as with one: the same causes, evidence and cases, in
+    the same order."""
+    one, two = re_runs[(name, 1)], re_runs[(name, 2)]
+    assert [v.property for v in two.verdicts] == DRAWN_AROUND
+    assert outcome(two) == outcome(one)
+
+
+def test_re_runs_settle_failures_as_consequences_or_crashes(re_runs) -> None:  # type: ignore[no-untyped-def]
+    """CONF-1: the comparison above is not of empty outcomes: rows-sum-to-one and
+    masked-values-ignored pass drawn around fully masked rows (consequences of SDPA-5.1);
+    a worker crashing in their re-runs (CONF-5) makes each a divergence of its own, shown
+    on the crash, as with one worker, and the run goes on."""
+    follows = {v.property: v for v in re_runs[("follows", 2)].verdicts}
+    crashed = {v.property: v for v in re_runs[("crashes", 2)].verdicts}
+    for prop in DRAWN_AROUND[1:]:
+        assert follows[prop].cause == "SDPA-5.1", follows[prop].drawn_around
+        assert follows[prop].drawn_around.startswith("passes drawn around fully-masked-row")
+        assert crashed[prop].status == FAILED and crashed[prop].cause == ""
+        assert "killed by signal SIGSEGV" in crashed[prop].detail
+        assert crashed[prop].drawn_around.startswith("still fails drawn around fully-masked-row")
+    assert follows["empty-rows-zero"].status == crashed["empty-rows-zero"].status == FAILED
 
 
 HOSTILE_SOMETIMES = """
@@ -140,6 +244,33 @@ def test_a_crash_or_hang_in_one_job_fails_only_its_property(hostile: str) -> Non
     assert "is_causal=True" in hung.counterexample
 
 
+def _check_in_two_jobs(
+    target: str, only: list[str], cwd: Path, *flags: str
+) -> subprocess.Popen[str]:
+    """``attnspec check TARGET`` of ``only`` on NumPy in two workers, started in ``cwd``
+    (writing r.json there), with a timeout no test waits for."""
+    return start_cli(
+        [
+            "check",
+            target,
+            "--backend",
+            "numpy",
+            "--only",
+            ",".join(only),
+            "--jobs",
+            "2",
+            "--timeout",
+            "300",
+            "--json",
+            "r.json",
+            *flags,
+        ],
+        cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
 @pytest.mark.parametrize(
     "signum, name", [(signal.SIGINT, "SIGINT (Ctrl-C)"), (signal.SIGTERM, "SIGTERM")]
 )
@@ -154,26 +285,12 @@ def test_interrupt_with_jobs_keeps_finished_verdicts_in_order(
     two, in their order, marked still running; SIGINT or SIGTERM then ends the check with
     exit 2,
     the hung property left out, the report marked incomplete, no worker left behind."""
-    process = start_cli(
-        [
-            "check",
-            f"{hostile}:hangs_on_causal",
-            "--backend",
-            "numpy",
-            "--only",
-            "causal-zeros,default-scale,explicit-scale",
-            "--jobs",
-            "2",
-            "--timeout",
-            "300",
-            "--json",
-            "r.json",
-            "--markdown",
-            "r.md",
-        ],
+    process = _check_in_two_jobs(
+        f"{hostile}:hangs_on_causal",
+        ["causal-zeros", "default-scale", "explicit-scale"],
         tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        "--markdown",
+        "r.md",
     )
     try:
         wait_for(tmp_path / "r.md", "2 of 3")
@@ -194,6 +311,48 @@ def test_interrupt_with_jobs_keeps_finished_verdicts_in_order(
     assert f"result: INCOMPLETE ({reason})" in out and "Traceback" not in err
     time.sleep(0.5)
     assert processes_in(tmp_path) == []
+
+
+def test_re_runs_run_at_once_and_an_interrupt_keeps_every_verdict(tmp_path: Path) -> None:
+    """CONF-5, CONF-6 with two workers: the two failures re-run around SDPA-5.1 run at once,
+    one in each worker (both hang there, each having said so); SIGINT then ends the check
+    with exit 2, the report marked incomplete with all three verdicts as found (nothing
+    settled), no worker left behind and none started again."""
+    kernel = kernel_file(tmp_path, "re_runs.py", RE_RUNS)
+    process = _check_in_two_jobs(f"{kernel}:hangs_when_drawn_around", DRAWN_AROUND, tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("drawing-around-in-*"))) < 2:
+            assert process.poll() is None and time.monotonic() < deadline, process.poll()
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 2, err
+    final = json.loads((tmp_path / "r.json").read_text())
+    reason = "interrupted by SIGINT (Ctrl-C) after 3 of 3 properties"
+    assert final["incomplete"] == reason and final["complete"] is False
+    assert [(v["property"], v["status"], v["drawn_around"]) for v in final["verdicts"]] == [
+        (prop, FAILED, "") for prop in DRAWN_AROUND
+    ]
+    assert f"result: INCOMPLETE ({reason})" in out and "Traceback" not in err
+    time.sleep(0.5)
+    assert processes_in(tmp_path) == []
+    assert len(list(tmp_path.glob("drawing-around-in-*"))) == 2
+
+
+def test_an_aborted_session_starts_no_worker_again() -> None:
+    """CONF-6: once aborted (an interrupted --jobs run), a session's next request, as the
+    next re-run of a verdict being settled would make, raises Aborted instead of starting
+    a worker again that no one would stop."""
+    setup = KernelSetup("attnspec.reference:scaled_dot_product_attention", "numpy")
+    with IsolatedKernel(setup, IsolationOptions()) as session:
+        session.start()
+        session.abort()
+        with pytest.raises(Aborted, match="the run was aborted"):
+            session.run_property(all_properties()["default-scale"], profile="quick", seed=None)
+        assert session.lost == 0
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from attnspec.conformance import report as render
 from attnspec.conformance.api import check
 from attnspec.conformance.kernel import KernelUnderTest, Problem
 from attnspec.conformance.registry import all_properties
-from attnspec.conformance.root_causes import divergences, draw_around
+from attnspec.conformance.root_causes import Rerun, divergences, draw_around, one_at_a_time
 from attnspec.conformance.runner import (
     FAILED,
     NOT_APPLICABLE,
@@ -242,12 +242,22 @@ def test_a_kernel_declaring_equal_head_dims_never_meets_unequal_ones() -> None:
 # --- the rules, on hand-built reports -------------------------------------------------------
 
 
-def _rerun(results: dict[str, list[Verdict]], calls: list[tuple[str, tuple[str, ...]]]) -> Any:
+def _stub_rerun(
+    results: dict[str, list[Verdict]], calls: list[tuple[str, tuple[str, ...]]]
+) -> Rerun:
+    """A re-run that answers each property with its next verdict in ``results`` and logs
+    the call (property, features avoided) in ``calls``."""
+
     def rerun(prop: Any, limits: SizeLimits) -> Verdict:
         calls.append((prop.id, limits.avoid))
         return results[prop.id].pop(0)
 
     return rerun
+
+
+def _rerun(results: dict[str, list[Verdict]], calls: list[tuple[str, tuple[str, ...]]]) -> Any:
+    """The stub re-run, the verdicts settled one at a time, as with one session."""
+    return one_at_a_time(_stub_rerun(results, calls))
 
 
 def test_a_failure_that_still_fails_drawn_around_stays_distinct_with_its_new_case() -> None:
@@ -324,8 +334,8 @@ def test_a_re_run_that_cannot_draw_falls_back_to_a_smaller_avoid_set() -> None:
     for results, settled in (([nothing, fails, ok], True), ([nothing, fails, nothing], False)):
         report = _three_failures()
         calls: list[tuple[str, tuple[str, ...]]] = []
-        rerun = _rerun({"rows-sum-to-one": list(results)}, calls)
-        draw_around(report, all_properties().values(), rerun, SizeLimits())
+        settle_all = _rerun({"rows-sum-to-one": list(results)}, calls)
+        draw_around(report, all_properties().values(), settle_all, SizeLimits())
         assert calls == [
             ("rows-sum-to-one", ("fully-masked-row", "gqa")),
             ("rows-sum-to-one", ("fully-masked-row",)),
@@ -431,6 +441,70 @@ def test_consequences_of_consequences_fold_to_the_root_and_cycles_do_not_hide() 
     )
     assert [v.cause for v in cycle.verdicts] == ["SDPA-1.3", ""]
     assert len(divergences(cycle)) == 1
+
+
+def _one_governing_then_three() -> Report:
+    """SDPA-1.3 failing on grouped heads (a consequence of SDPA-6.1 once settled), and three
+    failures on fully masked rows (SDPA-5.1), one also in float16."""
+    return hand_report(
+        [
+            hand_verdict("output-shape-dtype", "SDPA-1.3", features=("gqa", "float16-inputs")),
+            hand_verdict("empty-rows-zero", "SDPA-5.1"),
+            hand_verdict("gqa-mapping", "SDPA-6.1"),
+            hand_verdict(
+                "rows-sum-to-one", "SDPA-7.1", features=("fully-masked-row", "float16-inputs")
+            ),
+            hand_verdict("key-permutation", "SDPA-7.6", features=("fully-masked-row",)),
+            hand_verdict("masked-values-ignored", "SDPA-8.1", features=("fully-masked-row",)),
+        ],
+    )
+
+
+def _answers() -> dict[str, list[Verdict]]:
+    ok = Verdict("any", "SDPA-7.1", "MUST", PASSED, examples=7)
+    return {
+        "output-shape-dtype": [ok],
+        "rows-sum-to-one": [ok],
+        "key-permutation": [hand_verdict("key-permutation", "SDPA-7.6", case="second case")],
+        "masked-values-ignored": [ok],
+    }
+
+
+def test_settling_in_any_order_gives_the_same_report() -> None:
+    """CONF-1, CONF-5 (--jobs N): draw_around hands the verdicts it may settle at once to its
+    settle_all together: settled last to first, the report is the one settled one at a
+    time, each property re-run the same way; SDPA-1.3 is settled (as following from
+    SDPA-6.1) before rows-sum-to-one re-runs, which therefore draws around fully masked
+    rows only, not float16 inputs."""
+
+    def last_to_first(rerun: Rerun) -> Any:
+        def settle_all(settles: Any, keep: Any) -> None:
+            for index in reversed(range(len(settles))):
+                keep(index, settles[index](rerun))
+
+        return settle_all
+
+    outcomes, re_runs = [], []
+    for settle_all in (one_at_a_time, last_to_first):
+        report, calls = _one_governing_then_three(), []
+        draw_around(
+            report,
+            all_properties().values(),
+            settle_all(_stub_rerun(_answers(), calls)),
+            SizeLimits(),
+        )
+        outcomes.append([(v.cause, v.counterexample, v.drawn_around) for v in report.verdicts])
+        re_runs.append(sorted(calls))
+    assert outcomes[0] == outcomes[1] and re_runs[0] == re_runs[1]
+    assert ("rows-sum-to-one", ("fully-masked-row",)) in re_runs[0]
+    assert [cause for cause, _, _ in outcomes[0]] == [
+        "SDPA-6.1",
+        "",
+        "",
+        "SDPA-5.1",
+        "",
+        "SDPA-5.1",
+    ]
 
 
 def test_the_avoid_hook_rejects_problems_with_an_avoided_feature() -> None:
