@@ -89,7 +89,8 @@ def parse_jobs(value: int | str | None, name: str = "jobs") -> int:
         text = value.strip().lower()
         if text == AUTO:
             return available_cpus()
-        value = int(text) if text.isdigit() else text
+        # ASCII digits only: str.isdigit() also takes '²', which int() then rejects unnamed
+        value = int(text) if text.isascii() and text.isdigit() else text
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(
             f"{name}={value!r}, but should be a positive integer or "

@@ -360,12 +360,16 @@ def test_an_aborted_session_starts_no_worker_again() -> None:
     [
         (["--jobs", "0"], "--jobs 0, but should be a positive integer or 'auto'"),
         (["--jobs", "two"], "--jobs 'two', but should be a positive integer or 'auto'"),
+        (["--jobs", "\u00b2"], "--jobs '\u00b2', but should be a positive integer or 'auto'"),
         (["--jobs", "2", "--no-isolate"], "--no-isolate (isolate=False) runs the kernel in this"),
     ],
 )
 def test_bad_jobs_are_one_line_and_exit_2(
     argv: list[str], words: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """CONF-5 (the workers that run a check): a bad --jobs, a superscript digit that
+    str.isdigit() takes included, or --jobs with --no-isolate, is one line naming the
+    flag and exit status 2."""
     status = cli.main(
         [
             "check",
