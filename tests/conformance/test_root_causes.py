@@ -507,6 +507,42 @@ def test_settling_in_any_order_gives_the_same_report() -> None:
     ]
 
 
+def test_a_verdict_interrupted_between_its_re_runs_stays_as_found() -> None:
+    """CONF-6 (--jobs N, an interrupt during the re-runs): a verdict is settled on a copy,
+    so one interrupted after its first re-run (which still failed, on a case with grouped
+    heads, so a second re-run was under way) stays in the report as it was found, not half
+    settled with the first re-run's case."""
+    report = hand_report(
+        [
+            hand_verdict("empty-rows-zero", "SDPA-5.1", features=("fully-masked-row",)),
+            hand_verdict("gqa-mapping", "SDPA-6.1", features=("gqa",)),
+            hand_verdict(
+                "key-permutation", "SDPA-7.6", features=("fully-masked-row",), case="first case"
+            ),
+        ],
+    )
+    found = [(v.counterexample, v.detail, v.features, v.drawn_around) for v in report.verdicts]
+    again = hand_verdict("key-permutation", "SDPA-7.6", features=("gqa",), case="second case")
+    calls: list[tuple[str, tuple[str, ...]]] = []
+
+    def interrupted_second(prop: Any, limits: SizeLimits) -> Verdict:
+        calls.append((prop.id, limits.avoid))
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return again
+
+    with pytest.raises(KeyboardInterrupt):
+        draw_around(
+            report, all_properties().values(), one_at_a_time(interrupted_second), SizeLimits()
+        )
+    assert calls == [
+        ("key-permutation", ("fully-masked-row",)),
+        ("key-permutation", ("fully-masked-row", "gqa")),
+    ]
+    after = [(v.counterexample, v.detail, v.features, v.drawn_around) for v in report.verdicts]
+    assert after == found
+
+
 def test_the_avoid_hook_rejects_problems_with_an_avoided_feature() -> None:
     """SizeLimits.avoid names features (a typo is a ValueError); a problem a property builds
     itself with such a feature is discarded on the kernel call, inside a run only."""
