@@ -10,12 +10,14 @@ bound while kernels that break SDPA-7.2 at scale do not.
 from __future__ import annotations
 
 import tracemalloc
+import warnings
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnspec.backends import Backend
 from attnspec.reference.tolerance import UNDERFLOW_THRESHOLD, error_and_lse_bound, error_bound
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -235,3 +237,20 @@ def test_bound_separates_correct_from_half_accumulation_with_padding() -> None:
     bad = _attention_float16_accumulation(*as16, bias.astype(np.float16))
     assert np.all(np.abs(good.astype(np.float64) - expected) <= tau)
     assert np.any(np.abs(bad.astype(np.float64) - expected) > tau)
+
+
+def test_a_nan_row_bounds_without_an_overflow_warning(cpu_backend: Backend) -> None:
+    """TOL-3, SDPA-8: a row whose bias holds NaN has no finite definition (tolerance 0,
+    NaN expected); its other keys, shifted by no finite maximum, have scores whose exp
+    overflows, which the bound takes as inf without the library's RuntimeWarning (pure
+    Array API: the same on every backend)."""
+    q = cpu_backend.asarray(np.array([[[30.0], [1.0]]]), "float64")
+    k = cpu_backend.asarray(np.array([[[30.0], [0.0]]]), "float64")
+    v = cpu_backend.asarray(np.ones((1, 2, 1)), "float64")
+    bias = cpu_backend.asarray(np.array([[0.0, np.nan], [0.0, 0.0]]), "float64")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        bound = error_bound(q, k, v, dtype="float32", bias=bias, scale=1.0)
+    out, tau = cpu_backend.to_numpy(bound.out)[0], cpu_backend.to_numpy(bound.out_tolerance)[0]
+    assert np.isnan(out[0, 0]) and tau[0, 0] == 0, (out, tau)
+    assert np.isfinite(out[1, 0]) and tau[1, 0] > 0, (out, tau)
