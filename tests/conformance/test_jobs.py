@@ -20,6 +20,7 @@ from support import kernel_file, processes_in, start_cli, wait_for
 from attnspec.backends import Backend
 from attnspec.backends._registry import ADAPTERS
 from attnspec.conformance import SetupError, check, cli
+from attnspec.conformance import jobs as jobs_module
 from attnspec.conformance.api import KernelSetup
 from attnspec.conformance.isolation import (
     THREAD_VARIABLES,
@@ -440,7 +441,10 @@ def test_the_default_is_one_worker_per_cpu_on_a_cpu(monkeypatch: pytest.MonkeyPa
     (no error: the user did not ask for more); a number given is kept as given."""
     monkeypatch.delenv(JOBS_VARIABLE, raising=False)
     setup = KernelSetup("attnspec.reference:scaled_dot_product_attention", "numpy")
-    assert default_jobs() == min(available_cpus(), MOST_DEFAULT_JOBS) >= 1
+    for cpus, default in ((1, 1), (3, 3), (MOST_DEFAULT_JOBS + 12, MOST_DEFAULT_JOBS)):
+        with monkeypatch.context() as cpus_here:
+            cpus_here.setattr(jobs_module, "available_cpus", lambda n=cpus: n)
+            assert default_jobs() == default, cpus
     isolated = plan_run(setup, isolation=IsolationOptions(), jobs=None)
     assert (isolated.jobs, isolated.jobs_by_device) == (default_jobs(), True)
     in_process = plan_run(setup, isolation=None, jobs=None)
@@ -469,9 +473,9 @@ def test_a_pool_sized_by_cpus_runs_one_worker_on_an_accelerator(
 
 
 def test_backends_say_whether_they_run_on_the_cpu() -> None:
-    """Backend.on_cpu: NumPy's device is the CPU, a CuPy device never is (checked on the
-    adapter: CuPy needs a CUDA GPU, which this test does not), torch's and JAX's follow
-    the device."""
+    """CONF-5 (the workers that run a check: one on an accelerator): Backend.on_cpu:
+    NumPy's device is the CPU, a CuPy device never is (checked on the adapter: CuPy needs
+    a CUDA GPU, which this test does not), torch's and JAX's follow the device."""
     assert Backend("numpy").on_cpu
     assert ADAPTERS["cupy"].on_cpu(None) is False
     torch = pytest.importorskip("torch", reason="torch devices are what is read")
