@@ -77,11 +77,12 @@ def check(
     as ``attnspec check`` does: a crash, exit or hang is then a failed verdict; a callable
     kernel must be importable by its module and name.  ``jobs`` (with ``isolate``) runs
     that many worker processes at once (``"auto"``: one per available CPU; None, the
-    default: one per CPU, at most 4, when the kernel runs on a CPU, else one), with the
-    same verdicts in the same order.  ``reports`` maps a format ("json", "junit",
-    "markdown") to the file the report is written to (rewritten after every property, as
-    ``attnspec check --json PATH`` does).  Bad setup (target, signature, backend, option) raises
-    :class:`SetupError`, a ``ValueError``.
+    default: ATTNSPEC_JOBS where set, else one per CPU, at most 4, when the kernel runs on
+    a CPU, and one on an accelerator), with the same verdicts in the same order.
+    ``reports`` maps a format ("json", "junit", "markdown") to the file the report is
+    written to (rewritten after every property, as ``attnspec check --json PATH`` does).
+    Bad setup (target, signature, backend, option) raises :class:`SetupError`, a
+    ``ValueError``.
     """
     limits = size_limits(max_len, max_head_dim, max_batch_heads)
     setup = KernelSetup(

@@ -73,7 +73,7 @@ def default_jobs() -> int:
     return min(available_cpus(), MOST_DEFAULT_JOBS)
 
 
-def jobs_from_environment(environ: Mapping[str, str] | None = None) -> int | str | None:
+def jobs_from_environment(environ: Mapping[str, str] | None = None) -> str | None:
     """ATTNSPEC_JOBS as --jobs takes it (checked by :func:`parse_jobs`), None when unset
     or empty."""
     value = (os.environ if environ is None else environ).get(JOBS_VARIABLE, "").strip()
@@ -103,23 +103,28 @@ class WorkerPool:
     """``jobs`` isolated sessions of one kernel; the same interface as one
     :class:`~.isolation.IsolatedKernel` (``start``, ``close``, ``setup_notes``,
     ``run_property``, ``run_hints``), with :func:`run_in_parallel` over all of them.
-    ``cpu_only``: the pool was sized by the CPUs (the default number of jobs), so a kernel
+    ``sized_by_cpus``: the pool was sized by the CPUs (the default number of jobs), so a kernel
     on an accelerator runs in its first worker only (:meth:`running`)."""
 
     def __init__(
-        self, setup: KernelSetup, options: IsolationOptions, jobs: int, *, cpu_only: bool = False
+        self,
+        setup: KernelSetup,
+        options: IsolationOptions,
+        jobs: int,
+        *,
+        sized_by_cpus: bool = False,
     ) -> None:
         if jobs < 1:
             raise ValueError(f"jobs={jobs!r}, but should be at least 1")
         self.sessions = [IsolatedKernel(setup, options, jobs) for _ in range(jobs)]
-        self.cpu_only = cpu_only
+        self.sized_by_cpus = sized_by_cpus
 
     def running(self) -> list[IsolatedKernel]:
         """The sessions the run uses: all of them, or only the first when the pool is
-        ``cpu_only`` and the kernel's device is an accelerator, which workers would share
+        ``sized_by_cpus`` and the kernel's device is an accelerator, which workers would share
         (and where each JAX process reserves most of its memory).  Loads the kernel in the
         first worker to learn its device."""
-        if self.cpu_only and not self.start().backend.on_cpu:
+        if self.sized_by_cpus and not self.start().backend.on_cpu:
             return self.sessions[:1]
         return self.sessions
 
@@ -295,10 +300,10 @@ def open_session(
     kernel: KernelUnderTest | None = None,
     jobs: int = 1,
     *,
-    cpu_only: bool = False,
+    sized_by_cpus: bool = False,
 ) -> IsolatedKernel | InProcessKernel | WorkerPool:
     """Isolated when ``isolation`` is given (then ``kernel`` must be None), in ``jobs``
-    worker processes when more than one (:mod:`.jobs`; ``cpu_only``: only when the kernel
+    worker processes when more than one (:mod:`.jobs`; ``sized_by_cpus``: only when the kernel
     runs on a CPU, :meth:`WorkerPool.running`); else in-process."""
     if isolation is None:  # jobs is 1 here: run_plan.plan_run checked it
         return InProcessKernel(setup, kernel)
@@ -308,4 +313,4 @@ def open_session(
         )
     if jobs == 1:
         return IsolatedKernel(setup, isolation)
-    return WorkerPool(setup, isolation, jobs, cpu_only=cpu_only)
+    return WorkerPool(setup, isolation, jobs, sized_by_cpus=sized_by_cpus)

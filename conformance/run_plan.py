@@ -48,8 +48,9 @@ REPORT_FORMATS = ("json", "junit", "markdown")
 class RunPlan:
     """A validated check: ``properties`` in the order they run; ``partial`` when
     ``--only``/``--skip`` chose them (the report then makes no conformance claim, CONF-6);
-    ``isolation`` None runs the kernel in this process, else in ``jobs`` workers (only
-    the first, ``jobs_by_device``, when the kernel turns out to run on an accelerator);
+    ``isolation`` None runs the kernel in this process, else in ``jobs`` workers
+    (``sized_by_cpus``, the default number: only the first when the kernel turns out to
+    run on an accelerator);
     ``reports``: (format, path) of each report file, every path checked writable."""
 
     setup: KernelSetup
@@ -60,7 +61,7 @@ class RunPlan:
     limits: SizeLimits = field(default_factory=SizeLimits)
     isolation: IsolationOptions | None = None
     jobs: int = 1
-    jobs_by_device: bool = False
+    sized_by_cpus: bool = False
     partial: bool = False
     reports: tuple[tuple[str, Path], ...] = ()
 
@@ -69,7 +70,7 @@ class RunPlan:
         loaded in this process, for an in-process run."""
         try:
             return open_session(
-                self.setup, self.isolation, kernel, self.jobs, cpu_only=self.jobs_by_device
+                self.setup, self.isolation, kernel, self.jobs, sized_by_cpus=self.sized_by_cpus
             )
         except ValueError as exc:
             raise SetupError(str(exc)) from None
@@ -116,13 +117,16 @@ def plan_run(
     try:
         properties = tuple(select(only, skip))
         hypothesis_settings(profile, seed)  # an unknown profile, before any work
+        from_environment = jobs_from_environment() if jobs is None else None
+        sized_by_cpus = False
         if jobs is None and isolation is None:
-            workers, by_device = 1, False  # a default: in-process runs one at a time
-        elif jobs is None and jobs_from_environment() is not None:
-            workers, by_device = parse_jobs(jobs_from_environment(), JOBS_VARIABLE), False
+            workers = 1  # a default: in-process runs one at a time
+        elif from_environment is not None:
+            workers = parse_jobs(from_environment, JOBS_VARIABLE)
+        elif jobs is None:
+            workers, sized_by_cpus = default_jobs(), True
         else:
-            by_device = jobs is None
-            workers = default_jobs() if by_device else parse_jobs(jobs)
+            workers = parse_jobs(jobs)
     except ValueError as exc:
         raise SetupError(str(exc)) from None
     if workers > 1 and isolation is None:
@@ -139,7 +143,7 @@ def plan_run(
         limits or SizeLimits(),
         isolation,
         workers,
-        jobs_by_device=by_device,
+        sized_by_cpus=sized_by_cpus,
         partial=bool(only or skip),
         reports=_report_paths(reports or {}),
     )

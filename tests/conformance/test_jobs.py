@@ -446,30 +446,30 @@ def test_the_default_is_one_worker_per_cpu_on_a_cpu(monkeypatch: pytest.MonkeyPa
             cpus_here.setattr(jobs_module, "available_cpus", lambda n=cpus: n)
             assert default_jobs() == default, cpus
     isolated = plan_run(setup, isolation=IsolationOptions(), jobs=None)
-    assert (isolated.jobs, isolated.jobs_by_device) == (default_jobs(), True)
+    assert (isolated.jobs, isolated.sized_by_cpus) == (default_jobs(), True)
     in_process = plan_run(setup, isolation=None, jobs=None)
-    assert (in_process.jobs, in_process.jobs_by_device) == (1, False)
+    assert (in_process.jobs, in_process.sized_by_cpus) == (1, False)
     given = plan_run(setup, isolation=IsolationOptions(), jobs=3)
-    assert (given.jobs, given.jobs_by_device) == (3, False)
+    assert (given.jobs, given.sized_by_cpus) == (3, False)
 
 
 @pytest.mark.parametrize("on_cpu", [True, False])
-@pytest.mark.parametrize("cpu_only", [True, False])
+@pytest.mark.parametrize("sized_by_cpus", [True, False])
 def test_a_pool_sized_by_cpus_runs_one_worker_on_an_accelerator(
-    on_cpu: bool, cpu_only: bool, monkeypatch: pytest.MonkeyPatch
+    on_cpu: bool, sized_by_cpus: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """CONF-5: a pool sized by the CPUs (the default) runs every worker for a kernel on a
     CPU and only the first for one on an accelerator (workers would share it); a pool of
     --jobs N runs N either way.  (The first worker's report of its device is stood in for:
     this machine has no GPU.)"""
     setup = KernelSetup("attnspec.reference:scaled_dot_product_attention", "numpy")
-    pool = WorkerPool(setup, IsolationOptions(), 3, cpu_only=cpu_only)
+    pool = WorkerPool(setup, IsolationOptions(), 3, sized_by_cpus=sized_by_cpus)
     info = type(
         "Info", (), {"backend": BackendInfo("torch", "cuda:0" if not on_cpu else "cpu", on_cpu)}
     )
     monkeypatch.setattr(pool, "start", lambda: info)
     running = pool.running()
-    assert running == (pool.sessions[:1] if cpu_only and not on_cpu else pool.sessions)
+    assert running == (pool.sessions[:1] if sized_by_cpus and not on_cpu else pool.sessions)
 
 
 def test_backends_say_whether_they_run_on_the_cpu() -> None:
