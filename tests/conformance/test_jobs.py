@@ -356,6 +356,22 @@ def test_an_aborted_session_starts_no_worker_again() -> None:
         assert session.lost == 0
 
 
+def _check_reference(only: str, *flags: str) -> int:
+    """The exit status of ``attnspec check`` of the NumPy reference on the properties
+    ``only`` (comma-separated), with ``flags``."""
+    return cli.main(
+        [
+            "check",
+            "attnspec.reference:scaled_dot_product_attention",
+            "--backend",
+            "numpy",
+            "--only",
+            only,
+            *flags,
+        ]
+    )
+
+
 @pytest.mark.parametrize(
     "argv, words",
     [
@@ -371,17 +387,7 @@ def test_bad_jobs_are_one_line_and_exit_2(
     """CONF-5 (the workers that run a check): a bad --jobs, a superscript digit that
     str.isdigit() takes included, or --jobs with --no-isolate, is one line naming the
     flag and exit status 2."""
-    status = cli.main(
-        [
-            "check",
-            "attnspec.reference:scaled_dot_product_attention",
-            "--backend",
-            "numpy",
-            "--only",
-            "default-scale",
-            *argv,
-        ]
-    )
+    status = _check_reference("default-scale", *argv)
     lines = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(lines) == 1 and words in lines[0], lines
 
@@ -493,18 +499,7 @@ def test_the_cli_runs_the_default_workers(
     for name in (*THREAD_VARIABLES, JOBS_VARIABLE):
         monkeypatch.delenv(name, raising=False)
     report = tmp_path / "report.json"
-    status = cli.main(
-        [
-            "check",
-            "attnspec.reference:scaled_dot_product_attention",
-            "--backend",
-            "numpy",
-            "--only",
-            "default-scale,explicit-scale",
-            "--json",
-            str(report),
-        ]
-    )
+    status = _check_reference("default-scale,explicit-scale", "--json", str(report))
     capsys.readouterr()
     notes = json.loads(report.read_text())["notes"]
     threads = next(n for n in notes if n.startswith("worker threads"))
