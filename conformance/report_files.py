@@ -51,8 +51,13 @@ def signal_name(exc: KeyboardInterrupt) -> str:
 
 
 def interruption(exc: KeyboardInterrupt, done: int, total: int) -> str:
-    """What an incomplete report says after ``exc``: which signal, how far the run got."""
-    return f"interrupted by {signal_name(exc)} after {done} of {total} properties"
+    """What an incomplete report says after ``exc``: which signal, how far the run got
+    (with every verdict in, the failures' re-runs around other failed clauses were under
+    way: root_causes.draw_around)."""
+    reason = f"interrupted by {signal_name(exc)} after {done} of {total} properties"
+    if done == total:
+        reason += ", while their failures were re-run around other failed clauses"
+    return reason
 
 
 def still_running(done: int, total: int) -> str:

@@ -332,7 +332,10 @@ def test_re_runs_run_at_once_and_an_interrupt_keeps_every_verdict(tmp_path: Path
         process.kill()
     assert process.returncode == 2, err
     final = json.loads((tmp_path / "r.json").read_text())
-    reason = "interrupted by SIGINT (Ctrl-C) after 3 of 3 properties"
+    reason = (
+        "interrupted by SIGINT (Ctrl-C) after 3 of 3 properties, while their failures were "
+        "re-run around other failed clauses"
+    )
     assert final["incomplete"] == reason and final["complete"] is False
     assert [(v["property"], v["status"], v["drawn_around"]) for v in final["verdicts"]] == [
         (prop, FAILED, "") for prop in DRAWN_AROUND
