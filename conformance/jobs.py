@@ -203,7 +203,10 @@ def each_in_parallel(
     than items), each taking the next item in order when free; ``started(index)`` and
     ``done(index, result)`` are called on the calling thread, one at a time.  An exception
     from ``run_one`` (a worker that cannot be restarted: SetupError) stops the run and is
-    raised here; so is an interrupt, after every session is aborted (see the module doc)."""
+    raised here; so is an interrupt, after every session is aborted (see the module doc).
+    ValueError for no sessions (nothing would run the items, and this would wait forever)."""
+    if not sessions:
+        raise ValueError("sessions=[], but should hold at least one session to run the items")
     sessions = sessions[: max(1, len(items))]  # a worker starts only to run something
     todo: queue.SimpleQueue[int] = queue.SimpleQueue()
     for index in range(len(items)):

@@ -37,6 +37,7 @@ from attnspec.conformance.jobs import (
     WorkerPool,
     available_cpus,
     default_jobs,
+    each_in_parallel,
     parse_jobs,
 )
 from attnspec.conformance.registry import all_properties
@@ -525,3 +526,14 @@ def test_attnspec_jobs_sets_the_default(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv(JOBS_VARIABLE, "two")
     with pytest.raises(SetupError, match="ATTNSPEC_JOBS='two', but should be a positive"):
         plan_run(setup, isolation=isolation, jobs=None)
+
+
+def test_items_with_no_session_to_run_them_are_a_value_error() -> None:
+    """CONF-5 (the workers that run a check): each_in_parallel with no session is a
+    ValueError naming ``sessions``, not a wait for results no thread will bring; with
+    one, every item runs and is handed back with its index."""
+    with pytest.raises(ValueError, match=r"sessions=\[\], but should hold at least one"):
+        each_in_parallel([1, 2], [], lambda session, item: item, lambda index, result: None)
+    results: dict[int, int] = {}
+    each_in_parallel([1, 2, 3], ["one"], lambda session, item: 10 * item, results.__setitem__)
+    assert results == {0: 10, 1: 20, 2: 30}
