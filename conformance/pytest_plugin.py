@@ -273,7 +273,8 @@ class AttnspecSession:
         from .root_causes import divergences, draw_around, one_at_a_time
 
         plan = self.plan
-        # one at a time, as pytest ran the items: on the session's first worker only
+        # one at a time, as pytest ran the items, on the plugin's one session (plan_run's
+        # jobs=1: one worker with --attnspec-isolate, else this process)
         draw_around(
             report,
             self.properties,
