@@ -3,9 +3,11 @@
     attnspec bench                      # full run: L = 256 .. 32768 (tens of minutes)
     attnspec bench --quick              # tiny sizes, seconds: checks that everything runs
     attnspec bench --backends torch --sections dense --sizes 1024,4096
+    attnspec bench --sections check     # what one quick `attnspec check` costs (~4 min)
 
 Writes ``OUT/bench.json`` (schema in :mod:`attnspec.benchmarks.report`) and, when
-matplotlib is installed, ``OUT/bench-dense.png``, ``bench-sparse.png``, ``bench-linear.png``.
+matplotlib is installed, ``OUT/bench-dense.png``, ``bench-sparse.png``, ``bench-linear.png``
+(the check section has no figure; its checks' JSON reports go to ``OUT/check-reports/``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends import Backend, BackendError
-from . import frameworks, suites
+from . import check_cost, frameworks, suites
 from .measure import Measurement, gemm_gflops
 from .plots import matplotlib_missing, write_figures
 from .report import document
@@ -29,6 +31,9 @@ SECTIONS: dict[str, Callable[..., list[Measurement]]] = {
     "sparse": suites.sparse,
     "linear": suites.linear,
 }
+# Not a measurement of the reference: the cost of `attnspec check` (benchmarks/check_cost.py).
+CHECK = "check"
+ALL_SECTIONS = (*SECTIONS, CHECK)
 DEFAULT_BACKENDS = ("numpy", "torch", "jax")
 
 
@@ -79,8 +84,8 @@ def add_parser(commands: Any) -> None:
     bench.add_argument(
         "--sections",
         type=_names,
-        default=list(SECTIONS),
-        help=f"comma-separated, of {','.join(SECTIONS)} (default: all)",
+        default=list(ALL_SECTIONS),
+        help=f"comma-separated, of {','.join(ALL_SECTIONS)} (default: all)",
     )
     bench.add_argument("--sizes", type=_sizes, help="dense lengths, e.g. 1024,4096")
     bench.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
@@ -100,10 +105,10 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
     """Measure what ``args`` asks for; returns the document (also written to ``args.out``)."""
     from .._version import __version__
 
-    unknown = sorted(set(args.sections) - set(SECTIONS))
+    unknown = sorted(set(args.sections) - set(ALL_SECTIONS))
     if unknown:
         raise ValueError(
-            f"--sections: unknown {', '.join(unknown)}; expected of {', '.join(SECTIONS)}"
+            f"--sections: unknown {', '.join(unknown)}; expected of {', '.join(ALL_SECTIONS)}"
         )
     config = suites.QUICK if args.quick else suites.FULL
     if args.sizes:
@@ -112,7 +117,11 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
         frameworks.set_threads(args.threads)
     backends: dict[str, Backend] = {}
     info: dict[str, dict[str, Any]] = {}
-    for name in dict.fromkeys([*args.backends, *args.scaling_backends]):
+    needed = [
+        *(args.backends if "dense" in args.sections else []),
+        *(args.scaling_backends if {"sparse", "linear"} & set(args.sections) else []),
+    ]
+    for name in dict.fromkeys(needed):
         try:
             backends[name] = Backend(name)
         except (BackendError, ValueError) as exc:
@@ -124,8 +133,17 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
             f"{config.gemm_size}^2 {config.dtype} {info[name]['gemm_gflops']:.1f} GFLOP/s"
         )
     measurements: list[Measurement] = []
+    checks: list[dict[str, Any]] = []
     args.out.mkdir(parents=True, exist_ok=True)
     for section in args.sections:
+        if section == CHECK:
+            log("check: quick-profile `attnspec check` runs, one after the other:")
+            checks = check_cost.check(
+                check_cost.QUICK if args.quick else check_cost.FULL, args.out, log
+            )
+            doc = document(config, args.quick, info, measurements, __version__, checks)
+            (args.out / "bench.json").write_text(json.dumps(doc, indent=1) + "\n")
+            continue
         names = args.backends if section == "dense" else args.scaling_backends
         for name in names:
             if name in backends:
@@ -139,9 +157,9 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
                     ),
                 )
                 # written after every part, so that an interrupted run keeps what it measured
-                doc = document(config, args.quick, info, measurements, __version__)
+                doc = document(config, args.quick, info, measurements, __version__, checks)
                 (args.out / "bench.json").write_text(json.dumps(doc, indent=1) + "\n")
-    doc = document(config, args.quick, info, measurements, __version__)
+    doc = document(config, args.quick, info, measurements, __version__, checks)
     (args.out / "bench.json").write_text(json.dumps(doc, indent=1) + "\n")
     log(f"wrote {args.out / 'bench.json'}")
     missing = matplotlib_missing()

@@ -11,12 +11,17 @@ Schema ``attnspec-bench/1`` (every number from one run on one machine)::
                        "length", "seconds", "first_seconds", "runs", "peak_bytes",
                        "skipped", "params", "gflops", "fraction_of_gemm_peak",
                        "relative_time", "relative_to"}],
+     "check": [{"name", "target", "backend", "jobs", "options", "skipped", and where it ran:
+                "command", "shell", "environment", "wall_seconds", "cpu_seconds",
+                "load_before", "exit_status", "counts", "conforms", "complete"}],
      "targets": [{"name", "value", "limit", "met", "how"}]}
 
 ``relative_time`` is a dense measurement's time over the library's kernel at the same length,
 timed in the same rounds (for NumPy, which has none, torch SDPA on the same memory; None
 where the kernel did not fit), and a sparse one's over the dense blocked reference given
-the pattern's mask.
+the pattern's mask.  ``check`` holds the rows of the check section (one quick
+``attnspec check`` each: :mod:`attnspec.benchmarks.check_cost`), empty when it did not run;
+``environment`` is what the row changed (None: removed).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from .suites import BenchConfig
 SCHEMA = "attnspec-bench/1"
 TARGET_LENGTH, LONG_LENGTH = 4096, 32768
 MAX_RELATIVE_TIME, MAX_PEAK_BYTES, MAX_EXPONENT = 3.0, 2e9, 1.1
+MAX_COLD_JAX_CHECK_SECONDS = 30.0
 
 
 def _dense_extras(
@@ -87,9 +93,24 @@ def _target(name: str, value: float | None, limit: float, how: str) -> dict[str,
     }
 
 
-def targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _check_targets(checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        _target(
+            f"quick check of the jitted JAX kernel, cold ({row['name']}): wall seconds",
+            row.get("wall_seconds"),
+            MAX_COLD_JAX_CHECK_SECONDS,
+            "one `attnspec check` subprocess, no persistent compilation cache",
+        )
+        for row in checks
+        if row["backend"] == "jax" and "cold" in row["name"] and row["skipped"] is None
+    ]
+
+
+def targets(
+    records: list[dict[str, Any]], checks: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """Issue 11's targets, evaluated on this run (None where the run did not measure it)."""
-    found = []
+    found = _check_targets(checks or [])
     for r in records:
         if (
             r["section"] == "dense"
@@ -155,6 +176,7 @@ def document(
     backends: dict[str, dict[str, Any]],
     measurements: list[Measurement],
     version: str,
+    checks: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     records = [m.to_dict() for m in measurements]
     for r in records:
@@ -170,5 +192,6 @@ def document(
         "config": asdict(config),
         "backends": backends,
         "measurements": records,
-        "targets": targets(records),
+        "check": checks or [],
+        "targets": targets(records, checks),
     }
