@@ -42,6 +42,20 @@ TORCH_SDPA = "torch.nn.functional:scaled_dot_product_attention"
 JITTED_JAX = "attnspec.conformance.jax_kernels:jitted_dot_product_attention"
 THREADS = "OMP_NUM_THREADS"
 JAX_CACHE = "JAX_COMPILATION_CACHE_DIR"
+# The variables that override a check's own choice of workers (ATTNSPEC_JOBS) and of its
+# workers' threads (the rest: attnspec.conformance.isolation.THREAD_VARIABLES, which this
+# layer may not import): every row removes them, so that its workers and threads are the
+# check's defaults, or one thread where the row says so.
+DEFAULT_OVERRIDES = (
+    "ATTNSPEC_JOBS",
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
+CHECK_DEFAULTS: dict[str, str | None] = dict.fromkeys(DEFAULT_OVERRIDES, UNSET)
+ONE_THREAD: dict[str, str | None] = {**CHECK_DEFAULTS, THREADS: "1"}
 
 
 @dataclass(frozen=True)
@@ -72,19 +86,21 @@ def _both_worker_counts(
     )
 
 
+COLD: dict[str, str | None] = {**CHECK_DEFAULTS, JAX_CACHE: UNSET}
+WARM: dict[str, str | None] = {**CHECK_DEFAULTS, JAX_CACHE: CACHE_DIR}
 FULL = CheckConfig(
     rows=(
-        *_both_worker_counts("numpy reference", REFERENCE, "numpy", {}),
-        *_both_worker_counts("torch SDPA, 1 thread", TORCH_SDPA, "torch", {THREADS: "1"}),
-        *_both_worker_counts("torch SDPA, default threads", TORCH_SDPA, "torch", {THREADS: UNSET}),
-        *_both_worker_counts("jax jitted, cold", JITTED_JAX, "jax", {JAX_CACHE: UNSET}),
-        CheckRow("jax jitted, cache fill", JITTED_JAX, "jax", None, {JAX_CACHE: CACHE_DIR}),
-        *_both_worker_counts("jax jitted, warm", JITTED_JAX, "jax", {JAX_CACHE: CACHE_DIR}),
+        *_both_worker_counts("numpy reference", REFERENCE, "numpy", CHECK_DEFAULTS),
+        *_both_worker_counts("torch SDPA, 1 thread", TORCH_SDPA, "torch", ONE_THREAD),
+        *_both_worker_counts("torch SDPA, default threads", TORCH_SDPA, "torch", CHECK_DEFAULTS),
+        *_both_worker_counts("jax jitted, cold", JITTED_JAX, "jax", COLD),
+        CheckRow("jax jitted, cache fill", JITTED_JAX, "jax", None, WARM),
+        *_both_worker_counts("jax jitted, warm", JITTED_JAX, "jax", WARM),
     )
 )
 # Seconds, for tests: one property of the reference, each worker count.
 QUICK = CheckConfig(
-    rows=_both_worker_counts("numpy reference", REFERENCE, "numpy", {}),
+    rows=_both_worker_counts("numpy reference", REFERENCE, "numpy", CHECK_DEFAULTS),
     options=("--profile", "quick", "--only", "default-scale"),
 )
 
@@ -120,7 +136,9 @@ def command_line(row: CheckRow, config: CheckConfig, report: Path) -> list[str]:
 def _environment(row: CheckRow, cache_dir: str) -> tuple[dict[str, str], dict[str, str | None]]:
     """The check's whole environment and the row's changes to this one (cache dir filled in)."""
     changes = {
-        name: cache_dir if value == CACHE_DIR else value for name, value in row.environment.items()
+        name: cache_dir if value == CACHE_DIR else value
+        for name, value in row.environment.items()
+        if value is not UNSET or name in os.environ  # removing what is not there: no change
     }
     environment = dict(os.environ)
     for name, value in changes.items():

@@ -84,8 +84,9 @@ def add_parser(commands: Any) -> None:
     bench.add_argument(
         "--sections",
         type=_names,
-        default=list(ALL_SECTIONS),
-        help=f"comma-separated, of {','.join(ALL_SECTIONS)} (default: all)",
+        default=list(SECTIONS),
+        help=f"comma-separated, of {','.join(ALL_SECTIONS)} (default: {','.join(SECTIONS)}; "
+        "check runs on its own, on a quiet machine with no thread limits)",
     )
     bench.add_argument("--sizes", type=_sizes, help="dense lengths, e.g. 1024,4096")
     bench.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")

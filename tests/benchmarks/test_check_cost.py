@@ -10,6 +10,7 @@ warm; bad ``--sections`` values are named.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 from attnspec.benchmarks import check_cost
 from attnspec.benchmarks.report import MAX_COLD_JAX_CHECK_SECONDS, targets
 from attnspec.conformance.cli import main
+from attnspec.conformance.isolation import THREAD_VARIABLES
 
 
 def run_check_section(
@@ -50,7 +52,14 @@ def test_quick_check_section_rows_reproduce(
     again = rows[-1]
     report = Path(again["command"][again["command"].index("--json") + 1])
     report.unlink()
-    subprocess.run(again["command"], stdin=subprocess.DEVNULL, capture_output=True, check=True)
+    environment = {**os.environ, **again["environment"]}
+    subprocess.run(
+        again["command"],
+        env={name: value for name, value in environment.items() if value is not None},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        check=True,
+    )
     assert json.loads(report.read_text())["counts"] == again["counts"]
 
 
@@ -75,25 +84,40 @@ def test_full_rows_are_the_readme_table(monkeypatch: pytest.MonkeyPatch, tmp_pat
     rows = check_cost.check(check_cost.FULL, tmp_path, lambda line: None)
     assert all(r["skipped"] == f"{r['backend']}: simulated" for r in rows)
     table = [(r.target, r.backend, dict(r.environment), r.jobs) for r in check_cost.FULL.rows]
-    threads, cache = check_cost.THREADS, check_cost.JAX_CACHE
     expected = [
-        (check_cost.REFERENCE, "numpy", {}),
-        (check_cost.TORCH_SDPA, "torch", {threads: "1"}),
-        (check_cost.TORCH_SDPA, "torch", {threads: None}),
-        (check_cost.JITTED_JAX, "jax", {cache: None}),
-        (check_cost.JITTED_JAX, "jax", {cache: check_cost.CACHE_DIR}),  # the warm rows
+        (check_cost.REFERENCE, "numpy", check_cost.CHECK_DEFAULTS),
+        (check_cost.TORCH_SDPA, "torch", {**check_cost.CHECK_DEFAULTS, "OMP_NUM_THREADS": "1"}),
+        (check_cost.TORCH_SDPA, "torch", check_cost.CHECK_DEFAULTS),
+        (check_cost.JITTED_JAX, "jax", check_cost.COLD),
+        (check_cost.JITTED_JAX, "jax", check_cost.WARM),
     ]
     for target, backend, environment in expected:
-        assert {jobs for t, b, e, jobs in table if (t, b, e) == (target, backend, environment)} == {
-            None,
-            1,
-        }, (target, environment)
+        jobs = {j for t, b, e, j in table if (t, b, e) == (target, backend, environment)}
+        assert jobs == {None, 1}, (target, environment)
+    cache = check_cost.JAX_CACHE
+    assert check_cost.COLD[cache] is None and check_cost.WARM[cache] == check_cost.CACHE_DIR
     names = [r.name for r in check_cost.FULL.rows]
     fill = names.index("jax jitted, cache fill")
-    assert table[fill][2] == {cache: check_cost.CACHE_DIR}
+    assert table[fill][2] == check_cost.WARM
     assert fill == max(i for i, n in enumerate(names) if "cold" in n) + 1
     assert all("warm" in n for n in names[fill + 1 :]) and len(names) == fill + 3
     assert check_cost.FULL.options == ("--profile", "quick")
+
+
+def test_rows_remove_what_overrides_the_checks_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every thread variable a check's workers obey, and ATTNSPEC_JOBS, is removed from a
+    row's environment where it is set (and recorded so); one not set is no change."""
+    assert set(THREAD_VARIABLES) | {"ATTNSPEC_JOBS"} == set(check_cost.DEFAULT_OVERRIDES)
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")
+    for name in ("OMP_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    row = check_cost.CheckRow("one thread", "m:f", "torch", environment=check_cost.ONE_THREAD)
+    environment, changes = check_cost._environment(row, "/cache")
+    assert changes["MKL_NUM_THREADS"] is None and "MKL_NUM_THREADS" not in environment
+    assert environment["OMP_NUM_THREADS"] == changes["OMP_NUM_THREADS"] == "1"
+    assert "NUMEXPR_NUM_THREADS" not in changes
+    warm = check_cost.CheckRow("warm", "m:f", "jax", environment=check_cost.WARM)
+    assert check_cost._environment(warm, "/cache")[0][check_cost.JAX_CACHE] == "/cache"
 
 
 def test_shell_line_unsets_before_it_sets() -> None:
