@@ -18,7 +18,6 @@ import pytest
 
 from attnspec.backends import Backend, BackendError
 from attnspec.benchmarks import suites
-from attnspec.benchmarks.command import SECTIONS
 from attnspec.benchmarks.frameworks import MemoryProbe
 from attnspec.benchmarks.measure import attention_flops, fits, power_law_exponent
 from attnspec.benchmarks.plots import FIGURES, matplotlib_missing
@@ -67,13 +66,13 @@ def run_bench(
 def test_quick_bench_writes_json_and_plots(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Every measurement section (the check section: test_check_cost.py), on every
+    """Every default section (the check section: test_check_cost.py), on every
     installed backend: each (backend, impl, length) is measured or skipped with a reason;
     dense ratios are against the library's kernel (torch SDPA for NumPy); the PNGs are
     written, or the run says that matplotlib is missing."""
     backends = installed(("numpy", "torch", "jax"))
-    doc, printed = run_bench(tmp_path, capsys, "--sections", ",".join(SECTIONS), backends=backends)
-    assert doc["check"] == []
+    doc, printed = run_bench(tmp_path, capsys, backends=backends)
+    assert doc["check"] == []  # the check section runs only when asked for
     assert doc["schema"] == SCHEMA and doc["quick"] is True
     assert set(doc["backends"]) == set(backends)
     for info in doc["backends"].values():
