@@ -197,8 +197,14 @@ def _run_row(row: CheckRow, config: CheckConfig, report: Path, cache_dir: str) -
     return record
 
 
-def check(config: CheckConfig, out: Path, log: Log) -> list[dict[str, Any]]:
-    """Run every row of ``config`` (JSON reports under ``out``); one record per row."""
+def check(
+    config: CheckConfig,
+    out: Path,
+    log: Log,
+    saved: Callable[[list[dict[str, Any]]], None] = lambda records: None,
+) -> list[dict[str, Any]]:
+    """Run every row of ``config`` (JSON reports under ``out``); one record per row, given
+    to ``saved`` after each row, so that an interrupted run keeps what it measured."""
     reports = out / "check-reports"
     reports.mkdir(parents=True, exist_ok=True)
     reasons = {b: unavailable(b) for b in dict.fromkeys(r.backend for r in config.rows)}
@@ -217,6 +223,7 @@ def check(config: CheckConfig, out: Path, log: Log) -> list[dict[str, Any]]:
                 report = reports / f"check-{index:02d}.json"
                 record.update(_run_row(row, config, report, cache_dir))
             records.append(record)
+            saved(records)
             log(summary(record))
     return records
 

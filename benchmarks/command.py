@@ -17,6 +17,7 @@ import dataclasses
 import json
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,22 @@ def _backend_info(backend: Backend, config: suites.BenchConfig) -> dict[str, Any
     }
 
 
+def _write(out: Path, doc: dict[str, Any]) -> None:
+    (out / "bench.json").write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def _save_checks(
+    args: argparse.Namespace,
+    config: suites.BenchConfig,
+    info: dict[str, dict[str, Any]],
+    measurements: list[Measurement],
+    checks: list[dict[str, Any]],
+) -> None:
+    from .._version import __version__
+
+    _write(args.out, document(config, args.quick, info, measurements, __version__, checks))
+
+
 def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Measure what ``args`` asks for; returns the document (also written to ``args.out``)."""
     from .._version import __version__
@@ -140,10 +157,11 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
         if section == CHECK:
             log("check: quick-profile `attnspec check` runs, one after the other:")
             checks = check_cost.check(
-                check_cost.QUICK if args.quick else check_cost.FULL, args.out, log
+                check_cost.QUICK if args.quick else check_cost.FULL,
+                args.out,
+                log,
+                partial(_save_checks, args, config, info, list(measurements)),
             )
-            doc = document(config, args.quick, info, measurements, __version__, checks)
-            (args.out / "bench.json").write_text(json.dumps(doc, indent=1) + "\n")
             continue
         names = args.backends if section == "dense" else args.scaling_backends
         for name in names:
@@ -158,10 +176,11 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
                     ),
                 )
                 # written after every part, so that an interrupted run keeps what it measured
-                doc = document(config, args.quick, info, measurements, __version__, checks)
-                (args.out / "bench.json").write_text(json.dumps(doc, indent=1) + "\n")
+                _write(
+                    args.out, document(config, args.quick, info, measurements, __version__, checks)
+                )
     doc = document(config, args.quick, info, measurements, __version__, checks)
-    (args.out / "bench.json").write_text(json.dumps(doc, indent=1) + "\n")
+    _write(args.out, doc)
     log(f"wrote {args.out / 'bench.json'}")
     missing = matplotlib_missing()
     if missing:

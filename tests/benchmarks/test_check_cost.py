@@ -81,7 +81,11 @@ def test_full_rows_are_the_readme_table(monkeypatch: pytest.MonkeyPatch, tmp_pat
     cold (no cache), then one fill of a fresh cache dir before the warm rows that reuse it.
     (Checked with every library 'missing', so nothing runs.)"""
     monkeypatch.setattr(check_cost, "unavailable", lambda backend: f"{backend}: simulated")
-    rows = check_cost.check(check_cost.FULL, tmp_path, lambda line: None)
+    saved: list[int] = []
+    rows = check_cost.check(
+        check_cost.FULL, tmp_path, lambda line: None, lambda rows: saved.append(len(rows))
+    )
+    assert saved == list(range(1, len(rows) + 1))  # after every row: an interrupt keeps them
     assert all(r["skipped"] == f"{r['backend']}: simulated" for r in rows)
     table = [(r.target, r.backend, dict(r.environment), r.jobs) for r in check_cost.FULL.rows]
     expected = [
