@@ -230,7 +230,7 @@ def check(
 
 def summary(record: dict[str, Any]) -> str:
     """One log line of a row."""
-    line = f"  {record['name']:38}"
+    line = f"  {record['name']:46}"
     if record["skipped"] is not None:
         return line + f"skipped: {record['skipped']}"
     counts = record["counts"]
