@@ -15,6 +15,7 @@ this section: its rows are the table.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import resource
@@ -27,8 +28,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from ..backends import Backend, BackendError
 
 Log = Callable[[str], None]
 
@@ -106,11 +105,11 @@ QUICK = CheckConfig(
 
 
 def unavailable(backend: str) -> str | None:
-    """Why ``backend`` cannot be checked here (None when it can)."""
-    try:
-        Backend(backend)
-    except (BackendError, ValueError) as exc:
-        return str(exc)
+    """Why ``backend`` cannot be checked here (None when it can): its library is not
+    installed.  Looked up without importing it: the checks run in their own processes, and
+    a JAX loaded here would reserve most of a GPU's memory that they need."""
+    if importlib.util.find_spec(backend) is None:
+        return f"{backend} is not installed"
     return None
 
 
