@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .bounds import reference_bound
+from .bounds import reference_bound, weights_bound
 from .failures import PropertyFailure
 from .kernel import KernelUnderTest, Problem
 
@@ -100,6 +100,23 @@ def assert_within_bound(
             kernel,
             shows_weights=shows_weights,
         )
+
+
+def assert_weights_match(kernel: KernelUnderTest, problem: Problem, weights: np.ndarray) -> None:
+    """Weights from :meth:`KernelUnderTest.output_with_weights` within TOL-2 of the
+    definition's (returned ones within the weights bound, observed ones within the V = I
+    output bound: :func:`.bounds.weights_bound`); a failure on observed weights reproduces
+    them."""
+    expected, tolerance = weights_bound(problem, kernel.declaration)
+    assert_within_bound(
+        weights,
+        np.asarray(expected),
+        np.asarray(tolerance),
+        "weights",
+        problem,
+        kernel,
+        shows_weights=kernel.observes_weights,
+    )
 
 
 def assert_matches_reference(

@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from ..assertions import assert_matches_reference, assert_within_bound, first_index
+from ..assertions import (
+    assert_matches_reference,
+    assert_weights_match,
+    assert_within_bound,
+    first_index,
+)
 from ..bounds import weights_bound
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest
@@ -26,10 +31,7 @@ def matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
     if kernel.declaration.returns_weights:
         out, weights = kernel.output_with_weights(problem)
         assert_matches_reference(kernel, problem, out)
-        expected, tolerance = weights_bound(problem, kernel.declaration)
-        assert_within_bound(
-            weights, np.asarray(expected), np.asarray(tolerance), "weights", problem, kernel
-        )
+        assert_weights_match(kernel, problem, weights)
     else:
         assert_matches_reference(kernel, problem)
 
