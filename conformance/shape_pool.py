@@ -45,7 +45,8 @@ compilations are reused.
 What is lost is variety within one run (a dozen shapes and option sets instead of one per
 example); ``--seed`` draws other pools.  What still compiles per property: the options a
 property forces (no mask, always causal, ...) on a pooled shape, the empty sizes and
-broadcast masks that some properties are about, each dtype of output-shape-dtype, and the
+broadcast masks that some properties are about, each dtype of output-shape-dtype on the
+small stratum's shapes (a realistic one is checked in its tied dtype), and the
 weights observed through V = I in one call where blocks would be more than
 :data:`.kernel.MAX_WEIGHT_BLOCKS` calls (Ev tiny against Lk) or Ev = 0.
 """
@@ -63,7 +64,7 @@ from hypothesis import strategies as st
 
 # Members per pool: the small stratum's examples spread over this many shapes; a realistic
 # stratum gets as many as it has examples (1-3 in the quick profile), at most this.
-SMALL_POOL = 4
+SMALL_POOL = 3
 LARGEST_REALISTIC_POOL = 3
 # Shapes a mask or bias of one problem size broadcasts from: (Lq, Lk) and one more.
 BROADCAST_POOL = 2
