@@ -353,10 +353,11 @@ def pooled_broadcast(
 
 
 # Draws besides sizes that change what a compiled kernel is compiled for: its dtype, which
-# optional inputs it gets (mask, bias, scale) and static flags (is_causal).
+# optional inputs it gets (mask, bias, scale), static flags (is_causal) and the mask form
+# mask-broadcast checks in a realistic example.
 # (Which of BROADCAST_POOL shapes a mask or bias broadcasts from is fixed by the scores'
 # shape: pooled_broadcast.)
-TIED_LABELS = frozenset({"dtype", "causal", "mask", "bias", "explicit scale"})
+TIED_LABELS = frozenset({"dtype", "causal", "mask", "bias", "explicit scale", "mask form"})
 
 
 class TiedDraws:

@@ -278,6 +278,9 @@ REPOOLED = {
     "batch-head-independence",
     "gqa-mapping",
 }
+# Properties that check less per pooled realistic example than per other example:
+# mask-broadcast one mask form, output-shape-dtype the shape's tied dtype.
+PER_EXAMPLE_POOLED = {"mask-broadcast", "output-shape-dtype"}
 
 
 # Properties that observe the weights through V = I: in column blocks on a backend that
@@ -296,7 +299,8 @@ OBSERVING_WEIGHTS = {
     [
         bug
         for bug in CATALOGUE
-        if bug.catches in REPOOLED | OBSERVING_WEIGHTS and bug.backend == "numpy"
+        if bug.catches in REPOOLED | OBSERVING_WEIGHTS | PER_EXAMPLE_POOLED
+        and bug.backend == "numpy"
     ],
     ids=lambda bug: bug.name,
 )

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 from catalogue.blocks import arrange, attend
-from support import verdict_of
+from support import compiling, verdict_of
 
 import attnspec
 from attnspec.backends import Backend
@@ -80,3 +80,43 @@ def test_mask_broadcast_fails_a_kernel_reading_the_key_value_heads_slice() -> No
     assert verdict_of("mask-broadcast", buggy, shrink=False).status == FAILED
     correct = declare(reference, mask=True, gqa=True)
     assert verdict_of("mask-broadcast", correct).status == PASSED
+
+
+def two_d_mask_ignored_past_nine_keys(
+    q: Any, k: Any, v: Any, *, mask: Any = None, is_causal: bool = False, scale: Any = None
+) -> Any:
+    """Drops an (Lq, Lk) mask when there are more than 9 keys: wrong only at sizes past the
+    small stratum's (its lengths are at most 9)."""
+    if mask is not None and mask.ndim == 2 and mask.shape[-1] > 9:
+        mask = None
+    return attend(arrange(q, k, v, mask=mask, is_causal=is_causal, scale=scale))
+
+
+def test_pooled_realistic_examples_still_meet_every_mask_form() -> None:
+    """SDPA-3.1: on a backend compiling per shape a pooled realistic example checks one
+    mask form, drawn; a kernel wrong only on (Lq, Lk) masks at realistic sizes is still
+    caught there, as on NumPy, and the kernel reading the key/value head's slice too."""
+    for fn in (two_d_mask_ignored_past_nine_keys, mask_by_key_value_head):
+        buggy = declare(fn, mask=True, gqa=True)
+        for backend in (NUMPY, compiling()):
+            verdict = verdict_of("mask-broadcast", buggy, backend=backend, shrink=False)
+            assert verdict.status == FAILED, (fn.__name__, backend, verdict.detail)
+
+
+def test_pooled_realistic_examples_spread_over_the_mask_forms() -> None:
+    """SDPA-3.1: the form a pooled realistic example checks is tied to its stratum and
+    shape, not Hypothesis's simplest draw (which a stratum of one example always takes):
+    over the quick profile's realistic strata a correct kernel meets 1-d and (Lq, Lk)
+    masks past the small stratum's 9 keys, and full ones."""
+    ranks: set[int] = set()
+
+    def recording(
+        q: Any, k: Any, v: Any, *, mask: Any = None, is_causal: bool = False, scale: Any = None
+    ) -> Any:
+        if mask is not None and k.shape[-2] > 9:
+            ranks.add(mask.ndim if mask.ndim < 3 else 4 if mask.shape[-3] == q.shape[-3] else 3)
+        return reference(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+
+    kernel = declare(recording, mask=True, gqa=True)
+    assert verdict_of("mask-broadcast", kernel, backend=compiling()).status == PASSED
+    assert {1, 2, 4} <= ranks, ranks
