@@ -12,13 +12,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support import ROOT, hand_report, hand_verdict
 
-from attnspec.conformance import cli, matrix
+from attnspec.conformance import cli, isolation, matrix
 from attnspec.conformance.known_kernels import KNOWN_KERNELS
 from attnspec.conformance.root_causes import Divergence
 from attnspec.conformance.run_plan import Execution
@@ -336,3 +337,31 @@ def test_a_kernel_left_out_by_kernel_keeps_why_it_cannot_run() -> None:
     runnable = next(e for e in KNOWN_KERNELS if matrix.unavailable(e, has_cuda=False) is None)
     row = matrix.unselected_row(runnable, {}, has_cuda=False)
     assert (row.status, row.reason) == (matrix.NOT_SELECTED, "left out of this run (--kernel)")
+
+
+def test_kernels_checked_at_once_share_the_cpus_between_their_thread_pools(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CONF-1 (the matrix's --jobs N): each kernel's process gets CPUs // N threads in its
+    BLAS, OpenMP and PyTorch pools, as the workers of one check do (a thread per core in
+    each of 2 kernels on 2 cores made a torch row's mask-broadcast 15 s instead of 0.8 s);
+    thread variables the user set stand."""
+    seen: list[dict[str, str]] = []
+
+    def recorded(command: list[str], **options: Any) -> subprocess.CompletedProcess[bytes]:
+        seen.append(options["env"])
+        return subprocess.CompletedProcess(command, 2)
+
+    monkeypatch.setattr(matrix.subprocess, "run", recorded)
+    monkeypatch.setattr(isolation, "available_cpus", lambda: 8)
+    for name in isolation.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    entries = [KNOWN_KERNELS[0], KNOWN_KERNELS[1]]
+    rows = matrix.rows_in_processes(entries, 2, ["--quiet"])
+    assert [row.status for row in rows] == [matrix.SETUP_FAILED] * 2
+    assert [env["OMP_NUM_THREADS"] for env in seen] == ["4", "4"]
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    seen.clear()
+    matrix.rows_in_processes(entries, 2, ["--quiet"])
+    assert [env["OMP_NUM_THREADS"] for env in seen] == ["3", "3"]
+    assert all("OPENBLAS_NUM_THREADS" not in env for env in seen)
