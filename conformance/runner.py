@@ -18,6 +18,7 @@ from .anchors import ANCHORS, DTYPES, anchor_options
 from .failures import KernelExited, PropertyFailure
 from .input_features import avoided_dtype, features_of
 from .kernel import KernelUnderTest
+from .one_example import SeededBesidesSizes, seeds_besides_sizes
 from .registry import Property, all_properties
 from .reproduce import failure_snippet
 from .shape_pool import ShapePool, pool_for_run
@@ -282,14 +283,18 @@ def _run_strata(
         if dtype not in (None, "widest", *kernel.dtypes) or dtype in avoided_dtypes:
             continue  # an anchor in a dtype the kernel is not checked in (or drawn around)
         for stratum, count, part_seed in _nested_parts(profile, whole, limits, seed, prop):
+            # one example of a realistic stratum: its sizes the simplest, nothing else
+            seeded = part_seed if seeds_besides_sizes(stratum, count) else None
 
             @hypothesis_seed(part_seed)
             @hypothesis_settings(profile, seed, count, shrink=shrink and stratum.anchor is None)
             @given(st.data())
             def property_test(data: st.DataObject) -> None:
                 examples[0] += 1
+                # called in this iteration of the loop, so its seeded is this stratum's
+                drawn = data if seeded is None else SeededBesidesSizes(data, seeded)  # noqa: B023
                 try:
-                    prop.check(kernel, data)
+                    prop.check(kernel, drawn)
                 except UnsatisfiedAssumption:  # it had a feature the run draws around
                     examples[0] -= 1
                     raise

@@ -194,7 +194,8 @@ class Stratum:
     draws of at most ``max_cost`` (see :func:`problem_cost`) with at least ``min_len``
     keys, each with the ``forced`` options where the kernel claims them and the property
     draws them.  Hypothesis starts every stratum from its simplest example, so a stratum
-    of one example draws its smallest problem (e.g. 65 or 257 keys: one past a block)."""
+    of one example draws its smallest problem (e.g. 65 or 257 keys: one past a block); a
+    random one draws everything but its sizes from a seeded source (one_example)."""
 
     name: str
     examples: int

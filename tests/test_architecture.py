@@ -64,6 +64,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                 "input_features",
                 "sizes",
                 "shape_pool",
+                "one_example",
                 "values",
                 "element_values",
                 "anchors",
