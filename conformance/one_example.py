@@ -25,9 +25,23 @@ from .shape_pool import SeededDraws
 from .sizes import Stratum
 
 # The labels of the draws that choose a problem's sizes (sizes.draw_realistic_dims,
-# strategies.draw_dims, shape_pool.choose), and the prefix of its batch dims' labels.
+# strategies.draw_dims, shape_pool.choose, and the lengths properties change: causal's
+# Lk != Lq, bottom-right empty rows' Lq > Lk), and the prefix of its batch dims' labels.
 SIZE_LABELS = frozenset(
-    {"shape kind", "L", "Lq", "Lk", "E", "Ev", "G", "Hkv", "batch ndim", "shape (pooled)"}
+    {
+        "shape kind",
+        "L",
+        "Lq",
+        "Lk",
+        "E",
+        "Ev",
+        "G",
+        "Hkv",
+        "batch ndim",
+        "shape (pooled)",
+        "Lk - Lq",
+        "Lq - Lk",
+    }
 )
 SIZE_LABEL_PREFIX = "batch "
 

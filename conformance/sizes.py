@@ -232,6 +232,12 @@ class Drawing:
     def realistic(self) -> bool:
         return self.stratum.realistic
 
+    @property
+    def pooled_realistic(self) -> bool:
+        """A realistic stratum's shapes from a pool (a backend compiling per shape): what
+        a property checks per example there should compile nothing for it alone."""
+        return self.pool is not None and self.stratum.realistic
+
 
 _CURRENT: ContextVar[Drawing | None] = ContextVar("attnspec_drawing", default=None)
 _OUTSIDE_A_RUN = Drawing()  # a property called directly draws small problems

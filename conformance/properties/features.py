@@ -198,7 +198,7 @@ def _empty_row_problem(data: st.DataObject, kernel: KernelUnderTest) -> Problem:
         dims = replace(dims, n_keys=0)
     elif way == "bottom-right Lq > Lk":
         dims = refit(
-            replace(dims, n_queries=dims.n_keys + data.draw(st.integers(1, 3), label="extra"))
+            replace(dims, n_queries=dims.n_keys + data.draw(st.integers(1, 3), label="Lq - Lk"))
         )
     problem = draw_problem(
         data,

@@ -115,8 +115,7 @@ def mask_broadcast(kernel: KernelUnderTest, data: st.DataObject) -> None:
         (key_mask, "out (1-d key mask)"),
         (rows_mask, "out ((Lq, Lk) mask)"),
     ]
-    drawing = current()
-    if drawing.pool is not None and drawing.stratum.realistic:
+    if current().pooled_realistic:
         # Pooled (a backend compiling per shape), each form is a compilation of its own at
         # every realistic shape: there an example checks the one form tied to its shape
         # (seeded per stratum and shape, as its options are: a stratum of one example

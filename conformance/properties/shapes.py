@@ -81,9 +81,7 @@ def output_shape_dtype(kernel: KernelUnderTest, data: st.DataObject) -> None:
     for this property alone.  Every dtype still meets every small shape and the anchors
     run in each dtype."""
     dims = draw_dims(data, kernel)
-    drawing = current()
-    each_dtype = drawing.pool is None or not drawing.stratum.realistic
-    for dtype in kernel.dtypes if each_dtype else (None,):
+    for dtype in (None,) if current().pooled_realistic else kernel.dtypes:
         problem = draw_problem(data, kernel, dims=dims, dtype=dtype)
         out, weights = kernel.call_on(problem)
         assert_output_shape_and_dtype(kernel, problem, out, weights)

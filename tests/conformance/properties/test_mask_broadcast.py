@@ -93,9 +93,10 @@ def two_d_mask_ignored_past_nine_keys(
 
 
 def test_pooled_realistic_examples_still_meet_every_mask_form() -> None:
-    """SDPA-3.1: on a backend compiling per shape a pooled realistic example checks one
-    mask form, drawn; a kernel wrong only on (Lq, Lk) masks at realistic sizes is still
-    caught there, as on NumPy, and the kernel reading the key/value head's slice too."""
+    """SDPA-3.1: on a backend compiling per shape a pooled realistic example checks the
+    one mask form tied to its shape; a kernel wrong only on (Lq, Lk) masks at realistic
+    sizes is still caught there, as on NumPy, and the kernel reading the key/value head's
+    slice too."""
     for fn in (two_d_mask_ignored_past_nine_keys, mask_by_key_value_head):
         buggy = declare(fn, mask=True, gqa=True)
         for backend in (NUMPY, compiling()):
