@@ -35,7 +35,12 @@ compilations are reused.
   one in every property (but mask-broadcast, which is about them), and the dtype and the
   options that a compiled kernel is compiled for (mask, bias, causal, explicit scale:
   TIED_LABELS) follow the pooled shape (:class:`TiedDraws`), so that they too repeat from
-  property to property.
+  property to property; so do the realistic mask and bias kinds that have shapes of
+  their own (padding, ALiBi) and the broadcastable mask shape mask-broadcast draws.  A
+  bias a property wants of a few units (``tight``), or a re-run drawing around a large
+  bias, takes the drawn kind's shape with small values; a re-run drawing around a fully
+  masked row gives each row a key in the mask's own shape
+  (:func:`.strategies.with_a_key_per_row`): both meet the signatures compiled already.
 * Probes a property builds itself draw their sizes through :func:`pooled_sizes` (the
   scale probe of default-scale and explicit-scale), a few per stratum as well.
 * The weights a property observes through V = I are read in column blocks of the identity,
@@ -357,7 +362,24 @@ def pooled_broadcast(
 # mask-broadcast checks in a realistic example.
 # (Which of BROADCAST_POOL shapes a mask or bias broadcasts from is fixed by the scores'
 # shape: pooled_broadcast.)
-TIED_LABELS = frozenset({"dtype", "causal", "mask", "bias", "explicit scale", "mask form"})
+REDUCIBLE_MASK_SHAPE = "reducible mask shape"  # mask-broadcast's own mask shape
+# What a kernel is compiled for: dtype, options, the mask's and bias's shapes (their form,
+# the realistic kinds that have shapes of their own: padding, ALiBi).
+TIED_LABELS = frozenset(
+    {
+        "dtype",
+        "causal",
+        "mask",
+        "bias",
+        "explicit scale",
+        "mask form",
+        REDUCIBLE_MASK_SHAPE,
+        "mask kind",
+        "bias kind",
+        "queries padded too",
+        "ALiBi inside the padding",
+    }
+)
 
 
 class TiedDraws:

@@ -299,18 +299,31 @@ def draw_mask(
 
 
 def with_a_key_per_row(problem: Problem, declaration: Any) -> np.ndarray:
-    """``problem.mask`` (broadcast to the scores) with each row that the mask and the causal
-    rule leave without a key given the last key the causal rule allows; a row the causal
-    rule alone empties (bottom-right, Lq > Lk) stays empty."""
-    mask = np.broadcast_to(problem.required("mask"), input_features.scores_shape(problem)).copy()
-    if mask.shape[-1] == 0:
-        return mask  # no keys: SDPA-5.2's inputs, not a fully masked row
+    """``problem.mask``, in its own shape, with each row that the mask and the causal rule
+    leave without a key given one the causal rule allows; a row the causal rule alone
+    empties (bottom-right, Lq > Lk) stays empty.  A row of a broadcast mask serves several
+    rows of the scores: it gets the last key the causal rule allows in all of those that
+    have one (the causal rule allows a prefix of the keys, so key 0 at least).  The shape
+    stays the drawn one, so that a re-run drawing around SDPA-5.1 calls a kernel that
+    compiles per shape with the shapes the first run compiled (shape_pool)."""
+    mask = problem.required("mask")
+    shape = input_features.scores_shape(problem)
+    if shape[-1] == 0:
+        return mask.copy()  # no keys: SDPA-5.2's inputs, not a fully masked row
+    own = mask.reshape((1,) * (len(shape) - mask.ndim) + mask.shape).copy()
     causal = input_features.allowed_keys(problem.with_(mask=None, bias=None), declaration)
-    empty = ~(mask & causal).any(axis=-1)
-    last = causal.shape[-1] - 1 - np.argmax(causal[..., ::-1], axis=-1)
-    rows = np.nonzero(empty & causal.any(axis=-1))
-    mask[(*rows, last[rows])] = True
-    return mask
+    keyed = np.asarray(causal.any(axis=-1))
+    empty = keyed & ~(np.broadcast_to(own, shape) & causal).any(axis=-1)
+    shared = tuple(a for a in range(len(shape) - 1) if own.shape[a] == 1 < shape[a])
+    needy = np.asarray(empty.any(axis=shared, keepdims=True))
+    if own.shape[-1] == 1:  # a mask broadcast over the keys: its True allows them all
+        own[needy, 0] = True
+    else:
+        common = np.asarray((causal | ~keyed[..., None]).all(axis=shared, keepdims=True))
+        last = shape[-1] - 1 - np.argmax(common[..., ::-1], axis=-1)
+        rows = np.nonzero(needy)
+        own[(*rows, last[rows])] = True
+    return own.reshape(mask.shape)
 
 
 def _wanted(
@@ -336,19 +349,24 @@ def draw_bias(
 ) -> np.ndarray:
     """N(0, 1) bias of a shape broadcasting to the scores; in realistic strata also
     ALiBi-like and padding biases (-1e4, -1e9, finfo.min) unless ``tight`` (a bias of a
-    few units, e.g. so that no row's weights vanish)."""
+    few units, e.g. so that no row's weights vanish).  A tight bias in a realistic
+    stratum takes the shape the drawn kind has (N(0, 1) values in an ALiBi or padding
+    shape), so that a property asking for one, or a re-run drawing around SDPA-7.4, calls
+    a kernel compiling per shape with the shapes the other properties compiled."""
     stratum = sizes.current().stratum
     kind = "normal"
-    # drawing around SDPA-7.4: no padding fill (-1e4 ... finfo.min)
-    tight = tight or input_features.LARGE_BIAS in sizes.avoided_now()
-    if stratum.realistic and not tight:
+    if stratum.realistic:
         kind = stratum.option("bias") or data.draw(
             st.sampled_from(values.BIAS_KINDS), label="bias kind"
         )
     if kind == "normal":
         shape = broadcast_shape_for(data, dims.scores_shape, "bias")
         return random_values(kernel, rng, shape, dtype)
-    return values.draw_bias_values(data, kernel, rng, dims, dtype, kind)
+    bias = values.draw_bias_values(data, kernel, rng, dims, dtype, kind)
+    # drawing around SDPA-7.4: no padding fill (-1e4 ... finfo.min)
+    if tight or input_features.LARGE_BIAS in sizes.avoided_now():
+        return random_values(kernel, rng, bias.shape, dtype)
+    return bias
 
 
 def draw_problem(
@@ -409,7 +427,7 @@ def draw_problem(
         bias,
         decl.bias and not (use_causal and decl.bias_shares_mask_argument),
         "bias",
-        None if tight else stratum.option("bias"),
+        stratum.option("bias"),
     ):
         problem.bias = draw_bias(data, kernel, rng, dims, dtype, tight=tight)
     forced_scale = stratum.option("scale")

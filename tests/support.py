@@ -64,12 +64,19 @@ def compiling(name: str = "numpy", compiles_per_shape: bool = True) -> Backend:
 Shapes = tuple[tuple[int, ...], ...]
 
 
-def recording(seen: list[Shapes], fn: Callable[..., Any] | None = None) -> Callable[..., Any]:
-    """``fn`` (default: the reference) as a kernel claiming a bias and GQA that appends the
-    (q, k, v) shapes of every call to ``seen``."""
+def recording(
+    seen: list[Any],
+    fn: Callable[..., Any] | None = None,
+    *,
+    record: Callable[..., Any] | None = None,
+    **claims: Any,
+) -> Callable[..., Any]:
+    """``fn`` (default: the reference) as a kernel claiming a bias and GQA (and ``claims``)
+    that appends to ``seen`` what ``record`` makes of every call's arguments (default: the
+    (q, k, v) shapes)."""
     attention = reference_sdpa if fn is None else fn
 
-    @declare(bias=True, gqa=True)
+    @declare(**{"bias": True, "gqa": True, **claims})
     def kernel(
         q: Any,
         k: Any,
@@ -80,8 +87,12 @@ def recording(seen: list[Shapes], fn: Callable[..., Any] | None = None) -> Calla
         is_causal: bool = False,
         scale: float | None = None,
     ) -> Any:
-        seen.append((tuple(q.shape), tuple(k.shape), tuple(v.shape)))
-        return attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+        options = dict(mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+        if record is None:
+            seen.append((tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+        else:
+            seen.append(record(q, k, v, **options))
+        return attention(q, k, v, **options)
 
     return kernel
 

@@ -31,6 +31,7 @@ from ..hints import mask_convention
 from ..input_features import scores_shape
 from ..kernel import KernelUnderTest, Problem
 from ..registration import needs, register
+from ..shape_pool import REDUCIBLE_MASK_SHAPE
 from ..sizes import current
 from ..strategies import (
     broadcast_shape_for,
@@ -52,7 +53,8 @@ def mask_polarity(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """True in the mask means "may attend": with exactly one True per row, every output
     row is that key's value row (within TOL-2); an inverted mask cannot pass."""
     dims = draw_dims(data, kernel, min_keys=1)
-    problem = draw_problem(data, kernel, dims=dims, mask="never", bias="never", causal="never")
+    # a bias of a few units (where one is drawn) leaves a row with one key all its weight
+    problem = draw_problem(data, kernel, dims=dims, mask="never", causal="never", tight=True)
     rng = draw_rng(data)
     shape = broadcast_shape_for(data, dims.scores_shape, "mask")
     chosen = rng.integers(0, dims.n_keys, size=shape[:-1])
@@ -77,18 +79,19 @@ def mask_polarity(kernel: KernelUnderTest, data: st.DataObject) -> None:
         ) from None
 
 
-def _draw_reducible_shape(
-    data: st.DataObject,
-    full: tuple[int, ...],
-    label: str,
-) -> tuple[int, ...]:
+def _draw_reducible_shape(data: st.DataObject, full: tuple[int, ...]) -> tuple[int, ...]:
     """A shape broadcasting to ``full``: leading dims dropped, any dim (Lq and Lk too) set
-    to 1, e.g. (Lk,), (Lq, Lk), (Hq, 1, Lk), (B, 1, 1, Lk), (Lq, 1)."""
-    keep = data.draw(st.integers(1, len(full)), label=f"{label} ndim")
-    return tuple(
-        1 if data.draw(st.booleans(), label=f"{label} broadcast axis {axis}") else size
-        for axis, size in enumerate(full[len(full) - keep :])
+    to 1, e.g. (Lk,), (Lq, Lk), (Hq, 1, Lk), (B, 1, 1, Lk), (Lq, 1).  One draw, tied to a
+    pooled shape (shape_pool.TIED_LABELS) where the backend compiles per shape: each
+    pooled shape meets one such mask shape a run, not one per example."""
+    keep, ones = data.draw(
+        st.tuples(
+            st.integers(1, len(full)),
+            st.lists(st.booleans(), min_size=len(full), max_size=len(full)),
+        ),
+        label=REDUCIBLE_MASK_SHAPE,
     )
+    return tuple(1 if one else size for one, size in zip(ones, full, strict=True))[-keep:]
 
 
 @register("mask-broadcast", "SDPA-3.1", applies=needs("mask"))
@@ -101,7 +104,7 @@ def mask_broadcast(kernel: KernelUnderTest, data: st.DataObject) -> None:
     dims = draw_dims(data, kernel)
     problem = draw_problem(data, kernel, dims=dims, mask="never", bias="never", causal="never")
     rng = draw_rng(data)
-    shape = _draw_reducible_shape(data, dims.scores_shape, "mask")
+    shape = _draw_reducible_shape(shape_pool.tied_to(data, dims), dims.scores_shape)
     density = data.draw(st.sampled_from([0.5, 0.8, 0.2]), label="mask density")
     small = problem.with_(mask=rng.random(shape) < density)
     # the smallest broadcastable mask, a 1-d key mask, in every example but pooled realistic
@@ -123,21 +126,18 @@ def mask_broadcast(kernel: KernelUnderTest, data: st.DataObject) -> None:
         # three, and the per-head check below runs in every example.
         tied = shape_pool.tied_to(data, dims)
         forms = [forms[tied.draw(st.integers(0, len(forms) - 1), label="mask form")]]
-    small_full_output = None
     for reduced, what in forms:
         out, out_full = kernel.output(reduced), kernel.output(_explicitly_broadcast(reduced))
         assert_same_result(kernel, reduced, out, out_full, f"{what} vs the full mask")
-        if reduced is small:
-            small_full_output = out_full
-    full = _explicitly_broadcast(small)
-    if full.q.shape[-3] > 1:  # a per-head mask acts per head
-        if small_full_output is None:
-            small_full_output = kernel.output(full)
-        own = _each_head_with_its_slice_everywhere(kernel, full)
+    if dims.scores_shape[-3] > 1:  # a per-head mask acts per head
+        # a full mask of its own, different in every head whatever form was drawn (on a
+        # pooled shape the form is one a run), in the shapes the full forms compiled
+        per_head = problem.with_(mask=rng.random(dims.scores_shape) < density)
+        own = _each_head_with_its_slice_everywhere(kernel, per_head)
         assert_same_result(
             kernel,
-            full,
-            small_full_output,
+            per_head,
+            kernel.output(per_head),
             own,
             "out (full mask) vs each head's slice given to all",
         )
@@ -172,13 +172,16 @@ def bias_semantics(kernel: KernelUnderTest, data: st.DataObject) -> None:
     dims = draw_dims(data, kernel, weights=True)
     # E >= 2 so that the default scale 1/sqrt(E) is not 1 either.
     dims = replace(dims, head_dim=max(2, dims.head_dim))
+    # the bias in the shape drawn for it (as other properties meet it on a pooled shape),
+    # with values of a few units; an explicit scale (where drawn) is one of s != 1
     problem = draw_problem(
-        data, kernel, dims=dims, mask="never", bias="never", causal="never", scale="never"
+        data, kernel, dims=dims, mask="never", causal="never", bias="always", tight=True
     )
-    if kernel.declaration.scale:
+    if problem.scale is not None:
         problem.scale = data.draw(st.sampled_from(EXPLICIT_NON_UNIT_SCALES), label="scale")
-    shape = broadcast_shape_for(data, dims.scores_shape, "bias")
-    problem.bias = random_values(kernel, draw_rng(data), shape, problem.dtype, BIAS_MAGNITUDE)
+    problem.bias = random_values(
+        kernel, draw_rng(data), problem.required("bias").shape, problem.dtype, BIAS_MAGNITUDE
+    )
     # the scale drawn here may make realistic scores too large for TOL-2 to be tight
     problem = within_validity(kernel, problem)
     out, weights = kernel.output_with_weights(problem)
@@ -250,7 +253,9 @@ def mask_wins_over_bias(kernel: KernelUnderTest, data: st.DataObject) -> None:
 @register("mask-and-causal", "SDPA-3.4", applies=needs("mask", "causal", "mask_and_causal"))
 def mask_and_causal(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """A mask together with is_causal allows exactly the keys both allow: the result is
-    within TOL-2 of the definition with the AND of the mask and the causal mask."""
-    problem = draw_problem(data, kernel, mask="always", causal="always", bias="never")
+    within TOL-2 of the definition with the AND of the mask and the causal mask (and a
+    bias, where one is drawn)."""
+    # a bias of a few units where one is drawn: SDPA-7.4's large fills are large-logits'
+    problem = draw_problem(data, kernel, mask="always", causal="always", tight=True)
     out = kernel.output(problem)
     assert_matches_reference(kernel, problem, out, "out (mask AND causal)")

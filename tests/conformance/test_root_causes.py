@@ -571,8 +571,12 @@ def test_the_avoid_hook_rejects_problems_with_an_avoided_feature() -> None:
         assert kernel.output(problem.with_(mask=np.ones((1, 1), dtype=bool))).shape == (1, 1, 1)
 
 
-def test_drawing_around_empty_rows_leaves_a_mask_without_keys_alone() -> None:
-    """Lk = 0 (SDPA-5.2's inputs) has no row to give a key: the mask comes back as is."""
+def test_drawing_around_empty_rows_gives_each_row_a_key_in_the_masks_own_shape() -> None:
+    """Lk = 0 (SDPA-5.2's inputs) has no row to give a key: the mask comes back as is.  A
+    row without a key gets the last one the causal rule allows it; a broadcast mask keeps
+    its shape (a re-run meets the shapes a compiling kernel compiled), its row getting the
+    last key allowed in every scores row it serves; a mask broadcast over the keys allows
+    them all."""
     from attnspec.conformance.declaration import KernelDeclaration
     from attnspec.conformance.strategies import with_a_key_per_row
 
@@ -584,13 +588,21 @@ def test_drawing_around_empty_rows_leaves_a_mask_without_keys_alone() -> None:
         mask=np.zeros((2, 0), dtype=bool),
         is_causal=True,
     )
-    assert with_a_key_per_row(none, KernelDeclaration()).shape == (1, 2, 0)
+    assert with_a_key_per_row(none, KernelDeclaration()).shape == (2, 0)
     blank = none.with_(
         k=np.zeros((1, 3, 1)), v=np.zeros((1, 3, 1)), mask=np.zeros((2, 3), dtype=bool)
     )
     assert with_a_key_per_row(blank, KernelDeclaration()).tolist() == [
-        [[True, False, False], [False, True, False]]
+        [True, False, False],
+        [False, True, False],
     ]  # top-left causal: the last allowed key
+    shared = with_a_key_per_row(blank.with_(mask=np.zeros((1, 3), dtype=bool)), KernelDeclaration())
+    assert shared.tolist() == [[True, False, False]]  # row 0 allows key 0 only
+    bottom_right = KernelDeclaration(causal_alignment="bottom_right")
+    shared = with_a_key_per_row(blank.with_(mask=np.zeros((1, 3), dtype=bool)), bottom_right)
+    assert shared.tolist() == [[False, True, False]]  # row 0 allows keys 0 and 1
+    over_keys = blank.with_(mask=np.array([[True], [False]]))
+    assert with_a_key_per_row(over_keys, KernelDeclaration()).tolist() == [[True], [True]]
 
 
 def test_one_root_cause_with_two_write_ups_is_two_divergences() -> None:

@@ -451,3 +451,36 @@ def test_a_rerun_drawing_around_values_meets_the_first_runs_shapes() -> None:
         assert limits_key() == SizeLimits()
     with drawing(Stratum("small", 20), SizeLimits(avoid=("gqa", "fully-masked-row")), pool):
         assert limits_key() == SizeLimits(avoid=("gqa",))
+
+
+def compiled_for(q: Any, k: Any, v: Any, **options: Any) -> tuple[Any, ...]:
+    """What a compiling backend compiles a call for: shapes, dtype, the options given."""
+    mask, bias = options["mask"], options["bias"]
+    return (
+        *(tuple(a.shape) for a in (q, k, v)),
+        str(q.dtype),
+        None if mask is None else tuple(mask.shape),
+        None if bias is None else tuple(bias.shape),
+        options["is_causal"],
+        options["scale"] is None,
+    )
+
+
+def test_a_rerun_drawing_around_a_masked_row_or_a_large_bias_compiles_nothing_new() -> None:
+    """CONF-5: drawing around a fully masked row keeps the drawn mask's shape (a key is
+    added in that shape, strategies.with_a_key_per_row) and drawing around a large bias
+    keeps the bias's (values of a few units in the padding or ALiBi shape drawn), so such
+    a re-run calls a compiling kernel with signatures the first run compiled: before, a
+    key per row took the full scores shape and a bounded bias a shape of its own."""
+    runs: list[set[tuple[Any, ...]]] = []
+    prop = all_properties()["matches-reference"]
+    for limits in (SizeLimits(), SizeLimits(avoid=("fully-masked-row", "large-finite-bias"))):
+        seen: list[tuple[Any, ...]] = []
+        kernel = KernelUnderTest(recording(seen, record=compiled_for, mask=True), compiling())
+        assert run_property(prop, kernel, seed=7, limits=limits).status == PASSED
+        runs.append(set(seen))
+    first, rerun = runs
+    masked = {s for s in rerun if s[4] is not None}
+    biased = {s for s in rerun if s[5] is not None}
+    assert masked and biased and max(len(s[5]) for s in biased) > 2  # padding or ALiBi shapes met
+    assert rerun <= first, sorted(rerun - first)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 from catalogue.blocks import arrange, attend
-from support import compiling, verdict_of
+from support import compiling, recording, verdict_of
 
 import attnspec
 from attnspec.backends import Backend
@@ -121,3 +121,29 @@ def test_pooled_realistic_examples_spread_over_the_mask_forms() -> None:
     kernel = declare(recording, mask=True, gqa=True)
     assert verdict_of("mask-broadcast", kernel, backend=compiling()).status == PASSED
     assert {1, 2, 4} <= ranks, ranks
+
+
+def mask_shape_per_call(q: Any, k: Any, v: Any, **options: Any) -> tuple[Any, ...]:
+    mask = options["mask"]
+    return tuple(q.shape), None if mask is None else tuple(mask.shape), k.shape[-2]
+
+
+def test_a_pooled_small_shape_meets_one_drawn_mask_shape_per_run() -> None:
+    """SDPA-3.1: on a backend compiling per shape, the broadcastable mask shape drawn for a
+    small pooled shape is tied to it (shape_pool.TIED_LABELS), so each meets at most four
+    mask shapes a run (that one, the 1-d key mask, the (Lq, Lk) mask and the full mask),
+    each a compilation; elsewhere the drawn shape varies from example to example."""
+    met: list[dict[tuple[int, ...], set[tuple[int, ...]]]] = []
+    for backend in (NUMPY, compiling()):
+        seen: list[tuple[tuple[int, ...], tuple[int, ...] | None, int]] = []
+        kernel = recording(seen, record=mask_shape_per_call, mask=True, bias=False)
+        assert verdict_of("mask-broadcast", kernel, backend=backend).status == PASSED
+        shapes: dict[tuple[int, ...], set[tuple[int, ...]]] = {}
+        for q_shape, mask_shape, n_keys in seen:
+            if mask_shape is not None and n_keys <= 9:  # the small stratum's lengths
+                shapes.setdefault(q_shape, set()).add(mask_shape)
+        met.append(shapes)
+    drawn, pooled = met
+    assert pooled and max(len(masks) for masks in pooled.values()) <= 4, pooled
+    broadcasts = {tuple(n == 1 for n in m) for masks in drawn.values() for m in masks}
+    assert len(broadcasts) > 8, broadcasts  # which axes broadcast, and how many there are
