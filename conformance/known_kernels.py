@@ -285,12 +285,13 @@ _TORCH_SDPA_DIVERGENCES = {
     "nan-propagates": "docs/divergences.md#torch-nan-query (pytorch #141128)",
     "mask-broadcast": "docs/divergences.md#torch-1d-mask",
     # the quick profile's "causal with scale 0" and "causal with a negative scale"
-    # combinations meet it in these three (layout-independence where a strided input
+    # combinations meet it in these four (layout-independence where a strided input
     # takes the math backend, which gives the definition, against the NaN of the
     # contiguous call)
     "matches-reference": _CAUSAL_SCALE_ZERO,
     "output-in-value-hull": _CAUSAL_SCALE_ZERO,
     "layout-independence": _CAUSAL_SCALE_ZERO,
+    "gqa-mapping": _CAUSAL_SCALE_ZERO,
     "masked-nonfinite-ignored": "docs/divergences.md#torch-masked-nan (pytorch #101967)",
 }
 _DIVERGENCES: dict[str, dict[str, str]] = {
@@ -306,6 +307,7 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "rows-sum-to-one": _CAUSAL_SCALE_ZERO,
         "output-in-value-hull": _CAUSAL_SCALE_ZERO,
         "causal-alignment": _CAUSAL_SCALE_ZERO,
+        "gqa-mapping": _CAUSAL_SCALE_ZERO,
         "layout-independence": "docs/divergences.md#torch-flash-strided",
         "masked-values-ignored": "docs/divergences.md#torch-masked-overflow",
     },
