@@ -122,13 +122,31 @@ class Backend:
         a = np.asarray(a)
         if dtype is None:
             return self._adapter.from_numpy(self.xp, a, self.device)
-        target = self.dtype(dtype)
-        staging = a.astype(np.float32) if dtype == "bfloat16" else a.astype(dtype)
-        try:
-            host = np.dtype(target)
-        except TypeError:  # PyTorch's and array-api-strict's dtypes: convert on the device
+        staging, host = self._staged(a, dtype)
+        if host is None:  # PyTorch's and array-api-strict's dtypes: convert on the device
+            target = self.dtype(dtype)
             return self.xp.astype(self._adapter.from_numpy(self.xp, staging, self.device), target)
         return self._adapter.from_numpy(self.xp, staging.astype(host), self.device)
+
+    def rounded_on_host(self, a: Any, dtype: str) -> Any:
+        """``a`` rounded to ``dtype`` as :meth:`asarray` rounds it, as float64 NumPy values,
+        where asarray rounds on the host (a dtype NumPy knows: NumPy's, JAX's, CuPy's);
+        None where the library converts on its device."""
+        import numpy as np
+
+        staging, host = self._staged(np.asarray(a), dtype)
+        return None if host is None else staging.astype(host).astype(np.float64)
+
+    def _staged(self, a: Any, dtype: str) -> tuple[Any, Any]:
+        """``a`` as asarray first converts it on the host (bfloat16 through float32: NumPy
+        has none of its own), and the host dtype it then takes (None: none NumPy knows)."""
+        import numpy as np
+
+        staging = a.astype(np.float32) if dtype == "bfloat16" else a.astype(dtype)
+        try:
+            return staging, np.dtype(self.dtype(dtype))
+        except TypeError:
+            return staging, None
 
     def to_numpy(self, x: Any) -> Any:
         """A NumPy copy of a backend array (bfloat16 widened to float32)."""

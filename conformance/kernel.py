@@ -221,8 +221,10 @@ class KernelUnderTest:
         return self.dtypes[-1]
 
     def rounded(self, a: np.ndarray, dtype: str) -> np.ndarray:
-        """``a`` rounded to ``dtype`` on the backend and back: the values the kernel sees."""
-        return self.numpy(self.backend.asarray(a, dtype))
+        """``a`` rounded to ``dtype`` on the backend and back: the values the kernel sees
+        (on the host where the backend rounds there: no round trip to its device)."""
+        on_host = self.backend.rounded_on_host(a, dtype)
+        return self.numpy(self.backend.asarray(a, dtype)) if on_host is None else on_host
 
     def arguments(self, problem: Problem) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Backend arrays and keywords for calling the kernel on ``problem``: q, k, v and

@@ -167,6 +167,23 @@ def test_round_trip(backend: Backend) -> None:
     assert np.array_equal(backend.to_numpy(backend.asarray(mask)), mask)
 
 
+def test_rounding_on_the_host_is_the_round_trips(backend: Backend) -> None:
+    """TOL-1: where asarray rounds on the host (a dtype NumPy knows: NumPy's, JAX's,
+    CuPy's), rounded_on_host gives exactly the values a round trip through the device
+    gives (specials, subnormals and overflow included), as float64; elsewhere None."""
+    values = np.random.default_rng(1).standard_normal(64) * np.logspace(-320, 300, 64)
+    values = np.concatenate([values, EXACT.ravel(), [np.inf, -np.inf, np.nan, 1e-40, 7e4]])
+    for dtype in backend.dtype_names:
+        with np.errstate(over="ignore"):  # 1e300 overflows every dtype but float64
+            on_host = backend.rounded_on_host(values, dtype)
+            trip = backend.to_numpy(backend.asarray(values, dtype)).astype(np.float64)
+        if backend.name in ("numpy", "jax", "cupy"):
+            assert on_host is not None and on_host.dtype == np.float64, dtype
+            assert np.array_equal(on_host, trip, equal_nan=True), dtype
+        else:
+            assert on_host is None, dtype
+
+
 def test_dtype_names(backend: Backend) -> None:
     """SDPA-1.4: each backend lists the spec dtypes its library has; others are refused."""
     assert backend.dtype_names == EXPECTED_DTYPES[backend.name]
