@@ -36,7 +36,6 @@ from ..sizes import current
 from ..strategies import (
     broadcast_shape_for,
     draw_dims,
-    draw_mask,
     draw_problem,
     draw_rng,
     random_values,
@@ -220,13 +219,19 @@ def mask_wins_over_bias(kernel: KernelUnderTest, data: st.DataObject) -> None:
     one with those positions masked out instead, within TOL-2 (each call within its bound
     of the one definition)."""
     dims = draw_dims(data, kernel, min_keys=1)
-    problem = draw_problem(data, kernel, dims=dims, mask="never", bias="never", causal="never")
+    # the mask, a bias of a few units and causal as the pooled shape's options have them
+    # (the calls below compile nothing of their own where the bias covers the mask)
+    causal = "maybe" if kernel.declaration.mask_and_causal else "never"
+    problem = draw_problem(
+        data, kernel, dims=dims, mask="always", bias="always", causal=causal, tight=True
+    )
     rng = draw_rng(data)
-    mask = draw_mask(data, rng, dims)
-    bias = random_values(kernel, rng, mask.shape, problem.dtype)
-    zeroed = problem.with_(mask=mask, bias=np.where(mask, bias, 0.0))
+    mask = problem.required("mask")
+    shape = np.broadcast_shapes(mask.shape, problem.required("bias").shape)
+    bias = np.broadcast_to(problem.required("bias"), shape)  # a value at every mask position
+    zeroed = problem.with_(bias=np.where(mask, bias, 0.0))
     loud = zeroed.with_(
-        bias=np.where(mask, bias, _large_finite_fill(kernel, data, mask.shape, problem.dtype))
+        bias=np.where(mask, bias, _large_finite_fill(kernel, data, shape, problem.dtype))
     )
     assert_identical(
         kernel.output(loud),
