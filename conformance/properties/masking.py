@@ -172,10 +172,9 @@ def bias_semantics(kernel: KernelUnderTest, data: st.DataObject) -> None:
     # E >= 2 so that the default scale 1/sqrt(E) is not 1 either.
     dims = replace(dims, head_dim=max(2, dims.head_dim))
     # the bias in the shape drawn for it (as other properties meet it on a pooled shape),
-    # with values of a few units; an explicit scale (where drawn) is one of s != 1
-    problem = draw_problem(
-        data, kernel, dims=dims, mask="never", causal="never", bias="always", tight=True
-    )
+    # with values of a few units, and the mask drawn with it; an explicit scale (where
+    # drawn) is one of s != 1
+    problem = draw_problem(data, kernel, dims=dims, causal="never", bias="always", tight=True)
     if problem.scale is not None:
         problem.scale = data.draw(st.sampled_from(EXPLICIT_NON_UNIT_SCALES), label="scale")
     problem.bias = random_values(
