@@ -122,7 +122,7 @@ class Backend:
         a = np.asarray(a)
         if dtype is None:
             return self._adapter.from_numpy(self.xp, a, self.device)
-        staging, host = self._staged(a, dtype)
+        staging, host = self._staged(a, dtype), self._host_dtype(dtype)
         if host is None:  # PyTorch's and array-api-strict's dtypes: convert on the device
             target = self.dtype(dtype)
             return self.xp.astype(self._adapter.from_numpy(self.xp, staging, self.device), target)
@@ -134,19 +134,27 @@ class Backend:
         None where the library converts on its device."""
         import numpy as np
 
-        staging, host = self._staged(np.asarray(a), dtype)
-        return None if host is None else staging.astype(host).astype(np.float64)
+        host = self._host_dtype(dtype)
+        if host is None:
+            return None
+        return self._staged(np.asarray(a), dtype).astype(host).astype(np.float64)
 
-    def _staged(self, a: Any, dtype: str) -> tuple[Any, Any]:
-        """``a`` as asarray first converts it on the host (bfloat16 through float32: NumPy
-        has none of its own), and the host dtype it then takes (None: none NumPy knows)."""
+    def _host_dtype(self, dtype: str) -> Any:
+        """The NumPy dtype of this library's ``dtype``, None where NumPy knows none."""
         import numpy as np
 
-        staging = a.astype(np.float32) if dtype == "bfloat16" else a.astype(dtype)
         try:
-            return staging, np.dtype(self.dtype(dtype))
+            return np.dtype(self.dtype(dtype))
         except TypeError:
-            return staging, None
+            return None
+
+    @staticmethod
+    def _staged(a: Any, dtype: str) -> Any:
+        """``a`` as asarray first converts it on the host: bfloat16 through float32, since
+        NumPy has none of its own."""
+        import numpy as np
+
+        return a.astype(np.float32) if dtype == "bfloat16" else a.astype(dtype)
 
     def to_numpy(self, x: Any) -> Any:
         """A NumPy copy of a backend array (bfloat16 widened to float32)."""
