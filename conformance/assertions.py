@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .bounds import reference_bound, weights_bound
@@ -108,12 +110,9 @@ def assert_weights_match(kernel: KernelUnderTest, problem: Problem, weights: np.
     definition's (returned ones within the weights bound, observed ones within the V = I
     output bound: :func:`.bounds.weights_bound`); a failure on observed weights reproduces
     them.  Rows without an allowed key are left out for a kernel that waives SDPA-5.1."""
-    expected, tolerance = (np.asarray(a) for a in weights_bound(problem, kernel.declaration))
-    if not kernel.declaration.empty_rows_zero:
-        # as in assert_matches_reference: a row without an allowed key is SDPA-5.1's
-        keyless = ~allowed_keys(problem, kernel.declaration).any(axis=-1, keepdims=True)
-        empty = np.broadcast_to(keyless, expected.shape)
-        expected, tolerance = np.where(empty, weights, expected), np.where(empty, np.inf, tolerance)
+    expected, tolerance = weights_bound(problem, kernel.declaration)
+    attends = allowed_keys(problem, kernel.declaration).any(axis=-1)
+    expected, tolerance = _keyless_rows_unjudged(kernel, attends, weights, expected, tolerance)
     assert_within_bound(
         weights,
         expected,
@@ -136,13 +135,24 @@ def assert_matches_reference(
         out = kernel.output(problem)
     bound = reference_bound(problem, kernel.declaration)
     assert_shape(out, tuple(np.shape(bound.out)), what, problem, kernel)
-    expected, tolerance = np.asarray(bound.out), np.asarray(bound.out_tolerance)
-    if not kernel.declaration.empty_rows_zero:
-        # the kernel declares it does not follow SDPA-5.1: its empty rows are not judged here
-        empty = np.broadcast_to(~np.asarray(bound.attends)[..., None], expected.shape)
-        expected, tolerance = np.where(empty, out, expected), np.where(empty, np.inf, tolerance)
+    expected, tolerance = _keyless_rows_unjudged(
+        kernel, bound.attends, out, bound.out, bound.out_tolerance
+    )
     assert_within_bound(out, expected, tolerance, what, problem, kernel)
     return out
+
+
+def _keyless_rows_unjudged(
+    kernel: KernelUnderTest, attends: Any, actual: np.ndarray, expected: Any, tolerance: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """``expected`` and ``tolerance`` as NumPy arrays, but for a kernel that declares it
+    does not follow SDPA-5.1: there a row without an allowed key (``attends`` False) is not
+    judged (expected ``actual``, any distance)."""
+    expected, tolerance = np.asarray(expected), np.asarray(tolerance)
+    if kernel.declaration.empty_rows_zero:
+        return expected, tolerance
+    empty = np.broadcast_to(~np.asarray(attends)[..., None], expected.shape)
+    return np.where(empty, actual, expected), np.where(empty, np.inf, tolerance)
 
 
 def assert_same_result(

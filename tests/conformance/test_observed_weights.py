@@ -253,3 +253,45 @@ def test_a_failure_on_observed_weights_reproduces_them(bug: str) -> None:
     observed = np.asarray(scope["observed"], dtype=np.float64)
     error = np.abs(observed - np.asarray(scope["expected"]))
     assert np.any(error > np.asarray(scope["tolerance"])), verdict.reproduction
+
+
+def mean_v_on_empty_rows(
+    q: Any, k: Any, v: Any, *, mask: Any = None, is_causal: bool = False, scale: Any = None
+) -> Any:
+    """The reference, but mean(V) for a row with no allowed key (JAX's and Flax's rule)."""
+    from attnspec.reference import scaled_dot_product_attention
+
+    out = np.asarray(scaled_dot_product_attention(q, k, v, mask=mask, scale=scale))
+    empty = ~np.broadcast_to(mask, (*q.shape[:-1], k.shape[-2])).any(axis=-1)
+    return np.where(empty[..., None], np.mean(v, axis=-2, keepdims=True), out)
+
+
+def test_weights_of_rows_without_a_key_are_judged_only_under_sdpa_5_1() -> None:
+    """SDPA-5.1, CONF-7: assert_weights_match leaves out the weights of a row with no
+    allowed key for a kernel that waives SDPA-5.1 (as assert_matches_reference leaves out
+    its output), judges them for one that claims it, and judges every other row always."""
+    from attnspec.conformance import declare
+    from attnspec.conformance.assertions import assert_weights_match
+    from attnspec.conformance.failures import PropertyFailure
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, n, 3)) for n in (4, 5, 5))
+    mask = rng.random((4, 5)) < 0.6
+    mask[1] = False  # row 1 may attend nothing: its observed weights are 1/5 each
+    mask[0, 0] = mask[2, 0] = mask[3, 0] = True
+    problem = Problem(q=q, k=k, v=v, dtype="float64", mask=mask)
+    for waives in (True, False):
+        declared = declare(
+            mean_v_on_empty_rows, mask=True, batch_ndim=0, empty_rows_zero=not waives
+        )
+        kernel = KernelUnderTest(declared, Backend("numpy"))
+        _, weights = kernel.output_with_weights(problem)
+        if waives:
+            assert_weights_match(kernel, problem, weights)
+            wrong = weights.copy()
+            wrong[0, 2] = np.roll(wrong[0, 2], 1)  # a row with keys, weights moved
+            with pytest.raises(PropertyFailure, match="weights"):
+                assert_weights_match(kernel, problem, wrong)
+        else:
+            with pytest.raises(PropertyFailure, match=r"weights\[\(0, 1, 0\)\]"):
+                assert_weights_match(kernel, problem, weights)
