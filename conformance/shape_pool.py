@@ -357,14 +357,13 @@ def pooled_broadcast(
     return choose(SeededDraws(zlib.crc32(f"{pool.seed}:{key!r}".encode())), members, label)
 
 
+REDUCIBLE_MASK_SHAPE = "reducible mask shape"  # mask-broadcast's own broadcastable mask
 # Draws besides sizes that change what a compiled kernel is compiled for: its dtype, which
-# optional inputs it gets (mask, bias, scale), static flags (is_causal) and the mask form
-# mask-broadcast checks in a realistic example.
+# optional inputs it gets (mask, bias, scale), static flags (is_causal), the mask form
+# mask-broadcast checks in a realistic example, and the shapes of masks and biases that
+# are not BROADCAST_POOL's (mask-broadcast's own; the realistic padding and ALiBi kinds).
 # (Which of BROADCAST_POOL shapes a mask or bias broadcasts from is fixed by the scores'
 # shape: pooled_broadcast.)
-REDUCIBLE_MASK_SHAPE = "reducible mask shape"  # mask-broadcast's own mask shape
-# What a kernel is compiled for: dtype, options, the mask's and bias's shapes (their form,
-# the realistic kinds that have shapes of their own: padding, ALiBi).
 TIED_LABELS = frozenset(
     {
         "dtype",

@@ -50,8 +50,8 @@ def gqa_mapping(kernel: KernelUnderTest, data: st.DataObject) -> None:
     read = np.rint(out[..., 0]) - 1
     should = np.broadcast_to((np.arange(dims.n_q_heads) // dims.groups)[:, None], read.shape)
     # a non-finite row reads no head: the accuracy check below reports it as what it is
-    keyed = allowed_keys(problem, kernel.declaration).any(axis=-1) & np.isfinite(read)
-    wrong = keyed & ~(read == should)
+    reads = allowed_keys(problem, kernel.declaration).any(axis=-1) & np.isfinite(read)
+    wrong = reads & ~(read == should)
     if wrong.any():
         at = first_index(wrong)
         head = at[-2]

@@ -8,46 +8,34 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import verdict_of
+from support import recording, verdict_of
 
-import attnspec
-from attnspec.conformance import declare, sizes
 from attnspec.conformance import runner as runner_module
+from attnspec.conformance import sizes
 from attnspec.conformance.one_example import is_size_draw
 from attnspec.conformance.runner import PASSED
 
 Seen = list[tuple[str, tuple[int, ...], tuple[int, ...], str]]
 
 
-def recording(seen: Seen) -> Any:
-    """The reference claiming every option, recording per call the stratum, q's and k's
-    shapes and what the call asked for (mask density, bias, causal, scale)."""
-
-    def kernel(
-        q: Any,
-        k: Any,
-        v: Any,
-        *,
-        mask: Any = None,
-        bias: Any = None,
-        is_causal: bool = False,
-        scale: Any = None,
-    ) -> Any:
-        density = None if mask is None else round(float(np.mean(mask)), 2)
-        asked = f"mask={density} bias={bias is not None} causal={is_causal} scale={scale}"
-        seen.append((sizes.current().stratum.name, q.shape, k.shape, asked))
-        return attnspec.scaled_dot_product_attention(
-            q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale
-        )
-
-    return declare(kernel, mask=True, bias=True, gqa=True, causal=True, scale=True)
+def stratum_shapes_and_options(q: Any, k: Any, v: Any, **options: Any) -> Any:
+    """Per call: the stratum, q's and k's shapes and what the call asked for (mask density,
+    bias, causal, scale)."""
+    mask = options["mask"]
+    density = None if mask is None else round(float(np.mean(mask)), 2)
+    asked = (
+        f"mask={density} bias={options['bias'] is not None} "
+        f"causal={options['is_causal']} scale={options['scale']}"
+    )
+    return sizes.current().stratum.name, q.shape, k.shape, asked
 
 
 def calls(monkeypatch: pytest.MonkeyPatch, property_id: str, seeded: bool) -> Seen:
     seen: Seen = []
     if not seeded:
         monkeypatch.setattr(runner_module, "seeds_besides_sizes", lambda stratum, count: False)
-    assert verdict_of(property_id, recording(seen)).status == PASSED
+    kernel = recording(seen, record=stratum_shapes_and_options, mask=True, causal=True, scale=True)
+    assert verdict_of(property_id, kernel).status == PASSED
     monkeypatch.undo()
     return seen
 

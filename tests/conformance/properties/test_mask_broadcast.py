@@ -104,28 +104,26 @@ def test_pooled_realistic_examples_still_meet_every_mask_form() -> None:
             assert verdict.status == FAILED, (fn.__name__, backend, verdict.detail)
 
 
+def mask_shape_per_call(q: Any, k: Any, v: Any, **options: Any) -> tuple[Any, ...]:
+    """Per call: q's shape, the mask's shape (None: no mask) and the number of keys."""
+    mask = options["mask"]
+    return tuple(q.shape), None if mask is None else tuple(mask.shape), k.shape[-2]
+
+
 def test_pooled_realistic_examples_spread_over_the_mask_forms() -> None:
     """SDPA-3.1: the form a pooled realistic example checks is tied to its stratum and
     shape, not Hypothesis's simplest draw (which a stratum of one example always takes):
     over the quick profile's realistic strata a correct kernel meets 1-d and (Lq, Lk)
     masks past the small stratum's 9 keys, and full ones."""
-    ranks: set[int] = set()
-
-    def recording(
-        q: Any, k: Any, v: Any, *, mask: Any = None, is_causal: bool = False, scale: Any = None
-    ) -> Any:
-        if mask is not None and k.shape[-2] > 9:
-            ranks.add(mask.ndim if mask.ndim < 3 else 4 if mask.shape[-3] == q.shape[-3] else 3)
-        return reference(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
-
-    kernel = declare(recording, mask=True, gqa=True)
+    seen: list[tuple[Any, ...]] = []
+    kernel = recording(seen, record=mask_shape_per_call, mask=True, bias=False)
     assert verdict_of("mask-broadcast", kernel, backend=compiling()).status == PASSED
+    ranks = {
+        len(mask) if len(mask) < 3 else 4 if mask[-3] == q[-3] else 3
+        for q, mask, n_keys in seen
+        if mask is not None and n_keys > 9
+    }
     assert {1, 2, 4} <= ranks, ranks
-
-
-def mask_shape_per_call(q: Any, k: Any, v: Any, **options: Any) -> tuple[Any, ...]:
-    mask = options["mask"]
-    return tuple(q.shape), None if mask is None else tuple(mask.shape), k.shape[-2]
 
 
 def test_a_pooled_small_shape_meets_one_drawn_mask_shape_per_run() -> None:
