@@ -111,12 +111,11 @@ def assert_weights_match(kernel: KernelUnderTest, problem: Problem, weights: np.
     output bound: :func:`.bounds.weights_bound`); a failure on observed weights reproduces
     them.  Rows without an allowed key are left out for a kernel that waives SDPA-5.1."""
     expected, tolerance = weights_bound(problem, kernel.declaration)
-    attends = allowed_keys(problem, kernel.declaration).any(axis=-1)
-    expected, tolerance = _keyless_rows_unjudged(kernel, attends, weights, expected, tolerance)
+    attends = allowed_keys(problem, kernel.declaration).any(axis=-1, keepdims=True)
     assert_within_bound(
-        weights,
-        expected,
-        tolerance,
+        keyless_rows_unjudged(kernel, attends, weights, expected),
+        np.asarray(expected),
+        np.asarray(tolerance),
         "weights",
         problem,
         kernel,
@@ -135,24 +134,29 @@ def assert_matches_reference(
         out = kernel.output(problem)
     bound = reference_bound(problem, kernel.declaration)
     assert_shape(out, tuple(np.shape(bound.out)), what, problem, kernel)
-    expected, tolerance = _keyless_rows_unjudged(
-        kernel, bound.attends, out, bound.out, bound.out_tolerance
-    )
-    assert_within_bound(out, expected, tolerance, what, problem, kernel)
+    expected = np.asarray(bound.out)
+    attends = np.asarray(bound.attends)[..., None]
+    judged = keyless_rows_unjudged(kernel, attends, out, expected)
+    assert_within_bound(judged, expected, np.asarray(bound.out_tolerance), what, problem, kernel)
     return out
 
 
-def _keyless_rows_unjudged(
-    kernel: KernelUnderTest, attends: Any, actual: np.ndarray, expected: Any, tolerance: Any
-) -> tuple[np.ndarray, np.ndarray]:
-    """``expected`` and ``tolerance`` as NumPy arrays, but for a kernel that declares it
-    does not follow SDPA-5.1: there a row without an allowed key (``attends`` False) is not
-    judged (expected ``actual``, any distance)."""
-    expected, tolerance = np.asarray(expected), np.asarray(tolerance)
-    if kernel.declaration.empty_rows_zero:
-        return expected, tolerance
-    empty = np.broadcast_to(~np.asarray(attends)[..., None], expected.shape)
-    return np.where(empty, actual, expected), np.where(empty, np.inf, tolerance)
+def keyless_rows_unjudged(
+    kernel: KernelUnderTest,
+    attends: Any,
+    actual: np.ndarray,
+    expected: Any,
+    *,
+    always: bool = False,
+) -> np.ndarray:
+    """``actual`` as the comparison with ``expected`` should see it: for a kernel that
+    waives SDPA-5.1 (or ``always``), a row without an allowed key (``attends`` False,
+    broadcastable to ``expected``) takes ``expected``'s values, so it is not judged.  SDPA-5.1
+    is the one clause that fixes such a row, and a waived clause is not checked (CONF-7):
+    not by its own property, nor by any other that meets such a row."""
+    if kernel.declaration.empty_rows_zero and not always:
+        return actual
+    return np.where(np.broadcast_to(np.asarray(attends), np.shape(expected)), actual, expected)
 
 
 def assert_same_result(
@@ -174,7 +178,6 @@ def assert_same_result(
     bound = reference_bound(problem, kernel.declaration)
     tolerance = 2 * np.asarray(bound.out_tolerance)
     assert_shape(actual, tolerance.shape, what, problem, kernel)
-    if not (keyless_rows and kernel.declaration.empty_rows_zero):
-        empty = np.broadcast_to(~np.asarray(bound.attends)[..., None], expected.shape)
-        actual = np.where(empty, expected, actual)
+    attends = np.asarray(bound.attends)[..., None]
+    actual = keyless_rows_unjudged(kernel, attends, actual, expected, always=not keyless_rows)
     assert_within_bound(actual, expected, tolerance, what, problem, kernel)

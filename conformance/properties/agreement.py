@@ -16,7 +16,7 @@ from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import register
 from ..strategies import draw_dims, draw_problem
-from ._helpers import with_awkward_key_count
+from ._helpers import compared_rows, with_awkward_key_count
 
 
 @register("matches-reference", "SDPA-7.3")
@@ -39,11 +39,13 @@ def matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
 @register("rows-sum-to-one", "SDPA-7.1")
 def rows_sum_to_one(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Weights (returned, or observed through V = I) are >= 0 and each row with an
-    allowed key sums to 1 within TOL-2; rows with none sum to 0 (SDPA-5.1)."""
+    allowed key sums to 1 within TOL-2; rows with none sum to 0 (SDPA-5.1; not judged
+    for a kernel that waives it, CONF-7)."""
     problem = draw_problem(data, kernel, min_keys=1, weights=True)
     _, weights = kernel.output_with_weights(problem)
     expected, tolerance = weights_bound(problem, kernel.declaration)
-    negative = weights < 0
+    judged = compared_rows(problem, kernel.declaration)
+    negative = (weights < 0) & judged
     if negative.any():
         at = first_index(negative)
         raise PropertyFailure(
@@ -52,9 +54,10 @@ def rows_sum_to_one(kernel: KernelUnderTest, data: st.DataObject) -> None:
             kernel,
             shows_weights=kernel.observes_weights,
         )
+    sums = np.asarray(expected).sum(axis=-1)
     assert_within_bound(
-        weights.sum(axis=-1),
-        np.asarray(expected).sum(axis=-1),
+        np.where(judged[..., 0], weights.sum(axis=-1), sums),
+        sums,
         np.asarray(tolerance).sum(axis=-1),
         "row sum of weights",
         problem,

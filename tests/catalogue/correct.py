@@ -260,6 +260,29 @@ def split_kv_attention(
     )
 
 
+@declare(bias=True, gqa=True, empty_rows_zero=False)
+def masked_fill_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array | None = None,
+    bias: Array | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
+    """(h) JAX's and Flax's rule: a disallowed score becomes the most negative finite
+    number and every key enters the softmax, so a row with no allowed key weighs all keys
+    alike and outputs mean(V).  It declares that it does not follow SDPA-5.1 (CONF-7): the
+    suite must judge it on everything else, and find nothing."""
+    a = arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    s, allowed = scores(a)
+    filled = np.where(allowed, s, np.finfo(s.dtype).min)  # exp(min - row max) is exactly 0
+    keyless = ~allowed.any(axis=-1, keepdims=True)
+    p = softmax_lse(filled, np.ones_like(allowed))
+    return finish(combine(p, allowed | keyless, a.v), a)
+
+
 @dataclass(frozen=True)
 class CorrectKernel:
     """A kernel the suite must pass on every applicable property, on ``backend``."""
@@ -279,6 +302,7 @@ CORRECT: list[CorrectKernel] = [
     CorrectKernel("tiled-128x64", tiled_attention),
     CorrectKernel("tiled-64x128-bottom-right", tiled_attention_bottom_right),
     CorrectKernel("split-kv-256", split_kv_attention),
+    CorrectKernel("masked-fill-mean-v", masked_fill_attention),
     # spec/features.md and dropout (DROP-2)
     *(CorrectKernel(name, fn) for name, fn in FEATURE_KERNELS),
 ]
