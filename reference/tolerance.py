@@ -265,8 +265,10 @@ def _bounds(
 class ValueColumns(NamedTuple):
     """What TOL-2 needs of the values, computed once for all row chunks: ``table`` is
     ``(..., Lk, 3 Ev)``, [v, |v|, v*v] with non-finite values as 0 (one matrix product
-    per left factor gives every sum over keys at once); ``low``/``high`` the values' hull
-    (finite values of each key/value head, over all its keys)."""
+    per left factor gives every sum over keys at once), or None when V is the identity
+    (the weights observed as outputs: each such sum is then the left factor itself);
+    ``low``/``high`` the values' hull (finite values of each key/value head, over all its
+    keys)."""
 
     table: Any
     low: Any
@@ -275,6 +277,10 @@ class ValueColumns(NamedTuple):
 
 def _value_columns(problem: GroupedInputs) -> ValueColumns:
     xp, v = problem.xp, problem.v
+    if _is_identity(xp, v):  # its table would be Lk x 3Lk, and its products O(Lq Lk^2)
+        n_keys = v.shape[-2]
+        high = xp.ones((*v.shape[:-2], 1, n_keys), dtype=v.dtype, device=array_api_compat.device(v))
+        return ValueColumns(None, high if n_keys == 1 else xp.zeros_like(high), high)
     finite = xp.where(xp.isfinite(v), v, xp.zeros_like(v))
     table = xp.concat([finite, xp.abs(finite), finite * finite], axis=-1)
     if v.shape[-2] == 0:
@@ -282,6 +288,39 @@ def _value_columns(problem: GroupedInputs) -> ValueColumns:
     return ValueColumns(
         table, xp.min(finite, axis=-2, keepdims=True), xp.max(finite, axis=-2, keepdims=True)
     )
+
+
+def _is_identity(xp: ModuleType, v: Array) -> bool:
+    """Whether every key/value head of ``v`` is the Lk x Lk identity."""
+    n_keys = v.shape[-2]
+    if n_keys == 0 or v.shape[-1] != n_keys:
+        return False
+    eye = xp.eye(n_keys, dtype=v.dtype, device=array_api_compat.device(v))
+    return bool(xp.all(v == eye))
+
+
+def _sums_over_keys(
+    xp: ModuleType, left: Any, table: Any, width: int, first: int, count: int, keys: slice
+) -> tuple[Any, ...]:
+    """``left`` (its columns: the keys ``keys``) times ``count`` column blocks of ``width``
+    of ``table`` (its rows: the same keys), from block ``first`` (0: v, 1: |v|, 2: v*v).
+    A ``table`` of None stands for V = I (:class:`ValueColumns`): every block is then
+    ``left`` in the columns of its keys and 0 elsewhere, as the product gives it (sums of
+    x_ij times one 1 and 0s: exact), unless ``left`` has a non-finite x_ij, which times
+    the 0s of I makes NaNs that only the product itself places."""
+    if table is None:
+        device = array_api_compat.device(left)
+        if bool(xp.all(xp.isfinite(left))):
+            shape = left.shape[:-1]
+            before = xp.zeros((*shape, keys.start), dtype=left.dtype, device=device)
+            after = xp.zeros((*shape, width - keys.stop), dtype=left.dtype, device=device)
+            placed = xp.concat([before, left, after], axis=-1)
+        else:
+            identity = xp.eye(width, dtype=left.dtype, device=device)
+            placed = xp.matmul(left, identity[keys.start : keys.stop, :])
+        return (placed,) * count
+    product = xp.matmul(left, table[..., first * width : (first + count) * width])
+    return _split(product, width, count)
 
 
 def _rows(a: Any, start: int, stop: int) -> Any:
@@ -324,10 +363,10 @@ def _chunk_bound(
     # they are left out (a causal chunk skips the key blocks past its last row).
     n_keys, head_dim = chunk.k.shape[-2], chunk.q.shape[-1]
     value_dim = chunk.v.shape[-1]
-    table = values.table
+    table, keys = values.table, slice(0, n_keys)
     if not with_weights:
         chunk, keys = _attended_keys(chunk)
-        table = table[..., keys, :]
+        table = None if table is None else table[..., keys, :]
     scores, allowed = allowed_scores(chunk)
     zero = xp.zeros_like(scores)
     row_max = xp.max(scores, axis=-1, keepdims=True) if n_keys else scores[..., :1]
@@ -371,14 +410,12 @@ def _chunk_bound(
     amplification = 1 / xp.where(determined, 1 - score_error, xp.ones_like(score_error))
 
     # one wide matrix product per left factor gives its sums with v, |v| (and v*v)
-    out, weighted_abs = _split(
-        xp.matmul(weights, table[..., : 2 * value_dim]), value_dim, 2
-    )  # o_ic, M_ic
+    out, weighted_abs = _sums_over_keys(xp, weights, table, value_dim, 0, 2, keys)  # o_ic, M_ic
     if not bool(xp.all(xp.isfinite(chunk.v))):  # SDPA-8.3, as the definition evaluates it
         out = with_nonfinite_values(xp, out, nonfinite_counts(xp, allowed, chunk.v))
     finite_out = xp.where(xp.isfinite(out), out, xp.zeros_like(out))
     abs_out = xp.abs(finite_out)
-    moved_v, moved_abs, moved_v2 = _split(xp.matmul(moved, table), value_dim, 3)
+    moved_v, moved_abs, moved_v2 = _sums_over_keys(xp, moved, table, value_dim, 0, 3, keys)
     # sum_j g_ij |v_jc - o_ic| <= min(triangle inequality, Cauchy-Schwarz)
     by_triangle = moved_abs + score_error * abs_out
     quadratic = moved_v2 - 2 * finite_out * moved_v + score_error * finite_out * finite_out
@@ -401,8 +438,8 @@ def _chunk_bound(
 
     sigma = UNDERFLOW_THRESHOLD[dtype]
     floor = (n_keys + 2) * sigma
-    allowed_abs_values = xp.matmul(
-        xp.astype(allowed, weights.dtype), table[..., value_dim : 2 * value_dim]
+    (allowed_abs_values,) = _sums_over_keys(
+        xp, xp.astype(allowed, weights.dtype), table, value_dim, 1, 1, keys
     )
     out_tolerance = (
         SAFETY_FACTOR * (score_part + (u_d + (n_keys + 2) * u_a) * weighted_abs + u_d * abs_out)

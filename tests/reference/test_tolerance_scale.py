@@ -254,3 +254,71 @@ def test_a_nan_row_bounds_without_an_overflow_warning(cpu_backend: Backend) -> N
     out, tau = cpu_backend.to_numpy(bound.out)[0], cpu_backend.to_numpy(bound.out_tolerance)[0]
     assert np.isnan(out[0, 0]) and tau[0, 0] == 0, (out, tau)
     assert np.isfinite(out[1, 0]) and tau[1, 0] > 0, (out, tau)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    n_q=st.integers(0, 6),
+    n_k=st.integers(1, 9),
+    chunk=st.sampled_from([3, 40, 2**20]),
+    dtype=st.sampled_from(DTYPES),
+    causal=st.booleans(),
+    weights=st.booleans(),
+    nonfinite=st.sampled_from([None, np.nan, np.inf]),
+    seed=st.integers(0, 2**16),
+)
+def test_identity_values_give_the_bound_of_any_values_with_those_columns(
+    n_q: int,
+    n_k: int,
+    chunk: int,
+    dtype: str,
+    causal: bool,
+    weights: bool,
+    nonfinite: float | None,
+    seed: int,
+) -> None:
+    """TOL-2: with V = I (the weights observed through V = I) the bound skips the values'
+    Lk x 3Lk table and its products; its out and tolerance are, bit for bit, those of the
+    same columns of V = [I | 0], which takes the matrix products (masks with empty rows,
+    -inf bias rows, causal, chunks, non-finite queries included)."""
+    rng = np.random.default_rng(seed)
+    q, k, _ = _problem(rng, 2, n_q, n_k, 3, 1)
+    if nonfinite is not None and n_q:
+        q[0, 0, 0] = nonfinite
+    mask = rng.random((n_q, n_k)) < 0.6
+    bias = rng.standard_normal((2, n_q, n_k))
+    if n_q:
+        bias[1, -1] = -np.inf
+    identity = np.broadcast_to(np.eye(n_k), (2, n_k, n_k))
+    padded = np.concatenate([identity, np.zeros((2, n_k, 1))], axis=-1)
+    options = dict(
+        dtype=dtype, mask=mask, bias=bias, is_causal=causal, weights=weights, chunk_elements=chunk
+    )
+    with np.errstate(all="ignore"):
+        fast = error_bound(q, k, identity, **options)
+        products = error_bound(q, k, padded, **options)
+    for name in ("out", "out_tolerance"):
+        mine, theirs = np.asarray(getattr(fast, name)), np.asarray(getattr(products, name))
+        theirs = theirs[..., :n_k]
+        same = (mine == theirs) & (np.signbit(mine) == np.signbit(theirs))
+        assert (same | (np.isnan(mine) & np.isnan(theirs))).all(), name
+    for name in ("score_error", "attends", "weights", "weights_tolerance"):
+        mine, theirs = getattr(fast, name), getattr(products, name)
+        assert (mine is None and theirs is None) or np.array_equal(mine, theirs, equal_nan=True)
+
+
+def test_identity_values_cost_no_table() -> None:
+    """TOL-2 with V = I at Lk = 1024 (decode, 8 heads): the memory it adds stays under the
+    Lk x 3Lk float64 table the general evaluation builds (24 MiB)."""
+    rng = np.random.default_rng(0)
+    n_keys = 1024
+    q, k = rng.standard_normal((8, 1, 64)), rng.standard_normal((1, n_keys, 64))
+    identity = np.broadcast_to(np.eye(n_keys), (1, n_keys, n_keys)).copy()
+    tracemalloc.start()
+    try:
+        error_bound(q, k, identity, dtype="float32")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    table = 3 * n_keys * n_keys * 8
+    assert peak < table, f"peak {peak / 2**20:.1f} MiB, table {table / 2**20:.0f} MiB"
