@@ -7,8 +7,9 @@ from typing import Any
 import numpy as np
 
 from .bounds import reference_bound, weights_bound
+from .declaration import KernelDeclaration
 from .failures import PropertyFailure
-from .input_features import allowed_keys
+from .input_features import allowed_keys, scores_shape
 from .kernel import KernelUnderTest, Problem
 
 
@@ -111,9 +112,9 @@ def assert_weights_match(kernel: KernelUnderTest, problem: Problem, weights: np.
     output bound: :func:`.bounds.weights_bound`); a failure on observed weights reproduces
     them.  Rows without an allowed key are left out for a kernel that waives SDPA-5.1."""
     expected, tolerance = weights_bound(problem, kernel.declaration)
-    attends = allowed_keys(problem, kernel.declaration).any(axis=-1, keepdims=True)
+    judged = compared_rows(problem, kernel.declaration)
     assert_within_bound(
-        keyless_rows_unjudged(kernel, attends, weights, expected),
+        keyless_rows_unjudged(kernel, judged, weights, expected),
         np.asarray(expected),
         np.asarray(tolerance),
         "weights",
@@ -139,6 +140,17 @@ def assert_matches_reference(
     judged = keyless_rows_unjudged(kernel, attends, out, expected)
     assert_within_bound(judged, expected, np.asarray(bound.out_tolerance), what, problem, kernel)
     return out
+
+
+def compared_rows(problem: Problem, declaration: KernelDeclaration) -> np.ndarray:
+    """``(*batch, Hq, Lq, 1)``: rows whose output the spec fixes for this kernel.
+
+    A row with no allowed key outputs 0 (SDPA-5.1) only for a kernel claiming that rule;
+    for any other kernel its output is not compared (:func:`keyless_rows_unjudged`).
+    """
+    if declaration.empty_rows_zero:
+        return np.ones((*scores_shape(problem)[:-1], 1), dtype=bool)
+    return np.asarray(allowed_keys(problem, declaration).any(axis=-1, keepdims=True))
 
 
 def keyless_rows_unjudged(

@@ -1,4 +1,4 @@
-"""What several property modules share: the rows and values TOL-2 compares, the output
+"""What several property modules share: the values TOL-2 compares, the output
 shape and dtype checks (SDPA-1.3), problems drawn with the features a kernel claims
 (softcap, ALiBi) or of its own family (sparse, linear).
 
@@ -25,7 +25,7 @@ from .. import shape_pool
 from ..assertions import assert_shape
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
-from ..input_features import allowed_keys, scores_shape
+from ..input_features import scores_shape
 from ..kernel import KernelUnderTest, Problem
 from ..sizes import Dims, current, realistic
 from ..strategies import (
@@ -70,17 +70,6 @@ def _group_heads(problem: Problem, a: np.ndarray) -> np.ndarray:
     """A key-side array ``(..., Hkv, Lk, ·)`` repeated per query head: head h uses h // G."""
     groups = problem.q.shape[-3] // problem.k.shape[-3]
     return np.repeat(a, groups, axis=-3)
-
-
-def compared_rows(problem: Problem, declaration: KernelDeclaration) -> np.ndarray:
-    """``(*batch, Hq, Lq, 1)``: rows whose output the spec fixes for this kernel.
-
-    A row with no allowed key outputs 0 (SDPA-5.1) only for a kernel claiming that rule;
-    for any other kernel its output is not compared.
-    """
-    allowed = allowed_keys(problem, declaration)
-    rows = np.asarray(allowed.any(axis=-1, keepdims=True))
-    return np.ones_like(rows) if declaration.empty_rows_zero else rows
 
 
 def pair_score_magnitudes(problem: Problem) -> np.ndarray:

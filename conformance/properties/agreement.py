@@ -9,6 +9,7 @@ from ..assertions import (
     assert_matches_reference,
     assert_weights_match,
     assert_within_bound,
+    compared_rows,
     first_index,
 )
 from ..bounds import weights_bound
@@ -16,7 +17,7 @@ from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import register
 from ..strategies import draw_dims, draw_problem
-from ._helpers import compared_rows, with_awkward_key_count
+from ._helpers import with_awkward_key_count
 
 
 @register("matches-reference", "SDPA-7.3")

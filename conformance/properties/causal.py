@@ -13,7 +13,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ...reference.masks import causal_offset
-from ..assertions import assert_identical, assert_within_bound, first_index
+from ..assertions import assert_identical, assert_within_bound, compared_rows, first_index
 from ..bounds import reference_bound, weights_bound
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
@@ -21,7 +21,7 @@ from ..kernel import KernelUnderTest, Problem
 from ..registration import needs, register
 from ..sizes import Dims, current
 from ..strategies import draw_dims, draw_problem, draw_rng, random_values
-from ._helpers import compared_rows, within_validity
+from ._helpers import within_validity
 
 # TOL-2 does not cover weights in the subnormal range (spec/tolerance.md, "Known
 # limitation"); kernels that flush subnormals to zero (XLA on CPU) return 0 there.

@@ -17,13 +17,19 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ...reference.tolerance import UNIT_ROUNDOFF
-from ..assertions import assert_identical, assert_shape, assert_within_bound
+from ..assertions import (
+    assert_identical,
+    assert_shape,
+    assert_within_bound,
+    compared_rows,
+    keyless_rows_unjudged,
+)
 from ..bounds import reference_bound
 from ..kernel import KernelUnderTest, Problem
 from ..registration import needs, register
 from ..sizes import current, realistic
 from ..strategies import draw_dims, draw_permutation, draw_problem, draw_rng, random_values
-from ._helpers import compared_rows, within_validity
+from ._helpers import within_validity
 
 # Value pairs (a, b) for linearity: with V1, V2 odd multiples of 1/4 in [-3.75, 3.75],
 # a*V1 + b*V2 is a multiple of 1/8 in [-15, 15], exact in every dtype (8 significant bits
@@ -47,10 +53,11 @@ def _assert_runs_agree(
     """``actual`` (the run on ``problem``) within ``tolerance`` of ``expected`` (the other
     run's output, rearranged as ``problem``'s); rows of ``problem`` without an allowed key
     are not compared for a kernel that waives SDPA-5.1, which alone fixes them (CONF-7)."""
-    judged = compared_rows(problem, kernel.declaration)
     assert_shape(actual, expected.shape, what, problem, kernel)
-    actual = np.where(judged, actual, expected)
-    assert_within_bound(actual, expected, tolerance, what, problem, kernel)
+    judged = keyless_rows_unjudged(
+        kernel, compared_rows(problem, kernel.declaration), actual, expected
+    )
+    assert_within_bound(judged, expected, tolerance, what, problem, kernel)
 
 
 def _take(a: np.ndarray | None, order: list[int], axis: int, size: int) -> np.ndarray | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from ..assertions import assert_identical, first_index
+from ..assertions import assert_identical, compared_rows, first_index
 from ..bounds import reference_bound
 from ..failures import PropertyFailure
 from ..input_features import allowed_keys
@@ -20,7 +20,7 @@ from ..kernel import KernelUnderTest, Problem
 from ..registration import dense_only, needs, register
 from ..strategies import draw_problem, draw_rng, draw_subset
 from ..values import LARGEST_FINITE
-from ._helpers import compared_rows, pair_score_magnitudes
+from ._helpers import pair_score_magnitudes
 
 NON_FINITE = (np.nan, np.inf, -np.inf)
 LARGEST = "largest within SDPA-7.4"
