@@ -76,6 +76,12 @@ class Backend:
         return self._adapter.compiles_per_shape
 
     @property
+    def has_strides(self) -> bool:
+        """Whether the library's arrays can be strided, transposed or stride-0 views of
+        memory (NumPy, PyTorch, CuPy); a jax.Array cannot (every view is a copy)."""
+        return self._adapter.has_strides
+
+    @property
     def on_cpu(self) -> bool:
         """Whether the device is the host's CPU, not an accelerator (a check then runs its
         properties in one worker process per CPU by default: ``attnspec check --jobs``)."""

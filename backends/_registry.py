@@ -44,6 +44,10 @@ class Adapter:
     # does the library compile a function anew for each new combination of input shapes
     # (JAX's XLA)?  The conformance suite then draws shapes from a small pool per run.
     compiles_per_shape: bool = False
+    # can an array of this library be a view with a memory layout of its own (non-contiguous,
+    # transposed, stride-0 broadcast), as NumPy's, PyTorch's and CuPy's can?  A jax.Array
+    # has none: every view is a copy (SDPA-1.7 then constrains nothing).
+    has_strides: bool = True
     # is this device the host's CPU (not an accelerator that worker processes would share)?
     on_cpu: Callable[[Any], bool] = lambda device: True
 
@@ -402,6 +406,7 @@ ADAPTERS: dict[str, Adapter] = {
         _jax_describe,
         _jax_missing_dtype,
         compiles_per_shape=True,
+        has_strides=False,
         on_cpu=lambda device: device.platform == "cpu",
     ),
     "cupy": Adapter(

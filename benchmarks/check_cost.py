@@ -5,9 +5,13 @@ Each row of the README's "Cost of a check" table is run as a subprocess,
 --json FILE`` with the default workers and with ``--jobs 1``, one after the other.  A row
 records its command line and environment, the wall seconds, the CPU seconds of the check
 and its workers (the growth of ``getrusage(RUSAGE_CHILDREN)``, user + sys: every worker is
-waited for by the check, the check by this process), the verdict counts of its JSON report
-and the load average before it.  JAX rows run cold (no persistent compilation cache), then
-one run fills a fresh ``JAX_COMPILATION_CACHE_DIR`` and warm rows reuse it.  A row whose
+waited for by the check, the check by this process), the verdict counts of its JSON report,
+the load average before it and the machine's speed just before it (:func:`speed_probe`: the
+CPU seconds of a fixed pure-Python loop; on this project's shared 2-core machine the same
+check's CPU seconds, and the probe's, vary by up to ~1.6x from hour to hour).  A row of
+``repeats`` runs records each run and reports the median.  JAX rows run cold (no persistent
+compilation cache), then one run fills a fresh ``JAX_COMPILATION_CACHE_DIR`` and warm rows
+reuse it.  A row whose
 library is not installed is kept, with the reason in ``skipped``, and not run (as is a check
 that wrote no report).  No figure is drawn for
 this section: its rows are the table.
@@ -20,6 +24,7 @@ import json
 import os
 import resource
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,13 +64,15 @@ ONE_THREAD: dict[str, str | None] = {**CHECK_DEFAULTS, THREADS: "1"}
 
 @dataclass(frozen=True)
 class CheckRow:
-    """One ``attnspec check`` to run: ``jobs`` None means the check's default workers."""
+    """One ``attnspec check`` to run ``repeats`` times (the median is the row's figure):
+    ``jobs`` None means the check's default workers."""
 
     name: str
     target: str
     backend: str
     jobs: int | None = None
     environment: Mapping[str, str | None] = field(default_factory=dict)
+    repeats: int = 1
 
 
 @dataclass(frozen=True)
@@ -77,29 +84,36 @@ class CheckConfig:
 
 
 def _both_worker_counts(
-    name: str, target: str, backend: str, environment: Mapping[str, str | None]
+    name: str,
+    target: str,
+    backend: str,
+    environment: Mapping[str, str | None],
+    repeats: int = 1,
 ) -> tuple[CheckRow, CheckRow]:
     return (
-        CheckRow(f"{name}, default workers", target, backend, None, environment),
+        CheckRow(f"{name}, default workers", target, backend, None, environment, repeats),
         CheckRow(f"{name}, --jobs 1", target, backend, 1, environment),
     )
 
 
 COLD: dict[str, str | None] = {**CHECK_DEFAULTS, JAX_CACHE: UNSET}
+COLD_REPEATS = 3
 WARM: dict[str, str | None] = {**CHECK_DEFAULTS, JAX_CACHE: CACHE_DIR}
 FULL = CheckConfig(
     rows=(
         *_both_worker_counts("numpy reference", REFERENCE, "numpy", CHECK_DEFAULTS),
         *_both_worker_counts("torch SDPA, 1 thread", TORCH_SDPA, "torch", ONE_THREAD),
         *_both_worker_counts("torch SDPA, default threads", TORCH_SDPA, "torch", CHECK_DEFAULTS),
-        *_both_worker_counts("jax jitted, cold", JITTED_JAX, "jax", COLD),
+        # issue #11's target: cold, three times (the machine's speed varies from run to run)
+        *_both_worker_counts("jax jitted, cold", JITTED_JAX, "jax", COLD, COLD_REPEATS),
         CheckRow("jax jitted, cache fill", JITTED_JAX, "jax", None, WARM),
         *_both_worker_counts("jax jitted, warm", JITTED_JAX, "jax", WARM),
     )
 )
-# Seconds, for tests: one property of the reference, each worker count.
+# Seconds, for tests: one property of the reference, each worker count (twice with the
+# default workers).
 QUICK = CheckConfig(
-    rows=_both_worker_counts("numpy reference", REFERENCE, "numpy", CHECK_DEFAULTS),
+    rows=_both_worker_counts("numpy reference", REFERENCE, "numpy", CHECK_DEFAULTS, repeats=2),
     options=("--profile", "quick", "--only", "default-scale"),
 )
 
@@ -162,34 +176,71 @@ def _children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _run_row(row: CheckRow, config: CheckConfig, report: Path, cache_dir: str) -> dict[str, Any]:
-    argv = command_line(row, config, report)
-    environment, changes = _environment(row, cache_dir)
+# The loop speed_probe times: ~0.3 s of CPU on this project's machine in its fast hours.
+PROBE_ITERATIONS = 2_000_000
+
+
+def speed_probe() -> float:
+    """CPU seconds of a fixed pure-Python loop in this process: how fast the machine runs
+    Python just now (the check's own work is mostly Python and XLA's compiler)."""
+    started = time.process_time()
+    total = 0
+    for i in range(PROBE_ITERATIONS):
+        total += i * i % 7
+    return time.process_time() - started
+
+
+def _run_once(argv: list[str], environment: dict[str, str], report: Path) -> dict[str, Any]:
+    probe = speed_probe()
     load = os.getloadavg()
     cpu_before = _children_cpu_seconds()
     started = time.perf_counter()
     finished = subprocess.run(
         argv, env=environment, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False
     )
-    wall = time.perf_counter() - started
-    cpu = _children_cpu_seconds() - cpu_before
+    run: dict[str, Any] = {
+        "wall_seconds": time.perf_counter() - started,
+        "cpu_seconds": _children_cpu_seconds() - cpu_before,
+        "load_before": list(load),
+        "probe_seconds": probe,
+        "exit_status": finished.returncode,
+    }
+    try:
+        run["report"] = json.loads(report.read_text())
+    except (OSError, ValueError):
+        run["skipped"] = (
+            f"no JSON report (exit status {finished.returncode}): "
+            + (finished.stderr.strip().splitlines() or ["no output"])[-1]
+        )
+    return run
+
+
+def _run_row(row: CheckRow, config: CheckConfig, report: Path, cache_dir: str) -> dict[str, Any]:
+    argv = command_line(row, config, report)
+    environment, changes = _environment(row, cache_dir)
+    runs = []
+    for _ in range(row.repeats):
+        report.unlink(missing_ok=True)  # a run that writes none is not read as the last's
+        runs.append(_run_once(argv, environment, report))
+        if "skipped" in runs[-1]:
+            break
+    last = runs[-1]
     record: dict[str, Any] = {
         "command": argv,
         "shell": shell_line(argv, changes),
         "environment": changes,
-        "wall_seconds": wall,
-        "cpu_seconds": cpu,
-        "load_before": list(load),
-        "exit_status": finished.returncode,
+        # the row's figures: the median run (each run's are in "runs")
+        "wall_seconds": statistics.median(r["wall_seconds"] for r in runs),
+        "cpu_seconds": statistics.median(r["cpu_seconds"] for r in runs),
+        "load_before": runs[0]["load_before"],
+        "probe_seconds": statistics.median(r["probe_seconds"] for r in runs),
+        "exit_status": last["exit_status"],
+        "runs": [{k: v for k, v in r.items() if k != "report"} for r in runs],
     }
-    try:
-        verdicts = json.loads(report.read_text())
-    except (OSError, ValueError):
-        record["skipped"] = (
-            f"no JSON report (exit status {finished.returncode}): "
-            + (finished.stderr.strip().splitlines() or ["no output"])[-1]
-        )
+    if "skipped" in last:
+        record["skipped"] = last["skipped"]
         return record
+    verdicts = last["report"]
     record.update(
         counts=verdicts["counts"], conforms=verdicts["conforms"], complete=verdicts["complete"]
     )
@@ -233,8 +284,12 @@ def summary(record: dict[str, Any]) -> str:
     if record["skipped"] is not None:
         return line + f"skipped: {record['skipped']}"
     counts = record["counts"]
+    walls = [r["wall_seconds"] for r in record["runs"]]
+    spread = (
+        f" (median of {len(walls)}: {min(walls):.1f}-{max(walls):.1f})" if len(walls) > 1 else ""
+    )
     return line + (
-        f"{record['wall_seconds']:6.1f} s wall {record['cpu_seconds']:6.1f} s CPU  "
-        f"load {record['load_before'][0]:.1f}  "
+        f"{record['wall_seconds']:6.1f} s wall{spread} {record['cpu_seconds']:6.1f} s CPU  "
+        f"load {record['load_before'][0]:.1f}  probe {record['probe_seconds']:.2f} s  "
         f"{counts['passed']} passed, {counts['failed']} failed"
     )

@@ -13,7 +13,9 @@ Schema ``attnspec-bench/1`` (every number from one run on one machine)::
                        "relative_time", "relative_to"}],
      "check": [{"name", "target", "backend", "jobs", "options", "skipped", and where it ran:
                 "command", "shell", "environment", "wall_seconds", "cpu_seconds",
-                "load_before", "exit_status", "counts", "conforms", "complete"}],
+                "load_before", "probe_seconds", "exit_status", "counts", "conforms",
+                "complete", "runs": [{"wall_seconds", "cpu_seconds", "load_before",
+                "probe_seconds", "exit_status"}]}],
      "targets": [{"name", "value", "limit", "met", "how"}]}
 
 ``relative_time`` is a dense measurement's time over the library's kernel at the same length,
@@ -21,7 +23,8 @@ timed in the same rounds (for NumPy, which has none, torch SDPA on the same memo
 where the kernel did not fit), and a sparse one's over the dense blocked reference given
 the pattern's mask.  ``check`` holds the rows of the check section (one quick
 ``attnspec check`` each: :mod:`attnspec.benchmarks.check_cost`), empty when it did not run;
-``environment`` is what the row changed (None: removed).
+``environment`` is what the row changed (None: removed); a row's seconds are the median of
+its ``runs``, and ``probe_seconds`` the machine's speed before each (check_cost.speed_probe).
 """
 
 from __future__ import annotations
@@ -99,7 +102,8 @@ def _check_targets(checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
             f"quick check of the jitted JAX kernel, cold ({row['name']}): wall seconds",
             row.get("wall_seconds"),
             MAX_COLD_JAX_CHECK_SECONDS,
-            "one `attnspec check` subprocess, no persistent compilation cache",
+            "one `attnspec check` subprocess, no persistent compilation cache; the median "
+            f"of {len(row.get('runs', [row]))} such runs",
         )
         for row in checks
         if row["backend"] == "jax" and "cold" in row["name"] and row["skipped"] is None

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .clauses import clause as spec_clause
 from .declaration import KernelDeclaration
+
+if TYPE_CHECKING:
+    from ..backends import Backend
 
 # "hypothesis": check(kernel, data) runs once per generated example.
 # "fixed": check(kernel, seed) runs once; statistical checks state their false-failure rate.
@@ -56,6 +59,16 @@ class Property:
     kind: str
     check: Callable[..., None]
     applies: Callable[[KernelDeclaration], str | None]
+    # why the property has nothing to check on a backend (None: it applies on every one)
+    applies_on: Callable[[Backend], str | None] | None = None
+
+    def not_applicable(self, declaration: KernelDeclaration, backend: Backend) -> str | None:
+        """Why the property does not apply to a kernel declaring ``declaration`` on
+        ``backend`` (None: it applies)."""
+        reason = self.applies(declaration)
+        if reason is None and self.applies_on is not None:
+            reason = self.applies_on(backend)
+        return reason
 
     @property
     def level(self) -> str:
@@ -72,6 +85,7 @@ def register(
     *,
     kind: str = "hypothesis",
     applies: Callable[[KernelDeclaration], str | None] = dense_only,
+    applies_on: Callable[[Backend], str | None] | None = None,
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Register ``check`` as property ``property_id`` citing ``clause``."""
     if kind not in KINDS:
@@ -82,7 +96,7 @@ def register(
             raise ValueError(f"property {property_id!r} is registered twice")
         if not check.__doc__:
             raise ValueError(f"property {property_id!r} needs a docstring saying what it proves")
-        REGISTRY[property_id] = Property(property_id, clause, kind, check, applies)
+        REGISTRY[property_id] = Property(property_id, clause, kind, check, applies, applies_on)
         return check
 
     return decorate

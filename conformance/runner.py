@@ -381,7 +381,7 @@ def run_property(
             detail=f"waived: the kernel declares {waivers[prop.clause]}, so "
             f"{prop.clause} is not checked (CONF-7)",
         )
-    reason = prop.applies(kernel.declaration)
+    reason = prop.not_applicable(kernel.declaration, kernel.backend)
     if reason is not None:
         return Verdict(prop.id, prop.clause, prop.level, NOT_APPLICABLE, detail=reason)
     examples = [0]

@@ -26,10 +26,12 @@ compilations are reused.
   rewrite is not needed (``draw_dims(where=...)``); only when none fits does it draw a pool
   of its own.  A kernel that needs E == Ev gets members with E == Ev (the suite's zero
   padding, done on the host where the backend compiles per shape, is rarely needed).
-* What the suite itself does to a kernel's arrays (zero padding and the output's cut,
-  layout-independence's views) is done on the host for such a backend
-  (:func:`.layouts.pad_head_dims_on_host`, :meth:`Backend.on_host`): only the kernel
-  compiles.  A re-run drawing around a failed clause meets the same pools unless it draws
+* What the suite itself does to a kernel's arrays (zero padding and the output's cut) is
+  done on the host for such a backend (:func:`.layouts.pad_head_dims_on_host`,
+  :meth:`Backend.on_host`): only the kernel compiles.  (JAX's arrays have no strides, so
+  layout-independence does not apply there: ``Backend.has_strides``.)  A problem with
+  fewer value columns than E, for a kernel that needs E == Ev, takes the options tied to
+  the shape it is called with (v padded).  A re-run drawing around a failed clause meets the same pools unless it draws
   around sizes (:func:`limits_key`).
 * A mask or bias broadcasts from one of BROADCAST_POOL shapes per problem size, the same
   one in every property (but mask-broadcast, which is about them), and the dtype and the

@@ -369,6 +369,16 @@ def draw_bias(
     return bias
 
 
+def _as_called(dims: Dims, declaration: Any) -> Dims:
+    """``dims`` as a kernel that needs E == Ev gets them where Ev < E: v padded with zero
+    columns to E (layouts.padding_plan), so that a problem with fewer value columns (Ev = 0
+    among them) meets the options tied to the shape the kernel is called with, and its
+    compilation."""
+    if declaration.equal_head_dims and dims.value_dim < dims.head_dim:
+        return replace(dims, value_dim=dims.head_dim)
+    return dims
+
+
 def draw_problem(
     data: st.DataObject,
     kernel: KernelUnderTest,
@@ -396,7 +406,7 @@ def draw_problem(
     stratum = sizes.current().stratum
     dims = dims or draw_dims(data, kernel, **dims_options)
     if shape_pool.pooling(data):  # what the kernel compiles for follows the pooled shape
-        data = shape_pool.tied_to(data, dims)
+        data = shape_pool.tied_to(data, _as_called(dims, decl))
     dtype = dtype or draw_dtype(data, kernel)
     rng = draw_rng(data)
     if magnitude is None:

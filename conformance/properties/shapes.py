@@ -191,7 +191,16 @@ def _one_along(data: st.DataObject, values: np.ndarray, label: str) -> np.ndarra
     return values[index]
 
 
-@register("layout-independence", "SDPA-1.7")
+def _arrays_have_layouts(backend: Backend) -> str | None:
+    if backend.has_strides:
+        return None
+    return (
+        f"{backend.name} arrays have no memory layout (a strided, transposed or broadcast view "
+        "is a copy, contiguous like any other array): SDPA-1.7 constrains nothing there"
+    )
+
+
+@register("layout-independence", "SDPA-1.7", applies_on=_arrays_have_layouts)
 def layout_independence(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Non-contiguous inputs (every other element or row of a larger array, transposed
     storage) and stride-0 broadcast inputs (K/V over batch and heads, a broadcast mask)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -38,17 +39,23 @@ def run_check_section(
 def test_quick_check_section_rows_reproduce(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Every QUICK row ran: positive wall and CPU seconds (the check's workers are its
-    children), its verdict counts, the load before it; its recorded command, run again,
-    gives the same counts."""
+    """Every QUICK row ran as often as it says (the first twice): positive wall and CPU
+    seconds each run (the check's workers are its children), the row's the median of its
+    runs, its verdict counts, the load and the speed probe before each run; its recorded
+    command, run again, gives the same counts."""
     rows, printed = run_check_section(tmp_path, capsys)
     assert [r["name"] for r in rows] == [r.name for r in check_cost.QUICK.rows]
+    assert [len(r["runs"]) for r in rows] == [r.repeats for r in check_cost.QUICK.rows] == [2, 1]
     for row in rows:
         assert row["skipped"] is None and row["exit_status"] == 0, row
-        assert row["wall_seconds"] > 0 and row["cpu_seconds"] > 0, row
-        assert len(row["load_before"]) == 3, row
+        for run in row["runs"]:
+            assert run["wall_seconds"] > 0 and run["cpu_seconds"] > 0, row
+            assert len(run["load_before"]) == 3 and run["probe_seconds"] > 0, row
+        for figure in ("wall_seconds", "cpu_seconds", "probe_seconds"):
+            assert row[figure] == statistics.median(run[figure] for run in row["runs"]), row
         assert row["counts"]["passed"] >= 1, row
         assert row["name"] in printed and f"{row['counts']['passed']} passed" in printed
+    assert "(median of 2: " in printed
     again = rows[-1]
     report = Path(again["command"][again["command"].index("--json") + 1])
     report.unlink()
@@ -106,6 +113,9 @@ def test_full_rows_are_the_readme_table(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert fill == max(i for i, n in enumerate(names) if "cold" in n) + 1
     assert all("warm" in n for n in names[fill + 1 :]) and len(names) == fill + 3
     assert check_cost.FULL.options == ("--profile", "quick")
+    # issue #11's target row runs three times; every other row once
+    repeated = {r.name: r.repeats for r in check_cost.FULL.rows if r.repeats != 1}
+    assert repeated == {"jax jitted, cold, default workers": 3}
 
 
 def test_rows_remove_what_overrides_the_checks_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -41,10 +41,10 @@ def report() -> Report:
             case=CASE_A,
         ),
         hand_verdict(
-            "layout-independence",
-            "SDPA-1.7",
+            "mask-wins-over-bias",
+            "SDPA-3.3",
             FAILED,
-            detail="contiguous call off by 2e-03",
+            detail="-inf bias call off by 2e-03",
             case=CASE_B,
         ),
         hand_verdict(
@@ -63,7 +63,7 @@ def report() -> Report:
     ]
     verdicts[4].cause = "SDPA-5.2"  # a clause with no verdict of its own: a waived one
     verdicts[4].drawn_around = "passes drawn around Lk = 0 (SDPA-5.2)"
-    assert WRITE_UPS["matches-reference"] == WRITE_UPS["layout-independence"] == ACCURACY
+    assert WRITE_UPS["matches-reference"] == WRITE_UPS["mask-wins-over-bias"] == ACCURACY
     return Report("flax.linen:dot_product_attention", "jax", "cpu", "quick", 1, False, verdicts)
 
 
@@ -73,7 +73,7 @@ def test_the_header_counts_the_blocks_listed(report: Report) -> None:
     found = divergences(report, WRITE_UPS)
     assert [(d.status, d.properties) for d in found] == [
         ("waived", []),
-        (FAILED, ["matches-reference", "layout-independence"]),
+        (FAILED, ["matches-reference", "mask-wins-over-bias"]),
         (FAILED, ["empty-rows-zero"]),
         (WARNING, ["gqa-rejects-bad-heads"]),
     ]
@@ -96,7 +96,7 @@ def test_a_merged_block_tells_every_finding(report: Report) -> None:
     assert block.startswith(f"one divergence, 2 findings that one write-up explains ({ACCURACY})")
     for prop, clause, detail, case in (
         ("matches-reference", "SDPA-7.3", "out off by 3.1e-03 (float16)", CASE_A),
-        ("layout-independence", "SDPA-1.7", "contiguous call off by 2e-03", CASE_B),
+        ("mask-wins-over-bias", "SDPA-3.3", "-inf bias call off by 2e-03", CASE_B),
     ):
         assert f"FAILED {prop} [{clause} MUST" in block, block
         assert f"finding: {detail}" in block and f"inputs:  {case}" in block, block
@@ -110,7 +110,7 @@ def test_json_and_markdown_list_the_same_divergences_with_their_findings(
     merged = next(d for d in data["divergences"] if d["write_up"] == ACCURACY)
     assert [(f["properties"], f["clause"], f["inputs"]) for f in merged["findings"]] == [
         (["matches-reference"], "SDPA-7.3", CASE_A),
-        (["layout-independence"], "SDPA-1.7", CASE_B),
+        (["mask-wins-over-bias"], "SDPA-3.3", CASE_B),
     ]
     assert len(data["divergences"]) == 4
     markdown = render.to_markdown(report, write_ups=WRITE_UPS)
@@ -120,7 +120,7 @@ def test_json_and_markdown_list_the_same_divergences_with_their_findings(
         "    - `matches-reference` (SDPA-7.3, MUST, failed): out off by 3.1e-03 (float16); "
         f"minimal case: {CASE_A}" in markdown
     )
-    assert f"(SDPA-1.7, MUST, failed): contiguous call off by 2e-03; minimal case: {CASE_B}" in (
+    assert f"(SDPA-3.3, MUST, failed): -inf bias call off by 2e-03; minimal case: {CASE_B}" in (
         markdown
     )
 
@@ -151,12 +151,12 @@ def test_relink_merging_rows_of_earlier_runs_keeps_each_finding() -> None:
         "SDPA-7.3", "MUST", FAILED, "out off (float16)", CASE_A, ["matches-reference"]
     )
     second = matrix.Divergence(
-        "SDPA-1.7",
+        "SDPA-3.3",
         "MUST",
         FAILED,
         "contiguous off (float16)",
         CASE_B,
-        ["layout-independence"],
+        ["mask-wins-over-bias"],
         consequences=["value-linearity (SDPA-7.6)"],
         evidence=["value-linearity: passes drawn around ...; minimal case q(1)"],
     )

@@ -22,7 +22,7 @@ FLOAT16_LAYOUT = (
     "q(1, 2, 1, 1), k(1, 2, 65, 1), v(1, 2, 65, 2), dtype=float16, is_causal=False, scale=None"
 )
 FLOAT32_LAYOUT = FLOAT16_LAYOUT.replace("float16", "float32")
-# a fully masked float16 row (flax.linen, --only layout-independence): SDPA-5.1's, not rounding
+# a fully masked float16 row (a JAX kernel's, on the padded anchor): SDPA-5.1's, not rounding
 FLOAT16_EMPTY_ROW = (
     "out with input layouts q: contiguous, k: contiguous, v: contiguous, mask: contiguous"
     "[(0, 0, 1, 0, 2)] = -3.771484375, but should be 0.0 within 1.79e-07 (TOL-2); error 3.77 "
@@ -77,14 +77,15 @@ CASES = [
     ("keras:dot_product_attention_numpy", "causal-zeros", "SDPA-4.1", CAUSAL_MIN_BIAS, True),
     # a fully masked row (keras-empty-rows' cause) has no bias to show
     ("keras:dot_product_attention_numpy", "causal-zeros", "SDPA-4.1", CAUSAL_MASK_ONLY, False),
-    # flax.linen: float16 scores, met as layout-independence and mask-wins-over-bias
-    ("flax.linen:dot_product_attention", "layout-independence", "SDPA-1.7", FLOAT16_LAYOUT, True),
+    # flax.linen: float16 scores, met as matches-reference and mask-wins-over-bias (JAX arrays
+    # have no layouts: layout-independence is not applicable there)
+    ("flax.linen:dot_product_attention", "matches-reference", "SDPA-7.3", FLOAT16_LAYOUT, True),
     ("flax.linen:dot_product_attention", "mask-wins-over-bias", "SDPA-3.3", FLOAT16_LAYOUT, True),
     ("flax.linen:dot_product_attention", "mask-wins-over-bias", "SDPA-3.3", FLOAT32_LAYOUT, False),
     (
         "flax.linen:dot_product_attention",
-        "layout-independence",
-        "SDPA-1.7",
+        "matches-reference",
+        "SDPA-7.3",
         FLOAT16_EMPTY_ROW,
         False,
     ),

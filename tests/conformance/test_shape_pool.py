@@ -484,3 +484,23 @@ def test_a_rerun_drawing_around_a_masked_row_or_a_large_bias_compiles_nothing_ne
     biased = {s for s in rerun if s[5] is not None}
     assert masked and biased and max(len(s[5]) for s in biased) > 2  # padding or ALiBi shapes met
     assert rerun <= first, sorted(rerun - first)
+
+
+def test_fewer_value_columns_meet_the_pooled_shapes_options() -> None:
+    """SDPA-1.5, SDPA-1.1: for a kernel that needs E == Ev, a problem with fewer value
+    columns (empty-sizes' Ev = 0) is called with v zero-padded to the pooled shape, and
+    it takes that shape's tied dtype and options: every such call is a signature that
+    output-shape-dtype's calls compiled already (each drew options of its own before, 6
+    more compilations of the jitted JAX kernel's quick profile)."""
+    calls: dict[str, list[tuple[Any, ...]]] = {}
+    for prop in ("output-shape-dtype", "empty-sizes"):
+        seen: list[tuple[Any, ...]] = []
+        fn = recording(seen, record=compiled_for, mask=True, equal_head_dims=True)
+        kernel = KernelUnderTest(fn, compiling())
+        assert run_property(all_properties()[prop], kernel, seed=7).status == PASSED
+        calls[prop] = seen
+    padded_ev = {s for s in calls["empty-sizes"] if 0 not in (*s[0], *s[1])}
+    assert padded_ev, "empty-sizes drew no Ev = 0 problem"
+    assert padded_ev <= set(calls["output-shape-dtype"]), sorted(
+        padded_ev - set(calls["output-shape-dtype"])
+    )

@@ -15,8 +15,9 @@ from typing import Any
 import array_api_compat
 import numpy as np
 import pytest
-from support import verdict_of
+from support import backend_or_skip, verdict_of
 
+from attnspec.backends import Backend
 from attnspec.conformance.declaration import KernelDeclaration
 from attnspec.conformance.known_kernels import known_divergences
 from attnspec.conformance.registry import all_properties
@@ -139,6 +140,24 @@ def test_unclaimed_properties_are_not_applicable() -> None:
     assert verdict_of("empty-rows-zero", reference, declaration=plain).status == WAIVED
     no_route = KernelDeclaration(mask=False, causal=False)
     assert verdict_of("empty-rows-zero", reference, declaration=no_route).status == NOT_APPLICABLE
+
+
+def test_layout_independence_needs_arrays_with_layouts() -> None:
+    """SDPA-1.7, CONF-3: on a backend whose arrays are values without a memory layout
+    (JAX: a strided or broadcast view is a copy) layout-independence is "not applicable",
+    saying why, and the kernel is never called; on NumPy it runs (and fails a kernel that
+    reads its inputs' memory as contiguous, test_buggy_kernel_fails)."""
+    jax_backend = backend_or_skip("jax")
+    assert not jax_backend.has_strides
+    assert Backend("numpy").has_strides and backend_or_skip("torch").has_strides
+
+    def never_called(q, k, v, *, mask=None, is_causal=False, scale=None):  # type: ignore[no-untyped-def]
+        raise AssertionError("the kernel was called")
+
+    verdict = verdict_of("layout-independence", never_called, backend=jax_backend)
+    assert verdict.status == NOT_APPLICABLE, verdict.detail
+    assert "jax arrays have no memory layout" in verdict.detail
+    assert verdict_of("layout-independence", reference, backend="numpy").status == PASSED
 
 
 # --- buggy kernels fail ------------------------------------------------------------------
