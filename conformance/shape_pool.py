@@ -31,8 +31,8 @@ compilations are reused.
   :meth:`Backend.on_host`): only the kernel compiles.  (JAX's arrays have no strides, so
   layout-independence does not apply there: ``Backend.has_strides``.)  A problem with
   fewer value columns than E, for a kernel that needs E == Ev, takes the options tied to
-  the shape it is called with (v padded).  A re-run drawing around a failed clause meets the same pools unless it draws
-  around sizes (:func:`limits_key`).
+  the shape it is called with (v padded).  A re-run drawing around a failed clause meets
+  the same pools unless it draws around sizes (:func:`limits_key`).
 * A mask or bias broadcasts from one of BROADCAST_POOL shapes per problem size, the same
   one in every property (but mask-broadcast, which is about them), and the dtype and the
   options that a compiled kernel is compiled for (mask, bias, causal, explicit scale:
