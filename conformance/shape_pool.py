@@ -60,6 +60,8 @@ weights observed through V = I in one call where blocks would be more than
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 import random
 import zlib
@@ -79,6 +81,21 @@ BROADCAST_POOL = 2
 T = TypeVar("T", bound=Hashable)
 
 
+@functools.cache
+def _seeded_provider() -> Any:
+    """Hypothesis's generator, less its habit of answering 1 in 20 number draws with a
+    constant found in the source of the modules imported so far: which those are depends
+    on what the process has done, and a seeded draw must not (every worker, and every
+    point of a run, must draw the same pool members and tied options)."""
+    from hypothesis.internal.conjecture.providers import HypothesisProvider
+
+    class WithoutSourceConstants(HypothesisProvider):
+        def _maybe_draw_constant(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    return WithoutSourceConstants
+
+
 class SeededDraws:
     """Stands in for Hypothesis's ``data`` while a pool member is drawn: the same draws,
     answered by Hypothesis's own generator outside any test, from a seeded random source,
@@ -93,7 +110,7 @@ class SeededDraws:
         self._data = (
             ConjectureData.for_choices([ChoiceTemplate("simplest", count=None)])
             if seed is None
-            else ConjectureData(random=random.Random(seed))
+            else ConjectureData(random=random.Random(seed), provider=_seeded_provider())
         )
 
     def draw(self, strategy: st.SearchStrategy[Any], label: str | None = None) -> Any:
@@ -113,6 +130,15 @@ class ShapePool:
     # sorted pools by (key, count); the members made so far by key, in seed order
     _members: dict[tuple[Hashable, ...], list[Any]] = field(default_factory=dict)
     _made: dict[tuple[Hashable, ...], list[Any]] = field(default_factory=dict)
+    # the seeded answers of tied draws by their key: the same key always draws the same
+    # value, and a run makes ~13k tied draws of ~1k keys
+    _tied: dict[str, Any] = field(default_factory=dict)
+
+    def tied(self, key: str, strategy: st.SearchStrategy[Any], label: str) -> Any:
+        """The seeded draw of ``strategy`` fixed by ``key`` (a copy: callers may change it)."""
+        if key not in self._tied:
+            self._tied[key] = SeededDraws(zlib.crc32(key.encode())).draw(strategy, label)
+        return copy.deepcopy(self._tied[key])
 
     def members(
         self,
@@ -396,7 +422,7 @@ class TiedDraws:
         if label not in TIED_LABELS:
             return self._data.draw(strategy, label=label)
         key = f"{self._pool.seed}:{self._stratum!r}:{self._dims!r}:{label}:{strategy!r}"
-        return SeededDraws(zlib.crc32(key.encode())).draw(strategy, label)
+        return self._pool.tied(key, strategy, label)
 
 
 def tied_to(data: Any, dims: Hashable) -> Any:
