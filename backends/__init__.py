@@ -132,7 +132,8 @@ class Backend:
         if host is None:  # PyTorch's and array-api-strict's dtypes: convert on the device
             target = self.dtype(dtype)
             return self.xp.astype(self._adapter.from_numpy(self.xp, staging, self.device), target)
-        return self._adapter.from_numpy(self.xp, staging.astype(host), self.device)
+        # staging is a fresh array already (the kernel must not get the caller's)
+        return self._adapter.from_numpy(self.xp, staging.astype(host, copy=False), self.device)
 
     def rounded_on_host(self, a: Any, dtype: str) -> Any:
         """``a`` rounded to ``dtype`` as :meth:`asarray` rounds it, as float64 NumPy values,
@@ -143,7 +144,8 @@ class Backend:
         host = self._host_dtype(dtype)
         if host is None:
             return None
-        return self._staged(np.asarray(a), dtype).astype(host).astype(np.float64)
+        staging = self._staged(np.asarray(a), dtype)  # a fresh array
+        return staging.astype(host, copy=False).astype(np.float64, copy=False)
 
     def _host_dtype(self, dtype: str) -> Any:
         """The NumPy dtype of this library's ``dtype``, None where NumPy knows none."""

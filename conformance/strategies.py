@@ -210,7 +210,9 @@ def random_values(
         normal = rng.drawn_normal(shape)
     else:
         normal = rng.standard_normal(shape)
-    return kernel.rounded(normal * magnitude, dtype)
+    if magnitude != 1.0:
+        normal *= magnitude  # a new array either way: no copy of a million values
+    return kernel.rounded(normal, dtype)
 
 
 def random_problem(

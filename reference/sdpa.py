@@ -174,13 +174,17 @@ def prepare(
         allowed = causal if allowed is None else xp.logical_and(allowed, causal)
         allowed = xp.broadcast_to(allowed, grouped)
 
+    # no copy of an input already in the working dtype: nothing below writes to them
+    def widened(a: Any) -> Any:
+        return xp.astype(a, work, copy=False)
+
     q5 = xp.reshape(
-        xp.broadcast_to(xp.astype(q, work), (*batch, n_q_heads, n_queries, head_dim)),
+        xp.broadcast_to(widened(q), (*batch, n_q_heads, n_queries, head_dim)),
         (*batch, n_kv_heads, groups, n_queries, head_dim),
     )
-    k5 = xp.broadcast_to(xp.astype(k, work), (*batch, n_kv_heads, n_keys, head_dim))
-    v5 = xp.broadcast_to(xp.astype(v, work), (*batch, n_kv_heads, n_keys, value_dim))
-    bias5 = None if bias is None else grouped_scores(xp.astype(bias, work))
+    k5 = xp.broadcast_to(widened(k), (*batch, n_kv_heads, n_keys, head_dim))
+    v5 = xp.broadcast_to(widened(v), (*batch, n_kv_heads, n_keys, value_dim))
+    bias5 = None if bias is None else grouped_scores(widened(bias))
     return GroupedInputs(
         xp=xp,
         q=q5,
