@@ -6,9 +6,10 @@ Each row of the README's "Cost of a check" table is run as a subprocess,
 records its command line and environment, the wall seconds, the CPU seconds of the check
 and its workers (the growth of ``getrusage(RUSAGE_CHILDREN)``, user + sys: every worker is
 waited for by the check, the check by this process), the verdict counts of its JSON report,
-the load average before it and the machine's speed just before it (:func:`speed_probe`: the
-CPU seconds of a fixed pure-Python loop; on this project's shared 2-core machine the same
-check's CPU seconds, and the probe's, vary by up to ~1.6x from hour to hour).  A row of
+the load average before it and the machine's single-thread speed just before it
+(:func:`speed_probe`: the CPU seconds of a fixed pure-Python loop).  On this project's shared
+2-core machine the same check's CPU seconds vary by up to ~1.4x from run to run, more than
+the probe shows: two workers slow each other down by more at some times than at others.  A row of
 ``repeats`` runs records each run and reports the median.  JAX rows run cold (no persistent
 compilation cache), then one run fills a fresh ``JAX_COMPILATION_CACHE_DIR`` and warm rows
 reuse it.  A row whose
@@ -176,7 +177,7 @@ def _children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-# The loop speed_probe times: ~0.3 s of CPU on this project's machine in its fast hours.
+# The loop speed_probe times: 0.08-0.15 s of CPU on this project's machine.
 PROBE_ITERATIONS = 2_000_000
 
 
