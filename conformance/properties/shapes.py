@@ -158,15 +158,9 @@ def laid_out(
     shape: tuple[int, ...] | None = None,
 ) -> Any:
     """A backend array equal to ``values`` (broadcast to ``shape`` for "broadcast") whose
-    memory layout is ``layout``, built as a view with the backend's Array API namespace.
-
-    JAX has no strides: there the views are copies, which is fine, and on a backend that
-    compiles per shape (JAX) they are built on the host, the same arrays without the device
-    operations that would each compile once per shape.
-    """
-    if backend.compiles_per_shape:
-        full = np.broadcast_to(values, shape or values.shape) if layout == "broadcast" else values
-        return backend.asarray(full, dtype)
+    memory layout is ``layout``, built as a view with the backend's Array API namespace
+    (a backend whose arrays have no strides, JAX, never gets here: layout-independence
+    does not apply to it)."""
     xp = backend.xp
     if layout == "strided":  # every other element of the innermost axis
         return backend.asarray(_interleaved(values, -1), dtype)[..., ::2]

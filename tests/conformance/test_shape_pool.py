@@ -402,16 +402,15 @@ def test_workers_share_one_jax_compilation_cache_per_run(tmp_path) -> None:  # t
 
 
 def test_the_suites_own_array_operations_compile_nothing_on_jax() -> None:
-    """SDPA-1.1, SDPA-1.7: on JAX, which compiles every operation anew per shape,
-    the zero padding of a kernel that needs E == Ev (Ev < E; Ev > E with an explicit scale
-    and with the power-of-two factor on q), the cut of its output and layout-independence's
-    views are done on the host: checking compiles the kernel's signatures and nothing else
-    (it compiled ~330 eager operations in the quick profile before), and the kernel gets
-    the very arrays the device operations gave (the same output, bit for bit)."""
+    """SDPA-1.1: on JAX, which compiles every operation anew per shape, the zero padding
+    of a kernel that needs E == Ev (Ev < E; Ev > E with an explicit scale and with the
+    power-of-two factor on q) and the cut of its output are done on the host: checking
+    compiles the kernel's signatures and nothing else (it compiled ~330 eager operations
+    in the quick profile before), and the kernel gets the very arrays the device
+    operations gave (the same output, bit for bit)."""
     jax = pytest.importorskip("jax", reason="the compilations counted are JAX's")
     from attnspec.conformance.jax_kernels import jitted_dot_product_attention
     from attnspec.conformance.layouts import pad_head_dims
-    from attnspec.conformance.properties.shapes import LAYOUTS, laid_out
     from attnspec.conformance.sizes import Dims
     from attnspec.conformance.strategies import random_problem
 
@@ -437,7 +436,6 @@ def test_the_suites_own_array_operations_compile_nothing_on_jax() -> None:
     jax.monitoring.register_event_duration_secs_listener(heard)
     try:
         outputs = [kernel.output(problem) for problem in problems]
-        views = [laid_out(backend, problems[0].q, "float32", layout) for layout in LAYOUTS]
     finally:
         jax.monitoring.unregister_event_duration_listener(heard)
     assert compiled and set(compiled) == {"jit(attention)"}, compiled
@@ -447,8 +445,6 @@ def test_the_suites_own_array_operations_compile_nothing_on_jax() -> None:
         args, kwargs = kernel.arguments(problem)
         expected = kernel.numpy(on_device(*args, **kwargs))
         np.testing.assert_array_equal(out, expected)
-    for view in views:
-        np.testing.assert_array_equal(backend.to_numpy(view), backend.to_numpy(views[0]))
 
 
 def test_a_rerun_drawing_around_values_meets_the_first_runs_shapes() -> None:
