@@ -278,7 +278,9 @@ _CAUSAL_SCALE_ZERO = "docs/divergences.md#torch-causal-scale-zero"
 # excluded logits filled above s + finfo.min: rows whose allowed keys all carry finfo.min
 _FILL_OUTRANKS_MIN_BIAS = "docs/divergences.md#jax-fill-outranks-min-bias"
 _JAX_MASKED_NAN = "docs/divergences.md#jax-masked-nan"
+_FLAX_NNX_HEAD_DIMS = "docs/divergences.md#flax-nnx-head-dims"
 _LINEN_FLOAT16_ACCURACY = "docs/divergences.md#flax-linen-float16-accuracy"
+_KERAS_JAX_HEAD_DIMS = "docs/divergences.md#keras-jax-head-dims"
 _KERAS_NUMPY_FLOAT16 = "docs/divergences.md#keras-numpy-float16"
 _KERAS_TORCH_MASK_FILL = "docs/divergences.md#keras-torch-mask-fill"
 _TORCH_SDPA_DIVERGENCES = {
@@ -365,7 +367,8 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
     # flax 0.12.8 (docs/divergences.md#flax-empty-rows ... #flax-linen-float16-accuracy)
     "flax.nnx.dot_product_attention": {
         "empty-rows-zero": "docs/divergences.md#flax-empty-rows",
-        "value-head-dim": "docs/divergences.md#flax-nnx-head-dims",
+        "value-head-dim": _FLAX_NNX_HEAD_DIMS,
+        "score-variance": _FLAX_NNX_HEAD_DIMS,  # its V = I_2: Ev = 2, E = 16
         "masked-nonfinite-ignored": _JAX_MASKED_NAN,
         # it calls jax.nn.dot_product_attention
         "causal-zeros": _FILL_OUTRANKS_MIN_BIAS,
@@ -383,8 +386,10 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
     },
     "attnspec.conformance.adapters.keras.dot_product_attention_jax": {
         "empty-rows-zero": "docs/divergences.md#keras-empty-rows",
-        # jax.nn rejects Ev != E; Keras's fallback reshapes the output to q's shape
-        "value-head-dim": "docs/divergences.md#keras-jax-head-dims",
+        # jax.nn rejects Ev != E; Keras's fallback reshapes the output to q's shape (or
+        # fails first on a mask of fewer than 4 dims); score-variance's V = I_2 has Ev = 2
+        "value-head-dim": _KERAS_JAX_HEAD_DIMS,
+        "score-variance": _KERAS_JAX_HEAD_DIMS,
         # it calls jax.nn.dot_product_attention
         "causal-zeros": _FILL_OUTRANKS_MIN_BIAS,
         "masked-nonfinite-ignored": _JAX_MASKED_NAN,
@@ -447,6 +452,10 @@ _CONFIRMS: dict[str, Confirms] = {
     # a non-finite value at a masked position (0 * NaN), or key where a -inf bias, not the
     # mask, excludes it (NaN + -inf): a NaN key the mask excludes does not leak
     _JAX_MASKED_NAN: Confirms(shows=("into v at", "into k at")),
+    # jax.nn's check of v's shape
+    _FLAX_NNX_HEAD_DIMS: Confirms(shows=("value shape should be",)),
+    # the fallback's reshape to q's shape, or its mask expansion that meets Ev != E first
+    _KERAS_JAX_HEAD_DIMS: Confirms(shows=("cannot reshape", "incompatible shapes")),
     # numpy broadcasting refusing Hq != Hkv
     "docs/divergences.md#keras-numpy-gqa": Confirms(shows=("could not be broadcast",)),
     "docs/divergences.md#flax-linen-float16": Confirms(shows=("float16",)),
