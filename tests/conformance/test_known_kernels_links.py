@@ -56,6 +56,25 @@ MASKED_NAN_VALUE = (
 MASKED_NAN_KEY = MASKED_NAN_VALUE.replace("into v", "into k")  # through a -inf bias
 MASKED_NAN_BIAS = MASKED_NAN_VALUE.replace("into v", "into bias")
 MASKED_ONE = MASKED_LARGE.replace("magnitude 1.41e+04", "magnitude 1")
+# score-variance's V = I_2 (Ev = 2, E = 16) through Keras's fallback and through jax.nn's
+# check (docs/matrix.md, 2026-12-02), and a failure of the statistic itself
+KERAS_RESHAPE = (
+    "kernel raised TypeError: cannot reshape array of shape (1, 1, 2000, 1, 2) (size 4000) "
+    "into shape (1, 1, 2000, 16) (size 32000) q(1, 2000, 1, 16), k(1, 2000, 2, 16), "
+    "v(1, 2000, 2, 2), dtype=float32, is_causal=False, scale=None"
+)
+KERAS_MASK_EXPANSION = (
+    "kernel raised TypeError: add got incompatible shapes for broadcasting: (2, 2, 5, 6), "
+    "(5, 1, 1, 6). q(2, 2, 5, 1), k(2, 2, 6, 1), v(2, 2, 6, 6), dtype=float32"
+)
+NNX_VALUE_SHAPE = (
+    "kernel raised ValueError: value shape should be [1, 2000, 2, 16]: but got "
+    "(1, 2000, 2, 2) q(1, 2000, 1, 16), k(1, 2000, 2, 16), v(1, 2000, 2, 2), dtype=float32"
+)
+SCORE_VARIANCE_OFF = (
+    "sum of squared weight log-ratios / 2 = 8000 (in [7990, 8010] after the rounding slack "
+    "that float32 and TOL-2 allow), but a kernel scaling by 1/sqrt(E) gives chi^2_2000"
+)
 
 # (kernel row, property, the clause the failure is listed under, evidence, linked?)
 CASES = [
@@ -123,6 +142,14 @@ CASES = [
         MASKED_NAN_BIAS,
         False,
     ),
+    # Ev != E: Keras-on-JAX's fallback and flax.nnx's jax.nn check, met by score-variance
+    # too; a statistic out of its interval is another cause
+    ("keras:dot_product_attention_jax", "score-variance", "SDPA-2.1", KERAS_RESHAPE, True),
+    ("keras:dot_product_attention_jax", "value-head-dim", "SDPA-1.1", KERAS_MASK_EXPANSION, True),
+    ("keras:dot_product_attention_jax", "score-variance", "SDPA-2.1", SCORE_VARIANCE_OFF, False),
+    ("flax.nnx:dot_product_attention", "score-variance", "SDPA-2.1", NNX_VALUE_SHAPE, True),
+    ("flax.nnx:dot_product_attention", "value-head-dim", "SDPA-1.1", NNX_VALUE_SHAPE, True),
+    ("flax.nnx:dot_product_attention", "score-variance", "SDPA-2.1", SCORE_VARIANCE_OFF, False),
     # keras torch: the additive fill of a boolean mask
     ("keras:dot_product_attention_torch", "masked-values-ignored", "SDPA-8.1", MASKED_LARGE, True),
     ("keras:dot_product_attention_torch", "masked-values-ignored", "SDPA-8.1", MASKED_ONE, False),
