@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from hypothesis import strategies as st
@@ -24,6 +24,9 @@ from . import input_features, shape_pool, sizes, values
 from .element_values import ValueGenerator
 from .kernel import KernelUnderTest, Problem
 from .sizes import Dims
+
+if TYPE_CHECKING:
+    from .declaration import KernelDeclaration
 
 MAGNITUDES = (1.0, 0.25, 3.0, 1e-3, 10.0)
 EXPLICIT_SCALES = (0.5, 1.0, 0.0, 2.0, -0.75, 0.125)
@@ -371,7 +374,7 @@ def draw_bias(
     return bias
 
 
-def _as_called(dims: Dims, declaration: Any) -> Dims:
+def _as_called(dims: Dims, declaration: KernelDeclaration) -> Dims:
     """``dims`` as a kernel that needs E == Ev gets them where Ev < E: v padded with zero
     columns to E (layouts.padding_plan), so that a problem with fewer value columns (Ev = 0
     among them) meets the options tied to the shape the kernel is called with, and its

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import subprocess
 import sys
 from typing import Any
@@ -245,17 +246,33 @@ def test_seeded_draws_do_not_depend_on_the_modules_imported(
     constants Hypothesis has collected from the modules imported so far (it answers 1 in 20
     number draws with one of them): a worker that has imported other modules draws the
     same pools.  Before, 200 seeded draws changed when a module with a constant loaded."""
+    from hypothesis.control import BuildContext
     from hypothesis.internal.conjecture import providers
+    from hypothesis.internal.conjecture.data import ConjectureData
 
     numbers = st.integers(0, 2**20)
-    before = [SeededDraws(seed).draw(numbers) for seed in range(200)]
+
+    def with_hypothesis_provider(seed: int) -> int:
+        data = ConjectureData(random=random.Random(seed))
+        with BuildContext(data, wrapped_test=with_hypothesis_provider):
+            return data.draw(numbers)
+
+    def both() -> tuple[list[int], list[int]]:
+        seeds = range(200)
+        return [SeededDraws(s).draw(numbers) for s in seeds], [
+            with_hypothesis_provider(s) for s in seeds
+        ]
+
+    before, plain_before = both()
     found = providers.Constants(integers=providers.SortedSet([424242]))
     monkeypatch.setattr(providers, "_get_local_constants", lambda: found)
     providers.CONSTANTS_CACHE.cache.clear()
     try:
-        after = [SeededDraws(seed).draw(numbers) for seed in range(200)]
+        after, plain_after = both()
     finally:
         providers.CONSTANTS_CACHE.cache.clear()
+    # the constant reaches Hypothesis's own provider (the patch is felt), not the seeded one
+    assert 424242 in plain_after and plain_after != plain_before
     assert after == before
 
 
