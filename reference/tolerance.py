@@ -376,7 +376,6 @@ def _chunk_bound(
     total = xp.sum(exps, axis=-1, keepdims=True)
     total = xp.where(total == 0, xp.ones_like(total), total)
     weights = exps / total
-    log_weights = xp.where(allowed, -gap - xp.log(total), xp.full_like(scores, -xp.inf))
 
     # Delta_ij: the largest error of the computed shifted score of an allowed key.
     magnitude = xp.matmul(xp.abs(chunk.q), xp.matrix_transpose(xp.abs(chunk.k)))
@@ -399,12 +398,24 @@ def _chunk_bound(
             xp, dtype, abs(chunk.scale) * magnitude, capped, chunk.bias, chunk.alibi
         )
     delta = xp.where(allowed, delta, zero)
+    small_delta = bool(xp.all(delta < 1))
+    # log p_ij, needed only where a Delta_ij is large or for the log-sum-exp
+    log_weights = (
+        None
+        if small_delta and not with_lse
+        else xp.where(allowed, -gap - xp.log(total), xp.full_like(scores, -xp.inf))
+    )
     lse, lse_tolerance = (
         _lse_bound(xp, dtype, row_max, total, log_weights, delta, allowed, n_keys)
         if with_lse
         else (None, None)
     )
-    moved = _moved_weights(xp, weights, log_weights, delta, allowed)
+    # g_ij = p_ij (e^Delta_ij - 1) of TOL-2; below 1, p_ij (e - 1) < 2 and 0 outside S(i)
+    moved = (
+        weights * xp.expm1(delta)
+        if small_delta
+        else _moved_weights_saturated(xp, weights, log_weights, delta, allowed)
+    )
     score_error = xp.sum(moved, axis=-1, keepdims=True)  # D_i
     determined = score_error < 1
     amplification = 1 / xp.where(determined, 1 - score_error, xp.ones_like(score_error))
@@ -413,22 +424,27 @@ def _chunk_bound(
     out, weighted_abs = _sums_over_keys(xp, weights, table, value_dim, 0, 2, keys)  # o_ic, M_ic
     if not bool(xp.all(xp.isfinite(chunk.v))):  # SDPA-8.3, as the definition evaluates it
         out = with_nonfinite_values(xp, out, nonfinite_counts(xp, allowed, chunk.v))
-    finite_out = xp.where(xp.isfinite(out), out, xp.zeros_like(out))
+    finite = xp.isfinite(out)
+    all_finite = bool(xp.all(finite))
+    finite_out = out if all_finite else xp.where(finite, out, xp.zeros_like(out))
     abs_out = xp.abs(finite_out)
     moved_v, moved_abs, moved_v2 = _sums_over_keys(xp, moved, table, value_dim, 0, 3, keys)
     # sum_j g_ij |v_jc - o_ic| <= min(triangle inequality, Cauchy-Schwarz)
     by_triangle = moved_abs + score_error * abs_out
-    quadratic = moved_v2 - 2 * finite_out * moved_v + score_error * finite_out * finite_out
+    moved_square = score_error * finite_out * finite_out
+    quadratic = moved_v2 - 2 * finite_out * moved_v + moved_square
     quadratic_rounding = (
-        4
-        * UNIT_ROUNDOFF["float64"]
-        * (moved_v2 + 2 * abs_out * moved_abs + score_error * finite_out * finite_out)
+        4 * UNIT_ROUNDOFF["float64"] * (moved_v2 + 2 * abs_out * moved_abs + moved_square)
     )
     by_cauchy_schwarz = xp.sqrt(
         score_error * (xp.maximum(quadratic, xp.zeros_like(quadratic)) + quadratic_rounding)
     )
     spread = xp.minimum(by_triangle, by_cauchy_schwarz)
-    renormalised = xp.where(determined, spread * amplification, xp.full_like(spread, xp.inf))
+    renormalised = (
+        spread * amplification
+        if bool(xp.all(determined))
+        else xp.where(determined, spread * amplification, xp.full_like(spread, xp.inf))
+    )
     hull = (
         xp.zeros_like(finite_out)
         if values.low is None
@@ -446,7 +462,8 @@ def _chunk_bound(
         + floor
         + sigma * allowed_abs_values
     )
-    out_tolerance = xp.where(xp.isfinite(out), out_tolerance, xp.zeros_like(out))
+    if not all_finite:
+        out_tolerance = xp.where(finite, out_tolerance, xp.zeros_like(out))
     attends = xp.any(allowed, axis=-1, keepdims=True)
     if not with_weights:
         return out, out_tolerance, None, None, score_error, attends, lse, lse_tolerance
@@ -501,15 +518,14 @@ def _split(a: Any, width: int, count: int) -> tuple[Any, ...]:
     return tuple(a[..., i * width : (i + 1) * width] for i in range(count))
 
 
-def _moved_weights(
+def _moved_weights_saturated(
     xp: ModuleType, weights: Any, log_weights: Array, delta: Any, allowed: Array
 ) -> Any:
-    """g_ij = p_ij (e^Delta_ij - 1) of TOL-2 (0 for keys outside S(i)), at most
-    _SATURATED_WEIGHT_ERROR: accurate for small Delta, and e^(log p + Delta) where p
-    underflows but a perturbed weight need not (a key padded with a large finite bias)."""
+    """g_ij = p_ij (e^Delta_ij - 1) of TOL-2 (0 for keys outside S(i)) where some Delta_ij
+    reach 1, at most _SATURATED_WEIGHT_ERROR: accurate for small Delta, and
+    e^(log p + Delta) where p underflows but a perturbed weight need not (a key padded
+    with a large finite bias)."""
     small = delta < 1
-    if bool(xp.all(small)):  # the usual case: p_ij (e - 1) < 2, 0 outside S(i)
-        return weights * xp.expm1(delta)
     zero = xp.zeros_like(delta)
     moved = xp.where(
         small,
