@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
+from types import ModuleType
 from typing import Any, Literal
 
 import array_api_compat
@@ -433,8 +435,12 @@ def _what_it_is(x: Any) -> str:
 
 
 def _library_of(x: Any) -> str:
-    module = type(x).__module__.split(".")[0]
-    return {"jaxlib": "jax", "array_api_strict": "array_api_strict"}.get(module, module)
+    return _library_of_module(type(x).__module__)
+
+
+def _library_of_module(name: str) -> str:
+    top = name.split(".")[0]
+    return "jax" if top == "jaxlib" else top
 
 
 def _declared_results_hint(declaration: KernelDeclaration) -> str:
@@ -498,7 +504,7 @@ def identity_blocks(problem: Problem) -> list[tuple[int, Problem]] | None:
 
 def raised_hint(exc: BaseException, kernel: KernelUnderTest) -> str:
     """A hint for an exception the kernel raised: a keyword it does not take (for kernels
-    whose signature the pre-flight could not read), or a tuple/shape mismatch."""
+    whose signature the pre-flight could not read), or arrays of the wrong library."""
     match = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
     if match:
         because = suite_keywords(kernel.declaration).get(match.group(1))
@@ -507,7 +513,50 @@ def raised_hint(exc: BaseException, kernel: KernelUnderTest) -> str:
                 f"the kernel does not take {match.group(1)}=, which the suite passes "
                 f"because the declaration says {because}"
             )
-    return ""
+    return _other_library_hint(exc, kernel)
+
+
+# Words by which an exception names an array library's own array type.
+_ARRAY_TYPE_WORDS = {
+    "numpy": ("ndarray",),
+    "torch": ("Tensor",),
+    "jax": ("jax", "Array"),
+    "cupy": ("cupy",),
+    "array_api_strict": ("array_api_strict",),
+}
+
+
+def _other_library_hint(exc: BaseException, kernel: KernelUnderTest) -> str:
+    """``--backend X`` when the kernel's module uses one array library X other than the
+    backend's and the kernel raised on the backend's arrays (a torch kernel checked on
+    the default backend, NumPy): its module does not use the backend's library at all, or
+    the exception names the backend's array type ("must be Tensor, not numpy.ndarray")."""
+    backend = kernel.backend.name
+    used = _array_libraries_used(kernel.fn)
+    others = sorted(used - {backend})
+    if len(others) != 1:
+        return ""
+    if backend in used and not any(word in str(exc) for word in _ARRAY_TYPE_WORDS[backend]):
+        return ""
+    return (
+        f"the kernel's module uses {others[0]} and the kernel raised on {backend} arrays: "
+        f"if it takes {others[0]} arrays, check it on them with --backend {others[0]} (the "
+        f"default backend is numpy; ATTNSPEC_BACKEND sets another)"
+    )
+
+
+def _array_libraries_used(fn: Callable[..., Any]) -> set[str]:
+    """The array libraries (of _ARRAY_TYPE_WORDS) whose modules or functions the module
+    defining ``fn`` holds as globals (``import torch``, ``from jax import numpy``, ...)."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    used = set()
+    for value in vars(module).values() if module is not None else ():
+        name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", "")
+        if isinstance(name, str):
+            library = _library_of_module(name)
+            if library in _ARRAY_TYPE_WORDS:
+                used.add(library)
+    return used
 
 
 def reject_avoided(problem: Problem, declaration: KernelDeclaration) -> None:

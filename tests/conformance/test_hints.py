@@ -245,6 +245,39 @@ def test_numpy_array_under_torch_is_named(tmp_path: Path) -> None:
     assert "--backend numpy" in report.verdicts[0].hint
 
 
+TORCH_KERNEL = """
+import numpy as np
+import torch
+
+
+def attention(q, k, v, *, is_causal=False, scale=None):
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=is_causal, scale=scale
+    )
+
+
+def transposes_its_own_way(q, k, v, *, is_causal=False, scale=None):
+    raise ValueError("axes don't match array")
+"""
+
+
+def test_torch_kernel_on_the_default_backend_says_backend_torch(tmp_path: Path) -> None:
+    """SDPA-1.3: a torch kernel checked on the default backend (NumPy) raises on NumPy
+    arrays ("must be Tensor, not numpy.ndarray"); the hint names --backend torch, with which
+    the same kernel passes.  An exception that does not name NumPy's arrays, from a module
+    that uses NumPy too, gets no such hint: it may be the kernel's own."""
+    pytest.importorskip("torch", reason="the torch backend is what this is about")
+    kernel = kernel_file(tmp_path, "torch_kernel.py", TORCH_KERNEL)
+    only = ["default-scale"]
+    verdict = check(f"{kernel}:attention", dtypes=["float64"], only=only).verdicts[0]
+    assert verdict.status == "failed" and "numpy.ndarray" in verdict.detail, verdict.detail
+    assert "check it on them with --backend torch" in verdict.hint, verdict.hint
+    torch_run = check(f"{kernel}:attention", backend="torch", dtypes=["float64"], only=only)
+    assert torch_run.verdicts[0].status == "passed", torch_run.verdicts[0].detail
+    own = check(f"{kernel}:transposes_its_own_way", dtypes=["float64"], only=only).verdicts[0]
+    assert own.status == "failed" and "--backend" not in own.hint, own.hint
+
+
 def test_module_class_target_says_pass_an_instance(tmp_path: Path) -> None:
     """SDPA-1.1: an nn.Module class given as the kernel is a setup error (exit 2) that
     says to pass an instance and how, not a failure of every property."""
