@@ -9,11 +9,8 @@ output back as float64 NumPy.
 from __future__ import annotations
 
 import math
-import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from types import ModuleType
 from typing import Any, Literal
 
 import array_api_compat
@@ -22,11 +19,11 @@ from hypothesis.errors import UnsatisfiedAssumption
 
 from ..backends import Backend
 from . import sizes
-from .claims import suite_keywords
 from .declaration import KernelDeclaration, declaration_of
 from .failures import KernelRaised, PropertyFailure
 from .input_features import BY_NAME, CALLED_AROUND, UNEQUAL_HEAD_DIMS
 from .layouts import describe_padding, pad_head_dims, pad_head_dims_on_host
+from .raised_hints import library_of_module, raised_hint
 
 
 @dataclass
@@ -357,7 +354,7 @@ class KernelUnderTest:
                 f"kernel raised {type(exc).__name__}: {str(exc)[:300]}{context}",
                 problem,
                 self,
-                hint=raised_hint(exc, self),
+                hint=raised_hint(exc, self, problem),
             ) from exc
 
     def numpy(self, x: Any) -> np.ndarray:
@@ -435,12 +432,7 @@ def _what_it_is(x: Any) -> str:
 
 
 def _library_of(x: Any) -> str:
-    return _library_of_module(type(x).__module__)
-
-
-def _library_of_module(name: str) -> str:
-    top = name.split(".")[0]
-    return "jax" if top == "jaxlib" else top
+    return library_of_module(type(x).__module__)
 
 
 def _declared_results_hint(declaration: KernelDeclaration) -> str:
@@ -500,63 +492,6 @@ def identity_blocks(problem: Problem) -> list[tuple[int, Problem]] | None:
         block = np.broadcast_to(np.eye(n_keys, value_dim, k=-start), problem.v.shape)
         blocks.append((start, problem.with_(v=np.ascontiguousarray(block))))
     return blocks
-
-
-def raised_hint(exc: BaseException, kernel: KernelUnderTest) -> str:
-    """A hint for an exception the kernel raised: a keyword it does not take (for kernels
-    whose signature the pre-flight could not read), or arrays of the wrong library."""
-    match = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
-    if match:
-        because = suite_keywords(kernel.declaration).get(match.group(1))
-        if because:
-            return (
-                f"the kernel does not take {match.group(1)}=, which the suite passes "
-                f"because the declaration says {because}"
-            )
-    return _other_library_hint(exc, kernel)
-
-
-# Words by which an exception names an array library's own array type.
-_ARRAY_TYPE_WORDS = {
-    "numpy": ("ndarray",),
-    "torch": ("Tensor",),
-    "jax": ("jax", "Array"),
-    "cupy": ("cupy",),
-    "array_api_strict": ("array_api_strict",),
-}
-
-
-def _other_library_hint(exc: BaseException, kernel: KernelUnderTest) -> str:
-    """``--backend X`` when the kernel's module uses one array library X other than the
-    backend's and the kernel raised on the backend's arrays (a torch kernel checked on
-    the default backend, NumPy): its module does not use the backend's library at all, or
-    the exception names the backend's array type ("must be Tensor, not numpy.ndarray")."""
-    backend = kernel.backend.name
-    used = _array_libraries_used(kernel.fn)
-    others = sorted(used - {backend})
-    if len(others) != 1:
-        return ""
-    if backend in used and not any(word in str(exc) for word in _ARRAY_TYPE_WORDS[backend]):
-        return ""
-    return (
-        f"the kernel's module uses {others[0]} and the kernel raised on {backend} arrays: "
-        f"if it takes {others[0]} arrays, check it on them with --backend {others[0]} (the "
-        f"default backend is numpy; ATTNSPEC_BACKEND sets another)"
-    )
-
-
-def _array_libraries_used(fn: Callable[..., Any]) -> set[str]:
-    """The array libraries (of _ARRAY_TYPE_WORDS) whose modules or functions the module
-    defining ``fn`` holds as globals (``import torch``, ``from jax import numpy``, ...)."""
-    module = sys.modules.get(getattr(fn, "__module__", None) or "")
-    used = set()
-    for value in vars(module).values() if module is not None else ():
-        name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", "")
-        if isinstance(name, str):
-            library = _library_of_module(name)
-            if library in _ARRAY_TYPE_WORDS:
-                used.add(library)
-    return used
 
 
 def reject_avoided(problem: Problem, declaration: KernelDeclaration) -> None:

@@ -73,6 +73,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                 "assertions",
                 "packed",
                 "hints",
+                "raised_hints",
                 "reproduce",
                 "call_guard",
             )

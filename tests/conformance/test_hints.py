@@ -71,6 +71,12 @@ def returns_list(q, k, v, *, mask=None, is_causal=False, scale=None):
     return [sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale)]
 
 
+def float32_only(q, k, v, *, mask=None, is_causal=False, scale=None):
+    if q.dtype != np.float32:
+        raise TypeError(f"only float32 is supported, got {q.dtype}")
+    return sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+
+
 def scale_rounded_to_float32(q, k, v, *, mask=None, is_causal=False, scale=None):
     """The default scale 1/sqrt(E) held in float32 while computing in float64."""
     if scale is None:
@@ -259,6 +265,19 @@ def attention(q, k, v, *, is_causal=False, scale=None):
 def transposes_its_own_way(q, k, v, *, is_causal=False, scale=None):
     raise ValueError("axes don't match array")
 """
+
+
+def test_kernel_rejecting_a_dtype_says_declare_the_dtypes(kernels: Path) -> None:
+    """SDPA-1.4, CONF-3: a kernel that raises "only float32 is supported" on float16 gets
+    the hint to declare its dtypes (--dtype); declared, it passes."""
+    target = f"{kernels}:float32_only"
+    verdict = check(target, dtypes=["float16", "float32"], only=["output-shape-dtype"])
+    assert verdict.verdicts[0].status == "failed"
+    assert "only float32 is supported" in verdict.verdicts[0].detail
+    assert "declare the dtypes it does" in verdict.verdicts[0].hint
+    assert "--dtype float32" in verdict.verdicts[0].hint
+    declared = check(target, dtypes=["float32"], only=["output-shape-dtype"]).verdicts[0]
+    assert declared.status == "passed", declared.detail
 
 
 def test_torch_kernel_on_the_default_backend_says_backend_torch(tmp_path: Path) -> None:
