@@ -61,6 +61,10 @@ def distinct(found: float, expected: float) -> tuple[str, str]:
     return repr(found), repr(expected)
 
 
+# How a KernelRaised finding starts ("kernel raised ValueError: ...").
+KERNEL_RAISED = "kernel raised "
+
+
 class KernelRaised(PropertyFailure):
     """The kernel raised on input the spec defines (it must return a result)."""
 

@@ -176,16 +176,26 @@ def mask_convention(
     return None
 
 
-def run_hints(kernel: KernelUnderTest, layout: str, failures: int) -> list[str]:
-    """Hints from probing a kernel that failed ``failures`` properties: when it gets a
-    plain problem (no mask, no causal, default scale) wrong but is right once its arrays
-    are read in the (..., L, H, E) layout, say --layout blhd."""
-    if not failures or kernel.declaration.family != "dense" or layout != "bhld":
+def run_hints(
+    kernel: KernelUnderTest, layout: str, failures: int, raised: bool = False
+) -> list[str]:
+    """Hints from probing a kernel that failed ``failures`` properties: when it ``raised``
+    in some and is right on a probe with some numbers of leading batch dims and not
+    others, say --batch-ndim; when it gets a plain problem (no mask, no causal, default
+    scale) wrong but is right once its arrays are read in the (..., L, H, E) layout, say
+    --layout blhd."""
+    if not failures or kernel.declaration.family != "dense":
         return []
-    problem = probe_problem(kernel)
+    hints, problem = (
+        _batch_ndim_hint(kernel, probe_problem(kernel), failures)
+        if raised
+        else ([], probe_problem(kernel))
+    )
+    if layout != "bhld":
+        return hints
     out = _run(kernel, problem)
     if out is not None and _matches(out, problem, kernel):
-        return []
+        return hints
     # as layouts.from_blhd would call it, but through the kernel's own (guarded) calls
     swapped = problem.with_(
         **{name: np.swapaxes(getattr(problem, name), -2, -3) for name in ("q", "k", "v")}
@@ -196,10 +206,67 @@ def run_hints(kernel: KernelUnderTest, layout: str, failures: int) -> list[str]:
         or reordered.ndim < 3
         or not _matches(np.swapaxes(reordered, -2, -3), problem, kernel)
     ):
-        return []
+        return hints
     return [
+        *hints,
         f"the kernel is right on a probe once its q, k, v and output are read as "
         f"(..., L, H, E): it takes the (B, L, H, D) layout of JAX and FlashAttention, "
-        f"so pass --layout blhd (the {failures} failure{'s' if failures > 1 else ''} "
-        f"above may all come from this)"
+        f"so pass --layout blhd (the {_failures(failures)} above may all come from this)",
     ]
+
+
+# Leading batch dims the probe tries on a kernel that declares none (the suite draws 0-2).
+PROBED_BATCH_NDIMS = (0, 1, 2)
+
+
+def _batch_ndim_hint(
+    kernel: KernelUnderTest, problem: Problem, failures: int
+) -> tuple[list[str], Problem]:
+    """--batch-ndim N when a kernel that declares no batch_ndim is right on ``problem`` with
+    N leading batch dims (of size 2) and wrong or raising with some other number (a kernel
+    written for (B, H, L, E) arrays only, or calling torch.bmm on (B*H, L, E)); with the
+    problem to probe further (``problem`` with N batch dims where the hint applies)."""
+    if kernel.declaration.batch_ndim is not None:
+        return [], problem
+    batched = {
+        ndim: problem.with_(
+            **{
+                name: np.ascontiguousarray(np.broadcast_to(a, (2,) * ndim + a.shape))
+                for name in ("q", "k", "v")
+                for a in (getattr(problem, name),)
+            }
+        )
+        for ndim in PROBED_BATCH_NDIMS
+    }
+    right = [
+        ndim
+        for ndim, each in batched.items()
+        if (out := _run(kernel, each)) is not None and _matches(out, each, kernel)
+    ]
+    if not right or len(right) == len(batched):
+        return [], problem
+    chosen = 1 if 1 in right else right[0]
+    wrong = [ndim for ndim in batched if ndim not in right]
+    return [
+        f"the kernel is right on a probe with {_ndims(right)} and not with "
+        f"{_ndims(wrong)} (it raises or differs): if it takes exactly {chosen} "
+        f"({_example_shape(chosen)}), pass --batch-ndim {chosen} (the {_failures(failures)} "
+        f"above may all come from this)"
+    ], batched[chosen]
+
+
+def _ndims(ndims: list[int]) -> str:
+    """ "1 leading batch dim", "0 or 2 leading batch dims"."""
+    return " or ".join(str(n) for n in ndims) + (
+        " leading batch dim" if ndims == [1] else " leading batch dims"
+    )
+
+
+def _example_shape(ndim: int) -> str:
+    return (
+        "(" + ", ".join([*(f"B{i + 1}" if ndim > 1 else "B" for i in range(ndim)), "H, L, E"]) + ")"
+    )
+
+
+def _failures(failures: int) -> str:
+    return f"{failures} failure{'s' if failures > 1 else ''}"

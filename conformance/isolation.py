@@ -513,7 +513,7 @@ class IsolatedKernel:
             return self._lost(prop, lost.finding, lost.call, started, kernel)
         return verdict
 
-    def run_hints(self, failures: int) -> list[str]:
+    def run_hints(self, failures: int, raised: bool = False) -> list[str]:
         """``hints.run_hints`` in the worker (it calls the kernel); none when the worker
         dies or hangs on them, and none for a kernel that already crashed, exited or hung
         (probing it could cost another timeout, and a convention hint would not explain
@@ -521,7 +521,7 @@ class IsolatedKernel:
         if self.lost:
             return []
         try:
-            return list(self._request(("hints", failures)))
+            return list(self._request(("hints", failures, raised)))
         except _Lost:
             return []
 
@@ -605,9 +605,9 @@ class InProcessKernel:
     ) -> Verdict:
         return run_property(prop, self.start(), profile=profile, seed=seed, limits=limits)
 
-    def run_hints(self, failures: int) -> list[str]:
+    def run_hints(self, failures: int, raised: bool = False) -> list[str]:
         """``hints.run_hints``: probes the kernel, here in this process."""
-        return run_hints(self.start(), self.setup.layout, failures)
+        return run_hints(self.start(), self.setup.layout, failures, raised)
 
 
 def available_cpus() -> int:

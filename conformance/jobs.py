@@ -160,9 +160,9 @@ class WorkerPool:
     ) -> Verdict:
         return self.sessions[0].run_property(prop, profile=profile, seed=seed, limits=limits)
 
-    def run_hints(self, failures: int) -> list[str]:
+    def run_hints(self, failures: int, raised: bool = False) -> list[str]:
         """The first worker's hints; none once any worker lost a verdict (as for one)."""
-        return [] if self.lost else self.sessions[0].run_hints(failures)
+        return [] if self.lost else self.sessions[0].run_hints(failures, raised)
 
 
 def run_in_parallel(

@@ -20,7 +20,7 @@ from hypothesis.errors import UnsatisfiedAssumption
 from ..backends import Backend
 from . import sizes
 from .declaration import KernelDeclaration, declaration_of
-from .failures import KernelRaised, PropertyFailure
+from .failures import KERNEL_RAISED, KernelRaised, PropertyFailure
 from .input_features import BY_NAME, CALLED_AROUND, UNEQUAL_HEAD_DIMS
 from .layouts import describe_padding, pad_head_dims, pad_head_dims_on_host
 from .raised_hints import library_of_module, raised_hint
@@ -351,7 +351,7 @@ class KernelUnderTest:
             return self.call_raw(args, kwargs)
         except Exception as exc:
             raise KernelRaised(
-                f"kernel raised {type(exc).__name__}: {str(exc)[:300]}{context}",
+                f"{KERNEL_RAISED}{type(exc).__name__}: {str(exc)[:300]}{context}",
                 problem,
                 self,
                 hint=raised_hint(exc, self, problem),

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field, replace
 from itertools import groupby
 from typing import TYPE_CHECKING
 
+from .failures import KERNEL_RAISED
 from .input_features import BY_NAME, describe
 from .runner import (
     FAILED,
@@ -397,7 +398,7 @@ def findings(report: Report) -> list[Verdict]:
 # Findings that say what the kernel did on any input (it raised, returned the wrong type)
 # rather than what a property measured: the same one across properties is one cause.
 _ROOT_CAUSES = (
-    "kernel raised ",
+    KERNEL_RAISED,
     "the kernel returned ",
     "out is a",
     "weights is a",

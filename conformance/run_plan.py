@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import report as render
+from .failures import KERNEL_RAISED
 from .isolation import InProcessKernel, IsolatedKernel, IsolationOptions
 from .jobs import (
     JOBS_VARIABLE,
@@ -249,7 +250,8 @@ def finish_report(report: Report, session: Session, *, partial: bool) -> None:
     """Add the hints from probing a kernel that failed (in its worker when isolated) and
     the conformance claim, or why there is none (``partial``: --only/--skip)."""
     kernel = session.start()
-    failures = sum(v.status in (FAILED, WARNING) for v in report.verdicts)
-    if failures and not report.incomplete:
-        report.hints.extend(session.run_hints(failures))
+    failed = [v for v in report.verdicts if v.status in (FAILED, WARNING)]
+    if failed and not report.incomplete:
+        raised = any(v.detail.startswith(KERNEL_RAISED) for v in failed)
+        report.hints.extend(session.run_hints(len(failed), raised))
     report.claim = render.claim_line(report, kernel.declaration, kernel.dtypes, partial=partial)

@@ -132,7 +132,7 @@ def _exit_when_orphaned(lifeline: int) -> None:
 def serve(connection: Connection) -> None:
     """Load the kernel, then answer requests until told to stop (the worker's main loop):
     ``("property", id, profile, examples, seed)`` gets the property's verdict,
-    ``("hints", failures)`` the hints from probing the kernel (:func:`.hints.run_hints`)."""
+    ``("hints", failures, raised)`` the hints from probing the kernel (:func:`.hints.run_hints`)."""
     from .isolation import KernelInfo
     from .kernel_setup import SetupError
 
@@ -184,7 +184,7 @@ def _answer(request: tuple[Any, ...], kernel: KernelUnderTest, layout: str) -> t
     from .runner import PROFILES, _failed_verdict, run_property
 
     if request[0] == "hints":
-        return (run_hints(kernel, layout, request[1]),)
+        return (run_hints(kernel, layout, *request[1:]),)
     _, prop_id, profile, examples, seed, limits = request
     if examples is not None:
         PROFILES[profile] = examples

@@ -77,6 +77,12 @@ def float32_only(q, k, v, *, mask=None, is_causal=False, scale=None):
     return sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
 
 
+def four_dimensional_only(q, k, v, *, mask=None, is_causal=False, scale=None):
+    """Written for (B, H, L, E) arrays only."""
+    batch, heads, length, head_dim = q.shape
+    return sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+
+
 def scale_rounded_to_float32(q, k, v, *, mask=None, is_causal=False, scale=None):
     """The default scale 1/sqrt(E) held in float32 while computing in float64."""
     if scale is None:
@@ -265,6 +271,26 @@ def attention(q, k, v, *, is_causal=False, scale=None):
 def transposes_its_own_way(q, k, v, *, is_causal=False, scale=None):
     raise ValueError("axes don't match array")
 """
+
+
+def test_kernel_of_one_batch_rank_says_batch_ndim(kernels: Path) -> None:
+    """SDPA-1.2, CONF-3: a kernel that takes (B, H, L, E) arrays only raises on the others
+    the suite draws; probed with 0, 1 and 2 leading batch dims, it is right with 1 only, so
+    the hint says --batch-ndim 1, with which it passes.  A kernel right at every rank (the
+    FlashAttention-layout one fails for another reason) gets no such hint."""
+    target = f"{kernels}:four_dimensional_only"
+    report = check(target, only=["matches-reference"])
+    assert report.verdicts[0].status == "failed"
+    assert any(
+        "right on a probe with 1 leading batch dim and not with 0 or 2" in hint
+        and "pass --batch-ndim 1" in hint
+        for hint in report.hints
+    ), report.hints
+    declared = check(target, only=["matches-reference"], batch_ndim=1)
+    assert declared.verdicts[0].status == "passed", declared.verdicts[0].detail
+    other = check(f"{kernels}:flash_attn", only=["matches-reference"])
+    assert other.verdicts[0].status == "failed"
+    assert not any("--batch-ndim" in hint for hint in other.hints), other.hints
 
 
 def test_kernel_rejecting_a_dtype_says_declare_the_dtypes(kernels: Path) -> None:
