@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..backends import Backend
+from .claims import comma_list
 from .isolation import IsolationOptions
 from .kernel import KernelUnderTest
 
@@ -52,12 +53,12 @@ def check(
     device: str | None = None,
     profile: str = "quick",
     seed: int | None = None,
-    only: Iterable[str] | None = None,
-    skip: Iterable[str] | None = None,
+    only: str | Iterable[str] | None = None,
+    skip: str | Iterable[str] | None = None,
     strict: bool = False,
     layout: str = "bhld",
     rename: Mapping[str, str] | None = None,
-    dtypes: Iterable[str] | None = None,
+    dtypes: str | Iterable[str] | None = None,
     max_len: int | None = None,
     max_head_dim: int | None = None,
     max_batch_heads: int | None = None,
@@ -69,7 +70,9 @@ def check(
 ) -> Report:
     """Check ``kernel`` (a callable or ``"MODULE:FUNC"``) clause by clause.
 
-    ``claims`` override fields of the kernel's :class:`KernelDeclaration`; ``layout``,
+    ``only``, ``skip`` and ``dtypes`` take lists, or one string of comma-separated names
+    (as the CLI's flags: ``only="default-scale,causal-zeros"``).  ``claims`` override
+    fields of the kernel's :class:`KernelDeclaration`; ``layout``,
     ``rename``, ``dtypes`` and ``jax_x64`` are as for :class:`KernelSetup`.  ``max_len``,
     ``max_head_dim`` and ``max_batch_heads`` cap (or raise) the largest Lq/Lk, E/Ev and
     batch x query heads drawn (defaults 4096, 256, 512).  ``isolate=True`` (or an
@@ -91,7 +94,7 @@ def check(
         device,
         layout,
         dict(rename or {}),
-        None if dtypes is None else tuple(dtypes),
+        None if dtypes is None else tuple(comma_list(dtypes) or ()),
         claims,
         jax_x64,
     )
@@ -101,8 +104,8 @@ def check(
             setup,
             profile=profile,
             seed=seed,
-            only=only,
-            skip=skip,
+            only=comma_list(only),
+            skip=comma_list(skip),
             strict=strict,
             limits=limits,
             isolation=isolation,

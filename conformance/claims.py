@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -67,10 +67,13 @@ def key_values(pairs: list[str] | None, option: str) -> dict[str, Any]:
     return result
 
 
-def comma_list(values: list[str] | None) -> list[str] | None:
-    """Repeated and comma-separated values as one list (None when none was given)."""
+def comma_list(values: str | Iterable[str] | None) -> list[str] | None:
+    """Repeated and comma-separated values as one list (None when none was given); one
+    string is one comma-separated value ("a,b"), not its characters."""
     if not values:
         return None
+    if isinstance(values, str):
+        values = [values]
     return [item.strip() for value in values for item in value.split(",") if item.strip()]
 
 

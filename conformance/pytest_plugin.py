@@ -123,18 +123,12 @@ def _shared_flags() -> tuple[Flag, ...]:
     return (*SIZE_FLAGS, *SETUP_FLAGS, *CLAIM_FLAGS, *SUPERVISION_FLAGS)
 
 
-def _ids(values: list[str] | None) -> list[str] | None:
-    if not values:
-        return None
-    return [item.strip() for value in values for item in value.split(",") if item.strip()]
-
-
 def pytest_configure(config: pytest.Config) -> None:
     target = config.getoption("attnspec_kernel")
     if target is None:
         return
     from .api import KernelSetup, SetupError, size_limits_from
-    from .claims import UsageError, claims_from, key_values, setup_from
+    from .claims import UsageError, claims_from, comma_list, key_values, setup_from
     from .isolation import isolation_options
     from .run_plan import plan_run
 
@@ -165,8 +159,8 @@ def pytest_configure(config: pytest.Config) -> None:
             setup,
             profile=option("attnspec_profile"),
             seed=option("attnspec_seed"),
-            only=_ids(option("attnspec_only")),
-            skip=_ids(option("attnspec_skip")),
+            only=comma_list(option("attnspec_only")),
+            skip=comma_list(option("attnspec_skip")),
             strict=option("attnspec_strict"),
             limits=size_limits_from(flag_value, prefix=PREFIX),
             isolation=isolation,

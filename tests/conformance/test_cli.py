@@ -25,6 +25,7 @@ from attnspec import SPEC_VERSION
 from attnspec.conformance import (
     SetupError,
     assert_conforms,
+    check,
     cli,
 )
 from attnspec.conformance import report as render
@@ -389,6 +390,29 @@ def test_only_and_skip_select_properties(
     assert status == 0
     ran = [v["property"] for v in json.loads(path.read_text())["verdicts"]]
     assert ran == ["default-scale", "explicit-scale"]
+
+
+def test_check_takes_one_string_as_a_comma_list(tmp_path: Path) -> None:
+    """check(only=..., skip=..., dtypes=...) given one string reads it as the CLI reads a
+    flag's value, a comma list, not as its characters (which were unknown property ids,
+    and unknown dtypes): a float32-only kernel passes with dtypes="float32"."""
+    kernel = kernel_file(
+        tmp_path,
+        "float32_only.py",
+        "import numpy as np\n"
+        "from attnspec.reference import scaled_dot_product_attention as sdpa\n"
+        "def attention(q, k, v, *, scale=None):\n"
+        "    assert q.dtype == np.float32, q.dtype\n"
+        "    return sdpa(q, k, v, scale=scale)\n",
+    )
+    report = check(
+        f"{kernel}:attention",
+        only="default-scale, explicit-scale,score-variance",
+        skip="score-variance",
+        dtypes="float32",
+    )
+    assert [v.property for v in report.verdicts] == ["default-scale", "explicit-scale"]
+    assert all(v.status == "passed" for v in report.verdicts), report.verdicts
 
 
 def test_report_files_parse(
