@@ -32,6 +32,14 @@ __all__ = [
 
 ATTRIBUTE = "__attnspec__"
 
+# The types a field of each simple annotation takes (a bool is not an int here).
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "bool": (bool,),
+    "str": (str,),
+    "str | None": (str, type(None)),
+    "int | None": (int, type(None)),
+}
+
 
 @dataclass(frozen=True, kw_only=True)
 class KernelDeclaration:
@@ -84,6 +92,19 @@ class KernelDeclaration:
     rope: RopeClaim | None = None
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            value, allowed = getattr(self, f.name), _FIELD_TYPES.get(str(f.type))
+            if allowed and (
+                not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)
+            ):
+                raise TypeError(
+                    f"{f.name}={value!r}, but should be "
+                    + (
+                        "True or False"
+                        if allowed == (bool,)
+                        else " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+                    )
+                )
         for claim in CLAIMS:
             problem = claim.invalid(getattr(self, claim.field)) if claim.invalid else None
             if problem:

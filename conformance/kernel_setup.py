@@ -62,8 +62,13 @@ def loaded_kernel(kernel: str | Callable[..., Any], *, adapt_known: bool) -> Cal
     if isinstance(kernel, str):
         with importable_from_working_directory():
             fn = load_kernel(absolute_target(kernel))
-    else:
+    elif callable(kernel):
         fn = kernel
+    else:
+        raise TypeError(
+            f"kernel={kernel!r}, but should be a callable or a target string, "
+            "'MODULE:FUNC' or 'path/to/file.py:FUNC'"
+        )
     return known_adapter(fn) if adapt_known else fn
 
 

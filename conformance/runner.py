@@ -222,6 +222,8 @@ def hypothesis_settings(
     fixed-size anchors, whose failure is reported as found."""
     if profile not in PROFILES:
         raise ValueError(f"profile={profile!r}, but should be one of {', '.join(PROFILES)}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"seed={seed!r}, but should be an int (or None: derandomised)")
     return settings(
         max_examples=PROFILES[profile].small if examples is None else examples,
         derandomize=seed is None,

@@ -506,6 +506,29 @@ def test_python_api_assert_conforms(kernels: Path) -> None:
         assert_conforms(f"{kernels}:correct", only=["default-scale"], biass=True)
 
 
+@pytest.mark.parametrize(
+    ("target", "options", "message"),
+    [
+        (None, {}, r"kernel=None, but should be a callable or a target string, 'MODULE:FUNC'"),
+        (3, {}, r"kernel=3, but should be a callable or a target string"),
+        ("correct", {"causal": "yes"}, r"causal='yes', but should be True or False"),
+        ("correct", {"batch_ndim": True}, r"batch_ndim=True, but should be int or None"),
+        ("correct", {"mask_keyword": 3}, r"mask_keyword=3, but should be str"),
+        ("correct", {"seed": "abc"}, r"seed='abc', but should be an int"),
+    ],
+)
+def test_python_api_names_a_bad_argument(
+    kernels: Path, target: object, options: dict[str, object], message: str
+) -> None:
+    """CONF-3: check() given a kernel that is neither a callable nor a target, a claim of
+    the wrong type (a truthy string for a bool, True for a number) or a seed that is not
+    an int says which argument and what it should be, before anything runs (these used to
+    run: every property failing on None, or the claim taken as truthy)."""
+    kernel = f"{kernels}:{target}" if isinstance(target, str) else target
+    with pytest.raises(SetupError, match=message):
+        check(kernel, only=["default-scale"], **options)  # type: ignore[arg-type]
+
+
 def test_assert_conforms_caps_the_reproduction(kernels: Path) -> None:
     """SDPA-2.1: the score-variance failure's reproduction (2000 key pairs as literals,
     over a megabyte) is not put into the AssertionError: it is written to a file that the
