@@ -450,7 +450,10 @@ def _chunk_bound(
         if values.low is None
         else xp.maximum(values.high - finite_out, finite_out - values.low)
     )
-    score_part = xp.minimum(renormalised + moved_abs, 2 * hull)
+    # the cap: a renormalising kernel's output lies in the hull; one that does not scales
+    # such a combination by its weights' sum, within D_i of 1 where D_i < 1
+    determined_error = xp.where(determined, score_error, xp.zeros_like(score_error))
+    score_part = xp.minimum(renormalised + moved_abs, 2 * hull + determined_error * abs_out)
 
     sigma = UNDERFLOW_THRESHOLD[dtype]
     floor = (n_keys + 2) * sigma

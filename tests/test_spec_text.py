@@ -226,7 +226,8 @@ FORMULA_TERMS = (
     r"G_{ic} = \sum_{j} g_{ij}\,|v_{jc}|",
     r"N_{ic} = \min\Big(G_{ic} + D_i\,|o_{ic}|,\ "
     r"\sqrt{D_i \textstyle\sum_{j} g_{ij}\,(v_{jc} - o_{ic})^2}\Big)",
-    r"S_{ic} = \min\Big(\frac{N_{ic}}{1 - D_i} + G_{ic},\ 2H_{ic}\Big) \text{ if } D_i < 1",
+    r"S_{ic} = \min\Big(\frac{N_{ic}}{1 - D_i} + G_{ic},\ 2H_{ic} + D_i\,|o_{ic}|\Big)"
+    r" \text{ if } D_i < 1",
     r"\tau_{ic} = C \Big[ S_{ic} + \big(u_d + (L_k+2)u_a\big) M_{ic} + u_d|o_{ic}| \Big]"
     r" + \sigma_d \Big(L_k + 2 + \sum_{j \in S(i)} |v_{jc}|\Big)",
     r"\tau^p_{ij} = C \Big[ \min\Big(\frac{g_{ij} + p_{ij} D_i}{1 - D_i},\ 1\Big) "
@@ -276,7 +277,7 @@ def _displayed_bound(q, k, v, mask, bias, scale, dtype):
                 math.sqrt(d_i * (sum(g[j] * (v[0, j, c] - o) ** 2 for j in allowed) + rounding)),
             )
             h = max(v[0, :, c].max() - o, o - v[0, :, c].min())
-            part = min(n / (1 - d_i) + big_g, 2 * h) if d_i < 1 else 2 * h
+            part = min(n / (1 - d_i) + big_g, 2 * h + d_i * abs(o)) if d_i < 1 else 2 * h
             tau[i, c] = safety * (part + (u_d + (n_keys + 2) * u_a) * big_m + u_d * abs(o)) + (
                 sigma * (n_keys + 2 + sum(abs(v[0, j, c]) for j in allowed))
             )
