@@ -403,8 +403,8 @@ CLAIMS: tuple[Claim, ...] = (
         flags=(
             Flag(
                 "--batch-ndim",
-                "the kernel takes exactly this many leading batch dims (1 for "
-                "(B, H, L, E) kernels; default: any number)",
+                "the kernel takes exactly this many leading batch dims, the same in q, k "
+                "and v (1 for (B, H, L, E) kernels; default: any number, broadcasting)",
                 type=int,
                 metavar="N",
             ),

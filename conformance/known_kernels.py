@@ -279,6 +279,7 @@ _CAUSAL_SCALE_ZERO = "docs/divergences.md#torch-causal-scale-zero"
 _FILL_OUTRANKS_MIN_BIAS = "docs/divergences.md#jax-fill-outranks-min-bias"
 _JAX_MASKED_NAN = "docs/divergences.md#jax-masked-nan"
 _FLAX_NNX_HEAD_DIMS = "docs/divergences.md#flax-nnx-head-dims"
+_FLAX_BATCH_BROADCAST = "docs/divergences.md#flax-batch-broadcast"
 _LINEN_FLOAT16_ACCURACY = "docs/divergences.md#flax-linen-float16-accuracy"
 _KERAS_JAX_HEAD_DIMS = "docs/divergences.md#keras-jax-head-dims"
 _KERAS_NUMPY_FLOAT16 = "docs/divergences.md#keras-numpy-float16"
@@ -286,6 +287,7 @@ _KERAS_TORCH_MASK_FILL = "docs/divergences.md#keras-torch-mask-fill"
 _TORCH_SDPA_DIVERGENCES = {
     "nan-propagates": "docs/divergences.md#torch-nan-query (pytorch #141128)",
     "mask-broadcast": "docs/divergences.md#torch-1d-mask",
+    "batch-broadcast": "docs/divergences.md#torch-empty-broadcast",
     # the quick profile's "causal with scale 0" and "causal with a negative scale"
     # combinations meet it in these four (layout-independence where a strided input
     # takes the math backend, which gives the definition, against the NaN of the
@@ -367,6 +369,7 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
     # flax 0.12.8 (docs/divergences.md#flax-empty-rows ... #flax-linen-float16-accuracy)
     "flax.nnx.dot_product_attention": {
         "empty-rows-zero": "docs/divergences.md#flax-empty-rows",
+        "batch-broadcast": _FLAX_BATCH_BROADCAST,
         "value-head-dim": _FLAX_NNX_HEAD_DIMS,
         "score-variance": _FLAX_NNX_HEAD_DIMS,  # its V = I_2: Ev = 2, E = 16
         "masked-nonfinite-ignored": _JAX_MASKED_NAN,
@@ -375,6 +378,7 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
     },
     "flax.linen.dot_product_attention": {
         "empty-rows-zero": "docs/divergences.md#flax-empty-rows",
+        "batch-broadcast": _FLAX_BATCH_BROADCAST,
         "large-logits": "docs/divergences.md#flax-linen-float16",
         "masked-nonfinite-ignored": _JAX_MASKED_NAN,
         # float16 scores rounded to float16 (contiguous calls, the -inf bias call, too)
@@ -454,6 +458,7 @@ _CONFIRMS: dict[str, Confirms] = {
     _JAX_MASKED_NAN: Confirms(shows=("into v at", "into k at")),
     # jax.nn's check of v's shape
     _FLAX_NNX_HEAD_DIMS: Confirms(shows=("value shape should be",)),
+    _FLAX_BATCH_BROADCAST: Confirms(shows=("batch dims must match",)),
     # the fallback's reshape to q's shape, or its mask expansion that meets Ev != E first
     _KERAS_JAX_HEAD_DIMS: Confirms(shows=("cannot reshape", "incompatible shapes")),
     # numpy broadcasting refusing Hq != Hkv

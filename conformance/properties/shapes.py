@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ...backends import Backend
-from ..assertions import assert_same_result, first_index
+from ..assertions import assert_matches_reference, assert_same_result, first_index
 from ..declaration import KernelDeclaration
 from ..failures import PropertyFailure
 from ..input_features import scores_shape
@@ -70,6 +70,74 @@ def value_head_dim(kernel: KernelUnderTest, data: st.DataObject) -> None:
     problem = draw_problem(data, kernel, dims=dims)
     out, weights = kernel.call_on(problem)
     assert_output_shapes(kernel, problem, out, weights)
+
+
+def _takes_any_batch_dims(declaration: KernelDeclaration) -> str | None:
+    reason = dense_only(declaration)
+    if reason is None and declaration.batch_ndim is not None:
+        reason = (
+            f"the kernel declares exactly {declaration.batch_ndim} batch dims (batch_ndim): "
+            "q, k and v then share one batch shape (CONF-3)"
+        )
+    return reason
+
+
+@register("batch-broadcast", "SDPA-1.2", applies=_takes_any_batch_dims)
+def batch_broadcast(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """q, k and v whose batch shapes broadcast together (a size 1 or a missing leading dim
+    in some of them: one key/value set for every query batch element, one query batch on
+    per-element keys) give the definition on the broadcast batch shape, within TOL-2, as an
+    output of that shape: a kernel that pairs batch elements by a flattened index, or reads
+    the first element's keys for all, does not."""
+    dims = draw_dims(data, kernel, where=lambda d: any(size > 1 for size in d.batch))
+    if not any(size > 1 for size in dims.batch):
+        dims = replace(dims, batch=(2, *dims.batch[-1:]))  # a batch dim to broadcast
+    problem = draw_problem(data, kernel, dims=dims)
+    shapes = _draw_broadcasting_batches(data, dims.batch)
+    reduced = problem.with_(
+        **{
+            name: _batch_reduced(getattr(problem, name), dims.batch, shape)
+            for name, shape in zip(("q", "k", "v"), shapes, strict=True)
+        }
+    )
+    batches = ", ".join(f"{n} {s}" for n, s in zip(("q", "k", "v"), shapes, strict=True))
+    assert_matches_reference(kernel, reduced, what=f"out (batch shapes {batches})")
+
+
+def _draw_broadcasting_batches(
+    data: st.DataObject, full: tuple[int, ...]
+) -> tuple[tuple[int, ...], ...]:
+    """Batch shapes of q, k and v that broadcast to ``full``: at each dim of size > 1 a
+    nonempty set of them keeps the size and the others have 1 (one of them at least: the
+    example is about broadcasting), and leading dims of size 1 may be left out."""
+    kept = [[True] * 3 for _ in full]
+    for i, size in enumerate(full):
+        if size > 1:
+            keepers = data.draw(
+                st.sets(st.integers(0, 2), min_size=1, max_size=3), label="inputs keeping dim"
+            )
+            kept[i] = [t in keepers for t in range(3)]
+    if all(all(row) for row in kept):  # something must broadcast: k and v on the first
+        first = next(i for i, size in enumerate(full) if size > 1)
+        kept[first] = [True, False, False]
+    shapes = []
+    for t in range(3):
+        shape = [size if kept[i][t] else 1 for i, size in enumerate(full)]
+        ones = next((i for i, size in enumerate(shape) if size != 1), len(shape))
+        drop = data.draw(st.integers(0, ones), label="leading dims left out")
+        shapes.append(tuple(shape[drop:]))
+    return tuple(shapes)
+
+
+def _batch_reduced(a: np.ndarray, full: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
+    """``a`` (batch ``full``) cut to batch ``shape``, which broadcasts to ``full``: its first
+    element along every dim ``shape`` has as 1, and the leading dims it leaves out."""
+    left_out = len(full) - len(shape)
+    index = tuple(
+        0 if i < left_out else slice(0, 1) if shape[i - left_out] == 1 and size > 1 else slice(None)
+        for i, size in enumerate(full)
+    )
+    return np.ascontiguousarray(a[index])
 
 
 @register("output-shape-dtype", "SDPA-1.3")

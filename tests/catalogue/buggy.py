@@ -57,6 +57,12 @@ def _large_first_pair(w: Problem, value: float) -> Problem:
     return w.with_(q=q, k=k)
 
 
+def _keys_per_outer_element(w: Problem) -> Problem:
+    """``w`` with k and v of batch (B1, 1): one key/value set per outer batch element,
+    broadcast over the inner one (SDPA-1.2)."""
+    return w.with_(k=w.k[:, :1].copy(), v=w.v[:, :1].copy())
+
+
 def _nan_query(w: Problem) -> Problem:
     q = w.q.copy()
     q[..., 0, 1, 2] = np.nan
@@ -236,6 +242,12 @@ CATALOGUE: list[BuggyKernel] = [
     ),
     BuggyKernel(
         "empty-batch-crashes", plumbing.empty_batch_crashes, "empty-sizes", witness=W(batch=(0,))
+    ),
+    BuggyKernel(
+        "batch-paired-by-flat-index",
+        plumbing.batch_paired_by_flat_index,
+        "batch-broadcast",
+        witness=_keys_per_outer_element(W(batch=(2, 2))),
     ),
     BuggyKernel(
         "torch-bfloat16-left-in-float32",

@@ -194,6 +194,51 @@ def empty_batch_crashes(
     return stacked.reshape(*batch, *stacked.shape[1:])
 
 
+@declare(**ALL)
+def batch_paired_by_flat_index(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
+    """Flattens each input's own batch dims and pairs query batch element n with element
+    n % (its count) of k and v, which is the broadcast partner only when k and v have q's
+    batch shape or none: for q of batch (2, 2) and k, v of batch (2, 1) it pairs q[0, 1]
+    with k[1, 0] (SDPA-1.2)."""
+    batch = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    full = (*batch, q.shape[-3], q.shape[-2], k.shape[-2])
+    count = math.prod(batch)
+
+    def flat(x: Any) -> Any:
+        return x.reshape(-1, *x.shape[-3:])
+
+    def per_element(x: Any, shape: tuple[int, ...]) -> Any:
+        return None if x is None else np.broadcast_to(x, (*batch, *shape)).reshape(count, *shape)
+
+    qs, ks, vs = flat(np.broadcast_to(q, (*batch, *q.shape[-3:]))), flat(k), flat(v)
+    masks, biases = per_element(mask, full[-3:]), per_element(bias, full[-3:])
+    outs = [
+        attend(
+            arrange(
+                qs[n],
+                ks[n % ks.shape[0]],
+                vs[n % vs.shape[0]],
+                mask=None if masks is None else masks[n],
+                bias=None if biases is None else biases[n],
+                is_causal=is_causal,
+                scale=scale,
+            )
+        )
+        for n in range(count)
+    ]
+    stacked = np.stack(outs) if outs else np.zeros((0, *q.shape[-3:-1], v.shape[-1]), q.dtype)
+    return stacked.reshape(*batch, *stacked.shape[1:])
+
+
 def _torch_attention(
     q: Any,
     k: Any,

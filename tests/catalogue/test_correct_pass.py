@@ -25,7 +25,7 @@ tiled and split-KV kernels below.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -97,6 +97,10 @@ TORCH_NAN_LEAK = (
     "through 0 * NaN (SDPA-8.2, SHOULD)"
 )
 TORCH_1D_MASK = "torch-1d-mask: a 1-d key mask raises IndexError with 4-d inputs (SDPA-3.1)"
+TORCH_EMPTY_BROADCAST = (
+    "torch-empty-broadcast: with Lq = 0 the output keeps q's batch shape, not the broadcast "
+    "one (SDPA-1.2)"
+)
 
 
 @dataclass(frozen=True)
@@ -163,13 +167,20 @@ SUBJECTS: list[Subject] = [
         _torch_sdpa,
         backend="torch",
         divergences=(TORCH_CAUSAL_SCALE_ZERO, TORCH_NAN_HIDDEN),
-        not_run={"masked-nonfinite-ignored": TORCH_NAN_LEAK, "mask-broadcast": TORCH_1D_MASK},
+        not_run={
+            "masked-nonfinite-ignored": TORCH_NAN_LEAK,
+            "mask-broadcast": TORCH_1D_MASK,
+            "batch-broadcast": TORCH_EMPTY_BROADCAST,
+        },
     ),
     Subject(
         "torch-sdpa-math",
         _torch_sdpa_math,
         backend="torch",
-        not_run={"masked-nonfinite-ignored": TORCH_NAN_LEAK},
+        not_run={
+            "masked-nonfinite-ignored": TORCH_NAN_LEAK,
+            "batch-broadcast": TORCH_EMPTY_BROADCAST,
+        },
     ),
     Subject(
         "torch-sdpa-flash",
@@ -503,6 +514,27 @@ def test_torch_1d_mask_is_a_real_divergence() -> None:
         )
     verdict = verdict_of("mask-broadcast", _kernel(_subject("torch-sdpa")))
     assert verdict.status == FAILED and "IndexError" in verdict.detail, verdict.detail
+
+
+def test_torch_empty_broadcast_is_a_real_divergence() -> None:
+    """SDPA-1.2, SDPA-1.5: with no queries torch SDPA returns q's batch shape (1,) where k's
+    batch (2,) broadcasts it to (2,), as the reference does; with queries it broadcasts.  The
+    check finds it, and drawn without empty sizes torch passes batch-broadcast: the property
+    passes on a broadcasting kernel that is not the reference."""
+    torch = _torch()
+    rng = np.random.default_rng(0)
+    shapes = ((1, 1, 0, 4), (2, 1, 5, 4), (1, 1, 5, 4))
+    q, k, v = (rng.standard_normal(shape) for shape in shapes)
+    assert reference_sdpa(q, k, v).shape == (2, 1, 0, 4)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    assert sdpa(*(torch.from_numpy(x) for x in (q, k, v))).shape == (1, 1, 0, 4)
+    some = rng.standard_normal((1, 1, 3, 4))
+    assert sdpa(*(torch.from_numpy(x) for x in (some, k, v))).shape == (2, 1, 3, 4)
+    kernel = _kernel(_subject("torch-sdpa"))
+    verdict = verdict_of("batch-broadcast", kernel)
+    assert verdict.status == FAILED and ", 0, " in verdict.detail, verdict.detail
+    nonempty = _kernel(replace(_subject("torch-sdpa"), claims={"empty_sizes": False}))
+    assert verdict_of("batch-broadcast", nonempty).status == PASSED
 
 
 def test_torch_flash_refuses_strided_values_but_the_public_function_does_not() -> None:

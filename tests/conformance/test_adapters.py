@@ -448,7 +448,8 @@ def test_upstream_keras_divergences(backend: str, tmp_path: Path) -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("flax") is None, reason="flax is not installed")
 def test_upstream_flax_divergences() -> None:
-    """docs/divergences.md#flax-empty-rows, #flax-nnx-head-dims, #flax-linen-float16: what
+    """docs/divergences.md#flax-empty-rows, #flax-nnx-head-dims, #flax-batch-broadcast,
+    #flax-linen-float16: what
     flax's dot_product_attention (nnx and linen) gives on each divergence's minimal case,
     (B, L, H, E) inputs; fails when upstream changes any of them."""
     import jax.numpy as jnp
@@ -475,6 +476,12 @@ def test_upstream_flax_divergences() -> None:
             jnp.ones((1, 2, 1, 3)),
             deterministic=True,
         )
+    # SDPA-1.2: batch shapes (2, 3) and (1,) broadcast; both flax functions reject them
+    broadcastable = jnp.ones((2, 3, 1, 4)), jnp.ones((1, 5, 1, 4)), jnp.ones((1, 5, 1, 4))
+    with pytest.raises(AssertionError, match="batch dims must match"):
+        linen.dot_product_attention(*broadcastable, deterministic=True)
+    with pytest.raises(ValueError, match="batch dims must match"):
+        nnx.dot_product_attention(*broadcastable, deterministic=True)
     # SDPA-7.4: scores of 1e6 are finite; linen computes them in float16 (65504): NaN; 1
     q16 = jnp.asarray([[[[1000.0]]]], jnp.float16)
     k16 = jnp.asarray([[[[1000.0]], [[-1000.0]]]], jnp.float16)

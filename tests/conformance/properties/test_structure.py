@@ -35,6 +35,7 @@ from attnspec.reference import scaled_dot_product_attention as reference
 
 STRUCTURE = (
     "value-head-dim",
+    "batch-broadcast",
     "output-shape-dtype",
     "empty-sizes",
     "inputs-unmodified",
@@ -68,6 +69,7 @@ def test_properties_registered_with_their_clauses() -> None:
     """SDPA-1.1 … SDPA-6.2: every structural property is registered under the clause it checks."""
     clauses = {
         "value-head-dim": "SDPA-1.1",
+        "batch-broadcast": "SDPA-1.2",
         "output-shape-dtype": "SDPA-1.3",
         "empty-sizes": "SDPA-1.5",
         "inputs-unmodified": "SDPA-1.6",
@@ -123,6 +125,8 @@ def test_torch_sdpa_passes(property_id: str) -> None:
         expected = FAILED
         if property_id == "mask-broadcast":  # docs/divergences.md#torch-1d-mask
             assert "IndexError" in verdict.detail and "mask(" in verdict.counterexample
+        if property_id == "batch-broadcast":  # docs/divergences.md#torch-empty-broadcast
+            assert "batch shapes" in verdict.detail and ", 0, " in verdict.detail
     assert verdict.status == expected, f"{verdict.detail}\n{verdict.counterexample}"
 
 
@@ -183,6 +187,21 @@ def flattens_batch_with_reshape(q, k, v, *, scale=None):
         scale=scale,
     )
     return out.reshape(*q.shape[:-1], v.shape[-1])
+
+
+def first_batch_elements_keys(q, k, v, *, mask=None, is_causal=False, scale=None):
+    """Reads the keys and values of the first batch element for every query batch element
+    whenever k's batch shape differs from q's (a "shared prompt" fast path, SDPA-1.2)."""
+    if k.shape[:-3] != q.shape[:-3] and k.size and v.size:
+        k, v = (x[(0,) * (x.ndim - 3)] for x in (k, v))
+    return reference(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+
+
+def batch_of_q_only(q, k, v, *, mask=None, is_causal=False, scale=None):
+    """Broadcasts k and v to q's batch shape, not to the shape all three broadcast to, so a
+    k or v with more or larger batch dims than q raises (SDPA-1.2)."""
+    k, v = (np.broadcast_to(x, (*q.shape[:-3], *x.shape[-3:])) for x in (k, v))
+    return reference(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
 
 
 def scales_q_in_place(q, k, v, *, mask=None, is_causal=False, scale=None):
@@ -319,6 +338,8 @@ BUGS = [
         "large finite bias at masked positions",
     ),
     (causal_replaces_mask, "mask-and-causal", KernelDeclaration(), "numpy", "mask AND causal"),
+    (first_batch_elements_keys, "batch-broadcast", KernelDeclaration(), "numpy", "batch shapes"),
+    (batch_of_q_only, "batch-broadcast", KernelDeclaration(), "numpy", "kernel raised ValueError"),
     (
         finite_fill_mean_of_v,
         "empty-rows-zero",
