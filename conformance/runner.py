@@ -390,7 +390,8 @@ def run_property(
     kernel.notes.clear()
     try:
         if prop.kind == "fixed":
-            prop.check(kernel, 0 if seed is None else seed)
+            with sizes.drawing(sizes.SMALL, limits):  # its sizes within the user's limits
+                prop.check(kernel, 0 if seed is None else seed)
             examples[0] = 1
         else:
             _run_strata(prop, kernel, profile, seed, limits or SizeLimits(), examples, shrink)

@@ -76,7 +76,8 @@ def _takes_any_batch_dims(declaration: KernelDeclaration) -> str | None:
     reason = dense_only(declaration)
     if reason is None and declaration.batch_ndim is not None:
         reason = (
-            f"the kernel declares exactly {declaration.batch_ndim} batch dims (batch_ndim): "
+            f"the kernel declares exactly {declaration.batch_ndim} batch "
+            f"dim{'' if declaration.batch_ndim == 1 else 's'} (batch_ndim): "
             "q, k and v then share one batch shape (CONF-3)"
         )
     return reason

@@ -63,6 +63,18 @@ def _keys_per_outer_element(w: Problem) -> Problem:
     return w.with_(k=w.k[:, :1].copy(), v=w.v[:, :1].copy())
 
 
+def _peaked_long_row(n_keys: int = 1025, gap: float = 8.0) -> Problem:
+    """One float16 query over ``n_keys`` keys: key 0 scores ``gap`` (E = 16, scale 1/4),
+    every other key 0, so they hold (n_keys - 1) e^-gap of the row's weight (0.34)."""
+    rng = np.random.default_rng(3)
+    q = np.zeros((1, 1, 16))
+    q[..., 0] = 1.0
+    k = rng.standard_normal((1, n_keys, 16))
+    k[..., 0] = 0.0
+    k[0, 0, 0] = gap * 4
+    return Problem(q=q, k=k, v=rng.standard_normal((1, n_keys, 16)), dtype="float16")
+
+
 def _nan_query(w: Problem) -> Problem:
     q = w.q.copy()
     q[..., 0, 1, 2] = np.nan
@@ -183,6 +195,12 @@ CATALOGUE: list[BuggyKernel] = [
     BuggyKernel("eps-in-denominator", sm.eps_in_denominator, "matches-reference"),
     BuggyKernel("top-8-weights", sm.top_k_weights, "matches-reference", witness=W(n_keys=12)),
     BuggyKernel("float64-in-float32", sm.float64_computed_in_float32, "matches-reference"),
+    BuggyKernel(
+        "row-sum-accumulated-in-float16",
+        sm.row_sum_accumulated_in_float16,
+        "long-peaked-rows",
+        witness=_peaked_long_row(),
+    ),
     BuggyKernel("values-cached-in-float16", sm.values_cached_in_float16, "matches-reference"),
     BuggyKernel("values-cached-in-int8", sm.values_cached_in_int8, "value-linearity"),
     BuggyKernel(

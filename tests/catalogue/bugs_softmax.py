@@ -201,6 +201,33 @@ def missing_final_normalisation(
 
 
 @declare(**ALL)
+def row_sum_accumulated_in_float16(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
+    """Sums each row's exponentials key by key in float16 for float16 inputs, where
+    SDPA-7.2 asks for float32: once the sum is near 1 every term below half a unit in its
+    last place (2**-11) is lost, so a long row with one top key drops the weight of all
+    the others (a hand-written half-precision kernel's accumulator)."""
+    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    s, allowed = scores(a)
+    with np.errstate(**QUIET):
+        e = np.where(allowed, np.exp(s - row_max(s)), 0.0)
+    if q.dtype == np.float16 and e.shape[-1]:
+        running = np.cumsum(e.astype(np.float16), axis=-1, dtype=np.float16)  # key by key
+        total = running[..., -1:].astype(e.dtype)
+    else:
+        total = e.sum(axis=-1, keepdims=True)
+    return _with_weights(a, e / np.where(total == 0, 1.0, total), allowed)
+
+
+@declare(**ALL)
 def float64_computed_in_float32(
     q: Array,
     k: Array,
