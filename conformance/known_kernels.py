@@ -303,6 +303,7 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
     "torch._C._nn.scaled_dot_product_attention": _TORCH_SDPA_DIVERGENCES,
     "attnspec.conformance.torch_kernels.sdpa_math": {
         "masked-nonfinite-ignored": _TORCH_SDPA_DIVERGENCES["masked-nonfinite-ignored"],
+        "batch-broadcast": _TORCH_SDPA_DIVERGENCES["batch-broadcast"],
     },
     "attnspec.conformance.torch_kernels.sdpa_flash": {
         "nan-propagates": _TORCH_SDPA_DIVERGENCES["nan-propagates"],
@@ -312,6 +313,8 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "output-in-value-hull": _CAUSAL_SCALE_ZERO,
         "causal-alignment": _CAUSAL_SCALE_ZERO,
         "gqa-mapping": _CAUSAL_SCALE_ZERO,
+        # its broadcast batch is expanded and flattened: causal with scale 0 again
+        "batch-broadcast": _CAUSAL_SCALE_ZERO,
         "layout-independence": "docs/divergences.md#torch-flash-strided",
         "masked-values-ignored": "docs/divergences.md#torch-masked-overflow",
     },
@@ -459,6 +462,8 @@ _CONFIRMS: dict[str, Confirms] = {
     # jax.nn's check of v's shape
     _FLAX_NNX_HEAD_DIMS: Confirms(shows=("value shape should be",)),
     _FLAX_BATCH_BROADCAST: Confirms(shows=("batch dims must match",)),
+    # the output's shape on empty queries, not a value of a broadcast batch
+    "docs/divergences.md#torch-empty-broadcast": Confirms(shows=(").shape=(",)),
     # the fallback's reshape to q's shape, or its mask expansion that meets Ev != E first
     _KERAS_JAX_HEAD_DIMS: Confirms(shows=("cannot reshape", "incompatible shapes")),
     # numpy broadcasting refusing Hq != Hkv

@@ -77,6 +77,26 @@ SCORE_VARIANCE_OFF = (
 )
 
 # (kernel row, property, the clause the failure is listed under, evidence, linked?)
+# batch-broadcast's findings (2026-12-02, attnspec check ... --only batch-broadcast)
+EMPTY_BROADCAST = (
+    "out (batch shapes q (1,), k (2,), v (1,)).shape=(1, 1, 0, 1), but should be (2, 1, 0, 1) "
+    "q(1, 1, 0, 1), k(2, 1, 0, 1), v(1, 1, 0, 1), dtype=float16, is_causal=False, scale=None"
+)
+BROADCAST_CAUSAL_SCALE_ZERO = (
+    "out (batch shapes q (2, 1), k (1, 1), v (2, 1))[(0, 0, 0, 0, 0)] = nan, but should be "
+    "finite: 0.78125 within 0.0244 (TOL-2); 1024 of 1040 elements outside q(2, 1, 1, 65, 8), "
+    "k(1, 1, 1, 65, 8), v(2, 1, 1, 65, 8), dtype=bfloat16, is_causal=True, scale=0.0"
+)
+BROADCAST_VALUE = (
+    "out (batch shapes q (2, 2), k (1, 1), v (2, 1))[(0, 1, 0, 0, 0)] = 1.0, but should be 0.0 "
+    "within 1.79e-07 (TOL-2); error 1 is 5.59e+06x the bound q(2, 2, 1, 1, 1), "
+    "k(1, 1, 1, 1, 1), v(2, 1, 1, 1, 1), dtype=float32, is_causal=False, scale=None"
+)
+LINEN_BATCH = (
+    "kernel raised AssertionError: q, k, v batch dims must match. q(2, 1, 2, 6, 8), "
+    "k(1, 1, 2, 5, 8), v(1, 1, 2, 5, 8), dtype=float32, is_causal=False, scale=None"
+)
+
 CASES = [
     # keras numpy, float16 scores: the contiguous call's inaccuracy, before and after it is
     # reported as accuracy (SDPA-7.3); a float32 failure is another cause
@@ -150,6 +170,38 @@ CASES = [
     ("flax.nnx:dot_product_attention", "score-variance", "SDPA-2.1", NNX_VALUE_SHAPE, True),
     ("flax.nnx:dot_product_attention", "value-head-dim", "SDPA-1.1", NNX_VALUE_SHAPE, True),
     ("flax.nnx:dot_product_attention", "score-variance", "SDPA-2.1", SCORE_VARIANCE_OFF, False),
+    # batch-broadcast: torch's empty-query shape, the flash path's causal scale 0 (SDPA's),
+    # flax's refusal; a wrong value of a broadcast batch is another cause
+    (
+        "torch.nn.functional:scaled_dot_product_attention",
+        "batch-broadcast",
+        "SDPA-1.2",
+        EMPTY_BROADCAST,
+        True,
+    ),
+    (
+        "torch.nn.functional:scaled_dot_product_attention",
+        "batch-broadcast",
+        "SDPA-1.2",
+        BROADCAST_VALUE,
+        False,
+    ),
+    (
+        "attnspec.conformance.torch_kernels:sdpa_flash",
+        "batch-broadcast",
+        "SDPA-1.2",
+        BROADCAST_CAUSAL_SCALE_ZERO,
+        True,
+    ),
+    (
+        "attnspec.conformance.torch_kernels:sdpa_flash",
+        "batch-broadcast",
+        "SDPA-1.2",
+        BROADCAST_VALUE,
+        False,
+    ),
+    ("flax.linen:dot_product_attention", "batch-broadcast", "SDPA-1.2", LINEN_BATCH, True),
+    ("flax.nnx:dot_product_attention", "batch-broadcast", "SDPA-1.2", BROADCAST_VALUE, False),
     # keras torch: the additive fill of a boolean mask
     ("keras:dot_product_attention_torch", "masked-values-ignored", "SDPA-8.1", MASKED_LARGE, True),
     ("keras:dot_product_attention_torch", "masked-values-ignored", "SDPA-8.1", MASKED_ONE, False),
