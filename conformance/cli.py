@@ -8,8 +8,9 @@
 
 Exit status: 0 when every applicable property passed (SHOULD warnings allowed unless
 ``--strict``), 1 when one failed, 2 on a usage or setup error (one line on stderr), when
-a report file could not be written, or when the check was interrupted (Ctrl-C, SIGTERM:
-the finished verdicts are printed and written, marked incomplete).
+a report file could not be written, when the check was interrupted (Ctrl-C, SIGTERM:
+the finished verdicts are printed and written, marked incomplete), or on an internal
+error (a bug in attnspec, never a verdict on the kernel: its traceback is printed).
 
 The kernel runs in a supervised worker process: a crash, exit or hang (longer than
 ``--timeout`` seconds per call) fails the property that was running, and the check goes
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -592,6 +594,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as exc:  # outside a run (loading the kernel, writing reports)
         print(f"\n{PROGRAM}: interrupted by {signal_name(exc)}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # the kernel's own exceptions are verdicts: this is attnspec's
+        traceback.print_exc()
+        print(
+            f"{PROGRAM}: internal error: {type(exc).__name__}: {exc} (a bug in attnspec, not "
+            "a verdict on the kernel; please report it with the traceback above)",
+            file=sys.stderr,
+        )
         return 2
 
 

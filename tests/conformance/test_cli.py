@@ -392,6 +392,23 @@ def test_only_and_skip_select_properties(
     assert ran == ["default-scale", "explicit-scale"]
 
 
+def test_an_internal_error_exits_2_not_1(
+    capsys: pytest.CaptureFixture[str], kernels: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CONF-1: a bug in attnspec itself (here the check command raising) is exit status 2
+    with its traceback and a line saying it is no verdict, never 1, which CI reads as "does
+    not conform"."""
+
+    def broken(args: object) -> int:
+        raise RuntimeError("a bug in the suite")
+
+    monkeypatch.setitem(cli.COMMANDS, "check", broken)
+    status, _, err = run_main(capsys, "check", f"{kernels}:correct")
+    assert status == 2
+    assert "Traceback" in err and "RuntimeError: a bug in the suite" in err
+    assert "internal error: RuntimeError: a bug in the suite (a bug in attnspec, not" in err
+
+
 def test_check_takes_one_string_as_a_comma_list(tmp_path: Path) -> None:
     """check(only=..., skip=..., dtypes=...) given one string reads it as the CLI reads a
     flag's value, a comma list, not as its characters (which were unknown property ids,
