@@ -356,6 +356,11 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "layout-independence": _KERAS_NUMPY_FLOAT16,
         # q.k beyond 65504 in float16 (78510 on the quick case): an inf score, a NaN row
         "rows-sum-to-one": _KERAS_NUMPY_FLOAT16,
+        # float16 P V on long rows of one top key (exact scores)
+        "long-peaked-rows": "docs/divergences.md#keras-numpy-float16-pv",
+        # float16 scores: rounded under a bias, and a masked key's overflow (inf - inf)
+        "bias-semantics": _KERAS_NUMPY_FLOAT16,
+        "mask-polarity": _KERAS_NUMPY_FLOAT16,
         # a copy of jax.nn's XLA path: its fill and its masked NaN value
         "causal-zeros": _FILL_OUTRANKS_MIN_BIAS,
         "masked-nonfinite-ignored": _JAX_MASKED_NAN,
@@ -445,7 +450,9 @@ _CONFIRMS: dict[str, Confirms] = {
     # layout-independence, SDPA-1.7, when the contiguous call is as inaccurate); a
     # definition of exactly 0 is a row without allowed keys (SDPA-5.1), not rounding
     _KERAS_NUMPY_FLOAT16: Confirms(
-        ("SDPA-7.4", "SDPA-7.3", "SDPA-1.7", "SDPA-7.1"), shows=("float16",), hides=(_EMPTY_ROW,)
+        ("SDPA-7.4", "SDPA-7.3", "SDPA-1.7", "SDPA-7.1", "SDPA-3.1", "SDPA-3.2"),
+        shows=("float16",),
+        hides=(_EMPTY_ROW,),
     ),
     _LINEN_FLOAT16_ACCURACY: Confirms(
         ("SDPA-7.3", "SDPA-3.3", "SDPA-7.6"), shows=("float16",), hides=(_EMPTY_ROW,)
@@ -462,6 +469,7 @@ _CONFIRMS: dict[str, Confirms] = {
     # jax.nn's check of v's shape
     _FLAX_NNX_HEAD_DIMS: Confirms(shows=("value shape should be",)),
     _FLAX_BATCH_BROADCAST: Confirms(shows=("batch dims must match",)),
+    "docs/divergences.md#keras-numpy-float16-pv": Confirms(shows=("dtype=float16",)),
     # the output's shape on empty queries, not a value of a broadcast batch
     "docs/divergences.md#torch-empty-broadcast": Confirms(shows=(").shape=(",)),
     # the fallback's reshape to q's shape, or its mask expansion that meets Ev != E first

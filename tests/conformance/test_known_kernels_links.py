@@ -97,6 +97,27 @@ LINEN_BATCH = (
     "k(1, 1, 2, 5, 8), v(1, 1, 2, 5, 8), dtype=float32, is_causal=False, scale=None"
 )
 
+PEAKED_FLOAT16 = (
+    "out (peaked rows of 1025 keys)[(0, 0, 1, 3)] = 0.583984375, but should be 0.588283952976988 "
+    "within 0.00305 (TOL-2); error 0.0043 is 1.41x the bound; 5 of 32 elements outside "
+    "q(1, 1, 2, 16), k(1, 1, 1025, 16), v(1, 1, 1025, 16), dtype=float16, is_causal=False, "
+    "scale=None"
+)
+PEAKED_BFLOAT16 = PEAKED_FLOAT16.replace("float16", "bfloat16")
+BIASED_FLOAT16 = (
+    "weights[(0, 0, 0, 2)] = 0.050811767578125, but should be 0.051082090896110724 within "
+    "0.000203 (TOL-2); error 0.00027 is 1.33x the bound; 1 of 9 elements outside "
+    "q(1, 1, 1, 6), k(1, 1, 9, 6), v(1, 1, 9, 1), dtype=float16, is_causal=False, scale=4.0, "
+    "bias(1, 9)"
+)
+BIASED_FLOAT32 = BIASED_FLOAT16.replace("float16", "float32")
+MASKED_OVERFLOW = (
+    "out (one allowed key per row)[(0, 0, 5, 0)] = nan, but should be finite: -0.66748046875 "
+    "within 15.2 (TOL-2); 8 of 128 elements outside q(1, 1, 16, 8), k(1, 1, 16, 8), "
+    "v(1, 1, 16, 8), dtype=float16, is_causal=False, scale=None, mask(16, 16) (16/256 True), "
+    "bias(1, 16, 16)"
+)
+
 CASES = [
     # keras numpy, float16 scores: the contiguous call's inaccuracy, before and after it is
     # reported as accuracy (SDPA-7.3); a float32 failure is another cause
@@ -202,6 +223,14 @@ CASES = [
     ),
     ("flax.linen:dot_product_attention", "batch-broadcast", "SDPA-1.2", LINEN_BATCH, True),
     ("flax.nnx:dot_product_attention", "batch-broadcast", "SDPA-1.2", BROADCAST_VALUE, False),
+    # keras numpy: float16 P V on long peaked rows; the same failure in float32 is another cause
+    ("keras:dot_product_attention_numpy", "long-peaked-rows", "SDPA-7.3", PEAKED_FLOAT16, True),
+    ("keras:dot_product_attention_numpy", "long-peaked-rows", "SDPA-7.3", PEAKED_BFLOAT16, False),
+    # keras numpy's float16 scores met by bias-semantics and (a masked key's overflow) by
+    # mask-polarity; the same findings in float32 are another cause
+    ("keras:dot_product_attention_numpy", "bias-semantics", "SDPA-3.2", BIASED_FLOAT16, True),
+    ("keras:dot_product_attention_numpy", "bias-semantics", "SDPA-3.2", BIASED_FLOAT32, False),
+    ("keras:dot_product_attention_numpy", "mask-polarity", "SDPA-3.1", MASKED_OVERFLOW, True),
     # keras torch: the additive fill of a boolean mask
     ("keras:dot_product_attention_torch", "masked-values-ignored", "SDPA-8.1", MASKED_LARGE, True),
     ("keras:dot_product_attention_torch", "masked-values-ignored", "SDPA-8.1", MASKED_ONE, False),
