@@ -104,7 +104,7 @@ def _peaked_rows(
     q[0, [0, 1], [0, 1]] = 1.0
     k = rng.standard_normal((1, n_keys, head_dim))
     k[:, :, :2] = 0.0
-    tops = rng.choice(n_keys, size=2, replace=False)
+    tops = rng.choice(n_keys, size=2, replace=n_keys < 2)  # one key (--max-len 1): shared
     k[0, tops, [0, 1]] = gap * math.sqrt(head_dim)
     v = rng.standard_normal((1, n_keys, head_dim))
     arrays = (with_declared_batch(kernel, kernel.rounded(a, dtype)) for a in (q, k, v))

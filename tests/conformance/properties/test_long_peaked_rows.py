@@ -45,6 +45,9 @@ def test_rows_stay_within_max_len() -> None:
     calls.clear()
     verdict_of("long-peaked-rows", _recording(calls), limits=SizeLimits(max_len=300))
     assert calls == [("float16", 300)]
+    calls.clear()
+    one_key = verdict_of("long-peaked-rows", _recording(calls), limits=SizeLimits(max_len=1))
+    assert one_key.status == PASSED and calls == [("float16", 1)], one_key.detail
 
 
 def test_not_applicable_without_half_precision_or_with_equal_lengths() -> None:
