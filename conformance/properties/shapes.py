@@ -92,6 +92,9 @@ def batch_broadcast(kernel: KernelUnderTest, data: st.DataObject) -> None:
     the first element's keys for all, does not."""
     dims = draw_dims(data, kernel, where=lambda d: any(size > 1 for size in d.batch))
     if not any(size > 1 for size in dims.batch):
+        if 2 * dims.batch_heads > current().limits.max_batch_heads:
+            kernel.note("--max-batch-heads leaves no batch of 2 to broadcast at these heads")
+            return
         dims = replace(dims, batch=(2, *dims.batch[-1:]))  # a batch dim to broadcast
     problem = draw_problem(data, kernel, dims=dims)
     shapes = _draw_broadcasting_batches(data, dims.batch)

@@ -410,3 +410,17 @@ def test_rounding_gqa_mapping_is_right_for_whole_groups() -> None:
     SDPA-6.2 may flag it: gqa-mapping must not fail a correct mapping."""
     verdict = verdict_of("gqa-mapping", gqa_rounds_heads, declaration=KernelDeclaration(gqa=True))
     assert verdict.status == PASSED, verdict.detail
+
+
+def test_batch_broadcast_stays_within_max_batch_heads() -> None:
+    """SDPA-1.2 within the user's --max-batch-heads: the batch of 2 that batch-broadcast adds
+    where none was drawn never takes batch x query heads past the cap."""
+    seen: list[int] = []
+
+    def recording(q, k, v, *, mask=None, is_causal=False, scale=None):
+        seen.append(math.prod(np.broadcast_shapes(q.shape[:-3], k.shape[:-3])) * q.shape[-3])
+        return reference(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+
+    verdict = verdict_of("batch-broadcast", recording, limits=SizeLimits(max_batch_heads=2))
+    assert verdict.status == PASSED, verdict.detail
+    assert seen and max(seen) <= 2, seen
