@@ -342,6 +342,7 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "nan-propagates": "docs/divergences.md#keras-torch-sdpa",
         "mask-broadcast": "docs/divergences.md#keras-torch-sdpa",
         "output-in-value-hull": "docs/divergences.md#keras-torch-sdpa",
+        "gqa-mapping": "docs/divergences.md#keras-torch-sdpa",
         "masked-nonfinite-ignored": "docs/divergences.md#keras-torch-sdpa",
         # the boolean mask becomes a finite additive fill that large masked scores pass
         "masked-values-ignored": _KERAS_TORCH_MASK_FILL,
@@ -479,7 +480,7 @@ _CONFIRMS: dict[str, Confirms] = {
     "docs/divergences.md#flax-linen-float16": Confirms(shows=("float16",)),
     # PyTorch SDPA's: NaN query, the 1-d mask's IndexError, causal with scale 0, masked NaN
     "docs/divergences.md#keras-torch-sdpa": Confirms(
-        shows=("nan", "the NaN at q", "IndexError", "scale=0.0")
+        shows=("nan", "the NaN at q", "IndexError", "scale=0.0", "scale=-")
     ),
     # a fully masked row meets layout-independence first (its padded anchor) as well
     "docs/divergences.md#keras-empty-rows": Confirms(("SDPA-5.1", "SDPA-1.7")),

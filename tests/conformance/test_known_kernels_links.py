@@ -118,6 +118,23 @@ MASKED_OVERFLOW = (
     "bias(1, 16, 16)"
 )
 
+NEGATIVE_SCALE = (
+    "out(0, 0, 0, 0) = 0.0 lies outside [2.33203125, 2.33203125], the range of its V column over "
+    "the allowed keys, by more than the TOL-2 bound 1.56 (275 of 2560 elements) [SDPA-7.1] "
+    "q(1, 1, 16, 160), k(1, 1, 16, 160), v(1, 1, 16, 160), dtype=float16, is_causal=True, "
+    "scale=-0.75"
+)
+NEGATIVE_SCALE_NAN = (
+    "out[(0, 0, 0, 0)] = nan, but should be finite: 1.0 within 0.0313 (TOL-2); 32 of 32 "
+    "elements outside q(1, 4, 1, 8), k(1, 2, 65, 8), v(1, 2, 65, 8), dtype=bfloat16, "
+    "is_causal=True, scale=-0.75"
+)
+POSITIVE_SCALE_OFF = (
+    "out[(0, 0, 0, 0)] = 0.9, but should be 1.0 within 0.0313 (TOL-2); 32 of 32 elements "
+    "outside q(1, 4, 1, 8), k(1, 2, 65, 8), v(1, 2, 65, 8), dtype=bfloat16, is_causal=True, "
+    "scale=0.5"
+)
+
 CASES = [
     # keras numpy, float16 scores: the contiguous call's inaccuracy, before and after it is
     # reported as accuracy (SDPA-7.3); a float32 failure is another cause
@@ -231,6 +248,10 @@ CASES = [
     ("keras:dot_product_attention_numpy", "bias-semantics", "SDPA-3.2", BIASED_FLOAT16, True),
     ("keras:dot_product_attention_numpy", "bias-semantics", "SDPA-3.2", BIASED_FLOAT32, False),
     ("keras:dot_product_attention_numpy", "mask-polarity", "SDPA-3.1", MASKED_OVERFLOW, True),
+    # keras torch: SDPA's causal rows with a negative scale (0 in float16, NaN in bfloat16)
+    ("keras:dot_product_attention_torch", "output-in-value-hull", "SDPA-7.1", NEGATIVE_SCALE, True),
+    ("keras:dot_product_attention_torch", "gqa-mapping", "SDPA-6.1", NEGATIVE_SCALE_NAN, True),
+    ("keras:dot_product_attention_torch", "gqa-mapping", "SDPA-6.1", POSITIVE_SCALE_OFF, False),
     # keras torch: the additive fill of a boolean mask
     ("keras:dot_product_attention_torch", "masked-values-ignored", "SDPA-8.1", MASKED_LARGE, True),
     ("keras:dot_product_attention_torch", "masked-values-ignored", "SDPA-8.1", MASKED_ONE, False),
