@@ -364,9 +364,8 @@ def _dtypes_invalid(value: Any) -> str | None:
 
 
 def _batch_ndim_invalid(value: Any) -> str | None:
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 4
-    ):
+    # an int or None by now: KernelDeclaration checks its fields' types first
+    if value is not None and not 0 <= value <= 4:
         return f"batch_ndim={value!r}, but should be None or 0..4"
     return None
 

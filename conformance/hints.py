@@ -186,11 +186,8 @@ def run_hints(
     --layout blhd."""
     if not failures or kernel.declaration.family != "dense":
         return []
-    hints, problem = (
-        _batch_ndim_hint(kernel, probe_problem(kernel), failures)
-        if raised
-        else ([], probe_problem(kernel))
-    )
+    problem = probe_problem(kernel)
+    hints, problem = _batch_ndim_hint(kernel, problem, failures) if raised else ([], problem)
     if layout != "bhld":
         return hints
     out = _run(kernel, problem)
@@ -228,16 +225,7 @@ def _batch_ndim_hint(
     problem to probe further (``problem`` with N batch dims where the hint applies)."""
     if kernel.declaration.batch_ndim is not None:
         return [], problem
-    batched = {
-        ndim: problem.with_(
-            **{
-                name: np.ascontiguousarray(np.broadcast_to(a, (2,) * ndim + a.shape))
-                for name in ("q", "k", "v")
-                for a in (getattr(problem, name),)
-            }
-        )
-        for ndim in PROBED_BATCH_NDIMS
-    }
+    batched = {ndim: _with_batch(problem, (2,) * ndim) for ndim in PROBED_BATCH_NDIMS}
     right = [
         ndim
         for ndim, each in batched.items()
@@ -253,6 +241,15 @@ def _batch_ndim_hint(
         f"({_example_shape(chosen)}), pass --batch-ndim {chosen} (the {_failures(failures)} "
         f"above may all come from this)"
     ], batched[chosen]
+
+
+def _with_batch(problem: Problem, batch: tuple[int, ...]) -> Problem:
+    """``problem`` with q, k and v repeated over the leading batch dims ``batch``."""
+
+    def repeated(a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.broadcast_to(a, (*batch, *a.shape)))
+
+    return problem.with_(q=repeated(problem.q), k=repeated(problem.k), v=repeated(problem.v))
 
 
 def _ndims(ndims: list[int]) -> str:

@@ -78,11 +78,10 @@ def _has_half_precision(backend: Backend) -> str | None:
 )
 def long_peaked_rows(kernel: KernelUnderTest, seed: int) -> None:
     """In each half-precision dtype the kernel claims, decode rows of 1025 to 4096 keys
-    (within --max-len; the longest only on a backend that compiles per shape) whose one
-    top key scores a gap above all the others are within
-    TOL-2 of the definition: a kernel that sums the exponentials, or P V, in the input
-    dtype (SDPA-7.2) drops every other key's weight there, far beyond the bound, while on
-    N(0, 1) scores its error hides inside it."""
+    (within --max-len; the longest only on a backend that compiles per shape) whose one top
+    key scores a gap above all the others are within TOL-2 of the definition: a kernel that
+    sums the exponentials, or P V, in the input dtype (SDPA-7.2) drops every other key's
+    weight there, far beyond the bound, while on N(0, 1) scores its error hides inside it."""
     rng = np.random.default_rng(seed)
     max_len = current().limits.max_len
     lengths = [n for n in PEAKED_ROW_KEYS if n <= max_len] or [max_len]
@@ -107,8 +106,7 @@ def _peaked_rows(
     tops = rng.choice(n_keys, size=2, replace=n_keys < 2)  # one key (--max-len 1): shared
     k[0, tops, [0, 1]] = gap * math.sqrt(head_dim)
     v = rng.standard_normal((1, n_keys, head_dim))
-    arrays = (with_declared_batch(kernel, kernel.rounded(a, dtype)) for a in (q, k, v))
-    q, k, v = arrays
+    q, k, v = (with_declared_batch(kernel, kernel.rounded(a, dtype)) for a in (q, k, v))
     return Problem(q=q, k=k, v=v, dtype=dtype)
 
 
