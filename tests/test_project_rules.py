@@ -131,10 +131,12 @@ def test_the_version_is_written_once() -> None:
     import attnspec
 
     assert importlib.metadata.version("attnspec") == attnspec.__version__, (
-        "the installed metadata differs from _version.py: reinstall (bash scripts/setup)"
+        "the installed metadata differs from _version.py: reinstall (bash scripts/setup, or "
+        ".venv/bin/python -m pip install --no-deps --no-build-isolation -e .)"
     )
-    assert attnspec.__version__.startswith(attnspec.SPEC_VERSION + ".")
-    literal = re.compile(re.escape(attnspec.SPEC_VERSION) + r"(?!\d)")
+    release = attnspec.SPEC_VERSION.removesuffix("-draft")  # a draft names its release
+    assert attnspec.__version__.startswith(release + ".")
+    literal = re.compile(re.escape(release) + r"(?!\d)")  # the draft's name contains it
     written = []
     package = [
         *ROOT.glob("*.py"),
@@ -163,11 +165,18 @@ def test_the_version_is_written_once() -> None:
 
 def test_the_package_changelog_heads_the_version() -> None:
     """The package's CHANGELOG.md (beside spec/CHANGELOG.md) opens with the version of
-    _version.py (versioning policy, spec/index.md section 5), so that a release cannot ship
-    without its entry."""
+    _version.py (versioning policy, spec/index.md section 5): a development version as its
+    [Unreleased] section, a release as its own, so that a release cannot ship without its
+    entry (tests/test_releases.py checks the rest of its form)."""
     import attnspec
 
     text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
-    first = re.search(r"^## (\S+) ", text, flags=re.MULTILINE)
-    assert first, "CHANGELOG.md has no '## VERSION — DATE' section"
-    assert first[1] == attnspec.__version__, (first[1], attnspec.__version__)
+    first = re.search(r"^## \[([^\]]+)\] — (\S+)$", text, flags=re.MULTILINE)
+    assert first, "CHANGELOG.md has no '## [VERSION] — DATE' section"
+    heading = (first[1], first[2]) if first[1] == "Unreleased" else (first[1],)
+    expected = (
+        ("Unreleased", attnspec.__version__)
+        if ".dev" in attnspec.__version__
+        else (attnspec.__version__,)
+    )
+    assert heading == expected, (heading, expected)

@@ -1,14 +1,19 @@
 """MkDocs hooks for the attnspec site (mkdocs.yml names this file).
 
-* ``on_config`` appends to the nav's "Specification" and "Guides" sections any page of
-  ``spec/`` or ``docs/`` that mkdocs.yml does not list yet, so a new document is in the
-  site (and its search) without an edit here; mkdocs.yml fixes the order of the known ones.
+* ``on_config`` names the site after ``attnspec.SPEC_VERSION``; appends to the nav's
+  "Draft specification" and "Guides" sections any page of ``spec/`` or ``docs/`` that
+  mkdocs.yml does not list yet, so a new document is in the site (and its search) without an
+  edit here (mkdocs.yml fixes the order of the known ones); and adds one nav section per
+  frozen release (``spec/releases/<version>/``, spec/index.md section 5), so a release is in
+  the site as soon as it is frozen.
 * ``on_files`` adds the pages where they live in the repository — ``spec/*.md``,
-  ``spec/figures/*.png`` and ``docs/*.md`` — at the same paths in the site, so relative links
-  between them (``dense.md#SDPA-4.2``, ``../spec/index.md``) work unchanged and a clause's
-  address mirrors the repository's: ``spec/dense.html#SDPA-4.2``.
-* ``on_page_markdown`` sets each ``$$`` display block apart by blank lines, as
-  ``pymdownx.arithmatex`` needs (GitHub, where the spec is also read, does not).
+  ``spec/figures/*.png``, ``docs/*.md`` and every frozen release — at the same paths in the
+  site, so relative links between them (``dense.md#SDPA-4.2``, ``../spec/index.md``) work
+  unchanged and a clause's address mirrors the repository's: ``spec/dense.html#SDPA-4.2``.
+* ``on_page_markdown`` labels every page of the draft spec (``spec/*.md`` while
+  ``attnspec.SPEC_VERSION`` ends in ``-draft``, errata.md aside) as a draft, and sets each
+  ``$$`` display block apart by blank lines, as ``pymdownx.arithmatex`` needs (GitHub, where
+  the spec is also read, does not).
 * ``on_page_content`` turns the TeX that ``pymdownx.arithmatex`` delimits into MathML when the
   site is built, so the pages render mathematics without a script or a network.
 """
@@ -23,14 +28,32 @@ from typing import Any
 from latex2mathml.converter import convert
 from mkdocs.structure.files import File, Files, InclusionLevel
 
+from attnspec._version import SPEC_IS_DRAFT, SPEC_VERSION
+
 ROOT = Path(__file__).resolve().parents[2]
-REPOSITORY_PAGES = (("spec", "*.md"), ("spec/figures", "*.png"), ("docs", "*.md"))
+REPOSITORY_PAGES = (
+    ("spec", "*.md"),
+    ("spec/figures", "*.png"),
+    ("docs", "*.md"),
+    ("spec/releases", "*/*.md"),
+    ("spec/releases", "*/figures/*.png"),
+)
+RELEASES = ROOT / "spec" / "releases"
+RELEASE_PAGES = {  # a frozen release's documents in reading order, with their nav titles
+    "index.md": "Overview and conformance",
+    "dense.md": "Dense attention",
+    "features.md": "Kernel features",
+    "tolerance.md": "Tolerance",
+    "sparse.md": "Sparse attention",
+    "linear.md": "Linear attention",
+    "CHANGELOG.md": "Changelog",
+}
 # pymdownx.arithmatex's "generic" output: \( ... \) in a span, \[ ... \] in a div.
 INLINE_MATH = re.compile(r'<span class="arithmatex">\\\((.*?)\\\)</span>', re.S)
 DISPLAY_MATH = re.compile(r'<div class="arithmatex">\\\[(.*?)\\\]</div>', re.S)
 
 
-NAV_SECTIONS = {"spec": "Specification", "docs": "Guides"}
+NAV_SECTIONS = {"spec": "Draft specification", "docs": "Guides"}
 
 
 def _listed(nav: Any) -> set[str]:
@@ -41,6 +64,7 @@ def _listed(nav: Any) -> set[str]:
 
 
 def on_config(config: Any) -> Any:
+    config["site_name"] = f"attnspec {SPEC_VERSION}"  # the version of _version.py, written once
     listed = _listed(config["nav"])
     sections = {
         next(iter(item)): item[next(iter(item))] for item in config["nav"] if isinstance(item, dict)
@@ -50,6 +74,18 @@ def on_config(config: Any) -> Any:
             page = path.relative_to(ROOT).as_posix()
             if page not in listed:
                 sections[section].append(page)
+    for folder in sorted(RELEASES.iterdir(), reverse=True) if RELEASES.is_dir() else []:
+        pages = sorted(path.name for path in folder.glob("*.md"))
+        order = list(RELEASE_PAGES)
+        pages.sort(key=lambda name: order.index(name) if name in order else len(order))
+        config["nav"].append(
+            {
+                f"Released {folder.name} (frozen)": [
+                    {RELEASE_PAGES.get(name, name): f"spec/releases/{folder.name}/{name}"}
+                    for name in pages
+                ]
+            }
+        )
     return config
 
 
@@ -68,7 +104,27 @@ def on_files(files: Files, config: Any) -> Files:
     return files
 
 
+DRAFT_LABEL = (
+    '!!! warning "Draft: attnspec {version}"\n'
+    "    This page is part of the draft of the next version; its text may change until it is\n"
+    "    released. Cite a released version: its text is frozen (Errata and the released\n"
+    "    versions are in the navigation).\n\n"
+)
+
+
+def _is_draft_page(page: Any) -> bool:
+    uri = page.file.src_uri
+    draft_documents = uri.startswith("spec/") and uri.count("/") == 1 and uri != "spec/errata.md"
+    return SPEC_IS_DRAFT and draft_documents
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
+    if _is_draft_page(page):
+        title, newline, rest = markdown.partition("\n")
+        if title.startswith("# "):  # the label goes under the page's title
+            markdown = title + newline + "\n" + DRAFT_LABEL.format(version=SPEC_VERSION) + rest
+        else:
+            markdown = DRAFT_LABEL.format(version=SPEC_VERSION) + markdown
     lines, fenced, in_math = [], False, False
     for line in markdown.split("\n"):
         stripped = line.strip()
