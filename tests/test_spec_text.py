@@ -435,6 +435,44 @@ def test_every_clause_uses_only_its_own_level(document: str) -> None:
     assert not offenders, f"{document}: " + "; ".join(offenders)
 
 
+def test_negated_key_words_are_written_in_capitals() -> None:
+    """index.md section 4 (BCP 14): a key word is negated as MUST NOT or SHOULD NOT, in
+    capitals; "SHOULD not" (erratum E-2026.12-12) is neither a key word nor plain English."""
+    lowercase = re.compile(r"\b(MUST|SHALL|SHOULD|MAY) not\b")
+    found = [
+        f"{document}: {match[0]}"
+        for document in sorted(p.name for p in SPEC_DIR.glob("*.md"))
+        for match in lowercase.finditer(_text(document))
+    ]
+    assert not found, found
+    assert lowercase.search("values SHOULD not influence")
+
+
+def test_scope_lists_every_feature_in_or_out() -> None:
+    """index.md section 1: every row of the scope table says in or out; a feature in scope
+    names where its clauses are — a spec document that exists, or one marked "(being added)"
+    that does not exist yet (once it lands, its row must link it) — and one out says why."""
+    section = _text("index.md").split("## 1. Scope")[1].split("\n## 2.")[0]
+    rows = re.findall(r"^\| (?!feature |---)(.+?) \| (.+?) \| (.+?) \| (.+?) \|$", section, re.M)
+    assert len(rows) >= 10
+    for feature, _, scope, where in rows:
+        assert scope.startswith(("in scope", "out")), (feature, scope)
+        if scope.startswith("out"):
+            assert len(where) > 20, f"{feature}: out of scope without a reason"
+            continue
+        added = re.findall(r"`([\w-]+\.md)` \(being added\)", where)
+        linked = re.findall(r"\]\(([\w-]+\.md)\)", where)
+        clauses = _ids_in(where)
+        assert added or linked or clauses, f"{feature}: in scope, but no clauses named"
+        for name in added:
+            assert not (SPEC_DIR / name).exists(), (
+                f"spec/{name} exists: link it in the scope row of {feature!r} "
+                f"([{name}]({name})) instead of marking it being added"
+            )
+        for name in linked:
+            assert (SPEC_DIR / name).exists(), name
+
+
 def test_the_level_checker_catches_mixed_clauses() -> None:
     """The checker above, on mixed clauses as they were once written (and its allowed forms)."""
     assert _key_words("The result SHOULD be bit-identical") == ["SHOULD"]
