@@ -42,6 +42,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                 "side_effects",
                 "statistics",
                 "favor_bound",
+                "claim_string",
                 "loading",
                 "claims",
                 "declaration",

@@ -99,6 +99,13 @@ CONTRACT = {
     "CONF-6": "MUST",
     "CONF-7": "MUST",
     "CONF-8": "MUST",
+    # added in 2027.1-draft: the requirements on checkers (CONF-9 split from CONF-5, CONF-10
+    # from CONF-7) and the claim's grammar
+    "CONF-9": "MUST",
+    "CONF-10": "MUST",
+    "CONF-11": "MUST",
+    "CONF-12": "MUST",
+    "CONF-13": "MUST",
 }
 # Informative definitions with an id (spec/index.md, section 4): citable, not clauses. MHA-1,
 # MHA-2 and POS-1 were MUST clauses nothing checked, ROPE-2 a consequence of ROPE-1 (CHANGELOG).

@@ -797,9 +797,9 @@ def test_bias_keyword_alone_runs_the_bias_properties(
 def test_waived_must_clause_is_named_in_every_report(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """CONF-7: --no-empty-rows-zero waives SDPA-5.1: its property is "waived", the claim of
-    a full passing run says "except SDPA-5.1", exit 0, and JSON, JUnit and Markdown say
-    the same.
+    """CONF-7, CONF-10: --no-empty-rows-zero waives SDPA-5.1: its property is "waived", the
+    claim of a full passing run says "except SDPA-5.1", exit 0, and JSON, JUnit and Markdown
+    say the same; every report names the spec version the check was made against.
 
     A claim needs every property to run, but what is checked here is how the reports name
     the waiver: 2 small examples a property, in this process, are enough for that (the
@@ -840,6 +840,9 @@ def test_waived_must_clause_is_named_in_every_report(
     case = next(c for c in suite.iter("testcase") if c.get("name").startswith("empty-rows-"))
     assert case.find("skipped") is not None
     assert claim in paths["markdown"].read_text()
+    heading = f"attnspec {SPEC_VERSION} conformance of "
+    assert heading in out and heading in paths["markdown"].read_text()
+    assert data["spec_version"] == junit["spec_version"] == SPEC_VERSION
 
 
 def test_claim_line_says_why_there_is_no_claim() -> None:

@@ -1,4 +1,4 @@
-"""The kernel runs in a supervised worker process (CONF-5).
+"""The kernel runs in a supervised worker process (CONF-5, CONF-9: the checker survives it).
 
 Every hostile kernel of ``catalogue.hostile`` is checked through the real ``attnspec``
 command in a subprocess, and gets its expected verdicts and exit status: a crash, a

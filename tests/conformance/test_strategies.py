@@ -1,5 +1,5 @@
-"""Realistic strata and value regimes (SDPA-7.3, TOL-2): the quick profile draws problems where real
-kernels break, within the cost model and the user's caps, and shrinks to the smallest.
+"""Realistic strata and value regimes (SDPA-7.3, TOL-2, CONF-12): the quick profile draws problems
+where real kernels break, within the cost model and the user's caps, and shrinks to the smallest.
 
 Four kernels below are exact on small problems and wrong only at realistic scale, as
 tiled kernels go wrong: each is caught by the quick profile's ``matches-reference``
