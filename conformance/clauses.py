@@ -13,10 +13,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._version import SPEC_VERSION
+from .._version import SPEC_IS_DRAFT, SPEC_VERSION
 
 LEVELS = ("MUST", "SHOULD", "MAY")
 SPEC_DIR = Path(__file__).resolve().parent.parent / "spec"
+# The frozen released versions (spec/index.md section 5), one folder each.
+RELEASES_DIR = SPEC_DIR / "releases"
 _CLAUSE = re.compile(
     r'^<a id="(?P<anchor>[A-Z]+-[0-9]+(?:\.[0-9]+)*)"></a>\s*\n'
     r"\*\*(?P<id>[A-Z]+-[0-9]+(?:\.[0-9]+)*) \((?P<level>MUST|SHOULD|MAY)\) "
@@ -86,3 +88,29 @@ def clause(clause_id: str) -> Clause:
         return all_clauses()[clause_id]
     except KeyError:
         raise KeyError(f"no clause {clause_id!r} in {SPEC_DIR}") from None
+
+
+def _release_key(folder: Path) -> tuple[int, ...]:
+    return tuple(int(part) for part in folder.name.split("."))
+
+
+@functools.cache
+def last_release() -> tuple[str, frozenset[str]]:
+    """The newest frozen release's version and clause ids, ``("", frozenset())`` where no
+    release is shipped."""
+    folders = sorted((p for p in RELEASES_DIR.glob("*") if p.is_dir()), key=_release_key)
+    if not folders:
+        return "", frozenset()
+    ids = {
+        match["id"]
+        for document in folders[-1].glob("*.md")
+        for match in _CLAUSE.finditer(document.read_text(encoding="utf-8"))
+    }
+    return folders[-1].name, frozenset(ids)
+
+
+def new_in_draft(clause_id: str) -> bool:
+    """Whether the spec checked against is a draft and ``clause_id`` is not in its last
+    release: a clause whose text may still change before it is released (section 5)."""
+    version, released = last_release()
+    return SPEC_IS_DRAFT and bool(version) and clause_id not in released

@@ -18,6 +18,7 @@ from typing import Any
 from .._version import SPEC_VERSION
 from .claims import claim_features
 from .clauses import clause as spec_clause
+from .clauses import last_release, new_in_draft, spec_order
 from .declaration import KernelDeclaration
 from .reproduce import Where, reproduction_lines
 from .root_causes import Divergence, divergences, findings, grouped_findings
@@ -135,11 +136,25 @@ def _count(items: list[str], one: str, many: str) -> str:
     return f"{len(items)} {one if len(items) == 1 else many}"
 
 
+def draft_clauses(report: Report) -> list[str]:
+    """The clauses checked (passed, failed or warned) that are new in the draft checked
+    against (not in its last release), in the spec's order: their text may still change
+    (section 5)."""
+    order = spec_order()
+    checked = [v for v in report.verdicts if v.status in (PASSED, FAILED, WARNING)]
+    found = {v.clause for v in checked if new_in_draft(v.clause)}
+    return sorted(found, key=lambda clause_id: order.get(clause_id, len(order)))
+
+
 def heading(report: Report) -> str:
+    """The report's first line: the spec version checked against (CONF-10), with the draft
+    clauses among the verdicts named, then what was checked and how."""
     seed = "derandomised" if report.seed is None else f"seed {report.seed}"
     strict = ", strict" if report.strict else ""
+    draft = draft_clauses(report)
+    new = f" (draft clauses, new since {last_release()[0]}: {', '.join(draft)})" if draft else ""
     return (
-        f"attnspec {spec_version()} conformance of {report.kernel} on {report.backend} "
+        f"attnspec {spec_version()}{new} conformance of {report.kernel} on {report.backend} "
         f"({report.device}), profile {report.profile}, {seed}{strict}"
     )
 
@@ -340,6 +355,7 @@ def report_dict(
     consequences (``divergences``, see :mod:`.root_causes`)."""
     data = report.to_dict()
     data["spec_version"] = spec_version()
+    data["draft_clauses"] = draft_clauses(report)
     data["counts"] = counts(report)
     data["findings"] = [
         {
