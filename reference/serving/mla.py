@@ -1,0 +1,76 @@
+"""Multi-head latent attention in its absorbed form (spec/serving.md, MLA-1 … MLA-3).
+
+Multi-query attention over one latent head whose first ``value_dim`` channels are the
+values: nothing here but slicing the cache and the dense definition.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._array import Array
+from .._checks import check_scale, check_size, namespace_of
+from ..sdpa import scaled_dot_product_attention
+
+CALL = "mla_attention(q, kv, value_dim=, scale=)"
+
+
+def check_value_dim(value_dim: Any, head_dim: int, call: str) -> int:
+    """MLA-1: 1 <= value_dim <= the latent cache's head dim (r <= r + d_r)."""
+    checked = check_size("value_dim", value_dim, call, minimum=1)
+    if checked > head_dim:
+        raise ValueError(
+            f"value_dim={checked}, but should be at most the latent head dim {head_dim}: "
+            f"the values are its first value_dim channels [MLA-1, {call}]"
+        )
+    return checked
+
+
+def require_scale(scale: Any, call: str) -> float:
+    """MLA-2: the scale is the model's, given explicitly; no default applies."""
+    checked = check_scale(scale, call)
+    if checked is None:
+        raise ValueError(
+            f"scale=None, but should be the model's scale, e.g. (128 + 64)**-0.5 for "
+            f"DeepSeek V3: 1/sqrt(576) is not it [MLA-2, {call}]"
+        )
+    return checked
+
+
+def mla_attention(
+    q: Array,
+    kv: Array,
+    *,
+    value_dim: int,
+    scale: float,
+    mask: Array = None,
+    bias: Array = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    softcap: float | None = None,
+    return_lse: bool = False,
+) -> Any:
+    """Absorbed MLA (MLA-1): ``q (..., Hq, Lq, r + d_r)`` against one latent head ``kv
+    (..., 1, Lk, r + d_r)``; keys are ``kv``, values its first ``value_dim`` = r channels.
+    ``scale`` is required (MLA-2).  Returns ``out (..., Hq, Lq, r)`` in q's dtype, or
+    ``(out, lse)``."""
+    namespace_of(CALL, q=q, kv=kv)
+    scale = require_scale(scale, CALL)
+    if kv.ndim < 3 or kv.shape[-3] != 1:
+        raise ValueError(
+            f"kv.shape={tuple(kv.shape)}, but should be (..., 1, Lk, r + d_r): one latent "
+            f"head shared by every query head [MLA-1, {CALL}]"
+        )
+    value_dim = check_value_dim(value_dim, kv.shape[-1], CALL)
+    return scaled_dot_product_attention(
+        q,
+        kv,
+        kv[..., :value_dim],
+        mask=mask,
+        bias=bias,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        softcap=softcap,
+        return_lse=return_lse,
+    )

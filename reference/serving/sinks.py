@@ -1,0 +1,129 @@
+"""Attention sinks (spec/serving.md, SINK-1 … SINK-4).
+
+A sink logit joins every row's softmax denominator and has no value: the output with sinks
+is the merge (MERGE-1) of the state over the keys with the state ``(0, sigma_h)``, which is
+how :func:`with_sinks` computes it, on the dense definition's own output and log-sum-exp.
+Sink *tokens* (StreamingLLM) are ordinary keys kept visible beside a causal window: a mask,
+:func:`streaming_mask`.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import array_api_compat
+
+from .._array import Array
+from .._checks import (
+    check_choice,
+    check_flag,
+    check_size,
+    namespace_of,
+    require_broadcastable_to,
+    require_real_floating,
+)
+from ..masks import CAUSAL_ALIGNMENTS, causal_offset, creation_namespace
+from ..sdpa import compute_dtype, scaled_dot_product_attention
+from .merge import merge_attention_states
+
+CALL = "sink_attention(q, k, v, sinks)"
+STREAMING = "streaming_mask(n_queries, n_keys, n_sink_tokens, window)"
+
+
+def check_sinks(
+    xp: ModuleType, sinks: Array, n_q_heads: int, batch: tuple[int, ...], call: str
+) -> None:
+    """SINK-1: a real floating array of shape (..., Hq) broadcasting to (*batch, Hq)."""
+    require_real_floating(xp, call, "SINK-1", sinks=sinks)
+    if sinks.ndim < 1 or sinks.shape[-1] != n_q_heads:
+        raise ValueError(
+            f"sinks.shape={tuple(sinks.shape)}, but should be (Hq,) = ({n_q_heads},), one "
+            f"sink logit per query head, or (..., Hq) [SINK-1, {call}]"
+        )
+    require_broadcastable_to("sinks", tuple(sinks.shape), (*batch, n_q_heads), call, "SINK-1")
+
+
+def with_sinks(out: Array, lse: Array, sinks: Array) -> tuple[Array, Array]:
+    """The state ``(out, lse)`` over the keys, ``out (..., Hq, Lq, Ev)``, ``lse (..., Hq,
+    Lq)``, with the sink logits ``(..., Hq)`` added to every row's denominator (SINK-1 …
+    SINK-3): the merge with the state ``(0, sigma_h)``.  A row without keys gives 0 and
+    ``lse = sigma_h``."""
+    xp = array_api_compat.array_namespace(out, lse, sinks)
+    sink_lse = xp.broadcast_to(xp.astype(sinks, lse.dtype)[..., None], lse.shape)
+    return merge_attention_states(out, lse, xp.zeros_like(out), sink_lse)
+
+
+def sink_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    sinks: Array,
+    *,
+    mask: Array = None,
+    bias: Array = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Array = None,
+    return_lse: bool = False,
+) -> Any:
+    """Attention with one sink logit per query head (SINK-1): the dense definition of
+    :func:`~attnspec.reference.scaled_dot_product_attention` with ``e^sinks[h]`` added to
+    every denominator, the sink unscaled, uncapped, unmasked and without a value.
+
+    ``sinks`` is ``(Hq,)`` or ``(..., Hq)``.  Returns ``out`` in q's dtype, or ``(out,
+    lse)`` with the log-sum-exp of the whole denominator (SINK-3) in the accumulation dtype.
+    """
+    check_flag("return_lse", return_lse, CALL)
+    xp = namespace_of(CALL, q=q, k=k, v=v, sinks=sinks)
+    require_real_floating(xp, CALL, "SDPA-1.4", q=q, k=k, v=v)
+    # The dense output is kept in the accumulation precision until the sink is merged in,
+    # so that a half-precision result is rounded once (SDPA-7.2).
+    work = compute_dtype(xp, q.dtype)
+    out, lse = scaled_dot_product_attention(
+        xp.astype(q, work, copy=False),
+        xp.astype(k, work, copy=False),
+        xp.astype(v, work, copy=False),
+        mask=mask,
+        bias=bias,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        return_lse=True,
+    )
+    check_sinks(xp, sinks, lse.shape[-2], tuple(lse.shape[:-2]), CALL)
+    out, lse = with_sinks(out, lse, sinks)
+    out = xp.astype(out, q.dtype)
+    return (out, lse) if return_lse else out
+
+
+def streaming_mask(
+    n_queries: int,
+    n_keys: int,
+    n_sink_tokens: int,
+    window: int,
+    alignment: str = "bottom_right",
+    *,
+    xp: ModuleType | None = None,
+    device: Any = None,
+) -> Array:
+    """SINK-4's allowed set as a boolean ``(n_queries, n_keys)`` mask: key j is visible to
+    query i iff ``j <= t_i`` and (``j < n_sink_tokens`` or ``t_i - window <= j``), with
+    ``t_i = i + d`` for the alignment's offset d."""
+    for name, value in (
+        ("n_queries", n_queries),
+        ("n_keys", n_keys),
+        ("n_sink_tokens", n_sink_tokens),
+        ("window", window),
+    ):
+        check_size(name, value, STREAMING)
+    check_choice("alignment", alignment, CAUSAL_ALIGNMENTS, STREAMING, "SINK-4")
+    xp, device = creation_namespace(xp, device)
+    t = xp.arange(n_queries, device=device)[:, None] + causal_offset(n_queries, n_keys, alignment)
+    j = xp.arange(n_keys, device=device)[None, :]
+    kept = xp.logical_or(j < n_sink_tokens, j >= t - window)
+    return xp.logical_and(j <= t, kept)

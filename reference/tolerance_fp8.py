@@ -1,0 +1,97 @@
+"""QUANT-4 as code: the accuracy a float8 attention kernel must reach (spec/serving.md).
+
+TOL-2 on the real values (stored × descale) with the output dtype's unit roundoff, float32
+accumulation and (E + 8) u_a for the descale products, plus, for a kernel that rounds its
+unnormalised weights to a float8 format before P V (QUANT-3), the term
+``2 sum_j min(u_f p_ij + eta_f max_l p_il, p_ij) |v_jc|``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import array_api_compat
+
+from ._array import Array
+from ._checks import check_choice
+from .serving.fp8 import FP8_FORMATS, real_values
+from .tolerance import error_bound
+
+CALL = "fp8_error_bound(q, k, v, q_descale=, k_descale=, v_descale=, out_dtype=)"
+OUT_DTYPES = ("float16", "bfloat16", "float32")
+# Four more roundings per score than TOL-2 counts: the descale products folded into the scale
+# (QUANT-4's (E + 8) u_a); zero columns raise TOL-2's E by exactly that, and change no score.
+_DESCALE_COLUMNS = 4
+# QUANT-4: Q bounds the rounding of the weights exactly, so only the oracle's share of C = 4.
+WEIGHTS_FACTOR = 2.0
+
+
+class Fp8Bound(NamedTuple):
+    """The float64 output on the real values and its QUANT-4 bound, ``(..., Hq, Lq, Ev)``;
+    ``weights_term`` is 2 Q of QUANT-4 (0 without float8 weights)."""
+
+    out: Any
+    out_tolerance: Any
+    weights_term: Any
+
+
+def fp8_error_bound(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    q_descale: Any,
+    k_descale: Any,
+    v_descale: Any,
+    out_dtype: str,
+    fmt: str = "float8_e4m3fn",
+    weights_format: str | None = None,
+    mask: Array = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+) -> Fp8Bound:
+    """QUANT-4 for stored float8 values given as float64 arrays (one batch shape for q, k
+    and v) and float64 descales; ``weights_format`` is the float8 format the kernel rounds
+    its weights to (QUANT-3), or None.  Evaluates the weights, so memory grows with
+    Lq × Lk."""
+    check_choice("out_dtype", out_dtype, OUT_DTYPES, CALL, "QUANT-2")
+    if weights_format is not None:
+        check_choice("weights_format", weights_format, tuple(FP8_FORMATS), CALL, "QUANT-3")
+    real_q, real_k, real_v = real_values(
+        q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, fmt=fmt, call=CALL
+    )
+    xp = array_api_compat.array_namespace(real_q, real_k, real_v)
+    device = array_api_compat.device(real_q)
+
+    def padded(x: Any) -> Any:
+        zeros = xp.zeros((*x.shape[:-1], _DESCALE_COLUMNS), dtype=x.dtype, device=device)
+        return xp.concat([x, zeros], axis=-1)
+
+    bound = error_bound(
+        padded(real_q),
+        padded(real_k),
+        real_v,
+        dtype=out_dtype,
+        mask=mask,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else scale,
+        weights=weights_format is not None,
+    )
+    if weights_format is None:
+        return Fp8Bound(bound.out, bound.out_tolerance, xp.zeros_like(bound.out))
+    f = FP8_FORMATS[weights_format]
+    p = bound.weights  # (..., Hq, Lq, Lk)
+    largest = xp.max(p, axis=-1, keepdims=True) if p.shape[-1] else p
+    error = xp.minimum(f.unit_roundoff * p + 0.5 * f.subnormal_spacing * largest, p)
+    *batch, n_q_heads, n_queries, n_keys = p.shape
+    n_kv_heads = real_v.shape[-3]
+    grouped = xp.reshape(error, (*batch, n_kv_heads, n_q_heads // n_kv_heads, n_queries, n_keys))
+    finite_v = xp.where(xp.isfinite(real_v), xp.abs(real_v), xp.zeros_like(real_v))
+    term = xp.reshape(xp.matmul(grouped, finite_v[..., None, :, :]), bound.out.shape)
+    term = WEIGHTS_FACTOR * term
+    finite = xp.isfinite(bound.out)
+    tolerance = xp.where(finite, bound.out_tolerance + term, bound.out_tolerance)
+    return Fp8Bound(bound.out, tolerance, term)
