@@ -1,6 +1,12 @@
 """The reference implementation: pure Python Array API, one module per spec area."""
 
 from ._array import Array
+from .backward import (
+    Gradients,
+    blocked_attention_backward,
+    scaled_dot_product_attention_backward,
+    varlen_attention_backward,
+)
 from .blocked import blocked_attention, default_block_sizes
 from .favor import favor_attention, favor_feature_map, favor_projection
 from .features import alibi_slopes
@@ -31,6 +37,7 @@ __all__ = [
     "LIBRARY_WINDOWS",
     "PATTERN_NAMES",
     "Array",
+    "Gradients",
     "alibi_slopes",
     "append_to_cache",
     "apply_rope",
@@ -38,6 +45,7 @@ __all__ = [
     "block_sparse_attention",
     "block_sparse_mask",
     "blocked_attention",
+    "blocked_attention_backward",
     "causal_mask",
     "default_block_sizes",
     "elu_plus_one",
@@ -53,10 +61,12 @@ __all__ = [
     "padding_mask",
     "relu_features",
     "scaled_dot_product_attention",
+    "scaled_dot_product_attention_backward",
     "sinusoidal_positional_encoding",
     "sliding_window_mask",
     "sparse_attention",
     "sparse_mask",
     "strided_mask",
     "varlen_attention",
+    "varlen_attention_backward",
 ]

@@ -45,6 +45,7 @@ AREA_DOCUMENT = {
     "MLA": "serving.md",
     "PAGED": "serving.md",
     "QUANT": "serving.md",
+    "BWD": "backward.md",
 }
 # The contract: exactly these ids at exactly these levels (CONF-1, CONF-2). Code and tests cite
 # them; changing one means a new id (spec/index.md, versioning policy), not an edit here.
@@ -168,7 +169,7 @@ def test_dense_tolerance_and_conformance_clauses_are_the_contract() -> None:
 def test_decision_clauses_have_a_rationale() -> None:
     """SDPA-*, DROP-1, MHA-*, POS-1, ROPE-*, TOL-*: each clause body carries its one-line
     rationale before the next clause starts."""
-    for document in ("dense.md", "tolerance.md", "features.md", "serving.md"):
+    for document in ("dense.md", "tolerance.md", "features.md", "serving.md", "backward.md"):
         bodies = re.split(rf'^<a id="(?={CLAUSE_ID}"></a>)', _text(document), flags=re.MULTILINE)
         for body in bodies[1:]:
             clause_id = body.split('"', 1)[0]

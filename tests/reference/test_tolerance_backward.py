@@ -1,0 +1,141 @@
+"""The gradient bound (BWD-16, BWD-17; reference/tolerance_backward.py) holds for correct
+kernels computing in float16, bfloat16 and float32, and fails wrong gradients.
+
+Correct kernels: PyTorch's math SDPA differentiated by torch.autograd in the low dtype
+(CPU), and FlashAttention 2's blocked backward emulated in float32 arithmetic with P, dS,
+the output and the gradients rounded to the dtype where FlashAttention rounds them
+(weights recomputed from a float32 log-sum-exp, key blocks of 128).  Sizes where kernels
+break: L % 128 == 64, L = 1025, head dims up to 256, padding biases of the dtype's most
+negative finite value.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from attnspec.reference.tolerance_backward import gradient_error_bound
+
+torch = pytest.importorskip("torch", reason="the low-precision kernels are torch's")
+
+DTYPES = ("float16", "bfloat16", "float32")
+# (heads, length, head dim, padded): L % 128 == 64, L = 1025, E = 256
+SIZES = ((2, 192, 64, False), (1, 1025, 32, True), (1, 65, 256, True))
+
+
+def _problem(
+    dtype: str, heads: int, length: int, dim: int, padded: bool, seed: int = 0
+) -> dict[str, Any]:
+    """Inputs rounded to ``dtype`` (TOL-1, BWD-16); a padding bias of the dtype's most negative
+    finite value on the last third of the keys of batch element 0."""
+    gen = torch.Generator().manual_seed(seed)
+    low = getattr(torch, dtype)
+    q, k, v, do = (torch.randn(1, heads, length, dim, generator=gen).to(low) for _ in range(4))
+    problem = {"q": q, "k": k, "v": v, "grad_out": do, "bias": None}
+    if padded:
+        bias = torch.zeros(1, 1, 1, length)
+        bias[..., length - length // 3 :] = torch.finfo(low).min
+        problem["bias"] = bias.to(low)
+    return problem
+
+
+def _bound(problem: dict[str, Any], dtype: str, is_causal: bool) -> Any:
+    def f64(a: Any) -> Any:
+        return None if a is None else a.double().numpy()
+
+    return gradient_error_bound(
+        f64(problem["q"]),
+        f64(problem["k"]),
+        f64(problem["v"]),
+        f64(problem["grad_out"]),
+        dtype=dtype,
+        bias=f64(problem["bias"]),
+        is_causal=is_causal,
+    )
+
+
+def _torch_math(problem: dict[str, Any], is_causal: bool) -> tuple[Any, ...]:
+    """torch.autograd of PyTorch's math SDPA in the input dtype (a kernel in the dtype)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    leaves = [problem[n].clone().requires_grad_() for n in ("q", "k", "v")]
+    bias = problem["bias"]
+    if bias is not None and is_causal:  # torch takes no mask with is_causal: fold it in
+        length = leaves[0].shape[-2]
+        upper = torch.ones(length, length, dtype=torch.bool).triu(1)
+        bias, is_causal = bias.masked_fill(upper, -math.inf), False
+    with sdpa_kernel(SDPBackend.MATH):
+        out = torch.nn.functional.scaled_dot_product_attention(
+            *leaves, attn_mask=bias, is_causal=is_causal
+        )
+    return torch.autograd.grad(out, leaves, problem["grad_out"])
+
+
+def _flash2(
+    problem: dict[str, Any], is_causal: bool, block: int = 128, wrong: str = ""
+) -> tuple[Any, ...]:
+    """FlashAttention 2's forward and backward (Dao 2023, Algorithms 1 and 2) in float32
+    with the roundings to the input dtype that FlashAttention makes; ``wrong`` names one
+    step done wrong (for the non-vacuity tests)."""
+    low = problem["q"].dtype
+    q, k, v, do = (problem[n].float() for n in ("q", "k", "v", "grad_out"))
+    length, dim = q.shape[-2], q.shape[-1]
+    alpha = 1 / math.sqrt(dim)
+    scores = q @ k.transpose(-1, -2) * alpha
+    if problem["bias"] is not None:
+        scores = scores + problem["bias"].float()
+    if is_causal:
+        scores = scores.masked_fill(torch.ones(length, length, dtype=torch.bool).triu(1), -math.inf)
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    rounded = lambda a: a.to(low).float()  # noqa: E731
+    out = rounded(rounded(torch.exp(scores - lse)) @ v)
+    delta = (do * out).sum(-1, keepdim=True)
+    if wrong == "no delta":
+        delta = torch.zeros_like(delta)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for start in range(0, length, block):
+        cols = slice(start, start + block)
+        weights = torch.exp(scores[..., cols] - lse)
+        dv[..., cols, :] += rounded(weights).transpose(-1, -2) @ do
+        grad_scores = rounded(weights * (do @ v[..., cols, :].transpose(-1, -2) - delta))
+        scale = alpha * alpha if wrong == "scale twice" else alpha
+        dq += grad_scores @ k[..., cols, :] * alpha
+        dk[..., cols, :] += grad_scores.transpose(-1, -2) @ q * scale
+    return rounded(dq), rounded(dk), rounded(dv)
+
+
+def _ratios(got: tuple[Any, ...], bound: Any) -> list[float]:
+    """Largest |error| / tolerance of dq, dk, dv (<= 1: within BWD-17)."""
+    return [
+        float(np.max(np.abs(g.double().numpy() - reference) / tolerance))
+        for g, reference, tolerance in zip(got, bound[:3], bound[4:7], strict=True)
+    ]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"H{s[0]}-L{s[1]}-E{s[2]}")
+def test_correct_kernels_are_within_the_bound(dtype: str, size: tuple[int, int, int, bool]) -> None:
+    """BWD-14, BWD-16, BWD-17: PyTorch's math SDPA under torch.autograd and FlashAttention
+    2's blocked backward (float32 accumulation, P and dS rounded to the dtype: what BWD-14
+    allows), in float16, bfloat16 and float32, are within the bound, causal and not, with
+    padding biases of finfo.min."""
+    for is_causal in (False, True):
+        problem = _problem(dtype, *size)
+        bound = _bound(problem, dtype, is_causal)
+        for name, kernel in (("torch math", _torch_math), ("flash 2", _flash2)):
+            ratios = _ratios(kernel(problem, is_causal), bound)
+            assert max(ratios) <= 1, (name, dtype, size, is_causal, ratios)
+
+
+@pytest.mark.parametrize("dtype", ("float16", "float32"))
+@pytest.mark.parametrize("wrong", ("no delta", "scale twice"))
+def test_wrong_gradients_exceed_the_bound(dtype: str, wrong: str) -> None:
+    """BWD-17 is not vacuous: FlashAttention 2's backward with the delta term dropped, or
+    the scale applied twice to dk, falls outside it on the realistic problem L = 192,
+    E = 64 (while the correct one is within it, above)."""
+    problem = _problem(dtype, 2, 192, 64, False, seed=1)
+    ratios = _ratios(_flash2(problem, True, wrong=wrong), _bound(problem, dtype, True))
+    assert max(ratios) > 1, (wrong, dtype, ratios)
