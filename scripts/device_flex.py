@@ -1,0 +1,159 @@
+"""FlexAttention compiled by ``torch.compile``: the Triton kernels it generates on CUDA, checked
+by the device run (docs/gpu.md, issue #35) as
+
+    attnspec check scripts/device_flex.py:flex_compiled_block_mask --device cuda
+
+The known kernels ``torch.nn.attention.flex_attention:flex_attention`` and
+``flex_attention_score_mod`` of the matrix call ``flex_attention`` eagerly: PyTorch's unfused
+implementation, the only one on a CPU.  These two put the same conventions through
+``torch.compile(flex_attention)``, which on CUDA is the fused kernel users run:
+
+- ``flex_compiled_block_mask``: the spec's boolean mask (True: may attend) and ``is_causal``
+  (top-left, SDPA-4.1) as a ``mask_mod`` compiled into a ``BlockMask``; a bias as a
+  ``score_mod`` that adds it;
+- ``flex_compiled_score_mod``: mask, causal rule and bias in one ``score_mod`` that puts
+  ``-inf`` where a key is masked out, with no block mask.
+
+FlexAttention takes (B, H, L, E) arrays with E == Ev and no empty length, GQA through
+``enable_gqa``; the declarations say so, so the suite pads head dims with exact zeros and
+draws no empty sizes.  Only float16, bfloat16 and float32 are claimed: the dtypes the
+generated kernels are for (float64 is the eager rows' on a CPU).
+
+``ATTNSPEC_FLEX_COMPILE_BACKEND`` picks torch.compile's backend (default ``inductor``, the
+Triton one; ``eager`` traces with Dynamo and runs the captured graph unfused, which is how
+the CPU tests run these adapters in seconds).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from attnspec.conformance import declare
+
+# Every new shape, dtype or mod closure may compile once more; past Dynamo's default limit
+# of 8 recompilations it would fall back to running flex_attention eagerly without saying
+# so in the result, and the check would no longer be of the compiled kernel.
+RECOMPILE_LIMIT = 512
+
+_compiled: list[Any] = []
+
+
+def compiled_flex_attention() -> Any:
+    """``torch.compile(flex_attention)``, built once per process."""
+    if not _compiled:
+        import torch
+        from torch.nn.attention.flex_attention import flex_attention
+
+        for option in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+            if hasattr(torch._dynamo.config, option):
+                setattr(torch._dynamo.config, option, RECOMPILE_LIMIT)
+        backend = os.environ.get("ATTNSPEC_FLEX_COMPILE_BACKEND", "inductor")
+        _compiled.append(torch.compile(flex_attention, backend=backend))
+    return _compiled[0]
+
+
+def _at(tensor: Any) -> Any:
+    """``tensor[b, h, q_idx, kv_idx]`` for a tensor of up to 4 dims whose size-1 dims
+    broadcast (FlexAttention calls its mods with index tensors)."""
+    full = tensor.reshape((1,) * (4 - tensor.ndim) + tuple(tensor.shape))
+
+    def at(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        index = (b, h, q_idx, kv_idx)
+        return full[tuple(0 if size == 1 else i for size, i in zip(full.shape, index, strict=True))]
+
+    return at
+
+
+def _allowed(mask: Any, is_causal: bool) -> Any:
+    """The mask_mod: the spec's mask AND the top-left causal rule; None when neither."""
+    if mask is None and not is_causal:
+        return None
+    by_mask = None if mask is None else _at(mask)
+
+    def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        allowed = q_idx >= kv_idx if is_causal else None
+        if by_mask is not None:
+            given = by_mask(b, h, q_idx, kv_idx)
+            allowed = given if allowed is None else allowed & given
+        return allowed
+
+    return mask_mod
+
+
+def _adds(bias: Any) -> Any:
+    """The score_mod that adds the bias, or None without one."""
+    if bias is None:
+        return None
+    at = _at(bias)
+
+    def score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return score + at(b, h, q_idx, kv_idx).to(score.dtype)
+
+    return score_mod
+
+
+def _flex_compiled_block_mask(
+    q: Any,
+    k: Any,
+    v: Any,
+    mask: Any = None,
+    bias: Any = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Any:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    mask_mod = _allowed(mask, is_causal)
+    block_mask = None
+    if mask_mod is not None:
+        block_mask = create_block_mask(
+            mask_mod, q.shape[0], q.shape[1], q.shape[2], k.shape[2], device=str(q.device)
+        )
+    return compiled_flex_attention()(
+        q, k, v, score_mod=_adds(bias), block_mask=block_mask, scale=scale, enable_gqa=enable_gqa
+    )
+
+
+def _flex_compiled_score_mod(
+    q: Any,
+    k: Any,
+    v: Any,
+    mask: Any = None,
+    bias: Any = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Any:
+    adds, allowed = _adds(bias), _allowed(mask, is_causal)
+    score_mod = None
+    if adds is not None or allowed is not None:
+
+        def score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+            if adds is not None:
+                score = adds(score, b, h, q_idx, kv_idx)
+            if allowed is not None:
+                score = score.masked_fill(~allowed(b, h, q_idx, kv_idx), float("-inf"))
+            return score
+
+    return compiled_flex_attention()(
+        q, k, v, score_mod=score_mod, scale=scale, enable_gqa=enable_gqa
+    )
+
+
+_FLEX_COMPILED = {
+    "dtypes": ("float16", "bfloat16", "float32"),
+    "batch_ndim": 1,
+    "equal_head_dims": True,
+    "empty_sizes": False,
+    "bias": True,
+    "gqa": True,
+    "gqa_keyword": "enable_gqa",
+}
+flex_compiled_block_mask = declare(_flex_compiled_block_mask, **_FLEX_COMPILED)
+flex_compiled_block_mask.__name__ = flex_compiled_block_mask.__qualname__ = (
+    "flex_compiled_block_mask"
+)
+flex_compiled_score_mod = declare(_flex_compiled_score_mod, **_FLEX_COMPILED)
+flex_compiled_score_mod.__name__ = flex_compiled_score_mod.__qualname__ = "flex_compiled_score_mod"
