@@ -72,7 +72,7 @@ SIDE_BY_SIDE_MAX_S = 300
 MIN_BOX_S = 5  # a phase with less time than this left is skipped, not started
 MERGE_FLOOR_S = 10  # the merge runs even when the budget is spent: it is what comes back
 GRACE_S = 10  # between SIGTERM (attnspec writes the verdicts it has) and SIGKILL
-STOP_S = GRACE_S + 5  # the most a stopped step takes past its box
+STOP_S = GRACE_S + 1  # the most a stopped step takes past its box (SIGKILL is final)
 LOG_TAIL_BYTES = 400_000  # of each step's output in log.txt
 NEEDS_A_GPU = "needs a GPU"
 
@@ -175,9 +175,12 @@ def plan_run(
             )
         )
     flex = str(ROOT / "scripts" / "device_flex.py")
+    # a call that compiles a new Triton kernel may take longer than the default 60 s while
+    # the other steps share the CPUs
+    compiling = ["--timeout", "180"]
     checks = [
-        ("flex-compiled-block-mask", f"{flex}:flex_compiled_block_mask", "torch", []),
-        ("flex-compiled-score-mod", f"{flex}:flex_compiled_score_mod", "torch", []),
+        ("flex-compiled-block-mask", f"{flex}:flex_compiled_block_mask", "torch", compiling),
+        ("flex-compiled-score-mod", f"{flex}:flex_compiled_score_mod", "torch", compiling),
         ("reference-cupy", REFERENCE, "cupy", ["--bias", "--gqa"]),
         ("reference-torch-cuda", REFERENCE, "torch", ["--bias", "--gqa"]),
         ("reference-jax-gpu", REFERENCE, "jax", ["--bias", "--gqa"]),
@@ -423,6 +426,8 @@ def step_env(site: Path) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
         # several processes share the GPU: JAX must not take 75% of its memory up front
         XLA_PYTHON_CLIENT_PREALLOCATE="false",
+        # nor may each of them start a compile worker per CPU (Inductor's default)
+        TORCHINDUCTOR_COMPILE_THREADS="4",
         PIP_NO_INDEX="1",
     )
     return env
@@ -453,41 +458,62 @@ def start(step: Step, python: str, env: dict[str, str], work: Path) -> subproces
         )
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the step's process group (attnspec writes the verdicts it has), SIGKILL
-    after GRACE_S."""
-    for sig, wait in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, 5)):
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc): attnspec's workers run in sessions of
+    their own, out of reach of a signal to the step's process group."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
             continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def _signal(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """``sig`` to the step's process group, and to its workers where it is SIGKILL (on
+    SIGTERM attnspec ends its workers itself)."""
+    below = descendants(process.pid) if sig == signal.SIGKILL else []
+    for kill, target in [(os.killpg, process.pid), *((os.kill, pid) for pid in below)]:
+        try:
+            kill(target, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def run_steps(
     steps: Sequence[Step], python: str, env: dict[str, str], work: Path, box_s: float
 ) -> list[Result]:
-    """Run ``steps`` side by side, each stopped at ``min(its box, box_s)`` seconds."""
+    """Run ``steps`` side by side, each stopped at ``min(its box, box_s)`` seconds: SIGTERM
+    to its process group (attnspec writes the verdicts it has), SIGKILL GRACE_S later."""
     started = time.monotonic()
     running = {step.name: start(step, python, env, work) for step in steps}
+    terminated: dict[str, float] = {}  # step -> when SIGTERM was sent
     ended: dict[str, tuple[str, float, str]] = {}
     while len(ended) < len(steps):
+        now = time.monotonic()
         for step in steps:
             process = running[step.name]
+            limit = min(step.box_s, box_s)
             if step.name in ended:
                 continue
-            limit = min(step.box_s, box_s)
             if process.poll() is not None:
-                status = classify(step, process.returncode)
-                ended[step.name] = (status, time.monotonic() - started, "")
-            elif time.monotonic() - started > limit:
-                _stop(process)
-                note = f"stopped at its box of {limit:.0f} s"
-                ended[step.name] = ("timed out", time.monotonic() - started, note)
+                if step.name in terminated:
+                    status, note = "timed out", f"stopped at its box of {limit:.0f} s"
+                else:
+                    status, note = classify(step, process.returncode), ""
+                ended[step.name] = (status, now - started, note)
+            elif step.name not in terminated and now - started > limit:
+                _signal(process, signal.SIGTERM)
+                terminated[step.name] = now
+            elif step.name in terminated and now - terminated[step.name] > GRACE_S:
+                _signal(process, signal.SIGKILL)
         time.sleep(0.2)
     results = []
     for step in steps:
@@ -569,7 +595,8 @@ def matrix_line(part: Path, kernel: str) -> str:
             status = row["status"]
             reason = f": {row['reason']}" if row.get("reason") else ""
             seen = f", {n} distinct divergence{'s' * (n != 1)}" if status == "checked" else ""
-            return f"{status}{reason}{seen}"
+            cut = " (INCOMPLETE)" if "incomplete" in row.get("claim", "") else ""
+            return f"{status}{reason}{seen}{cut}"
     return ""
 
 

@@ -25,6 +25,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 from pathlib import Path
 from types import ModuleType
@@ -336,6 +337,39 @@ def test_a_run_goes_on_past_a_hung_step(
     assert junit.count("<testsuite ") == len(ran)
     assert device_run.NEEDS_A_GPU in status["bench"] if not gpu else " done " in status["bench"]
     assert done.returncode == (1 if gpu else 0), summary
+
+
+IGNORES_SIGTERM = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                          start_new_session=True)
+open(sys.argv[1], "w").write(str(worker.pid))
+time.sleep(600)
+"""
+
+
+def test_a_stopped_step_takes_its_workers_along(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step that ignores SIGTERM is killed GRACE_S later, and so is its worker in a
+    session of its own (as attnspec's are), which a signal to the step's process group
+    would miss: nothing of it is left on the GPU while the benchmark runs."""
+    monkeypatch.setattr(device_run, "GRACE_S", 1)
+    pid_file = tmp_path / "worker.pid"
+    step = device_run.Step("stubborn", ["-c", IGNORES_SIGTERM, str(pid_file)], box_s=2)
+    (result,) = device_run.run_steps([step], sys.executable, dict(os.environ), tmp_path, 60)
+    assert result.status == "timed out" and result.seconds < 10, result
+    worker = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{worker}").exists() and time.monotonic() < deadline:
+        # a killed child of ours lingers as a zombie until reaped; the worker is init's
+        state = Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        assert not Path(f"/proc/{worker}").exists(), "the worker outlived its step"
 
 
 def test_device_flex_adapters_compute_the_definition(monkeypatch: pytest.MonkeyPatch) -> None:
