@@ -131,6 +131,166 @@ class _Cache:
         return keys, gather(self.v_cache)
 
 
+@dataclass(frozen=True)
+class Sequences:
+    """The batch's metadata as Python ints (PAGED-1): query offsets, each sequence's
+    first and past-the-last valid cache positions, and its block table row."""
+
+    offsets: list[int]
+    starts: list[int]
+    ends: list[int]
+    table: list[list[int]]
+
+
+def _check_sequences(
+    cu_seqlens_q: Any,
+    seqused_k: Any,
+    block_table: Any,
+    cache_leftpad: Any,
+    n_tokens: int,
+    n_pages: int,
+    page_size: int,
+) -> Sequences:
+    """PAGED-1 and PAGED-6: offsets, lengths and the pages each sequence reads."""
+    offsets = _int_list(cu_seqlens_q, "cu_seqlens_q", 1)
+    if (
+        not offsets
+        or offsets[0] != 0
+        or offsets[-1] > n_tokens
+        or any(b < a for a, b in itertools.pairwise(offsets))
+    ):
+        raise ValueError(
+            f"cu_seqlens_q={offsets}, but should start at 0, be non-decreasing and end at "
+            f"most at the number of packed query rows, {n_tokens} [PAGED-1, {CALL}]"
+        )
+    n_seqs = len(offsets) - 1
+    ends = _int_list(seqused_k, "seqused_k", 1)
+    starts = [0] * n_seqs if cache_leftpad is None else _int_list(cache_leftpad, "cache_leftpad", 1)
+    table = _int_list(block_table, "block_table", 2)
+    if len(ends) != n_seqs or len(starts) != n_seqs or len(table) != n_seqs:
+        raise ValueError(
+            f"seqused_k has {len(ends)} entries, cache_leftpad {len(starts)} and block_table "
+            f"{len(table)} rows, but each should have one per sequence ({n_seqs}) "
+            f"[PAGED-1, {CALL}]"
+        )
+    capacity = (len(table[0]) if table else 0) * page_size
+    for b in range(n_seqs):
+        if not 0 <= starts[b] <= ends[b] <= capacity:
+            raise ValueError(
+                f"cache_leftpad[{b}]={starts[b]}, seqused_k[{b}]={ends[b]}, but should satisfy "
+                f"0 <= cache_leftpad <= seqused_k <= {capacity}, the positions of a block_table "
+                f"row [PAGED-6, {CALL}]"
+            )
+        # only the pages holding positions [start, end) are read (PAGED-1)
+        first, stop = starts[b] // page_size, -(-ends[b] // page_size)
+        bad = [n for n in table[b][first:stop] if not 0 <= n < n_pages]
+        if ends[b] > starts[b] and bad:
+            raise ValueError(
+                f"block_table[{b}] reads pages {bad}, but page indices should be in "
+                f"[0, {n_pages}) [PAGED-6, {CALL}]"
+            )
+    return Sequences(offsets, starts, ends, table)
+
+
+def _check_arrays(
+    xp: ModuleType,
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    value_dim: Any,
+    alibi_slopes: Any,
+    sinks: Any,
+) -> int | None:
+    """PAGED-1 (shapes), MLA-1 (a latent cache), SDPA-6.2, ALIBI-1, SINK-1; returns the
+    checked ``value_dim`` where the values are the key cache's leading channels."""
+    require_real_floating(xp, CALL, "SDPA-1.4", q=q, k_cache=k_cache, v_cache=v_cache)
+    if q.ndim != 3 or k_cache.ndim != 4 or k_cache.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"q.shape={tuple(q.shape)}, k_cache.shape={tuple(k_cache.shape)}, but should be "
+            f"(T_q, Hq, E) and (num_pages, Hkv, page_size, E) [PAGED-1, {CALL}]"
+        )
+    n_q_heads, n_kv_heads = q.shape[1], k_cache.shape[1]
+    if n_kv_heads == 0 or n_q_heads % n_kv_heads != 0:
+        raise ValueError(
+            f"q has {n_q_heads} heads and the cache {n_kv_heads}; the query heads should be "
+            f"a whole multiple of the key/value heads [SDPA-6.2, {CALL}]"
+        )
+    if sinks is not None:
+        check_sinks(xp, sinks, n_q_heads, (), CALL)
+    if alibi_slopes is not None and tuple(alibi_slopes.shape) != (n_q_heads,):
+        raise ValueError(
+            f"alibi_slopes.shape={tuple(alibi_slopes.shape)}, but should be (Hq,) = "
+            f"({n_q_heads},) [ALIBI-1, {CALL}]"
+        )
+    if v_cache is not None:
+        if v_cache.ndim != 4 or tuple(v_cache.shape[:3]) != tuple(k_cache.shape[:3]):
+            raise ValueError(
+                f"v_cache.shape={tuple(v_cache.shape)}, but should be (num_pages, Hkv, "
+                f"page_size, Ev) with num_pages, Hkv, page_size = {tuple(k_cache.shape[:3])} "
+                f"[PAGED-1, {CALL}]"
+            )
+        return None
+    if value_dim is None:
+        raise ValueError(
+            f"v_cache=None, but then value_dim should say how many leading channels of "
+            f"the key cache are the values [MLA-1, {CALL}]"
+        )
+    return check_value_dim(value_dim, k_cache.shape[-1], CALL)
+
+
+@dataclass(frozen=True)
+class _Scores:
+    """What every sequence's scores share: the rules, scale, softcap and ALiBi slopes
+    ``(Hq, 1, 1)`` in the working dtype (or None)."""
+
+    rules: Rules
+    scale: float | None
+    softcap: float | None
+    slopes: Any
+
+
+def _attend_rows(
+    xp: ModuleType,
+    cache: _Cache,
+    scores: _Scores,
+    q_rows: Any,
+    b: int,
+    start: int,
+    first_position: int,
+    n_keys: int,
+    key_block: int,
+    work: Any,
+) -> tuple[Any, Any]:
+    """The state ``(out (Hq, n, Ev), lse (Hq, n))`` of query rows ``q_rows (Hq, n, E)`` at
+    positions ``first_position …`` over sequence b's keys: only the keys some row may
+    attend, in blocks of ``key_block`` merged by their log-sum-exps (MERGE-1)."""
+    device = array_api_compat.device(q_rows)
+    n_rows = q_rows.shape[1]
+    t = xp.arange(first_position, first_position + n_rows, device=device)[:, None]
+    lo, hi = scores.rules.key_range(first_position, first_position + n_rows - 1, n_keys)
+    state = None
+    for block_lo in range(lo, hi, key_block) if hi > lo else [lo]:
+        block_hi = min(hi, block_lo + key_block)
+        keys, values = cache.read(b, start + block_lo, start + block_hi, work)
+        j = xp.arange(block_lo, block_hi, device=device)[None, :]
+        # ALiBi from positions (ALIBI-2 anchored at t_i), a bias added after the softcap
+        bias = None if scores.slopes is None else -scores.slopes * xp.astype(xp.abs(t - j), work)
+        part = scaled_dot_product_attention(
+            q_rows,
+            keys,
+            values,
+            mask=scores.rules.allowed(xp, t, j),
+            bias=bias,
+            scale=scores.scale,
+            softcap=scores.softcap,
+            return_lse=True,
+        )
+        state = part if state is None else merge_attention_states(*state, *part)
+    assert state is not None  # the block loop runs at least once
+    out, lse = state
+    return out, lse
+
+
 def paged_attention(
     q: Array,
     k_cache: Array,
@@ -167,131 +327,62 @@ def paged_attention(
     )
     check_flag("return_lse", return_lse, CALL)
     check_flag("is_causal", is_causal, CALL)
-    require_real_floating(xp, CALL, "SDPA-1.4", q=q, k_cache=k_cache, v_cache=v_cache)
-    scale = check_scale(scale, CALL)
-    rules = Rules(
-        is_causal,
-        *_check_window(window),
+    chunk = (
         None
         if attention_chunk is None
-        else check_size("attention_chunk", attention_chunk, CALL, minimum=1),
+        else check_size("attention_chunk", attention_chunk, CALL, minimum=1)
     )
-    if q.ndim != 3 or k_cache.ndim != 4 or k_cache.shape[-1] != q.shape[-1]:
-        raise ValueError(
-            f"q.shape={tuple(q.shape)}, k_cache.shape={tuple(k_cache.shape)}, but should be "
-            f"(T_q, Hq, E) and (num_pages, Hkv, page_size, E) [PAGED-1, {CALL}]"
-        )
-    n_pages, n_kv_heads, page_size, head_dim = k_cache.shape
+    rules = Rules(is_causal, *_check_window(window), chunk)
+    value_dim = _check_arrays(xp, q, k_cache, v_cache, value_dim, alibi_slopes, sinks)
     n_tokens, n_q_heads, _ = q.shape
-    if v_cache is None:
-        if value_dim is None:
-            raise ValueError(
-                f"v_cache=None, but then value_dim should say how many leading channels of "
-                f"the key cache are the values [MLA-1, {CALL}]"
-            )
-        value_dim = check_value_dim(value_dim, head_dim, CALL)
-    elif v_cache.ndim != 4 or tuple(v_cache.shape[:3]) != tuple(k_cache.shape[:3]):
-        raise ValueError(
-            f"v_cache.shape={tuple(v_cache.shape)}, but should be (num_pages, Hkv, page_size, "
-            f"Ev) with num_pages, Hkv, page_size = {tuple(k_cache.shape[:3])} [PAGED-1, {CALL}]"
-        )
-    if n_kv_heads == 0 or n_q_heads % n_kv_heads != 0:
-        raise ValueError(
-            f"q has {n_q_heads} heads and the cache {n_kv_heads}; the query heads should be "
-            f"a whole multiple of the key/value heads [SDPA-6.2, {CALL}]"
-        )
-    if sinks is not None:
-        check_sinks(xp, sinks, n_q_heads, (), CALL)
-    if alibi_slopes is not None and tuple(alibi_slopes.shape) != (n_q_heads,):
-        raise ValueError(
-            f"alibi_slopes.shape={tuple(alibi_slopes.shape)}, but should be (Hq,) = "
-            f"({n_q_heads},) [ALIBI-1, {CALL}]"
-        )
-    offsets = _int_list(cu_seqlens_q, "cu_seqlens_q", 1)
-    if (
-        not offsets
-        or offsets[0] != 0
-        or offsets[-1] > n_tokens
-        or any(b < a for a, b in itertools.pairwise(offsets))
-    ):
-        raise ValueError(
-            f"cu_seqlens_q={offsets}, but should start at 0, be non-decreasing and end at "
-            f"most at the number of packed query rows, {n_tokens} [PAGED-1, {CALL}]"
-        )
-    n_seqs = len(offsets) - 1
-    ends = _int_list(seqused_k, "seqused_k", 1)
-    starts = [0] * n_seqs if cache_leftpad is None else _int_list(cache_leftpad, "cache_leftpad", 1)
-    table = _int_list(block_table, "block_table", 2)
-    if len(ends) != n_seqs or len(starts) != n_seqs or len(table) != n_seqs:
-        raise ValueError(
-            f"seqused_k has {len(ends)} entries, cache_leftpad {len(starts)} and block_table "
-            f"{len(table)} rows, but each should have one per sequence ({n_seqs}) "
-            f"[PAGED-1, {CALL}]"
-        )
-    capacity = (len(table[0]) if table else 0) * page_size
-    for b in range(n_seqs):
-        if not 0 <= starts[b] <= ends[b] <= capacity:
-            raise ValueError(
-                f"cache_leftpad[{b}]={starts[b]}, seqused_k[{b}]={ends[b]}, but should satisfy "
-                f"0 <= cache_leftpad <= seqused_k <= {capacity}, the positions of a block_table "
-                f"row [PAGED-6, {CALL}]"
-            )
-        read = (
-            table[b][starts[b] // page_size : -(-ends[b] // page_size)]
-            if ends[b] > starts[b]
-            else []
-        )
-        bad = [n for n in read if not 0 <= n < n_pages]
-        if bad:
-            raise ValueError(
-                f"block_table[{b}] reads pages {bad}, but page indices should be in "
-                f"[0, {n_pages}) [PAGED-6, {CALL}]"
-            )
-
+    seqs = _check_sequences(
+        cu_seqlens_q,
+        seqused_k,
+        block_table,
+        cache_leftpad,
+        n_tokens,
+        k_cache.shape[0],
+        k_cache.shape[2],
+    )
     work = compute_dtype(xp, q.dtype)
-    device = array_api_compat.device(q)
-    value_width = value_dim if v_cache is None else v_cache.shape[-1]
-    cache = _Cache(xp, k_cache, v_cache, value_dim, table)
-    slopes = None if alibi_slopes is None else xp.astype(alibi_slopes, work)[:, None, None]
+    scores = _Scores(
+        rules,
+        check_scale(scale, CALL),
+        softcap,
+        None if alibi_slopes is None else xp.astype(alibi_slopes, work)[:, None, None],
+    )
+    cache = _Cache(xp, k_cache, v_cache, value_dim, seqs.table)
     outs, lses = [], []
-    for b in range(n_seqs):
-        n_queries, n_keys = offsets[b + 1] - offsets[b], ends[b] - starts[b]
-        if n_queries == 0:
-            continue
-        rows = xp.astype(q[offsets[b] : offsets[b + 1], ...], work)
-        delta = n_keys - n_queries
+    for b in range(len(seqs.offsets) - 1):
+        n_queries, n_keys = seqs.offsets[b + 1] - seqs.offsets[b], seqs.ends[b] - seqs.starts[b]
+        rows = xp.astype(q[seqs.offsets[b] : seqs.offsets[b + 1], ...], work)
+        # bounded memory: (Hq x rows x keys) blocks of about BLOCK_ELEMENTS
         key_block = max(1, BLOCK_ELEMENTS // (n_q_heads * 16))
         row_chunk = max(1, BLOCK_ELEMENTS // (n_q_heads * max(1, min(n_keys, key_block))))
         for first in range(0, n_queries, row_chunk):
-            last = min(first + row_chunk, n_queries)
-            q_chunk = xp.permute_dims(rows[first:last, ...], (1, 0, 2))  # (Hq, n, E)
-            t = xp.arange(first + delta, last + delta, device=device)[:, None]
-            lo, hi = rules.key_range(first + delta, last - 1 + delta, n_keys)
-            state = None
-            for block_lo in range(lo, hi, key_block) if hi > lo else [lo]:
-                block_hi = min(hi, block_lo + key_block)
-                keys, values = cache.read(b, starts[b] + block_lo, starts[b] + block_hi, work)
-                j = xp.arange(block_lo, block_hi, device=device)[None, :]
-                bias = None if slopes is None else -slopes * xp.astype(xp.abs(t - j), work)
-                part = scaled_dot_product_attention(
-                    q_chunk,
-                    keys,
-                    values,
-                    mask=rules.allowed(xp, t, j),
-                    bias=bias,
-                    scale=scale,
-                    softcap=softcap,
-                    return_lse=True,
-                )
-                state = part if state is None else merge_attention_states(*state, *part)
-            assert state is not None  # the block loop runs at least once
-            out, lse = state
+            q_rows = xp.permute_dims(
+                rows[first : min(first + row_chunk, n_queries), ...], (1, 0, 2)
+            )
+            out, lse = _attend_rows(
+                xp,
+                cache,
+                scores,
+                q_rows,
+                b,
+                seqs.starts[b],
+                first + n_keys - n_queries,
+                n_keys,
+                key_block,
+                work,
+            )
             if sinks is not None:
                 out, lse = with_sinks(out, lse, sinks)
             outs.append(xp.permute_dims(out, (1, 0, 2)))
             lses.append(lse)
-    padding = n_tokens - offsets[-1]
-    outs.append(xp.zeros((padding, n_q_heads, value_width), dtype=work, device=device))
+    padding = n_tokens - seqs.offsets[-1]
+    width = value_dim if v_cache is None else v_cache.shape[-1]
+    device = array_api_compat.device(q)
+    outs.append(xp.zeros((padding, n_q_heads, width), dtype=work, device=device))
     lses.append(xp.full((n_q_heads, padding), -xp.inf, dtype=work, device=device))
     out = xp.astype(xp.concat(outs, axis=0), q.dtype)
     return (out, xp.concat(lses, axis=-1)) if return_lse else out

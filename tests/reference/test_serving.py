@@ -479,6 +479,30 @@ def test_paged_thousands_of_queries() -> None:
     _close(lse, expected_lse, "float32", "lse")
 
 
+def test_paged_tens_of_thousands_of_pages() -> None:
+    """PAGED-1, PAGED-3, PAGED-4: 40 000 pages of 4 positions in one cache (page indices
+    past int16), a decode row over 100 003 keys, and rows that see nothing at the very start
+    of the batch (a first sequence with L_q > L_k, causal)."""
+    rng = np.random.default_rng(15)
+    n_pages, page = 40_000, 4
+    pages = rng.permutation(n_pages)
+    table = np.full((2, 25_001), -1, np.int32)  # entries past the pages read: never read
+    table[0, 0], table[1] = pages[-1], pages[:25_001]
+    k_cache = rng.standard_normal((n_pages, 1, page, 8))
+    v_cache = rng.standard_normal((n_pages, 1, page, 4))
+    q = rng.standard_normal((4, 2, 8))
+    cu_q, used = np.array([0, 3, 4], np.int32), np.array([1, 100_003], np.int32)
+    out, lse = paged_attention(
+        q, k_cache, v_cache, cu_q, used, table, is_causal=True, return_lse=True
+    )
+    expected_out, expected_lse = oracle_serving.paged(
+        q, k_cache, v_cache, cu_q.tolist(), used.tolist(), table.tolist(), is_causal=True
+    )
+    _close(out, expected_out, "float64", "out")
+    _close(lse, expected_lse, "float64", "lse")
+    assert np.all(out[:2] == 0) and np.all(lse[:, :2] == -np.inf), "PAGED-3: rows that see nothing"
+
+
 def test_memory_past_the_valid_length_changes_nothing(backend: Backend) -> None:
     """PAGED-5: NaN, inf or other values in cache slots past seqused_k and before
     cache_leftpad, in pages no table reaches, in block-table entries past the pages read
