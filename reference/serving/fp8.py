@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import array_api_compat
+
 from .._array import Array
 from .._checks import check_choice, namespace_of, require_real_floating
 from ..sdpa import scaled_dot_product_attention
@@ -85,11 +87,14 @@ def check_on_grid(xp: ModuleType, name: str, x: Array, fmt: str, call: str) -> N
         )
 
 
-def _descale(xp: ModuleType, name: str, d: Any, heads: int, kv_heads: int, call: str) -> Any:
+def _descale(
+    xp: ModuleType, name: str, d: Any, like: Any, heads: int, kv_heads: int, call: str
+) -> Any:
     """A descale as an array broadcasting to ``(..., heads, 1, 1)``: per tensor (a number,
     shape () or (1,)), per head ``(..., heads)``, or for query heads per key/value head
     ``(..., kv_heads)``, shared by each group (QUANT-1)."""
-    d = xp.asarray(d) if isinstance(d, (int, float)) else d
+    if isinstance(d, (int, float)):  # a Python number: on the stored array's device
+        d = xp.asarray(float(d), dtype=like.dtype, device=array_api_compat.device(like))
     require_real_floating(xp, call, "QUANT-1", **{name: d})
     if not bool(xp.all(xp.logical_and(d > 0, xp.isfinite(d)))):
         raise ValueError(f"{name} should hold positive finite numbers [QUANT-1, {call}]")
@@ -129,9 +134,12 @@ def real_values(
         check_on_grid(xp, name, x, fmt, call)
     n_q_heads, n_kv_heads = q.shape[-3], k.shape[-3]
     return (
-        q * xp.astype(_descale(xp, "q_descale", q_descale, n_q_heads, n_kv_heads, call), q.dtype),
-        k * xp.astype(_descale(xp, "k_descale", k_descale, n_kv_heads, n_kv_heads, call), k.dtype),
-        v * xp.astype(_descale(xp, "v_descale", v_descale, n_kv_heads, n_kv_heads, call), v.dtype),
+        q
+        * xp.astype(_descale(xp, "q_descale", q_descale, q, n_q_heads, n_kv_heads, call), q.dtype),
+        k
+        * xp.astype(_descale(xp, "k_descale", k_descale, k, n_kv_heads, n_kv_heads, call), k.dtype),
+        v
+        * xp.astype(_descale(xp, "v_descale", v_descale, v, n_kv_heads, n_kv_heads, call), v.dtype),
     )
 
 

@@ -69,6 +69,8 @@ SINK_CASES = {
 def test_sinks_match_the_oracle(backend: Backend, case: str) -> None:
     """SINK-1, SINK-2, SINK-3: the sink joins every denominator unscaled and without a
     value; rows without keys give 0 and lse = sigma_h; with and without a window."""
+    if backend.name == "jax" and case != "mask":
+        pytest.skip("JAX compiles per shape; the mask case covers its Array API path")
     spec = dict(SINK_CASES[case])
     rng = np.random.default_rng(1)
     n_queries, n_keys = (7, 5) if spec.get("is_causal") else (5, 7)

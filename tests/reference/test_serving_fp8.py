@@ -114,6 +114,27 @@ def test_fp8_attention_is_attention_of_the_real_values(backend: Backend) -> None
             )
 
 
+def test_fp8_descales_may_be_python_numbers(backend: Backend) -> None:
+    """QUANT-1: a per-tensor descale given as a Python number is the same as a 0-d array
+    (created on the stored arrays' device)."""
+    if backend.name == "jax":
+        pytest.skip("JAX compiles per shape (~25 s here); the other backends cover this path")
+    p = _problem(32)
+    dtype = "float32" if backend.name == "jax" else "float64"
+    q, k, v = (backend.asarray(p[n], dtype) for n in ("q", "k", "v"))
+    numbers = fp8_attention(q, k, v, q_descale=0.02, k_descale=0.03, v_descale=0.5)
+    arrays = fp8_attention(
+        q,
+        k,
+        v,
+        **{
+            n: backend.asarray(np.asarray(s), dtype)
+            for n, s in (("q_descale", 0.02), ("k_descale", 0.03), ("v_descale", 0.5))
+        },
+    )
+    assert np.array_equal(backend.to_numpy(numbers), backend.to_numpy(arrays))
+
+
 def _fp8_kernel(
     p: dict[str, Any], out_dtype: Any, *, weights_format: str | None, bug: str | None = None
 ) -> np.ndarray:
