@@ -3,6 +3,8 @@
 A versioned spec (``spec/``), one reference implementation written against the Python
 Array API (:mod:`attnspec.reference`), and a property-based conformance suite
 (:mod:`attnspec.conformance`) that checks anyone's kernel clause by clause.
+
+May import: reference, _version.
 """
 
 from ._version import SPEC_VERSION, __version__  # noqa: F401 (re-exported)

@@ -3,6 +3,8 @@
 ``ATTNSPEC_BACKEND`` and ``ATTNSPEC_DEVICE`` pick the default when ``attnspec`` is
 imported; :func:`set_backend` and the :func:`use_backend` context manager change it in
 code.  Functions that take arrays never consult this: they follow their inputs.
+
+May import: nothing.
 """
 
 from __future__ import annotations

@@ -44,11 +44,11 @@ UNSET = None
 
 REFERENCE = "attnspec.reference:scaled_dot_product_attention"
 TORCH_SDPA = "torch.nn.functional:scaled_dot_product_attention"
-JITTED_JAX = "attnspec.conformance.jax_kernels:jitted_dot_product_attention"
+JITTED_JAX = "attnspec.conformance.kernels.jax_jitted:jitted_dot_product_attention"
 THREADS = "OMP_NUM_THREADS"
 JAX_CACHE = "JAX_COMPILATION_CACHE_DIR"
 # The variables that override a check's own choice of workers (ATTNSPEC_JOBS) and of its
-# workers' threads (the rest: attnspec.conformance.isolation.THREAD_VARIABLES, which this
+# workers' threads (the rest: attnspec.conformance.run.supervisor.THREAD_VARIABLES, which this
 # layer may not import): every row removes them, so that its workers and threads are the
 # check's defaults, or one thread where the row says so.
 DEFAULT_OVERRIDES = (

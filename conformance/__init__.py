@@ -3,14 +3,20 @@
 >>> from attnspec.conformance import check
 >>> report = check("mypkg:my_attention", backend="torch", profile="quick")
 >>> report.conforms
+
+The front ends live here (``api``, ``cli``, ``pytest_plugin``, ``matrix``, and ``plan``, the one
+run loop they share); the layers below are folders, lowest first: ``claims/``, ``call/``,
+``kernels/``, ``draw/``, ``judge/``, ``run/``, ``report/``.  Each folder's ``__init__`` says
+what it owns and what it may import (``tests/test_architecture.py`` enforces it).
+
+May import: report, benchmarks.
 """
 
 from __future__ import annotations
 
 from .api import SetupError, assert_conforms, check
-from .assertions import assert_identical, assert_matches_reference, assert_within_bound
-from .bounds import reference_bound, weights_bound
-from .declaration import (
+from .call.problem import Problem
+from .claims.declaration import (
     KernelDeclaration,
     LinearClaim,
     RopeClaim,
@@ -18,10 +24,13 @@ from .declaration import (
     declaration_of,
     declare,
 )
-from .failures import KernelRaised, PropertyFailure
-from .kernel import KernelUnderTest, Problem
-from .loading import KernelLoadError, load_kernel
-from .runner import PROFILES, Report, Verdict
+from .claims.loading import KernelLoadError, load_kernel
+from .judge.assertions import assert_identical, assert_matches_reference, assert_within_bound
+from .judge.bounds import reference_bound, weights_bound
+from .judge.failures import KernelRaised, PropertyFailure
+from .judge.kernel import KernelUnderTest
+from .judge.verdict import Report, Verdict
+from .run.property_runner import PROFILES
 
 __all__ = [
     "PROFILES",

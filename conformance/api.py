@@ -16,21 +16,21 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..backends import Backend
-from .claims import comma_list
-from .isolation import IsolationOptions
-from .kernel import KernelUnderTest
+from .claims.table import comma_list
+from .judge.kernel import KernelUnderTest
+from .judge.kernel_info import setup_notes as setup_notes
+from .judge.reproduce import reproduction_file
+from .judge.verdict import Report
+from .plan import Progress, RunPlan, execute, plan_run
+from .report.render import format_table
 
 # the API's names, documented as api.* (`X as X`: an explicit re-export)
-from .kernel_setup import SIZE_FLAGS as SIZE_FLAGS
-from .kernel_setup import KernelSetup as KernelSetup
-from .kernel_setup import SetupError as SetupError
-from .kernel_setup import setup_notes as setup_notes
-from .kernel_setup import size_limits as size_limits
-from .kernel_setup import size_limits_from as size_limits_from
-from .report import format_table
-from .reproduce import reproduction_file
-from .run_plan import Progress, RunPlan, execute, plan_run
-from .runner import Report
+from .run.kernel_setup import SIZE_FLAGS as SIZE_FLAGS
+from .run.kernel_setup import KernelSetup as KernelSetup
+from .run.kernel_setup import SetupError as SetupError
+from .run.kernel_setup import size_limits as size_limits
+from .run.kernel_setup import size_limits_from as size_limits_from
+from .run.supervisor import IsolationOptions
 
 
 def run(

@@ -28,18 +28,19 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from .. import benchmarks
-from . import claims
 from .api import SIZE_FLAGS, KernelSetup, SetupError, size_limits_from
-from .claims import CLAIM_FLAGS, SETUP_FLAGS, Flag, UsageError, comma_list
-from .isolation import SUPERVISION_FLAGS, IsolationOptions, isolation_options
-from .jobs import MOST_DEFAULT_JOBS, parse_jobs
-from .registry import Property
-from .report_files import signal_name, sigterm_interrupts
-from .reproduce import PROGRAM, reproduction_file, rerun_flags
-from .root_causes import divergences
-from .run_plan import REPORT_FORMATS, Execution, execute, plan_run
-from .runner import FAILED, PROFILES, WARNING, Verdict
-from .side_effects import kernel_output_to
+from .call.side_effects import kernel_output_to
+from .claims import table as claims
+from .claims.table import CLAIM_FLAGS, SETUP_FLAGS, Flag, UsageError, comma_list
+from .judge.registry import Property
+from .judge.reproduce import PROGRAM, reproduction_file, rerun_flags
+from .judge.verdict import FAILED, WARNING, Verdict
+from .plan import REPORT_FORMATS, Execution, execute, plan_run
+from .report.files import signal_name, sigterm_interrupts
+from .run.property_runner import PROFILES
+from .run.root_causes import divergences
+from .run.supervisor import SUPERVISION_FLAGS, IsolationOptions, isolation_options
+from .run.worker_pool import MOST_DEFAULT_JOBS, parse_jobs
 
 DEMO_KERNELS: tuple[tuple[str, str | None, dict[str, Any]], ...] = (
     # (target, backend or None for the default, claims)
@@ -176,7 +177,7 @@ def add_matrix_parser(commands: Any) -> None:
     matrix = commands.add_parser(
         "matrix",
         help="check every installed known kernel; write docs/matrix.md and a JSON",
-        description="Check each known kernel (attnspec.conformance.known_kernels) that is "
+        description="Check each known kernel (attnspec.conformance.kernels.known) that is "
         "installed here, in its own worker, and write the kernel x clause-family matrix with "
         "each kernel's distinct divergences.",
     )
@@ -342,8 +343,8 @@ def _kernel_output(args: argparse.Namespace, stack: contextlib.ExitStack) -> Tex
 
 
 def command_check(args: argparse.Namespace) -> int:
-    from . import report as render
-    from .known_kernels import target_write_ups
+    from .kernels.known import target_write_ups
+    from .report import render
 
     setup = setup_from(args)
     flags = rerun_flags((*RUN_FLAGS, *DECLARATION_FLAGS), lambda dest: getattr(args, dest))
@@ -367,7 +368,7 @@ def command_check(args: argparse.Namespace) -> int:
 
 
 def command_properties(args: argparse.Namespace) -> int:
-    from .registry import all_properties
+    from .judge.registry import all_properties
 
     rows = []
     for prop in all_properties().values():
@@ -386,7 +387,7 @@ def command_properties(args: argparse.Namespace) -> int:
 
 def command_backends(args: argparse.Namespace) -> int:
     try:
-        from ..backends.survey import format_survey, survey
+        from ..benchmarks.survey import format_survey, survey
     except ImportError as exc:
         raise SetupError(f"the backend survey is not available in this install ({exc})") from None
     print(format_survey(survey()))
@@ -399,9 +400,9 @@ def command_demo(args: argparse.Namespace) -> int:
     Exit 0 when every failure is a confirmed divergence written up in docs/divergences.md.
     """
     from ..backends import Backend, BackendError
-    from .known_kernels import target_write_ups
-    from .report import format_table
-    from .runner import FAILED
+    from .judge.verdict import FAILED
+    from .kernels.known import target_write_ups
+    from .report.render import format_table
 
     worst = 0
     for target, backend, claimed in DEMO_KERNELS:
@@ -456,7 +457,7 @@ def command_matrix(args: argparse.Namespace) -> int:
     import time
 
     from . import matrix
-    from .known_kernels import KNOWN_KERNELS, KnownKernel, write_ups
+    from .kernels.known import KNOWN_KERNELS, KnownKernel, write_ups
 
     known = {entry.name: entry for entry in KNOWN_KERNELS}
     try:

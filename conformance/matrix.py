@@ -24,11 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .isolation import worker_threads
-from .known_kernels import KNOWN_KERNELS, KnownKernel
-from .report import divergence_count, divergence_markdown
-from .root_causes import Divergence, MergedFinding, divergences
-from .runner import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Report
+from .judge.verdict import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Report
+from .kernels.known import KNOWN_KERNELS, KnownKernel
+from .report.render import divergence_count, divergence_markdown
+from .run.root_causes import Divergence, MergedFinding, divergences
+from .run.supervisor import worker_threads
 
 NOT_INSTALLED, NEEDS_GPU, CHECKED, SETUP_FAILED, NOT_SELECTED = (
     "not installed",
@@ -89,8 +89,8 @@ def _only_finding(d: Divergence) -> MergedFinding:
 def relink(row: MatrixRow, write_ups: dict[str, str]) -> MatrixRow:
     """``row`` with write-ups confirmed since it ran linked, and divergences that one
     write-up explains merged (for rows taken from an earlier run)."""
-    from .known_kernels import confirms
-    from .registry import all_properties
+    from .judge.registry import all_properties
+    from .kernels.known import confirms
 
     registry = all_properties()
     by_link: dict[str, Divergence] = {}

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:  # imported lazily: a pytest run without the option pays nothing
-    from .claims import Flag
-    from .registry import Property
-    from .run_plan import RunPlan, Session
-    from .runner import Report, Verdict
+    from .claims.table import Flag
+    from .judge.registry import Property
+    from .judge.verdict import Report, Verdict
+    from .plan import RunPlan, Session
 
 
 PREFIX = "attnspec"
@@ -117,8 +117,8 @@ def _shared_flags() -> tuple[Flag, ...]:
     """The flags the plugin shares with ``attnspec check`` (the size caps, the claims
     table's declarations, the worker's supervision), each as ``--attnspec-<flag>``."""
     from .api import SIZE_FLAGS
-    from .claims import CLAIM_FLAGS, SETUP_FLAGS
-    from .isolation import SUPERVISION_FLAGS
+    from .claims.table import CLAIM_FLAGS, SETUP_FLAGS
+    from .run.supervisor import SUPERVISION_FLAGS
 
     return (*SIZE_FLAGS, *SETUP_FLAGS, *CLAIM_FLAGS, *SUPERVISION_FLAGS)
 
@@ -128,9 +128,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if target is None:
         return
     from .api import KernelSetup, SetupError, size_limits_from
-    from .claims import UsageError, claims_from, comma_list, key_values, setup_from
-    from .isolation import isolation_options
-    from .run_plan import plan_run
+    from .claims.table import UsageError, claims_from, comma_list, key_values, setup_from
+    from .plan import plan_run
+    from .run.supervisor import isolation_options
 
     option = config.getoption
 
@@ -201,7 +201,7 @@ class AttnspecSession:
     @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without it
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         """In the pytest-xdist controller: collect the verdicts of a worker that ended."""
-        from .runner import Verdict
+        from .judge.verdict import Verdict
 
         output = getattr(node, "workeroutput", None) or {}
         self.verdicts.extend(Verdict(**fields) for fields in output.get(VERDICTS_KEY, ()))
@@ -219,7 +219,7 @@ class AttnspecSession:
         items.extend(collected)
 
     def verdict(self, prop: Property) -> Verdict:
-        from .side_effects import hypothesis_storage_elsewhere
+        from .call.side_effects import hypothesis_storage_elsewhere
 
         plan = self.plan
         with hypothesis_storage_elsewhere():
@@ -231,7 +231,7 @@ class AttnspecSession:
 
     def rerun(self, verdict: Verdict) -> str:
         """A pytest command that reruns just this property."""
-        from .reproduce import pytest_rerun_command
+        from .judge.reproduce import pytest_rerun_command
 
         return pytest_rerun_command(
             self.kernel.target, self.config.getoption, _shared_flags(), PREFIX, verdict.property
@@ -240,9 +240,9 @@ class AttnspecSession:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.verdicts:
             return
-        from .registry import all_properties
-        from .report import summary_line
-        from .run_plan import finish_report, start_report
+        from .judge.registry import all_properties
+        from .plan import finish_report, start_report
+        from .report.render import summary_line
 
         report = start_report(self.session, self.plan)
         order = {prop.id: i for i, prop in enumerate(self.properties)}  # xdist: any order
@@ -264,7 +264,7 @@ class AttnspecSession:
         """The failures re-run around the other clauses the kernel failed, as the CLI does
         (root_causes.draw_around), then one line per distinct divergence with the failures
         that follow from it: the items above keep their own verdicts."""
-        from .root_causes import divergences, draw_around, one_at_a_time
+        from .run.root_causes import divergences, draw_around, one_at_a_time
 
         plan = self.plan
         # one at a time, as pytest ran the items, on the plugin's one session (plan_run's
@@ -313,9 +313,9 @@ class AttnspecItem(pytest.Item):
         self.prop, self.owner = prop, owner
 
     def runtest(self) -> None:
-        from .report import failure_text
-        from .reproduce import reproduction_file
-        from .runner import FAILED, NOT_APPLICABLE, WAIVED, WARNING
+        from .judge.reproduce import reproduction_file
+        from .judge.verdict import FAILED, NOT_APPLICABLE, WAIVED, WARNING
+        from .report.render import failure_text
 
         verdict = self.owner.verdict(self.prop)
         if verdict.status == NOT_APPLICABLE:

@@ -1,4 +1,7 @@
-"""The reference implementation: pure Python Array API, one module per spec area."""
+"""The reference implementation: pure Python Array API, one module per spec area.
+
+May import: backends.
+"""
 
 from ._array import Array
 from .backward import (

@@ -8,8 +8,8 @@ import pytest
 from support import backend_or_skip
 
 from attnspec.backends import BACKEND_NAMES, REFERENCE_CONFIG, Backend
-from attnspec.conformance.isolation import THREAD_VARIABLES, worker_threads
-from attnspec.conformance.jobs import JOBS_VARIABLE
+from attnspec.conformance.run.supervisor import THREAD_VARIABLES, worker_threads
+from attnspec.conformance.run.worker_pool import JOBS_VARIABLE
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -21,10 +21,11 @@ from hypothesis import settings
 
 from attnspec.backends import Backend, BackendError
 from attnspec.conformance import cli, declare
-from attnspec.conformance.declaration import KernelDeclaration
-from attnspec.conformance.kernel import KernelUnderTest
-from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import FAILED, WARNING, Report, Verdict, run_property
+from attnspec.conformance.claims.declaration import KernelDeclaration
+from attnspec.conformance.judge.kernel import KernelUnderTest
+from attnspec.conformance.judge.registry import all_properties
+from attnspec.conformance.judge.verdict import FAILED, WARNING, Report, Verdict
+from attnspec.conformance.run.property_runner import run_property
 from attnspec.reference import scaled_dot_product_attention as reference_sdpa
 
 TESTS = Path(__file__).resolve().parent  # on pythonpath: ``oracle``, ``catalogue``, ``support``

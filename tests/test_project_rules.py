@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from attnspec.conformance.clauses import all_clauses
-from attnspec.conformance.registry import all_properties
+from attnspec.conformance.claims.clauses import all_clauses
+from attnspec.conformance.judge.registry import all_properties
 
 ROOT = Path(__file__).resolve().parent.parent
 LIBRARIES = ("numpy", "torch", "jax", "jaxlib", "cupy", "array_api_strict")

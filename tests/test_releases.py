@@ -23,7 +23,7 @@ import pytest
 
 import attnspec
 from attnspec._version import SPEC_IS_DRAFT
-from attnspec.conformance.clauses import all_clauses
+from attnspec.conformance.claims.clauses import all_clauses
 
 ROOT = Path(attnspec.__file__).resolve().parent
 RELEASES = ROOT / "spec" / "releases"

@@ -21,7 +21,7 @@ from types import ModuleType
 import pytest
 
 import attnspec
-from attnspec.conformance.clauses import all_clauses
+from attnspec.conformance.claims.clauses import all_clauses
 
 ROOT = Path(attnspec.__file__).resolve().parent
 DOCS_EXTRA = ("mkdocs", "material", "mkdocstrings_handlers.python", "pymdownx", "latex2mathml")

@@ -26,7 +26,7 @@ from attnspec import (
     use_backend,
 )
 from attnspec.backends import BACKEND_NAMES, REFERENCE_CONFIG
-from attnspec.backends.survey import SurveyRow, format_survey, survey
+from attnspec.benchmarks.survey import SurveyRow, format_survey, survey
 from attnspec.reference import causal_mask, padding_mask, scaled_dot_product_attention
 from attnspec.reference.positional import sinusoidal_positional_encoding
 

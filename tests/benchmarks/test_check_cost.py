@@ -21,7 +21,7 @@ import pytest
 from attnspec.benchmarks import check_cost
 from attnspec.benchmarks.report import MAX_COLD_JAX_CHECK_SECONDS, targets
 from attnspec.conformance.cli import main
-from attnspec.conformance.isolation import THREAD_VARIABLES
+from attnspec.conformance.run.supervisor import THREAD_VARIABLES
 
 
 def run_check_section(

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnspec.conformance.input_features import scores_shape
-from attnspec.conformance.kernel import Problem
+from attnspec.conformance.call.problem import Problem
+from attnspec.conformance.draw.input_features import scores_shape
 
 from . import bugs_plumbing as plumbing
 from . import bugs_scores as sc

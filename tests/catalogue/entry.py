@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from attnspec.conformance.kernel import Problem
+from attnspec.conformance.call.problem import Problem
 
 
 def witness(
@@ -27,7 +27,7 @@ def witness(
     **options: Any,
 ) -> Problem:
     """A witness: random normal q, k (times ``magnitude``) and v with Lq != Lk, E != Ev and
-    a batch dim, as the suite's :class:`~attnspec.conformance.kernel.Problem` (float64
+    a batch dim, as the suite's :class:`~attnspec.conformance.judge.kernel.Problem` (float64
     values, rounded to ``dtype`` when used)."""
     rng = np.random.default_rng(seed)
     n_q_heads, n_kv_heads = heads

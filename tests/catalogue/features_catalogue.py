@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 
 from attnspec.backends import Backend
-from attnspec.conformance.bounds import lse_bound, reference_bound
-from attnspec.conformance.kernel import KernelUnderTest, Problem
-from attnspec.conformance.packed import Batch, CacheCall, call_kv_cache, call_varlen
+from attnspec.conformance.call.problem import Problem
+from attnspec.conformance.judge.bounds import lse_bound, reference_bound
+from attnspec.conformance.judge.kernel import KernelUnderTest
+from attnspec.conformance.judge.packed_calls import Batch, CacheCall, call_kv_cache, call_varlen
 from attnspec.reference import append_to_cache, kv_cache_attention, varlen_attention
 
 from . import bugs_features as bugs
@@ -223,7 +224,7 @@ def varlen_differs(kernel: KernelUnderTest) -> str | None:
 
 def varlen_accepts_bad_offsets(kernel: KernelUnderTest) -> str | None:
     """Evidence: offsets past the packed tokens, which the reference rejects, give a result."""
-    from attnspec.conformance.packed import varlen_arguments
+    from attnspec.conformance.judge.packed_calls import varlen_arguments
 
     batch = VARLEN_BATCH
     bad = np.array([0, 3, 3, 7, 9, 20], np.int32)

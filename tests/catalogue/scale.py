@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from attnspec.conformance.input_features import scores_shape
-from attnspec.conformance.kernel import Problem
+from attnspec.conformance.call.problem import Problem
+from attnspec.conformance.draw.input_features import scores_shape
 
 from . import bugs_paths as paths
 from . import bugs_tiling as tiling

@@ -17,9 +17,10 @@ import pytest
 from support import verdict_of
 
 from attnspec.backends import Backend, BackendError
-from attnspec.conformance.kernel import KernelUnderTest
-from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import FAILED, WARNING, run_property
+from attnspec.conformance.judge.kernel import KernelUnderTest
+from attnspec.conformance.judge.registry import all_properties
+from attnspec.conformance.judge.verdict import FAILED, WARNING
+from attnspec.conformance.run.property_runner import run_property
 from catalogue.buggy import CATALOGUE, BuggyKernel
 from catalogue.witness import observed_difference
 

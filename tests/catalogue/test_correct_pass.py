@@ -34,19 +34,17 @@ from support import verdict_of
 
 from attnspec.backends import Backend, BackendError
 from attnspec.conformance import declaration_of, declare
-from attnspec.conformance.kernel import KernelUnderTest
-from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import (
+from attnspec.conformance.judge.kernel import KernelUnderTest
+from attnspec.conformance.judge.registry import all_properties
+from attnspec.conformance.judge.verdict import (
     FAILED,
     NOT_APPLICABLE,
     PASSED,
-    PROFILES,
     WAIVED,
     WARNING,
-    Profile,
     Verdict,
-    run_property,
 )
+from attnspec.conformance.run.property_runner import PROFILES, Profile, run_property
 from attnspec.reference import scaled_dot_product_attention as reference_sdpa
 from attnspec.reference.tolerance import UNIT_ROUNDOFF, error_bound
 from catalogue.correct import CORRECT
@@ -123,14 +121,14 @@ def _torch_sdpa() -> Callable[..., Any]:
 
 def _torch_sdpa_math() -> Callable[..., Any]:
     pytest.importorskip("torch", reason="torch SDPA needs the torch extra")
-    from attnspec.conformance.torch_kernels import sdpa_math
+    from attnspec.conformance.kernels.torch_sdpa import sdpa_math
 
     return sdpa_math
 
 
 def _torch_sdpa_flash() -> Callable[..., Any]:
     pytest.importorskip("torch", reason="torch SDPA needs the torch extra")
-    from attnspec.conformance.torch_kernels import sdpa_flash
+    from attnspec.conformance.kernels.torch_sdpa import sdpa_flash
 
     return sdpa_flash
 
@@ -541,7 +539,7 @@ def test_torch_flash_refuses_strided_values_but_the_public_function_does_not() -
     """SDPA-1.7: pinned to the flash backend, a value tensor with a non-unit innermost
     stride raises (torch-flash-strided); the public function computes it correctly."""
     torch = pytest.importorskip("torch", reason="torch SDPA needs the torch extra")
-    from attnspec.conformance.torch_kernels import sdpa_flash
+    from attnspec.conformance.kernels.torch_sdpa import sdpa_flash
 
     generator = torch.Generator().manual_seed(0)
     q, k = (torch.randn(1, 1, n, 4, generator=generator, dtype=torch.float64) for n in (3, 5))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from attnspec.backends import Backend
-from attnspec.conformance.kernel import KernelUnderTest
+from attnspec.conformance.judge.kernel import KernelUnderTest
 from catalogue import correct_features, packed_kernels
 from catalogue.features_catalogue import (
     FEATURE_CATALOGUE,
@@ -31,7 +31,7 @@ def _kernel(fn: object) -> KernelUnderTest:
 
 def test_feature_catalogue_covers_every_feature_property() -> None:
     """SOFTCAP, ALIBI, LSE, DROP, VARLEN, KVCACHE: every feature property has a bug."""
-    from attnspec.conformance.registry import all_properties
+    from attnspec.conformance.judge.registry import all_properties
 
     caught = {bug.catches for bug in FEATURE_CATALOGUE}
     features = {

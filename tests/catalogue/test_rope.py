@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from attnspec.conformance import check
-from attnspec.conformance.registry import all_properties
+from attnspec.conformance.judge.registry import all_properties
 from catalogue import rope as catalogue
 
 

@@ -11,7 +11,7 @@
     definition within TOL-2 at realistic sizes: 1023/1024/1025 and 4097 keys, head dims
     59, 111 and 256, a GQA group of 8, decode (Lq = 1), in float16, float32 and float64.
 
-The bounds come from ``attnspec.conformance.bounds.reference_bound`` (TOL-2 as the
+The bounds come from ``attnspec.conformance.judge.bounds.reference_bound`` (TOL-2 as the
 reference computes it), never from a formula copied here.
 """
 
@@ -26,8 +26,9 @@ import pytest
 
 from attnspec.backends import Backend
 from attnspec.conformance import declaration_of
-from attnspec.conformance.bounds import reference_bound
-from attnspec.conformance.kernel import KernelUnderTest, Problem
+from attnspec.conformance.call.problem import Problem
+from attnspec.conformance.judge.bounds import reference_bound
+from attnspec.conformance.judge.kernel import KernelUnderTest
 from catalogue.buggy import CATALOGUE
 from catalogue.correct import split_kv_attention, tiled_attention, tiled_attention_bottom_right
 from catalogue.entry import BuggyKernel

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from attnspec.conformance import Problem, PropertyFailure
-from attnspec.conformance.registration import REGISTRY, always, register
-from attnspec.conformance.registry import all_properties
+from attnspec.conformance.judge.registration import REGISTRY, always, register
+from attnspec.conformance.judge.registry import all_properties
 
 
 @pytest.fixture

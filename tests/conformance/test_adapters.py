@@ -14,7 +14,7 @@ import pytest
 from oracle import sdpa
 
 from attnspec.conformance.api import KernelSetup
-from attnspec.conformance.known_kernels import KNOWN_KERNELS, known_backend
+from attnspec.conformance.kernels.known import KNOWN_KERNELS, known_backend
 
 torch = pytest.importorskip("torch", reason="the adapters checked here are PyTorch's")
 
@@ -52,7 +52,7 @@ def test_jax_names_resolve_to_the_jax_backend() -> None:
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_attention_adapters_compute_masked_biased_causal_attention() -> None:
-    from attnspec.conformance.adapters import torch as adapters
+    from attnspec.conformance.kernels.adapters import torch as adapters
 
     for kernel in (adapters.flex_attention_block_mask, adapters.flex_attention_score_mod):
         for causal in (False, True):
@@ -64,7 +64,7 @@ def test_flex_attention_adapters_compute_masked_biased_causal_attention() -> Non
 def test_multihead_attention_adapter_is_pure_attention_with_either_mask_argument() -> None:
     """Identity projections: the layer is SDPA per head; a key-only mask goes through
     key_padding_mask, any other through attn_mask (both True = masked out)."""
-    from attnspec.conformance.adapters.torch import (
+    from attnspec.conformance.kernels.adapters.torch import (
         multihead_attention,
         multihead_attention_no_weights,
     )
@@ -129,9 +129,9 @@ def test_limitations_are_declared_once_and_named_in_the_claim() -> None:
     lengths conforms on everything else, the claim line says "needs Lq == Lk" and names
     SDPA-1.5 and SDPA-5.2 as waived (CONF-7); undeclared, the same kernel fails."""
     from attnspec.conformance.api import check
-    from attnspec.conformance.declaration import declaration_of
-    from attnspec.conformance.report import conformance_claim
-    from attnspec.conformance.runner import FAILED, WAIVED
+    from attnspec.conformance.claims.declaration import declaration_of
+    from attnspec.conformance.judge.verdict import FAILED, WAIVED
+    from attnspec.conformance.report.render import conformance_claim
 
     only = ["matches-reference", "empty-sizes", "no-keys-zero", "key-permutation"]
     declared = check(
@@ -241,7 +241,7 @@ def test_upstream_local_attention_leaks_nan_outside_the_window() -> None:
     """docs/divergences.md#local-attention-masked-nan: SPARSE-6.3 (SHOULD) says a NaN
     outside S(i) does not reach row i; local-attention 1.11.2 leaks a NaN value from a key
     outside the exact window but inside the looked-at bucket.  Fails when upstream changes."""
-    from attnspec.conformance.adapters.thirdparty import local_attention
+    from attnspec.conformance.kernels.adapters.thirdparty import local_attention
 
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 1, 6, 2, dtype=torch.float64, generator=generator) for _ in range(3))
@@ -259,7 +259,7 @@ def test_upstream_sdpa_masked_overflowing_key_gives_nan() -> None:
     """docs/divergences.md#torch-masked-overflow: SDPA-8.1 says finite values at masked-out
     positions do not change the output; torch 2.13.0's SDPA (math, CPU flash, dispatcher)
     gives NaN when a masked key's score overflows.  Fails when upstream changes it."""
-    from attnspec.conformance.torch_kernels import sdpa_flash, sdpa_math
+    from attnspec.conformance.kernels.torch_sdpa import sdpa_flash, sdpa_math
 
     q = torch.ones(1, 1, 1, 2)
     k = torch.tensor([[[[0.5, 0.5], [3e38, 3e38]]]])

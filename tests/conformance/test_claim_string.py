@@ -1,5 +1,5 @@
 """CONF-13: the grammar of a conformance claim (spec/index.md, in EBNF) and the parser that
-reads claims (``attnspec.conformance.claim_string``) agree, and every claim the suite prints
+reads claims (``attnspec.conformance.claims.claim_string``) agree, and every claim the suite prints
 is a sentence of the grammar.
 
 The grammar is read from the spec's own text and turned into a regular expression here
@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from attnspec import SPEC_VERSION
 from attnspec.conformance import KernelDeclaration, LinearClaim, RopeClaim, SparseClaim
-from attnspec.conformance.claim_string import FEATURE_WORDS, ParsedClaim, parse_claim
-from attnspec.conformance.clauses import SPEC_DIR
-from attnspec.conformance.report import conformance_claim
+from attnspec.conformance.claims.claim_string import FEATURE_WORDS, ParsedClaim, parse_claim
+from attnspec.conformance.claims.clauses import SPEC_DIR
+from attnspec.conformance.report.render import conformance_claim
 
 # --- the EBNF of CONF-13, read from spec/index.md and turned into a regular expression ------
 

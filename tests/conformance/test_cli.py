@@ -29,20 +29,19 @@ from attnspec.conformance import (
     check,
     cli,
 )
-from attnspec.conformance import report as render
-from attnspec.conformance.declaration import SparseClaim
-from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import (
+from attnspec.conformance.claims.declaration import SparseClaim
+from attnspec.conformance.judge.registry import all_properties
+from attnspec.conformance.judge.verdict import (
     FAILED,
     NOT_APPLICABLE,
     PASSED,
-    PROFILES,
     WAIVED,
     WARNING,
-    Profile,
     Report,
     Verdict,
 )
+from attnspec.conformance.report import render
+from attnspec.conformance.run.property_runner import PROFILES, Profile
 
 BIN = Path(sys.executable).parent
 CHEAP = "default-scale,explicit-scale"  # closed-form probes: one small call per example
@@ -638,7 +637,7 @@ def test_backends_prints_the_survey(
 ) -> None:
     """``attnspec backends`` prints backends.survey's table (survey stubbed: it is slow
     and tested with the backends)."""
-    from attnspec.backends import survey
+    from attnspec.benchmarks import survey
 
     rows = [
         survey.SurveyRow("numpy", "cpu", "float64", 0.0, 0.0),
@@ -728,7 +727,8 @@ def test_claims_table_is_the_one_source_of_declaration_fields_and_flags() -> Non
     one field and one row, and neither can be forgotten)."""
     from dataclasses import fields
 
-    from attnspec.conformance import KernelDeclaration, claims
+    from attnspec.conformance import KernelDeclaration
+    from attnspec.conformance.claims import table as claims
 
     assert [f.name for f in fields(KernelDeclaration)] == [c.field for c in claims.CLAIMS]
     for claim in claims.CLAIMS:

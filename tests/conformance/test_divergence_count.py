@@ -16,10 +16,10 @@ import pytest
 from support import hand_verdict
 
 from attnspec.conformance import matrix
-from attnspec.conformance import report as render
-from attnspec.conformance.known_kernels import KNOWN_KERNELS, write_ups
-from attnspec.conformance.root_causes import divergences
-from attnspec.conformance.runner import FAILED, PASSED, WARNING, Report
+from attnspec.conformance.judge.verdict import FAILED, PASSED, WARNING, Report
+from attnspec.conformance.kernels.known import KNOWN_KERNELS, write_ups
+from attnspec.conformance.report import render
+from attnspec.conformance.run.root_causes import divergences
 
 LINEN = next(e for e in KNOWN_KERNELS if e.name == "flax.linen:dot_product_attention")
 WRITE_UPS = write_ups(LINEN)

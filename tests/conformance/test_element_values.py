@@ -13,17 +13,18 @@ from support import verdict_of
 
 import attnspec
 from attnspec.backends import Backend
-from attnspec.conformance import sizes
-from attnspec.conformance.element_values import (
+from attnspec.conformance.call.problem import Problem
+from attnspec.conformance.draw import sizes
+from attnspec.conformance.draw.small_values import (
     DRAWN_ELEMENTS,
     SIMPLE_VALUES,
     VALUE_TABLE,
     ValueGenerator,
 )
-from attnspec.conformance.kernel import KernelUnderTest, Problem
-from attnspec.conformance.reproduce import snippet
-from attnspec.conformance.runner import FAILED, Verdict
-from attnspec.conformance.strategies import random_values
+from attnspec.conformance.draw.strategies import random_values
+from attnspec.conformance.judge.kernel import KernelUnderTest
+from attnspec.conformance.judge.reproduce import snippet
+from attnspec.conformance.judge.verdict import FAILED, Verdict
 
 
 class GivenBytes:

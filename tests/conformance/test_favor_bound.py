@@ -17,7 +17,7 @@ import re
 import numpy as np
 import pytest
 
-from attnspec.conformance.favor_bound import (
+from attnspec.conformance.judge.favor_bound import (
     FavorVerdict,
     exact_weights,
     favor_acceptance_test,
@@ -387,7 +387,7 @@ def test_float16_only_favor_kernels_are_not_applicable() -> None:
     """LIN-6.2 (rounding), CONF-3: a FAVOR+ kernel declaring only float16 is reported not
     applicable, with the reason; one that also declares float32 is checked in float32."""
     from attnspec.conformance import KernelDeclaration, LinearClaim
-    from attnspec.conformance.properties.linear import favor_map
+    from attnspec.conformance.judge.properties.linear import favor_map
 
     claim = LinearClaim("favor+", num_features=FEATURES)
     reason = favor_map(KernelDeclaration(linear=claim, dtypes=("float16",)))

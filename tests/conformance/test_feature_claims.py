@@ -17,9 +17,15 @@ from support import run_main
 
 from attnspec.backends import Backend
 from attnspec.conformance import KernelDeclaration, cli
-from attnspec.conformance.claims import UsageError, claim_features, claims_from, suite_keywords
-from attnspec.conformance.kernel import KernelUnderTest, Problem
-from attnspec.conformance.reproduce import snippet
+from attnspec.conformance.call.problem import Problem
+from attnspec.conformance.claims.table import (
+    UsageError,
+    claim_features,
+    claims_from,
+    suite_keywords,
+)
+from attnspec.conformance.judge.kernel import KernelUnderTest
+from attnspec.conformance.judge.reproduce import snippet
 
 KERNELS = """
 import math
@@ -251,7 +257,7 @@ def test_flash_attention_kvcache_convention(
 def test_reproduction_rebuilds_the_features(kernels: Path) -> None:
     """The reproduction snippet passes softcap, float32 slopes and return_lse to the kernel
     and unpacks (out, lse); running it prints the kernel's output."""
-    from attnspec.conformance.loading import load_kernel
+    from attnspec.conformance.claims.loading import load_kernel
 
     fn = load_kernel(f"{kernels}:flash_like")
     declaration = KernelDeclaration(

@@ -16,7 +16,7 @@ import pytest
 from support import ROOT
 
 from attnspec.conformance import matrix
-from attnspec.conformance.known_kernels import KNOWN_KERNELS
+from attnspec.conformance.kernels.known import KNOWN_KERNELS
 
 SCRIPT = ROOT / "scripts" / "gpu-check"
 

@@ -20,7 +20,7 @@ import pytest
 from support import TESTS, kernel_file
 
 from attnspec.conformance import SetupError, check, cli
-from attnspec.conformance.failures import distinct
+from attnspec.conformance.judge.failures import distinct
 
 KERNELS = '''
 import numpy as np

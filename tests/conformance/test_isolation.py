@@ -24,13 +24,15 @@ from catalogue.hostile import HOSTILE, Hostile
 from support import ATTNSPEC, kernel_file, processes_in, verdict_of
 
 from attnspec.backends import Backend
-from attnspec.conformance import SetupError, check, cli, runner
+from attnspec.conformance import SetupError, check, cli
 from attnspec.conformance.api import KernelSetup
-from attnspec.conformance.isolation import IsolatedKernel, IsolationOptions
-from attnspec.conformance.kernel import KernelUnderTest
-from attnspec.conformance.loading import load_kernel
-from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import FAILED, PASSED, new_report, run_each
+from attnspec.conformance.claims.loading import load_kernel
+from attnspec.conformance.judge.kernel import KernelUnderTest
+from attnspec.conformance.judge.registry import all_properties
+from attnspec.conformance.judge.verdict import FAILED, PASSED
+from attnspec.conformance.run import property_runner as runner
+from attnspec.conformance.run.property_runner import new_report, run_each
+from attnspec.conformance.run.supervisor import IsolatedKernel, IsolationOptions
 
 HOSTILE_FILE = str(Path(hostile.__file__).resolve())
 HANG_TIMEOUT = "2"  # s: the hang tests wait this long, once per property

@@ -20,18 +20,23 @@ from support import kernel_file, processes_in, start_cli, wait_for
 from attnspec.backends import Backend
 from attnspec.backends._registry import ADAPTERS
 from attnspec.conformance import SetupError, check, cli
-from attnspec.conformance import jobs as jobs_module
 from attnspec.conformance.api import KernelSetup
-from attnspec.conformance.isolation import (
+from attnspec.conformance.judge.kernel_info import BackendInfo
+from attnspec.conformance.judge.registry import all_properties
+from attnspec.conformance.judge.verdict import FAILED, PASSED, Report
+from attnspec.conformance.plan import plan_run
+from attnspec.conformance.run import worker_pool as jobs_module
+from attnspec.conformance.run.property_runner import PROFILES, Profile
+from attnspec.conformance.run.supervisor import (
     THREAD_VARIABLES,
     WORKER_THREADS,
     Aborted,
-    BackendInfo,
     IsolatedKernel,
     IsolationOptions,
     worker_threads,
 )
-from attnspec.conformance.jobs import (
+from attnspec.conformance.run.worker import use_worker_threads
+from attnspec.conformance.run.worker_pool import (
     JOBS_VARIABLE,
     MOST_DEFAULT_JOBS,
     WorkerPool,
@@ -40,10 +45,6 @@ from attnspec.conformance.jobs import (
     each_in_parallel,
     parse_jobs,
 )
-from attnspec.conformance.registry import all_properties
-from attnspec.conformance.run_plan import plan_run
-from attnspec.conformance.runner import FAILED, PASSED, PROFILES, Profile, Report
-from attnspec.conformance.worker import use_worker_threads
 
 # Properties the buggy kernel (scores scaled by 1/E) fails and passes, on NumPy: the
 # comparison covers failures with shrunk counterexamples and passes alike.

@@ -12,8 +12,8 @@ import re
 import pytest
 from support import ROOT
 
-from attnspec.conformance.known_kernels import _DIVERGENCES, KNOWN_KERNELS, confirms, write_ups
-from attnspec.conformance.registry import all_properties
+from attnspec.conformance.judge.registry import all_properties
+from attnspec.conformance.kernels.known import _DIVERGENCES, KNOWN_KERNELS, confirms, write_ups
 
 DOCS = "docs/divergences.md#"
 FLOAT16_LAYOUT = (
@@ -225,14 +225,14 @@ CASES = [
         False,
     ),
     (
-        "attnspec.conformance.torch_kernels:sdpa_flash",
+        "attnspec.conformance.kernels.torch_sdpa:sdpa_flash",
         "batch-broadcast",
         "SDPA-1.2",
         BROADCAST_CAUSAL_SCALE_ZERO,
         True,
     ),
     (
-        "attnspec.conformance.torch_kernels:sdpa_flash",
+        "attnspec.conformance.kernels.torch_sdpa:sdpa_flash",
         "batch-broadcast",
         "SDPA-1.2",
         BROADCAST_VALUE,
@@ -259,7 +259,7 @@ CASES = [
 
 
 def _row(name: str) -> dict[str, str]:
-    adapter = f"attnspec.conformance.adapters.{name}"
+    adapter = f"attnspec.conformance.kernels.adapters.{name}"
     [entry] = [e for e in KNOWN_KERNELS if e.name in (name, adapter)]
     return write_ups(entry)
 

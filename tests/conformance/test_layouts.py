@@ -14,13 +14,13 @@ from support import backend_or_skip
 
 from attnspec.backends import Backend
 from attnspec.conformance import assert_conforms, declaration_of, declare
-from attnspec.conformance.layouts import (
+from attnspec.conformance.call.layouts import (
     from_blhd,
     from_layout,
     pad_head_dims,
     rename_arguments,
 )
-from attnspec.conformance.runner import FAILED, WAIVED
+from attnspec.conformance.judge.verdict import FAILED, WAIVED
 from attnspec.reference import scaled_dot_product_attention
 
 AGREEMENT = ["matches-reference", "default-scale", "explicit-scale"]

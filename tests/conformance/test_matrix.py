@@ -19,11 +19,12 @@ from typing import Any
 import pytest
 from support import ROOT, hand_report, hand_verdict
 
-from attnspec.conformance import cli, isolation, matrix
-from attnspec.conformance.known_kernels import KNOWN_KERNELS
-from attnspec.conformance.root_causes import Divergence
-from attnspec.conformance.run_plan import Execution
-from attnspec.conformance.runner import FAILED, NOT_APPLICABLE, PASSED, WAIVED, Report
+from attnspec.conformance import cli, matrix
+from attnspec.conformance.judge.verdict import FAILED, NOT_APPLICABLE, PASSED, WAIVED, Report
+from attnspec.conformance.kernels.known import KNOWN_KERNELS
+from attnspec.conformance.plan import Execution
+from attnspec.conformance.run import supervisor as isolation
+from attnspec.conformance.run.root_causes import Divergence
 
 pytest.importorskip("torch", reason="the matrix rows checked here are PyTorch kernels")
 
@@ -65,9 +66,9 @@ def test_matrix_writes_a_row_per_selected_kernel(matrix_run: dict[str, Any]) -> 
     rows = matrix_run["rows"]
     assert matrix_run["status"] == 0
     selected = {
-        "attnspec.conformance.torch_kernels:sdpa_math",
+        "attnspec.conformance.kernels.torch_sdpa:sdpa_math",
         "torch.nn:MultiheadAttention",
-        "attnspec.conformance.adapters.thirdparty:fast_transformers_linear",
+        "attnspec.conformance.kernels.adapters.thirdparty:fast_transformers_linear",
         "flash_attn:flash_attn_func",
     }
     assert set(rows) == {entry.name for entry in KNOWN_KERNELS}
@@ -86,16 +87,16 @@ def test_matrix_writes_a_row_per_selected_kernel(matrix_run: dict[str, Any]) -> 
         if row["status"] != matrix.NOT_SELECTED
     )
     installed = importlib.util.find_spec("fast_transformers") is not None
-    assert rows["attnspec.conformance.adapters.thirdparty:fast_transformers_linear"]["status"] == (
-        matrix.CHECKED if installed else matrix.NOT_INSTALLED
-    )
+    assert rows["attnspec.conformance.kernels.adapters.thirdparty:fast_transformers_linear"][
+        "status"
+    ] == (matrix.CHECKED if installed else matrix.NOT_INSTALLED)
     flash = rows["flash_attn:flash_attn_func"]
     assert flash["status"] in (matrix.NOT_INSTALLED, matrix.NEEDS_GPU), flash
 
 
 def test_sdpa_math_row_links_its_confirmed_warning(matrix_run: dict[str, Any]) -> None:
     """SDPA-8.2 is sdpa_math's one finding, linked to its write-up; SDPA-5 passes."""
-    row = matrix_run["rows"]["attnspec.conformance.torch_kernels:sdpa_math"]
+    row = matrix_run["rows"]["attnspec.conformance.kernels.torch_sdpa:sdpa_math"]
     assert row["cells"]["SDPA-5"] == PASSED and row["cells"]["SDPA-8"] == "warning"
     [divergence] = row["divergences"]
     assert divergence["clause"] == "SDPA-8.2"
@@ -282,12 +283,12 @@ def test_an_interrupt_ends_the_matrix_not_just_one_kernel(
         == 0
     )
     rows = {row["name"]: row for row in json.loads(js.read_text())}
-    assert calls == ["attnspec.conformance.torch_kernels:sdpa_math"]
-    flash = rows["attnspec.conformance.torch_kernels:sdpa_flash"]
+    assert calls == ["attnspec.conformance.kernels.torch_sdpa:sdpa_math"]
+    flash = rows["attnspec.conformance.kernels.torch_sdpa:sdpa_flash"]
     assert flash["status"] == matrix.NOT_SELECTED
     assert flash["reason"] == (
         "not run: the matrix was interrupted by SIGTERM while checking "
-        "attnspec.conformance.torch_kernels:sdpa_math"
+        "attnspec.conformance.kernels.torch_sdpa:sdpa_math"
     )
 
 
@@ -313,8 +314,8 @@ def test_every_write_up_scope_names_a_write_up_in_use() -> None:
     """Each entry of what a write-up confirms (known_kernels._CONFIRMS) is a link some
     known kernel's divergence uses, to an anchor docs/divergences.md has, and names
     clauses that exist: a scope cannot outlive its write-up."""
-    from attnspec.conformance.known_kernels import _CONFIRMS, _DIVERGENCES
-    from attnspec.conformance.registry import all_properties
+    from attnspec.conformance.judge.registry import all_properties
+    from attnspec.conformance.kernels.known import _CONFIRMS, _DIVERGENCES
 
     used = {link for entries in _DIVERGENCES.values() for link in entries.values()}
     anchors = set(

@@ -27,12 +27,14 @@ from problems import VALUES
 from support import backend_or_skip, compiling, drawn, recording
 
 from attnspec.backends import Backend
-from attnspec.conformance.bounds import observed_weights_bound, reference_bound
-from attnspec.conformance.declaration import KernelDeclaration, declaration_of
-from attnspec.conformance.kernel import MAX_WEIGHT_BLOCKS, KernelUnderTest, Problem, identity_blocks
-from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import FAILED, PASSED, run_property
-from attnspec.conformance.sizes import SizeLimits
+from attnspec.conformance.call.problem import Problem
+from attnspec.conformance.claims.declaration import KernelDeclaration, declaration_of
+from attnspec.conformance.draw.sizes import SizeLimits
+from attnspec.conformance.judge.bounds import observed_weights_bound, reference_bound
+from attnspec.conformance.judge.kernel import MAX_WEIGHT_BLOCKS, KernelUnderTest, identity_blocks
+from attnspec.conformance.judge.registry import all_properties
+from attnspec.conformance.judge.verdict import FAILED, PASSED
+from attnspec.conformance.run.property_runner import run_property
 
 Shape = tuple[int, ...]
 
@@ -167,7 +169,7 @@ def test_blocks_observe_the_one_calls_weights_on_torch_sdpa() -> None:
     GQA through enable_gqa, mask and bias through one argument), told it compiles per
     shape, observes in blocks the one call's weights bit for bit."""
     backend_or_skip("torch")
-    from attnspec.conformance.torch_kernels import sdpa_math
+    from attnspec.conformance.kernels.torch_sdpa import sdpa_math
 
     declaration = sdpa_math.__attnspec__
 
@@ -221,7 +223,7 @@ def test_the_jitted_jax_kernel_is_not_called_with_values_of_lk_columns() -> None
     problems' own shapes: no call has values of Lk columns where E differs (each such
     V = I call compiled the kernel once more, with q and k padded to Lk), and both pass."""
     pytest.importorskip("jax", reason="the jitted kernel is JAX's")
-    from attnspec.conformance.jax_kernels import jitted_dot_product_attention
+    from attnspec.conformance.kernels.jax_jitted import jitted_dot_product_attention
 
     # float32 and bfloat16: JAX computes float64 at about float32 precision unless told
     # otherwise (docs/divergences.md), which another test's x64 setting would let in here
@@ -271,8 +273,8 @@ def test_weights_of_rows_without_a_key_are_judged_only_under_sdpa_5_1() -> None:
     allowed key for a kernel that waives SDPA-5.1 (as assert_matches_reference leaves out
     its output), judges them for one that claims it, and judges every other row always."""
     from attnspec.conformance import declare
-    from attnspec.conformance.assertions import assert_weights_match
-    from attnspec.conformance.failures import PropertyFailure
+    from attnspec.conformance.judge.assertions import assert_weights_match
+    from attnspec.conformance.judge.failures import PropertyFailure
 
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((2, n, 3)) for n in (4, 5, 5))

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from support import recording, verdict_of
 
-from attnspec.conformance import runner as runner_module
-from attnspec.conformance import sizes
-from attnspec.conformance.one_example import is_size_draw
-from attnspec.conformance.runner import PASSED
+from attnspec.conformance.draw import sizes
+from attnspec.conformance.draw.one_example import is_size_draw
+from attnspec.conformance.judge.verdict import PASSED
+from attnspec.conformance.run import property_runner as runner_module
 
 Seen = list[tuple[str, tuple[int, ...], tuple[int, ...], str]]
 

@@ -15,17 +15,17 @@ from catalogue.buggy import CATALOGUE
 from support import backend_or_skip, compiling
 
 from attnspec.conformance import declare
-from attnspec.conformance.kernel import KernelUnderTest
-from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import (
-    FAILED,
+from attnspec.conformance.draw.shape_pool import pool_for_run
+from attnspec.conformance.draw.sizes import SizeLimits, current
+from attnspec.conformance.judge.kernel import KernelUnderTest
+from attnspec.conformance.judge.registry import all_properties
+from attnspec.conformance.judge.verdict import FAILED
+from attnspec.conformance.run.property_runner import (
     NESTED,
     PROFILES,
     _nested_parts,
     run_property,
 )
-from attnspec.conformance.shape_pool import pool_for_run
-from attnspec.conformance.sizes import SizeLimits, current
 from attnspec.reference import scaled_dot_product_attention as reference_sdpa
 
 # Small enough that every stratum of the default profile costs milliseconds per example.

@@ -35,7 +35,7 @@ def test_importing_the_plugin_loads_no_kernel_library_or_property() -> None:
     """Loaded in every pytest run, the plugin imports neither torch/jax nor the properties."""
     code = (
         "import sys, attnspec.conformance.pytest_plugin as p; "
-        "print(sorted(m for m in ('torch', 'jax', 'attnspec.conformance.properties') "
+        "print(sorted(m for m in ('torch', 'jax', 'attnspec.conformance.judge.properties') "
         "if m in sys.modules))"
     )
     result = subprocess.run(
@@ -136,7 +136,8 @@ def test_bad_setup_is_a_usage_error(
 def test_plugin_takes_every_declaration_the_cli_takes(pytester: pytest.Pytester) -> None:
     """CONF-3: each declaration flag of ``attnspec check`` (the claims table) is
     a ``--attnspec-...`` option of the plugin, the booleans with their ``--attnspec-no-``."""
-    from attnspec.conformance import claims, isolation
+    from attnspec.conformance.claims import table as claims
+    from attnspec.conformance.run import supervisor as isolation
 
     help_text = pytester.runpytest("--help").stdout.str()
     for flag in (*claims.SETUP_FLAGS, *claims.CLAIM_FLAGS, *isolation.SUPERVISION_FLAGS):

@@ -21,8 +21,8 @@ import pytest
 from support import ATTNSPEC, kernel_file, processes_in, start_cli, wait_for
 
 from attnspec.conformance import cli
-from attnspec.conformance.report_files import ReportFiles, write_atomically
-from attnspec.conformance.runner import PASSED, Report, Verdict
+from attnspec.conformance.judge.verdict import PASSED, Report, Verdict
+from attnspec.conformance.report.files import ReportFiles, write_atomically
 
 KERNELS = """
 import os, time

@@ -75,9 +75,9 @@ CASES: dict[str, tuple[str, str, list[Any]]] = {
 GENERATE = """
 import json, sys
 import numpy as np
-from attnspec.conformance.kernel import Problem
-from attnspec.conformance.kernel_setup import KernelSetup
-from attnspec.conformance.reproduce import snippet
+from attnspec.conformance.judge.kernel import Problem
+from attnspec.conformance.run.kernel_setup import KernelSetup
+from attnspec.conformance.judge.reproduce import snippet
 
 nan = np.nan
 a = np.array

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from attnspec.conformance.claims import CLAIM_FLAGS
-from attnspec.conformance.reproduce import pytest_rerun_command, rerun_command
+from attnspec.conformance.claims.table import CLAIM_FLAGS
+from attnspec.conformance.judge.reproduce import pytest_rerun_command, rerun_command
 
 KERAS = "keras.ops:dot_product_attention"
 

@@ -19,23 +19,24 @@ from catalogue.bugs_softmax import finite_fill_jax_style
 from support import hand_report, hand_verdict
 
 from attnspec.backends import Backend
-from attnspec.conformance import declare, input_features
-from attnspec.conformance import report as render
+from attnspec.conformance import declare
 from attnspec.conformance.api import check
-from attnspec.conformance.kernel import KernelUnderTest, Problem
-from attnspec.conformance.registry import all_properties
-from attnspec.conformance.root_causes import Rerun, divergences, draw_around, one_at_a_time
-from attnspec.conformance.runner import (
+from attnspec.conformance.call.problem import Problem
+from attnspec.conformance.draw import input_features
+from attnspec.conformance.draw.sizes import SizeLimits
+from attnspec.conformance.judge.kernel import KernelUnderTest
+from attnspec.conformance.judge.registry import all_properties
+from attnspec.conformance.judge.verdict import (
     FAILED,
     NOT_APPLICABLE,
     PASSED,
-    PROFILES,
     WAIVED,
-    Profile,
     Report,
     Verdict,
 )
-from attnspec.conformance.sizes import SizeLimits
+from attnspec.conformance.report import render
+from attnspec.conformance.run.property_runner import PROFILES, Profile
+from attnspec.conformance.run.root_causes import Rerun, divergences, draw_around, one_at_a_time
 
 PROFILE = "root-causes"  # 20 small draws a stratum: enough to meet every bug below
 ALL = {"bias": True, "gqa": True}
@@ -563,7 +564,7 @@ def test_the_avoid_hook_rejects_problems_with_an_avoided_feature() -> None:
     assert kernel.output(problem).shape == (1, 1, 1)  # outside a run nothing is avoided
     from hypothesis.errors import UnsatisfiedAssumption
 
-    from attnspec.conformance import sizes
+    from attnspec.conformance.draw import sizes
 
     with sizes.drawing(sizes.SMALL, SizeLimits(avoid=("fully-masked-row",))):
         with pytest.raises(UnsatisfiedAssumption):
@@ -577,8 +578,8 @@ def test_drawing_around_empty_rows_gives_each_row_a_key_in_the_masks_own_shape()
     its shape (a re-run meets the shapes a compiling kernel compiled), its row getting the
     last key allowed in every scores row it serves; a mask broadcast over the keys allows
     them all."""
-    from attnspec.conformance.declaration import KernelDeclaration
-    from attnspec.conformance.strategies import with_a_key_per_row
+    from attnspec.conformance.claims.declaration import KernelDeclaration
+    from attnspec.conformance.draw.strategies import with_a_key_per_row
 
     none = Problem(
         q=np.zeros((1, 2, 1)),

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from attnspec.conformance.api import check
-from attnspec.conformance.isolation import IsolationOptions
-from attnspec.conformance.kernel_setup import KernelSetup, SetupError
-from attnspec.conformance.run_plan import plan_run
+from attnspec.conformance.plan import plan_run
+from attnspec.conformance.run.kernel_setup import KernelSetup, SetupError
+from attnspec.conformance.run.supervisor import IsolationOptions
 
 REFERENCE = "attnspec.reference:scaled_dot_product_attention"
 

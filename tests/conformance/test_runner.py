@@ -9,7 +9,7 @@ from support import verdict_of
 import attnspec
 from attnspec.backends import Backend
 from attnspec.conformance import KernelUnderTest, check
-from attnspec.conformance.runner import FAILED, PASSED
+from attnspec.conformance.judge.verdict import FAILED, PASSED
 
 
 def test_a_kernel_whose_failures_do_not_recur_fails_instead_of_crashing() -> None:

@@ -24,18 +24,8 @@ from support import backend_or_skip, compiling, recording, verdict_of
 
 from attnspec.backends import Backend, _registry
 from attnspec.conformance import declare
-from attnspec.conformance.anchors import ANCHORS
-from attnspec.conformance.kernel import KernelUnderTest
-from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import (
-    ANCHOR_COST,
-    FAILED,
-    PASSED,
-    PROFILES,
-    WARNING,
-    run_property,
-)
-from attnspec.conformance.shape_pool import (
+from attnspec.conformance.draw.anchors import ANCHORS
+from attnspec.conformance.draw.shape_pool import (
     SMALL_POOL,
     SeededDraws,
     ShapePool,
@@ -43,8 +33,12 @@ from attnspec.conformance.shape_pool import (
     pool_for_run,
     pooled_dims,
 )
-from attnspec.conformance.sizes import SizeLimits, Stratum, drawing, problem_cost
-from attnspec.conformance.strategies import draw_dims
+from attnspec.conformance.draw.sizes import SizeLimits, Stratum, drawing, problem_cost
+from attnspec.conformance.draw.strategies import draw_dims
+from attnspec.conformance.judge.kernel import KernelUnderTest
+from attnspec.conformance.judge.registry import all_properties
+from attnspec.conformance.judge.verdict import FAILED, PASSED, WARNING
+from attnspec.conformance.run.property_runner import ANCHOR_COST, PROFILES, run_property
 from attnspec.reference import scaled_dot_product_attention as reference_sdpa
 
 Array = Any
@@ -357,13 +351,13 @@ def test_catalogue_bugs_stay_caught_on_a_compiling_backend(bug: BuggyKernel) -> 
 
 
 def test_the_jitted_jax_kernel_of_the_cost_table_runs() -> None:
-    """SDPA-2.1: attnspec.conformance.jax_kernels (README, "Cost of a check"):
+    """SDPA-2.1: attnspec.conformance.kernels.jax_jitted (README, "Cost of a check"):
     jax.nn.dot_product_attention under jax.jit, on JAX (a backend that compiles per shape),
     passes score-variance (one call: cheap); its float16 is left out as declared.  The
     pools themselves are tested above on NumPy, where runs cost no compilations."""
     pytest.importorskip("jax", reason="the jitted kernel is JAX's")
     from attnspec.conformance import check
-    from attnspec.conformance.jax_kernels import jitted_dot_product_attention
+    from attnspec.conformance.kernels.jax_jitted import jitted_dot_product_attention
 
     assert backend_or_skip("jax").compiles_per_shape
     report = check(jitted_dot_product_attention, backend="jax", only=["score-variance"])
@@ -426,10 +420,10 @@ def test_the_suites_own_array_operations_compile_nothing_on_jax() -> None:
     in the quick profile before), and the kernel gets the very arrays the device
     operations gave (the same output, bit for bit)."""
     jax = pytest.importorskip("jax", reason="the compilations counted are JAX's")
-    from attnspec.conformance.jax_kernels import jitted_dot_product_attention
-    from attnspec.conformance.layouts import pad_head_dims
-    from attnspec.conformance.sizes import Dims
-    from attnspec.conformance.strategies import random_problem
+    from attnspec.conformance.call.layouts import pad_head_dims
+    from attnspec.conformance.draw.sizes import Dims
+    from attnspec.conformance.draw.strategies import random_problem
+    from attnspec.conformance.kernels.jax_jitted import jitted_dot_product_attention
 
     backend = backend_or_skip("jax")
     kernel = KernelUnderTest(jitted_dot_product_attention, backend)
@@ -470,7 +464,7 @@ def test_a_rerun_drawing_around_values_meets_the_first_runs_shapes() -> None:
     the pools of the first run, whose compilations a compiling backend has already paid
     (it drew pools of its own before, 24 more kernel compilations); drawing around GQA
     or empty lengths changes the sizes, so its pools are its own."""
-    from attnspec.conformance.shape_pool import limits_key
+    from attnspec.conformance.draw.shape_pool import limits_key
 
     prop = all_properties()["rows-sum-to-one"]
     kernel = KernelUnderTest(recording([]), compiling())

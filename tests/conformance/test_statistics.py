@@ -14,14 +14,17 @@ from support import verdict_of
 import attnspec
 from attnspec.backends import Backend
 from attnspec.conformance import KernelUnderTest, declare
-from attnspec.conformance.properties.scale import SCORE_VARIANCE_PAIRS, score_variance_interval
-from attnspec.conformance.runner import FAILED, PASSED
-from attnspec.conformance.statistics import (
+from attnspec.conformance.judge.properties.scale import (
+    SCORE_VARIANCE_PAIRS,
+    score_variance_interval,
+)
+from attnspec.conformance.judge.statistics import (
     chi_square_cdf,
     chi_square_quantile,
     sum_of_squares_range,
     two_sided_chi_square_interval,
 )
+from attnspec.conformance.judge.verdict import FAILED, PASSED
 from attnspec.reference.tolerance import UNIT_ROUNDOFF, error_bound
 
 SPEC = Path(attnspec.__file__).parent / "spec"

@@ -33,20 +33,9 @@ from attnspec.conformance import (
     declaration_of,
     declare,
 )
-from attnspec.conformance.anchors import ANCHORS
-from attnspec.conformance.bounds import reference_bound
-from attnspec.conformance.kernel import KernelUnderTest
-from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import (
-    ANCHOR_COST,
-    FAILED,
-    NOT_APPLICABLE,
-    PASSED,
-    PROFILES,
-    Profile,
-    run_property,
-)
-from attnspec.conformance.sizes import (
+from attnspec.conformance.draw.anchors import ANCHORS
+from attnspec.conformance.draw.realistic_values import FILLS, fill_value
+from attnspec.conformance.draw.sizes import (
     LENGTHS,
     SizeLimits,
     Stratum,
@@ -55,8 +44,17 @@ from attnspec.conformance.sizes import (
     problem_cost,
     refit,
 )
-from attnspec.conformance.strategies import draw_problem
-from attnspec.conformance.values import FILLS, fill_value
+from attnspec.conformance.draw.strategies import draw_problem
+from attnspec.conformance.judge.bounds import reference_bound
+from attnspec.conformance.judge.kernel import KernelUnderTest
+from attnspec.conformance.judge.registry import all_properties
+from attnspec.conformance.judge.verdict import FAILED, NOT_APPLICABLE, PASSED
+from attnspec.conformance.run.property_runner import (
+    ANCHOR_COST,
+    PROFILES,
+    Profile,
+    run_property,
+)
 from attnspec.reference import elu_plus_one, linear_attention, sparse_attention
 from attnspec.reference import scaled_dot_product_attention as reference_sdpa
 from attnspec.reference.tolerance import UNDERFLOW_THRESHOLD

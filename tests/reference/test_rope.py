@@ -15,7 +15,7 @@ from support import backend_or_skip
 
 from attnspec.backends import Backend
 from attnspec.conformance import check
-from attnspec.conformance.clauses import SPEC_DIR
+from attnspec.conformance.claims.clauses import SPEC_DIR
 from attnspec.reference import apply_rope
 from attnspec.reference.rope_tolerance import rope_error_bound
 from attnspec.reference.tolerance import UNDERFLOW_THRESHOLD, UNIT_ROUNDOFF

@@ -14,7 +14,7 @@ import numpy as np
 import oracle_features
 import pytest
 
-from attnspec.conformance.clauses import SPEC_DIR
+from attnspec.conformance.claims.clauses import SPEC_DIR
 from attnspec.reference import tolerance
 from attnspec.reference.tolerance import UNIT_ROUNDOFF, error_and_lse_bound
 

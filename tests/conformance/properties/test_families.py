@@ -14,7 +14,8 @@ from support import backend_or_skip, compiling, verdict_of
 import attnspec
 from attnspec.backends import Backend
 from attnspec.conformance import KernelUnderTest, LinearClaim, SparseClaim, declare
-from attnspec.conformance.runner import FAILED, PASSED, PROFILES, WARNING, Profile
+from attnspec.conformance.judge.verdict import FAILED, PASSED, WARNING
+from attnspec.conformance.run.property_runner import PROFILES, Profile
 from attnspec.reference import elu_plus_one, linear_attention, sparse_attention, sparse_mask
 
 NUMPY = Backend("numpy")

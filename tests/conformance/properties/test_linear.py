@@ -13,8 +13,8 @@ import pytest
 from support import verdict_of
 
 from attnspec.conformance import LinearClaim, declare
-from attnspec.conformance.properties.linear import within_underflow_guard
-from attnspec.conformance.runner import PASSED
+from attnspec.conformance.judge.properties.linear import within_underflow_guard
+from attnspec.conformance.judge.verdict import PASSED
 from attnspec.reference.linear import (
     elu_plus_one,
     linear_attention,

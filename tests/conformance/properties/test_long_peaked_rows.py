@@ -11,9 +11,9 @@ from typing import Any
 
 from support import verdict_of
 
-from attnspec.conformance.declaration import KernelDeclaration
-from attnspec.conformance.runner import NOT_APPLICABLE, PASSED
-from attnspec.conformance.sizes import SizeLimits
+from attnspec.conformance.claims.declaration import KernelDeclaration
+from attnspec.conformance.draw.sizes import SizeLimits
+from attnspec.conformance.judge.verdict import NOT_APPLICABLE, PASSED
 from attnspec.reference import scaled_dot_product_attention as reference
 
 

@@ -17,8 +17,8 @@ from support import compiling, recording, verdict_of
 import attnspec
 from attnspec.backends import Backend
 from attnspec.conformance import KernelUnderTest, Problem, declare
-from attnspec.conformance.properties.masking import _each_head_with_its_slice_everywhere
-from attnspec.conformance.runner import FAILED, PASSED
+from attnspec.conformance.judge.properties.masking import _each_head_with_its_slice_everywhere
+from attnspec.conformance.judge.verdict import FAILED, PASSED
 
 NUMPY = Backend("numpy")
 

@@ -18,12 +18,12 @@ from support import verdict_of
 import attnspec
 from attnspec.backends import Backend
 from attnspec.conformance import Problem, declare
-from attnspec.conformance.properties import masked_values
-from attnspec.conformance.properties.masked_values import (
+from attnspec.conformance.judge.properties import masked_values
+from attnspec.conformance.judge.properties.masked_values import (
     ACCUMULATION_LARGEST,
     scores_within_precondition,
 )
-from attnspec.conformance.runner import FAILED, PASSED
+from attnspec.conformance.judge.verdict import FAILED, PASSED
 
 NUMPY = Backend("numpy")
 

@@ -20,16 +20,17 @@ from support import backend_or_skip, verdict_of
 import attnspec.reference as reference
 from attnspec.backends import Backend
 from attnspec.conformance import KernelDeclaration, KernelUnderTest, Problem, reference_bound
-from attnspec.conformance.properties._helpers import (
+from attnspec.conformance.judge.properties._helpers import (
     VALID_SCORE_ERROR,
     row_score_errors,
     score_error,
     within_validity,
 )
-from attnspec.conformance.properties.invariance import shift_limit
-from attnspec.conformance.properties.masked_values import disallowed_everywhere
-from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import FAILED, NOT_APPLICABLE, PASSED, WARNING, run_property
+from attnspec.conformance.judge.properties.invariance import shift_limit
+from attnspec.conformance.judge.properties.masked_values import disallowed_everywhere
+from attnspec.conformance.judge.registry import all_properties
+from attnspec.conformance.judge.verdict import FAILED, NOT_APPLICABLE, PASSED, WARNING
+from attnspec.conformance.run.property_runner import run_property
 from attnspec.reference.tolerance import UNIT_ROUNDOFF
 
 SEMANTIC = (

@@ -18,19 +18,12 @@ import pytest
 from support import backend_or_skip, verdict_of
 
 from attnspec.backends import Backend
-from attnspec.conformance.declaration import KernelDeclaration
-from attnspec.conformance.known_kernels import known_divergences
-from attnspec.conformance.registry import all_properties
-from attnspec.conformance.runner import (
-    FAILED,
-    NOT_APPLICABLE,
-    PASSED,
-    PROFILES,
-    WAIVED,
-    WARNING,
-    Profile,
-)
-from attnspec.conformance.sizes import SizeLimits
+from attnspec.conformance.claims.declaration import KernelDeclaration
+from attnspec.conformance.draw.sizes import SizeLimits
+from attnspec.conformance.judge.registry import all_properties
+from attnspec.conformance.judge.verdict import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING
+from attnspec.conformance.kernels.known import known_divergences
+from attnspec.conformance.run.property_runner import PROFILES, Profile
 from attnspec.reference import scaled_dot_product_attention as reference
 
 STRUCTURE = (

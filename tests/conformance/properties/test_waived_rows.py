@@ -17,7 +17,7 @@ from catalogue.correct import masked_fill_attention
 from support import verdict_of
 
 from attnspec.conformance import declaration_of
-from attnspec.conformance.runner import FAILED
+from attnspec.conformance.judge.verdict import FAILED
 
 WAIVING = declaration_of(masked_fill_attention)
 

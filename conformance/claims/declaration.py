@@ -1,0 +1,262 @@
+"""What a kernel claims beyond the minimal interface (CONF-3).
+
+The minimal interface is the spec's: ``fn(q, k, v, *, mask=None, is_causal=False,
+scale=None) -> out`` in the layout of SDPA-1.1.  Anything else — an additive bias, GQA,
+the causal alignment, returned weights, a sparse pattern, a linear feature map — is
+declared once, with :func:`declare` or a :class:`KernelDeclaration`, or with the CLI's
+and the pytest plugin's flags.  Properties a kernel does not claim are reported "not
+applicable"; a declaration that waives a MUST clause is named in the claim (CONF-7).
+The fields, their flags and what the suite does with them are one table,
+:data:`attnspec.conformance.claims.table.CLAIMS`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields, replace
+from typing import Any, TypeVar, overload
+
+from .table import CLAIMS, LinearClaim, RopeClaim, SparseClaim
+
+__all__ = [
+    "ATTRIBUTE",
+    "KernelDeclaration",
+    "LinearClaim",
+    "RopeClaim",
+    "SparseClaim",
+    "declaration_of",
+    "declare",
+    "infer_declaration",
+]
+
+ATTRIBUTE = "__attnspec__"
+
+# The types a field of each simple annotation takes (a bool is not an int here).
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "bool": (bool,),
+    "str": (str,),
+    "str | None": (str, type(None)),
+    "int | None": (int, type(None)),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelDeclaration:
+    """Everything a kernel claims beyond the minimal interface (CONF-3), e.g.
+    ``KernelDeclaration(bias=True, gqa=True, causal_alignment="bottom_right")``.
+
+    One field per row of the claims table (``attnspec.conformance.claims.table.CLAIMS``), in its
+    order: the field's type and default are here, its flags, the keywords it makes the
+    suite pass, its words in the claim line and the clause it waives are in the table
+    (``tests/conformance/test_cli.py`` checks that the two name the same fields).
+    """
+
+    dtypes: tuple[str, ...] | None = None
+    batch_ndim: int | None = None
+    equal_head_dims: bool = False
+    equal_lengths: bool = False
+    empty_sizes: bool = True
+    mask: bool = True
+    mask_keyword: str = "mask"
+    bias: bool = False
+    bias_keyword: str = "bias"
+    gqa: bool = False
+    gqa_keyword: str | None = None
+    causal: bool = True
+    causal_alignment: str = "top_left"
+    mask_and_causal: bool = True
+    scale: bool = True
+    returns_weights: bool = False
+    empty_rows_zero: bool = True
+    extra_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    softcap: bool = False
+    softcap_keyword: str = "softcap"
+    alibi: bool = False
+    alibi_keyword: str = "alibi_slopes"
+    alibi_builtin_slopes: bool = False
+    returns_lse: bool = False
+    lse_keyword: str | None = None
+    dropout: bool = False
+    dropout_keyword: str = "dropout_p"
+    dropout_seed_keyword: str = "seed"
+    dropout_seeded: bool = True
+    varlen: bool = False
+    varlen_max_seqlen: bool = True
+    kv_cache: bool = False
+    kv_cache_append: bool = True
+    kv_cache_paged: bool = False
+    kv_cache_block_size: int | None = None
+    sparse: SparseClaim | None = None
+    linear: LinearClaim | None = None
+    rope: RopeClaim | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value, allowed = getattr(self, f.name), _FIELD_TYPES.get(str(f.type))
+            if allowed and (
+                not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)
+            ):
+                raise TypeError(
+                    f"{f.name}={value!r}, but should be "
+                    + (
+                        "True or False"
+                        if allowed == (bool,)
+                        else " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+                    )
+                )
+        for claim in CLAIMS:
+            problem = claim.invalid(getattr(self, claim.field)) if claim.invalid else None
+            if problem:
+                raise ValueError(problem)
+
+    @property
+    def family(self) -> str:
+        """ "dense", "sparse", "linear", "varlen", "kv-cache" or "rope": which family of
+        properties applies (the last three have their own calling conventions)."""
+        if self.rope is not None:
+            return "rope"
+        if self.sparse is not None:
+            return "sparse"
+        if self.linear is not None:
+            return "linear"
+        if self.varlen:
+            return "varlen"
+        return "kv-cache" if self.kv_cache else "dense"
+
+    @property
+    def bias_shares_mask_argument(self) -> bool:
+        """True when mask and bias travel in one argument (PyTorch's float attn_mask)."""
+        return self.bias and self.mask and self.bias_keyword == self.mask_keyword
+
+    def changed(self) -> dict[str, Any]:
+        """The fields whose value is not their default, in field order."""
+        changed = {}
+        for f in fields(self):
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            if getattr(self, f.name) != default:
+                changed[f.name] = getattr(self, f.name)
+        return changed
+
+    def waivers(self) -> dict[str, str]:
+        """Waived clause -> the field that waives it, e.g.
+        ``{"SDPA-5.1": "empty_rows_zero=False"}`` (CONF-7)."""
+        changed = self.changed()
+        return {
+            clause: f"{claim.field}={changed[claim.field]!r}"
+            for claim in CLAIMS
+            if claim.field in changed
+            for clause in claim.waived_clauses
+        }
+
+    @property
+    def waived(self) -> tuple[str, ...]:
+        """MUST clauses this declaration says the kernel does not follow (CONF-7)."""
+        return tuple(self.waivers())
+
+
+Kernel = TypeVar("Kernel", bound=Callable[..., Any])
+
+
+@overload
+def declare(fn: Kernel, /, **claims: Any) -> Kernel: ...
+@overload
+def declare(fn: None = None, /, **claims: Any) -> Callable[[Kernel], Kernel]: ...
+
+
+def declare(fn: Callable[..., Any] | None = None, /, **claims: Any) -> Any:
+    """Attach a :class:`KernelDeclaration` to a kernel; usable bare or with claims.
+
+    >>> @declare(bias=True, gqa=True, causal_alignment="bottom_right")
+    ... def my_attention(q, k, v, *, mask=None, bias=None, is_causal=False, scale=None): ...
+    """
+    declaration = KernelDeclaration(**claims)
+
+    def attach(kernel: Kernel) -> Kernel:
+        if not callable(kernel):
+            raise TypeError(f"declare() needs a callable kernel, got {type(kernel).__name__}")
+        setattr(kernel, ATTRIBUTE, declaration)
+        return kernel
+
+    return attach if fn is None else attach(fn)
+
+
+def _keyword_parameters(fn: Callable[..., Any]) -> set[str] | None:
+    """Names ``fn`` accepts by keyword, or None when it takes ``**kwargs`` or is opaque."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return {
+        p.name
+        for p in parameters
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }
+
+
+def infer_declaration(fn: Callable[..., Any]) -> KernelDeclaration:
+    """The declaration of a kernel that declared nothing, read off its signature.
+
+    ``mask`` or ``attn_mask`` is the mask argument; a missing ``is_causal``/``scale``
+    argument means the kernel does not claim that clause.
+    """
+    names = _keyword_parameters(fn)
+    if names is None:
+        return KernelDeclaration()
+    mask_keyword = "mask" if "mask" in names or "attn_mask" not in names else "attn_mask"
+    return KernelDeclaration(
+        mask=mask_keyword in names,
+        mask_keyword=mask_keyword,
+        causal="is_causal" in names,
+        scale="scale" in names,
+        bias="bias" in names,
+    )
+
+
+def declaration_of(fn: Callable[..., Any], **overrides: Any) -> KernelDeclaration:
+    """The kernel's declaration: attached, known (:func:`known_declaration`), or inferred."""
+
+    declaration = getattr(fn, ATTRIBUTE, None)
+    if declaration is None:
+        declaration = known_declaration(fn)
+    if declaration is None:
+        declaration = infer_declaration(fn)
+    if not isinstance(declaration, KernelDeclaration):
+        raise TypeError(f"{ATTRIBUTE} of the kernel should be a KernelDeclaration")
+    return replace(declaration, **overrides) if overrides else declaration
+
+
+def torch_sdpa_declaration() -> dict[str, Any]:
+    """What ``torch.nn.functional.scaled_dot_product_attention`` documents, as claims."""
+    # float attn_mask is an additive bias and a bool one a mask, through one argument;
+    # attn_mask together with is_causal=True raises, so that combination is not claimed.
+    return {
+        "mask_keyword": "attn_mask",
+        "bias": True,
+        "bias_keyword": "attn_mask",
+        "mask_and_causal": False,
+        "gqa": True,
+        "gqa_keyword": "enable_gqa",
+        "extra_kwargs": {"dropout_p": 0.0},
+    }
+
+
+def _torch_sdpa() -> KernelDeclaration:
+    return KernelDeclaration(**torch_sdpa_declaration())
+
+
+_KNOWN: dict[str, Callable[[], KernelDeclaration]] = {
+    "torch.nn.functional.scaled_dot_product_attention": _torch_sdpa,
+    "torch._C._nn.scaled_dot_product_attention": _torch_sdpa,
+}
+
+
+def qualified_name(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', None) or ''}.{getattr(fn, '__qualname__', '')}"
+
+
+def known_declaration(fn: Any) -> KernelDeclaration | None:
+    factory = _KNOWN.get(qualified_name(fn))
+    return None if factory is None else factory()

@@ -1,0 +1,1009 @@
+"""The claims table: everything a kernel can claim, in one place (CONF-3, CONF-7).
+
+Each :class:`Claim` is one field of :class:`~attnspec.conformance.KernelDeclaration`
+(which gives its type and default, so that mypy checks every use) with the command-line
+flag(s) that set it and their help, the keyword(s) the suite passes the kernel because of
+it, how it shows in the conformance claim line, and the MUST clause a non-default value
+waives.  The validation of ``KernelDeclaration``, the ``attnspec check`` flags, the pytest
+plugin's ``--attnspec-*`` options, ``suite_keywords`` (the signature pre-flight) and the
+claim line all derive from :data:`CLAIMS`: adding a claim is adding a field there and a
+row here (tests/conformance/test_cli.py checks that they agree).
+
+:data:`SETUP_FLAGS` are the other declarations the CLI and the plugin share: how the
+kernel is called (layout, keyword renames), which dtypes are checked, and the JAX
+configuration to check it in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ...backends import FLOAT_DTYPE_NAMES
+from ...reference.masks import CAUSAL_ALIGNMENTS
+from ...reference.positional import ROPE_LAYOUTS
+from ...reference.sparse.definition import PATTERN_NAMES
+
+if TYPE_CHECKING:
+    from .declaration import KernelDeclaration
+
+FEATURE_MAPS = ("elu+1", "relu", "favor+")
+LAYOUTS = ("bhld", "blhd")
+
+#: A flag's parsed value by its ``dest`` (None, or False for a switch, when not given).
+Getter = Callable[[str], Any]
+
+
+class UsageError(ValueError):
+    """A bad flag value: reported as one line (CLI exit status 2, pytest usage error)."""
+
+
+# --- flag values ---------------------------------------------------------------------------
+
+
+def literal(text: str) -> Any:
+    """A flag value: a Python/JSON literal (3, 0.5, True, [1, 2], null) or else the string."""
+    lowered = {"true": True, "false": False, "null": None, "none": None}
+    if text.lower() in lowered:
+        return lowered[text.lower()]
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def key_values(pairs: list[str] | None, option: str) -> dict[str, Any]:
+    """``["a=1", "b=x"]`` as ``{"a": 1, "b": "x"}``; UsageError naming ``option`` otherwise."""
+    result: dict[str, Any] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise UsageError(f"{option} {pair!r}, but should be KEY=VALUE")
+        result[key.strip()] = literal(value)
+    return result
+
+
+def comma_list(values: str | Iterable[str] | None) -> list[str] | None:
+    """Repeated and comma-separated values as one list (None when none was given); one
+    string is one comma-separated value ("a,b"), not its characters."""
+    if not values:
+        return None
+    if isinstance(values, str):
+        values = [values]
+    return [item.strip() for value in values for item in value.split(",") if item.strip()]
+
+
+def _alignment(text: str) -> str:
+    return text.replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line option; the CLI adds it as is, the pytest plugin with ``--attnspec-``."""
+
+    option: str
+    help: str
+    kind: str = "value"  # value | list | switch (store_true) | bool (--x/--no-x)
+    choices: tuple[str, ...] | None = None
+    type: Callable[[str], Any] = str
+    metavar: str | None = None
+    rerun: bool = True  # a rerun command repeats it
+
+    @property
+    def dest(self) -> str:
+        return self.option.lstrip("-").replace("-", "_")
+
+    def add_to(self, parser: argparse.ArgumentParser | Any) -> None:
+        """Add to an argparse parser (or group) under its own name, ``--x/--no-x`` for bools."""
+        if self.kind == "bool":
+            parser.add_argument(
+                self.option, action=argparse.BooleanOptionalAction, default=None, help=self.help
+            )
+        elif self.kind == "switch":
+            parser.add_argument(self.option, action="store_true", help=self.help)
+        else:
+            parser.add_argument(
+                self.option,
+                action="append" if self.kind == "list" else "store",
+                choices=self.choices,
+                type=self.type,
+                metavar=self.metavar,
+                help=self.help,
+            )
+
+    def add_prefixed(self, group: Any, prefix: str) -> None:
+        """Add to a pytest option group as ``--PREFIX-x`` (and ``--PREFIX-no-x``), dest
+        ``PREFIX_x``: pytest's parser has no ``--no-`` variant of its own."""
+        name, dest = f"--{prefix}-{self.option[2:]}", f"{prefix}_{self.dest}"
+        if self.kind == "bool":
+            group.addoption(
+                name, action="store_const", const=True, default=None, dest=dest, help=self.help
+            )
+            group.addoption(
+                f"--{prefix}-no-{self.option[2:]}",
+                action="store_const",
+                const=False,
+                dest=dest,
+                help=f"the opposite of {name}",
+            )
+        elif self.kind == "switch":
+            group.addoption(name, action="store_true", default=False, dest=dest, help=self.help)
+        else:
+            group.addoption(
+                name,
+                action="append" if self.kind == "list" else "store",
+                default=None,
+                choices=self.choices,
+                type=self.type,
+                metavar=self.metavar,
+                dest=dest,
+                help=self.help,
+            )
+
+    def tokens(self, value: Any, prefix: str | None = None) -> list[str]:
+        """The command-line tokens that give this flag ``value`` (none for the default)."""
+        option = self.option if prefix is None else f"--{prefix}-{self.option[2:]}"
+        if value is None or (value is False and self.kind == "switch"):
+            return []
+        if self.kind == "bool":
+            negative = (
+                f"--no-{self.option[2:]}" if prefix is None else f"--{prefix}-no-{self.option[2:]}"
+            )
+            return [option if value else negative]
+        if self.kind == "switch":
+            return [option]
+        if self.kind == "list":
+            return [token for item in value for token in (option, str(item))]
+        return [option, str(value)]
+
+
+# --- the family claims: a sparse pattern, a linear feature map -----------------------------
+
+
+@dataclass(frozen=True)
+class SparseClaim:
+    """The kernel computes attention restricted to one spec pattern (spec/sparse.md).
+
+    ``params`` are the pattern's parameters as ``attnspec.reference.sparse_mask`` takes
+    them; with ``pass_params`` the kernel receives them as keyword arguments on every
+    call, otherwise they are baked into the kernel.
+    """
+
+    pattern: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    alignment: str = "top_left"
+    causal: bool = False
+    pass_params: bool = False
+
+
+@dataclass(frozen=True)
+class LinearClaim:
+    """The kernel is kernelized (linear) attention with this feature map (spec/linear.md).
+
+    ``feature_map`` is ``"elu+1"``, ``"relu"``, ``"favor+"`` or a callable phi.  A
+    FAVOR+ kernel draws ``num_features`` random features from the integer it receives
+    as ``seed_keyword``.
+    """
+
+    feature_map: str | Callable[[Any], Any]
+    num_features: int | None = None
+    orthogonal: bool = True
+    seed_keyword: str = "seed"
+    eps: float = 0.0
+    causal_alignment: str = "top_left"
+
+
+@dataclass(frozen=True)
+class RopeClaim:
+    """The function is rotary position embedding (ROPE-1), called ``fn(x, positions)``.
+
+    ``pairing`` is "interleaved" (features 2i, 2i+1) or "half" (i, i + r/2); ``base`` and
+    ``rotary_dim`` (default: every feature) are the values the function has built in.
+    """
+
+    pairing: str
+    base: float = 10000.0
+    rotary_dim: int | None = None
+
+
+def _rope_from_flags(get: Getter) -> RopeClaim | None:
+    given = [f for f in ("rope_base", "rope_dim") if get(f) is not None]
+    if get("rope") is None:
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} needs --rope PAIRING")
+        return None
+    base = 10000.0 if get("rope_base") is None else get("rope_base")
+    return RopeClaim(get("rope"), base, get("rope_dim"))
+
+
+def _rope_invalid(value: Any) -> str | None:
+    if value is None:
+        return None
+    if value.pairing not in ROPE_LAYOUTS:
+        return f"rope pairing={value.pairing!r}, but should be one of {ROPE_LAYOUTS}"
+    if not (isinstance(value.base, (int, float)) and value.base > 0):
+        return f"rope base={value.base!r}, but should be a number > 0"
+    dim = value.rotary_dim
+    if dim is not None and (
+        isinstance(dim, bool) or not isinstance(dim, int) or dim < 2 or dim % 2
+    ):
+        return f"rope rotary_dim={dim!r}, but should be None or an even int >= 2"
+    return None
+
+
+def _sparse_from_flags(get: Getter) -> SparseClaim | None:
+    given = [
+        f
+        for f in ("sparse_param", "sparse_alignment", "sparse_causal", "sparse_pass_params")
+        if get(f)
+    ]
+    pattern = get("sparse")
+    if pattern is None:
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} needs --sparse PATTERN")
+        return None
+    if pattern not in PATTERN_NAMES:
+        raise UsageError(
+            f"--sparse {pattern!r} is not a spec pattern; expected one of "
+            f"{', '.join(PATTERN_NAMES)}"
+        )
+    return SparseClaim(
+        pattern,
+        key_values(get("sparse_param"), "--sparse-param"),
+        alignment=get("sparse_alignment") or "top_left",
+        causal=bool(get("sparse_causal")),
+        pass_params=bool(get("sparse_pass_params")),
+    )
+
+
+def _feature_map(name: str) -> str | Callable[..., Any]:
+    """A named feature map, or the callable ``MODULE:FUNC`` names (--linear)."""
+    if name in FEATURE_MAPS:
+        return name
+    if ":" not in name:
+        raise UsageError(f"--linear {name!r} is neither {', '.join(FEATURE_MAPS)} nor MODULE:FUNC")
+    from .loading import KernelLoadError, load_kernel
+
+    try:
+        return load_kernel(name)
+    except KernelLoadError as exc:
+        raise UsageError(f"--linear: {exc}") from None
+
+
+def _linear_from_flags(get: Getter) -> LinearClaim | None:
+    given = [
+        f
+        for f in (
+            "linear_num_features",
+            "linear_iid",
+            "linear_seed_keyword",
+            "linear_eps",
+            "linear_causal_alignment",
+        )
+        if get(f) not in (None, False)
+    ]
+    feature_map = get("linear")
+    if feature_map is None:
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} needs --linear FEATURE_MAP")
+        return None
+    return LinearClaim(
+        _feature_map(feature_map),
+        get("linear_num_features"),
+        orthogonal=not get("linear_iid"),
+        seed_keyword=get("linear_seed_keyword") or "seed",
+        eps=get("linear_eps") or 0.0,
+        causal_alignment=get("linear_causal_alignment") or "top_left",
+    )
+
+
+# --- the table -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One row of the claims table: a declaration field and everything derived from it."""
+
+    field: str  # its name in KernelDeclaration, which gives its type and default
+    flags: tuple[Flag, ...] = ()
+    # the value from the flags (None: not given); default: the single flag's value
+    from_flags: Callable[[Getter], Any] | None = None
+    # claims a given flag also sets (unless set by their own flag): --bias-keyword -> bias
+    # dataclasses.field: the class's own `field` attribute shadows the name for mypy
+    implies: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # keywords the suite passes the kernel because of this claim, and how to stop it
+    keywords: Callable[[KernelDeclaration], tuple[str, ...]] | None = None
+    remedy: str = ""
+    # the words this claim adds to the conformance claim line (None: nothing)
+    shows_as: Callable[[KernelDeclaration], str | None] | None = None
+    # the MUST clause(s) a kernel that does not keep the default does not follow (CONF-7)
+    waives: str | tuple[str, ...] | None = None
+    # a message saying what is wrong with a value, or None
+    invalid: Callable[[Any], str | None] | None = None
+
+    @property
+    def waived_clauses(self) -> tuple[str, ...]:
+        return (self.waives,) if isinstance(self.waives, str) else tuple(self.waives or ())
+
+    def value_from(self, get: Getter) -> Any:
+        """This claim's value from the flags, or None when no flag of it was given."""
+        if self.from_flags is not None:
+            return self.from_flags(get)
+        if not self.flags:
+            return None
+        flag = self.flags[0]
+        value = get(flag.dest)
+        if flag.kind == "switch":
+            return True if value else None
+        return value
+
+
+def _dense(declaration: KernelDeclaration) -> bool:
+    return bool(declaration.family == "dense")
+
+
+def _when(name: str, text: str | Callable[[KernelDeclaration], str]) -> Callable[..., Any]:
+    """shows_as: ``text`` for a dense kernel claiming the boolean ``name``."""
+
+    def shows(declaration: KernelDeclaration) -> str | None:
+        if not (_dense(declaration) and getattr(declaration, name)):
+            return None
+        return text(declaration) if callable(text) else text
+
+    return shows
+
+
+def _dtypes_invalid(value: Any) -> str | None:
+    if value is not None and (not value or any(d not in FLOAT_DTYPE_NAMES for d in value)):
+        return f"dtypes={value!r}, but should be a non-empty subset of {FLOAT_DTYPE_NAMES}"
+    return None
+
+
+def _batch_ndim_invalid(value: Any) -> str | None:
+    # an int or None by now: KernelDeclaration checks its fields' types first
+    if value is not None and not 0 <= value <= 4:
+        return f"batch_ndim={value!r}, but should be None or 0..4"
+    return None
+
+
+def _alignment_invalid(value: object) -> str | None:
+    if value not in CAUSAL_ALIGNMENTS:
+        return f"causal_alignment={value!r}, but should be one of {CAUSAL_ALIGNMENTS}"
+    return None
+
+
+def _family_alignment_invalid(value: Any) -> str | None:
+    if value is None:
+        return None
+    return _alignment_invalid(
+        getattr(value, "alignment", None) or getattr(value, "causal_alignment", None)
+    )
+
+
+def _linear_shows(declaration: KernelDeclaration) -> str | None:
+    claim = declaration.linear
+    if claim is None:
+        return None
+    return claim.feature_map if isinstance(claim.feature_map, str) else "custom feature map"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim("dtypes", invalid=_dtypes_invalid),  # --dtype: SETUP_FLAGS
+    Claim(
+        "batch_ndim",
+        flags=(
+            Flag(
+                "--batch-ndim",
+                "the kernel takes exactly this many leading batch dims, the same in q, k "
+                "and v (1 for (B, H, L, E) kernels; default: any number, broadcasting)",
+                type=int,
+                metavar="N",
+            ),
+        ),
+        invalid=_batch_ndim_invalid,
+        shows_as=lambda d: None if d.batch_ndim is None else _plural(d.batch_ndim, "batch dim"),
+    ),
+    Claim(
+        "equal_head_dims",
+        flags=(
+            Flag(
+                "--equal-head-dims",
+                "the kernel needs Ev == E (FlashAttention 2, JAX); the suite "
+                "pads q, k or v with exact zero columns",
+                kind="switch",
+            ),
+        ),
+        shows_as=lambda d: "needs E == Ev" if d.equal_head_dims else None,
+    ),
+    # limitations: what a kernel cannot take, declared once instead of failing every
+    # property whose drawn inputs touch it
+    Claim(
+        "equal_lengths",
+        flags=(
+            Flag(
+                "--equal-lengths",
+                "the kernel needs Lq == Lk (self-attention only, e.g. "
+                "local-attention); the suite draws Lq = Lk, and the claim says so",
+                kind="switch",
+            ),
+        ),
+        shows_as=lambda d: "needs Lq == Lk" if d.equal_lengths else None,
+    ),
+    Claim(
+        "empty_sizes",
+        flags=(
+            Flag(
+                "--empty-sizes",
+                "the kernel takes empty sizes (Lq = 0, Lk = 0; SDPA-1.5, "
+                "SDPA-5.2); --no-empty-sizes: the suite draws none and the claim names both "
+                "clauses as waived (CONF-7)",
+                kind="bool",
+            ),
+        ),
+        waives=("SDPA-1.5", "SDPA-5.2"),
+    ),
+    Claim(
+        "mask",
+        flags=(
+            Flag(
+                "--mask",
+                "the kernel takes a boolean mask (default: read off its signature)",
+                kind="bool",
+            ),
+        ),
+        keywords=lambda d: (d.mask_keyword,) if _dense(d) and d.mask else (),
+        remedy="--no-mask, or --mask-keyword NAME",
+        shows_as=_when("mask", "mask"),
+    ),
+    Claim(
+        "mask_keyword",
+        flags=(
+            Flag(
+                "--mask-keyword",
+                "keyword of the boolean mask (default mask); implies --mask",
+                metavar="NAME",
+            ),
+        ),
+        implies={"mask": True},
+    ),
+    Claim(
+        "bias",
+        flags=(Flag("--bias", "the kernel takes an additive float bias", kind="bool"),),
+        keywords=lambda d: (d.bias_keyword,) if _dense(d) and d.bias else (),
+        remedy="--no-bias, or --bias-keyword NAME",
+        shows_as=_when("bias", "bias"),
+    ),
+    Claim(
+        "bias_keyword",
+        flags=(
+            Flag(
+                "--bias-keyword",
+                "keyword of the bias (default bias; PyTorch: attn_mask, a float "
+                "mask added to the scores); implies --bias",
+                metavar="NAME",
+            ),
+        ),
+        implies={"bias": True},
+    ),
+    Claim(
+        "gqa",
+        flags=(Flag("--gqa", "grouped-query attention: Hq a multiple of Hkv", kind="bool"),),
+        shows_as=_when("gqa", "GQA"),
+    ),
+    Claim(
+        "gqa_keyword",
+        flags=(
+            Flag(
+                "--gqa-keyword",
+                "keyword set to True when Hq != Hkv (PyTorch: enable_gqa); implies --gqa",
+                metavar="NAME",
+            ),
+        ),
+        implies={"gqa": True},
+        keywords=lambda d: (d.gqa_keyword,) if _dense(d) and d.gqa and d.gqa_keyword else (),
+        remedy="--gqa-keyword NAME",
+    ),
+    Claim(
+        "causal",
+        flags=(Flag("--causal", "the kernel takes is_causal", kind="bool"),),
+        keywords=lambda d: ("is_causal",) if _dense(d) and d.causal else (),
+        remedy="--no-causal, or --rename is_causal=NAME",
+        shows_as=_when("causal", lambda d: f"{d.causal_alignment.replace('_', '-')} causal"),
+    ),
+    Claim(
+        "causal_alignment",
+        flags=(
+            Flag(
+                "--causal-alignment",
+                "what is_causal means when Lq != Lk: top_left (PyTorch/JAX) "
+                "or bottom_right (FlashAttention >= 2.1)",
+                choices=CAUSAL_ALIGNMENTS,
+                type=_alignment,
+            ),
+        ),
+        invalid=_alignment_invalid,
+    ),
+    Claim(
+        "mask_and_causal",
+        flags=(
+            Flag("--mask-and-causal", "mask and is_causal may be passed together", kind="bool"),
+        ),
+        shows_as=lambda d: (
+            "mask and causal not combined"
+            if _dense(d) and d.mask and d.causal and not d.mask_and_causal
+            else None
+        ),
+    ),
+    Claim(
+        "scale",
+        flags=(Flag("--scale", "the kernel takes scale=", kind="bool"),),
+        keywords=lambda d: ("scale",) if _dense(d) and d.scale else (),
+        remedy="--no-scale, or --rename scale=NAME",
+        shows_as=_when("scale", "explicit scale"),
+    ),
+    Claim(
+        "returns_weights",
+        flags=(Flag("--returns-weights", "the kernel returns (out, weights)", kind="bool"),),
+        shows_as=_when("returns_weights", "returned weights"),
+    ),
+    Claim(
+        "empty_rows_zero",
+        flags=(
+            Flag(
+                "--empty-rows-zero",
+                "fully masked rows give 0 as the spec says (SDPA-5.1); "
+                "--no-empty-rows-zero for kernels that give mean(V): the claim then names "
+                "SDPA-5.1 as waived (CONF-7)",
+                kind="bool",
+            ),
+        ),
+        waives="SDPA-5.1",
+    ),
+    Claim(
+        "extra_kwargs",
+        flags=(
+            Flag(
+                "--kwarg",
+                "extra keyword passed on every call, e.g. dropout_p=0.0",
+                kind="list",
+                metavar="KEY=VALUE",
+            ),
+        ),
+        from_flags=lambda get: key_values(get("kwarg"), "--kwarg") or None,
+        keywords=lambda d: tuple(d.extra_kwargs),
+        remedy="--kwarg",
+    ),
+    # --- the features of spec/features.md and dropout (DROP-2 ... DROP-5) ---
+    Claim(
+        "softcap",
+        flags=(
+            Flag(
+                "--softcap",
+                "the kernel takes a logit softcap c > 0 and computes c tanh(x / c) of "
+                "the scaled scores before bias and mask (SOFTCAP-1; FlashAttention, Gemma 2)",
+                kind="bool",
+            ),
+        ),
+        keywords=lambda d: (d.softcap_keyword,) if _dense(d) and d.softcap else (),
+        remedy="--no-softcap, or --softcap-keyword NAME",
+        shows_as=_when("softcap", "softcap"),
+    ),
+    Claim(
+        "softcap_keyword",
+        flags=(
+            Flag(
+                "--softcap-keyword",
+                "keyword of the softcap (default softcap); implies --softcap",
+                metavar="NAME",
+            ),
+        ),
+        implies={"softcap": True},
+    ),
+    Claim(
+        "alibi",
+        flags=(
+            Flag(
+                "--alibi",
+                "the kernel adds ALiBi biases -m_h |i + d - j| from per-query-head "
+                "slopes, anchored at its causal alignment's corner (ALIBI-2); the slopes are "
+                "passed as float32 (Hq,) or (..., Hq) arrays",
+                kind="bool",
+            ),
+        ),
+        keywords=lambda d: (d.alibi_keyword,) if _dense(d) and d.alibi else (),
+        remedy="--no-alibi, or --alibi-keyword NAME",
+        shows_as=_when(
+            "alibi", lambda d: "ALiBi (standard slopes)" if d.alibi_builtin_slopes else "ALiBi"
+        ),
+    ),
+    Claim(
+        "alibi_keyword",
+        flags=(
+            Flag(
+                "--alibi-keyword",
+                "keyword of the ALiBi slopes (default alibi_slopes); implies --alibi",
+                metavar="NAME",
+            ),
+        ),
+        implies={"alibi": True},
+    ),
+    Claim(
+        "alibi_builtin_slopes",
+        flags=(
+            Flag(
+                "--alibi-builtin-slopes",
+                "the kernel takes no slopes: it computes the standard "
+                "slopes of Press et al. for its heads itself (ALIBI-3), and the ALiBi keyword "
+                "(e.g. --alibi-keyword use_alibi) is a switch the suite sets to True; implies "
+                "--alibi",
+                kind="switch",
+            ),
+        ),
+        implies={"alibi": True},
+    ),
+    Claim(
+        "returns_lse",
+        flags=(
+            Flag(
+                "--returns-lse",
+                "the kernel also returns the log-sum-exp of each query row: "
+                "(out, lse), or (out, weights, lse) with --returns-weights (LSE-1 ... LSE-4)",
+                kind="bool",
+            ),
+        ),
+        shows_as=_when("returns_lse", "log-sum-exp"),
+    ),
+    Claim(
+        "lse_keyword",
+        flags=(
+            Flag(
+                "--lse-keyword",
+                "keyword set to True on every call to get the log-sum-exp "
+                "(FlashAttention's kvcache: return_softmax_lse; FlexAttention: return_lse); "
+                "implies --returns-lse",
+                metavar="NAME",
+            ),
+        ),
+        implies={"returns_lse": True},
+        keywords=lambda d: (
+            (d.lse_keyword,) if _dense(d) and d.returns_lse and d.lse_keyword else ()
+        ),
+        remedy="--lse-keyword NAME",
+    ),
+    Claim(
+        "dropout",
+        flags=(
+            Flag(
+                "--dropout",
+                "the kernel takes a dropout probability (0.0 is passed on every call "
+                "but the dropout checks) and a seed: DROP-2 ... DROP-5 are checked statistically",
+                kind="bool",
+            ),
+        ),
+        keywords=lambda d: (
+            (d.dropout_keyword, *((d.dropout_seed_keyword,) if d.dropout_seeded else ()))
+            if _dense(d) and d.dropout
+            else ()
+        ),
+        remedy="--no-dropout, --dropout-keyword NAME, --dropout-seed-keyword NAME or "
+        "--no-dropout-seeded",
+        shows_as=_when("dropout", "dropout"),
+    ),
+    Claim(
+        "dropout_keyword",
+        flags=(
+            Flag(
+                "--dropout-keyword",
+                "keyword of the dropout probability (default dropout_p); implies --dropout",
+                metavar="NAME",
+            ),
+        ),
+        implies={"dropout": True},
+    ),
+    Claim(
+        "dropout_seed_keyword",
+        flags=(
+            Flag(
+                "--dropout-seed-keyword",
+                "keyword of the integer dropout seed (default seed); implies --dropout",
+                metavar="NAME",
+            ),
+        ),
+        implies={"dropout": True},
+    ),
+    Claim(
+        "dropout_seeded",
+        flags=(
+            Flag(
+                "--dropout-seeded",
+                "the kernel takes its dropout seed as a keyword (default); "
+                "--no-dropout-seeded: it draws from its library's own generator, so DROP-4 is "
+                "not checked",
+                kind="bool",
+            ),
+        ),
+    ),
+    Claim(
+        "varlen",
+        flags=(
+            Flag(
+                "--varlen",
+                "the kernel takes packed sequences (VARLEN-1): fn(q (total_q, Hq, E), "
+                "k, v, cu_seqlens_q=, cu_seqlens_k=, max_seqlen_q=, max_seqlen_k=) with int32 "
+                "offsets, FlashAttention's varlen convention; only the varlen properties apply",
+                kind="switch",
+            ),
+        ),
+        keywords=lambda d: (
+            (
+                "cu_seqlens_q",
+                "cu_seqlens_k",
+                *(("max_seqlen_q", "max_seqlen_k") if d.varlen_max_seqlen else ()),
+            )
+            if d.varlen
+            else ()
+        ),
+        remedy="--rename cu_seqlens_q=NAME ..., or --no-varlen-max-seqlen",
+    ),
+    Claim(
+        "varlen_max_seqlen",
+        flags=(
+            Flag(
+                "--varlen-max-seqlen",
+                "pass max_seqlen_q and max_seqlen_k to a --varlen kernel "
+                "(default; --no-varlen-max-seqlen: it takes only the offsets)",
+                kind="bool",
+            ),
+        ),
+    ),
+    Claim(
+        "kv_cache",
+        flags=(
+            Flag(
+                "--kv-cache",
+                "the kernel attends over a KV cache (KVCACHE-1): fn(q, k_cache, "
+                "v_cache, cache_seqlens=, k=, v=, [block_table=]) as FlashAttention's "
+                "flash_attn_with_kvcache, bottom-right; only the KV-cache properties apply",
+                kind="switch",
+            ),
+        ),
+        keywords=lambda d: (
+            (
+                "cache_seqlens",
+                *(("k", "v") if d.kv_cache_append else ()),
+                *(("block_table",) if d.kv_cache_paged else ()),
+            )
+            if d.kv_cache
+            else ()
+        ),
+        remedy="--rename cache_seqlens=NAME ..., --no-kv-cache-append",
+        shows_as=lambda d: "paged" if d.kv_cache and d.kv_cache_paged else None,
+    ),
+    Claim(
+        "kv_cache_append",
+        flags=(
+            Flag(
+                "--kv-cache-append",
+                "the --kv-cache kernel takes new keys k=, v= and writes them "
+                "into the cache in place at cache_seqlens (KVCACHE-4; default)",
+                kind="bool",
+            ),
+        ),
+    ),
+    Claim(
+        "kv_cache_paged",
+        flags=(
+            Flag(
+                "--kv-cache-paged",
+                "the --kv-cache kernel takes a paged cache (num_blocks, Hkv, "
+                "block_size, E) and block_table= (KVCACHE-5)",
+                kind="switch",
+            ),
+        ),
+        implies={"kv_cache": True},
+    ),
+    Claim(
+        "kv_cache_block_size",
+        flags=(
+            Flag(
+                "--kv-cache-block-size",
+                "the block size a paged cache must have (FlashAttention: "
+                "a multiple of 256); default: the suite draws small ones",
+                type=int,
+                metavar="N",
+            ),
+        ),
+        implies={"kv_cache": True, "kv_cache_paged": True},
+    ),
+    Claim(
+        "sparse",
+        flags=(
+            Flag(
+                "--sparse",
+                "the kernel implements this sparse pattern (spec/sparse.md)",
+                metavar="PATTERN",
+            ),
+            Flag(
+                "--sparse-param",
+                "a parameter of the sparse pattern (repeatable)",
+                kind="list",
+                metavar="KEY=VALUE",
+            ),
+            Flag(
+                "--sparse-alignment",
+                "causal alignment of the sparse pattern",
+                choices=CAUSAL_ALIGNMENTS,
+                type=_alignment,
+            ),
+            Flag("--sparse-causal", "the sparse pattern is causal", kind="switch"),
+            Flag(
+                "--sparse-pass-params",
+                "pass the pattern's parameters to the kernel as keywords",
+                kind="switch",
+            ),
+        ),
+        from_flags=_sparse_from_flags,
+        invalid=_family_alignment_invalid,
+        keywords=lambda d: tuple(d.sparse.params) if d.sparse and d.sparse.pass_params else (),
+        remedy="--sparse-pass-params",
+        shows_as=lambda d: None if d.sparse is None else d.sparse.pattern,
+    ),
+    Claim(
+        "linear",
+        flags=(
+            Flag(
+                "--linear",
+                "the kernel is linear attention with this feature map "
+                f"(spec/linear.md): {', '.join(FEATURE_MAPS)}, or MODULE:FUNC of a feature-map "
+                "callable",
+                metavar="FEATURE_MAP",
+            ),
+            Flag(
+                "--linear-num-features", "number of random features (FAVOR+)", type=int, metavar="M"
+            ),
+            Flag("--linear-iid", "FAVOR+ features are iid, not orthogonal", kind="switch"),
+            Flag(
+                "--linear-seed-keyword",
+                "keyword the FAVOR+ seed is passed as (default seed)",
+                metavar="NAME",
+            ),
+            Flag(
+                "--linear-eps",
+                "epsilon the kernel adds to its denominator",
+                type=float,
+                metavar="EPS",
+            ),
+            Flag(
+                "--linear-causal-alignment",
+                "causal alignment of the linear kernel",
+                choices=CAUSAL_ALIGNMENTS,
+                type=_alignment,
+            ),
+        ),
+        from_flags=_linear_from_flags,
+        invalid=_family_alignment_invalid,
+        keywords=lambda d: (
+            (d.linear.seed_keyword,)
+            if d.linear is not None and d.linear.feature_map == "favor+"
+            else ()
+        ),
+        remedy="--linear-seed-keyword NAME",
+        shows_as=_linear_shows,
+    ),
+    Claim(
+        "rope",
+        flags=(
+            Flag(
+                "--rope",
+                "the function is rotary position embedding (ROPE-1) with this pairing, "
+                "called fn(x (B, H, L, d), positions (B, 1, L) integers); only the RoPE "
+                "properties apply",
+                choices=ROPE_LAYOUTS,
+                metavar="PAIRING",
+            ),
+            Flag(
+                "--rope-base",
+                "the RoPE function's base (default 10000)",
+                type=float,
+                metavar="BASE",
+            ),
+            Flag(
+                "--rope-dim",
+                "the RoPE function rotates only the first R features (default: all)",
+                type=int,
+                metavar="R",
+            ),
+        ),
+        from_flags=_rope_from_flags,
+        invalid=_rope_invalid,
+        shows_as=lambda d: None if d.rope is None else f"{d.rope.pairing} pairing",
+    ),
+)
+CLAIM_FLAGS: tuple[Flag, ...] = tuple(flag for claim in CLAIMS for flag in claim.flags)
+
+SETUP_FLAGS: tuple[Flag, ...] = (
+    Flag(
+        "--layout",
+        "the kernel's array layout: bhld (the spec's, default) or blhd "
+        "(JAX/FlashAttention (..., L, H, E))",
+        choices=LAYOUTS,
+    ),
+    Flag(
+        "--rename",
+        "the kernel takes a spec keyword under another name, e.g. "
+        "is_causal=causal, scale=softmax_scale",
+        kind="list",
+        metavar="SPEC=KERNEL",
+    ),
+    Flag(
+        "--dtype",
+        "test only these dtypes (repeatable or comma list): float16, bfloat16, float32, float64",
+        kind="list",
+        metavar="DTYPE",
+    ),
+    Flag(
+        "--jax-x64",
+        "JAX backend: turn jax_enable_x64 on for this run, so float64 is "
+        "checked too (JAX's default is off: float64 inputs become float32)",
+        kind="switch",
+    ),
+)
+
+
+def claims_from(get: Getter) -> dict[str, Any]:
+    """Declaration overrides from the claim flags (only those given, and what they imply)."""
+    claims: dict[str, Any] = {}
+    implied: dict[str, Any] = {}
+    for claim in CLAIMS:
+        value = claim.value_from(get)
+        if value is not None:
+            claims[claim.field] = value
+            implied.update(claim.implies)
+    for name, value in implied.items():
+        claims.setdefault(name, value)
+    return claims
+
+
+def setup_from(get: Getter) -> dict[str, Any]:
+    """KernelSetup's layout, rename, dtypes and jax_x64 from the setup flags."""
+    rename = {key: str(value) for key, value in key_values(get("rename"), "--rename").items()}
+    dtypes = comma_list(get("dtype"))
+    return {
+        "layout": get("layout") or "bhld",
+        "rename": rename,
+        "dtypes": None if dtypes is None else tuple(dtypes),
+        "jax_x64": True if get("jax_x64") else None,
+    }
+
+
+def suite_keywords(declaration: KernelDeclaration) -> dict[str, str]:
+    """Each keyword the suite may pass the kernel, with the claim that makes it do so and
+    how to change that."""
+    keywords: dict[str, str] = {}
+    for claim in CLAIMS:
+        if claim.keywords is None:
+            continue
+        shown = repr(getattr(declaration, claim.field))
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        for keyword in claim.keywords(declaration):
+            keywords.setdefault(keyword, f"{claim.field}={shown} (change it with {claim.remedy})")
+    return keywords
+
+
+def claim_features(declaration: KernelDeclaration) -> list[str]:
+    """The words of the claim line for what ``declaration`` claims, in table order."""
+    words = [declaration.family]
+    for claim in CLAIMS:
+        if claim.shows_as is not None:
+            shown = claim.shows_as(declaration)
+            if shown:
+                words.append(shown)
+    return words

@@ -1,0 +1,97 @@
+"""The float64 definition and its TOL-2 bound for a conformance :class:`Problem`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...reference.tolerance import (
+    ErrorBound,
+    LseBound,
+    dropout_error_bound,
+    error_and_lse_bound,
+    error_bound,
+)
+from ..call.problem import Problem
+from ..claims.declaration import KernelDeclaration
+from .kernel import identity_values
+
+
+def reference_bound(
+    problem: Problem,
+    declaration: KernelDeclaration,
+    *,
+    weights: bool = False,
+) -> ErrorBound:
+    """SDPA-7.1 in float64 and the TOL-2 bound for ``problem`` as the kernel sees it.
+
+    The causal alignment is the one the kernel declares (SDPA-4.1/4.2).  The weights
+    (the size of the score matrix) are computed only when ``weights`` is True.
+    """
+    return error_bound(
+        problem.q, problem.k, problem.v, **_definition(problem, declaration), weights=weights
+    )
+
+
+def _definition(problem: Problem, declaration: KernelDeclaration) -> dict[str, Any]:
+    """The keywords of the reference's definition for ``problem``: mask, bias, the declared
+    causal alignment (which anchors ALiBi too, ALIBI-2), scale and the features."""
+    return dict(
+        dtype=problem.dtype,
+        mask=problem.mask,
+        bias=problem.bias,
+        is_causal=problem.is_causal,
+        causal_alignment=declaration.causal_alignment,
+        scale=problem.scale,
+        softcap=problem.softcap,
+        alibi_slopes=problem.alibi_slopes,
+    )
+
+
+def lse_bound(problem: Problem, declaration: KernelDeclaration) -> tuple[ErrorBound, LseBound]:
+    """The TOL-2 bound of the output and the log-sum-exp with its TOL-5 bound (LSE-1)."""
+    return error_and_lse_bound(
+        problem.q, problem.k, problem.v, **_definition(problem, declaration), weights=False
+    )
+
+
+def dropout_bound(
+    problem: Problem,
+    declaration: KernelDeclaration,
+    keep: Any,
+) -> tuple[Any, Any]:
+    """DROP-2's output for the keep indicators ``keep`` and its TOL-6 bound."""
+    return dropout_error_bound(
+        problem.q,
+        problem.k,
+        problem.v,
+        **_definition(problem, declaration),
+        dropout_p=problem.dropout_p,
+        dropout_keep=keep,
+    )
+
+
+def weights_bound(problem: Problem, declaration: KernelDeclaration) -> tuple[Any, Any]:
+    """(weights, tolerance) matching how ``KernelUnderTest.output_with_weights`` observes them.
+
+    Returned weights get the weights bound of TOL-2; weights observed through V = I are
+    outputs, so they get :func:`observed_weights_bound`.
+    """
+    if declaration.returns_weights:
+        bound = reference_bound(problem, declaration, weights=True)
+        return bound.weights, bound.weights_tolerance
+    return observed_weights_bound(problem, declaration)
+
+
+def observed_weights_bound(problem: Problem, declaration: KernelDeclaration) -> tuple[Any, Any]:
+    """(weights, tolerance) of weights observed through V = I
+    (``KernelUnderTest.observed_weights``): the output and output bound (TOL-2) of the
+    V = I problem.
+
+    They hold as well for weights observed in column blocks V_j = I[:, j:j + Ev]: TOL-2
+    bounds output column c from column c of V alone (its sums over keys of v_jc, |v_jc|,
+    v_jc^2 and its hull over keys; the weights and score errors do not depend on V), so
+    block column c, column j + c of I, gets the bound of column j + c of the one V = I
+    call, to the bit (tests/conformance/test_observed_weights.py checks it).
+    """
+    bound = reference_bound(identity_values(problem), declaration)
+    return bound.out, bound.out_tolerance

@@ -1,0 +1,119 @@
+"""The guard every kernel call runs under, in a worker process or in this one.
+
+:func:`guard_calls` restores NumPy's floating-point error state after each call, turns
+``sys.exit`` inside the kernel (and, in a worker, ``KeyboardInterrupt``) into a failed
+verdict (CONF-5), and tells an observer (the worker's supervisor) which inputs each call
+works on.  Applied by :meth:`.kernel_setup.KernelSetup.prepare` to every kernel.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .failures import KernelExited, PropertyFailure
+
+if TYPE_CHECKING:
+    from ..call.problem import Problem
+    from .kernel import KernelOutputs, KernelUnderTest
+
+
+def describe_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """Shapes and keywords of a call made with hand-built arguments (no Problem)."""
+
+    def shape(x: Any) -> str:
+        return f"{tuple(x.shape)}" if hasattr(x, "shape") else f"={x!r}"[:40]
+
+    names = ("q", "k", "v")[: len(args)]
+    parts = [f"{name}{shape(a)}" for name, a in zip(names, args, strict=False)]
+    parts += [f"{key}{shape(value)}" for key, value in kwargs.items()]
+    return ", ".join(parts)
+
+
+class CallObserver:
+    """Hears each kernel call start and return (the worker tells its supervisor)."""
+
+    def started(self, description: str, problem: Problem | None) -> None:
+        pass
+
+    def returned(self) -> None:
+        pass
+
+
+class CallGuard:
+    """What wraps ``kernel.call_raw``: see :func:`guard_calls`."""
+
+    def __init__(self, kernel: KernelUnderTest) -> None:
+        self.kernel = kernel
+        self.observer: CallObserver | None = None
+        self.interrupt_is_the_kernels = False
+        self.memory_note = ""
+        self.problem: Problem | None = None  # the inputs of the call_on() under way
+        self._call, self._invoke = kernel.call_raw, kernel.call_on
+
+    def call_on(self, problem: Problem) -> KernelOutputs:
+        self.problem = problem
+        try:
+            return self._invoke(problem)
+        finally:
+            self.problem = None
+
+    def call_raw(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        problem = self.problem
+        if self.observer is not None:
+            description = (
+                self.kernel.describe(problem)
+                if problem is not None
+                else (describe_call(args, kwargs))
+            )
+            self.observer.started(description, problem)
+        # A kernel that leaves np.seterr(all="raise") behind must not turn the suite's own
+        # NumPy arithmetic (reference, tolerances) into errors.
+        error_state = np.geterr()
+        try:
+            return self._call(args, kwargs)
+        except SystemExit as exc:
+            raise KernelExited(
+                PropertyFailure(
+                    f"the kernel called sys.exit({exc.code!r}): a kernel must return a result or "
+                    "raise an exception, never end the process [CONF-5]",
+                    problem,
+                    self.kernel,
+                )
+            ) from None
+        except KeyboardInterrupt:
+            if not self.interrupt_is_the_kernels:
+                raise  # in-process, Ctrl-C: the user's interrupt, not a verdict
+            raise KernelExited(
+                PropertyFailure(
+                    "the kernel raised KeyboardInterrupt (no one pressed Ctrl-C: the check runs "
+                    "the kernel in a worker process that receives no terminal signals) [CONF-5]",
+                    problem,
+                    self.kernel,
+                )
+            ) from None
+        except MemoryError as exc:
+            if self.memory_note:
+                raise MemoryError(f"{exc} ({self.memory_note})") from None
+            raise
+        finally:
+            np.seterr(**error_state)
+            if self.observer is not None:
+                self.observer.returned()
+
+
+def guard_calls(kernel: KernelUnderTest) -> CallGuard:
+    """Put every call of ``kernel`` under a :class:`CallGuard` (once) and return it.
+
+    The guard wraps this instance's ``call_raw`` (which every call goes through) and
+    ``call_on`` (which knows the :class:`Problem`, for messages).  Configure it through the
+    returned object: ``observer``, ``interrupt_is_the_kernels``, ``memory_note``.
+    """
+    existing = kernel.__dict__.get("call_guard")
+    if isinstance(existing, CallGuard):
+        return existing
+    guard = CallGuard(kernel)
+    kernel.call_raw, kernel.call_on = guard.call_raw, guard.call_on  # type: ignore[method-assign]
+    kernel.call_guard = guard  # type: ignore[attr-defined]
+    return guard

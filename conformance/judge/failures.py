@@ -1,0 +1,110 @@
+"""Failure reports that show the inputs, the measured error and the clause.
+
+The reproduction of a failure is written on demand by :func:`.reproduce.failure_snippet`
+(while Hypothesis shrinks, most failures are never reported, and realistic inputs are large).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Protocol
+
+from ..call.problem import Problem
+from ..claims.declaration import KernelDeclaration
+
+
+class NamedBackend(Protocol):
+    """The backend a kernel ran on, as a failure names it."""
+
+    @property
+    def name(self) -> str: ...
+
+
+class ShownKernel(Protocol):
+    """The kernel as a failure shows it: what it was called with (``describe``) and how
+    a reproduction rebuilds it.  The judge's ``KernelUnderTest`` and the ``KernelInfo``
+    of a kernel loaded in another process are both one."""
+
+    @property
+    def target(self) -> str: ...
+
+    @property
+    def loader(self) -> str: ...
+
+    @property
+    def declaration(self) -> KernelDeclaration: ...
+
+    @property
+    def backend(self) -> NamedBackend: ...
+
+    def describe(self, problem: Problem) -> str: ...
+
+
+_NUMPY_SCALAR = re.compile(r"np\.(float\d+|int\d+|uint\d+|bool_?|str_)\(([^()]*)\)")
+
+
+class PropertyFailure(AssertionError):
+    """A property does not hold; the message is complete and self-contained.
+
+    ``shows_weights``: the finding is about weights observed through V = I
+    (``KernelUnderTest.observed_weights``), which the reproduction then prints too.
+    """
+
+    def __init__(
+        self,
+        finding: str,
+        problem: Problem | None = None,
+        kernel: ShownKernel | None = None,
+        *,
+        hint: str = "",
+        shows_weights: bool = False,
+    ) -> None:
+        # NumPy 2 scalar reprs (np.float64(0.5)) are noise in a message: show the value
+        self.finding = finding = _NUMPY_SCALAR.sub(r"\2", finding)
+        self.problem = problem
+        self.hint = hint
+        self.shows_weights = shows_weights
+        self.kernel = kernel  # what the reproduction (reproduce.failure_snippet) calls
+        self.counterexample = (
+            ""
+            if problem is None
+            else kernel.describe(problem)
+            if kernel is not None
+            else problem.describe()
+        )
+        message = finding
+        if self.counterexample:
+            message += f"\n  inputs: {self.counterexample}"
+        super().__init__(message)
+
+
+def distinct(found: float, expected: float) -> tuple[str, str]:
+    """``found`` and ``expected`` with as many significant digits (6 to 17) as it takes to
+    tell them apart, so a message never reads "0.57735, but should be 0.57735"."""
+    for digits in range(6, 18):
+        shown = f"{found:.{digits}g}", f"{expected:.{digits}g}"
+        if shown[0] != shown[1]:
+            return shown
+    return repr(found), repr(expected)
+
+
+# How a KernelRaised finding starts ("kernel raised ValueError: ...").
+KERNEL_RAISED = "kernel raised "
+
+
+class KernelRaised(PropertyFailure):
+    """The kernel raised on input the spec defines (it must return a result)."""
+
+
+class KernelExited(BaseException):
+    """The kernel tried to end the process: ``sys.exit`` (any status, 0 included), or
+    ``KeyboardInterrupt`` raised by a kernel running in a worker process (CONF-5).
+
+    Not an ``Exception``, so no property can take it for an answer (a property that
+    accepts any exception as a rejection must not accept this); the runner turns it into
+    a failed verdict on the inputs of the call.
+    """
+
+    def __init__(self, failure: PropertyFailure) -> None:
+        super().__init__(failure.finding)
+        self.failure = failure

@@ -1,0 +1,335 @@
+"""What several property modules share: the values TOL-2 compares, the output
+shape and dtype checks (SDPA-1.3), problems drawn with the features a kernel claims
+(softcap, ALiBi) or of its own family (sparse, linear).
+
+Property modules import these from here, never from each other, so each property module
+is a leaf and the registry can list them in clause order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import array_api_compat
+import array_api_compat.numpy as np_namespace
+import numpy as np
+from hypothesis import strategies as st
+
+from ....backends import FLOAT_DTYPE_NAMES, Backend
+from ....reference.features import alibi_slopes as standard_slopes
+from ....reference.sparse.masks import sparse_mask
+from ....reference.tolerance import error_bound
+from ...call.problem import Problem
+from ...claims.declaration import KernelDeclaration
+from ...draw import shape_pool
+from ...draw.input_features import scores_shape
+from ...draw.sizes import Dims, current, realistic
+from ...draw.strategies import (
+    draw_dims,
+    draw_dtype,
+    draw_problem,
+    draw_rng,
+    random_problem,
+    within_limitations,
+)
+from ..assertions import assert_shape
+from ..failures import PropertyFailure
+from ..kernel import KernelUnderTest
+
+# Key counts one past a power of two, where tiled kernels meet a partial block: pytorch
+# #191937 (stride-0 K/V wrong when Lk % 32 == 1); 1 is the degenerate row of one key.
+AWKWARD_KEY_COUNTS = (33, 1, 65)
+
+
+def awkward_key_counts() -> tuple[int, ...]:
+    """The AWKWARD_KEY_COUNTS within the user's ``--max-len`` (a size cap holds for every
+    draw, spec/index.md section 7)."""
+    return tuple(n for n in AWKWARD_KEY_COUNTS if n <= current().limits.max_len)
+
+
+def with_awkward_key_count(data: st.DataObject, kernel: KernelUnderTest, dims: Dims) -> Dims:
+    """``dims`` of a small draw with Lk often one of AWKWARD_KEY_COUNTS (Lq = Lk kept for
+    ``equal_lengths``); realistic strata draw their own block boundaries.  On a backend
+    that compiles per shape the pooled small shapes are kept as drawn (each awkward count
+    would be a new compilation per pooled shape); its realistic strata still meet block
+    boundaries."""
+    if realistic() or shape_pool.pooling(data):
+        return dims
+    choices = (dims.n_keys, dims.n_keys, *awkward_key_counts())
+    n_keys = data.draw(st.sampled_from(choices), label="Lk")
+    return within_limitations(kernel, replace(dims, n_keys=n_keys))
+
+
+# TOL-2 holds for every score error, but grows like 1/(1 - D_i): beyond D_i = 1/4 a
+# comparison can catch little, so value comparisons keep problems below it.
+VALID_SCORE_ERROR = 0.25
+
+
+def _group_heads(problem: Problem, a: np.ndarray) -> np.ndarray:
+    """A key-side array ``(..., Hkv, Lk, ·)`` repeated per query head: head h uses h // G."""
+    groups = problem.q.shape[-3] // problem.k.shape[-3]
+    return np.repeat(a, groups, axis=-3)
+
+
+def pair_score_magnitudes(problem: Problem) -> np.ndarray:
+    """|alpha| A_ij of TOL-2 for every pair (allowed or not), ``(..., Hq, Lq, Lk)``."""
+    head_dim, n_kv = problem.q.shape[-1], problem.k.shape[-3]
+    scale = 1.0 / math.sqrt(head_dim) if problem.scale is None else abs(problem.scale)
+    keys = np.repeat(np.abs(problem.k), problem.q.shape[-3] // max(n_kv, 1), axis=-3)
+    magnitudes: np.ndarray = scale * (np.abs(problem.q) @ np.swapaxes(keys, -1, -2))
+    return magnitudes
+
+
+def row_score_errors(problem: Problem, declaration: KernelDeclaration | None = None) -> np.ndarray:
+    """D_i of TOL-2 for every query row of ``problem`` (0 for rows with no allowed key)."""
+    alignment = "top_left" if declaration is None else declaration.causal_alignment
+    return np.asarray(
+        error_bound(
+            problem.q,
+            problem.k,
+            problem.v,
+            dtype=problem.dtype,
+            mask=problem.mask,
+            bias=problem.bias,
+            is_causal=problem.is_causal,
+            causal_alignment=alignment,
+            scale=problem.scale,
+            weights=False,
+        ).score_error
+    )
+
+
+def score_error(problem: Problem) -> float:
+    """max_i D_i of TOL-2: how far the score errors a kernel may make can move a row's
+    weights (relative, weighted by the weights themselves)."""
+    errors = row_score_errors(problem)
+    return float(np.max(errors)) if errors.size else 0.0
+
+
+def within_validity(kernel: KernelUnderTest, problem: Problem) -> Problem:
+    """``problem`` with q scaled by a power of two until D_i <= 1/4 (TOL-2 tight).
+
+    Properties that compare values within TOL-2 use this, so that the bound stays tight
+    enough to catch errors (it holds for any D, spec/tolerance.md).  Rows whose bias alone
+    puts them beyond 1/4 (every key padded with a huge finite bias: their weights are not
+    determined by the arithmetic SDPA-7.2 allows) keep TOL-2's hull bound and are left out
+    of the target.
+    """
+    errors = row_score_errors(problem, kernel.declaration)
+    if errors.size == 0 or np.max(errors) <= VALID_SCORE_ERROR:
+        return problem
+    unscaled = problem.with_(q=np.zeros_like(problem.q))
+    reachable = row_score_errors(unscaled, kernel.declaration) < VALID_SCORE_ERROR
+    if not np.any(reachable & (errors > VALID_SCORE_ERROR)):
+        return problem
+    scaled = problem
+    for halvings in range(1, 2100):  # a float64 q underflows to 0 within 1100 halvings
+        q = kernel.rounded(problem.q * 2.0**-halvings, problem.dtype)
+        scaled = problem.with_(q=q)
+        errors = row_score_errors(scaled, kernel.declaration)
+        if np.all(errors[reachable] <= VALID_SCORE_ERROR):
+            return scaled
+    return scaled
+
+
+def values_per_query(problem: Problem) -> np.ndarray:
+    """V broadcast to ``(*batch, Hq, Lk, Ev)``: the values each query head attends."""
+    v = _group_heads(problem, problem.v)
+    shape = scores_shape(problem)
+    return np.broadcast_to(v, (*shape[:-2], *v.shape[-2:]))
+
+
+def dtype_name(backend: Backend, dtype: Any) -> str:
+    """The spec's name ("float16", ...) of a backend dtype, or its repr if it has none."""
+    for name in FLOAT_DTYPE_NAMES:
+        if name in backend.dtype_names and dtype == backend.dtype(name):
+            return name
+    return str(dtype)
+
+
+def call_text(kernel: KernelUnderTest) -> str:
+    return f"{getattr(kernel.fn, '__name__', 'kernel')}(q, k, v)"
+
+
+def _require_array(x: Any, what: str, problem: Problem, kernel: KernelUnderTest) -> None:
+    if not array_api_compat.is_array_api_obj(x):
+        raise PropertyFailure(
+            f"{what} is a {type(x).__name__}, but should be an array [SDPA-1.3, "
+            f"{call_text(kernel)}]",
+            problem,
+            kernel,
+        )
+
+
+def _expected_shapes(problem: Problem) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(out shape, weights shape): (*batch, Hq, Lq, Ev) and (*batch, Hq, Lq, Lk)."""
+    scores = scores_shape(problem)
+    return (*scores[:-1], problem.v.shape[-1]), scores
+
+
+def assert_output_shapes(
+    kernel: KernelUnderTest,
+    problem: Problem,
+    out: Any,
+    weights: Any,
+) -> None:
+    """Raw ``out`` is a (*batch, Hq, Lq, Ev) array, ``weights`` (if any) (*batch, Hq, Lq, Lk)."""
+    out_shape, weights_shape = _expected_shapes(problem)
+    _require_array(out, "out", problem, kernel)
+    assert_shape(out, out_shape, "out", problem, kernel)
+    if weights is not None:
+        _require_array(weights, "weights", problem, kernel)
+        assert_shape(weights, weights_shape, "weights", problem, kernel)
+
+
+def assert_output_shape_and_dtype(
+    kernel: KernelUnderTest,
+    problem: Problem,
+    out: Any,
+    weights: Any = None,
+) -> None:
+    """SDPA-1.3 for one raw result: shapes as ``assert_output_shapes``, dtype q's."""
+    assert_output_shapes(kernel, problem, out, weights)
+    for what, result in (("out", out), ("weights", weights)):
+        if result is not None and result.dtype != kernel.backend.dtype(problem.dtype):
+            raise PropertyFailure(
+                f"{what}.dtype={dtype_name(kernel.backend, result.dtype)}, but should be "
+                f"{problem.dtype}, the dtype of q [SDPA-1.3, {call_text(kernel)}]",
+                problem,
+                kernel,
+            )
+
+
+SOFTCAPS = (1.0, 2.5, 8.0, 30.0, 50.0)  # Gemma 2 caps attention logits at 50
+
+
+SLOPE_FACTORS = (1.0, 0.25, 4.0)
+
+
+def draw_softcap(data: st.DataObject) -> float:
+    return data.draw(st.sampled_from(SOFTCAPS), label="softcap")
+
+
+def draw_alibi_slopes(data: st.DataObject, kernel: KernelUnderTest, dims: Dims) -> np.ndarray:
+    """Slopes of ALIBI-1: the standard ones (ALIBI-3) for a kernel that computes its own;
+    otherwise ``(Hq,)`` or ``(*batch, Hq)``, standard slopes times a factor or uniform
+    ones, as float64 values exact in float32 (the dtype the suite passes them in)."""
+    n_heads = dims.n_q_heads
+    standard = np.asarray(_standard(n_heads), dtype=np.float64)
+    if kernel.declaration.alibi_builtin_slopes:
+        return standard
+    rng = draw_rng(data)
+    if data.draw(st.booleans(), label="uniform slopes"):
+        slopes = rng.uniform(0.01, 1.0, n_heads)
+    else:
+        slopes = standard * data.draw(st.sampled_from(SLOPE_FACTORS), label="slope factor")
+    if len(dims.batch) > 0 and data.draw(st.booleans(), label="per-batch slopes"):
+        slopes = slopes * rng.uniform(0.5, 2.0, (*dims.batch, 1))
+    return slopes.astype(np.float32).astype(np.float64)
+
+
+def _standard(n_heads: int) -> list[float]:
+    return [float(s) for s in standard_slopes(n_heads, xp=np_namespace)]
+
+
+def with_claimed_features(
+    data: st.DataObject,
+    kernel: KernelUnderTest,
+    problem: Problem,
+    dims: Dims,
+    *,
+    softcap: bool | None = None,
+    alibi: bool | None = None,
+) -> Problem:
+    """``problem`` with the features the kernel claims: each drawn ("maybe") unless
+    ``softcap``/``alibi`` say always (True) or never (False)."""
+    decl = kernel.declaration
+    if (
+        decl.softcap
+        and softcap is not False
+        and (softcap or data.draw(st.booleans(), label="with softcap"))
+    ):
+        problem = problem.with_(softcap=draw_softcap(data))
+    if (
+        decl.alibi
+        and alibi is not False
+        and (alibi or data.draw(st.booleans(), label="with ALiBi"))
+    ):
+        problem = problem.with_(alibi_slopes=draw_alibi_slopes(data, kernel, dims))
+    return problem
+
+
+def pattern_mask(kernel: KernelUnderTest, n_queries: int, n_keys: int) -> np.ndarray:
+    """The declared pattern's boolean (Lq, Lk) mask, as NumPy."""
+    claim = kernel.declaration.sparse
+    assert claim is not None
+    return np.asarray(
+        sparse_mask(
+            claim.pattern,
+            n_queries,
+            n_keys,
+            alignment=claim.alignment,
+            causal=claim.causal,
+            xp=np_namespace,
+            **dict(claim.params),
+        )
+    )
+
+
+def pinned_lengths(pattern: str, params: dict[str, object]) -> tuple[tuple[int, int], ...] | None:
+    """Length ranges a pattern's parameters fix: a block layout of (nqb, nkb) blocks of
+    size (bq, bk) needs Lq in ((nqb - 1) bq, nqb bq], likewise Lk (ragged last block)."""
+    if pattern != "block_sparse":
+        return None
+    layout = np.asarray(params["layout"])
+    size = params["block_size"]
+    sizes = (size, size) if isinstance(size, int) else tuple(size)  # type: ignore[arg-type]
+    return tuple(
+        ((blocks - 1) * block + 1, blocks * block)
+        for blocks, block in zip(layout.shape, sizes, strict=True)
+    )
+
+
+def draw_sparse_problem(
+    kernel: KernelUnderTest,
+    data: st.DataObject,
+    weights: bool = False,
+) -> tuple[Problem, np.ndarray]:
+    """Sizes long enough to show the pattern's structure, ragged tails and Lq != Lk (a
+    block-sparse layout pins the lengths); ``weights``: observed through V = I."""
+    claim = kernel.declaration.sparse
+    assert claim is not None
+    dims = draw_dims(data, kernel, min_queries=1, min_keys=1, max_len=17, weights=weights)
+    lengths = pinned_lengths(claim.pattern, dict(claim.params))
+    if lengths is not None:
+        (q_low, q_high), (k_low, k_high) = lengths
+        dims = replace(
+            dims,
+            n_queries=data.draw(st.integers(q_low, q_high), label="Lq"),
+            n_keys=data.draw(st.integers(k_low, k_high), label="Lk"),
+        )
+    dtype = draw_dtype(data, kernel)
+    rng = draw_rng(data)
+    problem = random_problem(
+        kernel, rng, dims, dtype, extra=dict(claim.params) if claim.pass_params else {}
+    )
+    return problem, pattern_mask(kernel, dims.n_queries, dims.n_keys)
+
+
+def draw_any_problem(data: st.DataObject, kernel: KernelUnderTest) -> Problem:
+    """A problem of the kernel's own family: dense (``draw_problem``), sparse (its declared
+    pattern, at lengths the pattern allows) or linear (no mask, bias or scale; a seed for
+    FAVOR+ kernels), for properties that hold for every attention kernel."""
+    declaration = kernel.declaration
+    if declaration.sparse is not None:
+        return draw_sparse_problem(kernel, data)[0]
+    if declaration.linear is None:
+        return draw_problem(data, kernel)
+    problem = draw_problem(data, kernel, mask="never", bias="never", scale="never")
+    if declaration.linear.feature_map == "favor+":
+        problem.extra[declaration.linear.seed_keyword] = data.draw(
+            st.integers(0, 2**16), label="seed"
+        )
+    return problem

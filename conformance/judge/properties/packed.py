@@ -1,0 +1,435 @@
+"""VARLEN-1 … VARLEN-4 and KVCACHE-1 … KVCACHE-5: packed sequences and KV caches, called in
+their libraries' conventions (conformance/packed.py) and compared, sequence by sequence,
+with the dense definition of that sequence alone.
+
+Batches have ragged lengths, empty sequences, GQA, causal calls, explicit scales and the
+features the kernel claims; KV caches have per-batch valid lengths, new keys, stale values
+past every length and, when paged, shuffled block tables with unused blocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import numpy as np
+from hypothesis import strategies as st
+
+from ...call.problem import Problem
+from ...claims.declaration import KernelDeclaration
+from ...draw import sizes
+from ...draw.strategies import EXPLICIT_SCALES, draw_dtype, draw_rng, random_values
+from ..assertions import assert_identical, assert_shape, assert_within_bound
+from ..bounds import lse_bound, reference_bound
+from ..failures import PropertyFailure
+from ..kernel import KernelUnderTest
+from ..packed_calls import Batch, CacheCall, bottom_right, call_kv_cache, call_varlen, per_sequence
+from ..registration import register
+from ._helpers import draw_alibi_slopes, draw_softcap
+
+Applies = Callable[[KernelDeclaration], "str | None"]
+
+
+def _family(name: str, **claims: bool) -> Applies:
+    def applies(declaration: KernelDeclaration) -> str | None:
+        if declaration.family != name:
+            return f"the kernel does not declare {name} attention"
+        missing = [c for c, wanted in claims.items() if getattr(declaration, c) != wanted]
+        return f"the kernel does not claim {', '.join(missing)}" if missing else None
+
+    return applies
+
+
+@contextlib.contextmanager
+def reported_as(batch: Batch) -> Iterator[None]:
+    """Failures inside name the whole call (lengths, options, cache layout) instead of one
+    sequence's dense inputs: a dense reproduction of a packed call would mislead."""
+    try:
+        yield
+    except PropertyFailure as failure:
+        if failure.problem is None:
+            raise
+        raise PropertyFailure(
+            f"{failure.finding} [call: {batch.describe()}]", hint=failure.hint
+        ) from None
+
+
+# Realistic strata: sequence and cache lengths at block boundaries (sizes.LENGTHS) up to
+# these, head dims kernels special-case up to 128, so a packed call stays well within the
+# cost of one realistic dense problem while crossing tiles of 16 to 256 tokens.
+REALISTIC_MAX_LENGTH = 513
+REALISTIC_MAX_HEAD_DIM = 128
+
+
+def _lengths(data: st.DataObject, label: str, small: int) -> int:
+    """A length: 0..``small`` in the small stratum, a block-boundary length (or 0) in the
+    realistic ones, within the user's --max-len."""
+    drawing = sizes.current()
+    if not drawing.realistic:
+        return data.draw(st.integers(0, small), label=label)
+    choices = [
+        0,
+        *(n for n in sizes.LENGTHS if n <= min(REALISTIC_MAX_LENGTH, drawing.limits.max_len)),
+    ]
+    return data.draw(st.sampled_from(choices), label=label)
+
+
+class _Heads:
+    """Sizes every sequence of a batch shares."""
+
+    def __init__(self, data: st.DataObject, kernel: KernelUnderTest) -> None:
+        self.n_kv = data.draw(st.integers(1, 3), label="Hkv")
+        self.groups = data.draw(st.integers(1, 3), label="G") if kernel.declaration.gqa else 1
+        drawing = sizes.current()
+        if drawing.realistic:
+            dims = [
+                e
+                for e in sizes.HEAD_DIMS
+                if e <= min(REALISTIC_MAX_HEAD_DIM, drawing.limits.max_head_dim)
+            ] or [1]
+            self.head_dim = data.draw(st.sampled_from(dims), label="E")
+            self.value_dim = data.draw(st.sampled_from(dims), label="Ev")
+        else:
+            self.head_dim = data.draw(st.integers(1, 8), label="E")
+            self.value_dim = data.draw(st.integers(1, 8), label="Ev")
+
+    @property
+    def n_q(self) -> int:
+        return self.n_kv * self.groups
+
+
+def _sequence(
+    kernel: KernelUnderTest,
+    rng: np.random.Generator,
+    heads: _Heads,
+    n_queries: int,
+    n_keys: int,
+    dtype: str,
+    magnitude: float,
+) -> Problem:
+    return Problem(
+        q=random_values(kernel, rng, (heads.n_q, n_queries, heads.head_dim), dtype, magnitude),
+        k=random_values(kernel, rng, (heads.n_kv, n_keys, heads.head_dim), dtype, magnitude),
+        v=random_values(kernel, rng, (heads.n_kv, n_keys, heads.value_dim), dtype),
+        dtype=dtype,
+    )
+
+
+def _with_options(
+    data: st.DataObject, kernel: KernelUnderTest, batch: Batch, heads: _Heads
+) -> Batch:
+    """Causal, scale, softcap and ALiBi, the same for every sequence (as one call has)."""
+    decl = kernel.declaration
+    changes: dict[str, object] = {}
+    if decl.causal and data.draw(st.booleans(), label="causal"):
+        changes["is_causal"] = True
+    if decl.scale and data.draw(st.booleans(), label="explicit scale"):
+        changes["scale"] = data.draw(st.sampled_from(EXPLICIT_SCALES), label="scale")
+    if decl.softcap and data.draw(st.booleans(), label="with softcap"):
+        changes["softcap"] = draw_softcap(data)
+    sequences = [s.with_(**changes) for s in batch.sequences]
+    if decl.alibi and data.draw(st.booleans(), label="with ALiBi"):
+        from ...draw.sizes import Dims
+
+        dims = Dims(
+            batch=(),
+            n_kv_heads=heads.n_kv,
+            groups=heads.groups,
+            n_queries=1,
+            n_keys=1,
+            head_dim=heads.head_dim,
+            value_dim=heads.value_dim,
+        )
+        sequences = [s.with_(alibi_slopes=draw_alibi_slopes(data, kernel, dims)) for s in sequences]
+    return replace(batch, sequences=sequences)
+
+
+def draw_varlen_batch(
+    data: st.DataObject, kernel: KernelUnderTest, *, empty: bool = False
+) -> Batch:
+    """1-4 sequences of 0-9 queries and keys (``empty``: at least one with none)."""
+    heads, dtype = _Heads(data, kernel), draw_dtype(data, kernel)
+    rng = draw_rng(data)
+    magnitude = data.draw(st.sampled_from([1.0, 0.25, 3.0]), label="magnitude")
+    count = data.draw(st.integers(1, 4), label="sequences")
+    lengths = [(_lengths(data, "Lq_b", 9), _lengths(data, "Lk_b", 9)) for _ in range(count)]
+    if empty:
+        b = data.draw(st.integers(0, count - 1), label="empty sequence")
+        which = data.draw(st.sampled_from(["queries", "keys", "both"]), label="empty side")
+        n_q, n_k = lengths[b]
+        lengths[b] = (0 if which != "keys" else max(n_q, 1), 0 if which != "queries" else n_k)
+    batch = Batch(
+        [_sequence(kernel, rng, heads, n_q, n_k, dtype, magnitude) for n_q, n_k in lengths]
+    )
+    return _with_options(data, kernel, batch, heads)
+
+
+def _compare_sequences(
+    kernel: KernelUnderTest,
+    batch: Batch,
+    outs: list[np.ndarray],
+    lses: list[np.ndarray] | None,
+    declaration: KernelDeclaration,
+    clause: str,
+) -> None:
+    for b, (sequence, out) in enumerate(zip(batch.sequences, outs, strict=True)):
+        where = f"sequence {b}"
+        if lses is None:
+            bound = reference_bound(sequence, declaration)
+        else:
+            bound, lse_part = lse_bound(sequence, declaration)
+            assert_within_bound(
+                lses[b],
+                np.asarray(lse_part.lse),
+                np.asarray(lse_part.lse_tolerance),
+                f"lse of {where}",
+                sequence,
+                kernel,
+                clause=f"{clause}, TOL-5",
+            )
+        assert_within_bound(
+            out,
+            np.asarray(bound.out),
+            np.asarray(bound.out_tolerance),
+            f"out of {where}",
+            sequence,
+            kernel,
+            clause=f"{clause}, TOL-2",
+        )
+
+
+def _check_varlen(kernel: KernelUnderTest, batch: Batch, clause: str) -> None:
+    out, lse = call_varlen(kernel, batch)
+    first = batch.first
+    total_q = sum(s.q.shape[-2] for s in batch.sequences)
+    assert_shape(out, (total_q, first.q.shape[-3], first.v.shape[-1]), "packed out", first, kernel)
+    if lse is not None:
+        assert_shape(lse, (first.q.shape[-3], total_q), "packed lse (Hq, total_q)", first, kernel)
+    _compare_sequences(
+        kernel,
+        batch,
+        per_sequence(batch, out, 0),
+        None if lse is None else per_sequence(batch, lse, -1),
+        kernel.declaration,
+        clause,
+    )
+
+
+@register("varlen-matches-reference", "VARLEN-2", applies=_family("varlen"))
+def varlen_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Each packed sequence's output rows (and log-sum-exp) are the dense definition of
+    that sequence alone, causal alignment and ALiBi anchored at its own lengths, with GQA,
+    scales and the features the kernel claims, within TOL-2 (TOL-5)."""
+    batch = draw_varlen_batch(data, kernel)
+    with reported_as(batch):
+        _check_varlen(kernel, batch, "VARLEN-2")
+
+
+@register("varlen-empty-sequences", "VARLEN-3", applies=_family("varlen"))
+def varlen_empty_sequences(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """A sequence without queries adds no rows; one without keys gives rows of 0 and a
+    log-sum-exp of -inf; the other sequences are unaffected."""
+    batch = draw_varlen_batch(data, kernel, empty=True)
+    with reported_as(batch):
+        _check_varlen(kernel, batch, "VARLEN-3")
+
+
+@register("varlen-isolation", "VARLEN-2", applies=_family("varlen"))
+def varlen_isolation(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Changing one sequence's keys and values leaves every other sequence's output
+    bit-identical: no tile sees a neighbour's keys."""
+    batch = draw_varlen_batch(data, kernel)
+    if len(batch.sequences) < 2:
+        batch = replace(batch, sequences=batch.sequences * 2)
+    b = data.draw(st.integers(0, len(batch.sequences) - 1), label="changed sequence")
+    rng = draw_rng(data)
+    changed = batch.sequences[b]
+    changed = changed.with_(
+        k=random_values(kernel, rng, changed.k.shape, changed.dtype, 3.0),
+        v=random_values(kernel, rng, changed.v.shape, changed.dtype, 3.0),
+    )
+    other = replace(batch, sequences=[*batch.sequences[:b], changed, *batch.sequences[b + 1 :]])
+    before = per_sequence(batch, call_varlen(kernel, batch)[0], 0)
+    after = per_sequence(other, call_varlen(kernel, other)[0], 0)
+    with reported_as(other):
+        for index, (x, y) in enumerate(zip(before, after, strict=True)):
+            if index != b:
+                assert_identical(
+                    y,
+                    x,
+                    f"out of sequence {index} after changing sequence "
+                    f"{b}'s keys and values [VARLEN-2]",
+                    other.sequences[index],
+                    kernel,
+                )
+
+
+@register("varlen-rejects-bad-offsets", "VARLEN-4", applies=_family("varlen"))
+def varlen_rejects_bad_offsets(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Offsets that do not end at the token count, or decrease, are rejected with an
+    exception instead of reading tokens the kernel was not given."""
+    from ..packed_calls import varlen_arguments
+
+    batch = draw_varlen_batch(data, kernel)
+    lengths = [s.q.shape[-2] for s in batch.sequences]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    bad = offsets.copy()
+    how = data.draw(st.sampled_from(["past the end", "decreasing"]), label="malformed")
+    if how == "past the end" or len(bad) < 3:
+        bad[-1] += data.draw(st.integers(1, 5), label="extra tokens")
+        how = "past the end"
+    else:
+        bad[1] = bad[-1] + 1
+    keys = np.concatenate([[0], np.cumsum([s.k.shape[-2] for s in batch.sequences])]).astype(
+        np.int32
+    )
+    args, keywords = varlen_arguments(kernel, batch, offsets=(bad, keys))
+    try:
+        kernel.call_raw(args, keywords)
+    except Exception:
+        return
+    raise PropertyFailure(
+        f"cu_seqlens_q={bad.tolist()} ({how}; {offsets[-1]} query tokens were passed), but the "
+        f"kernel returned a result instead of raising [VARLEN-4] [call: {batch.describe()}]"
+    )
+
+
+def draw_cache_batch(data: st.DataObject, kernel: KernelUnderTest) -> Batch:
+    """1-3 batch elements with valid cache lengths 0-8, 1-4 queries, new keys when the
+    kernel appends, a paged cache with a shuffled table and spare blocks when it pages."""
+    decl = kernel.declaration
+    heads, dtype = _Heads(data, kernel), draw_dtype(data, kernel)
+    rng = draw_rng(data)
+    count = data.draw(st.integers(1, 3), label="B")
+    n_new = data.draw(st.integers(0, 3), label="new keys") if decl.kv_cache_append else 0
+    n_queries = data.draw(st.sampled_from([1, 1, 2, 4]), label="Lq")
+    lengths = [_lengths(data, "cache_seqlens[b]", 8) for _ in range(count)]
+    block_size = None
+    table = None
+    n_blocks = 0
+    capacity = max(lengths) + n_new + data.draw(st.integers(0, 3), label="spare capacity")
+    if decl.kv_cache_paged:
+        block_size = decl.kv_cache_block_size or data.draw(
+            st.sampled_from([16, 64, 256]) if sizes.current().realistic else st.integers(1, 4),
+            label="block",
+        )
+        per_row = -(-max(capacity, 1) // block_size)
+        capacity = per_row * block_size
+        n_blocks = count * per_row + data.draw(st.integers(0, 2), label="unused blocks")
+        table = rng.permutation(n_blocks)[: count * per_row].reshape(count, per_row)
+    cache = CacheCall(
+        lengths=lengths,
+        n_new=n_new,
+        capacity=capacity,
+        block_size=block_size,
+        table=table,
+        n_blocks=n_blocks,
+        stale_seed=data.draw(st.integers(0, 2**16), label="stale values"),
+    )
+    batch = Batch(
+        [
+            _sequence(kernel, rng, heads, n_queries, length + n_new, dtype, 1.0)
+            for length in lengths
+        ],
+        cache=cache,
+    )
+    return _with_options(data, kernel, batch, heads)
+
+
+def _check_cache_output(
+    kernel: KernelUnderTest, batch: Batch, out: np.ndarray, lse: np.ndarray | None, clause: str
+) -> None:
+    first = batch.first
+    shape = (len(batch.sequences), first.q.shape[-3], first.q.shape[-2], first.v.shape[-1])
+    assert_shape(out, shape, "out (B, Hq, Lq, Ev)", first, kernel)
+    if lse is not None:
+        assert_shape(lse, shape[:-1], "lse (B, Hq, Lq)", first, kernel)
+    _compare_sequences(
+        kernel,
+        batch,
+        list(out),
+        None if lse is None else list(lse),
+        bottom_right(kernel.declaration),
+        clause,
+    )
+
+
+@register("kv-cache-matches-reference", "KVCACHE-2", applies=_family("kv-cache"))
+def kv_cache_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Batch element b attends its first cache_seqlens[b] cached keys and its new keys,
+    bottom-right, with GQA, scales and the claimed features, within TOL-2: one cached key
+    too many or too few, a top-left causal rule or keys of another batch element are
+    outside it."""
+    batch = draw_cache_batch(data, kernel)
+    out, lse, _, _ = call_kv_cache(kernel, batch)
+    with reported_as(batch):
+        _check_cache_output(kernel, batch, out, lse, "KVCACHE-2")
+
+
+@register("kv-cache-stale-positions", "KVCACHE-3", applies=_family("kv-cache"))
+def kv_cache_stale_positions(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Other finite values at cache positions past every valid length (and in unused
+    blocks) leave the output bit-identical."""
+    batch = draw_cache_batch(data, kernel)
+    cache = batch.kv_cache
+    other = replace(
+        batch, cache=replace(cache, stale_seed=cache.stale_seed + 1, stale_magnitude=30.0)
+    )
+    first, again = call_kv_cache(kernel, batch)[0], call_kv_cache(kernel, other)[0]
+    with reported_as(other):
+        assert_identical(
+            again,
+            first,
+            "out after changing the cache past every valid length [KVCACHE-3]",
+            batch.first,
+            kernel,
+        )
+
+
+def _appended(batch: Batch, before: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The caches of KVCACHE-4: the new keys written at cache_seqlens[b] onwards."""
+    call = batch.kv_cache
+    caches = [before["k_cache"].copy(), before["v_cache"].copy()]
+    for b, (length, sequence) in enumerate(zip(call.lengths, batch.sequences, strict=True)):
+        for t in range(call.n_new):
+            index, position = call.position(b, length + t)
+            caches[0][index, :, position] = sequence.k[:, length + t]
+            caches[1][index, :, position] = sequence.v[:, length + t]
+    return caches[0], caches[1]
+
+
+@register("kv-cache-append", "KVCACHE-4", applies=_family("kv-cache", kv_cache_append=True))
+def kv_cache_append(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """After the call the cache holds the new keys and values at cache_seqlens[b] ...
+    cache_seqlens[b] + L_new - 1 (through the block table when paged), every other cache
+    element is unchanged, and q, k, v and cache_seqlens are not modified."""
+    batch = draw_cache_batch(data, kernel)
+    _, _, after, before = call_kv_cache(kernel, batch)
+    expected = dict(zip(("k_cache", "v_cache"), _appended(batch, before), strict=True))
+    with reported_as(batch):
+        for name, value in before.items():
+            want = expected.get(name, value)
+            assert_identical(
+                after[name].astype(np.float64),
+                want.astype(np.float64),
+                f"{name} after the call [KVCACHE-4]",
+                batch.first,
+                kernel,
+            )
+
+
+@register("kv-cache-paged", "KVCACHE-5", applies=_family("kv-cache", kv_cache_paged=True))
+def kv_cache_paged(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """A paged cache read through a shuffled block table, with unused blocks full of other
+    values, gives the output of the logical cache within TOL-2 (a kernel that reads the
+    blocks in memory order passes only identity tables)."""
+    batch = draw_cache_batch(data, kernel)
+    rng = draw_rng(data)
+    cache = batch.kv_cache
+    table = cache.block_table
+    shuffled = rng.permutation(cache.n_blocks + 2)[: table.size].reshape(table.shape)
+    batch = replace(batch, cache=replace(cache, table=shuffled, n_blocks=cache.n_blocks + 2))
+    out, lse, _, _ = call_kv_cache(kernel, batch)
+    with reported_as(batch):
+        _check_cache_output(kernel, batch, out, lse, "KVCACHE-5")

@@ -1,0 +1,102 @@
+"""How a property is declared: one per spec clause it checks, registered under a stable id.
+
+Property modules (``properties/*.py``) register their checks here on import;
+:mod:`.registry` imports them all and lists them in clause order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..claims.clauses import clause as spec_clause
+from ..claims.declaration import KernelDeclaration
+
+if TYPE_CHECKING:
+    from ...backends import Backend
+
+# "hypothesis": check(kernel, data) runs once per generated example.
+# "fixed": check(kernel, seed) runs once; statistical checks state their false-failure rate.
+KINDS = ("hypothesis", "fixed")
+
+
+PACKED_FAMILIES = ("varlen", "kv-cache", "rope")  # own calling conventions
+
+
+def always(declaration: KernelDeclaration) -> str | None:
+    """Every family whose kernels take ``fn(q, k, v, ...)`` problems: dense, sparse and
+    linear.  Packed (varlen) and KV-cache kernels have calling conventions of their own
+    and their own properties (spec/features.md)."""
+    if declaration.family in PACKED_FAMILIES:
+        return f"the kernel declares {declaration.family} attention, checked by its own properties"
+    return None
+
+
+def dense_only(declaration: KernelDeclaration) -> str | None:
+    if declaration.family != "dense":
+        return f"the kernel declares {declaration.family} attention, not dense SDPA"
+    return None
+
+
+def needs(*claims: str) -> Callable[[KernelDeclaration], str | None]:
+    """Applicable only to dense kernels with every named boolean claim set."""
+
+    def applies(declaration: KernelDeclaration) -> str | None:
+        reason = dense_only(declaration)
+        if reason:
+            return reason
+        missing = [c for c in claims if not getattr(declaration, c)]
+        return f"the kernel does not claim {', '.join(missing)}" if missing else None
+
+    return applies
+
+
+@dataclass(frozen=True)
+class Property:
+    id: str
+    clause: str
+    kind: str
+    check: Callable[..., None]
+    applies: Callable[[KernelDeclaration], str | None]
+    # why the property has nothing to check on a backend (None: it applies on every one)
+    applies_on: Callable[[Backend], str | None] | None = None
+
+    def not_applicable(self, declaration: KernelDeclaration, backend: Backend) -> str | None:
+        """Why the property does not apply to a kernel declaring ``declaration`` on
+        ``backend`` (None: it applies)."""
+        reason = self.applies(declaration)
+        if reason is None and self.applies_on is not None:
+            reason = self.applies_on(backend)
+        return reason
+
+    @property
+    def level(self) -> str:
+        """The clause's level in the spec (CONF-1, CONF-2): MUST decides conformance."""
+        return spec_clause(self.clause).level
+
+
+REGISTRY: dict[str, Property] = {}
+
+
+def register(
+    property_id: str,
+    clause: str,
+    *,
+    kind: str = "hypothesis",
+    applies: Callable[[KernelDeclaration], str | None] = dense_only,
+    applies_on: Callable[[Backend], str | None] | None = None,
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Register ``check`` as property ``property_id`` citing ``clause``."""
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r}, but should be one of {KINDS}")
+
+    def decorate(check: Callable[..., Any]) -> Callable[..., Any]:
+        if property_id in REGISTRY:
+            raise ValueError(f"property {property_id!r} is registered twice")
+        if not check.__doc__:
+            raise ValueError(f"property {property_id!r} needs a docstring saying what it proves")
+        REGISTRY[property_id] = Property(property_id, clause, kind, check, applies, applies_on)
+        return check
+
+    return decorate

@@ -1,0 +1,520 @@
+"""Well-known third-party kernels, so they check with no configuration.
+
+Each entry states what the library documents; the suite then verifies it.  A kernel whose
+convention a declaration can say (PyTorch's SDPA) has a declaration here; one whose
+convention it cannot (a layout, a module with weights, a mask given as a function) has a
+thin adapter in ``attnspec.conformance.kernels.adapters`` that only translates the convention,
+with its declaration attached.  :data:`KNOWN_KERNELS` lists them all: ``attnspec check
+jax.nn:dot_product_attention`` finds the adapter and the backend there, and ``attnspec
+matrix`` checks every installed one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ..claims.declaration import qualified_name
+
+_ADAPTERS = "attnspec.conformance.kernels.adapters"
+
+
+@dataclass(frozen=True)
+class KnownKernel:
+    """One row of the conformance matrix: a kernel people use, and how to check it.
+
+    ``name`` is what a user types (``attnspec check NAME``); ``adapter`` the declared
+    callable in the spec's convention that is checked in its place (the same target when
+    a declaration suffices); ``qualified_names`` the ``module.qualname`` of the library
+    object(s) that ``name`` loads, by which ``attnspec check`` recognises it under any
+    spelling; ``requires`` the modules that must be importable; ``device`` "cpu" or
+    "cuda" (checked only where a GPU is); ``note`` what the adapter does beyond calling.
+    """
+
+    name: str
+    adapter: str
+    backend: str
+    qualified_names: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+    device: str = "cpu"
+    note: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+
+    def missing(self) -> str | None:
+        """Why this kernel cannot be checked here (a module not installed), or None."""
+        for module in self.requires:
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                return f"{module} does not import here"
+        return None
+
+
+def _adapter(module: str, name: str) -> str:
+    return f"{_ADAPTERS}.{module}:{name}"
+
+
+_SDPA_QUALNAMES = (
+    "torch.nn.functional.scaled_dot_product_attention",
+    "torch._C._nn.scaled_dot_product_attention",
+)
+KNOWN_KERNELS: tuple[KnownKernel, ...] = (
+    KnownKernel(
+        "torch.nn.functional:scaled_dot_product_attention",
+        "torch.nn.functional:scaled_dot_product_attention",
+        "torch",
+        _SDPA_QUALNAMES,
+        ("torch",),
+        note="declaration only; the dispatcher's choice",
+    ),
+    KnownKernel(
+        "attnspec.conformance.kernels.torch_sdpa:sdpa_math",
+        "attnspec.conformance.kernels.torch_sdpa:sdpa_math",
+        "torch",
+        (),
+        ("torch",),
+        note="SDPA pinned to its math backend",
+    ),
+    KnownKernel(
+        "attnspec.conformance.kernels.torch_sdpa:sdpa_flash",
+        "attnspec.conformance.kernels.torch_sdpa:sdpa_flash",
+        "torch",
+        (),
+        ("torch",),
+        note="SDPA pinned to its CPU flash backend; batch dims flattened, head dims padded",
+    ),
+    KnownKernel(
+        "torch.nn.attention.flex_attention:flex_attention",
+        _adapter("torch", "flex_attention_block_mask"),
+        "torch",
+        ("torch.nn.attention.flex_attention.flex_attention",),
+        ("torch",),
+        note="mask and is_causal as a mask_mod in a BlockMask, bias as a score_mod",
+    ),
+    KnownKernel(
+        _adapter("torch", "flex_attention_score_mod"),
+        _adapter("torch", "flex_attention_score_mod"),
+        "torch",
+        (),
+        ("torch",),
+        note="mask, is_causal and bias all in one score_mod (-inf where masked)",
+    ),
+    KnownKernel(
+        "torch.nn:MultiheadAttention",
+        _adapter("torch", "multihead_attention"),
+        "torch",
+        ("torch.nn.modules.activation.MultiheadAttention",),
+        ("torch",),
+        note="identity projections, no bias: pure attention; heads concatenated; "
+        "mask inverted (True = masked out), key-only masks as key_padding_mask; "
+        "need_weights=True",
+    ),
+    KnownKernel(
+        _adapter("torch", "multihead_attention_no_weights"),
+        _adapter("torch", "multihead_attention_no_weights"),
+        "torch",
+        (),
+        ("torch",),
+        note="as nn.MultiheadAttention, need_weights=False (the fast path)",
+    ),
+    KnownKernel(
+        "jax.nn:dot_product_attention",
+        _adapter("jax", "dot_product_attention"),
+        "jax",
+        ("jax._src.nn.functions.dot_product_attention",),
+        ("jax",),
+        note="(B, T, N, H) layout; head dims padded to E == Ev; implementation='xla'",
+    ),
+    KnownKernel(
+        "flax.nnx:dot_product_attention",
+        _adapter("flax", "nnx_dot_product_attention"),
+        "jax",
+        ("flax.nnx.nn.attention.dot_product_attention",),
+        ("flax",),
+        note="(..., L, H, E) layout; deterministic=True",
+    ),
+    KnownKernel(
+        "flax.linen:dot_product_attention",
+        _adapter("flax", "linen_dot_product_attention"),
+        "jax",
+        ("flax.linen.attention.dot_product_attention",),
+        ("flax",),
+        note="(..., L, H, E) layout; deterministic=True",
+    ),
+    *(
+        KnownKernel(
+            _adapter("keras", f"dot_product_attention_{backend}"),
+            _adapter("keras", f"dot_product_attention_{backend}"),
+            backend,
+            (),
+            ("keras", backend),
+            env=(("KERAS_BACKEND", backend),),
+            note=f"keras.ops.dot_product_attention with KERAS_BACKEND={backend}; "
+            "(B, T, N, H) layout",
+        )
+        for backend in ("jax", "torch", "numpy")
+    ),
+    KnownKernel(
+        _adapter("thirdparty", "local_attention"),
+        _adapter("thirdparty", "local_attention"),
+        "torch",
+        (),
+        ("local_attention",),
+        note="LocalAttention(window_size=4, causal=True, exact_windowsize=True, "
+        "look_backward=1) as a causal sliding window of 4 keys back",
+    ),
+    KnownKernel(
+        _adapter("thirdparty", "performer_favor"),
+        _adapter("thirdparty", "performer_favor"),
+        "torch",
+        (),
+        ("performer_pytorch",),
+        note="FastAttention(nb_features=M) with its projection drawn from the seed "
+        "on every call (the redraw)",
+    ),
+    KnownKernel(
+        _adapter("thirdparty", "fast_transformers_linear"),
+        _adapter("thirdparty", "fast_transformers_linear"),
+        "torch",
+        (),
+        ("fast_transformers",),
+        note="LinearAttention (elu(x) + 1), eps declared",
+    ),
+    *(
+        KnownKernel(
+            _adapter("torch", f"sdpa_cuda_{backend}"),
+            _adapter("torch", f"sdpa_cuda_{backend}"),
+            "torch",
+            (),
+            ("torch",),
+            device="cuda",
+            note=f"SDPA pinned to its CUDA {backend} backend",
+        )
+        for backend in ("math", "efficient", "flash", "cudnn")
+    ),
+    KnownKernel(
+        _adapter("jax", "dot_product_attention_cudnn"),
+        _adapter("jax", "dot_product_attention_cudnn"),
+        "jax",
+        (),
+        ("jax",),
+        device="cuda",
+        note="jax.nn.dot_product_attention(implementation='cudnn')",
+    ),
+    KnownKernel(
+        "flash_attn:flash_attn_func",
+        _adapter("thirdparty", "flash_attn_func"),
+        "torch",
+        ("flash_attn.flash_attn_interface.flash_attn_func",),
+        ("flash_attn",),
+        device="cuda",
+        note="(B, S, H, D) layout; bottom-right causal",
+    ),
+    KnownKernel(
+        "xformers.ops:memory_efficient_attention",
+        _adapter("thirdparty", "xformers_memory_efficient"),
+        "torch",
+        ("xformers.ops.fmha.memory_efficient_attention",),
+        ("xformers",),
+        device="cuda",
+        note="(B, M, H, K) layout; mask as an additive bias",
+    ),
+)
+
+
+def _entry_of_target(target: str) -> KnownKernel | None:
+    for entry in KNOWN_KERNELS:
+        if target in (entry.name, entry.adapter):
+            return entry
+    return None
+
+
+def known_kernel(fn_or_target: Any) -> KnownKernel | None:
+    """The matrix row of a loaded kernel (by qualified name) or of a target string."""
+    if isinstance(fn_or_target, str):
+        return _entry_of_target(fn_or_target)
+    name = qualified_name(fn_or_target)
+    for entry in KNOWN_KERNELS:
+        if name in entry.qualified_names:
+            return entry
+    return None
+
+
+_KERAS_OPS = "keras.src.ops.nn.dot_product_attention"
+
+
+def known_backend(target: Any) -> str | None:
+    """The backend a known kernel is checked on, when none was asked for."""
+    entry = known_kernel(target) if isinstance(target, str) else None
+    if entry is None and isinstance(target, str):
+        module, _, attribute = target.rpartition(":")
+        if module == "keras.ops" and attribute == "dot_product_attention":
+            return os.environ.get("KERAS_BACKEND") or None
+    return None if entry is None else entry.backend
+
+
+def known_adapter(fn: Any) -> Any:
+    """The declared adapter checked in place of a known library kernel (``fn`` itself
+    when it needs none, or is not known)."""
+    from ..claims.loading import load_kernel
+
+    if qualified_name(fn) == _KERAS_OPS:  # whichever backend keras was imported with
+        import keras
+
+        return load_kernel(_adapter("keras", f"dot_product_attention_{keras.backend.backend()}"))
+    entry = known_kernel(fn)
+    if entry is None or entry.adapter == entry.name:
+        return fn
+    return load_kernel(entry.adapter)
+
+
+# Failures of well-known kernels confirmed by hand against the float64 oracle and written up
+# in docs/divergences.md; the demo reports them as such instead of as unexplained failures.
+_CAUSAL_SCALE_ZERO = "docs/divergences.md#torch-causal-scale-zero"
+# excluded logits filled above s + finfo.min: rows whose allowed keys all carry finfo.min
+_FILL_OUTRANKS_MIN_BIAS = "docs/divergences.md#jax-fill-outranks-min-bias"
+_JAX_MASKED_NAN = "docs/divergences.md#jax-masked-nan"
+_FLAX_NNX_HEAD_DIMS = "docs/divergences.md#flax-nnx-head-dims"
+_FLAX_BATCH_BROADCAST = "docs/divergences.md#flax-batch-broadcast"
+_LINEN_FLOAT16_ACCURACY = "docs/divergences.md#flax-linen-float16-accuracy"
+_KERAS_JAX_HEAD_DIMS = "docs/divergences.md#keras-jax-head-dims"
+_KERAS_NUMPY_FLOAT16 = "docs/divergences.md#keras-numpy-float16"
+_KERAS_TORCH_MASK_FILL = "docs/divergences.md#keras-torch-mask-fill"
+_TORCH_SDPA_DIVERGENCES = {
+    "nan-propagates": "docs/divergences.md#torch-nan-query (pytorch #141128)",
+    "mask-broadcast": "docs/divergences.md#torch-1d-mask",
+    "batch-broadcast": "docs/divergences.md#torch-empty-broadcast",
+    # the quick profile's "causal with scale 0" and "causal with a negative scale"
+    # combinations meet it in these four (layout-independence where a strided input
+    # takes the math backend, which gives the definition, against the NaN of the
+    # contiguous call)
+    "matches-reference": _CAUSAL_SCALE_ZERO,
+    "output-in-value-hull": _CAUSAL_SCALE_ZERO,
+    "layout-independence": _CAUSAL_SCALE_ZERO,
+    "gqa-mapping": _CAUSAL_SCALE_ZERO,
+    "masked-nonfinite-ignored": "docs/divergences.md#torch-masked-nan (pytorch #101967)",
+}
+_DIVERGENCES: dict[str, dict[str, str]] = {
+    "torch.nn.functional.scaled_dot_product_attention": _TORCH_SDPA_DIVERGENCES,
+    "torch._C._nn.scaled_dot_product_attention": _TORCH_SDPA_DIVERGENCES,
+    "attnspec.conformance.kernels.torch_sdpa.sdpa_math": {
+        "masked-nonfinite-ignored": _TORCH_SDPA_DIVERGENCES["masked-nonfinite-ignored"],
+        "batch-broadcast": _TORCH_SDPA_DIVERGENCES["batch-broadcast"],
+    },
+    "attnspec.conformance.kernels.torch_sdpa.sdpa_flash": {
+        "nan-propagates": _TORCH_SDPA_DIVERGENCES["nan-propagates"],
+        "masked-nonfinite-ignored": _TORCH_SDPA_DIVERGENCES["masked-nonfinite-ignored"],
+        "matches-reference": _CAUSAL_SCALE_ZERO,
+        "rows-sum-to-one": _CAUSAL_SCALE_ZERO,
+        "output-in-value-hull": _CAUSAL_SCALE_ZERO,
+        "causal-alignment": _CAUSAL_SCALE_ZERO,
+        "gqa-mapping": _CAUSAL_SCALE_ZERO,
+        # its broadcast batch is expanded and flattened: causal with scale 0 again
+        "batch-broadcast": _CAUSAL_SCALE_ZERO,
+        "layout-independence": "docs/divergences.md#torch-flash-strided",
+        "masked-values-ignored": "docs/divergences.md#torch-masked-overflow",
+    },
+    # need_weights=False goes through SDPA's CPU flash path: its NaN query and masked NaN
+    "attnspec.conformance.kernels.adapters.torch.multihead_attention_no_weights": {
+        "nan-propagates": _TORCH_SDPA_DIVERGENCES["nan-propagates"],
+        "masked-nonfinite-ignored": _TORCH_SDPA_DIVERGENCES["masked-nonfinite-ignored"],
+        # the V = I anchor of Ev = 2063 through the identity projections: the adapter's cost
+        "rows-sum-to-one": "docs/divergences.md#mha-no-weights-memory",
+        "empty-rows-zero": "docs/divergences.md#mha-no-weights-memory",
+        "bias-semantics": "docs/divergences.md#mha-no-weights-memory",
+    },
+    "attnspec.conformance.kernels.adapters.torch.flex_attention_score_mod": {
+        "masked-nonfinite-ignored": "docs/divergences.md#flex-masked-nan",
+    },
+    "torch.nn.attention.flex_attention.flex_attention": {
+        "masked-nonfinite-ignored": "docs/divergences.md#flex-masked-nan",
+    },
+    "attnspec.conformance.kernels.adapters.keras.dot_product_attention_torch": {
+        "empty-rows-zero": "docs/divergences.md#keras-empty-rows",
+        # drawn around fully masked rows they still fail on causal with scale 0 (SDPA's)
+        "layout-independence": "docs/divergences.md#keras-torch-sdpa",
+        "matches-reference": "docs/divergences.md#keras-torch-sdpa",
+        "gqa-rejects-bad-heads": "docs/divergences.md#keras-gqa-heads",
+        "nan-propagates": "docs/divergences.md#keras-torch-sdpa",
+        "mask-broadcast": "docs/divergences.md#keras-torch-sdpa",
+        "output-in-value-hull": "docs/divergences.md#keras-torch-sdpa",
+        "gqa-mapping": "docs/divergences.md#keras-torch-sdpa",
+        "masked-nonfinite-ignored": "docs/divergences.md#keras-torch-sdpa",
+        # the boolean mask becomes a finite additive fill that large masked scores pass
+        "masked-values-ignored": _KERAS_TORCH_MASK_FILL,
+    },
+    "attnspec.conformance.kernels.adapters.keras.dot_product_attention_numpy": {
+        "empty-rows-zero": "docs/divergences.md#keras-empty-rows",
+        "gqa-rejects-bad-heads": "docs/divergences.md#keras-gqa-heads",
+        "gqa-mapping": "docs/divergences.md#keras-numpy-gqa",
+        # float16 scores: overflowing, and rounded beyond TOL-2 (contiguous calls too)
+        "large-logits": _KERAS_NUMPY_FLOAT16,
+        "matches-reference": _KERAS_NUMPY_FLOAT16,
+        "layout-independence": _KERAS_NUMPY_FLOAT16,
+        # q.k beyond 65504 in float16 (78510 on the quick case): an inf score, a NaN row
+        "rows-sum-to-one": _KERAS_NUMPY_FLOAT16,
+        # float16 P V on long rows of one top key (exact scores)
+        "long-peaked-rows": "docs/divergences.md#keras-numpy-float16-pv",
+        # float16 scores: rounded under a bias, and a masked key's overflow (inf - inf)
+        "bias-semantics": _KERAS_NUMPY_FLOAT16,
+        "mask-polarity": _KERAS_NUMPY_FLOAT16,
+        # a copy of jax.nn's XLA path: its fill and its masked NaN value
+        "causal-zeros": _FILL_OUTRANKS_MIN_BIAS,
+        "masked-nonfinite-ignored": _JAX_MASKED_NAN,
+    },
+    # SDPA-5.1 is waived by the adapter; these two failed only on fully masked rows
+    # (their minimal cases' masks are all False), the waived divergence
+    "jax._src.nn.functions.dot_product_attention": {
+        "rows-sum-to-one": "docs/divergences.md#jax-empty-rows",
+        "value-linearity": "docs/divergences.md#jax-empty-rows",
+        "masked-nonfinite-ignored": _JAX_MASKED_NAN,
+        # its anchor "padded batch ..., finfo.min bias, an element padded entirely"
+        "causal-zeros": _FILL_OUTRANKS_MIN_BIAS,
+    },
+    # flax 0.12.8 (docs/divergences.md#flax-empty-rows ... #flax-linen-float16-accuracy)
+    "flax.nnx.dot_product_attention": {
+        "empty-rows-zero": "docs/divergences.md#flax-empty-rows",
+        "batch-broadcast": _FLAX_BATCH_BROADCAST,
+        "value-head-dim": _FLAX_NNX_HEAD_DIMS,
+        "score-variance": _FLAX_NNX_HEAD_DIMS,  # its V = I_2: Ev = 2, E = 16
+        "masked-nonfinite-ignored": _JAX_MASKED_NAN,
+        # it calls jax.nn.dot_product_attention
+        "causal-zeros": _FILL_OUTRANKS_MIN_BIAS,
+    },
+    "flax.linen.dot_product_attention": {
+        "empty-rows-zero": "docs/divergences.md#flax-empty-rows",
+        "batch-broadcast": _FLAX_BATCH_BROADCAST,
+        "large-logits": "docs/divergences.md#flax-linen-float16",
+        "masked-nonfinite-ignored": _JAX_MASKED_NAN,
+        # float16 scores rounded to float16 (contiguous calls, the -inf bias call, too)
+        "matches-reference": _LINEN_FLOAT16_ACCURACY,
+        # a shifted bias moves s + b to another float16 spacing (its unshifted call alone
+        # is outside TOL-2)
+        "bias-shift-invariance": _LINEN_FLOAT16_ACCURACY,
+        "mask-wins-over-bias": _LINEN_FLOAT16_ACCURACY,
+    },
+    "attnspec.conformance.kernels.adapters.keras.dot_product_attention_jax": {
+        "empty-rows-zero": "docs/divergences.md#keras-empty-rows",
+        # jax.nn rejects Ev != E; Keras's fallback reshapes the output to q's shape (or
+        # fails first on a mask of fewer than 4 dims); score-variance's V = I_2 has Ev = 2
+        "value-head-dim": _KERAS_JAX_HEAD_DIMS,
+        "score-variance": _KERAS_JAX_HEAD_DIMS,
+        # it calls jax.nn.dot_product_attention
+        "causal-zeros": _FILL_OUTRANKS_MIN_BIAS,
+        "masked-nonfinite-ignored": _JAX_MASKED_NAN,
+    },
+    "attnspec.conformance.kernels.adapters.thirdparty.local_attention": {
+        "sparse-masked-nonfinite-ignored": "docs/divergences.md#local-attention-masked-nan",
+    },
+    # need_weights=True (MHA's own math path) only; need_weights=False goes through SDPA
+    "torch.nn.modules.activation.MultiheadAttention": {
+        "empty-rows-zero": "docs/divergences.md#mha-empty-rows",
+        "large-logits": "docs/divergences.md#mha-float16-overflow",
+        # the same float16 scores, rounded: weights off by just over the TOL-2 bound
+        "matches-reference": "docs/divergences.md#mha-float16-overflow",
+        "bias-semantics": "docs/divergences.md#mha-float16-overflow",
+        # its float16 padded-batch anchor: s + finfo.min rounded in float16
+        "layout-independence": "docs/divergences.md#mha-float16-overflow",
+        # the example of torch-masked-nan through MHA's adapter gives [nan, nan] too
+        "masked-nonfinite-ignored": _TORCH_SDPA_DIVERGENCES["masked-nonfinite-ignored"],
+    },
+}
+
+
+@dataclass(frozen=True)
+class Confirms:
+    """What one write-up confirms: the clauses a failure it explains is listed under (by
+    default the own clause of the property the write-up is filed under), text that
+    failure's finding or minimal case shows (one of ``shows``; any text when empty) and
+    text that marks another failure (none of ``hides``)."""
+
+    clauses: tuple[str, ...] = ()
+    shows: tuple[str, ...] = ()  # any one of them
+    hides: tuple[str, ...] = ()  # none of them
+
+
+# Write-ups whose failure is listed under a clause besides the property's own (a waived
+# clause they follow from) or that name what their failures show.
+_EMPTY_ROW = "should be 0.0 within"  # an accuracy finding whose definition is exactly 0
+_CONFIRMS: dict[str, Confirms] = {
+    # its NaN rows show on the combination "causal with scale 0" only
+    _CAUSAL_SCALE_ZERO: Confirms(shows=("scale=0.0",)),
+    # rows-sum-to-one (SDPA-7.1) and value-linearity (SDPA-7.6) on fully masked rows:
+    # distinct failures, or consequences of the waived SDPA-5.1
+    "docs/divergences.md#jax-empty-rows": Confirms(("SDPA-5.1", "SDPA-7.1", "SDPA-7.6")),
+    "docs/divergences.md#mha-float16-overflow": Confirms(shows=("float16",)),
+    # float16 scores overflow (SDPA-7.4) or are rounded beyond TOL-2 (SDPA-7.3; found as
+    # layout-independence, SDPA-1.7, when the contiguous call is as inaccurate); a
+    # definition of exactly 0 is a row without allowed keys (SDPA-5.1), not rounding
+    _KERAS_NUMPY_FLOAT16: Confirms(
+        ("SDPA-7.4", "SDPA-7.3", "SDPA-1.7", "SDPA-7.1", "SDPA-3.1", "SDPA-3.2"),
+        shows=("float16",),
+        hides=(_EMPTY_ROW,),
+    ),
+    _LINEN_FLOAT16_ACCURACY: Confirms(
+        ("SDPA-7.3", "SDPA-3.3", "SDPA-7.6"), shows=("float16",), hides=(_EMPTY_ROW,)
+    ),
+    # a row whose allowed keys all carry a finfo.min bias: keys the causal rule excludes
+    # take its weight; only a failure with a bias can show it
+    _FILL_OUTRANKS_MIN_BIAS: Confirms(shows=("bias(",)),
+    # masked scores beyond Keras's fill (-45850 in float16): masked-values-ignored's largest
+    # magnitudes, which it prints as 1.41e+04, not its 1 and 10
+    _KERAS_TORCH_MASK_FILL: Confirms(shows=("e+",)),
+    # a non-finite value at a masked position (0 * NaN), or key where a -inf bias, not the
+    # mask, excludes it (NaN + -inf): a NaN key the mask excludes does not leak
+    _JAX_MASKED_NAN: Confirms(shows=("into v at", "into k at")),
+    # jax.nn's check of v's shape
+    _FLAX_NNX_HEAD_DIMS: Confirms(shows=("value shape should be",)),
+    _FLAX_BATCH_BROADCAST: Confirms(shows=("batch dims must match",)),
+    "docs/divergences.md#keras-numpy-float16-pv": Confirms(shows=("dtype=float16",)),
+    # the output's shape on empty queries, not a value of a broadcast batch
+    "docs/divergences.md#torch-empty-broadcast": Confirms(shows=(").shape=(",)),
+    # the fallback's reshape to q's shape, or its mask expansion that meets Ev != E first
+    _KERAS_JAX_HEAD_DIMS: Confirms(shows=("cannot reshape", "incompatible shapes")),
+    # numpy broadcasting refusing Hq != Hkv
+    "docs/divergences.md#keras-numpy-gqa": Confirms(shows=("could not be broadcast",)),
+    "docs/divergences.md#flax-linen-float16": Confirms(shows=("float16",)),
+    # PyTorch SDPA's: NaN query, the 1-d mask's IndexError, causal with scale 0, masked NaN
+    "docs/divergences.md#keras-torch-sdpa": Confirms(
+        shows=("nan", "the NaN at q", "IndexError", "scale=0.0", "scale=-")
+    ),
+    # a fully masked row meets layout-independence first (its padded anchor) as well
+    "docs/divergences.md#keras-empty-rows": Confirms(("SDPA-5.1", "SDPA-1.7")),
+}
+
+
+def confirms(link: str, own_clause: str, clause: str, evidence: str) -> bool:
+    """Whether the write-up ``link``, filed under a property of ``own_clause``, explains
+    a failure listed under ``clause`` whose finding and minimal case read ``evidence``:
+    a property that fails for another reason than the one written up stays unconfirmed."""
+    scope = _CONFIRMS.get(link, Confirms())
+    shown = not scope.shows or any(text in evidence for text in scope.shows)
+    hidden = any(text in evidence for text in scope.hides)
+    return clause in (scope.clauses or (own_clause,)) and shown and not hidden
+
+
+def known_divergences(fn: Any) -> dict[str, str]:
+    """Property id -> where the confirmed divergence of this kernel is written up."""
+    return dict(_DIVERGENCES.get(qualified_name(fn), {}))
+
+
+def write_ups(entry: KnownKernel) -> dict[str, str]:
+    """Property id -> the confirmed write-up, for a row of the matrix."""
+    for name in (entry.name, entry.adapter, *entry.qualified_names):
+        found = _DIVERGENCES.get(name.replace(":", "."))
+        if found:
+            return dict(found)
+    return {}
+
+
+def target_write_ups(target: str) -> dict[str, str]:
+    """Property id -> the confirmed write-up, for ``attnspec check TARGET`` (a known
+    kernel's name or adapter, or a library object's ``module:qualname``)."""
+    entry = _entry_of_target(target)
+    if entry is not None:
+        return write_ups(entry)
+    return dict(_DIVERGENCES.get(target.replace(":", "."), {}))

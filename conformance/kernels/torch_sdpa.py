@@ -1,0 +1,102 @@
+"""PyTorch's ``scaled_dot_product_attention`` pinned to one of its backends.
+
+``torch.nn.functional.scaled_dot_product_attention`` dispatches between backends (on the
+CPU: a FlashAttention-style kernel and the "math" composite) by input; checking it as is
+tests whichever backend each input reaches.  These wrappers pin one backend so each can
+be checked on its own:
+
+    attnspec check attnspec.conformance.kernels.torch_sdpa:sdpa_math --backend torch
+    attnspec check attnspec.conformance.kernels.torch_sdpa:sdpa_flash --backend torch
+
+The flash backend accepts only 4-d inputs with E == Ev, so ``sdpa_flash`` flattens the batch
+dims into one and pads head dims (``layouts.pad_head_dims``): exact reshapes and zero
+columns, so the numbers tested are the kernel's own.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+from ..call.layouts import pad_head_dims
+from ..claims.declaration import declare, torch_sdpa_declaration
+
+
+def _sdpa_with_backend(backend: str, q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(getattr(SDPBackend, backend)):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+def sdpa_on(backend: str, name: str, module: str = __name__) -> Callable[..., Any]:
+    """PyTorch SDPA pinned to ``SDPBackend.<backend>``, with torch's own signature and
+    declaration, named ``module.name`` (where it is defined, so that it loads and
+    pickles by that name)."""
+
+    def kernel(
+        q: Any,
+        k: Any,
+        v: Any,
+        attn_mask: Any = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> Any:
+        return _sdpa_with_backend(
+            backend,
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+
+    kernel.__name__ = kernel.__qualname__ = name
+    kernel.__module__ = module
+    kernel.__doc__ = f"PyTorch SDPA restricted to its {backend} backend."
+    return declare(kernel, **torch_sdpa_declaration())
+
+
+sdpa_math = sdpa_on("MATH", "sdpa_math")
+
+
+def one_batch_dim(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """``kernel`` (torch's signature, 4-d inputs only) for any number of batch dims: q, k, v
+    and the mask broadcast and flattened into one batch dim, the output's restored (exact
+    reshapes)."""
+
+    @functools.wraps(kernel)
+    def flattened(q: Any, k: Any, v: Any, /, attn_mask: Any = None, **options: Any) -> Any:
+        import torch
+
+        # torch.broadcast_shapes is published without annotations
+        batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])  # type: ignore[no-untyped-call]
+
+        def flat(x: Any, tail: tuple[int, ...]) -> Any:
+            return x.expand(*batch, *tail).reshape(math.prod(batch), *tail)
+
+        n_heads, n_queries, n_keys = q.shape[-3], q.shape[-2], k.shape[-2]
+        mask = None if attn_mask is None else flat(attn_mask, (n_heads, n_queries, n_keys))
+        out = kernel(
+            flat(q, tuple(q.shape[-3:])),
+            flat(k, tuple(k.shape[-3:])),
+            flat(v, tuple(v.shape[-3:])),
+            attn_mask=mask,
+            **options,
+        )
+        return out.reshape(*batch, *out.shape[-3:])
+
+    return flattened
+
+
+sdpa_flash = pad_head_dims(one_batch_dim(sdpa_on("FLASH_ATTENTION", "sdpa_flash")))
+sdpa_flash.__doc__ = "PyTorch SDPA restricted to its flash backend (any batch dims, E and Ev)."
+sdpa_flash.__qualname__ = sdpa_flash.__name__ = "sdpa_flash"

@@ -1,0 +1,223 @@
+"""The worker side of an isolated check, and the guard every kernel call runs under.
+
+:mod:`.isolation` starts this module in a fresh interpreter.  The worker loads the kernel
+from the :class:`~.kernel_setup.KernelSetup` it is sent (so an exit, crash or hang while importing
+the kernel's module ends this process, not the check), then runs whole properties and
+sends back one :class:`~.runner.Verdict` each.  Before and after every kernel call it
+tells its supervisor which inputs the kernel is working on: that is what a per-call
+timeout is measured against, and what a verdict names when the process dies mid-call.
+
+Every kernel call, here and in-process, runs under :func:`.call_guard.guard_calls`.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import threading
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+from ..call.side_effects import hypothesis_storage_elsewhere, kernel_output_to
+from ..judge.call_guard import CallObserver, guard_calls
+from ..judge.failures import PropertyFailure
+
+if TYPE_CHECKING:
+    from ..call.problem import Problem
+    from ..judge.kernel import KernelUnderTest
+    from .kernel_setup import KernelSetup
+
+# A reproduction is only built for inputs this small; larger ones are described by shape.
+MAX_SENT_PROBLEM_BYTES = 256 * 1024
+GIB = 2**30
+
+
+def problem_worth_sending(problem: Problem | None) -> Problem | None:
+    """``problem`` when small enough to be a reproduction, else None (described by shape)."""
+    if problem is None:
+        return None
+    arrays = [problem.q, problem.k, problem.v, problem.mask, problem.bias]
+    size = sum(a.nbytes for a in arrays if a is not None)
+    return problem if size <= MAX_SENT_PROBLEM_BYTES else None
+
+
+class _Reporter(CallObserver):
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+
+    def started(self, description: str, problem: Problem | None) -> None:
+        self.connection.send(("call", description, problem_worth_sending(problem)))
+
+    def returned(self) -> None:
+        self.connection.send(("returned",))
+
+
+def limit_memory(backend: Any, gib: float) -> str:
+    """Cap this process's address space at what it maps now plus ``gib`` GiB; a note for
+    MemoryError messages ("" when no limit is applied: ``gib`` 0, a device other than the
+    CPU (GPU runtimes reserve address space that such a limit would break), or no
+    /proc/self/status to measure from)."""
+    if gib <= 0 or "cpu" not in str(backend.device).lower():
+        return ""
+    try:
+        import resource
+
+        with open("/proc/self/status", encoding="ascii") as status:
+            mapped_kib = next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = mapped_kib * 1024 + int(gib * GIB)
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (ImportError, OSError, StopIteration, ValueError):
+        return ""
+    return (
+        f"the check's worker process may allocate at most {gib:g} GiB beyond the loaded "
+        "backend: --memory-limit GIB, 0 for none"
+    )
+
+
+def load(setup: KernelSetup, memory_limit_gib: float) -> tuple[KernelUnderTest, str]:
+    """Prepare the kernel as :meth:`KernelSetup.prepare` does, under the memory limit;
+    an exit while importing its module is a :class:`SetupError`."""
+    from .kernel_setup import SetupError
+
+    backend = setup.make_backend()  # in the JAX configuration asked for (jax_x64)
+    note = limit_memory(backend, memory_limit_gib)
+    try:
+        kernel = setup.prepare(backend)
+    except KeyboardInterrupt:
+        raise SetupError(
+            f"loading kernel {setup.kernel!r} raised KeyboardInterrupt "
+            "(at import?): nothing was checked"
+        ) from None
+    guard_calls(kernel).memory_note = note
+    return kernel, note
+
+
+def use_worker_threads(environ: Any = None) -> str:
+    """Give PyTorch's intra-op pool (when loaded) the thread count the supervisor chose
+    (``isolation.worker_threads``; BLAS and OpenMP read theirs from the environment when
+    they load) and say what this worker runs with, for the report's notes."""
+    from .supervisor import THREAD_VARIABLES, WORKER_THREADS
+
+    environ = os.environ if environ is None else environ
+    chosen = environ.get(WORKER_THREADS)
+    torch = sys.modules.get("torch")
+    if chosen is not None and torch is not None:
+        torch.set_num_threads(int(chosen))
+    pytorch = f", PyTorch {torch.get_num_threads()}" if torch is not None else ""
+    if chosen is not None:
+        return (
+            f"worker threads: {chosen} per worker process ({', '.join(THREAD_VARIABLES)}"
+            f"{pytorch}): the CPUs this check may use divided by --jobs; set "
+            "OMP_NUM_THREADS to choose"
+        )
+    given = ", ".join(f"{name}={environ[name]}" for name in THREAD_VARIABLES if name in environ)
+    return f"worker threads: as the environment sets them ({given}{pytorch})" if given else ""
+
+
+def _exit_when_orphaned(lifeline: int) -> None:
+    """End this process when the supervisor dies (its end of the pipe closes)."""
+
+    def watch() -> None:
+        while os.read(lifeline, 1):
+            pass
+        os._exit(70)
+
+    threading.Thread(target=watch, name="attnspec-lifeline", daemon=True).start()
+
+
+def serve(connection: Connection) -> None:
+    """Load the kernel, then answer requests until told to stop (the worker's main loop):
+    ``("property", id, profile, examples, seed)`` gets the property's verdict,
+    ``("hints", failures, raised)`` the hints from probing the kernel (:func:`.hints.run_hints`)."""
+    from ..judge.kernel_info import KernelInfo
+    from .kernel_setup import SetupError
+
+    try:
+        setup, memory_limit_gib = connection.recv()
+    except Exception as exc:  # e.g. a callable kernel the worker cannot import by name
+        connection.send(
+            (
+                "setup-error",
+                f"the worker process could not rebuild the kernel "
+                f"setup ({type(exc).__name__}: {exc}); check a MODULE:FUNC target, or "
+                "run in-process (--no-isolate, isolate=False)",
+            )
+        )
+        return
+    try:
+        kernel, note = load(setup, memory_limit_gib)
+    except SetupError as exc:
+        connection.send(("setup-error", str(exc)))
+        return
+    info = KernelInfo.of(kernel, kernel.loader, note)
+    threads = use_worker_threads()
+    if threads:
+        info = replace(info, setup_notes=(*info.setup_notes, threads))
+    connection.send(("ready", info))
+    # what was loaded so far (the library, the kernel, the suite) lives as long as this
+    # worker: kept out of the collector's full passes (~7 a quick profile, 0.1 s each)
+    gc.freeze()
+    guard = guard_calls(kernel)
+    guard.observer = _Reporter(connection)
+    guard.interrupt_is_the_kernels = True
+    # stdout is where the supervisor routes the kernel's output; its warnings go there too
+    with kernel_output_to(sys.stdout), hypothesis_storage_elsewhere():
+        while True:
+            request = connection.recv()
+            if request is None:
+                return
+            answer = _answer(request, kernel, setup.layout)
+            if isinstance(answer, str):
+                connection.send(("setup-error", answer))
+                return
+            connection.send(("answer", answer[0]))
+
+
+def _answer(request: tuple[Any, ...], kernel: KernelUnderTest, layout: str) -> tuple[Any] | str:
+    """(the answer to ``request``,), or why the worker cannot answer it (a setup error)."""
+    from ..judge.convention_hints import run_hints
+    from ..judge.registry import all_properties
+    from .property_runner import PROFILES, _failed_verdict, run_property
+
+    if request[0] == "hints":
+        return (run_hints(kernel, layout, *request[1:]),)
+    _, prop_id, profile, examples, seed, limits = request
+    if examples is not None:
+        PROFILES[profile] = examples
+    registry = all_properties()
+    if prop_id not in registry:
+        return (
+            f"property {prop_id!r} is not registered in the worker process (registered "
+            "at run time? use --no-isolate)"
+        )
+    prop = registry[prop_id]
+    try:
+        verdict = run_property(prop, kernel, profile=profile, seed=seed, limits=limits)
+    except BaseException as exc:  # e.g. sys.exit from a result's __array__: a verdict
+        verdict = _failed_verdict(
+            prop,
+            PropertyFailure(
+                f"checking the kernel's result raised {type(exc).__name__}: {str(exc)[:300]}"
+            ),
+        )
+    return (verdict,)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -c 'from attnspec.conformance.run.worker import main; main()' FD LIFELINE``."""
+    fd, lifeline = (int(a) for a in (argv or sys.argv[1:]))
+    _exit_when_orphaned(lifeline)
+    connection = Connection(fd)
+    try:
+        serve(connection)
+    except (EOFError, BrokenPipeError):
+        pass  # the supervisor went away or stopped this worker
+    connection.close()
+    sys.stdout.flush()
+    # Skip interpreter teardown: a kernel's atexit hooks or threads are not the check's.
+    os._exit(0)
