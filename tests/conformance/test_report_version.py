@@ -10,9 +10,9 @@ import pytest
 
 from attnspec import SPEC_VERSION
 from attnspec.conformance import Report, Verdict
-from attnspec.conformance import clauses as spec_clauses
-from attnspec.conformance import report as render
+from attnspec.conformance.claims import clauses as spec_clauses
 from attnspec.conformance.claims.clauses import all_clauses, last_release
+from attnspec.conformance.report import render
 
 PASSED, FAILED, NOT_APPLICABLE = "passed", "failed", "not applicable"
 
