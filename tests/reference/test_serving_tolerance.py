@@ -6,6 +6,7 @@ it is neither vacuous nor tuned."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import oracle_serving
@@ -23,64 +24,119 @@ def _within(got: np.ndarray, expected: np.ndarray, bound: np.ndarray) -> bool:
     return bool(np.all(np.abs(got[finite] - expected[finite]) <= bound[finite]))
 
 
-def _sink_kernel(q, k, v, sinks, mask, scale, dtype, *, sink_in_denominator=True):  # type: ignore[no-untyped-def]
-    """A float32 sink kernel (SINK-1): scores, max over scores and sink, exponentials,
-    the sink's term added to the row sum, output rounded to ``dtype`` once."""
+def _sink_kernel(
+    q: Any,
+    k: Any,
+    v: Any,
+    sinks: Any,
+    allowed: np.ndarray,
+    scale: float,
+    dtype: str,
+    softcap: float | None = None,
+    bug: str | None = None,
+) -> np.ndarray:
+    """A float32 sink kernel (SINK-1): scaled (and capped) scores, max over scores and sink,
+    exponentials, the sink's term added to the row sum, output rounded to ``dtype`` once.
+    ``bug``: "no-sink" leaves the sink out of the denominator, "scaled-sink" scales it."""
     q, k, v = (np.asarray(a, np.float32) for a in (q, k, v))
-    scores = np.where(mask, np.float32(scale) * (q @ np.swapaxes(k, -1, -2)), -np.inf)
+    scores = np.float32(scale) * (q @ np.swapaxes(k, -1, -2))
+    if softcap is not None:
+        scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
+    scores = np.where(allowed, scores, -np.inf)
     sink = np.asarray(sinks, np.float32)[:, None, None]
+    if bug == "scaled-sink":
+        sink = sink * np.float32(scale)
     top = np.maximum(scores.max(-1, keepdims=True), sink)
     exps = np.exp(scores - top)
     total = exps.sum(-1, keepdims=True)
-    if sink_in_denominator:
+    if bug != "no-sink":
         total = total + np.exp(sink - top)
     out = (exps @ v) / np.where(total == 0, 1, total)
     return out.astype(HALF[dtype])
 
 
+SINK_BOUND_CASES = [  # scale, softcap, causal (bottom-right, 6 queries on 20 keys)
+    (0.3, None, False),
+    (0.25, None, False),
+    (0.3, 2.0, True),
+    (0.25, 1.0, False),
+]
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_sink_bound_holds_and_is_not_vacuous(dtype: str) -> None:
     """SINK-5: a correct float32 sink kernel is within TOL-2 of the problem with the sink
-    as one more key, a mask and large sinks included; one that leaves the sink out of the
-    denominator is not."""
-    rng = np.random.default_rng(20)
-    kind = HALF[dtype]
-    q, k, v = (
-        rng.standard_normal(s).astype(kind).astype(np.float64)
-        for s in ((4, 6, 16), (4, 20, 16), (4, 20, 8))
-    )
-    mask = rng.random((6, 20)) < 0.8
-    mask[2] = False
-    sinks = np.array([0.0, 2.0, -3.0, 5.0])
-    for seed in range(5):
-        scale = 0.25 if seed % 2 else 0.3
-        bound = sink_error_bound(q, k, v, sinks, dtype=dtype, mask=mask, scale=scale)
-        expected, _ = oracle_serving.attend(q, k, v, lambda i: mask[i], scale=scale, sinks=sinks)
+    as one more key (a mask with an empty row, large sinks, softcap, bottom-right causal);
+    one that leaves the sink out of the denominator, or scales it, is not."""
+    for seed, (scale, softcap, causal) in enumerate(SINK_BOUND_CASES):
+        rng = np.random.default_rng(20 + seed)
+        kind = HALF[dtype]
+        q, k, v = (
+            rng.standard_normal(s).astype(kind).astype(np.float64)
+            for s in ((4, 6, 16), (4, 20, 16), (4, 20, 8))
+        )
+        mask = rng.random((6, 20)) < 0.8
+        mask[2] = False
+        allowed = mask & (np.arange(20)[None, :] <= np.arange(6)[:, None] + 14 if causal else True)
+        sinks = np.array([0.0, 2.0, -3.0, 5.0])
+        bound = sink_error_bound(
+            q,
+            k,
+            v,
+            sinks,
+            dtype=dtype,
+            mask=mask,
+            scale=scale,
+            softcap=softcap,
+            is_causal=causal,
+            causal_alignment="bottom_right",
+        )
+        expected, _ = oracle_serving.attend(
+            q, k, v, allowed.__getitem__, scale=scale, softcap=softcap, sinks=sinks
+        )
         np.testing.assert_allclose(np.asarray(bound.out), expected, rtol=1e-12, atol=1e-300)
-        out = _sink_kernel(q, k, v, sinks, mask, scale, dtype).astype(np.float64)
-        assert _within(out, expected, np.asarray(bound.out_tolerance)), (dtype, seed)
-        wrong = _sink_kernel(q, k, v, sinks, mask, scale, dtype, sink_in_denominator=False)
-        assert not _within(wrong.astype(np.float64), expected, np.asarray(bound.out_tolerance))
+        tolerance = np.asarray(bound.out_tolerance)
+        out = _sink_kernel(q, k, v, sinks, allowed, scale, dtype, softcap)
+        assert _within(out.astype(np.float64), expected, tolerance), (dtype, seed)
+        for bug in ("no-sink", "scaled-sink"):
+            wrong = _sink_kernel(q, k, v, sinks, allowed, scale, dtype, softcap, bug)
+            assert not _within(wrong.astype(np.float64), expected, tolerance), (seed, bug)
 
 
-def _merge_kernel(o_a, l_a, o_b, l_b, *, lse_first, base_two=False):  # type: ignore[no-untyped-def]
-    """A float32 merge (MERGE-1): the max shift, exponentials in float32, two ways of
+def _merge_kernel(
+    o_a: np.ndarray,
+    l_a: np.ndarray,
+    o_b: np.ndarray,
+    l_b: np.ndarray,
+    *,
+    lse_first: bool,
+    base_two: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A float32 merge (MERGE-1, MERGE-3): the max shift (by 0 where both states are
+    empty, as vLLM's CUDA merge returns early there), exponentials in float32, two ways of
     forming the weights; ``base_two`` reads natural log-sum-exps as base 2 (a bug)."""
     exp = np.exp2 if base_two else np.exp
     l_a, l_b = np.asarray(l_a, np.float32), np.asarray(l_b, np.float32)
     top = np.maximum(l_a, l_b)
+    empty = top == -np.inf
+    top = np.where(empty, np.float32(0), top)
+    parts = [
+        np.where((l == -np.inf)[..., None], np.float32(0), o.astype(np.float32))
+        for o, l in ((o_a, l_a), (o_b, l_b))
+    ]
     if lse_first:
-        lse = top + np.log1p(exp(-np.abs(l_a - l_b)))
-        w_a, w_b = exp(l_a - lse), exp(l_b - lse)
-        out = w_a[..., None] * o_a.astype(np.float32) + w_b[..., None] * o_b.astype(np.float32)
+        with np.errstate(invalid="ignore"):  # np.where computes the discarded -inf - -inf
+            gap = np.where(empty, np.float32(np.inf), np.abs(l_a - l_b))
+        lse = np.where(empty, -np.inf, top + np.log1p(exp(-gap)))
+        w_a, w_b = (np.where(empty, 0, exp(l - np.where(empty, 0, lse))) for l in (l_a, l_b))
+        out = w_a[..., None] * parts[0] + w_b[..., None] * parts[1]
     else:
         w_a, w_b = exp(l_a - top), exp(l_b - top)
         total = w_a + w_b
-        lse = top + np.log(total)
-        out = (
-            w_a[..., None] * o_a.astype(np.float32) + w_b[..., None] * o_b.astype(np.float32)
-        ) / total[..., None]
-    return out.astype(o_a.dtype), lse
+        lse = np.where(empty, -np.inf, top + np.log(np.where(empty, 1, total)))
+        safe = np.where(empty, 1, total)[..., None]
+        out = (w_a[..., None] * parts[0] + w_b[..., None] * parts[1]) / safe
+    return out.astype(o_a.dtype), lse.astype(np.float32)
 
 
 @pytest.mark.parametrize("magnitude", [1.0, 1e3])
@@ -104,17 +160,11 @@ def test_merge_bound_holds_and_is_not_vacuous(magnitude: float) -> None:
     expected_o, expected_l = oracle_serving.merge(o_a, l_a, o_b, l_b)
     np.testing.assert_allclose(np.asarray(bound.out), expected_o, rtol=1e-12, atol=1e-300)
     for lse_first in (False, True):
-        with np.errstate(invalid="ignore"):
-            out, lse = _merge_kernel(o_a, l_a, o_b, l_b, lse_first=lse_first)
-        out = np.where(np.isnan(out), 0, out)  # -inf rows: the kernel's own guard would give 0
-        lse = np.where(np.isnan(lse), -np.inf, lse)
+        out, lse = _merge_kernel(o_a, l_a, o_b, l_b, lse_first=lse_first)
         assert _within(out.astype(np.float64), expected_o, np.asarray(bound.out_tolerance))
         assert _within(lse.astype(np.float64), expected_l, np.asarray(bound.lse_tolerance))
-    with np.errstate(invalid="ignore", over="ignore"):
-        wrong, _ = _merge_kernel(o_a, l_a, o_b, l_b, lse_first=False, base_two=True)
-    assert not _within(
-        np.nan_to_num(wrong.astype(np.float64)), expected_o, np.asarray(bound.out_tolerance)
-    )
+    wrong, _ = _merge_kernel(o_a, l_a, o_b, l_b, lse_first=False, base_two=True)
+    assert not _within(wrong.astype(np.float64), expected_o, np.asarray(bound.out_tolerance))
     assert np.max(np.asarray(bound.out_tolerance)) < 0.05
 
 
