@@ -112,6 +112,7 @@ class Step:
     box_s: int
     needs_gpu: str = ""  # "torch", "jax" or "cupy": the backend that must see a GPU
     kind: str = "check"  # env | survey | matrix | check | bench | merge
+    nice: int = 0  # steps that re-run CPU rows on the GPU yield the CPUs to the CUDA ones
     stdout: Path | None = None  # where its standard output goes (besides log.txt)
     report: Path | None = None  # its JSON (matrix part, check report, bench)
     junit: Path | None = None
@@ -171,6 +172,7 @@ def plan_run(
                 SIDE_BY_SIDE_MAX_S,
                 needs_gpu=gpu,
                 kind="matrix",
+                nice=0 if gpu else 10,
                 report=part,
             )
         )
@@ -178,7 +180,12 @@ def plan_run(
     # a call that compiles a new Triton kernel may take longer than the default 60 s while
     # the other steps share the CPUs
     compiling = ["--timeout", "180"]
+    sdpa = str(ROOT / "scripts" / "device_sdpa.py")
     checks = [
+        *(
+            (f"sdpa-cuda-{b}-half", f"{sdpa}:sdpa_cuda_{b}_half", "torch", [])
+            for b in ("math", "efficient", "flash", "cudnn")
+        ),
         ("flex-compiled-block-mask", f"{flex}:flex_compiled_block_mask", "torch", compiling),
         ("flex-compiled-score-mod", f"{flex}:flex_compiled_score_mod", "torch", compiling),
         ("reference-cupy", REFERENCE, "cupy", ["--bias", "--gqa"]),
@@ -455,6 +462,7 @@ def start(step: Step, python: str, env: dict[str, str], work: Path) -> subproces
             cwd=work,
             env=env,
             start_new_session=True,  # its own process group: the box ends its workers too
+            preexec_fn=(lambda: os.nice(step.nice)) if step.nice else None,
         )
 
 

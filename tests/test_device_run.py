@@ -329,14 +329,35 @@ def test_a_run_goes_on_past_a_hung_step(
             assert device_run.NEEDS_A_GPU in status[name], status[name]
         else:
             assert " done " in status[name], status[name]
-    checks = [s.name.split()[1] for s in device_run.plan_run("", tmp_path, out).side_by_side]
-    checks = [c for c in checks if c.startswith(("flex", "reference"))]
+    plan = device_run.plan_run("", tmp_path, out)
+    checks = [s.name.split()[1] for s in plan.side_by_side if s.kind == "check"]
     ran = [c for c in checks if " done " in status[c]]
-    assert len(ran) == (4 if gpu else 0), {c: status[c] for c in checks}  # no CuPy GPU
+    assert len(ran) == (len(checks) - 1 if gpu else 0), {c: status[c] for c in checks}  # CuPy
+    assert len(checks) == 9
     junit = (out / "junit.xml").read_text(encoding="utf-8")
     assert junit.count("<testsuite ") == len(ran)
     assert device_run.NEEDS_A_GPU in status["bench"] if not gpu else " done " in status["bench"]
     assert done.returncode == (1 if gpu else 0), summary
+
+
+def test_each_cuda_sdpa_backend_is_checked_in_half_precision(tmp_path: Path) -> None:
+    """The four pinned CUDA SDPA backends of scripts/device_sdpa.py each have a check step
+    needing torch on a GPU, claim float16 and bfloat16 only, and claim what their backend
+    takes: no attn_mask on flash, no empty sizes except on math (SDPA-1.5, SDPA-5.2 waived
+    by name, CONF-7)."""
+    pytest.importorskip("torch", reason="the adapters import torch when called, not loaded")
+    sdpa = _load("device_sdpa")
+    plan = device_run.plan_run(sys.executable, tmp_path, tmp_path / "out")
+    for backend in ("math", "efficient", "flash", "cudnn"):
+        (step,) = [s for s in plan.side_by_side if s.name == f"check sdpa-cuda-{backend}-half"]
+        assert step.needs_gpu == "torch" and f"device_sdpa.py:sdpa_cuda_{backend}_half" in " ".join(
+            step.argv
+        )
+        claims = declaration_of(getattr(sdpa, f"sdpa_cuda_{backend}_half"))
+        assert claims.dtypes == ("float16", "bfloat16")
+        assert claims.mask == claims.bias == (backend != "flash")
+        assert claims.empty_sizes == (backend == "math")
+        assert claims.gqa and claims.gqa_keyword == "enable_gqa"
 
 
 IGNORES_SIGTERM = """
