@@ -25,15 +25,18 @@ from .backward import (
     reduce_to_shape,
     scaled_dot_product_attention_backward,
 )
-from .features import check_dropout_p
-from .sdpa import prepare, with_features
+from .features import check_dropout_p, log_sum_exp, softcapped
+from .sdpa import allowed_scores, prepare, with_features
 from .tolerance import (
     SAFETY_FACTOR,
     UNDERFLOW_THRESHOLD,
     UNIT_ROUNDOFF,
+    _moved_weights_saturated,
     accumulation_roundoff,
     dropout_error_bound,
     error_and_lse_bound,
+    feature_score_error,
+    product_coefficient,
     scale_is_exact,
     tanh_roundoff,
 )
@@ -107,7 +110,7 @@ def gradient_error_bound(
         dropout_keep=dropout_keep,
         **options,
     )
-    forward, lse_bound = error_and_lse_bound(q, k, v, dtype=dtype, weights=True, **options)
+    forward, lse_bound = error_and_lse_bound(q, k, v, dtype=dtype, weights=False, **options)
     out = forward.out
     if dropout_keep is not None:  # the dropped output (DROP-2), whose rounding D charges
         out, _ = dropout_error_bound(
@@ -144,59 +147,55 @@ def gradient_error_bound(
     allowed = xp.astype(steps.allowed, xp.float64)
     n_keys, value_dim = problem.k.shape[-2], problem.v.shape[-1]
     head_dim = problem.q.shape[-1]
+    weights = steps.weights
 
-    # pi_ij: the error of a recomputed weight, rounded to the dtype (TOL-2's tau^p / C,
-    # which has u_d p_ij and the underflow floor) and recomputed from a log-sum-exp off by
-    # up to TOL-5's tau^l / C; 0 outside S(i), where a weight is exactly 0 (BWD-3)
-    weight_error = _grouped_rows(problem, forward.weights_tolerance)
-    lse_error = _grouped_rows(problem, lse_bound.lse_tolerance[..., None])
-    pi = allowed * (
-        weight_error / SAFETY_FACTOR + steps.weights * xp.expm1(lse_error / SAFETY_FACTOR)
-    )
+    # A weight the backward pass uses is p_ij (1 + e_ij - c_i): e_ij its own score error,
+    # rounding and underflow, at most g^_ij / p_ij; c_i a shift common to the row (the
+    # log-sum-exp's error, or the renormalisation), at most gamma_i = tau^l_i / C (TOL-5)
+    key_error = _key_weight_error(problem, dtype, weights, steps.allowed)
+    gamma = _grouped_rows(problem, lse_bound.lse_tolerance[..., None]) / SAFETY_FACTOR
     abs_out = xp.abs(_grouped_rows(problem, out))
     abs_d_out = xp.abs(d_out)
-    rescale = xp.ones_like(pi) if steps.rescale is None else steps.rescale
+    rescale = xp.ones_like(weights) if steps.rescale is None else steps.rescale
     abs_dp = xp.abs(steps.grad_weights) * allowed
+    products = xp.matmul(abs_d_out, xp.matrix_transpose(xp.abs(problem.v)))  # A^v_ij
     # eps^P: the dot product dO_i . v_j accumulated (E_v + 2) u_a, dP rounded to the dtype
-    eps_p = allowed * (
-        (value_dim + 2)
-        * u_a
-        * rescale
-        * xp.matmul(abs_d_out, xp.matrix_transpose(xp.abs(problem.v)))
-        + u_d * abs_dp
-    )
-    # eps^D: D_i = sum_j p_ij dP_ij (a softmax backward), or dO_i . o_i from the kernel's
-    # output (FlashAttention), whose error dO_i . (o^_i - o_i) is sum_j (p^_ij - p_ij) dP_ij
-    # plus the forward's P V accumulation ((L_k + 2) u_a on sum_j p_ij |dO_i| . |v_j|), its
-    # output rounding (u_d |o_ic|) and the dot product ((E_v + 1) u_a): both forms charged
-    abs_pv = xp.sum(
-        steps.weights * rescale * xp.matmul(abs_d_out, xp.matrix_transpose(xp.abs(problem.v))),
+    eps_p = allowed * ((value_dim + 2) * u_a * rescale * products + u_d * abs_dp)
+    abs_delta = xp.abs(steps.delta)
+    # G_i, D's error: sum_j p_ij e'_ij dP_ij - c'_i D_i from the weights it is formed with,
+    # plus the roundings of either form: sum_j p^_ij dP^_ij (a softmax backward), or
+    # dO_i . o^_i from the forward's output (FlashAttention: its P V sum, its rounding to
+    # the dtype and the dot product)
+    weighted = xp.sum(
+        key_error * abs_dp
+        + weights * (eps_p + (n_keys + 1) * u_a * abs_dp + (n_keys + 2) * u_a * rescale * products),
         axis=-1,
         keepdims=True,
     )
-    eps_d = xp.sum(
-        pi * abs_dp + steps.weights * eps_p + (n_keys + 1) * u_a * steps.weights * abs_dp,
-        axis=-1,
-        keepdims=True,
+    out_rounding = (u_d + (value_dim + 1) * u_a) * xp.sum(
+        abs_d_out * abs_out, axis=-1, keepdims=True
     )
-    eps_d = (
-        eps_d
-        + (n_keys + 2) * u_a * abs_pv
-        + xp.sum(abs_d_out * (u_d + (value_dim + 1) * u_a) * abs_out, axis=-1, keepdims=True)
-    )
-    abs_lse_grad = xp.zeros_like(eps_d) if d_lse is None else xp.abs(d_lse)
+    delta_error = weighted + gamma * abs_delta + out_rounding
+    abs_lse_grad = xp.zeros_like(delta_error) if d_lse is None else xp.abs(d_lse)
     shifted = steps.grad_weights - steps.delta + (0.0 if d_lse is None else d_lse)
     abs_ds = xp.abs(steps.grad_scores)
-    eps_s = allowed * (
-        pi * xp.abs(shifted)
-        + steps.weights * (eps_p + eps_d + 3 * u_a * (abs_dp + xp.abs(steps.delta) + abs_lse_grad))
+    # eps^S without D's error and the row's shift, which are common to the row
+    own_error = allowed * (
+        key_error * xp.abs(shifted)
+        + weights * (eps_p + 3 * u_a * (abs_dp + abs_delta + abs_lse_grad))
         + u_d * abs_ds
         + sigma
     )
     scale_rounding = 0.0 if scale_is_exact(problem.scale) else 4 * u_d
-    abs_dx, eps_x = abs_ds, eps_s
+    factor, abs_dx, eps_x = None, abs_ds, own_error
     if problem.softcap is not None:
-        eps_x, abs_dx = _through_softcap(xp, problem, dtype, abs_ds, eps_s, scale_rounding)
+        factor, eps_x, abs_dx = _through_softcap(
+            xp, problem, dtype, abs_ds, own_error, scale_rounding
+        )
+    capped_weights = weights if factor is None else factor * weights  # kappa_ij p_ij
+    # the whole error of dS (dX), for dk and the bias: its own, D's, the row's shift
+    eps_x_all = eps_x + capped_weights * delta_error + gamma * abs_dx
+    eps_s_all = own_error + weights * delta_error + gamma * abs_ds
 
     alpha = abs(problem.scale)
     abs_q, abs_k = xp.abs(problem.q), xp.abs(problem.k)
@@ -206,14 +205,24 @@ def gradient_error_bound(
     n_k = n_kv_rows * _broadcast_factor(problem.out_shape[:-3], tuple(k.shape[:-3]))
     n_v = n_kv_rows * _broadcast_factor(problem.out_shape[:-3], tuple(v.shape[:-3]))
 
-    eps_q = alpha * xp.matmul(eps_x, abs_k) + (scale_rounding + (n_q + 2) * u_a) * alpha * (
-        xp.matmul(abs_dx, abs_k)
+    # dq_i = alpha sum_j dX_ij k_j: D's error and the shift are common to the row, so they
+    # move dq_i by alpha |sum_j kappa_ij p_ij k_j| G_i and gamma_i |dq_i|
+    grouped_dq = (
+        xp.matmul(steps.grad_scores if factor is None else steps.grad_scores * factor, problem.k)
+        * problem.scale
     )
-    eps_k = alpha * xp.sum(xp.matmul(xp.matrix_transpose(eps_x), abs_q), axis=-3) + (
+    eps_q = (
+        alpha * xp.matmul(eps_x, abs_k)
+        + alpha * xp.abs(xp.matmul(capped_weights, problem.k)) * delta_error
+        + gamma * xp.abs(grouped_dq)
+        + (scale_rounding + (n_q + 2) * u_a) * alpha * xp.matmul(abs_dx, abs_k)
+    )
+    eps_k = alpha * xp.sum(xp.matmul(xp.matrix_transpose(eps_x_all), abs_q), axis=-3) + (
         scale_rounding + (n_k + 2) * u_a
     ) * alpha * xp.sum(xp.matmul(xp.matrix_transpose(abs_dx), abs_q), axis=-3)
+    weight_error = key_error + weights * gamma
     eps_v = xp.sum(
-        xp.matmul(xp.matrix_transpose(rescale * pi), abs_d_out)
+        xp.matmul(xp.matrix_transpose(rescale * weight_error), abs_d_out)
         + (n_v + 3) * u_a * xp.matmul(xp.matrix_transpose(xp.abs(steps.kept)), abs_d_out),
         axis=-3,
     )
@@ -231,7 +240,9 @@ def gradient_error_bound(
     dbias_tolerance = None
     if bias is not None:
         n_b = _broadcast_factor(scores_shape, tuple(bias.shape))
-        eps_b = xp.reshape(eps_s, scores_shape) + (n_b + 2) * u_a * xp.reshape(abs_ds, scores_shape)
+        eps_b = xp.reshape(eps_s_all, scores_shape) + (n_b + 2) * u_a * xp.reshape(
+            abs_ds, scores_shape
+        )
         dbias_tolerance = tolerance(eps_b, scores_shape, gradients.dbias, n_b)
     return GradientBound(
         dq=gradients.dq,
@@ -245,13 +256,49 @@ def gradient_error_bound(
     )
 
 
+def _key_weight_error(problem: Any, dtype: str, weights: Any, allowed: Any) -> Any:
+    """g^_ij: a weight's error from its own score (TOL-2's g_ij = p_ij (e^Delta'_ij - 1),
+    Delta' with TOL-4's feature terms), its rounding to the dtype (u_d p_ij) and its underflow
+    (sigma_d); 0 outside S(i), where every weight is exactly 0 (BWD-3)."""
+    xp = problem.xp
+    u_d, u_a = UNIT_ROUNDOFF[dtype], accumulation_roundoff(dtype)
+    scores, _ = allowed_scores(problem)
+    zero = xp.zeros_like(scores)
+    n_keys = scores.shape[-1]
+    row_max = xp.max(scores, axis=-1, keepdims=True) if n_keys else scores[..., :1]
+    row_max = xp.where(xp.isfinite(row_max), row_max, xp.zeros_like(row_max))
+    gap = xp.where(allowed, row_max - scores, zero)
+    alpha = abs(problem.scale)
+    magnitude = alpha * xp.matmul(xp.abs(problem.q), xp.matrix_transpose(xp.abs(problem.k)))
+    head_dim = problem.q.shape[-1]
+    scale = problem.scale
+    delta = product_coefficient(dtype, head_dim, scale) * magnitude + 3 * u_a * gap + 6 * u_a
+    if problem.bias is not None:
+        delta = delta + 2 * u_a * xp.abs(problem.bias)
+    if problem.softcap is not None or problem.alibi is not None:
+        capped = None
+        if problem.softcap is not None:
+            raw = xp.matmul(problem.q, xp.matrix_transpose(problem.k)) * problem.scale
+            capped = softcapped(xp, raw, problem.softcap)
+        delta = delta + feature_score_error(
+            xp, dtype, magnitude, capped, problem.bias, problem.alibi
+        )
+    delta = xp.where(allowed, delta, zero)
+    lse = log_sum_exp(xp, scores, allowed)[..., None]
+    finite_lse = xp.where(xp.isfinite(lse), lse, xp.zeros_like(lse))
+    log_weights = xp.where(allowed, scores - finite_lse, xp.full_like(scores, -xp.inf))
+    moved = _moved_weights_saturated(xp, weights, log_weights, delta, allowed)
+    sigma = UNDERFLOW_THRESHOLD[dtype]
+    return xp.where(allowed, moved + u_d * weights + sigma, zero)
+
+
 def _through_softcap(
     xp: ModuleType, problem: Any, dtype: str, abs_ds: Any, eps_s: Any, scale_rounding: float
-) -> tuple[Any, Any]:
+) -> tuple[Any, Any, Any]:
     """eps^X and |dX| of dX = dS (1 - tanh^2(x / c)) (BWD-7): dS's error times the factor,
     plus |dS| times the factor's error, from the scaled product's error (the products and
     the division by the cap) through tanh (u_t) and the square and subtraction (2 u_a),
-    plus the product rounded to the dtype (u_d)."""
+    plus the product rounded to the dtype (u_d).  Returns (1 - tanh^2, eps^X, |dX|)."""
     u_d, u_a = UNIT_ROUNDOFF[dtype], accumulation_roundoff(dtype)
     cap = problem.softcap
     x = xp.matmul(problem.q, xp.matrix_transpose(problem.k)) * problem.scale
@@ -267,4 +314,4 @@ def _through_softcap(
         + 2 * u_a
     )
     abs_dx = factor * abs_ds
-    return factor * eps_s + factor_error * abs_ds + u_d * abs_dx, abs_dx
+    return factor, factor * eps_s + factor_error * abs_ds + u_d * abs_dx, abs_dx

@@ -122,6 +122,8 @@ def test_correct_kernels_are_within_the_bound(dtype: str, size: tuple[int, int, 
     2's blocked backward (float32 accumulation, P and dS rounded to the dtype: what BWD-14
     allows), in float16, bfloat16 and float32, are within the bound, causal and not, with
     padding biases of finfo.min."""
+    if size[1] == 1025 and dtype == "float32":
+        pytest.skip("L = 1025 runs in the half precisions only: float32 is checked at L = 192")
     for is_causal in (False, True):
         problem = _problem(dtype, *size)
         bound = _bound(problem, dtype, is_causal)
@@ -130,12 +132,12 @@ def test_correct_kernels_are_within_the_bound(dtype: str, size: tuple[int, int, 
             assert max(ratios) <= 1, (name, dtype, size, is_causal, ratios)
 
 
-@pytest.mark.parametrize("dtype", ("float16", "float32"))
+@pytest.mark.parametrize("dtype", ("float16", "bfloat16", "float32"))
 @pytest.mark.parametrize("wrong", ("no delta", "scale twice"))
 def test_wrong_gradients_exceed_the_bound(dtype: str, wrong: str) -> None:
     """BWD-17 is not vacuous: FlashAttention 2's backward with the delta term dropped, or
-    the scale applied twice to dk, falls outside it on the realistic problem L = 192,
-    E = 64 (while the correct one is within it, above)."""
+    the scale applied twice to dk, falls outside it in every dtype on the realistic problem
+    L = 192, E = 64 (while the correct one is within it, above)."""
     problem = _problem(dtype, 2, 192, 64, False, seed=1)
     ratios = _ratios(_flash2(problem, True, wrong=wrong), _bound(problem, dtype, True))
     assert max(ratios) > 1, (wrong, dtype, ratios)
