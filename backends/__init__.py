@@ -170,6 +170,25 @@ class Backend:
         """A NumPy copy of a backend array (bfloat16 widened to float32)."""
         return self._adapter.to_numpy(x)
 
+    @property
+    def differentiates(self) -> bool:
+        """Whether the library has automatic differentiation (:meth:`vjp`)."""
+        return self._adapter.vjp is not None
+
+    def vjp(
+        self, fn: Any, primals: tuple[Any, ...], cotangents: tuple[Any, ...]
+    ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """The vector-Jacobian product of ``fn`` at ``primals`` by the library's own
+        automatic differentiation (``torch.autograd``, ``jax.vjp``; spec/backward.md,
+        BWD-1): ``fn``'s results (a tuple, one per cotangent) and the gradient of each
+        primal, as arrays of this library.  BackendError where the library has none."""
+        if self._adapter.vjp is None:
+            raise BackendError(
+                f"backend {self.name!r} has no automatic differentiation; gradients are "
+                "computed on torch or jax"
+            )
+        return self._adapter.vjp(fn, tuple(primals), tuple(cotangents))
+
     def dtype_name(self, x: Any) -> str | None:
         """The spec dtype name of the backend array ``x`` (None: not a floating dtype this
         backend has)."""

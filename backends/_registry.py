@@ -16,6 +16,11 @@ from types import ModuleType
 from typing import Any
 
 FLOAT_DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
+# vjp(fn, primals, cotangents) -> (fn's results, one gradient per primal)
+VectorJacobianProduct = Callable[
+    [Callable[..., Any], tuple[Any, ...], tuple[Any, ...]],
+    tuple[tuple[Any, ...], tuple[Any, ...]],
+]
 
 
 class BackendError(RuntimeError):
@@ -50,6 +55,48 @@ class Adapter:
     has_strides: bool = True
     # is this device the host's CPU (not an accelerator that worker processes would share)?
     on_cpu: Callable[[Any], bool] = lambda device: True
+    # the library's automatic differentiation (spec/backward.md, BWD-1): ``vjp(fn, primals,
+    # cotangents)`` -> (fn's results, the gradient of each primal); None where it has none
+    vjp: VectorJacobianProduct | None = None
+
+
+def _torch_vjp(
+    fn: Callable[..., Any], primals: tuple[Any, ...], cotangents: tuple[Any, ...]
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """torch.autograd's vector-Jacobian product of ``fn`` at ``primals`` (fresh leaves that
+    require grad, so the caller's tensors are untouched); a primal ``fn`` does not use gets
+    a zero gradient, as its VJP is."""
+    import torch
+
+    leaves = tuple(p.detach().clone().requires_grad_(True) for p in primals)
+    results = fn(*leaves)
+    outputs = results if isinstance(results, tuple) else (results,)
+    if len(outputs) != len(cotangents):
+        raise ValueError(
+            f"fn returned {len(outputs)} results, but {len(cotangents)} cotangents were given"
+        )
+    grads = torch.autograd.grad(
+        outputs, leaves, grad_outputs=cotangents, allow_unused=True, materialize_grads=True
+    )
+    return tuple(o.detach() for o in outputs), tuple(grads)
+
+
+def _jax_vjp(
+    fn: Callable[..., Any], primals: tuple[Any, ...], cotangents: tuple[Any, ...]
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """jax.vjp of ``fn`` at ``primals``, pulled back along ``cotangents``."""
+    import jax
+
+    def as_tuple(*args: Any) -> tuple[Any, ...]:
+        results = fn(*args)
+        return results if isinstance(results, tuple) else (results,)
+
+    outputs, pullback = jax.vjp(as_tuple, *primals)
+    if len(outputs) != len(cotangents):
+        raise ValueError(
+            f"fn returned {len(outputs)} results, but {len(cotangents)} cotangents were given"
+        )
+    return tuple(outputs), tuple(pullback(tuple(cotangents)))
 
 
 def _no_options(xp: ModuleType, config: Mapping[str, Any]) -> list[str]:
@@ -391,6 +438,7 @@ ADAPTERS: dict[str, Adapter] = {
         _torch_device,
         _array_test("is_torch_array"),
         on_cpu=lambda device: device.type == "cpu",
+        vjp=_torch_vjp,
     ),
     "jax": Adapter(
         "jax",
@@ -408,6 +456,7 @@ ADAPTERS: dict[str, Adapter] = {
         compiles_per_shape=True,
         has_strides=False,
         on_cpu=lambda device: device.platform == "cpu",
+        vjp=_jax_vjp,
     ),
     "cupy": Adapter(
         "cupy",
