@@ -1,7 +1,7 @@
 """The score features of spec/features.md: logit softcapping (SOFTCAP), ALiBi (ALIBI), the
 log-sum-exp (LSE), and dropout applied with an explicit keep mask (DROP-2 … DROP-5).
 
-Each takes or returns arrays in the grouped layout of :class:`~.sdpa.GroupedInputs`
+Each takes or returns arrays in the grouped layout of :class:`~.grouped.GroupedInputs`
 (``(*batch, Hkv, G, Lq, ·)``), so the dense reference, the varlen and KV-cache references
 and the tolerance model share one implementation.
 """
@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import math
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import array_api_compat
 
 from ._array import Array
 from ._checks import check_size, require_broadcastable_to
+from .grouped import GroupedInputs
 from .masks import creation_namespace
-
-if TYPE_CHECKING:  # sdpa imports this module
-    from .sdpa import GroupedInputs
 
 
 def check_softcap(softcap: Any, call: str) -> float | None:

@@ -29,38 +29,11 @@ from .features import (
     log_sum_exp,
     softcapped,
 )
+from .grouped import GroupedInputs as GroupedInputs  # re-exported: blocked, tolerance ...
 from .masks import CAUSAL_ALIGNMENTS, causal_offset
 
 CALL = "scaled_dot_product_attention(q, k, v)"
 LAYOUT = "(..., heads, length, head_dim)"
-
-
-class GroupedInputs(NamedTuple):
-    """Validated, broadcast inputs in the computation dtype, heads split into groups.
-
-    Not a second description of a problem (that is the arguments of
-    :func:`scaled_dot_product_attention`, and ``conformance.kernel.Problem`` in the suite):
-    the form the definition is computed in.
-
-    ``q`` is ``(*batch, Hkv, G, Lq, E)``; ``k`` and ``v`` are ``(*batch, Hkv, 1, Lk, ·)``;
-    ``allowed`` (or None when every key is allowed) and ``bias`` (or None) broadcast to
-    ``(*batch, Hkv, G, Lq, Lk)``.  ``softcap`` (or None) caps the scaled dot products
-    (SOFTCAP-1) and ``alibi`` (or None) is the ALiBi bias in the grouped layout (ALIBI-2),
-    both set by :func:`with_features`.  Shared by the dense reference and the tolerance
-    model.
-    """
-
-    xp: ModuleType
-    q: Array
-    k: Array
-    v: Array
-    allowed: Array
-    bias: Array
-    scale: float
-    out_dtype: Any
-    out_shape: tuple[int, ...]
-    softcap: float | None = None
-    alibi: Any = None
 
 
 def compute_dtype(xp: ModuleType, dtype: Any) -> Any:
