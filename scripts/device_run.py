@@ -143,9 +143,15 @@ class Plan:
 
 
 def plan_run(
-    python: str, work: Path, out: Path, budget_s: int = BUDGET_S, only: Sequence[str] = ()
+    python: str,
+    work: Path,
+    out: Path,
+    budget_s: int = BUDGET_S,
+    only: Sequence[str] = (),
+    side_box_s: int = SIDE_BY_SIDE_MAX_S,
 ) -> Plan:
-    """Every step of the run, in its phase, with its command and box."""
+    """Every step of the run, in its phase, with its command and box (``side_box_s`` for
+    each of the side-by-side steps)."""
     only_args = [a for p in only for a in ("--only", p)]
     env_step = Step("env", ["-c", ENV_PROBE], 60, kind="env", stdout=work / "env.json")
     survey = Step("survey", [*CLI, "backends"], 120, kind="survey", stdout=out / "survey.txt")
@@ -169,7 +175,7 @@ def plan_run(
                     "--markdown",
                     str(part.with_suffix(".md")),
                 ],
-                SIDE_BY_SIDE_MAX_S,
+                side_box_s,
                 needs_gpu=gpu,
                 kind="matrix",
                 nice=0 if gpu else 10,
@@ -217,7 +223,7 @@ def plan_run(
                     "--junit",
                     str(report.with_suffix(".xml")),
                 ],
-                SIDE_BY_SIDE_MAX_S,
+                side_box_s,
                 needs_gpu=gpu,
                 kind="check",
                 report=report,
@@ -621,6 +627,15 @@ def summary_text(plan: Plan, env: dict[str, object], results: Sequence[Result], 
     for key, value in env.items():
         lines.append(f"  {key}: {value}")
     lines.append("")
+    # the matrix labels a row by the device its kernel is declared for; torch and jax put a
+    # CPU-declared row on their default device, which is the GPU wherever they see one
+    seen = str(env.get("GPU seen by", ""))
+    lines.append(
+        "matrix rows declared for the CPU ran on: "
+        f"torch {'cuda:0' if 'torch' in seen else 'cpu'}, "
+        f"jax {'gpu:0' if 'jax' in seen else 'cpu'}"
+    )
+    lines.append("")
     lines.append("steps (status, seconds, what):")
     for r in results:
         detail = r.note
@@ -691,7 +706,8 @@ def run_phases(
     _progress(results[-1])
     waiting = [r for r in (needs_gpu_result(s, gpu) for s in plan.side_by_side) if r]
     runnable = [s for s in plan.side_by_side if all(r.step is not s for r in waiting)]
-    box = min(SIDE_BY_SIDE_MAX_S, left() - min(RESERVE_S, plan.budget_s // 4))
+    longest = max((s.box_s for s in runnable), default=0)
+    box = min(longest, left() - min(RESERVE_S, plan.budget_s // 4))
     if box < MIN_BOX_S:
         side = [Result(s, "skipped", note="no time left in the budget") for s in runnable]
     else:
@@ -764,7 +780,8 @@ def _progress(result: Result) -> None:
 def show_plan(plan: Plan, wheels: Path) -> int:
     """Print every step; exit 1 when the carried wheels are not ready."""
     print(f"python: {plan.python}\nwheels: {wheels}\nresults: {plan.out} ({', '.join(OUT_FILES)})")
-    print(f"budget: {plan.budget_s} s; side-by-side box {SIDE_BY_SIDE_MAX_S} s at most")
+    side = max(s.box_s for s in plan.side_by_side)
+    print(f"budget: {plan.budget_s} s; side-by-side box {side} s at most")
     print(f"install: python {shlex.join(install_args(wheels_in(wheels), Path('SITE')))}")
     for step in (plan.env_step, plan.survey, *plan.side_by_side, plan.bench, plan.merge):
         gpu = f" [needs {step.needs_gpu} on a GPU]" if step.needs_gpu else ""
@@ -787,6 +804,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=BUDGET_S, help="seconds for the run")
     parser.add_argument("--python", default=sys.executable, help="python running every step")
     parser.add_argument(
+        "--side-box",
+        type=int,
+        default=SIDE_BY_SIDE_MAX_S,
+        help="seconds for the side-by-side steps at most (the budget may leave them less)",
+    )
+    parser.add_argument(
         "--only",
         action="append",
         default=[],
@@ -800,7 +823,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = Path("WORK")
     else:
         work = Path(tempfile.mkdtemp(prefix="attnspec-device-"))
-    plan = plan_run(args.python, work, args.out.resolve(), args.budget, args.only)
+    plan = plan_run(args.python, work, args.out.resolve(), args.budget, args.only, args.side_box)
     if args.plan:
         return show_plan(plan, args.wheels)
     if args.out.exists() and any(args.out.iterdir()):

@@ -84,7 +84,8 @@ def pinned(backend: str, name: str) -> Callable[..., Any]:
         claims.pop("mask_keyword")
     if not claims.get("bias", True):
         claims.pop("bias_keyword")
-    return declare(kernel, **claims)
+    declared: Callable[..., Any] = declare(kernel, **claims)
+    return declared
 
 
 sdpa_cuda_math_half = pinned("MATH", "sdpa_cuda_math_half")

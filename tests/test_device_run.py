@@ -302,7 +302,8 @@ def test_a_run_goes_on_past_a_hung_step(
     done = subprocess.run(
         [
             *(sys.executable, str(SCRIPTS / "device_run.py"), str(out), "--python", str(stub)),
-            *("--wheels", str(wheels), "--budget", "48", "--work", str(tmp_path / "work")),
+            *("--wheels", str(wheels), "--budget", "60", "--side-box", "8"),
+            *("--work", str(tmp_path / "work")),
         ],
         capture_output=True,
         text=True,
@@ -323,6 +324,8 @@ def test_a_run_goes_on_past_a_hung_step(
     }
     assert "done" in status["install"] and "done" in status["survey"], summary
     assert "done" in status["merge"], summary
+    where = "torch cuda:0, jax gpu:0" if gpu else "torch cpu, jax cpu"
+    assert f"matrix rows declared for the CPU ran on: {where}" in summary
     for name, (_, needs) in device_run.MATRIX_KERNELS.items():
         if gpu and name == hung:
             assert "timed out" in status[name], status[name]
