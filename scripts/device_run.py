@@ -441,6 +441,11 @@ def step_env(site: Path) -> dict[str, str]:
         XLA_PYTHON_CLIENT_PREALLOCATE="false",
         # nor may each of them start a compile worker per CPU (Inductor's default)
         TORCHINDUCTOR_COMPILE_THREADS="4",
+        # some 20 steps share the CPUs side by side: one BLAS/OpenMP thread each, not a
+        # worker's default of every CPU (attnspec keeps a thread variable that is set)
+        OMP_NUM_THREADS="1",
+        OPENBLAS_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
         PIP_NO_INDEX="1",
     )
     return env

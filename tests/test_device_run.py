@@ -68,6 +68,12 @@ def test_the_plan_fits_the_device_box(tmp_path: Path) -> None:
     in_out = {p.name for p in written if p is not None and p.parent == plan.out}
     assert in_out <= set(device_run.OUT_FILES), in_out
     assert len({s.name for s in steps}) == len(steps)
+    # the side-by-side steps share one GPU and the CPUs: no JAX process takes 75% of the
+    # GPU's memory up front, no worker starts a thread per CPU
+    env = device_run.step_env(tmp_path / "site")
+    assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    assert env["OMP_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == "1"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path / "site")
 
 
 def test_the_matrix_steps_cover_the_image_kernels() -> None:
