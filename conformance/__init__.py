@@ -19,6 +19,7 @@ from .call.problem import Problem
 from .claims.declaration import (
     KernelDeclaration,
     LinearClaim,
+    MergeClaim,
     RopeClaim,
     SparseClaim,
     declaration_of,
@@ -39,6 +40,7 @@ __all__ = [
     "KernelRaised",
     "KernelUnderTest",
     "LinearClaim",
+    "MergeClaim",
     "Problem",
     "PropertyFailure",
     "Report",

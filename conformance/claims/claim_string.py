@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 PREFIX = "conforms to attnspec "
-FAMILIES = ("dense", "sparse", "linear", "varlen", "kv-cache", "rope")
+FAMILIES = ("dense", "sparse", "linear", "varlen", "kv-cache", "rope", "merge")
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 # The fixed words of ``feature`` in the grammar, and its words with a part that varies.
 FEATURE_WORDS = frozenset(
@@ -47,6 +47,9 @@ FEATURE_WORDS = frozenset(
         "custom feature map",
         "interleaved pairing",
         "half pairing",
+        "base-2 log-sum-exp",
+        "tokens-first outputs",
+        "tokens-first log-sum-exp",
     }
 )
 _NUMBER = r"[1-9][0-9]*"

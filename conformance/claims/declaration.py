@@ -17,12 +17,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, TypeVar, overload
 
-from .table import CLAIMS, LinearClaim, RopeClaim, SparseClaim
+from .table import CLAIMS, LinearClaim, MergeClaim, RopeClaim, SparseClaim
 
 __all__ = [
     "ATTRIBUTE",
     "KernelDeclaration",
     "LinearClaim",
+    "MergeClaim",
     "RopeClaim",
     "SparseClaim",
     "declaration_of",
@@ -90,6 +91,7 @@ class KernelDeclaration:
     sparse: SparseClaim | None = None
     linear: LinearClaim | None = None
     rope: RopeClaim | None = None
+    merge: MergeClaim | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -112,10 +114,12 @@ class KernelDeclaration:
 
     @property
     def family(self) -> str:
-        """ "dense", "sparse", "linear", "varlen", "kv-cache" or "rope": which family of
-        properties applies (the last three have their own calling conventions)."""
+        """ "dense", "sparse", "linear", "varlen", "kv-cache", "rope" or "merge": which
+        family of properties applies (the last four have their own calling conventions)."""
         if self.rope is not None:
             return "rope"
+        if self.merge is not None:
+            return "merge"
         if self.sparse is not None:
             return "sparse"
         if self.linear is not None:

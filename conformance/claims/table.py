@@ -210,6 +210,67 @@ class RopeClaim:
     rotary_dim: int | None = None
 
 
+MERGE_BASES = ("e", "2")
+MERGE_OUT_LAYOUTS = ("hld", "lhd")
+MERGE_LSE_LAYOUTS = ("hl", "lh")
+
+
+@dataclass(frozen=True)
+class MergeClaim:
+    """The function merges two attention states (MERGE-1), called ``fn(o_a, lse_a, o_b,
+    lse_b) -> (o, lse)``.
+
+    ``base`` is the log-sum-exps' base, "e" (natural, the spec's) or "2" (MERGE-2);
+    ``out_layout`` is "hld" (outputs ``(H, L, Ev)``, the spec's) or "lhd" (``(L, H, Ev)``,
+    FlashInfer's and vLLM's); ``lse_layout`` is "hl" (``(H, L)``, the spec's and vLLM's) or
+    "lh" (``(L, H)``, FlashInfer's).
+    """
+
+    base: str = "e"
+    out_layout: str = "hld"
+    lse_layout: str = "hl"
+
+
+def _merge_from_flags(get: Getter) -> MergeClaim | None:
+    given = [f for f in ("merge_out_layout", "merge_lse_layout") if get(f) is not None]
+    if get("merge") is None:
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} needs --merge BASE")
+        return None
+    return MergeClaim(
+        get("merge"), get("merge_out_layout") or "hld", get("merge_lse_layout") or "hl"
+    )
+
+
+def _merge_invalid(value: Any) -> str | None:
+    if value is None:
+        return None
+    for name, allowed in (
+        ("base", MERGE_BASES),
+        ("out_layout", MERGE_OUT_LAYOUTS),
+        ("lse_layout", MERGE_LSE_LAYOUTS),
+    ):
+        if getattr(value, name) not in allowed:
+            return f"merge {name}={getattr(value, name)!r}, but should be one of {allowed}"
+    return None
+
+
+def _merge_shows(declaration: KernelDeclaration) -> str | None:
+    claim = declaration.merge
+    if claim is None:
+        return None
+    words = [
+        word
+        for word, differs in (
+            ("base-2 log-sum-exp", claim.base == "2"),
+            ("tokens-first outputs", claim.out_layout == "lhd"),
+            ("tokens-first log-sum-exp", claim.lse_layout == "lh"),
+        )
+        if differs
+    ]
+    return ", ".join(words) or None
+
+
 def _rope_from_flags(get: Getter) -> RopeClaim | None:
     given = [f for f in ("rope_base", "rope_dim") if get(f) is not None]
     if get("rope") is None:
@@ -925,6 +986,32 @@ CLAIMS: tuple[Claim, ...] = (
         from_flags=_rope_from_flags,
         invalid=_rope_invalid,
         shows_as=lambda d: None if d.rope is None else f"{d.rope.pairing} pairing",
+    ),
+    Claim(
+        "merge",
+        flags=(
+            Flag(
+                "--merge",
+                "the function merges two attention states (MERGE-1), called fn(o_a, lse_a, "
+                "o_b, lse_b) -> (o, lse), with log-sum-exps in this base (e or 2); only the "
+                "merge properties apply",
+                choices=MERGE_BASES,
+                metavar="BASE",
+            ),
+            Flag(
+                "--merge-out-layout",
+                "the merge's outputs: hld (H, L, Ev), the spec's (default), or lhd (L, H, Ev)",
+                choices=MERGE_OUT_LAYOUTS,
+            ),
+            Flag(
+                "--merge-lse-layout",
+                "the merge's log-sum-exps: hl (H, L), the spec's (default), or lh (L, H)",
+                choices=MERGE_LSE_LAYOUTS,
+            ),
+        ),
+        from_flags=_merge_from_flags,
+        invalid=_merge_invalid,
+        shows_as=_merge_shows,
     ),
 )
 CLAIM_FLAGS: tuple[Flag, ...] = tuple(flag for claim in CLAIMS for flag in claim.flags)

@@ -242,6 +242,8 @@ def rebuild_source(
         declaration_names.add("LinearClaim")
     if declaration.rope is not None:
         declaration_names.add("RopeClaim")
+    if declaration.merge is not None:
+        declaration_names.add("MergeClaim")
     lines = []
     if environment:
         # set before the kernel's library is imported (Keras reads KERAS_BACKEND then)

@@ -139,6 +139,15 @@ def check_signature(fn: Callable[..., Any], declaration: KernelDeclaration, name
                 f"function {name}{signature} cannot be called as fn(x, positions) ({exc}) [ROPE-1]"
             ) from None
         return
+    if declaration.family == "merge":
+        try:
+            signature.bind(None, None, None, None, **declaration.extra_kwargs)
+        except TypeError as exc:
+            raise SetupError(
+                f"function {name}{signature} cannot be called as fn(o_a, lse_a, o_b, lse_b) "
+                f"({exc}) [MERGE-1]"
+            ) from None
+        return
     arrays = (None, None, None)
     # a packed or KV-cache kernel may take its offsets or cache lengths positionally
     # (FlashAttention's varlen does): the suite passes them by name

@@ -18,7 +18,13 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from attnspec import SPEC_VERSION
-from attnspec.conformance import KernelDeclaration, LinearClaim, RopeClaim, SparseClaim
+from attnspec.conformance import (
+    KernelDeclaration,
+    LinearClaim,
+    MergeClaim,
+    RopeClaim,
+    SparseClaim,
+)
 from attnspec.conformance.claims.claim_string import FEATURE_WORDS, ParsedClaim, parse_claim
 from attnspec.conformance.claims.clauses import SPEC_DIR
 from attnspec.conformance.report.render import conformance_claim
@@ -235,6 +241,8 @@ def _declarations() -> list[KernelDeclaration]:
             for feature_map in ("elu+1", "relu", "favor+", lambda x: x)
         ),
         *(KernelDeclaration(rope=RopeClaim(pairing)) for pairing in ("interleaved", "half")),
+        KernelDeclaration(merge=MergeClaim()),
+        KernelDeclaration(merge=MergeClaim(base="2", out_layout="lhd", lse_layout="lh")),
     ]
     return declarations
 

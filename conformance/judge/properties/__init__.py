@@ -11,6 +11,7 @@ from . import (  # noqa: F401
     linear,
     masked_values,
     masking,
+    merge,
     packed,
     rope,
     scale,
