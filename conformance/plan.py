@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .call.side_effects import hypothesis_storage_elsewhere
 from .draw.sizes import SizeLimits
+from .judge.diagnosis import from_lines
 from .judge.failures import KERNEL_RAISED
 from .judge.kernel import KernelUnderTest
 from .judge.registry import Property
@@ -254,5 +255,7 @@ def finish_report(report: Report, session: Session, *, partial: bool) -> None:
     failed = [v for v in report.verdicts if v.status in (FAILED, WARNING)]
     if failed and not report.incomplete:
         raised = any(v.detail.startswith(KERNEL_RAISED) for v in failed)
-        report.hints.extend(session.run_hints(len(failed), raised))
+        hints, causes = from_lines(session.run_hints(len(failed), raised))
+        report.hints.extend(hints)
+        report.causes.extend(causes)
     report.claim = render.claim_line(report, kernel.declaration, kernel.dtypes, partial=partial)

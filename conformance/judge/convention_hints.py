@@ -184,9 +184,23 @@ def run_hints(
     in some and is right on a probe with some numbers of leading batch dims and not
     others, say --batch-ndim; when it gets a plain problem (no mask, no causal, default
     scale) wrong but is right once its arrays are read in the (..., L, H, E) layout, say
-    --layout blhd."""
+    --layout blhd.  Otherwise the causes the diagnosis probes establish
+    (:func:`.diagnosis.diagnose`), each as one :data:`.diagnosis.CAUSE_LINE` line (they
+    travel back from a worker with the hints; :func:`.diagnosis.from_lines` splits them)."""
     if not failures or kernel.declaration.family != "dense":
         return []
+    found = _convention_hints(kernel, layout, failures, raised)
+    if found:
+        return found  # a convention that explains every failure: the probes would too
+    from .diagnosis import diagnose, to_line
+
+    return [to_line(cause) for cause in diagnose(kernel)]
+
+
+def _convention_hints(
+    kernel: KernelUnderTest, layout: str, failures: int, raised: bool
+) -> list[str]:
+    """--batch-ndim and --layout blhd, as :func:`run_hints` says."""
     problem = probe_problem(kernel)
     hints, problem = _batch_ndim_hint(kernel, problem, failures) if raised else ([], problem)
     if layout != "bhld":

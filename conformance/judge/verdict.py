@@ -36,6 +36,19 @@ class Verdict:
 
 
 @dataclass
+class Cause:
+    """A root cause a diagnosis probe established (:mod:`.diagnosis`): its ``name`` (the
+    probe's), the clause it breaks, what the kernel does, the probe's numbers that show
+    it, and the exact flag or change that fixes it ("" when none)."""
+
+    name: str
+    clause: str
+    explanation: str
+    evidence: str
+    hint: str = ""
+
+
+@dataclass
 class Report:
     """All verdicts for one kernel, plus how the run was configured."""
 
@@ -55,6 +68,8 @@ class Report:
     notes: list[str] = field(default_factory=list)
     # likely convention mismatches, each with the exact flag that fixes it
     hints: list[str] = field(default_factory=list)
+    # root causes the diagnosis probes established after properties failed
+    causes: list[Cause] = field(default_factory=list)
     # Why not every selected property has a verdict (interrupted, still running); "" when
     # the run finished.  An incomplete report supports no conformance claim (CONF-6).
     incomplete: str = ""

@@ -12,6 +12,7 @@ import re
 import textwrap
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
+from copy import copy
 from dataclasses import asdict
 from typing import Any
 
@@ -22,7 +23,14 @@ from ..claims.declaration import KernelDeclaration
 from ..claims.table import claim_features
 from ..judge.reproduce import Where, reproduction_lines
 from ..judge.verdict import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Report, Verdict
-from ..run.root_causes import Divergence, divergences, findings, grouped_findings
+from ..run.root_causes import (
+    Divergence,
+    ExplainedCause,
+    by_cause,
+    divergences,
+    findings,
+    grouped_findings,
+)
 
 Rerun = Callable[[Verdict], str]
 # where a reproduction too long to show is: a description, or a function that puts it
@@ -190,6 +198,14 @@ def divergence_lines(
     is confirmed; every minimal case one write-up merges), then the failures that follow
     from each, folded under their cause with the evidence (root_causes.draw_around);
     nothing is left out."""
+    if report.causes:
+        return _cause_lines(
+            report,
+            write_ups,
+            rerun=rerun,
+            max_reproduction=max_reproduction,
+            full_reproduction_in=full_reproduction_in,
+        )
     found = divergences(report, write_ups)
     if not found:
         return []
@@ -200,6 +216,123 @@ def divergence_lines(
         + (f", {folded} failure{'s' * (folded != 1)} folded as consequences" if folded else "")
         + ":",
     ]
+    lines.extend(
+        _divergence_blocks(
+            report,
+            found,
+            rerun=rerun,
+            max_reproduction=max_reproduction,
+            full_reproduction_in=full_reproduction_in,
+        )
+    )
+    return lines
+
+
+def unexplained_report(report: Report, unexplained: Sequence[Verdict]) -> Report:
+    """``report`` with only the failures in ``unexplained`` (the others' verdicts left
+    out), for listing them as divergences."""
+    keep = {id(v) for v in unexplained}
+    rest = copy(report)
+    rest.verdicts = [
+        v for v in report.verdicts if v.status not in (FAILED, WARNING) or id(v) in keep
+    ]
+    return rest
+
+
+def cause_count(groups: Sequence[ExplainedCause], found: Sequence[Divergence]) -> str:
+    """ "N causes: K established by diagnosis probes, M found by the properties alone"."""
+    waived = sum(d.status == WAIVED for d in found)
+    n = len(groups) + len(found) - waived
+    return (
+        f"{n} cause{'s' * (n != 1)}: {len(groups)} established by diagnosis probes, "
+        f"{len(found) - waived} found by the properties alone"
+        + (
+            f" (and {waived} waived clause{'s' * (waived != 1)} that failures follow from)"
+            if waived
+            else ""
+        )
+    )
+
+
+def _cause_lines(
+    report: Report,
+    write_ups: dict[str, str] | None,
+    *,
+    rerun: Rerun | None,
+    max_reproduction: int | None,
+    full_reproduction_in: Where,
+) -> list[str]:
+    """Each established cause once, with its evidence, hint and every failure it explains
+    (the first told in full, the others folded to one line each), then the failures no
+    cause explains as distinct divergences."""
+    groups, unexplained = by_cause(report)
+    rest = unexplained_report(report, unexplained)
+    found = divergences(rest, write_ups)
+    explained = sum(len(g.failures) for g in groups)
+    lines = [
+        "",
+        cause_count(groups, found)
+        + f"; {explained} failure{'s' * (explained != 1)} explained by a probed cause:",
+    ]
+    for number, group in enumerate(groups, 1):
+        cause = group.cause
+        title = clause_title(cause.clause)
+        lines.extend(
+            [
+                "",
+                f"cause {number}: {cause.explanation} [{cause.clause}"
+                f"{': ' + title if title else ''}]",
+                f"  evidence: {cause.evidence}",
+            ]
+        )
+        if cause.hint:
+            lines.append(f"  hint:     {cause.hint}")
+        if not group.failures:
+            lines.append("  explains no failure of this run (the probe found it on its own)")
+            continue
+        lines.append(
+            f"  explains {len(group.failures)} failure{'s' * (len(group.failures) != 1)}"
+            + (", the first told in full:" if len(group.failures) > 1 else ":")
+        )
+        first, *others = group.failures
+        lines.extend(
+            "  " + line
+            for line in failure_text(
+                first,
+                rerun,
+                max_reproduction=max_reproduction,
+                full_reproduction_in=full_reproduction_in,
+            ).splitlines()
+        )
+        for verdict in others:
+            lines.append(
+                f"    - {label(verdict)} {verdict.property} [{verdict.clause}]: "
+                f"{_one_line(verdict.detail, 110)}; "
+                f"inputs: {_one_line(verdict.counterexample, 110)}"
+            )
+    if found:
+        lines.extend(["", f"failures no probed cause explains ({divergence_count(found)}):"])
+        lines.extend(
+            _divergence_blocks(
+                rest,
+                found,
+                rerun=rerun,
+                max_reproduction=max_reproduction,
+                full_reproduction_in=full_reproduction_in,
+            )
+        )
+    return lines
+
+
+def _divergence_blocks(
+    report: Report,
+    found: Sequence[Divergence],
+    *,
+    rerun: Rerun | None,
+    max_reproduction: int | None,
+    full_reproduction_in: Where,
+) -> list[str]:
+    lines: list[str] = []
     for divergence in found:
         groups = merged_groups(report, divergence)
         lines.append("")
@@ -366,7 +499,14 @@ def report_dict(
         }
         for group in grouped_findings(report)
     ]
-    data["divergences"] = [asdict(d) for d in divergences(report, write_ups)]
+    groups, unexplained = by_cause(report)
+    data["causes"] = [
+        {**asdict(group.cause), "explains": [v.property for v in group.failures]}
+        for group in groups
+    ]
+    data["divergences"] = [
+        asdict(d) for d in divergences(unexplained_report(report, unexplained), write_ups)
+    ]
     data["complete"] = not report.incomplete
     if rerun is not None:
         for entry, verdict in zip(data["verdicts"], report.verdicts, strict=True):
@@ -495,10 +635,24 @@ def divergence_markdown(divergence: Divergence, confirmed: str, clip: int = 2000
 
 
 def _divergences_markdown(report: Report, write_ups: dict[str, str] | None) -> list[str]:
-    found = divergences(report, write_ups)
+    groups, unexplained = by_cause(report)
+    found = divergences(unexplained_report(report, unexplained), write_ups)
+    lines = []
+    if groups:
+        lines.extend(["", f"### {cause_count(groups, found)}", ""])
+        for group in groups:
+            cause = group.cause
+            lines.append(f"- **{cause.clause}**: {cause.explanation}")
+            lines.append(f"  - evidence: {cause.evidence}")
+            if cause.hint:
+                lines.append(f"  - hint: {cause.hint}")
+            lines.append(
+                "  - explains: "
+                + (", ".join(f"`{v.property}`" for v in group.failures) or "no failure of this run")
+            )
     if not found:
-        return []
-    lines = ["", f"### {divergence_count(found)}", ""]
+        return lines
+    lines.extend(["", f"### {divergence_count(found)}", ""])
     for d in found:
         confirmed = (
             f"confirmed: {d.write_up}"

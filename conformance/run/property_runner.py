@@ -356,9 +356,19 @@ def run_property(
         verdict = Verdict(
             prop.id, prop.clause, prop.level, PASSED, detail="; ".join(kernel.notes[:2])
         )
+    verdict.clause = declared_clause(verdict.clause, kernel.declaration)
     verdict.examples = examples[0]
     verdict.seconds = time.perf_counter() - started
     return verdict
+
+
+def declared_clause(clause: str, declaration: Any) -> str:
+    """The clause a verdict cites for a kernel with ``declaration``: the causal properties
+    are registered under SDPA-4.1 (top-left) and check the declared alignment, so a
+    bottom-right kernel's verdicts cite SDPA-4.2 and its failures are headed so."""
+    if clause == "SDPA-4.1" and getattr(declaration, "causal_alignment", "") == "bottom_right":
+        return "SDPA-4.2"
+    return clause
 
 
 def select(only: Iterable[str] | None = None, skip: Iterable[str] | None = None) -> list[Property]:

@@ -51,8 +51,9 @@ from typing import TYPE_CHECKING
 
 from ..draw.input_features import BY_NAME, describe
 from ..draw.sizes import SizeLimits
+from ..judge.diagnosis import explains
 from ..judge.failures import KERNEL_RAISED
-from ..judge.verdict import FAILED, PASSED, WAIVED, WARNING, Report, Verdict
+from ..judge.verdict import FAILED, PASSED, WAIVED, WARNING, Cause, Report, Verdict
 
 if TYPE_CHECKING:
     from ..judge.registry import Property
@@ -418,3 +419,47 @@ def grouped_findings(
     for verdict in findings(report) if verdicts is None else verdicts:
         groups.setdefault(_cause(verdict), []).append(verdict)
     return list(groups.values())
+
+
+@dataclass
+class ExplainedCause:
+    """A cause a diagnosis probe established (``Report.causes``) and the failures of the
+    run it explains (:func:`.diagnosis.explains`), in the order they ran."""
+
+    cause: Cause
+    failures: list[Verdict] = field(default_factory=list)
+
+
+def by_cause(report: Report) -> tuple[list[ExplainedCause], list[Verdict]]:
+    """Every failure and warning under the first established cause that explains it (in
+    the order of ``Report.causes``, the probes' order: the most specific inputs first),
+    and the failures no cause explains.  A failure found to follow from another clause
+    (``Verdict.cause``) goes where that clause's own failures went when its own minimal
+    case is explained by no cause."""
+    groups = [ExplainedCause(cause) for cause in report.causes]
+    unexplained: list[Verdict] = []
+    placed: dict[str, ExplainedCause] = {}  # clause -> where its distinct failures went
+
+    def place(verdict: Verdict) -> ExplainedCause | None:
+        return next((g for g in groups if explains(g.cause, verdict)), None)
+
+    found = findings(report)
+    for verdict in (v for v in found if not v.cause):
+        group = place(verdict)
+        if group is None:
+            unexplained.append(verdict)
+        else:
+            group.failures.append(verdict)
+            placed.setdefault(verdict.clause, group)
+    for verdict in (v for v in found if v.cause):
+        root = root_clause(report, verdict.cause) or verdict.cause
+        group = place(verdict) or placed.get(root)
+        if group is None:
+            unexplained.append(verdict)
+        else:
+            group.failures.append(verdict)
+    order = {id(v): i for i, v in enumerate(report.verdicts)}
+    for group in groups:
+        group.failures.sort(key=lambda v: order[id(v)])
+    unexplained.sort(key=lambda v: order[id(v)])
+    return groups, unexplained

@@ -147,8 +147,11 @@ def test_mean_v_for_fully_masked_rows_is_one_divergence(runs: dict[str, Report])
         assert input_features.FULLY_MASKED_ROW in verdict.features
         assert "passes drawn around fully-masked-row (SDPA-5.1)" in verdict.drawn_around
         assert int(verdict.drawn_around.split(": ")[1].split()[0]) > 0  # examples checked
+    # the diagnosis probe names the cause (issue 38): one cause, every failure under it
+    assert [c.name for c in report.causes] == ["empty-row-mean-v"]
     text = render.format_table(report)
-    assert text.index("1 distinct divergence, 2 failures folded") < text.index("property  ")
+    assert text.index("1 cause: 1 established by diagnosis probes") < text.index("property  ")
+    assert "explains 3 failures" in text
     assert text.count("  finding: ") == 1
     assert "(follows from SDPA-5.1)" in text
 

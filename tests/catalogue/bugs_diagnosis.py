@@ -1,0 +1,129 @@
+"""Buggy kernels with exactly one defect each that the diagnosis probes name, beside the
+look-alikes the catalogue already has (issue 38): a floor weight on excluded keys, a
+softmax over one key taken as 1, scores rounded to float16 after a float32 dot product,
+and scores accumulated in float16.  Each is :func:`catalogue.blocks.attend` with that one
+step done wrong; float32 and float64 inputs are computed correctly unless the docstring
+says otherwise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnspec.conformance import declare
+
+from .blocks import QUIET, Arranged, arrange, attend, combine, finish, scores, softmax_lse
+
+Array = np.ndarray
+Mask = np.ndarray | None
+ALL = {"bias": True, "gqa": True}
+
+
+def _arranged(
+    q: Array, k: Array, v: Array, mask: Mask, bias: Mask, is_causal: bool, scale: float | None
+) -> Arranged:
+    return arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+
+
+@declare(**ALL)
+def floor_weight_on_excluded(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
+    """Clamps every weight to at least 1e-28 "to avoid log(0) later": excluded keys keep a
+    weight of 1e-28, harmless unless an excluded value is huge or not finite."""
+    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    s, allowed = scores(a)
+    p = np.maximum(softmax_lse(s, allowed), a.q.dtype.type(1e-28))
+    with np.errstate(**QUIET):
+        return finish(np.matmul(p, a.v), a)
+
+
+@declare(**ALL)
+def single_key_weight_one(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
+    """A fast path for one key: the softmax over one key is 1, so the output is v_0,
+    whatever the score (NaN, or -inf from the mask or bias)."""
+    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    if a.k.shape[-2] == 1:
+        shape = (*a.q.shape[:-1], a.v.shape[-1])
+        return finish(np.broadcast_to(a.v, shape).copy(), a)
+    return attend(a)
+
+
+def _softmax_pv(a: Arranged, s: Array) -> Array:
+    """The softmax over the allowed keys of float32 scores ``s``, then P @ V, in float32."""
+    allowed = a.allowed & (s != -np.inf)
+    s = np.where(allowed, s, -np.inf)
+    return finish(combine(softmax_lse(s, allowed), allowed, a.v.astype(np.float32)), a)
+
+
+def _float16_scores(a: Arranged, accumulate: bool) -> Array:
+    """Scaled scores that pass through float16: the float32 dot product rounded to float16,
+    or (``accumulate``) q . k summed term by term in float16; as float32."""
+    q, k = a.q.astype(np.float16), a.k.astype(np.float16)
+    if accumulate:
+        dot = np.zeros((*q.shape[:-1], k.shape[-2]), dtype=np.float16)
+        for e in range(q.shape[-1]):
+            dot = dot + q[..., :, None, e] * k[..., None, :, e]  # float16 throughout
+        s = (dot * np.float16(a.scale)).astype(np.float32)
+    else:
+        s = np.matmul(q.astype(np.float32), np.swapaxes(k.astype(np.float32), -1, -2))
+        s = (s * np.float32(a.scale)).astype(np.float16).astype(np.float32)
+    if a.bias is not None:
+        s = s + a.bias.astype(np.float32)
+    return s
+
+
+@declare(**ALL)
+def scores_cast_to_float16(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
+    """For float16 inputs, computes the scores in float32 but stores them in a float16
+    buffer before the softmax (the softmax and P @ V are float32)."""
+    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    if q.dtype != np.float16:
+        return attend(a)
+    with np.errstate(**QUIET):
+        return _softmax_pv(a, _float16_scores(a, accumulate=False))
+
+
+@declare(**ALL)
+def scores_accumulated_in_float16(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
+    """For float16 inputs, accumulates q . k in float16 (a half-precision MMA without a
+    float32 accumulator); the softmax and P @ V are float32."""
+    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    if q.dtype != np.float16:
+        return attend(a)
+    with np.errstate(**QUIET):
+        return _softmax_pv(a, _float16_scores(a, accumulate=True))

@@ -1,0 +1,209 @@
+"""Diagnosis probes and the report grouped by cause (CONF-1, issue 38).
+
+Each probe is pinned to a kernel with exactly that defect (``catalogue``: one bug per
+kernel) and must give exactly its own cause there: not the look-alikes the issue lists (a
+softmax over one key taken as 1 is not "a finite mask fill", float32 scores cast to float16
+are not "scores computed in float16", a mask read inverted is not "masking by a finite
+value").  On every correct kernel of the catalogue every probe stays silent.  Then the
+report: each cause once, with its evidence and every failure it explains, the header
+counting causes, and the failures no cause explains after them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from catalogue import bugs_diagnosis as dg
+from catalogue import bugs_plumbing as pl
+from catalogue import bugs_scores as sc
+from catalogue import bugs_softmax as sm
+from catalogue.correct import CORRECT
+from support import hand_report, hand_verdict
+
+from attnspec.backends import Backend
+from attnspec.conformance import check
+from attnspec.conformance.call.problem import Problem
+from attnspec.conformance.judge.diagnosis import (
+    PROBES,
+    case_of,
+    diagnose,
+    explains,
+    from_lines,
+    to_line,
+)
+from attnspec.conformance.judge.kernel import KernelUnderTest
+from attnspec.conformance.judge.verdict import Cause
+from attnspec.conformance.report.render import format_table, report_dict
+from attnspec.conformance.run.root_causes import by_cause
+
+# (kernel with one defect, the one cause the probes must establish, words of its explanation)
+PINNED: list[tuple[Callable[..., Any], str, str]] = [
+    (sm.float64_computed_in_float32, "float64-in-float32", "computes float64 inputs in float32"),
+    (pl.dtype_not_preserved, "float64-in-float32", "returns float32 for float64 inputs"),
+    (sc.scale_zero_means_default, "scale-zero-is-default", "scale=0 as 'use the default'"),
+    (sc.scale_one_over_e, "default-scale-other", "default scale is 1/E"),
+    (sc.missing_scale, "default-scale-other", "1 (no scaling)"),
+    (sc.top_left_declared_bottom_right, "causal-alignment-reversed", "computes top-left"),
+    (sc.bottom_right_declared_top_left, "causal-alignment-reversed", "computes bottom-right"),
+    (sc.additive_mask_minus_1e4, "mask-added-as-finite-value", "adding a finite value"),
+    (sm.finite_fill_minus_1e9, "empty-row-mean-v", "mean(V)"),
+    (sm.finite_fill_jax_style, "empty-row-mean-v", "mean(V)"),
+    (sm.nan_on_empty_rows, "empty-row-nan", "outputs NaN"),
+    (dg.floor_weight_on_excluded, "floor-weight-on-excluded-keys", "tiny weight"),
+    (dg.single_key_weight_one, "single-key-weight-one", "weight 1 whatever the score"),
+    (dg.scores_cast_to_float16, "scores-rounded-to-float16", "rounds them to float16"),
+    (dg.scores_accumulated_in_float16, "scores-accumulated-in-float16", "accumulated in float16"),
+    (sc.inverted_mask_polarity, "mask-inverted", "reads the mask inverted"),
+    (sc.gqa_modulo_mapping, "gqa-interleaved-heads", "h mod Hkv"),
+    (sm.batch_and_heads_transposed, "batch-head-mixed", "mixed up"),
+]
+
+
+def _kernel(fn: Callable[..., Any]) -> KernelUnderTest:
+    return KernelUnderTest(fn, Backend("numpy"))
+
+
+@pytest.mark.parametrize(
+    ("fn", "name", "words"), PINNED, ids=[f"{fn.__name__}" for fn, _, _ in PINNED]
+)
+def test_each_probe_finds_exactly_its_cause(fn: Callable[..., Any], name: str, words: str) -> None:
+    """CONF-1 (SDPA-1.3, SDPA-2, SDPA-3.1, SDPA-4, SDPA-5.1, SDPA-6.1, SDPA-7.2, SDPA-8):
+    on a kernel with exactly one defect the probes establish exactly that cause and its
+    explanation, and none of the look-alikes (the list is compared whole)."""
+    found = diagnose(_kernel(fn))
+    assert [cause.name for cause in found] == [name]
+    assert words in found[0].explanation
+    assert found[0].evidence
+
+
+@pytest.mark.parametrize(
+    "entry", [c for c in CORRECT if c.backend == "numpy"], ids=lambda c: c.name
+)
+def test_probes_stay_silent_on_correct_kernels(entry: Any) -> None:
+    """CONF-1: no probe establishes a cause on a correct kernel (the zero-false-failure
+    catalogue: log-sum-exp, online softmax, tiled, bottom-right, float16 weights, ...)."""
+    assert diagnose(_kernel(entry.fn)) == []
+
+
+def test_every_probe_is_pinned() -> None:
+    """CONF-1: every probe has a kernel above on which it establishes its cause."""
+    established = {name for _, name, _ in PINNED}
+    names = {
+        "float64_computed_in_float32": "float64-in-float32",
+        "scale_zero_taken_as_default": "scale-zero-is-default",
+        "default_scale_other": "default-scale-other",
+        "causal_alignment_reversed": "causal-alignment-reversed",
+        "empty_row_output": "empty-row-nan",
+        "masks_by_adding_finite_value": "mask-added-as-finite-value",
+        "floor_weight_on_excluded_keys": "floor-weight-on-excluded-keys",
+        "single_key_softmax_weight_one": "single-key-weight-one",
+        "scores_in_float16": "scores-rounded-to-float16",
+        "batch_or_head_mapping": "batch-head-mixed",
+        "mask_sense": "mask-inverted",
+    }
+    assert {probe.__name__ for probe in PROBES} == set(names)
+    assert set(names.values()) <= established
+
+
+def test_hints_name_the_declaration_that_passes() -> None:
+    """CONF-3 (SDPA-4.2, SDPA-1.4, SDPA-5.1): where a declaration would make the kernel
+    pass, the cause's hint gives the exact flag, and the kernel passes under it."""
+    (alignment,) = diagnose(_kernel(sc.top_left_declared_bottom_right))
+    assert "--causal-alignment top_left" in alignment.hint
+    (dtype,) = diagnose(_kernel(sm.float64_computed_in_float32))
+    assert "--dtype float16,float32" in dtype.hint
+    (empty,) = diagnose(_kernel(sm.finite_fill_minus_1e9))
+    assert "--no-empty-rows-zero" in empty.hint
+    passes = check(
+        sc.top_left_declared_bottom_right,
+        only="causal-zeros,causal-alignment",
+        causal_alignment="top_left",
+    )
+    assert passes.conforms, [v.detail for v in passes.verdicts]
+
+
+def test_cause_lines_travel_with_the_hints() -> None:
+    """CONF-1: a cause survives the hint lines a worker returns, the hints stay hints."""
+    cause = Cause("scale-zero-is-default", "SDPA-2.2", "x", "y", "z")
+    assert from_lines(["a hint", to_line(cause)]) == (["a hint"], [cause])
+
+
+def _case(**options: Any) -> str:
+    problem = Problem(
+        q=np.zeros((2, 4, 3, 8)), k=np.zeros((2, 2, 5, 8)), v=np.zeros((2, 2, 5, 8)), **options
+    )
+    return problem.describe()
+
+
+def test_a_cause_explains_the_failures_on_the_inputs_it_acts_on() -> None:
+    """CONF-1 (SDPA-2.2, SDPA-4.2, SDPA-1.3): a failure's minimal case says which cause
+    explains it: scale=0 for scale=0 taken as the default, a causal call with Lq != Lk for
+    the other alignment, a float64 input for float64 computed in float32."""
+    zero = hand_verdict("explicit-scale", "SDPA-2.2", case=_case(dtype="float32", scale=0.0))
+    causal = hand_verdict("causal-zeros", "SDPA-4.2", case=_case(dtype="float32", is_causal=True))
+    wide = hand_verdict("matches-reference", "SDPA-7.3", case=_case(dtype="float64"))
+    parsed = case_of(zero.counterexample)
+    assert parsed is not None and parsed.q == (2, 4, 3, 8) and parsed.scale == "0.0"
+    for name, verdict in (
+        ("scale-zero-is-default", zero),
+        ("causal-alignment-reversed", causal),
+        ("float64-in-float32", wide),
+    ):
+        cause = Cause(name, "SDPA-1.3", "", "")
+        assert [v for v in (zero, causal, wide) if explains(cause, v)] == [verdict]
+
+
+def test_report_shows_each_cause_once_with_the_failures_it_explains() -> None:
+    """CONF-1: each cause once, with evidence, hint and every failure it explains (none
+    hidden), then the failures no cause explains; the header counts causes."""
+    verdicts = [
+        hand_verdict("explicit-scale", "SDPA-2.2", case=_case(dtype="float32", scale=0.0)),
+        hand_verdict("key-permutation", "SDPA-7.6", case=_case(dtype="float32", scale=0.0)),
+        hand_verdict("matches-reference", "SDPA-7.3", case=_case(dtype="float64")),
+        hand_verdict("dtype-preserved", "SDPA-1.3", case=_case(dtype="float16")),
+    ]
+    causes = [
+        Cause("scale-zero-is-default", "SDPA-2.2", "scale=0 as default", "probe A", "hint A"),
+        Cause("float64-in-float32", "SDPA-7.3", "float64 in float32", "probe B", "--dtype x"),
+    ]
+    report = hand_report(verdicts, causes=causes)
+    groups, unexplained = by_cause(report)
+    assert [[v.property for v in g.failures] for g in groups] == [
+        ["explicit-scale", "key-permutation"],
+        ["matches-reference"],
+    ]
+    assert [v.property for v in unexplained] == ["dtype-preserved"]
+    text = format_table(report)
+    assert "3 causes: 2 established by diagnosis probes, 1 found by the properties alone" in text
+    assert text.count("scale=0 as default") == 1 and text.count("float64 in float32") == 1
+    for verdict in verdicts:
+        assert verdict.property in text
+    assert "failures no probed cause explains" in text
+    assert "hint:     --dtype x" in text
+    data = report_dict(report)
+    assert data["causes"][0]["explains"] == ["explicit-scale", "key-permutation"]
+    assert [d["properties"] for d in data["divergences"]] == [["dtype-preserved"]]
+
+
+def test_a_check_reports_the_probed_cause() -> None:
+    """CONF-1 (SDPA-2.2): checking a kernel that takes scale=0 as the default reports that
+    cause once, with the failures it explains under it."""
+    report = check(sc.scale_zero_means_default, only="explicit-scale,default-scale")
+    assert [c.name for c in report.causes] == ["scale-zero-is-default"]
+    text = format_table(report)
+    assert "1 cause: 1 established by diagnosis probes, 0 found by the properties alone" in text
+    assert "explicit-scale" in text.split("cause 1:")[1]
+
+
+def test_headings_name_the_declared_alignment() -> None:
+    """SDPA-4.2: a kernel declared bottom-right that fails the causal properties has them
+    headed with SDPA-4.2's title, never "Top-left causal alignment"."""
+    report = check(sc.top_left_declared_bottom_right, only="causal-alignment")
+    [verdict] = report.verdicts
+    assert verdict.status == "failed" and verdict.clause == "SDPA-4.2"
+    text = format_table(report)
+    assert "SDPA-4.2: Bottom-right causal alignment" in text
+    assert "Top-left causal alignment" not in text
