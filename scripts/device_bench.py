@@ -171,10 +171,15 @@ def main(argv: list[str] | None = None) -> int:
         "--smoke", action="store_true", help="a tiny CPU run of the same code (no GPU needed)"
     )
     args = parser.parse_args(argv)
-    import torch
-
+    try:
+        import torch
+    except ImportError as exc:  # nothing to time against, on any device
+        result: dict[str, Any] = {"device": "cpu", "status": f"not run: {exc}", "rows": []}
+        print(f"bench: not run: {exc}")
+        args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        return 0
     if not torch.cuda.is_available() and not args.smoke:
-        result: dict[str, Any] = {"device": "cpu", "status": "needs a GPU", "rows": []}
+        result = {"device": "cpu", "status": "needs a GPU", "rows": []}
         print("bench: needs a GPU: torch sees no CUDA device")
     else:
         result = run(args.smoke)
