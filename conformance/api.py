@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..backends import Backend
-from .claims.table import comma_list
+from .claims.flags import comma_list
 from .judge.kernel import KernelUnderTest
 from .judge.kernel_info import setup_notes as setup_notes
 from .judge.reproduce import reproduction_file

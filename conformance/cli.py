@@ -31,7 +31,8 @@ from .. import benchmarks
 from .api import SIZE_FLAGS, KernelSetup, SetupError, size_limits_from
 from .call.side_effects import kernel_output_to
 from .claims import table as claims
-from .claims.table import CLAIM_FLAGS, SETUP_FLAGS, Flag, UsageError, comma_list
+from .claims.flags import Flag, UsageError, comma_list
+from .claims.table import CLAIM_FLAGS, SETUP_FLAGS
 from .judge.registry import Property
 from .judge.reproduce import PROGRAM, reproduction_file, rerun_flags
 from .judge.verdict import FAILED, WARNING, Verdict
@@ -132,7 +133,7 @@ RUN_FLAGS = (
     Flag("--junit", "write the report as JUnit XML to PATH", metavar="PATH", rerun=False),
     Flag("--markdown", "write the report as a Markdown table to PATH", metavar="PATH", rerun=False),
 )
-# How the kernel is called and what it claims: the claims table (claims.py), shared with
+# How the kernel is called and what it claims: the claims table (claims/table.py), shared with
 # the pytest plugin and the Python API.
 DECLARATION_FLAGS = (*SETUP_FLAGS, *CLAIM_FLAGS)
 

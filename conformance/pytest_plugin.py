@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:  # imported lazily: a pytest run without the option pays nothing
-    from .claims.table import Flag
+    from .claims.flags import Flag
     from .judge.registry import Property
     from .judge.verdict import Report, Verdict
     from .plan import RunPlan, Session
@@ -128,7 +128,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if target is None:
         return
     from .api import KernelSetup, SetupError, size_limits_from
-    from .claims.table import UsageError, claims_from, comma_list, key_values, setup_from
+    from .claims.flags import UsageError, comma_list, key_values
+    from .claims.table import claims_from, setup_from
     from .plan import plan_run
     from .run.supervisor import isolation_options
 

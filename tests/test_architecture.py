@@ -29,11 +29,6 @@ SUBPACKAGES = ("reference", "backends", "benchmarks", "conformance")
 # Where a layer is not a folder: the module that declares it (relative to the root).
 SINGLE_MODULE_LAYERS = {"_version": "_version.py", "attnspec": "__init__.py"}
 FRONT_ENDS = "conformance"  # the modules directly in conformance/ and its __init__
-# Circles that are still to be broken; the test fails on any other circle, and on any of
-# these once it is gone, so the list can only shrink.
-CIRCLES_TO_BREAK: tuple[tuple[str, ...], ...] = (
-    ("conformance.claims.declaration", "conformance.claims.table"),
-)
 
 
 def layer_folders(root: Path = ROOT) -> dict[str, Path]:
@@ -220,12 +215,9 @@ def graph() -> dict[str, set[str]]:
 
 def test_no_import_cycles(graph: dict[str, set[str]]) -> None:
     """No module depends on itself through others, within a layer too, type-only imports
-    included; the circles still to break (CIRCLES_TO_BREAK) are listed, and each must go."""
-    found = {tuple(c) for c in cycles(graph)}
-    new = found - set(CIRCLES_TO_BREAK)
-    assert not new, "import cycles:\n" + "\n".join(_cycle_edges(graph, list(c)) for c in new)
-    broken = set(CIRCLES_TO_BREAK) - found
-    assert not broken, f"no longer circles, remove from CIRCLES_TO_BREAK: {sorted(broken)}"
+    included."""
+    found = cycles(graph)
+    assert not found, "import cycles:\n" + "\n".join(_cycle_edges(graph, c) for c in found)
 
 
 def upward_edges(

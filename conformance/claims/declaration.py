@@ -6,7 +6,9 @@ the causal alignment, returned weights, a sparse pattern, a linear feature map â
 declared once, with :func:`declare` or a :class:`KernelDeclaration`, or with the CLI's
 and the pytest plugin's flags.  Properties a kernel does not claim are reported "not
 applicable"; a declaration that waives a MUST clause is named in the claim (CONF-7).
-The fields, their flags and what the suite does with them are one table,
+Each field has a type, a default and the values it may hold (``validation.py``) and, where
+keeping the default is a MUST, the clauses a non-default value waives (:data:`WAIVES`);
+its flags and what the suite does with it are a row of the claims table,
 :data:`attnspec.conformance.claims.table.CLAIMS`.
 """
 
@@ -17,10 +19,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, TypeVar, overload
 
-from .table import CLAIMS, LinearClaim, MergeClaim, RopeClaim, SparseClaim
+from .family_claims import LinearClaim, MergeClaim, RopeClaim, SparseClaim
+from .validation import check_fields
 
 __all__ = [
     "ATTRIBUTE",
+    "WAIVES",
     "KernelDeclaration",
     "LinearClaim",
     "MergeClaim",
@@ -33,12 +37,11 @@ __all__ = [
 
 ATTRIBUTE = "__attnspec__"
 
-# The types a field of each simple annotation takes (a bool is not an int here).
-_FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "bool": (bool,),
-    "str": (str,),
-    "str | None": (str, type(None)),
-    "int | None": (int, type(None)),
+#: The MUST clause(s) a kernel does not follow when it declares other than the default of
+#: the field (CONF-7), in field order.
+WAIVES: dict[str, tuple[str, ...]] = {
+    "empty_sizes": ("SDPA-1.5", "SDPA-5.2"),
+    "empty_rows_zero": ("SDPA-5.1",),
 }
 
 
@@ -48,9 +51,10 @@ class KernelDeclaration:
     ``KernelDeclaration(bias=True, gqa=True, causal_alignment="bottom_right")``.
 
     One field per row of the claims table (``attnspec.conformance.claims.table.CLAIMS``), in its
-    order: the field's type and default are here, its flags, the keywords it makes the
-    suite pass, its words in the claim line and the clause it waives are in the table
-    (``tests/conformance/test_cli.py`` checks that the two name the same fields).
+    order: the field's type and default are here (its allowed values in ``validation.py``,
+    the clauses it waives in :data:`WAIVES`), its flags, the keywords it makes the suite
+    pass and its words in the claim line are in the table (``tests/conformance/test_cli.py``
+    checks that the two name the same fields).
     """
 
     dtypes: tuple[str, ...] | None = None
@@ -94,23 +98,7 @@ class KernelDeclaration:
     merge: MergeClaim | None = None
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value, allowed = getattr(self, f.name), _FIELD_TYPES.get(str(f.type))
-            if allowed and (
-                not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)
-            ):
-                raise TypeError(
-                    f"{f.name}={value!r}, but should be "
-                    + (
-                        "True or False"
-                        if allowed == (bool,)
-                        else " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
-                    )
-                )
-        for claim in CLAIMS:
-            problem = claim.invalid(getattr(self, claim.field)) if claim.invalid else None
-            if problem:
-                raise ValueError(problem)
+        check_fields((f.name, str(f.type), getattr(self, f.name)) for f in fields(self))
 
     @property
     def family(self) -> str:
@@ -147,10 +135,9 @@ class KernelDeclaration:
         ``{"SDPA-5.1": "empty_rows_zero=False"}`` (CONF-7)."""
         changed = self.changed()
         return {
-            clause: f"{claim.field}={changed[claim.field]!r}"
-            for claim in CLAIMS
-            if claim.field in changed
-            for clause in claim.waived_clauses
+            clause: f"{name}={value!r}"
+            for name, value in changed.items()
+            for clause in WAIVES.get(name, ())
         }
 
     @property

@@ -1,13 +1,13 @@
 """The claims table: everything a kernel can claim, in one place (CONF-3, CONF-7).
 
 Each :class:`Claim` is one field of :class:`~attnspec.conformance.KernelDeclaration`
-(which gives its type and default, so that mypy checks every use) with the command-line
-flag(s) that set it and their help, the keyword(s) the suite passes the kernel because of
-it, how it shows in the conformance claim line, and the MUST clause a non-default value
-waives.  The validation of ``KernelDeclaration``, the ``attnspec check`` flags, the pytest
-plugin's ``--attnspec-*`` options, ``suite_keywords`` (the signature pre-flight) and the
-claim line all derive from :data:`CLAIMS`: adding a claim is adding a field there and a
-row here (tests/conformance/test_cli.py checks that they agree).
+(which gives its type, default and allowed values (``validation.py``) and the MUST
+clauses a non-default value waives) with the command-line flag(s) that set it and their
+help, the keyword(s) the suite passes the kernel because of it, and how it shows in the
+conformance claim line.  The ``attnspec check`` flags, the pytest plugin's
+``--attnspec-*`` options, ``suite_keywords`` (the signature pre-flight) and the claim line
+all derive from :data:`CLAIMS`: adding a claim is adding a field there and a row here
+(tests/conformance/test_cli.py checks that they agree).
 
 :data:`SETUP_FLAGS` are the other declarations the CLI and the plugin share: how the
 kernel is called (layout, keyword renames), which dtypes are checked, and the JAX
@@ -16,353 +16,44 @@ configuration to check it in.
 
 from __future__ import annotations
 
-import argparse
-import ast
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from ...backends import FLOAT_DTYPE_NAMES
 from ...reference.masks import CAUSAL_ALIGNMENTS
 from ...reference.positional import ROPE_LAYOUTS
-from ...reference.sparse.definition import PATTERN_NAMES
+from .declaration import WAIVES, KernelDeclaration
+from .family_claims import (
+    FEATURE_MAPS,
+    MERGE_BASES,
+    MERGE_LSE_LAYOUTS,
+    MERGE_OUT_LAYOUTS,
+    linear_from_flags,
+    merge_from_flags,
+    rope_from_flags,
+    sparse_from_flags,
+)
+from .flags import Flag, Getter, UsageError, alignment_name, comma_list, key_values
 
-if TYPE_CHECKING:
-    from .declaration import KernelDeclaration
+# Flag, Getter and UsageError are imported from here by conformance/run/ (kernel_setup,
+# supervisor); their home is flags.py.
+__all__ = [
+    "CLAIMS",
+    "CLAIM_FLAGS",
+    "LAYOUTS",
+    "SETUP_FLAGS",
+    "Claim",
+    "Flag",
+    "Getter",
+    "UsageError",
+    "claim_features",
+    "claims_from",
+    "setup_from",
+    "suite_keywords",
+]
 
-FEATURE_MAPS = ("elu+1", "relu", "favor+")
 LAYOUTS = ("bhld", "blhd")
-
-#: A flag's parsed value by its ``dest`` (None, or False for a switch, when not given).
-Getter = Callable[[str], Any]
-
-
-class UsageError(ValueError):
-    """A bad flag value: reported as one line (CLI exit status 2, pytest usage error)."""
-
-
-# --- flag values ---------------------------------------------------------------------------
-
-
-def literal(text: str) -> Any:
-    """A flag value: a Python/JSON literal (3, 0.5, True, [1, 2], null) or else the string."""
-    lowered = {"true": True, "false": False, "null": None, "none": None}
-    if text.lower() in lowered:
-        return lowered[text.lower()]
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
-def key_values(pairs: list[str] | None, option: str) -> dict[str, Any]:
-    """``["a=1", "b=x"]`` as ``{"a": 1, "b": "x"}``; UsageError naming ``option`` otherwise."""
-    result: dict[str, Any] = {}
-    for pair in pairs or ():
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip().isidentifier():
-            raise UsageError(f"{option} {pair!r}, but should be KEY=VALUE")
-        result[key.strip()] = literal(value)
-    return result
-
-
-def comma_list(values: str | Iterable[str] | None) -> list[str] | None:
-    """Repeated and comma-separated values as one list (None when none was given); one
-    string is one comma-separated value ("a,b"), not its characters."""
-    if not values:
-        return None
-    if isinstance(values, str):
-        values = [values]
-    return [item.strip() for value in values for item in value.split(",") if item.strip()]
-
-
-def _alignment(text: str) -> str:
-    return text.replace("-", "_")
-
-
-@dataclass(frozen=True)
-class Flag:
-    """One command-line option; the CLI adds it as is, the pytest plugin with ``--attnspec-``."""
-
-    option: str
-    help: str
-    kind: str = "value"  # value | list | switch (store_true) | bool (--x/--no-x)
-    choices: tuple[str, ...] | None = None
-    type: Callable[[str], Any] = str
-    metavar: str | None = None
-    rerun: bool = True  # a rerun command repeats it
-
-    @property
-    def dest(self) -> str:
-        return self.option.lstrip("-").replace("-", "_")
-
-    def add_to(self, parser: argparse.ArgumentParser | Any) -> None:
-        """Add to an argparse parser (or group) under its own name, ``--x/--no-x`` for bools."""
-        if self.kind == "bool":
-            parser.add_argument(
-                self.option, action=argparse.BooleanOptionalAction, default=None, help=self.help
-            )
-        elif self.kind == "switch":
-            parser.add_argument(self.option, action="store_true", help=self.help)
-        else:
-            parser.add_argument(
-                self.option,
-                action="append" if self.kind == "list" else "store",
-                choices=self.choices,
-                type=self.type,
-                metavar=self.metavar,
-                help=self.help,
-            )
-
-    def add_prefixed(self, group: Any, prefix: str) -> None:
-        """Add to a pytest option group as ``--PREFIX-x`` (and ``--PREFIX-no-x``), dest
-        ``PREFIX_x``: pytest's parser has no ``--no-`` variant of its own."""
-        name, dest = f"--{prefix}-{self.option[2:]}", f"{prefix}_{self.dest}"
-        if self.kind == "bool":
-            group.addoption(
-                name, action="store_const", const=True, default=None, dest=dest, help=self.help
-            )
-            group.addoption(
-                f"--{prefix}-no-{self.option[2:]}",
-                action="store_const",
-                const=False,
-                dest=dest,
-                help=f"the opposite of {name}",
-            )
-        elif self.kind == "switch":
-            group.addoption(name, action="store_true", default=False, dest=dest, help=self.help)
-        else:
-            group.addoption(
-                name,
-                action="append" if self.kind == "list" else "store",
-                default=None,
-                choices=self.choices,
-                type=self.type,
-                metavar=self.metavar,
-                dest=dest,
-                help=self.help,
-            )
-
-    def tokens(self, value: Any, prefix: str | None = None) -> list[str]:
-        """The command-line tokens that give this flag ``value`` (none for the default)."""
-        option = self.option if prefix is None else f"--{prefix}-{self.option[2:]}"
-        if value is None or (value is False and self.kind == "switch"):
-            return []
-        if self.kind == "bool":
-            negative = (
-                f"--no-{self.option[2:]}" if prefix is None else f"--{prefix}-no-{self.option[2:]}"
-            )
-            return [option if value else negative]
-        if self.kind == "switch":
-            return [option]
-        if self.kind == "list":
-            return [token for item in value for token in (option, str(item))]
-        return [option, str(value)]
-
-
-# --- the family claims: a sparse pattern, a linear feature map -----------------------------
-
-
-@dataclass(frozen=True)
-class SparseClaim:
-    """The kernel computes attention restricted to one spec pattern (spec/sparse.md).
-
-    ``params`` are the pattern's parameters as ``attnspec.reference.sparse_mask`` takes
-    them; with ``pass_params`` the kernel receives them as keyword arguments on every
-    call, otherwise they are baked into the kernel.
-    """
-
-    pattern: str
-    params: Mapping[str, Any] = field(default_factory=dict)
-    alignment: str = "top_left"
-    causal: bool = False
-    pass_params: bool = False
-
-
-@dataclass(frozen=True)
-class LinearClaim:
-    """The kernel is kernelized (linear) attention with this feature map (spec/linear.md).
-
-    ``feature_map`` is ``"elu+1"``, ``"relu"``, ``"favor+"`` or a callable phi.  A
-    FAVOR+ kernel draws ``num_features`` random features from the integer it receives
-    as ``seed_keyword``.
-    """
-
-    feature_map: str | Callable[[Any], Any]
-    num_features: int | None = None
-    orthogonal: bool = True
-    seed_keyword: str = "seed"
-    eps: float = 0.0
-    causal_alignment: str = "top_left"
-
-
-@dataclass(frozen=True)
-class RopeClaim:
-    """The function is rotary position embedding (ROPE-1), called ``fn(x, positions)``.
-
-    ``pairing`` is "interleaved" (features 2i, 2i+1) or "half" (i, i + r/2); ``base`` and
-    ``rotary_dim`` (default: every feature) are the values the function has built in.
-    """
-
-    pairing: str
-    base: float = 10000.0
-    rotary_dim: int | None = None
-
-
-MERGE_BASES = ("e", "2")
-MERGE_OUT_LAYOUTS = ("hld", "lhd")
-MERGE_LSE_LAYOUTS = ("hl", "lh")
-
-
-@dataclass(frozen=True)
-class MergeClaim:
-    """The function merges two attention states (MERGE-1), called ``fn(o_a, lse_a, o_b,
-    lse_b) -> (o, lse)``.
-
-    ``base`` is the log-sum-exps' base, "e" (natural, the spec's) or "2" (MERGE-2);
-    ``out_layout`` is "hld" (outputs ``(H, L, Ev)``, the spec's) or "lhd" (``(L, H, Ev)``,
-    FlashInfer's and vLLM's); ``lse_layout`` is "hl" (``(H, L)``, the spec's and vLLM's) or
-    "lh" (``(L, H)``, FlashInfer's).
-    """
-
-    base: str = "e"
-    out_layout: str = "hld"
-    lse_layout: str = "hl"
-
-
-def _merge_from_flags(get: Getter) -> MergeClaim | None:
-    given = [f for f in ("merge_out_layout", "merge_lse_layout") if get(f) is not None]
-    if get("merge") is None:
-        if given:
-            raise UsageError(f"--{given[0].replace('_', '-')} needs --merge BASE")
-        return None
-    return MergeClaim(
-        get("merge"), get("merge_out_layout") or "hld", get("merge_lse_layout") or "hl"
-    )
-
-
-def _merge_invalid(value: Any) -> str | None:
-    if value is None:
-        return None
-    for name, allowed in (
-        ("base", MERGE_BASES),
-        ("out_layout", MERGE_OUT_LAYOUTS),
-        ("lse_layout", MERGE_LSE_LAYOUTS),
-    ):
-        if getattr(value, name) not in allowed:
-            return f"merge {name}={getattr(value, name)!r}, but should be one of {allowed}"
-    return None
-
-
-def _merge_shows(declaration: KernelDeclaration) -> str | None:
-    claim = declaration.merge
-    if claim is None:
-        return None
-    words = [
-        word
-        for word, differs in (
-            ("base-2 log-sum-exp", claim.base == "2"),
-            ("tokens-first outputs", claim.out_layout == "lhd"),
-            ("tokens-first log-sum-exp", claim.lse_layout == "lh"),
-        )
-        if differs
-    ]
-    return ", ".join(words) or None
-
-
-def _rope_from_flags(get: Getter) -> RopeClaim | None:
-    given = [f for f in ("rope_base", "rope_dim") if get(f) is not None]
-    if get("rope") is None:
-        if given:
-            raise UsageError(f"--{given[0].replace('_', '-')} needs --rope PAIRING")
-        return None
-    base = 10000.0 if get("rope_base") is None else get("rope_base")
-    return RopeClaim(get("rope"), base, get("rope_dim"))
-
-
-def _rope_invalid(value: Any) -> str | None:
-    if value is None:
-        return None
-    if value.pairing not in ROPE_LAYOUTS:
-        return f"rope pairing={value.pairing!r}, but should be one of {ROPE_LAYOUTS}"
-    if not (isinstance(value.base, (int, float)) and value.base > 0):
-        return f"rope base={value.base!r}, but should be a number > 0"
-    dim = value.rotary_dim
-    if dim is not None and (
-        isinstance(dim, bool) or not isinstance(dim, int) or dim < 2 or dim % 2
-    ):
-        return f"rope rotary_dim={dim!r}, but should be None or an even int >= 2"
-    return None
-
-
-def _sparse_from_flags(get: Getter) -> SparseClaim | None:
-    given = [
-        f
-        for f in ("sparse_param", "sparse_alignment", "sparse_causal", "sparse_pass_params")
-        if get(f)
-    ]
-    pattern = get("sparse")
-    if pattern is None:
-        if given:
-            raise UsageError(f"--{given[0].replace('_', '-')} needs --sparse PATTERN")
-        return None
-    if pattern not in PATTERN_NAMES:
-        raise UsageError(
-            f"--sparse {pattern!r} is not a spec pattern; expected one of "
-            f"{', '.join(PATTERN_NAMES)}"
-        )
-    return SparseClaim(
-        pattern,
-        key_values(get("sparse_param"), "--sparse-param"),
-        alignment=get("sparse_alignment") or "top_left",
-        causal=bool(get("sparse_causal")),
-        pass_params=bool(get("sparse_pass_params")),
-    )
-
-
-def _feature_map(name: str) -> str | Callable[..., Any]:
-    """A named feature map, or the callable ``MODULE:FUNC`` names (--linear)."""
-    if name in FEATURE_MAPS:
-        return name
-    if ":" not in name:
-        raise UsageError(f"--linear {name!r} is neither {', '.join(FEATURE_MAPS)} nor MODULE:FUNC")
-    from .loading import KernelLoadError, load_kernel
-
-    try:
-        return load_kernel(name)
-    except KernelLoadError as exc:
-        raise UsageError(f"--linear: {exc}") from None
-
-
-def _linear_from_flags(get: Getter) -> LinearClaim | None:
-    given = [
-        f
-        for f in (
-            "linear_num_features",
-            "linear_iid",
-            "linear_seed_keyword",
-            "linear_eps",
-            "linear_causal_alignment",
-        )
-        if get(f) not in (None, False)
-    ]
-    feature_map = get("linear")
-    if feature_map is None:
-        if given:
-            raise UsageError(f"--{given[0].replace('_', '-')} needs --linear FEATURE_MAP")
-        return None
-    return LinearClaim(
-        _feature_map(feature_map),
-        get("linear_num_features"),
-        orthogonal=not get("linear_iid"),
-        seed_keyword=get("linear_seed_keyword") or "seed",
-        eps=get("linear_eps") or 0.0,
-        causal_alignment=get("linear_causal_alignment") or "top_left",
-    )
-
-
-# --- the table -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -381,14 +72,16 @@ class Claim:
     remedy: str = ""
     # the words this claim adds to the conformance claim line (None: nothing)
     shows_as: Callable[[KernelDeclaration], str | None] | None = None
-    # the MUST clause(s) a kernel that does not keep the default does not follow (CONF-7)
-    waives: str | tuple[str, ...] | None = None
-    # a message saying what is wrong with a value, or None
-    invalid: Callable[[Any], str | None] | None = None
+
+    @property
+    def waives(self) -> tuple[str, ...] | None:
+        """The MUST clause(s) a kernel that does not keep the default does not follow
+        (CONF-7): the declaration's :data:`~.declaration.WAIVES`."""
+        return WAIVES.get(self.field)
 
     @property
     def waived_clauses(self) -> tuple[str, ...]:
-        return (self.waives,) if isinstance(self.waives, str) else tuple(self.waives or ())
+        return self.waives or ()
 
     def value_from(self, get: Getter) -> Any:
         """This claim's value from the flags, or None when no flag of it was given."""
@@ -418,33 +111,6 @@ def _when(name: str, text: str | Callable[[KernelDeclaration], str]) -> Callable
     return shows
 
 
-def _dtypes_invalid(value: Any) -> str | None:
-    if value is not None and (not value or any(d not in FLOAT_DTYPE_NAMES for d in value)):
-        return f"dtypes={value!r}, but should be a non-empty subset of {FLOAT_DTYPE_NAMES}"
-    return None
-
-
-def _batch_ndim_invalid(value: Any) -> str | None:
-    # an int or None by now: KernelDeclaration checks its fields' types first
-    if value is not None and not 0 <= value <= 4:
-        return f"batch_ndim={value!r}, but should be None or 0..4"
-    return None
-
-
-def _alignment_invalid(value: object) -> str | None:
-    if value not in CAUSAL_ALIGNMENTS:
-        return f"causal_alignment={value!r}, but should be one of {CAUSAL_ALIGNMENTS}"
-    return None
-
-
-def _family_alignment_invalid(value: Any) -> str | None:
-    if value is None:
-        return None
-    return _alignment_invalid(
-        getattr(value, "alignment", None) or getattr(value, "causal_alignment", None)
-    )
-
-
 def _linear_shows(declaration: KernelDeclaration) -> str | None:
     claim = declaration.linear
     if claim is None:
@@ -452,12 +118,28 @@ def _linear_shows(declaration: KernelDeclaration) -> str | None:
     return claim.feature_map if isinstance(claim.feature_map, str) else "custom feature map"
 
 
+def _merge_shows(declaration: KernelDeclaration) -> str | None:
+    claim = declaration.merge
+    if claim is None:
+        return None
+    words = [
+        word
+        for word, differs in (
+            ("base-2 log-sum-exp", claim.base == "2"),
+            ("tokens-first outputs", claim.out_layout == "lhd"),
+            ("tokens-first log-sum-exp", claim.lse_layout == "lh"),
+        )
+        if differs
+    ]
+    return ", ".join(words) or None
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 CLAIMS: tuple[Claim, ...] = (
-    Claim("dtypes", invalid=_dtypes_invalid),  # --dtype: SETUP_FLAGS
+    Claim("dtypes"),  # --dtype: SETUP_FLAGS
     Claim(
         "batch_ndim",
         flags=(
@@ -469,7 +151,6 @@ CLAIMS: tuple[Claim, ...] = (
                 metavar="N",
             ),
         ),
-        invalid=_batch_ndim_invalid,
         shows_as=lambda d: None if d.batch_ndim is None else _plural(d.batch_ndim, "batch dim"),
     ),
     Claim(
@@ -509,7 +190,6 @@ CLAIMS: tuple[Claim, ...] = (
                 kind="bool",
             ),
         ),
-        waives=("SDPA-1.5", "SDPA-5.2"),
     ),
     Claim(
         "mask",
@@ -587,10 +267,9 @@ CLAIMS: tuple[Claim, ...] = (
                 "what is_causal means when Lq != Lk: top_left (PyTorch/JAX) "
                 "or bottom_right (FlashAttention >= 2.1)",
                 choices=CAUSAL_ALIGNMENTS,
-                type=_alignment,
+                type=alignment_name,
             ),
         ),
-        invalid=_alignment_invalid,
     ),
     Claim(
         "mask_and_causal",
@@ -626,7 +305,6 @@ CLAIMS: tuple[Claim, ...] = (
                 kind="bool",
             ),
         ),
-        waives="SDPA-5.1",
     ),
     Claim(
         "extra_kwargs",
@@ -902,7 +580,7 @@ CLAIMS: tuple[Claim, ...] = (
                 "--sparse-alignment",
                 "causal alignment of the sparse pattern",
                 choices=CAUSAL_ALIGNMENTS,
-                type=_alignment,
+                type=alignment_name,
             ),
             Flag("--sparse-causal", "the sparse pattern is causal", kind="switch"),
             Flag(
@@ -911,8 +589,7 @@ CLAIMS: tuple[Claim, ...] = (
                 kind="switch",
             ),
         ),
-        from_flags=_sparse_from_flags,
-        invalid=_family_alignment_invalid,
+        from_flags=sparse_from_flags,
         keywords=lambda d: tuple(d.sparse.params) if d.sparse and d.sparse.pass_params else (),
         remedy="--sparse-pass-params",
         shows_as=lambda d: None if d.sparse is None else d.sparse.pattern,
@@ -946,11 +623,10 @@ CLAIMS: tuple[Claim, ...] = (
                 "--linear-causal-alignment",
                 "causal alignment of the linear kernel",
                 choices=CAUSAL_ALIGNMENTS,
-                type=_alignment,
+                type=alignment_name,
             ),
         ),
-        from_flags=_linear_from_flags,
-        invalid=_family_alignment_invalid,
+        from_flags=linear_from_flags,
         keywords=lambda d: (
             (d.linear.seed_keyword,)
             if d.linear is not None and d.linear.feature_map == "favor+"
@@ -983,8 +659,7 @@ CLAIMS: tuple[Claim, ...] = (
                 metavar="R",
             ),
         ),
-        from_flags=_rope_from_flags,
-        invalid=_rope_invalid,
+        from_flags=rope_from_flags,
         shows_as=lambda d: None if d.rope is None else f"{d.rope.pairing} pairing",
     ),
     Claim(
@@ -1009,8 +684,7 @@ CLAIMS: tuple[Claim, ...] = (
                 choices=MERGE_LSE_LAYOUTS,
             ),
         ),
-        from_flags=_merge_from_flags,
-        invalid=_merge_invalid,
+        from_flags=merge_from_flags,
         shows_as=_merge_shows,
     ),
 )

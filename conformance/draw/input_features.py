@@ -9,7 +9,7 @@ other failed (or waived) clauses left out of the draws (``SizeLimits.avoid``, ho
 :mod:`.strategies` and, for problems a property builds itself, by :func:`.kernel.reject_avoided`
 on every kernel call); see :mod:`.root_causes`.
 
-The clauses come from the spec (spec/dense.md) and the claims table (conformance/claims.py:
+The clauses come from the spec (spec/dense.md) and the claims table (conformance/claims/table.py:
 the waivers ``empty_rows_zero`` and ``empty_sizes``, the claims ``gqa``, ``mask_and_causal``,
 ``dtypes``, ``equal_head_dims``): one row per governed input, in one place.
 """

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..call.problem import Problem
 from ..claims.declaration import KernelDeclaration, qualified_name
-from ..claims.table import Flag, Getter
+from ..claims.flags import Flag, Getter
 from ..kernels.known import KNOWN_KERNELS
 from .failures import PropertyFailure, ShownKernel
 from .verdict import Verdict

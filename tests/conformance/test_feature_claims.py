@@ -18,12 +18,8 @@ from support import run_main
 from attnspec.backends import Backend
 from attnspec.conformance import KernelDeclaration, cli
 from attnspec.conformance.call.problem import Problem
-from attnspec.conformance.claims.table import (
-    UsageError,
-    claim_features,
-    claims_from,
-    suite_keywords,
-)
+from attnspec.conformance.claims.flags import UsageError
+from attnspec.conformance.claims.table import claim_features, claims_from, suite_keywords
 from attnspec.conformance.judge.kernel import KernelUnderTest
 from attnspec.conformance.judge.reproduce import snippet
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from ...call.layouts import from_blhd, pad_head_dims, rename_arguments
 from ...claims.declaration import declare
-from ...claims.table import LinearClaim, SparseClaim
+from ...claims.family_claims import LinearClaim, SparseClaim
 
 LOCAL_WINDOW = 4
 PERFORMER_FEATURES = 64

@@ -1,0 +1,170 @@
+"""The claims that choose a family of properties: a sparse pattern (spec/sparse.md), a
+linear feature map (spec/linear.md), rotary position embedding (ROPE-1), the merge of two
+attention states (MERGE-1), and how each is read from its flags (``--sparse``,
+``--linear``, ``--rope``, ``--merge`` and the flags that refine them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...reference.sparse.definition import PATTERN_NAMES
+from .flags import Getter, UsageError, key_values
+
+FEATURE_MAPS = ("elu+1", "relu", "favor+")
+
+
+@dataclass(frozen=True)
+class SparseClaim:
+    """The kernel computes attention restricted to one spec pattern (spec/sparse.md).
+
+    ``params`` are the pattern's parameters as ``attnspec.reference.sparse_mask`` takes
+    them; with ``pass_params`` the kernel receives them as keyword arguments on every
+    call, otherwise they are baked into the kernel.
+    """
+
+    pattern: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    alignment: str = "top_left"
+    causal: bool = False
+    pass_params: bool = False
+
+
+@dataclass(frozen=True)
+class LinearClaim:
+    """The kernel is kernelized (linear) attention with this feature map (spec/linear.md).
+
+    ``feature_map`` is ``"elu+1"``, ``"relu"``, ``"favor+"`` or a callable phi.  A
+    FAVOR+ kernel draws ``num_features`` random features from the integer it receives
+    as ``seed_keyword``.
+    """
+
+    feature_map: str | Callable[[Any], Any]
+    num_features: int | None = None
+    orthogonal: bool = True
+    seed_keyword: str = "seed"
+    eps: float = 0.0
+    causal_alignment: str = "top_left"
+
+
+@dataclass(frozen=True)
+class RopeClaim:
+    """The function is rotary position embedding (ROPE-1), called ``fn(x, positions)``.
+
+    ``pairing`` is "interleaved" (features 2i, 2i+1) or "half" (i, i + r/2); ``base`` and
+    ``rotary_dim`` (default: every feature) are the values the function has built in.
+    """
+
+    pairing: str
+    base: float = 10000.0
+    rotary_dim: int | None = None
+
+
+MERGE_BASES = ("e", "2")
+MERGE_OUT_LAYOUTS = ("hld", "lhd")
+MERGE_LSE_LAYOUTS = ("hl", "lh")
+
+
+@dataclass(frozen=True)
+class MergeClaim:
+    """The function merges two attention states (MERGE-1), called ``fn(o_a, lse_a, o_b,
+    lse_b) -> (o, lse)``.
+
+    ``base`` is the log-sum-exps' base, "e" (natural, the spec's) or "2" (MERGE-2);
+    ``out_layout`` is "hld" (outputs ``(H, L, Ev)``, the spec's) or "lhd" (``(L, H, Ev)``,
+    FlashInfer's and vLLM's); ``lse_layout`` is "hl" (``(H, L)``, the spec's and vLLM's) or
+    "lh" (``(L, H)``, FlashInfer's).
+    """
+
+    base: str = "e"
+    out_layout: str = "hld"
+    lse_layout: str = "hl"
+
+
+def merge_from_flags(get: Getter) -> MergeClaim | None:
+    given = [f for f in ("merge_out_layout", "merge_lse_layout") if get(f) is not None]
+    if get("merge") is None:
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} needs --merge BASE")
+        return None
+    return MergeClaim(
+        get("merge"), get("merge_out_layout") or "hld", get("merge_lse_layout") or "hl"
+    )
+
+
+def rope_from_flags(get: Getter) -> RopeClaim | None:
+    given = [f for f in ("rope_base", "rope_dim") if get(f) is not None]
+    if get("rope") is None:
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} needs --rope PAIRING")
+        return None
+    base = 10000.0 if get("rope_base") is None else get("rope_base")
+    return RopeClaim(get("rope"), base, get("rope_dim"))
+
+
+def sparse_from_flags(get: Getter) -> SparseClaim | None:
+    given = [
+        f
+        for f in ("sparse_param", "sparse_alignment", "sparse_causal", "sparse_pass_params")
+        if get(f)
+    ]
+    pattern = get("sparse")
+    if pattern is None:
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} needs --sparse PATTERN")
+        return None
+    if pattern not in PATTERN_NAMES:
+        raise UsageError(
+            f"--sparse {pattern!r} is not a spec pattern; expected one of "
+            f"{', '.join(PATTERN_NAMES)}"
+        )
+    return SparseClaim(
+        pattern,
+        key_values(get("sparse_param"), "--sparse-param"),
+        alignment=get("sparse_alignment") or "top_left",
+        causal=bool(get("sparse_causal")),
+        pass_params=bool(get("sparse_pass_params")),
+    )
+
+
+def _feature_map(name: str) -> str | Callable[..., Any]:
+    """A named feature map, or the callable ``MODULE:FUNC`` names (--linear)."""
+    if name in FEATURE_MAPS:
+        return name
+    if ":" not in name:
+        raise UsageError(f"--linear {name!r} is neither {', '.join(FEATURE_MAPS)} nor MODULE:FUNC")
+    from .loading import KernelLoadError, load_kernel
+
+    try:
+        return load_kernel(name)
+    except KernelLoadError as exc:
+        raise UsageError(f"--linear: {exc}") from None
+
+
+def linear_from_flags(get: Getter) -> LinearClaim | None:
+    given = [
+        f
+        for f in (
+            "linear_num_features",
+            "linear_iid",
+            "linear_seed_keyword",
+            "linear_eps",
+            "linear_causal_alignment",
+        )
+        if get(f) not in (None, False)
+    ]
+    feature_map = get("linear")
+    if feature_map is None:
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} needs --linear FEATURE_MAP")
+        return None
+    return LinearClaim(
+        _feature_map(feature_map),
+        get("linear_num_features"),
+        orthogonal=not get("linear_iid"),
+        seed_keyword=get("linear_seed_keyword") or "seed",
+        eps=get("linear_eps") or 0.0,
+        causal_alignment=get("linear_causal_alignment") or "top_left",
+    )

@@ -1,0 +1,123 @@
+"""What each field of a :class:`~.declaration.KernelDeclaration` may hold (CONF-3).
+
+First its type (a bool is not an int here), then its value: dtypes the suite knows, a
+batch rank it can draw, a causal alignment the spec defines, a RoPE pairing, base and
+rotary dimension, a merge base and layouts it can check.  A declaration checks itself with
+:func:`check_fields` when it is made, so a bad claim fails where it is written
+(``declare(...)``, a flag), not properties later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from ...backends import FLOAT_DTYPE_NAMES
+from ...reference.masks import CAUSAL_ALIGNMENTS
+from ...reference.positional import ROPE_LAYOUTS
+from .family_claims import MERGE_BASES, MERGE_LSE_LAYOUTS, MERGE_OUT_LAYOUTS
+
+# The types a field of each simple annotation takes (a bool is not an int here).
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "bool": (bool,),
+    "str": (str,),
+    "str | None": (str, type(None)),
+    "int | None": (int, type(None)),
+}
+
+
+def type_problem(name: str, annotation: str, value: Any) -> str | None:
+    """What is wrong with the type of field ``name`` (annotated ``annotation``), or None."""
+    allowed = _FIELD_TYPES.get(annotation)
+    if not allowed or (
+        isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
+    ):
+        return None
+    expected = (
+        "True or False"
+        if allowed == (bool,)
+        else " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+    )
+    return f"{name}={value!r}, but should be {expected}"
+
+
+def _rope_invalid(value: Any) -> str | None:
+    if value is None:
+        return None
+    if value.pairing not in ROPE_LAYOUTS:
+        return f"rope pairing={value.pairing!r}, but should be one of {ROPE_LAYOUTS}"
+    if not (isinstance(value.base, (int, float)) and value.base > 0):
+        return f"rope base={value.base!r}, but should be a number > 0"
+    dim = value.rotary_dim
+    if dim is not None and (
+        isinstance(dim, bool) or not isinstance(dim, int) or dim < 2 or dim % 2
+    ):
+        return f"rope rotary_dim={dim!r}, but should be None or an even int >= 2"
+    return None
+
+
+def _merge_invalid(value: Any) -> str | None:
+    if value is None:
+        return None
+    for name, allowed in (
+        ("base", MERGE_BASES),
+        ("out_layout", MERGE_OUT_LAYOUTS),
+        ("lse_layout", MERGE_LSE_LAYOUTS),
+    ):
+        if getattr(value, name) not in allowed:
+            return f"merge {name}={getattr(value, name)!r}, but should be one of {allowed}"
+    return None
+
+
+def _dtypes_invalid(value: Any) -> str | None:
+    if value is not None and (not value or any(d not in FLOAT_DTYPE_NAMES for d in value)):
+        return f"dtypes={value!r}, but should be a non-empty subset of {FLOAT_DTYPE_NAMES}"
+    return None
+
+
+def _batch_ndim_invalid(value: Any) -> str | None:
+    # an int or None by now: KernelDeclaration checks its fields' types first
+    if value is not None and not 0 <= value <= 4:
+        return f"batch_ndim={value!r}, but should be None or 0..4"
+    return None
+
+
+def _alignment_invalid(value: object) -> str | None:
+    if value not in CAUSAL_ALIGNMENTS:
+        return f"causal_alignment={value!r}, but should be one of {CAUSAL_ALIGNMENTS}"
+    return None
+
+
+def _family_alignment_invalid(value: Any) -> str | None:
+    if value is None:
+        return None
+    return _alignment_invalid(
+        getattr(value, "alignment", None) or getattr(value, "causal_alignment", None)
+    )
+
+
+#: The value check of each field that has one: a message saying what is wrong, or None.
+VALUE_CHECKS: Mapping[str, Callable[[Any], str | None]] = {
+    "dtypes": _dtypes_invalid,
+    "batch_ndim": _batch_ndim_invalid,
+    "causal_alignment": _alignment_invalid,
+    "sparse": _family_alignment_invalid,
+    "linear": _family_alignment_invalid,
+    "rope": _rope_invalid,
+    "merge": _merge_invalid,
+}
+
+
+def check_fields(declared: Iterable[tuple[str, str, Any]]) -> None:
+    """Raise TypeError for the first field (name, annotation, value) of the wrong type,
+    else ValueError for the first whose value its check refuses."""
+    fields = list(declared)
+    for name, annotation, value in fields:
+        problem = type_problem(name, annotation, value)
+        if problem:
+            raise TypeError(problem)
+    for name, _, value in fields:
+        check = VALUE_CHECKS.get(name)
+        problem = check(value) if check else None
+        if problem:
+            raise ValueError(problem)
