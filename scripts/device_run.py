@@ -278,6 +278,8 @@ try:
         found["torch_capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
         found["torch_cuda"] = torch.version.cuda
         found["cudnn"] = torch.backends.cudnn.version()
+        flash = getattr(torch.backends.cuda, "is_flash_attention_available", None)
+        found["sdpa_flash_built"] = flash() if flash else "unknown"
 except Exception as exc:
     found["gpu"]["torch"] = False
     found["torch_error"] = str(exc)[:300]
