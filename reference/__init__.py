@@ -18,6 +18,7 @@ from .linear import elu_plus_one, linear_attention, relu_features
 from .masks import CAUSAL_ALIGNMENTS, causal_mask, padding_mask
 from .mha import multi_head_attention
 from .positional import apply_rope, sinusoidal_positional_encoding
+from .recurrent import recurrent_attention, varlen_recurrent_attention
 from .sdpa import scaled_dot_product_attention
 from .sparse import (
     LIBRARY_WINDOWS,
@@ -62,6 +63,7 @@ __all__ = [
     "longformer_mask",
     "multi_head_attention",
     "padding_mask",
+    "recurrent_attention",
     "relu_features",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_backward",
@@ -72,4 +74,5 @@ __all__ = [
     "strided_mask",
     "varlen_attention",
     "varlen_attention_backward",
+    "varlen_recurrent_attention",
 ]

@@ -46,6 +46,7 @@ AREA_DOCUMENT = {
     "PAGED": "serving.md",
     "QUANT": "serving.md",
     "BWD": "backward.md",
+    "REC": "recurrent.md",
 }
 # The contract: exactly these ids at exactly these levels (CONF-1, CONF-2). Code and tests cite
 # them; changing one means a new id (spec/index.md, versioning policy), not an edit here.

@@ -22,7 +22,6 @@ from attnspec.conformance import (
     KernelDeclaration,
     LinearClaim,
     MergeClaim,
-    PagedBatchClaim,
     RopeClaim,
     SparseClaim,
 )
@@ -244,8 +243,6 @@ def _declarations() -> list[KernelDeclaration]:
         *(KernelDeclaration(rope=RopeClaim(pairing)) for pairing in ("interleaved", "half")),
         KernelDeclaration(merge=MergeClaim()),
         KernelDeclaration(merge=MergeClaim(base="2", out_layout="lhd", lse_layout="lh")),
-        KernelDeclaration(paged_batch=PagedBatchClaim()),
-        KernelDeclaration(paged_batch=PagedBatchClaim(cache_layout="nhd", page_size=16)),
     ]
     return declarations
 

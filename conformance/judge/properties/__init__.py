@@ -13,7 +13,6 @@ from . import (  # noqa: F401
     masking,
     merge,
     packed,
-    paged_batch,
     rope,
     scale,
     shapes,

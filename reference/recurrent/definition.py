@@ -1,0 +1,33 @@
+"""The recurrence of spec/recurrent.md evaluated token by token (REC-1.2), the definition.
+
+For each state head: ``S <- exp(g_t) S`` (row ``i`` of the state, key channel ``i``, scaled
+by ``exp(g_t)`` or ``exp(g_{t,i})``), then for the delta rules ``u_t = beta_t (v_t - S^T
+k_t)`` on that decayed state (``u_t = v_t`` otherwise), ``S <- S + k_t u_t^T`` and ``o_t =
+scale * S^T q_t``: the output reads the state that already holds token t.
+"""
+
+from __future__ import annotations
+
+from .._array import Array
+from ._inputs import Recurrence
+
+
+def token_recurrence(p: Recurrence) -> tuple[Array, Array]:
+    """``(out (..., Ho, T, dv) in q's dtype, final state (..., Hs, dk, dv))``, one token at
+    a time: T steps of ``O(dk dv)`` work and ``O(dk dv)`` memory per head."""
+    xp, state, outs = p.xp, p.state, []
+    for t in range(p.length):
+        decay = xp.exp(p.log_decay[..., t, :])  # (..., Hs, 1) or (..., Hs, dk)
+        state = decay[..., :, None] * state
+        key, update = p.k[..., t, :], p.v[..., t, :]
+        if p.beta is not None:  # REC-1.2: the correction reads the decayed state
+            read = xp.matmul(key[..., None, :], state)[..., 0, :]
+            update = p.beta[..., t, None] * (update - read)
+        state = state + key[..., :, None] * update[..., None, :]
+        queries = p.q[..., t, :]  # (..., Hs, G, dk): every output head of this state
+        outs.append(p.scale * xp.matmul(queries[..., :, None, :], state[..., None, :, :]))
+    if not outs:
+        empty = (*p.q.shape[:-2], 0, p.v.shape[-1])
+        return p.output_heads(xp.zeros(empty, dtype=state.dtype, device=state.device)), state
+    out = xp.concat(outs, axis=-2)  # each (..., Hs, G, 1, dv)
+    return p.output_heads(out), state

@@ -1,0 +1,186 @@
+"""The accuracy clause of spec/recurrent.md as code: the bound of REC-6.2, evaluated.
+
+One pass over the tokens in float64 evaluates the definition (REC-1.2) and, beside it, the
+per-column state error ``eps_tc`` that rounding can have built up by token ``t`` (it is
+multiplied by the step's contraction factor ``rho_t`` and grows by the step's own rounding
+``phi_tc``), then the output and final-state tolerances.  The derivation is in the spec; this
+module only evaluates it, at the cost of the token recurrence.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+from .._array import Array
+from .._checks import check_flag, check_size
+from ..tolerance import UNDERFLOW_THRESHOLD, UNIT_ROUNDOFF, accumulation_roundoff, scale_is_exact
+from ._inputs import prepare
+
+CALL = "recurrent_error_bound(q, k, v)"
+SAFETY_FACTOR = 4.0  # C of REC-6.2, as TOL-2's: second-order terms, the target's own rounding
+# The smallest normal number of the accumulation format: what a flush to zero loses (REC-6.2).
+SMALLEST_NORMAL = {"float32": 2.0**-126, "float64": 2.0**-1022}
+
+
+class RecurrentBound(NamedTuple):
+    """The float64 target of REC-6.1 and the tolerances of REC-6.2, elementwise.
+
+    ``growth`` is the largest product of the contraction factors ``rho_t`` over any run of
+    consecutive tokens of any state head, at least 1 (REC-6.3): above 1 the bound grows with
+    the state, because the per-step map does not contract.
+    """
+
+    out: Any
+    out_tolerance: Any
+    final_state: Any
+    final_state_tolerance: Any
+    growth: float
+
+
+def _dtype_name(name: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(
+            f"{name}={value!r}, but should be one of {', '.join(map(repr, allowed))} "
+            f"[REC-6.2, {CALL}]"
+        )
+    return str(value)
+
+
+def recurrent_error_bound(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    dtype: str,
+    rule: str = "gated_delta",
+    g: Array = None,
+    beta: Array = None,
+    scale: float | None = None,
+    initial_state: Array = None,
+    normalize_qk: bool = False,
+    norm_eps: float = 0.0,
+    chunk_size: int = 1,
+    state_dtype: str | None = None,
+    operands_in_input_dtype: bool = False,
+) -> RecurrentBound:
+    """REC-6.2 for float64 inputs holding the values the kernel received in ``dtype`` (q's).
+
+    ``chunk_size`` is the kernel's declared largest chunk ``C_h`` (1: token by token);
+    ``state_dtype`` the dtype of its returned final state (REC-4.3; default float32, or
+    float64 for float64 inputs); ``operands_in_input_dtype`` declares that it rounds the
+    operands of its matrix products to ``dtype`` (``u_p = u_d``); ``normalize_qk`` that it
+    normalises q and k itself (REC-2.4, ``eta``).  Arguments otherwise as
+    :func:`attnspec.reference.recurrent.recurrent_attention`.
+    """
+    dtype = _dtype_name("dtype", dtype, tuple(UNIT_ROUNDOFF))
+    accumulation = "float64" if dtype == "float64" else "float32"
+    state_dtype = _dtype_name(
+        "state_dtype", accumulation if state_dtype is None else state_dtype, tuple(UNIT_ROUNDOFF)
+    )
+    chunk = check_size("chunk_size", chunk_size, CALL, minimum=1)
+    rounded_operands = check_flag("operands_in_input_dtype", operands_in_input_dtype, CALL)
+    p = prepare(
+        q,
+        k,
+        v,
+        rule=rule,
+        g=g,
+        beta=beta,
+        scale=scale,
+        initial_state=initial_state,
+        normalize_qk=normalize_qk,
+        norm_eps=norm_eps,
+        call=CALL,
+    )
+    xp = p.xp
+    if p.q.dtype != xp.float64:
+        raise TypeError(f"q.dtype={q.dtype}, but should be float64 [REC-6.1, {CALL}]")
+    d_k = int(p.k.shape[-1])
+    u_d, u_a = UNIT_ROUNDOFF[dtype], accumulation_roundoff(dtype)
+    u_p = u_d if rounded_operands else 0.0
+    eta = u_d + (d_k + 6) * u_a if normalize_qk else 0.0
+    r_alpha = 0.0 if scale_is_exact(p.scale) else 2 * u_a
+    flush = (d_k + chunk + 6) * SMALLEST_NORMAL[accumulation]
+    read_coefficient = u_p + (d_k + chunk + 2) * u_a
+    write_coefficient = u_p + (chunk + 4) * u_a
+    output_coefficient = r_alpha + u_p + (d_k + chunk + 2) * u_a
+    alpha = abs(p.scale)
+
+    def column_norms(state: Array) -> Array:  # |S_{:c}|, (..., Hs, dv)
+        return xp.sqrt(xp.sum(state * state, axis=-2))
+
+    state = p.state
+    error = xp.zeros_like(state[..., 0, :])  # eps_{t,c}, (..., Hs, dv)
+    run = best = -math.inf  # log of the largest product of rho over a run (Kadane)
+    outs, tolerances = [], []
+    for t in range(p.length):
+        log_decay = p.log_decay[..., t, :]
+        decayed = xp.exp(log_decay)[..., :, None] * state
+        key, update = p.k[..., t, :], p.v[..., t, :]
+        key_squared = xp.sum(key * key, axis=-1)  # (..., Hs)
+        key_norm = xp.sqrt(key_squared)[..., None]
+        decayed_norms = column_norms(decayed)
+        if p.beta is not None:
+            strength = p.beta[..., t]
+            read = xp.matmul(key[..., None, :], decayed)[..., 0, :]
+            update = strength[..., None] * (update - read)
+            kappa = xp.maximum(xp.abs(1 - strength * key_squared), xp.ones_like(key_squared))
+            read_sum = xp.matmul(xp.abs(key)[..., None, :], xp.abs(decayed))[..., 0, :]
+            read_error = read_coefficient * (xp.abs(strength)[..., None] * key_norm) * read_sum
+            correction = 2 * xp.abs(strength)[..., None] * key_norm * decayed_norms
+        else:
+            kappa = xp.ones_like(key_squared)
+            read_error = correction = xp.zeros_like(decayed_norms)
+        rho = kappa * xp.exp(xp.max(log_decay, axis=-1))
+        local = (
+            u_a * (5 * kappa + 1)[..., None] * decayed_norms
+            + read_error
+            + write_coefficient * key_norm * xp.abs(update)
+            + eta * key_norm * (xp.abs(update) + correction)
+            + flush
+        )
+        error = rho[..., None] * error + local
+        state = decayed + key[..., :, None] * update[..., None, :]
+        log_rho = float(xp.max(xp.log(xp.maximum(rho, xp.full_like(rho, 2.0**-1000)))))
+        run = max(log_rho, run + log_rho)
+        best = max(best, run)
+        queries = p.q[..., t, :]  # (..., Hs, G, dk)
+        out = p.scale * xp.matmul(queries[..., :, None, :], state[..., None, :, :])[..., 0, :]
+        magnitude = xp.matmul(xp.abs(queries)[..., :, None, :], xp.abs(state)[..., None, :, :])[
+            ..., 0, :
+        ]
+        query_norm = xp.sqrt(xp.sum(queries * queries, axis=-1))[..., None]
+        accumulated = SAFETY_FACTOR * (
+            alpha * query_norm * (error[..., None, :] + eta * column_norms(state)[..., None, :])
+            + output_coefficient * alpha * magnitude
+        )
+        # The rounding to q's dtype is exact analysis: |fl(x) - o| <= (1 + u_d)|x - o| + u_d|o|.
+        tolerance = (
+            (1 + u_d) * accumulated
+            + u_d * xp.abs(out)
+            + (d_k + chunk + 2) * UNDERFLOW_THRESHOLD[dtype]
+        )
+        outs.append(out[..., None, :])
+        tolerances.append(
+            xp.where(xp.isfinite(out), tolerance, xp.zeros_like(tolerance))[..., None, :]
+        )
+    u_s = UNIT_ROUNDOFF[state_dtype]
+    state_tolerance = (
+        (1 + u_s) * SAFETY_FACTOR * error[..., None, :]
+        + u_s * xp.abs(state)
+        + UNDERFLOW_THRESHOLD[state_dtype]
+    )
+    state_tolerance = xp.where(xp.isfinite(state), state_tolerance, xp.zeros_like(state))
+    if outs:
+        out_all, tol_all = xp.concat(outs, axis=-2), xp.concat(tolerances, axis=-2)
+    else:
+        empty = (*p.q.shape[:-2], 0, p.v.shape[-1])
+        out_all = tol_all = xp.zeros(empty, dtype=xp.float64, device=state.device)
+    return RecurrentBound(
+        out=p.output_heads(out_all),
+        out_tolerance=p.output_heads(tol_all),
+        final_state=state,
+        final_state_tolerance=state_tolerance,
+        growth=max(1.0, math.exp(min(best, 700.0))) if best > -math.inf else 1.0,
+    )
