@@ -14,9 +14,10 @@ touched), installs the carried wheels of .device-wheels/ (scripts/fetch-device-w
 3. side by side, each in its own process: ``attnspec matrix`` on each known kernel that can
    run on the image (PyTorch SDPA's math, efficient, flash and cuDNN CUDA backends, SDPA as
    dispatched, nn.MultiheadAttention, jax.nn's 'xla' and 'cudnn', flax; torch and jax put
-   the CPU rows on their default device, the GPU), ``attnspec check`` on FlexAttention
-   compiled by torch.compile (scripts/device_flex.py) and on the reference on each GPU
-   backend, all quick profile;
+   the CPU rows on their default device, the GPU), ``attnspec check`` on SDPA pinned to
+   each CUDA backend in float16 and bfloat16 with the inputs it takes
+   (scripts/device_sdpa.py), on FlexAttention compiled by torch.compile
+   (scripts/device_flex.py) and on the reference on each GPU backend, all quick profile;
 4. bench: scripts/device_bench.py, alone on the GPU: the reference (torch-cuda, CuPy)
    against SDPA's flash backend, achieved TFLOP/s against the card's peak;
 5. the matrix rows merged into one matrix.json and matrix.md, the checks' JUnit files into
@@ -278,6 +279,8 @@ try:
         found["torch_capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
         found["torch_cuda"] = torch.version.cuda
         found["cudnn"] = torch.backends.cudnn.version()
+        flash = getattr(torch.backends.cuda, "is_flash_attention_available", None)
+        found["sdpa_flash_built"] = flash() if flash else "unknown"
 except Exception as exc:
     found["gpu"]["torch"] = False
     found["torch_error"] = str(exc)[:300]

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 PREFIX = "conforms to attnspec "
-FAMILIES = ("dense", "sparse", "linear", "varlen", "kv-cache", "rope", "merge")
+FAMILIES = ("dense", "sparse", "linear", "varlen", "kv-cache", "rope", "merge", "paged-batch")
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 # The fixed words of ``feature`` in the grammar, and its words with a part that varies.
 FEATURE_WORDS = frozenset(
@@ -50,6 +50,7 @@ FEATURE_WORDS = frozenset(
         "base-2 log-sum-exp",
         "tokens-first outputs",
         "tokens-first log-sum-exp",
+        "tokens-first pages",
     }
 )
 _NUMBER = r"[1-9][0-9]*"

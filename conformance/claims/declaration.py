@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, TypeVar, overload
 
-from .family_claims import LinearClaim, MergeClaim, RopeClaim, SparseClaim
+from .family_claims import LinearClaim, MergeClaim, PagedBatchClaim, RopeClaim, SparseClaim
 from .validation import check_fields
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "KernelDeclaration",
     "LinearClaim",
     "MergeClaim",
+    "PagedBatchClaim",
     "RopeClaim",
     "SparseClaim",
     "declaration_of",
@@ -96,18 +97,22 @@ class KernelDeclaration:
     linear: LinearClaim | None = None
     rope: RopeClaim | None = None
     merge: MergeClaim | None = None
+    paged_batch: PagedBatchClaim | None = None
 
     def __post_init__(self) -> None:
         check_fields((f.name, str(f.type), getattr(self, f.name)) for f in fields(self))
 
     @property
     def family(self) -> str:
-        """ "dense", "sparse", "linear", "varlen", "kv-cache", "rope" or "merge": which
-        family of properties applies (the last four have their own calling conventions)."""
+        """ "dense", "sparse", "linear", "varlen", "kv-cache", "rope", "merge" or
+        "paged-batch": which family of properties applies (the last five have their own
+        calling conventions)."""
         if self.rope is not None:
             return "rope"
         if self.merge is not None:
             return "merge"
+        if self.paged_batch is not None:
+            return "paged-batch"
         if self.sparse is not None:
             return "sparse"
         if self.linear is not None:

@@ -1,7 +1,8 @@
 """The claims that choose a family of properties: a sparse pattern (spec/sparse.md), a
 linear feature map (spec/linear.md), rotary position embedding (ROPE-1), the merge of two
-attention states (MERGE-1), and how each is read from its flags (``--sparse``,
-``--linear``, ``--rope``, ``--merge`` and the flags that refine them).
+attention states (MERGE-1), a paged batch (PAGED-1), and how each is read from its flags
+(``--sparse``, ``--linear``, ``--rope``, ``--merge``, ``--paged-batch`` and the flags that
+refine them).
 """
 
 from __future__ import annotations
@@ -92,6 +93,33 @@ def merge_from_flags(get: Getter) -> MergeClaim | None:
     return MergeClaim(
         get("merge"), get("merge_out_layout") or "hld", get("merge_lse_layout") or "hl"
     )
+
+
+PAGED_CACHE_LAYOUTS = ("hnd", "nhd")
+
+
+@dataclass(frozen=True)
+class PagedBatchClaim:
+    """The kernel attends a packed batch of sequences over a paged cache (PAGED-1), called
+    ``fn(q, k_cache, v_cache, cu_seqlens_q=, seqused_k=, block_table=, ...)``.
+
+    ``cache_layout`` is "hnd" (pages ``(N, Hkv, P, E)``, the spec's and FlashInfer's HND)
+    or "nhd" (``(N, P, Hkv, E)``, vLLM's and FlashAttention's); ``page_size`` the only
+    page size the kernel accepts (None: any); with ``max_seqlen`` the kernel also takes
+    ``max_seqlen_q`` and ``max_seqlen_k``.
+    """
+
+    cache_layout: str = "hnd"
+    page_size: int | None = None
+    max_seqlen: bool = True
+
+
+def paged_batch_from_flags(get: Getter) -> PagedBatchClaim | None:
+    if get("paged_batch") is None:
+        if get("paged_batch_page_size") is not None:
+            raise UsageError("--paged-batch-page-size needs --paged-batch LAYOUT")
+        return None
+    return PagedBatchClaim(get("paged_batch"), get("paged_batch_page_size"))
 
 
 def rope_from_flags(get: Getter) -> RopeClaim | None:

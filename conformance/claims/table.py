@@ -29,8 +29,10 @@ from .family_claims import (
     MERGE_BASES,
     MERGE_LSE_LAYOUTS,
     MERGE_OUT_LAYOUTS,
+    PAGED_CACHE_LAYOUTS,
     linear_from_flags,
     merge_from_flags,
+    paged_batch_from_flags,
     rope_from_flags,
     sparse_from_flags,
 )
@@ -686,6 +688,44 @@ CLAIMS: tuple[Claim, ...] = (
         ),
         from_flags=merge_from_flags,
         shows_as=_merge_shows,
+    ),
+    Claim(
+        "paged_batch",
+        flags=(
+            Flag(
+                "--paged-batch",
+                "the kernel attends packed queries of many sequences over a paged cache "
+                "(PAGED-1), called fn(q (T, Hq, E), k_cache, v_cache, cu_seqlens_q=, "
+                "seqused_k=, block_table=, max_seqlen_q=, max_seqlen_k=), its cache pages "
+                "in this layout: hnd (N, Hkv, P, E) or nhd (N, P, Hkv, E); only the "
+                "paged-batch properties apply",
+                choices=PAGED_CACHE_LAYOUTS,
+                metavar="LAYOUT",
+            ),
+            Flag(
+                "--paged-batch-page-size",
+                "the only page size the paged-batch kernel accepts (default: any)",
+                type=int,
+                metavar="P",
+            ),
+        ),
+        from_flags=paged_batch_from_flags,
+        keywords=lambda d: (
+            ()
+            if d.paged_batch is None
+            else (
+                "cu_seqlens_q",
+                "seqused_k",
+                "block_table",
+                *(("max_seqlen_q", "max_seqlen_k") if d.paged_batch.max_seqlen else ()),
+            )
+        ),
+        remedy="--rename (e.g. seqused_k=cache_seqlens)",
+        shows_as=lambda d: (
+            None
+            if d.paged_batch is None or d.paged_batch.cache_layout == "hnd"
+            else "tokens-first pages"
+        ),
     ),
 )
 CLAIM_FLAGS: tuple[Flag, ...] = tuple(flag for claim in CLAIMS for flag in claim.flags)

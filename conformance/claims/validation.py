@@ -15,7 +15,12 @@ from typing import Any
 from ...backends import FLOAT_DTYPE_NAMES
 from ...reference.masks import CAUSAL_ALIGNMENTS
 from ...reference.positional import ROPE_LAYOUTS
-from .family_claims import MERGE_BASES, MERGE_LSE_LAYOUTS, MERGE_OUT_LAYOUTS
+from .family_claims import (
+    MERGE_BASES,
+    MERGE_LSE_LAYOUTS,
+    MERGE_OUT_LAYOUTS,
+    PAGED_CACHE_LAYOUTS,
+)
 
 # The types a field of each simple annotation takes (a bool is not an int here).
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
@@ -69,6 +74,20 @@ def _merge_invalid(value: Any) -> str | None:
     return None
 
 
+def _paged_batch_invalid(value: Any) -> str | None:
+    if value is None:
+        return None
+    if value.cache_layout not in PAGED_CACHE_LAYOUTS:
+        return (
+            f"paged_batch cache_layout={value.cache_layout!r}, but should be one of "
+            f"{PAGED_CACHE_LAYOUTS}"
+        )
+    size = value.page_size
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        return f"paged_batch page_size={size!r}, but should be None or an int >= 1"
+    return None
+
+
 def _dtypes_invalid(value: Any) -> str | None:
     if value is not None and (not value or any(d not in FLOAT_DTYPE_NAMES for d in value)):
         return f"dtypes={value!r}, but should be a non-empty subset of {FLOAT_DTYPE_NAMES}"
@@ -105,6 +124,7 @@ VALUE_CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "linear": _family_alignment_invalid,
     "rope": _rope_invalid,
     "merge": _merge_invalid,
+    "paged_batch": _paged_batch_invalid,
 }
 
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 KINDS = ("hypothesis", "fixed")
 
 
-PACKED_FAMILIES = ("varlen", "kv-cache", "rope", "merge")  # own calling conventions
+PACKED_FAMILIES = ("varlen", "kv-cache", "rope", "merge", "paged-batch")  # own calling conventions
 
 
 def always(declaration: KernelDeclaration) -> str | None:

@@ -244,6 +244,8 @@ def rebuild_source(
         declaration_names.add("RopeClaim")
     if declaration.merge is not None:
         declaration_names.add("MergeClaim")
+    if declaration.paged_batch is not None:
+        declaration_names.add("PagedBatchClaim")
     lines = []
     if environment:
         # set before the kernel's library is imported (Keras reads KERAS_BACKEND then)

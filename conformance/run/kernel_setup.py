@@ -153,7 +153,7 @@ def check_signature(fn: Callable[..., Any], declaration: KernelDeclaration, name
     # (FlashAttention's varlen does): the suite passes them by name
     given = (
         {keyword: None for keyword in suite_keywords(declaration)}
-        if declaration.family in ("varlen", "kv-cache")
+        if declaration.family in ("varlen", "kv-cache", "paged-batch")
         else {}
     )
     try:

@@ -22,6 +22,7 @@ from attnspec.conformance import (
     KernelDeclaration,
     LinearClaim,
     MergeClaim,
+    PagedBatchClaim,
     RopeClaim,
     SparseClaim,
 )
@@ -243,6 +244,8 @@ def _declarations() -> list[KernelDeclaration]:
         *(KernelDeclaration(rope=RopeClaim(pairing)) for pairing in ("interleaved", "half")),
         KernelDeclaration(merge=MergeClaim()),
         KernelDeclaration(merge=MergeClaim(base="2", out_layout="lhd", lse_layout="lh")),
+        KernelDeclaration(paged_batch=PagedBatchClaim()),
+        KernelDeclaration(paged_batch=PagedBatchClaim(cache_layout="nhd", page_size=16)),
     ]
     return declarations
 

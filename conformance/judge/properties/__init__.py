@@ -13,6 +13,7 @@ from . import (  # noqa: F401
     masking,
     merge,
     packed,
+    paged_batch,
     rope,
     scale,
     shapes,

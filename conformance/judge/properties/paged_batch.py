@@ -1,0 +1,258 @@
+"""PAGED-1 … PAGED-7: packed queries of many sequences over a paged cache, called as vLLM calls
+FlashAttention: ``fn(q, k_cache, v_cache, cu_seqlens_q=, seqused_k=, block_table=,
+max_seqlen_q=, max_seqlen_k=, is_causal=)``.
+
+A drawn batch mixes decode rows (one query), prefill chunks (the newest positions of a longer
+cache) and, in causal calls, sequences with more queries than keys (rows that see nothing);
+pages of 1 to 256 positions are drawn out of order from a pool, one page shared by two
+sequences, with stale values in every slot no sequence reaches.  Each sequence's rows are
+compared with TOL-2 of its own dense problem, bottom-right (PAGED-2, PAGED-7); and the
+memory past every valid length, NaN there included, must leave the output bit-identical
+(PAGED-5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from ....reference.tolerance import error_bound
+from ...claims.declaration import KernelDeclaration
+from ...draw import sizes
+from ...draw.strategies import draw_dtype, draw_rng, random_values
+from ..failures import KernelRaised, PropertyFailure
+from ..kernel import KernelUnderTest
+from ..registration import register
+
+SMALL_PAGE_SIZES = (1, 2, 3, 16)
+REALISTIC_PAGE_SIZES = (1, 16, 64, 256)  # the sizes upstream tests run
+REALISTIC_CACHE_LENGTHS = (1, 17, 63, 64, 65, 129, 255, 257, 1023)
+REALISTIC_HEAD_DIMS = (64, 128)
+
+
+def _paged_only(declaration: KernelDeclaration) -> str | None:
+    if declaration.family != "paged-batch":
+        return "the kernel is not declared a paged batch kernel (--paged-batch)"
+    return None
+
+
+@dataclass(frozen=True)
+class PagedCall:
+    """One call in the spec's layout, as float64 values exact in ``dtype``: ``q (T, Hq, E)``,
+    pages ``(N, Hkv, P, ·)``, and per sequence its query count, cached length and pages."""
+
+    q: np.ndarray
+    k_cache: np.ndarray
+    v_cache: np.ndarray
+    n_queries: tuple[int, ...]
+    n_keys: tuple[int, ...]
+    table: np.ndarray  # (B, M) int32
+    is_causal: bool
+    dtype: str
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.n_queries)]).astype(np.int32)
+
+    @property
+    def page_size(self) -> int:
+        return int(self.k_cache.shape[2])
+
+    def reached(self) -> np.ndarray:
+        """(N, P) True at the slots some sequence's valid positions occupy."""
+        reached = np.zeros(self.k_cache.shape[0:1] + self.k_cache.shape[2:3], bool)
+        for b, length in enumerate(self.n_keys):
+            for t in range(length):
+                reached[self.table[b, t // self.page_size], t % self.page_size] = True
+        return reached
+
+    def keys(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Sequence b's keys and values ``(Hkv, L_k, ·)`` in logical order (PAGED-1)."""
+        positions = np.arange(self.n_keys[b])
+        pages = self.table[b, positions // self.page_size]
+        slots = positions % self.page_size
+        return (
+            np.swapaxes(self.k_cache[pages, :, slots], 0, 1),
+            np.swapaxes(self.v_cache[pages, :, slots], 0, 1),
+        )
+
+    def describe(self) -> str:
+        return (
+            f"q {self.q.shape} {self.dtype}, pages {self.k_cache.shape} (N, Hkv, P, E), "
+            f"query lengths {list(self.n_queries)}, cached lengths {list(self.n_keys)}, "
+            f"{'causal' if self.is_causal else 'not causal'}"
+        )
+
+
+def _draw_call(data: st.DataObject, kernel: KernelUnderTest) -> PagedCall:
+    claim = kernel.declaration.paged_batch
+    assert claim is not None  # the properties apply only to a --paged-batch declaration
+    dtype = draw_dtype(data, kernel)
+    realistic = sizes.current().realistic
+    causal = kernel.declaration.causal and data.draw(st.booleans(), label="is_causal")
+    page = claim.page_size or data.draw(
+        st.sampled_from(REALISTIC_PAGE_SIZES if realistic else SMALL_PAGE_SIZES), label="P"
+    )
+    n_kv_heads = data.draw(st.integers(1, 2), label="Hkv")
+    n_q_heads = n_kv_heads * (
+        data.draw(st.integers(1, 3), label="G") if kernel.declaration.gqa else 1
+    )
+    head_dim = (
+        data.draw(st.sampled_from(REALISTIC_HEAD_DIMS), label="E")
+        if realistic
+        else data.draw(st.integers(1, 8), label="E")
+    )
+    n_queries, n_keys = [], []
+    for b in range(data.draw(st.integers(1, 3), label="B")):
+        length = (
+            data.draw(st.sampled_from(REALISTIC_CACHE_LENGTHS), label=f"L_k {b}")
+            if realistic
+            else data.draw(st.integers(0, 9), label=f"L_k {b}")
+        )
+        kinds = ["decode", "prefill", *(["longer"] if causal else [])]
+        kind = data.draw(st.sampled_from(kinds), label=f"sequence {b}")
+        if kind == "decode":
+            queries = 1
+        elif kind == "prefill":
+            queries = data.draw(st.integers(0, min(length, 32)), label=f"L_q {b}")
+        else:  # more queries than keys: the first rows see nothing (PAGED-3)
+            queries = length + data.draw(st.integers(1, 3), label=f"L_q - L_k {b}")
+        n_queries.append(queries)
+        n_keys.append(length)
+    pages_of = [-(-length // page) for length in n_keys]
+    width = max([1, *pages_of])
+    rng = draw_rng(data)
+    seeded = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="pages seed"))
+    n_pages = sum(pages_of) + 2  # two pages no sequence reaches
+    order = seeded.permutation(n_pages)
+    table = np.zeros((len(n_keys), width), np.int32)
+    used = 0
+    for b, count in enumerate(pages_of):
+        table[b, :count] = order[used : used + count]
+        table[b, count:] = order[-1]  # entries past the pages read: a page never read
+        used += count
+    if len(n_keys) > 1 and pages_of[0] and pages_of[1]:
+        table[1, 0] = table[0, 0]  # a page shared by two sequences (a common prefix)
+    q = random_values(kernel, rng, (sum(n_queries) + 1, n_q_heads, head_dim), dtype)
+    k_cache = random_values(kernel, rng, (n_pages, n_kv_heads, page, head_dim), dtype)
+    v_cache = random_values(kernel, rng, (n_pages, n_kv_heads, page, head_dim), dtype)
+    return PagedCall(q, k_cache, v_cache, tuple(n_queries), tuple(n_keys), table, causal, dtype)
+
+
+def _run(kernel: KernelUnderTest, call: PagedCall) -> np.ndarray:
+    """The kernel's output ``(T, Hq, Ev)`` as float64, after PAGED-1's shape and dtype
+    checks."""
+    claim = kernel.declaration.paged_batch
+    assert claim is not None  # the properties apply only to a --paged-batch declaration
+    backend = kernel.backend
+    k_cache, v_cache = call.k_cache, call.v_cache
+    if claim.cache_layout == "nhd":
+        k_cache, v_cache = np.swapaxes(k_cache, 1, 2), np.swapaxes(v_cache, 1, 2)
+    keywords: dict[str, Any] = {
+        "cu_seqlens_q": backend.asarray(call.offsets),
+        "seqused_k": backend.asarray(np.asarray(call.n_keys, np.int32)),
+        "block_table": backend.asarray(call.table),
+    }
+    if claim.max_seqlen:
+        keywords["max_seqlen_q"] = max(call.n_queries)
+        keywords["max_seqlen_k"] = max(call.n_keys)
+    if kernel.declaration.causal:
+        keywords["is_causal"] = call.is_causal
+    arrays = tuple(backend.asarray(a, call.dtype) for a in (call.q, k_cache, v_cache))
+    try:
+        out = kernel.call_raw(arrays, {**kernel.declaration.extra_kwargs, **keywords})
+    except Exception as exc:
+        raise KernelRaised(
+            f"the paged kernel raised {type(exc).__name__}: {str(exc)[:300]} "
+            f"[call: {call.describe()}]"
+        ) from exc
+    shape = (call.q.shape[0], call.q.shape[1], call.v_cache.shape[-1])
+    if (
+        not backend.is_array(out)
+        or tuple(out.shape) != shape
+        or out.dtype != backend.dtype(call.dtype)
+    ):
+        shown = (
+            f"shape {tuple(out.shape)}, dtype {out.dtype}"
+            if backend.is_array(out)
+            else type(out).__name__
+        )
+        raise PropertyFailure(
+            f"the paged kernel returned {shown}, but should return one array of shape {shape} "
+            f"(T_q, Hq, Ev) in {call.dtype} (PAGED-1) [call: {call.describe()}]"
+        )
+    return kernel.numpy(out)
+
+
+@register("paged-batch-matches-reference", "PAGED-7", applies=_paged_only)
+def paged_batch_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Decode rows, prefill chunks and (causal) sequences with more queries than keys, over
+    shuffled and shared pages of 1 to 256 positions: each sequence's rows within TOL-2 of
+    its own problem, bottom-right with its own lengths (PAGED-2, PAGED-3).  A kernel that
+    ignores the block table, reads a partial last page whole, aligns with the batch's
+    largest lengths or top-left is outside it."""
+    call = _draw_call(data, kernel)
+    out = _run(kernel, call)
+    offsets = call.offsets
+    for b in range(len(call.n_queries)):
+        rows = out[offsets[b] : offsets[b + 1]]
+        keys, values = call.keys(b)
+        queries = np.swapaxes(call.q[offsets[b] : offsets[b + 1]], 0, 1)
+        bound = error_bound(
+            queries,
+            keys,
+            values,
+            dtype=call.dtype,
+            is_causal=call.is_causal,
+            causal_alignment="bottom_right",
+            weights=False,
+        )
+        expected = np.swapaxes(np.asarray(bound.out), 0, 1)
+        tolerance = np.swapaxes(np.asarray(bound.out_tolerance), 0, 1)
+        with np.errstate(invalid="ignore"):
+            outside = ~(np.abs(rows - expected) <= tolerance)
+        if outside.any():
+            row, head, column = (int(i) for i in np.argwhere(outside)[0])
+            raise PropertyFailure(
+                f"out[{int(offsets[b]) + row}, {head}, {column}] = {rows[row, head, column]!r} "
+                f"(row {row} of sequence {b}: {call.n_queries[b]} queries on "
+                f"{call.n_keys[b]} cached keys), but should be {expected[row, head, column]!r} "
+                f"within {tolerance[row, head, column]:.3g} (PAGED-2, PAGED-7); "
+                f"{int(outside.sum())} of {outside.size} elements of that sequence outside "
+                f"[call: {call.describe()}]"
+            )
+
+
+@register("paged-batch-ignores-padding", "PAGED-5", applies=_paged_only)
+def paged_batch_ignores_padding(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Cache slots past every sequence's length, pages no table reaches and query rows past
+    cu_seqlens_q[-1] holding NaN instead of zeros leave every valid output row
+    bit-identical: a kernel that masks those slots' scores but multiplies their values by
+    a weight of 0 (0 * NaN) is caught."""
+    call = _draw_call(data, kernel)
+    reached = call.reached()
+    valid = int(call.offsets[-1])
+
+    def filled(value: float) -> PagedCall:
+        k_cache, v_cache, q = call.k_cache.copy(), call.v_cache.copy(), call.q.copy()
+        k_cache[~reached[:, None, :].repeat(k_cache.shape[1], 1)] = value
+        v_cache[~reached[:, None, :].repeat(v_cache.shape[1], 1)] = value
+        q[valid:] = value
+        return PagedCall(
+            q, k_cache, v_cache, call.n_queries, call.n_keys, call.table, call.is_causal, call.dtype
+        )
+
+    clean = _run(kernel, filled(0.0))[:valid]
+    dirty = _run(kernel, filled(float("nan")))[:valid]
+    differs = ~((clean == dirty) | (np.isnan(clean) & np.isnan(dirty)))
+    if differs.any():
+        at = tuple(int(i) for i in np.argwhere(differs)[0])
+        raise PropertyFailure(
+            f"out[{at}] = {dirty[at]!r} with NaN in the memory past the valid lengths, but "
+            f"{clean[at]!r} with zeros there: memory no sequence reaches must not influence "
+            f"the output (PAGED-5); {int(differs.sum())} elements differ "
+            f"[call: {call.describe()}]"
+        )
