@@ -387,6 +387,18 @@ def stale_files(wheel: Path, root: Path = ROOT) -> list[str]:
             relative = source.relative_to(root).as_posix()
             if relative not in hashes:
                 stale.append(f"{relative} is new")
+    # a package folder of the tree that the wheel lacks altogether: building again does not
+    # help while pyproject.toml's list of packages does not name it
+    tops = {Path(r).parts[0] for r in hashes if len(Path(r).parts) > 1 and r.endswith(".py")}
+    for top in sorted(tops):
+        for init in sorted((root / top).rglob("__init__.py")):
+            folder = init.parent.relative_to(root)
+            if folder not in folders:
+                package = ".".join(("attnspec", *folder.parts))
+                stale.append(
+                    f"{folder.as_posix()}/ is not in the wheel: is {package} among "
+                    "pyproject.toml's [tool.setuptools] packages?"
+                )
     return stale
 
 

@@ -201,6 +201,15 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return tree, wheels
 
 
+def test_the_wheel_holds_every_package_of_the_tree(built: tuple[Path, Path]) -> None:
+    """pyproject.toml lists attnspec's packages one by one (the repository root is the
+    package): a subpackage missing there is missing from every installed, non-editable
+    attnspec, the device run's included, while the editable checkout imports it fine."""
+    tree, wheels = built
+    (wheel,) = wheels.glob("attnspec-*.whl")
+    assert device_run.stale_files(wheel, tree) == []
+
+
 def test_a_stale_attnspec_wheel_is_caught(built: tuple[Path, Path], tmp_path: Path) -> None:
     tree, wheels = built
     (wheel,) = wheels.glob("attnspec-*.whl")
@@ -210,10 +219,13 @@ def test_a_stale_attnspec_wheel_is_caught(built: tuple[Path, Path], tmp_path: Pa
     (edited / "backends" / "added.py").write_text("", encoding="utf-8")
     gone = next(p for p in sorted((edited / "backends").glob("*.py")) if p.name != "added.py")
     gone.unlink()
+    (edited / "reference" / "unlisted").mkdir()
+    (edited / "reference" / "unlisted" / "__init__.py").write_text("", encoding="utf-8")
     stale = device_run.stale_files(wheel, edited)
     assert "reference/__init__.py changed" in stale
     assert "backends/added.py is new" in stale
     assert f"backends/{gone.name} is gone" in stale
+    assert any(s.startswith("reference/unlisted/ is not in the wheel") for s in stale), stale
 
 
 def test_the_install_puts_the_carried_wheels_first(
