@@ -215,7 +215,7 @@ def _jax_configure(xp: ModuleType, config: Mapping[str, Any]) -> list[str]:
             raise ValueError(f"config key {name!r}, but should be one of {JAX_SETTINGS}")
         before = getattr(jax.config, name)
         if before != value:
-            jax.config.update(name, value)  # type: ignore[no-untyped-call]
+            jax.config.update(name, value)
             changes.append(f"{name}: {before!r} -> {value!r}")
     return changes
 
@@ -265,7 +265,7 @@ def _jax_describe(xp: ModuleType) -> str:
 def _jax_dtypes(xp: ModuleType, device: Any) -> tuple[str, ...]:
     import jax
 
-    if jax.config.read("jax_enable_x64"):  # type: ignore[no-untyped-call]
+    if jax.config.read("jax_enable_x64"):
         return FLOAT_DTYPE_NAMES
     return tuple(name for name in FLOAT_DTYPE_NAMES if name != "float64")
 

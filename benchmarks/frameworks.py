@@ -179,7 +179,7 @@ class MemoryProbe:
             return max(0, _proc_status("VmHWM") - self._baseline)
         import torch
 
-        return max(0, torch.cuda.max_memory_allocated(self.backend.device) - self._baseline)
+        return max(0, int(torch.cuda.max_memory_allocated(self.backend.device)) - self._baseline)
 
 
 def memory_available(backend: Backend) -> int | None:

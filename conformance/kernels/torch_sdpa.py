@@ -77,8 +77,7 @@ def one_batch_dim(kernel: Callable[..., Any]) -> Callable[..., Any]:
     def flattened(q: Any, k: Any, v: Any, /, attn_mask: Any = None, **options: Any) -> Any:
         import torch
 
-        # torch.broadcast_shapes is published without annotations
-        batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])  # type: ignore[no-untyped-call]
+        batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
 
         def flat(x: Any, tail: tuple[int, ...]) -> Any:
             return x.expand(*batch, *tail).reshape(math.prod(batch), *tail)

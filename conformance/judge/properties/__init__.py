@@ -12,11 +12,11 @@ from . import (  # noqa: F401
     masked_values,
     masking,
     merge,
-    packed,
     paged_batch,
     rope,
     scale,
     shapes,
     softmax,
     sparse,
+    varlen_kv_cache,
 )

@@ -1,5 +1,5 @@
 """VARLEN-1 … VARLEN-4 and KVCACHE-1 … KVCACHE-5: packed sequences and KV caches, called in
-their libraries' conventions (conformance/packed.py) and compared, sequence by sequence,
+their libraries' conventions (judge/packed_calls.py) and compared, sequence by sequence,
 with the dense definition of that sequence alone.
 
 Batches have ragged lengths, empty sequences, GQA, causal calls, explicit scales and the

@@ -1,0 +1,148 @@
+"""Every combination of optional extras imports and type-checks (issue 30).
+
+The package needs only its core dependencies (pyproject's ``dependencies``); the libraries of
+the extras (torch, jax, cupy, matplotlib for ``bench``, flax, keras, the third-party
+kernels) are imported inside the functions that use them.  Two checks prove it, both cheap:
+
+- importing every module of the package with every optional library blocked
+  (``sys.modules[name] = None`` makes ``import name`` raise ImportError) succeeds;
+- mypy reads every optional library as missing, installed or not (``follow_imports =
+  "skip"`` with ``ignore_missing_imports``), so the one ``mypy --strict`` run of
+  scripts/typecheck (tests/test_project_rules.py) sees what a run without any extra sees:
+  passing there is passing in every combination.  Without ``skip``, an installed library's
+  types are checked and a run without it differs (an ``Any`` returned where ``int`` is
+  declared, a ``type: ignore`` left unused), which is how ``mypy --strict`` failed in an
+  environment without the bench extra.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+
+import pytest
+from test_architecture import ROOT, package_modules
+
+# What the package may import at module level: its core dependencies (their import names),
+# and pytest, which only the pytest plugin imports (pytest loads it; it needs no extra).
+CORE = {"numpy", "array_api_compat", "array_api_extra", "hypothesis"}
+PLUGIN_ONLY = {"pytest": "conformance.pytest_plugin"}
+tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11")
+
+
+def imported_libraries() -> dict[str, set[str]]:
+    """Each third-party library the package imports (top-level name) -> the modules that do."""
+    found: dict[str, set[str]] = {}
+    for module, (path, _) in package_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.partition(".")[0]
+                if top not in sys.stdlib_module_names and top != "attnspec":
+                    found.setdefault(top, set()).add(module)
+    return found
+
+
+def optional_libraries() -> list[str]:
+    return sorted(set(imported_libraries()) - CORE - set(PLUGIN_ONLY))
+
+
+def test_core_dependencies_are_pyprojects() -> None:
+    """CORE is pyproject's ``dependencies`` (by import name), so the checks below block
+    every library that is not one."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]
+    names = {dep.split(">")[0].split("=")[0].strip() for dep in project["dependencies"]}
+    assert {name.replace("-", "_") for name in names} == CORE
+
+
+def test_only_the_plugin_imports_pytest() -> None:
+    """pytest is not a dependency: only the pytest plugin (loaded by pytest) may import it."""
+    users = imported_libraries()
+    for library, module in PLUGIN_ONLY.items():
+        assert users.get(library, set()) <= {module}, users[library]
+
+
+def test_every_module_imports_without_the_optional_extras() -> None:
+    """With every optional library blocked, each module of the package imports: they are
+    imported only inside the functions that use them (matplotlib only where a figure is
+    drawn, torch only where a torch kernel is called)."""
+    blocked = optional_libraries()
+    assert {"matplotlib", "torch", "jax"} <= set(blocked), blocked  # the checker sees them
+    modules = sorted(
+        f"attnspec.{name}" if name else "attnspec"
+        for name in package_modules()
+        if name != PLUGIN_ONLY["pytest"]
+    )
+    script = (
+        "import importlib, json, sys\n"
+        f"for name in {blocked!r}:\n"
+        "    sys.modules[name] = None\n"
+        "failed = {}\n"
+        f"for module in {modules!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(module)\n"
+        "    except Exception as exc:\n"
+        "        failed[module] = f'{type(exc).__name__}: {exc}'\n"
+        "print(json.dumps(failed))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd="/"
+    )
+    assert done.returncode == 0, done.stderr
+    failed = json.loads(done.stdout.splitlines()[-1])
+    assert not failed, "modules that need an optional extra to import:\n" + "\n".join(
+        f"{module}: {error}" for module, error in failed.items()
+    )
+
+
+def _mypy_overrides() -> list[dict[str, object]]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
+    overrides: list[dict[str, object]] = config["tool"]["mypy"]["overrides"]
+    return overrides
+
+
+def _matches(module: str, pattern: str) -> bool:
+    """mypy's rule: ``a.*`` names ``a`` and every module below it."""
+    if pattern.endswith(".*"):
+        return module == pattern[:-2] or module.startswith(pattern[:-1])
+    return module == pattern
+
+
+def _override_of(module: str) -> dict[str, object]:
+    """The settings mypy applies to ``module`` (the overrides naming it, merged)."""
+    settings: dict[str, object] = {}
+    for override in _mypy_overrides():
+        patterns = override["module"]
+        patterns = [patterns] if isinstance(patterns, str) else patterns
+        assert isinstance(patterns, list)
+        if any(_matches(module, p) for p in patterns):
+            settings.update(override)
+    return settings
+
+
+def test_mypy_reads_every_optional_library_as_missing() -> None:
+    """Each optional library, and its submodules, is ``follow_imports = "skip"`` and
+    ``ignore_missing_imports`` for mypy: the same ``Any`` whether its extra is installed or
+    not, so scripts/typecheck passing proves ``mypy --strict`` passes without any extra."""
+    wrong = []
+    for library in optional_libraries():
+        for module in (library, f"{library}.sub"):
+            settings = _override_of(module)
+            if settings.get("follow_imports") != "skip" or not settings.get(
+                "ignore_missing_imports"
+            ):
+                wrong.append(module)
+    assert not wrong, f"not read as missing by mypy (pyproject's [tool.mypy] overrides): {wrong}"
+
+
+def test_override_matching_finds_a_library_left_out() -> None:
+    """The check above fails for a library no override names (here: one made up)."""
+    assert _override_of("attnspec_made_up_library") == {}
+    assert _override_of("torch.nn")["follow_imports"] == "skip"
