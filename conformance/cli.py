@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -234,12 +236,19 @@ def setup_from(args: argparse.Namespace) -> KernelSetup:
 
 
 class ProgressDisplay:
-    """One line per property on stderr: rewritten in place on a terminal, appended otherwise."""
+    """Progress on stderr.  On a terminal, one line rewritten in place: property n of N,
+    the failures so far and the wall time elapsed.  Piped, or in CI (``CI`` set), plain
+    lines: one as each property starts (so a log shows which one hangs) and one with its
+    verdict, the failures so far and the elapsed time."""
 
-    def __init__(self, total: int, stream: TextIO, label: str = "") -> None:
+    def __init__(
+        self, total: int, stream: TextIO, label: str = "", *, clock: Any = time.monotonic
+    ) -> None:
         self.total, self.stream, self.label = total, stream, label
-        self.started = self.done = 0
-        self.tty = stream.isatty()
+        self.started = self.done = self.failed = 0
+        self.tty = stream.isatty() and not os.environ.get("CI")
+        self.clock = clock
+        self.began = clock()
 
     def __call__(self, prop: Property, verdict: Verdict | None) -> None:
         # a start is numbered by starts, an end by ends (with --jobs they interleave)
@@ -247,24 +256,26 @@ class ProgressDisplay:
             self.started += 1
         else:
             self.done += 1
+            self.failed += verdict.status in (FAILED, WARNING)
+        elapsed = self.clock() - self.began
+        if self.tty:
+            running = f", running {prop.id}" if verdict is None else ""
+            self._write(
+                f"\r\033[K{self.label}property {self.done} of {self.total}, "
+                f"{self.failed} failed so far, {elapsed:.0f}s elapsed{running}"
+            )
+            if self.done == self.total and verdict is not None:
+                self._write("\r\033[K")
+            return
         number = self.started if verdict is None else self.done
         position = f"[{number:>{len(str(self.total))}}/{self.total}]"
-        if verdict is None:  # on a log, a property that hangs is the last one named
-            start = f"{self.label}{position} {prop.id} ({prop.clause}) ..."
-            self._write(f"\r\033[K{start}" if self.tty else start + "\n")
+        if verdict is None:
+            self._write(f"{self.label}{position} {prop.id} ({prop.clause}) ...\n")
             return
-        line = (
+        self._write(
             f"{self.label}{position} {prop.id} ({prop.clause}): {verdict.status} "
-            f"({verdict.seconds:.1f}s)"
+            f"({verdict.seconds:.1f}s; {self.failed} failed so far, {elapsed:.0f}s elapsed)\n"
         )
-        if not self.tty:
-            self._write(line + "\n")
-        elif verdict.status in (FAILED, WARNING):
-            self._write(f"\r\033[K{line}\n")  # keep failures on screen
-        else:
-            self._write(f"\r\033[K{line}")
-        if self.tty and self.done == self.total:
-            self._write("\r\033[K")
 
     def _write(self, text: str) -> None:
         self.stream.write(text)

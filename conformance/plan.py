@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..backends import FLOAT_DTYPE_NAMES
 from .call.side_effects import hypothesis_storage_elsewhere
 from .draw.sizes import SizeLimits
 from .judge.diagnosis import from_lines
@@ -25,7 +27,7 @@ from .judge.failures import KERNEL_RAISED
 from .judge.kernel import KernelUnderTest
 from .judge.registry import Property
 from .judge.reproduce import rerun_command
-from .judge.verdict import FAILED, WARNING, Report, Verdict
+from .judge.verdict import FAILED, NOT_APPLICABLE, WARNING, Report, Verdict
 from .kernels.known import target_write_ups
 from .report import render
 from .report.files import ReportFiles, Rerun, interruption, still_running
@@ -195,6 +197,7 @@ def execute(
     incomplete and, ``interruptible``, ends the run with the verdicts so far; otherwise it
     is raised after the files are written."""
     total = len(plan.properties)
+    started = time.perf_counter()
     files = plan.report_files()
     session = plan.session(kernel)
     with hypothesis_storage_elsewhere(), session:
@@ -231,6 +234,7 @@ def execute(
                 files.write(report, rerun)
                 raise
         finish_report(report, session, partial=plan.partial)
+        report.wall_seconds = time.perf_counter() - started
     files.write(report, rerun)
     return Execution(report, rerun, files.errors)
 
@@ -259,3 +263,35 @@ def finish_report(report: Report, session: Session, *, partial: bool) -> None:
         report.hints.extend(hints)
         report.causes.extend(causes)
     report.claim = render.claim_line(report, kernel.declaration, kernel.dtypes, partial=partial)
+    report.not_checked = not_checked(report, kernel.declaration.dtypes, kernel.dtypes, partial)
+
+
+def not_checked(
+    report: Report,
+    declared: Sequence[str] | None,
+    checked: Sequence[str],
+    partial: bool,
+) -> list[str]:
+    """What the run did not check, each with why: the dtypes not checked (not declared, or
+    the backend cannot express them: NumPy has no bfloat16), the properties of features
+    the kernel does not declare, the clauses it waives, the properties --only/--skip left
+    out."""
+    unchecked = []
+    for dtype in FLOAT_DTYPE_NAMES:
+        if dtype in checked:
+            continue
+        if declared is not None and dtype not in declared:
+            unchecked.append(f"{dtype} (not declared)")
+        else:
+            unchecked.append(f"{dtype} ({report.backend} cannot express it)")
+    undeclared = [v.property for v in report.verdicts if v.status == NOT_APPLICABLE]
+    if undeclared:
+        unchecked.append(
+            f"{len(undeclared)} properties of features not declared or not applicable "
+            f"({', '.join(undeclared)})"
+        )
+    if report.waived:
+        unchecked.append(f"{', '.join(report.waived)} (waived by the declaration, CONF-7)")
+    if partial:
+        unchecked.append("the properties --only/--skip left out")
+    return unchecked

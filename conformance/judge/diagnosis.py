@@ -185,7 +185,7 @@ def float64_computed_in_float32(kernel: KernelUnderTest) -> Cause | None:
         ),
         hint=(
             f"if it supports only lower precisions, declare them: --dtype {','.join(others)} "
-            f"(dtypes=({', '.join(repr(d) for d in others)},)); otherwise compute float64 "
+            f"(dtypes={tuple(others)!r}); otherwise compute float64 "
             "inputs in float64"
             if others
             else "compute float64 inputs in float64"

@@ -70,6 +70,10 @@ class Report:
     hints: list[str] = field(default_factory=list)
     # root causes the diagnosis probes established after properties failed
     causes: list[Cause] = field(default_factory=list)
+    # what the run did not check, each with why (dtypes, undeclared features, skipped)
+    not_checked: list[str] = field(default_factory=list)
+    # the wall time of the run in seconds (the properties may run at once), 0 unknown
+    wall_seconds: float = 0.0
     # Why not every selected property has a verdict (interrupted, still running); "" when
     # the run finished.  An incomplete report supports no conformance claim (CONF-6).
     incomplete: str = ""

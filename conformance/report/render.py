@@ -80,7 +80,7 @@ def _one_line(text: str, width: int = DETAIL_WIDTH) -> str:
 def summary_line(report: Report) -> str:
     """ "conforms" or "DOES NOT CONFORM", then the count of each verdict."""
     tally = counts(report)
-    seconds = sum(v.seconds for v in report.verdicts)
+    seconds = report.wall_seconds or sum(v.seconds for v in report.verdicts)
     if report.incomplete:  # CONF-6: no verdict on conformance either way
         outcome = f"INCOMPLETE ({report.incomplete})"
     elif report.conforms:
@@ -96,7 +96,7 @@ def summary_line(report: Report) -> str:
         f"{tally[PASSED]} passed, {tally[NOT_APPLICABLE]} not applicable"
         f"{f', {tally[WAIVED]} waived' if tally[WAIVED] else ''} "
         f"({len(report.verdicts)} propert{'y' if len(report.verdicts) == 1 else 'ies'}, "
-        f"{seconds:.1f} s)"
+        f"{seconds:.1f} s{' wall time' if report.wall_seconds else ''})"
     )
 
 
@@ -473,11 +473,16 @@ def format_table(
     )
     lines.extend(["", render(header), render((*("-" * w for w in widths), ""))])
     lines.extend(render(row) for row in rows)
-    lines.extend(["", summary_line(report)])
+    lines.extend(["", not_checked_line(report), summary_line(report)])
     lines.extend(f"hint: {hint}" for hint in report.hints)
     if report.claim:
         lines.append(report.claim)
     return "\n".join(lines)
+
+
+def not_checked_line(report: Report) -> str:
+    """ "not checked: ..." (``Report.not_checked``), in every report."""
+    return "not checked: " + ("; ".join(report.not_checked) or "nothing left out")
 
 
 def report_dict(
@@ -707,7 +712,7 @@ def to_markdown(
                 f"- reproduction: {len(v.reproduction)} characters, in the JSON "
                 "report (--json PATH)"
             )
-    lines.extend(["", summary_line(report)])
+    lines.extend(["", summary_line(report), "", not_checked_line(report)])
     lines.extend(f"- hint: {hint}" for hint in report.hints)
     if report.claim:
         lines.extend(["", report.claim])

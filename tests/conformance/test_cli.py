@@ -893,31 +893,43 @@ def _prop(property_id: str = "p", clause: str = "SDPA-2.1") -> object:
     return type("P", (), {"id": property_id, "clause": clause})()
 
 
-def test_progress_display_plain_and_terminal() -> None:
+def test_progress_display_plain_and_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     """Progress: when piped, a line as each property starts (so a log shows which one
-    hangs) and one with its verdict; rewritten lines on a terminal."""
+    hangs) and one with its verdict, the failures so far and the wall time; on a terminal
+    one line rewritten in place (property n of N, failures so far, elapsed wall time);
+    in CI plain lines even on a terminal."""
+    ticks = iter(range(100))
     plain = io.StringIO()
-    display = cli.ProgressDisplay(2, plain)
-    for name in ("a", "b"):
-        display(_prop(name), None)  # type: ignore[arg-type]
-        display(_prop(name), Verdict(name, "SDPA-2.1", "MUST", PASSED))  # type: ignore[arg-type]
+    display = cli.ProgressDisplay(2, plain, clock=lambda: 10.0 * next(ticks))
+    display(_prop("a"), None)  # type: ignore[arg-type]
+    display(_prop("a"), Verdict("a", "SDPA-2.1", "MUST", PASSED))  # type: ignore[arg-type]
+    display(_prop("b"), None)  # type: ignore[arg-type]
+    display(_prop("b"), Verdict("b", "SDPA-2.1", "MUST", FAILED))  # type: ignore[arg-type]
     assert plain.getvalue().splitlines() == [
         "[1/2] a (SDPA-2.1) ...",
-        "[1/2] a (SDPA-2.1): passed (0.0s)",
+        "[1/2] a (SDPA-2.1): passed (0.0s; 0 failed so far, 20s elapsed)",
         "[2/2] b (SDPA-2.1) ...",
-        "[2/2] b (SDPA-2.1): passed (0.0s)",
+        "[2/2] b (SDPA-2.1): failed (0.0s; 1 failed so far, 40s elapsed)",
     ]
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
             return True
 
+    monkeypatch.delenv("CI", raising=False)
     terminal = Terminal()
-    display = cli.ProgressDisplay(1, terminal)
+    display = cli.ProgressDisplay(1, terminal, clock=lambda: 5.0)
     display(_prop("a"), None)  # type: ignore[arg-type]
-    display(_prop("a"), Verdict("a", "SDPA-2.1", "MUST", PASSED))  # type: ignore[arg-type]
-    assert "\r\033[K[1/1] a (SDPA-2.1) ..." in terminal.getvalue()
+    assert terminal.getvalue().endswith(
+        "\r\033[Kproperty 0 of 1, 0 failed so far, 0s elapsed, running a"
+    )
+    display(_prop("a"), Verdict("a", "SDPA-2.1", "MUST", FAILED))  # type: ignore[arg-type]
+    assert "property 1 of 1, 1 failed so far" in terminal.getvalue()
     assert "\n" not in terminal.getvalue() and terminal.getvalue().endswith("\r\033[K")
+    monkeypatch.setenv("CI", "true")
+    ci = Terminal()
+    cli.ProgressDisplay(1, ci)(_prop("a"), None)  # type: ignore[arg-type]
+    assert ci.getvalue() == "[1/1] a (SDPA-2.1) ...\n"
 
 
 def _report(strict: bool = False) -> Report:

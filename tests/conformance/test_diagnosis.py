@@ -207,3 +207,15 @@ def test_headings_name_the_declared_alignment() -> None:
     text = format_table(report)
     assert "SDPA-4.2: Bottom-right causal alignment" in text
     assert "Top-left causal alignment" not in text
+
+
+def test_every_report_says_what_was_not_checked_and_the_wall_time() -> None:
+    """CONF-6, SDPA-1.4: the report names the dtypes the backend cannot express (NumPy
+    has no bfloat16), the properties of undeclared features and those --only left out;
+    the summary gives the wall time of the run."""
+    report = check(CORRECT[0].fn, only="default-scale,dropout-zero")
+    text = format_table(report)
+    [line] = [line for line in text.splitlines() if line.startswith("not checked: ")]
+    assert "bfloat16 (numpy cannot express it)" in line
+    assert "dropout-zero" in line and "--only/--skip" in line
+    assert report.wall_seconds > 0 and " s wall time)" in text
