@@ -51,6 +51,7 @@ FEATURE_WORDS = frozenset(
         "tokens-first outputs",
         "tokens-first log-sum-exp",
         "tokens-first pages",
+        "sinks",
     }
 )
 _NUMBER = r"[1-9][0-9]*"

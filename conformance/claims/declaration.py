@@ -98,6 +98,8 @@ class KernelDeclaration:
     rope: RopeClaim | None = None
     merge: MergeClaim | None = None
     paged_batch: PagedBatchClaim | None = None
+    sinks: bool = False
+    sinks_keyword: str = "sinks"
 
     def __post_init__(self) -> None:
         check_fields((f.name, str(f.type), getattr(self, f.name)) for f in fields(self))

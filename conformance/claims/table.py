@@ -727,6 +727,32 @@ CLAIMS: tuple[Claim, ...] = (
             else "tokens-first pages"
         ),
     ),
+    Claim(
+        "sinks",
+        flags=(
+            Flag(
+                "--sinks",
+                "the kernel takes one sink logit per query head, float32 (Hq,), added to "
+                "every row's softmax denominator unscaled and without a value (SINK-1; "
+                "gpt-oss, vLLM's s_aux, FlashAttention 4's learnable_sink)",
+                kind="bool",
+            ),
+        ),
+        keywords=lambda d: (d.sinks_keyword,) if _dense(d) and d.sinks else (),
+        remedy="--no-sinks, or --sinks-keyword NAME",
+        shows_as=_when("sinks", "sinks"),
+    ),
+    Claim(
+        "sinks_keyword",
+        flags=(
+            Flag(
+                "--sinks-keyword",
+                "keyword of the sink logits (default sinks); implies --sinks",
+                metavar="NAME",
+            ),
+        ),
+        implies={"sinks": True},
+    ),
 )
 CLAIM_FLAGS: tuple[Flag, ...] = tuple(flag for claim in CLAIMS for flag in claim.flags)
 

@@ -229,6 +229,7 @@ def _declarations() -> list[KernelDeclaration]:
         alibi_builtin_slopes=True,
         returns_lse=True,
         dropout=True,
+        sinks=True,
     )
     declarations = [
         every,

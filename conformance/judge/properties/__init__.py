@@ -16,6 +16,7 @@ from . import (  # noqa: F401
     rope,
     scale,
     shapes,
+    sinks,
     softmax,
     sparse,
     varlen_kv_cache,

@@ -1,0 +1,110 @@
+"""SINK-1 … SINK-3 and SINK-5: sink logits, one per query head, in every row's softmax
+denominator with no value (gpt-oss; vLLM's ``s_aux``, FlashAttention 4's ``learnable_sink``).
+
+Problems are drawn as for the dense properties (masks, bias, causal calls of the declared
+alignment, GQA, explicit scales, rows with no allowed key) and the kernel gets the sink logits
+``(Hq,)`` in float32 under its sinks keyword on top of the problem's own arguments.  The output
+is compared with SINK-1 evaluated in float64 within SINK-5's bound: TOL-2 with the sink as one
+more key whose score is the sink and whose value is 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+from ....reference.tolerance_serving import sink_error_bound
+from ...call.problem import Problem
+from ...draw.strategies import ALWAYS, draw_problem
+from ..failures import KernelRaised, PropertyFailure
+from ..kernel import KernelUnderTest
+from ..registration import needs, register
+
+# Sinks near the scores, far above them (the sink takes almost every row's whole weight) and
+# far below (almost no effect), as trained gpt-oss sinks span
+SINK_SCALES = (1.0, 8.0)
+SINK_SHIFTS = (0.0, 6.0, -30.0)
+
+
+def _draw_sinks(data: st.DataObject, n_heads: int) -> np.ndarray:
+    scale = data.draw(st.sampled_from(SINK_SCALES), label="sink spread")
+    shift = data.draw(st.sampled_from(SINK_SHIFTS), label="sink shift")
+    seeded = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="sinks seed"))
+    # float64 values exact in float32: the sinks are passed as float32
+    return (seeded.standard_normal(n_heads) * scale + shift).astype(np.float32).astype(np.float64)
+
+
+def _check(kernel: KernelUnderTest, problem: Problem, sinks: np.ndarray) -> None:
+    decl = kernel.declaration
+    args, keywords = kernel.arguments(problem)
+    keywords[decl.sinks_keyword] = kernel.backend.asarray(sinks, "float32")
+    shown = np.array2string(sinks, precision=4, separator=", ")
+    try:
+        raw = kernel.call_raw(args, keywords)
+    except Exception as exc:
+        raise KernelRaised(
+            f"the kernel raised {type(exc).__name__} with sinks {shown}: {str(exc)[:300]}",
+            problem,
+            kernel,
+        ) from exc
+    out = kernel.numpy(kernel.results(raw, problem)[0])
+    batch = np.broadcast_shapes(problem.q.shape[:-3], problem.k.shape[:-3], problem.v.shape[:-3])
+
+    def full(a: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(a, (*batch, *a.shape[-3:]))
+
+    bound = sink_error_bound(
+        full(problem.q),
+        full(problem.k),
+        full(problem.v),
+        sinks,
+        dtype=problem.dtype,
+        mask=problem.mask,
+        bias=problem.bias,
+        is_causal=problem.is_causal,
+        causal_alignment=decl.causal_alignment,
+        scale=problem.scale,
+    )
+    expected, tolerance = np.asarray(bound.out), np.asarray(bound.out_tolerance)
+    if out.shape != expected.shape:
+        raise PropertyFailure(
+            f"with sinks the output has shape {out.shape}, but should have {expected.shape} "
+            f"(SDPA-1.3, SINK-1)",
+            problem,
+            kernel,
+        )
+    with np.errstate(invalid="ignore"):
+        outside = ~(np.abs(out - expected) <= tolerance)
+    if outside.any():
+        at = tuple(int(i) for i in np.argwhere(outside)[0])
+        head = at[-3]
+        raise PropertyFailure(
+            f"with sink logits {shown} (one per query head), out[{at}] = {out[at]!r}, but "
+            f"should be {expected[at]!r} within {tolerance[at]:.3g} (SINK-1, SINK-5: the "
+            f"sink {sinks[head]:g} of head {head} joins the row's denominator, unscaled and "
+            f"without a value); {int(outside.sum())} of {outside.size} elements outside",
+            problem,
+            kernel,
+        )
+
+
+@register("sinks-matches-reference", "SINK-5", applies=needs("sinks"))
+def sinks_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """With masks, bias, causal calls, GQA and explicit scales, sinks near, far above and
+    far below the scores give an output within SINK-5's bound of SINK-1: a sink added to
+    the scores' scale, taken per key/value head, left out of some rows' denominators, or
+    given a value, is outside it."""
+    problem = draw_problem(data, kernel)
+    _check(kernel, problem, _draw_sinks(data, problem.q.shape[-3]))
+
+
+@register("sinks-empty-rows", "SINK-2", applies=needs("sinks", "mask"))
+def sinks_empty_rows(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """A row whose every key is masked gives 0 with sinks (the sink takes the whole weight,
+    and has no value), never NaN nor the mean of the values."""
+    problem = draw_problem(data, kernel, mask=ALWAYS, min_queries=1, min_keys=1)
+    mask = np.array(problem.required("mask"), copy=True)
+    shape = np.broadcast_shapes(mask.shape, (*problem.q.shape[:-1], problem.k.shape[-2]))
+    mask = np.broadcast_to(mask, shape).copy()
+    mask[..., 0, :] = False  # the first query of every head sees no key
+    _check(kernel, problem.with_(mask=mask), _draw_sinks(data, problem.q.shape[-3]))

@@ -1,0 +1,179 @@
+"""Attention with sink logits (SINK-1 … SINK-3) as people write it, in NumPy: two correct
+formulations and the bugs that real sink kernels had.
+
+Every kernel is ``fn(q, k, v, *, mask=None, is_causal=False, scale=None, sinks=None)`` in
+the spec's layout with GQA and top-left causal calls, accumulating in float32 for float16
+inputs (in the inputs' dtype otherwise), and declares ``sinks=True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from attnspec.conformance import declare
+
+Array = np.ndarray
+CLAIMS = dict(sinks=True, gqa=True)
+
+
+def _scores(
+    q: Array, k: Array, v: Array, mask: Any, is_causal: bool, scale: Any
+) -> tuple[Array, Array]:
+    """Scaled scores with -inf where a key is not allowed, and the values, per query head."""
+    work = np.float32 if q.dtype == np.float16 else q.dtype.type
+    batch = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    q = np.broadcast_to(q, (*batch, *q.shape[-3:])).astype(work)
+    group = q.shape[-3] // k.shape[-3]
+    k = np.repeat(np.broadcast_to(k, (*batch, *k.shape[-3:])), group, axis=-3).astype(work)
+    v = np.repeat(np.broadcast_to(v, (*batch, *v.shape[-3:])), group, axis=-3).astype(work)
+    alpha = work(q.shape[-1] ** -0.5 if scale is None else scale)
+    scores = (q @ np.swapaxes(k, -1, -2)) * alpha
+    allowed = np.ones(scores.shape, bool)
+    if mask is not None:
+        allowed &= np.broadcast_to(mask, scores.shape)
+    if is_causal:
+        allowed &= np.tril(np.ones(scores.shape[-2:], bool))
+    return np.where(allowed, scores, -np.inf), v
+
+
+def _sink_column(sinks: Any, scores: Array) -> Array:
+    return np.broadcast_to(np.asarray(sinks, scores.dtype)[:, None, None], (*scores.shape[:-1], 1))
+
+
+@declare(**CLAIMS)
+def sinks_concatenated(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Any = None,
+    is_causal: bool = False,
+    scale: Any = None,
+    sinks: Any = None,
+) -> Array:
+    """Hugging Face's gpt-oss eager attention: the sink appended as one more column after
+    scaling and masking, one softmax, the column dropped."""
+    scores, values = _scores(q, k, v, mask, is_causal, scale)
+    if sinks is not None:
+        scores = np.concatenate([scores, _sink_column(sinks, scores)], axis=-1)
+    top = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)
+    exps = np.exp(scores - np.where(top == -np.inf, 0, top))
+    total = exps.sum(-1, keepdims=True)
+    weights = (exps / np.where(total == 0, 1, total))[..., : values.shape[-2]]
+    return (weights @ values).astype(q.dtype)
+
+
+def _denominator_form(
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Any,
+    is_causal: bool,
+    scale: Any,
+    sinks: Any,
+    *,
+    bug: str | None = None,
+) -> Array:
+    """FlashAttention 4's form: the row max over the scores and the sink, the sink's term
+    added to the row sum; ``bug`` names the one step done wrong."""
+    scores, values = _scores(q, k, v, mask, is_causal, scale)
+    if sinks is None:
+        sink = np.full((*scores.shape[:-1], 1), -np.inf, scores.dtype)
+    else:
+        sink = _sink_column(sinks, scores)
+        if bug == "scaled":
+            alpha = q.shape[-1] ** -0.5 if scale is None else scale
+            sink = sink * sink.dtype.type(alpha)
+        if bug == "per-kv-head":
+            group = scores.shape[-3] // k.shape[-3]
+            sink = np.repeat(sink[..., ::group, :, :], group, axis=-3)
+        if bug == "dropped-under-mask" and (mask is not None or is_causal):
+            sink = np.full_like(sink, -np.inf)
+    top = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)
+    if bug != "max-over-scores":
+        top = np.maximum(top, sink)
+    shift = np.where(top == -np.inf, 0, top) if bug != "max-over-scores" else top
+    with np.errstate(invalid="ignore", over="ignore"):
+        exps = np.exp(scores - shift)
+        sink_term = np.exp(sink - shift)
+        total = exps.sum(-1, keepdims=True) + sink_term
+        numerator = exps @ values
+        if bug == "numerator":
+            numerator = numerator + sink_term
+        out = numerator / np.where(total == 0, 1, total)
+    return out.astype(q.dtype)
+
+
+@declare(**CLAIMS)
+def sinks_in_denominator(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Any = None,
+    is_causal: bool = False,
+    scale: Any = None,
+    sinks: Any = None,
+) -> Array:
+    """The sink's term e^(sink - m) added to the row sum, m the max of scores and sink."""
+    return _denominator_form(q, k, v, mask, is_causal, scale, sinks)
+
+
+CORRECT = (sinks_concatenated, sinks_in_denominator)
+
+
+def _bug(name: str, doc: str) -> Callable[..., Array]:
+    @declare(**CLAIMS)
+    def kernel(
+        q: Array,
+        k: Array,
+        v: Array,
+        *,
+        mask: Any = None,
+        is_causal: bool = False,
+        scale: Any = None,
+        sinks: Any = None,
+    ) -> Array:
+        return _denominator_form(q, k, v, mask, is_causal, scale, sinks, bug=name)
+
+    kernel.__name__ = kernel.__qualname__ = "sinks_" + name.replace("-", "_")
+    kernel.__doc__ = doc
+    return kernel
+
+
+sinks_scaled = _bug("scaled", "Bug: the sink multiplied by the softmax scale like a score.")
+sinks_per_kv_head = _bug(
+    "per-kv-head", "Bug: under GQA the sink of the key/value head's first query head is used."
+)
+sinks_dropped_under_mask = _bug(
+    "dropped-under-mask",
+    "Bug: the sink left out when a mask or the causal rule applies (FlashInfer and FA4 test "
+    "sinks with and without windows because of this path).",
+)
+sinks_numerator = _bug("numerator", "Bug: the sink's term added to the numerator too.")
+sinks_max_over_scores = _bug(
+    "max-over-scores",
+    "Bug: the row max over the scores only: a row with no allowed key computes "
+    "-inf - (-inf) and gives NaN instead of 0.",
+)
+
+
+@dataclass(frozen=True)
+class SinkBug:
+    """A buggy sink kernel and the property that must catch it."""
+
+    fn: Callable[..., Any]
+    catches: str
+
+
+BUGS = (
+    SinkBug(sinks_scaled, "sinks-matches-reference"),
+    SinkBug(sinks_per_kv_head, "sinks-matches-reference"),
+    SinkBug(sinks_dropped_under_mask, "sinks-matches-reference"),
+    SinkBug(sinks_numerator, "sinks-matches-reference"),
+    SinkBug(sinks_max_over_scores, "sinks-empty-rows"),
+)
