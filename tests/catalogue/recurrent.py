@@ -1,0 +1,268 @@
+"""Gated / delta-rule recurrence kernels (spec/recurrent.md) as libraries write them, in
+NumPy float32: two correct formulations and the bugs real kernels had, one step wrong each.
+
+Every kernel is ``fn(q, k, v, *, rule, g=None, beta=None, scale=None, initial_state=None)``
+-> ``(out, final_state)`` in the layout of REC-1.1 (heads first), computing in float32 with a
+float32 state.  ``token`` is the recurrence of REC-1.2 token by token; ``chunked`` the
+chunked form a kernel author writes (chunks of ``CHUNK`` tokens, the last one shorter, the
+chunk-local triangular system solved with ``numpy.linalg.solve``), written independently of
+``attnspec.reference.recurrent``.  The conformance properties for this family (issue 37)
+are still to come; ``test_recurrent_catalogue.py`` shows each bug outside REC-6.2's bound on
+its witness and the correct kernels within it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+Array = np.ndarray
+CHUNK = 16
+DELTA = ("delta", "gated_delta")
+
+
+def _heads(q: Array, k: Array, v: Array, bug: str | None) -> tuple[Array, Array, Array, int]:
+    """k, v repeated to the Hs = max(Hk, Hv) states, q to the Ho = max(Hq, Hs) outputs; and
+    the number of output heads per state (REC-3.1)."""
+    states = max(k.shape[-3], v.shape[-3])
+    outputs = max(q.shape[-3], states)
+    k = np.repeat(k, states // k.shape[-3], axis=-3)
+    v = np.repeat(v, states // v.shape[-3], axis=-3)
+    if bug == "query_heads_modulo":  # output head h reads state h % Hs, not h // G
+        index = np.arange(outputs) % states
+        q = np.repeat(q, outputs // q.shape[-3], axis=-3)
+        order = np.argsort(index, kind="stable")
+        return q[..., order, :, :], k, v, outputs // states
+    return np.repeat(q, outputs // q.shape[-3], axis=-3), k, v, outputs // states
+
+
+def _inputs(
+    q: Array, k: Array, v: Array, rule: str, g: Any, beta: Any, initial_state: Any, bug: str | None
+) -> tuple[Any, ...]:
+    q, k, v, groups = _heads(*(np.asarray(a, dtype=np.float32) for a in (q, k, v)), bug)
+    states, length = k.shape[-3], k.shape[-2]
+    shape = (*k.shape[:-3], states, length)
+    gate = np.zeros((*shape, 1), np.float32) if g is None else np.asarray(g, np.float32)
+    gate = gate if gate.ndim == len(shape) + 1 else gate[..., None]
+    if bug == "log2_gate":  # the gate read as a base-2 logarithm
+        gate = gate * np.float32(np.log(2.0))
+    strength = None if beta is None else np.asarray(beta, np.float32)
+    if bug == "beta_first_head" and strength is not None:  # every head reads head 0's beta
+        strength = np.repeat(strength[..., :1, :], states, axis=-2)
+    state = np.zeros((*k.shape[:-2], k.shape[-1], v.shape[-1]), np.float32)
+    if initial_state is not None and bug != "initial_state_ignored":
+        state = np.asarray(initial_state, np.float32) * np.float32(
+            2 if bug == "initial_state_twice" else 1
+        )
+    return q, k, v, gate, strength, state, groups
+
+
+def _scale(scale: Any, d_k: int, bug: str | None) -> np.float32:
+    if scale is not None:
+        return np.float32(scale)
+    return np.float32(1.0 / d_k if bug == "default_scale_one_over_dk" else d_k**-0.5)
+
+
+def _token(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    rule: str,
+    g: Any = None,
+    beta: Any = None,
+    scale: Any = None,
+    initial_state: Any = None,
+    bug: str | None = None,
+) -> tuple[Array, Array]:
+    q, k, v, gate, strength, state, groups = _inputs(q, k, v, rule, g, beta, initial_state, bug)
+    alpha = _scale(scale, q.shape[-1], bug)
+    outs = []
+    for t in range(k.shape[-2]):
+        before = state
+        state = np.exp(gate[..., t, :])[..., :, None] * state
+        update = v[..., t, :]
+        if rule in DELTA:
+            read_from = before if bug == "correction_before_decay" else state
+            read = np.einsum("...kv,...k->...v", read_from, k[..., t, :])
+            update = strength[..., t, None] * (update - read)
+        new = state + k[..., t, :, None] * update[..., None, :]
+        if bug == "state_bfloat16":  # written back in the input dtype (ollama #15865)
+            new = new.astype(ml_dtypes.bfloat16).astype(np.float32)
+        seen = before if bug == "output_before_update" else new
+        state = new
+        shared = np.repeat(seen, groups, axis=-3)
+        outs.append(alpha * np.einsum("...kv,...k->...v", shared, q[..., t, :]))
+    out = np.stack(outs, axis=-2) if outs else np.zeros((*q.shape[:-1], v.shape[-1]), np.float32)
+    return out, state
+
+
+def _chunked(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    rule: str,
+    g: Any = None,
+    beta: Any = None,
+    scale: Any = None,
+    initial_state: Any = None,
+    bug: str | None = None,
+) -> tuple[Array, Array]:
+    q, k, v, gate, strength, state, groups = _inputs(q, k, v, rule, g, beta, initial_state, bug)
+    alpha = _scale(scale, q.shape[-1], bug)
+    length = k.shape[-2]
+    if strength is None:
+        strength = np.zeros(k.shape[:-1], np.float32)
+    outs = []
+    for start in range(0, length, CHUNK):
+        stop = min(start + CHUNK, length)
+        kc, vc, bc, gc = (
+            k[..., start:stop, :],
+            v[..., start:stop, :],
+            strength[..., start:stop],
+            gate[..., start:stop, :],
+        )
+        qc = q[..., start:stop, :]
+        if bug == "pad_decays" and stop - start < CHUNK:  # pads repeat the last gate, k = v = 0
+            pad = CHUNK - (stop - start)
+            gc = np.concatenate([gc, np.repeat(gc[..., -1:, :], pad, axis=-2)], axis=-2)
+        cumulative = np.cumsum(gc, axis=-2)  # (..., c', e)
+        c = stop - start
+        own = cumulative[..., :c, :]
+        if bug == "exp_inverse":  # e^{G_t} e^{-G_j}: overflows for strong decay
+            pairs = np.exp(own)[..., :, None, :] * np.exp(-own)[..., None, :, :]
+        causal = np.tril(np.ones((c, c), bool))[..., None]
+        if bug != "exp_inverse":  # differences, and only where j <= t: nothing overflows
+            pairs = np.exp(np.where(causal, own[..., :, None, :] - own[..., None, :, :], 0))
+        pairs = np.where(causal, pairs, 0)
+        decay = np.exp(own)  # (..., c, e)
+        if rule in DELTA:
+            lower = np.einsum(
+                "...te,...tje,...je->...tj",
+                kc,
+                np.where(np.tril(np.ones((c, c), bool), -1)[..., None], pairs, 0),
+                kc,
+            )
+            system = np.eye(c, dtype=np.float32) + bc[..., :, None] * lower
+            values = bc[..., None] * vc
+            keys = bc[..., None] * kc * decay
+            if bug == "wy_both_decayed":  # the decay applied to both WY factors (shainet PR #170)
+                values = values * decay[..., :1]
+            u_tilde = np.linalg.solve(system, values)
+            w = np.linalg.solve(system, keys)
+            update = u_tilde - w @ state
+        else:
+            update = vc
+        shared_state = np.repeat(state, groups, axis=-3)
+        shared_update = np.repeat(update, groups, axis=-3)
+        shared_pairs = np.repeat(pairs, groups, axis=-4)
+        shared_keys = np.repeat(kc, groups, axis=-3)
+        shared_decay = np.repeat(decay, groups, axis=-3)
+        scores = np.einsum("...te,...tje,...je->...tj", qc, shared_pairs, shared_keys)
+        out = (qc * shared_decay) @ shared_state + scores @ shared_update
+        outs.append(alpha * out)
+        if bug == "last_chunk_dropped" and stop - start < CHUNK:
+            continue  # the partial last chunk never reaches the final state
+        last = cumulative[..., -1:, :]  # the padded chunk's end under pad_decays
+        to_end = np.exp(last - own)
+        state = (
+            np.exp(last[..., 0, :])[..., :, None] * state
+            + np.swapaxes(kc * to_end, -1, -2) @ update
+        )
+    out = (
+        np.concatenate(outs, axis=-2)
+        if outs
+        else np.zeros((*q.shape[:-1], v.shape[-1]), np.float32)
+    )
+    return out, state
+
+
+def token(q: Array, k: Array, v: Array, **kwargs: Any) -> tuple[Array, Array]:
+    """Correct: REC-1.2 token by token in float32."""
+    return _token(q, k, v, **kwargs)
+
+
+def chunked(q: Array, k: Array, v: Array, **kwargs: Any) -> tuple[Array, Array]:
+    """Correct: the chunked form, chunks of 16, a shorter last chunk, decays as
+    differences of cumulative log gates."""
+    return _chunked(q, k, v, **kwargs)
+
+
+CORRECT = (token, chunked)
+
+
+@dataclass(frozen=True)
+class RecurrentBug:
+    """A kernel with one step wrong, where that happened upstream, and the problem it is
+    shown wrong on (keyword changes to a default witness problem)."""
+
+    fn: Callable[..., tuple[Array, Array]]
+    upstream: str
+    witness: dict[str, Any]
+
+
+def _bug(base: Callable[..., tuple[Array, Array]], name: str) -> Callable[..., tuple[Array, Array]]:
+    fn = partial(base, bug=name)
+    fn.__name__ = name  # type: ignore[attr-defined]
+    return fn
+
+
+BUGS = (
+    RecurrentBug(
+        _bug(_token, "state_bfloat16"),
+        "ollama #15865: the state written back in bfloat16",
+        {"length": 300, "gate_normalizer": 10.0},
+    ),
+    RecurrentBug(
+        _bug(_token, "correction_before_decay"),
+        "the correction read from the undecayed state (fla #885 asks whether it should)",
+        {},
+    ),
+    RecurrentBug(
+        _bug(_token, "output_before_update"),
+        "the output read before the current token's update (REC-1.5)",
+        {},
+    ),
+    RecurrentBug(_bug(_token, "initial_state_ignored"), "a past state ignored", {}),
+    RecurrentBug(_bug(_token, "initial_state_twice"), "a past state counted twice", {}),
+    RecurrentBug(
+        _bug(_token, "query_heads_modulo"),
+        "query head h reads state h % Hs instead of h // G",
+        {"heads": (4, 2, 2)},
+    ),
+    RecurrentBug(
+        _bug(_token, "beta_first_head"),
+        "every head reads the first head's beta (beta through the wrong pointer)",
+        {},
+    ),
+    RecurrentBug(
+        _bug(_token, "default_scale_one_over_dk"), "default scale 1/dk instead of dk^-1/2", {}
+    ),
+    RecurrentBug(_bug(_token, "log2_gate"), "the natural-log gate read as base 2", {}),
+    RecurrentBug(
+        _bug(_chunked, "pad_decays"),
+        "transformers #46190: a padded last chunk that still updates the state",
+        {"length": 40},
+    ),
+    RecurrentBug(
+        _bug(_chunked, "exp_inverse"),
+        "executorch PR #21417, tt-metal #56550: exp(-cumsum) overflows",
+        {"strong_decay": 60.0},
+    ),
+    RecurrentBug(
+        _bug(_chunked, "wy_both_decayed"),
+        "shainet PR #170: the decay applied to both WY factors",
+        {},
+    ),
+    RecurrentBug(
+        _bug(_chunked, "last_chunk_dropped"),
+        "fla #1142: the incomplete last chunk's term dropped",
+        {"length": 40},
+    ),
+)
