@@ -23,11 +23,11 @@ from .backward import (
     _grouped_rows,
     backward_steps,
     reduce_to_shape,
-    scaled_dot_product_attention_backward,
 )
 from .features import check_dropout_p, log_sum_exp, softcapped
-from .sdpa import allowed_scores, prepare, with_features
+from .sdpa import GroupedInputs, allowed_scores, prepare, with_features
 from .tolerance import (
+    CHUNK_ELEMENTS,
     SAFETY_FACTOR,
     UNDERFLOW_THRESHOLD,
     UNIT_ROUNDOFF,
@@ -79,13 +79,16 @@ def gradient_error_bound(
     alibi_slopes: Array = None,
     dropout_p: float = 0.0,
     dropout_keep: Array = None,
+    chunk_elements: int = CHUNK_ELEMENTS,
 ) -> GradientBound:
     """BWD-17 for float64 inputs holding values exactly representable in ``dtype``.
 
     Arguments are those of :func:`~.backward.scaled_dot_product_attention_backward`.
     The forward's errors enter as TOL-2's and TOL-5's bounds divided by C (their first-order
     brackets): the weights' and the log-sum-exp's, for the weights the backward recomputes
-    and for the output D = rowsum(dO * O) is formed from.
+    and for the output D = rowsum(dO * O) is formed from.  The terms are evaluated over
+    chunks of query rows of about ``chunk_elements`` scores (rows are independent; dk, dv
+    and a row-less bias gradient add up over them), so memory stays bounded by the chunk.
     """
     if dtype not in UNIT_ROUNDOFF:
         raise ValueError(f"dtype={dtype!r}, but should be one of {tuple(UNIT_ROUNDOFF)}")
@@ -99,16 +102,6 @@ def gradient_error_bound(
         scale=scale,
         softcap=softcap,
         alibi_slopes=alibi_slopes,
-    )
-    gradients = scaled_dot_product_attention_backward(
-        q,
-        k,
-        v,
-        grad_out,
-        grad_lse=grad_lse,
-        dropout_p=dropout_p,
-        dropout_keep=dropout_keep,
-        **options,
     )
     forward, lse_bound = error_and_lse_bound(q, k, v, dtype=dtype, weights=False, **options)
     out = forward.out
@@ -138,27 +131,121 @@ def gradient_error_bound(
     if problem.q.dtype != xp.float64:
         raise TypeError(f"gradient_error_bound needs float64 inputs, got {problem.q.dtype}")
     _check_upstream(xp, "grad_out", grad_out, problem.out_shape, CALL)
-    d_out = _grouped_rows(problem, grad_out)
-    d_lse = _grouped_lse_gradient(problem, grad_lse, CALL)
-    steps = backward_steps(problem, d_out, d_lse, dropout_p, dropout_keep, CALL)
+    rows = _Rows(
+        d_out=_grouped_rows(problem, grad_out),
+        d_lse=_grouped_lse_gradient(problem, grad_lse, CALL),
+        out=_grouped_rows(problem, out),
+        gamma=_grouped_rows(problem, lse_bound.lse_tolerance[..., None]) / SAFETY_FACTOR,
+        keep=dropout_keep,
+    )
+    n_keys = problem.k.shape[-2]
+    batch = problem.out_shape[:-3]
+    n_kv_rows = problem.q.shape[-3] * problem.q.shape[-2]
+    counts = _Counts(
+        q=n_keys * _broadcast_factor(batch, tuple(q.shape[:-3])),
+        k=n_kv_rows * _broadcast_factor(batch, tuple(k.shape[:-3])),
+        v=n_kv_rows * _broadcast_factor(batch, tuple(v.shape[:-3])),
+        bias=0
+        if bias is None
+        else _broadcast_factor((*problem.out_shape[:-1], n_keys), tuple(bias.shape)),
+    )
+    n_queries = problem.q.shape[-2]
+    per_row = max(1, math.prod(problem.q.shape[:-2]) * n_keys)
+    step = max(1, chunk_elements // per_row)
+    parts = [
+        _chunk_terms(
+            problem,
+            rows,
+            slice(start, min(start + step, n_queries)),
+            dtype,
+            dropout_p,
+            counts,
+            None if bias is None else tuple(bias.shape),
+        )
+        for start in (range(0, n_queries, step) if n_queries else [0])
+    ]
+    return _assembled(problem, parts, q, k, v, bias, dtype, counts)
+
+
+class _Rows(NamedTuple):
+    """Per query row, grouped ``(*batch, Hkv, G, Lq, ·)``: dO, dl (or None), the forward's
+    output and gamma_i; and the keep mask as given (or None)."""
+
+    d_out: Any
+    d_lse: Any
+    out: Any
+    gamma: Any
+    keep: Any
+
+
+class _Counts(NamedTuple):
+    """N_Q, N_K, N_V, N_B of BWD-17: the terms summed into one gradient element."""
+
+    q: int
+    k: int
+    v: int
+    bias: int
+
+
+class _Part(NamedTuple):
+    """One chunk of query rows' share of the gradients and of their errors: dq and eps^Q of
+    its rows (grouped); its sums into dk, dv (over its rows and the group) with their two
+    error terms each (own errors, and the magnitudes the accumulation rounding scales); and
+    its part of the bias gradient with its errors (None without a bias)."""
+
+    dq: Any
+    eps_q: Any
+    dk: Any
+    eps_k: Any
+    abs_k: Any
+    dv: Any
+    eps_v: Any
+    abs_v: Any
+    dbias: Any
+    eps_b: Any
+
+
+def _sliced(a: Any, rows: slice) -> Any:
+    """Query rows ``rows`` of an array that is (or broadcasts) ``(..., Lq, ·)``."""
+    return a if a is None or a.ndim < 2 or a.shape[-2] == 1 else a[..., rows, :]
+
+
+def _chunk_terms(
+    problem: GroupedInputs,
+    rows_of: _Rows,
+    rows: slice,
+    dtype: str,
+    dropout_p: float,
+    counts: _Counts,
+    bias_shape: tuple[int, ...] | None,
+) -> _Part:
+    """BWD-17's terms for query rows ``rows`` of every batch element and head."""
+    xp = problem.xp
+    chunk = problem._replace(
+        q=problem.q[..., rows, :],
+        allowed=_sliced(problem.allowed, rows),
+        bias=_sliced(problem.bias, rows),
+        alibi=_sliced(problem.alibi, rows),
+    )
+    d_out, d_lse = rows_of.d_out[..., rows, :], _sliced(rows_of.d_lse, rows)
+    gamma, out = rows_of.gamma[..., rows, :], rows_of.out[..., rows, :]
+    steps = backward_steps(chunk, d_out, d_lse, dropout_p, _sliced(rows_of.keep, rows), CALL)
 
     u_d, u_a = UNIT_ROUNDOFF[dtype], accumulation_roundoff(dtype)
     sigma = UNDERFLOW_THRESHOLD[dtype]
     allowed = xp.astype(steps.allowed, xp.float64)
-    n_keys, value_dim = problem.k.shape[-2], problem.v.shape[-1]
-    head_dim = problem.q.shape[-1]
+    n_keys, value_dim = chunk.k.shape[-2], chunk.v.shape[-1]
     weights = steps.weights
 
     # A weight the backward pass uses is p_ij (1 + e_ij - c_i): e_ij its own score error,
     # rounding and underflow, at most g^_ij / p_ij; c_i a shift common to the row (the
     # log-sum-exp's error, or the renormalisation), at most gamma_i = tau^l_i / C (TOL-5)
-    key_error = _key_weight_error(problem, dtype, weights, steps.allowed)
-    gamma = _grouped_rows(problem, lse_bound.lse_tolerance[..., None]) / SAFETY_FACTOR
-    abs_out = xp.abs(_grouped_rows(problem, out))
+    key_error = _key_weight_error(chunk, dtype, weights, steps.allowed)
+    abs_out = xp.abs(out)
     abs_d_out = xp.abs(d_out)
     rescale = xp.ones_like(weights) if steps.rescale is None else steps.rescale
     abs_dp = xp.abs(steps.grad_weights) * allowed
-    products = xp.matmul(abs_d_out, xp.matrix_transpose(xp.abs(problem.v)))  # A^v_ij
+    products = xp.matmul(abs_d_out, xp.matrix_transpose(xp.abs(chunk.v)))  # A^v_ij
     # eps^P: the dot product dO_i . v_j accumulated (E_v + 2) u_a, dP rounded to the dtype
     eps_p = allowed * ((value_dim + 2) * u_a * rescale * products + u_d * abs_dp)
     abs_delta = xp.abs(steps.delta)
@@ -186,72 +273,117 @@ def gradient_error_bound(
         + u_d * abs_ds
         + sigma
     )
-    scale_rounding = 0.0 if scale_is_exact(problem.scale) else 4 * u_d
+    scale_rounding = 0.0 if scale_is_exact(chunk.scale) else 4 * u_d
     factor, abs_dx, eps_x = None, abs_ds, own_error
-    if problem.softcap is not None:
+    if chunk.softcap is not None:
         factor, eps_x, abs_dx = _through_softcap(
-            xp, problem, dtype, abs_ds, own_error, scale_rounding
+            xp, chunk, dtype, abs_ds, own_error, scale_rounding
         )
     capped_weights = weights if factor is None else factor * weights  # kappa_ij p_ij
+    grad_x = steps.grad_scores if factor is None else steps.grad_scores * factor
     # the whole error of dS (dX), for dk and the bias: its own, D's, the row's shift
     eps_x_all = eps_x + capped_weights * delta_error + gamma * abs_dx
     eps_s_all = own_error + weights * delta_error + gamma * abs_ds
 
-    alpha = abs(problem.scale)
-    abs_q, abs_k = xp.abs(problem.q), xp.abs(problem.k)
-    scores_shape = (*problem.out_shape[:-1], n_keys)
-    n_q = n_keys * _broadcast_factor(problem.out_shape[:-3], tuple(q.shape[:-3]))
-    n_kv_rows = problem.q.shape[-3] * problem.q.shape[-2]
-    n_k = n_kv_rows * _broadcast_factor(problem.out_shape[:-3], tuple(k.shape[:-3]))
-    n_v = n_kv_rows * _broadcast_factor(problem.out_shape[:-3], tuple(v.shape[:-3]))
-
+    alpha = abs(chunk.scale)
+    abs_q, abs_k = xp.abs(chunk.q), xp.abs(chunk.k)
     # dq_i = alpha sum_j dX_ij k_j: D's error and the shift are common to the row, so they
     # move dq_i by alpha |sum_j kappa_ij p_ij k_j| G_i and gamma_i |dq_i|
-    grouped_dq = (
-        xp.matmul(steps.grad_scores if factor is None else steps.grad_scores * factor, problem.k)
-        * problem.scale
-    )
+    dq = xp.matmul(grad_x, chunk.k) * chunk.scale
     eps_q = (
         alpha * xp.matmul(eps_x, abs_k)
-        + alpha * xp.abs(xp.matmul(capped_weights, problem.k)) * delta_error
-        + gamma * xp.abs(grouped_dq)
-        + (scale_rounding + (n_q + 2) * u_a) * alpha * xp.matmul(abs_dx, abs_k)
-    )
-    eps_k = alpha * xp.sum(xp.matmul(xp.matrix_transpose(eps_x_all), abs_q), axis=-3) + (
-        scale_rounding + (n_k + 2) * u_a
-    ) * alpha * xp.sum(xp.matmul(xp.matrix_transpose(abs_dx), abs_q), axis=-3)
-    weight_error = key_error + weights * gamma
-    eps_v = xp.sum(
-        xp.matmul(xp.matrix_transpose(rescale * weight_error), abs_d_out)
-        + (n_v + 3) * u_a * xp.matmul(xp.matrix_transpose(xp.abs(steps.kept)), abs_d_out),
-        axis=-3,
+        + alpha * xp.abs(xp.matmul(capped_weights, chunk.k)) * delta_error
+        + gamma * xp.abs(dq)
+        + (scale_rounding + (counts.q + 2) * u_a) * alpha * xp.matmul(abs_dx, abs_k)
     )
 
-    def tolerance(eps: Any, like: Any, gradient: Any, terms: int) -> Any:
-        summed = reduce_to_shape(xp, xp.reshape(eps, like), tuple(gradient.shape))
-        return SAFETY_FACTOR * (summed + u_d * xp.abs(gradient)) + (terms + 2) * sigma
+    def over_rows(left: Any, right: Any) -> Any:  # sum over the chunk's rows and the group
+        return xp.sum(xp.matmul(xp.matrix_transpose(left), right), axis=-3)
 
-    batch = problem.out_shape[:-3]
-    q_like = (*problem.out_shape[:-1], head_dim)
-    kv_like = (*batch, problem.k.shape[-4], n_keys)
-    dq_tolerance = tolerance(eps_q, q_like, gradients.dq, n_q)
-    dk_tolerance = tolerance(eps_k, (*kv_like, head_dim), gradients.dk, n_k)
-    dv_tolerance = tolerance(eps_v, (*kv_like, value_dim), gradients.dv, n_v)
-    dbias_tolerance = None
+    dbias = eps_b = None
+    if bias_shape is not None:
+        scores_shape = (*problem.out_shape[:-2], rows.stop - rows.start, n_keys)
+        by_rows = len(bias_shape) >= 2 and bias_shape[-2] != 1
+        target = (*bias_shape[:-2], rows.stop - rows.start, n_keys) if by_rows else bias_shape
+        dbias = reduce_to_shape(xp, xp.reshape(steps.grad_scores, scores_shape), target)
+        charged = eps_s_all + (counts.bias + 2) * u_a * abs_ds
+        eps_b = reduce_to_shape(xp, xp.reshape(charged, scores_shape), target)
+    return _Part(
+        dq=dq,
+        eps_q=eps_q,
+        dk=over_rows(grad_x, chunk.q) * chunk.scale,
+        eps_k=alpha * over_rows(eps_x_all, abs_q),
+        abs_k=alpha * over_rows(abs_dx, abs_q),
+        dv=over_rows(steps.kept, d_out),
+        eps_v=over_rows(rescale * (key_error + weights * gamma), abs_d_out),
+        abs_v=over_rows(xp.abs(steps.kept), abs_d_out),
+        dbias=dbias,
+        eps_b=eps_b,
+    )
+
+
+def _assembled(
+    problem: GroupedInputs,
+    parts: list[_Part],
+    q: Array,
+    k: Array,
+    v: Array,
+    bias: Array,
+    dtype: str,
+    counts: _Counts,
+) -> GradientBound:
+    """The chunks' terms put together: dq's rows joined, dk's, dv's (and a row-less bias
+    gradient's) sums added, each reduced to its input's shape, and tau = C (eps + u_d |g|)
+    + (N + 2) sigma_d (BWD-17)."""
+    xp = problem.xp
+    u_d, u_a = UNIT_ROUNDOFF[dtype], accumulation_roundoff(dtype)
+    sigma = UNDERFLOW_THRESHOLD[dtype]
+    scale_rounding = 0.0 if scale_is_exact(problem.scale) else 4 * u_d
+
+    def joined(arrays: list[Any]) -> Any:
+        return arrays[0] if len(arrays) == 1 else xp.concat(arrays, axis=-2)
+
+    def added(arrays: list[Any]) -> Any:
+        total = arrays[0]
+        for a in arrays[1:]:
+            total = total + a
+        return total
+
+    def tolerance(eps: Any, gradient: Any, terms: int) -> Any:
+        return SAFETY_FACTOR * (eps + u_d * xp.abs(gradient)) + (terms + 2) * sigma
+
+    q_like = (*problem.out_shape[:-1], problem.q.shape[-1])
+    dq = reduce_to_shape(xp, xp.reshape(joined([p.dq for p in parts]), q_like), tuple(q.shape))
+    eps_q = reduce_to_shape(
+        xp, xp.reshape(joined([p.eps_q for p in parts]), q_like), tuple(q.shape)
+    )
+    k_factor = scale_rounding + (counts.k + 2) * u_a
+    dk = reduce_to_shape(xp, added([p.dk for p in parts]), tuple(k.shape))
+    eps_k = reduce_to_shape(
+        xp,
+        added([p.eps_k for p in parts]) + k_factor * added([p.abs_k for p in parts]),
+        tuple(k.shape),
+    )
+    dv = reduce_to_shape(xp, added([p.dv for p in parts]), tuple(v.shape))
+    eps_v = reduce_to_shape(
+        xp,
+        added([p.eps_v for p in parts]) + (counts.v + 3) * u_a * added([p.abs_v for p in parts]),
+        tuple(v.shape),
+    )
+    dbias = dbias_tolerance = None
     if bias is not None:
-        n_b = _broadcast_factor(scores_shape, tuple(bias.shape))
-        eps_b = xp.reshape(eps_s_all, scores_shape) + (n_b + 2) * u_a * xp.reshape(
-            abs_ds, scores_shape
-        )
-        dbias_tolerance = tolerance(eps_b, scores_shape, gradients.dbias, n_b)
+        by_rows = bias.ndim >= 2 and bias.shape[-2] != 1
+        combine = joined if by_rows else added
+        dbias = combine([p.dbias for p in parts])
+        dbias_tolerance = tolerance(combine([p.eps_b for p in parts]), dbias, counts.bias)
     return GradientBound(
-        dq=gradients.dq,
-        dk=gradients.dk,
-        dv=gradients.dv,
-        dbias=gradients.dbias,
-        dq_tolerance=dq_tolerance,
-        dk_tolerance=dk_tolerance,
-        dv_tolerance=dv_tolerance,
+        dq=dq,
+        dk=dk,
+        dv=dv,
+        dbias=dbias,
+        dq_tolerance=tolerance(eps_q, dq, counts.q),
+        dk_tolerance=tolerance(eps_k, dk, counts.k),
+        dv_tolerance=tolerance(eps_v, dv, counts.v),
         dbias_tolerance=dbias_tolerance,
     )
 

@@ -141,3 +141,23 @@ def test_wrong_gradients_exceed_the_bound(dtype: str, wrong: str) -> None:
     problem = _problem(dtype, 2, 192, 64, False, seed=1)
     ratios = _ratios(_flash2(problem, True, wrong=wrong), _bound(problem, dtype, True))
     assert max(ratios) > 1, (wrong, dtype, ratios)
+
+
+@pytest.mark.parametrize("chunk_elements", [1, 50])
+def test_the_bound_is_the_same_in_chunks_of_rows(chunk_elements: int) -> None:
+    """BWD-17: evaluated over chunks of query rows (bounded memory) the gradients and the
+    bound are those of one chunk, up to the order of float64 sums: rows are independent,
+    and dk, dv and a row-less bias gradient add up over the chunks."""
+    rng = np.random.default_rng(53)
+    q, k, v = (
+        rng.standard_normal((2, 4, 9, 3)),
+        rng.standard_normal((1, 2, 7, 3)),
+        rng.standard_normal((2, 2, 7, 2)),
+    )
+    do = rng.standard_normal((2, 4, 9, 2))
+    for bias in (rng.standard_normal((4, 9, 7)), rng.standard_normal((1, 7))):
+        options = {"bias": bias, "is_causal": True, "softcap": 3.0, "dtype": "bfloat16"}
+        whole = gradient_error_bound(q, k, v, do, **options)
+        chunked = gradient_error_bound(q, k, v, do, chunk_elements=chunk_elements, **options)
+        for a, b in zip(whole, chunked, strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-300)
