@@ -42,7 +42,12 @@ def test_both_forms_match_the_oracle_on_every_backend(
     cpu_backend: Backend, rule: str, chunk_size: int | None
 ) -> None:
     """REC-1.2, REC-1.5, REC-2.1, REC-5.1: output and final state of the four rules, per-head
-    and per-channel gates, from a past state, in both forms, equal the oracle to ~1e-12."""
+    and per-channel gates, from a past state, in both forms, equal the oracle to ~1e-12.  A
+    backend that compiles every new shape (JAX: ~10 s per rule's chunked shapes on 2 cores)
+    runs the chunked form for gated_delta only; the other rules' chunked forms, which only
+    leave out the gate or the correction, run on NumPy, PyTorch and array-api-strict."""
+    if chunk_size is not None and rule != "gated_delta" and cpu_backend.compiles_per_shape:
+        pytest.skip("a compiling backend runs only gated_delta's chunked form (cost)")
     rng = np.random.default_rng(len(rule) + (chunk_size or 0))
     for per_channel in (False, True):
         problem = recurrent_problem(rng, rule=rule, length=9, per_channel=per_channel)
