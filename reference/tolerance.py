@@ -78,10 +78,16 @@ def accumulation_roundoff(dtype: str) -> float:
 
 def product_coefficient(dtype: str, head_dim: int, scale: float | None = None) -> float:
     """TOL-2's coefficient of |alpha| A_ij in the score error Delta_ij: r_alpha + (E + 4)u_a,
-    r_alpha = 4u_d unless applying the scale is exact (``scale_is_exact``), then 0."""
-    alpha = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    scale_rounding = 0.0 if scale_is_exact(alpha) else 4 * UNIT_ROUNDOFF[dtype]
-    return scale_rounding + (head_dim + 4) * accumulation_roundoff(dtype)
+    r_alpha = 4u_d for every scale (a kernel may round its scale factor and the operands it
+    scales to the input dtype, E-2026.12-14), so the bound of the same scaled scores is the
+    same at every head dim; ``scale`` is kept for callers that pass it."""
+    del scale  # r_alpha no longer depends on it
+    return scale_rounding(dtype) + (head_dim + 4) * accumulation_roundoff(dtype)
+
+
+def scale_rounding(dtype: str) -> float:
+    """r_alpha of TOL-2: 4u_d, the scale and the scaled operands rounded to the dtype."""
+    return 4 * UNIT_ROUNDOFF[dtype]
 
 
 def scale_is_exact(alpha: float) -> bool:

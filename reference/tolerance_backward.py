@@ -37,7 +37,6 @@ from .tolerance import (
     error_and_lse_bound,
     feature_score_error,
     product_coefficient,
-    scale_is_exact,
     tanh_roundoff,
 )
 
@@ -273,7 +272,7 @@ def _chunk_terms(
         + u_d * abs_ds
         + sigma
     )
-    scale_rounding = 0.0 if scale_is_exact(chunk.scale) else 4 * u_d
+    scale_rounding = 4 * u_d  # r_alpha of TOL-2, at every scale (E-2026.12-14)
     factor, abs_dx, eps_x = None, abs_ds, own_error
     if chunk.softcap is not None:
         factor, eps_x, abs_dx = _through_softcap(
@@ -338,7 +337,7 @@ def _assembled(
     xp = problem.xp
     u_d, u_a = UNIT_ROUNDOFF[dtype], accumulation_roundoff(dtype)
     sigma = UNDERFLOW_THRESHOLD[dtype]
-    scale_rounding = 0.0 if scale_is_exact(problem.scale) else 4 * u_d
+    scale_rounding = 4 * u_d  # r_alpha of TOL-2, at every scale (E-2026.12-14)
 
     def joined(arrays: list[Any]) -> Any:
         return arrays[0] if len(arrays) == 1 else xp.concat(arrays, axis=-2)
