@@ -49,8 +49,8 @@ def matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
 # weight; with fewer keys a float32 sum hides it.
 PEAKED_ROW_KEYS = (1025, 2049, 4096)
 PEAKED_ROW_GAP = {"float16": 8.0, "bfloat16": 6.0}
-# sqrt of its default scale 1/4 is a power of two: the scale is applied exactly (TOL-2's
-# r_alpha = 0), and the scores are exactly 0 and the gap
+# sqrt of its default scale 1/4 is a power of two: the scale is applied exactly, and the
+# scores are exactly 0 and the gap (TOL-2 still allows r_alpha = 4u_d, as at every scale)
 PEAKED_ROW_HEAD_DIM = 16
 
 
