@@ -14,7 +14,17 @@ import re
 from dataclasses import dataclass
 
 PREFIX = "conforms to attnspec "
-FAMILIES = ("dense", "sparse", "linear", "varlen", "kv-cache", "rope", "merge", "paged-batch")
+FAMILIES = (
+    "dense",
+    "sparse",
+    "linear",
+    "varlen",
+    "kv-cache",
+    "rope",
+    "merge",
+    "paged-batch",
+    "mla",
+)
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 # The fixed words of ``feature`` in the grammar, and its words with a part that varies.
 FEATURE_WORDS = frozenset(

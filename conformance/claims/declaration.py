@@ -19,7 +19,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, TypeVar, overload
 
-from .family_claims import LinearClaim, MergeClaim, PagedBatchClaim, RopeClaim, SparseClaim
+from .family_claims import (
+    LinearClaim,
+    MergeClaim,
+    MlaClaim,
+    PagedBatchClaim,
+    RopeClaim,
+    SparseClaim,
+)
 from .validation import check_fields
 
 __all__ = [
@@ -28,6 +35,7 @@ __all__ = [
     "KernelDeclaration",
     "LinearClaim",
     "MergeClaim",
+    "MlaClaim",
     "PagedBatchClaim",
     "RopeClaim",
     "SparseClaim",
@@ -100,21 +108,24 @@ class KernelDeclaration:
     paged_batch: PagedBatchClaim | None = None
     sinks: bool = False
     sinks_keyword: str = "sinks"
+    mla: MlaClaim | None = None
 
     def __post_init__(self) -> None:
         check_fields((f.name, str(f.type), getattr(self, f.name)) for f in fields(self))
 
     @property
     def family(self) -> str:
-        """ "dense", "sparse", "linear", "varlen", "kv-cache", "rope", "merge" or
-        "paged-batch": which family of properties applies (the last five have their own
-        calling conventions)."""
+        """ "dense", "sparse", "linear", "varlen", "kv-cache", "rope", "merge",
+        "paged-batch" or "mla": which family of properties applies (the last six have their
+        own calling conventions)."""
         if self.rope is not None:
             return "rope"
         if self.merge is not None:
             return "merge"
         if self.paged_batch is not None:
             return "paged-batch"
+        if self.mla is not None:
+            return "mla"
         if self.sparse is not None:
             return "sparse"
         if self.linear is not None:

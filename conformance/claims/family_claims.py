@@ -122,6 +122,28 @@ def paged_batch_from_flags(get: Getter) -> PagedBatchClaim | None:
     return PagedBatchClaim(get("paged_batch"), get("paged_batch_page_size"))
 
 
+@dataclass(frozen=True)
+class MlaClaim:
+    """The kernel computes multi-head latent attention in its absorbed form (MLA-1), called
+    ``fn(q (..., Hq, Lq, r + d_r), kv (..., 1, Lk, r + d_r), scale=, is_causal=)`` ->
+    ``(..., Hq, Lq, r)``: keys ``kv``, values its first ``value_dim`` = r channels.
+    ``value_dim`` and ``rope_dim`` are the kernel's built-in r and d_r (DeepSeek V3's
+    512 and 64 by default).
+    """
+
+    value_dim: int = 512
+    rope_dim: int = 64
+
+
+def mla_from_flags(get: Getter) -> MlaClaim | None:
+    if get("mla") is None:
+        if get("mla_rope_dim") is not None:
+            raise UsageError("--mla-rope-dim needs --mla R")
+        return None
+    rope_dim = get("mla_rope_dim")
+    return MlaClaim(get("mla"), 64 if rope_dim is None else rope_dim)
+
+
 def rope_from_flags(get: Getter) -> RopeClaim | None:
     given = [f for f in ("rope_base", "rope_dim") if get(f) is not None]
     if get("rope") is None:

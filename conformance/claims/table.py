@@ -32,6 +32,7 @@ from .family_claims import (
     PAGED_CACHE_LAYOUTS,
     linear_from_flags,
     merge_from_flags,
+    mla_from_flags,
     paged_batch_from_flags,
     rope_from_flags,
     sparse_from_flags,
@@ -752,6 +753,27 @@ CLAIMS: tuple[Claim, ...] = (
             ),
         ),
         implies={"sinks": True},
+    ),
+    Claim(
+        "mla",
+        flags=(
+            Flag(
+                "--mla",
+                "the kernel is multi-head latent attention in its absorbed form (MLA-1) with "
+                "latent width R: fn(q (..., Hq, Lq, R + D), kv (..., 1, Lk, R + D), scale=, "
+                "is_causal=) -> (..., Hq, Lq, R), the values kv's first R channels; only the "
+                "MLA properties apply",
+                type=int,
+                metavar="R",
+            ),
+            Flag(
+                "--mla-rope-dim",
+                "the MLA kernel's rotary part D (default 64)",
+                type=int,
+                metavar="D",
+            ),
+        ),
+        from_flags=mla_from_flags,
     ),
 )
 CLAIM_FLAGS: tuple[Flag, ...] = tuple(flag for claim in CLAIMS for flag in claim.flags)

@@ -88,6 +88,16 @@ def _paged_batch_invalid(value: Any) -> str | None:
     return None
 
 
+def _mla_invalid(value: Any) -> str | None:
+    if value is None:
+        return None
+    for name, least in (("value_dim", 1), ("rope_dim", 0)):
+        size = getattr(value, name)
+        if isinstance(size, bool) or not isinstance(size, int) or size < least:
+            return f"mla {name}={size!r}, but should be an int >= {least}"
+    return None
+
+
 def _dtypes_invalid(value: Any) -> str | None:
     if value is not None and (not value or any(d not in FLOAT_DTYPE_NAMES for d in value)):
         return f"dtypes={value!r}, but should be a non-empty subset of {FLOAT_DTYPE_NAMES}"
@@ -125,6 +135,7 @@ VALUE_CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "rope": _rope_invalid,
     "merge": _merge_invalid,
     "paged_batch": _paged_batch_invalid,
+    "mla": _mla_invalid,
 }
 
 

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 KINDS = ("hypothesis", "fixed")
 
 
-PACKED_FAMILIES = ("varlen", "kv-cache", "rope", "merge", "paged-batch")  # own calling conventions
+# families with calling conventions of their own
+PACKED_FAMILIES = ("varlen", "kv-cache", "rope", "merge", "paged-batch", "mla")
 
 
 def always(declaration: KernelDeclaration) -> str | None:

@@ -246,6 +246,8 @@ def rebuild_source(
         declaration_names.add("MergeClaim")
     if declaration.paged_batch is not None:
         declaration_names.add("PagedBatchClaim")
+    if declaration.mla is not None:
+        declaration_names.add("MlaClaim")
     lines = []
     if environment:
         # set before the kernel's library is imported (Keras reads KERAS_BACKEND then)

@@ -139,6 +139,15 @@ def check_signature(fn: Callable[..., Any], declaration: KernelDeclaration, name
                 f"function {name}{signature} cannot be called as fn(x, positions) ({exc}) [ROPE-1]"
             ) from None
         return
+    if declaration.family == "mla":
+        try:
+            signature.bind(None, None, scale=1.0, **declaration.extra_kwargs)
+        except TypeError as exc:
+            raise SetupError(
+                f"function {name}{signature} cannot be called as fn(q, kv, scale=) ({exc}) "
+                f"[MLA-1, MLA-2]"
+            ) from None
+        return
     if declaration.family == "merge":
         try:
             signature.bind(None, None, None, None, **declaration.extra_kwargs)

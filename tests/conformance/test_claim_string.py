@@ -22,6 +22,7 @@ from attnspec.conformance import (
     KernelDeclaration,
     LinearClaim,
     MergeClaim,
+    MlaClaim,
     PagedBatchClaim,
     RopeClaim,
     SparseClaim,
@@ -247,6 +248,7 @@ def _declarations() -> list[KernelDeclaration]:
         KernelDeclaration(merge=MergeClaim(base="2", out_layout="lhd", lse_layout="lh")),
         KernelDeclaration(paged_batch=PagedBatchClaim()),
         KernelDeclaration(paged_batch=PagedBatchClaim(cache_layout="nhd", page_size=16)),
+        KernelDeclaration(mla=MlaClaim()),
     ]
     return declarations
 

@@ -12,6 +12,7 @@ from . import (  # noqa: F401
     masked_values,
     masking,
     merge,
+    mla,
     paged_batch,
     rope,
     scale,
