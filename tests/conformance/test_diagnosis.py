@@ -123,6 +123,12 @@ def test_hints_name_the_declaration_that_passes() -> None:
         causal_alignment="top_left",
     )
     assert passes.conforms, [v.detail for v in passes.verdicts]
+    lower = check(
+        sm.float64_computed_in_float32, only="matches-reference", dtypes="float16,float32"
+    )
+    assert lower.conforms, [v.detail for v in lower.verdicts]
+    waived = check(sm.finite_fill_minus_1e9, only="empty-rows-zero", empty_rows_zero=False)
+    assert waived.conforms, [v.detail for v in waived.verdicts]
 
 
 def test_cause_lines_travel_with_the_hints() -> None:
