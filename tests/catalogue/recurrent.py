@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 Array = np.ndarray
@@ -93,13 +92,31 @@ def _token(
             update = strength[..., t, None] * (update - read)
         new = state + k[..., t, :, None] * update[..., None, :]
         if bug == "state_bfloat16":  # written back in the input dtype (ollama #15865)
-            new = new.astype(ml_dtypes.bfloat16).astype(np.float32)
+            new = to_bfloat16(new)
         seen = before if bug == "output_before_update" else new
         state = new
         shared = np.repeat(seen, groups, axis=-3)
         outs.append(alpha * np.einsum("...kv,...k->...v", shared, q[..., t, :]))
     out = np.stack(outs, axis=-2) if outs else np.zeros((*q.shape[:-1], v.shape[-1]), np.float32)
     return out, state
+
+
+def to_bfloat16(x: Array) -> Array:
+    """``x`` rounded to bfloat16 (to nearest, ties to even), as float32: the top 16 bits of
+    the float32 pattern, so that no bfloat16 library is needed (finite values only)."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (bits + ((bits >> 16) & 1) + np.uint32(0x7FFF)) & np.uint32(0xFFFF0000)
+    return rounded.view(np.float32)
+
+
+def _narrow(x: Array, mode: str | None) -> Array:
+    """With ``mode`` "bfloat16_operands", a product's operand rounded to bfloat16 first, as
+    flash-linear-attention's Triton kernels store w, u, the corrections, the chunk states
+    and the intra-chunk scores in the input dtype (chunk_delta_h.py's ``b_v.to(k.dtype)``);
+    the state carried from chunk to chunk stays float32."""
+    if mode != "bfloat16_operands":
+        return x
+    return to_bfloat16(x)
 
 
 def _chunked(
@@ -154,18 +171,19 @@ def _chunked(
             keys = bc[..., None] * kc * decay
             if bug == "wy_both_decayed":  # the decay applied to both WY factors (shainet PR #170)
                 values = values * decay[..., :1]
-            u_tilde = np.linalg.solve(system, values)
-            w = np.linalg.solve(system, keys)
-            update = u_tilde - w @ state
+            u_tilde = _narrow(np.linalg.solve(system, values), bug)
+            w = _narrow(np.linalg.solve(system, keys), bug)
+            update = u_tilde - w @ _narrow(state, bug)
         else:
             update = vc
-        shared_state = np.repeat(state, groups, axis=-3)
+        update = _narrow(update, bug)
+        shared_state = np.repeat(_narrow(state, bug), groups, axis=-3)
         shared_update = np.repeat(update, groups, axis=-3)
         shared_pairs = np.repeat(pairs, groups, axis=-4)
         shared_keys = np.repeat(kc, groups, axis=-3)
         shared_decay = np.repeat(decay, groups, axis=-3)
-        scores = np.einsum("...te,...tje,...je->...tj", qc, shared_pairs, shared_keys)
-        out = (qc * shared_decay) @ shared_state + scores @ shared_update
+        scores = _narrow(np.einsum("...te,...tje,...je->...tj", qc, shared_pairs, shared_keys), bug)
+        out = _narrow(qc * shared_decay, bug) @ shared_state + scores @ shared_update
         outs.append(alpha * out)
         if bug == "last_chunk_dropped" and stop - start < CHUNK:
             continue  # the partial last chunk never reaches the final state
@@ -192,6 +210,12 @@ def chunked(q: Array, k: Array, v: Array, **kwargs: Any) -> tuple[Array, Array]:
     """Correct: the chunked form, chunks of 16, a shorter last chunk, decays as
     differences of cumulative log gates."""
     return _chunked(q, k, v, **kwargs)
+
+
+def chunked_bfloat16_operands(q: Array, k: Array, v: Array, **kwargs: Any) -> tuple[Array, Array]:
+    """Correct under its declaration (REC-6.2's u_p = u_d, for bfloat16 inputs): the chunked
+    form with every product's operands rounded to bfloat16, the state carried in float32."""
+    return _chunked(q, k, v, bug="bfloat16_operands", **kwargs)
 
 
 CORRECT = (token, chunked)

@@ -82,6 +82,33 @@ def test_every_bug_is_outside_the_bound_on_its_witness(bug: catalogue.RecurrentB
     assert all(_outside(fn, problem) <= 1 for fn in catalogue.CORRECT)
 
 
+@pytest.mark.parametrize("rule", RULES)
+def test_bfloat16_operands_are_within_the_bound_they_declare(rule: str) -> None:
+    """REC-6.2: the chunked kernel that rounds every product's operands to bfloat16, as
+    flash-linear-attention's Triton kernels do, is within the bound with u_p = u_d declared
+    (bfloat16 inputs, chunks of 16, T = 129 across three chunks and a partial one, query
+    groups) and outside it without the declaration."""
+    rng = np.random.default_rng(RULES.index(rule))
+    problem = recurrent_problem(
+        rng, rule=rule, length=129, d_k=64, d_v=32, heads=(4, 2, 2), per_channel=rule == "gated"
+    )
+    problem = {
+        n: (catalogue.to_bfloat16(a).astype(np.float64) if isinstance(a, np.ndarray) else a)
+        for n, a in problem.items()
+    }
+    out, state = catalogue.chunked_bfloat16_operands(**problem)
+    excess = []
+    for declared in (True, False):
+        bound = recurrent_error_bound(
+            **problem, dtype="bfloat16", chunk_size=16, operands_in_input_dtype=declared
+        )
+        excess.append(float(np.max(np.abs(out - bound.out) / bound.out_tolerance)))
+        excess.append(
+            float(np.max(np.abs(state - bound.final_state) / bound.final_state_tolerance))
+        )
+    assert max(excess[:2]) <= 1 and excess[2] > 1, excess
+
+
 def test_the_catalogue_has_at_least_twelve_bugs() -> None:
     """REC-6.2: issue 37 asks for twelve; each names where it happened or what it breaks."""
     assert len(catalogue.BUGS) >= 12
