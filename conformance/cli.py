@@ -27,6 +27,7 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 from .. import benchmarks
@@ -36,7 +37,13 @@ from .claims import table as claims
 from .claims.flags import Flag, UsageError, comma_list
 from .claims.table import CLAIM_FLAGS, SETUP_FLAGS
 from .judge.registry import Property
-from .judge.reproduce import PROGRAM, reproduction_file, rerun_flags
+from .judge.reproduce import (
+    PROGRAM,
+    REPRODUCTIONS_DIRECTORY,
+    reproduction_file,
+    reproductions_in,
+    rerun_flags,
+)
 from .judge.verdict import FAILED, WARNING, Verdict
 from .plan import REPORT_FORMATS, Execution, execute, plan_run
 from .report.files import signal_name, sigterm_interrupts
@@ -111,6 +118,14 @@ RUN_FLAGS = (
         "--quiet",
         "no progress lines, and the kernel's printing is dropped (unless --kernel-output)",
         kind="switch",
+        rerun=False,
+    ),
+    Flag(
+        "--reproductions",
+        "write reproductions too long to show into DIR, one PROPERTY.py each (default: "
+        "attnspec-reproductions/ beside the --markdown/--junit report, else in the working "
+        "directory; with --json they are in the JSON report)",
+        metavar="DIR",
         rerun=False,
     ),
     *SUPERVISION_FLAGS,
@@ -354,6 +369,19 @@ def _kernel_output(args: argparse.Namespace, stack: contextlib.ExitStack) -> Tex
         raise SetupError(f"--kernel-output {path!r}: {exc.strerror}") from None
 
 
+def reproductions_directory(args: argparse.Namespace) -> Path:
+    """Where reproductions too long to show go: --reproductions DIR, else
+    attnspec-reproductions/ beside the first --markdown/--junit report, else in the working
+    directory (never the temporary directory)."""
+    if getattr(args, "reproductions", None):
+        return Path(args.reproductions)
+    beside = next(
+        (getattr(args, fmt) for fmt in ("markdown", "junit") if getattr(args, fmt, None)), None
+    )
+    parent = Path(beside).parent if beside else Path()
+    return parent / REPRODUCTIONS_DIRECTORY
+
+
 def command_check(args: argparse.Namespace) -> int:
     from .kernels.known import target_write_ups
     from .report import render
@@ -363,7 +391,11 @@ def command_check(args: argparse.Namespace) -> int:
     done = _run_one(setup, args, flags, reports=report_paths(args))
     report = done.report
     # a reproduction too long to show is in the JSON report, or else in a file of its own
-    where = f"the JSON report {args.json}" if args.json else reproduction_file
+    where = (
+        f"the JSON report {args.json}"
+        if args.json and not args.reproductions
+        else reproductions_in(reproductions_directory(args))
+    )
     print(
         render.format_table(
             report,

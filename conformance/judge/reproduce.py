@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import os
 import shlex
-import tempfile
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -356,10 +356,27 @@ def reproduction_lines(
     return ["  reproduction (runs on its own):", textwrap.indent(verdict.reproduction, "    ")]
 
 
+# Where reproductions too long to show go when no directory is named: beside the report
+# the user reads, never the temporary directory (where a later reader would not look).
+REPRODUCTIONS_DIRECTORY = "attnspec-reproductions"
+
+
+def reproductions_in(directory: str | os.PathLike[str] | None = None) -> Callable[[Verdict], str]:
+    """A function that writes a verdict's full reproduction to ``DIRECTORY/PROPERTY.py``
+    (made if missing; default :data:`REPRODUCTIONS_DIRECTORY` in the working directory)
+    and returns its path, for a reproduction too long to show in a message."""
+    chosen = Path(directory if directory is not None else REPRODUCTIONS_DIRECTORY)
+
+    def write(verdict: Verdict) -> str:
+        chosen.mkdir(parents=True, exist_ok=True)
+        path = chosen / f"{verdict.property}.py"
+        path.write_text(verdict.reproduction, encoding="utf-8")
+        return str(path)
+
+    return write
+
+
 def reproduction_file(verdict: Verdict) -> str:
-    """Write ``verdict``'s full reproduction to a new file in the temporary directory (one
-    too long to show in a message); returns its path."""
-    fd, path = tempfile.mkstemp(prefix=f"attnspec-{verdict.property}-", suffix=".py")
-    with os.fdopen(fd, "w", encoding="utf-8") as file:
-        file.write(verdict.reproduction)
-    return path
+    """Write ``verdict``'s full reproduction to :data:`REPRODUCTIONS_DIRECTORY` in the
+    working directory (one too long to show in a message); returns its path."""
+    return reproductions_in()(verdict)

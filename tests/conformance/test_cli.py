@@ -547,15 +547,20 @@ def test_python_api_names_a_bad_argument(
         check(kernel, only=["default-scale"], **options)  # type: ignore[arg-type]
 
 
-def test_assert_conforms_caps_the_reproduction(kernels: Path) -> None:
+def test_assert_conforms_caps_the_reproduction(
+    kernels: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """SDPA-2.1: the score-variance failure's reproduction (2000 key pairs as literals,
     over a megabyte) is not put into the AssertionError: it is written to a file that the
-    message names, and that file holds the whole snippet."""
+    message names, in attnspec-reproductions/ of the working directory (never the
+    temporary directory), and that file holds the whole snippet."""
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(AssertionError) as failure:
         assert_conforms(f"{kernels}:no_default_scale", only=["score-variance"])
     message = str(failure.value)
     assert len(message) < 20_000 and "FAILED score-variance [SDPA-2.1" in message
     path = Path(message.split("too long to show here; it is in ")[1].split()[0])
+    assert path == Path("attnspec-reproductions", "score-variance.py")
     try:
         snippet = path.read_text(encoding="utf-8")
         assert len(snippet) > 1_000_000 and "out = fn(q, k, v" in snippet

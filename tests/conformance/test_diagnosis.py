@@ -12,6 +12,7 @@ counting causes, and the failures no cause explains after them.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -225,3 +226,24 @@ def test_every_report_says_what_was_not_checked_and_the_wall_time() -> None:
     assert "bfloat16 (numpy cannot express it)" in line
     assert "dropout-zero" in line and "--only/--skip" in line
     assert report.wall_seconds > 0 and " s wall time)" in text
+
+
+def test_long_reproductions_go_beside_the_report(tmp_path: Path) -> None:
+    """CONF-1: a reproduction too long to show is written to --reproductions DIR, else
+    beside the --markdown/--junit report, else to the working directory; never to the
+    temporary directory."""
+    from attnspec.conformance.cli import build_parser, reproductions_directory
+    from attnspec.conformance.judge.reproduce import reproductions_in
+
+    def directory(*argv: str) -> Path:
+        return reproductions_directory(build_parser().parse_args(["check", "m:f", *argv]))
+
+    assert directory() == Path("attnspec-reproductions")
+    report = tmp_path / "out" / "report.md"
+    assert directory("--markdown", str(report)) == tmp_path / "out" / "attnspec-reproductions"
+    assert directory("--reproductions", str(tmp_path / "r")) == tmp_path / "r"
+    verdict = hand_verdict("key-permutation", "SDPA-7.6")
+    verdict.reproduction = "print('replay')\n"
+    written = Path(reproductions_in(tmp_path / "r")(verdict))
+    assert written == tmp_path / "r" / "key-permutation.py"
+    assert written.read_text(encoding="utf-8") == "print('replay')\n"
