@@ -1,8 +1,8 @@
 """QUANT-4 as code: the accuracy a float8 attention kernel must reach (spec/serving.md).
 
-TOL-2 on the real values (stored × descale) with the output dtype's unit roundoff, float32
-accumulation and (E + 8) u_a for the descale products, plus, for a kernel that rounds its
-unnormalised weights to a float8 format before P V (QUANT-3), the term
+TOL-2 on the real values (stored × descale) in float32 arithmetic throughout, with (E + 8) u_a
+for the descale products, plus the rounding of the output to its dtype and, for a kernel that
+rounds its unnormalised weights to a float8 format before P V (QUANT-3), the term
 ``2 sum_j min(u_f p_ij + eta_f max_l p_il, p_ij) |v_jc|``.
 """
 
@@ -16,7 +16,7 @@ import array_api_compat
 from ._array import Array
 from ._checks import check_choice
 from .serving.fp8 import FP8_FORMATS, real_values
-from .tolerance import error_bound
+from .tolerance import SAFETY_FACTOR, UNDERFLOW_THRESHOLD, UNIT_ROUNDOFF, error_bound
 
 CALL = "fp8_error_bound(q, k, v, q_descale=, k_descale=, v_descale=, out_dtype=)"
 OUT_DTYPES = ("float16", "bfloat16", "float32")
@@ -69,29 +69,46 @@ def fp8_error_bound(
         zeros = xp.zeros((*x.shape[:-1], _DESCALE_COLUMNS), dtype=x.dtype, device=device)
         return xp.concat([x, zeros], axis=-1)
 
+    # float32 arithmetic throughout (the scale and descales applied in float32 to exact
+    # products of float8 values), then the output rounded to its own dtype
     bound = error_bound(
         padded(real_q),
         padded(real_k),
         real_v,
-        dtype=out_dtype,
+        dtype="float32",
         mask=mask,
         is_causal=is_causal,
         causal_alignment=causal_alignment,
         scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else scale,
-        weights=weights_format is not None,
     )
-    if weights_format is None:
-        return Fp8Bound(bound.out, bound.out_tolerance, xp.zeros_like(bound.out))
-    f = FP8_FORMATS[weights_format]
     p = bound.weights  # (..., Hq, Lq, Lk)
-    largest = xp.max(p, axis=-1, keepdims=True) if p.shape[-1] else p
-    error = xp.minimum(f.unit_roundoff * p + 0.5 * f.subnormal_spacing * largest, p)
     *batch, n_q_heads, n_queries, n_keys = p.shape
     n_kv_heads = real_v.shape[-3]
-    grouped = xp.reshape(error, (*batch, n_kv_heads, n_q_heads // n_kv_heads, n_queries, n_keys))
     finite_v = xp.where(xp.isfinite(real_v), xp.abs(real_v), xp.zeros_like(real_v))
-    term = xp.reshape(xp.matmul(grouped, finite_v[..., None, :, :]), bound.out.shape)
-    term = WEIGHTS_FACTOR * term
+
+    def times_values(weights: Any) -> Any:
+        """sum_j weights_ij |v_jc| for every query head (GQA groups share v)."""
+        shape = (*batch, n_kv_heads, n_q_heads // n_kv_heads, n_queries, n_keys)
+        product = xp.matmul(xp.reshape(weights, shape), finite_v[..., None, :, :])
+        return xp.reshape(product, bound.out.shape)
+
     finite = xp.isfinite(bound.out)
-    tolerance = xp.where(finite, bound.out_tolerance + term, bound.out_tolerance)
+    out_size = xp.where(finite, xp.abs(bound.out), xp.zeros_like(bound.out))
+    rounding = (
+        SAFETY_FACTOR
+        * (UNIT_ROUNDOFF[out_dtype] - UNIT_ROUNDOFF["float32"])
+        * (times_values(p) + out_size)
+    )
+    # every key's |v| (an upper bound of the allowed keys' sum of TOL-2's floor)
+    floor = (UNDERFLOW_THRESHOLD[out_dtype] - UNDERFLOW_THRESHOLD["float32"]) * (
+        n_keys + 2 + times_values(xp.ones_like(p))
+    )
+    tolerance = bound.out_tolerance + xp.where(finite, rounding + floor, xp.zeros_like(rounding))
+    term = xp.zeros_like(bound.out)
+    if weights_format is not None:
+        f = FP8_FORMATS[weights_format]
+        largest = xp.max(p, axis=-1, keepdims=True) if n_keys else p
+        error = xp.minimum(f.unit_roundoff * p + 0.5 * f.subnormal_spacing * largest, p)
+        term = WEIGHTS_FACTOR * times_values(error)
+        tolerance = xp.where(finite, tolerance + term, tolerance)
     return Fp8Bound(bound.out, tolerance, term)
