@@ -75,20 +75,34 @@ def _torch_math(problem: dict[str, Any], is_causal: bool) -> tuple[Any, ...]:
 
 
 def _flash2(
-    problem: dict[str, Any], is_causal: bool, block: int = 128, wrong: str = ""
+    problem: dict[str, Any],
+    is_causal: bool,
+    block: int = 128,
+    wrong: str = "",
+    softcap: float | None = None,
 ) -> tuple[Any, ...]:
     """FlashAttention 2's forward and backward (Dao 2023, Algorithms 1 and 2) in float32
-    with the roundings to the input dtype that FlashAttention makes; ``wrong`` names one
-    step done wrong (for the non-vacuity tests)."""
+    with the roundings to the input dtype that FlashAttention makes (P before P V and
+    P^T dO, dS before its products, the output and the gradients), GQA by repeated key/value
+    heads whose gradients are summed over the group, and a softcap whose derivative is
+    formed from the capped scores; ``wrong`` names one step done wrong (for the
+    non-vacuity tests)."""
     low = problem["q"].dtype
     q, k, v, do = (problem[n].float() for n in ("q", "k", "v", "grad_out"))
-    length, dim = q.shape[-2], q.shape[-1]
+    group = q.shape[-3] // k.shape[-3]
+    k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    n_queries, n_keys, dim = q.shape[-2], k.shape[-2], q.shape[-1]
     alpha = 1 / math.sqrt(dim)
     scores = q @ k.transpose(-1, -2) * alpha
+    slope = None
+    if softcap is not None:
+        slope = torch.tanh(scores / softcap)
+        scores = softcap * slope
     if problem["bias"] is not None:
         scores = scores + problem["bias"].float()
     if is_causal:
-        scores = scores.masked_fill(torch.ones(length, length, dtype=torch.bool).triu(1), -math.inf)
+        upper = torch.ones(n_queries, n_keys, dtype=torch.bool).triu(n_keys - n_queries + 1)
+        scores = scores.masked_fill(upper, -math.inf)
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)
     rounded = lambda a: a.to(low).float()  # noqa: E731
     out = rounded(rounded(torch.exp(scores - lse)) @ v)
@@ -96,15 +110,19 @@ def _flash2(
     if wrong == "no delta":
         delta = torch.zeros_like(delta)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for start in range(0, length, block):
+    for start in range(0, n_keys, block):
         cols = slice(start, start + block)
         weights = torch.exp(scores[..., cols] - lse)
         dv[..., cols, :] += rounded(weights).transpose(-1, -2) @ do
-        grad_scores = rounded(weights * (do @ v[..., cols, :].transpose(-1, -2) - delta))
+        grad_scores = weights * (do @ v[..., cols, :].transpose(-1, -2) - delta)
+        if slope is not None and wrong != "no softcap":
+            grad_scores = grad_scores * (1 - slope[..., cols] ** 2)
+        grad_scores = rounded(grad_scores)
         scale = alpha * alpha if wrong == "scale twice" else alpha
         dq += grad_scores @ k[..., cols, :] * alpha
         dk[..., cols, :] += grad_scores.transpose(-1, -2) @ q * scale
-    return rounded(dq), rounded(dk), rounded(dv)
+    summed = [a.reshape(*a.shape[:-3], -1, group, *a.shape[-2:]).sum(-3) for a in (dk, dv)]
+    return rounded(dq), rounded(summed[0]), rounded(summed[1])
 
 
 def _ratios(got: tuple[Any, ...], bound: Any) -> list[float]:
@@ -161,3 +179,36 @@ def test_the_bound_is_the_same_in_chunks_of_rows(chunk_elements: int) -> None:
         chunked = gradient_error_bound(q, k, v, do, chunk_elements=chunk_elements, **options)
         for a, b in zip(whole, chunked, strict=True):
             np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-300)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_softcapped_gqa_kernel_is_within_the_bound(dtype: str) -> None:
+    """BWD-7, BWD-2, BWD-17: FlashAttention 2's backward with GQA (4 query heads on one
+    key/value head), Lk > Lq with bottom-right causal rows, and a softcap of 20 on scores of
+    size ~16 (where the cap bends them), in every dtype, is within the bound; without the
+    softcap's derivative it is not (float32)."""
+    gen = torch.Generator().manual_seed(59)
+    low = getattr(torch, dtype)
+    problem = {
+        "q": (torch.randn(1, 4, 130, 64, generator=gen) * 4).to(low),
+        "k": (torch.randn(1, 1, 200, 64, generator=gen) * 4).to(low),
+        "v": torch.randn(1, 1, 200, 64, generator=gen).to(low),
+        "grad_out": torch.randn(1, 4, 130, 64, generator=gen).to(low),
+        "bias": None,
+    }
+
+    def f64(a: Any) -> Any:
+        return a.double().numpy()
+
+    bound = gradient_error_bound(
+        *(f64(problem[n]) for n in ("q", "k", "v", "grad_out")),
+        dtype=dtype,
+        is_causal=True,
+        causal_alignment="bottom_right",
+        softcap=20.0,
+    )
+    ratios = _ratios(_flash2(problem, True, softcap=20.0), bound)
+    assert max(ratios) <= 1, (dtype, ratios)
+    if dtype == "float32":
+        uncapped = _ratios(_flash2(problem, True, softcap=20.0, wrong="no softcap"), bound)
+        assert max(uncapped) > 1, uncapped
