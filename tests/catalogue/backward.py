@@ -331,3 +331,45 @@ BUGS = (
         "kv-swapped", "diffusers #14338: V used where K belongs in dQ", "gradients-match-reference"
     ),
 )
+
+
+def varlen_backward(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_q: list[int],
+    cu_seqlens_k: list[int],
+    grad_out: Any,
+    *,
+    is_causal: bool = False,
+    zero_tail: bool = True,
+) -> tuple[Any, Any, Any]:
+    """A packed backward ``(T, H, E)`` that, as FlashAttention 2 and 3 do, accepts arrays
+    longer than ``cu_seqlens[-1]``: each sequence's rows from :func:`flash2_backward` on that
+    sequence alone (VARLEN-2), into buffers that start as poisoned memory (NaN, as the test of
+    flash-attention PR 2324 poisons the GPU). ``zero_tail`` False is the bug of PyTorch
+    #176793: the rows past the last offset are never written."""
+    buffers = [torch.full_like(a, math.nan) for a in (q, k, v)]
+    if zero_tail:  # BWD-11: rows no sequence owns get exactly 0
+        stops = (cu_seqlens_q[-1], cu_seqlens_k[-1], cu_seqlens_k[-1])
+        for buffer, stop in zip(buffers, stops, strict=True):
+            buffer[stop:] = 0.0
+    for b in range(len(cu_seqlens_q) - 1):
+        rows = slice(cu_seqlens_q[b], cu_seqlens_q[b + 1])
+        keys = slice(cu_seqlens_k[b], cu_seqlens_k[b + 1])
+
+        def heads_first(a: Any) -> Any:
+            return a.transpose(0, 1)[None]
+
+        dq, dk, dv, _ = flash2_backward(
+            heads_first(q[rows]),
+            heads_first(k[keys]),
+            heads_first(v[keys]),
+            heads_first(grad_out[rows]),
+            is_causal=is_causal,
+            causal_alignment="bottom_right",
+        )
+        buffers[0][rows] = dq[0].transpose(0, 1)
+        buffers[1][keys] = dk[0].transpose(0, 1)
+        buffers[2][keys] = dv[0].transpose(0, 1)
+    return buffers[0], buffers[1], buffers[2]

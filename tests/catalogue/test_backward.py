@@ -236,3 +236,53 @@ def test_each_bug_is_caught(bug: Any) -> None:
         if bug.caught_by in found:
             return
     raise AssertionError((bug.name, bug.upstream, found))
+
+
+@pytest.mark.parametrize("zero_tail", [True, False])
+def test_packed_rows_past_the_last_offset(zero_tail: bool) -> None:
+    """BWD-11: a packed backward given arrays 3 tokens longer than cu_seqlens[-1] returns
+    rows of exactly 0 past it, and each sequence's rows within BWD-17 of the reference's
+    backward of the trimmed arrays (no gradient crosses a boundary); leaving the tail
+    unwritten (PyTorch #176793) is caught."""
+    from attnspec.reference.backward import varlen_attention_backward
+    from catalogue.backward import varlen_backward
+
+    rng = np.random.default_rng(61)
+    cu_q, cu_k = [0, 5, 5, 12], [0, 4, 9, 16]
+    q, k, v = (_rounded(rng.standard_normal((n, 2, 8))) for n in (15, 19, 19))
+    do = _rounded(rng.standard_normal((15, 2, 8)))
+    grads = varlen_backward(
+        *(torch.from_numpy(a.astype(np.float32)) for a in (q, k, v)),
+        cu_q,
+        cu_k,
+        torch.from_numpy(do.astype(np.float32)),
+        is_causal=True,
+        zero_tail=zero_tail,
+    )
+    got = [g.double().numpy() for g in grads]
+    tails_zero = all(
+        np.all(g[stop:] == 0) for g, stop in zip(got, (cu_q[-1], cu_k[-1], cu_k[-1]), strict=True)
+    )
+    assert tails_zero == zero_tail
+    expected = varlen_attention_backward(
+        q[:12],
+        k[:16],
+        v[:16],
+        np.array(cu_q),
+        np.array(cu_k),
+        do[:12],
+        is_causal=True,
+        causal_alignment="bottom_right",
+    )
+    for b in range(3):  # per sequence, against the dense bound of that sequence alone
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        bound = gradient_error_bound(
+            *(np.swapaxes(a, 0, 1) for a in (q[rows], k[keys], v[keys], do[rows])),
+            dtype="float32",
+            is_causal=True,
+            causal_alignment="bottom_right",
+        )
+        parts = zip(got, expected[:3], (rows, keys, keys), bound[4:7], strict=True)
+        for g, e, index, tolerance in parts:
+            np.testing.assert_array_equal(np.swapaxes(tolerance, 0, 1).shape, g[index].shape)
+            assert np.all(np.abs(g[index] - e[index]) <= np.swapaxes(tolerance, 0, 1))
