@@ -24,6 +24,7 @@ FAMILIES = (
     "merge",
     "paged-batch",
     "mla",
+    "recurrent",
 )
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 # The fixed words of ``feature`` in the grammar, and its words with a part that varies.

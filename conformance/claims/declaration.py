@@ -24,6 +24,7 @@ from .family_claims import (
     MergeClaim,
     MlaClaim,
     PagedBatchClaim,
+    RecurrentClaim,
     RopeClaim,
     SparseClaim,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "MergeClaim",
     "MlaClaim",
     "PagedBatchClaim",
+    "RecurrentClaim",
     "RopeClaim",
     "SparseClaim",
     "declaration_of",
@@ -109,6 +111,7 @@ class KernelDeclaration:
     sinks: bool = False
     sinks_keyword: str = "sinks"
     mla: MlaClaim | None = None
+    recurrent: RecurrentClaim | None = None
 
     def __post_init__(self) -> None:
         check_fields((f.name, str(f.type), getattr(self, f.name)) for f in fields(self))
@@ -116,8 +119,8 @@ class KernelDeclaration:
     @property
     def family(self) -> str:
         """ "dense", "sparse", "linear", "varlen", "kv-cache", "rope", "merge",
-        "paged-batch" or "mla": which family of properties applies (the last six have their
-        own calling conventions)."""
+        "paged-batch", "mla" or "recurrent": which family of properties applies (the last
+        seven have their own calling conventions)."""
         if self.rope is not None:
             return "rope"
         if self.merge is not None:
@@ -126,6 +129,8 @@ class KernelDeclaration:
             return "paged-batch"
         if self.mla is not None:
             return "mla"
+        if self.recurrent is not None:
+            return "recurrent"
         if self.sparse is not None:
             return "sparse"
         if self.linear is not None:

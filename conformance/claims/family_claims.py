@@ -144,6 +144,46 @@ def mla_from_flags(get: Getter) -> MlaClaim | None:
     return MlaClaim(get("mla"), 64 if rope_dim is None else rope_dim)
 
 
+RECURRENT_RULES = ("linear", "gated", "delta", "gated_delta")
+RECURRENT_GATES = ("head", "channel")
+
+
+@dataclass(frozen=True)
+class RecurrentClaim:
+    """The kernel is linear attention as a recurrence (spec/recurrent.md) with one update
+    rule, called ``fn(q (B, Hq, T, dk), k (B, Hk, T, dk), v (B, Hv, T, dv), g=, beta=,
+    initial_state=)`` -> ``(out (B, Ho, T, dv), final_state (B, Hs, dk, dv))``: ``g`` only
+    for the gated rules, per head ``(B, Hs, T)`` or per key channel ``(B, Hs, T, dk)``
+    (``gate``), ``beta (B, Hs, T)`` only for the delta rules.  ``chunk_size`` is the largest
+    chunk it evaluates at once (C_h of REC-6.2; 1 for a token-by-token kernel) and
+    ``rounded_operands`` that it rounds its products' operands to the input dtype (u_p).
+    """
+
+    rule: str = "gated_delta"
+    gate: str = "head"
+    chunk_size: int = 64
+    rounded_operands: bool = False
+
+
+def recurrent_from_flags(get: Getter) -> RecurrentClaim | None:
+    given = [
+        f
+        for f in ("recurrent_gate", "recurrent_chunk_size", "recurrent_rounded_operands")
+        if get(f)
+    ]
+    if get("recurrent") is None:
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} needs --recurrent RULE")
+        return None
+    chunk = get("recurrent_chunk_size")
+    return RecurrentClaim(
+        get("recurrent"),
+        get("recurrent_gate") or "head",
+        64 if chunk is None else chunk,
+        bool(get("recurrent_rounded_operands")),
+    )
+
+
 def rope_from_flags(get: Getter) -> RopeClaim | None:
     given = [f for f in ("rope_base", "rope_dim") if get(f) is not None]
     if get("rope") is None:

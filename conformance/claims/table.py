@@ -30,10 +30,13 @@ from .family_claims import (
     MERGE_LSE_LAYOUTS,
     MERGE_OUT_LAYOUTS,
     PAGED_CACHE_LAYOUTS,
+    RECURRENT_GATES,
+    RECURRENT_RULES,
     linear_from_flags,
     merge_from_flags,
     mla_from_flags,
     paged_batch_from_flags,
+    recurrent_from_flags,
     rope_from_flags,
     sparse_from_flags,
 )
@@ -774,6 +777,39 @@ CLAIMS: tuple[Claim, ...] = (
             ),
         ),
         from_flags=mla_from_flags,
+    ),
+    Claim(
+        "recurrent",
+        flags=(
+            Flag(
+                "--recurrent",
+                "the kernel is linear attention as a recurrence with this update rule "
+                "(spec/recurrent.md): fn(q (B, Hq, T, dk), k, v, g=, beta=, initial_state=) "
+                "-> (out, final_state); only the recurrence properties apply",
+                choices=RECURRENT_RULES,
+                metavar="RULE",
+            ),
+            Flag(
+                "--recurrent-gate",
+                "the recurrent kernel's gate g: per head (B, Hs, T) or per key channel "
+                "(B, Hs, T, dk) (default head)",
+                choices=RECURRENT_GATES,
+            ),
+            Flag(
+                "--recurrent-chunk-size",
+                "the largest chunk of tokens the recurrent kernel evaluates at once "
+                "(C_h of REC-6.2; default 64, 1 for a token-by-token kernel)",
+                type=int,
+                metavar="C",
+            ),
+            Flag(
+                "--recurrent-rounded-operands",
+                "the recurrent kernel rounds its matrix products' operands to the input "
+                "dtype (u_p of REC-6.2)",
+                kind="switch",
+            ),
+        ),
+        from_flags=recurrent_from_flags,
     ),
 )
 CLAIM_FLAGS: tuple[Flag, ...] = tuple(flag for claim in CLAIMS for flag in claim.flags)

@@ -20,6 +20,8 @@ from .family_claims import (
     MERGE_LSE_LAYOUTS,
     MERGE_OUT_LAYOUTS,
     PAGED_CACHE_LAYOUTS,
+    RECURRENT_GATES,
+    RECURRENT_RULES,
 )
 
 # The types a field of each simple annotation takes (a bool is not an int here).
@@ -98,6 +100,20 @@ def _mla_invalid(value: Any) -> str | None:
     return None
 
 
+def _recurrent_invalid(value: Any) -> str | None:
+    if value is None:
+        return None
+    for name, allowed in (("rule", RECURRENT_RULES), ("gate", RECURRENT_GATES)):
+        if getattr(value, name) not in allowed:
+            return f"recurrent {name}={getattr(value, name)!r}, but should be one of {allowed}"
+    size = value.chunk_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        return f"recurrent chunk_size={size!r}, but should be an int >= 1"
+    if not isinstance(value.rounded_operands, bool):
+        return f"recurrent rounded_operands={value.rounded_operands!r}, but should be a bool"
+    return None
+
+
 def _dtypes_invalid(value: Any) -> str | None:
     if value is not None and (not value or any(d not in FLOAT_DTYPE_NAMES for d in value)):
         return f"dtypes={value!r}, but should be a non-empty subset of {FLOAT_DTYPE_NAMES}"
@@ -136,6 +152,7 @@ VALUE_CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "merge": _merge_invalid,
     "paged_batch": _paged_batch_invalid,
     "mla": _mla_invalid,
+    "recurrent": _recurrent_invalid,
 }
 
 

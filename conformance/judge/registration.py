@@ -22,7 +22,7 @@ KINDS = ("hypothesis", "fixed")
 
 
 # families with calling conventions of their own
-PACKED_FAMILIES = ("varlen", "kv-cache", "rope", "merge", "paged-batch", "mla")
+PACKED_FAMILIES = ("varlen", "kv-cache", "rope", "merge", "paged-batch", "mla", "recurrent")
 
 
 def always(declaration: KernelDeclaration) -> str | None:

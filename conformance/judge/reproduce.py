@@ -248,6 +248,8 @@ def rebuild_source(
         declaration_names.add("PagedBatchClaim")
     if declaration.mla is not None:
         declaration_names.add("MlaClaim")
+    if declaration.recurrent is not None:
+        declaration_names.add("RecurrentClaim")
     lines = []
     if environment:
         # set before the kernel's library is imported (Keras reads KERAS_BACKEND then)

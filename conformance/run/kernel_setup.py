@@ -148,6 +148,22 @@ def check_signature(fn: Callable[..., Any], declaration: KernelDeclaration, name
                 f"[MLA-1, MLA-2]"
             ) from None
         return
+    if declaration.family == "recurrent":
+        claim = declaration.recurrent
+        assert claim is not None  # the family is recurrent only with a claim
+        keywords = {"initial_state": None, **declaration.extra_kwargs}
+        if claim.rule in ("gated", "gated_delta"):
+            keywords["g"] = None
+        if claim.rule in ("delta", "gated_delta"):
+            keywords["beta"] = None
+        try:
+            signature.bind(None, None, None, **keywords)
+        except TypeError as exc:
+            raise SetupError(
+                f"function {name}{signature} cannot be called as fn(q, k, v, "
+                f"{', '.join(k + '=' for k in keywords)}) ({exc}) [REC-1.1]"
+            ) from None
+        return
     if declaration.family == "merge":
         try:
             signature.bind(None, None, None, None, **declaration.extra_kwargs)

@@ -290,3 +290,33 @@ BUGS = (
         {"length": 40},
     ),
 )
+
+
+def _declared(base: Callable[..., tuple[Array, Array]], name: str) -> Callable[..., Any]:
+    """``base`` as a gated delta rule kernel the conformance suite can call, declared
+    (``--recurrent gated_delta --recurrent-chunk-size 16 --gqa``, float16 and float32:
+    it computes in float32), returning the output in q's dtype and a float32 state."""
+    from attnspec.conformance import RecurrentClaim, declare
+
+    def kernel(
+        q: Array, k: Array, v: Array, *, g: Any = None, beta: Any = None, initial_state: Any = None
+    ) -> tuple[Array, Array]:
+        out, state = base(q, k, v, rule="gated_delta", g=g, beta=beta, initial_state=initial_state)
+        return out.astype(q.dtype), state.astype(np.float32)
+
+    kernel.__name__ = kernel.__qualname__ = name
+    kernel.__module__ = __name__
+    return declare(
+        kernel,
+        recurrent=RecurrentClaim("gated_delta", chunk_size=CHUNK),
+        gqa=True,
+        dtypes=("float16", "float32"),
+    )
+
+
+# Module-level, so that a check's worker process loads them by name.
+declared_token = _declared(token, "declared_token")
+declared_chunked = _declared(chunked, "declared_chunked")
+DECLARED_CORRECT = (declared_token, declared_chunked)
+DECLARED_BUGS = tuple(_declared(bug.fn, f"declared_{bug.fn.__name__}") for bug in BUGS)
+globals().update({fn.__name__: fn for fn in DECLARED_BUGS})

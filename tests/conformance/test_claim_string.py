@@ -24,6 +24,7 @@ from attnspec.conformance import (
     MergeClaim,
     MlaClaim,
     PagedBatchClaim,
+    RecurrentClaim,
     RopeClaim,
     SparseClaim,
 )
@@ -249,6 +250,8 @@ def _declarations() -> list[KernelDeclaration]:
         KernelDeclaration(paged_batch=PagedBatchClaim()),
         KernelDeclaration(paged_batch=PagedBatchClaim(cache_layout="nhd", page_size=16)),
         KernelDeclaration(mla=MlaClaim()),
+        KernelDeclaration(recurrent=RecurrentClaim()),
+        KernelDeclaration(recurrent=RecurrentClaim("gated", "channel", 1, True)),
     ]
     return declarations
 

@@ -14,6 +14,7 @@ from . import (  # noqa: F401
     merge,
     mla,
     paged_batch,
+    recurrent,
     rope,
     scale,
     shapes,
