@@ -31,6 +31,7 @@ from attnspec.reference import scaled_dot_product_attention as reference_sdpa
 TESTS = Path(__file__).resolve().parent  # on pythonpath: ``oracle``, ``catalogue``, ``support``
 ROOT = TESTS.parent  # the checkout, which is the ``attnspec`` package
 ATTNSPEC = str(Path(sys.executable).parent / "attnspec")  # the CLI of the venv under test
+CHEAP = "default-scale,explicit-scale"  # closed-form probes: one small call per example
 
 # The project's own Hypothesis tests: the same examples on every run (derandomize), no
 # database (nothing learned in one run changes the next), no deadline (timings on a shared
@@ -273,3 +274,13 @@ def blhd_no_default_scale(q, k, v, *, mask=None, causal=False, scale=None):
                            is_causal=causal, scale=scale)
     return xp.permute_dims(out, swap)
 """
+
+
+def run_command(
+    *argv: str, cwd: Path, unset: dict[str, None] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``attnspec *argv`` in a real process in ``cwd``, without the variables ``unset`` names."""
+    env = {k: v for k, v in os.environ.items() if k not in (unset or {})}
+    return subprocess.run(
+        [ATTNSPEC, *argv], capture_output=True, text=True, cwd=cwd, timeout=120, env=env
+    )

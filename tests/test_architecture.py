@@ -417,3 +417,45 @@ def test_properties_are_listed_in_clause_order(capsys: pytest.CaptureFixture[str
     assert cli.main(["properties"]) == 0
     shown = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]]
     assert shown == [prop.id for prop in listed]
+
+
+PROPERTY_TESTS = ROOT / "tests" / "conformance" / "properties"
+CLAUSE_ID = r"\b[A-Z]+-[0-9]+(?:\.[0-9]+)*\b"
+
+
+# The clauses every property answers to, whatever its document: applicability and
+# conformance (spec/index.md) and the tolerance a comparison uses (spec/tolerance.md).
+EVERY_DOCUMENT = {"index.md", "tolerance.md"}
+
+
+def misplaced_property_tests(root: Path = PROPERTY_TESTS) -> list[str]:
+    """``path::test`` for each test of ``tests/conformance/properties/<doc>/`` whose
+    docstring cites no clause (or section, ``SDPA-4``) of ``spec/<doc>.md``, unless all it
+    cites are spec/index.md's and spec/tolerance.md's."""
+    from attnspec.conformance.claims.clauses import all_clauses
+
+    document_of = {c.id.split("-")[0]: c.document for c in all_clauses().values()}
+    wrong = []
+    for path in sorted(root.glob("*/test_*.py")):
+        document = f"{path.parent.name}.md"
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                cited = re.findall(CLAUSE_ID, ast.get_docstring(node) or "")
+                documents = {document_of.get(c.split("-")[0]) for c in cited}
+                if document not in documents and not (cited and documents <= EVERY_DOCUMENT):
+                    wrong.append(f"{path.relative_to(ROOT)}::{node.name} cites {cited}")
+    return wrong
+
+
+def test_property_tests_are_filed_under_their_spec_document() -> None:
+    """The tests of the properties mirror the spec: ``tests/conformance/properties/dense/``
+    holds the tests of spec/dense.md's clauses, ``sparse/`` of spec/sparse.md's, and so on;
+    each test's docstring cites clauses of its folder's document (besides spec/index.md's
+    and spec/tolerance.md's, which every property answers to), so a clause id leads to one
+    folder (and ``grep -rn CLAUSE-ID tests/`` to every test that cites it)."""
+    folders = {path.name for path in PROPERTY_TESTS.iterdir() if path.is_dir()}
+    documents = {path.stem for path in (ROOT / "spec").glob("*.md")}
+    assert folders <= documents, f"folders named after no spec document: {folders - documents}"
+    assert not list(PROPERTY_TESTS.glob("test_*.py")), "a property test outside its document"
+    wrong = misplaced_property_tests()
+    assert not wrong, "tests citing no clause of their folder's document:\n" + "\n".join(wrong)

@@ -64,8 +64,8 @@ class KernelDeclaration:
     One field per row of the claims table (``attnspec.conformance.claims.table.CLAIMS``), in its
     order: the field's type and default are here (its allowed values in ``validation.py``,
     the clauses it waives in :data:`WAIVES`), its flags, the keywords it makes the suite
-    pass and its words in the claim line are in the table (``tests/conformance/test_cli.py``
-    checks that the two name the same fields).
+    pass and its words in the claim line are in the table
+    (``tests/conformance/cli/test_check_claims.py`` checks that the two name the same fields).
     """
 
     dtypes: tuple[str, ...] | None = None

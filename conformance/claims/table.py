@@ -7,7 +7,7 @@ help, the keyword(s) the suite passes the kernel because of it, and how it shows
 conformance claim line.  The ``attnspec check`` flags, the pytest plugin's
 ``--attnspec-*`` options, ``suite_keywords`` (the signature pre-flight) and the claim line
 all derive from :data:`CLAIMS`: adding a claim is adding a field there and a row here
-(tests/conformance/test_cli.py checks that they agree).
+(tests/conformance/cli/test_check_claims.py checks that they agree).
 
 :data:`SETUP_FLAGS` are the other declarations the CLI and the plugin share: how the
 kernel is called (layout, keyword renames), which dtypes are checked, and the JAX

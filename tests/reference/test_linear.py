@@ -5,7 +5,7 @@ the spec in plain NumPy: it builds the full ``Lq x Lk`` matrix ``A = phi(Q) psi(
 (which the reference never does), masks it, and row-normalises it, with feature maps of its
 own, so a shared bug cannot cancel.  Every reference call runs on numpy, torch, jax and
 array_api_strict through the ``cpu_backend`` fixture.  LIN-5.2's underflow guard of the
-linear properties: tests/conformance/properties/test_linear.py.
+linear properties: tests/conformance/properties/linear/.
 """
 
 from __future__ import annotations

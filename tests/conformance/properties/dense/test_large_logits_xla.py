@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import TESTS
 
 from attnspec.conformance import check
 from attnspec.reference import scaled_dot_product_attention as sdpa
@@ -38,7 +39,7 @@ def max_of_rounded_scores(q, k, v):
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("large_logits") / "kernels.py"
-    path.write_text(KERNELS.format(tests=str(Path(__file__).parent)))
+    path.write_text(KERNELS.format(tests=str(TESTS)))  # where ``catalogue`` is
     return path
 
 

@@ -37,8 +37,9 @@ def test_rows_of_1025_to_4096_keys_in_each_half_precision_dtype() -> None:
 
 
 def test_rows_stay_within_max_len() -> None:
-    """The user's --max-len caps the rows (a fixed property draws within the limits too):
-    with 1500 the rows have 1025 keys; below 1025, max-len keys."""
+    """SDPA-7.3, CONF-12 (the size caps of the check): the user's --max-len caps the rows (a
+    fixed property draws within the limits too): with 1500 the rows have 1025 keys; below
+    1025, max-len keys."""
     calls: list[tuple[str, int]] = []
     verdict_of("long-peaked-rows", _recording(calls), limits=SizeLimits(max_len=1500))
     assert calls == [("float16", 1025)]
