@@ -84,11 +84,28 @@ class MergeClaim:
     lse_layout: str = "hl"
 
 
+def _chosen(
+    get: Getter,
+    family: str,
+    metavar: str,
+    refinements: tuple[str, ...],
+    given: Callable[[Any], bool] = lambda value: value is not None,
+) -> Any:
+    """The value of the flag that chooses ``family`` (``--FAMILY METAVAR``), None when it
+    was not given; a UsageError when a flag that refines it was given (``given`` says which
+    values count) without it."""
+    chosen = get(family)
+    if chosen is None:
+        refined = [f for f in refinements if given(get(f))]
+        if refined:
+            raise UsageError(
+                f"--{refined[0].replace('_', '-')} needs --{family.replace('_', '-')} {metavar}"
+            )
+    return chosen
+
+
 def merge_from_flags(get: Getter) -> MergeClaim | None:
-    given = [f for f in ("merge_out_layout", "merge_lse_layout") if get(f) is not None]
-    if get("merge") is None:
-        if given:
-            raise UsageError(f"--{given[0].replace('_', '-')} needs --merge BASE")
+    if _chosen(get, "merge", "BASE", ("merge_out_layout", "merge_lse_layout")) is None:
         return None
     return MergeClaim(
         get("merge"), get("merge_out_layout") or "hld", get("merge_lse_layout") or "hl"
@@ -115,9 +132,7 @@ class PagedBatchClaim:
 
 
 def paged_batch_from_flags(get: Getter) -> PagedBatchClaim | None:
-    if get("paged_batch") is None:
-        if get("paged_batch_page_size") is not None:
-            raise UsageError("--paged-batch-page-size needs --paged-batch LAYOUT")
+    if _chosen(get, "paged_batch", "LAYOUT", ("paged_batch_page_size",)) is None:
         return None
     return PagedBatchClaim(get("paged_batch"), get("paged_batch_page_size"))
 
@@ -185,25 +200,16 @@ def recurrent_from_flags(get: Getter) -> RecurrentClaim | None:
 
 
 def rope_from_flags(get: Getter) -> RopeClaim | None:
-    given = [f for f in ("rope_base", "rope_dim") if get(f) is not None]
-    if get("rope") is None:
-        if given:
-            raise UsageError(f"--{given[0].replace('_', '-')} needs --rope PAIRING")
+    if _chosen(get, "rope", "PAIRING", ("rope_base", "rope_dim")) is None:
         return None
     base = 10000.0 if get("rope_base") is None else get("rope_base")
     return RopeClaim(get("rope"), base, get("rope_dim"))
 
 
 def sparse_from_flags(get: Getter) -> SparseClaim | None:
-    given = [
-        f
-        for f in ("sparse_param", "sparse_alignment", "sparse_causal", "sparse_pass_params")
-        if get(f)
-    ]
-    pattern = get("sparse")
+    refinements = ("sparse_param", "sparse_alignment", "sparse_causal", "sparse_pass_params")
+    pattern = _chosen(get, "sparse", "PATTERN", refinements, given=bool)
     if pattern is None:
-        if given:
-            raise UsageError(f"--{given[0].replace('_', '-')} needs --sparse PATTERN")
         return None
     if pattern not in PATTERN_NAMES:
         raise UsageError(
@@ -234,21 +240,17 @@ def _feature_map(name: str) -> str | Callable[..., Any]:
 
 
 def linear_from_flags(get: Getter) -> LinearClaim | None:
-    given = [
-        f
-        for f in (
-            "linear_num_features",
-            "linear_iid",
-            "linear_seed_keyword",
-            "linear_eps",
-            "linear_causal_alignment",
-        )
-        if get(f) not in (None, False)
-    ]
-    feature_map = get("linear")
+    refinements = (
+        "linear_num_features",
+        "linear_iid",
+        "linear_seed_keyword",
+        "linear_eps",
+        "linear_causal_alignment",
+    )
+    feature_map = _chosen(
+        get, "linear", "FEATURE_MAP", refinements, given=lambda value: value not in (None, False)
+    )
     if feature_map is None:
-        if given:
-            raise UsageError(f"--{given[0].replace('_', '-')} needs --linear FEATURE_MAP")
         return None
     return LinearClaim(
         _feature_map(feature_map),
