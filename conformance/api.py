@@ -2,8 +2,8 @@
 
 The CLI, the pytest plugin and :func:`assert_conforms` all set the kernel up with
 :class:`~.kernel_setup.KernelSetup` (load, adapt, claims, signature checked before anything
-runs) and validate the run once (:func:`.run_plan.plan_run`, report files included); the
-CLI and :func:`run` run it with :func:`.run_plan.execute`.
+runs) and validate the run once (:func:`.plan.plan_run`, report files included); the
+CLI and :func:`run` run it with :func:`.plan.execute`.
 
     >>> from attnspec.conformance import assert_conforms
     >>> assert_conforms(my_attention, backend="torch", bias=True)  # in a test
@@ -36,7 +36,7 @@ from .run.supervisor import IsolationOptions
 def run(
     plan: RunPlan, progress: Progress | None = None, kernel: KernelUnderTest | None = None
 ) -> Report:
-    """Run ``plan`` (see :func:`.run_plan.plan_run` and :func:`.run_plan.execute`; the
+    """Run ``plan`` (see :func:`.plan.plan_run` and :func:`.plan.execute`; the
     kernel is in ``kernel``, if given, in this process) and write its report files;
     ``progress`` hears each property start and end.  ``OSError`` names the report files
     that could not be written."""

@@ -298,7 +298,7 @@ class ProgressDisplay:
 
 
 def report_paths(args: argparse.Namespace) -> dict[str, str | None]:
-    """The --json/--junit/--markdown files asked for (checked by :func:`.run_plan.plan_run`)."""
+    """The --json/--junit/--markdown files asked for (checked by :func:`.plan.plan_run`)."""
     return {fmt: getattr(args, fmt, None) for fmt in REPORT_FORMATS}
 
 
@@ -310,7 +310,7 @@ def isolation_from(args: argparse.Namespace) -> IsolationOptions | None:
 
 
 def jobs_from(args: argparse.Namespace) -> int | None:
-    """Worker processes from --jobs (None, the default, when not given: run_plan.plan_run);
+    """Worker processes from --jobs (None, the default, when not given: plan.plan_run);
     UsageError for a bad value."""
     given = getattr(args, "jobs", None)
     if given is None:
@@ -328,7 +328,7 @@ def _run_one(
     label: str = "",
     reports: dict[str, str | None] | None = None,
 ) -> Execution:
-    """Run one kernel with a progress display (:func:`.run_plan.execute`).
+    """Run one kernel with a progress display (:func:`.plan.execute`).
 
     ``reports`` (--json/--junit/--markdown) are rewritten after every property.  Ctrl-C
     or SIGTERM ends the run early with the report marked incomplete

@@ -3,7 +3,7 @@
 Sizes, dtypes and structure (masks, bias, causal, scale) are drawn by Hypothesis and
 shrink.  In the small stratum the q, k, v and bias values are drawn by Hypothesis too, a
 byte per element mapped to normal-like values, so that a failing example shrinks towards
-zeros and a few simple values (``element_values``).  The realistic strata's values, and
+zeros and a few simple values (``small_values``).  The realistic strata's values, and
 random masks, shuffles and subsets, come from a NumPy generator seeded by a drawn integer,
 which keeps drawing fast.  Every example is reproducible.  Nothing is filtered, so no
 health check can trip.
@@ -209,7 +209,7 @@ def random_values(
 ) -> np.ndarray:
     """Normal values times ``magnitude``, rounded to ``dtype`` as the kernel will see them:
     in the small stratum with ``rng`` from :func:`draw_rng`, drawn by Hypothesis a byte
-    per element so that they shrink to simple values (``element_values``); in realistic
+    per element so that they shrink to simple values (``small_values``); in realistic
     strata from ``rng``."""
     if isinstance(rng, ValueGenerator) and not sizes.realistic():
         normal = rng.drawn_normal(shape)
@@ -228,25 +228,16 @@ def random_problem(
     magnitude: float = 1.0,
     **fields: Any,
 ) -> Problem:
-    """q, k (scaled by ``magnitude``) and v of ``dims``, as the kernel will see them."""
+    """q, k (scaled by ``magnitude``) and v of ``dims``, as the kernel will see them (drawn
+    in that order)."""
+
+    def values(heads: int, length: int, dim: int, scale: float = 1.0) -> np.ndarray:
+        return random_values(kernel, rng, (*dims.batch, heads, length, dim), dtype, scale)
+
     return Problem(
-        q=random_values(
-            kernel,
-            rng,
-            (*dims.batch, dims.n_q_heads, dims.n_queries, dims.head_dim),
-            dtype,
-            magnitude,
-        ),
-        k=random_values(
-            kernel,
-            rng,
-            (*dims.batch, dims.n_kv_heads, dims.n_keys, dims.head_dim),
-            dtype,
-            magnitude,
-        ),
-        v=random_values(
-            kernel, rng, (*dims.batch, dims.n_kv_heads, dims.n_keys, dims.value_dim), dtype
-        ),
+        q=values(dims.n_q_heads, dims.n_queries, dims.head_dim, magnitude),
+        k=values(dims.n_kv_heads, dims.n_keys, dims.head_dim, magnitude),
+        v=values(dims.n_kv_heads, dims.n_keys, dims.value_dim),
         dtype=dtype,
         **fields,
     )
