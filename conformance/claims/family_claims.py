@@ -151,9 +151,7 @@ class MlaClaim:
 
 
 def mla_from_flags(get: Getter) -> MlaClaim | None:
-    if get("mla") is None:
-        if get("mla_rope_dim") is not None:
-            raise UsageError("--mla-rope-dim needs --mla R")
+    if _chosen(get, "mla", "R", ("mla_rope_dim",)) is None:
         return None
     rope_dim = get("mla_rope_dim")
     return MlaClaim(get("mla"), 64 if rope_dim is None else rope_dim)
