@@ -168,6 +168,16 @@ KNOWN_KERNELS: tuple[KnownKernel, ...] = (
         "look_backward=1) as a causal sliding window of 4 keys back",
     ),
     KnownKernel(
+        _adapter("onnx", "gated_delta"),
+        _adapter("onnx", "gated_delta"),
+        "numpy",
+        (),
+        ("onnx",),
+        note="opset 27 gated_delta, per-head decay, through onnx.reference.ReferenceEvaluator; "
+        "(B, T, H * d) packing; an absent past state passed as float32 zeros (without one "
+        "ONNX returns the state in the query's dtype, REC-4.3)",
+    ),
+    KnownKernel(
         _adapter("thirdparty", "performer_favor"),
         _adapter("thirdparty", "performer_favor"),
         "torch",

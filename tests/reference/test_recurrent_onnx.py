@@ -94,3 +94,15 @@ def test_onnx_reference_evaluator_is_within_the_bound(rule: str, per_channel: bo
     bound = recurrent_error_bound(**exact, dtype="float32")
     assert np.all(np.abs(out - bound.out) <= bound.out_tolerance)
     assert np.all(np.abs(state - bound.final_state) <= bound.final_state_tolerance)
+
+
+def test_the_onnx_adapter_conforms() -> None:
+    """REC-6.2: the known kernel ``adapters.onnx:gated_delta`` (ONNX LinearAttention through
+    its reference evaluator; its matrix row) passes recurrent-matches-reference in the quick
+    profile, float16 and float32."""
+    from attnspec.conformance import check
+    from attnspec.conformance.kernels.adapters.onnx import gated_delta
+
+    report = check(gated_delta, backend="numpy", profile="quick", seed=0)
+    statuses = {v.property: v.status for v in report.verdicts}
+    assert statuses["recurrent-matches-reference"] == "passed", statuses
