@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from support import report_of
 
 from attnspec import SPEC_VERSION
 from attnspec.conformance import Report, Verdict
@@ -18,13 +19,7 @@ PASSED, FAILED, NOT_APPLICABLE = "passed", "failed", "not applicable"
 
 
 def _report(released: str, draft: str, unchecked_draft: str) -> Report:
-    return Report(
-        "m:f",
-        "numpy",
-        "cpu",
-        "quick",
-        None,
-        False,
+    return report_of(
         [
             Verdict("old", released, "MUST", PASSED, seconds=0.1),
             Verdict("new", draft, "MUST", FAILED, "differs"),

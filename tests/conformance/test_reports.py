@@ -18,10 +18,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from support import ATTNSPEC, kernel_file, processes_in, start_cli, wait_for
+from support import ATTNSPEC, kernel_file, processes_in, report_of, start_cli, wait_for
 
 from attnspec.conformance import cli
-from attnspec.conformance.judge.verdict import PASSED, Report, Verdict
+from attnspec.conformance.judge.verdict import PASSED, Verdict
 from attnspec.conformance.report.files import ReportFiles, write_atomically
 
 KERNELS = """
@@ -291,9 +291,7 @@ def test_report_files_remember_only_the_latest_failure(
             ("--markdown", tmp_path / "b", lambda r, rerun: "b"),
         ]
     )
-    report = Report(
-        "m:f", "numpy", "cpu", "quick", None, False, [Verdict("p", "SDPA-2.1", "MUST", PASSED)]
-    )
+    report = report_of([Verdict("p", "SDPA-2.1", "MUST", PASSED)])
     real_replace = os.replace
 
     def fail_for_a(src: str, dst: str) -> None:

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from support import CHEAP, KERNELS, kernel_file, run_command, run_main
+from support import CHEAP, KERNELS, kernel_file, report_of, run_command, run_main
 
 from attnspec import SPEC_VERSION
 from attnspec.conformance import cli
@@ -176,13 +176,7 @@ def test_progress_display_plain_and_terminal(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def _report(strict: bool = False) -> Report:
-    return Report(
-        "m:f",
-        "numpy",
-        "cpu",
-        "quick",
-        None,
-        strict,
+    return report_of(
         [
             Verdict("ok", "SDPA-2.1", "MUST", PASSED, seconds=0.5),
             Verdict(
@@ -197,6 +191,7 @@ def _report(strict: bool = False) -> Report:
             Verdict("meh", "SDPA-8.2", "SHOULD", WARNING, "NaN leaks", "q(1, 1, 1)", "print(1)"),
             Verdict("na", "SDPA-3.2", "MUST", NOT_APPLICABLE, "the kernel does not claim bias"),
         ],
+        strict,
     )
 
 
