@@ -76,6 +76,92 @@ def _value(value: Any) -> str:
     return f"np.{value!r}" if isinstance(value, np.generic) else repr(value)
 
 
+def _problem_lines(problem: Problem, name: str = "problem") -> list[str]:
+    """``name = Problem(...)`` with ``problem``'s inputs as literals (a sparse input as
+    np.zeros and one assignment per nonzero value)."""
+    nonzero: list[str] = []  # assignments of the few nonzero values of sparse arrays
+
+    def literal(field: str, a: np.ndarray) -> str:
+        if not _sparse(a):
+            return array_literal(a)
+        nonzero.extend(
+            f"{name}.{field}[{', '.join(map(str, index))}] = {float(a[index])!r}"
+            for index in zip(*np.nonzero(a), strict=True)
+        )
+        return f"np.zeros({tuple(a.shape)!r}, dtype=np.{a.dtype})"
+
+    def optional(field: str, a: np.ndarray | None) -> str:
+        return "None" if a is None else literal(field, a)
+
+    given = {
+        "softcap": problem.softcap,
+        "alibi_slopes": problem.alibi_slopes,
+        "dropout_p": problem.dropout_p or None,
+        "seed": problem.seed,
+    }
+    features = "".join(
+        f" {field}={array_literal(value) if isinstance(value, np.ndarray) else _value(value)},"
+        for field, value in given.items()
+        if value is not None
+    )
+    return [
+        f"{name} = Problem(",
+        f"    q={literal('q', problem.q)},",
+        f"    k={literal('k', problem.k)},",
+        f"    v={literal('v', problem.v)},",
+        f"    dtype={problem.dtype!r}, is_causal={problem.is_causal!r}, "
+        f"scale={_value(problem.scale)},",
+        f"    mask={optional('mask', problem.mask)},",
+        f"    bias={optional('bias', problem.bias)},{features}",
+        f"    extra={problem.extra!r})",
+        *nonzero,
+    ]
+
+
+def _call_lines(
+    problem: Problem, kernel: ShownKernel, name: str = "problem", out: str = "out"
+) -> tuple[list[str], Callable[[str], str]]:
+    """The lines that move ``problem`` (built as ``name``) to the backend and call the
+    kernel on it as the suite did, its output in ``out``; with the function that writes
+    the call's argument list for a given value argument (``v``, or ``eye``)."""
+    from .kernel import keyword_sources
+
+    keywords = keyword_sources(kernel.declaration, problem)
+    declaration = kernel.declaration
+
+    def call(values: str) -> str:
+        return ", ".join(
+            [
+                "q",
+                "k",
+                values,
+                *(
+                    f"{keyword}={keyword if source else _value(value)}"
+                    for keyword, (value, source) in keywords.items()
+                ),
+            ]
+        )
+
+    target = ", ".join(
+        [
+            out,
+            *(["weights"] if declaration.returns_weights else []),
+            *(["lse"] if declaration.returns_lse else []),
+        ]
+    )
+    lines = [
+        f"q, k, v = (backend.asarray(a, {problem.dtype!r}) for a in ({name}.q, {name}.k, "
+        f"{name}.v))",
+        *(
+            f"{keyword} = {source.replace('problem.', f'{name}.')}"
+            for keyword, (_, source) in keywords.items()
+            if source
+        ),
+        f"{target} = fn({call('v')})",
+    ]
+    return lines, call
+
+
 def snippet(
     problem: Problem,
     kernel: ShownKernel,
@@ -87,59 +173,14 @@ def snippet(
     observed through V = I, so the snippet also calls the kernel with V = I (one call,
     however the suite observed them) and prints its output, the weights, against their
     definition and bound."""
-
-    nonzero: list[str] = []  # assignments of the few nonzero values of sparse arrays
-
-    def literal(name: str, a: np.ndarray) -> str:
-        if not _sparse(a):
-            return array_literal(a)
-        nonzero.extend(
-            f"problem.{name}[{', '.join(map(str, index))}] = {float(a[index])!r}"
-            for index in zip(*np.nonzero(a), strict=True)
-        )
-        return f"np.zeros({tuple(a.shape)!r}, dtype=np.{a.dtype})"
-
-    def optional(name: str, a: np.ndarray | None) -> str:
-        return "None" if a is None else literal(name, a)
-
-    from .kernel import keyword_sources
-
-    keywords = keyword_sources(kernel.declaration, problem)
-
-    def call(values: str) -> str:
-        return ", ".join(
-            [
-                "q",
-                "k",
-                values,
-                *(
-                    f"{name}={name if source else _value(value)}"
-                    for name, (value, source) in keywords.items()
-                ),
-            ]
-        )
-
     declaration = kernel.declaration
-
-    def target(first: str) -> str:
-        return ", ".join(
-            [
-                first,
-                *(["weights"] if declaration.returns_weights else []),
-                *(["lse"] if declaration.returns_lse else []),
-            ]
-        )
-
-    given = {
-        "softcap": problem.softcap,
-        "alibi_slopes": problem.alibi_slopes,
-        "dropout_p": problem.dropout_p or None,
-        "seed": problem.seed,
-    }
-    features = "".join(
-        f" {name}={array_literal(value) if isinstance(value, np.ndarray) else _value(value)},"
-        for name, value in given.items()
-        if value is not None
+    calls, call = _call_lines(problem, kernel)
+    weights_target = ", ".join(
+        [
+            "observed",
+            *(["weights"] if declaration.returns_weights else []),
+            *(["lse"] if declaration.returns_lse else []),
+        ]
     )
     lines = [
         *(f"# {line}" for line in _wrapped(f"finding: {finding}") if finding),
@@ -148,16 +189,7 @@ def snippet(
         "from attnspec.backends import Backend",
         "from attnspec.conformance import KernelUnderTest, Problem, reference_bound",
         f"# the inputs as the kernel saw them: float64 values already rounded to {problem.dtype}",
-        "problem = Problem(",
-        f"    q={literal('q', problem.q)},",
-        f"    k={literal('k', problem.k)},",
-        f"    v={literal('v', problem.v)},",
-        f"    dtype={problem.dtype!r}, is_causal={problem.is_causal!r}, "
-        f"scale={_value(problem.scale)},",
-        f"    mask={optional('mask', problem.mask)},",
-        f"    bias={optional('bias', problem.bias)},{features}",
-        f"    extra={problem.extra!r})",
-        *nonzero,
+        *_problem_lines(problem),
         _loader_line(kernel),
         "fn, backend = kernel.fn, kernel.backend"
         + (
@@ -165,17 +197,70 @@ def snippet(
             if kernel.declaration.equal_head_dims
             else ""
         ),
-        f"q, k, v = (backend.asarray(a, {problem.dtype!r}) for a in (problem.q, problem.k, "
-        "problem.v))",
-        *(f"{name} = {source}" for name, (_, source) in keywords.items() if source),
-        f"{target('out')} = fn({call('v')})",
+        *calls,
         "print('kernel output:', out)",
         "bound = reference_bound(problem, kernel.declaration)",
         "print('float64 definition (SDPA-7.1):', bound.out)",
         "print('allowed error (TOL-2):', bound.out_tolerance)",
-        *(_weights_lines(problem.dtype, target("observed"), call("eye")) if shows_weights else []),
+        *(_weights_lines(problem.dtype, weights_target, call("eye")) if shows_weights else []),
     ]
     return "\n".join(lines)
+
+
+class ReplayedFailure(PropertyFailure):
+    """A failure of a property that compared calls of the kernel with each other (a
+    permutation, a bias shift, a linear combination, SDPA-7.6): ``problem`` is the call
+    that failed, ``calls`` the others it was compared with (name, problem), ``expected``
+    the Python expression of what the failing call's output should be, in the others'
+    outputs ``out_NAME``, and ``allowed`` that of the allowed difference beyond the
+    failing call's own TOL-2 bound, in ``bound(problem_NAME)``; the reproduction replays
+    every call and the comparison."""
+
+    def __init__(
+        self,
+        failure: PropertyFailure,
+        calls: Sequence[tuple[str, Problem]],
+        expected: str,
+        allowed: str,
+    ) -> None:
+        super().__init__(
+            failure.finding,
+            failure.problem,
+            failure.kernel,
+            hint=failure.hint,
+            shows_weights=failure.shows_weights,
+        )
+        self.calls, self.expected, self.allowed = tuple(calls), expected, allowed
+
+
+def replay_lines(failure: ReplayedFailure) -> list[str]:
+    """The lines a reproduction adds for the other calls of ``failure`` and the comparison
+    the property made."""
+    kernel = failure.kernel
+    if kernel is None:
+        return []
+    lines = [
+        "# the other calls the property made, and the comparison it failed",
+        "def numpy(a):",
+        "    return np.asarray(backend.to_numpy(a), dtype=np.float64)",
+        "def bound(p):",
+        "    return np.asarray(reference_bound(p, kernel.declaration).out_tolerance)",
+    ]
+    for name, problem in failure.calls:
+        calls, _ = _call_lines(problem, kernel, f"problem_{name}", f"out_{name}")
+        lines.extend([*_problem_lines(problem, f"problem_{name}"), *calls])
+        lines.append(f"out_{name} = numpy(out_{name})")
+    lines.extend(
+        [
+            f"expected = {failure.expected}",
+            f"allowed = bound(problem) + {failure.allowed}",
+            "difference = np.abs(numpy(out) - expected)",
+            "print('largest difference between the calls:', np.nanmax(difference))",
+            "print('allowed (the sum of their TOL-2 bounds):', allowed)",
+            "print('beyond it at:', np.argwhere(~(difference <= allowed))[:5].tolist())",
+        ]
+    )
+    return lines
 
 
 def _weights_lines(dtype: str, target: str, call: str) -> list[str]:
@@ -202,7 +287,10 @@ def failure_snippet(failure: PropertyFailure) -> str:
     """The reproduction of ``failure`` (empty when it names no problem or no kernel)."""
     if failure.problem is None or failure.kernel is None:
         return ""
-    return snippet(failure.problem, failure.kernel, failure.finding, failure.shows_weights)
+    text = snippet(failure.problem, failure.kernel, failure.finding, failure.shows_weights)
+    if isinstance(failure, ReplayedFailure):
+        text += "\n" + "\n".join(replay_lines(failure))
+    return text
 
 
 def _loader_line(kernel: ShownKernel) -> str:

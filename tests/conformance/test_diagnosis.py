@@ -247,3 +247,28 @@ def test_long_reproductions_go_beside_the_report(tmp_path: Path) -> None:
     written = Path(reproductions_in(tmp_path / "r")(verdict))
     assert written == tmp_path / "r" / "key-permutation.py"
     assert written.read_text(encoding="utf-8") == "print('replay')\n"
+
+
+@pytest.mark.parametrize(
+    ("property_id", "fn", "other"),
+    [
+        ("key-permutation", sm.online_softmax_drops_tail, "out_original = fn("),
+        ("value-linearity", sm.values_cached_in_int8, "out_v2 = fn("),
+    ],
+)
+def test_two_call_reproductions_replay_every_call(
+    property_id: str, fn: Callable[..., Any], other: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SDPA-7.6: the reproduction of a property that compared calls with each other makes
+    every call it made and the comparison it failed, and run on its own shows the
+    difference beyond the allowed one."""
+    from support import verdict_of
+
+    verdict = verdict_of(property_id, fn)
+    assert verdict.status == "failed", verdict.detail
+    assert other in verdict.reproduction and "expected = " in verdict.reproduction
+    exec(compile(verdict.reproduction, property_id, "exec"), {})
+    printed = capsys.readouterr().out
+    assert "largest difference between the calls:" in printed
+    beyond = printed.split("beyond it at: ")[1].splitlines()[0]
+    assert beyond != "[]", printed

@@ -10,6 +10,7 @@ an output does not depend on the changed inputs at all (batch/head independence)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -28,8 +29,10 @@ from ..assertions import (
     keyless_rows_unjudged,
 )
 from ..bounds import reference_bound
+from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import needs, register
+from ..reproduce import ReplayedFailure
 from ._helpers import within_validity
 
 # Value pairs (a, b) for linearity: with V1, V2 odd multiples of 1/4 in [-3.75, 3.75],
@@ -50,15 +53,22 @@ def _assert_runs_agree(
     tolerance: np.ndarray,
     what: str,
     problem: Problem,
+    replay: tuple[Sequence[tuple[str, Problem]], str, str],
 ) -> None:
     """``actual`` (the run on ``problem``) within ``tolerance`` of ``expected`` (the other
     run's output, rearranged as ``problem``'s); rows of ``problem`` without an allowed key
-    are not compared for a kernel that waives SDPA-5.1, which alone fixes them (CONF-7)."""
-    assert_shape(actual, expected.shape, what, problem, kernel)
-    judged = keyless_rows_unjudged(
-        kernel, compared_rows(problem, kernel.declaration), actual, expected
-    )
-    assert_within_bound(judged, expected, tolerance, what, problem, kernel)
+    are not compared for a kernel that waives SDPA-5.1, which alone fixes them (CONF-7).
+    ``replay``: the other calls (name, problem), and the expressions of ``expected`` and of
+    ``tolerance`` beyond ``problem``'s own bound (:class:`.reproduce.ReplayedFailure`), so
+    that the reproduction replays every call and the comparison."""
+    try:
+        assert_shape(actual, expected.shape, what, problem, kernel)
+        judged = keyless_rows_unjudged(
+            kernel, compared_rows(problem, kernel.declaration), actual, expected
+        )
+        assert_within_bound(judged, expected, tolerance, what, problem, kernel)
+    except PropertyFailure as failure:
+        raise ReplayedFailure(failure, *replay) from None
 
 
 def _take(a: np.ndarray | None, order: list[int], axis: int, size: int) -> np.ndarray | None:
@@ -89,6 +99,11 @@ def query_permutation(kernel: KernelUnderTest, data: st.DataObject) -> None:
         tolerance,
         f"out with queries in order {order} vs out rows in that order [SDPA-7.6]",
         permuted,
+        (
+            [("original", problem)],
+            f"out_original[..., {order}, :]",
+            f"bound(problem_original)[..., {order}, :]",
+        ),
     )
 
 
@@ -114,6 +129,7 @@ def key_permutation(kernel: KernelUnderTest, data: st.DataObject) -> None:
         tolerance,
         f"out with keys/values in order {order} vs the original out [SDPA-7.6]",
         permuted,
+        ([("original", problem)], "out_original", "bound(problem_original)"),
     )
 
 
@@ -210,6 +226,7 @@ def bias_shift_invariance(kernel: KernelUnderTest, data: st.DataObject) -> None:
         tolerance,
         "out with a per-row constant added to the bias vs the original out [SDPA-7.6]",
         shifted,
+        ([("original", original)], "out_original", "bound(problem_original)"),
     )
 
 
@@ -241,4 +258,9 @@ def value_linearity(kernel: KernelUnderTest, data: st.DataObject) -> None:
         tolerance,
         f"out({a} V1 + {b} V2) vs {a} out(V1) + {b} out(V2) [SDPA-7.6]",
         combined,
+        (
+            [("v1", first), ("v2", second)],
+            f"{a!r} * out_v1 + {b!r} * out_v2",
+            f"{abs(a)!r} * bound(problem_v1) + {abs(b)!r} * bound(problem_v2)",
+        ),
     )
