@@ -20,6 +20,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, TypeVar, overload
 
 from .family_claims import (
+    FAMILY_CLAIMS,
     LinearClaim,
     MergeClaim,
     MlaClaim,
@@ -121,20 +122,9 @@ class KernelDeclaration:
         """ "dense", "sparse", "linear", "varlen", "kv-cache", "rope", "merge",
         "paged-batch", "mla" or "recurrent": which family of properties applies (the last
         seven have their own calling conventions)."""
-        if self.rope is not None:
-            return "rope"
-        if self.merge is not None:
-            return "merge"
-        if self.paged_batch is not None:
-            return "paged-batch"
-        if self.mla is not None:
-            return "mla"
-        if self.recurrent is not None:
-            return "recurrent"
-        if self.sparse is not None:
-            return "sparse"
-        if self.linear is not None:
-            return "linear"
+        for name, family, _ in FAMILY_CLAIMS:
+            if getattr(self, name) is not None:
+                return family
         if self.varlen:
             return "varlen"
         return "kv-cache" if self.kv_cache else "dense"

@@ -258,3 +258,17 @@ def linear_from_flags(get: Getter) -> LinearClaim | None:
         eps=get("linear_eps") or 0.0,
         causal_alignment=get("linear_causal_alignment") or "top_left",
     )
+
+
+#: Each family claim: its field of ``KernelDeclaration``, the family it chooses and its
+#: class, in the order a declaration's family is decided (the first one set wins; a dense,
+#: varlen or KV-cache kernel sets none of them).
+FAMILY_CLAIMS: tuple[tuple[str, str, type], ...] = (
+    ("rope", "rope", RopeClaim),
+    ("merge", "merge", MergeClaim),
+    ("paged_batch", "paged-batch", PagedBatchClaim),
+    ("mla", "mla", MlaClaim),
+    ("recurrent", "recurrent", RecurrentClaim),
+    ("sparse", "sparse", SparseClaim),
+    ("linear", "linear", LinearClaim),
+)

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..call.problem import Problem
 from ..claims.declaration import KernelDeclaration, qualified_name
+from ..claims.family_claims import FAMILY_CLAIMS
 from ..claims.flags import Flag, Getter
 from ..kernels.known import KNOWN_KERNELS
 from .failures import PropertyFailure, ShownKernel
@@ -323,21 +324,9 @@ def rebuild_source(
     """Python lines that build ``kernel`` (a :class:`KernelUnderTest`) from ``target``
     the way a check does (:func:`.kernel_setup.kernel_function`), on ``backend``, with
     ``declaration`` spelled out (the claims and overrides included)."""
-    declaration_names = {"KernelDeclaration", "KernelUnderTest"}
-    if declaration.sparse is not None:
-        declaration_names.add("SparseClaim")
-    if declaration.linear is not None:
-        declaration_names.add("LinearClaim")
-    if declaration.rope is not None:
-        declaration_names.add("RopeClaim")
-    if declaration.merge is not None:
-        declaration_names.add("MergeClaim")
-    if declaration.paged_batch is not None:
-        declaration_names.add("PagedBatchClaim")
-    if declaration.mla is not None:
-        declaration_names.add("MlaClaim")
-    if declaration.recurrent is not None:
-        declaration_names.add("RecurrentClaim")
+    declaration_names = {"KernelDeclaration", "KernelUnderTest"} | {
+        claim.__name__ for name, _, claim in FAMILY_CLAIMS if getattr(declaration, name) is not None
+    }
     lines = []
     if environment:
         # set before the kernel's library is imported (Keras reads KERAS_BACKEND then)
