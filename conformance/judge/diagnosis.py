@@ -165,8 +165,16 @@ def float64_computed_in_float32(kernel: KernelUnderTest) -> Cause | None:
     )
     if not _passes(kernel, low, out):
         return None
-    others = [d for d in kernel.dtypes if d != "float64"]
+    # the crisp test: the kernel's output on the inputs rounded to float32 is the same to
+    # the last bits, although the definition's moves (their float64 bits matter)
     returned = _returned_dtype(kernel, problem)
+    out_low = _output(kernel, low.with_(dtype="float64"))
+    moved = _off_by(_expected(kernel, problem)[0], _expected(kernel, low.with_(dtype="float64"))[0])
+    if out_low is None or (
+        returned != "float32" and (moved < 1e-12 or _off_by(out, out_low) > moved / 100)
+    ):
+        return None  # it sees the float64 bits: another error (an epsilon, an order)
+    others = [d for d in kernel.dtypes if d != "float64"]
     expected, tolerance = _expected(kernel, problem)
     how = (
         "returns float32 for float64 inputs"
@@ -180,7 +188,9 @@ def float64_computed_in_float32(kernel: KernelUnderTest) -> Cause | None:
         evidence=(
             f"on a float64 probe (Lq=3, Lk=5, E=4) the output is off by "
             f"{_off_by(out, expected):.2e} (float64 TOL-2 allows {float(np.max(tolerance)):.1e}) "
-            f"and within float32's TOL-2 bound of the inputs rounded to float32"
+            f"and within float32's TOL-2 bound of the inputs rounded to float32; on those "
+            f"rounded inputs its output is the same (to {_off_by(out, out_low):.0e}), where the "
+            f"definition's moves by {moved:.0e}"
             + (f"; its output dtype is {returned}" if returned else "")
         ),
         hint=(
@@ -204,6 +214,19 @@ def scale_zero_taken_as_default(kernel: KernelUnderTest) -> Cause | None:
         return None
     if not _passes(kernel, problem.with_(scale=None), out):
         return None
+    half = problem.with_(scale=0.3)  # not the default of E = 4, 0.5
+    out_half = _output(kernel, half)
+    if out_half is not None and not _passes(kernel, half, out_half):
+        if _passes(kernel, half.with_(scale=None), out_half):
+            return Cause(
+                name="explicit-scale-ignored",
+                clause="SDPA-2.2",
+                explanation="the kernel ignores an explicit scale and uses the default",
+                evidence="with scale=0.0 and scale=0.3 its output is the default scale's",
+                hint="pass scale= through to the computation; if the kernel takes no "
+                "scale, declare --no-scale",
+            )
+        return None
     return Cause(
         name="scale-zero-is-default",
         clause="SDPA-2.2",
@@ -223,6 +246,11 @@ def default_scale_other(kernel: KernelUnderTest) -> Cause | None:
     out = _output(kernel, problem)
     if out is None or _passes(kernel, problem, out):
         return None
+    if kernel.declaration.scale:  # the explicit scale must be right: only the default wrong
+        explicit = problem.with_(scale=0.3)
+        out_explicit = _output(kernel, explicit)
+        if out_explicit is None or not _passes(kernel, explicit, out_explicit):
+            return None
     head_dim, value_dim = problem.q.shape[-1], problem.v.shape[-1]
     for words, scale in (
         ("1/E", 1.0 / head_dim),
@@ -441,6 +469,10 @@ def single_key_softmax_weight_one(kernel: KernelUnderTest) -> Cause | None:
     v0 = np.broadcast_to(problem.v[..., 0:1, :], out.shape)
     if not np.allclose(out[..., 0, :], v0[..., 0, :], atol=1e-6, rtol=1e-3):
         return None
+    two = _problem(kernel, dtype, q, _normal(1, 2, 2, 4), _normal(2, 2, 2, 6))
+    out_two = _output(kernel, two)
+    if out_two is None or not np.all(np.isnan(out_two[..., 0, :])):
+        return None  # NaN does not propagate with two keys either: the inputs are cleaned
     return Cause(
         name="single-key-weight-one",
         clause="SDPA-8.3",
@@ -450,7 +482,7 @@ def single_key_softmax_weight_one(kernel: KernelUnderTest) -> Cause | None:
         ),
         evidence=(
             "on a probe with Lk=1 and a NaN in query 0, row 0 of the output is key 0's value, "
-            "not NaN"
+            "not NaN; with Lk=2 the same query gives NaN"
         ),
         hint="compute the softmax over one key like any other (no flag)",
     )
@@ -731,6 +763,7 @@ def _excludes(case: Case) -> bool:
 _ACTS_ON: dict[str, Callable[[Case, Verdict], bool]] = {
     "single-key-weight-one": lambda c, v: c.k[-2] == 1,
     "scale-zero-is-default": lambda c, v: c.scale in ("0.0", "0", "-0.0"),
+    "explicit-scale-ignored": lambda c, v: c.scale != "None",
     "causal-alignment-reversed": lambda c, v: c.is_causal and c.q[-2] != c.k[-2],
     "empty-row-nan": lambda c, v: "fully-masked-row" in v.features,
     "empty-row-mean-v": lambda c, v: "fully-masked-row" in v.features,

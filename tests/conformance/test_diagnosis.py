@@ -45,6 +45,7 @@ PINNED: list[tuple[Callable[..., Any], str, str]] = [
     (sm.float64_computed_in_float32, "float64-in-float32", "computes float64 inputs in float32"),
     (pl.dtype_not_preserved, "float64-in-float32", "returns float32 for float64 inputs"),
     (sc.scale_zero_means_default, "scale-zero-is-default", "scale=0 as 'use the default'"),
+    (sc.explicit_scale_ignored, "explicit-scale-ignored", "ignores an explicit scale"),
     (sc.scale_one_over_e, "default-scale-other", "default scale is 1/E"),
     (sc.missing_scale, "default-scale-other", "1 (no scaling)"),
     (sc.top_left_declared_bottom_right, "causal-alignment-reversed", "computes top-left"),
@@ -87,6 +88,28 @@ def test_probes_stay_silent_on_correct_kernels(entry: Any) -> None:
     """CONF-1: no probe establishes a cause on a correct kernel (the zero-false-failure
     catalogue: log-sum-exp, online softmax, tiled, bottom-right, float16 weights, ...)."""
     assert diagnose(_kernel(entry.fn)) == []
+
+
+# Look-alikes of the causes above that no probe may explain as one of them: each has a
+# defect of its own (an epsilon in the denominator is not float64 computed in float32, NaN
+# inputs cleaned is not a softmax over one key taken as 1, the scale applied twice is not
+# another default scale).
+LOOK_ALIKES: list[Callable[..., Any]] = [
+    sm.eps_in_denominator,
+    sm.nan_inputs_sanitised,
+    sc.scale_squared,
+    sm.nan_leaks_through_matmul,
+    sm.row_sum_accumulated_in_float16,
+    sc.causal_strict,
+    sc.decode_step_top_left,
+]
+
+
+@pytest.mark.parametrize("fn", LOOK_ALIKES, ids=lambda fn: fn.__name__)
+def test_look_alikes_get_no_explanation_of_another_defect(fn: Callable[..., Any]) -> None:
+    """CONF-1 (SDPA-7.3, SDPA-8.3, SDPA-2.1, SDPA-4): a kernel whose defect resembles a
+    probed cause without being it gets no cause: its failures are listed as found."""
+    assert diagnose(_kernel(fn)) == []
 
 
 def test_every_probe_is_pinned() -> None:
