@@ -26,6 +26,7 @@ from attnspec.backends import Backend, _registry
 from attnspec.conformance import declare
 from attnspec.conformance.draw.anchors import ANCHORS
 from attnspec.conformance.draw.shape_pool import (
+    PLAIN_REQUEST,
     SMALL_POOL,
     SeededDraws,
     ShapePool,
@@ -130,17 +131,7 @@ def test_requests_take_plain_members_that_meet_them() -> None:
         ),
         compiling(),
     )
-    plain = dict(
-        min_queries=0,
-        min_keys=0,
-        max_len=9,
-        max_batch_ndim=2,
-        gqa=True,
-        weights=False,
-        family="dense",
-        min_kv_heads=1,
-        min_groups=1,
-    )
+    plain = dict(PLAIN_REQUEST, gqa=True, family="dense")  # what draw_dims is asked by default
     # a seed whose plain members include some with a key and Lq != Lk (asserted below)
     pool, small = ShapePool(seed=4), Stratum("small", 20)
     with drawing(small, SizeLimits(), pool):
@@ -170,17 +161,7 @@ def test_pooled_realistic_strata_keep_their_sizes() -> None:
     pool = ShapePool(seed=None)
     blocks = Stratum("blocks", 3, 2**24, min_len=16)
     decode = Stratum("decode", 1, 2**24, (("shape", "decode"),), min_len=257)
-    options = dict(
-        min_queries=0,
-        min_keys=0,
-        max_len=9,
-        max_batch_ndim=2,
-        gqa=True,
-        weights=False,
-        family="dense",
-        min_kv_heads=1,
-        min_groups=1,
-    )
+    options = dict(PLAIN_REQUEST, gqa=True, family="dense")  # what draw_dims is asked by default
     data = SeededDraws(7)
     for stratum in (blocks, decode):
         with drawing(stratum, SizeLimits(), pool):
@@ -198,17 +179,7 @@ def test_pools_do_not_depend_on_the_order_properties_run_in() -> None:
     """The same run seed gives the same members whichever pool is filled first, in any
     process (``--jobs``); another seed gives other ones."""
     kernel = KernelUnderTest(recording([]), compiling())
-    options = dict(
-        min_queries=0,
-        min_keys=0,
-        max_len=9,
-        max_batch_ndim=2,
-        gqa=True,
-        weights=False,
-        family="dense",
-        min_kv_heads=1,
-        min_groups=1,
-    )
+    options = dict(PLAIN_REQUEST, gqa=True, family="dense")  # what draw_dims is asked by default
     small = Stratum("small", 20)
 
     def members(pool: ShapePool, stratum: Stratum) -> list[Any]:
