@@ -561,6 +561,44 @@ def scores_in_float16(kernel: KernelUnderTest) -> Cause | None:
     )
 
 
+def bias_added_in_float16(kernel: KernelUnderTest) -> Cause | None:
+    """A bias added to the scores in float16: with a -65504 padding bias on every key of a
+    row, the sums step by 32 there, so scores 0 ... 4 apart all round to -65504 and the
+    row's weights become uniform (its output mean(V)), where the definition's softmax is
+    that of the scores alone (a per-row constant does not change it)."""
+    if "float16" not in kernel.dtypes or not kernel.declaration.bias:
+        return None
+    q = np.zeros((1, 2, 4))
+    q[0, :, 0] = 1.0
+    k = np.zeros((1, 5, 4))
+    k[0, :, 0] = 2.0 * np.arange(5)  # scaled scores 0, 1, 2, 3, 4 (scale 1/2)
+    problem = _problem(kernel, "float16", q, k, _normal(2, 1, 5, 4).clip(-2, 2))
+    bias = np.zeros(_scores_shape(problem))
+    bias[..., 0, :] = -65504.0
+    problem = problem.with_(bias=bias)
+    out = _output(kernel, problem)
+    if out is None or _passes(kernel, problem, out):
+        return None
+    mean = np.broadcast_to(problem.v.mean(axis=-2), out[..., 0, :].shape)
+    if not np.allclose(out[..., 0, :], mean, atol=4e-3, rtol=0):
+        return None
+    return Cause(
+        name="bias-added-in-float16",
+        clause="SDPA-3.2",
+        explanation=(
+            "for float16 inputs the kernel adds the bias to the scores in float16: near a "
+            "-65504 padding bias the sums round in steps of 32 (and past -65520 to -inf), so "
+            "a padded row's weights collapse to uniform, mean(V)"
+        ),
+        evidence=(
+            "on a float16 probe whose row 0 has the bias -65504 on every key and scores 0 ... "
+            "4, row 0 of the output is mean(V), where the definition gives the softmax of the "
+            "scores (a per-row constant changes nothing)"
+        ),
+        hint="add the bias in float32 (SDPA-7.2); no flag",
+    )
+
+
 def batch_or_head_mapping(kernel: KernelUnderTest) -> Cause | None:
     """Query (batch, head) pairs reading another pair's keys and values: each output
     slice is matched against the definition with every (batch, head) of K and V; with
@@ -695,6 +733,7 @@ PROBES: tuple[Callable[[KernelUnderTest], Cause | None], ...] = (
     mask_sense,
     batch_or_head_mapping,
     scores_in_float16,
+    bias_added_in_float16,
     float64_computed_in_float32,
     default_scale_other,
 )
@@ -776,6 +815,7 @@ _ACTS_ON: dict[str, Callable[[Case, Verdict], bool]] = {
     "batch-head-mixed": lambda c, v: len(c.q) > 3 and c.q[-3] * int(np.prod(c.q[:-3])) > 1,
     "scores-rounded-to-float16": lambda c, v: c.dtype == "float16",
     "scores-accumulated-in-float16": lambda c, v: c.dtype == "float16",
+    "bias-added-in-float16": lambda c, v: c.dtype == "float16" and c.bias,
     "float64-in-float32": lambda c, v: c.dtype == "float64",
     "default-scale-other": lambda c, v: c.scale == "None",
 }

@@ -127,3 +127,26 @@ def scores_accumulated_in_float16(
         return attend(a)
     with np.errstate(**QUIET):
         return _softmax_pv(a, _float16_scores(a, accumulate=True))
+
+
+@declare(**ALL)
+def bias_added_in_float16(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Array:
+    """For float16 inputs, computes the scores in float32 but adds the bias to them in
+    float16 (a fused epilogue in the input dtype): near a -65504 padding bias the sums
+    step by 32, so a padded row's weights collapse."""
+    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    if q.dtype != np.float16 or a.bias is None:
+        return attend(a)
+    with np.errstate(**QUIET):
+        s = np.matmul(a.q, np.swapaxes(a.k, -1, -2)) * np.float32(a.scale)
+        s = (s.astype(np.float16) + a.bias.astype(np.float16)).astype(np.float32)
+        return _softmax_pv(a, s)

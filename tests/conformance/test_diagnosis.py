@@ -58,6 +58,7 @@ PINNED: list[tuple[Callable[..., Any], str, str]] = [
     (dg.single_key_weight_one, "single-key-weight-one", "weight 1 whatever the score"),
     (dg.scores_cast_to_float16, "scores-rounded-to-float16", "rounds them to float16"),
     (dg.scores_accumulated_in_float16, "scores-accumulated-in-float16", "accumulated in float16"),
+    (dg.bias_added_in_float16, "bias-added-in-float16", "adds the bias to the scores in float16"),
     (sc.inverted_mask_polarity, "mask-inverted", "reads the mask inverted"),
     (sc.gqa_modulo_mapping, "gqa-interleaved-heads", "h mod Hkv"),
     (sm.batch_and_heads_transposed, "batch-head-mixed", "mixed up"),
@@ -125,6 +126,7 @@ def test_every_probe_is_pinned() -> None:
         "floor_weight_on_excluded_keys": "floor-weight-on-excluded-keys",
         "single_key_softmax_weight_one": "single-key-weight-one",
         "scores_in_float16": "scores-rounded-to-float16",
+        "bias_added_in_float16": "bias-added-in-float16",
         "batch_or_head_mapping": "batch-head-mixed",
         "mask_sense": "mask-inverted",
     }
