@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .failures import KernelExited, PropertyFailure
+from .failures import (
+    KernelExited,
+    KernelHung,
+    KernelProcessDied,
+    KernelStalled,
+    PropertyFailure,
+)
 
 if TYPE_CHECKING:
     from ..call.problem import Problem
@@ -71,8 +77,30 @@ class CallGuard:
         # A kernel that leaves np.seterr(all="raise") behind must not turn the suite's own
         # NumPy arithmetic (reference, tolerances) into errors.
         error_state = np.geterr()
+        fn = self.kernel.fn
+        if hasattr(fn, "call_description"):  # a kernel in its own process: names this call
+            fn.call_description = self.kernel.describe(problem) if problem is not None else ""
         try:
             return self._call(args, kwargs)
+        except KernelStalled as stalled:
+            raise KernelHung(
+                PropertyFailure(
+                    f"the kernel did not return within {stalled.seconds:g} s (--timeout "
+                    "SECONDS) on the inputs below; the check ended the kernel's process (and "
+                    "whatever it started) and went on [CONF-5]",
+                    problem,
+                    self.kernel,
+                )
+            ) from None
+        except KernelProcessDied as died:
+            raise KernelExited(
+                PropertyFailure(
+                    f"the process running the kernel {died.how}, during a kernel call, on the "
+                    "inputs below; the check started a new one and went on [CONF-5]",
+                    problem,
+                    self.kernel,
+                )
+            ) from None
         except SystemExit as exc:
             raise KernelExited(
                 PropertyFailure(

@@ -65,7 +65,7 @@ def _other_library_hint(exc: BaseException, kernel: RaisingKernel) -> str:
     the default backend, NumPy): its module does not use the backend's library at all, or
     the exception names the backend's array type ("must be Tensor, not numpy.ndarray")."""
     backend = kernel.backend.name
-    used = _array_libraries_used(kernel.fn)
+    used = array_libraries_used(kernel.fn)
     others = sorted(used - {backend})
     if len(others) != 1:
         return ""
@@ -78,9 +78,13 @@ def _other_library_hint(exc: BaseException, kernel: RaisingKernel) -> str:
     )
 
 
-def _array_libraries_used(fn: Callable[..., Any]) -> set[str]:
+def array_libraries_used(fn: Callable[..., Any]) -> set[str]:
     """The array libraries (of _ARRAY_TYPE_WORDS) whose modules or functions the module
-    defining ``fn`` holds as globals (``import torch``, ``from jax import numpy``, ...)."""
+    defining ``fn`` holds as globals (``import torch``, ``from jax import numpy``, ...); for a
+    kernel in its own process, what that process read off it when it loaded it."""
+    known = getattr(fn, "attnspec_libraries_used", None)
+    if known is not None:
+        return set(known)
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
     used = set()
     for value in vars(module).values() if module is not None else ():

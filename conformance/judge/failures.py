@@ -108,3 +108,32 @@ class KernelExited(BaseException):
     def __init__(self, failure: PropertyFailure) -> None:
         super().__init__(failure.finding)
         self.failure = failure
+
+
+class KernelHung(KernelExited):
+    """The kernel did not return within the per-call timeout: the check ended the process
+    running it (and everything the kernel started) and went on (CONF-5).  Counted against
+    the run's stall budget."""
+
+
+class KernelStalled(BaseException):
+    """Raised by the judge's handle on the kernel's process when a call outlasts the
+    timeout; the call guard turns it into :class:`KernelHung` with the call's inputs."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"no answer within {seconds:g} s")
+        self.seconds = seconds
+
+
+class KernelProcessDied(BaseException):
+    """The kernel's process ended (a crash, a signal, an exit) during a call; ``how`` says
+    how.  The call guard turns it into :class:`KernelExited` with the call's inputs."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__(how)
+        self.how = how
+
+
+class InputsChangedLater(PropertyFailure):
+    """The kernel changed the inputs of an earlier call after that call had returned
+    (SDPA-1.6), seen in the kernel's process at a later request."""

@@ -130,6 +130,7 @@ class KernelUnderTest:
     ) -> None:
         self.backend = backend
         self.declaration = declaration if declaration is not None else declaration_of(fn)
+        self.raw_fn = fn  # as loaded and adapted, before the suite pads its head dims
         if self.declaration.equal_head_dims:
             fn = padded_head_dims(fn, backend)
         self.fn = fn

@@ -8,10 +8,12 @@ from typing import Any
 
 from ...backends import FLOAT_DTYPE_NAMES
 from ..call.problem import Problem
+from ..call.wire import PLAIN, CallableInKernelProcess, wire_type
 from ..claims.declaration import KernelDeclaration
 from .kernel import KernelUnderTest, describe_inputs
 
 
+@wire_type
 @dataclass(frozen=True)
 class BackendInfo:
     name: str
@@ -19,6 +21,7 @@ class BackendInfo:
     on_cpu: bool = True
 
 
+@wire_type
 @dataclass(frozen=True)
 class KernelInfo:
     """What the supervisor knows of a kernel loaded in a worker: enough for the report,
@@ -35,13 +38,18 @@ class KernelInfo:
     setup_hints: tuple[str, ...] = ()  # read off the kernel's signature while loading it
 
     @classmethod
-    def of(cls, kernel: KernelUnderTest, loader: str, memory_note: str) -> KernelInfo:
-        declaration = kernel.declaration
-        linear = declaration.linear
-        if linear is not None and callable(linear.feature_map):
-            # Unpickling the function would import the kernel's module in the supervisor.
-            stand_in = CallableInWorker(getattr(linear.feature_map, "__qualname__", "?"))
-            declaration = replace(declaration, linear=replace(linear, feature_map=stand_in))
+    def of(
+        cls,
+        kernel: KernelUnderTest,
+        loader: str,
+        memory_note: str,
+        held: dict[str, Any] | None = None,
+    ) -> KernelInfo:
+        """What is known of ``kernel``, its declaration holding only plain data: each
+        callable or other object of the kernel's (a feature map, an extra keyword's value)
+        replaced by a :class:`CallableInKernelProcess` stand-in, recorded in ``held`` by
+        name (the kernel's process puts the original back when it is passed to a call)."""
+        declaration = held_declaration(kernel.declaration, {} if held is None else held)
         return cls(
             kernel.target,
             BackendInfo(kernel.backend.name, str(kernel.backend.device), kernel.backend.on_cpu),
@@ -58,14 +66,32 @@ class KernelInfo:
         return describe_inputs(self.declaration, problem)
 
 
-@dataclass(frozen=True)
-class CallableInWorker:
-    """Stands in the supervisor for a callable (a feature map) that lives in the worker."""
+def _held(value: Any, held: dict[str, Any]) -> Any:
+    if isinstance(value, PLAIN) or (
+        isinstance(value, tuple) and all(isinstance(item, PLAIN) for item in value)
+    ):
+        return value
+    name = f"{getattr(value, '__qualname__', type(value).__qualname__)}#{len(held)}"
+    held[name] = value
+    return CallableInKernelProcess(name)
 
-    name: str
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError(f"{self.name} runs in the check's worker process, not here")
+def held_declaration(declaration: KernelDeclaration, held: dict[str, Any]) -> KernelDeclaration:
+    """``declaration`` with what is not plain data held in the kernel's process (see
+    :meth:`KernelInfo.of`)."""
+    changes: dict[str, Any] = {}
+    if declaration.extra_kwargs:
+        changes["extra_kwargs"] = {
+            name: _held(value, held) for name, value in declaration.extra_kwargs.items()
+        }
+    linear = declaration.linear
+    if linear is not None and callable(linear.feature_map):
+        changes["linear"] = replace(linear, feature_map=_held(linear.feature_map, held))
+    sparse = declaration.sparse
+    if sparse is not None and sparse.params:
+        params = {name: _held(value, held) for name, value in sparse.params.items()}
+        changes["sparse"] = replace(sparse, params=params)
+    return replace(declaration, **changes) if changes else declaration
 
 
 def setup_notes(kernel: KernelUnderTest) -> list[str]:

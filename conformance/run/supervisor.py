@@ -378,8 +378,16 @@ class IsolatedKernel:
         try:
             if self._aborted:  # abort() ran before it could see this worker
                 raise Aborted(f"loading kernel {self.setup.kernel!r}: the run was aborted")
-            worker.connection.send_bytes(payload)
-            message = worker.receive(limit)
+            worker.connection.send(
+                (
+                    payload,
+                    self.options.memory_limit_gib,
+                    self._judge_setup(),
+                    self.options.timeout,
+                    self.options.load_timeout,
+                )
+            )
+            message = worker.receive(limit + self.options.load_timeout)
         except (WorkerDied, BrokenPipeError) as died:
             worker.kill()
             raise SetupError(
@@ -402,6 +410,20 @@ class IsolatedKernel:
             raise SetupError(message[1])
         return worker, message[1]
 
+    def _judge_setup(self) -> KernelSetup:
+        """The setup as the judging worker gets it: everything but the kernel itself (a
+        callable there would import the kernel's module where the kernel is judged); the
+        kernel's own process gets the whole setup."""
+        kernel = self.setup.kernel
+        return replace(self.setup, kernel=kernel if isinstance(kernel, str) else "<callable>")
+
+    @property
+    def _judge_timeout(self) -> float:
+        """How long the supervisor waits on its worker: the worker ends a kernel call that
+        outlasts ``timeout`` itself, and may then start a new kernel process; this only
+        catches a worker that stopped answering (a bug of the suite's)."""
+        return self.options.timeout + self.options.load_timeout + 30.0
+
     def _request(self, request: tuple[Any, ...]) -> Any:
         """Send ``request`` to a live worker and return its answer; the kernel calls it
         makes on the way are watched.  :class:`_Lost` when the worker dies or a call (or
@@ -415,7 +437,7 @@ class IsolatedKernel:
         try:
             worker.send(request)
             while True:
-                message = worker.receive(self.options.timeout)
+                message = worker.receive(self._judge_timeout)
                 if message is None:
                     self._worker = None
                     worker.kill()

@@ -20,14 +20,16 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from ...backends import Backend
 from ..call.side_effects import hypothesis_storage_elsewhere, kernel_output_to
 from ..judge.call_guard import CallObserver, guard_calls
 from ..judge.failures import PropertyFailure
+from ..judge.kernel import KernelUnderTest
+from ..judge.kernel_info import KernelInfo
 
 if TYPE_CHECKING:
     from ..call.problem import Problem
-    from ..judge.kernel import KernelUnderTest
-    from .kernel_setup import KernelSetup
+    from .remote_kernel import KernelProcess
 
 # A reproduction is only built for inputs this small; larger ones are described by shape.
 MAX_SENT_PROBLEM_BYTES = 256 * 1024
@@ -79,22 +81,18 @@ def limit_memory(backend: Any, gib: float) -> str:
     )
 
 
-def load(setup: KernelSetup, memory_limit_gib: float) -> tuple[KernelUnderTest, str]:
-    """Prepare the kernel as :meth:`KernelSetup.prepare` does, under the memory limit;
-    an exit while importing its module is a :class:`SetupError`."""
-    from .kernel_setup import SetupError
+def kernel_in_judge(info: KernelInfo, process: KernelProcess, backend: Backend) -> KernelUnderTest:
+    """The kernel loaded in ``process``, as the judge calls it: a :class:`KernelUnderTest`
+    whose function is a :class:`~.remote_kernel.RemoteFunction` (every call goes to the
+    kernel's process), with the claims, loader and hints that process read off it."""
+    from .remote_kernel import RemoteFunction, declaration_in_judge
 
-    backend = setup.make_backend()  # in the JAX configuration asked for (jax_x64)
-    note = limit_memory(backend, memory_limit_gib)
-    try:
-        kernel = setup.prepare(backend)
-    except KeyboardInterrupt:
-        raise SetupError(
-            f"loading kernel {setup.kernel!r} raised KeyboardInterrupt "
-            "(at import?): nothing was checked"
-        ) from None
-    guard_calls(kernel).memory_note = note
-    return kernel, note
+    declaration = declaration_in_judge(info.declaration, process, backend)
+    kernel = KernelUnderTest(RemoteFunction(process, backend), backend, declaration, info.target)
+    kernel.loader = info.loader
+    kernel.setup_hints = list(info.setup_hints)
+    guard_calls(kernel).memory_note = info.memory_note
+    return kernel
 
 
 def use_worker_threads(environ: Any = None) -> str:
@@ -131,51 +129,48 @@ def _exit_when_orphaned(lifeline: int) -> None:
 
 
 def serve(connection: Connection) -> None:
-    """Load the kernel, then answer requests until told to stop (the worker's main loop):
-    ``("property", id, profile, examples, seed)`` gets the property's verdict,
-    ``("hints", failures, raised)`` the hints from probing the kernel (:func:`.hints.run_hints`)."""
-    from ..judge.kernel_info import KernelInfo
+    """Start the kernel's process, then answer requests until told to stop (the judge's
+    main loop): ``("property", id, profile, examples, seed, limits)`` gets the property's
+    verdict, ``("hints", failures, raised)`` the hints from probing the kernel
+    (:func:`.convention_hints.run_hints`).  The kernel runs in a process of its own
+    (:mod:`.kernel_process`); this one draws, calls it there, and judges."""
     from .kernel_setup import SetupError
+    from .remote_kernel import KernelProcess
 
+    setup_bytes, memory_limit_gib, judge_setup, timeout, load_timeout = connection.recv()
+    process = KernelProcess(
+        setup_bytes, memory_limit_gib, timeout=timeout, load_timeout=load_timeout
+    )
     try:
-        setup, memory_limit_gib = connection.recv()
-    except Exception as exc:  # e.g. a callable kernel the worker cannot import by name
-        connection.send(
-            (
-                "setup-error",
-                f"the worker process could not rebuild the kernel "
-                f"setup ({type(exc).__name__}: {exc}); check a MODULE:FUNC target, or "
-                "run in-process (--no-isolate, isolate=False)",
-            )
-        )
-        return
-    try:
-        kernel, note = load(setup, memory_limit_gib)
-    except SetupError as exc:
-        connection.send(("setup-error", str(exc)))
-        return
-    info = KernelInfo.of(kernel, kernel.loader, note)
-    threads = use_worker_threads()
-    if threads:
-        info = replace(info, setup_notes=(*info.setup_notes, threads))
-    connection.send(("ready", info))
-    # what was loaded so far (the library, the kernel, the suite) lives as long as this
-    # worker: kept out of the collector's full passes (~7 a quick profile, 0.1 s each)
-    gc.freeze()
-    guard = guard_calls(kernel)
-    guard.observer = _Reporter(connection)
-    guard.interrupt_is_the_kernels = True
-    # stdout is where the supervisor routes the kernel's output; its warnings go there too
-    with kernel_output_to(sys.stdout), hypothesis_storage_elsewhere():
-        while True:
-            request = connection.recv()
-            if request is None:
-                return
-            answer = _answer(request, kernel, setup.layout)
-            if isinstance(answer, str):
-                connection.send(("setup-error", answer))
-                return
-            connection.send(("answer", answer[0]))
+        try:
+            backend = judge_setup.make_backend()
+            info, _ = process.start()
+        except SetupError as exc:
+            connection.send(("setup-error", str(exc)))
+            return
+        kernel = kernel_in_judge(info, process, backend)
+        threads = use_worker_threads()
+        if threads:
+            info = replace(info, setup_notes=(*info.setup_notes, threads))
+        connection.send(("ready", info))
+        # what was loaded so far (the library, the suite) lives as long as this worker:
+        # kept out of the collector's full passes (~7 a quick profile, 0.1 s each)
+        gc.freeze()
+        guard = guard_calls(kernel)
+        guard.observer = _Reporter(connection)
+        guard.interrupt_is_the_kernels = True
+        with kernel_output_to(sys.stdout), hypothesis_storage_elsewhere():
+            while True:
+                request = connection.recv()
+                if request is None:
+                    return
+                answer = _answer(request, kernel, judge_setup.layout)
+                if isinstance(answer, str):
+                    connection.send(("setup-error", answer))
+                    return
+                connection.send(("answer", answer[0]))
+    finally:
+        process.end()
 
 
 def _answer(request: tuple[Any, ...], kernel: KernelUnderTest, layout: str) -> tuple[Any] | str:

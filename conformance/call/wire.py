@@ -1,0 +1,208 @@
+"""What crosses between the judge and the kernel's process: a call's arguments, its result,
+or what went wrong, as plain data.
+
+The judge never holds an object the kernel made: an array comes back as an
+:class:`~attnspec.backends.exchange.ArrayPayload` and is rebuilt as a fresh array; anything
+else that is not plain data (another library's array, a lazy object, an array subclass, a
+custom object) comes back as a :class:`ForeignValue` that only says what it was; an
+exception comes back as a :class:`RaisedRemotely` and is raised again in the judge as an
+exception of the same name and message.  Nothing the kernel returns can run code in the
+judge's process.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import array_api_compat
+import numpy as np
+
+from ...backends import Backend
+from ...backends.exchange import ArrayPayload, export_array, import_array
+
+PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+@dataclass(frozen=True)
+class ForeignValue:
+    """Stands in the judge for a value the kernel returned that is neither plain data nor an
+    array of the backend: its type (as ``module.qualname``), whether it is an Array API
+    array of another library, and its repr (cut short)."""
+
+    module: str
+    qualname: str
+    is_array_api_obj: bool
+    text: str
+
+    @property
+    def type_name(self) -> str:
+        return self.qualname if self.module == "builtins" else f"{self.module}.{self.qualname}"
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name} from the kernel's process: {self.text}>"
+
+
+@dataclass(frozen=True)
+class CallableInKernelProcess:
+    """Stands in the judge for a callable of the kernel's (a declared feature map, an extra
+    keyword's value): passed back as an argument, the kernel's process puts the original in
+    its place; called in the judge, it raises (the judge never runs the kernel's code)."""
+
+    name: str
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"{self.name} runs in the kernel's process, not in the judge's")
+
+
+def export_value(backend: Backend, value: Any, callables: dict[str, Any] | None = None) -> Any:
+    """``value`` as plain data: arrays of ``backend`` as payloads, tuples, lists and dicts
+    item by item, plain values as they are, a callable as a :class:`CallableInKernelProcess`
+    (recorded in ``callables`` by name when given), anything else as a :class:`ForeignValue`."""
+    if isinstance(value, PLAIN):
+        return value
+    if isinstance(value, np.ndarray) and not backend.is_array(value):
+        return np.array(value, copy=True)  # NumPy data, e.g. a feature map's input
+    if isinstance(value, (ForeignValue, CallableInKernelProcess, ArrayPayload)):
+        return value
+    if backend.is_array(value):
+        return export_array(backend, value)
+    if isinstance(value, (tuple, list)):
+        items = [export_value(backend, item, callables) for item in value]
+        return tuple(items) if isinstance(value, tuple) else items
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {key: export_value(backend, item, callables) for key, item in value.items()}
+    if callable(value) and not array_api_compat.is_array_api_obj(value):
+        name = getattr(value, "__qualname__", None) or type(value).__qualname__
+        if callables is not None:
+            callables[name] = value
+        return CallableInKernelProcess(name)
+    kind = type(value)
+    try:
+        text = repr(value)[:200]
+    except Exception as exc:  # a repr that raises is still an answer: it says what it is
+        text = f"(repr raised {type(exc).__name__})"
+    return ForeignValue(
+        kind.__module__, kind.__qualname__, array_api_compat.is_array_api_obj(value), text
+    )
+
+
+def import_value(backend: Backend, value: Any, callables: dict[str, Any] | None = None) -> Any:
+    """The inverse of :func:`export_value`: payloads rebuilt as fresh arrays of ``backend``;
+    a :class:`CallableInKernelProcess` replaced by the original from ``callables`` when
+    given (in the kernel's process), kept as the stand-in otherwise."""
+    if isinstance(value, ArrayPayload):
+        return import_array(backend, value)
+    if isinstance(value, CallableInKernelProcess) and callables is not None:
+        return callables.get(value.name, value)
+    if isinstance(value, (tuple, list)):
+        items = [import_value(backend, item, callables) for item in value]
+        return tuple(items) if isinstance(value, tuple) else items
+    if isinstance(value, dict):
+        return {key: import_value(backend, item, callables) for key, item in value.items()}
+    return value
+
+
+@dataclass(frozen=True)
+class RaisedRemotely:
+    """An exception the kernel raised in its process: its type's name and module, and its
+    message."""
+
+    module: str
+    qualname: str
+    message: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> RaisedRemotely:
+        kind = type(exc)
+        try:
+            message = str(exc)
+        except Exception as failed:
+            message = f"(str() of the exception raised {type(failed).__name__})"
+        return cls(kind.__module__, kind.__qualname__, message[:2000])
+
+    def exception(self) -> Exception:
+        """An exception of the same name and message, raised again in the judge: a
+        built-in type (``ValueError``, ``MemoryError``, ...) as itself, so that code that
+        tells exceptions apart by type still can; any other as a subclass of ``Exception``
+        with the original's name and module."""
+        builtin = getattr(builtins, self.qualname, None) if self.module == "builtins" else None
+        if isinstance(builtin, type) and issubclass(builtin, Exception):
+            try:
+                return builtin(self.message)
+            except TypeError:  # a built-in whose constructor takes other arguments
+                pass
+        namespace: dict[str, Any] = {"__module__": self.module}
+        kind: Callable[[str], Exception] = type(
+            self.qualname.rsplit(".", 1)[-1], (Exception,), namespace
+        )
+        return kind(self.message)
+
+
+# What a message from the kernel's process may be built of.  Its bytes are written by the
+# kernel's process, which the kernel controls: an ordinary unpickler would let them run any
+# code in the judge, so only these classes (plain data) may appear in them.
+_SAFE_GLOBALS = {
+    ("builtins", "complex"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("builtins", "slice"),
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy.core.numeric", "_frombuffer"),
+    ("numpy._core.numeric", "_frombuffer"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"),
+}
+_SAFE_MODULE_PREFIXES = ("attnspec.",)
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = (module, name) in _SAFE_GLOBALS or (
+            module == "numpy.dtypes" and name.endswith("DType")
+        )
+        if module.startswith(_SAFE_MODULE_PREFIXES):
+            value = super().find_class(module, name)
+            # attnspec's own data classes only: never a function or module of the package
+            allowed = isinstance(value, type) and getattr(value, "__attnspec_wire__", False)
+            if allowed:
+                return value
+        if not allowed:
+            raise pickle.UnpicklingError(
+                f"a message from the kernel's process names {module}.{name}, which is not "
+                "plain data: refused"
+            )
+        return super().find_class(module, name)
+
+
+def loads_from_kernel(data: bytes) -> Any:
+    """A message the kernel's process sent, read as plain data only (see _SAFE_GLOBALS)."""
+    return _PlainDataUnpickler(io.BytesIO(data)).load()
+
+
+def wire_type(cls: type[Any]) -> type[Any]:
+    """Mark ``cls`` as a data class a message from the kernel's process may hold."""
+    cls.__attnspec_wire__ = True
+    return cls
+
+
+for _cls in (ArrayPayload, ForeignValue, CallableInKernelProcess, RaisedRemotely):
+    wire_type(_cls)
+
+
+def _mark_claims() -> None:
+    from ..claims.declaration import KernelDeclaration
+    from ..claims.table import LinearClaim, RopeClaim, SparseClaim
+
+    for cls in (KernelDeclaration, LinearClaim, RopeClaim, SparseClaim):
+        wire_type(cls)
+
+
+_mark_claims()

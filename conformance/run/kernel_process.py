@@ -1,0 +1,222 @@
+"""The kernel's own process: it loads the kernel and calls it, and nothing else.
+
+A judge (:mod:`.worker`, or this check's process) starts it with :mod:`.remote_kernel` and
+sends it the pickled :class:`~.kernel_setup.KernelSetup`; it loads the kernel (an exit, a
+crash or a hang while importing ends this process, not the judge's), answers
+``("ready", info)``, then serves calls: the arguments arrive as plain data
+(:mod:`..call.wire`), are rebuilt as fresh arrays of the backend in their dtype and memory
+layout, the kernel is called, and its result goes back as plain data.  Drawing inputs,
+the reference, the bound and the verdict live in the judge's process, which this one
+cannot reach: a kernel that patches the suite here patches nothing that judges it.
+
+What it also watches, because only here can it be seen: whether the call changed its
+inputs (their bits are compared after the call; the changed values go back, for the judge
+to apply to its own copies, SDPA-1.6), and whether they change later (at the next
+request, or after ``recheck``'s delay: a kernel that zeroes its inputs from a thread after
+returning).  Messages to the judge are pickled here and read there as plain data only.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from ...backends import Backend
+from ..call.side_effects import kernel_output_to
+from ..call.wire import (
+    CallableInKernelProcess,
+    ForeignValue,
+    RaisedRemotely,
+    export_value,
+    import_value,
+)
+from ..judge.kernel import KernelUnderTest
+from ..judge.kernel_info import KernelInfo
+from .worker import limit_memory, use_worker_threads
+
+
+def _send(connection: Connection, message: Any) -> None:
+    connection.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _bits(values: np.ndarray) -> np.ndarray:
+    """The bits of ``values`` (NaN payloads and -0.0 included) as unsigned integers."""
+    a = np.ascontiguousarray(values)
+    return a.view(f"u{a.dtype.itemsize}") if a.dtype.kind == "f" else a
+
+
+class _Inputs:
+    """The arrays of one call with their values as the kernel got them (or left them)."""
+
+    def __init__(self, backend: Backend, named: dict[str, Any]) -> None:
+        self.backend = backend
+        self.arrays = {n: x for n, x in named.items() if backend.is_array(x)}
+        self.values = {n: self._read(x) for n, x in self.arrays.items()}
+
+    def _read(self, x: Any) -> np.ndarray:
+        return np.array(self.backend.to_numpy(x), copy=True)
+
+    def changed(self) -> dict[str, Any]:
+        """The arrays whose bits changed since the snapshot, as payloads of their values
+        now; the snapshot is updated to them."""
+        found = {}
+        for name, x in self.arrays.items():
+            now = self._read(x)
+            before = self.values[name]
+            if now.shape != before.shape or not np.array_equal(_bits(now), _bits(before)):
+                found[name] = export_value(self.backend, x)
+                self.values[name] = now
+        return found
+
+
+class KernelServer:
+    """Calls the loaded kernel as the judge asks (see the module doc)."""
+
+    def __init__(self, connection: Connection, kernel: KernelUnderTest) -> None:
+        self.connection, self.kernel, self.backend = connection, kernel, kernel.backend
+        self.held: dict[str, Any] = {}  # the kernel's callables, by the names the judge holds
+        self.last: _Inputs | None = None
+        self.last_description = ""
+
+    def info(self, note: str) -> tuple[KernelInfo, dict[str, Any]]:
+        info = KernelInfo.of(self.kernel, self.kernel.loader, note, self.held)
+        fn = self.kernel.raw_fn
+        extras = {
+            "name": getattr(fn, "__name__", "kernel"),
+            "qualname": getattr(fn, "__qualname__", "kernel"),
+            "module": getattr(fn, "__module__", None) or "",
+            "libraries_used": tuple(sorted(_libraries_used(fn))),
+        }
+        return info, extras
+
+    def serve(self) -> None:
+        while True:
+            request = self.connection.recv()
+            if request is None:
+                return
+            kind = request[0]
+            if kind == "call":
+                _send(self.connection, self.call(*request[1:]))
+            elif kind == "recheck":
+                time.sleep(request[1])
+                _send(self.connection, ("rechecked", self._late_changes()))
+            else:
+                _send(self.connection, ("unknown-request", repr(kind)[:100]))
+
+    def _late_changes(self) -> tuple[str, dict[str, Any]] | None:
+        if self.last is None:
+            return None
+        changed = self.last.changed()
+        return (self.last_description, changed) if changed else None
+
+    def call(self, target: str, args: Any, kwargs: Any, description: str) -> tuple[Any, ...]:
+        """One call: ``target`` is "kernel" or the name of a held callable."""
+        late = self._late_changes()
+        fn = self.kernel.raw_fn if target == "kernel" else self.held.get(target)
+        if fn is None:
+            return (
+                "raised",
+                RaisedRemotely("builtins", "LookupError", f"no callable {target!r}"),
+                late,
+            )
+        args = import_value(self.backend, args, self.held)
+        kwargs = import_value(self.backend, kwargs, self.held)
+        inputs = _Inputs(self.backend, {**dict(zip(("q", "k", "v"), args, strict=False)), **kwargs})
+        error_state = np.geterr()
+        try:
+            result = fn(*args, **kwargs)
+            exported = export_value(self.backend, result)
+        except SystemExit as exc:
+            return ("exited", repr(exc.code), late)
+        except KeyboardInterrupt:
+            return ("interrupted", None, late)
+        except BaseException as exc:
+            return ("raised", RaisedRemotely.of(exc), late)
+        finally:
+            np.seterr(**error_state)
+        if target == "kernel":
+            self.last, self.last_description = inputs, description
+        return ("returned", exported, inputs.changed(), late)
+
+
+def _libraries_used(fn: Any) -> set[str]:
+    from ..judge.exception_hints import array_libraries_used
+
+    return array_libraries_used(fn)
+
+
+def serve(connection: Connection) -> None:
+    """Load the kernel, say it is ready, and serve calls until told to stop."""
+    from .kernel_setup import SetupError
+
+    try:
+        setup_bytes, memory_limit_gib = connection.recv()
+        setup, _ = pickle.loads(setup_bytes) if isinstance(setup_bytes, bytes) else setup_bytes
+    except Exception as exc:  # e.g. a callable kernel this process cannot import by name
+        _send(
+            connection,
+            (
+                "setup-error",
+                f"the kernel's process could not rebuild the kernel setup "
+                f"({type(exc).__name__}: {exc}); check a MODULE:FUNC target, or run "
+                "in-process (--no-isolate, isolate=False)",
+            ),
+        )
+        return
+    try:
+        backend = setup.make_backend()
+        note = limit_memory(backend, memory_limit_gib)
+        try:
+            kernel = setup.prepare(backend)
+        except KeyboardInterrupt:
+            raise SetupError(
+                f"loading kernel {setup.kernel!r} raised KeyboardInterrupt "
+                "(at import?): nothing was checked"
+            ) from None
+    except SetupError as exc:
+        _send(connection, ("setup-error", str(exc)))
+        return
+    use_worker_threads()
+    server = KernelServer(connection, kernel)
+    info, extras = server.info(note)
+    _send(connection, ("ready", info, extras))
+    gc.freeze()
+    with kernel_output_to(sys.stdout):
+        server.serve()
+
+
+def _exit_when_orphaned(lifeline: int) -> None:
+    """End this process when the judge that started it dies (its end of the pipe closes)."""
+
+    def watch() -> None:
+        while os.read(lifeline, 1):
+            pass
+        os._exit(70)
+
+    threading.Thread(target=watch, name="attnspec-lifeline", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -c '...kernel_process import main; main()' FD LIFELINE``."""
+    fd, lifeline = (int(a) for a in (argv or sys.argv[1:]))
+    _exit_when_orphaned(lifeline)
+    connection = Connection(fd)
+    try:
+        serve(connection)
+    except (EOFError, BrokenPipeError):
+        pass
+    connection.close()
+    sys.stdout.flush()
+    # Skip interpreter teardown: a kernel's atexit hooks or threads are not the check's.
+    os._exit(0)
+
+
+__all__ = ["CallableInKernelProcess", "ForeignValue", "KernelServer", "main", "serve"]
