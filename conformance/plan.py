@@ -27,7 +27,7 @@ from .judge.failures import KERNEL_RAISED
 from .judge.kernel import KernelUnderTest
 from .judge.registry import Property
 from .judge.reproduce import rerun_command
-from .judge.verdict import FAILED, NOT_APPLICABLE, WARNING, Report, Verdict
+from .judge.verdict import FAILED, NOT_APPLICABLE, NOT_RUN, WARNING, Report, Verdict
 from .kernels.known import target_write_ups
 from .report import render
 from .report.files import ReportFiles, Rerun, interruption, still_running
@@ -257,7 +257,17 @@ def finish_report(report: Report, session: Session, *, partial: bool) -> None:
     the conformance claim, or why there is none (``partial``: --only/--skip)."""
     kernel = session.start()
     failed = [v for v in report.verdicts if v.status in (FAILED, WARNING)]
-    if failed and not report.incomplete:
+    not_run = [v for v in report.verdicts if v.status == NOT_RUN]
+    if not_run and not report.incomplete and not any(v.status == FAILED for v in failed):
+        # stopped by --deadline with nothing failed: no claim either way (CONF-6)
+        report.incomplete = f"{len(not_run)} properties not run: {not_run[0].detail}"
+    if any(v.stalled for v in report.verdicts):
+        stalls = sum(v.stalled for v in report.verdicts)
+        report.notes.append(
+            f"the kernel hangs: {stalls} of its calls outlasted --timeout (each ended the "
+            "kernel's process and whatever it had started) [CONF-5]"
+        )
+    if failed and not report.incomplete and not not_run:
         raised = any(v.detail.startswith(KERNEL_RAISED) for v in failed)
         hints, causes = from_lines(session.run_hints(len(failed), raised))
         report.hints.extend(hints)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import builtins
 import io
 import pickle
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,12 +108,13 @@ def import_value(backend: Backend, value: Any, callables: dict[str, Any] | None 
 
 @dataclass(frozen=True)
 class RaisedRemotely:
-    """An exception the kernel raised in its process: its type's name and module, and its
-    message."""
+    """An exception the kernel raised in its process: its type's name and module, the
+    nearest built-in exception type it derives from, and its message."""
 
     module: str
     qualname: str
     message: str
+    builtin_base: str = "Exception"
 
     @classmethod
     def of(cls, exc: BaseException) -> RaisedRemotely:
@@ -123,24 +123,44 @@ class RaisedRemotely:
             message = str(exc)
         except Exception as failed:
             message = f"(str() of the exception raised {type(failed).__name__})"
-        return cls(kind.__module__, kind.__qualname__, message[:2000])
+        base = next(
+            (
+                t.__name__
+                for t in kind.__mro__
+                if t.__module__ == "builtins" and issubclass(t, Exception)
+            ),
+            "Exception",
+        )
+        return cls(kind.__module__, kind.__qualname__, message[:2000], base)
 
     def exception(self) -> Exception:
         """An exception of the same name and message, raised again in the judge: a
-        built-in type (``ValueError``, ``MemoryError``, ...) as itself, so that code that
-        tells exceptions apart by type still can; any other as a subclass of ``Exception``
-        with the original's name and module."""
-        builtin = getattr(builtins, self.qualname, None) if self.module == "builtins" else None
-        if isinstance(builtin, type) and issubclass(builtin, Exception):
-            try:
-                return builtin(self.message)
-            except TypeError:  # a built-in whose constructor takes other arguments
-                pass
-        namespace: dict[str, Any] = {"__module__": self.module}
-        kind: Callable[[str], Exception] = type(
-            self.qualname.rsplit(".", 1)[-1], (Exception,), namespace
-        )
-        return kind(self.message)
+        built-in type (``ValueError``, ``MemoryError``, ...) as itself; any other as a
+        subclass of the built-in type it derives from, with the original's name and
+        module, one class per name (so that the same exception raised twice is of the
+        same type, as Hypothesis checks when it replays a failure)."""
+        if self.module == "builtins":
+            builtin = getattr(builtins, self.qualname, None)
+            if isinstance(builtin, type) and issubclass(builtin, Exception):
+                try:
+                    return builtin(self.message)
+                except TypeError:  # a built-in whose constructor takes other arguments
+                    pass
+        return _stand_in_class(self.module, self.qualname, self.builtin_base)(self.message)
+
+
+_STAND_INS: dict[tuple[str, str, str], type[Exception]] = {}
+
+
+def _stand_in_class(module: str, qualname: str, base_name: str) -> type[Exception]:
+    key = (module, qualname, base_name)
+    if key not in _STAND_INS:
+        base = getattr(builtins, base_name, Exception)
+        if not (isinstance(base, type) and issubclass(base, Exception)):
+            base = Exception
+        name = qualname.rsplit(".", 1)[-1]
+        _STAND_INS[key] = type(name, (base,), {"__module__": module, "__qualname__": qualname})
+    return _STAND_INS[key]
 
 
 # What a message from the kernel's process may be built of.  Its bytes are written by the

@@ -10,6 +10,10 @@ from ..draw.sizes import SizeLimits
 
 PASSED, FAILED, WARNING, NOT_APPLICABLE = "passed", "failed", "warning", "not applicable"
 WAIVED = "waived"  # the declaration waives the property's MUST clause (CONF-7)
+# the run stopped before the property ran: the kernel used up the stall budget, or the
+# run's --deadline passed (the verdict's detail says which; the report is then marked
+# incomplete when no property failed, CONF-6)
+NOT_RUN = "not run"
 
 
 @dataclass
@@ -33,6 +37,9 @@ class Verdict:
     cause: str = ""
     # what the re-run drawing around other clauses' inputs showed, in words
     drawn_around: str = ""
+    # a kernel call outlasted the timeout (the kernel's process was ended): counted
+    # against the run's stall budget
+    stalled: bool = False
 
 
 @dataclass

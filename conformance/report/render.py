@@ -22,7 +22,16 @@ from ..claims.clauses import last_release, new_in_draft, spec_order
 from ..claims.declaration import KernelDeclaration
 from ..claims.table import claim_features
 from ..judge.reproduce import Where, reproduction_lines
-from ..judge.verdict import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Report, Verdict
+from ..judge.verdict import (
+    FAILED,
+    NOT_APPLICABLE,
+    NOT_RUN,
+    PASSED,
+    WAIVED,
+    WARNING,
+    Report,
+    Verdict,
+)
 from ..run.root_causes import (
     Divergence,
     ExplainedCause,
@@ -42,6 +51,7 @@ LABELS = {
     WARNING: "warning",
     NOT_APPLICABLE: "not applicable",
     WAIVED: "waived",
+    NOT_RUN: "not run",
 }
 DETAIL_WIDTH = 72
 INCOMPLETE_CLAIM = "no conformance claim: the check is incomplete (CONF-6)"
@@ -94,7 +104,8 @@ def summary_line(report: Report) -> str:
     return (
         f"result: {outcome}: {tally[FAILED]} failed, {tally[WARNING]} warning(s), "
         f"{tally[PASSED]} passed, {tally[NOT_APPLICABLE]} not applicable"
-        f"{f', {tally[WAIVED]} waived' if tally[WAIVED] else ''} "
+        f"{f', {tally[WAIVED]} waived' if tally[WAIVED] else ''}"
+        f"{f', {tally[NOT_RUN]} not run' if tally[NOT_RUN] else ''} "
         f"({len(report.verdicts)} propert{'y' if len(report.verdicts) == 1 else 'ies'}, "
         f"{seconds:.1f} s{' wall time' if report.wall_seconds else ''})"
     )

@@ -135,7 +135,8 @@ class KernelServer:
             result = fn(*args, **kwargs)
             exported = export_value(self.backend, result)
         except SystemExit as exc:
-            return ("exited", repr(exc.code), late)
+            code = exc.code if isinstance(exc.code, (int, str, type(None))) else repr(exc.code)
+            return ("exited", code, late)
         except KeyboardInterrupt:
             return ("interrupted", None, late)
         except BaseException as exc:

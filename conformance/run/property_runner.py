@@ -20,7 +20,7 @@ from ..draw.one_example import SeededBesidesSizes, seeds_besides_sizes
 from ..draw.realistic_values import COMBINATIONS
 from ..draw.shape_pool import ShapePool, pool_for_run
 from ..draw.sizes import SizeLimits, Stratum
-from ..judge.failures import KernelExited, PropertyFailure
+from ..judge.failures import KernelExited, KernelHung, PropertyFailure
 from ..judge.kernel import KernelUnderTest
 from ..judge.registry import Property, all_properties
 from ..judge.reproduce import failure_snippet
@@ -336,6 +336,7 @@ def run_property(
         verdict = _failed_verdict(prop, failure)
     except KernelExited as exited:
         verdict = _failed_verdict(prop, exited.failure)
+        verdict.stalled = isinstance(exited, KernelHung)
     except Flaky as flaky:
         verdict = _failed_verdict(
             prop,

@@ -66,6 +66,10 @@ if TYPE_CHECKING:
 DEFAULT_TIMEOUT = 60.0  # s per kernel call: JAX/XLA compiles a new shape in a few seconds
 DEFAULT_MEMORY_LIMIT_GIB = 16.0  # beyond the loaded backend; quick problems need megabytes
 DEFAULT_LOAD_TIMEOUT = 120.0  # s to start a worker and import the backend and the kernel
+# Kernel calls that may outlast the timeout before the run stops: a kernel that hangs on
+# every call then ends the quick profile in about DEFAULT_STALL_BUDGET timeouts (two at a
+# time with two workers), not one per applicable property (~29 on the quick profile).
+DEFAULT_STALL_BUDGET = 3
 FILE_MODULE_PREFIX = "attnspec_kernel_"  # how load_kernel names a file.py:FUNC module
 _STOP_GRACE = 2.0  # s a stopped or dying worker gets to exit before it is killed
 # The variables BLAS and OpenMP libraries (OpenBLAS, MKL, Accelerate, PyTorch's intra-op
@@ -95,8 +99,24 @@ class IsolationOptions:
     timeout: float = DEFAULT_TIMEOUT
     memory_limit_gib: float = DEFAULT_MEMORY_LIMIT_GIB
     load_timeout: float = DEFAULT_LOAD_TIMEOUT
+    # properties whose kernel call outlasted ``timeout`` before the run stops (the rest
+    # "not run"); ``deadline``: seconds of wall time after which no property starts
+    stall_budget: int = DEFAULT_STALL_BUDGET
+    deadline: float | None = None
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.stall_budget, int) and self.stall_budget >= 1):
+            raise ValueError(
+                f"stall_budget={self.stall_budget!r}, but should be a whole number >= 1"
+            )
+        if self.deadline is not None and not (
+            isinstance(self.deadline, (int, float))
+            and math.isfinite(self.deadline)
+            and self.deadline > 0
+        ):
+            raise ValueError(
+                f"deadline={self.deadline!r}, but should be a positive number of seconds"
+            )
         for name in ("timeout", "load_timeout"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -129,6 +149,20 @@ SUPERVISION_FLAGS = (
         type=float,
         metavar="GIB",
     ),
+    Flag(
+        "--stall-budget",
+        "kernel calls that may outlast --timeout before the run stops, the kernel judged "
+        f"as hanging and the other properties not run (default {DEFAULT_STALL_BUDGET})",
+        type=int,
+        metavar="N",
+    ),
+    Flag(
+        "--deadline",
+        "seconds of wall time after which no property starts (those left: not run; the "
+        "report says so); default none",
+        type=float,
+        metavar="SECONDS",
+    ),
 )
 
 
@@ -144,23 +178,38 @@ def isolation_options(
         return option if prefix is None else f"--{prefix}-{option[2:]}"
 
     timeout, memory = get("timeout"), get("memory_limit")
+    stalls, deadline = get("stall_budget"), get("deadline")
     if not isolate:
-        if timeout is not None or memory is not None:
+        given = [
+            name(flag)
+            for flag, value in (
+                ("--timeout", timeout),
+                ("--memory-limit", memory),
+                ("--stall-budget", stalls),
+                ("--deadline", deadline),
+            )
+            if value is not None
+        ]
+        if given:
             raise UsageError(
-                f"{name('--timeout')} and {name('--memory-limit')} apply to the "
-                f"worker process; {without}"
+                f"{' and '.join(given)} apply to the worker processes that run the "
+                f"kernel; {without}"
             )
         return None
     try:
         return IsolationOptions(
             DEFAULT_TIMEOUT if timeout is None else timeout,
             DEFAULT_MEMORY_LIMIT_GIB if memory is None else memory,
+            stall_budget=DEFAULT_STALL_BUDGET if stalls is None else stalls,
+            deadline=deadline,
         )
     except ValueError as exc:
         raise UsageError(
             str(exc)
             .replace("timeout=", f"{name('--timeout')} ")
             .replace("memory_limit_gib=", f"{name('--memory-limit')} ")
+            .replace("stall_budget=", f"{name('--stall-budget')} ")
+            .replace("deadline=", f"{name('--deadline')} ")
         ) from None
 
 

@@ -164,6 +164,11 @@ def serve(connection: Connection) -> None:
                 request = connection.recv()
                 if request is None:
                     return
+                if request[0] == "hints" and process.starts > 1:
+                    # the kernel hung or its process died: probing it could cost another
+                    # timeout, and a convention hint would not explain that
+                    connection.send(("answer", []))
+                    continue
                 answer = _answer(request, kernel, judge_setup.layout)
                 if isinstance(answer, str):
                     connection.send(("setup-error", answer))

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..judge.kernel import KernelUnderTest
 from ..judge.verdict import Report, Verdict
+from .budget import RunBudget
 from .property_runner import run_each
 from .supervisor import InProcessKernel, IsolatedKernel, available_cpus
 
@@ -277,9 +278,14 @@ def run_properties(
     from .root_causes import Keep, Rerun, Settle, SettleAll, draw_around, one_at_a_time
 
     chosen = list(properties)
+    budget = budget_of(session)
 
     def run_on(on: Any, prop: Property, within: SizeLimits | None = limits) -> Verdict:
+        reason = budget.reason_to_stop()
+        if reason:
+            return budget.not_run(prop, reason)
         verdict: Verdict = on.run_property(prop, profile=profile, seed=seed, limits=within)
+        budget.heard(verdict)
         return verdict
 
     def rerun_on(on: Any) -> Rerun:
@@ -297,6 +303,16 @@ def run_properties(
         run_each(chosen, lambda prop: run_on(session, prop), report, progress)
         settle_all = one_at_a_time(rerun_on(session))
     return draw_around(report, chosen, settle_all, limits or SizeLimits())
+
+
+def budget_of(session: IsolatedKernel | InProcessKernel | WorkerPool) -> RunBudget:
+    """The run's :class:`RunBudget` from its supervision options (an in-process run has no
+    timeout, so no stall budget and no deadline)."""
+    first = session.sessions[0] if isinstance(session, WorkerPool) else session
+    options = getattr(first, "options", None)
+    if options is None:
+        return RunBudget()
+    return RunBudget(options.stall_budget, options.deadline)
 
 
 def open_session(
