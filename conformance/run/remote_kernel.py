@@ -38,7 +38,7 @@ from ..call.wire import (
     loads_from_kernel,
 )
 from ..claims.declaration import KernelDeclaration
-from ..judge.failures import KernelProcessDied, KernelStalled
+from ..judge.failures import InputsChangedLater, KernelProcessDied, KernelStalled
 from ..judge.kernel_info import KernelInfo
 
 _STOP_GRACE = 2.0  # s a stopped kernel process gets to exit before it is killed
@@ -259,6 +259,7 @@ class RemoteFunction:
         self.__qualname__ = str(extras.get("qualname", self.__name__))
         self.__module__ = str(extras.get("module", ""))
         self.attnspec_libraries_used = frozenset(extras.get("libraries_used", ()))
+        self.call_description = ""  # the inputs of the call under way, set by the call guard
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         message = (
@@ -266,13 +267,18 @@ class RemoteFunction:
             self.target,
             export_value(self.backend, args),
             export_value(self.backend, kwargs),
-            "",
+            self.call_description,
         )
         answer = self.process.request(message, self.process.timeout)
         kind = answer[0]
         late = answer[-1]
         if late is not None:
-            raise LateInputChange(*late)
+            description, changed = late
+            raise InputsChangedLater(
+                f"{', '.join(sorted(changed))} of an earlier call"
+                f"{f' ({description})' if description else ''} changed after the call "
+                "returned: the kernel kept working on its inputs [SDPA-1.6]"
+            )
         if kind == "returned":
             result, changed = answer[1], answer[2]
             if changed:
@@ -287,21 +293,13 @@ class RemoteFunction:
             raise KeyboardInterrupt
         raise KernelProcessDied(f"answered {kind!r}, which is no answer to a call")
 
-    def recheck_inputs(self, delay: float) -> tuple[str, dict[str, Any]] | None:
-        """The inputs of the last call that changed within ``delay`` seconds after it
-        returned (None: none did)."""
+    def recheck_inputs(self, delay: float) -> list[str]:
+        """The names of the last call's inputs that changed within ``delay`` seconds after
+        it returned (empty: none did)."""
         answer = self.process.request(("recheck", delay), self.process.timeout + delay)
-        return answer[1] if answer[0] == "rechecked" else None
-
-
-class LateInputChange(Exception):
-    """The kernel changed the inputs of an earlier call after that call returned."""
-
-    def __init__(self, description: str, changed: dict[str, Any]) -> None:
-        super().__init__(
-            f"{', '.join(sorted(changed))} of an earlier call changed after the call returned"
-        )
-        self.description, self.changed = description, changed
+        if answer[0] != "rechecked" or answer[1] is None:
+            return []
+        return sorted(answer[1][1])
 
 
 def _write_back(
@@ -334,7 +332,6 @@ def declaration_in_judge(
 __all__ = [
     "ForeignValue",
     "KernelProcess",
-    "LateInputChange",
     "RemoteFunction",
     "become_subreaper",
     "declaration_in_judge",

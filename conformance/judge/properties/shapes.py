@@ -3,6 +3,7 @@ do not depend on the memory layout of the inputs (strided, transposed, stride-0)
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -198,6 +199,15 @@ def inputs_unmodified(kernel: KernelUnderTest, data: st.DataObject) -> None:
     to_numpy = kernel.backend.to_numpy
     before = {n: np.array(to_numpy(x), copy=True) for n, x in arrays.items()}
     call_with(kernel, problem, args, kwargs)
+    later = inputs_changed_later(kernel, arrays, before)
+    if later:
+        raise PropertyFailure(
+            f"{', '.join(later)} changed after the call returned (re-read "
+            f"{RECHECK_DELAY * 1000:g} ms later): the kernel kept working on its inputs "
+            f"[SDPA-1.6, {call_text(kernel)}]",
+            problem,
+            kernel,
+        )
     for name, x in arrays.items():
         after = to_numpy(x)
         changed = _bits(after) != _bits(before[name])
@@ -211,6 +221,32 @@ def inputs_unmodified(kernel: KernelUnderTest, data: st.DataObject) -> None:
                 problem,
                 kernel,
             )
+
+
+# How long after a call the inputs are read again: a kernel that goes on writing them from
+# a thread of its own (or a stream it did not wait for) is caught here, not only one that
+# changes them before it returns.
+RECHECK_DELAY = 0.05
+
+
+def inputs_changed_later(
+    kernel: KernelUnderTest, arrays: dict[str, Any], at_return: dict[str, np.ndarray]
+) -> list[str]:
+    """The inputs that changed within RECHECK_DELAY after the call returned: read in the
+    kernel's process when it runs in its own (the judge holds copies there), here
+    otherwise."""
+    recheck = getattr(kernel.fn, "recheck_inputs", None)
+    if recheck is not None:
+        names: list[str] = recheck(RECHECK_DELAY)
+        return names
+    after_return = {n: np.array(kernel.backend.to_numpy(x), copy=True) for n, x in arrays.items()}
+    time.sleep(RECHECK_DELAY)
+    return [
+        name
+        for name, x in arrays.items()
+        if not np.array_equal(_bits(kernel.backend.to_numpy(x)), _bits(after_return[name]))
+        and np.array_equal(_bits(after_return[name]), _bits(at_return[name]))
+    ]
 
 
 def _interleaved(values: np.ndarray, axis: int) -> np.ndarray:

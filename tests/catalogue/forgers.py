@@ -1,0 +1,156 @@
+"""Kernels that try to forge their verdict instead of computing attention (CONF-9, CONF-5).
+
+Each returns a wrong answer (zeros, its own inputs, a cached result) and tries to make the
+check report a pass anyway, by reaching into the process it runs in: replacing the
+suite's property runner, rewriting the messages its worker sends, poisoning NumPy or the
+reference, or changing its inputs after it returned.  In attnspec up to 2026.12 the
+property ran, and its verdict was computed, in the kernel's own process, and the first two
+got exit 0, "conforms", with every property passed.  Now the kernel runs in a process of
+its own that only calls it (conformance/run/kernel_process.py), and each of these must get
+a FAILED verdict.  ``FORGERS`` lists them with the properties they are checked on and the
+words the failure must contain.  The kernels run on NumPy.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.connection
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import attnspec.reference as reference
+
+Array = Any
+
+
+def _zeros_like_output(q: Array, v: Array) -> Array:
+    return np.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype)
+
+
+def _forge_the_runner() -> None:
+    """Replace every property of the registry and the runner's entry point with ones that
+    pass, wherever the suite's modules are loaded in this process."""
+    from attnspec.conformance.judge import registration
+    from attnspec.conformance.judge.verdict import PASSED, Verdict
+    from attnspec.conformance.run import property_runner
+
+    def always_passed(prop: Any, kernel: Any, **options: Any) -> Verdict:
+        return Verdict(prop.id, prop.clause, prop.level, PASSED)
+
+    property_runner.run_property = always_passed  # type: ignore[assignment]
+    for prop in registration.REGISTRY.values():
+        object.__setattr__(prop, "check", lambda kernel, data: None)
+
+
+def _forge_the_messages() -> None:
+    """Wrap ``Connection.send`` so that any failed verdict sent leaves as a passed one."""
+    original = multiprocessing.connection.Connection.send
+
+    def send(self: Any, obj: Any) -> None:
+        if isinstance(obj, tuple) and obj and obj[0] == "answer":
+            verdict = obj[1]
+            if getattr(verdict, "status", None) == "failed":
+                verdict.status, verdict.detail = "passed", ""
+        original(self, obj)
+
+    multiprocessing.connection.Connection.send = send  # type: ignore[method-assign]
+
+
+def _poison_numpy_and_the_reference() -> None:
+    """Make NumPy's comparisons always agree and the reference return zeros, in this
+    process."""
+    np.allclose = lambda *a, **k: True  # type: ignore[assignment]
+    np.isclose = lambda a, b, *r, **k: np.ones(np.broadcast(a, b).shape, bool)  # type: ignore[assignment]
+
+    def zeros(q: Array, k: Array, v: Array, **options: Any) -> Array:
+        return _zeros_like_output(q, v)
+
+    reference.scaled_dot_product_attention = zeros  # type: ignore[assignment]
+    sdpa_module = sys.modules.get("attnspec.reference.sdpa")
+    if sdpa_module is not None:
+        sdpa_module.scaled_dot_product_attention = zeros  # type: ignore[attr-defined]
+
+
+def patches_the_runner(q: Array, k: Array, v: Array, **options: Any) -> Array:
+    """Returns zeros; at its first call, replaces the property runner and every property."""
+    _forge_the_runner()
+    return _zeros_like_output(q, v)
+
+
+def forges_its_messages(q: Array, k: Array, v: Array, **options: Any) -> Array:
+    """Returns zeros; at its first call, rewrites failed verdicts in the worker's messages."""
+    _forge_the_messages()
+    return _zeros_like_output(q, v)
+
+
+def poisons_numpy_and_the_reference(q: Array, k: Array, v: Array, **options: Any) -> Array:
+    """Returns zeros; poisons NumPy's comparisons and the reference in its process."""
+    _poison_numpy_and_the_reference()
+    return _zeros_like_output(q, v)
+
+
+def returns_its_value_buffer(q: Array, k: Array, v: Array, **options: Any) -> Array:
+    """Returns ``v`` itself (an aliased input buffer) where the output has its shape."""
+    if q.shape[-2] == v.shape[-2]:
+        return v
+    return _zeros_like_output(q, v)
+
+
+_CACHE: dict[Any, Array] = {}
+
+
+def caches_by_data_pointer(q: Array, k: Array, v: Array, **options: Any) -> Array:
+    """Computes the definition once per (data pointer, shape) of q and returns that
+    result again whenever a call's q sits at the same address with the same shape."""
+    key = (q.__array_interface__["data"][0], q.shape, k.shape, v.shape)
+    if key not in _CACHE:
+        _CACHE[key] = reference.scaled_dot_product_attention(q, k, v, **options)
+    return _CACHE[key]
+
+
+def detects_hypothesis_on_its_stack(q: Array, k: Array, v: Array, **options: Any) -> Array:
+    """Computes the definition while Hypothesis is on its call stack (the check calling
+    it), zeros otherwise: before, the property ran in the kernel's process and this kernel
+    always saw Hypothesis; now the kernel's process has no Hypothesis frame, so it shows
+    its other face."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if "hypothesis" in frame.f_code.co_filename:
+            return reference.scaled_dot_product_attention(q, k, v, **options)
+        frame = frame.f_back  # type: ignore[assignment]
+    return _zeros_like_output(q, v)
+
+
+def zeroes_its_inputs_later(q: Array, k: Array, v: Array, **options: Any) -> Array:
+    """Returns the definition, then zeroes q, k and v from a thread 20 ms later."""
+    out = reference.scaled_dot_product_attention(q, k, v, **options)
+
+    def later() -> None:
+        time.sleep(0.02)
+        for array in (q, k, v):
+            array[...] = 0
+
+    threading.Thread(target=later, daemon=True).start()
+    return out
+
+
+@dataclass(frozen=True)
+class Forger:
+    name: str
+    only: tuple[str, ...]  # the properties it is checked on
+    finding: str  # words every FAILED verdict's detail contains ("" for any)
+
+
+FORGERS = (
+    Forger("patches_the_runner", ("matches-reference", "default-scale"), ""),
+    Forger("forges_its_messages", ("matches-reference", "default-scale"), ""),
+    Forger("poisons_numpy_and_the_reference", ("matches-reference", "default-scale"), ""),
+    Forger("returns_its_value_buffer", ("matches-reference",), ""),
+    Forger("caches_by_data_pointer", ("matches-reference", "key-permutation"), ""),
+    Forger("detects_hypothesis_on_its_stack", ("matches-reference", "default-scale"), ""),
+    Forger("zeroes_its_inputs_later", ("inputs-unmodified",), "after the call returned"),
+)

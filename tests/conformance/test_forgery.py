@@ -1,0 +1,79 @@
+"""Verdicts a kernel cannot forge (CONF-9, CONF-5, SDPA-1.6): the kernel runs in a process of
+its own that only calls it; drawing, the reference, the bound and the verdict are computed
+where it cannot reach.  Each kernel of ``catalogue/forgers.py`` returns a wrong answer and
+reaches into the process it runs in to make the check pass anyway; each must be judged
+FAILED, by the command a user runs.  With attnspec 2026.12's design (the property run in
+the kernel's process) ``patches_the_runner`` and ``forges_its_messages`` exited 0 with
+every property passed (issue 29)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from catalogue import forgers
+from catalogue.forgers import FORGERS, Forger
+from support import ATTNSPEC
+
+FORGERS_FILE = str(Path(forgers.__file__).resolve())
+
+
+@pytest.mark.parametrize("case", FORGERS, ids=lambda case: case.name)
+def test_a_forging_kernel_is_judged_failed(case: Forger, tmp_path: Path) -> None:
+    """CONF-9: ``attnspec check forgers.py:NAME`` exits 1 and every property it was checked
+    on FAILED, whatever the kernel did to its own process."""
+    result = subprocess.run(
+        [
+            ATTNSPEC,
+            "check",
+            f"{FORGERS_FILE}:{case.name}",
+            "--backend",
+            "numpy",
+            "--only",
+            ",".join(case.only),
+            "--json",
+            "report.json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+        env={**os.environ},
+    )
+    assert result.returncode == 1, result.stdout + result.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    statuses = {v["property"]: v["status"] for v in report["verdicts"]}
+    assert statuses == dict.fromkeys(case.only, "failed"), statuses
+    for verdict in report["verdicts"]:
+        assert case.finding in verdict["detail"], verdict["detail"]
+
+
+def test_the_kernels_process_is_not_the_judges(tmp_path: Path) -> None:
+    """CONF-9: what a kernel does to its own process does not reach the judge: the kernel
+    that replaces the property runner leaves the judging worker's runner as it was (the
+    verdict is computed there), and it replaced the one in its own process, which proves
+    the attack ran."""
+    import numpy as np
+
+    from attnspec.backends import Backend
+    from attnspec.conformance.run import property_runner
+    from attnspec.conformance.run.kernel_setup import KernelSetup
+    from attnspec.conformance.run.remote_kernel import KernelProcess, RemoteFunction
+    from attnspec.conformance.run.supervisor import _dumps
+
+    setup = KernelSetup(f"{FORGERS_FILE}:patches_the_runner", backend="numpy")
+    process = KernelProcess(_dumps((setup, 0.0)), 0.0, timeout=120, load_timeout=120)
+    runner_here = property_runner.run_property
+    try:
+        process.start()
+        backend = Backend("numpy")
+        kernel = RemoteFunction(process, backend)
+        q = backend.asarray(np.ones((1, 2, 4)), "float32")
+        out = backend.to_numpy(kernel(q, q, q))
+        assert np.array_equal(out, np.zeros((1, 2, 4)))  # the kernel's (wrong) answer
+        assert property_runner.run_property is runner_here
+    finally:
+        process.end()
