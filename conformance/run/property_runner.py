@@ -337,6 +337,9 @@ def run_property(
     except KernelExited as exited:
         verdict = _failed_verdict(prop, exited.failure)
         verdict.stalled = isinstance(exited, KernelHung)
+        # a crash, an exit or a hang is the finding whatever the inputs: not re-run
+        # around their features (it would cost another timeout, root_causes)
+        verdict.features = []
     except Flaky as flaky:
         verdict = _failed_verdict(
             prop,

@@ -106,10 +106,12 @@ class KernelProcess:
         timeout: float,
         load_timeout: float,
         environment: dict[str, str] | None = None,
+        label: str = "the kernel",
     ) -> None:
         self.setup_bytes, self.memory_limit_gib = setup_bytes, memory_limit_gib
         self.timeout, self.load_timeout = timeout, load_timeout
         self.environment = dict(environment or {})
+        self.label = label  # how a setup error names the kernel: "kernel 'mod:fn'"
         self.process: subprocess.Popen[bytes] | None = None
         self.connection: Any = None
         self._lifeline = -1
@@ -150,12 +152,13 @@ class KernelProcess:
         except KernelProcessDied as died:
             self.end()
             raise SetupError(
-                f"loading the kernel: its process {died} (at import?): nothing was checked"
+                f"loading {self.label}: the process loading it {died.how} (at import?): "
+                "nothing was checked"
             ) from None
         except KernelStalled:
             self.end()
             raise SetupError(
-                f"loading the kernel did not finish within "
+                f"loading {self.label} did not finish within "
                 f"{max(self.timeout, self.load_timeout):g} s (at import?): nothing was checked"
             ) from None
         if message[0] != "ready":

@@ -139,7 +139,11 @@ def serve(connection: Connection) -> None:
 
     setup_bytes, memory_limit_gib, judge_setup, timeout, load_timeout = connection.recv()
     process = KernelProcess(
-        setup_bytes, memory_limit_gib, timeout=timeout, load_timeout=load_timeout
+        setup_bytes,
+        memory_limit_gib,
+        timeout=timeout,
+        load_timeout=load_timeout,
+        label=f"kernel {judge_setup.kernel!r}",
     )
     try:
         try:
