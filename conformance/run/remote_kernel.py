@@ -28,7 +28,10 @@ import time
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from ...backends import Backend
+from ...backends.exchange import ArrayPayload
 from ..call.wire import (
     CallableInKernelProcess,
     ForeignValue,
@@ -38,7 +41,12 @@ from ..call.wire import (
     loads_from_kernel,
 )
 from ..claims.declaration import KernelDeclaration
-from ..judge.failures import InputsChangedLater, KernelProcessDied, KernelStalled
+from ..judge.failures import (
+    InputsChangedLater,
+    KernelProcessDied,
+    KernelStalled,
+    PropertyFailure,
+)
 from ..judge.kernel_info import KernelInfo
 
 _STOP_GRACE = 2.0  # s a stopped kernel process gets to exit before it is killed
@@ -263,8 +271,33 @@ class RemoteFunction:
         self.__module__ = str(extras.get("module", ""))
         self.attnspec_libraries_used = frozenset(extras.get("libraries_used", ()))
         self.call_description = ""  # the inputs of the call under way, set by the call guard
+        # --judge: each call made twice on fresh copies and compared bit for bit, and the
+        # inputs re-read JUDGE_RECHECK_DELAY after each
+        self.twice_and_recheck = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._call_once(args, kwargs)
+        if not self.twice_and_recheck or self.target != "kernel":
+            return import_value(self.backend, result)
+        changed = self.recheck_inputs(JUDGE_RECHECK_DELAY)
+        if changed:
+            raise InputsChangedLater(
+                f"{', '.join(changed)} changed after the call returned (re-read "
+                f"{JUDGE_RECHECK_DELAY * 1000:g} ms later, --judge): the kernel kept working "
+                "on its inputs [SDPA-1.6]"
+            )
+        again = self._call_once(args, kwargs)
+        difference = first_difference(result, again)
+        if difference:
+            raise PropertyFailure(
+                "the same call made twice on fresh copies of the same inputs (--judge) "
+                f"returned different results: {difference} [SDPA-7.5]"
+            )
+        return import_value(self.backend, result)
+
+    def _call_once(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One call; the result as plain data (payloads), the kernel's changes to its
+        inputs applied to ``args`` and ``kwargs``."""
         message = (
             "call",
             self.target,
@@ -286,7 +319,7 @@ class RemoteFunction:
             result, changed = answer[1], answer[2]
             if changed:
                 _write_back(self.backend, args, kwargs, changed)
-            return import_value(self.backend, result)
+            return result
         if kind == "raised":
             raised: RaisedRemotely = answer[1]
             raise raised.exception()
@@ -303,6 +336,38 @@ class RemoteFunction:
         if answer[0] != "rechecked" or answer[1] is None:
             return []
         return sorted(answer[1][1])
+
+
+# How long after a call --judge re-reads its inputs.
+JUDGE_RECHECK_DELAY = 0.005
+
+
+def first_difference(a: Any, b: Any, where: str = "result") -> str:
+    """Where two results (as plain data) first differ bit for bit, in words; "" if equal."""
+    if isinstance(a, ArrayPayload) and isinstance(b, ArrayPayload):
+        if (a.dtype, a.shape, a.strides) != (b.dtype, b.shape, b.strides):
+            return f"{where} is {a.dtype}{a.shape} once and {b.dtype}{b.shape} the other time"
+        x, y = np.ascontiguousarray(a.values), np.ascontiguousarray(b.values)
+        bits_x = x.view(f"u{x.dtype.itemsize}") if x.dtype.kind == "f" else x
+        bits_y = y.view(f"u{y.dtype.itemsize}") if y.dtype.kind == "f" else y
+        unequal = bits_x != bits_y
+        if unequal.any():
+            at = tuple(int(i) for i in np.argwhere(unequal)[0])
+            return (
+                f"{where}{list(at)} is {x[at]!r} once and {y[at]!r} the other time "
+                f"({int(unequal.sum())} of {unequal.size} elements differ)"
+            )
+        return ""
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            found = first_difference(x, y, f"{where}[{i}]")
+            if found:
+                return found
+        return ""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        same = isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape
+        return "" if same and np.array_equal(a, b, equal_nan=True) else f"{where} differs"
+    return "" if a == b else f"{where} is {a!r} once and {b!r} the other time"
 
 
 def _write_back(

@@ -103,6 +103,10 @@ class IsolationOptions:
     # "not run"); ``deadline``: seconds of wall time after which no property starts
     stall_budget: int = DEFAULT_STALL_BUDGET
     deadline: float | None = None
+    # the strictest judging, for generated or third-party kernels: every call made twice on
+    # fresh copies and compared bit for bit, the inputs re-read after every call, the
+    # properties run in a seeded random order (docs/checking-your-kernel.md, threat model)
+    judge: bool = False
 
     def __post_init__(self) -> None:
         if not (isinstance(self.stall_budget, int) and self.stall_budget >= 1):
@@ -157,6 +161,13 @@ SUPERVISION_FLAGS = (
         metavar="N",
     ),
     Flag(
+        "--judge",
+        "the strictest judging, for generated or untrusted kernels: every kernel call made "
+        "twice on fresh copies and compared bit for bit, inputs re-read after every call, "
+        "properties in a seeded random order (about twice the time)",
+        kind="switch",
+    ),
+    Flag(
         "--deadline",
         "seconds of wall time after which no property starts (those left: not run; the "
         "report says so); default none",
@@ -178,7 +189,7 @@ def isolation_options(
         return option if prefix is None else f"--{prefix}-{option[2:]}"
 
     timeout, memory = get("timeout"), get("memory_limit")
-    stalls, deadline = get("stall_budget"), get("deadline")
+    stalls, deadline, judge = get("stall_budget"), get("deadline"), bool(get("judge"))
     if not isolate:
         given = [
             name(flag)
@@ -187,6 +198,7 @@ def isolation_options(
                 ("--memory-limit", memory),
                 ("--stall-budget", stalls),
                 ("--deadline", deadline),
+                ("--judge", judge or None),
             )
             if value is not None
         ]
@@ -202,6 +214,7 @@ def isolation_options(
             DEFAULT_MEMORY_LIMIT_GIB if memory is None else memory,
             stall_budget=DEFAULT_STALL_BUDGET if stalls is None else stalls,
             deadline=deadline,
+            judge=judge,
         )
     except ValueError as exc:
         raise UsageError(
@@ -434,6 +447,7 @@ class IsolatedKernel:
                     self._judge_setup(),
                     self.options.timeout,
                     self.options.load_timeout,
+                    self.options.judge,
                 )
             )
             message = worker.receive(limit + self.options.load_timeout)

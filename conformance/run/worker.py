@@ -137,7 +137,7 @@ def serve(connection: Connection) -> None:
     from .kernel_setup import SetupError
     from .remote_kernel import KernelProcess
 
-    setup_bytes, memory_limit_gib, judge_setup, timeout, load_timeout = connection.recv()
+    setup_bytes, memory_limit_gib, judge_setup, timeout, load_timeout, strict = connection.recv()
     process = KernelProcess(
         setup_bytes,
         memory_limit_gib,
@@ -153,6 +153,7 @@ def serve(connection: Connection) -> None:
             connection.send(("setup-error", str(exc)))
             return
         kernel = kernel_in_judge(info, process, backend)
+        kernel.fn.twice_and_recheck = strict  # type: ignore[attr-defined]
         threads = use_worker_threads()
         if threads:
             info = replace(info, setup_notes=(*info.setup_notes, threads))

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import queue
+import random
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -279,6 +280,9 @@ def run_properties(
 
     chosen = list(properties)
     budget = budget_of(session)
+    in_clause_order = {prop.id: i for i, prop in enumerate(chosen)}
+    if judging_strictly(session):  # --judge: a seeded random order, reported in clause order
+        random.Random(seed).shuffle(chosen)
 
     def run_on(on: Any, prop: Property, within: SizeLimits | None = limits) -> Verdict:
         reason = budget.reason_to_stop()
@@ -302,7 +306,16 @@ def run_properties(
     else:
         run_each(chosen, lambda prop: run_on(session, prop), report, progress)
         settle_all = one_at_a_time(rerun_on(session))
+    report.verdicts.sort(key=lambda verdict: in_clause_order.get(verdict.property, 0))
+    chosen.sort(key=lambda prop: in_clause_order[prop.id])
     return draw_around(report, chosen, settle_all, limits or SizeLimits())
+
+
+def judging_strictly(session: IsolatedKernel | InProcessKernel | WorkerPool) -> bool:
+    """Whether the run is a --judge run (isolated, with IsolationOptions.judge)."""
+    first = session.sessions[0] if isinstance(session, WorkerPool) else session
+    options = getattr(first, "options", None)
+    return bool(getattr(options, "judge", False))
 
 
 def budget_of(session: IsolatedKernel | InProcessKernel | WorkerPool) -> RunBudget:

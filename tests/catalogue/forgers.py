@@ -162,3 +162,16 @@ FORGERS = (
 # it patches nothing.
 if __name__.startswith("attnspec_kernel_"):
     _forge_the_runner()
+
+
+_CALLS = [0]
+
+
+def differs_on_every_other_call(q: Array, k: Array, v: Array, **options: Any) -> Array:
+    """The definition, one unit in the last place off on every other call: two calls on the
+    same inputs disagree (SDPA-7.5), which only a check that repeats calls sees at once."""
+    _CALLS[0] += 1
+    out = reference.scaled_dot_product_attention(q, k, v, **options)
+    if _CALLS[0] % 2 == 0 and out.size:
+        out = np.nextafter(out, np.inf).astype(out.dtype)
+    return out

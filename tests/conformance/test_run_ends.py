@@ -1,0 +1,149 @@
+"""A run ends in bounded time with a complete report, and nothing a kernel started outlives
+it (CONF-5, CONF-6, CONF-9); ``--judge`` judges with the strictest settings (SDPA-7.5)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from catalogue import forgers, hostile
+from support import ATTNSPEC
+
+HOSTILE_FILE = str(Path(hostile.__file__).resolve())
+FORGERS_FILE = str(Path(forgers.__file__).resolve())
+
+
+def attnspec(
+    *argv: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [ATTNSPEC, *argv],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=900,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_a_kernel_that_hangs_on_every_call_stops_at_the_stall_budget(tmp_path: Path) -> None:
+    """CONF-5, CONF-6: a kernel that never returns costs --stall-budget timeouts, not one
+    per property: the properties it hung in FAILED (stalled), every other one "not run"
+    with the reason, exit 1, a complete report."""
+    started = time.monotonic()
+    result = attnspec(
+        "check",
+        f"{HOSTILE_FILE}:hangs",
+        "--backend",
+        "numpy",
+        "--profile",
+        "quick",
+        "--timeout",
+        "2",
+        "--stall-budget",
+        "2",
+        "--jobs",
+        "1",
+        "--json",
+        "report.json",
+        cwd=tmp_path,
+    )
+    took = time.monotonic() - started
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["complete"] is True
+    stalled = [v for v in report["verdicts"] if v.get("stalled")]
+    not_run = [v for v in report["verdicts"] if v["status"] == "not run"]
+    assert len(stalled) == 2 and all(v["status"] == "failed" for v in stalled)
+    assert len(not_run) > 10
+    assert all("stall budget" in v["detail"] for v in not_run)
+    assert took < 300, took
+
+
+def test_nothing_the_kernel_started_outlives_the_check(tmp_path: Path) -> None:
+    """CONF-5: a kernel that starts a process of its own (in a new session, so a kill of
+    its process group does not reach it) and one that hangs: after the check, neither
+    child is alive, and no temporary directory of the kernel's process is left."""
+    pids = tmp_path / "pids.txt"
+    kernel = tmp_path / "spawner.py"
+    kernel.write_text(
+        "import os, subprocess, time\n"
+        "from attnspec.reference import scaled_dot_product_attention\n"
+        "def attention(q, k, v, *, mask=None, is_causal=False, scale=None):\n"
+        "    child = subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
+        f"    with open({str(pids)!r}, 'a') as f:\n"
+        "        f.write(f'{child.pid}\\n')\n"
+        "    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)\n"
+    )
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    result = attnspec(
+        "check",
+        f"{kernel}:attention",
+        "--backend",
+        "numpy",
+        "--only",
+        "default-scale",
+        cwd=tmp_path,
+        env={"TMPDIR": str(scratch)},
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    started = [int(line) for line in pids.read_text().split()]
+    assert started
+    alive = [pid for pid in started if _alive(pid)]
+    assert not alive, f"processes the kernel started are still running: {alive}"
+    left = [p.name for p in scratch.iterdir() if p.name.startswith("attnspec-kernel-")]
+    assert not left, left
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_judge_mode_repeats_each_call_and_compares_the_results(tmp_path: Path) -> None:
+    """SDPA-7.5 under --judge: a kernel one unit in the last place off on every other call
+    fails matches-reference, which alone (one call per input, within TOL-2) it passes."""
+    argv = (
+        "check",
+        f"{FORGERS_FILE}:differs_on_every_other_call",
+        "--backend",
+        "numpy",
+        "--only",
+        "matches-reference",
+        "--dtype",
+        "float32",
+    )
+    plain = attnspec(*argv, cwd=tmp_path)
+    assert plain.returncode == 0, plain.stdout[-2000:]
+    judged = attnspec(*argv, "--judge", cwd=tmp_path)
+    assert judged.returncode == 1, judged.stdout[-2000:]
+    assert "made twice on fresh copies" in judged.stdout
+
+
+def test_deadline_stops_starting_properties(tmp_path: Path) -> None:
+    """CONF-6: past --deadline no property starts; those left are "not run" and, nothing
+    having failed, the report is incomplete (exit 2)."""
+    result = attnspec(
+        "check",
+        f"{FORGERS_FILE}:zeroes_its_inputs_later",
+        "--backend",
+        "numpy",
+        "--only",
+        "default-scale,explicit-scale,causal-zeros",
+        "--deadline",
+        "0.001",
+        "--json",
+        "report.json",
+        cwd=tmp_path,
+    )
+    report = json.loads((tmp_path / "report.json").read_text())
+    statuses = [v["status"] for v in report["verdicts"]]
+    assert statuses == ["not run"] * 3, statuses
+    assert result.returncode == 2, result.stdout[-1500:]
