@@ -127,6 +127,7 @@ class KernelProcess:
         self.info: KernelInfo | None = None
         self.extras: dict[str, Any] = {}
         self.starts = 0
+        self.lost = 0  # calls that stalled or whose process died
         become_subreaper()
 
     # -- life --------------------------------------------------------------------------
@@ -250,9 +251,11 @@ class KernelProcess:
             return self._receive(timeout)
         except (BrokenPipeError, ConnectionResetError):
             died = KernelProcessDied(self._ended())
+            self.lost += 1
             self.end()
             raise died from None
         except (KernelStalled, KernelProcessDied):
+            self.lost += 1
             self.end()
             raise
         except BaseException:  # Ctrl-C while waiting: the process is in an unknown state

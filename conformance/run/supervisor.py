@@ -386,6 +386,7 @@ class IsolatedKernel:
         if isinstance(setup.backend, Backend):  # a loaded library does not pickle
             setup = replace(setup, backend=setup.backend.name, jax_x64=_jax_x64_in_force(setup))
         self.setup, self.options = setup, options or IsolationOptions()
+        self.created_at = time.monotonic()  # where the run's --deadline counts from
         self.jobs = jobs
         self.kernel: KernelInfo | None = None
         self._worker: _Worker | None = None

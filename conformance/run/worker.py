@@ -169,7 +169,7 @@ def serve(connection: Connection) -> None:
                 request = connection.recv()
                 if request is None:
                     return
-                if request[0] == "hints" and process.starts > 1:
+                if request[0] == "hints" and process.lost:
                     # the kernel hung or its process died: probing it could cost another
                     # timeout, and a convention hint would not explain that
                     connection.send(("answer", []))

@@ -325,7 +325,10 @@ def budget_of(session: IsolatedKernel | InProcessKernel | WorkerPool) -> RunBudg
     options = getattr(first, "options", None)
     if options is None:
         return RunBudget()
-    return RunBudget(options.stall_budget, options.deadline)
+    started = getattr(first, "created_at", None)
+    if started is None:
+        return RunBudget(options.stall_budget, options.deadline)
+    return RunBudget(options.stall_budget, options.deadline, started=started)
 
 
 def open_session(

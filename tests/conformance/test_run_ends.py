@@ -76,7 +76,8 @@ def test_nothing_the_kernel_started_outlives_the_check(tmp_path: Path) -> None:
         "    child = subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
         f"    with open({str(pids)!r}, 'a') as f:\n"
         "        f.write(f'{child.pid}\\n')\n"
-        "    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)\n"
+        "    options = dict(mask=mask, is_causal=is_causal, scale=scale)\n"
+        "    return scaled_dot_product_attention(q, k, v, **options)\n"
     )
     scratch = tmp_path / "tmp"
     scratch.mkdir()
@@ -132,7 +133,7 @@ def test_deadline_stops_starting_properties(tmp_path: Path) -> None:
     having failed, the report is incomplete (exit 2)."""
     result = attnspec(
         "check",
-        f"{FORGERS_FILE}:zeroes_its_inputs_later",
+        f"{HOSTILE_FILE}:attention",
         "--backend",
         "numpy",
         "--only",
