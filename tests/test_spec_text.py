@@ -114,6 +114,8 @@ CONTRACT = {
     "CONF-11": "MUST",
     "CONF-12": "MUST",
     "CONF-13": "MUST",
+    "CONF-14": "MUST",
+    "CONF-15": "MUST",
 }
 # Informative definitions with an id (spec/index.md, section 4): citable, not clauses. MHA-1,
 # MHA-2 and POS-1 were MUST clauses nothing checked, ROPE-2 a consequence of ROPE-1 (CHANGELOG).

@@ -1,4 +1,4 @@
-"""Verdicts a kernel cannot forge (CONF-9, CONF-5, SDPA-1.6): the kernel runs in a process of
+"""Verdicts a kernel cannot forge (CONF-14, CONF-9, CONF-5, SDPA-1.6): the kernel runs in a process of
 its own that only calls it; drawing, the reference, the bound and the verdict are computed
 where it cannot reach.  Each kernel of ``catalogue/forgers.py`` returns a wrong answer and
 reaches into the process it runs in to make the check pass anyway; each must be judged
@@ -23,7 +23,7 @@ FORGERS_FILE = str(Path(forgers.__file__).resolve())
 
 @pytest.mark.parametrize("case", FORGERS, ids=lambda case: case.name)
 def test_a_forging_kernel_is_judged_failed(case: Forger, tmp_path: Path) -> None:
-    """CONF-9: ``attnspec check forgers.py:NAME`` exits 1 and every property it was checked
+    """CONF-14: ``attnspec check forgers.py:NAME`` exits 1 and every property it was checked
     on FAILED, whatever the kernel did to its own process."""
     result = subprocess.run(
         [
@@ -52,7 +52,7 @@ def test_a_forging_kernel_is_judged_failed(case: Forger, tmp_path: Path) -> None
 
 
 def test_the_kernels_process_is_not_the_judges(tmp_path: Path) -> None:
-    """CONF-9: what a kernel does to its own process does not reach the judge: the kernel
+    """CONF-14: what a kernel does to its own process does not reach the judge: the kernel
     that replaces the property runner leaves the judging worker's runner as it was (the
     verdict is computed there), and it replaced the one in its own process, which proves
     the attack ran."""

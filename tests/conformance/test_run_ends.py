@@ -1,5 +1,5 @@
 """A run ends in bounded time with a complete report, and nothing a kernel started outlives
-it (CONF-5, CONF-6, CONF-9); ``--judge`` judges with the strictest settings (SDPA-7.5)."""
+it (CONF-15, CONF-5, CONF-6, CONF-9); ``--judge`` judges with the strictest settings (SDPA-7.5)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def attnspec(
 
 
 def test_a_kernel_that_hangs_on_every_call_stops_at_the_stall_budget(tmp_path: Path) -> None:
-    """CONF-5, CONF-6: a kernel that never returns costs --stall-budget timeouts, not one
+    """CONF-15: a kernel that never returns costs --stall-budget timeouts, not one
     per property: the properties it hung in FAILED (stalled), every other one "not run"
     with the reason, exit 1, a complete report."""
     started = time.monotonic()
@@ -64,7 +64,7 @@ def test_a_kernel_that_hangs_on_every_call_stops_at_the_stall_budget(tmp_path: P
 
 
 def test_nothing_the_kernel_started_outlives_the_check(tmp_path: Path) -> None:
-    """CONF-5: a kernel that starts a process of its own (in a new session, so a kill of
+    """CONF-15: a kernel that starts a process of its own (in a new session, so a kill of
     its process group does not reach it) and one that hangs: after the check, neither
     child is alive, and no temporary directory of the kernel's process is left."""
     pids = tmp_path / "pids.txt"
@@ -129,7 +129,7 @@ def test_judge_mode_repeats_each_call_and_compares_the_results(tmp_path: Path) -
 
 
 def test_deadline_stops_starting_properties(tmp_path: Path) -> None:
-    """CONF-6: past --deadline no property starts; those left are "not run" and, nothing
+    """CONF-15, CONF-6: past --deadline no property starts; those left are "not run" and, nothing
     having failed, the report is incomplete (exit 2)."""
     result = attnspec(
         "check",
