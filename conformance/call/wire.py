@@ -13,6 +13,7 @@ judge's process.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import io
 import pickle
 from dataclasses import dataclass
@@ -181,6 +182,8 @@ _SAFE_GLOBALS = {
     ("numpy._core.multiarray", "scalar"),
 }
 _SAFE_MODULE_PREFIXES = ("attnspec.",)
+# the declaration's own data classes (KernelDeclaration, the family claims) are plain data
+_CLAIM_MODULES = ("attnspec.conformance.claims.",)
 
 
 class _PlainDataUnpickler(pickle.Unpickler):
@@ -190,8 +193,12 @@ class _PlainDataUnpickler(pickle.Unpickler):
         )
         if module.startswith(_SAFE_MODULE_PREFIXES):
             value = super().find_class(module, name)
-            # attnspec's own data classes only: never a function or module of the package
-            allowed = isinstance(value, type) and getattr(value, "__attnspec_wire__", False)
+            # attnspec's own data classes only (a declaration and its claims, payloads, the
+            # kernel's description): never a function or a module of the package
+            allowed = isinstance(value, type) and (
+                getattr(value, "__attnspec_wire__", False)
+                or (module.startswith(_CLAIM_MODULES) and dataclasses.is_dataclass(value))
+            )
             if allowed:
                 return value
         if not allowed:
@@ -215,14 +222,3 @@ def wire_type(cls: type[Any]) -> type[Any]:
 
 for _cls in (ArrayPayload, ForeignValue, CallableInKernelProcess, RaisedRemotely):
     wire_type(_cls)
-
-
-def _mark_claims() -> None:
-    from ..claims.declaration import KernelDeclaration
-    from ..claims.table import LinearClaim, RopeClaim, SparseClaim
-
-    for cls in (KernelDeclaration, LinearClaim, RopeClaim, SparseClaim):
-        wire_type(cls)
-
-
-_mark_claims()

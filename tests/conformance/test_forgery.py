@@ -1,6 +1,6 @@
-"""Verdicts a kernel cannot forge (CONF-14, CONF-9, CONF-5, SDPA-1.6): the kernel runs in a process of
-its own that only calls it; drawing, the reference, the bound and the verdict are computed
-where it cannot reach.  Each kernel of ``catalogue/forgers.py`` returns a wrong answer and
+"""Verdicts a kernel cannot forge (CONF-14, CONF-9, CONF-5, SDPA-1.6): the kernel runs in a
+process of its own that only calls it; drawing, the reference, the bound and the verdict are
+computed where it cannot reach.  Each kernel of ``catalogue/forgers.py`` returns a wrong answer and
 reaches into the process it runs in to make the check pass anyway; each must be judged
 FAILED, by the command a user runs.  With attnspec 2026.12's design (the property run in
 the kernel's process) ``patches_the_runner`` and ``forges_its_messages`` exited 0 with
