@@ -107,6 +107,19 @@ def import_value(backend: Backend, value: Any, callables: dict[str, Any] | None 
     return value
 
 
+def named_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A call's arguments by name: the positional ones as q, k, v (then arg3, ...), the
+    keywords by their own names, a keyword that repeats a positional name (a KV-cache
+    kernel's new ``k=`` beside its positional cache) as ``k=``."""
+    positional = ("q", "k", "v")
+    named = {
+        (positional[i] if i < len(positional) else f"arg{i}"): value for i, value in enumerate(args)
+    }
+    for name, value in kwargs.items():
+        named[f"{name}=" if name in named else name] = value
+    return named
+
+
 @dataclass(frozen=True)
 class RaisedRemotely:
     """An exception the kernel raised in its process: its type's name and module, the

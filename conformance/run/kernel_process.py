@@ -37,6 +37,7 @@ from ..call.wire import (
     RaisedRemotely,
     export_value,
     import_value,
+    named_arguments,
 )
 from ..judge.kernel import KernelUnderTest
 from ..judge.kernel_info import KernelInfo
@@ -129,7 +130,7 @@ class KernelServer:
             )
         args = import_value(self.backend, args, self.held)
         kwargs = import_value(self.backend, kwargs, self.held)
-        inputs = _Inputs(self.backend, {**dict(zip(("q", "k", "v"), args, strict=False)), **kwargs})
+        inputs = _Inputs(self.backend, named_arguments(tuple(args), kwargs))
         error_state = np.geterr()
         try:
             result = fn(*args, **kwargs)

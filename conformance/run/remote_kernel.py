@@ -39,6 +39,7 @@ from ..call.wire import (
     export_value,
     import_value,
     loads_from_kernel,
+    named_arguments,
 )
 from ..claims.declaration import KernelDeclaration
 from ..judge.failures import (
@@ -378,7 +379,7 @@ def _write_back(
 ) -> None:
     """Apply the kernel's changes to its inputs to the judge's copies, as an in-process call
     would have left them (SDPA-1.6 reads them after the call)."""
-    named = {**dict(zip(("q", "k", "v"), args, strict=False)), **kwargs}
+    named = named_arguments(args, kwargs)
     for name, payload in changed.items():
         mine = named.get(name)
         if mine is None or not backend.is_array(mine):

@@ -479,7 +479,10 @@ class IsolatedKernel:
         callable there would import the kernel's module where the kernel is judged); the
         kernel's own process gets the whole setup."""
         kernel = self.setup.kernel
-        return replace(self.setup, kernel=kernel if isinstance(kernel, str) else "<callable>")
+        # the claims may hold the kernel's own callables (--linear file.py:phi): not sent
+        return replace(
+            self.setup, kernel=kernel if isinstance(kernel, str) else "<callable>", claims={}
+        )
 
     @property
     def _judge_timeout(self) -> float:

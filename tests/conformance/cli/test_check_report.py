@@ -17,6 +17,7 @@ from attnspec.conformance import cli
 from attnspec.conformance.judge.verdict import (
     FAILED,
     NOT_APPLICABLE,
+    NOT_RUN,
     PASSED,
     WAIVED,
     WARNING,
@@ -233,4 +234,11 @@ def test_markdown_escapes_pipes_and_json_has_spec_version() -> None:
     assert "out differs \\| here" in markdown
     data = json.loads(render.to_json(_report()))
     assert data["spec_version"] == SPEC_VERSION
-    assert data["counts"] == {PASSED: 1, FAILED: 1, WARNING: 1, NOT_APPLICABLE: 1, WAIVED: 0}
+    assert data["counts"] == {
+        PASSED: 1,
+        FAILED: 1,
+        WARNING: 1,
+        NOT_APPLICABLE: 1,
+        WAIVED: 0,
+        NOT_RUN: 0,
+    }
