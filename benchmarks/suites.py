@@ -22,7 +22,7 @@ from ..reference import (
     blocked_attention,
     elu_plus_one,
     linear_attention,
-    scaled_dot_product_attention,
+    plain_attention,
     sparse_attention,
     sparse_mask,
 )
@@ -169,7 +169,7 @@ def _dense_runs(
     runs.append(
         (
             "plain",
-            lambda: scaled_dot_product_attention(q, k, v, is_causal=config.causal),
+            lambda: plain_attention(q, k, v, is_causal=config.causal),
             PLAIN_BYTES_PER_SCORE_ITEM * _itemsize(config.dtype) * scores,
         )
     )
@@ -218,7 +218,7 @@ def sparse(config: BenchConfig, backend: Backend, log: Log) -> list[Measurement]
             (f"dense blocked {pattern}", partial(blocked_attention, q, k, v, mask=mask), 0.0),
             (
                 f"dense plain {pattern}",
-                partial(scaled_dot_product_attention, q, k, v, mask=mask),
+                partial(plain_attention, q, k, v, mask=mask),
                 PLAIN_BYTES_PER_SCORE_ITEM * _itemsize(config.dtype) * scores,
             ),
         ]

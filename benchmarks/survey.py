@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..backends import BACKEND_NAMES, REFERENCE_CONFIG, Backend, BackendError
-from ..reference.sdpa import scaled_dot_product_attention
+from ..reference.attention import scaled_dot_product_attention
 from ..reference.tolerance import error_bound
 
 # (batch, Hq, Hkv, Lq, Lk, E, Ev): GQA with G = 2, Lq < Lk so bottom-right matters.

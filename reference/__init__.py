@@ -4,6 +4,7 @@ May import: backends.
 """
 
 from ._array import Array
+from .attention import scaled_dot_product_attention
 from .backward import (
     Gradients,
     blocked_attention_backward,
@@ -19,7 +20,7 @@ from .masks import CAUSAL_ALIGNMENTS, causal_mask, padding_mask
 from .mha import multi_head_attention
 from .positional import apply_rope, sinusoidal_positional_encoding
 from .recurrent import recurrent_attention, varlen_recurrent_attention
-from .sdpa import scaled_dot_product_attention
+from .sdpa import plain_attention
 from .sparse import (
     LIBRARY_WINDOWS,
     PATTERN_NAMES,
@@ -63,6 +64,7 @@ __all__ = [
     "longformer_mask",
     "multi_head_attention",
     "padding_mask",
+    "plain_attention",
     "recurrent_attention",
     "relu_features",
     "scaled_dot_product_attention",

@@ -1,9 +1,9 @@
 """Scaled dot-product attention in O(L) memory: SDPA-7.1 evaluated block by block.
 
-The plain reference (``sdpa.scaled_dot_product_attention``) is the spec's text in code
-and holds every ``Lq x Lk`` score.  This module computes the same function over chunks
-of query rows and, for each chunk, blocks of keys, keeping per query row only the running
-maximum ``m``, the running sum ``l`` of ``exp(s - m)`` and the running ``sum exp(s - m) v``
+The plain form (``sdpa.plain_attention``) is the spec's text in code and holds every
+``Lq x Lk`` score.  This module computes the same function over chunks of query rows and,
+for each chunk, blocks of keys, keeping per query row only the running maximum ``m``, the
+running sum ``l`` of ``exp(s - m)`` and the running ``sum exp(s - m) v``
 (the online softmax of Milakov & Gimelshein 2018, as FlashAttention uses it).  When a
 block raises the maximum from ``m`` to ``m'``, what was summed so far is multiplied by
 ``exp(m - m')``; at the end ``o = acc / l``.  In exact arithmetic this is SDPA-7.1; in
@@ -15,8 +15,15 @@ no allowed key outputs exactly 0 (SDPA-5.1); a NaN or +inf score of an allowed k
 the row NaN (SDPA-8.3) because ``maximum`` and ``exp`` propagate it; excluded scores are
 replaced by -inf before any arithmetic, so no excluded value reaches the output
 (SDPA-8.1, SDPA-8.2); and non-finite values of allowed keys are counted apart from the
-finite sum, exactly as in ``sdpa.weighted_values`` (SDPA-8.3).  Key blocks that the
-causal rule excludes for the whole chunk are never read.
+finite sum, exactly as in ``sdpa.weighted_values`` (SDPA-8.3).  The score features of
+spec/features.md are applied per block in the plain form's order: softcapping of the scaled
+product (SOFTCAP-1), then the bias, then ALiBi (ALIBI-2); the log-sum-exp is ``m + log l``
+(LSE-1).
+
+Under the causal rule a chunk of query rows reads the keys every one of its rows may attend
+in whole blocks, with no mask at all, and then the one narrow block that crosses the
+diagonal, masked; keys no row of the chunk may attend are never read.  So a causal problem
+costs about half the scores of a full one, plus half a chunk's square per chunk.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from typing import Any, NamedTuple
 import array_api_compat
 
 from ._array import Array
-from ._checks import check_size
+from ._checks import check_flag, check_size, namespace_of
+from .features import alibi_distance, check_softcap, grouped_slopes, softcapped
 from .masks import causal_offset
 from .sdpa import (
     GroupedInputs,
@@ -41,9 +49,11 @@ from .sdpa import (
 
 CALL = "blocked_attention(q, k, v)"
 
-# Keys per block.  A block of scores is (batch, heads, query_chunk, KEY_BLOCK); 512 keys
-# keep the per-block Python overhead (about 15 array calls) small next to its arithmetic.
-KEY_BLOCK = 512
+# Keys per block.  A block of scores is (batch, heads, query_chunk, KEY_BLOCK); long key
+# blocks keep the per-block Python overhead (about 15 array calls) small next to its
+# arithmetic, and a short query chunk keeps the diagonal blocks of a causal problem (half
+# a chunk's square each, computed and then masked) a small share of the work.
+KEY_BLOCK = 1024
 # Scores held at once, over all batch elements and heads: 2**20 float32 numbers (4 MiB)
 # stay in a CPU's last-level cache, which is what makes several passes over a block cheap.
 SCORES_PER_BLOCK = 2**20
@@ -60,12 +70,16 @@ def default_block_sizes(batch_heads: int, n_queries: int, n_keys: int) -> tuple[
 
 
 class _Scores(NamedTuple):
-    """The inputs of the scores: the laid-out problem plus mask and bias as grouped views."""
+    """The inputs of the scores: the laid-out problem plus mask, bias and ALiBi slopes as
+    grouped views."""
 
     problem: GroupedInputs
     mask: Array  # None, or bool broadcastable to (*batch, Hkv, G, Lq, Lk)
     bias: Array  # None, or floating broadcastable to (*batch, Hkv, G, Lq, Lk)
     causal_offset: int | None  # d of SDPA-4 (query i sees key j iff j <= i + d), or None
+    slopes: Array = None  # None, or the ALiBi slopes as (*batch, Hkv, G, 1, 1)
+    alibi_offset: int = 0  # d of ALIBI-2: the distance is |i + d - j|
+    excluded: Array = None  # -inf as a 0-d array of the computation dtype (None: made here)
 
 
 def _grouped_view(xp: ModuleType, a: Any, n_dims: int, n_kv_heads: int, groups: int) -> Any:
@@ -84,26 +98,34 @@ def _block(a: Any, rows: slice, cols: slice) -> Any:
 
 
 def _block_scores(inputs: _Scores, q_chunk: Any, rows: slice, cols: slice) -> Any:
-    """Scaled, biased scores of one block with -inf wherever the pair is excluded
-    (SDPA-3.1, SDPA-3.3, SDPA-3.4, SDPA-4); no excluded value survives this step."""
+    """Scaled, capped, biased scores of one block with -inf wherever the pair is excluded
+    (SDPA-3.1, SDPA-3.3, SDPA-3.4, SDPA-4); no excluded value survives this step.  Only a
+    block that crosses the causal diagonal builds the causal mask."""
     problem = inputs.problem
     xp = problem.xp
     k_block = problem.k[..., cols, :]
     scores = xp.matmul(q_chunk, xp.matrix_transpose(k_block)) * problem.scale
+    if problem.softcap is not None:  # on the scaled product, before any bias (SOFTCAP-1)
+        scores = softcapped(xp, scores, problem.softcap)
     if inputs.bias is not None:
         scores = scores + xp.astype(_block(inputs.bias, rows, cols), scores.dtype)
+    device = array_api_compat.device(scores)
+    if inputs.slopes is not None:
+        n_rows, n_cols = rows.stop - rows.start, cols.stop - cols.start
+        shift = inputs.alibi_offset + rows.start - cols.start
+        distance = alibi_distance(xp, n_rows, n_cols, shift, device, scores.dtype)
+        scores = scores + -inputs.slopes * distance
     allowed = None if inputs.mask is None else _block(inputs.mask, rows, cols)
     offset = inputs.causal_offset
     if offset is not None and cols.stop - 1 > rows.start + offset:
-        # The block crosses the diagonal; blocks wholly below it need no mask at all.
-        device = array_api_compat.device(scores)
         query = xp.arange(rows.start, rows.stop, device=device)[:, None]
         key = xp.arange(cols.start, cols.stop, device=device)[None, :]
         causal = key <= query + offset
         allowed = causal if allowed is None else xp.logical_and(allowed, causal)
     if allowed is None:
         return scores
-    return xp.where(allowed, scores, xp.full_like(scores, -xp.inf))
+    excluded = xp.full_like(scores, -xp.inf) if inputs.excluded is None else inputs.excluded
+    return xp.where(allowed, scores, excluded)
 
 
 class _Running(NamedTuple):
@@ -149,16 +171,44 @@ def _key_stop(inputs: _Scores, rows: slice, n_keys: int) -> int:
     return max(0, min(n_keys, int(rows.stop + inputs.causal_offset)))
 
 
+def _key_blocks(inputs: _Scores, rows: slice, n_keys: int, key_block: int) -> list[slice]:
+    """The key blocks the query rows ``rows`` read.
+
+    Without the causal rule: every key, ``key_block`` at a time.  With it: the keys every
+    row of the chunk may attend (j <= first row + d) in whole blocks, which need no mask,
+    then the keys only later rows may attend (up to the last row + d) as one block across
+    the diagonal; the keys no row may attend are never read.
+    """
+    reached = _key_stop(inputs, rows, n_keys)
+    seen_by_all = reached
+    if inputs.causal_offset is not None:
+        seen_by_all = min(n_keys, max(0, rows.start + inputs.causal_offset + 1))
+    blocks = [
+        slice(start, min(start + key_block, seen_by_all))
+        for start in range(0, seen_by_all, key_block)
+    ]
+    if reached > seen_by_all:
+        blocks.append(slice(seen_by_all, reached))
+    return blocks
+
+
+class _Rows(NamedTuple):
+    """Output rows of one query chunk, ``(..., G, rows, Ev)``, and their log-sum-exp
+    ``(..., G, rows, 1)``."""
+
+    out: Any
+    lse: Any
+
+
 def _attend_chunk(
     inputs: _Scores, rows: slice, key_block: int, v_finite: Any, v_nonfinite: Array
-) -> Any:
-    """Output rows ``rows`` of every batch element and head, ``(..., G, rows, Ev)``."""
+) -> _Rows:
+    """Output rows ``rows`` of every batch element and head."""
     problem = inputs.problem
     xp = problem.xp
     q_chunk = problem.q[..., rows, :]
     state = None
-    for start in range(0, _key_stop(inputs, rows, problem.k.shape[-2]), key_block):
-        cols = slice(start, min(start + key_block, problem.k.shape[-2]))
+    for cols in _key_blocks(inputs, rows, problem.k.shape[-2], key_block):
         scores = _block_scores(inputs, q_chunk, rows, cols)
         state = _absorb(
             xp,
@@ -168,16 +218,23 @@ def _attend_chunk(
             None if v_nonfinite is None else v_nonfinite[..., cols, :],
         )
     if state is None:  # the causal rule leaves these rows no key (SDPA-4.3, SDPA-5.1)
+        device = array_api_compat.device(q_chunk)
         shape = (*q_chunk.shape[:-1], v_finite.shape[-1])
-        return xp.zeros(shape, dtype=v_finite.dtype, device=array_api_compat.device(q_chunk))
+        out = xp.zeros(shape, dtype=v_finite.dtype, device=device)
+        lse = xp.full((*q_chunk.shape[:-1], 1), -xp.inf, dtype=v_finite.dtype, device=device)
+        return _Rows(out, lse)
     # l == 0 only for rows with no allowed key; their acc is 0, so they give exactly 0.
-    out = state.acc / xp.where(state.l == 0, xp.ones_like(state.l), state.l)
+    empty = state.l == 0
+    total = xp.where(empty, xp.ones_like(state.l), state.l)
+    out = state.acc / total
     if state.counts is not None:
         out = with_nonfinite_values(xp, out, state.counts)
-    return out
+    # LSE-1, LSE-2: m + log l, -inf for rows with no allowed key; a NaN m stays NaN.
+    lse = xp.where(empty, xp.full_like(state.m, -xp.inf), state.m + xp.log(total))
+    return _Rows(out, lse)
 
 
-def blocked_attention(
+def blocked_form(
     q: Array,
     k: Array,
     v: Array,
@@ -187,19 +244,16 @@ def blocked_attention(
     is_causal: bool = False,
     causal_alignment: str = "top_left",
     scale: float | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Array = None,
+    return_lse: bool = False,
     query_chunk: int | None = None,
     key_block: int | None = None,
-) -> Array:
-    """``scaled_dot_product_attention`` (spec/dense.md) in O(Lq + Lk) extra memory.
-
-    Arguments, output shape and dtype are those of the plain reference (SDPA-1 … SDPA-8);
-    the result equals it within TOL-2, with the same zeros, NaNs and infinities.  Weights
-    are not returned (they are Lq x Lk by nature).  ``query_chunk`` query rows and
-    ``key_block`` keys are processed at a time; the default
-    (:func:`default_block_sizes`) depends only on the problem's size.  Extra memory is
-    about ``batch * Hq * query_chunk * key_block`` scores plus the output; a mask or bias
-    is read block by block and never broadcast.
-    """
+    call: str = CALL,
+) -> Any:
+    """:func:`blocked_attention`, whose errors name ``call``; the entry point
+    ``scaled_dot_product_attention`` calls it with its own name."""
+    check_flag("return_lse", return_lse, call)
     xp, _, _ = check_arguments(
         q,
         k,
@@ -209,24 +263,34 @@ def blocked_attention(
         is_causal=is_causal,
         causal_alignment=causal_alignment,
         scale=scale,
-        call=CALL,
+        call=call,
     )
-    problem = prepare(q, k, v, scale=scale, call=CALL)
+    namespace_of(call, q=q, alibi_slopes=alibi_slopes)
+    problem = prepare(q, k, v, scale=scale, call=call)
+    problem = problem._replace(softcap=check_softcap(softcap, call))
+    slopes = None if alibi_slopes is None else grouped_slopes(problem, alibi_slopes, call)
     if query_chunk is not None:
-        query_chunk = check_size("query_chunk", query_chunk, CALL, minimum=1)
+        query_chunk = check_size("query_chunk", query_chunk, call, minimum=1)
     if key_block is not None:
-        key_block = check_size("key_block", key_block, CALL, minimum=1)
+        key_block = check_size("key_block", key_block, call, minimum=1)
     *_, n_kv_heads, groups, n_queries, _ = problem.q.shape
     n_keys = problem.k.shape[-2]
+    work = problem.q.dtype
     device = array_api_compat.device(problem.q)
-    if n_keys == 0 or math.prod(problem.out_shape) == 0:  # SDPA-5.2, SDPA-1.5
-        return xp.zeros(problem.out_shape, dtype=problem.out_dtype, device=device)
+    if n_keys == 0 or math.prod(problem.out_shape[:-1]) == 0:  # SDPA-5.2, SDPA-1.5
+        out = xp.zeros(problem.out_shape, dtype=problem.out_dtype, device=device)
+        lse = xp.full(problem.out_shape[:-1], -xp.inf, dtype=work, device=device)
+        return (out, lse) if return_lse else out
     n_dims = len(problem.out_shape)
+    offset = causal_offset(n_queries, n_keys, causal_alignment)
     inputs = _Scores(
         problem=problem,
         mask=None if mask is None else _grouped_view(xp, mask, n_dims, n_kv_heads, groups),
         bias=None if bias is None else _grouped_view(xp, bias, n_dims, n_kv_heads, groups),
-        causal_offset=causal_offset(n_queries, n_keys, causal_alignment) if is_causal else None,
+        causal_offset=offset if is_causal else None,
+        slopes=slopes,
+        alibi_offset=offset,
+        excluded=xp.full((), -xp.inf, dtype=work, device=device),
     )
     default_chunk, default_block = default_block_sizes(
         math.prod(problem.out_shape[:-2]), n_queries, n_keys
@@ -249,5 +313,55 @@ def blocked_attention(
         )
         for start in range(0, n_queries, query_chunk)
     ]
-    out = xp.concat(chunks, axis=-2)
-    return xp.astype(xp.reshape(out, problem.out_shape), problem.out_dtype)
+    out = xp.concat([chunk.out for chunk in chunks], axis=-2)
+    out = xp.astype(xp.reshape(out, problem.out_shape), problem.out_dtype, copy=False)
+    if not return_lse:
+        return out
+    lse = xp.concat([chunk.lse for chunk in chunks], axis=-2)
+    return out, xp.reshape(lse, problem.out_shape[:-1])
+
+
+def blocked_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array = None,
+    bias: Array = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Array = None,
+    return_lse: bool = False,
+    query_chunk: int | None = None,
+    key_block: int | None = None,
+) -> Any:
+    """``scaled_dot_product_attention`` (spec/dense.md, spec/features.md) in O(Lq + Lk)
+    extra memory.
+
+    Arguments, output shape and dtype are those of the plain form (SDPA-1 … SDPA-8,
+    SOFTCAP, ALIBI, LSE); the result equals it within TOL-2 (the log-sum-exp within
+    TOL-5), with the same zeros, NaNs and infinities.  Weights are not returned (they are
+    Lq x Lk by nature), nor is dropout applied (its keep mask is too).  ``query_chunk``
+    query rows and ``key_block`` keys are processed at a time; the default
+    (:func:`default_block_sizes`) depends only on the problem's size.  Extra memory is
+    about ``batch * Hq * query_chunk * key_block`` scores plus the output; a mask or bias
+    is read block by block and never broadcast.  Returns ``out``, or ``(out, lse)``.
+    """
+    return blocked_form(
+        q,
+        k,
+        v,
+        mask=mask,
+        bias=bias,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        return_lse=return_lse,
+        query_chunk=query_chunk,
+        key_block=key_block,
+        call=CALL,
+    )

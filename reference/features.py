@@ -85,15 +85,15 @@ def alibi_distance(
     return xp.astype(xp.abs(rows + offset - cols), dtype)
 
 
-def grouped_alibi(problem: GroupedInputs, alibi_slopes: Array, offset: int, call: str) -> Array:
-    """The ALiBi bias a_ij = -m_h |i + offset - j| (ALIBI-2) in the grouped layout.
+def grouped_slopes(problem: GroupedInputs, alibi_slopes: Array, call: str) -> Array:
+    """``alibi_slopes`` (ALIBI-1) checked and laid out as ``(*batch, Hkv, G, 1, 1)`` in the
+    computation dtype, so that ``-slopes * distance`` is the grouped ALiBi bias.
 
     ``alibi_slopes`` has one slope per query head, shape ``(..., Hq)`` broadcasting
     against the batch shape (FlashAttention: ``(Hq,)`` or ``(B, Hq)``).
     """
     xp = problem.xp
-    *batch, n_kv_heads, groups, n_queries, _ = problem.q.shape
-    n_keys = problem.k.shape[-2]
+    *batch, n_kv_heads, groups, _, _ = problem.q.shape
     if not xp.isdtype(alibi_slopes.dtype, "real floating"):
         raise TypeError(
             f"alibi_slopes.dtype={alibi_slopes.dtype}, but should be a real "
@@ -113,13 +113,20 @@ def grouped_alibi(problem: GroupedInputs, alibi_slopes: Array, offset: int, call
     require_broadcastable_to(
         "alibi_slopes", tuple(alibi_slopes.shape), (*batch, n_heads), call, "ALIBI-1"
     )
-    work = problem.q.dtype
-    slopes = xp.reshape(
-        xp.broadcast_to(xp.astype(alibi_slopes, work), (*batch, n_heads)),
+    return xp.reshape(
+        xp.broadcast_to(xp.astype(alibi_slopes, problem.q.dtype), (*batch, n_heads)),
         (*batch, n_kv_heads, groups, 1, 1),
     )
+
+
+def grouped_alibi(problem: GroupedInputs, alibi_slopes: Array, offset: int, call: str) -> Array:
+    """The ALiBi bias a_ij = -m_h |i + offset - j| (ALIBI-2) in the grouped layout, for
+    the slopes of :func:`grouped_slopes`."""
+    slopes = grouped_slopes(problem, alibi_slopes, call)
+    n_queries, n_keys = problem.q.shape[-2], problem.k.shape[-2]
     device = array_api_compat.device(problem.q)
-    return -slopes * alibi_distance(xp, n_queries, n_keys, offset, device, work)
+    distance = alibi_distance(problem.xp, n_queries, n_keys, offset, device, problem.q.dtype)
+    return -slopes * distance
 
 
 def log_sum_exp(xp: ModuleType, scores: Array, allowed: Array) -> Array:

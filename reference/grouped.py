@@ -16,7 +16,7 @@ class GroupedInputs(NamedTuple):
     """Validated, broadcast inputs in the computation dtype, heads split into groups.
 
     Not a second description of a problem (that is the arguments of
-    :func:`~.sdpa.scaled_dot_product_attention`, and ``conformance.call.problem.Problem`` in
+    :func:`~.attention.scaled_dot_product_attention`, and ``conformance.call.problem.Problem`` in
     the suite):
     the form the definition is computed in.
 

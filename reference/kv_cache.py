@@ -19,7 +19,7 @@ import array_api_compat
 
 from ._array import Array
 from ._checks import check_flag, namespace_of
-from .sdpa import scaled_dot_product_attention
+from .attention import scaled_dot_product_attention
 
 CALL = "kv_cache_attention(q, k_cache, v_cache, cache_seqlens)"
 APPEND = "append_to_cache(k_cache, v_cache, cache_seqlens, k, v)"

@@ -17,7 +17,8 @@ from ._checks import (
     require_ndim_at_least,
     require_real_floating,
 )
-from .sdpa import compute_dtype, scaled_dot_product_attention
+from .attention import scaled_dot_product_attention
+from .sdpa import compute_dtype
 
 CALL = "multi_head_attention(x, y, ...)"
 

@@ -1,6 +1,12 @@
 """Scaled dot-product attention exactly as spec/dense.md defines it (SDPA-1 … SDPA-8),
 with the score features of spec/features.md (softcapping, ALiBi, the log-sum-exp) and
-dropout with an explicit keep mask (DROP-2)."""
+dropout with an explicit keep mask (DROP-2): the plain form, the spec's text in code.
+
+:func:`plain_attention` holds every ``Lq x Lk`` score at once, which makes it the form to
+read beside the spec and the one the oracle tests pin; the public entry point
+``scaled_dot_product_attention`` (``attention.py``) computes the same function block by
+block (``blocked.py``) unless the weights are asked for.  The checks and the grouped
+layout here are shared by both forms and by the tolerance model."""
 
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ from .grouped import GroupedInputs as GroupedInputs  # re-exported: blocked, tol
 from .masks import CAUSAL_ALIGNMENTS, causal_offset
 
 CALL = "scaled_dot_product_attention(q, k, v)"
+PLAIN_CALL = "plain_attention(q, k, v)"
 LAYOUT = "(..., heads, length, head_dim)"
 
 
@@ -270,7 +277,80 @@ def with_features(
     return problem._replace(softcap=softcap, alibi=alibi)
 
 
-def scaled_dot_product_attention(
+def plain_form(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Array = None,
+    bias: Array = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Array = None,
+    dropout_p: float = 0.0,
+    dropout_keep: Array = None,
+    return_weights: bool = False,
+    return_lse: bool = False,
+    call: str = CALL,
+) -> Any:
+    """Attention as spec/dense.md and spec/features.md define it, every score at once;
+    errors name ``call``.
+
+    ``q (..., Hq, Lq, E)``, ``k (..., Hkv, Lk, E)``, ``v (..., Hkv, Lk, Ev)`` with
+    ``Hq = G * Hkv`` (SDPA-6.1) give ``(..., Hq, Lq, Ev)`` in q's dtype (SDPA-1.3).
+    ``mask`` is boolean, True = may attend (SDPA-3.1); ``bias`` is added after scaling
+    (SDPA-3.2) and loses to the mask (SDPA-3.3); ``is_causal`` uses ``causal_alignment``
+    (SDPA-4).  Rows with no allowed key give 0 (SDPA-5).
+
+    ``softcap`` caps the scaled dot products to ``softcap * tanh(x / softcap)`` before the
+    bias is added (SOFTCAP-1); ``alibi_slopes`` ``(..., Hq)`` adds ``-m_h |i + d - j|``
+    with d the offset of ``causal_alignment`` (ALIBI-2); ``dropout_keep`` (boolean,
+    broadcasting to the weights) keeps weights, rescaled by ``1 / (1 - dropout_p)``
+    (DROP-2).  Returns ``out``, or a tuple ``(out, weights)``, ``(out, lse)`` or
+    ``(out, weights, lse)``: weights ``(..., Hq, Lq, Lk)`` in q's dtype (after dropout),
+    lse ``(..., Hq, Lq)`` in the accumulation dtype (LSE-1 … LSE-3).
+    """
+    check_flag("return_weights", return_weights, call)
+    check_flag("return_lse", return_lse, call)
+    namespace_of(call, q=q, alibi_slopes=alibi_slopes, dropout_keep=dropout_keep)
+    dropout_p = check_dropout_p(dropout_p, call)
+    problem = prepare(
+        q,
+        k,
+        v,
+        mask=mask,
+        bias=bias,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        call=call,
+    )
+    problem = with_features(
+        problem,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        causal_alignment=causal_alignment,
+        call=call,
+    )
+    xp = problem.xp
+    scores, allowed = allowed_scores(problem)
+    weights = dropped_weights(
+        problem, softmax_over_allowed(xp, scores, allowed), dropout_p, dropout_keep, call
+    )
+    values = weighted_values(xp, weights, allowed, problem.v)
+    out = xp.astype(xp.reshape(values, problem.out_shape), problem.out_dtype)
+    results = [out]
+    if return_weights:
+        weights_shape = (*problem.out_shape[:-1], weights.shape[-1])
+        results.append(xp.astype(xp.reshape(weights, weights_shape), problem.out_dtype))
+    if return_lse:
+        results.append(xp.reshape(log_sum_exp(xp, scores, allowed), problem.out_shape[:-1]))
+    return results[0] if len(results) == 1 else tuple(results)
+
+
+def plain_attention(
     q: Array,
     k: Array,
     v: Array,
@@ -287,27 +367,14 @@ def scaled_dot_product_attention(
     return_weights: bool = False,
     return_lse: bool = False,
 ) -> Any:
-    """Attention as spec/dense.md and spec/features.md define it.
+    """``scaled_dot_product_attention`` in its plain form: the spec's text in code.
 
-    ``q (..., Hq, Lq, E)``, ``k (..., Hkv, Lk, E)``, ``v (..., Hkv, Lk, Ev)`` with
-    ``Hq = G * Hkv`` (SDPA-6.1) give ``(..., Hq, Lq, Ev)`` in q's dtype (SDPA-1.3).
-    ``mask`` is boolean, True = may attend (SDPA-3.1); ``bias`` is added after scaling
-    (SDPA-3.2) and loses to the mask (SDPA-3.3); ``is_causal`` uses ``causal_alignment``
-    (SDPA-4).  Rows with no allowed key give 0 (SDPA-5).
-
-    ``softcap`` caps the scaled dot products to ``softcap * tanh(x / softcap)`` before the
-    bias is added (SOFTCAP-1); ``alibi_slopes`` ``(..., Hq)`` adds ``-m_h |i + d - j|``
-    with d the offset of ``causal_alignment`` (ALIBI-2); ``dropout_keep`` (boolean,
-    broadcasting to the weights) keeps weights, rescaled by ``1 / (1 - dropout_p)``
-    (DROP-2).  Returns ``out``, or a tuple ``(out, weights)``, ``(out, lse)`` or
-    ``(out, weights, lse)``: weights ``(..., Hq, Lq, Lk)`` in q's dtype (after dropout),
-    lse ``(..., Hq, Lq)`` in the accumulation dtype (LSE-1 … LSE-3).
+    The same function, arguments and results as the public entry point (see
+    :func:`plain_form`), computed from the whole ``Lq x Lk`` score matrix at once, so
+    memory grows with ``Lq * Lk``.  For reading beside spec/dense.md, for teaching and for
+    the oracle tests; the entry point is faster and runs in O(Lq + Lk) extra memory.
     """
-    check_flag("return_weights", return_weights, CALL)
-    check_flag("return_lse", return_lse, CALL)
-    namespace_of(CALL, q=q, alibi_slopes=alibi_slopes, dropout_keep=dropout_keep)
-    dropout_p = check_dropout_p(dropout_p, CALL)
-    problem = prepare(
+    return plain_form(
         q,
         k,
         v,
@@ -316,21 +383,11 @@ def scaled_dot_product_attention(
         is_causal=is_causal,
         causal_alignment=causal_alignment,
         scale=scale,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        dropout_p=dropout_p,
+        dropout_keep=dropout_keep,
+        return_weights=return_weights,
+        return_lse=return_lse,
+        call=PLAIN_CALL,
     )
-    problem = with_features(
-        problem, softcap=softcap, alibi_slopes=alibi_slopes, causal_alignment=causal_alignment
-    )
-    xp = problem.xp
-    scores, allowed = allowed_scores(problem)
-    weights = dropped_weights(
-        problem, softmax_over_allowed(xp, scores, allowed), dropout_p, dropout_keep, CALL
-    )
-    values = weighted_values(xp, weights, allowed, problem.v)
-    out = xp.astype(xp.reshape(values, problem.out_shape), problem.out_dtype)
-    results = [out]
-    if return_weights:
-        weights_shape = (*problem.out_shape[:-1], weights.shape[-1])
-        results.append(xp.astype(xp.reshape(weights, weights_shape), problem.out_dtype))
-    if return_lse:
-        results.append(xp.reshape(log_sum_exp(xp, scores, allowed), problem.out_shape[:-1]))
-    return results[0] if len(results) == 1 else tuple(results)

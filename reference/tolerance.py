@@ -22,8 +22,8 @@ from .sdpa import (
     GroupedInputs,
     allowed_scores,
     nonfinite_counts,
+    plain_attention,
     prepare,
-    scaled_dot_product_attention,
     with_features,
     with_nonfinite_values,
 )
@@ -631,9 +631,7 @@ def dropout_error_bound(
         softcap=softcap,
         alibi_slopes=alibi_slopes,
     )
-    out = scaled_dot_product_attention(
-        q, k, v, dropout_p=dropout_p, dropout_keep=dropout_keep, **options
-    )
+    out = plain_attention(q, k, v, dropout_p=dropout_p, dropout_keep=dropout_keep, **options)
     bound = error_bound(q, k, v, dtype=dtype, weights=True, **options)
     xp = array_api_compat.array_namespace(out)
     n_keys, n_q_heads, n_kv_heads = k.shape[-2], q.shape[-3], k.shape[-3]

@@ -4,7 +4,7 @@ Sequences of different lengths are packed along one token axis, ``q (T_q, Hq, E)
 ``k (T_k, Hkv, E)``, ``v (T_k, Hkv, Ev)``, and delimited by ``cu_seqlens_q`` and
 ``cu_seqlens_k``: int arrays of B + 1 cumulative offsets starting at 0 (FlashAttention's
 ``flash_attn_varlen_func``).  Each sequence is attended on its own, by the dense
-definition: nothing here but slicing and :func:`~.sdpa.scaled_dot_product_attention`.
+definition: nothing here but slicing and :func:`~.attention.scaled_dot_product_attention`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import array_api_compat
 
 from ._array import Array
 from ._checks import check_flag, namespace_of
-from .sdpa import compute_dtype, scaled_dot_product_attention
+from .attention import scaled_dot_product_attention
+from .sdpa import compute_dtype
 
 CALL = "varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k)"
 PACKED = "(total_tokens, heads, head_dim)"

@@ -1,6 +1,6 @@
 """What serving kernels compute (spec/serving.md): attention sinks, chunked local attention,
 merged attention states, absorbed multi-head latent attention, mixed batches over a paged
-cache and float8 inputs.  Pure Array API, built on the dense reference (``..sdpa``)."""
+cache and float8 inputs.  Pure Array API, built on the dense reference (``..attention``)."""
 
 from .chunked import chunked_local_mask
 from .fp8 import FP8_FORMATS, fp8_attention, round_to_fp8

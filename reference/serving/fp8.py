@@ -18,7 +18,7 @@ import array_api_compat
 
 from .._array import Array
 from .._checks import check_choice, namespace_of, require_real_floating
-from ..sdpa import scaled_dot_product_attention
+from ..attention import scaled_dot_product_attention
 
 CALL = "fp8_attention(q, k, v, q_descale=, k_descale=, v_descale=)"
 ROUND = "round_to_fp8(x, fmt)"

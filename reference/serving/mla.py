@@ -10,7 +10,7 @@ from typing import Any
 
 from .._array import Array
 from .._checks import check_scale, check_size, namespace_of
-from ..sdpa import scaled_dot_product_attention
+from ..attention import scaled_dot_product_attention
 
 CALL = "mla_attention(q, kv, value_dim=, scale=)"
 

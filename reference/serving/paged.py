@@ -23,7 +23,8 @@ import array_api_compat
 
 from .._array import Array
 from .._checks import check_flag, check_scale, check_size, namespace_of, require_real_floating
-from ..sdpa import compute_dtype, scaled_dot_product_attention
+from ..attention import scaled_dot_product_attention
+from ..sdpa import compute_dtype
 from ..sparse.definition import in_window, index_dtype
 from .chunked import in_chunk
 from .merge import merge_attention_states

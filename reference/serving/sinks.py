@@ -23,8 +23,9 @@ from .._checks import (
     require_broadcastable_to,
     require_real_floating,
 )
+from ..attention import scaled_dot_product_attention
 from ..masks import CAUSAL_ALIGNMENTS, causal_offset, creation_namespace
-from ..sdpa import compute_dtype, scaled_dot_product_attention
+from ..sdpa import compute_dtype
 from .merge import merge_attention_states
 
 CALL = "sink_attention(q, k, v, sinks)"

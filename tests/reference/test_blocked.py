@@ -28,8 +28,9 @@ from attnspec.backends import Backend
 from attnspec.reference import (
     blocked_attention,
     default_block_sizes,
-    scaled_dot_product_attention,
+    plain_attention,
 )
+from attnspec.reference.blocked import KEY_BLOCK, MIN_QUERY_CHUNK, SCORES_PER_BLOCK
 from attnspec.reference.tolerance import UNIT_ROUNDOFF, accumulation_roundoff, error_bound
 
 # JAX compiles every operation for every new shape, so it gets fewer examples.
@@ -131,7 +132,7 @@ def assert_blocked_matches_plain(
 ) -> None:
     moved = on_backend(backend, problem, dtype)
     got = blocked_attention(**moved, **blocks)
-    plain, weights = scaled_dot_product_attention(**moved, return_weights=True)
+    plain, weights = plain_attention(**moved, return_weights=True)
     where = (
         f"{backend.name} {dtype} {blocks} q{tuple(problem['q'].shape)} "
         f"k{tuple(problem['k'].shape)} "
@@ -267,11 +268,12 @@ def test_default_block_sizes() -> None:
     they split the problem of :func:`several_default_blocks`."""
     chunk, block = default_block_sizes(4, 700, 1100)
     assert chunk < 700 and block < 1100, (chunk, block)
-    assert default_block_sizes(8, 4096, 4096) == (256, 512)
+    chunk, block = default_block_sizes(8, 4096, 4096)
+    assert block == KEY_BLOCK and 8 * chunk * block == SCORES_PER_BLOCK, (chunk, block)
     assert default_block_sizes(1, 5, 3) == (5, 3)
     assert default_block_sizes(1, 0, 0) == (1, 1)
     chunk, block = default_block_sizes(1024, 10_000, 10_000)
-    assert chunk >= 16 and block == 512
+    assert chunk == MIN_QUERY_CHUNK and block == KEY_BLOCK
 
 
 def test_memory_is_linear_in_length() -> None:

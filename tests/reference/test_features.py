@@ -2,7 +2,9 @@
 
 Every case runs on every backend and dtype: float64 agrees with ``oracle_features`` to
 1e-12 relative; lower precisions lie within TOL-2 extended by TOL-4 (outputs, weights)
-and TOL-5 (the log-sum-exp).  Bad arguments raise errors naming them.
+and TOL-5 (the log-sum-exp).  Both forms are checked: the plain one (with the weights)
+and the blocked one the entry point takes without them, over block sizes that split each
+case.  Bad arguments raise errors naming them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,12 @@ from problems import problem_of_shapes
 from support import as64, on_backend, seen_by_kernel
 
 from attnspec.backends import Backend
-from attnspec.reference import alibi_slopes, scaled_dot_product_attention
+from attnspec.reference import (
+    alibi_slopes,
+    blocked_attention,
+    plain_attention,
+    scaled_dot_product_attention,
+)
 from attnspec.reference.tolerance import error_and_lse_bound
 
 FLOAT64_RELATIVE = 1e-12
@@ -56,41 +63,70 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
+def assert_matches_oracle(
+    backend: Backend, moved: dict[str, Any], dtype: str, where: str, got: tuple[Any, ...]
+) -> None:
+    """``got`` = (out, lse) or (out, weights, lse) of ``moved`` against the oracle: LSE-3's
+    shape and dtype, LSE-2's -inf rows, and the TOL-2/4/5 bounds (float64: 1e-12)."""
+    out, lse = got[0], got[-1]
+    seen = seen_by_kernel(backend, moved)
+    expected_out, expected_weights, expected_lse = oracle_features.sdpa_features(**seen)
+    accumulation = "float64" if dtype == "float64" else "float32"
+    assert lse.dtype == backend.dtype(accumulation), where
+    assert tuple(lse.shape) == expected_lse.shape == tuple(out.shape[:-1]), where
+    got_out, got_lse = as64(backend, out), as64(backend, lse)
+    got_weights = as64(backend, got[1]) if len(got) == 3 else None
+    empty = expected_lse == -np.inf
+    assert np.array_equal(got_lse == -np.inf, empty), where
+    got_lse, expected_lse = np.where(empty, 0, got_lse), np.where(empty, 0, expected_lse)
+    if dtype == "float64":
+        magnitude = np.max(np.abs(seen["v"]), initial=1.0)
+        assert np.all(np.abs(got_out - expected_out) <= FLOAT64_RELATIVE * magnitude), where
+        if got_weights is not None:
+            assert np.all(np.abs(got_weights - expected_weights) <= FLOAT64_RELATIVE), where
+        scale = np.maximum(np.abs(expected_lse), 1.0)
+        assert np.all(np.abs(got_lse - expected_lse) <= FLOAT64_RELATIVE * scale), where
+        return
+    options = {n: seen[n] for n in seen if n not in ("q", "k", "v")}
+    bound, lse_bound = error_and_lse_bound(seen["q"], seen["k"], seen["v"], dtype=dtype, **options)
+    assert np.all(np.abs(got_out - expected_out) <= bound.out_tolerance), where
+    if got_weights is not None:
+        assert np.all(np.abs(got_weights - expected_weights) <= bound.weights_tolerance), where
+    assert np.all(np.abs(got_lse - expected_lse) <= np.asarray(lse_bound.lse_tolerance)), where
+
+
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_features_match_oracle(backend: Backend, case: str) -> None:
     """SOFTCAP-1, ALIBI-1, ALIBI-2, LSE-1 … LSE-4, TOL-4, TOL-5: out, weights and the
-    log-sum-exp on every backend and dtype; LSE-3: shape (..., Hq, Lq) and the
-    accumulation dtype; LSE-2: -inf exactly where a row sees no key."""
+    log-sum-exp of the plain form on every backend and dtype; LSE-3: shape (..., Hq, Lq)
+    and the accumulation dtype; LSE-2: -inf exactly where a row sees no key."""
     problem = CASES[case]
     for dtype in backend.dtype_names:
         moved = on_backend(backend, problem, dtype)
-        out, weights, lse = scaled_dot_product_attention(
-            **moved, return_weights=True, return_lse=True
-        )
-        seen = seen_by_kernel(backend, moved)
-        expected_out, expected_weights, expected_lse = oracle_features.sdpa_features(**seen)
-        where = f"{backend.name} {dtype} {case}"
-        accumulation = "float64" if dtype == "float64" else "float32"
-        assert lse.dtype == backend.dtype(accumulation), where
-        assert tuple(lse.shape) == expected_lse.shape == tuple(out.shape[:-1]), where
-        got_out, got_weights, got_lse = (as64(backend, a) for a in (out, weights, lse))
-        empty = expected_lse == -np.inf
-        assert np.array_equal(got_lse == -np.inf, empty), where
-        got_lse, expected_lse = np.where(empty, 0, got_lse), np.where(empty, 0, expected_lse)
-        if dtype == "float64":
-            magnitude = np.max(np.abs(seen["v"]), initial=1.0)
-            assert np.all(np.abs(got_out - expected_out) <= FLOAT64_RELATIVE * magnitude), where
-            assert np.all(np.abs(got_weights - expected_weights) <= FLOAT64_RELATIVE), where
-            scale = np.maximum(np.abs(expected_lse), 1.0)
-            assert np.all(np.abs(got_lse - expected_lse) <= FLOAT64_RELATIVE * scale), where
-            continue
-        options = {n: seen[n] for n in seen if n not in ("q", "k", "v")}
-        bound, lse_bound = error_and_lse_bound(
-            seen["q"], seen["k"], seen["v"], dtype=dtype, **options
-        )
-        assert np.all(np.abs(got_out - expected_out) <= bound.out_tolerance), where
-        assert np.all(np.abs(got_weights - expected_weights) <= bound.weights_tolerance), where
-        assert np.all(np.abs(got_lse - expected_lse) <= np.asarray(lse_bound.lse_tolerance)), where
+        got = plain_attention(**moved, return_weights=True, return_lse=True)
+        assert_matches_oracle(backend, moved, dtype, f"{backend.name} {dtype} {case}", got)
+
+
+BLOCKS = [{}, {"query_chunk": 2, "key_block": 2}, {"query_chunk": 1, "key_block": 3}]
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_blocked_features_match_oracle(backend: Backend, case: str) -> None:
+    """SOFTCAP-1, ALIBI-2, LSE-1 … LSE-3, TOL-4, TOL-5 for the blocked form, block by
+    block (the cap and ALiBi per block, the log-sum-exp as m + log l), with default blocks
+    and blocks that split every case; the entry point without weights returns exactly the
+    blocked form's result."""
+    problem = CASES[case]
+    for dtype in backend.dtype_names:
+        moved = on_backend(backend, problem, dtype)
+        for blocks in BLOCKS:
+            got = blocked_attention(**moved, return_lse=True, **blocks)
+            where = f"{backend.name} {dtype} {case} {blocks}"
+            assert_matches_oracle(backend, moved, dtype, where, got)
+        entry = scaled_dot_product_attention(**moved, return_lse=True)
+        default = blocked_attention(**moved, return_lse=True)
+        for a, b in zip(entry, default, strict=True):
+            assert np.array_equal(as64(backend, a), as64(backend, b), equal_nan=True), case
 
 
 def test_lse_reproduces_the_weights_and_combines_splits() -> None:

@@ -1,4 +1,6 @@
-"""The reference against the independent NumPy oracle, on every backend and dtype.
+"""The reference against the independent NumPy oracle, on every backend and dtype: the
+plain form (``plain_attention``, with its weights) and the entry point
+(``scaled_dot_product_attention``, which without weights takes the blocked form).
 
 float64 must agree with the oracle to ~1e-12 relative; lower precisions must lie within
 the TOL-2 bound computed on the dtype-rounded inputs (TOL-1).  The ``backend`` fixture
@@ -20,7 +22,7 @@ from problems import problem_of_shapes, problems, redrawn
 from support import as64, drawn, on_backend, seen_by_kernel
 
 from attnspec.backends import Backend
-from attnspec.reference import scaled_dot_product_attention
+from attnspec.reference import plain_attention, scaled_dot_product_attention
 from attnspec.reference.tolerance import error_bound
 
 FLOAT64_RELATIVE = 1e-12
@@ -85,7 +87,8 @@ CASES: dict[str, dict[str, Any]] = {
 
 def assert_matches_oracle(backend: Backend, problem: dict[str, Any], dtype: str) -> None:
     moved = on_backend(backend, problem, dtype)
-    out, weights = scaled_dot_product_attention(**moved, return_weights=True)
+    out, weights = plain_attention(**moved, return_weights=True)
+    entry = as64(backend, scaled_dot_product_attention(**moved))
     seen = seen_by_kernel(backend, moved)
     expected_out, expected_weights = oracle.sdpa(**seen)
     where = f"{backend.name} {dtype}"
@@ -97,12 +100,16 @@ def assert_matches_oracle(backend: Backend, problem: dict[str, Any], dtype: str)
     # SDPA-5.1 / SDPA-5.2: a row with no allowed key is exactly 0, weights too.
     empty = np.sum(expected_weights, axis=-1) == 0
     assert np.all(got_out[empty] == 0) and np.all(got_weights[empty] == 0), where
+    assert np.all(entry[empty] == 0), f"{where}: entry point"
     if dtype == "float64":
         magnitude = np.max(np.abs(seen["v"]), initial=1.0)
         assert np.all(np.abs(got_out - expected_out) <= FLOAT64_RELATIVE * magnitude), where
+        assert np.all(np.abs(entry - expected_out) <= FLOAT64_RELATIVE * magnitude), where
         assert np.all(np.abs(got_weights - expected_weights) <= FLOAT64_RELATIVE), where
         return
     bound = error_bound(**seen, dtype=dtype)
+    entry_ratio = np.abs(entry - expected_out) / bound.out_tolerance
+    assert np.all(entry_ratio <= 1), f"{where}: entry point {np.max(entry_ratio):.3g} x TOL-2"
     out_ratio = np.abs(got_out - expected_out) / bound.out_tolerance
     weight_ratio = np.abs(got_weights - expected_weights) / bound.weights_tolerance
     assert np.all(out_ratio <= 1), f"{where}: out error {np.max(out_ratio):.3g} x TOL-2"
@@ -143,7 +150,7 @@ def test_scale_zero_gives_uniform_weights(cpu_backend: Backend) -> None:
     """SDPA-2.2: scale=0 weighs every allowed key 1/|S(i)|, whatever q and k are."""
     problem = CASES["scale-zero"]
     moved = on_backend(cpu_backend, problem, "float64")
-    _, weights = scaled_dot_product_attention(**moved, return_weights=True)
+    _, weights = plain_attention(**moved, return_weights=True)
     mask = np.broadcast_to(problem["mask"], weights.shape)
     counts = np.sum(mask, axis=-1, keepdims=True)
     expected = np.where(mask, 1.0 / np.maximum(counts, 1), 0.0)
@@ -186,9 +193,7 @@ def copied(problem: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(backend: Backend, problem: dict[str, Any], dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    out, weights = scaled_dot_product_attention(
-        **on_backend(backend, problem, dtype), return_weights=True
-    )
+    out, weights = plain_attention(**on_backend(backend, problem, dtype), return_weights=True)
     return as64(backend, out), as64(backend, weights)
 
 
@@ -268,12 +273,14 @@ def test_nan_propagates(cpu_backend: Backend) -> None:
 
 
 def test_inputs_not_modified(backend: Backend) -> None:
-    """SDPA-1.6: q, k, v, mask and bias hold the same values after the call."""
+    """SDPA-1.6: q, k, v, mask and bias hold the same values after the call, of either
+    form."""
     problem = disallowed_problem()
     for dtype in backend.dtype_names:
         moved = on_backend(backend, problem, dtype)
         before = {n: backend.to_numpy(moved[n]).copy() for n in ("q", "k", "v", "bias", "mask")}
-        scaled_dot_product_attention(**moved, return_weights=True)
+        plain_attention(**moved, return_weights=True)
+        scaled_dot_product_attention(**moved)
         for name, copy in before.items():
             assert np.array_equal(backend.to_numpy(moved[name]), copy), (name, dtype)
 
