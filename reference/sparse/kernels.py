@@ -6,12 +6,15 @@ per-query patterns, a query block for block-sparse), with ``ok`` marking candida
 that exist and are not listed twice.  Keys and values are gathered with ``xp.take``,
 the pattern's own predicate (``SparsePattern.allowed``) decides which candidates are
 in S(i), and the dense reference's helpers do the rest on the gathered
-``(..., T, bq, S)`` scores.  No Lq x Lk array is ever made: memory is
-O(chunk * S) per batch and head, plus the output.
+``(..., T, bq, S)`` scores.  No Lq x Lk array is ever made: a chunk holds about
+:data:`CHUNK_PAIRS` (query row, candidate key) pairs over all batch elements and heads
+together, so memory is that fixed amount (or one row's candidates, if more) plus the output:
+it grows with the window and L, not with the number of heads.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -35,8 +38,11 @@ from .definition import (
 )
 from .parameters import build_pattern
 
-# Gathered (query row, candidate key) pairs per chunk, per batch element and head:
-# bounds the temporaries to CHUNK_PAIRS * (E + Ev + 2) numbers whatever Lq is.
+# Gathered (query row, candidate key) pairs per chunk, over all batch elements and heads:
+# bounds the temporaries to about CHUNK_PAIRS * (E + Ev + 4) numbers (34 MB at E = Ev = 64
+# in float32) whatever Lq, the batch and the heads are.  Counted per batch element and
+# head instead, H = 8 heads held 8 times as much (~300 MB), more than the dense blocked
+# reference at the same length.
 CHUNK_PAIRS = 2**16
 
 Candidates = Callable[[int, int], tuple[Any, Any, Any]]
@@ -84,9 +90,10 @@ def _run(
     """Attend every segment chunk by chunk and stitch the rows back in order."""
     xp = problem.xp
     n_queries = sets.n_queries
+    batch_heads = math.prod(problem.out_shape[:-2])
     pieces = []
     for segment in segments:
-        pairs = max(1, segment.width * segment.rows_per_tile)
+        pairs = max(1, segment.width * segment.rows_per_tile * batch_heads)
         step = query_chunk or max(1, CHUNK_PAIRS // pairs)
         for a in range(segment.start, segment.stop, step):
             rows, keys, ok = segment.make(a, min(a + step, segment.stop))
@@ -99,7 +106,7 @@ def _run(
             )
             pieces.append(_attend(problem, rows, keys, allowed))
     out = xp.concat(pieces, axis=-2)[..., :n_queries, :]
-    return xp.astype(xp.reshape(out, problem.out_shape), problem.out_dtype)
+    return xp.astype(xp.reshape(out, problem.out_shape), problem.out_dtype, copy=False)
 
 
 # --- candidate keys per pattern --------------------------------------------------------------
@@ -354,8 +361,8 @@ def sparse_attention(
     alignment=..., causal=..., **params), scale=scale)`` within TOL-2, with weights of
     masked-out keys exactly 0 and masked-out keys and values never read (SPARSE-6).
     Layout, scale, GQA and empty rows as in spec/dense.md.  ``query_chunk`` (tiles per
-    step; default: about :data:`CHUNK_PAIRS` query-key pairs) only trades memory for
-    Python overhead.
+    step; default: about :data:`CHUNK_PAIRS` query-key pairs over all batch elements and
+    heads) only trades memory for Python overhead.
     """
     call = f"sparse_attention(q, k, v, pattern={pattern!r})"
     problem = prepare(q, k, v, scale=scale, call=call)
