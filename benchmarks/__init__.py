@@ -5,6 +5,6 @@ backend survey of ``attnspec backends`` (``survey``).
 May import: reference, _version.
 """
 
-from .command import add_parser, command, run
+from .command import add_parser, command, command_using, run
 
-__all__ = ["add_parser", "command", "run"]
+__all__ = ["add_parser", "command", "command_using", "run"]

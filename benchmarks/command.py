@@ -1,13 +1,21 @@
-"""``attnspec bench``: time and memory of the reference against each library's own kernel.
+"""``attnspec bench``: time and memory of the reference against PyTorch SDPA (and JAX's
+own kernel), and of your kernel against both.
 
-    attnspec bench                      # full run: L = 256 .. 32768 (tens of minutes)
+    attnspec bench                      # dense, sparse, linear: L = 256 .. 32768 (~1 hour)
     attnspec bench --quick              # tiny sizes, seconds: checks that everything runs
     attnspec bench --backends torch --sections dense --sizes 1024,4096
+    attnspec bench --sections long --backends torch   # L = 131072, causal: time, memory
+    attnspec bench mypkg:kernel --backends torch      # your kernel at the suite's shapes
     attnspec bench --sections check     # what one quick `attnspec check` costs (~4 min)
 
-Writes ``OUT/bench.json`` (schema in :mod:`attnspec.benchmarks.report`) and, when
-matplotlib is installed, ``OUT/bench-dense.png``, ``bench-sparse.png``, ``bench-linear.png``
-(the check section has no figure; its checks' JSON reports go to ``OUT/check-reports/``).
+``MODULE:FUNC`` (or ``path/to/file.py:FUNC``) is called as the suite calls a kernel:
+``fn(q, k, v, mask=..., is_causal=...)`` on arrays of the first of ``--backends`` in the
+(..., heads, length, head_dim) layout; it runs the kernel section only (unless
+``--sections`` says more).  Writes ``OUT/bench.json`` (schema in
+:mod:`attnspec.benchmarks.report`) and, when matplotlib is installed, one figure per
+section with a JSON of its numbers beside it (``bench-dense.png`` and
+``bench-dense.json``, ...; the check section has no figure; its checks' JSON reports go
+to ``OUT/check-reports/``).
 """
 
 from __future__ import annotations
@@ -32,9 +40,10 @@ SECTIONS: dict[str, Callable[..., list[Measurement]]] = {
     "sparse": suites.sparse,
     "linear": suites.linear,
 }
-# Not a measurement of the reference: the cost of `attnspec check` (benchmarks/check_cost.py).
-CHECK = "check"
-ALL_SECTIONS = (*SECTIONS, CHECK)
+# Run when asked for: a very long row (minutes), a user's kernel, and the cost of
+# `attnspec check` itself (benchmarks/check_cost.py, not a measurement of the reference).
+LONG, KERNEL, CHECK = "long", "kernel", "check"
+ALL_SECTIONS = (*SECTIONS, LONG, KERNEL, CHECK)
 DEFAULT_BACKENDS = ("numpy", "torch", "jax")
 
 
@@ -63,6 +72,12 @@ def add_parser(commands: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    bench.add_argument(
+        "kernel",
+        nargs="?",
+        help="MODULE:FUNC or path/to/file.py:FUNC: time your kernel against the reference and "
+        "PyTorch SDPA at the suite's realistic shapes (the kernel section)",
+    )
     bench.add_argument("--quick", action="store_true", help="tiny sizes (for tests)")
     bench.add_argument(
         "--out",
@@ -85,11 +100,20 @@ def add_parser(commands: Any) -> None:
     bench.add_argument(
         "--sections",
         type=_names,
-        default=list(SECTIONS),
-        help=f"comma-separated, of {','.join(ALL_SECTIONS)} (default: {','.join(SECTIONS)}; "
-        "check runs on its own, on a quiet machine with no thread limits)",
+        default=None,
+        help=f"comma-separated, of {','.join(ALL_SECTIONS)} (default: {','.join(SECTIONS)}, "
+        "or kernel when a kernel is given; check runs on its own, on a quiet machine with no "
+        "thread limits)",
     )
-    bench.add_argument("--sizes", type=_sizes, help="dense lengths, e.g. 1024,4096")
+    bench.add_argument("--sizes", type=_sizes, help="dense lengths of every case, e.g. 1024,4096")
+    bench.add_argument(
+        "--cases",
+        type=_names,
+        help="dense cases, comma-separated, of "
+        + ",".join(c.name.replace(" ", "_") for c in suites.DENSE_CASES)
+        + " (default: all)",
+    )
+    bench.add_argument("--long-length", type=int, help="the long section's length (default 131072)")
     bench.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
 
 
@@ -119,10 +143,30 @@ def _save_checks(
     _write(args.out, document(config, args.quick, info, measurements, __version__, checks))
 
 
-def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Measure what ``args`` asks for; returns the document (also written to ``args.out``)."""
+Loader = Callable[[str], Callable[..., Any]]
+
+
+def run(
+    args: argparse.Namespace,
+    log: Callable[[str], None] = print,
+    load: Loader | None = None,
+) -> dict[str, Any]:
+    """Measure what ``args`` asks for; returns the document (also written to ``args.out``).
+    ``load`` imports ``args.kernel`` (the CLI passes the suite's loader)."""
     from .._version import __version__
 
+    kernel_target = getattr(args, "kernel", None)
+    if args.sections is None:
+        args.sections = [KERNEL] if kernel_target else list(SECTIONS)
+    if KERNEL in args.sections and not kernel_target:
+        raise ValueError("--sections kernel: name the kernel, attnspec bench MODULE:FUNC")
+    user_kernel = None
+    if kernel_target:
+        if load is None:
+            raise ValueError(f"cannot load {kernel_target!r}: no kernel loader given")
+        user_kernel = load(kernel_target)
+        if KERNEL not in args.sections:
+            args.sections = [*args.sections, KERNEL]
     unknown = sorted(set(args.sections) - set(ALL_SECTIONS))
     if unknown:
         raise ValueError(
@@ -130,13 +174,22 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
         )
     config = suites.QUICK if args.quick else suites.FULL
     if args.sizes:
-        config = dataclasses.replace(config, sizes=args.sizes)
+        config = dataclasses.replace(config, sizes=args.sizes, case_sizes=args.sizes)
+    if args.cases:
+        names = {c.name.replace(" ", "_"): c.name for c in suites.DENSE_CASES}
+        wrong = sorted(set(args.cases) - set(names))
+        if wrong:
+            raise ValueError(f"--cases: unknown {', '.join(wrong)}; expected of {', '.join(names)}")
+        config = dataclasses.replace(config, cases=tuple(names[n] for n in args.cases))
+    if args.long_length:
+        config = dataclasses.replace(config, long_length=args.long_length)
     if args.threads:
         frameworks.set_threads(args.threads)
     backends: dict[str, Backend] = {}
     info: dict[str, dict[str, Any]] = {}
     needed = [
-        *(args.backends if "dense" in args.sections else []),
+        *(args.backends if {"dense", LONG} & set(args.sections) else []),
+        *(args.backends[:1] if KERNEL in args.sections else []),
         *(args.scaling_backends if {"sparse", "linear"} & set(args.sections) else []),
     ]
     for name in dict.fromkeys(needed):
@@ -163,11 +216,22 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
                 partial(_save_checks, args, config, info, list(measurements)),
             )
             continue
-        names = args.backends if section == "dense" else args.scaling_backends
+        names = args.backends if section in ("dense", LONG) else args.scaling_backends
+        if section == KERNEL:
+            names = args.backends[:1]
         for name in names:
             if name in backends:
                 log(f"{section} on {name}:")
-                measurements += SECTIONS[section](config, backends[name], log)
+                if section == KERNEL:
+                    assert user_kernel is not None and kernel_target is not None
+                    measured = suites.kernel(
+                        config, backends[name], log, user_kernel, kernel_target
+                    )
+                elif section == LONG:
+                    measured = suites.long(config, backends[name], log)
+                else:
+                    measured = SECTIONS[section](config, backends[name], log)
+                measurements += measured
                 # the GEMM again after each part: the peak is the best seen in the run
                 info[name]["gemm_gflops"] = max(
                     info[name]["gemm_gflops"],
@@ -189,15 +253,21 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
         for path in write_figures(doc, args.out):
             log(f"wrote {path}")
     for target in doc["targets"]:
-        verdict = {True: "met", False: "NOT met", None: "not measured"}[target["met"]]
+        verdict = {True: "met", False: "NOT met", None: target["how"]}[target["met"]]
         value = "-" if target["value"] is None else f"{target['value']:.3g}"
         log(f"target: {target['name']}: {value} (limit {target['limit']:.3g}) {verdict}")
     return doc
 
 
-def command(args: argparse.Namespace) -> int:
+def command_using(load: Loader) -> Callable[[argparse.Namespace], int]:
+    """:func:`command` with ``load`` as the kernel loader (the CLI passes the suite's)."""
+    return partial(command, load=load)
+
+
+def command(args: argparse.Namespace, load: Loader | None = None) -> int:
+    """``attnspec bench``; ``load`` imports a ``MODULE:FUNC`` kernel (the CLI's loader)."""
     try:
-        run(args)
+        run(args, load=load)
     except ValueError as exc:
         print(f"attnspec bench: error: {exc}", file=sys.stderr)
         return 2

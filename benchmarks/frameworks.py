@@ -17,55 +17,72 @@ from ..backends import Backend
 
 
 class Framework(NamedTuple):
-    """A library's attention kernel: ``prepare(q, k, v)`` (untimed: layout changes, jit)
-    returns the arguments that ``call`` is timed on."""
+    """An attention kernel to measure the reference against: ``prepare(q, k, v, mask)``
+    (untimed: conversion, layout changes, jit) returns the arguments ``call`` is timed on."""
 
     name: str
-    prepare: Callable[[Any, Any, Any], tuple[Any, ...]]
+    prepare: Callable[[Any, Any, Any, Any], tuple[Any, ...]]
     call: Callable[..., Any]
     # bytes of memory per score (B x H x Lq x Lk) it holds at once; 0 for O(L) kernels
     bytes_per_score: float
 
 
-def _torch_sdpa(causal: bool) -> Callable[..., Any]:
+TORCH_SDPA = "torch.nn.functional.scaled_dot_product_attention"
+
+
+def _to_torch(backend: Backend, a: Any) -> Any:
+    """``a`` as a CPU torch tensor: the same memory for NumPy, a copy for JAX."""
+    import numpy as np
     import torch
 
-    def torch_sdpa(q: Any, k: Any, v: Any) -> Any:
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if a is None or backend.name == "torch":
+        return a
+    return torch.from_numpy(a if backend.name == "numpy" else np.array(a))
 
-    return torch_sdpa
 
+def torch_sdpa(backend: Backend, causal: bool, gqa: bool) -> Framework | None:
+    """PyTorch SDPA, the yardstick of every backend: on the backend's own tensors (torch),
+    on the same memory (NumPy) or on a copy made before the timing (JAX); None without
+    torch or on a device it cannot read.  CPU and CUDA torch pick a flash or
+    memory-efficient kernel here: O(L) memory."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if backend.name != "torch" and not (backend.name in ("numpy", "jax") and on_cpu(backend)):
+        return None
 
-def framework_kernel(backend: Backend, causal: bool) -> Framework | None:
-    """torch SDPA or ``jax.nn.dot_product_attention`` (jitted); for NumPy, which has no
-    attention kernel, torch SDPA on the same memory (so that it is timed in the same rounds
-    as the NumPy reference); None when none is installed."""
-    # CPU and CUDA torch pick a flash or memory-efficient kernel here: O(L) memory
-    name = "torch.nn.functional.scaled_dot_product_attention"
-    if backend.name == "torch":
-        return Framework(name, lambda q, k, v: (q, k, v), _torch_sdpa(causal), 0.0)
-    if backend.name == "numpy":
-        try:
-            import torch
-        except ImportError:
-            return None
-        return Framework(
-            f"{name} (torch.from_numpy)",
-            lambda q, k, v: tuple(torch.from_numpy(a) for a in (q, k, v)),
-            _torch_sdpa(causal),
-            0.0,
+    def prepare(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, ...]:
+        return tuple(_to_torch(backend, a) for a in (q, k, v, mask))
+
+    def call(q: Any, k: Any, v: Any, mask: Any) -> Any:
+        options = {"enable_gqa": True} if gqa else {}
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, **options
         )
-    if backend.name == "jax":
-        import jax
 
-        def to_blhd(q: Any, k: Any, v: Any) -> tuple[Any, ...]:
-            # jax.nn.dot_product_attention takes (batch, length, heads, dim)
-            return tuple(jax.numpy.swapaxes(a, -2, -3) for a in (q, k, v))
+    where = {"numpy": " (torch.from_numpy)", "jax": " (on a torch copy)"}.get(backend.name, "")
+    return Framework(TORCH_SDPA + where, prepare, call, 0.0)
 
-        attention = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal))
-        # the XLA implementation forms the float32 logits and the probabilities
-        return Framework("jax.nn.dot_product_attention (jax.jit)", to_blhd, attention, 12.0)
-    return None
+
+def library_kernel(backend: Backend, causal: bool) -> Framework | None:
+    """The backend's own attention kernel besides torch's: ``jax.nn.dot_product_attention``
+    under ``jax.jit`` for JAX; None for the others (NumPy has none; torch's is the
+    yardstick)."""
+    if backend.name != "jax":
+        return None
+    import jax
+
+    def to_blhd(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, ...]:
+        # jax.nn.dot_product_attention takes (batch, length, heads, dim); the mask stays
+        # (batch, heads, Lq, Lk), and fewer key/value heads than query heads is its GQA
+        return (*(jax.numpy.swapaxes(a, -2, -3) for a in (q, k, v)), mask)
+
+    attention = jax.jit(
+        lambda q, k, v, mask: jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal)
+    )
+    # the XLA implementation forms the float32 logits and the probabilities
+    return Framework("jax.nn.dot_product_attention (jax.jit)", to_blhd, attention, 12.0)
 
 
 def synchronize(result: Any) -> None:

@@ -4,7 +4,8 @@ The calls compared at one size are timed together: each is run once untimed (JAX
 compiles there; that time is kept as ``first_seconds``), then in rounds, every call once
 per round, so that all of them meet the same interference from the machine's other work;
 the fastest run of each is reported.  There are as many rounds as ``budget_seconds``
-allows after the first (at least one, at most ``repeats``).  Peak memory is that of the
+allows after the first (at least one, at most ``repeats``; none for ``repeats=0``, whose
+time is the first run's).  Peak memory is that of the
 single call that used most, first runs included (allocators that keep buffers, as XLA's
 does, would hide it otherwise), above the memory in use before it.
 """
@@ -70,6 +71,7 @@ def time_together(
     first = {name: _run_once(call, probe) for name, call in calls.items()}
     round_seconds = sum(t for t, _ in first.values())
     rounds = max(1, min(repeats, int(budget_seconds / round_seconds) if round_seconds else 1))
+    rounds = 0 if repeats == 0 else rounds  # the first runs only (minutes each)
     times: dict[str, list[float]] = {name: [] for name in calls}
     peaks = {name: peak for name, (_, peak) in first.items()}
     for _ in range(rounds):
@@ -77,7 +79,10 @@ def time_together(
             seconds, peak = _run_once(call, probe)
             times[name].append(seconds)
             peaks[name] = _larger(peaks[name], peak)
-    return {name: Timing(min(times[name]), first[name][0], rounds, peaks[name]) for name in calls}
+    return {
+        name: Timing(min(times[name], default=first[name][0]), first[name][0], rounds, peaks[name])
+        for name in calls
+    }
 
 
 def fits(backend: Backend, planned_bytes: float) -> str | None:
@@ -120,13 +125,20 @@ def attention_flops(
     return 2.0 * batch_heads * pairs * (head_dim + value_dim)
 
 
+# An exponent from fewer lengths, or from lengths closer together, says more about the
+# machine's noise than about the algorithm (issue 33: --quick printed one from 3 lengths).
+MIN_EXPONENT_LENGTHS, MIN_EXPONENT_SPAN = 4, 8
+
+
 def power_law_exponent(lengths: list[int], seconds: list[float]) -> float | None:
-    """Least-squares slope of log(seconds) against log(length): time ~ length**slope."""
-    points = [
-        (math.log(n), math.log(t)) for n, t in zip(lengths, seconds, strict=True) if t and t > 0
-    ]
-    if len(points) < 2:
+    """Least-squares slope of log(seconds) against log(length): time ~ length**slope; None
+    unless there are :data:`MIN_EXPONENT_LENGTHS` distinct lengths with a time, the longest
+    at least :data:`MIN_EXPONENT_SPAN` times the shortest."""
+    timed = [(n, t) for n, t in zip(lengths, seconds, strict=True) if t and t > 0]
+    distinct = sorted({n for n, _ in timed})
+    if len(distinct) < MIN_EXPONENT_LENGTHS or distinct[-1] < MIN_EXPONENT_SPAN * distinct[0]:
         return None
+    points = [(math.log(n), math.log(t)) for n, t in timed]
     mean_x = sum(x for x, _ in points) / len(points)
     mean_y = sum(y for _, y in points) / len(points)
     spread = sum((x - mean_x) ** 2 for x, _ in points)

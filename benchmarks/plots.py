@@ -5,13 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-FIGURES = ("bench-dense.png", "bench-sparse.png", "bench-linear.png")
-STYLES = {"framework": "-", "blocked": "--", "plain": ":"}
+FIGURES = ("bench-dense.png", "bench-sparse.png", "bench-linear.png", "bench-kernel.png")
+STYLES = {"torch_sdpa": "-", "library": "-.", "reference": "--", "plain": ":", "kernel": "-"}
 LABELS = {
-    "framework": "library kernel (numpy: torch's)",
-    "blocked": "blocked reference",
-    "plain": "plain reference",
+    "torch_sdpa": "PyTorch SDPA (numpy, jax: on the same data)",
+    "library": "jax.nn.dot_product_attention (jit)",
+    "reference": "reference: scaled_dot_product_attention",
+    "plain": "reference: plain_attention",
+    "kernel": "your kernel",
 }
+COLOURS = {"numpy": "C0", "torch": "C1", "jax": "C2", "cupy": "C3", "array_api_strict": "C4"}
 
 
 def matplotlib_missing() -> str | None:
@@ -28,48 +31,113 @@ def _rows(doc: dict[str, Any], section: str) -> list[dict[str, Any]]:
 
 
 def _dense(doc: dict[str, Any], path: Path, plt: Any) -> None:
-    rows = _rows(doc, "dense")
-    figure, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    from .report import MAX_PEAK_BYTES, MAX_RELATIVE_TIME
+
+    rows = _rows(doc, "dense") + _rows(doc, "long")
+    cases = list(dict.fromkeys(r["params"]["case"] for r in rows))
+    figure, axes = plt.subplots(len(cases), 3, figsize=(15, 3.6 * len(cases) + 1.2), squeeze=False)
     panels = [
-        ("relative_time", "time / the library's kernel (numpy: torch's)", axes[0]),
-        ("peak_bytes", "peak memory (MB)", axes[1]),
-        ("fraction_of_gemm_peak", "GFLOP/s / GEMM GFLOP/s", axes[2]),
+        ("relative_time", "time / PyTorch SDPA's (same run)"),
+        ("seconds", "wall time (s)"),
+        ("peak_bytes", "peak memory above the inputs (MB)"),
     ]
     backends = sorted({r["backend"] for r in rows})
-    colours = dict(zip(backends, ("C0", "C1", "C2", "C3", "C4"), strict=False))
-    for key, title, ax in panels:
-        for backend in backends:
-            for impl, style in STYLES.items():
-                points = [
-                    (r["length"], r[key])
-                    for r in rows
-                    if r["backend"] == backend and r["impl"] == impl and r[key]
-                ]
-                if not points:
-                    continue
-                xs, ys = zip(*points, strict=True)
-                if key == "peak_bytes":
-                    ys = tuple(y / 1e6 for y in ys)
-                ax.plot(
-                    xs,
-                    ys,
-                    style,
-                    marker="o",
-                    color=colours[backend],
-                    label=f"{backend}: {LABELS[impl]}",
+    handles: dict[str, Any] = {}
+    for row, case in enumerate(cases):
+        for column, (key, title) in enumerate(panels):
+            ax = axes[row][column]
+            for backend in backends:
+                for impl, style in STYLES.items():
+                    points = sorted(
+                        (r["length"], r[key])
+                        for r in rows
+                        if r["backend"] == backend
+                        and r["impl"] == impl
+                        and r["params"]["case"] == case
+                        and r[key]
+                    )
+                    if not points:
+                        continue
+                    xs, ys = zip(*points, strict=True)
+                    if key == "peak_bytes":
+                        ys = tuple(y / 1e6 for y in ys)
+                    label = f"{backend}: {LABELS[impl]}"
+                    (line,) = ax.plot(
+                        xs, ys, style, marker="o", color=COLOURS.get(backend, "C5"), label=label
+                    )
+                    handles.setdefault(label, line)
+            if key == "relative_time" and case == "causal":
+                for backend in backends:
+                    limit = MAX_RELATIVE_TIME.get(backend)
+                    if limit is None:
+                        continue
+                    label = f"goal, {backend}: {limit}x PyTorch SDPA at L = 4096"
+                    line = ax.axhline(
+                        limit, color=COLOURS.get(backend, "C5"), linewidth=1.2, alpha=0.5
+                    )
+                    handles.setdefault(label, line)
+            if key == "relative_time":
+                ax.axhline(1.0, color="grey", linewidth=0.8)
+            if key == "peak_bytes" and case == "causal":
+                label = f"goal: {MAX_PEAK_BYTES / 1e9:.0f} GB at L = 131072"
+                handles.setdefault(
+                    label, ax.axhline(MAX_PEAK_BYTES / 1e6, color="red", linewidth=1.0)
                 )
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length L")
-        ax.set_title(title)
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].axhline(1.0, color="grey", linewidth=0.8)
-    axes[1].legend(fontsize=7)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("sequence length L")
+            ax.set_title(f"{case}: {title}", fontsize=10)
+            ax.grid(True, which="both", alpha=0.3)
     c = doc["config"]
-    figure.suptitle(
-        f"dense attention, B={c['batch']} H={c['heads']} E={c['head_dim']} "
-        f"{c['dtype']}{' causal' if c['causal'] else ''} (one run)"
+    figure.legend(
+        list(handles.values()),
+        list(handles),
+        loc="lower center",
+        ncol=3,
+        fontsize=8,
+        frameon=False,
     )
+    figure.suptitle(
+        f"dense attention, B={c['batch']} H={c['heads']} E={c['head_dim']} {c['dtype']} "
+        f"(one run; each length's calls interleaved)"
+    )
+    # about 0.2 inch per legend row, below the panels
+    legend_inches = 0.2 * -(-len(handles) // 3) + 0.3
+    figure.tight_layout(rect=(0, legend_inches / figure.get_figheight(), 1, 0.97))
+    figure.savefig(path, dpi=110)
+
+
+def _kernel(doc: dict[str, Any], path: Path, plt: Any) -> None:
+    rows = _rows(doc, "kernel")
+    workloads = list(dict.fromkeys(r["params"]["workload"] for r in rows))
+    impls = [i for i in ("kernel", "reference", "torch_sdpa") if any(r["impl"] == i for r in rows)]
+    figure, axes = plt.subplots(1, 2, figsize=(14, 4.8))
+    for key, title, ax in (
+        ("seconds", "wall time (s)", axes[0]),
+        ("peak_bytes", "peak memory above the inputs (MB)", axes[1]),
+    ):
+        width = 0.8 / max(1, len(impls))
+        for offset, impl in enumerate(impls):
+            values = []
+            for workload in workloads:
+                match = [
+                    r[key]
+                    for r in rows
+                    if r["impl"] == impl and r["params"]["workload"] == workload and r[key]
+                ]
+                value = match[0] if match else 0
+                values.append(value / 1e6 if key == "peak_bytes" else value)
+            name = rows[0]["params"].get("kernel", "") if impl == "kernel" else ""
+            label = f"{LABELS[impl]} ({name})" if name else LABELS[impl]
+            positions = [i + width * (offset - (len(impls) - 1) / 2) for i in range(len(workloads))]
+            ax.bar(positions, values, width, label=label)
+        ax.set_xticks(range(len(workloads)), workloads, rotation=12, fontsize=8)
+        ax.set_yscale("log")
+        ax.set_title(title)
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    backend = rows[0]["backend"] if rows else "?"
+    figure.suptitle(f"your kernel at the suite's realistic shapes ({backend}, one run)")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
@@ -129,7 +197,11 @@ def _linear(doc: dict[str, Any], path: Path, plt: Any) -> None:
             ),
             None,
         )
-        label = f"{backend}: {impl}" + ("" if exponent is None else f", t ~ L^{exponent:.2f}")
+        label = f"{backend}: {impl}, " + (
+            "no exponent (fewer than 4 lengths spanning 8x)"
+            if exponent is None
+            else f"t ~ L^{exponent:.2f}"
+        )
         ax.plot(xs, ys, style, marker="o", label=label)
         ax.plot(xs, [ys[0] * x / xs[0] for x in xs], color="grey", linewidth=0.6)
     ax.set_xscale("log", base=2)
@@ -143,20 +215,55 @@ def _linear(doc: dict[str, Any], path: Path, plt: Any) -> None:
     figure.savefig(path, dpi=110)
 
 
+def _section_document(doc: dict[str, Any], sections: tuple[str, ...], figure: str) -> str:
+    """The numbers of one figure, as JSON: the run's context and the section's rows."""
+    import json
+
+    rows = [r for r in doc["measurements"] if r["section"] in sections]
+    names = {r["backend"] for r in rows}
+    part = {
+        "schema": doc["schema"],
+        "figure": figure,
+        "attnspec": doc["attnspec"],
+        "created": doc["created"],
+        "machine": doc["machine"],
+        "config": doc["config"],
+        "backends": {n: info for n, info in doc["backends"].items() if n in names},
+        "measurements": rows,
+        "targets": [
+            t
+            for t in doc["targets"]
+            if any(f"({n})" in t["name"] for n in names)
+            and (("linear" in t["name"]) == ("linear" in sections))
+        ],
+    }
+    return json.dumps(part, indent=1) + "\n"
+
+
+SECTIONS_OF = {
+    "bench-dense.png": ("dense", "long"),
+    "bench-sparse.png": ("sparse",),
+    "bench-linear.png": ("linear",),
+    "bench-kernel.png": ("kernel",),
+}
+
+
 def write_figures(doc: dict[str, Any], directory: Path) -> list[Path]:
-    """The figures of the sections the document has; matplotlib must be importable."""
+    """The figures of the sections the document has, each with a JSON of its numbers beside
+    it (``bench-dense.png`` and ``bench-dense.json``); matplotlib must be importable."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     written = []
-    for name, draw, section in zip(
-        FIGURES, (_dense, _sparse, _linear), ("dense", "sparse", "linear"), strict=True
-    ):
-        if _rows(doc, section):
+    for name, draw in zip(FIGURES, (_dense, _sparse, _linear, _kernel), strict=True):
+        sections = SECTIONS_OF[name]
+        if any(_rows(doc, section) for section in sections):
             path = directory / name
             draw(doc, path, plt)
             plt.close("all")
-            written.append(path)
+            numbers = path.with_suffix(".json")
+            numbers.write_text(_section_document(doc, sections, name))
+            written += [path, numbers]
     return written

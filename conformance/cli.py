@@ -35,6 +35,7 @@ from .api import SIZE_FLAGS, KernelSetup, SetupError, size_limits_from
 from .call.side_effects import kernel_output_to
 from .claims import table as claims
 from .claims.flags import Flag, UsageError, comma_list
+from .claims.loading import load_kernel
 from .claims.table import CLAIM_FLAGS, SETUP_FLAGS
 from .judge.registry import Property
 from .judge.reproduce import (
@@ -620,7 +621,7 @@ COMMANDS = {
     "properties": command_properties,
     "backends": command_backends,
     "demo": command_demo,
-    "bench": benchmarks.command,
+    "bench": benchmarks.command_using(load_kernel),
 }
 
 
