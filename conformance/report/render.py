@@ -36,6 +36,7 @@ from ..run.root_causes import (
     Divergence,
     ExplainedCause,
     by_cause,
+    confirmed_link,
     divergences,
     findings,
     grouped_findings,
@@ -315,11 +316,15 @@ def _cause_lines(
                 full_reproduction_in=full_reproduction_in,
             ).splitlines()
         )
+        if confirmed_link(first, write_ups):
+            lines.append(f"    confirmed:   {confirmed_link(first, write_ups)}")
         for verdict in others:
+            link = confirmed_link(verdict, write_ups)
             lines.append(
                 f"    - {label(verdict)} {verdict.property} [{verdict.clause}]: "
                 f"{_one_line(verdict.detail, 110)}; "
                 f"inputs: {_one_line(verdict.counterexample, 110)}"
+                + (f"; confirmed: {link}" if link else "")
             )
     if found:
         lines.extend(["", f"failures no probed cause explains ({divergence_count(found)}):"])

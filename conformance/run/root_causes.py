@@ -289,6 +289,11 @@ def _flat(text: str) -> str:
     return " ".join(text.split())
 
 
+def confirmed_link(verdict: Verdict, write_ups: dict[str, str] | None) -> str:
+    """The write-up (docs/divergences.md) that explains ``verdict``'s failure, "" if none."""
+    return _confirmed_link(verdict, verdict.clause, write_ups or {})
+
+
 def _confirmed_link(verdict: Verdict, clause: str, write_ups: dict[str, str]) -> str:
     """The write-up filed under ``verdict``'s property when it explains this failure,
     listed under ``clause`` (known_kernels.confirms); "" when none does."""

@@ -215,6 +215,9 @@ def test_report_shows_each_cause_once_with_the_failures_it_explains() -> None:
         assert verdict.property in text
     assert "failures no probed cause explains" in text
     assert "hint:     --dtype x" in text
+    # a known kernel's write-up of an explained failure stays in the report
+    linked = format_table(report, write_ups={"key-permutation": "docs/divergences.md#x"})
+    assert "key-permutation [SDPA-7.6]" in linked and "confirmed: docs/divergences.md#x" in linked
     data = report_dict(report)
     assert data["causes"][0]["explains"] == ["explicit-scale", "key-permutation"]
     assert [d["properties"] for d in data["divergences"]] == [["dtype-preserved"]]
