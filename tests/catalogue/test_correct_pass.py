@@ -169,6 +169,7 @@ SUBJECTS: list[Subject] = [
             "masked-nonfinite-ignored": TORCH_NAN_LEAK,
             "mask-broadcast": TORCH_1D_MASK,
             "batch-broadcast": TORCH_EMPTY_BROADCAST,
+            "batch-broadcast-corners": TORCH_EMPTY_BROADCAST,
         },
     ),
     Subject(
@@ -178,6 +179,7 @@ SUBJECTS: list[Subject] = [
         not_run={
             "masked-nonfinite-ignored": TORCH_NAN_LEAK,
             "batch-broadcast": TORCH_EMPTY_BROADCAST,
+            "batch-broadcast-corners": TORCH_EMPTY_BROADCAST,
         },
     ),
     Subject(

@@ -3,6 +3,7 @@
 from . import (  # noqa: F401
     agreement,
     causal,
+    corners,
     dropout,
     empty_rows,
     features,
