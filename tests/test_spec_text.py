@@ -82,6 +82,7 @@ CONTRACT = {
     "SDPA-7.5": "MUST",
     "SDPA-7.6": "MUST",
     "SDPA-7.7": "MAY",
+    "SDPA-7.8": "MUST",
     "SDPA-8.1": "MUST",
     "SDPA-8.2": "SHOULD",
     "SDPA-8.3": "MUST",

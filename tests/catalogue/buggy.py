@@ -16,6 +16,7 @@ from attnspec.conformance.draw.input_features import scores_shape
 from . import bugs_plumbing as plumbing
 from . import bugs_scores as sc
 from . import bugs_softmax as sm
+from .bugs_state import STATE_CATALOGUE
 from .entry import BuggyKernel, witness
 from .features_catalogue import FEATURE_CATALOGUE
 from .scale import SCALE_CATALOGUE
@@ -285,4 +286,6 @@ CATALOGUE: list[BuggyKernel] = [
     *SCALE_CATALOGUE,
     # spec/features.md and dropout (DROP-2): entries with their own evidence
     *FEATURE_CATALOGUE,
+    # state between calls (SDPA-7.8): entries with their own evidence
+    *STATE_CATALOGUE,
 ]

@@ -16,6 +16,7 @@ from . import (  # noqa: F401
     mla,
     paged_batch,
     recurrent,
+    repeated_calls,
     rope,
     scale,
     shapes,
