@@ -343,9 +343,11 @@ KERAS_DIVERGING = {
         "value_dim_3_head_dim_2",
         "value_dim_3_no_queries_shape",
     },
+    # float16_score_rounding no longer diverges: erratum E-2026.12-14 (spec/errata.md) lets a
+    # kernel round its scale and the operands it scales to the input dtype, so TOL-2 charges
+    # one such rounding at every scale and Keras-on-NumPy's float16 scores fall within it
     "numpy": {
         "causal_min_bias",
-        "float16_score_rounding",
         "masked_nan_value",
         "bias_excluded_nan_key",
     },

@@ -129,8 +129,32 @@ WRONG_SCALES = {
 }
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("bug", sorted(WRONG_SCALES))
+# Erratum E-2026.12-14 (2026-12-06) made TOL-2's scale term one rounding in the input dtype at
+# every scale; score-variance's slack, derived from TOL-2, grew with it in bfloat16, where a
+# kernel dividing the scores by E instead of sqrt(E) now passes score-variance at the head
+# dims it draws.  A loss of detection to be won back (a slack that does not charge the scale
+# rounding to the variance statistic), kept visible here: strict, so it fails once fixed.
+LOST_BY_ERRATUM_14 = pytest.mark.xfail(
+    strict=True,
+    reason="E-2026.12-14 widened TOL-2's scale term; score-variance's bfloat16 slack now "
+    "admits 1/E (to be won back)",
+)
+
+
+def _wrong_scale_cases() -> list[Any]:
+    cases = []
+    for bug in sorted(WRONG_SCALES):
+        for dtype in DTYPES:
+            marks = (
+                [LOST_BY_ERRATUM_14]
+                if (bug.startswith("divides by E") and dtype == "bfloat16")
+                else []
+            )
+            cases.append(pytest.param(dtype, bug, marks=marks, id=f"{bug}-{dtype}"))
+    return cases
+
+
+@pytest.mark.parametrize(("dtype", "bug"), _wrong_scale_cases())
 def test_wrong_scales_still_fail_in_every_dtype(
     dtype: str, bug: str, torch_backend: Backend
 ) -> None:
