@@ -296,7 +296,7 @@ def test_dropout_with_keep_mask_matches_oracle(cpu_backend: Backend) -> None:
     )
     np.testing.assert_allclose(as64(cpu_backend, out), expected_out, rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(as64(cpu_backend, weights), expected_weights, rtol=1e-12, atol=1e-15)
-    undropped = plain_attention(**moved, return_lse=True)[1]  # the same form, bit for bit
+    undropped = scaled_dot_product_attention(**moved, return_lse=True)[1]
     assert np.array_equal(as64(cpu_backend, lse), as64(cpu_backend, undropped))
     assert np.array_equal(as64(cpu_backend, lse) == -np.inf, expected_lse == -np.inf)
 
