@@ -128,68 +128,40 @@ def _block_scores(inputs: _Scores, q_chunk: Any, rows: slice, cols: slice) -> An
     return xp.where(allowed, scores, excluded)
 
 
-# Rows whose largest score so far lies within +-UNSHIFTED_LIMIT need no shift: exp(s) is
-# computed as is (saving a pass over the block), in the normal range with room to spare
-# (e**20 < 5e8), while the weights that underflow (s < -87 in float32) are below e**-67 of
-# the row's largest, far under any TOL-2 term.  Mathematically softmax does not depend on
-# the shift, and exp(s) has no rounding of s - m to carry; rows outside the limits (large
-# scores, -inf, NaN) are shifted by their maximum as usual.
-UNSHIFTED_LIMIT = 20.0
-
-
 class _Running(NamedTuple):
-    """Per query row: the maximum ``m`` so far, ``l = sum exp(s - shift)``, ``acc = sum
-    exp(s - shift) v`` over the finite values (``shift`` None: 0, every row's ``m`` within
-    :data:`UNSHIFTED_LIMIT`; otherwise ``m``, or 0 where ``m`` is -inf), and the non-finite
-    value counts."""
+    """Per query row: the maximum ``m`` so far, ``l = sum exp(s - m)``, ``acc = sum
+    exp(s - m) v`` over the finite values, and the non-finite value counts."""
 
     m: Any
-    shift: Any
     l: Any
     acc: Any
     counts: NonFiniteCounts | None
 
 
 def _absorb(
-    xp: ModuleType,
-    state: _Running | None,
-    scores: Array,
-    v_block: Any,
-    v_nonfinite: Array,
-    may_skip_shift: bool,
+    xp: ModuleType, state: _Running | None, scores: Array, v_block: Any, v_nonfinite: Array
 ) -> _Running:
     """Fold one block of scores and its values into the running state (SDPA-7.1)."""
     m = xp.max(scores, axis=-1, keepdims=True)
     if state is not None:
         m = xp.maximum(state.m, m)  # NaN propagates: a NaN score makes the row NaN
-    shift: Any = None
-    if not (
-        may_skip_shift
-        and (state is None or state.shift is None)
-        and bool(xp.all(xp.abs(m) <= UNSHIFTED_LIMIT))
-    ):
-        # A row with nothing allowed so far has m = -inf; shifting by 0 keeps exp(-inf) = 0.
-        shift = xp.where(m == -xp.inf, xp.zeros_like(m), m)
-    weights = xp.exp(scores if shift is None else scores - shift)
+    # A row with nothing allowed so far has m = -inf; shifting by 0 keeps exp(-inf) = 0.
+    shift = xp.where(m == -xp.inf, xp.zeros_like(m), m)
+    weights = xp.exp(scores - shift)
     l = xp.sum(weights, axis=-1, keepdims=True)
     acc = xp.matmul(weights, v_block)
     counts = None
     if v_nonfinite is not None:
         counts = nonfinite_counts(xp, scores != -xp.inf, v_nonfinite)
     if state is None:
-        return _Running(m, shift, l, acc, counts)
+        return _Running(m, l, acc, counts)
+    # exp(old m - new shift) is 0 where the old m was -inf (nothing summed yet) and <= 1
+    # elsewhere, so the rescaled sums never overflow.
+    rescale = xp.exp(state.m - shift)
     if counts is not None:
         assert state.counts is not None  # every block counts when the first one did
         counts = NonFiniteCounts(*(a + b for a, b in zip(state.counts, counts, strict=True)))
-    if shift is None:  # both unshifted: the sums add as they are
-        return _Running(m, None, state.l + l, state.acc + acc, counts)
-    # A shifted state is rescaled by exp(old m - new shift): <= 1, and 0 where the old m was
-    # -inf (nothing summed yet; its own shift of 0 could be far above the new one).  An
-    # unshifted state's shift 0 lies within UNSHIFTED_LIMIT of its m, so exp(0 - new shift)
-    # <= e**20.  Either way the rescaled sums do not overflow.
-    old = xp.zeros_like(shift) if state.shift is None else state.m
-    rescale = xp.exp(old - shift)
-    return _Running(m, shift, state.l * rescale + l, state.acc * rescale + acc, counts)
+    return _Running(m, state.l * rescale + l, state.acc * rescale + acc, counts)
 
 
 def _key_stop(inputs: _Scores, rows: slice, n_keys: int) -> int:
@@ -229,12 +201,7 @@ class _Rows(NamedTuple):
 
 
 def _attend_chunk(
-    inputs: _Scores,
-    rows: slice,
-    key_block: int,
-    v_finite: Any,
-    v_nonfinite: Array,
-    may_skip_shift: bool,
+    inputs: _Scores, rows: slice, key_block: int, v_finite: Any, v_nonfinite: Array
 ) -> _Rows:
     """Output rows ``rows`` of every batch element and head."""
     problem = inputs.problem
@@ -249,7 +216,6 @@ def _attend_chunk(
             scores,
             v_finite[..., cols, :],
             None if v_nonfinite is None else v_nonfinite[..., cols, :],
-            may_skip_shift,
         )
     if state is None:  # the causal rule leaves these rows no key (SDPA-4.3, SDPA-5.1)
         device = array_api_compat.device(q_chunk)
@@ -263,9 +229,8 @@ def _attend_chunk(
     out = state.acc / total
     if state.counts is not None:
         out = with_nonfinite_values(xp, out, state.counts)
-    # LSE-1, LSE-2: shift + log l, -inf for rows with no allowed key; a NaN m stays NaN.
-    logs = xp.log(total) if state.shift is None else state.shift + xp.log(total)
-    lse = xp.where(empty, xp.full_like(state.m, -xp.inf), logs)
+    # LSE-1, LSE-2: m + log l, -inf for rows with no allowed key; a NaN m stays NaN.
+    lse = xp.where(empty, xp.full_like(state.m, -xp.inf), state.m + xp.log(total))
     return _Rows(out, lse)
 
 
@@ -338,11 +303,6 @@ def blocked_form(
     v_finite, v_nonfinite = problem.v, None
     if not bool(xp.all(finite)):
         v_finite, v_nonfinite = xp.where(finite, problem.v, xp.zeros_like(problem.v)), problem.v
-    # Unshifted sums grow to n_keys * e**UNSHIFTED_LIMIT times the largest |v|: allowed only
-    # where that stays far from overflow (half the dtype's largest finite number).
-    largest = float(xp.max(xp.abs(v_finite))) if v_finite.shape[-1] else 0.0
-    room = float(xp.finfo(work).max) / 2
-    may_skip_shift = n_keys * math.exp(UNSHIFTED_LIMIT) * max(largest, 1.0) < room
     chunks = [
         _attend_chunk(
             inputs,
@@ -350,7 +310,6 @@ def blocked_form(
             key_block,
             v_finite,
             v_nonfinite,
-            may_skip_shift,
         )
         for start in range(0, n_queries, query_chunk)
     ]
