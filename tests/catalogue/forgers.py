@@ -103,10 +103,12 @@ def returns_its_value_buffer(q: Array, k: Array, v: Array, **options: Any) -> Ar
 _CACHE: dict[Any, Array] = {}
 
 
-def caches_by_data_pointer(q: Array, k: Array, v: Array, **options: Any) -> Array:
-    """Computes the definition once per (data pointer, shape) of q and returns that
-    result again whenever a call's q sits at the same address with the same shape."""
-    key = (q.__array_interface__["data"][0], q.shape, k.shape, v.shape)
+def caches_by_shape(q: Array, k: Array, v: Array, **options: Any) -> Array:
+    """Computes the definition once per shape of (q, k, v) and returns that result for
+    every later call at those shapes, whatever the values: a result cached on too little of
+    the input (a data pointer or an id that a fresh array reuses degenerates to this; which
+    address a fresh array gets is the allocator's choice, so the test uses the shape)."""
+    key = (q.shape, k.shape, v.shape)
     if key not in _CACHE:
         _CACHE[key] = reference.scaled_dot_product_attention(q, k, v, **options)
     return _CACHE[key]
@@ -150,7 +152,7 @@ FORGERS = (
     Forger("forges_its_messages", ("matches-reference", "default-scale"), ""),
     Forger("poisons_numpy_and_the_reference", ("matches-reference", "default-scale"), ""),
     Forger("returns_its_value_buffer", ("matches-reference",), ""),
-    Forger("caches_by_data_pointer", ("matches-reference", "key-permutation"), ""),
+    Forger("caches_by_shape", ("matches-reference", "same-shape-new-arguments"), ""),
     Forger("detects_hypothesis_on_its_stack", ("matches-reference", "default-scale"), ""),
     Forger("zeroes_its_inputs_later", ("inputs-unmodified",), "after the call returned"),
 )
