@@ -67,19 +67,23 @@ class CallGuard:
 
     def call_raw(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         problem = self.problem
-        if self.observer is not None:
+        fn = self.kernel.fn
+        remote = hasattr(fn, "call_description")  # a kernel in its own process
+        if self.observer is not None or remote:
+            # described once: the supervisor hears it, the kernel's process names the call
+            # in a late change to its inputs
             description = (
                 self.kernel.describe(problem)
                 if problem is not None
                 else (describe_call(args, kwargs))
             )
-            self.observer.started(description, problem)
+            if self.observer is not None:
+                self.observer.started(description, problem)
+            if hasattr(fn, "call_description"):
+                fn.call_description = description
         # A kernel that leaves np.seterr(all="raise") behind must not turn the suite's own
         # NumPy arithmetic (reference, tolerances) into errors.
         error_state = np.geterr()
-        fn = self.kernel.fn
-        if hasattr(fn, "call_description"):  # a kernel in its own process: names this call
-            fn.call_description = self.kernel.describe(problem) if problem is not None else ""
         try:
             return self._call(args, kwargs)
         except KernelStalled as stalled:

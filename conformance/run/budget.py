@@ -55,7 +55,3 @@ class RunBudget:
     def not_run(self, prop: Property, reason: str) -> Verdict:
         """The verdict of a property the run did not start."""
         return Verdict(prop.id, prop.clause, prop.level, NOT_RUN, detail=reason)
-
-    @property
-    def stopped_by_deadline(self) -> bool:
-        return self.deadline is not None and time.monotonic() - self.started >= self.deadline
