@@ -170,18 +170,38 @@ class RecurrentClaim:
     (``gate``), ``beta (B, Hs, T)`` only for the delta rules.  ``chunk_size`` is the largest
     chunk it evaluates at once (C_h of REC-6.2; 1 for a token-by-token kernel) and
     ``rounded_operands`` that it rounds its products' operands to the input dtype (u_p).
+    ``varlen``: it also takes packed sequences, ``cu_seqlens=`` with one batch element and
+    past and final states ``(N, Hs, dk, dv)`` (REC-3.3); ``chunk_sizes``: the values of a
+    ``chunk_size=`` keyword it takes, each then the C_h of its call (REC-5.1).
     """
 
     rule: str = "gated_delta"
     gate: str = "head"
     chunk_size: int = 64
     rounded_operands: bool = False
+    varlen: bool = False
+    chunk_sizes: tuple[int, ...] = ()
+
+
+def chunk_size_list(text: str) -> tuple[int, ...]:
+    """``--recurrent-chunk-sizes 16,32,64`` as ``(16, 32, 64)``; argparse reports the
+    ValueError of a word that is not an int >= 1."""
+    sizes = tuple(int(word) for word in text.split(","))
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"{text!r}: chunk sizes should be ints >= 1")
+    return sizes
 
 
 def recurrent_from_flags(get: Getter) -> RecurrentClaim | None:
     given = [
         f
-        for f in ("recurrent_gate", "recurrent_chunk_size", "recurrent_rounded_operands")
+        for f in (
+            "recurrent_gate",
+            "recurrent_chunk_size",
+            "recurrent_rounded_operands",
+            "recurrent_varlen",
+            "recurrent_chunk_sizes",
+        )
         if get(f)
     ]
     if get("recurrent") is None:
@@ -194,6 +214,8 @@ def recurrent_from_flags(get: Getter) -> RecurrentClaim | None:
         get("recurrent_gate") or "head",
         64 if chunk is None else chunk,
         bool(get("recurrent_rounded_operands")),
+        bool(get("recurrent_varlen")),
+        tuple(get("recurrent_chunk_sizes") or ()),
     )
 
 

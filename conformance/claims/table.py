@@ -32,6 +32,7 @@ from .family_claims import (
     PAGED_CACHE_LAYOUTS,
     RECURRENT_GATES,
     RECURRENT_RULES,
+    chunk_size_list,
     linear_from_flags,
     merge_from_flags,
     mla_from_flags,
@@ -807,6 +808,19 @@ CLAIMS: tuple[Claim, ...] = (
                 "the recurrent kernel rounds its matrix products' operands to the input "
                 "dtype (u_p of REC-6.2)",
                 kind="switch",
+            ),
+            Flag(
+                "--recurrent-varlen",
+                "the recurrent kernel also takes packed sequences: cu_seqlens= with B = 1 and "
+                "states (N, Hs, dk, dv) (REC-3.3)",
+                kind="switch",
+            ),
+            Flag(
+                "--recurrent-chunk-sizes",
+                "the values of the recurrent kernel's chunk_size= keyword, comma-separated, "
+                "each checked (REC-5.1), e.g. 16,32,64",
+                type=chunk_size_list,
+                metavar="C,C,...",
             ),
         ),
         from_flags=recurrent_from_flags,

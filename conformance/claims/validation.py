@@ -109,8 +109,14 @@ def _recurrent_invalid(value: Any) -> str | None:
     size = value.chunk_size
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         return f"recurrent chunk_size={size!r}, but should be an int >= 1"
-    if not isinstance(value.rounded_operands, bool):
-        return f"recurrent rounded_operands={value.rounded_operands!r}, but should be a bool"
+    for name in ("rounded_operands", "varlen"):
+        if not isinstance(getattr(value, name), bool):
+            return f"recurrent {name}={getattr(value, name)!r}, but should be a bool"
+    sizes = value.chunk_sizes
+    if not isinstance(sizes, tuple) or any(
+        isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in sizes
+    ):
+        return f"recurrent chunk_sizes={sizes!r}, but should be a tuple of ints >= 1"
     return None
 
 

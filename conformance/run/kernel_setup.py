@@ -156,6 +156,10 @@ def check_signature(fn: Callable[..., Any], declaration: KernelDeclaration, name
             keywords["g"] = None
         if claim.rule in ("delta", "gated_delta"):
             keywords["beta"] = None
+        if claim.varlen:
+            keywords["cu_seqlens"] = None
+        if claim.chunk_sizes:
+            keywords["chunk_size"] = claim.chunk_sizes[0]
         try:
             signature.bind(None, None, None, **keywords)
         except TypeError as exc:

@@ -6,13 +6,16 @@ Every kernel is ``fn(q, k, v, *, rule, g=None, beta=None, scale=None, initial_st
 float32 state.  ``token`` is the recurrence of REC-1.2 token by token; ``chunked`` the
 chunked form a kernel author writes (chunks of ``CHUNK`` tokens, the last one shorter, the
 chunk-local triangular system solved with ``numpy.linalg.solve``), written independently of
-``attnspec.reference.recurrent``.  The conformance properties for this family (issue 37)
-are still to come; ``test_recurrent_catalogue.py`` shows each bug outside REC-6.2's bound on
-its witness and the correct kernels within it.
+``attnspec.reference.recurrent``.  ``test_recurrent_catalogue.py`` shows each bug of
+``BUGS`` outside REC-6.2's bound on its witness and the correct kernels within it;
+``test_recurrent_conformance.py`` runs the conformance suite on the declared kernels (also
+taking ``cu_seqlens=`` and ``chunk_size=``), with ``CONTRACT_BUGS`` for the properties of
+state passing, packed sequences and chunk sizes.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -77,14 +80,17 @@ def _token(
     beta: Any = None,
     scale: Any = None,
     initial_state: Any = None,
+    chunk: int = 1,
     bug: str | None = None,
 ) -> tuple[Array, Array]:
     q, k, v, gate, strength, state, groups = _inputs(q, k, v, rule, g, beta, initial_state, bug)
     alpha = _scale(scale, q.shape[-1], bug)
+    decode = k.shape[-2] == 1  # a one-token call: where kernels take a decode path
     outs = []
     for t in range(k.shape[-2]):
         before = state
-        state = np.exp(gate[..., t, :])[..., :, None] * state
+        if not (decode and bug == "decode_skips_gate"):  # the decode path forgets the gate
+            state = np.exp(gate[..., t, :])[..., :, None] * state
         update = v[..., t, :]
         if rule in DELTA:
             read_from = before if bug == "correction_before_decay" else state
@@ -93,7 +99,8 @@ def _token(
         new = state + k[..., t, :, None] * update[..., None, :]
         if bug == "state_bfloat16":  # written back in the input dtype (ollama #15865)
             new = to_bfloat16(new)
-        seen = before if bug == "output_before_update" else new
+        stale = bug == "output_before_update" or (decode and bug == "decode_output_before_update")
+        seen = before if stale else new
         state = new
         shared = np.repeat(seen, groups, axis=-3)
         outs.append(alpha * np.einsum("...kv,...k->...v", shared, q[..., t, :]))
@@ -129,6 +136,7 @@ def _chunked(
     beta: Any = None,
     scale: Any = None,
     initial_state: Any = None,
+    chunk: int = CHUNK,
     bug: str | None = None,
 ) -> tuple[Array, Array]:
     q, k, v, gate, strength, state, groups = _inputs(q, k, v, rule, g, beta, initial_state, bug)
@@ -137,8 +145,8 @@ def _chunked(
     if strength is None:
         strength = np.zeros(k.shape[:-1], np.float32)
     outs = []
-    for start in range(0, length, CHUNK):
-        stop = min(start + CHUNK, length)
+    for start in range(0, length, chunk):
+        stop = min(start + chunk, length)
         kc, vc, bc, gc = (
             k[..., start:stop, :],
             v[..., start:stop, :],
@@ -146,8 +154,10 @@ def _chunked(
             gate[..., start:stop, :],
         )
         qc = q[..., start:stop, :]
-        if bug == "pad_decays" and stop - start < CHUNK:  # pads repeat the last gate, k = v = 0
-            pad = CHUNK - (stop - start)
+        if bug == "chunk_edge_gate_twice" and start > 0:  # the edge token's gate, once more
+            state = np.exp(gc[..., 0, :])[..., :, None] * state
+        if bug == "pad_decays" and stop - start < chunk:  # pads repeat the last gate, k = v = 0
+            pad = chunk - (stop - start)
             gc = np.concatenate([gc, np.repeat(gc[..., -1:, :], pad, axis=-2)], axis=-2)
         cumulative = np.cumsum(gc, axis=-2)  # (..., c', e)
         c = stop - start
@@ -185,7 +195,8 @@ def _chunked(
         scores = _narrow(np.einsum("...te,...tje,...je->...tj", qc, shared_pairs, shared_keys), bug)
         out = _narrow(qc * shared_decay, bug) @ shared_state + scores @ shared_update
         outs.append(alpha * out)
-        if bug == "last_chunk_dropped" and stop - start < CHUNK:
+        dropped = bug == "last_chunk_dropped" or (bug == "other_sizes_drop_tail" and chunk != CHUNK)
+        if dropped and stop - start < chunk:
             continue  # the partial last chunk never reaches the final state
         last = cumulative[..., -1:, :]  # the padded chunk's end under pad_decays
         to_end = np.exp(last - own)
@@ -292,26 +303,106 @@ BUGS = (
 )
 
 
-def _declared(base: Callable[..., tuple[Array, Array]], name: str) -> Callable[..., Any]:
+# Bugs of the state-passing contract (REC-2.2), of packed sequences (REC-3.3) and of chunk
+# sizes (REC-5.1): (kernel, the catalogue kernel it is a variant of, where it happened or
+# what it breaks, the property that must catch it).  Each shows only in calls that
+# recurrent-matches-reference makes rarely or never (a one-token call from a past state,
+# cu_seqlens, a chunk_size other than the default), so each has its own property.
+CONTRACT_BUGS = (
+    ("decode_skips_gate", _token, "a one-token decode path that forgets the gate", "decode"),
+    (
+        "decode_output_before_update",
+        _token,
+        "a decode step whose output reads the state before its own token (off by one)",
+        "decode",
+    ),
+    (
+        "varlen_state_carried",
+        _token,
+        "a packed sequence starting from the previous one's final state (vLLM #21783 kind)",
+        "varlen",
+    ),
+    (
+        "varlen_offsets_ignored",
+        _token,
+        "caller-provided cu_seqlens ignored: the packed batch run as one sequence (fla #838)",
+        "varlen",
+    ),
+    (
+        "chunk_edge_gate_twice",
+        _chunked,
+        "the first gate of each chunk applied to the incoming state twice",
+        "chunk-size",
+    ),
+    (
+        "other_sizes_drop_tail",
+        _chunked,
+        "chunk sizes other than the tuned 16 drop the incomplete last chunk (fla #1142 kind)",
+        "chunk-size",
+    ),
+)
+CHUNK_SIZES = (2, 3, CHUNK)  # what the declared kernels take as chunk_size=
+
+
+def _packed(
+    base: Callable[..., tuple[Array, Array]], cu_seqlens: Any, bug: str | None, **kwargs: Any
+) -> tuple[Array, Array]:
+    """REC-3.3 with ``base``: q, k, v, g, beta of one batch element cut at ``cu_seqlens``,
+    each sequence from its own past state (``initial_state (N, Hs, dk, dv)``)."""
+    offsets = [int(n) for n in np.asarray(cu_seqlens)]
+    states = kwargs.pop("initial_state")
+    per_token = {n: kwargs.pop(n) for n in ("q", "k", "v", "g", "beta")}
+    per_token = {n: a for n, a in per_token.items() if a is not None}
+    if bug == "varlen_offsets_ignored":
+        first = None if states is None else states[:1]
+        out, state = base(**per_token, initial_state=first, **kwargs)
+        return out, np.repeat(state, len(offsets) - 1, axis=0)
+    outs, finals, state = [], [], None
+    for b, (start, stop) in enumerate(itertools.pairwise(offsets)):
+        own = None if states is None else np.asarray(states)[b : b + 1]
+        if bug != "varlen_state_carried" or state is None:
+            state = own
+        piece = {n: np.asarray(a)[:, :, start:stop] for n, a in per_token.items()}
+        out, state = base(**piece, initial_state=state, **kwargs)
+        outs.append(out)
+        finals.append(state)
+    return np.concatenate(outs, axis=2), np.concatenate(finals, axis=0)
+
+
+def _declared(
+    base: Callable[..., tuple[Array, Array]], name: str, bug: str | None = None
+) -> Callable[..., Any]:
     """``base`` as a gated delta rule kernel the conformance suite can call, declared
-    (``--recurrent gated_delta --recurrent-chunk-size 16 --gqa``, float16 and float32:
-    it computes in float32), returning the output in q's dtype and a float32 state."""
+    (``--recurrent gated_delta --recurrent-chunk-size 16 --recurrent-varlen
+    --recurrent-chunk-sizes 2,3,16 --gqa``, float16 and float32: it computes in float32),
+    returning the output in q's dtype and a float32 state; ``bug`` is one of
+    CONTRACT_BUGS' (None: ``base`` as it is)."""
     from attnspec.conformance import RecurrentClaim, declare
 
     def kernel(
-        q: Array, k: Array, v: Array, *, g: Any = None, beta: Any = None, initial_state: Any = None
+        q: Array,
+        k: Array,
+        v: Array,
+        *,
+        g: Any = None,
+        beta: Any = None,
+        initial_state: Any = None,
+        cu_seqlens: Any = None,
+        chunk_size: int = CHUNK,
     ) -> tuple[Array, Array]:
-        out, state = base(q, k, v, rule="gated_delta", g=g, beta=beta, initial_state=initial_state)
+        run = partial(base, bug=bug) if bug else base
+        arguments = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+        arguments.update(rule="gated_delta", initial_state=initial_state, chunk=chunk_size)
+        if cu_seqlens is None:
+            out, state = run(**arguments)
+        else:
+            out, state = _packed(run, cu_seqlens, bug, **arguments)
         return out.astype(q.dtype), state.astype(np.float32)
 
     kernel.__name__ = kernel.__qualname__ = name
     kernel.__module__ = __name__
-    return declare(
-        kernel,
-        recurrent=RecurrentClaim("gated_delta", chunk_size=CHUNK),
-        gqa=True,
-        dtypes=("float16", "float32"),
-    )
+    claim = RecurrentClaim("gated_delta", chunk_size=CHUNK, varlen=True, chunk_sizes=CHUNK_SIZES)
+    return declare(kernel, recurrent=claim, gqa=True, dtypes=("float16", "float32"))
 
 
 # Module-level, so that a check's worker process loads them by name.
@@ -319,4 +410,9 @@ declared_token = _declared(token, "declared_token")
 declared_chunked = _declared(chunked, "declared_chunked")
 DECLARED_CORRECT = (declared_token, declared_chunked)
 DECLARED_BUGS = tuple(_declared(bug.fn, f"declared_{bug.fn.__name__}") for bug in BUGS)
+DECLARED_CONTRACT_BUGS = tuple(
+    (_declared(base, f"declared_{name}", name), f"recurrent-{prop}")
+    for name, base, _, prop in CONTRACT_BUGS
+)
 globals().update({fn.__name__: fn for fn in DECLARED_BUGS})
+globals().update({fn.__name__: fn for fn, _ in DECLARED_CONTRACT_BUGS})

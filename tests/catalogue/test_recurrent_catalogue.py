@@ -1,8 +1,7 @@
 """The recurrence catalogue (tests/catalogue/recurrent.py) against REC-6.2's bound: the two
 correct formulations are within it on 20 seeds of problems across the rules, gates, head
 sharings, lengths around the chunk size and strong decay; every catalogued bug is outside it
-on its witness.  (The conformance properties of this family come later, issue 37; they will
-take these kernels as their catalogue.)"""
+on its witness (test_recurrent_conformance.py runs the conformance properties on them)."""
 
 from __future__ import annotations
 

@@ -7,19 +7,26 @@ from weak decay to decays of e^-30 and below per token (REC-5.2), beta in (0, 1)
 state, query groups where the kernel declares GQA, and lengths around and past the chunk
 sizes kernels use (1, 63, 64, 65, 75, 129, 1000) at head dims 60, 64, 100 and 128.  The
 output and the final state are compared, element by element, with the float64 recurrence
-within the bound of REC-6.2 for the declared chunk size and operand precision.
+within the bound of REC-6.2 for the declared chunk size and operand precision: for one call
+(``recurrent-matches-reference``), for a run split into calls that pass the state on
+(``recurrent-state-passing``, ``recurrent-decode``: REC-2.2), for packed sequences
+(``recurrent-varlen``: REC-3.3) and for every chunk size the kernel takes
+(``recurrent-chunk-size``: REC-5.1).
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
 
-from ....reference.recurrent.tolerance import recurrent_error_bound
+from ....reference.recurrent.tolerance import RecurrentBound, recurrent_error_bound
 from ...claims.declaration import KernelDeclaration
+from ...claims.family_claims import RecurrentClaim
 from ...draw import sizes
 from ...draw.strategies import draw_dtype, random_values
 from ..failures import KernelRaised, PropertyFailure
@@ -27,10 +34,16 @@ from ..kernel import KernelUnderTest
 from ..registration import register
 
 REALISTIC_LENGTHS = (1, 63, 64, 65, 75, 129, 1000)  # around chunks of 16, 32, 64 and past them
+# A contract (state passing, packed boundaries, chunk sizes) breaks at chunk edges, not with
+# length: its properties run to 129 tokens; matches-reference checks the long runs.
+CONTRACT_LENGTHS = tuple(n for n in REALISTIC_LENGTHS if n <= 129)
 REALISTIC_HEAD_DIMS = (60, 64, 100, 128)  # flash-linear-attention's test grid
+# where a split or a packed boundary falls in a realistic run: at and around chunk edges
+REALISTIC_CUTS = (1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100)
 # g = logsigmoid(U) / n: weak decay (n = 10), moderate (1), and e^-30 or less per token
 GATE_NORMALIZERS = (10.0, 1.0, 0.01)
 GATED, DELTA = ("gated", "gated_delta"), ("delta", "gated_delta")
+PER_TOKEN = ("q", "k", "v", "g", "beta")  # (B, H, T, ...)
 
 
 def _recurrent_only(declaration: KernelDeclaration) -> str | None:
@@ -39,20 +52,52 @@ def _recurrent_only(declaration: KernelDeclaration) -> str | None:
     return None
 
 
+def _recurrent_claim(declaration: KernelDeclaration) -> RecurrentClaim:
+    claim = declaration.recurrent
+    assert claim is not None  # the properties apply only to a --recurrent declaration
+    return claim
+
+
+def _takes_cu_seqlens(declaration: KernelDeclaration) -> str | None:
+    reason = _recurrent_only(declaration)
+    if reason is None and not _recurrent_claim(declaration).varlen:
+        reason = "the recurrent kernel does not take packed sequences (--recurrent-varlen)"
+    return reason
+
+
+def _takes_chunk_sizes(declaration: KernelDeclaration) -> str | None:
+    reason = _recurrent_only(declaration)
+    if reason is None and not _recurrent_claim(declaration).chunk_sizes:
+        reason = "the recurrent kernel takes no chunk_size (--recurrent-chunk-sizes)"
+    return reason
+
+
 @dataclass(frozen=True)
 class RecurrentCall:
-    """One call in float64 values exact in the dtypes the kernel received."""
+    """One problem in float64 values exact in the dtypes the kernel received."""
 
     arrays: dict[str, np.ndarray]
     rule: str
     dtype: str
     state_dtype: str
 
-    def describe(self) -> str:
+    @property
+    def length(self) -> int:
+        return int(self.arrays["q"].shape[2])
+
+    def tokens(self, start: int, stop: int, batch: slice = slice(None)) -> dict[str, np.ndarray]:
+        """The per-token inputs of tokens ``start .. stop - 1`` (no past state)."""
+        return {
+            name: a[batch][:, :, start:stop] for name, a in self.arrays.items() if name in PER_TOKEN
+        }
+
+    def describe(self, how: str = "") -> str:
         shapes = ", ".join(f"{n} {a.shape}" for n, a in self.arrays.items())
         gate = self.arrays.get("g")
         strongest = f", g >= {float(gate.min()):.3g}" if gate is not None and gate.size else ""
-        return f"rule {self.rule}, {shapes} in {self.dtype} (state {self.state_dtype}){strongest}"
+        return (
+            f"rule {self.rule}, {shapes} in {self.dtype} (state {self.state_dtype}){strongest}{how}"
+        )
 
 
 def _as_received(kernel: KernelUnderTest, values: np.ndarray, dtype: str) -> np.ndarray:
@@ -60,23 +105,31 @@ def _as_received(kernel: KernelUnderTest, values: np.ndarray, dtype: str) -> np.
     return np.asarray(kernel.numpy(kernel.backend.asarray(values, dtype)), dtype=np.float64)
 
 
-def _draw_call(data: st.DataObject, kernel: KernelUnderTest) -> RecurrentCall:
-    claim = kernel.declaration.recurrent
-    assert claim is not None  # the property applies only to a --recurrent declaration
+def _draw_call(
+    data: st.DataObject,
+    kernel: KernelUnderTest,
+    least: int = 1,
+    batch: int | None = None,
+    lengths: tuple[int, ...] = CONTRACT_LENGTHS,
+) -> RecurrentCall:
+    """A problem of at least ``least`` tokens (and ``batch`` elements, if given); a
+    realistic one of one of ``lengths``."""
+    claim = _recurrent_claim(kernel.declaration)
     dtype = draw_dtype(data, kernel)
     state_dtype = "float64" if dtype == "float64" else "float32"
     if sizes.current().realistic:
-        length = data.draw(st.sampled_from(REALISTIC_LENGTHS), label="T")
+        length = data.draw(st.sampled_from([n for n in lengths if n >= least]), label="T")
         d_k = data.draw(st.sampled_from(REALISTIC_HEAD_DIMS), label="dk")
         d_v = data.draw(st.sampled_from(REALISTIC_HEAD_DIMS), label="dv")
         heads = data.draw(st.integers(1, 4), label="Hk")
     else:
-        length = data.draw(st.integers(1, 9), label="T")
+        length = data.draw(st.integers(least, max(least, 9)), label="T")
         d_k = data.draw(st.integers(1, 8), label="dk")
         d_v = data.draw(st.integers(1, 8), label="dv")
         heads = data.draw(st.integers(1, 2), label="Hk")
     group = data.draw(st.sampled_from((1, 2)), label="G") if kernel.declaration.gqa else 1
-    batch = data.draw(st.integers(1, 2), label="B")
+    if batch is None:
+        batch = data.draw(st.integers(1, 2), label="B")
     normalizer = data.draw(st.sampled_from(GATE_NORMALIZERS), label="gate normaliser")
     with_state = data.draw(st.booleans(), label="past state")
     # head dims up to 128 and T up to 1000: values from a seeded generator
@@ -95,58 +148,51 @@ def _draw_call(data: st.DataObject, kernel: KernelUnderTest) -> RecurrentCall:
     if claim.rule in DELTA:
         strength = 1 / (1 + np.exp(-rng.standard_normal((batch, heads, length))))
         arrays["beta"] = _as_received(kernel, strength, dtype)
-    state = rng.standard_normal((batch, heads, d_k, d_v)) if with_state else None
-    if state is not None:
+    if with_state:
+        state = rng.standard_normal((batch, heads, d_k, d_v))
         arrays["initial_state"] = _as_received(kernel, state, state_dtype)
     return RecurrentCall(arrays, claim.rule, dtype, state_dtype)
 
 
-def _failure(name: str, actual: Any, expected: Any, tolerance: Any, call: RecurrentCall) -> None:
-    with np.errstate(invalid="ignore"):
-        outside = ~(np.abs(actual - expected) <= tolerance)
-    if outside.any():
-        at = tuple(int(i) for i in np.argwhere(outside)[0])
-        raise PropertyFailure(
-            f"{name}[{at}] = {actual[at]!r}, but should be {expected[at]!r} within "
-            f"{tolerance[at]:.3g} (REC-1.2, REC-6.2); {int(outside.sum())} of {outside.size} "
-            f"elements outside [call: {call.describe()}]"
-        )
-
-
-@register("recurrent-matches-reference", "REC-6.2", applies=_recurrent_only)
-def recurrent_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
-    """The output and the final state within REC-6.2 of the float64 recurrence: the rule,
-    the gate's shape and base, beta, the default scale, the past state, query groups, the
-    output reading the updated state, incomplete last chunks and strong decay all show."""
-    claim = kernel.declaration.recurrent
-    assert claim is not None  # the property applies only to a --recurrent declaration
-    call = _draw_call(data, kernel)
+def _invoke(
+    kernel: KernelUnderTest,
+    call: RecurrentCall,
+    tokens: dict[str, np.ndarray],
+    state: np.ndarray | None,
+    how: str,
+    sequences: int | None = None,
+    **extra: Any,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's ``(out, final_state)`` for ``tokens`` from the past ``state`` (None:
+    none given), as float64 NumPy, after checking their shapes and dtypes; ``extra``
+    keywords (``cu_seqlens``, ``chunk_size``) are passed as given; ``sequences`` is the
+    number of final states (packed sequences; default the batch size)."""
     backend = kernel.backend
-    arrays = call.arrays
-    positional = tuple(backend.asarray(arrays[n], call.dtype) for n in ("q", "k", "v"))
+    positional = tuple(backend.asarray(tokens[n], call.dtype) for n in ("q", "k", "v"))
     keywords: dict[str, Any] = dict(kernel.declaration.extra_kwargs)
     for name in ("g", "beta"):
-        if name in arrays:
-            keywords[name] = backend.asarray(arrays[name], call.dtype)
-    state = arrays.get("initial_state")
+        if name in tokens:
+            keywords[name] = backend.asarray(tokens[name], call.dtype)
     keywords["initial_state"] = None if state is None else backend.asarray(state, call.state_dtype)
+    keywords.update(extra)
+    shown = call.describe(how)
     try:
         result = kernel.call_raw(positional, keywords)
     except Exception as exc:
         raise KernelRaised(
-            f"the recurrent kernel raised {type(exc).__name__}: {str(exc)[:300]} "
-            f"[call: {call.describe()}]"
+            f"the recurrent kernel raised {type(exc).__name__}: {str(exc)[:300]} [call: {shown}]"
         ) from exc
-    batch, heads, length, d_k = arrays["q"].shape
-    states, d_v = arrays["v"].shape[1], arrays["v"].shape[-1]
+    batch, heads, length, d_k = tokens["q"].shape
+    states, d_v = tokens["v"].shape[1], tokens["v"].shape[-1]
+    sequences = batch if sequences is None else sequences
     wanted = (
         ((batch, heads, length, d_v), call.dtype),
-        ((batch, states, d_k, d_v), call.state_dtype),
+        ((sequences, states, d_k, d_v), call.state_dtype),
     )
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         raise PropertyFailure(
             f"the recurrent kernel returned {type(result).__name__}, but should return "
-            f"(out, final_state) (REC-2.2) [call: {call.describe()}]"
+            f"(out, final_state) (REC-2.2) [call: {shown}]"
         )
     for name, got, (shape, dtype) in zip(("out", "final_state"), result, wanted, strict=True):
         if (
@@ -154,34 +200,188 @@ def recurrent_matches_reference(kernel: KernelUnderTest, data: st.DataObject) ->
             or tuple(got.shape) != shape
             or got.dtype != backend.dtype(dtype)
         ):
-            shown = (
+            what = (
                 f"shape {tuple(got.shape)}, dtype {got.dtype}"
                 if backend.is_array(got)
                 else type(got).__name__
             )
             raise PropertyFailure(
-                f"the recurrent kernel's {name} has {shown}, but should have shape {shape} "
-                f"and dtype {dtype} (REC-1.1, REC-4.2, REC-4.3) [call: {call.describe()}]"
+                f"the recurrent kernel's {name} has {what}, but should have shape {shape} "
+                f"and dtype {dtype} (REC-1.1, REC-4.2, REC-4.3) [call: {shown}]"
             )
-    bound = recurrent_error_bound(
-        arrays["q"],
-        arrays["k"],
-        arrays["v"],
+    return kernel.numpy(result[0]), kernel.numpy(result[1])
+
+
+def _bound(
+    kernel: KernelUnderTest,
+    call: RecurrentCall,
+    tokens: dict[str, np.ndarray],
+    state: np.ndarray | None,
+    chunk_size: int | None = None,
+) -> RecurrentBound:
+    """REC-6.2 for one run of ``tokens`` from ``state``, for the declared chunk size (or
+    ``chunk_size``) and operand precision."""
+    claim = _recurrent_claim(kernel.declaration)
+    return recurrent_error_bound(
+        tokens["q"],
+        tokens["k"],
+        tokens["v"],
         dtype=call.dtype,
         rule=call.rule,
-        g=arrays.get("g"),
-        beta=arrays.get("beta"),
+        g=tokens.get("g"),
+        beta=tokens.get("beta"),
         initial_state=state,
-        chunk_size=claim.chunk_size,
+        chunk_size=claim.chunk_size if chunk_size is None else chunk_size,
         operands_in_input_dtype=claim.rounded_operands,
     )
-    _failure(
-        "out", kernel.numpy(result[0]), np.asarray(bound.out), np.asarray(bound.out_tolerance), call
+
+
+def _judge(
+    results: tuple[np.ndarray, np.ndarray],
+    bound: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    clauses: str,
+    shown: str,
+) -> None:
+    """PropertyFailure at the first element of out or final_state outside the bound."""
+    out, out_tolerance, state, state_tolerance = bound
+    for name, actual, expected, tolerance in (
+        ("out", results[0], out, out_tolerance),
+        ("final_state", results[1], state, state_tolerance),
+    ):
+        with np.errstate(invalid="ignore"):
+            outside = ~(np.abs(actual - expected) <= tolerance)
+        if outside.any():
+            at = tuple(int(i) for i in np.argwhere(outside)[0])
+            raise PropertyFailure(
+                f"{name}[{at}] = {actual[at]!r}, but should be {expected[at]!r} within "
+                f"{tolerance[at]:.3g} ({clauses}, REC-6.2); {int(outside.sum())} of "
+                f"{outside.size} elements outside [call: {shown}]"
+            )
+
+
+def _whole(bound: RecurrentBound) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    return tuple(  # type: ignore[return-value]
+        np.asarray(a)
+        for a in (bound.out, bound.out_tolerance, bound.final_state, bound.final_state_tolerance)
     )
-    _failure(
-        "final_state",
-        kernel.numpy(result[1]),
-        np.asarray(bound.final_state),
-        np.asarray(bound.final_state_tolerance),
-        call,
+
+
+@register("recurrent-matches-reference", "REC-6.2", applies=_recurrent_only)
+def recurrent_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """The output and the final state within REC-6.2 of the float64 recurrence: the rule,
+    the gate's shape and base, beta, the default scale, the past state, query groups, the
+    output reading the updated state, incomplete last chunks and strong decay all show."""
+    call = _draw_call(data, kernel, lengths=REALISTIC_LENGTHS)
+    tokens, state = call.tokens(0, call.length), call.arrays.get("initial_state")
+    results = _invoke(kernel, call, tokens, state, "")
+    _judge(results, _whole(_bound(kernel, call, tokens, state)), "REC-1.2", call.describe())
+
+
+def _in_pieces(
+    kernel: KernelUnderTest, call: RecurrentCall, cuts: Sequence[int], how: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """One run cut at ``cuts``: each call starts from the final state the previous call
+    returned (the first from the problem's past state), its outputs joined along T."""
+    state = call.arrays.get("initial_state")
+    outs = []
+    edges = [0, *cuts, call.length]
+    for start, stop in itertools.pairwise(edges):
+        out, state = _invoke(
+            kernel, call, call.tokens(start, stop), state, f"{how}; tokens {start}..{stop - 1}"
+        )
+        outs.append(out)
+    assert state is not None  # at least one piece ran
+    return np.concatenate(outs, axis=2), state
+
+
+def _draw_cut(data: st.DataObject, length: int, label: str) -> int:
+    """A token index in 1 .. T - 1: at and around chunk edges in a realistic run."""
+    if sizes.current().realistic:
+        cuts = [c for c in (*REALISTIC_CUTS, length - 1) if 1 <= c < length]
+        return data.draw(st.sampled_from(cuts), label=label)
+    return data.draw(st.integers(1, length - 1), label=label)
+
+
+@register("recurrent-state-passing", "REC-2.2", applies=_recurrent_only)
+def recurrent_state_passing(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """REC-2.2: tokens 0 .. s-1 in one call, then tokens s .. T-1 in a second from the
+    final state the first returned, give the outputs and the final state of one run over
+    all T tokens (within REC-6.2 of the float64 run), with and without a past state: a
+    state not returned, not read, or read twice, and a last chunk that pads with tokens
+    that still update the state, all show."""
+    call = _draw_call(data, kernel, least=2)
+    split = _draw_cut(data, call.length, "split at")
+    how = f"; split at token {split}"
+    results = _in_pieces(kernel, call, [split], how)
+    bound = _bound(kernel, call, call.tokens(0, call.length), call.arrays.get("initial_state"))
+    _judge(results, _whole(bound), "REC-2.2", call.describe(how))
+
+
+@register("recurrent-decode", "REC-2.2", applies=_recurrent_only)
+def recurrent_decode(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """REC-2.2: a prefill of T - n tokens, then n one-token decode steps (n <= 3), each
+    from the state the previous call returned, give the last n output rows and the final
+    state of one run over all T tokens: a decode path that skips the gate, reads the state
+    before the update or ignores the state it is given shows."""
+    call = _draw_call(data, kernel, least=2)
+    steps = data.draw(st.integers(1, min(3, call.length - 1)), label="decode steps")
+    prefill = call.length - steps
+    how = f"; prefill of {prefill} tokens, then {steps} decode step(s)"
+    results = _in_pieces(kernel, call, range(prefill, call.length), how)
+    bound = _bound(kernel, call, call.tokens(0, call.length), call.arrays.get("initial_state"))
+    _judge(results, _whole(bound), "REC-2.2", call.describe(how))
+
+
+@register("recurrent-varlen", "REC-3.3", applies=_takes_cu_seqlens)
+def recurrent_varlen(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """REC-3.3: N sequences packed into one batch element with ``cu_seqlens`` (empty ones
+    among them) and past states ``(N, Hs, dk, dv)``: each sequence's output rows and final
+    state are those of its own run from its own past state (within REC-6.2); a state
+    carried across a boundary, or offsets ignored, shows."""
+    call = _draw_call(data, kernel, batch=1)
+    cuts = sorted(
+        data.draw(st.lists(st.integers(0, call.length), max_size=3), label="packed boundaries")
     )
+    offsets = [0, *cuts, call.length]
+    sequences = len(offsets) - 1
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="states seed"))
+    states = None
+    if "initial_state" in call.arrays:
+        d_k, d_v = call.arrays["initial_state"].shape[-2:]
+        shape = (sequences, call.arrays["initial_state"].shape[1], d_k, d_v)
+        states = _as_received(kernel, rng.standard_normal(shape), call.state_dtype)
+    how = f"; packed, cu_seqlens {offsets}"
+    cu_seqlens = kernel.backend.asarray(np.asarray(offsets, dtype=np.int32))
+    results = _invoke(
+        kernel, call, call.tokens(0, call.length), states, how, sequences, cu_seqlens=cu_seqlens
+    )
+    parts = [
+        _whole(
+            _bound(
+                kernel,
+                call,
+                call.tokens(start, stop),
+                None if states is None else states[b : b + 1],
+            )
+        )
+        for b, (start, stop) in enumerate(itertools.pairwise(offsets))
+    ]
+    out, out_tolerance, final, final_tolerance = (
+        np.concatenate([part[i] for part in parts], axis=2 if i < 2 else 0) for i in range(4)
+    )
+    _judge(results, (out, out_tolerance, final, final_tolerance), "REC-3.3", call.describe(how))
+
+
+@register("recurrent-chunk-size", "REC-5.1", applies=_takes_chunk_sizes)
+def recurrent_chunk_size(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """REC-5.1: called with every chunk size it declares (``chunk_size=``), the kernel's
+    output and final state are within REC-6.2 (for that chunk size) of the one float64
+    run, so within twice the bound of each other: a path of one chunk size that drops
+    the incomplete last chunk, or applies a gate twice at a chunk edge, shows."""
+    call = _draw_call(data, kernel)
+    tokens, state = call.tokens(0, call.length), call.arrays.get("initial_state")
+    for size in _recurrent_claim(kernel.declaration).chunk_sizes:
+        how = f"; chunk_size={size}"
+        results = _invoke(kernel, call, tokens, state, how, chunk_size=size)
+        bound = _bound(kernel, call, tokens, state, chunk_size=size)
+        _judge(results, _whole(bound), "REC-5.1", call.describe(how))
