@@ -252,6 +252,7 @@ def _declarations() -> list[KernelDeclaration]:
         KernelDeclaration(mla=MlaClaim()),
         KernelDeclaration(recurrent=RecurrentClaim()),
         KernelDeclaration(recurrent=RecurrentClaim("gated", "channel", 1, True)),
+        KernelDeclaration(recurrent=RecurrentClaim(varlen=True, chunk_sizes=(16, 32))),
     ]
     return declarations
 

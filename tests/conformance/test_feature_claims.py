@@ -16,7 +16,7 @@ import pytest
 from support import run_main
 
 from attnspec.backends import Backend
-from attnspec.conformance import KernelDeclaration, cli
+from attnspec.conformance import KernelDeclaration, RecurrentClaim, cli
 from attnspec.conformance.call.problem import Problem
 from attnspec.conformance.claims.flags import UsageError
 from attnspec.conformance.claims.table import claim_features, claims_from, suite_keywords
@@ -106,6 +106,10 @@ def kernels(tmp_path: Path) -> Path:
             {"dropout_seed_keyword": "rng_seed", "dropout": True},
         ),
         (["--no-dropout-seeded", "--dropout"], {"dropout_seeded": False, "dropout": True}),
+        (
+            ["--recurrent", "delta", "--recurrent-varlen", "--recurrent-chunk-sizes", "16,32"],
+            {"recurrent": RecurrentClaim("delta", varlen=True, chunk_sizes=(16, 32))},
+        ),
     ],
 )
 def test_feature_flags_set_their_claims(flags: list[str], expected: dict[str, Any]) -> None:
