@@ -30,7 +30,8 @@ class Features:
 
 def press_slopes(n_heads: int) -> np.ndarray:
     """ALIBI-3 written from the clause: 2^(-8(h+1)/H) for H a power of two; else those of
-    the largest power of two P below H, then every other slope of 2P."""
+    the largest power of two P below H, then every other slope of 2P; exact in float64,
+    as the clause defines them (a kernel rounds them to the dtype it computes in)."""
 
     def geometric(n: int) -> list[float]:
         return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
@@ -39,7 +40,7 @@ def press_slopes(n_heads: int) -> np.ndarray:
     slopes = geometric(power)
     if power < n_heads:
         slopes += geometric(2 * power)[0::2][: n_heads - power]
-    return np.asarray(slopes, dtype=np.float32)
+    return np.asarray(slopes, dtype=np.float64)
 
 
 def distance(n_queries: int, n_keys: int, alignment: str) -> np.ndarray:

@@ -213,9 +213,11 @@ def draw_softcap(data: st.DataObject) -> float:
 
 
 def draw_alibi_slopes(data: st.DataObject, kernel: KernelUnderTest, dims: Dims) -> np.ndarray:
-    """Slopes of ALIBI-1: the standard ones (ALIBI-3) for a kernel that computes its own;
-    otherwise ``(Hq,)`` or ``(*batch, Hq)``, standard slopes times a factor or uniform
-    ones, as float64 values exact in float32 (the dtype the suite passes them in)."""
+    """Slopes of ALIBI-1: the standard ones (ALIBI-3) for a kernel that computes its own,
+    exact in float64 (ALIBI-3 defines the values, not their float32 roundings: a float64
+    kernel must not be judged against float32 slopes); otherwise ``(Hq,)`` or
+    ``(*batch, Hq)``, standard slopes times a factor or uniform ones, as float64 values
+    exact in float32 (the dtype the suite passes them in)."""
     n_heads = dims.n_q_heads
     standard = np.asarray(_standard(n_heads), dtype=np.float64)
     if kernel.declaration.alibi_builtin_slopes:
@@ -231,7 +233,7 @@ def draw_alibi_slopes(data: st.DataObject, kernel: KernelUnderTest, dims: Dims) 
 
 
 def _standard(n_heads: int) -> list[float]:
-    return [float(s) for s in standard_slopes(n_heads, xp=np_namespace)]
+    return [float(s) for s in standard_slopes(n_heads, xp=np_namespace, dtype=np_namespace.float64)]
 
 
 def with_claimed_features(
