@@ -32,14 +32,39 @@ from ...backends import Backend
 from ...reference._checks import check_choice, namespace_of, require_ndim_at_least
 from ..claims.declaration import ATTRIBUTE, declaration_of, infer_declaration, known_declaration
 
-LAYOUTS = ("bhld", "blhd")
-SPEC_KEYWORDS = ("mask", "bias", "is_causal", "scale")
+LAYOUTS = ("bhld", "blhd", "packed")
+# the recurrences' keywords (REC-1.1, REC-2.2, REC-3.3) besides the dense ones
+RECURRENT_KEYWORDS = ("g", "beta", "initial_state", "cu_seqlens", "chunk_size")
+SPEC_KEYWORDS = ("mask", "bias", "is_causal", "scale", *RECURRENT_KEYWORDS)
 CACHE_KEYWORDS = ("k", "v")  # arrays passed by keyword that are laid out like q, k, v
+# a recurrence's per-token gate and beta: (..., H, T) or, a gate per key channel, (..., H, T, dk)
+TOKEN_KEYWORDS = ("g", "beta")
+PACKED_HEAD_COUNTS = ("q_num_heads", "kv_num_heads")  # ONNX's attributes, as keywords
 
 
 def _swap_heads_and_length(xp: Any, x: Any) -> Any:
     n = x.ndim
     return xp.permute_dims(x, (*range(n - 3), n - 2, n - 3, n - 1))
+
+
+def _tokens_first(xp: Any, x: Any, q_ndim: int) -> Any:
+    """A per-token keyword (TOKEN_KEYWORDS) with its tokens before its heads: ``(..., H, T)``
+    -> ``(..., T, H)``, ``(..., H, T, dk)`` -> ``(..., T, H, dk)``."""
+    if x.ndim == q_ndim - 1:
+        return xp.permute_dims(x, (*range(x.ndim - 2), x.ndim - 1, x.ndim - 2))
+    return _swap_heads_and_length(xp, x)
+
+
+def _packed_heads(xp: Any, x: Any) -> Any:
+    """``(..., H, L, d)`` -> ``(..., L, H * d)``: ONNX's 3-D inputs."""
+    swapped = _swap_heads_and_length(xp, x)
+    return xp.reshape(swapped, (*swapped.shape[:-2], swapped.shape[-2] * swapped.shape[-1]))
+
+
+def _unpacked_heads(xp: Any, x: Any, width: int, heads: int) -> Any:
+    """``(..., L, H * width)`` -> ``(..., H, L, width)`` (``heads`` where ``width`` is 0)."""
+    heads = x.shape[-1] // width if width else heads
+    return _swap_heads_and_length(xp, xp.reshape(x, (*x.shape[:-1], heads, width)))
 
 
 def _describe(fn: Callable[..., Any]) -> str:
@@ -67,6 +92,10 @@ def from_blhd(fn: Callable[..., Any], /, **claims: Any) -> Callable[..., Any]:
             name: _swap_heads_and_length(xp, a) if name in CACHE_KEYWORDS else a
             for name, a in kwargs.items()
         }
+        # and a recurrence's gate and beta (REC-1.1: flash-linear-attention's (B, T, H))
+        for name in TOKEN_KEYWORDS:
+            if kwargs.get(name) is not None:
+                kwargs[name] = _tokens_first(xp, kwargs[name], q.ndim)
         result = fn(*(_swap_heads_and_length(xp, a) for a in (q, k, v)), *args, **kwargs)
         if isinstance(result, (tuple, list)):  # (out, weights): weights are already spec
             return (_swap_heads_and_length(xp, result[0]), *result[1:])
@@ -79,14 +108,60 @@ def from_blhd(fn: Callable[..., Any], /, **claims: Any) -> Callable[..., Any]:
     return spec_layout
 
 
+def from_packed(fn: Callable[..., Any], /, **claims: Any) -> Callable[..., Any]:
+    """Wrap a kernel taking ONNX's 3-D inputs into the spec's layout: q, k and v as
+    ``(..., L, H * E)`` with the head counts as keywords ``q_num_heads`` and
+    ``kv_num_heads`` (the attributes of ONNX's ``Attention`` and ``LinearAttention``), a
+    recurrence's per-head gate and beta as ``(..., T, H)`` and a per-key-channel gate as
+    ``(..., T, H * dk)``; the output ``(..., L, Ho * Ev)`` is unpacked (Ho from its width),
+    anything else it returns (a final state, weights) is passed back as it is.
+    """
+    declaration = declaration_of(fn, **claims)
+    call = f"from_packed({_describe(fn)})(q, k, v)"
+
+    @functools.wraps(fn)
+    def spec_layout(q: Any, k: Any, v: Any, /, *args: Any, **kwargs: Any) -> Any:
+        xp = namespace_of(call, q=q, k=k, v=v)
+        require_ndim_at_least(call, "SDPA-1.1", 3, "(..., H, L, E)", q=q, k=k, v=v)
+        for name in TOKEN_KEYWORDS:
+            a = kwargs.get(name)
+            if a is not None:
+                laid = _tokens_first(xp, a, q.ndim)
+                kwargs[name] = (
+                    laid
+                    if a.ndim < q.ndim
+                    else xp.reshape(laid, (*laid.shape[:-2], laid.shape[-2] * laid.shape[-1]))
+                )
+        kwargs.update(zip(PACKED_HEAD_COUNTS, (q.shape[-3], k.shape[-3]), strict=True))
+        result = fn(*(_packed_heads(xp, a) for a in (q, k, v)), *args, **kwargs)
+        out = result[0] if isinstance(result, (tuple, list)) else result
+        out = _unpacked_heads(xp, out, v.shape[-1], q.shape[-3])
+        return (out, *result[1:]) if isinstance(result, (tuple, list)) else out
+
+    spec_layout.__name__ = f"from_packed({getattr(fn, '__name__', 'kernel')})"
+    spec_layout.__qualname__ = f"from_packed({_describe(fn)})"
+    try:  # the signature the suite binds: without the head counts the wrapper passes
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        pass
+    else:
+        kept = [p for n, p in signature.parameters.items() if n not in PACKED_HEAD_COUNTS]
+        spec_layout.__signature__ = signature.replace(parameters=kept)  # type: ignore[attr-defined]
+    setattr(spec_layout, ATTRIBUTE, declaration)
+    return spec_layout
+
+
 def from_layout(fn: Callable[..., Any], layout: str, /, **claims: Any) -> Callable[..., Any]:
-    """``fn`` adapted from ``layout`` ("bhld": the spec's own, "blhd": see :func:`from_blhd`).
+    """``fn`` adapted from ``layout`` ("bhld": the spec's own, "blhd": see :func:`from_blhd`,
+    "packed": see :func:`from_packed`).
 
     With "bhld" and no claims, ``fn`` itself is returned.
     """
     check_choice("layout", layout, LAYOUTS, "from_layout(fn, layout)", "SDPA-1.1")
     if layout == "blhd":
         return from_blhd(fn, **claims)
+    if layout == "packed":
+        return from_packed(fn, **claims)
     if not claims:
         return fn
 

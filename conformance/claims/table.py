@@ -60,7 +60,7 @@ __all__ = [
     "suite_keywords",
 ]
 
-LAYOUTS = ("bhld", "blhd")
+LAYOUTS = ("bhld", "blhd", "packed")
 
 
 @dataclass(frozen=True)
@@ -831,14 +831,15 @@ CLAIM_FLAGS: tuple[Flag, ...] = tuple(flag for claim in CLAIMS for flag in claim
 SETUP_FLAGS: tuple[Flag, ...] = (
     Flag(
         "--layout",
-        "the kernel's array layout: bhld (the spec's, default) or blhd "
-        "(JAX/FlashAttention (..., L, H, E))",
+        "the kernel's array layout: bhld (the spec's, default), blhd "
+        "(JAX/FlashAttention/flash-linear-attention (..., L, H, E)) or packed "
+        "(ONNX's (..., L, H * E) with q_num_heads=, kv_num_heads=)",
         choices=LAYOUTS,
     ),
     Flag(
         "--rename",
         "the kernel takes a spec keyword under another name, e.g. "
-        "is_causal=causal, scale=softmax_scale",
+        "is_causal=causal, scale=softmax_scale, g=decay, initial_state=past_state",
         kind="list",
         metavar="SPEC=KERNEL",
     ),

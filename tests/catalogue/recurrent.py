@@ -416,3 +416,68 @@ DECLARED_CONTRACT_BUGS = tuple(
 )
 globals().update({fn.__name__: fn for fn in DECLARED_BUGS})
 globals().update({fn.__name__: fn for fn, _ in DECLARED_CONTRACT_BUGS})
+
+
+def _heads_first(a: Any) -> Any:
+    """(B, T, H, ...) -> (B, H, T, ...), None as it is."""
+    return None if a is None else np.swapaxes(np.asarray(a), 1, 2)
+
+
+def fla_convention(
+    q: Array,
+    k: Array,
+    v: Array,
+    g: Any = None,
+    beta: Any = None,
+    scale: Any = None,
+    initial_state: Any = None,
+    output_final_state: bool = False,
+    cu_seqlens: Any = None,
+) -> tuple[Array, Any]:
+    """The token kernel in flash-linear-attention's convention (``chunk_gated_delta_rule``):
+    q, k, v ``(B, T, H, K)``, g and beta ``(B, T, H)``, ``initial_state (N, H, K, V)``, the
+    final state only with ``output_final_state=True``, packed sequences as ``B = 1`` and
+    ``cu_seqlens``.  Checked with ``--layout blhd --kwarg output_final_state=True``."""
+    arguments = {n: _heads_first(a) for n, a in (("q", q), ("k", k), ("v", v), ("g", g))}
+    arguments.update(beta=_heads_first(beta), rule="gated_delta", scale=scale)
+    arguments["initial_state"] = initial_state
+    if cu_seqlens is None:
+        out, state = _token(**arguments)
+    else:
+        out, state = _packed(_token, cu_seqlens, None, **arguments)
+    final = state.astype(np.float32) if output_final_state else None
+    return np.swapaxes(out, 1, 2).astype(q.dtype), final
+
+
+def onnx_convention(
+    query: Array,
+    key: Array,
+    value: Array,
+    past_state: Any = None,
+    decay: Any = None,
+    beta: Any = None,
+    *,
+    q_num_heads: int,
+    kv_num_heads: int,
+) -> tuple[Array, Array]:
+    """The token kernel in the convention of ONNX's ``LinearAttention`` (``gated_delta``,
+    per-head decay): ``(B, T, H * d)`` inputs with the head counts as ``q_num_heads`` and
+    ``kv_num_heads``, ``decay`` and ``beta`` ``(B, T, H)``, ``past_state (B, H, dk, dv)``;
+    returns ``(output (B, T, Hq * dv), present_state)``.  Checked with ``--layout packed
+    --rename g=decay --rename initial_state=past_state``."""
+
+    def unpacked(a: Array, heads: int) -> Array:
+        b, t, width = a.shape
+        return np.swapaxes(np.asarray(a).reshape(b, t, heads, width // heads), 1, 2)
+
+    out, state = _token(
+        unpacked(query, q_num_heads),
+        unpacked(key, kv_num_heads),
+        unpacked(value, kv_num_heads),
+        rule="gated_delta",
+        g=_heads_first(decay),
+        beta=_heads_first(beta),
+        initial_state=past_state,
+    )
+    b, heads, t, d_v = out.shape
+    return np.swapaxes(out, 1, 2).reshape(b, t, heads * d_v).astype(query.dtype), state

@@ -75,3 +75,34 @@ def test_contract_properties_pass_the_correct_kernels_over_seeds(seed: int) -> N
     for fn in catalogue.DECLARED_CORRECT:
         statuses = _statuses(fn, contracts, seed)
         assert {statuses[p] for p in contracts} == {"passed"}, (fn.__name__, seed, statuses)
+
+
+def test_library_conventions_are_checked_with_a_declaration() -> None:
+    """REC-1.1, REC-2.2, REC-3.3, REC-6.2: a kernel in flash-linear-attention's convention
+    ((B, T, H, K), g and beta (B, T, H), output_final_state=True, cu_seqlens with B = 1) is
+    checked with --layout blhd and one --kwarg, one in ONNX LinearAttention's ((B, T, H * d)
+    with q_num_heads and kv_num_heads, decay, past_state) with --layout packed and two
+    --rename: every recurrence property that applies passes, and the declaration matters
+    (the fla kernel called in the spec's own layout fails)."""
+    from attnspec.conformance import RecurrentClaim
+
+    properties = RECURRENT_PROPERTIES[:3] + RECURRENT_PROPERTIES[4:]
+    fla = {
+        "recurrent": RecurrentClaim("gated_delta", chunk_size=1, varlen=True),
+        "extra_kwargs": {"output_final_state": True},
+        "dtypes": ("float16", "float32"),
+    }
+    statuses = _checked(catalogue.fla_convention, layout="blhd", **fla)
+    assert {statuses[p] for p in properties} == {"passed"}, statuses
+    onnx = {**fla, "recurrent": RecurrentClaim("gated_delta", chunk_size=1), "gqa": True}
+    del onnx["extra_kwargs"]
+    rename = {"g": "decay", "initial_state": "past_state"}
+    statuses = _checked(catalogue.onnx_convention, layout="packed", rename=rename, **onnx)
+    assert {statuses[p] for p in properties if p != "recurrent-varlen"} == {"passed"}, statuses
+    statuses = _checked(catalogue.fla_convention, **fla)
+    assert statuses["recurrent-matches-reference"] == "failed", statuses
+
+
+def _checked(fn: object, **options: object) -> dict[str, str]:
+    report = check(fn, backend="numpy", profile="quick", seed=0, **options)  # type: ignore[arg-type]
+    return {v.property: v.status for v in report.verdicts}

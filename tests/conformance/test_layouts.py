@@ -4,6 +4,7 @@ FlashAttention way are checked against the spec's layout (SDPA-1.1) unchanged.""
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from typing import Any
 
@@ -277,3 +278,52 @@ def test_jax_dot_product_attention_empty_rows_are_reported_as_sdpa_5_1() -> None
     report = assert_conforms(kernel, backend="jax", only=["empty-rows-zero"], empty_rows_zero=False)
     assert [v.status for v in report.verdicts] == [WAIVED]
     assert report.waived == ["SDPA-5.1"]
+
+
+def test_packed_and_tokens_first_layouts_of_a_recurrence() -> None:
+    """REC-1.1: ``from_packed`` hands a kernel ONNX's ``(B, T, H * d)`` arrays, a per-head gate
+    and beta as ``(B, T, H)``, a per-key-channel gate as ``(B, T, H * dk)`` and the head counts
+    as ``q_num_heads`` / ``kv_num_heads`` (which its signature then hides), and unpacks the
+    output; ``from_blhd`` hands over ``(B, T, H, d)``, ``(B, T, H)`` and ``(B, T, H, dk)``. The
+    final state passes through unchanged in both."""
+    from attnspec.conformance.call.layouts import from_packed
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 4, 5, n)) for n in (3, 3, 6))
+    per_head, per_channel, state = (rng.standard_normal(s) for s in ((2, 4, 5), (2, 4, 5, 3), (1,)))
+    seen: dict[str, Any] = {}
+
+    def packed(
+        query: Any,
+        key: Any,
+        value: Any,
+        *,
+        g: Any,
+        beta: Any,
+        q_num_heads: int,
+        kv_num_heads: int,
+        initial_state: Any = None,
+    ) -> tuple[Any, Any]:
+        seen.update(q=query, g=g, beta=beta, heads=(q_num_heads, kv_num_heads))
+        return value * 2, initial_state
+
+    wrapped = from_packed(packed)
+    assert "q_num_heads" not in str(inspect.signature(wrapped))
+    out, final = wrapped(q, k, v, g=per_channel, beta=per_head, initial_state=state)
+    np.testing.assert_array_equal(seen["q"], np.swapaxes(q, 1, 2).reshape(2, 5, 12))
+    np.testing.assert_array_equal(seen["g"], np.swapaxes(per_channel, 1, 2).reshape(2, 5, 12))
+    np.testing.assert_array_equal(seen["beta"], np.swapaxes(per_head, 1, 2))
+    assert seen["heads"] == (4, 4) and final is state
+    np.testing.assert_array_equal(out, v * 2)
+
+    def tokens_first(
+        query: Any, key: Any, value: Any, *, g: Any, beta: Any, initial_state: Any = None
+    ) -> tuple[Any, Any]:
+        seen.update(q=query, g=g, beta=beta)
+        return value * 2, initial_state
+
+    out, final = from_blhd(tokens_first)(q, k, v, g=per_channel, beta=per_head, initial_state=state)
+    np.testing.assert_array_equal(seen["g"], np.swapaxes(per_channel, 1, 2))
+    np.testing.assert_array_equal(seen["beta"], np.swapaxes(per_head, 1, 2))
+    assert final is state
+    np.testing.assert_array_equal(out, v * 2)
