@@ -71,41 +71,63 @@ def _describe(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
+# What a layout wrapper does on each call: (xp, q, k, v, args, kwargs) -> the result.
+Relayout = Callable[[Any, Any, Any, Any, tuple[Any, ...], dict[str, Any]], Any]
+
+
+def _relaid(
+    fn: Callable[..., Any], wrapper: str, claims: dict[str, Any], relayout: Relayout
+) -> Callable[..., Any]:
+    """``fn`` behind ``relayout``, named ``wrapper(fn)`` (so a report never presents the
+    wrapper as the raw kernel) and declared as ``fn`` updated by ``claims``."""
+    declaration = declaration_of(fn, **claims)
+    call = f"{wrapper}({_describe(fn)})(q, k, v)"
+
+    @functools.wraps(fn)
+    def spec_layout(q: Any, k: Any, v: Any, /, *args: Any, **kwargs: Any) -> Any:
+        xp = namespace_of(call, q=q, k=k, v=v)
+        require_ndim_at_least(call, "SDPA-1.1", 3, "(..., H, L, E)", q=q, k=k, v=v)
+        return relayout(xp, q, k, v, args, kwargs)
+
+    spec_layout.__name__ = f"{wrapper}({getattr(fn, '__name__', 'kernel')})"
+    spec_layout.__qualname__ = f"{wrapper}({_describe(fn)})"
+    setattr(spec_layout, ATTRIBUTE, declaration)
+    return spec_layout
+
+
+def _first_result(result: Any, relaid: Callable[[Any], Any]) -> Any:
+    """``result`` with its output (``result`` itself, or its first element) relaid; the
+    rest of a tuple (weights, a final state) is already in the spec's layout."""
+    if isinstance(result, (tuple, list)):
+        return (relaid(result[0]), *result[1:])
+    return relaid(result)
+
+
 def from_blhd(fn: Callable[..., Any], /, **claims: Any) -> Callable[..., Any]:
     """Wrap a kernel taking and returning ``(..., L, H, E)`` arrays into the spec's layout.
 
     The wrapper transposes q, k and v to ``(..., L, H, E)``, calls ``fn`` with every
     other argument unchanged, and transposes the output back to ``(..., Hq, Lq, Ev)``.
     Masks and biases keep the spec's ``(..., H, Lq, Lk)`` layout (the one JAX uses too);
-    when ``fn`` returns a tuple ``(out, weights, ...)`` only ``out`` is transposed.
-    ``claims`` update the wrapped kernel's declaration (e.g. ``gqa=True``).
+    when ``fn`` returns a tuple ``(out, weights, ...)`` only ``out`` is transposed.  A
+    recurrence's gate and beta become ``(..., T, H)`` (``(..., T, H, dk)`` per key
+    channel), as flash-linear-attention takes them.  ``claims`` update the wrapped
+    kernel's declaration (e.g. ``gqa=True``).
     """
-    declaration = declaration_of(fn, **claims)
-    call = f"from_blhd({_describe(fn)})(q, k, v)"
 
-    @functools.wraps(fn)
-    def spec_layout(q: Any, k: Any, v: Any, /, *args: Any, **kwargs: Any) -> Any:
-        xp = namespace_of(call, q=q, k=k, v=v)
-        require_ndim_at_least(call, "SDPA-1.1", 3, "(..., H, L, E)", q=q, k=k, v=v)
+    def relayout(xp: Any, q: Any, k: Any, v: Any, args: tuple[Any, ...], kwargs: Any) -> Any:
         # a KV-cache call's new keys and values (KVCACHE-1) follow the layout too
         kwargs = {
             name: _swap_heads_and_length(xp, a) if name in CACHE_KEYWORDS else a
             for name, a in kwargs.items()
         }
-        # and a recurrence's gate and beta (REC-1.1: flash-linear-attention's (B, T, H))
         for name in TOKEN_KEYWORDS:
             if kwargs.get(name) is not None:
                 kwargs[name] = _tokens_first(xp, kwargs[name], q.ndim)
         result = fn(*(_swap_heads_and_length(xp, a) for a in (q, k, v)), *args, **kwargs)
-        if isinstance(result, (tuple, list)):  # (out, weights): weights are already spec
-            return (_swap_heads_and_length(xp, result[0]), *result[1:])
-        return _swap_heads_and_length(xp, result)
+        return _first_result(result, lambda out: _swap_heads_and_length(xp, out))
 
-    # A distinct name, so a report never presents the wrapper as the raw BLHD kernel.
-    spec_layout.__name__ = f"from_blhd({getattr(fn, '__name__', 'kernel')})"
-    spec_layout.__qualname__ = f"from_blhd({_describe(fn)})"
-    setattr(spec_layout, ATTRIBUTE, declaration)
-    return spec_layout
+    return _relaid(fn, "from_blhd", claims, relayout)
 
 
 def from_packed(fn: Callable[..., Any], /, **claims: Any) -> Callable[..., Any]:
@@ -116,13 +138,8 @@ def from_packed(fn: Callable[..., Any], /, **claims: Any) -> Callable[..., Any]:
     ``(..., T, H * dk)``; the output ``(..., L, Ho * Ev)`` is unpacked (Ho from its width),
     anything else it returns (a final state, weights) is passed back as it is.
     """
-    declaration = declaration_of(fn, **claims)
-    call = f"from_packed({_describe(fn)})(q, k, v)"
 
-    @functools.wraps(fn)
-    def spec_layout(q: Any, k: Any, v: Any, /, *args: Any, **kwargs: Any) -> Any:
-        xp = namespace_of(call, q=q, k=k, v=v)
-        require_ndim_at_least(call, "SDPA-1.1", 3, "(..., H, L, E)", q=q, k=k, v=v)
+    def relayout(xp: Any, q: Any, k: Any, v: Any, args: tuple[Any, ...], kwargs: Any) -> Any:
         for name in TOKEN_KEYWORDS:
             a = kwargs.get(name)
             if a is not None:
@@ -134,20 +151,15 @@ def from_packed(fn: Callable[..., Any], /, **claims: Any) -> Callable[..., Any]:
                 )
         kwargs.update(zip(PACKED_HEAD_COUNTS, (q.shape[-3], k.shape[-3]), strict=True))
         result = fn(*(_packed_heads(xp, a) for a in (q, k, v)), *args, **kwargs)
-        out = result[0] if isinstance(result, (tuple, list)) else result
-        out = _unpacked_heads(xp, out, v.shape[-1], q.shape[-3])
-        return (out, *result[1:]) if isinstance(result, (tuple, list)) else out
+        return _first_result(result, lambda out: _unpacked_heads(xp, out, v.shape[-1], q.shape[-3]))
 
-    spec_layout.__name__ = f"from_packed({getattr(fn, '__name__', 'kernel')})"
-    spec_layout.__qualname__ = f"from_packed({_describe(fn)})"
+    spec_layout = _relaid(fn, "from_packed", claims, relayout)
     try:  # the signature the suite binds: without the head counts the wrapper passes
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
-        pass
-    else:
-        kept = [p for n, p in signature.parameters.items() if n not in PACKED_HEAD_COUNTS]
-        spec_layout.__signature__ = signature.replace(parameters=kept)  # type: ignore[attr-defined]
-    setattr(spec_layout, ATTRIBUTE, declaration)
+        return spec_layout
+    kept = [p for n, p in signature.parameters.items() if n not in PACKED_HEAD_COUNTS]
+    spec_layout.__signature__ = signature.replace(parameters=kept)  # type: ignore[attr-defined]
     return spec_layout
 
 

@@ -294,18 +294,10 @@ def test_packed_and_tokens_first_layouts_of_a_recurrence() -> None:
     seen: dict[str, Any] = {}
 
     def packed(
-        query: Any,
-        key: Any,
-        value: Any,
-        *,
-        g: Any,
-        beta: Any,
-        q_num_heads: int,
-        kv_num_heads: int,
-        initial_state: Any = None,
+        query: Any, key: Any, value: Any, *, q_num_heads: int, kv_num_heads: int, **more: Any
     ) -> tuple[Any, Any]:
-        seen.update(q=query, g=g, beta=beta, heads=(q_num_heads, kv_num_heads))
-        return value * 2, initial_state
+        seen.update(q=query, g=more["g"], beta=more["beta"], heads=(q_num_heads, kv_num_heads))
+        return value * 2, more["initial_state"]
 
     wrapped = from_packed(packed)
     assert "q_num_heads" not in str(inspect.signature(wrapped))
