@@ -483,3 +483,26 @@ dropout_ignores_seed = _dropout_bug(
     "Takes seed= but draws from a module-level generator, so a seed reproduces nothing.",
     keep=lambda shape, p, seed: _UNSEEDED.random(shape) >= p,
 )
+
+
+@declare(**DROPOUT)
+def dropout_after_values(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    mask: Mask = None,
+    bias: Mask = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    seed: int | None = None,
+) -> Array:
+    """Drops elements of the output (after the value product) instead of weights, rescaled
+    by 1/(1 - p): unbiased, and with V = I indistinguishable from weight dropout, but an
+    indicator per output element, not per weight (DROP-2)."""
+    out = _dropout(q, k, v, mask, bias, is_causal, scale, 0.0, None)
+    if not dropout_p:
+        return out
+    keep = keep_mask(out.shape, dropout_p, seed)
+    return (out * keep * out.dtype.type(1 / (1 - dropout_p))).astype(out.dtype)

@@ -160,6 +160,19 @@ def shared_indicators(axis: int) -> Evidence:
     return evidence
 
 
+def values_dropped_apart(kernel: KernelUnderTest) -> str | None:
+    """Evidence: with V = [I | G] the general columns are not the identity columns' kept
+    weights times G (an indicator per output element, not per weight)."""
+    q = np.zeros((1, 2, 16, 4))
+    general = np.random.default_rng(5).standard_normal((1, 2, 16, 3))
+    v = np.concatenate([np.broadcast_to(np.eye(16), (1, 2, 16, 16)), general], axis=-1)
+    problem = Problem(q=q, k=q, v=v, dtype="float64", dropout_p=0.5, seed=6)
+    out = kernel.output(problem)
+    expected = out[..., :16] @ general
+    worst = float(np.max(np.abs(out[..., 16:] - expected)))
+    return None if worst < 1e-12 else f"value columns off the kept weights by {worst:.3g}"
+
+
 def seed_ignored(kernel: KernelUnderTest) -> str | None:
     """Evidence: two calls with the same seed draw different indicators."""
     first, second = (_observed(kernel, 0.3, 4)[1] for _ in range(2))
@@ -407,6 +420,12 @@ FEATURE_CATALOGUE: list[FeatureBug] = [
         "dropout-per-key", bugs.dropout_per_key, "dropout-independence", shared_indicators(axis=2)
     ),
     FeatureBug("dropout-ignores-seed", bugs.dropout_ignores_seed, "dropout-seed", seed_ignored),
+    FeatureBug(
+        "dropout-after-values",
+        bugs.dropout_after_values,
+        "dropout-general-values",
+        values_dropped_apart,
+    ),
     FeatureBug(
         "dropout-zero-means-default",
         bugs.dropout_zero_means_default,

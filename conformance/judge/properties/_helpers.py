@@ -233,7 +233,7 @@ def draw_alibi_slopes(data: st.DataObject, kernel: KernelUnderTest, dims: Dims) 
 
 
 def _standard(n_heads: int) -> list[float]:
-    return [float(s) for s in standard_slopes(n_heads, xp=np_namespace, dtype=np_namespace.float64)]
+    return [float(s) for s in standard_slopes(n_heads, xp=np_namespace, dtype=np.float64)]
 
 
 def with_claimed_features(

@@ -62,11 +62,14 @@ def indicator_problem(
     heads: int = OBSERVED[1],
     batch: int = OBSERVED[0],
     is_causal: bool = False,
+    general_columns: int = 0,
 ) -> Problem:
     """q = 0 and V = I: the output is the kept-and-rescaled weight matrix.  Always one
     call with V = I, never KernelUnderTest.observed_weights' column blocks (on a backend
     that compiles per shape): each call draws a dropout mask of its own, so blocks would
-    read their columns off different masks."""
+    read their columns off different masks.  ``general_columns`` > 0 appends that many
+    columns of normal values to V = I: their outputs must use the indicators the identity
+    columns show (one per weight, DROP-2)."""
     q = np.zeros(_laid_out(kernel, batch, heads, n_queries, 4))
     k = np.zeros(_laid_out(kernel, batch, heads, n_keys, 4))
     problem = Problem(
@@ -79,25 +82,38 @@ def indicator_problem(
         dropout_p=dropout_p,
         seed=seed,
     )
-    return identity_values(problem)
+    observed = identity_values(problem)
+    if general_columns == 0:
+        return observed
+    general = np.random.default_rng(seed).standard_normal((*k.shape[:-1], general_columns))
+    general = kernel.rounded(general, problem.dtype)
+    return observed.with_(v=np.concatenate([observed.v, general], axis=-1))
 
 
 def observe_indicators(kernel: KernelUnderTest, problem: Problem) -> np.ndarray:
-    """The keep indicators the kernel drew, read off its output, after checking the whole
-    output against DROP-2 with them within TOL-6 (which makes the reading exact)."""
+    """The keep indicators the kernel drew, read off its output's identity columns (the
+    first Lk), after checking the whole output against DROP-2 with them within TOL-6
+    (which makes the reading exact)."""
     out = kernel.output(problem)
-    allowed = np.broadcast_to(
-        dropout_bound(problem, kernel.declaration, all_kept(problem))[0] > 0, out.shape
-    )
+    n_keys = problem.k.shape[-2]
+    weights = out[..., :n_keys]
+    expected_all_kept = dropout_bound(problem, kernel.declaration, all_kept(problem))[0]
+    allowed = np.broadcast_to(np.asarray(expected_all_kept)[..., :n_keys] > 0, weights.shape)
     visible = np.maximum(allowed.sum(axis=-1, keepdims=True), 1)
-    kept: np.ndarray = allowed & (out > 0.5 / (visible * (1 - problem.dropout_p)))
+    kept: np.ndarray = allowed & (weights > 0.5 / (visible * (1 - problem.dropout_p)))
     expected, tolerance = dropout_bound(problem, kernel.declaration, kept)
     assert_within_bound(
         out,
         np.asarray(expected),
         np.asarray(tolerance),
         f"out with dropout_p={problem.dropout_p} (q = 0, V = I: each allowed "
-        "entry is 0 or 1/(|S(i)|(1 - p)))",
+        "entry is 0 or 1/(|S(i)|(1 - p))"
+        + (
+            f"; V's last {problem.v.shape[-1] - n_keys} columns general: their outputs are "
+            "the kept weights times those values)"
+            if problem.v.shape[-1] > n_keys
+            else ")"
+        ),
         problem,
         kernel,
         clause="DROP-2, TOL-6",
@@ -157,6 +173,27 @@ def dropout_rescaling(kernel: KernelUnderTest, data: st.DataObject) -> None:
         heads=dims.n_q_heads,
         batch=max(1, math.prod(dims.batch)),
         is_causal=causal,
+    )
+    observe_indicators(kernel, problem)
+
+
+@register("dropout-general-values", "DROP-2", applies=needs("dropout"))
+def dropout_general_values(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """One indicator per weight, shared by every value column: with V = [I | G] (G normal
+    values) the identity columns show the kept weights and the other columns must be
+    those weights times G within TOL-6 (DROP-2).  Dropout applied to the output after the
+    value product, or to the values, draws an indicator per output element and fails;
+    V = I alone cannot tell them apart.  Deterministic: no false failure."""
+    dims = draw_dims(data, kernel, min_queries=1, min_keys=1, gqa=False, weights=True)
+    problem = indicator_problem(
+        kernel,
+        data.draw(st.sampled_from([0.1, 0.5]), label="dropout_p"),
+        data.draw(st.integers(0, 2**31 - 1), label="seed"),
+        n_queries=dims.n_queries,
+        n_keys=dims.n_keys,
+        heads=dims.n_q_heads,
+        batch=max(1, math.prod(dims.batch)),
+        general_columns=data.draw(st.integers(1, 8), label="general value columns"),
     )
     observe_indicators(kernel, problem)
 
