@@ -167,15 +167,22 @@ KNOWN_KERNELS: tuple[KnownKernel, ...] = (
         note="LocalAttention(window_size=4, causal=True, exact_windowsize=True, "
         "look_backward=1) as a causal sliding window of 4 keys back",
     ),
-    KnownKernel(
-        _adapter("onnx", "gated_delta"),
-        _adapter("onnx", "gated_delta"),
-        "numpy",
-        (),
-        ("onnx",),
-        note="opset 27 gated_delta, per-head decay, through onnx.reference.ReferenceEvaluator; "
-        "(B, T, H * d) packing; an absent past state passed as float32 zeros (without one "
-        "ONNX returns the state in the query's dtype, REC-4.3)",
+    *(
+        KnownKernel(
+            _adapter("onnx", f"{prefix}gated_delta{suffix}"),
+            _adapter("onnx", f"{prefix}gated_delta{suffix}"),
+            "numpy",
+            (),
+            requires,
+            note=f"LinearAttention gated_delta, {decay} decay, {how}; its own (B, T, H * d) "
+            "convention through --layout packed; an absent past state passed as float32 "
+            "zeros (without one ONNX returns the state in the query's dtype, REC-4.3)",
+        )
+        for prefix, requires, how in (
+            ("", ("onnx",), "opset 27 through onnx.reference.ReferenceEvaluator"),
+            ("runtime_", ("onnx", "onnxruntime"), "ONNX Runtime's CPU kernel (com.microsoft)"),
+        )
+        for suffix, decay in (("", "per-head"), ("_per_channel", "per-key-channel"))
     ),
     KnownKernel(
         _adapter("thirdparty", "performer_favor"),

@@ -1,91 +1,167 @@
-"""ONNX's ``LinearAttention`` (ai.onnx, opset 27; spec/recurrent.md, section 7) run by the
-onnx package's reference evaluator, in the spec's convention.
+"""ONNX's ``LinearAttention`` (spec/recurrent.md, section 7) as functions in the operator's
+own convention, and their declarations.
 
-The adapter packs the heads-first arrays into ONNX's ``(B, T, H * d)`` layout, builds a
-one-node model for the update rule (``q_num_heads``, ``kv_num_heads``; ``decay`` per head;
-``beta`` per head), runs ``onnx.reference.ReferenceEvaluator`` and unpacks the output.  An
-absent past state is passed as zeros in float32: ONNX returns ``present_state`` in the past
-state's dtype, or in the query's when none is given (a float16 state, REC-4.3), which this
-convention sidesteps and the matrix note records.
+``reference_linear_attention`` builds a one-node model of the default domain's operator
+(opset 27) and runs the onnx package's ``onnx.reference.ReferenceEvaluator``;
+``runtime_linear_attention`` runs ONNX Runtime's CPU kernel of the operator, the
+``com.microsoft`` contrib op (ONNX Runtime implements opset 27's only by inlining its
+function body, which needs static shapes).  Both take the operator's inputs, ``(B, T, H *
+d)`` arrays, ``past_state``, ``decay`` and ``beta``, its attributes ``q_num_heads``,
+``kv_num_heads`` and ``chunk_size`` as keywords, and return ``(output, present_state)``; the
+suite calls them through its ``packed`` layout with ``g`` and ``initial_state`` renamed, a
+declaration and no wrapper of their own.  An absent past state is passed as float32 zeros:
+ONNX returns ``present_state`` in the past state's dtype, or in the query's when none is
+given (a float16 state, REC-4.3), which this sidesteps and the matrix note records.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ...claims.declaration import declare
+from ...call.layouts import from_packed, rename_arguments
 from ...claims.family_claims import RecurrentClaim
 
-
-def _packed(a: np.ndarray) -> np.ndarray:
-    """(B, H, T, d) -> (B, T, H * d)."""
-    b, h, t, d = a.shape
-    return np.ascontiguousarray(np.moveaxis(a, 1, 2).reshape(b, t, h * d))
+Runner = Callable[[Any, dict[str, np.ndarray]], list[np.ndarray]]
+INPUTS = ("query", "key", "value", "past_state", "decay", "beta")
 
 
-@functools.lru_cache(maxsize=64)
-def _evaluator(rule: str, q_heads: int, kv_heads: int, names: tuple[str, ...], dtype: str) -> Any:
+def _model(
+    domain: str, rule: str, attributes: tuple[tuple[str, int], ...], names: tuple[str, ...]
+) -> Any:
+    """A one-node model of ``LinearAttention`` (``domain``'s) with float32 past and present
+    states and inputs of whatever type the feeds have."""
     import onnx
-    from onnx.reference import ReferenceEvaluator
 
-    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    float32 = onnx.TensorProto.FLOAT
-    node = onnx.helper.make_node(
+    helper = onnx.helper
+    node = helper.make_node(
         "LinearAttention",
         list(names),
         ["output", "present_state"],
-        q_num_heads=q_heads,
-        kv_num_heads=kv_heads,
+        domain=domain,
         update_rule=rule,
+        **dict(attributes),
     )
     inputs = [
-        onnx.helper.make_tensor_value_info(n, float32 if n == "past_state" else elem, None)
-        for n in names
-        if n
+        helper.make_tensor_value_info(n, onnx.TensorProto.UNDEFINED, None) for n in names if n
     ]
     outputs = [
-        onnx.helper.make_tensor_value_info("output", elem, None),
-        onnx.helper.make_tensor_value_info("present_state", float32, None),
+        helper.make_tensor_value_info(n, onnx.TensorProto.UNDEFINED, None)
+        for n in ("output", "present_state")
     ]
-    graph = onnx.helper.make_graph([node], "linear_attention", inputs, outputs)
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 27)])
-    return ReferenceEvaluator(model)
+    graph = helper.make_graph([node], "linear_attention", inputs, outputs)
+    opsets = [helper.make_opsetid("", 27)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def _typed(model: Any, feeds: dict[str, np.ndarray]) -> Any:
+    """``model`` with its inputs typed as the feeds and its outputs as ONNX says: the output
+    in the query's type, the present state in the (float32) past state's."""
+    import onnx
+
+    def tensor_type(name: str) -> int:
+        return int(onnx.helper.np_dtype_to_tensor_dtype(feeds[name].dtype))
+
+    for value in model.graph.input:
+        value.type.tensor_type.elem_type = tensor_type(value.name)
+    model.graph.output[0].type.tensor_type.elem_type = tensor_type("query")
+    model.graph.output[1].type.tensor_type.elem_type = tensor_type("past_state")
+    return model
+
+
+@functools.lru_cache(maxsize=64)
+def _reference_runner(key: tuple[Any, ...]) -> Runner:
+    from onnx.reference import ReferenceEvaluator
+
+    rule, attributes, names, feed_types = key
+    feeds = {n: np.zeros(0, t) for n, t in feed_types}
+    evaluator = ReferenceEvaluator(_typed(_model("", rule, attributes, names), feeds))
+    return evaluator.run  # type: ignore[no-any-return]
+
+
+@functools.lru_cache(maxsize=64)
+def _runtime_runner(key: tuple[Any, ...]) -> Runner:
+    import onnxruntime
+
+    rule, attributes, names, feed_types = key
+    feeds = {n: np.zeros(0, t) for n, t in feed_types}
+    model = _typed(_model("com.microsoft", rule, attributes, names), feeds)
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    return session.run  # type: ignore[no-any-return]
 
 
 def _run(
-    rule: str, q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Any
-) -> tuple[Any, Any]:
-    q, k, v = (np.asarray(a) for a in (q, k, v))
-    b, q_heads, t, _ = q.shape
-    kv_heads, d_k, d_v = k.shape[1], k.shape[-1], v.shape[-1]
-    state = (
-        np.zeros((b, kv_heads, d_k, d_v), np.float32)
-        if initial_state is None
-        else np.asarray(initial_state)
-    )
-    feeds = {"query": _packed(q), "key": _packed(k), "value": _packed(v), "past_state": state}
-    names = ["query", "key", "value", "past_state", "", ""]
-    if g is not None:
-        feeds["decay"] = _packed(np.asarray(g)[..., None])
-        names[4] = "decay"
-    if beta is not None:
-        feeds["beta"] = _packed(np.asarray(beta)[..., None])
-        names[5] = "beta"
+    runner: Callable[[tuple[Any, ...]], Runner],
+    rule: str,
+    arrays: dict[str, Any],
+    attributes: dict[str, int],
+) -> tuple[np.ndarray, np.ndarray]:
+    feeds = {n: np.asarray(a) for n, a in arrays.items() if a is not None}
+    if "past_state" not in feeds:
+        b, _, width = feeds["key"].shape
+        heads = attributes["kv_num_heads"]
+        d_v = feeds["value"].shape[-1] // heads
+        feeds["past_state"] = np.zeros((b, heads, width // heads, d_v), np.float32)
+    names = [n if n in feeds else "" for n in INPUTS]
     while names[-1] == "":
         names.pop()
-    evaluator = _evaluator(rule, q_heads, kv_heads, tuple(names), str(q.dtype))
-    out, present = evaluator.run(None, feeds)
-    return np.moveaxis(out.reshape(b, t, q_heads, d_v), 1, 2), present
+    key = (
+        rule,
+        tuple(sorted(attributes.items())),
+        tuple(names),
+        tuple((n, feeds[n].dtype.str) for n in names if n),
+    )
+    out, present = runner(key)(None, feeds)
+    return out, present
 
 
-@declare(
-    recurrent=RecurrentClaim("gated_delta", chunk_size=1), gqa=True, dtypes=("float16", "float32")
-)
-def gated_delta(
-    q: Any, k: Any, v: Any, *, g: Any = None, beta: Any = None, initial_state: Any = None
-) -> tuple[Any, Any]:
-    """ONNX LinearAttention, update_rule "gated_delta", per-head decay, GQA."""
-    return _run("gated_delta", q, k, v, g, beta, initial_state)
+def _operator(runner: Callable[[tuple[Any, ...]], Runner], name: str) -> Callable[..., Any]:
+    """``LinearAttention`` (``gated_delta``) in the operator's convention, run by ``runner``."""
+
+    def linear_attention(
+        query: Any,
+        key: Any,
+        value: Any,
+        past_state: Any = None,
+        decay: Any = None,
+        beta: Any = None,
+        *,
+        q_num_heads: int,
+        kv_num_heads: int,
+        chunk_size: int = 64,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        arrays = {"query": query, "key": key, "value": value, "past_state": past_state}
+        arrays.update(decay=decay, beta=beta)
+        attributes = {"q_num_heads": q_num_heads, "kv_num_heads": kv_num_heads}
+        return _run(runner, "gated_delta", arrays, {**attributes, "chunk_size": chunk_size})
+
+    linear_attention.__name__ = linear_attention.__qualname__ = name
+    return linear_attention
+
+
+# ONNX LinearAttention (opset 27) by the onnx reference evaluator, and ONNX Runtime's CPU
+# LinearAttention (com.microsoft).
+reference_linear_attention = _operator(_reference_runner, "reference_linear_attention")
+runtime_linear_attention = _operator(_runtime_runner, "runtime_linear_attention")
+
+
+def _declared(fn: Callable[..., Any], gate: str, chunk_size: int) -> Callable[..., Any]:
+    """``fn`` in the spec's convention by the suite's own layout and renames (what
+    ``--layout packed --rename g=decay --rename initial_state=past_state`` does)."""
+    claim = RecurrentClaim("gated_delta", gate, chunk_size, chunk_sizes=(16, 64))
+    renamed = rename_arguments(fn, g="decay", initial_state="past_state")
+    return from_packed(renamed, recurrent=claim, gqa=True, dtypes=("float16", "float32"))
+
+
+# The matrix rows (module-level, so that a check's worker loads them by name).  The
+# reference evaluator runs the recurrence token by token (C_h = 1); ONNX Runtime's CPU
+# kernel is declared with its chunk_size attribute's default, 64.
+gated_delta = _declared(reference_linear_attention, "head", 1)
+gated_delta_per_channel = _declared(reference_linear_attention, "channel", 1)
+runtime_gated_delta = _declared(runtime_linear_attention, "head", 64)
+runtime_gated_delta_per_channel = _declared(runtime_linear_attention, "channel", 64)
