@@ -1,4 +1,5 @@
-"""The accuracy of serving kernels (spec/serving.md): SINK-5 and MERGE-4 as code.
+"""The accuracy of serving kernels (spec/serving.md): SINK-5 (with SINK-3's log-sum-exp)
+and MERGE-4 as code.
 
 SINK-5 is TOL-2 on the problem with one more key per row, whose score is the sink logit
 (counted as a bias) and whose value is 0, so the bound is the dense one evaluated on that
@@ -21,15 +22,16 @@ from .tolerance import (
     UNDERFLOW_THRESHOLD,
     UNIT_ROUNDOFF,
     ErrorBound,
+    LseBound,
     accumulation_roundoff,
-    error_bound,
+    error_and_lse_bound,
 )
 
 BOUND = "merge_error_bound(o_a, lse_a, o_b, lse_b)"
-SINK_BOUND = "sink_error_bound(q, k, v, sinks)"
+SINK_BOUND = "sink_error_and_lse_bound(q, k, v, sinks)"
 
 
-def sink_error_bound(
+def sink_error_and_lse_bound(
     q: Array,
     k: Array,
     v: Array,
@@ -42,15 +44,39 @@ def sink_error_bound(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
-) -> ErrorBound:
-    """SINK-5 for float64 inputs holding values exactly representable in ``dtype`` (one
-    batch shape for q, k, v; ``sinks (Hq,)`` or ``(..., Hq)``): TOL-2 of the problem with a
-    key of score ``sinks[h]`` and value 0 appended to every row, allowed whatever the mask
-    and the causal rule say.  ``weights`` are those of the real keys."""
-    xp = namespace_of(SINK_BOUND, q=q, k=k, v=v, sinks=sinks, mask=mask, bias=bias)
+) -> tuple[ErrorBound, LseBound]:
+    """SINK-5 and SINK-3 for float64 inputs holding values exactly representable in
+    ``dtype`` (one batch shape for q, k, v; ``sinks (Hq,)`` or ``(..., Hq)``): TOL-2 and
+    TOL-5 of the problem with a key of score ``sinks[h]`` and value 0 appended to every row,
+    allowed whatever the mask and the causal rule say.  Its log-sum-exp is
+    log(sum_j e^(s_ij) + e^(sinks[h])), sinks[h] for a row that sees no key."""
+    arguments, _ = _with_sink_key(
+        q, k, v, sinks, mask, bias, is_causal, causal_alignment, scale, SINK_BOUND
+    )
+    return error_and_lse_bound(
+        *arguments.pop("qkv"), dtype=dtype, softcap=softcap, weights=False, **arguments
+    )
+
+
+def _with_sink_key(
+    q: Array,
+    k: Array,
+    v: Array,
+    sinks: Array,
+    mask: Array,
+    bias: Array,
+    is_causal: bool,
+    causal_alignment: str,
+    scale: float | None,
+    call: str,
+) -> tuple[dict[str, Any], int]:
+    """The dense problem with the sink as one more key (score sinks[h], counted as a bias;
+    value 0; allowed in every row): its q, k, v under "qkv" and its mask, bias and scale,
+    with the number of real keys."""
+    xp = namespace_of(call, q=q, k=k, v=v, sinks=sinks, mask=mask, bias=bias)
     *batch, n_q_heads, n_queries, head_dim = q.shape
     n_keys = k.shape[-2]
-    check_sinks(xp, sinks, n_q_heads, tuple(batch), SINK_BOUND)
+    check_sinks(xp, sinks, n_q_heads, tuple(batch), call)
     device = array_api_compat.device(q)
     scores = (*batch, n_q_heads, n_queries, n_keys)
     allowed = xp.ones(scores, dtype=xp.bool, device=device)
@@ -74,19 +100,13 @@ def sink_error_bound(
         zeros = xp.zeros((*x.shape[:-2], 1, x.shape[-1]), dtype=x.dtype, device=device)
         return xp.concat([x, zeros], axis=-2)
 
-    bound = error_bound(
-        q,
-        one_more_key(k),
-        one_more_key(v),
-        dtype=dtype,
-        mask=xp.concat([allowed, sink_column], axis=-1),
-        bias=xp.concat([biases, sink_scores], axis=-1),
-        scale=head_dim**-0.5 if scale is None else scale,
-        softcap=softcap,  # the sink key's product is 0, capped to 0: its score stays sigma_h
-    )
-    weights = None if bound.weights is None else bound.weights[..., :n_keys]
-    tolerance = None if bound.weights_tolerance is None else bound.weights_tolerance[..., :n_keys]
-    return bound._replace(weights=weights, weights_tolerance=tolerance)
+    # the sink key's product is 0 (capped to 0 under a softcap): its score stays sinks[h]
+    return {
+        "qkv": (q, one_more_key(k), one_more_key(v)),
+        "mask": xp.concat([allowed, sink_column], axis=-1),
+        "bias": xp.concat([biases, sink_scores], axis=-1),
+        "scale": head_dim**-0.5 if scale is None else scale,
+    }, n_keys
 
 
 class MergeBound(NamedTuple):

@@ -1,5 +1,5 @@
-"""Attention with sink logits (SINK-1 … SINK-3) as people write it, in NumPy: two correct
-formulations and the bugs that real sink kernels had.
+"""Attention with sink logits (SINK-1 … SINK-3) as people write it, in NumPy: three correct
+formulations (one returning the log-sum-exp) and the bugs that real sink kernels had.
 
 Every kernel is ``fn(q, k, v, *, mask=None, is_causal=False, scale=None, sinks=None)`` in
 the spec's layout with GQA and top-left causal calls, accumulating in float32 for float16
@@ -77,9 +77,11 @@ def _denominator_form(
     sinks: Any,
     *,
     bug: str | None = None,
-) -> Array:
+    returns_lse: bool = False,
+) -> Any:
     """FlashAttention 4's form: the row max over the scores and the sink, the sink's term
-    added to the row sum; ``bug`` names the one step done wrong."""
+    added to the row sum; ``bug`` names the one step done wrong.  ``returns_lse``: also the
+    log-sum-exp, the row max plus the log of the row sum (SINK-3), in the working dtype."""
     scores, values = _scores(q, k, v, mask, is_causal, scale)
     if sinks is None:
         sink = np.full((*scores.shape[:-1], 1), -np.inf, scores.dtype)
@@ -105,7 +107,12 @@ def _denominator_form(
         if bug == "numerator":
             numerator = numerator + sink_term
         out = numerator / np.where(total == 0, 1, total)
-    return out.astype(q.dtype)
+        if not returns_lse:
+            return out.astype(q.dtype)
+        summed = exps.sum(-1, keepdims=True) if bug == "lse-without-sink" else total
+        with np.errstate(divide="ignore"):
+            lse = np.where(summed == 0, -np.inf, shift + np.log(np.where(summed == 0, 1, summed)))
+    return out.astype(q.dtype), lse[..., 0]
 
 
 @declare(**CLAIMS)
@@ -123,11 +130,13 @@ def sinks_in_denominator(
     return _denominator_form(q, k, v, mask, is_causal, scale, sinks)
 
 
-CORRECT = (sinks_concatenated, sinks_in_denominator)
+def _denominator_kernel(
+    name: str, doc: str, bug: str | None = None, returns_lse: bool = False
+) -> Callable[..., Any]:
+    """A kernel of :func:`_denominator_form` with one step done wrong (``bug``), returning
+    (out, lse) when ``returns_lse``."""
 
-
-def _bug(name: str, doc: str) -> Callable[..., Array]:
-    @declare(**CLAIMS)
+    @declare(**CLAIMS, returns_lse=returns_lse)
     def kernel(
         q: Array,
         k: Array,
@@ -137,12 +146,36 @@ def _bug(name: str, doc: str) -> Callable[..., Array]:
         is_causal: bool = False,
         scale: Any = None,
         sinks: Any = None,
-    ) -> Array:
-        return _denominator_form(q, k, v, mask, is_causal, scale, sinks, bug=name)
+    ) -> Any:
+        return _denominator_form(
+            q, k, v, mask, is_causal, scale, sinks, bug=bug, returns_lse=returns_lse
+        )
 
-    kernel.__name__ = kernel.__qualname__ = "sinks_" + name.replace("-", "_")
+    kernel.__name__ = kernel.__qualname__ = name
     kernel.__doc__ = doc
     return kernel
+
+
+sinks_with_lse = _denominator_kernel(
+    "sinks_with_lse",
+    "FlashAttention 4's form returning (out, lse), the sink inside the lse.",
+    returns_lse=True,
+)
+sinks_lse_without_sink = _denominator_kernel(
+    "sinks_lse_without_sink",
+    "Bug: the right output, but the log-sum-exp of the scores alone (the sink's term left out "
+    "of it; -inf for a row that sees no key), so a backward pass or a merge through it is "
+    "wrong.",
+    bug="lse-without-sink",
+    returns_lse=True,
+)
+
+
+CORRECT = (sinks_concatenated, sinks_in_denominator, sinks_with_lse)
+
+
+def _bug(name: str, doc: str) -> Callable[..., Any]:
+    return _denominator_kernel("sinks_" + name.replace("-", "_"), doc, bug=name)
 
 
 sinks_scaled = _bug("scaled", "Bug: the sink multiplied by the softmax scale like a score.")
@@ -176,4 +209,5 @@ BUGS = (
     SinkBug(sinks_dropped_under_mask, "sinks-matches-reference"),
     SinkBug(sinks_numerator, "sinks-matches-reference"),
     SinkBug(sinks_max_over_scores, "sinks-empty-rows"),
+    SinkBug(sinks_lse_without_sink, "sinks-lse"),
 )

@@ -14,7 +14,7 @@ import pytest
 
 from attnspec.reference import tolerance
 from attnspec.reference.serving import mla_attention, paged_attention
-from attnspec.reference.tolerance_serving import merge_error_bound, sink_error_bound
+from attnspec.reference.tolerance_serving import merge_error_bound, sink_error_and_lse_bound
 
 HALF = {"float16": np.float16, "float32": np.float32}
 
@@ -34,10 +34,12 @@ def _sink_kernel(
     dtype: str,
     softcap: float | None = None,
     bug: str | None = None,
-) -> np.ndarray:
-    """A float32 sink kernel (SINK-1): scaled (and capped) scores, max over scores and sink,
-    exponentials, the sink's term added to the row sum, output rounded to ``dtype`` once.
-    ``bug``: "no-sink" leaves the sink out of the denominator, "scaled-sink" scales it."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """A float32 sink kernel (SINK-1, SINK-3): scaled (and capped) scores, max over scores
+    and sink, exponentials, the sink's term added to the row sum, output rounded to
+    ``dtype`` once; its log-sum-exp, the row max plus the log of the row sum.  ``bug``:
+    "no-sink" leaves the sink out of the denominator, "scaled-sink" scales it,
+    "lse-without-sink" leaves it out of the returned log-sum-exp alone."""
     q, k, v = (np.asarray(a, np.float32) for a in (q, k, v))
     scores = np.float32(scale) * (q @ np.swapaxes(k, -1, -2))
     if softcap is not None:
@@ -52,7 +54,10 @@ def _sink_kernel(
     if bug != "no-sink":
         total = total + np.exp(sink - top)
     out = (exps @ v) / np.where(total == 0, 1, total)
-    return out.astype(HALF[dtype])
+    scores_only = exps.sum(-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        lse = top + np.log(scores_only if bug == "lse-without-sink" else total)
+    return out.astype(HALF[dtype]), lse[..., 0]
 
 
 SINK_BOUND_CASES = [  # scale, softcap, causal (bottom-right, 6 queries on 20 keys)
@@ -64,22 +69,24 @@ SINK_BOUND_CASES = [  # scale, softcap, causal (bottom-right, 6 queries on 20 ke
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
-def test_sink_bound_holds_and_is_not_vacuous(dtype: str) -> None:
-    """SINK-5: a correct float32 sink kernel is within TOL-2 of the problem with the sink
-    as one more key (a mask with an empty row, large sinks, softcap, bottom-right causal);
-    one that leaves the sink out of the denominator, or scales it, is not."""
+def test_sink_bounds_hold_and_are_not_vacuous(dtype: str) -> None:
+    """SINK-5, SINK-3: a correct float32 sink kernel's output is within TOL-2 and its
+    log-sum-exp within TOL-5 of the problem with the sink as one more key (a mask with an
+    empty row, large sinks, softcap, bottom-right causal); that log-sum-exp is the float64
+    log(sum_j e^(s_ij) + e^(sink)), the sink itself for the empty row.  A kernel that leaves
+    the sink out of the denominator or scales it is outside the output's bound, one that
+    leaves it out of the log-sum-exp alone outside the log-sum-exp's."""
     for seed, (scale, softcap, causal) in enumerate(SINK_BOUND_CASES):
         rng = np.random.default_rng(20 + seed)
-        kind = HALF[dtype]
         q, k, v = (
-            rng.standard_normal(s).astype(kind).astype(np.float64)
+            rng.standard_normal(s).astype(HALF[dtype]).astype(np.float64)
             for s in ((4, 6, 16), (4, 20, 16), (4, 20, 8))
         )
         mask = rng.random((6, 20)) < 0.8
         mask[2] = False
         allowed = mask & (np.arange(20)[None, :] <= np.arange(6)[:, None] + 14 if causal else True)
         sinks = np.array([0.0, 2.0, -3.0, 5.0])
-        bound = sink_error_bound(
+        bound, lse_bound = sink_error_and_lse_bound(
             q,
             k,
             v,
@@ -95,12 +102,28 @@ def test_sink_bound_holds_and_is_not_vacuous(dtype: str) -> None:
             q, k, v, allowed.__getitem__, scale=scale, softcap=softcap, sinks=sinks
         )
         np.testing.assert_allclose(np.asarray(bound.out), expected, rtol=1e-12, atol=1e-300)
-        tolerance = np.asarray(bound.out_tolerance)
-        out = _sink_kernel(q, k, v, sinks, allowed, scale, dtype, softcap)
+        scores = scale * (q @ np.swapaxes(k, -1, -2))
+        if softcap is not None:
+            scores = softcap * np.tanh(scores / softcap)
+        log_denominator = np.log(
+            np.where(allowed, np.exp(scores), 0.0).sum(-1) + np.exp(sinks)[:, None]
+        )
+        np.testing.assert_allclose(np.asarray(lse_bound.lse), log_denominator, rtol=1e-13)
+        np.testing.assert_array_equal(np.asarray(lse_bound.lse)[:, 2], sinks)  # the empty row
+        tolerance, lse_tolerance = (
+            np.asarray(bound.out_tolerance),
+            np.asarray(lse_bound.lse_tolerance),
+        )
+        out, lse = _sink_kernel(q, k, v, sinks, allowed, scale, dtype, softcap)
         assert _within(out.astype(np.float64), expected, tolerance), (dtype, seed)
+        assert _within(lse.astype(np.float64), log_denominator, lse_tolerance), (dtype, seed)
         for bug in ("no-sink", "scaled-sink"):
-            wrong = _sink_kernel(q, k, v, sinks, allowed, scale, dtype, softcap, bug)
+            wrong, _ = _sink_kernel(q, k, v, sinks, allowed, scale, dtype, softcap, bug)
             assert not _within(wrong.astype(np.float64), expected, tolerance), (seed, bug)
+        _, wrong_lse = _sink_kernel(
+            q, k, v, sinks, allowed, scale, dtype, softcap, "lse-without-sink"
+        )
+        assert not np.all(np.abs(wrong_lse - log_denominator) <= lse_tolerance), seed
 
 
 def _merge_kernel(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from ....reference.tolerance_serving import sink_error_bound
+from ....reference.tolerance_serving import sink_error_and_lse_bound
 from ...call.problem import Problem
 from ...draw.strategies import ALWAYS, draw_problem
 from ..failures import KernelRaised, PropertyFailure
@@ -34,7 +34,9 @@ def _draw_sinks(data: st.DataObject, n_heads: int) -> np.ndarray:
     return (seeded.standard_normal(n_heads) * scale + shift).astype(np.float32).astype(np.float64)
 
 
-def _check(kernel: KernelUnderTest, problem: Problem, sinks: np.ndarray) -> None:
+def _check(kernel: KernelUnderTest, problem: Problem, sinks: np.ndarray, lse: bool = False) -> None:
+    """The output with ``sinks`` within SINK-5's bound of SINK-1; with ``lse`` the returned
+    log-sum-exp too, within TOL-5 of SINK-3's."""
     decl = kernel.declaration
     args, keywords = kernel.arguments(problem)
     keywords[decl.sinks_keyword] = kernel.backend.asarray(sinks, "float32")
@@ -47,13 +49,14 @@ def _check(kernel: KernelUnderTest, problem: Problem, sinks: np.ndarray) -> None
             problem,
             kernel,
         ) from exc
-    out = kernel.numpy(kernel.results(raw, problem)[0])
+    out, _, returned_lse = kernel.results(raw, problem)
+    out = kernel.numpy(out)
     batch = np.broadcast_shapes(problem.q.shape[:-3], problem.k.shape[:-3], problem.v.shape[:-3])
 
     def full(a: np.ndarray) -> np.ndarray:
         return np.broadcast_to(a, (*batch, *a.shape[-3:]))
 
-    bound = sink_error_bound(
+    bound, lse_bound = sink_error_and_lse_bound(
         full(problem.q),
         full(problem.k),
         full(problem.v),
@@ -73,16 +76,66 @@ def _check(kernel: KernelUnderTest, problem: Problem, sinks: np.ndarray) -> None
             problem,
             kernel,
         )
+    _outside_fails(
+        out,
+        expected,
+        tolerance,
+        f"with sink logits {shown} (one per query head), out",
+        "SINK-1, SINK-5: the sink {sink:g} of head {head} joins the row's denominator, "
+        "unscaled and without a value",
+        sinks,
+        -3,
+        problem,
+        kernel,
+    )
+    if lse:
+        got = kernel.numpy(returned_lse)
+        wanted = np.asarray(lse_bound.lse)
+        if got.shape != wanted.shape:
+            raise PropertyFailure(
+                f"with sinks the log-sum-exp has shape {got.shape}, but should have "
+                f"{wanted.shape} (LSE-3, SINK-3)",
+                problem,
+                kernel,
+            )
+        _outside_fails(
+            got,
+            wanted,
+            np.asarray(lse_bound.lse_tolerance),
+            f"with sink logits {shown} (one per query head), lse",
+            "SINK-3, TOL-5: the log-sum-exp is that of the whole denominator, "
+            "log(sum_j e^s_ij + e^{sink:g}) for head {head}, the sink itself for a row "
+            "that sees no key",
+            sinks,
+            -2,
+            problem,
+            kernel,
+        )
+
+
+def _outside_fails(
+    got: np.ndarray,
+    expected: np.ndarray,
+    tolerance: np.ndarray,
+    what: str,
+    clause: str,
+    sinks: np.ndarray,
+    head_axis: int,
+    problem: Problem,
+    kernel: KernelUnderTest,
+) -> None:
+    """A failure naming the first element of ``got`` outside ``tolerance`` of ``expected``
+    and its head's sink (``clause`` is formatted with ``sink`` and ``head``; the head is
+    the index on ``head_axis``)."""
     with np.errstate(invalid="ignore"):
-        outside = ~(np.abs(out - expected) <= tolerance)
+        outside = ~(np.abs(got - expected) <= tolerance)
     if outside.any():
         at = tuple(int(i) for i in np.argwhere(outside)[0])
-        head = at[-3]
+        head = at[head_axis]
         raise PropertyFailure(
-            f"with sink logits {shown} (one per query head), out[{at}] = {out[at]!r}, but "
-            f"should be {expected[at]!r} within {tolerance[at]:.3g} (SINK-1, SINK-5: the "
-            f"sink {sinks[head]:g} of head {head} joins the row's denominator, unscaled and "
-            f"without a value); {int(outside.sum())} of {outside.size} elements outside",
+            f"{what}[{at}] = {got[at]!r}, but should be {expected[at]!r} within "
+            f"{tolerance[at]:.3g} ({clause.format(sink=sinks[head], head=head)}); "
+            f"{int(outside.sum())} of {outside.size} elements outside",
             problem,
             kernel,
         )
@@ -108,3 +161,18 @@ def sinks_empty_rows(kernel: KernelUnderTest, data: st.DataObject) -> None:
     mask = np.broadcast_to(mask, shape).copy()
     mask[..., 0, :] = False  # the first query of every head sees no key
     _check(kernel, problem.with_(mask=mask), _draw_sinks(data, problem.q.shape[-3]))
+
+
+@register("sinks-lse", "SINK-3", applies=needs("sinks", "returns_lse"))
+def sinks_lse(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """The returned log-sum-exp includes the sink, log(sum_j e^(s_ij) + e^(sink_h)), within
+    TOL-5, and is the sink itself for a row that sees no key (with a mask, its first query's
+    keys all masked): a log-sum-exp over the scores alone (-inf for such rows) fails."""
+    problem = draw_problem(data, kernel)
+    if kernel.declaration.mask and data.draw(st.booleans(), label="a row without keys"):
+        mask = problem.mask if problem.mask is not None else np.ones((1, 1), dtype=bool)
+        shape = np.broadcast_shapes(mask.shape, (*problem.q.shape[:-1], problem.k.shape[-2]))
+        mask = np.broadcast_to(mask, shape).copy()
+        mask[..., :1, :] = False
+        problem = problem.with_(mask=mask)
+    _check(kernel, problem, _draw_sinks(data, problem.q.shape[-3]), lse=True)
