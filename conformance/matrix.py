@@ -7,8 +7,11 @@ share a cause (``report.grouped_findings``: the same exception or wrong return t
 one confirmed write-up in docs/divergences.md (``known_kernels.known_divergences``) are
 one divergence, shown with the clause and the minimal case of the first property that
 met it; failures that pass when re-run around another failed (or waived) clause's inputs
-are listed under it as its consequences (:mod:`.root_causes`).  ``attnspec matrix``
-writes the Markdown (docs/matrix.md) and a JSON.
+are listed under it as its consequences (:mod:`.root_causes`).  The causes the
+diagnosis probes established (:mod:`.judge.diagnosis`) come first, as in the console
+report, each with its evidence, hint and the properties whose failures it explains; a
+divergence whose properties one of them explains says so.  ``attnspec matrix`` writes
+the Markdown (docs/matrix.md) and a JSON.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .judge.verdict import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Report
 from .kernels.known import KNOWN_KERNELS, KnownKernel
 from .report.render import divergence_count, divergence_markdown
-from .run.root_causes import Divergence, MergedFinding, divergences
+from .run.root_causes import Divergence, MergedFinding, by_cause, divergences
 from .run.supervisor import worker_threads
 
 NOT_INSTALLED, NEEDS_GPU, CHECKED, SETUP_FAILED, NOT_SELECTED = (
@@ -51,6 +55,8 @@ class MatrixRow:
     seconds: float = 0.0
     cells: dict[str, str] = field(default_factory=dict)  # clause family -> verdict word
     divergences: list[Divergence] = field(default_factory=list)
+    # the causes diagnosis probes established, as the console tells them (causes_of)
+    causes: list[dict[str, Any]] = field(default_factory=list)
 
 
 def family(clause: str) -> str:
@@ -79,6 +85,16 @@ def divergences_of(report: Report, write_ups: dict[str, str]) -> list[Divergence
     """The report's distinct divergences, each with the failures that follow from it
     (:func:`.root_causes.divergences`: established by re-running them around it)."""
     return divergences(report, write_ups)
+
+
+def causes_of(report: Report) -> list[dict[str, Any]]:
+    """Each cause a diagnosis probe established (:func:`.root_causes.by_cause`), with the
+    properties whose failures it explains (``explains``), as the JSON report has them."""
+    groups, _ = by_cause(report)
+    return [
+        {**asdict(group.cause), "explains": [v.property for v in group.failures]}
+        for group in groups
+    ]
 
 
 def _only_finding(d: Divergence) -> MergedFinding:
@@ -195,6 +211,7 @@ def row_from_report(
         seconds=seconds,
         cells=cells_of(report),
         divergences=divergences_of(report, write_ups),
+        causes=causes_of(report),
     )
 
 
@@ -327,6 +344,7 @@ def to_markdown(rows: Sequence[MatrixRow], title_note: str = "") -> str:
         ]
         if not row.divergences:
             lines += ["No divergence.", ""]
+        lines.extend(_cause_markdown(row))
         for d in row.divergences:
             target = d.write_up.split(" ")[0].removeprefix("docs/")
             confirmed = (
@@ -336,9 +354,37 @@ def to_markdown(rows: Sequence[MatrixRow], title_note: str = "") -> str:
                 if d.status == WAIVED
                 else "**unconfirmed** (not yet written up)"
             )
+            explained = _explaining_cause(row, d)
+            if explained:
+                confirmed += f"; explained by cause {explained} above"
             lines.extend(divergence_markdown(d, confirmed, clip=300))
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _cause_markdown(row: MatrixRow) -> list[str]:
+    """The causes diagnosis probes established for ``row``'s kernel, as the console tells
+    them: explanation, evidence, hint and the properties whose failures each explains."""
+    lines = []
+    for number, cause in enumerate(row.causes, 1):
+        lines.append(f"- cause {number} (**{cause['clause']}**): {cause['explanation']}")
+        lines.append(f"  - evidence: {cause['evidence']}")
+        if cause.get("hint"):
+            lines.append(f"  - hint: {cause['hint']}")
+        lines.append(
+            "  - explains: "
+            + (", ".join(f"`{p}`" for p in cause["explains"]) or "no failure of this run")
+        )
+    return lines + ([""] if lines else [])
+
+
+def _explaining_cause(row: MatrixRow, divergence: Divergence) -> int:
+    """The number of the cause that explains every property of ``divergence``, 0 if none."""
+    named = set(divergence.properties)
+    for number, cause in enumerate(row.causes, 1):
+        if named and named <= set(cause["explains"]):
+            return number
+    return 0
 
 
 def to_json(rows: Sequence[MatrixRow]) -> str:
@@ -352,5 +398,8 @@ def summary(rows: Sequence[MatrixRow]) -> str:
         if r.status != CHECKED:
             out.append(f"{r.name}: {r.status} ({r.reason})")
         else:
-            out.append(f"{r.name}: {divergence_count(r.divergences)} ({r.seconds:.0f} s)")
+            causes = (
+                f", {len(r.causes)} probed cause{'s' * (len(r.causes) != 1)}" if r.causes else ""
+            )
+            out.append(f"{r.name}: {divergence_count(r.divergences)}{causes} ({r.seconds:.0f} s)")
     return "\n".join(out)

@@ -263,9 +263,12 @@ class AttnspecSession:
 
     def root_causes(self, report: Report) -> list[str]:
         """The failures re-run around the other clauses the kernel failed, as the CLI does
-        (root_causes.draw_around), then one line per distinct divergence with the failures
-        that follow from it: the items above keep their own verdicts."""
-        from .run.root_causes import divergences, draw_around, one_at_a_time
+        (root_causes.draw_around), then the causes as the console tells them
+        (:func:`.report.render.cause_summary`: each probed cause with its evidence, hint
+        and the failures it explains, then the divergences no probe explains, with the
+        failures that follow from them): the items above keep their own verdicts."""
+        from .report.render import cause_summary
+        from .run.root_causes import draw_around, one_at_a_time
 
         plan = self.plan
         # one at a time, as pytest ran the items, on the plugin's one session (plan_run's
@@ -280,15 +283,7 @@ class AttnspecSession:
             ),
             plan.limits,
         )
-        found = divergences(report)
-        lines = [f"{len(found)} distinct divergence{'s' * (len(found) != 1)}:"] if found else []
-        for d in found:
-            lines.append(
-                f"  {d.clause} ({d.status}): {', '.join(d.properties) or 'waived'}"
-                f"{': ' + d.finding[:120] if d.properties else ''}"
-            )
-            lines.extend(f"    consequence: {evidence[:240]}" for evidence in d.evidence)
-        return lines
+        return cause_summary(report)
 
 
 class AttnspecCollector(pytest.Collector):

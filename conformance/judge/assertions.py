@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -12,6 +14,7 @@ from ..draw.input_features import allowed_keys, scores_shape
 from .bounds import reference_bound, weights_bound
 from .failures import PropertyFailure
 from .kernel import KernelUnderTest
+from .reproduce import replaying
 
 
 def first_index(where: np.ndarray) -> tuple[int, ...]:
@@ -180,17 +183,26 @@ def assert_same_result(
     what: str,
     *,
     keyless_rows: bool = True,
+    replay: tuple[Sequence[tuple[str, Problem]], str] | None = None,
 ) -> None:
     """Two calls of the kernel whose definitions coincide (``problem``'s) agree within the
     sum of their TOL-2 bounds: each is within its bound of the one definition, and how
     close they are to it is SDPA-7.3's.  Rows without an allowed key are left out for a
     kernel that waives SDPA-5.1, as in :func:`assert_matches_reference`, and for every
     kernel unless ``keyless_rows`` (where the two calls empty them differently, which
-    SDPA-5.1 governs)."""
-    assert_shape(actual, expected.shape, what, problem, kernel)
+    SDPA-5.1 governs).  ``replay``: the other calls (name, problem) and the expression
+    of ``expected`` in their outputs, which the reproduction replays
+    (:func:`.reproduce.replaying`)."""
     bound = reference_bound(problem, kernel.declaration)
-    tolerance = 2 * np.asarray(bound.out_tolerance)
-    assert_shape(actual, tolerance.shape, what, problem, kernel)
     attends = np.asarray(bound.attends)[..., None]
-    actual = keyless_rows_unjudged(kernel, attends, actual, expected, always=not keyless_rows)
-    assert_within_bound(actual, expected, tolerance, what, problem, kernel)
+    unjudged = not keyless_rows or not kernel.declaration.empty_rows_zero
+    with (
+        replaying(*replay, "bound(problem)", attends if unjudged else None)
+        if replay
+        else nullcontext()
+    ):
+        assert_shape(actual, expected.shape, what, problem, kernel)
+        tolerance = 2 * np.asarray(bound.out_tolerance)
+        assert_shape(actual, tolerance.shape, what, problem, kernel)
+        actual = keyless_rows_unjudged(kernel, attends, actual, expected, always=not keyless_rows)
+        assert_within_bound(actual, expected, tolerance, what, problem, kernel)

@@ -22,7 +22,8 @@ from __future__ import annotations
 import os
 import shlex
 import textwrap
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -210,19 +211,22 @@ def snippet(
 
 class ReplayedFailure(PropertyFailure):
     """A failure of a property that compared calls of the kernel with each other (a
-    permutation, a bias shift, a linear combination, SDPA-7.6): ``problem`` is the call
-    that failed, ``calls`` the others it was compared with (name, problem), ``expected``
-    the Python expression of what the failing call's output should be, in the others'
-    outputs ``out_NAME``, and ``allowed`` that of the allowed difference beyond the
-    failing call's own TOL-2 bound, in ``bound(problem_NAME)``; the reproduction replays
-    every call and the comparison."""
+    permutation, a bias shift, a linear combination, SDPA-7.6; values the mask hides,
+    SDPA-8; keys beyond the causal boundary, SDPA-4): ``problem`` is the call that failed,
+    ``calls`` the others it was compared with (name, problem), ``expected`` the Python
+    expression of what the failing call's output should be, in the others' outputs
+    ``out_NAME``, and ``allowed`` that of the allowed difference beyond the failing call's
+    own TOL-2 bound, in ``bound(problem_NAME)``, or None when the outputs must be
+    identical; ``compared``, where given, the positions of the output the property
+    compared (broadcast to it).  The reproduction replays every call and the comparison."""
 
     def __init__(
         self,
         failure: PropertyFailure,
         calls: Sequence[tuple[str, Problem]],
         expected: str,
-        allowed: str,
+        allowed: str | None,
+        compared: np.ndarray | None = None,
     ) -> None:
         super().__init__(
             failure.finding,
@@ -232,6 +236,25 @@ class ReplayedFailure(PropertyFailure):
             shows_weights=failure.shows_weights,
         )
         self.calls, self.expected, self.allowed = tuple(calls), expected, allowed
+        self.compared = compared
+
+
+@contextmanager
+def replaying(
+    calls: Sequence[tuple[str, Problem]],
+    expected: str,
+    allowed: str | None = None,
+    compared: np.ndarray | None = None,
+) -> Iterator[None]:
+    """A :class:`PropertyFailure` raised inside becomes a :class:`ReplayedFailure` of
+    these other ``calls`` and this comparison (see there), so its reproduction replays
+    them; ``allowed`` None: the outputs must be identical."""
+    try:
+        yield
+    except ReplayedFailure:
+        raise
+    except PropertyFailure as failure:
+        raise ReplayedFailure(failure, calls, expected, allowed, compared) from None
 
 
 def replay_lines(failure: ReplayedFailure) -> list[str]:
@@ -251,14 +274,39 @@ def replay_lines(failure: ReplayedFailure) -> list[str]:
         calls, _ = _call_lines(problem, kernel, f"problem_{name}", f"out_{name}")
         lines.extend([*_problem_lines(problem, f"problem_{name}"), *calls])
         lines.append(f"out_{name} = numpy(out_{name})")
+    identical = failure.allowed is None
     lines.extend(
         [
             f"expected = {failure.expected}",
-            f"allowed = bound(problem) + {failure.allowed}",
-            "difference = np.abs(numpy(out) - expected)",
-            "print('largest difference between the calls:', np.nanmax(difference))",
-            "print('allowed (the sum of their TOL-2 bounds):', allowed)",
-            "print('beyond it at:', np.argwhere(~(difference <= allowed))[:5].tolist())",
+            "actual = numpy(out)",
+            "allowed = "
+            + ("0.0  # identical: IEEE ==, NaN matching NaN" if identical else "bound(problem) + ")
+            + ("" if identical else str(failure.allowed)),
+            "difference = np.abs(actual - expected)",
+            "agree = (actual == expected) | (np.isnan(actual) & np.isnan(expected))",
+            "agree |= difference <= allowed",
+        ]
+    )
+    if failure.compared is not None:
+        lines.extend(
+            [
+                "# the positions the property compared (the others the spec does not fix)",
+                f"compared = np.broadcast_to({array_literal(failure.compared)}, actual.shape)",
+                "agree |= ~compared",
+                "difference = np.where(compared, difference, 0.0)",
+            ]
+        )
+    lines.extend(
+        [
+            "print('largest difference between the calls:', np.nanmax(difference, initial=0.0))",
+            "print('allowed'"
+            + (
+                ", '(none: the outputs must be identical):'"
+                if identical
+                else ", '(the sum of their TOL-2 bounds):'"
+            )
+            + ", allowed)",
+            "print('beyond it at:', np.argwhere(~agree)[:5].tolist())",
         ]
     )
     return lines

@@ -340,6 +340,57 @@ def _cause_lines(
     return lines
 
 
+def cause_summary(
+    report: Report, write_ups: dict[str, str] | None = None, width: int = 160
+) -> list[str]:
+    """The causes as the console tells them, one short block each for a CI log or a
+    terminal summary (JUnit, the pytest plugin): the header counting causes, each cause
+    established by a probe with its evidence, hint and the failures it explains, then
+    each divergence no probe explains with its properties and finding; the distinct
+    divergences alone when no probe established a cause.  Empty when nothing failed."""
+    groups, unexplained = by_cause(report)
+    found = divergences(unexplained_report(report, unexplained), write_ups)
+    if not groups and not found:
+        return []
+    lines = [
+        (cause_count(groups, found) if groups else divergence_count(found)) + ":",
+    ]
+    for number, group in enumerate(groups, 1):
+        cause = group.cause
+        lines.append(f"cause {number}: {cause.explanation} [{cause.clause}]")
+        lines.append(f"  evidence: {_one_line(cause.evidence, width)}")
+        if cause.hint:
+            lines.append(f"  hint: {cause.hint}")
+        lines.append(
+            "  explains: "
+            + (
+                ", ".join(f"{v.property} [{v.clause}]" for v in group.failures)
+                or "no failure of this run (the probe found it on its own)"
+            )
+        )
+    for divergence in found:
+        lines.append(
+            ("not explained by a probe: " if groups else "")
+            + f"{divergence.clause} ({divergence.status}): "
+            + (", ".join(divergence.properties) or "waived")
+            + (f": {_one_line(divergence.finding, width)}" if divergence.properties else "")
+        )
+        if divergence.write_up:
+            lines.append(f"  confirmed: {divergence.write_up}")
+        lines.extend(f"  consequence: {_one_line(e, width)}" for e in divergence.evidence)
+    return lines
+
+
+def cause_of(report: Report, verdict: Verdict) -> str:
+    """ "cause N: explanation [clause]" for a failure a probed cause explains, "" when
+    none does (the numbering of :func:`cause_summary` and the console)."""
+    groups, _ = by_cause(report)
+    for number, group in enumerate(groups, 1):
+        if any(v is verdict for v in group.failures):
+            return f"cause {number}: {group.cause.explanation} [{group.cause.clause}]"
+    return ""
+
+
 def _divergence_blocks(
     report: Report,
     found: Sequence[Divergence],
@@ -574,6 +625,7 @@ def to_junit(report: Report, *, rerun: Rerun | None = None) -> str:
         time=f"{sum(v.seconds for v in report.verdicts):.3f}",
     )
     properties = ET.SubElement(suite, "properties")
+    causes = cause_summary(report)
     for name, value in [
         ("spec_version", spec_version()),
         ("backend", report.backend),
@@ -586,6 +638,7 @@ def to_junit(report: Report, *, rerun: Rerun | None = None) -> str:
         ("waived", " ".join(report.waived)),
         ("claim", report.claim),
         *(("note", note) for note in report.notes),
+        *((("causes", causes[0].rstrip(":")),) if causes else ()),
     ]:
         ET.SubElement(properties, "property", name=name, value=value)
     for verdict in report.verdicts:
@@ -605,7 +658,8 @@ def to_junit(report: Report, *, rerun: Rerun | None = None) -> str:
                 message=_one_line(verdict.detail, 500),
                 type=f"{verdict.clause} {verdict.level}",
             )
-            element.text = failure_text(verdict, rerun)
+            cause = cause_of(report, verdict)
+            element.text = (cause + "\n" if cause else "") + failure_text(verdict, rerun)
         if verdict.status in (FAILED, WARNING):
             out = ET.SubElement(case, "system-out")
             out.text = (
@@ -619,6 +673,8 @@ def to_junit(report: Report, *, rerun: Rerun | None = None) -> str:
                     )[0].strip()
                 )
             )
+    if causes:  # the causes as the console tells them, for the whole run
+        ET.SubElement(suite, "system-out").text = "\n".join(causes)
     ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
 

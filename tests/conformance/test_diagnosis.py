@@ -223,6 +223,40 @@ def test_report_shows_each_cause_once_with_the_failures_it_explains() -> None:
     assert [d["properties"] for d in data["divergences"]] == [["dtype-preserved"]]
 
 
+def test_junit_shows_the_causes_as_the_console_does() -> None:
+    """CONF-1: the JUnit report counts the causes (a suite property), tells them as the
+    console does (the suite's system-out: each cause with its evidence, hint and the
+    failures it explains, then those no cause explains), and heads each failure a cause
+    explains with that cause."""
+    import xml.etree.ElementTree as ET
+
+    from attnspec.conformance.report.render import to_junit
+
+    verdicts = [
+        hand_verdict("explicit-scale", "SDPA-2.2", case=_case(dtype="float32", scale=0.0)),
+        hand_verdict("key-permutation", "SDPA-7.6", case=_case(dtype="float32", scale=0.0)),
+        hand_verdict("dtype-preserved", "SDPA-1.3", case=_case(dtype="float16")),
+    ]
+    cause = Cause("scale-zero-is-default", "SDPA-2.2", "scale=0 as default", "probe A", "hint A")
+    suite = ET.fromstring(to_junit(hand_report(verdicts, causes=[cause])))[0]
+    counted = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert counted["causes"] == (
+        "2 causes: 1 established by diagnosis probes, 1 found by the properties alone"
+    )
+    told = suite.find("system-out")
+    assert told is not None and told.text is not None
+    assert "cause 1: scale=0 as default [SDPA-2.2]" in told.text
+    assert "  evidence: probe A" in told.text and "  hint: hint A" in told.text
+    assert "explains: explicit-scale [SDPA-2.2], key-permutation [SDPA-7.6]" in told.text
+    assert "not explained by a probe: SDPA-1.3 (failed): dtype-preserved" in told.text
+    failures = {
+        case.get("name"): (case.find("failure").text or "")  # type: ignore[union-attr]
+        for case in suite.iter("testcase")
+    }
+    assert failures["key-permutation[SDPA-7.6]"].startswith("cause 1: scale=0 as default")
+    assert not failures["dtype-preserved[SDPA-1.3]"].startswith("cause")
+
+
 def test_a_check_reports_the_probed_cause() -> None:
     """CONF-1 (SDPA-2.2): checking a kernel that takes scale=0 as the default reports that
     cause once, with the failures it explains under it."""
@@ -282,21 +316,30 @@ def test_long_reproductions_go_beside_the_report(tmp_path: Path) -> None:
     [
         ("key-permutation", sm.online_softmax_drops_tail, "out_original = fn("),
         ("value-linearity", sm.values_cached_in_int8, "out_v2 = fn("),
+        ("masked-values-ignored", sc.max_includes_masked_keys, "out_original = fn("),
+        ("masked-nonfinite-ignored", sm.nan_leaks_through_matmul, "out_original = fn("),
+        ("causal-zeros", sc.causal_one_ahead, "out_original = fn("),
+        ("decode-consistency", sc.decode_step_top_left, "out_full = fn("),
+        ("batch-head-independence", sm.batch_and_heads_transposed, "out_original = fn("),
+        ("mask-broadcast", sc.mask_ignores_head_broadcast, "out_head0 = fn("),
+        ("mask-wins-over-bias", sc.additive_mask_minus_1e4, "out_zeroed = fn("),
+        # a kernel whose calls differ at random: its replay may happen to agree
+        ("deterministic", pl.random_key_order, "out_again = fn("),
     ],
 )
 def test_two_call_reproductions_replay_every_call(
     property_id: str, fn: Callable[..., Any], other: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """SDPA-7.6: the reproduction of a property that compared calls with each other makes
-    every call it made and the comparison it failed, and run on its own shows the
-    difference beyond the allowed one."""
+    """SDPA-7.6, SDPA-8, SDPA-4, SDPA-3, SDPA-7.5: the reproduction of a property that
+    compared calls with each other makes every call it made and the comparison it failed,
+    and run on its own shows the difference beyond the allowed one."""
     from support import verdict_of
 
     verdict = verdict_of(property_id, fn)
-    assert verdict.status == "failed", verdict.detail
+    assert verdict.status in ("failed", "warning"), verdict.detail  # SDPA-8.2 is a SHOULD
     assert other in verdict.reproduction and "expected = " in verdict.reproduction
     exec(compile(verdict.reproduction, property_id, "exec"), {})
     printed = capsys.readouterr().out
     assert "largest difference between the calls:" in printed
     beyond = printed.split("beyond it at: ")[1].splitlines()[0]
-    assert beyond != "[]", printed
+    assert beyond != "[]" or property_id == "deterministic", printed

@@ -194,6 +194,38 @@ def test_relink_links_only_what_a_write_up_describes() -> None:
     assert relinked.divergences[0].write_up == ""
 
 
+def test_rows_show_the_probed_causes_as_the_console_does(tmp_path: Path) -> None:
+    """CONF-1 (issue 38): a row keeps the causes diagnosis probes established, with the
+    properties each explains; the Markdown tells each before the divergences and marks
+    a divergence a cause explains; the summary counts them; the JSON keeps them."""
+    from attnspec.conformance.judge.verdict import Cause
+
+    wide = "q(1, 1, 1), k(1, 2, 1), dtype=float64, is_causal=False, scale=None"
+    report = hand_report(
+        [
+            hand_verdict("matches-reference", "SDPA-7.3", case=wide),
+            hand_verdict("output-shape-dtype", "SDPA-1.3", case=wide.replace("64", "16")),
+        ],
+        causes=[Cause("float64-in-float32", "SDPA-7.3", "f64 in f32", "probe", "--dtype x")],
+    )
+    row = matrix.row_from_report(KNOWN_KERNELS[0], report, {}, 1.0)
+    assert [(c["name"], c["explains"]) for c in row.causes] == [
+        ("float64-in-float32", ["matches-reference"])
+    ]
+    text = matrix.to_markdown([row])
+    told = text.split("### ")[-1]
+    assert "- cause 1 (**SDPA-7.3**): f64 in f32" in told
+    assert "  - evidence: probe" in told and "  - hint: --dtype x" in told
+    assert "  - explains: `matches-reference`" in told
+    assert told.index("cause 1") < told.index("properties: matches-reference")
+    assert "explained by cause 1 above; properties: matches-reference" in told
+    assert "output-shape-dtype" in told.split("explained by cause 1 above")[1]
+    assert "1 probed cause" in matrix.summary([row])
+    path = tmp_path / "matrix.json"
+    path.write_text(matrix.to_json([row]), encoding="utf-8")
+    assert matrix.rows_in(path)[0].causes == row.causes
+
+
 def test_unknown_kernel_name_is_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

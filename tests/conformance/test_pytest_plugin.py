@@ -290,12 +290,12 @@ def test_items_run_unchanged_under_xdist(pytester: pytest.Pytester, kernel_file:
     )
 
 
-def test_summary_lists_distinct_divergences_with_their_consequences(
+def test_summary_lists_causes_with_the_failures_they_explain(
     pytester: pytest.Pytester,
 ) -> None:
-    """Issue 9, as in the CLI: a kernel giving mean(V) for fully masked rows fails both
-    items, and the summary names one divergence (SDPA-5.1) with rows-sum-to-one folded
-    under it, re-run around fully masked rows."""
+    """Issues 9 and 38, as in the CLI: a kernel giving mean(V) for fully masked rows fails
+    both items, and the summary names one cause (SDPA-5.1, established by a probe) with
+    its evidence, the flag that would make it pass and both failures it explains."""
     result = pytester.runpytest(
         "--attnspec-kernel",
         "catalogue.bugs_softmax:finite_fill_jax_style",
@@ -305,9 +305,11 @@ def test_summary_lists_distinct_divergences_with_their_consequences(
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(
         [
-            "*1 distinct divergence:",
-            "  SDPA-5.1 (failed): empty-rows-zero: * in a row with no allowed key*",
-            "    consequence: rows-sum-to-one: passes drawn around fully-masked-row (SDPA-5.1)*",
+            "1 cause: 1 established by diagnosis probes, 0 found by the properties alone:",
+            "cause 1: * mean(V)*SDPA-5.1*",
+            "  evidence: *",
+            "  hint: *--no-empty-rows-zero*",
+            "  explains: empty-rows-zero ?SDPA-5.1?, rows-sum-to-one ?SDPA-7.1?",
             "*DOES NOT CONFORM*",
         ]
     )

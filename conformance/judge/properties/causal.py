@@ -22,6 +22,7 @@ from ..bounds import reference_bound, weights_bound
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import needs, register
+from ..reproduce import replaying
 from ._helpers import within_validity
 
 # TOL-2 does not cover weights in the subnormal range (spec/tolerance.md, "Known
@@ -94,14 +95,15 @@ def causal_zeros(kernel: KernelUnderTest, data: st.DataObject) -> None:
     before = (np.arange(n_queries) + offset < cut)[:, None]
     rows = before & compared_rows(problem, kernel.declaration)
     out, out_changed = kernel.output(problem), kernel.output(other)
-    assert_identical(
-        np.where(rows, out_changed, 0.0),
-        np.where(rows, out, 0.0),
-        f"out of rows i + {offset} < {cut} after changing keys/values j >= {cut} "
-        f"[{alignment_clause(kernel.declaration)}]",
-        other,
-        kernel,
-    )
+    with replaying([("original", problem)], "out_original", compared=rows):
+        assert_identical(
+            np.where(rows, out_changed, 0.0),
+            np.where(rows, out, 0.0),
+            f"out of rows i + {offset} < {cut} after changing keys/values j >= {cut} "
+            f"[{alignment_clause(kernel.declaration)}]",
+            other,
+            kernel,
+        )
 
 
 @register("causal-alignment", "SDPA-4.1", applies=needs("causal"))
@@ -185,11 +187,13 @@ def decode_consistency(kernel: KernelUnderTest, data: st.DataObject) -> None:
             ..., n_queries - r :, :
         ]
     )
-    assert_within_bound(
-        tail_out,
-        full_out[..., n_queries - r :, :],
-        tolerance,
-        f"out of the last {r} rows computed alone vs the full call [SDPA-4.4]",
-        tail,
-        kernel,
-    )
+    last = f"[..., {n_queries - r}:, :]"
+    with replaying([("full", problem)], f"out_full{last}", f"bound(problem_full){last}"):
+        assert_within_bound(
+            tail_out,
+            full_out[..., n_queries - r :, :],
+            tolerance,
+            f"out of the last {r} rows computed alone vs the full call [SDPA-4.4]",
+            tail,
+            kernel,
+        )

@@ -29,10 +29,9 @@ from ..assertions import (
     keyless_rows_unjudged,
 )
 from ..bounds import reference_bound
-from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import needs, register
-from ..reproduce import ReplayedFailure
+from ..reproduce import replaying
 from ._helpers import within_validity
 
 # Value pairs (a, b) for linearity: with V1, V2 odd multiples of 1/4 in [-3.75, 3.75],
@@ -61,14 +60,12 @@ def _assert_runs_agree(
     ``replay``: the other calls (name, problem), and the expressions of ``expected`` and of
     ``tolerance`` beyond ``problem``'s own bound (:class:`.reproduce.ReplayedFailure`), so
     that the reproduction replays every call and the comparison."""
-    try:
+    with replaying(*replay):
         assert_shape(actual, expected.shape, what, problem, kernel)
         judged = keyless_rows_unjudged(
             kernel, compared_rows(problem, kernel.declaration), actual, expected
         )
         assert_within_bound(judged, expected, tolerance, what, problem, kernel)
-    except PropertyFailure as failure:
-        raise ReplayedFailure(failure, *replay) from None
 
 
 def _take(a: np.ndarray | None, order: list[int], axis: int, size: int) -> np.ndarray | None:
@@ -176,13 +173,14 @@ def batch_head_independence(kernel: KernelUnderTest, data: st.DataObject) -> Non
     out, out_other = kernel.output(problem), kernel.output(other)
     untouched = np.ones(out.shape, dtype=bool)
     untouched[touched] = False
-    assert_identical(
-        np.where(untouched, out_other, 0.0),
-        np.where(untouched, out, 0.0),
-        f"out of the other batch elements and heads after changing one {part} [SDPA-7.6]",
-        other,
-        kernel,
-    )
+    with replaying([("original", problem)], "out_original", compared=untouched):
+        assert_identical(
+            np.where(untouched, out_other, 0.0),
+            np.where(untouched, out, 0.0),
+            f"out of the other batch elements and heads after changing one {part} [SDPA-7.6]",
+            other,
+            kernel,
+        )
 
 
 def shift_limit(dtype: str) -> float:

@@ -42,6 +42,7 @@ from ..convention_hints import mask_convention
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import needs, register
+from ..reproduce import replaying
 from ._helpers import values_per_query, within_validity
 
 EXPLICIT_NON_UNIT_SCALES = (0.5, 2.0, 0.125, -0.75, 4.0)
@@ -127,19 +128,29 @@ def mask_broadcast(kernel: KernelUnderTest, data: st.DataObject) -> None:
         tied = shape_pool.tied_to(data, dims)
         forms = [forms[tied.draw(st.integers(0, len(forms) - 1), label="mask form")]]
     for reduced, what in forms:
-        out, out_full = kernel.output(reduced), kernel.output(_explicitly_broadcast(reduced))
-        assert_same_result(kernel, reduced, out, out_full, f"{what} vs the full mask")
+        full = _explicitly_broadcast(reduced)
+        out, out_full = kernel.output(reduced), kernel.output(full)
+        assert_same_result(
+            kernel,
+            reduced,
+            out,
+            out_full,
+            f"{what} vs the full mask",
+            replay=([("full", full)], "out_full"),
+        )
     if dims.scores_shape[-3] > 1:  # a per-head mask acts per head
         # a full mask of its own, different in every head whatever form was drawn (on a
         # pooled shape the form is one a run), in the shapes the full forms compiled
         per_head = problem.with_(mask=rng.random(dims.scores_shape) < density)
-        own = _each_head_with_its_slice_everywhere(kernel, per_head)
+        own, calls = _each_head_with_its_slice_everywhere(kernel, per_head)
+        heads = ", ".join(f"out_head{h}[..., {h}:{h + 1}, :, :]" for h in range(len(calls)))
         assert_same_result(
             kernel,
             per_head,
             kernel.output(per_head),
             own,
             "out (full mask) vs each head's slice given to all",
+            replay=(calls, f"np.concatenate([{heads}], axis=-3)"),
         )
 
 
@@ -149,19 +160,23 @@ def _explicitly_broadcast(problem: Problem) -> Problem:
     return problem.with_(mask=np.ascontiguousarray(mask))
 
 
-def _each_head_with_its_slice_everywhere(kernel: KernelUnderTest, problem: Problem) -> np.ndarray:
+def _each_head_with_its_slice_everywhere(
+    kernel: KernelUnderTest, problem: Problem
+) -> tuple[np.ndarray, list[tuple[str, Problem]]]:
     """Head h of the output of ``problem`` (a full mask) given head h's slice of the mask
     in every head, for each h: a kernel that reads another head's slice (the first, the
     key/value head's, ...) for some head gives that head another result.  Each call has
     the problem's own shapes, which a backend compiling per shape has compiled already (a
-    call per head alone, with one head, would compile once more per example)."""
+    call per head alone, with one head, would compile once more per example).  With the
+    calls made ("headH", problem), for the reproduction."""
     mask = problem.required("mask")
-    heads = []
+    heads, calls = [], []
     for h in range(problem.q.shape[-3]):
         everywhere = np.broadcast_to(mask[..., h : h + 1, :, :], mask.shape)
-        out = kernel.output(problem.with_(mask=np.ascontiguousarray(everywhere)))
-        heads.append(out[..., h : h + 1, :, :])
-    return np.concatenate(heads, axis=-3)
+        call = problem.with_(mask=np.ascontiguousarray(everywhere))
+        heads.append(kernel.output(call)[..., h : h + 1, :, :])
+        calls.append((f"head{h}", call))
+    return np.concatenate(heads, axis=-3), calls
 
 
 @register("bias-semantics", "SDPA-3.2", applies=needs("bias"))
@@ -233,13 +248,14 @@ def mask_wins_over_bias(kernel: KernelUnderTest, data: st.DataObject) -> None:
     loud = zeroed.with_(
         bias=np.where(mask, bias, _large_finite_fill(kernel, data, shape, problem.dtype))
     )
-    assert_identical(
-        kernel.output(loud),
-        kernel.output(zeroed),
-        "out with large finite bias at masked positions vs bias 0 there",
-        loud,
-        kernel,
-    )
+    with replaying([("zeroed", zeroed)], "out_zeroed"):
+        assert_identical(
+            kernel.output(loud),
+            kernel.output(zeroed),
+            "out with large finite bias at masked positions vs bias 0 there",
+            loud,
+            kernel,
+        )
 
     excluded = rng.random(mask.shape) < data.draw(st.sampled_from([0.3, 0.6]), label="-inf share")
     by_bias = zeroed.with_(bias=np.where(excluded, -np.inf, zeroed.required("bias")))
@@ -251,7 +267,11 @@ def mask_wins_over_bias(kernel: KernelUnderTest, data: st.DataObject) -> None:
         kernel.output(by_bias),
         kernel.output(by_mask),
         "out with -inf bias vs those positions masked out [SDPA-3.3]",
-        keyless_rows=False,  # a row the -inf bias empties is SDPA-5.1's (empty-rows-zero)
+        keyless_rows=False,
+        replay=(
+            [("by_mask", by_mask)],
+            "out_by_mask",
+        ),  # a row the -inf bias empties is SDPA-5.1's (empty-rows-zero)
     )
 
 
