@@ -347,6 +347,28 @@ def empty_row_output(kernel: KernelUnderTest) -> Cause | None:
     if np.all(np.isnan(row)):
         what, name = "NaN (a softmax over scores that are all -inf: 0/0)", "empty-row-nan"
     elif np.allclose(row, v.mean(axis=-2), atol=tolerance, rtol=0):
+        filled = _excluded_keys_kept(kernel)
+        if filled:
+            return Cause(
+                name="excluded-keys-filled-finite",
+                clause="SDPA-5.1",
+                explanation=(
+                    "the kernel replaces excluded scores by a finite value (such as -1e9 or "
+                    "-0.7 finfo.max) instead of excluding the keys: a row with no allowed key "
+                    "gets uniform weights, mean(V), and excluded keys stay in the softmax "
+                    "and in P @ V (" + "; ".join(filled) + ")"
+                ),
+                evidence=(
+                    "on a probe whose query 0 has every key excluded, row 0 of the output "
+                    f"is mean(V) ({np.array2string(row.reshape(-1)[:4], precision=3)}...); "
+                    + "; ".join(f"with key 0 excluded, {e}" for e in filled.values())
+                ),
+                hint=(
+                    "exclude masked keys (-inf scores, 0 for a row with none allowed); "
+                    "--no-empty-rows-zero waives only the empty rows (SDPA-5.1, CONF-7), not "
+                    "what the excluded keys do to the other rows"
+                ),
+            )
         what = (
             "mean(V): uniform weights over every key, as when excluded scores are replaced "
             "by a finite value (-1e9, finfo.min) rather than excluded"
@@ -373,6 +395,64 @@ def empty_row_output(kernel: KernelUnderTest) -> Cause | None:
         ),
         hint=declare,
     )
+
+
+def _excluded_keys_kept(kernel: KernelUnderTest) -> dict[str, str]:
+    """What shows that excluded keys keep a finite score (a fill) rather than leaving the
+    softmax, on probes with key 0 excluded from every row (by the mask, else a -inf bias):
+    {what it does to the other rows: the evidence}; empty when nothing shows.
+
+    * every allowed score far below any finite fill but finfo.min (-1e12 in float64, -1e10
+      in float32; equal, so the definition is the mean of their values): the excluded key
+      takes the whole weight, its value comes out (an additive fill would leave key 0's
+      score lower still: its own score is twice as low);
+    * a NaN in key 0's value: it reaches the output (weight 0 times NaN).
+    """
+    dtype = "float64" if "float64" in kernel.dtypes else kernel.widest_dtype
+    shown: dict[str, str] = {}
+    excluded = _one_key_excluded(kernel, _plain(kernel, dtype))
+    if excluded is None:
+        return shown
+    if dtype in ("float32", "float64"):
+        big = 1e12 if dtype == "float64" else 1e10
+        k = np.full((2, 5, 4), -big / 2)  # scores 4 * (-big / 2) / 2 = -big
+        k[:, 0, :] = -big  # key 0's own score, -2 big: below the allowed ones
+        low = _one_key_excluded(
+            kernel, _problem(kernel, dtype, np.ones((2, 3, 4)), k, _normal(2, 2, 5, 6))
+        )
+        out = None if low is None else _output(kernel, low)
+        if low is not None and out is not None:
+            v = np.broadcast_to(low.v, (*out.shape[:-2], low.v.shape[-2], out.shape[-1]))
+            scale = max(1.0, float(np.max(np.abs(v))))
+            if np.allclose(out, v[..., 0:1, :], atol=1e-3 * scale, rtol=0) and not np.allclose(
+                out, v[..., 1:, :].mean(axis=-2, keepdims=True), atol=1e-3 * scale, rtol=0
+            ):
+                shown["an excluded key outranks allowed ones whose scores are lower"] = (
+                    f"allowed scores of {-2 * big / 2:.0e} give key 0's value"
+                )
+    v = excluded.v.copy()
+    v[..., 0, :] = np.nan
+    out = _output(kernel, excluded.with_(v=v))
+    if out is not None and np.any(np.isnan(out)):
+        shown["NaN in an excluded value leaks into the output"] = (
+            "a NaN in its value reaches the output"
+        )
+    return shown
+
+
+def _one_key_excluded(kernel: KernelUnderTest, problem: Problem) -> Problem | None:
+    """``problem`` with key 0 excluded from every row (by the mask; else by a -inf bias);
+    None when the kernel takes neither."""
+    shape = _scores_shape(problem)
+    if kernel.declaration.mask:
+        mask = np.ones(shape, dtype=bool)
+        mask[..., 0] = False
+        return problem.with_(mask=mask)
+    if kernel.declaration.bias:
+        bias = np.zeros(shape)
+        bias[..., 0] = -np.inf
+        return problem.with_(bias=bias)
+    return None
 
 
 def masks_by_adding_finite_value(kernel: KernelUnderTest) -> Cause | None:
@@ -752,7 +832,26 @@ def diagnose(kernel: KernelUnderTest) -> list[Cause]:
             cause = None
         if cause is not None:
             found.append(cause)
-    return found
+    return _float16_bias_folded(found)
+
+
+def _float16_bias_folded(found: list[Cause]) -> list[Cause]:
+    """``found`` with a float16 bias folded into float16 scores: scores kept in float16
+    round a -65504 padding bias's sums in steps of 32 wherever the bias is added, so the
+    bias probe sees the same root cause (torch's MultiheadAttention with need_weights);
+    its evidence joins the scores' cause."""
+    names = [cause.name for cause in found]
+    scores = next((n for n in names if n.startswith("scores-") and n.endswith("float16")), None)
+    if scores is None or "bias-added-in-float16" not in names:
+        return found
+    bias = found[names.index("bias-added-in-float16")]
+    return [
+        replace(cause, evidence=f"{cause.evidence}; and {bias.evidence}")
+        if cause.name == scores
+        else cause
+        for cause in found
+        if cause is not bias
+    ]
 
 
 # --- which failures a cause explains -------------------------------------------------------
@@ -806,6 +905,7 @@ _ACTS_ON: dict[str, Callable[[Case, Verdict], bool]] = {
     "causal-alignment-reversed": lambda c, v: c.is_causal and c.q[-2] != c.k[-2],
     "empty-row-nan": lambda c, v: "fully-masked-row" in v.features,
     "empty-row-mean-v": lambda c, v: "fully-masked-row" in v.features,
+    "excluded-keys-filled-finite": lambda c, v: _excludes(c) or "fully-masked-row" in v.features,
     "empty-row-single-key": lambda c, v: "fully-masked-row" in v.features,
     "mask-added-as-finite-value": lambda c, v: _excludes(c),
     "floor-weight-on-excluded-keys": lambda c, v: _excludes(c),

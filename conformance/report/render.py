@@ -275,8 +275,8 @@ def _cause_lines(
     full_reproduction_in: Where,
 ) -> list[str]:
     """Each established cause once, with its evidence, hint and every failure it explains
-    (the first told in full, the others folded to one line each), then the failures no
-    cause explains as distinct divergences."""
+    (one told in full, of the cause's own clause where one failed; the others folded to
+    one line each), then the failures no cause explains as distinct divergences."""
     groups, unexplained = by_cause(report)
     rest = unexplained_report(report, unexplained)
     found = divergences(rest, write_ups)
@@ -302,11 +302,14 @@ def _cause_lines(
         if not group.failures:
             lines.append("  explains no failure of this run (the probe found it on its own)")
             continue
+        # told in full: a failure of the cause's own clause (the property that checks
+        # what the cause breaks) where there is one, else the first that ran
+        first = next((v for v in group.failures if v.clause == cause.clause), group.failures[0])
+        others = [v for v in group.failures if v is not first]
         lines.append(
             f"  explains {len(group.failures)} failure{'s' * (len(group.failures) != 1)}"
-            + (", the first told in full:" if len(group.failures) > 1 else ":")
+            + (f", {first.property} told in full:" if others else ":")
         )
-        first, *others = group.failures
         lines.extend(
             "  " + line
             for line in failure_text(

@@ -51,14 +51,18 @@ PINNED: list[tuple[Callable[..., Any], str, str]] = [
     (sc.top_left_declared_bottom_right, "causal-alignment-reversed", "computes top-left"),
     (sc.bottom_right_declared_top_left, "causal-alignment-reversed", "computes bottom-right"),
     (sc.additive_mask_minus_1e4, "mask-added-as-finite-value", "adding a finite value"),
-    (sm.finite_fill_minus_1e9, "empty-row-mean-v", "mean(V)"),
-    (sm.finite_fill_jax_style, "empty-row-mean-v", "mean(V)"),
+    # a fill rather than exclusion: mean(V) for empty rows, and the fill outranking allowed
+    # scores below it (-1e9) or NaN leaking from an excluded value (both): one cause
+    (sm.finite_fill_minus_1e9, "excluded-keys-filled-finite", "replaces excluded scores"),
+    (sm.finite_fill_jax_style, "excluded-keys-filled-finite", "replaces excluded scores"),
     (sm.nan_on_empty_rows, "empty-row-nan", "outputs NaN"),
     (dg.floor_weight_on_excluded, "floor-weight-on-excluded-keys", "tiny weight"),
     (dg.single_key_weight_one, "single-key-weight-one", "weight 1 whatever the score"),
     (dg.scores_cast_to_float16, "scores-rounded-to-float16", "rounds them to float16"),
     (dg.scores_accumulated_in_float16, "scores-accumulated-in-float16", "accumulated in float16"),
     (dg.bias_added_in_float16, "bias-added-in-float16", "adds the bias to the scores in float16"),
+    # one float16 buffer for scores and bias: one cause, not a float16 bias besides
+    (dg.scores_and_bias_in_float16, "scores-rounded-to-float16", "rounds them to float16"),
     (sc.inverted_mask_polarity, "mask-inverted", "reads the mask inverted"),
     (sc.gqa_modulo_mapping, "gqa-interleaved-heads", "h mod Hkv"),
     (sm.batch_and_heads_transposed, "batch-head-mixed", "mixed up"),

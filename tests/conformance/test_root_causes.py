@@ -148,7 +148,7 @@ def test_mean_v_for_fully_masked_rows_is_one_divergence(runs: dict[str, Report])
         assert "passes drawn around fully-masked-row (SDPA-5.1)" in verdict.drawn_around
         assert int(verdict.drawn_around.split(": ")[1].split()[0]) > 0  # examples checked
     # the diagnosis probe names the cause (issue 38): one cause, every failure under it
-    assert [c.name for c in report.causes] == ["empty-row-mean-v"]
+    assert [c.name for c in report.causes] == ["excluded-keys-filled-finite"]
     text = render.format_table(report)
     assert text.index("1 cause: 1 established by diagnosis probes") < text.index("property  ")
     assert "explains 3 failures" in text

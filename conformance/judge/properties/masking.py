@@ -142,7 +142,8 @@ def mask_broadcast(kernel: KernelUnderTest, data: st.DataObject) -> None:
         # a full mask of its own, different in every head whatever form was drawn (on a
         # pooled shape the form is one a run), in the shapes the full forms compiled
         per_head = problem.with_(mask=rng.random(dims.scores_shape) < density)
-        own, calls = _each_head_with_its_slice_everywhere(kernel, per_head)
+        own = _each_head_with_its_slice_everywhere(kernel, per_head)
+        calls = _each_head_calls(per_head)
         heads = ", ".join(f"out_head{h}[..., {h}:{h + 1}, :, :]" for h in range(len(calls)))
         assert_same_result(
             kernel,
@@ -160,23 +161,32 @@ def _explicitly_broadcast(problem: Problem) -> Problem:
     return problem.with_(mask=np.ascontiguousarray(mask))
 
 
-def _each_head_with_its_slice_everywhere(
-    kernel: KernelUnderTest, problem: Problem
-) -> tuple[np.ndarray, list[tuple[str, Problem]]]:
+def _each_head_calls(problem: Problem) -> list[tuple[str, Problem]]:
+    """("headH", ``problem`` with head H's slice of its full mask in every head), for
+    each head H (named for the reproduction, which replays them)."""
+    mask = problem.required("mask")
+    return [
+        (
+            f"head{h}",
+            problem.with_(
+                mask=np.ascontiguousarray(np.broadcast_to(mask[..., h : h + 1, :, :], mask.shape))
+            ),
+        )
+        for h in range(problem.q.shape[-3])
+    ]
+
+
+def _each_head_with_its_slice_everywhere(kernel: KernelUnderTest, problem: Problem) -> np.ndarray:
     """Head h of the output of ``problem`` (a full mask) given head h's slice of the mask
     in every head, for each h: a kernel that reads another head's slice (the first, the
     key/value head's, ...) for some head gives that head another result.  Each call has
     the problem's own shapes, which a backend compiling per shape has compiled already (a
-    call per head alone, with one head, would compile once more per example).  With the
-    calls made ("headH", problem), for the reproduction."""
-    mask = problem.required("mask")
-    heads, calls = [], []
-    for h in range(problem.q.shape[-3]):
-        everywhere = np.broadcast_to(mask[..., h : h + 1, :, :], mask.shape)
-        call = problem.with_(mask=np.ascontiguousarray(everywhere))
-        heads.append(kernel.output(call)[..., h : h + 1, :, :])
-        calls.append((f"head{h}", call))
-    return np.concatenate(heads, axis=-3), calls
+    call per head alone, with one head, would compile once more per example)."""
+    heads = [
+        kernel.output(call)[..., h : h + 1, :, :]
+        for h, (_, call) in enumerate(_each_head_calls(problem))
+    ]
+    return np.concatenate(heads, axis=-3)
 
 
 @register("bias-semantics", "SDPA-3.2", applies=needs("bias"))
