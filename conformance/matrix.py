@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .judge.verdict import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Report
+from .judge.verdict import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Cause, Report
 from .kernels.known import KNOWN_KERNELS, KnownKernel
-from .report.render import divergence_count, divergence_markdown
+from .report.render import divergence_count, divergence_markdown, told_cause
 from .run.root_causes import Divergence, MergedFinding, by_cause, divergences
 from .run.supervisor import worker_threads
 
@@ -366,14 +366,15 @@ def _cause_markdown(row: MatrixRow) -> list[str]:
     """The causes diagnosis probes established for ``row``'s kernel, as the console tells
     them: explanation, evidence, hint and the properties whose failures each explains."""
     lines = []
-    for number, cause in enumerate(row.causes, 1):
-        lines.append(f"- cause {number} (**{cause['clause']}**): {cause['explanation']}")
-        lines.append(f"  - evidence: {cause['evidence']}")
-        if cause.get("hint"):
-            lines.append(f"  - hint: {cause['hint']}")
-        lines.append(
-            "  - explains: "
-            + (", ".join(f"`{p}`" for p in cause["explains"]) or "no failure of this run")
+    for number, told in enumerate(row.causes, 1):
+        cause = Cause(**{k: v for k, v in told.items() if k != "explains"})
+        lines.extend(
+            told_cause(
+                f"- cause {number} (**{cause.clause}**): {cause.explanation}",
+                cause,
+                [f"`{p}`" for p in told["explains"]],
+                "  - ",
+            )
         )
     return lines + ([""] if lines else [])
 

@@ -13,7 +13,7 @@ import textwrap
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from copy import copy
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from ..._version import SPEC_VERSION
@@ -29,6 +29,7 @@ from ..judge.verdict import (
     PASSED,
     WAIVED,
     WARNING,
+    Cause,
     Report,
     Verdict,
 )
@@ -360,15 +361,12 @@ def cause_summary(
     ]
     for number, group in enumerate(groups, 1):
         cause = group.cause
-        lines.append(f"cause {number}: {cause.explanation} [{cause.clause}]")
-        lines.append(f"  evidence: {_one_line(cause.evidence, width)}")
-        if cause.hint:
-            lines.append(f"  hint: {cause.hint}")
-        lines.append(
-            "  explains: "
-            + (
-                ", ".join(f"{v.property} [{v.clause}]" for v in group.failures)
-                or "no failure of this run (the probe found it on its own)"
+        lines.extend(
+            told_cause(
+                f"cause {number}: {cause.explanation} [{cause.clause}]",
+                replace(cause, evidence=_one_line(cause.evidence, width)),
+                [f"{v.property} [{v.clause}]" for v in group.failures],
+                "  ",
             )
         )
     for divergence in found:
@@ -382,6 +380,19 @@ def cause_summary(
             lines.append(f"  confirmed: {divergence.write_up}")
         lines.extend(f"  consequence: {_one_line(e, width)}" for e in divergence.evidence)
     return lines
+
+
+def told_cause(head: str, cause: Cause, explains: Sequence[str], indent: str) -> list[str]:
+    """``head``, then the cause's evidence, hint and the failures it ``explains``, each on
+    a line of its own starting with ``indent`` (the short forms of a cause: CI logs,
+    Markdown reports, the matrix)."""
+    return [
+        head,
+        f"{indent}evidence: {cause.evidence}",
+        *([f"{indent}hint: {cause.hint}"] if cause.hint else []),
+        f"{indent}explains: "
+        + (", ".join(explains) or "no failure of this run (the probe found it on its own)"),
+    ]
 
 
 def cause_of(report: Report, verdict: Verdict) -> str:
@@ -722,13 +733,13 @@ def _divergences_markdown(report: Report, write_ups: dict[str, str] | None) -> l
         lines.extend(["", f"### {cause_count(groups, found)}", ""])
         for group in groups:
             cause = group.cause
-            lines.append(f"- **{cause.clause}**: {cause.explanation}")
-            lines.append(f"  - evidence: {cause.evidence}")
-            if cause.hint:
-                lines.append(f"  - hint: {cause.hint}")
-            lines.append(
-                "  - explains: "
-                + (", ".join(f"`{v.property}`" for v in group.failures) or "no failure of this run")
+            lines.extend(
+                told_cause(
+                    f"- **{cause.clause}**: {cause.explanation}",
+                    cause,
+                    [f"`{v.property}`" for v in group.failures],
+                    "  - ",
+                )
             )
     if not found:
         return lines

@@ -150,27 +150,3 @@ def bias_added_in_float16(
         s = np.matmul(a.q, np.swapaxes(a.k, -1, -2)) * np.float32(a.scale)
         s = (s.astype(np.float16) + a.bias.astype(np.float16)).astype(np.float32)
         return _softmax_pv(a, s)
-
-
-@declare(**ALL)
-def scores_and_bias_in_float16(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
-    """For float16 inputs, keeps the scores in float16 and adds the bias to them there
-    (one float16 buffer, as ``torch.nn.MultiheadAttention`` with ``need_weights=True``
-    does): one root cause, which the float16-score and the float16-bias probes both see."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
-    if q.dtype != np.float16:
-        return attend(a)
-    with np.errstate(**QUIET):
-        s = _float16_scores(a.with_(bias=None), accumulate=False)
-        if a.bias is not None:
-            s = (s.astype(np.float16) + a.bias.astype(np.float16)).astype(np.float32)
-        return _softmax_pv(a, s)

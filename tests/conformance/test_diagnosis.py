@@ -61,8 +61,6 @@ PINNED: list[tuple[Callable[..., Any], str, str]] = [
     (dg.scores_cast_to_float16, "scores-rounded-to-float16", "rounds them to float16"),
     (dg.scores_accumulated_in_float16, "scores-accumulated-in-float16", "accumulated in float16"),
     (dg.bias_added_in_float16, "bias-added-in-float16", "adds the bias to the scores in float16"),
-    # one float16 buffer for scores and bias: one cause, not a float16 bias besides
-    (dg.scores_and_bias_in_float16, "scores-rounded-to-float16", "rounds them to float16"),
     (sc.inverted_mask_polarity, "mask-inverted", "reads the mask inverted"),
     (sc.gqa_modulo_mapping, "gqa-interleaved-heads", "h mod Hkv"),
     (sm.batch_and_heads_transposed, "batch-head-mixed", "mixed up"),
@@ -159,6 +157,22 @@ def test_hints_name_the_declaration_that_passes() -> None:
     assert lower.conforms, [v.detail for v in lower.verdicts]
     waived = check(sm.finite_fill_minus_1e9, only="empty-rows-zero", empty_rows_zero=False)
     assert waived.conforms, [v.detail for v in waived.verdicts]
+
+
+def test_float16_scores_and_bias_in_one_buffer_are_one_cause() -> None:
+    """CONF-1 (SDPA-7.2, SDPA-5.1): torch.nn.MultiheadAttention with need_weights keeps
+    scores and bias in one float16 buffer; the float16-bias probe sees that too, and its
+    evidence joins the scores' cause instead of making a second one (pytorch #41508 gives
+    the NaN for empty rows, docs/divergences.md)."""
+    pytest.importorskip("torch", reason="the kernel is torch's MultiheadAttention")
+    from attnspec.conformance.judge.diagnosis import bias_added_in_float16
+    from attnspec.conformance.run.kernel_setup import KernelSetup
+
+    kernel = KernelSetup("torch.nn:MultiheadAttention").prepare()
+    assert bias_added_in_float16(kernel) is not None  # both probes see it
+    causes = diagnose(kernel)
+    assert [c.name for c in causes] == ["empty-row-nan", "scores-rounded-to-float16"]
+    assert "-65504" in causes[1].evidence
 
 
 def test_cause_lines_travel_with_the_hints() -> None:
