@@ -391,7 +391,10 @@ class IsolatedKernel:
         self.kernel: KernelInfo | None = None
         self._worker: _Worker | None = None
         self._starting: _Worker | None = None  # a worker loading the kernel (see abort)
-        self.lost = 0  # verdicts lost with their worker (a crash, an exit or a hang)
+        # verdicts lost with their worker (a crash, an exit or a hang) once a kernel call
+        # had started: a worker that went silent before any (discarded draws on a loaded
+        # machine) says nothing about the kernel, and must not stop its diagnosis
+        self.lost = 0
         self._aborted = False  # abort() was called: no worker is started any more
 
     def __enter__(self) -> IsolatedKernel:
@@ -543,7 +546,7 @@ class IsolatedKernel:
                 ("property", prop.id, profile, PROFILES.get(profile), seed, limits or SizeLimits())
             )
         except _Lost as lost:
-            self.lost += 1
+            self.lost += bool(lost.call.description)
             return self._lost(prop, lost.finding, lost.call, started, kernel)
         return verdict
 

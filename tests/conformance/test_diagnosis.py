@@ -175,6 +175,40 @@ def test_float16_scores_and_bias_in_one_buffer_are_one_cause() -> None:
     assert "-65504" in causes[1].evidence
 
 
+def test_a_worker_silent_before_any_kernel_call_does_not_stop_the_diagnosis(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CONF-5, CONF-1: a verdict lost because the worker went silent before any kernel
+    call (its own draws, on a loaded machine) says nothing about the kernel, so the
+    diagnosis probes still run; one lost during a kernel call stops them (probing a kernel
+    that hung could cost another timeout)."""
+    from attnspec.conformance.judge.registry import all_properties
+    from attnspec.conformance.run import supervisor
+    from attnspec.conformance.run.kernel_setup import KernelSetup
+
+    setup = KernelSetup("attnspec.reference:scaled_dot_product_attention", "numpy")
+    prop = all_properties()["default-scale"]
+    with supervisor.IsolatedKernel(setup, supervisor.IsolationOptions()) as session:
+        session.start()
+        for call, lost in ((supervisor._LastCall(), 0), (supervisor._LastCall("q(1, 1, 1)"), 1)):
+
+            def silent(request: tuple[Any, ...], call: Any = call) -> Any:
+                if request[0] == "hints":
+                    return ["probed"]
+                raise supervisor._Lost("nothing happened", call)
+
+            monkeypatch.setattr(session, "_request", silent)
+            assert session.run_property(prop, profile="quick", seed=None).status == "failed"
+            assert session.lost == lost
+            assert session.run_hints(1) == (["probed"] if not lost else [])
+        # and the report says that the failures' causes were not probed
+        from attnspec.conformance.plan import finish_report
+
+        report = hand_report([hand_verdict("default-scale", "SDPA-2.1")])
+        finish_report(report, session, partial=True)
+        assert any(line.startswith("the causes of the failures") for line in report.not_checked)
+
+
 def test_cause_lines_travel_with_the_hints() -> None:
     """CONF-1: a cause survives the hint lines a worker returns, the hints stay hints."""
     cause = Cause("scale-zero-is-default", "SDPA-2.2", "x", "y", "z")
