@@ -86,6 +86,8 @@ def _token(
     q, k, v, gate, strength, state, groups = _inputs(q, k, v, rule, g, beta, initial_state, bug)
     alpha = _scale(scale, q.shape[-1], bug)
     decode = k.shape[-2] == 1  # a one-token call: where kernels take a decode path
+    if bug == "zero_gate_fast_path" and not np.any(gate):  # "no gate": the linear rule
+        rule = "linear"
     outs = []
     for t in range(k.shape[-2]):
         before = state
@@ -339,6 +341,14 @@ CONTRACT_BUGS = (
         _chunked,
         "chunk sizes other than the tuned 16 drop the incomplete last chunk (fla #1142 kind)",
         "chunk-size",
+    ),
+)
+CONTRACT_BUGS += (
+    (
+        "zero_gate_fast_path",
+        _token,
+        "g = 0 everywhere taken as no gate, on a path without the delta correction (fla f636f5a)",
+        "zero-gate",
     ),
 )
 CHUNK_SIZES = (2, 3, CHUNK)  # what the declared kernels take as chunk_size=

@@ -11,6 +11,7 @@ from attnspec.conformance import check
 from catalogue import recurrent as catalogue
 
 RECURRENT_PROPERTIES = (
+    "recurrent-zero-gate",
     "recurrent-state-passing",
     "recurrent-decode",
     "recurrent-varlen",
@@ -37,9 +38,10 @@ def verdicts() -> dict[str, dict[str, str]]:
 
 
 def test_correct_recurrences_conform(verdicts: dict[str, dict[str, str]]) -> None:
-    """REC-2.2, REC-3.3, REC-5.1, REC-6.2: the token recurrence and the chunked form pass
-    every recurrence property (split runs, decode steps, packed sequences, every chunk size
-    they take, the reference); no other property applies."""
+    """REC-1.3, REC-2.2, REC-3.3, REC-5.1, REC-6.2: the token recurrence and the
+    chunked form pass every recurrence property (zero gates, split runs, decode
+    steps, packed sequences, every chunk size they take, the reference); no other property
+    applies."""
     for fn in catalogue.DECLARED_CORRECT:
         statuses = verdicts[fn.__name__]
         assert {statuses[p] for p in RECURRENT_PROPERTIES} == {"passed"}, (fn.__name__, statuses)
@@ -60,7 +62,8 @@ def test_every_recurrence_bug_is_caught(name: str, verdicts: dict[str, dict[str,
 def test_every_contract_bug_is_caught_by_its_property(
     name: str, prop: str, verdicts: dict[str, dict[str, str]]
 ) -> None:
-    """REC-2.2 (a decode step that skips the gate or reads the state before its token),
+    """REC-1.3 (a zero gate taken as no gate, without the delta correction), REC-2.2 (a
+    decode step that skips the gate or reads the state before its token),
     REC-3.3 (a state carried across a packed boundary, cu_seqlens ignored), REC-5.1 (a gate
     applied twice at a chunk edge, a chunk size that drops the last partial chunk): each
     fails the property of its clause in the quick profile."""
@@ -69,7 +72,8 @@ def test_every_contract_bug_is_caught_by_its_property(
 
 @pytest.mark.parametrize("seed", range(1, 5))
 def test_contract_properties_pass_the_correct_kernels_over_seeds(seed: int) -> None:
-    """REC-2.2, REC-3.3, REC-5.1: no false failure of the contract properties on the two
+    """REC-1.3, REC-2.2, REC-3.3, REC-5.1: no false failure of the contract
+    properties on the two
     correct formulations over five seeds of 20 examples each (seed 0 is the fixture's)."""
     contracts = RECURRENT_PROPERTIES[:-1]
     for fn in catalogue.DECLARED_CORRECT:
@@ -86,7 +90,7 @@ def test_library_conventions_are_checked_with_a_declaration() -> None:
     (the fla kernel called in the spec's own layout fails)."""
     from attnspec.conformance import RecurrentClaim
 
-    properties = RECURRENT_PROPERTIES[:3] + RECURRENT_PROPERTIES[4:]
+    properties = [p for p in RECURRENT_PROPERTIES if p != "recurrent-chunk-size"]
     fla = {
         "recurrent": RecurrentClaim("gated_delta", chunk_size=1, varlen=True),
         "extra_kwargs": {"output_final_state": True},

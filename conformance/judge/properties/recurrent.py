@@ -65,6 +65,19 @@ def _takes_cu_seqlens(declaration: KernelDeclaration) -> str | None:
     return reason
 
 
+def _takes(name: str, rules: tuple[str, ...]) -> Any:
+    """Applicable to a recurrence whose rule takes ``name`` (g: the gated rules, beta: the
+    delta rules)."""
+
+    def applies(declaration: KernelDeclaration) -> str | None:
+        reason = _recurrent_only(declaration)
+        if reason is None and _recurrent_claim(declaration).rule not in rules:
+            reason = f"the recurrent kernel's rule takes no {name}"
+        return reason
+
+    return applies
+
+
 def _takes_chunk_sizes(declaration: KernelDeclaration) -> str | None:
     reason = _recurrent_only(declaration)
     if reason is None and not _recurrent_claim(declaration).chunk_sizes:
@@ -264,6 +277,38 @@ def _whole(bound: RecurrentBound) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
         np.asarray(a)
         for a in (bound.out, bound.out_tolerance, bound.final_state, bound.final_state_tolerance)
     )
+
+
+def _with_zeros(data: st.DataObject, call: RecurrentCall, name: str) -> tuple[RecurrentCall, str]:
+    """``call`` with ``name`` (g or beta) exactly 0 at every token, or at a random half of
+    them (every key channel of a token), and how, for the failure's text."""
+    everywhere = data.draw(st.booleans(), label=f"{name} = 0 at every token")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="zeros seed"))
+    values = call.arrays[name].copy()
+    tokens = values.shape[:3]
+    values[np.ones(tokens, bool) if everywhere else rng.random(tokens) < 0.5] = 0.0
+    how = f"; {name} = 0 at {'every token' if everywhere else 'about half the tokens'}"
+    return RecurrentCall(
+        {**call.arrays, name: values}, call.rule, call.dtype, call.state_dtype
+    ), how
+
+
+def _zeros_match_reference(kernel: KernelUnderTest, data: st.DataObject, name: str) -> None:
+    """The kernel within REC-6.2 of the float64 recurrence with ``name`` zeroed."""
+    call, how = _with_zeros(data, _draw_call(data, kernel), name)
+    tokens, state = call.tokens(0, call.length), call.arrays.get("initial_state")
+    results = _invoke(kernel, call, tokens, state, how)
+    _judge(results, _whole(_bound(kernel, call, tokens, state)), "REC-1.3", call.describe(how))
+
+
+@register("recurrent-zero-gate", "REC-1.3", applies=_takes("g", GATED))
+def recurrent_zero_gate(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """REC-1.3: a gate of exactly 0 leaves the state unscaled, so with g = 0 at every token
+    `gated` is `linear` and `gated_delta` is `delta`, and at some tokens those tokens are
+    not decayed: a fast path for a zero gate that drops the delta correction
+    (flash-linear-attention f636f5a's, for g=None) shows, against the float64 recurrence
+    within REC-6.2."""
+    _zeros_match_reference(kernel, data, "g")
 
 
 @register("recurrent-matches-reference", "REC-6.2", applies=_recurrent_only)
