@@ -1,6 +1,7 @@
 """What several property modules share: the values TOL-2 compares, the output
 shape and dtype checks (SDPA-1.3), problems drawn with the features a kernel claims
-(softcap, ALiBi) or of its own family (sparse, linear).
+(softcap, ALiBi) or of its own family (sparse, linear), and inputs passed in another
+memory layout (strided, transposed, stride-0 views: SDPA-1.7 and SDPA-7.8).
 
 Property modules import these from here, never from each other, so each property module
 is a leaf and the registry can list them in clause order.
@@ -335,3 +336,54 @@ def draw_any_problem(data: st.DataObject, kernel: KernelUnderTest) -> Problem:
             st.integers(0, 2**16), label="seed"
         )
     return problem
+
+
+def call_with(
+    kernel: KernelUnderTest,
+    problem: Problem,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    context: str = "",
+) -> tuple[Any, Any]:
+    """(out, weights or None) for hand-built backend arguments describing ``problem``.
+
+    Like ``KernelUnderTest.call_on``, a kernel exception becomes a failure that shows the
+    problem (and ``context``, e.g. how the arguments were laid out); used where the
+    arguments are views or must be inspected after the call.
+    """
+    result = kernel.call_checked(args, kwargs, problem, context)
+    return kernel.split(result, problem)
+
+
+def _interleaved(values: np.ndarray, axis: int) -> np.ndarray:
+    """``values`` interleaved with filler along ``axis`` (-1 or -2): even positions hold
+    the values, odd ones NaN (False for masks), which only a stride-ignoring kernel reads."""
+    filler = ~values if values.dtype == bool else np.full_like(values, np.nan)
+    stacked = np.stack([values, filler], axis=axis)
+    shape = list(values.shape)
+    shape[axis] *= 2
+    return stacked.reshape(shape)
+
+
+def laid_out(
+    backend: Backend,
+    values: np.ndarray,
+    dtype: str | None,
+    layout: str,
+    shape: tuple[int, ...] | None = None,
+) -> Any:
+    """A backend array equal to ``values`` (broadcast to ``shape`` for "broadcast") whose
+    memory layout is ``layout``, built as a view with the backend's Array API namespace
+    (a backend whose arrays have no strides, JAX, never gets here: layout-independence
+    does not apply to it)."""
+    xp = backend.xp
+    if layout == "strided":  # every other element of the innermost axis
+        return backend.asarray(_interleaved(values, -1), dtype)[..., ::2]
+    if layout == "strided_rows":  # every other row
+        return backend.asarray(_interleaved(values, -2), dtype)[..., ::2, :]
+    if layout == "transposed":  # a contiguous (..., E, L) array seen as (..., L, E)
+        stored = np.ascontiguousarray(np.swapaxes(values, -1, -2))
+        return xp.matrix_transpose(backend.asarray(stored, dtype))
+    if layout == "broadcast":  # stride 0 along every axis where values has size 1
+        return xp.broadcast_to(backend.asarray(values, dtype), shape or values.shape)
+    return backend.asarray(values, dtype)

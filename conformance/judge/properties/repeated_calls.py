@@ -3,10 +3,20 @@
 Two ways a kernel's state leaks into its results (issue 29):
 
 * a plan, graph or precomputed term cached on the shapes alone: the second call of a shape
-  with other values, masks, biases, ALiBi slopes, softcaps, scales or another dtype gets
-  the first call's term.  ``same-shape-new-arguments`` calls the kernel back to back at one
-  shape with all of those changed, checks each call against the definition and calls the
-  first problem again, which must give its first result bit for bit.
+  with other values, masks, biases, ALiBi slopes, softcaps, scales, strides or another
+  dtype gets the first call's term.  ``same-shape-new-arguments`` calls the kernel back to
+  back at one shape with all of those changed, checks each call against the definition
+  and calls the first problem again, which must give its first result bit for bit.  Every
+  example meets each change but the dtype: the new values, mask, bias, scale, slopes and
+  softcap in call 2, the strides (call 2's inputs again, as strided or transposed views,
+  where the backend's arrays have strides) in call 3; the other dtype, on small problems,
+  is the most precise claimed one above the first call's, so a kernel that computes a
+  shape in the first call's precision is caught on every small example whose first dtype
+  is not the kernel's most precise one.  Packed and KV-cache calls
+  (``packed-same-shape-new-arguments``, spec/features.md) get the same at one set of
+  argument shapes with other sequence lengths (cu_seqlens, cache_seqlens) and another
+  block table; a new dropout seed at one shape is DROP-4's (``dropout-seed`` calls one
+  shape with seeds s, s, s + 1).
 * a fault that depends on the number of calls: wrong on a fraction f of the calls, or
   from the N-th call of a process on.  ``many-calls`` calls the kernel
   ``CALLS_PER_SMALL_EXAMPLE`` (8) times on each small problem (the first result checked
@@ -33,14 +43,18 @@ from ...call.problem import Problem
 from ...draw.sizes import Dims, current
 from ...draw.strategies import ALWAYS, MAYBE, draw_dims, draw_problem
 from ..assertions import assert_identical, assert_matches_reference
+from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import dense_only, register
-from ._helpers import SOFTCAPS, draw_alibi_slopes
+from ._helpers import SOFTCAPS, call_with, draw_alibi_slopes, laid_out
 
 # Calls of one small problem in many-calls (see the module doc for what they catch).
 CALLS_PER_SMALL_EXAMPLE = 8
 # Scores large enough that two of SOFTCAPS cap them differently, far beyond TOL-4.
 SOFTCAP_MAGNITUDE = 3.0
+# Layouts of call 3: views whose memory read with a contiguous array's strides (a plan
+# made for call 1's layout) gives other values (filler, or the transpose).
+OTHER_LAYOUTS = ("strided", "strided_rows", "transposed")
 
 
 def _draw(
@@ -77,14 +91,51 @@ def _other_mask(problem: Problem, first: Problem) -> Problem:
     return problem.with_(mask=mask)
 
 
+def _in_another_layout(kernel: KernelUnderTest, data: st.DataObject, problem: Problem) -> None:
+    """``problem`` called with q, k and v as views of one drawn layout of OTHER_LAYOUTS,
+    within TOL-2 of the definition (on a backend whose arrays have no strides: nothing; a
+    kernel that refuses the views is noted, and judged by layout-independence)."""
+    if not kernel.backend.has_strides:
+        return
+    layout = data.draw(st.sampled_from(OTHER_LAYOUTS), label="layout of call 3")
+    args, kwargs = kernel.arguments(problem)
+    args = tuple(
+        laid_out(kernel.backend, getattr(problem, name), problem.dtype, layout) for name in "qkv"
+    )
+    what = f"call 3: call 2's inputs again, q, k and v {layout}"
+    try:
+        out, _ = call_with(kernel, problem, args, kwargs, f" ({what})")
+    except KernelRaised as raised:
+        if isinstance(raised.__cause__, PropertyFailure):
+            raise  # the suite's own finding (inputs changed later), not the kernel's refusal
+        # refusing a layout is SDPA-1.7's (layout-independence), not a state carried over
+        kernel.note(f"not called with {layout} views: the kernel raised on them")
+        return
+    assert_matches_reference(kernel, problem, kernel.numpy(out), what=f"out ({what})")
+
+
+def _other_dtype(data: st.DataObject, kernel: KernelUnderTest, dtype: str) -> str | None:
+    """The dtype of the call after ``dtype``'s: the most precise claimed one above it (a
+    shape computed in the first call's precision then shows), else another claimed one."""
+    dtypes = kernel.dtypes  # in precision order
+    above = dtypes[dtypes.index(dtype) + 1 :] if dtype in dtypes else ()
+    if above:
+        return above[-1]
+    others = [d for d in dtypes if d != dtype]
+    return data.draw(st.sampled_from(others), label="other dtype") if others else None
+
+
 @register("same-shape-new-arguments", "SDPA-7.8")
 def same_shape_new_arguments(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Back to back at one shape: a problem A, then B with new values, mask, bias, scale,
-    ALiBi slopes (twice A's) and softcap (another cap) where claimed, then (small problems)
-    one in another claimed dtype, then A again.  B and the other dtype's are within TOL-2 of
+    ALiBi slopes (twice A's) and softcap (another cap) where claimed, then B again with
+    q, k and v as strided or transposed views (where arrays have strides), then (small
+    problems) one in the most precise claimed dtype above A's (another one when A's is the
+    most precise), then A again.  B, B's views and the other dtype's are within TOL-2 of
     the definition and A's second result is A's first bit for bit: a kernel that caches a
-    plan, its ALiBi bias, its mask or its softcap on the shape alone returns B the term it
-    computed for A.  (A's own accuracy is matches-reference's: one check fewer.)"""
+    plan, its ALiBi bias, its mask, its softcap, its strides or its precision on the shape
+    alone returns B the term it computed for A.  (A's own accuracy is matches-reference's:
+    one check fewer.)"""
     decl = kernel.declaration
     if current().stratum.anchor is not None:
         kernel.note("not run on the anchors: the largest problems, and shape caches show at any")
@@ -106,12 +157,12 @@ def same_shape_new_arguments(kernel: KernelUnderTest, data: st.DataObject) -> No
     # A's own accuracy is matches-reference's; here what A leaves behind is judged
     first_out = kernel.output(first)
     assert_matches_reference(kernel, second, what="out (call 2: same shape, other arguments)")
-    others = [d for d in kernel.dtypes if d != first.dtype]
-    if others and not current().stratum.realistic:  # small problems: the cost of a check
-        dtype = data.draw(st.sampled_from(others), label="other dtype")
+    _in_another_layout(kernel, data, second)
+    dtype = _other_dtype(data, kernel, first.dtype)
+    if dtype is not None and not current().stratum.realistic:  # small: the cost of a check
         third = _draw(data, kernel, dims, dtype, magnitude)
         third = third.with_(alibi_slopes=second.alibi_slopes, softcap=second.softcap)
-        assert_matches_reference(kernel, third, what=f"out (call 3: same shape in {dtype})")
+        assert_matches_reference(kernel, third, what=f"out (call 4: same shape in {dtype})")
     assert_identical(
         kernel.output(first),
         first_out,

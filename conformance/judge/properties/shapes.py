@@ -12,7 +12,6 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ....backends import Backend
-from ...call.problem import Problem
 from ...claims.declaration import KernelDeclaration
 from ...draw.input_features import scores_shape
 from ...draw.sizes import current
@@ -26,27 +25,12 @@ from ._helpers import (
     assert_output_shapes,
     awkward_key_counts,
     call_text,
+    call_with,
     draw_any_problem,
+    laid_out,
 )
 
 LAYOUTS = ("contiguous", "strided", "strided_rows", "transposed", "broadcast")
-
-
-def call_with(
-    kernel: KernelUnderTest,
-    problem: Problem,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    context: str = "",
-) -> tuple[Any, Any]:
-    """(out, weights or None) for hand-built backend arguments describing ``problem``.
-
-    Like ``KernelUnderTest.call_on``, a kernel exception becomes a failure that shows the
-    problem (and ``context``, e.g. how the arguments were laid out); used where the
-    arguments are views or must be inspected after the call.
-    """
-    result = kernel.call_checked(args, kwargs, problem, context)
-    return kernel.split(result, problem)
 
 
 def _takes_unequal_head_dims(declaration: KernelDeclaration) -> str | None:
@@ -247,40 +231,6 @@ def inputs_changed_later(
         if not np.array_equal(_bits(kernel.backend.to_numpy(x)), _bits(after_return[name]))
         and np.array_equal(_bits(after_return[name]), _bits(at_return[name]))
     ]
-
-
-def _interleaved(values: np.ndarray, axis: int) -> np.ndarray:
-    """``values`` interleaved with filler along ``axis`` (-1 or -2): even positions hold
-    the values, odd ones NaN (False for masks), which only a stride-ignoring kernel reads."""
-    filler = ~values if values.dtype == bool else np.full_like(values, np.nan)
-    stacked = np.stack([values, filler], axis=axis)
-    shape = list(values.shape)
-    shape[axis] *= 2
-    return stacked.reshape(shape)
-
-
-def laid_out(
-    backend: Backend,
-    values: np.ndarray,
-    dtype: str | None,
-    layout: str,
-    shape: tuple[int, ...] | None = None,
-) -> Any:
-    """A backend array equal to ``values`` (broadcast to ``shape`` for "broadcast") whose
-    memory layout is ``layout``, built as a view with the backend's Array API namespace
-    (a backend whose arrays have no strides, JAX, never gets here: layout-independence
-    does not apply to it)."""
-    xp = backend.xp
-    if layout == "strided":  # every other element of the innermost axis
-        return backend.asarray(_interleaved(values, -1), dtype)[..., ::2]
-    if layout == "strided_rows":  # every other row
-        return backend.asarray(_interleaved(values, -2), dtype)[..., ::2, :]
-    if layout == "transposed":  # a contiguous (..., E, L) array seen as (..., L, E)
-        stored = np.ascontiguousarray(np.swapaxes(values, -1, -2))
-        return xp.matrix_transpose(backend.asarray(stored, dtype))
-    if layout == "broadcast":  # stride 0 along every axis where values has size 1
-        return xp.broadcast_to(backend.asarray(values, dtype), shape or values.shape)
-    return backend.asarray(values, dtype)
 
 
 def _one_along(data: st.DataObject, values: np.ndarray, label: str) -> np.ndarray:

@@ -4,7 +4,9 @@ with the dense definition of that sequence alone.
 
 Batches have ragged lengths, empty sequences, GQA, causal calls, explicit scales and the
 features the kernel claims; KV caches have per-batch valid lengths, new keys, stale values
-past every length and, when paged, shuffled block tables with unused blocks.
+past every length and, when paged, shuffled block tables with unused blocks.  A packed or
+KV-cache call whose argument shapes repeat with other lengths and another block table
+checks SDPA-7.8 (a plan cached on the argument shapes alone).
 """
 
 from __future__ import annotations
@@ -433,3 +435,106 @@ def kv_cache_paged(kernel: KernelUnderTest, data: st.DataObject) -> None:
     out, lse, _, _ = call_kv_cache(kernel, batch)
     with reported_as(batch):
         _check_cache_output(kernel, batch, out, lse, "KVCACHE-5")
+
+
+def _other_lengths(lengths: list[int], most: int | None = None) -> list[int]:
+    """Lengths of the same count in another order (rotated by one: the same sum and
+    largest one); when all are equal, one token moved from the first to the second (the
+    same sum, ``most`` None) or the first changed within 0 ... ``most``; the same lengths
+    only when none can move (all 0, or a single one with ``most`` 0)."""
+    rotated = lengths[1:] + lengths[:1]
+    if rotated != lengths:
+        return rotated
+    if most is not None:
+        return [(lengths[0] + 1) % (most + 1), *lengths[1:]]
+    if len(lengths) > 1 and lengths[0] > 0:
+        return [lengths[0] - 1, lengths[1] + 1, *lengths[2:]]
+    return list(lengths)
+
+
+def _resized(
+    kernel: KernelUnderTest, rng: np.random.Generator, like: Problem, n_q: int, n_k: int
+) -> Problem:
+    """A sequence with ``like``'s heads, head dims, dtype and options, new values, ``n_q``
+    queries and ``n_k`` keys."""
+    (heads, _, head_dim), (kv_heads, _, value_dim) = like.q.shape, like.v.shape
+    return like.with_(
+        q=random_values(kernel, rng, (heads, n_q, head_dim), like.dtype, 1.0),
+        k=random_values(kernel, rng, (kv_heads, n_k, head_dim), like.dtype, 1.0),
+        v=random_values(kernel, rng, (kv_heads, n_k, value_dim), like.dtype),
+    )
+
+
+def _same_shapes_other_varlen(data: st.DataObject, kernel: KernelUnderTest) -> tuple[Batch, Batch]:
+    """A packed batch of at least 2 sequences, and one with the same packed shapes (token
+    totals, sequence count, heads) but other lengths (cu_seqlens) and new values."""
+    first = draw_varlen_batch(data, kernel)
+    if len(first.sequences) < 2:
+        first = replace(first, sequences=first.sequences * 2)
+    rng = draw_rng(data)
+    sequences = first.sequences
+    lengths_q = _other_lengths([s.q.shape[-2] for s in sequences])
+    lengths_k = _other_lengths([s.k.shape[-2] for s in sequences])
+    other = [
+        _resized(kernel, rng, s, n_q, n_k)
+        for s, n_q, n_k in zip(sequences, lengths_q, lengths_k, strict=True)
+    ]
+    return first, Batch(other)
+
+
+def _same_shapes_other_cache(data: st.DataObject, kernel: KernelUnderTest) -> tuple[Batch, Batch]:
+    """A KV-cache batch, and one with the same argument shapes (batch, queries, new keys,
+    cache capacity and blocks) but other cache_seqlens, another block table, other stale
+    values and new values."""
+    first = draw_cache_batch(data, kernel)
+    cache = first.kv_cache
+    rng = draw_rng(data)
+    lengths = _other_lengths(cache.lengths, cache.capacity - cache.n_new)
+    table = cache.table
+    if table is not None:
+        table = rng.permutation(cache.n_blocks)[: table.size].reshape(table.shape)
+    other = Batch(
+        [
+            _resized(kernel, rng, s, s.q.shape[-2], length + cache.n_new)
+            for s, length in zip(first.sequences, lengths, strict=True)
+        ],
+        cache=replace(cache, lengths=lengths, table=table, stale_seed=cache.stale_seed + 1),
+    )
+    return first, other
+
+
+def _packed(declaration: KernelDeclaration) -> str | None:
+    if declaration.family in ("varlen", "kv-cache"):
+        return None
+    return "the kernel declares neither varlen nor KV-cache attention"
+
+
+@register("packed-same-shape-new-arguments", "SDPA-7.8", applies=_packed)
+def packed_same_shape_new_arguments(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Back to back with the same argument shapes: a packed (or KV-cache) call A, then B
+    with other sequence lengths (cu_seqlens; cache_seqlens), another block table (paged),
+    other stale cache values and new values, then A again.  B is within TOL-2 of the
+    definition, sequence by sequence, and A's second output is its first bit for bit: a
+    kernel that caches its offsets, lengths or block table on the argument shapes alone
+    reads B's tokens with A's."""
+    varlen = kernel.declaration.family == "varlen"
+    first, other = (_same_shapes_other_varlen if varlen else _same_shapes_other_cache)(data, kernel)
+
+    def output(batch: Batch) -> np.ndarray:
+        return call_varlen(kernel, batch)[0] if varlen else call_kv_cache(kernel, batch)[0]
+
+    first_out = output(first)
+    with reported_as(other):
+        if varlen:
+            _check_varlen(kernel, other, "SDPA-7.8, VARLEN-2")
+        else:
+            out, lse, _, _ = call_kv_cache(kernel, other)
+            _check_cache_output(kernel, other, out, lse, "SDPA-7.8, KVCACHE-2")
+    with reported_as(first):
+        assert_identical(
+            output(first),
+            first_out,
+            "out of call A again after a call with the same argument shapes [SDPA-7.8]",
+            first.first,
+            kernel,
+        )
