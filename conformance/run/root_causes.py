@@ -67,12 +67,12 @@ Keep = Callable[[int, Verdict], None]
 # runs independent Settles (serially or over workers), each result to Keep on this thread
 SettleAll = Callable[[Sequence[Settle], Keep], None]
 FINDING = (FAILED, WARNING)
-# a supervised re-run stopped while no kernel call was running (isolation._hang_finding):
-# the time went on discarded draws, not on the kernel; or the property itself broke on a
-# drawn-around input: either way it shows nothing new about the kernel
+# a supervised re-run whose judging worker stalled (supervisor._hang_finding: the kernel's
+# own calls are ended by the worker, so the time went on the suite's drawing or judging),
+# or whose property itself broke on a drawn-around input: either way it shows nothing new
+# about the kernel
 _SUITE_STALLED = (
-    "no kernel call started within",
-    "nothing happened for",
+    "the judging worker sent nothing for",
     "the property could not check the kernel's result",
 )
 

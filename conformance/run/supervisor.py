@@ -9,9 +9,12 @@ the start and return of every kernel call with the inputs of that call, so that:
 * a crash, a signal (segfault, the out-of-memory killer) or any exit of the worker, exit
   status 0 included, becomes a FAILED verdict for the property that was running, naming
   what happened and the inputs of the call under way;
-* a kernel call that does not return within ``timeout`` seconds (and equally a stretch of
-  the suite's own work between calls that does not finish, e.g. converting a result that
-  never becomes ready) becomes a FAILED verdict naming those inputs;
+* a kernel call that does not return within ``timeout`` seconds is ended by the worker
+  itself (the kernel runs in a process of its own, :mod:`.remote_kernel`), which reports
+  it as a FAILED verdict naming those inputs; a worker that stops answering for longer
+  (``timeout`` + ``load_timeout`` + 30 s: the judge's own drawing, reference or
+  comparison did not finish) becomes a FAILED verdict that says the judging worker, not
+  the kernel, stalled;
 
 and in either case the worker is replaced and the check goes on with the next property.
 The worker also caps its address space (``memory_limit_gib``), so a kernel that asks for
@@ -563,17 +566,27 @@ class IsolatedKernel:
             return []
 
     def _hang_finding(self, call: _LastCall) -> str:
-        limit = f"{self.options.timeout:g} s (--timeout SECONDS)"
+        """Why a worker that stopped answering was stopped.  The kernel cannot be the cause
+        alone: the worker ends a kernel call that outlasts ``timeout`` itself (the kernel
+        runs in its own process), so what stalled is the judging worker's own work."""
+        limit = f"{self._judge_timeout:g} s (--timeout + the load timeout + 30 s)"
         if call.in_progress:
-            what = f"the kernel did not return within {limit} on the inputs below"
+            what = (
+                f"the judging worker sent nothing for {limit} during a kernel call on the "
+                "inputs below, though it ends a kernel call that outlasts --timeout itself"
+            )
         elif call.description:
             what = (
-                f"nothing happened for {limit} after the kernel returned on the inputs "
-                "below: converting or checking its result did not finish"
+                f"the judging worker sent nothing for {limit} after the kernel returned on "
+                "the inputs below: judging its result (reference, bound, comparison) did "
+                "not finish"
             )
         else:
-            what = f"no kernel call started within {limit} of the property starting"
-        return f"{what}; the check stopped its worker process and went on [CONF-5]"
+            what = (
+                f"the judging worker sent nothing for {limit} before any kernel call of the "
+                "property: drawing its inputs did not finish"
+            )
+        return f"{what}; the check stopped the worker and went on [CONF-5]"
 
     @staticmethod
     def _death_finding(how: str, call: _LastCall) -> str:

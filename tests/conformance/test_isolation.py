@@ -32,7 +32,7 @@ from attnspec.conformance.judge.registry import all_properties
 from attnspec.conformance.judge.verdict import FAILED, PASSED
 from attnspec.conformance.run import property_runner as runner
 from attnspec.conformance.run.property_runner import new_report, run_each
-from attnspec.conformance.run.supervisor import IsolatedKernel, IsolationOptions
+from attnspec.conformance.run.supervisor import IsolatedKernel, IsolationOptions, _LastCall
 
 HOSTILE_FILE = str(Path(hostile.__file__).resolve())
 HANG_TIMEOUT = "2"  # s: the hang tests wait this long, once per property
@@ -216,6 +216,26 @@ def test_hang_at_import_is_a_setup_error(monkeypatch: pytest.MonkeyPatch) -> Non
         IsolatedKernel(setup, IsolationOptions(timeout=1, load_timeout=2)) as isolated,
     ):
         isolated.start()
+
+
+def test_a_stalled_worker_is_named_as_the_judge_not_the_kernel() -> None:
+    """CONF-5: the worker ends a kernel call that outlasts --timeout itself (the kernel runs
+    in its own process), so a worker that stops answering is the judge stalling: each
+    wording says so, with the supervisor's own limit, and never that the kernel did not
+    return."""
+    isolated = IsolatedKernel(
+        KernelSetup(f"{HOSTILE_FILE}:attention", "numpy"),
+        IsolationOptions(timeout=2, load_timeout=3),
+    )
+    for call in (
+        _LastCall("q(1, 1, 1, 1)", in_progress=True),
+        _LastCall("q(1, 1, 1, 1)"),
+        _LastCall(),
+    ):
+        finding = isolated._hang_finding(call)
+        assert finding.startswith("the judging worker sent nothing for 35 s"), finding
+        assert "the kernel did not return" not in finding
+        assert finding.endswith("the check stopped the worker and went on [CONF-5]")
 
 
 SOMETIMES = """

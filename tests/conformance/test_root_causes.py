@@ -20,7 +20,7 @@ from support import hand_report, hand_verdict
 
 from attnspec.backends import Backend
 from attnspec.conformance import declare
-from attnspec.conformance.api import check
+from attnspec.conformance.api import KernelSetup, check
 from attnspec.conformance.call.problem import Problem
 from attnspec.conformance.draw import input_features
 from attnspec.conformance.draw.sizes import SizeLimits
@@ -37,6 +37,7 @@ from attnspec.conformance.judge.verdict import (
 from attnspec.conformance.report import render
 from attnspec.conformance.run.property_runner import PROFILES, Profile
 from attnspec.conformance.run.root_causes import Rerun, divergences, draw_around, one_at_a_time
+from attnspec.conformance.run.supervisor import IsolatedKernel, _LastCall
 
 PROFILE = "root-causes"  # 20 small draws a stratum: enough to meet every bug below
 ALL = {"bias": True, "gqa": True}
@@ -302,10 +303,8 @@ def test_a_re_run_that_stalls_drawing_around_keeps_the_first_case() -> None:
         "SDPA-7.6",
         "MUST",
         FAILED,
-        detail=(
-            "nothing happened for 300 s (--timeout SECONDS) after the kernel returned on the "
-            "inputs below: converting or checking its result did not finish; the check stopped "
-            "its worker process and went on [CONF-5]"
+        detail=IsolatedKernel(KernelSetup("m:f", "numpy"))._hang_finding(
+            _LastCall("q(1, 1, 1, 1)")  # the judging worker stalled after the kernel returned
         ),
     )
     draw_around(
