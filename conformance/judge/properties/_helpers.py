@@ -387,3 +387,28 @@ def laid_out(
     if layout == "broadcast":  # stride 0 along every axis where values has size 1
         return xp.broadcast_to(backend.asarray(values, dtype), shape or values.shape)
     return backend.asarray(values, dtype)
+
+
+def output_laid_out(
+    kernel: KernelUnderTest, problem: Problem, layouts: dict[str, str], context: str
+) -> np.ndarray:
+    """The kernel's output (float64) for ``problem`` with q, k and v passed as views of
+    ``layouts`` (input name -> a layout of :func:`laid_out`; the others contiguous); an
+    exception the kernel raises is a failure that shows ``problem`` and ``context``."""
+    args, kwargs = kernel.arguments(problem)
+    args = tuple(
+        laid_out(kernel.backend, getattr(problem, name), problem.dtype, layouts.get(name, ""))
+        for name in "qkv"
+    )
+    out, _ = call_with(kernel, problem, args, kwargs, context)
+    return kernel.numpy(out)
+
+
+def arrays_have_layouts(backend: Backend) -> str | None:
+    """None where the backend's arrays have strides, else why a layout means nothing."""
+    if backend.has_strides:
+        return None
+    return (
+        f"{backend.name} arrays have no memory layout (a strided, transposed or broadcast view "
+        "is a copy, contiguous like any other array): SDPA-1.7 constrains nothing there"
+    )

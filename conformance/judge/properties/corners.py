@@ -1,4 +1,5 @@
-"""SDPA-1.2 and SDPA-1.5 on fixed corner problems that every run checks, whatever its seed.
+"""SDPA-1.2, SDPA-1.5 and SDPA-1.7 on fixed corner problems that every run checks, whatever
+its seed.
 
 The Hypothesis properties of those clauses (``batch-broadcast``, ``empty-sizes``) draw an
 empty size and a broadcast batch shape independently, so an input that needs both (PyTorch
@@ -7,6 +8,13 @@ seeds of 10 in the quick profile (issue 29).  These problems are cheap (a few el
 each), so every profile runs all of them, once, as fixed problems: a finding on them is met
 on every seed.  Everything but the sizes and the features named is Hypothesis's simplest
 choice (no mask, no bias, the default scale), drawn the same way in every run.
+
+``layout-corners`` does the same for the option corners a dispatcher routes by layout: a
+causal call with scale 0 or a negative scale (SDPA-2.2 allows both) on contiguous inputs and
+on strided and transposed views.  PyTorch's dispatcher takes its flash path for the first and
+its math path for the others, and only the flash path gives NaN there
+(docs/divergences.md#torch-causal-scale-zero): ``layout-independence`` met that on 9 seeds
+of 10, needing the option and a non-contiguous layout in one draw.
 """
 
 from __future__ import annotations
@@ -21,10 +29,10 @@ from ...claims.declaration import KernelDeclaration
 from ...draw.shape_pool import SeededDraws
 from ...draw.sizes import Dims
 from ...draw.strategies import ALWAYS, NEVER, draw_problem, within_limitations
-from ..assertions import assert_matches_reference
+from ..assertions import assert_matches_reference, assert_same_result
 from ..kernel import KernelUnderTest
 from ..registration import dense_only, register
-from ._helpers import assert_output_shapes
+from ._helpers import arrays_have_layouts, assert_output_shapes, output_laid_out
 
 # (Lq, Lk, Ev) of the corner sizes: no queries, no keys, no value channels, one query on
 # one key (a single-key row), and a small problem with unequal lengths; E = 4 throughout.
@@ -201,3 +209,58 @@ def empty_size_corners(kernel: KernelUnderTest, seed: int) -> None:
         problem = _simplest_problem(kernel, dims, **options)
         out, weights = kernel.call_on(problem)
         assert_output_shapes(kernel, problem, out, weights)
+
+
+# Scales a causal call may take that kernels special-case (SDPA-2.2 allows any finite one),
+# and the layouts each is called with besides contiguous: every other element of v's rows,
+# and q, k and v stored transposed.
+CORNER_SCALES = (0.0, -0.75)
+CORNER_LAYOUTS: tuple[dict[str, str], ...] = (
+    {"v": "strided"},
+    {"q": "transposed", "k": "transposed", "v": "transposed"},
+)
+
+
+def _causal_with_scale(declaration: KernelDeclaration) -> str | None:
+    reason = dense_only(declaration)
+    missing = [claim for claim in ("causal", "scale") if not getattr(declaration, claim)]
+    if reason is None and missing:
+        reason = f"the kernel does not claim {' and '.join(missing)}"
+    return reason
+
+
+@register(
+    "layout-corners",
+    "SDPA-1.7",
+    kind="fixed",
+    applies=_causal_with_scale,
+    applies_on=arrays_have_layouts,
+)
+def layout_corners(kernel: KernelUnderTest, seed: int) -> None:
+    """Fixed problems, the same on every seed: a causal call with scale 0 and with scale
+    -0.75 (one batch element, one head, 3 queries on 3 keys, q = k = 1, v = 0 ... 5: every
+    allowed score equal), on
+    contiguous inputs and then with v strided, and with q, k and v transposed.  Each
+    laid-out call gives the contiguous call's result within TOL-2 (SDPA-1.7; how close
+    either is to the definition is SDPA-7.3's): a kernel that dispatches by layout to paths
+    that treat these options differently fails on every seed."""
+    del seed
+    batch_ndim = kernel.declaration.batch_ndim
+    # (B, H, L, E) where the kernel takes any batch dims: the shape fused paths take
+    dims = _dims((1,) * (1 if batch_ndim is None else batch_ndim), False, 3, 3, 2)
+    drawn = _simplest_problem(kernel, replace(dims, head_dim=2), mask=NEVER, bias=NEVER)
+    problem = drawn.with_(
+        q=np.ones_like(drawn.q),
+        k=np.ones_like(drawn.k),
+        v=np.arange(drawn.v.size, dtype=np.float64).reshape(drawn.v.shape),
+        is_causal=True,
+    )
+    for scale in CORNER_SCALES:
+        scaled = problem.with_(scale=scale)
+        contiguous = kernel.output(scaled)
+        for layouts in CORNER_LAYOUTS:
+            described = ", ".join(f"{name}: {layout}" for name, layout in layouts.items())
+            out = output_laid_out(kernel, scaled, layouts, f" (input layouts {described})")
+            assert_same_result(
+                kernel, scaled, out, contiguous, f"out with input layouts {described} vs contiguous"
+            )

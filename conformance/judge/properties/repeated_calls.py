@@ -46,7 +46,7 @@ from ..assertions import assert_identical, assert_matches_reference
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import dense_only, register
-from ._helpers import SOFTCAPS, call_with, draw_alibi_slopes, laid_out
+from ._helpers import SOFTCAPS, draw_alibi_slopes, output_laid_out
 
 # Calls of one small problem in many-calls (see the module doc for what they catch).
 CALLS_PER_SMALL_EXAMPLE = 8
@@ -98,20 +98,16 @@ def _in_another_layout(kernel: KernelUnderTest, data: st.DataObject, problem: Pr
     if not kernel.backend.has_strides:
         return
     layout = data.draw(st.sampled_from(OTHER_LAYOUTS), label="layout of call 3")
-    args, kwargs = kernel.arguments(problem)
-    args = tuple(
-        laid_out(kernel.backend, getattr(problem, name), problem.dtype, layout) for name in "qkv"
-    )
     what = f"call 3: call 2's inputs again, q, k and v {layout}"
     try:
-        out, _ = call_with(kernel, problem, args, kwargs, f" ({what})")
+        out = output_laid_out(kernel, problem, dict.fromkeys("qkv", layout), f" ({what})")
     except KernelRaised as raised:
         if isinstance(raised.__cause__, PropertyFailure):
             raise  # the suite's own finding (inputs changed later), not the kernel's refusal
         # refusing a layout is SDPA-1.7's (layout-independence), not a state carried over
         kernel.note(f"not called with {layout} views: the kernel raised on them")
         return
-    assert_matches_reference(kernel, problem, kernel.numpy(out), what=f"out ({what})")
+    assert_matches_reference(kernel, problem, out, what=f"out ({what})")
 
 
 def _other_dtype(data: st.DataObject, kernel: KernelUnderTest, dtype: str) -> str | None:
