@@ -333,7 +333,8 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         # its broadcast batch is expanded and flattened: causal with scale 0 again
         "batch-broadcast": _CAUSAL_SCALE_ZERO,
         "layout-independence": "docs/divergences.md#torch-flash-strided",
-        "masked-values-ignored": "docs/divergences.md#torch-masked-overflow",
+        # masked-values-ignored (SDPA-8.1) is gone: it was this adapter's own padding
+        # (docs/divergences.md#torch-masked-overflow, torch_sdpa.scale_for_padding)
     },
     # need_weights=False goes through SDPA's CPU flash path: its NaN query and masked NaN
     "attnspec.conformance.kernels.adapters.torch.multihead_attention_no_weights": {

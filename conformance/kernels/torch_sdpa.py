@@ -9,8 +9,9 @@ be checked on its own:
     attnspec check attnspec.conformance.kernels.torch_sdpa:sdpa_flash --backend torch
 
 The flash backend accepts only 4-d inputs with E == Ev, so ``sdpa_flash`` flattens the batch
-dims into one and pads head dims (``layouts.pad_head_dims``): exact reshapes and zero
-columns, so the numbers tested are the kernel's own.
+dims into one and pads head dims (``layouts.pad_head_dims``, with the scale 1/sqrt(E) passed
+where E < Ev: :func:`scale_for_padding`): exact reshapes and zero columns, so the numbers
+tested are the kernel's own.
 """
 
 from __future__ import annotations
@@ -96,6 +97,26 @@ def one_batch_dim(kernel: Callable[..., Any]) -> Callable[..., Any]:
     return flattened
 
 
-sdpa_flash = pad_head_dims(one_batch_dim(sdpa_on("FLASH_ATTENTION", "sdpa_flash")))
+def scale_for_padding(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """``kernel`` (padded by :func:`pad_head_dims`) given ``scale=1/sqrt(E)`` when the
+    caller passes none and ``Ev > E``: the padding then adds zero columns to q and k up to
+    Ev and leaves q as it is.  Without a scale it multiplies q by a power of two for the
+    kernel's default scale at a wider head dim (4**n E), which carries q . k up to 2**n
+    times past what the caller's inputs reach: a masked key whose score is within SDPA-8.1's
+    precondition then overflowed to inf in the flash kernel, and inf - inf gave NaN rows
+    (docs/divergences.md#torch-masked-overflow, measured 2026-12-06)."""
+
+    @functools.wraps(kernel)
+    def scaled(q: Any, k: Any, v: Any, /, *args: Any, **options: Any) -> Any:
+        if options.get("scale") is None and v.shape[-1] > q.shape[-1] > 0:
+            options["scale"] = 1 / math.sqrt(q.shape[-1])
+        return kernel(q, k, v, *args, **options)
+
+    return scaled
+
+
+sdpa_flash = scale_for_padding(
+    pad_head_dims(one_batch_dim(sdpa_on("FLASH_ATTENTION", "sdpa_flash")))
+)
 sdpa_flash.__doc__ = "PyTorch SDPA restricted to its flash backend (any batch dims, E and Ev)."
 sdpa_flash.__qualname__ = sdpa_flash.__name__ = "sdpa_flash"

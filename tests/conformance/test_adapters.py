@@ -256,9 +256,10 @@ def test_upstream_local_attention_leaks_nan_outside_the_window() -> None:
 
 
 def test_upstream_sdpa_masked_overflowing_key_gives_nan() -> None:
-    """docs/divergences.md#torch-masked-overflow: SDPA-8.1 says finite values at masked-out
-    positions do not change the output; torch 2.13.0's SDPA (math, CPU flash, dispatcher)
-    gives NaN when a masked key's score overflows.  Fails when upstream changes it."""
+    """docs/divergences.md#torch-masked-overflow: torch 2.13.0's SDPA (math, CPU flash,
+    dispatcher) gives NaN when a masked key's score overflows float32, outside SDPA-8.1's
+    precondition (q . k = 6e38 is not finite), so not a divergence.  Fails when upstream
+    changes it."""
     from attnspec.conformance.kernels.torch_sdpa import sdpa_flash, sdpa_math
 
     q = torch.ones(1, 1, 1, 2)
@@ -269,6 +270,30 @@ def test_upstream_sdpa_masked_overflowing_key_gives_nan() -> None:
     assert want.flatten().tolist() == [1.0, 2.0]
     for kernel in (torch.nn.functional.scaled_dot_product_attention, sdpa_math, sdpa_flash):
         assert torch.isnan(kernel(q, k, v, attn_mask=mask)).all(), kernel
+
+
+def test_sdpa_flash_pads_without_carrying_scores_past_float32() -> None:
+    """SDPA-8.1 (docs/divergences.md#torch-masked-overflow): sdpa_flash pads E = 8 up to
+    Ev = 160 with the scale passed, so a masked key whose q . k is within the precondition
+    (a quarter of float32's largest, over the largest |q| row sum) leaves every output
+    bit-identical; padding to head dim 512 with q times 8, as it did, gives NaN there."""
+    from attnspec.conformance.call.layouts import pad_head_dims
+    from attnspec.conformance.kernels.torch_sdpa import one_batch_dim, sdpa_flash, sdpa_on
+
+    gen = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(1, 1, 16, 8, generator=gen).bfloat16() for _ in range(2))
+    v = torch.randn(1, 1, 16, 160, generator=gen).bfloat16()
+    mask = torch.ones(16, 16, dtype=torch.bool)
+    mask[:, 0] = False
+    largest = torch.finfo(torch.float32).max / 4 / float(q.float().abs().sum(-1).max())
+    k2, v2 = k.clone(), v.clone()
+    k2[..., 0, :] = largest
+    v2[..., 0, :] = largest
+    assert float((q.float() @ k2.float().mT).abs().max()) < torch.finfo(torch.float32).max / 4
+    before, after = (sdpa_flash(q, a, b, attn_mask=mask) for a, b in ((k, v), (k2, v2)))
+    assert torch.equal(before, after)
+    factor_padded = pad_head_dims(one_batch_dim(sdpa_on("FLASH_ATTENTION", "old")))
+    assert torch.isnan(factor_padded(q, k2, v2, attn_mask=mask)).any()
 
 
 NAN = float("nan")
