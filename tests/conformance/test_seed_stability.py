@@ -17,7 +17,7 @@ import pytest
 
 from attnspec.conformance.judge.kernel import KernelUnderTest
 from attnspec.conformance.judge.registry import all_properties
-from attnspec.conformance.judge.verdict import FAILED, WARNING
+from attnspec.conformance.judge.verdict import FAILED, PASSED, WARNING
 from attnspec.conformance.run.property_runner import run_property
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,3 +97,24 @@ def test_fixed_corners_find_torch_empty_broadcast_on_every_recorded_seed() -> No
     ]
     assert len(found) >= len(recorded)
     assert found == entry["seeds"]
+
+
+def test_layout_corners_find_the_dispatchers_scale_zero_on_every_seed() -> None:
+    """SDPA-1.7 (docs/divergences.md#torch-causal-scale-zero) on PyTorch's dispatcher: the
+    fixed layout-corners property fails on each seed the record measured (layout-independence
+    alone met it on 9 of 10), and passes the math backend, which gives the definition on
+    every layout."""
+    pytest.importorskip("torch", reason="the dispatcher is PyTorch's")
+    from attnspec.conformance.api import KernelSetup
+
+    name = "torch.nn.functional:scaled_dot_product_attention"
+    entry = next(k for k in _record()["kernels"] if k["kernel"] == name)
+    prop = all_properties()["layout-corners"]
+    dispatcher = KernelSetup(name).prepare()
+    statuses = {
+        run_property(prop, dispatcher, profile="quick", seed=seed, shrink=False).status
+        for seed in entry["seeds"]
+    }
+    assert statuses == {FAILED}
+    math_backend = KernelSetup("attnspec.conformance.kernels.torch_sdpa:sdpa_math").prepare()
+    assert run_property(prop, math_backend, profile="quick").status == PASSED
