@@ -97,13 +97,14 @@ mask_cached_by_shape = _cached_by_shape(
 )
 
 
-def _planned_by_shape(
-    name: str, doc: str, plan: Callable[[Array], Any], use: Callable[[Any, Array], Array]
+def _definition_between(
+    name: str,
+    doc: str,
+    inputs: Callable[[Array, Array, Array], tuple[Array, Array, Array]],
+    output: Callable[[Array, Array], Array],
 ) -> Callable[..., Any]:
-    """The definition on ``use(plan(x), x)`` for each of q, k and v, where ``plan(x)`` is
-    made at the first call of each input shape and kept for every later one (a plan or
-    compiled graph keyed on the shapes alone); the output in q's dtype."""
-    cache: dict[tuple[tuple[int, ...], ...], tuple[Any, ...]] = {}
+    """The definition on ``inputs(q, k, v)``, returned as ``output(out, q)``: where a
+    stateful kernel below keeps its state and shows it."""
 
     @declare(bias=True, gqa=True)
     def kernel(
@@ -116,14 +117,28 @@ def _planned_by_shape(
         is_causal: bool = False,
         scale: float | None = None,
     ) -> Array:
-        plans = cache.setdefault((q.shape, k.shape, v.shape), tuple(plan(x) for x in (q, k, v)))
-        inputs = [use(p, x) for p, x in zip(plans, (q, k, v), strict=True)]
         f = Features()
-        out = attend_features(arranged(*inputs, mask, bias, is_causal, scale, f), f)
-        return out.astype(q.dtype)
+        out = attend_features(arranged(*inputs(q, k, v), mask, bias, is_causal, scale, f), f)
+        return output(out, q)
 
-    kernel.cache = cache  # type: ignore[attr-defined]
     return named(kernel, name, doc)
+
+
+def _planned_by_shape(
+    name: str, doc: str, plan: Callable[[Array], Any], use: Callable[[Any, Array], Array]
+) -> Callable[..., Any]:
+    """The definition on ``use(plan(x), x)`` for each of q, k and v, where ``plan(x)`` is
+    made at the first call of each input shape and kept for every later one (a plan or
+    compiled graph keyed on the shapes alone); the output in q's dtype."""
+    cache: dict[tuple[tuple[int, ...], ...], tuple[Any, ...]] = {}
+
+    def planned(q: Array, k: Array, v: Array) -> tuple[Array, Array, Array]:
+        plans = cache.setdefault((q.shape, k.shape, v.shape), tuple(plan(x) for x in (q, k, v)))
+        return use(plans[0], q), use(plans[1], k), use(plans[2], v)
+
+    kernel = _definition_between(name, doc, planned, lambda out, q: out.astype(q.dtype))
+    kernel.cache = cache  # type: ignore[attr-defined]
+    return kernel
 
 
 def _element_strides(x: Array) -> tuple[int, ...]:
@@ -225,26 +240,16 @@ def counting(name: str, doc: str, wrong: Callable[[int], bool]) -> Callable[...,
     one, so zero outputs change too) where ``wrong(n)``."""
     calls = [0]
 
-    @declare(bias=True, gqa=True)
-    def kernel(
-        q: Array,
-        k: Array,
-        v: Array,
-        *,
-        mask: Mask = None,
-        bias: Mask = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-    ) -> Array:
+    def counted(q: Array, k: Array, v: Array) -> tuple[Array, Array, Array]:
         calls[0] += 1
-        f = Features()
-        out = attend_features(arranged(q, k, v, mask, bias, is_causal, scale, f), f)
-        if wrong(calls[0]):
-            out = (out * 1.5 + 1).astype(out.dtype)
-        return out
+        return q, k, v
 
+    def output(out: Array, q: Array) -> Array:
+        return (out * 1.5 + 1).astype(out.dtype) if wrong(calls[0]) else out
+
+    kernel = _definition_between(name, doc, counted, output)
     kernel.calls = calls  # type: ignore[attr-defined]
-    return named(kernel, name, doc)
+    return kernel
 
 
 wrong_every_50th_call = counting(
