@@ -55,7 +55,7 @@ def _digest(values: np.ndarray) -> bytes:
     hashing reads the memory once without keeping a copy of it."""
     a = np.ascontiguousarray(values)
     digest = hashlib.blake2b(f"{a.dtype.str}{a.shape}".encode(), digest_size=16)
-    digest.update(memoryview(a.reshape(-1).view(np.uint8)) if a.size else b"")
+    digest.update(a.reshape(-1).view(np.uint8).data if a.size else b"")
     return digest.digest()
 
 
