@@ -78,6 +78,7 @@ class KernelDeclaration:
     mask_keyword: str = "mask"
     bias: bool = False
     bias_keyword: str = "bias"
+    float32_bias: bool = False
     gqa: bool = False
     gqa_keyword: str | None = None
     causal: bool = True
@@ -133,6 +134,14 @@ class KernelDeclaration:
     def bias_shares_mask_argument(self) -> bool:
         """True when mask and bias travel in one argument (PyTorch's float attn_mask)."""
         return self.bias and self.mask and self.bias_keyword == self.mask_keyword
+
+    def bias_dtype(self, dtype: str) -> str:
+        """The dtype the kernel gets its bias in for inputs of ``dtype``: float32 for
+        float16 and bfloat16 inputs where it claims ``float32_bias`` (SDPA-1.4), else
+        ``dtype``."""
+        if self.float32_bias and dtype in ("float16", "bfloat16"):
+            return "float32"
+        return dtype
 
     def changed(self) -> dict[str, Any]:
         """The fields whose value is not their default, in field order."""

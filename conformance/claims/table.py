@@ -242,6 +242,20 @@ CLAIMS: tuple[Claim, ...] = (
         implies={"bias": True},
     ),
     Claim(
+        "float32_bias",
+        flags=(
+            Flag(
+                "--float32-bias",
+                "float16 and bfloat16 calls get their bias in float32, not in the inputs' "
+                "dtype (SDPA-1.4: PyTorch SDPA takes such a float attn_mask; Hugging Face "
+                "models build float32 padding masks of finfo(float32).min); implies --bias",
+                kind="switch",
+            ),
+        ),
+        implies={"bias": True},
+        shows_as=_when("float32_bias", "float32 bias for half inputs"),
+    ),
+    Claim(
         "gqa",
         flags=(Flag("--gqa", "grouped-query attention: Hq a multiple of Hkv", kind="bool"),),
         shows_as=_when("gqa", "GQA"),

@@ -437,7 +437,9 @@ def draw_problem(
         "bias",
         stratum.option("bias"),
     ):
-        problem.bias = draw_bias(data, kernel, rng, dims, dtype, tight=tight)
+        # in the dtype the kernel gets it in: finfo(float32).min fills for --float32-bias
+        bias_dtype = decl.bias_dtype(dtype)
+        problem.bias = draw_bias(data, kernel, rng, dims, bias_dtype, tight=tight)
     forced_scale = stratum.option("scale")
     if _wanted(data, scale, decl.scale, "explicit scale", forced_scale):
         problem.scale = (

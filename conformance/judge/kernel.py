@@ -49,6 +49,11 @@ def keyword_sources(
     ``problem`` and ``backend`` (None for plain values).  Needs no backend, so a
     reproduction can be written where the kernel is not loaded."""
     decl, dtype = declaration, problem.dtype
+    bias_dtype = decl.bias_dtype(dtype)
+
+    def as_passed(bias: np.ndarray) -> np.ndarray:  # a float32 array stays float32 (moved)
+        return bias.astype(np.float32) if bias_dtype == "float32" else bias
+
     keywords: dict[str, tuple[Any, str | None]] = {
         name: (value, None) for name, value in decl.extra_kwargs.items()
     }
@@ -64,14 +69,17 @@ def keyword_sources(
         if problem.mask is not None:
             bias = np.where(problem.mask, bias, -np.inf)
             source = "np.where(problem.mask, problem.bias, -inf)"
-        keywords[decl.mask_keyword] = (bias, f"backend.asarray({source}, {dtype!r})")
+        keywords[decl.mask_keyword] = (
+            as_passed(bias),
+            f"backend.asarray({source}, {bias_dtype!r})",
+        )
     else:
         if problem.mask is not None:
             keywords[decl.mask_keyword] = (problem.mask, "backend.asarray(problem.mask)")
         if problem.bias is not None:
             keywords[decl.bias_keyword] = (
-                problem.bias,
-                f"backend.asarray(problem.bias, {dtype!r})",
+                as_passed(problem.bias),
+                f"backend.asarray(problem.bias, {bias_dtype!r})",
             )
     keywords.update(feature_keywords(decl, problem))
     keywords.update((name, (value, None)) for name, value in problem.extra.items())

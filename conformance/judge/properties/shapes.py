@@ -297,7 +297,9 @@ def layout_independence(kernel: KernelUnderTest, data: st.DataObject) -> None:
     for keyword, layout in layouts.items():
         if keyword in kwargs:
             values = backend.to_numpy(kwargs[keyword])
-            dtype = None if values.dtype == bool else problem.dtype
+            # in the dtype it was passed in: a float32 bias of half inputs (--float32-bias)
+            # and float32 ALiBi slopes stay float32
+            dtype = None if values.dtype == bool else backend.dtype_name(kwargs[keyword])
             kwargs[keyword] = laid_out(backend, values, dtype, layout, full_scores)
 
     described = ", ".join(f"{n}: {lay}" for n, lay in layouts.items())
