@@ -172,7 +172,10 @@ class RecurrentClaim:
     ``rounded_operands`` that it rounds its products' operands to the input dtype (u_p).
     ``varlen``: it also takes packed sequences, ``cu_seqlens=`` with one batch element and
     past and final states ``(N, Hs, dk, dv)`` (REC-3.3); ``chunk_sizes``: the values of a
-    ``chunk_size=`` keyword it takes, each then the C_h of its call (REC-5.1).
+    ``chunk_size=`` keyword it takes, each then the C_h of its call (REC-5.1);
+    ``value_groups``: it takes more value heads than key and query heads (REC-3.1's reverse
+    sharing, flash-linear-attention's GVA), ``v``, ``g``, ``beta`` and the state with
+    ``Hs = G * Hk`` heads.
     """
 
     rule: str = "gated_delta"
@@ -181,6 +184,7 @@ class RecurrentClaim:
     rounded_operands: bool = False
     varlen: bool = False
     chunk_sizes: tuple[int, ...] = ()
+    value_groups: bool = False
 
 
 def chunk_size_list(text: str) -> tuple[int, ...]:
@@ -201,6 +205,7 @@ def recurrent_from_flags(get: Getter) -> RecurrentClaim | None:
             "recurrent_rounded_operands",
             "recurrent_varlen",
             "recurrent_chunk_sizes",
+            "recurrent_value_groups",
         )
         if get(f)
     ]
@@ -216,6 +221,7 @@ def recurrent_from_flags(get: Getter) -> RecurrentClaim | None:
         bool(get("recurrent_rounded_operands")),
         bool(get("recurrent_varlen")),
         tuple(get("recurrent_chunk_sizes") or ()),
+        bool(get("recurrent_value_groups")),
     )
 
 

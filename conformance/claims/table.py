@@ -836,6 +836,13 @@ CLAIMS: tuple[Claim, ...] = (
                 type=chunk_size_list,
                 metavar="C,C,...",
             ),
+            Flag(
+                "--recurrent-value-groups",
+                "the recurrent kernel takes more value heads than key and query heads "
+                "(flash-linear-attention's GVA): v, g, beta and the state with G * Hk heads "
+                "(REC-3.1)",
+                kind="switch",
+            ),
         ),
         from_flags=recurrent_from_flags,
     ),

@@ -109,7 +109,7 @@ def _recurrent_invalid(value: Any) -> str | None:
     size = value.chunk_size
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         return f"recurrent chunk_size={size!r}, but should be an int >= 1"
-    for name in ("rounded_operands", "varlen"):
+    for name in ("rounded_operands", "varlen", "value_groups"):
         if not isinstance(getattr(value, name), bool):
             return f"recurrent {name}={getattr(value, name)!r}, but should be a bool"
     sizes = value.chunk_sizes

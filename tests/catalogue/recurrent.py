@@ -33,7 +33,10 @@ def _heads(q: Array, k: Array, v: Array, bug: str | None) -> tuple[Array, Array,
     the number of output heads per state (REC-3.1)."""
     states = max(k.shape[-3], v.shape[-3])
     outputs = max(q.shape[-3], states)
-    k = np.repeat(k, states // k.shape[-3], axis=-3)
+    if bug == "key_heads_modulo":  # state s reads key head s % Hk, not s // G
+        k = np.tile(k, (states // k.shape[-3], 1, 1))
+    else:
+        k = np.repeat(k, states // k.shape[-3], axis=-3)
     v = np.repeat(v, states // v.shape[-3], axis=-3)
     if bug == "query_heads_modulo":  # output head h reads state h % Hs, not h // G
         index = np.arange(outputs) % states
@@ -274,6 +277,11 @@ BUGS = (
         {"heads": (4, 2, 2)},
     ),
     RecurrentBug(
+        _bug(_token, "key_heads_modulo"),
+        "value-head groups: state s reads key head s % Hk instead of s // G",
+        {"heads": (2, 2, 4)},
+    ),
+    RecurrentBug(
         _bug(_token, "beta_first_head"),
         "every head reads the first head's beta (beta through the wrong pointer)",
         {},
@@ -384,8 +392,9 @@ def _declared(
 ) -> Callable[..., Any]:
     """``base`` as a gated delta rule kernel the conformance suite can call, declared
     (``--recurrent gated_delta --recurrent-chunk-size 16 --recurrent-varlen
-    --recurrent-chunk-sizes 2,3,16 --gqa``, float16 and float32: it computes in float32),
-    returning the output in q's dtype and a float32 state; ``bug`` is one of
+    --recurrent-chunk-sizes 2,3,16 --recurrent-value-groups --gqa``, float16 and float32:
+    it computes in float32), returning the output in q's dtype and a float32 state; ``bug``
+    is one of
     CONTRACT_BUGS' (None: ``base`` as it is)."""
     from attnspec.conformance import RecurrentClaim, declare
 
@@ -411,7 +420,9 @@ def _declared(
 
     kernel.__name__ = kernel.__qualname__ = name
     kernel.__module__ = __name__
-    claim = RecurrentClaim("gated_delta", chunk_size=CHUNK, varlen=True, chunk_sizes=CHUNK_SIZES)
+    claim = RecurrentClaim(
+        "gated_delta", chunk_size=CHUNK, varlen=True, chunk_sizes=CHUNK_SIZES, value_groups=True
+    )
     return declare(kernel, recurrent=claim, gqa=True, dtypes=("float16", "float32"))
 
 

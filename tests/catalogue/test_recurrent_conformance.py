@@ -82,8 +82,9 @@ def test_contract_properties_pass_the_correct_kernels_over_seeds(seed: int) -> N
 
 
 def test_library_conventions_are_checked_with_a_declaration() -> None:
-    """REC-1.1, REC-2.2, REC-3.3, REC-6.2: a kernel in flash-linear-attention's convention
-    ((B, T, H, K), g and beta (B, T, H), output_final_state=True, cu_seqlens with B = 1) is
+    """REC-1.1, REC-2.2, REC-3.1, REC-3.3, REC-6.2: a kernel in flash-linear-attention's
+    convention ((B, T, H, K), g and beta (B, T, HV), value-head groups, output_final_state=True,
+    cu_seqlens with B = 1) is
     checked with --layout blhd and one --kwarg, one in ONNX LinearAttention's ((B, T, H * d)
     with q_num_heads and kv_num_heads, decay, past_state) with --layout packed and two
     --rename: every recurrence property that applies passes, and the declaration matters
@@ -92,7 +93,7 @@ def test_library_conventions_are_checked_with_a_declaration() -> None:
 
     properties = [p for p in RECURRENT_PROPERTIES if p != "recurrent-chunk-size"]
     fla = {
-        "recurrent": RecurrentClaim("gated_delta", chunk_size=1, varlen=True),
+        "recurrent": RecurrentClaim("gated_delta", chunk_size=1, varlen=True, value_groups=True),
         "extra_kwargs": {"output_final_state": True},
         "dtypes": ("float16", "float32"),
     }

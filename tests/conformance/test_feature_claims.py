@@ -107,8 +107,19 @@ def kernels(tmp_path: Path) -> Path:
         ),
         (["--no-dropout-seeded", "--dropout"], {"dropout_seeded": False, "dropout": True}),
         (
-            ["--recurrent", "delta", "--recurrent-varlen", "--recurrent-chunk-sizes", "16,32"],
-            {"recurrent": RecurrentClaim("delta", varlen=True, chunk_sizes=(16, 32))},
+            [
+                "--recurrent",
+                "delta",
+                "--recurrent-varlen",
+                "--recurrent-chunk-sizes",
+                "16,32",
+                "--recurrent-value-groups",
+            ],
+            {
+                "recurrent": RecurrentClaim(
+                    "delta", varlen=True, chunk_sizes=(16, 32), value_groups=True
+                )
+            },
         ),
     ],
 )

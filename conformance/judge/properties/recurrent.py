@@ -141,6 +141,8 @@ def _draw_call(
         d_v = data.draw(st.integers(1, 8), label="dv")
         heads = data.draw(st.integers(1, 2), label="Hk")
     group = data.draw(st.sampled_from((1, 2)), label="G") if kernel.declaration.gqa else 1
+    # value-head groups (REC-3.1's reverse sharing): Gv states per key and query head
+    values = data.draw(st.sampled_from((1, 2)), label="Gv") if claim.value_groups else 1
     if batch is None:
         batch = data.draw(st.integers(1, 2), label="B")
     normalizer = data.draw(st.sampled_from(GATE_NORMALIZERS), label="gate normaliser")
@@ -152,17 +154,17 @@ def _draw_call(
     arrays: dict[str, np.ndarray] = {
         "q": random_values(kernel, rng, (batch, heads * group, length, d_k), dtype),
         "k": _as_received(kernel, keys / np.where(norms == 0, 1, norms), dtype),
-        "v": random_values(kernel, rng, (batch, heads, length, d_v), dtype),
+        "v": random_values(kernel, rng, (batch, heads * values, length, d_v), dtype),
     }
     if claim.rule in GATED:
-        shape = (batch, heads, length) + ((d_k,) if claim.gate == "channel" else ())
+        shape = (batch, heads * values, length) + ((d_k,) if claim.gate == "channel" else ())
         gate = -np.log1p(np.exp(-rng.random(shape))) / normalizer
         arrays["g"] = _as_received(kernel, gate, dtype)
     if claim.rule in DELTA:
-        strength = 1 / (1 + np.exp(-rng.standard_normal((batch, heads, length))))
+        strength = 1 / (1 + np.exp(-rng.standard_normal((batch, heads * values, length))))
         arrays["beta"] = _as_received(kernel, strength, dtype)
     if with_state:
-        state = rng.standard_normal((batch, heads, d_k, d_v))
+        state = rng.standard_normal((batch, heads * values, d_k, d_v))
         arrays["initial_state"] = _as_received(kernel, state, state_dtype)
     return RecurrentCall(arrays, claim.rule, dtype, state_dtype)
 
@@ -195,8 +197,9 @@ def _invoke(
         raise KernelRaised(
             f"the recurrent kernel raised {type(exc).__name__}: {str(exc)[:300]} [call: {shown}]"
         ) from exc
-    batch, heads, length, d_k = tokens["q"].shape
-    states, d_v = tokens["v"].shape[1], tokens["v"].shape[-1]
+    batch, queries, length, d_k = tokens["q"].shape
+    states, d_v = tokens["v"].shape[1], tokens["v"].shape[-1]  # Hs = max(Hk, Hv) = Hv
+    heads = max(queries, states)  # Ho (REC-3.1)
     sequences = batch if sequences is None else sequences
     wanted = (
         ((batch, heads, length, d_v), call.dtype),
