@@ -464,7 +464,14 @@ def command_demo(args: argparse.Namespace) -> int:
             setup, args, [*backend_flags, *claim_flags], label=f"{target.rpartition(':')[0]}: "
         )
         report = done.report
-        print(format_table(report, rerun=done.rerun, full_reproduction_in=reproduction_file))
+        print(
+            format_table(
+                report,
+                rerun=done.rerun,
+                full_reproduction_in=reproduction_file,
+                write_ups=target_write_ups(target),  # one block per write-up, as check's
+            )
+        )
         if report.incomplete:
             return 2
         # by name (the kernel is not loaded again); a write-up counts only for the failure

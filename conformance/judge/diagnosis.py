@@ -239,6 +239,54 @@ def scale_zero_taken_as_default(kernel: KernelUnderTest) -> Cause | None:
     )
 
 
+def causal_scale_zero_nan(kernel: KernelUnderTest) -> Cause | None:
+    """``is_causal`` with ``scale=0`` giving NaN in the rows that exclude a key, where the
+    definition gives uniform weights over the allowed keys (SDPA-2.2 allows scale 0), while
+    the same call without ``is_causal``, and with scale 0.3, is right: the causal exclusion
+    does not survive a zero scale."""
+    if not (kernel.declaration.causal and kernel.declaration.scale):
+        return None
+    # E = Ev = 4 and a batch dim: a dispatcher may take its fused path only then
+    # (PyTorch's takes its CPU flash path for 4-d inputs with E = Ev)
+    batch = (1,) if kernel.declaration.batch_ndim is None else ()
+    problem = _problem(
+        kernel,
+        kernel.widest_dtype,
+        *(_normal(seed, *batch, 2, length, 4) for seed, length in ((0, 3), (1, 5), (2, 5))),
+        is_causal=True,
+        scale=0.0,
+    )
+    out = _output(kernel, problem)
+    expected, _ = _expected(kernel, problem)
+    if out is None or out.shape != expected.shape:
+        return None
+    broken = np.isnan(out) & ~np.isnan(expected)
+    if not broken.any():
+        return None
+    for other in (problem.with_(is_causal=False), problem.with_(scale=0.3)):
+        out_other = _output(kernel, other)
+        if out_other is None or not _passes(kernel, other, out_other):
+            return None  # wrong there too: another cause
+    rows = int(np.any(broken, axis=-1).sum())
+    return Cause(
+        name="causal-scale-zero-nan",
+        clause="SDPA-2.2",
+        explanation=(
+            "with is_causal and scale=0 the kernel gives NaN in the rows that exclude a key, "
+            "where the definition gives uniform weights over the allowed keys; without "
+            "is_causal, or with another scale, it is right (as when the -inf of an excluded "
+            "key is multiplied by the scale: -inf x 0 = NaN)"
+        ),
+        evidence=(
+            f"on a causal probe with Lq=3, Lk=5, E=Ev=4 and scale=0.0, {rows} of "
+            f"{int(np.prod(out.shape[:-1]))} output rows are NaN; the same call without "
+            "is_causal, and with scale=0.3, is within TOL-2"
+        ),
+        hint="exclude the keys after scaling (a scale of 0 or below is a valid scale, "
+        "SDPA-2.2); no flag",
+    )
+
+
 def default_scale_other(kernel: KernelUnderTest) -> Cause | None:
     """A default scale other than 1/sqrt(E): with scale=None the output is the
     definition's with 1/E, 1/sqrt(Ev) or 1 (no scaling)."""
@@ -806,6 +854,7 @@ def mask_sense(kernel: KernelUnderTest) -> Cause | None:
 PROBES: tuple[Callable[[KernelUnderTest], Cause | None], ...] = (
     single_key_softmax_weight_one,
     scale_zero_taken_as_default,
+    causal_scale_zero_nan,
     causal_alignment_reversed,
     empty_row_output,
     masks_by_adding_finite_value,
@@ -893,6 +942,14 @@ def case_of(counterexample: str) -> Case | None:
     )
 
 
+def _at_most_zero(scale: str) -> bool:
+    """Whether a minimal case's ``scale=`` text is a number <= 0 (not None)."""
+    try:
+        return float(scale) <= 0
+    except ValueError:
+        return False
+
+
 def _excludes(case: Case) -> bool:
     return case.masked or case.bias or (case.is_causal and case.k[-2] > 1)
 
@@ -903,6 +960,7 @@ _ACTS_ON: dict[str, Callable[[Case, Verdict], bool]] = {
     "scale-zero-is-default": lambda c, v: c.scale in ("0.0", "0", "-0.0"),
     "explicit-scale-ignored": lambda c, v: c.scale != "None",
     "causal-alignment-reversed": lambda c, v: c.is_causal and c.q[-2] != c.k[-2],
+    "causal-scale-zero-nan": lambda c, v: c.is_causal and _at_most_zero(c.scale),
     "empty-row-nan": lambda c, v: "fully-masked-row" in v.features,
     "empty-row-mean-v": lambda c, v: "fully-masked-row" in v.features,
     "excluded-keys-filled-finite": lambda c, v: _excludes(c) or "fully-masked-row" in v.features,

@@ -305,14 +305,17 @@ _TORCH_SDPA_DIVERGENCES = {
     "nan-propagates": "docs/divergences.md#torch-nan-query (pytorch #141128)",
     "mask-broadcast": "docs/divergences.md#torch-1d-mask",
     "batch-broadcast": "docs/divergences.md#torch-empty-broadcast",
+    # the same empty-query shortcut on the fixed corner shapes (q's batch (1,), k's (2,))
+    "batch-broadcast-corners": "docs/divergences.md#torch-empty-broadcast",
     # the quick profile's "causal with scale 0" and "causal with a negative scale"
-    # combinations meet it in these four (layout-independence where a strided input
-    # takes the math backend, which gives the definition, against the NaN of the
-    # contiguous call)
+    # combinations meet it in these (layout-independence where a strided input takes the
+    # math backend, which gives the definition, against the NaN of the contiguous call;
+    # same-shape-new-arguments where its second call is causal with scale 0)
     "matches-reference": _CAUSAL_SCALE_ZERO,
     "output-in-value-hull": _CAUSAL_SCALE_ZERO,
     "layout-independence": _CAUSAL_SCALE_ZERO,
     "gqa-mapping": _CAUSAL_SCALE_ZERO,
+    "same-shape-new-arguments": _CAUSAL_SCALE_ZERO,
     "masked-nonfinite-ignored": "docs/divergences.md#torch-masked-nan (pytorch #101967)",
 }
 _DIVERGENCES: dict[str, dict[str, str]] = {

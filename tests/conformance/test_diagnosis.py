@@ -115,9 +115,32 @@ def test_look_alikes_get_no_explanation_of_another_defect(fn: Callable[..., Any]
     assert diagnose(_kernel(fn)) == []
 
 
+# (a PyTorch kernel, the causes the probes must establish on it, as listed): the one defect
+# of its CPU flash path the probes see (docs/divergences.md#torch-causal-scale-zero), and the
+# math path, right there
+TORCH_PINNED = [
+    ("attnspec.conformance.kernels.torch_sdpa:sdpa_flash", ["causal-scale-zero-nan"]),
+    ("torch.nn.functional:scaled_dot_product_attention", ["causal-scale-zero-nan"]),
+    ("attnspec.conformance.kernels.torch_sdpa:sdpa_math", []),
+]
+
+
+@pytest.mark.parametrize(("target", "names"), TORCH_PINNED, ids=[t for t, _ in TORCH_PINNED])
+def test_probes_on_pytorch_sdpa(target: str, names: list[str]) -> None:
+    """SDPA-2.2 (CONF-1): with is_causal and scale=0, PyTorch's CPU flash path (which the
+    dispatcher takes for 4-d inputs with E = Ev) gives NaN rows; the probe says so, and
+    stays silent on the math path."""
+    pytest.importorskip("torch", reason="the kernels are PyTorch's")
+    from attnspec.conformance.run.kernel_setup import KernelSetup
+
+    causes = diagnose(KernelSetup(target, "torch").prepare())
+    assert [c.name for c in causes] == names
+    assert all("scale=0.0" in c.evidence and "-inf x 0" in c.explanation for c in causes)
+
+
 def test_every_probe_is_pinned() -> None:
     """CONF-1: every probe has a kernel above on which it establishes its cause."""
-    established = {name for _, name, _ in PINNED}
+    established = {name for _, name, _ in PINNED} | {n for _, names in TORCH_PINNED for n in names}
     names = {
         "float64_computed_in_float32": "float64-in-float32",
         "scale_zero_taken_as_default": "scale-zero-is-default",
@@ -131,6 +154,7 @@ def test_every_probe_is_pinned() -> None:
         "bias_added_in_float16": "bias-added-in-float16",
         "batch_or_head_mapping": "batch-head-mixed",
         "mask_sense": "mask-inverted",
+        "causal_scale_zero_nan": "causal-scale-zero-nan",
     }
     assert {probe.__name__ for probe in PROBES} == set(names)
     assert set(names.values()) <= established
@@ -238,6 +262,28 @@ def test_a_cause_explains_the_failures_on_the_inputs_it_acts_on() -> None:
     ):
         cause = Cause(name, "SDPA-1.3", "", "")
         assert [v for v in (zero, causal, wide) if explains(cause, v)] == [verdict]
+
+
+def test_causal_scale_zero_explains_causal_failures_at_a_scale_of_zero_or_below() -> None:
+    """SDPA-2.2: the causal-scale-zero cause explains causal failures at scale 0 or a
+    negative scale, not at scale 0.3 (whose text also starts with "0") nor without
+    is_causal."""
+    cause = Cause("causal-scale-zero-nan", "SDPA-2.2", "", "")
+    explained = {
+        options: explains(
+            cause,
+            hand_verdict(
+                "matches-reference", "SDPA-7.3", case=_case(dtype="float32", **dict(options))
+            ),
+        )
+        for options in (
+            (("is_causal", True), ("scale", 0.0)),
+            (("is_causal", True), ("scale", -0.75)),
+            (("is_causal", True), ("scale", 0.3)),
+            (("is_causal", False), ("scale", 0.0)),
+        )
+    }
+    assert list(explained.values()) == [True, True, False, False]
 
 
 def test_report_shows_each_cause_once_with_the_failures_it_explains() -> None:
