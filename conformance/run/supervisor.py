@@ -394,9 +394,10 @@ class IsolatedKernel:
         self.kernel: KernelInfo | None = None
         self._worker: _Worker | None = None
         self._starting: _Worker | None = None  # a worker loading the kernel (see abort)
-        # verdicts lost with their worker (a crash, an exit or a hang) once a kernel call
-        # had started: a worker that went silent before any (discarded draws on a loaded
-        # machine) says nothing about the kernel, and must not stop its diagnosis
+        # verdicts lost with their worker (a crash, an exit or a hang) during a kernel
+        # call: a worker that went silent before any or after the kernel returned (its own
+        # draws or checks, on a loaded machine) says nothing about the kernel, and must
+        # not stop its diagnosis
         self.lost = 0
         self._aborted = False  # abort() was called: no worker is started any more
 
@@ -549,7 +550,7 @@ class IsolatedKernel:
                 ("property", prop.id, profile, PROFILES.get(profile), seed, limits or SizeLimits())
             )
         except _Lost as lost:
-            self.lost += bool(lost.call.description)
+            self.lost += lost.call.in_progress
             return self._lost(prop, lost.finding, lost.call, started, kernel)
         return verdict
 

@@ -203,9 +203,9 @@ def test_a_worker_silent_before_any_kernel_call_does_not_stop_the_diagnosis(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """CONF-5, CONF-1: a verdict lost because the worker went silent before any kernel
-    call (its own draws, on a loaded machine) says nothing about the kernel, so the
-    diagnosis probes still run; one lost during a kernel call stops them (probing a kernel
-    that hung could cost another timeout)."""
+    call or after the kernel returned (its own draws and checks, on a loaded machine) says
+    nothing about the kernel, so the diagnosis probes still run; one lost during a kernel
+    call stops them (probing a kernel that hung could cost another timeout)."""
     from attnspec.conformance.judge.registry import all_properties
     from attnspec.conformance.run import supervisor
     from attnspec.conformance.run.kernel_setup import KernelSetup
@@ -214,7 +214,11 @@ def test_a_worker_silent_before_any_kernel_call_does_not_stop_the_diagnosis(
     prop = all_properties()["default-scale"]
     with supervisor.IsolatedKernel(setup, supervisor.IsolationOptions()) as session:
         session.start()
-        for call, lost in ((supervisor._LastCall(), 0), (supervisor._LastCall("q(1, 1, 1)"), 1)):
+        for call, lost in (
+            (supervisor._LastCall(), 0),  # before any kernel call
+            (supervisor._LastCall("q(1, 1, 1)"), 0),  # after the kernel returned
+            (supervisor._LastCall("q(1, 1, 1)", None, True), 1),  # during a kernel call
+        ):
 
             def silent(request: tuple[Any, ...], call: Any = call) -> Any:
                 if request[0] == "hints":
