@@ -184,6 +184,28 @@ KNOWN_KERNELS: tuple[KnownKernel, ...] = (
         )
         for suffix, decay in (("", "per-head"), ("_per_channel", "per-key-channel"))
     ),
+    *(
+        KnownKernel(
+            _adapter("onnx_attention", f"{prefix}attention_{form}"),
+            _adapter("onnx_attention", f"{prefix}attention_{form}"),
+            "numpy",
+            (),
+            requires,
+            note=f"Attention {what}, {how}; 4-D (B, H, L, E) inputs, GQA by head counts, softcap",
+        )
+        for prefix, requires, how in (
+            ("reference_", ("onnx",), "through onnx.reference.ReferenceEvaluator"),
+            ("runtime_", ("onnx", "onnxruntime"), "through ONNX Runtime's CPU provider"),
+        )
+        for form, what in (
+            ("23", "opset 23, one attn_mask (bool mask or float bias), causal top-left (no cache)"),
+            (
+                "kv_cache",
+                "opset 24, K and V the whole cache, nonpad_kv_seqlen its valid lengths "
+                "(--kv-cache --no-kv-cache-append)",
+            ),
+        )
+    ),
     KnownKernel(
         _adapter("thirdparty", "performer_favor"),
         _adapter("thirdparty", "performer_favor"),
@@ -318,7 +340,83 @@ _TORCH_SDPA_DIVERGENCES = {
     "same-shape-new-arguments": _CAUSAL_SCALE_ZERO,
     "masked-nonfinite-ignored": "docs/divergences.md#torch-masked-nan (pytorch #101967)",
 }
+# ONNX's Attention (adapters.onnx_attention): sqrt(scale), empty lengths, mask shapes,
+# float16 scores, and the masked NaN / head-count SHOULDs
+_ONNX_SCALE = "docs/divergences.md#onnx-scale-sqrt"
+_ONNX_EMPTY = "docs/divergences.md#onnx-empty-lengths"
+_ONNX_MASK_SHAPES = "docs/divergences.md#onnx-mask-shapes"
+_ONNX_FLOAT16 = "docs/divergences.md#onnx-float16-scores"
+_ONNX_MASKED_NAN = "docs/divergences.md#onnx-masked-nan"
+# ONNX Runtime refuses a scale <= 0 when the session is created: the first failure of these
+_ONNX_RUNTIME_SCALE_FIRST = (
+    "value-head-dim",
+    "output-shape-dtype",
+    "inputs-unmodified",
+    "layout-independence",
+    "explicit-scale",
+    "mask-polarity",
+    "bias-semantics",
+    "causal-zeros",
+    "causal-alignment",
+    "empty-rows-zero",
+    "gqa-mapping",
+    "rows-sum-to-one",
+    "output-in-value-hull",
+    "matches-reference",
+    "deterministic",
+    "query-permutation",
+    "batch-head-independence",
+    "value-linearity",
+    "same-shape-new-arguments",
+    "many-calls",
+    "masked-values-ignored",
+    "nan-propagates",
+    "softcap-matches-reference",
+)
+_ONNX_REFERENCE_SCALE_FIRST = (
+    "explicit-scale",
+    "mask-polarity",
+    "bias-semantics",
+    "mask-and-causal",
+    "causal-alignment",
+    "gqa-mapping",
+    "rows-sum-to-one",
+    "output-in-value-hull",
+    "matches-reference",
+    "same-shape-new-arguments",
+    "many-calls",
+    "softcap-matches-reference",
+)
+_ONNX_KV_CACHE = {
+    "kv-cache-matches-reference": _ONNX_EMPTY,
+    "kv-cache-stale-positions": _ONNX_EMPTY,
+}
+_ONNX = "attnspec.conformance.kernels.adapters.onnx_attention."
 _DIVERGENCES: dict[str, dict[str, str]] = {
+    _ONNX + "reference_attention_23": {
+        **dict.fromkeys(_ONNX_REFERENCE_SCALE_FIRST, _ONNX_SCALE),
+        "empty-size-corners": _ONNX_EMPTY,
+        "no-keys-zero": _ONNX_EMPTY,
+        "mask-broadcast": _ONNX_MASK_SHAPES,
+        "large-logits": _ONNX_FLOAT16,
+        "masked-values-ignored": _ONNX_FLOAT16,
+        "masked-nonfinite-ignored": _ONNX_MASKED_NAN,
+        "gqa-rejects-bad-heads": "docs/divergences.md#onnx-gqa-heads",
+    },
+    _ONNX + "runtime_attention_23": {
+        **dict.fromkeys(_ONNX_RUNTIME_SCALE_FIRST, _ONNX_SCALE),
+        "empty-size-corners": _ONNX_EMPTY,
+        "empty-sizes": _ONNX_EMPTY,
+        "no-keys-zero": _ONNX_EMPTY,
+        "mask-broadcast": _ONNX_MASK_SHAPES,
+        "mask-and-causal": _ONNX_MASK_SHAPES,
+        # the padded anchor's (B, 1, 1, Lk) bias
+        "key-permutation": _ONNX_MASK_SHAPES,
+        "bias-shift-invariance": _ONNX_MASK_SHAPES,
+        "masked-nonfinite-ignored": _ONNX_MASKED_NAN,
+    },
+    _ONNX + "reference_attention_kv_cache": _ONNX_KV_CACHE,
+    _ONNX + "runtime_attention_kv_cache": _ONNX_KV_CACHE,
     "torch.nn.functional.scaled_dot_product_attention": _TORCH_SDPA_DIVERGENCES,
     "torch._C._nn.scaled_dot_product_attention": _TORCH_SDPA_DIVERGENCES,
     "attnspec.conformance.kernels.torch_sdpa.sdpa_math": {
@@ -462,6 +560,26 @@ class Confirms:
 # clause they follow from) or that name what their failures show.
 _EMPTY_ROW = "should be 0.0 within"  # an accuracy finding whose definition is exactly 0
 _CONFIRMS: dict[str, Confirms] = {
+    # NaN from sqrt(scale < 0) (the reference) or the session's refusal of scale <= 0 (ONNX
+    # Runtime, listed under the first clause it failed, SDPA-1.1 or SDPA-1.3)
+    _ONNX_SCALE: Confirms(
+        (
+            *("SDPA-1.1", "SDPA-1.3", "SDPA-2.2", "SDPA-3.1", "SDPA-3.2", "SDPA-3.4"),
+            *("SDPA-4.1", "SDPA-6.1", "SDPA-7.1", "SDPA-7.3", "SDPA-7.8", "SOFTCAP-1"),
+        ),
+        shows=("scale=-", "scale_ > 0"),
+    ),
+    # NumPy's empty maximum, ONNX Runtime's length checks; a cache of capacity 0
+    _ONNX_EMPTY: Confirms(
+        ("SDPA-1.5", "SDPA-5.2", "KVCACHE-2"), shows=("zero-size array", "checkParameters")
+    ),
+    # the reference's padded (1,) mask; ONNX Runtime's refused mask and bias shapes
+    _ONNX_MASK_SHAPES: Confirms(
+        ("SDPA-3.1", "SDPA-3.2", "SDPA-7.6"),
+        shows=("(broadcast mask)", "ComputeOutputShapeForAttention"),
+    ),
+    _ONNX_FLOAT16: Confirms(shows=("float16",)),
+    _ONNX_MASKED_NAN: Confirms(shows=("nan into",)),
     # its NaN rows show on the combination "causal with scale 0" only
     _CAUSAL_SCALE_ZERO: Confirms(shows=("scale=0.0",)),
     # rows-sum-to-one (SDPA-7.1) and value-linearity (SDPA-7.6) on fully masked rows:

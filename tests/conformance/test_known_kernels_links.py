@@ -135,6 +135,35 @@ POSITIVE_SCALE_OFF = (
     "scale=0.5"
 )
 
+# ONNX Attention (docs/matrix.md, 2026-12-06): ONNX Runtime's refused scale, listed under
+# the first clause it failed; the reference evaluator's negative-scale NaN and its padded
+# (1,) mask; a positive scale's failure or a full-shape mask's is another cause
+ONNX_RUNTIME_SCALE = (
+    "kernel raised Fail: [ONNXRuntimeError] : 1 : FAIL : Exception during initialization: "
+    "attention.cc:233 scale_ > 0 || std::isnan(scale_) was false. scale must be "
+    "q(1, 1, 1, 1), k(1, 1, 1, 1), v(1, 1, 1, 2), dtype=float32, is_causal=False, scale=0.0"
+)
+ONNX_NEGATIVE_SCALE = (
+    "out[(0, 0, 0, 0)] = nan, but should be finite: 1.0 within 0.00391 (TOL-2); 4 of 4 "
+    "elements outside q(1, 4, 1, 1), k(1, 2, 1, 1), v(1, 2, 1, 1), dtype=float16, "
+    "is_causal=True, scale=-0.75"
+)
+ONNX_POSITIVE_SCALE = ONNX_NEGATIVE_SCALE.replace("scale=-0.75", "scale=0.75")
+ONNX_SHORT_MASK = (
+    "out (broadcast mask) vs the full mask[(0, 0, 0, 0)] = 0.0, but should be 0.125 within "
+    "0.00098 (TOL-2); error 0.125 is 128x the bound; 1 of 1 elements outside q(1, 1, 1, 1), "
+    "k(1, 1, 8, 1), v(1, 1, 8, 1), dtype=float16, is_causal=False, scale=None, mask(1,)"
+)
+ONNX_EMPTY = (
+    "kernel raised ValueError: zero-size array to reduction operation maximum which has no "
+    "identity [call: 1 sequences (Lq, Lk) = [(1, 0)], Hq=1, Hkv=1, E=1, Ev=1, dtype=float16, "
+    "is_causal=False, scale=None, cache_seqlens=[0], 0 new keys, capacity 0]"
+)
+ONNX_FULL_MASK = ONNX_SHORT_MASK.replace("(broadcast mask) vs the full mask", "")
+ONNX_REFERENCE = "onnx_attention:reference_attention_23"
+ONNX_RUNTIME = "onnx_attention:runtime_attention_23"
+ONNX_CACHE = "onnx_attention:reference_attention_kv_cache"
+
 CASES = [
     # keras numpy, float16 scores: the contiguous call's inaccuracy, before and after it is
     # reported as accuracy (SDPA-7.3); a float32 failure is another cause
@@ -255,6 +284,13 @@ CASES = [
     # keras torch: the additive fill of a boolean mask
     ("keras:dot_product_attention_torch", "masked-values-ignored", "SDPA-8.1", MASKED_LARGE, True),
     ("keras:dot_product_attention_torch", "masked-values-ignored", "SDPA-8.1", MASKED_ONE, False),
+    (ONNX_RUNTIME, "matches-reference", "SDPA-1.1", ONNX_RUNTIME_SCALE, True),
+    (ONNX_RUNTIME, "gqa-mapping", "SDPA-6.1", ONNX_POSITIVE_SCALE, False),
+    (ONNX_REFERENCE, "gqa-mapping", "SDPA-6.1", ONNX_NEGATIVE_SCALE, True),
+    (ONNX_REFERENCE, "gqa-mapping", "SDPA-6.1", ONNX_POSITIVE_SCALE, False),
+    (ONNX_REFERENCE, "mask-broadcast", "SDPA-3.1", ONNX_SHORT_MASK, True),
+    (ONNX_REFERENCE, "mask-broadcast", "SDPA-3.1", ONNX_FULL_MASK, False),
+    (ONNX_CACHE, "kv-cache-stale-positions", "KVCACHE-2", ONNX_EMPTY, True),
 ]
 
 
