@@ -710,6 +710,15 @@ def bias_added_in_float16(kernel: KernelUnderTest) -> Cause | None:
     mean = np.broadcast_to(problem.v.mean(axis=-2), out[..., 0, :].shape)
     if not np.allclose(out[..., 0, :], mean, atol=4e-3, rtol=0):
         return None
+    # float16's own: the same bias in float32 (exact there) gives the softmax of the scores
+    # (a kernel that caps its scores, tanh, collapses the row in every dtype)
+    wide = next((d for d in ("float32", "float64") if d in kernel.dtypes), None)
+    if wide is None:
+        return None  # no wider dtype to tell it from a dtype-blind collapse
+    wide_problem = problem.with_(dtype=wide)
+    out_wide = _output(kernel, wide_problem)
+    if out_wide is None or not _passes(kernel, wide_problem, out_wide):
+        return None
     return Cause(
         name="bias-added-in-float16",
         clause="SDPA-3.2",
@@ -721,7 +730,7 @@ def bias_added_in_float16(kernel: KernelUnderTest) -> Cause | None:
         evidence=(
             "on a float16 probe whose row 0 has the bias -65504 on every key and scores 0 ... "
             "4, row 0 of the output is mean(V), where the definition gives the softmax of the "
-            "scores (a per-row constant changes nothing)"
+            f"scores (a per-row constant changes nothing); in {wide} it is right"
         ),
         hint="add the bias in float32 (SDPA-7.2); no flag",
     )

@@ -105,6 +105,8 @@ LOOK_ALIKES: list[Callable[..., Any]] = [
     sm.row_sum_accumulated_in_float16,
     sc.causal_strict,
     sc.decode_step_top_left,
+    # scores capped by tanh: a -65504 bias collapses a row in every dtype, not float16 only
+    sc.logits_soft_capped,
 ]
 
 
