@@ -166,6 +166,8 @@ def test_bias_keyword_alone_runs_the_bias_properties(
             "attn_bias",
             "--dtype",
             "float64",
+            "--max-len",  # what is checked is the keyword's plumbing: short rows show it
+            "64",
             "--only",
             "bias-semantics",
         )
@@ -258,7 +260,14 @@ def test_linear_feature_map_may_be_a_callable(
         "def attention(q, k, v, *, is_causal=False):\n"
         "    return linear_attention(q, k, v, feature_map=phi, is_causal=is_causal)\n"
     )
-    only = ("--only", "linear-matches-formula,linear-causal-prefix")
+    # what is checked is that the map given by name is the one used; short rows in one
+    # dtype show it (the realistic sizes are tests/reference/test_linear*.py's and the
+    # property tests')
+    only = (
+        "--only",
+        "linear-matches-formula,linear-causal-prefix",
+        *("--dtype", "float64", "--max-len", "64"),
+    )
     status, out, _ = run_main(
         capsys, "check", f"{kernel}:attention", "--linear", f"{kernel}:phi", *only
     )
