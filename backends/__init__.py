@@ -175,6 +175,11 @@ class Backend:
         """Whether the library has automatic differentiation (:meth:`vjp`)."""
         return self._adapter.vjp is not None
 
+    @property
+    def has_vjp(self) -> bool:
+        """Whether the library has automatic differentiation (:meth:`vjp`)."""
+        return self._adapter.vjp is not None
+
     def vjp(
         self, fn: Any, primals: tuple[Any, ...], cotangents: tuple[Any, ...]
     ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:

@@ -234,6 +234,12 @@ def add_matrix_parser(commands: Any) -> None:
         help="check N kernels at once, each in a process "
         "of its own, or 'auto' for one per available CPU (default 1)",
     )
+    matrix.add_argument(
+        "--backward",
+        action="store_true",
+        help="check the backward pass too (spec/backward.md) of every kernel whose library "
+        "differentiates (torch, jax): its BWD column",
+    )
 
 
 def claims_from(args: argparse.Namespace) -> dict[str, Any]:
@@ -503,6 +509,11 @@ def _passed_on(args: argparse.Namespace, options: Sequence[str]) -> list[str]:
     return tokens
 
 
+# The backends whose libraries differentiate a kernel (Backend.vjp): `matrix --backward`
+# checks their kernels' gradients.
+DIFFERENTIATING = ("torch", "jax")
+
+
 def command_matrix(args: argparse.Namespace) -> int:
     """Every known kernel installed here through the suite; exit 0 unless a run broke."""
     import os
@@ -547,6 +558,7 @@ def command_matrix(args: argparse.Namespace) -> int:
             entry.backend,
             *(["--device", "cuda"] if entry.device == "cuda" else []),
             *_passed_on(args, ("seed", "timeout", "memory_limit")),
+            *(["--backward"] if args.backward and entry.backend in DIFFERENTIATING else []),
         ]
         # one worker per kernel: the matrix's own --jobs checks kernels side by side
         own = ["--jobs", "1", *(["--quiet"] if args.quiet else [])]
@@ -595,6 +607,7 @@ def command_matrix(args: argparse.Namespace) -> int:
     if jobs > 1 and len(checkable) > 1:
         options = [
             *(["--quiet"] if args.quiet else []),
+            *(["--backward"] if args.backward else []),
             *_passed_on(args, ("profile", "seed", "timeout", "memory_limit")),
         ]
         done = {row.name: row for row in matrix.rows_in_processes(checkable, jobs, options)}

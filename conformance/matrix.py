@@ -60,8 +60,9 @@ class MatrixRow:
 
 
 def family(clause: str) -> str:
-    """``SDPA-5.1`` -> ``SDPA-5``: the column a clause's verdict is shown in."""
-    return clause.split(".")[0]
+    """``SDPA-5.1`` -> ``SDPA-5``: the column a clause's verdict is shown in; every clause of
+    the backward pass (spec/backward.md) in one column, ``BWD``."""
+    return "BWD" if clause.startswith("BWD-") else clause.split(".")[0]
 
 
 _RANK = {FAILED: 4, WARNING: 3, WAIVED: 2, PASSED: 1, NOT_APPLICABLE: 0}
@@ -296,7 +297,7 @@ def _anchor(name: str) -> str:
 
 def _column_key(column: str) -> tuple[str, int]:
     prefix, _, number = column.rpartition("-")
-    return (prefix, int(number) if number.isdigit() else 0)
+    return (prefix or column, int(number) if number.isdigit() else 0)
 
 
 def to_markdown(rows: Sequence[MatrixRow], title_note: str = "") -> str:

@@ -114,6 +114,9 @@ class KernelDeclaration:
     sinks_keyword: str = "sinks"
     mla: MlaClaim | None = None
     recurrent: RecurrentClaim | None = None
+    backward: bool = False
+    # "MODULE:FUNC" or the callable itself: FlashAttention's _flash_attn_backward convention
+    backward_fn: str | Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         check_fields((f.name, str(f.type), getattr(self, f.name)) for f in fields(self))

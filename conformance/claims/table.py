@@ -846,6 +846,33 @@ CLAIMS: tuple[Claim, ...] = (
         ),
         from_flags=recurrent_from_flags,
     ),
+    Claim(
+        "backward",
+        flags=(
+            Flag(
+                "--backward",
+                "check the kernel's backward pass too (spec/backward.md): its gradients by "
+                "the framework's automatic differentiation (torch.autograd, a custom "
+                "autograd.Function included; jax.vjp), or by --backward-fn",
+                kind="bool",
+            ),
+        ),
+        shows_as=_when("backward", "backward"),
+    ),
+    Claim(
+        "backward_fn",
+        flags=(
+            Flag(
+                "--backward-fn",
+                "an explicit backward function, FlashAttention's convention: "
+                "bwd(dout, q, k, v, out, lse, **the forward's keywords) -> (dq, dk, dv) "
+                "or (dq, dk, dv, dbias), out and lse those the kernel returned (lse None "
+                "unless it declares --returns-lse); implies --backward",
+                metavar="MODULE:FUNC",
+            ),
+        ),
+        implies={"backward": True},
+    ),
 )
 CLAIM_FLAGS: tuple[Flag, ...] = tuple(flag for claim in CLAIMS for flag in claim.flags)
 

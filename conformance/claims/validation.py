@@ -147,6 +147,15 @@ def _family_alignment_invalid(value: Any) -> str | None:
     )
 
 
+def _backward_fn_invalid(value: Any) -> str | None:
+    if value is None or callable(value) or (isinstance(value, str) and ":" in value):
+        return None
+    return (
+        f"backward_fn={value!r}, but should be None, a callable, or 'MODULE:FUNC' / "
+        "'path/to/file.py:FUNC' naming one"
+    )
+
+
 #: The value check of each field that has one: a message saying what is wrong, or None.
 VALUE_CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "dtypes": _dtypes_invalid,
@@ -159,6 +168,7 @@ VALUE_CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "paged_batch": _paged_batch_invalid,
     "mla": _mla_invalid,
     "recurrent": _recurrent_invalid,
+    "backward_fn": _backward_fn_invalid,
 }
 
 

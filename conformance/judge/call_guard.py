@@ -8,6 +8,7 @@ works on.  Applied by :meth:`.kernel_setup.KernelSetup.prepare` to every kernel.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -57,6 +58,7 @@ class CallGuard:
         self.memory_note = ""
         self.problem: Problem | None = None  # the inputs of the call_on() under way
         self._call, self._invoke = kernel.call_raw, kernel.call_on
+        self._gradients = kernel.call_gradients
 
     def call_on(self, problem: Problem) -> KernelOutputs:
         self.problem = problem
@@ -65,7 +67,31 @@ class CallGuard:
         finally:
             self.problem = None
 
-    def call_raw(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def call_gradients(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        grad_out: Any,
+        bias_keyword: str | None,
+        problem: Problem | None = None,
+    ) -> Any:
+        """A backward call (spec/backward.md) under the same guard as a forward one."""
+        self.problem = problem
+        try:
+            return self.call_raw(
+                args, kwargs, lambda: self._gradients(args, kwargs, grad_out, bias_keyword)
+            )
+        finally:
+            self.problem = None
+
+    def call_raw(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        call: Callable[[], Any] | None = None,
+    ) -> Any:
+        """``kernel.call_raw(args, kwargs)`` (or ``call()``, a call on those arguments)
+        under the guard."""
         problem = self.problem
         fn = self.kernel.fn
         remote = hasattr(fn, "call_description")  # a kernel in its own process
@@ -85,7 +111,7 @@ class CallGuard:
         # NumPy arithmetic (reference, tolerances) into errors.
         error_state = np.geterr()
         try:
-            return self._call(args, kwargs)
+            return self._call(args, kwargs) if call is None else call()
         except KernelStalled as stalled:
             raise KernelHung(
                 PropertyFailure(
@@ -147,5 +173,6 @@ def guard_calls(kernel: KernelUnderTest) -> CallGuard:
         return existing
     guard = CallGuard(kernel)
     kernel.call_raw, kernel.call_on = guard.call_raw, guard.call_on  # type: ignore[method-assign]
+    kernel.call_gradients = guard.call_gradients  # type: ignore[method-assign]
     kernel.call_guard = guard  # type: ignore[attr-defined]
     return guard

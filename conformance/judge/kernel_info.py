@@ -87,6 +87,8 @@ def held_declaration(declaration: KernelDeclaration, held: dict[str, Any]) -> Ke
     linear = declaration.linear
     if linear is not None and callable(linear.feature_map):
         changes["linear"] = replace(linear, feature_map=_held(linear.feature_map, held))
+    if callable(declaration.backward_fn):
+        changes["backward_fn"] = _held(declaration.backward_fn, held)
     sparse = declaration.sparse
     if sparse is not None and sparse.params:
         params = {name: _held(value, held) for name, value in sparse.params.items()}

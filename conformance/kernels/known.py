@@ -436,6 +436,11 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "layout-independence": "docs/divergences.md#torch-flash-strided",
         # masked-values-ignored (SDPA-8.1) is gone: it was this adapter's own padding
         # (docs/divergences.md#torch-masked-overflow, torch_sdpa.scale_for_padding)
+        # --backward: no gradient for an additive mask, strided inputs refused as forward
+        "gradients-bias-reduction": "docs/divergences.md#torch-flash-bias-grad",
+        "gradients-finite": "docs/divergences.md#torch-flash-bias-grad",
+        "gradients-match-reference": "docs/divergences.md#torch-flash-bias-grad",
+        "gradients-layout-independence": "docs/divergences.md#torch-flash-strided",
     },
     # need_weights=False goes through SDPA's CPU flash path: its NaN query and masked NaN
     "attnspec.conformance.kernels.adapters.torch.multihead_attention_no_weights": {

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ...backends import Backend
+from ..call.gradients import kernel_gradients
 from ..call.side_effects import kernel_output_to
 from ..call.wire import (
     CallableInKernelProcess,
@@ -112,6 +113,10 @@ class KernelServer:
             kind = request[0]
             if kind == "call":
                 _send(self.connection, self.call(*request[1:]))
+            elif kind == "vjp":  # ("vjp", args, kwargs, description, dO, bias keyword)
+                args, kwargs, description, grad_out, bias_keyword = request[1:6]
+                upstream = (grad_out, bias_keyword)
+                _send(self.connection, self.call("kernel", args, kwargs, description, upstream))
             elif kind == "recheck":
                 time.sleep(request[1])
                 _send(self.connection, ("rechecked", self._late_changes()))
@@ -124,8 +129,17 @@ class KernelServer:
         changed = self.last.changed()
         return (self.last_description, changed) if changed else None
 
-    def call(self, target: str, args: Any, kwargs: Any, description: str) -> tuple[Any, ...]:
-        """One call: ``target`` is "kernel" or the name of a held callable."""
+    def call(
+        self,
+        target: str,
+        args: Any,
+        kwargs: Any,
+        description: str,
+        upstream: tuple[Any, str | None] | None = None,
+    ) -> tuple[Any, ...]:
+        """One call: ``target`` is "kernel" or the name of a held callable; with
+        ``upstream`` (dO, the bias keyword or None), the kernel's gradients for dO instead
+        of its output (:func:`~..call.gradients.kernel_gradients`, spec/backward.md)."""
         late = self._late_changes()
         fn = self.kernel.raw_fn if target == "kernel" else self.held.get(target)
         if fn is None:
@@ -139,7 +153,14 @@ class KernelServer:
         inputs = _Inputs(self.backend, named_arguments(tuple(args), kwargs))
         error_state = np.geterr()
         try:
-            result = fn(*args, **kwargs)
+            if upstream is None:
+                result = fn(*args, **kwargs)
+            else:
+                grad_out = import_value(self.backend, upstream[0])
+                declaration = self.kernel.declaration
+                result = kernel_gradients(
+                    self.backend, fn, declaration, args, kwargs, grad_out, upstream[1]
+                )
             exported = export_value(self.backend, result)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, (int, str, type(None))) else repr(exc.code)

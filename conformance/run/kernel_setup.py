@@ -315,12 +315,24 @@ class KernelSetup:
             )
         declaration = _restrict_dtypes(declaration, backend, self.dtypes)
         _check_favor_features(declaration)
+        _check_backward(declaration, backend)
         kernel = KernelUnderTest(fn, backend, declaration, target)
         check_signature(fn, declaration, kernel.target)
         kernel.setup_hints = hints
         guard_calls(kernel)
         kernel.loader = loader_source(self, kernel)
         return kernel
+
+
+def _check_backward(declaration: KernelDeclaration, backend: Backend) -> None:
+    """--backward on a library without automatic differentiation needs --backward-fn."""
+    if declaration.backward and declaration.backward_fn is None and not backend.has_vjp:
+        raise SetupError(
+            f"--backward (backward=True) differentiates the kernel with its library's "
+            f"automatic differentiation, which {backend.name} has none of: check it on "
+            "torch or jax (--backend), or declare an explicit backward function "
+            "(--backward-fn MODULE:FUNC, backward_fn=)"
+        )
 
 
 def _check_favor_features(declaration: KernelDeclaration) -> None:

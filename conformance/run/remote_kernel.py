@@ -299,15 +299,29 @@ class RemoteFunction:
             )
         return import_value(self.backend, result)
 
-    def _call_once(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """One call; the result as plain data (payloads), the kernel's changes to its
-        inputs applied to ``args`` and ``kwargs``."""
-        message = (
-            "call",
-            self.target,
-            export_value(self.backend, args),
-            export_value(self.backend, kwargs),
-            self.call_description,
+    def vjp(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], grad_out: Any, bias_keyword: str | None
+    ) -> Any:
+        """The kernel's gradients ``(dq, dk, dv, dbias)`` for the upstream gradient
+        ``grad_out`` of its output, computed in its process, in its framework, on its device
+        (:func:`~..call.gradients.kernel_gradients`), as fresh arrays here."""
+        upstream = (export_value(self.backend, grad_out), bias_keyword)
+        return import_value(self.backend, self._call_once(args, kwargs, upstream))
+
+    def _call_once(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        upstream: tuple[Any, str | None] | None = None,
+    ) -> Any:
+        """One call (with ``upstream``, a "vjp" request: the gradients); the result as
+        plain data (payloads), the kernel's changes to its inputs applied to ``args`` and
+        ``kwargs``."""
+        exported = (export_value(self.backend, args), export_value(self.backend, kwargs))
+        message: tuple[Any, ...] = (
+            ("call", self.target, *exported, self.call_description)
+            if upstream is None
+            else ("vjp", *exported, self.call_description, *upstream)
         )
         answer = self.process.request(message, self.process.timeout)
         kind = answer[0]

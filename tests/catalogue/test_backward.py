@@ -1,18 +1,22 @@
 """The backward catalogue (tests/catalogue/backward.py) judged by the clauses of
 spec/backward.md: every buggy backward is caught, every correct formulation passes.
 
-The checks are those the conformance properties of ``attnspec check --backward`` will make
-(named by the property ids they will have): the gradients within BWD-17 of the float64
-definition (BWD-16), exactly 0 for excluded keys (BWD-3) and rows without keys (BWD-4),
-finite (BWD-5), of the inputs' shapes and dtypes (BWD-2, BWD-13), bitwise the same on a
-second call (BWD-15), on fixed problems in the spirit of the quick profile (GQA with a
-bottom-right causal mask, a blank row, a key no query sees and a finfo.min padding bias;
-PyTorch #196678's rows with log-sum-exp below -88.7 at L = 192; a softcap with GQA).
+Through the real check: each formulation is a kernel ``attnspec check --backward`` checks
+(tests/catalogue/backward_kernels.py: a custom torch.autograd.Function whose backward is the
+formulation, plain torch.autograd, an explicit FlashAttention-style backward function), the
+correct ones passing every ``gradients-*`` property of the quick profile and each buggy one
+failing the property the catalogue names, run by the suite's property runner on the quick
+profile's examples (the first failure decides; not shrunk).  Beside it, the hand checks of
+:func:`failed_checks` (named by the same property ids) judge the correct formulations on
+20 random problems each, with the catalogue's own problems, independently of the runner.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,8 +24,17 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the catalogue's backward kernels are torch's")
 
+from support import ATTNSPEC  # noqa: E402
+
+from attnspec.backends import Backend  # noqa: E402
+from attnspec.conformance.api import check  # noqa: E402
+from attnspec.conformance.judge.kernel import KernelUnderTest  # noqa: E402
+from attnspec.conformance.judge.registry import all_properties  # noqa: E402
+from attnspec.conformance.judge.verdict import FAILED, PASSED, WARNING  # noqa: E402
+from attnspec.conformance.run.property_runner import run_property  # noqa: E402
 from attnspec.reference.tolerance_backward import gradient_error_bound  # noqa: E402
-from catalogue.backward import BUGS, CORRECT, flash2_backward  # noqa: E402
+from catalogue.backward import BUGS, CORRECT  # noqa: E402
+from catalogue.backward_kernels import CORRECT_KERNELS  # noqa: E402
 
 Problem = dict[str, Any]
 FLOAT32_MIN = float(np.finfo(np.float32).min)
@@ -166,6 +179,11 @@ def _bound(problem: Problem, name: str) -> Any:
     return _BOUNDS[name]
 
 
+def backward_properties() -> list[str]:
+    """The ids of the backward properties (spec/backward.md), in the registry's order."""
+    return [p.id for p in all_properties().values() if p.clause.startswith("BWD-")]
+
+
 def failed_checks(backward: Callable[..., Any], problem: Problem, name: str) -> set[str]:
     """The checks the backward fails on ``problem`` (named ``name``; empty: it passes)."""
     problem = {
@@ -222,20 +240,56 @@ def test_correct_backward_passes_every_check(name: str) -> None:
         assert not failed_checks(backward, _random(seed), f"seed {seed}"), (name, seed)
 
 
+@pytest.mark.parametrize("name", sorted(CORRECT_KERNELS))
+def test_correct_backward_kernel_passes_the_check(name: str) -> None:
+    """BWD-1 … BWD-5, BWD-15, BWD-17: each correct formulation, as a kernel, passes every
+    gradients-* property of ``attnspec check --backward``'s quick profile."""
+    report = check(
+        f"catalogue.backward_kernels:{CORRECT_KERNELS[name]}",
+        backend="torch",
+        only=backward_properties(),
+    )
+    assert [v.property for v in report.verdicts if v.status != PASSED] == []
+    assert len(report.verdicts) == len(backward_properties())
+
+
 @pytest.mark.parametrize("bug", BUGS, ids=lambda bug: bug.name)
 def test_each_bug_is_caught(bug: Any) -> None:
-    """BWD-2 … BWD-7, BWD-13, BWD-15, BWD-17: every buggy backward fails the check named
-    for it on one of the quick problems (its forward pass is right)."""
+    """BWD-1 … BWD-5, BWD-13, BWD-15, BWD-17: every buggy backward (its forward right)
+    fails the property named for it on the quick profile, run by the check's runner."""
+    from catalogue.backward_kernels import BUGGY
 
-    def buggy(*args: Any, **kwargs: Any) -> Any:
-        return flash2_backward(*args, bug=bug.name, **kwargs)
+    kernel = KernelUnderTest(BUGGY[bug.name], Backend("torch"))
+    verdict = run_property(all_properties()[bug.caught_by], kernel, profile="quick", shrink=False)
+    assert verdict.status in (FAILED, WARNING), (bug.name, bug.upstream, verdict.detail)
 
-    found: set[str] = set()
-    for make in QUICK:  # in order, as a profile runs them; the first that catches it ends it
-        found |= failed_checks(buggy, make(), make.__name__)
-        if bug.caught_by in found:
-            return
-    raise AssertionError((bug.name, bug.upstream, found))
+
+def test_check_command_runs_an_explicit_backward_function(tmp_path: Path) -> None:
+    """BWD-1, BWD-17: ``attnspec check --backward-fn MODULE:FUNC`` (FlashAttention's
+    ``bwd(dout, q, k, v, out, lse, ...)`` convention) runs the backward in the kernel's own
+    process and passes a correct one; the same command fails a buggy autograd.Function."""
+    tests = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": tests}
+    base = ["--backend", "torch", "--only", "gradients-match-reference"]
+    passed = subprocess.run(
+        [ATTNSPEC, "check", "catalogue.backward_kernels:explicit_flash2", *base],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env=env,
+    )
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    failed = subprocess.run(
+        [ATTNSPEC, "check", "catalogue.backward_kernels:flash2_no_delta", *base],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env=env,
+    )
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "gradients-match-reference" in failed.stdout and "BWD-17" in failed.stdout
 
 
 @pytest.mark.parametrize("zero_tail", [True, False])

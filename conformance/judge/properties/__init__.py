@@ -2,6 +2,7 @@
 
 from . import (  # noqa: F401
     agreement,
+    backward,
     causal,
     corners,
     dropout,

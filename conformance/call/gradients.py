@@ -1,0 +1,78 @@
+"""One backward call of a kernel (spec/backward.md): where the kernel runs, in its framework.
+
+:func:`kernel_gradients` is what the kernel's process runs for a ``"vjp"`` request (and
+what the judge runs itself when the kernel is not isolated): given the forward call's
+arguments and an upstream gradient ``dO`` of the output, it returns ``(dq, dk, dv, dbias)``
+as arrays of the kernel's library, on its device, in the kernel's own arithmetic.  Either
+by the framework's automatic differentiation (``Backend.vjp``: ``torch.autograd``, which
+runs a custom ``torch.autograd.Function``'s own backward, or ``jax.vjp``, through
+``jax.jit``), or by the kernel's declared explicit backward function in FlashAttention's
+convention ``bwd(dout, q, k, v, out, lse, **keywords)``.  Nothing here judges: the
+gradients go back to the judge as plain data, which compares them with the reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ...backends import Backend
+from ..claims.declaration import KernelDeclaration
+from ..claims.loading import load_kernel
+
+Gradients = tuple[Any, Any, Any, Any]
+
+
+def _output(result: Any) -> Any:
+    """The output of a raw result: the result, or its first item (out, weights, lse)."""
+    return result[0] if isinstance(result, (tuple, list)) else result
+
+
+def backward_function(declaration: KernelDeclaration) -> Callable[..., Any] | None:
+    """The declared explicit backward function (loaded from ``MODULE:FUNC``), or None for
+    a kernel differentiated by its framework."""
+    found = declaration.backward_fn
+    if isinstance(found, str):
+        return load_kernel(found)
+    return found
+
+
+def kernel_gradients(
+    backend: Backend,
+    fn: Callable[..., Any],
+    declaration: KernelDeclaration,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    grad_out: Any,
+    bias_keyword: str | None,
+) -> Gradients:
+    """``(dq, dk, dv, dbias)`` of the kernel ``fn`` called as ``fn(*args, **kwargs)``, for
+    the upstream gradient ``grad_out`` of its output (BWD-1): ``dbias`` is the gradient of
+    the keyword ``bias_keyword`` (None when it is None); the mask, the scale and every
+    other argument are held fixed."""
+    explicit = backward_function(declaration)
+    if explicit is not None:
+        result = fn(*args, **kwargs)
+        out = _output(result)
+        lse = result[-1] if declaration.returns_lse else None
+        gradients = tuple(explicit(grad_out, *args[:3], out, lse, *args[3:], **kwargs))
+        if len(gradients) not in (3, 4):
+            raise TypeError(
+                f"the backward function returned {len(gradients)} values, but should return "
+                "(dq, dk, dv) or (dq, dk, dv, dbias) [BWD-1]"
+            )
+        dbias = gradients[3] if len(gradients) == 4 and bias_keyword is not None else None
+        return gradients[0], gradients[1], gradients[2], dbias
+
+    def forward(q: Any, k: Any, v: Any, *bias: Any) -> Any:
+        keywords = dict(kwargs)
+        if bias:
+            keywords[str(bias_keyword)] = bias[0]
+        return _output(fn(q, k, v, *args[3:], **keywords))
+
+    primals = (*args[:3], *(() if bias_keyword is None else (kwargs[bias_keyword],)))
+    _, grads = backend.vjp(forward, primals, (grad_out,))
+    return grads[0], grads[1], grads[2], grads[3] if bias_keyword is not None else None
+
+
+__all__ = ["Gradients", "backward_function", "kernel_gradients"]

@@ -1,0 +1,603 @@
+"""spec/backward.md: the kernel's gradients (``attnspec check --backward``).
+
+Every property calls the kernel's backward pass where the kernel runs (its own process,
+its framework, its device: ``KernelUnderTest.call_gradients``) with an upstream gradient
+dO of its output, and judges the returned ``(dq, dk, dv, dbias)`` here: against the
+float64 vector-Jacobian product of the definition within BWD-17's bound
+(``reference.tolerance_backward``), or exactly where the spec says exactly (BWD-3, BWD-4).
+``gradients-match-reference`` draws as the forward accuracy properties do, over every
+stratum and anchor of the profile (block boundaries, decode, head dims to 256, wide GQA,
+padding biases); the others are fixed problems, the same on every seed and cheap, each
+made to show one clause: a key no query sees, a row with no key, rows whose log-sum-exp is
+below -88.7 at L % 128 = 64, L = 1025, groups of up to 8 query heads, broadcast biases,
+repeated calls, strided inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+from hypothesis import strategies as st
+
+from ....backends import Backend
+from ....reference.tolerance_backward import GradientBound, gradient_error_bound
+from ...call.problem import Problem
+from ...claims.declaration import KernelDeclaration
+from ...draw.input_features import FULLY_MASKED_ROW, allowed_keys, scores_shape
+from ...draw.realistic_values import LARGEST_FINITE
+from ...draw.sizes import Dims, avoided_now
+from ...draw.strategies import (
+    draw_problem,
+    random_problem,
+    with_a_key_per_row,
+    within_limitations,
+)
+from ..assertions import first_index
+from ..failures import KernelRaised, PropertyFailure
+from ..kernel import KernelUnderTest, reject_avoided
+from ..registration import needs, register
+from ._helpers import laid_out
+
+NAMES = ("dq", "dk", "dv", "dbias")
+# softcaps the match property draws for a kernel that claims one: where tanh bends the
+# scores (BWD-7) and where it barely does
+SOFTCAPS = (1.0, 5.0, 30.0)
+# exp(lse) underflows float32 below this (PyTorch #196678's rows)
+LSE_UNDERFLOW = -88.7
+
+
+class Gradients(NamedTuple):
+    """A backward call's gradients as float64 NumPy (``dbias`` None without a bias) and the
+    bias as it was passed (float64; with -inf where a shared mask argument excludes)."""
+
+    dq: np.ndarray
+    dk: np.ndarray
+    dv: np.ndarray
+    dbias: np.ndarray | None
+    bias: np.ndarray | None
+
+    def named(self) -> dict[str, np.ndarray | None]:
+        return dict(zip(NAMES, (self.dq, self.dk, self.dv, self.dbias), strict=True))
+
+
+def _upstream(kernel: KernelUnderTest, problem: Problem, rng: np.random.Generator) -> np.ndarray:
+    """A random dO of the output's shape, rounded to the problem's dtype (BWD-16)."""
+    batch = np.broadcast_shapes(problem.q.shape[:-3], problem.k.shape[:-3], problem.v.shape[:-3])
+    shape = (*batch, problem.q.shape[-3], problem.q.shape[-2], problem.v.shape[-1])
+    return kernel.rounded(rng.standard_normal(shape), problem.dtype)
+
+
+def call_backward(
+    kernel: KernelUnderTest,
+    problem: Problem,
+    grad_out: np.ndarray,
+    arguments: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
+    context: str = "",
+) -> Gradients:
+    """The kernel's gradients for dO = ``grad_out`` on ``problem`` (or on ``arguments``,
+    the same values laid out otherwise), each of its input's shape and dtype (BWD-2,
+    BWD-13), as float64."""
+    reject_avoided(problem, kernel.declaration)
+    backend = kernel.backend
+    args, kwargs = arguments if arguments is not None else kernel.arguments(problem)
+    bias_keyword = kernel.bias_keyword(problem)
+    upstream = backend.asarray(grad_out, problem.dtype)
+    try:
+        raw = kernel.call_gradients(args, kwargs, upstream, bias_keyword, problem)
+    except PropertyFailure:
+        raise
+    except Exception as exc:
+        raise KernelRaised(
+            f"the backward pass raised {type(exc).__name__}: {str(exc)[:300]}{context} [BWD-1]",
+            problem,
+            kernel,
+        ) from exc
+    if not isinstance(raw, (tuple, list)) or len(raw) != 4:
+        raise PropertyFailure(
+            f"the backward pass gave {type(raw).__name__}, not (dq, dk, dv, dbias){context} "
+            "[BWD-1]",
+            problem,
+            kernel,
+        )
+    passed = (*args[:3], None if bias_keyword is None else kwargs[bias_keyword])
+    got: list[np.ndarray | None] = []
+    for name, gradient, primal in zip(NAMES, raw, passed, strict=True):
+        if primal is None:
+            got.append(None)
+            continue
+        _check_like(kernel, problem, name, gradient, primal, context)
+        got.append(kernel.numpy(gradient))
+    bias = None if passed[3] is None else kernel.numpy(passed[3])
+    return Gradients(got[0], got[1], got[2], got[3], bias)  # type: ignore[arg-type]
+
+
+def _check_like(
+    kernel: KernelUnderTest, problem: Problem, name: str, gradient: Any, primal: Any, context: str
+) -> None:
+    """BWD-2, BWD-13: a gradient is an array of its input's shape and dtype."""
+    backend = kernel.backend
+    shape, dtype = tuple(primal.shape), backend.dtype_name(primal)
+    if not backend.is_array(gradient):
+        found = "None" if gradient is None else type(gradient).__name__
+        raise PropertyFailure(
+            f"{name} is {found}, but should be a {backend.name} array of shape {shape}"
+            f"{context} [BWD-1, BWD-2]",
+            problem,
+            kernel,
+        )
+    if tuple(gradient.shape) != shape or backend.dtype_name(gradient) != dtype:
+        raise PropertyFailure(
+            f"{name} is {backend.dtype_name(gradient) or gradient.dtype}"
+            f"{tuple(gradient.shape)}, but should have its input's shape and dtype, "
+            f"{dtype}{shape}{context} [BWD-2: summed over broadcast dims; BWD-13]",
+            problem,
+            kernel,
+        )
+
+
+def expected_gradients(
+    kernel: KernelUnderTest, problem: Problem, grad_out: np.ndarray, bias: np.ndarray | None
+) -> GradientBound:
+    """BWD-16, BWD-17: the float64 gradients of the definition on the values the kernel got
+    and their allowed errors in the problem's dtype (``bias`` as passed)."""
+    return gradient_error_bound(
+        problem.q,
+        problem.k,
+        problem.v,
+        grad_out,
+        dtype=problem.dtype,
+        mask=problem.mask,
+        bias=bias,
+        is_causal=problem.is_causal,
+        causal_alignment=kernel.declaration.causal_alignment,
+        scale=problem.scale,
+        softcap=problem.softcap,
+        alibi_slopes=problem.alibi_slopes,
+    )
+
+
+def assert_gradients_match(
+    kernel: KernelUnderTest,
+    problem: Problem,
+    grad_out: np.ndarray,
+    got: Gradients,
+    context: str = "",
+) -> GradientBound:
+    """BWD-17: every gradient element within its bound of the definition (NaN is outside)."""
+    bound = expected_gradients(kernel, problem, grad_out, got.bias)
+    wanted = (bound.dq, bound.dk, bound.dv, bound.dbias)
+    tolerances = (bound.dq_tolerance, bound.dk_tolerance, bound.dv_tolerance, bound.dbias_tolerance)
+    for name, gradient, expected, tolerance in zip(NAMES, got[:4], wanted, tolerances, strict=True):
+        if gradient is None:
+            continue
+        expected, tolerance = np.asarray(expected), np.asarray(tolerance)
+        with np.errstate(invalid="ignore"):
+            outside = ~(np.abs(gradient - expected) <= tolerance)
+        if outside.any():
+            at = first_index(outside)
+            raise PropertyFailure(
+                f"{name}{list(at)} = {gradient[at]!r}, but should be {expected[at]!r} within "
+                f"{tolerance[at]:.3g}{context}; {int(outside.sum())} of {outside.size} "
+                f"elements outside [BWD-17]",
+                problem,
+                kernel,
+            )
+    return bound
+
+
+def _for_backward(kernel: KernelUnderTest, problem: Problem, rng: np.random.Generator) -> Problem:
+    """``problem`` as the backward properties call it: E = Ev for a kernel that declares
+    ``equal_head_dims`` (its gradients are taken unpadded: new values of v)."""
+    head_dim, value_dim = problem.q.shape[-1], problem.v.shape[-1]
+    if not kernel.declaration.equal_head_dims or head_dim == value_dim:
+        return problem
+    shape = (*problem.v.shape[:-1], head_dim)
+    return problem.with_(v=kernel.rounded(rng.standard_normal(shape), problem.dtype))
+
+
+def with_keys(kernel: KernelUnderTest, problem: Problem) -> Problem:
+    """``problem`` with a key in every row the causal rule leaves one for a kernel that
+    waives SDPA-5.1 (and so BWD-4): its rows without a key are not the definition's; and
+    while a re-run draws around SDPA-5.1's fully masked rows (root causes)."""
+    drawn_around = FULLY_MASKED_ROW in avoided_now()  # a re-run around SDPA-5.1's rows
+    if (kernel.declaration.empty_rows_zero and not drawn_around) or problem.mask is None:
+        return problem
+    return problem.with_(mask=with_a_key_per_row(problem, kernel.declaration))
+
+
+def _backward_claimed(declaration: KernelDeclaration) -> str | None:
+    return needs("backward")(declaration)
+
+
+def _backward_with(*claims: str) -> Any:
+    return needs("backward", *claims)
+
+
+@register("gradients-match-reference", "BWD-17", applies=_backward_claimed)
+def gradients_match_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """dq, dk, dv (and the bias's gradient) for a random dO lie within BWD-17's bound of the
+    float64 vector-Jacobian product of the definition (BWD-1, BWD-16), on the problems the
+    forward accuracy property draws: masks, biases (padding fills of finfo.min), both
+    causal alignments as declared, GQA, explicit scales, a softcap where claimed, and in
+    the realistic strata block-boundary lengths, decode, head dims to 256 and the anchors.
+    A dropped or low-precision delta term, a scale applied twice or not at all, GQA
+    gradients not summed over the group, a missing softcap derivative or a last key block
+    left out are outside it."""
+    problem = draw_problem(data, kernel)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="dO seed"))
+    problem = with_keys(kernel, _for_backward(kernel, problem, rng))
+    if kernel.declaration.softcap and data.draw(st.booleans(), label="softcap"):
+        problem = problem.with_(softcap=data.draw(st.sampled_from(SOFTCAPS), label="cap"))
+    grad_out = _upstream(kernel, problem, rng)
+    assert_gradients_match(kernel, problem, grad_out, call_backward(kernel, problem, grad_out))
+
+
+# --- fixed problems -----------------------------------------------------------------
+
+
+def _batch(declaration: KernelDeclaration) -> tuple[int, ...]:
+    """Two batch elements in the batch rank the kernel takes (none for batch_ndim=0)."""
+    ndim = 1 if declaration.batch_ndim is None else declaration.batch_ndim
+    return (2, *(1,) * (ndim - 1)) if ndim else ()
+
+
+def _fixed_problem(
+    kernel: KernelUnderTest,
+    rng: np.random.Generator,
+    *,
+    n_queries: int,
+    n_keys: int,
+    head_dim: int = 16,
+    groups: int = 1,
+    n_kv_heads: int = 1,
+    dtype: str | None = None,
+    magnitude: float = 1.0,
+) -> Problem:
+    """Random values of these sizes (GQA only where claimed; as the kernel's limits allow),
+    in ``dtype`` (default: the most precise checked)."""
+    decl = kernel.declaration
+    dims = Dims(
+        batch=_batch(decl),
+        n_kv_heads=n_kv_heads,
+        groups=groups if decl.gqa else 1,
+        n_queries=n_queries,
+        n_keys=n_keys,
+        head_dim=head_dim,
+        value_dim=head_dim,
+    )
+    dims = within_limitations(kernel, dims)  # Lq = Lk for equal_lengths, ...
+    return random_problem(kernel, rng, dims, dtype or kernel.widest_dtype, magnitude)
+
+
+def _exclusion_problems(kernel: KernelUnderTest, seed: int) -> list[Problem]:
+    """Problems where some keys are seen by no query and some pairs are excluded: a masked
+    key column and a masked query row (when masks are claimed), causal calls of the
+    declared alignment with more keys than queries (top-left: the last keys) and more
+    queries than keys (bottom-right: the first queries see nothing), GQA where claimed."""
+    decl = kernel.declaration
+    rng = np.random.default_rng(seed)
+    found = []
+    for n_queries, n_keys in ((5, 9), (9, 5), (65, 70)):
+        problem = _fixed_problem(kernel, rng, n_queries=n_queries, n_keys=n_keys, groups=2)
+        if decl.mask:
+            mask = rng.random(scores_shape(problem)[-2:]) < 0.8
+            mask[:, 1] = False  # a key no query sees (BWD-3)
+            mask[2, :] = False  # a query with no key (BWD-4)
+            found.append(with_keys(kernel, problem.with_(mask=mask)))
+        if decl.causal:
+            found.append(problem.with_(is_causal=True))
+    return found
+
+
+@register("gradients-shape-dtype", "BWD-13", kind="fixed", applies=_backward_claimed)
+def gradients_shape_dtype(kernel: KernelUnderTest, seed: int) -> None:
+    """In every dtype checked, dq, dk, dv and the bias's gradient are arrays of their
+    inputs' shapes and dtypes (BWD-2, BWD-13), with GQA and a bias broadcast over the batch
+    and heads where claimed: a bias gradient returned at the scores' shape, dk and dv of
+    the query heads' count, or float32 gradients of float16 inputs are not."""
+    rng = np.random.default_rng(seed + 10)
+    for dtype in kernel.dtypes:
+        problem = _fixed_problem(kernel, rng, n_queries=5, n_keys=7, groups=2, dtype=dtype)
+        if kernel.declaration.bias:
+            bias = kernel.rounded(rng.standard_normal(scores_shape(problem)[-2:]), dtype)
+            problem = problem.with_(bias=bias)
+        call_backward(kernel, problem, _upstream(kernel, problem, rng), context=f" ({dtype})")
+
+
+@register("gradients-excluded-keys-zero", "BWD-3", kind="fixed", applies=_backward_claimed)
+def gradients_excluded_keys_zero(kernel: KernelUnderTest, seed: int) -> None:
+    """A key that no query may attend (masked for every query, or causally excluded in the
+    declared alignment) has dk = dv = 0 exactly, and the bias gradient of every excluded
+    pair is exactly 0: a backward that drops the causal mask, or scores a padded tile 0
+    instead of -inf, gives them gradients its forward never used."""
+    for problem in _exclusion_problems(kernel, seed):
+        rng = np.random.default_rng(seed + 1)
+        grads = call_backward(kernel, problem, _upstream(kernel, problem, rng))
+        allowed = allowed_keys(problem, kernel.declaration)
+        group = problem.q.shape[-3] // problem.k.shape[-3]
+        per_kv_head = allowed.reshape(*allowed.shape[:-3], -1, group, *allowed.shape[-2:])
+        unseen = np.asarray(~per_kv_head.any(axis=(-3, -2)))  # (batch, Hkv, Lk)
+        for name, gradient in (("dk", grads.dk), ("dv", grads.dv)):
+            shown = np.broadcast_to(gradient, (*unseen.shape, gradient.shape[-1]))
+            nonzero = np.asarray(unseen[..., None] & (shown != 0))
+            if nonzero.any():
+                at = first_index(nonzero)
+                raise PropertyFailure(
+                    f"{name}{list(at)} = {shown[at]!r}, but key {at[-2]} is attended by no "
+                    "query (masked or causally excluded), so its gradient should be exactly "
+                    "0 [BWD-3]",
+                    problem,
+                    kernel,
+                )
+
+
+def _empty_rows_defined(declaration: KernelDeclaration) -> str | None:
+    reason = needs("backward", "mask")(declaration)
+    if reason is None and not declaration.empty_rows_zero:
+        return (
+            "the kernel waives SDPA-5.1 (empty_rows_zero=False), from which BWD-4's "
+            "gradients of a row without keys follow"
+        )
+    return reason
+
+
+@register("gradients-empty-rows", "BWD-4", kind="fixed", applies=_empty_rows_defined)
+def gradients_empty_rows(kernel: KernelUnderTest, seed: int) -> None:
+    """A query whose every key is masked has dq = 0 exactly, adds nothing to dk, dv and the
+    bias gradient, and no gradient is NaN: recomputing its weights as exp(s - lse) with
+    lse = -inf gives NaN (PyTorch before _safe_softmax)."""
+    for problem in _exclusion_problems(kernel, seed):
+        if problem.mask is None:
+            continue
+        rng = np.random.default_rng(seed + 2)
+        grad_out = _upstream(kernel, problem, rng)
+        grads = call_backward(kernel, problem, grad_out)
+        for name, gradient in grads.named().items():
+            if gradient is not None and not np.isfinite(gradient).all():
+                at = first_index(~np.isfinite(gradient))
+                raise PropertyFailure(
+                    f"{name}{list(at)} = {gradient[at]!r} with a query whose every key is "
+                    "masked, but every gradient should be finite; that row's dq exactly 0 "
+                    "[BWD-4]",
+                    problem,
+                    kernel,
+                )
+        keyless = np.asarray(~allowed_keys(problem, kernel.declaration).any(axis=-1))
+        dq = np.broadcast_to(grads.dq, (*keyless.shape, grads.dq.shape[-1]))
+        nonzero = np.asarray(keyless[..., None] & (dq != 0))
+        if nonzero.any():
+            at = first_index(nonzero)
+            raise PropertyFailure(
+                f"dq{list(at)} = {dq[at]!r}, but query {at[-2]} may attend no key, so its "
+                "gradient should be exactly 0 [BWD-4]",
+                problem,
+                kernel,
+            )
+        assert_gradients_match(kernel, problem, grad_out, grads, " (a row with no key)")
+
+
+def _finite_problems(kernel: KernelUnderTest, seed: int) -> list[tuple[str, Problem]]:
+    """PyTorch #196678: L = 192 (L % 128 = 64) with an explicit causal mask and every score
+    near -120, so every row's log-sum-exp is below -88.7; PyTorch #153799's L = 1025,
+    causal; and keys padded with a bias of the dtype's most negative finite value."""
+    decl = kernel.declaration
+    rng = np.random.default_rng(seed)
+    low = _fixed_problem(kernel, rng, n_queries=192, n_keys=192, magnitude=0.1)
+    q, k = low.q.copy(), low.k.copy()
+    q[..., 0], k[..., 0] = 1.0, -480.0  # x_ij ~ -480 / sqrt(16) = -120
+    low = low.with_(q=kernel.rounded(q, low.dtype), k=kernel.rounded(k, low.dtype))
+    if decl.mask:
+        low = low.with_(mask=np.tril(np.ones((192, 192), dtype=bool)))
+    found = [("log-sum-exp below -88.7 at L = 192", low)]
+    long = _fixed_problem(kernel, rng, n_queries=1025, n_keys=1025, head_dim=8)
+    if decl.causal:
+        found.append(("L = 1025, causal", long.with_(is_causal=True)))
+    padded = _fixed_problem(kernel, rng, n_queries=64, n_keys=64)
+    if decl.bias:
+        bias = rng.standard_normal(scores_shape(padded)[-2:])
+        bias[:, -7:] = -LARGEST_FINITE[padded.dtype]
+        found.append(("keys padded by a finfo.min bias", padded.with_(bias=bias)))
+    return found
+
+
+@register("gradients-finite", "BWD-5", kind="fixed", applies=_backward_claimed)
+def gradients_finite(kernel: KernelUnderTest, seed: int) -> None:
+    """Finite inputs give finite gradients where the forward output is finite: rows whose
+    log-sum-exp is below -88.7 at L = 192 (L % 128 = 64, PyTorch #196678's cuDNN NaN),
+    L = 1025 causal (PyTorch #153799), keys padded with finfo.min."""
+    rng = np.random.default_rng(seed + 3)
+    for what, problem in _finite_problems(kernel, seed):
+        grads = call_backward(kernel, problem, _upstream(kernel, problem, rng), context="")
+        for name, gradient in grads.named().items():
+            if gradient is not None and not np.isfinite(gradient).all():
+                bad = ~np.isfinite(gradient)
+                at = first_index(bad)
+                raise PropertyFailure(
+                    f"{name}{list(at)} = {gradient[at]!r} ({what}), but every gradient of "
+                    f"finite inputs should be finite; {int(bad.sum())} of {bad.size} are not "
+                    "[BWD-5]",
+                    problem,
+                    kernel,
+                )
+
+
+def _quarter_steps(
+    kernel: KernelUnderTest, problem: Problem, rng: np.random.Generator
+) -> np.ndarray:
+    """A dO of multiples of 1/4 in [-2, 2]: any two add up exactly in every dtype."""
+    shape = _upstream(kernel, problem, rng).shape
+    return rng.integers(-8, 9, size=shape).astype(np.float64) / 4
+
+
+@register("gradients-linear-in-upstream", "BWD-1", kind="fixed", applies=_backward_claimed)
+def gradients_linear_in_upstream(kernel: KernelUnderTest, seed: int) -> None:
+    """The gradients are linear in dO (a vector-Jacobian product): those of dO1 + dO2 are
+    the sum of those of dO1 and dO2, within the sum of the three calls' BWD-17 bounds
+    (dO1 + dO2 exact in the dtype)."""
+    rng = np.random.default_rng(seed + 4)
+    for problem in _exclusion_problems(kernel, seed)[:2]:
+        first, second = _quarter_steps(kernel, problem, rng), _quarter_steps(kernel, problem, rng)
+        calls = [call_backward(kernel, problem, d) for d in (first, second, first + second)]
+        bounds = [expected_gradients(kernel, problem, d, calls[0].bias) for d in (first, second)]
+        bounds.append(expected_gradients(kernel, problem, first + second, calls[0].bias))
+        for index, name in enumerate(NAMES):
+            parts = [call[index] for call in calls]
+            if parts[0] is None or parts[1] is None or parts[2] is None:
+                continue
+            tolerance = np.sum([np.asarray(bound[4 + index]) for bound in bounds], axis=0)
+            gap = np.abs(parts[0] + parts[1] - parts[2])
+            with np.errstate(invalid="ignore"):
+                outside = ~(gap <= tolerance)
+            if outside.any():
+                at = first_index(outside)
+                raise PropertyFailure(
+                    f"{name}{list(at)}: {parts[0][at]!r} for dO1 plus {parts[1][at]!r} for "
+                    f"dO2 is not {parts[2][at]!r} for dO1 + dO2 within {tolerance[at]:.3g}: the "
+                    "gradients should be linear in the upstream gradient [BWD-1]",
+                    problem,
+                    kernel,
+                )
+
+
+@register("gradients-softmax-identity", "BWD-1", kind="fixed", applies=_backward_claimed)
+def gradients_softmax_identity(kernel: KernelUnderTest, seed: int) -> None:
+    """Each row's dS sums to 0 over its keys (the softmax's Jacobian annihilates constants),
+    so adding one vector to every key changes nothing and dk summed over the keys of each
+    key/value head is 0, within the sum of those keys' BWD-17 bounds; with a bias of the
+    full scores' shape its gradient's row sums are 0 too.  A backward that drops the delta
+    term D = rowsum(dO * O) breaks it."""
+    rng = np.random.default_rng(seed + 5)
+    for problem in _exclusion_problems(kernel, seed):
+        decl = kernel.declaration
+        shares = problem.is_causal and decl.bias_shares_mask_argument
+        if decl.bias and problem.mask is None and not shares:
+            bias = kernel.rounded(rng.standard_normal(scores_shape(problem)), problem.dtype)
+            problem = problem.with_(bias=bias)
+        grad_out = _upstream(kernel, problem, rng)
+        grads = call_backward(kernel, problem, grad_out)
+        bound = expected_gradients(kernel, problem, grad_out, grads.bias)
+        checks = [("dk summed over keys", grads.dk, np.asarray(bound.dk_tolerance), -2)]
+        if grads.dbias is not None and grads.dbias.shape == scores_shape(problem):
+            checks.append(("dbias summed over keys", grads.dbias, bound.dbias_tolerance, -1))
+        for what, gradient, tolerance, axis in checks:
+            total = np.abs(gradient.sum(axis=axis))
+            allowed = np.asarray(tolerance).sum(axis=axis)
+            with np.errstate(invalid="ignore"):
+                outside = ~(total <= allowed)
+            if outside.any():
+                at = first_index(outside)
+                raise PropertyFailure(
+                    f"{what}{list(at)} = {total[at]!r}, but should be 0 within "
+                    f"{allowed[at]:.3g}: a row's dS sums to 0 over its keys [BWD-1]",
+                    problem,
+                    kernel,
+                )
+
+
+@register("gradients-gqa-reduction", "BWD-2", kind="fixed", applies=_backward_with("gqa"))
+def gradients_gqa_reduction(kernel: KernelUnderTest, seed: int) -> None:
+    """dk and dv of a key/value head are the sums over the G query heads that read it
+    (h // G), for G = 2, 4 and 8 on one and two key/value heads (multi-query attention
+    included): a backward that keeps one query head's contribution, or sums heads
+    h mod Hkv, is outside BWD-17's bound."""
+    rng = np.random.default_rng(seed + 6)
+    for groups, n_kv_heads in ((8, 1), (4, 2), (2, 2)):
+        problem = _fixed_problem(
+            kernel, rng, n_queries=17, n_keys=33, groups=groups, n_kv_heads=n_kv_heads
+        )
+        if kernel.declaration.causal:
+            problem = problem.with_(is_causal=True)
+        grad_out = _upstream(kernel, problem, rng)
+        context = f" (GQA: {groups} query heads per key/value head)"
+        grads = call_backward(kernel, problem, grad_out, context=context)
+        assert_gradients_match(kernel, problem, grad_out, grads, context)
+
+
+def _bias_shapes(problem: Problem) -> list[tuple[int, ...]]:
+    """Bias shapes that broadcast to the scores: one (Lq, Lk) for all, per head, per key."""
+    full = scores_shape(problem)
+    n_q, n_k = full[-2:]
+    shapes = [(n_q, n_k), (*(1,) * (len(full) - 2), n_q, n_k), (*full[:-2], 1, n_k)]
+    return [full, *dict.fromkeys(shapes)]
+
+
+@register("gradients-bias-reduction", "BWD-2", kind="fixed", applies=_backward_with("bias"))
+def gradients_bias_reduction(kernel: KernelUnderTest, seed: int) -> None:
+    """The bias gradient has the bias's own shape, dS summed over every dimension the bias
+    was broadcast along, within BWD-17's bound: (Lq, Lk), (1, 1, Lq, Lk) and per-key
+    (B, H, 1, Lk) biases.  Returned unreduced, or averaged instead of summed, it is not."""
+    rng = np.random.default_rng(seed + 7)
+    base = _fixed_problem(kernel, rng, n_queries=9, n_keys=13, groups=2)
+    for shape in _bias_shapes(base):
+        bias = kernel.rounded(rng.standard_normal(shape), base.dtype)
+        problem = base.with_(bias=bias)
+        grad_out = _upstream(kernel, problem, rng)
+        context = f" (a bias of shape {shape})"
+        grads = call_backward(kernel, problem, grad_out, context=context)
+        assert_gradients_match(kernel, problem, grad_out, grads, context)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint64)
+
+
+@register("gradients-deterministic", "BWD-15", kind="fixed", applies=_backward_claimed)
+def gradients_deterministic(kernel: KernelUnderTest, seed: int) -> None:
+    """The same backward call made again on the same inputs and dO returns bitwise the same
+    gradients (three calls each, on problems with a mask, causal and GQA, and one of 449
+    keys: several key blocks of any usual width): a backward that
+    accumulates dq in an order that changes from call to call (atomics) does not."""
+    rng = np.random.default_rng(seed + 8)
+    # several key blocks of 64 or 128: an order of block sums that changes shows from three
+    long = _fixed_problem(kernel, rng, n_queries=65, n_keys=449, groups=2)
+    for problem in [*_exclusion_problems(kernel, seed), long]:
+        grad_out = _upstream(kernel, problem, rng)
+        first = call_backward(kernel, problem, grad_out)
+        for again in range(2):
+            other = call_backward(kernel, problem, grad_out)
+            for name, a, b in zip(NAMES, first[:4], other[:4], strict=True):
+                if a is None or b is None or np.array_equal(_bits(a), _bits(b)):
+                    continue
+                at = first_index(_bits(a) != _bits(b))
+                raise PropertyFailure(
+                    f"{name}{list(at)} is {a[at]!r} on the first call and {b[at]!r} on call "
+                    f"{again + 2} with the same inputs and dO: the backward pass should be "
+                    "deterministic [BWD-15]",
+                    problem,
+                    kernel,
+                )
+
+
+def _has_layouts(backend: Backend) -> str | None:
+    if backend.has_strides:
+        return None
+    return f"{backend.name} arrays have no memory layout: a strided view is a copy"
+
+
+@register(
+    "gradients-layout-independence",
+    "BWD-1",
+    kind="fixed",
+    applies=_backward_claimed,
+    applies_on=_has_layouts,
+)
+def gradients_layout_independence(kernel: KernelUnderTest, seed: int) -> None:
+    """q, k and v passed as non-contiguous views (every other element, every other row,
+    transposed storage) give gradients within BWD-17's bound of the definition, as the
+    contiguous inputs do: the vector-Jacobian product depends on the values only."""
+    rng = np.random.default_rng(seed + 9)
+    problem = _fixed_problem(kernel, rng, n_queries=33, n_keys=65, groups=2)
+    for layout in ("strided", "strided_rows", "transposed"):
+        args, kwargs = kernel.arguments(problem)
+        args = tuple(
+            laid_out(kernel.backend, getattr(problem, name), problem.dtype, layout)
+            for name in "qkv"
+        )
+        grad_out = _upstream(kernel, problem, rng)
+        context = f" (q, k, v {layout})"
+        grads = call_backward(kernel, problem, grad_out, (args, kwargs), context)
+        assert_gradients_match(kernel, problem, grad_out, grads, context)
+
+
+__all__ = ["Gradients", "assert_gradients_match", "call_backward", "expected_gradients"]

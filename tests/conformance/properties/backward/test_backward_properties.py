@@ -1,0 +1,95 @@
+"""The backward properties (spec/backward.md, ``attnspec check --backward``) on the
+frameworks' own gradients: PyTorch's math SDPA through torch.autograd and
+jax.nn.dot_product_attention under jax.jit through jax.vjp pass every one; the backward
+runs where the kernel runs (its own process, a "vjp" request) with the same verdicts as
+in this process; and the claim's usage errors.  The catalogue's buggy and correct
+backward passes are judged in tests/catalogue/test_backward.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from support import backend_or_skip, verdict_of
+
+from attnspec.backends import Backend
+from attnspec.conformance.api import check
+from attnspec.conformance.claims.declaration import KernelDeclaration
+from attnspec.conformance.judge.kernel import KernelUnderTest
+from attnspec.conformance.judge.registry import all_properties
+from attnspec.conformance.judge.verdict import NOT_APPLICABLE, PASSED
+from attnspec.conformance.run.kernel_setup import SetupError
+
+SDPA_MATH = "attnspec.conformance.kernels.torch_sdpa:sdpa_math"
+JAX_JITTED = "attnspec.conformance.kernels.jax_jitted:jitted_dot_product_attention"
+
+
+def backward_properties() -> list[str]:
+    return [p.id for p in all_properties().values() if p.clause.startswith("BWD-")]
+
+
+def test_every_backward_clause_with_a_property_is_cited() -> None:
+    """BWD-1, BWD-2, BWD-3, BWD-4, BWD-5, BWD-15, BWD-17: the clauses the backward
+    properties check, each by at least one property."""
+    clauses = {all_properties()[p].clause for p in backward_properties()}
+    assert clauses == {"BWD-1", "BWD-2", "BWD-3", "BWD-4", "BWD-5", "BWD-15", "BWD-17"}
+
+
+@pytest.mark.parametrize(("target", "backend"), [(SDPA_MATH, "torch"), (JAX_JITTED, "jax")])
+def test_framework_gradients_pass(target: str, backend: str) -> None:
+    """BWD-1 … BWD-5, BWD-15, BWD-17: torch.autograd of PyTorch's math SDPA and jax.vjp of
+    the jitted jax.nn.dot_product_attention pass every backward property of the quick
+    profile (BWD-4 not applicable to JAX, which waives SDPA-5.1)."""
+    backend_or_skip(backend)
+    report = check(target, backend=backend, only=backward_properties(), backward=True)
+    statuses = {v.property: v.status for v in report.verdicts}
+    assert set(statuses) == set(backward_properties())
+    failing = {p: s for p, s in statuses.items() if s not in (PASSED, "waived", NOT_APPLICABLE)}
+    assert failing == {}, [v.detail for v in report.verdicts if v.property in failing]
+
+
+@pytest.mark.parametrize(
+    ("target", "backend"), [(SDPA_MATH, "torch"), ("jax.nn:dot_product_attention", "jax")]
+)
+def test_gradients_in_the_kernels_process_match_in_process(target: str, backend: str) -> None:
+    """BWD-1, BWD-17: with the kernel in its own process (a "vjp" request: the gradients
+    computed there by torch.autograd or jax.vjp, sent back as plain data) the verdicts are
+    those of the in-process call, for a kernel the judge pads to E = Ev too (JAX's)."""
+    backend_or_skip(backend)
+    only = ["gradients-gqa-reduction", "gradients-excluded-keys-zero"]
+    isolated = check(target, backend=backend, only=only, backward=True, isolate=True)
+    local = check(target, backend=backend, only=only, backward=True)
+    assert [(v.property, v.status) for v in isolated.verdicts] == [
+        (v.property, v.status) for v in local.verdicts
+    ]
+    assert {v.status for v in isolated.verdicts} == {PASSED}, [v.detail for v in isolated.verdicts]
+
+
+def test_backward_needs_a_claim() -> None:
+    """BWD-1: without --backward the backward properties are not applicable."""
+    backend_or_skip("torch")
+    kernel = KernelUnderTest(
+        __import__("torch").nn.functional.scaled_dot_product_attention, Backend("torch")
+    )
+    verdict = verdict_of("gradients-match-reference", kernel)
+    assert verdict.status == NOT_APPLICABLE
+
+
+def test_backward_without_automatic_differentiation_is_a_usage_error() -> None:
+    """BWD-1: --backward on NumPy (no automatic differentiation) and no --backward-fn is
+    a usage error naming both ways out."""
+
+    def kernel(q: Any, k: Any, v: Any, *, mask: Any = None, is_causal: bool = False,
+               scale: float | None = None) -> Any:  # fmt: skip
+        return q
+
+    with pytest.raises(SetupError, match="--backward-fn"):
+        check(kernel, backend="numpy", backward=True)
+
+
+def test_bad_backward_fn_is_refused() -> None:
+    """BWD-1: backward_fn is None, a callable or 'MODULE:FUNC'."""
+    with pytest.raises(ValueError, match="backward_fn"):
+        KernelDeclaration(backward_fn="not a target")
+    assert KernelDeclaration(backward_fn="m:f").backward_fn == "m:f"
