@@ -14,13 +14,24 @@ gradients go back to the judge as plain data, which compares them with the refer
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...backends import Backend
 from ..claims.declaration import KernelDeclaration
 from ..claims.loading import load_kernel
 
 Gradients = tuple[Any, Any, Any, Any]
+
+
+class BackwardCall(NamedTuple):
+    """One backward call: the forward call's arguments ``fn(*args, **kwargs)``, the upstream
+    gradient ``grad_out`` of its output, and the keyword of the bias whose gradient is
+    wanted (None: no bias gradient)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    grad_out: Any
+    bias_keyword: str | None
 
 
 def _output(result: Any) -> Any:
@@ -38,18 +49,13 @@ def backward_function(declaration: KernelDeclaration) -> Callable[..., Any] | No
 
 
 def kernel_gradients(
-    backend: Backend,
-    fn: Callable[..., Any],
-    declaration: KernelDeclaration,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    grad_out: Any,
-    bias_keyword: str | None,
+    backend: Backend, fn: Callable[..., Any], declaration: KernelDeclaration, call: BackwardCall
 ) -> Gradients:
-    """``(dq, dk, dv, dbias)`` of the kernel ``fn`` called as ``fn(*args, **kwargs)``, for
-    the upstream gradient ``grad_out`` of its output (BWD-1): ``dbias`` is the gradient of
-    the keyword ``bias_keyword`` (None when it is None); the mask, the scale and every
-    other argument are held fixed."""
+    """``(dq, dk, dv, dbias)`` of the kernel ``fn`` called as ``fn(*call.args,
+    **call.kwargs)``, for the upstream gradient ``call.grad_out`` of its output (BWD-1):
+    ``dbias`` is the gradient of the keyword ``call.bias_keyword`` (None when it is None);
+    the mask, the scale and every other argument are held fixed."""
+    args, kwargs, grad_out, bias_keyword = call
     explicit = backward_function(declaration)
     if explicit is not None:
         result = fn(*args, **kwargs)
@@ -75,4 +81,4 @@ def kernel_gradients(
     return grads[0], grads[1], grads[2], grads[3] if bias_keyword is not None else None
 
 
-__all__ = ["Gradients", "backward_function", "kernel_gradients"]
+__all__ = ["BackwardCall", "Gradients", "backward_function", "kernel_gradients"]

@@ -22,6 +22,7 @@ from .failures import (
 )
 
 if TYPE_CHECKING:
+    from ..call.gradients import BackwardCall
     from ..call.problem import Problem
     from .kernel import KernelOutputs, KernelUnderTest
 
@@ -67,20 +68,11 @@ class CallGuard:
         finally:
             self.problem = None
 
-    def call_gradients(
-        self,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        grad_out: Any,
-        bias_keyword: str | None,
-        problem: Problem | None = None,
-    ) -> Any:
+    def call_gradients(self, call: BackwardCall, problem: Problem | None = None) -> Any:
         """A backward call (spec/backward.md) under the same guard as a forward one."""
         self.problem = problem
         try:
-            return self.call_raw(
-                args, kwargs, lambda: self._gradients(args, kwargs, grad_out, bias_keyword)
-            )
+            return self.call_raw(call.args, call.kwargs, lambda: self._gradients(call))
         finally:
             self.problem = None
 

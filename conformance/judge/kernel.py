@@ -18,7 +18,7 @@ import numpy as np
 from hypothesis.errors import UnsatisfiedAssumption
 
 from ...backends import Backend
-from ..call.gradients import kernel_gradients
+from ..call.gradients import BackwardCall, kernel_gradients
 from ..call.layouts import describe_padding, pad_head_dims, pad_head_dims_on_host
 from ..call.problem import Problem
 from ..claims.declaration import KernelDeclaration, declaration_of
@@ -208,25 +208,16 @@ class KernelUnderTest:
             return self._padded(*args, **kwargs)
         return self.fn(*args, **kwargs)
 
-    def call_gradients(
-        self,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        grad_out: Any,
-        bias_keyword: str | None,
-        problem: Problem | None = None,
-    ) -> Any:
-        """The kernel's raw gradients ``(dq, dk, dv, dbias)`` (backend arrays) for the
-        upstream gradient ``grad_out`` of its output at ``fn(*args, **kwargs)``, computed
-        where the kernel runs (spec/backward.md): in its process when it has one, else here;
-        on the kernel as loaded (an ``equal_head_dims`` kernel is not padded: the backward
-        properties call it with E = Ev).  ``problem`` only names the inputs in messages."""
+    def call_gradients(self, call: BackwardCall, problem: Problem | None = None) -> Any:
+        """The kernel's raw gradients ``(dq, dk, dv, dbias)`` (backend arrays) for ``call``,
+        computed where the kernel runs (spec/backward.md): in its process when it has one,
+        else here; on the kernel as loaded (an ``equal_head_dims`` kernel is not padded: the
+        backward properties call it with E = Ev).  ``problem`` only names the inputs in
+        messages."""
         fn = self.raw_fn  # self.fn may be the suite's padding around it
         if hasattr(fn, "vjp") and hasattr(fn, "call_description"):  # in its own process
-            return fn.vjp(args, kwargs, grad_out, bias_keyword)
-        return kernel_gradients(
-            self.backend, self.raw_fn, self.declaration, args, kwargs, grad_out, bias_keyword
-        )
+            return fn.vjp(call)
+        return kernel_gradients(self.backend, self.raw_fn, self.declaration, call)
 
     def bias_keyword(self, problem: Problem) -> str | None:
         """The keyword the bias of ``problem`` is passed under (None: it has none)."""

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ...backends import Backend
-from ..call.gradients import kernel_gradients
+from ..call.gradients import BackwardCall, kernel_gradients
 from ..call.side_effects import kernel_output_to
 from ..call.wire import (
     CallableInKernelProcess,
@@ -157,10 +157,8 @@ class KernelServer:
                 result = fn(*args, **kwargs)
             else:
                 grad_out = import_value(self.backend, upstream[0])
-                declaration = self.kernel.declaration
-                result = kernel_gradients(
-                    self.backend, fn, declaration, args, kwargs, grad_out, upstream[1]
-                )
+                call = BackwardCall(tuple(args), kwargs, grad_out, upstream[1])
+                result = kernel_gradients(self.backend, fn, self.kernel.declaration, call)
             exported = export_value(self.backend, result)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, (int, str, type(None))) else repr(exc.code)

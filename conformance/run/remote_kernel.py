@@ -32,6 +32,7 @@ import numpy as np
 
 from ...backends import Backend
 from ...backends.exchange import ArrayPayload
+from ..call.gradients import BackwardCall
 from ..call.wire import (
     CallableInKernelProcess,
     ForeignValue,
@@ -299,14 +300,12 @@ class RemoteFunction:
             )
         return import_value(self.backend, result)
 
-    def vjp(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], grad_out: Any, bias_keyword: str | None
-    ) -> Any:
-        """The kernel's gradients ``(dq, dk, dv, dbias)`` for the upstream gradient
-        ``grad_out`` of its output, computed in its process, in its framework, on its device
-        (:func:`~..call.gradients.kernel_gradients`), as fresh arrays here."""
-        upstream = (export_value(self.backend, grad_out), bias_keyword)
-        return import_value(self.backend, self._call_once(args, kwargs, upstream))
+    def vjp(self, call: BackwardCall) -> Any:
+        """The kernel's gradients ``(dq, dk, dv, dbias)`` for ``call``, computed in its
+        process, in its framework, on its device (:func:`~..call.gradients.kernel_gradients`),
+        as fresh arrays here."""
+        upstream = (export_value(self.backend, call.grad_out), call.bias_keyword)
+        return import_value(self.backend, self._call_once(call.args, call.kwargs, upstream))
 
     def _call_once(
         self,

@@ -74,21 +74,8 @@ def with_backward(backward: Callable[..., Any], name: str) -> Callable[..., Any]
     """A declared kernel whose backward pass is ``backward`` (``flash2_backward``'s
     signature), through a custom autograd.Function."""
 
-    def kernel(
-        q: Any,
-        k: Any,
-        v: Any,
-        *,
-        mask: Any = None,
-        bias: Any = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-        softcap: float | None = None,
-    ) -> Any:
-        options = dict(
-            mask=mask, is_causal=is_causal, scale=scale, softcap=softcap, backward=backward
-        )
-        return _Backward.apply(q, k, v, bias, options)
+    def kernel(q: Any, k: Any, v: Any, *, bias: Any = None, **options: Any) -> Any:
+        return _Backward.apply(q, k, v, bias, {**options, "backward": backward})
 
     kernel.__name__ = kernel.__qualname__ = name
     kernel.__doc__ = f"plain_forward with the backward pass {name}"
@@ -110,33 +97,9 @@ def _explicit_backward(bug: str) -> Callable[..., Any]:
     """FlashAttention 2's backward (with ``bug``) in FlashAttention's explicit convention
     ``bwd(dout, q, k, v, out, lse, **keywords)`` (``--backward-fn``)."""
 
-    def backward(
-        dout: Any,
-        q: Any,
-        k: Any,
-        v: Any,
-        out: Any,
-        lse: Any,
-        *,
-        mask: Any = None,
-        bias: Any = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-        softcap: float | None = None,
-    ) -> Any:
+    def backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, **options: Any) -> Any:
         del out, lse  # flash2_backward recomputes them
-        return flash2_backward(
-            q,
-            k,
-            v,
-            dout,
-            mask=mask,
-            bias=bias,
-            is_causal=is_causal,
-            scale=scale,
-            softcap=softcap,
-            bug=bug,
-        )
+        return flash2_backward(q, k, v, dout, bug=bug, **options)
 
     return backward
 
@@ -145,20 +108,8 @@ def with_backward_fn(bug: str, name: str) -> Callable[..., Any]:
     """A declared kernel (:func:`plain_forward`) whose explicit backward function is
     FlashAttention 2's with ``bug``, the module attribute ``<name>_backward``."""
 
-    def kernel(
-        q: Any,
-        k: Any,
-        v: Any,
-        *,
-        mask: Any = None,
-        bias: Any = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-        softcap: float | None = None,
-    ) -> Any:
-        return plain_forward(
-            q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale, softcap=softcap
-        )
+    def kernel(q: Any, k: Any, v: Any, **options: Any) -> Any:
+        return plain_forward(q, k, v, **options)
 
     globals()[f"{name}_backward"] = _explicit_backward(bug)
     kernel.__name__ = kernel.__qualname__ = name

@@ -264,30 +264,28 @@ def test_each_bug_is_caught(bug: Any) -> None:
     assert verdict.status in (FAILED, WARNING), (bug.name, bug.upstream, verdict.detail)
 
 
+def _check_command(target: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``attnspec check catalogue.backward_kernels:TARGET`` on torch, its backward's
+    accuracy property only, in a real process (the kernel in a process of its own)."""
+    tests = str(Path(__file__).resolve().parents[1])
+    only = ["--only", "gradients-match-reference"]
+    return subprocess.run(
+        [ATTNSPEC, "check", f"catalogue.backward_kernels:{target}", "--backend", "torch", *only],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": tests},
+    )
+
+
 def test_check_command_runs_an_explicit_backward_function(tmp_path: Path) -> None:
-    """BWD-1, BWD-17: ``attnspec check --backward-fn MODULE:FUNC`` (FlashAttention's
+    """BWD-1, BWD-17: ``attnspec check`` of a kernel declaring ``backward_fn`` (FlashAttention's
     ``bwd(dout, q, k, v, out, lse, ...)`` convention) runs the backward in the kernel's own
     process and passes a correct one; the same command fails a buggy autograd.Function."""
-    tests = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": tests}
-    base = ["--backend", "torch", "--only", "gradients-match-reference"]
-    passed = subprocess.run(
-        [ATTNSPEC, "check", "catalogue.backward_kernels:explicit_flash2", *base],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=300,
-        env=env,
-    )
+    passed = _check_command("explicit_flash2", tmp_path)
     assert passed.returncode == 0, passed.stdout + passed.stderr
-    failed = subprocess.run(
-        [ATTNSPEC, "check", "catalogue.backward_kernels:flash2_no_delta", *base],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=300,
-        env=env,
-    )
+    failed = _check_command("flash2_no_delta", tmp_path)
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert "gradients-match-reference" in failed.stdout and "BWD-17" in failed.stdout
 

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from ....backends import Backend
 from ....reference.tolerance_backward import GradientBound, gradient_error_bound
+from ...call.gradients import BackwardCall
 from ...call.problem import Problem
 from ...claims.declaration import KernelDeclaration
 from ...draw.input_features import FULLY_MASKED_ROW, allowed_keys, scores_shape
@@ -84,7 +85,7 @@ def call_backward(
     bias_keyword = kernel.bias_keyword(problem)
     upstream = backend.asarray(grad_out, problem.dtype)
     try:
-        raw = kernel.call_gradients(args, kwargs, upstream, bias_keyword, problem)
+        raw = kernel.call_gradients(BackwardCall(args, kwargs, upstream, bias_keyword), problem)
     except PropertyFailure:
         raise
     except Exception as exc:
@@ -136,6 +137,14 @@ def _check_like(
         )
 
 
+def first_outside(error: np.ndarray, tolerance: Any) -> tuple[tuple[int, ...], int] | None:
+    """The first index where ``error`` exceeds ``tolerance`` (NaN does) and how many do, or
+    None where none does."""
+    with np.errstate(invalid="ignore"):
+        outside = np.asarray(~(error <= tolerance))
+    return (first_index(outside), int(outside.sum())) if outside.any() else None
+
+
 def expected_gradients(
     kernel: KernelUnderTest, problem: Problem, grad_out: np.ndarray, bias: np.ndarray | None
 ) -> GradientBound:
@@ -172,14 +181,13 @@ def assert_gradients_match(
         if gradient is None:
             continue
         expected, tolerance = np.asarray(expected), np.asarray(tolerance)
-        with np.errstate(invalid="ignore"):
-            outside = ~(np.abs(gradient - expected) <= tolerance)
-        if outside.any():
-            at = first_index(outside)
+        found = first_outside(np.abs(gradient - expected), tolerance)
+        if found is not None:
+            at, count = found
             raise PropertyFailure(
                 f"{name}{list(at)} = {gradient[at]!r}, but should be {expected[at]!r} within "
-                f"{tolerance[at]:.3g}{context}; {int(outside.sum())} of {outside.size} "
-                f"elements outside [BWD-17]",
+                f"{tolerance[at]:.3g}{context}; {count} of {gradient.size} elements outside "
+                "[BWD-17]",
                 problem,
                 kernel,
             )
@@ -446,11 +454,9 @@ def gradients_linear_in_upstream(kernel: KernelUnderTest, seed: int) -> None:
             if parts[0] is None or parts[1] is None or parts[2] is None:
                 continue
             tolerance = np.sum([np.asarray(bound[4 + index]) for bound in bounds], axis=0)
-            gap = np.abs(parts[0] + parts[1] - parts[2])
-            with np.errstate(invalid="ignore"):
-                outside = ~(gap <= tolerance)
-            if outside.any():
-                at = first_index(outside)
+            found = first_outside(np.abs(parts[0] + parts[1] - parts[2]), tolerance)
+            if found is not None:
+                at = found[0]
                 raise PropertyFailure(
                     f"{name}{list(at)}: {parts[0][at]!r} for dO1 plus {parts[1][at]!r} for "
                     f"dO2 is not {parts[2][at]!r} for dO1 + dO2 within {tolerance[at]:.3g}: the "
@@ -483,10 +489,9 @@ def gradients_softmax_identity(kernel: KernelUnderTest, seed: int) -> None:
         for what, gradient, tolerance, axis in checks:
             total = np.abs(gradient.sum(axis=axis))
             allowed = np.asarray(tolerance).sum(axis=axis)
-            with np.errstate(invalid="ignore"):
-                outside = ~(total <= allowed)
-            if outside.any():
-                at = first_index(outside)
+            found = first_outside(total, allowed)
+            if found is not None:
+                at = found[0]
                 raise PropertyFailure(
                     f"{what}{list(at)} = {total[at]!r}, but should be 0 within "
                     f"{allowed[at]:.3g}: a row's dS sums to 0 over its keys [BWD-1]",
