@@ -4,10 +4,10 @@ ones, each one step of FlashAttention 2's backward done wrong, modelled on real 
 Every kernel takes float32 torch tensors in the spec's layout (SDPA-1.1) and returns
 ``(dq, dk, dv, dbias)`` (``dbias`` None without a bias), computing its own forward pass
 first, as an explicit backward function does (FlashAttention's ``_flash_attn_backward``
-receives the forward's ``out`` and ``lse``; here the kernel makes them).  The conformance
-properties for these clauses (``attnspec check --backward``) are not written yet; until they
-are, ``test_backward.py`` judges these kernels with the same checks, so that each bug is shown
-to be caught and each correct formulation to pass.
+receives the forward's ``out`` and ``lse``; here the kernel makes them).
+``backward_kernels.py`` makes each a kernel ``attnspec check --backward`` checks;
+``test_backward.py`` shows each bug caught by the property :attr:`BackwardBug.caught_by` names
+and each correct formulation passing, through the check and by hand.
 """
 
 from __future__ import annotations

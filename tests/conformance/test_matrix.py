@@ -398,3 +398,12 @@ def test_kernels_checked_at_once_share_the_cpus_between_their_thread_pools(
     matrix.rows_in_processes(entries, 2, ["--quiet"])
     assert [env["OMP_NUM_THREADS"] for env in seen] == ["3", "3"]
     assert all("OPENBLAS_NUM_THREADS" not in env for env in seen)
+
+
+def test_backward_clauses_share_one_column() -> None:
+    """BWD-1, BWD-17: `matrix --backward` shows every clause of spec/backward.md in one
+    column, BWD, and the other clauses by family as before."""
+    from attnspec.conformance.matrix import family
+
+    assert {family(c) for c in ("BWD-1", "BWD-4", "BWD-17")} == {"BWD"}
+    assert family("SDPA-5.1") == "SDPA-5"
