@@ -339,6 +339,8 @@ _TORCH_SDPA_DIVERGENCES = {
     "gqa-mapping": _CAUSAL_SCALE_ZERO,
     "same-shape-new-arguments": _CAUSAL_SCALE_ZERO,
     "masked-nonfinite-ignored": "docs/divergences.md#torch-masked-nan (pytorch #101967)",
+    # --backward: the NaN rows' gradients (spec/backward.md)
+    "gradients-match-reference": _CAUSAL_SCALE_ZERO,
 }
 # ONNX's Attention (adapters.onnx_attention): sqrt(scale), empty lengths, mask shapes,
 # float16 scores, and the masked NaN / head-count SHOULDs
