@@ -547,6 +547,11 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "layout-independence": "docs/divergences.md#mha-float16-overflow",
         # the example of torch-masked-nan through MHA's adapter gives [nan, nan] too
         "masked-nonfinite-ignored": _TORCH_SDPA_DIVERGENCES["masked-nonfinite-ignored"],
+        # --backward: the NaN row's gradients (every dk with them)
+        "gradients-linear-in-upstream": "docs/divergences.md#mha-empty-rows",
+        "gradients-softmax-identity": "docs/divergences.md#mha-empty-rows",
+        "gradients-excluded-keys-zero": "docs/divergences.md#mha-empty-rows",
+        "gradients-empty-rows": "docs/divergences.md#mha-empty-rows",
     },
 }
 
