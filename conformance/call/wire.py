@@ -107,6 +107,13 @@ def import_value(backend: Backend, value: Any, callables: dict[str, Any] | None 
     return value
 
 
+def float_bits(values: np.ndarray) -> np.ndarray:
+    """The stored bits of ``values`` as unsigned integers when it is a float array (so
+    -0.0 != 0.0 and NaN payloads count), ``values`` itself otherwise."""
+    a = np.ascontiguousarray(values)
+    return a.view(f"u{a.dtype.itemsize}") if a.dtype.kind == "f" else a
+
+
 def named_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """A call's arguments by name: the positional ones as q, k, v (then arg3, ...), the
     keywords by their own names, a keyword that repeats a positional name (a KV-cache

@@ -34,8 +34,6 @@ from ...backends import Backend
 from ..call.gradients import BackwardCall, kernel_gradients
 from ..call.side_effects import kernel_output_to
 from ..call.wire import (
-    CallableInKernelProcess,
-    ForeignValue,
     RaisedRemotely,
     export_value,
     import_value,
@@ -246,4 +244,4 @@ def main(argv: list[str] | None = None) -> None:
     os._exit(0)
 
 
-__all__ = ["CallableInKernelProcess", "ForeignValue", "KernelServer", "main", "serve"]
+__all__ = ["KernelServer", "main", "serve"]

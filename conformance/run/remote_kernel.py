@@ -35,9 +35,9 @@ from ...backends.exchange import ArrayPayload
 from ..call.gradients import BackwardCall
 from ..call.wire import (
     CallableInKernelProcess,
-    ForeignValue,
     RaisedRemotely,
     export_value,
+    float_bits,
     import_value,
     loads_from_kernel,
     named_arguments,
@@ -365,9 +365,7 @@ def first_difference(a: Any, b: Any, where: str = "result") -> str:
         if (a.dtype, a.shape, a.strides) != (b.dtype, b.shape, b.strides):
             return f"{where} is {a.dtype}{a.shape} once and {b.dtype}{b.shape} the other time"
         x, y = np.ascontiguousarray(a.values), np.ascontiguousarray(b.values)
-        bits_x = x.view(f"u{x.dtype.itemsize}") if x.dtype.kind == "f" else x
-        bits_y = y.view(f"u{y.dtype.itemsize}") if y.dtype.kind == "f" else y
-        unequal = bits_x != bits_y
+        unequal = float_bits(x) != float_bits(y)
         if unequal.any():
             at = tuple(int(i) for i in np.argwhere(unequal)[0])
             return (
@@ -415,7 +413,6 @@ def declaration_in_judge(
 
 
 __all__ = [
-    "ForeignValue",
     "KernelProcess",
     "RemoteFunction",
     "become_subreaper",

@@ -11,6 +11,7 @@ import array_api_compat
 import numpy as np
 from hypothesis import strategies as st
 
+from ...call.wire import float_bits
 from ...claims.declaration import KernelDeclaration
 from ...draw.input_features import scores_shape
 from ...draw.sizes import current
@@ -166,12 +167,6 @@ def empty_sizes(kernel: KernelUnderTest, data: st.DataObject) -> None:
     assert_output_shapes(kernel, problem, out, weights)
 
 
-def _bits(a: np.ndarray) -> np.ndarray:
-    """The stored bits of a float array (so -0.0 != 0.0 and NaN payloads count)."""
-    a = np.ascontiguousarray(a)
-    return a.view(f"u{a.dtype.itemsize}") if a.dtype.kind == "f" else a
-
-
 @register("inputs-unmodified", "SDPA-1.6", applies=always)
 def inputs_unmodified(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """The call leaves q, k, v, the mask and the bias bit-for-bit as they were (kernels of
@@ -194,7 +189,7 @@ def inputs_unmodified(kernel: KernelUnderTest, data: st.DataObject) -> None:
         )
     for name, x in arrays.items():
         after = to_numpy(x)
-        changed = _bits(after) != _bits(before[name])
+        changed = float_bits(after) != float_bits(before[name])
         if changed.any():
             at = first_index(changed)
             raise PropertyFailure(
@@ -228,8 +223,10 @@ def inputs_changed_later(
     return [
         name
         for name, x in arrays.items()
-        if not np.array_equal(_bits(kernel.backend.to_numpy(x)), _bits(after_return[name]))
-        and np.array_equal(_bits(after_return[name]), _bits(at_return[name]))
+        if not np.array_equal(
+            float_bits(kernel.backend.to_numpy(x)), float_bits(after_return[name])
+        )
+        and np.array_equal(float_bits(after_return[name]), float_bits(at_return[name]))
     ]
 
 
