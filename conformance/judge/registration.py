@@ -53,6 +53,16 @@ def needs(*claims: str) -> Callable[[KernelDeclaration], str | None]:
     return applies
 
 
+def family_only(family: str, otherwise: str) -> Callable[[KernelDeclaration], str | None]:
+    """Applicable only to kernels declaring ``family`` (merge, RoPE, ...: the families
+    with calling conventions of their own); ``otherwise`` says why not."""
+
+    def applies(declaration: KernelDeclaration) -> str | None:
+        return None if declaration.family == family else otherwise
+
+    return applies
+
+
 @dataclass(frozen=True)
 class Property:
     id: str

@@ -18,12 +18,11 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ....reference.tolerance_serving import merge_error_bound
-from ...claims.declaration import KernelDeclaration
 from ...draw import sizes
 from ...draw.strategies import draw_dtype, draw_rng, random_values
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
-from ..registration import register
+from ..registration import family_only, register
 
 # Heads, tokens and value dims of serving stacks: MLA's 512, and 128 heads of DeepSeek V3
 REALISTIC_HEADS = (1, 8, 32, 128)
@@ -33,10 +32,9 @@ REALISTIC_VALUE_DIMS = (64, 128, 512)
 LSE_MAGNITUDES = (1.0, 30.0, 1000.0)
 
 
-def _merge_only(declaration: KernelDeclaration) -> str | None:
-    if declaration.family != "merge":
-        return "the function is not declared a merge of attention states (--merge)"
-    return None
+_merge_only = family_only(
+    "merge", "the function is not declared a merge of attention states (--merge)"
+)
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,11 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ....reference.tolerance import error_bound
-from ...claims.declaration import KernelDeclaration
 from ...draw import sizes
 from ...draw.strategies import draw_dtype, random_values
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
-from ..registration import register
+from ..registration import family_only, register
 
 REALISTIC_HEADS = (16,)  # DeepSeek V3's 128 heads over 8 devices (E = 576 keeps it costly)
 REALISTIC_QUERIES = (1, 2, 4)  # decode, and speculative decoding's few rows
@@ -31,10 +30,7 @@ REALISTIC_KEYS = (1, 64, 65, 1025)  # FlashMLA's pages are 64; past one block of
 SCALES = (192**-0.5, 192**-0.5 * 1.3**2)
 
 
-def _mla_only(declaration: KernelDeclaration) -> str | None:
-    if declaration.family != "mla":
-        return "the kernel is not declared multi-head latent attention (--mla)"
-    return None
+_mla_only = family_only("mla", "the kernel is not declared multi-head latent attention (--mla)")
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,11 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ....reference.tolerance import error_bound
-from ...claims.declaration import KernelDeclaration
 from ...draw import sizes
 from ...draw.strategies import draw_dtype, draw_rng, random_values
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
-from ..registration import register
+from ..registration import family_only, register
 
 SMALL_PAGE_SIZES = (1, 2, 3, 16)
 REALISTIC_PAGE_SIZES = (1, 16, 64, 256)  # the sizes upstream tests run
@@ -33,10 +32,9 @@ REALISTIC_CACHE_LENGTHS = (1, 17, 63, 64, 65, 129, 255, 257, 1023)
 REALISTIC_HEAD_DIMS = (64, 128)
 
 
-def _paged_only(declaration: KernelDeclaration) -> str | None:
-    if declaration.family != "paged-batch":
-        return "the kernel is not declared a paged batch kernel (--paged-batch)"
-    return None
+_paged_only = family_only(
+    "paged-batch", "the kernel is not declared a paged batch kernel (--paged-batch)"
+)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from ...draw import sizes
 from ...draw.strategies import draw_dtype, random_values
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
-from ..registration import register
+from ..registration import family_only, register
 
 REALISTIC_LENGTHS = (1, 63, 64, 65, 75, 129, 1000)  # around chunks of 16, 32, 64 and past them
 # A contract (state passing, packed boundaries, chunk sizes) breaks at chunk edges, not with
@@ -46,10 +46,7 @@ GATED, DELTA = ("gated", "gated_delta"), ("delta", "gated_delta")
 PER_TOKEN = ("q", "k", "v", "g", "beta")  # (B, H, T, ...)
 
 
-def _recurrent_only(declaration: KernelDeclaration) -> str | None:
-    if declaration.family != "recurrent":
-        return "the kernel is not declared a recurrence (--recurrent)"
-    return None
+_recurrent_only = family_only("recurrent", "the kernel is not declared a recurrence (--recurrent)")
 
 
 def _recurrent_claim(declaration: KernelDeclaration) -> RecurrentClaim:

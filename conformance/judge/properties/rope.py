@@ -15,12 +15,11 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ....reference.rope_tolerance import rope_error_bound
-from ...claims.declaration import KernelDeclaration
 from ...draw import sizes
 from ...draw.strategies import draw_dtype, draw_rng, random_values
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
-from ..registration import register
+from ..registration import family_only, register
 
 # Head dims RoPE models use (GPT-J 256 with rotary_dim 64, LLaMA 128, GPT-NeoX 96 at 25%)
 REALISTIC_HEAD_DIMS = (32, 64, 80, 96, 128, 256)
@@ -30,10 +29,9 @@ CACHE_LENGTHS = (0, 1, 5, 63, 511, 2047, 4095, 32767, 131071 - 129)
 MAGNITUDES = (1.0, 30.0)  # normal q/k rows, and LLM outlier channels
 
 
-def _rope_only(declaration: KernelDeclaration) -> str | None:
-    if declaration.family != "rope":
-        return "the function is not declared a rotary position embedding (--rope)"
-    return None
+_rope_only = family_only(
+    "rope", "the function is not declared a rotary position embedding (--rope)"
+)
 
 
 @dataclass(frozen=True)
