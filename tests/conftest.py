@@ -23,7 +23,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """
     # One worker per check unless a test asks for more: the default (one per CPU) starts a
     # second worker process for every small check of the suite's own tests, which made
-    # them ~1.8x slower on 2 cores; tests/conformance/test_jobs.py checks the default.
+    # them ~1.8x slower on 2 cores; tests/conformance/test_worker_pool.py checks the default.
     os.environ.setdefault(JOBS_VARIABLE, "1")
     workers = len(getattr(config.option, "tx", None) or ())
     if workers > 1 and "PYTEST_XDIST_WORKER" not in os.environ:

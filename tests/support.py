@@ -10,9 +10,11 @@ import dataclasses
 import os
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -20,7 +22,7 @@ import pytest
 from hypothesis import settings
 
 from attnspec.backends import Backend, BackendError
-from attnspec.conformance import cli, declare
+from attnspec.conformance import check, cli, declare
 from attnspec.conformance.claims.declaration import KernelDeclaration
 from attnspec.conformance.judge.kernel import KernelUnderTest
 from attnspec.conformance.judge.registry import all_properties
@@ -115,6 +117,25 @@ def verdict_of(
         chosen = backend_or_skip(backend) if isinstance(backend, str) else backend
         kernel = KernelUnderTest(kernel, chosen, declaration)
     return run_property(all_properties()[property_id], kernel, **options)
+
+
+def family_verdicts(catalogue: ModuleType) -> dict[str, dict[str, str]]:
+    """One quick-profile check on NumPy of every function of a family catalogue (its
+    ``CORRECT`` functions and its ``BUGS``' ``fn``): its verdict per property, by name."""
+    results = {}
+    for fn in (*catalogue.CORRECT, *(bug.fn for bug in catalogue.BUGS)):
+        report = check(fn, backend="numpy", profile="quick", seed=0)
+        results[fn.__name__] = {v.property: v.status for v in report.verdicts}
+    return results
+
+
+def assert_family_passes(statuses: dict[str, str], prefix: str, name: str) -> None:
+    """One kernel's verdicts: every property of its family (ids starting ``prefix``)
+    passed, and no other property applies to it."""
+    family = {p: s for p, s in statuses.items() if p.startswith(prefix)}
+    assert family and set(family.values()) == {"passed"}, (name, family)
+    others = {s for p, s in statuses.items() if not p.startswith(prefix)}
+    assert others == {"not applicable"}, (name, others)
 
 
 def hand_verdict(
@@ -277,13 +298,29 @@ def blhd_no_default_scale(q, k, v, *, mask=None, causal=False, scale=None):
 
 
 def run_command(
-    *argv: str, cwd: Path, unset: dict[str, None] | None = None
+    *argv: str,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    unset: Collection[str] = (),
+    timeout: float = 900,
 ) -> subprocess.CompletedProcess[str]:
-    """``attnspec *argv`` in a real process in ``cwd``, without the variables ``unset`` names."""
-    env = {k: v for k, v in os.environ.items() if k not in (unset or {})}
-    return subprocess.run(
-        [ATTNSPEC, *argv], capture_output=True, text=True, cwd=cwd, timeout=120, env=env
-    )
+    """``attnspec *argv`` in a real process in ``cwd``, with the variables ``env`` sets and
+    without those ``unset`` names.  Its stderr goes through a temporary file, not a pipe
+    (hostile kernels print megabytes); ``timeout`` only stops a test that hangs."""
+    environ = {k: v for k, v in os.environ.items() if k not in unset} | (env or {})
+    with tempfile.TemporaryFile("w+", errors="replace") as err:
+        result = subprocess.run(
+            [ATTNSPEC, *argv],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            cwd=cwd,
+            timeout=timeout,
+            env=environ,
+        )
+        err.seek(0)
+        result.stderr = err.read()
+    return result
 
 
 def report_of(verdicts: list[Verdict], strict: bool = False) -> Report:

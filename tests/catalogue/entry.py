@@ -53,3 +53,12 @@ class BuggyKernel:
     strided_witness: bool = False
     # Why the named property does not (yet) catch it in the quick profile; empty when it does.
     known_miss: str = ""
+
+
+@dataclass(frozen=True)
+class CaughtBug:
+    """A buggy kernel of one of the serving families (merge, MLA, paged batch, RoPE, sinks)
+    and the property that must catch it."""
+
+    fn: Callable[..., Any]
+    catches: str

@@ -8,13 +8,11 @@ declares its base and layouts (``MergeClaim``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
 from attnspec.conformance import MergeClaim, declare
+
+from .entry import CaughtBug
 
 Array = np.ndarray
 
@@ -146,18 +144,10 @@ def merge_reads_empty_outputs(
     return _combine(o_a, w_a, o_b, w_b, skip_empty=False).astype(o_a.dtype), lse
 
 
-@dataclass(frozen=True)
-class MergeBug:
-    """A buggy merge and the property that must catch it."""
-
-    fn: Callable[..., Any]
-    catches: str
-
-
 BUGS = (
-    MergeBug(merge_without_max_shift, "merge-matches-reference"),
-    MergeBug(merge_in_base_two, "merge-matches-reference"),
-    MergeBug(merge_swapped_weights, "merge-matches-reference"),
-    MergeBug(merge_nan_when_both_empty, "merge-empty-states"),
-    MergeBug(merge_reads_empty_outputs, "merge-empty-states"),
+    CaughtBug(merge_without_max_shift, "merge-matches-reference"),
+    CaughtBug(merge_in_base_two, "merge-matches-reference"),
+    CaughtBug(merge_swapped_weights, "merge-matches-reference"),
+    CaughtBug(merge_nan_when_both_empty, "merge-empty-states"),
+    CaughtBug(merge_reads_empty_outputs, "merge-empty-states"),
 )

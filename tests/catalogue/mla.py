@@ -8,12 +8,12 @@ Every kernel is ``fn(q (..., Hq, Lq, 576), kv (..., 1, Lk, 576), *, scale, is_ca
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from attnspec.conformance import MlaClaim, declare
+
+from .entry import CaughtBug
 
 Array = np.ndarray
 RANK = 512
@@ -73,16 +73,8 @@ def mla_top_left(q: Array, kv: Array, *, scale: float, is_causal: bool = False) 
     return ((exps @ k[..., :RANK]) / exps.sum(-1, keepdims=True)).astype(q.dtype)
 
 
-@dataclass(frozen=True)
-class MlaBug:
-    """A buggy MLA kernel and the property that must catch it."""
-
-    fn: Callable[..., Any]
-    catches: str
-
-
 BUGS = (
-    MlaBug(mla_default_scale, "mla-matches-reference"),
-    MlaBug(mla_values_from_the_end, "mla-matches-reference"),
-    MlaBug(mla_top_left, "mla-matches-reference"),
+    CaughtBug(mla_default_scale, "mla-matches-reference"),
+    CaughtBug(mla_values_from_the_end, "mla-matches-reference"),
+    CaughtBug(mla_top_left, "mla-matches-reference"),
 )

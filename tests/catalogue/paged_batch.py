@@ -10,12 +10,12 @@ layout (``PagedBatchClaim``).  Rows past ``cu_seqlens_q[-1]`` are left 0.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from attnspec.conformance import PagedBatchClaim, declare
+
+from .entry import CaughtBug
 
 Array = np.ndarray
 
@@ -242,18 +242,10 @@ def paged_nan_leak(
     return out
 
 
-@dataclass(frozen=True)
-class PagedBug:
-    """A buggy paged kernel and the property that must catch it."""
-
-    fn: Callable[..., Any]
-    catches: str
-
-
 BUGS = (
-    PagedBug(paged_memory_order, "paged-batch-matches-reference"),
-    PagedBug(paged_whole_last_page, "paged-batch-matches-reference"),
-    PagedBug(paged_batch_alignment, "paged-batch-matches-reference"),
-    PagedBug(paged_top_left, "paged-batch-matches-reference"),
-    PagedBug(paged_nan_leak, "paged-batch-ignores-padding"),
+    CaughtBug(paged_memory_order, "paged-batch-matches-reference"),
+    CaughtBug(paged_whole_last_page, "paged-batch-matches-reference"),
+    CaughtBug(paged_batch_alignment, "paged-batch-matches-reference"),
+    CaughtBug(paged_top_left, "paged-batch-matches-reference"),
+    CaughtBug(paged_nan_leak, "paged-batch-ignores-padding"),
 )

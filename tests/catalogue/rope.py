@@ -9,13 +9,13 @@ sines then stored in the input dtype and the rotation done in it, as Hugging Fac
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from attnspec.conformance import RopeClaim, declare
+
+from .entry import CaughtBug
 
 Array = np.ndarray
 PROBE_DTYPES = ("float16", "float32", "float64")
@@ -170,22 +170,14 @@ def rope_frequencies_from_d(x: Array, positions: Array) -> Array:
     return _rotate_half_style(x, angles, 16)
 
 
-@dataclass(frozen=True)
-class RopeBug:
-    """A buggy RoPE function and the property that must catch it."""
-
-    fn: Callable[..., Any]
-    catches: str
-
-
 BUGS = (
-    RopeBug(rope_wrong_pairing, "rope-matches-reference"),
-    RopeBug(rope_ignores_positions, "rope-matches-reference"),
-    RopeBug(rope_position_off_by_one, "rope-matches-reference"),
-    RopeBug(rope_exponent_i_over_d, "rope-matches-reference"),
-    RopeBug(rope_negative_angle, "rope-matches-reference"),
-    RopeBug(rope_half_precision_angles, "rope-matches-reference"),
-    RopeBug(rope_rotates_every_feature, "rope-matches-reference"),
-    RopeBug(rope_frequencies_from_d, "rope-matches-reference"),
-    RopeBug(rope_returns_float32, "rope-shape-and-dtype"),
+    CaughtBug(rope_wrong_pairing, "rope-matches-reference"),
+    CaughtBug(rope_ignores_positions, "rope-matches-reference"),
+    CaughtBug(rope_position_off_by_one, "rope-matches-reference"),
+    CaughtBug(rope_exponent_i_over_d, "rope-matches-reference"),
+    CaughtBug(rope_negative_angle, "rope-matches-reference"),
+    CaughtBug(rope_half_precision_angles, "rope-matches-reference"),
+    CaughtBug(rope_rotates_every_feature, "rope-matches-reference"),
+    CaughtBug(rope_frequencies_from_d, "rope-matches-reference"),
+    CaughtBug(rope_returns_float32, "rope-shape-and-dtype"),
 )

@@ -9,12 +9,13 @@ inputs (in the inputs' dtype otherwise), and declares ``sinks=True``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from attnspec.conformance import declare
+
+from .entry import CaughtBug
 
 Array = np.ndarray
 CLAIMS = dict(sinks=True, gqa=True)
@@ -195,19 +196,11 @@ sinks_max_over_scores = _bug(
 )
 
 
-@dataclass(frozen=True)
-class SinkBug:
-    """A buggy sink kernel and the property that must catch it."""
-
-    fn: Callable[..., Any]
-    catches: str
-
-
 BUGS = (
-    SinkBug(sinks_scaled, "sinks-matches-reference"),
-    SinkBug(sinks_per_kv_head, "sinks-matches-reference"),
-    SinkBug(sinks_dropped_under_mask, "sinks-matches-reference"),
-    SinkBug(sinks_numerator, "sinks-matches-reference"),
-    SinkBug(sinks_max_over_scores, "sinks-empty-rows"),
-    SinkBug(sinks_lse_without_sink, "sinks-lse"),
+    CaughtBug(sinks_scaled, "sinks-matches-reference"),
+    CaughtBug(sinks_per_kv_head, "sinks-matches-reference"),
+    CaughtBug(sinks_dropped_under_mask, "sinks-matches-reference"),
+    CaughtBug(sinks_numerator, "sinks-matches-reference"),
+    CaughtBug(sinks_max_over_scores, "sinks-empty-rows"),
+    CaughtBug(sinks_lse_without_sink, "sinks-lse"),
 )

@@ -6,7 +6,7 @@ clause).  The first failing example decides that status; shrinking it afterwards
 makes the counterexample minimal (and was 90-98 % of these tests' time), so these runs
 stop at the first failure (``run_property(..., shrink=False)``); the shrunk
 counterexamples and their reproductions are tested through the command in
-tests/conformance/cli/, test_jobs.py and test_isolation.py.  And, independently of
+tests/conformance/cli/, test_worker_pool.py and test_supervisor.py.  And, independently of
 the suite, the bug is real: on its witness input the kernel visibly departs from the
 reference (catalogue.witness).
 """

@@ -5,21 +5,17 @@ names it, and every merge property has a bug."""
 from __future__ import annotations
 
 import pytest
+from support import assert_family_passes, family_verdicts
 
-from attnspec.conformance import check
 from attnspec.conformance.judge.registry import all_properties
 from catalogue import merge as catalogue
+from catalogue.entry import CaughtBug
 
 
 @pytest.fixture(scope="module")
 def verdicts() -> dict[str, dict[str, str]]:
-    """One quick-profile check of every catalogue function on NumPy: its verdict per
-    property."""
-    results = {}
-    for fn in (*catalogue.CORRECT, *(bug.fn for bug in catalogue.BUGS)):
-        report = check(fn, backend="numpy", profile="quick", seed=0)
-        results[fn.__name__] = {v.property: v.status for v in report.verdicts}
-    return results
+    """Every catalogue function's verdict per property (one quick check each)."""
+    return family_verdicts(catalogue)
 
 
 def test_correct_merges_conform(verdicts: dict[str, dict[str, str]]) -> None:
@@ -27,17 +23,11 @@ def test_correct_merges_conform(verdicts: dict[str, dict[str, str]]) -> None:
     and base 2 among them) pass both merge properties in every dtype NumPy has, and no
     attention property applies to them."""
     for fn in catalogue.CORRECT:
-        statuses = verdicts[fn.__name__]
-        assert statuses["merge-matches-reference"] == "passed", fn.__name__
-        assert statuses["merge-empty-states"] == "passed", fn.__name__
-        others = {s for p, s in statuses.items() if not p.startswith("merge-")}
-        assert others == {"not applicable"}, (fn.__name__, others)
+        assert_family_passes(verdicts[fn.__name__], "merge-", fn.__name__)
 
 
 @pytest.mark.parametrize("bug", catalogue.BUGS, ids=lambda bug: bug.fn.__name__)
-def test_every_merge_bug_is_caught(
-    bug: catalogue.MergeBug, verdicts: dict[str, dict[str, str]]
-) -> None:
+def test_every_merge_bug_is_caught(bug: CaughtBug, verdicts: dict[str, dict[str, str]]) -> None:
     """MERGE-3, MERGE-4: each catalogued bug fails the property that names it."""
     assert verdicts[bug.fn.__name__][bug.catches] == "failed"
 

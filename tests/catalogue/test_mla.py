@@ -6,28 +6,23 @@ from __future__ import annotations
 import pytest
 from support import verdict_of
 
-from attnspec.conformance import declaration_of
 from attnspec.conformance.judge.registry import all_properties
 from catalogue import mla as catalogue
+from catalogue.entry import CaughtBug
 
 
 @pytest.mark.parametrize("fn", catalogue.CORRECT, ids=lambda fn: fn.__name__)
 def test_correct_mla_kernel_passes(fn: object) -> None:
     """MLA-1, MLA-2, MLA-3: the absorbed form with the given scale passes at E = 576,
     Ev = 512 in every NumPy dtype."""
-    verdict = verdict_of(
-        "mla-matches-reference", fn, declaration=declaration_of(fn), profile="quick"
-    )
+    verdict = verdict_of("mla-matches-reference", fn, profile="quick")
     assert verdict.status == "passed", verdict.detail
 
 
 @pytest.mark.parametrize("bug", catalogue.BUGS, ids=lambda bug: bug.fn.__name__)
-def test_every_mla_bug_is_caught(bug: catalogue.MlaBug) -> None:
+def test_every_mla_bug_is_caught(bug: CaughtBug) -> None:
     """MLA-1, MLA-2, MLA-3: each catalogued bug fails the property that names it."""
-    declaration = declaration_of(bug.fn)
-    verdict = verdict_of(
-        bug.catches, bug.fn, declaration=declaration, profile="quick", shrink=False
-    )
+    verdict = verdict_of(bug.catches, bug.fn, profile="quick", shrink=False)
     assert verdict.status == "failed", verdict.detail
 
 

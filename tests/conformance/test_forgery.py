@@ -9,14 +9,12 @@ every property passed (issue 29)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 from catalogue import forgers
 from catalogue.forgers import FORGERS, Forger
-from support import ATTNSPEC
+from support import run_command
 
 FORGERS_FILE = str(Path(forgers.__file__).resolve())
 
@@ -25,23 +23,16 @@ FORGERS_FILE = str(Path(forgers.__file__).resolve())
 def test_a_forging_kernel_is_judged_failed(case: Forger, tmp_path: Path) -> None:
     """CONF-14: ``attnspec check forgers.py:NAME`` exits 1 and every property it was checked
     on FAILED, whatever the kernel did to its own process."""
-    result = subprocess.run(
-        [
-            ATTNSPEC,
-            "check",
-            f"{FORGERS_FILE}:{case.name}",
-            "--backend",
-            "numpy",
-            "--only",
-            ",".join(case.only),
-            "--json",
-            "report.json",
-        ],
-        capture_output=True,
-        text=True,
+    result = run_command(
+        "check",
+        f"{FORGERS_FILE}:{case.name}",
+        "--backend",
+        "numpy",
+        "--only",
+        ",".join(case.only),
+        "--json",
+        "report.json",
         cwd=tmp_path,
-        timeout=600,
-        env={**os.environ},
     )
     assert result.returncode == 1, result.stdout + result.stderr[-2000:]
     report = json.loads((tmp_path / "report.json").read_text())

@@ -4,29 +4,14 @@ it (CONF-15, CONF-5, CONF-6, CONF-9); ``--judge`` judges with the strictest sett
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import time
 from pathlib import Path
 
 from catalogue import forgers, hostile
-from support import ATTNSPEC
+from support import run_command
 
 HOSTILE_FILE = str(Path(hostile.__file__).resolve())
 FORGERS_FILE = str(Path(forgers.__file__).resolve())
-
-
-def attnspec(
-    *argv: str, cwd: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [ATTNSPEC, *argv],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=900,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def test_a_kernel_that_hangs_on_every_call_stops_at_the_stall_budget(tmp_path: Path) -> None:
@@ -34,7 +19,7 @@ def test_a_kernel_that_hangs_on_every_call_stops_at_the_stall_budget(tmp_path: P
     per property: the properties it hung in FAILED (stalled), every other one "not run"
     with the reason, exit 1, a complete report."""
     started = time.monotonic()
-    result = attnspec(
+    result = run_command(
         "check",
         f"{HOSTILE_FILE}:hangs",
         "--backend",
@@ -81,7 +66,7 @@ def test_nothing_the_kernel_started_outlives_the_check(tmp_path: Path) -> None:
     )
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    result = attnspec(
+    result = run_command(
         "check",
         f"{kernel}:attention",
         "--backend",
@@ -121,9 +106,9 @@ def test_judge_mode_repeats_each_call_and_compares_the_results(tmp_path: Path) -
         "--dtype",
         "float32",
     )
-    plain = attnspec(*argv, cwd=tmp_path)
+    plain = run_command(*argv, cwd=tmp_path)
     assert plain.returncode == 0, plain.stdout[-2000:]
-    judged = attnspec(*argv, "--judge", cwd=tmp_path)
+    judged = run_command(*argv, "--judge", cwd=tmp_path)
     assert judged.returncode == 1, judged.stdout[-2000:]
     assert "made twice on fresh copies" in judged.stdout
 
@@ -131,7 +116,7 @@ def test_judge_mode_repeats_each_call_and_compares_the_results(tmp_path: Path) -
 def test_deadline_stops_starting_properties(tmp_path: Path) -> None:
     """CONF-15, CONF-6: past --deadline no property starts; those left are "not run" and, nothing
     having failed, the report is incomplete (exit 2)."""
-    result = attnspec(
+    result = run_command(
         "check",
         f"{HOSTILE_FILE}:attention",
         "--backend",

@@ -189,7 +189,7 @@ def test_waived_must_clause_is_named_in_every_report(
     the waiver: 2 small examples a property, in this process, are enough for that (the
     quick profile was 30-60 s of this suite; the reference's zero-false-failure run is
     tests/catalogue/test_correct_pass.py, the waiver's way out of a worker
-    tests/conformance/test_isolation.py's test_hints_and_waivers_travel_from_the_worker)."""
+    tests/conformance/test_supervisor.py's test_hints_and_waivers_travel_from_the_worker)."""
     monkeypatch.setitem(PROFILES, "quick", Profile(2))
     kernel = kernel_file(tmp_path, "plain.py", KERNELS)
     paths = {kind: tmp_path / f"report.{kind}" for kind in ("json", "junit", "markdown")}

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from catalogue import hostile
 from catalogue.hostile import HOSTILE, Hostile
-from support import ATTNSPEC, kernel_file, processes_in, verdict_of
+from support import kernel_file, processes_in, run_command, verdict_of
 
 from attnspec.backends import Backend
 from attnspec.conformance import SetupError, check, cli
@@ -36,25 +36,6 @@ from attnspec.conformance.run.supervisor import IsolatedKernel, IsolationOptions
 
 HOSTILE_FILE = str(Path(hostile.__file__).resolve())
 HANG_TIMEOUT = "2"  # s: the hang tests wait this long, once per property
-
-
-def attnspec(
-    *argv: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
-) -> subprocess.CompletedProcess[str]:
-    """The real command in a subprocess; stderr goes to a file (kernels print megabytes)."""
-    stderr = cwd / "stderr.txt"
-    with stderr.open("w") as err:
-        result = subprocess.run(
-            [ATTNSPEC, *argv],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            cwd=cwd,
-            timeout=timeout,
-            env={**os.environ, **(env or {})},
-        )
-    result.stderr = stderr.read_text(errors="replace")
-    return result
 
 
 def _told_as_failed(prop: str, table: str) -> bool:
@@ -82,7 +63,7 @@ def test_hostile_kernel_gets_its_verdict_from_the_cli(case: Hostile, tmp_path: P
             "without it this kernel would really touch 50 GB"
         )
     timeout = ["--timeout", HANG_TIMEOUT] if case.name == "hangs" else []
-    result = attnspec(
+    result = run_command(
         "check",
         f"{HOSTILE_FILE}:{case.name}",
         "--backend",
@@ -179,7 +160,7 @@ def test_keyboard_interrupt_in_process_is_an_interrupt(
 def test_exit_or_crash_at_import_is_a_setup_error(hazard: str, words: str, tmp_path: Path) -> None:
     """A module that exits or crashes while being imported: exit 2 and one line, never
     exit 0 with no table (nothing was checked)."""
-    result = attnspec(
+    result = run_command(
         "check",
         f"{HOSTILE_FILE}:attention",
         "--backend",

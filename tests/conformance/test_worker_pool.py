@@ -151,7 +151,7 @@ def records_what_it_sees(q, k, v, *, mask=None, is_causal=False, scale=None):
 # the inputs drawn around; Hypothesis replays a failing example bit for bit in the first
 # run too): so those kernels cannot exist any more.  What holds instead is tested below: a
 # kernel reading the context sees no re-run in any call, while the re-runs happen.  A
-# crash or hang during a property is test_isolation.py's and the tests below; re-runs
+# crash or hang during a property is test_supervisor.py's and the tests below; re-runs
 # settling crashes, in-process, test_root_causes.py's.
 @pytest.fixture(scope="module")
 def seen_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
