@@ -17,7 +17,7 @@ from ._array import Array
 from ._checks import check_flag, namespace_of
 from .blocked import blocked_form
 from .features import check_dropout_p
-from .sdpa import CALL, plain_form
+from .sdpa import CALL, plain_form, score_options
 
 
 def scaled_dot_product_attention(
@@ -60,35 +60,17 @@ def scaled_dot_product_attention(
     check_flag("return_weights", return_weights, CALL)
     check_flag("return_lse", return_lse, CALL)
     namespace_of(CALL, q=q, alibi_slopes=alibi_slopes, dropout_keep=dropout_keep)
+    options = score_options(mask, bias, is_causal, causal_alignment, scale, softcap, alibi_slopes)
     if return_weights or dropout_keep is not None or check_dropout_p(dropout_p, CALL) > 0:
         return plain_form(
             q,
             k,
             v,
-            mask=mask,
-            bias=bias,
-            is_causal=is_causal,
-            causal_alignment=causal_alignment,
-            scale=scale,
-            softcap=softcap,
-            alibi_slopes=alibi_slopes,
+            **options,
             dropout_p=dropout_p,
             dropout_keep=dropout_keep,
             return_weights=return_weights,
             return_lse=return_lse,
             call=CALL,
         )
-    return blocked_form(
-        q,
-        k,
-        v,
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        return_lse=return_lse,
-        call=CALL,
-    )
+    return blocked_form(q, k, v, **options, return_lse=return_lse, call=CALL)

@@ -35,8 +35,9 @@ from .sdpa import (
     allowed_scores,
     check_arguments,
     prepare,
+    prepare_with_features,
+    score_options,
     softmax_over_allowed,
-    with_features,
 )
 from .varlen import sequence_offsets
 
@@ -221,24 +222,8 @@ def scaled_dot_product_attention_backward(
         dropout_keep=dropout_keep,
     )
     dropout_p = check_dropout_p(dropout_p, CALL)
-    problem = prepare(
-        q,
-        k,
-        v,
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        call=CALL,
-    )
-    problem = with_features(
-        problem,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        causal_alignment=causal_alignment,
-        call=CALL,
-    )
+    options = score_options(mask, bias, is_causal, causal_alignment, scale, softcap, alibi_slopes)
+    problem = prepare_with_features(q, k, v, options, CALL)
     xp = problem.xp
     _check_upstream(xp, "grad_out", grad_out, problem.out_shape, CALL)
     d_out = _grouped_rows(problem, grad_out)

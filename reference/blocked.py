@@ -44,6 +44,7 @@ from .sdpa import (
     check_arguments,
     nonfinite_counts,
     prepare,
+    score_options,
     with_nonfinite_values,
 )
 
@@ -353,13 +354,7 @@ def blocked_attention(
         q,
         k,
         v,
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
+        **score_options(mask, bias, is_causal, causal_alignment, scale, softcap, alibi_slopes),
         return_lse=return_lse,
         query_chunk=query_chunk,
         key_block=key_block,

@@ -277,6 +277,45 @@ def with_features(
     return problem._replace(softcap=softcap, alibi=alibi)
 
 
+def score_options(
+    mask: Array,
+    bias: Array,
+    is_causal: bool,
+    causal_alignment: str,
+    scale: float | None,
+    softcap: float | None,
+    alibi_slopes: Array,
+) -> dict[str, Any]:
+    """The keyword arguments that decide the scores (mask, bias, causal rule: SDPA-3,
+    SDPA-4; scale: SDPA-2; SOFTCAP-1; ALIBI-2) as one value, for the functions that pass
+    them on unchanged to a form of attention, its bound or its gradient."""
+    return {
+        "mask": mask,
+        "bias": bias,
+        "is_causal": is_causal,
+        "causal_alignment": causal_alignment,
+        "scale": scale,
+        "softcap": softcap,
+        "alibi_slopes": alibi_slopes,
+    }
+
+
+def prepare_with_features(
+    q: Array, k: Array, v: Array, options: dict[str, Any], call: str
+) -> GroupedInputs:
+    """:func:`prepare` then :func:`with_features`: the problem with every option of
+    :func:`score_options` applied, checked in that order."""
+    dense = {n: x for n, x in options.items() if n not in ("softcap", "alibi_slopes")}
+    problem = prepare(q, k, v, **dense, call=call)
+    return with_features(
+        problem,
+        softcap=options["softcap"],
+        alibi_slopes=options["alibi_slopes"],
+        causal_alignment=options["causal_alignment"],
+        call=call,
+    )
+
+
 def plain_form(
     q: Array,
     k: Array,
@@ -316,24 +355,8 @@ def plain_form(
     check_flag("return_lse", return_lse, call)
     namespace_of(call, q=q, alibi_slopes=alibi_slopes, dropout_keep=dropout_keep)
     dropout_p = check_dropout_p(dropout_p, call)
-    problem = prepare(
-        q,
-        k,
-        v,
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        call=call,
-    )
-    problem = with_features(
-        problem,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        causal_alignment=causal_alignment,
-        call=call,
-    )
+    options = score_options(mask, bias, is_causal, causal_alignment, scale, softcap, alibi_slopes)
+    problem = prepare_with_features(q, k, v, options, call)
     xp = problem.xp
     scores, allowed = allowed_scores(problem)
     weights = dropped_weights(
@@ -378,13 +401,7 @@ def plain_attention(
         q,
         k,
         v,
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
+        **score_options(mask, bias, is_causal, causal_alignment, scale, softcap, alibi_slopes),
         dropout_p=dropout_p,
         dropout_keep=dropout_keep,
         return_weights=return_weights,

@@ -24,6 +24,7 @@ from .sdpa import (
     nonfinite_counts,
     plain_attention,
     prepare,
+    score_options,
     with_features,
     with_nonfinite_values,
 )
@@ -622,15 +623,7 @@ def dropout_error_bound(
     """DROP-2's output for the keep indicators ``dropout_keep`` in float64, and its TOL-6
     bound: each kept weight's TOL-2 bound (and (L_k + 2) u_a of its size for the rescaling
     and the sum), rescaled by 1 / (1 - p), plus the output rounding and the floor."""
-    options = dict(
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-    )
+    options = score_options(mask, bias, is_causal, causal_alignment, scale, softcap, alibi_slopes)
     out = plain_attention(q, k, v, dropout_p=dropout_p, dropout_keep=dropout_keep, **options)
     bound = error_bound(q, k, v, dtype=dtype, weights=True, **options)
     xp = array_api_compat.array_namespace(out)

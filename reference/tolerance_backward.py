@@ -25,7 +25,7 @@ from .backward import (
     reduce_to_shape,
 )
 from .features import check_dropout_p, log_sum_exp, softcapped
-from .sdpa import GroupedInputs, allowed_scores, prepare, with_features
+from .sdpa import GroupedInputs, allowed_scores, prepare_with_features, score_options
 from .tolerance import (
     CHUNK_ELEMENTS,
     SAFETY_FACTOR,
@@ -93,39 +93,14 @@ def gradient_error_bound(
         raise ValueError(f"dtype={dtype!r}, but should be one of {tuple(UNIT_ROUNDOFF)}")
     namespace_of(CALL, q=q, grad_out=grad_out, grad_lse=grad_lse)
     dropout_p = check_dropout_p(dropout_p, CALL)
-    options: dict[str, Any] = dict(
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-    )
+    options = score_options(mask, bias, is_causal, causal_alignment, scale, softcap, alibi_slopes)
     forward, lse_bound = error_and_lse_bound(q, k, v, dtype=dtype, weights=False, **options)
     out = forward.out
     if dropout_keep is not None:  # the dropped output (DROP-2), whose rounding D charges
         out, _ = dropout_error_bound(
             q, k, v, dtype=dtype, dropout_p=dropout_p, dropout_keep=dropout_keep, **options
         )
-    problem = prepare(
-        q,
-        k,
-        v,
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        call=CALL,
-    )
-    problem = with_features(
-        problem,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        causal_alignment=causal_alignment,
-        call=CALL,
-    )
+    problem = prepare_with_features(q, k, v, options, CALL)
     xp = problem.xp
     if problem.q.dtype != xp.float64:
         raise TypeError(f"gradient_error_bound needs float64 inputs, got {problem.q.dtype}")

@@ -25,7 +25,7 @@ from .._checks import (
 )
 from ..attention import scaled_dot_product_attention
 from ..masks import CAUSAL_ALIGNMENTS, causal_offset, creation_namespace
-from ..sdpa import compute_dtype
+from ..sdpa import compute_dtype, score_options
 from .merge import merge_attention_states
 
 CALL = "sink_attention(q, k, v, sinks)"
@@ -87,13 +87,7 @@ def sink_attention(
         xp.astype(q, work, copy=False),
         xp.astype(k, work, copy=False),
         xp.astype(v, work, copy=False),
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
+        **score_options(mask, bias, is_causal, causal_alignment, scale, softcap, alibi_slopes),
         return_lse=True,
     )
     check_sinks(xp, sinks, lse.shape[-2], tuple(lse.shape[:-2]), CALL)
