@@ -5,7 +5,8 @@ by the device run (docs/gpu.md, issue #35) as
 
 The known kernels ``torch.nn.attention.flex_attention:flex_attention`` and
 ``flex_attention_score_mod`` of the matrix call ``flex_attention`` eagerly: PyTorch's unfused
-implementation, the only one on a CPU.  These two put the same conventions through
+implementation, the only one on a CPU.  These two put the same conventions (the same code:
+``flex_kernels`` of ``attnspec.conformance.kernels.adapters.torch``) through
 ``torch.compile(flex_attention)``, which on CUDA is the fused kernel users run:
 
 - ``flex_compiled_block_mask``: the spec's boolean mask (True: may attend) and ``is_causal``
@@ -30,6 +31,7 @@ import os
 from typing import Any
 
 from attnspec.conformance import declare
+from attnspec.conformance.kernels.adapters.torch import flex_kernels
 
 # Every new shape, dtype or mod closure may compile once more; past Dynamo's default limit
 # of 8 recompilations it would fall back to running flex_attention eagerly without saying
@@ -53,93 +55,9 @@ def compiled_flex_attention() -> Any:
     return _compiled[0]
 
 
-def _at(tensor: Any) -> Any:
-    """``tensor[b, h, q_idx, kv_idx]`` for a tensor of up to 4 dims whose size-1 dims
-    broadcast (FlexAttention calls its mods with index tensors)."""
-    full = tensor.reshape((1,) * (4 - tensor.ndim) + tuple(tensor.shape))
-
-    def at(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-        index = (b, h, q_idx, kv_idx)
-        return full[tuple(0 if size == 1 else i for size, i in zip(full.shape, index, strict=True))]
-
-    return at
-
-
-def _allowed(mask: Any, is_causal: bool) -> Any:
-    """The mask_mod: the spec's mask AND the top-left causal rule; None when neither."""
-    if mask is None and not is_causal:
-        return None
-    by_mask = None if mask is None else _at(mask)
-
-    def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-        allowed = q_idx >= kv_idx if is_causal else None
-        if by_mask is not None:
-            given = by_mask(b, h, q_idx, kv_idx)
-            allowed = given if allowed is None else allowed & given
-        return allowed
-
-    return mask_mod
-
-
-def _adds(bias: Any) -> Any:
-    """The score_mod that adds the bias, or None without one."""
-    if bias is None:
-        return None
-    at = _at(bias)
-
-    def score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-        return score + at(b, h, q_idx, kv_idx).to(score.dtype)
-
-    return score_mod
-
-
-def _flex_compiled_block_mask(
-    q: Any,
-    k: Any,
-    v: Any,
-    mask: Any = None,
-    bias: Any = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> Any:
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    mask_mod = _allowed(mask, is_causal)
-    block_mask = None
-    if mask_mod is not None:
-        block_mask = create_block_mask(
-            mask_mod, q.shape[0], q.shape[1], q.shape[2], k.shape[2], device=str(q.device)
-        )
-    return compiled_flex_attention()(
-        q, k, v, score_mod=_adds(bias), block_mask=block_mask, scale=scale, enable_gqa=enable_gqa
-    )
-
-
-def _flex_compiled_score_mod(
-    q: Any,
-    k: Any,
-    v: Any,
-    mask: Any = None,
-    bias: Any = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> Any:
-    adds, allowed = _adds(bias), _allowed(mask, is_causal)
-    score_mod = None
-    if adds is not None or allowed is not None:
-
-        def score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-            if adds is not None:
-                score = adds(score, b, h, q_idx, kv_idx)
-            if allowed is not None:
-                score = score.masked_fill(~allowed(b, h, q_idx, kv_idx), float("-inf"))
-            return score
-
-    return compiled_flex_attention()(
-        q, k, v, score_mod=score_mod, scale=scale, enable_gqa=enable_gqa
-    )
+_flex_compiled_block_mask, _flex_compiled_score_mod = flex_kernels(
+    compiled_flex_attention, ("_flex_compiled_block_mask", "_flex_compiled_score_mod"), __name__
+)
 
 
 _FLEX_COMPILED = {

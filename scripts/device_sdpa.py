@@ -26,21 +26,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from attnspec.conformance import declare
+from attnspec.conformance.claims.declaration import torch_sdpa_declaration
+from attnspec.conformance.kernels.torch_sdpa import sdpa_on
 
-# what torch.nn.functional.scaled_dot_product_attention documents, as claims: a float
-# attn_mask is an additive bias and a bool one a mask, through one argument; attn_mask
-# together with is_causal raises
-_SDPA = {
-    "mask_keyword": "attn_mask",
-    "bias": True,
-    "bias_keyword": "attn_mask",
-    "mask_and_causal": False,
-    "gqa": True,
-    "gqa_keyword": "enable_gqa",
-    "extra_kwargs": {"dropout_p": 0.0},
-    "dtypes": ("float16", "bfloat16"),
-}
+# what torch.nn.functional.scaled_dot_product_attention documents (the matrix rows' claims),
+# in half precision only
+_SDPA = {**torch_sdpa_declaration(), "dtypes": ("float16", "bfloat16")}
 _ACCEPTS: dict[str, dict[str, Any]] = {
     "MATH": {},
     "EFFICIENT_ATTENTION": {"empty_sizes": False},
@@ -52,40 +43,13 @@ _ACCEPTS: dict[str, dict[str, Any]] = {
 def pinned(backend: str, name: str) -> Callable[..., Any]:
     """SDPA restricted to ``SDPBackend.<backend>``, declared as that backend accepts."""
 
-    def kernel(
-        q: Any,
-        k: Any,
-        v: Any,
-        attn_mask: Any = None,
-        dropout_p: float = 0.0,
-        is_causal: bool = False,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-    ) -> Any:
-        import torch
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        with sdpa_kernel(getattr(SDPBackend, backend)):
-            return torch.nn.functional.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask=attn_mask,
-                dropout_p=dropout_p,
-                is_causal=is_causal,
-                scale=scale,
-                enable_gqa=enable_gqa,
-            )
-
-    kernel.__name__ = kernel.__qualname__ = name
-    kernel.__doc__ = f"PyTorch SDPA restricted to its {backend} backend, float16 and bfloat16."
     claims = {**_SDPA, **_ACCEPTS[backend]}
     if not claims.get("mask", True):
         claims.pop("mask_keyword")
     if not claims.get("bias", True):
         claims.pop("bias_keyword")
-    declared: Callable[..., Any] = declare(kernel, **claims)
-    return declared
+    doc = f"PyTorch SDPA restricted to its {backend} backend, float16 and bfloat16."
+    return sdpa_on(backend, name, __name__, claims, doc)
 
 
 sdpa_cuda_math_half = pinned("MATH", "sdpa_cuda_math_half")

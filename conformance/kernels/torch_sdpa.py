@@ -33,10 +33,16 @@ def _sdpa_with_backend(backend: str, q: Any, k: Any, v: Any, **kwargs: Any) -> A
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
-def sdpa_on(backend: str, name: str, module: str = __name__) -> Callable[..., Any]:
-    """PyTorch SDPA pinned to ``SDPBackend.<backend>``, with torch's own signature and
-    declaration, named ``module.name`` (where it is defined, so that it loads and
-    pickles by that name)."""
+def sdpa_on(
+    backend: str,
+    name: str,
+    module: str = __name__,
+    claims: dict[str, Any] | None = None,
+    doc: str = "",
+) -> Callable[..., Any]:
+    """PyTorch SDPA pinned to ``SDPBackend.<backend>``, with torch's own signature, declared
+    with ``claims`` (default: what torch documents, ``torch_sdpa_declaration``), named
+    ``module.name`` (where it is defined, so that it loads and pickles by that name)."""
 
     def kernel(
         q: Any,
@@ -62,8 +68,8 @@ def sdpa_on(backend: str, name: str, module: str = __name__) -> Callable[..., An
 
     kernel.__name__ = kernel.__qualname__ = name
     kernel.__module__ = module
-    kernel.__doc__ = f"PyTorch SDPA restricted to its {backend} backend."
-    return declare(kernel, **torch_sdpa_declaration())
+    kernel.__doc__ = doc or f"PyTorch SDPA restricted to its {backend} backend."
+    return declare(kernel, **(torch_sdpa_declaration() if claims is None else claims))
 
 
 sdpa_math = sdpa_on("MATH", "sdpa_math")

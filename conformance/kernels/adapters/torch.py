@@ -15,6 +15,7 @@ function) and ``nn.MultiheadAttention`` (a module with projections).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ...call.layouts import pad_head_dims
@@ -37,16 +38,6 @@ def _index(tensor: Any) -> Any:
 
 def _as_4d(x: Any) -> Any:
     return x.reshape((1,) * (4 - x.ndim) + tuple(x.shape)) if x.ndim < 4 else x
-
-
-def _flex(
-    q: Any, k: Any, v: Any, score_mod: Any, block_mask: Any, scale: float | None, enable_gqa: bool
-) -> Any:
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return flex_attention(
-        q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa
-    )
 
 
 def _bias_mod(bias: Any) -> Any:
@@ -76,50 +67,90 @@ def _allowed(mask: Any, is_causal: bool) -> Any:
     return mask_mod
 
 
-def _flex_block_mask(
-    q: Any,
-    k: Any,
-    v: Any,
-    mask: Any = None,
-    bias: Any = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> Any:
-    from torch.nn.attention.flex_attention import create_block_mask
+def flex_kernels(
+    flex: Callable[[], Any], names: tuple[str, str], module: str
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The two FlexAttention kernels in the spec's convention, calling ``flex()``: eager
+    ``flex_attention`` here, ``torch.compile`` of it in scripts/device_flex.py.  The first
+    puts the mask and the causal rule in a ``BlockMask`` and the bias in a ``score_mod``,
+    the second all three in one ``score_mod``; they are named ``module.names[i]`` (where
+    they are bound, so that they load and pickle by that name)."""
 
-    mask_mod = _allowed(mask, is_causal)
-    block_mask = (
-        None
-        if mask_mod is None
-        else create_block_mask(
-            mask_mod, q.shape[0], q.shape[1], q.shape[2], k.shape[2], device=str(q.device)
+    def with_block_mask(
+        q: Any,
+        k: Any,
+        v: Any,
+        mask: Any = None,
+        bias: Any = None,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> Any:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        mask_mod = _allowed(mask, is_causal)
+        block_mask = (
+            None
+            if mask_mod is None
+            else create_block_mask(
+                mask_mod, q.shape[0], q.shape[1], q.shape[2], k.shape[2], device=str(q.device)
+            )
         )
-    )
-    return _flex(q, k, v, _bias_mod(bias), block_mask, scale, enable_gqa)
+        return flex()(
+            q,
+            k,
+            v,
+            score_mod=_bias_mod(bias),
+            block_mask=block_mask,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+
+    def with_score_mod(
+        q: Any,
+        k: Any,
+        v: Any,
+        mask: Any = None,
+        bias: Any = None,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> Any:
+        biased, allowed = _bias_mod(bias), _allowed(mask, is_causal)
+
+        def score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+            if biased is not None:
+                score = biased(score, b, h, q_idx, kv_idx)
+            if allowed is not None:
+                score = score.masked_fill(~allowed(b, h, q_idx, kv_idx), float("-inf"))
+            return score
+
+        no_mod = biased is None and allowed is None
+        return flex()(
+            q,
+            k,
+            v,
+            score_mod=None if no_mod else score_mod,
+            block_mask=None,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+
+    for kernel, name in zip((with_block_mask, with_score_mod), names, strict=True):
+        kernel.__name__ = kernel.__qualname__ = name
+        kernel.__module__ = module
+    return with_block_mask, with_score_mod
 
 
-def _flex_score_mod(
-    q: Any,
-    k: Any,
-    v: Any,
-    mask: Any = None,
-    bias: Any = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> Any:
-    biased, allowed = _bias_mod(bias), _allowed(mask, is_causal)
+def _eager_flex_attention() -> Any:
+    from torch.nn.attention.flex_attention import flex_attention
 
-    def score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-        if biased is not None:
-            score = biased(score, b, h, q_idx, kv_idx)
-        if allowed is not None:
-            score = score.masked_fill(~allowed(b, h, q_idx, kv_idx), float("-inf"))
-        return score
+    return flex_attention
 
-    no_mod = biased is None and allowed is None
-    return _flex(q, k, v, None if no_mod else score_mod, None, scale, enable_gqa)
+
+_flex_block_mask, _flex_score_mod = flex_kernels(
+    _eager_flex_attention, ("_flex_block_mask", "_flex_score_mod"), __name__
+)
 
 
 # FlexAttention takes (B, H, L, E) with E == Ev and no empty length, mask and bias through
