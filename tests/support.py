@@ -19,10 +19,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from catalogue.entry import SpecCall, spec_kernel
 from hypothesis import settings
 
 from attnspec.backends import Backend, BackendError
-from attnspec.conformance import check, cli, declare
+from attnspec.conformance import check, cli
 from attnspec.conformance.claims.declaration import KernelDeclaration
 from attnspec.conformance.judge.kernel import KernelUnderTest
 from attnspec.conformance.judge.registry import all_properties
@@ -80,23 +81,13 @@ def recording(
     (q, k, v) shapes)."""
     attention = reference_sdpa if fn is None else fn
 
-    @declare(**{"bias": True, "gqa": True, **claims})
-    def kernel(
-        q: Any,
-        k: Any,
-        v: Any,
-        *,
-        mask: Any = None,
-        bias: Any = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-    ) -> Any:
-        options = dict(mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    @spec_kernel(**{"bias": True, "gqa": True, **claims})
+    def kernel(call: SpecCall) -> Any:
         if record is None:
-            seen.append((tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+            seen.append((tuple(call.q.shape), tuple(call.k.shape), tuple(call.v.shape)))
         else:
-            seen.append(record(q, k, v, **options))
-        return attention(q, k, v, **options)
+            seen.append(call.pass_to(record))
+        return call.pass_to(attention)
 
     return kernel
 

@@ -10,55 +10,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnspec.conformance import declare
-
 from .blocks import QUIET, Arranged, arrange, attend, combine, finish, scores, softmax_lse
+from .entry import SpecCall, spec_kernel
 
 Array = np.ndarray
 Mask = np.ndarray | None
 ALL = {"bias": True, "gqa": True}
 
 
-def _arranged(
-    q: Array, k: Array, v: Array, mask: Mask, bias: Mask, is_causal: bool, scale: float | None
-) -> Arranged:
-    return arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
-
-
-@declare(**ALL)
-def floor_weight_on_excluded(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def floor_weight_on_excluded(call: SpecCall) -> Array:
     """Clamps every weight to at least 1e-28 "to avoid log(0) later": excluded keys keep a
     weight of 1e-28, harmless unless an excluded value is huge or not finite."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    a = call.pass_to(arrange)
     s, allowed = scores(a)
     p = np.maximum(softmax_lse(s, allowed), a.q.dtype.type(1e-28))
     with np.errstate(**QUIET):
         return finish(np.matmul(p, a.v), a)
 
 
-@declare(**ALL)
-def single_key_weight_one(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def single_key_weight_one(call: SpecCall) -> Array:
     """A fast path for one key: the softmax over one key is 1, so the output is v_0,
     whatever the score (NaN, or -inf from the mask or bias)."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    a = call.pass_to(arrange)
     if a.k.shape[-2] == 1:
         shape = (*a.q.shape[:-1], a.v.shape[-1])
         return finish(np.broadcast_to(a.v, shape).copy(), a)
@@ -89,61 +64,37 @@ def _float16_scores(a: Arranged, accumulate: bool) -> Array:
     return s
 
 
-@declare(**ALL)
-def scores_cast_to_float16(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def scores_cast_to_float16(call: SpecCall) -> Array:
     """For float16 inputs, computes the scores in float32 but stores them in a float16
     buffer before the softmax (the softmax and P @ V are float32)."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    q, *_ = call
+    a = call.pass_to(arrange)
     if q.dtype != np.float16:
         return attend(a)
     with np.errstate(**QUIET):
         return _softmax_pv(a, _float16_scores(a, accumulate=False))
 
 
-@declare(**ALL)
-def scores_accumulated_in_float16(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def scores_accumulated_in_float16(call: SpecCall) -> Array:
     """For float16 inputs, accumulates q . k in float16 (a half-precision MMA without a
     float32 accumulator); the softmax and P @ V are float32."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    q, *_ = call
+    a = call.pass_to(arrange)
     if q.dtype != np.float16:
         return attend(a)
     with np.errstate(**QUIET):
         return _softmax_pv(a, _float16_scores(a, accumulate=True))
 
 
-@declare(**ALL)
-def bias_added_in_float16(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def bias_added_in_float16(call: SpecCall) -> Array:
     """For float16 inputs, computes the scores in float32 but adds the bias to them in
     float16 (a fused epilogue in the input dtype): near a -65504 padding bias the sums
     step by 32, so a padded row's weights collapse."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    q, *_ = call
+    a = call.pass_to(arrange)
     if q.dtype != np.float16 or a.bias is None:
         return attend(a)
     with np.errstate(**QUIET):

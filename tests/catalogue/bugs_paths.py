@@ -14,9 +14,8 @@ import math
 
 import numpy as np
 
-from attnspec.conformance import declare
-
 from .blocks import Operands, contiguous_groups, operands
+from .entry import SpecCall, spec_kernel
 from .tiled import Tiling, tiled
 
 Array = np.ndarray
@@ -32,10 +31,8 @@ LARGE_BATCH = 4  # more batch elements than this take the large-batch path
 KV_CAPACITY = 2048  # keys a fixed-size KV buffer holds
 
 
-def _ops(
-    q: Array, k: Array, v: Array, mask: Mask, bias: Mask, is_causal: bool, scale: float | None
-) -> Operands:
-    return operands(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+def _ops(call: SpecCall) -> Operands:
+    return call.pass_to(operands)
 
 
 def _whole_vectors(n: int) -> int:
@@ -47,39 +44,23 @@ def _whole_vectors(n: int) -> int:
 # --- head-dim vector tails ------------------------------------------------------------
 
 
-@declare(**ALL)
-def head_dim_tail_dropped(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def head_dim_tail_dropped(call: SpecCall) -> Array:
     """Forms q.k in 32-wide vector steps with no remainder loop once E > 32 (E <= 32
     takes a scalar path): the last E % 32 features are left out of the scores (E = 59
     keeps 32, E = 111 keeps 96); the scale is still 1/sqrt(E)."""
-    ops = _ops(q, k, v, mask, bias, is_causal, scale)
+    q, *_ = call
+    ops = _ops(call)
     used = _whole_vectors(q.shape[-1])
     return tiled(ops.with_(q=ops.q[..., :used], k=ops.k[..., :used]), TILING)
 
 
-@declare(**ALL)
-def value_dim_tail_unwritten(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def value_dim_tail_unwritten(call: SpecCall) -> Array:
     """Stores the output in 32-wide vector steps with no remainder store once Ev > 32:
     the last Ev % 32 output columns keep the zeros the buffer was allocated with."""
-    out = tiled(_ops(q, k, v, mask, bias, is_causal, scale), TILING)
+    v = call.v
+    out = tiled(_ops(call), TILING)
     out[..., _whole_vectors(v.shape[-1]) :] = 0
     return out
 
@@ -87,21 +68,12 @@ def value_dim_tail_unwritten(
 # --- program indices ------------------------------------------------------------------
 
 
-@declare(**ALL)
-def program_index_int16(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def program_index_int16(call: SpecCall) -> Array:
     """Numbers its (batch, head, query row) programs with an int16 index: once
     B * H * Lq exceeds 2**15 the index wraps negative and those rows are written with
     the output of a row counted from the end (8 heads of 4096 queries already do)."""
-    out = tiled(_ops(q, k, v, mask, bias, is_causal, scale), TILING)
+    out = tiled(_ops(call), TILING)
     flat = out.reshape(math.prod(out.shape[:-1]), out.shape[-1])
     program = np.arange(flat.shape[0]).astype(np.int16)
     return flat[program].reshape(out.shape)
@@ -116,20 +88,12 @@ def _large_group_heads(n_q_heads: int, n_kv_heads: int) -> Array:
     return contiguous_groups(n_q_heads, n_kv_heads)
 
 
-@declare(**ALL)
-def gqa_large_group_modulo(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def gqa_large_group_modulo(call: SpecCall) -> Array:
     """Takes a special path for GQA groups of 4 or more query heads (as decode kernels
     pack a whole group into one tile) that maps query head h to key/value head
     h % Hkv instead of h // G (SDPA-6.1); groups of 2 or 3 take the right path."""
+    q, k, v, mask, bias, is_causal, scale = call
     ops = operands(
         q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale, heads=_large_group_heads
     )
@@ -139,41 +103,23 @@ def gqa_large_group_modulo(
 # --- dispatch on the shapes ------------------------------------------------------------
 
 
-@declare(**ALL)
-def decode_path_ignores_mask(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def decode_path_ignores_mask(call: SpecCall) -> Array:
     """Sends a decode step (Lq = 1) with more than 256 keys to a flash-decoding split-KV
     kernel that takes cache lengths, not masks: the boolean mask is dropped on that
     path only."""
-    ops = _ops(q, k, v, mask, bias, is_causal, scale)
+    ops = _ops(call)
     if ops.n_queries == 1 and ops.n_keys > DECODE_MIN_KEYS:
         return tiled(ops.with_(mask=None), DECODE_TILING)
     return tiled(ops, TILING)
 
 
-@declare(**ALL)
-def large_batch_mask_from_first_element(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def large_batch_mask_from_first_element(call: SpecCall) -> Array:
     """Takes a large-batch path for more than 4 batch elements that assumes the mask is
     shared by the batch and reads batch element 0's: every other element gets element
     0's padding."""
-    ops = _ops(q, k, v, mask, bias, is_causal, scale)
+    ops = _ops(call)
     batch = ops.q.shape[:-3]
     if ops.mask is not None and math.prod(batch) > LARGE_BATCH:
         first = ops.mask[(0,) * len(batch)]
@@ -181,20 +127,11 @@ def large_batch_mask_from_first_element(
     return tiled(ops, TILING)
 
 
-@declare(**ALL)
-def kv_buffer_truncates_at_2048(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def kv_buffer_truncates_at_2048(call: SpecCall) -> Array:
     """Copies K and V into a fixed KV buffer of 2048 keys before attending: longer key
     sequences are silently truncated to their first 2048 keys."""
-    ops = _ops(q, k, v, mask, bias, is_causal, scale)
+    ops = _ops(call)
     kept = slice(0, KV_CAPACITY)
     return tiled(
         ops.with_(
@@ -210,23 +147,14 @@ def kv_buffer_truncates_at_2048(
 # --- extreme values -------------------------------------------------------------------
 
 
-@declare(**ALL)
-def padding_bias_read_as_mask(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def padding_bias_read_as_mask(call: SpecCall) -> Array:
     """Turns an additive padding bias into a key mask for its faster masked path: a bias
     at or below finfo(dtype).min / 2 is taken as "masked".  A finite bias is attended
     (SDPA-3.3: only -inf excludes), so where a row's keys are all padded with
     finfo.min — a padded query in a padded batch — the output is 0 instead of the
     softmax of its scores; rows with an unpadded key are unaffected."""
-    ops = _ops(q, k, v, mask, bias, is_causal, scale)
+    ops = _ops(call)
     if ops.bias is not None:
         padded = ops.bias <= np.finfo(ops.bias.dtype).min / 2
         ops = ops.with_(mask=~padded if ops.mask is None else ops.mask & ~padded)

@@ -11,47 +11,30 @@ from typing import Any
 
 import numpy as np
 
-from attnspec.conformance import declare
-
 from .blocks import arrange, attend, check_heads
+from .entry import SpecCall, spec_kernel
 
 Array = np.ndarray
 Mask = np.ndarray | None
 ALL = {"bias": True, "gqa": True}
 
 
-@declare(**ALL)
-def value_dim_must_equal_head_dim(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def value_dim_must_equal_head_dim(call: SpecCall) -> Array:
     """Checks v against q's head dim, so Ev != E raises (flax.nnx and keras on JAX, through
     ``jax.nn.dot_product_attention``: "value shape should be [...]")."""
+    q, v = call.q, call.v
     if v.shape[-1] != q.shape[-1]:
         raise ValueError(f"value shape should be {[*v.shape[:-1], q.shape[-1]]}: but got {v.shape}")
-    return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale))
+    return attend(call.pass_to(arrange))
 
 
-@declare(**ALL)
-def tail_keys_kept_in_float16(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def tail_keys_kept_in_float16(call: SpecCall) -> Array:
     """Keeps the keys and values past the first block of 32 in a float16 buffer (a tail
     block of the wrong type): float32 and float64 results are inaccurate once Lk > 32,
     whatever the inputs' memory layout (SDPA-7.3, not SDPA-1.7)."""
+    q, k, v, mask, bias, is_causal, scale = call
     if k.shape[-2] > 32:
         k, v = k.copy(), v.copy()
         k[..., 32:, :] = k[..., 32:, :].astype(np.float16)
@@ -59,55 +42,27 @@ def tail_keys_kept_in_float16(
     return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale))
 
 
-@declare(**ALL)
-def dtype_not_preserved(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def dtype_not_preserved(call: SpecCall) -> Array:
     """Returns its float32 result as is: float16 and float64 inputs get a float32 output."""
-    return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)).astype(
-        np.float32
-    )
+    return attend(call.pass_to(arrange)).astype(np.float32)
 
 
-@declare(**ALL)
-def scales_q_in_place(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def scales_q_in_place(call: SpecCall) -> Array:
     """Pre-scales the queries with ``q *= scale``, writing into the caller's array."""
+    q, k, v, mask, bias, is_causal, scale = call
     alpha = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     q *= q.dtype.type(alpha)
     return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=1.0))
 
 
-@declare(**ALL)
-def random_key_order(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def random_key_order(call: SpecCall) -> Array:
     """Visits the keys in a different order on every call (split-K partial results
     combined as they arrive, like atomics; the order comes from NumPy's global random
     state): the same call twice gives different last bits."""
-    a = arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    a = call.pass_to(arrange)
     order = np.random.permutation(a.k.shape[-2])
     return attend(
         a.with_(
@@ -136,37 +91,21 @@ def _as_if_contiguous(x: Array) -> Array:
     return np.resize(flat, x.size).reshape(x.shape)
 
 
-@declare(**ALL)
-def strides_ignored(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def strides_ignored(call: SpecCall) -> Array:
     """Reads q, k and v through their data pointers as if they were contiguous, so
     transposed, sliced or broadcast (stride-0) views are read wrongly (pytorch #191937,
     PR #187506, flash-attn #355)."""
+    q, k, v, mask, bias, is_causal, scale = call
     q, k, v = (_as_if_contiguous(x) for x in (q, k, v))
     return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale))
 
 
-@declare(**ALL)
-def empty_batch_crashes(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def empty_batch_crashes(call: SpecCall) -> Array:
     """Loops over the flattened batch and ``np.stack``s the per-element results, which
     raises for a batch of size 0 ("need at least one array to stack")."""
+    q, k, v, mask, bias, is_causal, scale = call
     batch = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
     full = (*batch, q.shape[-3], q.shape[-2], k.shape[-2])
 
@@ -194,21 +133,13 @@ def empty_batch_crashes(
     return stacked.reshape(*batch, *stacked.shape[1:])
 
 
-@declare(**ALL)
-def batch_paired_by_flat_index(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def batch_paired_by_flat_index(call: SpecCall) -> Array:
     """Flattens each input's own batch dims and pairs query batch element n with element
     n % (its count) of k and v, which is the broadcast partner only when k and v have q's
     batch shape or none: for q of batch (2, 2) and k, v of batch (2, 1) it pairs q[0, 1]
     with k[1, 0] (SDPA-1.2)."""
+    q, k, v, mask, bias, is_causal, scale = call
     batch = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
     full = (*batch, q.shape[-3], q.shape[-2], k.shape[-2])
     count = math.prod(batch)
@@ -283,39 +214,21 @@ def _torch_attention(
     return torch.where(allowed[..., None], terms, torch.zeros_like(terms)).sum(-2)
 
 
-@declare(**ALL)
-def torch_scores_in_input_dtype(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    mask: Any = None,
-    bias: Any = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Any:
+@spec_kernel(**ALL)
+def torch_scores_in_input_dtype(call: SpecCall) -> Any:
     """A PyTorch kernel that forms Q K^T in the input dtype before upcasting: float16
     scores overflow to inf past 65504 and the row turns NaN, although the float32
     accumulation SDPA-7.2/7.4 ask for keeps them finite (pytorch #119131)."""
-    out = _torch_attention(q, k, v, mask, bias, is_causal, scale, scores_in_input_dtype=True)
-    return out.to(q.dtype)
+    out = _torch_attention(*call, scores_in_input_dtype=True)
+    return out.to(call.q.dtype)
 
 
-@declare(**ALL)
-def torch_bfloat16_left_in_float32(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    mask: Any = None,
-    bias: Any = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Any:
+@spec_kernel(**ALL)
+def torch_bfloat16_left_in_float32(call: SpecCall) -> Any:
     """A PyTorch kernel that upcasts half precision to float32 and casts the result back
     for float16 only (``if q.dtype == torch.float16: out = out.half()``): bfloat16
     inputs get a float32 output."""
     import torch
 
-    out = _torch_attention(q, k, v, mask, bias, is_causal, scale)
-    return out.to(q.dtype) if q.dtype != torch.bfloat16 else out
+    out = _torch_attention(*call)
+    return out.to(call.q.dtype) if call.q.dtype != torch.bfloat16 else out

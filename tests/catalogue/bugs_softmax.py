@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnspec.conformance import declare
-
 from .blocks import (
     QUIET,
     Arranged,
@@ -22,16 +20,11 @@ from .blocks import (
     scores,
     softmax_lse,
 )
+from .entry import SpecCall, spec_kernel
 
 Array = np.ndarray
 Mask = np.ndarray | None
 ALL = {"bias": True, "gqa": True}
-
-
-def _arranged(
-    q: Array, k: Array, v: Array, mask: Mask, bias: Mask, is_causal: bool, scale: float | None
-) -> Arranged:
-    return arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
 
 
 def _with_weights(a: Arranged, p: Array, allowed: Array) -> Array:
@@ -41,58 +34,31 @@ def _with_weights(a: Arranged, p: Array, allowed: Array) -> Array:
 # --- the softmax (SDPA-7.1, SDPA-7.4) --------------------------------------------------
 
 
-@declare(**ALL)
-def softmax_over_query_axis(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def softmax_over_query_axis(call: SpecCall) -> Array:
     """Normalises over the query axis (``softmax(dim=-2)``) instead of the key axis."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    a = call.pass_to(arrange)
     s, allowed = scores(a)
     p = np.swapaxes(softmax_lse(np.swapaxes(s, -1, -2), np.swapaxes(allowed, -1, -2)), -1, -2)
     return _with_weights(a, p, allowed)
 
 
-@declare(**ALL)
-def mask_after_softmax(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def mask_after_softmax(call: SpecCall) -> Array:
     """Softmax over every key, then the excluded weights set to 0 without renormalising:
     rows with an excluded key sum to less than 1, and excluded keys still shape the rest."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    a = call.pass_to(arrange)
     s, reachable = scores(a.with_(allowed=np.ones_like(a.allowed)))
     allowed = a.allowed & reachable
     p = np.where(allowed, softmax_lse(s, reachable), 0.0)
     return _with_weights(a, p, allowed)
 
 
-@declare(**ALL)
-def no_max_subtraction(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def no_max_subtraction(call: SpecCall) -> Array:
     """exp(s) / sum exp(s) without subtracting the row max: overflows to inf/inf = NaN
     once a score passes ~88 in float32 or ~709 in float64 (pytorch #119131)."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    a = call.pass_to(arrange)
     s, allowed = scores(a)
     with np.errstate(**QUIET):
         e = np.where(allowed, np.exp(s), 0.0)
@@ -101,20 +67,11 @@ def no_max_subtraction(
     return _with_weights(a, p, allowed)
 
 
-@declare(**ALL)
-def eps_in_denominator(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def eps_in_denominator(call: SpecCall) -> Array:
     """Divides by sum + 1e-6 "for safety": a relative error of up to 1e-6 in every row,
     invisible in float16, far outside TOL-2 in float64."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    a = call.pass_to(arrange)
     s, allowed = scores(a)
     with np.errstate(**QUIET):
         e = np.where(allowed, np.exp(s - row_max(s)), 0.0)
@@ -122,20 +79,11 @@ def eps_in_denominator(
     return _with_weights(a, p, allowed)
 
 
-@declare(**ALL)
-def top_k_weights(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def top_k_weights(call: SpecCall) -> Array:
     """Keeps only the 8 largest scores of each row (a "sparse softmax" speed-up) and
     renormalises: exact whenever a row has at most 8 allowed keys."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    a = call.pass_to(arrange)
     s, allowed = scores(a)
     if s.shape[-1] > 8:
         eighth = -np.sort(-s, axis=-1)[..., 7:8]
@@ -144,78 +92,43 @@ def top_k_weights(
     return _with_weights(a, softmax_lse(s, allowed), allowed)
 
 
-@declare(**ALL)
-def online_softmax_drops_tail(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def online_softmax_drops_tail(call: SpecCall) -> Array:
     """Online softmax over key blocks of 3 whose loop stops at the last full block:
     the ragged tail (Lk % 3 keys) is never read."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    a = call.pass_to(arrange)
     s, allowed = scores(a)
     return finish(online_softmax(s, allowed, a.v, block=3, tail=False), a)
 
 
-@declare(**ALL)
-def online_softmax_no_rescale(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def online_softmax_no_rescale(call: SpecCall) -> Array:
     """Online softmax that updates the running max but never rescales the accumulator
     and the running sum by exp(m_old - m_new): blocks before a new max are overweighted."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    a = call.pass_to(arrange)
     s, allowed = scores(a)
     return finish(online_softmax(s, allowed, a.v, block=3, rescale=False), a)
 
 
-@declare(**ALL)
-def missing_final_normalisation(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def missing_final_normalisation(call: SpecCall) -> Array:
     """Deferred normalisation (FlashAttention keeps acc and l) with the final acc / l
     forgotten: the output is sum_j exp(s_ij - m_i) v_j, outside the values' range."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    a = call.pass_to(arrange)
     s, allowed = scores(a)
     with np.errstate(**QUIET):
         e = np.where(allowed, np.exp(s - row_max(s)), 0.0)
     return _with_weights(a, e, allowed)
 
 
-@declare(**ALL)
-def row_sum_accumulated_in_float16(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def row_sum_accumulated_in_float16(call: SpecCall) -> Array:
     """Sums each row's exponentials key by key in float16 for float16 inputs, where
     SDPA-7.2 asks for float32: once the sum is near 1 every term below half a unit in its
     last place (2**-11) is lost, so a long row with one top key drops the weight of all
     the others (a hand-written half-precision kernel's accumulator)."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    q, *_ = call
+    a = call.pass_to(arrange)
     s, allowed = scores(a)
     with np.errstate(**QUIET):
         e = np.where(allowed, np.exp(s - row_max(s)), 0.0)
@@ -227,20 +140,11 @@ def row_sum_accumulated_in_float16(
     return _with_weights(a, e / np.where(total == 0, 1.0, total), allowed)
 
 
-@declare(**ALL)
-def float64_computed_in_float32(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def float64_computed_in_float32(call: SpecCall) -> Array:
     """Casts everything to float32 "for speed" and the result back: float64 inputs get
     float32 accuracy, far outside float64's TOL-2."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    a = call.pass_to(arrange)
     low = a.with_(
         q=a.q.astype(np.float32),
         k=a.k.astype(np.float32),
@@ -250,55 +154,28 @@ def float64_computed_in_float32(
     return attend(low)
 
 
-@declare(**ALL)
-def values_cached_in_float16(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def values_cached_in_float16(call: SpecCall) -> Array:
     """Stores V in a float16 KV cache whatever the input dtype: V is rounded (and
     overflows past 65504), so the output is no longer linear in V at float32/64 accuracy."""
-    v16 = np.asarray(v).astype(np.float16).astype(v.dtype)
-    return attend(_arranged(q, k, v16, mask, bias, is_causal, scale))
+    v16 = np.asarray(call.v).astype(np.float16).astype(call.v.dtype)
+    return attend(call._replace(v=v16).pass_to(arrange))
 
 
-@declare(**ALL)
-def values_cached_in_int8(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def values_cached_in_int8(call: SpecCall) -> Array:
     """Stores V in an int8 KV cache with a fixed scale of 1/32 (calibrated on small
     activations): values are rounded to 1/32 and clipped to [-4, 127/32], so the output
     stops being linear in V as soon as a value leaves that range."""
-    v8 = np.clip(np.round(np.asarray(v, dtype=np.float64) * 32), -128, 127) / 32
-    return attend(_arranged(q, k, v8.astype(v.dtype), mask, bias, is_causal, scale))
+    v8 = np.clip(np.round(np.asarray(call.v, dtype=np.float64) * 32), -128, 127) / 32
+    return attend(call._replace(v=v8.astype(call.v.dtype)).pass_to(arrange))
 
 
-@declare(**ALL)
-def batch_and_heads_transposed(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def batch_and_heads_transposed(call: SpecCall) -> Array:
     """Flattens (batch, heads) of Q batch-major but of K/V head-major ('b h' vs 'h b' in
     a rearrange), so query head h of batch b attends another batch element's keys."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    a = call.pass_to(arrange)
     lead = a.q.shape[:-2]
     if len(lead) >= 2:
 
@@ -309,20 +186,12 @@ def batch_and_heads_transposed(
     return attend(a)
 
 
-@declare(**ALL)
-def query_tail_block_skipped(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def query_tail_block_skipped(call: SpecCall) -> Array:
     """Processes queries in blocks of 4 and launches Lq // 4 blocks (floor, not ceil):
     the ragged last block of queries is never written and stays 0."""
-    full = attend(_arranged(q, k, v, mask, bias, is_causal, scale))
+    q, *_ = call
+    full = attend(call.pass_to(arrange))
     covered = (q.shape[-2] // 4) * 4
     out = np.zeros_like(full)
     out[..., :covered, :] = full[..., :covered, :]
@@ -332,20 +201,11 @@ def query_tail_block_skipped(
 # --- empty rows and no keys (SDPA-5) ---------------------------------------------------
 
 
-def _filled(
-    q: Array,
-    k: Array,
-    v: Array,
-    mask: Mask,
-    bias: Mask,
-    is_causal: bool,
-    scale: float | None,
-    fill: float | None,
-) -> Array:
+def _filled(call: SpecCall, fill: float | None) -> Array:
     """Excluded scores replaced by ``fill`` (a finite number, or -inf when None), then a
     plain softmax over every key and a plain P @ V, as JAX/Keras/Flax and pre-2.5
     PyTorch do."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    a = call.pass_to(arrange)
     s, allowed = scores(a)
     value = -np.inf if fill is None else fill
     s = np.where(allowed, s, s.dtype.type(value))
@@ -355,69 +215,34 @@ def _filled(
     return finish(np.matmul(p, a.v), a)
 
 
-@declare(**ALL)
-def finite_fill_minus_1e9(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def finite_fill_minus_1e9(call: SpecCall) -> Array:
     """Masks with a finite -1e9: a fully-masked row gets a uniform softmax and outputs
     mean(V) instead of 0 (onnxruntime #28904)."""
-    return _filled(q, k, v, mask, bias, is_causal, scale, -1e9)
+    return _filled(call, -1e9)
 
 
-@declare(**ALL)
-def finite_fill_jax_style(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def finite_fill_jax_style(call: SpecCall) -> Array:
     """Masks with -0.7 * finfo(dtype).max, as ``jax.nn.dot_product_attention`` does:
     a fully-masked row outputs mean(V) instead of 0."""
-    fill = -0.7 * float(np.finfo(np.result_type(q.dtype, np.float32)).max)
-    return _filled(q, k, v, mask, bias, is_causal, scale, fill)
+    fill = -0.7 * float(np.finfo(np.result_type(call.q.dtype, np.float32)).max)
+    return _filled(call, fill)
 
 
-@declare(**ALL)
-def nan_on_empty_rows(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def nan_on_empty_rows(call: SpecCall) -> Array:
     """Masks with -inf and takes a plain softmax: a fully-masked row is
     exp(-inf - -inf) = NaN (pytorch #41508, #103749 before ``_safe_softmax``)."""
-    return _filled(q, k, v, mask, bias, is_causal, scale, None)
+    return _filled(call, None)
 
 
-@declare(**ALL)
-def no_keys_gives_nan(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def no_keys_gives_nan(call: SpecCall) -> Array:
     """Deferred normalisation acc / l whose empty-row guard reads the mask argument:
     rows the mask empties give 0, but with Lk = 0 (and no mask) l = 0 and 0 / 0 = NaN."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    mask = call.mask
+    a = call.pass_to(arrange)
     s, allowed = scores(a)
     with np.errstate(**QUIET):
         e = np.where(allowed, np.exp(s - row_max(s)), 0.0)
@@ -431,37 +256,20 @@ def no_keys_gives_nan(
 # --- non-finite values (SDPA-8) --------------------------------------------------------
 
 
-@declare(**ALL)
-def nan_leaks_through_matmul(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def nan_leaks_through_matmul(call: SpecCall) -> Array:
     """Correct weights, then a plain P @ V: a masked key's NaN/inf value times its zero
     weight is NaN (pytorch #101967)."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    a = call.pass_to(arrange)
     s, allowed = scores(a)
     with np.errstate(**QUIET):
         return finish(np.matmul(softmax_lse(s, allowed), a.v), a)
 
 
-@declare(**ALL)
-def nan_inputs_sanitised(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def nan_inputs_sanitised(call: SpecCall) -> Array:
     """``nan_to_num`` on q, k and v "to be robust": an upstream NaN becomes a plausible
     finite output instead of propagating."""
-    q, k, v = (np.nan_to_num(x) for x in (q, k, v))
-    return attend(_arranged(q, k, v, mask, bias, is_causal, scale))
+    q, k, v, *_ = call
+    q, k, v = (np.nan_to_num(x) for x in (call.q, call.k, call.v))
+    return attend(call._replace(q=q, k=k, v=v).pass_to(arrange))

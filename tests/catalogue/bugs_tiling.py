@@ -9,11 +9,12 @@ correct kernel does; the bug needs a second block, a ragged tail or a second chu
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
-from attnspec.conformance import declare
-
 from .blocks import CausalRule, Operands, Rescale, operands, ragged_blocks
+from .entry import SpecCall, spec_kernel
 from .tiled import Tiling, tiled
 
 Array = np.ndarray
@@ -24,19 +25,8 @@ TILING = Tiling(query_block=128, key_block=64)
 SPLIT_KV = Tiling(query_block=64, key_block=64, split=256)
 
 
-def _ops(
-    q: Array,
-    k: Array,
-    v: Array,
-    mask: Mask,
-    bias: Mask,
-    is_causal: bool,
-    scale: float | None,
-    alignment: str = "top_left",
-) -> Operands:
-    return operands(
-        q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale, alignment=alignment
-    )
+def _ops(call: SpecCall, alignment: str = "top_left") -> Operands:
+    return call.pass_to(partial(operands, alignment=alignment))
 
 
 # --- key blocks and their tails ------------------------------------------------------
@@ -49,21 +39,12 @@ def _end_aligned_last_block(n: int, size: int) -> list[slice]:
     return blocks
 
 
-@declare(**ALL)
-def tiled_duplicates_key_tail(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def tiled_duplicates_key_tail(call: SpecCall) -> Array:
     """Loads the ragged last key block as the 64 keys ending at Lk (a full-width load,
     no bounds check) but forgets to mask the keys it shares with the previous block:
     when Lk > 64 and Lk % 64 != 0, those 64 - Lk % 64 keys are counted twice."""
-    ops = _ops(q, k, v, mask, bias, is_causal, scale)
+    ops = _ops(call)
     return tiled(ops, TILING.with_(key_blocks=_end_aligned_last_block))
 
 
@@ -72,99 +53,54 @@ def _at_least_one_whole_block(n: int, size: int) -> list[slice]:
     return [slice(i * size, min((i + 1) * size, n)) for i in range(count)]
 
 
-@declare(**ALL)
-def tiled_drops_key_tail(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def tiled_drops_key_tail(call: SpecCall) -> Array:
     """Counts key blocks as max(1, Lk // 64) — floor, with a guard added after short
     sequences crashed — so for Lk > 64 the last Lk % 64 keys are never visited."""
-    ops = _ops(q, k, v, mask, bias, is_causal, scale)
+    ops = _ops(call)
     return tiled(ops, TILING.with_(key_blocks=_at_least_one_whole_block))
 
 
 # --- rescaling the running state ----------------------------------------------------
 
 
-@declare(**ALL)
-def tiled_accumulator_not_rescaled(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def tiled_accumulator_not_rescaled(call: SpecCall) -> Array:
     """Rescales the running sum by exp(m_old - m_new) when a later key block raises the
     running max, but not the output accumulator: earlier blocks keep their old weight
     in the numerator.  One 64-key block never rescales, so Lk <= 64 is exact."""
-    ops = _ops(q, k, v, mask, bias, is_causal, scale)
+    ops = _ops(call)
     return tiled(ops, TILING.with_(rescale=Rescale(total=np.exp, acc=np.ones_like)))
 
 
-@declare(**ALL)
-def exp2_rescale_without_log2e(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def exp2_rescale_without_log2e(call: SpecCall) -> Array:
     """Computes in base 2 (scores folded by log2(e), exp2 instead of exp), but the
     rescale factor between key blocks is exp2(m_old - m_new) on the max kept in natural
     units: log2(e) is forgotten in that one path, so earlier blocks are overweighted by
     2**d / e**d whenever the max grows in a later block."""
-    ops = _ops(q, k, v, mask, bias, is_causal, scale)
+    ops = _ops(call)
     return tiled(ops, TILING.with_(rescale=Rescale(total=np.exp2, acc=np.exp2)))
 
 
 # --- split-KV (flash-decoding) merges ---------------------------------------------
 
 
-@declare(**BOTTOM_RIGHT)
-def split_kv_merge_ignores_chunk_max(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**BOTTOM_RIGHT)
+def split_kv_merge_ignores_chunk_max(call: SpecCall) -> Array:
     """Merges the split-KV chunks by their sums l_c alone, as if every chunk's sum were
     relative to the same max: each chunk's exp(m_c - M) is dropped, so a chunk of low
     scores weighs as much as one of high scores.  Exact with one chunk (Lk <= 256)."""
-    ops = _ops(q, k, v, mask, bias, is_causal, scale, "bottom_right")
+    ops = _ops(call, "bottom_right")
     return tiled(ops, SPLIT_KV.with_(chunk_weight=lambda m, top, total: total))
 
 
-@declare(**BOTTOM_RIGHT)
-def split_kv_merge_forgets_chunk_sum(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**BOTTOM_RIGHT)
+def split_kv_merge_forgets_chunk_sum(call: SpecCall) -> Array:
     """Weights each chunk's normalised output by exp(m_c - M) but forgets its sum l_c
     (exp(lse_c - LSE) taken as exp(m_c - M)): a chunk of many similar keys weighs as
     much as a chunk of one.  Exact with one chunk (Lk <= 256)."""
-    ops = _ops(q, k, v, mask, bias, is_causal, scale, "bottom_right")
+    ops = _ops(call, "bottom_right")
     return tiled(ops, SPLIT_KV.with_(chunk_weight=lambda m, top, total: np.exp(m - top)))
 
 
@@ -174,21 +110,12 @@ def _floor_length_chunks(n: int, size: int) -> list[slice]:
     return [slice(c * length, (c + 1) * length) for c in range(count)]
 
 
-@declare(**BOTTOM_RIGHT)
-def split_kv_floor_chunk_length(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**BOTTOM_RIGHT)
+def split_kv_floor_chunk_length(call: SpecCall) -> Array:
     """Splits Lk keys into n = ceil(Lk / 256) chunks of Lk // n keys (floor): the last
     Lk % n keys belong to no chunk (Lk = 1023: 4 chunks of 255, keys 1020-1022 lost;
     Lk = 1024 or 1025 happen to divide).  One chunk for Lk <= 256 is exact."""
-    ops = _ops(q, k, v, mask, bias, is_causal, scale, "bottom_right")
+    ops = _ops(call, "bottom_right")
     return tiled(ops, SPLIT_KV.with_(chunks=_floor_length_chunks))
 
 
@@ -201,22 +128,13 @@ def _top_left_key_limit(rows: slice, ops: Operands, key_block: int) -> int:
     return min(ops.n_keys, -(-rows.stop // key_block) * key_block)
 
 
-@declare(**BOTTOM_RIGHT)
-def causal_skip_uses_top_left_limit(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**BOTTOM_RIGHT)
+def causal_skip_uses_top_left_limit(call: SpecCall) -> Array:
     """A bottom-right causal kernel (SDPA-4.2) whose block skipping still computes the
     last key block a query block needs with the top-left formula ceil(row_end / 64):
     masking inside the visited blocks is right, but with Lk > Lq whole key blocks
     within the boundary are skipped (a decode step with Lq = 1 sees only keys 0-63)."""
-    ops = _ops(q, k, v, mask, bias, is_causal, scale, "bottom_right")
+    ops = _ops(call, "bottom_right")
     return tiled(ops, TILING.with_(key_limit=_top_left_key_limit))
 
 
@@ -237,22 +155,13 @@ def _masks_last_visited_block_only(ops: Operands, tiling: Tiling) -> CausalRule:
     return rule
 
 
-@declare(**ALL)
-def causal_masks_last_key_block_only(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def causal_masks_last_key_block_only(call: SpecCall) -> Array:
     """Applies the causal mask only in the last key block a query block visits
     (n_masking_steps = 1, right only while query blocks are no taller than key blocks):
     with 128-row query blocks over 64-key blocks the block before the diagonal one is
     read unmasked, so for Lq, Lk > 64 early rows see future keys (SDPA-4.1)."""
-    ops = _ops(q, k, v, mask, bias, is_causal, scale)
+    ops = _ops(call)
     if ops.causal is not None:
         ops = ops.with_(causal=_masks_last_visited_block_only(ops, TILING))
     return tiled(ops, TILING)
@@ -273,22 +182,13 @@ def _tail_block_with_unshifted_rows(ops: Operands, query_block: int) -> CausalRu
     return rule
 
 
-@declare(**ALL)
-def causal_tail_query_block_misaligned(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(**ALL)
+def causal_tail_query_block_misaligned(call: SpecCall) -> Array:
     """Runs the ragged last query block as the 128 rows ending at Lq (a full-height
     load, rows it shares with the previous block recomputed) but builds their causal
     mask from the unshifted block start: for Lq > 128 with Lq % 128 != 0 those rows see
     128 - Lq % 128 future keys (SDPA-4.1)."""
-    ops = _ops(q, k, v, mask, bias, is_causal, scale)
+    ops = _ops(call)
     if ops.causal is not None:
         ops = ops.with_(causal=_tail_block_with_unshifted_rows(ops, TILING.query_block))
     return tiled(ops, TILING)

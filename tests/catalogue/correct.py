@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
-
-from attnspec.conformance import declare
 
 from .blocks import (
     arrange,
@@ -32,39 +31,22 @@ from .blocks import (
     softmax_lse,
 )
 from .correct_features import FEATURE_KERNELS
+from .entry import SpecCall, spec_kernel
 from .tiled import Tiling, tiled
 
 Array = np.ndarray
 
 
-@declare(bias=True, gqa=True)
-def lse_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(bias=True, gqa=True)
+def lse_attention(call: SpecCall) -> Array:
     """(a) Weights exp(s - logsumexp(s)) over the allowed keys, then sum_j p_ij v_j."""
-    return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale))
+    return attend(call.pass_to(arrange))
 
 
-@declare(bias=True, gqa=True, returns_weights=True)
-def lse_attention_with_weights(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> tuple[Array, Array]:
+@spec_kernel(bias=True, gqa=True, returns_weights=True)
+def lse_attention_with_weights(call: SpecCall) -> tuple[Array, Array]:
     """(d) :func:`lse_attention` that also returns its weights, in q's dtype."""
-    a = arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    a = call.pass_to(arrange)
     s, allowed = scores(a)
     p = softmax_lse(s, allowed)
     return finish(combine(p, allowed, a.v), a), finish(p, a)
@@ -87,71 +69,38 @@ def _online(
     return finish(online_softmax(s, allowed, a.v, block=3), a)
 
 
-@declare(bias=True, gqa=True)
-def online_softmax_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(bias=True, gqa=True)
+def online_softmax_attention(call: SpecCall) -> Array:
     """(b) Online softmax over key blocks of 3 (the last one ragged), FlashAttention-style."""
+    q, k, v, mask, bias, is_causal, scale = call
     return _online(q, k, v, mask, bias, is_causal, scale, "top_left")
 
 
-@declare(bias=True, gqa=True, causal_alignment="bottom_right")
-def online_softmax_bottom_right(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(bias=True, gqa=True, causal_alignment="bottom_right")
+def online_softmax_bottom_right(call: SpecCall) -> Array:
     """(d) :func:`online_softmax_attention` with bottom-right causal alignment (SDPA-4.2)."""
+    q, k, v, mask, bias, is_causal, scale = call
     return _online(q, k, v, mask, bias, is_causal, scale, "bottom_right")
 
 
-@declare(bias=True, gqa=True)
-def half_precision_honest_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(bias=True, gqa=True)
+def half_precision_honest_attention(call: SpecCall) -> Array:
     """(e) FlashAttention's precision: scores and softmax in float32, P rounded to the
     input dtype before P·V (SDPA-7.7) accumulates in float32 — what TOL-2's u_d term admits."""
-    a = arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    a = call.pass_to(arrange)
     s, allowed = scores(a)
     p = softmax_lse(s, allowed).astype(a.out_dtype).astype(s.dtype)
     return finish(combine(p, allowed, a.v), a)
 
 
-@declare(bias=True, gqa=True)
-def row_loop_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(bias=True, gqa=True)
+def row_loop_attention(call: SpecCall) -> Array:
     """(c) One query row at a time: gather the keys of S(i), softmax them, sum their values.
 
     Self-contained (only the dtype rule and the head check are shared): disallowed keys
     are never gathered, so nothing at a masked position reaches arithmetic (SDPA-8).
     """
+    q, k, v, mask, bias, is_causal, scale = call
     n_q_heads, n_queries, head_dim = q.shape[-3:]
     n_kv_heads, n_keys, value_dim = v.shape[-3:]
     check_heads(n_q_heads, n_kv_heads)
@@ -184,98 +133,44 @@ def row_loop_attention(
     return out.astype(q.dtype)
 
 
-@declare(bias=True, gqa=True)
-def tiled_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(bias=True, gqa=True)
+def tiled_attention(call: SpecCall) -> Array:
     """(f) FlashAttention-2's layout: blocks of 128 query rows visit keys in blocks of 64
     with an online softmax, skipping key blocks past the causal boundary."""
     return tiled(
-        operands(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale),
+        call.pass_to(operands),
         Tiling(query_block=128, key_block=64),
     )
 
 
-@declare(bias=True, gqa=True, causal_alignment="bottom_right")
-def tiled_attention_bottom_right(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(bias=True, gqa=True, causal_alignment="bottom_right")
+def tiled_attention_bottom_right(call: SpecCall) -> Array:
     """(f) Blocks of 64 query rows and 128 keys, bottom-right causal (SDPA-4.2), as
     FlashAttention >= 2.1 aligns it."""
     return tiled(
-        operands(
-            q,
-            k,
-            v,
-            mask=mask,
-            bias=bias,
-            is_causal=is_causal,
-            scale=scale,
-            alignment="bottom_right",
-        ),
+        call.pass_to(partial(operands, alignment="bottom_right")),
         Tiling(query_block=64, key_block=128),
     )
 
 
-@declare(bias=True, gqa=True, causal_alignment="bottom_right")
-def split_kv_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(bias=True, gqa=True, causal_alignment="bottom_right")
+def split_kv_attention(call: SpecCall) -> Array:
     """(g) Flash-decoding: the keys split into chunks of 256, each chunk an online softmax
     over blocks of 64 giving (max, sum, normalised output), the chunks merged by
     log-sum-exp; bottom-right causal, as a KV-cache decoder uses it."""
     return tiled(
-        operands(
-            q,
-            k,
-            v,
-            mask=mask,
-            bias=bias,
-            is_causal=is_causal,
-            scale=scale,
-            alignment="bottom_right",
-        ),
+        call.pass_to(partial(operands, alignment="bottom_right")),
         Tiling(query_block=64, key_block=64, split=256),
     )
 
 
-@declare(bias=True, gqa=True, empty_rows_zero=False)
-def masked_fill_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(bias=True, gqa=True, empty_rows_zero=False)
+def masked_fill_attention(call: SpecCall) -> Array:
     """(h) JAX's and Flax's rule: a disallowed score becomes the most negative finite
     number and every key enters the softmax, so a row with no allowed key weighs all keys
     alike and outputs mean(V).  It declares that it does not follow SDPA-5.1 (CONF-7): the
     suite must judge it on everything else, and find nothing."""
-    a = arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    a = call.pass_to(arrange)
     s, allowed = scores(a)
     filled = np.where(allowed, s, np.finfo(s.dtype).min)  # exp(min - row max) is exactly 0
     keyless = ~allowed.any(axis=-1, keepdims=True)

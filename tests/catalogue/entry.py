@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from attnspec.conformance import declare
 from attnspec.conformance.call.problem import Problem
 
 
@@ -62,3 +63,46 @@ class CaughtBug:
 
     fn: Callable[..., Any]
     catches: str
+
+
+class SpecCall(NamedTuple):
+    """One call of a kernel in the spec's convention (SDPA-1): the arrays and the keywords."""
+
+    q: Any
+    k: Any
+    v: Any
+    mask: Any = None
+    bias: Any = None
+    is_causal: bool = False
+    scale: float | None = None
+
+    def pass_to(self, fn: Callable[..., Any]) -> Any:
+        """``fn(q, k, v, mask=, bias=, is_causal=, scale=)``: the same call of ``fn``."""
+        q, k, v, mask, bias, is_causal, scale = self
+        return fn(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+
+
+def spec_kernel(**claims: Any) -> Callable[[Callable[[SpecCall], Any]], Callable[..., Any]]:
+    """A decorator: ``body(call)`` as a kernel declared with ``claims`` that has the spec's
+    signature ``fn(q, k, v, *, mask=None, bias=None, is_causal=False, scale=None)``, written
+    once here; it keeps ``body``'s name, docstring and module, by which reports show it and
+    worker processes load it."""
+
+    def make(body: Callable[[SpecCall], Any]) -> Callable[..., Any]:
+        def kernel(
+            q: Any,
+            k: Any,
+            v: Any,
+            *,
+            mask: Any = None,
+            bias: Any = None,
+            is_causal: bool = False,
+            scale: float | None = None,
+        ) -> Any:
+            return body(SpecCall(q, k, v, mask, bias, is_causal, scale))
+
+        kernel.__name__, kernel.__qualname__ = body.__name__, body.__qualname__
+        kernel.__doc__, kernel.__module__ = body.__doc__, body.__module__
+        return declare(kernel, **claims)
+
+    return make

@@ -16,6 +16,7 @@ import pytest
 from catalogue.blocks import arrange, attend
 from catalogue.bugs_plumbing import value_dim_must_equal_head_dim
 from catalogue.bugs_softmax import finite_fill_jax_style
+from catalogue.entry import SpecCall, spec_kernel
 from support import hand_report, hand_verdict
 
 from attnspec.backends import Backend
@@ -43,57 +44,32 @@ PROFILE = "root-causes"  # 20 small draws a stratum: enough to meet every bug be
 ALL = {"bias": True, "gqa": True}
 
 
-@declare(**ALL, dtypes=("float32", "float64"))
-def float64_returned_as_float32(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    *,
-    mask: np.ndarray | None = None,
-    bias: np.ndarray | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> np.ndarray:
+@spec_kernel(**ALL, dtypes=("float32", "float64"))
+def float64_returned_as_float32(call: SpecCall) -> np.ndarray:
     """float64 inputs computed and returned in float32 (JAX without x64): SDPA-1.3."""
-    if q.dtype == np.float64:
-        q, k, v = (a.astype(np.float32) for a in (q, k, v))
-        bias = None if bias is None else bias.astype(np.float32)
-    return attend(arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale))
+    if call.q.dtype == np.float64:
+        q, k, v = (a.astype(np.float32) for a in (call.q, call.k, call.v))
+        bias = None if call.bias is None else call.bias.astype(np.float32)
+        call = call._replace(q=q, k=k, v=v, bias=bias)
+    return attend(call.pass_to(arrange))
 
 
-@declare(**ALL)
-def mean_v_and_scale_by_e(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    *,
-    mask: np.ndarray | None = None,
-    bias: np.ndarray | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> np.ndarray:
+@spec_kernel(**ALL)
+def mean_v_and_scale_by_e(call: SpecCall) -> np.ndarray:
     """Two independent bugs: mean(V) for fully masked rows (SDPA-5.1) and a default scale
     of 1/E instead of 1/sqrt(E) (SDPA-2.1)."""
-    scale = 1.0 / q.shape[-1] if scale is None else scale
-    return finite_fill_jax_style(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    scale = 1.0 / call.q.shape[-1] if call.scale is None else call.scale
+    return call._replace(scale=scale).pass_to(finite_fill_jax_style)
 
 
-@declare(**ALL, dtypes=("float16", "float32"))
-def mean_v_no_gqa_float16_as_float32(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    *,
-    mask: np.ndarray | None = None,
-    bias: np.ndarray | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> np.ndarray:
+@spec_kernel(**ALL, dtypes=("float16", "float32"))
+def mean_v_no_gqa_float16_as_float32(call: SpecCall) -> np.ndarray:
     """Three bugs, as keras on NumPy has them: mean(V) for fully masked rows (SDPA-5.1),
     grouped heads rejected (SDPA-6.1) and float16 inputs answered in float32 (SDPA-1.3)."""
+    q, k = call.q, call.k
     if q.shape[-3] != k.shape[-3]:
         raise ValueError(f"operands could not be broadcast together: {q.shape}, {k.shape}")
-    out = finite_fill_jax_style(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    out = call.pass_to(finite_fill_jax_style)
     return out.astype(np.float32) if q.dtype == np.float16 else out
 
 
