@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ...backends import Backend
 from ..call.problem import Problem
 from ..claims.declaration import KernelDeclaration
 from ..draw.input_features import allowed_keys, scores_shape
@@ -15,6 +16,16 @@ from .bounds import reference_bound, weights_bound
 from .failures import PropertyFailure
 from .kernel import KernelUnderTest
 from .reproduce import replaying
+
+
+def unlike_array(backend: Backend, value: Any, shape: tuple[int, ...], dtype: str) -> str | None:
+    """What a kernel returned, in words, when it is not one array of ``shape`` in ``dtype``
+    on ``backend`` ("shape (...), dtype ..." or the name of its type); None when it is."""
+    if not backend.is_array(value):
+        return type(value).__name__
+    if tuple(value.shape) != tuple(shape) or value.dtype != backend.dtype(dtype):
+        return f"shape {tuple(value.shape)}, dtype {value.dtype}"
+    return None
 
 
 def first_index(where: np.ndarray) -> tuple[int, ...]:

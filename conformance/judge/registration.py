@@ -53,6 +53,19 @@ def needs(*claims: str) -> Callable[[KernelDeclaration], str | None]:
     return applies
 
 
+def takes_any_batch_dims(declaration: KernelDeclaration) -> str | None:
+    """Applicable only to dense kernels that take any number of batch dims (no
+    ``batch_ndim``): broadcasting between q, k and v's batch shapes (SDPA-1.2)."""
+    reason = dense_only(declaration)
+    if reason is None and declaration.batch_ndim is not None:
+        reason = (
+            f"the kernel declares exactly {declaration.batch_ndim} batch "
+            f"dim{'' if declaration.batch_ndim == 1 else 's'} (batch_ndim): "
+            "q, k and v then share one batch shape (CONF-3)"
+        )
+    return reason
+
+
 def family_only(family: str, otherwise: str) -> Callable[[KernelDeclaration], str | None]:
     """Applicable only to kernels declaring ``family`` (merge, RoPE, ...: the families
     with calling conventions of their own); ``otherwise`` says why not."""

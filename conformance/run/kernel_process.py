@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import os
 import pickle
 import sys
-import threading
 import time
 from multiprocessing.connection import Connection
 from typing import Any
@@ -41,7 +39,7 @@ from ..call.wire import (
 )
 from ..judge.kernel import KernelUnderTest
 from ..judge.kernel_info import KernelInfo
-from .worker import limit_memory, use_worker_threads
+from .worker import limit_memory, serve_until_orphaned, use_worker_threads
 
 
 def _send(connection: Connection, message: Any) -> None:
@@ -218,30 +216,9 @@ def serve(connection: Connection) -> None:
         server.serve()
 
 
-def _exit_when_orphaned(lifeline: int) -> None:
-    """End this process when the judge that started it dies (its end of the pipe closes)."""
-
-    def watch() -> None:
-        while os.read(lifeline, 1):
-            pass
-        os._exit(70)
-
-    threading.Thread(target=watch, name="attnspec-lifeline", daemon=True).start()
-
-
 def main(argv: list[str] | None = None) -> None:
     """``python -c '...kernel_process import main; main()' FD LIFELINE``."""
-    fd, lifeline = (int(a) for a in (argv or sys.argv[1:]))
-    _exit_when_orphaned(lifeline)
-    connection = Connection(fd)
-    try:
-        serve(connection)
-    except (EOFError, BrokenPipeError):
-        pass
-    connection.close()
-    sys.stdout.flush()
-    # Skip interpreter teardown: a kernel's atexit hooks or threads are not the check's.
-    os._exit(0)
+    serve_until_orphaned(serve, argv)
 
 
 __all__ = ["KernelServer", "main", "serve"]

@@ -16,6 +16,7 @@ import gc
 import os
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
@@ -117,8 +118,9 @@ def use_worker_threads(environ: Any = None) -> str:
     return f"worker threads: as the environment sets them ({given}{pytorch})" if given else ""
 
 
-def _exit_when_orphaned(lifeline: int) -> None:
-    """End this process when the supervisor dies (its end of the pipe closes)."""
+def exit_when_orphaned(lifeline: int) -> None:
+    """End this process when the one that started it dies (its end of the pipe closes):
+    a judging worker when its supervisor does, the kernel's process when its judge does."""
 
     def watch() -> None:
         while os.read(lifeline, 1):
@@ -213,16 +215,23 @@ def _answer(request: tuple[Any, ...], kernel: KernelUnderTest, layout: str) -> t
     return (verdict,)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -c 'from attnspec.conformance.run.worker import main; main()' FD LIFELINE``."""
+def serve_until_orphaned(serve: Callable[[Connection], None], argv: list[str] | None) -> None:
+    """The ``main`` of a process another one starts (a judging worker, the kernel's
+    process): ``argv`` is ``FD LIFELINE``; serve the connection on FD until it closes (or
+    the process that started this one goes away: LIFELINE), then exit."""
     fd, lifeline = (int(a) for a in (argv or sys.argv[1:]))
-    _exit_when_orphaned(lifeline)
+    exit_when_orphaned(lifeline)
     connection = Connection(fd)
     try:
         serve(connection)
     except (EOFError, BrokenPipeError):
-        pass  # the supervisor went away or stopped this worker
+        pass  # the process that started this one went away or stopped it
     connection.close()
     sys.stdout.flush()
     # Skip interpreter teardown: a kernel's atexit hooks or threads are not the check's.
     os._exit(0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -c 'from attnspec.conformance.run.worker import main; main()' FD LIFELINE``."""
+    serve_until_orphaned(serve, argv)

@@ -31,7 +31,7 @@ from ...draw.sizes import Dims
 from ...draw.strategies import ALWAYS, NEVER, draw_problem, within_limitations
 from ..assertions import assert_matches_reference, assert_same_result
 from ..kernel import KernelUnderTest
-from ..registration import dense_only, register
+from ..registration import dense_only, register, takes_any_batch_dims
 from ._helpers import arrays_have_layouts, assert_output_shapes, output_laid_out
 
 # (Lq, Lk, Ev) of the corner sizes: no queries, no keys, no value channels, one query on
@@ -121,18 +121,7 @@ def _dims(batch: tuple[int, ...], gqa: bool, n_queries: int, n_keys: int, value_
     )
 
 
-def _takes_any_batch_dims(declaration: KernelDeclaration) -> str | None:
-    reason = dense_only(declaration)
-    if reason is None and declaration.batch_ndim is not None:
-        reason = (
-            f"the kernel declares exactly {declaration.batch_ndim} batch "
-            f"dim{'' if declaration.batch_ndim == 1 else 's'} (batch_ndim): "
-            "q, k and v then share one batch shape (CONF-3)"
-        )
-    return reason
-
-
-@register("batch-broadcast-corners", "SDPA-1.2", kind="fixed", applies=_takes_any_batch_dims)
+@register("batch-broadcast-corners", "SDPA-1.2", kind="fixed", applies=takes_any_batch_dims)
 def batch_broadcast_corners(kernel: KernelUnderTest, seed: int) -> None:
     """Fixed problems, the same on every seed: q, k and v whose batch shapes broadcast
     (each input alone broadcast or not, a leading dim left out, two dims crosswise; GQA

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from ....reference.tolerance import error_bound
 from ...draw import sizes
 from ...draw.strategies import draw_dtype, random_values
+from ..assertions import unlike_array
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import family_only, register
@@ -90,12 +91,8 @@ def mla_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
             f"[call: {call.describe()}]"
         ) from exc
     shape = (batch, n_heads, n_queries, claim.value_dim)
-    if not backend.is_array(out) or tuple(out.shape) != shape or out.dtype != backend.dtype(dtype):
-        shown = (
-            f"shape {tuple(out.shape)}, dtype {out.dtype}"
-            if backend.is_array(out)
-            else type(out).__name__
-        )
+    shown = unlike_array(backend, out, shape, dtype)
+    if shown:
         raise PropertyFailure(
             f"the MLA kernel returned {shown}, but should return one array of shape {shape} "
             f"(B, Hq, Lq, r) in {dtype} (MLA-1) [call: {call.describe()}]"

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from ....reference.tolerance import error_bound
 from ...draw import sizes
 from ...draw.strategies import draw_dtype, draw_rng, random_values
+from ..assertions import unlike_array
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import family_only, register
@@ -168,16 +169,8 @@ def _run(kernel: KernelUnderTest, call: PagedCall) -> np.ndarray:
             f"[call: {call.describe()}]"
         ) from exc
     shape = (call.q.shape[0], call.q.shape[1], call.v_cache.shape[-1])
-    if (
-        not backend.is_array(out)
-        or tuple(out.shape) != shape
-        or out.dtype != backend.dtype(call.dtype)
-    ):
-        shown = (
-            f"shape {tuple(out.shape)}, dtype {out.dtype}"
-            if backend.is_array(out)
-            else type(out).__name__
-        )
+    shown = unlike_array(backend, out, shape, call.dtype)
+    if shown:
         raise PropertyFailure(
             f"the paged kernel returned {shown}, but should return one array of shape {shape} "
             f"(T_q, Hq, Ev) in {call.dtype} (PAGED-1) [call: {call.describe()}]"

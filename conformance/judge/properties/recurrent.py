@@ -29,6 +29,7 @@ from ...claims.declaration import KernelDeclaration
 from ...claims.family_claims import RecurrentClaim
 from ...draw import sizes
 from ...draw.strategies import draw_dtype, random_values
+from ..assertions import unlike_array
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import family_only, register
@@ -208,16 +209,8 @@ def _invoke(
             f"(out, final_state) (REC-2.2) [call: {shown}]"
         )
     for name, got, (shape, dtype) in zip(("out", "final_state"), result, wanted, strict=True):
-        if (
-            not backend.is_array(got)
-            or tuple(got.shape) != shape
-            or got.dtype != backend.dtype(dtype)
-        ):
-            what = (
-                f"shape {tuple(got.shape)}, dtype {got.dtype}"
-                if backend.is_array(got)
-                else type(got).__name__
-            )
+        what = unlike_array(backend, got, shape, dtype)
+        if what:
             raise PropertyFailure(
                 f"the recurrent kernel's {name} has {what}, but should have shape {shape} "
                 f"and dtype {dtype} (REC-1.1, REC-4.2, REC-4.3) [call: {shown}]"

@@ -19,7 +19,7 @@ from ...draw.strategies import draw_dims, draw_problem
 from ..assertions import assert_matches_reference, assert_same_result, first_index
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest
-from ..registration import always, dense_only, register
+from ..registration import always, dense_only, register, takes_any_batch_dims
 from ._helpers import (
     arrays_have_layouts,
     assert_output_shape_and_dtype,
@@ -59,18 +59,7 @@ def value_head_dim(kernel: KernelUnderTest, data: st.DataObject) -> None:
     assert_output_shapes(kernel, problem, out, weights)
 
 
-def _takes_any_batch_dims(declaration: KernelDeclaration) -> str | None:
-    reason = dense_only(declaration)
-    if reason is None and declaration.batch_ndim is not None:
-        reason = (
-            f"the kernel declares exactly {declaration.batch_ndim} batch "
-            f"dim{'' if declaration.batch_ndim == 1 else 's'} (batch_ndim): "
-            "q, k and v then share one batch shape (CONF-3)"
-        )
-    return reason
-
-
-@register("batch-broadcast", "SDPA-1.2", applies=_takes_any_batch_dims)
+@register("batch-broadcast", "SDPA-1.2", applies=takes_any_batch_dims)
 def batch_broadcast(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """q, k and v whose batch shapes broadcast together (a size 1 or a missing leading dim
     in some of them: one key/value set for every query batch element, one query batch on
