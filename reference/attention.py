@@ -19,6 +19,11 @@ from .blocked import blocked_form
 from .features import check_dropout_p
 from .sdpa import CALL, plain_form, score_options
 
+# Why these stay parallel: this signature and those of plain_form, plain_attention,
+# blocked_form, blocked_attention, the backward and the bounds repeat the spec's keywords on
+# purpose; each is a public function whose arguments help() and type checkers must show.
+# What they pass on to each other is one value, score_options.
+
 
 def scaled_dot_product_attention(
     q: Array,

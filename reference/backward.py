@@ -294,17 +294,15 @@ def blocked_attention_backward(
     the weights are recomputed as ``exp(s - lse)`` and the block's contributions added to
     dV, dK (per key block) and dQ, dbias (per query chunk).  Returns :class:`Gradients`.
     """
-    xp, _, _ = check_arguments(
-        q,
-        k,
-        v,
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        call=BLOCKED_CALL,
-    )
+    # the forward's keywords, for the checks and for the forward pass when out is not given
+    forward: dict[str, Any] = {
+        "mask": mask,
+        "bias": bias,
+        "is_causal": is_causal,
+        "causal_alignment": causal_alignment,
+        "scale": scale,
+    }
+    xp, _, _ = check_arguments(q, k, v, **forward, call=BLOCKED_CALL)
     namespace_of(BLOCKED_CALL, q=q, grad_out=grad_out, out=out, lse=lse, grad_lse=grad_lse)
     problem = prepare(q, k, v, scale=scale, call=BLOCKED_CALL)
     if query_chunk is not None:
@@ -347,11 +345,7 @@ def blocked_attention_backward(
             q,
             k,
             v,
-            mask=mask,
-            bias=bias,
-            is_causal=is_causal,
-            causal_alignment=causal_alignment,
-            scale=scale,
+            **forward,
             query_chunk=query_chunk,
             key_block=key_block,
         )

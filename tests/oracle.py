@@ -32,6 +32,8 @@ def causal_matrix(n_queries: int, n_keys: int, alignment: str) -> np.ndarray:
     return table
 
 
+# Why this stays parallel to the reference's signatures: the oracle writes the spec's
+# arguments out itself, so that it depends on nothing of the reference it checks.
 def sdpa_rows(
     q: Any,
     k: Any,

@@ -82,6 +82,9 @@ class SpecCall(NamedTuple):
         return fn(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
 
 
+# Why the known kernels' adapters (conformance/kernels) and the oracle stay parallel to the
+# signature below: the suite reads each kernel's own signature, and the oracle depends on
+# nothing of the suite.
 def spec_kernel(**claims: Any) -> Callable[[Callable[[SpecCall], Any]], Callable[..., Any]]:
     """A decorator: ``body(call)`` as a kernel declared with ``claims`` that has the spec's
     signature ``fn(q, k, v, *, mask=None, bias=None, is_causal=False, scale=None)``, written
