@@ -10,6 +10,7 @@ layout (``PagedBatchClaim``).  Rows past ``cu_seqlens_q[-1]`` are left 0.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,14 +50,63 @@ def _attend(q: Array, k: Array, v: Array, offset: int, is_causal: bool) -> Array
     return np.swapaxes(out, 0, 1)
 
 
+class PagedCall(NamedTuple):
+    """One call of a paged kernel in the spec's convention (PAGED-1)."""
+
+    q: Array
+    k_cache: Array
+    v_cache: Array
+    cu_seqlens_q: Array
+    seqused_k: Array
+    block_table: Array
+    max_seqlen_q: int
+    max_seqlen_k: int
+    is_causal: bool
+
+
+def paged_kernel(
+    claim: PagedBatchClaim | None = None,
+) -> Callable[[Callable[[PagedCall], Array]], Callable[..., Array]]:
+    """A decorator: ``body(call)`` as a kernel with the spec's paged-batch signature
+    (written once, here) declaring ``claim`` (default: HND pages); it keeps ``body``'s
+    name, docstring and module, by which reports show it and worker processes load it."""
+
+    def make(body: Callable[[PagedCall], Array]) -> Callable[..., Array]:
+        def kernel(
+            q: Array,
+            k_cache: Array,
+            v_cache: Array,
+            *,
+            cu_seqlens_q: Array,
+            seqused_k: Array,
+            block_table: Array,
+            max_seqlen_q: int,
+            max_seqlen_k: int,
+            is_causal: bool = False,
+        ) -> Array:
+            return body(
+                PagedCall(
+                    q,
+                    k_cache,
+                    v_cache,
+                    cu_seqlens_q,
+                    seqused_k,
+                    block_table,
+                    max_seqlen_q,
+                    max_seqlen_k,
+                    is_causal,
+                )
+            )
+
+        kernel.__name__, kernel.__qualname__ = body.__name__, body.__qualname__
+        kernel.__doc__, kernel.__module__ = body.__doc__, body.__module__
+        return declare(kernel, paged_batch=PagedBatchClaim() if claim is None else claim)
+
+    return make
+
+
 def _paged(
-    q: Array,
-    k_cache: Array,
-    v_cache: Array,
-    cu_seqlens_q: Array,
-    seqused_k: Array,
-    block_table: Array,
-    is_causal: bool,
+    call: PagedCall,
     *,
     table: Callable[[int], Array] | None = None,
     keys_read: Callable[[int], int] | None = None,
@@ -64,6 +114,7 @@ def _paged(
 ) -> Array:
     """The correct kernel, with hooks a bug replaces: the table row, the number of
     positions read, and the causal offset of (sequence, L_q, L_k)."""
+    q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, _, _, is_causal = call
     out = np.zeros(q.shape[:2] + v_cache.shape[-1:], q.dtype)
     for b in range(len(seqused_k)):
         first, last = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
@@ -75,158 +126,69 @@ def _paged(
     return out
 
 
-@declare(paged_batch=PagedBatchClaim())
-def paged_gather(
-    q: Array,
-    k_cache: Array,
-    v_cache: Array,
-    *,
-    cu_seqlens_q: Array,
-    seqused_k: Array,
-    block_table: Array,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    is_causal: bool = False,
-) -> Array:
+@paged_kernel()
+def paged_gather(call: PagedCall) -> Array:
     """Each sequence's positions gathered through its block table, then dense attention."""
-    return _paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, is_causal)
+    return _paged(call)
 
 
-@declare(paged_batch=PagedBatchClaim(cache_layout="nhd"))
-def paged_gather_nhd(
-    q: Array,
-    k_cache: Array,
-    v_cache: Array,
-    *,
-    cu_seqlens_q: Array,
-    seqused_k: Array,
-    block_table: Array,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    is_causal: bool = False,
-) -> Array:
+@paged_kernel(PagedBatchClaim(cache_layout="nhd"))
+def paged_gather_nhd(call: PagedCall) -> Array:
     """vLLM's page layout ``(N, P, Hkv, E)``."""
-    k_cache, v_cache = np.swapaxes(k_cache, 1, 2), np.swapaxes(v_cache, 1, 2)
-    return _paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, is_causal)
+    k_cache, v_cache = np.swapaxes(call.k_cache, 1, 2), np.swapaxes(call.v_cache, 1, 2)
+    return _paged(call._replace(k_cache=k_cache, v_cache=v_cache))
 
 
 CORRECT = (paged_gather, paged_gather_nhd)
 
 
-@declare(paged_batch=PagedBatchClaim())
-def paged_memory_order(
-    q: Array,
-    k_cache: Array,
-    v_cache: Array,
-    *,
-    cu_seqlens_q: Array,
-    seqused_k: Array,
-    block_table: Array,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    is_causal: bool = False,
-) -> Array:
+@paged_kernel()
+def paged_memory_order(call: PagedCall) -> Array:
     """Bug: sequence b's pages read as b*M, b*M + 1, ... (the table ignored): right only
     where the allocator hands out pages in order."""
-    width = block_table.shape[1]
-    n_pages = k_cache.shape[0]
+    width = call.block_table.shape[1]
+    n_pages = call.k_cache.shape[0]
 
     def table(b: int) -> Array:
         return (np.arange(width) + b * width) % n_pages
 
-    return _paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, is_causal, table=table)
+    return _paged(call, table=table)
 
 
-@declare(paged_batch=PagedBatchClaim())
-def paged_whole_last_page(
-    q: Array,
-    k_cache: Array,
-    v_cache: Array,
-    *,
-    cu_seqlens_q: Array,
-    seqused_k: Array,
-    block_table: Array,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    is_causal: bool = False,
-) -> Array:
+@paged_kernel()
+def paged_whole_last_page(call: PagedCall) -> Array:
     """Bug: the partial last page read whole, its stale slots attended."""
-    page = k_cache.shape[2]
+    page = call.k_cache.shape[2]
 
     def keys_read(b: int) -> int:
-        return -(-int(seqused_k[b]) // page) * page
+        return -(-int(call.seqused_k[b]) // page) * page
 
-    return _paged(
-        q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, is_causal, keys_read=keys_read
-    )
+    return _paged(call, keys_read=keys_read)
 
 
-@declare(paged_batch=PagedBatchClaim())
-def paged_batch_alignment(
-    q: Array,
-    k_cache: Array,
-    v_cache: Array,
-    *,
-    cu_seqlens_q: Array,
-    seqused_k: Array,
-    block_table: Array,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    is_causal: bool = False,
-) -> Array:
+@paged_kernel()
+def paged_batch_alignment(call: PagedCall) -> Array:
     """Bug: every sequence aligned with the batch's largest lengths, max_seqlen_k -
     max_seqlen_q, so one sequence's lengths move another's causal boundary."""
 
     def offset(b: int, n_queries: int, n_keys: int) -> int:
-        return max_seqlen_k - max_seqlen_q
+        return call.max_seqlen_k - call.max_seqlen_q
 
-    return _paged(
-        q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, is_causal, offset=offset
-    )
+    return _paged(call, offset=offset)
 
 
-@declare(paged_batch=PagedBatchClaim())
-def paged_top_left(
-    q: Array,
-    k_cache: Array,
-    v_cache: Array,
-    *,
-    cu_seqlens_q: Array,
-    seqused_k: Array,
-    block_table: Array,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    is_causal: bool = False,
-) -> Array:
+@paged_kernel()
+def paged_top_left(call: PagedCall) -> Array:
     """Bug: causal rows aligned top-left, so a prefill chunk's queries miss the cached
     prefix's newest keys."""
-    return _paged(
-        q,
-        k_cache,
-        v_cache,
-        cu_seqlens_q,
-        seqused_k,
-        block_table,
-        is_causal,
-        offset=lambda b, n_queries, n_keys: 0,
-    )
+    return _paged(call, offset=lambda b, n_queries, n_keys: 0)
 
 
-@declare(paged_batch=PagedBatchClaim())
-def paged_nan_leak(
-    q: Array,
-    k_cache: Array,
-    v_cache: Array,
-    *,
-    cu_seqlens_q: Array,
-    seqused_k: Array,
-    block_table: Array,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    is_causal: bool = False,
-) -> Array:
+@paged_kernel()
+def paged_nan_leak(call: PagedCall) -> Array:
     """Bug: the last page read whole with the slots past the length masked by a weight of
     0, so NaN there gives 0 * NaN = NaN (Dao-AILab/flash-attention #1745, #2374)."""
+    q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, _, _, is_causal = call
     page = k_cache.shape[2]
     out = np.zeros(q.shape[:2] + v_cache.shape[-1:], q.dtype)
     for b in range(len(seqused_k)):
