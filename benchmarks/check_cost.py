@@ -45,6 +45,8 @@ UNSET = None
 REFERENCE = "attnspec.reference:scaled_dot_product_attention"
 TORCH_SDPA = "torch.nn.functional:scaled_dot_product_attention"
 JITTED_JAX = "attnspec.conformance.kernels.jax_jitted:jitted_dot_product_attention"
+SDPA_MATH = "attnspec.conformance.kernels.torch_sdpa:sdpa_math"
+BACKWARD = ("--backward",)
 THREADS = "OMP_NUM_THREADS"
 JAX_CACHE = "JAX_COMPILATION_CACHE_DIR"
 # The variables that override a check's own choice of workers (ATTNSPEC_JOBS) and of its
@@ -74,6 +76,7 @@ class CheckRow:
     jobs: int | None = None
     environment: Mapping[str, str | None] = field(default_factory=dict)
     repeats: int = 1
+    flags: tuple[str, ...] = ()  # beyond the config's options, e.g. --backward
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,17 @@ FULL = CheckConfig(
         *_both_worker_counts("numpy reference", REFERENCE, "numpy", CHECK_DEFAULTS),
         *_both_worker_counts("torch SDPA, 1 thread", TORCH_SDPA, "torch", ONE_THREAD),
         *_both_worker_counts("torch SDPA, default threads", TORCH_SDPA, "torch", CHECK_DEFAULTS),
+        # issue 31's target: --backward at most 2x the forward-only profile, one worker each
+        CheckRow("torch SDPA math, --jobs 1", SDPA_MATH, "torch", 1, CHECK_DEFAULTS),
+        CheckRow(
+            "torch SDPA math, --backward, --jobs 1",
+            SDPA_MATH,
+            "torch",
+            1,
+            CHECK_DEFAULTS,
+            flags=BACKWARD,
+        ),
+        CheckRow("jax jitted, --backward, --jobs 1", JITTED_JAX, "jax", 1, COLD, flags=BACKWARD),
         # issue #11's target: cold, three times (the machine's speed varies from run to run)
         *_both_worker_counts("jax jitted, cold", JITTED_JAX, "jax", COLD, COLD_REPEATS),
         CheckRow("jax jitted, cache fill", JITTED_JAX, "jax", None, WARM),
@@ -140,6 +154,7 @@ def command_line(row: CheckRow, config: CheckConfig, report: Path) -> list[str]:
         "--backend",
         row.backend,
         *config.options,
+        *row.flags,
         *jobs,
         "--quiet",
         "--json",
@@ -267,7 +282,7 @@ def check(
                 "target": row.target,
                 "backend": row.backend,
                 "jobs": row.jobs,
-                "options": list(config.options),
+                "options": [*config.options, *row.flags],
                 "skipped": reasons[row.backend],
             }
             if record["skipped"] is None:

@@ -113,6 +113,17 @@ def test_full_rows_are_the_readme_table(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert fill == max(i for i, n in enumerate(names) if "cold" in n) + 1
     assert all("warm" in n for n in names[fill + 1 :]) and len(names) == fill + 3
     assert check_cost.FULL.options == ("--profile", "quick")
+    # BWD-1 (issue 31): --backward against the forward-only profile, one worker each, on
+    # PyTorch's math SDPA and the cold jitted JAX kernel (whose forward row is above)
+    backward = [(r.target, r.jobs, r.environment) for r in check_cost.FULL.rows if r.flags]
+    assert backward == [
+        (check_cost.SDPA_MATH, 1, check_cost.CHECK_DEFAULTS),
+        (check_cost.JITTED_JAX, 1, check_cost.COLD),
+    ]
+    assert all(r.flags == ("--backward",) for r in check_cost.FULL.rows if r.flags)
+    assert (check_cost.SDPA_MATH, 1, ()) in [
+        (r.target, r.jobs, r.flags) for r in check_cost.FULL.rows
+    ]
     # issue #11's target row runs three times; every other row once
     repeated = {r.name: r.repeats for r in check_cost.FULL.rows if r.repeats != 1}
     assert repeated == {"jax jitted, cold, default workers": 3}
