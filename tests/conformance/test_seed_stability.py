@@ -118,3 +118,26 @@ def test_layout_corners_find_the_dispatchers_scale_zero_on_every_seed() -> None:
     assert statuses == {FAILED}
     math_backend = KernelSetup("attnspec.conformance.kernels.torch_sdpa:sdpa_math").prepare()
     assert run_property(prop, math_backend, profile="quick").status == PASSED
+
+
+def test_min_bias_corners_find_jax_fill_on_every_seed() -> None:
+    """SDPA-4.1 (docs/divergences.md#jax-fill-outranks-min-bias) on jax.nn: the fixed
+    min-bias-corners property fails on each of the record's seeds (the padded-batch anchor
+    of causal-zeros met it on 9 of 10); the reference, claiming a bias, passes it."""
+    pytest.importorskip("jax", reason="the kernel is JAX's")
+    from attnspec.backends import Backend
+    from attnspec.conformance import declare
+    from attnspec.conformance.api import KernelSetup
+    from attnspec.reference import scaled_dot_product_attention
+
+    name = "jax.nn:dot_product_attention"
+    entry = next(k for k in _record()["kernels"] if k["kernel"] == name)
+    prop = all_properties()["min-bias-corners"]
+    kernel = KernelSetup(name).prepare()
+    statuses = {
+        run_property(prop, kernel, profile="quick", seed=seed, shrink=False).status
+        for seed in entry["seeds"]
+    }
+    assert statuses == {FAILED}
+    reference = KernelUnderTest(declare(scaled_dot_product_attention, bias=True), Backend("numpy"))
+    assert run_property(prop, reference, profile="quick").status == PASSED

@@ -1,5 +1,5 @@
-"""SDPA-1.2, SDPA-1.5 and SDPA-1.7 on fixed corner problems that every run checks, whatever
-its seed.
+"""SDPA-1.2, SDPA-1.5, SDPA-1.7 and SDPA-4.1 on fixed corner problems that every run checks,
+whatever its seed.
 
 The Hypothesis properties of those clauses (``batch-broadcast``, ``empty-sizes``) draw an
 empty size and a broadcast batch shape independently, so an input that needs both (PyTorch
@@ -14,7 +14,10 @@ causal call with scale 0 or a negative scale (SDPA-2.2 allows both) on contiguou
 on strided and transposed views.  PyTorch's dispatcher takes its flash path for the first and
 its math path for the others, and only the flash path gives NaN there
 (docs/divergences.md#torch-causal-scale-zero): ``layout-independence`` met that on 9 seeds
-of 10, needing the option and a non-contiguous layout in one draw.
+of 10, needing the option and a non-contiguous layout in one draw.  ``min-bias-corners``
+gives a row whose every allowed key carries the dtype's most negative finite bias, beside a
+causal call or a mask, and checks that the excluded key does not reach it: JAX's fill for
+excluded logits outranks that bias (met on 9 seeds of 10 through the padded-batch anchor).
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ import numpy as np
 
 from ...call.problem import Problem
 from ...claims.declaration import KernelDeclaration
+from ...draw.input_features import scores_shape
+from ...draw.realistic_values import LARGEST_FINITE
 from ...draw.shape_pool import SeededDraws
 from ...draw.sizes import Dims
 from ...draw.strategies import ALWAYS, NEVER, draw_problem, within_limitations
-from ..assertions import assert_matches_reference, assert_same_result
+from ..assertions import assert_identical, assert_matches_reference, assert_same_result
 from ..kernel import KernelUnderTest
 from ..registration import dense_only, register, takes_any_batch_dims
 from ._helpers import arrays_have_layouts, assert_output_shapes, output_laid_out
@@ -252,4 +257,57 @@ def layout_corners(kernel: KernelUnderTest, seed: int) -> None:
             out = output_laid_out(kernel, scaled, layouts, f" (input layouts {described})")
             assert_same_result(
                 kernel, scaled, out, contiguous, f"out with input layouts {described} vs contiguous"
+            )
+
+
+def _bias_beside_causal_or_mask(declaration: KernelDeclaration) -> str | None:
+    reason = dense_only(declaration)
+    if reason is None and not declaration.bias:
+        reason = "the kernel does not claim a bias"
+    elif reason is None and declaration.bias_shares_mask_argument:
+        reason = "its bias travels in the mask's argument: no bias beside a causal call or a mask"
+    elif reason is None and not (declaration.causal or declaration.mask):
+        reason = "the kernel claims neither causal calls nor a mask"
+    return reason
+
+
+@register("min-bias-corners", "SDPA-4.1", kind="fixed", applies=_bias_beside_causal_or_mask)
+def min_bias_corners(kernel: KernelUnderTest, seed: int) -> None:
+    """Fixed problems, the same on every seed, in each dtype checked: 2 queries on 2 keys
+    (q = 1, k = 1 and -1, v = 2 and 4) whose every bias entry is the dtype's most negative
+    finite number (an HF-style additive padding fill), with is_causal (key 1 in query 0's
+    future) and, where claimed, with a mask excluding it instead.  Query 0's output stays
+    bit-identical when the excluded key 1 gets another key and value (SDPA-4.1, SDPA-3.1;
+    a finite bias, however negative, keeps key 0 in S(0), SDPA-3.3; TOL-2 cannot judge
+    such scores, so the excluded key's influence is what is checked, as causal-zeros does).
+    A kernel that fills excluded logits with a finite number above that bias (JAX's
+    -0.7 finfo.max, docs/divergences.md#jax-fill-outranks-min-bias) gives key 1 the weight:
+    the quick profile met that on 9 seeds of 10 through an anchor, here on every seed."""
+    del seed
+    decl = kernel.declaration
+    batch_ndim = decl.batch_ndim
+    dims = _dims((1,) * (1 if batch_ndim is None else batch_ndim), False, 2, 2, 1)
+    drawn = _simplest_problem(kernel, replace(dims, head_dim=1), mask=NEVER, bias=NEVER)
+    base = drawn.with_(
+        q=np.ones_like(drawn.q),
+        k=np.reshape([1.0, -1.0], drawn.k.shape),
+        v=np.reshape([2.0, 4.0], drawn.v.shape),
+    )
+    options = [{"is_causal": True}] if decl.causal else []
+    options += [{"mask": np.array([[True, False], [True, True]])}] if decl.mask else []
+    for dtype in kernel.dtypes:
+        fill = np.full(scores_shape(base), -LARGEST_FINITE[dtype])
+        for option in options:
+            problem = base.with_(dtype=dtype, bias=fill, **option)
+            other = problem.with_(
+                k=np.reshape([1.0, 3.0], base.k.shape), v=np.reshape([2.0, 8.0], base.v.shape)
+            )
+            how = "is_causal" if "is_causal" in option else "a mask excluding it"
+            assert_identical(
+                kernel.output(other)[..., :1, :],
+                kernel.output(problem)[..., :1, :],
+                f"out of query 0 after changing the excluded key 1 ({how}; every bias entry "
+                f"{-LARGEST_FINITE[dtype]:.4g}) [SDPA-4.1, SDPA-3.1]",
+                other,
+                kernel,
             )
