@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -293,7 +294,7 @@ def min_bias_corners(kernel: KernelUnderTest, seed: int) -> None:
         k=np.reshape([1.0, -1.0], drawn.k.shape),
         v=np.reshape([2.0, 4.0], drawn.v.shape),
     )
-    options = [{"is_causal": True}] if decl.causal else []
+    options: list[dict[str, Any]] = [{"is_causal": True}] if decl.causal else []
     options += [{"mask": np.array([[True, False], [True, True]])}] if decl.mask else []
     for dtype in kernel.dtypes:
         fill = np.full(scores_shape(base), -LARGEST_FINITE[dtype])
