@@ -99,6 +99,20 @@ def test_fixed_corners_find_torch_empty_broadcast_on_every_recorded_seed() -> No
     assert found == entry["seeds"]
 
 
+def _statuses_on_recorded_seeds(name: str, prop_id: str) -> set[str]:
+    """The verdicts of the fixed property ``prop_id`` on matrix kernel ``name`` over the
+    seeds its record measured."""
+    from attnspec.conformance.api import KernelSetup
+
+    entry = next(k for k in _record()["kernels"] if k["kernel"] == name)
+    kernel = KernelSetup(name).prepare()
+    prop = all_properties()[prop_id]
+    return {
+        run_property(prop, kernel, profile="quick", seed=seed, shrink=False).status
+        for seed in entry["seeds"]
+    }
+
+
 def test_layout_corners_find_the_dispatchers_scale_zero_on_every_seed() -> None:
     """SDPA-1.7 (docs/divergences.md#torch-causal-scale-zero) on PyTorch's dispatcher: the
     fixed layout-corners property fails on each seed the record measured (layout-independence
@@ -108,15 +122,9 @@ def test_layout_corners_find_the_dispatchers_scale_zero_on_every_seed() -> None:
     from attnspec.conformance.api import KernelSetup
 
     name = "torch.nn.functional:scaled_dot_product_attention"
-    entry = next(k for k in _record()["kernels"] if k["kernel"] == name)
-    prop = all_properties()["layout-corners"]
-    dispatcher = KernelSetup(name).prepare()
-    statuses = {
-        run_property(prop, dispatcher, profile="quick", seed=seed, shrink=False).status
-        for seed in entry["seeds"]
-    }
-    assert statuses == {FAILED}
+    assert _statuses_on_recorded_seeds(name, "layout-corners") == {FAILED}
     math_backend = KernelSetup("attnspec.conformance.kernels.torch_sdpa:sdpa_math").prepare()
+    prop = all_properties()["layout-corners"]
     assert run_property(prop, math_backend, profile="quick").status == PASSED
 
 
@@ -127,17 +135,10 @@ def test_min_bias_corners_find_jax_fill_on_every_seed() -> None:
     pytest.importorskip("jax", reason="the kernel is JAX's")
     from attnspec.backends import Backend
     from attnspec.conformance import declare
-    from attnspec.conformance.api import KernelSetup
     from attnspec.reference import scaled_dot_product_attention
 
     name = "jax.nn:dot_product_attention"
-    entry = next(k for k in _record()["kernels"] if k["kernel"] == name)
-    prop = all_properties()["min-bias-corners"]
-    kernel = KernelSetup(name).prepare()
-    statuses = {
-        run_property(prop, kernel, profile="quick", seed=seed, shrink=False).status
-        for seed in entry["seeds"]
-    }
-    assert statuses == {FAILED}
+    assert _statuses_on_recorded_seeds(name, "min-bias-corners") == {FAILED}
     reference = KernelUnderTest(declare(scaled_dot_product_attention, bias=True), Backend("numpy"))
+    prop = all_properties()["min-bias-corners"]
     assert run_property(prop, reference, profile="quick").status == PASSED
