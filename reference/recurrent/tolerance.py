@@ -47,6 +47,15 @@ def _dtype_name(name: str, value: Any, allowed: tuple[str, ...]) -> str:
     return str(value)
 
 
+def _cumulative_gates(xp: Any, gate_sizes: Array, t: int, chunk: int) -> Array:
+    """gamma_t of REC-6.2: the sum of |g| over the C_h tokens ending at t, which bounds the
+    chunk-local cumulative sum of log decays a chunked kernel rounds at t; 0 for a
+    token-by-token kernel, which exponentiates each gate alone."""
+    if chunk == 1:
+        return xp.zeros_like(gate_sizes[..., t])
+    return xp.sum(gate_sizes[..., max(0, t - chunk + 1) : t + 1], axis=-1)
+
+
 def recurrent_error_bound(
     q: Array,
     k: Array,
@@ -110,6 +119,9 @@ def recurrent_error_bound(
     def column_norms(state: Array) -> Array:  # |S_{:c}|, (..., Hs, dv)
         return xp.sqrt(xp.sum(state * state, axis=-2))
 
+    # |g_t| per token, the largest over key channels, (..., Hs, T): the rounding of a chunked
+    # kernel's cumulative log decays (gamma_t of REC-6.2)
+    gate_sizes = xp.max(xp.abs(p.log_decay), axis=-1)
     state = p.state
     error = xp.zeros_like(state[..., 0, :])  # eps_{t,c}, (..., Hs, dv)
     run = best = -math.inf  # log of the largest product of rho over a run (Kadane)
@@ -133,8 +145,9 @@ def recurrent_error_bound(
             kappa = xp.ones_like(key_squared)
             read_error = correction = xp.zeros_like(decayed_norms)
         rho = kappa * xp.exp(xp.max(log_decay, axis=-1))
+        gamma = _cumulative_gates(xp, gate_sizes, t, chunk)
         local = (
-            u_a * (5 * kappa + 1)[..., None] * decayed_norms
+            u_a * ((5 + gamma) * kappa + 1)[..., None] * decayed_norms
             + read_error
             + write_coefficient * key_norm * xp.abs(update)
             + eta * key_norm * (xp.abs(update) + correction)

@@ -94,7 +94,10 @@ def _token(
     outs = []
     for t in range(k.shape[-2]):
         before = state
-        if not (decode and bug == "decode_skips_gate"):  # the decode path forgets the gate
+        if bug == "zero_beta_skips_token" and strength is not None:  # beta = 0: skipped
+            keep = (strength[..., t] != 0)[..., None, None]
+            state = np.where(keep, np.exp(gate[..., t, :])[..., :, None] * state, state)
+        elif not (decode and bug == "decode_skips_gate"):  # the decode path forgets the gate
             state = np.exp(gate[..., t, :])[..., :, None] * state
         update = v[..., t, :]
         if rule in DELTA:
@@ -357,6 +360,12 @@ CONTRACT_BUGS += (
         _token,
         "g = 0 everywhere taken as no gate, on a path without the delta correction (fla f636f5a)",
         "zero-gate",
+    ),
+    (
+        "zero_beta_skips_token",
+        _token,
+        "a token with beta = 0 skipped altogether, its decay too",
+        "zero-beta",
     ),
 )
 CHUNK_SIZES = (2, 3, CHUNK)  # what the declared kernels take as chunk_size=

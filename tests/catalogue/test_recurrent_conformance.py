@@ -12,6 +12,7 @@ from catalogue import recurrent as catalogue
 
 RECURRENT_PROPERTIES = (
     "recurrent-zero-gate",
+    "recurrent-zero-beta",
     "recurrent-state-passing",
     "recurrent-decode",
     "recurrent-varlen",
@@ -38,8 +39,8 @@ def verdicts() -> dict[str, dict[str, str]]:
 
 
 def test_correct_recurrences_conform(verdicts: dict[str, dict[str, str]]) -> None:
-    """REC-1.3, REC-2.2, REC-3.3, REC-5.1, REC-6.2: the token recurrence and the
-    chunked form pass every recurrence property (zero gates, split runs, decode
+    """REC-1.3, REC-1.4, REC-2.2, REC-3.3, REC-5.1, REC-6.2: the token recurrence and the
+    chunked form pass every recurrence property (zero gates and betas, split runs, decode
     steps, packed sequences, every chunk size they take, the reference); no other property
     applies."""
     for fn in catalogue.DECLARED_CORRECT:
@@ -62,7 +63,8 @@ def test_every_recurrence_bug_is_caught(name: str, verdicts: dict[str, dict[str,
 def test_every_contract_bug_is_caught_by_its_property(
     name: str, prop: str, verdicts: dict[str, dict[str, str]]
 ) -> None:
-    """REC-1.3 (a zero gate taken as no gate, without the delta correction), REC-2.2 (a
+    """REC-1.3 (a zero gate taken as no gate, without the delta correction), REC-1.4 (a
+    token with beta = 0 skipped, its decay too), REC-2.2 (a
     decode step that skips the gate or reads the state before its token),
     REC-3.3 (a state carried across a packed boundary, cu_seqlens ignored), REC-5.1 (a gate
     applied twice at a chunk edge, a chunk size that drops the last partial chunk): each
@@ -72,7 +74,7 @@ def test_every_contract_bug_is_caught_by_its_property(
 
 @pytest.mark.parametrize("seed", range(1, 5))
 def test_contract_properties_pass_the_correct_kernels_over_seeds(seed: int) -> None:
-    """REC-1.3, REC-2.2, REC-3.3, REC-5.1: no false failure of the contract
+    """REC-1.3, REC-1.4, REC-2.2, REC-3.3, REC-5.1: no false failure of the contract
     properties on the two
     correct formulations over five seeds of 20 examples each (seed 0 is the fixture's)."""
     contracts = RECURRENT_PROPERTIES[:-1]

@@ -291,7 +291,8 @@ def _zeros_match_reference(kernel: KernelUnderTest, data: st.DataObject, name: s
     call, how = _with_zeros(data, _draw_call(data, kernel), name)
     tokens, state = call.tokens(0, call.length), call.arrays.get("initial_state")
     results = _invoke(kernel, call, tokens, state, how)
-    _judge(results, _whole(_bound(kernel, call, tokens, state)), "REC-1.3", call.describe(how))
+    clause = "REC-1.3" if name == "g" else "REC-1.4"
+    _judge(results, _whole(_bound(kernel, call, tokens, state)), clause, call.describe(how))
 
 
 @register("recurrent-zero-gate", "REC-1.3", applies=_takes("g", GATED))
@@ -302,6 +303,15 @@ def recurrent_zero_gate(kernel: KernelUnderTest, data: st.DataObject) -> None:
     (flash-linear-attention f636f5a's, for g=None) shows, against the float64 recurrence
     within REC-6.2."""
     _zeros_match_reference(kernel, data, "g")
+
+
+@register("recurrent-zero-beta", "REC-1.4", applies=_takes("beta", DELTA))
+def recurrent_zero_beta(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """REC-1.4: beta = 0 leaves the state only decayed, S_t = S'_t: a kernel that skips
+    such a token altogether (its decay too) shows, against the float64 recurrence within
+    REC-6.2 (where the state is all decayed history, so that REC-6.2's gamma_t, a chunked
+    kernel's rounded cumulative log decays, is what a correct kernel needs)."""
+    _zeros_match_reference(kernel, data, "beta")
 
 
 @register("recurrent-matches-reference", "REC-6.2", applies=_recurrent_only)
