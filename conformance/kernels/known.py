@@ -336,6 +336,7 @@ _TORCH_SDPA_DIVERGENCES = {
     "matches-reference": _CAUSAL_SCALE_ZERO,
     "output-in-value-hull": _CAUSAL_SCALE_ZERO,
     "layout-independence": _CAUSAL_SCALE_ZERO,
+    "layout-corners": _CAUSAL_SCALE_ZERO,
     "gqa-mapping": _CAUSAL_SCALE_ZERO,
     "same-shape-new-arguments": _CAUSAL_SCALE_ZERO,
     "masked-nonfinite-ignored": "docs/divergences.md#torch-masked-nan (pytorch #101967)",
@@ -593,8 +594,8 @@ _CONFIRMS: dict[str, Confirms] = {
     ),
     _ONNX_FLOAT16: Confirms(shows=("float16",)),
     _ONNX_MASKED_NAN: Confirms(shows=("nan into",)),
-    # its NaN rows show on the combination "causal with scale 0" only
-    _CAUSAL_SCALE_ZERO: Confirms(shows=("scale=0.0",)),
+    # its NaN rows (0 in float16) show on "causal with scale 0" or a negative scale only
+    _CAUSAL_SCALE_ZERO: Confirms(shows=("scale=0.0", "scale=-")),
     # rows-sum-to-one (SDPA-7.1) and value-linearity (SDPA-7.6) on fully masked rows:
     # distinct failures, or consequences of the waived SDPA-5.1
     "docs/divergences.md#jax-empty-rows": Confirms(("SDPA-5.1", "SDPA-7.1", "SDPA-7.6")),
