@@ -206,6 +206,26 @@ KNOWN_KERNELS: tuple[KnownKernel, ...] = (
             ),
         )
     ),
+    *(
+        KnownKernel(
+            _adapter("transformers_attention", name),
+            _adapter("transformers_attention", name),
+            "torch",
+            (),
+            ("transformers",),
+            note=f"transformers' {what}; (B, H, L, E) in, its (B, L, H, Ev) output transposed "
+            "back; a stand-in module (num_key_value_groups = Hq // Hkv, training=False)",
+        )
+        for name, what in (
+            (
+                "sdpa_attention",
+                "integrations.sdpa_attention.sdpa_attention_forward (attn_mask "
+                "bool or float; is_causal only without a mask)",
+            ),
+            ("eager_attention", "Llama's eager_attention_forward (an additive float mask)"),
+            ("gpt_oss_eager_attention", "gpt-oss's eager_attention_forward (module.sinks)"),
+        )
+    ),
     KnownKernel(
         _adapter("thirdparty", "performer_favor"),
         _adapter("thirdparty", "performer_favor"),
@@ -395,7 +415,52 @@ _ONNX_KV_CACHE = {
     "kv-cache-stale-positions": _ONNX_EMPTY,
 }
 _ONNX = "attnspec.conformance.kernels.adapters.onnx_attention."
+# transformers' attention functions (adapters.transformers_attention)
+_HF_FLOAT32_SOFTMAX = "docs/divergences.md#transformers-eager-float32-softmax"
+_HF_FLOAT16 = "docs/divergences.md#transformers-eager-float16-scores"
+_HF = "attnspec.conformance.kernels.adapters.transformers_attention."
+_HF_ONE_QUERY = "docs/divergences.md#transformers-sdpa-one-query"
+# sdpa_attention_forward: its own one-query causal rule and empty-query reshape, and
+# PyTorch's SDPA's divergences through it
+_HF_SDPA = {
+    **dict.fromkeys(
+        ("causal-zeros", "causal-alignment", "output-in-value-hull", "matches-reference"),
+        _HF_ONE_QUERY,
+    ),
+    "many-calls": _HF_ONE_QUERY,
+    "empty-size-corners": "docs/divergences.md#transformers-sdpa-empty-queries",
+    "empty-sizes": "docs/divergences.md#transformers-sdpa-empty-queries",
+    **dict.fromkeys(
+        ("layout-corners", "layout-independence", "gqa-mapping", "same-shape-new-arguments"),
+        _CAUSAL_SCALE_ZERO,
+    ),
+    "mask-broadcast": _TORCH_SDPA_DIVERGENCES["mask-broadcast"],
+    "nan-propagates": _TORCH_SDPA_DIVERGENCES["nan-propagates"],
+    "masked-nonfinite-ignored": _TORCH_SDPA_DIVERGENCES["masked-nonfinite-ignored"],
+    "gqa-rejects-bad-heads": "docs/divergences.md#transformers-gqa-heads",
+}
+_HF_EAGER = {
+    **dict.fromkeys(
+        (
+            *("default-scale", "explicit-scale", "bias-semantics", "gqa-mapping"),
+            *("rows-sum-to-one", "matches-reference", "key-permutation"),
+            *("bias-shift-invariance", "same-shape-new-arguments", "many-calls"),
+        ),
+        _HF_FLOAT32_SOFTMAX,
+    ),
+    "empty-rows-zero": "docs/divergences.md#transformers-eager-empty-rows",
+    "large-logits": _HF_FLOAT16,
+    "gqa-rejects-bad-heads": "docs/divergences.md#transformers-gqa-heads",
+}
 _DIVERGENCES: dict[str, dict[str, str]] = {
+    _HF + "eager_attention": _HF_EAGER,
+    _HF + "sdpa_attention": _HF_SDPA,
+    _HF + "gpt_oss_eager_attention": {
+        "empty-rows-zero": _HF_EAGER["empty-rows-zero"],  # its -inf sink: no sink
+        "large-logits": _HF_FLOAT16,
+        "sinks-matches-reference": _HF_FLOAT16,
+        "bias-semantics": _HF_FLOAT16,  # bfloat16 scores rounded with the bias
+    },
     _ONNX + "reference_attention_23": {
         **dict.fromkeys(_ONNX_REFERENCE_SCALE_FIRST, _ONNX_SCALE),
         "empty-size-corners": _ONNX_EMPTY,
@@ -574,6 +639,12 @@ class Confirms:
 # clause they follow from) or that name what their failures show.
 _EMPTY_ROW = "should be 0.0 within"  # an accuracy finding whose definition is exactly 0
 _CONFIRMS: dict[str, Confirms] = {
+    _HF_FLOAT32_SOFTMAX: Confirms(shows=("float64",)),
+    _HF_FLOAT16: Confirms(shows=("float16",)),
+    # one causal query over more keys: every key attended
+    _HF_ONE_QUERY: Confirms(
+        ("SDPA-4.1", "SDPA-7.1", "SDPA-7.3", "SDPA-7.8"), shows=("is_causal=True",)
+    ),
     # NaN from sqrt(scale < 0) (the reference) or the session's refusal of scale <= 0 (ONNX
     # Runtime, listed under the first clause it failed, SDPA-1.1 or SDPA-1.3)
     _ONNX_SCALE: Confirms(

@@ -134,14 +134,6 @@ WRONG_SCALES = {
 # kernel dividing the scores by E instead of sqrt(E) now passes score-variance at the head
 # dims it draws.  A loss of detection to be won back (a slack that does not charge the scale
 # rounding to the variance statistic), kept visible here: strict, so it fails once fixed.
-# Why it is not won back yet (measured 2026-12-06 on the property's own problem, seed 0,
-# E = 16, 2000 pairs, bfloat16): the per-pair slack log_ratio_slack derives from TOL-2 has a
-# median of 1.0 in the log-ratio D, whose own spread is N(0, 2), and is infinite on pairs
-# whose weight TOL-2 cannot keep from 0; so the W a kernel within TOL-2 may show spans
-# [412, inf) for the right scale and [0, inf) for 1/E, and no W interval at false failure
-# 1e-6 separates them.  The erratum lets a kernel round each scaled operand, so the slack
-# cannot treat the scale rounding as one common factor; a statistic on pairs whose weights
-# TOL-2 keeps away from 0 and 1 may be a way back (not tried).
 LOST_BY_ERRATUM_14 = pytest.mark.xfail(
     strict=True,
     reason="E-2026.12-14 widened TOL-2's scale term; score-variance's bfloat16 slack now "

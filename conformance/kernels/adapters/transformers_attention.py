@@ -1,0 +1,109 @@
+"""Hugging Face transformers' attention functions as functions in the spec's convention,
+and their declarations.
+
+A model's attention layer calls ``attention_interface(self, query, key, value,
+attention_mask, scaling=..., dropout=..., ...)``: the layer object itself is passed as
+``module`` and read for ``num_key_value_groups`` (GQA), ``is_causal``, ``training`` (dropout)
+and, in gpt-oss, ``sinks``.  These adapters pass a stand-in holding just those attributes
+(``H_q // H_kv`` groups, ``training=False``), take (B, H, L, E) inputs as transformers does,
+and transpose the (B, L, H, E_v) output back.  The scale defaults to ``E ** -0.5``, as every
+model's ``self.scaling`` is ``head_dim ** -0.5`` (the eager functions have no default).
+
+- ``sdpa_attention_forward`` (``transformers.integrations.sdpa_attention``): PyTorch's SDPA
+  with the model's ``attention_mask`` (bool or additive float) as ``attn_mask``; ``is_causal``
+  only without a mask (transformers builds causal masks itself), top-left.
+- ``eager_attention_forward`` of Llama (``transformers.models.llama.modeling_llama``), the
+  function most models copy: an additive float mask only, no ``is_causal``.
+- gpt-oss's ``eager_attention_forward`` (``transformers.models.gpt_oss.modeling_gpt_oss``):
+  Llama's with a learned sink logit per head (``module.sinks``, SINK-1).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from ...claims.declaration import declare
+
+
+def _module(q: Any, k: Any, is_causal: bool = False, sinks: Any = None) -> SimpleNamespace:
+    """The attributes of an attention layer that transformers' functions read."""
+    groups = q.shape[1] // k.shape[1] if k.shape[1] else 1
+    return SimpleNamespace(
+        num_key_value_groups=groups, is_causal=is_causal, training=False, sinks=sinks
+    )
+
+
+def _scaling(q: Any, scale: float | None) -> float:
+    return float(q.shape[-1] ** -0.5) if scale is None else float(scale)
+
+
+def sdpa_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    attn_mask: Any = None,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Any:
+    """``transformers.integrations.sdpa_attention.sdpa_attention_forward``."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    module = _module(q, k, is_causal)
+    out, _ = sdpa_attention_forward(module, q, k, v, attn_mask, scaling=scale, is_causal=is_causal)
+    return out.transpose(1, 2)
+
+
+def eager_attention(
+    q: Any, k: Any, v: Any, attention_mask: Any = None, *, scale: float | None = None
+) -> Any:
+    """Llama's ``eager_attention_forward``."""
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    out, _ = eager_attention_forward(_module(q, k), q, k, v, attention_mask, _scaling(q, scale))
+    return out.transpose(1, 2)
+
+
+def gpt_oss_eager_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    attention_mask: Any = None,
+    *,
+    sinks: Any = None,
+    scale: float | None = None,
+) -> Any:
+    """gpt-oss's ``eager_attention_forward``: ``sinks`` (H_q) as ``module.sinks``; without
+    sinks, sink logits of -inf (a term e^-inf = 0 in the denominator: plain attention)."""
+    import torch
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    if sinks is None:
+        sinks = torch.full((q.shape[1],), -torch.inf, dtype=q.dtype, device=q.device)
+    module = _module(q, k, sinks=sinks)
+    out, _ = eager_attention_forward(module, q, k, v, attention_mask, _scaling(q, scale))
+    return out.transpose(1, 2)
+
+
+# transformers passes 4-d (B, H, L, E) tensors; GQA by head counts
+_COMMON = {"gqa": True, "batch_ndim": 1}
+# a bool or float attention_mask through SDPA's attn_mask; is_causal ignored with a mask
+sdpa_attention = declare(
+    sdpa_attention,
+    **_COMMON,
+    mask_keyword="attn_mask",
+    bias=True,
+    bias_keyword="attn_mask",
+    mask_and_causal=False,
+)
+# the eager functions add the (float) attention_mask to the scores and have no is_causal
+_EAGER = {
+    **_COMMON,
+    "mask": False,
+    "bias": True,
+    "bias_keyword": "attention_mask",
+    "causal": False,
+}
+eager_attention = declare(eager_attention, **_EAGER)
+gpt_oss_eager_attention = declare(gpt_oss_eager_attention, **_EAGER, sinks=True)
