@@ -282,7 +282,8 @@ def _exclusion_problems(kernel: KernelUnderTest, seed: int) -> list[Problem]:
     """Problems where some keys are seen by no query and some pairs are excluded: a masked
     key column and a masked query row (when masks are claimed), causal calls of the
     declared alignment with more keys than queries (top-left: the last keys) and more
-    queries than keys (bottom-right: the first queries see nothing), GQA where claimed."""
+    queries than keys (bottom-right: the first queries see nothing), GQA where claimed; for
+    a kernel that claims neither masks nor causal calls, the plain problems."""
     decl = kernel.declaration
     rng = np.random.default_rng(seed)
     found = []
@@ -295,6 +296,8 @@ def _exclusion_problems(kernel: KernelUnderTest, seed: int) -> list[Problem]:
             found.append(with_keys(kernel, problem.with_(mask=mask)))
         if decl.causal:
             found.append(problem.with_(is_causal=True))
+        if not (decl.mask or decl.causal):  # nothing to exclude: the plain problem
+            found.append(problem)
     return found
 
 

@@ -8,6 +8,7 @@ backward passes are judged in tests/catalogue/test_backward.py.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from attnspec.conformance.api import check
 from attnspec.conformance.claims.declaration import KernelDeclaration
 from attnspec.conformance.judge.kernel import KernelUnderTest
 from attnspec.conformance.judge.registry import all_properties
-from attnspec.conformance.judge.verdict import NOT_APPLICABLE, PASSED
+from attnspec.conformance.judge.verdict import FAILED, NOT_APPLICABLE, PASSED
 from attnspec.conformance.run.kernel_setup import SetupError
 
 SDPA_MATH = "attnspec.conformance.kernels.torch_sdpa:sdpa_math"
@@ -93,3 +94,22 @@ def test_bad_backward_fn_is_refused() -> None:
     with pytest.raises(ValueError, match="backward_fn"):
         KernelDeclaration(backward_fn="not a target")
     assert KernelDeclaration(backward_fn="m:f").backward_fn == "m:f"
+
+
+def test_a_kernel_without_masks_or_causal_is_still_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """BWD-1: for a kernel that claims neither masks nor causal calls, the fixed backward
+    properties check the plain problems: the catalogue's backward without the delta term
+    fails gradients-softmax-identity there too (it would pass a property that checks
+    nothing)."""
+    backend_or_skip("torch")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))
+    report = check(
+        "catalogue.backward_kernels:flash2_no_delta",
+        backend="torch",
+        only=["gradients-softmax-identity"],
+        mask=False,
+        causal=False,
+    )
+    assert [v.status for v in report.verdicts] == [FAILED]
