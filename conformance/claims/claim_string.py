@@ -63,6 +63,8 @@ FEATURE_WORDS = frozenset(
         "tokens-first log-sum-exp",
         "tokens-first pages",
         "sinks",
+        "backward",
+        "float32 bias",
     }
 )
 _NUMBER = r"[1-9][0-9]*"

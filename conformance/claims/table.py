@@ -253,7 +253,7 @@ CLAIMS: tuple[Claim, ...] = (
             ),
         ),
         implies={"bias": True},
-        shows_as=_when("float32_bias", "float32 bias for half inputs"),
+        shows_as=_when("float32_bias", "float32 bias"),
     ),
     Claim(
         "gqa",

@@ -232,6 +232,8 @@ def _declarations() -> list[KernelDeclaration]:
         returns_lse=True,
         dropout=True,
         sinks=True,
+        backward=True,
+        float32_bias=True,
     )
     declarations = [
         every,
