@@ -274,7 +274,8 @@ def finish_report(report: Report, session: Session, *, partial: bool) -> None:
         report.causes.extend(causes)
     report.claim = render.claim_line(report, kernel.declaration, kernel.dtypes, partial=partial)
     report.not_checked = not_checked(report, kernel.declaration.dtypes, kernel.dtypes, partial)
-    lost: int = getattr(session, "lost", 0)  # an isolated session's kernel calls lost
+    # kernel calls an isolated session lost, or that outlasted --timeout in its worker
+    lost: int = getattr(session, "lost", 0) + sum(v.stalled for v in report.verdicts)
     if failed and lost:
         report.not_checked.append(
             "the causes of the failures (no diagnosis probe ran: a kernel call crashed, "

@@ -394,11 +394,13 @@ def findings(report: Report) -> list[Verdict]:
     return [v for v in report.verdicts if v.status in (FAILED, WARNING)]
 
 
-# Findings that say what the kernel did on any input (it raised, returned the wrong type)
-# rather than what a property measured: the same one across properties is one cause.
+# Findings that say what the kernel did on any input (it raised, returned the wrong type,
+# outlasted --timeout) rather than what a property measured: the same one across
+# properties is one cause.
 _ROOT_CAUSES = (
     KERNEL_RAISED,
     "the kernel returned ",
+    "the kernel did not return within ",
     "out is a",
     "weights is a",
     "the property could not check the kernel's result",

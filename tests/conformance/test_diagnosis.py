@@ -38,7 +38,7 @@ from attnspec.conformance.judge.diagnosis import (
 from attnspec.conformance.judge.kernel import KernelUnderTest
 from attnspec.conformance.judge.verdict import Cause
 from attnspec.conformance.report.render import format_table, report_dict
-from attnspec.conformance.run.root_causes import by_cause
+from attnspec.conformance.run.root_causes import by_cause, divergences
 
 # (kernel with one defect, the one cause the probes must establish, words of its explanation)
 PINNED: list[tuple[Callable[..., Any], str, str]] = [
@@ -237,6 +237,30 @@ def test_a_worker_silent_before_any_kernel_call_does_not_stop_the_diagnosis(
         report = hand_report([hand_verdict("default-scale", "SDPA-2.1")])
         finish_report(report, session, partial=True)
         assert any(line.startswith("the causes of the failures") for line in report.not_checked)
+        # a call that outlasted --timeout in the worker (which then probes nothing) too
+        monkeypatch.setattr(session, "lost", 0)
+        stalled = hand_verdict("default-scale", "SDPA-2.1")
+        stalled.stalled = True
+        report = hand_report([stalled])
+        finish_report(report, session, partial=True)
+        assert any(line.startswith("the causes of the failures") for line in report.not_checked)
+
+
+def test_calls_that_outlast_the_timeout_are_one_cause() -> None:
+    """CONF-5 (issue 38): torch's MultiheadAttention outlasted --timeout in two properties
+    on a loaded machine (docs/figures/findings.json): one finding, not two divergences."""
+    hung = (
+        "the kernel did not return within 60 s (--timeout SECONDS) on the inputs below; the "
+        "check ended the kernel's process (and whatever it started) and went on [CONF-5]"
+    )
+    report = hand_report(
+        [
+            hand_verdict("value-head-dim", "SDPA-1.1", detail=hung),
+            hand_verdict("output-shape-dtype", "SDPA-1.3", detail=hung),
+        ]
+    )
+    [one] = divergences(report)
+    assert one.properties == ["value-head-dim", "output-shape-dtype"]
 
 
 def test_cause_lines_travel_with_the_hints() -> None:
