@@ -490,6 +490,7 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
     "attnspec.conformance.kernels.torch_sdpa.sdpa_math": {
         "masked-nonfinite-ignored": _TORCH_SDPA_DIVERGENCES["masked-nonfinite-ignored"],
         "batch-broadcast": _TORCH_SDPA_DIVERGENCES["batch-broadcast"],
+        "batch-broadcast-corners": _TORCH_SDPA_DIVERGENCES["batch-broadcast-corners"],
     },
     "attnspec.conformance.kernels.torch_sdpa.sdpa_flash": {
         "nan-propagates": _TORCH_SDPA_DIVERGENCES["nan-propagates"],
@@ -502,6 +503,9 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         # its broadcast batch is expanded and flattened: causal with scale 0 again
         "batch-broadcast": _CAUSAL_SCALE_ZERO,
         "layout-independence": "docs/divergences.md#torch-flash-strided",
+        # its fixed strided-v corner: "No available kernel" (checked by hand, 2026-12-06)
+        "layout-corners": "docs/divergences.md#torch-flash-strided",
+        "same-shape-new-arguments": _CAUSAL_SCALE_ZERO,
         # masked-values-ignored (SDPA-8.1) is gone: it was this adapter's own padding
         # (docs/divergences.md#torch-masked-overflow, torch_sdpa.scale_for_padding)
         # --backward: no gradient for an additive mask, strided inputs refused as forward
@@ -566,6 +570,8 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "masked-nonfinite-ignored": _JAX_MASKED_NAN,
         # its anchor "padded batch ..., finfo.min bias, an element padded entirely"
         "causal-zeros": _FILL_OUTRANKS_MIN_BIAS,
+        # the fixed corner: every bias entry finfo.min, is_causal (checked by hand, 2026-12-06)
+        "min-bias-corners": _FILL_OUTRANKS_MIN_BIAS,
     },
     # flax 0.12.8 (docs/divergences.md#flax-empty-rows ... #flax-linen-float16-accuracy)
     "flax.nnx.dot_product_attention": {
