@@ -505,7 +505,9 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "layout-independence": "docs/divergences.md#torch-flash-strided",
         # its fixed strided-v corner: "No available kernel" (checked by hand, 2026-12-06)
         "layout-corners": "docs/divergences.md#torch-flash-strided",
+        # repeated calls whose later call is causal with scale 0 (SDPA-7.8): NaN again
         "same-shape-new-arguments": _CAUSAL_SCALE_ZERO,
+        "many-calls": _CAUSAL_SCALE_ZERO,
         # masked-values-ignored (SDPA-8.1) is gone: it was this adapter's own padding
         # (docs/divergences.md#torch-masked-overflow, torch_sdpa.scale_for_padding)
         # --backward: no gradient for an additive mask, strided inputs refused as forward
