@@ -403,9 +403,11 @@ def _dropout_bug(
     rate: Callable[[float], float] = lambda p: p,
     rescale: Callable[[float], float] | None = None,
     renormalise: bool = False,
+    on_output: bool = False,
 ) -> Callable[..., Any]:
     """A dropout kernel drawing ``keep(shape, p, seed)`` at rate ``rate(dropout_p)``, kept
-    weights times ``rescale(p)`` (default 1/(1 - p)) or renormalised (:func:`_dropout`)."""
+    weights times ``rescale(p)`` (default 1/(1 - p)) or renormalised (:func:`_dropout`);
+    ``on_output``: the indicators drop elements of the output instead of weights."""
 
     @declare(**DROPOUT)
     def kernel(
@@ -421,6 +423,12 @@ def _dropout_bug(
         seed: int | None = None,
     ) -> Array:
         p = rate(dropout_p)
+        if on_output:
+            out = _dropout(q, k, v, mask, bias, is_causal, scale, 0.0, None)
+            if not p:
+                return out
+            dropped = out * keep(out.shape, p, seed) * out.dtype.type(1 / (1 - p))
+            return dropped.astype(out.dtype)
         return _dropout(
             q,
             k,
@@ -485,24 +493,10 @@ dropout_ignores_seed = _dropout_bug(
 )
 
 
-@declare(**DROPOUT)
-def dropout_after_values(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    seed: int | None = None,
-) -> Array:
-    """Drops elements of the output (after the value product) instead of weights, rescaled
-    by 1/(1 - p): unbiased, and with V = I indistinguishable from weight dropout, but an
-    indicator per output element, not per weight (DROP-2)."""
-    out = _dropout(q, k, v, mask, bias, is_causal, scale, 0.0, None)
-    if not dropout_p:
-        return out
-    keep = keep_mask(out.shape, dropout_p, seed)
-    return (out * keep * out.dtype.type(1 / (1 - dropout_p))).astype(out.dtype)
+dropout_after_values = _dropout_bug(
+    "dropout_after_values",
+    "Drops elements of the output (after the value product) instead of weights, rescaled "
+    "by 1/(1 - p): unbiased, and with V = I indistinguishable from weight dropout, but an "
+    "indicator per output element, not per weight (DROP-2).",
+    on_output=True,
+)
