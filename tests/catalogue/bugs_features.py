@@ -12,9 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from attnspec.conformance import declare
-
 from .blocks import QUIET, Arranged, finish, named, row_max, softmax_lse
+from .entry import SPEC_KEYWORDS, SpecCall, spec_kernel
 from .feature_blocks import (
     Features,
     alibi_bias,
@@ -28,11 +27,14 @@ from .feature_blocks import (
 )
 
 Array = np.ndarray
-Mask = Array | None
 SOFTCAP = {"bias": True, "gqa": True, "softcap": True}
 ALIBI = {"bias": True, "gqa": True, "alibi": True}
 LSE = {"bias": True, "gqa": True, "softcap": True, "returns_lse": True}
 DROPOUT = {"bias": True, "gqa": True, "dropout": True}
+# the keywords each group of kernels takes besides the spec's, with their defaults
+SOFTCAP_KEYWORDS = {**SPEC_KEYWORDS, "softcap": None}
+ALIBI_KEYWORDS = {**SPEC_KEYWORDS, "alibi_slopes": None}
+DROPOUT_KEYWORDS = {**SPEC_KEYWORDS, "dropout_p": 0.0, "seed": None}
 
 
 def _masked_softmax_output(a: Arranged, s: Array, allowed: Array) -> Array:
@@ -42,70 +44,42 @@ def _masked_softmax_output(a: Arranged, s: Array, allowed: Array) -> Array:
 # --- softcapping (SOFTCAP-1, SOFTCAP-3) ---------------------------------------------------
 
 
-@declare(**SOFTCAP)
-def softcap_before_scale(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    softcap: float | None = None,
-) -> Array:
+@spec_kernel(SOFTCAP_KEYWORDS, **SOFTCAP)
+def softcap_before_scale(call: SpecCall) -> Array:
     """Caps the unscaled q.k and scales afterwards: alpha c tanh(q.k / c) instead of
     c tanh(alpha q.k / c)."""
     f = Features()
-    a = arranged(q, k, v, mask, bias, is_causal, scale, f)
-    if softcap is None:
+    a = arranged(*call.spec_arguments, f)
+    if call.softcap is None:
         return attend_features(a, f)
     with np.errstate(**QUIET):
-        s = softcapped(np.matmul(a.q, np.swapaxes(a.k, -1, -2)), softcap) * a.q.dtype.type(a.scale)
+        capped = softcapped(np.matmul(a.q, np.swapaxes(a.k, -1, -2)), call.softcap)
+        s = capped * a.q.dtype.type(a.scale)
         if a.bias is not None:
             s = s + a.bias
     allowed = a.allowed & (s != -np.inf)
     return _masked_softmax_output(a, np.where(allowed, s, -np.inf), allowed)
 
 
-@declare(**SOFTCAP)
-def softcap_bias_inside(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    softcap: float | None = None,
-) -> Array:
+@spec_kernel(SOFTCAP_KEYWORDS, **SOFTCAP)
+def softcap_bias_inside(call: SpecCall) -> Array:
     """Adds the bias before capping: c tanh((alpha q.k + b) / c), so a padding bias of
     finfo.min becomes -c."""
     f = Features()
-    a = arranged(q, k, v, mask, bias, is_causal, scale, f)
+    a = arranged(*call.spec_arguments, f)
     s, allowed = feature_scores(a, f)  # scaled + bias, masked
-    if softcap is not None:
-        s = np.where(allowed, softcapped(s, softcap), -np.inf)
+    if call.softcap is not None:
+        s = np.where(allowed, softcapped(s, call.softcap), -np.inf)
     return _masked_softmax_output(a, s, allowed)
 
 
-@declare(**SOFTCAP)
-def softcap_mask_inside(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    softcap: float | None = None,
-) -> Array:
+@spec_kernel(SOFTCAP_KEYWORDS, **SOFTCAP)
+def softcap_mask_inside(call: SpecCall) -> Array:
     """Masks with finfo.min before capping (as a Flax port of Gemma 2 does): a masked key's
     score becomes -c and it is attended."""
     f = Features()
-    a = arranged(q, k, v, None, bias, is_causal, scale, f)
+    mask, softcap = call.mask, call.softcap
+    a = arranged(*call._replace(mask=None).spec_arguments, f)
     s, allowed = feature_scores(a, f)
     if softcap is None:
         if mask is not None:
@@ -116,40 +90,20 @@ def softcap_mask_inside(
     return _masked_softmax_output(a, np.where(allowed, softcapped(s, softcap), -np.inf), allowed)
 
 
-@declare(**SOFTCAP)
-def softcap_ignored(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    softcap: float | None = None,
-) -> Array:
+@spec_kernel(SOFTCAP_KEYWORDS, **SOFTCAP)
+def softcap_ignored(call: SpecCall) -> Array:
     """Accepts softcap= and does nothing with it."""
     f = Features()
-    return attend_features(arranged(q, k, v, mask, bias, is_causal, scale, f), f)
+    return attend_features(arranged(*call.spec_arguments, f), f)
 
 
 # --- ALiBi (ALIBI-2, ALIBI-3) --------------------------------------------------------------
 
 
-def _with_alibi(
-    q: Array,
-    k: Array,
-    v: Array,
-    mask: Mask,
-    bias: Mask,
-    is_causal: bool,
-    scale: float | None,
-    alignment: str,
-    alibi: Array | None,
-) -> Array:
+def _with_alibi(call: SpecCall, alignment: str, alibi: Callable[[Arranged], Array] | None) -> Array:
     """The definition with ``alibi`` (or None) as the ALiBi term, given whole."""
     f = Features(alignment=alignment)
-    a = arranged(q, k, v, mask, bias, is_causal, scale, f)
+    a = arranged(*call.spec_arguments, f)
     s, allowed = feature_scores(a, f)
     if alibi is not None:
         s = np.where(allowed, s + alibi(a), -np.inf)
@@ -165,20 +119,10 @@ def _alibi_bug(
 ) -> Callable[..., Any]:
     """An ALiBi kernel (causal ``alignment``, declared) adding ``term(a, alibi_slopes)``."""
 
-    @declare(**ALIBI, causal_alignment=alignment)
-    def kernel(
-        q: Array,
-        k: Array,
-        v: Array,
-        *,
-        mask: Mask = None,
-        bias: Mask = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-        alibi_slopes: Array | None = None,
-    ) -> Array:
-        alibi = None if alibi_slopes is None else (lambda a: term(a, alibi_slopes))
-        return _with_alibi(q, k, v, mask, bias, is_causal, scale, alignment, alibi)
+    @spec_kernel(ALIBI_KEYWORDS, **ALIBI, causal_alignment=alignment)
+    def kernel(call: SpecCall) -> Array:
+        slopes = call.alibi_slopes
+        return _with_alibi(call, alignment, None if slopes is None else lambda a: term(a, slopes))
 
     return named(kernel, name, doc)
 
@@ -201,68 +145,49 @@ alibi_scaled = _alibi_bug(
 )
 
 
-@declare(**ALIBI)
-def alibi_kv_head_slopes(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    alibi_slopes: Array | None = None,
-) -> Array:
+@spec_kernel(ALIBI_KEYWORDS, **ALIBI)
+def alibi_kv_head_slopes(call: SpecCall) -> Array:
     """Indexes the slopes by the key/value head a query head reads: query head h gets
     slope g = h // G instead of slope h."""
 
+    alibi_slopes = call.alibi_slopes
+
     def alibi(a: Arranged) -> Array:
-        n_q_heads, n_kv_heads = q.shape[-3], k.shape[-3]
+        n_q_heads, n_kv_heads = call.q.shape[-3], call.k.shape[-3]
         slopes = np.broadcast_to(alibi_slopes, (*alibi_slopes.shape[:-1], n_q_heads))
         per_kv = np.take(slopes, np.arange(n_q_heads) // (n_q_heads // n_kv_heads), axis=-1)
         return alibi_bias(a, per_kv, "top_left")
 
-    return _with_alibi(
-        q, k, v, mask, bias, is_causal, scale, "top_left", None if alibi_slopes is None else alibi
-    )
+    return _with_alibi(call, "top_left", None if alibi_slopes is None else alibi)
 
 
 def _naive_slopes(n_heads: int) -> Array:
     return np.asarray([2.0 ** (-8.0 * (h + 1) / n_heads) for h in range(n_heads)], np.float32)
 
 
-@declare(gqa=True, alibi=True, alibi_builtin_slopes=True, alibi_keyword="use_alibi")
-def alibi_naive_slopes(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    use_alibi: bool = False,
-) -> Array:
+@spec_kernel(
+    {"mask": None, "is_causal": False, "scale": None, "use_alibi": False},
+    gqa=True,
+    alibi=True,
+    alibi_builtin_slopes=True,
+    alibi_keyword="use_alibi",
+)
+def alibi_naive_slopes(call: SpecCall) -> Array:
     """Computes its own slopes as 2^(-8(h+1)/H) for every H: right for powers of two only
     (Press et al. interleave the slopes of the next power of two otherwise)."""
-    alibi = (lambda a: alibi_bias(a, _naive_slopes(q.shape[-3]), "top_left")) if use_alibi else None
-    return _with_alibi(q, k, v, mask, None, is_causal, scale, "top_left", alibi)
+    n_heads = call.q.shape[-3]
+    alibi = (
+        (lambda a: alibi_bias(a, _naive_slopes(n_heads), "top_left")) if call.use_alibi else None
+    )
+    return _with_alibi(call, "top_left", alibi)
 
 
 # --- the log-sum-exp (LSE-1 ... LSE-3) ------------------------------------------------------
 
 
-def _lse_kernel(
-    q: Array,
-    k: Array,
-    v: Array,
-    mask: Mask,
-    bias: Mask,
-    is_causal: bool,
-    scale: float | None,
-    softcap: float | None,
-) -> tuple[Arranged, Array, Array, Array]:
+def _lse_kernel(call: SpecCall, softcap: float | None) -> tuple[Arranged, Array, Array, Array]:
     f = Features(softcap=softcap)
-    a = arranged(q, k, v, mask, bias, is_causal, scale, f)
+    a = arranged(*call.spec_arguments, f)
     s, allowed = feature_scores(a, f)
     return a, _masked_softmax_output(a, s, allowed), log_sum_exp(s, allowed), allowed
 
@@ -275,19 +200,9 @@ def _lse_bug(name: str, doc: str, returned: LseBug) -> Callable[..., Any]:
     """A kernel returning the correct output and ``returned(a, lse, allowed)`` for its
     log-sum-exp."""
 
-    @declare(**LSE)
-    def kernel(
-        q: Array,
-        k: Array,
-        v: Array,
-        *,
-        mask: Mask = None,
-        bias: Mask = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-        softcap: float | None = None,
-    ) -> tuple[Array, Array]:
-        a, out, lse, allowed = _lse_kernel(q, k, v, mask, bias, is_causal, scale, softcap)
+    @spec_kernel(SOFTCAP_KEYWORDS, **LSE)
+    def kernel(call: SpecCall) -> tuple[Array, Array]:
+        a, out, lse, allowed = _lse_kernel(call, call.softcap)
         return out, returned(a, lse, allowed)
 
     return named(kernel, name, doc)
@@ -336,21 +251,11 @@ lse_plus_inf_without_keys = _lse_bug(
 )
 
 
-@declare(**LSE)
-def lse_without_softcap(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Mask = None,
-    bias: Mask = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    softcap: float | None = None,
-) -> tuple[Array, Array]:
+@spec_kernel(SOFTCAP_KEYWORDS, **LSE)
+def lse_without_softcap(call: SpecCall) -> tuple[Array, Array]:
     """Caps the scores for the weights but returns the log-sum-exp of the uncapped ones."""
-    _, out, _, _ = _lse_kernel(q, k, v, mask, bias, is_causal, scale, softcap)
-    _, _, uncapped, _ = _lse_kernel(q, k, v, mask, bias, is_causal, scale, None)
+    _, out, _, _ = _lse_kernel(call, call.softcap)
+    _, _, uncapped, _ = _lse_kernel(call, None)
     return out, uncapped
 
 
@@ -358,13 +263,7 @@ def lse_without_softcap(
 
 
 def _dropout(
-    q: Array,
-    k: Array,
-    v: Array,
-    mask: Mask,
-    bias: Mask,
-    is_causal: bool,
-    scale: float | None,
+    call: SpecCall,
     dropout_p: float,
     keep: Array | None,
     rescale: float | None = None,
@@ -373,7 +272,7 @@ def _dropout(
     """Weights times ``keep`` times ``rescale`` (1/(1 - p) unless given), renormalised
     over the kept keys when ``renormalise``."""
     f = Features()
-    a = arranged(q, k, v, mask, bias, is_causal, scale, f)
+    a = arranged(*call.spec_arguments, f)
     s, allowed = feature_scores(a, f)
     p = softmax_lse(s, allowed)
     if dropout_p and keep is not None:
@@ -409,36 +308,19 @@ def _dropout_bug(
     weights times ``rescale(p)`` (default 1/(1 - p)) or renormalised (:func:`_dropout`);
     ``on_output``: the indicators drop elements of the output instead of weights."""
 
-    @declare(**DROPOUT)
-    def kernel(
-        q: Array,
-        k: Array,
-        v: Array,
-        *,
-        mask: Mask = None,
-        bias: Mask = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-        dropout_p: float = 0.0,
-        seed: int | None = None,
-    ) -> Array:
-        p = rate(dropout_p)
+    @spec_kernel(DROPOUT_KEYWORDS, **DROPOUT)
+    def kernel(call: SpecCall) -> Array:
+        p, seed = rate(call.dropout_p), call.seed
         if on_output:
-            out = _dropout(q, k, v, mask, bias, is_causal, scale, 0.0, None)
+            out = _dropout(call, 0.0, None)
             if not p:
                 return out
             dropped = out * keep(out.shape, p, seed) * out.dtype.type(1 / (1 - p))
             return dropped.astype(out.dtype)
         return _dropout(
-            q,
-            k,
-            v,
-            mask,
-            bias,
-            is_causal,
-            scale,
+            call,
             p,
-            keep(_shape(q, k), p, seed),
+            keep(_shape(call.q, call.k), p, seed),
             rescale=None if rescale is None else rescale(p),
             renormalise=renormalise,
         )

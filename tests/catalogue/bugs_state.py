@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from attnspec.conformance import declare
 from attnspec.conformance.call.problem import Problem
 from attnspec.conformance.judge.bounds import reference_bound
 from attnspec.conformance.judge.kernel import KernelUnderTest
@@ -27,6 +26,7 @@ from attnspec.conformance.judge.packed_calls import Batch, call_kv_cache, call_v
 from . import packed_kernels as packed
 from .blocks import named
 from .bugs_features import _dropout_bug
+from .entry import SPEC_KEYWORDS, SpecCall, spec_kernel
 from .feature_blocks import Features, arranged, attend_features, keep_mask
 from .features_catalogue import (
     CACHE_BATCH,
@@ -41,7 +41,6 @@ from .features_catalogue import (
 )
 
 Array = np.ndarray
-Mask = Array | None
 # the call after which wrong_after_many_calls goes wrong, and wrong_every_nth_call's period
 AFTER_CALLS = 3000
 EVERY_NTH_CALL = 50
@@ -52,24 +51,16 @@ def _cached_by_shape(name: str, doc: str, argument: str, **claims: Any) -> Calla
     first call of each input shape: a cache keyed on the shapes alone."""
     cache: dict[tuple[tuple[int, ...], ...], Any] = {}
 
-    @declare(bias=True, gqa=True, **claims)
-    def kernel(
-        q: Array,
-        k: Array,
-        v: Array,
-        *,
-        mask: Mask = None,
-        bias: Mask = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-        softcap: float | None = None,
-        alibi_slopes: Array | None = None,
-    ) -> Array:
-        given = {"mask": mask, "softcap": softcap, "alibi_slopes": alibi_slopes}
+    @spec_kernel(
+        {**SPEC_KEYWORDS, "softcap": None, "alibi_slopes": None}, bias=True, gqa=True, **claims
+    )
+    def kernel(call: SpecCall) -> Array:
+        given = {"mask": call.mask, **call.extras}
+        shapes = (call.q.shape, call.k.shape, call.v.shape)
         if given[argument] is not None:  # the first value given at these shapes, kept
-            given[argument] = cache.setdefault((q.shape, k.shape, v.shape), given[argument])
+            given[argument] = cache.setdefault(shapes, given[argument])
         f = Features(softcap=given["softcap"], alibi_slopes=given["alibi_slopes"])
-        return attend_features(arranged(q, k, v, given["mask"], bias, is_causal, scale, f), f)
+        return attend_features(arranged(*call._replace(mask=given["mask"]).spec_arguments, f), f)
 
     kernel.cache = cache  # type: ignore[attr-defined]
     return named(kernel, name, doc)
@@ -106,20 +97,12 @@ def _definition_between(
     """The definition on ``inputs(q, k, v)``, returned as ``output(out, q)``: where a
     stateful kernel below keeps its state and shows it."""
 
-    @declare(bias=True, gqa=True)
-    def kernel(
-        q: Array,
-        k: Array,
-        v: Array,
-        *,
-        mask: Mask = None,
-        bias: Mask = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-    ) -> Array:
+    @spec_kernel(bias=True, gqa=True)
+    def kernel(call: SpecCall) -> Array:
         f = Features()
-        out = attend_features(arranged(*inputs(q, k, v), mask, bias, is_causal, scale, f), f)
-        return output(out, q)
+        q, k, v = inputs(call.q, call.k, call.v)
+        out = attend_features(arranged(*call._replace(q=q, k=k, v=v).spec_arguments, f), f)
+        return output(out, call.q)
 
     return named(kernel, name, doc)
 

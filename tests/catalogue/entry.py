@@ -4,8 +4,10 @@ shape an attention call's inputs have in the suite and its tests)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -65,8 +67,17 @@ class CaughtBug:
     catches: str
 
 
+# The spec's keywords (SDPA-1) with their defaults: the keyword-only part of a catalogue
+# kernel's signature unless it names its own (``spec_kernel(keywords)``).
+SPEC_KEYWORDS: Mapping[str, Any] = MappingProxyType(
+    {"mask": None, "bias": None, "is_causal": False, "scale": None}
+)
+
+
 class SpecCall(NamedTuple):
-    """One call of a kernel in the spec's convention (SDPA-1): the arrays and the keywords."""
+    """One call of a kernel in the spec's convention (SDPA-1): the arrays and the keywords;
+    any further keyword the kernel takes (``softcap``, ``dropout_p``, ``seed`` ...) is in
+    ``extras`` and reads as an attribute, ``call.softcap``."""
 
     q: Any
     k: Any
@@ -75,37 +86,62 @@ class SpecCall(NamedTuple):
     bias: Any = None
     is_causal: bool = False
     scale: float | None = None
+    extras: Mapping[str, Any] = MappingProxyType({})
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.extras[name]
+        except KeyError:
+            raise AttributeError(f"this call has no keyword {name!r}") from None
+
+    @property
+    def spec_arguments(self) -> tuple[Any, Any, Any, Any, Any, bool, float | None]:
+        """``(q, k, v, mask, bias, is_causal, scale)``, in that order."""
+        return self.q, self.k, self.v, self.mask, self.bias, self.is_causal, self.scale
 
     def pass_to(self, fn: Callable[..., Any]) -> Any:
         """``fn(q, k, v, mask=, bias=, is_causal=, scale=)``: the same call of ``fn``."""
-        q, k, v, mask, bias, is_causal, scale = self
+        q, k, v, mask, bias, is_causal, scale = self.spec_arguments
         return fn(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
 
 
-# Why the known kernels' adapters (conformance/kernels) and the oracle stay parallel to the
-# signature below: the suite reads each kernel's own signature, and the oracle depends on
-# nothing of the suite.
-def spec_kernel(**claims: Any) -> Callable[[Callable[[SpecCall], Any]], Callable[..., Any]]:
-    """A decorator: ``body(call)`` as a kernel declared with ``claims`` that has the spec's
-    signature ``fn(q, k, v, *, mask=None, bias=None, is_causal=False, scale=None)``, written
-    once here; it keeps ``body``'s name, docstring and module, by which reports show it and
-    worker processes load it."""
+def spec_signature(keywords: Mapping[str, Any] = SPEC_KEYWORDS) -> inspect.Signature:
+    """``(q, k, v, *, name=default, ...)`` for each of ``keywords``: the signature the suite
+    reads off a kernel (which keywords it passes, CONF-3)."""
+    arrays = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in "qkv"]
+    options = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
+        for name, default in keywords.items()
+    ]
+    return inspect.Signature([*arrays, *options])
+
+
+# Why the known kernels' adapters (conformance/kernels) and the oracle do not use this:
+# the suite reads each known kernel's own signature, and the oracle depends on nothing of
+# the suite.
+def spec_kernel(
+    keywords: Mapping[str, Any] = SPEC_KEYWORDS, /, **claims: Any
+) -> Callable[[Callable[[SpecCall], Any]], Callable[..., Any]]:
+    """A decorator: ``body(call)`` as a kernel declared with ``claims`` that has the
+    signature ``fn(q, k, v, *, mask=None, bias=None, is_causal=False, scale=None)``, or
+    ``keywords`` (names and defaults) instead of those four; written once here, it binds
+    each call as a function with that signature would (a ``TypeError`` for an unknown
+    keyword).  It keeps ``body``'s name, docstring and module, by which reports show it
+    and worker processes load it."""
+    signature = spec_signature(keywords)
+    extra = [name for name in keywords if name not in SpecCall._fields]
 
     def make(body: Callable[[SpecCall], Any]) -> Callable[..., Any]:
-        def kernel(
-            q: Any,
-            k: Any,
-            v: Any,
-            *,
-            mask: Any = None,
-            bias: Any = None,
-            is_causal: bool = False,
-            scale: float | None = None,
-        ) -> Any:
-            return body(SpecCall(q, k, v, mask, bias, is_causal, scale))
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            given = bound.arguments
+            spec = {name: given[name] for name in SpecCall._fields if name in given}
+            return body(SpecCall(**spec, extras={name: given[name] for name in extra}))
 
         kernel.__name__, kernel.__qualname__ = body.__name__, body.__qualname__
         kernel.__doc__, kernel.__module__ = body.__doc__, body.__module__
+        kernel.__signature__ = signature  # type: ignore[attr-defined]
         return declare(kernel, **claims)
 
     return make
