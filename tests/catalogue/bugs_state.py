@@ -46,6 +46,12 @@ AFTER_CALLS = 3000
 EVERY_NTH_CALL = 50
 
 
+def _keeping(cache: dict[Any, Any], kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """``kernel`` with its ``cache`` as ``kernel.cache``, which :func:`fresh` empties."""
+    kernel.cache = cache  # type: ignore[attr-defined]
+    return kernel
+
+
 def _cached_by_shape(name: str, doc: str, argument: str, **claims: Any) -> Callable[..., Any]:
     """The definition, but ``argument`` (alibi_slopes, softcap or mask) is the one of the
     first call of each input shape: a cache keyed on the shapes alone."""
@@ -62,8 +68,7 @@ def _cached_by_shape(name: str, doc: str, argument: str, **claims: Any) -> Calla
         f = Features(softcap=given["softcap"], alibi_slopes=given["alibi_slopes"])
         return attend_features(arranged(*call._replace(mask=given["mask"]).spec_arguments, f), f)
 
-    kernel.cache = cache  # type: ignore[attr-defined]
-    return named(kernel, name, doc)
+    return _keeping(cache, named(kernel, name, doc))
 
 
 alibi_cached_by_shape = _cached_by_shape(
@@ -120,8 +125,7 @@ def _planned_by_shape(
         return use(plans[0], q), use(plans[1], k), use(plans[2], v)
 
     kernel = _definition_between(name, doc, planned, lambda out, q: out.astype(q.dtype))
-    kernel.cache = cache  # type: ignore[attr-defined]
-    return kernel
+    return _keeping(cache, kernel)
 
 
 def _element_strides(x: Array) -> tuple[int, ...]:
@@ -174,8 +178,7 @@ def _packed_cached_by_shape(
         first = {n: np.array(kwargs[n], copy=True) for n in kept if kwargs.get(n) is not None}
         return base(*args, **{**kwargs, **cache.setdefault(shapes, first)})
 
-    kernel.cache = cache  # type: ignore[attr-defined]
-    return named(kernel, name, doc)
+    return _keeping(cache, named(kernel, name, doc))
 
 
 varlen_offsets_cached_by_shape = _packed_cached_by_shape(

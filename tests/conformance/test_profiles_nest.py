@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 from catalogue.buggy import CATALOGUE
+from catalogue.entry import SpecCall, spec_kernel
 from support import backend_or_skip, compiling
 
-from attnspec.conformance import declare
 from attnspec.conformance.draw.shape_pool import pool_for_run
 from attnspec.conformance.draw.sizes import SizeLimits, current
 from attnspec.conformance.judge.kernel import KernelUnderTest
@@ -61,22 +61,14 @@ def recording(calls: dict[str, list[tuple[Any, ...]]]) -> Any:
     """The reference, recording each call's inputs (shapes, options, a checksum of the
     values) under the stratum it was drawn in."""
 
-    @declare(bias=True, gqa=True)
-    def kernel(
-        q: Array,
-        k: Array,
-        v: Array,
-        *,
-        mask: Array | None = None,
-        bias: Array | None = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-    ) -> Array:
+    @spec_kernel(bias=True, gqa=True)
+    def kernel(call: SpecCall) -> Array:
+        q, k, v, mask, bias, is_causal, scale = call.spec_arguments
         arrays = [np.asarray(a) for a in (q, k, v, mask, bias) if a is not None]
         checksum = zlib.crc32(b"".join(a.tobytes() for a in arrays))
         shapes = tuple((a.shape, str(a.dtype)) for a in arrays)
         calls[current().stratum.name].append((shapes, is_causal, scale, checksum))
-        return reference_sdpa(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+        return call.pass_to(reference_sdpa)
 
     return kernel
 

@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 from catalogue.blocks import arrange, combine, finish, online_softmax, scores, softmax_lse
 from catalogue.correct import lse_attention, online_softmax_attention
+from catalogue.entry import SpecCall, spec_kernel
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import backend_or_skip, verdict_of
+from support import backend_or_skip, recording, verdict_of
 
 from attnspec.backends import Backend
 from attnspec.conformance import (
@@ -64,50 +65,20 @@ Array = np.ndarray
 BLOCK = 64
 
 
-def _arranged(
-    q: Array,
-    k: Array,
-    v: Array,
-    mask: Array | None,
-    bias: Array | None,
-    is_causal: bool,
-    scale: float | None,
-) -> Any:
-    return arrange(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
-
-
-@declare(bias=True, gqa=True)
-def tiled_without_rescale(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(bias=True, gqa=True)
+def tiled_without_rescale(call: SpecCall) -> Array:
     """Online softmax over blocks of 64 keys that forgets to rescale its accumulator and
     running sum when a later block raises the running max: exact up to 64 keys."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    a = call.pass_to(arrange)
     s, allowed = scores(a)
     return finish(online_softmax(s, allowed, a.v, block=BLOCK, rescale=False), a)
 
 
-@declare(bias=True, gqa=True)
-def ragged_tail_dropped(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(bias=True, gqa=True)
+def ragged_tail_dropped(call: SpecCall) -> Array:
     """Blocks of 64 keys whose ragged last block is skipped once there is more than one
     block: wrong only when Lk > 64 and Lk % 64 != 0."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    a = call.pass_to(arrange)
     s, allowed = scores(a)
     single_block = s.shape[-1] <= BLOCK
     return finish(online_softmax(s, allowed, a.v, block=BLOCK, tail=single_block), a)
@@ -116,20 +87,11 @@ def ragged_tail_dropped(
 WIDEST_VECTOR_PATH = 128
 
 
-@declare(bias=True, gqa=True)
-def wide_head_dim_truncated(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(bias=True, gqa=True)
+def wide_head_dim_truncated(call: SpecCall) -> Array:
     """A head-dim path that only reads the first 128 channels of q and k: wrong only for
     E > 128 (the scale stays 1/sqrt(E))."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    a = call.pass_to(arrange)
     a = a.with_(q=a.q[..., :WIDEST_VECTOR_PATH], k=a.k[..., :WIDEST_VECTOR_PATH])
     s, allowed = scores(a)
     return finish(combine(softmax_lse(s, allowed), allowed, a.v), a)
@@ -138,21 +100,12 @@ def wide_head_dim_truncated(
 SPLIT = 256
 
 
-@declare(bias=True, gqa=True)
-def decode_splits_averaged(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Array:
+@spec_kernel(bias=True, gqa=True)
+def decode_splits_averaged(call: SpecCall) -> Array:
     """A flash-decoding path for one query against more than 256 keys: each split of 256
     keys is normalised on its own and the splits' outputs are averaged, not weighted by
     their log-sum-exp.  Every other shape takes the exact path."""
-    a = _arranged(q, k, v, mask, bias, is_causal, scale)
+    a = call.pass_to(arrange)
     s, allowed = scores(a)
     n_queries, n_keys = s.shape[-2], s.shape[-1]
     if n_queries != 1 or n_keys <= SPLIT:
@@ -495,28 +448,18 @@ def test_anchors_cover_what_upstream_grids_and_special_cases_need() -> None:
 
 
 def _recording_dtypes(seen: list[tuple[str, Any, bool]]) -> Callable[..., Any]:
-    @declare(bias=True, gqa=True)
-    def dtype_recording_reference(
-        q: Array,
-        k: Array,
-        v: Array,
-        *,
-        mask: Array | None = None,
-        bias: Array | None = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-    ) -> Array:
-        """The reference, noting each call's dtype and whether a query row of it has every
-        key padded with that dtype's most negative finite value."""
+    """The reference, noting each call's dtype and whether a query row of it has every key
+    padded with that dtype's most negative finite value."""
+
+    def record(q: Array, k: Array, v: Array, *, bias: Array | None, **_: Any) -> Any:
         padded_row = bias is not None and bool(
             (np.broadcast_to(bias, (*bias.shape[:-1], k.shape[-2])) == np.finfo(q.dtype).min)
             .all(axis=-1)
             .any()
         )
-        seen.append((str(q.dtype), q.shape, padded_row))
-        return reference_sdpa(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+        return (str(q.dtype), q.shape, padded_row)
 
-    return dtype_recording_reference
+    return recording(seen, record=record)
 
 
 def test_padded_anchor_runs_in_each_dtype_and_caps_cut_anchors() -> None:
@@ -535,22 +478,8 @@ def test_padded_anchor_runs_in_each_dtype_and_caps_cut_anchors() -> None:
 
 
 def _recording(seen: list[tuple[tuple[int, ...], tuple[int, ...], Any]]) -> Callable[..., Any]:
-    @declare(bias=True, gqa=True)
-    def recording_reference(
-        q: Array,
-        k: Array,
-        v: Array,
-        *,
-        mask: Array | None = None,
-        bias: Array | None = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-    ) -> Array:
-        """The reference, noting the shapes and mask it is called with."""
-        seen.append((q.shape, k.shape, mask))
-        return reference_sdpa(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
-
-    return recording_reference
+    """The reference, noting the shapes and mask it is called with."""
+    return recording(seen, record=lambda q, k, v, *, mask, **_: (q.shape, k.shape, mask))
 
 
 def test_quick_profile_draws_realistic_sizes() -> None:
