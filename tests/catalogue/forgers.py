@@ -3,11 +3,12 @@
 Each returns a wrong answer (zeros, its own inputs, a cached result) and tries to make the
 check report a pass anyway, by reaching into the process it runs in: replacing the
 suite's property runner, rewriting the messages its worker sends, poisoning NumPy or the
-reference, or changing its inputs after it returned.  In attnspec up to 2026.12 the
-property ran, and its verdict was computed, in the kernel's own process, and the first two
-got exit 0, "conforms", with every property passed.  Now the kernel runs in a process of
-its own that only calls it (conformance/run/kernel_process.py), and each of these must get
-a FAILED verdict.  ``FORGERS`` lists them with the properties they are checked on and the
+reference, changing its inputs after it returned, or returning an array whose methods lie.
+In attnspec up to 2026.12 the property ran, and its verdict was computed, in the kernel's
+own process, and the first two got exit 0, "conforms", with every property passed (so does
+the last, run in-process with --no-isolate today).  Now the kernel runs in a process of its
+own that only calls it (conformance/run/kernel_process.py), and each of these must get a
+FAILED verdict.  ``FORGERS`` lists them with the properties they are checked on and the
 words the failure must contain.  The kernels run on NumPy.
 """
 
@@ -140,6 +141,40 @@ def zeroes_its_inputs_later(q: Array, k: Array, v: Array, **options: Any) -> Arr
     return out
 
 
+_AGREEING_UFUNCS = {np.equal, np.less_equal, np.greater_equal, np.isfinite}
+_DISAGREEING_UFUNCS = {np.not_equal, np.less, np.greater, np.isnan, np.isinf}
+_CLOSE_FUNCTIONS = {np.allclose, np.array_equal, np.array_equiv, np.isclose}
+
+
+class _AgreesWithEverything(np.ndarray):
+    """Zeros whose methods say they match whatever they are compared with: every
+    comparison true, every difference zero, np.allclose / isclose / array_equal true."""
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        plain = [np.asarray(x) if isinstance(x, _AgreesWithEverything) else x for x in inputs]
+        result = getattr(ufunc, method)(*plain, **kwargs)
+        if ufunc in _AGREEING_UFUNCS:
+            return np.ones_like(result, dtype=bool)
+        if ufunc in _DISAGREEING_UFUNCS:
+            return np.zeros_like(result, dtype=bool)
+        if ufunc in (np.subtract, np.absolute):
+            return np.zeros_like(result)
+        return result
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        if func in _CLOSE_FUNCTIONS:
+            shape = np.broadcast_shapes(*(np.shape(a) for a in args[:2]))
+            return np.ones(shape, dtype=bool) if func is np.isclose else True
+        return super().__array_function__(func, types, args, kwargs)
+
+
+def returns_a_lying_array(q: Array, k: Array, v: Array, **options: Any) -> Array:
+    """Returns zeros as an ndarray subclass with lying methods (_AgreesWithEverything): a
+    judge calling them would see the definition's values; one judging the values copied
+    out sees zeros."""
+    return _zeros_like_output(q, v).view(_AgreesWithEverything)
+
+
 @dataclass(frozen=True)
 class Forger:
     name: str
@@ -155,6 +190,7 @@ FORGERS = (
     Forger("caches_by_shape", ("matches-reference", "same-shape-new-arguments"), ""),
     Forger("detects_hypothesis_on_its_stack", ("matches-reference", "default-scale"), ""),
     Forger("zeroes_its_inputs_later", ("inputs-unmodified",), "after the call returned"),
+    Forger("returns_a_lying_array", ("default-scale",), ""),
 )
 
 
