@@ -113,6 +113,12 @@ def merge_from_flags(get: Getter) -> MergeClaim | None:
 
 
 PAGED_CACHE_LAYOUTS = ("hnd", "nhd")
+#: The options a paged-batch kernel may take beside its metadata, each passed in
+#: FlashAttention's and FlashInfer's keywords: ``cache_leftpad (B)`` (PAGED-1),
+#: ``window_size=(left, right)`` with -1 for unbounded (SPARSE-2.1), ``attention_chunk=C``
+#: (CHUNK-1), ``softcap=c`` (SOFTCAP-1) and ``custom_mask``, FlashInfer's flattened
+#: per-sequence boolean mask (PAGED-8).
+PAGED_FEATURES = ("leftpad", "window", "chunk", "softcap", "mask")
 
 
 @dataclass(frozen=True)
@@ -123,18 +129,49 @@ class PagedBatchClaim:
     ``cache_layout`` is "hnd" (pages ``(N, Hkv, P, E)``, the spec's and FlashInfer's HND)
     or "nhd" (``(N, P, Hkv, E)``, vLLM's and FlashAttention's); ``page_size`` the only
     page size the kernel accepts (None: any); with ``max_seqlen`` the kernel also takes
-    ``max_seqlen_q`` and ``max_seqlen_k``.
+    ``max_seqlen_q`` and ``max_seqlen_k``; ``features`` are the options of
+    :data:`PAGED_FEATURES` it takes.
     """
 
     cache_layout: str = "hnd"
     page_size: int | None = None
     max_seqlen: bool = True
+    features: tuple[str, ...] = ()
+
+
+def paged_feature_list(text: str) -> tuple[str, ...]:
+    """``--paged-batch-features leftpad,window`` as ``("leftpad", "window")``; argparse
+    reports the ValueError as a usage error."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in PAGED_FEATURES]
+    if unknown or not names:
+        raise ValueError(f"{text!r}: paged-batch features should be some of {PAGED_FEATURES}")
+    return names
+
+
+PAGED_FEATURE_KEYWORDS = {
+    "leftpad": "cache_leftpad",
+    "window": "window_size",
+    "chunk": "attention_chunk",
+    "softcap": "softcap",
+    "mask": "custom_mask",
+}
+
+
+def paged_feature_keywords(features: tuple[str, ...]) -> tuple[str, ...]:
+    """The keyword each paged-batch option is passed as."""
+    return tuple(PAGED_FEATURE_KEYWORDS[name] for name in features)
 
 
 def paged_batch_from_flags(get: Getter) -> PagedBatchClaim | None:
-    if _chosen(get, "paged_batch", "LAYOUT", ("paged_batch_page_size",)) is None:
+    refinements = ("paged_batch_page_size", "paged_batch_features")
+    if _chosen(get, "paged_batch", "LAYOUT", refinements) is None:
         return None
-    return PagedBatchClaim(get("paged_batch"), get("paged_batch_page_size"))
+    return PagedBatchClaim(
+        get("paged_batch"),
+        get("paged_batch_page_size"),
+        features=tuple(get("paged_batch_features") or ()),
+    )
 
 
 @dataclass(frozen=True)

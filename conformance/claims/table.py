@@ -30,6 +30,7 @@ from .family_claims import (
     MERGE_LSE_LAYOUTS,
     MERGE_OUT_LAYOUTS,
     PAGED_CACHE_LAYOUTS,
+    PAGED_FEATURES,
     RECURRENT_GATES,
     RECURRENT_RULES,
     chunk_size_list,
@@ -37,6 +38,8 @@ from .family_claims import (
     merge_from_flags,
     mla_from_flags,
     paged_batch_from_flags,
+    paged_feature_keywords,
+    paged_feature_list,
     recurrent_from_flags,
     rope_from_flags,
     sparse_from_flags,
@@ -727,6 +730,15 @@ CLAIMS: tuple[Claim, ...] = (
                 type=int,
                 metavar="P",
             ),
+            Flag(
+                "--paged-batch-features",
+                "the options the paged-batch kernel takes, comma-separated, of "
+                f"{', '.join(PAGED_FEATURES)}: cache_leftpad=, window_size=(left, right) "
+                "(-1 unbounded), attention_chunk=, softcap= and FlashInfer's flattened "
+                "custom_mask=",
+                type=paged_feature_list,
+                metavar="LIST",
+            ),
         ),
         from_flags=paged_batch_from_flags,
         keywords=lambda d: (
@@ -737,6 +749,7 @@ CLAIMS: tuple[Claim, ...] = (
                 "seqused_k",
                 "block_table",
                 *(("max_seqlen_q", "max_seqlen_k") if d.paged_batch.max_seqlen else ()),
+                *paged_feature_keywords(d.paged_batch.features),
             )
         ),
         remedy="--rename (e.g. seqused_k=cache_seqlens)",

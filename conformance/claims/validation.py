@@ -20,6 +20,7 @@ from .family_claims import (
     MERGE_LSE_LAYOUTS,
     MERGE_OUT_LAYOUTS,
     PAGED_CACHE_LAYOUTS,
+    PAGED_FEATURES,
     RECURRENT_GATES,
     RECURRENT_RULES,
 )
@@ -87,6 +88,9 @@ def _paged_batch_invalid(value: Any) -> str | None:
     size = value.page_size
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
         return f"paged_batch page_size={size!r}, but should be None or an int >= 1"
+    features = value.features
+    if not isinstance(features, tuple) or not set(features) <= set(PAGED_FEATURES):
+        return f"paged_batch features={features!r}, but should be a tuple of {PAGED_FEATURES}"
     return None
 
 

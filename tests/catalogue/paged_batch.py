@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from attnspec.conformance import PagedBatchClaim, declare
+from attnspec.conformance.claims.family_claims import PAGED_FEATURES
 
 from .entry import CaughtBug
 
@@ -32,16 +33,50 @@ def _gather(cache: Array, row: Array, start: int, stop: int) -> Array:
     return np.swapaxes(cache[row[positions // page], :, positions % page], 0, 1)
 
 
-def _attend(q: Array, k: Array, v: Array, offset: int, is_causal: bool) -> Array:
-    """One sequence: ``q (Lq, Hq, E)`` against ``k, v (Hkv, Lk, ·)``, query i at key
-    position i + offset; rows without keys give 0."""
+class Options(NamedTuple):
+    """The options of PagedBatchClaim.features as the kernel received them (FlashAttention's
+    and FlashInfer's conventions: -1 and 0 mean none)."""
+
+    cache_leftpad: Array | None = None
+    window_size: tuple[int, int] = (-1, -1)
+    attention_chunk: int = 0
+    softcap: float = 0.0
+    custom_mask: Array | None = None
+
+
+def _visible(
+    n_q: int, n_k: int, offset: int, is_causal: bool, options: Options, origin: int = 0
+) -> Array:
+    """(Lq, Lk): query i at key position i + offset sees key j by the causal rule, the
+    window (left, right) and the chunk (counted from position ``origin``), each written
+    out on its own."""
+    i, j = np.arange(n_q)[:, None] + offset, np.arange(n_k)[None, :]
+    allowed = np.ones((n_q, n_k), bool)
+    left, right = options.window_size
+    if is_causal or options.attention_chunk:
+        allowed &= j <= i
+    elif right >= 0:
+        allowed &= j <= i + right
+    if left >= 0:
+        allowed &= j >= i - left
+    if options.attention_chunk:
+        chunk = options.attention_chunk
+        allowed &= np.floor_divide(j - origin, chunk) == np.floor_divide(i - origin, chunk)
+    return allowed
+
+
+def _attend(q: Array, k: Array, v: Array, allowed: Array | None, softcap: float = 0.0) -> Array:
+    """One sequence: ``q (Lq, Hq, E)`` against ``k, v (Hkv, Lk, ·)`` where ``allowed
+    (Lq, Lk)`` (None: everywhere), scores softcapped by ``softcap`` (0: none); rows
+    without keys give 0."""
     work = _work(q)
     n_q_heads, n_kv_heads = q.shape[1], k.shape[0]
     k = np.repeat(k, n_q_heads // n_kv_heads, axis=0).astype(work)
     v = np.repeat(v, n_q_heads // n_kv_heads, axis=0).astype(work)
     scores = np.swapaxes(q.astype(work), 0, 1) @ np.swapaxes(k, 1, 2) * work(q.shape[-1] ** -0.5)
-    if is_causal:
-        allowed = np.arange(k.shape[1])[None, :] <= np.arange(q.shape[0])[:, None] + offset
+    if softcap:
+        scores = work(softcap) * np.tanh(scores / work(softcap))
+    if allowed is not None:
         scores = np.where(allowed, scores, -np.inf)
     top = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)
     exps = np.exp(scores - np.where(top == -np.inf, 0, top))
@@ -62,6 +97,14 @@ class PagedCall(NamedTuple):
     max_seqlen_q: int
     max_seqlen_k: int
     is_causal: bool
+    options: Options = Options()
+
+    def mask(self, b: int, n_q: int, n_k: int, offset: int = 0) -> Array | None:
+        """Sequence b's ``(n_q, n_k)`` entries of custom_mask, from element ``offset`` on
+        (PAGED-8: the sum of the earlier sequences' L_q * L_k); None without a mask."""
+        if self.options.custom_mask is None:
+            return None
+        return np.asarray(self.options.custom_mask)[offset : offset + n_q * n_k].reshape(n_q, n_k)
 
 
 def paged_kernel(
@@ -83,7 +126,13 @@ def paged_kernel(
             max_seqlen_q: int,
             max_seqlen_k: int,
             is_causal: bool = False,
+            cache_leftpad: Array | None = None,
+            window_size: tuple[int, int] = (-1, -1),
+            attention_chunk: int = 0,
+            softcap: float = 0.0,
+            custom_mask: Array | None = None,
         ) -> Array:
+            options = Options(cache_leftpad, window_size, attention_chunk, softcap, custom_mask)
             return body(
                 PagedCall(
                     q,
@@ -95,6 +144,7 @@ def paged_kernel(
                     max_seqlen_q,
                     max_seqlen_k,
                     is_causal,
+                    options,
                 )
             )
 
@@ -111,28 +161,54 @@ def _paged(
     table: Callable[[int], Array] | None = None,
     keys_read: Callable[[int], int] | None = None,
     offset: Callable[[int, int, int], int] | None = None,
+    first_key: Callable[[int], int] | None = None,
+    window_offset: Callable[[int, int, int], int] | None = None,
+    chunk_origin: Callable[[int, int], int] | None = None,
+    mask_offset: Callable[[int, int], int] | None = None,
 ) -> Array:
     """The correct kernel, with hooks a bug replaces: the table row, the number of
-    positions read, and the causal offset of (sequence, L_q, L_k)."""
-    q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, _, _, is_causal = call
+    positions read, the causal offset of (sequence, L_q, L_k), the first position read,
+    the offset the window and chunk are measured with, the position chunks are counted
+    from (of L_q, L_k), and where sequence b's mask starts (of (b, the correct start))."""
+    q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, _, _, is_causal, options = call
     out = np.zeros(q.shape[:2] + v_cache.shape[-1:], q.dtype)
+    mask_start = 0
     for b in range(len(seqused_k)):
         first, last = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
         row = block_table[b] if table is None else table(b)
         n_keys = int(seqused_k[b]) if keys_read is None else keys_read(b)
-        k, v = _gather(k_cache, row, 0, n_keys), _gather(v_cache, row, 0, n_keys)
-        shift = n_keys - (last - first) if offset is None else offset(b, last - first, n_keys)
-        out[first:last] = _attend(q[first:last], k, v, shift, is_causal).astype(q.dtype)
+        pad = options.cache_leftpad
+        start = (0 if pad is None else int(pad[b])) if first_key is None else first_key(b)
+        k, v = _gather(k_cache, row, start, n_keys), _gather(v_cache, row, start, n_keys)
+        n_q, n_k = last - first, n_keys - start
+        shift = n_k - n_q if offset is None else offset(b, n_q, n_k)
+        origin = 0 if chunk_origin is None else chunk_origin(n_q, n_k)
+        if window_offset is None:
+            allowed = _visible(n_q, n_k, shift, is_causal, options, origin)
+        else:  # the causal rule from shift, the window and chunk from another offset
+            causal = _visible(n_q, n_k, shift, is_causal, Options())
+            windowed = _visible(n_q, n_k, window_offset(b, n_q, n_k), False, options)
+            allowed = causal & windowed
+        at = mask_start if mask_offset is None else mask_offset(b, mask_start)
+        mask = call.mask(b, n_q, n_k, at)
+        if mask is not None:
+            allowed = allowed & mask
+        mask_start += n_q * n_k
+        out[first:last] = _attend(q[first:last], k, v, allowed, options.softcap).astype(q.dtype)
     return out
 
 
-@paged_kernel()
+EVERY_FEATURE = PagedBatchClaim(features=PAGED_FEATURES)
+
+
+@paged_kernel(EVERY_FEATURE)
 def paged_gather(call: PagedCall) -> Array:
-    """Each sequence's positions gathered through its block table, then dense attention."""
+    """Each sequence's positions gathered through its block table from its cache_leftpad,
+    then dense attention with its window, chunk, softcap and mask."""
     return _paged(call)
 
 
-@paged_kernel(PagedBatchClaim(cache_layout="nhd"))
+@paged_kernel(PagedBatchClaim(cache_layout="nhd", features=PAGED_FEATURES))
 def paged_gather_nhd(call: PagedCall) -> Array:
     """vLLM's page layout ``(N, P, Hkv, E)``."""
     k_cache, v_cache = np.swapaxes(call.k_cache, 1, 2), np.swapaxes(call.v_cache, 1, 2)
@@ -188,7 +264,7 @@ def paged_top_left(call: PagedCall) -> Array:
 def paged_nan_leak(call: PagedCall) -> Array:
     """Bug: the last page read whole with the slots past the length masked by a weight of
     0, so NaN there gives 0 * NaN = NaN (Dao-AILab/flash-attention #1745, #2374)."""
-    q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, _, _, is_causal = call
+    q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, _, _, is_causal, _ = call
     page = k_cache.shape[2]
     out = np.zeros(q.shape[:2] + v_cache.shape[-1:], q.dtype)
     for b in range(len(seqused_k)):
@@ -196,12 +272,53 @@ def paged_nan_leak(call: PagedCall) -> Array:
         n_keys = int(seqused_k[b])
         k = _gather(k_cache, block_table[b], 0, n_keys)
         v = _gather(v_cache, block_table[b], 0, -(-n_keys // page) * page)  # the whole page
-        rows = _attend(q[first:last], k, v[:, :n_keys], n_keys - (last - first), is_causal)
+        n_q = last - first
+        allowed = _visible(n_q, n_keys, n_keys - n_q, is_causal, Options())
+        rows = _attend(q[first:last], k, v[:, :n_keys], allowed)
         group = q.shape[1] // v.shape[0]
         with np.errstate(invalid="ignore"):  # the padding slots' weight 0 times their values
             leaked = np.repeat(0 * v[:, n_keys:].sum(axis=1), group, axis=0)  # (Hq, Ev)
         out[first:last] = (rows + leaked[None]).astype(q.dtype)
     return out
+
+
+@paged_kernel(PagedBatchClaim(features=("window", "chunk")))
+def paged_window_from_cache_start(call: PagedCall) -> Array:
+    """Bug: the causal rule bottom-right, but the window and the chunk measured from query
+    positions counted from the cache's first position (t_i = i), so a prefill chunk or a
+    decode row at the end of a long cache sees keys far outside its window."""
+    return _paged(call, window_offset=lambda b, n_queries, n_keys: 0)
+
+
+@paged_kernel(PagedBatchClaim(features=("chunk",)))
+def paged_chunk_from_first_query(call: PagedCall) -> Array:
+    """Bug: chunks counted from the sequence's first query position instead of key position
+    0 (CHUNK-1's rationale), right only where L_k - L_q is a multiple of the chunk."""
+
+    return _paged(call, chunk_origin=lambda n_queries, n_keys: n_keys - n_queries)
+
+
+@paged_kernel(PagedBatchClaim(features=("leftpad",)))
+def paged_ignores_leftpad(call: PagedCall) -> Array:
+    """Bug: cache_leftpad ignored: every sequence read from logical position 0 of its block
+    table, the padding slots before the first valid position attended."""
+    return _paged(call, first_key=lambda b: 0)
+
+
+@paged_kernel(PagedBatchClaim(features=("mask",)))
+def paged_mask_at_query_offset(call: PagedCall) -> Array:
+    """Bug: sequence b's custom_mask entries read from cu_seqlens_q[b] * L_k,b instead of the
+    sum of the earlier sequences' L_q * L_k: right only where every sequence has the same
+    number of keys."""
+
+    def mask_offset(b: int, start: int) -> int:
+        n_queries = int(call.cu_seqlens_q[b + 1] - call.cu_seqlens_q[b])
+        n_keys = int(call.seqused_k[b])
+        size = np.asarray(call.options.custom_mask).size
+        # kept within the mask, as a kernel reading its own buffer would be
+        return min(int(call.cu_seqlens_q[b]) * n_keys, size - n_queries * n_keys)
+
+    return _paged(call, mask_offset=mask_offset)
 
 
 BUGS = (
@@ -210,4 +327,8 @@ BUGS = (
     CaughtBug(paged_batch_alignment, "paged-batch-matches-reference"),
     CaughtBug(paged_top_left, "paged-batch-matches-reference"),
     CaughtBug(paged_nan_leak, "paged-batch-ignores-padding"),
+    CaughtBug(paged_window_from_cache_start, "paged-batch-matches-reference"),
+    CaughtBug(paged_chunk_from_first_query, "paged-batch-matches-reference"),
+    CaughtBug(paged_ignores_leftpad, "paged-batch-matches-reference"),
+    CaughtBug(paged_mask_at_query_offset, "paged-batch-matches-reference"),
 )

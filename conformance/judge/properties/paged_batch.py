@@ -8,17 +8,19 @@ pages of 1 to 256 positions are drawn out of order from a pool, one page shared 
 sequences, with stale values in every slot no sequence reaches.  Each sequence's rows are
 compared with TOL-2 of its own dense problem, bottom-right (PAGED-2, PAGED-7); and the
 memory past every valid length, NaN there included, must leave the output bit-identical
-(PAGED-5).
+(PAGED-5).  The options a kernel declares (``PagedBatchClaim.features``) are drawn with the
+pages: left padding, windows, chunks, softcap and a flattened mask (PAGED-8).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
 
+from ....reference.serving.paged import Rules
 from ....reference.tolerance import error_bound
 from ...draw import sizes
 from ...draw.strategies import draw_dtype, draw_rng, random_values
@@ -26,6 +28,7 @@ from ..assertions import unlike_array
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import family_only, register
+from ._helpers import draw_softcap
 
 SMALL_PAGE_SIZES = (1, 2, 3, 16)
 REALISTIC_PAGE_SIZES = (1, 16, 64, 256)  # the sizes upstream tests run
@@ -41,7 +44,9 @@ _paged_only = family_only(
 @dataclass(frozen=True)
 class PagedCall:
     """One call in the spec's layout, as float64 values exact in ``dtype``: ``q (T, Hq, E)``,
-    pages ``(N, Hkv, P, ·)``, and per sequence its query count, cached length and pages."""
+    pages ``(N, Hkv, P, ·)``, and per sequence its query count, first valid position
+    (``cache_leftpad``), cached length (``seqused_k``) and pages; the options drawn for the
+    kernel's declared features (None: not passed)."""
 
     q: np.ndarray
     k_cache: np.ndarray
@@ -51,6 +56,11 @@ class PagedCall:
     table: np.ndarray  # (B, M) int32
     is_causal: bool
     dtype: str
+    starts: tuple[int, ...] | None = None
+    window: tuple[int | None, int | None] | None = None
+    chunk: int | None = None
+    softcap: float | None = None
+    masks: tuple[np.ndarray, ...] | None = None  # per sequence (L_q, L_k) bool
 
     @property
     def offsets(self) -> np.ndarray:
@@ -60,17 +70,20 @@ class PagedCall:
     def page_size(self) -> int:
         return int(self.k_cache.shape[2])
 
+    def start(self, b: int) -> int:
+        return 0 if self.starts is None else self.starts[b]
+
     def reached(self) -> np.ndarray:
         """(N, P) True at the slots some sequence's valid positions occupy."""
         reached = np.zeros(self.k_cache.shape[0:1] + self.k_cache.shape[2:3], bool)
         for b, length in enumerate(self.n_keys):
-            for t in range(length):
+            for t in range(self.start(b), length):
                 reached[self.table[b, t // self.page_size], t % self.page_size] = True
         return reached
 
     def keys(self, b: int) -> tuple[np.ndarray, np.ndarray]:
         """Sequence b's keys and values ``(Hkv, L_k, ·)`` in logical order (PAGED-1)."""
-        positions = np.arange(self.n_keys[b])
+        positions = np.arange(self.start(b), self.n_keys[b])
         pages = self.table[b, positions // self.page_size]
         slots = positions % self.page_size
         return (
@@ -78,11 +91,35 @@ class PagedCall:
             np.swapaxes(self.v_cache[pages, :, slots], 0, 1),
         )
 
+    def allowed(self, b: int) -> np.ndarray:
+        """Sequence b's allowed set ``(L_q, L_k)`` (PAGED-2, PAGED-8): the causal rule, the
+        window and the chunk from its bottom-right query positions, and its mask."""
+        n_queries, n_keys = self.n_queries[b], self.n_keys[b] - self.start(b)
+        left, right = (None, None) if self.window is None else self.window
+        rules = Rules(self.is_causal, left, right, self.chunk)
+        t = np.arange(n_queries)[:, None] + (n_keys - n_queries)
+        allowed = np.asarray(rules.allowed(np, t, np.arange(n_keys)[None, :]))
+        allowed = np.broadcast_to(allowed, (n_queries, n_keys))
+        return allowed if self.masks is None else allowed & self.masks[b]
+
     def describe(self) -> str:
+        options = [
+            f"{name} {value}"
+            for name, value in (
+                ("cache_leftpad", None if self.starts is None else list(self.starts)),
+                ("window (left, right)", self.window),
+                ("attention_chunk", self.chunk),
+                ("softcap", self.softcap),
+            )
+            if value is not None
+        ]
+        if self.masks is not None:
+            options.append("a custom_mask")
         return (
             f"q {self.q.shape} {self.dtype}, pages {self.k_cache.shape} (N, Hkv, P, E), "
             f"query lengths {list(self.n_queries)}, cached lengths {list(self.n_keys)}, "
             f"{'causal' if self.is_causal else 'not causal'}"
+            + "".join(f", {option}" for option in options)
         )
 
 
@@ -104,13 +141,16 @@ def _draw_call(data: st.DataObject, kernel: KernelUnderTest) -> PagedCall:
         if realistic
         else data.draw(st.integers(1, 8), label="E")
     )
-    n_queries, n_keys = [], []
+    features = claim.features
+    n_queries, n_keys, starts = [], [], []
     for b in range(data.draw(st.integers(1, 3), label="B")):
-        length = (
-            data.draw(st.sampled_from(REALISTIC_CACHE_LENGTHS), label=f"L_k {b}")
+        used = (
+            data.draw(st.sampled_from(REALISTIC_CACHE_LENGTHS), label=f"seqused_k {b}")
             if realistic
-            else data.draw(st.integers(0, 9), label=f"L_k {b}")
+            else data.draw(st.integers(0, 9), label=f"seqused_k {b}")
         )
+        start = _draw_leftpad(data, b, used, page) if "leftpad" in features else 0
+        length = used - start
         kinds = ["decode", "prefill", *(["longer"] if causal else [])]
         kind = data.draw(st.sampled_from(kinds), label=f"sequence {b}")
         if kind == "decode":
@@ -120,7 +160,8 @@ def _draw_call(data: st.DataObject, kernel: KernelUnderTest) -> PagedCall:
         else:  # more queries than keys: the first rows see nothing (PAGED-3)
             queries = length + data.draw(st.integers(1, 3), label=f"L_q - L_k {b}")
         n_queries.append(queries)
-        n_keys.append(length)
+        n_keys.append(used)
+        starts.append(start)
     pages_of = [-(-length // page) for length in n_keys]
     width = max([1, *pages_of])
     rng = draw_rng(data)
@@ -138,7 +179,46 @@ def _draw_call(data: st.DataObject, kernel: KernelUnderTest) -> PagedCall:
     q = random_values(kernel, rng, (sum(n_queries) + 1, n_q_heads, head_dim), dtype)
     k_cache = random_values(kernel, rng, (n_pages, n_kv_heads, page, head_dim), dtype)
     v_cache = random_values(kernel, rng, (n_pages, n_kv_heads, page, head_dim), dtype)
-    return PagedCall(q, k_cache, v_cache, tuple(n_queries), tuple(n_keys), table, causal, dtype)
+    call = PagedCall(q, k_cache, v_cache, tuple(n_queries), tuple(n_keys), table, causal, dtype)
+    return _with_features(data, call, starts, features, realistic)
+
+
+def _draw_leftpad(data: st.DataObject, b: int, used: int, page: int) -> int:
+    """cache_leftpad[b] <= seqused_k[b]: often 0, else within the first page, a page
+    boundary or half the sequence, so the first page read is a partial one."""
+    choices = sorted({0, min(1, used), min(page - 1, used), min(page, used), used // 2})
+    return data.draw(st.sampled_from(choices), label=f"cache_leftpad {b}")
+
+
+def _with_features(
+    data: st.DataObject,
+    call: PagedCall,
+    starts: list[int],
+    features: tuple[str, ...],
+    realistic: bool,
+) -> PagedCall:
+    """The declared options, each drawn or left out (PAGED-2, PAGED-8): windows and chunks
+    from 0 (a row's own key only) to past the longest sequence."""
+    reach = (0, 1, 16, 63, 256) if realistic else (0, 1, 2, 3, 5, 8)
+    changes: dict[str, Any] = {}
+    if "leftpad" in features:
+        changes["starts"] = tuple(starts)
+    if "window" in features and data.draw(st.booleans(), label="with window"):
+        bound = st.one_of(st.none(), st.sampled_from(reach))
+        changes["window"] = (data.draw(bound, label="left"), data.draw(bound, label="right"))
+    if "chunk" in features and data.draw(st.booleans(), label="with chunk"):
+        sizes_ = (16, 64, 256) if realistic else (1, 2, 3, 4, 7)
+        changes["chunk"] = data.draw(st.sampled_from(sizes_), label="attention_chunk")
+    if "softcap" in features and data.draw(st.booleans(), label="with softcap"):
+        changes["softcap"] = draw_softcap(data)
+    if "mask" in features and data.draw(st.booleans(), label="with mask"):
+        seeded = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="mask seed"))
+        keep = data.draw(st.sampled_from([0.3, 0.7, 0.95]), label="kept fraction")
+        changes["masks"] = tuple(
+            seeded.random((n_q, n_k - start)) < keep
+            for n_q, n_k, start in zip(call.n_queries, call.n_keys, starts, strict=True)
+        )
+    return replace(call, **changes)
 
 
 def _run(kernel: KernelUnderTest, call: PagedCall) -> np.ndarray:
@@ -160,6 +240,17 @@ def _run(kernel: KernelUnderTest, call: PagedCall) -> np.ndarray:
         keywords["max_seqlen_k"] = max(call.n_keys)
     if kernel.declaration.causal:
         keywords["is_causal"] = call.is_causal
+    if call.starts is not None:
+        keywords["cache_leftpad"] = backend.asarray(np.asarray(call.starts, np.int32))
+    if call.window is not None:
+        keywords["window_size"] = tuple(-1 if w is None else w for w in call.window)
+    if call.chunk is not None:
+        keywords["attention_chunk"] = call.chunk
+    if call.softcap is not None:
+        keywords["softcap"] = call.softcap
+    if call.masks is not None:
+        flat = np.concatenate([m.reshape(-1) for m in call.masks])
+        keywords["custom_mask"] = backend.asarray(flat)
     arrays = tuple(backend.asarray(a, call.dtype) for a in (call.q, k_cache, v_cache))
     try:
         out = kernel.call_raw(arrays, {**kernel.declaration.extra_kwargs, **keywords})
@@ -182,9 +273,11 @@ def _run(kernel: KernelUnderTest, call: PagedCall) -> np.ndarray:
 def paged_batch_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Decode rows, prefill chunks and (causal) sequences with more queries than keys, over
     shuffled and shared pages of 1 to 256 positions: each sequence's rows within TOL-2 of
-    its own problem, bottom-right with its own lengths (PAGED-2, PAGED-3).  A kernel that
-    ignores the block table, reads a partial last page whole, aligns with the batch's
-    largest lengths or top-left is outside it."""
+    its own problem, bottom-right with its own lengths (PAGED-2, PAGED-3), with the declared
+    left padding, window, chunk, softcap and mask (PAGED-8).  A kernel that ignores the
+    block table or cache_leftpad, reads a partial last page whole, aligns with the batch's
+    largest lengths or top-left, or measures a window or chunk from another position is
+    outside it."""
     call = _draw_call(data, kernel)
     out = _run(kernel, call)
     offsets = call.offsets
@@ -197,8 +290,8 @@ def paged_batch_matches_reference(kernel: KernelUnderTest, data: st.DataObject) 
             keys,
             values,
             dtype=call.dtype,
-            is_causal=call.is_causal,
-            causal_alignment="bottom_right",
+            mask=call.allowed(b),
+            softcap=call.softcap,
             weights=False,
         )
         expected = np.swapaxes(np.asarray(bound.out), 0, 1)
@@ -210,8 +303,9 @@ def paged_batch_matches_reference(kernel: KernelUnderTest, data: st.DataObject) 
             raise PropertyFailure(
                 f"out[{int(offsets[b]) + row}, {head}, {column}] = {rows[row, head, column]!r} "
                 f"(row {row} of sequence {b}: {call.n_queries[b]} queries on "
-                f"{call.n_keys[b]} cached keys), but should be {expected[row, head, column]!r} "
-                f"within {tolerance[row, head, column]:.3g} (PAGED-2, PAGED-7); "
+                f"{call.n_keys[b] - call.start(b)} cached keys), but should be "
+                f"{expected[row, head, column]!r} within {tolerance[row, head, column]:.3g} "
+                f"(PAGED-2, PAGED-7{', PAGED-8' if call.masks is not None else ''}); "
                 f"{int(outside.sum())} of {outside.size} elements of that sequence outside "
                 f"[call: {call.describe()}]"
             )
@@ -232,9 +326,7 @@ def paged_batch_ignores_padding(kernel: KernelUnderTest, data: st.DataObject) ->
         k_cache[~reached[:, None, :].repeat(k_cache.shape[1], 1)] = value
         v_cache[~reached[:, None, :].repeat(v_cache.shape[1], 1)] = value
         q[valid:] = value
-        return PagedCall(
-            q, k_cache, v_cache, call.n_queries, call.n_keys, call.table, call.is_causal, call.dtype
-        )
+        return replace(call, q=q, k_cache=k_cache, v_cache=v_cache)
 
     clean = _run(kernel, filled(0.0))[:valid]
     dirty = _run(kernel, filled(float("nan")))[:valid]
