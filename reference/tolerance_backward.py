@@ -37,6 +37,7 @@ from .tolerance import (
     error_and_lse_bound,
     feature_score_error,
     product_coefficient,
+    scale_rounding,
     tanh_roundoff,
 )
 
@@ -247,12 +248,10 @@ def _chunk_terms(
         + u_d * abs_ds
         + sigma
     )
-    scale_rounding = 4 * u_d  # r_alpha of TOL-2, at every scale (E-2026.12-14)
+    r_alpha = scale_rounding(dtype)  # TOL-2's, at every scale (E-2026.12-14)
     factor, abs_dx, eps_x = None, abs_ds, own_error
     if chunk.softcap is not None:
-        factor, eps_x, abs_dx = _through_softcap(
-            xp, chunk, dtype, abs_ds, own_error, scale_rounding
-        )
+        factor, eps_x, abs_dx = _through_softcap(xp, chunk, dtype, abs_ds, own_error, r_alpha)
     capped_weights = weights if factor is None else factor * weights  # kappa_ij p_ij
     grad_x = steps.grad_scores if factor is None else steps.grad_scores * factor
     # the whole error of dS (dX), for dk and the bias: its own, D's, the row's shift
@@ -268,7 +267,7 @@ def _chunk_terms(
         alpha * xp.matmul(eps_x, abs_k)
         + alpha * xp.abs(xp.matmul(capped_weights, chunk.k)) * delta_error
         + gamma * xp.abs(dq)
-        + (scale_rounding + (counts.q + 2) * u_a) * alpha * xp.matmul(abs_dx, abs_k)
+        + (r_alpha + (counts.q + 2) * u_a) * alpha * xp.matmul(abs_dx, abs_k)
     )
 
     def over_rows(left: Any, right: Any) -> Any:  # sum over the chunk's rows and the group
@@ -312,7 +311,7 @@ def _assembled(
     xp = problem.xp
     u_d, u_a = UNIT_ROUNDOFF[dtype], accumulation_roundoff(dtype)
     sigma = UNDERFLOW_THRESHOLD[dtype]
-    scale_rounding = 4 * u_d  # r_alpha of TOL-2, at every scale (E-2026.12-14)
+    r_alpha = scale_rounding(dtype)  # TOL-2's, at every scale (E-2026.12-14)
 
     def joined(arrays: list[Any]) -> Any:
         return arrays[0] if len(arrays) == 1 else xp.concat(arrays, axis=-2)
@@ -331,7 +330,7 @@ def _assembled(
     eps_q = reduce_to_shape(
         xp, xp.reshape(joined([p.eps_q for p in parts]), q_like), tuple(q.shape)
     )
-    k_factor = scale_rounding + (counts.k + 2) * u_a
+    k_factor = r_alpha + (counts.k + 2) * u_a
     dk = reduce_to_shape(xp, added([p.dk for p in parts]), tuple(k.shape))
     eps_k = reduce_to_shape(
         xp,
@@ -399,7 +398,7 @@ def _key_weight_error(problem: Any, dtype: str, weights: Any, allowed: Any) -> A
 
 
 def _through_softcap(
-    xp: ModuleType, problem: Any, dtype: str, abs_ds: Any, eps_s: Any, scale_rounding: float
+    xp: ModuleType, problem: Any, dtype: str, abs_ds: Any, eps_s: Any, r_alpha: float
 ) -> tuple[Any, Any, Any]:
     """eps^X and |dX| of dX = dS (1 - tanh^2(x / c)) (BWD-7): dS's error times the factor,
     plus |dS| times the factor's error, from the scaled product's error (the products and
@@ -414,7 +413,7 @@ def _through_softcap(
     magnitude = abs(problem.scale) * xp.matmul(
         xp.abs(problem.q), xp.matrix_transpose(xp.abs(problem.k))
     )
-    x_error = (scale_rounding + (head_dim + 5) * u_a) * magnitude
+    x_error = (r_alpha + (head_dim + 5) * u_a) * magnitude
     factor_error = (
         2 * xp.abs(slope) * (factor * x_error / cap + tanh_roundoff(dtype) * xp.abs(slope))
         + 2 * u_a
