@@ -25,6 +25,7 @@ import numpy as np
 
 Array = np.ndarray
 CHUNK = 16
+FLOAT16_MAX = np.float32(65504.0)
 DELTA = ("delta", "gated_delta")
 
 
@@ -46,9 +47,22 @@ def _heads(q: Array, k: Array, v: Array, bug: str | None) -> tuple[Array, Array,
     return np.repeat(q, outputs // q.shape[-3], axis=-3), k, v, outputs // states
 
 
+def _read_contiguous(x: Any, bug: str | None) -> Any:
+    """``x`` as a kernel that ignores strides reads it under ``strides_ignored``: its
+    elements in row-major order from its first element on (for a view of a wider buffer,
+    the memory past the view's last channel or token; every suite view holds as many
+    elements from its first on)."""
+    if bug != "strides_ignored" or x is None:
+        return x
+    x = np.asarray(x)
+    contiguous = np.cumprod((1, *x.shape[:0:-1]))[::-1] * x.itemsize
+    return np.lib.stride_tricks.as_strided(x, x.shape, tuple(int(s) for s in contiguous))
+
+
 def _inputs(
     q: Array, k: Array, v: Array, rule: str, g: Any, beta: Any, initial_state: Any, bug: str | None
 ) -> tuple[Any, ...]:
+    q, k, v, g, beta = (_read_contiguous(a, bug) for a in (q, k, v, g, beta))
     q, k, v, groups = _heads(*(np.asarray(a, dtype=np.float32) for a in (q, k, v)), bug)
     states, length = k.shape[-3], k.shape[-2]
     shape = (*k.shape[:-3], states, length)
@@ -86,9 +100,13 @@ def _token(
     chunk: int = 1,
     bug: str | None = None,
 ) -> tuple[Array, Array]:
+    if bug == "batch_shared_state" and np.shape(q)[0] > 1:
+        return _one_state_slot(q, k, v, g, beta, initial_state, rule=rule, scale=scale)
     q, k, v, gate, strength, state, groups = _inputs(q, k, v, rule, g, beta, initial_state, bug)
     alpha = _scale(scale, q.shape[-1], bug)
     decode = k.shape[-2] == 1  # a one-token call: where kernels take a decode path
+    if bug == "empty_call_loses_state" and k.shape[-2] == 0:  # written only by the token loop
+        state = np.zeros_like(state)
     if bug == "zero_gate_fast_path" and not np.any(gate):  # "no gate": the linear rule
         rule = "linear"
     outs = []
@@ -107,6 +125,8 @@ def _token(
         new = state + k[..., t, :, None] * update[..., None, :]
         if bug == "state_bfloat16":  # written back in the input dtype (ollama #15865)
             new = to_bfloat16(new)
+        if bug == "state_clamped":  # saturated to float16's range, as for a float16 cache
+            new = np.clip(new, -FLOAT16_MAX, FLOAT16_MAX)
         stale = bug == "output_before_update" or (decode and bug == "decode_output_before_update")
         seen = before if stale else new
         state = new
@@ -114,6 +134,24 @@ def _token(
         outs.append(alpha * np.einsum("...kv,...k->...v", shared, q[..., t, :]))
     out = np.stack(outs, axis=-2) if outs else np.zeros((*q.shape[:-1], v.shape[-1]), np.float32)
     return out, state
+
+
+def _one_state_slot(
+    q: Array, k: Array, v: Array, g: Any, beta: Any, state: Any, **kwargs: Any
+) -> tuple[Array, Array]:
+    """``batch_shared_state``: the batch elements run one after another on one state slot
+    per head (a state offset that forgets the batch stride), so that each element starts
+    from the previous one's final state; the first from its own past state."""
+    outs, finals = [], []
+    carried = None if state is None else np.asarray(state)[:1]
+    for b in range(np.shape(q)[0]):
+        qb, kb, vb, gb, betab = (
+            None if a is None else np.asarray(a)[b : b + 1] for a in (q, k, v, g, beta)
+        )
+        out, carried = _token(qb, kb, vb, g=gb, beta=betab, initial_state=carried, **kwargs)
+        outs.append(out)
+        finals.append(carried)
+    return np.concatenate(outs), np.concatenate(finals)
 
 
 def to_bfloat16(x: Array) -> Array:
@@ -368,6 +406,38 @@ CONTRACT_BUGS += (
         "zero-beta",
     ),
 )
+CONTRACT_BUGS += (
+    (
+        "state_clamped",
+        _token,
+        "the state saturated to float16's range after each token, as for a float16 cache",
+        "linearity",
+    ),
+    (
+        "batch_shared_state",
+        _token,
+        "one state slot per head for the whole batch (SGLang #31833 kind: the wrong grid)",
+        "independence",
+    ),
+    (
+        "strides_ignored",
+        _token,
+        "inputs read as contiguous whatever their strides (no input_guard)",
+        "views",
+    ),
+    (
+        "empty_call_loses_state",
+        _token,
+        "a call of no tokens returns zeros, not its past state (state written by the loop)",
+        "state-passing",
+    ),
+    (
+        "state_in_q_dtype",
+        _token,
+        "the final state returned in q's dtype (ONNX's reference without a past state)",
+        "matches-reference",
+    ),
+)
 CHUNK_SIZES = (2, 3, CHUNK)  # what the declared kernels take as chunk_size=
 
 
@@ -425,7 +495,10 @@ def _declared(
             out, state = run(**arguments)
         else:
             out, state = _packed(run, cu_seqlens, bug, **arguments)
-        return out.astype(q.dtype), state.astype(np.float32)
+        # state_in_q_dtype: ONNX's reference returns present_state in q's dtype when no
+        # past state is given (REC-4.3)
+        final = q.dtype if bug == "state_in_q_dtype" else np.float32
+        return out.astype(q.dtype), state.astype(final)
 
     kernel.__name__ = kernel.__qualname__ = name
     kernel.__module__ = __name__

@@ -17,7 +17,7 @@ within the bound of REC-6.2 for the declared chunk size and operand precision: f
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,11 +33,14 @@ from ..assertions import unlike_array
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import family_only, register
+from ._helpers import arrays_have_layouts
 
 REALISTIC_LENGTHS = (1, 63, 64, 65, 75, 129, 1000)  # around chunks of 16, 32, 64 and past them
 # A contract (state passing, packed boundaries, chunk sizes) breaks at chunk edges, not with
 # length: its properties run to 129 tokens; matches-reference checks the long runs.
 CONTRACT_LENGTHS = tuple(n for n in REALISTIC_LENGTHS if n <= 129)
+# Linearity and independence do not depend on the length: they run to one chunk of 64
+SHORT_LENGTHS = tuple(n for n in REALISTIC_LENGTHS if n <= 65)
 REALISTIC_HEAD_DIMS = (60, 64, 100, 128)  # flash-linear-attention's test grid
 # where a split or a packed boundary falls in a realistic run: at and around chunk edges
 REALISTIC_CUTS = (1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100)
@@ -122,9 +125,10 @@ def _draw_call(
     least: int = 1,
     batch: int | None = None,
     lengths: tuple[int, ...] = CONTRACT_LENGTHS,
+    past_state: bool | None = None,
 ) -> RecurrentCall:
-    """A problem of at least ``least`` tokens (and ``batch`` elements, if given); a
-    realistic one of one of ``lengths``."""
+    """A problem of at least ``least`` tokens (and ``batch`` elements, if given; with a
+    past state if ``past_state``, drawn if None); a realistic one of one of ``lengths``."""
     claim = _recurrent_claim(kernel.declaration)
     dtype = draw_dtype(data, kernel)
     state_dtype = "float64" if dtype == "float64" else "float32"
@@ -144,7 +148,7 @@ def _draw_call(
     if batch is None:
         batch = data.draw(st.integers(1, 2), label="B")
     normalizer = data.draw(st.sampled_from(GATE_NORMALIZERS), label="gate normaliser")
-    with_state = data.draw(st.booleans(), label="past state")
+    with_state = data.draw(st.booleans(), label="past state") if past_state is None else past_state
     # head dims up to 128 and T up to 1000: values from a seeded generator
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="values seed"))
     keys = rng.standard_normal((batch, heads, length, d_k))
@@ -174,18 +178,21 @@ def _invoke(
     state: np.ndarray | None,
     how: str,
     sequences: int | None = None,
+    build: Callable[[np.ndarray, str], Any] | None = None,
     **extra: Any,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The kernel's ``(out, final_state)`` for ``tokens`` from the past ``state`` (None:
     none given), as float64 NumPy, after checking their shapes and dtypes; ``extra``
     keywords (``cu_seqlens``, ``chunk_size``) are passed as given; ``sequences`` is the
-    number of final states (packed sequences; default the batch size)."""
+    number of final states (packed sequences; default the batch size); ``build`` makes
+    the per-token backend arrays (default: contiguous ones)."""
     backend = kernel.backend
-    positional = tuple(backend.asarray(tokens[n], call.dtype) for n in ("q", "k", "v"))
+    build = backend.asarray if build is None else build
+    positional = tuple(build(tokens[n], call.dtype) for n in ("q", "k", "v"))
     keywords: dict[str, Any] = dict(kernel.declaration.extra_kwargs)
     for name in ("g", "beta"):
         if name in tokens:
-            keywords[name] = backend.asarray(tokens[name], call.dtype)
+            keywords[name] = build(tokens[name], call.dtype)
     keywords["initial_state"] = None if state is None else backend.asarray(state, call.state_dtype)
     keywords.update(extra)
     shown = call.describe(how)
@@ -343,7 +350,10 @@ def _in_pieces(
 
 
 def _draw_cut(data: st.DataObject, length: int, label: str) -> int:
-    """A token index in 1 .. T - 1: at and around chunk edges in a realistic run."""
+    """A token index in 0 .. T: at and around chunk edges in a realistic run, and at the
+    ends (a call of T = 0 tokens, REC-2.2's empty run) in one draw of eight."""
+    if data.draw(st.integers(0, 7), label=f"{label}: an end") == 0:
+        return data.draw(st.sampled_from((0, length)), label=label)
     if sizes.current().realistic:
         cuts = [c for c in (*REALISTIC_CUTS, length - 1) if 1 <= c < length]
         return data.draw(st.sampled_from(cuts), label=label)
@@ -354,9 +364,11 @@ def _draw_cut(data: st.DataObject, length: int, label: str) -> int:
 def recurrent_state_passing(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """REC-2.2: tokens 0 .. s-1 in one call, then tokens s .. T-1 in a second from the
     final state the first returned, give the outputs and the final state of one run over
-    all T tokens (within REC-6.2 of the float64 run), with and without a past state: a
-    state not returned, not read, or read twice, and a last chunk that pads with tokens
-    that still update the state, all show."""
+    all T tokens (within REC-6.2 of the float64 run), with and without a past state, for
+    0 <= s <= T (s = 0 or T: one call has no tokens, and returns its past state and an
+    empty output): a state not returned, not read, or read twice, a last chunk that pads
+    with tokens that still update the state, and an empty call that loses the state, all
+    show."""
     call = _draw_call(data, kernel, least=2)
     split = _draw_cut(data, call.length, "split at")
     how = f"; split at token {split}"
@@ -433,3 +445,149 @@ def recurrent_chunk_size(kernel: KernelUnderTest, data: st.DataObject) -> None:
         results = _invoke(kernel, call, tokens, state, how, chunk_size=size)
         bound = _bound(kernel, call, tokens, state, chunk_size=size)
         _judge(results, _whole(bound), "REC-5.1", call.describe(how))
+
+
+# The powers of two (V, S_-1) are scaled by in recurrent-linearity, by q's dtype: float16's
+# outputs overflow past about 2^4 times the suite's values; the others reach the
+# magnitudes where a state clamped or renormalised to a fixed range shows.
+LINEARITY_EXPONENTS = {"float16": 4, "bfloat16": 24, "float32": 24, "float64": 48}
+
+
+def _scaled_call(call: RecurrentCall, values: np.ndarray, state: np.ndarray) -> RecurrentCall:
+    return RecurrentCall(
+        {**call.arrays, "v": values, "initial_state": state},
+        call.rule,
+        call.dtype,
+        call.state_dtype,
+    )
+
+
+@register("recurrent-linearity", "REC-1.2", applies=_recurrent_only)
+def recurrent_linearity(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """REC-1.2, REC-2.2: with q, k, g and beta fixed, the output and the final state are
+    linear in the values and the past state jointly, o(a V1 + b V2, a S1 + b S2) =
+    a o(V1, S1) + b o(V2, S2), for powers of two a, b of either sign from 2^-24 to 2^24
+    (2^-4 to 2^4 in float16): the three calls' results satisfy it within the sum of their
+    REC-6.2 bounds (scaled by |a|, |b|), up to the float64 effect of rounding a V1 + b V2
+    to the input dtype.  A state clamped or renormalised to a fixed range, or a bias in
+    the state path, shows at the magnitudes the other properties never draw."""
+    first = _draw_call(data, kernel, past_state=True, lengths=SHORT_LENGTHS)
+    top = LINEARITY_EXPONENTS[first.dtype]
+    a, b = (
+        data.draw(st.sampled_from((1.0, -1.0)), label=f"sign of {name}")
+        * 2.0 ** data.draw(st.integers(-top, top), label=f"log2 |{name}|")
+        for name in ("a", "b")
+    )
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="V2, S2 seed"))
+    values, state = first.arrays["v"], first.arrays["initial_state"]
+    second = _scaled_call(
+        first,
+        random_values(kernel, rng, values.shape, first.dtype),
+        _as_received(kernel, rng.standard_normal(state.shape), first.state_dtype),
+    )
+    combined = _scaled_call(
+        first,
+        _as_received(kernel, a * values + b * second.arrays["v"], first.dtype),
+        _as_received(kernel, a * state + b * second.arrays["initial_state"], first.state_dtype),
+    )
+    how = f"; o(a V1 + b V2, a S1 + b S2) - a o1 - b o2, a = {a:g}, b = {b:g}"
+    runs = []
+    for n, call in enumerate((first, second, combined), 1):
+        tokens, past = call.tokens(0, call.length), call.arrays["initial_state"]
+        results = _invoke(kernel, call, tokens, past, f"{how}; call {n} of 3")
+        runs.append((results, _whole(_bound(kernel, call, tokens, past))))
+    (o1, s1), b1 = runs[0]
+    (o2, s2), b2 = runs[1]
+    (o3, s3), b3 = runs[2]
+    with np.errstate(invalid="ignore", over="ignore"):
+        differences = (o3 - a * o1 - b * o2, s3 - a * s1 - b * s2)
+        expected = tuple(b3[i] - a * b1[i] - b * b2[i] for i in (0, 2))
+        tolerance = tuple(b3[i] + abs(a) * b1[i] + abs(b) * b2[i] for i in (1, 3))
+    bound = (expected[0], tolerance[0], expected[1], tolerance[1])
+    _judge(differences, bound, "REC-1.2, REC-2.2", first.describe(how))
+
+
+def _permuted(a: np.ndarray, batch: Sequence[int], heads: Sequence[int]) -> np.ndarray:
+    """``a`` (B, H, ...) with its batch elements in the order ``batch`` and its heads in
+    blocks of H / len(heads) (the heads that share one key head, REC-3.1) in the order
+    ``heads``."""
+    blocks = a.reshape(a.shape[0], len(heads), a.shape[1] // len(heads), *a.shape[2:])
+    return blocks[list(batch)][:, list(heads)].reshape(a.shape)
+
+
+@register("recurrent-independence", "REC-3.2", applies=_recurrent_only)
+def recurrent_independence(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """REC-3.2: with the batch elements and the key heads (with the query, value, gate,
+    beta and past-state heads that go with them) permuted, and one batch element's q, v
+    and past state drawn anew, every other element's output and final state are the
+    first call's, permuted, within twice REC-6.2's bound: a state shared between batch
+    elements or heads, or a batch or head offset taken from the wrong grid, shows."""
+    batch = data.draw(st.integers(2, 3), label="B")
+    call = _draw_call(data, kernel, batch=batch, lengths=SHORT_LENGTHS)
+    heads = call.arrays["k"].shape[1]
+    order = data.draw(st.permutations(range(batch)), label="batch order")
+    head_order = data.draw(st.permutations(range(heads)), label="key head order")
+    fresh = data.draw(st.integers(0, batch - 1), label="element drawn anew")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="new values seed"))
+    arrays = {n: _permuted(a, order, head_order) for n, a in call.arrays.items()}
+    for name in ("q", "v", "initial_state"):
+        if name in arrays:
+            dtype = call.state_dtype if name == "initial_state" else call.dtype
+            shape = arrays[name][fresh].shape
+            arrays[name][fresh] = random_values(kernel, rng, shape, dtype)
+    moved = RecurrentCall(arrays, call.rule, call.dtype, call.state_dtype)
+    how = (
+        f"; batch order {list(order)}, key head order {list(head_order)}, "
+        f"element {fresh} drawn anew"
+    )
+    tokens, state = call.tokens(0, call.length), call.arrays.get("initial_state")
+    first = _invoke(kernel, call, tokens, state, f"{how}; the first call")
+    second = _invoke(kernel, moved, moved.tokens(0, call.length), arrays.get("initial_state"), how)
+    _, out_tolerance, _, final_tolerance = _whole(_bound(kernel, call, tokens, state))
+    kept = [i for i in range(batch) if i != fresh]
+    expected = [_permuted(a, order, head_order)[kept] for a in (first[0], first[1])]
+    tolerances = [
+        2 * _permuted(a, order, head_order)[kept] for a in (out_tolerance, final_tolerance)
+    ]
+    _judge(
+        (second[0][kept], second[1][kept]),
+        (expected[0], tolerances[0], expected[1], tolerances[1]),
+        "REC-3.2",
+        moved.describe(f"{how}; indices among the elements kept, {kept}"),
+    )
+
+
+def _with_poisoned_memory(
+    kernel: KernelUnderTest, dims: int, tokens: int
+) -> Callable[[np.ndarray, str], Any]:
+    """A maker of backend arrays that are views: the first T tokens and the first d
+    channels (the last axis of a 4-d array) of a buffer with ``tokens`` more tokens and
+    ``dims`` more channels, all NaN."""
+
+    def build(values: np.ndarray, dtype: str) -> Any:
+        wider = (0,) * (values.ndim - 2) + (tokens, dims if values.ndim == 4 else 0)
+        if values.ndim == 3:  # a per-head gate or beta (B, H, T)
+            wider = (0, 0, tokens)
+        buffer = np.full([n + m for n, m in zip(values.shape, wider, strict=True)], np.nan)
+        view = tuple(slice(0, n) for n in values.shape)
+        buffer[view] = values
+        return kernel.backend.asarray(buffer, dtype)[view]
+
+    return build
+
+
+@register("recurrent-views", "REC-1.6", applies=_recurrent_only, applies_on=arrays_have_layouts)
+def recurrent_views(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """REC-1.6: q, k, v, g and beta given as views, the first T tokens and the first d_k
+    (d_v) channels of buffers whose other tokens and channels are NaN, give the result
+    of contiguous arrays (within REC-6.2 of the float64 run): a kernel that ignores an
+    input's strides, or reads past a head's tokens or past the head dim, reads NaN.
+    Not applicable where the backend's arrays have no strides."""
+    call = _draw_call(data, kernel)
+    dims = data.draw(st.integers(0, 8), label="NaN channels past the head dim")
+    tokens = data.draw(st.integers(0 if dims else 1, 17), label="NaN tokens past T")
+    how = f"; q, k, v, g, beta views with {dims} NaN channels and {tokens} NaN tokens past them"
+    build = _with_poisoned_memory(kernel, dims, tokens)
+    whole, state = call.tokens(0, call.length), call.arrays.get("initial_state")
+    results = _invoke(kernel, call, whole, state, how, build=build)
+    _judge(results, _whole(_bound(kernel, call, whole, state)), "REC-1.6", call.describe(how))
