@@ -18,7 +18,7 @@ from ._checks import (
     require_real_floating,
 )
 from .attention import scaled_dot_product_attention
-from .sdpa import compute_dtype
+from .sdpa import compute_dtype, score_options
 
 CALL = "multi_head_attention(x, y, ...)"
 
@@ -131,17 +131,8 @@ def multi_head_attention(
     q = _split_heads(xp, project(x, w_q, b_q), num_heads)
     k = _split_heads(xp, project(y, w_k, b_k), num_kv_heads)
     v = _split_heads(xp, project(y, w_v, b_v), num_kv_heads)
-    attended = scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        return_weights=return_weights,
-    )
+    options = score_options(mask, bias, is_causal, causal_alignment, scale, None, None)
+    attended = scaled_dot_product_attention(q, k, v, **options, return_weights=return_weights)
     per_head, p = attended if return_weights else (attended, None)
     out = xp.astype(project(_merge_heads(xp, per_head), w_o, b_o), x.dtype)
     return (out, xp.astype(p, x.dtype)) if return_weights else out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -31,6 +31,37 @@ def unlike_array(backend: Backend, value: Any, shape: tuple[int, ...], dtype: st
 def first_index(where: np.ndarray) -> tuple[int, ...]:
     """Index of the first True element of ``where`` (for failure messages)."""
     return tuple(int(i) for i in np.argwhere(where)[0])
+
+
+def assert_elements_within(
+    name: str,
+    got: np.ndarray,
+    expected: np.ndarray,
+    tolerance: np.ndarray,
+    note: Callable[[tuple[int, ...]], str],
+    tail: str = "",
+    *,
+    outside: np.ndarray | None = None,
+    problem: Problem | None = None,
+    kernel: KernelUnderTest | None = None,
+) -> None:
+    """A :class:`PropertyFailure` at the first element of ``got`` outside ``tolerance`` of
+    ``expected`` (NaN counts as outside; ``outside``, where given, says which are):
+    ``name[at] = got, but should be expected within tolerance (note(at)); N of M elements
+    outside`` and ``tail``.  Nothing when every element is within."""
+    if outside is None:
+        with np.errstate(invalid="ignore"):
+            outside = ~(np.abs(got - expected) <= tolerance)
+    if not outside.any():
+        return
+    at = first_index(outside)
+    raise PropertyFailure(
+        f"{name}[{at}] = {got[at]!r}, but should be {expected[at]!r} within "
+        f"{tolerance[at]:.3g} ({note(at)}); {int(outside.sum())} of "
+        f"{outside.size} elements outside{tail}",
+        problem,
+        kernel,
+    )
 
 
 def assert_shape(

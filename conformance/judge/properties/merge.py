@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from ....reference.tolerance_serving import merge_error_bound
 from ...draw import sizes
 from ...draw.strategies import draw_dtype, draw_rng, random_values
+from ..assertions import assert_elements_within
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import family_only, register
@@ -166,14 +167,17 @@ def _assert_within(
     with np.errstate(invalid="ignore"):
         outside = ~(np.abs(got - expected) <= tolerance)
     outside &= ~(got == expected)  # equal infinities
-    if outside.any():
-        at = tuple(int(i) for i in np.argwhere(outside)[0])
-        raise PropertyFailure(
-            f"{name}[{at}] = {got[at]!r}, but should be {expected[at]!r} within "
-            f"{tolerance[at]:.3g} ({clause}; the parts' lse there: "
-            f"{call.lse_a[at[:2]]!r}, {call.lse_b[at[:2]]!r}); {int(outside.sum())} of "
-            f"{outside.size} elements outside the bound [call: {call.describe()}]"
-        )
+    assert_elements_within(
+        name,
+        got,
+        expected,
+        tolerance,
+        lambda at: (
+            f"{clause}; the parts' lse there: {call.lse_a[at[:2]]!r}, {call.lse_b[at[:2]]!r}"
+        ),
+        f" the bound [call: {call.describe()}]",
+        outside=outside,
+    )
 
 
 def _check(kernel: KernelUnderTest, call: MergeCall, clause: str) -> None:

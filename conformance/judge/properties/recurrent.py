@@ -29,7 +29,7 @@ from ...claims.declaration import KernelDeclaration
 from ...claims.family_claims import RecurrentClaim
 from ...draw import sizes
 from ...draw.strategies import draw_dtype, random_values
-from ..assertions import unlike_array
+from ..assertions import assert_elements_within, unlike_array
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import family_only, register
@@ -261,15 +261,9 @@ def _judge(
         ("out", results[0], out, out_tolerance),
         ("final_state", results[1], state, state_tolerance),
     ):
-        with np.errstate(invalid="ignore"):
-            outside = ~(np.abs(actual - expected) <= tolerance)
-        if outside.any():
-            at = tuple(int(i) for i in np.argwhere(outside)[0])
-            raise PropertyFailure(
-                f"{name}[{at}] = {actual[at]!r}, but should be {expected[at]!r} within "
-                f"{tolerance[at]:.3g} ({clauses}, REC-6.2); {int(outside.sum())} of "
-                f"{outside.size} elements outside [call: {shown}]"
-            )
+        assert_elements_within(
+            name, actual, expected, tolerance, lambda at: f"{clauses}, REC-6.2", f" [call: {shown}]"
+        )
 
 
 def _whole(bound: RecurrentBound) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from ....reference.tolerance_serving import sink_error_and_lse_bound
 from ...call.problem import Problem
 from ...draw.strategies import ALWAYS, draw_problem
+from ..assertions import assert_elements_within
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import needs, register
@@ -127,18 +128,15 @@ def _outside_fails(
     """A failure naming the first element of ``got`` outside ``tolerance`` of ``expected``
     and its head's sink (``clause`` is formatted with ``sink`` and ``head``; the head is
     the index on ``head_axis``)."""
-    with np.errstate(invalid="ignore"):
-        outside = ~(np.abs(got - expected) <= tolerance)
-    if outside.any():
-        at = tuple(int(i) for i in np.argwhere(outside)[0])
-        head = at[head_axis]
-        raise PropertyFailure(
-            f"{what}[{at}] = {got[at]!r}, but should be {expected[at]!r} within "
-            f"{tolerance[at]:.3g} ({clause.format(sink=sinks[head], head=head)}); "
-            f"{int(outside.sum())} of {outside.size} elements outside",
-            problem,
-            kernel,
-        )
+    assert_elements_within(
+        what,
+        got,
+        expected,
+        tolerance,
+        lambda at: clause.format(sink=sinks[at[head_axis]], head=at[head_axis]),
+        problem=problem,
+        kernel=kernel,
+    )
 
 
 @register("sinks-matches-reference", "SINK-5", applies=needs("sinks"))
