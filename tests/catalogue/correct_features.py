@@ -15,10 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from attnspec.conformance import declare
-
 from . import packed_kernels
 from .blocks import QUIET, finish, row_max
+from .entry import SPEC_KEYWORDS, SpecCall, spec_kernel
 from .feature_blocks import (
     Features,
     arranged,
@@ -34,45 +33,38 @@ Array = np.ndarray
 LOG2E = math.log2(math.e)
 
 
-@declare(bias=True, gqa=True, softcap=True, alibi=True, returns_lse=True)
-def features_lse(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Array | None = None,
-) -> tuple[Array, Array]:
-    """(f1) Scores of features.md in natural log, weights from the log-sum-exp, top-left."""
-    f = Features(softcap=softcap, alibi_slopes=alibi_slopes)
-    return attend_features(arranged(q, k, v, mask, bias, is_causal, scale, f), f, returns_lse=True)
-
-
-@declare(
-    bias=True, gqa=True, softcap=True, alibi=True, returns_lse=True, causal_alignment="bottom_right"
+@spec_kernel(
+    {**SPEC_KEYWORDS, "softcap": None, "alibi_slopes": None},
+    bias=True,
+    gqa=True,
+    softcap=True,
+    alibi=True,
+    returns_lse=True,
 )
-def features_flash(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    softcap: float = 0.0,
-    alibi_slopes: Array | None = None,
-) -> tuple[Array, Array]:
+def features_lse(call: SpecCall) -> tuple[Array, Array]:
+    """(f1) Scores of features.md in natural log, weights from the log-sum-exp, top-left."""
+    f = Features(softcap=call.softcap, alibi_slopes=call.alibi_slopes)
+    return attend_features(arranged(*call.spec_arguments, f), f, returns_lse=True)
+
+
+@spec_kernel(
+    {**SPEC_KEYWORDS, "softcap": 0.0, "alibi_slopes": None},
+    bias=True,
+    gqa=True,
+    softcap=True,
+    alibi=True,
+    returns_lse=True,
+    causal_alignment="bottom_right",
+)
+def features_flash(call: SpecCall) -> tuple[Array, Array]:
     """(f2) FlashAttention 2's arithmetic: tanh of q.k times alpha/c, ALiBi as slope / c
     on that scale, c log2(e) folded into one factor, an online softmax over key blocks of
     64 in base 2, P rounded to the input dtype, the log-sum-exp converted back from base 2
     (as FlexAttention does); bottom-right; and its spelling of no softcap, 0.0 (SOFTCAP-4)."""
-    f = Features(softcap=softcap or None, alibi_slopes=alibi_slopes, alignment="bottom_right")
-    a = arranged(q, k, v, mask, bias, is_causal, scale, f)
+    f = Features(
+        softcap=call.softcap or None, alibi_slopes=call.alibi_slopes, alignment="bottom_right"
+    )
+    a = arranged(*call.spec_arguments, f)
     work = a.q.dtype.type
     # FA's scale_softmax: the cap, or the scale (1 for scale 0, where FlashAttention's
     # slope / scale_softmax would be infinite)
@@ -118,42 +110,29 @@ def features_flash(
     return finish(out, a), lse[..., 0]
 
 
-@declare(bias=True, gqa=True, alibi=True, alibi_builtin_slopes=True, alibi_keyword="use_alibi")
-def alibi_builtin(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    use_alibi: bool = False,
-) -> Array:
+@spec_kernel(
+    {**SPEC_KEYWORDS, "use_alibi": False},
+    bias=True,
+    gqa=True,
+    alibi=True,
+    alibi_builtin_slopes=True,
+    alibi_keyword="use_alibi",
+)
+def alibi_builtin(call: SpecCall) -> Array:
     """(f3) ALiBi, when asked for, with the standard slopes for its own heads (ALIBI-3),
     as BLOOM and MPT compute them; top-left."""
-    f = Features(alibi_slopes=press_slopes(q.shape[-3]) if use_alibi else None)
-    return attend_features(arranged(q, k, v, mask, bias, is_causal, scale, f), f)
+    f = Features(alibi_slopes=press_slopes(call.q.shape[-3]) if call.use_alibi else None)
+    return attend_features(arranged(*call.spec_arguments, f), f)
 
 
-@declare(bias=True, gqa=True, dropout=True)
-def dropout_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array | None = None,
-    bias: Array | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    seed: int | None = None,
-) -> Array:
+@spec_kernel({**SPEC_KEYWORDS, "dropout_p": 0.0, "seed": None}, bias=True, gqa=True, dropout=True)
+def dropout_attention(call: SpecCall) -> Array:
     """(f4) Dropout as FlashAttention applies it: unnormalised exponentials dropped by
     Bernoulli(1 - p) indicators from the seed, the undropped row sum, and the output
     multiplied by 1 / (sum (1 - p)) at the end."""
+    dropout_p, seed = call.dropout_p, call.seed
     f = Features(dropout_p=dropout_p, seed=seed)
-    a = arranged(q, k, v, mask, bias, is_causal, scale, f)
+    a = arranged(*call.spec_arguments, f)
     s, allowed = feature_scores(a, f)
     with np.errstate(**QUIET):
         e = np.where(allowed, np.exp(s - row_max(s)), 0).astype(s.dtype)
