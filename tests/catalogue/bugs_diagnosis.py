@@ -11,11 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from .blocks import QUIET, Arranged, arrange, attend, combine, finish, scores, softmax_lse
-from .entry import SpecCall, spec_kernel
+from .entry import ALL, SpecCall, spec_kernel
 
 Array = np.ndarray
-Mask = np.ndarray | None
-ALL = {"bias": True, "gqa": True}
 
 
 @spec_kernel(**ALL)
@@ -64,28 +62,28 @@ def _float16_scores(a: Arranged, accumulate: bool) -> Array:
     return s
 
 
+def _with_float16_scores(call: SpecCall, accumulate: bool) -> Array:
+    """The definition, but for float16 inputs on :func:`_float16_scores` (the softmax and
+    P @ V in float32)."""
+    a = call.pass_to(arrange)
+    if call.q.dtype != np.float16:
+        return attend(a)
+    with np.errstate(**QUIET):
+        return _softmax_pv(a, _float16_scores(a, accumulate))
+
+
 @spec_kernel(**ALL)
 def scores_cast_to_float16(call: SpecCall) -> Array:
     """For float16 inputs, computes the scores in float32 but stores them in a float16
     buffer before the softmax (the softmax and P @ V are float32)."""
-    q, *_ = call
-    a = call.pass_to(arrange)
-    if q.dtype != np.float16:
-        return attend(a)
-    with np.errstate(**QUIET):
-        return _softmax_pv(a, _float16_scores(a, accumulate=False))
+    return _with_float16_scores(call, accumulate=False)
 
 
 @spec_kernel(**ALL)
 def scores_accumulated_in_float16(call: SpecCall) -> Array:
     """For float16 inputs, accumulates q . k in float16 (a half-precision MMA without a
     float32 accumulator); the softmax and P @ V are float32."""
-    q, *_ = call
-    a = call.pass_to(arrange)
-    if q.dtype != np.float16:
-        return attend(a)
-    with np.errstate(**QUIET):
-        return _softmax_pv(a, _float16_scores(a, accumulate=True))
+    return _with_float16_scores(call, accumulate=True)
 
 
 @spec_kernel(**ALL)

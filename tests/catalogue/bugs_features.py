@@ -49,7 +49,7 @@ def softcap_before_scale(call: SpecCall) -> Array:
     """Caps the unscaled q.k and scales afterwards: alpha c tanh(q.k / c) instead of
     c tanh(alpha q.k / c)."""
     f = Features()
-    a = arranged(*call.spec_arguments, f)
+    a = arranged(*call, f)
     if call.softcap is None:
         return attend_features(a, f)
     with np.errstate(**QUIET):
@@ -66,7 +66,7 @@ def softcap_bias_inside(call: SpecCall) -> Array:
     """Adds the bias before capping: c tanh((alpha q.k + b) / c), so a padding bias of
     finfo.min becomes -c."""
     f = Features()
-    a = arranged(*call.spec_arguments, f)
+    a = arranged(*call, f)
     s, allowed = feature_scores(a, f)  # scaled + bias, masked
     if call.softcap is not None:
         s = np.where(allowed, softcapped(s, call.softcap), -np.inf)
@@ -79,7 +79,7 @@ def softcap_mask_inside(call: SpecCall) -> Array:
     score becomes -c and it is attended."""
     f = Features()
     mask, softcap = call.mask, call.softcap
-    a = arranged(*call._replace(mask=None).spec_arguments, f)
+    a = arranged(*call._replace(mask=None), f)
     s, allowed = feature_scores(a, f)
     if softcap is None:
         if mask is not None:
@@ -94,7 +94,7 @@ def softcap_mask_inside(call: SpecCall) -> Array:
 def softcap_ignored(call: SpecCall) -> Array:
     """Accepts softcap= and does nothing with it."""
     f = Features()
-    return attend_features(arranged(*call.spec_arguments, f), f)
+    return attend_features(arranged(*call, f), f)
 
 
 # --- ALiBi (ALIBI-2, ALIBI-3) --------------------------------------------------------------
@@ -103,7 +103,7 @@ def softcap_ignored(call: SpecCall) -> Array:
 def _with_alibi(call: SpecCall, alignment: str, alibi: Callable[[Arranged], Array] | None) -> Array:
     """The definition with ``alibi`` (or None) as the ALiBi term, given whole."""
     f = Features(alignment=alignment)
-    a = arranged(*call.spec_arguments, f)
+    a = arranged(*call, f)
     s, allowed = feature_scores(a, f)
     if alibi is not None:
         s = np.where(allowed, s + alibi(a), -np.inf)
@@ -187,7 +187,7 @@ def alibi_naive_slopes(call: SpecCall) -> Array:
 
 def _lse_kernel(call: SpecCall, softcap: float | None) -> tuple[Arranged, Array, Array, Array]:
     f = Features(softcap=softcap)
-    a = arranged(*call.spec_arguments, f)
+    a = arranged(*call, f)
     s, allowed = feature_scores(a, f)
     return a, _masked_softmax_output(a, s, allowed), log_sum_exp(s, allowed), allowed
 
@@ -272,7 +272,7 @@ def _dropout(
     """Weights times ``keep`` times ``rescale`` (1/(1 - p) unless given), renormalised
     over the kept keys when ``renormalise``."""
     f = Features()
-    a = arranged(*call.spec_arguments, f)
+    a = arranged(*call, f)
     s, allowed = feature_scores(a, f)
     p = softmax_lse(s, allowed)
     if dropout_p and keep is not None:

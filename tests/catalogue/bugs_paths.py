@@ -15,12 +15,10 @@ import math
 import numpy as np
 
 from .blocks import Operands, contiguous_groups, operands
-from .entry import SpecCall, spec_kernel
+from .entry import ALL, SpecCall, spec_kernel
 from .tiled import Tiling, tiled
 
 Array = np.ndarray
-Mask = np.ndarray | None
-ALL = {"bias": True, "gqa": True}
 TILING = Tiling(query_block=128, key_block=64)
 DECODE_TILING = Tiling(query_block=64, key_block=64, split=256)
 VECTOR_WIDTH = 32  # head-dim elements one vectorised step handles

@@ -12,11 +12,9 @@ from typing import Any
 import numpy as np
 
 from .blocks import arrange, attend, check_heads
-from .entry import SpecCall, spec_kernel
+from .entry import ALL, SpecCall, spec_kernel
 
 Array = np.ndarray
-Mask = np.ndarray | None
-ALL = {"bias": True, "gqa": True}
 
 
 @spec_kernel(**ALL)

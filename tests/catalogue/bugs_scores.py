@@ -22,11 +22,10 @@ from .blocks import (
     scores,
     softmax_lse,
 )
-from .entry import SpecCall, spec_kernel
+from .entry import ALL, SpecCall, spec_kernel
 
 Array = np.ndarray
 Mask = np.ndarray | None
-ALL = {"bias": True, "gqa": True}
 
 
 # --- scale (SDPA-2) --------------------------------------------------------------------

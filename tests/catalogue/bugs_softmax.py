@@ -20,11 +20,9 @@ from .blocks import (
     scores,
     softmax_lse,
 )
-from .entry import SpecCall, spec_kernel
+from .entry import ALL, SpecCall, spec_kernel
 
 Array = np.ndarray
-Mask = np.ndarray | None
-ALL = {"bias": True, "gqa": True}
 
 
 def _with_weights(a: Arranged, p: Array, allowed: Array) -> Array:

@@ -66,7 +66,7 @@ def _cached_by_shape(name: str, doc: str, argument: str, **claims: Any) -> Calla
         if given[argument] is not None:  # the first value given at these shapes, kept
             given[argument] = cache.setdefault(shapes, given[argument])
         f = Features(softcap=given["softcap"], alibi_slopes=given["alibi_slopes"])
-        return attend_features(arranged(*call._replace(mask=given["mask"]).spec_arguments, f), f)
+        return attend_features(arranged(*call._replace(mask=given["mask"]), f), f)
 
     return _keeping(cache, named(kernel, name, doc))
 
@@ -106,7 +106,7 @@ def _definition_between(
     def kernel(call: SpecCall) -> Array:
         f = Features()
         q, k, v = inputs(call.q, call.k, call.v)
-        out = attend_features(arranged(*call._replace(q=q, k=k, v=v).spec_arguments, f), f)
+        out = attend_features(arranged(*call._replace(q=q, k=k, v=v), f), f)
         return output(out, call.q)
 
     return named(kernel, name, doc)

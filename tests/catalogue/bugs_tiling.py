@@ -14,12 +14,10 @@ from functools import partial
 import numpy as np
 
 from .blocks import CausalRule, Operands, Rescale, operands, ragged_blocks
-from .entry import SpecCall, spec_kernel
+from .entry import ALL, SpecCall, spec_kernel
 from .tiled import Tiling, tiled
 
 Array = np.ndarray
-Mask = np.ndarray | None
-ALL = {"bias": True, "gqa": True}
 BOTTOM_RIGHT = {**ALL, "causal_alignment": "bottom_right"}
 TILING = Tiling(query_block=128, key_block=64)
 SPLIT_KV = Tiling(query_block=64, key_block=64, split=256)

@@ -44,7 +44,7 @@ LOG2E = math.log2(math.e)
 def features_lse(call: SpecCall) -> tuple[Array, Array]:
     """(f1) Scores of features.md in natural log, weights from the log-sum-exp, top-left."""
     f = Features(softcap=call.softcap, alibi_slopes=call.alibi_slopes)
-    return attend_features(arranged(*call.spec_arguments, f), f, returns_lse=True)
+    return attend_features(arranged(*call, f), f, returns_lse=True)
 
 
 @spec_kernel(
@@ -64,7 +64,7 @@ def features_flash(call: SpecCall) -> tuple[Array, Array]:
     f = Features(
         softcap=call.softcap or None, alibi_slopes=call.alibi_slopes, alignment="bottom_right"
     )
-    a = arranged(*call.spec_arguments, f)
+    a = arranged(*call, f)
     work = a.q.dtype.type
     # FA's scale_softmax: the cap, or the scale (1 for scale 0, where FlashAttention's
     # slope / scale_softmax would be infinite)
@@ -122,7 +122,7 @@ def alibi_builtin(call: SpecCall) -> Array:
     """(f3) ALiBi, when asked for, with the standard slopes for its own heads (ALIBI-3),
     as BLOOM and MPT compute them; top-left."""
     f = Features(alibi_slopes=press_slopes(call.q.shape[-3]) if call.use_alibi else None)
-    return attend_features(arranged(*call.spec_arguments, f), f)
+    return attend_features(arranged(*call, f), f)
 
 
 @spec_kernel({**SPEC_KEYWORDS, "dropout_p": 0.0, "seed": None}, bias=True, gqa=True, dropout=True)
@@ -132,7 +132,7 @@ def dropout_attention(call: SpecCall) -> Array:
     multiplied by 1 / (sum (1 - p)) at the end."""
     dropout_p, seed = call.dropout_p, call.seed
     f = Features(dropout_p=dropout_p, seed=seed)
-    a = arranged(*call.spec_arguments, f)
+    a = arranged(*call, f)
     s, allowed = feature_scores(a, f)
     with np.errstate(**QUIET):
         e = np.where(allowed, np.exp(s - row_max(s)), 0).astype(s.dtype)

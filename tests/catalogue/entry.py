@@ -67,6 +67,9 @@ class CaughtBug:
     catches: str
 
 
+# The claims of the dense catalogue kernels: a bias and grouped heads (SDPA-3.2, SDPA-6.1)
+ALL: Mapping[str, Any] = MappingProxyType({"bias": True, "gqa": True})
+
 # The spec's keywords (SDPA-1) with their defaults: the keyword-only part of a catalogue
 # kernel's signature unless it names its own (``spec_kernel(keywords)``).
 SPEC_KEYWORDS: Mapping[str, Any] = MappingProxyType(
@@ -74,11 +77,7 @@ SPEC_KEYWORDS: Mapping[str, Any] = MappingProxyType(
 )
 
 
-class SpecCall(NamedTuple):
-    """One call of a kernel in the spec's convention (SDPA-1): the arrays and the keywords;
-    any further keyword the kernel takes (``softcap``, ``dropout_p``, ``seed`` ...) is in
-    ``extras`` and reads as an attribute, ``call.softcap``."""
-
+class _SpecArguments(NamedTuple):
     q: Any
     k: Any
     v: Any
@@ -86,22 +85,35 @@ class SpecCall(NamedTuple):
     bias: Any = None
     is_causal: bool = False
     scale: float | None = None
-    extras: Mapping[str, Any] = MappingProxyType({})
+
+
+class SpecCall(_SpecArguments):
+    """One call of a kernel in the spec's convention (SDPA-1): the arrays and the keywords,
+    a tuple ``(q, k, v, mask, bias, is_causal, scale)``; any further keyword the kernel
+    takes (``softcap``, ``dropout_p``, ``seed`` ...) is in ``extras`` and reads as an
+    attribute, ``call.softcap``."""
+
+    extras: Mapping[str, Any]
+
+    def __new__(
+        cls, *args: Any, extras: Mapping[str, Any] | None = None, **kwargs: Any
+    ) -> SpecCall:
+        call = super().__new__(cls, *args, **kwargs)
+        call.extras = MappingProxyType(dict(extras or {}))
+        return call
 
     def __getattr__(self, name: str) -> Any:
         try:
-            return self.extras[name]
+            return self.__dict__["extras"][name]
         except KeyError:
             raise AttributeError(f"this call has no keyword {name!r}") from None
 
-    @property
-    def spec_arguments(self) -> tuple[Any, Any, Any, Any, Any, bool, float | None]:
-        """``(q, k, v, mask, bias, is_causal, scale)``, in that order."""
-        return self.q, self.k, self.v, self.mask, self.bias, self.is_causal, self.scale
+    def _replace(self, /, **changes: Any) -> SpecCall:
+        return SpecCall(*super()._replace(**changes), extras=self.extras)
 
     def pass_to(self, fn: Callable[..., Any]) -> Any:
         """``fn(q, k, v, mask=, bias=, is_causal=, scale=)``: the same call of ``fn``."""
-        q, k, v, mask, bias, is_causal, scale = self.spec_arguments
+        q, k, v, mask, bias, is_causal, scale = self
         return fn(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
 
 

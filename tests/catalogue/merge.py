@@ -74,12 +74,9 @@ def merge_lse_first(o_a: Array, lse_a: Array, o_b: Array, lse_b: Array) -> tuple
     return out.astype(o_a.dtype), lse
 
 
-@declare(merge=MergeClaim(base="2", out_layout="lhd", lse_layout="lh"))
-def merge_flashinfer_layout(
-    o_a: Array, lse_a: Array, o_b: Array, lse_b: Array
-) -> tuple[Array, Array]:
-    """FlashInfer's conventions: states ``[seq_len, num_heads, head_dim]`` with base-2
-    log-sum-exps ``[seq_len, num_heads]``, merged with exp2."""
+def _exp2_merge(o_a: Array, lse_a: Array, o_b: Array, lse_b: Array) -> tuple[Array, Array]:
+    """Two states merged with exp2 and log2: right for base-2 log-sum-exps (FlashInfer's),
+    wrong for natural ones (:func:`merge_in_base_two`)."""
     top = np.maximum(lse_a, lse_b)
     empty = top == -np.inf
     top = np.where(empty, 0, top).astype(lse_a.dtype)
@@ -87,6 +84,15 @@ def merge_flashinfer_layout(
     with np.errstate(divide="ignore"):
         lse = np.where(empty, -np.inf, top + np.log2(w_a + w_b)).astype(lse_a.dtype)
     return _combine(o_a, w_a, o_b, w_b).astype(o_a.dtype), lse
+
+
+@declare(merge=MergeClaim(base="2", out_layout="lhd", lse_layout="lh"))
+def merge_flashinfer_layout(
+    o_a: Array, lse_a: Array, o_b: Array, lse_b: Array
+) -> tuple[Array, Array]:
+    """FlashInfer's conventions: states ``[seq_len, num_heads, head_dim]`` with base-2
+    log-sum-exps ``[seq_len, num_heads]``, merged with exp2."""
+    return _exp2_merge(o_a, lse_a, o_b, lse_b)
 
 
 CORRECT = (merge_max_shift, merge_lse_first, merge_flashinfer_layout)
@@ -106,13 +112,7 @@ def merge_without_max_shift(
 @declare(merge=MergeClaim())
 def merge_in_base_two(o_a: Array, lse_a: Array, o_b: Array, lse_b: Array) -> tuple[Array, Array]:
     """Bug: natural log-sum-exps weighted with exp2 (a base-2 kernel fed natural ones)."""
-    top = np.maximum(lse_a, lse_b)
-    empty = top == -np.inf
-    top = np.where(empty, 0, top).astype(lse_a.dtype)
-    w_a, w_b = np.exp2(lse_a - top), np.exp2(lse_b - top)
-    with np.errstate(divide="ignore"):
-        lse = np.where(empty, -np.inf, top + np.log2(w_a + w_b)).astype(lse_a.dtype)
-    return _combine(o_a, w_a, o_b, w_b).astype(o_a.dtype), lse
+    return _exp2_merge(o_a, lse_a, o_b, lse_b)
 
 
 @declare(merge=MergeClaim())

@@ -63,7 +63,7 @@ def recording(calls: dict[str, list[tuple[Any, ...]]]) -> Any:
 
     @spec_kernel(bias=True, gqa=True)
     def kernel(call: SpecCall) -> Array:
-        q, k, v, mask, bias, is_causal, scale = call.spec_arguments
+        q, k, v, mask, bias, is_causal, scale = call
         arrays = [np.asarray(a) for a in (q, k, v, mask, bias) if a is not None]
         checksum = zlib.crc32(b"".join(a.tobytes() for a in arrays))
         shapes = tuple((a.shape, str(a.dtype)) for a in arrays)
