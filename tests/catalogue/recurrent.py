@@ -426,6 +426,12 @@ CONTRACT_BUGS += (
         "views",
     ),
     (
+        "varlen_strides_ignored",
+        _token,
+        "the packed path reads its buffers as contiguous: NaN past cu_seqlens[-1] or d_k",
+        "views",
+    ),
+    (
         "empty_call_loses_state",
         _token,
         "a call of no tokens returns zeros, not its past state (state written by the loop)",
@@ -450,6 +456,8 @@ def _packed(
     states = kwargs.pop("initial_state")
     per_token = {n: kwargs.pop(n) for n in ("q", "k", "v", "g", "beta")}
     per_token = {n: a for n, a in per_token.items() if a is not None}
+    if bug == "varlen_strides_ignored":  # the packed path indexes its buffers as contiguous
+        per_token = {n: _read_contiguous(a, "strides_ignored") for n, a in per_token.items()}
     if bug == "varlen_offsets_ignored":
         first = None if states is None else states[:1]
         out, state = base(**per_token, initial_state=first, **kwargs)

@@ -73,7 +73,8 @@ def test_every_contract_bug_is_caught_by_its_property(
     token with beta = 0 skipped, its decay too), REC-2.2 (a
     decode step that skips the gate or reads the state before its token, an empty call
     that loses the state), REC-1.2 (a state clamped to float16's range), REC-3.2 (one
-    state slot for the whole batch), REC-1.6 (strides ignored), REC-4.3 (the final state
+    state slot for the whole batch), REC-1.6 (strides ignored, on every path or on the packed
+    path only: NaN past cu_seqlens[-1]), REC-4.3 (the final state
     in q's dtype),
     REC-3.3 (a state carried across a packed boundary, cu_seqlens ignored), REC-5.1 (a gate
     applied twice at a chunk edge, a chunk size that drops the last partial chunk): each

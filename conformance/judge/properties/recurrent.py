@@ -392,7 +392,20 @@ def recurrent_varlen(kernel: KernelUnderTest, data: st.DataObject) -> None:
     among them) and past states ``(N, Hs, dk, dv)``: each sequence's output rows and final
     state are those of its own run from its own past state (within REC-6.2); a state
     carried across a boundary, or offsets ignored, shows."""
-    call = _draw_call(data, kernel, batch=1)
+    _packed_run(kernel, data, _draw_call(data, kernel, batch=1), "REC-3.3")
+
+
+def _packed_run(
+    kernel: KernelUnderTest,
+    data: st.DataObject,
+    call: RecurrentCall,
+    clauses: str,
+    build: Callable[[np.ndarray, str], Any] | None = None,
+    how: str = "",
+) -> None:
+    """``call`` (one batch element) cut into up to four packed sequences by drawn
+    ``cu_seqlens``, each with its own drawn past state if ``call`` has one, judged against
+    each sequence's own float64 run; ``build`` makes the per-token arrays."""
     cuts = sorted(
         data.draw(st.lists(st.integers(0, call.length), max_size=3), label="packed boundaries")
     )
@@ -404,10 +417,11 @@ def recurrent_varlen(kernel: KernelUnderTest, data: st.DataObject) -> None:
         d_k, d_v = call.arrays["initial_state"].shape[-2:]
         shape = (sequences, call.arrays["initial_state"].shape[1], d_k, d_v)
         states = _as_received(kernel, rng.standard_normal(shape), call.state_dtype)
-    how = f"; packed, cu_seqlens {offsets}"
+    how = f"{how}; packed, cu_seqlens {offsets}"
     cu_seqlens = kernel.backend.asarray(np.asarray(offsets, dtype=np.int32))
+    whole = call.tokens(0, call.length)
     results = _invoke(
-        kernel, call, call.tokens(0, call.length), states, how, sequences, cu_seqlens=cu_seqlens
+        kernel, call, whole, states, how, sequences, build=build, cu_seqlens=cu_seqlens
     )
     parts = [
         _whole(
@@ -423,7 +437,7 @@ def recurrent_varlen(kernel: KernelUnderTest, data: st.DataObject) -> None:
     out, out_tolerance, final, final_tolerance = (
         np.concatenate([part[i] for part in parts], axis=2 if i < 2 else 0) for i in range(4)
     )
-    _judge(results, (out, out_tolerance, final, final_tolerance), "REC-3.3", call.describe(how))
+    _judge(results, (out, out_tolerance, final, final_tolerance), clauses, call.describe(how))
 
 
 @register("recurrent-chunk-size", "REC-5.1", applies=_takes_chunk_sizes)
@@ -559,9 +573,8 @@ def _with_poisoned_memory(
     ``dims`` more channels, all NaN."""
 
     def build(values: np.ndarray, dtype: str) -> Any:
-        wider = (0,) * (values.ndim - 2) + (tokens, dims if values.ndim == 4 else 0)
-        if values.ndim == 3:  # a per-head gate or beta (B, H, T)
-            wider = (0, 0, tokens)
+        # (B, H, T, d) or, a per-head gate or beta, (B, H, T)
+        wider = (0, 0, tokens, dims)[: values.ndim]
         buffer = np.full([n + m for n, m in zip(values.shape, wider, strict=True)], np.nan)
         view = tuple(slice(0, n) for n in values.shape)
         buffer[view] = values
@@ -576,12 +589,20 @@ def recurrent_views(kernel: KernelUnderTest, data: st.DataObject) -> None:
     (d_v) channels of buffers whose other tokens and channels are NaN, give the result
     of contiguous arrays (within REC-6.2 of the float64 run): a kernel that ignores an
     input's strides, or reads past a head's tokens or past the head dim, reads NaN.
-    Not applicable where the backend's arrays have no strides."""
-    call = _draw_call(data, kernel)
+    A kernel that takes packed sequences is also called packed, with NaN past
+    ``cu_seqlens[-1]``, in one draw of two.  Not applicable where the backend's arrays have
+    no strides."""
+    packed = _recurrent_claim(kernel.declaration).varlen and data.draw(
+        st.booleans(), label="packed"
+    )
+    call = _draw_call(data, kernel, batch=1 if packed else None)
     dims = data.draw(st.integers(0, 8), label="NaN channels past the head dim")
     tokens = data.draw(st.integers(0 if dims else 1, 17), label="NaN tokens past T")
     how = f"; q, k, v, g, beta views with {dims} NaN channels and {tokens} NaN tokens past them"
     build = _with_poisoned_memory(kernel, dims, tokens)
+    if packed:
+        _packed_run(kernel, data, call, "REC-1.6, REC-3.3", build, how)
+        return
     whole, state = call.tokens(0, call.length), call.arrays.get("initial_state")
     results = _invoke(kernel, call, whole, state, how, build=build)
     _judge(results, _whole(_bound(kernel, call, whole, state)), "REC-1.6", call.describe(how))
