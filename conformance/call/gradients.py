@@ -25,13 +25,15 @@ Gradients = tuple[Any, Any, Any, Any]
 
 class BackwardCall(NamedTuple):
     """One backward call: the forward call's arguments ``fn(*args, **kwargs)``, the upstream
-    gradient ``grad_out`` of its output, and the keyword of the bias whose gradient is
-    wanted (None: no bias gradient)."""
+    gradient ``grad_out`` of its output, the keyword of the bias whose gradient is wanted
+    (None: no bias gradient), and the upstream gradient ``grad_lse`` of the log-sum-exp the
+    kernel returns last (None: the log-sum-exp is not differentiated; BWD-10)."""
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     grad_out: Any
     bias_keyword: str | None
+    grad_lse: Any = None
 
 
 def _output(result: Any) -> Any:
@@ -54,9 +56,16 @@ def kernel_gradients(
     """``(dq, dk, dv, dbias)`` of the kernel ``fn`` called as ``fn(*call.args,
     **call.kwargs)``, for the upstream gradient ``call.grad_out`` of its output (BWD-1):
     ``dbias`` is the gradient of the keyword ``call.bias_keyword`` (None when it is None);
-    the mask, the scale and every other argument are held fixed."""
-    args, kwargs, grad_out, bias_keyword = call
+    the mask, the scale and every other argument are held fixed.  With ``call.grad_lse``,
+    the log-sum-exp the kernel returns last is an output too (BWD-10), pulled back along it
+    by the framework (FlashAttention's explicit convention has no such argument)."""
+    args, kwargs, grad_out, bias_keyword, grad_lse = call
     explicit = backward_function(declaration)
+    if explicit is not None and grad_lse is not None:
+        raise TypeError(
+            "an explicit backward function bwd(dout, q, k, v, out, lse, ...) takes no gradient "
+            "of the log-sum-exp; BWD-10 is checked through the framework's differentiation"
+        )
     if explicit is not None:
         result = fn(*args, **kwargs)
         out = _output(result)
@@ -74,10 +83,12 @@ def kernel_gradients(
         keywords = dict(kwargs)
         if bias:
             keywords[str(bias_keyword)] = bias[0]
-        return _output(fn(q, k, v, *args[3:], **keywords))
+        result = fn(q, k, v, *args[3:], **keywords)
+        return _output(result) if grad_lse is None else (_output(result), result[-1])
 
     primals = (*args[:3], *(() if bias_keyword is None else (kwargs[bias_keyword],)))
-    _, grads = backend.vjp(forward, primals, (grad_out,))
+    upstream = (grad_out,) if grad_lse is None else (grad_out, grad_lse)
+    _, grads = backend.vjp(forward, primals, upstream)
     return grads[0], grads[1], grads[2], grads[3] if bias_keyword is not None else None
 
 

@@ -109,9 +109,9 @@ class KernelServer:
             kind = request[0]
             if kind == "call":
                 _send(self.connection, self.call(*request[1:]))
-            elif kind == "vjp":  # ("vjp", args, kwargs, description, dO, bias keyword)
-                args, kwargs, description, grad_out, bias_keyword = request[1:6]
-                upstream = (grad_out, bias_keyword)
+            elif kind == "vjp":  # ("vjp", args, kwargs, description, dO, bias keyword, dlse)
+                args, kwargs, description, grad_out, bias_keyword, grad_lse = request[1:7]
+                upstream = (grad_out, bias_keyword, grad_lse)
                 _send(self.connection, self.call("kernel", args, kwargs, description, upstream))
             elif kind == "recheck":
                 time.sleep(request[1])
@@ -131,11 +131,11 @@ class KernelServer:
         args: Any,
         kwargs: Any,
         description: str,
-        upstream: tuple[Any, str | None] | None = None,
+        upstream: tuple[Any, str | None, Any] | None = None,
     ) -> tuple[Any, ...]:
         """One call: ``target`` is "kernel" or the name of a held callable; with
-        ``upstream`` (dO, the bias keyword or None), the kernel's gradients for dO instead
-        of its output (:func:`~..call.gradients.kernel_gradients`, spec/backward.md)."""
+        ``upstream`` (dO, the bias keyword or None, dlse or None), the kernel's gradients for dO
+        instead of its output (:func:`~..call.gradients.kernel_gradients`, spec/backward.md)."""
         late = self._late_changes()
         fn = self.kernel.raw_fn if target == "kernel" else self.held.get(target)
         if fn is None:
@@ -152,8 +152,8 @@ class KernelServer:
             if upstream is None:
                 result = fn(*args, **kwargs)
             else:
-                grad_out = import_value(self.backend, upstream[0])
-                call = BackwardCall(tuple(args), kwargs, grad_out, upstream[1])
+                grad_out, grad_lse = (import_value(self.backend, u) for u in upstream[::2])
+                call = BackwardCall(tuple(args), kwargs, grad_out, upstream[1], grad_lse)
                 result = kernel_gradients(self.backend, fn, self.kernel.declaration, call)
             exported = export_value(self.backend, result)
         except SystemExit as exc:

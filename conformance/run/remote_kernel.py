@@ -304,14 +304,18 @@ class RemoteFunction:
         """The kernel's gradients ``(dq, dk, dv, dbias)`` for ``call``, computed in its
         process, in its framework, on its device (:func:`~..call.gradients.kernel_gradients`),
         as fresh arrays here."""
-        upstream = (export_value(self.backend, call.grad_out), call.bias_keyword)
+        upstream = (
+            export_value(self.backend, call.grad_out),
+            call.bias_keyword,
+            export_value(self.backend, call.grad_lse),
+        )
         return import_value(self.backend, self._call_once(call.args, call.kwargs, upstream))
 
     def _call_once(
         self,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        upstream: tuple[Any, str | None] | None = None,
+        upstream: tuple[Any, str | None, Any] | None = None,
     ) -> Any:
         """One call (with ``upstream``, a "vjp" request: the gradients); the result as
         plain data (payloads), the kernel's changes to its inputs applied to ``args`` and

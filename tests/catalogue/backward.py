@@ -49,11 +49,22 @@ def _allowed(
     return allowed if mask is None else allowed & mask
 
 
-def _scores(q: Any, k: Any, bias: Any, scale: float, softcap: float | None) -> tuple[Any, Any]:
-    """Scaled products x and final scores s (softcap, then bias: SOFTCAP-1)."""
+def _alibi(slopes: Any, n_queries: int, n_keys: int, causal_alignment: str) -> Any:
+    """ALIBI-2's bias -m_h |i + d - j| of every query head, ``(Hq, Lq, Lk)``, d the offset of
+    the causal alignment (0 top-left, Lk - Lq bottom-right)."""
+    offset = 0 if causal_alignment == "top_left" else n_keys - n_queries
+    distance = (torch.arange(n_queries)[:, None] + offset - torch.arange(n_keys)[None, :]).abs()
+    return -slopes.to(torch.float32)[:, None, None] * distance
+
+
+def _scores(
+    q: Any, k: Any, bias: Any, scale: float, softcap: float | None, alibi: Any = None
+) -> tuple[Any, Any]:
+    """Scaled products x and final scores s (softcap, then bias and ALiBi: SOFTCAP-1)."""
     x = q @ k.transpose(-1, -2) * scale
     s = x if softcap is None else softcap * torch.tanh(x / softcap)
-    return x, s if bias is None else s + bias
+    s = s if bias is None else s + bias
+    return x, s if alibi is None else s + alibi
 
 
 def _reduce(a: Any, shape: tuple[int, ...]) -> Any:
@@ -77,29 +88,39 @@ def flash2_backward(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    alibi_slopes: Any = None,
+    grad_lse: Any = None,
     key_block: int = 64,
     bug: str = "",
 ) -> Gradients:
     """FlashAttention 2's backward (Dao 2023, Algorithm 2) in float32: the forward's
     log-sum-exp and output, D = rowsum(dO * O), then per key block the weights recomputed
-    as exp(s - lse), dV += P^T dO, dS = P (dP - D), dQ += scale dS K, dK = scale dS^T Q.
-    ``bug`` names one step done wrong (:data:`BUGS`); "" is the correct kernel."""
+    as exp(s - lse), dV += P^T dO, dS = P (dP - D + dlse), dQ += scale dS K,
+    dK = scale dS^T Q.  ``bug`` names one step done wrong (:data:`BUGS`); "" is the correct
+    kernel."""
     alpha = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     n_q_heads, n_kv_heads = q.shape[-3], k.shape[-3]
     group = n_q_heads // n_kv_heads
     kk, vv = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
     n_queries, n_keys = q.shape[-2], k.shape[-2]
     allowed = _allowed(n_queries, n_keys, mask, is_causal, causal_alignment)
-    x, raw = _scores(q, kk, bias, alpha, softcap)
+    alibi = None
+    if alibi_slopes is not None:
+        alibi = _alibi(alibi_slopes, n_queries, n_keys, causal_alignment)
+    x, raw = _scores(q, kk, bias, alpha, softcap, alibi)
     allowed = allowed & (raw != -math.inf)
     s = raw.masked_fill(~allowed, -math.inf)
     lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    if bug == "no-alibi-in-backward":  # the weights recomputed without the ALiBi term
+        raw = _scores(q, kk, bias, alpha, softcap)[1]
     attends = torch.isfinite(lse)
     weights = torch.where(allowed & attends, torch.exp(s - torch.where(attends, lse, 0.0)), 0.0)
     out = weights @ vv
     delta = (grad_out * (out.half().float() if bug == "delta-in-half" else out)).sum(-1, True)
     if bug == "no-delta":
         delta = torch.zeros_like(delta)
+    if grad_lse is not None and bug != "lse-not-differentiated":
+        delta = delta - grad_lse[..., None]  # dS = P (dP - D + dlse) (BWD-10)
     used_lse = lse.half().float() if bug == "lse-in-half" else lse
     backward_allowed = allowed.expand(raw.shape)
     if bug == "no-causal-in-backward":
@@ -182,6 +203,8 @@ def autograd_backward(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    alibi_slopes: Any = None,
+    grad_lse: Any = None,
 ) -> Gradients:
     """torch.autograd of a plain float32 forward (a softmax over the allowed scores, rows
     without a key set to 0): a correct backward written by nobody."""
@@ -191,15 +214,26 @@ def autograd_backward(
     alpha = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     group = q.shape[-3] // k.shape[-3]
     kk, vv = lk.repeat_interleave(group, dim=-3), lv.repeat_interleave(group, dim=-3)
-    _, s = _scores(lq, kk, bias_leaf, alpha, softcap)
-    allowed = _allowed(q.shape[-2], k.shape[-2], mask, is_causal, causal_alignment)
+    n_queries, n_keys = q.shape[-2], k.shape[-2]
+    alibi = None
+    if alibi_slopes is not None:
+        alibi = _alibi(alibi_slopes, n_queries, n_keys, causal_alignment)
+    _, s = _scores(lq, kk, bias_leaf, alpha, softcap, alibi)
+    allowed = _allowed(n_queries, n_keys, mask, is_causal, causal_alignment)
     allowed = allowed & (s != -math.inf)
     s = s.masked_fill(~allowed, -math.inf)
     attends = allowed.any(-1, keepdim=True)
-    weights = torch.softmax(s.masked_fill(~attends, 0.0), dim=-1) * attends
-    out = weights @ vv
+    safe = s.masked_fill(~attends, 0.0)
+    weights = torch.softmax(safe, dim=-1) * attends
+    outputs, upstream = [weights @ vv], [grad_out]
+    if grad_lse is not None:  # rows without a key: -inf, no gradient (BWD-4, BWD-10)
+        lse = torch.logsumexp(safe, dim=-1).masked_fill(~attends[..., 0], -math.inf)
+        outputs.append(lse)
+        upstream.append(grad_lse)
     wanted = [*leaves] + ([] if bias_leaf is None else [bias_leaf])
-    grads = torch.autograd.grad(out, wanted, grad_out, allow_unused=True, materialize_grads=True)
+    grads = torch.autograd.grad(
+        outputs, wanted, upstream, allow_unused=True, materialize_grads=True
+    )
     return grads[0], grads[1], grads[2], None if bias is None else grads[3]
 
 
@@ -215,6 +249,8 @@ def numpy_softmax_backward(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    alibi_slopes: Any = None,
+    grad_lse: Any = None,
 ) -> Gradients:
     """The softmax-backward form in float32 NumPy, a split-KV forward: the keys in two
     halves, each with its own maximum and sum, combined through their log-sum-exps (LSE-1),
@@ -227,6 +263,8 @@ def numpy_softmax_backward(
     s = x if softcap is None else np.float32(softcap) * np.tanh(x / np.float32(softcap))
     if bias is not None:
         s = s + bias.numpy()
+    if alibi_slopes is not None:
+        s = s + _alibi(alibi_slopes, qn.shape[-2], kn.shape[-2], causal_alignment).numpy()
     allowed = _allowed(qn.shape[-2], kn.shape[-2], mask, is_causal, causal_alignment).numpy()
     allowed = allowed & (s != -np.inf)
     half = max(1, s.shape[-1] // 2)
@@ -244,7 +282,8 @@ def numpy_softmax_backward(
     weights = np.exp(shifted)
     weights = weights.astype(np.float32)
     dp = np.matmul(dn, np.swapaxes(vv, -1, -2))
-    ds = weights * (dp - np.sum(weights * dp, -1, keepdims=True))
+    lse_term = 0.0 if grad_lse is None else grad_lse.numpy()[..., None]
+    ds = weights * (dp - np.sum(weights * dp, -1, keepdims=True) + lse_term)
     dx = ds if softcap is None else ds * (1 - np.tanh(x / np.float32(softcap)) ** 2)
     dq = np.matmul(dx, kk) * alpha
     dk = np.matmul(np.swapaxes(dx, -1, -2), qn) * alpha
@@ -329,6 +368,12 @@ BUGS = (
     ),
     BackwardBug(
         "kv-swapped", "diffusers #14338: V used where K belongs in dQ", "gradients-match-reference"
+    ),
+    BackwardBug("no-alibi-in-backward", "the weights recomputed without ALiBi", "gradients-alibi"),
+    BackwardBug(
+        "lse-not-differentiated",
+        "the returned log-sum-exp treated as a constant (its gradient dropped)",
+        "gradients-log-sum-exp",
     ),
 )
 

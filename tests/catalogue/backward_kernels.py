@@ -1,5 +1,6 @@
 """The backward catalogue (``catalogue.backward``) as kernels ``attnspec check --backward``
-checks: each a declared forward ``fn(q, k, v, *, mask, bias, is_causal, scale, softcap)``
+checks: each a declared forward ``fn(q, k, v, *, mask, bias, is_causal, scale, softcap,
+alibi_slopes)`` returning the output and the log-sum-exp,
 whose backward is one formulation, as a FlashAttention-style author writes it — a custom
 ``torch.autograd.Function`` whose ``backward`` calls the formulation — and one kernel whose
 gradients are plain ``torch.autograd`` of its forward, and one with an explicit backward
@@ -20,10 +21,24 @@ from typing import Any
 import torch
 
 from attnspec.conformance import declare
-from catalogue.backward import BUGS, _allowed, _scores, flash2_backward, numpy_softmax_backward
+from catalogue.backward import (
+    BUGS,
+    _alibi,
+    _allowed,
+    _scores,
+    flash2_backward,
+    numpy_softmax_backward,
+)
 
 CLAIMS: dict[str, Any] = dict(
-    bias=True, gqa=True, softcap=True, dtypes=("float32",), batch_ndim=1, backward=True
+    bias=True,
+    gqa=True,
+    softcap=True,
+    alibi=True,
+    returns_lse=True,
+    dtypes=("float32",),
+    batch_ndim=1,
+    backward=True,
 )
 
 
@@ -37,18 +52,24 @@ def plain_forward(
     is_causal: bool = False,
     scale: float | None = None,
     softcap: float | None = None,
-) -> Any:
-    """SDPA-7.1 in float32 torch (rows without a key give 0, SDPA-5.1); differentiable."""
+    alibi_slopes: Any = None,
+) -> tuple[Any, Any]:
+    """SDPA-7.1 and its log-sum-exp (LSE-1) in float32 torch (rows without a key give 0 and
+    -inf: SDPA-5.1, LSE-2); differentiable."""
     alpha = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     group = q.shape[-3] // k.shape[-3]
     kk, vv = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
-    _, s = _scores(q, kk, bias, alpha, softcap)
-    allowed = _allowed(q.shape[-2], k.shape[-2], mask, is_causal, "top_left")
+    n_queries, n_keys = q.shape[-2], k.shape[-2]
+    alibi = None if alibi_slopes is None else _alibi(alibi_slopes, n_queries, n_keys, "top_left")
+    _, s = _scores(q, kk, bias, alpha, softcap, alibi)
+    allowed = _allowed(n_queries, n_keys, mask, is_causal, "top_left")
     allowed = allowed & (s != -math.inf)
     s = s.masked_fill(~allowed, -math.inf)
     attends = allowed.any(-1, keepdim=True)
-    weights = torch.softmax(s.masked_fill(~attends, 0.0), dim=-1) * attends
-    return weights @ vv
+    safe = s.masked_fill(~attends, 0.0)
+    weights = torch.softmax(safe, dim=-1) * attends
+    lse = torch.logsumexp(safe, dim=-1).masked_fill(~attends[..., 0], -math.inf)
+    return weights @ vv, lse
 
 
 class _Backward(torch.autograd.Function):
@@ -62,11 +83,11 @@ class _Backward(torch.autograd.Function):
         return plain_forward(q, k, v, bias=bias, **keywords)
 
     @staticmethod
-    def backward(ctx: Any, grad_out: Any) -> Any:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: Any, grad_lse: Any) -> Any:  # type: ignore[override]
         q, k, v, bias = ctx.saved_tensors
         options = dict(ctx.options)
         backward = options.pop("backward")
-        dq, dk, dv, dbias = backward(q, k, v, grad_out, bias=bias, **options)
+        dq, dk, dv, dbias = backward(q, k, v, grad_out, bias=bias, grad_lse=grad_lse, **options)
         return dq, dk, dv, dbias, None
 
 

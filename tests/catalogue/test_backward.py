@@ -30,7 +30,12 @@ from attnspec.backends import Backend  # noqa: E402
 from attnspec.conformance.api import check  # noqa: E402
 from attnspec.conformance.judge.kernel import KernelUnderTest  # noqa: E402
 from attnspec.conformance.judge.registry import all_properties  # noqa: E402
-from attnspec.conformance.judge.verdict import FAILED, PASSED, WARNING  # noqa: E402
+from attnspec.conformance.judge.verdict import (  # noqa: E402
+    FAILED,
+    NOT_APPLICABLE,
+    PASSED,
+    WARNING,
+)
 from attnspec.conformance.run.property_runner import run_property  # noqa: E402
 from attnspec.reference.tolerance_backward import gradient_error_bound  # noqa: E402
 from catalogue.backward import BUGS, CORRECT  # noqa: E402
@@ -242,14 +247,18 @@ def test_correct_backward_passes_every_check(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(CORRECT_KERNELS))
 def test_correct_backward_kernel_passes_the_check(name: str) -> None:
-    """BWD-1 … BWD-5, BWD-15, BWD-17: each correct formulation, as a kernel, passes every
-    gradients-* property of ``attnspec check --backward``'s quick profile."""
+    """BWD-1 … BWD-5, BWD-7, BWD-8, BWD-10, BWD-15, BWD-17: each correct formulation, as a
+    kernel, passes every gradients-* property of ``attnspec check --backward``'s quick
+    profile (the explicit backward function, which takes no gradient of the log-sum-exp,
+    all but BWD-10's, which does not apply to it)."""
     report = check(
         f"catalogue.backward_kernels:{CORRECT_KERNELS[name]}",
         backend="torch",
         only=backward_properties(),
     )
-    assert [v.property for v in report.verdicts if v.status != PASSED] == []
+    not_applicable = ["gradients-log-sum-exp"] if name == "explicit" else []
+    assert [v.property for v in report.verdicts if v.status == NOT_APPLICABLE] == not_applicable
+    assert [v.property for v in report.verdicts if v.status not in (PASSED, NOT_APPLICABLE)] == []
     assert len(report.verdicts) == len(backward_properties())
 
 
@@ -288,6 +297,19 @@ def test_check_command_runs_an_explicit_backward_function(tmp_path: Path) -> Non
     failed = _check_command("flash2_no_delta", tmp_path)
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert "gradients-match-reference" in failed.stdout and "BWD-17" in failed.stdout
+
+
+def test_log_sum_exp_gradient_reaches_the_kernels_process() -> None:
+    """BWD-10: with the kernel in its own process (a "vjp" request carrying dlse) the correct
+    formulation passes gradients-log-sum-exp, which it fails without dlse's term (the
+    catalogue's lse-not-differentiated, caught in this process above)."""
+    report = check(
+        "catalogue.backward_kernels:flash2",
+        backend="torch",
+        only=["gradients-log-sum-exp"],
+        isolate=True,
+    )
+    assert [v.status for v in report.verdicts] == [PASSED], report.verdicts[0].detail
 
 
 @pytest.mark.parametrize("zero_tail", [True, False])

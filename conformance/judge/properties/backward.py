@@ -21,6 +21,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ....backends import Backend
+from ....reference.features import alibi_slopes as standard_alibi_slopes
 from ....reference.tolerance_backward import GradientBound, gradient_error_bound
 from ...call.gradients import BackwardCall
 from ...call.problem import Problem
@@ -75,17 +76,22 @@ def call_backward(
     grad_out: np.ndarray,
     arguments: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
     context: str = "",
+    grad_lse: np.ndarray | None = None,
 ) -> Gradients:
-    """The kernel's gradients for dO = ``grad_out`` on ``problem`` (or on ``arguments``,
-    the same values laid out otherwise), each of its input's shape and dtype (BWD-2,
-    BWD-13), as float64."""
+    """The kernel's gradients for dO = ``grad_out`` (and dlse = ``grad_lse`` of the
+    log-sum-exp it returns, in LSE-3's dtype) on ``problem`` (or on ``arguments``, the same
+    values laid out otherwise), each of its input's shape and dtype (BWD-2, BWD-13), as
+    float64."""
     reject_avoided(problem, kernel.declaration)
     backend = kernel.backend
     args, kwargs = arguments if arguments is not None else kernel.arguments(problem)
     bias_keyword = kernel.bias_keyword(problem)
     upstream = backend.asarray(grad_out, problem.dtype)
+    lse_dtype = "float64" if problem.dtype == "float64" else "float32"
+    lse_upstream = None if grad_lse is None else backend.asarray(grad_lse, lse_dtype)
+    call = BackwardCall(args, kwargs, upstream, bias_keyword, lse_upstream)
     try:
-        raw = kernel.call_gradients(BackwardCall(args, kwargs, upstream, bias_keyword), problem)
+        raw = kernel.call_gradients(call, problem)
     except PropertyFailure:
         raise
     except Exception as exc:
@@ -146,15 +152,21 @@ def first_outside(error: np.ndarray, tolerance: Any) -> tuple[tuple[int, ...], i
 
 
 def expected_gradients(
-    kernel: KernelUnderTest, problem: Problem, grad_out: np.ndarray, bias: np.ndarray | None
+    kernel: KernelUnderTest,
+    problem: Problem,
+    grad_out: np.ndarray,
+    bias: np.ndarray | None,
+    grad_lse: np.ndarray | None = None,
 ) -> GradientBound:
     """BWD-16, BWD-17: the float64 gradients of the definition on the values the kernel got
-    and their allowed errors in the problem's dtype (``bias`` as passed)."""
+    and their allowed errors in the problem's dtype (``bias`` as passed; ``grad_lse`` the
+    log-sum-exp's upstream gradient, BWD-10)."""
     return gradient_error_bound(
         problem.q,
         problem.k,
         problem.v,
         grad_out,
+        grad_lse=grad_lse,
         dtype=problem.dtype,
         mask=problem.mask,
         bias=bias,
@@ -172,9 +184,10 @@ def assert_gradients_match(
     grad_out: np.ndarray,
     got: Gradients,
     context: str = "",
+    grad_lse: np.ndarray | None = None,
 ) -> GradientBound:
     """BWD-17: every gradient element within its bound of the definition (NaN is outside)."""
-    bound = expected_gradients(kernel, problem, grad_out, got.bias)
+    bound = expected_gradients(kernel, problem, grad_out, got.bias, grad_lse)
     wanted = (bound.dq, bound.dk, bound.dv, bound.dbias)
     tolerances = (bound.dq_tolerance, bound.dk_tolerance, bound.dv_tolerance, bound.dbias_tolerance)
     for name, gradient, expected, tolerance in zip(NAMES, got[:4], wanted, tolerances, strict=True):
@@ -544,6 +557,68 @@ def gradients_bias_reduction(kernel: KernelUnderTest, seed: int) -> None:
         context = f" (a bias of shape {shape})"
         grads = call_backward(kernel, problem, grad_out, context=context)
         assert_gradients_match(kernel, problem, grad_out, grads, context)
+
+
+def _alibi_problems(kernel: KernelUnderTest, seed: int) -> list[Problem]:
+    """Lq < Lk and Lq > Lk (the anchor of the declared alignment matters), causal where
+    claimed, GQA where claimed, with slopes of every size: Press et al.'s for a kernel that
+    computes its own (ALIBI-3), random ones in (0, 1] otherwise."""
+    decl = kernel.declaration
+    rng = np.random.default_rng(seed)
+    found = []
+    for n_queries, n_keys in ((9, 23), (23, 9)):
+        problem = _fixed_problem(kernel, rng, n_queries=n_queries, n_keys=n_keys, groups=2)
+        n_heads = problem.q.shape[-3]
+        slopes = (
+            np.asarray(standard_alibi_slopes(n_heads), dtype=np.float64)
+            if decl.alibi_builtin_slopes
+            else kernel.rounded(np.asarray(rng.uniform(0.05, 1.0, n_heads)), "float32")
+        )
+        problem = problem.with_(alibi_slopes=slopes, is_causal=decl.causal)
+        found.append(with_keys(kernel, problem))
+    return found
+
+
+@register("gradients-alibi", "BWD-8", kind="fixed", applies=_backward_with("alibi"))
+def gradients_alibi(kernel: KernelUnderTest, seed: int) -> None:
+    """With ALiBi (ALIBI-2) the gradients are those of the forward with the same bias, its
+    distance anchored as the declared causal alignment anchors it, within BWD-17's bound,
+    for Lq < Lk and Lq > Lk: a backward that recomputes the weights without the ALiBi term,
+    or from the other corner, is outside it."""
+    rng = np.random.default_rng(seed + 11)
+    for problem in _alibi_problems(kernel, seed):
+        grad_out = _upstream(kernel, problem, rng)
+        context = f" (ALiBi, Lq = {problem.q.shape[-2]}, Lk = {problem.k.shape[-2]})"
+        grads = call_backward(kernel, problem, grad_out, context=context)
+        assert_gradients_match(kernel, problem, grad_out, grads, context)
+
+
+def _lse_differentiated(declaration: KernelDeclaration) -> str | None:
+    reason = needs("backward", "returns_lse")(declaration)
+    if reason is None and declaration.backward_fn is not None:
+        return (
+            "the kernel's explicit backward function (FlashAttention's convention) takes no "
+            "gradient of the log-sum-exp"
+        )
+    return reason
+
+
+@register("gradients-log-sum-exp", "BWD-10", kind="fixed", applies=_lse_differentiated)
+def gradients_log_sum_exp(kernel: KernelUnderTest, seed: int) -> None:
+    """The log-sum-exp the kernel returns is an output with its own gradient: for upstream
+    gradients dO and dlse (and for dlse alone, dO = 0) the gradients are the vector-Jacobian
+    product of both outputs, dS = P (dP - D + dlse), within BWD-17's bound; a row with no key
+    receives nothing from its dlse (BWD-4).  A backward that treats the log-sum-exp as a
+    constant (split-KV training combines partial results through it) is outside it."""
+    rng = np.random.default_rng(seed + 12)
+    for problem in _exclusion_problems(kernel, seed)[:2]:
+        grad_lse = rng.standard_normal(problem.q.shape[:-1]) * 2
+        grad_lse = kernel.rounded(grad_lse, "float64" if problem.dtype == "float64" else "float32")
+        random = _upstream(kernel, problem, rng)
+        for grad_out, what in ((random, "dO and dlse"), (np.zeros_like(random), "dlse alone")):
+            context = f" (the log-sum-exp's gradient: {what})"
+            grads = call_backward(kernel, problem, grad_out, context=context, grad_lse=grad_lse)
+            assert_gradients_match(kernel, problem, grad_out, grads, context, grad_lse)
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
