@@ -15,6 +15,7 @@ repeated calls, strided inputs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -356,14 +357,25 @@ def gradients_excluded_keys_zero(kernel: KernelUnderTest, seed: int) -> None:
                 )
 
 
-def _empty_rows_defined(declaration: KernelDeclaration) -> str | None:
-    reason = needs("backward", "mask")(declaration)
-    if reason is None and not declaration.empty_rows_zero:
-        return (
-            "the kernel waives SDPA-5.1 (empty_rows_zero=False), from which BWD-4's "
-            "gradients of a row without keys follow"
-        )
-    return reason
+def _backward_unless(
+    claims: tuple[str, ...], excluded: Callable[[KernelDeclaration], bool], why: str
+) -> Callable[[KernelDeclaration], str | None]:
+    """Applies where the backward and ``claims`` are claimed, but not where ``excluded``
+    (then ``why`` says why not)."""
+
+    def applies(declaration: KernelDeclaration) -> str | None:
+        reason = needs("backward", *claims)(declaration)
+        return why if reason is None and excluded(declaration) else reason
+
+    return applies
+
+
+_empty_rows_defined = _backward_unless(
+    ("mask",),
+    lambda declaration: not declaration.empty_rows_zero,
+    "the kernel waives SDPA-5.1 (empty_rows_zero=False), from which BWD-4's gradients of a "
+    "row without keys follow",
+)
 
 
 @register("gradients-empty-rows", "BWD-4", kind="fixed", applies=_empty_rows_defined)
@@ -593,14 +605,12 @@ def gradients_alibi(kernel: KernelUnderTest, seed: int) -> None:
         assert_gradients_match(kernel, problem, grad_out, grads, context)
 
 
-def _lse_differentiated(declaration: KernelDeclaration) -> str | None:
-    reason = needs("backward", "returns_lse")(declaration)
-    if reason is None and declaration.backward_fn is not None:
-        return (
-            "the kernel's explicit backward function (FlashAttention's convention) takes no "
-            "gradient of the log-sum-exp"
-        )
-    return reason
+_lse_differentiated = _backward_unless(
+    ("returns_lse",),
+    lambda declaration: declaration.backward_fn is not None,
+    "the kernel's explicit backward function (FlashAttention's convention) takes no gradient "
+    "of the log-sum-exp",
+)
 
 
 @register("gradients-log-sum-exp", "BWD-10", kind="fixed", applies=_lse_differentiated)
