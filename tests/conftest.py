@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from support import backend_or_skip
+from numpy._core.multiarray import _set_madvise_hugepage
+from support import ROOT, backend_or_skip
 
 from attnspec.backends import BACKEND_NAMES, REFERENCE_CONFIG, Backend
 from attnspec.conformance.run.supervisor import THREAD_VARIABLES, worker_threads
@@ -21,6 +22,7 @@ def pytest_configure(config: pytest.Config) -> None:
     spinning threads 2x oversubscribed, a small matmul 20x slower (39 ms, not 2 ms, for
     (1, 4, 128, 64) @ its transpose on the shared machine); the same tests, no check weaker.
     """
+    _quieter_runs()
     # One worker per check unless a test asks for more: the default (one per CPU) starts a
     # second worker process for every small check of the suite's own tests, which made
     # them ~1.8x slower on 2 cores; tests/conformance/test_worker_pool.py checks the default.
@@ -29,6 +31,31 @@ def pytest_configure(config: pytest.Config) -> None:
     if workers > 1 and "PYTEST_XDIST_WORKER" not in os.environ:
         chosen = worker_threads(workers)
         os.environ.update({name: chosen[name] for name in THREAD_VARIABLES if name in chosen})
+
+
+def _quieter_runs() -> None:
+    """Two settings of this process and every process it starts (xdist workers, the checks'
+    workers and kernel processes, the CLI runs), each kept where the user set it; what any
+    test checks is unchanged, only the machine's work is.
+
+    NumPy asks the kernel for transparent huge pages on every buffer of 4 MiB or more
+    (NUMPY_MADVISE_HUGEPAGE); where THP defrag is "madvise" (a common default, this
+    machine's) each such fault may compact memory first, in system time: a quick check of
+    the reference took 33 s of CPU with it and 20 s without (14 s and 4.5 s of it system
+    time) at load 11, causal-alignment and batch-broadcast alone 5.3 s against 2.7 s.
+
+    Hypothesis caches the constants it collects from local source files (attnspec's, the
+    tests') in its storage directory; a check keeps that in a temporary directory of its
+    own (call/side_effects.py, unless HYPOTHESIS_STORAGE_DIRECTORY is set), so every fresh
+    process that draws (a CLI run, a --jobs worker) parsed every local module again.  One
+    directory for every process, the checkout's .cache/hypothesis (ignored by git, beside
+    pip's and mypy's caches), has each file parsed once.
+    """
+    os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
+    # NumPy is loaded already (a plugin imports it): it read the variable at import
+    _set_madvise_hugepage(os.environ["NUMPY_MADVISE_HUGEPAGE"] != "0")
+    if "HYPOTHESIS_STORAGE_DIRECTORY" not in os.environ:
+        os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = str(ROOT / ".cache" / "hypothesis")
 
 
 def _load(name: str) -> Backend:

@@ -175,10 +175,16 @@ def test_file_target_imports_the_files_next_to_it(
 
 def test_no_hypothesis_directory_is_left_behind(tmp_path: Path) -> None:
     """A check leaves no .hypothesis/ folder where it runs (Hypothesis would cache the
-    constants of the kernel's file there); HYPOTHESIS_STORAGE_DIRECTORY is honoured."""
+    constants of the kernel's file there); HYPOTHESIS_STORAGE_DIRECTORY is honoured.
+    Without the variable (conftest sets it for the suite's own processes)."""
     kernel_file(tmp_path, "kernels.py", KERNELS)
     result = run_command(
-        "check", "kernels.py:correct", "--only", "default-scale,deterministic", cwd=tmp_path
+        "check",
+        "kernels.py:correct",
+        "--only",
+        "default-scale,deterministic",
+        cwd=tmp_path,
+        unset=("HYPOTHESIS_STORAGE_DIRECTORY",),
     )
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / ".hypothesis").exists()
