@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from attnspec.conformance import declare
-
-from .entry import CaughtBug
+from .entry import CaughtBug, SpecCall, spec_kernel
 
 Array = np.ndarray
 CLAIMS = dict(sinks=True, gqa=True)
+# the keywords of every sink kernel, with their defaults
+KEYWORDS = {"mask": None, "is_causal": False, "scale": None, "sinks": None}
 
 
 def _scores(
@@ -45,22 +45,14 @@ def _sink_column(sinks: Any, scores: Array) -> Array:
     return np.broadcast_to(np.asarray(sinks, scores.dtype)[:, None, None], (*scores.shape[:-1], 1))
 
 
-@declare(**CLAIMS)
-def sinks_concatenated(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Any = None,
-    is_causal: bool = False,
-    scale: Any = None,
-    sinks: Any = None,
-) -> Array:
+@spec_kernel(KEYWORDS, **CLAIMS)
+def sinks_concatenated(call: SpecCall) -> Array:
     """Hugging Face's gpt-oss eager attention: the sink appended as one more column after
     scaling and masking, one softmax, the column dropped."""
+    q, k, v, mask, _, is_causal, scale = call
     scores, values = _scores(q, k, v, mask, is_causal, scale)
-    if sinks is not None:
-        scores = np.concatenate([scores, _sink_column(sinks, scores)], axis=-1)
+    if call.sinks is not None:
+        scores = np.concatenate([scores, _sink_column(call.sinks, scores)], axis=-1)
     top = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)
     exps = np.exp(scores - np.where(top == -np.inf, 0, top))
     total = exps.sum(-1, keepdims=True)
@@ -68,21 +60,12 @@ def sinks_concatenated(
     return (weights @ values).astype(q.dtype)
 
 
-def _denominator_form(
-    q: Array,
-    k: Array,
-    v: Array,
-    mask: Any,
-    is_causal: bool,
-    scale: Any,
-    sinks: Any,
-    *,
-    bug: str | None = None,
-    returns_lse: bool = False,
-) -> Any:
+def _denominator_form(call: SpecCall, *, bug: str | None = None, returns_lse: bool = False) -> Any:
     """FlashAttention 4's form: the row max over the scores and the sink, the sink's term
     added to the row sum; ``bug`` names the one step done wrong.  ``returns_lse``: also the
     log-sum-exp, the row max plus the log of the row sum (SINK-3), in the working dtype."""
+    q, k, v, mask, _, is_causal, scale = call
+    sinks = call.sinks
     scores, values = _scores(q, k, v, mask, is_causal, scale)
     if sinks is None:
         sink = np.full((*scores.shape[:-1], 1), -np.inf, scores.dtype)
@@ -116,19 +99,10 @@ def _denominator_form(
     return out.astype(q.dtype), lse[..., 0]
 
 
-@declare(**CLAIMS)
-def sinks_in_denominator(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Any = None,
-    is_causal: bool = False,
-    scale: Any = None,
-    sinks: Any = None,
-) -> Array:
+@spec_kernel(KEYWORDS, **CLAIMS)
+def sinks_in_denominator(call: SpecCall) -> Array:
     """The sink's term e^(sink - m) added to the row sum, m the max of scores and sink."""
-    return _denominator_form(q, k, v, mask, is_causal, scale, sinks)
+    return _denominator_form(call)
 
 
 def _denominator_kernel(
@@ -137,20 +111,9 @@ def _denominator_kernel(
     """A kernel of :func:`_denominator_form` with one step done wrong (``bug``), returning
     (out, lse) when ``returns_lse``."""
 
-    @declare(**CLAIMS, returns_lse=returns_lse)
-    def kernel(
-        q: Array,
-        k: Array,
-        v: Array,
-        *,
-        mask: Any = None,
-        is_causal: bool = False,
-        scale: Any = None,
-        sinks: Any = None,
-    ) -> Any:
-        return _denominator_form(
-            q, k, v, mask, is_causal, scale, sinks, bug=bug, returns_lse=returns_lse
-        )
+    @spec_kernel(KEYWORDS, **CLAIMS, returns_lse=returns_lse)
+    def kernel(call: SpecCall) -> Any:
+        return _denominator_form(call, bug=bug, returns_lse=returns_lse)
 
     kernel.__name__ = kernel.__qualname__ = name
     kernel.__doc__ = doc

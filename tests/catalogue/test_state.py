@@ -11,48 +11,29 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
+from support import recording
 
 from attnspec.backends import Backend
-from attnspec.conformance import declare
 from attnspec.conformance.judge.kernel import KernelUnderTest
 from attnspec.conformance.judge.properties.repeated_calls import CALLS_PER_SMALL_EXAMPLE
 from attnspec.conformance.judge.registry import all_properties
 from attnspec.conformance.judge.verdict import FAILED, PASSED
 from attnspec.conformance.run.property_runner import PROFILES, run_property
-from attnspec.reference import scaled_dot_product_attention
 from catalogue.bugs_state import AFTER_CALLS, counting, fresh
 
-CALLS = [0]
-
-
-@declare(bias=True, gqa=True)
-def counted_reference(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    *,
-    mask: np.ndarray | None = None,
-    bias: np.ndarray | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Any:
-    """The reference, counting its calls."""
-    CALLS[0] += 1
-    return scaled_dot_product_attention(
-        q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale
-    )
+CALLS: list[Any] = []
+counted_reference = recording(CALLS)  # the reference, noting each call in CALLS
 
 
 def test_quick_profile_makes_the_calls_the_property_states() -> None:
     """SDPA-7.8: on the quick profile many-calls calls the kernel at least
     CALLS_PER_SMALL_EXAMPLE x (small examples) = 160 times, and the reference passes."""
-    CALLS[0] = 0
+    CALLS.clear()
     verdict = run_property(
         all_properties()["many-calls"], KernelUnderTest(counted_reference, Backend("numpy"))
     )
     assert verdict.status == PASSED, verdict.detail
-    assert CALLS[0] >= CALLS_PER_SMALL_EXAMPLE * PROFILES["quick"].small == 160
+    assert len(CALLS) >= CALLS_PER_SMALL_EXAMPLE * PROFILES["quick"].small == 160
 
 
 wrong_after_700_calls = counting(

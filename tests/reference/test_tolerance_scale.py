@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import tracemalloc
 import warnings
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -37,6 +39,18 @@ def _problem(rng: np.random.Generator, heads: int, n_q: int, n_k: int, e: int, e
     )
 
 
+def _assert_same_fields(got: Any, want: Any, names: Iterable[str] | None = None) -> None:
+    """Each field of the bound ``got`` (all, or ``names``) equals ``want``'s to 1e-12."""
+    for name in want._fields if names is None else names:
+        np.testing.assert_allclose(
+            np.asarray(getattr(got, name)),
+            np.asarray(getattr(want, name)),
+            rtol=1e-12,
+            atol=0,
+            err_msg=name,
+        )
+
+
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(
     n_q=st.integers(0, 9),
@@ -59,14 +73,7 @@ def test_chunking_changes_nothing(
     parts = error_bound(
         q, k, v, dtype=dtype, mask=mask, bias=bias, is_causal=causal, chunk_elements=chunk
     )
-    for name in whole._fields:
-        np.testing.assert_allclose(
-            np.asarray(getattr(parts, name)),
-            np.asarray(getattr(whole, name)),
-            rtol=1e-12,
-            atol=0,
-            err_msg=name,
-        )
+    _assert_same_fields(parts, whole)
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
@@ -113,28 +120,14 @@ def test_skipped_keys_change_nothing(
     )
     skipped, skipped_lse = error_and_lse_bound(q, k, v, weights=False, **options)
     every_key, every_key_lse = error_and_lse_bound(q, k, v, weights=True, **options)
-    for name in ("out", "score_error", "attends"):
-        np.testing.assert_allclose(
-            np.asarray(getattr(skipped, name)),
-            np.asarray(getattr(every_key, name)),
-            rtol=1e-12,
-            atol=0,
-            err_msg=name,
-        )
+    _assert_same_fields(skipped, every_key, ("out", "score_error", "attends"))
     # tau's Cauchy-Schwarz term is the square root of a difference that cancels (to the
     # rounding it is charged for) when a row's weight sits on one key: a matrix product
     # over fewer keys rounds differently, and the root turns 1e-16 into ~1e-9.
     np.testing.assert_allclose(
         np.asarray(skipped.out_tolerance), np.asarray(every_key.out_tolerance), rtol=1e-7, atol=0
     )
-    for name in skipped_lse._fields:
-        np.testing.assert_allclose(
-            np.asarray(getattr(skipped_lse, name)),
-            np.asarray(getattr(every_key_lse, name)),
-            rtol=1e-12,
-            atol=0,
-            err_msg=name,
-        )
+    _assert_same_fields(skipped_lse, every_key_lse)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
