@@ -19,10 +19,10 @@ from .blocked import blocked_form
 from .features import check_dropout_p
 from .sdpa import CALL, plain_form, score_options
 
-# Why these stay parallel: this signature and those of plain_form, plain_attention,
-# blocked_form, blocked_attention, the backward and the bounds repeat the spec's keywords on
-# purpose; each is a public function whose arguments help() and type checkers must show.
-# What they pass on to each other is one value, score_options.
+# Why these stay parallel: this signature and those of plain_attention, blocked_attention,
+# the backward and the bounds repeat the spec's keywords on purpose; each is a public
+# function whose arguments help() and type checkers must show.  What they pass on to each
+# other (plain_form, blocked_form, prepare_with_features) is one value, score_options.
 
 
 def scaled_dot_product_attention(
@@ -71,11 +71,13 @@ def scaled_dot_product_attention(
             q,
             k,
             v,
-            **options,
+            options,
             dropout_p=dropout_p,
             dropout_keep=dropout_keep,
             return_weights=return_weights,
             return_lse=return_lse,
             call=CALL,
         )
-    return blocked_form(q, k, v, **options, return_lse=return_lse, call=CALL)
+    return blocked_form(
+        q, k, v, options, return_lse=return_lse, query_chunk=None, key_block=None, call=CALL
+    )

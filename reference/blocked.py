@@ -41,7 +41,9 @@ from .masks import causal_offset
 from .sdpa import (
     GroupedInputs,
     NonFiniteCounts,
+    ScoreOptions,
     check_arguments,
+    dense_options,
     nonfinite_counts,
     prepare,
     score_options,
@@ -239,36 +241,22 @@ def blocked_form(
     q: Array,
     k: Array,
     v: Array,
+    options: ScoreOptions,
     *,
-    mask: Array = None,
-    bias: Array = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Array = None,
-    return_lse: bool = False,
-    query_chunk: int | None = None,
-    key_block: int | None = None,
-    call: str = CALL,
+    return_lse: bool,
+    query_chunk: int | None,
+    key_block: int | None,
+    call: str,
 ) -> Any:
-    """:func:`blocked_attention`, whose errors name ``call``; the entry point
+    """:func:`blocked_attention` with the keywords that decide the scores as one value
+    (:func:`~.sdpa.score_options`); errors name ``call``.  The entry point
     ``scaled_dot_product_attention`` calls it with its own name."""
     check_flag("return_lse", return_lse, call)
-    xp, _, _ = check_arguments(
-        q,
-        k,
-        v,
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        call=call,
-    )
+    xp, _, _ = check_arguments(q, k, v, **dense_options(options), call=call)
+    mask, bias, alibi_slopes = options["mask"], options["bias"], options["alibi_slopes"]
     namespace_of(call, q=q, alibi_slopes=alibi_slopes)
-    problem = prepare(q, k, v, scale=scale, call=call)
-    problem = problem._replace(softcap=check_softcap(softcap, call))
+    problem = prepare(q, k, v, scale=options["scale"], call=call)
+    problem = problem._replace(softcap=check_softcap(options["softcap"], call))
     slopes = None if alibi_slopes is None else grouped_slopes(problem, alibi_slopes, call)
     if query_chunk is not None:
         query_chunk = check_size("query_chunk", query_chunk, call, minimum=1)
@@ -283,12 +271,12 @@ def blocked_form(
         lse = xp.full(problem.out_shape[:-1], -xp.inf, dtype=work, device=device)
         return (out, lse) if return_lse else out
     n_dims = len(problem.out_shape)
-    offset = causal_offset(n_queries, n_keys, causal_alignment)
+    offset = causal_offset(n_queries, n_keys, options["causal_alignment"])
     inputs = _Scores(
         problem=problem,
         mask=None if mask is None else _grouped_view(xp, mask, n_dims, n_kv_heads, groups),
         bias=None if bias is None else _grouped_view(xp, bias, n_dims, n_kv_heads, groups),
-        causal_offset=offset if is_causal else None,
+        causal_offset=offset if options["is_causal"] else None,
         slopes=slopes,
         alibi_offset=offset,
         excluded=xp.full((), -xp.inf, dtype=work, device=device),
@@ -354,7 +342,7 @@ def blocked_attention(
         q,
         k,
         v,
-        **score_options(mask, bias, is_causal, causal_alignment, scale, softcap, alibi_slopes),
+        score_options(mask, bias, is_causal, causal_alignment, scale, softcap, alibi_slopes),
         return_lse=return_lse,
         query_chunk=query_chunk,
         key_block=key_block,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 import array_api_compat
 
@@ -277,6 +277,40 @@ def with_features(
     return problem._replace(softcap=softcap, alibi=alibi)
 
 
+class ScoreOptions(TypedDict):
+    """The keyword arguments that decide the scores, by their names in the public
+    signatures (a type checker checks them where they are passed on with ``**``)."""
+
+    mask: Array
+    bias: Array
+    is_causal: bool
+    causal_alignment: str
+    scale: float | None
+    softcap: float | None
+    alibi_slopes: Array
+
+
+class DenseOptions(TypedDict):
+    """:class:`ScoreOptions` less the features: what :func:`prepare` takes."""
+
+    mask: Array
+    bias: Array
+    is_causal: bool
+    causal_alignment: str
+    scale: float | None
+
+
+def dense_options(options: ScoreOptions) -> DenseOptions:
+    """``options`` less softcap and ALiBi, for :func:`prepare` and :func:`check_arguments`."""
+    return DenseOptions(
+        mask=options["mask"],
+        bias=options["bias"],
+        is_causal=options["is_causal"],
+        causal_alignment=options["causal_alignment"],
+        scale=options["scale"],
+    )
+
+
 def score_options(
     mask: Array,
     bias: Array,
@@ -285,28 +319,27 @@ def score_options(
     scale: float | None,
     softcap: float | None,
     alibi_slopes: Array,
-) -> dict[str, Any]:
+) -> ScoreOptions:
     """The keyword arguments that decide the scores (mask, bias, causal rule: SDPA-3,
     SDPA-4; scale: SDPA-2; SOFTCAP-1; ALIBI-2) as one value, for the functions that pass
     them on unchanged to a form of attention, its bound or its gradient."""
-    return {
-        "mask": mask,
-        "bias": bias,
-        "is_causal": is_causal,
-        "causal_alignment": causal_alignment,
-        "scale": scale,
-        "softcap": softcap,
-        "alibi_slopes": alibi_slopes,
-    }
+    return ScoreOptions(
+        mask=mask,
+        bias=bias,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+    )
 
 
 def prepare_with_features(
-    q: Array, k: Array, v: Array, options: dict[str, Any], call: str
+    q: Array, k: Array, v: Array, options: ScoreOptions, call: str
 ) -> GroupedInputs:
     """:func:`prepare` then :func:`with_features`: the problem with every option of
     :func:`score_options` applied, checked in that order."""
-    dense = {n: x for n, x in options.items() if n not in ("softcap", "alibi_slopes")}
-    problem = prepare(q, k, v, **dense, call=call)
+    problem = prepare(q, k, v, **dense_options(options), call=call)
     return with_features(
         problem,
         softcap=options["softcap"],
@@ -320,42 +353,21 @@ def plain_form(
     q: Array,
     k: Array,
     v: Array,
+    options: ScoreOptions,
     *,
-    mask: Array = None,
-    bias: Array = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Array = None,
-    dropout_p: float = 0.0,
-    dropout_keep: Array = None,
-    return_weights: bool = False,
-    return_lse: bool = False,
-    call: str = CALL,
+    dropout_p: float,
+    dropout_keep: Array,
+    return_weights: bool,
+    return_lse: bool,
+    call: str,
 ) -> Any:
-    """Attention as spec/dense.md and spec/features.md define it, every score at once;
-    errors name ``call``.
-
-    ``q (..., Hq, Lq, E)``, ``k (..., Hkv, Lk, E)``, ``v (..., Hkv, Lk, Ev)`` with
-    ``Hq = G * Hkv`` (SDPA-6.1) give ``(..., Hq, Lq, Ev)`` in q's dtype (SDPA-1.3).
-    ``mask`` is boolean, True = may attend (SDPA-3.1); ``bias`` is added after scaling
-    (SDPA-3.2) and loses to the mask (SDPA-3.3); ``is_causal`` uses ``causal_alignment``
-    (SDPA-4).  Rows with no allowed key give 0 (SDPA-5).
-
-    ``softcap`` caps the scaled dot products to ``softcap * tanh(x / softcap)`` before the
-    bias is added (SOFTCAP-1); ``alibi_slopes`` ``(..., Hq)`` adds ``-m_h |i + d - j|``
-    with d the offset of ``causal_alignment`` (ALIBI-2); ``dropout_keep`` (boolean,
-    broadcasting to the weights) keeps weights, rescaled by ``1 / (1 - dropout_p)``
-    (DROP-2).  Returns ``out``, or a tuple ``(out, weights)``, ``(out, lse)`` or
-    ``(out, weights, lse)``: weights ``(..., Hq, Lq, Lk)`` in q's dtype (after dropout),
-    lse ``(..., Hq, Lq)`` in the accumulation dtype (LSE-1 … LSE-3).
-    """
+    """:func:`plain_attention` with the keywords that decide the scores as one value
+    (:func:`score_options`); errors name ``call``.  The entry point
+    ``scaled_dot_product_attention`` calls it with its own name."""
     check_flag("return_weights", return_weights, call)
     check_flag("return_lse", return_lse, call)
-    namespace_of(call, q=q, alibi_slopes=alibi_slopes, dropout_keep=dropout_keep)
+    namespace_of(call, q=q, alibi_slopes=options["alibi_slopes"], dropout_keep=dropout_keep)
     dropout_p = check_dropout_p(dropout_p, call)
-    options = score_options(mask, bias, is_causal, causal_alignment, scale, softcap, alibi_slopes)
     problem = prepare_with_features(q, k, v, options, call)
     xp = problem.xp
     scores, allowed = allowed_scores(problem)
@@ -392,16 +404,18 @@ def plain_attention(
 ) -> Any:
     """``scaled_dot_product_attention`` in its plain form: the spec's text in code.
 
-    The same function, arguments and results as the public entry point (see
-    :func:`plain_form`), computed from the whole ``Lq x Lk`` score matrix at once, so
-    memory grows with ``Lq * Lk``.  For reading beside spec/dense.md, for teaching and for
-    the oracle tests; the entry point is faster and runs in O(Lq + Lk) extra memory.
+    The same function, arguments, checks and results as the public entry point (its
+    docstring says what each argument means, with the clauses), computed from the whole
+    ``Lq x Lk`` score matrix at once, so memory grows with ``Lq * Lk``.
+
+    For reading beside spec/dense.md, for teaching and for the oracle tests; the entry
+    point is faster and runs in O(Lq + Lk) extra memory.
     """
     return plain_form(
         q,
         k,
         v,
-        **score_options(mask, bias, is_causal, causal_alignment, scale, softcap, alibi_slopes),
+        score_options(mask, bias, is_causal, causal_alignment, scale, softcap, alibi_slopes),
         dropout_p=dropout_p,
         dropout_keep=dropout_keep,
         return_weights=return_weights,
