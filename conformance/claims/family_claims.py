@@ -196,6 +196,8 @@ def mla_from_flags(get: Getter) -> MlaClaim | None:
 
 RECURRENT_RULES = ("linear", "gated", "delta", "gated_delta")
 RECURRENT_GATES = ("head", "channel")
+# narrower final-state dtypes a recurrent kernel may declare (REC-4.3)
+RECURRENT_STATE_DTYPES = ("float16", "bfloat16", "float32")
 
 
 @dataclass(frozen=True)
@@ -212,7 +214,9 @@ class RecurrentClaim:
     ``chunk_size=`` keyword it takes, each then the C_h of its call (REC-5.1);
     ``value_groups``: it takes more value heads than key and query heads (REC-3.1's reverse
     sharing, flash-linear-attention's GVA), ``v``, ``g``, ``beta`` and the state with
-    ``Hs = G * Hk`` heads.
+    ``Hs = G * Hk`` heads.  ``state_dtype``: the narrower dtype it returns its final state
+    in and takes its past state in (REC-4.3; None: that of the carried state, float32 or
+    float64), its state rounded once at the end of each call.
     """
 
     rule: str = "gated_delta"
@@ -222,6 +226,7 @@ class RecurrentClaim:
     varlen: bool = False
     chunk_sizes: tuple[int, ...] = ()
     value_groups: bool = False
+    state_dtype: str | None = None
 
 
 def chunk_size_list(text: str) -> tuple[int, ...]:
@@ -243,6 +248,7 @@ def recurrent_from_flags(get: Getter) -> RecurrentClaim | None:
             "recurrent_varlen",
             "recurrent_chunk_sizes",
             "recurrent_value_groups",
+            "recurrent_state_dtype",
         )
         if get(f)
     ]
@@ -259,6 +265,7 @@ def recurrent_from_flags(get: Getter) -> RecurrentClaim | None:
         bool(get("recurrent_varlen")),
         tuple(get("recurrent_chunk_sizes") or ()),
         bool(get("recurrent_value_groups")),
+        get("recurrent_state_dtype"),
     )
 
 

@@ -33,6 +33,7 @@ from .family_claims import (
     PAGED_FEATURES,
     RECURRENT_GATES,
     RECURRENT_RULES,
+    RECURRENT_STATE_DTYPES,
     chunk_size_list,
     linear_from_flags,
     merge_from_flags,
@@ -855,6 +856,13 @@ CLAIMS: tuple[Claim, ...] = (
                 "(flash-linear-attention's GVA): v, g, beta and the state with G * Hk heads "
                 "(REC-3.1)",
                 kind="switch",
+            ),
+            Flag(
+                "--recurrent-state-dtype",
+                "the narrower dtype the recurrent kernel returns its final state in and takes "
+                "its past state in, rounded once per call (REC-4.3; default float32, float64 "
+                "for float64 inputs)",
+                choices=RECURRENT_STATE_DTYPES,
             ),
         ),
         from_flags=recurrent_from_flags,

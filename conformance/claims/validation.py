@@ -23,6 +23,7 @@ from .family_claims import (
     PAGED_FEATURES,
     RECURRENT_GATES,
     RECURRENT_RULES,
+    RECURRENT_STATE_DTYPES,
 )
 
 # The types a field of each simple annotation takes (a bool is not an int here).
@@ -121,6 +122,11 @@ def _recurrent_invalid(value: Any) -> str | None:
         isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in sizes
     ):
         return f"recurrent chunk_sizes={sizes!r}, but should be a tuple of ints >= 1"
+    if value.state_dtype not in (None, *RECURRENT_STATE_DTYPES):
+        return (
+            f"recurrent state_dtype={value.state_dtype!r}, but should be None or one of "
+            f"{RECURRENT_STATE_DTYPES}"
+        )
     return None
 
 

@@ -125,6 +125,8 @@ def _token(
         new = state + k[..., t, :, None] * update[..., None, :]
         if bug == "state_bfloat16":  # written back in the input dtype (ollama #15865)
             new = to_bfloat16(new)
+        if bug == "state_float16":  # kept in float16 between tokens
+            new = new.astype(np.float16).astype(np.float32)
         if bug == "state_clamped":  # saturated to float16's range, as for a float16 cache
             new = np.clip(new, -FLOAT16_MAX, FLOAT16_MAX)
         stale = bug == "output_before_update" or (decode and bug == "decode_output_before_update")
@@ -475,14 +477,18 @@ def _packed(
 
 
 def _declared(
-    base: Callable[..., tuple[Array, Array]], name: str, bug: str | None = None
+    base: Callable[..., tuple[Array, Array]],
+    name: str,
+    bug: str | None = None,
+    state_dtype: str | None = None,
 ) -> Callable[..., Any]:
     """``base`` as a gated delta rule kernel the conformance suite can call, declared
     (``--recurrent gated_delta --recurrent-chunk-size 16 --recurrent-varlen
     --recurrent-chunk-sizes 2,3,16 --recurrent-value-groups --gqa``, float16 and float32:
     it computes in float32), returning the output in q's dtype and a float32 state; ``bug``
     is one of
-    CONTRACT_BUGS' (None: ``base`` as it is)."""
+    CONTRACT_BUGS' (None: ``base`` as it is); ``state_dtype`` a narrower final-state dtype
+    it declares and returns (``--recurrent-state-dtype``, REC-4.3)."""
     from attnspec.conformance import RecurrentClaim, declare
 
     def kernel(
@@ -505,13 +511,18 @@ def _declared(
             out, state = _packed(run, cu_seqlens, bug, **arguments)
         # state_in_q_dtype: ONNX's reference returns present_state in q's dtype when no
         # past state is given (REC-4.3)
-        final = q.dtype if bug == "state_in_q_dtype" else np.float32
+        final = q.dtype if bug == "state_in_q_dtype" else (state_dtype or np.float32)
         return out.astype(q.dtype), state.astype(final)
 
     kernel.__name__ = kernel.__qualname__ = name
     kernel.__module__ = __name__
     claim = RecurrentClaim(
-        "gated_delta", chunk_size=CHUNK, varlen=True, chunk_sizes=CHUNK_SIZES, value_groups=True
+        "gated_delta",
+        chunk_size=CHUNK,
+        varlen=True,
+        chunk_sizes=CHUNK_SIZES,
+        value_groups=True,
+        state_dtype=state_dtype,
     )
     return declare(kernel, recurrent=claim, gqa=True, dtypes=("float16", "float32"))
 
@@ -527,6 +538,12 @@ DECLARED_CONTRACT_BUGS = tuple(
 )
 globals().update({fn.__name__: fn for fn in DECLARED_BUGS})
 globals().update({fn.__name__: fn for fn, _ in DECLARED_CONTRACT_BUGS})
+# A float16 final state, declared (REC-4.3): correct when the state is rounded once per
+# call, wrong when it is kept in float16 from token to token (REC-4.1, ollama #15865's kind)
+declared_token_float16_state = _declared(token, "declared_token_float16_state", None, "float16")
+declared_float16_state_every_token = _declared(
+    _token, "declared_float16_state_every_token", "state_float16", "float16"
+)
 
 
 def _heads_first(a: Any) -> Any:

@@ -93,6 +93,19 @@ def test_contract_properties_pass_the_correct_kernels_over_seeds(seed: int) -> N
         assert {statuses[p] for p in contracts} == {"passed"}, (fn.__name__, seed, statuses)
 
 
+def test_a_declared_narrower_state_dtype() -> None:
+    """REC-4.3, REC-2.2, REC-4.1: a kernel that declares a float16 final state
+    (``--recurrent-state-dtype float16``) and rounds its state once per call passes the
+    properties the declaration changes (the past states it is given, each call of a split
+    run judged from the state it was given, the bound's u_s); one that keeps its state in
+    float16 from token to token fails the reference."""
+    changed = ("recurrent-state-passing", "recurrent-decode", "recurrent-matches-reference")
+    statuses = _statuses(catalogue.declared_token_float16_state, changed)
+    assert {statuses[p] for p in changed} == {"passed"}, statuses
+    wrong = _statuses(catalogue.declared_float16_state_every_token, changed[-1:])
+    assert wrong["recurrent-matches-reference"] == "failed"
+
+
 def test_library_conventions_are_checked_with_a_declaration() -> None:
     """REC-1.1, REC-2.2, REC-3.1, REC-3.3, REC-6.2: a kernel in flash-linear-attention's
     convention ((B, T, H, K), g and beta (B, T, HV), value-head groups, output_final_state=True,

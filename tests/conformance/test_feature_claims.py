@@ -114,10 +114,16 @@ def kernels(tmp_path: Path) -> Path:
                 "--recurrent-chunk-sizes",
                 "16,32",
                 "--recurrent-value-groups",
+                "--recurrent-state-dtype",
+                "bfloat16",
             ],
             {
                 "recurrent": RecurrentClaim(
-                    "delta", varlen=True, chunk_sizes=(16, 32), value_groups=True
+                    "delta",
+                    varlen=True,
+                    chunk_sizes=(16, 32),
+                    value_groups=True,
+                    state_dtype="bfloat16",
                 )
             },
         ),

@@ -53,6 +53,23 @@ PER_TOKEN = ("q", "k", "v", "g", "beta")  # (B, H, T, ...)
 _recurrent_only = family_only("recurrent", "the kernel is not declared a recurrence (--recurrent)")
 
 
+# the narrower of two state dtypes is the one of fewer bits (REC-4.3)
+STATE_BITS = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
+
+
+def _carried(dtype: str) -> str:
+    """REC-4.1's state dtype for inputs of ``dtype``."""
+    return "float64" if dtype == "float64" else "float32"
+
+
+def _state_dtype(claim: RecurrentClaim, dtype: str) -> str:
+    """The final state's dtype (REC-4.3): the carried state's, or the declared one where
+    that is narrower."""
+    carried = _carried(dtype)
+    declared = claim.state_dtype
+    return declared if declared and STATE_BITS[declared] < STATE_BITS[carried] else carried
+
+
 def _recurrent_claim(declaration: KernelDeclaration) -> RecurrentClaim:
     claim = declaration.recurrent
     assert claim is not None  # the properties apply only to a --recurrent declaration
@@ -131,7 +148,7 @@ def _draw_call(
     past state if ``past_state``, drawn if None); a realistic one of one of ``lengths``."""
     claim = _recurrent_claim(kernel.declaration)
     dtype = draw_dtype(data, kernel)
-    state_dtype = "float64" if dtype == "float64" else "float32"
+    state_dtype = _state_dtype(claim, dtype)
     if sizes.current().realistic:
         length = data.draw(st.sampled_from([n for n in lengths if n >= least]), label="T")
         d_k = data.draw(st.sampled_from(REALISTIC_HEAD_DIMS), label="dk")
@@ -245,6 +262,7 @@ def _bound(
         beta=tokens.get("beta"),
         initial_state=state,
         chunk_size=claim.chunk_size if chunk_size is None else chunk_size,
+        state_dtype=call.state_dtype,
         operands_in_input_dtype=claim.rounded_operands,
     )
 
@@ -326,21 +344,32 @@ def recurrent_matches_reference(kernel: KernelUnderTest, data: st.DataObject) ->
     _judge(results, _whole(_bound(kernel, call, tokens, state)), "REC-1.2", call.describe())
 
 
-def _in_pieces(
+def _judge_in_pieces(
     kernel: KernelUnderTest, call: RecurrentCall, cuts: Sequence[int], how: str
-) -> tuple[np.ndarray, np.ndarray]:
-    """One run cut at ``cuts``: each call starts from the final state the previous call
-    returned (the first from the problem's past state), its outputs joined along T."""
+) -> None:
+    """One run cut at ``cuts``, each call from the final state the previous call returned
+    (the first from the problem's past state), judged as one run against the float64 run
+    within REC-6.2 (REC-2.2).  A kernel that declares a narrower state dtype rounds the
+    state it returns (REC-4.3), so each of its calls is judged against the float64 run of
+    its tokens from the state it was given: a state returned wrong shows in that call's
+    final state, a state ignored in the next call's results."""
     state = call.arrays.get("initial_state")
+    narrowed = call.state_dtype != _carried(call.dtype)
     outs = []
-    edges = [0, *cuts, call.length]
-    for start, stop in itertools.pairwise(edges):
-        out, state = _invoke(
-            kernel, call, call.tokens(start, stop), state, f"{how}; tokens {start}..{stop - 1}"
+    for start, stop in itertools.pairwise([0, *cuts, call.length]):
+        tokens, shown = call.tokens(start, stop), f"{how}; tokens {start}..{stop - 1}"
+        results = _invoke(kernel, call, tokens, state, shown)
+        if narrowed:
+            bound = _whole(_bound(kernel, call, tokens, state))
+            _judge(results, bound, "REC-2.2, REC-4.3", call.describe(shown))
+        outs.append(results[0])
+        state = results[1]
+    if not narrowed:
+        assert state is not None  # at least one piece ran
+        bound = _whole(
+            _bound(kernel, call, call.tokens(0, call.length), call.arrays.get("initial_state"))
         )
-        outs.append(out)
-    assert state is not None  # at least one piece ran
-    return np.concatenate(outs, axis=2), state
+        _judge((np.concatenate(outs, axis=2), state), bound, "REC-2.2", call.describe(how))
 
 
 def _draw_cut(data: st.DataObject, length: int, label: str) -> int:
@@ -365,10 +394,7 @@ def recurrent_state_passing(kernel: KernelUnderTest, data: st.DataObject) -> Non
     show."""
     call = _draw_call(data, kernel, least=2)
     split = _draw_cut(data, call.length, "split at")
-    how = f"; split at token {split}"
-    results = _in_pieces(kernel, call, [split], how)
-    bound = _bound(kernel, call, call.tokens(0, call.length), call.arrays.get("initial_state"))
-    _judge(results, _whole(bound), "REC-2.2", call.describe(how))
+    _judge_in_pieces(kernel, call, [split], f"; split at token {split}")
 
 
 @register("recurrent-decode", "REC-2.2", applies=_recurrent_only)
@@ -381,9 +407,7 @@ def recurrent_decode(kernel: KernelUnderTest, data: st.DataObject) -> None:
     steps = data.draw(st.integers(1, min(3, call.length - 1)), label="decode steps")
     prefill = call.length - steps
     how = f"; prefill of {prefill} tokens, then {steps} decode step(s)"
-    results = _in_pieces(kernel, call, range(prefill, call.length), how)
-    bound = _bound(kernel, call, call.tokens(0, call.length), call.arrays.get("initial_state"))
-    _judge(results, _whole(bound), "REC-2.2", call.describe(how))
+    _judge_in_pieces(kernel, call, range(prefill, call.length), how)
 
 
 @register("recurrent-varlen", "REC-3.3", applies=_takes_cu_seqlens)
@@ -455,9 +479,10 @@ def recurrent_chunk_size(kernel: KernelUnderTest, data: st.DataObject) -> None:
         _judge(results, _whole(bound), "REC-5.1", call.describe(how))
 
 
-# The powers of two (V, S_-1) are scaled by in recurrent-linearity, by q's dtype: float16's
-# outputs overflow past about 2^4 times the suite's values; the others reach the
-# magnitudes where a state clamped or renormalised to a fixed range shows.
+# The powers of two (V, S_-1) are scaled by in recurrent-linearity, by q's dtype and the
+# state's: float16's outputs and states overflow past about 2^4 times the suite's values;
+# the others reach the magnitudes where a state clamped or renormalised to a fixed range
+# shows.
 LINEARITY_EXPONENTS = {"float16": 4, "bfloat16": 24, "float32": 24, "float64": 48}
 
 
@@ -475,12 +500,12 @@ def recurrent_linearity(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """REC-1.2, REC-2.2: with q, k, g and beta fixed, the output and the final state are
     linear in the values and the past state jointly, o(a V1 + b V2, a S1 + b S2) =
     a o(V1, S1) + b o(V2, S2), for powers of two a, b of either sign from 2^-24 to 2^24
-    (2^-4 to 2^4 in float16): the three calls' results satisfy it within the sum of their
+    (2^-4 to 2^4 where q or a declared state is float16): the three calls' results satisfy it within the sum of their
     REC-6.2 bounds (scaled by |a|, |b|), up to the float64 effect of rounding a V1 + b V2
     to the input dtype.  A state clamped or renormalised to a fixed range, or a bias in
     the state path, shows at the magnitudes the other properties never draw."""
     first = _draw_call(data, kernel, past_state=True, lengths=SHORT_LENGTHS)
-    top = LINEARITY_EXPONENTS[first.dtype]
+    top = min(LINEARITY_EXPONENTS[first.dtype], LINEARITY_EXPONENTS[first.state_dtype])
     a, b = (
         data.draw(st.sampled_from((1.0, -1.0)), label=f"sign of {name}")
         * 2.0 ** data.draw(st.integers(-top, top), label=f"log2 |{name}|")
