@@ -500,10 +500,11 @@ def recurrent_linearity(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """REC-1.2, REC-2.2: with q, k, g and beta fixed, the output and the final state are
     linear in the values and the past state jointly, o(a V1 + b V2, a S1 + b S2) =
     a o(V1, S1) + b o(V2, S2), for powers of two a, b of either sign from 2^-24 to 2^24
-    (2^-4 to 2^4 where q or a declared state is float16): the three calls' results satisfy it within the sum of their
-    REC-6.2 bounds (scaled by |a|, |b|), up to the float64 effect of rounding a V1 + b V2
-    to the input dtype.  A state clamped or renormalised to a fixed range, or a bias in
-    the state path, shows at the magnitudes the other properties never draw."""
+    (2^-4 to 2^4 where q or a declared state is float16): the three calls' results
+    satisfy it within the sum of their REC-6.2 bounds (scaled by |a|, |b|), up to the
+    float64 effect of rounding a V1 + b V2 to the input dtype.  A state clamped or
+    renormalised to a fixed range, or a bias in the state path, shows at the magnitudes
+    the other properties never draw."""
     first = _draw_call(data, kernel, past_state=True, lengths=SHORT_LENGTHS)
     top = min(LINEARITY_EXPONENTS[first.dtype], LINEARITY_EXPONENTS[first.state_dtype])
     a, b = (
