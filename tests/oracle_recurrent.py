@@ -69,3 +69,106 @@ def recurrence(
                     out[b, o, t] = alpha * (query @ state)
             final[b, s] = state
     return out, final
+
+
+def _normalized_vjp(x: np.ndarray, grad: np.ndarray, eps: float) -> np.ndarray:
+    """The chain rule through REC-2.4's x / sqrt(|x|^2 + eps), one vector at a time."""
+    result = np.zeros_like(x)
+    for index in np.ndindex(*x.shape[:-1]):
+        n = math.sqrt(float(x[index] @ x[index]) + eps)
+        if n > 0:
+            y = x[index] / n
+            result[index] = (grad[index] - y * float(y @ grad[index])) / n
+    return result
+
+
+def gradients(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    grad_out: np.ndarray,
+    *,
+    rule: str,
+    g: np.ndarray | None = None,
+    beta: np.ndarray | None = None,
+    scale: float | None = None,
+    initial_state: np.ndarray | None = None,
+    grad_final_state: np.ndarray | None = None,
+    normalize_qk: bool = False,
+    norm_eps: float = 0.0,
+) -> dict[str, np.ndarray]:
+    """REC-7.1's gradients (``dq``, ``dk``, ``dv``, and ``dg``, ``dbeta``, ``dinitial_state``
+    where those inputs are given) of :func:`recurrence` for the upstream gradients
+    ``grad_out`` and ``grad_final_state``: the states of each head stored token by token,
+    then the adjoint state carried back from the last token to the first, each head's
+    contribution added into the input head it came from (REC-7.2)."""
+    raw_q, raw_k = (np.asarray(a, dtype=np.float64) for a in (q, k))
+    v = np.asarray(v, dtype=np.float64)
+    q, k = (normalized(a, norm_eps) for a in (raw_q, raw_k)) if normalize_qk else (raw_q, raw_k)
+    batch, h_q, length, d_k = q.shape
+    h_k, h_v, d_v = k.shape[1], v.shape[1], v.shape[3]
+    h_s = max(h_k, h_v)
+    h_o = max(h_q, h_s)
+    alpha = 1.0 / math.sqrt(d_k) if scale is None else scale
+    gated, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+    grads = {"q": np.zeros_like(q), "k": np.zeros_like(k), "v": np.zeros_like(v)}
+    if gated:
+        grads["g"] = np.zeros(np.shape(g))
+    if delta:
+        grads["beta"] = np.zeros(np.shape(beta))
+    if initial_state is not None:
+        grads["initial_state"] = np.zeros(np.shape(initial_state))
+    for b in range(batch):
+        for s in range(h_s):
+            key_head, value_head = s // (h_s // h_k), s // (h_s // h_v)
+            readers = [o for o in range(h_o) if o // (h_o // h_s) == s]
+            state = np.zeros((d_k, d_v))
+            if initial_state is not None:
+                state = np.array(initial_state[b, s], dtype=np.float64)
+            factors, before, after = [], [], []  # per token: exp(g), S'_t, S_t
+            for t in range(length):
+                factor = np.ones(d_k)
+                if gated:
+                    factor = np.exp(np.asarray(g, dtype=np.float64)[b, s, t]) * np.ones(d_k)
+                state = factor[:, None] * state
+                factors.append(factor)
+                before.append(state)
+                value = v[b, value_head, t]
+                if delta:
+                    value = float(beta[b, s, t]) * (value - state.T @ k[b, key_head, t])
+                state = state + np.outer(k[b, key_head, t], value)
+                after.append(state)
+            adjoint = np.zeros((d_k, d_v))  # the gradient of the state after token t
+            if grad_final_state is not None:
+                adjoint = np.array(grad_final_state[b, s], dtype=np.float64)
+            for t in reversed(range(length)):
+                key = k[b, key_head, t]
+                for o in readers:
+                    upstream = grad_out[b, o, t]
+                    grads["q"][b, o // (h_o // h_q), t] += alpha * (after[t] @ upstream)
+                    adjoint = adjoint + alpha * np.outer(q[b, o // (h_o // h_q), t], upstream)
+                recalled = key @ adjoint  # what the update's gradient is, per value channel
+                if delta:
+                    strength = float(beta[b, s, t])
+                    residual = v[b, value_head, t] - before[t].T @ key
+                    update = strength * residual
+                    grads["v"][b, value_head, t] += strength * recalled
+                    grads["beta"][b, s, t] += float(recalled @ residual)
+                    grads["k"][b, key_head, t] += adjoint @ update - strength * before[t] @ recalled
+                    adjoint = adjoint - strength * np.outer(key, recalled)
+                else:
+                    grads["v"][b, value_head, t] += recalled
+                    grads["k"][b, key_head, t] += adjoint @ v[b, value_head, t]
+                if gated:
+                    per_row = np.sum(adjoint * before[t], axis=1)
+                    if np.ndim(g) == 4:
+                        grads["g"][b, s, t] += per_row
+                    else:
+                        grads["g"][b, s, t] += per_row.sum()
+                adjoint = factors[t][:, None] * adjoint
+            if initial_state is not None:
+                grads["initial_state"][b, s] = adjoint
+    if normalize_qk:
+        grads["q"] = _normalized_vjp(raw_q, grads["q"], norm_eps)
+        grads["k"] = _normalized_vjp(raw_k, grads["k"], norm_eps)
+    return grads

@@ -3,7 +3,8 @@
 ``recurrent_attention`` evaluates the definition token by token (REC-1.2) or, with a
 ``chunk_size``, in the chunked WY / UT form (REC-5.1), which equals it in exact arithmetic;
 ``varlen_recurrent_attention`` runs packed sequences, each with its own initial and final
-state (REC-3.3).  Pure Array API: the same code on every array library.
+state (REC-3.3); ``recurrent_attention_backward`` and ``varlen_recurrent_attention_backward``
+are their gradients (REC-7).  Pure Array API: the same code on every array library.
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ from .._array import Array
 from .._checks import namespace_of
 from ..varlen import sequence_offsets
 from ._inputs import UPDATE_RULES, check_chunk_size, l2_normalized, prepare
+from .backward import (
+    RecurrentGradients,
+    recurrent_attention_backward,
+    varlen_recurrent_attention_backward,
+)
 from .chunked import chunked_recurrence
 from .definition import token_recurrence
 
@@ -22,10 +28,13 @@ VARLEN_CALL = "varlen_recurrent_attention(q, k, v, cu_seqlens)"
 
 __all__ = [
     "UPDATE_RULES",
+    "RecurrentGradients",
     "RecurrentOutput",
     "l2_normalized",
     "recurrent_attention",
+    "recurrent_attention_backward",
     "varlen_recurrent_attention",
+    "varlen_recurrent_attention_backward",
 ]
 
 

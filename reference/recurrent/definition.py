@@ -8,8 +8,38 @@ scale * S^T q_t``: the output reads the state that already holds token t.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from .._array import Array
 from ._inputs import Recurrence
+
+
+class Token(NamedTuple):
+    """One token's step of REC-1.2 for every state head: the decay ``exp(g_t)`` ``(...,
+    Hs, 1 or dk)``, the decayed state ``S'_t``, the residual ``v_t - S'^T_t k_t`` (None for
+    the rules without a correction), the update ``u_t`` and the new state ``S_t``."""
+
+    decay: Array
+    decayed: Array
+    residual: Array | None
+    update: Array
+    state: Array
+
+
+def token_step(p: Recurrence, state: Array, t: int) -> Token:
+    """Token ``t`` of REC-1.2 from the state ``S_{t-1}`` (the backward pass recomputes it
+    from a saved state, so both passes share this one definition)."""
+    xp = p.xp
+    decay = xp.exp(p.log_decay[..., t, :])  # (..., Hs, 1) or (..., Hs, dk)
+    decayed = decay[..., :, None] * state
+    key, update = p.k[..., t, :], p.v[..., t, :]
+    residual = None
+    if p.beta is not None:  # REC-1.2: the correction reads the decayed state
+        residual = update - xp.matmul(key[..., None, :], decayed)[..., 0, :]
+        update = p.beta[..., t, None] * residual
+    return Token(
+        decay, decayed, residual, update, decayed + key[..., :, None] * update[..., None, :]
+    )
 
 
 def token_recurrence(p: Recurrence) -> tuple[Array, Array]:
@@ -17,13 +47,7 @@ def token_recurrence(p: Recurrence) -> tuple[Array, Array]:
     a time: T steps of ``O(dk dv)`` work and ``O(dk dv)`` memory per head."""
     xp, state, outs = p.xp, p.state, []
     for t in range(p.length):
-        decay = xp.exp(p.log_decay[..., t, :])  # (..., Hs, 1) or (..., Hs, dk)
-        state = decay[..., :, None] * state
-        key, update = p.k[..., t, :], p.v[..., t, :]
-        if p.beta is not None:  # REC-1.2: the correction reads the decayed state
-            read = xp.matmul(key[..., None, :], state)[..., 0, :]
-            update = p.beta[..., t, None] * (update - read)
-        state = state + key[..., :, None] * update[..., None, :]
+        state = token_step(p, state, t).state
         queries = p.q[..., t, :]  # (..., Hs, G, dk): every output head of this state
         outs.append(p.scale * xp.matmul(queries[..., :, None, :], state[..., None, :, :]))
     if not outs:

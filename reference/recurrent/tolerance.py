@@ -15,7 +15,8 @@ from typing import Any, NamedTuple
 from .._array import Array
 from .._checks import check_flag, check_size
 from ..tolerance import UNDERFLOW_THRESHOLD, UNIT_ROUNDOFF, accumulation_roundoff, scale_is_exact
-from ._inputs import prepare
+from ._inputs import Recurrence, prepare
+from .definition import Token, token_step
 
 CALL = "recurrent_error_bound(q, k, v)"
 SAFETY_FACTOR = 4.0  # C of REC-6.2, as TOL-2's: second-order terms, the target's own rounding
@@ -54,6 +55,93 @@ def _cumulative_gates(xp: Any, gate_sizes: Array, t: int, chunk: int) -> Array:
     if chunk == 1:
         return xp.zeros_like(gate_sizes[..., t])
     return xp.sum(gate_sizes[..., max(0, t - chunk + 1) : t + 1], axis=-1)
+
+
+class Rounding(NamedTuple):
+    """The constants of REC-6.2 for one kernel: ``u_d``, ``u_a``, ``u_p``, ``eta``,
+    ``r_alpha``, the chunk ``C_h``, the flush term and the coefficients of the read, the
+    write and the output."""
+
+    u_d: float
+    u_a: float
+    u_p: float
+    eta: float
+    r_alpha: float
+    chunk: int
+    flush: float
+    read: float
+    write: float
+    output: float
+
+
+def rounding(
+    dtype: str, chunk: int, d_k: int, scale: float, *, rounded_operands: bool, normalize_qk: bool
+) -> Rounding:
+    """REC-6.2's constants for a kernel computing in ``dtype`` (q's) with chunks of at most
+    ``chunk`` tokens, ``d_k`` key channels and the resolved ``scale``."""
+    accumulation = "float64" if dtype == "float64" else "float32"
+    u_d, u_a = UNIT_ROUNDOFF[dtype], accumulation_roundoff(dtype)
+    u_p = u_d if rounded_operands else 0.0
+    return Rounding(
+        u_d=u_d,
+        u_a=u_a,
+        u_p=u_p,
+        eta=u_d + (d_k + 6) * u_a if normalize_qk else 0.0,
+        r_alpha=0.0 if scale_is_exact(scale) else 2 * u_a,
+        chunk=chunk,
+        flush=(d_k + chunk + 6) * SMALLEST_NORMAL[accumulation],
+        read=u_p + (d_k + chunk + 2) * u_a,
+        write=u_p + (chunk + 4) * u_a,
+        output=(0.0 if scale_is_exact(scale) else 2 * u_a) + u_p + (d_k + chunk + 2) * u_a,
+    )
+
+
+def column_norms(xp: Any, state: Array) -> Array:
+    """``|S_{:c}|``, the Euclidean norm of each value column, ``(..., Hs, dv)``."""
+    return xp.sqrt(xp.sum(state * state, axis=-2))
+
+
+class StateError(NamedTuple):
+    """Token ``t``'s step of REC-1.2 and of the state error of REC-6.2: ``kappa_t``,
+    ``rho_t`` ``(..., Hs)``, ``gamma_t``, and ``eps_tc`` ``(..., Hs, dv)``."""
+
+    token: Token
+    kappa: Array
+    rho: Array
+    gamma: Array
+    error: Array
+
+
+def state_error_step(
+    p: Recurrence, r: Rounding, gate_sizes: Array, state: Array, error: Array, t: int
+) -> StateError:
+    """REC-6.2's ``eps_tc = rho_t eps_{t-1,c} + phi_tc`` for token ``t`` from ``S_{t-1}``
+    and ``eps_{t-1}`` (``gate_sizes`` the largest ``|g|`` of each token, ``(..., Hs, T)``)."""
+    xp = p.xp
+    token = token_step(p, state, t)
+    key = p.k[..., t, :]
+    key_squared = xp.sum(key * key, axis=-1)  # (..., Hs)
+    key_norm = xp.sqrt(key_squared)[..., None]
+    decayed_norms = column_norms(xp, token.decayed)
+    if p.beta is not None:
+        strength = p.beta[..., t]
+        kappa = xp.maximum(xp.abs(1 - strength * key_squared), xp.ones_like(key_squared))
+        read_sum = xp.matmul(xp.abs(key)[..., None, :], xp.abs(token.decayed))[..., 0, :]
+        read_error = r.read * (xp.abs(strength)[..., None] * key_norm) * read_sum
+        correction = 2 * xp.abs(strength)[..., None] * key_norm * decayed_norms
+    else:
+        kappa = xp.ones_like(key_squared)
+        read_error = correction = xp.zeros_like(decayed_norms)
+    rho = kappa * xp.max(token.decay, axis=-1)
+    gamma = _cumulative_gates(xp, gate_sizes, t, r.chunk)
+    local = (
+        r.u_a * ((5 + gamma) * kappa + 1)[..., None] * decayed_norms
+        + read_error
+        + r.write * key_norm * xp.abs(token.update)
+        + r.eta * key_norm * (xp.abs(token.update) + correction)
+        + r.flush
+    )
+    return StateError(token, kappa, rho, gamma, rho[..., None] * error + local)
 
 
 def recurrent_error_bound(
@@ -106,19 +194,10 @@ def recurrent_error_bound(
     if p.q.dtype != xp.float64:
         raise TypeError(f"q.dtype={q.dtype}, but should be float64 [REC-6.1, {CALL}]")
     d_k = int(p.k.shape[-1])
-    u_d, u_a = UNIT_ROUNDOFF[dtype], accumulation_roundoff(dtype)
-    u_p = u_d if rounded_operands else 0.0
-    eta = u_d + (d_k + 6) * u_a if normalize_qk else 0.0
-    r_alpha = 0.0 if scale_is_exact(p.scale) else 2 * u_a
-    flush = (d_k + chunk + 6) * SMALLEST_NORMAL[accumulation]
-    read_coefficient = u_p + (d_k + chunk + 2) * u_a
-    write_coefficient = u_p + (chunk + 4) * u_a
-    output_coefficient = r_alpha + u_p + (d_k + chunk + 2) * u_a
+    r = rounding(
+        dtype, chunk, d_k, p.scale, rounded_operands=rounded_operands, normalize_qk=normalize_qk
+    )
     alpha = abs(p.scale)
-
-    def column_norms(state: Array) -> Array:  # |S_{:c}|, (..., Hs, dv)
-        return xp.sqrt(xp.sum(state * state, axis=-2))
-
     # |g_t| per token, the largest over key channels, (..., Hs, T): the rounding of a chunked
     # kernel's cumulative log decays (gamma_t of REC-6.2)
     gate_sizes = xp.max(xp.abs(p.log_decay), axis=-1)
@@ -127,34 +206,8 @@ def recurrent_error_bound(
     run = best = -math.inf  # log of the largest product of rho over a run (Kadane)
     outs, tolerances = [], []
     for t in range(p.length):
-        log_decay = p.log_decay[..., t, :]
-        decayed = xp.exp(log_decay)[..., :, None] * state
-        key, update = p.k[..., t, :], p.v[..., t, :]
-        key_squared = xp.sum(key * key, axis=-1)  # (..., Hs)
-        key_norm = xp.sqrt(key_squared)[..., None]
-        decayed_norms = column_norms(decayed)
-        if p.beta is not None:
-            strength = p.beta[..., t]
-            read = xp.matmul(key[..., None, :], decayed)[..., 0, :]
-            update = strength[..., None] * (update - read)
-            kappa = xp.maximum(xp.abs(1 - strength * key_squared), xp.ones_like(key_squared))
-            read_sum = xp.matmul(xp.abs(key)[..., None, :], xp.abs(decayed))[..., 0, :]
-            read_error = read_coefficient * (xp.abs(strength)[..., None] * key_norm) * read_sum
-            correction = 2 * xp.abs(strength)[..., None] * key_norm * decayed_norms
-        else:
-            kappa = xp.ones_like(key_squared)
-            read_error = correction = xp.zeros_like(decayed_norms)
-        rho = kappa * xp.exp(xp.max(log_decay, axis=-1))
-        gamma = _cumulative_gates(xp, gate_sizes, t, chunk)
-        local = (
-            u_a * ((5 + gamma) * kappa + 1)[..., None] * decayed_norms
-            + read_error
-            + write_coefficient * key_norm * xp.abs(update)
-            + eta * key_norm * (xp.abs(update) + correction)
-            + flush
-        )
-        error = rho[..., None] * error + local
-        state = decayed + key[..., :, None] * update[..., None, :]
+        step = state_error_step(p, r, gate_sizes, state, error, t)
+        state, error, rho = step.token.state, step.error, step.rho
         log_rho = float(xp.max(xp.log(xp.maximum(rho, xp.full_like(rho, 2.0**-1000)))))
         run = max(log_rho, run + log_rho)
         best = max(best, run)
@@ -165,13 +218,15 @@ def recurrent_error_bound(
         ]
         query_norm = xp.sqrt(xp.sum(queries * queries, axis=-1))[..., None]
         accumulated = SAFETY_FACTOR * (
-            alpha * query_norm * (error[..., None, :] + eta * column_norms(state)[..., None, :])
-            + output_coefficient * alpha * magnitude
+            alpha
+            * query_norm
+            * (error[..., None, :] + r.eta * column_norms(xp, state)[..., None, :])
+            + r.output * alpha * magnitude
         )
         # The rounding to q's dtype is exact analysis: |fl(x) - o| <= (1 + u_d)|x - o| + u_d|o|.
         tolerance = (
-            (1 + u_d) * accumulated
-            + u_d * xp.abs(out)
+            (1 + r.u_d) * accumulated
+            + r.u_d * xp.abs(out)
             + (d_k + chunk + 2) * UNDERFLOW_THRESHOLD[dtype]
         )
         outs.append(out[..., None, :])
