@@ -320,4 +320,4 @@ def varlen_recurrent_attention_backward(
         for n in range(5)
     ]
     states = None if initial_state is None else xp.stack([part[5] for part in parts], axis=0)
-    return RecurrentGradients(*joined, states)  # type: ignore[arg-type]
+    return RecurrentGradients(joined[0], joined[1], joined[2], joined[3], joined[4], states)

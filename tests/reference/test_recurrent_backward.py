@@ -68,9 +68,9 @@ def _on(backend: Backend, problem: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("rule", RULES)
 def test_oracle_equals_central_differences(rule: str) -> None:
-    """REC-7.1: the oracle's gradients are the derivatives of the forward oracle, by central
-    differences of each input element (with query and value groups, normalised q and k,
-    per-channel gates, a past state and both upstream gradients)."""
+    """REC-7.1, REC-7.5: the oracle's gradients are the derivatives of the forward oracle,
+    by central differences of each input element (with query and value groups, normalised
+    q and k, per-channel gates, a past state and both upstream gradients)."""
     rng = np.random.default_rng(len(rule))
     problem = recurrent_problem(
         rng, rule=rule, length=4, d_k=3, d_v=2, heads=(2, 1, 2), batch=(1,), per_channel=True
@@ -121,8 +121,9 @@ def test_reference_backward_equals_the_oracle_on_every_backend(
 
 
 def test_equals_torch_autograd_of_the_forward_reference() -> None:
-    """REC-7.1: torch.autograd of the forward reference (both of its forms, token and
-    chunked) gives the reference backward's gradients, L2 normalisation in the call."""
+    """REC-7.1, REC-7.5: torch.autograd of the forward reference (both of its forms, token
+    and chunked) gives the reference backward's gradients, L2 normalisation in the call
+    (the gradients of the q and k given, through the normalisation)."""
     torch = backend_or_skip("torch")
     import torch as th
 
