@@ -33,6 +33,9 @@ from ..varlen import sequence_offsets
 from ._inputs import Recurrence, check_chunk_size, l2_normalized, prepare
 from .definition import Token, token_step
 
+# Why these signatures stay parallel to the forward functions' (and to the bound's): each is a
+# public function whose keywords, the spec's, help() and type checkers must show; what they
+# pass on is one value, the Recurrence of _inputs.prepare.
 CALL = "recurrent_attention_backward(q, k, v, grad_out)"
 VARLEN_CALL = "varlen_recurrent_attention_backward(q, k, v, cu_seqlens, grad_out)"
 
