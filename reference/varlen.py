@@ -23,9 +23,12 @@ CALL = "varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k)"
 PACKED = "(total_tokens, heads, head_dim)"
 
 
-def sequence_offsets(cu_seqlens: Any, name: str, total: int, call: str) -> list[int]:
+def sequence_offsets(
+    cu_seqlens: Any, name: str, total: int, call: str, *, padding: bool = False
+) -> list[int]:
     """``cu_seqlens`` as a list of Python ints, checked against VARLEN-1: a 1-d integer
-    array of B + 1 non-decreasing offsets from 0 to ``total``."""
+    array of B + 1 non-decreasing offsets from 0 to ``total`` (with ``padding``, to at most
+    ``total``: the tokens past the last offset are padding, VARLEN-5)."""
     xp = namespace_of(call, **{name: cu_seqlens})
     if cu_seqlens.ndim != 1 or not xp.isdtype(cu_seqlens.dtype, "integral"):
         raise TypeError(
@@ -34,9 +37,15 @@ def sequence_offsets(cu_seqlens: Any, name: str, total: int, call: str) -> list[
             f"B + 1 offsets [VARLEN-1, {call}]"
         )
     offsets = [int(cu_seqlens[i]) for i in range(cu_seqlens.shape[0])]
-    if not offsets or offsets[0] != 0 or offsets[-1] != total:
+    if (
+        not offsets
+        or offsets[0] != 0
+        or offsets[-1] > total
+        or (offsets[-1] != total and not padding)
+    ):
+        end = "at most at" if padding else "at"
         raise ValueError(
-            f"{name}={offsets}, but should start at 0 and end at the number of "
+            f"{name}={offsets}, but should start at 0 and end {end} the number of "
             f"packed tokens, {total} [VARLEN-1, {call}]"
         )
     if any(b < a for a, b in itertools.pairwise(offsets)):
@@ -51,6 +60,24 @@ def _heads_first(xp: Any, x: Any) -> Any:
     return xp.permute_dims(x, (1, 0, 2))
 
 
+def sequence_masks(
+    xp: Any, mask: Any, lengths: list[tuple[int, int]], call: str, clause: str
+) -> list[Any]:
+    """A flattened mask (VARLEN-6, PAGED-8) cut into each sequence's ``(L_q, L_k)`` mask:
+    sequence b's entries row by row after the earlier sequences' ``L_q * L_k``."""
+    size = sum(n_q * n_k for n_q, n_k in lengths)
+    if mask.ndim != 1 or mask.shape[0] != size or not xp.isdtype(mask.dtype, "bool"):
+        raise ValueError(
+            f"mask has dtype {mask.dtype} and shape {tuple(mask.shape)}, but should be a "
+            f"1-d boolean array of sum(L_q * L_k) = {size} elements [{clause}, {call}]"
+        )
+    masks, start = [], 0
+    for n_q, n_k in lengths:
+        masks.append(xp.reshape(mask[start : start + n_q * n_k], (n_q, n_k)))
+        start += n_q * n_k
+    return masks
+
+
 def varlen_attention(
     q: Array,
     k: Array,
@@ -63,16 +90,20 @@ def varlen_attention(
     scale: float | None = None,
     softcap: float | None = None,
     alibi_slopes: Array = None,
+    mask: Array = None,
     return_lse: bool = False,
 ) -> Any:
     """Packed attention (VARLEN-2): sequence b's output rows are the dense attention of
     its own queries ``q[cu_q[b]:cu_q[b+1]]`` and keys/values ``k[cu_k[b]:cu_k[b+1]]``, with
     causal alignment and ALiBi anchored per sequence (its own Lq, Lk).
 
-    ``alibi_slopes`` is ``(Hq,)`` or ``(B, Hq)``.  Returns ``out (T_q, Hq, Ev)`` in q's
-    dtype, or ``(out, lse)`` with ``lse (Hq, T_q)`` in the accumulation dtype (LSE-3).
+    ``alibi_slopes`` is ``(Hq,)`` or ``(B, Hq)``; ``mask`` is flattened, sequence by
+    sequence, ``(sum_b Lq_b * Lk_b,)`` boolean (VARLEN-6).  Offsets may end before the
+    token counts: the tokens past them are padding, never read, and their output rows are
+    0 (VARLEN-5).  Returns ``out (T_q, Hq, Ev)`` in q's dtype, or ``(out, lse)`` with
+    ``lse (Hq, T_q)`` in the accumulation dtype (LSE-3; -inf for the padding rows).
     """
-    xp = namespace_of(CALL, q=q, k=k, v=v, alibi_slopes=alibi_slopes)
+    xp = namespace_of(CALL, q=q, k=k, v=v, alibi_slopes=alibi_slopes, mask=mask)
     check_flag("return_lse", return_lse, CALL)
     for name, a in (("q", q), ("k", k), ("v", v)):
         if a.ndim != 3:
@@ -84,8 +115,8 @@ def varlen_attention(
             f"k.shape[0]={k.shape[0]}, v.shape[0]={v.shape[0]}, but should be "
             f"equal: both hold the packed keys [VARLEN-1, {CALL}]"
         )
-    starts_q = sequence_offsets(cu_seqlens_q, "cu_seqlens_q", q.shape[0], CALL)
-    starts_k = sequence_offsets(cu_seqlens_k, "cu_seqlens_k", k.shape[0], CALL)
+    starts_q = sequence_offsets(cu_seqlens_q, "cu_seqlens_q", q.shape[0], CALL, padding=True)
+    starts_k = sequence_offsets(cu_seqlens_k, "cu_seqlens_k", k.shape[0], CALL, padding=True)
     if len(starts_q) != len(starts_k):
         raise ValueError(
             f"cu_seqlens_q has {len(starts_q)} offsets and cu_seqlens_k "
@@ -100,6 +131,15 @@ def varlen_attention(
             f"alibi_slopes.shape={tuple(alibi_slopes.shape)}, but should be "
             f"(Hq,) or (B, Hq) with B = {len(starts_q) - 1} [ALIBI-1, {CALL}]"
         )
+    lengths = [
+        (starts_q[b + 1] - starts_q[b], starts_k[b + 1] - starts_k[b])
+        for b in range(len(starts_q) - 1)
+    ]
+    masks = (
+        [None] * len(lengths)
+        if mask is None
+        else sequence_masks(xp, mask, lengths, CALL, "VARLEN-6")
+    )
     outs, lses = [], []
     for b in range(len(starts_q) - 1):
         q_b = _heads_first(xp, q[starts_q[b] : starts_q[b + 1], ...])
@@ -112,6 +152,7 @@ def varlen_attention(
             q_b,
             k_b,
             v_b,
+            mask=masks[b],
             is_causal=is_causal,
             causal_alignment=causal_alignment,
             scale=scale,
@@ -121,10 +162,10 @@ def varlen_attention(
         )
         outs.append(_heads_first(xp, out_b))
         lses.append(lse_b)
-    if not outs:  # B = 0: no sequence, so no token either
-        device = array_api_compat.device(q)
-        out = xp.zeros((0, q.shape[1], v.shape[2]), dtype=q.dtype, device=device)
-        lse = xp.zeros((q.shape[1], 0), dtype=compute_dtype(xp, q.dtype), device=device)
-    else:
-        out, lse = xp.concat(outs, axis=0), xp.concat(lses, axis=-1)
+    # the padding rows past cu_seqlens_q[-1] (all rows when B = 0) see no key (VARLEN-5)
+    device, padding = array_api_compat.device(q), q.shape[0] - starts_q[-1]
+    outs.append(xp.zeros((padding, q.shape[1], v.shape[2]), dtype=q.dtype, device=device))
+    work = compute_dtype(xp, q.dtype)
+    lses.append(xp.full((q.shape[1], padding), -xp.inf, dtype=work, device=device))
+    out, lse = xp.concat(outs, axis=0), xp.concat(lses, axis=-1)
     return (out, lse) if return_lse else out

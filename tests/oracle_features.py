@@ -39,18 +39,22 @@ def varlen(
     cu_k: list[int],
     *,
     alibi_slopes: Any = None,
+    flat_mask: Any = None,
     **options: Any,
 ) -> tuple[np.ndarray, np.ndarray]:
     """VARLEN-2 as a block-diagonal dense problem: one batch element of all T_q queries
     and T_k keys, a mask that lets token i of sequence b see key j of the same sequence
-    only, and the causal rule and ALiBi with each sequence's own (Lq, Lk) built into the
-    mask and the bias.  Returns (out (T_q, Hq, Ev), lse (Hq, T_q))."""
+    only, and the causal rule, ALiBi and the flattened mask of VARLEN-6 (entry
+    sum_{b' < b} Lq_b' Lk_b' + i Lk_b + j) with each sequence's own (Lq, Lk) built into the
+    mask and the bias; tokens past the offsets belong to no sequence (VARLEN-5).  Returns
+    (out (T_q, Hq, Ev), lse (Hq, T_q))."""
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
     n_q_heads, total_q, total_k = q.shape[1], q.shape[0], k.shape[0]
     alignment = options.pop("causal_alignment", "top_left")
     is_causal = options.pop("is_causal", False)
     mask = np.zeros((total_q, total_k), dtype=bool)
     bias = np.zeros((n_q_heads, total_q, total_k))
+    entry = 0
     for b in range(len(cu_q) - 1):
         n_queries, n_keys = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]
         delta = 0 if alignment == "top_left" else n_keys - n_queries
@@ -61,6 +65,9 @@ def varlen(
             for j in range(n_keys):
                 row, col = cu_q[b] + i, cu_k[b] + j
                 mask[row, col] = not is_causal or causal_allows(i, j, n_queries, n_keys, alignment)
+                if flat_mask is not None:
+                    mask[row, col] &= bool(flat_mask[entry])
+                    entry += 1
                 if slopes is not None:
                     bias[:, row, col] = -slopes * abs(i + delta - j)
     out, _, lse = sdpa_features(

@@ -120,10 +120,12 @@ def paged(
     is_causal: bool = False,
     window: tuple[int | None, int | None] = (None, None),
     chunk: int | None = None,
+    flat_mask: Any = None,
     **options: Any,
 ) -> tuple[np.ndarray, np.ndarray]:
     """PAGED-2: each sequence's keys read position by position through its block table,
-    its queries the last positions; rows past cu_q[-1] are left 0 (lse -inf)."""
+    its queries the last positions; rows past cu_q[-1] are left 0 (lse -inf); PAGED-8's
+    flattened mask read entry by entry, sequence after sequence."""
     q = np.asarray(q, np.float64)
     k_cache = np.asarray(k_cache, np.float64)
     page = k_cache.shape[2]
@@ -132,6 +134,7 @@ def paged(
     out = np.zeros((n_tokens, n_q_heads, width))
     lse = np.full((n_q_heads, n_tokens), -math.inf)
     left, right = window
+    entry = 0  # the flattened mask's first entry of sequence b
     for b in range(len(cu_q) - 1):
         start = 0 if leftpad is None else leftpad[b]
         positions = range(start, used[b])
@@ -157,9 +160,11 @@ def paged(
         n_queries, n_keys = cu_q[b + 1] - cu_q[b], len(positions)
         offset = n_keys - n_queries
 
-        def row(i: int, n_keys: int = n_keys, offset: int = offset) -> np.ndarray:
+        def row(i: int, n_keys: int = n_keys, offset: int = offset, first: int = entry) -> Any:
             t, j = i + offset, np.arange(n_keys)
             ok = np.ones(n_keys, bool)
+            if flat_mask is not None:
+                ok &= [bool(flat_mask[first + i * n_keys + c]) for c in range(n_keys)]
             if is_causal:
                 ok &= j <= t
             if left is not None:
@@ -174,4 +179,5 @@ def paged(
         o, l = attend(rows, keys, values, row, positions=np.arange(n_queries) + offset, **options)
         out[cu_q[b] : cu_q[b + 1]] = o.transpose(1, 0, 2)
         lse[:, cu_q[b] : cu_q[b + 1]] = l
+        entry += n_queries * n_keys
     return out, lse

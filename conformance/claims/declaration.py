@@ -101,6 +101,7 @@ class KernelDeclaration:
     dropout_seeded: bool = True
     varlen: bool = False
     varlen_max_seqlen: bool = True
+    varlen_mask: bool = False
     kv_cache: bool = False
     kv_cache_append: bool = True
     kv_cache_paged: bool = False

@@ -529,6 +529,21 @@ CLAIMS: tuple[Claim, ...] = (
         ),
     ),
     Claim(
+        "varlen_mask",
+        flags=(
+            Flag(
+                "--varlen-mask",
+                "the --varlen kernel takes a boolean mask flattened sequence by sequence, "
+                "custom_mask (sum_b Lq_b * Lk_b,), FlashInfer's ragged convention (VARLEN-6)",
+                kind="switch",
+            ),
+        ),
+        keywords=lambda d: ("custom_mask",) if d.varlen and d.varlen_mask else (),
+        remedy="--rename custom_mask=NAME",
+        shows_as=lambda d: "mask" if d.varlen and d.varlen_mask and not _dense(d) else None,
+        implies={"varlen": True},
+    ),
+    Claim(
         "kv_cache",
         flags=(
             Flag(

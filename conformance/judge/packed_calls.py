@@ -56,6 +56,8 @@ class Batch:
             parts.append(f"softcap={first.softcap!r}")
         if first.alibi_slopes is not None:
             parts.append("ALiBi")
+        if any(s.mask is not None for s in self.sequences):
+            parts.append("a custom_mask (VARLEN-6)")
         if self.cache is not None:
             parts.append(self.cache.describe())
         return ", ".join(parts)
@@ -135,20 +137,51 @@ def _call(
     return kernel.call_checked(args, keywords, context=f" [call: {batch.describe()}]")
 
 
+@dataclass(frozen=True)
+class Padding:
+    """Tokens past the last offsets (VARLEN-5): ``queries`` rows of q, ``keys`` rows of k
+    and v, all holding ``value``."""
+
+    queries: int
+    keys: int
+    value: float
+
+
+def _packed(batch: Batch, name: str, padding: Padding | None) -> np.ndarray:
+    """One of q, k, v packed as ``(total, H, ·)``, with the padding rows appended."""
+    packed = np.concatenate([np.swapaxes(getattr(s, name), 0, 1) for s in batch.sequences])
+    extra = 0 if padding is None else (padding.queries if name == "q" else padding.keys)
+    if not extra:
+        return packed
+    assert padding is not None  # extra > 0 only with padding
+    rows = np.full((extra, *packed.shape[1:]), padding.value)
+    return np.concatenate([packed, rows])
+
+
+def flat_mask(batch: Batch) -> np.ndarray | None:
+    """The sequences' masks flattened as VARLEN-6 (and PAGED-8) lay them out: each
+    ``(L_q, L_k)`` mask row by row, sequence after sequence; None when none has one."""
+    if all(s.mask is None for s in batch.sequences):
+        return None
+    return np.concatenate(
+        [
+            np.broadcast_to(s.required("mask"), (s.q.shape[-2], s.k.shape[-2])).reshape(-1)
+            for s in batch.sequences
+        ]
+    )
+
+
 def varlen_arguments(
     kernel: KernelUnderTest,
     batch: Batch,
     offsets: tuple[np.ndarray, np.ndarray] | None = None,
+    padding: Padding | None = None,
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(q, k, v)`` packed as ``(total, H, ·)`` and the keywords of VARLEN-1; ``offsets``
-    replace the true cu_seqlens (to pass malformed ones, VARLEN-4)."""
+    replace the true cu_seqlens (to pass malformed ones, VARLEN-4); ``padding`` appends
+    tokens past the last offsets (VARLEN-5)."""
     b, dtype = kernel.backend, batch.first.dtype
-    arrays = [
-        b.asarray(
-            np.concatenate([np.swapaxes(getattr(s, name), 0, 1) for s in batch.sequences]), dtype
-        )
-        for name in ("q", "k", "v")
-    ]
+    arrays = [b.asarray(_packed(batch, name, padding), dtype) for name in ("q", "k", "v")]
     lengths_q = [s.q.shape[-2] for s in batch.sequences]
     lengths_k = [s.k.shape[-2] for s in batch.sequences]
     if offsets is None:
@@ -161,13 +194,19 @@ def varlen_arguments(
         keywords.update(max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k))
     keywords.update(_options(kernel, batch.first))
     _slopes(kernel, batch, keywords)
+    mask = flat_mask(batch)
+    if mask is not None:
+        keywords["custom_mask"] = b.asarray(mask)
     return tuple(arrays), keywords
 
 
-def call_varlen(kernel: KernelUnderTest, batch: Batch) -> tuple[np.ndarray, np.ndarray | None]:
+def call_varlen(
+    kernel: KernelUnderTest, batch: Batch, padding: Padding | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
     """The packed output ``(T_q, Hq, Ev)`` and log-sum-exp ``(Hq, T_q)`` (or None), as
     returned (float64 NumPy)."""
-    return _results(kernel, _call(kernel, batch, *varlen_arguments(kernel, batch)))
+    arguments = varlen_arguments(kernel, batch, padding=padding)
+    return _results(kernel, _call(kernel, batch, *arguments))
 
 
 def per_sequence(batch: Batch, packed: np.ndarray, axis: int) -> list[np.ndarray]:

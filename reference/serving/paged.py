@@ -26,6 +26,7 @@ from .._checks import check_flag, check_scale, check_size, namespace_of, require
 from ..attention import scaled_dot_product_attention
 from ..sdpa import compute_dtype
 from ..sparse.definition import in_window, index_dtype
+from ..varlen import sequence_masks
 from .chunked import in_chunk
 from .merge import merge_attention_states
 from .mla import check_value_dim
@@ -261,10 +262,12 @@ def _attend_rows(
     n_keys: int,
     key_block: int,
     work: Any,
+    mask_rows: Any = None,
 ) -> tuple[Any, Any]:
     """The state ``(out (Hq, n, Ev), lse (Hq, n))`` of query rows ``q_rows (Hq, n, E)`` at
     positions ``first_position …`` over sequence b's keys: only the keys some row may
-    attend, in blocks of ``key_block`` merged by their log-sum-exps (MERGE-1)."""
+    attend, in blocks of ``key_block`` merged by their log-sum-exps (MERGE-1); ``mask_rows
+    (n, L_k)`` is these rows' part of the sequence's mask (PAGED-8), or None."""
     device = array_api_compat.device(q_rows)
     n_rows = q_rows.shape[1]
     t = xp.arange(first_position, first_position + n_rows, device=device)[:, None]
@@ -276,11 +279,14 @@ def _attend_rows(
         j = xp.arange(block_lo, block_hi, device=device)[None, :]
         # ALiBi from positions (ALIBI-2 anchored at t_i), a bias added after the softcap
         bias = None if scores.slopes is None else -scores.slopes * xp.astype(xp.abs(t - j), work)
+        allowed = scores.rules.allowed(xp, t, j)
+        if mask_rows is not None:
+            allowed = xp.logical_and(allowed, mask_rows[:, block_lo:block_hi])
         part = scaled_dot_product_attention(
             q_rows,
             keys,
             values,
-            mask=scores.rules.allowed(xp, t, j),
+            mask=allowed,
             bias=bias,
             scale=scores.scale,
             softcap=scores.softcap,
@@ -309,6 +315,7 @@ def paged_attention(
     window: tuple[int | None, int | None] = (None, None),
     attention_chunk: int | None = None,
     sinks: Array = None,
+    mask: Array = None,
     return_lse: bool = False,
 ) -> Any:
     """Attention of a packed batch of sequences over a paged cache (PAGED-2).
@@ -317,14 +324,21 @@ def paged_attention(
     ``cache_leftpad[b] … seqused_k[b] - 1`` (position t: slot ``t % P`` of page
     ``block_table[b, t // P]``), bottom-right aligned: causal rule, ``window`` (left, right)
     (SPARSE-2.1), ``attention_chunk`` (CHUNK-1) and ALiBi ``alibi_slopes (Hq,)`` are
-    measured from query position ``t_i = i + L_k - L_q``; ``sinks (Hq,)`` are SINK-1's.
+    measured from query position ``t_i = i + L_k - L_q``; ``sinks (Hq,)`` are SINK-1's;
+    ``mask`` is flattened, ``(sum_b L_q,b * L_k,b,)`` boolean (PAGED-8).
     ``v_cache=None`` with ``value_dim=r`` reads the values as the first r channels of the
     key cache (absorbed MLA, MLA-1).  Returns ``out (T_q, Hq, Ev)`` in q's dtype (rows past
     ``cu_seqlens_q[-1]`` are 0), or ``(out, lse)`` with ``lse (Hq, T_q)`` in the
     accumulation dtype (-inf for those rows).
     """
     xp = namespace_of(
-        CALL, q=q, k_cache=k_cache, v_cache=v_cache, alibi_slopes=alibi_slopes, sinks=sinks
+        CALL,
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        alibi_slopes=alibi_slopes,
+        sinks=sinks,
+        mask=mask,
     )
     check_flag("return_lse", return_lse, CALL)
     check_flag("is_causal", is_causal, CALL)
@@ -353,9 +367,18 @@ def paged_attention(
         None if alibi_slopes is None else xp.astype(alibi_slopes, work)[:, None, None],
     )
     cache = _Cache(xp, k_cache, v_cache, value_dim, seqs.table)
+    lengths = [
+        (seqs.offsets[b + 1] - seqs.offsets[b], seqs.ends[b] - seqs.starts[b])
+        for b in range(len(seqs.offsets) - 1)
+    ]
+    masks: list[Any] = (
+        [None] * len(lengths)
+        if mask is None
+        else sequence_masks(xp, mask, lengths, CALL, "PAGED-8")
+    )
     outs, lses = [], []
     for b in range(len(seqs.offsets) - 1):
-        n_queries, n_keys = seqs.offsets[b + 1] - seqs.offsets[b], seqs.ends[b] - seqs.starts[b]
+        n_queries, n_keys = lengths[b]
         rows = xp.astype(q[seqs.offsets[b] : seqs.offsets[b + 1], ...], work)
         # bounded memory: (Hq x rows x keys) blocks of about BLOCK_ELEMENTS
         key_block = max(1, BLOCK_ELEMENTS // (n_q_heads * 16))
@@ -375,6 +398,7 @@ def paged_attention(
                 n_keys,
                 key_block,
                 work,
+                None if masks[b] is None else masks[b][first : first + q_rows.shape[1], :],
             )
             if sinks is not None:
                 out, lse = with_sinks(out, lse, sinks)

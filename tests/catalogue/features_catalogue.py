@@ -19,7 +19,14 @@ from attnspec.backends import Backend
 from attnspec.conformance.call.problem import Problem
 from attnspec.conformance.judge.bounds import lse_bound, reference_bound
 from attnspec.conformance.judge.kernel import KernelUnderTest
-from attnspec.conformance.judge.packed_calls import Batch, CacheCall, call_kv_cache, call_varlen
+from attnspec.conformance.judge.packed_calls import (
+    Batch,
+    CacheCall,
+    Padding,
+    call_kv_cache,
+    call_varlen,
+    varlen_arguments,
+)
 from attnspec.reference import append_to_cache, kv_cache_attention, varlen_attention
 
 from . import bugs_features as bugs
@@ -208,37 +215,43 @@ def _close(got: np.ndarray, want: np.ndarray, what: str) -> str | None:
 VARLEN_BATCH = Batch(_sequences([(3, 5), (0, 2), (4, 3), (2, 0), (5, 6)]))
 
 
-def varlen_differs(kernel: KernelUnderTest) -> str | None:
-    """Evidence: the packed output differs from reference.varlen_attention (float64), or the
-    kernel accepts offsets the reference rejects."""
-    batch = VARLEN_BATCH
-    out, lse = call_varlen(kernel, batch)
-    q, k, v = (
-        np.concatenate([np.swapaxes(getattr(s, n), 0, 1) for s in batch.sequences]) for n in "qkv"
-    )
-    offsets = [
-        np.concatenate([[0], np.cumsum([getattr(s, n).shape[-2] for s in batch.sequences])]).astype(
-            np.int32
+def varlen_differs_on(batch: Batch, padding: Padding | None = None) -> Evidence:
+    """Evidence on ``batch`` (its sequences' masks flattened, VARLEN-6; ``padding`` tokens
+    past the offsets, VARLEN-5): the packed output differs from reference.varlen_attention
+    (float64) on the arrays the kernel was given, or the kernel accepts offsets the
+    reference rejects."""
+
+    def evidence(kernel: KernelUnderTest) -> str | None:
+        (q, k, v), keywords = varlen_arguments(kernel, batch, padding=padding)
+        out, lse = call_varlen(kernel, batch, padding)
+        want, want_lse = varlen_attention(
+            q,
+            k,
+            v,
+            keywords["cu_seqlens_q"],
+            keywords["cu_seqlens_k"],
+            mask=keywords.get("custom_mask"),
+            is_causal=True,
+            causal_alignment="bottom_right",
+            softcap=5.0,
+            return_lse=True,
         )
-        for n in "qk"
+        return _close(out, want, "out") or _close(lse, want_lse, "lse")
+
+    return evidence
+
+
+varlen_differs = varlen_differs_on(VARLEN_BATCH)
+VARLEN_MASKED = Batch(
+    [
+        s.with_(mask=np.random.default_rng(b).random((s.q.shape[-2], s.k.shape[-2])) < 0.6)
+        for b, s in enumerate(VARLEN_BATCH.sequences)
     ]
-    want, want_lse = varlen_attention(
-        q,
-        k,
-        v,
-        *offsets,
-        is_causal=True,
-        causal_alignment="bottom_right",
-        softcap=5.0,
-        return_lse=True,
-    )
-    return _close(out, want, "out") or _close(lse, want_lse, "lse")
+)
 
 
 def varlen_accepts_bad_offsets(kernel: KernelUnderTest) -> str | None:
     """Evidence: offsets past the packed tokens, which the reference rejects, give a result."""
-    from attnspec.conformance.judge.packed_calls import varlen_arguments
-
     batch = VARLEN_BATCH
     bad = np.array([0, 3, 3, 7, 9, 20], np.int32)
     keys = np.concatenate([[0], np.cumsum([s.k.shape[-2] for s in batch.sequences])])
@@ -455,6 +468,24 @@ FEATURE_CATALOGUE: list[FeatureBug] = [
         packed.varlen_empty_keys_nan,
         "varlen-empty-sequences",
         varlen_differs,
+    ),
+    FeatureBug(
+        "varlen-padding-rows-nan",
+        packed.varlen_padding_rows_nan,
+        "varlen-padding",
+        varlen_differs_on(VARLEN_BATCH, Padding(2, 2, math.nan)),
+    ),
+    FeatureBug(
+        "varlen-keys-to-the-end",
+        packed.varlen_keys_to_the_end,
+        "varlen-padding",
+        varlen_differs_on(VARLEN_BATCH, Padding(2, 2, math.nan)),
+    ),
+    FeatureBug(
+        "varlen-mask-at-query-offset",
+        packed.varlen_mask_at_query_offset,
+        "varlen-matches-reference",
+        varlen_differs_on(VARLEN_MASKED),
     ),
     FeatureBug(
         "varlen-unchecked-offsets",

@@ -21,6 +21,7 @@ from .feature_blocks import Features, arranged, attend_features
 Array = np.ndarray
 VARLEN = {
     "varlen": True,
+    "varlen_mask": True,
     "gqa": True,
     "causal_alignment": "bottom_right",
     "softcap": True,
@@ -40,9 +41,11 @@ CACHE = {
 
 
 def _offsets(cu: Array, total: int) -> list[int]:
+    """Offsets from 0 to at most ``total``: tokens past the last one are padding
+    (VARLEN-5)."""
     offsets = [int(x) for x in np.asarray(cu)]
-    if offsets[0] != 0 or offsets[-1] != total or np.any(np.diff(offsets) < 0):
-        raise ValueError(f"cu_seqlens={offsets}: should rise from 0 to {total} [VARLEN-1]")
+    if offsets[0] != 0 or offsets[-1] > total or np.any(np.diff(offsets) < 0):
+        raise ValueError(f"cu_seqlens={offsets}: should rise from 0 to at most {total} [VARLEN-1]")
     return offsets
 
 
@@ -57,18 +60,25 @@ def _block_diagonal(
     softcap: float | None,
     alibi_slopes: Array | None,
     return_lse: bool,
+    custom_mask: Array | None = None,
     *,
     global_alignment: bool = False,
     early_keys: int = 0,
     trust_offsets: bool = False,
     empty_keys_nan: bool = False,
+    padding_rows_nan: bool = False,
+    keys_to_the_end: bool = False,
+    mask_at_query_offset: bool = False,
 ) -> Any:
     """One dense call over all tokens: a mask lets sequence b's queries see its own keys
-    (causally, bottom-right within the sequence), and the ALiBi bias is built per sequence
-    from the same offset.  The keyword arguments are the bugs: the packed totals' offset
-    T_k - T_q for every sequence, keys starting ``early_keys`` tokens before the sequence,
-    query offsets clipped to the tokens instead of checked, NaN rows for a sequence
-    without keys."""
+    (causally, bottom-right within the sequence, and where its part of the flattened
+    ``custom_mask`` allows), and the ALiBi bias is built per sequence from the same offset;
+    padding tokens past the offsets belong to no sequence.  The keyword arguments are the
+    bugs: the packed totals' offset T_k - T_q for every sequence, keys starting
+    ``early_keys`` tokens before the sequence, query offsets clipped to the tokens instead
+    of checked, NaN rows for a sequence without keys, padding rows left as uninitialised
+    memory (NaN), the last sequence's keys running to the end of k, and the mask of
+    sequence b read at cu_q[b] * Lk_b."""
     heads, total_q, total_k = q.shape[1], q.shape[0], k.shape[0]
     if trust_offsets:
         cu_q = [int(x) for x in np.minimum(np.maximum.accumulate(cu_seqlens_q), total_q)]
@@ -76,8 +86,11 @@ def _block_diagonal(
     else:
         cu_q = _offsets(cu_seqlens_q, total_q)
     cu_k = _offsets(cu_seqlens_k, total_k)
+    if keys_to_the_end:
+        cu_k[-1] = total_k
     mask = np.zeros((total_q, total_k), dtype=bool)
     bias = np.zeros((heads, total_q, total_k))
+    entry = 0  # sequence b's first element of custom_mask
     for b in range(len(cu_q) - 1):
         first_key = max(cu_k[b] - early_keys, 0)
         rows, cols = slice(cu_q[b], cu_q[b + 1]), slice(first_key, cu_k[b + 1])
@@ -86,6 +99,11 @@ def _block_diagonal(
         allowed = np.ones((n_q, n_k), dtype=bool)
         if is_causal:
             allowed = np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + offset
+        if custom_mask is not None:
+            flat = np.asarray(custom_mask)
+            at = min(cu_q[b] * n_k, flat.size - n_q * n_k) if mask_at_query_offset else entry
+            allowed = allowed & flat[at : at + n_q * n_k].reshape(n_q, n_k)
+            entry += n_q * n_k
         mask[rows, cols] = allowed
         if alibi_slopes is not None:
             slopes = np.asarray(alibi_slopes, np.float64)
@@ -110,6 +128,8 @@ def _block_diagonal(
         for b in range(len(cu_q) - 1):
             if cu_k[b + 1] == cu_k[b]:
                 out[cu_q[b] : cu_q[b + 1]] = np.nan
+    if padding_rows_nan:  # torch.empty's output rows past cu_seqlens_q[-1], never written
+        out[cu_q[-1] :] = np.nan
     return (out, lse) if return_lse else out
 
 
@@ -132,6 +152,7 @@ def _varlen_kernel(name: str, doc: str, **bug: Any) -> Callable[..., Any]:
         softcap: float | None = None,
         alibi_slopes: Array | None = None,
         return_lse: bool = False,
+        custom_mask: Array | None = None,
     ) -> Any:
         return _block_diagonal(
             q,
@@ -144,6 +165,7 @@ def _varlen_kernel(name: str, doc: str, **bug: Any) -> Callable[..., Any]:
             softcap,
             alibi_slopes,
             return_lse,
+            custom_mask,
             **bug,
         )
 
@@ -170,6 +192,24 @@ varlen_empty_keys_nan = _varlen_kernel(
     "varlen_empty_keys_nan",
     "Divides by a zero row sum for a sequence without keys: its rows are NaN.",
     empty_keys_nan=True,
+)
+varlen_padding_rows_nan = _varlen_kernel(
+    "varlen_padding_rows_nan",
+    "Leaves the output rows past cu_seqlens_q[-1] as the uninitialised memory of its output "
+    "(NaN here), as torch.empty outputs do (flash-attention #1228, PR 2324).",
+    padding_rows_nan=True,
+)
+varlen_keys_to_the_end = _varlen_kernel(
+    "varlen_keys_to_the_end",
+    "Gives the last sequence every key up to the end of k instead of cu_seqlens_k[-1]: the "
+    "padding keys are attended (sgl-project/sglang #15757).",
+    keys_to_the_end=True,
+)
+varlen_mask_at_query_offset = _varlen_kernel(
+    "varlen_mask_at_query_offset",
+    "Reads sequence b's part of the flattened custom_mask at cu_seqlens_q[b] * Lk_b instead of "
+    "after the earlier sequences' Lq * Lk entries: right only where the key lengths are equal.",
+    mask_at_query_offset=True,
 )
 varlen_unchecked_offsets = _varlen_kernel(
     "varlen_unchecked_offsets",

@@ -240,6 +240,7 @@ def _declarations() -> list[KernelDeclaration]:
         KernelDeclaration(batch_ndim=0, alibi=True),
         KernelDeclaration(batch_ndim=3, causal=False, mask=False, scale=False),
         KernelDeclaration(varlen=True),
+        KernelDeclaration(varlen=True, varlen_mask=True),
         KernelDeclaration(kv_cache=True, kv_cache_paged=True),
         *(KernelDeclaration(sparse=SparseClaim(pattern)) for pattern in _sparse_patterns()),
         *(

@@ -322,6 +322,11 @@ PAGED_CASES = {
 }
 
 
+# PAGED-8: a flattened mask with the window, leftpad, ALiBi and softcap of page-16's case,
+# over pages of 2
+PAGED_CASES["page-2-flat-mask"] = dict(PAGED_CASES["page-16-window-alibi"], page=2, flat_mask=True)
+
+
 def _paged_problem(spec: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     """A paged batch: each sequence's pages drawn out of order from a shared pool, the
     first two sequences sharing one page (PAGED-1), two padding query rows."""
@@ -368,6 +373,8 @@ def _run_paged(
         options["sinks"] = backend.asarray(np.array([1.0, -2.0, 0.0, 3.0]), "float32")
     if "leftpad" in spec:
         options["cache_leftpad"] = xp.asarray(np.array(spec["leftpad"], np.int32))
+    if spec.get("flat_mask"):
+        options["mask"] = xp.asarray(_flat_mask(spec))
     out, lse = paged_attention(
         backend.asarray(problem["q"], dtype),
         backend.asarray(problem["k_cache"], dtype),
@@ -379,6 +386,14 @@ def _run_paged(
         **options,
     )
     return _as64(backend, out), _as64(backend, lse)
+
+
+def _flat_mask(spec: dict[str, Any]) -> np.ndarray:
+    """PAGED-8's flattened mask of the case: each sequence's (L_q, L_k) entries in turn."""
+    leftpad = spec.get("leftpad") or [0] * len(spec["seq_k"])
+    lengths = zip(spec["seq_q"], spec["seq_k"], leftpad, strict=True)
+    size = sum(n_q * (n_k - pad) for n_q, n_k, pad in lengths)
+    return np.random.default_rng(11).random(size) < 0.6
 
 
 def _paged_oracle(
@@ -402,6 +417,7 @@ def _paged_oracle(
         problem["table"].tolist(),
         leftpad=spec.get("leftpad"),
         chunk=spec.get("chunk"),
+        flat_mask=_flat_mask(spec) if spec.get("flat_mask") else None,
         **options,
     )
 

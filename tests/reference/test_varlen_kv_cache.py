@@ -69,32 +69,52 @@ VARLEN_CASES = {
 }
 
 
+# VARLEN-5, VARLEN-6: the first case with padding tokens (NaN) past both last offsets and a
+# flattened mask combined with its bottom-right causal rule
+VARLEN_CASES["padding-flat-mask"] = dict(
+    VARLEN_CASES["causal-bottom-right-empty-keys"], padding=(2, 3), flat_mask=True
+)
+
+
 @pytest.mark.parametrize("case", VARLEN_CASES, ids=str)
 def test_varlen_matches_block_diagonal_oracle(backend: Backend, case: str) -> None:
-    """VARLEN-1, VARLEN-2, VARLEN-3, LSE-3: no token sees another sequence's keys; causal
-    alignment and ALiBi per sequence; empty sequences; out (T_q, Hq, Ev), lse (Hq, T_q)."""
+    """VARLEN-1, VARLEN-2, VARLEN-3, VARLEN-5, VARLEN-6, LSE-3: no token sees another
+    sequence's keys; causal alignment, ALiBi and the flattened mask per sequence; empty
+    sequences; padding tokens past the offsets (NaN) never read, their rows 0 and -inf;
+    out (T_q, Hq, Ev), lse (Hq, T_q)."""
     spec = dict(VARLEN_CASES[case])
     rng = np.random.default_rng(0)
+    lengths = list(zip(spec["seq_q"], spec["seq_k"], strict=True))
     cu_q, cu_k = (
         np.concatenate([[0], np.cumsum(spec.pop(n))]).astype(np.int32) for n in ("seq_q", "seq_k")
     )
     n_q_heads, n_kv_heads = spec.pop("heads")
-    q = rng.standard_normal((int(cu_q[-1]), n_q_heads, 4))
-    k = rng.standard_normal((int(cu_k[-1]), n_kv_heads, 4))
-    v = rng.standard_normal((int(cu_k[-1]), n_kv_heads, 3))
+    pad_q, pad_k = spec.pop("padding", (0, 0))
+    q = rng.standard_normal((int(cu_q[-1]) + pad_q, n_q_heads, 4))
+    k = rng.standard_normal((int(cu_k[-1]) + pad_k, n_kv_heads, 4))
+    v = rng.standard_normal((int(cu_k[-1]) + pad_k, n_kv_heads, 3))
+    for a, valid in ((q, cu_q[-1]), (k, cu_k[-1]), (v, cu_k[-1])):
+        a[valid:] = np.nan  # padding the kernel must not read (VARLEN-5)
     if "alibi" in spec:
         spec["alibi_slopes"] = rng.random(spec.pop("alibi")) + 0.1
+    if spec.pop("flat_mask", False):
+        spec["flat_mask"] = rng.random(sum(n_q * n_k for n_q, n_k in lengths)) < 0.6
     for dtype in dtypes_for(backend, case, next(iter(VARLEN_CASES))):
         arrays = [backend.asarray(a, dtype) for a in (q, k, v)]
         options = dict(spec)
         if "alibi_slopes" in options:
             options["alibi_slopes"] = backend.asarray(options["alibi_slopes"], "float32")
+        if "flat_mask" in options:
+            options["mask"] = backend.xp.asarray(options.pop("flat_mask"))
         out, lse = varlen_attention(
             *arrays, backend.xp.asarray(cu_q), backend.xp.asarray(cu_k), return_lse=True, **options
         )
-        seen = [as64(backend, a) for a in arrays]
+        seen = [np.nan_to_num(as64(backend, a)) for a in arrays]
+        options = dict(spec)
         if "alibi_slopes" in options:
-            options["alibi_slopes"] = as64(backend, options["alibi_slopes"])
+            options["alibi_slopes"] = as64(
+                backend, backend.asarray(spec["alibi_slopes"], "float32")
+            )
         expected_out, expected_lse = oracle_features.varlen(
             *seen, cu_q.tolist(), cu_k.tolist(), **options
         )
@@ -232,10 +252,18 @@ BAD = [
         "cu_seqlens_q has dtype float64 and shape (3,), but should be a 1-d integer array",
     ),
     (
-        "cu-end",
-        _varlen(cu_seqlens_q=np.array([0, 2, 4], np.int32)),
+        "cu-past-the-end",
+        _varlen(cu_seqlens_q=np.array([0, 2, 6], np.int32)),
         ValueError,
-        "cu_seqlens_q=[0, 2, 4], but should start at 0 and end at the number of packed tokens, 5",
+        "cu_seqlens_q=[0, 2, 6], but should start at 0 and end at most at the number of "
+        "packed tokens, 5",
+    ),
+    (
+        "flat-mask-size",
+        _varlen(mask=np.ones(9, bool)),
+        ValueError,
+        "mask has dtype bool and shape (9,), but should be a 1-d boolean array of "
+        "sum(L_q * L_k) = 12 elements [VARLEN-6",
     ),
     (
         "cu-decreasing",

@@ -24,9 +24,17 @@ from ...draw import sizes
 from ...draw.strategies import EXPLICIT_SCALES, draw_dtype, draw_rng, random_values
 from ..assertions import assert_identical, assert_shape, assert_within_bound
 from ..bounds import lse_bound, reference_bound
-from ..failures import PropertyFailure
+from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
-from ..packed_calls import Batch, CacheCall, bottom_right, call_kv_cache, call_varlen, per_sequence
+from ..packed_calls import (
+    Batch,
+    CacheCall,
+    Padding,
+    bottom_right,
+    call_kv_cache,
+    call_varlen,
+    per_sequence,
+)
 from ..registration import register
 from ._helpers import draw_alibi_slopes, draw_softcap
 
@@ -164,7 +172,17 @@ def draw_varlen_batch(
     batch = Batch(
         [_sequence(kernel, rng, heads, n_q, n_k, dtype, magnitude) for n_q, n_k in lengths]
     )
-    return _with_options(data, kernel, batch, heads)
+    batch = _with_options(data, kernel, batch, heads)
+    if kernel.declaration.varlen_mask and data.draw(st.booleans(), label="with custom_mask"):
+        keep = data.draw(st.sampled_from([0.3, 0.7, 0.95]), label="kept fraction")
+        batch = replace(batch, sequences=[_masked(s, rng, keep) for s in batch.sequences])
+    return batch
+
+
+def _masked(sequence: Problem, rng: np.random.Generator, keep: float) -> Problem:
+    """The sequence with a mask of its own ``(L_q, L_k)``, each key kept with probability
+    ``keep`` (VARLEN-6: the suite flattens the sequences' masks into one)."""
+    return sequence.with_(mask=rng.random((sequence.q.shape[-2], sequence.k.shape[-2])) < keep)
 
 
 def _compare_sequences(
@@ -263,6 +281,53 @@ def varlen_isolation(kernel: KernelUnderTest, data: st.DataObject) -> None:
                     f"out of sequence {index} after changing sequence "
                     f"{b}'s keys and values [VARLEN-2]",
                     other.sequences[index],
+                    kernel,
+                )
+
+
+@register("varlen-padding", "VARLEN-5", applies=_family("varlen"))
+def varlen_padding(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """With 1-3 padding rows of q and 0-3 of k and v past the last offsets, a kernel that
+    accepts the call (VARLEN-4 recommends rejecting it) gives the padding rows 0 (and a
+    log-sum-exp of -inf), the sequences' rows within TOL-2, and the same results bit for
+    bit when the padding holds NaN instead of zeros: an output left uninitialised past
+    cu_seqlens_q[-1], or padding keys read, is caught."""
+    batch = draw_varlen_batch(data, kernel)
+    queries = data.draw(st.integers(1, 3), label="padding queries")
+    keys = data.draw(st.integers(0, 3), label="padding keys")
+    try:
+        out, lse = call_varlen(kernel, batch, Padding(queries, keys, 0.0))
+    except KernelRaised:
+        return  # rejected, as VARLEN-4 recommends
+    valid = out.shape[0] - queries
+    with reported_as(batch):
+        for name, got, empty in (("out", out, 0.0), ("lse", lse, -np.inf)):
+            if got is None:
+                continue
+            rows = got[valid:] if name == "out" else got[..., valid:]
+            assert_identical(
+                rows,
+                np.full_like(rows, empty),
+                f"{name} of the {queries} padding rows past cu_seqlens_q[-1] [VARLEN-5]",
+                batch.first,
+                kernel,
+            )
+        _compare_sequences(
+            kernel,
+            batch,
+            per_sequence(batch, out[:valid], 0),
+            None if lse is None else per_sequence(batch, lse[..., :valid], -1),
+            kernel.declaration,
+            "VARLEN-5",
+        )
+        poisoned = call_varlen(kernel, batch, Padding(queries, keys, float("nan")))
+        for name, clean, dirty in zip(("out", "lse"), (out, lse), poisoned, strict=True):
+            if clean is not None and dirty is not None:
+                assert_identical(
+                    dirty,
+                    clean,
+                    f"{name} with NaN in the padding tokens instead of zeros [VARLEN-5]",
+                    batch.first,
                     kernel,
                 )
 
@@ -458,11 +523,13 @@ def _resized(
     """A sequence with ``like``'s heads, head dims, dtype and options, new values, ``n_q``
     queries and ``n_k`` keys."""
     (heads, _, head_dim), (kv_heads, _, value_dim) = like.q.shape, like.v.shape
-    return like.with_(
+    resized = like.with_(
         q=random_values(kernel, rng, (heads, n_q, head_dim), like.dtype, 1.0),
         k=random_values(kernel, rng, (kv_heads, n_k, head_dim), like.dtype, 1.0),
         v=random_values(kernel, rng, (kv_heads, n_k, value_dim), like.dtype),
+        mask=None,
     )
+    return resized if like.mask is None else _masked(resized, rng, 0.7)
 
 
 def _same_shapes_other_varlen(data: st.DataObject, kernel: KernelUnderTest) -> tuple[Batch, Batch]:
