@@ -13,7 +13,8 @@ touched), installs the carried wheels of .device-wheels/ (scripts/fetch-device-w
    and dtype (CuPy, torch-cuda and jax-cuda in float16, bfloat16 and float32 on a GPU);
 3. side by side, each in its own process: ``attnspec matrix`` on each known kernel that can
    run on the image (PyTorch SDPA's math, efficient, flash and cuDNN CUDA backends, SDPA as
-   dispatched, nn.MultiheadAttention, jax.nn's 'xla' and 'cudnn', flax; torch and jax put
+   dispatched, nn.MultiheadAttention, jax.nn's 'xla' and 'cudnn', flax, flash-linear-
+   attention's Triton chunk and fused-recurrent gated delta rules; torch and jax put
    the CPU rows on their default device, the GPU), ``attnspec check`` on SDPA pinned to
    each CUDA backend in float16 and bfloat16 with the inputs it takes
    (scripts/device_sdpa.py), on FlexAttention compiled by torch.compile
@@ -99,6 +100,12 @@ MATRIX_KERNELS: dict[str, tuple[str, str]] = {
     "jax-nn-cudnn": ("dot_product_attention_cudnn", "jax"),
     "flax-nnx": ("flax.nnx:dot_product_attention", ""),
     "flax-linen": ("flax.linen:dot_product_attention", ""),
+    # flash-linear-attention's Triton kernels (the carried fla-core and einops wheels)
+    "fla-chunk-gated-delta": ("fla.ops.gated_delta_rule:chunk_gated_delta_rule", "torch"),
+    "fla-fused-recurrent-gated-delta": (
+        "fla.ops.gated_delta_rule:fused_recurrent_gated_delta_rule",
+        "torch",
+    ),
 }
 REFERENCE = "attnspec.reference:scaled_dot_product_attention"
 CLI = ("-m", "attnspec.conformance.cli")

@@ -216,7 +216,10 @@ class RecurrentClaim:
     sharing, flash-linear-attention's GVA), ``v``, ``g``, ``beta`` and the state with
     ``Hs = G * Hk`` heads.  ``state_dtype``: the narrower dtype it returns its final state
     in and takes its past state in (REC-4.3; None: that of the carried state, float32 or
-    float64), its state rounded once at the end of each call.
+    float64), its state rounded once at the end of each call;
+    ``qk_l2norm``: it L2-normalises q and k itself with this epsilon (REC-2.4;
+    flash-linear-attention's ``use_qk_l2norm_in_kernel=True``, 1e-6), so it is given keys of
+    any norm and compared on ``x / sqrt(|x|^2 + eps)``.
     """
 
     rule: str = "gated_delta"
@@ -227,6 +230,7 @@ class RecurrentClaim:
     chunk_sizes: tuple[int, ...] = ()
     value_groups: bool = False
     state_dtype: str | None = None
+    qk_l2norm: float | None = None
 
 
 def chunk_size_list(text: str) -> tuple[int, ...]:
@@ -249,8 +253,9 @@ def recurrent_from_flags(get: Getter) -> RecurrentClaim | None:
             "recurrent_chunk_sizes",
             "recurrent_value_groups",
             "recurrent_state_dtype",
+            "recurrent_qk_l2norm",
         )
-        if get(f)
+        if get(f) not in (None, False)
     ]
     if get("recurrent") is None:
         if given:
@@ -266,6 +271,7 @@ def recurrent_from_flags(get: Getter) -> RecurrentClaim | None:
         tuple(get("recurrent_chunk_sizes") or ()),
         bool(get("recurrent_value_groups")),
         get("recurrent_state_dtype"),
+        get("recurrent_qk_l2norm"),
     )
 
 

@@ -879,6 +879,14 @@ CLAIMS: tuple[Claim, ...] = (
                 "for float64 inputs)",
                 choices=RECURRENT_STATE_DTYPES,
             ),
+            Flag(
+                "--recurrent-qk-l2norm",
+                "the recurrent kernel L2-normalises q and k itself, x / sqrt(|x|^2 + EPS) "
+                "(REC-2.4; flash-linear-attention's use_qk_l2norm_in_kernel=True: 1e-6): it "
+                "is given keys of any norm",
+                type=float,
+                metavar="EPS",
+            ),
         ),
         from_flags=recurrent_from_flags,
     ),

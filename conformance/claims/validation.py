@@ -9,6 +9,7 @@ rotary dimension, a merge base and layouts it can check.  A declaration checks i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -127,6 +128,11 @@ def _recurrent_invalid(value: Any) -> str | None:
             f"recurrent state_dtype={value.state_dtype!r}, but should be None or one of "
             f"{RECURRENT_STATE_DTYPES}"
         )
+    eps = value.qk_l2norm
+    if eps is not None and (
+        isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf
+    ):
+        return f"recurrent qk_l2norm={eps!r}, but should be None or a finite float >= 0"
     return None
 
 

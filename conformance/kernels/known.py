@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..claims.declaration import qualified_name
+from .adapters.flash_linear import ROWS as FLA_ROWS
+from .adapters.flash_linear import Row
+from .adapters.transformers_linear import ROWS as TRANSFORMERS_ROWS
 
 _ADAPTERS = "attnspec.conformance.kernels.adapters"
 
@@ -56,6 +59,11 @@ class KnownKernel:
 
 def _adapter(module: str, name: str) -> str:
     return f"{_ADAPTERS}.{module}:{name}"
+
+
+def _recurrent_row_note(row: Row) -> str:
+    """What a recurrence's row declares, in the flags that declare it."""
+    return f"the library's function declared by flags, no wrapper: {' '.join(row.flags())}"
 
 
 _SDPA_QUALNAMES = (
@@ -183,6 +191,31 @@ KNOWN_KERNELS: tuple[KnownKernel, ...] = (
             ("runtime_", ("onnx", "onnxruntime"), "ONNX Runtime's CPU kernel (com.microsoft)"),
         )
         for suffix, decay in (("", "per-head"), ("_per_channel", "per-key-channel"))
+    ),
+    *(
+        KnownKernel(
+            row.target,
+            _adapter("flash_linear", name),
+            "torch",
+            (row.target.replace(":", "."),),
+            ("fla", "triton"),
+            device=row.device,
+            note=_recurrent_row_note(row),
+        )
+        for name, row in FLA_ROWS.items()
+    ),
+    # transformers' functions are kernels' nn.Module objects with no name of their own
+    # (adapters.transformers_linear): the row is the adapter's
+    *(
+        KnownKernel(
+            _adapter("transformers_linear", name),
+            _adapter("transformers_linear", name),
+            "torch",
+            (),
+            ("transformers",),
+            note=f"{row.target}, {_recurrent_row_note(row)}",
+        )
+        for name, row in TRANSFORMERS_ROWS.items()
     ),
     *(
         KnownKernel(
@@ -452,7 +485,27 @@ _HF_EAGER = {
     "large-logits": _HF_FLOAT16,
     "gqa-rejects-bad-heads": "docs/divergences.md#transformers-gqa-heads",
 }
+# flash-linear-attention's naive forms (adapters.flash_linear): a float32 output for half
+# precision inputs, met by every property's first call; naive_chunk_kda's length assertion
+_FLA_FLOAT32_OUTPUT = "docs/divergences.md#fla-naive-float32-output"
+_FLA_KDA_LENGTH = "docs/divergences.md#fla-naive-chunk-kda-length"
+_RECURRENT_CONTRACT = ("recurrent-zero-gate", "recurrent-state-passing", "recurrent-decode")
+_RECURRENT_CHUNKED = (*_RECURRENT_CONTRACT, "recurrent-chunk-size", "recurrent-matches-reference")
+_FLA_NAIVE = "fla.ops.gated_delta_rule.naive."
 _DIVERGENCES: dict[str, dict[str, str]] = {
+    _FLA_NAIVE + "naive_recurrent_gated_delta_rule": dict.fromkeys(
+        (*_RECURRENT_CONTRACT, "recurrent-zero-beta", "recurrent-matches-reference"),
+        _FLA_FLOAT32_OUTPUT,
+    ),
+    _FLA_NAIVE + "naive_chunk_gated_delta_rule": dict.fromkeys(
+        (*_RECURRENT_CHUNKED, "recurrent-zero-beta"), _FLA_FLOAT32_OUTPUT
+    ),
+    "fla.ops.simple_gla.naive.naive_chunk_simple_gla": dict.fromkeys(
+        _RECURRENT_CHUNKED, _FLA_FLOAT32_OUTPUT
+    ),
+    "fla.ops.kda.naive.naive_chunk_kda": dict.fromkeys(
+        (*_RECURRENT_CHUNKED, "recurrent-zero-beta"), _FLA_KDA_LENGTH
+    ),
     _HF + "eager_attention": _HF_EAGER,
     _HF + "sdpa_attention": _HF_SDPA,
     _HF + "gpt_oss_eager_attention": {
@@ -649,6 +702,9 @@ class Confirms:
 # clause they follow from) or that name what their failures show.
 _EMPTY_ROW = "should be 0.0 within"  # an accuracy finding whose definition is exactly 0
 _CONFIRMS: dict[str, Confirms] = {
+    # the output's dtype, whatever the property; not an error of the values
+    _FLA_FLOAT32_OUTPUT: Confirms(shows=("dtype torch.float32, but should have shape",)),
+    _FLA_KDA_LENGTH: Confirms(shows=("raised AssertionError",)),
     _HF_FLOAT32_SOFTMAX: Confirms(shows=("float64",)),
     _HF_FLOAT16: Confirms(shows=("float16",)),
     # one causal query over more keys: every key attended

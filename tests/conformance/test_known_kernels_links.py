@@ -160,6 +160,26 @@ ONNX_EMPTY = (
     "is_causal=False, scale=None, cache_seqlens=[0], 0 new keys, capacity 0]"
 )
 ONNX_FULL_MASK = ONNX_SHORT_MASK.replace("(broadcast mask) vs the full mask", "")
+# flash-linear-attention's naive forms (docs/matrix.md, 2026-12-06): the output's dtype, and
+# naive_chunk_kda's length assertion; an error of the values is another cause
+FLA_FLOAT32_OUT = (
+    "the recurrent kernel's out has shape (1, 1, 1, 1), dtype torch.float32, but should have "
+    "shape (1, 1, 1, 1) and dtype float16 (REC-1.1, REC-4.2, REC-4.3) [call: rule gated_delta, "
+    "q (1, 1, 1, 1), k (1, 1, 1, 1), v (1, 1, 1, 1), g (1, 1, 1), beta (1, 1, 1) in float16 "
+    "(state float32), g >= -0.0685]"
+)
+FLA_VALUE_OFF = (
+    "out[(0, 0, 0, 0)] = 0.5, but should be 1.0 within 0.000977 (REC-1.2, REC-6.2); 1 of 1 "
+    "elements outside [call: rule gated_delta, q (1, 1, 1, 1), k (1, 1, 1, 1), v (1, 1, 1, 1), "
+    "g (1, 1, 1), beta (1, 1, 1) in float16 (state float32), g >= -0.0685]"
+)
+FLA_KDA_ASSERT = (
+    "the recurrent kernel raised AssertionError: [call: rule gated_delta, q (1, 1, 1, 1), "
+    "k (1, 1, 1, 1), v (1, 1, 1, 1), g (1, 1, 1, 1), beta (1, 1, 1) in float16 (state float32), "
+    "g >= -0.0685]"
+)
+FLA_RECURRENT_GDN = "fla.ops.gated_delta_rule.naive:naive_recurrent_gated_delta_rule"
+FLA_CHUNK_KDA = "fla.ops.kda.naive:naive_chunk_kda"
 ONNX_REFERENCE = "onnx_attention:reference_attention_23"
 ONNX_RUNTIME = "onnx_attention:runtime_attention_23"
 ONNX_CACHE = "onnx_attention:reference_attention_kv_cache"
@@ -291,6 +311,11 @@ CASES = [
     (ONNX_REFERENCE, "mask-broadcast", "SDPA-3.1", ONNX_SHORT_MASK, True),
     (ONNX_REFERENCE, "mask-broadcast", "SDPA-3.1", ONNX_FULL_MASK, False),
     (ONNX_CACHE, "kv-cache-stale-positions", "KVCACHE-2", ONNX_EMPTY, True),
+    (FLA_RECURRENT_GDN, "recurrent-matches-reference", "REC-6.2", FLA_FLOAT32_OUT, True),
+    (FLA_RECURRENT_GDN, "recurrent-decode", "REC-2.2", FLA_FLOAT32_OUT, True),
+    (FLA_RECURRENT_GDN, "recurrent-matches-reference", "REC-6.2", FLA_VALUE_OFF, False),
+    (FLA_CHUNK_KDA, "recurrent-chunk-size", "REC-5.1", FLA_KDA_ASSERT, True),
+    (FLA_CHUNK_KDA, "recurrent-chunk-size", "REC-5.1", FLA_VALUE_OFF, False),
 ]
 
 

@@ -2,7 +2,8 @@
 ``fn(q (B, Hq, T, dk), k (B, Hk, T, dk), v (B, Hv, T, dv), g=, beta=, initial_state=)`` ->
 ``(out (B, Ho, T, dv), final_state (B, Hs, dk, dv))`` with the declared update rule.
 
-The suite draws unit-norm keys (REC-2.4's normalised inputs, the regime of REC-6.3), gates
+The suite draws unit-norm keys (REC-2.4's normalised inputs, the regime of REC-6.3; keys of
+norm 1/4 to 4 for a kernel that declares it normalises them itself, --recurrent-qk-l2norm), gates
 from weak decay to decays of e^-30 and below per token (REC-5.2), beta in (0, 1), a past
 state, query groups where the kernel declares GQA, and lengths around and past the chunk
 sizes kernels use (1, 63, 64, 65, 75, 129, 1000) at head dims 60, 64, 100 and 128.  The
@@ -149,10 +150,14 @@ def _draw_call(
     claim = _recurrent_claim(kernel.declaration)
     dtype = draw_dtype(data, kernel)
     state_dtype = _state_dtype(claim, dtype)
-    if sizes.current().realistic:
-        length = data.draw(st.sampled_from([n for n in lengths if n >= least]), label="T")
-        d_k = data.draw(st.sampled_from(REALISTIC_HEAD_DIMS), label="dk")
-        d_v = data.draw(st.sampled_from(REALISTIC_HEAD_DIMS), label="dv")
+    drawing = sizes.current()
+    if drawing.realistic:  # within the user's --max-len and --max-head-dim
+        cap, widest = drawing.limits.max_len, drawing.limits.max_head_dim
+        lengths = tuple(n for n in lengths if least <= n <= cap) or (max(least, min(cap, 9)),)
+        head_dims = tuple(d for d in REALISTIC_HEAD_DIMS if d <= widest) or (widest,)
+        length = data.draw(st.sampled_from(lengths), label="T")
+        d_k = data.draw(st.sampled_from(head_dims), label="dk")
+        d_v = data.draw(st.sampled_from(head_dims), label="dv")
         heads = data.draw(st.integers(1, 4), label="Hk")
     else:
         length = data.draw(st.integers(least, max(least, 9)), label="T")
@@ -170,6 +175,8 @@ def _draw_call(
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="values seed"))
     keys = rng.standard_normal((batch, heads, length, d_k))
     norms = np.linalg.norm(keys, axis=-1, keepdims=True)
+    if claim.qk_l2norm is not None:  # a kernel that normalises (REC-2.4) gets keys of any norm
+        norms = norms * rng.uniform(0.25, 4.0, norms.shape)
     arrays: dict[str, np.ndarray] = {
         "q": random_values(kernel, rng, (batch, heads * group, length, d_k), dtype),
         "k": _as_received(kernel, keys / np.where(norms == 0, 1, norms), dtype),
@@ -264,6 +271,8 @@ def _bound(
         chunk_size=claim.chunk_size if chunk_size is None else chunk_size,
         state_dtype=call.state_dtype,
         operands_in_input_dtype=claim.rounded_operands,
+        normalize_qk=claim.qk_l2norm is not None,
+        norm_eps=claim.qk_l2norm or 0.0,
     )
 
 
