@@ -31,6 +31,7 @@ from .blocked import _block_scores, _grouped_view, _key_stop, _Scores, default_b
 from .features import check_dropout_p, dropped_weights, log_sum_exp
 from .masks import causal_offset
 from .sdpa import (
+    DenseOptions,
     GroupedInputs,
     allowed_scores,
     check_arguments,
@@ -295,14 +296,10 @@ def blocked_attention_backward(
     dV, dK (per key block) and dQ, dbias (per query chunk).  Returns :class:`Gradients`.
     """
     # the forward's keywords, for the checks and for the forward pass when out is not given
-    forward: dict[str, Any] = {
-        "mask": mask,
-        "bias": bias,
-        "is_causal": is_causal,
-        "causal_alignment": causal_alignment,
-        "scale": scale,
-    }
-    xp, _, _ = check_arguments(q, k, v, **forward, call=BLOCKED_CALL)
+    forward = DenseOptions(
+        mask=mask, bias=bias, is_causal=is_causal, causal_alignment=causal_alignment, scale=scale
+    )
+    xp, _, _ = check_arguments(q, k, v, forward, BLOCKED_CALL)
     namespace_of(BLOCKED_CALL, q=q, grad_out=grad_out, out=out, lse=lse, grad_lse=grad_lse)
     problem = prepare(q, k, v, scale=scale, call=BLOCKED_CALL)
     if query_chunk is not None:

@@ -252,7 +252,7 @@ def blocked_form(
     (:func:`~.sdpa.score_options`); errors name ``call``.  The entry point
     ``scaled_dot_product_attention`` calls it with its own name."""
     check_flag("return_lse", return_lse, call)
-    xp, _, _ = check_arguments(q, k, v, **dense_options(options), call=call)
+    xp, _, _ = check_arguments(q, k, v, dense_options(options), call)
     mask, bias, alibi_slopes = options["mask"], options["bias"], options["alibi_slopes"]
     namespace_of(call, q=q, alibi_slopes=alibi_slopes)
     problem = prepare(q, k, v, scale=options["scale"], call=call)

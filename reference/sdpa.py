@@ -48,20 +48,47 @@ def compute_dtype(xp: ModuleType, dtype: Any) -> Any:
     return dtype if dtype in (xp.float32, xp.float64) else xp.float32
 
 
+class ScoreOptions(TypedDict):
+    """The keyword arguments that decide the scores, by their names in the public
+    signatures (a type checker checks them where they are passed on with ``**``)."""
+
+    mask: Array
+    bias: Array
+    is_causal: bool
+    causal_alignment: str
+    scale: float | None
+    softcap: float | None
+    alibi_slopes: Array
+
+
+class DenseOptions(TypedDict):
+    """:class:`ScoreOptions` less the features: what :func:`prepare` takes."""
+
+    mask: Array
+    bias: Array
+    is_causal: bool
+    causal_alignment: str
+    scale: float | None
+
+
+def dense_options(options: ScoreOptions) -> DenseOptions:
+    """``options`` less softcap and ALiBi, for :func:`prepare` and :func:`check_arguments`."""
+    return DenseOptions(
+        mask=options["mask"],
+        bias=options["bias"],
+        is_causal=options["is_causal"],
+        causal_alignment=options["causal_alignment"],
+        scale=options["scale"],
+    )
+
+
 def check_arguments(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array = None,
-    bias: Array = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: Any = None,
-    call: str = CALL,
+    q: Array, k: Array, v: Array, options: DenseOptions, call: str
 ) -> tuple[ModuleType, tuple[int, ...], float | None]:
     """Check the arguments against SDPA-1 … SDPA-6; returns the namespace, the broadcast
     batch shape and the checked explicit scale (None for the default)."""
+    mask, bias, scale = options["mask"], options["bias"], options["scale"]
+    is_causal, causal_alignment = options["is_causal"], options["causal_alignment"]
     xp = namespace_of(call, q=q, k=k, v=v, mask=mask, bias=bias)
     require_real_floating(xp, call, "SDPA-1.4", q=q, k=k, v=v, bias=bias)
     require_ndim_at_least(call, "SDPA-1.1", 3, LAYOUT, q=q, k=k, v=v)
@@ -123,17 +150,10 @@ def prepare(
     call: str = CALL,
 ) -> GroupedInputs:
     """Check the arguments against SDPA-1 … SDPA-6 and lay them out for computation."""
-    xp, batch, scale = check_arguments(
-        q,
-        k,
-        v,
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        call=call,
+    options = DenseOptions(
+        mask=mask, bias=bias, is_causal=is_causal, causal_alignment=causal_alignment, scale=scale
     )
+    xp, batch, scale = check_arguments(q, k, v, options, call)
     *_, n_q_heads, n_queries, head_dim = q.shape
     *_, n_kv_heads, n_keys, _ = k.shape
     value_dim = v.shape[-1]
@@ -275,40 +295,6 @@ def with_features(
         offset = causal_offset(n_queries, n_keys, causal_alignment)
         alibi = grouped_alibi(problem, alibi_slopes, offset, call)
     return problem._replace(softcap=softcap, alibi=alibi)
-
-
-class ScoreOptions(TypedDict):
-    """The keyword arguments that decide the scores, by their names in the public
-    signatures (a type checker checks them where they are passed on with ``**``)."""
-
-    mask: Array
-    bias: Array
-    is_causal: bool
-    causal_alignment: str
-    scale: float | None
-    softcap: float | None
-    alibi_slopes: Array
-
-
-class DenseOptions(TypedDict):
-    """:class:`ScoreOptions` less the features: what :func:`prepare` takes."""
-
-    mask: Array
-    bias: Array
-    is_causal: bool
-    causal_alignment: str
-    scale: float | None
-
-
-def dense_options(options: ScoreOptions) -> DenseOptions:
-    """``options`` less softcap and ALiBi, for :func:`prepare` and :func:`check_arguments`."""
-    return DenseOptions(
-        mask=options["mask"],
-        bias=options["bias"],
-        is_causal=options["is_causal"],
-        causal_alignment=options["causal_alignment"],
-        scale=options["scale"],
-    )
 
 
 def score_options(

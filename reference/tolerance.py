@@ -143,6 +143,9 @@ def lse_final_error(dtype: str, n_keys: int, row_max: Array, xp: ModuleType) -> 
     return max(n_keys - 1, 0) * u_a + 5 * u_a * math.log(max(n_keys, 1)) + 4 * u_a * xp.abs(row_max)
 
 
+# Why error_bound and error_and_lse_bound keep parallel signatures: both are public (the
+# suite and users call each by keyword), so help() and type checkers show every keyword of
+# each; they share everything else through _bounds.
 def error_bound(
     q: Array,
     k: Array,

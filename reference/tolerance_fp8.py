@@ -15,6 +15,7 @@ import array_api_compat
 
 from ._array import Array
 from ._checks import check_choice
+from .sdpa import score_options
 from .serving.fp8 import FP8_FORMATS, real_values
 from .tolerance import SAFETY_FACTOR, UNDERFLOW_THRESHOLD, UNIT_ROUNDOFF, error_bound
 
@@ -71,16 +72,9 @@ def fp8_error_bound(
 
     # float32 arithmetic throughout (the scale and descales applied in float32 to exact
     # products of float8 values), then the output rounded to its own dtype
-    bound = error_bound(
-        padded(real_q),
-        padded(real_k),
-        real_v,
-        dtype="float32",
-        mask=mask,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else scale,
-    )
+    alpha = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    options = score_options(mask, None, is_causal, causal_alignment, alpha, None, None)
+    bound = error_bound(padded(real_q), padded(real_k), real_v, dtype="float32", **options)
     p = bound.weights  # (..., Hq, Lq, Lk)
     *batch, n_q_heads, n_queries, n_keys = p.shape
     n_kv_heads = real_v.shape[-3]

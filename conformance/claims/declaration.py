@@ -69,6 +69,7 @@ class KernelDeclaration:
     (``tests/conformance/cli/test_check_claims.py`` checks that the two name the same fields).
     """
 
+    # (fields that look alike, a claim and its keyword, are the table's rows: one each)
     dtypes: tuple[str, ...] | None = None
     batch_ndim: int | None = None
     equal_head_dims: bool = False

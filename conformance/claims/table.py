@@ -149,6 +149,8 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+# Why the rows below look alike: it is a table, one row per claim, each spelled out so a
+# reader finds a claim's flags, keywords and words in one place.
 CLAIMS: tuple[Claim, ...] = (
     Claim("dtypes"),  # --dtype: SETUP_FLAGS
     Claim(

@@ -693,6 +693,9 @@ def to_junit(report: Report, *, rerun: Rerun | None = None) -> str:
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
 
 
+# Why this stays parallel to the divergence lines of the text report above: the two render
+# the same fields (drawn around, confirmed, consequences) in two formats, each with its own
+# wording and clipping; a shared skeleton would hide which format a line belongs to.
 def divergence_markdown(divergence: Divergence, confirmed: str, clip: int = 2000) -> list[str]:
     """A Markdown list item for ``divergence`` (``confirmed``: how its write-up is told),
     with every minimal case it merges, what it was drawn around and its consequences;

@@ -19,6 +19,7 @@ import array_api_compat
 from .._array import Array
 from .._checks import check_choice, namespace_of, require_real_floating
 from ..attention import scaled_dot_product_attention
+from ..sdpa import score_options
 
 CALL = "fp8_attention(q, k, v, q_descale=, k_descale=, v_descale=)"
 ROUND = "round_to_fp8(x, fmt)"
@@ -169,17 +170,8 @@ def fp8_attention(
     real_q, real_k, real_v = real_values(
         q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, fmt=fmt
     )
-    result = scaled_dot_product_attention(
-        real_q,
-        real_k,
-        real_v,
-        mask=mask,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-        return_lse=return_lse,
-    )
+    options = score_options(mask, None, is_causal, causal_alignment, scale, softcap, None)
+    result = scaled_dot_product_attention(real_q, real_k, real_v, **options, return_lse=return_lse)
     out_dtype = q.dtype if out_dtype is None else out_dtype
     if return_lse:
         return xp.astype(result[0], out_dtype), result[1]

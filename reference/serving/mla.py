@@ -11,6 +11,7 @@ from typing import Any
 from .._array import Array
 from .._checks import check_scale, check_size, namespace_of
 from ..attention import scaled_dot_product_attention
+from ..sdpa import score_options
 
 CALL = "mla_attention(q, kv, value_dim=, scale=)"
 
@@ -62,15 +63,7 @@ def mla_attention(
             f"head shared by every query head [MLA-1, {CALL}]"
         )
     value_dim = check_value_dim(value_dim, kv.shape[-1], CALL)
+    options = score_options(mask, bias, is_causal, causal_alignment, scale, softcap, None)
     return scaled_dot_product_attention(
-        q,
-        kv,
-        kv[..., :value_dim],
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-        return_lse=return_lse,
+        q, kv, kv[..., :value_dim], **options, return_lse=return_lse
     )

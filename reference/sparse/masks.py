@@ -74,6 +74,20 @@ def _mask_of(
     return sets, pattern_mask(sets, xp, device), xp, device
 
 
+# (alignment, causal, xp, device): where a named pattern's mask sits and is made
+_Placement = tuple[str, bool, "ModuleType | None", Any]
+
+
+def _pattern_mask(
+    pattern: str, n_queries: int, n_keys: int, placement: _Placement, **params: Any
+) -> tuple[SparsePattern, Any, ModuleType, Any]:
+    """:func:`_mask_of` for ``<pattern>_mask(n_queries, n_keys, ...)``: the named mask
+    functions below differ only in their pattern's parameters, which help() shows each."""
+    alignment, causal, xp, device = placement
+    call = f"{pattern}_mask(n_queries, n_keys)"
+    return _mask_of(pattern, n_queries, n_keys, alignment, causal, xp, device, params, call)
+
+
 def sparse_mask(
     pattern: str,
     n_queries: int,
@@ -97,6 +111,9 @@ def sparse_mask(
     return _mask_of(pattern, n_queries, n_keys, alignment, causal, xp, device, params, call)[1]
 
 
+# Why the named mask functions below keep parallel signatures: each is public and help()
+# shows its own pattern's parameters beside the placement keywords they all take
+# (alignment, causal, xp, device); what they share is _pattern_mask.
 def sliding_window_mask(
     n_queries: int,
     n_keys: int,
@@ -111,16 +128,14 @@ def sliding_window_mask(
 ) -> Array:
     """Keys ``t_i - left .. t_i + right`` (inclusive; None = unbounded) with
     ``(t_i - j) mod dilation == 0`` (SPARSE-2.1)."""
-    return _mask_of(
+    return _pattern_mask(
         "sliding_window",
         n_queries,
         n_keys,
-        alignment,
-        causal,
-        xp,
-        device,
-        {"left": left, "right": right, "dilation": dilation},
-        "sliding_window_mask(n_queries, n_keys)",
+        (alignment, causal, xp, device),
+        left=left,
+        right=right,
+        dilation=dilation,
     )[1]
 
 
@@ -135,16 +150,8 @@ def strided_mask(
     device: Any = None,
 ) -> Array:
     """Sparse Transformer strided pattern with stride l (SPARSE-3.1)."""
-    return _mask_of(
-        "strided",
-        n_queries,
-        n_keys,
-        alignment,
-        causal,
-        xp,
-        device,
-        {"stride": stride},
-        "strided_mask(n_queries, n_keys)",
+    return _pattern_mask(
+        "strided", n_queries, n_keys, (alignment, causal, xp, device), stride=stride
     )[1]
 
 
@@ -161,16 +168,8 @@ def fixed_mask(
 ) -> Array:
     """Sparse Transformer fixed pattern: own block of ``stride`` keys plus the last
     ``summary`` keys of every block (SPARSE-3.2)."""
-    return _mask_of(
-        "fixed",
-        n_queries,
-        n_keys,
-        alignment,
-        causal,
-        xp,
-        device,
-        {"stride": stride, "summary": summary},
-        "fixed_mask(n_queries, n_keys)",
+    return _pattern_mask(
+        "fixed", n_queries, n_keys, (alignment, causal, xp, device), stride=stride, summary=summary
     )[1]
 
 
@@ -187,16 +186,13 @@ def block_sparse_mask(
 ) -> Array:
     """Query block I attends key block J iff ``layout[I, J]``; last blocks may be ragged
     (SPARSE-4.1)."""
-    return _mask_of(
+    return _pattern_mask(
         "block_sparse",
         n_queries,
         n_keys,
-        alignment,
-        causal,
-        xp,
-        device,
-        {"layout": layout, "block_size": block_size},
-        "block_sparse_mask(n_queries, n_keys)",
+        (alignment, causal, xp, device),
+        layout=layout,
+        block_size=block_size,
     )[1]
 
 
@@ -215,16 +211,15 @@ def longformer_mask(
 ) -> Array:
     """Sliding window plus global tokens that attend, and are attended by, every
     position (SPARSE-5.1)."""
-    return _mask_of(
+    return _pattern_mask(
         "longformer",
         n_queries,
         n_keys,
-        alignment,
-        causal,
-        xp,
-        device,
-        {"left": left, "right": right, "global_tokens": global_tokens, "dilation": dilation},
-        "longformer_mask(n_queries, n_keys)",
+        (alignment, causal, xp, device),
+        left=left,
+        right=right,
+        global_tokens=global_tokens,
+        dilation=dilation,
     )[1]
 
 
@@ -250,23 +245,17 @@ def bigbird_mask(
     for query block ``floor(d / block_size) + r`` (-1 = none), ready to pass back as
     ``random_blocks=`` to reproduce the pattern without the seed.
     """
-    sets, mask, xp, device = _mask_of(
+    sets, mask, xp, device = _pattern_mask(
         "bigbird",
         n_queries,
         n_keys,
-        alignment,
-        causal,
-        xp,
-        device,
-        {
-            "block_size": block_size,
-            "num_random": num_random,
-            "seed": seed,
-            "window_blocks": window_blocks,
-            "global_blocks": global_blocks,
-            "random_blocks": random_blocks,
-        },
-        "bigbird_mask(n_queries, n_keys)",
+        (alignment, causal, xp, device),
+        block_size=block_size,
+        num_random=num_random,
+        seed=seed,
+        window_blocks=window_blocks,
+        global_blocks=global_blocks,
+        random_blocks=random_blocks,
     )
     assert isinstance(sets, BigBird)  # build_pattern("bigbird", ...) builds one
     return mask, sets.random_table(xp, device)

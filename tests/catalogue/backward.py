@@ -76,6 +76,9 @@ def _reduce(a: Any, shape: tuple[int, ...]) -> Any:
     return a.sum(dim=axes, keepdim=True) if axes else a
 
 
+# Why the backward kernels below keep parallel signatures: each is a backward function in
+# the convention the suite calls (q, k, v, grad_out and the forward's keywords), written
+# out so that its signature, which the suite binds, shows what it takes.
 def flash2_backward(
     q: Any,
     k: Any,

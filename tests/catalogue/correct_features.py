@@ -17,7 +17,7 @@ import numpy as np
 
 from . import packed_kernels
 from .blocks import QUIET, finish, row_max
-from .entry import SPEC_KEYWORDS, SpecCall, spec_kernel
+from .entry import ALL, SPEC_KEYWORDS, SpecCall, spec_kernel
 from .feature_blocks import (
     Features,
     arranged,
@@ -31,16 +31,11 @@ from .feature_blocks import (
 
 Array = np.ndarray
 LOG2E = math.log2(math.e)
+# the claims of the two kernels with every feature of spec/features.md but dropout
+FEATURES = {**ALL, "softcap": True, "alibi": True, "returns_lse": True}
 
 
-@spec_kernel(
-    {**SPEC_KEYWORDS, "softcap": None, "alibi_slopes": None},
-    bias=True,
-    gqa=True,
-    softcap=True,
-    alibi=True,
-    returns_lse=True,
-)
+@spec_kernel({**SPEC_KEYWORDS, "softcap": None, "alibi_slopes": None}, **FEATURES)
 def features_lse(call: SpecCall) -> tuple[Array, Array]:
     """(f1) Scores of features.md in natural log, weights from the log-sum-exp, top-left."""
     f = Features(softcap=call.softcap, alibi_slopes=call.alibi_slopes)
@@ -49,11 +44,7 @@ def features_lse(call: SpecCall) -> tuple[Array, Array]:
 
 @spec_kernel(
     {**SPEC_KEYWORDS, "softcap": 0.0, "alibi_slopes": None},
-    bias=True,
-    gqa=True,
-    softcap=True,
-    alibi=True,
-    returns_lse=True,
+    **FEATURES,
     causal_alignment="bottom_right",
 )
 def features_flash(call: SpecCall) -> tuple[Array, Array]:

@@ -20,6 +20,8 @@ def _as_4d(x: Any) -> Any:
     return None if x is None else x.reshape((1,) * (4 - x.ndim) + tuple(x.shape))
 
 
+# Why _xla and _cudnn keep parallel signatures: each is a kernel of its own name (reports
+# and worker processes load it by that name) whose signature the suite reads.
 def _xla(
     q: Any,
     k: Any,

@@ -67,6 +67,10 @@ def _allowed(mask: Any, is_causal: bool) -> Any:
     return mask_mod
 
 
+# Why the adapters' signatures stay parallel to each other and to the catalogue's kernels:
+# the suite reads each kernel's own signature (which keywords it passes, CONF-3), and each
+# adapter spells its library's convention (here FlexAttention's enable_gqa) for reports
+# and for pickling by name.
 def flex_kernels(
     flex: Callable[[], Any], names: tuple[str, str], module: str
 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
