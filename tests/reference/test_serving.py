@@ -465,6 +465,17 @@ def test_paged_decode_equals_the_kv_cache_reference() -> None:
     np.testing.assert_allclose(out[:3], cached[:, :, 0, :], rtol=1e-13)
 
 
+def _assert_paged_matches_oracle(spec: dict[str, Any], seed: int, dtype: str) -> None:
+    """The paged reference on ``spec``'s problem drawn from ``seed``, in ``dtype``, gives
+    the oracle's output and log-sum-exp (within the dtype's tolerance)."""
+    problem = _paged_problem(spec, np.random.default_rng(seed))
+    backend = Backend("numpy")
+    out, lse = _run_paged(backend, dtype, problem, spec)
+    expected_out, expected_lse = _paged_oracle(backend, dtype, problem, spec)
+    _close(out, expected_out, dtype, "out")
+    _close(lse, expected_lse, dtype, "lse")
+
+
 def test_paged_blocks_and_chunks_do_not_change_the_result(monkeypatch: pytest.MonkeyPatch) -> None:
     """PAGED-2, MERGE-1: with blocks of a few elements (rows in many chunks, keys in many
     blocks merged by their log-sum-exps) a long prefill is the oracle's."""
@@ -477,24 +488,14 @@ def test_paged_blocks_and_chunks_do_not_change_the_result(monkeypatch: pytest.Mo
         window=(20, None),
         sinks=True,
     )
-    problem = _paged_problem(spec, np.random.default_rng(9))
-    backend = Backend("numpy")
-    out, lse = _run_paged(backend, "float64", problem, spec)
-    expected_out, expected_lse = _paged_oracle(backend, "float64", problem, spec)
-    _close(out, expected_out, "float64", "out")
-    _close(lse, expected_lse, "float64", "lse")
+    _assert_paged_matches_oracle(spec, 9, "float64")
 
 
 def test_paged_thousands_of_queries() -> None:
     """PAGED-2 at serving sizes: a prefill chunk of 2048 queries over 3000 cached keys in
     pages of 16 beside decode rows, against the oracle."""
     spec = dict(page=16, seq_q=[2048, 1, 1], seq_k=[3000, 4000, 17], is_causal=True)
-    problem = _paged_problem(spec, np.random.default_rng(10))
-    backend = Backend("numpy")
-    out, lse = _run_paged(backend, "float32", problem, spec)
-    expected_out, expected_lse = _paged_oracle(backend, "float32", problem, spec)
-    _close(out, expected_out, "float32", "out")
-    _close(lse, expected_lse, "float32", "lse")
+    _assert_paged_matches_oracle(spec, 10, "float32")
 
 
 def test_paged_tens_of_thousands_of_pages() -> None:
