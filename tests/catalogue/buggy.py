@@ -94,6 +94,7 @@ def _big_masked_key(w: Problem) -> Problem:
 
 
 W = witness
+# (why the entries look alike: a table, one bug an entry, with its witness beside it)
 CATALOGUE: list[BuggyKernel] = [
     # scale (SDPA-2)
     BuggyKernel("scale-one-over-E", sc.scale_one_over_e, "default-scale"),

@@ -257,6 +257,7 @@ def _realistic(
     )
 
 
+# (why the entries look alike: a table of named shapes, each read as a whole)
 REALISTIC: dict[str, dict[str, Any]] = {
     "Lk1023-E59-padded": dict(
         n_queries=20, n_keys=1023, head_dim=59, value_dim=24, heads=(2, 2), batch=(2,), padded=True

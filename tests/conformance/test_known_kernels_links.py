@@ -184,6 +184,8 @@ ONNX_REFERENCE = "onnx_attention:reference_attention_23"
 ONNX_RUNTIME = "onnx_attention:runtime_attention_23"
 ONNX_CACHE = "onnx_attention:reference_attention_kv_cache"
 
+# (why the rows look alike: a parametrize table, one finding a row, each spelled out so the
+# row a failure names is found by reading it)
 CASES = [
     # keras numpy, float16 scores: the contiguous call's inaccuracy, before and after it is
     # reported as accuracy (SDPA-7.3); a float32 failure is another cause
