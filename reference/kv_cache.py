@@ -18,8 +18,9 @@ from typing import Any
 import array_api_compat
 
 from ._array import Array
-from ._checks import check_flag, namespace_of
+from ._checks import check_flag, check_size, namespace_of
 from .attention import scaled_dot_product_attention
+from .serving.paged import Rules, check_window
 
 CALL = "kv_cache_attention(q, k_cache, v_cache, cache_seqlens)"
 APPEND = "append_to_cache(k_cache, v_cache, cache_seqlens, k, v)"
@@ -100,6 +101,22 @@ class CacheLayout:
         return xp.concat(blocks, axis=-2) if blocks else cache[0, ..., :0, :]
 
 
+def _leftpad(cache_leftpad: Any, lengths: list[int]) -> list[int]:
+    """Each batch element's first valid cache position, 0 <= it <= cache_seqlens[b]
+    (KVCACHE-6)."""
+    if cache_leftpad is None:
+        return [0] * len(lengths)
+    starts = _ints(cache_leftpad, "cache_leftpad", 1, CALL)
+    if len(starts) != len(lengths) or any(
+        not 0 <= s <= n for s, n in zip(starts, lengths, strict=False)
+    ):
+        raise ValueError(
+            f"cache_leftpad={starts}, but should have one entry per batch element with "
+            f"0 <= cache_leftpad[b] <= cache_seqlens[b] = {lengths} [KVCACHE-6, {CALL}]"
+        )
+    return starts
+
+
 def _check_new(q: Array, k: Array, v: Array, k_cache: Array, call: str) -> int:
     if (k is None) != (v is None):
         raise ValueError(
@@ -137,31 +154,56 @@ def kv_cache_attention(
     scale: float | None = None,
     softcap: float | None = None,
     alibi_slopes: Array = None,
+    cache_leftpad: Array = None,
+    window: tuple[int | None, int | None] = (None, None),
+    attention_chunk: int | None = None,
     return_lse: bool = False,
 ) -> Any:
     """Attention of ``q`` over each batch element's cached keys and the new ones (KVCACHE-2).
 
-    Batch element b sees its first ``cache_seqlens[b]`` cache positions followed by its
-    ``L_new`` new keys; causal calls and ALiBi are bottom-right with L_k = cache_seqlens[b]
-    + L_new.  Returns ``out (B, Hq, Lq, Ev)``, or ``(out, lse)`` with ``lse (B, Hq, Lq)``.
+    Batch element b sees its cache positions ``cache_leftpad[b]`` (0 when absent) …
+    ``cache_seqlens[b] - 1`` followed by its ``L_new`` new keys; causal calls, ALiBi, the
+    ``window (left, right)`` (SPARSE-2.1) and ``attention_chunk`` (CHUNK-1) are bottom-right
+    with L_k = cache_seqlens[b] - cache_leftpad[b] + L_new (KVCACHE-6).  Returns
+    ``out (B, Hq, Lq, Ev)``, or ``(out, lse)`` with ``lse (B, Hq, Lq)``.
     """
     xp = namespace_of(
-        CALL, q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, alibi_slopes=alibi_slopes
+        CALL,
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        k=k,
+        v=v,
+        alibi_slopes=alibi_slopes,
+        cache_leftpad=cache_leftpad,
     )
     check_flag("return_lse", return_lse, CALL)
+    chunk = (
+        None
+        if attention_chunk is None
+        else check_size("attention_chunk", attention_chunk, CALL, minimum=1)
+    )
+    rules = Rules(is_causal, *check_window(window, CALL), chunk)
     if q.ndim != 4:
         raise ValueError(
             f"q.shape={tuple(q.shape)}, but should be (B, Hq, Lq, E) [KVCACHE-1, {CALL}]"
         )
     n_new = _check_new(q, k, v, k_cache, CALL)
     layout = CacheLayout(k_cache, v_cache, cache_seqlens, block_table, q.shape[0], n_new, CALL)
+    starts = _leftpad(cache_leftpad, layout.lengths)
+    device = array_api_compat.device(q)
     outs, lses = [], []
     for b, length in enumerate(layout.lengths):
-        keys = layout.logical(xp, k_cache, b)[..., :length, :]
-        values = layout.logical(xp, v_cache, b)[..., :length, :]
+        keys = layout.logical(xp, k_cache, b)[..., starts[b] : length, :]
+        values = layout.logical(xp, v_cache, b)[..., starts[b] : length, :]
         if n_new:
             keys = xp.concat([keys, k[b, ...]], axis=-2)
             values = xp.concat([values, v[b, ...]], axis=-2)
+        mask = None
+        if rules.left is not None or rules.right is not None or rules.chunk is not None:
+            n_queries, n_keys = q.shape[2], keys.shape[-2]
+            t = xp.arange(n_queries, device=device)[:, None] + (n_keys - n_queries)
+            mask = rules.allowed(xp, t, xp.arange(n_keys, device=device)[None, :])
         slopes = (
             alibi_slopes if alibi_slopes is None or alibi_slopes.ndim == 1 else alibi_slopes[b, ...]
         )
@@ -169,6 +211,7 @@ def kv_cache_attention(
             q[b, ...],
             keys,
             values,
+            mask=mask,
             is_causal=is_causal,
             causal_alignment="bottom_right",
             scale=scale,

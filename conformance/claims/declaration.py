@@ -107,6 +107,7 @@ class KernelDeclaration:
     kv_cache_append: bool = True
     kv_cache_paged: bool = False
     kv_cache_block_size: int | None = None
+    kv_cache_features: tuple[str, ...] = ()
     sparse: SparseClaim | None = None
     linear: LinearClaim | None = None
     rope: RopeClaim | None = None

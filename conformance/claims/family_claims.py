@@ -139,14 +139,29 @@ class PagedBatchClaim:
     features: tuple[str, ...] = ()
 
 
+#: The options a --kv-cache kernel may take (KVCACHE-6), in flash_attn_with_kvcache's
+#: keywords: ``cache_leftpad (B)``, ``window_size=(left, right)`` (-1 unbounded),
+#: ``attention_chunk=C``.
+KV_CACHE_FEATURES = ("leftpad", "window", "chunk")
+
+
+def _feature_list(text: str, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in allowed]
+    if unknown or not names:
+        raise ValueError(f"{text!r}: {what} features should be some of {allowed}")
+    return names
+
+
 def paged_feature_list(text: str) -> tuple[str, ...]:
     """``--paged-batch-features leftpad,window`` as ``("leftpad", "window")``; argparse
     reports the ValueError as a usage error."""
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
-    unknown = [name for name in names if name not in PAGED_FEATURES]
-    if unknown or not names:
-        raise ValueError(f"{text!r}: paged-batch features should be some of {PAGED_FEATURES}")
-    return names
+    return _feature_list(text, PAGED_FEATURES, "paged-batch")
+
+
+def kv_cache_feature_list(text: str) -> tuple[str, ...]:
+    """``--kv-cache-features leftpad,window`` as ``("leftpad", "window")``."""
+    return _feature_list(text, KV_CACHE_FEATURES, "KV-cache")
 
 
 PAGED_FEATURE_KEYWORDS = {
@@ -160,6 +175,11 @@ PAGED_FEATURE_KEYWORDS = {
 
 def paged_feature_keywords(features: tuple[str, ...]) -> tuple[str, ...]:
     """The keyword each paged-batch option is passed as."""
+    return tuple(PAGED_FEATURE_KEYWORDS[name] for name in features)
+
+
+def kv_cache_feature_keywords(features: tuple[str, ...]) -> tuple[str, ...]:
+    """The keyword each KV-cache option is passed as (those of the paged batch)."""
     return tuple(PAGED_FEATURE_KEYWORDS[name] for name in features)
 
 

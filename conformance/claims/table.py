@@ -26,6 +26,7 @@ from ...reference.positional import ROPE_LAYOUTS
 from .declaration import WAIVES, KernelDeclaration
 from .family_claims import (
     FEATURE_MAPS,
+    KV_CACHE_FEATURES,
     MERGE_BASES,
     MERGE_LSE_LAYOUTS,
     MERGE_OUT_LAYOUTS,
@@ -35,6 +36,8 @@ from .family_claims import (
     RECURRENT_RULES,
     RECURRENT_STATE_DTYPES,
     chunk_size_list,
+    kv_cache_feature_keywords,
+    kv_cache_feature_list,
     linear_from_flags,
     merge_from_flags,
     mla_from_flags,
@@ -603,6 +606,21 @@ CLAIMS: tuple[Claim, ...] = (
             ),
         ),
         implies={"kv_cache": True, "kv_cache_paged": True},
+    ),
+    Claim(
+        "kv_cache_features",
+        flags=(
+            Flag(
+                "--kv-cache-features",
+                "the options the --kv-cache kernel takes, comma-separated, of "
+                f"{', '.join(KV_CACHE_FEATURES)}: cache_leftpad=, window_size=(left, right) "
+                "(-1 unbounded) and attention_chunk= (KVCACHE-6)",
+                type=kv_cache_feature_list,
+                metavar="LIST",
+            ),
+        ),
+        keywords=lambda d: kv_cache_feature_keywords(d.kv_cache_features) if d.kv_cache else (),
+        implies={"kv_cache": True},
     ),
     Claim(
         "sparse",

@@ -17,6 +17,7 @@ from ...backends import FLOAT_DTYPE_NAMES
 from ...reference.masks import CAUSAL_ALIGNMENTS
 from ...reference.positional import ROPE_LAYOUTS
 from .family_claims import (
+    KV_CACHE_FEATURES,
     MERGE_BASES,
     MERGE_LSE_LAYOUTS,
     MERGE_OUT_LAYOUTS,
@@ -172,6 +173,12 @@ def _backward_fn_invalid(value: Any) -> str | None:
     )
 
 
+def _kv_cache_features_invalid(value: Any) -> str | None:
+    if not set(value) <= set(KV_CACHE_FEATURES):
+        return f"kv_cache_features={value!r}, but should be a tuple of {KV_CACHE_FEATURES}"
+    return None
+
+
 #: The value check of each field that has one: a message saying what is wrong, or None.
 VALUE_CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "dtypes": _dtypes_invalid,
@@ -182,6 +189,7 @@ VALUE_CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "rope": _rope_invalid,
     "merge": _merge_invalid,
     "paged_batch": _paged_batch_invalid,
+    "kv_cache_features": _kv_cache_features_invalid,
     "mla": _mla_invalid,
     "recurrent": _recurrent_invalid,
     "backward_fn": _backward_fn_invalid,

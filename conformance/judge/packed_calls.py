@@ -56,7 +56,7 @@ class Batch:
             parts.append(f"softcap={first.softcap!r}")
         if first.alibi_slopes is not None:
             parts.append("ALiBi")
-        if any(s.mask is not None for s in self.sequences):
+        if self.cache is None and any(s.mask is not None for s in self.sequences):
             parts.append("a custom_mask (VARLEN-6)")
         if self.cache is not None:
             parts.append(self.cache.describe())
@@ -65,8 +65,9 @@ class Batch:
 
 @dataclass
 class CacheCall:
-    """How a KV-cache call lays the keys out: each batch element's first ``lengths[b]``
-    keys are cached, the last ``n_new`` are passed as new keys (KVCACHE-1, KVCACHE-2).
+    """How a KV-cache call lays the keys out: each batch element's keys are cached at
+    positions ``start(b)`` … ``lengths[b] - 1``, the last ``n_new`` are passed as new keys
+    (KVCACHE-1, KVCACHE-2, KVCACHE-6).
 
     ``block_size`` (None: a contiguous cache of ``capacity`` positions) with
     ``table`` ``(B, capacity / block_size)`` block indices among ``n_blocks`` blocks;
@@ -82,6 +83,13 @@ class CacheCall:
     stale_seed: int = 0
     stale_magnitude: float = 3.0
     extra: dict[str, Any] = field(default_factory=dict)
+    starts: list[int] | None = None  # cache_leftpad (KVCACHE-6); None: not passed
+    window: tuple[int | None, int | None] | None = None  # window_size; None: not passed
+    chunk: int | None = None  # attention_chunk; None: not passed
+
+    def start(self, b: int) -> int:
+        """Batch element b's first valid cache position (KVCACHE-6)."""
+        return 0 if self.starts is None else self.starts[b]
 
     @property
     def block_table(self) -> np.ndarray:
@@ -92,6 +100,13 @@ class CacheCall:
 
     def describe(self) -> str:
         text = f"cache_seqlens={self.lengths}, {self.n_new} new keys, capacity {self.capacity}"
+        for name, value in (
+            ("cache_leftpad", self.starts),
+            ("window (left, right)", self.window),
+            ("attention_chunk", self.chunk),
+        ):
+            if value is not None:
+                text += f", {name} {value}"
         if self.block_size is not None:
             text += f", paged: blocks of {self.block_size}, table {self.block_table.tolist()}"
         return text
@@ -240,10 +255,11 @@ def cache_contents(batch: Batch, kernel: KernelUnderTest) -> tuple[np.ndarray, n
         for i, width in enumerate((head_dim, value_dim))
     ]
     for b, (cached, sequence) in enumerate(zip(call.lengths, batch.sequences, strict=True)):
-        for t in range(cached):
+        start = call.start(b)  # the sequence's keys begin at cache_leftpad[b] (KVCACHE-6)
+        for t in range(start, cached):
             index, position = call.position(b, t)
-            caches[0][index, :, position] = sequence.k[:, t]
-            caches[1][index, :, position] = sequence.v[:, t]
+            caches[0][index, :, position] = sequence.k[:, t - start]
+            caches[1][index, :, position] = sequence.v[:, t - start]
     return caches[0], caches[1]
 
 
@@ -264,6 +280,13 @@ def kv_cache_arguments(
     if call.block_size is not None:
         inputs["block_table"] = call.block_table.astype(np.int32)
         keywords["block_table"] = b.asarray(inputs["block_table"])
+    if call.starts is not None:
+        inputs["cache_leftpad"] = np.asarray(call.starts, dtype=np.int32)
+        keywords["cache_leftpad"] = b.asarray(inputs["cache_leftpad"])
+    if call.window is not None:
+        keywords["window_size"] = tuple(-1 if w is None else w for w in call.window)
+    if call.chunk is not None:
+        keywords["attention_chunk"] = call.chunk
     keywords.update(_options(kernel, batch.first))
     _slopes(kernel, batch, keywords)
     return args, keywords, inputs

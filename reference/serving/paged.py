@@ -86,14 +86,15 @@ class Rules:
         return allowed
 
 
-def _check_window(window: Any) -> tuple[int | None, int | None]:
+def check_window(window: Any, call: str = CALL) -> tuple[int | None, int | None]:
+    """``window`` as ``(left, right)``, each an int >= 0 or None (SPARSE-2.1)."""
     if not isinstance(window, tuple) or len(window) != 2:
         raise TypeError(
             f"window={window!r}, but should be a tuple (left, right) of ints >= 0 or None "
-            f"[SPARSE-2.1, {CALL}]"
+            f"[SPARSE-2.1, {call}]"
         )
     left, right = (
-        None if w is None else check_size(name, w, CALL)
+        None if w is None else check_size(name, w, call)
         for name, w in zip(("window[0]", "window[1]"), window, strict=True)
     )
     return left, right
@@ -347,7 +348,7 @@ def paged_attention(
         if attention_chunk is None
         else check_size("attention_chunk", attention_chunk, CALL, minimum=1)
     )
-    rules = Rules(is_causal, *_check_window(window), chunk)
+    rules = Rules(is_causal, *check_window(window), chunk)
     value_dim = _check_arrays(xp, q, k_cache, v_cache, value_dim, alibi_slopes, sinks)
     n_tokens, n_q_heads, _ = q.shape
     seqs = _check_sequences(

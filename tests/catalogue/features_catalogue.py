@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -277,16 +277,17 @@ CACHE_BATCH = Batch(
 )
 
 
-def cache_differs(kernel: KernelUnderTest) -> str | None:
+def cache_differs(kernel: KernelUnderTest, batch: Batch = CACHE_BATCH) -> str | None:
     """Evidence: the output or the appended cache differs from reference.kv_cache_attention
-    and reference.append_to_cache (float64)."""
-    batch = CACHE_BATCH
+    and reference.append_to_cache (float64), on ``batch`` (its left padding, window and
+    chunk passed to both, KVCACHE-6)."""
     if not kernel.declaration.kv_cache_paged:
         batch = Batch(
             batch.sequences, cache=CacheCall(lengths=[3, 0, 5], n_new=2, capacity=8, stale_seed=3)
         )
     out, lse, after, before = call_kv_cache(kernel, batch)
     options = dict(k=before["k"], v=before["v"], block_table=before.get("block_table"))
+    cache = batch.kv_cache
     want, want_lse = kv_cache_attention(
         before["q"],
         before["k_cache"],
@@ -294,6 +295,9 @@ def cache_differs(kernel: KernelUnderTest) -> str | None:
         before["cache_seqlens"],
         is_causal=True,
         softcap=5.0,
+        cache_leftpad=before.get("cache_leftpad"),
+        window=cache.window or (None, None),
+        attention_chunk=cache.chunk,
         return_lse=True,
         **options,
     )
@@ -307,9 +311,30 @@ def cache_differs(kernel: KernelUnderTest) -> str | None:
     )
 
 
+# KVCACHE-6: CACHE_BATCH's cache with left padding 1, 0, 2 (each element attends
+# cache_seqlens[b] - cache_leftpad[b] + 2 keys), and with a window of 1 key to the left (a
+# window that reaches no padding would hide a kernel reading the padding, so apart)
+CACHE_LEFTPAD_BATCH = Batch(
+    _sequences([(2, 4), (2, 2), (2, 5)], seed=8),
+    cache=replace(CACHE_BATCH.kv_cache, starts=[1, 0, 2]),
+)
+CACHE_WINDOW_BATCH = Batch(
+    CACHE_BATCH.sequences, cache=replace(CACHE_BATCH.kv_cache, window=(1, None))
+)
+
+
+def leftpad_differs(kernel: KernelUnderTest) -> str | None:
+    """Evidence: :func:`cache_differs` on CACHE_LEFTPAD_BATCH."""
+    return cache_differs(kernel, CACHE_LEFTPAD_BATCH)
+
+
+def window_differs(kernel: KernelUnderTest) -> str | None:
+    """Evidence: :func:`cache_differs` on CACHE_WINDOW_BATCH."""
+    return cache_differs(kernel, CACHE_WINDOW_BATCH)
+
+
 def stale_changes_output(kernel: KernelUnderTest) -> str | None:
     """Evidence: stale cache values of magnitude 30 change the output."""
-    from dataclasses import replace
 
     loud = Batch(CACHE_BATCH.sequences, cache=replace(CACHE_BATCH.cache, stale_magnitude=30.0))
     first, again = call_kv_cache(kernel, CACHE_BATCH)[0], call_kv_cache(kernel, loud)[0]
@@ -501,6 +526,18 @@ FEATURE_CATALOGUE: list[FeatureBug] = [
     ),
     FeatureBug(
         "kv-cache-top-left", packed.kv_cache_top_left, "kv-cache-matches-reference", cache_differs
+    ),
+    FeatureBug(
+        "kv-cache-ignores-leftpad",
+        packed.kv_cache_ignores_leftpad,
+        "kv-cache-matches-reference",
+        leftpad_differs,
+    ),
+    FeatureBug(
+        "kv-cache-window-top-left",
+        packed.kv_cache_window_top_left,
+        "kv-cache-matches-reference",
+        window_differs,
     ),
     FeatureBug(
         "kv-cache-writes-one-late",

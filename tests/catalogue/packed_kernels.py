@@ -17,6 +17,7 @@ from attnspec.conformance import declare
 
 from .blocks import named
 from .feature_blocks import Features, arranged, attend_features
+from .paged_batch import Options, visible
 
 Array = np.ndarray
 VARLEN = {
@@ -31,6 +32,7 @@ VARLEN = {
 }
 CACHE = {
     "kv_cache": True,
+    "kv_cache_features": ("leftpad", "window", "chunk"),
     "kv_cache_paged": True,
     "gqa": True,
     "softcap": True,
@@ -241,15 +243,21 @@ def _cache_attention(
     softcap: float | None,
     alibi_slopes: Array | None,
     return_lse: bool,
+    options: Options | None = None,
     *,
     write_at: int = 0,
     read_extra: int = 0,
     alignment: str = "bottom_right",
     table_in_order: bool = False,
     max_over_capacity: bool = False,
+    ignore_leftpad: bool = False,
+    window_top_left: bool = False,
 ) -> Any:
     """Write the new keys in place at cache_seqlens[b] (+ ``write_at``), then attend each
-    batch element's first cache_seqlens[b] (+ ``read_extra``) + L_new logical positions."""
+    batch element's logical positions cache_leftpad[b] … cache_seqlens[b] - 1 (+
+    ``read_extra``) and its L_new new keys, the window and chunk measured bottom-right.
+    The last two keywords are bugs: the left padding read, the window and chunk measured
+    from the cache's first position (t_i = i)."""
     block = k_cache.shape[2]
     n_new = 0 if k is None else k.shape[2]
     table = None if block_table is None else np.asarray(block_table)
@@ -261,10 +269,13 @@ def _cache_attention(
             index, position = _position(table, block, b, length + write_at + t)
             k_cache[index, :, position] = k[b, :, t]
             v_cache[index, :, position] = v[b, :, t]
+    options = Options() if options is None else options
+    pads = options.cache_leftpad
     outs, lses = [], []
     for b, length in enumerate(lengths):
+        first = 0 if pads is None or ignore_leftpad else int(pads[b])
         total = length + read_extra + n_new
-        places = [_position(table, block, b, t) for t in range(total)]
+        places = [_position(table, block, b, t) for t in range(first, total)]
         keys = (
             np.stack([k_cache[i, :, p] for i, p in places], axis=1)
             if places
@@ -281,7 +292,10 @@ def _cache_attention(
             else (alibi_slopes[b] if np.ndim(alibi_slopes) == 2 else alibi_slopes)
         )
         f = Features(softcap=softcap, alibi_slopes=slopes, alignment=alignment)
-        a = arranged(q[b], keys, values, None, None, is_causal, scale, f)
+        n_queries, n_keys = q.shape[2], len(places)
+        offset = 0 if window_top_left else n_keys - n_queries
+        windowed = visible(n_queries, n_keys, offset, False, options._replace(cache_leftpad=None))
+        a = arranged(q[b], keys, values, windowed, None, is_causal, scale, f)
         if max_over_capacity:
             out, lse = _shifted_by_block_max(a, f, q[b], k_cache, table, block, b)
         else:
@@ -335,6 +349,9 @@ def _cache_kernel(name: str, doc: str, *, paged: bool = True, **bug: Any) -> Cal
         softcap: float | None = None,
         alibi_slopes: Array | None = None,
         return_lse: bool = False,
+        cache_leftpad: Array | None = None,
+        window_size: tuple[int, int] = (-1, -1),
+        attention_chunk: int = 0,
     ) -> Any:
         return _cache_attention(
             q,
@@ -349,6 +366,7 @@ def _cache_kernel(name: str, doc: str, *, paged: bool = True, **bug: Any) -> Cal
             softcap,
             alibi_slopes,
             return_lse,
+            Options(cache_leftpad, window_size, attention_chunk),
             **bug,
         )
 
@@ -373,6 +391,17 @@ kv_cache_top_left = _cache_kernel(
     "kv_cache_top_left",
     "Aligns the causal rule and ALiBi top-left, as for a prompt, not bottom-right.",
     alignment="top_left",
+)
+kv_cache_ignores_leftpad = _cache_kernel(
+    "kv_cache_ignores_leftpad",
+    "Ignores cache_leftpad: attends every cache position from 0, the left padding included.",
+    ignore_leftpad=True,
+)
+kv_cache_window_top_left = _cache_kernel(
+    "kv_cache_window_top_left",
+    "Measures the window and the chunk from the cache's first position (t_i = i) while the "
+    "causal rule stays bottom-right: a decoding query sees keys far outside its window.",
+    window_top_left=True,
 )
 kv_cache_writes_one_late = _cache_kernel(
     "kv_cache_writes_one_late",

@@ -44,7 +44,7 @@ class Options(NamedTuple):
     custom_mask: Array | None = None
 
 
-def _visible(
+def visible(
     n_q: int, n_k: int, offset: int, is_causal: bool, options: Options, origin: int = 0
 ) -> Array:
     """(Lq, Lk): query i at key position i + offset sees key j by the causal rule, the
@@ -184,10 +184,10 @@ def _paged(
         shift = n_k - n_q if offset is None else offset(b, n_q, n_k)
         origin = 0 if chunk_origin is None else chunk_origin(n_q, n_k)
         if window_offset is None:
-            allowed = _visible(n_q, n_k, shift, is_causal, options, origin)
+            allowed = visible(n_q, n_k, shift, is_causal, options, origin)
         else:  # the causal rule from shift, the window and chunk from another offset
-            causal = _visible(n_q, n_k, shift, is_causal, Options())
-            windowed = _visible(n_q, n_k, window_offset(b, n_q, n_k), False, options)
+            causal = visible(n_q, n_k, shift, is_causal, Options())
+            windowed = visible(n_q, n_k, window_offset(b, n_q, n_k), False, options)
             allowed = causal & windowed
         at = mask_start if mask_offset is None else mask_offset(b, mask_start)
         mask = call.mask(b, n_q, n_k, at)
@@ -273,7 +273,7 @@ def paged_nan_leak(call: PagedCall) -> Array:
         k = _gather(k_cache, block_table[b], 0, n_keys)
         v = _gather(v_cache, block_table[b], 0, -(-n_keys // page) * page)  # the whole page
         n_q = last - first
-        allowed = _visible(n_q, n_keys, n_keys - n_q, is_causal, Options())
+        allowed = visible(n_q, n_keys, n_keys - n_q, is_causal, Options())
         rows = _attend(q[first:last], k, v[:, :n_keys], allowed)
         group = q.shape[1] // v.shape[0]
         with np.errstate(invalid="ignore"):  # the padding slots' weight 0 times their values

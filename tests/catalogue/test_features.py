@@ -17,11 +17,13 @@ from catalogue.features_catalogue import (
     cache_differs,
     kept_fraction_wrong,
     kept_values_wrong,
+    leftpad_differs,
     seed_ignored,
     shared_indicators,
     stale_changes_output,
     varlen_accepts_bad_offsets,
     varlen_differs,
+    window_differs,
 )
 
 
@@ -57,9 +59,12 @@ def test_correct_varlen_kernel_matches_the_reference(fn: object) -> None:
     ids=lambda fn: fn.__name__,
 )
 def test_correct_cache_kernels_match_the_reference(fn: object) -> None:
-    """KVCACHE-2, KVCACHE-4, KVCACHE-5: output and appended cache equal the reference's."""
+    """KVCACHE-2, KVCACHE-4, KVCACHE-5, KVCACHE-6: output and appended cache equal the
+    reference's, with left padding and with a window too."""
     assert cache_differs(_kernel(fn)) is None
     assert stale_changes_output(_kernel(fn)) is None
+    assert leftpad_differs(_kernel(fn)) is None
+    assert window_differs(_kernel(fn)) is None
 
 
 def test_dropout_evidence_finds_nothing_in_correct_dropout() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import oracle_features
+import oracle_serving
 import pytest
 
 from attnspec.backends import Backend
@@ -339,3 +340,63 @@ def test_bad_packed_arguments(call: Any, error: type, message: str) -> None:
     with pytest.raises(error) as raised:
         call()
     assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("window", "chunk"), [((2, None), None), ((None, None), 2)], ids=["window", "chunk"]
+)
+def test_kv_cache_leftpad_window_chunk_match_the_paged_oracle(
+    backend: Backend, window: tuple[int | None, None], chunk: int | None
+) -> None:
+    """KVCACHE-6: with cache_leftpad, a window or chunks, batch element b attends positions
+    cache_leftpad[b] … cache_seqlens[b] + L_new - 1 of its cache after the append, the
+    window and chunks bottom-right: the paged oracle's reading of that cache (PAGED-2)."""
+    if backend.name == "jax":
+        pytest.skip("JAX compiles per shape; test_kv_cache_matches_oracle covers its path")
+    spec = KV_CASES["paged-append"]
+    problem = _kv_problem(spec, np.random.default_rng(5))
+    lengths, leftpad = np.asarray(spec["lengths"], np.int32), np.asarray([2, 0], np.int32)
+    xp = backend.xp
+    moved = {
+        n: backend.asarray(problem[n], "float64") for n in ("q", "k_cache", "v_cache", "k", "v")
+    }
+    options = dict(block_table=xp.asarray(problem["block_table"]), is_causal=True)
+    out, lse = kv_cache_attention(
+        moved["q"],
+        moved["k_cache"],
+        moved["v_cache"],
+        xp.asarray(lengths),
+        k=moved["k"],
+        v=moved["v"],
+        cache_leftpad=xp.asarray(leftpad),
+        window=window,
+        attention_chunk=chunk,
+        return_lse=True,
+        **options,
+    )
+    k_after, v_after = append_to_cache(
+        moved["k_cache"],
+        moved["v_cache"],
+        xp.asarray(lengths),
+        k=moved["k"],
+        v=moved["v"],
+        block_table=options["block_table"],
+    )
+    batch, heads, n_queries, _ = problem["q"].shape
+    packed_q = problem["q"].transpose(0, 2, 1, 3).reshape(batch * n_queries, heads, -1)
+    expected_out, expected_lse = oracle_serving.paged(
+        packed_q,
+        as64(backend, k_after),
+        as64(backend, v_after),
+        [n_queries * b for b in range(batch + 1)],
+        (lengths + spec["n_new"]).tolist(),
+        problem["block_table"].tolist(),
+        leftpad=leftpad.tolist(),
+        is_causal=True,
+        window=window,
+        chunk=chunk,
+    )
+    got = as64(backend, out).transpose(0, 2, 1, 3).reshape(batch * n_queries, heads, -1)
+    _close(got, expected_out, "float64", f"{backend.name} out")
+    got_lse = as64(backend, lse).transpose(1, 0, 2).reshape(heads, batch * n_queries)
+    _close(got_lse, expected_lse, "float64", f"{backend.name} lse")

@@ -14,10 +14,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
 
+from ....reference.serving.paged import Rules
 from ...call.problem import Problem
 from ...claims.declaration import KernelDeclaration
 from ...draw import sizes
@@ -362,9 +364,49 @@ def varlen_rejects_bad_offsets(kernel: KernelUnderTest, data: st.DataObject) -> 
     )
 
 
+def _cache_rules(batch: Batch) -> Batch:
+    """Each batch element's window and chunk (KVCACHE-6) as its problem's mask, measured
+    from its bottom-right query positions; the batch as it is without either."""
+    cache = batch.kv_cache
+    if cache.window is None and cache.chunk is None:
+        return batch
+    left, right = (None, None) if cache.window is None else cache.window
+    sequences = []
+    for s in batch.sequences:
+        n_queries, n_keys = s.q.shape[-2], s.k.shape[-2]
+        rules = Rules(s.is_causal, left, right, cache.chunk)
+        t = np.arange(n_queries)[:, None] + (n_keys - n_queries)
+        allowed = np.asarray(rules.allowed(np, t, np.arange(n_keys)[None, :]))
+        sequences.append(s.with_(mask=np.broadcast_to(allowed, (n_queries, n_keys))))
+    return replace(batch, sequences=sequences)
+
+
+def _cache_options(
+    data: st.DataObject, kernel: KernelUnderTest, lengths: list[int]
+) -> dict[str, Any]:
+    """The KV-cache options the kernel declares (KVCACHE-6), each drawn or left out."""
+    features = kernel.declaration.kv_cache_features
+    realistic = sizes.current().realistic
+    options: dict[str, Any] = {}
+    if "leftpad" in features:
+        options["starts"] = [
+            data.draw(st.integers(0, length), label=f"cache_leftpad[{b}]")
+            for b, length in enumerate(lengths)
+        ]
+    reach = (0, 1, 16, 63, 256) if realistic else (0, 1, 2, 3, 5)
+    if "window" in features and data.draw(st.booleans(), label="with window"):
+        side = st.one_of(st.none(), st.sampled_from(reach))
+        options["window"] = (data.draw(side, label="left"), data.draw(side, label="right"))
+    if "chunk" in features and data.draw(st.booleans(), label="with chunk"):
+        chunks = (16, 64, 256) if realistic else (1, 2, 3, 5)
+        options["chunk"] = data.draw(st.sampled_from(chunks), label="attention_chunk")
+    return options
+
+
 def draw_cache_batch(data: st.DataObject, kernel: KernelUnderTest) -> Batch:
     """1-3 batch elements with valid cache lengths 0-8, 1-4 queries, new keys when the
-    kernel appends, a paged cache with a shuffled table and spare blocks when it pages."""
+    kernel appends, a paged cache with a shuffled table and spare blocks when it pages,
+    and the left padding, window and chunk it declares (KVCACHE-6)."""
     decl = kernel.declaration
     heads, dtype = _Heads(data, kernel), draw_dtype(data, kernel)
     rng = draw_rng(data)
@@ -393,15 +435,16 @@ def draw_cache_batch(data: st.DataObject, kernel: KernelUnderTest) -> Batch:
         table=table,
         n_blocks=n_blocks,
         stale_seed=data.draw(st.integers(0, 2**16), label="stale values"),
+        **_cache_options(data, kernel, lengths),
     )
     batch = Batch(
         [
-            _sequence(kernel, rng, heads, n_queries, length + n_new, dtype, 1.0)
-            for length in lengths
+            _sequence(kernel, rng, heads, n_queries, length - cache.start(b) + n_new, dtype, 1.0)
+            for b, length in enumerate(lengths)
         ],
         cache=cache,
     )
-    return _with_options(data, kernel, batch, heads)
+    return _cache_rules(_with_options(data, kernel, batch, heads))
 
 
 def _check_cache_output(
@@ -459,10 +502,11 @@ def _appended(batch: Batch, before: dict[str, np.ndarray]) -> tuple[np.ndarray, 
     call = batch.kv_cache
     caches = [before["k_cache"].copy(), before["v_cache"].copy()]
     for b, (length, sequence) in enumerate(zip(call.lengths, batch.sequences, strict=True)):
+        cached = length - call.start(b)  # the sequence's keys before the new ones
         for t in range(call.n_new):
             index, position = call.position(b, length + t)
-            caches[0][index, :, position] = sequence.k[:, length + t]
-            caches[1][index, :, position] = sequence.v[:, length + t]
+            caches[0][index, :, position] = sequence.k[:, cached + t]
+            caches[1][index, :, position] = sequence.v[:, cached + t]
     return caches[0], caches[1]
 
 
@@ -529,7 +573,7 @@ def _resized(
         v=random_values(kernel, rng, (kv_heads, n_k, value_dim), like.dtype),
         mask=None,
     )
-    return resized if like.mask is None else _masked(resized, rng, 0.7)
+    return resized
 
 
 def _same_shapes_other_varlen(data: st.DataObject, kernel: KernelUnderTest) -> tuple[Batch, Batch]:
@@ -546,6 +590,8 @@ def _same_shapes_other_varlen(data: st.DataObject, kernel: KernelUnderTest) -> t
         _resized(kernel, rng, s, n_q, n_k)
         for s, n_q, n_k in zip(sequences, lengths_q, lengths_k, strict=True)
     ]
+    if any(s.mask is not None for s in sequences):
+        other = [_masked(s, rng, 0.7) for s in other]
     return first, Batch(other)
 
 
@@ -560,14 +606,22 @@ def _same_shapes_other_cache(data: st.DataObject, kernel: KernelUnderTest) -> tu
     table = cache.table
     if table is not None:
         table = rng.permutation(cache.n_blocks)[: table.size].reshape(table.shape)
+    starts = (
+        None
+        if cache.starts is None
+        else [min(start, length) for start, length in zip(cache.starts, lengths, strict=True)]
+    )
+    other_cache = replace(
+        cache, lengths=lengths, table=table, stale_seed=cache.stale_seed + 1, starts=starts
+    )
     other = Batch(
         [
-            _resized(kernel, rng, s, s.q.shape[-2], length + cache.n_new)
-            for s, length in zip(first.sequences, lengths, strict=True)
+            _resized(kernel, rng, s, s.q.shape[-2], length - other_cache.start(b) + cache.n_new)
+            for b, (s, length) in enumerate(zip(first.sequences, lengths, strict=True))
         ],
-        cache=replace(cache, lengths=lengths, table=table, stale_seed=cache.stale_seed + 1),
+        cache=other_cache,
     )
-    return first, other
+    return first, _cache_rules(other)
 
 
 def _packed(declaration: KernelDeclaration) -> str | None:
