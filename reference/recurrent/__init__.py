@@ -46,6 +46,9 @@ class RecurrentOutput(NamedTuple):
     final_state: Array
 
 
+# Why recurrent_attention, varlen_recurrent_attention, their backward and the bounds keep
+# parallel signatures: each is public and help() and type checkers show its keywords, the
+# spec's; what they pass on is one call of _inputs.prepare, in that order.
 def recurrent_attention(
     q: Array,
     k: Array,
@@ -71,19 +74,7 @@ def recurrent_attention(
     divides q and k by ``sqrt(|x|^2 + norm_eps)`` first (REC-2.4).  ``chunk_size=None``
     evaluates token by token, an int in chunks of that many tokens (REC-5.1).
     """
-    problem = prepare(
-        q,
-        k,
-        v,
-        rule=rule,
-        g=g,
-        beta=beta,
-        scale=scale,
-        initial_state=initial_state,
-        normalize_qk=normalize_qk,
-        norm_eps=norm_eps,
-        call=CALL,
-    )
+    problem = prepare(q, k, v, rule, g, beta, scale, initial_state, normalize_qk, norm_eps, CALL)
     if chunk_size is None:
         return RecurrentOutput(*token_recurrence(problem))
     return RecurrentOutput(*chunked_recurrence(problem, check_chunk_size(chunk_size, CALL)))

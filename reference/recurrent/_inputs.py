@@ -113,7 +113,6 @@ def prepare(
     q: Array,
     k: Array,
     v: Array,
-    *,
     rule: Any,
     g: Array,
     beta: Array,
@@ -122,9 +121,12 @@ def prepare(
     normalize_qk: Any,
     norm_eps: Any,
     call: str,
+    /,
 ) -> Recurrence:
     """Check the arguments against REC-1 … REC-4 and return the problem in computation
-    form; every error names the argument, what it was and what it should be."""
+    form; every error names the argument, what it was and what it should be.  The
+    arguments come in the public functions' order, by position: each caller passes its own
+    parameters of those names on unchanged (or a fixed value), so one line says so."""
     xp = namespace_of(call, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
     rule = check_choice("rule", rule, UPDATE_RULES, call, "REC-1.2")
     normalize_qk = check_flag("normalize_qk", normalize_qk, f"REC-2.4, {call}")

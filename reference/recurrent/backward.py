@@ -206,19 +206,8 @@ def recurrent_attention_backward(
     )
     normalize = check_flag("normalize_qk", normalize_qk, f"REC-2.4, {CALL}")
     wide = any(a is not None and a.dtype == xp.float64 for a in (grad_out, grad_final_state))
-    p = prepare(
-        xp.astype(q, xp.float64) if wide else q,
-        k,
-        v,
-        rule=rule,
-        g=g,
-        beta=beta,
-        scale=scale,
-        initial_state=initial_state,
-        normalize_qk=False,
-        norm_eps=norm_eps,
-        call=CALL,
-    )
+    work_q = xp.astype(q, xp.float64) if wide else q  # float64 upstream: float64 throughout
+    p = prepare(work_q, k, v, rule, g, beta, scale, initial_state, False, norm_eps, CALL)
     chunk = (p.length or 1) if chunk_size is None else check_chunk_size(chunk_size, CALL)
     raw_q, raw_k = p.q, p.k
     eps = float(norm_eps)

@@ -177,19 +177,7 @@ def recurrent_error_bound(
     )
     chunk = check_size("chunk_size", chunk_size, CALL, minimum=1)
     rounded_operands = check_flag("operands_in_input_dtype", operands_in_input_dtype, CALL)
-    p = prepare(
-        q,
-        k,
-        v,
-        rule=rule,
-        g=g,
-        beta=beta,
-        scale=scale,
-        initial_state=initial_state,
-        normalize_qk=normalize_qk,
-        norm_eps=norm_eps,
-        call=CALL,
-    )
+    p = prepare(q, k, v, rule, g, beta, scale, initial_state, normalize_qk, norm_eps, CALL)
     xp = p.xp
     if p.q.dtype != xp.float64:
         raise TypeError(f"q.dtype={q.dtype}, but should be float64 [REC-6.1, {CALL}]")

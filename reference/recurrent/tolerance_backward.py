@@ -79,19 +79,7 @@ def recurrent_gradient_error_bound(
     )
     chunk = check_size("chunk_size", chunk_size, CALL, minimum=1)
     rounded_operands = check_flag("operands_in_input_dtype", operands_in_input_dtype, CALL)
-    p = prepare(
-        q,
-        k,
-        v,
-        rule=rule,
-        g=g,
-        beta=beta,
-        scale=scale,
-        initial_state=initial_state,
-        normalize_qk=False,
-        norm_eps=0.0,
-        call=CALL,
-    )
+    p = prepare(q, k, v, rule, g, beta, scale, initial_state, False, 0.0, CALL)
     xp = p.xp
     if p.q.dtype != xp.float64 or grad_out.dtype != xp.float64:
         raise TypeError(
