@@ -110,11 +110,13 @@ def verdict_of(
     return run_property(all_properties()[property_id], kernel, **options)
 
 
-def family_verdicts(catalogue: ModuleType) -> dict[str, dict[str, str]]:
+def family_verdicts(catalogue: ModuleType, *, bugs: bool = True) -> dict[str, dict[str, str]]:
     """One quick-profile check on NumPy of every function of a family catalogue (its
-    ``CORRECT`` functions and its ``BUGS``' ``fn``): its verdict per property, by name."""
+    ``CORRECT`` functions and, with ``bugs``, its ``BUGS``' ``fn``): its verdict per
+    property, by name."""
     results = {}
-    for fn in (*catalogue.CORRECT, *(bug.fn for bug in catalogue.BUGS)):
+    buggy = [bug.fn for bug in catalogue.BUGS] if bugs else []
+    for fn in (*catalogue.CORRECT, *buggy):
         report = check(fn, backend="numpy", profile="quick", seed=0)
         results[fn.__name__] = {v.property: v.status for v in report.verdicts}
     return results
