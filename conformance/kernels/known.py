@@ -367,6 +367,28 @@ def known_adapter(fn: Any) -> Any:
 # Failures of well-known kernels confirmed by hand against the float64 oracle and written up
 # in docs/divergences.md; the demo reports them as such instead of as unexplained failures.
 _CAUSAL_SCALE_ZERO = "docs/divergences.md#torch-causal-scale-zero"
+# --backward: FlexAttention refuses inputs that require grad on the CPU, so every gradients-*
+# property fails with that NotImplementedError (checked by hand, torch 2.13.0)
+_FLEX_CPU_BACKWARD = "docs/divergences.md#flex-cpu-backward"
+
+
+def _empty_row_gradients(link: str) -> dict[str, str]:
+    """--backward: a kernel whose fully masked row is mean(V) (SDPA-5.1) has that row's
+    gradients, not 0: they fail linearity (the definition's bound there is 0), BWD-3, BWD-4."""
+    return dict.fromkeys(
+        ("gradients-linear-in-upstream", "gradients-excluded-keys-zero", "gradients-empty-rows"),
+        link,
+    )
+
+
+_FLEX_NO_CPU_BACKWARD = {
+    f"gradients-{name}": _FLEX_CPU_BACKWARD
+    for name in (
+        *("linear-in-upstream", "softmax-identity", "layout-independence", "gqa-reduction"),
+        *("bias-reduction", "excluded-keys-zero", "empty-rows", "finite", "alibi"),
+        *("log-sum-exp", "shape-dtype", "deterministic", "match-reference"),
+    )
+}
 # excluded logits filled above s + finfo.min: rows whose allowed keys all carry finfo.min
 _FILL_OUTRANKS_MIN_BIAS = "docs/divergences.md#jax-fill-outranks-min-bias"
 _JAX_MASKED_NAN = "docs/divergences.md#jax-masked-nan"
@@ -471,6 +493,8 @@ _HF_SDPA = {
     "nan-propagates": _TORCH_SDPA_DIVERGENCES["nan-propagates"],
     "masked-nonfinite-ignored": _TORCH_SDPA_DIVERGENCES["masked-nonfinite-ignored"],
     "gqa-rejects-bad-heads": "docs/divergences.md#transformers-gqa-heads",
+    # --backward: its forward raises on no queries
+    "gradients-match-reference": "docs/divergences.md#transformers-sdpa-empty-queries",
 }
 _HF_EAGER = {
     **dict.fromkeys(
@@ -484,6 +508,15 @@ _HF_EAGER = {
     "empty-rows-zero": "docs/divergences.md#transformers-eager-empty-rows",
     "large-logits": _HF_FLOAT16,
     "gqa-rejects-bad-heads": "docs/divergences.md#transformers-gqa-heads",
+    # --backward: the float32 softmax of float64 scores, in the gradients (checked by hand)
+    **dict.fromkeys(
+        (
+            *("gradients-linear-in-upstream", "gradients-softmax-identity"),
+            *("gradients-layout-independence", "gradients-gqa-reduction"),
+            *("gradients-bias-reduction", "gradients-match-reference"),
+        ),
+        _HF_FLOAT32_SOFTMAX,
+    ),
 }
 # flash-linear-attention's naive forms (adapters.flash_linear): a float32 output for half
 # precision inputs, met by every property's first call; naive_chunk_kda's length assertion
@@ -568,6 +601,8 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "gradients-finite": "docs/divergences.md#torch-flash-bias-grad",
         "gradients-match-reference": "docs/divergences.md#torch-flash-bias-grad",
         "gradients-layout-independence": "docs/divergences.md#torch-flash-strided",
+        # its float16 problem with a bias (checked by hand: "No available kernel" in float16)
+        "gradients-shape-dtype": "docs/divergences.md#torch-flash-bias-grad",
     },
     # need_weights=False goes through SDPA's CPU flash path: its NaN query and masked NaN
     "attnspec.conformance.kernels.adapters.torch.multihead_attention_no_weights": {
@@ -580,9 +615,11 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
     },
     "attnspec.conformance.kernels.adapters.torch.flex_attention_score_mod": {
         "masked-nonfinite-ignored": "docs/divergences.md#flex-masked-nan",
+        **_FLEX_NO_CPU_BACKWARD,
     },
     "torch.nn.attention.flex_attention.flex_attention": {
         "masked-nonfinite-ignored": "docs/divergences.md#flex-masked-nan",
+        **_FLEX_NO_CPU_BACKWARD,
     },
     "attnspec.conformance.kernels.adapters.keras.dot_product_attention_torch": {
         "empty-rows-zero": "docs/divergences.md#keras-empty-rows",
@@ -597,6 +634,10 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "masked-nonfinite-ignored": "docs/divergences.md#keras-torch-sdpa",
         # the boolean mask becomes a finite additive fill that large masked scores pass
         "masked-values-ignored": _KERAS_TORCH_MASK_FILL,
+        # --backward: the gradients of its mean(V) rows, not even those of its forward
+        # (checked by hand), drawn ones too
+        **_empty_row_gradients("docs/divergences.md#keras-empty-rows"),
+        "gradients-match-reference": "docs/divergences.md#keras-empty-rows",
     },
     "attnspec.conformance.kernels.adapters.keras.dot_product_attention_numpy": {
         "empty-rows-zero": "docs/divergences.md#keras-empty-rows",
@@ -637,6 +678,9 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "masked-nonfinite-ignored": _JAX_MASKED_NAN,
         # it calls jax.nn.dot_product_attention
         "causal-zeros": _FILL_OUTRANKS_MIN_BIAS,
+        # --backward: the gradients of its mean(V) rows (checked by hand); Ev != E refused
+        **_empty_row_gradients("docs/divergences.md#flax-empty-rows"),
+        "gradients-match-reference": _FLAX_NNX_HEAD_DIMS,
     },
     "flax.linen.dot_product_attention": {
         "empty-rows-zero": "docs/divergences.md#flax-empty-rows",
@@ -651,6 +695,9 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "mask-wins-over-bias": _LINEN_FLOAT16_ACCURACY,
         # its mask fill finfo(float16).min ties with or outranks s + finfo.min (fixed corners)
         "min-bias-corners": "docs/divergences.md#flax-linen-fill-ties-min-bias",
+        # --backward: the gradients of its mean(V) rows (checked by hand), drawn ones too
+        **_empty_row_gradients("docs/divergences.md#flax-empty-rows"),
+        "gradients-match-reference": "docs/divergences.md#flax-empty-rows",
     },
     "attnspec.conformance.kernels.adapters.keras.dot_product_attention_jax": {
         "empty-rows-zero": "docs/divergences.md#keras-empty-rows",
@@ -661,6 +708,9 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         # it calls jax.nn.dot_product_attention
         "causal-zeros": _FILL_OUTRANKS_MIN_BIAS,
         "masked-nonfinite-ignored": _JAX_MASKED_NAN,
+        # --backward: the gradients of its mean(V) rows (checked by hand); Ev != E refused
+        **_empty_row_gradients("docs/divergences.md#keras-empty-rows"),
+        "gradients-match-reference": _KERAS_JAX_HEAD_DIMS,
     },
     "attnspec.conformance.kernels.adapters.thirdparty.local_attention": {
         "sparse-masked-nonfinite-ignored": "docs/divergences.md#local-attention-masked-nan",
@@ -733,6 +783,7 @@ _CONFIRMS: dict[str, Confirms] = {
     _ONNX_MASKED_NAN: Confirms(shows=("nan into",)),
     # its NaN rows (0 in float16) show on "causal with scale 0" or a negative scale only
     _CAUSAL_SCALE_ZERO: Confirms(shows=("scale=0.0", "scale=-")),
+    _FLEX_CPU_BACKWARD: Confirms(shows=("does not support backward on CPU",)),
     # rows-sum-to-one (SDPA-7.1) and value-linearity (SDPA-7.6) on fully masked rows:
     # distinct failures, or consequences of the waived SDPA-5.1
     "docs/divergences.md#jax-empty-rows": Confirms(("SDPA-5.1", "SDPA-7.1", "SDPA-7.6")),
@@ -773,7 +824,9 @@ _CONFIRMS: dict[str, Confirms] = {
         shows=("nan", "the NaN at q", "IndexError", "scale=0.0", "scale=-")
     ),
     # a fully masked row meets layout-independence first (its padded anchor) as well
-    "docs/divergences.md#keras-empty-rows": Confirms(("SDPA-5.1", "SDPA-1.7")),
+    "docs/divergences.md#keras-empty-rows": Confirms(
+        ("SDPA-5.1", "SDPA-1.7", "BWD-1", "BWD-3", "BWD-4", "BWD-17")
+    ),
 }
 
 
