@@ -116,9 +116,10 @@ PAGED_CACHE_LAYOUTS = ("hnd", "nhd")
 #: The options a paged-batch kernel may take beside its metadata, each passed in
 #: FlashAttention's and FlashInfer's keywords: ``cache_leftpad (B)`` (PAGED-1),
 #: ``window_size=(left, right)`` with -1 for unbounded (SPARSE-2.1), ``attention_chunk=C``
-#: (CHUNK-1), ``softcap=c`` (SOFTCAP-1) and ``custom_mask``, FlashInfer's flattened
-#: per-sequence boolean mask (PAGED-8).
-PAGED_FEATURES = ("leftpad", "window", "chunk", "softcap", "mask")
+#: (CHUNK-1), ``softcap=c`` (SOFTCAP-1), ``custom_mask``, FlashInfer's flattened
+#: per-sequence boolean mask (PAGED-8), and ``sinks (Hq,)`` float32 (SINK-1; vLLM's
+#: ``s_aux``).
+PAGED_FEATURES = ("leftpad", "window", "chunk", "softcap", "mask", "sinks")
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,7 @@ PAGED_FEATURE_KEYWORDS = {
     "chunk": "attention_chunk",
     "softcap": "softcap",
     "mask": "custom_mask",
+    "sinks": "sinks",
 }
 
 

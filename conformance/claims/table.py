@@ -770,8 +770,8 @@ CLAIMS: tuple[Claim, ...] = (
                 "--paged-batch-features",
                 "the options the paged-batch kernel takes, comma-separated, of "
                 f"{', '.join(PAGED_FEATURES)}: cache_leftpad=, window_size=(left, right) "
-                "(-1 unbounded), attention_chunk=, softcap= and FlashInfer's flattened "
-                "custom_mask=",
+                "(-1 unbounded), attention_chunk=, softcap=, FlashInfer's flattened "
+                "custom_mask= and sink logits sinks= (Hq,)",
                 type=paged_feature_list,
                 metavar="LIST",
             ),

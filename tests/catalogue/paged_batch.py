@@ -42,6 +42,7 @@ class Options(NamedTuple):
     attention_chunk: int = 0
     softcap: float = 0.0
     custom_mask: Array | None = None
+    sinks: Array | None = None
 
 
 def visible(
@@ -65,9 +66,17 @@ def visible(
     return allowed
 
 
-def _attend(q: Array, k: Array, v: Array, allowed: Array | None, softcap: float = 0.0) -> Array:
+def _attend(
+    q: Array,
+    k: Array,
+    v: Array,
+    allowed: Array | None,
+    softcap: float = 0.0,
+    sinks: Array | None = None,
+) -> Array:
     """One sequence: ``q (Lq, Hq, E)`` against ``k, v (Hkv, Lk, ·)`` where ``allowed
-    (Lq, Lk)`` (None: everywhere), scores softcapped by ``softcap`` (0: none); rows
+    (Lq, Lk)`` (None: everywhere), scores softcapped by ``softcap`` (0: none), each head's
+    sink logit (``sinks (Hq,)``) one more term of the denominator without a value; rows
     without keys give 0."""
     work = _work(q)
     n_q_heads, n_kv_heads = q.shape[1], k.shape[0]
@@ -79,8 +88,13 @@ def _attend(q: Array, k: Array, v: Array, allowed: Array | None, softcap: float 
     if allowed is not None:
         scores = np.where(allowed, scores, -np.inf)
     top = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)
+    sink = None if sinks is None else np.asarray(sinks, work)[:, None, None]
+    if sink is not None:
+        top = np.maximum(top, sink)
     exps = np.exp(scores - np.where(top == -np.inf, 0, top))
     total = exps.sum(-1, keepdims=True)
+    if sink is not None:
+        total = total + np.exp(sink - top)
     out = (exps @ v) / np.where(total == 0, 1, total)
     return np.swapaxes(out, 0, 1)
 
@@ -131,8 +145,11 @@ def paged_kernel(
             attention_chunk: int = 0,
             softcap: float = 0.0,
             custom_mask: Array | None = None,
+            sinks: Array | None = None,
         ) -> Array:
-            options = Options(cache_leftpad, window_size, attention_chunk, softcap, custom_mask)
+            options = Options(
+                cache_leftpad, window_size, attention_chunk, softcap, custom_mask, sinks
+            )
             return body(
                 PagedCall(
                     q,
@@ -165,6 +182,7 @@ def _paged(
     window_offset: Callable[[int, int, int], int] | None = None,
     chunk_origin: Callable[[int, int], int] | None = None,
     mask_offset: Callable[[int, int], int] | None = None,
+    sinks: Callable[[], Array | None] | None = None,
 ) -> Array:
     """The correct kernel, with hooks a bug replaces: the table row, the number of
     positions read, the causal offset of (sequence, L_q, L_k), the first position read,
@@ -194,7 +212,10 @@ def _paged(
         if mask is not None:
             allowed = allowed & mask
         mask_start += n_q * n_k
-        out[first:last] = _attend(q[first:last], k, v, allowed, options.softcap).astype(q.dtype)
+        sink = options.sinks if sinks is None else sinks()
+        out[first:last] = _attend(q[first:last], k, v, allowed, options.softcap, sink).astype(
+            q.dtype
+        )
     return out
 
 
@@ -321,6 +342,14 @@ def paged_mask_at_query_offset(call: PagedCall) -> Array:
     return _paged(call, mask_offset=mask_offset)
 
 
+@paged_kernel(PagedBatchClaim(features=("window", "sinks")))
+def paged_sinks_dropped_with_window(call: PagedCall) -> Array:
+    """Bug: the sink logits dropped where a sliding window applies (a separate windowed path
+    that never learned about sinks), one of the ways issue 32 lists to get SINK-1 wrong."""
+    windowed = call.options.window_size != (-1, -1)
+    return _paged(call, sinks=lambda: None if windowed else call.options.sinks)
+
+
 BUGS = (
     CaughtBug(paged_memory_order, "paged-batch-matches-reference"),
     CaughtBug(paged_whole_last_page, "paged-batch-matches-reference"),
@@ -331,4 +360,5 @@ BUGS = (
     CaughtBug(paged_chunk_from_first_query, "paged-batch-matches-reference"),
     CaughtBug(paged_ignores_leftpad, "paged-batch-matches-reference"),
     CaughtBug(paged_mask_at_query_offset, "paged-batch-matches-reference"),
+    CaughtBug(paged_sinks_dropped_with_window, "paged-batch-matches-reference"),
 )

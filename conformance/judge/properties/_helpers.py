@@ -412,3 +412,18 @@ def arrays_have_layouts(backend: Backend) -> str | None:
         f"{backend.name} arrays have no memory layout (a strided, transposed or broadcast view "
         "is a copy, contiguous like any other array): SDPA-1.7 constrains nothing there"
     )
+
+
+# Sinks near the scores, far above them (the sink takes almost every row's whole weight) and
+# far below (almost no effect), as trained gpt-oss sinks span
+SINK_SCALES = (1.0, 8.0)
+SINK_SHIFTS = (0.0, 6.0, -30.0)
+
+
+def draw_sinks(data: st.DataObject, n_heads: int) -> np.ndarray:
+    """Sink logits ``(n_heads,)`` of SINK-1 (the sinks and paged-batch properties)."""
+    scale = data.draw(st.sampled_from(SINK_SCALES), label="sink spread")
+    shift = data.draw(st.sampled_from(SINK_SHIFTS), label="sink shift")
+    seeded = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="sinks seed"))
+    # float64 values exact in float32: the sinks are passed as float32
+    return (seeded.standard_normal(n_heads) * scale + shift).astype(np.float32).astype(np.float64)

@@ -22,13 +22,14 @@ from hypothesis import strategies as st
 
 from ....reference.serving.paged import Rules
 from ....reference.tolerance import error_bound
+from ....reference.tolerance_serving import sink_error_and_lse_bound
 from ...draw import sizes
 from ...draw.strategies import draw_dtype, draw_rng, random_values
 from ..assertions import unlike_array
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import family_only, register
-from ._helpers import draw_softcap
+from ._helpers import draw_sinks, draw_softcap
 
 SMALL_PAGE_SIZES = (1, 2, 3, 16)
 REALISTIC_PAGE_SIZES = (1, 16, 64, 256)  # the sizes upstream tests run
@@ -61,6 +62,7 @@ class PagedCall:
     chunk: int | None = None
     softcap: float | None = None
     masks: tuple[np.ndarray, ...] | None = None  # per sequence (L_q, L_k) bool
+    sinks: np.ndarray | None = None  # (Hq,) float64 values exact in float32 (SINK-1)
 
     @property
     def offsets(self) -> np.ndarray:
@@ -115,6 +117,8 @@ class PagedCall:
         ]
         if self.masks is not None:
             options.append("a custom_mask")
+        if self.sinks is not None:
+            options.append(f"sinks {np.array2string(self.sinks, precision=4, separator=', ')}")
         return (
             f"q {self.q.shape} {self.dtype}, pages {self.k_cache.shape} (N, Hkv, P, E), "
             f"query lengths {list(self.n_queries)}, cached lengths {list(self.n_keys)}, "
@@ -218,6 +222,8 @@ def _with_features(
             seeded.random((n_q, n_k - start)) < keep
             for n_q, n_k, start in zip(call.n_queries, call.n_keys, starts, strict=True)
         )
+    if "sinks" in features and data.draw(st.booleans(), label="with sinks"):
+        changes["sinks"] = draw_sinks(data, call.q.shape[1])
     return replace(call, **changes)
 
 
@@ -251,6 +257,8 @@ def _run(kernel: KernelUnderTest, call: PagedCall) -> np.ndarray:
     if call.masks is not None:
         flat = np.concatenate([m.reshape(-1) for m in call.masks])
         keywords["custom_mask"] = backend.asarray(flat)
+    if call.sinks is not None:
+        keywords["sinks"] = backend.asarray(call.sinks, "float32")
     arrays = tuple(backend.asarray(a, call.dtype) for a in (call.q, k_cache, v_cache))
     try:
         out = kernel.call_raw(arrays, {**kernel.declaration.extra_kwargs, **keywords})
@@ -285,14 +293,27 @@ def paged_batch_matches_reference(kernel: KernelUnderTest, data: st.DataObject) 
         rows = out[offsets[b] : offsets[b + 1]]
         keys, values = call.keys(b)
         queries = np.swapaxes(call.q[offsets[b] : offsets[b + 1]], 0, 1)
-        bound = error_bound(
-            queries,
-            keys,
-            values,
-            dtype=call.dtype,
-            mask=call.allowed(b),
-            softcap=call.softcap,
-            weights=False,
+        allowed = call.allowed(b)
+        bound = (
+            error_bound(
+                queries,
+                keys,
+                values,
+                dtype=call.dtype,
+                mask=allowed,
+                softcap=call.softcap,
+                weights=False,
+            )
+            if call.sinks is None  # SINK-5: TOL-2 with the sink as one more key
+            else sink_error_and_lse_bound(
+                queries,
+                keys,
+                values,
+                call.sinks,
+                dtype=call.dtype,
+                mask=allowed,
+                softcap=call.softcap,
+            )[0]
         )
         expected = np.swapaxes(np.asarray(bound.out), 0, 1)
         tolerance = np.swapaxes(np.asarray(bound.out_tolerance), 0, 1)
@@ -305,7 +326,8 @@ def paged_batch_matches_reference(kernel: KernelUnderTest, data: st.DataObject) 
                 f"(row {row} of sequence {b}: {call.n_queries[b]} queries on "
                 f"{call.n_keys[b] - call.start(b)} cached keys), but should be "
                 f"{expected[row, head, column]!r} within {tolerance[row, head, column]:.3g} "
-                f"(PAGED-2, PAGED-7{', PAGED-8' if call.masks is not None else ''}); "
+                f"(PAGED-2, PAGED-7{', PAGED-8' if call.masks is not None else ''}"
+                f"{', SINK-5' if call.sinks is not None else ''}); "
                 f"{int(outside.sum())} of {outside.size} elements of that sequence outside "
                 f"[call: {call.describe()}]"
             )

@@ -20,19 +20,7 @@ from ..assertions import assert_elements_within
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import needs, register
-
-# Sinks near the scores, far above them (the sink takes almost every row's whole weight) and
-# far below (almost no effect), as trained gpt-oss sinks span
-SINK_SCALES = (1.0, 8.0)
-SINK_SHIFTS = (0.0, 6.0, -30.0)
-
-
-def _draw_sinks(data: st.DataObject, n_heads: int) -> np.ndarray:
-    scale = data.draw(st.sampled_from(SINK_SCALES), label="sink spread")
-    shift = data.draw(st.sampled_from(SINK_SHIFTS), label="sink shift")
-    seeded = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="sinks seed"))
-    # float64 values exact in float32: the sinks are passed as float32
-    return (seeded.standard_normal(n_heads) * scale + shift).astype(np.float32).astype(np.float64)
+from ._helpers import draw_sinks
 
 
 def _check(kernel: KernelUnderTest, problem: Problem, sinks: np.ndarray, lse: bool = False) -> None:
@@ -146,7 +134,7 @@ def sinks_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> Non
     the scores' scale, taken per key/value head, left out of some rows' denominators, or
     given a value, is outside it."""
     problem = draw_problem(data, kernel)
-    _check(kernel, problem, _draw_sinks(data, problem.q.shape[-3]))
+    _check(kernel, problem, draw_sinks(data, problem.q.shape[-3]))
 
 
 @register("sinks-empty-rows", "SINK-2", applies=needs("sinks", "mask"))
@@ -158,7 +146,7 @@ def sinks_empty_rows(kernel: KernelUnderTest, data: st.DataObject) -> None:
     shape = np.broadcast_shapes(mask.shape, (*problem.q.shape[:-1], problem.k.shape[-2]))
     mask = np.broadcast_to(mask, shape).copy()
     mask[..., 0, :] = False  # the first query of every head sees no key
-    _check(kernel, problem.with_(mask=mask), _draw_sinks(data, problem.q.shape[-3]))
+    _check(kernel, problem.with_(mask=mask), draw_sinks(data, problem.q.shape[-3]))
 
 
 @register("sinks-lse", "SINK-3", applies=needs("sinks", "returns_lse"))
@@ -173,4 +161,4 @@ def sinks_lse(kernel: KernelUnderTest, data: st.DataObject) -> None:
         mask = np.broadcast_to(mask, shape).copy()
         mask[..., :1, :] = False
         problem = problem.with_(mask=mask)
-    _check(kernel, problem, _draw_sinks(data, problem.q.shape[-3]), lse=True)
+    _check(kernel, problem, draw_sinks(data, problem.q.shape[-3]), lse=True)
