@@ -28,6 +28,7 @@ from catalogue.backward import (
     _scores,
     flash2_backward,
     numpy_softmax_backward,
+    varlen_backward,
 )
 
 CLAIMS: dict[str, Any] = dict(
@@ -53,6 +54,7 @@ def plain_forward(
     scale: float | None = None,
     softcap: float | None = None,
     alibi_slopes: Any = None,
+    causal_alignment: str = "top_left",
 ) -> tuple[Any, Any]:
     """SDPA-7.1 and its log-sum-exp (LSE-1) in float32 torch (rows without a key give 0 and
     -inf: SDPA-5.1, LSE-2); differentiable."""
@@ -60,9 +62,11 @@ def plain_forward(
     group = q.shape[-3] // k.shape[-3]
     kk, vv = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
     n_queries, n_keys = q.shape[-2], k.shape[-2]
-    alibi = None if alibi_slopes is None else _alibi(alibi_slopes, n_queries, n_keys, "top_left")
+    alibi = None
+    if alibi_slopes is not None:
+        alibi = _alibi(alibi_slopes, n_queries, n_keys, causal_alignment)
     _, s = _scores(q, kk, bias, alpha, softcap, alibi)
-    allowed = _allowed(n_queries, n_keys, mask, is_causal, "top_left")
+    allowed = _allowed(n_queries, n_keys, mask, is_causal, causal_alignment)
     allowed = allowed & (s != -math.inf)
     s = s.masked_fill(~allowed, -math.inf)
     attends = allowed.any(-1, keepdim=True)
@@ -163,3 +167,69 @@ CORRECT_KERNELS = {
     "numpy": "numpy_split_kv",
     "explicit": "explicit_flash2",
 }
+
+
+class _PackedBackward(torch.autograd.Function):
+    """Packed sequences ``(T, H, E)`` (VARLEN-1): each sequence's forward alone
+    (:func:`plain_forward`, bottom-right causal), rows past the last offset 0; backward:
+    ``catalogue.backward.varlen_backward``, which leaves those rows unwritten (NaN) unless
+    ``zero_tail``."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, q: Any, k: Any, v: Any, offsets: tuple[list[int], list[int]], options: Any
+    ) -> Any:
+        ctx.save_for_backward(q, k, v)
+        ctx.offsets, ctx.options = offsets, options
+        out = torch.zeros(*q.shape[:-1], v.shape[-1])
+        cu_q, cu_k = offsets
+        for b in range(len(cu_q) - 1):
+            rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+            heads_first = [a.transpose(0, 1)[None] for a in (q[rows], k[keys], v[keys])]
+            sequence, _ = plain_forward(
+                *heads_first, is_causal=options["is_causal"], causal_alignment="bottom_right"
+            )
+            out[rows] = sequence[0].transpose(0, 1)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Any) -> Any:  # type: ignore[override]
+        q, k, v = ctx.saved_tensors
+        grads = varlen_backward(q, k, v, *ctx.offsets, grad_out, **ctx.options)
+        return (*grads, None, None)
+
+
+def _packed_kernel(name: str, zero_tail: bool) -> Callable[..., Any]:
+    """A declared packed kernel (FlashAttention's varlen convention) whose backward zeroes the
+    rows past ``cu_seqlens[-1]`` or, as PyTorch #176793's, leaves them unwritten."""
+
+    def kernel(
+        q: Any,
+        k: Any,
+        v: Any,
+        *,
+        cu_seqlens_q: Any,
+        cu_seqlens_k: Any,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        is_causal: bool = False,
+    ) -> Any:
+        del max_seqlen_q, max_seqlen_k  # the offsets say it all
+        offsets = ([int(x) for x in cu_seqlens_q], [int(x) for x in cu_seqlens_k])
+        options = {"is_causal": is_causal, "zero_tail": zero_tail}
+        return _PackedBackward.apply(q, k, v, offsets, options)
+
+    kernel.__name__ = kernel.__qualname__ = name
+    return declare(
+        kernel,
+        varlen=True,
+        causal_alignment="bottom_right",
+        scale=False,
+        mask=False,
+        dtypes=("float32",),
+        backward=True,
+    )
+
+
+packed_zeroed_tail = _packed_kernel("packed_zeroed_tail", zero_tail=True)
+packed_unwritten_tail = _packed_kernel("packed_unwritten_tail", zero_tail=False)

@@ -249,15 +249,15 @@ def test_correct_backward_passes_every_check(name: str) -> None:
 def test_correct_backward_kernel_passes_the_check(name: str) -> None:
     """BWD-1 … BWD-5, BWD-7, BWD-8, BWD-10, BWD-15, BWD-17: each correct formulation, as a
     kernel, passes every gradients-* property of ``attnspec check --backward``'s quick
-    profile (the explicit backward function, which takes no gradient of the log-sum-exp,
-    all but BWD-10's, which does not apply to it)."""
+    profile (BWD-11's applies to packed kernels only; the explicit backward function, which
+    takes no gradient of the log-sum-exp, all but BWD-10's too)."""
     report = check(
         f"catalogue.backward_kernels:{CORRECT_KERNELS[name]}",
         backend="torch",
         only=backward_properties(),
     )
-    not_applicable = ["gradients-log-sum-exp"] if name == "explicit" else []
-    assert [v.property for v in report.verdicts if v.status == NOT_APPLICABLE] == not_applicable
+    not_applicable = {"gradients-packed", *(["gradients-log-sum-exp"] * (name == "explicit"))}
+    assert {v.property for v in report.verdicts if v.status == NOT_APPLICABLE} == not_applicable
     assert [v.property for v in report.verdicts if v.status not in (PASSED, NOT_APPLICABLE)] == []
     assert len(report.verdicts) == len(backward_properties())
 
@@ -310,6 +310,20 @@ def test_log_sum_exp_gradient_reaches_the_kernels_process() -> None:
         isolate=True,
     )
     assert [v.status for v in report.verdicts] == [PASSED], report.verdicts[0].detail
+
+
+@pytest.mark.parametrize(
+    ("target", "status"), [("packed_zeroed_tail", PASSED), ("packed_unwritten_tail", FAILED)]
+)
+def test_packed_backward_property(target: str, status: str) -> None:
+    """BWD-11 (gradients-packed, through the check's runner): a packed kernel whose backward
+    zeroes the gradient rows past cu_seqlens[-1] passes; PyTorch #176793's, which leaves them
+    unwritten (NaN here), fails."""
+    from catalogue import backward_kernels
+
+    kernel = KernelUnderTest(getattr(backward_kernels, target), Backend("torch"))
+    verdict = run_property(all_properties()["gradients-packed"], kernel, profile="quick")
+    assert verdict.status == status, verdict.detail
 
 
 @pytest.mark.parametrize("zero_tail", [True, False])

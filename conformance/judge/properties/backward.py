@@ -39,6 +39,7 @@ from ...draw.strategies import (
 from ..assertions import first_index
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest, reject_avoided
+from ..packed_calls import Batch, Padding, varlen_arguments
 from ..registration import needs, register
 from ._helpers import laid_out
 
@@ -629,6 +630,94 @@ def gradients_log_sum_exp(kernel: KernelUnderTest, seed: int) -> None:
             context = f" (the log-sum-exp's gradient: {what})"
             grads = call_backward(kernel, problem, grad_out, context=context, grad_lse=grad_lse)
             assert_gradients_match(kernel, problem, grad_out, grads, context, grad_lse)
+
+
+def _packed_backward_claimed(declaration: KernelDeclaration) -> str | None:
+    if declaration.family != "varlen":
+        return "the kernel takes no packed sequences (varlen)"
+    return None if declaration.backward else "the kernel does not claim backward"
+
+
+# (Lq, Lk) of the packed sequences: more keys than queries, fewer, as many
+PACKED_LENGTHS = ((5, 4), (3, 6), (7, 7))
+
+
+@register("gradients-packed", "BWD-11", kind="fixed", applies=_packed_backward_claimed)
+def gradients_packed(kernel: KernelUnderTest, seed: int) -> None:
+    """Packed sequences with 2 query and 3 key tokens past the last offsets (VARLEN-5): the
+    gradient rows of those tokens, which no sequence owns, are exactly 0 (never left
+    uninitialised, PyTorch #176793), and each sequence's dq, dk, dv are within BWD-17 of that
+    sequence's own gradients (no gradient crosses a boundary); causal in the declared
+    alignment where claimed, GQA where claimed."""
+    decl = kernel.declaration
+    rng = np.random.default_rng(seed + 13)
+    dtype = kernel.widest_dtype
+    sequences = [
+        random_problem(
+            kernel,
+            rng,
+            Dims((), 1, 2 if decl.gqa else 1, n_queries, n_keys, 8, 8),
+            dtype,
+        ).with_(is_causal=decl.causal)
+        for n_queries, n_keys in PACKED_LENGTHS
+    ]
+    batch = Batch(sequences)
+    padding = Padding(queries=2, keys=3, value=0.0)
+    args, kwargs = varlen_arguments(kernel, batch, padding=padding)
+    total = args[0].shape[0]
+    grad_out = kernel.rounded(rng.standard_normal((total, *args[0].shape[1:])), dtype)
+    call = BackwardCall(args, kwargs, kernel.backend.asarray(grad_out, dtype), None)
+    try:
+        raw = kernel.call_gradients(call, batch.first)
+    except PropertyFailure:
+        raise
+    except Exception as exc:
+        raise KernelRaised(
+            f"the packed backward pass raised {type(exc).__name__}: {str(exc)[:300]} "
+            f"[{batch.describe()}] [BWD-11]",
+            batch.first,
+            kernel,
+        ) from exc
+    grads = [kernel.numpy(g) for g in raw[:3]]
+    starts = [np.cumsum([0, *(s.q.shape[-2] for s in sequences)])]
+    starts.append(np.cumsum([0, *(s.k.shape[-2] for s in sequences)]))
+    for name, gradient, offsets in zip(
+        NAMES[:3], grads, (starts[0], starts[1], starts[1]), strict=True
+    ):
+        tail = gradient[offsets[-1] :]
+        if not np.all(tail == 0):
+            at = first_index(tail != 0)
+            raise PropertyFailure(
+                f"{name}[{offsets[-1] + at[0]}, {list(at[1:])}] = {tail[at]!r}, but token "
+                f"{offsets[-1] + at[0]} is past cu_seqlens[-1] = {offsets[-1]}: no sequence owns "
+                f"it, so its gradient should be exactly 0 [BWD-11; {batch.describe()}]",
+                batch.first,
+                kernel,
+            )
+    for b, sequence in enumerate(sequences):
+        rows, keys = (slice(o[b], o[b + 1]) for o in starts)
+        bound = gradient_error_bound(
+            sequence.q,
+            sequence.k,
+            sequence.v,
+            np.swapaxes(grad_out[rows], 0, 1),
+            dtype=dtype,
+            is_causal=sequence.is_causal,
+            causal_alignment=decl.causal_alignment,
+        )
+        wanted = zip(grads, (rows, keys, keys), bound[:3], bound[4:7], strict=False)
+        for name, (gradient, part, expected, tolerance) in zip(NAMES, wanted, strict=False):
+            got = np.swapaxes(gradient[part], 0, 1)
+            found = first_outside(np.abs(got - expected), np.asarray(tolerance))
+            if found is not None:
+                at = found[0]
+                raise PropertyFailure(
+                    f"{name} of sequence {b}{list(at)} = {got[at]!r}, but should be "
+                    f"{np.asarray(expected)[at]!r} within {np.asarray(tolerance)[at]:.3g}, the "
+                    f"gradient of that sequence alone [BWD-11, BWD-17; {batch.describe()}]",
+                    sequence,
+                    kernel,
+                )
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
