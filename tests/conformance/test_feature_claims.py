@@ -16,7 +16,7 @@ import pytest
 from support import run_main
 
 from attnspec.backends import Backend
-from attnspec.conformance import KernelDeclaration, RecurrentClaim, cli
+from attnspec.conformance import KernelDeclaration, PagedBatchClaim, RecurrentClaim, cli
 from attnspec.conformance.call.problem import Problem
 from attnspec.conformance.claims.flags import UsageError
 from attnspec.conformance.claims.table import claim_features, claims_from, suite_keywords
@@ -127,6 +127,15 @@ def kernels(tmp_path: Path) -> Path:
                 )
             },
         ),
+        (
+            ["--paged-batch", "nhd", "--paged-batch-features", "leftpad,chunk,sinks"],
+            {"paged_batch": PagedBatchClaim("nhd", features=("leftpad", "chunk", "sinks"))},
+        ),
+        (
+            ["--kv-cache-features", "window,leftpad"],
+            {"kv_cache": True, "kv_cache_features": ("window", "leftpad")},
+        ),
+        (["--varlen-mask"], {"varlen_mask": True, "varlen": True}),
     ],
 )
 def test_feature_flags_set_their_claims(flags: list[str], expected: dict[str, Any]) -> None:
@@ -134,6 +143,20 @@ def test_feature_flags_set_their_claims(flags: list[str], expected: dict[str, An
     keyword flag turns its feature on."""
     args = cli.build_parser().parse_args(["check", "m:f", *flags])
     assert cli.claims_from(args) == expected
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--paged-batch", "hnd", "--paged-batch-features", "leftpad,alibi"],
+        ["--kv-cache-features", "mask"],
+    ],
+)
+def test_unknown_serving_options_are_usage_errors(flags: list[str]) -> None:
+    """CONF-3: an option a paged-batch or KV-cache kernel cannot declare is refused by the
+    parser (PAGED-8, KVCACHE-6), not silently dropped."""
+    with pytest.raises(UsageError, match="features"):
+        cli.build_parser().parse_args(["check", "m:f", *flags])
 
 
 def test_claims_give_keywords_and_claim_words() -> None:
