@@ -28,29 +28,41 @@ def reference_bound(
     (the size of the score matrix) are computed only when ``weights`` is True.
     """
     return error_bound(
-        problem.q, problem.k, problem.v, **_definition(problem, declaration), weights=weights
+        problem.q,
+        problem.k,
+        problem.v,
+        **definition_keywords(problem, declaration.causal_alignment),
+        weights=weights,
     )
 
 
-def _definition(problem: Problem, declaration: KernelDeclaration) -> dict[str, Any]:
-    """The keywords of the reference's definition for ``problem``: mask, bias, the declared
-    causal alignment (which anchors ALiBi too, ALIBI-2), scale and the features."""
-    return dict(
+def definition_keywords(
+    problem: Problem, causal_alignment: str, *, features: bool = True
+) -> dict[str, Any]:
+    """The keywords of the reference's definition (and of its bounds) for ``problem``: the
+    dtype, mask, bias, ``causal_alignment`` (the kernel's declared one, which anchors ALiBi
+    too, ALIBI-2), scale and, with ``features``, softcap and the ALiBi slopes."""
+    keywords: dict[str, Any] = dict(
         dtype=problem.dtype,
         mask=problem.mask,
         bias=problem.bias,
         is_causal=problem.is_causal,
-        causal_alignment=declaration.causal_alignment,
+        causal_alignment=causal_alignment,
         scale=problem.scale,
-        softcap=problem.softcap,
-        alibi_slopes=problem.alibi_slopes,
     )
+    if features:
+        keywords.update(softcap=problem.softcap, alibi_slopes=problem.alibi_slopes)
+    return keywords
 
 
 def lse_bound(problem: Problem, declaration: KernelDeclaration) -> tuple[ErrorBound, LseBound]:
     """The TOL-2 bound of the output and the log-sum-exp with its TOL-5 bound (LSE-1)."""
     return error_and_lse_bound(
-        problem.q, problem.k, problem.v, **_definition(problem, declaration), weights=False
+        problem.q,
+        problem.k,
+        problem.v,
+        **definition_keywords(problem, declaration.causal_alignment),
+        weights=False,
     )
 
 
@@ -64,7 +76,7 @@ def dropout_bound(
         problem.q,
         problem.k,
         problem.v,
-        **_definition(problem, declaration),
+        **definition_keywords(problem, declaration.causal_alignment),
         dropout_p=problem.dropout_p,
         dropout_keep=keep,
     )

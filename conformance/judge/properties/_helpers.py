@@ -36,6 +36,7 @@ from ...draw.strategies import (
     within_limitations,
 )
 from ..assertions import assert_shape
+from ..bounds import definition_keywords
 from ..failures import PropertyFailure
 from ..kernel import KernelUnderTest
 
@@ -91,12 +92,7 @@ def row_score_errors(problem: Problem, declaration: KernelDeclaration | None = N
             problem.q,
             problem.k,
             problem.v,
-            dtype=problem.dtype,
-            mask=problem.mask,
-            bias=problem.bias,
-            is_causal=problem.is_causal,
-            causal_alignment=alignment,
-            scale=problem.scale,
+            **definition_keywords(problem, alignment, features=False),
             weights=False,
         ).score_error
     )

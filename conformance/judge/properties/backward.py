@@ -37,6 +37,7 @@ from ...draw.strategies import (
     within_limitations,
 )
 from ..assertions import first_index
+from ..bounds import definition_keywords
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest, reject_avoided
 from ..packed_calls import Batch, Padding, varlen_arguments
@@ -169,14 +170,7 @@ def expected_gradients(
         problem.v,
         grad_out,
         grad_lse=grad_lse,
-        dtype=problem.dtype,
-        mask=problem.mask,
-        bias=bias,
-        is_causal=problem.is_causal,
-        causal_alignment=kernel.declaration.causal_alignment,
-        scale=problem.scale,
-        softcap=problem.softcap,
-        alibi_slopes=problem.alibi_slopes,
+        **{**definition_keywords(problem, kernel.declaration.causal_alignment), "bias": bias},
     )
 
 

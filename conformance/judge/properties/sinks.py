@@ -17,6 +17,7 @@ from ....reference.tolerance_serving import sink_error_and_lse_bound
 from ...call.problem import Problem
 from ...draw.strategies import ALWAYS, draw_problem
 from ..assertions import assert_elements_within
+from ..bounds import definition_keywords
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import needs, register
@@ -50,12 +51,7 @@ def _check(kernel: KernelUnderTest, problem: Problem, sinks: np.ndarray, lse: bo
         full(problem.k),
         full(problem.v),
         sinks,
-        dtype=problem.dtype,
-        mask=problem.mask,
-        bias=problem.bias,
-        is_causal=problem.is_causal,
-        causal_alignment=decl.causal_alignment,
-        scale=problem.scale,
+        **definition_keywords(problem, decl.causal_alignment, features=False),
     )
     expected, tolerance = np.asarray(bound.out), np.asarray(bound.out_tolerance)
     if out.shape != expected.shape:
