@@ -282,6 +282,18 @@ def realistic() -> bool:
     return current().realistic
 
 
+def draw_per_stratum(
+    data: st.DataObject, choices: dict[str, tuple[Sequence[int], tuple[int, int]]]
+) -> list[int]:
+    """One size per label of ``choices``, in its order: from its realistic values in a
+    realistic stratum, else from its small inclusive range (a serving family's sizes)."""
+    real = realistic()
+    return [
+        data.draw(st.sampled_from(values) if real else st.integers(*small), label=label)
+        for label, (values, small) in choices.items()
+    ]
+
+
 @contextlib.contextmanager
 def drawing(
     stratum: Stratum, limits: SizeLimits | None = None, pool: PoolOfShapes | None = None

@@ -68,14 +68,14 @@ def _draw_call(data: st.DataObject, kernel: KernelUnderTest, *, empty: str) -> M
     """States of one drawn size; ``empty`` says which parts saw no key: "some" (a few
     entries on either side, never both), "all" (one side or both, NaN in their outputs)."""
     dtype = draw_dtype(data, kernel)
-    if sizes.current().realistic:
-        heads = data.draw(st.sampled_from(REALISTIC_HEADS), label="H")
-        tokens = data.draw(st.sampled_from(REALISTIC_TOKENS), label="L")
-        value_dim = data.draw(st.sampled_from(REALISTIC_VALUE_DIMS), label="Ev")
-    else:
-        heads = data.draw(st.integers(1, 3), label="H")
-        tokens = data.draw(st.integers(1, 9), label="L")
-        value_dim = data.draw(st.integers(1, 8), label="Ev")
+    heads, tokens, value_dim = sizes.draw_per_stratum(
+        data,
+        {
+            "H": (REALISTIC_HEADS, (1, 3)),
+            "L": (REALISTIC_TOKENS, (1, 9)),
+            "Ev": (REALISTIC_VALUE_DIMS, (1, 8)),
+        },
+    )
     rng = draw_rng(data)
     o_a, o_b = (random_values(kernel, rng, (heads, tokens, value_dim), dtype) for _ in "ab")
     magnitude = data.draw(st.sampled_from(LSE_MAGNITUDES), label="|lse|")

@@ -62,14 +62,14 @@ def mla_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
     assert claim is not None  # the property applies only to an --mla declaration
     dtype = draw_dtype(data, kernel)
     head_dim = claim.value_dim + claim.rope_dim
-    if sizes.current().realistic:
-        n_heads = data.draw(st.sampled_from(REALISTIC_HEADS), label="Hq")
-        n_queries = data.draw(st.sampled_from(REALISTIC_QUERIES), label="Lq")
-        n_keys = data.draw(st.sampled_from(REALISTIC_KEYS), label="Lk")
-    else:
-        n_heads = data.draw(st.integers(1, 3), label="Hq")
-        n_queries = data.draw(st.integers(1, 3), label="Lq")
-        n_keys = data.draw(st.integers(1, 9), label="Lk")
+    n_heads, n_queries, n_keys = sizes.draw_per_stratum(
+        data,
+        {
+            "Hq": (REALISTIC_HEADS, (1, 3)),
+            "Lq": (REALISTIC_QUERIES, (1, 3)),
+            "Lk": (REALISTIC_KEYS, (1, 9)),
+        },
+    )
     batch = data.draw(st.integers(1, 2), label="B")
     is_causal = kernel.declaration.causal and data.draw(st.booleans(), label="is_causal")
     scale = data.draw(st.sampled_from(SCALES), label="scale")
