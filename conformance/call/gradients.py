@@ -27,13 +27,19 @@ class BackwardCall(NamedTuple):
     """One backward call: the forward call's arguments ``fn(*args, **kwargs)``, the upstream
     gradient ``grad_out`` of its output, the keyword of the bias whose gradient is wanted
     (None: no bias gradient), and the upstream gradient ``grad_lse`` of the log-sum-exp the
-    kernel returns last (None: the log-sum-exp is not differentiated; BWD-10)."""
+    kernel returns last (None: the log-sum-exp is not differentiated; BWD-10).  A
+    recurrence (spec/recurrent.md, REC-7) also names the keywords whose gradients are
+    wanted after the bias's (``wrt``: its ``g``, ``beta`` and ``initial_state``) and gives
+    ``grad_state``, the upstream gradient of its second output, the final state (None: not
+    a recurrence)."""
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     grad_out: Any
     bias_keyword: str | None
     grad_lse: Any = None
+    wrt: tuple[str, ...] = ()
+    grad_state: Any = None
 
 
 def _output(result: Any) -> Any:
@@ -50,16 +56,50 @@ def backward_function(declaration: KernelDeclaration) -> Callable[..., Any] | No
     return found
 
 
+def _recurrent_gradients(
+    backend: Backend, fn: Callable[..., Any], declaration: KernelDeclaration, call: BackwardCall
+) -> tuple[Any, ...]:
+    """REC-7.1: ``(dq, dk, dv, None, *gradients of call.wrt)`` of a recurrence ``fn(q, k, v,
+    **keywords) -> (out, final_state)`` for the upstream gradients of both outputs; by the
+    declared explicit backward function ``bwd(d_out, d_final_state, q, k, v, out,
+    final_state, **keywords) -> (dq, dk, dv, dg, dbeta, d_initial_state)`` (None where the
+    input is not given) or by the framework's automatic differentiation."""
+    args, kwargs = call.args, call.kwargs
+    explicit = backward_function(declaration)
+    if explicit is not None:
+        out, state = fn(*args, **kwargs)[:2]
+        found = tuple(explicit(call.grad_out, call.grad_state, *args[:3], out, state, **kwargs))
+        if len(found) != 6:
+            raise TypeError(
+                f"the backward function returned {len(found)} values, but should return "
+                "(dq, dk, dv, dg, dbeta, d_initial_state) [REC-7.1]"
+            )
+        named = dict(zip(("g", "beta", "initial_state"), found[3:], strict=True))
+        return (*found[:3], None, *(named[name] for name in call.wrt))
+
+    def forward(q: Any, k: Any, v: Any, *differentiated: Any) -> Any:
+        keywords = {**kwargs, **dict(zip(call.wrt, differentiated, strict=True))}
+        out, state = fn(q, k, v, *args[3:], **keywords)[:2]
+        return out, state
+
+    primals = (*args[:3], *(kwargs[name] for name in call.wrt))
+    _, grads = backend.vjp(forward, primals, (call.grad_out, call.grad_state))
+    return (*grads[:3], None, *grads[3:])
+
+
 def kernel_gradients(
     backend: Backend, fn: Callable[..., Any], declaration: KernelDeclaration, call: BackwardCall
-) -> Gradients:
+) -> Gradients | tuple[Any, ...]:
     """``(dq, dk, dv, dbias)`` of the kernel ``fn`` called as ``fn(*call.args,
     **call.kwargs)``, for the upstream gradient ``call.grad_out`` of its output (BWD-1):
     ``dbias`` is the gradient of the keyword ``call.bias_keyword`` (None when it is None);
     the mask, the scale and every other argument are held fixed.  With ``call.grad_lse``,
     the log-sum-exp the kernel returns last is an output too (BWD-10), pulled back along it
-    by the framework (FlashAttention's explicit convention has no such argument)."""
-    args, kwargs, grad_out, bias_keyword, grad_lse = call
+    by the framework (FlashAttention's explicit convention has no such argument).  With
+    ``call.grad_state`` (a recurrence, REC-7.1) the gradients of ``call.wrt`` follow."""
+    if call.grad_state is not None:
+        return _recurrent_gradients(backend, fn, declaration, call)
+    args, kwargs, grad_out, bias_keyword, grad_lse = call[:5]
     explicit = backward_function(declaration)
     if explicit is not None and grad_lse is not None:
         raise TypeError(

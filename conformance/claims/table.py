@@ -917,7 +917,8 @@ CLAIMS: tuple[Claim, ...] = (
                 "--backward",
                 "check the kernel's backward pass too (spec/backward.md): its gradients by "
                 "the framework's automatic differentiation (torch.autograd, a custom "
-                "autograd.Function included; jax.vjp), or by --backward-fn",
+                "autograd.Function included; jax.vjp), or by --backward-fn; with "
+                "--recurrent, the recurrence's gradients (REC-7)",
                 kind="bool",
             ),
         ),
@@ -931,7 +932,10 @@ CLAIMS: tuple[Claim, ...] = (
                 "an explicit backward function, FlashAttention's convention: "
                 "bwd(dout, q, k, v, out, lse, **the forward's keywords) -> (dq, dk, dv) "
                 "or (dq, dk, dv, dbias), out and lse those the kernel returned (lse None "
-                "unless it declares --returns-lse); implies --backward",
+                "unless it declares --returns-lse); for a --recurrent kernel: "
+                "bwd(d_out, d_final_state, q, k, v, out, final_state, **the forward's "
+                "keywords) -> (dq, dk, dv, dg, dbeta, d_initial_state), None for an input "
+                "not given (REC-7.1); implies --backward",
                 metavar="MODULE:FUNC",
             ),
         ),

@@ -109,9 +109,10 @@ class KernelServer:
             kind = request[0]
             if kind == "call":
                 _send(self.connection, self.call(*request[1:]))
-            elif kind == "vjp":  # ("vjp", args, kwargs, description, dO, bias keyword, dlse)
-                args, kwargs, description, grad_out, bias_keyword, grad_lse = request[1:7]
-                upstream = (grad_out, bias_keyword, grad_lse)
+            elif kind == "vjp":  # ("vjp", args, kwargs, description, dO, bias keyword, dlse,
+                # the keywords differentiated, d final state): BackwardCall's fields
+                args, kwargs, description = request[1:4]
+                upstream = tuple(request[4:9])
                 _send(self.connection, self.call("kernel", args, kwargs, description, upstream))
             elif kind == "recheck":
                 time.sleep(request[1])
@@ -131,7 +132,7 @@ class KernelServer:
         args: Any,
         kwargs: Any,
         description: str,
-        upstream: tuple[Any, str | None, Any] | None = None,
+        upstream: tuple[Any, ...] | None = None,
     ) -> tuple[Any, ...]:
         """One call: ``target`` is "kernel" or the name of a held callable; with
         ``upstream`` (dO, the bias keyword or None, dlse or None), the kernel's gradients for dO
@@ -152,8 +153,16 @@ class KernelServer:
             if upstream is None:
                 result = fn(*args, **kwargs)
             else:
-                grad_out, grad_lse = (import_value(self.backend, u) for u in upstream[::2])
-                call = BackwardCall(tuple(args), kwargs, grad_out, upstream[1], grad_lse)
+                grad_out, bias_keyword, grad_lse, wrt, grad_state = upstream
+                call = BackwardCall(
+                    tuple(args),
+                    kwargs,
+                    import_value(self.backend, grad_out),
+                    bias_keyword,
+                    import_value(self.backend, grad_lse),
+                    tuple(wrt),
+                    import_value(self.backend, grad_state),
+                )
                 result = kernel_gradients(self.backend, fn, self.kernel.declaration, call)
             exported = export_value(self.backend, result)
         except SystemExit as exc:

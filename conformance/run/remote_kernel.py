@@ -308,6 +308,8 @@ class RemoteFunction:
             export_value(self.backend, call.grad_out),
             call.bias_keyword,
             export_value(self.backend, call.grad_lse),
+            call.wrt,
+            export_value(self.backend, call.grad_state),
         )
         return import_value(self.backend, self._call_once(call.args, call.kwargs, upstream))
 
@@ -315,7 +317,7 @@ class RemoteFunction:
         self,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        upstream: tuple[Any, str | None, Any] | None = None,
+        upstream: tuple[Any, ...] | None = None,
     ) -> Any:
         """One call (with ``upstream``, a "vjp" request: the gradients); the result as
         plain data (payloads), the kernel's changes to its inputs applied to ``args`` and

@@ -1,4 +1,4 @@
-"""REC-1 … REC-6: linear attention as a gated / delta-rule recurrence, called
+"""REC-1 … REC-7: linear attention as a gated / delta-rule recurrence, called
 ``fn(q (B, Hq, T, dk), k (B, Hk, T, dk), v (B, Hv, T, dv), g=, beta=, initial_state=)`` ->
 ``(out (B, Ho, T, dv), final_state (B, Hs, dk, dv))`` with the declared update rule.
 
@@ -12,7 +12,11 @@ within the bound of REC-6.2 for the declared chunk size and operand precision: f
 (``recurrent-matches-reference``), for a run split into calls that pass the state on
 (``recurrent-state-passing``, ``recurrent-decode``: REC-2.2), for packed sequences
 (``recurrent-varlen``: REC-3.3) and for every chunk size the kernel takes
-(``recurrent-chunk-size``: REC-5.1).
+(``recurrent-chunk-size``: REC-5.1).  With ``--backward`` the gradients (REC-7), computed
+where the kernel runs for upstream gradients of the output and of the final state, are
+judged within REC-7.7 of the float64 vector-Jacobian product, for one call
+(``recurrent-gradients-match-reference``) and for a split run that passes the state forward
+and its gradient back (``recurrent-gradients-state-passing``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,11 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ....reference.recurrent.tolerance import RecurrentBound, recurrent_error_bound
+from ....reference.recurrent.tolerance_backward import (
+    RecurrentGradientBound,
+    recurrent_gradient_error_bound,
+)
+from ...call.gradients import BackwardCall
 from ...claims.declaration import KernelDeclaration
 from ...claims.family_claims import RecurrentClaim
 from ...draw import sizes
@@ -641,3 +650,198 @@ def recurrent_views(kernel: KernelUnderTest, data: st.DataObject) -> None:
     whole, state = call.tokens(0, call.length), call.arrays.get("initial_state")
     results = _invoke(kernel, call, whole, state, how, build=build)
     _judge(results, _whole(_bound(kernel, call, whole, state)), "REC-1.6", call.describe(how))
+
+
+# REC-7: the gradients (--backward).  The inputs whose gradients REC-7.1 returns, in order
+GRADIENT_INPUTS = ("q", "k", "v", "g", "beta", "initial_state")
+
+
+def _recurrent_backward(declaration: KernelDeclaration) -> str | None:
+    reason = _recurrent_only(declaration)
+    if reason is None and not declaration.backward:
+        reason = "the recurrent kernel does not claim a backward pass (--backward)"
+    return reason
+
+
+def _gradient_upstream(
+    kernel: KernelUnderTest, call: RecurrentCall, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Random upstream gradients of the output (q's dtype) and of the final state (the
+    state's dtype), as the kernel receives them (REC-7.6)."""
+    q, v = call.arrays["q"], call.arrays["v"]
+    states, d_k = v.shape[1], q.shape[-1]
+    out = (q.shape[0], max(q.shape[1], states), q.shape[2], v.shape[-1])
+    state = (q.shape[0], states, d_k, v.shape[-1])
+    return (
+        _as_received(kernel, rng.standard_normal(out), call.dtype),
+        _as_received(kernel, rng.standard_normal(state), call.state_dtype),
+    )
+
+
+def _gradients(
+    kernel: KernelUnderTest,
+    call: RecurrentCall,
+    tokens: dict[str, np.ndarray],
+    state: np.ndarray,
+    upstream: tuple[np.ndarray, np.ndarray],
+    how: str,
+) -> dict[str, np.ndarray]:
+    """The kernel's gradients for ``tokens`` from the past ``state`` and the upstream
+    gradients ``(dO, dS)``, computed where it runs, each checked to have its input's shape
+    and dtype (REC-7.2, REC-7.3), as float64 NumPy by input name."""
+    backend = kernel.backend
+    passed = {n: backend.asarray(a, call.dtype) for n, a in tokens.items()}
+    passed["initial_state"] = backend.asarray(state, call.state_dtype)
+    keywords: dict[str, Any] = dict(kernel.declaration.extra_kwargs)
+    wrt = tuple(n for n in GRADIENT_INPUTS[3:] if n in passed)
+    keywords.update({n: passed[n] for n in wrt})
+    backward = BackwardCall(
+        tuple(passed[n] for n in GRADIENT_INPUTS[:3]),
+        keywords,
+        backend.asarray(upstream[0], call.dtype),
+        None,
+        wrt=wrt,
+        grad_state=backend.asarray(upstream[1], call.state_dtype),
+    )
+    shown = call.describe(how)
+    try:
+        raw = kernel.call_gradients(backward)
+    except PropertyFailure:
+        raise
+    except Exception as exc:
+        raise KernelRaised(
+            f"the recurrent kernel's backward pass raised {type(exc).__name__}: "
+            f"{str(exc)[:300]} [REC-7.1; call: {shown}]"
+        ) from exc
+    if not isinstance(raw, (tuple, list)) or len(raw) != 4 + len(wrt):
+        raise PropertyFailure(
+            f"the backward pass gave {type(raw).__name__}, not the gradients of q, k, v and "
+            f"{', '.join(wrt)} [REC-7.1; call: {shown}]"
+        )
+    found = dict(zip(("q", "k", "v"), raw[:3], strict=True))
+    found.update(zip(wrt, raw[4:], strict=True))
+    result = {}
+    for name, gradient in found.items():
+        primal = passed[name]
+        dtype = call.state_dtype if name == "initial_state" else call.dtype
+        what = unlike_array(backend, gradient, tuple(primal.shape), dtype)
+        if what:
+            raise PropertyFailure(
+                f"d{name} has {what}, but should have its input's shape {tuple(primal.shape)} "
+                f"and dtype {dtype} (REC-7.2, REC-7.3) [call: {shown}]"
+            )
+        result[name] = kernel.numpy(gradient)
+    return result
+
+
+def _gradient_bound(
+    kernel: KernelUnderTest,
+    call: RecurrentCall,
+    state: np.ndarray,
+    upstream: tuple[np.ndarray, np.ndarray],
+) -> RecurrentGradientBound:
+    """REC-7.7 for the whole run, for the declared chunk size and operand precision."""
+    claim = _recurrent_claim(kernel.declaration)
+    tokens = call.tokens(0, call.length)
+    return recurrent_gradient_error_bound(
+        tokens["q"],
+        tokens["k"],
+        tokens["v"],
+        upstream[0],
+        dtype=call.dtype,
+        rule=call.rule,
+        g=tokens.get("g"),
+        beta=tokens.get("beta"),
+        initial_state=state,
+        grad_final_state=upstream[1],
+        chunk_size=claim.chunk_size,
+        state_dtype=call.state_dtype,
+        operands_in_input_dtype=claim.rounded_operands,
+    )
+
+
+def _judge_gradients(
+    got: dict[str, np.ndarray], bound: RecurrentGradientBound, clauses: str, shown: str
+) -> None:
+    """PropertyFailure at the first gradient element outside REC-7.7 (NaN is outside)."""
+    for name, expected, tolerance in zip(
+        GRADIENT_INPUTS, bound.gradients, bound.tolerances, strict=True
+    ):
+        if expected is None or name not in got:
+            continue
+        expected, tolerance = np.asarray(expected), np.asarray(tolerance)
+        with np.errstate(invalid="ignore"):
+            outside = ~(np.abs(got[name] - expected) <= tolerance)
+        if outside.any():
+            at = tuple(int(i) for i in np.argwhere(outside)[0])
+            raise PropertyFailure(
+                f"d{name}[{at}] = {got[name][at]!r}, but should be {expected[at]!r} within "
+                f"{tolerance[at]:.3g} ({clauses}, REC-7.7); {int(outside.sum())} of "
+                f"{outside.size} elements outside [call: {shown}]"
+            )
+
+
+def _draw_with_upstream(
+    data: st.DataObject, kernel: KernelUnderTest, least: int = 1
+) -> tuple[RecurrentCall, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """A problem with a past state (zeros where the draw has none) and its upstream
+    gradients."""
+    call = _draw_call(data, kernel, least=least, past_state=True)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="upstream seed"))
+    return call, call.arrays["initial_state"], _gradient_upstream(kernel, call, rng)
+
+
+@register("recurrent-gradients-match-reference", "REC-7.7", applies=_recurrent_backward)
+def recurrent_gradients_match_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """REC-7.1 … REC-7.3, REC-7.7: for random upstream gradients of the output and of the
+    final state, dq, dk, dv, dg, dbeta and the past state's gradient are within REC-7.7 of
+    the float64 vector-Jacobian product, with their inputs' shapes and dtypes: a gate
+    gradient missing a term, a dropped past-state gradient, a wrong dbeta, the decay's
+    gradient taken on the wrong state, query groups not summed and a chunked backward that
+    drops its last partial chunk are outside it."""
+    call, state, upstream = _draw_with_upstream(data, kernel)
+    got = _gradients(kernel, call, call.tokens(0, call.length), state, upstream, "")
+    _judge_gradients(
+        got, _gradient_bound(kernel, call, state, upstream), "REC-7.1", call.describe()
+    )
+
+
+@register("recurrent-gradients-state-passing", "REC-7.4", applies=_recurrent_backward)
+def recurrent_gradients_state_passing(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """REC-7.4: a run split at token s, the second call starting from the state the first
+    returned: the second call's gradient of its past state, passed to the first call as the
+    upstream gradient of its final state, gives both calls' gradients (and the first call's
+    past-state gradient) within REC-7.7 of one run's over all T tokens: a past-state
+    gradient dropped, or one that ignores the final state's upstream gradient, shows."""
+    call, state, (grad_out, grad_state) = _draw_with_upstream(data, kernel, least=2)
+    if sizes.current().realistic:  # no empty call: its forward differentiates nothing
+        cuts = [c for c in (*REALISTIC_CUTS, call.length - 1) if 1 <= c < call.length]
+        split = data.draw(st.sampled_from(cuts), label="split at")
+    else:
+        split = data.draw(st.integers(1, call.length - 1), label="split at")
+    how = f"; split at token {split}"
+    first, second = call.tokens(0, split), call.tokens(split, call.length)
+    _, middle = _invoke(kernel, call, first, state, f"{how}; tokens 0..{split - 1}")
+    late = _gradients(
+        kernel, call, second, middle, (grad_out[:, :, split:], grad_state), f"{how}; second call"
+    )
+    early = _gradients(
+        kernel,
+        call,
+        first,
+        state,
+        (grad_out[:, :, :split], late["initial_state"]),
+        f"{how}; first call, upstream of its final state from the second call",
+    )
+    joined = {
+        name: np.concatenate([early[name], late[name]], axis=2)
+        for name in early
+        if name != "initial_state"
+    }
+    joined["initial_state"] = early["initial_state"]
+    _judge_gradients(
+        joined,
+        _gradient_bound(kernel, call, state, (grad_out, grad_state)),
+        "REC-7.4",
+        call.describe(how),
+    )
