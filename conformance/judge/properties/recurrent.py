@@ -660,6 +660,11 @@ def _recurrent_backward(declaration: KernelDeclaration) -> str | None:
     reason = _recurrent_only(declaration)
     if reason is None and not declaration.backward:
         reason = "the recurrent kernel does not claim a backward pass (--backward)"
+    if reason is None and _recurrent_claim(declaration).qk_l2norm is not None:
+        reason = (
+            "the recurrent kernel normalises q and k itself (--recurrent-qk-l2norm), for "
+            "which REC-7.7 gives no bound yet"
+        )
     return reason
 
 
