@@ -522,7 +522,10 @@ _HF_EAGER = {
 # precision inputs, met by every property's first call; naive_chunk_kda's length assertion
 _FLA_FLOAT32_OUTPUT = "docs/divergences.md#fla-naive-float32-output"
 _FLA_KDA_LENGTH = "docs/divergences.md#fla-naive-chunk-kda-length"
-_RECURRENT_CONTRACT = ("recurrent-zero-gate", "recurrent-state-passing", "recurrent-decode")
+_RECURRENT_CONTRACT = (
+    *("recurrent-zero-gate", "recurrent-state-passing", "recurrent-decode"),
+    *("recurrent-linearity", "recurrent-independence", "recurrent-views"),
+)
 _RECURRENT_CHUNKED = (*_RECURRENT_CONTRACT, "recurrent-chunk-size", "recurrent-matches-reference")
 _FLA_NAIVE = "fla.ops.gated_delta_rule.naive."
 _DIVERGENCES: dict[str, dict[str, str]] = {
