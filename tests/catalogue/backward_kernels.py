@@ -18,9 +18,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
-from attnspec.conformance import declare
+from attnspec.conformance import SparseClaim, declare
+from attnspec.reference import sparse_mask
 from catalogue.backward import (
     BUGS,
     _alibi,
@@ -233,3 +235,49 @@ def _packed_kernel(name: str, zero_tail: bool) -> Callable[..., Any]:
 
 packed_zeroed_tail = _packed_kernel("packed_zeroed_tail", zero_tail=True)
 packed_unwritten_tail = _packed_kernel("packed_unwritten_tail", zero_tail=False)
+
+
+WINDOW = SparseClaim("sliding_window", {"left": 2, "right": 0})
+
+
+class _WindowBackward(torch.autograd.Function):
+    """A sliding window of 2 keys back (spec/sparse.md), its forward and backward
+    :func:`plain_forward` with the pattern's mask under torch.autograd; ``unwritten`` leaves
+    the dk, dv rows of keys no query attends as a block-sparse backward that never visits
+    their blocks would without zeroing them (NaN: uninitialised memory)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Any, k: Any, v: Any, unwritten: bool) -> Any:  # type: ignore[override]
+        mask = torch.from_numpy(
+            np.asarray(sparse_mask("sliding_window", q.shape[-2], k.shape[-2], left=2, right=0))
+        )
+        ctx.save_for_backward(q, k, v, mask)
+        ctx.unwritten = unwritten
+        return plain_forward(q, k, v, mask=mask)[0]
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Any) -> Any:  # type: ignore[override]
+        q, k, v, mask = ctx.saved_tensors
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        with torch.enable_grad():
+            out = plain_forward(*leaves, mask=mask)[0]
+        dq, dk, dv = torch.autograd.grad(out, leaves, grad_out)
+        if ctx.unwritten:
+            unseen = ~mask.any(-2)
+            dk, dv = (
+                dk.masked_fill(unseen[:, None], math.nan),
+                dv.masked_fill(unseen[:, None], math.nan),
+            )
+        return dq, dk, dv, None
+
+
+def _window_kernel(name: str, unwritten: bool) -> Callable[..., Any]:
+    def kernel(q: Any, k: Any, v: Any) -> Any:
+        return _WindowBackward.apply(q, k, v, unwritten)
+
+    kernel.__name__ = kernel.__qualname__ = name
+    return declare(kernel, sparse=WINDOW, dtypes=("float32",), batch_ndim=1, backward=True)
+
+
+window_written = _window_kernel("window_written", unwritten=False)
+window_unwritten = _window_kernel("window_unwritten", unwritten=True)

@@ -249,14 +249,16 @@ def test_correct_backward_passes_every_check(name: str) -> None:
 def test_correct_backward_kernel_passes_the_check(name: str) -> None:
     """BWD-1 … BWD-5, BWD-7, BWD-8, BWD-10, BWD-15, BWD-17: each correct formulation, as a
     kernel, passes every gradients-* property of ``attnspec check --backward``'s quick
-    profile (BWD-11's applies to packed kernels only; the explicit backward function, which
+    profile (BWD-11's and BWD-12's apply to packed and sparse kernels only; the explicit
+    backward function, which
     takes no gradient of the log-sum-exp, all but BWD-10's too)."""
     report = check(
         f"catalogue.backward_kernels:{CORRECT_KERNELS[name]}",
         backend="torch",
         only=backward_properties(),
     )
-    not_applicable = {"gradients-packed", *(["gradients-log-sum-exp"] * (name == "explicit"))}
+    families = {"gradients-packed", "gradients-sparse"}  # packed and sparse kernels only
+    not_applicable = {*families, *(["gradients-log-sum-exp"] * (name == "explicit"))}
     assert {v.property for v in report.verdicts if v.status == NOT_APPLICABLE} == not_applicable
     assert [v.property for v in report.verdicts if v.status not in (PASSED, NOT_APPLICABLE)] == []
     assert len(report.verdicts) == len(backward_properties())
@@ -324,6 +326,23 @@ def test_packed_backward_property(target: str, status: str) -> None:
     kernel = KernelUnderTest(getattr(backward_kernels, target), Backend("torch"))
     verdict = run_property(all_properties()["gradients-packed"], kernel, profile="quick")
     assert verdict.status == status, verdict.detail
+
+
+def test_sparse_backward_property(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BWD-12 (gradients-sparse, through the check's runner): a sliding-window kernel whose
+    backward is torch.autograd of its masked forward passes (on 5 draws, to keep this cheap:
+    the quick profile's 26 take 9 s of CPU); one that leaves the dk, dv rows of keys no query
+    sees unwritten (NaN) fails on the quick profile."""
+    from attnspec.conformance.run import property_runner
+    from catalogue.backward_kernels import window_unwritten, window_written
+
+    prop = all_properties()["gradients-sparse"]
+    failed = run_property(prop, KernelUnderTest(window_unwritten, Backend("torch")), shrink=False)
+    assert failed.status == FAILED, failed.detail
+    small = property_runner.Profile(5, anchors=0, blocks=0, decode=0, wide=0, corners=0)
+    monkeypatch.setitem(property_runner.PROFILES, "quick", small)
+    passed = run_property(prop, KernelUnderTest(window_written, Backend("torch")))
+    assert passed.status == PASSED, passed.detail
 
 
 @pytest.mark.parametrize("zero_tail", [True, False])

@@ -42,7 +42,7 @@ from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest, reject_avoided
 from ..packed_calls import Batch, Padding, varlen_arguments
 from ..registration import needs, register
-from ._helpers import laid_out
+from ._helpers import draw_sparse_problem, laid_out
 
 NAMES = ("dq", "dk", "dv", "dbias")
 # softcaps the match property draws for a kernel that claims one: where tanh bends the
@@ -626,10 +626,21 @@ def gradients_log_sum_exp(kernel: KernelUnderTest, seed: int) -> None:
             assert_gradients_match(kernel, problem, grad_out, grads, context, grad_lse)
 
 
-def _packed_backward_claimed(declaration: KernelDeclaration) -> str | None:
-    if declaration.family != "varlen":
-        return "the kernel takes no packed sequences (varlen)"
-    return None if declaration.backward else "the kernel does not claim backward"
+def _backward_of_family(family: str, otherwise: str) -> Callable[[KernelDeclaration], str | None]:
+    """Applies to a kernel of ``family`` (its own calling convention) that claims a backward;
+    ``otherwise`` says why not to the others."""
+
+    def applies(declaration: KernelDeclaration) -> str | None:
+        if declaration.family != family:
+            return otherwise
+        return None if declaration.backward else "the kernel does not claim backward"
+
+    return applies
+
+
+_packed_backward_claimed = _backward_of_family(
+    "varlen", "the kernel takes no packed sequences (varlen)"
+)
 
 
 # (Lq, Lk) of the packed sequences: more keys than queries, fewer, as many
@@ -712,6 +723,36 @@ def gradients_packed(kernel: KernelUnderTest, seed: int) -> None:
                     sequence,
                     kernel,
                 )
+
+
+@register(
+    "gradients-sparse",
+    "BWD-12",
+    applies=_backward_of_family("sparse", "the kernel does not declare a sparse pattern"),
+)
+def gradients_sparse(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """A sparse kernel's gradients are those of dense attention with its pattern's mask,
+    within BWD-17's bound, at the lengths its pattern allows (ragged tails, Lq != Lk), and a
+    key the pattern lets no query see has dk = dv = 0 exactly: a block-sparse backward that
+    leaves the rows of blocks it never visits unwritten, or reads its block list wrongly, is
+    caught."""
+    problem, mask = draw_sparse_problem(kernel, data)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="dO seed"))
+    grad_out = _upstream(kernel, problem, rng)
+    grads = call_backward(kernel, problem, grad_out)
+    unseen = np.asarray(~np.asarray(mask).any(axis=-2))  # (Lk,): keys no query attends
+    for name, gradient in (("dk", grads.dk), ("dv", grads.dv)):
+        nonzero = unseen[:, None] & ~(gradient == 0)
+        if nonzero.any():
+            at = first_index(nonzero)
+            raise PropertyFailure(
+                f"{name}{list(at)} = {gradient[at]!r}, but the pattern lets no query attend key "
+                f"{at[-2]}, so its gradient should be exactly 0 [BWD-12, BWD-3]",
+                problem,
+                kernel,
+            )
+    dense = problem.with_(mask=mask, extra={})
+    assert_gradients_match(kernel, dense, grad_out, grads, " (dense with the pattern's mask)")
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
