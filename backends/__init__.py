@@ -15,10 +15,18 @@ from collections.abc import Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
-from ._registry import ADAPTERS, FLOAT_DTYPE_NAMES, BackendError, canonical_name, env_choice
+from ._registry import (
+    ADAPTERS,
+    FLOAT8_DTYPE_NAMES,
+    FLOAT_DTYPE_NAMES,
+    BackendError,
+    canonical_name,
+    env_choice,
+)
 
 __all__ = [
     "BACKEND_NAMES",
+    "FLOAT8_DTYPE_NAMES",
     "FLOAT_DTYPE_NAMES",
     "REFERENCE_CONFIG",
     "Backend",
@@ -94,8 +102,38 @@ class Backend:
         """The spec's floating dtypes (SDPA-7.1) this library supports on this device."""
         return self._adapter.dtype_names(self.xp, self.device)
 
+    @property
+    def float8_names(self) -> tuple[str, ...]:
+        """The float8 storage dtypes (QUANT-1: ``float8_e4m3fn``, ``float8_e5m2``) this
+        library has; () where it has none (NumPy, JAX's Array API namespace)."""
+        return self._adapter.float8_names(self.xp)
+
+    def float8_name(self, x: Any) -> str | None:
+        """The float8 dtype name of the backend array ``x`` (None: not a float8 array)."""
+        dtype = getattr(x, "dtype", None)
+        return next((name for name in self.float8_names if self.dtype(name) == dtype), None)
+
+    def float8_bits(self, x: Any) -> Any:
+        """The stored bits of the float8 array ``x`` as a NumPy uint8 array of its shape."""
+        if self._adapter.float8_bits is None or self.float8_name(x) is None:
+            raise ValueError(f"x.dtype={getattr(x, 'dtype', None)}, but should be a float8 dtype")
+        return self._adapter.float8_bits(x)
+
+    def from_float8_bits(self, bits: Any, name: str) -> Any:
+        """The float8 array of dtype ``name`` whose stored bits are the NumPy uint8 array
+        ``bits``, on this backend's device: bit for bit, NaN payloads and -0 included."""
+        if name not in self.float8_names or self._adapter.from_float8_bits is None:
+            raise ValueError(
+                f"dtype={name!r}, but backend {self.name!r} has only the float8 dtypes "
+                f"{self.float8_names}"
+            )
+        return self._adapter.from_float8_bits(self.xp, bits, name, self.device)
+
     def dtype(self, name: str) -> Any:
-        """The library's dtype object for a spec dtype name such as ``"bfloat16"``."""
+        """The library's dtype object for a spec dtype name such as ``"bfloat16"`` (or a
+        float8 storage dtype it has, QUANT-1)."""
+        if name in self.float8_names:
+            return getattr(self.xp, name)
         if name not in FLOAT_DTYPE_NAMES:
             raise ValueError(f"dtype={name!r}, but should be one of {FLOAT_DTYPE_NAMES}")
         if name not in self.dtype_names:

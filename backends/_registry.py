@@ -16,6 +16,9 @@ from types import ModuleType
 from typing import Any
 
 FLOAT_DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
+# the stored dtypes of float8 kernels (spec/serving.md, QUANT-1): inputs only, never drawn as
+# a problem's dtype; NumPy has none, so they cross between processes as their bits (uint8)
+FLOAT8_DTYPE_NAMES = ("float8_e4m3fn", "float8_e5m2")
 # vjp(fn, primals, cotangents) -> (fn's results, one gradient per primal)
 VectorJacobianProduct = Callable[
     [Callable[..., Any], tuple[Any, ...], tuple[Any, ...]],
@@ -58,6 +61,11 @@ class Adapter:
     # the library's automatic differentiation (spec/backward.md, BWD-1): ``vjp(fn, primals,
     # cotangents)`` -> (fn's results, the gradient of each primal); None where it has none
     vjp: VectorJacobianProduct | None = None
+    # float8 arrays (QUANT-1): the float8 dtype names the library has, an array's stored bits
+    # as a NumPy uint8 array, and an array of a float8 dtype rebuilt from its bits on a device
+    float8_names: Callable[[ModuleType], tuple[str, ...]] = lambda xp: ()
+    float8_bits: Callable[[Any], Any] | None = None
+    from_float8_bits: Callable[[ModuleType, Any, str, Any], Any] | None = None
 
 
 def _torch_vjp(
@@ -178,9 +186,29 @@ def _torch_to_numpy(x: Any) -> Any:
     import torch
 
     x = x.detach()
-    if x.dtype == torch.bfloat16:
-        x = x.to(torch.float32)
+    if x.dtype == torch.bfloat16 or x.dtype in _torch_float8_dtypes(torch):
+        x = x.to(torch.float32)  # exact: float32 holds every bfloat16 and float8 value
     return x.cpu().numpy()
+
+
+def _torch_float8_dtypes(torch: ModuleType) -> tuple[Any, ...]:
+    return tuple(getattr(torch, name) for name in FLOAT8_DTYPE_NAMES if hasattr(torch, name))
+
+
+def _torch_float8_names(xp: ModuleType) -> tuple[str, ...]:
+    return tuple(name for name in FLOAT8_DTYPE_NAMES if hasattr(xp, name))
+
+
+def _torch_float8_bits(x: Any) -> Any:
+    import torch
+
+    return x.detach().contiguous().view(torch.uint8).cpu().numpy()
+
+
+def _torch_from_float8_bits(xp: ModuleType, bits: Any, name: str, device: Any) -> Any:
+    import torch
+
+    return torch.from_numpy(bits.copy()).to(device).view(getattr(torch, name))
 
 
 def _torch_dtypes(xp: ModuleType, device: Any) -> tuple[str, ...]:
@@ -439,6 +467,9 @@ ADAPTERS: dict[str, Adapter] = {
         _array_test("is_torch_array"),
         on_cpu=lambda device: device.type == "cpu",
         vjp=_torch_vjp,
+        float8_names=_torch_float8_names,
+        float8_bits=_torch_float8_bits,
+        from_float8_bits=_torch_from_float8_bits,
     ),
     "jax": Adapter(
         "jax",

@@ -26,8 +26,8 @@ class ArrayPayload:
     float32); with ``strides`` (in elements), the 1-D memory the array views from its first
     element on, which ``shape`` and ``strides`` index; otherwise the array itself."""
 
-    values: np.ndarray
-    dtype: str  # the library's dtype by name: "float16", "bfloat16", "int32", "bool", ...
+    values: np.ndarray  # a float8 array's stored bits (uint8): NumPy has no float8
+    dtype: str  # the library's dtype by name: "float16", "bfloat16", "float8_e4m3fn", ...
     shape: tuple[int, ...]
     strides: tuple[int, ...] | None = None
 
@@ -41,14 +41,20 @@ def export_array(backend: Backend, x: Any) -> ArrayPayload:
     shape = tuple(int(n) for n in x.shape)
     layout = _layout_of(backend.name, x)
     memory, strides = layout if layout is not None else (x, None)
-    values = np.ascontiguousarray(backend.to_numpy(memory))
-    return ArrayPayload(values, backend.dtype_name(x) or str(values.dtype), shape, strides)
+    float8 = backend.float8_name(x)
+    host = backend.float8_bits(memory) if float8 else backend.to_numpy(memory)
+    values = np.ascontiguousarray(host)
+    name = float8 or backend.dtype_name(x) or str(values.dtype)
+    return ArrayPayload(values, name, shape, strides)
 
 
 def import_array(backend: Backend, payload: ArrayPayload) -> Any:
     """The array ``payload`` describes, on ``backend`` (its device, dtype and layout)."""
-    floating = payload.dtype in backend.dtype_names
-    memory = backend.asarray(payload.values, payload.dtype if floating else None)
+    if payload.dtype in backend.float8_names:
+        memory = backend.from_float8_bits(payload.values, payload.dtype)
+    else:
+        floating = payload.dtype in backend.dtype_names
+        memory = backend.asarray(payload.values, payload.dtype if floating else None)
     if payload.strides is None:
         return memory
     return _view(backend.name, memory, payload.shape, payload.strides)
