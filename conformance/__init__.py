@@ -17,6 +17,7 @@ from __future__ import annotations
 from .api import SetupError, assert_conforms, check
 from .call.problem import Problem
 from .claims.declaration import (
+    Fp8Claim,
     KernelDeclaration,
     LinearClaim,
     MergeClaim,
@@ -38,6 +39,7 @@ from .run.property_runner import PROFILES
 
 __all__ = [
     "PROFILES",
+    "Fp8Claim",
     "KernelDeclaration",
     "KernelLoadError",
     "KernelRaised",

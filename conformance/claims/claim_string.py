@@ -24,6 +24,7 @@ FAMILIES = (
     "merge",
     "paged-batch",
     "mla",
+    "fp8",
     "recurrent",
 )
 DTYPES = ("float16", "bfloat16", "float32", "float64")

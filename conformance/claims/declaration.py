@@ -21,6 +21,7 @@ from typing import Any, TypeVar, overload
 
 from .family_claims import (
     FAMILY_CLAIMS,
+    Fp8Claim,
     LinearClaim,
     MergeClaim,
     MlaClaim,
@@ -34,6 +35,7 @@ from .validation import check_fields
 __all__ = [
     "ATTRIBUTE",
     "WAIVES",
+    "Fp8Claim",
     "KernelDeclaration",
     "LinearClaim",
     "MergeClaim",
@@ -116,6 +118,7 @@ class KernelDeclaration:
     sinks: bool = False
     sinks_keyword: str = "sinks"
     mla: MlaClaim | None = None
+    fp8: Fp8Claim | None = None
     recurrent: RecurrentClaim | None = None
     backward: bool = False
     # "MODULE:FUNC" or the callable itself: FlashAttention's _flash_attn_backward convention
@@ -127,8 +130,8 @@ class KernelDeclaration:
     @property
     def family(self) -> str:
         """ "dense", "sparse", "linear", "varlen", "kv-cache", "rope", "merge",
-        "paged-batch", "mla" or "recurrent": which family of properties applies (the last
-        seven have their own calling conventions)."""
+        "paged-batch", "mla", "fp8" or "recurrent": which family of properties applies (the
+        last eight have their own calling conventions)."""
         for name, family, _ in FAMILY_CLAIMS:
             if getattr(self, name) is not None:
                 return family

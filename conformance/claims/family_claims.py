@@ -216,6 +216,42 @@ def mla_from_flags(get: Getter) -> MlaClaim | None:
     return MlaClaim(get("mla"), 64 if rope_dim is None else rope_dim)
 
 
+#: QUANT-1's float8 formats by their short names on the command line, and the granularities
+#: of a descale: one number per tensor, or one per batch element and key/value head
+FP8_FORMATS = ("e4m3fn", "e5m2")
+FP8_DESCALES = ("tensor", "head")
+
+
+@dataclass(frozen=True)
+class Fp8Claim:
+    """The kernel takes ``q``, ``k``, ``v`` stored in float8 with descale factors (QUANT-1),
+    called as FlashAttention 3 is: ``fn(q, k, v, q_descale=, k_descale=, v_descale=,
+    scale=, is_causal=)`` -> the attention of the real values (QUANT-2) in a declared output
+    dtype.  ``formats``: the stored formats it takes (``"e4m3fn"``, ``"e5m2"``);
+    ``descale``: ``"head"`` (float32 ``(B, H_kv)``) or ``"tensor"`` (float32 ``(1,)``);
+    ``weights``: the float8 format it rounds the unnormalised weights P to before P V
+    (QUANT-3), None when it keeps them.
+    """
+
+    formats: tuple[str, ...] = ("e4m3fn",)
+    descale: str = "head"
+    weights: str | None = None
+
+
+def fp8_format_list(text: str) -> tuple[str, ...]:
+    """``--fp8 e4m3fn,e5m2`` as ``("e4m3fn", "e5m2")``."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names or not set(names) <= set(FP8_FORMATS):
+        raise ValueError(f"{text!r}: float8 formats should be some of {FP8_FORMATS}")
+    return names
+
+
+def fp8_from_flags(get: Getter) -> Fp8Claim | None:
+    if _chosen(get, "fp8", "FORMATS", ("fp8_descale", "fp8_weights")) is None:
+        return None
+    return Fp8Claim(get("fp8"), get("fp8_descale") or "head", get("fp8_weights"))
+
+
 RECURRENT_RULES = ("linear", "gated", "delta", "gated_delta")
 RECURRENT_GATES = ("head", "channel")
 # narrower final-state dtypes a recurrent kernel may declare (REC-4.3)
@@ -368,6 +404,7 @@ FAMILY_CLAIMS: tuple[tuple[str, str, type], ...] = (
     ("merge", "merge", MergeClaim),
     ("paged_batch", "paged-batch", PagedBatchClaim),
     ("mla", "mla", MlaClaim),
+    ("fp8", "fp8", Fp8Claim),
     ("recurrent", "recurrent", RecurrentClaim),
     ("sparse", "sparse", SparseClaim),
     ("linear", "linear", LinearClaim),

@@ -26,6 +26,8 @@ from ...reference.positional import ROPE_LAYOUTS
 from .declaration import WAIVES, KernelDeclaration
 from .family_claims import (
     FEATURE_MAPS,
+    FP8_DESCALES,
+    FP8_FORMATS,
     KV_CACHE_FEATURES,
     MERGE_BASES,
     MERGE_LSE_LAYOUTS,
@@ -36,6 +38,8 @@ from .family_claims import (
     RECURRENT_RULES,
     RECURRENT_STATE_DTYPES,
     chunk_size_list,
+    fp8_format_list,
+    fp8_from_flags,
     kv_cache_feature_keywords,
     kv_cache_feature_list,
     linear_from_flags,
@@ -841,6 +845,33 @@ CLAIMS: tuple[Claim, ...] = (
             ),
         ),
         from_flags=mla_from_flags,
+    ),
+    Claim(
+        "fp8",
+        flags=(
+            Flag(
+                "--fp8",
+                "the kernel takes q, k, v stored in these float8 formats, comma-separated, of "
+                "e4m3fn, e5m2 (QUANT-1), called as FlashAttention 3: fn(q, k, v, q_descale=, "
+                "k_descale=, v_descale=, scale=, is_causal=) -> the attention of stored x "
+                "descale in a --dtype output dtype; only the float8 properties apply",
+                type=fp8_format_list,
+                metavar="FORMATS",
+            ),
+            Flag(
+                "--fp8-descale",
+                "the float8 kernel's descales: head, float32 (B, H_kv) (default), or tensor, "
+                "float32 (1,)",
+                choices=FP8_DESCALES,
+            ),
+            Flag(
+                "--fp8-weights",
+                "the float8 format the kernel rounds its unnormalised weights P to before "
+                "P V (QUANT-3; default: it keeps them)",
+                choices=FP8_FORMATS,
+            ),
+        ),
+        from_flags=fp8_from_flags,
     ),
     Claim(
         "recurrent",

@@ -17,6 +17,8 @@ from ...backends import FLOAT_DTYPE_NAMES
 from ...reference.masks import CAUSAL_ALIGNMENTS
 from ...reference.positional import ROPE_LAYOUTS
 from .family_claims import (
+    FP8_DESCALES,
+    FP8_FORMATS,
     KV_CACHE_FEATURES,
     MERGE_BASES,
     MERGE_LSE_LAYOUTS,
@@ -107,6 +109,19 @@ def _mla_invalid(value: Any) -> str | None:
     return None
 
 
+def _fp8_invalid(value: Any) -> str | None:
+    if value is None:
+        return None
+    formats = value.formats
+    if not isinstance(formats, tuple) or not formats or not set(formats) <= set(FP8_FORMATS):
+        return f"fp8 formats={formats!r}, but should be a non-empty tuple of {FP8_FORMATS}"
+    if value.descale not in FP8_DESCALES:
+        return f"fp8 descale={value.descale!r}, but should be one of {FP8_DESCALES}"
+    if value.weights is not None and value.weights not in FP8_FORMATS:
+        return f"fp8 weights={value.weights!r}, but should be None or one of {FP8_FORMATS}"
+    return None
+
+
 def _recurrent_invalid(value: Any) -> str | None:
     if value is None:
         return None
@@ -191,6 +206,7 @@ VALUE_CHECKS: Mapping[str, Callable[[Any], str | None]] = {
     "paged_batch": _paged_batch_invalid,
     "kv_cache_features": _kv_cache_features_invalid,
     "mla": _mla_invalid,
+    "fp8": _fp8_invalid,
     "recurrent": _recurrent_invalid,
     "backward_fn": _backward_fn_invalid,
 }

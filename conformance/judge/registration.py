@@ -22,7 +22,7 @@ KINDS = ("hypothesis", "fixed")
 
 
 # families with calling conventions of their own
-PACKED_FAMILIES = ("varlen", "kv-cache", "rope", "merge", "paged-batch", "mla", "recurrent")
+PACKED_FAMILIES = ("varlen", "kv-cache", "rope", "merge", "paged-batch", "mla", "fp8", "recurrent")
 
 
 def always(declaration: KernelDeclaration) -> str | None:

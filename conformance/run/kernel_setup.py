@@ -148,6 +148,16 @@ def check_signature(fn: Callable[..., Any], declaration: KernelDeclaration, name
                 f"[MLA-1, MLA-2]"
             ) from None
         return
+    if declaration.family == "fp8":
+        descales = {f"{name}_descale": None for name in ("q", "k", "v")}
+        try:
+            signature.bind(None, None, None, scale=1.0, **descales, **declaration.extra_kwargs)
+        except TypeError as exc:
+            raise SetupError(
+                f"function {name}{signature} cannot be called as fn(q, k, v, q_descale=, "
+                f"k_descale=, v_descale=, scale=) ({exc}) [QUANT-1]"
+            ) from None
+        return
     if declaration.family == "recurrent":
         claim = declaration.recurrent
         assert claim is not None  # the family is recurrent only with a claim

@@ -8,6 +8,7 @@ from . import (  # noqa: F401
     dropout,
     empty_rows,
     features,
+    fp8,
     gqa,
     invariance,
     linear,

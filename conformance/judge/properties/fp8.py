@@ -1,0 +1,249 @@
+"""QUANT-1 … QUANT-4: attention on q, k, v stored in float8 with descale factors, called as
+FlashAttention 3 is: ``fn(q, k, v, q_descale=, k_descale=, v_descale=, scale=, is_causal=,
+mask=)``.
+
+The suite draws the stored values on the declared format's grid (subnormals included), each
+tensor and head spread by its own power of two, and the descales that bring them back (times
+a factor in [0.5, 2)): descales far from 1 (2^-8 … 2^8) and different for q, k, v and for
+every (batch element, key/value head), so that a descale applied twice, to the wrong tensor
+or to the wrong head of a group moves the output far outside QUANT-4's bound.  Calls have GQA
+groups, causal rows of the declared alignment and boolean masks where the declaration has
+them; every row keeps key 0.  The output is compared with the float64 attention of the real
+values (QUANT-2) within QUANT-4's bound, with QUANT-3's term when the kernel declares that it
+rounds its weights to float8.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from ....backends import Backend
+from ....reference.serving.fp8 import FP8_FORMATS, round_to_fp8
+from ....reference.tolerance_fp8 import OUT_DTYPES, fp8_error_bound
+from ...claims.declaration import KernelDeclaration
+from ...draw import sizes
+from ...draw.sizes import Dims
+from ...draw.strategies import draw_mask
+from ..assertions import assert_elements_within
+from ..failures import KernelRaised, PropertyFailure
+from ..kernel import KernelUnderTest
+from ..registration import register
+
+# FlashAttention 3's float8 heads: head dims 64 to 256 (64 and 128 keep the check cheap),
+# decode and prefill rows, a few key/value heads shared by groups of 1 to 8 query heads
+REALISTIC = {"E": (64, 128), "Lq": (1, 16, 64), "Lk": (16, 128, 129), "G": (1, 4, 8)}
+# the stored values' spread per tensor and head, as a power of two: far from 1 both ways,
+# short of the format's largest value for normal draws (448 for e4m3fn, 57344 for e5m2)
+SPREADS = {"float8_e4m3fn": (-8, 5), "float8_e5m2": (-8, 8)}
+
+
+def _fp8_only(declaration: KernelDeclaration) -> str | None:
+    if declaration.family != "fp8":
+        return "the kernel is not declared to take float8 inputs (--fp8)"
+    return None
+
+
+def _has_float8(backend: Backend) -> str | None:
+    if backend.float8_names:
+        return None
+    return f"{backend.name} has no float8 dtype (QUANT-1): check a float8 kernel on torch"
+
+
+@dataclass(frozen=True)
+class Fp8Call:
+    """One call: stored values (float64 on the format's grid), float64 descales as passed
+    (``(1,)`` or ``(B, H_kv)``), and the options."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    descales: dict[str, np.ndarray]
+    fmt: str
+    out_dtype: str
+    scale: float
+    is_causal: bool
+    mask: np.ndarray | None
+
+    def describe(self) -> str:
+        shown = ", ".join(
+            f"{name} {np.array2string(d, precision=4, separator=', ')}"
+            for name, d in self.descales.items()
+        )
+        mask = "" if self.mask is None else f", mask {self.mask.shape}"
+        return (
+            f"q {self.q.shape}, k {self.k.shape}, v {self.v.shape} stored in {self.fmt}, "
+            f"{shown}, out {self.out_dtype}, scale {self.scale:.6g}, "
+            f"{'causal' if self.is_causal else 'not causal'}{mask}"
+        )
+
+
+def _draw_dims(data: st.DataObject, declaration: KernelDeclaration) -> Dims:
+    gqa = declaration.gqa
+    if sizes.current().realistic:
+        dim = data.draw(st.sampled_from(REALISTIC["E"]), label="E")
+        n_queries = data.draw(st.sampled_from(REALISTIC["Lq"]), label="Lq")
+        n_keys = data.draw(st.sampled_from(REALISTIC["Lk"]), label="Lk")
+        groups = data.draw(st.sampled_from(REALISTIC["G"] if gqa else (1,)), label="groups")
+    else:
+        dim = data.draw(st.sampled_from((4, 8, 16)), label="E")
+        n_queries = data.draw(st.integers(1, 4), label="Lq")
+        n_keys = data.draw(st.integers(1, 6), label="Lk")
+        groups = data.draw(st.integers(1, 3 if gqa else 1), label="groups")
+    batch = data.draw(st.integers(1, 2), label="B")
+    n_kv_heads = data.draw(st.integers(1, 2), label="H_kv")
+    return Dims((batch,), n_kv_heads, groups, n_queries, n_keys, dim, dim)
+
+
+def _stored_and_descale(
+    rng: np.random.Generator,
+    shape: tuple[int, ...],
+    groups: int,
+    fmt: str,
+    per_head: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Stored values of ``shape`` (B, H, L, E) on ``fmt``'s grid, spread by 2^s per (batch
+    element, key/value head) or per tensor, and the float32 descale 2^-s times a factor in
+    [0.5, 2): ``(B, H_kv)`` or ``(1,)``."""
+    low, high = SPREADS[fmt]
+    batch, heads = shape[0], shape[1] // groups
+    grid = (batch, heads) if per_head else (1,)
+    spread = rng.integers(low, high + 1, size=grid).astype(np.float64)
+    factor = rng.uniform(0.5, 2.0, size=grid)
+    descale = (2.0**-spread * factor).astype(np.float32).astype(np.float64)
+    widths = np.repeat(spread, groups, axis=1) if per_head else spread
+    exponent = widths[..., None, None] if per_head else widths
+    largest = FP8_FORMATS[fmt].largest
+    real = np.clip(rng.standard_normal(shape) * 2.0**exponent, -largest, largest)
+    stored = np.asarray(round_to_fp8(real, fmt))
+    return stored, descale
+
+
+def _draw_call(data: st.DataObject, kernel: KernelUnderTest) -> Fp8Call:
+    declaration = kernel.declaration
+    claim = declaration.fp8
+    assert claim is not None  # the property applies only to an --fp8 declaration
+    fmt = "float8_" + data.draw(st.sampled_from(claim.formats), label="format")
+    out_dtypes = [d for d in kernel.dtypes if d in OUT_DTYPES] or ["float32"]
+    out_dtype = data.draw(st.sampled_from(out_dtypes), label="out dtype")
+    dims = _draw_dims(data, declaration)
+    bottom_right = declaration.causal_alignment == "bottom_right"
+    if bottom_right and dims.n_queries > dims.n_keys:  # every row keeps a key (see below)
+        dims = Dims(
+            dims.batch,
+            dims.n_kv_heads,
+            dims.groups,
+            dims.n_keys,
+            dims.n_keys,
+            dims.head_dim,
+            dims.value_dim,
+        )
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="values seed"))
+    per_head = claim.descale == "head"
+    b, hq, hk = dims.batch[0], dims.n_q_heads, dims.n_kv_heads
+    stored, descales = {}, {}
+    for name, shape, groups in (
+        ("q", (b, hq, dims.n_queries, dims.head_dim), dims.groups),
+        ("k", (b, hk, dims.n_keys, dims.head_dim), 1),
+        ("v", (b, hk, dims.n_keys, dims.value_dim), 1),
+    ):
+        stored[name], descales[f"{name}_descale"] = _stored_and_descale(
+            rng, shape, groups, fmt, per_head
+        )
+    is_causal = declaration.causal and data.draw(st.booleans(), label="is_causal")
+    mask = None
+    if declaration.mask and (not is_causal or declaration.mask_and_causal):
+        if data.draw(st.booleans(), label="mask"):
+            mask = draw_mask(data, rng, dims, empty_rows=False)
+            mask[..., 0] = True  # no row without keys: QUANT-4 is stated for rows with keys
+    scale = data.draw(st.sampled_from((None, 0.125, 1.5)), label="scale")
+    return Fp8Call(
+        stored["q"],
+        stored["k"],
+        stored["v"],
+        descales,
+        fmt,
+        out_dtype,
+        dims.head_dim**-0.5 if scale is None else scale,
+        is_causal,
+        mask,
+    )
+
+
+def _keywords(kernel: KernelUnderTest, call: Fp8Call) -> dict[str, Any]:
+    backend, declaration = kernel.backend, kernel.declaration
+    keywords: dict[str, Any] = {**declaration.extra_kwargs, "scale": call.scale}
+    for name, descale in call.descales.items():
+        keywords[name] = backend.asarray(descale, "float32")
+    if declaration.causal:
+        keywords["is_causal"] = call.is_causal
+    if call.mask is not None:
+        keywords[declaration.mask_keyword] = backend.asarray(call.mask)
+    return keywords
+
+
+def _float8(backend: Backend, stored: np.ndarray, fmt: str) -> Any:
+    """``stored`` (on ``fmt``'s grid) as a float8 array: exact through float32."""
+    return backend.xp.astype(backend.asarray(stored, "float32"), backend.dtype(fmt))
+
+
+@register("fp8-matches-reference", "QUANT-4", applies=_fp8_only, applies_on=_has_float8)
+def fp8_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Stored float8 values with descales far from 1, per tensor or per (batch element,
+    key/value head), GQA groups, causal rows and masks: the output within QUANT-4's bound of
+    the float64 attention of the real values stored × descale (QUANT-2).  A descale applied
+    twice or to the wrong tensor or head, or weights rounded to float8 without declaring
+    QUANT-3, is outside it."""
+    claim = kernel.declaration.fp8
+    assert claim is not None  # the property applies only to an --fp8 declaration
+    call = _draw_call(data, kernel)
+    backend = kernel.backend
+    args = tuple(_float8(backend, x, call.fmt) for x in (call.q, call.k, call.v))
+    try:
+        out = kernel.call_raw(args, _keywords(kernel, call))
+    except Exception as exc:
+        raise KernelRaised(
+            f"the float8 kernel raised {type(exc).__name__}: {str(exc)[:300]} "
+            f"[call: {call.describe()}]"
+        ) from exc
+    shape = (*call.q.shape[:-1], call.v.shape[-1])
+    if not backend.is_array(out) or tuple(out.shape) != shape:
+        shown = f"shape {tuple(out.shape)}" if backend.is_array(out) else type(out).__name__
+        raise PropertyFailure(
+            f"the float8 kernel returned {shown}, but should return one array of shape "
+            f"{shape} (B, Hq, Lq, Ev) (QUANT-2) [call: {call.describe()}]"
+        )
+    if backend.dtype_name(out) != call.out_dtype:
+        raise PropertyFailure(
+            f"the float8 kernel returned {out.dtype}, but should return {call.out_dtype}, "
+            f"the output dtype drawn from its --dtype (QUANT-2) [call: {call.describe()}]"
+        )
+    weights = None if claim.weights is None else "float8_" + claim.weights
+    bound = fp8_error_bound(
+        call.q,
+        call.k,
+        call.v,
+        **call.descales,
+        out_dtype=call.out_dtype,
+        fmt=call.fmt,
+        weights_format=weights,
+        mask=call.mask,
+        is_causal=call.is_causal,
+        causal_alignment=kernel.declaration.causal_alignment,
+        scale=call.scale,
+    )
+    assert_elements_within(
+        "out",
+        kernel.numpy(out),
+        np.asarray(bound.out),
+        np.asarray(bound.out_tolerance),
+        lambda at: (
+            "QUANT-2, QUANT-4: the attention of stored x descale, each descale once, "
+            "on its own tensor and key/value head"
+            + ("" if weights is None else f", weights rounded to {weights} (QUANT-3)")
+        ),
+        f" [call: {call.describe()}]",
+    )

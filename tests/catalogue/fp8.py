@@ -1,0 +1,195 @@
+"""Float8 attention (QUANT-1 … QUANT-4) in PyTorch on the CPU: correct formulations and the
+bugs float8 ports have (a descale applied twice, to the wrong tensor, to the wrong head of a
+GQA group, weights rounded to float8 without saying so).
+
+Every kernel is FlashAttention 3's convention, ``fn(q, k, v, *, q_descale, k_descale,
+v_descale, scale, is_causal=False, mask=None)`` with ``q``, ``k``, ``v`` float8 tensors and
+float32 descales ``(B, H_kv)`` (or ``(1,)`` per tensor), returning float32; it dequantises
+to float32 and evaluates attention there, as the float8 kernels do after their float8
+matrix products (which are exact in float32 accumulators for these sizes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from attnspec.conformance import Fp8Claim, declare
+
+from .entry import CaughtBug
+
+torch: Any = None  # imported when first called: the catalogue imports without torch
+
+CLAIMS: dict[str, Any] = dict(
+    fp8=Fp8Claim(formats=("e4m3fn", "e5m2")), gqa=True, dtypes=("float32",)
+)
+Tensor = Any
+
+
+def _torch() -> Any:
+    global torch
+    if torch is None:
+        import torch as module
+
+        torch = module
+    return torch
+
+
+def _per_head(descale: Tensor, groups: int) -> Tensor:
+    """A ``(B, H_kv)`` or ``(1,)`` descale broadcasting to ``(B, H, 1, 1)`` for heads that
+    are ``groups`` per key/value head (query heads share their key/value head's)."""
+    if descale.ndim == 1:
+        return descale.reshape(1, 1, 1, 1)
+    return descale.repeat_interleave(groups, dim=1)[:, :, None, None]
+
+
+def _attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    is_causal: bool,
+    mask: Tensor | None,
+    round_weights: str | None = None,
+) -> Tensor:
+    """float32 attention of real-valued q (B, Hq, Lq, E), k, v (B, Hk, Lk, E): GQA by
+    repetition, top-left causal, a boolean mask; with ``round_weights`` the unnormalised
+    weights rounded to that float8 dtype before P V (QUANT-3)."""
+    t = _torch()
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = (q @ k.transpose(-1, -2)) * scale
+    n_queries, n_keys = scores.shape[-2:]
+    allowed = t.ones((n_queries, n_keys), dtype=t.bool)
+    if is_causal:
+        allowed = t.tril(allowed)
+    if mask is not None:
+        allowed = allowed & mask
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    exps = t.exp(scores - scores.amax(-1, keepdim=True))
+    total = exps.sum(-1, keepdim=True)
+    if round_weights is not None:
+        exps = exps.to(getattr(t, round_weights)).to(t.float32)
+    return (exps @ v) / total
+
+
+def _kernel(
+    dequantise: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, ...]],
+    round_weights: str | None = None,
+) -> Callable[..., Tensor]:
+    def kernel(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        q_descale: Tensor,
+        k_descale: Tensor,
+        v_descale: Tensor,
+        scale: float,
+        is_causal: bool = False,
+        mask: Tensor | None = None,
+    ) -> Tensor:
+        real = dequantise(q, k, v, q_descale, k_descale, v_descale)
+        return _attention(*real, scale, is_causal, mask, round_weights)
+
+    return kernel
+
+
+def _named(name: str, doc: str, kernel: Callable[..., Tensor], claims: dict[str, Any]) -> Any:
+    kernel.__name__ = kernel.__qualname__ = name
+    kernel.__doc__ = doc
+    return declare(**claims)(kernel)
+
+
+def _times(q: Tensor, k: Tensor, v: Tensor, *factors: Any) -> tuple[Any, ...]:
+    """q, k, v widened to float32 and multiplied by one factor each."""
+    f32 = _torch().float32
+    return tuple(x.to(f32) * factor for x, factor in zip((q, k, v), factors, strict=True))
+
+
+def _real(q: Tensor, k: Tensor, v: Tensor, dq: Tensor, dk: Tensor, dv: Tensor) -> tuple[Any, ...]:
+    groups = q.shape[1] // k.shape[1]
+    return _times(q, k, v, _per_head(dq, groups), _per_head(dk, 1), _per_head(dv, 1))
+
+
+fp8_dequantised = _named(
+    "fp8_dequantised",
+    "Dequantise to float32 (stored x descale), then attention (QUANT-2).",
+    _kernel(_real),
+    CLAIMS,
+)
+fp8_weights_e4m3 = _named(
+    "fp8_weights_e4m3",
+    "FlashAttention 3's form: P rounded to e4m3fn before P V, declared (QUANT-3); per-tensor "
+    "descales.",
+    _kernel(_real, round_weights="float8_e4m3fn"),
+    {**CLAIMS, "fp8": Fp8Claim(("e4m3fn", "e5m2"), descale="tensor", weights="e4m3fn")},
+)
+
+
+def _folded(q: Tensor, k: Tensor, v: Tensor, dq: Tensor, dk: Tensor, dv: Tensor) -> tuple[Any, ...]:
+    """FlashAttention 3's arrangement: dq dk folded into the scores' scale (here into q, per
+    query head), dv into the output (here into v): the same function."""
+    groups = q.shape[1] // k.shape[1]
+    folded = _per_head(dq, groups) * _per_head(dk, groups)
+    return _times(q, k, v, folded, 1.0, _per_head(dv, 1))
+
+
+fp8_folded_descales = _named(
+    "fp8_folded_descales",
+    "The descales folded into the scale and the output (QUANT-2).",
+    _kernel(_folded),
+    CLAIMS,
+)
+
+CORRECT = (fp8_dequantised, fp8_folded_descales, fp8_weights_e4m3)
+
+
+def _twice(q: Tensor, k: Tensor, v: Tensor, dq: Tensor, dk: Tensor, dv: Tensor) -> tuple[Any, ...]:
+    real_q, real_k, real_v = _real(q, k, v, dq, dk, dv)
+    return real_q * _per_head(dq, q.shape[1] // k.shape[1]), real_k, real_v
+
+
+def _k_on_v(q: Tensor, k: Tensor, v: Tensor, dq: Tensor, dk: Tensor, dv: Tensor) -> tuple[Any, ...]:
+    return _real(q, k, v, dq, dk, dk)
+
+
+def _query_head_indexed(
+    q: Tensor, k: Tensor, v: Tensor, dq: Tensor, dk: Tensor, dv: Tensor
+) -> tuple[Any, ...]:
+    """q's descale tiled over the groups (head h gets dq[h mod H_kv]) instead of shared by
+    each group (head h gets dq[h // groups])."""
+    groups = q.shape[1] // k.shape[1]
+    tiled = dq.reshape(1, 1, 1, 1) if dq.ndim == 1 else dq.repeat(1, groups)[:, :, None, None]
+    return _times(q, k, v, tiled, _per_head(dk, 1), _per_head(dv, 1))
+
+
+HEAD_CLAIMS = {**CLAIMS, "fp8": Fp8Claim(("e4m3fn",), descale="head")}
+BUGS = (
+    CaughtBug(
+        _named("fp8_descale_twice", "Bug: q's descale applied twice.", _kernel(_twice), CLAIMS),
+        "fp8-matches-reference",
+    ),
+    CaughtBug(
+        _named("fp8_k_descale_on_v", "Bug: v scaled by k's descale.", _kernel(_k_on_v), CLAIMS),
+        "fp8-matches-reference",
+    ),
+    CaughtBug(
+        _named(
+            "fp8_descale_by_query_head",
+            "Bug: q's per-head descale indexed by query head (tiled), not by key/value head.",
+            _kernel(_query_head_indexed),
+            HEAD_CLAIMS,
+        ),
+        "fp8-matches-reference",
+    ),
+    CaughtBug(
+        _named(
+            "fp8_weights_rounded_undeclared",
+            "Bug: P rounded to e4m3fn before P V without declaring QUANT-3.",
+            _kernel(_real, round_weights="float8_e4m3fn"),
+            CLAIMS,
+        ),
+        "fp8-matches-reference",
+    ),
+)
