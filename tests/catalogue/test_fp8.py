@@ -3,9 +3,13 @@ formulations pass, every catalogued bug fails the property that names it."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from support import verdict_of
 
+from attnspec.conformance import Fp8Claim, KernelDeclaration
+from attnspec.conformance.claims.family_claims import fp8_format_list
 from attnspec.conformance.judge.registry import all_properties
 from catalogue import fp8 as catalogue
 from catalogue.entry import CaughtBug
@@ -33,3 +37,26 @@ def test_every_fp8_property_has_a_bug() -> None:
     assert {p for p in all_properties() if p.startswith("fp8-")} == {
         bug.catches for bug in catalogue.BUGS
     }
+
+
+@pytest.mark.parametrize(
+    ("claim", "message"),
+    [
+        (Fp8Claim(descale="row"), "fp8 descale='row', but should be one of"),
+        (Fp8Claim(formats=("e4m3",)), "fp8 formats=('e4m3',), but should be"),
+        (Fp8Claim(weights="float8_e4m3fn"), "fp8 weights='float8_e4m3fn', but should be"),
+    ],
+)
+def test_fp8_claim_is_checked(claim: Fp8Claim, message: str) -> None:
+    """QUANT-1, QUANT-3: a declaration names QUANT-1's formats by their short names, one of
+    the two descale granularities, and a weights format among the formats."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        KernelDeclaration(fp8=claim)
+
+
+def test_fp8_flags_read_into_the_claim() -> None:
+    """QUANT-1: ``--fp8 e4m3fn,e5m2`` is a comma list of formats; a word that is not one is
+    refused by name."""
+    assert fp8_format_list("e4m3fn, e5m2") == ("e4m3fn", "e5m2")
+    with pytest.raises(ValueError, match="float8 formats should be some of"):
+        fp8_format_list("e4m3")
