@@ -136,4 +136,8 @@ class Flag:
             return [option]
         if self.kind == "list":
             return [token for item in value for token in (option, str(item))]
+        if isinstance(
+            value, tuple
+        ):  # a comma list read by ``type`` (--fp8, --paged-batch-features)
+            return [option, ",".join(str(item) for item in value)]
         return [option, str(value)]

@@ -10,6 +10,7 @@ from support import verdict_of
 
 from attnspec.conformance import Fp8Claim, KernelDeclaration
 from attnspec.conformance.claims.family_claims import fp8_format_list
+from attnspec.conformance.claims.table import CLAIM_FLAGS
 from attnspec.conformance.judge.registry import all_properties
 from catalogue import fp8 as catalogue
 from catalogue.entry import CaughtBug
@@ -60,3 +61,11 @@ def test_fp8_flags_read_into_the_claim() -> None:
     assert fp8_format_list("e4m3fn, e5m2") == ("e4m3fn", "e5m2")
     with pytest.raises(ValueError, match="float8 formats should be some of"):
         fp8_format_list("e4m3")
+
+
+def test_fp8_rerun_repeats_the_format_list() -> None:
+    """QUANT-1: a rerun command gives --fp8 the comma list it was given, which reads back
+    as the same claim."""
+    flag = next(flag for flag in CLAIM_FLAGS if flag.option == "--fp8")
+    assert flag.tokens(("e4m3fn", "e5m2")) == ["--fp8", "e4m3fn,e5m2"]
+    assert flag.type("e4m3fn,e5m2") == ("e4m3fn", "e5m2")
