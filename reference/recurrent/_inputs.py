@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import array_api_compat
+
 from .._array import Array
 from .._checks import check_choice, check_flag, check_size, namespace_of
 
@@ -95,7 +97,7 @@ def _share(xp: ModuleType, a: Array, heads: int, axis: int) -> Array:
     have = int(a.shape[axis])
     if have == heads:
         return a
-    index = xp.arange(heads, device=a.device) // (heads // have)
+    index = xp.arange(heads, device=array_api_compat.device(a)) // (heads // have)
     return xp.take(a, index, axis=axis)
 
 
@@ -225,12 +227,12 @@ def prepare(
     q = _share(xp, q, outputs, -3)
     q = xp.reshape(q, (*batch, states, outputs // states, length, d_k))
     if g is None:
-        log_decay = xp.zeros((*per_head, 1), dtype=dtype, device=q.device)
+        log_decay = xp.zeros((*per_head, 1), dtype=dtype, device=array_api_compat.device(q))
     else:
         log_decay = xp.astype(g, dtype)
         log_decay = log_decay if log_decay.ndim == len(per_head) + 1 else log_decay[..., None]
     state = (
-        xp.zeros(state_shape, dtype=dtype, device=q.device)
+        xp.zeros(state_shape, dtype=dtype, device=array_api_compat.device(q))
         if initial_state is None
         else xp.astype(initial_state, dtype)
     )

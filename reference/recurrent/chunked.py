@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
+import array_api_compat
+
 from .._array import Array
 from ._inputs import Recurrence
 
@@ -54,7 +56,9 @@ def _cut(p: Recurrence, start: int, n: int, c: int) -> _Chunks:
 
     def split(a: Array, time_axis: int) -> Array:
         time_axis %= a.ndim
-        window = xp.take(a, xp.arange(start, stop, device=a.device), axis=time_axis)
+        window = xp.take(
+            a, xp.arange(start, stop, device=array_api_compat.device(a)), axis=time_axis
+        )
         shape = tuple(window.shape)
         return xp.reshape(window, (*shape[:time_axis], n, c, *shape[time_axis + 1 :]))
 
@@ -99,7 +103,7 @@ def _pair_decays(xp: ModuleType, cumulative: Array, strict: bool) -> Array:
     """``D_tj = exp(G_t - G_j)`` for ``j <= t`` (``j < t`` if strict), 0 elsewhere:
     ``(..., c, c, e)``, the exponent a difference so that nothing overflows."""
     c = int(cumulative.shape[-2])
-    rows = xp.arange(c, device=cumulative.device)
+    rows = xp.arange(c, device=array_api_compat.device(cumulative))
     keep = (rows[:, None] > rows[None, :]) if strict else (rows[:, None] >= rows[None, :])
     keep = keep[:, :, None]
     difference = cumulative[..., :, None, :] - cumulative[..., None, :, :]
@@ -130,11 +134,11 @@ def _unit_lower_inverse(xp: ModuleType, lower: Array, beta: Array) -> Array:
     step, not ``c``; the inverse is ``c x c``, narrower than the ``dk + dv`` columns it is
     then applied to, which is why it is formed rather than applied row by row."""
     c = int(lower.shape[-1])
-    rows = xp.arange(c, device=lower.device)
+    rows = xp.arange(c, device=array_api_compat.device(lower))
     identity = xp.astype(rows[:, None] == rows[None, :], lower.dtype)
     inverse = xp.zeros_like(lower)
     for i in range(c):
-        index = xp.asarray([i], device=lower.device)
+        index = xp.asarray([i], device=array_api_compat.device(lower))
         carried = xp.matmul(xp.take(lower, index, axis=-2), inverse)  # (..., 1, c)
         row = xp.take(identity, index, axis=-2) - xp.take(beta, index, axis=-1)[..., None] * carried
         inverse = xp.where((rows == i)[:, None], row, inverse)
@@ -205,7 +209,9 @@ def chunked_recurrence(
         outs.extend(slab_outs)
     if not outs:
         empty = (*p.q.shape[:-2], 0, p.v.shape[-1])
-        return p.output_heads(xp.zeros(empty, dtype=state.dtype, device=state.device)), state
+        return p.output_heads(
+            xp.zeros(empty, dtype=state.dtype, device=array_api_compat.device(state))
+        ), state
     groups = int(p.q.shape[-3])
     unstacked = []
     for out in outs:  # (..., Hs, G * c, dv) -> (..., Hs, G, c, dv)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import array_api_compat
+
 from .._array import Array
 from ._inputs import Recurrence
 
@@ -52,6 +54,8 @@ def token_recurrence(p: Recurrence) -> tuple[Array, Array]:
         outs.append(p.scale * xp.matmul(queries[..., :, None, :], state[..., None, :, :]))
     if not outs:
         empty = (*p.q.shape[:-2], 0, p.v.shape[-1])
-        return p.output_heads(xp.zeros(empty, dtype=state.dtype, device=state.device)), state
+        return p.output_heads(
+            xp.zeros(empty, dtype=state.dtype, device=array_api_compat.device(state))
+        ), state
     out = xp.concat(outs, axis=-2)  # each (..., Hs, G, 1, dv)
     return p.output_heads(out), state

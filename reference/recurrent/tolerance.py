@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+import array_api_compat
+
 from .._array import Array
 from .._checks import check_flag, check_size
 from ..tolerance import UNDERFLOW_THRESHOLD, UNIT_ROUNDOFF, accumulation_roundoff, scale_is_exact
@@ -232,7 +234,7 @@ def recurrent_error_bound(
         out_all, tol_all = xp.concat(outs, axis=-2), xp.concat(tolerances, axis=-2)
     else:
         empty = (*p.q.shape[:-2], 0, p.v.shape[-1])
-        out_all = tol_all = xp.zeros(empty, dtype=xp.float64, device=state.device)
+        out_all = tol_all = xp.zeros(empty, dtype=xp.float64, device=array_api_compat.device(state))
     return RecurrentBound(
         out=p.output_heads(out_all),
         out_tolerance=p.output_heads(tol_all),
