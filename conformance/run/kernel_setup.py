@@ -157,6 +157,19 @@ def check_signature(fn: Callable[..., Any], declaration: KernelDeclaration, name
                 f"function {name}{signature} cannot be called as fn(q, k, v, q_descale=, "
                 f"k_descale=, v_descale=, scale=) ({exc}) [QUANT-1]"
             ) from None
+        # the suite passes these too unless the declaration says the kernel has none
+        options = {"is_causal": declaration.causal, declaration.mask_keyword: declaration.mask}
+        for keyword, remedy in zip(options, ("--no-causal", "--no-mask"), strict=True):
+            if not options[keyword]:
+                continue
+            try:
+                signature.bind(None, None, None, scale=1.0, **descales, **{keyword: None})
+            except TypeError:
+                raise SetupError(
+                    f"function {name}{signature} does not accept the keyword {keyword!r}, "
+                    f"which the suite passes to a float8 kernel unless declared {remedy} "
+                    f"(or --rename {keyword}=NAME)"
+                ) from None
         return
     if declaration.family == "recurrent":
         claim = declaration.recurrent

@@ -8,10 +8,11 @@ import re
 import pytest
 from support import verdict_of
 
-from attnspec.conformance import Fp8Claim, KernelDeclaration
+from attnspec.conformance import Fp8Claim, KernelDeclaration, SetupError
 from attnspec.conformance.claims.family_claims import fp8_format_list
 from attnspec.conformance.claims.table import CLAIM_FLAGS
 from attnspec.conformance.judge.registry import all_properties
+from attnspec.conformance.run.kernel_setup import check_signature
 from catalogue import fp8 as catalogue
 from catalogue.entry import CaughtBug
 
@@ -69,3 +70,39 @@ def test_fp8_rerun_repeats_the_format_list() -> None:
     flag = next(flag for flag in CLAIM_FLAGS if flag.option == "--fp8")
     assert flag.tokens(("e4m3fn", "e5m2")) == ["--fp8", "e4m3fn,e5m2"]
     assert flag.type("e4m3fn,e5m2") == ("e4m3fn", "e5m2")
+
+
+def test_fp8_signature_is_checked_before_any_call() -> None:
+    """QUANT-1: a float8 kernel that cannot take the descales, or a mask the declaration
+    says it takes, is refused at setup, naming the keyword and the remedy."""
+
+    def no_mask(
+        q: object,
+        k: object,
+        v: object,
+        *,
+        q_descale: object,
+        k_descale: object,
+        v_descale: object,
+        scale: float,
+        is_causal: bool = False,
+    ) -> None:
+        raise AssertionError("never called")
+
+    def no_descales(
+        q: object,
+        k: object,
+        v: object,
+        *,
+        scale: float,
+        is_causal: bool = False,
+        mask: object = None,
+    ) -> None:
+        raise AssertionError("never called")
+
+    claim = Fp8Claim()
+    with pytest.raises(SetupError, match=r"keyword 'mask'.*--no-mask"):
+        check_signature(no_mask, KernelDeclaration(fp8=claim), "no_mask")
+    check_signature(no_mask, KernelDeclaration(fp8=claim, mask=False), "no_mask")
+    with pytest.raises(SetupError, match=re.escape("q_descale=, k_descale=, v_descale=")):
+        check_signature(no_descales, KernelDeclaration(fp8=claim), "no_descales")
