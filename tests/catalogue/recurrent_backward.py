@@ -24,8 +24,6 @@ from attnspec.conformance import RecurrentClaim, declare
 from attnspec.reference.recurrent import recurrent_attention
 
 CHUNK = 16
-# A token loop of small torch ops: two threads per op cost 20 times one on a loaded machine.
-torch.set_num_threads(1)
 
 
 class GradientBug(NamedTuple):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,16 @@ from attnspec.conformance.run.property_runner import run_property  # noqa: E402
 from catalogue import recurrent_backward as catalogue  # noqa: E402
 
 GRADIENT_PROPERTIES = ("recurrent-gradients-match-reference", "recurrent-gradients-state-passing")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Iterator[None]:
+    """Token loops of small torch ops: two threads per op cost up to 20 times one on a loaded
+    machine; the thread count is restored after this module."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 # what each correct kernel is checked on (a check costs ~8 s of torch token loops per

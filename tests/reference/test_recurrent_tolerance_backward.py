@@ -9,6 +9,7 @@ target (REC-7.6).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,16 @@ torch = pytest.importorskip("torch", reason="the correct kernels are torch.autog
 
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Iterator[None]:
+    """Token loops of small torch ops: two threads per op cost up to 20 times one on a loaded
+    machine; the thread count is restored after this module."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _received(problem: dict[str, Any], dtype: str) -> dict[str, np.ndarray]:
