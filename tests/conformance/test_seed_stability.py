@@ -47,6 +47,21 @@ def test_record_names_every_matrix_kernel() -> None:
     assert not unexplained
 
 
+def test_every_checked_cpu_row_is_measured_or_says_why_not() -> None:
+    """Issue 29's bar covers the whole matrix: each CPU row the matrix checked is measured
+    (on at least one seed) or its record says "not measured: " and why; a row the matrix
+    could not check says so (needs a GPU, not installed)."""
+    recorded = {k["kernel"]: k for k in _record()["kernels"]}
+    for row in _matrix():
+        status = recorded[row["name"]]["status"]
+        if row["device"] == "cpu" and row["status"] == "checked":
+            measured = status == "measured" and recorded[row["name"]]["seeds"]
+            reason = status.removeprefix("not measured: ")
+            assert measured or (reason != status and len(reason) > 20), (row["name"], status)
+        else:
+            assert status == f"not checked in the matrix: {row['status']}", (row["name"], status)
+
+
 def test_every_matrix_divergence_of_a_measured_kernel_is_measured() -> None:
     """A measured kernel has an entry for each divergence (clause) the matrix lists for it,
     found on a subset of its seeds, at the rate that subset gives."""
