@@ -16,8 +16,8 @@ FORGERS_FILE = str(Path(forgers.__file__).resolve())
 
 def test_a_kernel_that_hangs_on_every_call_stops_at_the_stall_budget(tmp_path: Path) -> None:
     """CONF-15: a kernel that never returns costs --stall-budget timeouts, not one
-    per property: the properties it hung in FAILED (stalled), every other one "not run"
-    with the reason, exit 1, a complete report."""
+    per property: the properties it hung in FAILED (stalled, on the inputs named), every
+    other one "not run" with the reason, exit 1, a complete report."""
     started = time.monotonic()
     result = run_command(
         "check",
@@ -43,6 +43,9 @@ def test_a_kernel_that_hangs_on_every_call_stops_at_the_stall_budget(tmp_path: P
     stalled = [v for v in report["verdicts"] if v.get("stalled")]
     not_run = [v for v in report["verdicts"] if v["status"] == "not run"]
     assert len(stalled) == 2 and all(v["status"] == "failed" for v in stalled)
+    # the "hangs" verdict names the inputs the kernel hung on (issue 29)
+    assert all("did not return within 2 s" in v["detail"] for v in stalled), stalled
+    assert all(v["counterexample"].startswith("q(") for v in stalled), stalled
     assert len(not_run) > 10
     assert all("stall budget" in v["detail"] for v in not_run)
     assert took < 300, took
