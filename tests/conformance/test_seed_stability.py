@@ -59,7 +59,7 @@ def test_every_checked_cpu_row_is_measured_or_says_why_not() -> None:
             reason = status.removeprefix("not measured: ")
             assert measured or (reason != status and len(reason) > 20), (row["name"], status)
         else:
-            assert status == f"not checked in the matrix: {row['status']}", (row["name"], status)
+            assert status.startswith(f"not checked in the matrix: {row['status']}"), status
 
 
 def test_every_matrix_divergence_of_a_measured_kernel_is_measured() -> None:
