@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -40,6 +40,18 @@ CHEAP = "default-scale,explicit-scale"  # closed-form probes: one small call per
 # database (nothing learned in one run changes the next), no deadline (timings on a shared
 # 2-core machine are not the property under test).  Each test states its example count.
 DRAWN = settings(derandomize=True, database=None, deadline=None, print_blob=False)
+
+
+def one_torch_thread() -> Iterator[None]:
+    """Token loops of small torch ops: two threads per op cost up to 20 times one on a loaded
+    machine.  Torch runs on one thread while the fixture made of this lives, and its thread
+    count is restored after (``pytest.fixture(autouse=True, scope="module")(...)``)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def drawn(max_examples: int) -> settings:

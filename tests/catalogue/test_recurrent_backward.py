@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the catalogue's backward kernels are torch's")
 
+import support  # noqa: E402
 from support import ATTNSPEC  # noqa: E402
 
 from attnspec.backends import Backend  # noqa: E402
@@ -30,14 +30,7 @@ from catalogue import recurrent_backward as catalogue  # noqa: E402
 GRADIENT_PROPERTIES = ("recurrent-gradients-match-reference", "recurrent-gradients-state-passing")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    """Token loops of small torch ops: two threads per op cost up to 20 times one on a loaded
-    machine; the thread count is restored after this module."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+_one_torch_thread = pytest.fixture(autouse=True, scope="module")(support.one_torch_thread)
 
 
 # what each correct kernel is checked on (a check costs ~8 s of torch token loops per

@@ -9,11 +9,11 @@ target (REC-7.6).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
+import support
 from recurrent_problems import arrays_of, recurrent_problem
 
 from attnspec.reference.recurrent import recurrent_attention, recurrent_attention_backward
@@ -25,14 +25,7 @@ NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    """Token loops of small torch ops: two threads per op cost up to 20 times one on a loaded
-    machine; the thread count is restored after this module."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+_one_torch_thread = pytest.fixture(autouse=True, scope="module")(support.one_torch_thread)
 
 
 def _received(problem: dict[str, Any], dtype: str) -> dict[str, np.ndarray]:
