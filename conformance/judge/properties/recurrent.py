@@ -774,16 +774,14 @@ def _judge_gradients(
     ):
         if expected is None or name not in got:
             continue
-        expected, tolerance = np.asarray(expected), np.asarray(tolerance)
-        with np.errstate(invalid="ignore"):
-            outside = ~(np.abs(got[name] - expected) <= tolerance)
-        if outside.any():
-            at = tuple(int(i) for i in np.argwhere(outside)[0])
-            raise PropertyFailure(
-                f"d{name}[{at}] = {got[name][at]!r}, but should be {expected[at]!r} within "
-                f"{tolerance[at]:.3g} ({clauses}, REC-7.7); {int(outside.sum())} of "
-                f"{outside.size} elements outside [call: {shown}]"
-            )
+        assert_elements_within(
+            f"d{name}",
+            got[name],
+            np.asarray(expected),
+            np.asarray(tolerance),
+            lambda _: f"{clauses}, REC-7.7",
+            f" [call: {shown}]",
+        )
 
 
 def _draw_with_upstream(
