@@ -70,6 +70,10 @@ def _inputs(
     gate = gate if gate.ndim == len(shape) + 1 else gate[..., None]
     if bug == "log2_gate":  # the gate read as a base-2 logarithm
         gate = gate * np.float32(np.log(2.0))
+    if bug == "equal_channel_gates_base2" and np.all(gate == gate[..., :1]):
+        # every key channel's gate equal: the per-head path, whose gate misses its
+        # conversion to base 2 (done on the per-channel path only) before exp2
+        gate = gate[..., :1] * np.float32(np.log(2.0))
     strength = None if beta is None else np.asarray(beta, np.float32)
     if bug == "beta_first_head" and strength is not None:  # every head reads head 0's beta
         strength = np.repeat(strength[..., :1, :], states, axis=-2)
@@ -445,6 +449,12 @@ CONTRACT_BUGS += (
         "the final state returned in q's dtype (ONNX's reference without a past state)",
         "matches-reference",
     ),
+    (  # declared with a per-key-channel gate, as every kernel of the property
+        "equal_channel_gates_base2",
+        _chunked,
+        "equal per-channel gates sent to the per-head path, which misses the base-2 conversion",
+        "equal-channel-gates",
+    ),
 )
 CHUNK_SIZES = (2, 3, CHUNK)  # what the declared kernels take as chunk_size=
 
@@ -481,6 +491,7 @@ def _declared(
     name: str,
     bug: str | None = None,
     state_dtype: str | None = None,
+    gate: str = "head",
 ) -> Callable[..., Any]:
     """``base`` as a gated delta rule kernel the conformance suite can call, declared
     (``--recurrent gated_delta --recurrent-chunk-size 16 --recurrent-varlen
@@ -488,7 +499,8 @@ def _declared(
     it computes in float32), returning the output in q's dtype and a float32 state; ``bug``
     is one of
     CONTRACT_BUGS' (None: ``base`` as it is); ``state_dtype`` a narrower final-state dtype
-    it declares and returns (``--recurrent-state-dtype``, REC-4.3)."""
+    it declares and returns (``--recurrent-state-dtype``, REC-4.3); ``gate`` the gate's
+    declared shape (``--recurrent-gate``: "head" or "channel")."""
     from attnspec.conformance import RecurrentClaim, declare
 
     def kernel(
@@ -518,6 +530,7 @@ def _declared(
     kernel.__module__ = __name__
     claim = RecurrentClaim(
         "gated_delta",
+        gate,
         chunk_size=CHUNK,
         varlen=True,
         chunk_sizes=CHUNK_SIZES,
@@ -533,9 +546,20 @@ declared_chunked = _declared(chunked, "declared_chunked")
 DECLARED_CORRECT = (declared_token, declared_chunked)
 DECLARED_BUGS = tuple(_declared(bug.fn, f"declared_{bug.fn.__name__}") for bug in BUGS)
 DECLARED_CONTRACT_BUGS = tuple(
-    (_declared(base, f"declared_{name}", name), f"recurrent-{prop}")
+    (
+        _declared(
+            base,
+            f"declared_{name}",
+            name,
+            gate="channel" if prop == "equal-channel-gates" else "head",
+        ),
+        f"recurrent-{prop}",
+    )
     for name, base, _, prop in CONTRACT_BUGS
 )
+# The two correct formulations declared with a per-key-channel gate (GLA's, KDA's)
+declared_token_channel = _declared(token, "declared_token_channel", gate="channel")
+declared_chunked_channel = _declared(chunked, "declared_chunked_channel", gate="channel")
 globals().update({fn.__name__: fn for fn in DECLARED_BUGS})
 globals().update({fn.__name__: fn for fn, _ in DECLARED_CONTRACT_BUGS})
 # A float16 final state, declared (REC-4.3): correct when the state is rounded once per

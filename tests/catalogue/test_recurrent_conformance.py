@@ -40,7 +40,24 @@ def verdicts() -> dict[str, dict[str, str]]:
         results[fn.__name__] = _statuses(fn, ("recurrent-matches-reference",))
     for fn, prop in catalogue.DECLARED_CONTRACT_BUGS:
         results[fn.__name__] = _statuses(fn, (prop,))
+    for fn in CHANNEL_GATE_CORRECT:
+        results[fn.__name__] = _statuses(fn, ("recurrent-equal-channel-gates",))
     return results
+
+
+CHANNEL_GATE_CORRECT = (catalogue.declared_token_channel, catalogue.declared_chunked_channel)
+
+
+def test_equal_channel_gates_pass_the_correct_kernels(
+    verdicts: dict[str, dict[str, str]],
+) -> None:
+    """REC-1.3: the token recurrence and the chunked form, declared with a per-key-channel
+    gate, pass recurrent-equal-channel-gates (equal channels give the per-head gate's
+    result); it does not apply to the per-head kernels."""
+    for fn in CHANNEL_GATE_CORRECT:
+        assert verdicts[fn.__name__]["recurrent-equal-channel-gates"] == "passed", fn.__name__
+    for fn in catalogue.DECLARED_CORRECT:
+        assert verdicts[fn.__name__]["recurrent-equal-channel-gates"] == "not applicable"
 
 
 def test_correct_recurrences_conform(verdicts: dict[str, dict[str, str]]) -> None:
@@ -69,7 +86,8 @@ def test_every_recurrence_bug_is_caught(name: str, verdicts: dict[str, dict[str,
 def test_every_contract_bug_is_caught_by_its_property(
     name: str, prop: str, verdicts: dict[str, dict[str, str]]
 ) -> None:
-    """REC-1.3 (a zero gate taken as no gate, without the delta correction), REC-1.4 (a
+    """REC-1.3 (a zero gate taken as no gate, without the delta correction; equal
+    per-channel gates sent to a per-head path that differs), REC-1.4 (a
     token with beta = 0 skipped, its decay too), REC-2.2 (a
     decode step that skips the gate or reads the state before its token, an empty call
     that loses the state), REC-1.2 (a state clamped to float16's range), REC-3.2 (one

@@ -342,6 +342,34 @@ def recurrent_zero_gate(kernel: KernelUnderTest, data: st.DataObject) -> None:
     _zeros_match_reference(kernel, data, "g")
 
 
+def _takes_channel_gates(declaration: KernelDeclaration) -> str | None:
+    reason: str | None = _takes("g", GATED)(declaration)
+    if reason is None and _recurrent_claim(declaration).gate != "channel":
+        reason = "the recurrent kernel's gate is per head (not --recurrent-gate channel)"
+    return reason
+
+
+@register("recurrent-equal-channel-gates", "REC-1.3", applies=_takes_channel_gates)
+def recurrent_equal_channel_gates(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """REC-1.3: a per-key-channel gate whose d_k entries are equal at every token (a
+    per-head gate broadcast over the key channels, as models pass one to a per-channel
+    kernel) gives the per-head gate's result: the kernel's output and final state are
+    within REC-6.2 of the float64 recurrence run with the per-head gate.  A per-channel
+    kernel that takes another path for such a gate (its per-head path), which differs
+    from the per-channel one, shows; recurrent-matches-reference draws channels that
+    differ, so never takes that path."""
+    call = _draw_call(data, kernel)
+    channel = data.draw(st.integers(0, call.arrays["g"].shape[-1] - 1), label="channel taken")
+    per_head = call.arrays["g"][..., channel]  # (B, Hs, T)
+    equal = np.ascontiguousarray(np.broadcast_to(per_head[..., None], call.arrays["g"].shape))
+    broadcast = RecurrentCall({**call.arrays, "g": equal}, call.rule, call.dtype, call.state_dtype)
+    how = f"; every key channel's gate that of channel {channel}"
+    tokens, state = broadcast.tokens(0, call.length), call.arrays.get("initial_state")
+    results = _invoke(kernel, broadcast, tokens, state, how)
+    bound = _bound(kernel, broadcast, {**tokens, "g": per_head}, state)
+    _judge(results, _whole(bound), "REC-1.3", broadcast.describe(how))
+
+
 @register("recurrent-zero-beta", "REC-1.4", applies=_takes("beta", DELTA))
 def recurrent_zero_beta(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """REC-1.4: beta = 0 leaves the state only decayed, S_t = S'_t: a kernel that skips
