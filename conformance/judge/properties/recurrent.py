@@ -15,8 +15,9 @@ within the bound of REC-6.2 for the declared chunk size and operand precision: f
 (``recurrent-chunk-size``: REC-5.1).  With ``--backward`` the gradients (REC-7), computed
 where the kernel runs for upstream gradients of the output and of the final state, are
 judged within REC-7.7 of the float64 vector-Jacobian product, for one call
-(``recurrent-gradients-match-reference``) and for a split run that passes the state forward
-and its gradient back (``recurrent-gradients-state-passing``).
+(``recurrent-gradients-match-reference``), for a split run that passes the state forward
+and its gradient back (``recurrent-gradients-state-passing``) and for packed sequences
+(``recurrent-gradients-varlen``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
+from ....reference.recurrent import RecurrentGradients
 from ....reference.recurrent.tolerance import RecurrentBound, recurrent_error_bound
 from ....reference.recurrent.tolerance_backward import (
     RecurrentGradientBound,
@@ -696,6 +698,10 @@ def _recurrent_backward(declaration: KernelDeclaration) -> str | None:
     return reason
 
 
+def _takes_cu_seqlens_backward(declaration: KernelDeclaration) -> str | None:
+    return _recurrent_backward(declaration) or _takes_cu_seqlens(declaration)
+
+
 def _gradient_upstream(
     kernel: KernelUnderTest, call: RecurrentCall, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -718,16 +724,19 @@ def _gradients(
     state: np.ndarray,
     upstream: tuple[np.ndarray, np.ndarray],
     how: str,
+    **extra: Any,
 ) -> dict[str, np.ndarray]:
     """The kernel's gradients for ``tokens`` from the past ``state`` and the upstream
     gradients ``(dO, dS)``, computed where it runs, each checked to have its input's shape
-    and dtype (REC-7.2, REC-7.3), as float64 NumPy by input name."""
+    and dtype (REC-7.2, REC-7.3), as float64 NumPy by input name; ``extra`` keywords
+    (``cu_seqlens``) are passed as given and not differentiated."""
     backend = kernel.backend
     passed = {n: backend.asarray(a, call.dtype) for n, a in tokens.items()}
     passed["initial_state"] = backend.asarray(state, call.state_dtype)
     keywords: dict[str, Any] = dict(kernel.declaration.extra_kwargs)
     wrt = tuple(n for n in GRADIENT_INPUTS[3:] if n in passed)
     keywords.update({n: passed[n] for n in wrt})
+    keywords.update(extra)
     backward = BackwardCall(
         tuple(passed[n] for n in GRADIENT_INPUTS[:3]),
         keywords,
@@ -772,10 +781,12 @@ def _gradient_bound(
     call: RecurrentCall,
     state: np.ndarray,
     upstream: tuple[np.ndarray, np.ndarray],
+    tokens: dict[str, np.ndarray] | None = None,
 ) -> RecurrentGradientBound:
-    """REC-7.7 for the whole run, for the declared chunk size and operand precision."""
+    """REC-7.7 for one run of ``tokens`` (default: the whole call) from ``state``, for the
+    declared chunk size and operand precision."""
     claim = _recurrent_claim(kernel.declaration)
-    tokens = call.tokens(0, call.length)
+    tokens = call.tokens(0, call.length) if tokens is None else tokens
     return recurrent_gradient_error_bound(
         tokens["q"],
         tokens["k"],
@@ -876,3 +887,60 @@ def recurrent_gradients_state_passing(kernel: KernelUnderTest, data: st.DataObje
         "REC-7.4",
         call.describe(how),
     )
+
+
+@register("recurrent-gradients-varlen", "REC-7.4", applies=_takes_cu_seqlens_backward)
+def recurrent_gradients_varlen(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """REC-7.4, REC-3.3: N sequences packed into one batch element with ``cu_seqlens``
+    (empty ones among them), each with its own past state and its own final state's
+    upstream gradient: each sequence's dq, dk, dv, dg, dbeta rows and its past state's
+    gradient are within REC-7.7 of the float64 vector-Jacobian product of its own run (an
+    empty sequence's past-state gradient is its final state's upstream gradient): an
+    adjoint carried across a boundary, or a past-state gradient written to another
+    sequence's slot, shows."""
+    call = _draw_call(data, kernel, batch=1, past_state=True)
+    cuts = sorted(
+        data.draw(st.lists(st.integers(0, call.length), max_size=3), label="packed boundaries")
+    )
+    offsets = [0, *cuts, call.length]
+    spans = list(itertools.pairwise(offsets))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="states seed"))
+    d_k, d_v = call.arrays["initial_state"].shape[-2:]
+    shape = (len(spans), call.arrays["initial_state"].shape[1], d_k, d_v)
+    states = _as_received(kernel, rng.standard_normal(shape), call.state_dtype)
+    grad_out, _ = _gradient_upstream(kernel, call, rng)
+    grad_states = _as_received(kernel, rng.standard_normal(shape), call.state_dtype)
+    how = f"; packed, cu_seqlens {offsets}"
+    cu_seqlens = kernel.backend.asarray(np.asarray(offsets, dtype=np.int32))
+    got = _gradients(
+        kernel,
+        call,
+        call.tokens(0, call.length),
+        states,
+        (grad_out, grad_states),
+        how,
+        cu_seqlens=cu_seqlens,
+    )
+    parts = [
+        _gradient_bound(
+            kernel,
+            call,
+            states[b : b + 1],
+            (grad_out[:, :, start:stop], grad_states[b : b + 1]),
+            call.tokens(start, stop),
+        )
+        for b, (start, stop) in enumerate(spans)
+    ]
+    gradients: list[np.ndarray | None] = []
+    tolerances: list[np.ndarray | None] = []
+    for n, name in enumerate(GRADIENT_INPUTS):  # each sequence's, joined as they are packed
+        found = [(part.gradients[n], part.tolerances[n]) for part in parts]
+        if found[0][0] is None:
+            gradients.append(None)
+            tolerances.append(None)
+            continue
+        axis = 0 if name == "initial_state" else 2
+        gradients.append(np.concatenate([np.asarray(a) for a, _ in found], axis=axis))
+        tolerances.append(np.concatenate([np.asarray(t) for _, t in found], axis=axis))
+    bound = RecurrentGradientBound(RecurrentGradients(*gradients), RecurrentGradients(*tolerances))
+    _judge_gradients(got, bound, "REC-7.4, REC-3.3", call.describe(how))
