@@ -11,15 +11,17 @@ spec; this module only evaluates it, at about twice the cost of the recurrence.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 from .._array import Array
 from .._checks import check_flag, check_size
 from ..tolerance import UNDERFLOW_THRESHOLD, UNIT_ROUNDOFF
-from ._inputs import prepare
+from ._inputs import l2_normalized, prepare
 from .backward import RecurrentGradients, _unshare, adjoint_step
 from .tolerance import (
     SAFETY_FACTOR,
+    Rounding,
     _dtype_name,
     column_norms,
     rounding,
@@ -65,12 +67,16 @@ def recurrent_gradient_error_bound(
     chunk_size: int = 1,
     state_dtype: str | None = None,
     operands_in_input_dtype: bool = False,
+    normalize_qk: bool = False,
+    norm_eps: float = 0.0,
 ) -> RecurrentGradientBound:
     """REC-7.7 for float64 inputs and upstream gradients holding the values the kernel
     received in ``dtype`` (q's); ``state_dtype`` is the dtype of the past state and of its
     gradient (default float32, or float64 for float64 inputs); ``chunk_size`` and
-    ``operands_in_input_dtype`` as for :func:`~.tolerance.recurrent_error_bound`.  For a
-    kernel that does not normalise q and k itself (REC-7.5)."""
+    ``operands_in_input_dtype`` as for :func:`~.tolerance.recurrent_error_bound`;
+    ``normalize_qk`` that the kernel normalises q and k itself with ``norm_eps`` (REC-2.4),
+    so that the gradients of q and k are those of its inputs, through the normalisation
+    (REC-7.5)."""
     dtype = _dtype_name("dtype", dtype, tuple(UNIT_ROUNDOFF))
     state_dtype = _dtype_name(
         "state_dtype",
@@ -79,7 +85,12 @@ def recurrent_gradient_error_bound(
     )
     chunk = check_size("chunk_size", chunk_size, CALL, minimum=1)
     rounded_operands = check_flag("operands_in_input_dtype", operands_in_input_dtype, CALL)
-    p = prepare(q, k, v, rule, g, beta, scale, initial_state, False, 0.0, CALL)
+    normalize = check_flag("normalize_qk", normalize_qk, CALL)
+    p = prepare(q, k, v, rule, g, beta, scale, initial_state, False, norm_eps, CALL)
+    raw = (p.q, p.k) if normalize else None  # as shared (REC-3.1), before the normalisation
+    if normalize:
+        eps = float(norm_eps)
+        p = dataclasses.replace(p, q=l2_normalized(p.q, eps), k=l2_normalized(p.k, eps))
     xp = p.xp
     if p.q.dtype != xp.float64 or grad_out.dtype != xp.float64:
         raise TypeError(
@@ -87,7 +98,9 @@ def recurrent_gradient_error_bound(
             f"float64 [REC-7.6, {CALL}]"
         )
     batch, (states, groups, length, d_k), d_v = p.q.shape[:-4], p.q.shape[-4:], p.v.shape[-1]
-    r = rounding(dtype, chunk, d_k, p.scale, rounded_operands=rounded_operands, normalize_qk=False)
+    r = rounding(
+        dtype, chunk, d_k, p.scale, rounded_operands=rounded_operands, normalize_qk=normalize
+    )
     u_a, alpha = r.u_a, abs(p.scale)
     upstream = xp.reshape(grad_out, (*batch, states, groups, length, d_v))
     adjoint = xp.zeros_like(p.state) if grad_final_state is None else grad_final_state
@@ -129,16 +142,21 @@ def recurrent_gradient_error_bound(
             output_sum = alpha * xp.sum(
                 xp.abs(dout) * xp.sqrt(xp.sum(queries * queries, axis=-1))[..., None], axis=-2
             )
-            psi = psi + query_term * output_sum + u_a * column_norms(xp, step.total)
+            # (the normalised queries' own error, eta, as the other factors')
+            psi = psi + (query_term + r.eta) * output_sum + u_a * column_norms(xp, step.total)
             # S'_t's error: the decayed eps_{t-1} and the decay's own rounding
             eps_decayed = xp.max(token.decay, axis=-1)[..., None] * eps_before + (5 + fwd.gamma)[
                 ..., None
             ] * u_a * column_norms(xp, token.decayed)
-            err_read = key_norm * psi + product * _vecmat(xp, key_abs, total_abs)  # w_t
+            adjoint_norms = column_norms(xp, step.total)
+            # w_t = P_t^T k_t, with the normalised key's error eta |k_t| (0 without)
+            err_read = key_norm * (psi + r.eta * adjoint_norms) + product * _vecmat(
+                xp, key_abs, total_abs
+            )
             if p.beta is not None and token.residual is not None:
                 residual_abs = xp.abs(token.residual)
                 err_residual = (
-                    key_norm * eps_decayed
+                    key_norm * (eps_decayed + r.eta * column_norms(xp, token.decayed))
                     + product * _vecmat(xp, key_abs, decayed_abs)
                     + u_a * residual_abs
                 )
@@ -179,6 +197,7 @@ def recurrent_gradient_error_bound(
                 psi[..., None, :]
                 + beta_abs[..., None] * key_abs[..., :, None] * err_read[..., None, :]
                 + 2 * u_a * (total_abs + outer)
+                + (r.eta * beta_abs * key_norm)[..., None] * read_abs[..., None, :]
             )
             grad_abs = xp.abs(step.decayed)
             magnitude = xp.sum(grad_abs * decayed_abs, axis=-1)  # (..., Hs, dk)
@@ -218,6 +237,7 @@ def recurrent_gradient_error_bound(
                 + (6 + fwd.gamma)[..., None] * u_a * column_norms(xp, carried)
                 + beta_abs * key_norm * (product * _vecmat(xp, key_abs, total_abs))
                 + r.write * beta_abs * key_norm * read_abs
+                + r.eta * beta_abs * key_norm * (read_abs + key_norm * adjoint_norms)
                 + r.flush
             )
             adjoint = carried
@@ -236,29 +256,69 @@ def recurrent_gradient_error_bound(
         tols[3] = windows
         tols[3].reverse()
     return _assemble(
-        p, q, k, v, g, beta, initial_state, grads, tols, adjoint, psi, dtype, state_dtype, length
+        p,
+        (q, k, v, g, beta, initial_state),
+        grads,
+        tols,
+        (adjoint, psi),
+        (dtype, state_dtype, length),
+        None if raw is None else (r, float(norm_eps), *raw),
     )
+
+
+def _through_normalization(
+    xp: Any, raw: Array, grad: Array, error: Array, eps: float, r: Rounding
+) -> tuple[Array, Array]:
+    """REC-7.7's normalisation terms (REC-7.5): the gradient of the input ``raw`` from the
+    gradient ``grad`` of ``x^ = raw / n``, ``n = sqrt(|raw|^2 + eps)``, whose error is
+    ``error``, ``dx = (d - x^ s) / n`` with ``s = x^ . d``; and its error: ``d`` perhaps
+    rounded to the input dtype first (``u_d``), the kernel's ``x^`` off by ``eta |x^|``,
+    the dot product's, the product's and the subtraction's roundings, and ``n``'s (the sum
+    of squares, the square root, the division: ``(d_k + 4) u_a``).  0 where ``n = 0``."""
+    squared = xp.sum(raw * raw, axis=-1, keepdims=True) + eps
+    zero = squared == 0
+    norm = xp.sqrt(xp.where(zero, xp.ones_like(squared), squared))
+    unit = raw / norm
+    unit_abs, grad_abs = xp.abs(unit), xp.abs(grad)
+    unit_norm = xp.sqrt(xp.sum(unit * unit, axis=-1, keepdims=True))
+    grad_norm = xp.sqrt(xp.sum(grad * grad, axis=-1, keepdims=True))
+    along = xp.sum(unit * grad, axis=-1, keepdims=True)
+    projected = grad - unit * along
+    dx = projected / norm
+    received = error + r.u_d * grad_abs
+    d_k = int(raw.shape[-1])
+    err_along = (
+        r.eta * unit_norm * grad_norm
+        + xp.sum(unit_abs * received, axis=-1, keepdims=True)
+        + d_k * r.u_a * xp.sum(unit_abs * grad_abs, axis=-1, keepdims=True)
+    )
+    err_projected = (
+        received
+        + r.eta * unit_norm * xp.abs(along)
+        + unit_abs * err_along
+        + r.u_a * (unit_abs * xp.abs(along) + xp.abs(projected))
+    )
+    err = err_projected / norm + (d_k + 4) * r.u_a * xp.abs(dx)
+    return xp.where(zero, xp.zeros_like(dx), dx), xp.where(zero, xp.zeros_like(err), err)
 
 
 def _assemble(
     p: Any,
-    q: Array,
-    k: Array,
-    v: Array,
-    g: Array,
-    beta: Array,
-    initial_state: Array,
+    inputs: tuple[Array, ...],
     grads: list[list[Array]],
     tols: list[list[Array]],
-    adjoint: Array,
-    psi: Array,
-    dtype: str,
-    state_dtype: str,
-    length: int,
+    adjoint_and_error: tuple[Array, Array],
+    dtypes_and_length: tuple[str, str, int],
+    normalization: tuple[Rounding, float, Array, Array] | None,
 ) -> RecurrentGradientBound:
-    """The per-token lists (last token first) joined, shared heads summed (their errors
-    too, and the sum's own rounding), and REC-7.7's ``tau = C (err + sums) + u |dY| +
-    underflow``; 0 where the target is not finite."""
+    """The per-token lists (last token first) joined, q's and k's taken through the
+    normalisation if the kernel normalises (``(rounding, eps, raw q, raw k)``, shared as
+    the lists are), shared heads summed (their errors too, and the sum's own rounding), and
+    REC-7.7's ``tau = C (err + sums) + u |dY| + underflow``; 0 where the target is not
+    finite."""
+    q, k, v, g, beta, initial_state = inputs
+    adjoint, psi = adjoint_and_error
+    dtype, state_dtype, length = dtypes_and_length
     xp = p.xp
     u_a = UNIT_ROUNDOFF["float64"] if dtype == "float64" else UNIT_ROUNDOFF["float32"]
     likes = (p.q, p.k, p.v, p.log_decay, p.log_decay[..., 0])
@@ -271,6 +331,10 @@ def _assemble(
         found_grads.reverse()
         found_tols.reverse()
         joined.append((xp.concat(found_grads, axis=axis), xp.concat(found_tols, axis=axis)))
+    if normalization is not None:
+        r, eps, raw_q, raw_k = normalization
+        for n, raw in ((0, raw_q), (1, raw_k)):
+            joined[n] = _through_normalization(xp, raw, *joined[n], eps, r)
     batch, (states, groups, _, d_k) = p.q.shape[:-4], p.q.shape[-4:]
     d_v = int(p.v.shape[-1])
     dq, err_dq = (xp.reshape(a, (*batch, states * groups, length, d_k)) for a in joined[0])

@@ -1,7 +1,8 @@
 """The NumPy backward catalogue of the gated delta rule (tests/catalogue/
 recurrent_numpy_backward.py) through the suite's property runner: the correct explicit
 backward passes the gradient property of packed sequences, each bug of the packed backward
-fails it on the quick profile (issue 37)."""
+fails it on the quick profile, and likewise for a kernel that L2-normalises q and k itself
+and the gradient property of one call (issue 37)."""
 
 from __future__ import annotations
 
@@ -42,4 +43,22 @@ def test_each_packed_backward_bug_is_caught(bug: catalogue.GradientBug) -> None:
     written to the next sequence's slot, fail recurrent-gradients-varlen on the quick
     profile (their forward pass is right)."""
     status, detail = _status(catalogue.VARLEN_BUGGY[bug.name], "recurrent-gradients-varlen")
+    assert status == FAILED, (bug.name, detail)
+
+
+def test_normalising_backward_passes() -> None:
+    """REC-7.5, REC-7.7: a kernel that L2-normalises q and k itself (--recurrent-qk-l2norm)
+    and returns the gradients of its inputs through the normalisation passes
+    recurrent-gradients-match-reference, keys of norms 1/4 to 4."""
+    status, detail = _status(catalogue.l2norm_adjoint, "recurrent-gradients-match-reference")
+    assert status == PASSED, detail
+
+
+@pytest.mark.parametrize("bug", catalogue.NORM_BUGS, ids=lambda bug: bug.name)
+def test_each_normalisation_gradient_bug_is_caught(bug: catalogue.GradientBug) -> None:
+    """REC-7.5: the normalisation's gradient without its projection, or the normalised
+    vectors' gradients returned as the inputs', fail recurrent-gradients-match-reference
+    on the quick profile (their forward pass is right)."""
+    fn = catalogue.NORM_BUGGY[bug.name]
+    status, detail = _status(fn, "recurrent-gradients-match-reference")
     assert status == FAILED, (bug.name, detail)

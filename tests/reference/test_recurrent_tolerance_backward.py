@@ -9,6 +9,7 @@ target (REC-7.6).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -41,8 +42,17 @@ def _received(problem: dict[str, Any], dtype: str) -> dict[str, np.ndarray]:
 
 
 def _problem(
-    seed: int, rule: str, dtype: str, *, length: int, normalizer: float, per_channel: bool
+    seed: int,
+    rule: str,
+    dtype: str,
+    *,
+    length: int,
+    normalizer: float,
+    per_channel: bool,
+    any_norm: bool = False,
 ) -> dict[str, Any]:
+    """A problem as the kernel receives it; with ``any_norm``, keys of norms 1/4 to 4 (for
+    a kernel that normalises q and k itself, REC-2.4)."""
     rng = np.random.default_rng(seed)
     problem = recurrent_problem(
         rng,
@@ -55,14 +65,22 @@ def _problem(
         per_channel=per_channel,
         gate_normalizer=normalizer,
     )
+    if any_norm:
+        problem["k"] = problem["k"] * rng.uniform(0.25, 4.0, (*problem["k"].shape[:-1], 1))
     out, state = recurrent_attention(**problem)
     problem["grad_out"] = rng.standard_normal(out.shape)
     problem["grad_final_state"] = rng.standard_normal(state.shape)
     return {**problem, **_received(problem, dtype)}
 
 
-def _autograd(problem: dict[str, Any], dtype: str, chunk_size: int | None) -> dict[str, np.ndarray]:
-    """torch.autograd of the forward reference, in float32, on the received values."""
+def _autograd(
+    problem: dict[str, Any],
+    dtype: str,
+    chunk_size: int | None,
+    normalize: Callable[[Any], Any] | None = None,
+) -> dict[str, np.ndarray]:
+    """torch.autograd of the forward reference, in float32, on the received values; with
+    ``normalize``, q and k go through it first (in float32)."""
     leaves = {
         name: torch.tensor(a)
         .to(torch.float32 if name == "initial_state" else DTYPES[dtype])
@@ -70,7 +88,11 @@ def _autograd(problem: dict[str, Any], dtype: str, chunk_size: int | None) -> di
         for name, a in problem.items()
         if name in NAMES
     }
-    out, state = recurrent_attention(**leaves, rule=problem["rule"], chunk_size=chunk_size)
+    inputs = dict(leaves)
+    if normalize is not None:
+        for name in ("q", "k"):
+            inputs[name] = normalize(leaves[name].float()).to(leaves[name].dtype)
+    out, state = recurrent_attention(**inputs, rule=problem["rule"], chunk_size=chunk_size)
     upstream = (
         torch.tensor(problem["grad_out"]).to(out.dtype),
         torch.tensor(problem["grad_final_state"]).to(state.dtype),
@@ -80,8 +102,9 @@ def _autograd(problem: dict[str, Any], dtype: str, chunk_size: int | None) -> di
     return {name: by_name[name].double().numpy() for name in NAMES if name in by_name}
 
 
-def _bound(problem: dict[str, Any], dtype: str, chunk_size: int) -> Any:
+def _bound(problem: dict[str, Any], dtype: str, chunk_size: int, **more: Any) -> Any:
     keywords = {n: problem[n] for n in ("g", "beta", "initial_state") if n in problem}
+    keywords.update(more)
     return recurrent_gradient_error_bound(
         problem["q"],
         problem["k"],
@@ -147,3 +170,63 @@ def test_non_vacuous_at_a_thousand_tokens() -> None:
     for name, (gradient, tolerance) in _present(bound).items():
         ratio = float(np.median(tolerance / np.abs(gradient)))
         assert ratio < (1.0 if name == "g" else 0.05), (name, ratio)
+
+
+EPS = 1e-6  # flash-linear-attention's l2norm epsilon
+
+
+def _l2norm(x: Any) -> Any:
+    """REC-2.4's normalisation, differentiated through (a correct in-kernel l2norm)."""
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + EPS)
+
+
+def _l2norm_detached(x: Any) -> Any:
+    """The norm held constant: the gradient d / n, without REC-7.5's projection."""
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + EPS).detach()
+
+
+def _normalizing(seed: int, rule: str, dtype: str, per_channel: bool) -> dict[str, Any]:
+    return _problem(
+        seed, rule, dtype, length=33, normalizer=1.0, per_channel=per_channel, any_norm=True
+    )
+
+
+def test_the_target_through_the_normalisation() -> None:
+    """REC-7.5, REC-7.6: with the normalisation declared, the bound's float64 gradients are
+    the reference backward's with ``normalize_qk`` (itself checked against the NumPy oracle
+    and autograd in test_recurrent_backward.py)."""
+    problem = _problem(
+        3, "gated_delta", "float32", length=9, normalizer=1.0, per_channel=True, any_norm=True
+    )
+    bound = _bound(problem, "float32", 1, normalize_qk=True, norm_eps=EPS)
+    want = recurrent_attention_backward(**problem, normalize_qk=True, norm_eps=EPS)
+    for got, expected in zip(bound.gradients, want, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_normalising_backward_passes_are_within_the_bound(dtype: str) -> None:
+    """REC-7.7 with its normalisation terms (REC-7.5): torch.autograd of the token
+    recurrence after an in-kernel l2norm (keys of norms 1/4 to 4, queries as drawn) is
+    within the bound for the gated delta and the gated rule, per-head and per-channel
+    gates, query groups and a past state."""
+    for seed, (rule, per_channel) in enumerate((("gated_delta", False), ("gated", True))):
+        problem = _normalizing(seed, rule, dtype, per_channel)
+        bound = _bound(problem, dtype, 1, normalize_qk=True, norm_eps=EPS)
+        got = _autograd(problem, dtype, None, _l2norm)
+        for name, (expected, tolerance) in _present(bound).items():
+            excess = np.max(np.abs(got[name] - expected) / tolerance)
+            assert excess <= 1, (rule, name, float(excess))
+
+
+def test_a_gradient_without_the_projection_is_outside_the_bound() -> None:
+    """REC-7.5, REC-7.7: an l2norm whose norm is held constant in the backward pass (its
+    gradient d / n, without -x^ (x^ . d) / n) is outside the bound in float32 for dq and
+    dk."""
+    problem = _normalizing(5, "gated_delta", "float32", False)
+    bound = _bound(problem, "float32", 1, normalize_qk=True, norm_eps=EPS)
+    got = _autograd(problem, "float32", None, _l2norm_detached)
+    present = _present(bound)
+    for name in ("q", "k"):
+        expected, tolerance = present[name]
+        assert np.max(np.abs(got[name] - expected) / tolerance) > 1, name

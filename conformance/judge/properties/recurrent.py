@@ -690,11 +690,6 @@ def _recurrent_backward(declaration: KernelDeclaration) -> str | None:
     reason = _recurrent_only(declaration)
     if reason is None and not declaration.backward:
         reason = "the recurrent kernel does not claim a backward pass (--backward)"
-    if reason is None and _recurrent_claim(declaration).qk_l2norm is not None:
-        reason = (
-            "the recurrent kernel normalises q and k itself (--recurrent-qk-l2norm), for "
-            "which REC-7.7 gives no bound yet"
-        )
     return reason
 
 
@@ -801,6 +796,8 @@ def _gradient_bound(
         chunk_size=claim.chunk_size,
         state_dtype=call.state_dtype,
         operands_in_input_dtype=claim.rounded_operands,
+        normalize_qk=claim.qk_l2norm is not None,
+        norm_eps=claim.qk_l2norm or 0.0,
     )
 
 
