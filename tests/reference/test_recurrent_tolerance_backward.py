@@ -230,3 +230,18 @@ def test_a_gradient_without_the_projection_is_outside_the_bound() -> None:
     for name in ("q", "k"):
         expected, tolerance = present[name]
         assert np.max(np.abs(got[name] - expected) / tolerance) > 1, name
+
+
+def test_the_normalisation_terms_on_array_api_strict() -> None:
+    """REC-7.7 is pure Array API: with the normalisation terms, the bound evaluated on
+    array-api-strict arrays equals NumPy's."""
+    strict = pytest.importorskip("array_api_strict", reason="the strict namespace checks it")
+    problem = _problem(
+        6, "gated_delta", "float32", length=9, normalizer=1.0, per_channel=True, any_norm=True
+    )
+    arrays = {n: a for n, a in problem.items() if isinstance(a, np.ndarray)}
+    on_numpy = _bound(problem, "float32", 4, normalize_qk=True, norm_eps=EPS)
+    converted = {**problem, **{n: strict.asarray(a) for n, a in arrays.items()}}
+    on_strict = _bound(converted, "float32", 4, normalize_qk=True, norm_eps=EPS)
+    for got, want in zip(on_strict.tolerances, on_numpy.tolerances, strict=True):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12)
