@@ -467,6 +467,21 @@ def recurrent_varlen(kernel: KernelUnderTest, data: st.DataObject) -> None:
     _packed_run(kernel, data, _draw_call(data, kernel, batch=1), "REC-3.3")
 
 
+def _packing(
+    data: st.DataObject, call: RecurrentCall
+) -> tuple[list[int], tuple[int, ...], np.random.Generator]:
+    """``cu_seqlens`` cutting ``call`` (one batch element) into up to four packed sequences,
+    empty ones among them; the shape of their states, ``(N, Hs, dk, dv)``; and a generator
+    for values drawn per sequence."""
+    cuts = sorted(
+        data.draw(st.lists(st.integers(0, call.length), max_size=3), label="packed boundaries")
+    )
+    offsets = [0, *cuts, call.length]
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="states seed"))
+    q, v = call.arrays["q"], call.arrays["v"]
+    return offsets, (len(offsets) - 1, v.shape[1], q.shape[-1], v.shape[-1]), rng
+
+
 def _packed_run(
     kernel: KernelUnderTest,
     data: st.DataObject,
@@ -478,16 +493,10 @@ def _packed_run(
     """``call`` (one batch element) cut into up to four packed sequences by drawn
     ``cu_seqlens``, each with its own drawn past state if ``call`` has one, judged against
     each sequence's own float64 run; ``build`` makes the per-token arrays."""
-    cuts = sorted(
-        data.draw(st.lists(st.integers(0, call.length), max_size=3), label="packed boundaries")
-    )
-    offsets = [0, *cuts, call.length]
+    offsets, shape, rng = _packing(data, call)
     sequences = len(offsets) - 1
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="states seed"))
     states = None
     if "initial_state" in call.arrays:
-        d_k, d_v = call.arrays["initial_state"].shape[-2:]
-        shape = (sequences, call.arrays["initial_state"].shape[1], d_k, d_v)
         states = _as_received(kernel, rng.standard_normal(shape), call.state_dtype)
     how = f"{how}; packed, cu_seqlens {offsets}"
     cu_seqlens = kernel.backend.asarray(np.asarray(offsets, dtype=np.int32))
@@ -896,14 +905,8 @@ def recurrent_gradients_varlen(kernel: KernelUnderTest, data: st.DataObject) -> 
     adjoint carried across a boundary, or a past-state gradient written to another
     sequence's slot, shows."""
     call = _draw_call(data, kernel, batch=1, past_state=True)
-    cuts = sorted(
-        data.draw(st.lists(st.integers(0, call.length), max_size=3), label="packed boundaries")
-    )
-    offsets = [0, *cuts, call.length]
+    offsets, shape, rng = _packing(data, call)
     spans = list(itertools.pairwise(offsets))
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="states seed"))
-    d_k, d_v = call.arrays["initial_state"].shape[-2:]
-    shape = (len(spans), call.arrays["initial_state"].shape[1], d_k, d_v)
     states = _as_received(kernel, rng.standard_normal(shape), call.state_dtype)
     grad_out, _ = _gradient_upstream(kernel, call, rng)
     grad_states = _as_received(kernel, rng.standard_normal(shape), call.state_dtype)
