@@ -31,7 +31,9 @@ class BackwardCall(NamedTuple):
     recurrence (spec/recurrent.md, REC-7) also names the keywords whose gradients are
     wanted after the bias's (``wrt``: its ``g``, ``beta`` and ``initial_state``) and gives
     ``grad_state``, the upstream gradient of its second output, the final state (None: not
-    a recurrence)."""
+    a recurrence).  ``with_output`` asks for the output of the forward call the gradients
+    are of as a fifth result: with dropout it shows the keep indicators that call drew,
+    which its backward must use (BWD-9)."""
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
@@ -40,6 +42,7 @@ class BackwardCall(NamedTuple):
     grad_lse: Any = None
     wrt: tuple[str, ...] = ()
     grad_state: Any = None
+    with_output: bool = False
 
 
 def _output(result: Any) -> Any:
@@ -96,7 +99,9 @@ def kernel_gradients(
     the mask, the scale and every other argument are held fixed.  With ``call.grad_lse``,
     the log-sum-exp the kernel returns last is an output too (BWD-10), pulled back along it
     by the framework (FlashAttention's explicit convention has no such argument).  With
-    ``call.grad_state`` (a recurrence, REC-7.1) the gradients of ``call.wrt`` follow."""
+    ``call.grad_state`` (a recurrence, REC-7.1) the gradients of ``call.wrt`` follow; with
+    ``call.with_output``, the output of the forward call differentiated (BWD-9: one call,
+    one draw of the dropout indicators)."""
     if call.grad_state is not None:
         return _recurrent_gradients(backend, fn, declaration, call)
     args, kwargs, grad_out, bias_keyword, grad_lse = call[:5]
@@ -117,7 +122,7 @@ def kernel_gradients(
                 "(dq, dk, dv) or (dq, dk, dv, dbias) [BWD-1]"
             )
         dbias = gradients[3] if len(gradients) == 4 and bias_keyword is not None else None
-        return gradients[0], gradients[1], gradients[2], dbias
+        return (*gradients[:3], dbias, *((out,) if call.with_output else ()))
 
     def forward(q: Any, k: Any, v: Any, *bias: Any) -> Any:
         keywords = dict(kwargs)
@@ -128,8 +133,9 @@ def kernel_gradients(
 
     primals = (*args[:3], *(() if bias_keyword is None else (kwargs[bias_keyword],)))
     upstream = (grad_out,) if grad_lse is None else (grad_out, grad_lse)
-    _, grads = backend.vjp(forward, primals, upstream)
-    return grads[0], grads[1], grads[2], grads[3] if bias_keyword is not None else None
+    results, grads = backend.vjp(forward, primals, upstream)
+    dbias = grads[3] if bias_keyword is not None else None
+    return (*grads[:3], dbias, *((results[0],) if call.with_output else ()))
 
 
 __all__ = ["BackwardCall", "Gradients", "backward_function", "kernel_gradients"]

@@ -65,6 +65,7 @@ FEATURE_WORDS = frozenset(
         "tokens-first pages",
         "sinks",
         "backward",
+        "dropout backward",
         "float32 bias",
     }
 )

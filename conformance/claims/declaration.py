@@ -123,6 +123,7 @@ class KernelDeclaration:
     backward: bool = False
     # "MODULE:FUNC" or the callable itself: FlashAttention's _flash_attn_backward convention
     backward_fn: str | Callable[..., Any] | None = None
+    backward_dropout: bool = False  # BWD-9: the backward takes the forward's dropout indicators
 
     def __post_init__(self) -> None:
         check_fields((f.name, str(f.type), getattr(self, f.name)) for f in fields(self))

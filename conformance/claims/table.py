@@ -972,6 +972,23 @@ CLAIMS: tuple[Claim, ...] = (
         ),
         implies={"backward": True},
     ),
+    Claim(
+        "backward_dropout",
+        flags=(
+            Flag(
+                "--backward-dropout",
+                "the backward pass takes dropout calls and uses the keep indicators its "
+                "forward call drew (BWD-9): through the framework's differentiation of that "
+                "call (autograd keeps the mask or the generator state; a JAX key is an "
+                "argument held fixed), or a --backward-fn given the forward's keywords, "
+                "dropout_p and the seed among them, that regenerates the indicators from "
+                "the seed (FlashAttention's rng_state); implies --backward and --dropout",
+                kind="bool",
+            ),
+        ),
+        implies={"backward": True, "dropout": True},
+        shows_as=_when("backward_dropout", "dropout backward"),
+    ),
 )
 CLAIM_FLAGS: tuple[Flag, ...] = tuple(flag for claim in CLAIMS for flag in claim.flags)
 

@@ -110,9 +110,9 @@ class KernelServer:
             if kind == "call":
                 _send(self.connection, self.call(*request[1:]))
             elif kind == "vjp":  # ("vjp", args, kwargs, description, dO, bias keyword, dlse,
-                # the keywords differentiated, d final state): BackwardCall's fields
+                # the keywords differentiated, d final state, with output): BackwardCall's
                 args, kwargs, description = request[1:4]
-                upstream = tuple(request[4:9])
+                upstream = tuple(request[4:10])
                 _send(self.connection, self.call("kernel", args, kwargs, description, upstream))
             elif kind == "recheck":
                 time.sleep(request[1])
@@ -153,7 +153,7 @@ class KernelServer:
             if upstream is None:
                 result = fn(*args, **kwargs)
             else:
-                grad_out, bias_keyword, grad_lse, wrt, grad_state = upstream
+                grad_out, bias_keyword, grad_lse, wrt, grad_state, with_output = upstream
                 call = BackwardCall(
                     tuple(args),
                     kwargs,
@@ -162,6 +162,7 @@ class KernelServer:
                     import_value(self.backend, grad_lse),
                     tuple(wrt),
                     import_value(self.backend, grad_state),
+                    bool(with_output),
                 )
                 result = kernel_gradients(self.backend, fn, self.kernel.declaration, call)
             exported = export_value(self.backend, result)

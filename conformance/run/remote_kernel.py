@@ -310,6 +310,7 @@ class RemoteFunction:
             export_value(self.backend, call.grad_lse),
             call.wrt,
             export_value(self.backend, call.grad_state),
+            call.with_output,
         )
         return import_value(self.backend, self._call_once(call.args, call.kwargs, upstream))
 

@@ -233,6 +233,7 @@ def _declarations() -> list[KernelDeclaration]:
         dropout=True,
         sinks=True,
         backward=True,
+        backward_dropout=True,
         float32_bias=True,
     )
     declarations = [

@@ -36,8 +36,8 @@ from ...draw.strategies import (
     with_a_key_per_row,
     within_limitations,
 )
-from ..assertions import first_index
-from ..bounds import definition_keywords
+from ..assertions import assert_within_bound, first_index
+from ..bounds import definition_keywords, dropout_bound
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest, reject_avoided
 from ..packed_calls import Batch, Padding, varlen_arguments
@@ -50,17 +50,21 @@ NAMES = ("dq", "dk", "dv", "dbias")
 SOFTCAPS = (1.0, 5.0, 30.0)
 # exp(lse) underflows float32 below this (PyTorch #196678's rows)
 LSE_UNDERFLOW = -88.7
+HALF_DTYPES = ("float16", "bfloat16")  # BWD-14's dtypes
+SEED_DROPOUT = 20261206  # the dropout seed of gradients-dropout; the runner's seed is added
 
 
 class Gradients(NamedTuple):
-    """A backward call's gradients as float64 NumPy (``dbias`` None without a bias) and the
-    bias as it was passed (float64; with -inf where a shared mask argument excludes)."""
+    """A backward call's gradients as float64 NumPy (``dbias`` None without a bias), the
+    bias as it was passed (float64; with -inf where a shared mask argument excludes) and,
+    where asked for, the output of the forward call differentiated (BWD-9)."""
 
     dq: np.ndarray
     dk: np.ndarray
     dv: np.ndarray
     dbias: np.ndarray | None
     bias: np.ndarray | None
+    out: np.ndarray | None = None
 
     def named(self) -> dict[str, np.ndarray | None]:
         return dict(zip(NAMES, (self.dq, self.dk, self.dv, self.dbias), strict=True))
@@ -80,11 +84,12 @@ def call_backward(
     arguments: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
     context: str = "",
     grad_lse: np.ndarray | None = None,
+    with_output: bool = False,
 ) -> Gradients:
     """The kernel's gradients for dO = ``grad_out`` (and dlse = ``grad_lse`` of the
     log-sum-exp it returns, in LSE-3's dtype) on ``problem`` (or on ``arguments``, the same
     values laid out otherwise), each of its input's shape and dtype (BWD-2, BWD-13), as
-    float64."""
+    float64; ``with_output``: the output of the same forward call too."""
     reject_avoided(problem, kernel.declaration)
     backend = kernel.backend
     args, kwargs = arguments if arguments is not None else kernel.arguments(problem)
@@ -92,7 +97,7 @@ def call_backward(
     upstream = backend.asarray(grad_out, problem.dtype)
     lse_dtype = "float64" if problem.dtype == "float64" else "float32"
     lse_upstream = None if grad_lse is None else backend.asarray(grad_lse, lse_dtype)
-    call = BackwardCall(args, kwargs, upstream, bias_keyword, lse_upstream)
+    call = BackwardCall(args, kwargs, upstream, bias_keyword, lse_upstream, with_output=with_output)
     try:
         raw = kernel.call_gradients(call, problem)
     except PropertyFailure:
@@ -103,7 +108,7 @@ def call_backward(
             problem,
             kernel,
         ) from exc
-    if not isinstance(raw, (tuple, list)) or len(raw) != 4:
+    if not isinstance(raw, (tuple, list)) or len(raw) != 4 + with_output:
         raise PropertyFailure(
             f"the backward pass gave {type(raw).__name__}, not (dq, dk, dv, dbias){context} "
             "[BWD-1]",
@@ -112,14 +117,15 @@ def call_backward(
         )
     passed = (*args[:3], None if bias_keyword is None else kwargs[bias_keyword])
     got: list[np.ndarray | None] = []
-    for name, gradient, primal in zip(NAMES, raw, passed, strict=True):
+    for name, gradient, primal in zip(NAMES, raw[:4], passed, strict=True):
         if primal is None:
             got.append(None)
             continue
         _check_like(kernel, problem, name, gradient, primal, context)
         got.append(kernel.numpy(gradient))
     bias = None if passed[3] is None else kernel.numpy(passed[3])
-    return Gradients(got[0], got[1], got[2], got[3], bias)  # type: ignore[arg-type]
+    out = kernel.numpy(raw[4]) if with_output else None
+    return Gradients(got[0], got[1], got[2], got[3], bias, out)  # type: ignore[arg-type]
 
 
 def _check_like(
@@ -160,17 +166,64 @@ def expected_gradients(
     grad_out: np.ndarray,
     bias: np.ndarray | None,
     grad_lse: np.ndarray | None = None,
+    dropout_keep: np.ndarray | None = None,
 ) -> GradientBound:
     """BWD-16, BWD-17: the float64 gradients of the definition on the values the kernel got
     and their allowed errors in the problem's dtype (``bias`` as passed; ``grad_lse`` the
-    log-sum-exp's upstream gradient, BWD-10)."""
+    log-sum-exp's upstream gradient, BWD-10; ``dropout_keep`` the keep indicators of the
+    forward call, with the problem's dropout probability, BWD-9)."""
     return gradient_error_bound(
         problem.q,
         problem.k,
         problem.v,
         grad_out,
         grad_lse=grad_lse,
+        dropout_p=0.0 if dropout_keep is None else problem.dropout_p,
+        dropout_keep=dropout_keep,
         **{**definition_keywords(problem, kernel.declaration.causal_alignment), "bias": bias},
+    )
+
+
+def _outside(got: Gradients, bound: GradientBound) -> tuple[Any, ...] | None:
+    """(name, gradient, expected, tolerance, index, count) of the first gradient with an
+    element outside its bound (NaN is), or None where every one is within."""
+    wanted = (bound.dq, bound.dk, bound.dv, bound.dbias)
+    tolerances = (bound.dq_tolerance, bound.dk_tolerance, bound.dv_tolerance, bound.dbias_tolerance)
+    for name, gradient, expected, tolerance in zip(NAMES, got[:4], wanted, tolerances, strict=True):
+        if gradient is None:
+            continue
+        expected, tolerance = np.asarray(expected), np.asarray(tolerance)
+        found = first_outside(np.abs(gradient - expected), tolerance)
+        if found is not None:
+            return (name, gradient, expected, tolerance, *found)
+    return None
+
+
+def half_precision_cause(
+    kernel: KernelUnderTest,
+    problem: Problem,
+    grad_out: np.ndarray,
+    grad_lse: np.ndarray | None = None,
+) -> str:
+    """BWD-14 named where it is the cause of a half-precision BWD-17 failure: the same
+    values (exact in float32, BWD-16) given to the kernel in float32 give gradients within
+    BWD-17's float32 bound, so the error is made by the kernel's float16 or bfloat16
+    arithmetic, which BWD-14 recommends keeping in float32 and the bound assumes is; ""
+    where the kernel is not checked in float32 or fails there too."""
+    if problem.dtype not in HALF_DTYPES or "float32" not in kernel.dtypes:
+        return ""
+    wide = problem.with_(dtype="float32")
+    try:
+        grads = call_backward(kernel, wide, grad_out, grad_lse=grad_lse)
+        bound = expected_gradients(kernel, wide, grad_out, grads.bias, grad_lse)
+    except PropertyFailure:
+        return ""
+    if _outside(grads, bound) is not None:
+        return ""
+    return (
+        f"; the same inputs in float32 are within its float32 bound: the error is made by "
+        f"its {problem.dtype} arithmetic, which BWD-14 (SHOULD) keeps in float32 for dP, D, dS "
+        "and the sums of dq, dk, dv, as the bound assumes [BWD-14]"
     )
 
 
@@ -181,26 +234,29 @@ def assert_gradients_match(
     got: Gradients,
     context: str = "",
     grad_lse: np.ndarray | None = None,
+    dropout_keep: np.ndarray | None = None,
 ) -> GradientBound:
-    """BWD-17: every gradient element within its bound of the definition (NaN is outside)."""
-    bound = expected_gradients(kernel, problem, grad_out, got.bias, grad_lse)
-    wanted = (bound.dq, bound.dk, bound.dv, bound.dbias)
-    tolerances = (bound.dq_tolerance, bound.dk_tolerance, bound.dv_tolerance, bound.dbias_tolerance)
-    for name, gradient, expected, tolerance in zip(NAMES, got[:4], wanted, tolerances, strict=True):
-        if gradient is None:
-            continue
-        expected, tolerance = np.asarray(expected), np.asarray(tolerance)
-        found = first_outside(np.abs(gradient - expected), tolerance)
-        if found is not None:
-            at, count = found
-            raise PropertyFailure(
-                f"{name}{list(at)} = {gradient[at]!r}, but should be {expected[at]!r} within "
-                f"{tolerance[at]:.3g}{context}; {count} of {gradient.size} elements outside "
-                "[BWD-17]",
-                problem,
-                kernel,
-            )
-    return bound
+    """BWD-17: every gradient element within its bound of the definition (NaN is outside);
+    with ``dropout_keep``, that of the forward's keep indicators (BWD-9).  A failure in
+    float16 or bfloat16 names BWD-14 where that is its cause (:func:`half_precision_cause`)."""
+    bound = expected_gradients(kernel, problem, grad_out, got.bias, grad_lse, dropout_keep)
+    found = _outside(got, bound)
+    if found is None:
+        return bound
+    name, gradient, expected, tolerance, at, count = found
+    clause = "BWD-17" if dropout_keep is None else "BWD-9, BWD-17"
+    cause = (
+        ""
+        if dropout_keep is not None
+        else half_precision_cause(kernel, problem, grad_out, grad_lse)
+    )
+    raise PropertyFailure(
+        f"{name}{list(at)} = {gradient[at]!r}, but should be {expected[at]!r} within "
+        f"{tolerance[at]:.3g}{context}; {count} of {gradient.size} elements outside "
+        f"[{clause}]{cause}",
+        problem,
+        kernel,
+    )
 
 
 def _for_backward(kernel: KernelUnderTest, problem: Problem, rng: np.random.Generator) -> Problem:
@@ -624,6 +680,84 @@ def gradients_log_sum_exp(kernel: KernelUnderTest, seed: int) -> None:
             context = f" (the log-sum-exp's gradient: {what})"
             grads = call_backward(kernel, problem, grad_out, context=context, grad_lse=grad_lse)
             assert_gradients_match(kernel, problem, grad_out, grads, context, grad_lse)
+
+
+_dropout_backward = _backward_unless(
+    ("dropout", "backward_dropout"),
+    lambda declaration: declaration.backward_fn is not None and not declaration.dropout_seeded,
+    "an explicit backward function regenerates the forward's keep indicators from the seed "
+    "among the forward's keywords, and the kernel takes none (--no-dropout-seeded)",
+)
+# the dropout probabilities drawn and the width of V = [I | G] past the identity
+BACKWARD_DROPOUT_P = (0.2, 0.5)
+GENERAL_VALUE_COLUMNS = 4
+
+
+def _dropout_problem(kernel: KernelUnderTest, dropout_p: float, seed: int) -> Problem:
+    """q and k of scores within about +-1 (so that each allowed weight is at least
+    e^-2 / Lk) and V = [I | G]: the output's first Lk columns are the kept, rescaled
+    weights xi p / (1 - p) (DROP-2), which show the indicators, and E = Ev = Lk + 4."""
+    rng = np.random.default_rng(seed)
+    n_keys = 16
+    problem = _fixed_problem(
+        kernel,
+        rng,
+        n_queries=n_keys,
+        n_keys=n_keys,
+        head_dim=n_keys + GENERAL_VALUE_COLUMNS,
+        n_kv_heads=2,
+        magnitude=0.5,
+    )
+    n_keys = problem.k.shape[-2]
+    eye = np.broadcast_to(np.eye(n_keys, problem.v.shape[-1]), problem.v.shape).copy()
+    eye[..., n_keys:] = problem.v[..., n_keys:]
+    causal = kernel.declaration.causal and dropout_p == BACKWARD_DROPOUT_P[-1]
+    return problem.with_(v=eye, dropout_p=dropout_p, seed=seed, is_causal=causal)
+
+
+def _read_indicators(kernel: KernelUnderTest, problem: Problem, out: np.ndarray) -> np.ndarray:
+    """The keep indicators the forward call drew, read off its output's identity columns
+    (``_dropout_problem``): kept where the entry is above half the kept value p/(1 - p),
+    then the whole output checked against DROP-2 with them within TOL-6.  The reading is
+    exact for a forward within TOL-6 where every allowed entry's bound is below half its
+    kept value, which the problem is made for (checked: not so is the suite's error)."""
+    decl = kernel.declaration
+    n_keys = problem.k.shape[-2]
+    allowed = allowed_keys(problem, decl)
+    kept_value = np.asarray(dropout_bound(problem, decl, allowed)[0])[..., :n_keys]
+    keep: np.ndarray = allowed & (out[..., :n_keys] > kept_value / 2)
+    expected, tolerance = (np.asarray(a) for a in dropout_bound(problem, decl, keep))
+    if np.any(allowed & ~(tolerance[..., :n_keys] < kept_value / 2)):
+        raise AssertionError("the dropout problem does not show the indicators within TOL-6")
+    assert_within_bound(
+        out,
+        expected,
+        tolerance,
+        f"out of the call differentiated, dropout_p={problem.dropout_p} (V = [I | G]: the "
+        "first Lk columns are the kept weights p/(1 - p) or 0)",
+        problem,
+        kernel,
+        clause="DROP-2, TOL-6",
+    )
+    return keep
+
+
+@register("gradients-dropout", "BWD-9", kind="fixed", applies=_dropout_backward)
+def gradients_dropout(kernel: KernelUnderTest, seed: int) -> None:
+    """With dropout the backward pass uses the keep indicators its forward call drew: one
+    call, differentiated, whose output (V = [I | G]) shows those indicators, gives dq, dk
+    and dv within BWD-17's bound of the vector-Jacobian product with them (W = xi P/(1 - p),
+    dP = (xi/(1 - p)) dO V^T, D = dO . o), for p = 0.2 and 0.5 (causal where claimed).  A
+    backward that draws a mask of its own, ignores the mask or forgets its rescaling is
+    outside it.  Deterministic: the indicators are read, not assumed."""
+    rng = np.random.default_rng(seed + 13)
+    for dropout_p in BACKWARD_DROPOUT_P:
+        problem = _dropout_problem(kernel, dropout_p, SEED_DROPOUT + seed)
+        grad_out = _upstream(kernel, problem, rng)
+        context = f" (dropout_p={dropout_p}, the indicators its forward output shows)"
+        grads = call_backward(kernel, problem, grad_out, context=context, with_output=True)
+        keep = _read_indicators(kernel, problem, np.asarray(grads.out))
+        assert_gradients_match(kernel, problem, grad_out, grads, context, dropout_keep=keep)
 
 
 def _backward_of_family(family: str, otherwise: str) -> Callable[[KernelDeclaration], str | None]:
