@@ -60,17 +60,19 @@ def _keep(seed: int | None, shape: tuple[int, ...], dropout_p: float, draws: int
     return torch.rand(shape, generator=generator) >= dropout_p
 
 
-def _plain_dropout_forward(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
+def _call_options(
     is_causal: bool = False,
     scale: float | None = None,
     dropout_p: float = 0.0,
     seed: int | None = None,
-) -> tuple[Any, Any]:
+) -> tuple[bool, float | None, float, int | None]:
+    """The keywords every kernel here takes, with their defaults."""
+    return is_causal, scale, dropout_p, seed
+
+
+def _plain_dropout_forward(q: Any, k: Any, v: Any, **call: Any) -> tuple[Any, Any]:
     """DROP-2's output and the log-sum-exp of the scores (LSE-1), differentiable."""
+    is_causal, scale, dropout_p, seed = _call_options(**call)
     s = _scores(q, k, is_causal, scale)
     weights = torch.softmax(s, dim=-1)
     if dropout_p:
@@ -79,23 +81,13 @@ def _plain_dropout_forward(
 
 
 def flash_dropout_backward(
-    dout: Any,
-    q: Any,
-    k: Any,
-    v: Any,
-    out: Any,
-    lse: Any,
-    *,
-    is_causal: bool = False,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    seed: int | None = None,
-    bug: str = "",
+    dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, *, bug: str = "", **call: Any
 ) -> tuple[Any, Any, Any]:
     """FlashAttention 2's backward with dropout: P recomputed from the log-sum-exp, the
     indicators regenerated from the seed, W = xi P / (1 - p), dV = W^T dO,
     dP = (xi / (1 - p)) dO V^T, D = rowsum(dO * O) of the dropped output, dS = P (dP - D).
     ``bug`` names one step done wrong (:data:`DROPOUT_BUGS`); "" is the correct one."""
+    is_causal, scale, dropout_p, seed = _call_options(**call)
     alpha = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = _scores(q, k, is_causal, scale)
     p = torch.exp(s - lse[..., None])
