@@ -306,6 +306,87 @@ KNOWN_KERNELS: tuple[KnownKernel, ...] = (
         device="cuda",
         note="(B, S, H, D) layout; bottom-right causal",
     ),
+    # the serving libraries (issue 32): adapters written for the device run, wired on CPU
+    # against stand-ins (tests/conformance/test_serving_gpu_adapters.py)
+    KnownKernel(
+        "flash_attn_interface:flash_attn_func",
+        _adapter("flash_attn3", "flash_attn3_func"),
+        "torch",
+        ("flash_attn_interface.flash_attn_func",),
+        ("flash_attn_interface",),
+        device="cuda",
+        note="FlashAttention 3; (B, S, H, D) layout; bottom-right causal; softcap; "
+        "head dims zero-padded to multiples of 8",
+    ),
+    *(
+        KnownKernel(
+            _adapter("flash_attn3", name),
+            _adapter("flash_attn3", name),
+            "torch",
+            (),
+            ("flash_attn_interface",),
+            device="cuda",
+            note=note,
+        )
+        for name, note in (
+            (
+                "flash_attn3_func_fp8",
+                "FlashAttention 3's float8 forward: e4m3fn q, k, v with (B, H_kv) descales, "
+                "bfloat16 output, P rounded to e4m3fn (--fp8-weights)",
+            ),
+            (
+                "flash_attn3_paged",
+                "flash_attn_with_kvcache(page_table=, cache_seqlens=, cu_seqlens_q=): a paged "
+                "mixed batch, NHD pages; cache_leftpad, window, attention_chunk, softcap",
+            ),
+        )
+    ),
+    *(
+        KnownKernel(
+            name,
+            _adapter("vllm_flash", adapter),
+            "torch",
+            qualified,
+            ("vllm",),
+            device="cuda",
+            note=f"vLLM's flash_attn_varlen_func(block_table=, seqused_k=), {how}; NHD "
+            "pages of 16; window, softcap",
+        )
+        for name, adapter, qualified, how in (
+            (
+                "vllm.vllm_flash_attn:flash_attn_varlen_func",
+                "vllm_flash_attn_varlen",
+                ("vllm.vllm_flash_attn.flash_attn_interface.flash_attn_varlen_func",),
+                "fa_version=2",
+            ),
+            (
+                _adapter("vllm_flash", "vllm_flash_attn_varlen_fa3"),
+                "vllm_flash_attn_varlen_fa3",
+                (),
+                "fa_version=3, sinks as s_aux",
+            ),
+        )
+    ),
+    KnownKernel(
+        "flashinfer:BatchPrefillWithPagedKVCacheWrapper",
+        _adapter("flashinfer", "batch_prefill_paged"),
+        "torch",
+        ("flashinfer.prefill.BatchPrefillWithPagedKVCacheWrapper",),
+        ("flashinfer",),
+        device="cuda",
+        note="plan(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, ...)"
+        " from the block table, run(q, (k_cache, v_cache)); HND pages; softcap, custom_mask "
+        "(causal folded in), sinks; head dims zero-padded to 64, 128 or 256",
+    ),
+    KnownKernel(
+        "flashinfer:merge_state",
+        _adapter("flashinfer", "merge_state"),
+        "torch",
+        ("flashinfer.cascade.merge_state",),
+        ("flashinfer",),
+        device="cuda",
+        note="declaration only: --merge 2 --merge-out-layout lhd --merge-lse-layout lh",
+    ),
     KnownKernel(
         "xformers.ops:memory_efficient_attention",
         _adapter("thirdparty", "xformers_memory_efficient"),

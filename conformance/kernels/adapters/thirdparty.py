@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...call.layouts import from_blhd, pad_head_dims, rename_arguments
+from ...call.layouts import from_blhd
 from ...claims.declaration import declare
 from ...claims.family_claims import LinearClaim, SparseClaim
+from .flash_attn3 import HALF_DTYPES, flash_attention_row
 
 LOCAL_WINDOW = 4
 PERFORMER_FEATURES = 64
@@ -103,18 +104,7 @@ def _flash(q: Any, k: Any, v: Any, **kwargs: Any) -> Any:
     return flash_attn_func(q, k, v, **kwargs)
 
 
-flash_attn_func = from_blhd(
-    pad_head_dims(
-        declare(
-            rename_arguments(_flash, is_causal="causal", scale="softmax_scale"),
-            mask=False,
-            gqa=True,
-            causal_alignment="bottom_right",
-            batch_ndim=1,
-            dtypes=("float16", "bfloat16"),
-        )
-    )
-)
+flash_attn_func = flash_attention_row(_flash, dtypes=HALF_DTYPES)
 flash_attn_func.__name__ = flash_attn_func.__qualname__ = "flash_attn_func"
 
 

@@ -1,0 +1,68 @@
+"""vLLM's FlashAttention (``vllm.vllm_flash_attn``, vLLM's fork of flash-attention) in the
+spec's paged-batch convention (PAGED-1): checked only where a GPU and vLLM are.
+
+vLLM's attention backend calls ``flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q,
+max_seqlen_k, seqused_k=, block_table=, softmax_scale=, causal=, window_size=[left, right],
+softcap=, fa_version=, s_aux=)`` with the whole paged cache as ``k`` and ``v``
+(``(num_blocks, block_size, num_kv_heads, head_size)``, the ``nhd`` pages) and no
+``cu_seqlens_k``; its FlashAttention 2 path (``fa_version=2``) refuses sink logits, its
+FlashAttention 3 path takes them as ``s_aux`` ``(num_heads,)`` float32.  vLLM allocates its
+cache in blocks of a multiple of 16 positions, the page size declared here.  Head dims are
+zero-padded to FlashAttention's alignment as for FlashAttention 3 (``flash_attn3.padded_call``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...claims.declaration import declare
+from ...claims.family_claims import PagedBatchClaim
+from .flash_attn3 import HALF_DTYPES, as_int32, head_multiple, padded_call
+
+# vLLM's FlashAttention backend: block sizes a multiple of 16 (get_kv_cache_shape)
+VLLM_PAGE_SIZE = 16
+
+
+def _calling(fa_version: int) -> Any:
+    """PAGED-1's call as vLLM's ``flash_attn_varlen_func(..., fa_version=fa_version)``."""
+
+    def varlen(q: Any, k_cache: Any, v_cache: Any, **call: Any) -> Any:
+        from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+        window = call.get("window_size")
+        return padded_call(
+            flash_attn_varlen_func,
+            q,
+            k_cache,
+            v_cache,
+            head_multiple(q),
+            None,
+            max_seqlen_q=call["max_seqlen_q"],
+            cu_seqlens_q=as_int32(call["cu_seqlens_q"]),
+            max_seqlen_k=call["max_seqlen_k"],
+            seqused_k=as_int32(call["seqused_k"]),
+            causal=call.get("is_causal", False),
+            window_size=None if window is None else list(window),
+            softcap=call.get("softcap", 0.0),
+            block_table=as_int32(call["block_table"]),
+            fa_version=fa_version,
+            s_aux=call.get("sinks"),
+        )
+
+    name = "vllm_flash_attn_varlen" + ("" if fa_version == 2 else f"_fa{fa_version}")
+    varlen.__name__ = varlen.__qualname__ = name
+    return varlen
+
+
+# vLLM's default FlashAttention 2 path (no sinks: it raises for s_aux)
+vllm_flash_attn_varlen = declare(
+    _calling(2),
+    dtypes=HALF_DTYPES,
+    paged_batch=PagedBatchClaim("nhd", VLLM_PAGE_SIZE, features=("window", "softcap")),
+)
+# the Hopper path, with gpt-oss's sink logits as s_aux
+vllm_flash_attn_varlen_fa3 = declare(
+    _calling(3),
+    dtypes=HALF_DTYPES,
+    paged_batch=PagedBatchClaim("nhd", VLLM_PAGE_SIZE, features=("window", "softcap", "sinks")),
+)

@@ -1,0 +1,269 @@
+"""The GPU serving rows' adapters (FlashAttention 3, vLLM's flash-attn, FlashInfer;
+conformance/kernels/adapters/) wired against CPU stand-ins of the libraries
+(tests/serving_stand_ins.py).  The stand-ins take the libraries' own parameters and check
+what the libraries require, then turn the library's convention back into the spec's and
+compute in float64, so an adapter's output equals the float64 oracle of the spec's call
+(tests/oracle_serving.py, tests/oracle.py) rounded to the output dtype only when it maps
+the call onto the library's: argument names, cache layout, int32 cu_seqlens / seqused_k /
+block table, FlashInfer's page lists and mask, descales, sinks, the head-dim padding.  Each
+adapter is called as the suite's properties call it (their keywords and conventions).  The
+real libraries need a GPU (the device run, docs/gpu.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the adapters call torch libraries")
+
+import serving_stand_ins  # noqa: E402
+from oracle import sdpa  # noqa: E402
+from oracle_serving import merge, paged  # noqa: E402
+
+from attnspec.conformance.claims.declaration import declaration_of  # noqa: E402
+from attnspec.conformance.kernels.adapters import (  # noqa: E402
+    flash_attn3,
+    flashinfer,
+    vllm_flash,
+)
+from attnspec.conformance.kernels.known import known_kernel  # noqa: E402
+
+ADAPTERS = "attnspec.conformance.kernels.adapters."
+# a float64 result rounded to the output dtype: at most one unit in the last place apart
+# when two float64 evaluations of the same function straddle a rounding boundary
+ULP = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+
+
+@pytest.fixture
+def stand_ins(monkeypatch: pytest.MonkeyPatch) -> None:
+    serving_stand_ins.install(monkeypatch)
+
+
+def _assert_rounded(got: Any, want: np.ndarray) -> None:
+    rtol = ULP[got.dtype]
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=rtol, atol=rtol * 2.0**-14)
+
+
+class Batch:
+    """A mixed batch as paged-batch properties draw it: a decode row, a prefill chunk and a
+    (causal) sequence with more queries than keys, GQA 2 on 2, head dim 6 (not a multiple
+    of FlashAttention's 8), shuffled pages with one shared, two query rows of padding past
+    cu_seqlens_q[-1]; pages in the spec's HND order (``nhd`` swaps them for the call)."""
+
+    def __init__(self, page: int, value_dim: int = 6, leftpad: bool = False) -> None:
+        rng = np.random.default_rng(page)
+        self.cu_q, self.used = [0, 1, 4, 8], [9, 6, 3]
+        self.starts = [2, 1, 0] if leftpad else None
+        pages = [-(-u // page) for u in self.used]
+        order = rng.permutation(sum(pages) + 1)
+        self.table = np.full((3, max(pages)), order[-1])
+        first = 0
+        for b, n in enumerate(pages):
+            self.table[b, :n] = order[first : first + n]
+            first += n
+        self.table[1, 0] = self.table[0, 0]  # a page shared by two sequences
+        self.q = rng.standard_normal((10, 4, 6))
+        self.k = rng.standard_normal((len(order), 2, page, 6))
+        self.v = rng.standard_normal((len(order), 2, page, value_dim))
+
+    def keywords(self, layout: str, **options: Any) -> dict[str, Any]:
+        """The call as the paged-batch properties make it (torch, float16)."""
+        k, v = (torch.tensor(c).half() for c in (self.k, self.v))
+        if layout == "nhd":
+            k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+        call = {
+            "q": torch.tensor(self.q).half(),
+            "k_cache": k,
+            "v_cache": v,
+            "cu_seqlens_q": torch.tensor(self.cu_q),
+            "seqused_k": torch.tensor(self.used, dtype=torch.int32),
+            "block_table": torch.tensor(self.table),
+            **options,
+        }
+        if self.starts is not None:
+            call["cache_leftpad"] = torch.tensor(self.starts, dtype=torch.int32)
+        return call
+
+    def want(self, **options: Any) -> np.ndarray:
+        """The float64 oracle on the float16-rounded inputs."""
+        half = [np.asarray(x, np.float16).astype(np.float64) for x in (self.q, self.k, self.v)]
+        out, _ = paged(
+            *half, self.cu_q, self.used, self.table.tolist(), leftpad=self.starts, **options
+        )
+        return out
+
+
+def test_flash_attn3_paged_maps_onto_flash_attn_with_kvcache(stand_ins: None) -> None:
+    """PAGED-1, PAGED-2, KVCACHE-6, CHUNK-1, SOFTCAP-1: page_table, cache_seqlens,
+    cache_leftpad, cu_seqlens_q (int32), NHD pages, window_size and attention_chunk as
+    FlashAttention 3 takes them; head dims padded with the unpadded scale."""
+    batch = Batch(page=4, leftpad=True)
+    for options, oracle in (
+        (
+            {"is_causal": True, "window_size": (2, -1), "softcap": 5.0},
+            {"is_causal": True, "window": (2, None), "softcap": 5.0},
+        ),
+        ({"is_causal": False, "attention_chunk": 3}, {"chunk": 3}),
+    ):
+        call = batch.keywords("nhd", max_seqlen_q=4, max_seqlen_k=9, **options)
+        _assert_rounded(flash_attn3.flash_attn3_paged(**call), batch.want(**oracle))
+
+
+@pytest.mark.parametrize("adapter", ["vllm_flash_attn_varlen", "vllm_flash_attn_varlen_fa3"])
+def test_vllm_paged_maps_onto_flash_attn_varlen_func(stand_ins: None, adapter: str) -> None:
+    """PAGED-1, PAGED-2, SINK-1: the whole NHD cache as k and v, seqused_k and block_table
+    (int32), window_size as [left, right], and on the FlashAttention 3 path the sinks as
+    s_aux; pages of vLLM's 16."""
+    batch = Batch(page=vllm_flash.VLLM_PAGE_SIZE)
+    options: dict[str, Any] = {"is_causal": True, "window_size": (3, 0), "softcap": 4.0}
+    oracle: dict[str, Any] = {"is_causal": True, "window": (3, 0), "softcap": 4.0}
+    if adapter.endswith("fa3"):
+        options["sinks"] = torch.tensor([0.5, -1.0, 2.0, 0.0])
+        oracle["sinks"] = [0.5, -1.0, 2.0, 0.0]
+    call = batch.keywords("nhd", max_seqlen_q=4, max_seqlen_k=9, **options)
+    _assert_rounded(getattr(vllm_flash, adapter)(**call), batch.want(**oracle))
+
+
+def test_flashinfer_paged_maps_onto_the_prefill_wrapper(stand_ins: None) -> None:
+    """PAGED-1, PAGED-5, PAGED-8, SINK-1: the block table as FlashInfer's page lists (a
+    partial last page), HND pages, the custom mask with the causal rule folded in (FlashInfer
+    ignores causal with a mask), sinks, logits_soft_cap; q without the padding rows, whose
+    output rows are 0."""
+    batch = Batch(page=4)
+    rng = np.random.default_rng(1)
+    lengths = [(1, 9), (3, 6), (4, 3)]
+    mask = np.concatenate([(rng.random(n_q * n_k) < 0.7) for n_q, n_k in lengths])
+    sinks = [1.0, -2.0, 0.0, 3.0]
+    call = batch.keywords(
+        "hnd",
+        is_causal=True,
+        softcap=6.0,
+        custom_mask=torch.tensor(mask),
+        sinks=torch.tensor(sinks),
+    )
+    got = flashinfer.batch_prefill_paged(**call)
+    want = batch.want(is_causal=True, softcap=6.0, flat_mask=mask, sinks=sinks)
+    _assert_rounded(got, want)
+    assert not got[8:].any()
+
+
+def test_flash_attn3_dense_maps_onto_flash_attn_func(stand_ins: None) -> None:
+    """SDPA-1.1, SDPA-4.2, SDPA-6.1, SOFTCAP-1: (B, S, H, D) layout, bottom-right causal
+    rows, GQA, the softcap, head dims 6 and 10 padded to 16 with the default scale
+    1/sqrt(6) kept."""
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal(s) for s in ((2, 4, 3, 6), (2, 2, 5, 6), (2, 2, 5, 10)))
+    half = [np.asarray(x, np.float16).astype(np.float64) for x in (q, k, v)]
+    got = flash_attn3.flash_attn3_func(
+        *(torch.tensor(x).half() for x in (q, k, v)), is_causal=True, softcap=3.0
+    )
+    want, _ = sdpa(*half, is_causal=True, causal_alignment="bottom_right", softcap=3.0)
+    _assert_rounded(got, want)
+
+
+def test_flash_attn3_fp8_maps_the_descales(stand_ins: None) -> None:
+    """QUANT-1, QUANT-2: float8 q, k, v with (B, H_kv) float32 descales reach
+    FlashAttention 3's q_descale, k_descale, v_descale (a query head its key/value head's),
+    head dim 12 padded to 16 (float8's alignment); the bfloat16 output is the attention of
+    stored x descale."""
+    rng = np.random.default_rng(3)
+    shapes = {"q": (1, 4, 3, 12), "k": (1, 2, 5, 12), "v": (1, 2, 5, 12)}
+    stored = {
+        n: torch.tensor(rng.standard_normal(s)).to(torch.float8_e4m3fn) for n, s in shapes.items()
+    }
+    descales = {
+        n: torch.tensor(rng.uniform(0.25, 4.0, (1, 2)), dtype=torch.float32) for n in shapes
+    }
+    got = flash_attn3.flash_attn3_func_fp8(
+        stored["q"],
+        stored["k"],
+        stored["v"],
+        scale=0.3,
+        is_causal=False,
+        **{f"{n}_descale": d for n, d in descales.items()},
+    )
+    real = {
+        n: stored[n].double().numpy()
+        * np.repeat(descales[n].double().numpy(), shapes[n][1] // 2, axis=1)[..., None, None]
+        for n in shapes
+    }
+    want, _ = sdpa(real["q"], real["k"], real["v"], scale=0.3)
+    assert got.dtype == torch.bfloat16
+    _assert_rounded(got, want)
+
+
+def test_flashinfer_merge_state_declares_its_convention(stand_ins: None) -> None:
+    """MERGE-1, MERGE-2: flashinfer.merge_state is called as it is; its base-2 log-sum-exps
+    and (L, H) layouts are declared, not translated."""
+    claim = declaration_of(flashinfer.merge_state).merge
+    assert claim is not None
+    assert (claim.base, claim.out_layout, claim.lse_layout) == ("2", "lhd", "lh")
+    rng = np.random.default_rng(4)
+    o_a, o_b = (torch.tensor(rng.standard_normal((3, 2, 4))).half() for _ in range(2))
+    s_a, s_b = (torch.tensor(rng.uniform(-5, 5, (3, 2)), dtype=torch.float32) for _ in range(2))
+    o, s = flashinfer.merge_state(o_a, s_a, o_b, s_b)
+    ln2 = np.log(2.0)
+    want_o, want_l = merge(o_a.double(), s_a.double() * ln2, o_b.double(), s_b.double() * ln2)
+    _assert_rounded(o, want_o)
+    np.testing.assert_allclose(s.double().numpy(), want_l / ln2, rtol=2.0**-23)
+
+
+def test_stand_ins_refuse_what_the_libraries_refuse(stand_ins: None) -> None:
+    """PAGED-1: the stand-ins are not lenient: FlashAttention's int32 metadata, vLLM's
+    refusal of sinks on its FlashAttention 2 path, and FlashInfer's q of exactly
+    qo_indptr[-1] rows raise as the libraries do, so the tests above can fail."""
+    import flash_attn_interface
+    import flashinfer as library
+    from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+    batch = Batch(page=4)
+    call = batch.keywords("nhd")
+    q, k, v = call["q"], call["k_cache"], call["v_cache"]
+    with pytest.raises(RuntimeError, match="int32"):
+        flash_attn_interface.flash_attn_with_kvcache(
+            q,
+            k,
+            v,
+            cache_seqlens=call["seqused_k"],
+            page_table=call["block_table"],
+            cu_seqlens_q=call["cu_seqlens_q"].int(),
+            max_seqlen_q=4,
+        )
+    with pytest.raises(NotImplementedError, match="s_aux"):
+        flash_attn_varlen_func(
+            q,
+            k,
+            v,
+            4,
+            call["cu_seqlens_q"].int(),
+            9,
+            seqused_k=call["seqused_k"],
+            block_table=call["block_table"].int(),
+            s_aux=torch.zeros(4),
+        )
+    wrapper = library.BatchPrefillWithPagedKVCacheWrapper(torch.empty(8), kv_layout="HND")
+    indptr, indices, last = flashinfer.page_lists(call["seqused_k"], call["block_table"], 4)
+    wrapper.plan(torch.tensor(batch.cu_q, dtype=torch.int32), indptr, indices, last, 4, 2, 6, 4)
+    with pytest.raises(RuntimeError, match=r"qo_indptr\[-1\] rows"):
+        wrapper.run(q, (call["k_cache"].transpose(1, 2), call["v_cache"].transpose(1, 2)))
+
+
+def test_gpu_serving_rows_need_their_libraries() -> None:
+    """The matrix rows of these adapters name the library each needs and run on CUDA only,
+    so a machine without them reports "not installed" or "needs a GPU"."""
+    for module, name in (
+        ("flash_attn3", "flash_attn3_func"),
+        ("flash_attn3", "flash_attn3_func_fp8"),
+        ("flash_attn3", "flash_attn3_paged"),
+        ("vllm_flash", "vllm_flash_attn_varlen"),
+        ("vllm_flash", "vllm_flash_attn_varlen_fa3"),
+        ("flashinfer", "batch_prefill_paged"),
+        ("flashinfer", "merge_state"),
+    ):
+        entry = known_kernel(f"{ADAPTERS}{module}:{name}")
+        assert entry is not None, name
+        assert entry.device == "cuda", name
+        library = {"flash_attn3": "flash_attn_interface", "vllm_flash": "vllm"}
+        assert entry.requires == (library.get(module, module),), name
