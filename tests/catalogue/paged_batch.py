@@ -350,6 +350,16 @@ def paged_sinks_dropped_with_window(call: PagedCall) -> Array:
     return _paged(call, sinks=lambda: None if windowed else call.options.sinks)
 
 
+@paged_kernel()
+def paged_padding_rows_left(call: PagedCall) -> Array:
+    """Bug: the output allocated like q and only the sequences' rows written
+    (FlashAttention's torch.empty, flash-attention #1228): the rows past cu_seqlens_q[-1]
+    keep what that memory held, here the padding rows of q themselves (a buffer reused)."""
+    out, valid = _paged(call), int(call.cu_seqlens_q[-1])
+    out[valid:] = call.q[valid:, :, : out.shape[-1]]  # the suite draws E == Ev
+    return out
+
+
 BUGS = (
     CaughtBug(paged_memory_order, "paged-batch-matches-reference"),
     CaughtBug(paged_whole_last_page, "paged-batch-matches-reference"),
@@ -361,4 +371,5 @@ BUGS = (
     CaughtBug(paged_ignores_leftpad, "paged-batch-matches-reference"),
     CaughtBug(paged_mask_at_query_offset, "paged-batch-matches-reference"),
     CaughtBug(paged_sinks_dropped_with_window, "paged-batch-matches-reference"),
+    CaughtBug(paged_padding_rows_left, "paged-batch-padding-rows"),
 )

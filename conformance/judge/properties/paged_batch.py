@@ -1,4 +1,4 @@
-"""PAGED-1 … PAGED-7: packed queries of many sequences over a paged cache, called as vLLM calls
+"""PAGED-1 … PAGED-9: packed queries of many sequences over a paged cache, called as vLLM calls
 FlashAttention: ``fn(q, k_cache, v_cache, cu_seqlens_q=, seqused_k=, block_table=,
 max_seqlen_q=, max_seqlen_k=, is_causal=)``.
 
@@ -9,7 +9,8 @@ sequences, with stale values in every slot no sequence reaches.  Each sequence's
 compared with TOL-2 of its own dense problem, bottom-right (PAGED-2, PAGED-7); and the
 memory past every valid length, NaN there included, must leave the output bit-identical
 (PAGED-5).  The options a kernel declares (``PagedBatchClaim.features``) are drawn with the
-pages: left padding, windows, chunks, softcap and a flattened mask (PAGED-8).
+pages: left padding, windows, chunks, softcap and a flattened mask (PAGED-8).  The output
+rows past the last offset must be 0 (PAGED-9), on fixed batches.
 """
 
 from __future__ import annotations
@@ -361,3 +362,46 @@ def paged_batch_ignores_padding(kernel: KernelUnderTest, data: st.DataObject) ->
             f"the output (PAGED-5); {int(differs.sum())} elements differ "
             f"[call: {call.describe()}]"
         )
+
+
+def _fixed_call(kernel: KernelUnderTest, dtype: str, seed: int) -> PagedCall:
+    """A decode row on 5 keys, a prefill chunk of 2 on 3 keys and, in a causal call, 3
+    queries on 1 key, over pages of the declared size (else 2) in reverse order, GQA 2 on 1
+    where declared, then 3 query rows of NaN past the last offset."""
+    claim = kernel.declaration.paged_batch
+    assert claim is not None  # the property applies only to a --paged-batch declaration
+    page = claim.page_size or 2
+    causal = kernel.declaration.causal
+    n_queries, n_keys = (1, 2, *((3,) if causal else ())), (5, 3, *((1,) if causal else ()))
+    pages_of = [-(-n // page) for n in n_keys]
+    order = iter(range(sum(pages_of) - 1, -1, -1))
+    table = np.zeros((len(n_keys), max(pages_of)), np.int32)
+    for b, count in enumerate(pages_of):
+        table[b, :count] = [next(order) for _ in range(count)]
+    rng = np.random.default_rng(seed)
+    heads = 2 if kernel.declaration.gqa else 1
+    q = random_values(kernel, rng, (sum(n_queries) + 3, heads, 4), dtype)
+    q[sum(n_queries) :] = np.nan
+    k_cache = random_values(kernel, rng, (sum(pages_of), 1, page, 4), dtype)
+    v_cache = random_values(kernel, rng, (sum(pages_of), 1, page, 4), dtype)
+    return PagedCall(q, k_cache, v_cache, n_queries, n_keys, table, causal, dtype)
+
+
+@register("paged-batch-padding-rows", "PAGED-9", kind="fixed", applies=_paged_only)
+def paged_batch_padding_rows(kernel: KernelUnderTest, seed: int) -> None:
+    """Three query rows of NaN past cu_seqlens_q[-1], in every dtype checked: their output
+    rows are exactly 0 (PAGED-9), as VARLEN-5 makes a packed call's.  A kernel that
+    allocates its output like q and writes only the sequences' rows (FlashAttention's
+    torch.empty, flash-attention #1228) leaves them as that memory was."""
+    for dtype in kernel.dtypes:
+        call = _fixed_call(kernel, dtype, seed)
+        valid = int(call.offsets[-1])
+        padding = _run(kernel, call)[valid:]
+        if not (padding == 0).all():
+            at = tuple(int(i) for i in np.argwhere(~(padding == 0))[0])
+            raise PropertyFailure(
+                f"out[{valid + at[0]}, {at[1]}, {at[2]}] = {padding[at]!r}, a row past "
+                f"cu_seqlens_q[-1] = {valid}, but should be 0 (PAGED-9); "
+                f"{int((~(padding == 0)).sum())} of {padding.size} padding elements are not "
+                f"[call: {call.describe()}]"
+            )
