@@ -18,6 +18,7 @@ from ._checks import check_choice
 from .sdpa import score_options
 from .serving.fp8 import FP8_FORMATS, real_values
 from .tolerance import SAFETY_FACTOR, UNDERFLOW_THRESHOLD, UNIT_ROUNDOFF, error_bound
+from .tolerance_serving import with_sink_key
 
 CALL = "fp8_error_bound(q, k, v, q_descale=, k_descale=, v_descale=, out_dtype=)"
 OUT_DTYPES = ("float16", "bfloat16", "float32")
@@ -52,11 +53,14 @@ def fp8_error_bound(
     is_causal: bool = False,
     causal_alignment: str = "top_left",
     scale: float | None = None,
+    softcap: float | None = None,
+    sinks: Array = None,
 ) -> Fp8Bound:
     """QUANT-4 for stored float8 values given as float64 arrays (one batch shape for q, k
     and v) and float64 descales; ``weights_format`` is the float8 format the kernel rounds
-    its weights to (QUANT-3), or None.  Evaluates the weights, so memory grows with
-    Lq × Lk."""
+    its weights to (QUANT-3), or None.  With a ``softcap`` (on the real values' scaled
+    scores) TOL-4's term joins, with ``sinks (Hq,)`` the sink is one more key (SINK-5),
+    both as QUANT-5 says.  Evaluates the weights, so memory grows with Lq × Lk."""
     check_choice("out_dtype", out_dtype, OUT_DTYPES, CALL, "QUANT-2")
     if weights_format is not None:
         check_choice("weights_format", weights_format, tuple(FP8_FORMATS), CALL, "QUANT-3")
@@ -73,7 +77,15 @@ def fp8_error_bound(
     # float32 arithmetic throughout (the scale and descales applied in float32 to exact
     # products of float8 values), then the output rounded to its own dtype
     alpha = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    options = score_options(mask, None, is_causal, causal_alignment, alpha, None, None)
+    options: dict[str, Any]
+    if sinks is None:
+        options = dict(score_options(mask, None, is_causal, causal_alignment, alpha, softcap, None))
+    else:  # SINK-5: the sink as one more key, of score sinks[h] and value 0
+        options, _ = with_sink_key(
+            real_q, real_k, real_v, sinks, mask, None, is_causal, causal_alignment, alpha, CALL
+        )
+        real_q, real_k, real_v = options.pop("qkv")
+        options["softcap"] = softcap
     bound = error_bound(padded(real_q), padded(real_k), real_v, dtype="float32", **options)
     p = bound.weights  # (..., Hq, Lq, Lk)
     *batch, n_q_heads, n_queries, n_keys = p.shape

@@ -50,7 +50,7 @@ def sink_error_and_lse_bound(
     TOL-5 of the problem with a key of score ``sinks[h]`` and value 0 appended to every row,
     allowed whatever the mask and the causal rule say.  Its log-sum-exp is
     log(sum_j e^(s_ij) + e^(sinks[h])), sinks[h] for a row that sees no key."""
-    arguments, _ = _with_sink_key(
+    arguments, _ = with_sink_key(
         q, k, v, sinks, mask, bias, is_causal, causal_alignment, scale, SINK_BOUND
     )
     return error_and_lse_bound(
@@ -58,7 +58,7 @@ def sink_error_and_lse_bound(
     )
 
 
-def _with_sink_key(
+def with_sink_key(
     q: Array,
     k: Array,
     v: Array,

@@ -332,7 +332,7 @@ KNOWN_KERNELS: tuple[KnownKernel, ...] = (
             (
                 "flash_attn3_func_fp8",
                 "FlashAttention 3's float8 forward: e4m3fn q, k, v with (B, H_kv) descales, "
-                "bfloat16 output, P rounded to e4m3fn (--fp8-weights)",
+                "bfloat16 output, P rounded to e4m3fn (--fp8-weights); softcap (QUANT-5)",
             ),
             (
                 "flash_attn3_paged",

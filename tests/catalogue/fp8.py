@@ -51,14 +51,22 @@ def _attention(
     is_causal: bool,
     mask: Tensor | None,
     round_weights: str | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
+    after_cap: Any = 1.0,
 ) -> Tensor:
     """float32 attention of real-valued q (B, Hq, Lq, E), k, v (B, Hk, Lk, E): GQA by
-    repetition, top-left causal, a boolean mask; with ``round_weights`` the unnormalised
-    weights rounded to that float8 dtype before P V (QUANT-3)."""
+    repetition, top-left causal, a boolean mask, the softcap of the scaled scores and each
+    head's sink logit in the denominator (QUANT-5); with ``round_weights`` the unnormalised
+    weights rounded to that float8 dtype before P V (QUANT-3).  ``after_cap`` multiplies the
+    scores after the cap (1 in a correct kernel)."""
     t = _torch()
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = (q @ k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        scores = softcap * t.tanh(scores / softcap)
+    scores = scores * after_cap
     n_queries, n_keys = scores.shape[-2:]
     allowed = t.ones((n_queries, n_keys), dtype=t.bool)
     if is_causal:
@@ -66,8 +74,14 @@ def _attention(
     if mask is not None:
         allowed = allowed & mask
     scores = scores.masked_fill(~allowed, float("-inf"))
-    exps = t.exp(scores - scores.amax(-1, keepdim=True))
+    top = scores.amax(-1, keepdim=True)
+    sink = None if sinks is None else sinks.reshape(1, -1, 1, 1)
+    if sink is not None:
+        top = t.maximum(top, sink)
+    exps = t.exp(scores - top)
     total = exps.sum(-1, keepdim=True)
+    if sink is not None:
+        total = total + t.exp(sink - top)
     if round_weights is not None:
         exps = exps.to(getattr(t, round_weights)).to(t.float32)
     return (exps @ v) / total
@@ -76,7 +90,15 @@ def _attention(
 def _kernel(
     dequantise: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, ...]],
     round_weights: str | None = None,
+    *,
+    descales_after_cap: bool = False,
+    sinks_as_scores: bool = False,
 ) -> Callable[..., Tensor]:
+    """FlashAttention 3's convention around ``dequantise`` (stored values and descales ->
+    the q, k, v attended); the bugs' hooks: ``descales_after_cap`` multiplies the (capped)
+    scores by dq dk, ``sinks_as_scores`` the sinks by alpha dq dk (of the first batch
+    element)."""
+
     def kernel(
         q: Tensor,
         k: Tensor,
@@ -88,9 +110,16 @@ def _kernel(
         scale: float,
         is_causal: bool = False,
         mask: Tensor | None = None,
+        softcap: float | None = None,
+        sinks: Tensor | None = None,
     ) -> Tensor:
         real = dequantise(q, k, v, q_descale, k_descale, v_descale)
-        return _attention(*real, scale, is_causal, mask, round_weights)
+        groups = q.shape[1] // k.shape[1]
+        folded = _per_head(q_descale, groups) * _per_head(k_descale, groups)
+        if sinks_as_scores and sinks is not None:
+            sinks = sinks * scale * folded.reshape(folded.shape[0], -1)[0]
+        after_cap = folded if descales_after_cap else 1.0
+        return _attention(*real, scale, is_causal, mask, round_weights, softcap, sinks, after_cap)
 
     return kernel
 
@@ -142,7 +171,23 @@ fp8_folded_descales = _named(
     CLAIMS,
 )
 
-CORRECT = (fp8_dequantised, fp8_folded_descales, fp8_weights_e4m3)
+# QUANT-5: a softcap on the real values' scaled scores and sink logits taken as given
+FEATURE_CLAIMS = {**CLAIMS, "softcap": True, "sinks": True}
+fp8_softcap_sinks = _named(
+    "fp8_softcap_sinks",
+    "Dequantise, then attention with the softcap and the sink logits (QUANT-5).",
+    _kernel(_real),
+    FEATURE_CLAIMS,
+)
+
+CORRECT = (fp8_dequantised, fp8_folded_descales, fp8_weights_e4m3, fp8_softcap_sinks)
+
+
+def _stored_scores(
+    q: Tensor, k: Tensor, v: Tensor, dq: Tensor, dk: Tensor, dv: Tensor
+) -> tuple[Any, ...]:
+    """q and k as stored (their descales left for after the cap), v's real values."""
+    return _times(q, k, v, 1.0, 1.0, _per_head(dv, 1))
 
 
 def _twice(q: Tensor, k: Tensor, v: Tensor, dq: Tensor, dk: Tensor, dv: Tensor) -> tuple[Any, ...]:
@@ -180,6 +225,24 @@ BUGS = (
             "Bug: q's per-head descale indexed by query head (tiled), not by key/value head.",
             _kernel(_query_head_indexed),
             HEAD_CLAIMS,
+        ),
+        "fp8-matches-reference",
+    ),
+    CaughtBug(
+        _named(
+            "fp8_softcap_before_descale",
+            "Bug: the softcap applied to the stored values' scores, the descales after it.",
+            _kernel(_stored_scores, descales_after_cap=True),
+            FEATURE_CLAIMS,
+        ),
+        "fp8-matches-reference",
+    ),
+    CaughtBug(
+        _named(
+            "fp8_sink_descaled",
+            "Bug: the sink logits scaled by alpha dq dk like a score (QUANT-5: taken as given).",
+            _kernel(_real, sinks_as_scores=True),
+            FEATURE_CLAIMS,
         ),
         "fp8-matches-reference",
     ),

@@ -164,10 +164,10 @@ def test_flash_attn3_dense_maps_onto_flash_attn_func(stand_ins: None) -> None:
 
 
 def test_flash_attn3_fp8_maps_the_descales(stand_ins: None) -> None:
-    """QUANT-1, QUANT-2: float8 q, k, v with (B, H_kv) float32 descales reach
+    """QUANT-1, QUANT-2, QUANT-5: float8 q, k, v with (B, H_kv) float32 descales reach
     FlashAttention 3's q_descale, k_descale, v_descale (a query head its key/value head's),
-    head dim 12 padded to 16 (float8's alignment); the bfloat16 output is the attention of
-    stored x descale."""
+    head dim 12 padded to 16 (float8's alignment), with a softcap; the bfloat16 output is the
+    attention of stored x descale."""
     rng = np.random.default_rng(3)
     shapes = {"q": (1, 4, 3, 12), "k": (1, 2, 5, 12), "v": (1, 2, 5, 12)}
     stored = {
@@ -182,6 +182,7 @@ def test_flash_attn3_fp8_maps_the_descales(stand_ins: None) -> None:
         stored["v"],
         scale=0.3,
         is_causal=False,
+        softcap=2.0,
         **{f"{n}_descale": d for n, d in descales.items()},
     )
     real = {
@@ -189,7 +190,7 @@ def test_flash_attn3_fp8_maps_the_descales(stand_ins: None) -> None:
         * np.repeat(descales[n].double().numpy(), shapes[n][1] // 2, axis=1)[..., None, None]
         for n in shapes
     }
-    want, _ = sdpa(real["q"], real["k"], real["v"], scale=0.3)
+    want, _ = sdpa(real["q"], real["k"], real["v"], scale=0.3, softcap=2.0)
     assert got.dtype == torch.bfloat16
     _assert_rounded(got, want)
 

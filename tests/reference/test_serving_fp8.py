@@ -211,3 +211,53 @@ def test_fp8_bad_input_names_the_argument() -> None:
         fp8_attention(p["q"], p["k"], p["v"], fmt="float8_e3m4", **args)
     with pytest.raises(ValueError, match=r"weights_format=.*QUANT-3"):
         fp8_error_bound(p["q"], p["k"], p["v"], out_dtype="float16", weights_format="int8", **args)
+
+
+def _capped_kernel(p: dict[str, Any], softcap: float, sinks: np.ndarray, *, bug: bool) -> Any:
+    """QUANT-5 emulated in float32: scores of the real values scaled, capped, the sinks in
+    the denominator; with ``bug`` the cap acts on the stored values' scores and the descales
+    multiply after it."""
+    q, k, v = (np.asarray(p[n], np.float32) for n in ("q", "k", "v"))
+    folded = (np.repeat(p["q_descale"], 2, axis=1) * np.repeat(p["k_descale"], 2, axis=1))[
+        :, :, None, None
+    ].astype(np.float32)
+    k, v = np.repeat(k, 2, axis=1), np.repeat(v * p["v_descale"][:, :, None, None], 2, axis=1)
+    scores = (q @ np.swapaxes(k, -1, -2)) * np.float32(16**-0.5)
+    if bug:
+        scores = softcap * np.tanh(scores / softcap) * folded
+    else:
+        scores = softcap * np.tanh(scores * folded / softcap)
+    sink = sinks.astype(np.float32)[None, :, None, None]
+    top = np.maximum(scores.max(-1, keepdims=True), sink)
+    exps = np.exp(scores - top)
+    return (exps @ v.astype(np.float32)) / (exps.sum(-1, keepdims=True) + np.exp(sink - top))
+
+
+def test_fp8_bound_with_softcap_and_sinks() -> None:
+    """QUANT-5: with a softcap and sink logits the bound's output is the oracle's attention
+    of the real values (capped after the descales, the sinks as given), an emulated float32
+    kernel is within the bound, and one that caps before the descales is not."""
+    from oracle_serving import attend
+
+    p = _problem(60)
+    softcap, sinks = 2.0, np.array([0.5, -1.0, 3.0, 0.0])
+    descales = {name: p[name] for name in ("q_descale", "k_descale", "v_descale")}
+    bound = fp8_error_bound(
+        p["q"], p["k"], p["v"], out_dtype="float32", softcap=softcap, sinks=sinks, **descales
+    )
+    real_q, real_k, real_v = _real(p)
+    for b in range(2):
+        want, _ = attend(
+            real_q[b],
+            real_k[b],
+            real_v[b],
+            lambda i: np.ones(30, bool),
+            softcap=softcap,
+            sinks=sinks,
+        )
+        np.testing.assert_allclose(np.asarray(bound.out)[b], want, rtol=1e-12, atol=1e-15)
+    tolerance = np.asarray(bound.out_tolerance)
+    right = _capped_kernel(p, softcap, sinks, bug=False)
+    assert np.all(np.abs(right - np.asarray(bound.out)) <= tolerance)
+    wrong = _capped_kernel(p, softcap, sinks, bug=True)
+    assert not np.all(np.abs(wrong - np.asarray(bound.out)) <= tolerance)

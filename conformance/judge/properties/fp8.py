@@ -1,4 +1,4 @@
-"""QUANT-1 … QUANT-4: attention on q, k, v stored in float8 with descale factors, called as
+"""QUANT-1 … QUANT-5: attention on q, k, v stored in float8 with descale factors, called as
 FlashAttention 3 is: ``fn(q, k, v, q_descale=, k_descale=, v_descale=, scale=, is_causal=,
 mask=)``.
 
@@ -8,9 +8,10 @@ a factor in [0.5, 2)): descales far from 1 (2^-8 … 2^8) and different for q, k
 every (batch element, key/value head), so that a descale applied twice, to the wrong tensor
 or to the wrong head of a group moves the output far outside QUANT-4's bound.  Calls have GQA
 groups, causal rows of the declared alignment and boolean masks where the declaration has
-them; every row keeps key 0.  The output is compared with the float64 attention of the real
-values (QUANT-2) within QUANT-4's bound, with QUANT-3's term when the kernel declares that it
-rounds its weights to float8.
+them, and a softcap and sink logits where it declares them (QUANT-5); every row keeps key
+0.  The output is compared with the float64 attention of the real values (QUANT-2) within
+QUANT-4's bound, with QUANT-3's term when the kernel declares that it rounds its weights to
+float8.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ..assertions import assert_elements_within
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import register
+from ._helpers import draw_sinks, draw_softcap
 
 # FlashAttention 3's float8 heads: head dims 64 to 256 (64 and 128 keep the check cheap),
 # decode and prefill rows, a few key/value heads shared by groups of 1 to 8 query heads
@@ -67,6 +69,8 @@ class Fp8Call:
     scale: float
     is_causal: bool
     mask: np.ndarray | None
+    softcap: float | None = None
+    sinks: np.ndarray | None = None  # (Hq,) float64 values exact in float32 (SINK-1)
 
     def describe(self) -> str:
         shown = ", ".join(
@@ -74,10 +78,16 @@ class Fp8Call:
             for name, d in self.descales.items()
         )
         mask = "" if self.mask is None else f", mask {self.mask.shape}"
+        softcap = "" if self.softcap is None else f", softcap {self.softcap:.6g}"
+        sinks = (
+            ""
+            if self.sinks is None
+            else f", sinks {np.array2string(self.sinks, precision=4, separator=', ')}"
+        )
         return (
             f"q {self.q.shape}, k {self.k.shape}, v {self.v.shape} stored in {self.fmt}, "
             f"{shown}, out {self.out_dtype}, scale {self.scale:.6g}, "
-            f"{'causal' if self.is_causal else 'not causal'}{mask}"
+            f"{'causal' if self.is_causal else 'not causal'}{mask}{softcap}{sinks}"
         )
 
 
@@ -160,6 +170,11 @@ def _draw_call(data: st.DataObject, kernel: KernelUnderTest) -> Fp8Call:
             mask = draw_mask(data, rng, dims, empty_rows=False)
             mask[..., 0] = True  # no row without keys: QUANT-4 is stated for rows with keys
     scale = data.draw(st.sampled_from((None, 0.125, 1.5)), label="scale")
+    softcap, sinks = None, None
+    if declaration.softcap and data.draw(st.booleans(), label="with softcap"):
+        softcap = draw_softcap(data)
+    if declaration.sinks and data.draw(st.booleans(), label="with sinks"):
+        sinks = draw_sinks(data, dims.n_q_heads)
     return Fp8Call(
         stored["q"],
         stored["k"],
@@ -170,6 +185,8 @@ def _draw_call(data: st.DataObject, kernel: KernelUnderTest) -> Fp8Call:
         dims.head_dim**-0.5 if scale is None else scale,
         is_causal,
         mask,
+        softcap,
+        sinks,
     )
 
 
@@ -182,6 +199,10 @@ def _keywords(kernel: KernelUnderTest, call: Fp8Call) -> dict[str, Any]:
         keywords["is_causal"] = call.is_causal
     if call.mask is not None:
         keywords[declaration.mask_keyword] = backend.asarray(call.mask)
+    if call.softcap is not None:
+        keywords[declaration.softcap_keyword] = call.softcap
+    if call.sinks is not None:
+        keywords[declaration.sinks_keyword] = backend.asarray(call.sinks, "float32")
     return keywords
 
 
@@ -226,7 +247,9 @@ def fp8_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
         call.q,
         call.k,
         call.v,
-        **call.descales,
+        q_descale=call.descales["q_descale"],
+        k_descale=call.descales["k_descale"],
+        v_descale=call.descales["v_descale"],
         out_dtype=call.out_dtype,
         fmt=call.fmt,
         weights_format=weights,
@@ -234,6 +257,8 @@ def fp8_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
         is_causal=call.is_causal,
         causal_alignment=kernel.declaration.causal_alignment,
         scale=call.scale,
+        softcap=call.softcap,
+        sinks=call.sinks,
     )
     assert_elements_within(
         "out",
@@ -243,6 +268,7 @@ def fp8_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
         lambda at: (
             "QUANT-2, QUANT-4: the attention of stored x descale, each descale once, "
             "on its own tensor and key/value head"
+            + ("" if call.softcap is None and call.sinks is None else " (QUANT-5)")
             + ("" if weights is None else f", weights rounded to {weights} (QUANT-3)")
         ),
         f" [call: {call.describe()}]",

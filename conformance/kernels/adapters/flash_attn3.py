@@ -118,7 +118,8 @@ flash_attn3_func.__name__ = flash_attn3_func.__qualname__ = "flash_attn3_func"
 # descales, P rounded to e4m3 before P V; the output is bfloat16
 FA3_FP8 = Fp8Claim(("e4m3fn",), "head", "e4m3fn")
 
-flash_attn3_func_fp8 = flash_attention_row(_fa3, dtypes=("bfloat16",), fp8=FA3_FP8)
+# its float8 kernels are built with a softcap too (hopper/instantiations: *_e4m3_softcap_sm90)
+flash_attn3_func_fp8 = flash_attention_row(_fa3, dtypes=("bfloat16",), fp8=FA3_FP8, softcap=True)
 flash_attn3_func_fp8.__name__ = flash_attn3_func_fp8.__qualname__ = "flash_attn3_func_fp8"
 
 
