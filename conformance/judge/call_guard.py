@@ -8,6 +8,7 @@ works on.  Applied by :meth:`.kernel_setup.KernelSetup.prepare` to every kernel.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +103,10 @@ class CallGuard:
         # A kernel that leaves np.seterr(all="raise") behind must not turn the suite's own
         # NumPy arithmetic (reference, tolerances) into errors.
         error_state = np.geterr()
+        # a kernel in its own process counts the seconds of its calls there (without
+        # moving their inputs and results between processes); one here is timed here
+        counted_there = getattr(self.kernel.raw_fn, "kernel_seconds", None)
+        started = time.perf_counter()
         try:
             return self._call(args, kwargs) if call is None else call()
         except KernelStalled as stalled:
@@ -149,6 +154,11 @@ class CallGuard:
             raise
         finally:
             np.seterr(**error_state)
+            self.kernel.kernel_seconds += (
+                time.perf_counter() - started
+                if counted_there is None
+                else getattr(self.kernel.raw_fn, "kernel_seconds", 0.0) - counted_there
+            )
             if self.observer is not None:
                 self.observer.returned()
 

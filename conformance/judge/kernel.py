@@ -152,6 +152,9 @@ class KernelUnderTest:
         # the lines that rebuild this kernel in a reproduction (reproduce.loader_source,
         # set by KernelSetup.prepare); empty: it is loaded by its target
         self.loader = ""
+        # seconds spent in the kernel's own calls so far (the report's kernel share; see
+        # call_guard.CallGuard.call_raw)
+        self.kernel_seconds = 0.0
 
     def describe(self, problem: Problem) -> str:
         """The inputs of ``problem`` as passed to this kernel (see :func:`describe_inputs`)."""

@@ -29,6 +29,9 @@ class Verdict:
     reproduction: str = ""
     examples: int = 0
     seconds: float = 0.0
+    # of ``seconds``, those spent in the kernel's own calls (in its process: without moving
+    # their inputs and results there and back); the rest is the suite's drawing and judging
+    kernel_seconds: float = 0.0
     hint: str = ""  # the exact flag or change that would fix a likely convention mismatch
     # input features of the failing case that other clauses govern (input_features.FEATURES)
     features: list[str] = field(default_factory=list)

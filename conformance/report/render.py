@@ -90,9 +90,14 @@ def _one_line(text: str, width: int = DETAIL_WIDTH) -> str:
 
 
 def summary_line(report: Report) -> str:
-    """ "conforms" or "DOES NOT CONFORM", then the count of each verdict."""
+    """ "conforms" or "DOES NOT CONFORM", then the count of each verdict, the wall time
+    and the kernel's share of it (issue 33: the time of a check should go to the kernel)."""
     tally = counts(report)
     seconds = report.wall_seconds or sum(v.seconds for v in report.verdicts)
+    in_kernel = sum(v.kernel_seconds for v in report.verdicts)
+    # summed over the workers: with --jobs N it may pass the wall time when the kernel
+    # is most of the work
+    share = f"{in_kernel / seconds:.0%} of the {'wall ' if report.wall_seconds else ''}time"
     if report.incomplete:  # CONF-6: no verdict on conformance either way
         outcome = f"INCOMPLETE ({report.incomplete})"
     elif report.conforms:
@@ -109,7 +114,8 @@ def summary_line(report: Report) -> str:
         f"{f', {tally[WAIVED]} waived' if tally[WAIVED] else ''}"
         f"{f', {tally[NOT_RUN]} not run' if tally[NOT_RUN] else ''} "
         f"({len(report.verdicts)} propert{'y' if len(report.verdicts) == 1 else 'ies'}, "
-        f"{seconds:.1f} s{' wall time' if report.wall_seconds else ''})"
+        f"{seconds:.1f} s{' wall time' if report.wall_seconds else ''}; "
+        f"the kernel's calls took {in_kernel:.1f} s{f', {share}' if seconds > 0 else ''})"
     )
 
 

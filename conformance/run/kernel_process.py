@@ -5,9 +5,11 @@ sends it the pickled :class:`~.kernel_setup.KernelSetup`; it loads the kernel (a
 crash or a hang while importing ends this process, not the judge's), answers
 ``("ready", info)``, then serves calls: the arguments arrive as plain data
 (:mod:`..call.wire`), are rebuilt as fresh arrays of the backend in their dtype and memory
-layout, the kernel is called, and its result goes back as plain data.  Drawing inputs,
-the reference, the bound and the verdict live in the judge's process, which this one
-cannot reach: a kernel that patches the suite here patches nothing that judges it.
+layout, the kernel is called, and its result goes back as plain data, with the seconds
+the kernel's call took (until its result was on the host: the report's kernel share).
+Drawing inputs, the reference, the bound and the verdict live in the judge's process,
+which this one cannot reach: a kernel that patches the suite here patches nothing that
+judges it.
 
 What it also watches, because only here can it be seen: whether the call changed its
 inputs (their bits are compared after the call; the changed values go back, for the judge
@@ -143,12 +145,14 @@ class KernelServer:
             return (
                 "raised",
                 RaisedRemotely("builtins", "LookupError", f"no callable {target!r}"),
+                0.0,
                 late,
             )
         args = import_value(self.backend, args, self.held)
         kwargs = import_value(self.backend, kwargs, self.held)
         inputs = _Inputs(self.backend, named_arguments(tuple(args), kwargs))
         error_state = np.geterr()
+        started = time.perf_counter()
         try:
             if upstream is None:
                 result = fn(*args, **kwargs)
@@ -166,18 +170,21 @@ class KernelServer:
                 )
                 result = kernel_gradients(self.backend, fn, self.kernel.declaration, call)
             exported = export_value(self.backend, result)
+            # until the result is on the host: a library that runs asynchronously (JAX)
+            # computes it while it is read
+            seconds = time.perf_counter() - started
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, (int, str, type(None))) else repr(exc.code)
-            return ("exited", code, late)
+            return ("exited", code, time.perf_counter() - started, late)
         except KeyboardInterrupt:
-            return ("interrupted", None, late)
+            return ("interrupted", None, time.perf_counter() - started, late)
         except BaseException as exc:
-            return ("raised", RaisedRemotely.of(exc), late)
+            return ("raised", RaisedRemotely.of(exc), time.perf_counter() - started, late)
         finally:
             np.seterr(**error_state)
         if target == "kernel":
             self.last, self.last_description = inputs, description
-        return ("returned", exported, inputs.changed(), late)
+        return ("returned", exported, inputs.changed(), seconds, late)
 
 
 def _libraries_used(fn: Any) -> set[str]:

@@ -325,6 +325,7 @@ def run_property(
         return Verdict(prop.id, prop.clause, prop.level, NOT_APPLICABLE, detail=reason)
     examples = [0]
     kernel.notes.clear()
+    kernel_seconds = kernel.kernel_seconds
     try:
         if prop.kind == "fixed":
             with sizes.drawing(sizes.SMALL, limits):  # its sizes within the user's limits
@@ -363,6 +364,7 @@ def run_property(
     verdict.clause = declared_clause(verdict.clause, kernel.declaration)
     verdict.examples = examples[0]
     verdict.seconds = time.perf_counter() - started
+    verdict.kernel_seconds = kernel.kernel_seconds - kernel_seconds
     return verdict
 
 

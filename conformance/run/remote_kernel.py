@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import multiprocessing
 import os
 import pickle
@@ -279,6 +280,8 @@ class RemoteFunction:
         # --judge: each call made twice on fresh copies and compared bit for bit, and the
         # inputs re-read JUDGE_RECHECK_DELAY after each
         self.twice_and_recheck = False
+        # seconds the kernel's own calls took in its process (the report's kernel share)
+        self.kernel_seconds = 0.0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         result = self._call_once(args, kwargs)
@@ -332,6 +335,9 @@ class RemoteFunction:
         answer = self.process.request(message, self.process.timeout)
         kind = answer[0]
         late = answer[-1]
+        seconds = answer[-2] if len(answer) > 2 else None
+        if isinstance(seconds, float) and 0.0 <= seconds < math.inf:
+            self.kernel_seconds += seconds
         if late is not None:
             description, changed = late
             raise InputsChangedLater(

@@ -409,13 +409,18 @@ def test_headings_name_the_declared_alignment() -> None:
 def test_every_report_says_what_was_not_checked_and_the_wall_time() -> None:
     """CONF-6, SDPA-1.4: the report names the dtypes the backend cannot express (NumPy
     has no bfloat16), the properties of undeclared features and those --only left out;
-    the summary gives the wall time of the run."""
+    the summary gives the wall time of the run and the kernel's share of it (issue 33)."""
     report = check(CORRECT[0].fn, only="default-scale,dropout-zero")
     text = format_table(report)
     [line] = [line for line in text.splitlines() if line.startswith("not checked: ")]
     assert "bfloat16 (numpy cannot express it)" in line
     assert "dropout-zero" in line and "--only/--skip" in line
-    assert report.wall_seconds > 0 and " s wall time)" in text
+    ran, not_applicable = report.verdicts
+    assert 0 < ran.kernel_seconds < ran.seconds and not_applicable.kernel_seconds == 0
+    share = f"{ran.kernel_seconds / report.wall_seconds:.0%} of the wall time"
+    assert report.wall_seconds > 0 and (
+        f" s wall time; the kernel's calls took {ran.kernel_seconds:.1f} s, {share})" in text
+    )
 
 
 def test_long_reproductions_go_beside_the_report(tmp_path: Path) -> None:

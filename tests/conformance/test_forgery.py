@@ -46,7 +46,10 @@ def test_the_kernels_process_is_not_the_judges(tmp_path: Path) -> None:
     """CONF-14: what a kernel does to its own process does not reach the judge: the kernel
     that replaces the property runner leaves the judging worker's runner as it was (the
     verdict is computed there), and it replaced the one in its own process, which proves
-    the attack ran."""
+    the attack ran.  Its answer says how long the call took there (the report's kernel
+    share, issue 33): more than nothing, less than the round trip."""
+    import time
+
     import numpy as np
 
     from attnspec.backends import Backend
@@ -63,7 +66,9 @@ def test_the_kernels_process_is_not_the_judges(tmp_path: Path) -> None:
         backend = Backend("numpy")
         kernel = RemoteFunction(process, backend)
         q = backend.asarray(np.ones((1, 2, 4)), "float32")
+        started = time.perf_counter()
         out = backend.to_numpy(kernel(q, q, q))
+        assert 0 < kernel.kernel_seconds < time.perf_counter() - started
         assert np.array_equal(out, np.zeros((1, 2, 4)))  # the kernel's (wrong) answer
         assert property_runner.run_property is runner_here
     finally:
