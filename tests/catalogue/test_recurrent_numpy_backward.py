@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import support
 
 from attnspec.backends import Backend
 from attnspec.conformance.draw.sizes import SizeLimits
@@ -62,3 +63,33 @@ def test_each_normalisation_gradient_bug_is_caught(bug: catalogue.GradientBug) -
     fn = catalogue.NORM_BUGGY[bug.name]
     status, detail = _status(fn, "recurrent-gradients-match-reference")
     assert status == FAILED, (bug.name, detail)
+
+
+def test_a_backend_that_compiles_per_shape_meets_few_shapes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Cost, not a clause (REC-7.4's property): on a backend that compiles per shape
+    (JAX's jit: a compilation per signature), the recurrence's sizes and its split points
+    come from a few per stratum (draw.shape_pool), so recurrent-gradients-state-passing
+    calls the kernel with at most half the signatures it meets elsewhere (sizes capped:
+    the count, not the sizes, is checked)."""
+    from attnspec.conformance.judge.properties import recurrent
+
+    seen: set[tuple[Any, ...]] = set()
+    gradients = recurrent._gradients
+
+    def recording(kernel: Any, call: Any, tokens: Any, *rest: Any, **extra: Any) -> Any:
+        seen.add((call.dtype, tokens["q"].shape, tokens["v"].shape))
+        return gradients(kernel, call, tokens, *rest, **extra)
+
+    monkeypatch.setattr(recurrent, "_gradients", recording)
+    prop = all_properties()["recurrent-gradients-state-passing"]
+    counts = []
+    for backend in (Backend("numpy"), support.compiling("numpy")):
+        seen.clear()
+        kernel = KernelUnderTest(catalogue.varlen_adjoint, backend)
+        small = SizeLimits(max_len=9, max_head_dim=8)
+        verdict = run_property(prop, kernel, profile="quick", limits=small, shrink=False)
+        assert verdict.status == PASSED, verdict.detail
+        counts.append(len(seen))
+    assert 2 * counts[1] <= counts[0], counts  # 10 against 37 at seed 0

@@ -39,7 +39,7 @@ from ....reference.recurrent.tolerance_backward import (
 from ...call.gradients import BackwardCall
 from ...claims.declaration import KernelDeclaration
 from ...claims.family_claims import RecurrentClaim
-from ...draw import sizes
+from ...draw import shape_pool, sizes
 from ...draw.strategies import draw_dtype, random_values
 from ..assertions import assert_elements_within, unlike_array
 from ..failures import KernelRaised, PropertyFailure
@@ -162,24 +162,35 @@ def _draw_call(
     dtype = draw_dtype(data, kernel)
     state_dtype = _state_dtype(claim, dtype)
     drawing = sizes.current()
+    head_dims: tuple[int, ...] = ()
     if drawing.realistic:  # within the user's --max-len and --max-head-dim
         cap, widest = drawing.limits.max_len, drawing.limits.max_head_dim
         lengths = tuple(n for n in lengths if least <= n <= cap) or (max(least, min(cap, 9)),)
         head_dims = tuple(d for d in REALISTIC_HEAD_DIMS if d <= widest) or (widest,)
-        length = data.draw(st.sampled_from(lengths), label="T")
-        d_k = data.draw(st.sampled_from(head_dims), label="dk")
-        d_v = data.draw(st.sampled_from(head_dims), label="dv")
-        heads = data.draw(st.integers(1, 4), label="Hk")
-    else:
-        length = data.draw(st.integers(least, max(least, 9)), label="T")
-        d_k = data.draw(st.integers(1, 8), label="dk")
-        d_v = data.draw(st.integers(1, 8), label="dv")
-        heads = data.draw(st.integers(1, 2), label="Hk")
-    group = data.draw(st.sampled_from((1, 2)), label="G") if kernel.declaration.gqa else 1
-    # value-head groups (REC-3.1's reverse sharing): Gv states per key and query head
-    values = data.draw(st.sampled_from((1, 2)), label="Gv") if claim.value_groups else 1
-    if batch is None:
-        batch = data.draw(st.integers(1, 2), label="B")
+
+    def draw_sizes(d: Any) -> tuple[int, ...]:
+        """(T, dk, dv, Hk, G, Gv, B)"""
+        if drawing.realistic:
+            length = d.draw(st.sampled_from(lengths), label="T")
+            d_k = d.draw(st.sampled_from(head_dims), label="dk")
+            d_v = d.draw(st.sampled_from(head_dims), label="dv")
+            heads = d.draw(st.integers(1, 4), label="Hk")
+        else:
+            length = d.draw(st.integers(least, max(least, 9)), label="T")
+            d_k = d.draw(st.integers(1, 8), label="dk")
+            d_v = d.draw(st.integers(1, 8), label="dv")
+            heads = d.draw(st.integers(1, 2), label="Hk")
+        group = d.draw(st.sampled_from((1, 2)), label="G") if kernel.declaration.gqa else 1
+        # value-head groups (REC-3.1's reverse sharing): Gv states per key and query head
+        values = d.draw(st.sampled_from((1, 2)), label="Gv") if claim.value_groups else 1
+        elements = d.draw(st.integers(1, 2), label="B") if batch is None else batch
+        return length, d_k, d_v, heads, group, values, elements
+
+    # a backend that compiles per shape (JAX) meets a few of them a run (draw.shape_pool)
+    request = f"recurrent sizes: T >= {least}, T in {lengths}, B = {batch}"
+    length, d_k, d_v, heads, group, values, batch = shape_pool.pooled_sizes(
+        data, request, draw_sizes
+    )
     normalizer = data.draw(st.sampled_from(GATE_NORMALIZERS), label="gate normaliser")
     with_state = data.draw(st.booleans(), label="past state") if past_state is None else past_state
     # head dims up to 128 and T up to 1000: values from a seeded generator
@@ -420,15 +431,21 @@ def _judge_in_pieces(
         _judge((np.concatenate(outs, axis=2), state), bound, "REC-2.2", call.describe(how))
 
 
-def _draw_cut(data: st.DataObject, length: int, label: str) -> int:
-    """A token index in 0 .. T: at and around chunk edges in a realistic run, and at the
-    ends (a call of T = 0 tokens, REC-2.2's empty run) in one draw of eight."""
-    if data.draw(st.integers(0, 7), label=f"{label}: an end") == 0:
-        return data.draw(st.sampled_from((0, length)), label=label)
-    if sizes.current().realistic:
-        cuts = [c for c in (*REALISTIC_CUTS, length - 1) if 1 <= c < length]
-        return data.draw(st.sampled_from(cuts), label=label)
-    return data.draw(st.integers(1, length - 1), label=label)
+def _draw_cut(data: st.DataObject, length: int, label: str, ends: bool = True) -> int:
+    """A token index in 0 .. T: at and around chunk edges in a realistic run, and, with
+    ``ends``, at the ends (a call of T = 0 tokens, REC-2.2's empty run) in one draw of
+    eight; on a backend that compiles per shape, one of a few for each length."""
+
+    def draw(d: Any) -> int:
+        if ends and d.draw(st.integers(0, 7), label=f"{label}: an end") == 0:
+            return int(d.draw(st.sampled_from((0, length)), label=label))
+        if sizes.current().realistic:
+            cuts = [c for c in (*REALISTIC_CUTS, length - 1) if 1 <= c < length]
+            return int(d.draw(st.sampled_from(cuts), label=label))
+        return int(d.draw(st.integers(1, length - 1), label=label))
+
+    request = f"recurrent {label}: of {length} tokens, ends {ends}"
+    return shape_pool.pooled_sizes(data, request, draw)
 
 
 @register("recurrent-state-passing", "REC-2.2", applies=_recurrent_only)
@@ -862,11 +879,8 @@ def recurrent_gradients_state_passing(kernel: KernelUnderTest, data: st.DataObje
     past-state gradient) within REC-7.7 of one run's over all T tokens: a past-state
     gradient dropped, or one that ignores the final state's upstream gradient, shows."""
     call, state, (grad_out, grad_state) = _draw_with_upstream(data, kernel, least=2)
-    if sizes.current().realistic:  # no empty call: its forward differentiates nothing
-        cuts = [c for c in (*REALISTIC_CUTS, call.length - 1) if 1 <= c < call.length]
-        split = data.draw(st.sampled_from(cuts), label="split at")
-    else:
-        split = data.draw(st.integers(1, call.length - 1), label="split at")
+    # no empty call: its forward differentiates nothing
+    split = _draw_cut(data, call.length, "split at", ends=False)
     how = f"; split at token {split}"
     first, second = call.tokens(0, split), call.tokens(split, call.length)
     _, middle = _invoke(kernel, call, first, state, f"{how}; tokens 0..{split - 1}")
