@@ -621,7 +621,8 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         _RECURRENT_CHUNKED, _FLA_FLOAT32_OUTPUT
     ),
     "fla.ops.kda.naive.naive_chunk_kda": dict.fromkeys(
-        (*_RECURRENT_CHUNKED, "recurrent-zero-beta"), _FLA_KDA_LENGTH
+        (*_RECURRENT_CHUNKED, "recurrent-zero-beta", "recurrent-equal-channel-gates"),
+        _FLA_KDA_LENGTH,
     ),
     _HF + "eager_attention": _HF_EAGER,
     _HF + "sdpa_attention": _HF_SDPA,
