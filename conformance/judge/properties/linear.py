@@ -68,40 +68,85 @@ def within_underflow_guard(
     u_a of a term, which the bound already counts.  ``offset`` is the causal d, or None.
     """
     fk, v = (np.repeat(a, fq.shape[-3] // fk.shape[-3], axis=-3) for a in (fk, np.abs(v)))
-
-    def fine(a: np.ndarray, least: float, axes: tuple[int, ...]) -> np.ndarray:
-        fits: np.ndarray = ((a == 0) | (a >= least)).all(axis=axes)
-        return fits
-
     feature_least = 2 * SMALLEST_NORMAL[dtype]
     product_least = (
         2
         * SMALLEST_NORMAL["float64" if dtype == "float64" else "float32"]
         / (accumulation_roundoff(dtype))
     )
-    keys = fine(fk, feature_least, (-1,)) & fine(
-        fk[..., :, :, None] * v[..., :, None, :], product_least, (-2, -1)
-    )  # (..., Lk)
+    keys = _fine(fk, feature_least, (-1,)) & _keys_fine(fk, v, product_least)  # (..., Lk)
     # The smallest nonzero |v_jc| of each key (0 when there is none: every product is then
     # 0): where phi_if psi_jf is 0 or at least the bound (> 0), its smallest nonzero product
     # with |v_jc| is the product with this one (rounding is monotonic), so the guard needs
     # (..., Lq, Lk, F) and never (..., Lq, Lk, F, Ev): realistic strata draw Lk in thousands.
     least_v = np.where(v > 0, v, np.inf).min(axis=-1, initial=np.inf)
     least_v = np.where(np.isinf(least_v), 0.0, least_v)[..., None, :, None]  # (..., 1, Lk, 1)
+    pairs_ok = _pairs_surely_fine(fq, fk, least_v[..., 0], product_least)
+    if not pairs_ok.all():
+        pairs_ok = _pairs_fine(fq, fk, least_v, product_least)
+    ok = pairs_ok & keys[..., None, :]  # (..., Lq, Lk)
+    if offset is not None:
+        rows, cols = np.indices(ok.shape[-2:])
+        ok = ok | (cols > rows + offset)  # keys the row does not see
+    rows_ok: np.ndarray = (ok.all(axis=-1) & _fine(fq, feature_least, (-1,)))[..., None]
+    return rows_ok
+
+
+def _fine(a: np.ndarray, least: float, axes: tuple[int, ...]) -> np.ndarray:
+    """Every element of ``a`` along ``axes`` is 0 or at least ``least``."""
+    fits: np.ndarray = ((a == 0) | (a >= least)).all(axis=axes)
+    return fits
+
+
+def _least_nonzero(features: np.ndarray) -> np.ndarray:
+    """Each row's smallest nonzero entry ``(..., L, 1)``: inf where all are 0, NaN where one
+    is not finite (inf * 0 is NaN)."""
+    nonzero = np.where(features != 0, features, np.inf)
+    least = nonzero.min(axis=-1, keepdims=True, initial=np.inf)
+    finite: np.ndarray = np.isfinite(features).all(axis=-1, keepdims=True)
+    return np.where(finite, least, np.nan)
+
+
+# The two "surely" shortcuts below skip the products of a row or key whose smallest nonzero
+# entries already multiply to at least the bound: every nonzero product is then at least
+# as large (rounding is monotonic).  A negative entry may make them say "fine" wrongly, but
+# such a row or key fails its own feature check (2 lambda_d) and is outside anyway.
+def _keys_fine(fk: np.ndarray, v: np.ndarray, least: float) -> np.ndarray:
+    """``(..., Lk)``: every psi_jf |v_jc| is 0 or at least ``least``, without the
+    (..., Lk, F, Ev) products where the smallest nonzero ones settle it."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        surely: np.ndarray = (_least_nonzero(fk) * _least_nonzero(v) >= least)[..., 0]
+    if surely.all():
+        return surely
+    return _fine(fk[..., :, :, None] * v[..., :, None, :], least, (-2, -1))
+
+
+def _pairs_surely_fine(
+    fq: np.ndarray, fk: np.ndarray, least_v: np.ndarray, least: float
+) -> np.ndarray:
+    """``(..., Lq, Lk)``: True where every phi_if psi_jf and its product with key j's
+    smallest nonzero |v_jc| (``least_v``, ``(..., 1, Lk)``) is surely 0 or at least
+    ``least`` without the (..., Lq, Lk, F) products; False is "look closer"
+    (``_pairs_fine``), not "outside"."""
+    row, key = _least_nonzero(fq), np.swapaxes(_least_nonzero(fk), -1, -2)
+    with np.errstate(invalid="ignore", over="ignore"):
+        lower = row * key  # (..., Lq, Lk); inf where a row or key has no nonzero feature
+        with_v = np.where(least_v == 0, np.inf, lower * least_v)
+    surely: np.ndarray = (lower >= least) & (with_v >= least)
+    return surely
+
+
+def _pairs_fine(fq: np.ndarray, fk: np.ndarray, least_v: np.ndarray, least: float) -> np.ndarray:
+    """``(..., Lq, Lk)``: every phi_if psi_jf and its product with ``least_v`` (key j's
+    smallest nonzero |v_jc|, ``(..., 1, Lk, 1)``) is 0 or at least ``least``, computed
+    product by product in chunks of rows (bounded memory)."""
     n_queries, pair_elements = fq.shape[-2], max(1, fk[..., 0].size * fk.shape[-1])
     step = max(1, QUERY_CHUNK_ELEMENTS // pair_elements)  # rows per chunk, bounded memory
     chunks = []
     for start in range(0, max(n_queries, 1), step):  # one (empty) chunk when Lq = 0
         pairs = fq[..., start : start + step, None, :] * fk[..., None, :, :]  # (..., l, Lk, F)
-        chunks.append(
-            fine(pairs, product_least, (-1,)) & fine(pairs * least_v, product_least, (-1,))
-        )
-    ok = np.concatenate(chunks, axis=-2) & keys[..., None, :]  # (..., Lq, Lk)
-    if offset is not None:
-        rows, cols = np.indices(ok.shape[-2:])
-        ok = ok | (cols > rows + offset)  # keys the row does not see
-    rows_ok: np.ndarray = (ok.all(axis=-1) & fine(fq, feature_least, (-1,)))[..., None]
-    return rows_ok
+        chunks.append(_fine(pairs, least, (-1,)) & _fine(pairs * least_v, least, (-1,)))
+    return np.concatenate(chunks, axis=-2)
 
 
 def _snapped(problem: Problem, map_name: Any) -> Problem:

@@ -22,6 +22,10 @@ from attnspec.reference.linear import (
     relu_features,
 )
 from attnspec.reference.masks import causal_offset
+from attnspec.reference.tolerance import accumulation_roundoff
+
+# LIN-5.2's lambda_d: the dtype's smallest normal number
+SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126}
 
 
 def _ftz_float32_linear(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -96,3 +100,62 @@ def test_linear_property_draws_stay_inside_the_guard(map_name: str, dtype: str) 
     for q, k, v, causal in seen:
         offset = causal_offset(q.shape[-2], k.shape[-2], "top_left") if causal else None
         assert within_underflow_guard(features(q), features(k), v, dtype, offset).all()
+
+
+def _guard_by_loops(
+    fq: np.ndarray, fk: np.ndarray, v: np.ndarray, dtype: str, offset: int | None
+) -> np.ndarray:
+    """LIN-5.2's guard, one product at a time (shapes (H, L, F), one key head per query
+    head): row i is inside when every nonzero phi_if, psi_jf (2 lambda_d) and every nonzero
+    phi_if psi_jf, psi_jf |v_jc|, phi_if psi_jf |v_jc| (2 lambda_a / u_a) of the keys j it
+    sees is large enough."""
+    feature_least = 2 * SMALLEST_NORMAL[dtype]
+    product_least = 2 * 2.0**-126 / accumulation_roundoff(dtype)
+
+    def fine(x: float, least: float) -> bool:
+        return bool(x == 0 or x >= least)
+
+    heads, n_queries, n_features = fq.shape
+    inside = np.zeros((heads, n_queries, 1), dtype=bool)
+    for h in range(heads):
+        for i in range(n_queries):
+            ok = all(fine(fq[h, i, f], feature_least) for f in range(n_features))
+            for j in range(fk.shape[1]):
+                if offset is not None and j > i + offset:
+                    continue  # a key the row does not see
+                for f in range(n_features):
+                    phi, psi = fq[h, i, f], fk[h, j, f]
+                    ok &= fine(psi, feature_least) and fine(phi * psi, product_least)
+                    for value in np.abs(v[h, j]):
+                        ok &= fine(psi * value, product_least)
+                        ok &= fine(phi * psi * value, product_least)
+            inside[h, i, 0] = ok
+    return inside
+
+
+def test_underflow_guard_is_the_guard_product_by_product() -> None:
+    """LIN-5.2: the guard (which skips the products of features whose smallest nonzero
+    ones are already large enough) keeps exactly the rows a product-by-product check
+    keeps, on features and values around the thresholds, with zeros, negative numbers,
+    inf and NaN among them."""
+    rng = np.random.default_rng(33)
+    kept = 0
+    for _ in range(300):
+        heads, n_queries, n_keys = (int(n) for n in rng.integers([1, 0, 0], [3, 4, 4]))
+        n_features, n_values = (int(n) for n in rng.integers(1, 4, size=2))
+        dtype = str(rng.choice(list(SMALLEST_NORMAL)))
+        offset = None if rng.random() < 0.5 else int(rng.integers(-1, 2))
+
+        def draw(*shape: int) -> np.ndarray:
+            x = 2.0 ** rng.uniform(-130, 2, shape)  # straddles 2 lambda_d and 2 lambda_a / u_a
+            odd = rng.choice([0.0, -1.0, np.inf, np.nan], shape)
+            return np.where(rng.random(shape) < 0.15, odd, x)
+
+        fq, fk = draw(heads, n_queries, n_features), draw(heads, n_keys, n_features)
+        v = draw(heads, n_keys, n_values)
+        with np.errstate(invalid="ignore", over="ignore"):
+            expected = _guard_by_loops(fq, fk, v, dtype, offset)
+            guarded = within_underflow_guard(fq, fk, v, dtype, offset)
+        assert np.array_equal(guarded, expected), (fq, fk, v, dtype, offset)
+        kept += int(expected.sum())
+    assert 0 < kept < 300 * 2 * 3  # both outcomes met
