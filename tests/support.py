@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from catalogue.entry import SpecCall, spec_kernel
+from catalogue.entry import CaughtBug, SpecCall, spec_kernel
 from hypothesis import settings
 
 from attnspec.backends import Backend, BackendError
@@ -122,16 +122,22 @@ def verdict_of(
     return run_property(all_properties()[property_id], kernel, **options)
 
 
-def family_verdicts(catalogue: ModuleType, *, bugs: bool = True) -> dict[str, dict[str, str]]:
-    """One quick-profile check on NumPy of every function of a family catalogue (its
-    ``CORRECT`` functions and, with ``bugs``, its ``BUGS``' ``fn``): its verdict per
-    property, by name."""
+def family_verdicts(catalogue: ModuleType) -> dict[str, dict[str, str]]:
+    """One quick-profile check on NumPy of every correct function of a family catalogue
+    (its ``CORRECT``): its verdict per property, by name."""
     results = {}
-    buggy = [bug.fn for bug in catalogue.BUGS] if bugs else []
-    for fn in (*catalogue.CORRECT, *buggy):
+    for fn in catalogue.CORRECT:
         report = check(fn, backend="numpy", profile="quick", seed=0)
         results[fn.__name__] = {v.property: v.status for v in report.verdicts}
     return results
+
+
+def assert_bug_caught(bug: CaughtBug, *, seed: int | None = None) -> None:
+    """A family catalogue's bug fails the property that names it on the quick profile (on
+    NumPy): that property alone, in this process, the first failing example as found (the
+    verdict is what is asserted, so it is not shrunk, as tests/catalogue/test_caught.py)."""
+    verdict = verdict_of(bug.catches, bug.fn, profile="quick", seed=seed, shrink=False)
+    assert verdict.status == FAILED, verdict.detail
 
 
 def assert_family_passes(statuses: dict[str, str], prefix: str, name: str) -> None:

@@ -4,7 +4,7 @@ passes, every catalogued bug fails the property that names it."""
 from __future__ import annotations
 
 import pytest
-from support import verdict_of
+from support import assert_bug_caught, verdict_of
 
 from attnspec.conformance.judge.registry import all_properties
 from catalogue import mla as catalogue
@@ -22,8 +22,7 @@ def test_correct_mla_kernel_passes(fn: object) -> None:
 @pytest.mark.parametrize("bug", catalogue.BUGS, ids=lambda bug: bug.fn.__name__)
 def test_every_mla_bug_is_caught(bug: CaughtBug) -> None:
     """MLA-1, MLA-2, MLA-3: each catalogued bug fails the property that names it."""
-    verdict = verdict_of(bug.catches, bug.fn, profile="quick", shrink=False)
-    assert verdict.status == "failed", verdict.detail
+    assert_bug_caught(bug)
 
 
 def test_every_mla_property_has_a_bug() -> None:

@@ -5,12 +5,9 @@ property that names it, and every paged-batch property has a bug."""
 from __future__ import annotations
 
 import pytest
-from support import assert_family_passes, family_verdicts
+from support import assert_bug_caught, assert_family_passes, family_verdicts
 
-from attnspec.backends import Backend
-from attnspec.conformance.judge.kernel import KernelUnderTest
 from attnspec.conformance.judge.registry import all_properties
-from attnspec.conformance.run.property_runner import run_property
 from catalogue import paged_batch as catalogue
 from catalogue.entry import CaughtBug
 
@@ -18,7 +15,7 @@ from catalogue.entry import CaughtBug
 @pytest.fixture(scope="module")
 def verdicts() -> dict[str, dict[str, str]]:
     """The correct functions' verdicts per property (one quick check each)."""
-    return family_verdicts(catalogue, bugs=False)
+    return family_verdicts(catalogue)
 
 
 def test_correct_paged_kernels_conform(verdicts: dict[str, dict[str, str]]) -> None:
@@ -33,11 +30,7 @@ def test_correct_paged_kernels_conform(verdicts: dict[str, dict[str, str]]) -> N
 def test_every_paged_batch_bug_is_caught(bug: CaughtBug) -> None:
     """PAGED-5, PAGED-7, PAGED-8: each catalogued bug fails the property that names it on
     the quick profile (that property alone, in this process)."""
-    kernel = KernelUnderTest(bug.fn, Backend("numpy"))
-    verdict = run_property(
-        all_properties()[bug.catches], kernel, profile="quick", seed=0, shrink=False
-    )
-    assert verdict.status == "failed", verdict.detail
+    assert_bug_caught(bug, seed=0)
 
 
 def test_every_paged_batch_property_has_a_bug() -> None:

@@ -5,7 +5,7 @@ property that names it, and every RoPE property has a bug."""
 from __future__ import annotations
 
 import pytest
-from support import assert_family_passes, family_verdicts
+from support import assert_bug_caught, assert_family_passes, family_verdicts
 
 from attnspec.conformance.judge.registry import all_properties
 from catalogue import rope as catalogue
@@ -14,7 +14,7 @@ from catalogue.entry import CaughtBug
 
 @pytest.fixture(scope="module")
 def verdicts() -> dict[str, dict[str, str]]:
-    """Every catalogue function's verdict per property (one quick check each)."""
+    """The correct functions' verdicts per property (one quick check each)."""
     return family_verdicts(catalogue)
 
 
@@ -26,9 +26,10 @@ def test_correct_formulations_conform(verdicts: dict[str, dict[str, str]]) -> No
 
 
 @pytest.mark.parametrize("bug", catalogue.BUGS, ids=lambda bug: bug.fn.__name__)
-def test_every_rope_bug_is_caught(bug: CaughtBug, verdicts: dict[str, dict[str, str]]) -> None:
-    """ROPE-1, ROPE-3: each catalogued bug fails the property that names it."""
-    assert verdicts[bug.fn.__name__][bug.catches] == "failed"
+def test_every_rope_bug_is_caught(bug: CaughtBug) -> None:
+    """ROPE-1, ROPE-3: each catalogued bug fails the property that names it on
+    the quick profile (that property alone, in this process)."""
+    assert_bug_caught(bug, seed=0)
 
 
 def test_every_rope_property_has_a_bug() -> None:
