@@ -146,6 +146,51 @@ def _hnd(cache: Any) -> np.ndarray:
     return np.swapaxes(cache.to(torch.float64).numpy(), 1, 2)
 
 
+def paged_descaled(
+    a: dict[str, Any],
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    cu_q: list[int],
+    used: list[int],
+    table: list[list[int]],
+    *,
+    leftpad: list[int] | None = None,
+    **options: Any,
+) -> np.ndarray:
+    """The oracle's paged output; with FlashAttention's float8 descales in ``a``
+    (``(num_sequences, num_heads_k)`` float32) each sequence alone on its real values:
+    its q rows, and the whole cache, times its own row (a query head its key/value head's)."""
+    names = ("q_descale", "k_descale", "v_descale")
+    if all(a.get(name) is None for name in names):
+        return paged(q, k_cache, v_cache, cu_q, used, table, leftpad=leftpad, **options)[0]
+    n_seqs, n_kv = len(used), k_cache.shape[1]
+    rows = {}
+    for name in names:
+        d = a[name]
+        _require(d.dtype == torch.float32 and d.shape == (n_seqs, n_kv), f"{name} (B, H_k)")
+        rows[name] = d.to(torch.float64).numpy()
+    groups = q.shape[1] // n_kv
+    out = np.zeros((q.shape[0], q.shape[1], v_cache.shape[-1]))
+    for b in range(n_seqs):
+        first, last = cu_q[b], cu_q[b + 1]
+        real_q = q[first:last] * np.repeat(rows["q_descale"][b], groups)[None, :, None]
+        real_k = k_cache * rows["k_descale"][b][None, :, None, None]
+        real_v = v_cache * rows["v_descale"][b][None, :, None, None]
+        one, _ = paged(
+            real_q,
+            real_k,
+            real_v,
+            [0, last - first],
+            [used[b]],
+            [table[b]],
+            leftpad=None if leftpad is None else [leftpad[b]],
+            **options,
+        )
+        out[first:last] = one
+    return out
+
+
 def fa3_flash_attn_with_kvcache(*args: Any, **kwargs: Any) -> Any:
     """``flash_attn_interface.flash_attn_with_kvcache`` with ``page_table`` and packed
     queries (``cu_seqlens_q``): NHD pages, cache_seqlens the end of each sequence."""
@@ -154,7 +199,8 @@ def fa3_flash_attn_with_kvcache(*args: Any, **kwargs: Any) -> Any:
     _require(a.get("max_seqlen_q") is not None, "max_seqlen_q is needed with cu_seqlens_q")
     q, table = a["q"], a["page_table"]
     leftpad = a.get("cache_leftpad")
-    out, _ = paged(
+    out = paged_descaled(
+        a,
         q.to(torch.float64).numpy(),
         _hnd(a["k_cache"]),
         _hnd(a["v_cache"]),
@@ -184,7 +230,8 @@ def vllm_flash_attn_varlen_func(*args: Any, **kwargs: Any) -> Any:
     used = _int32("seqused_k", a["seqused_k"])
     _require(max(used, default=0) <= a["max_seqlen_k"], "max_seqlen_k below a length")
     table, sinks = a["block_table"], a.get("s_aux")
-    result, _ = paged(
+    result = paged_descaled(
+        a,
         a["q"].to(torch.float64).numpy(),
         _hnd(a["k"]),
         _hnd(a["v"]),

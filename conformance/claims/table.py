@@ -872,6 +872,13 @@ CLAIMS: tuple[Claim, ...] = (
             ),
         ),
         from_flags=fp8_from_flags,
+        # a float8 paged batch (QUANT-6) gets the descales beside the paged keywords; the
+        # float8 family's own call is checked on its own (run/kernel_setup.py)
+        keywords=lambda d: (
+            ("q_descale", "k_descale", "v_descale")
+            if d.fp8 is not None and d.family == "paged-batch"
+            else ()
+        ),
     ),
     Claim(
         "recurrent",

@@ -339,6 +339,11 @@ KNOWN_KERNELS: tuple[KnownKernel, ...] = (
                 "flash_attn_with_kvcache(page_table=, cache_seqlens=, cu_seqlens_q=): a paged "
                 "mixed batch, NHD pages; cache_leftpad, window, attention_chunk, softcap",
             ),
+            (
+                "flash_attn3_paged_fp8",
+                "flash_attn_with_kvcache(page_table=, ...) on e4m3fn q and pages with "
+                "(num_sequences, H_kv) descales (QUANT-6); bfloat16 output",
+            ),
         )
     ),
     *(
@@ -364,6 +369,13 @@ KNOWN_KERNELS: tuple[KnownKernel, ...] = (
                 "vllm_flash_attn_varlen_fa3",
                 (),
                 "fa_version=3, sinks as s_aux",
+            ),
+            (
+                _adapter("vllm_flash", "vllm_flash_attn_varlen_fa3_fp8"),
+                "vllm_flash_attn_varlen_fa3_fp8",
+                (),
+                "fa_version=3 on e4m3fn q and pages with (num_sequences, H_kv) descales "
+                "(QUANT-6), sinks as s_aux",
             ),
         )
     ),

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from attnspec.conformance import Fp8Claim, declare
+from attnspec.conformance import Fp8Claim, PagedBatchClaim, declare
 
 from .entry import CaughtBug
 
@@ -78,13 +78,14 @@ def _attention(
     sink = None if sinks is None else sinks.reshape(1, -1, 1, 1)
     if sink is not None:
         top = t.maximum(top, sink)
+    top = top.masked_fill(top == float("-inf"), 0.0)  # a row without keys (PAGED-3) gives 0
     exps = t.exp(scores - top)
     total = exps.sum(-1, keepdim=True)
     if sink is not None:
         total = total + t.exp(sink - top)
     if round_weights is not None:
         exps = exps.to(getattr(t, round_weights)).to(t.float32)
-    return (exps @ v) / total
+    return (exps @ v) / t.where(total > 0, total, 1.0)
 
 
 def _kernel(
@@ -209,6 +210,64 @@ def _query_head_indexed(
     return _times(q, k, v, tiled, _per_head(dk, 1), _per_head(dv, 1))
 
 
+def _paged_fp8(first_sequence_descales: bool = False) -> Callable[..., Tensor]:
+    """A paged batch (PAGED-1, HND pages) on float8 q and pages (QUANT-6): each sequence's
+    positions gathered through its block table, dequantised with its own row of the
+    ``(S, H_kv)`` descales, attended bottom-right; rows past the last offset 0.  The bug
+    dequantises every sequence with the first sequence's descales."""
+
+    def kernel(
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        *,
+        cu_seqlens_q: Tensor,
+        seqused_k: Tensor,
+        block_table: Tensor,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        q_descale: Tensor,
+        k_descale: Tensor,
+        v_descale: Tensor,
+        is_causal: bool = False,
+    ) -> Tensor:
+        t = _torch()
+        out = t.zeros((*q.shape[:2], v_cache.shape[-1]), dtype=t.float32)
+        page = k_cache.shape[2]
+        for b in range(len(seqused_k)):
+            first, last, n_k = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1]), int(seqused_k[b])
+            positions = t.arange(n_k)
+            pages, slots = block_table[b][positions // page], positions % page
+            row = slice(0, 1) if first_sequence_descales else slice(b, b + 1)
+            dq, dk, dv = (d[row] if d.ndim == 2 else d for d in (q_descale, k_descale, v_descale))
+            real = _real(
+                q[first:last].transpose(0, 1)[None],
+                k_cache[pages, :, slots].transpose(0, 1)[None],
+                v_cache[pages, :, slots].transpose(0, 1)[None],
+                dq,
+                dk,
+                dv,
+            )
+            n_q = last - first
+            if n_k == 0:  # no key: rows of 0 (PAGED-3)
+                continue
+            keep = t.arange(n_k)[None, :] <= t.arange(n_q)[:, None] + (n_k - n_q)
+            allowed = keep if is_causal else None
+            attended = _attention(*real, q.shape[-1] ** -0.5, False, allowed)
+            out[first:last] = attended[0].transpose(0, 1)
+        return out
+
+    return kernel
+
+
+PAGED_CLAIMS = {**CLAIMS, "paged_batch": PagedBatchClaim()}
+fp8_paged = _named(
+    "fp8_paged",
+    "A paged batch on float8 q and pages, each sequence with its own descales (QUANT-6).",
+    _paged_fp8(),
+    PAGED_CLAIMS,
+)
+
 HEAD_CLAIMS = {**CLAIMS, "fp8": Fp8Claim(("e4m3fn",), descale="head")}
 BUGS = (
     CaughtBug(
@@ -245,6 +304,15 @@ BUGS = (
             FEATURE_CLAIMS,
         ),
         "fp8-matches-reference",
+    ),
+    CaughtBug(
+        _named(
+            "fp8_paged_first_sequence_descales",
+            "Bug: every sequence of a paged batch dequantised with the first one's descales.",
+            _paged_fp8(first_sequence_descales=True),
+            PAGED_CLAIMS,
+        ),
+        "paged-batch-matches-reference",
     ),
     CaughtBug(
         _named(

@@ -126,6 +126,40 @@ def test_vllm_paged_maps_onto_flash_attn_varlen_func(stand_ins: None, adapter: s
     _assert_rounded(getattr(vllm_flash, adapter)(**call), batch.want(**oracle))
 
 
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [(flash_attn3, "flash_attn3_paged_fp8"), (vllm_flash, "vllm_flash_attn_varlen_fa3_fp8")],
+)
+def test_float8_paged_rows_pass_the_descales(stand_ins: None, module: Any, name: str) -> None:
+    """QUANT-6: float8 q and pages with descales (num_sequences, num_heads_k), distinct per
+    sequence, reach FlashAttention's q_descale, k_descale, v_descale: sequence b's rows are
+    the attention of its real values (its q rows and the pages times row b), head dim 6
+    padded to 16 (float8's alignment), in bfloat16."""
+    batch = Batch(page=vllm_flash.VLLM_PAGE_SIZE)
+    rng = np.random.default_rng(5)
+    descales = {n: rng.uniform(0.25, 4.0, (3, 2)).astype(np.float32) for n in ("q", "k", "v")}
+    stored = [
+        np.asarray(torch.tensor(x).to(torch.float8_e4m3fn).double())
+        for x in (batch.q, batch.k, batch.v)
+    ]
+    call = batch.keywords("nhd", max_seqlen_q=4, max_seqlen_k=9, is_causal=True)
+    for key, x in zip(("q", "k_cache", "v_cache"), stored, strict=True):
+        layout = x if key == "q" else np.swapaxes(x, 1, 2)
+        call[key] = torch.tensor(layout).to(torch.float8_e4m3fn)
+    call.update({f"{n}_descale": torch.tensor(d) for n, d in descales.items()})
+    got = getattr(module, name)(**call)
+    assert got.dtype == torch.bfloat16
+    for b in range(3):
+        real = (
+            stored[0] * np.repeat(descales["q"][b], 2)[None, :, None],
+            stored[1] * descales["k"][b][None, :, None, None],
+            stored[2] * descales["v"][b][None, :, None, None],
+        )
+        want, _ = paged(*real, batch.cu_q, batch.used, batch.table.tolist(), is_causal=True)
+        rows = slice(batch.cu_q[b], batch.cu_q[b + 1])
+        _assert_rounded(got[rows], want[rows])
+
+
 def test_flashinfer_paged_maps_onto_the_prefill_wrapper(stand_ins: None) -> None:
     """PAGED-1, PAGED-5, PAGED-8, SINK-1: the block table as FlashInfer's page lists (a
     partial last page), HND pages, the custom mask with the causal rule folded in (FlashInfer
@@ -258,8 +292,10 @@ def test_gpu_serving_rows_need_their_libraries() -> None:
         ("flash_attn3", "flash_attn3_func"),
         ("flash_attn3", "flash_attn3_func_fp8"),
         ("flash_attn3", "flash_attn3_paged"),
+        ("flash_attn3", "flash_attn3_paged_fp8"),
         ("vllm_flash", "vllm_flash_attn_varlen"),
         ("vllm_flash", "vllm_flash_attn_varlen_fa3"),
+        ("vllm_flash", "vllm_flash_attn_varlen_fa3_fp8"),
         ("flashinfer", "batch_prefill_paged"),
         ("flashinfer", "merge_state"),
     ):

@@ -423,3 +423,15 @@ def draw_sinks(data: st.DataObject, n_heads: int) -> np.ndarray:
     seeded = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="sinks seed"))
     # float64 values exact in float32: the sinks are passed as float32
     return (seeded.standard_normal(n_heads) * scale + shift).astype(np.float32).astype(np.float64)
+
+
+def has_float8(backend: Backend) -> str | None:
+    """Why ``backend`` cannot run a float8 property (QUANT-1), or None."""
+    if backend.float8_names:
+        return None
+    return f"{backend.name} has no float8 dtype (QUANT-1): check a float8 kernel on torch"
+
+
+def as_float8(backend: Backend, stored: np.ndarray, fmt: str) -> Any:
+    """``stored`` (on ``fmt``'s grid) as a float8 array: exact through float32."""
+    return backend.xp.astype(backend.asarray(stored, "float32"), backend.dtype(fmt))

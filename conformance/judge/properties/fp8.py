@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from ....backends import Backend
 from ....reference.serving.fp8 import FP8_FORMATS, round_to_fp8
 from ....reference.tolerance_fp8 import OUT_DTYPES, fp8_error_bound
 from ...claims.declaration import KernelDeclaration
@@ -33,7 +32,7 @@ from ..assertions import assert_elements_within
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import register
-from ._helpers import draw_sinks, draw_softcap
+from ._helpers import as_float8, draw_sinks, draw_softcap, has_float8
 
 # FlashAttention 3's float8 heads: head dims 64 to 256 (64 and 128 keep the check cheap),
 # decode and prefill rows, a few key/value heads shared by groups of 1 to 8 query heads
@@ -47,12 +46,6 @@ def _fp8_only(declaration: KernelDeclaration) -> str | None:
     if declaration.family != "fp8":
         return "the kernel is not declared to take float8 inputs (--fp8)"
     return None
-
-
-def _has_float8(backend: Backend) -> str | None:
-    if backend.float8_names:
-        return None
-    return f"{backend.name} has no float8 dtype (QUANT-1): check a float8 kernel on torch"
 
 
 @dataclass(frozen=True)
@@ -206,12 +199,7 @@ def _keywords(kernel: KernelUnderTest, call: Fp8Call) -> dict[str, Any]:
     return keywords
 
 
-def _float8(backend: Backend, stored: np.ndarray, fmt: str) -> Any:
-    """``stored`` (on ``fmt``'s grid) as a float8 array: exact through float32."""
-    return backend.xp.astype(backend.asarray(stored, "float32"), backend.dtype(fmt))
-
-
-@register("fp8-matches-reference", "QUANT-4", applies=_fp8_only, applies_on=_has_float8)
+@register("fp8-matches-reference", "QUANT-4", applies=_fp8_only, applies_on=has_float8)
 def fp8_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Stored float8 values with descales far from 1, per tensor or per (batch element,
     key/value head), GQA groups, causal rows and masks: the output within QUANT-4's bound of
@@ -222,7 +210,7 @@ def fp8_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
     assert claim is not None  # the property applies only to an --fp8 declaration
     call = _draw_call(data, kernel)
     backend = kernel.backend
-    args = tuple(_float8(backend, x, call.fmt) for x in (call.q, call.k, call.v))
+    args = tuple(as_float8(backend, x, call.fmt) for x in (call.q, call.k, call.v))
     try:
         out = kernel.call_raw(args, _keywords(kernel, call))
     except Exception as exc:

@@ -10,7 +10,9 @@ compared with TOL-2 of its own dense problem, bottom-right (PAGED-2, PAGED-7); a
 memory past every valid length, NaN there included, must leave the output bit-identical
 (PAGED-5).  The options a kernel declares (``PagedBatchClaim.features``) are drawn with the
 pages: left padding, windows, chunks, softcap and a flattened mask (PAGED-8).  The output
-rows past the last offset must be 0 (PAGED-9), on fixed batches.
+rows past the last offset must be 0 (PAGED-9), on fixed batches.  A kernel that also
+declares float8 inputs gets q and the pages in float8 with descales per sequence and
+key/value head, each sequence judged within QUANT-4 of its real values (QUANT-6).
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
+from ....reference.serving.fp8 import round_to_fp8
 from ....reference.serving.paged import Rules
 from ....reference.tolerance import error_bound
+from ....reference.tolerance_fp8 import fp8_error_bound
 from ....reference.tolerance_serving import sink_error_and_lse_bound
 from ...draw import sizes
 from ...draw.strategies import draw_dtype, draw_rng, random_values
@@ -30,7 +34,7 @@ from ..assertions import unlike_array
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import family_only, register
-from ._helpers import draw_sinks, draw_softcap
+from ._helpers import as_float8, draw_sinks, draw_softcap
 
 SMALL_PAGE_SIZES = (1, 2, 3, 16)
 REALISTIC_PAGE_SIZES = (1, 16, 64, 256)  # the sizes upstream tests run
@@ -41,6 +45,42 @@ REALISTIC_HEAD_DIMS = (64, 128)
 _paged_only = family_only(
     "paged-batch", "the kernel is not declared a paged batch kernel (--paged-batch)"
 )
+
+
+@dataclass(frozen=True)
+class PagedFp8:
+    """A float8 paged call (QUANT-6): the stored format, and float64 descales as passed,
+    ``(S, H_kv)`` per sequence and key/value head or ``(1,)``, by keyword."""
+
+    fmt: str
+    descales: dict[str, np.ndarray]
+
+    def of_sequence(self, b: int) -> dict[str, np.ndarray]:
+        """Sequence b's descales, ``(1, H_kv)`` or ``(1,)``."""
+        return {name: d[b : b + 1] if d.ndim == 2 else d for name, d in self.descales.items()}
+
+
+def _stored_fp8(
+    kernel: KernelUnderTest, seed: int, call: PagedCall, fmt: str | None = None
+) -> PagedCall:
+    """``call`` in float8 (QUANT-1, QUANT-6): its values times 8 on ``fmt``'s grid (the
+    declared format drawn from ``seed`` when None), and float32 descales 2^-e times a factor
+    in [0.5, 2), e from 2 to 6, per sequence and key/value head (or per tensor), so that one
+    sequence's descale read for another's is far outside QUANT-4's bound."""
+    claim = kernel.declaration.fp8
+    assert claim is not None  # only for a kernel that declares float8 inputs
+    rng = np.random.default_rng(seed)
+    fmt = fmt or "float8_" + claim.formats[int(rng.integers(len(claim.formats)))]
+    grid = (len(call.n_queries), call.k_cache.shape[1]) if claim.descale == "head" else (1,)
+    descales = {
+        name: (2.0 ** -rng.integers(2, 7, grid) * rng.uniform(0.5, 2.0, grid))
+        .astype(np.float32)
+        .astype(np.float64)
+        for name in ("q_descale", "k_descale", "v_descale")
+    }
+    stored = (np.asarray(round_to_fp8(x * 8.0, fmt)) for x in (call.q, call.k_cache, call.v_cache))
+    q, k_cache, v_cache = stored
+    return replace(call, q=q, k_cache=k_cache, v_cache=v_cache, fp8=PagedFp8(fmt, descales))
 
 
 @dataclass(frozen=True)
@@ -64,6 +104,7 @@ class PagedCall:
     softcap: float | None = None
     masks: tuple[np.ndarray, ...] | None = None  # per sequence (L_q, L_k) bool
     sinks: np.ndarray | None = None  # (Hq,) float64 values exact in float32 (SINK-1)
+    fp8: PagedFp8 | None = None  # q and the pages stored in float8 (QUANT-6); dtype: the output's
 
     @property
     def offsets(self) -> np.ndarray:
@@ -120,8 +161,14 @@ class PagedCall:
             options.append("a custom_mask")
         if self.sinks is not None:
             options.append(f"sinks {np.array2string(self.sinks, precision=4, separator=', ')}")
+        if self.fp8 is not None:
+            options.extend(
+                f"{name} {np.array2string(d, precision=4, separator=', ')}"
+                for name, d in self.fp8.descales.items()
+            )
         return (
-            f"q {self.q.shape} {self.dtype}, pages {self.k_cache.shape} (N, Hkv, P, E), "
+            f"q {self.q.shape} {self.dtype if self.fp8 is None else self.fp8.fmt}, "
+            f"pages {self.k_cache.shape} (N, Hkv, P, E), "
             f"query lengths {list(self.n_queries)}, cached lengths {list(self.n_keys)}, "
             f"{'causal' if self.is_causal else 'not causal'}"
             + "".join(f", {option}" for option in options)
@@ -185,6 +232,8 @@ def _draw_call(data: st.DataObject, kernel: KernelUnderTest) -> PagedCall:
     k_cache = random_values(kernel, rng, (n_pages, n_kv_heads, page, head_dim), dtype)
     v_cache = random_values(kernel, rng, (n_pages, n_kv_heads, page, head_dim), dtype)
     call = PagedCall(q, k_cache, v_cache, tuple(n_queries), tuple(n_keys), table, causal, dtype)
+    if kernel.declaration.fp8 is not None:
+        call = _stored_fp8(kernel, data.draw(st.integers(0, 2**32 - 1), label="fp8 seed"), call)
     return _with_features(data, call, starts, features, realistic)
 
 
@@ -260,7 +309,12 @@ def _run(kernel: KernelUnderTest, call: PagedCall) -> np.ndarray:
         keywords["custom_mask"] = backend.asarray(flat)
     if call.sinks is not None:
         keywords["sinks"] = backend.asarray(call.sinks, "float32")
-    arrays = tuple(backend.asarray(a, call.dtype) for a in (call.q, k_cache, v_cache))
+    if call.fp8 is None:
+        arrays = tuple(backend.asarray(a, call.dtype) for a in (call.q, k_cache, v_cache))
+    else:  # QUANT-6: float8 q and pages with their descales
+        arrays = tuple(as_float8(backend, a, call.fp8.fmt) for a in (call.q, k_cache, v_cache))
+        for name, descale in call.fp8.descales.items():
+            keywords[name] = backend.asarray(descale, "float32")
     try:
         out = kernel.call_raw(arrays, {**kernel.declaration.extra_kwargs, **keywords})
     except Exception as exc:
@@ -276,6 +330,45 @@ def _run(kernel: KernelUnderTest, call: PagedCall) -> np.ndarray:
             f"(T_q, Hq, Ev) in {call.dtype} (PAGED-1) [call: {call.describe()}]"
         )
     return kernel.numpy(out)
+
+
+def _sequence_bound(
+    kernel: KernelUnderTest,
+    call: PagedCall,
+    b: int,
+    queries: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray,
+    allowed: np.ndarray,
+) -> Any:
+    """Sequence b's output and its bound: TOL-2 (SINK-5 with sinks), or QUANT-4 on the
+    values stored × the sequence's descales for a float8 call (QUANT-6)."""
+    if call.fp8 is not None:
+        claim = kernel.declaration.fp8
+        assert claim is not None  # a float8 call is drawn for a float8 kernel only
+        descales = call.fp8.of_sequence(b)
+        bound = fp8_error_bound(
+            queries[None],
+            keys[None],
+            values[None],
+            q_descale=descales["q_descale"],
+            k_descale=descales["k_descale"],
+            v_descale=descales["v_descale"],
+            out_dtype=call.dtype,
+            fmt=call.fp8.fmt,
+            weights_format=None if claim.weights is None else "float8_" + claim.weights,
+            mask=allowed,
+            softcap=call.softcap,
+            sinks=call.sinks,
+        )
+        return bound._replace(out=bound.out[0], out_tolerance=bound.out_tolerance[0])
+    if call.sinks is not None:  # SINK-5: TOL-2 with the sink as one more key
+        return sink_error_and_lse_bound(
+            queries, keys, values, call.sinks, dtype=call.dtype, mask=allowed, softcap=call.softcap
+        )[0]
+    return error_bound(
+        queries, keys, values, dtype=call.dtype, mask=allowed, softcap=call.softcap, weights=False
+    )
 
 
 @register("paged-batch-matches-reference", "PAGED-7", applies=_paged_only)
@@ -295,27 +388,7 @@ def paged_batch_matches_reference(kernel: KernelUnderTest, data: st.DataObject) 
         keys, values = call.keys(b)
         queries = np.swapaxes(call.q[offsets[b] : offsets[b + 1]], 0, 1)
         allowed = call.allowed(b)
-        bound = (
-            error_bound(
-                queries,
-                keys,
-                values,
-                dtype=call.dtype,
-                mask=allowed,
-                softcap=call.softcap,
-                weights=False,
-            )
-            if call.sinks is None  # SINK-5: TOL-2 with the sink as one more key
-            else sink_error_and_lse_bound(
-                queries,
-                keys,
-                values,
-                call.sinks,
-                dtype=call.dtype,
-                mask=allowed,
-                softcap=call.softcap,
-            )[0]
-        )
+        bound = _sequence_bound(kernel, call, b, queries, keys, values, allowed)
         expected = np.swapaxes(np.asarray(bound.out), 0, 1)
         tolerance = np.swapaxes(np.asarray(bound.out_tolerance), 0, 1)
         with np.errstate(invalid="ignore"):
@@ -328,7 +401,8 @@ def paged_batch_matches_reference(kernel: KernelUnderTest, data: st.DataObject) 
                 f"{call.n_keys[b] - call.start(b)} cached keys), but should be "
                 f"{expected[row, head, column]!r} within {tolerance[row, head, column]:.3g} "
                 f"(PAGED-2, PAGED-7{', PAGED-8' if call.masks is not None else ''}"
-                f"{', SINK-5' if call.sinks is not None else ''}); "
+                f"{', SINK-5' if call.sinks is not None else ''}"
+                f"{', QUANT-4, QUANT-6' if call.fp8 is not None else ''}); "
                 f"{int(outside.sum())} of {outside.size} elements of that sequence outside "
                 f"[call: {call.describe()}]"
             )
@@ -384,7 +458,8 @@ def _fixed_call(kernel: KernelUnderTest, dtype: str, seed: int) -> PagedCall:
     q[sum(n_queries) :] = np.nan
     k_cache = random_values(kernel, rng, (sum(pages_of), 1, page, 4), dtype)
     v_cache = random_values(kernel, rng, (sum(pages_of), 1, page, 4), dtype)
-    return PagedCall(q, k_cache, v_cache, n_queries, n_keys, table, causal, dtype)
+    call = PagedCall(q, k_cache, v_cache, n_queries, n_keys, table, causal, dtype)
+    return call if kernel.declaration.fp8 is None else _stored_fp8(kernel, seed, call)
 
 
 @register("paged-batch-padding-rows", "PAGED-9", kind="fixed", applies=_paged_only)

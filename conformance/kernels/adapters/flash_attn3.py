@@ -123,6 +123,13 @@ flash_attn3_func_fp8 = flash_attention_row(_fa3, dtypes=("bfloat16",), fp8=FA3_F
 flash_attn3_func_fp8.__name__ = flash_attn3_func_fp8.__qualname__ = "flash_attn3_func_fp8"
 
 
+def descales(call: dict[str, Any]) -> dict[str, Any]:
+    """The float8 descales a call holds (QUANT-6: ``(num_sequences, num_heads_k)``), by
+    FlashAttention's keywords; none for a call in half precision."""
+    names = ("q_descale", "k_descale", "v_descale")
+    return {name: call[name] for name in names if call.get(name) is not None}
+
+
 def flash_attn3_paged(q: Any, k_cache: Any, v_cache: Any, **call: Any) -> Any:
     """PAGED-1's call (``cu_seqlens_q``, ``seqused_k``, ``block_table``, ``max_seqlen_q``,
     ``is_causal`` and the declared options) as ``flash_attn_with_kvcache``'s with
@@ -146,6 +153,7 @@ def flash_attn3_paged(q: Any, k_cache: Any, v_cache: Any, **call: Any) -> Any:
         window_size=tuple(call.get("window_size", (-1, -1))),
         attention_chunk=call.get("attention_chunk", 0),
         softcap=call.get("softcap", 0.0),
+        **descales(call),
     )
 
 
@@ -153,4 +161,19 @@ flash_attn3_paged = declare(
     flash_attn3_paged,
     dtypes=HALF_DTYPES,
     paged_batch=PagedBatchClaim("nhd", features=("leftpad", "window", "chunk", "softcap")),
+)
+
+
+def flash_attn3_paged_fp8(q: Any, k_cache: Any, v_cache: Any, **call: Any) -> Any:
+    """:func:`flash_attn3_paged` on float8 q and pages with their descales (QUANT-6)."""
+    return flash_attn3_paged(q, k_cache, v_cache, **call)
+
+
+# its float8 paged kernels (hopper/instantiations: *_e4m3_paged_*_sm90): q and the pages in
+# e4m3fn, descales per sequence and key/value head, a bfloat16 output
+flash_attn3_paged_fp8 = declare(
+    flash_attn3_paged_fp8,
+    dtypes=("bfloat16",),
+    paged_batch=PagedBatchClaim("nhd", features=("leftpad", "window", "chunk", "softcap")),
+    fp8=FA3_FP8,
 )

@@ -17,13 +17,13 @@ from typing import Any
 
 from ...claims.declaration import declare
 from ...claims.family_claims import PagedBatchClaim
-from .flash_attn3 import HALF_DTYPES, as_int32, head_multiple, padded_call
+from .flash_attn3 import FA3_FP8, HALF_DTYPES, as_int32, descales, head_multiple, padded_call
 
 # vLLM's FlashAttention backend: block sizes a multiple of 16 (get_kv_cache_shape)
 VLLM_PAGE_SIZE = 16
 
 
-def _calling(fa_version: int) -> Any:
+def _calling(fa_version: int, fp8: bool = False) -> Any:
     """PAGED-1's call as vLLM's ``flash_attn_varlen_func(..., fa_version=fa_version)``."""
 
     def varlen(q: Any, k_cache: Any, v_cache: Any, **call: Any) -> Any:
@@ -47,9 +47,11 @@ def _calling(fa_version: int) -> Any:
             block_table=as_int32(call["block_table"]),
             fa_version=fa_version,
             s_aux=call.get("sinks"),
+            **descales(call),
         )
 
     name = "vllm_flash_attn_varlen" + ("" if fa_version == 2 else f"_fa{fa_version}")
+    name += "_fp8" if fp8 else ""
     varlen.__name__ = varlen.__qualname__ = name
     return varlen
 
@@ -65,4 +67,12 @@ vllm_flash_attn_varlen_fa3 = declare(
     _calling(3),
     dtypes=HALF_DTYPES,
     paged_batch=PagedBatchClaim("nhd", VLLM_PAGE_SIZE, features=("window", "softcap", "sinks")),
+)
+# the FlashAttention 3 path on float8 q and pages: vLLM passes its per-layer scales expanded
+# to (num_sequences, num_kv_heads) as q_descale, k_descale, v_descale (QUANT-6)
+vllm_flash_attn_varlen_fa3_fp8 = declare(
+    _calling(3, fp8=True),
+    dtypes=("bfloat16",),
+    paged_batch=PagedBatchClaim("nhd", VLLM_PAGE_SIZE, features=("window", "softcap", "sinks")),
+    fp8=FA3_FP8,
 )
