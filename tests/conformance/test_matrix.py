@@ -2,9 +2,12 @@
 cause, consequences (failures that pass re-run around another failed clause's inputs,
 conformance/root_causes.py) folded into it.
 
-One matrix run on two cheap torch rows (four properties each, two kernels at once in
-processes of their own: --jobs 2) is shared by the module; the folding and cell rules are
-also checked on hand-built reports.
+One matrix run on two torch rows (four properties each, FEW_EXAMPLES small draws as the
+quick profile: nn.MultiheadAttention's failures re-run around fully masked rows cost ~100 s
+of CPU on the real quick profile, 6 s on FEW_EXAMPLES, with the same findings) is shared by
+the module; a second, on one property of the real quick profile, checks two kernels at
+once in processes of their own (--jobs 2: a profile patched here does not reach them); the
+folding and cell rules are also checked on hand-built reports.
 """
 
 from __future__ import annotations
@@ -24,41 +27,41 @@ from attnspec.conformance.judge.verdict import FAILED, NOT_APPLICABLE, PASSED, W
 from attnspec.conformance.kernels.known import KNOWN_KERNELS
 from attnspec.conformance.plan import Execution
 from attnspec.conformance.run import supervisor as isolation
+from attnspec.conformance.run.property_runner import PROFILES, Profile
 from attnspec.conformance.run.root_causes import Divergence
 
 pytest.importorskip("torch", reason="the matrix rows checked here are PyTorch kernels")
 
 PROPERTIES = "empty-rows-zero,rows-sum-to-one,mask-broadcast,masked-nonfinite-ignored"
+# small draws a property: these meet fully masked rows (nn.MultiheadAttention's NaN) and
+# NaN in masked keys (sdpa_math's SDPA-8.2), and the re-runs drawn around them pass
+FEW_EXAMPLES = Profile(10)
+SDPA_MATH = "attnspec.conformance.kernels.torch_sdpa:sdpa_math"
+MHA = "torch.nn:MultiheadAttention"
+
+
+def _matrix(out: Path, *argv: str) -> dict[str, Any]:
+    """``attnspec matrix ARGV --quiet`` in this process, writing into ``out``: its exit
+    status, Markdown, rows by name and JSON file."""
+    md, js = out / "matrix.md", out / "matrix.json"
+    status = cli.main(["matrix", *argv, "--quiet", "--markdown", str(md), "--json", str(js)])
+    rows = {row["name"]: row for row in json.loads(js.read_text())}
+    return {"status": status, "markdown": md.read_text(), "rows": rows, "json": js}
 
 
 @pytest.fixture(scope="module")
 def matrix_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("matrix")
-    md, js = out / "matrix.md", out / "matrix.json"
-    status = cli.main(
-        [
-            "matrix",
-            "--kernel",
-            "sdpa_math",
-            "--kernel",
-            "torch.nn:Multihead",
-            "--kernel",
-            "fast_transformers",
-            "--kernel",
-            "flash_attn",
-            "--only",
-            PROPERTIES,
-            "--quiet",
-            "--jobs",
-            "2",
-            "--markdown",
-            str(md),
-            "--json",
-            str(js),
-        ]
-    )
-    rows = {row["name"]: row for row in json.loads(js.read_text())}
-    return {"status": status, "markdown": md.read_text(), "rows": rows, "json": js}
+    """The matrix of four kernels (two checkable here), each checked in a worker of its own
+    on FEW_EXAMPLES as its quick profile (the profile travels to the worker with each
+    property)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(PROFILES, "quick", FEW_EXAMPLES)
+        return _matrix(
+            tmp_path_factory.mktemp("matrix"),
+            *("--kernel", "sdpa_math", "--kernel", "torch.nn:Multihead"),
+            *("--kernel", "fast_transformers", "--kernel", "flash_attn"),
+            *("--only", PROPERTIES, "--jobs", "1"),
+        )
 
 
 def test_matrix_writes_a_row_per_selected_kernel(matrix_run: dict[str, Any]) -> None:
@@ -94,9 +97,30 @@ def test_matrix_writes_a_row_per_selected_kernel(matrix_run: dict[str, Any]) -> 
     assert flash["status"] in (matrix.NOT_INSTALLED, matrix.NEEDS_GPU), flash
 
 
+def test_kernels_checked_at_once_come_back_as_their_rows(
+    matrix_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """CONF-1 (the matrix's --jobs N): two kernels checked at once, each by ``attnspec
+    matrix`` in a process of its own, come back as their rows: checked, with the cells and
+    the divergence (and its write-up) that the same property gives them in this process."""
+    run = _matrix(
+        tmp_path,
+        *("--kernel", "sdpa_math", "--kernel", "torch.nn:Multihead"),
+        *("--only", "empty-rows-zero", "--jobs", "2"),
+    )
+    assert run["status"] == 0
+    rows, alone = run["rows"], matrix_run["rows"]
+    assert {n for n, r in rows.items() if r["status"] == matrix.CHECKED} == {SDPA_MATH, MHA}
+    for name in (SDPA_MATH, MHA):
+        assert rows[name]["cells"] == {"SDPA-5": alone[name]["cells"]["SDPA-5"]}, rows[name]
+    assert rows[SDPA_MATH]["cells"]["SDPA-5"] == PASSED and not rows[SDPA_MATH]["divergences"]
+    [empty] = rows[MHA]["divergences"]
+    assert empty["clause"] == "SDPA-5.1" and empty["write_up"].startswith("docs/divergences.md#")
+
+
 def test_sdpa_math_row_links_its_confirmed_warning(matrix_run: dict[str, Any]) -> None:
     """SDPA-8.2 is sdpa_math's one finding, linked to its write-up; SDPA-5 passes."""
-    row = matrix_run["rows"]["attnspec.conformance.kernels.torch_sdpa:sdpa_math"]
+    row = matrix_run["rows"][SDPA_MATH]
     assert row["cells"]["SDPA-5"] == PASSED and row["cells"]["SDPA-8"] == "warning"
     [divergence] = row["divergences"]
     assert divergence["clause"] == "SDPA-8.2"
@@ -106,7 +130,7 @@ def test_sdpa_math_row_links_its_confirmed_warning(matrix_run: dict[str, Any]) -
 def test_mha_fully_masked_rows_are_one_divergence(matrix_run: dict[str, Any]) -> None:
     """nn.MultiheadAttention gives NaN for a fully masked row (SDPA-5.1): the properties that
     fail only because their minimal case has such a row are folded into it."""
-    row = matrix_run["rows"]["torch.nn:MultiheadAttention"]
+    row = matrix_run["rows"][MHA]
     by_clause = {d["clause"]: d for d in row["divergences"]}
     empty = by_clause["SDPA-5.1"]
     assert "SDPA-7.1" not in by_clause and "SDPA-3.1" not in by_clause, row["divergences"]
