@@ -25,6 +25,7 @@ from hypothesis import settings
 from attnspec.backends import Backend, BackendError
 from attnspec.conformance import check, cli
 from attnspec.conformance.claims.declaration import KernelDeclaration
+from attnspec.conformance.draw.sizes import SizeLimits
 from attnspec.conformance.judge.kernel import KernelUnderTest
 from attnspec.conformance.judge.registry import all_properties
 from attnspec.conformance.judge.verdict import FAILED, WARNING, Report, Verdict
@@ -35,6 +36,19 @@ TESTS = Path(__file__).resolve().parent  # on pythonpath: ``oracle``, ``catalogu
 ROOT = TESTS.parent  # the checkout, which is the ``attnspec`` package
 ATTNSPEC = str(Path(sys.executable).parent / "attnspec")  # the CLI of the venv under test
 CHEAP = "default-scale,explicit-scale"  # closed-form probes: one small call per example
+# Size caps for the tests whose subject is not the sizes drawn (a declaration, a hostile
+# kernel, the report): every stratum and anchor still runs, cut to these caps
+# (SizeLimits), so every property is still checked; uncapped, the anchors' upstream shapes
+# (up to 2**15 queries) cost a whole-suite check of the NumPy reference ~55 s of CPU of its
+# ~60 s, 6 s with these.  As keywords of ``check``, limits of ``run_property`` and
+# ``attnspec check`` flags:
+SMALL_SIZES = {"max_len": 64, "max_head_dim": 32, "max_batch_heads": 4}
+SMALL_LIMITS = SizeLimits(**SMALL_SIZES)
+SMALL_SIZE_FLAGS = tuple(
+    token
+    for name, cap in SMALL_SIZES.items()
+    for token in (f"--{name.replace('_', '-')}", str(cap))
+)
 
 # The project's own Hypothesis tests: the same examples on every run (derandomize), no
 # database (nothing learned in one run changes the next), no deadline (timings on a shared
