@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import TESTS, kernel_file
+from support import SMALL_SIZE_FLAGS, SMALL_SIZES, TESTS, kernel_file
 
 from attnspec.conformance import SetupError, check, cli
 from attnspec.conformance.judge.failures import distinct
@@ -97,7 +97,11 @@ def kernels(tmp_path: Path) -> Path:
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    status = cli.main([*argv, "--dtype", "float64", "--quiet"])
+    """``attnspec ARGV`` in this process, in float64, the kernel in this process too and
+    sizes capped: what these tests read is the findings and hints (that the hint probes
+    run in the worker of an isolated check, and what they find comes back from it, is
+    test_supervisor.py's)."""
+    status = cli.main([*argv, "--dtype", "float64", "--quiet", "--no-isolate", *SMALL_SIZE_FLAGS])
     return status, capsys.readouterr().out
 
 
@@ -279,14 +283,14 @@ def test_kernel_of_one_batch_rank_says_batch_ndim(kernels: Path) -> None:
     the hint says --batch-ndim 1, with which it passes.  A kernel that raises for another
     reason (a dtype) and is right at every rank gets no such hint."""
     target = f"{kernels}:four_dimensional_only"
-    report = check(target, only=["matches-reference"])
+    report = check(target, only=["matches-reference"], **SMALL_SIZES)
     assert report.verdicts[0].status == "failed"
     assert any(
         "right on a probe with 1 leading batch dim and not with 0 or 2" in hint
         and "pass --batch-ndim 1" in hint
         for hint in report.hints
     ), report.hints
-    declared = check(target, only=["matches-reference"], batch_ndim=1)
+    declared = check(target, only=["matches-reference"], batch_ndim=1, **SMALL_SIZES)
     assert declared.verdicts[0].status == "passed", declared.verdicts[0].detail
     other = check(f"{kernels}:float32_only", dtypes=["float16", "float32"], only=["default-scale"])
     assert other.verdicts[0].detail.startswith("kernel raised TypeError: only float32")

@@ -3,7 +3,7 @@ cause, consequences (failures that pass re-run around another failed clause's in
 conformance/root_causes.py) folded into it.
 
 One matrix run on two torch rows (four properties each, FEW_EXAMPLES small draws as the
-quick profile: nn.MultiheadAttention's failures re-run around fully masked rows cost ~100 s
+quick profile: nn.MultiheadAttention's failures re-run around fully masked rows cost ~135 s
 of CPU on the real quick profile, 6 s on FEW_EXAMPLES, with the same findings) is shared by
 the module; a second, on one property of the real quick profile, checks two kernels at
 once in processes of their own (--jobs 2: a profile patched here does not reach them); the

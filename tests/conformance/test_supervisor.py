@@ -22,7 +22,15 @@ import numpy as np
 import pytest
 from catalogue import hostile
 from catalogue.hostile import HOSTILE, Hostile
-from support import kernel_file, processes_in, run_command, verdict_of
+from support import (
+    SMALL_LIMITS,
+    SMALL_SIZE_FLAGS,
+    SMALL_SIZES,
+    kernel_file,
+    processes_in,
+    run_command,
+    verdict_of,
+)
 
 from attnspec.backends import Backend
 from attnspec.conformance import SetupError, check, cli
@@ -74,6 +82,7 @@ def test_hostile_kernel_gets_its_verdict_from_the_cli(case: Hostile, tmp_path: P
         "--json",
         "report.json",
         *timeout,
+        *SMALL_SIZE_FLAGS,  # what each kernel does, it does at any size
         cwd=tmp_path,
     )
     assert result.returncode == case.exit, result.stdout + result.stderr[-2000:]
@@ -106,7 +115,9 @@ def test_hostile_kernel_in_process_gets_the_same_verdict(case: Hostile) -> None:
     sys.exit in a kernel is a failure, not the end of the run, and NumPy's error state a
     kernel leaves behind does not make the suite's own arithmetic fail."""
     with np.errstate():
-        report = check(f"{HOSTILE_FILE}:{case.name}", backend="numpy", only=case.only)
+        report = check(
+            f"{HOSTILE_FILE}:{case.name}", backend="numpy", only=case.only, **SMALL_SIZES
+        )
         after = np.geterr()
     assert {v.property: v.status for v in report.verdicts} == {
         prop: case.expected(prop) for prop in case.only
@@ -123,7 +134,7 @@ def test_a_kernel_that_leaves_seterr_raise_would_cause_false_failures_unguarded(
     kernel = KernelUnderTest(load_kernel(f"{HOSTILE_FILE}:leaves_seterr_raise"), Backend("numpy"))
     with np.errstate():
         statuses = [
-            verdict_of(p, kernel).status
+            verdict_of(p, kernel, limits=SMALL_LIMITS).status
             for p in ("default-scale", "large-logits", "matches-reference")
         ]
     assert statuses[0] == PASSED and FAILED in statuses[1:]

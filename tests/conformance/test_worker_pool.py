@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import kernel_file, processes_in, start_cli, wait_for
+from support import SMALL_SIZES, kernel_file, processes_in, start_cli, wait_for
 
 from attnspec.backends import Backend
 from attnspec.backends._registry import ADAPTERS
@@ -85,9 +85,13 @@ def outcome(report):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def runs() -> dict[tuple[str, int], object]:
-    """Each catalogue kernel checked with one worker and with two (one run each)."""
+    """Each catalogue kernel checked with one worker and with two (one run each), every
+    stratum and anchor cut to small sizes (the order of the workers' answers is what
+    differs, not the sizes)."""
     return {
-        (name, jobs): check(target, backend="numpy", only=ONLY, isolate=True, jobs=jobs)
+        (name, jobs): check(
+            target, backend="numpy", only=ONLY, isolate=True, jobs=jobs, **SMALL_SIZES
+        )
         for name, target in KERNELS.items()
         for jobs in (1, 2)
     }
