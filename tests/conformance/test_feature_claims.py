@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import run_main
+from support import SMALL_SIZE_FLAGS, run_main
 
 from attnspec.backends import Backend
 from attnspec.conformance import KernelDeclaration, PagedBatchClaim, RecurrentClaim, cli
@@ -22,6 +22,14 @@ from attnspec.conformance.claims.flags import UsageError
 from attnspec.conformance.claims.table import claim_features, claims_from, suite_keywords
 from attnspec.conformance.judge.kernel import KernelUnderTest
 from attnspec.conformance.judge.reproduce import snippet
+
+
+def run_check(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``attnspec check ARGV`` in this process (the kernel in a worker, as a user runs it)
+    with sizes capped: these tests read what the flags declare and the kernel gets; every
+    stratum and anchor still runs, cut to small sizes."""
+    return run_main(capsys, "check", *argv, *SMALL_SIZE_FLAGS)
+
 
 KERNELS = """
 import math
@@ -181,9 +189,8 @@ def test_flash_like_kernel_conforms_through_the_worker(
     """SOFTCAP-1, ALIBI-2, LSE-1, LSE-2: a kernel taking softcap=, alibi_slopes= and
     return_lse= passes, in the worker process (the features travel with each problem),
     and all four pass."""
-    status, out, err = run_main(
+    status, out, err = run_check(
         capsys,
-        "check",
         f"{kernels}:flash_like",
         "--softcap",
         "--alibi",
@@ -200,9 +207,8 @@ def test_base_two_lse_fails_with_a_reproduction(
     capsys: pytest.CaptureFixture[str], kernels: Path
 ) -> None:
     """LSE-1: a log-sum-exp in base 2 fails lse-matches-reference, exit 1."""
-    status, out, _ = run_main(
+    status, out, _ = run_check(
         capsys,
-        "check",
         f"{kernels}:lse_base_two",
         "--softcap",
         "--alibi",
@@ -219,9 +225,8 @@ def test_dropout_kernel_with_a_renamed_seed(
 ) -> None:
     """DROP-1 ... DROP-4: a kernel whose seed keyword is rng_seed passes every dropout
     property; without --dropout they are not applicable."""
-    status, out, err = run_main(
+    status, out, err = run_check(
         capsys,
-        "check",
         f"{kernels}:dropout",
         "--dropout-seed-keyword",
         "rng_seed",
@@ -231,7 +236,7 @@ def test_dropout_kernel_with_a_renamed_seed(
         "dropout-zero,dropout-rescaling,dropout-seed,dropout-kept-fraction",
     )
     assert status == 0, out + err
-    status, out, _ = run_main(capsys, "check", f"{kernels}:dropout", "--only", "dropout-seed")
+    status, out, _ = run_check(capsys, f"{kernels}:dropout", "--only", "dropout-seed")
     assert "not applicable" in out
 
 
@@ -253,9 +258,8 @@ def test_flash_attention_varlen_convention(
 ) -> None:
     """VARLEN-1 ... VARLEN-3: FlashAttention's varlen signature (positional cu_seqlens and
     max_seqlen, causal=, softmax_scale=) is checked as is, with --varlen and renames."""
-    status, out, err = run_main(
+    status, out, err = run_check(
         capsys,
-        "check",
         f"{kernels}:flash_attn_varlen_func",
         "--varlen",
         "--lse-keyword",
@@ -265,8 +269,8 @@ def test_flash_attention_varlen_convention(
         "varlen-matches-reference,varlen-empty-sequences,varlen-isolation",
     )
     assert status == 0, out + err
-    status, _, err = run_main(
-        capsys, "check", f"{kernels}:flash_attn_varlen_func", "--varlen", "--layout", "blhd"
+    status, _, err = run_check(
+        capsys, f"{kernels}:flash_attn_varlen_func", "--varlen", "--layout", "blhd"
     )
     assert status == 2 and "--layout does not apply" in err
 
@@ -276,9 +280,8 @@ def test_flash_attention_kvcache_convention(
 ) -> None:
     """KVCACHE-1 ... KVCACHE-5: FlashAttention's flash_attn_with_kvcache in its (B, L, H, E)
     layout (new k, v included), paged, appending in place, is checked with --layout blhd."""
-    status, out, err = run_main(
+    status, out, err = run_check(
         capsys,
-        "check",
         f"{kernels}:flash_attn_with_kvcache",
         "--kv-cache-paged",
         "--layout",
