@@ -60,6 +60,20 @@ def import_array(backend: Backend, payload: ArrayPayload) -> Any:
     return _view(backend.name, memory, payload.shape, payload.strides)
 
 
+def host_view(payload: ArrayPayload) -> np.ndarray:
+    """The NumPy values ``payload`` carries, in the shape (and, for a view, the layout) of
+    the array it describes: a view of ``payload.values``, no copy."""
+    if payload.strides is None:
+        return payload.values
+    itemsize = payload.values.itemsize
+    return np.lib.stride_tricks.as_strided(
+        payload.values,
+        shape=payload.shape,
+        strides=tuple(s * itemsize for s in payload.strides),
+        writeable=False,
+    )
+
+
 def _span(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
     """Elements from a view's first element to its last, inclusive."""
     return 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))

@@ -21,7 +21,6 @@ returning).  Messages to the judge are pickled here and read there as plain data
 from __future__ import annotations
 
 import gc
-import hashlib
 import pickle
 import sys
 import time
@@ -31,11 +30,13 @@ from typing import Any
 import numpy as np
 
 from ...backends import Backend
+from ...backends.exchange import ArrayPayload, host_view
 from ..call.gradients import BackwardCall, kernel_gradients
 from ..call.side_effects import kernel_output_to
 from ..call.wire import (
     RaisedRemotely,
     export_value,
+    float_bits,
     import_value,
     named_arguments,
 )
@@ -48,38 +49,52 @@ def _send(connection: Connection, message: Any) -> None:
     connection.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def _digest(values: np.ndarray) -> bytes:
-    """A digest of ``values``' dtype, shape and bits (NaN payloads and -0.0 included): two
-    equal digests are the same bits but with probability 2**-128 (BLAKE2b, 16 bytes), and
-    hashing reads the memory once without keeping a copy of it."""
-    a = np.ascontiguousarray(values)
-    digest = hashlib.blake2b(f"{a.dtype.str}{a.shape}".encode(), digest_size=16)
-    digest.update(a.reshape(-1).view(np.uint8).data if a.size else b"")
-    return digest.digest()
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a`` and ``b`` hold the same dtype, shape and bits (NaN payloads and -0.0
+    included)."""
+    return (
+        a.dtype == b.dtype and a.shape == b.shape and np.array_equal(float_bits(a), float_bits(b))
+    )
 
 
 class _Inputs:
-    """The arrays of one call with a digest of their bits as the kernel got them (or left
-    them): one digest per input before and after the call, not a copy (SDPA-1.6)."""
+    """The arrays of one call with their bits as the kernel got them (or left them), to
+    find out whether the kernel changed them (SDPA-1.6).  The bits as it got them are
+    those that crossed the wire (the payload stays here, the kernel got a fresh array built
+    from it): no copy and no digest of each input before the call, one comparison after."""
 
-    def __init__(self, backend: Backend, named: dict[str, Any]) -> None:
+    def __init__(self, backend: Backend, named: dict[str, Any], sent: dict[str, Any]) -> None:
         self.backend = backend
         self.arrays = {n: x for n, x in named.items() if backend.is_array(x)}
-        self.digests = {n: self._digest(x) for n, x in self.arrays.items()}
+        self.before = {n: self._as_given(x, sent.get(n)) for n, x in self.arrays.items()}
 
-    def _digest(self, x: Any) -> bytes:
-        # a NumPy array is hashed in place; another library's goes through one NumPy copy
-        return _digest(x if isinstance(x, np.ndarray) else self.backend.to_numpy(x))
+    def _host(self, x: Any) -> np.ndarray:
+        # a NumPy array as it is; another library's as NumPy (a view of its memory where
+        # the library shares it, PyTorch's CPU tensors)
+        return x if isinstance(x, np.ndarray) else np.asarray(self.backend.to_numpy(x))
+
+    def _as_given(self, x: Any, payload: Any) -> np.ndarray:
+        """The bits of ``x`` as the kernel gets it: its payload's values where they are
+        those bits in memory of their own (a floating dtype NumPy holds: NumPy, PyTorch and
+        JAX copy it), else a copy (a boolean mask NumPy builds on the payload's memory,
+        bfloat16 crossed as float32, whose NaNs a library may rewrite)."""
+        now = self._host(x)
+        if isinstance(payload, ArrayPayload) and payload.values.dtype == now.dtype:
+            given = host_view(payload)
+            # not the kernel's own memory (NumPy builds a boolean mask on the payload's)
+            if not np.may_share_memory(now, given) and _same_bits(now, given):
+                return given
+        return np.array(now, copy=True)
 
     def changed(self) -> dict[str, Any]:
-        """The arrays whose bits changed since the last digest, as payloads of their values
-        now; the digest is updated to them."""
+        """The arrays whose bits changed since they were given (or last found changed), as
+        payloads of their values now; their bits now become the ones compared with."""
         found = {}
         for name, x in self.arrays.items():
-            now = self._digest(x)
-            if now != self.digests[name]:
+            now = self._host(x)
+            if not _same_bits(now, self.before[name]):
                 found[name] = export_value(self.backend, x)
-                self.digests[name] = now
+                self.before[name] = np.array(now, copy=True)
         return found
 
 
@@ -148,9 +163,10 @@ class KernelServer:
                 0.0,
                 late,
             )
+        sent = named_arguments(tuple(args), kwargs)
         args = import_value(self.backend, args, self.held)
         kwargs = import_value(self.backend, kwargs, self.held)
-        inputs = _Inputs(self.backend, named_arguments(tuple(args), kwargs))
+        inputs = _Inputs(self.backend, named_arguments(tuple(args), kwargs), sent)
         error_state = np.geterr()
         started = time.perf_counter()
         try:
