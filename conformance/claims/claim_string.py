@@ -67,6 +67,7 @@ FEATURE_WORDS = frozenset(
         "backward",
         "dropout backward",
         "float32 bias",
+        "float8 inputs",
     }
 )
 _NUMBER = r"[1-9][0-9]*"

@@ -879,6 +879,10 @@ CLAIMS: tuple[Claim, ...] = (
             if d.fp8 is not None and d.family == "paged-batch"
             else ()
         ),
+        # the family word says fp8 for a float8 kernel; a paged batch's claim says it here
+        shows_as=lambda d: (
+            "float8 inputs" if d.fp8 is not None and d.family == "paged-batch" else None
+        ),
     ),
     Claim(
         "recurrent",

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from attnspec import SPEC_VERSION
 from attnspec.conformance import (
+    Fp8Claim,
     KernelDeclaration,
     LinearClaim,
     MergeClaim,
@@ -253,6 +254,7 @@ def _declarations() -> list[KernelDeclaration]:
         KernelDeclaration(merge=MergeClaim(base="2", out_layout="lhd", lse_layout="lh")),
         KernelDeclaration(paged_batch=PagedBatchClaim()),
         KernelDeclaration(paged_batch=PagedBatchClaim(cache_layout="nhd", page_size=16)),
+        KernelDeclaration(paged_batch=PagedBatchClaim("nhd"), fp8=Fp8Claim()),
         KernelDeclaration(mla=MlaClaim()),
         KernelDeclaration(recurrent=RecurrentClaim()),
         KernelDeclaration(recurrent=RecurrentClaim("gated", "channel", 1, True)),
