@@ -97,7 +97,12 @@ def summary_line(report: Report) -> str:
     in_kernel = sum(v.kernel_seconds for v in report.verdicts)
     # summed over the workers: with --jobs N it may pass the wall time when the kernel
     # is most of the work
-    share = f"{in_kernel / seconds:.0%} of the {'wall ' if report.wall_seconds else ''}time"
+    # none while no property has taken time yet (a report file written before the first)
+    share = (
+        f"{in_kernel / seconds:.0%} of the {'wall ' if report.wall_seconds else ''}time"
+        if seconds > 0
+        else ""
+    )
     if report.incomplete:  # CONF-6: no verdict on conformance either way
         outcome = f"INCOMPLETE ({report.incomplete})"
     elif report.conforms:
