@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import KERNELS, kernel_file, run_main
+from support import KERNELS, SMALL_SIZE_FLAGS, kernel_file, run_main
 
 from attnspec import SPEC_VERSION
 from attnspec.conformance import cli
@@ -43,7 +43,8 @@ def test_equal_head_dims_without_a_scale_parameter(
     with no scale parameter passes (it is never given scale=), a 1/E default scale is
     still caught, and the inputs line says how the kernel's arguments were padded."""
     kernel = kernel_file(tmp_path, "noscale.py", NO_SCALE_KERNELS)
-    only = ("--only", "matches-reference,default-scale", "--dtype", "float64")
+    # what is checked is the padding's plumbing: every stratum and anchor, at small sizes
+    only = ("--only", "matches-reference,default-scale", "--dtype", "float64", *SMALL_SIZE_FLAGS)
     status, out, err = run_main(capsys, "check", f"{kernel}:attention", "--equal-head-dims", *only)
     assert status == 0, out + err
     status, out, _ = run_main(
