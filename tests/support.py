@@ -96,9 +96,13 @@ def quick_jax_compiles() -> None:
     first: XLA aborts on an unknown flag)."""
     if "XLA_FLAGS" in os.environ or importlib.util.find_spec("jax") is None:
         return
-    from jax._src import xla_bridge
+    try:  # JAX's private module: where it moved, the compilations stay JAX's defaults
+        from jax._src import xla_bridge
 
-    if xla_bridge.backends_are_initialized():
+        started = xla_bridge.backends_are_initialized()
+    except (ImportError, AttributeError):
+        return
+    if started:
         return
     probe = subprocess.run(
         [sys.executable, "-c", "import jax; jax.devices()"],
@@ -107,9 +111,11 @@ def quick_jax_compiles() -> None:
     )
     if probe.returncode != 0:
         return
+    import jax
+
     os.environ["XLA_FLAGS"] = QUICK_XLA_COMPILES
     try:
-        xla_bridge.backends()
+        jax.devices()
     finally:
         del os.environ["XLA_FLAGS"]
 
