@@ -71,7 +71,8 @@ class CacheCall:
 
     ``block_size`` (None: a contiguous cache of ``capacity`` positions) with
     ``table`` ``(B, capacity / block_size)`` block indices among ``n_blocks`` blocks;
-    ``stale_seed`` fills every position no sequence owns (KVCACHE-3).
+    ``stale_seed`` fills every position no sequence owns (KVCACHE-3), with values of
+    ``stale_magnitude``; NaN makes them all NaN (KVCACHE-7).
     """
 
     lengths: list[int]

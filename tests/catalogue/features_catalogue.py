@@ -333,12 +333,18 @@ def window_differs(kernel: KernelUnderTest) -> str | None:
     return cache_differs(kernel, CACHE_WINDOW_BATCH)
 
 
-def stale_changes_output(kernel: KernelUnderTest) -> str | None:
-    """Evidence: stale cache values of magnitude 30 change the output."""
-
-    loud = Batch(CACHE_BATCH.sequences, cache=replace(CACHE_BATCH.cache, stale_magnitude=30.0))
+def stale_changes_output(kernel: KernelUnderTest, magnitude: float = 30.0) -> str | None:
+    """Evidence: stale cache values of ``magnitude`` (NaN: every stale value NaN) change
+    the output bits."""
+    loud = Batch(CACHE_BATCH.sequences, cache=replace(CACHE_BATCH.cache, stale_magnitude=magnitude))
     first, again = call_kv_cache(kernel, CACHE_BATCH)[0], call_kv_cache(kernel, loud)[0]
-    return None if np.array_equal(first, again) else "stale values changed the output"
+    same = np.array_equal(first, again, equal_nan=True)
+    return None if same else f"stale values of magnitude {magnitude} changed the output"
+
+
+def nan_stale_changes_output(kernel: KernelUnderTest) -> str | None:
+    """Evidence: NaN in every stale cache position changes the output (KVCACHE-7)."""
+    return stale_changes_output(kernel, math.nan)
 
 
 def _masked(problem: Problem) -> Problem:
@@ -550,6 +556,12 @@ FEATURE_CATALOGUE: list[FeatureBug] = [
         packed.kv_cache_stale_max,
         "kv-cache-stale-positions",
         stale_changes_output,
+    ),
+    FeatureBug(
+        "kv-cache-values-over-capacity",
+        packed.kv_cache_values_over_capacity,
+        "kv-cache-nan-past-length",
+        nan_stale_changes_output,
     ),
     FeatureBug(
         "kv-cache-ignores-table", packed.kv_cache_ignores_table, "kv-cache-paged", cache_differs

@@ -252,6 +252,7 @@ def _cache_attention(
     max_over_capacity: bool = False,
     ignore_leftpad: bool = False,
     window_top_left: bool = False,
+    values_over_capacity: bool = False,
 ) -> Any:
     """Write the new keys in place at cache_seqlens[b] (+ ``write_at``), then attend each
     batch element's logical positions cache_leftpad[b] … cache_seqlens[b] - 1 (+
@@ -300,6 +301,8 @@ def _cache_attention(
             out, lse = _shifted_by_block_max(a, f, q[b], k_cache, table, block, b)
         else:
             out, lse = attend_features(a, f, returns_lse=True)
+        if values_over_capacity:
+            out = _plus_zero_weights_over_capacity(out, v_cache, table, b)
         outs.append(out)
         lses.append(lse)
     out, lse = np.stack(outs), np.stack(lses)
@@ -329,6 +332,21 @@ def _shifted_by_block_max(
         total = e.sum(axis=-1, keepdims=True)
         out = weighted(e, allowed, a.v) / np.where(total == 0, 1, total)
     return out.astype(a.out_dtype), log_sum_exp(s, allowed)
+
+
+def _plus_zero_weights_over_capacity(
+    out: Array, v_cache: Array, table: Array | None, b: int
+) -> Array:
+    """``out`` plus a zero weight times every value of the cache rows it touched, stale
+    ones included, as a P V tile over the whole capacity computes it: exact for finite
+    values (0 * v = 0), NaN wherever a stale value is NaN."""
+    rows = [v_cache[b]] if table is None else [v_cache[i] for i in table[b]]
+    every = np.concatenate(rows, axis=-2).astype(np.float64)
+    groups = out.shape[-3] // every.shape[-3]
+    zero = np.zeros((*out.shape[:-1], every.shape[-2]))
+    with np.errstate(invalid="ignore"):
+        tile = np.matmul(zero, np.repeat(every, groups, axis=-3))
+    return (out.astype(np.float64) + tile).astype(out.dtype)
 
 
 def _cache_kernel(name: str, doc: str, *, paged: bool = True, **bug: Any) -> Callable[..., Any]:
@@ -413,6 +431,12 @@ kv_cache_stale_max = _cache_kernel(
     "kv_cache_stale_max",
     "Shifts the softmax by the maximum over the whole cache rows, stale positions included.",
     max_over_capacity=True,
+)
+kv_cache_values_over_capacity = _cache_kernel(
+    "kv_cache_values_over_capacity",
+    "Multiplies the zero weights of the positions past cache_seqlens by their values (a P V "
+    "tile over the whole cache rows): exact for finite stale values, NaN from NaN ones.",
+    values_over_capacity=True,
 )
 kv_cache_ignores_table = _cache_kernel(
     "kv_cache_ignores_table",

@@ -18,6 +18,7 @@ from catalogue.features_catalogue import (
     kept_fraction_wrong,
     kept_values_wrong,
     leftpad_differs,
+    nan_stale_changes_output,
     seed_ignored,
     shared_indicators,
     stale_changes_output,
@@ -59,10 +60,11 @@ def test_correct_varlen_kernel_matches_the_reference(fn: object) -> None:
     ids=lambda fn: fn.__name__,
 )
 def test_correct_cache_kernels_match_the_reference(fn: object) -> None:
-    """KVCACHE-2, KVCACHE-4, KVCACHE-5, KVCACHE-6: output and appended cache equal the
-    reference's, with left padding and with a window too."""
+    """KVCACHE-2 … KVCACHE-7: output and appended cache equal the reference's, with left
+    padding and with a window too; stale values, NaN included, change no output bit."""
     assert cache_differs(_kernel(fn)) is None
     assert stale_changes_output(_kernel(fn)) is None
+    assert nan_stale_changes_output(_kernel(fn)) is None
     assert leftpad_differs(_kernel(fn)) is None
     assert window_differs(_kernel(fn)) is None
 

@@ -313,6 +313,7 @@ CASES = [
     (ONNX_REFERENCE, "mask-broadcast", "SDPA-3.1", ONNX_SHORT_MASK, True),
     (ONNX_REFERENCE, "mask-broadcast", "SDPA-3.1", ONNX_FULL_MASK, False),
     (ONNX_CACHE, "kv-cache-stale-positions", "KVCACHE-2", ONNX_EMPTY, True),
+    (ONNX_CACHE, "kv-cache-nan-past-length", "KVCACHE-2", ONNX_EMPTY, True),
     (FLA_RECURRENT_GDN, "recurrent-matches-reference", "REC-6.2", FLA_FLOAT32_OUT, True),
     (FLA_RECURRENT_GDN, "recurrent-decode", "REC-2.2", FLA_FLOAT32_OUT, True),
     (FLA_RECURRENT_GDN, "recurrent-matches-reference", "REC-6.2", FLA_VALUE_OFF, False),

@@ -147,6 +147,29 @@ def test_upstream_onnx_masked_nan_and_head_counts(opset: int) -> None:
         _runtime(opset, q, kv, kv)
 
 
+@pytest.mark.parametrize(
+    "kernel",
+    [onnx_attention.reference_attention_kv_cache, onnx_attention.runtime_attention_kv_cache],
+    ids=["reference", "runtime"],
+)
+def test_upstream_onnx_cache_nan_past_the_lengths_leaks(kernel: Any) -> None:
+    """docs/divergences.md#onnx-cache-nan (KVCACHE-7): NaN in the cache slots past
+    nonpad_kv_seqlen = [3, 5] makes the output NaN; the oracle over each element's first
+    keys is finite, and the operator gives it with finite values there."""
+    if kernel is onnx_attention.runtime_attention_kv_cache:
+        pytest.importorskip("onnxruntime", reason="this pin is of ONNX Runtime's CPU kernel")
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, 2, 1, 4)).astype(F32)
+    k, v = (rng.standard_normal((2, 2, 8, 4)).astype(F32) for _ in range(2))
+    lengths = np.array([3, 5], np.int32)
+    want = np.stack([sdpa(q[b], k[b, :, :n], v[b, :, :n])[0] for b, n in enumerate(lengths)])
+    assert np.abs(kernel(q, k, v, cache_seqlens=lengths) - want).max() < 1e-5
+    for b, n in enumerate(lengths):
+        k[b, :, n:] = v[b, :, n:] = np.nan
+    with np.errstate(invalid="ignore"):
+        assert np.isnan(kernel(q, k, v, cache_seqlens=lengths)).all()
+
+
 def test_adapters_follow_the_declared_causal_alignment() -> None:
     """The declarations (not a divergence): without a cache is_causal is top-left
     (SDPA-4.1: the operator's offset is 0); over nonpad_kv_seqlen it is bottom-right per

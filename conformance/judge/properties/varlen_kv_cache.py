@@ -497,6 +497,27 @@ def kv_cache_stale_positions(kernel: KernelUnderTest, data: st.DataObject) -> No
         )
 
 
+@register("kv-cache-nan-past-length", "KVCACHE-7", applies=_family("kv-cache"))
+def kv_cache_nan_past_length(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """NaN instead of finite stale values at every cache position no batch element reads
+    (past each cache_seqlens[b], below cache_leftpad[b], unused blocks) leaves the output
+    and the log-sum-exp bit-identical: zero weights multiplied by the values there
+    (0 * NaN) are caught."""
+    batch = draw_cache_batch(data, kernel)
+    poisoned = replace(batch, cache=replace(batch.kv_cache, stale_magnitude=float("nan")))
+    clean, dirty = call_kv_cache(kernel, batch)[:2], call_kv_cache(kernel, poisoned)[:2]
+    with reported_as(poisoned):
+        for name, want, got in zip(("out", "lse"), clean, dirty, strict=True):
+            if want is not None and got is not None:
+                assert_identical(
+                    got,
+                    want,
+                    f"{name} with NaN in the cache past every valid length [KVCACHE-7]",
+                    batch.first,
+                    kernel,
+                )
+
+
 def _appended(batch: Batch, before: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """The caches of KVCACHE-4: the new keys written at cache_seqlens[b] onwards."""
     call = batch.kv_cache
