@@ -1,5 +1,8 @@
 """Layout and argument adapters (conformance/layouts.py): kernels written the JAX /
-FlashAttention way are checked against the spec's layout (SDPA-1.1) unchanged."""
+FlashAttention way are checked against the spec's layout (SDPA-1.1) unchanged.
+
+The checks through the adapters draw every stratum and anchor cut to small sizes
+(support.SMALL_SIZES): what an adapter moves (axes, padding, names) it moves at any size."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from array_api_compat import array_namespace
-from support import backend_or_skip
+from support import SMALL_SIZES, backend_or_skip
 
 from attnspec.backends import Backend
 from attnspec.conformance import assert_conforms, declaration_of, declare
@@ -83,13 +86,13 @@ def same_dims_attention(
 
 def test_blhd_kernel_conforms_through_the_adapter() -> None:
     """SDPA-1.1: a correct BLHD kernel, wrapped, passes the agreement properties."""
-    assert_conforms(from_blhd(blhd_attention), backend="numpy", only=AGREEMENT)
+    assert_conforms(from_blhd(blhd_attention), backend="numpy", only=AGREEMENT, **SMALL_SIZES)
 
 
 def test_blhd_kernel_without_the_adapter_fails() -> None:
     """SDPA-1.1: the same kernel unwrapped reads heads as positions, and the suite says so."""
     with pytest.raises(AssertionError, match="FAILED matches-reference"):
-        assert_conforms(blhd_attention, backend="numpy", only=["matches-reference"])
+        assert_conforms(blhd_attention, backend="numpy", only=["matches-reference"], **SMALL_SIZES)
 
 
 @pytest.mark.parametrize("batch", [(), (2, 1)], ids=["no-batch", "2-batch"])
@@ -169,8 +172,12 @@ def test_from_layout() -> None:
 def test_kernel_needing_equal_head_dims_conforms_when_padded() -> None:
     """SDPA-1.1, SDPA-2.1: zero padding lets an E == Ev kernel take any E and Ev exactly."""
     with pytest.raises(AssertionError, match="value head dim"):
-        assert_conforms(same_dims_attention, backend="numpy", only=["matches-reference"])
-    assert_conforms(pad_head_dims(same_dims_attention), backend="numpy", only=AGREEMENT)
+        assert_conforms(
+            same_dims_attention, backend="numpy", only=["matches-reference"], **SMALL_SIZES
+        )
+    assert_conforms(
+        pad_head_dims(same_dims_attention), backend="numpy", only=AGREEMENT, **SMALL_SIZES
+    )
 
 
 def test_pad_head_dims_pads_and_cuts() -> None:
@@ -222,7 +229,7 @@ def test_renamed_kernel_is_read_and_checked_under_spec_names() -> None:
     declaration = declaration_of(renamed)
     assert (declaration.causal, declaration.scale, declaration.mask) == (True, True, False)
     assert declaration_of(flash_like).causal is False  # unrenamed, neither is claimable
-    assert_conforms(pad_head_dims(renamed), backend="numpy", only=AGREEMENT)
+    assert_conforms(pad_head_dims(renamed), backend="numpy", only=AGREEMENT, **SMALL_SIZES)
 
 
 def test_renamed_keywords_reach_the_kernel() -> None:
@@ -268,14 +275,16 @@ def test_jax_dot_product_attention_empty_rows_are_reported_as_sdpa_5_1() -> None
         pad_head_dims(jax.nn.dot_product_attention), gqa=True, dtypes=("float32",), batch_ndim=1
     )
     with pytest.raises(AssertionError) as failure:
-        assert_conforms(kernel, backend="jax", only=["empty-rows-zero"])
+        assert_conforms(kernel, backend="jax", only=["empty-rows-zero"], **SMALL_SIZES)
     text = str(failure.value)
     assert f"{FAILED.upper()} empty-rows-zero [SDPA-5.1 MUST" in text
     # JAX fills a masked row with a finite value (mean(V)) and an all -inf bias row
     # gives NaN: whichever the shrunk example hit, the finding names what it saw.
     assert "in a row with no allowed key, but should be exactly 0" in text
     assert "mean(V)" in text or "NaN" in text
-    report = assert_conforms(kernel, backend="jax", only=["empty-rows-zero"], empty_rows_zero=False)
+    report = assert_conforms(
+        kernel, backend="jax", only=["empty-rows-zero"], empty_rows_zero=False, **SMALL_SIZES
+    )
     assert [v.status for v in report.verdicts] == [WAIVED]
     assert report.waived == ["SDPA-5.1"]
 
