@@ -291,7 +291,9 @@ def _value_columns(problem: GroupedInputs) -> ValueColumns:
         n_keys = v.shape[-2]
         high = xp.ones((*v.shape[:-2], 1, n_keys), dtype=v.dtype, device=array_api_compat.device(v))
         return ValueColumns(None, high if n_keys == 1 else xp.zeros_like(high), high)
-    finite = xp.where(xp.isfinite(v), v, xp.zeros_like(v))
+    # V is finite but where a property puts non-finite values at masked keys: one pass to
+    # find out, instead of a zero-filled copy of every V (issue 33)
+    finite = v if bool(xp.all(xp.isfinite(v))) else xp.where(xp.isfinite(v), v, xp.zeros_like(v))
     table = xp.concat([finite, xp.abs(finite), finite * finite], axis=-1)
     if v.shape[-2] == 0:
         return ValueColumns(table, None, None)
