@@ -64,6 +64,7 @@ FEATURE_WORDS = frozenset(
         "tokens-first log-sum-exp",
         "tokens-first pages",
         "sinks",
+        "sink tokens",
         "backward",
         "dropout backward",
         "float32 bias",

@@ -117,6 +117,7 @@ class KernelDeclaration:
     paged_batch: PagedBatchClaim | None = None
     sinks: bool = False
     sinks_keyword: str = "sinks"
+    sink_tokens: bool = False  # SINK-4: n_sink_tokens= and window= (StreamingLLM)
     mla: MlaClaim | None = None
     fp8: Fp8Claim | None = None
     recurrent: RecurrentClaim | None = None

@@ -826,6 +826,21 @@ CLAIMS: tuple[Claim, ...] = (
         implies={"sinks": True},
     ),
     Claim(
+        "sink_tokens",
+        flags=(
+            Flag(
+                "--sink-tokens",
+                "the kernel keeps the first n_sink_tokens= keys visible beside a causal "
+                "sliding window of window= keys to the left, measured from the declared "
+                "causal alignment (SINK-4; StreamingLLM)",
+                kind="bool",
+            ),
+        ),
+        keywords=lambda d: ("n_sink_tokens", "window") if _dense(d) and d.sink_tokens else (),
+        remedy="--no-sink-tokens, or --rename (e.g. n_sink_tokens=sink_token_length)",
+        shows_as=_when("sink_tokens", "sink tokens"),
+    ),
+    Claim(
         "mla",
         flags=(
             Flag(

@@ -1,5 +1,6 @@
 """Attention with sink logits (SINK-1 … SINK-3) as people write it, in NumPy: three correct
-formulations (one returning the log-sum-exp) and the bugs that real sink kernels had.
+formulations (one returning the log-sum-exp) and the bugs that real sink kernels had; and
+StreamingLLM's sink tokens beside a window (SINK-4), one correct kernel and two bugs.
 
 Every kernel is ``fn(q, k, v, *, mask=None, is_causal=False, scale=None, sinks=None)`` in
 the spec's layout with GQA and top-left causal calls, accumulating in float32 for float16
@@ -13,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .entry import CaughtBug, SpecCall, spec_kernel
+from .entry import SPEC_KEYWORDS, CaughtBug, SpecCall, spec_kernel
 
 Array = np.ndarray
 CLAIMS = dict(sinks=True, gqa=True)
@@ -166,4 +167,77 @@ BUGS = (
     CaughtBug(sinks_numerator, "sinks-matches-reference"),
     CaughtBug(sinks_max_over_scores, "sinks-empty-rows"),
     CaughtBug(sinks_lse_without_sink, "sinks-lse"),
+)
+
+
+# SINK-4: sink tokens beside a causal sliding window (StreamingLLM), called with
+# n_sink_tokens= and window= on top of the spec's keywords, plain attention without them
+TOKEN_KEYWORDS = {**SPEC_KEYWORDS, "n_sink_tokens": None, "window": None}
+TOKEN_CLAIMS = dict(sink_tokens=True, gqa=True, bias=True, mask=True)
+
+
+def _token_multiplicity(call: SpecCall, bug: str | None) -> Array | None:
+    """How often each key enters query i's softmax ``(Lq, Lk)``: 1 for a sink token (j < n)
+    or a key of the window (t_i - window <= j), never past t_i = i (top-left); None without
+    sink tokens.  ``bug``: "counted-twice" gives a sink token the window also covers both
+    entries (the sink keys and the window keys concatenated), "dropped" counts the window
+    alone."""
+    if call.n_sink_tokens is None:
+        return None
+    n_queries, n_keys = call.q.shape[-2], call.k.shape[-2]
+    t = np.arange(n_queries)[:, None]
+    j = np.arange(n_keys)[None, :]
+    causal = j <= t
+    sink = (j < call.n_sink_tokens) & causal
+    recent = (j >= t - call.window) & causal
+    if bug == "counted-twice":
+        return sink.astype(np.int64) + recent
+    if bug == "dropped":
+        return recent.astype(np.int64)
+    return (sink | recent).astype(np.int64)
+
+
+def _streaming_form(call: SpecCall, bug: str | None = None) -> Array:
+    """The softmax over each key's entries (:func:`_token_multiplicity`), the mask and bias
+    applied as given."""
+    q, k, v, mask, bias, is_causal, scale = call
+    scores, values = _scores(q, k, v, mask, is_causal, scale)
+    if bias is not None:
+        scores = scores + np.broadcast_to(bias, scores.shape).astype(scores.dtype)
+    count = _token_multiplicity(call, bug)
+    if count is not None:
+        scores = np.where(count > 0, scores, -np.inf)
+    top = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)
+    exps = np.exp(scores - np.where(top == -np.inf, 0, top))
+    if count is not None:
+        exps = exps * count.astype(exps.dtype)
+    total = exps.sum(-1, keepdims=True)
+    return ((exps @ values) / np.where(total == 0, 1, total)).astype(q.dtype)
+
+
+@spec_kernel(TOKEN_KEYWORDS, **TOKEN_CLAIMS)
+def sink_tokens_masked(call: SpecCall) -> Array:
+    """StreamingLLM's attention as a mask: the first n keys and the last window + 1 up to the
+    query itself, each once."""
+    return _streaming_form(call)
+
+
+@spec_kernel(TOKEN_KEYWORDS, **TOKEN_CLAIMS)
+def sink_tokens_counted_twice(call: SpecCall) -> Array:
+    """Bug: the sink keys and the window's keys concatenated, so a sink token the window also
+    covers (early queries, or a window reaching back to the start) enters the softmax twice."""
+    return _streaming_form(call, bug="counted-twice")
+
+
+@spec_kernel(TOKEN_KEYWORDS, **TOKEN_CLAIMS)
+def sink_tokens_dropped(call: SpecCall) -> Array:
+    """Bug: the window applied to the sink tokens too: they are lost once the window has
+    moved past them, the case the pattern exists for."""
+    return _streaming_form(call, bug="dropped")
+
+
+TOKEN_CORRECT = (sink_tokens_masked,)
+TOKEN_BUGS = (
+    CaughtBug(sink_tokens_counted_twice, "sink-tokens-matches-reference"),
+    CaughtBug(sink_tokens_dropped, "sink-tokens-matches-reference"),
 )

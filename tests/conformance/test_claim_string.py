@@ -233,6 +233,7 @@ def _declarations() -> list[KernelDeclaration]:
         returns_lse=True,
         dropout=True,
         sinks=True,
+        sink_tokens=True,
         backward=True,
         backward_dropout=True,
         float32_bias=True,

@@ -1,22 +1,27 @@
-"""SINK-1 … SINK-3 and SINK-5: sink logits, one per query head, in every row's softmax
+"""SINK-1 … SINK-5: sink logits, one per query head, in every row's softmax
 denominator with no value (gpt-oss; vLLM's ``s_aux``, FlashAttention 4's ``learnable_sink``).
 
 Problems are drawn as for the dense properties (masks, bias, causal calls of the declared
 alignment, GQA, explicit scales, rows with no allowed key) and the kernel gets the sink logits
 ``(Hq,)`` in float32 under its sinks keyword on top of the problem's own arguments.  The output
 is compared with SINK-1 evaluated in float64 within SINK-5's bound: TOL-2 with the sink as one
-more key whose score is the sink and whose value is 0.
+more key whose score is the sink and whose value is 0.  Sink tokens beside a sliding window
+(SINK-4, StreamingLLM) are a mask: the kernel gets ``n_sink_tokens=`` and ``window=`` and is
+judged within TOL-2 of the dense definition with that mask.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from hypothesis import strategies as st
 
+from ....reference.serving import streaming_mask
 from ....reference.tolerance_serving import sink_error_and_lse_bound
 from ...call.problem import Problem
-from ...draw.strategies import ALWAYS, draw_problem
-from ..assertions import assert_elements_within
+from ...draw.strategies import ALWAYS, NEVER, draw_problem
+from ..assertions import assert_elements_within, assert_matches_reference
 from ..bounds import definition_keywords
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
@@ -158,3 +163,37 @@ def sinks_lse(kernel: KernelUnderTest, data: st.DataObject) -> None:
         mask[..., :1, :] = False
         problem = problem.with_(mask=mask)
     _check(kernel, problem, draw_sinks(data, problem.q.shape[-3]), lse=True)
+
+
+def _streaming(n_queries: int, n_keys: int, n_sink: int, window: int, alignment: str) -> Any:
+    """SINK-4's allowed set ``(Lq, Lk)`` for the kernel's alignment (the reference's)."""
+    return np.asarray(streaming_mask(n_queries, n_keys, n_sink, window, alignment, xp=np))
+
+
+@register("sink-tokens-matches-reference", "SINK-4", applies=needs("sink_tokens"))
+def sink_tokens_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """With 0-4 sink tokens and a window of 0 to Lk keys, GQA, bias and explicit scales,
+    the output is within TOL-2 of the dense definition with SINK-4's streaming mask (causal
+    by construction, in the declared alignment): sink tokens dropped once the window has
+    moved past them, or counted twice where the window covers them too, are outside it."""
+    problem = draw_problem(data, kernel, mask=NEVER, causal=NEVER)
+    n_queries, n_keys = problem.q.shape[-2], problem.k.shape[-2]
+    n_sink = data.draw(st.integers(0, 4), label="n_sink_tokens")
+    window = data.draw(st.integers(0, max(n_keys, 1)), label="window")
+    args, keywords = kernel.arguments(problem)
+    keywords.update(n_sink_tokens=n_sink, window=window)
+    streaming = _streaming(n_queries, n_keys, n_sink, window, kernel.declaration.causal_alignment)
+    shown = problem.with_(mask=streaming)
+    try:
+        raw = kernel.call_raw(args, keywords)
+    except Exception as exc:
+        raise KernelRaised(
+            f"the kernel raised {type(exc).__name__} with n_sink_tokens={n_sink}, "
+            f"window={window}: {str(exc)[:300]}",
+            shown,
+            kernel,
+        ) from exc
+    out = kernel.numpy(kernel.results(raw, problem)[0])
+    assert_matches_reference(
+        kernel, shown, out, f"out with n_sink_tokens={n_sink}, window={window} [SINK-4]"
+    )
