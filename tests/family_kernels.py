@@ -1,6 +1,7 @@
 """The kernels the property tests of several spec areas share: the reference's sparse and
-linear kernels, an independent NumPy FAVOR+, and ``assert_status`` (a property's verdict on
-one of them)."""
+linear kernels, an independent NumPy FAVOR+, the P @ V of the independent dense and sparse
+NumPy kernels (``allowed_values_sum``), and ``assert_status`` (a property's verdict on one
+of them)."""
 
 from __future__ import annotations
 
@@ -107,3 +108,17 @@ def numpy_favor(num_features: int, *, key_factor: bool = True, drawn: int | None
 
 
 ZERO_FALSE_FAILURE_SEEDS = range(20)
+
+
+def allowed_values_sum(weights: np.ndarray, allowed: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """sum_j weights_ij v_j over the allowed keys j (``weights`` 0 at the others): P @ V
+    with the non-finite values set to 0 (an excluded key's value then adds exactly 0, the
+    same bits whatever it was), and term by term in the rows where an allowed key's value
+    is not finite, so its NaN or inf reaches the row."""
+    finite = np.isfinite(v)
+    out: np.ndarray = weights @ np.where(finite, v, 0.0)
+    reached = (allowed & ~finite.all(axis=-1)[..., None, :]).any(axis=-1)  # (..., Lq)
+    if reached.any():  # (..., Lq, Lk, Ev) terms: the NaN-propagation draws
+        terms = np.where(allowed[..., None], weights[..., None] * v[..., None, :, :], 0.0)
+        out = np.where(reached[..., None], terms.sum(axis=-2), out)
+    return out

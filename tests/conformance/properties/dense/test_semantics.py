@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from family_kernels import allowed_values_sum
 from support import backend_or_skip, verdict_of
 
 import attnspec.reference as reference
@@ -130,9 +131,8 @@ def numpy_attention(
         v = np.tanh(v)
     if bug == "zero_times_nan":  # a plain P @ V: 0 * NaN at masked keys (SDPA-8.2)
         out = weights @ v
-    else:  # excluded keys contribute nothing; NaN of allowed keys propagates
-        terms = weights[..., None] * v[..., None, :, :]
-        out = np.where(allowed[..., None], terms, 0.0).sum(axis=-2)
+    else:  # excluded keys contribute nothing (not 0 * NaN); NaN of allowed keys propagates
+        out = allowed_values_sum(np.where(allowed, weights, 0.0), allowed, v)
     if bug == "noise":  # e.g. dropout left on at a tiny rate, or atomics in random order
         out = out * (1 + 2.0**-9 * NOISE.standard_normal(out.shape))
     return out.astype(dtype)

@@ -13,6 +13,7 @@ from family_kernels import (
     NUMPY,
     PATTERNS,
     ZERO_FALSE_FAILURE_SEEDS,
+    allowed_values_sum,
     assert_status,
     pattern_of,
     reference_sparse,
@@ -65,11 +66,8 @@ def masked_softmax_kernel(
         p = e / np.where(total == 0, 1.0, total)
         if zero_after_softmax:
             return (p @ v).astype(q.dtype)  # 0 * NaN of masked values leaks
-        out = np.zeros((*p.shape[:-1], v.shape[-1]))
-        for index in np.ndindex(*p.shape[:-1]):
-            keep = mask[index[-1]]
-            out[index] = p[index][keep] @ v[(*index[:-1], keep)] if keep.any() else 0.0
-        return out.astype(q.dtype)
+        # a masked key's NaN or inf must not reach the row (0 * NaN): only allowed keys
+        return allowed_values_sum(p, mask, v).astype(q.dtype)
 
     return declare(
         kernel,
