@@ -58,30 +58,15 @@ Blocks = dict[str, int | None]  # blocked_attention's query_chunk and key_block
 Case = tuple[dict[str, Any], str, Blocks]  # a problem (tests/problems.py), a dtype, blocks
 
 
-# JAX's shapes (batch, Hkv, G, Lq, Lk, E, Ev) and block sizes (query_chunk, key_block):
-# JAX compiles every operation for every new shape, so its examples share a small pool
-# (GQA with a batch, Lq < Lk, ragged last blocks and one block; G = 3 without a batch,
-# Lq > Lk) and draw values, masks, biases, options and dtypes as the other backends do,
-# which draw shapes and blocks over the whole range on the same (backend-independent) code.
-JAX_SHAPES = [((2,), 2, 2, 5, 7, 3, 2), ((), 1, 3, 7, 4, 4, 3)]
-JAX_BLOCKS = [(None, None), (2, 3), (1, 2)]
-
-
 @st.composite
-def cases(draw: st.DrawFn, dtypes: tuple[str, ...], pooled: bool = False) -> Case:
-    """A problem, a dtype to run it in and the block sizes to run it with (``pooled``:
-    shapes and block sizes from :data:`JAX_SHAPES` and :data:`JAX_BLOCKS`)."""
-    if pooled:
-        batch, n_kv, groups, n_q, n_k, dim, value_dim = draw(
-            st.sampled_from(JAX_SHAPES), label="shapes"
-        )
-    else:
-        batch = tuple(draw(st.lists(st.integers(1, 2), max_size=2), label="batch"))
-        n_kv = draw(st.integers(1, 2), label="Hkv")
-        groups = draw(st.integers(1, 3), label="G")
-        n_q, n_k = draw(st.integers(0, 11), label="Lq"), draw(st.integers(0, 11), label="Lk")
-        dim = draw(st.integers(1, 4), label="E")
-        value_dim = draw(st.integers(1, 3), label="Ev")
+def cases(draw: st.DrawFn, dtypes: tuple[str, ...]) -> Case:
+    """A problem, a dtype to run it in and the block sizes to run it with."""
+    batch = tuple(draw(st.lists(st.integers(1, 2), max_size=2), label="batch"))
+    n_kv = draw(st.integers(1, 2), label="Hkv")
+    groups = draw(st.integers(1, 3), label="G")
+    n_q, n_k = draw(st.integers(0, 11), label="Lq"), draw(st.integers(0, 11), label="Lk")
+    dim = draw(st.integers(1, 4), label="E")
+    value_dim = draw(st.integers(1, 3), label="Ev")
     dtype = draw(st.sampled_from(dtypes), label="dtype")
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="seed"))
     magnitude = draw(st.sampled_from([1.0, 3.0, 10.0]), label="magnitude")
@@ -111,12 +96,11 @@ def cases(draw: st.DrawFn, dtypes: tuple[str, ...], pooled: bool = False) -> Cas
             if name in problem and problem[name].size:
                 flat = problem[name].reshape(-1)
                 flat[rng.integers(flat.size, size=2)] = rng.choice(NON_FINITE, size=2)
-    if pooled:
-        query_chunk, key_block = draw(st.sampled_from(JAX_BLOCKS), label="blocks")
-    else:
-        query_chunk = draw(st.none() | st.integers(1, n_q + 1), label="query_chunk")
-        key_block = draw(st.none() | st.integers(1, n_k + 1), label="key_block")
-    return problem, dtype, {"query_chunk": query_chunk, "key_block": key_block}
+    blocks = {
+        "query_chunk": draw(st.none() | st.integers(1, n_q + 1), label="query_chunk"),
+        "key_block": draw(st.none() | st.integers(1, n_k + 1), label="key_block"),
+    }
+    return problem, dtype, blocks
 
 
 def value_range(seen: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -223,7 +207,7 @@ def test_blocked_matches_plain_within_tol2(cpu_backend: Backend) -> None:
     finite where the plain reference is)."""
 
     @examples(cpu_backend)
-    @given(case=cases(cpu_backend.dtype_names, pooled=cpu_backend.name == "jax"))
+    @given(case=cases(cpu_backend.dtype_names))
     @example(case=several_default_blocks()).via("several default blocks")
     @example(case=rising_large_scores()).via("rising large scores, SDPA-7.4")
     def check(case: Case) -> None:
@@ -252,8 +236,7 @@ def test_excluded_values_change_nothing(cpu_backend: Backend) -> None:
     @examples(cpu_backend)
     @given(st.data())
     def check(data: st.DataObject) -> None:
-        pooled = cpu_backend.name == "jax"
-        case, dtype, blocks = data.draw(cases(cpu_backend.dtype_names, pooled), label="case")
+        case, dtype, blocks = data.draw(cases(cpu_backend.dtype_names), label="case")
         q_shape, n_kv, n_k = case["q"].shape, case["k"].shape[-3], case["k"].shape[-2]
         n_q = q_shape[-2]
         case.setdefault("mask", np.random.default_rng(n_q).random((n_q, n_k)) < 0.5)
