@@ -42,7 +42,13 @@ from ..call.wire import (
 )
 from ..judge.kernel import KernelUnderTest
 from ..judge.kernel_info import KernelInfo
-from .worker import limit_memory, serve_until_orphaned, use_worker_threads
+from .worker import (
+    keep_freed_memory,
+    limit_memory,
+    no_huge_page_advice,
+    serve_until_orphaned,
+    use_worker_threads,
+)
 
 
 def _send(connection: Connection, message: Any) -> None:
@@ -227,6 +233,10 @@ def serve(connection: Connection) -> None:
             ),
         )
         return
+    # what crosses the wire is copied here at every call (its bytes, the arrays rebuilt
+    # from them): from memory kept for it, not from fresh pages faulted in one by one
+    keep_freed_memory()
+    no_huge_page_advice()
     try:
         backend = setup.make_backend()
         note = limit_memory(backend, memory_limit_gib)

@@ -134,9 +134,9 @@ def keep_freed_memory() -> bool:
     returning it to the OS: the judging worker allocates and frees arrays of a few MiB at
     every example (draws, copies, the reference and its bound), and with glibc's defaults
     each comes from fresh zeroed pages, faulted in one by one (a third of the worker's CPU
-    time went to the kernel's page faults, issue 33).  The judging worker only: the
-    kernel's process keeps the defaults the kernel would run with.  False where there is
-    no glibc."""
+    time went to the kernel's page faults, issue 33).  The judging worker and the kernel's
+    process (which copies every call's inputs and results as they cross).  False where
+    there is no glibc."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -153,7 +153,7 @@ def no_huge_page_advice(environ: Any = None) -> bool:
     process, unless ``NUMPY_MADVISE_HUGEPAGE`` says otherwise: where the kernel's THP
     defrag setting is "madvise" (a common default) every such allocation may compact
     memory first, in system time (tests/conftest.py measured a quick check at 33 s of CPU
-    with it, 20 s without).  The judging worker only, as :func:`keep_freed_memory`.
+    with it, 20 s without).  Where :func:`keep_freed_memory` applies.
     False where NumPy has no such switch or the environment sets the variable."""
     environ = os.environ if environ is None else environ
     if "NUMPY_MADVISE_HUGEPAGE" in environ:
