@@ -215,7 +215,7 @@ def _chunk_terms(
     # A weight the backward pass uses is p_ij (1 + e_ij - c_i): e_ij its own score error,
     # rounding and underflow, at most g^_ij / p_ij; c_i a shift common to the row (the
     # log-sum-exp's error, or the renormalisation), at most gamma_i = tau^l_i / C (TOL-5)
-    key_error = _key_weight_error(chunk, dtype, weights, steps.allowed)
+    key_error, moved = _key_weight_error(chunk, dtype, weights, steps.allowed)
     abs_out = xp.abs(out)
     abs_d_out = xp.abs(d_out)
     rescale = xp.ones_like(weights) if steps.rescale is None else steps.rescale
@@ -273,22 +273,31 @@ def _chunk_terms(
     def over_rows(left: Any, right: Any) -> Any:  # sum over the chunk's rows and the group
         return xp.sum(xp.matmul(xp.matrix_transpose(left), right), axis=-3)
 
+    # BWD-17's second bound: a row beyond the first-order model may have any weights in
+    # [0, 1] over S(i); span_i bounds the kernel's |dP_ij - D_i + dl_i| for all of them
+    span = _any_weights_span(
+        xp, dtype, moved, allowed, steps.grad_weights, rescale * products, value_dim
+    )
+    loose = xp.astype(span > 0, xp.float64)
+    span = span + loose * abs_lse_grad
+    loose_x = loose * (span * allowed + abs_dx)  # the kernel's |dX_ij| + the definition's
+    eps_q = eps_q + alpha * xp.matmul(loose_x, abs_k)
     dbias = eps_b = None
     if bias_shape is not None:
         scores_shape = (*problem.out_shape[:-2], rows.stop - rows.start, n_keys)
         by_rows = len(bias_shape) >= 2 and bias_shape[-2] != 1
         target = (*bias_shape[:-2], rows.stop - rows.start, n_keys) if by_rows else bias_shape
         dbias = reduce_to_shape(xp, xp.reshape(steps.grad_scores, scores_shape), target)
-        charged = eps_s_all + (counts.bias + 2) * u_a * abs_ds
+        charged = eps_s_all + (counts.bias + 2) * u_a * abs_ds + loose * (span * allowed + abs_ds)
         eps_b = reduce_to_shape(xp, xp.reshape(charged, scores_shape), target)
     return _Part(
         dq=dq,
         eps_q=eps_q,
         dk=over_rows(grad_x, chunk.q) * chunk.scale,
-        eps_k=alpha * over_rows(eps_x_all, abs_q),
+        eps_k=alpha * over_rows(eps_x_all + loose_x, abs_q),
         abs_k=alpha * over_rows(abs_dx, abs_q),
         dv=over_rows(steps.kept, d_out),
-        eps_v=over_rows(rescale * (key_error + weights * gamma), abs_d_out),
+        eps_v=over_rows(rescale * (key_error + weights * gamma + loose * allowed), abs_d_out),
         abs_v=over_rows(xp.abs(steps.kept), abs_d_out),
         dbias=dbias,
         eps_b=eps_b,
@@ -361,10 +370,11 @@ def _assembled(
     )
 
 
-def _key_weight_error(problem: Any, dtype: str, weights: Any, allowed: Any) -> Any:
+def _key_weight_error(problem: Any, dtype: str, weights: Any, allowed: Any) -> tuple[Any, Any]:
     """g^_ij: a weight's error from its own score (TOL-2's g_ij = p_ij (e^Delta'_ij - 1),
     Delta' with TOL-4's feature terms), its rounding to the dtype (u_d p_ij) and its underflow
-    (sigma_d); 0 outside S(i), where every weight is exactly 0 (BWD-3)."""
+    (sigma_d); 0 outside S(i), where every weight is exactly 0 (BWD-3).  Also returns g_ij
+    alone (0 outside S(i))."""
     xp = problem.xp
     u_d, u_a = UNIT_ROUNDOFF[dtype], accumulation_roundoff(dtype)
     scores, _ = allowed_scores(problem)
@@ -394,7 +404,7 @@ def _key_weight_error(problem: Any, dtype: str, weights: Any, allowed: Any) -> A
     log_weights = xp.where(allowed, scores - finite_lse, xp.full_like(scores, -xp.inf))
     moved = _moved_weights_saturated(xp, weights, log_weights, delta, allowed)
     sigma = UNDERFLOW_THRESHOLD[dtype]
-    return xp.where(allowed, moved + u_d * weights + sigma, zero)
+    return xp.where(allowed, moved + u_d * weights + sigma, zero), moved
 
 
 def _through_softcap(
@@ -420,3 +430,36 @@ def _through_softcap(
     )
     abs_dx = factor * abs_ds
     return factor, factor * eps_s + factor_error * abs_ds + u_d * abs_dx, abs_dx
+
+
+# BWD-17: a row whose weights' errors g_i = sum_j g_ij (TOL-2) reach 1/4 is beyond the
+# first-order model: the products of two errors it drops are then no longer small beside the
+# terms it keeps, and C = 4 allows them only a factor 2 (TOL-2)
+LOOSE_WEIGHT_ERROR = 0.25
+
+
+def _any_weights_span(
+    xp: ModuleType,
+    dtype: str,
+    moved: Any,
+    allowed: Any,
+    grad_weights: Any,
+    products: Any,
+    value_dim: int,
+) -> Any:
+    """Per row ``(..., rows, 1)``, where g_i >= LOOSE_WEIGHT_ERROR, a bound on the kernel's
+    |dP_ij - D_i| for any weights in [0, 1] over S(i): max_j |dP_ij| + sum_j |dP_ij| (D_i
+    is a sum of dP_ij, each weighted at most 1) plus rho_i, its rounding of dP_ij and of D_i
+    in either form (G_i's terms with every weight 1, |dP_ij| <= r_ij A^v_ij); 0 on every
+    other row."""
+    u_d, u_a = UNIT_ROUNDOFF[dtype], accumulation_roundoff(dtype)
+    loose = xp.sum(moved, axis=-1, keepdims=True) >= LOOSE_WEIGHT_ERROR
+    if not bool(xp.any(loose)):
+        return xp.zeros_like(moved[..., :1])
+    abs_dp = xp.abs(grad_weights) * allowed
+    largest = xp.max(abs_dp, axis=-1, keepdims=True)
+    total = xp.sum(abs_dp, axis=-1, keepdims=True)
+    n_keys = moved.shape[-1]
+    products_total = xp.sum(products * allowed, axis=-1, keepdims=True)
+    rho = ((2 * value_dim + 2 * n_keys + 6) * u_a + 3 * u_d) * products_total
+    return xp.where(loose, largest + total + rho, xp.zeros_like(rho))
