@@ -62,15 +62,17 @@ def recording(fn: Any, seen: list[Problem], dtypes: tuple[str, ...]) -> Any:
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
 def test_draws_reach_the_largest_values_the_precondition_allows(dtype: str) -> None:
-    """SDPA-8.1: every problem the property gives the reference (default profile) is within
+    """SDPA-8.1: every problem the property gives the reference (quick profile) is within
     the precondition, and some carry masked keys whose scores reach at least 1/100 of the
     accumulation precision's largest number (or keys at 1/100 of float16's largest value,
-    where the dtype binds first)."""
+    where the dtype binds first).  The quick profile's 70 calls per dtype reach them (the
+    largest is one of the three new magnitudes drawn), and every larger profile runs its
+    strata first (CONF-8), so the default and thorough ones reach them too."""
     seen: list[Problem] = []
     result = verdict_of(
         "masked-values-ignored",
         recording(attnspec.scaled_dot_product_attention, seen, (dtype,)),
-        profile="default",
+        profile="quick",
         shrink=False,
     )
     assert result.status == PASSED, result.detail
