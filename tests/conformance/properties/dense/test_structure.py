@@ -331,7 +331,16 @@ BUGS = [
         "large finite bias at masked positions",
     ),
     (causal_replaces_mask, "mask-and-causal", KernelDeclaration(), "numpy", "mask AND causal"),
-    (first_batch_elements_keys, "batch-broadcast", KernelDeclaration(), "numpy", "batch shapes"),
+    # Unshrunk, the first failing example is either a wrong output or the ValueError the
+    # sliced keys raise against a mask with batch dims; which one comes first differed
+    # between a lone run and a clean clone's xdist workers, and both are this bug.
+    (
+        first_batch_elements_keys,
+        "batch-broadcast",
+        KernelDeclaration(),
+        "numpy",
+        ("batch shapes", "but should broadcast to"),
+    ),
     (batch_of_q_only, "batch-broadcast", KernelDeclaration(), "numpy", "kernel raised ValueError"),
     (
         finite_fill_mean_of_v,
@@ -365,7 +374,11 @@ BUGS = [
     ids=[f"{b[1]}-{b[0].__name__}" for b in BUGS],
 )
 def test_buggy_kernel_fails(
-    bug: Any, property_id: str, declaration: KernelDeclaration, backend: str, words: str
+    bug: Any,
+    property_id: str,
+    declaration: KernelDeclaration,
+    backend: str,
+    words: str | tuple[str, ...],
 ) -> None:
     """CONF-1/CONF-2: the property of the clause a realistic bug breaks reports it in the
     quick profile, with a finding that says what went wrong (the first failing example
@@ -374,7 +387,8 @@ def test_buggy_kernel_fails(
         pytest.importorskip("torch", reason="torch is an optional backend")
     verdict = verdict_of(property_id, bug, declaration=declaration, backend=backend, shrink=False)
     assert verdict.status == _expected_failure(property_id), verdict.detail
-    assert words in verdict.detail
+    alternatives = (words,) if isinstance(words, str) else words
+    assert any(w in verdict.detail for w in alternatives), verdict.detail
     assert verdict.counterexample and verdict.reproduction
 
 
