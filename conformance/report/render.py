@@ -99,7 +99,7 @@ def summary_line(report: Report) -> str:
     # is most of the work
     # none while no property has taken time yet (a report file written before the first)
     share = (
-        f"{in_kernel / seconds:.0%} of the {'wall ' if report.wall_seconds else ''}time"
+        f", {in_kernel / seconds:.0%} of the {'wall ' if report.wall_seconds else ''}time"
         if seconds > 0
         else ""
     )
@@ -120,7 +120,7 @@ def summary_line(report: Report) -> str:
         f"{f', {tally[NOT_RUN]} not run' if tally[NOT_RUN] else ''} "
         f"({len(report.verdicts)} propert{'y' if len(report.verdicts) == 1 else 'ies'}, "
         f"{seconds:.1f} s{' wall time' if report.wall_seconds else ''}; "
-        f"the kernel's calls took {in_kernel:.1f} s{f', {share}' if seconds > 0 else ''})"
+        f"the kernel's calls took {in_kernel:.1f} s{share})"
     )
 
 
