@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -306,55 +307,30 @@ NAN = float("nan")
 # (SDPA-7.3), masked_nan_value and bias_excluded_nan_key 4 (SDPA-8.2, SHOULD),
 # value_dim_3_head_dim_2 ones of shape (1, 1, 1, 3) and value_dim_3_no_queries_shape
 # [1, 0, 1, 3] (SDPA-1.1, SDPA-1.5).
+KERAS_BACKENDS = ("torch", "jax", "numpy")
+ONE = [[[[1.0]]]]
+CAUSAL_ROWS = [[[[0.0, 1.0]], [[1.0, 2.0]], [[2.0, 3.0]]]]
+GQA_ONES = [[[[1.0], [1.0], [1.0], [1.0]]]]
+# case: the answers of (torch, jax, numpy), side by side
+KERAS_ANSWERS: dict[str, tuple[Any, Any, Any]] = {
+    "fully_masked": ([[[[3.0]]]],) * 3,
+    "nan_query": ([[[[0.0]]]], [[[[NAN]]]], [[[[NAN]]]]),
+    "gqa_4_over_2": (GQA_ONES, GQA_ONES, "ValueError"),
+    "gqa_1_over_2": ([[[[1.0], [1.0]]]], "TypeError", [[[[1.0], [1.0]]]]),
+    "float16_scores_1e6": (ONE, ONE, [[[[NAN]]]]),
+    "mask_1d": ("IndexError", [[[[2.0]]]], [[[[2.0]]]]),
+    "causal_scale_0": ([[[[NAN, NAN]], [[NAN, NAN]], [[2.0, 3.0]]]], CAUSAL_ROWS, CAUSAL_ROWS),
+    "causal_min_bias": ([[[[2.0]]]], [[[[4.0]]]], [[[[4.0]]]]),
+    "masked_score_5e4_float16": ([[[[2.0]]]], ONE, ONE),
+    "float16_score_rounding": ([[[[0.476562]]]], [[[[0.476562]]]], [[[[0.484375]]]]),
+    "masked_nan_value": ([[[[NAN]]]],) * 3,
+    "bias_excluded_nan_key": ([[[[NAN]]]],) * 3,
+    "value_dim_3_head_dim_2": ([[[[1.0, 1.0, 1.0]]]], "TypeError", [[[[1.0, 1.0, 1.0]]]]),
+    "value_dim_3_no_queries_shape": ([1, 0, 1, 3], [1, 0, 1, 2], [1, 0, 1, 3]),
+}
 KERAS_UPSTREAM = {
-    "torch": {
-        "fully_masked": [[[[3.0]]]],
-        "nan_query": [[[[0.0]]]],
-        "gqa_4_over_2": [[[[1.0], [1.0], [1.0], [1.0]]]],
-        "gqa_1_over_2": [[[[1.0], [1.0]]]],
-        "float16_scores_1e6": [[[[1.0]]]],
-        "mask_1d": "IndexError",
-        "causal_scale_0": [[[[NAN, NAN]], [[NAN, NAN]], [[2.0, 3.0]]]],
-        "causal_min_bias": [[[[2.0]]]],
-        "masked_score_5e4_float16": [[[[2.0]]]],
-        "float16_score_rounding": [[[[0.476562]]]],
-        "masked_nan_value": [[[[NAN]]]],
-        "bias_excluded_nan_key": [[[[NAN]]]],
-        "value_dim_3_head_dim_2": [[[[1.0, 1.0, 1.0]]]],
-        "value_dim_3_no_queries_shape": [1, 0, 1, 3],
-    },
-    "jax": {
-        "fully_masked": [[[[3.0]]]],
-        "nan_query": [[[[NAN]]]],
-        "gqa_4_over_2": [[[[1.0], [1.0], [1.0], [1.0]]]],
-        "gqa_1_over_2": "TypeError",
-        "float16_scores_1e6": [[[[1.0]]]],
-        "mask_1d": [[[[2.0]]]],
-        "causal_scale_0": [[[[0.0, 1.0]], [[1.0, 2.0]], [[2.0, 3.0]]]],
-        "causal_min_bias": [[[[4.0]]]],
-        "masked_score_5e4_float16": [[[[1.0]]]],
-        "float16_score_rounding": [[[[0.476562]]]],
-        "masked_nan_value": [[[[NAN]]]],
-        "bias_excluded_nan_key": [[[[NAN]]]],
-        "value_dim_3_head_dim_2": "TypeError",
-        "value_dim_3_no_queries_shape": [1, 0, 1, 2],
-    },
-    "numpy": {
-        "fully_masked": [[[[3.0]]]],
-        "nan_query": [[[[NAN]]]],
-        "gqa_4_over_2": "ValueError",
-        "gqa_1_over_2": [[[[1.0], [1.0]]]],
-        "float16_scores_1e6": [[[[NAN]]]],
-        "mask_1d": [[[[2.0]]]],
-        "causal_scale_0": [[[[0.0, 1.0]], [[1.0, 2.0]], [[2.0, 3.0]]]],
-        "causal_min_bias": [[[[4.0]]]],
-        "masked_score_5e4_float16": [[[[1.0]]]],
-        "float16_score_rounding": [[[[0.484375]]]],
-        "masked_nan_value": [[[[NAN]]]],
-        "bias_excluded_nan_key": [[[[NAN]]]],
-        "value_dim_3_head_dim_2": [[[[1.0, 1.0, 1.0]]]],
-        "value_dim_3_no_queries_shape": [1, 0, 1, 3],
-    },
+    backend: {case: answers[i] for case, answers in KERAS_ANSWERS.items()}
+    for i, backend in enumerate(KERAS_BACKENDS)
 }
 
 

@@ -10,6 +10,7 @@ hand, so the two are independent.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,19 +92,19 @@ def _parse_ebnf(text: str) -> _Grammar:
         at += 1
         return token
 
+    def joined(part: Callable[[], Any], separator: str, kind: str) -> Any:
+        """``part {separator part}``: one part alone, or ``(kind, parts)``."""
+        parts = [part()]
+        while peek() == ("symbol", separator):
+            take(separator)
+            parts.append(part())
+        return parts[0] if len(parts) == 1 else (kind, parts)
+
     def expression() -> Any:
-        choices = [sequence()]
-        while peek() == ("symbol", "|"):
-            take("|")
-            choices.append(sequence())
-        return choices[0] if len(choices) == 1 else ("choice", choices)
+        return joined(sequence, "|", "choice")
 
     def sequence() -> Any:
-        terms = [term()]
-        while peek() == ("symbol", ","):
-            take(",")
-            terms.append(term())
-        return terms[0] if len(terms) == 1 else ("sequence", terms)
+        return joined(term, ",", "sequence")
 
     def term() -> Any:
         kind, value = take()

@@ -180,6 +180,14 @@ FLA_KDA_ASSERT = (
 )
 FLA_RECURRENT_GDN = "fla.ops.gated_delta_rule.naive:naive_recurrent_gated_delta_rule"
 FLA_CHUNK_KDA = "fla.ops.kda.naive:naive_chunk_kda"
+KERAS_NUMPY = "keras:dot_product_attention_numpy"
+KERAS_JAX = "keras:dot_product_attention_jax"
+KERAS_TORCH = "keras:dot_product_attention_torch"
+LINEN = "flax.linen:dot_product_attention"
+NNX = "flax.nnx:dot_product_attention"
+JAX_NN = "jax.nn:dot_product_attention"
+TORCH_SDPA = "torch.nn.functional:scaled_dot_product_attention"
+SDPA_FLASH = "attnspec.conformance.kernels.torch_sdpa:sdpa_flash"
 ONNX_REFERENCE = "onnx_attention:reference_attention_23"
 ONNX_RUNTIME = "onnx_attention:runtime_attention_23"
 ONNX_CACHE = "onnx_attention:reference_attention_kv_cache"
@@ -189,123 +197,63 @@ ONNX_CACHE = "onnx_attention:reference_attention_kv_cache"
 CASES = [
     # keras numpy, float16 scores: the contiguous call's inaccuracy, before and after it is
     # reported as accuracy (SDPA-7.3); a float32 failure is another cause
-    ("keras:dot_product_attention_numpy", "layout-independence", "SDPA-1.7", FLOAT16_LAYOUT, True),
-    ("keras:dot_product_attention_numpy", "layout-independence", "SDPA-7.3", FLOAT16_LAYOUT, True),
-    ("keras:dot_product_attention_numpy", "layout-independence", "SDPA-1.7", FLOAT32_LAYOUT, False),
-    ("keras:dot_product_attention_numpy", "matches-reference", "SDPA-7.3", FLOAT16_LAYOUT, True),
-    ("keras:dot_product_attention_numpy", "gqa-mapping", "SDPA-6.1", GQA_RAISES, True),
-    ("keras:dot_product_attention_numpy", "gqa-mapping", "SDPA-6.1", FLOAT16_LAYOUT, False),
-    (
-        "keras:dot_product_attention_numpy",
-        "masked-nonfinite-ignored",
-        "SDPA-8.2",
-        GQA_RAISES,
-        False,
-    ),
-    ("keras:dot_product_attention_numpy", "causal-zeros", "SDPA-4.1", CAUSAL_MIN_BIAS, True),
+    (KERAS_NUMPY, "layout-independence", "SDPA-1.7", FLOAT16_LAYOUT, True),
+    (KERAS_NUMPY, "layout-independence", "SDPA-7.3", FLOAT16_LAYOUT, True),
+    (KERAS_NUMPY, "layout-independence", "SDPA-1.7", FLOAT32_LAYOUT, False),
+    (KERAS_NUMPY, "matches-reference", "SDPA-7.3", FLOAT16_LAYOUT, True),
+    (KERAS_NUMPY, "gqa-mapping", "SDPA-6.1", GQA_RAISES, True),
+    (KERAS_NUMPY, "gqa-mapping", "SDPA-6.1", FLOAT16_LAYOUT, False),
+    (KERAS_NUMPY, "masked-nonfinite-ignored", "SDPA-8.2", GQA_RAISES, False),
+    (KERAS_NUMPY, "causal-zeros", "SDPA-4.1", CAUSAL_MIN_BIAS, True),
     # a fully masked row (keras-empty-rows' cause) has no bias to show
-    ("keras:dot_product_attention_numpy", "causal-zeros", "SDPA-4.1", CAUSAL_MASK_ONLY, False),
+    (KERAS_NUMPY, "causal-zeros", "SDPA-4.1", CAUSAL_MASK_ONLY, False),
     # flax.linen: float16 scores, met as matches-reference and mask-wins-over-bias (JAX arrays
     # have no layouts: layout-independence is not applicable there)
-    ("flax.linen:dot_product_attention", "matches-reference", "SDPA-7.3", FLOAT16_LAYOUT, True),
-    ("flax.linen:dot_product_attention", "mask-wins-over-bias", "SDPA-3.3", FLOAT16_LAYOUT, True),
-    ("flax.linen:dot_product_attention", "mask-wins-over-bias", "SDPA-3.3", FLOAT32_LAYOUT, False),
-    (
-        "flax.linen:dot_product_attention",
-        "matches-reference",
-        "SDPA-7.3",
-        FLOAT16_EMPTY_ROW,
-        False,
-    ),
-    (
-        "keras:dot_product_attention_numpy",
-        "matches-reference",
-        "SDPA-7.3",
-        FLOAT16_EMPTY_ROW,
-        False,
-    ),
+    (LINEN, "matches-reference", "SDPA-7.3", FLOAT16_LAYOUT, True),
+    (LINEN, "mask-wins-over-bias", "SDPA-3.3", FLOAT16_LAYOUT, True),
+    (LINEN, "mask-wins-over-bias", "SDPA-3.3", FLOAT32_LAYOUT, False),
+    (LINEN, "matches-reference", "SDPA-7.3", FLOAT16_EMPTY_ROW, False),
+    (KERAS_NUMPY, "matches-reference", "SDPA-7.3", FLOAT16_EMPTY_ROW, False),
     # jax.nn, and nnx and keras-on-jax through it: the fill above a finfo.min bias
-    ("jax.nn:dot_product_attention", "causal-zeros", "SDPA-4.1", CAUSAL_MIN_BIAS, True),
-    ("jax.nn:dot_product_attention", "causal-zeros", "SDPA-4.1", CAUSAL_MASK_ONLY, False),
-    ("jax.nn:dot_product_attention", "causal-zeros", "SDPA-5.1", CAUSAL_MIN_BIAS, False),
-    ("flax.nnx:dot_product_attention", "causal-zeros", "SDPA-4.1", CAUSAL_MIN_BIAS, True),
-    ("keras:dot_product_attention_jax", "causal-zeros", "SDPA-4.1", CAUSAL_MIN_BIAS, True),
-    (
-        "keras:dot_product_attention_jax",
-        "masked-nonfinite-ignored",
-        "SDPA-8.2",
-        MASKED_NAN_VALUE,
-        True,
-    ),
-    (
-        "keras:dot_product_attention_jax",
-        "masked-nonfinite-ignored",
-        "SDPA-8.2",
-        MASKED_NAN_KEY,
-        True,
-    ),
-    (
-        "keras:dot_product_attention_jax",
-        "masked-nonfinite-ignored",
-        "SDPA-8.2",
-        MASKED_NAN_BIAS,
-        False,
-    ),
+    (JAX_NN, "causal-zeros", "SDPA-4.1", CAUSAL_MIN_BIAS, True),
+    (JAX_NN, "causal-zeros", "SDPA-4.1", CAUSAL_MASK_ONLY, False),
+    (JAX_NN, "causal-zeros", "SDPA-5.1", CAUSAL_MIN_BIAS, False),
+    (NNX, "causal-zeros", "SDPA-4.1", CAUSAL_MIN_BIAS, True),
+    (KERAS_JAX, "causal-zeros", "SDPA-4.1", CAUSAL_MIN_BIAS, True),
+    (KERAS_JAX, "masked-nonfinite-ignored", "SDPA-8.2", MASKED_NAN_VALUE, True),
+    (KERAS_JAX, "masked-nonfinite-ignored", "SDPA-8.2", MASKED_NAN_KEY, True),
+    (KERAS_JAX, "masked-nonfinite-ignored", "SDPA-8.2", MASKED_NAN_BIAS, False),
     # Ev != E: Keras-on-JAX's fallback and flax.nnx's jax.nn check, met by score-variance
     # too; a statistic out of its interval is another cause
-    ("keras:dot_product_attention_jax", "score-variance", "SDPA-2.1", KERAS_RESHAPE, True),
-    ("keras:dot_product_attention_jax", "value-head-dim", "SDPA-1.1", KERAS_MASK_EXPANSION, True),
-    ("keras:dot_product_attention_jax", "score-variance", "SDPA-2.1", SCORE_VARIANCE_OFF, False),
-    ("flax.nnx:dot_product_attention", "score-variance", "SDPA-2.1", NNX_VALUE_SHAPE, True),
-    ("flax.nnx:dot_product_attention", "value-head-dim", "SDPA-1.1", NNX_VALUE_SHAPE, True),
-    ("flax.nnx:dot_product_attention", "score-variance", "SDPA-2.1", SCORE_VARIANCE_OFF, False),
+    (KERAS_JAX, "score-variance", "SDPA-2.1", KERAS_RESHAPE, True),
+    (KERAS_JAX, "value-head-dim", "SDPA-1.1", KERAS_MASK_EXPANSION, True),
+    (KERAS_JAX, "score-variance", "SDPA-2.1", SCORE_VARIANCE_OFF, False),
+    (NNX, "score-variance", "SDPA-2.1", NNX_VALUE_SHAPE, True),
+    (NNX, "value-head-dim", "SDPA-1.1", NNX_VALUE_SHAPE, True),
+    (NNX, "score-variance", "SDPA-2.1", SCORE_VARIANCE_OFF, False),
     # batch-broadcast: torch's empty-query shape, the flash path's causal scale 0 (SDPA's),
     # flax's refusal; a wrong value of a broadcast batch is another cause
-    (
-        "torch.nn.functional:scaled_dot_product_attention",
-        "batch-broadcast",
-        "SDPA-1.2",
-        EMPTY_BROADCAST,
-        True,
-    ),
-    (
-        "torch.nn.functional:scaled_dot_product_attention",
-        "batch-broadcast",
-        "SDPA-1.2",
-        BROADCAST_VALUE,
-        False,
-    ),
-    (
-        "attnspec.conformance.kernels.torch_sdpa:sdpa_flash",
-        "batch-broadcast",
-        "SDPA-1.2",
-        BROADCAST_CAUSAL_SCALE_ZERO,
-        True,
-    ),
-    (
-        "attnspec.conformance.kernels.torch_sdpa:sdpa_flash",
-        "batch-broadcast",
-        "SDPA-1.2",
-        BROADCAST_VALUE,
-        False,
-    ),
-    ("flax.linen:dot_product_attention", "batch-broadcast", "SDPA-1.2", LINEN_BATCH, True),
-    ("flax.nnx:dot_product_attention", "batch-broadcast", "SDPA-1.2", BROADCAST_VALUE, False),
+    (TORCH_SDPA, "batch-broadcast", "SDPA-1.2", EMPTY_BROADCAST, True),
+    (TORCH_SDPA, "batch-broadcast", "SDPA-1.2", BROADCAST_VALUE, False),
+    (SDPA_FLASH, "batch-broadcast", "SDPA-1.2", BROADCAST_CAUSAL_SCALE_ZERO, True),
+    (SDPA_FLASH, "batch-broadcast", "SDPA-1.2", BROADCAST_VALUE, False),
+    (LINEN, "batch-broadcast", "SDPA-1.2", LINEN_BATCH, True),
+    (NNX, "batch-broadcast", "SDPA-1.2", BROADCAST_VALUE, False),
     # keras numpy: float16 P V on long peaked rows; the same failure in float32 is another cause
-    ("keras:dot_product_attention_numpy", "long-peaked-rows", "SDPA-7.3", PEAKED_FLOAT16, True),
-    ("keras:dot_product_attention_numpy", "long-peaked-rows", "SDPA-7.3", PEAKED_BFLOAT16, False),
+    (KERAS_NUMPY, "long-peaked-rows", "SDPA-7.3", PEAKED_FLOAT16, True),
+    (KERAS_NUMPY, "long-peaked-rows", "SDPA-7.3", PEAKED_BFLOAT16, False),
     # keras numpy's float16 scores met by bias-semantics and (a masked key's overflow) by
     # mask-polarity; the same findings in float32 are another cause
-    ("keras:dot_product_attention_numpy", "bias-semantics", "SDPA-3.2", BIASED_FLOAT16, True),
-    ("keras:dot_product_attention_numpy", "bias-semantics", "SDPA-3.2", BIASED_FLOAT32, False),
-    ("keras:dot_product_attention_numpy", "mask-polarity", "SDPA-3.1", MASKED_OVERFLOW, True),
+    (KERAS_NUMPY, "bias-semantics", "SDPA-3.2", BIASED_FLOAT16, True),
+    (KERAS_NUMPY, "bias-semantics", "SDPA-3.2", BIASED_FLOAT32, False),
+    (KERAS_NUMPY, "mask-polarity", "SDPA-3.1", MASKED_OVERFLOW, True),
     # keras torch: SDPA's causal rows with a negative scale (0 in float16, NaN in bfloat16)
-    ("keras:dot_product_attention_torch", "output-in-value-hull", "SDPA-7.1", NEGATIVE_SCALE, True),
-    ("keras:dot_product_attention_torch", "gqa-mapping", "SDPA-6.1", NEGATIVE_SCALE_NAN, True),
-    ("keras:dot_product_attention_torch", "gqa-mapping", "SDPA-6.1", POSITIVE_SCALE_OFF, False),
+    (KERAS_TORCH, "output-in-value-hull", "SDPA-7.1", NEGATIVE_SCALE, True),
+    (KERAS_TORCH, "gqa-mapping", "SDPA-6.1", NEGATIVE_SCALE_NAN, True),
+    (KERAS_TORCH, "gqa-mapping", "SDPA-6.1", POSITIVE_SCALE_OFF, False),
     # keras torch: the additive fill of a boolean mask
-    ("keras:dot_product_attention_torch", "masked-values-ignored", "SDPA-8.1", MASKED_LARGE, True),
-    ("keras:dot_product_attention_torch", "masked-values-ignored", "SDPA-8.1", MASKED_ONE, False),
+    (KERAS_TORCH, "masked-values-ignored", "SDPA-8.1", MASKED_LARGE, True),
+    (KERAS_TORCH, "masked-values-ignored", "SDPA-8.1", MASKED_ONE, False),
     (ONNX_RUNTIME, "matches-reference", "SDPA-1.1", ONNX_RUNTIME_SCALE, True),
     (ONNX_RUNTIME, "gqa-mapping", "SDPA-6.1", ONNX_POSITIVE_SCALE, False),
     (ONNX_REFERENCE, "gqa-mapping", "SDPA-6.1", ONNX_NEGATIVE_SCALE, True),

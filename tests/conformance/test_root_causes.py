@@ -522,18 +522,24 @@ def test_a_verdict_interrupted_between_its_re_runs_stays_as_found() -> None:
     assert after == found
 
 
+def _masked_zeros(n_queries: int, n_keys: int, dtype: str, **options: Any) -> Problem:
+    """Zero q, k and v of one head and head dims 1, every key masked out (no row has one)."""
+    return Problem(
+        q=np.zeros((1, n_queries, 1)),
+        k=np.zeros((1, n_keys, 1)),
+        v=np.zeros((1, n_keys, 1)),
+        dtype=dtype,
+        mask=np.zeros((n_queries, n_keys), dtype=bool),
+        **options,
+    )
+
+
 def test_the_avoid_hook_rejects_problems_with_an_avoided_feature() -> None:
     """SizeLimits.avoid names features (a typo is a ValueError); a problem a property builds
     itself with such a feature is discarded on the kernel call, inside a run only."""
     with pytest.raises(ValueError, match="avoid='fully-masked'"):
         SizeLimits(avoid=("fully-masked",))
-    problem = Problem(
-        q=np.zeros((1, 1, 1)),
-        k=np.zeros((1, 1, 1)),
-        v=np.zeros((1, 1, 1)),
-        dtype="float64",
-        mask=np.zeros((1, 1), dtype=bool),
-    )
+    problem = _masked_zeros(1, 1, "float64")
     kernel = KernelUnderTest(finite_fill_jax_style, Backend("numpy"))
     assert input_features.features_of(problem, kernel.declaration) == [
         "fully-masked-row",
@@ -559,14 +565,7 @@ def test_drawing_around_empty_rows_gives_each_row_a_key_in_the_masks_own_shape()
     from attnspec.conformance.claims.declaration import KernelDeclaration
     from attnspec.conformance.draw.strategies import with_a_key_per_row
 
-    none = Problem(
-        q=np.zeros((1, 2, 1)),
-        k=np.zeros((1, 0, 1)),
-        v=np.zeros((1, 0, 1)),
-        dtype="float32",
-        mask=np.zeros((2, 0), dtype=bool),
-        is_causal=True,
-    )
+    none = _masked_zeros(2, 0, "float32", is_causal=True)
     assert with_a_key_per_row(none, KernelDeclaration()).shape == (2, 0)
     blank = none.with_(
         k=np.zeros((1, 3, 1)), v=np.zeros((1, 3, 1)), mask=np.zeros((2, 3), dtype=bool)

@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -38,13 +39,18 @@ from attnspec.conformance.api import KernelSetup
 from attnspec.conformance.claims.loading import load_kernel
 from attnspec.conformance.judge.kernel import KernelUnderTest
 from attnspec.conformance.judge.registry import all_properties
-from attnspec.conformance.judge.verdict import FAILED, PASSED
+from attnspec.conformance.judge.verdict import FAILED, PASSED, Report
 from attnspec.conformance.run import property_runner as runner
 from attnspec.conformance.run.property_runner import new_report, run_each
 from attnspec.conformance.run.supervisor import IsolatedKernel, IsolationOptions, _LastCall
 
 HOSTILE_FILE = str(Path(hostile.__file__).resolve())
 HANG_TIMEOUT = "2"  # s: the hang tests wait this long, once per property
+
+
+def _on_numpy(target: str, *only: str, **options: Any) -> Report:
+    """``check`` of ``target`` on NumPy, for the properties ``only``."""
+    return check(target, backend="numpy", only=list(only), **options)
 
 
 def _told_as_failed(prop: str, table: str) -> bool:
@@ -290,11 +296,8 @@ def test_hang_is_attributed_to_the_example_that_hung(
     inputs (in a fresh process that call is the first, and returns)."""
     shapes_file = tmp_path / "shapes"
     monkeypatch.setenv("SHAPES_FILE", str(shapes_file))
-    report = check(
-        f"{sometimes}:hangs_on_fifth_call",
-        backend="numpy",
-        only=["matches-reference"],
-        isolate=IsolationOptions(timeout=2),
+    report = _on_numpy(
+        f"{sometimes}:hangs_on_fifth_call", "matches-reference", isolate=IsolationOptions(timeout=2)
     )
     (verdict,) = report.verdicts
     assert verdict.status == FAILED
@@ -319,11 +322,8 @@ def test_hang_is_attributed_to_the_example_that_hung(
 def test_crash_fails_one_property_and_the_next_runs_in_a_new_worker(sometimes: str) -> None:
     """A segfault on explicit-scale's inputs fails that property; default-scale, run after
     it, gets a fresh worker and passes."""
-    report = check(
-        f"{sometimes}:crashes_on_explicit_scale",
-        backend="numpy",
-        only=["explicit-scale", "default-scale"],
-        isolate=True,
+    report = _on_numpy(
+        f"{sometimes}:crashes_on_explicit_scale", "explicit-scale", "default-scale", isolate=True
     )
     assert [(v.property, v.status) for v in report.verdicts] == [
         ("explicit-scale", FAILED),
@@ -336,11 +336,8 @@ def test_crash_fails_one_property_and_the_next_runs_in_a_new_worker(sometimes: s
 def test_timeout_is_per_call_not_per_property(sometimes: str) -> None:
     """Four calls of 0.5 s each under a 1.5 s timeout: the property takes longer than the
     timeout in all, yet no call does, so it passes."""
-    report = check(
-        f"{sometimes}:slow_first_calls",
-        backend="numpy",
-        only=["default-scale"],
-        isolate=IsolationOptions(timeout=1.5),
+    report = _on_numpy(
+        f"{sometimes}:slow_first_calls", "default-scale", isolate=IsolationOptions(timeout=1.5)
     )
     (verdict,) = report.verdicts
     assert verdict.status == PASSED, verdict.detail
@@ -369,16 +366,11 @@ def test_memory_limit_is_an_option(sometimes: str) -> None:
     """--memory-limit: 1 GiB of address space is refused under a 0.5 GiB limit (a
     MemoryError verdict that names the option) and allowed under the default."""
     target = f"{sometimes}:allocates"
-    limited = check(
-        target,
-        backend="numpy",
-        only=["default-scale"],
-        isolate=IsolationOptions(memory_limit_gib=0.5),
-    )
+    limited = _on_numpy(target, "default-scale", isolate=IsolationOptions(memory_limit_gib=0.5))
     assert limited.verdicts[0].status == FAILED
     assert "MemoryError" in limited.verdicts[0].detail
     assert "--memory-limit" in limited.verdicts[0].detail
-    default = check(target, backend="numpy", only=["default-scale"], isolate=True)
+    default = _on_numpy(target, "default-scale", isolate=True)
     assert default.verdicts[0].status == PASSED
 
 
@@ -476,12 +468,8 @@ def test_hint_probes_run_in_the_worker(
     was made in a worker process, never in the check's own."""
     pid_file = tmp_path / "pids"
     monkeypatch.setenv("PID_FILE", str(pid_file))
-    report = check(
-        f"{worker_kernels}:blhd",
-        backend="numpy",
-        dtypes=["float64"],
-        only=["matches-reference"],
-        isolate=True,
+    report = _on_numpy(
+        f"{worker_kernels}:blhd", "matches-reference", dtypes=["float64"], isolate=True
     )
     assert report.verdicts[0].status == FAILED
     assert any("pass --layout blhd" in hint for hint in report.hints), report.hints
@@ -494,11 +482,10 @@ def test_a_kernel_that_crashes_on_the_hint_probe_does_not_take_the_check_down(
 ) -> None:
     """CONF-5: the hints probe a failing kernel once more; isolated, a crash there costs
     the hint, not the check: the verdicts stand and the report is whole."""
-    report = check(
+    report = _on_numpy(
         f"{worker_kernels}:unscaled_crashes_on_random_queries",
-        backend="numpy",
+        "default-scale",
         dtypes=["float64"],
-        only=["default-scale"],
         isolate=True,
     )
     (verdict,) = report.verdicts
@@ -511,30 +498,26 @@ def test_hints_and_waivers_travel_from_the_worker(worker_kernels: str) -> None:
     """SDPA-1.3, CONF-7: a verdict's hint (an undeclared tuple return: --returns-weights)
     and a waived clause (SDPA-5.1 with empty_rows_zero=False) come back from the worker
     as they are in-process, and the claim names the waiver."""
-    returned = check(
-        f"{worker_kernels}:with_weights",
-        backend="numpy",
-        dtypes=["float64"],
-        only=["output-shape-dtype"],
-        isolate=True,
+    returned = _on_numpy(
+        f"{worker_kernels}:with_weights", "output-shape-dtype", dtypes=["float64"], isolate=True
     )
     assert "--returns-weights" in returned.verdicts[0].hint
-    waived = check(
+    waived = _on_numpy(
         f"{worker_kernels}:mean_of_v_when_empty",
-        backend="numpy",
+        "empty-rows-zero",
+        "default-scale",
         dtypes=["float64"],
-        only=["empty-rows-zero", "default-scale"],
         isolate=True,
         empty_rows_zero=False,
     )
     assert [v.status for v in waived.verdicts] == [runner.WAIVED, PASSED]
     assert waived.waived == ["SDPA-5.1"]
     assert waived.claim == "no conformance claim: only some properties ran (--only/--skip)"
-    in_process = check(
+    in_process = _on_numpy(
         f"{worker_kernels}:mean_of_v_when_empty",
-        backend="numpy",
+        "empty-rows-zero",
+        "default-scale",
         dtypes=["float64"],
-        only=["empty-rows-zero", "default-scale"],
         empty_rows_zero=False,
     )
     assert [(v.status, v.detail) for v in waived.verdicts] == [

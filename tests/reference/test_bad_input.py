@@ -6,7 +6,7 @@ names the argument with what it was (e.g. ``k.shape[-1]=3``) and what it should 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -317,41 +317,38 @@ BAD_MHA = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("call", "error", "message"),
-    [row[1:] for row in BAD_SDPA],
-    ids=[row[0] for row in BAD_SDPA],
-)
+def bad_inputs(table: Sequence[tuple[Any, ...]]) -> pytest.MarkDecorator:
+    """Parametrize a test over a table's (call, error, message) rows, each named by its
+    first column."""
+    return pytest.mark.parametrize(
+        ("call", "error", "message"), [row[1:] for row in table], ids=[row[0] for row in table]
+    )
+
+
+def _raised(call: Callable[[], Any], error: type, message: str) -> str:
+    """The text of the ``error`` that ``call()`` raises, which must contain ``message``."""
+    with pytest.raises(error) as raised:
+        call()
+    assert message in str(raised.value)
+    return str(raised.value)
+
+
+@bad_inputs(BAD_SDPA)
 def test_sdpa_bad_input(call: Callable[[], Any], error: type, message: str) -> None:
     """SDPA-1.1, 1.2, 1.4, 2.2, 3.1, 3.2, 4.1-4.3, 6.2: each misuse names its argument."""
-    with pytest.raises(error) as raised:
-        call()
-    assert message in str(raised.value)
-    assert "scaled_dot_product_attention(q, k, v)" in str(raised.value)
+    assert "scaled_dot_product_attention(q, k, v)" in _raised(call, error, message)
 
 
-@pytest.mark.parametrize(
-    ("call", "error", "message"),
-    [row[1:] for row in BAD_BUILDERS],
-    ids=[row[0] for row in BAD_BUILDERS],
-)
+@bad_inputs(BAD_BUILDERS)
 def test_builder_bad_input(call: Callable[[], Any], error: type, message: str) -> None:
     """POS-1, ROPE-1, SDPA-4: bad sizes, bases, dtypes, layouts and positions are named."""
-    with pytest.raises(error) as raised:
-        call()
-    assert message in str(raised.value)
+    _raised(call, error, message)
 
 
-@pytest.mark.parametrize(
-    ("call", "error", "message"),
-    [row[1:] for row in BAD_MHA],
-    ids=[row[0] for row in BAD_MHA],
-)
+@bad_inputs(BAD_MHA)
 def test_mha_bad_input(call: Callable[[], Any], error: type, message: str) -> None:
     """MHA-1, SDPA-6.2: bad projection shapes, head counts and dtypes are named."""
-    with pytest.raises(error) as raised:
-        call()
-    assert message in str(raised.value)
+    _raised(call, error, message)
 
 
 @pytest.mark.parametrize("argument", ["k", "mask", "bias"])

@@ -58,35 +58,36 @@ def test_equal_head_dims_without_a_scale_parameter(
     assert "and q times" in inputs and "TypeError" not in out
 
 
+def _claims(*flags: str) -> dict[str, Any]:
+    """The claims ``attnspec check m:f FLAGS`` declares."""
+    return cli.claims_from(cli.build_parser().parse_args(["check", "m:f", *flags]))
+
+
 def test_declaration_flags_become_claims() -> None:
     """CONF-3: each declaration flag sets exactly its KernelDeclaration field."""
-    args = cli.build_parser().parse_args(
-        [
-            "check",
-            "m:f",
-            "--bias",
-            "--bias-keyword",
-            "attn_mask",
-            "--gqa-keyword",
-            "enable_gqa",
-            "--causal-alignment",
-            "bottom-right",
-            "--no-empty-rows-zero",
-            "--returns-weights",
-            "--no-mask-and-causal",
-            "--no-scale",
-            "--kwarg",
-            "dropout_p=0.0",
-            "--sparse",
-            "sliding_window",
-            "--sparse-param",
-            "left=2",
-            "--sparse-param",
-            "right=0",
-            "--sparse-causal",
-        ]
+    claims = _claims(
+        "--bias",
+        "--bias-keyword",
+        "attn_mask",
+        "--gqa-keyword",
+        "enable_gqa",
+        "--causal-alignment",
+        "bottom-right",
+        "--no-empty-rows-zero",
+        "--returns-weights",
+        "--no-mask-and-causal",
+        "--no-scale",
+        "--kwarg",
+        "dropout_p=0.0",
+        "--sparse",
+        "sliding_window",
+        "--sparse-param",
+        "left=2",
+        "--sparse-param",
+        "right=0",
+        "--sparse-causal",
     )
-    assert cli.claims_from(args) == {
+    assert claims == {
         "bias": True,
         "bias_keyword": "attn_mask",
         "gqa_keyword": "enable_gqa",
@@ -99,7 +100,7 @@ def test_declaration_flags_become_claims() -> None:
         "extra_kwargs": {"dropout_p": 0.0},
         "sparse": SparseClaim("sliding_window", {"left": 2, "right": 0}, causal=True),
     }
-    assert cli.claims_from(cli.build_parser().parse_args(["check", "m:f"])) == {}
+    assert _claims() == {}
 
 
 def test_claims_table_is_the_one_source_of_declaration_fields_and_flags() -> None:
@@ -141,8 +142,7 @@ def _check_parser() -> Any:
 def test_keyword_flags_turn_their_claim_on(flags: list[str], expected: dict[str, Any]) -> None:
     """CONF-3: --mask-keyword, --bias-keyword and --gqa-keyword claim what they
     name, unless the claim's own flag says otherwise."""
-    args = cli.build_parser().parse_args(["check", "m:f", *flags])
-    assert cli.claims_from(args) == expected
+    assert _claims(*flags) == expected
 
 
 def test_bias_keyword_alone_runs_the_bias_properties(
@@ -233,18 +233,7 @@ def test_waived_must_clause_is_named_in_every_report(
 
 
 def test_linear_flags_become_a_linear_claim() -> None:
-    args = cli.build_parser().parse_args(
-        [
-            "check",
-            "m:f",
-            "--linear",
-            "favor+",
-            "--linear-num-features",
-            "256",
-            "--linear-iid",
-        ]
-    )
-    claim = cli.claims_from(args)["linear"]
+    claim = _claims("--linear", "favor+", "--linear-num-features", "256", "--linear-iid")["linear"]
     assert (claim.feature_map, claim.num_features, claim.orthogonal) == ("favor+", 256, False)
 
 

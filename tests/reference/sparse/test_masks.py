@@ -17,6 +17,7 @@ import importlib.util
 import math
 import random
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import array_api_compat.numpy as np_xp
@@ -62,20 +63,26 @@ def window_set(t: int, n_keys: int, left: int | None, right: int | None, dilatio
     }
 
 
-def expected_sets(
-    pattern: str,
-    n_queries: int,
-    n_keys: int,
-    alignment: str,
-    causal: bool,
-    params: dict[str, Any],
-    random_rows: list[list[int]] | None = None,
-) -> list[set[int]]:
+@dataclass(frozen=True)
+class MaskCase:
+    """One mask to build and check: a pattern, its lengths Lq and Lk, alignment,
+    causality and the pattern's parameters."""
+
+    pattern: str
+    n_queries: int
+    n_keys: int
+    alignment: str
+    causal: bool
+    params: dict[str, Any]
+
+
+def expected_sets(case: MaskCase, random_rows: list[list[int]] | None = None) -> list[set[int]]:
     """S(i) for every query, straight from spec/sparse.md (Python's // and % floor)."""
-    d = offset(n_queries, n_keys, alignment)
+    pattern, n_keys, params = case.pattern, case.n_keys, case.params
+    d = offset(case.n_queries, n_keys, case.alignment)
     keys = range(n_keys)
     sets = []
-    for i in range(n_queries):
+    for i in range(case.n_queries):
         t = i + d
         if pattern == "sliding_window":
             s = window_set(t, n_keys, params["left"], params["right"], params.get("dilation", 1))
@@ -112,7 +119,7 @@ def expected_sets(
                 or t // size in globals_
                 or j // size in drawn
             }
-        sets.append({j for j in s if j <= t} if causal else s)
+        sets.append({j for j in s if j <= t} if case.causal else s)
     return sets
 
 
@@ -151,15 +158,8 @@ def spec_draw(
     return table
 
 
-def check_case(
-    backend: Backend,
-    pattern: str,
-    n_queries: int,
-    n_keys: int,
-    alignment: str,
-    causal: bool,
-    params: dict[str, Any],
-) -> None:
+def check_case(backend: Backend, case: MaskCase) -> None:
+    pattern, n_queries, n_keys, params = case.pattern, case.n_queries, case.n_keys, case.params
     keywords = dict(params)
     if pattern == "block_sparse":
         keywords["layout"] = backend.asarray(
@@ -167,47 +167,32 @@ def check_case(
                 -(-n_queries // params["block_size"][0]), -(-n_keys // params["block_size"][1])
             )
         )
+    keywords.update(
+        alignment=case.alignment, causal=case.causal, xp=backend.xp, device=backend.device
+    )
     random_rows = None
     if pattern == "bigbird":
-        mask, table = bigbird_mask(
-            n_queries,
-            n_keys,
-            alignment=alignment,
-            causal=causal,
-            xp=backend.xp,
-            device=backend.device,
-            **keywords,
-        )
+        mask, table = bigbird_mask(n_queries, n_keys, **keywords)
         random_rows = backend.to_numpy(table).tolist()
     else:
-        mask = sparse_mask(
-            pattern,
-            n_queries,
-            n_keys,
-            alignment=alignment,
-            causal=causal,
-            xp=backend.xp,
-            device=backend.device,
-            **keywords,
-        )
-    expected = as_mask(
-        expected_sets(pattern, n_queries, n_keys, alignment, causal, params, random_rows), n_keys
-    )
+        mask = sparse_mask(pattern, n_queries, n_keys, **keywords)
+    expected = as_mask(expected_sets(case, random_rows), n_keys)
     got = backend.to_numpy(mask)
     assert got.dtype == bool and got.shape == (n_queries, n_keys)
     assert np.array_equal(got, expected), (
-        f"{pattern} Lq={n_queries} Lk={n_keys} {alignment} causal={causal} {params}\n"
+        f"{pattern} Lq={n_queries} Lk={n_keys} {case.alignment} causal={case.causal} {params}\n"
         f"got\n{got.astype(int)}\nexpected\n{expected.astype(int)}"
     )
 
 
 @st.composite
-def small_cases(draw: st.DrawFn, pattern: str) -> tuple[int, int, str, bool, dict[str, Any]]:
-    """(Lq, Lk, alignment, causal, params) of ``pattern``: lengths 1-14, ragged blocks and
-    Lq != Lk included; a failure shrinks to the shortest lengths and simplest parameters."""
+def small_cases(draw: st.DrawFn, pattern: str) -> MaskCase:
+    """A case of ``pattern``: lengths 1-14, ragged blocks and Lq != Lk included; a failure
+    shrinks to the shortest lengths and simplest parameters."""
     n_queries, n_keys = draw(st.integers(1, 14)), draw(st.integers(1, 14))
     alignment, causal = draw(st.sampled_from(ALIGNMENTS)), draw(st.booleans())
-    return n_queries, n_keys, alignment, causal, draw(pattern_params(pattern, n_queries, n_keys))
+    params = draw(pattern_params(pattern, n_queries, n_keys))
+    return MaskCase(pattern, n_queries, n_keys, alignment, causal, params)
 
 
 @pytest.mark.parametrize("pattern", PATTERN_NAMES)
@@ -221,10 +206,11 @@ def test_mask_equals_the_spec_set_on_numpy(pattern: str) -> None:
 
     @drawn(240)
     @given(case=small_cases(pattern))
-    @example(case=(*FIXED_LENGTHS, alignment, causal, params)).via("the hand-written case")
-    def mask_is_the_set(case: tuple[int, int, str, bool, dict[str, Any]]) -> None:
-        n_queries, n_keys, alignment, causal, params = case
-        check_case(numpy, pattern, n_queries, n_keys, alignment, causal, params)
+    @example(case=MaskCase(pattern, *FIXED_LENGTHS, alignment, causal, params)).via(
+        "the hand-written case"
+    )
+    def mask_is_the_set(case: MaskCase) -> None:
+        check_case(numpy, case)
 
     mask_is_the_set()
 
@@ -235,7 +221,7 @@ def test_mask_equals_the_spec_set_on_every_backend(cpu_backend: Backend) -> None
     JAX compiles every operation for each new shape, so the shapes are shared."""
     for pattern in PATTERN_NAMES:
         params, alignment, causal = FIXED_PARAMS[pattern]
-        check_case(cpu_backend, pattern, *FIXED_LENGTHS, alignment, causal, params)
+        check_case(cpu_backend, MaskCase(pattern, *FIXED_LENGTHS, alignment, causal, params))
 
 
 def test_degenerate_sizes() -> None:
@@ -247,7 +233,7 @@ def test_degenerate_sizes() -> None:
             if pattern == "block_sparse":
                 block_q, block_k = params["block_size"]
                 params["layout"] = [[True] * (-(-n_keys // block_k))] * (-(-n_queries // block_q))
-            check_case(numpy, pattern, n_queries, n_keys, "bottom_right", True, params)
+            check_case(numpy, MaskCase(pattern, n_queries, n_keys, "bottom_right", True, params))
 
 
 def test_named_builders_equal_sparse_mask() -> None:

@@ -296,83 +296,60 @@ def gqa_rounds_heads(q, k, v, *, mask=None, is_causal=False, scale=None):
     )
 
 
+PLAIN = KernelDeclaration()
+NO_CAUSAL = KernelDeclaration(causal=False)
+WITH_BIAS = KernelDeclaration(bias=True)
+WITH_GQA = KernelDeclaration(gqa=True)
+
+
+def _bug(
+    bug: Any,
+    property_id: str,
+    words: str | tuple[str, ...],
+    declaration: KernelDeclaration = PLAIN,
+    backend: str = "numpy",
+) -> Any:
+    """A row of BUGS: the bug, the property that must catch it, words in its finding, and
+    the declaration and backend it runs under."""
+    return pytest.param(
+        bug, property_id, declaration, backend, words, id=f"{property_id}-{bug.__name__}"
+    )
+
+
 BUGS = [
-    # (bug, property that must catch it, declaration, backend, words in the finding)
-    (
-        upcasts_to_float32,
-        "output-shape-dtype",
-        KernelDeclaration(),
-        "numpy",
-        "out.dtype=float32, but should be float",
-    ),
-    (
+    _bug(upcasts_to_float32, "output-shape-dtype", "out.dtype=float32, but should be float"),
+    _bug(
         flattens_batch_with_reshape,
         "empty-sizes",
-        KernelDeclaration(mask=False, causal=False),
-        "numpy",
         "kernel raised ValueError",
+        KernelDeclaration(mask=False, causal=False),
     ),
-    (
-        scales_q_in_place,
-        "inputs-unmodified",
-        KernelDeclaration(),
-        "numpy",
-        "q was modified by the call",
-    ),
-    (assumes_contiguous, "layout-independence", KernelDeclaration(), "torch", "input layouts"),
-    (inverted_mask, "mask-polarity", KernelDeclaration(), "numpy", "one allowed key per row"),
-    (two_dim_mask_as_key_padding, "mask-broadcast", KernelDeclaration(), "numpy", "mask"),
-    (bias_before_scaling, "bias-semantics", KernelDeclaration(bias=True), "numpy", "TOL-2"),
-    (
+    _bug(scales_q_in_place, "inputs-unmodified", "q was modified by the call"),
+    _bug(assumes_contiguous, "layout-independence", "input layouts", backend="torch"),
+    _bug(inverted_mask, "mask-polarity", "one allowed key per row"),
+    _bug(two_dim_mask_as_key_padding, "mask-broadcast", "mask"),
+    _bug(bias_before_scaling, "bias-semantics", "TOL-2", WITH_BIAS),
+    _bug(
         mask_as_additive_fill,
         "mask-wins-over-bias",
-        KernelDeclaration(bias=True),
-        "numpy",
         "large finite bias at masked positions",
+        WITH_BIAS,
     ),
-    (causal_replaces_mask, "mask-and-causal", KernelDeclaration(), "numpy", "mask AND causal"),
+    _bug(causal_replaces_mask, "mask-and-causal", "mask AND causal"),
     # Unshrunk, the first failing example is either a wrong output or the ValueError the
     # sliced keys raise against a mask with batch dims; which one comes first differed
     # between a lone run and a clean clone's xdist workers, and both are this bug.
-    (
-        first_batch_elements_keys,
-        "batch-broadcast",
-        KernelDeclaration(),
-        "numpy",
-        ("batch shapes", "but should broadcast to"),
-    ),
-    (batch_of_q_only, "batch-broadcast", KernelDeclaration(), "numpy", "kernel raised ValueError"),
-    (
-        finite_fill_mean_of_v,
-        "empty-rows-zero",
-        KernelDeclaration(),
-        "numpy",
-        "in a row with no allowed key",
-    ),
-    (naive_softmax, "empty-rows-zero", KernelDeclaration(causal=False), "numpy", "NaN"),
-    (naive_softmax, "no-keys-zero", KernelDeclaration(causal=False), "numpy", "nan with Lk = 0"),
-    (
-        gqa_tiles_heads,
-        "gqa-mapping",
-        KernelDeclaration(gqa=True),
-        "numpy",
-        "but should read head h // G",
-    ),
-    (
-        gqa_rounds_heads,
-        "gqa-rejects-bad-heads",
-        KernelDeclaration(gqa=True),
-        "numpy",
-        "instead of raising",
-    ),
+    _bug(first_batch_elements_keys, "batch-broadcast", ("batch shapes", "but should broadcast to")),
+    _bug(batch_of_q_only, "batch-broadcast", "kernel raised ValueError"),
+    _bug(finite_fill_mean_of_v, "empty-rows-zero", "in a row with no allowed key"),
+    _bug(naive_softmax, "empty-rows-zero", "NaN", NO_CAUSAL),
+    _bug(naive_softmax, "no-keys-zero", "nan with Lk = 0", NO_CAUSAL),
+    _bug(gqa_tiles_heads, "gqa-mapping", "but should read head h // G", WITH_GQA),
+    _bug(gqa_rounds_heads, "gqa-rejects-bad-heads", "instead of raising", WITH_GQA),
 ]
 
 
-@pytest.mark.parametrize(
-    ("bug", "property_id", "declaration", "backend", "words"),
-    BUGS,
-    ids=[f"{b[1]}-{b[0].__name__}" for b in BUGS],
-)
+@pytest.mark.parametrize(("bug", "property_id", "declaration", "backend", "words"), BUGS)
 def test_buggy_kernel_fails(
     bug: Any,
     property_id: str,
@@ -416,7 +393,7 @@ def test_an_accuracy_failure_is_matches_references_not_another_clauses() -> None
 def test_rounding_gqa_mapping_is_right_for_whole_groups() -> None:
     """SDPA-6.1: the floor(h * Hkv / Hq) kernel maps whole groups correctly, so only
     SDPA-6.2 may flag it: gqa-mapping must not fail a correct mapping."""
-    verdict = verdict_of("gqa-mapping", gqa_rounds_heads, declaration=KernelDeclaration(gqa=True))
+    verdict = verdict_of("gqa-mapping", gqa_rounds_heads, declaration=WITH_GQA)
     assert verdict.status == PASSED, verdict.detail
 
 
