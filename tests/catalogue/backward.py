@@ -13,11 +13,15 @@ and each correct formulation passing, through the check and by hand.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import torch
+
+from .entry import SPEC_KEYWORDS, SpecCall, spec_function
 
 Gradients = tuple[Any, Any, Any, Any]
 _CALLS = [0]  # calls of the non-deterministic kernel so far
@@ -76,42 +80,64 @@ def _reduce(a: Any, shape: tuple[int, ...]) -> Any:
     return a.sum(dim=axes, keepdim=True) if axes else a
 
 
-# Why the backward kernels below keep parallel signatures: each is a backward function in
-# the convention the suite calls (q, k, v, grad_out and the forward's keywords), written
-# out so that its signature, which the suite binds, shows what it takes.
-def flash2_backward(
-    q: Any,
-    k: Any,
-    v: Any,
-    grad_out: Any,
-    *,
-    mask: Any = None,
-    bias: Any = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Any = None,
-    grad_lse: Any = None,
-    key_block: int = 64,
-    bug: str = "",
-) -> Gradients:
+# The forward's keywords with their defaults (SDPA-1, SDPA-4.2, SOFTCAP-1, ALIBI-1): what
+# the backward formulations and ``backward_kernels.plain_forward`` take besides the arrays,
+# a backward function also the log-sum-exp's gradient (BWD-10).  ``spec_function`` writes
+# each signature once from these.
+FORWARD_KEYWORDS: Mapping[str, Any] = MappingProxyType(
+    {**SPEC_KEYWORDS, "causal_alignment": "top_left", "softcap": None, "alibi_slopes": None}
+)
+BACKWARD_KEYWORDS: Mapping[str, Any] = MappingProxyType({**FORWARD_KEYWORDS, "grad_lse": None})
+# a backward function's arrays, in the convention the suite calls
+BACKWARD_ARRAYS = ("q", "k", "v", "grad_out")
+backward_function = spec_function(BACKWARD_KEYWORDS, BACKWARD_ARRAYS)
+
+
+def _forward_scores(
+    q: Any, k: Any, v: Any, bias: Any, call: SpecCall
+) -> tuple[float, Any, Any, Any, Any, Any]:
+    """The forward of ``call``'s keywords on ``q, k, v, bias`` (passed apart, as leaves of
+    a graph may be): the scale, keys and values repeated per query head (SDPA-6.1), scaled
+    products x and final scores s (:func:`_scores`), and where s is allowed (SDPA-3,
+    SDPA-4; a -inf score excluded: SDPA-3.3)."""
+    alpha = 1 / math.sqrt(q.shape[-1]) if call.scale is None else call.scale
+    group = q.shape[-3] // k.shape[-3]
+    kk, vv = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    n_queries, n_keys = q.shape[-2], k.shape[-2]
+    alibi = None
+    if call.alibi_slopes is not None:
+        alibi = _alibi(call.alibi_slopes, n_queries, n_keys, call.causal_alignment)
+    x, s = _scores(q, kk, bias, alpha, call.softcap, alibi)
+    allowed = _allowed(n_queries, n_keys, call.mask, call.is_causal, call.causal_alignment)
+    return alpha, kk, vv, x, s, allowed & (s != -math.inf)
+
+
+def forward(q: Any, k: Any, v: Any, bias: Any, call: SpecCall) -> tuple[Any, Any]:
+    """SDPA-7.1 and its log-sum-exp (LSE-1) in float32 torch (rows without a key give 0 and
+    -inf: SDPA-5.1, LSE-2) with ``call``'s other keywords; differentiable."""
+    _, _, vv, _, s, allowed = _forward_scores(q, k, v, bias, call)
+    s = s.masked_fill(~allowed, -math.inf)
+    attends = allowed.any(-1, keepdim=True)
+    safe = s.masked_fill(~attends, 0.0)
+    weights = torch.softmax(safe, dim=-1) * attends
+    lse = torch.logsumexp(safe, dim=-1).masked_fill(~attends[..., 0], -math.inf)
+    return weights @ vv, lse
+
+
+@spec_function({**BACKWARD_KEYWORDS, "key_block": 64, "bug": ""}, BACKWARD_ARRAYS)
+def flash2_backward(call: SpecCall) -> Gradients:
     """FlashAttention 2's backward (Dao 2023, Algorithm 2) in float32: the forward's
     log-sum-exp and output, D = rowsum(dO * O), then per key block the weights recomputed
     as exp(s - lse), dV += P^T dO, dS = P (dP - D + dlse), dQ += scale dS K,
     dK = scale dS^T Q.  ``bug`` names one step done wrong (:data:`BUGS`); "" is the correct
     kernel."""
-    alpha = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    n_q_heads, n_kv_heads = q.shape[-3], k.shape[-3]
-    group = n_q_heads // n_kv_heads
-    kk, vv = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    q, k, v, mask, bias, is_causal, _ = call
+    grad_out, grad_lse, softcap, bug = call.grad_out, call.grad_lse, call.softcap, call.bug
+    key_block, causal_alignment = call.key_block, call.causal_alignment
+    alpha, kk, vv, x, raw, allowed = _forward_scores(q, k, v, bias, call)
+    n_kv_heads = k.shape[-3]
+    group = q.shape[-3] // n_kv_heads
     n_queries, n_keys = q.shape[-2], k.shape[-2]
-    allowed = _allowed(n_queries, n_keys, mask, is_causal, causal_alignment)
-    alibi = None
-    if alibi_slopes is not None:
-        alibi = _alibi(alibi_slopes, n_queries, n_keys, causal_alignment)
-    x, raw = _scores(q, kk, bias, alpha, softcap, alibi)
-    allowed = allowed & (raw != -math.inf)
     s = raw.masked_fill(~allowed, -math.inf)
     lse = torch.logsumexp(s, dim=-1, keepdim=True)
     if bug == "no-alibi-in-backward":  # the weights recomputed without the ALiBi term
@@ -194,45 +220,18 @@ def flash2_backward(
     )
 
 
-def autograd_backward(
-    q: Any,
-    k: Any,
-    v: Any,
-    grad_out: Any,
-    *,
-    mask: Any = None,
-    bias: Any = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Any = None,
-    grad_lse: Any = None,
-) -> Gradients:
+@backward_function
+def autograd_backward(call: SpecCall) -> Gradients:
     """torch.autograd of a plain float32 forward (a softmax over the allowed scores, rows
     without a key set to 0): a correct backward written by nobody."""
+    q, k, v, _, bias, _, _ = call
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
     bias_leaf = None if bias is None else bias.detach().clone().requires_grad_(True)
-    lq, lk, lv = leaves
-    alpha = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    group = q.shape[-3] // k.shape[-3]
-    kk, vv = lk.repeat_interleave(group, dim=-3), lv.repeat_interleave(group, dim=-3)
-    n_queries, n_keys = q.shape[-2], k.shape[-2]
-    alibi = None
-    if alibi_slopes is not None:
-        alibi = _alibi(alibi_slopes, n_queries, n_keys, causal_alignment)
-    _, s = _scores(lq, kk, bias_leaf, alpha, softcap, alibi)
-    allowed = _allowed(n_queries, n_keys, mask, is_causal, causal_alignment)
-    allowed = allowed & (s != -math.inf)
-    s = s.masked_fill(~allowed, -math.inf)
-    attends = allowed.any(-1, keepdim=True)
-    safe = s.masked_fill(~attends, 0.0)
-    weights = torch.softmax(safe, dim=-1) * attends
-    outputs, upstream = [weights @ vv], [grad_out]
-    if grad_lse is not None:  # rows without a key: -inf, no gradient (BWD-4, BWD-10)
-        lse = torch.logsumexp(safe, dim=-1).masked_fill(~attends[..., 0], -math.inf)
+    out, lse = forward(*leaves, bias_leaf, call)
+    outputs, upstream = [out], [call.grad_out]
+    if call.grad_lse is not None:  # rows without a key: -inf, no gradient (BWD-4, BWD-10)
         outputs.append(lse)
-        upstream.append(grad_lse)
+        upstream.append(call.grad_lse)
     wanted = [*leaves] + ([] if bias_leaf is None else [bias_leaf])
     grads = torch.autograd.grad(
         outputs, wanted, upstream, allow_unused=True, materialize_grads=True
@@ -240,24 +239,19 @@ def autograd_backward(
     return grads[0], grads[1], grads[2], None if bias is None else grads[3]
 
 
-def numpy_softmax_backward(
-    q: Any,
-    k: Any,
-    v: Any,
-    grad_out: Any,
-    *,
-    mask: Any = None,
-    bias: Any = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Any = None,
-    grad_lse: Any = None,
-) -> Gradients:
+@backward_function
+def numpy_softmax_backward(call: SpecCall) -> Gradients:
     """The softmax-backward form in float32 NumPy, a split-KV forward: the keys in two
     halves, each with its own maximum and sum, combined through their log-sum-exps (LSE-1),
     then D = rowsum(P * dP) rather than rowsum(dO * O)."""
+    q, k, v, mask, bias, is_causal, scale = call
+    grad_out, grad_lse, softcap, alibi_slopes = (
+        call.grad_out,
+        call.grad_lse,
+        call.softcap,
+        call.alibi_slopes,
+    )
+    causal_alignment = call.causal_alignment
     qn, kn, vn, dn = (t.numpy() for t in (q, k, v, grad_out))
     alpha = np.float32(1 / math.sqrt(qn.shape[-1]) if scale is None else scale)
     group = qn.shape[-3] // kn.shape[-3]

@@ -25,13 +25,13 @@ from attnspec.conformance import SparseClaim, declare
 from attnspec.reference import sparse_mask
 from catalogue.backward import (
     BUGS,
-    _alibi,
-    _allowed,
-    _scores,
+    FORWARD_KEYWORDS,
     flash2_backward,
+    forward,
     numpy_softmax_backward,
     varlen_backward,
 )
+from catalogue.entry import SpecCall, spec_function
 
 CLAIMS: dict[str, Any] = dict(
     bias=True,
@@ -45,37 +45,11 @@ CLAIMS: dict[str, Any] = dict(
 )
 
 
-def plain_forward(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    mask: Any = None,
-    bias: Any = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Any = None,
-    causal_alignment: str = "top_left",
-) -> tuple[Any, Any]:
+@spec_function(FORWARD_KEYWORDS)
+def plain_forward(call: SpecCall) -> tuple[Any, Any]:
     """SDPA-7.1 and its log-sum-exp (LSE-1) in float32 torch (rows without a key give 0 and
     -inf: SDPA-5.1, LSE-2); differentiable."""
-    alpha = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    group = q.shape[-3] // k.shape[-3]
-    kk, vv = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
-    n_queries, n_keys = q.shape[-2], k.shape[-2]
-    alibi = None
-    if alibi_slopes is not None:
-        alibi = _alibi(alibi_slopes, n_queries, n_keys, causal_alignment)
-    _, s = _scores(q, kk, bias, alpha, softcap, alibi)
-    allowed = _allowed(n_queries, n_keys, mask, is_causal, causal_alignment)
-    allowed = allowed & (s != -math.inf)
-    s = s.masked_fill(~allowed, -math.inf)
-    attends = allowed.any(-1, keepdim=True)
-    safe = s.masked_fill(~attends, 0.0)
-    weights = torch.softmax(safe, dim=-1) * attends
-    lse = torch.logsumexp(safe, dim=-1).masked_fill(~attends[..., 0], -math.inf)
-    return weights @ vv, lse
+    return forward(call.q, call.k, call.v, call.bias, call)
 
 
 class _Backward(torch.autograd.Function):

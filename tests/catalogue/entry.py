@@ -117,15 +117,46 @@ class SpecCall(_SpecArguments):
         return fn(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
 
 
-def spec_signature(keywords: Mapping[str, Any] = SPEC_KEYWORDS) -> inspect.Signature:
+def spec_signature(
+    keywords: Mapping[str, Any] = SPEC_KEYWORDS, arrays: tuple[str, ...] = ("q", "k", "v")
+) -> inspect.Signature:
     """``(q, k, v, *, name=default, ...)`` for each of ``keywords``: the signature the suite
-    reads off a kernel (which keywords it passes, CONF-3)."""
-    arrays = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in "qkv"]
+    reads off a kernel (which keywords it passes, CONF-3); ``arrays`` names the positional
+    ones (a backward function's are ``q, k, v, grad_out``)."""
+    positional = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in arrays]
     options = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
         for name, default in keywords.items()
     ]
-    return inspect.Signature([*arrays, *options])
+    return inspect.Signature([*positional, *options])
+
+
+def spec_function(
+    keywords: Mapping[str, Any] = SPEC_KEYWORDS, arrays: tuple[str, ...] = ("q", "k", "v")
+) -> Callable[[Callable[[SpecCall], Any]], Callable[..., Any]]:
+    """A decorator: ``body(call)`` as a function with the signature
+    :func:`spec_signature` makes of ``keywords`` and ``arrays``, written once here.  It
+    binds each call as a function with that signature would (a ``TypeError`` for an
+    unknown keyword); every argument besides the spec's seven (:class:`SpecCall`) is in
+    ``call.extras``.  It keeps ``body``'s name, docstring and module, by which reports show
+    it and worker processes load it."""
+    signature = spec_signature(keywords, arrays)
+    extra = [name for name in signature.parameters if name not in SpecCall._fields]
+
+    def make(body: Callable[[SpecCall], Any]) -> Callable[..., Any]:
+        def function(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            given = bound.arguments
+            spec = {name: given[name] for name in SpecCall._fields if name in given}
+            return body(SpecCall(**spec, extras={name: given[name] for name in extra}))
+
+        function.__name__, function.__qualname__ = body.__name__, body.__qualname__
+        function.__doc__, function.__module__ = body.__doc__, body.__module__
+        function.__signature__ = signature  # type: ignore[attr-defined]
+        return function
+
+    return make
 
 
 # Why the known kernels' adapters (conformance/kernels) and the oracle do not use this:
@@ -136,24 +167,9 @@ def spec_kernel(
 ) -> Callable[[Callable[[SpecCall], Any]], Callable[..., Any]]:
     """A decorator: ``body(call)`` as a kernel declared with ``claims`` that has the
     signature ``fn(q, k, v, *, mask=None, bias=None, is_causal=False, scale=None)``, or
-    ``keywords`` (names and defaults) instead of those four; written once here, it binds
-    each call as a function with that signature would (a ``TypeError`` for an unknown
-    keyword).  It keeps ``body``'s name, docstring and module, by which reports show it
-    and worker processes load it."""
-    signature = spec_signature(keywords)
-    extra = [name for name in keywords if name not in SpecCall._fields]
+    ``keywords`` (names and defaults) instead of those four (:func:`spec_function`)."""
 
     def make(body: Callable[[SpecCall], Any]) -> Callable[..., Any]:
-        def kernel(*args: Any, **kwargs: Any) -> Any:
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            given = bound.arguments
-            spec = {name: given[name] for name in SpecCall._fields if name in given}
-            return body(SpecCall(**spec, extras={name: given[name] for name in extra}))
-
-        kernel.__name__, kernel.__qualname__ = body.__name__, body.__qualname__
-        kernel.__doc__, kernel.__module__ = body.__doc__, body.__module__
-        kernel.__signature__ = signature  # type: ignore[attr-defined]
-        return declare(kernel, **claims)
+        return declare(spec_function(keywords)(body), **claims)
 
     return make
