@@ -9,6 +9,7 @@ NumPy arrays (anything ``np.asarray`` takes); results are float64 NumPy arrays.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,23 +33,26 @@ def causal_matrix(n_queries: int, n_keys: int, alignment: str) -> np.ndarray:
     return table
 
 
-# Why this stays parallel to the reference's signatures: the oracle writes the spec's
-# arguments out itself, so that it depends on nothing of the reference it checks.
-def sdpa_rows(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    mask: Any = None,
-    bias: Any = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Any = None,
-    dropout_p: float = 0.0,
-    dropout_keep: Any = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class Keywords:
+    """An attention call's keywords with the spec's defaults: SDPA-1's mask, bias,
+    is_causal and scale, SDPA-4.2's causal alignment, SOFTCAP-1's softcap, ALIBI-1's
+    slopes and DROP-2's rate and keep pattern.  The oracle writes them out itself, so that
+    it depends on nothing of the reference it checks; making one of an unknown keyword is a
+    TypeError that names it."""
+
+    mask: Any = None
+    bias: Any = None
+    is_causal: bool = False
+    causal_alignment: str = "top_left"
+    scale: float | None = None
+    softcap: float | None = None
+    alibi_slopes: Any = None
+    dropout_p: float = 0.0
+    dropout_keep: Any = None
+
+
+def sdpa_rows(q: Any, k: Any, v: Any, **keywords: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(out, weights, lse) of SDPA-7.1 and features.md's Summary, row by row in float64.
 
     S(i) holds the keys j the mask allows (SDPA-3.1), the causal rule allows (SDPA-4,
@@ -57,6 +61,7 @@ def sdpa_rows(
     s_ij = c tanh(alpha q_i.k_j / c) + b_ij - m_h |i + delta - j|; the weights after
     dropout are p_ij keep_ij / (1 - p) (DROP-2); lse is of the scores, -inf for empty rows.
     """
+    call = Keywords(**keywords)
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     *_, n_q_heads, n_queries, head_dim = q.shape
     n_kv_heads, n_keys, value_dim = k.shape[-3], k.shape[-2], v.shape[-1]
@@ -69,13 +74,15 @@ def sdpa_rows(
     def full(a: Any, dtype: Any) -> np.ndarray | None:
         return None if a is None else np.broadcast_to(np.asarray(a, dtype=dtype), scores_shape)
 
-    mask, bias, keep = full(mask, bool), full(bias, np.float64), full(dropout_keep, bool)
+    mask, bias = full(call.mask, bool), full(call.bias, np.float64)
+    keep = full(call.dropout_keep, bool)
     slopes = (
         None
-        if alibi_slopes is None
-        else np.broadcast_to(np.asarray(alibi_slopes, np.float64), (*batch, n_q_heads))
+        if call.alibi_slopes is None
+        else np.broadcast_to(np.asarray(call.alibi_slopes, np.float64), (*batch, n_q_heads))
     )
-    alpha = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    alpha = 1.0 / math.sqrt(head_dim) if call.scale is None else float(call.scale)
+    is_causal, causal_alignment, softcap = call.is_causal, call.causal_alignment, call.softcap
     delta = 0 if causal_alignment == "top_left" else n_keys - n_queries
     group = n_q_heads // n_kv_heads
 
@@ -113,7 +120,7 @@ def sdpa_rows(
                 for j, e in zip(allowed, exps, strict=True):
                     p = e / total
                     if keep is not None:
-                        p = p / (1.0 - dropout_p) if keep[(*b, h, i, j)] else 0.0
+                        p = p / (1.0 - call.dropout_p) if keep[(*b, h, i, j)] else 0.0
                     weights[(*b, h, i, j)] = p
                     out[(*b, h, i)] += p * v[(*b, g, j)]
     return out, weights, lse
@@ -160,26 +167,19 @@ def rope(
 
 
 def mha(
-    x: Any,
-    y: Any = None,
-    *,
-    w_q: Any,
-    w_k: Any,
-    w_v: Any,
-    w_o: Any,
-    b_q: Any = None,
-    b_k: Any = None,
-    b_v: Any = None,
-    b_o: Any = None,
-    num_heads: int,
-    num_kv_heads: int | None = None,
-    **attention: Any,
+    x: Any, y: Any = None, *, num_heads: int, num_kv_heads: int | None = None, **arguments: Any
 ) -> tuple[np.ndarray, np.ndarray]:
     """MHA-1/MHA-2: projections, head h = columns h*E:(h+1)*E, SDPA per head, concat, W_O.
 
-    ``attention`` goes to :func:`sdpa` (mask, bias, is_causal, causal_alignment, scale).
-    Returns ``(out, weights)``.
+    ``arguments`` are the projections' weights ``w_q, w_k, w_v, w_o`` (required) and biases
+    ``b_q, b_k, b_v, b_o`` (optional); the rest go to :func:`sdpa` (mask, bias, is_causal,
+    causal_alignment, scale).  Returns ``(out, weights)``.
     """
+    missing = [f"w_{role}" for role in "qkvo" if f"w_{role}" not in arguments]
+    if missing:
+        raise TypeError(f"mha() needs the projection weights {missing}")
+    w_q, w_k, w_v, w_o = (arguments.pop(f"w_{role}") for role in "qkvo")
+    b_q, b_k, b_v, b_o = (arguments.pop(f"b_{role}", None) for role in "qkvo")
     x = np.asarray(x, dtype=np.float64)
     y = x if y is None else np.asarray(y, dtype=np.float64)
     num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -195,6 +195,6 @@ def mha(
     q = heads(project(x, w_q, b_q), num_heads)
     k = heads(project(y, w_k, b_k), num_kv_heads)
     v = heads(project(y, w_v, b_v), num_kv_heads)
-    per_head, weights = sdpa(q, k, v, **attention)
+    per_head, weights = sdpa(q, k, v, **arguments)
     concatenated = np.concatenate([per_head[..., h, :, :] for h in range(num_heads)], axis=-1)
     return project(concatenated, w_o, b_o), weights
