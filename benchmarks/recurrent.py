@@ -50,20 +50,8 @@ def _runner(form: str, problem: dict[str, Any], chunk: int) -> Callable[[], Any]
         return lambda: recurrent_attention(**problem).out
     if form == "chunked":
         return lambda: recurrent_attention(**problem, chunk_size=chunk).out
-    # prepare takes the public functions' arguments by position, in their order:
-    # q, k, v, rule, g, beta, scale, initial_state, normalize_qk, norm_eps, call
     prepared = prepare(
-        problem["q"],
-        problem["k"],
-        problem["v"],
-        "gated_delta",
-        problem["g"],
-        problem["beta"],
-        None,
-        None,
-        False,
-        0.0,
-        "benchmark",
+        problem["q"], problem["k"], problem["v"], "benchmark", g=problem["g"], beta=problem["beta"]
     )
     return lambda: chunked_recurrence(prepared, chunk, slab_chunks=1)[0]
 

@@ -9,12 +9,20 @@ are their gradients (REC-7).  Pure Array API: the same code on every array libra
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Unpack
 
 from .._array import Array
 from .._checks import namespace_of
 from ..varlen import sequence_offsets
-from ._inputs import UPDATE_RULES, check_chunk_size, l2_normalized, prepare
+from ._inputs import (
+    UPDATE_RULES,
+    RecurrentInputs,
+    check_chunk_size,
+    l2_normalized,
+    optional_arrays,
+    prepare,
+    shows_inputs,
+)
 from .backward import (
     RecurrentGradients,
     recurrent_attention_backward,
@@ -46,22 +54,14 @@ class RecurrentOutput(NamedTuple):
     final_state: Array
 
 
-# Why recurrent_attention, varlen_recurrent_attention, their backward and the bounds keep
-# parallel signatures: each is public and help() and type checkers show its keywords, the
-# spec's; what they pass on is one call of _inputs.prepare, in that order.
+@shows_inputs
 def recurrent_attention(
     q: Array,
     k: Array,
     v: Array,
     *,
-    rule: str = "gated_delta",
-    g: Array = None,
-    beta: Array = None,
-    scale: float | None = None,
-    initial_state: Array = None,
-    normalize_qk: bool = False,
-    norm_eps: float = 0.0,
     chunk_size: int | None = None,
+    **inputs: Unpack[RecurrentInputs],
 ) -> RecurrentOutput:
     """One of the four update rules of REC-1.2 over ``T`` tokens.
 
@@ -74,26 +74,21 @@ def recurrent_attention(
     divides q and k by ``sqrt(|x|^2 + norm_eps)`` first (REC-2.4).  ``chunk_size=None``
     evaluates token by token, an int in chunks of that many tokens (REC-5.1).
     """
-    problem = prepare(q, k, v, rule, g, beta, scale, initial_state, normalize_qk, norm_eps, CALL)
+    problem = prepare(q, k, v, CALL, **inputs)
     if chunk_size is None:
         return RecurrentOutput(*token_recurrence(problem))
     return RecurrentOutput(*chunked_recurrence(problem, check_chunk_size(chunk_size, CALL)))
 
 
+@shows_inputs
 def varlen_recurrent_attention(
     q: Array,
     k: Array,
     v: Array,
     cu_seqlens: Any,
     *,
-    rule: str = "gated_delta",
-    g: Array = None,
-    beta: Array = None,
-    scale: float | None = None,
-    initial_state: Array = None,
-    normalize_qk: bool = False,
-    norm_eps: float = 0.0,
     chunk_size: int | None = None,
+    **inputs: Unpack[RecurrentInputs],
 ) -> RecurrentOutput:
     """Packed sequences (REC-3.3): ``q (T, Hq, dk)``, ``k (T, Hk, dk)``, ``v (T, Hv, dv)``,
     ``g (T, Hs)`` or ``(T, Hs, dk)``, ``beta (T, Hs)``, tokens first as FlashAttention's
@@ -102,6 +97,7 @@ def varlen_recurrent_attention(
     :func:`recurrent_attention` of its own tokens from its own initial state.  Returns
     ``out (T, Ho, dv)`` and ``final_state (N, Hs, dk, dv)``.
     """
+    g, beta, initial_state = optional_arrays(inputs)
     xp = namespace_of(VARLEN_CALL, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
     for name, a in (("q", q), ("k", k), ("v", v)):
         if a.ndim != 3:
@@ -130,18 +126,14 @@ def varlen_recurrent_attention(
     outs, states = [], []
     for b in range(count):
         start, stop = offsets[b], offsets[b + 1]
+        own: RecurrentInputs = {
+            **inputs,
+            "g": None if g is None else heads_first(g, start, stop),
+            "beta": None if beta is None else heads_first(beta, start, stop),
+            "initial_state": None if initial_state is None else initial_state[b, ...],
+        }
         result = recurrent_attention(
-            heads_first(q, start, stop),
-            heads_first(k, start, stop),
-            heads_first(v, start, stop),
-            rule=rule,
-            g=None if g is None else heads_first(g, start, stop),
-            beta=None if beta is None else heads_first(beta, start, stop),
-            scale=scale,
-            initial_state=None if initial_state is None else initial_state[b, ...],
-            normalize_qk=normalize_qk,
-            norm_eps=norm_eps,
-            chunk_size=chunk_size,
+            *(heads_first(a, start, stop) for a in (q, k, v)), chunk_size=chunk_size, **own
         )
         outs.append(xp.permute_dims(result.out, (1, 0, 2)))
         states.append(result.final_state)

@@ -12,19 +12,68 @@ repeated to the ``Hs`` states, so that the evaluations never think about head sh
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import array_api_compat
 
 from .._array import Array
 from .._checks import check_choice, check_flag, check_size, namespace_of
+from .._keywords import shows_keywords
 
 UPDATE_RULES = ("linear", "gated", "delta", "gated_delta")
 GATED_RULES = ("gated", "gated_delta")
 DELTA_RULES = ("delta", "gated_delta")
+
+
+class RecurrentInputs(TypedDict, total=False):
+    """The keywords that every function of the package takes beside its arrays, the spec's:
+    the update rule (REC-1.2), the gate ``g`` (REC-1.3), the correction strength ``beta``
+    (REC-1.4), ``scale`` (REC-2.3), ``initial_state`` (REC-2.2) and the normalisation of q
+    and k (REC-2.4).  The public functions take them as ``**inputs``, shown by
+    :data:`shows_inputs`, and pass them on to :func:`prepare` unchanged."""
+
+    rule: str
+    g: Array
+    beta: Array
+    scale: float | None
+    initial_state: Array
+    normalize_qk: bool
+    norm_eps: float
+
+
+class GradientInputs(RecurrentInputs, total=False):
+    """:class:`RecurrentInputs` and the upstream gradient of the final state (REC-7.1),
+    which the gradients and their bound take."""
+
+    grad_final_state: Array
+
+
+# The defaults other than None (the arrays' None: not given)
+INPUT_DEFAULTS = RecurrentInputs(rule="gated_delta", normalize_qk=False, norm_eps=0.0)
+# help() and type checkers show each keyword of RecurrentInputs with its default
+shows_inputs = shows_keywords(RecurrentInputs, INPUT_DEFAULTS)
+shows_gradient_inputs = shows_keywords(GradientInputs, INPUT_DEFAULTS)
+
+
+def with_defaults(inputs: RecurrentInputs) -> RecurrentInputs:
+    """``inputs`` with :data:`INPUT_DEFAULTS` where a keyword of it was not passed."""
+    return {**INPUT_DEFAULTS, **inputs}
+
+
+def split_gradient_inputs(inputs: GradientInputs) -> tuple[RecurrentInputs, Array]:
+    """The forward call's keywords of ``inputs`` and its ``grad_final_state`` (None where
+    not given)."""
+    forward = inputs.copy()
+    return forward, forward.pop("grad_final_state", None)
+
+
+def optional_arrays(inputs: RecurrentInputs) -> tuple[Array, Array, Array]:
+    """``g``, ``beta`` and ``initial_state`` of ``inputs``, None where not given."""
+    return inputs.get("g"), inputs.get("beta"), inputs.get("initial_state")
 
 
 @dataclass(frozen=True)
@@ -112,23 +161,14 @@ def l2_normalized(x: Array, eps: float) -> Array:
 
 
 def prepare(
-    q: Array,
-    k: Array,
-    v: Array,
-    rule: Any,
-    g: Array,
-    beta: Array,
-    scale: Any,
-    initial_state: Array,
-    normalize_qk: Any,
-    norm_eps: Any,
-    call: str,
-    /,
+    q: Array, k: Array, v: Array, call: str, /, **inputs: Unpack[RecurrentInputs]
 ) -> Recurrence:
     """Check the arguments against REC-1 … REC-4 and return the problem in computation
-    form; every error names the argument, what it was and what it should be.  The
-    arguments come in the public functions' order, by position: each caller passes its own
-    parameters of those names on unchanged (or a fixed value), so one line says so."""
+    form; every error names the argument, what it was and what it should be.  A keyword
+    not passed takes its value from :data:`INPUT_DEFAULTS`."""
+    given = with_defaults(inputs)
+    rule, normalize_qk, norm_eps = given["rule"], given["normalize_qk"], given["norm_eps"]
+    (g, beta, initial_state), scale = optional_arrays(inputs), inputs.get("scale")
     xp = namespace_of(call, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
     rule = check_choice("rule", rule, UPDATE_RULES, call, "REC-1.2")
     normalize_qk = check_flag("normalize_qk", normalize_qk, f"REC-2.4, {call}")
@@ -249,6 +289,24 @@ def prepare(
         out_dtype=out_dtype,
         per_channel=g is not None and g.ndim == len(per_head) + 1,
     )
+
+
+def prepare_for_gradients(
+    q: Array, k: Array, v: Array, call: str, /, **inputs: Unpack[RecurrentInputs]
+) -> tuple[Recurrence, tuple[Array, Array] | None, float]:
+    """:func:`prepare` for the gradients and their bound: q and k normalised (REC-2.4)
+    after they are shared out (REC-3.1), and those shared q and k from before the
+    normalisation, whose gradients go through its Jacobian (REC-7.5): None without
+    ``normalize_qk``; with ``norm_eps`` as a float."""
+    given = with_defaults(inputs)
+    normalize = check_flag("normalize_qk", given["normalize_qk"], f"REC-2.4, {call}")
+    unnormalized: RecurrentInputs = {**given, "normalize_qk": False}
+    p = prepare(q, k, v, call, **unnormalized)
+    eps = float(given["norm_eps"])
+    if not normalize:
+        return p, None, eps
+    normalized = dataclasses.replace(p, q=l2_normalized(p.q, eps), k=l2_normalized(p.k, eps))
+    return normalized, (p.q, p.k), eps
 
 
 def check_chunk_size(chunk_size: Any, call: str) -> int:

@@ -24,18 +24,22 @@ Pure Array API, on every array library.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Unpack
 
 from .._array import Array
-from .._checks import check_flag, namespace_of
+from .._checks import namespace_of
 from ..varlen import sequence_offsets
-from ._inputs import Recurrence, check_chunk_size, l2_normalized, prepare
+from ._inputs import (
+    GradientInputs,
+    Recurrence,
+    check_chunk_size,
+    optional_arrays,
+    prepare_for_gradients,
+    shows_gradient_inputs,
+    split_gradient_inputs,
+)
 from .definition import Token, token_step
 
-# Why these signatures stay parallel to the forward functions' (and to the bound's): each is a
-# public function whose keywords, the spec's, help() and type checkers must show; what they
-# pass on is one value, the Recurrence of _inputs.prepare.
 CALL = "recurrent_attention_backward(q, k, v, grad_out)"
 VARLEN_CALL = "varlen_recurrent_attention_backward(q, k, v, cu_seqlens, grad_out)"
 
@@ -171,21 +175,15 @@ def _upstream(xp: Any, name: str, a: Array, shape: tuple[int, ...], dtype: Any) 
     return xp.astype(a, dtype)
 
 
+@shows_gradient_inputs
 def recurrent_attention_backward(
     q: Array,
     k: Array,
     v: Array,
     grad_out: Array,
     *,
-    rule: str = "gated_delta",
-    g: Array = None,
-    beta: Array = None,
-    scale: float | None = None,
-    initial_state: Array = None,
-    grad_final_state: Array = None,
-    normalize_qk: bool = False,
-    norm_eps: float = 0.0,
     chunk_size: int | None = None,
+    **inputs: Unpack[GradientInputs],
 ) -> RecurrentGradients:
     """The vector-Jacobian product of :func:`~attnspec.reference.recurrent.recurrent_attention`
     (REC-7.1) for the upstream gradients ``grad_out (..., Ho, T, dv)`` of the output and
@@ -193,6 +191,8 @@ def recurrent_attention_backward(
     otherwise as the forward call's; ``chunk_size`` keeps only each chunk's starting state
     and recomputes the others (the same gradients, less memory).  Computed in float64 when
     any input or upstream gradient is, else float32 (REC-7.3)."""
+    forward, grad_final_state = split_gradient_inputs(inputs)
+    g, beta, initial_state = optional_arrays(forward)
     xp = namespace_of(
         CALL,
         q=q,
@@ -204,15 +204,10 @@ def recurrent_attention_backward(
         initial_state=initial_state,
         grad_final_state=grad_final_state,
     )
-    normalize = check_flag("normalize_qk", normalize_qk, f"REC-2.4, {CALL}")
     wide = any(a is not None and a.dtype == xp.float64 for a in (grad_out, grad_final_state))
     work_q = xp.astype(q, xp.float64) if wide else q  # float64 upstream: float64 throughout
-    p = prepare(work_q, k, v, rule, g, beta, scale, initial_state, False, norm_eps, CALL)
+    p, raw, eps = prepare_for_gradients(work_q, k, v, CALL, **forward)
     chunk = (p.length or 1) if chunk_size is None else check_chunk_size(chunk_size, CALL)
-    raw_q, raw_k = p.q, p.k
-    eps = float(norm_eps)
-    if normalize:
-        p = dataclasses.replace(p, q=l2_normalized(p.q, eps), k=l2_normalized(p.k, eps))
     batch, (states, groups, length, d_k), d_v = p.q.shape[:-4], p.q.shape[-4:], p.v.shape[-1]
     dtype = p.q.dtype
     out_shape = tuple(int(n) for n in (*batch, states * groups, length, d_v))
@@ -225,8 +220,8 @@ def recurrent_attention_backward(
         else _upstream(xp, "grad_final_state", grad_final_state, state_shape, dtype)
     )
     dq, dk, dv, dg, dbeta, d_initial = _adjoint(p, upstream, final, chunk)
-    if normalize:
-        dq, dk = _normalization_vjp(xp, raw_q, dq, eps), _normalization_vjp(xp, raw_k, dk, eps)
+    if raw is not None:
+        dq, dk = _normalization_vjp(xp, raw[0], dq, eps), _normalization_vjp(xp, raw[1], dk, eps)
     dq = xp.reshape(dq, (*batch, states * groups, length, d_k))
     dq = _unshare(xp, dq, int(q.shape[-3]))
     dk, dv = _unshare(xp, dk, int(k.shape[-3])), _unshare(xp, dv, int(v.shape[-3]))
@@ -242,21 +237,9 @@ def recurrent_attention_backward(
     )
 
 
+@shows_gradient_inputs
 def varlen_recurrent_attention_backward(
-    q: Array,
-    k: Array,
-    v: Array,
-    cu_seqlens: Any,
-    grad_out: Array,
-    *,
-    rule: str = "gated_delta",
-    g: Array = None,
-    beta: Array = None,
-    scale: float | None = None,
-    initial_state: Array = None,
-    grad_final_state: Array = None,
-    normalize_qk: bool = False,
-    norm_eps: float = 0.0,
+    q: Array, k: Array, v: Array, cu_seqlens: Any, grad_out: Array, **inputs: Unpack[GradientInputs]
 ) -> RecurrentGradients:
     """The gradients of :func:`~attnspec.reference.recurrent.varlen_recurrent_attention`
     (REC-7.4): packed, tokens-first arrays as there, ``grad_out (T, Ho, dv)`` and
@@ -264,6 +247,8 @@ def varlen_recurrent_attention_backward(
     :func:`recurrent_attention_backward` of its own tokens, so no gradient crosses a
     boundary and an empty sequence's past state gets its final state's gradient."""
     xp = namespace_of(VARLEN_CALL, q=q, k=k, v=v, grad_out=grad_out)
+    forward, grad_final_state = split_gradient_inputs(inputs)
+    g, beta, initial_state = optional_arrays(forward)
     for name, a in (("q", q), ("k", k), ("v", v), ("grad_out", grad_out)):
         if a.ndim != 3 or a.shape[0] != q.shape[0]:
             raise ValueError(
@@ -287,20 +272,16 @@ def varlen_recurrent_attention_backward(
     parts = []
     for b, start in enumerate(offsets[:-1]):
         stop = offsets[b + 1]
-        window = {
-            name: None if a is None else heads_first(a, start, stop)
-            for name, a in (("g", g), ("beta", beta))
+        own: GradientInputs = {
+            **forward,
+            "g": None if g is None else heads_first(g, start, stop),
+            "beta": None if beta is None else heads_first(beta, start, stop),
+            "initial_state": None if initial_state is None else initial_state[b, ...],
+            "grad_final_state": None if grad_final_state is None else grad_final_state[b, ...],
         }
         parts.append(
             recurrent_attention_backward(
-                *(heads_first(a, start, stop) for a in (q, k, v, grad_out)),
-                rule=rule,
-                scale=scale,
-                initial_state=None if initial_state is None else initial_state[b, ...],
-                grad_final_state=None if grad_final_state is None else grad_final_state[b, ...],
-                normalize_qk=normalize_qk,
-                norm_eps=norm_eps,
-                **window,
+                *(heads_first(a, start, stop) for a in (q, k, v, grad_out)), **own
             )
         )
     if not parts:

@@ -10,14 +10,14 @@ module only evaluates it, at the cost of the token recurrence.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Unpack
 
 import array_api_compat
 
 from .._array import Array
 from .._checks import check_flag, check_size
 from ..tolerance import UNDERFLOW_THRESHOLD, UNIT_ROUNDOFF, accumulation_roundoff, scale_is_exact
-from ._inputs import Recurrence, prepare
+from ._inputs import Recurrence, RecurrentInputs, prepare, shows_inputs, with_defaults
 from .definition import Token, token_step
 
 CALL = "recurrent_error_bound(q, k, v)"
@@ -146,22 +146,17 @@ def state_error_step(
     return StateError(token, kappa, rho, gamma, rho[..., None] * error + local)
 
 
+@shows_inputs
 def recurrent_error_bound(
     q: Array,
     k: Array,
     v: Array,
     *,
     dtype: str,
-    rule: str = "gated_delta",
-    g: Array = None,
-    beta: Array = None,
-    scale: float | None = None,
-    initial_state: Array = None,
-    normalize_qk: bool = False,
-    norm_eps: float = 0.0,
     chunk_size: int = 1,
     state_dtype: str | None = None,
     operands_in_input_dtype: bool = False,
+    **inputs: Unpack[RecurrentInputs],
 ) -> RecurrentBound:
     """REC-6.2 for float64 inputs holding the values the kernel received in ``dtype`` (q's).
 
@@ -179,13 +174,18 @@ def recurrent_error_bound(
     )
     chunk = check_size("chunk_size", chunk_size, CALL, minimum=1)
     rounded_operands = check_flag("operands_in_input_dtype", operands_in_input_dtype, CALL)
-    p = prepare(q, k, v, rule, g, beta, scale, initial_state, normalize_qk, norm_eps, CALL)
+    p = prepare(q, k, v, CALL, **inputs)
     xp = p.xp
     if p.q.dtype != xp.float64:
         raise TypeError(f"q.dtype={q.dtype}, but should be float64 [REC-6.1, {CALL}]")
     d_k = int(p.k.shape[-1])
     r = rounding(
-        dtype, chunk, d_k, p.scale, rounded_operands=rounded_operands, normalize_qk=normalize_qk
+        dtype,
+        chunk,
+        d_k,
+        p.scale,
+        rounded_operands=rounded_operands,
+        normalize_qk=with_defaults(inputs)["normalize_qk"],
     )
     alpha = abs(p.scale)
     # |g_t| per token, the largest over key channels, (..., Hs, T): the rounding of a chunked

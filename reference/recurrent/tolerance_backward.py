@@ -11,13 +11,18 @@ spec; this module only evaluates it, at about twice the cost of the recurrence.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Unpack
 
 from .._array import Array
 from .._checks import check_flag, check_size
 from ..tolerance import UNDERFLOW_THRESHOLD, UNIT_ROUNDOFF
-from ._inputs import l2_normalized, prepare
+from ._inputs import (
+    GradientInputs,
+    optional_arrays,
+    prepare_for_gradients,
+    shows_gradient_inputs,
+    split_gradient_inputs,
+)
 from .backward import RecurrentGradients, _unshare, adjoint_step
 from .tolerance import (
     SAFETY_FACTOR,
@@ -51,6 +56,7 @@ def _vecmat(xp: Any, a: Array, b: Array) -> Array:
     return xp.matmul(a[..., None, :], b)[..., 0, :]
 
 
+@shows_gradient_inputs
 def recurrent_gradient_error_bound(
     q: Array,
     k: Array,
@@ -58,17 +64,10 @@ def recurrent_gradient_error_bound(
     grad_out: Array,
     *,
     dtype: str,
-    rule: str = "gated_delta",
-    g: Array = None,
-    beta: Array = None,
-    scale: float | None = None,
-    initial_state: Array = None,
-    grad_final_state: Array = None,
     chunk_size: int = 1,
     state_dtype: str | None = None,
     operands_in_input_dtype: bool = False,
-    normalize_qk: bool = False,
-    norm_eps: float = 0.0,
+    **inputs: Unpack[GradientInputs],
 ) -> RecurrentGradientBound:
     """REC-7.7 for float64 inputs and upstream gradients holding the values the kernel
     received in ``dtype`` (q's); ``state_dtype`` is the dtype of the past state and of its
@@ -85,12 +84,8 @@ def recurrent_gradient_error_bound(
     )
     chunk = check_size("chunk_size", chunk_size, CALL, minimum=1)
     rounded_operands = check_flag("operands_in_input_dtype", operands_in_input_dtype, CALL)
-    normalize = check_flag("normalize_qk", normalize_qk, CALL)
-    p = prepare(q, k, v, rule, g, beta, scale, initial_state, False, norm_eps, CALL)
-    raw = (p.q, p.k) if normalize else None  # as shared (REC-3.1), before the normalisation
-    if normalize:
-        eps = float(norm_eps)
-        p = dataclasses.replace(p, q=l2_normalized(p.q, eps), k=l2_normalized(p.k, eps))
+    as_forward, grad_final_state = split_gradient_inputs(inputs)
+    p, raw, norm_eps = prepare_for_gradients(q, k, v, CALL, **as_forward)
     xp = p.xp
     if p.q.dtype != xp.float64 or grad_out.dtype != xp.float64:
         raise TypeError(
@@ -99,7 +94,7 @@ def recurrent_gradient_error_bound(
         )
     batch, (states, groups, length, d_k), d_v = p.q.shape[:-4], p.q.shape[-4:], p.v.shape[-1]
     r = rounding(
-        dtype, chunk, d_k, p.scale, rounded_operands=rounded_operands, normalize_qk=normalize
+        dtype, chunk, d_k, p.scale, rounded_operands=rounded_operands, normalize_qk=raw is not None
     )
     u_a, alpha = r.u_a, abs(p.scale)
     upstream = xp.reshape(grad_out, (*batch, states, groups, length, d_v))
@@ -257,12 +252,12 @@ def recurrent_gradient_error_bound(
         tols[3].reverse()
     return _assemble(
         p,
-        (q, k, v, g, beta, initial_state),
+        (q, k, v, *optional_arrays(as_forward)),
         grads,
         tols,
         (adjoint, psi),
         (dtype, state_dtype, length),
-        None if raw is None else (r, float(norm_eps), *raw),
+        None if raw is None else (r, norm_eps, *raw),
     )
 
 
