@@ -7,13 +7,15 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, NamedTuple
+from types import MappingProxyType, SimpleNamespace
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
 from attnspec.conformance import declare
 from attnspec.conformance.call.problem import Problem
+
+C = TypeVar("C")
 
 
 def witness(
@@ -111,10 +113,26 @@ class SpecCall(_SpecArguments):
     def _replace(self, /, **changes: Any) -> SpecCall:
         return SpecCall(*super()._replace(**changes), extras=self.extras)
 
+    @classmethod
+    def of(cls, arguments: Mapping[str, Any]) -> SpecCall:
+        """The call of these arguments by name: the spec's seven, the rest as extras."""
+        spec = {name: arguments[name] for name in cls._fields if name in arguments}
+        extras = {name: value for name, value in arguments.items() if name not in cls._fields}
+        return cls(**spec, extras=extras)
+
     def pass_to(self, fn: Callable[..., Any]) -> Any:
         """``fn(q, k, v, mask=, bias=, is_causal=, scale=)``: the same call of ``fn``."""
         q, k, v, mask, bias, is_causal, scale = self
         return fn(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+
+
+# A keyword without a default (a required keyword-only argument)
+REQUIRED: Any = inspect.Parameter.empty
+
+
+def required(*names: str) -> dict[str, Any]:
+    """``names`` as keywords without a default, for :func:`spec_signature`."""
+    return dict.fromkeys(names, REQUIRED)
 
 
 def spec_signature(
@@ -131,25 +149,22 @@ def spec_signature(
     return inspect.Signature([*positional, *options])
 
 
-def spec_function(
-    keywords: Mapping[str, Any] = SPEC_KEYWORDS, arrays: tuple[str, ...] = ("q", "k", "v")
-) -> Callable[[Callable[[SpecCall], Any]], Callable[..., Any]]:
-    """A decorator: ``body(call)`` as a function with the signature
-    :func:`spec_signature` makes of ``keywords`` and ``arrays``, written once here.  It
-    binds each call as a function with that signature would (a ``TypeError`` for an
-    unknown keyword); every argument besides the spec's seven (:class:`SpecCall`) is in
-    ``call.extras``.  It keeps ``body``'s name, docstring and module, by which reports show
-    it and worker processes load it."""
+def signed(
+    keywords: Mapping[str, Any], arrays: tuple[str, ...], call: Callable[[dict[str, Any]], C]
+) -> Callable[[Callable[[C], Any]], Callable[..., Any]]:
+    """A decorator: ``body(call(arguments))`` as a function with the signature
+    :func:`spec_signature` makes of ``keywords`` and ``arrays``, written once here (as the
+    library a catalogue kernel mimics writes it out).  It binds each call as a function with
+    that signature would (a ``TypeError`` for an unknown or a missing keyword) and passes
+    the bound arguments, defaults applied, through ``call``.  It keeps ``body``'s name,
+    docstring and module, by which reports show it and worker processes load it."""
     signature = spec_signature(keywords, arrays)
-    extra = [name for name in signature.parameters if name not in SpecCall._fields]
 
-    def make(body: Callable[[SpecCall], Any]) -> Callable[..., Any]:
+    def make(body: Callable[[C], Any]) -> Callable[..., Any]:
         def function(*args: Any, **kwargs: Any) -> Any:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
-            given = bound.arguments
-            spec = {name: given[name] for name in SpecCall._fields if name in given}
-            return body(SpecCall(**spec, extras={name: given[name] for name in extra}))
+            return body(call(dict(bound.arguments)))
 
         function.__name__, function.__qualname__ = body.__name__, body.__qualname__
         function.__doc__, function.__module__ = body.__doc__, body.__module__
@@ -157,6 +172,19 @@ def spec_function(
         return function
 
     return make
+
+
+def namespace(arguments: dict[str, Any]) -> SimpleNamespace:
+    """A call's arguments as attributes (``call.cache_seqlens``), for :func:`signed`."""
+    return SimpleNamespace(**arguments)
+
+
+def spec_function(
+    keywords: Mapping[str, Any] = SPEC_KEYWORDS, arrays: tuple[str, ...] = ("q", "k", "v")
+) -> Callable[[Callable[[SpecCall], Any]], Callable[..., Any]]:
+    """:func:`signed` with the arguments as a :class:`SpecCall` (every argument besides
+    the spec's seven in ``call.extras``)."""
+    return signed(keywords, arrays, SpecCall.of)
 
 
 # Why the known kernels' adapters (conformance/kernels) and the oracle do not use this:

@@ -12,11 +12,13 @@ matrix products (which are exact in float32 accumulators for these sizes).
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 from attnspec.conformance import Fp8Claim, PagedBatchClaim, declare
 
-from .entry import CaughtBug
+from .entry import REQUIRED, CaughtBug, SpecCall, namespace, required, signed, spec_function
+from .paged_batch import PAGED_ARRAYS, PAGED_REQUIRED
 
 torch: Any = None  # imported when first called: the catalogue imports without torch
 
@@ -24,6 +26,16 @@ CLAIMS: dict[str, Any] = dict(
     fp8=Fp8Claim(formats=("e4m3fn", "e5m2")), gqa=True, dtypes=("float32",)
 )
 Tensor = Any
+# FlashAttention 3's float8 keywords, the convention every kernel here mimics
+DESCALES = required("q_descale", "k_descale", "v_descale")
+FP8_KEYWORDS = {
+    **DESCALES,
+    "scale": REQUIRED,
+    "is_causal": False,
+    "mask": None,
+    "softcap": None,
+    "sinks": None,
+}
 
 
 def _torch() -> Any:
@@ -100,27 +112,19 @@ def _kernel(
     scores by dq dk, ``sinks_as_scores`` the sinks by alpha dq dk (of the first batch
     element)."""
 
-    def kernel(
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        q_descale: Tensor,
-        k_descale: Tensor,
-        v_descale: Tensor,
-        scale: float,
-        is_causal: bool = False,
-        mask: Tensor | None = None,
-        softcap: float | None = None,
-        sinks: Tensor | None = None,
-    ) -> Tensor:
-        real = dequantise(q, k, v, q_descale, k_descale, v_descale)
+    @spec_function(FP8_KEYWORDS)
+    def kernel(call: SpecCall) -> Tensor:
+        q, k, v, mask, _, is_causal, scale = call
+        real = dequantise(q, k, v, call.q_descale, call.k_descale, call.v_descale)
         groups = q.shape[1] // k.shape[1]
-        folded = _per_head(q_descale, groups) * _per_head(k_descale, groups)
+        folded = _per_head(call.q_descale, groups) * _per_head(call.k_descale, groups)
+        sinks = call.sinks
         if sinks_as_scores and sinks is not None:
             sinks = sinks * scale * folded.reshape(folded.shape[0], -1)[0]
         after_cap = folded if descales_after_cap else 1.0
-        return _attention(*real, scale, is_causal, mask, round_weights, softcap, sinks, after_cap)
+        return _attention(
+            *real, scale, is_causal, mask, round_weights, call.softcap, sinks, after_cap
+        )
 
     return kernel
 
@@ -216,21 +220,11 @@ def _paged_fp8(first_sequence_descales: bool = False) -> Callable[..., Tensor]:
     ``(S, H_kv)`` descales, attended bottom-right; rows past the last offset 0.  The bug
     dequantises every sequence with the first sequence's descales."""
 
-    def kernel(
-        q: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        *,
-        cu_seqlens_q: Tensor,
-        seqused_k: Tensor,
-        block_table: Tensor,
-        max_seqlen_q: int,
-        max_seqlen_k: int,
-        q_descale: Tensor,
-        k_descale: Tensor,
-        v_descale: Tensor,
-        is_causal: bool = False,
-    ) -> Tensor:
+    @signed({**PAGED_REQUIRED, **DESCALES, "is_causal": False}, PAGED_ARRAYS, namespace)
+    def kernel(call: SimpleNamespace) -> Tensor:
+        q, k_cache, v_cache = call.q, call.k_cache, call.v_cache
+        cu_seqlens_q, seqused_k, block_table = call.cu_seqlens_q, call.seqused_k, call.block_table
+        descales = call.q_descale, call.k_descale, call.v_descale
         t = _torch()
         out = t.zeros((*q.shape[:2], v_cache.shape[-1]), dtype=t.float32)
         page = k_cache.shape[2]
@@ -239,7 +233,7 @@ def _paged_fp8(first_sequence_descales: bool = False) -> Callable[..., Tensor]:
             positions = t.arange(n_k)
             pages, slots = block_table[b][positions // page], positions % page
             row = slice(0, 1) if first_sequence_descales else slice(b, b + 1)
-            dq, dk, dv = (d[row] if d.ndim == 2 else d for d in (q_descale, k_descale, v_descale))
+            dq, dk, dv = (d[row] if d.ndim == 2 else d for d in descales)
             real = _real(
                 q[first:last].transpose(0, 1)[None],
                 k_cache[pages, :, slots].transpose(0, 1)[None],
@@ -252,7 +246,7 @@ def _paged_fp8(first_sequence_descales: bool = False) -> Callable[..., Tensor]:
             if n_k == 0:  # no key: rows of 0 (PAGED-3)
                 continue
             keep = t.arange(n_k)[None, :] <= t.arange(n_q)[:, None] + (n_k - n_q)
-            allowed = keep if is_causal else None
+            allowed = keep if call.is_causal else None
             attended = _attention(*real, q.shape[-1] ** -0.5, False, allowed)
             out[first:last] = attended[0].transpose(0, 1)
         return out

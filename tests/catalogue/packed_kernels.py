@@ -9,6 +9,7 @@ reads its cache through the block table.  Each bug changes one of these in one p
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ import numpy as np
 from attnspec.conformance import declare
 
 from .blocks import named
+from .entry import REQUIRED, SpecCall, namespace, required, signed, spec_function
 from .feature_blocks import Features, arranged, attend_features
 from .paged_batch import Options, visible
 
@@ -29,6 +31,24 @@ VARLEN = {
     "alibi": True,
     "lse_keyword": "return_lse",
     "returns_lse": True,
+}
+# the keywords of the libraries' signatures the kernels mimic: FlashAttention's
+# flash_attn_varlen_func and flash_attn_with_kvcache (positional q, k_cache, v_cache)
+FEATURES = {"scale": None, "softcap": None, "alibi_slopes": None, "return_lse": False}
+VARLEN_KEYWORDS = {
+    **required("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
+    "is_causal": False,
+    **FEATURES,
+    "custom_mask": None,
+}
+CACHE_KEYWORDS = {
+    "cache_seqlens": REQUIRED,
+    **dict.fromkeys(("k", "v", "block_table"), None),
+    "is_causal": False,
+    **FEATURES,
+    "cache_leftpad": None,
+    "window_size": (-1, -1),
+    "attention_chunk": 0,
 }
 CACHE = {
     "kv_cache": True,
@@ -52,17 +72,7 @@ def _offsets(cu: Array, total: int) -> list[int]:
 
 
 def _block_diagonal(
-    q: Array,
-    k: Array,
-    v: Array,
-    cu_seqlens_q: Array,
-    cu_seqlens_k: Array,
-    is_causal: bool,
-    scale: float | None,
-    softcap: float | None,
-    alibi_slopes: Array | None,
-    return_lse: bool,
-    custom_mask: Array | None = None,
+    call: SpecCall,
     *,
     global_alignment: bool = False,
     early_keys: int = 0,
@@ -81,6 +91,9 @@ def _block_diagonal(
     of checked, NaN rows for a sequence without keys, padding rows left as uninitialised
     memory (NaN), the last sequence's keys running to the end of k, and the mask of
     sequence b read at cu_q[b] * Lk_b."""
+    q, k, v, _, _, is_causal, scale = call
+    cu_seqlens_q, cu_seqlens_k, custom_mask = call.cu_seqlens_q, call.cu_seqlens_k, call.custom_mask
+    alibi_slopes = call.alibi_slopes
     heads, total_q, total_k = q.shape[1], q.shape[0], k.shape[0]
     if trust_offsets:
         cu_q = [int(x) for x in np.minimum(np.maximum.accumulate(cu_seqlens_q), total_q)]
@@ -112,7 +125,7 @@ def _block_diagonal(
             slopes = slopes[b] if slopes.ndim == 2 else slopes
             gaps = np.abs(np.arange(n_q)[:, None] + offset - np.arange(n_k)[None, :])
             bias[:, rows, cols] = -slopes[:, None, None] * gaps
-    f = Features(softcap=softcap)
+    f = Features(softcap=call.softcap)
     swap = (1, 0, 2)
     # the ALiBi bias stays in float64 until arrange casts it to the computation dtype:
     # rounding it to a half-precision input dtype would be an error TOL-4 does not allow
@@ -132,7 +145,7 @@ def _block_diagonal(
                 out[cu_q[b] : cu_q[b + 1]] = np.nan
     if padding_rows_nan:  # torch.empty's output rows past cu_seqlens_q[-1], never written
         out[cu_q[-1] :] = np.nan
-    return (out, lse) if return_lse else out
+    return (out, lse) if call.return_lse else out
 
 
 def _varlen_kernel(name: str, doc: str, **bug: Any) -> Callable[..., Any]:
@@ -140,36 +153,9 @@ def _varlen_kernel(name: str, doc: str, **bug: Any) -> Callable[..., Any]:
     :func:`_block_diagonal` with ``bug``."""
 
     @declare(**VARLEN)
-    def kernel(
-        q: Array,
-        k: Array,
-        v: Array,
-        *,
-        cu_seqlens_q: Array,
-        cu_seqlens_k: Array,
-        max_seqlen_q: int,
-        max_seqlen_k: int,
-        is_causal: bool = False,
-        scale: float | None = None,
-        softcap: float | None = None,
-        alibi_slopes: Array | None = None,
-        return_lse: bool = False,
-        custom_mask: Array | None = None,
-    ) -> Any:
-        return _block_diagonal(
-            q,
-            k,
-            v,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            is_causal,
-            scale,
-            softcap,
-            alibi_slopes,
-            return_lse,
-            custom_mask,
-            **bug,
-        )
+    @spec_function(VARLEN_KEYWORDS)
+    def kernel(call: SpecCall) -> Any:
+        return _block_diagonal(call, **bug)
 
     return named(kernel, name, doc)
 
@@ -231,19 +217,7 @@ def _position(block_table: Array | None, block: int, b: int, t: int) -> tuple[in
 
 
 def _cache_attention(
-    q: Array,
-    k_cache: Array,
-    v_cache: Array,
-    cache_seqlens: Array,
-    k: Array | None,
-    v: Array | None,
-    block_table: Array | None,
-    is_causal: bool,
-    scale: float | None,
-    softcap: float | None,
-    alibi_slopes: Array | None,
-    return_lse: bool,
-    options: Options | None = None,
+    call: SimpleNamespace,
     *,
     write_at: int = 0,
     read_extra: int = 0,
@@ -259,18 +233,20 @@ def _cache_attention(
     ``read_extra``) and its L_new new keys, the window and chunk measured bottom-right.
     The last two keywords are bugs: the left padding read, the window and chunk measured
     from the cache's first position (t_i = i)."""
+    q, k_cache, v_cache, k, v = call.q, call.k_cache, call.v_cache, call.k, call.v
+    block_table, alibi_slopes = call.block_table, call.alibi_slopes
     block = k_cache.shape[2]
     n_new = 0 if k is None else k.shape[2]
     table = None if block_table is None else np.asarray(block_table)
     if table is not None and table_in_order:
         table = np.arange(table.size).reshape(table.shape)
-    lengths = [int(x) for x in np.asarray(cache_seqlens)]
+    lengths = [int(x) for x in np.asarray(call.cache_seqlens)]
     for b, length in enumerate(lengths):
         for t in range(n_new):
             index, position = _position(table, block, b, length + write_at + t)
             k_cache[index, :, position] = k[b, :, t]
             v_cache[index, :, position] = v[b, :, t]
-    options = Options() if options is None else options
+    options = Options(call.cache_leftpad, call.window_size, call.attention_chunk)
     pads = options.cache_leftpad
     outs, lses = [], []
     for b, length in enumerate(lengths):
@@ -292,11 +268,11 @@ def _cache_attention(
             if alibi_slopes is None
             else (alibi_slopes[b] if np.ndim(alibi_slopes) == 2 else alibi_slopes)
         )
-        f = Features(softcap=softcap, alibi_slopes=slopes, alignment=alignment)
+        f = Features(softcap=call.softcap, alibi_slopes=slopes, alignment=alignment)
         n_queries, n_keys = q.shape[2], len(places)
         offset = 0 if window_top_left else n_keys - n_queries
         windowed = visible(n_queries, n_keys, offset, False, options._replace(cache_leftpad=None))
-        a = arranged(q[b], keys, values, windowed, None, is_causal, scale, f)
+        a = arranged(q[b], keys, values, windowed, None, call.is_causal, call.scale, f)
         if max_over_capacity:
             out, lse = _shifted_by_block_max(a, f, q[b], k_cache, table, block, b)
         else:
@@ -306,7 +282,7 @@ def _cache_attention(
         outs.append(out)
         lses.append(lse)
     out, lse = np.stack(outs), np.stack(lses)
-    return (out, lse) if return_lse else out
+    return (out, lse) if call.return_lse else out
 
 
 def _shifted_by_block_max(
@@ -353,40 +329,9 @@ def _cache_kernel(name: str, doc: str, *, paged: bool = True, **bug: Any) -> Cal
     """A KV-cache kernel (contiguous or paged) with ``bug`` passed to _cache_attention."""
 
     @declare(**{**CACHE, "kv_cache_paged": paged})
-    def kernel(
-        q: Array,
-        k_cache: Array,
-        v_cache: Array,
-        *,
-        cache_seqlens: Array,
-        k: Array | None = None,
-        v: Array | None = None,
-        block_table: Array | None = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-        softcap: float | None = None,
-        alibi_slopes: Array | None = None,
-        return_lse: bool = False,
-        cache_leftpad: Array | None = None,
-        window_size: tuple[int, int] = (-1, -1),
-        attention_chunk: int = 0,
-    ) -> Any:
-        return _cache_attention(
-            q,
-            k_cache,
-            v_cache,
-            cache_seqlens,
-            k,
-            v,
-            block_table,
-            is_causal,
-            scale,
-            softcap,
-            alibi_slopes,
-            return_lse,
-            Options(cache_leftpad, window_size, attention_chunk),
-            **bug,
-        )
+    @signed(CACHE_KEYWORDS, ("q", "k_cache", "v_cache"), namespace)
+    def kernel(call: SimpleNamespace) -> Any:
+        return _cache_attention(call, **bug)
 
     return named(kernel, name, doc)
 

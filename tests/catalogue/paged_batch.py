@@ -9,15 +9,16 @@ layout (``PagedBatchClaim``).  Rows past ``cu_seqlens_q[-1]`` are left 0.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from attnspec.conformance import PagedBatchClaim, declare
 from attnspec.conformance.claims.family_claims import PAGED_FEATURES
 
-from .entry import CaughtBug
+from .entry import CaughtBug, required, signed
 
 Array = np.ndarray
 
@@ -113,6 +114,14 @@ class PagedCall(NamedTuple):
     is_causal: bool
     options: Options = Options()
 
+    @classmethod
+    def of(cls, arguments: Mapping[str, Any]) -> PagedCall:
+        """The call of these arguments by name, the features' in ``options``."""
+        options = Options(**{name: arguments[name] for name in Options._fields})
+        return cls(
+            **{name: arguments[name] for name in cls._fields if name != "options"}, options=options
+        )
+
     def mask(self, b: int, n_q: int, n_k: int, offset: int = 0) -> Array | None:
         """Sequence b's ``(n_q, n_k)`` entries of custom_mask, from element ``offset`` on
         (PAGED-8: the sum of the earlier sequences' L_q * L_k); None without a mask."""
@@ -121,52 +130,25 @@ class PagedCall(NamedTuple):
         return np.asarray(self.options.custom_mask)[offset : offset + n_q * n_k].reshape(n_q, n_k)
 
 
+# PAGED-1's signature: the positional arrays, the keywords without a default, and every
+# keyword (the features' with their defaults, as :class:`Options` has them)
+PAGED_ARRAYS = ("q", "k_cache", "v_cache")
+PAGED_REQUIRED = required(
+    "cu_seqlens_q", "seqused_k", "block_table", "max_seqlen_q", "max_seqlen_k"
+)
+PAGED_KEYWORDS = MappingProxyType({**PAGED_REQUIRED, "is_causal": False, **Options._field_defaults})
+
+
 def paged_kernel(
     claim: PagedBatchClaim | None = None,
 ) -> Callable[[Callable[[PagedCall], Array]], Callable[..., Array]]:
     """A decorator: ``body(call)`` as a kernel with the spec's paged-batch signature
-    (written once, here) declaring ``claim`` (default: HND pages); it keeps ``body``'s
-    name, docstring and module, by which reports show it and worker processes load it."""
+    (:data:`PAGED_KEYWORDS`, written once by :func:`~catalogue.entry.signed`) declaring
+    ``claim`` (default: HND pages); it keeps ``body``'s name, docstring and module, by which
+    reports show it and worker processes load it."""
 
     def make(body: Callable[[PagedCall], Array]) -> Callable[..., Array]:
-        def kernel(
-            q: Array,
-            k_cache: Array,
-            v_cache: Array,
-            *,
-            cu_seqlens_q: Array,
-            seqused_k: Array,
-            block_table: Array,
-            max_seqlen_q: int,
-            max_seqlen_k: int,
-            is_causal: bool = False,
-            cache_leftpad: Array | None = None,
-            window_size: tuple[int, int] = (-1, -1),
-            attention_chunk: int = 0,
-            softcap: float = 0.0,
-            custom_mask: Array | None = None,
-            sinks: Array | None = None,
-        ) -> Array:
-            options = Options(
-                cache_leftpad, window_size, attention_chunk, softcap, custom_mask, sinks
-            )
-            return body(
-                PagedCall(
-                    q,
-                    k_cache,
-                    v_cache,
-                    cu_seqlens_q,
-                    seqused_k,
-                    block_table,
-                    max_seqlen_q,
-                    max_seqlen_k,
-                    is_causal,
-                    options,
-                )
-            )
-
-        kernel.__name__, kernel.__qualname__ = body.__name__, body.__qualname__
-        kernel.__doc__, kernel.__module__ = body.__doc__, body.__module__
+        kernel = signed(PAGED_KEYWORDS, PAGED_ARRAYS, PagedCall.of)(body)
         return declare(kernel, paged_batch=PagedBatchClaim() if claim is None else claim)
 
     return make
