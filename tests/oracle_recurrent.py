@@ -9,6 +9,8 @@ ever run on small problems, as the comparison target of the reference's tests.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -19,30 +21,42 @@ def normalized(x: np.ndarray, eps: float) -> np.ndarray:
     return np.divide(x, np.sqrt(squares), out=np.zeros_like(x), where=squares > 0)
 
 
-def recurrence(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    *,
-    rule: str,
-    g: np.ndarray | None = None,
-    beta: np.ndarray | None = None,
-    scale: float | None = None,
-    initial_state: np.ndarray | None = None,
-    normalize_qk: bool = False,
-    norm_eps: float = 0.0,
-) -> tuple[np.ndarray, np.ndarray]:
-    """REC-1.2 for ``q (B, Hq, T, dk)``, ``k (B, Hk, T, dk)``, ``v (B, Hv, T, dv)``, ``g``
-    ``(B, Hs, T)`` or ``(B, Hs, T, dk)``, ``beta (B, Hs, T)``, ``initial_state (B, Hs, dk,
-    dv)``; returns ``(out (B, Ho, T, dv), final state (B, Hs, dk, dv))`` in float64."""
-    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
-    if normalize_qk:
-        q, k = normalized(q, norm_eps), normalized(k, norm_eps)
+@dataclass(frozen=True)
+class Keywords:
+    """A recurrent call's keywords with the spec's defaults: REC-1.2's rule, gate ``g``,
+    strength ``beta``, scale and initial state, REC-2.4's normalisation of q and k.  The
+    oracle writes them out itself, so that it depends on nothing of the reference it
+    checks; making one of an unknown keyword is a TypeError that names it."""
+
+    rule: str
+    g: Any = None
+    beta: Any = None
+    scale: float | None = None
+    initial_state: Any = None
+    normalize_qk: bool = False
+    norm_eps: float = 0.0
+
+
+def _heads(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[int, ...]:
+    """``(B, Hq, T, dk, Hk, Hv, dv, Hs, Ho)``: the state heads are the more of the key and
+    value heads, the output heads the more of those and the query heads (REC-3.1)."""
     batch, h_q, length, d_k = q.shape
     h_k, h_v, d_v = k.shape[1], v.shape[1], v.shape[3]
     h_s = max(h_k, h_v)
-    h_o = max(h_q, h_s)
-    alpha = 1.0 / math.sqrt(d_k) if scale is None else scale
+    return batch, h_q, length, d_k, h_k, h_v, d_v, h_s, max(h_q, h_s)
+
+
+def recurrence(q: Any, k: Any, v: Any, **keywords: Any) -> tuple[np.ndarray, np.ndarray]:
+    """REC-1.2 for ``q (B, Hq, T, dk)``, ``k (B, Hk, T, dk)``, ``v (B, Hv, T, dv)``, ``g``
+    ``(B, Hs, T)`` or ``(B, Hs, T, dk)``, ``beta (B, Hs, T)``, ``initial_state (B, Hs, dk,
+    dv)``; returns ``(out (B, Ho, T, dv), final state (B, Hs, dk, dv))`` in float64."""
+    call = Keywords(**keywords)
+    rule, g, beta, initial_state = call.rule, call.g, call.beta, call.initial_state
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    if call.normalize_qk:
+        q, k = normalized(q, call.norm_eps), normalized(k, call.norm_eps)
+    batch, h_q, length, d_k, h_k, h_v, d_v, h_s, h_o = _heads(q, k, v)
+    alpha = 1.0 / math.sqrt(d_k) if call.scale is None else call.scale
     out = np.zeros((batch, h_o, length, d_v))
     final = np.zeros((batch, h_s, d_k, d_v))
     for b in range(batch):
@@ -83,33 +97,21 @@ def _normalized_vjp(x: np.ndarray, grad: np.ndarray, eps: float) -> np.ndarray:
 
 
 def gradients(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    grad_out: np.ndarray,
-    *,
-    rule: str,
-    g: np.ndarray | None = None,
-    beta: np.ndarray | None = None,
-    scale: float | None = None,
-    initial_state: np.ndarray | None = None,
-    grad_final_state: np.ndarray | None = None,
-    normalize_qk: bool = False,
-    norm_eps: float = 0.0,
+    q: Any, k: Any, v: Any, grad_out: Any, *, grad_final_state: Any = None, **keywords: Any
 ) -> dict[str, np.ndarray]:
     """REC-7.1's gradients (``dq``, ``dk``, ``dv``, and ``dg``, ``dbeta``, ``dinitial_state``
     where those inputs are given) of :func:`recurrence` for the upstream gradients
     ``grad_out`` and ``grad_final_state``: the states of each head stored token by token,
     then the adjoint state carried back from the last token to the first, each head's
     contribution added into the input head it came from (REC-7.2)."""
+    call = Keywords(**keywords)
+    rule, g, beta, initial_state = call.rule, call.g, call.beta, call.initial_state
+    normalize_qk, norm_eps = call.normalize_qk, call.norm_eps
     raw_q, raw_k = (np.asarray(a, dtype=np.float64) for a in (q, k))
     v = np.asarray(v, dtype=np.float64)
     q, k = (normalized(a, norm_eps) for a in (raw_q, raw_k)) if normalize_qk else (raw_q, raw_k)
-    batch, h_q, length, d_k = q.shape
-    h_k, h_v, d_v = k.shape[1], v.shape[1], v.shape[3]
-    h_s = max(h_k, h_v)
-    h_o = max(h_q, h_s)
-    alpha = 1.0 / math.sqrt(d_k) if scale is None else scale
+    batch, h_q, length, d_k, h_k, h_v, d_v, h_s, h_o = _heads(q, k, v)
+    alpha = 1.0 / math.sqrt(d_k) if call.scale is None else call.scale
     gated, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
     grads = {"q": np.zeros_like(q), "k": np.zeros_like(k), "v": np.zeros_like(v)}
     if gated:
