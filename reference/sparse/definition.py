@@ -62,6 +62,11 @@ class SparsePattern(ABC):
     offset: int
     causal: bool
 
+    def __init_subclass__(cls, *, name: str, clause: str, **kwargs: Any) -> None:
+        """Each pattern gives its name and its clause in its class line."""
+        super().__init_subclass__(**kwargs)
+        cls.name, cls.clause = name, clause
+
     def allowed(self, xp: ModuleType, i: Any, j: Any) -> Any:
         """True where key j is in S(i); i, j are integer arrays that broadcast (SPARSE-1.3)."""
         t = i + self.offset
@@ -74,9 +79,7 @@ class SparsePattern(ABC):
 
 
 @dataclass(frozen=True, eq=False)
-class SlidingWindow(SparsePattern):
-    name: ClassVar[str] = "sliding_window"
-    clause: ClassVar[str] = "SPARSE-2.1"
+class SlidingWindow(SparsePattern, name="sliding_window", clause="SPARSE-2.1"):
     left: int | None
     right: int | None
     dilation: int
@@ -86,9 +89,7 @@ class SlidingWindow(SparsePattern):
 
 
 @dataclass(frozen=True, eq=False)
-class Strided(SparsePattern):
-    name: ClassVar[str] = "strided"
-    clause: ClassVar[str] = "SPARSE-3.1"
+class Strided(SparsePattern, name="strided", clause="SPARSE-3.1"):
     stride: int
 
     def contains(self, xp: ModuleType, i: Any, t: Any, j: Any) -> Any:
@@ -98,9 +99,7 @@ class Strided(SparsePattern):
 
 
 @dataclass(frozen=True, eq=False)
-class Fixed(SparsePattern):
-    name: ClassVar[str] = "fixed"
-    clause: ClassVar[str] = "SPARSE-3.2"
+class Fixed(SparsePattern, name="fixed", clause="SPARSE-3.2"):
     stride: int
     summary: int
 
@@ -111,9 +110,7 @@ class Fixed(SparsePattern):
 
 
 @dataclass(frozen=True, eq=False)
-class BlockSparse(SparsePattern):
-    name: ClassVar[str] = "block_sparse"
-    clause: ClassVar[str] = "SPARSE-4.1"
+class BlockSparse(SparsePattern, name="block_sparse", clause="SPARSE-4.1"):
     layout: Any
     block_q: int
     block_k: int
@@ -126,28 +123,22 @@ class BlockSparse(SparsePattern):
 
 
 @dataclass(frozen=True, eq=False)
-class Longformer(SparsePattern):
-    name: ClassVar[str] = "longformer"
-    clause: ClassVar[str] = "SPARSE-5.1"
-    left: int | None
-    right: int | None
-    dilation: int
+class Longformer(SlidingWindow, name="longformer", clause="SPARSE-5.1"):
+    """The sliding window and the global tokens (SPARSE-5.1)."""
+
     global_tokens: tuple[int, ...]
 
     def contains(self, xp: ModuleType, i: Any, t: Any, j: Any) -> Any:
-        window = in_window(xp, t - j, self.left, self.right, self.dilation)
         globals_ = xp.logical_or(
             _member(xp, j, self.global_tokens), _member(xp, t, self.global_tokens)
         )
-        return xp.logical_or(window, globals_)
+        return xp.logical_or(super().contains(xp, i, t, j), globals_)
 
 
 @dataclass(frozen=True, eq=False)
-class BigBird(SparsePattern):
+class BigBird(SparsePattern, name="bigbird", clause="SPARSE-5.2"):
     """``random_blocks[r]`` are the random key blocks of query block ``first_block + r``."""
 
-    name: ClassVar[str] = "bigbird"
-    clause: ClassVar[str] = "SPARSE-5.2"
     block_size: int
     window_blocks: int
     global_blocks: tuple[int, ...]

@@ -36,7 +36,7 @@ from .definition import (
     in_window,
     index_dtype,
 )
-from .parameters import build_pattern
+from .parameters import Placement, build_pattern
 
 # Gathered (query row, candidate key) pairs per chunk, over all batch elements and heads:
 # bounds the temporaries to about CHUNK_PAIRS * (E + Ev + 4) numbers (34 MB at E = Ev = 64
@@ -371,17 +371,8 @@ def sparse_attention(
     xp = problem.xp
     device = array_api_compat.device(q)
     n_queries, n_keys = problem.q.shape[-2], problem.k.shape[-2]
-    sets = build_pattern(
-        pattern,
-        n_queries,
-        n_keys,
-        alignment=alignment,
-        causal=causal,
-        params=params,
-        call=call,
-        xp=xp,
-        device=device,
-    )
+    at = Placement(alignment=alignment, causal=causal, xp=xp, device=device)
+    sets = build_pattern(pattern, n_queries, n_keys, params, call, at)
     if n_queries == 0 or n_keys == 0:
         return xp.zeros(problem.out_shape, dtype=problem.out_dtype, device=device)
     return _run(problem, sets, plan(sets, xp, device), query_chunk)

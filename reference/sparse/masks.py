@@ -10,14 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, Unpack
 
 import array_api_compat
 
 from .._array import Array
 from ..masks import creation_namespace
 from .definition import PATTERN_NAMES, BigBird, SparsePattern
-from .parameters import LIBRARY_WINDOWS, build_pattern, draw_random_blocks, library_window
+from .parameters import (
+    LIBRARY_WINDOWS,
+    Placement,
+    build_pattern,
+    draw_random_blocks,
+    library_window,
+    shows_placement,
+)
 
 __all__ = [
     "LIBRARY_WINDOWS",
@@ -42,50 +49,27 @@ def pattern_mask(sets: SparsePattern, xp: ModuleType, device: Any) -> Array:
 
 
 def _mask_of(
-    pattern: str,
-    n_queries: int,
-    n_keys: int,
-    alignment: str,
-    causal: bool,
-    xp: ModuleType | None,
-    device: Any,
-    params: dict[str, Any],
-    call: str,
+    pattern: str, n_queries: int, n_keys: int, params: dict[str, Any], call: str, at: Placement
 ) -> tuple[SparsePattern, Any, ModuleType, Any]:
-    if (
-        xp is None
-        and pattern == "block_sparse"
-        and array_api_compat.is_array_api_obj(params.get("layout"))
-    ):
-        layout = params["layout"]
+    """The pattern's index set S(i), its mask, and the namespace and device the mask is
+    made with: ``at``'s, else a block_sparse array ``layout``'s, else the default backend's."""
+    xp, device, layout = at.get("xp"), at.get("device"), params.get("layout")
+    if xp is None and pattern == "block_sparse" and array_api_compat.is_array_api_obj(layout):
         xp, device = array_api_compat.array_namespace(layout), array_api_compat.device(layout)
     xp, device = creation_namespace(xp, device)
     sets = build_pattern(
-        pattern,
-        n_queries,
-        n_keys,
-        alignment=alignment,
-        causal=causal,
-        params=params,
-        call=call,
-        xp=xp,
-        device=device,
+        pattern, n_queries, n_keys, params, call, {**at, "xp": xp, "device": device}
     )
     return sets, pattern_mask(sets, xp, device), xp, device
 
 
-# (alignment, causal, xp, device): where a named pattern's mask sits and is made
-_Placement = tuple[str, bool, "ModuleType | None", Any]
-
-
 def _pattern_mask(
-    pattern: str, n_queries: int, n_keys: int, placement: _Placement, **params: Any
+    pattern: str, n_queries: int, n_keys: int, at: Placement, **params: Any
 ) -> tuple[SparsePattern, Any, ModuleType, Any]:
     """:func:`_mask_of` for ``<pattern>_mask(n_queries, n_keys, ...)``: the named mask
     functions below differ only in their pattern's parameters, which help() shows each."""
-    alignment, causal, xp, device = placement
     call = f"{pattern}_mask(n_queries, n_keys)"
-    return _mask_of(pattern, n_queries, n_keys, alignment, causal, xp, device, params, call)
+    return _mask_of(pattern, n_queries, n_keys, params, call, at)
 
 
 def sparse_mask(
@@ -108,12 +92,13 @@ def sparse_mask(
     attention (SPARSE-1.1).
     """
     call = f"sparse_mask(pattern={pattern!r}, n_queries, n_keys)"
-    return _mask_of(pattern, n_queries, n_keys, alignment, causal, xp, device, params, call)[1]
+    at = Placement(alignment=alignment, causal=causal, xp=xp, device=device)
+    return _mask_of(pattern, n_queries, n_keys, params, call, at)[1]
 
 
-# Why the named mask functions below keep parallel signatures: each is public and help()
-# shows its own pattern's parameters beside the placement keywords they all take
-# (alignment, causal, xp, device); what they share is _pattern_mask.
+# The named mask functions below take their pattern's parameters and, as **placement, the
+# placement keywords (alignment, causal, xp, device) that help() shows in each signature.
+@shows_placement
 def sliding_window_mask(
     n_queries: int,
     n_keys: int,
@@ -121,10 +106,7 @@ def sliding_window_mask(
     left: int | None,
     right: int | None,
     dilation: int = 1,
-    alignment: str = "top_left",
-    causal: bool = False,
-    xp: ModuleType | None = None,
-    device: Any = None,
+    **placement: Unpack[Placement],
 ) -> Array:
     """Keys ``t_i - left .. t_i + right`` (inclusive; None = unbounded) with
     ``(t_i - j) mod dilation == 0`` (SPARSE-2.1)."""
@@ -132,57 +114,47 @@ def sliding_window_mask(
         "sliding_window",
         n_queries,
         n_keys,
-        (alignment, causal, xp, device),
+        placement,
         left=left,
         right=right,
         dilation=dilation,
     )[1]
 
 
+@shows_placement
 def strided_mask(
     n_queries: int,
     n_keys: int,
     *,
     stride: int,
-    alignment: str = "top_left",
-    causal: bool = False,
-    xp: ModuleType | None = None,
-    device: Any = None,
+    **placement: Unpack[Placement],
 ) -> Array:
     """Sparse Transformer strided pattern with stride l (SPARSE-3.1)."""
-    return _pattern_mask(
-        "strided", n_queries, n_keys, (alignment, causal, xp, device), stride=stride
-    )[1]
+    return _pattern_mask("strided", n_queries, n_keys, placement, stride=stride)[1]
 
 
+@shows_placement
 def fixed_mask(
     n_queries: int,
     n_keys: int,
     *,
     stride: int,
     summary: int,
-    alignment: str = "top_left",
-    causal: bool = False,
-    xp: ModuleType | None = None,
-    device: Any = None,
+    **placement: Unpack[Placement],
 ) -> Array:
     """Sparse Transformer fixed pattern: own block of ``stride`` keys plus the last
     ``summary`` keys of every block (SPARSE-3.2)."""
-    return _pattern_mask(
-        "fixed", n_queries, n_keys, (alignment, causal, xp, device), stride=stride, summary=summary
-    )[1]
+    return _pattern_mask("fixed", n_queries, n_keys, placement, stride=stride, summary=summary)[1]
 
 
+@shows_placement
 def block_sparse_mask(
     n_queries: int,
     n_keys: int,
     *,
     layout: Any,
     block_size: int | tuple[int, int],
-    alignment: str = "top_left",
-    causal: bool = False,
-    xp: ModuleType | None = None,
-    device: Any = None,
+    **placement: Unpack[Placement],
 ) -> Array:
     """Query block I attends key block J iff ``layout[I, J]``; last blocks may be ragged
     (SPARSE-4.1)."""
@@ -190,12 +162,13 @@ def block_sparse_mask(
         "block_sparse",
         n_queries,
         n_keys,
-        (alignment, causal, xp, device),
+        placement,
         layout=layout,
         block_size=block_size,
     )[1]
 
 
+@shows_placement
 def longformer_mask(
     n_queries: int,
     n_keys: int,
@@ -204,10 +177,7 @@ def longformer_mask(
     right: int | None,
     global_tokens: Sequence[int] = (),
     dilation: int = 1,
-    alignment: str = "top_left",
-    causal: bool = False,
-    xp: ModuleType | None = None,
-    device: Any = None,
+    **placement: Unpack[Placement],
 ) -> Array:
     """Sliding window plus global tokens that attend, and are attended by, every
     position (SPARSE-5.1)."""
@@ -215,7 +185,7 @@ def longformer_mask(
         "longformer",
         n_queries,
         n_keys,
-        (alignment, causal, xp, device),
+        placement,
         left=left,
         right=right,
         global_tokens=global_tokens,
@@ -223,6 +193,7 @@ def longformer_mask(
     )[1]
 
 
+@shows_placement
 def bigbird_mask(
     n_queries: int,
     n_keys: int,
@@ -233,10 +204,7 @@ def bigbird_mask(
     window_blocks: int = 1,
     global_blocks: Sequence[int] = (),
     random_blocks: Any = None,
-    alignment: str = "top_left",
-    causal: bool = False,
-    xp: ModuleType | None = None,
-    device: Any = None,
+    **placement: Unpack[Placement],
 ) -> tuple[Array, Array]:
     """BigBird: block window, global blocks and ``num_random`` random key blocks per
     query block drawn from ``seed`` (SPARSE-5.2, SPARSE-5.3).
@@ -249,7 +217,7 @@ def bigbird_mask(
         "bigbird",
         n_queries,
         n_keys,
-        (alignment, causal, xp, device),
+        placement,
         block_size=block_size,
         num_random=num_random,
         seed=seed,

@@ -13,11 +13,12 @@ import operator
 import random
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, TypedDict
 
 import array_api_compat
 
 from .._checks import check_choice, check_flag, check_size, namespace_of
+from .._keywords import shows_keywords
 from ..masks import CAUSAL_ALIGNMENTS, causal_offset
 from .definition import (
     PATTERN_NAMES,
@@ -60,15 +61,19 @@ def _blocks(length: int, size: int) -> int:
     return -(-length // size)
 
 
+def _window(call: str, left: Any, right: Any, dilation: Any) -> dict[str, Any]:
+    """The fields of a sliding window (SPARSE-2.1), checked."""
+    return {
+        "left": _window_bound("left", left, call),
+        "right": _window_bound("right", right, call),
+        "dilation": check_size("dilation", dilation, call, minimum=1),
+    }
+
+
 def _sliding_window(
     base: dict[str, Any], call: str, *, left: Any, right: Any, dilation: Any = 1
 ) -> SlidingWindow:
-    return SlidingWindow(
-        **base,
-        left=_window_bound("left", left, call),
-        right=_window_bound("right", right, call),
-        dilation=check_size("dilation", dilation, call, minimum=1),
-    )
+    return SlidingWindow(**base, **_window(call, left, right, dilation))
 
 
 def _strided(base: dict[str, Any], call: str, *, stride: Any) -> Strided:
@@ -129,9 +134,7 @@ def _longformer(
 ) -> Longformer:
     return Longformer(
         **base,
-        left=_window_bound("left", left, call),
-        right=_window_bound("right", right, call),
-        dilation=check_size("dilation", dilation, call, minimum=1),
+        **_window(call, left, right, dilation),
         global_tokens=_int_tuple("global_tokens", global_tokens, call),
     )
 
@@ -265,19 +268,29 @@ _CLAUSES = {
 }
 
 
+class Placement(TypedDict, total=False):
+    """Where a pattern's queries sit among the keys (``alignment``, SPARSE-1.2) and whether
+    it is causal (SPARSE-1.3); for a mask, the namespace and device it is made with.  The
+    named mask functions take them as ``**placement``, shown by :data:`shows_placement`."""
+
+    alignment: str
+    causal: bool
+    xp: ModuleType | None
+    device: Any
+
+
+# The defaults other than None
+PLACEMENT_DEFAULTS = Placement(alignment="top_left", causal=False)
+shows_placement = shows_keywords(Placement, PLACEMENT_DEFAULTS)
+
+
 def build_pattern(
-    pattern: str,
-    n_queries: int,
-    n_keys: int,
-    *,
-    alignment: str,
-    causal: bool,
-    params: dict[str, Any],
-    call: str,
-    xp: ModuleType,
-    device: Any,
+    pattern: str, n_queries: int, n_keys: int, params: dict[str, Any], call: str, at: Placement
 ) -> SparsePattern:
-    """Validate a pattern name and its parameters (SPARSE-1.4) and return S(i)."""
+    """Validate a pattern name and its parameters (SPARSE-1.4) and return S(i) placed
+    ``at`` (an array ``layout`` of block_sparse made in ``at``'s namespace and device)."""
+    placed: Placement = {**PLACEMENT_DEFAULTS, **at}
+    alignment, causal = placed["alignment"], placed["causal"]
     check_choice("pattern", pattern, PATTERN_NAMES, call, "SPARSE-1.1")
     clause_call = f"{_CLAUSES[pattern]}, {call}"
     n_queries = check_size("n_queries", n_queries, f"SPARSE-1.1, {call}")
@@ -287,7 +300,7 @@ def build_pattern(
     builder = _BUILDERS[pattern]
     signature = inspect.signature(builder)
     if pattern == "block_sparse":
-        params = {**params, "xp": xp, "device": device}
+        params = {**params, "xp": at.get("xp"), "device": at.get("device")}
     try:
         signature.bind({}, "", **params)
     except TypeError:
