@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from support import SMALL_SIZE_FLAGS, run_command
 
 from attnspec.conformance import Problem, PropertyFailure
 from attnspec.conformance.judge.registration import REGISTRY, always, register
@@ -33,3 +39,39 @@ def should_property() -> Iterator[str]:
         yield property_id
     finally:
         del REGISTRY[property_id]
+
+
+@pytest.fixture
+def check_command(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``attnspec check TARGET --backend numpy --only ONLY --json report.json FLAGS`` in a
+    real process in ``tmp_path`` (the report: ``tmp_path / "report.json"``), at small sizes:
+    what a hostile or forging kernel does to its process, it does at any size."""
+
+    def run(target: str, only: Sequence[str], *flags: str) -> subprocess.CompletedProcess[str]:
+        argv = ["check", target, "--backend", "numpy", "--only", ",".join(only)]
+        return run_command(*argv, "--json", "report.json", *flags, *SMALL_SIZE_FLAGS, cwd=tmp_path)
+
+    return run
+
+
+def run_python(
+    code: str, *args: str, env: dict[str, str] | None = None, **options: Any
+) -> subprocess.CompletedProcess[str]:
+    """``python -c CODE ARGS`` in a fresh interpreter (this one), its output captured as
+    text and its exit status left to the caller; ``env`` adds to this process's variables,
+    ``options`` (cwd, timeout) go to ``subprocess.run``."""
+    options.setdefault("timeout", 120)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        check=False,
+        **options,
+    )
+
+
+@pytest.fixture
+def python_c() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """:func:`run_python`: a snippet (a reproduction, a probe of a library) in its own process."""
+    return run_python

@@ -7,7 +7,9 @@ matrix shows are pinned here, so a test fails when upstream changes the behaviou
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
+from subprocess import CompletedProcess
 from typing import Any
 
 import numpy as np
@@ -108,21 +110,16 @@ def test_upstream_multihead_attention_gives_nan_for_a_fully_masked_row_with_weig
 
 
 def _refuses_empty_and_cross(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    *,
-    mask: np.ndarray | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, **options: Any
 ) -> np.ndarray:
     """Correct attention that, like local-attention and FlexAttention, raises on an empty
-    length or on Lq != Lk."""
+    length or on Lq != Lk.  Its ``options`` go to the reference; undeclared, it is read
+    as claiming mask, is_causal and scale (and no bias), all the suite passes it."""
     from attnspec.reference import scaled_dot_product_attention
 
     if 0 in (q.shape[-2], k.shape[-2]) or q.shape[-2] != k.shape[-2]:
         raise ValueError(f"unsupported lengths Lq={q.shape[-2]}, Lk={k.shape[-2]}")
-    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+    return scaled_dot_product_attention(q, k, v, **options)
 
 
 def test_limitations_are_declared_once_and_named_in_the_claim() -> None:
@@ -210,28 +207,18 @@ def test_upstream_flex_attention_leaks_nan_from_masked_values() -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("keras") is None, reason="keras is not installed")
-def test_upstream_keras_computes_float64_as_float32(tmp_path: Path) -> None:
+def test_upstream_keras_computes_float64_as_float32(
+    tmp_path: Path, python_c: Callable[..., CompletedProcess[str]]
+) -> None:
     """docs/divergences.md#keras-float64: keras.ops.dot_product_attention returns float32
     for float64 inputs (its floatx), so float64 is outside its declared dtypes.  In a fresh
     process: Keras picks its backend (numpy here) once, at import.  Fails when upstream
     changes it."""
-    import os
-    import subprocess
-    import sys
-
     code = (
         "import numpy as np, keras; q = np.full((1, 1, 1, 1), 0.1); "
         "print(keras.config.floatx(), keras.ops.dot_product_attention(q, q, q).dtype)"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "KERAS_BACKEND": "numpy"},
-        cwd=tmp_path,
-        timeout=120,
-        check=False,
-    )
+    result = python_c(code, env={"KERAS_BACKEND": "numpy"}, cwd=tmp_path)
     assert result.stdout.split() == ["float32", "float32"], result.stderr[-2000:]
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -396,7 +396,7 @@ def test_large_logits_names_which_overflow(tmp_path: Path) -> None:
 
 
 def test_reproduction_of_empty_inputs_raises_what_the_check_saw(
-    kernels: Path, tmp_path: Path
+    kernels: Path, tmp_path: Path, python_c: Callable[..., subprocess.CompletedProcess[str]]
 ) -> None:
     """SDPA-1.5: the reproduction rebuilds empty inputs with their exact shape (q(1, 0, 1)
     is not np.array([[]])) and calls fn(q, k, v, ...) directly, so it raises the very
@@ -412,12 +412,6 @@ def test_reproduction_of_empty_inputs_raises_what_the_check_saw(
     verdict = check(f"{kernel}:attention", only=["empty-sizes"]).verdicts[0]
     assert verdict.status == "failed" and "empty q of shape" in verdict.detail
     assert "out = fn(q, k, v" in verdict.reproduction
-    ran = subprocess.run(
-        [sys.executable, "-c", verdict.reproduction],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
-    )
+    ran = python_c(verdict.reproduction, cwd=tmp_path)
     shown = verdict.detail.split("RuntimeError: ")[1]
     assert ran.returncode != 0 and f"RuntimeError: {shown}" in ran.stderr

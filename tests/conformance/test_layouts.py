@@ -62,22 +62,14 @@ def blhd_attention(
     return np.einsum("...hqk,...khe->...qhe", weights, v.astype(np.float64)).astype(q.dtype)
 
 
-def same_dims_attention(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    *,
-    mask: np.ndarray | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> np.ndarray:
-    """A spec-layout kernel that, like JAX's and FlashAttention 2's, needs E == Ev."""
+def same_dims_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, **options: Any) -> np.ndarray:
+    """A spec-layout kernel that, like JAX's and FlashAttention 2's, needs E == Ev.  Its
+    ``options`` (mask, is_causal, scale) go to blhd_attention; undeclared, it is read as
+    claiming them, as blhd_attention's own keywords are."""
     if v.shape[-1] != q.shape[-1]:
         raise ValueError(f"value head dim {v.shape[-1]} != query head dim {q.shape[-1]}")
     swap = (*range(q.ndim - 3), q.ndim - 2, q.ndim - 3, q.ndim - 1)
-    out = blhd_attention(
-        *(np.transpose(a, swap) for a in (q, k, v)), mask=mask, is_causal=is_causal, scale=scale
-    )
+    out = blhd_attention(*(np.transpose(a, swap) for a in (q, k, v)), **options)
     return np.transpose(out, swap)
 
 

@@ -124,19 +124,19 @@ def test_blocks_observe_the_one_calls_weights_on_the_reference(problem: Problem)
         assert calls == expected_calls(problem)
 
 
+def _normals(rng: np.random.Generator, *shapes: tuple[int, ...]) -> list[np.ndarray]:
+    """A standard normal array of each shape, drawn from ``rng`` in turn."""
+    return [rng.standard_normal(shape) for shape in shapes]
+
+
 @pytest.mark.parametrize("n_keys", [MAX_WEIGHT_BLOCKS, MAX_WEIGHT_BLOCKS + 1])
 def test_more_blocks_than_the_cap_take_one_call(n_keys: int) -> None:
     """SDPA-7.1: with Ev = 1, Lk = MAX_WEIGHT_BLOCKS keys take that many calls of the
     problem's shape; one key more takes the one V = I call (values of Lk x Lk); both
     observe the one call's weights."""
     rng = np.random.default_rng(n_keys)
-    problem = Problem(
-        q=rng.standard_normal((2, 3, 4)),
-        k=rng.standard_normal((2, n_keys, 4)),
-        v=rng.standard_normal((2, n_keys, 1)),
-        dtype="float32",
-        mask=rng.random((3, n_keys)) < 0.7,
-    )
+    q, k, v = _normals(rng, (2, 3, 4), (2, n_keys, 4), (2, n_keys, 1))
+    problem = Problem(q, k, v, "float32", mask=rng.random((3, n_keys)) < 0.7)
     blocks, calls, one_call = blocks_and_one_call(problem)
     assert same_bits(blocks, one_call)
     if n_keys <= MAX_WEIGHT_BLOCKS:
@@ -151,14 +151,8 @@ def test_blocks_observe_the_one_calls_weights_on_the_reference_on_jax() -> None:
     problem: GQA, a mask, causal, Lk = 7 in blocks of Ev = 3)."""
     backend_or_skip("jax")
     rng = np.random.default_rng(7)
-    problem = Problem(
-        q=rng.standard_normal((1, 4, 5, 2)),
-        k=rng.standard_normal((1, 2, 7, 2)),
-        v=rng.standard_normal((1, 2, 7, 3)),
-        dtype="float32",
-        mask=rng.random((5, 7)) < 0.7,
-        is_causal=True,
-    )
+    q, k, v = _normals(rng, (1, 4, 5, 2), (1, 2, 7, 2), (1, 2, 7, 3))
+    problem = Problem(q, k, v, "float32", mask=rng.random((5, 7)) < 0.7, is_causal=True)
     blocks, calls, one_call = blocks_and_one_call(problem, "jax")
     assert same_bits(blocks, one_call)
     assert calls == expected_calls(problem)

@@ -7,7 +7,7 @@ directory, restricted to one or two cheap properties.
 from __future__ import annotations
 
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,16 +31,16 @@ def test_without_the_option_the_plugin_adds_nothing(pytester: pytest.Pytester) -
     assert "--attnspec-kernel" in pytester.runpytest("--help").stdout.str()
 
 
-def test_importing_the_plugin_loads_no_kernel_library_or_property() -> None:
+def test_importing_the_plugin_loads_no_kernel_library_or_property(
+    python_c: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
     """Loaded in every pytest run, the plugin imports neither torch/jax nor the properties."""
     code = (
         "import sys, attnspec.conformance.pytest_plugin as p; "
         "print(sorted(m for m in ('torch', 'jax', 'attnspec.conformance.judge.properties') "
         "if m in sys.modules))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
-    )
+    result = python_c(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 

@@ -15,7 +15,7 @@ import json
 import os
 import re
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,6 @@ from catalogue import hostile
 from catalogue.hostile import HOSTILE, Hostile
 from support import (
     SMALL_LIMITS,
-    SMALL_SIZE_FLAGS,
     SMALL_SIZES,
     kernel_file,
     processes_in,
@@ -67,7 +66,9 @@ def _told_as_failed(prop: str, table: str) -> bool:
 
 
 @pytest.mark.parametrize("case", HOSTILE, ids=lambda case: case.name)
-def test_hostile_kernel_gets_its_verdict_from_the_cli(case: Hostile, tmp_path: Path) -> None:
+def test_hostile_kernel_gets_its_verdict_from_the_cli(
+    case: Hostile, tmp_path: Path, check_command: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     """CONF-5, SDPA-1.3: ``attnspec check hostile.py:NAME --backend numpy --json`` gives
     each property its expected verdict and the expected exit status (0, 1 or 2, never a
     signal's or the kernel's own), keeps the kernel's printing off the table's stdout, and
@@ -78,19 +79,7 @@ def test_hostile_kernel_gets_its_verdict_from_the_cli(case: Hostile, tmp_path: P
             "without it this kernel would really touch 50 GB"
         )
     timeout = ["--timeout", HANG_TIMEOUT] if case.name == "hangs" else []
-    result = run_command(
-        "check",
-        f"{HOSTILE_FILE}:{case.name}",
-        "--backend",
-        "numpy",
-        "--only",
-        ",".join(case.only),
-        "--json",
-        "report.json",
-        *timeout,
-        *SMALL_SIZE_FLAGS,  # what each kernel does, it does at any size
-        cwd=tmp_path,
-    )
+    result = check_command(f"{HOSTILE_FILE}:{case.name}", case.only, *timeout)
     assert result.returncode == case.exit, result.stdout + result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     report = json.loads((tmp_path / "report.json").read_text())
@@ -289,6 +278,7 @@ def test_hang_is_attributed_to_the_example_that_hung(
     sometimes: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    python_c: Callable[..., subprocess.CompletedProcess[str]],
 ) -> None:
     """CONF-5: a kernel that hangs on its fifth call, after four calls of earlier examples
     returned: the verdict names the inputs of the call that hung (as the kernel itself
@@ -307,14 +297,7 @@ def test_hang_is_attributed_to_the_example_that_hung(
     assert verdict.counterexample.startswith(calls[4] + ","), (calls, verdict.counterexample)
     assert "out = fn(q, k, v" in verdict.reproduction  # the kernel called directly
     rerun_file = tmp_path / "rerun_shapes"
-    ran = subprocess.run(
-        [sys.executable, "-c", verdict.reproduction],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env={**os.environ, "SHAPES_FILE": str(rerun_file)},
-    )
+    ran = python_c(verdict.reproduction, env={"SHAPES_FILE": str(rerun_file)}, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
     assert rerun_file.read_text().splitlines()[0] == calls[4]
 
@@ -374,23 +357,8 @@ def test_memory_limit_is_an_option(sometimes: str) -> None:
     assert default.verdicts[0].status == PASSED
 
 
-@pytest.mark.parametrize(
-    "argv, words",
-    [
-        (["--timeout", "0"], "--timeout 0.0, but should be a positive number of seconds"),
-        (["--memory-limit", "-1"], "--memory-limit -1.0, but should be a number of GiB >= 0"),
-        (["--timeout", "5", "--no-isolate"], "--no-isolate has none"),
-    ],
-)
-def test_isolation_options_are_checked(
-    argv: list[str], words: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Bad --timeout / --memory-limit values: exit 2 and one line naming the option."""
-    status = cli.main(["check", f"{HOSTILE_FILE}:attention", *argv])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert status == 2 and len(err) == 1 and words in err[0], err
-
-
+# bad --timeout / --memory-limit values on the command line: test_worker_pool.py's
+# test_bad_worker_options_are_one_line_and_exit_2, with the other workers' options
 def test_isolation_options_reject_bad_values() -> None:
     """The Python API's IsolationOptions name the argument and what it should be."""
     with pytest.raises(ValueError, match=r"timeout=-1, but should be a positive number"):

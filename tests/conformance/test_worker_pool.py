@@ -364,18 +364,22 @@ def _check_reference(only: str, *flags: str) -> int:
 @pytest.mark.parametrize(
     "argv, words",
     [
+        (["--timeout", "0"], "--timeout 0.0, but should be a positive number of seconds"),
+        (["--memory-limit", "-1"], "--memory-limit -1.0, but should be a number of GiB >= 0"),
+        (["--timeout", "5", "--no-isolate"], "--no-isolate has none"),
         (["--jobs", "0"], "--jobs 0, but should be a positive integer or 'auto'"),
         (["--jobs", "two"], "--jobs 'two', but should be a positive integer or 'auto'"),
         (["--jobs", "\u00b2"], "--jobs '\u00b2', but should be a positive integer or 'auto'"),
         (["--jobs", "2", "--no-isolate"], "--no-isolate (isolate=False) runs the kernel in this"),
     ],
 )
-def test_bad_jobs_are_one_line_and_exit_2(
+def test_bad_worker_options_are_one_line_and_exit_2(
     argv: list[str], words: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """CONF-5 (the workers that run a check): a bad --jobs, a superscript digit that
-    str.isdigit() takes included, or --jobs with --no-isolate, is one line naming the
-    flag and exit status 2."""
+    """CONF-5 (the worker that runs the kernel, and the workers that run a check): a bad
+    --timeout or --memory-limit value, --timeout with --no-isolate, a bad --jobs (a
+    superscript digit that str.isdigit() takes included), or --jobs with --no-isolate, is
+    one line naming the flag and exit status 2."""
     status = _check_reference("default-scale", *argv)
     lines = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(lines) == 1 and words in lines[0], lines

@@ -42,29 +42,14 @@ def _received(problem: dict[str, Any], dtype: str) -> dict[str, np.ndarray]:
 
 
 def _problem(
-    seed: int,
-    rule: str,
-    dtype: str,
-    *,
-    length: int,
-    normalizer: float,
-    per_channel: bool,
-    any_norm: bool = False,
+    seed: int, rule: str, dtype: str, *, any_norm: bool = False, **drawn: Any
 ) -> dict[str, Any]:
-    """A problem as the kernel receives it; with ``any_norm``, keys of norms 1/4 to 4 (for
-    a kernel that normalises q and k itself, REC-2.4)."""
+    """A problem as the kernel receives it, drawn by ``recurrent_problem`` with ``drawn``'s
+    keywords (length, per_channel, gate_normalizer) and 8 x 8 heads (4, 2, 2) of batch 1;
+    with ``any_norm``, keys of norms 1/4 to 4 (for a kernel that normalises q and k itself,
+    REC-2.4)."""
     rng = np.random.default_rng(seed)
-    problem = recurrent_problem(
-        rng,
-        rule=rule,
-        length=length,
-        d_k=8,
-        d_v=8,
-        heads=(4, 2, 2),
-        batch=(1,),
-        per_channel=per_channel,
-        gate_normalizer=normalizer,
-    )
+    problem = recurrent_problem(rng, rule=rule, d_k=8, d_v=8, heads=(4, 2, 2), batch=(1,), **drawn)
     if any_norm:
         problem["k"] = problem["k"] * rng.uniform(0.25, 4.0, (*problem["k"].shape[:-1], 1))
     out, state = recurrent_attention(**problem)
@@ -106,10 +91,7 @@ def _bound(problem: dict[str, Any], dtype: str, chunk_size: int, **more: Any) ->
     keywords = {n: problem[n] for n in ("g", "beta", "initial_state") if n in problem}
     keywords.update(more)
     return recurrent_gradient_error_bound(
-        problem["q"],
-        problem["k"],
-        problem["v"],
-        problem["grad_out"],
+        *(problem[name] for name in ("q", "k", "v", "grad_out")),
         dtype=dtype,
         rule=problem["rule"],
         grad_final_state=problem["grad_final_state"],
@@ -125,7 +107,7 @@ def _present(bound: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 def test_the_target_is_the_reference_backward() -> None:
     """REC-7.6: the bound's float64 gradients are the reference backward's."""
-    problem = _problem(1, "gated_delta", "float32", length=9, normalizer=1.0, per_channel=True)
+    problem = _problem(1, "gated_delta", "float32", length=9, gate_normalizer=1.0, per_channel=True)
     bound = _bound(problem, "float32", 1)
     want = recurrent_attention_backward(**problem)
     for got, expected in zip(bound.gradients, want, strict=True):
@@ -151,7 +133,7 @@ def test_correct_backward_passes_are_within_the_bound(dtype: str, chunk_size: in
         cases = cases[1:4]
     for seed, (rule, normalizer, per_channel) in enumerate(cases):
         problem = _problem(
-            seed, rule, dtype, length=33, normalizer=normalizer, per_channel=per_channel
+            seed, rule, dtype, length=33, gate_normalizer=normalizer, per_channel=per_channel
         )
         bound = _bound(problem, dtype, chunk_size or 1)
         got = _autograd(problem, dtype, chunk_size)
@@ -165,7 +147,9 @@ def test_non_vacuous_at_a_thousand_tokens() -> None:
     float32: the median tolerance is below 5% of the gradient for dq, dk, dv, dbeta and the
     past state's, and below the gradient itself for dg of a kernel in chunks of 64 (whose
     cumulative sums the bound charges; token by token it is smaller)."""
-    problem = _problem(7, "gated_delta", "float32", length=1000, normalizer=10.0, per_channel=False)
+    problem = _problem(
+        7, "gated_delta", "float32", length=1000, gate_normalizer=10.0, per_channel=False
+    )
     bound = _bound(problem, "float32", 64)
     for name, (gradient, tolerance) in _present(bound).items():
         ratio = float(np.median(tolerance / np.abs(gradient)))
@@ -187,7 +171,7 @@ def _l2norm_detached(x: Any) -> Any:
 
 def _normalizing(seed: int, rule: str, dtype: str, per_channel: bool) -> dict[str, Any]:
     return _problem(
-        seed, rule, dtype, length=33, normalizer=1.0, per_channel=per_channel, any_norm=True
+        seed, rule, dtype, length=33, gate_normalizer=1.0, per_channel=per_channel, any_norm=True
     )
 
 
@@ -196,7 +180,7 @@ def test_the_target_through_the_normalisation() -> None:
     the reference backward's with ``normalize_qk`` (itself checked against the NumPy oracle
     and autograd in test_recurrent_backward.py)."""
     problem = _problem(
-        3, "gated_delta", "float32", length=9, normalizer=1.0, per_channel=True, any_norm=True
+        3, "gated_delta", "float32", length=9, gate_normalizer=1.0, per_channel=True, any_norm=True
     )
     bound = _bound(problem, "float32", 1, normalize_qk=True, norm_eps=EPS)
     want = recurrent_attention_backward(**problem, normalize_qk=True, norm_eps=EPS)
@@ -237,7 +221,7 @@ def test_the_normalisation_terms_on_array_api_strict() -> None:
     array-api-strict arrays equals NumPy's."""
     strict = pytest.importorskip("array_api_strict", reason="the strict namespace checks it")
     problem = _problem(
-        6, "gated_delta", "float32", length=9, normalizer=1.0, per_channel=True, any_norm=True
+        6, "gated_delta", "float32", length=9, gate_normalizer=1.0, per_channel=True, any_norm=True
     )
     arrays = {n: a for n, a in problem.items() if isinstance(a, np.ndarray)}
     on_numpy = _bound(problem, "float32", 4, normalize_qk=True, norm_eps=EPS)

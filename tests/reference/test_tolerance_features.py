@@ -90,9 +90,7 @@ def test_displayed_formulas_agree_with_the_reference(dtype: str) -> None:
     mask[:, 0] = True
     d, tau = _displayed(q, k, bias, mask, slope, cap, scale, dtype)
     bound, lse_bound = error_and_lse_bound(
-        q[None],
-        k[None],
-        v[None],
+        *(a[None] for a in (q, k, v)),  # one head
         dtype=dtype,
         mask=mask,
         bias=bias,

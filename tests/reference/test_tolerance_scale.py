@@ -51,15 +51,22 @@ def _assert_same_fields(got: Any, want: Any, names: Iterable[str] | None = None)
         )
 
 
+def _chunked(lengths: st.SearchStrategy[int], max_chunk: int) -> dict[str, Any]:
+    """The strategies of a chunked problem's query and key counts, its chunk (in
+    elements) and its dtype."""
+    return {
+        "n_q": lengths,
+        "n_k": lengths,
+        "chunk": st.integers(1, max_chunk),
+        "dtype": st.sampled_from(DTYPES),
+    }
+
+
+SEEDS = st.integers(0, 2**16)
+
+
 @settings(max_examples=25, deadline=None, derandomize=True)
-@given(
-    n_q=st.integers(0, 9),
-    n_k=st.integers(0, 9),
-    chunk=st.integers(1, 40),
-    dtype=st.sampled_from(DTYPES),
-    causal=st.booleans(),
-    seed=st.integers(0, 2**16),
-)
+@given(**_chunked(st.integers(0, 9), 40), causal=st.booleans(), seed=SEEDS)
 def test_chunking_changes_nothing(
     n_q: int, n_k: int, chunk: int, dtype: str, causal: bool, seed: int
 ) -> None:
@@ -78,13 +85,10 @@ def test_chunking_changes_nothing(
 
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(
-    n_q=st.integers(1, 40),
-    n_k=st.integers(1, 40),
-    chunk=st.integers(1, 200),
-    dtype=st.sampled_from(DTYPES),
+    **_chunked(st.integers(1, 40), 200),
     alignment=st.sampled_from(["top_left", "bottom_right"]),
     window=st.sampled_from([None, (0, 0), (3, 1), (9, 40)]),
-    seed=st.integers(0, 2**16),
+    seed=SEEDS,
 )
 def test_skipped_keys_change_nothing(
     n_q: int,

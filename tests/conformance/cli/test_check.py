@@ -13,6 +13,7 @@ import shlex
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,9 @@ def test_correct_kernel_exits_0(capsys: pytest.CaptureFixture[str], kernels: Pat
     assert "result: conforms" in out
 
 
-def test_buggy_kernel_exits_1_and_its_reproduction_runs(kernels: Path, tmp_path: Path) -> None:
+def test_buggy_kernel_exits_1_and_its_reproduction_runs(
+    kernels: Path, tmp_path: Path, python_c: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     """SDPA-2.1 / CONF-1: the unscaled kernel fails default-scale (exit 1); the table shows
     the counterexample, a rerun command and a reproduction that runs on its own."""
     report_path = tmp_path / "report.json"
@@ -75,9 +78,7 @@ def test_buggy_kernel_exits_1_and_its_reproduction_runs(kernels: Path, tmp_path:
     """)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    ran = subprocess.run(
-        [sys.executable, "-c", snippet], capture_output=True, text=True, cwd=elsewhere, timeout=120
-    )
+    ran = python_c(snippet, cwd=elsewhere)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip().endswith("OUTSIDE True")
 
@@ -319,7 +320,10 @@ def test_check_takes_one_string_as_a_comma_list(tmp_path: Path) -> None:
 
 
 def test_reproduction_rebuilds_layout_renames_and_claims(
-    capsys: pytest.CaptureFixture[str], kernels: Path, tmp_path: Path
+    capsys: pytest.CaptureFixture[str],
+    kernels: Path,
+    tmp_path: Path,
+    python_c: Callable[..., subprocess.CompletedProcess[str]],
 ) -> None:
     """A kernel checked through --layout blhd, --rename and claim flags is rebuilt the same
     way by its reproduction snippet, which then shows the SDPA-2.1 failure again."""
@@ -351,8 +355,6 @@ def test_reproduction_rebuilds_layout_renames_and_claims(
         print("OUTSIDE", bool((np.abs(kernel.output(problem) - np.asarray(bound.out))
                                > np.asarray(bound.out_tolerance)).any()))
     """)
-    ran = subprocess.run(
-        [sys.executable, "-c", snippet], capture_output=True, text=True, cwd=tmp_path, timeout=120
-    )
+    ran = python_c(snippet, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.splitlines()[-2:] == ["CAUSAL True MASK False", "OUTSIDE True"]

@@ -180,7 +180,10 @@ def test_bias_keyword_alone_runs_the_bias_properties(
 # the full run feeds the kernel NaN (SDPA-8.x), which NumPy reports while computing on it
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_waived_must_clause_is_named_in_every_report(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    report_files: tuple[dict[str, Path], tuple[str, ...]],
 ) -> None:
     """CONF-7, CONF-10: --no-empty-rows-zero waives SDPA-5.1: its property is "waived", the
     claim of a full passing run says "except SDPA-5.1", exit 0, and JSON, JUnit and Markdown
@@ -193,7 +196,7 @@ def test_waived_must_clause_is_named_in_every_report(
     tests/conformance/test_supervisor.py's test_hints_and_waivers_travel_from_the_worker)."""
     monkeypatch.setitem(PROFILES, "quick", Profile(2))
     kernel = kernel_file(tmp_path, "plain.py", KERNELS)
-    paths = {kind: tmp_path / f"report.{kind}" for kind in ("json", "junit", "markdown")}
+    paths, flags = report_files
     status, out, err = run_main(
         capsys,
         "check",
@@ -204,7 +207,7 @@ def test_waived_must_clause_is_named_in_every_report(
         "--profile",
         "quick",
         "--no-isolate",
-        *(a for kind, p in paths.items() for a in (f"--{kind}", str(p))),
+        *flags,
     )
     assert status == 0, err
     claim = (

@@ -72,18 +72,13 @@ def test_kernel_output_is_kept_off_the_table(tmp_path: Path) -> None:
 
 
 def test_report_files_parse(
-    capsys: pytest.CaptureFixture[str], kernels: Path, tmp_path: Path
+    capsys: pytest.CaptureFixture[str],
+    kernels: Path,
+    report_files: tuple[dict[str, Path], tuple[str, ...]],
 ) -> None:
     """--json, --junit and --markdown write reports that parse and agree with the run."""
-    paths = {kind: tmp_path / f"report.{kind}" for kind in ("json", "junit", "markdown")}
-    status, _, _ = run_main(
-        capsys,
-        "check",
-        f"{kernels}:no_default_scale",
-        "--only",
-        CHEAP,
-        *(a for kind, p in paths.items() for a in (f"--{kind}", str(p))),
-    )
+    paths, flags = report_files
+    status, _, _ = run_main(capsys, "check", f"{kernels}:no_default_scale", "--only", CHEAP, *flags)
     assert status == 1
     data = json.loads(paths["json"].read_text())
     assert data["spec_version"] == SPEC_VERSION and data["conforms"] is False

@@ -19,25 +19,11 @@ from attnspec.reference import scaled_dot_product_attention
 
 def _with_slopes(slopes_of: Any) -> Any:
     @declare(gqa=True, alibi=True, alibi_builtin_slopes=True, alibi_keyword="use_alibi")
-    def kernel(
-        q: Any,
-        k: Any,
-        v: Any,
-        *,
-        mask: Any = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-        use_alibi: bool = False,
-    ) -> Any:
+    def kernel(q: Any, k: Any, v: Any, *, use_alibi: bool = False, **options: Any) -> Any:
+        # options: the mask, is_causal and scale the suite passes, to the reference as given
         slopes = np.asarray(slopes_of(q.shape[-3]), dtype=np.float64) if use_alibi else None
         out = scaled_dot_product_attention(
-            q.astype(np.float64),
-            k.astype(np.float64),
-            v.astype(np.float64),
-            mask=mask,
-            is_causal=is_causal,
-            scale=scale,
-            alibi_slopes=slopes,
+            *(a.astype(np.float64) for a in (q, k, v)), alibi_slopes=slopes, **options
         )
         return np.asarray(out).astype(q.dtype)
 
