@@ -143,18 +143,17 @@ FULL = BenchConfig(
     repeats=5,
     budget_seconds=30.0,
 )
-QUICK = BenchConfig(
+# the full preset at small sizes (same batch, dtype and head counts of the sparse and
+# linear cases)
+QUICK = dataclasses.replace(
+    FULL,
     sizes=(64, 160),
     case_sizes=(64, 160),
-    batch=1,
     heads=4,
     head_dim=16,
-    dtype="float32",
     long_length=512,
     sparse_length=256,
-    sparse_heads=1,
     linear_sizes=(64, 128, 256),
-    linear_heads=1,
     gemm_size=128,
     repeats=1,
     budget_seconds=0.0,

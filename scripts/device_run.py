@@ -52,6 +52,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEELS = ROOT / ".device-wheels"
@@ -126,6 +127,22 @@ class Step:
     junit: Path | None = None
 
 
+def _quick_step(
+    name: str,
+    command: list[str],
+    options: list[str],
+    reports: tuple[Path, str, str],
+    box_s: int,
+    **step: Any,
+) -> Step:
+    """A side-by-side step ``attnspec COMMAND --profile quick --quiet OPTIONS --json REPORT
+    FLAG REPORT.SUFFIX`` (``reports``: the JSON report, and the flag and suffix of the one
+    written beside it, Markdown for a matrix row, JUnit for a check)."""
+    report, flag, suffix = reports
+    argv = [*CLI, *command, "--profile", "quick", "--quiet", *options, "--json", str(report)]
+    return Step(name, [*argv, flag, str(report.with_suffix(suffix))], box_s, report=report, **step)
+
+
 @dataclass
 class Result:
     step: Step
@@ -167,27 +184,15 @@ def plan_run(
     for name, (kernel, gpu) in MATRIX_KERNELS.items():
         part = work / "matrix" / f"{name}.json"
         side_by_side.append(
-            Step(
+            _quick_step(
                 f"matrix {name}",
-                [
-                    *CLI,
-                    "matrix",
-                    "--kernel",
-                    kernel,
-                    "--profile",
-                    "quick",
-                    "--quiet",
-                    *only_args,
-                    "--json",
-                    str(part),
-                    "--markdown",
-                    str(part.with_suffix(".md")),
-                ],
+                ["matrix", "--kernel", kernel],
+                only_args,
+                (part, "--markdown", ".md"),
                 side_box_s,
                 needs_gpu=gpu,
                 kind="matrix",
                 nice=0 if gpu else 10,
-                report=part,
             )
         )
     flex = str(ROOT / "scripts" / "device_flex.py")
@@ -209,32 +214,14 @@ def plan_run(
     for name, target, gpu, claims in checks:
         report = work / "checks" / f"{name}.json"
         side_by_side.append(
-            Step(
+            _quick_step(
                 f"check {name}",
-                [
-                    *CLI,
-                    "check",
-                    target,
-                    "--backend",
-                    gpu,
-                    "--device",
-                    "cuda",
-                    *claims,
-                    "--profile",
-                    "quick",
-                    "--quiet",
-                    "--jobs",
-                    "1",
-                    *only_args,
-                    "--json",
-                    str(report),
-                    "--junit",
-                    str(report.with_suffix(".xml")),
-                ],
+                ["check", target, "--backend", gpu, "--device", "cuda", *claims],
+                ["--jobs", "1", *only_args],
+                (report, "--junit", ".xml"),
                 side_box_s,
                 needs_gpu=gpu,
                 kind="check",
-                report=report,
                 junit=report.with_suffix(".xml"),
             )
         )

@@ -16,19 +16,7 @@ from typing import Any
 from ...backends import FLOAT_DTYPE_NAMES
 from ...reference.masks import CAUSAL_ALIGNMENTS
 from ...reference.positional import ROPE_LAYOUTS
-from .family_claims import (
-    FP8_DESCALES,
-    FP8_FORMATS,
-    KV_CACHE_FEATURES,
-    MERGE_BASES,
-    MERGE_LSE_LAYOUTS,
-    MERGE_OUT_LAYOUTS,
-    PAGED_CACHE_LAYOUTS,
-    PAGED_FEATURES,
-    RECURRENT_GATES,
-    RECURRENT_RULES,
-    RECURRENT_STATE_DTYPES,
-)
+from . import family_claims as family
 
 # The types a field of each simple annotation takes (a bool is not an int here).
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
@@ -73,9 +61,9 @@ def _merge_invalid(value: Any) -> str | None:
     if value is None:
         return None
     for name, allowed in (
-        ("base", MERGE_BASES),
-        ("out_layout", MERGE_OUT_LAYOUTS),
-        ("lse_layout", MERGE_LSE_LAYOUTS),
+        ("base", family.MERGE_BASES),
+        ("out_layout", family.MERGE_OUT_LAYOUTS),
+        ("lse_layout", family.MERGE_LSE_LAYOUTS),
     ):
         if getattr(value, name) not in allowed:
             return f"merge {name}={getattr(value, name)!r}, but should be one of {allowed}"
@@ -85,17 +73,19 @@ def _merge_invalid(value: Any) -> str | None:
 def _paged_batch_invalid(value: Any) -> str | None:
     if value is None:
         return None
-    if value.cache_layout not in PAGED_CACHE_LAYOUTS:
+    if value.cache_layout not in family.PAGED_CACHE_LAYOUTS:
         return (
             f"paged_batch cache_layout={value.cache_layout!r}, but should be one of "
-            f"{PAGED_CACHE_LAYOUTS}"
+            f"{family.PAGED_CACHE_LAYOUTS}"
         )
     size = value.page_size
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
         return f"paged_batch page_size={size!r}, but should be None or an int >= 1"
     features = value.features
-    if not isinstance(features, tuple) or not set(features) <= set(PAGED_FEATURES):
-        return f"paged_batch features={features!r}, but should be a tuple of {PAGED_FEATURES}"
+    if not isinstance(features, tuple) or not set(features) <= set(family.PAGED_FEATURES):
+        return (
+            f"paged_batch features={features!r}, but should be a tuple of {family.PAGED_FEATURES}"
+        )
     return None
 
 
@@ -113,19 +103,19 @@ def _fp8_invalid(value: Any) -> str | None:
     if value is None:
         return None
     formats = value.formats
-    if not isinstance(formats, tuple) or not formats or not set(formats) <= set(FP8_FORMATS):
-        return f"fp8 formats={formats!r}, but should be a non-empty tuple of {FP8_FORMATS}"
-    if value.descale not in FP8_DESCALES:
-        return f"fp8 descale={value.descale!r}, but should be one of {FP8_DESCALES}"
-    if value.weights is not None and value.weights not in FP8_FORMATS:
-        return f"fp8 weights={value.weights!r}, but should be None or one of {FP8_FORMATS}"
+    if not isinstance(formats, tuple) or not formats or not set(formats) <= set(family.FP8_FORMATS):
+        return f"fp8 formats={formats!r}, but should be a non-empty tuple of {family.FP8_FORMATS}"
+    if value.descale not in family.FP8_DESCALES:
+        return f"fp8 descale={value.descale!r}, but should be one of {family.FP8_DESCALES}"
+    if value.weights is not None and value.weights not in family.FP8_FORMATS:
+        return f"fp8 weights={value.weights!r}, but should be None or one of {family.FP8_FORMATS}"
     return None
 
 
 def _recurrent_invalid(value: Any) -> str | None:
     if value is None:
         return None
-    for name, allowed in (("rule", RECURRENT_RULES), ("gate", RECURRENT_GATES)):
+    for name, allowed in (("rule", family.RECURRENT_RULES), ("gate", family.RECURRENT_GATES)):
         if getattr(value, name) not in allowed:
             return f"recurrent {name}={getattr(value, name)!r}, but should be one of {allowed}"
     size = value.chunk_size
@@ -139,10 +129,10 @@ def _recurrent_invalid(value: Any) -> str | None:
         isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in sizes
     ):
         return f"recurrent chunk_sizes={sizes!r}, but should be a tuple of ints >= 1"
-    if value.state_dtype not in (None, *RECURRENT_STATE_DTYPES):
+    if value.state_dtype not in (None, *family.RECURRENT_STATE_DTYPES):
         return (
             f"recurrent state_dtype={value.state_dtype!r}, but should be None or one of "
-            f"{RECURRENT_STATE_DTYPES}"
+            f"{family.RECURRENT_STATE_DTYPES}"
         )
     eps = value.qk_l2norm
     if eps is not None and (
@@ -189,8 +179,8 @@ def _backward_fn_invalid(value: Any) -> str | None:
 
 
 def _kv_cache_features_invalid(value: Any) -> str | None:
-    if not set(value) <= set(KV_CACHE_FEATURES):
-        return f"kv_cache_features={value!r}, but should be a tuple of {KV_CACHE_FEATURES}"
+    if not set(value) <= set(family.KV_CACHE_FEATURES):
+        return f"kv_cache_features={value!r}, but should be a tuple of {family.KV_CACHE_FEATURES}"
     return None
 
 

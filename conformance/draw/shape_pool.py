@@ -166,19 +166,6 @@ class ShapePool:
             self._members[(*key, count)] = pool
         return pool
 
-    def draw(
-        self,
-        data: Any,
-        key: tuple[Hashable, ...],
-        make: Callable[[Any], T],
-        size: Callable[[T], Any],
-        *,
-        members: int,
-        label: str,
-    ) -> T:
-        """One of :meth:`members`, the index drawn by Hypothesis (it shrinks to the first)."""
-        return choose(data, self.members(key, make, size, members), label)
-
 
 def choose(data: Any, pool: list[T], label: str) -> T:
     """One of ``pool``, by an index Hypothesis draws: a fixed number of choices for one
@@ -348,15 +335,9 @@ def pooled_sizes(data: Any, name: str, draw: Callable[[Any], T]) -> T:
         return draw(data)
     stratum = drawing.stratum
     assert drawing.pool is not None
-    chosen: T = drawing.pool.draw(
-        data,
-        ("probe", name, pool_key(stratum), limits_key()),
-        draw,
-        lambda made: made,
-        members=pool_size(stratum),
-        label=name,
-    )
-    return chosen
+    key = ("probe", name, pool_key(stratum), limits_key())
+    members: list[T] = drawing.pool.members(key, draw, lambda made: made, pool_size(stratum))
+    return choose(data, members, name)
 
 
 def pooled_broadcast(

@@ -46,17 +46,6 @@ class PoolOfShapes(Protocol):
         count: int,
     ) -> list[_Member]: ...
 
-    def draw(
-        self,
-        data: Any,
-        key: tuple[Hashable, ...],
-        make: Callable[[Any], _Member],
-        size: Callable[[_Member], Any],
-        *,
-        members: int,
-        label: str,
-    ) -> _Member: ...
-
 
 # Lengths at block boundaries (powers of two and one either side) and primes or odd sizes
 # from FlashAttention's and aotriton's test grids (113 x 203, 1023 x 1024, 2063, ...).

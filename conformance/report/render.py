@@ -452,13 +452,22 @@ def _divergence_blocks(
                 lines.append(f"  drawn around: {group[0].drawn_around}")
         if divergence.write_up:
             lines.append(f"  confirmed:   {divergence.write_up}")
-        if divergence.consequences:
-            lines.append(
-                f"  consequences ({len(divergence.consequences)}), each passing "
-                f"with {divergence.clause}'s inputs drawn around:"
-            )
-            lines.extend(f"    - {evidence}" for evidence in divergence.evidence)
+        n_consequences = len(divergence.consequences)
+        lines += _consequence_lines(
+            divergence,
+            f"  consequences ({n_consequences}), each passing with {divergence.clause}'s "
+            "inputs drawn around:",
+        )
     return lines
+
+
+def _consequence_lines(divergence: Divergence, header: str, clip: int | None = None) -> list[str]:
+    """A divergence's consequences, if it has any: ``header``, then each one's evidence
+    (cut at ``clip`` characters) as a nested item, in the text report and in Markdown
+    alike."""
+    if not divergence.consequences:
+        return []
+    return [header, *(f"    - {line[:clip]}" for line in divergence.evidence)]
 
 
 def failure_text(
@@ -487,14 +496,21 @@ def failure_text(
 def _case_lines(
     verdict: Verdict, rerun: Rerun | None, max_reproduction: int | None, full_reproduction_in: Where
 ) -> list[str]:
-    lines = [f"  finding: {verdict.detail}"]
-    if verdict.hint:
-        lines.append(f"  hint:    {verdict.hint}")
-    if verdict.counterexample:
-        lines.append(f"  inputs:  {verdict.counterexample}")
-    if rerun is not None:
-        lines.append(f"  rerun:   {rerun(verdict)}")
+    lines = [f"  {name + ':':<8} {value}" for name, value, _ in _case_fields(verdict, rerun)]
     return lines + reproduction_lines(verdict, max_reproduction, full_reproduction_in)
+
+
+def _case_fields(verdict: Verdict, rerun: Rerun | None) -> list[tuple[str, str, bool]]:
+    """A failure's finding, then its hint, inputs and rerun command where it has them, as
+    (name, text, whether the text is code), for the text report and Markdown alike."""
+    fields = [("finding", verdict.detail, False)]
+    if verdict.hint:
+        fields.append(("hint", verdict.hint, False))
+    if verdict.counterexample:
+        fields.append(("inputs", verdict.counterexample, True))
+    if rerun is not None:
+        fields.append(("rerun", rerun(verdict), True))
+    return fields
 
 
 def group_text(
@@ -706,7 +722,8 @@ def to_junit(report: Report, *, rerun: Rerun | None = None) -> str:
 
 # Why this stays parallel to the divergence lines of the text report above: the two render
 # the same fields (drawn around, confirmed, consequences) in two formats, each with its own
-# wording and clipping; a shared skeleton would hide which format a line belongs to.
+# wording and clipping; a shared skeleton would hide which format a line belongs to (the
+# consequences' evidence alone is nested alike: _consequence_lines).
 def divergence_markdown(divergence: Divergence, confirmed: str, clip: int = 2000) -> list[str]:
     """A Markdown list item for ``divergence`` (``confirmed``: how its write-up is told),
     with every minimal case it merges, what it was drawn around and its consequences;
@@ -730,13 +747,9 @@ def divergence_markdown(divergence: Divergence, confirmed: str, clip: int = 2000
             lines.append(f"  - minimal case: {d.inputs[:clip]}")
     if d.drawn_around:
         lines.append(f"  - drawn around: {d.drawn_around[:clip]}")
-    if d.consequences:
-        lines.append(
-            f"  - consequences (each passes re-run with these inputs drawn "
-            f"around): {', '.join(d.consequences)}"
-        )
-        lines.extend(f"    - {evidence[:clip]}" for evidence in d.evidence)
-    return lines
+    consequences = ", ".join(d.consequences)
+    header = f"  - consequences (each passes re-run with these inputs drawn around): {consequences}"
+    return lines + _consequence_lines(d, header, clip)
 
 
 def _divergences_markdown(report: Report, write_ups: dict[str, str] | None) -> list[str]:
@@ -798,13 +811,9 @@ def to_markdown(
             else f"{label(v)} {len(group)} properties, one cause ({v.level}): "
             + ", ".join(f"`{g.property}`" for g in group)
         )
-        lines.extend(["", f"### {title}", "", f"- finding: {v.detail}"])
-        if v.hint:
-            lines.append(f"- hint: {v.hint}")
-        if v.counterexample:
-            lines.append(f"- inputs: `{v.counterexample}`")
-        if rerun is not None:
-            lines.append(f"- rerun: `{rerun(v)}`")
+        lines.extend(["", f"### {title}", ""])
+        for name, text, code in _case_fields(v, rerun):
+            lines.append(f"- {name}: `{text}`" if code else f"- {name}: {text}")
         if v.reproduction and len(v.reproduction) <= MAX_REPRODUCTION:
             lines.extend(["", "```python", v.reproduction, "```"])
         elif v.reproduction:

@@ -45,7 +45,7 @@ import time
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...backends import Backend
 from ...backends._registry import compilation_cache_variables
@@ -379,7 +379,23 @@ class Aborted(Exception):
     """The session was aborted (an interrupted ``--jobs`` run): it runs nothing more."""
 
 
-class IsolatedKernel:
+_Closing = TypeVar("_Closing", bound="_ClosedOnExit")
+
+
+class _ClosedOnExit:
+    """A kernel handle used as ``with handle: ...``: ``close()`` on the way out."""
+
+    def __enter__(self: _Closing) -> _Closing:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        pass
+
+
+class IsolatedKernel(_ClosedOnExit):
     """A kernel run property by property in a supervised worker (see the module doc)."""
 
     def __init__(
@@ -400,12 +416,6 @@ class IsolatedKernel:
         # not stop its diagnosis
         self.lost = 0
         self._aborted = False  # abort() was called: no worker is started any more
-
-    def __enter__(self) -> IsolatedKernel:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def start(self) -> KernelInfo:
         """Start a worker and load the kernel there; :class:`SetupError` if it cannot."""
@@ -624,7 +634,7 @@ def _jax_x64_in_force(setup: KernelSetup) -> bool | None:
     return True if "float64" in backend.dtype_names else None
 
 
-class InProcessKernel:
+class InProcessKernel(_ClosedOnExit):
     """The kernel loaded and run in this process (``--no-isolate``): a debugger can step
     into it; a crash, exit or hang of the kernel is the check's too."""
 
@@ -632,21 +642,12 @@ class InProcessKernel:
         self.setup, self.kernel = setup, kernel
         self._loader = ""
 
-    def __enter__(self) -> InProcessKernel:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     def start(self) -> KernelUnderTest:
         if self.kernel is None:
             self.kernel = self.setup.prepare()
         if not self._loader:  # a kernel given ready-made is reproduced as this setup builds it
             self._loader = self.kernel.loader = loader_source(self.setup, self.kernel)
         return self.kernel
-
-    def close(self) -> None:
-        pass
 
     def setup_notes(self) -> list[str]:
         return setup_notes(self.start())

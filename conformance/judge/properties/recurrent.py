@@ -88,31 +88,36 @@ def _recurrent_claim(declaration: KernelDeclaration) -> RecurrentClaim:
     return claim
 
 
-def _takes_cu_seqlens(declaration: KernelDeclaration) -> str | None:
-    reason = _recurrent_only(declaration)
-    if reason is None and not _recurrent_claim(declaration).varlen:
-        reason = "the recurrent kernel does not take packed sequences (--recurrent-varlen)"
-    return reason
-
-
-def _takes(name: str, rules: tuple[str, ...]) -> Any:
-    """Applicable to a recurrence whose rule takes ``name`` (g: the gated rules, beta: the
-    delta rules)."""
+def _claiming(
+    holds: Callable[[RecurrentClaim], object], missing: str
+) -> Callable[[KernelDeclaration], str | None]:
+    """Applicable to a recurrence whose claim ``holds``; ``missing`` says why not."""
 
     def applies(declaration: KernelDeclaration) -> str | None:
         reason = _recurrent_only(declaration)
-        if reason is None and _recurrent_claim(declaration).rule not in rules:
-            reason = f"the recurrent kernel's rule takes no {name}"
+        if reason is None and not holds(_recurrent_claim(declaration)):
+            reason = missing
         return reason
 
     return applies
 
 
-def _takes_chunk_sizes(declaration: KernelDeclaration) -> str | None:
-    reason = _recurrent_only(declaration)
-    if reason is None and not _recurrent_claim(declaration).chunk_sizes:
-        reason = "the recurrent kernel takes no chunk_size (--recurrent-chunk-sizes)"
-    return reason
+_takes_cu_seqlens = _claiming(
+    lambda claim: claim.varlen,
+    "the recurrent kernel does not take packed sequences (--recurrent-varlen)",
+)
+_takes_chunk_sizes = _claiming(
+    lambda claim: claim.chunk_sizes,
+    "the recurrent kernel takes no chunk_size (--recurrent-chunk-sizes)",
+)
+
+
+def _takes(name: str, rules: tuple[str, ...]) -> Callable[[KernelDeclaration], str | None]:
+    """Applicable to a recurrence whose rule takes ``name`` (g: the gated rules, beta: the
+    delta rules)."""
+    return _claiming(
+        lambda claim: claim.rule in rules, f"the recurrent kernel's rule takes no {name}"
+    )
 
 
 @dataclass(frozen=True)

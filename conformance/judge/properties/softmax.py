@@ -117,19 +117,25 @@ def large_logits(kernel: KernelUnderTest, data: st.DataObject) -> None:
     large = within_validity(kernel, with_score_magnitude(kernel, problem, valid))
     out = kernel.output(large)
     if max_score_magnitude(large) > EXP_OVERFLOWS:
-        if not np.isfinite(out).all():
-            raise PropertyFailure(
-                f"{_non_finite(out, large)}, where exp overflows but q k^T does not: the "
-                "softmax needs max subtraction or an equivalent [SDPA-7.4]",
-                large,
-                kernel,
-            )
+        _raise_if_exp_overflowed(kernel, large, out)
         _raise_if_exp_underflowed(kernel, large, out)
     assert_matches_reference(kernel, large, out, what="out with large scores (SDPA-7.4)")
     huge = with_score_magnitude(kernel, problem, HUGE_SCORE[dtype])
     out = kernel.output(huge)
     if not np.isfinite(out).all():
         _explain_overflow(kernel, problem, huge, out)
+
+
+def _raise_if_exp_overflowed(kernel: KernelUnderTest, problem: Problem, out: np.ndarray) -> None:
+    """A non-finite output on scores whose exp overflows but whose products q k^T do not:
+    the softmax has no max subtraction (SDPA-7.4)."""
+    if not np.isfinite(out).all():
+        raise PropertyFailure(
+            f"{_non_finite(out, problem)}, where exp overflows but q k^T does not: the "
+            "softmax needs max subtraction or an equivalent [SDPA-7.4]",
+            problem,
+            kernel,
+        )
 
 
 def _raise_if_exp_underflowed(kernel: KernelUnderTest, problem: Problem, out: np.ndarray) -> None:
@@ -174,13 +180,7 @@ def _explain_overflow(
     moderate_limit = min(MODERATE_SCORE, largest / (4 * math.sqrt(head_dim)))
     moderate = with_score_magnitude(kernel, problem, moderate_limit)
     moderate_out = kernel.output(moderate)
-    if not np.isfinite(moderate_out).all():
-        raise PropertyFailure(
-            f"{_non_finite(moderate_out, moderate)}, where exp overflows but q k^T does not: "
-            "the softmax needs max subtraction or an equivalent [SDPA-7.4]",
-            moderate,
-            kernel,
-        )
+    _raise_if_exp_overflowed(kernel, moderate, moderate_out)
     scale = 1.0 / math.sqrt(head_dim) if huge.scale is None else abs(huge.scale)
     unscaled = max_score_magnitude(huge) / scale
     if unscaled > largest:

@@ -196,29 +196,24 @@ def _compare_sequences(
     clause: str,
 ) -> None:
     for b, (sequence, out) in enumerate(zip(batch.sequences, outs, strict=True)):
-        where = f"sequence {b}"
+        # (the output, its definition, bound and name, the bound's clause), lse first
+        checks: list[tuple[Any, Any, Any, str, str]] = []
         if lses is None:
             bound = reference_bound(sequence, declaration)
         else:
             bound, lse_part = lse_bound(sequence, declaration)
+            checks.append((lses[b], lse_part.lse, lse_part.lse_tolerance, "lse", "TOL-5"))
+        checks.append((out, bound.out, bound.out_tolerance, "out", "TOL-2"))
+        for actual, expected, tolerance, name, bound_clause in checks:
             assert_within_bound(
-                lses[b],
-                np.asarray(lse_part.lse),
-                np.asarray(lse_part.lse_tolerance),
-                f"lse of {where}",
+                actual,
+                np.asarray(expected),
+                np.asarray(tolerance),
+                f"{name} of sequence {b}",
                 sequence,
                 kernel,
-                clause=f"{clause}, TOL-5",
+                clause=f"{clause}, {bound_clause}",
             )
-        assert_within_bound(
-            out,
-            np.asarray(bound.out),
-            np.asarray(bound.out_tolerance),
-            f"out of {where}",
-            sequence,
-            kernel,
-            clause=f"{clause}, TOL-2",
-        )
 
 
 def _check_varlen(kernel: KernelUnderTest, batch: Batch, clause: str) -> None:
@@ -414,26 +409,11 @@ def draw_cache_batch(data: st.DataObject, kernel: KernelUnderTest) -> Batch:
     n_new = data.draw(st.integers(0, 3), label="new keys") if decl.kv_cache_append else 0
     n_queries = data.draw(st.sampled_from([1, 1, 2, 4]), label="Lq")
     lengths = [_lengths(data, "cache_seqlens[b]", 8) for _ in range(count)]
-    block_size = None
-    table = None
-    n_blocks = 0
     capacity = max(lengths) + n_new + data.draw(st.integers(0, 3), label="spare capacity")
-    if decl.kv_cache_paged:
-        block_size = decl.kv_cache_block_size or data.draw(
-            st.sampled_from([16, 64, 256]) if sizes.current().realistic else st.integers(1, 4),
-            label="block",
-        )
-        per_row = -(-max(capacity, 1) // block_size)
-        capacity = per_row * block_size
-        n_blocks = count * per_row + data.draw(st.integers(0, 2), label="unused blocks")
-        table = rng.permutation(n_blocks)[: count * per_row].reshape(count, per_row)
     cache = CacheCall(
         lengths=lengths,
         n_new=n_new,
-        capacity=capacity,
-        block_size=block_size,
-        table=table,
-        n_blocks=n_blocks,
+        **_cache_layout(data, kernel, rng, count, capacity),
         stale_seed=data.draw(st.integers(0, 2**16), label="stale values"),
         **_cache_options(data, kernel, lengths),
     )
@@ -445,6 +425,34 @@ def draw_cache_batch(data: st.DataObject, kernel: KernelUnderTest) -> Batch:
         cache=cache,
     )
     return _cache_rules(_with_options(data, kernel, batch, heads))
+
+
+def _cache_layout(
+    data: st.DataObject,
+    kernel: KernelUnderTest,
+    rng: np.random.Generator,
+    count: int,
+    capacity: int,
+) -> dict[str, Any]:
+    """A contiguous cache of ``capacity`` positions per batch element, or for a paged
+    kernel (KVCACHE-5) a drawn block size, the capacity rounded up to whole blocks, and a
+    block table of ``count`` rows over shuffled blocks, some unused: :class:`CacheCall`'s
+    layout fields."""
+    decl = kernel.declaration
+    if not decl.kv_cache_paged:
+        return {"capacity": capacity}
+    block_size = decl.kv_cache_block_size or data.draw(
+        st.sampled_from([16, 64, 256]) if sizes.current().realistic else st.integers(1, 4),
+        label="block",
+    )
+    per_row = -(-max(capacity, 1) // block_size)
+    n_blocks = count * per_row + data.draw(st.integers(0, 2), label="unused blocks")
+    return {
+        "capacity": per_row * block_size,
+        "block_size": block_size,
+        "table": rng.permutation(n_blocks)[: count * per_row].reshape(count, per_row),
+        "n_blocks": n_blocks,
+    }
 
 
 def _check_cache_output(
