@@ -108,7 +108,7 @@ def _bound(problem: dict[str, Any], dtype: str = "float64") -> Any:
     return gradient_error_bound(*_operands(problem), dtype=dtype, **_backward_options(problem))
 
 
-def normals(rng: np.random.Generator, *shapes: tuple[int, ...]) -> list[np.ndarray]:
+def _normals(rng: np.random.Generator, *shapes: tuple[int, ...]) -> list[np.ndarray]:
     """A standard normal array of each shape, drawn from ``rng`` in turn."""
     return [rng.standard_normal(shape) for shape in shapes]
 
@@ -331,7 +331,7 @@ def test_excluded_keys_get_exactly_zero() -> None:
     outside a sliding window) get dk = dv = 0 exactly, and every excluded pair dbias = 0
     exactly, in the plain and the blocked backward."""
     rng = np.random.default_rng(5)
-    q, k, v, do = normals(rng, (2, 8, 4), (1, 12, 4), (1, 12, 3), (2, 8, 3))
+    q, k, v, do = _normals(rng, (2, 8, 4), (1, 12, 4), (1, 12, 3), (2, 8, 3))
     window = sliding_window_mask(8, 12, left=2, right=0, alignment="bottom_right", xp=np)
     window = np.asarray(window)
     bias = rng.standard_normal((2, 8, 12))
@@ -352,7 +352,7 @@ def test_fully_masked_rows_have_zero_gradients() -> None:
     Lq > Lk in bottom-right alignment, Lk = 0) give dq = 0 exactly and no NaN, whatever
     their upstream gradients, in the plain and the blocked backward."""
     rng = np.random.default_rng(9)
-    q, k, v = normals(rng, (3, 6, 4), (3, 4, 4), (3, 4, 2))
+    q, k, v = _normals(rng, (3, 6, 4), (3, 4, 4), (3, 4, 2))
     do, dl = rng.standard_normal((3, 6, 2)) * 100, rng.standard_normal((3, 6)) * 100
     mask = rng.random((3, 6, 4)) < 0.8
     mask[:, 2] = False
@@ -402,7 +402,7 @@ def test_gqa_and_batch_broadcast_sum_the_shared_heads() -> None:
     are the sums of the gradients of G separate copies, exactly as repeating k, v makes them
     (SDPA-6.1: query head h reads head h // G)."""
     rng = np.random.default_rng(17)
-    q, k, v, do = normals(rng, (2, 6, 3, 4), (1, 2, 5, 4), (1, 2, 5, 3), (2, 6, 3, 3))
+    q, k, v, do = _normals(rng, (2, 6, 3, 4), (1, 2, 5, 4), (1, 2, 5, 3), (2, 6, 3, 3))
     shared = scaled_dot_product_attention_backward(q, k, v, do)
     repeated_k = np.broadcast_to(np.repeat(k, 3, axis=1), (2, 6, 5, 4)).copy()
     repeated_v = np.broadcast_to(np.repeat(v, 3, axis=1), (2, 6, 5, 3)).copy()
@@ -420,7 +420,7 @@ def test_bias_gradient_is_reduced_over_its_broadcast_dims() -> None:
     """BWD-2: a bias broadcast over batch, heads and queries gets dS summed over them, in
     its own shape; the blocked backward agrees."""
     rng = np.random.default_rng(19)
-    q, k, v, do = normals(rng, (2, 3, 4, 2), (2, 3, 5, 2), (2, 3, 5, 2), (2, 3, 4, 2))
+    q, k, v, do = _normals(rng, (2, 3, 4, 2), (2, 3, 5, 2), (2, 3, 5, 2), (2, 3, 4, 2))
     full_bias = np.broadcast_to(rng.standard_normal((1, 5)), (2, 3, 4, 5)).copy()
     full = scaled_dot_product_attention_backward(q, k, v, do, bias=full_bias, is_causal=True)
     small = scaled_dot_product_attention_backward(
@@ -455,7 +455,7 @@ def test_varlen_gradients_stay_in_their_sequence() -> None:
     torch = pytest.importorskip("torch", reason="torch.autograd is the independent VJP")
     rng = np.random.default_rng(29)
     cu_q, cu_k = np.array([0, 3, 3, 7]), np.array([0, 2, 5, 9])
-    q, k, v = normals(rng, (7, 4, 3), (9, 2, 3), (9, 2, 2))
+    q, k, v = _normals(rng, (7, 4, 3), (9, 2, 3), (9, 2, 2))
     do, dl = rng.standard_normal((7, 4, 2)), rng.standard_normal((4, 7))
     options = {"is_causal": True, "causal_alignment": "bottom_right", "softcap": 2.0}
     got = varlen_attention_backward(q, k, v, cu_q, cu_k, do, grad_lse=dl, **options)
@@ -503,7 +503,7 @@ def test_sparse_kernels_gradients_are_the_masked_dense_ones(
     from attnspec.reference import sparse_attention, sparse_mask
 
     rng = np.random.default_rng(37)
-    q, k, v, do = normals(rng, (2, 8, 3), (2, 12, 3), (2, 12, 2), (2, 8, 2))
+    q, k, v, do = _normals(rng, (2, 8, 3), (2, 12, 3), (2, 12, 2), (2, 8, 2))
     options = {"alignment": "bottom_right", **params} if pattern == "sliding_window" else params
     mask = np.asarray(sparse_mask(pattern, 8, 12, xp=np, **options))
     leaves = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
