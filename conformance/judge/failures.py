@@ -7,6 +7,7 @@ The reproduction of a failure is written on demand by :func:`.reproduce.failure_
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Protocol
 
 from ..call.problem import Problem
@@ -48,6 +49,9 @@ class PropertyFailure(AssertionError):
 
     ``shows_weights``: the finding is about weights observed through V = I
     (``KernelUnderTest.observed_weights``), which the reproduction then prints too.
+    ``explain``: a probe that names the failure's cause by calling the kernel again (BWD-14's
+    float32 re-run); it runs on the reported failure only (:func:`with_cause`), as the
+    reproduction is written, not on every failing example Hypothesis tries while it shrinks.
     """
 
     def __init__(
@@ -58,12 +62,14 @@ class PropertyFailure(AssertionError):
         *,
         hint: str = "",
         shows_weights: bool = False,
+        explain: Callable[[], str] | None = None,
     ) -> None:
         # NumPy 2 scalar reprs (np.float64(0.5)) are noise in a message: show the value
         self.finding = finding = _NUMPY_SCALAR.sub(r"\2", finding)
         self.problem = problem
         self.hint = hint
         self.shows_weights = shows_weights
+        self.explain = explain
         self.kernel = kernel  # what the reproduction (reproduce.failure_snippet) calls
         self.counterexample = (
             ""
@@ -76,6 +82,20 @@ class PropertyFailure(AssertionError):
         if self.counterexample:
             message += f"\n  inputs: {self.counterexample}"
         super().__init__(message)
+
+
+def with_cause(failure: PropertyFailure) -> PropertyFailure:
+    """``failure`` as reported: what its ``explain`` probe says ("" for no cause) appended to
+    its finding, the probe run once (then dropped).  A probe that raises, or whose kernel
+    crashes, exits or hangs, names no cause: it is advice, the finding already says what
+    failed (as a hint is, ``convention_hints.run_hints``)."""
+    explain, failure.explain = failure.explain, None
+    if explain is not None:
+        try:
+            failure.finding += explain()
+        except (Exception, KernelExited):
+            pass
+    return failure
 
 
 def distinct(found: float, expected: float) -> tuple[str, str]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -20,7 +21,7 @@ from ..draw.one_example import SeededBesidesSizes, seeds_besides_sizes
 from ..draw.realistic_values import COMBINATIONS
 from ..draw.shape_pool import ShapePool, pool_for_run
 from ..draw.sizes import SizeLimits, Stratum
-from ..judge.failures import KernelExited, KernelHung, PropertyFailure
+from ..judge.failures import KernelExited, KernelHung, PropertyFailure, with_cause
 from ..judge.kernel import KernelUnderTest
 from ..judge.registry import Property, all_properties
 from ..judge.reproduce import failure_snippet
@@ -273,27 +274,41 @@ def _nested_parts(
     return parts
 
 
-def _run_part(
-    property_test: Callable[[], None],
-    stratum: Stratum,
-    limits: SizeLimits,
-    pool: ShapePool | None,
-) -> None:
-    """One Hypothesis run of (part of) ``stratum``; a failing anchor names itself."""
+@contextmanager
+def _drawing(
+    stratum: Stratum, limits: SizeLimits | None, pool: ShapePool | None = None
+) -> Iterator[None]:
+    """``sizes.drawing``, and the reported failure (Hypothesis's shrunk example, a fixed
+    property's one) made into what the report says: its cause probed, once and within the
+    run's limits, not on every failing example tried while shrinking
+    (``failures.with_cause``); a failing anchor named."""
     with sizes.drawing(stratum, limits, pool):
         try:
-            property_test()
-        except Unsatisfiable:
-            if not limits.avoid:
-                raise
-            # every draw of this stratum had an avoided feature: nothing to check here
+            yield
         except PropertyFailure as failure:
+            with_cause(failure)
             if stratum.anchor is not None:
                 failure.finding += (
                     f" [anchor problem {stratum.name.split(': ', 1)[1]!r}"
                     f" ({stratum.anchor.source}), conformance/anchors.py]"
                 )
             raise
+
+
+def _run_part(
+    property_test: Callable[[], None],
+    stratum: Stratum,
+    limits: SizeLimits,
+    pool: ShapePool | None,
+) -> None:
+    """One Hypothesis run of (part of) ``stratum`` (:func:`_drawing`)."""
+    with _drawing(stratum, limits, pool):
+        try:
+            property_test()
+        except Unsatisfiable:
+            if not limits.avoid:
+                raise
+            # every draw of this stratum had an avoided feature: nothing to check here
 
 
 def run_property(
@@ -328,7 +343,7 @@ def run_property(
     kernel_seconds = kernel.kernel_seconds
     try:
         if prop.kind == "fixed":
-            with sizes.drawing(sizes.SMALL, limits):  # its sizes within the user's limits
+            with _drawing(sizes.SMALL, limits):  # its sizes within the user's limits
                 prop.check(kernel, 0 if seed is None else seed)
             examples[0] = 1
         else:
