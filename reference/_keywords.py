@@ -5,8 +5,8 @@ the sparse masks take the same placement keywords.  Such a set is a ``TypedDict`
 names and types, which a type checker checks at every call of a function that takes
 ``**keywords: Unpack[TheSet]``) and one table of its defaults; :func:`shows_keywords` makes
 the function show them: help() and ``inspect.signature`` list each keyword with its default
-in place of ``**keywords``, and a keyword outside the signature raises the ``TypeError``
-Python raises for an explicit signature.
+in place of ``**keywords``, and a call that signature refuses (a keyword outside it, a
+required one missing) raises the ``TypeError`` Python raises for an explicit signature.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any, ParamSpec, TypeVar
+from types import ModuleType
+from typing import Any, ParamSpec, TypedDict, TypeVar
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -24,43 +25,52 @@ def shows_keywords(
     keywords: type, defaults: Mapping[str, Any]
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Decorate a function whose last parameter is ``**name: Unpack[keywords]`` (a
-    ``TypedDict`` class); ``defaults`` maps those of its names whose default is not None
-    to it: the values the function uses for a keyword not passed."""
-    # the annotations as written (TypedDict wraps a string in a ForwardRef), as help() shows
-    # those of the function's own parameters
-    annotations: dict[str, Any] = {
-        name: getattr(a, "__forward_arg__", a) for name, a in keywords.__annotations__.items()
-    }
-    if not set(defaults) <= set(annotations):
-        raise ValueError(
-            f"defaults names {sorted(defaults)}, but should name keywords of "
-            f"{keywords.__name__}, {sorted(annotations)}"
-        )
+    ``TypedDict`` class).  Its keys become keyword-only parameters of the signature shown,
+    after the function's own keyword-only parameters without a default and before those
+    with one; a required key has no default, an optional one ``defaults.get(name)``: what
+    the function uses for it when it is not passed (``defaults`` may name keys of other
+    sets as well).  A required key is one of a ``total=True`` base class: ``Required[...]``
+    is not seen at run time under ``from __future__ import annotations``."""
+    required = keywords.__required_keys__  # type: ignore[attr-defined]
     shown = [
         inspect.Parameter(
-            name, inspect.Parameter.KEYWORD_ONLY, default=defaults.get(name), annotation=a
+            name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=inspect.Parameter.empty if name in required else defaults.get(name),
+            # as written (TypedDict wraps a string in a ForwardRef), like the function's own
+            annotation=getattr(a, "__forward_arg__", a),
         )
-        for name, a in annotations.items()
+        for name, a in keywords.__annotations__.items()
     ]
 
     def decorate(function: Callable[P, R]) -> Callable[P, R]:
         signature = inspect.signature(function)
-        own = list(signature.parameters.values())
-        if not own or own[-1].kind is not inspect.Parameter.VAR_KEYWORD:
+        *own, rest = signature.parameters.values()
+        if rest.kind is not inspect.Parameter.VAR_KEYWORD:
             raise TypeError(f"{function.__name__} should end in **keywords: Unpack[...]")
-        parameters = [*own[:-1], *shown]
-        names = {p.name for p in parameters}
+        cut = sum(p.kind is not p.KEYWORD_ONLY or p.default is p.empty for p in own)
+        shown_signature = signature.replace(parameters=[*own[:cut], *shown, *own[cut:]])
 
         @functools.wraps(function)
         def checked(*args: P.args, **kwargs: P.kwargs) -> R:
-            unknown = sorted(kwargs.keys() - names)
-            if unknown:  # what the explicit signature would have refused
-                raise TypeError(
-                    f"{function.__name__}() got an unexpected keyword argument {unknown[0]!r}"
-                )
+            try:  # what the signature shown refuses: an unknown keyword, a missing one, ...
+                shown_signature.bind(*args, **kwargs)
+            except TypeError as refused:
+                raise TypeError(f"{function.__name__}() {refused}") from None
             return function(*args, **kwargs)
 
-        checked.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        checked.__signature__ = shown_signature  # type: ignore[attr-defined]
         return checked
 
     return decorate
+
+
+class Creation(TypedDict, total=False):
+    """Where a function that makes an array from nothing makes it: ``xp`` and ``device``,
+    default the backend's (``masks.creation_namespace``)."""
+
+    xp: ModuleType | None
+    device: Any
+
+
+shows_creation = shows_keywords(Creation, {})

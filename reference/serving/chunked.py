@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
+from typing import Unpack
 
 from .._array import Array
-from .._checks import check_choice, check_size
-from ..masks import CAUSAL_ALIGNMENTS, causal_offset, creation_namespace
+from .._checks import check_size
+from .._keywords import Creation, shows_creation
+from .positions import query_and_key_positions
 
 CALL = "chunked_local_mask(n_queries, n_keys, chunk)"
 
@@ -19,21 +20,18 @@ def in_chunk(xp: ModuleType, t: Array, j: Array, chunk: int) -> Array:
     return xp.logical_and(j <= t, xp.floor_divide(j, chunk) == xp.floor_divide(t, chunk))
 
 
+@shows_creation
 def chunked_local_mask(
     n_queries: int,
     n_keys: int,
     chunk: int,
     alignment: str = "bottom_right",
-    *,
-    xp: ModuleType | None = None,
-    device: Any = None,
+    **where: Unpack[Creation],
 ) -> Array:
     """CHUNK-1's allowed set as a boolean ``(n_queries, n_keys)`` mask, query i at key
     position ``t_i = i + d`` for the alignment's offset d."""
     check_size("n_queries", n_queries, CALL)
     check_size("n_keys", n_keys, CALL)
     check_size("chunk", chunk, CALL, minimum=1)
-    check_choice("alignment", alignment, CAUSAL_ALIGNMENTS, CALL, "CHUNK-1")
-    xp, device = creation_namespace(xp, device)
-    t = xp.arange(n_queries, device=device)[:, None] + causal_offset(n_queries, n_keys, alignment)
-    return in_chunk(xp, t, xp.arange(n_keys, device=device)[None, :], chunk)
+    xp, t, j = query_and_key_positions(n_queries, n_keys, alignment, where, CALL, "CHUNK-1")
+    return in_chunk(xp, t, j, chunk)

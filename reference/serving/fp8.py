@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import array_api_compat
 
 from .._array import Array
 from .._checks import check_choice, namespace_of, require_real_floating
+from .._keywords import shows_keywords
 from ..attention import scaled_dot_product_attention
 from ..sdpa import score_options
 
@@ -111,20 +112,32 @@ def _descale(
     )
 
 
+class _Descales(TypedDict):
+    q_descale: Any
+    k_descale: Any
+    v_descale: Any
+
+
+class Fp8Inputs(_Descales, total=False):
+    """What makes stored float8 values real (QUANT-1): the three descales, required, and
+    the format (default ``float8_e4m3fn``).  The functions of stored float8 inputs take
+    them as ``**fp8``, shown by :data:`shows_fp8_inputs`."""
+
+    fmt: str
+
+
+DEFAULT_FORMAT = "float8_e4m3fn"
+shows_fp8_inputs = shows_keywords(Fp8Inputs, {"fmt": DEFAULT_FORMAT})
+
+
+@shows_fp8_inputs
 def real_values(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    q_descale: Any,
-    k_descale: Any,
-    v_descale: Any,
-    fmt: str = "float8_e4m3fn",
-    call: str = CALL,
+    q: Array, k: Array, v: Array, *, call: str = CALL, **fp8: Unpack[Fp8Inputs]
 ) -> tuple[Array, Array, Array]:
     """QUANT-1: the stored values checked against the format, times their descales."""
     xp = namespace_of(call, q=q, k=k, v=v)
     require_real_floating(xp, call, "QUANT-1", q=q, k=k, v=v)
+    fmt = fp8.get("fmt", DEFAULT_FORMAT)
     _format(fmt, call)
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim < 3:
@@ -134,25 +147,23 @@ def real_values(
             )
         check_on_grid(xp, name, x, fmt, call)
     n_q_heads, n_kv_heads = q.shape[-3], k.shape[-3]
-    return (
-        q
-        * xp.astype(_descale(xp, "q_descale", q_descale, q, n_q_heads, n_kv_heads, call), q.dtype),
-        k
-        * xp.astype(_descale(xp, "k_descale", k_descale, k, n_kv_heads, n_kv_heads, call), k.dtype),
-        v
-        * xp.astype(_descale(xp, "v_descale", v_descale, v, n_kv_heads, n_kv_heads, call), v.dtype),
+    q, k, v = (
+        x * xp.astype(_descale(xp, f"{name}_descale", d, x, heads, n_kv_heads, call), x.dtype)
+        for name, x, d, heads in (
+            ("q", q, fp8["q_descale"], n_q_heads),
+            ("k", k, fp8["k_descale"], n_kv_heads),
+            ("v", v, fp8["v_descale"], n_kv_heads),
+        )
     )
+    return q, k, v
 
 
+@shows_fp8_inputs
 def fp8_attention(
     q: Array,
     k: Array,
     v: Array,
     *,
-    q_descale: Any,
-    k_descale: Any,
-    v_descale: Any,
-    fmt: str = "float8_e4m3fn",
     out_dtype: Any = None,
     mask: Array = None,
     is_causal: bool = False,
@@ -160,6 +171,7 @@ def fp8_attention(
     scale: float | None = None,
     softcap: float | None = None,
     return_lse: bool = False,
+    **fp8: Unpack[Fp8Inputs],
 ) -> Any:
     """QUANT-2: the dense definition on the real values ``stored × descale`` of ``q``,
     ``k``, ``v`` (stored float8 values given as a floating array, checked against ``fmt``),
@@ -167,9 +179,7 @@ def fp8_attention(
     the exact definition: float64 holds every product of a float8 value and a float32
     descale exactly."""
     xp = namespace_of(CALL, q=q, k=k, v=v)
-    real_q, real_k, real_v = real_values(
-        q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, fmt=fmt
-    )
+    real_q, real_k, real_v = real_values(q, k, v, **fp8)
     options = score_options(mask, None, is_causal, causal_alignment, scale, softcap, None)
     result = scaled_dot_product_attention(real_q, real_k, real_v, **options, return_lse=return_lse)
     out_dtype = q.dtype if out_dtype is None else out_dtype

@@ -10,23 +10,23 @@ Sink *tokens* (StreamingLLM) are ordinary keys kept visible beside a causal wind
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
+from typing import Any, Unpack
 
 import array_api_compat
 
 from .._array import Array
 from .._checks import (
-    check_choice,
     check_flag,
     check_size,
     namespace_of,
     require_broadcastable_to,
     require_real_floating,
 )
+from .._keywords import Creation, shows_creation
 from ..attention import scaled_dot_product_attention
-from ..masks import CAUSAL_ALIGNMENTS, causal_offset, creation_namespace
 from ..sdpa import compute_dtype, score_options
 from .merge import merge_attention_states
+from .positions import query_and_key_positions
 
 CALL = "sink_attention(q, k, v, sinks)"
 STREAMING = "streaming_mask(n_queries, n_keys, n_sink_tokens, window)"
@@ -96,15 +96,14 @@ def sink_attention(
     return (out, lse) if return_lse else out
 
 
+@shows_creation
 def streaming_mask(
     n_queries: int,
     n_keys: int,
     n_sink_tokens: int,
     window: int,
     alignment: str = "bottom_right",
-    *,
-    xp: ModuleType | None = None,
-    device: Any = None,
+    **where: Unpack[Creation],
 ) -> Array:
     """SINK-4's allowed set as a boolean ``(n_queries, n_keys)`` mask: key j is visible to
     query i iff ``j <= t_i`` and (``j < n_sink_tokens`` or ``t_i - window <= j``), with
@@ -116,9 +115,6 @@ def streaming_mask(
         ("window", window),
     ):
         check_size(name, value, STREAMING)
-    check_choice("alignment", alignment, CAUSAL_ALIGNMENTS, STREAMING, "SINK-4")
-    xp, device = creation_namespace(xp, device)
-    t = xp.arange(n_queries, device=device)[:, None] + causal_offset(n_queries, n_keys, alignment)
-    j = xp.arange(n_keys, device=device)[None, :]
+    xp, t, j = query_and_key_positions(n_queries, n_keys, alignment, where, STREAMING, "SINK-4")
     kept = xp.logical_or(j < n_sink_tokens, j >= t - window)
     return xp.logical_and(j <= t, kept)
