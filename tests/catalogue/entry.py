@@ -136,12 +136,19 @@ def required(*names: str) -> dict[str, Any]:
 
 
 def spec_signature(
-    keywords: Mapping[str, Any] = SPEC_KEYWORDS, arrays: tuple[str, ...] = ("q", "k", "v")
+    keywords: Mapping[str, Any] = SPEC_KEYWORDS,
+    arrays: tuple[str, ...] = ("q", "k", "v"),
+    optional: Mapping[str, Any] = MappingProxyType({}),
 ) -> inspect.Signature:
     """``(q, k, v, *, name=default, ...)`` for each of ``keywords``: the signature the suite
     reads off a kernel (which keywords it passes, CONF-3); ``arrays`` names the positional
-    ones (a backward function's are ``q, k, v, grad_out``)."""
+    ones (a backward function's are ``q, k, v, grad_out``), and ``optional`` (names and
+    defaults) any that may be passed by position after them, as some libraries take them."""
     positional = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in arrays]
+    positional += [
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
+        for name, default in optional.items()
+    ]
     options = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
         for name, default in keywords.items()
@@ -150,15 +157,19 @@ def spec_signature(
 
 
 def signed(
-    keywords: Mapping[str, Any], arrays: tuple[str, ...], call: Callable[[dict[str, Any]], C]
+    keywords: Mapping[str, Any],
+    arrays: tuple[str, ...],
+    call: Callable[[dict[str, Any]], C],
+    optional: Mapping[str, Any] = MappingProxyType({}),
 ) -> Callable[[Callable[[C], Any]], Callable[..., Any]]:
     """A decorator: ``body(call(arguments))`` as a function with the signature
-    :func:`spec_signature` makes of ``keywords`` and ``arrays``, written once here (as the
-    library a catalogue kernel mimics writes it out).  It binds each call as a function with
-    that signature would (a ``TypeError`` for an unknown or a missing keyword) and passes
-    the bound arguments, defaults applied, through ``call``.  It keeps ``body``'s name,
-    docstring and module, by which reports show it and worker processes load it."""
-    signature = spec_signature(keywords, arrays)
+    :func:`spec_signature` makes of ``keywords``, ``arrays`` and ``optional``, written once
+    here (as the library a catalogue kernel mimics writes it out).  It binds each call as a
+    function with that signature would (a ``TypeError`` for an unknown or a missing
+    keyword) and passes the bound arguments, defaults applied, through ``call``.  It keeps
+    ``body``'s name, docstring and module, by which reports show it and worker processes
+    load it."""
+    signature = spec_signature(keywords, arrays, optional)
 
     def make(body: Callable[[C], Any]) -> Callable[..., Any]:
         def function(*args: Any, **kwargs: Any) -> Any:

@@ -19,9 +19,12 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+
+from .entry import namespace, required, signed
 
 Array = np.ndarray
 CHUNK = 16
@@ -59,10 +62,14 @@ def _read_contiguous(x: Any, bug: str | None) -> Any:
     return np.lib.stride_tricks.as_strided(x, x.shape, tuple(int(s) for s in contiguous))
 
 
-def _inputs(
-    q: Array, k: Array, v: Array, rule: str, g: Any, beta: Any, initial_state: Any, bug: str | None
-) -> tuple[Any, ...]:
-    q, k, v, g, beta = (_read_contiguous(a, bug) for a in (q, k, v, g, beta))
+def _inputs(call: SimpleNamespace) -> tuple[Any, ...]:
+    """The call's arrays in float32 as a kernel reads them: q, k, v shared out to the heads
+    (:func:`_heads`), the gate (per key channel), the strength, the state, and the number of
+    output heads per state."""
+    bug, initial_state = call.bug, call.initial_state
+    q, k, v, g, beta = (
+        _read_contiguous(a, bug) for a in (call.q, call.k, call.v, call.g, call.beta)
+    )
     q, k, v, groups = _heads(*(np.asarray(a, dtype=np.float32) for a in (q, k, v)), bug)
     states, length = k.shape[-3], k.shape[-2]
     shape = (*k.shape[:-3], states, length)
@@ -91,23 +98,19 @@ def _scale(scale: Any, d_k: int, bug: str | None) -> np.float32:
     return np.float32(1.0 / d_k if bug == "default_scale_one_over_dk" else d_k**-0.5)
 
 
-def _token(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    rule: str,
-    g: Any = None,
-    beta: Any = None,
-    scale: Any = None,
-    initial_state: Any = None,
-    chunk: int = 1,
-    bug: str | None = None,
-) -> tuple[Array, Array]:
-    if bug == "batch_shared_state" and np.shape(q)[0] > 1:
-        return _one_state_slot(q, k, v, g, beta, initial_state, rule=rule, scale=scale)
-    q, k, v, gate, strength, state, groups = _inputs(q, k, v, rule, g, beta, initial_state, bug)
-    alpha = _scale(scale, q.shape[-1], bug)
+# REC-1.2's keywords besides the rule (gate, strength, scale, past state), as the kernels
+# take them; the catalogue's recurrences also take the rule, the chunk length and the bug
+RECURRENCE = {"g": None, "beta": None, "scale": None, "initial_state": None}
+ARRAYS = ("q", "k", "v")
+
+
+@signed({**required("rule"), **RECURRENCE, "chunk": 1, "bug": None}, ARRAYS, namespace)
+def _token(call: SimpleNamespace) -> tuple[Array, Array]:
+    rule, bug = call.rule, call.bug
+    if bug == "batch_shared_state" and np.shape(call.q)[0] > 1:
+        return _one_state_slot(call)
+    q, k, v, gate, strength, state, groups = _inputs(call)
+    alpha = _scale(call.scale, q.shape[-1], bug)
     decode = k.shape[-2] == 1  # a one-token call: where kernels take a decode path
     if bug == "empty_call_loses_state" and k.shape[-2] == 0:  # written only by the token loop
         state = np.zeros_like(state)
@@ -142,19 +145,18 @@ def _token(
     return out, state
 
 
-def _one_state_slot(
-    q: Array, k: Array, v: Array, g: Any, beta: Any, state: Any, **kwargs: Any
-) -> tuple[Array, Array]:
+def _one_state_slot(call: SimpleNamespace) -> tuple[Array, Array]:
     """``batch_shared_state``: the batch elements run one after another on one state slot
     per head (a state offset that forgets the batch stride), so that each element starts
     from the previous one's final state; the first from its own past state."""
     outs, finals = [], []
+    state, arrays = call.initial_state, (call.q, call.k, call.v, call.g, call.beta)
     carried = None if state is None else np.asarray(state)[:1]
-    for b in range(np.shape(q)[0]):
-        qb, kb, vb, gb, betab = (
-            None if a is None else np.asarray(a)[b : b + 1] for a in (q, k, v, g, beta)
+    for b in range(np.shape(call.q)[0]):
+        qb, kb, vb, gb, betab = (None if a is None else np.asarray(a)[b : b + 1] for a in arrays)
+        out, carried = _token(
+            qb, kb, vb, rule=call.rule, g=gb, beta=betab, scale=call.scale, initial_state=carried
         )
-        out, carried = _token(qb, kb, vb, g=gb, beta=betab, initial_state=carried, **kwargs)
         outs.append(out)
         finals.append(carried)
     return np.concatenate(outs), np.concatenate(finals)
@@ -178,21 +180,11 @@ def _narrow(x: Array, mode: str | None) -> Array:
     return to_bfloat16(x)
 
 
-def _chunked(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    rule: str,
-    g: Any = None,
-    beta: Any = None,
-    scale: Any = None,
-    initial_state: Any = None,
-    chunk: int = CHUNK,
-    bug: str | None = None,
-) -> tuple[Array, Array]:
-    q, k, v, gate, strength, state, groups = _inputs(q, k, v, rule, g, beta, initial_state, bug)
-    alpha = _scale(scale, q.shape[-1], bug)
+@signed({**required("rule"), **RECURRENCE, "chunk": CHUNK, "bug": None}, ARRAYS, namespace)
+def _chunked(call: SimpleNamespace) -> tuple[Array, Array]:
+    rule, chunk, bug = call.rule, call.chunk, call.bug
+    q, k, v, gate, strength, state, groups = _inputs(call)
+    alpha = _scale(call.scale, q.shape[-1], bug)
     length = k.shape[-2]
     if strength is None:
         strength = np.zeros(k.shape[:-1], np.float32)
@@ -575,43 +567,33 @@ def _heads_first(a: Any) -> Any:
     return None if a is None else np.swapaxes(np.asarray(a), 1, 2)
 
 
-def fla_convention(
-    q: Array,
-    k: Array,
-    v: Array,
-    g: Any = None,
-    beta: Any = None,
-    scale: Any = None,
-    initial_state: Any = None,
-    output_final_state: bool = False,
-    cu_seqlens: Any = None,
-) -> tuple[Array, Any]:
+# flash-linear-attention's chunk_gated_delta_rule takes these after q, k, v, by position too
+FLA_OPTIONAL = {**RECURRENCE, "output_final_state": False, "cu_seqlens": None}
+
+
+@signed({}, ARRAYS, namespace, optional=FLA_OPTIONAL)
+def fla_convention(call: SimpleNamespace) -> tuple[Array, Any]:
     """The token kernel in flash-linear-attention's convention (``chunk_gated_delta_rule``):
     q, k, v ``(B, T, H, K)``, g and beta ``(B, T, H)``, ``initial_state (N, H, K, V)``, the
     final state only with ``output_final_state=True``, packed sequences as ``B = 1`` and
     ``cu_seqlens``.  Checked with ``--layout blhd --kwarg output_final_state=True``."""
-    arguments = {n: _heads_first(a) for n, a in (("q", q), ("k", k), ("v", v), ("g", g))}
-    arguments.update(beta=_heads_first(beta), rule="gated_delta", scale=scale)
-    arguments["initial_state"] = initial_state
-    if cu_seqlens is None:
+    arguments = {n: _heads_first(getattr(call, n)) for n in ("q", "k", "v", "g", "beta")}
+    arguments.update(rule="gated_delta", scale=call.scale, initial_state=call.initial_state)
+    if call.cu_seqlens is None:
         out, state = _token(**arguments)
     else:
-        out, state = _packed(_token, cu_seqlens, None, **arguments)
-    final = state.astype(np.float32) if output_final_state else None
-    return np.swapaxes(out, 1, 2).astype(q.dtype), final
+        out, state = _packed(_token, call.cu_seqlens, None, **arguments)
+    final = state.astype(np.float32) if call.output_final_state else None
+    return np.swapaxes(out, 1, 2).astype(call.q.dtype), final
 
 
-def onnx_convention(
-    query: Array,
-    key: Array,
-    value: Array,
-    past_state: Any = None,
-    decay: Any = None,
-    beta: Any = None,
-    *,
-    q_num_heads: int,
-    kv_num_heads: int,
-) -> tuple[Array, Array]:
+@signed(
+    required("q_num_heads", "kv_num_heads"),
+    ("query", "key", "value"),
+    namespace,
+    optional={"past_state": None, "decay": None, "beta": None},
+)
+def onnx_convention(call: SimpleNamespace) -> tuple[Array, Array]:
     """The token kernel in the convention of ONNX's ``LinearAttention`` (``gated_delta``,
     per-head decay): ``(B, T, H * d)`` inputs with the head counts as ``q_num_heads`` and
     ``kv_num_heads``, ``decay`` and ``beta`` ``(B, T, H)``, ``past_state (B, H, dk, dv)``;
@@ -623,13 +605,13 @@ def onnx_convention(
         return np.swapaxes(np.asarray(a).reshape(b, t, heads, width // heads), 1, 2)
 
     out, state = _token(
-        unpacked(query, q_num_heads),
-        unpacked(key, kv_num_heads),
-        unpacked(value, kv_num_heads),
+        unpacked(call.query, call.q_num_heads),
+        unpacked(call.key, call.kv_num_heads),
+        unpacked(call.value, call.kv_num_heads),
         rule="gated_delta",
-        g=_heads_first(decay),
-        beta=_heads_first(beta),
-        initial_state=past_state,
+        g=_heads_first(call.decay),
+        beta=_heads_first(call.beta),
+        initial_state=call.past_state,
     )
     b, heads, t, d_v = out.shape
-    return np.swapaxes(out, 1, 2).reshape(b, t, heads * d_v).astype(query.dtype), state
+    return np.swapaxes(out, 1, 2).reshape(b, t, heads * d_v).astype(call.query.dtype), state
