@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,27 +18,35 @@ import numpy as np
 Allowed = Callable[[int], np.ndarray]  # row i -> boolean array over the keys
 
 
+@dataclass(frozen=True)
+class Scoring:
+    """What decides one row's scores and denominator besides q and k, with the spec's
+    defaults: the scale (SDPA-2), SOFTCAP-1's softcap, ALIBI-2's slopes with the queries'
+    positions, SINK-1's sink logits.  Written out here, so that the oracle depends on
+    nothing of the reference it checks; making one of an unknown keyword is a TypeError
+    that names it."""
+
+    scale: float | None = None
+    softcap: float | None = None
+    slopes: Any = None
+    positions: Any = None
+    sinks: Any = None
+
+
 def attend(
-    q: Any,
-    k: Any,
-    v: Any,
-    allowed: Allowed,
-    *,
-    scale: float | None = None,
-    softcap: float | None = None,
-    slopes: Any = None,
-    positions: Any = None,
-    sinks: Any = None,
+    q: Any, k: Any, v: Any, allowed: Allowed, **scoring: Any
 ) -> tuple[np.ndarray, np.ndarray]:
     """``q (Hq, Lq, E)``, ``k (Hkv, Lk, E)``, ``v (Hkv, Lk, Ev)`` -> (out, lse), row by row.
 
     ``allowed(i)`` is row i's S(i) over the keys; ALiBi subtracts ``slopes[h] |t_i - j|``
     with ``positions[i] = t_i``; ``sinks[h]`` joins the denominator with no value (SINK-1)
-    and lse is then the log of the whole denominator (SINK-3)."""
+    and lse is then the log of the whole denominator (SINK-3); ``scoring``: :class:`Scoring`."""
+    call = Scoring(**scoring)
+    softcap, slopes, positions, sinks = call.softcap, call.slopes, call.positions, call.sinks
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
     n_q_heads, n_queries, head_dim = q.shape
     n_kv_heads, n_keys, value_dim = k.shape[0], k.shape[1], v.shape[2]
-    alpha = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    alpha = 1.0 / math.sqrt(head_dim) if call.scale is None else call.scale
     out = np.zeros((n_q_heads, n_queries, value_dim))
     lse = np.full((n_q_heads, n_queries), -math.inf)
     for h in range(n_q_heads):

@@ -71,52 +71,45 @@ def _offsets(cu: Array, total: int) -> list[int]:
     return offsets
 
 
-def _block_diagonal(
-    call: SpecCall,
-    *,
-    global_alignment: bool = False,
-    early_keys: int = 0,
-    trust_offsets: bool = False,
-    empty_keys_nan: bool = False,
-    padding_rows_nan: bool = False,
-    keys_to_the_end: bool = False,
-    mask_at_query_offset: bool = False,
-) -> Any:
+def _block_diagonal(call: SpecCall, bug: str = "") -> Any:
     """One dense call over all tokens: a mask lets sequence b's queries see its own keys
     (causally, bottom-right within the sequence, and where its part of the flattened
     ``custom_mask`` allows), and the ALiBi bias is built per sequence from the same offset;
-    padding tokens past the offsets belong to no sequence.  The keyword arguments are the
-    bugs: the packed totals' offset T_k - T_q for every sequence, keys starting
-    ``early_keys`` tokens before the sequence, query offsets clipped to the tokens instead
-    of checked, NaN rows for a sequence without keys, padding rows left as uninitialised
-    memory (NaN), the last sequence's keys running to the end of k, and the mask of
-    sequence b read at cu_q[b] * Lk_b."""
+    padding tokens past the offsets belong to no sequence.  ``bug`` names the one step done
+    wrong ("": none): the packed totals' offset T_k - T_q for every sequence
+    (global_alignment), keys starting a token before the sequence (sees_previous_key), query
+    offsets clipped to the tokens instead of checked (unchecked_offsets), NaN rows for a
+    sequence without keys (empty_keys_nan), padding rows left as uninitialised memory, NaN
+    (padding_rows_nan), the last sequence's keys running to the end of k (keys_to_the_end),
+    and the mask of sequence b read at cu_q[b] * Lk_b (mask_at_query_offset)."""
     q, k, v, _, _, is_causal, scale = call
     cu_seqlens_q, cu_seqlens_k, custom_mask = call.cu_seqlens_q, call.cu_seqlens_k, call.custom_mask
     alibi_slopes = call.alibi_slopes
     heads, total_q, total_k = q.shape[1], q.shape[0], k.shape[0]
-    if trust_offsets:
+    if bug == "unchecked_offsets":
         cu_q = [int(x) for x in np.minimum(np.maximum.accumulate(cu_seqlens_q), total_q)]
         cu_q[-1] = total_q
     else:
         cu_q = _offsets(cu_seqlens_q, total_q)
     cu_k = _offsets(cu_seqlens_k, total_k)
-    if keys_to_the_end:
+    if bug == "keys_to_the_end":
         cu_k[-1] = total_k
     mask = np.zeros((total_q, total_k), dtype=bool)
     bias = np.zeros((heads, total_q, total_k))
     entry = 0  # sequence b's first element of custom_mask
+    early_keys = 1 if bug == "sees_previous_key" else 0
     for b in range(len(cu_q) - 1):
         first_key = max(cu_k[b] - early_keys, 0)
         rows, cols = slice(cu_q[b], cu_q[b + 1]), slice(first_key, cu_k[b + 1])
         n_q, n_k = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - first_key
-        offset = total_k - total_q if global_alignment else n_k - n_q
+        offset = total_k - total_q if bug == "global_alignment" else n_k - n_q
         allowed = np.ones((n_q, n_k), dtype=bool)
         if is_causal:
             allowed = np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + offset
         if custom_mask is not None:
             flat = np.asarray(custom_mask)
-            at = min(cu_q[b] * n_k, flat.size - n_q * n_k) if mask_at_query_offset else entry
+            misread = bug == "mask_at_query_offset"
+            at = min(cu_q[b] * n_k, flat.size - n_q * n_k) if misread else entry
             allowed = allowed & flat[at : at + n_q * n_k].reshape(n_q, n_k)
             entry += n_q * n_k
         mask[rows, cols] = allowed
@@ -139,23 +132,23 @@ def _block_diagonal(
     )
     out, lse = attend_features(a, f, returns_lse=True)
     out = out.transpose(swap)
-    if empty_keys_nan:
+    if bug == "empty_keys_nan":
         for b in range(len(cu_q) - 1):
             if cu_k[b + 1] == cu_k[b]:
                 out[cu_q[b] : cu_q[b + 1]] = np.nan
-    if padding_rows_nan:  # torch.empty's output rows past cu_seqlens_q[-1], never written
+    if bug == "padding_rows_nan":  # torch.empty's output rows past cu_seqlens_q[-1], never written
         out[cu_q[-1] :] = np.nan
     return (out, lse) if call.return_lse else out
 
 
-def _varlen_kernel(name: str, doc: str, **bug: Any) -> Callable[..., Any]:
+def _varlen_kernel(name: str, doc: str, bug: str = "") -> Callable[..., Any]:
     """A varlen kernel (FlashAttention's flash_attn_varlen_func signature) computing
     :func:`_block_diagonal` with ``bug``."""
 
     @declare(**VARLEN)
     @spec_function(VARLEN_KEYWORDS)
     def kernel(call: SpecCall) -> Any:
-        return _block_diagonal(call, **bug)
+        return _block_diagonal(call, bug)
 
     return named(kernel, name, doc)
 
@@ -168,42 +161,42 @@ varlen_global_alignment = _varlen_kernel(
     "varlen_global_alignment",
     "Aligns every sequence's causal rule and ALiBi with the packed totals, T_k - T_q, "
     "instead of its own L_k - L_q.",
-    global_alignment=True,
+    bug="global_alignment",
 )
 varlen_sees_previous_key = _varlen_kernel(
     "varlen_sees_previous_key",
     "Starts each sequence's keys one token early (cu_k[b] - 1): it sees the previous "
     "sequence's last key.",
-    early_keys=1,
+    bug="sees_previous_key",
 )
 varlen_empty_keys_nan = _varlen_kernel(
     "varlen_empty_keys_nan",
     "Divides by a zero row sum for a sequence without keys: its rows are NaN.",
-    empty_keys_nan=True,
+    bug="empty_keys_nan",
 )
 varlen_padding_rows_nan = _varlen_kernel(
     "varlen_padding_rows_nan",
     "Leaves the output rows past cu_seqlens_q[-1] as the uninitialised memory of its output "
     "(NaN here), as torch.empty outputs do (flash-attention #1228, PR 2324).",
-    padding_rows_nan=True,
+    bug="padding_rows_nan",
 )
 varlen_keys_to_the_end = _varlen_kernel(
     "varlen_keys_to_the_end",
     "Gives the last sequence every key up to the end of k instead of cu_seqlens_k[-1]: the "
     "padding keys are attended (sgl-project/sglang #15757).",
-    keys_to_the_end=True,
+    bug="keys_to_the_end",
 )
 varlen_mask_at_query_offset = _varlen_kernel(
     "varlen_mask_at_query_offset",
     "Reads sequence b's part of the flattened custom_mask at cu_seqlens_q[b] * Lk_b instead of "
     "after the earlier sequences' Lq * Lk entries: right only where the key lengths are equal.",
-    mask_at_query_offset=True,
+    bug="mask_at_query_offset",
 )
 varlen_unchecked_offsets = _varlen_kernel(
     "varlen_unchecked_offsets",
     "Trusts its offsets: clips them to the tokens it has instead of rejecting them "
     "(xformers #1122).",
-    trust_offsets=True,
+    bug="unchecked_offsets",
 )
 
 
@@ -216,29 +209,25 @@ def _position(block_table: Array | None, block: int, b: int, t: int) -> tuple[in
     return int(block_table[b][t // block]), t % block
 
 
-def _cache_attention(
-    call: SimpleNamespace,
-    *,
-    write_at: int = 0,
-    read_extra: int = 0,
-    alignment: str = "bottom_right",
-    table_in_order: bool = False,
-    max_over_capacity: bool = False,
-    ignore_leftpad: bool = False,
-    window_top_left: bool = False,
-    values_over_capacity: bool = False,
-) -> Any:
-    """Write the new keys in place at cache_seqlens[b] (+ ``write_at``), then attend each
-    batch element's logical positions cache_leftpad[b] … cache_seqlens[b] - 1 (+
-    ``read_extra``) and its L_new new keys, the window and chunk measured bottom-right.
-    The last two keywords are bugs: the left padding read, the window and chunk measured
-    from the cache's first position (t_i = i)."""
+def _cache_attention(call: SimpleNamespace, bug: str = "") -> Any:
+    """Write the new keys in place at cache_seqlens[b], then attend each batch element's
+    logical positions cache_leftpad[b] … cache_seqlens[b] - 1 and its L_new new keys, the
+    causal rule, ALiBi, window and chunk measured bottom-right.  ``bug`` names the one step
+    done wrong ("": none): one stale position read too many (reads_one_more), the new keys
+    written one position late and read there (writes_one_late), the causal rule and ALiBi
+    top-left (top_left), the blocks in memory order (ignores_table), the softmax shifted by
+    the whole cache rows' maximum (stale_max), the left padding read (ignores_leftpad), the
+    window and chunk measured from the cache's first position, t_i = i (window_top_left),
+    zero weights times the stale values (values_over_capacity)."""
+    write_at = 1 if bug == "writes_one_late" else 0
+    read_extra = 1 if bug in ("reads_one_more", "writes_one_late") else 0
+    alignment = "top_left" if bug == "top_left" else "bottom_right"
     q, k_cache, v_cache, k, v = call.q, call.k_cache, call.v_cache, call.k, call.v
     block_table, alibi_slopes = call.block_table, call.alibi_slopes
     block = k_cache.shape[2]
     n_new = 0 if k is None else k.shape[2]
     table = None if block_table is None else np.asarray(block_table)
-    if table is not None and table_in_order:
+    if table is not None and bug == "ignores_table":
         table = np.arange(table.size).reshape(table.shape)
     lengths = [int(x) for x in np.asarray(call.cache_seqlens)]
     for b, length in enumerate(lengths):
@@ -250,7 +239,7 @@ def _cache_attention(
     pads = options.cache_leftpad
     outs, lses = [], []
     for b, length in enumerate(lengths):
-        first = 0 if pads is None or ignore_leftpad else int(pads[b])
+        first = 0 if pads is None or bug == "ignores_leftpad" else int(pads[b])
         total = length + read_extra + n_new
         places = [_position(table, block, b, t) for t in range(first, total)]
         keys = (
@@ -270,14 +259,14 @@ def _cache_attention(
         )
         f = Features(softcap=call.softcap, alibi_slopes=slopes, alignment=alignment)
         n_queries, n_keys = q.shape[2], len(places)
-        offset = 0 if window_top_left else n_keys - n_queries
+        offset = 0 if bug == "window_top_left" else n_keys - n_queries
         windowed = visible(n_queries, n_keys, offset, False, options._replace(cache_leftpad=None))
         a = arranged(q[b], keys, values, windowed, None, call.is_causal, call.scale, f)
-        if max_over_capacity:
+        if bug == "stale_max":
             out, lse = _shifted_by_block_max(a, f, q[b], k_cache, table, block, b)
         else:
             out, lse = attend_features(a, f, returns_lse=True)
-        if values_over_capacity:
+        if bug == "values_over_capacity":
             out = _plus_zero_weights_over_capacity(out, v_cache, table, b)
         outs.append(out)
         lses.append(lse)
@@ -325,13 +314,13 @@ def _plus_zero_weights_over_capacity(
     return (out.astype(np.float64) + tile).astype(out.dtype)
 
 
-def _cache_kernel(name: str, doc: str, *, paged: bool = True, **bug: Any) -> Callable[..., Any]:
-    """A KV-cache kernel (contiguous or paged) with ``bug`` passed to _cache_attention."""
+def _cache_kernel(name: str, doc: str, *, paged: bool = True, bug: str = "") -> Callable[..., Any]:
+    """A KV-cache kernel (contiguous or paged) with the bug ``bug`` of _cache_attention."""
 
     @declare(**{**CACHE, "kv_cache_paged": paged})
     @signed(CACHE_KEYWORDS, ("q", "k_cache", "v_cache"), namespace)
     def kernel(call: SimpleNamespace) -> Any:
-        return _cache_attention(call, **bug)
+        return _cache_attention(call, bug)
 
     return named(kernel, name, doc)
 
@@ -348,43 +337,42 @@ kv_cache_contiguous = _cache_kernel(
 kv_cache_reads_one_more = _cache_kernel(
     "kv_cache_reads_one_more",
     "Attends cache_seqlens[b] + 1 cached keys: one stale position too many.",
-    read_extra=1,
+    bug="reads_one_more",
 )
 kv_cache_top_left = _cache_kernel(
     "kv_cache_top_left",
     "Aligns the causal rule and ALiBi top-left, as for a prompt, not bottom-right.",
-    alignment="top_left",
+    bug="top_left",
 )
 kv_cache_ignores_leftpad = _cache_kernel(
     "kv_cache_ignores_leftpad",
     "Ignores cache_leftpad: attends every cache position from 0, the left padding included.",
-    ignore_leftpad=True,
+    bug="ignores_leftpad",
 )
 kv_cache_window_top_left = _cache_kernel(
     "kv_cache_window_top_left",
     "Measures the window and the chunk from the cache's first position (t_i = i) while the "
     "causal rule stays bottom-right: a decoding query sees keys far outside its window.",
-    window_top_left=True,
+    bug="window_top_left",
 )
 kv_cache_writes_one_late = _cache_kernel(
     "kv_cache_writes_one_late",
     "Writes the new keys at cache_seqlens[b] + 1, leaving a hole, and reads them there.",
-    write_at=1,
-    read_extra=1,
+    bug="writes_one_late",
 )
 kv_cache_stale_max = _cache_kernel(
     "kv_cache_stale_max",
     "Shifts the softmax by the maximum over the whole cache rows, stale positions included.",
-    max_over_capacity=True,
+    bug="stale_max",
 )
 kv_cache_values_over_capacity = _cache_kernel(
     "kv_cache_values_over_capacity",
     "Multiplies the zero weights of the positions past cache_seqlens by their values (a P V "
     "tile over the whole cache rows): exact for finite stale values, NaN from NaN ones.",
-    values_over_capacity=True,
+    bug="values_over_capacity",
 )
 kv_cache_ignores_table = _cache_kernel(
     "kv_cache_ignores_table",
     "Reads and writes the blocks in memory order (block b * M + j), ignoring block_table.",
-    table_in_order=True,
+    bug="ignores_table",
 )

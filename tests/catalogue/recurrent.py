@@ -478,6 +478,17 @@ def _packed(
     return np.concatenate(outs, axis=2), np.concatenate(finals, axis=0)
 
 
+# the declared kernels' keywords: REC-1.2's but the rule and scale, packed sequences
+# (REC-3.3) and the chunk size (REC-5.1)
+DECLARED_KEYWORDS = {
+    "g": None,
+    "beta": None,
+    "initial_state": None,
+    "cu_seqlens": None,
+    "chunk_size": CHUNK,
+}
+
+
 def _declared(
     base: Callable[..., tuple[Array, Array]],
     name: str,
@@ -495,31 +506,24 @@ def _declared(
     declared shape (``--recurrent-gate``: "head" or "channel")."""
     from attnspec.conformance import RecurrentClaim, declare
 
-    def kernel(
-        q: Array,
-        k: Array,
-        v: Array,
-        *,
-        g: Any = None,
-        beta: Any = None,
-        initial_state: Any = None,
-        cu_seqlens: Any = None,
-        chunk_size: int = CHUNK,
-    ) -> tuple[Array, Array]:
+    @signed(DECLARED_KEYWORDS, ARRAYS, namespace)
+    def kernel(call: SimpleNamespace) -> tuple[Array, Array]:
         run = partial(base, bug=bug) if bug else base
-        arguments = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
-        arguments.update(rule="gated_delta", initial_state=initial_state, chunk=chunk_size)
-        if cu_seqlens is None:
+        arguments = {n: getattr(call, n) for n in ("q", "k", "v", "g", "beta")}
+        arguments.update(
+            rule="gated_delta", initial_state=call.initial_state, chunk=call.chunk_size
+        )
+        if call.cu_seqlens is None:
             out, state = run(**arguments)
         else:
-            out, state = _packed(run, cu_seqlens, bug, **arguments)
+            out, state = _packed(run, call.cu_seqlens, bug, **arguments)
         # state_in_q_dtype: ONNX's reference returns present_state in q's dtype when no
         # past state is given (REC-4.3)
+        q = call.q
         final = q.dtype if bug == "state_in_q_dtype" else (state_dtype or np.float32)
         return out.astype(q.dtype), state.astype(final)
 
     kernel.__name__ = kernel.__qualname__ = name
-    kernel.__module__ = __name__
     claim = RecurrentClaim(
         "gated_delta",
         gate,
