@@ -165,7 +165,8 @@ def prepare(
 ) -> Recurrence:
     """Check the arguments against REC-1 … REC-4 and return the problem in computation
     form; every error names the argument, what it was and what it should be.  A keyword
-    not passed takes its value from :data:`INPUT_DEFAULTS`."""
+    not passed takes its value from :data:`INPUT_DEFAULTS`; keywords of a larger set (a
+    bound's rounding keywords) are left to the caller."""
     given = with_defaults(inputs)
     rule, normalize_qk, norm_eps = given["rule"], given["normalize_qk"], given["norm_eps"]
     (g, beta, initial_state), scale = optional_arrays(inputs), inputs.get("scale")

@@ -10,14 +10,15 @@ module only evaluates it, at the cost of the token recurrence.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Unpack
+from typing import Any, NamedTuple, TypedDict, Unpack
 
 import array_api_compat
 
 from .._array import Array
 from .._checks import check_flag, check_size
+from .._keywords import shows_keywords
 from ..tolerance import UNDERFLOW_THRESHOLD, UNIT_ROUNDOFF, accumulation_roundoff, scale_is_exact
-from ._inputs import Recurrence, RecurrentInputs, prepare, shows_inputs, with_defaults
+from ._inputs import INPUT_DEFAULTS, Recurrence, RecurrentInputs, prepare, with_defaults
 from .definition import Token, token_step
 
 CALL = "recurrent_error_bound(q, k, v)"
@@ -48,6 +49,43 @@ def _dtype_name(name: str, value: Any, allowed: tuple[str, ...]) -> str:
             f"[REC-6.2, {CALL}]"
         )
     return str(value)
+
+
+class KernelRounding(TypedDict, total=False):
+    """What a kernel declares about its rounding, beside its ``dtype``: ``chunk_size``, its
+    largest chunk ``C_h`` (1: token by token); ``state_dtype``, the dtype of its state
+    (REC-4.3; default float32, or float64 for float64 inputs); ``operands_in_input_dtype``,
+    that it rounds the operands of its matrix products to ``dtype`` (``u_p = u_d``)."""
+
+    chunk_size: int
+    state_dtype: str | None
+    operands_in_input_dtype: bool
+
+
+class BoundInputs(RecurrentInputs, KernelRounding, total=False):
+    """The keywords of :func:`recurrent_error_bound` beside ``dtype``."""
+
+
+ROUNDING_DEFAULTS = KernelRounding(chunk_size=1, operands_in_input_dtype=False)
+BOUND_DEFAULTS = {**INPUT_DEFAULTS, **ROUNDING_DEFAULTS}
+
+
+def declared_rounding(
+    dtype: Any, declared: KernelRounding, call: str
+) -> tuple[str, str, int, bool]:
+    """``dtype``, the state dtype, the largest chunk and whether the operands are rounded
+    to ``dtype``, checked, each at its default where not declared."""
+    given: KernelRounding = {**ROUNDING_DEFAULTS, **declared}
+    dtype = _dtype_name("dtype", dtype, tuple(UNIT_ROUNDOFF))
+    state_dtype = given.get("state_dtype")
+    state_dtype = _dtype_name(
+        "state_dtype",
+        ("float64" if dtype == "float64" else "float32") if state_dtype is None else state_dtype,
+        tuple(UNIT_ROUNDOFF),
+    )
+    chunk = check_size("chunk_size", given["chunk_size"], call, minimum=1)
+    operands = check_flag("operands_in_input_dtype", given["operands_in_input_dtype"], call)
+    return dtype, state_dtype, chunk, operands
 
 
 def _cumulative_gates(xp: Any, gate_sizes: Array, t: int, chunk: int) -> Array:
@@ -146,17 +184,9 @@ def state_error_step(
     return StateError(token, kappa, rho, gamma, rho[..., None] * error + local)
 
 
-@shows_inputs
+@shows_keywords(BoundInputs, BOUND_DEFAULTS)
 def recurrent_error_bound(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    dtype: str,
-    chunk_size: int = 1,
-    state_dtype: str | None = None,
-    operands_in_input_dtype: bool = False,
-    **inputs: Unpack[RecurrentInputs],
+    q: Array, k: Array, v: Array, *, dtype: str, **inputs: Unpack[BoundInputs]
 ) -> RecurrentBound:
     """REC-6.2 for float64 inputs holding the values the kernel received in ``dtype`` (q's).
 
@@ -167,14 +197,9 @@ def recurrent_error_bound(
     normalises q and k itself (REC-2.4, ``eta``).  Arguments otherwise as
     :func:`attnspec.reference.recurrent.recurrent_attention`.
     """
-    dtype = _dtype_name("dtype", dtype, tuple(UNIT_ROUNDOFF))
-    accumulation = "float64" if dtype == "float64" else "float32"
-    state_dtype = _dtype_name(
-        "state_dtype", accumulation if state_dtype is None else state_dtype, tuple(UNIT_ROUNDOFF)
-    )
-    chunk = check_size("chunk_size", chunk_size, CALL, minimum=1)
-    rounded_operands = check_flag("operands_in_input_dtype", operands_in_input_dtype, CALL)
-    p = prepare(q, k, v, CALL, **inputs)
+    dtype, state_dtype, chunk, rounded_operands = declared_rounding(dtype, inputs, CALL)
+    problem: RecurrentInputs = inputs  # prepare leaves the rounding keywords
+    p = prepare(q, k, v, CALL, **problem)
     xp = p.xp
     if p.q.dtype != xp.float64:
         raise TypeError(f"q.dtype={q.dtype}, but should be float64 [REC-6.1, {CALL}]")

@@ -14,21 +14,22 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Unpack
 
 from .._array import Array
-from .._checks import check_flag, check_size
+from .._keywords import shows_keywords
 from ..tolerance import UNDERFLOW_THRESHOLD, UNIT_ROUNDOFF
 from ._inputs import (
     GradientInputs,
     optional_arrays,
     prepare_for_gradients,
-    shows_gradient_inputs,
     split_gradient_inputs,
 )
 from .backward import RecurrentGradients, _unshare, adjoint_step
 from .tolerance import (
+    BOUND_DEFAULTS,
     SAFETY_FACTOR,
+    KernelRounding,
     Rounding,
-    _dtype_name,
     column_norms,
+    declared_rounding,
     rounding,
     state_error_step,
 )
@@ -56,7 +57,11 @@ def _vecmat(xp: Any, a: Array, b: Array) -> Array:
     return xp.matmul(a[..., None, :], b)[..., 0, :]
 
 
-@shows_gradient_inputs
+class GradientBoundInputs(GradientInputs, KernelRounding, total=False):
+    """The keywords of :func:`recurrent_gradient_error_bound` beside ``dtype``."""
+
+
+@shows_keywords(GradientBoundInputs, BOUND_DEFAULTS)
 def recurrent_gradient_error_bound(
     q: Array,
     k: Array,
@@ -64,10 +69,7 @@ def recurrent_gradient_error_bound(
     grad_out: Array,
     *,
     dtype: str,
-    chunk_size: int = 1,
-    state_dtype: str | None = None,
-    operands_in_input_dtype: bool = False,
-    **inputs: Unpack[GradientInputs],
+    **inputs: Unpack[GradientBoundInputs],
 ) -> RecurrentGradientBound:
     """REC-7.7 for float64 inputs and upstream gradients holding the values the kernel
     received in ``dtype`` (q's); ``state_dtype`` is the dtype of the past state and of its
@@ -76,14 +78,7 @@ def recurrent_gradient_error_bound(
     ``normalize_qk`` that the kernel normalises q and k itself with ``norm_eps`` (REC-2.4),
     so that the gradients of q and k are those of its inputs, through the normalisation
     (REC-7.5)."""
-    dtype = _dtype_name("dtype", dtype, tuple(UNIT_ROUNDOFF))
-    state_dtype = _dtype_name(
-        "state_dtype",
-        ("float64" if dtype == "float64" else "float32") if state_dtype is None else state_dtype,
-        tuple(UNIT_ROUNDOFF),
-    )
-    chunk = check_size("chunk_size", chunk_size, CALL, minimum=1)
-    rounded_operands = check_flag("operands_in_input_dtype", operands_in_input_dtype, CALL)
+    dtype, state_dtype, chunk, rounded_operands = declared_rounding(dtype, inputs, CALL)
     as_forward, grad_final_state = split_gradient_inputs(inputs)
     p, raw, norm_eps = prepare_for_gradients(q, k, v, CALL, **as_forward)
     xp = p.xp
