@@ -10,6 +10,8 @@
 """
 
 from .kernels import block_sparse_attention, sparse_attention
+
+# the package's public names (tests/reference/sparse/test_masks.py imports the same list)
 from .masks import (
     LIBRARY_WINDOWS,
     PATTERN_NAMES,

@@ -25,6 +25,8 @@ import array_api_compat
 from .._array import Array
 from .._checks import check_size
 from ..sdpa import GroupedInputs, allowed_scores, prepare, softmax_over_allowed, weighted_values
+
+# every pattern class, as parameters.py imports them: each module handles all six
 from .definition import (
     BigBird,
     BlockSparse,
@@ -343,6 +345,8 @@ def plan(sets: SparsePattern, xp: ModuleType, device: Any) -> list[Segment]:
     return _PLANNERS[type(sets)](xp, device, sets)
 
 
+# Why this signature parallels sparse_mask's: both take a pattern's open parameters as
+# **params, so their placement keywords stay explicit instead of a **placement set.
 def sparse_attention(
     q: Array,
     k: Array,
