@@ -129,6 +129,23 @@ def _when(name: str, text: str | Callable[[KernelDeclaration], str]) -> Callable
     return shows
 
 
+def _option(field: str) -> str:
+    """The flag named after a claim: ``--mask-keyword`` for ``mask_keyword``."""
+    return "--" + field.replace("_", "-")
+
+
+def _flag_claim(field: str, help: str, kind: str, **claim: Any) -> Claim:
+    """A claim set by one flag named after it: a switch or ``--x/--no-x`` (``kind``)."""
+    return Claim(field, flags=(Flag(_option(field), help, kind=kind),), **claim)
+
+
+def _keyword_claim(field: str, of: str, help: str, **claim: Any) -> Claim:
+    """The keyword that claim ``of``'s argument is passed as, set by ``--FIELD NAME``,
+    which implies ``of``."""
+    flag = Flag(_option(field), f"{help}; implies {_option(of)}", metavar="NAME")
+    return Claim(field, flags=(flag,), implies={of: True}, **claim)
+
+
 def _linear_shows(declaration: KernelDeclaration) -> str | None:
     claim = declaration.linear
     if claim is None:
@@ -173,122 +190,77 @@ CLAIMS: tuple[Claim, ...] = (
         ),
         shows_as=lambda d: None if d.batch_ndim is None else _plural(d.batch_ndim, "batch dim"),
     ),
-    Claim(
+    _flag_claim(
         "equal_head_dims",
-        flags=(
-            Flag(
-                "--equal-head-dims",
-                "the kernel needs Ev == E (FlashAttention 2, JAX); the suite "
-                "pads q, k or v with exact zero columns",
-                kind="switch",
-            ),
-        ),
+        "the kernel needs Ev == E (FlashAttention 2, JAX); the suite "
+        "pads q, k or v with exact zero columns",
+        "switch",
         shows_as=lambda d: "needs E == Ev" if d.equal_head_dims else None,
     ),
     # limitations: what a kernel cannot take, declared once instead of failing every
     # property whose drawn inputs touch it
-    Claim(
+    _flag_claim(
         "equal_lengths",
-        flags=(
-            Flag(
-                "--equal-lengths",
-                "the kernel needs Lq == Lk (self-attention only, e.g. "
-                "local-attention); the suite draws Lq = Lk, and the claim says so",
-                kind="switch",
-            ),
-        ),
+        "the kernel needs Lq == Lk (self-attention only, e.g. "
+        "local-attention); the suite draws Lq = Lk, and the claim says so",
+        "switch",
         shows_as=lambda d: "needs Lq == Lk" if d.equal_lengths else None,
     ),
-    Claim(
+    _flag_claim(
         "empty_sizes",
-        flags=(
-            Flag(
-                "--empty-sizes",
-                "the kernel takes empty sizes (Lq = 0, Lk = 0; SDPA-1.5, "
-                "SDPA-5.2); --no-empty-sizes: the suite draws none and the claim names both "
-                "clauses as waived (CONF-7)",
-                kind="bool",
-            ),
-        ),
+        "the kernel takes empty sizes (Lq = 0, Lk = 0; SDPA-1.5, "
+        "SDPA-5.2); --no-empty-sizes: the suite draws none and the claim names both "
+        "clauses as waived (CONF-7)",
+        "bool",
     ),
-    Claim(
+    _flag_claim(
         "mask",
-        flags=(
-            Flag(
-                "--mask",
-                "the kernel takes a boolean mask (default: read off its signature)",
-                kind="bool",
-            ),
-        ),
+        "the kernel takes a boolean mask (default: read off its signature)",
+        "bool",
         keywords=lambda d: (d.mask_keyword,) if _dense(d) and d.mask else (),
         remedy="--no-mask, or --mask-keyword NAME",
         shows_as=_when("mask", "mask"),
     ),
-    Claim(
-        "mask_keyword",
-        flags=(
-            Flag(
-                "--mask-keyword",
-                "keyword of the boolean mask (default mask); implies --mask",
-                metavar="NAME",
-            ),
-        ),
-        implies={"mask": True},
-    ),
-    Claim(
+    _keyword_claim("mask_keyword", "mask", "keyword of the boolean mask (default mask)"),
+    _flag_claim(
         "bias",
-        flags=(Flag("--bias", "the kernel takes an additive float bias", kind="bool"),),
+        "the kernel takes an additive float bias",
+        "bool",
         keywords=lambda d: (d.bias_keyword,) if _dense(d) and d.bias else (),
         remedy="--no-bias, or --bias-keyword NAME",
         shows_as=_when("bias", "bias"),
     ),
-    Claim(
+    _keyword_claim(
         "bias_keyword",
-        flags=(
-            Flag(
-                "--bias-keyword",
-                "keyword of the bias (default bias; PyTorch: attn_mask, a float "
-                "mask added to the scores); implies --bias",
-                metavar="NAME",
-            ),
-        ),
-        implies={"bias": True},
+        "bias",
+        "keyword of the bias (default bias; PyTorch: attn_mask, a float mask added to the scores)",
     ),
-    Claim(
+    _flag_claim(
         "float32_bias",
-        flags=(
-            Flag(
-                "--float32-bias",
-                "float16 and bfloat16 calls get their bias in float32, not in the inputs' "
-                "dtype (SDPA-1.4: PyTorch SDPA takes such a float attn_mask; Hugging Face "
-                "models build float32 padding masks of finfo(float32).min); implies --bias",
-                kind="switch",
-            ),
-        ),
+        "float16 and bfloat16 calls get their bias in float32, not in the inputs' "
+        "dtype (SDPA-1.4: PyTorch SDPA takes such a float attn_mask; Hugging Face "
+        "models build float32 padding masks of finfo(float32).min); implies --bias",
+        "switch",
         implies={"bias": True},
         shows_as=_when("float32_bias", "float32 bias"),
     ),
-    Claim(
+    _flag_claim(
         "gqa",
-        flags=(Flag("--gqa", "grouped-query attention: Hq a multiple of Hkv", kind="bool"),),
+        "grouped-query attention: Hq a multiple of Hkv",
+        "bool",
         shows_as=_when("gqa", "GQA"),
     ),
-    Claim(
+    _keyword_claim(
         "gqa_keyword",
-        flags=(
-            Flag(
-                "--gqa-keyword",
-                "keyword set to True when Hq != Hkv (PyTorch: enable_gqa); implies --gqa",
-                metavar="NAME",
-            ),
-        ),
-        implies={"gqa": True},
+        "gqa",
+        "keyword set to True when Hq != Hkv (PyTorch: enable_gqa)",
         keywords=lambda d: (d.gqa_keyword,) if _dense(d) and d.gqa and d.gqa_keyword else (),
         remedy="--gqa-keyword NAME",
     ),
-    Claim(
+    _flag_claim(
         "causal",
-        flags=(Flag("--causal", "the kernel takes is_causal", kind="bool"),),
+        "the kernel takes is_causal",
+        "bool",
         keywords=lambda d: ("is_causal",) if _dense(d) and d.causal else (),
         remedy="--no-causal, or --rename is_causal=NAME",
         shows_as=_when("causal", lambda d: f"{d.causal_alignment.replace('_', '-')} causal"),
@@ -305,40 +277,36 @@ CLAIMS: tuple[Claim, ...] = (
             ),
         ),
     ),
-    Claim(
+    _flag_claim(
         "mask_and_causal",
-        flags=(
-            Flag("--mask-and-causal", "mask and is_causal may be passed together", kind="bool"),
-        ),
+        "mask and is_causal may be passed together",
+        "bool",
         shows_as=lambda d: (
             "mask and causal not combined"
             if _dense(d) and d.mask and d.causal and not d.mask_and_causal
             else None
         ),
     ),
-    Claim(
+    _flag_claim(
         "scale",
-        flags=(Flag("--scale", "the kernel takes scale=", kind="bool"),),
+        "the kernel takes scale=",
+        "bool",
         keywords=lambda d: ("scale",) if _dense(d) and d.scale else (),
         remedy="--no-scale, or --rename scale=NAME",
         shows_as=_when("scale", "explicit scale"),
     ),
-    Claim(
+    _flag_claim(
         "returns_weights",
-        flags=(Flag("--returns-weights", "the kernel returns (out, weights)", kind="bool"),),
+        "the kernel returns (out, weights)",
+        "bool",
         shows_as=_when("returns_weights", "returned weights"),
     ),
-    Claim(
+    _flag_claim(
         "empty_rows_zero",
-        flags=(
-            Flag(
-                "--empty-rows-zero",
-                "fully masked rows give 0 as the spec says (SDPA-5.1); "
-                "--no-empty-rows-zero for kernels that give mean(V): the claim then names "
-                "SDPA-5.1 as waived (CONF-7)",
-                kind="bool",
-            ),
-        ),
+        "fully masked rows give 0 as the spec says (SDPA-5.1); "
+        "--no-empty-rows-zero for kernels that give mean(V): the claim then names "
+        "SDPA-5.1 as waived (CONF-7)",
+        "bool",
     ),
     Claim(
         "extra_kwargs",
@@ -355,112 +323,60 @@ CLAIMS: tuple[Claim, ...] = (
         remedy="--kwarg",
     ),
     # --- the features of spec/features.md and dropout (DROP-2 ... DROP-5) ---
-    Claim(
+    _flag_claim(
         "softcap",
-        flags=(
-            Flag(
-                "--softcap",
-                "the kernel takes a logit softcap c > 0 and computes c tanh(x / c) of "
-                "the scaled scores before bias and mask (SOFTCAP-1; FlashAttention, Gemma 2)",
-                kind="bool",
-            ),
-        ),
+        "the kernel takes a logit softcap c > 0 and computes c tanh(x / c) of "
+        "the scaled scores before bias and mask (SOFTCAP-1; FlashAttention, Gemma 2)",
+        "bool",
         keywords=lambda d: (d.softcap_keyword,) if _dense(d) and d.softcap else (),
         remedy="--no-softcap, or --softcap-keyword NAME",
         shows_as=_when("softcap", "softcap"),
     ),
-    Claim(
-        "softcap_keyword",
-        flags=(
-            Flag(
-                "--softcap-keyword",
-                "keyword of the softcap (default softcap); implies --softcap",
-                metavar="NAME",
-            ),
-        ),
-        implies={"softcap": True},
-    ),
-    Claim(
+    _keyword_claim("softcap_keyword", "softcap", "keyword of the softcap (default softcap)"),
+    _flag_claim(
         "alibi",
-        flags=(
-            Flag(
-                "--alibi",
-                "the kernel adds ALiBi biases -m_h |i + d - j| from per-query-head "
-                "slopes, anchored at its causal alignment's corner (ALIBI-2); the slopes are "
-                "passed as float32 (Hq,) or (..., Hq) arrays",
-                kind="bool",
-            ),
-        ),
+        "the kernel adds ALiBi biases -m_h |i + d - j| from per-query-head "
+        "slopes, anchored at its causal alignment's corner (ALIBI-2); the slopes are "
+        "passed as float32 (Hq,) or (..., Hq) arrays",
+        "bool",
         keywords=lambda d: (d.alibi_keyword,) if _dense(d) and d.alibi else (),
         remedy="--no-alibi, or --alibi-keyword NAME",
         shows_as=_when(
             "alibi", lambda d: "ALiBi (standard slopes)" if d.alibi_builtin_slopes else "ALiBi"
         ),
     ),
-    Claim(
-        "alibi_keyword",
-        flags=(
-            Flag(
-                "--alibi-keyword",
-                "keyword of the ALiBi slopes (default alibi_slopes); implies --alibi",
-                metavar="NAME",
-            ),
-        ),
-        implies={"alibi": True},
-    ),
-    Claim(
+    _keyword_claim("alibi_keyword", "alibi", "keyword of the ALiBi slopes (default alibi_slopes)"),
+    _flag_claim(
         "alibi_builtin_slopes",
-        flags=(
-            Flag(
-                "--alibi-builtin-slopes",
-                "the kernel takes no slopes: it computes the standard "
-                "slopes of Press et al. for its heads itself (ALIBI-3), and the ALiBi keyword "
-                "(e.g. --alibi-keyword use_alibi) is a switch the suite sets to True; implies "
-                "--alibi",
-                kind="switch",
-            ),
-        ),
+        "the kernel takes no slopes: it computes the standard "
+        "slopes of Press et al. for its heads itself (ALIBI-3), and the ALiBi keyword "
+        "(e.g. --alibi-keyword use_alibi) is a switch the suite sets to True; implies "
+        "--alibi",
+        "switch",
         implies={"alibi": True},
     ),
-    Claim(
+    _flag_claim(
         "returns_lse",
-        flags=(
-            Flag(
-                "--returns-lse",
-                "the kernel also returns the log-sum-exp of each query row: "
-                "(out, lse), or (out, weights, lse) with --returns-weights (LSE-1 ... LSE-4)",
-                kind="bool",
-            ),
-        ),
+        "the kernel also returns the log-sum-exp of each query row: "
+        "(out, lse), or (out, weights, lse) with --returns-weights (LSE-1 ... LSE-4)",
+        "bool",
         shows_as=_when("returns_lse", "log-sum-exp"),
     ),
-    Claim(
+    _keyword_claim(
         "lse_keyword",
-        flags=(
-            Flag(
-                "--lse-keyword",
-                "keyword set to True on every call to get the log-sum-exp "
-                "(FlashAttention's kvcache: return_softmax_lse; FlexAttention: return_lse); "
-                "implies --returns-lse",
-                metavar="NAME",
-            ),
-        ),
-        implies={"returns_lse": True},
+        "returns_lse",
+        "keyword set to True on every call to get the log-sum-exp (FlashAttention's kvcache: "
+        "return_softmax_lse; FlexAttention: return_lse)",
         keywords=lambda d: (
             (d.lse_keyword,) if _dense(d) and d.returns_lse and d.lse_keyword else ()
         ),
         remedy="--lse-keyword NAME",
     ),
-    Claim(
+    _flag_claim(
         "dropout",
-        flags=(
-            Flag(
-                "--dropout",
-                "the kernel takes a dropout probability (0.0 is passed on every call "
-                "but the dropout checks) and a seed: DROP-2 ... DROP-5 are checked statistically",
-                kind="bool",
-            ),
-        ),
+        "the kernel takes a dropout probability (0.0 is passed on every call "
+        "but the dropout checks) and a seed: DROP-2 ... DROP-5 are checked statistically",
+        "bool",
         keywords=lambda d: (
             (d.dropout_keyword, *((d.dropout_seed_keyword,) if d.dropout_seeded else ()))
             if _dense(d) and d.dropout
@@ -470,51 +386,25 @@ CLAIMS: tuple[Claim, ...] = (
         "--no-dropout-seeded",
         shows_as=_when("dropout", "dropout"),
     ),
-    Claim(
-        "dropout_keyword",
-        flags=(
-            Flag(
-                "--dropout-keyword",
-                "keyword of the dropout probability (default dropout_p); implies --dropout",
-                metavar="NAME",
-            ),
-        ),
-        implies={"dropout": True},
+    _keyword_claim(
+        "dropout_keyword", "dropout", "keyword of the dropout probability (default dropout_p)"
     ),
-    Claim(
-        "dropout_seed_keyword",
-        flags=(
-            Flag(
-                "--dropout-seed-keyword",
-                "keyword of the integer dropout seed (default seed); implies --dropout",
-                metavar="NAME",
-            ),
-        ),
-        implies={"dropout": True},
+    _keyword_claim(
+        "dropout_seed_keyword", "dropout", "keyword of the integer dropout seed (default seed)"
     ),
-    Claim(
+    _flag_claim(
         "dropout_seeded",
-        flags=(
-            Flag(
-                "--dropout-seeded",
-                "the kernel takes its dropout seed as a keyword (default); "
-                "--no-dropout-seeded: it draws from its library's own generator, so DROP-4 is "
-                "not checked",
-                kind="bool",
-            ),
-        ),
+        "the kernel takes its dropout seed as a keyword (default); "
+        "--no-dropout-seeded: it draws from its library's own generator, so DROP-4 is "
+        "not checked",
+        "bool",
     ),
-    Claim(
+    _flag_claim(
         "varlen",
-        flags=(
-            Flag(
-                "--varlen",
-                "the kernel takes packed sequences (VARLEN-1): fn(q (total_q, Hq, E), "
-                "k, v, cu_seqlens_q=, cu_seqlens_k=, max_seqlen_q=, max_seqlen_k=) with int32 "
-                "offsets, FlashAttention's varlen convention; only the varlen properties apply",
-                kind="switch",
-            ),
-        ),
+        "the kernel takes packed sequences (VARLEN-1): fn(q (total_q, Hq, E), "
+        "k, v, cu_seqlens_q=, cu_seqlens_k=, max_seqlen_q=, max_seqlen_k=) with int32 "
+        "offsets, FlashAttention's varlen convention; only the varlen properties apply",
+        "switch",
         keywords=lambda d: (
             (
                 "cu_seqlens_q",
@@ -526,43 +416,28 @@ CLAIMS: tuple[Claim, ...] = (
         ),
         remedy="--rename cu_seqlens_q=NAME ..., or --no-varlen-max-seqlen",
     ),
-    Claim(
+    _flag_claim(
         "varlen_max_seqlen",
-        flags=(
-            Flag(
-                "--varlen-max-seqlen",
-                "pass max_seqlen_q and max_seqlen_k to a --varlen kernel "
-                "(default; --no-varlen-max-seqlen: it takes only the offsets)",
-                kind="bool",
-            ),
-        ),
+        "pass max_seqlen_q and max_seqlen_k to a --varlen kernel "
+        "(default; --no-varlen-max-seqlen: it takes only the offsets)",
+        "bool",
     ),
-    Claim(
+    _flag_claim(
         "varlen_mask",
-        flags=(
-            Flag(
-                "--varlen-mask",
-                "the --varlen kernel takes a boolean mask flattened sequence by sequence, "
-                "custom_mask (sum_b Lq_b * Lk_b,), FlashInfer's ragged convention (VARLEN-6)",
-                kind="switch",
-            ),
-        ),
+        "the --varlen kernel takes a boolean mask flattened sequence by sequence, "
+        "custom_mask (sum_b Lq_b * Lk_b,), FlashInfer's ragged convention (VARLEN-6)",
+        "switch",
         keywords=lambda d: ("custom_mask",) if d.varlen and d.varlen_mask else (),
         remedy="--rename custom_mask=NAME",
         shows_as=lambda d: "mask" if d.varlen and d.varlen_mask and not _dense(d) else None,
         implies={"varlen": True},
     ),
-    Claim(
+    _flag_claim(
         "kv_cache",
-        flags=(
-            Flag(
-                "--kv-cache",
-                "the kernel attends over a KV cache (KVCACHE-1): fn(q, k_cache, "
-                "v_cache, cache_seqlens=, k=, v=, [block_table=]) as FlashAttention's "
-                "flash_attn_with_kvcache, bottom-right; only the KV-cache properties apply",
-                kind="switch",
-            ),
-        ),
+        "the kernel attends over a KV cache (KVCACHE-1): fn(q, k_cache, "
+        "v_cache, cache_seqlens=, k=, v=, [block_table=]) as FlashAttention's "
+        "flash_attn_with_kvcache, bottom-right; only the KV-cache properties apply",
+        "switch",
         keywords=lambda d: (
             (
                 "cache_seqlens",
@@ -575,27 +450,17 @@ CLAIMS: tuple[Claim, ...] = (
         remedy="--rename cache_seqlens=NAME ..., --no-kv-cache-append",
         shows_as=lambda d: "paged" if d.kv_cache and d.kv_cache_paged else None,
     ),
-    Claim(
+    _flag_claim(
         "kv_cache_append",
-        flags=(
-            Flag(
-                "--kv-cache-append",
-                "the --kv-cache kernel takes new keys k=, v= and writes them "
-                "into the cache in place at cache_seqlens (KVCACHE-4; default)",
-                kind="bool",
-            ),
-        ),
+        "the --kv-cache kernel takes new keys k=, v= and writes them "
+        "into the cache in place at cache_seqlens (KVCACHE-4; default)",
+        "bool",
     ),
-    Claim(
+    _flag_claim(
         "kv_cache_paged",
-        flags=(
-            Flag(
-                "--kv-cache-paged",
-                "the --kv-cache kernel takes a paged cache (num_blocks, Hkv, "
-                "block_size, E) and block_table= (KVCACHE-5)",
-                kind="switch",
-            ),
-        ),
+        "the --kv-cache kernel takes a paged cache (num_blocks, Hkv, "
+        "block_size, E) and block_table= (KVCACHE-5)",
+        "switch",
         implies={"kv_cache": True},
     ),
     Claim(
@@ -799,43 +664,23 @@ CLAIMS: tuple[Claim, ...] = (
             else "tokens-first pages"
         ),
     ),
-    Claim(
+    _flag_claim(
         "sinks",
-        flags=(
-            Flag(
-                "--sinks",
-                "the kernel takes one sink logit per query head, float32 (Hq,), added to "
-                "every row's softmax denominator unscaled and without a value (SINK-1; "
-                "gpt-oss, vLLM's s_aux, FlashAttention 4's learnable_sink)",
-                kind="bool",
-            ),
-        ),
+        "the kernel takes one sink logit per query head, float32 (Hq,), added to "
+        "every row's softmax denominator unscaled and without a value (SINK-1; "
+        "gpt-oss, vLLM's s_aux, FlashAttention 4's learnable_sink)",
+        "bool",
         keywords=lambda d: (d.sinks_keyword,) if _dense(d) and d.sinks else (),
         remedy="--no-sinks, or --sinks-keyword NAME",
         shows_as=_when("sinks", "sinks"),
     ),
-    Claim(
-        "sinks_keyword",
-        flags=(
-            Flag(
-                "--sinks-keyword",
-                "keyword of the sink logits (default sinks); implies --sinks",
-                metavar="NAME",
-            ),
-        ),
-        implies={"sinks": True},
-    ),
-    Claim(
+    _keyword_claim("sinks_keyword", "sinks", "keyword of the sink logits (default sinks)"),
+    _flag_claim(
         "sink_tokens",
-        flags=(
-            Flag(
-                "--sink-tokens",
-                "the kernel keeps the first n_sink_tokens= keys visible beside a causal "
-                "sliding window of window= keys to the left, measured from the declared "
-                "causal alignment (SINK-4; StreamingLLM)",
-                kind="bool",
-            ),
-        ),
+        "the kernel keeps the first n_sink_tokens= keys visible beside a causal "
+        "sliding window of window= keys to the left, measured from the declared "
+        "causal alignment (SINK-4; StreamingLLM)",
+        "bool",
         keywords=lambda d: ("n_sink_tokens", "window") if _dense(d) and d.sink_tokens else (),
         remedy="--no-sink-tokens, or --rename (e.g. n_sink_tokens=sink_token_length)",
         shows_as=_when("sink_tokens", "sink tokens"),
@@ -967,18 +812,13 @@ CLAIMS: tuple[Claim, ...] = (
         ),
         from_flags=recurrent_from_flags,
     ),
-    Claim(
+    _flag_claim(
         "backward",
-        flags=(
-            Flag(
-                "--backward",
-                "check the kernel's backward pass too (spec/backward.md): its gradients by "
-                "the framework's automatic differentiation (torch.autograd, a custom "
-                "autograd.Function included; jax.vjp), or by --backward-fn; with "
-                "--recurrent, the recurrence's gradients (REC-7)",
-                kind="bool",
-            ),
-        ),
+        "check the kernel's backward pass too (spec/backward.md): its gradients by "
+        "the framework's automatic differentiation (torch.autograd, a custom "
+        "autograd.Function included; jax.vjp), or by --backward-fn; with "
+        "--recurrent, the recurrence's gradients (REC-7)",
+        "bool",
         shows_as=_when("backward", "backward"),
     ),
     Claim(
@@ -998,20 +838,15 @@ CLAIMS: tuple[Claim, ...] = (
         ),
         implies={"backward": True},
     ),
-    Claim(
+    _flag_claim(
         "backward_dropout",
-        flags=(
-            Flag(
-                "--backward-dropout",
-                "the backward pass takes dropout calls and uses the keep indicators its "
-                "forward call drew (BWD-9): through the framework's differentiation of that "
-                "call (autograd keeps the mask or the generator state; a JAX key is an "
-                "argument held fixed), or a --backward-fn given the forward's keywords, "
-                "dropout_p and the seed among them, that regenerates the indicators from "
-                "the seed (FlashAttention's rng_state); implies --backward and --dropout",
-                kind="bool",
-            ),
-        ),
+        "the backward pass takes dropout calls and uses the keep indicators its "
+        "forward call drew (BWD-9): through the framework's differentiation of that "
+        "call (autograd keeps the mask or the generator state; a JAX key is an "
+        "argument held fixed), or a --backward-fn given the forward's keywords, "
+        "dropout_p and the seed among them, that regenerates the indicators from "
+        "the seed (FlashAttention's rng_state); implies --backward and --dropout",
+        "bool",
         implies={"backward": True, "dropout": True},
         shows_as=_when("backward_dropout", "dropout backward"),
     ),

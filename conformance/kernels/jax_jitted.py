@@ -17,9 +17,11 @@ rejects float16 inputs with float32 accumulation.
 from __future__ import annotations
 
 from functools import cache
+from types import SimpleNamespace
 from typing import Any
 
 from ..claims.declaration import declare
+from .convention import SPEC_KEYWORDS, convention
 
 
 @cache
@@ -47,15 +49,8 @@ def _jitted() -> Any:
     empty_rows_zero=False,
     dtypes=("bfloat16", "float32", "float64"),
 )
-def jitted_dot_product_attention(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    mask: Any = None,
-    bias: Any = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Any:
+@convention(keywords=SPEC_KEYWORDS)
+def jitted_dot_product_attention(call: SimpleNamespace) -> Any:
     """jax.nn.dot_product_attention under jax.jit, in the spec's (B, H, L, E) layout."""
-    return _jitted()(q, k, v, mask, bias, scale, is_causal=is_causal)
+    q, k, v, mask, bias = call.q, call.k, call.v, call.mask, call.bias
+    return _jitted()(q, k, v, mask, bias, call.scale, is_causal=call.is_causal)

@@ -100,46 +100,41 @@ def _take(a: np.ndarray | None, order: list[int], axis: int, size: int) -> np.nd
     return np.take(a, order, axis=axis)
 
 
+def _draw_permuted(
+    kernel: KernelUnderTest, data: st.DataObject, moved: str
+) -> tuple[Problem, list[int], Problem]:
+    """A drawn problem, a drawn order of its queries (``moved`` "query") or of its keys and
+    values ("key"), and the problem with those in that order, with the rows or columns of
+    mask and bias (a broadcast axis stays as it is)."""
+    problem = within_validity(kernel, draw_problem(data, kernel, causal="never"))
+    axis, length = (-2, problem.q.shape[-2]) if moved == "query" else (-1, problem.k.shape[-2])
+    order = draw_permutation(data, length, f"{moved} order")
+    names = ("q",) if moved == "query" else ("k", "v")
+    arrays = {name: getattr(problem, name)[..., order, :] for name in names}
+    permuted = problem.with_(
+        **arrays,
+        mask=_take(problem.mask, order, axis, length),
+        bias=_take(problem.bias, order, axis, length),
+    )
+    return problem, order, permuted
+
+
 @register("query-permutation", "SDPA-7.6")
 def query_permutation(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Permuting the queries (with the rows of mask and bias) permutes the output rows,
     within the sum of the two runs' TOL-2 bounds."""
-    problem = within_validity(kernel, draw_problem(data, kernel, causal="never"))
-    n_queries = problem.q.shape[-2]
-    order = draw_permutation(data, n_queries, "query order")
-    permuted = problem.with_(
-        q=problem.q[..., order, :],
-        mask=_take(problem.mask, order, -2, n_queries),
-        bias=_take(problem.bias, order, -2, n_queries),
-    )
-    _assert_unchanged(
-        kernel,
-        problem,
-        permuted,
-        f"out with queries in order {order} vs out rows in that order [SDPA-7.6]",
-        rows=order,
-    )
+    problem, order, permuted = _draw_permuted(kernel, data, "query")
+    what = f"out with queries in order {order} vs out rows in that order [SDPA-7.6]"
+    _assert_unchanged(kernel, problem, permuted, what, rows=order)
 
 
 @register("key-permutation", "SDPA-7.6")
 def key_permutation(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Permuting keys and values jointly (with the columns of mask and bias) leaves the
     output unchanged, within the sum of the two runs' TOL-2 bounds."""
-    problem = within_validity(kernel, draw_problem(data, kernel, causal="never"))
-    n_keys = problem.k.shape[-2]
-    order = draw_permutation(data, n_keys, "key order")
-    permuted = problem.with_(
-        k=problem.k[..., order, :],
-        v=problem.v[..., order, :],
-        mask=_take(problem.mask, order, -1, n_keys),
-        bias=_take(problem.bias, order, -1, n_keys),
-    )
-    _assert_unchanged(
-        kernel,
-        problem,
-        permuted,
-        f"out with keys/values in order {order} vs the original out [SDPA-7.6]",
-    )
+    problem, order, permuted = _draw_permuted(kernel, data, "key")
+    what = f"out with keys/values in order {order} vs the original out [SDPA-7.6]"
+    _assert_unchanged(kernel, problem, permuted, what)
 
 
 @register("batch-head-independence", "SDPA-7.6")

@@ -10,57 +10,50 @@ masked row gives mean(V), confirmed in docs/divergences.md#jax-empty-rows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any, Literal
 
 from ...call.layouts import from_blhd, pad_head_dims
 from ...claims.declaration import declare
+from ..convention import convention
 
 
 def _as_4d(x: Any) -> Any:
     return None if x is None else x.reshape((1,) * (4 - x.ndim) + tuple(x.shape))
 
 
-# Why _xla and _cudnn keep parallel signatures: each is a kernel of its own name (reports
-# and worker processes load it by that name) whose signature the suite reads.
-def _xla(
-    q: Any,
-    k: Any,
-    v: Any,
-    bias: Any = None,
-    mask: Any = None,
-    *,
-    scale: float | None = None,
-    is_causal: bool = False,
-    implementation: Literal["xla", "cudnn"] = "xla",
-) -> Any:
-    import jax
+def _on(implementation: Literal["xla", "cudnn"], name: str) -> Callable[..., Any]:
+    """``jax.nn.dot_product_attention`` on ``implementation``, as the kernel ``name`` (bound
+    under that name here: reports and worker processes load it by name)."""
 
-    # JAX wants 4-d masks and biases with 4-d inputs; prepending 1s is plain broadcasting
-    four = q.ndim == 4
-    return jax.nn.dot_product_attention(
-        q,
-        k,
-        v,
-        bias=_as_4d(bias) if four else bias,
-        mask=_as_4d(mask) if four else mask,
-        scale=scale,
-        is_causal=is_causal,
-        implementation=implementation,
+    @convention(
+        optional={"bias": None, "mask": None},
+        keywords={"scale": None, "is_causal": False},
+        name=name,
     )
+    def kernel(call: SimpleNamespace) -> Any:
+        import jax
+
+        # JAX wants 4-d masks and biases with 4-d inputs; prepending 1s is plain broadcasting
+        q, bias, mask = call.q, call.bias, call.mask
+        four = q.ndim == 4
+        return jax.nn.dot_product_attention(
+            q,
+            call.k,
+            call.v,
+            bias=_as_4d(bias) if four else bias,
+            mask=_as_4d(mask) if four else mask,
+            scale=call.scale,
+            is_causal=call.is_causal,
+            implementation=implementation,
+        )
+
+    return kernel
 
 
-def _cudnn(
-    q: Any,
-    k: Any,
-    v: Any,
-    bias: Any = None,
-    mask: Any = None,
-    *,
-    scale: float | None = None,
-    is_causal: bool = False,
-) -> Any:
-    return _xla(q, k, v, bias, mask, scale=scale, is_causal=is_causal, implementation="cudnn")
-
+_xla = _on("xla", "_xla")
+_cudnn = _on("cudnn", "_cudnn")
 
 JAX_NN = {
     "bias": True,

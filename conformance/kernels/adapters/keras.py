@@ -18,10 +18,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 from ...call.layouts import from_blhd
 from ...claims.declaration import declare
+from ..convention import convention
 
 FLOATX_DTYPES = ("float16", "bfloat16", "float32")
 
@@ -41,27 +43,22 @@ def _keras_on(backend: str) -> Any:
 
 
 def _on(backend: str) -> Callable[..., Any]:
-    def kernel(
-        q: Any,
-        k: Any,
-        v: Any,
-        mask: Any = None,
-        scale: float | None = None,
-        is_causal: bool = False,
-    ) -> Any:
+    @convention(optional={"mask": None, "scale": None, "is_causal": False})
+    def kernel(call: SimpleNamespace) -> Any:
         keras = _keras_on(backend)
         # Keras refuses a mask and a bias together ("Only one of `bias` and `mask` can be
         # provided"): they travel in one argument, as PyTorch's attn_mask, a bool a mask,
         # a float a bias
+        mask = call.mask
         is_bias = mask is not None and "bool" not in str(mask.dtype)
         return keras.ops.dot_product_attention(
-            q,
-            k,
-            v,
+            call.q,
+            call.k,
+            call.v,
             bias=mask if is_bias else None,
             mask=None if is_bias else mask,
-            scale=scale,
-            is_causal=is_causal,
+            scale=call.scale,
+            is_causal=call.is_causal,
         )
 
     # Keras computes in its floatx (float32): float64 inputs come back float32, so float64 is

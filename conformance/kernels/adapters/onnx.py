@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from ...call.layouts import from_packed, rename_arguments
 from ...claims.family_claims import RecurrentClaim
+from ..convention import REQUIRED, convention
 
 Runner = Callable[[Any, dict[str, np.ndarray]], list[np.ndarray]]
 INPUTS = ("query", "key", "value", "past_state", "decay", "beta")
@@ -123,24 +125,18 @@ def _run(
 def _operator(runner: Callable[[tuple[Any, ...]], Runner], name: str) -> Callable[..., Any]:
     """``LinearAttention`` (``gated_delta``) in the operator's convention, run by ``runner``."""
 
-    def linear_attention(
-        query: Any,
-        key: Any,
-        value: Any,
-        past_state: Any = None,
-        decay: Any = None,
-        beta: Any = None,
-        *,
-        q_num_heads: int,
-        kv_num_heads: int,
-        chunk_size: int = 64,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        arrays = {"query": query, "key": key, "value": value, "past_state": past_state}
-        arrays.update(decay=decay, beta=beta)
-        attributes = {"q_num_heads": q_num_heads, "kv_num_heads": kv_num_heads}
-        return _run(runner, "gated_delta", arrays, {**attributes, "chunk_size": chunk_size})
+    @convention(
+        ("query", "key", "value"),
+        optional={"past_state": None, "decay": None, "beta": None},
+        keywords={"q_num_heads": REQUIRED, "kv_num_heads": REQUIRED, "chunk_size": 64},
+        name=name,
+    )
+    def linear_attention(call: SimpleNamespace) -> tuple[np.ndarray, np.ndarray]:
+        names = ("query", "key", "value", "past_state", "decay", "beta")
+        arrays = {n: getattr(call, n) for n in names}
+        attributes = {n: getattr(call, n) for n in ("q_num_heads", "kv_num_heads", "chunk_size")}
+        return _run(runner, "gated_delta", arrays, attributes)
 
-    linear_attention.__name__ = linear_attention.__qualname__ = name
     return linear_attention
 
 

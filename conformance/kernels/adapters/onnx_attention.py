@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from ...claims.declaration import declare
+from ..convention import REQUIRED, convention
 
 Runner = Callable[[Any, dict[str, np.ndarray]], list[np.ndarray]]
 INPUTS = ("Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen")
@@ -88,31 +90,26 @@ def run_attention(
     return runner(key)(None, feeds)[0]
 
 
-def _attributes(is_causal: bool, scale: float | None, softcap: float | None) -> dict[str, Any]:
+# the operator's attributes, keywords of the functions, and their defaults
+_ATTRIBUTES = {"is_causal": False, "scale": None, "softcap": None}
+
+
+def _attributes(call: SimpleNamespace) -> dict[str, Any]:
     return {
-        "is_causal": int(bool(is_causal)),
-        "scale": None if scale is None else float(scale),
-        "softcap": float(softcap) if softcap else None,
+        "is_causal": int(bool(call.is_causal)),
+        "scale": None if call.scale is None else float(call.scale),
+        "softcap": float(call.softcap) if call.softcap else None,
     }
 
 
 def _dense(runner: Callable[[Key], Runner], opset: int, name: str) -> Callable[..., Any]:
     """``Attention`` of ``opset`` on a plain call (no cache), run by ``runner``."""
 
-    def attention(
-        q: Any,
-        k: Any,
-        v: Any,
-        attn_mask: Any = None,
-        *,
-        is_causal: bool = False,
-        scale: float | None = None,
-        softcap: float | None = None,
-    ) -> np.ndarray:
-        arrays = {"Q": q, "K": k, "V": v, "attn_mask": attn_mask}
-        return run_attention(runner, opset, arrays, _attributes(is_causal, scale, softcap))
+    @convention(optional={"attn_mask": None}, keywords=_ATTRIBUTES, name=name)
+    def attention(call: SimpleNamespace) -> np.ndarray:
+        arrays = {"Q": call.q, "K": call.k, "V": call.v, "attn_mask": call.attn_mask}
+        return run_attention(runner, opset, arrays, _attributes(call))
 
-    attention.__name__ = attention.__qualname__ = name
     return attention
 
 
@@ -120,21 +117,16 @@ def _external_cache(runner: Callable[[Key], Runner], name: str) -> Callable[...,
     """Opset 24's ``Attention`` over an external cache: ``K``/``V`` the cache, its valid
     lengths ``nonpad_kv_seqlen`` (int64), run by ``runner``."""
 
-    def attention(
-        q: Any,
-        k_cache: Any,
-        v_cache: Any,
-        *,
-        cache_seqlens: Any,
-        is_causal: bool = False,
-        scale: float | None = None,
-        softcap: float | None = None,
-    ) -> np.ndarray:
-        lengths = np.asarray(cache_seqlens).astype(np.int64)
-        arrays = {"Q": q, "K": k_cache, "V": v_cache, "nonpad_kv_seqlen": lengths}
-        return run_attention(runner, 24, arrays, _attributes(is_causal, scale, softcap))
+    @convention(
+        ("q", "k_cache", "v_cache"),
+        keywords={"cache_seqlens": REQUIRED, **_ATTRIBUTES},
+        name=name,
+    )
+    def attention(call: SimpleNamespace) -> np.ndarray:
+        lengths = np.asarray(call.cache_seqlens).astype(np.int64)
+        arrays = {"Q": call.q, "K": call.k_cache, "V": call.v_cache, "nonpad_kv_seqlen": lengths}
+        return run_attention(runner, 24, arrays, _attributes(call))
 
-    attention.__name__ = attention.__qualname__ = name
     return attention
 
 

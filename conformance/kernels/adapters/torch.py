@@ -16,10 +16,12 @@ function) and ``nn.MultiheadAttention`` (a module with projections).
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 from ...call.layouts import pad_head_dims
 from ...claims.declaration import declare
+from ..convention import SPEC_KEYWORDS, convention
 from ..torch_sdpa import sdpa_on
 
 
@@ -67,10 +69,63 @@ def _allowed(mask: Any, is_causal: bool) -> Any:
     return mask_mod
 
 
-# Why the adapters' signatures stay parallel to each other and to the catalogue's kernels:
-# the suite reads each kernel's own signature (which keywords it passes, CONF-3), and each
-# adapter spells its library's convention (here FlexAttention's enable_gqa) for reports
-# and for pickling by name.
+# Mods: what a FlexAttention kernel gives flex_attention for the spec's mask, bias and
+# causal rule, (score_mod, block_mask), from (q, k, mask, bias, is_causal).
+Mods = Callable[[Any, Any, Any, Any, bool], tuple[Any, Any]]
+
+
+def _block_mask_mods(q: Any, k: Any, mask: Any, bias: Any, is_causal: bool) -> tuple[Any, Any]:
+    """The mask and the causal rule in a ``BlockMask``, the bias in a ``score_mod``."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    mask_mod = _allowed(mask, is_causal)
+    block_mask = (
+        None
+        if mask_mod is None
+        else create_block_mask(
+            mask_mod, q.shape[0], q.shape[1], q.shape[2], k.shape[2], device=str(q.device)
+        )
+    )
+    return _bias_mod(bias), block_mask
+
+
+def _score_mod_only(q: Any, k: Any, mask: Any, bias: Any, is_causal: bool) -> tuple[Any, Any]:
+    """Mask, causal rule and bias all in one ``score_mod`` (-inf where a key is masked out)."""
+    biased, allowed = _bias_mod(bias), _allowed(mask, is_causal)
+
+    def score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        if biased is not None:
+            score = biased(score, b, h, q_idx, kv_idx)
+        if allowed is not None:
+            score = score.masked_fill(~allowed(b, h, q_idx, kv_idx), float("-inf"))
+        return score
+
+    no_mod = biased is None and allowed is None
+    return None if no_mod else score_mod, None
+
+
+def _flex_kernel(flex: Callable[[], Any], mods: Mods, name: str, module: str) -> Callable[..., Any]:
+    """A FlexAttention kernel in the spec's convention, its keywords by position too, and
+    FlexAttention's ``enable_gqa``, calling ``flex()`` with ``mods``; named ``module.name``
+    (where it is bound, so that it loads and pickles by that name)."""
+
+    @convention(optional={**SPEC_KEYWORDS, "enable_gqa": False}, name=name, module=module)
+    def kernel(call: SimpleNamespace) -> Any:
+        q, k, v = call.q, call.k, call.v
+        score_mod, block_mask = mods(q, k, call.mask, call.bias, call.is_causal)
+        return flex()(
+            q,
+            k,
+            v,
+            score_mod=score_mod,
+            block_mask=block_mask,
+            scale=call.scale,
+            enable_gqa=call.enable_gqa,
+        )
+
+    return kernel
+
+
 def flex_kernels(
     flex: Callable[[], Any], names: tuple[str, str], module: str
 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
@@ -79,71 +134,11 @@ def flex_kernels(
     puts the mask and the causal rule in a ``BlockMask`` and the bias in a ``score_mod``,
     the second all three in one ``score_mod``; they are named ``module.names[i]`` (where
     they are bound, so that they load and pickle by that name)."""
-
-    def with_block_mask(
-        q: Any,
-        k: Any,
-        v: Any,
-        mask: Any = None,
-        bias: Any = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-    ) -> Any:
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        mask_mod = _allowed(mask, is_causal)
-        block_mask = (
-            None
-            if mask_mod is None
-            else create_block_mask(
-                mask_mod, q.shape[0], q.shape[1], q.shape[2], k.shape[2], device=str(q.device)
-            )
-        )
-        return flex()(
-            q,
-            k,
-            v,
-            score_mod=_bias_mod(bias),
-            block_mask=block_mask,
-            scale=scale,
-            enable_gqa=enable_gqa,
-        )
-
-    def with_score_mod(
-        q: Any,
-        k: Any,
-        v: Any,
-        mask: Any = None,
-        bias: Any = None,
-        is_causal: bool = False,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-    ) -> Any:
-        biased, allowed = _bias_mod(bias), _allowed(mask, is_causal)
-
-        def score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-            if biased is not None:
-                score = biased(score, b, h, q_idx, kv_idx)
-            if allowed is not None:
-                score = score.masked_fill(~allowed(b, h, q_idx, kv_idx), float("-inf"))
-            return score
-
-        no_mod = biased is None and allowed is None
-        return flex()(
-            q,
-            k,
-            v,
-            score_mod=None if no_mod else score_mod,
-            block_mask=None,
-            scale=scale,
-            enable_gqa=enable_gqa,
-        )
-
-    for kernel, name in zip((with_block_mask, with_score_mod), names, strict=True):
-        kernel.__name__ = kernel.__qualname__ = name
-        kernel.__module__ = module
-    return with_block_mask, with_score_mod
+    block_mask_name, score_mod_name = names
+    return (
+        _flex_kernel(flex, _block_mask_mods, block_mask_name, module),
+        _flex_kernel(flex, _score_mod_only, score_mod_name, module),
+    )
 
 
 def _eager_flex_attention() -> Any:

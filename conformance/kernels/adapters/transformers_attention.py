@@ -24,6 +24,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from ...claims.declaration import declare
+from ..convention import convention
 
 
 def _module(q: Any, k: Any, is_causal: bool = False, sinks: Any = None) -> SimpleNamespace:
@@ -38,20 +39,16 @@ def _scaling(q: Any, scale: float | None) -> float:
     return float(q.shape[-1] ** -0.5) if scale is None else float(scale)
 
 
-def sdpa_attention(
-    q: Any,
-    k: Any,
-    v: Any,
-    attn_mask: Any = None,
-    *,
-    is_causal: bool = False,
-    scale: float | None = None,
-) -> Any:
+@convention(optional={"attn_mask": None}, keywords={"is_causal": False, "scale": None})
+def sdpa_attention(call: SimpleNamespace) -> Any:
     """``transformers.integrations.sdpa_attention.sdpa_attention_forward``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    q, k, v, is_causal = call.q, call.k, call.v, call.is_causal
     module = _module(q, k, is_causal)
-    out, _ = sdpa_attention_forward(module, q, k, v, attn_mask, scaling=scale, is_causal=is_causal)
+    out, _ = sdpa_attention_forward(
+        module, q, k, v, call.attn_mask, scaling=call.scale, is_causal=is_causal
+    )
     return out.transpose(1, 2)
 
 
@@ -65,24 +62,18 @@ def eager_attention(
     return out.transpose(1, 2)
 
 
-def gpt_oss_eager_attention(
-    q: Any,
-    k: Any,
-    v: Any,
-    attention_mask: Any = None,
-    *,
-    sinks: Any = None,
-    scale: float | None = None,
-) -> Any:
+@convention(optional={"attention_mask": None}, keywords={"sinks": None, "scale": None})
+def gpt_oss_eager_attention(call: SimpleNamespace) -> Any:
     """gpt-oss's ``eager_attention_forward``: ``sinks`` (H_q) as ``module.sinks``; without
     sinks, sink logits of -inf (a term e^-inf = 0 in the denominator: plain attention)."""
     import torch
     from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 
+    q, k, v, sinks = call.q, call.k, call.v, call.sinks
     if sinks is None:
         sinks = torch.full((q.shape[1],), -torch.inf, dtype=q.dtype, device=q.device)
     module = _module(q, k, sinks=sinks)
-    out, _ = eager_attention_forward(module, q, k, v, attention_mask, _scaling(q, scale))
+    out, _ = eager_attention_forward(module, q, k, v, call.attention_mask, _scaling(q, call.scale))
     return out.transpose(1, 2)
 
 
