@@ -7,6 +7,8 @@ Array API (:mod:`attnspec.reference`), and a property-based conformance suite
 May import: reference, _version.
 """
 
+# the facade: the backend selection and the reference's entry points, by the names their
+# own packages export (tests import them from there too)
 from ._version import SPEC_VERSION, __version__  # noqa: F401 (re-exported)
 from .backends import (
     Backend,

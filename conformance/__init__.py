@@ -14,6 +14,8 @@ May import: report, benchmarks.
 
 from __future__ import annotations
 
+# the facade: each public name from the module that defines or exports it (declaration.py
+# exports the family claims beside KernelDeclaration, as its fields' types)
 from .api import SetupError, assert_conforms, check
 from .call.problem import Problem
 from .claims.declaration import (

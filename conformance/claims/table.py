@@ -134,8 +134,17 @@ def _option(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def _flag_claim(field: str, help: str, kind: str, **claim: Any) -> Claim:
-    """A claim set by one flag named after it: a switch or ``--x/--no-x`` (``kind``)."""
+def _flag_claim(
+    field: str,
+    help: str,
+    kind: str,
+    shows: str | Callable[[KernelDeclaration], str] | None = None,
+    **claim: Any,
+) -> Claim:
+    """A claim set by one flag named after it: a switch or ``--x/--no-x`` (``kind``); for a
+    dense kernel that claims it, the claim line says ``shows``."""
+    if shows is not None:
+        claim["shows_as"] = _when(field, shows)
     return Claim(field, flags=(Flag(_option(field), help, kind=kind),), **claim)
 
 
@@ -144,6 +153,39 @@ def _keyword_claim(field: str, of: str, help: str, **claim: Any) -> Claim:
     which implies ``of``."""
     flag = Flag(_option(field), f"{help}; implies {_option(of)}", metavar="NAME")
     return Claim(field, flags=(flag,), implies={of: True}, **claim)
+
+
+def _argument_claim(
+    field: str, help: str, shows: str | Callable[[KernelDeclaration], str]
+) -> Claim:
+    """A dense kernel's optional argument, ``--FIELD/--no-FIELD``: when claimed the suite
+    passes it by the keyword that the claim ``FIELD_keyword`` names, and the claim line
+    says ``shows``."""
+    keyword = f"{field}_keyword"
+    return _flag_claim(
+        field,
+        help,
+        "bool",
+        shows,
+        keywords=lambda d: (getattr(d, keyword),) if _dense(d) and getattr(d, field) else (),
+        remedy=f"--no-{field.replace('_', '-')}, or {_option(keyword)} NAME",
+    )
+
+
+def _spec_argument_claim(
+    field: str, keyword: str, help: str, shows: str | Callable[[KernelDeclaration], str]
+) -> Claim:
+    """A dense kernel's argument that the suite passes by the spec's own keyword
+    (``is_causal``, ``scale``), ``--FIELD/--no-FIELD``; a kernel that names it otherwise
+    is called through ``--rename``."""
+    return _flag_claim(
+        field,
+        help,
+        "bool",
+        shows,
+        keywords=lambda d: (keyword,) if _dense(d) and getattr(d, field) else (),
+        remedy=f"--no-{field.replace('_', '-')}, or --rename {keyword}=NAME",
+    )
 
 
 def _linear_shows(declaration: KernelDeclaration) -> str | None:
@@ -213,23 +255,11 @@ CLAIMS: tuple[Claim, ...] = (
         "clauses as waived (CONF-7)",
         "bool",
     ),
-    _flag_claim(
-        "mask",
-        "the kernel takes a boolean mask (default: read off its signature)",
-        "bool",
-        keywords=lambda d: (d.mask_keyword,) if _dense(d) and d.mask else (),
-        remedy="--no-mask, or --mask-keyword NAME",
-        shows_as=_when("mask", "mask"),
+    _argument_claim(
+        "mask", "the kernel takes a boolean mask (default: read off its signature)", "mask"
     ),
     _keyword_claim("mask_keyword", "mask", "keyword of the boolean mask (default mask)"),
-    _flag_claim(
-        "bias",
-        "the kernel takes an additive float bias",
-        "bool",
-        keywords=lambda d: (d.bias_keyword,) if _dense(d) and d.bias else (),
-        remedy="--no-bias, or --bias-keyword NAME",
-        shows_as=_when("bias", "bias"),
-    ),
+    _argument_claim("bias", "the kernel takes an additive float bias", "bias"),
     _keyword_claim(
         "bias_keyword",
         "bias",
@@ -242,14 +272,9 @@ CLAIMS: tuple[Claim, ...] = (
         "models build float32 padding masks of finfo(float32).min); implies --bias",
         "switch",
         implies={"bias": True},
-        shows_as=_when("float32_bias", "float32 bias"),
+        shows="float32 bias",
     ),
-    _flag_claim(
-        "gqa",
-        "grouped-query attention: Hq a multiple of Hkv",
-        "bool",
-        shows_as=_when("gqa", "GQA"),
-    ),
+    _flag_claim("gqa", "grouped-query attention: Hq a multiple of Hkv", "bool", shows="GQA"),
     _keyword_claim(
         "gqa_keyword",
         "gqa",
@@ -257,13 +282,11 @@ CLAIMS: tuple[Claim, ...] = (
         keywords=lambda d: (d.gqa_keyword,) if _dense(d) and d.gqa and d.gqa_keyword else (),
         remedy="--gqa-keyword NAME",
     ),
-    _flag_claim(
+    _spec_argument_claim(
         "causal",
+        "is_causal",
         "the kernel takes is_causal",
-        "bool",
-        keywords=lambda d: ("is_causal",) if _dense(d) and d.causal else (),
-        remedy="--no-causal, or --rename is_causal=NAME",
-        shows_as=_when("causal", lambda d: f"{d.causal_alignment.replace('_', '-')} causal"),
+        lambda d: f"{d.causal_alignment.replace('_', '-')} causal",
     ),
     Claim(
         "causal_alignment",
@@ -287,19 +310,9 @@ CLAIMS: tuple[Claim, ...] = (
             else None
         ),
     ),
+    _spec_argument_claim("scale", "scale", "the kernel takes scale=", "explicit scale"),
     _flag_claim(
-        "scale",
-        "the kernel takes scale=",
-        "bool",
-        keywords=lambda d: ("scale",) if _dense(d) and d.scale else (),
-        remedy="--no-scale, or --rename scale=NAME",
-        shows_as=_when("scale", "explicit scale"),
-    ),
-    _flag_claim(
-        "returns_weights",
-        "the kernel returns (out, weights)",
-        "bool",
-        shows_as=_when("returns_weights", "returned weights"),
+        "returns_weights", "the kernel returns (out, weights)", "bool", shows="returned weights"
     ),
     _flag_claim(
         "empty_rows_zero",
@@ -323,27 +336,19 @@ CLAIMS: tuple[Claim, ...] = (
         remedy="--kwarg",
     ),
     # --- the features of spec/features.md and dropout (DROP-2 ... DROP-5) ---
-    _flag_claim(
+    _argument_claim(
         "softcap",
         "the kernel takes a logit softcap c > 0 and computes c tanh(x / c) of "
         "the scaled scores before bias and mask (SOFTCAP-1; FlashAttention, Gemma 2)",
-        "bool",
-        keywords=lambda d: (d.softcap_keyword,) if _dense(d) and d.softcap else (),
-        remedy="--no-softcap, or --softcap-keyword NAME",
-        shows_as=_when("softcap", "softcap"),
+        "softcap",
     ),
     _keyword_claim("softcap_keyword", "softcap", "keyword of the softcap (default softcap)"),
-    _flag_claim(
+    _argument_claim(
         "alibi",
         "the kernel adds ALiBi biases -m_h |i + d - j| from per-query-head "
         "slopes, anchored at its causal alignment's corner (ALIBI-2); the slopes are "
         "passed as float32 (Hq,) or (..., Hq) arrays",
-        "bool",
-        keywords=lambda d: (d.alibi_keyword,) if _dense(d) and d.alibi else (),
-        remedy="--no-alibi, or --alibi-keyword NAME",
-        shows_as=_when(
-            "alibi", lambda d: "ALiBi (standard slopes)" if d.alibi_builtin_slopes else "ALiBi"
-        ),
+        lambda d: "ALiBi (standard slopes)" if d.alibi_builtin_slopes else "ALiBi",
     ),
     _keyword_claim("alibi_keyword", "alibi", "keyword of the ALiBi slopes (default alibi_slopes)"),
     _flag_claim(
@@ -360,7 +365,7 @@ CLAIMS: tuple[Claim, ...] = (
         "the kernel also returns the log-sum-exp of each query row: "
         "(out, lse), or (out, weights, lse) with --returns-weights (LSE-1 ... LSE-4)",
         "bool",
-        shows_as=_when("returns_lse", "log-sum-exp"),
+        shows="log-sum-exp",
     ),
     _keyword_claim(
         "lse_keyword",
@@ -384,7 +389,7 @@ CLAIMS: tuple[Claim, ...] = (
         ),
         remedy="--no-dropout, --dropout-keyword NAME, --dropout-seed-keyword NAME or "
         "--no-dropout-seeded",
-        shows_as=_when("dropout", "dropout"),
+        shows="dropout",
     ),
     _keyword_claim(
         "dropout_keyword", "dropout", "keyword of the dropout probability (default dropout_p)"
@@ -664,15 +669,12 @@ CLAIMS: tuple[Claim, ...] = (
             else "tokens-first pages"
         ),
     ),
-    _flag_claim(
+    _argument_claim(
         "sinks",
         "the kernel takes one sink logit per query head, float32 (Hq,), added to "
         "every row's softmax denominator unscaled and without a value (SINK-1; "
         "gpt-oss, vLLM's s_aux, FlashAttention 4's learnable_sink)",
-        "bool",
-        keywords=lambda d: (d.sinks_keyword,) if _dense(d) and d.sinks else (),
-        remedy="--no-sinks, or --sinks-keyword NAME",
-        shows_as=_when("sinks", "sinks"),
+        "sinks",
     ),
     _keyword_claim("sinks_keyword", "sinks", "keyword of the sink logits (default sinks)"),
     _flag_claim(
@@ -683,7 +685,7 @@ CLAIMS: tuple[Claim, ...] = (
         "bool",
         keywords=lambda d: ("n_sink_tokens", "window") if _dense(d) and d.sink_tokens else (),
         remedy="--no-sink-tokens, or --rename (e.g. n_sink_tokens=sink_token_length)",
-        shows_as=_when("sink_tokens", "sink tokens"),
+        shows="sink tokens",
     ),
     Claim(
         "mla",
@@ -819,7 +821,7 @@ CLAIMS: tuple[Claim, ...] = (
         "autograd.Function included; jax.vjp), or by --backward-fn; with "
         "--recurrent, the recurrence's gradients (REC-7)",
         "bool",
-        shows_as=_when("backward", "backward"),
+        shows="backward",
     ),
     Claim(
         "backward_fn",
@@ -848,7 +850,7 @@ CLAIMS: tuple[Claim, ...] = (
         "the seed (FlashAttention's rng_state); implies --backward and --dropout",
         "bool",
         implies={"backward": True, "dropout": True},
-        shows_as=_when("backward_dropout", "dropout backward"),
+        shows="dropout backward",
     ),
 )
 CLAIM_FLAGS: tuple[Flag, ...] = tuple(flag for claim in CLAIMS for flag in claim.flags)

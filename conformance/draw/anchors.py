@@ -62,6 +62,7 @@ class Anchor:
     forced: tuple[tuple[str, Any], ...] = ()
     each_dtype: bool = False  # run once in every dtype the kernel is checked in
 
+    # its keywords are sizes.draw_realistic_dims's, which passes them on here
     def dims(
         self,
         batch_ndim: int | None,

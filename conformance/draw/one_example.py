@@ -21,7 +21,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from .shape_pool import SeededDraws
+from .seeded import SeededDraws
 from .sizes import Stratum
 
 # The labels of the draws that choose a problem's sizes (sizes.draw_realistic_dims,

@@ -17,35 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from hypothesis import strategies as st
 
+from .seeded import ShapePool
 from .target import DrawTarget
-
-_Member = TypeVar("_Member")
-
-
-class PoolOfShapes(Protocol):
-    """The shapes of a run on a backend that compiles per shape (``shape_pool.ShapePool``,
-    which builds on this module): a few members per stratum, drawn by index."""
-
-    @property
-    def seed(self) -> int | None: ...
-
-    def tied(self, key: str, strategy: st.SearchStrategy[Any], label: str) -> Any: ...
-
-    def members(
-        self,
-        key: tuple[Hashable, ...],
-        make: Callable[[Any], _Member],
-        size: Callable[[_Member], Any],
-        count: int,
-    ) -> list[_Member]: ...
-
 
 # Lengths at block boundaries (powers of two and one either side) and primes or odd sizes
 # from FlashAttention's and aotriton's test grids (113 x 203, 1023 x 1024, 2063, ...).
@@ -245,7 +225,7 @@ class Drawing:
     stratum: Stratum = SMALL
     limits: SizeLimits = field(default_factory=SizeLimits)
     # shapes come from a few per stratum when the backend compiles per shape (shape_pool)
-    pool: PoolOfShapes | None = None
+    pool: ShapePool | None = None
 
     @property
     def realistic(self) -> bool:
@@ -285,7 +265,7 @@ def draw_per_stratum(
 
 @contextlib.contextmanager
 def drawing(
-    stratum: Stratum, limits: SizeLimits | None = None, pool: PoolOfShapes | None = None
+    stratum: Stratum, limits: SizeLimits | None = None, pool: ShapePool | None = None
 ) -> Iterator[Drawing]:
     """Draw from ``stratum`` within ``limits`` (shapes from ``pool``) until the block ends."""
     now = Drawing(stratum, limits or SizeLimits(), pool)

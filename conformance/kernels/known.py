@@ -70,6 +70,8 @@ _SDPA_QUALNAMES = (
     "torch.nn.functional.scaled_dot_product_attention",
     "torch._C._nn.scaled_dot_product_attention",
 )
+# Why the rows look alike: a table, one row per kernel a user may name, each spelled out so
+# that a reader finds a kernel's adapter, backend, names and device in one place.
 KNOWN_KERNELS: tuple[KnownKernel, ...] = (
     KnownKernel(
         "torch.nn.functional:scaled_dot_product_attention",

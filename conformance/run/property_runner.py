@@ -19,7 +19,8 @@ from ..draw.anchors import ANCHORS, DTYPES, anchor_options
 from ..draw.input_features import avoided_dtype, features_of
 from ..draw.one_example import SeededBesidesSizes, seeds_besides_sizes
 from ..draw.realistic_values import COMBINATIONS
-from ..draw.shape_pool import ShapePool, pool_for_run
+from ..draw.seeded import ShapePool
+from ..draw.shape_pool import pool_for_run
 from ..draw.sizes import SizeLimits, Stratum
 from ..judge.failures import KernelExited, KernelHung, PropertyFailure, with_cause
 from ..judge.kernel import KernelUnderTest

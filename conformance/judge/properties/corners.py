@@ -32,7 +32,7 @@ from ...call.problem import Problem
 from ...claims.declaration import KernelDeclaration
 from ...draw.input_features import scores_shape
 from ...draw.realistic_values import LARGEST_FINITE
-from ...draw.shape_pool import SeededDraws
+from ...draw.seeded import SeededDraws
 from ...draw.sizes import Dims
 from ...draw.strategies import ALWAYS, NEVER, draw_problem, within_limitations
 from ..assertions import assert_identical, assert_matches_reference, assert_same_result
