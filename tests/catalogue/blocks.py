@@ -20,6 +20,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .entry import SPEC_KEYWORDS, SpecCall, spec_function
+
 ALIGNMENTS = ("top_left", "bottom_right")
 # Kernels compute exp(-inf), inf - inf and 0/0 on purpose and mask the results.
 QUIET = {"all": "ignore"}
@@ -150,33 +152,26 @@ class Operands:
         )
 
 
-def operands(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    *,
-    mask: np.ndarray | None = None,
-    bias: np.ndarray | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    alignment: str = "top_left",
-    heads: Callable[[int, int], np.ndarray] = contiguous_groups,
-) -> Operands:
-    """Check heads, broadcast batch dims, expand K/V to the query heads (SDPA-6.1), and
+@spec_function({**SPEC_KEYWORDS, "alignment": "top_left", "heads": contiguous_groups})
+def operands(call: SpecCall) -> Operands:
+    """``operands(q, k, v, *, mask=None, bias=None, is_causal=False, scale=None,
+    alignment="top_left", heads=contiguous_groups)``: check heads, broadcast batch dims,
+    expand K/V to the query heads (``heads(Hq, Hkv)`` gives each query head's, SDPA-6.1), and
     keep the mask (SDPA-3.1), bias and causal rule (SDPA-4) for :meth:`Operands.tile`."""
+    q, k, v, mask, bias, is_causal, scale = call
     n_q_heads, n_queries, head_dim = q.shape[-3:]
     n_kv_heads, n_keys = k.shape[-3], k.shape[-2]
     check_heads(n_q_heads, n_kv_heads)
     batch = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
     work = compute_dtype(q.dtype)
-    kv_head = heads(n_q_heads, n_kv_heads)
+    kv_head = call.heads(n_q_heads, n_kv_heads)
 
     def per_query_head(a: np.ndarray) -> np.ndarray:
         a = np.broadcast_to(a, (*batch, *a.shape[-3:]))
         return np.take(a, kv_head, axis=-3).astype(work)
 
     scores_shape = (*batch, n_q_heads, n_queries, n_keys)
-    offset = causal_offset(n_queries, n_keys, alignment)
+    offset = causal_offset(n_queries, n_keys, call.alignment)
     return Operands(
         q=np.broadcast_to(q, (*batch, *q.shape[-3:])).astype(work),
         k=per_query_head(k),
