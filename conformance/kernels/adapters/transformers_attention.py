@@ -52,13 +52,13 @@ def sdpa_attention(call: SimpleNamespace) -> Any:
     return out.transpose(1, 2)
 
 
-def eager_attention(
-    q: Any, k: Any, v: Any, attention_mask: Any = None, *, scale: float | None = None
-) -> Any:
+@convention(optional={"attention_mask": None}, keywords={"scale": None})
+def eager_attention(call: SimpleNamespace) -> Any:
     """Llama's ``eager_attention_forward``."""
     from transformers.models.llama.modeling_llama import eager_attention_forward
 
-    out, _ = eager_attention_forward(_module(q, k), q, k, v, attention_mask, _scaling(q, scale))
+    q, k, v, scaling = call.q, call.k, call.v, _scaling(call.q, call.scale)
+    out, _ = eager_attention_forward(_module(q, k), q, k, v, call.attention_mask, scaling)
     return out.transpose(1, 2)
 
 
