@@ -81,21 +81,24 @@ def require_broadcastable_to(
         )
 
 
+def real_number(name: str, value: Any, expected: str, clause: str, call: str) -> float:
+    """``value`` as a float: a real number, 0-d arrays and NumPy scalars included, but not
+    a bool or a string, which float() would accept; else a TypeError saying ``expected``."""
+    if not isinstance(value, (bool, str, bytes)):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    raise TypeError(f"{name}={value!r}, but should be {expected} [{clause}, {call}]")
+
+
 def check_scale(scale: Any, call: str) -> float | None:
     if scale is None:
         return None
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        try:
-            if isinstance(scale, (bool, str, bytes)):  # float() would accept True and "0.5"
-                raise TypeError
-            scale = float(scale)  # 0-d arrays and NumPy scalars
-        except (TypeError, ValueError):
-            raise TypeError(
-                f"scale={scale!r}, but should be None or a real number [SDPA-2.2, {call}]"
-            ) from None
-    if not math.isfinite(scale):
+    value = real_number("scale", scale, "None or a real number", "SDPA-2.2", call)
+    if not math.isfinite(value):
         raise ValueError(f"scale={scale!r}, but should be finite [SDPA-2.2, {call}]")
-    return float(scale)
+    return value
 
 
 def check_choice(name: str, value: Any, choices: tuple[str, ...], call: str, clause: str) -> str:

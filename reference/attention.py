@@ -11,36 +11,22 @@ memory, whenever the call asks for nothing of size ``Lq x Lk``: the weights
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._array import Array
 from ._checks import check_flag, namespace_of
 from .blocked import blocked_form
 from .features import check_dropout_p
-from .sdpa import CALL, plain_form, score_options
+from .options import AttentionOptions, BlockedOptions, filled, shows_options
+from .sdpa import CALL, plain_form
 
-# Why these stay parallel: this signature and those of plain_attention, blocked_attention,
-# the backward and the bounds repeat the spec's keywords on purpose; each is a public
-# function whose arguments help() and type checkers must show.  What they pass on to each
-# other (plain_form, blocked_form, prepare_with_features) is one value, score_options.
+if TYPE_CHECKING:
+    from typing import Unpack
 
 
+@shows_options(AttentionOptions)
 def scaled_dot_product_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array = None,
-    bias: Array = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Array = None,
-    dropout_p: float = 0.0,
-    dropout_keep: Array = None,
-    return_weights: bool = False,
-    return_lse: bool = False,
+    q: Array, k: Array, v: Array, **given: Unpack[AttentionOptions]
 ) -> Any:
     """Attention as spec/dense.md and spec/features.md define it.
 
@@ -62,22 +48,15 @@ def scaled_dot_product_attention(
     dropout are asked for, which take the plain form (``sdpa.plain_attention``).
     """
     # the plain form's first checks, in its order, so both forms fail alike
-    check_flag("return_weights", return_weights, CALL)
-    check_flag("return_lse", return_lse, CALL)
-    namespace_of(CALL, q=q, alibi_slopes=alibi_slopes, dropout_keep=dropout_keep)
-    options = score_options(mask, bias, is_causal, causal_alignment, scale, softcap, alibi_slopes)
-    if return_weights or dropout_keep is not None or check_dropout_p(dropout_p, CALL) > 0:
-        return plain_form(
-            q,
-            k,
-            v,
-            options,
-            dropout_p=dropout_p,
-            dropout_keep=dropout_keep,
-            return_weights=return_weights,
-            return_lse=return_lse,
-            call=CALL,
-        )
-    return blocked_form(
-        q, k, v, options, return_lse=return_lse, query_chunk=None, key_block=None, call=CALL
-    )
+    options = filled(AttentionOptions, given)
+    check_flag("return_weights", options["return_weights"], CALL)
+    check_flag("return_lse", options["return_lse"], CALL)
+    dropout_keep = options["dropout_keep"]
+    namespace_of(CALL, q=q, alibi_slopes=options["alibi_slopes"], dropout_keep=dropout_keep)
+    if (
+        options["return_weights"]
+        or dropout_keep is not None
+        or check_dropout_p(options["dropout_p"], CALL) > 0
+    ):
+        return plain_form(q, k, v, options, CALL)
+    return blocked_form(q, k, v, filled(BlockedOptions, options), CALL)

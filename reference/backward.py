@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import array_api_compat
 
@@ -30,17 +30,29 @@ from ._checks import check_size, namespace_of, require_real_floating
 from .blocked import _block_scores, _grouped_view, _key_stop, _Scores, default_block_sizes
 from .features import check_dropout_p, dropped_weights, log_sum_exp
 from .masks import causal_offset
-from .sdpa import (
+from .options import (
+    BlockOptions,
+    CausalOptions,
     DenseOptions,
+    DropoutOptions,
+    FeatureOptions,
+    ScoreOptions,
+    UpstreamLse,
+    filled,
+    shows_options,
+)
+from .sdpa import (
     GroupedInputs,
     allowed_scores,
     check_arguments,
     prepare,
     prepare_with_features,
-    score_options,
     softmax_over_allowed,
 )
 from .varlen import sequence_offsets
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 CALL = "scaled_dot_product_attention_backward(q, k, v, grad_out)"
 BLOCKED_CALL = "blocked_attention_backward(q, k, v, grad_out)"
@@ -188,22 +200,13 @@ def backward_steps(
     return BackwardSteps(weights, kept, rescale, grad_weights, delta, grad_scores, allowed)
 
 
+class BackwardOptions(UpstreamLse, ScoreOptions, DropoutOptions, total=False):
+    """``scaled_dot_product_attention_backward``'s keywords."""
+
+
+@shows_options(BackwardOptions)
 def scaled_dot_product_attention_backward(
-    q: Array,
-    k: Array,
-    v: Array,
-    grad_out: Array,
-    *,
-    grad_lse: Array = None,
-    mask: Array = None,
-    bias: Array = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Array = None,
-    dropout_p: float = 0.0,
-    dropout_keep: Array = None,
+    q: Array, k: Array, v: Array, grad_out: Array, **given: Unpack[BackwardOptions]
 ) -> Gradients:
     """The gradients of ``scaled_dot_product_attention`` (spec/backward.md, BWD-1 … BWD-10).
 
@@ -214,16 +217,17 @@ def scaled_dot_product_attention_backward(
     (BWD-1).  Returns :class:`Gradients` ``(dq, dk, dv, dbias)``, each with its input's
     shape and dtype; ``dbias`` is None without a bias.
     """
+    options = filled(BackwardOptions, given)
+    grad_lse, dropout_keep = options["grad_lse"], options["dropout_keep"]
     namespace_of(
         CALL,
         q=q,
         grad_out=grad_out,
         grad_lse=grad_lse,
-        alibi_slopes=alibi_slopes,
+        alibi_slopes=options["alibi_slopes"],
         dropout_keep=dropout_keep,
     )
-    dropout_p = check_dropout_p(dropout_p, CALL)
-    options = score_options(mask, bias, is_causal, causal_alignment, scale, softcap, alibi_slopes)
+    dropout_p = check_dropout_p(options["dropout_p"], CALL)
     problem = prepare_with_features(q, k, v, options, CALL)
     xp = problem.xp
     _check_upstream(xp, "grad_out", grad_out, problem.out_shape, CALL)
@@ -232,7 +236,7 @@ def scaled_dot_product_attention_backward(
 
     steps = backward_steps(problem, d_out, d_lse, dropout_p, dropout_keep, CALL)
     grad_v = xp.matmul(xp.matrix_transpose(steps.kept), d_out)
-    return _finish(problem, steps.grad_scores, grad_v, q, k, v, bias)
+    return _finish(problem, steps.grad_scores, grad_v, q, k, v, options["bias"])
 
 
 def _running_lse(inputs: _Scores, rows: slice, key_block: int) -> Any:
@@ -269,22 +273,18 @@ def _reduce_to_view(xp: ModuleType, a: Array, view_shape: tuple[int, ...]) -> Ar
     return xp.sum(a, axis=axes, keepdims=True) if axes else a
 
 
+class _Forward(TypedDict, total=False):
+    out: Array
+    lse: Array
+
+
+class BlockedBackwardOptions(_Forward, UpstreamLse, DenseOptions, BlockOptions, total=False):
+    """``blocked_attention_backward``'s keywords: the forward's output and log-sum-exp."""
+
+
+@shows_options(BlockedBackwardOptions)
 def blocked_attention_backward(
-    q: Array,
-    k: Array,
-    v: Array,
-    grad_out: Array,
-    *,
-    out: Array = None,
-    lse: Array = None,
-    grad_lse: Array = None,
-    mask: Array = None,
-    bias: Array = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    query_chunk: int | None = None,
-    key_block: int | None = None,
+    q: Array, k: Array, v: Array, grad_out: Array, **given: Unpack[BlockedBackwardOptions]
 ) -> Gradients:
     """The gradients of :func:`~.blocked.blocked_attention` in O(Lq + Lk) extra memory, as
     FlashAttention 2's backward computes them (BWD-1 … BWD-6, BWD-10).
@@ -296,9 +296,12 @@ def blocked_attention_backward(
     dV, dK (per key block) and dQ, dbias (per query chunk).  Returns :class:`Gradients`.
     """
     # the forward's keywords, for the checks and for the forward pass when out is not given
-    forward = DenseOptions(
-        mask=mask, bias=bias, is_causal=is_causal, causal_alignment=causal_alignment, scale=scale
-    )
+    options = filled(BlockedBackwardOptions, given)
+    forward = filled(DenseOptions, options)
+    mask, bias, is_causal = forward["mask"], forward["bias"], forward["is_causal"]
+    causal_alignment, scale = forward["causal_alignment"], forward["scale"]
+    out, lse, grad_lse = options["out"], options["lse"], options["grad_lse"]
+    query_chunk, key_block = options["query_chunk"], options["key_block"]
     xp, _, _ = check_arguments(q, k, v, forward, BLOCKED_CALL)
     namespace_of(BLOCKED_CALL, q=q, grad_out=grad_out, out=out, lse=lse, grad_lse=grad_lse)
     problem = prepare(q, k, v, scale=scale, call=BLOCKED_CALL)
@@ -469,6 +472,11 @@ def _assemble_blocked(
     )
 
 
+class VarlenBackwardOptions(UpstreamLse, CausalOptions, FeatureOptions, total=False):
+    """``varlen_attention_backward``'s keywords."""
+
+
+@shows_options(VarlenBackwardOptions)
 def varlen_attention_backward(
     q: Array,
     k: Array,
@@ -476,13 +484,7 @@ def varlen_attention_backward(
     cu_seqlens_q: Any,
     cu_seqlens_k: Any,
     grad_out: Array,
-    *,
-    grad_lse: Array = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Array = None,
+    **given: Unpack[VarlenBackwardOptions],
 ) -> Gradients:
     """The gradients of :func:`~.varlen.varlen_attention` (BWD-11): sequence b's gradient
     rows are the dense backward of that sequence alone, so none crosses a boundary.
@@ -490,6 +492,8 @@ def varlen_attention_backward(
     ``grad_out`` is ``(T_q, Hq, Ev)``; ``grad_lse`` (optional) ``(Hq, T_q)``.  Returns
     packed ``dq (T_q, Hq, E)``, ``dk (T_k, Hkv, E)``, ``dv (T_k, Hkv, Ev)``.
     """
+    options = filled(VarlenBackwardOptions, given)
+    grad_lse, alibi_slopes = options["grad_lse"], options["alibi_slopes"]
     xp = namespace_of(VARLEN_CALL, q=q, k=k, v=v, grad_out=grad_out, grad_lse=grad_lse)
     for name, a in (("q", q), ("k", k), ("v", v)):
         if a.ndim != 3:
@@ -524,11 +528,9 @@ def varlen_attention_backward(
                 heads_first(k[keys, ...]),
                 heads_first(v[keys, ...]),
                 heads_first(grad_out[queries, ...]),
+                **filled(CausalOptions, options),
                 grad_lse=None if grad_lse is None else grad_lse[:, queries],
-                is_causal=is_causal,
-                causal_alignment=causal_alignment,
-                scale=scale,
-                softcap=softcap,
+                softcap=options["softcap"],
                 alibi_slopes=slopes,
             )
         )

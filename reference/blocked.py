@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import array_api_compat
 
@@ -38,17 +38,18 @@ from ._array import Array
 from ._checks import check_flag, check_size, namespace_of
 from .features import alibi_distance, check_softcap, grouped_slopes, softcapped
 from .masks import causal_offset
+from .options import BlockedOptions, dense_options, filled, shows_options
 from .sdpa import (
     GroupedInputs,
     NonFiniteCounts,
-    ScoreOptions,
     check_arguments,
-    dense_options,
     nonfinite_counts,
     prepare,
-    score_options,
     with_nonfinite_values,
 )
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 CALL = "blocked_attention(q, k, v)"
 
@@ -237,21 +238,12 @@ def _attend_chunk(
     return _Rows(out, lse)
 
 
-def blocked_form(
-    q: Array,
-    k: Array,
-    v: Array,
-    options: ScoreOptions,
-    *,
-    return_lse: bool,
-    query_chunk: int | None,
-    key_block: int | None,
-    call: str,
-) -> Any:
-    """:func:`blocked_attention` with the keywords that decide the scores as one value
-    (:func:`~.sdpa.score_options`); errors name ``call``.  The entry point
+def blocked_form(q: Array, k: Array, v: Array, options: BlockedOptions, call: str) -> Any:
+    """:func:`blocked_attention` with its keywords as one value (each present: see
+    :func:`~.options.filled`); errors name ``call``.  The entry point
     ``scaled_dot_product_attention`` calls it with its own name."""
-    check_flag("return_lse", return_lse, call)
+    return_lse = check_flag("return_lse", options["return_lse"], call)
+    query_chunk, key_block = options["query_chunk"], options["key_block"]
     xp, _, _ = check_arguments(q, k, v, dense_options(options), call)
     mask, bias, alibi_slopes = options["mask"], options["bias"], options["alibi_slopes"]
     namespace_of(call, q=q, alibi_slopes=alibi_slopes)
@@ -310,22 +302,8 @@ def blocked_form(
     return out, xp.reshape(lse, problem.out_shape[:-1])
 
 
-def blocked_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array = None,
-    bias: Array = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Array = None,
-    return_lse: bool = False,
-    query_chunk: int | None = None,
-    key_block: int | None = None,
-) -> Any:
+@shows_options(BlockedOptions)
+def blocked_attention(q: Array, k: Array, v: Array, **given: Unpack[BlockedOptions]) -> Any:
     """``scaled_dot_product_attention`` (spec/dense.md, spec/features.md) in O(Lq + Lk)
     extra memory.
 
@@ -338,13 +316,4 @@ def blocked_attention(
     about ``batch * Hq * query_chunk * key_block`` scores plus the output; a mask or bias
     is read block by block and never broadcast.  Returns ``out``, or ``(out, lse)``.
     """
-    return blocked_form(
-        q,
-        k,
-        v,
-        score_options(mask, bias, is_causal, causal_alignment, scale, softcap, alibi_slopes),
-        return_lse=return_lse,
-        query_chunk=query_chunk,
-        key_block=key_block,
-        call=CALL,
-    )
+    return blocked_form(q, k, v, filled(BlockedOptions, given), CALL)

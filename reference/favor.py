@@ -11,16 +11,20 @@ import math
 import operator
 import random
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import array_api_compat
 
 from ._array import Array
 from ._checks import check_flag, check_size, namespace_of, require_ndim_at_least
-from .linear import FeatureMapPair, linear_attention
+from .linear import FeatureMapPair, LinearOptions, linear_attention
 from .masks import creation_namespace
+from .options import filled, shows_options
 from .sdpa import LAYOUT
 from .tolerance import UNIT_ROUNDOFF, accumulation_roundoff
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 
 def _dot(a: list[float], b: list[float]) -> float:
@@ -145,18 +149,23 @@ def favor_feature_map(projection: Array) -> FeatureMapPair:
     return FeatureMapPair(queries, keys)
 
 
-def favor_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    num_features: int,
-    seed: int,
-    orthogonal: bool = True,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    eps: float = 0.0,
-) -> Array:
+class _DrawnFrom(TypedDict):
+    """What draws the projection (LIN-4.5), required."""
+
+    num_features: int
+    seed: int
+
+
+class _Draw(_DrawnFrom, total=False):
+    orthogonal: bool
+
+
+class FavorOptions(_Draw, LinearOptions, total=False):
+    """``favor_attention``'s keywords."""
+
+
+@shows_options(FavorOptions)
+def favor_attention(q: Array, k: Array, v: Array, **given: Unpack[FavorOptions]) -> Array:
     """Performer attention: :func:`linear_attention` with the FAVOR+ map drawn from ``seed``.
 
     One projection of ``num_features`` rows serves every batch element and head (LIN-4.3);
@@ -165,23 +174,17 @@ def favor_attention(
     call = "favor_attention(q, k, v, num_features=..., seed=...)"
     xp = namespace_of(call, q=q, k=k, v=v)
     require_ndim_at_least(call, "SDPA-1.1", 3, LAYOUT, q=q, k=k, v=v)
+    options = filled(FavorOptions, given)
     projection = favor_projection(
-        num_features,
+        options["num_features"],
         q.shape[-1],
-        seed=seed,
-        orthogonal=orthogonal,
+        seed=options["seed"],
+        orthogonal=options["orthogonal"],
         xp=xp,
         device=array_api_compat.device(q),
     )
-    return linear_attention(
-        q,
-        k,
-        v,
-        feature_map=favor_feature_map(projection),
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        eps=eps,
-    )
+    feature_map = favor_feature_map(projection)
+    return linear_attention(q, k, v, feature_map=feature_map, **filled(LinearOptions, options))
 
 
 def favor_feature_error(q: Array, k: Array, projection: Array, *, dtype: str) -> float:

@@ -15,7 +15,7 @@ from typing import Any
 import array_api_compat
 
 from ._array import Array
-from ._checks import check_size, require_broadcastable_to
+from ._checks import check_size, real_number, require_broadcastable_to
 from .grouped import GroupedInputs
 from .masks import creation_namespace
 
@@ -24,16 +24,7 @@ def check_softcap(softcap: Any, call: str) -> float | None:
     """``softcap`` as a float, or None (no capping); SOFTCAP-2."""
     if softcap is None:
         return None
-    if isinstance(softcap, (bool, str, bytes)):
-        raise TypeError(
-            f"softcap={softcap!r}, but should be None or a real number > 0 [SOFTCAP-2, {call}]"
-        )
-    try:
-        value = float(softcap)
-    except (TypeError, ValueError):
-        raise TypeError(
-            f"softcap={softcap!r}, but should be None or a real number > 0 [SOFTCAP-2, {call}]"
-        ) from None
+    value = real_number("softcap", softcap, "None or a real number > 0", "SOFTCAP-2", call)
     if not (math.isfinite(value) and value > 0):
         raise ValueError(
             f"softcap={softcap!r}, but should be a finite number > 0 (None for "
@@ -147,16 +138,7 @@ def log_sum_exp(xp: ModuleType, scores: Array, allowed: Array) -> Array:
 
 def check_dropout_p(dropout_p: Any, call: str) -> float:
     """``dropout_p`` as a float in [0, 1) (DROP-2)."""
-    if isinstance(dropout_p, (bool, str, bytes)):
-        raise TypeError(
-            f"dropout_p={dropout_p!r}, but should be a real number in [0, 1) [DROP-2, {call}]"
-        )
-    try:
-        value = float(dropout_p)
-    except (TypeError, ValueError):
-        raise TypeError(
-            f"dropout_p={dropout_p!r}, but should be a real number in [0, 1) [DROP-2, {call}]"
-        ) from None
+    value = real_number("dropout_p", dropout_p, "a real number in [0, 1)", "DROP-2", call)
     if not 0.0 <= value < 1.0:
         raise ValueError(f"dropout_p={dropout_p!r}, but should be in [0, 1) [DROP-2, {call}]")
     return value

@@ -13,14 +13,18 @@ leaves after appending is :func:`append_to_cache`'s result.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import array_api_compat
 
 from ._array import Array
 from ._checks import check_flag, check_size, namespace_of
 from .attention import scaled_dot_product_attention
+from .options import FeatureOptions, filled, shows_options
 from .serving.paged import Rules, check_window
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 CALL = "kv_cache_attention(q, k_cache, v_cache, cache_seqlens)"
 APPEND = "append_to_cache(k_cache, v_cache, cache_seqlens, k, v)"
@@ -141,23 +145,29 @@ def _check_new(q: Array, k: Array, v: Array, k_cache: Array, call: str) -> int:
     return int(k.shape[2])
 
 
+class _New(TypedDict, total=False):
+    """The new keys and values, the block table of a paged cache (KVCACHE-1), the causal
+    rule (bottom-right, KVCACHE-6) and the scale."""
+
+    k: Array
+    v: Array
+    block_table: Array
+    is_causal: bool
+    scale: float | None
+
+
+class KvCacheOptions(_New, FeatureOptions, total=False):
+    """``kv_cache_attention``'s keywords."""
+
+    cache_leftpad: Array
+    window: tuple[int | None, int | None]
+    attention_chunk: int | None
+    return_lse: bool
+
+
+@shows_options(KvCacheOptions)
 def kv_cache_attention(
-    q: Array,
-    k_cache: Array,
-    v_cache: Array,
-    cache_seqlens: Array,
-    *,
-    k: Array = None,
-    v: Array = None,
-    block_table: Array = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Array = None,
-    cache_leftpad: Array = None,
-    window: tuple[int | None, int | None] = (None, None),
-    attention_chunk: int | None = None,
-    return_lse: bool = False,
+    q: Array, k_cache: Array, v_cache: Array, cache_seqlens: Array, **given: Unpack[KvCacheOptions]
 ) -> Any:
     """Attention of ``q`` over each batch element's cached keys and the new ones (KVCACHE-2).
 
@@ -167,6 +177,9 @@ def kv_cache_attention(
     with L_k = cache_seqlens[b] - cache_leftpad[b] + L_new (KVCACHE-6).  Returns
     ``out (B, Hq, Lq, Ev)``, or ``(out, lse)`` with ``lse (B, Hq, Lq)``.
     """
+    options = filled(KvCacheOptions, given)
+    k, v, alibi_slopes = options["k"], options["v"], options["alibi_slopes"]
+    cache_leftpad, attention_chunk = options["cache_leftpad"], options["attention_chunk"]
     xp = namespace_of(
         CALL,
         q=q,
@@ -177,18 +190,19 @@ def kv_cache_attention(
         alibi_slopes=alibi_slopes,
         cache_leftpad=cache_leftpad,
     )
-    check_flag("return_lse", return_lse, CALL)
+    return_lse = check_flag("return_lse", options["return_lse"], CALL)
     chunk = (
         None
         if attention_chunk is None
         else check_size("attention_chunk", attention_chunk, CALL, minimum=1)
     )
-    rules = Rules(is_causal, *check_window(window, CALL), chunk)
+    rules = Rules(options["is_causal"], *check_window(options["window"], CALL), chunk)
     if q.ndim != 4:
         raise ValueError(
             f"q.shape={tuple(q.shape)}, but should be (B, Hq, Lq, E) [KVCACHE-1, {CALL}]"
         )
     n_new = _check_new(q, k, v, k_cache, CALL)
+    block_table = options["block_table"]
     layout = CacheLayout(k_cache, v_cache, cache_seqlens, block_table, q.shape[0], n_new, CALL)
     starts = _leftpad(cache_leftpad, layout.lengths)
     device = array_api_compat.device(q)
@@ -212,10 +226,10 @@ def kv_cache_attention(
             keys,
             values,
             mask=mask,
-            is_causal=is_causal,
+            is_causal=options["is_causal"],
             causal_alignment="bottom_right",
-            scale=scale,
-            softcap=softcap,
+            scale=options["scale"],
+            softcap=options["softcap"],
             alibi_slopes=slopes,
             return_lse=True,
         )

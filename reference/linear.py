@@ -11,15 +11,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import array_api_compat
 
 from ._array import Array
 from ._checks import check_choice, check_flag
 from .masks import CAUSAL_ALIGNMENTS, causal_offset
+from .options import filled, shows_options
 from .sdpa import prepare
 from .tolerance import SAFETY_FACTOR, UNDERFLOW_THRESHOLD, UNIT_ROUNDOFF, accumulation_roundoff
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 CALL = "linear_attention(q, k, v)"
 # Keys whose prefix sums (chunk x F x Ev numbers) exist at once in the causal form: with
@@ -34,6 +38,34 @@ class FeatureMapPair(NamedTuple):
 
     queries: FeatureMap
     keys: FeatureMap
+
+
+class LinearOptions(TypedDict, total=False):
+    """The causal rule (LIN-2.1) and the declared denominator epsilon (LIN-3.2)."""
+
+    is_causal: bool
+    causal_alignment: str
+    eps: float
+
+
+class _FeatureMap(TypedDict):
+    feature_map: FeatureMap | tuple[FeatureMap, FeatureMap]
+
+
+class LinearAttentionOptions(_FeatureMap, LinearOptions, total=False):
+    """``linear_attention``'s keywords: ``feature_map`` is required."""
+
+
+class _Dtype(TypedDict):
+    dtype: str
+
+
+class _BoundSettings(_Dtype, total=False):
+    feature_error: float | None
+
+
+class LinearBoundOptions(_FeatureMap, _BoundSettings, LinearOptions, total=False):
+    """``linear_error_bound``'s keywords: ``feature_map`` and ``dtype`` are required."""
 
 
 class LinearErrorBound(NamedTuple):
@@ -176,20 +208,15 @@ def _divide(xp: ModuleType, numerator: Any, denominator: Any) -> Any:
 
 
 def _setup(
-    q: Array,
-    k: Array,
-    v: Array,
-    feature_map: Any,
-    is_causal: bool,
-    causal_alignment: str,
-    eps: Any,
-    call: str,
+    q: Array, k: Array, v: Array, options: LinearAttentionOptions, call: str
 ) -> tuple[Any, Any, Any, int | None, float]:
     problem = prepare(q, k, v, call=call)
-    check_flag("is_causal", is_causal, call)
-    check_choice("causal_alignment", causal_alignment, CAUSAL_ALIGNMENTS, call, "LIN-2.1")
-    eps = _check_eps(eps, call)
-    maps = _feature_maps(feature_map, call)
+    is_causal = check_flag("is_causal", options["is_causal"], call)
+    causal_alignment = check_choice(
+        "causal_alignment", options["causal_alignment"], CAUSAL_ALIGNMENTS, call, "LIN-2.1"
+    )
+    eps = _check_eps(options["eps"], call)
+    maps = _feature_maps(options["feature_map"], call)
     xp = problem.xp
     fq = _apply(xp, "query", maps.queries, problem.q, call)
     fk = _apply(xp, "key", maps.keys, problem.k, call)
@@ -203,15 +230,9 @@ def _setup(
     return problem, fq, fk, offset, eps
 
 
+@shows_options(LinearAttentionOptions)
 def linear_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    feature_map: FeatureMap | tuple[FeatureMap, FeatureMap],
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    eps: float = 0.0,
+    q: Array, k: Array, v: Array, **given: Unpack[LinearAttentionOptions]
 ) -> Array:
     """Kernelized attention as spec/linear.md defines it.
 
@@ -223,26 +244,16 @@ def linear_attention(
     of ``causal_alignment`` (LIN-2.1); ``eps`` is a declared denominator epsilon (LIN-3.2).
     Rows whose denominator is 0 give 0 (LIN-1.4).
     """
-    problem, fq, fk, offset, eps = _setup(
-        q, k, v, feature_map, is_causal, causal_alignment, eps, CALL
-    )
+    problem, fq, fk, offset, eps = _setup(q, k, v, filled(LinearAttentionOptions, given), CALL)
     xp = problem.xp
     numerator, denominator = _numerator_denominator(xp, fq, fk, problem.v, offset)
     out = _divide(xp, numerator, denominator + eps)
     return xp.astype(xp.reshape(out, problem.out_shape), problem.out_dtype)
 
 
+@shows_options(LinearBoundOptions)
 def linear_error_bound(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    feature_map: FeatureMap | tuple[FeatureMap, FeatureMap],
-    dtype: str,
-    feature_error: float | None = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    eps: float = 0.0,
+    q: Array, k: Array, v: Array, **given: Unpack[LinearBoundOptions]
 ) -> LinearErrorBound:
     """LIN-5.2 for float64 inputs holding values exactly representable in ``dtype``.
 
@@ -251,13 +262,13 @@ def linear_error_bound(
     from :func:`attnspec.reference.favor.favor_feature_error`.
     """
     call = "linear_error_bound(q, k, v)"
+    options = filled(LinearBoundOptions, given)
+    dtype, feature_error = options["dtype"], options["feature_error"]
     if dtype not in UNIT_ROUNDOFF:
         raise ValueError(
             f"dtype={dtype!r}, but should be one of {tuple(UNIT_ROUNDOFF)} [LIN-5.2, {call}]"
         )
-    problem, fq, fk, offset, eps = _setup(
-        q, k, v, feature_map, is_causal, causal_alignment, eps, call
-    )
+    problem, fq, fk, offset, eps = _setup(q, k, v, options, call)
     xp = problem.xp
     if problem.q.dtype != xp.float64:
         raise TypeError(f"q.dtype={problem.q.dtype}, but should be float64 [LIN-5.2, {call}]")

@@ -7,7 +7,7 @@ projections, the head split and the concatenation that MHA-1 defines around it.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ._array import Array
 from ._checks import (
@@ -18,7 +18,11 @@ from ._checks import (
     require_real_floating,
 )
 from .attention import scaled_dot_product_attention
-from .sdpa import compute_dtype, score_options
+from .options import DenseOptions, filled, shows_options
+from .sdpa import compute_dtype
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 CALL = "multi_head_attention(x, y, ...)"
 
@@ -50,27 +54,40 @@ def _merge_heads(xp: ModuleType, a: Any) -> Any:
     return xp.reshape(a, (*lead, length, heads * width))
 
 
-def multi_head_attention(
-    x: Array,
-    y: Array = None,
-    *,
-    w_q: Array,
-    w_k: Array,
-    w_v: Array,
-    w_o: Array,
-    b_q: Array = None,
-    b_k: Array = None,
-    b_v: Array = None,
-    b_o: Array = None,
-    num_heads: int,
-    num_kv_heads: int | None = None,
-    mask: Array = None,
-    bias: Array = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    return_weights: bool = False,
-) -> Any:
+class _Weights(TypedDict):
+    """The projections W_Q, W_K, W_V, W_O of MHA-1 (required)."""
+
+    w_q: Array
+    w_k: Array
+    w_v: Array
+    w_o: Array
+
+
+class _Biases(TypedDict, total=False):
+    """Their biases (None: no bias)."""
+
+    b_q: Array
+    b_k: Array
+    b_v: Array
+    b_o: Array
+
+
+class _NumHeads(TypedDict):
+    num_heads: int
+
+
+class _Heads(_NumHeads, total=False):
+    num_kv_heads: int | None
+
+
+class MhaOptions(_Weights, _Biases, _Heads, DenseOptions, total=False):
+    """``multi_head_attention``'s keywords: the weights and num_heads are required."""
+
+    return_weights: bool
+
+
+@shows_options(MhaOptions)
+def multi_head_attention(x: Array, y: Array = None, **given: Unpack[MhaOptions]) -> Any:
     """Multi-head attention of Vaswani et al. 2017, with grouped key/value heads.
 
     ``x (..., Lq, d_model)`` gives the queries and ``y (..., Lk, d_kv)`` (default ``x``:
@@ -85,16 +102,22 @@ def multi_head_attention(
     Half precision is computed in float32 throughout (SDPA-7.2).
     """
     y = x if y is None else y
-    weights = {"w_q": w_q, "w_k": w_k, "w_v": w_v, "w_o": w_o}
-    biases = {"b_q": b_q, "b_k": b_k, "b_v": b_v, "b_o": b_o}
-    xp = namespace_of(CALL, x=x, y=y, **weights, **biases, mask=mask, bias=bias)
+    options = filled(MhaOptions, given)
+    weights: dict[str, Array] = {**filled(_Weights, options)}
+    biases: dict[str, Array] = {**filled(_Biases, options)}
+    w_q, w_k, w_v, w_o = weights.values()
+    b_q, b_k, b_v, b_o = biases.values()
+    xp = namespace_of(
+        CALL, x=x, y=y, **weights, **biases, mask=options["mask"], bias=options["bias"]
+    )
     operands = {"x": x, "y": y, **weights, **{n: b for n, b in biases.items() if b is not None}}
     require_real_floating(xp, CALL, "MHA-1", **operands)
     if any(a.dtype != x.dtype for a in operands.values()):
         described = ", ".join(f"{n}.dtype={a.dtype}" for n, a in operands.items())
         raise TypeError(f"{described}, but should all be the same [MHA-1, {CALL}]")
     require_ndim_at_least(CALL, "MHA-1", 2, "(..., length, features)", x=x, y=y)
-    num_heads = check_size("num_heads", num_heads, CALL, minimum=1)
+    num_heads = check_size("num_heads", options["num_heads"], CALL, minimum=1)
+    num_kv_heads = options["num_kv_heads"]
     if num_kv_heads is None:
         num_kv_heads = num_heads
     num_kv_heads = check_size("num_kv_heads", num_kv_heads, CALL, minimum=1)
@@ -131,8 +154,10 @@ def multi_head_attention(
     q = _split_heads(xp, project(x, w_q, b_q), num_heads)
     k = _split_heads(xp, project(y, w_k, b_k), num_kv_heads)
     v = _split_heads(xp, project(y, w_v, b_v), num_kv_heads)
-    options = score_options(mask, bias, is_causal, causal_alignment, scale, None, None)
-    attended = scaled_dot_product_attention(q, k, v, **options, return_weights=return_weights)
+    return_weights = options["return_weights"]
+    attended = scaled_dot_product_attention(
+        q, k, v, **filled(DenseOptions, options), return_weights=return_weights
+    )
     per_head, p = attended if return_weights else (attended, None)
     out = xp.astype(project(_merge_heads(xp, per_head), w_o, b_o), x.dtype)
     return (out, xp.astype(p, x.dtype)) if return_weights else out

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from types import ModuleType
-from typing import Any, NamedTuple, TypedDict
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import array_api_compat
 
@@ -38,6 +38,16 @@ from .features import (
 from .grouped import GroupedInputs as GroupedInputs  # re-exported: blocked, tolerance ...
 from .masks import CAUSAL_ALIGNMENTS, causal_offset
 
+# re-exported: the forms, the backward, the bounds and reference/serving take them from here
+from .options import AttentionOptions, filled, shows_options
+from .options import DenseOptions as DenseOptions
+from .options import ScoreOptions as ScoreOptions
+from .options import dense_options as dense_options
+from .options import score_options as score_options
+
+if TYPE_CHECKING:
+    from typing import Unpack
+
 CALL = "scaled_dot_product_attention(q, k, v)"
 PLAIN_CALL = "plain_attention(q, k, v)"
 LAYOUT = "(..., heads, length, head_dim)"
@@ -46,40 +56,6 @@ LAYOUT = "(..., heads, length, head_dim)"
 def compute_dtype(xp: ModuleType, dtype: Any) -> Any:
     """float16/bfloat16 are computed in float32 (SDPA-7.2); others in their own dtype."""
     return dtype if dtype in (xp.float32, xp.float64) else xp.float32
-
-
-class ScoreOptions(TypedDict):
-    """The keyword arguments that decide the scores, by their names in the public
-    signatures (a type checker checks them where they are passed on with ``**``)."""
-
-    mask: Array
-    bias: Array
-    is_causal: bool
-    causal_alignment: str
-    scale: float | None
-    softcap: float | None
-    alibi_slopes: Array
-
-
-class DenseOptions(TypedDict):
-    """:class:`ScoreOptions` less the features: what :func:`prepare` takes."""
-
-    mask: Array
-    bias: Array
-    is_causal: bool
-    causal_alignment: str
-    scale: float | None
-
-
-def dense_options(options: ScoreOptions) -> DenseOptions:
-    """``options`` less softcap and ALiBi, for :func:`prepare` and :func:`check_arguments`."""
-    return DenseOptions(
-        mask=options["mask"],
-        bias=options["bias"],
-        is_causal=options["is_causal"],
-        causal_alignment=options["causal_alignment"],
-        scale=options["scale"],
-    )
 
 
 def check_arguments(
@@ -137,22 +113,13 @@ def check_arguments(
     return xp, batch, scale
 
 
+@shows_options(DenseOptions)
 def prepare(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array = None,
-    bias: Array = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: Any = None,
-    call: str = CALL,
+    q: Array, k: Array, v: Array, *, call: str = CALL, **given: Unpack[DenseOptions]
 ) -> GroupedInputs:
     """Check the arguments against SDPA-1 … SDPA-6 and lay them out for computation."""
-    options = DenseOptions(
-        mask=mask, bias=bias, is_causal=is_causal, causal_alignment=causal_alignment, scale=scale
-    )
+    options = filled(DenseOptions, given)
+    mask, bias, is_causal = options["mask"], options["bias"], options["is_causal"]
     xp, batch, scale = check_arguments(q, k, v, options, call)
     *_, n_q_heads, n_queries, head_dim = q.shape
     *_, n_kv_heads, n_keys, _ = k.shape
@@ -170,7 +137,7 @@ def prepare(
         device = array_api_compat.device(q)
         rows = xp.arange(n_queries, device=device)[:, None]
         cols = xp.arange(n_keys, device=device)[None, :]
-        causal = cols <= rows + causal_offset(n_queries, n_keys, causal_alignment)
+        causal = cols <= rows + causal_offset(n_queries, n_keys, options["causal_alignment"])
         allowed = causal if allowed is None else xp.logical_and(allowed, causal)
         allowed = xp.broadcast_to(allowed, grouped)
 
@@ -297,29 +264,6 @@ def with_features(
     return problem._replace(softcap=softcap, alibi=alibi)
 
 
-def score_options(
-    mask: Array,
-    bias: Array,
-    is_causal: bool,
-    causal_alignment: str,
-    scale: float | None,
-    softcap: float | None,
-    alibi_slopes: Array,
-) -> ScoreOptions:
-    """The keyword arguments that decide the scores (mask, bias, causal rule: SDPA-3,
-    SDPA-4; scale: SDPA-2; SOFTCAP-1; ALIBI-2) as one value, for the functions that pass
-    them on unchanged to a form of attention, its bound or its gradient."""
-    return ScoreOptions(
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-    )
-
-
 def prepare_with_features(
     q: Array, k: Array, v: Array, options: ScoreOptions, call: str
 ) -> GroupedInputs:
@@ -335,25 +279,15 @@ def prepare_with_features(
     )
 
 
-def plain_form(
-    q: Array,
-    k: Array,
-    v: Array,
-    options: ScoreOptions,
-    *,
-    dropout_p: float,
-    dropout_keep: Array,
-    return_weights: bool,
-    return_lse: bool,
-    call: str,
-) -> Any:
-    """:func:`plain_attention` with the keywords that decide the scores as one value
-    (:func:`score_options`); errors name ``call``.  The entry point
+def plain_form(q: Array, k: Array, v: Array, options: AttentionOptions, call: str) -> Any:
+    """:func:`plain_attention` with its keywords as one value (each present: see
+    :func:`~.options.filled`); errors name ``call``.  The entry point
     ``scaled_dot_product_attention`` calls it with its own name."""
-    check_flag("return_weights", return_weights, call)
-    check_flag("return_lse", return_lse, call)
+    return_weights = check_flag("return_weights", options["return_weights"], call)
+    return_lse = check_flag("return_lse", options["return_lse"], call)
+    dropout_keep = options["dropout_keep"]
     namespace_of(call, q=q, alibi_slopes=options["alibi_slopes"], dropout_keep=dropout_keep)
-    dropout_p = check_dropout_p(dropout_p, call)
+    dropout_p = check_dropout_p(options["dropout_p"], call)
     problem = prepare_with_features(q, k, v, options, call)
     xp = problem.xp
     scores, allowed = allowed_scores(problem)
@@ -371,23 +305,8 @@ def plain_form(
     return results[0] if len(results) == 1 else tuple(results)
 
 
-def plain_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    mask: Array = None,
-    bias: Array = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Array = None,
-    dropout_p: float = 0.0,
-    dropout_keep: Array = None,
-    return_weights: bool = False,
-    return_lse: bool = False,
-) -> Any:
+@shows_options(AttentionOptions)
+def plain_attention(q: Array, k: Array, v: Array, **given: Unpack[AttentionOptions]) -> Any:
     """``scaled_dot_product_attention`` in its plain form: the spec's text in code.
 
     The same function, arguments, checks and results as the public entry point (its
@@ -397,14 +316,4 @@ def plain_attention(
     For reading beside spec/dense.md, for teaching and for the oracle tests; the entry
     point is faster and runs in O(Lq + Lk) extra memory.
     """
-    return plain_form(
-        q,
-        k,
-        v,
-        score_options(mask, bias, is_causal, causal_alignment, scale, softcap, alibi_slopes),
-        dropout_p=dropout_p,
-        dropout_keep=dropout_keep,
-        return_weights=return_weights,
-        return_lse=return_lse,
-        call=PLAIN_CALL,
-    )
+    return plain_form(q, k, v, filled(AttentionOptions, given), PLAIN_CALL)

@@ -12,22 +12,25 @@ from __future__ import annotations
 
 import math
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import array_api_compat
 
 from ._array import Array
 from .features import softcapped
+from .options import CHUNK_ELEMENTS as CHUNK_ELEMENTS  # re-exported: the bounds' users
+from .options import ScoreOptions, filled, shows_options
 from .sdpa import (
     GroupedInputs,
     allowed_scores,
     nonfinite_counts,
     plain_attention,
-    prepare,
-    score_options,
-    with_features,
+    prepare_with_features,
     with_nonfinite_values,
 )
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
 # sigma_d of TOL-2: the dtype's smallest subnormal, or the smallest normal of the format the
@@ -42,9 +45,6 @@ SAFETY_FACTOR = 4.0  # TOL-2: 2 for second-order terms, times 2 for the oracle's
 # Score-error terms beyond this can only reach the hull cap of TOL-2, so larger values need
 # not be represented (and exp never overflows).
 _SATURATED_WEIGHT_ERROR = 2.0
-# Elements of one (rows x keys) chunk: ~8 MB per float64 temporary (measured: as fast as
-# larger chunks, its passes nearer the cache).
-CHUNK_ELEMENTS = 2**20
 
 
 class ErrorBound(NamedTuple):
@@ -143,24 +143,16 @@ def lse_final_error(dtype: str, n_keys: int, row_max: Array, xp: ModuleType) -> 
     return max(n_keys - 1, 0) * u_a + 5 * u_a * math.log(max(n_keys, 1)) + 4 * u_a * xp.abs(row_max)
 
 
-# Why error_bound and error_and_lse_bound keep parallel signatures: both are public (the
-# suite and users call each by keyword), so help() and type checkers show every keyword of
-# each; they share everything else through _bounds.
+class BoundOptions(ScoreOptions, total=False):
+    """The keywords of the forward's bounds (TOL-2, TOL-5) beside ``dtype``."""
+
+    weights: bool
+    chunk_elements: int
+
+
+@shows_options(BoundOptions)
 def error_bound(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    dtype: str,
-    mask: Array = None,
-    bias: Array = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Array = None,
-    weights: bool = True,
-    chunk_elements: int = CHUNK_ELEMENTS,
+    q: Array, k: Array, v: Array, *, dtype: str, **given: Unpack[BoundOptions]
 ) -> ErrorBound:
     """TOL-2 for inputs given in float64 holding values exactly representable in ``dtype``.
 
@@ -172,37 +164,15 @@ def error_bound(
     ``chunk_elements`` bounds the size of the (rows x keys) blocks evaluated at once, and
     so the memory used.
     """
-    options = dict(
-        mask=mask, bias=bias, is_causal=is_causal, causal_alignment=causal_alignment, scale=scale
-    )
-    return _bounds(q, k, v, dtype, options, softcap, alibi_slopes, weights, False, chunk_elements)[
-        0
-    ]
+    return _bounds(q, k, v, dtype, filled(BoundOptions, given), lse=False)[0]
 
 
+@shows_options(BoundOptions)
 def error_and_lse_bound(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    dtype: str,
-    mask: Array = None,
-    bias: Array = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Array = None,
-    weights: bool = True,
-    chunk_elements: int = CHUNK_ELEMENTS,
+    q: Array, k: Array, v: Array, *, dtype: str, **given: Unpack[BoundOptions]
 ) -> tuple[ErrorBound, LseBound]:
     """:func:`error_bound` and the log-sum-exp with its TOL-5 bound, in one pass."""
-    options = dict(
-        mask=mask, bias=bias, is_causal=is_causal, causal_alignment=causal_alignment, scale=scale
-    )
-    bound, lse_bound = _bounds(
-        q, k, v, dtype, options, softcap, alibi_slopes, weights, True, chunk_elements
-    )
+    bound, lse_bound = _bounds(q, k, v, dtype, filled(BoundOptions, given), lse=True)
     assert lse_bound is not None  # _bounds(..., lse=True, ...) computes it
     return bound, lse_bound
 
@@ -212,14 +182,12 @@ def _bounds(
     k: Array,
     v: Array,
     dtype: str,
-    options: dict[str, Any],
-    softcap: Any,
-    alibi_slopes: Array,
-    weights: bool,
+    options: BoundOptions,
+    *,
     lse: bool,
-    chunk_elements: int,
 ) -> tuple[ErrorBound, LseBound | None]:
-    """Both bounds over row chunks; ``options`` are prepare's (mask, bias, causal, scale)."""
+    """Both bounds over row chunks, for the keywords ``options`` (each present)."""
+    weights, chunk_elements = options["weights"], options["chunk_elements"]
     if dtype not in UNIT_ROUNDOFF:
         raise ValueError(f"dtype={dtype!r}, but should be one of {tuple(UNIT_ROUNDOFF)}")
     if (
@@ -228,15 +196,7 @@ def _bounds(
         or chunk_elements < 1
     ):
         raise ValueError(f"chunk_elements={chunk_elements!r}, but should be a positive int")
-    call = "error_bound(q, k, v)"
-    problem = prepare(q, k, v, **options, call=call)
-    problem = with_features(
-        problem,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        causal_alignment=options["causal_alignment"],
-        call=call,
-    )
+    problem = prepare_with_features(q, k, v, options, "error_bound(q, k, v)")
     xp = problem.xp
     if problem.q.dtype != xp.float64:
         raise TypeError(f"error_bound needs float64 inputs, got {problem.q.dtype}")
@@ -609,6 +569,7 @@ def _log_mean_exp(xp: ModuleType, log_weights: Array, delta: Any, allowed: Array
     return xp.where(small, xp.log1p(moved), in_log_domain)
 
 
+@shows_options(ScoreOptions)
 def dropout_error_bound(
     q: Array,
     k: Array,
@@ -617,18 +578,12 @@ def dropout_error_bound(
     dtype: str,
     dropout_p: float,
     dropout_keep: Array,
-    mask: Array = None,
-    bias: Array = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Array = None,
+    **given: Unpack[ScoreOptions],
 ) -> tuple[Any, Any]:
     """DROP-2's output for the keep indicators ``dropout_keep`` in float64, and its TOL-6
     bound: each kept weight's TOL-2 bound (and (L_k + 2) u_a of its size for the rescaling
     and the sum), rescaled by 1 / (1 - p), plus the output rounding and the floor."""
-    options = score_options(mask, bias, is_causal, causal_alignment, scale, softcap, alibi_slopes)
+    options = filled(ScoreOptions, given)
     out = plain_attention(q, k, v, dropout_p=dropout_p, dropout_keep=dropout_keep, **options)
     bound = error_bound(q, k, v, dtype=dtype, weights=True, **options)
     xp = array_api_compat.array_namespace(out)

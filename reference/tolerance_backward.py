@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._array import Array
 from ._checks import namespace_of
 from .backward import (
     CALL,
+    BackwardOptions,
     _check_upstream,
     _grouped_lse_gradient,
     _grouped_rows,
@@ -25,9 +26,9 @@ from .backward import (
     reduce_to_shape,
 )
 from .features import check_dropout_p, log_sum_exp, softcapped
-from .sdpa import GroupedInputs, allowed_scores, prepare_with_features, score_options
+from .options import ScoreOptions, filled, shows_options
+from .sdpa import GroupedInputs, allowed_scores, prepare_with_features
 from .tolerance import (
-    CHUNK_ELEMENTS,
     SAFETY_FACTOR,
     UNDERFLOW_THRESHOLD,
     UNIT_ROUNDOFF,
@@ -40,6 +41,9 @@ from .tolerance import (
     scale_rounding,
     tanh_roundoff,
 )
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 
 class GradientBound(NamedTuple):
@@ -62,6 +66,13 @@ def _broadcast_factor(full: tuple[int, ...], shape: tuple[int, ...]) -> int:
     return math.prod(full) // max(1, math.prod(shape)) if math.prod(shape) else 0
 
 
+class GradientBoundOptions(BackwardOptions, total=False):
+    """The keywords of the backward's bound (BWD-17) beside ``dtype``."""
+
+    chunk_elements: int
+
+
+@shows_options(GradientBoundOptions)
 def gradient_error_bound(
     q: Array,
     k: Array,
@@ -69,17 +80,7 @@ def gradient_error_bound(
     grad_out: Array,
     *,
     dtype: str,
-    grad_lse: Array = None,
-    mask: Array = None,
-    bias: Array = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Array = None,
-    dropout_p: float = 0.0,
-    dropout_keep: Array = None,
-    chunk_elements: int = CHUNK_ELEMENTS,
+    **given: Unpack[GradientBoundOptions],
 ) -> GradientBound:
     """BWD-17 for float64 inputs holding values exactly representable in ``dtype``.
 
@@ -92,9 +93,12 @@ def gradient_error_bound(
     """
     if dtype not in UNIT_ROUNDOFF:
         raise ValueError(f"dtype={dtype!r}, but should be one of {tuple(UNIT_ROUNDOFF)}")
+    settings = filled(GradientBoundOptions, given)
+    grad_lse, dropout_keep = settings["grad_lse"], settings["dropout_keep"]
     namespace_of(CALL, q=q, grad_out=grad_out, grad_lse=grad_lse)
-    dropout_p = check_dropout_p(dropout_p, CALL)
-    options = score_options(mask, bias, is_causal, causal_alignment, scale, softcap, alibi_slopes)
+    dropout_p = check_dropout_p(settings["dropout_p"], CALL)
+    options = filled(ScoreOptions, settings)
+    bias = options["bias"]
     forward, lse_bound = error_and_lse_bound(q, k, v, dtype=dtype, weights=False, **options)
     out = forward.out
     if dropout_keep is not None:  # the dropped output (DROP-2), whose rounding D charges
@@ -126,7 +130,7 @@ def gradient_error_bound(
     )
     n_queries = problem.q.shape[-2]
     per_row = max(1, math.prod(problem.q.shape[:-2]) * n_keys)
-    step = max(1, chunk_elements // per_row)
+    step = max(1, settings["chunk_elements"] // per_row)
     parts = [
         _chunk_terms(
             problem,

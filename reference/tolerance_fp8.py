@@ -9,16 +9,20 @@ rounds its unnormalised weights to a float8 format before P V (QUANT-3), the ter
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import array_api_compat
 
 from ._array import Array
 from ._checks import check_choice
-from .sdpa import score_options
-from .serving.fp8 import FP8_FORMATS, real_values
+from ._keywords import shows_keywords
+from .options import DEFAULTS, CausalOptions, DenseOptions, filled
+from .serving.fp8 import DEFAULT_FORMAT, FP8_FORMATS, Fp8Inputs, real_values
 from .tolerance import SAFETY_FACTOR, UNDERFLOW_THRESHOLD, UNIT_ROUNDOFF, error_bound
 from .tolerance_serving import with_sink_key
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 CALL = "fp8_error_bound(q, k, v, q_descale=, k_descale=, v_descale=, out_dtype=)"
 OUT_DTYPES = ("float16", "bfloat16", "float32")
@@ -38,35 +42,40 @@ class Fp8Bound(NamedTuple):
     weights_term: Any
 
 
-def fp8_error_bound(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    q_descale: Any,
-    k_descale: Any,
-    v_descale: Any,
-    out_dtype: str,
-    fmt: str = "float8_e4m3fn",
-    weights_format: str | None = None,
-    mask: Array = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
-    sinks: Array = None,
-) -> Fp8Bound:
+class _OutDtype(TypedDict):
+    out_dtype: str
+
+
+class _Mask(_OutDtype, total=False):
+    weights_format: str | None
+    mask: Array
+
+
+class Fp8BoundOptions(Fp8Inputs, _Mask, CausalOptions, total=False):
+    """``fp8_error_bound``'s keywords: the descales and ``out_dtype`` are required."""
+
+    softcap: float | None
+    sinks: Array
+
+
+_DEFAULTS = {**DEFAULTS, "fmt": DEFAULT_FORMAT}
+
+
+@shows_keywords(Fp8BoundOptions, _DEFAULTS)
+def fp8_error_bound(q: Array, k: Array, v: Array, **given: Unpack[Fp8BoundOptions]) -> Fp8Bound:
     """QUANT-4 for stored float8 values given as float64 arrays (one batch shape for q, k
     and v) and float64 descales; ``weights_format`` is the float8 format the kernel rounds
     its weights to (QUANT-3), or None.  With a ``softcap`` (on the real values' scaled
     scores) TOL-4's term joins, with ``sinks (Hq,)`` the sink is one more key (SINK-5),
     both as QUANT-5 says.  Evaluates the weights, so memory grows with Lq × Lk."""
+    settings = filled(Fp8BoundOptions, given, _DEFAULTS)
+    out_dtype, weights_format = settings["out_dtype"], settings["weights_format"]
+    mask, sinks = settings["mask"], settings["sinks"]
+    scale, softcap = settings["scale"], settings["softcap"]
     check_choice("out_dtype", out_dtype, OUT_DTYPES, CALL, "QUANT-2")
     if weights_format is not None:
         check_choice("weights_format", weights_format, tuple(FP8_FORMATS), CALL, "QUANT-3")
-    real_q, real_k, real_v = real_values(
-        q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, fmt=fmt, call=CALL
-    )
+    real_q, real_k, real_v = real_values(q, k, v, call=CALL, **filled(Fp8Inputs, settings))
     xp = array_api_compat.array_namespace(real_q, real_k, real_v)
     device = array_api_compat.device(real_q)
 
@@ -77,15 +86,13 @@ def fp8_error_bound(
     # float32 arithmetic throughout (the scale and descales applied in float32 to exact
     # products of float8 values), then the output rounded to its own dtype
     alpha = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    options: dict[str, Any]
-    if sinks is None:
-        options = dict(score_options(mask, None, is_causal, causal_alignment, alpha, softcap, None))
-    else:  # SINK-5: the sink as one more key, of score sinks[h] and value 0
-        options, _ = with_sink_key(
-            real_q, real_k, real_v, sinks, mask, None, is_causal, causal_alignment, alpha, CALL
-        )
+    dense = DenseOptions(mask=mask, bias=None, **filled(CausalOptions, settings))
+    dense["scale"] = alpha
+    options: dict[str, Any] = {**dense}
+    if sinks is not None:  # SINK-5: the sink as one more key, of score sinks[h] and value 0
+        options, _ = with_sink_key(real_q, real_k, real_v, sinks, dense, CALL)
         real_q, real_k, real_v = options.pop("qkv")
-        options["softcap"] = softcap
+    options["softcap"] = softcap
     bound = error_bound(padded(real_q), padded(real_k), real_v, dtype="float32", **options)
     p = bound.weights  # (..., Hq, Lq, Lk)
     *batch, n_q_heads, n_queries, n_keys = p.shape

@@ -8,13 +8,14 @@ problem; MERGE-4 is a bound of its own, on two given states.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import array_api_compat
 
 from ._array import Array
 from ._checks import check_choice, namespace_of
 from .masks import causal_offset
+from .options import DenseOptions, filled, shows_options
 from .serving.merge import check_states, merge_attention_states
 from .serving.sinks import check_sinks
 from .tolerance import (
@@ -27,34 +28,32 @@ from .tolerance import (
     error_and_lse_bound,
 )
 
+if TYPE_CHECKING:
+    from typing import Unpack
+
 BOUND = "merge_error_bound(o_a, lse_a, o_b, lse_b)"
 SINK_BOUND = "sink_error_and_lse_bound(q, k, v, sinks)"
 
 
+class SinkBoundOptions(DenseOptions, total=False):
+    """The keywords of the bound of attention with sinks (SINK-5) beside ``dtype``."""
+
+    softcap: float | None
+
+
+@shows_options(SinkBoundOptions)
 def sink_error_and_lse_bound(
-    q: Array,
-    k: Array,
-    v: Array,
-    sinks: Array,
-    *,
-    dtype: str,
-    mask: Array = None,
-    bias: Array = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
+    q: Array, k: Array, v: Array, sinks: Array, *, dtype: str, **given: Unpack[SinkBoundOptions]
 ) -> tuple[ErrorBound, LseBound]:
     """SINK-5 and SINK-3 for float64 inputs holding values exactly representable in
     ``dtype`` (one batch shape for q, k, v; ``sinks (Hq,)`` or ``(..., Hq)``): TOL-2 and
     TOL-5 of the problem with a key of score ``sinks[h]`` and value 0 appended to every row,
     allowed whatever the mask and the causal rule say.  Its log-sum-exp is
     log(sum_j e^(s_ij) + e^(sinks[h])), sinks[h] for a row that sees no key."""
-    arguments, _ = with_sink_key(
-        q, k, v, sinks, mask, bias, is_causal, causal_alignment, scale, SINK_BOUND
-    )
+    options = filled(SinkBoundOptions, given)
+    arguments, _ = with_sink_key(q, k, v, sinks, filled(DenseOptions, options), SINK_BOUND)
     return error_and_lse_bound(
-        *arguments.pop("qkv"), dtype=dtype, softcap=softcap, weights=False, **arguments
+        *arguments.pop("qkv"), dtype=dtype, softcap=options["softcap"], weights=False, **arguments
     )
 
 
@@ -63,16 +62,13 @@ def with_sink_key(
     k: Array,
     v: Array,
     sinks: Array,
-    mask: Array,
-    bias: Array,
-    is_causal: bool,
-    causal_alignment: str,
-    scale: float | None,
+    options: DenseOptions,
     call: str,
 ) -> tuple[dict[str, Any], int]:
     """The dense problem with the sink as one more key (score sinks[h], counted as a bias;
     value 0; allowed in every row): its q, k, v under "qkv" and its mask, bias and scale,
     with the number of real keys."""
+    mask, bias, scale = options["mask"], options["bias"], options["scale"]
     xp = namespace_of(call, q=q, k=k, v=v, sinks=sinks, mask=mask, bias=bias)
     *batch, n_q_heads, n_queries, head_dim = q.shape
     n_keys = k.shape[-2]
@@ -82,8 +78,8 @@ def with_sink_key(
     allowed = xp.ones(scores, dtype=xp.bool, device=device)
     if mask is not None:
         allowed = xp.logical_and(allowed, mask)
-    if is_causal:  # built here: one more key would move a bottom-right corner
-        offset = causal_offset(n_queries, n_keys, causal_alignment)
+    if options["is_causal"]:  # built here: one more key would move a bottom-right corner
+        offset = causal_offset(n_queries, n_keys, options["causal_alignment"])
         rows = xp.arange(n_queries, device=device)[:, None]
         allowed = xp.logical_and(
             allowed, xp.arange(n_keys, device=device)[None, :] <= rows + offset

@@ -10,14 +10,18 @@ definition: nothing here but slicing and :func:`~.attention.scaled_dot_product_a
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import array_api_compat
 
 from ._array import Array
 from ._checks import check_flag, namespace_of
 from .attention import scaled_dot_product_attention
+from .options import CausalOptions, FeatureOptions, filled, shows_options
 from .sdpa import compute_dtype
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 CALL = "varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k)"
 PACKED = "(total_tokens, heads, head_dim)"
@@ -78,20 +82,21 @@ def sequence_masks(
     return masks
 
 
+class VarlenOptions(CausalOptions, FeatureOptions, total=False):
+    """``varlen_attention``'s keywords: no bias, and a packed mask (VARLEN-6)."""
+
+    mask: Array
+    return_lse: bool
+
+
+@shows_options(VarlenOptions)
 def varlen_attention(
     q: Array,
     k: Array,
     v: Array,
     cu_seqlens_q: Any,
     cu_seqlens_k: Any,
-    *,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Array = None,
-    mask: Array = None,
-    return_lse: bool = False,
+    **given: Unpack[VarlenOptions],
 ) -> Any:
     """Packed attention (VARLEN-2): sequence b's output rows are the dense attention of
     its own queries ``q[cu_q[b]:cu_q[b+1]]`` and keys/values ``k[cu_k[b]:cu_k[b+1]]``, with
@@ -103,8 +108,10 @@ def varlen_attention(
     0 (VARLEN-5).  Returns ``out (T_q, Hq, Ev)`` in q's dtype, or ``(out, lse)`` with
     ``lse (Hq, T_q)`` in the accumulation dtype (LSE-3; -inf for the padding rows).
     """
+    options = filled(VarlenOptions, given)
+    mask, alibi_slopes = options["mask"], options["alibi_slopes"]
     xp = namespace_of(CALL, q=q, k=k, v=v, alibi_slopes=alibi_slopes, mask=mask)
-    check_flag("return_lse", return_lse, CALL)
+    return_lse = check_flag("return_lse", options["return_lse"], CALL)
     for name, a in (("q", q), ("k", k), ("v", v)):
         if a.ndim != 3:
             raise ValueError(
@@ -152,11 +159,9 @@ def varlen_attention(
             q_b,
             k_b,
             v_b,
+            **filled(CausalOptions, options),
             mask=masks[b],
-            is_causal=is_causal,
-            causal_alignment=causal_alignment,
-            scale=scale,
-            softcap=softcap,
+            softcap=options["softcap"],
             alibi_slopes=slopes,
             return_lse=True,
         )
