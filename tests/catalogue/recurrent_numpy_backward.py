@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -131,19 +132,24 @@ class _Problem(NamedTuple):
     states: Array
 
 
-def _problem(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    g: Any,
-    beta: Any,
-    initial_state: Any = None,
-    cu_seqlens: Any = None,
-    normalize: bool = False,
-) -> _Problem:
-    q, k, v, g, beta = _f32(q, k, v, g, beta)
-    if normalize:
+@dataclass(frozen=True)
+class _Keywords:
+    """A call's keywords: REC-1.2's gate and strength, the past states, REC-3.3's packed
+    sequences, and whether the kernel normalises q and k (REC-2.4); making one of an
+    unknown keyword is a TypeError that names it."""
+
+    g: Any
+    beta: Any
+    initial_state: Any = None
+    cu_seqlens: Any = None
+    normalize: bool = False
+
+
+def _problem(q: Any, k: Any, v: Any, **keywords: Any) -> _Problem:
+    call = _Keywords(**keywords)
+    initial_state, cu_seqlens = call.initial_state, call.cu_seqlens
+    q, k, v, g, beta = _f32(q, k, v, call.g, call.beta)
+    if call.normalize:
         q, k = _normalized(q)[0], _normalized(k)[0]
     length = k.shape[-2]
     offsets = [0, length] if cu_seqlens is None else [int(n) for n in np.asarray(cu_seqlens)]

@@ -15,7 +15,10 @@ from attnspec.conformance.draw.sizes import SizeLimits
 from attnspec.conformance.judge.registry import all_properties
 from attnspec.conformance.run.kernel_setup import check_signature
 from catalogue import fp8 as catalogue
-from catalogue.entry import CaughtBug
+from catalogue.entry import REQUIRED, CaughtBug, namespace, signed
+from catalogue.fp8 import DESCALES
+
+ARRAYS = ("q", "k", "v")
 
 pytest.importorskip("torch", reason="float8 tensors are torch's (QUANT-1); NumPy has none")
 
@@ -87,29 +90,16 @@ def test_fp8_signature_is_checked_before_any_call() -> None:
     """QUANT-1: a float8 kernel that cannot take the descales, or a mask the declaration
     says it takes, is refused at setup, naming the keyword and the remedy."""
 
-    def no_mask(
-        q: object,
-        k: object,
-        v: object,
-        *,
-        q_descale: object,
-        k_descale: object,
-        v_descale: object,
-        scale: float,
-        is_causal: bool = False,
-    ) -> None:
+    def never_called(call: object) -> None:
         raise AssertionError("never called")
 
-    def no_descales(
-        q: object,
-        k: object,
-        v: object,
-        *,
-        scale: float,
-        is_causal: bool = False,
-        mask: object = None,
-    ) -> None:
-        raise AssertionError("never called")
+    # FlashAttention 3's float8 signature without the mask, and without the descales
+    no_mask = signed({**DESCALES, "scale": REQUIRED, "is_causal": False}, ARRAYS, namespace)(
+        never_called
+    )
+    no_descales = signed({"scale": REQUIRED, "is_causal": False, "mask": None}, ARRAYS, namespace)(
+        never_called
+    )
 
     claim = Fp8Claim()
     with pytest.raises(SetupError, match=r"keyword 'mask'.*--no-mask"):
