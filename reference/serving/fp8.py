@@ -20,7 +20,7 @@ from .._array import Array
 from .._checks import check_choice, namespace_of, require_real_floating
 from .._keywords import shows_keywords
 from ..attention import scaled_dot_product_attention
-from ..sdpa import score_options
+from ..options import DEFAULTS, CausalOptions, ReturnLse, ScoreOptions, filled
 
 CALL = "fp8_attention(q, k, v, q_descale=, k_descale=, v_descale=)"
 ROUND = "round_to_fp8(x, fmt)"
@@ -127,7 +127,8 @@ class Fp8Inputs(_Descales, total=False):
 
 
 DEFAULT_FORMAT = "float8_e4m3fn"
-shows_fp8_inputs = shows_keywords(Fp8Inputs, {"fmt": DEFAULT_FORMAT})
+FP8_DEFAULTS = {**DEFAULTS, "fmt": DEFAULT_FORMAT}  # and those of options
+shows_fp8_inputs = shows_keywords(Fp8Inputs, FP8_DEFAULTS)
 
 
 @shows_fp8_inputs
@@ -158,30 +159,28 @@ def real_values(
     return q, k, v
 
 
-@shows_fp8_inputs
-def fp8_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    *,
-    out_dtype: Any = None,
-    mask: Array = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
-    return_lse: bool = False,
-    **fp8: Unpack[Fp8Inputs],
-) -> Any:
+class Fp8AttentionOptions(Fp8Inputs, CausalOptions, ReturnLse, total=False):
+    """``fp8_attention``'s keywords: :class:`Fp8Inputs`, the dense definition's causal rule,
+    ``scale``, ``mask`` and ``softcap``, ``return_lse`` and ``out_dtype``."""
+
+    out_dtype: Any
+    mask: Array
+    softcap: float | None
+
+
+@shows_keywords(Fp8AttentionOptions, FP8_DEFAULTS)
+def fp8_attention(q: Array, k: Array, v: Array, **given: Unpack[Fp8AttentionOptions]) -> Any:
     """QUANT-2: the dense definition on the real values ``stored × descale`` of ``q``,
     ``k``, ``v`` (stored float8 values given as a floating array, checked against ``fmt``),
     returned in ``out_dtype`` (default: the stored arrays' dtype).  Pass float64 arrays for
     the exact definition: float64 holds every product of a float8 value and a float32
     descale exactly."""
+    options = filled(Fp8AttentionOptions, given, FP8_DEFAULTS)
+    return_lse, out_dtype = options["return_lse"], options["out_dtype"]
     xp = namespace_of(CALL, q=q, k=k, v=v)
-    real_q, real_k, real_v = real_values(q, k, v, **fp8)
-    options = score_options(mask, None, is_causal, causal_alignment, scale, softcap, None)
-    result = scaled_dot_product_attention(real_q, real_k, real_v, **options, return_lse=return_lse)
+    real_q, real_k, real_v = real_values(q, k, v, **filled(Fp8Inputs, options))
+    scores = filled(ScoreOptions, options)
+    result = scaled_dot_product_attention(real_q, real_k, real_v, **scores, return_lse=return_lse)
     out_dtype = q.dtype if out_dtype is None else out_dtype
     if return_lse:
         return xp.astype(result[0], out_dtype), result[1]

@@ -6,12 +6,12 @@ values: nothing here but slicing the cache and the dense definition.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from .._array import Array
 from .._checks import check_scale, check_size, namespace_of
 from ..attention import scaled_dot_product_attention
-from ..sdpa import score_options
+from ..options import ReturnLse, ScoreOptions, filled, shows_options
 
 CALL = "mla_attention(q, kv, value_dim=, scale=)"
 
@@ -38,18 +38,22 @@ def require_scale(scale: Any, call: str) -> float:
     return checked
 
 
+class _MlaScores(TypedDict, total=False):
+    mask: Array
+    bias: Array
+    is_causal: bool
+    causal_alignment: str
+    softcap: float | None
+
+
+class MlaOptions(_MlaScores, ReturnLse, total=False):
+    """``mla_attention``'s keywords beside ``value_dim`` and the required ``scale``: the
+    dense definition's mask, bias, causal rule and softcap, and ``return_lse``."""
+
+
+@shows_options(MlaOptions)
 def mla_attention(
-    q: Array,
-    kv: Array,
-    *,
-    value_dim: int,
-    scale: float,
-    mask: Array = None,
-    bias: Array = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    softcap: float | None = None,
-    return_lse: bool = False,
+    q: Array, kv: Array, *, value_dim: int, scale: float, **given: Unpack[MlaOptions]
 ) -> Any:
     """Absorbed MLA (MLA-1): ``q (..., Hq, Lq, r + d_r)`` against one latent head ``kv
     (..., 1, Lk, r + d_r)``; keys are ``kv``, values its first ``value_dim`` = r channels.
@@ -63,7 +67,8 @@ def mla_attention(
             f"head shared by every query head [MLA-1, {CALL}]"
         )
     value_dim = check_value_dim(value_dim, kv.shape[-1], CALL)
-    options = score_options(mask, bias, is_causal, causal_alignment, scale, softcap, None)
+    options = filled(MlaOptions, given)
+    scores = filled(ScoreOptions, {**options, "scale": scale})
     return scaled_dot_product_attention(
-        q, kv, kv[..., :value_dim], **options, return_lse=return_lse
+        q, kv, kv[..., :value_dim], **scores, return_lse=options["return_lse"]
     )

@@ -24,7 +24,8 @@ from .._checks import (
 )
 from .._keywords import Creation, shows_creation
 from ..attention import scaled_dot_product_attention
-from ..sdpa import compute_dtype, score_options
+from ..options import ReturnLse, ScoreOptions, filled, shows_options
+from ..sdpa import compute_dtype
 from .merge import merge_attention_states
 from .positions import query_and_key_positions
 
@@ -55,21 +56,13 @@ def with_sinks(out: Array, lse: Array, sinks: Array) -> tuple[Array, Array]:
     return merge_attention_states(out, lse, xp.zeros_like(out), sink_lse)
 
 
-def sink_attention(
-    q: Array,
-    k: Array,
-    v: Array,
-    sinks: Array,
-    *,
-    mask: Array = None,
-    bias: Array = None,
-    is_causal: bool = False,
-    causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Array = None,
-    return_lse: bool = False,
-) -> Any:
+class SinkOptions(ScoreOptions, ReturnLse, total=False):
+    """``sink_attention``'s keywords: the dense definition's that decide the scores, and
+    ``return_lse``."""
+
+
+@shows_options(SinkOptions)
+def sink_attention(q: Array, k: Array, v: Array, sinks: Array, **given: Unpack[SinkOptions]) -> Any:
     """Attention with one sink logit per query head (SINK-1): the dense definition of
     :func:`~attnspec.reference.scaled_dot_product_attention` with ``e^sinks[h]`` added to
     every denominator, the sink unscaled, uncapped, unmasked and without a value.
@@ -77,7 +70,8 @@ def sink_attention(
     ``sinks`` is ``(Hq,)`` or ``(..., Hq)``.  Returns ``out`` in q's dtype, or ``(out,
     lse)`` with the log-sum-exp of the whole denominator (SINK-3) in the accumulation dtype.
     """
-    check_flag("return_lse", return_lse, CALL)
+    options = filled(SinkOptions, given)
+    return_lse = check_flag("return_lse", options["return_lse"], CALL)
     xp = namespace_of(CALL, q=q, k=k, v=v, sinks=sinks)
     require_real_floating(xp, CALL, "SDPA-1.4", q=q, k=k, v=v)
     # The dense output is kept in the accumulation precision until the sink is merged in,
@@ -87,7 +81,7 @@ def sink_attention(
         xp.astype(q, work, copy=False),
         xp.astype(k, work, copy=False),
         xp.astype(v, work, copy=False),
-        **score_options(mask, bias, is_causal, causal_alignment, scale, softcap, alibi_slopes),
+        **filled(ScoreOptions, options),
         return_lse=True,
     )
     check_sinks(xp, sinks, lse.shape[-2], tuple(lse.shape[:-2]), CALL)
