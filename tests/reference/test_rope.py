@@ -1,6 +1,7 @@
 """Rotary position embedding: partial rotary dimensions in the reference (ROPE-1), the
 ROPE-3 bound as the spec displays it, and its soundness on correct formulations at positions
-up to 2^17 in every dtype (the suite on the RoPE catalogue: tests/catalogue/test_rope.py)."""
+up to 2^17 in every dtype (the suite on the RoPE catalogue:
+tests/catalogue/test_serving_families.py)."""
 
 from __future__ import annotations
 
