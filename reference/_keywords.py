@@ -15,7 +15,7 @@ import functools
 import inspect
 from collections.abc import Callable, Mapping
 from types import ModuleType
-from typing import Any, ParamSpec, TypedDict, TypeVar
+from typing import Any, NamedTuple, ParamSpec, TypedDict, TypeVar
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -50,19 +50,55 @@ def shows_keywords(
             raise TypeError(f"{function.__name__} should end in **keywords: Unpack[...]")
         cut = sum(p.kind is not p.KEYWORD_ONLY or p.default is p.empty for p in own)
         shown_signature = signature.replace(parameters=[*own[:cut], *shown, *own[cut:]])
+        arity = _Arity.of(shown_signature)
 
         @functools.wraps(function)
         def checked(*args: P.args, **kwargs: P.kwargs) -> R:
-            try:  # what the signature shown refuses: an unknown keyword, a missing one, ...
-                shown_signature.bind(*args, **kwargs)
-            except TypeError as refused:
-                raise TypeError(f"{function.__name__}() {refused}") from None
+            # Signature.bind costs ~10 us, as much as a small problem's arithmetic: it runs
+            # only for a call the quick look cannot pass, to say what the call gets wrong
+            if not arity.binds(len(args), kwargs):
+                try:  # what the signature shown refuses: an unknown keyword, a missing one, ...
+                    shown_signature.bind(*args, **kwargs)
+                except TypeError as refused:
+                    raise TypeError(f"{function.__name__}() {refused}") from None
             return function(*args, **kwargs)
 
         checked.__signature__ = shown_signature  # type: ignore[attr-defined]
         return checked
 
     return decorate
+
+
+class _Arity(NamedTuple):
+    """What a signature without ``*args`` and ``**kwargs`` lets a call pass."""
+
+    positional: tuple[str, ...]
+    by_keyword: frozenset[str]
+    required: frozenset[str]
+
+    @classmethod
+    def of(cls, signature: inspect.Signature) -> _Arity:
+        parameters = signature.parameters.values()
+        if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters):
+            return cls((), frozenset(), frozenset({""}))  # binds nothing: bind decides
+        return cls(
+            tuple(
+                p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            ),
+            frozenset(p.name for p in parameters if p.kind is not p.POSITIONAL_ONLY),
+            frozenset(p.name for p in parameters if p.default is p.empty),
+        )
+
+    def binds(self, n_args: int, keywords: Mapping[str, object]) -> bool:
+        """Whether ``n_args`` positional arguments and ``keywords`` surely bind: not too
+        many, each keyword known and not given twice, every required one given."""
+        given = set(self.positional[:n_args])
+        return (
+            n_args <= len(self.positional)
+            and keywords.keys() <= self.by_keyword
+            and given.isdisjoint(keywords)
+            and self.required <= given | keywords.keys()
+        )
 
 
 class Creation(TypedDict, total=False):
