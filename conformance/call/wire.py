@@ -15,8 +15,13 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import io
+import os
 import pickle
+import select
+import struct
+import time
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
 import array_api_compat
@@ -206,8 +211,34 @@ _SAFE_MODULE_PREFIXES = ("attnspec.",)
 _CLAIM_MODULES = ("attnspec.conformance.claims.",)
 
 
+# NumPy's own rebuild of an array pickled with its buffer out of band (protocol 5)
+_FROMBUFFER = {("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer")}
+
+
+def _array_from_buffer(buffer: Any, dtype: Any, shape: Any, order: Any = "C") -> np.ndarray:
+    """NumPy's ``_frombuffer`` over a buffer that crossed the wire: a received buffer is
+    memory of this process's own (:func:`receive_message`), so the array is writable even
+    where the sender's was read-only (pickle then hands it over as a read-only view)."""
+    if isinstance(buffer, memoryview) and isinstance(buffer.obj, np.ndarray):
+        buffer = buffer.obj
+    array: np.ndarray = np.frombuffer(buffer, dtype=dtype).reshape(shape, order=order)
+    return array
+
+
+class _Unpickler(pickle.Unpickler):
+    """Reads what the judge sends (the kernel's process trusts it), arrays rebuilt over
+    the received buffers as arrays of their own (:func:`_array_from_buffer`)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _FROMBUFFER:
+            return _array_from_buffer
+        return super().find_class(module, name)
+
+
 class _PlainDataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _FROMBUFFER:
+            return _array_from_buffer
         allowed = (module, name) in _SAFE_GLOBALS or (
             module == "numpy.dtypes" and name.endswith("DType")
         )
@@ -229,9 +260,97 @@ class _PlainDataUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def loads_from_kernel(data: bytes) -> Any:
+def loads_from_kernel(data: bytes | memoryview, buffers: list[np.ndarray] | None = None) -> Any:
     """A message the kernel's process sent, read as plain data only (see _SAFE_GLOBALS)."""
-    return _PlainDataUnpickler(io.BytesIO(data)).load()
+    return _PlainDataUnpickler(io.BytesIO(data), buffers=buffers).load()
+
+
+# -- messages between the judge and the kernel's process -------------------------------------
+#
+# A message is pickled (protocol 5) with every array's buffer out of band: the pickle and
+# the small buffers go as one frame of the connection; each large buffer follows on its
+# own, written from the array's memory and read into a fresh array of the receiver's (no
+# copy into or out of a pickle, none through an intermediate byte string).  What the judge
+# reads is memory of its own, written once: the kernel's process cannot change it after
+# it arrived, and the judge keeps its own copies of the inputs it sent.
+
+_HEADER = struct.Struct("<QQ")  # how many buffers, the pickle's length; then their sizes
+_SIZE = struct.Struct("<Q")
+_INLINE_BYTES = 64 * 1024  # a buffer smaller than this rides in the frame
+
+
+def send_message(connection: Connection, message: Any) -> None:
+    """Send ``message`` (see above) for :func:`receive_message` to read."""
+    buffers: list[memoryview] = []
+
+    def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+        buffers.append(buffer.raw())
+        return False
+
+    head = pickle.dumps(message, protocol=5, buffer_callback=out_of_band)
+    sizes = [view.nbytes for view in buffers]
+    frame: list[bytes | memoryview] = [_HEADER.pack(len(sizes), len(head))]
+    frame += [*map(_SIZE.pack, sizes), head]
+    frame += [view for view in buffers if view.nbytes < _INLINE_BYTES]
+    connection.send_bytes(b"".join(frame))
+    fd = connection.fileno()
+    for view in buffers:
+        if view.nbytes >= _INLINE_BYTES:
+            _write_all(fd, view)
+
+
+def receive_message(
+    connection: Connection, deadline: float | None = None, *, from_kernel: bool = False
+) -> Any:
+    """The next message :func:`send_message` sent on ``connection``; from the kernel's
+    process (``from_kernel``), read as plain data only.  ``deadline``
+    (``time.monotonic()``): TimeoutError when a large buffer has not arrived by then;
+    EOFError when the sender went away; pickle.UnpicklingError for what is no message."""
+    frame = connection.recv_bytes()
+    try:
+        count, head_length = _HEADER.unpack_from(frame)
+        at = _HEADER.size + count * _SIZE.size
+        if at > len(frame):
+            raise ValueError(f"{count} buffers announced in a frame of {len(frame)} bytes")
+        sizes = [_SIZE.unpack_from(frame, _HEADER.size + i * _SIZE.size)[0] for i in range(count)]
+        head = memoryview(frame)[at : at + head_length]
+        at += head_length
+        buffers = []
+        for size in sizes:
+            if size < _INLINE_BYTES:
+                if at + size > len(frame):
+                    raise ValueError("a buffer runs past the end of its frame")
+                buffers.append(np.frombuffer(frame, np.uint8, size, at).copy())
+                at += size
+            else:
+                buffers.append(np.empty(size, np.uint8))
+                _read_exactly(connection.fileno(), buffers[-1].data, deadline)
+        if from_kernel:
+            return loads_from_kernel(head, buffers)
+        return _Unpickler(io.BytesIO(head), buffers=buffers).load()
+    except (EOFError, TimeoutError, OSError, pickle.UnpicklingError):
+        raise
+    except Exception as exc:  # struct.error, a size NumPy cannot allocate, a bad rebuild
+        raise pickle.UnpicklingError(f"{type(exc).__name__}: {exc}") from None
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view.nbytes:
+        view = view[os.write(fd, view) :]
+
+
+def _read_exactly(fd: int, view: memoryview, deadline: float | None) -> None:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while view.nbytes:
+        if deadline is not None:
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not poller.poll(wait * 1000):
+                raise TimeoutError("a message's buffer did not arrive in time")
+        got = os.readv(fd, [view])
+        if got == 0:
+            raise EOFError("the connection closed in the middle of a message")
+        view = view[got:]
 
 
 def wire_type(cls: type[Any]) -> type[Any]:

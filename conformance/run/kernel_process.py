@@ -39,6 +39,8 @@ from ..call.wire import (
     float_bits,
     import_value,
     named_arguments,
+    receive_message,
+    send_message,
 )
 from ..judge.kernel import KernelUnderTest
 from ..judge.kernel_info import KernelInfo
@@ -49,10 +51,6 @@ from .worker import (
     serve_until_orphaned,
     use_worker_threads,
 )
-
-
-def _send(connection: Connection, message: Any) -> None:
-    connection.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -126,22 +124,23 @@ class KernelServer:
 
     def serve(self) -> None:
         while True:
-            request = self.connection.recv()
+            request = receive_message(self.connection)
             if request is None:
                 return
             kind = request[0]
             if kind == "call":
-                _send(self.connection, self.call(*request[1:]))
+                send_message(self.connection, self.call(*request[1:]))
             elif kind == "vjp":  # ("vjp", args, kwargs, description, dO, bias keyword, dlse,
                 # the keywords differentiated, d final state, with output): BackwardCall's
                 args, kwargs, description = request[1:4]
                 upstream = tuple(request[4:10])
-                _send(self.connection, self.call("kernel", args, kwargs, description, upstream))
+                answer = self.call("kernel", args, kwargs, description, upstream)
+                send_message(self.connection, answer)
             elif kind == "recheck":
                 time.sleep(request[1])
-                _send(self.connection, ("rechecked", self._late_changes()))
+                send_message(self.connection, ("rechecked", self._late_changes()))
             else:
-                _send(self.connection, ("unknown-request", repr(kind)[:100]))
+                send_message(self.connection, ("unknown-request", repr(kind)[:100]))
 
     def _late_changes(self) -> tuple[str, dict[str, Any]] | None:
         if self.last is None:
@@ -223,7 +222,7 @@ def serve(connection: Connection) -> None:
         setup_bytes, memory_limit_gib = connection.recv()
         setup, _ = pickle.loads(setup_bytes) if isinstance(setup_bytes, bytes) else setup_bytes
     except Exception as exc:  # e.g. a callable kernel this process cannot import by name
-        _send(
+        send_message(
             connection,
             (
                 "setup-error",
@@ -248,12 +247,12 @@ def serve(connection: Connection) -> None:
                 "(at import?): nothing was checked"
             ) from None
     except SetupError as exc:
-        _send(connection, ("setup-error", str(exc)))
+        send_message(connection, ("setup-error", str(exc)))
         return
     use_worker_threads()
     server = KernelServer(connection, kernel)
     info, extras = server.info(note)
-    _send(connection, ("ready", info, extras))
+    send_message(connection, ("ready", info, extras))
     gc.freeze()
     with kernel_output_to(sys.stdout):
         server.serve()

@@ -40,8 +40,9 @@ from ..call.wire import (
     export_value,
     float_bits,
     import_value,
-    loads_from_kernel,
     named_arguments,
+    receive_message,
+    send_message,
 )
 from ..claims.declaration import KernelDeclaration
 from ..judge.failures import (
@@ -194,7 +195,7 @@ class KernelProcess:
         if process is not None:
             if process.poll() is None and self.connection is not None:
                 with contextlib.suppress(OSError):
-                    self.connection.send(None)
+                    send_message(self.connection, None)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(_STOP_GRACE)
             with contextlib.suppress(OSError):
@@ -235,7 +236,9 @@ class KernelProcess:
             remaining = deadline - time.monotonic()
             try:
                 if self.connection.poll(min(max(remaining, 0.0), _LIVENESS_CHECK)):
-                    return loads_from_kernel(self.connection.recv_bytes())
+                    return receive_message(self.connection, deadline, from_kernel=True)
+            except TimeoutError:  # the rest of a message that started in time
+                raise KernelStalled(timeout) from None
             except (EOFError, OSError):
                 raise KernelProcessDied(self._ended()) from None
             except pickle.UnpicklingError as exc:
@@ -250,7 +253,7 @@ class KernelProcess:
         (the next request starts a new one) and is raised."""
         self.ensure()
         try:
-            self.connection.send(message)
+            send_message(self.connection, message)
             return self._receive(timeout)
         except (BrokenPipeError, ConnectionResetError):
             died = KernelProcessDied(self._ended())

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the catalogue's dropout backward kernels are torch's")
 
 from attnspec.backends import Backend  # noqa: E402
-from attnspec.conformance.call.wire import loads_from_kernel  # noqa: E402
+from attnspec.conformance.call.wire import receive_message, send_message  # noqa: E402
 from attnspec.conformance.claims.declaration import KernelDeclaration  # noqa: E402
 from attnspec.conformance.judge.kernel import KernelUnderTest  # noqa: E402
 from attnspec.conformance.judge.registry import all_properties  # noqa: E402
@@ -66,8 +66,8 @@ class _ServedInAThread:
         threading.Thread(target=KernelServer(served, kernel).serve, daemon=True).start()
 
     def request(self, message: tuple[Any, ...], timeout: float) -> Any:
-        self.connection.send(message)
-        return loads_from_kernel(self.connection.recv_bytes())
+        send_message(self.connection, message)
+        return receive_message(self.connection, from_kernel=True)
 
 
 def test_the_forward_output_crosses_the_kernels_wire() -> None:
@@ -84,7 +84,7 @@ def test_the_forward_output_crosses_the_kernels_wire() -> None:
         judged = KernelUnderTest(remote, backend, kernel.__attnspec__)
         verdict = run_property(all_properties()[PROPERTY], judged, shrink=False)
         assert verdict.status == status, verdict.detail
-        served.connection.send(None)  # the server's stop
+        send_message(served.connection, None)  # the server's stop
 
 
 @pytest.mark.parametrize(
