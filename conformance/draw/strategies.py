@@ -66,33 +66,26 @@ def draw_dims(
     use_gqa = kernel.declaration.gqa if gqa is None else gqa
     use_gqa = use_gqa and input_features.GQA not in sizes.avoided_now()
     drawing = sizes.current()
+    # what the property asks of a realistic shape (and of a pooled one, with the rest)
+    asks: dict[str, Any] = {
+        "gqa": use_gqa,
+        "weights": weights,
+        "family": family,
+        "min_kv_heads": min_kv_heads,
+        "min_groups": min_groups,
+    }
     if shape_pool.pooling(data):  # a backend that compiles per shape: a few shapes a run
-        options = dict(
-            min_queries=min_queries,
-            min_keys=min_keys,
-            max_len=max_len,
-            max_batch_ndim=max_batch_ndim,
-            gqa=use_gqa,
-            weights=weights,
-            family=family,
-            min_kv_heads=min_kv_heads,
-            min_groups=min_groups,
-        )
+        options = {
+            "min_queries": min_queries,
+            "min_keys": min_keys,
+            "max_len": max_len,
+            "max_batch_ndim": max_batch_ndim,
+            **asks,
+        }
         pooled: Dims = shape_pool.pooled_dims(data, kernel, draw_dims, options, where)
         return pooled
     if drawing.realistic:
-        return within_limitations(
-            kernel,
-            sizes.draw_realistic_dims(
-                data,
-                kernel,
-                gqa=use_gqa,
-                weights=weights,
-                family=family,
-                min_kv_heads=min_kv_heads,
-                min_groups=min_groups,
-            ),
-        )
+        return within_limitations(kernel, sizes.draw_realistic_dims(data, kernel, **asks))
     limits = drawing.limits
     max_len = min(max_len, limits.max_len)
     max_head_dim = min(8, limits.max_head_dim)
