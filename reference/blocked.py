@@ -38,7 +38,7 @@ from ._array import Array
 from ._checks import check_flag, check_size, namespace_of
 from .features import alibi_distance, check_softcap, grouped_slopes, softcapped
 from .masks import causal_offset
-from .options import BlockedOptions, dense_options, filled, shows_options
+from .options import BlockedOptions, DenseOptions, filled, shows_options
 from .sdpa import (
     GroupedInputs,
     NonFiniteCounts,
@@ -244,7 +244,7 @@ def blocked_form(q: Array, k: Array, v: Array, options: BlockedOptions, call: st
     ``scaled_dot_product_attention`` calls it with its own name."""
     return_lse = check_flag("return_lse", options["return_lse"], call)
     query_chunk, key_block = options["query_chunk"], options["key_block"]
-    xp, _, _ = check_arguments(q, k, v, dense_options(options), call)
+    xp, _, _ = check_arguments(q, k, v, filled(DenseOptions, options), call)
     mask, bias, alibi_slopes = options["mask"], options["bias"], options["alibi_slopes"]
     namespace_of(call, q=q, alibi_slopes=alibi_slopes)
     problem = prepare(q, k, v, scale=options["scale"], call=call)

@@ -244,6 +244,8 @@ def kv_cache_attention(
     return (out, lse) if return_lse else out
 
 
+# Alike in shape only to serving.paged._attend_rows's argument list (a run of arrays), not a
+# parallel: KVCACHE-4's caches, lengths and new keys and values, then the block table.
 def append_to_cache(
     k_cache: Array,
     v_cache: Array,

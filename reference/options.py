@@ -122,23 +122,3 @@ def filled(kind: type[T], given: Mapping[str, object], defaults: Mapping[str, An
     ``given``, the others at their ``defaults`` (None where it has none)."""
     keys = kind.__annotations__
     return cast(T, {name: given[name] if name in given else defaults.get(name) for name in keys})
-
-
-def score_options(
-    mask: Array,
-    bias: Array,
-    is_causal: bool,
-    causal_alignment: str,
-    scale: float | None,
-    softcap: float | None,
-    alibi_slopes: Array,
-) -> ScoreOptions:
-    """The keyword arguments that decide the scores (mask, bias, causal rule: SDPA-3,
-    SDPA-4; scale: SDPA-2; SOFTCAP-1; ALIBI-2) as one value, for the functions that pass
-    them on unchanged to a form of attention, its bound or its gradient."""
-    return filled(ScoreOptions, locals())  # its parameters are ScoreOptions' keys
-
-
-def dense_options(options: ScoreOptions) -> DenseOptions:
-    """``options`` less softcap and ALiBi, for a function that takes :class:`DenseOptions`."""
-    return filled(DenseOptions, options)

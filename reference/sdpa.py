@@ -37,13 +37,7 @@ from .features import (
 )
 from .grouped import GroupedInputs as GroupedInputs  # re-exported: blocked, tolerance ...
 from .masks import CAUSAL_ALIGNMENTS, causal_offset
-
-# re-exported: the forms, the backward, the bounds and reference/serving take them from here
-from .options import AttentionOptions, filled, shows_options
-from .options import DenseOptions as DenseOptions
-from .options import ScoreOptions as ScoreOptions
-from .options import dense_options as dense_options
-from .options import score_options as score_options
+from .options import AttentionOptions, DenseOptions, ScoreOptions, filled, shows_options
 
 if TYPE_CHECKING:
     from typing import Unpack
@@ -268,8 +262,8 @@ def prepare_with_features(
     q: Array, k: Array, v: Array, options: ScoreOptions, call: str
 ) -> GroupedInputs:
     """:func:`prepare` then :func:`with_features`: the problem with every option of
-    :func:`score_options` applied, checked in that order."""
-    problem = prepare(q, k, v, **dense_options(options), call=call)
+    ``options`` applied, checked in that order."""
+    problem = prepare(q, k, v, **filled(DenseOptions, options), call=call)
     return with_features(
         problem,
         softcap=options["softcap"],
