@@ -18,7 +18,7 @@ from typing import Any, TypedDict
 import array_api_compat
 
 from .._checks import check_choice, check_flag, check_size, namespace_of
-from .._keywords import shows_keywords
+from .._keywords import Creation, shows_keywords
 from ..masks import CAUSAL_ALIGNMENTS, causal_offset
 from .definition import (
     PATTERN_NAMES,
@@ -268,15 +268,15 @@ _CLAUSES = {
 }
 
 
-class Placement(TypedDict, total=False):
+class _Alignment(TypedDict, total=False):
+    alignment: str
+    causal: bool
+
+
+class Placement(_Alignment, Creation, total=False):
     """Where a pattern's queries sit among the keys (``alignment``, SPARSE-1.2) and whether
     it is causal (SPARSE-1.3); for a mask, the namespace and device it is made with.  The
     named mask functions take them as ``**placement``, shown by :data:`shows_placement`."""
-
-    alignment: str
-    causal: bool
-    xp: ModuleType | None
-    device: Any
 
 
 # The defaults other than None
