@@ -198,9 +198,9 @@ def spec_function(
     return signed(keywords, arrays, SpecCall.of)
 
 
-# Why the known kernels' adapters (conformance/kernels) and the oracle do not use this:
-# the suite reads each known kernel's own signature, and the oracle depends on nothing of
-# the suite.
+# Why this parallels conformance/kernels/convention.py (the known kernels' signatures as
+# data) instead of using it: the catalogue stands in for kernels written by others, which
+# import nothing of the suite's internals, and the oracle depends on nothing of the suite.
 def spec_kernel(
     keywords: Mapping[str, Any] = SPEC_KEYWORDS, /, **claims: Any
 ) -> Callable[[Callable[[SpecCall], Any]], Callable[..., Any]]:
