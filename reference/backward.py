@@ -49,7 +49,7 @@ from .sdpa import (
     prepare_with_features,
     softmax_over_allowed,
 )
-from .varlen import sequence_offsets
+from .varlen import heads_first, paired_offsets, require_packed
 
 if TYPE_CHECKING:
     from typing import Unpack
@@ -495,25 +495,13 @@ def varlen_attention_backward(
     options = filled(VarlenBackwardOptions, given)
     grad_lse, alibi_slopes = options["grad_lse"], options["alibi_slopes"]
     xp = namespace_of(VARLEN_CALL, q=q, k=k, v=v, grad_out=grad_out, grad_lse=grad_lse)
-    for name, a in (("q", q), ("k", k), ("v", v)):
-        if a.ndim != 3:
-            raise ValueError(
-                f"{name}.shape={tuple(a.shape)}, but should be (total_tokens, heads, head_dim) "
-                f"[VARLEN-1, {VARLEN_CALL}]"
-            )
+    require_packed(VARLEN_CALL, q=q, k=k, v=v)
     _check_upstream(xp, "grad_out", grad_out, (q.shape[0], q.shape[1], v.shape[2]), VARLEN_CALL)
     if grad_lse is not None:
         _check_upstream(xp, "grad_lse", grad_lse, (q.shape[1], q.shape[0]), VARLEN_CALL)
-    starts_q = sequence_offsets(cu_seqlens_q, "cu_seqlens_q", q.shape[0], VARLEN_CALL)
-    starts_k = sequence_offsets(cu_seqlens_k, "cu_seqlens_k", k.shape[0], VARLEN_CALL)
-    if len(starts_q) != len(starts_k):
-        raise ValueError(
-            f"cu_seqlens_q has {len(starts_q)} offsets and cu_seqlens_k {len(starts_k)}, but "
-            f"both should have B + 1 [VARLEN-1, {VARLEN_CALL}]"
-        )
-
-    def heads_first(x: Any) -> Any:
-        return xp.permute_dims(x, (1, 0, 2))
+    starts_q, starts_k = paired_offsets(
+        cu_seqlens_q, cu_seqlens_k, q, k, VARLEN_CALL, padding=False
+    )
 
     parts: list[Gradients] = []
     for b in range(len(starts_q) - 1):
@@ -524,10 +512,10 @@ def varlen_attention_backward(
             slopes = alibi_slopes[b, ...]
         parts.append(
             scaled_dot_product_attention_backward(
-                heads_first(q[queries, ...]),
-                heads_first(k[keys, ...]),
-                heads_first(v[keys, ...]),
-                heads_first(grad_out[queries, ...]),
+                heads_first(xp, q[queries, ...]),
+                heads_first(xp, k[keys, ...]),
+                heads_first(xp, v[keys, ...]),
+                heads_first(xp, grad_out[queries, ...]),
                 **filled(CausalOptions, options),
                 grad_lse=None if grad_lse is None else grad_lse[:, queries],
                 softcap=options["softcap"],
@@ -537,7 +525,7 @@ def varlen_attention_backward(
     if not parts:
         return Gradients(xp.zeros_like(q), xp.zeros_like(k), xp.zeros_like(v))
     return Gradients(
-        xp.concat([heads_first(part.dq) for part in parts], axis=0),
-        xp.concat([heads_first(part.dk) for part in parts], axis=0),
-        xp.concat([heads_first(part.dv) for part in parts], axis=0),
+        xp.concat([heads_first(xp, part.dq) for part in parts], axis=0),
+        xp.concat([heads_first(xp, part.dk) for part in parts], axis=0),
+        xp.concat([heads_first(xp, part.dv) for part in parts], axis=0),
     )

@@ -60,7 +60,31 @@ def sequence_offsets(
     return offsets
 
 
-def _heads_first(xp: Any, x: Any) -> Any:
+def require_packed(call: str, **arrays: Array) -> None:
+    """Each of ``arrays`` is packed: ``(total_tokens, heads, head_dim)`` (VARLEN-1)."""
+    for name, a in arrays.items():
+        if a.ndim != 3:
+            raise ValueError(
+                f"{name}.shape={tuple(a.shape)}, but should be {PACKED} [VARLEN-1, {call}]"
+            )
+
+
+def paired_offsets(
+    cu_seqlens_q: Any, cu_seqlens_k: Any, q: Array, k: Array, call: str, *, padding: bool
+) -> tuple[list[int], list[int]]:
+    """The query and key offsets (:func:`sequence_offsets`), as many of each: B + 1."""
+    starts_q = sequence_offsets(cu_seqlens_q, "cu_seqlens_q", q.shape[0], call, padding=padding)
+    starts_k = sequence_offsets(cu_seqlens_k, "cu_seqlens_k", k.shape[0], call, padding=padding)
+    if len(starts_q) != len(starts_k):
+        raise ValueError(
+            f"cu_seqlens_q has {len(starts_q)} offsets and cu_seqlens_k "
+            f"{len(starts_k)}, but both should have B + 1 [VARLEN-1, {call}]"
+        )
+    return starts_q, starts_k
+
+
+def heads_first(xp: Any, x: Any) -> Any:
+    """A packed ``(tokens, heads, d)`` array as ``(heads, tokens, d)``, and back."""
     return xp.permute_dims(x, (1, 0, 2))
 
 
@@ -112,23 +136,13 @@ def varlen_attention(
     mask, alibi_slopes = options["mask"], options["alibi_slopes"]
     xp = namespace_of(CALL, q=q, k=k, v=v, alibi_slopes=alibi_slopes, mask=mask)
     return_lse = check_flag("return_lse", options["return_lse"], CALL)
-    for name, a in (("q", q), ("k", k), ("v", v)):
-        if a.ndim != 3:
-            raise ValueError(
-                f"{name}.shape={tuple(a.shape)}, but should be {PACKED} [VARLEN-1, {CALL}]"
-            )
+    require_packed(CALL, q=q, k=k, v=v)
     if k.shape[0] != v.shape[0]:
         raise ValueError(
             f"k.shape[0]={k.shape[0]}, v.shape[0]={v.shape[0]}, but should be "
             f"equal: both hold the packed keys [VARLEN-1, {CALL}]"
         )
-    starts_q = sequence_offsets(cu_seqlens_q, "cu_seqlens_q", q.shape[0], CALL, padding=True)
-    starts_k = sequence_offsets(cu_seqlens_k, "cu_seqlens_k", k.shape[0], CALL, padding=True)
-    if len(starts_q) != len(starts_k):
-        raise ValueError(
-            f"cu_seqlens_q has {len(starts_q)} offsets and cu_seqlens_k "
-            f"{len(starts_k)}, but both should have B + 1 [VARLEN-1, {CALL}]"
-        )
+    starts_q, starts_k = paired_offsets(cu_seqlens_q, cu_seqlens_k, q, k, CALL, padding=True)
     if (
         alibi_slopes is not None
         and alibi_slopes.ndim == 2
@@ -149,9 +163,9 @@ def varlen_attention(
     )
     outs, lses = [], []
     for b in range(len(starts_q) - 1):
-        q_b = _heads_first(xp, q[starts_q[b] : starts_q[b + 1], ...])
-        k_b = _heads_first(xp, k[starts_k[b] : starts_k[b + 1], ...])
-        v_b = _heads_first(xp, v[starts_k[b] : starts_k[b + 1], ...])
+        q_b = heads_first(xp, q[starts_q[b] : starts_q[b + 1], ...])
+        k_b = heads_first(xp, k[starts_k[b] : starts_k[b + 1], ...])
+        v_b = heads_first(xp, v[starts_k[b] : starts_k[b + 1], ...])
         slopes = (
             alibi_slopes if alibi_slopes is None or alibi_slopes.ndim == 1 else alibi_slopes[b, ...]
         )
@@ -165,7 +179,7 @@ def varlen_attention(
             alibi_slopes=slopes,
             return_lse=True,
         )
-        outs.append(_heads_first(xp, out_b))
+        outs.append(heads_first(xp, out_b))
         lses.append(lse_b)
     # the padding rows past cu_seqlens_q[-1] (all rows when B = 0) see no key (VARLEN-5)
     device, padding = array_api_compat.device(q), q.shape[0] - starts_q[-1]
