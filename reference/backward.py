@@ -81,6 +81,20 @@ def reduce_to_shape(xp: ModuleType, a: Array, shape: tuple[int, ...]) -> Array:
     return a
 
 
+def _as_inputs(
+    xp: ModuleType,
+    gradients: tuple[Array, Array, Array],
+    inputs: tuple[Array, Array, Array],
+    dbias: Array,
+) -> Gradients:
+    """dq, dk, dv each reduced to its input's shape and cast to its dtype (BWD-2, BWD-13)."""
+    dq, dk, dv = (
+        xp.astype(reduce_to_shape(xp, g, tuple(a.shape)), a.dtype)
+        for g, a in zip(gradients, inputs, strict=True)
+    )
+    return Gradients(dq, dk, dv, dbias)
+
+
 def _check_upstream(
     xp: ModuleType, name: str, gradient: Array, shape: tuple[int, ...], call: str
 ) -> None:
@@ -150,12 +164,7 @@ def _finish(
             reduce_to_shape(xp, xp.reshape(grad_scores, scores_shape), tuple(bias.shape)),
             bias.dtype,
         )
-    return Gradients(
-        xp.astype(reduce_to_shape(xp, dq, tuple(q.shape)), q.dtype),
-        xp.astype(reduce_to_shape(xp, dk, tuple(k.shape)), k.dtype),
-        xp.astype(reduce_to_shape(xp, dv, tuple(v.shape)), v.dtype),
-        dbias,
-    )
+    return _as_inputs(xp, (dq, dk, dv), (q, k, v), dbias)
 
 
 class BackwardSteps(NamedTuple):
@@ -464,12 +473,7 @@ def _assemble_blocked(
         else:  # no block was visited: every pair excluded, every gradient 0 (BWD-3)
             whole = xp.zeros(view_shape, dtype=problem.q.dtype, device=device)
         dbias = xp.astype(xp.reshape(whole, tuple(bias.shape)), bias.dtype)
-    return Gradients(
-        xp.astype(reduce_to_shape(xp, dq, tuple(q.shape)), q.dtype),
-        xp.astype(reduce_to_shape(xp, dk, tuple(k.shape)), k.dtype),
-        xp.astype(reduce_to_shape(xp, dv, tuple(v.shape)), v.dtype),
-        dbias,
-    )
+    return _as_inputs(xp, (dq, dk, dv), (q, k, v), dbias)
 
 
 class VarlenBackwardOptions(UpstreamLse, CausalOptions, FeatureOptions, total=False):
