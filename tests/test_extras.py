@@ -146,3 +146,53 @@ def test_override_matching_finds_a_library_left_out() -> None:
     """The check above fails for a library no override names (here: one made up)."""
     assert _override_of("attnspec_made_up_library") == {}
     assert _override_of("torch.nn")["follow_imports"] == "skip"
+
+
+# What ``typing`` gained after 3.10, the oldest Python pyproject's requires-python admits.
+TYPING_AFTER_3_10 = {
+    "Unpack", "Self", "Never", "LiteralString", "Required", "NotRequired", "TypeVarTuple",
+    "assert_never", "assert_type", "reveal_type", "dataclass_transform", "get_overloads",
+    "clear_overloads", "override", "TypeAliasType", "ReadOnly", "TypeIs",
+}  # fmt: skip
+
+
+def runtime_typing_imports(source: str) -> set[str]:
+    """The names a module imports from ``typing`` when it runs: everything but what is
+    imported under ``if TYPE_CHECKING:``."""
+    tree = ast.parse(source)
+    checking_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test).endswith("TYPE_CHECKING")
+        for node in ast.walk(block)
+    }
+    return {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "typing"
+        if id(node) not in checking_only
+        for alias in node.names
+    }
+
+
+def test_the_package_imports_on_the_oldest_python_it_admits() -> None:
+    """pyproject says ``requires-python = ">=3.10"``: no module imports a name ``typing``
+    gained later when it runs (``Unpack`` for the reference's keyword sets is imported under
+    ``TYPE_CHECKING``; with ``from __future__ import annotations`` the annotations that name
+    it are never evaluated)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]
+    assert project["requires-python"] == ">=3.10", "update TYPING_AFTER_3_10 with the floor"
+    newer = {
+        module: sorted(runtime_typing_imports(path.read_text("utf-8")) & TYPING_AFTER_3_10)
+        for module, (path, _) in package_modules().items()
+    }
+    assert {module: names for module, names in newer.items() if names} == {}
+
+
+def test_runtime_typing_imports_sees_past_type_checking_blocks() -> None:
+    """The helper above finds a module-level import and ignores a TYPE_CHECKING one."""
+    source = (
+        "from typing import TYPE_CHECKING, Any, Unpack\n"
+        "if TYPE_CHECKING:\n    from typing import Self\n"
+    )
+    assert runtime_typing_imports(source) == {"TYPE_CHECKING", "Any", "Unpack"}

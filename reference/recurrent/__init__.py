@@ -9,7 +9,7 @@ are their gradients (REC-7).  Pure Array API: the same code on every array libra
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Unpack
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._array import Array
 from .._checks import namespace_of
@@ -30,6 +30,9 @@ from .backward import (
 )
 from .chunked import chunked_recurrence
 from .definition import token_recurrence
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 CALL = "recurrent_attention(q, k, v)"
 VARLEN_CALL = "varlen_recurrent_attention(q, k, v, cu_seqlens)"

@@ -16,13 +16,16 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import array_api_compat
 
 from .._array import Array
 from .._checks import check_choice, check_flag, check_size, namespace_of
 from .._keywords import shows_keywords
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 UPDATE_RULES = ("linear", "gated", "delta", "gated_delta")
 GATED_RULES = ("gated", "gated_delta")

@@ -24,7 +24,7 @@ Pure Array API, on every array library.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Unpack
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._array import Array
 from .._checks import namespace_of
@@ -39,6 +39,9 @@ from ._inputs import (
     split_gradient_inputs,
 )
 from .definition import Token, token_step
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 CALL = "recurrent_attention_backward(q, k, v, grad_out)"
 VARLEN_CALL = "varlen_recurrent_attention_backward(q, k, v, cu_seqlens, grad_out)"

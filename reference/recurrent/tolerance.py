@@ -10,7 +10,7 @@ module only evaluates it, at the cost of the token recurrence.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 import array_api_compat
 
@@ -20,6 +20,9 @@ from .._keywords import shows_keywords
 from ..tolerance import UNDERFLOW_THRESHOLD, UNIT_ROUNDOFF, accumulation_roundoff, scale_is_exact
 from ._inputs import INPUT_DEFAULTS, Recurrence, RecurrentInputs, prepare, with_defaults
 from .definition import Token, token_step
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 CALL = "recurrent_error_bound(q, k, v)"
 SAFETY_FACTOR = 4.0  # C of REC-6.2, as TOL-2's: second-order terms, the target's own rounding

@@ -11,7 +11,7 @@ spec; this module only evaluates it, at about twice the cost of the recurrence.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Unpack
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._array import Array
 from .._keywords import shows_keywords
@@ -33,6 +33,9 @@ from .tolerance import (
     rounding,
     state_error_step,
 )
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 CALL = "recurrent_gradient_error_bound(q, k, v, grad_out)"
 CHECKPOINT = 64  # tokens between the states the bound keeps (memory, not accuracy)

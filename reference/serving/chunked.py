@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Unpack
+from typing import TYPE_CHECKING
 
 from .._array import Array
 from .._checks import check_size
 from .._keywords import Creation, shows_creation
 from .positions import query_and_key_positions
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 CALL = "chunked_local_mask(n_queries, n_keys, chunk)"
 

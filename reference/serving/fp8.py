@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import array_api_compat
 
@@ -21,6 +21,9 @@ from .._checks import check_choice, namespace_of, require_real_floating
 from .._keywords import shows_keywords
 from ..attention import scaled_dot_product_attention
 from ..options import DEFAULTS, CausalOptions, ReturnLse, ScoreOptions, filled
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 CALL = "fp8_attention(q, k, v, q_descale=, k_descale=, v_descale=)"
 ROUND = "round_to_fp8(x, fmt)"

@@ -6,12 +6,15 @@ values: nothing here but slicing the cache and the dense definition.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from .._array import Array
 from .._checks import check_scale, check_size, namespace_of
 from ..attention import scaled_dot_product_attention
 from ..options import ReturnLse, ScoreOptions, filled, shows_options
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 CALL = "mla_attention(q, kv, value_dim=, scale=)"
 

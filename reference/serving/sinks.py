@@ -10,7 +10,7 @@ Sink *tokens* (StreamingLLM) are ordinary keys kept visible beside a causal wind
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any
 
 import array_api_compat
 
@@ -28,6 +28,9 @@ from ..options import ReturnLse, ScoreOptions, filled, shows_options
 from ..sdpa import compute_dtype
 from .merge import merge_attention_states
 from .positions import query_and_key_positions
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 CALL = "sink_attention(q, k, v, sinks)"
 STREAMING = "streaming_mask(n_queries, n_keys, n_sink_tokens, window)"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any
 
 import array_api_compat
 
@@ -25,6 +25,9 @@ from .parameters import (
     library_window,
     shows_placement,
 )
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 __all__ = [
     "LIBRARY_WINDOWS",
