@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, TypeVar, overload
 
+# (the facade, conformance/__init__.py, imports the same claim classes: they are exported
+# here beside KernelDeclaration, as the types of its fields)
 from .family_claims import (
     FAMILY_CLAIMS,
     Fp8Claim,

@@ -140,6 +140,8 @@ def test_plain_reference_is_skipped_where_it_would_not_fit(
     assert reference and all(r["seconds"] for r in reference)
 
 
+# (alike in shape to cli/test_usage_errors.py's table: each command's own usage errors,
+# which `attnspec bench` words with its own prefix)
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

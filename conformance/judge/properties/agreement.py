@@ -70,6 +70,8 @@ def _has_half_precision(backend: Backend) -> str | None:
     return f"{backend.name} has no half-precision dtype (float16, bfloat16)"
 
 
+# (the registration's shape recurs in each fixed property that needs a backend condition:
+# register() is the one way to declare a property, a row of the registry)
 @register(
     "long-peaked-rows",
     "SDPA-7.3",

@@ -928,6 +928,7 @@ def _has_layouts(backend: Backend) -> str | None:
     return f"{backend.name} arrays have no memory layout: a strided view is a copy"
 
 
+# (alike in shape to the other fixed properties' registrations: one row of the registry)
 @register(
     "gradients-layout-independence",
     "BWD-1",

@@ -14,7 +14,7 @@ from support import CHEAP, KERNELS, kernel_file, report_of, run_command, run_mai
 
 from attnspec import SPEC_VERSION
 from attnspec.conformance import cli
-from attnspec.conformance.judge.verdict import (
+from attnspec.conformance.judge.verdict import (  # by name, as report/render.py imports them
     FAILED,
     NOT_APPLICABLE,
     NOT_RUN,
