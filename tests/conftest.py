@@ -5,12 +5,28 @@ from __future__ import annotations
 import os
 
 import pytest
+from clause_selection import select_by_clause
 from numpy._core.multiarray import _set_madvise_hugepage
 from support import ROOT, backend_or_skip
 
 from attnspec.backends import BACKEND_NAMES, REFERENCE_CONFIG, Backend
 from attnspec.conformance.run.supervisor import THREAD_VARIABLES, worker_threads
 from attnspec.conformance.run.worker_pool import JOBS_VARIABLE
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--clause",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="only the tests that cite this spec clause or section (e.g. SDPA-4.2, SDPA-4); "
+        "repeatable",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    select_by_clause(config, items)
 
 
 def pytest_configure(config: pytest.Config) -> None:
