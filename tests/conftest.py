@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
+from bound_memo import bounds_remembered
 from clause_selection import select_by_clause
 from numpy._core.multiarray import _set_madvise_hugepage
 from support import ROOT, backend_or_skip
@@ -72,6 +74,14 @@ def _quieter_runs() -> None:
     _set_madvise_hugepage(os.environ["NUMPY_MADVISE_HUGEPAGE"] != "0")
     if "HYPOTHESIS_STORAGE_DIRECTORY" not in os.environ:
         os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = str(ROOT / ".cache" / "hypothesis")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _bound_memo() -> Iterator[None]:
+    """TOL-2's float64 bound evaluated once per distinct NumPy problem in this process
+    (tests/bound_memo.py says why and how it stays exact)."""
+    with bounds_remembered():
+        yield
 
 
 def _load(name: str) -> Backend:
