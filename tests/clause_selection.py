@@ -20,7 +20,7 @@ from attnspec.conformance.claims.clauses import all_clauses
 
 def cites(text: str, clause_id: str) -> bool:
     """Whether ``text`` cites ``clause_id`` or one of the clauses under it: ``SDPA-4``
-    matches ``SDPA-4`` and ``SDPA-4.2`` but not ``SDPA-42``; ``SDPA-4.2`` not ``SDPA-4.21``."""
+    matches ``SDPA-4`` and ``SDPA-4.2``, never a longer number that starts with its digits."""
     return re.search(rf"(?<![A-Za-z0-9-]){re.escape(clause_id)}(?![0-9])", text) is not None
 
 
