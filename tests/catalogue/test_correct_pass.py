@@ -25,10 +25,8 @@ tiled and split-KV kernels below.
 
 from __future__ import annotations
 
-import hashlib
 import re
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -38,7 +36,6 @@ from support import verdict_of
 
 from attnspec.backends import Backend, BackendError
 from attnspec.conformance import declaration_of, declare
-from attnspec.conformance.judge import bounds
 from attnspec.conformance.judge.kernel import KernelUnderTest
 from attnspec.conformance.judge.properties import shapes
 from attnspec.conformance.judge.registration import Property
@@ -229,57 +226,6 @@ def _seed_profile(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-class _RecentBounds:
-    """``error_bound`` (TOL-2's float64 definition and bound) remembered for its latest
-    arguments, up to ``most_bytes`` of bounds: subjects that declare the same claims are
-    drawn the same problems (the same seeds, the same declaration), and the cases run one
-    property on every subject in turn, so each such problem's bound is computed once, not
-    once a subject (measured: 3 % of the small cases' CPU time, 17 % of the tiled ones').  An
-    argument is known by its value: an array by its shape, dtype and bytes.  A
-    remembered bound is read-only: a property that wrote into one would fail, not judge
-    the next subject against a changed bound."""
-
-    def __init__(self, compute: Callable[..., Any], most_bytes: int = 2**26) -> None:
-        self.compute, self.most_bytes = compute, most_bytes
-        self.bounds: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
-
-    def __call__(self, *arrays: Any, **keywords: Any) -> Any:
-        key = (
-            *(_identity(a) for a in arrays),
-            *((name, _identity(value)) for name, value in sorted(keywords.items())),
-        )
-        if key in self.bounds:
-            self.bounds.move_to_end(key)
-            return self.bounds[key][0]
-        bound = self.compute(*arrays, **keywords)
-        size = 0
-        for part in bound:
-            if isinstance(part, np.ndarray):
-                part.flags.writeable = False
-                size += part.nbytes
-        self.bounds[key] = (bound, size)
-        while sum(size for _, size in self.bounds.values()) > self.most_bytes:
-            self.bounds.popitem(last=False)
-        return bound
-
-
-def _identity(value: Any) -> Hashable:
-    """An array as its shape, dtype and bytes' digest; anything else by its type and repr
-    (so that -0.0 is not 0.0, nor True 1)."""
-    if isinstance(value, np.ndarray):
-        digest = hashlib.blake2b(np.ascontiguousarray(value).tobytes(), digest_size=16)
-        return (value.shape, value.dtype.str, digest.digest())
-    return (type(value).__name__, repr(value))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _bounds_once_a_problem() -> Iterator[None]:
-    """The properties' bounds (conformance.judge.bounds) through _RecentBounds."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(bounds, "error_bound", _RecentBounds(bounds.error_bound))
-        yield
-
-
 def _kernel(subject: Subject) -> KernelUnderTest:
     fn = (
         subject.fn()
@@ -320,7 +266,8 @@ def _verdicts(
             return  # decided by the declaration alone: the same on every seed
 
 
-# property by property, each on every subject in turn (_RecentBounds)
+# property by property, each on every subject in turn: subjects that declare the same claims
+# are drawn the same problems, whose bounds tests/bound_memo.py then computes once
 CASES = [
     pytest.param(subject, prop_id, id=f"{subject.name}-{prop_id}")
     for prop_id in all_properties()
