@@ -54,8 +54,11 @@ def select_by_clause(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not wanted:
         return
     clause_ids = known_clause_ids(wanted)
-    kept = [i for i in items if any(cites(citations_of(i), c) for c in clause_ids)]
-    dropped = [i for i in items if i not in kept]
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        text = citations_of(item)
+        (kept if any(cites(text, c) for c in clause_ids) else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
     items[:] = kept
