@@ -31,6 +31,8 @@ class Problem:
     alibi_slopes: np.ndarray | None = None
     dropout_p: float = 0.0
     seed: int | None = None
+    # spec/serving.md: the chunk size of chunked local attention (CHUNK-1), attention_chunk=
+    chunk: int | None = None
 
     def with_(self, **changes: Any) -> Problem:
         return replace(self, **changes)
@@ -64,5 +66,7 @@ class Problem:
             parts.append(f"alibi_slopes{tuple(self.alibi_slopes.shape)}")
         if self.dropout_p or self.seed is not None:
             parts.append(f"dropout_p={self.dropout_p!r}, seed={self.seed!r}")
+        if self.chunk is not None:
+            parts.append(f"attention_chunk={self.chunk!r}")
         parts.extend(f"{key}={value!r}" for key, value in self.extra.items())
         return ", ".join(parts)

@@ -65,6 +65,7 @@ FEATURE_WORDS = frozenset(
         "tokens-first pages",
         "sinks",
         "sink tokens",
+        "chunked local",
         "backward",
         "dropout backward",
         "float32 bias",

@@ -120,6 +120,7 @@ class KernelDeclaration:
     sinks: bool = False
     sinks_keyword: str = "sinks"
     sink_tokens: bool = False  # SINK-4: n_sink_tokens= and window= (StreamingLLM)
+    chunk: bool = False  # CHUNK-1: attention_chunk= (Llama 4, FlashAttention 3)
     mla: MlaClaim | None = None
     fp8: Fp8Claim | None = None
     recurrent: RecurrentClaim | None = None

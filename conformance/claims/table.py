@@ -687,6 +687,16 @@ CLAIMS: tuple[Claim, ...] = (
         remedy="--no-sink-tokens, or --rename (e.g. n_sink_tokens=sink_token_length)",
         shows="sink tokens",
     ),
+    _flag_claim(
+        "chunk",
+        "the kernel takes attention_chunk=C: a query sees the keys of its own chunk of C "
+        "positions, counted from key position 0, up to itself, at its declared causal "
+        "alignment's position (CHUNK-1; Llama 4, FlashAttention 3's attention_chunk)",
+        "bool",
+        keywords=lambda d: ("attention_chunk",) if _dense(d) and d.chunk else (),
+        remedy="--no-chunk, or --rename attention_chunk=NAME",
+        shows="chunked local",
+    ),
     Claim(
         "mla",
         flags=(

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from ...reference.serving import chunked_local_mask
 from ...reference.tolerance import (
     ErrorBound,
     LseBound,
@@ -41,10 +44,18 @@ def definition_keywords(
 ) -> dict[str, Any]:
     """The keywords of the reference's definition (and of its bounds) for ``problem``: the
     dtype, mask, bias, ``causal_alignment`` (the kernel's declared one, which anchors ALiBi
-    too, ALIBI-2), scale and, with ``features``, softcap and the ALiBi slopes."""
+    too, ALIBI-2), scale and, with ``features``, softcap and the ALiBi slopes.  A chunk
+    (CHUNK-1) is a mask: its allowed set at the same alignment joins the problem's mask."""
+    mask = problem.mask
+    if problem.chunk is not None:
+        n_queries, n_keys = problem.q.shape[-2], problem.k.shape[-2]
+        chunked = np.asarray(
+            chunked_local_mask(n_queries, n_keys, problem.chunk, causal_alignment, xp=np)
+        )
+        mask = chunked if mask is None else np.logical_and(mask, chunked)
     keywords: dict[str, Any] = dict(
         dtype=problem.dtype,
-        mask=problem.mask,
+        mask=mask,
         bias=problem.bias,
         is_causal=problem.is_causal,
         causal_alignment=causal_alignment,

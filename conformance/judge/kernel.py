@@ -92,7 +92,8 @@ def feature_keywords(
 ) -> dict[str, tuple[Any, str | None]]:
     """The keywords of spec/features.md and dropout, as :func:`keyword_sources` gives them:
     the softcap, the ALiBi slopes (float32, as FlashAttention takes them; True for a kernel
-    with built-in slopes, which turns ALiBi on), the log-sum-exp request, the dropout
+    with built-in slopes, which turns ALiBi on), the chunk of chunked local attention
+    (CHUNK-1), the log-sum-exp request, the dropout
     probability (0.0 on every call of a dropout kernel but the dropout checks) and its
     seed."""
     decl = declaration
@@ -106,6 +107,8 @@ def feature_keywords(
             problem.alibi_slopes.astype(np.float32),
             "backend.asarray(problem.alibi_slopes, 'float32')",
         )
+    if problem.chunk is not None:
+        keywords["attention_chunk"] = (problem.chunk, None)  # FlashAttention 3's (CHUNK-1)
     if decl.returns_lse and decl.lse_keyword:
         keywords[decl.lse_keyword] = (True, None)
     if decl.dropout:

@@ -100,6 +100,7 @@ def _problem_lines(problem: Problem, name: str = "problem") -> list[str]:
         "alibi_slopes": problem.alibi_slopes,
         "dropout_p": problem.dropout_p or None,
         "seed": problem.seed,
+        "chunk": problem.chunk,
     }
     features = "".join(
         f" {field}={array_literal(value) if isinstance(value, np.ndarray) else _value(value)},"

@@ -218,6 +218,7 @@ def test_the_parser_rejects_what_the_grammar_rejects(
 FLIPPED = (
     "equal_head_dims equal_lengths empty_sizes bias gqa mask_and_causal returns_weights "
     "empty_rows_zero softcap alibi alibi_builtin_slopes returns_lse dropout sinks sink_tokens "
+    "chunk "
     "backward backward_dropout float32_bias"
 ).split()
 

@@ -4,6 +4,7 @@ from . import (  # noqa: F401
     agreement,
     backward,
     causal,
+    chunked,
     corners,
     dropout,
     empty_rows,
