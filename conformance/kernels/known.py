@@ -565,6 +565,7 @@ _ONNX_KV_CACHE = {
     "kv-cache-stale-positions": _ONNX_EMPTY,
     # the empty cache fails first; NaN past the lengths leaks too (#onnx-cache-nan)
     "kv-cache-nan-past-length": _ONNX_EMPTY,
+    "packed-same-shape-new-arguments": _ONNX_EMPTY,
 }
 _ONNX = "attnspec.conformance.kernels.adapters.onnx_attention."
 # transformers' attention functions (adapters.transformers_attention)
@@ -871,9 +872,11 @@ _CONFIRMS: dict[str, Confirms] = {
         ),
         shows=("scale=-", "scale_ > 0"),
     ),
-    # NumPy's empty maximum, ONNX Runtime's length checks; a cache of capacity 0
+    # NumPy's empty maximum, ONNX Runtime's length checks; a cache of capacity 0, met
+    # first by every cache property (KVCACHE-2, -3, -7) and the repeated packed calls
     _ONNX_EMPTY: Confirms(
-        ("SDPA-1.5", "SDPA-5.2", "KVCACHE-2"), shows=("zero-size array", "checkParameters")
+        (*("SDPA-1.5", "SDPA-5.2", "SDPA-7.8"), *("KVCACHE-2", "KVCACHE-3", "KVCACHE-7")),
+        shows=("zero-size array", "checkParameters"),
     ),
     # the reference's padded (1,) mask; ONNX Runtime's refused mask and bias shapes
     _ONNX_MASK_SHAPES: Confirms(
