@@ -176,14 +176,20 @@ def hypothesis_settings(
     )
 
 
-def _failed_verdict(prop: Property, failure: PropertyFailure) -> Verdict:
+def _failed_verdict(
+    prop: Property, failure: PropertyFailure, *, lost_control: bool = False
+) -> Verdict:
+    """The verdict of a failed property: FAILED for a MUST clause, a WARNING for a SHOULD
+    one; ``lost_control``: the kernel crashed, exited or hung, which fails the property
+    whatever its level (CONF-5 is a MUST: a SHOULD property that expects the kernel to
+    raise, PAGED-6's, must not take a crash for a mere warning)."""
     level = prop.level
     kernel = failure.kernel
     return Verdict(
         property=prop.id,
         clause=prop.clause,
         level=level,
-        status=FAILED if level == "MUST" else WARNING,
+        status=FAILED if level == "MUST" or lost_control else WARNING,
         detail=failure.finding,
         counterexample=failure.counterexample,
         reproduction=failure_snippet(failure),
@@ -352,7 +358,7 @@ def run_property(
     except PropertyFailure as failure:
         verdict = _failed_verdict(prop, failure)
     except KernelExited as exited:
-        verdict = _failed_verdict(prop, exited.failure)
+        verdict = _failed_verdict(prop, exited.failure, lost_control=True)
         verdict.stalled = isinstance(exited, KernelHung)
         # a crash, an exit or a hang is the finding whatever the inputs: not re-run
         # around their features (it would cost another timeout, root_causes)

@@ -618,7 +618,9 @@ class IsolatedKernel(_ClosedOnExit):
     def _lost(
         prop: Property, finding: str, call: _LastCall, started: float, kernel: KernelInfo
     ) -> Verdict:
-        verdict = _failed_verdict(prop, PropertyFailure(finding, call.problem, kernel))
+        verdict = _failed_verdict(
+            prop, PropertyFailure(finding, call.problem, kernel), lost_control=True
+        )
         verdict.counterexample = verdict.counterexample or call.description
         verdict.seconds = time.perf_counter() - started
         return verdict

@@ -154,6 +154,25 @@ def paged_kernel(
     return make
 
 
+def _check_metadata(call: PagedCall) -> None:
+    """PAGED-6: offsets, lengths and the pages read, as a kernel validates them before
+    launching (PAGED-1's conditions); ValueError naming what is wrong."""
+    offsets, used = np.asarray(call.cu_seqlens_q), np.asarray(call.seqused_k)
+    table, (n_pages, _, page) = np.asarray(call.block_table), call.k_cache.shape[:3]
+    pad = call.options.cache_leftpad
+    pad = np.zeros_like(used) if pad is None else np.asarray(pad)
+    if offsets.ndim != 1 or len(offsets) != len(used) + 1 or len(table) != len(used):
+        raise ValueError(f"cu_seqlens_q has {len(offsets)} entries for {len(used)} sequences")
+    if offsets[0] != 0 or (np.diff(offsets) < 0).any() or offsets[-1] > call.q.shape[0]:
+        raise ValueError(f"cu_seqlens_q={offsets.tolist()} is not well-formed")
+    if ((pad < 0) | (pad > used) | (used > table.shape[1] * page)).any():
+        raise ValueError(f"seqused_k={used.tolist()} past the capacity or below cache_leftpad")
+    for b, (start, stop) in enumerate(zip(pad, used, strict=True)):
+        pages = table[b, start // page : -(-stop // page)] if stop > start else table[b, :0]
+        if ((pages < 0) | (pages >= n_pages)).any():
+            raise ValueError(f"block_table[{b}] reads pages outside [0, {n_pages})")
+
+
 def _paged(
     call: PagedCall,
     *,
@@ -170,6 +189,8 @@ def _paged(
     positions read, the causal offset of (sequence, L_q, L_k), the first position read,
     the offset the window and chunk are measured with, the position chunks are counted
     from (of L_q, L_k), and where sequence b's mask starts (of (b, the correct start))."""
+    if table is None:  # a bug that replaces the table validates nothing
+        _check_metadata(call)
     q, k_cache, v_cache, cu_seqlens_q, seqused_k, block_table, _, _, is_causal, options = call
     out = np.zeros(q.shape[:2] + v_cache.shape[-1:], q.dtype)
     mask_start = 0
@@ -333,6 +354,15 @@ def paged_sinks_dropped_with_window(call: PagedCall) -> Array:
 
 
 @paged_kernel()
+def paged_wrapped_page_index(call: PagedCall) -> Array:
+    """Bug: no metadata validated, and every page index taken modulo the pool (a guard
+    against faults, or Python's negative indexing): an index past the pool or below 0
+    silently reads another page, another sequence's keys (PAGED-6)."""
+    n_pages = call.k_cache.shape[0]
+    return _paged(call, table=lambda b: np.asarray(call.block_table[b]) % n_pages)
+
+
+@paged_kernel()
 def paged_padding_rows_left(call: PagedCall) -> Array:
     """Bug: the output allocated like q and only the sequences' rows written
     (FlashAttention's torch.empty, flash-attention #1228): the rows past cu_seqlens_q[-1]
@@ -354,4 +384,5 @@ BUGS = (
     CaughtBug(paged_mask_at_query_offset, "paged-batch-matches-reference"),
     CaughtBug(paged_sinks_dropped_with_window, "paged-batch-matches-reference"),
     CaughtBug(paged_padding_rows_left, "paged-batch-padding-rows"),
+    CaughtBug(paged_wrapped_page_index, "paged-batch-rejects-malformed"),
 )

@@ -5,12 +5,23 @@ that names it, and every property of the family has a bug."""
 
 from __future__ import annotations
 
+import sys
 from types import ModuleType
 
+import numpy as np
 import pytest
-from support import assert_bug_caught, assert_family_passes, family_verdicts
+from support import (
+    assert_bug_caught,
+    assert_family_passes,
+    backend_or_skip,
+    family_verdicts,
+    verdict_of,
+)
 
+from attnspec.conformance.judge.call_guard import guard_calls
+from attnspec.conformance.judge.kernel import KernelUnderTest
 from attnspec.conformance.judge.registry import all_properties
+from attnspec.conformance.judge.verdict import FAILED
 from catalogue import merge, paged_batch, rope
 from catalogue.entry import CaughtBug
 
@@ -50,3 +61,21 @@ def test_every_property_has_a_bug(family: str) -> None:
     catalogue, prefix = FAMILIES[family]
     properties = {p for p in all_properties() if p.startswith(prefix)}
     assert properties == {bug.catches for bug in catalogue.BUGS}
+
+
+def test_a_crash_on_malformed_paged_metadata_fails() -> None:
+    """PAGED-6, CONF-5: a paged kernel that ends the process on a page index past the pool,
+    instead of raising, has not rejected it: the SHOULD property fails (CONF-5 is a MUST
+    whatever the property's level) where a kernel returning a result only warns."""
+
+    @paged_batch.paged_kernel()
+    def exits_on_bad_page(call: paged_batch.PagedCall) -> np.ndarray:
+        if (np.asarray(call.block_table) >= call.k_cache.shape[0]).any():
+            sys.exit(0)
+        return np.zeros(call.q.shape[:2] + call.v_cache.shape[-1:], call.q.dtype)
+
+    kernel = KernelUnderTest(exits_on_bad_page, backend_or_skip("numpy"))
+    guard_calls(kernel)
+    verdict = verdict_of("paged-batch-rejects-malformed", kernel, seed=0)
+    assert (verdict.level, verdict.status) == ("SHOULD", FAILED), verdict.detail
+    assert "CONF-5" in verdict.detail and "sys.exit(0)" in verdict.detail, verdict.detail

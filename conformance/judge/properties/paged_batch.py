@@ -10,7 +10,8 @@ compared with TOL-2 of its own dense problem, bottom-right (PAGED-2, PAGED-7); a
 memory past every valid length, NaN there included, must leave the output bit-identical
 (PAGED-5).  The options a kernel declares (``PagedBatchClaim.features``) are drawn with the
 pages: left padding, windows, chunks, softcap and a flattened mask (PAGED-8).  The output
-rows past the last offset must be 0 (PAGED-9), on fixed batches.  A kernel that also
+rows past the last offset must be 0 (PAGED-9), on fixed batches; malformed metadata on
+the same batch should be rejected with an exception (PAGED-6).  A kernel that also
 declares float8 inputs gets q and the pages in float8 with descales per sequence and
 key/value head, each sequence judged within QUANT-4 of its real values (QUANT-6).
 """
@@ -277,27 +278,31 @@ def _with_features(
     return replace(call, **changes)
 
 
-def _run(kernel: KernelUnderTest, call: PagedCall) -> np.ndarray:
-    """The kernel's output ``(T, Hq, Ev)`` as float64, after PAGED-1's shape and dtype
-    checks."""
+def _arguments(
+    kernel: KernelUnderTest, call: PagedCall, metadata: dict[str, np.ndarray] | None = None
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The kernel's arrays and keywords for ``call``; ``metadata`` replaces its
+    ``cu_seqlens_q``, ``seqused_k``, ``block_table`` or ``cache_leftpad`` (malformed ones,
+    PAGED-6), ``max_seqlen_q`` and ``max_seqlen_k`` then the largest lengths they give."""
     claim = kernel.declaration.paged_batch
     assert claim is not None  # the properties apply only to a --paged-batch declaration
     backend = kernel.backend
     k_cache, v_cache = call.k_cache, call.v_cache
     if claim.cache_layout == "nhd":
         k_cache, v_cache = np.swapaxes(k_cache, 1, 2), np.swapaxes(v_cache, 1, 2)
-    keywords: dict[str, Any] = {
-        "cu_seqlens_q": backend.asarray(call.offsets),
-        "seqused_k": backend.asarray(np.asarray(call.n_keys, np.int32)),
-        "block_table": backend.asarray(call.table),
+    given = {
+        "cu_seqlens_q": call.offsets,
+        "seqused_k": np.asarray(call.n_keys, np.int32),
+        "block_table": call.table,
+        **({} if call.starts is None else {"cache_leftpad": np.asarray(call.starts, np.int32)}),
+        **(metadata or {}),
     }
+    keywords: dict[str, Any] = {name: backend.asarray(a) for name, a in given.items()}
     if claim.max_seqlen:
-        keywords["max_seqlen_q"] = max(call.n_queries)
-        keywords["max_seqlen_k"] = max(call.n_keys)
+        keywords["max_seqlen_q"] = int(max(0, *np.diff(given["cu_seqlens_q"])))
+        keywords["max_seqlen_k"] = int(max(0, *given["seqused_k"]))
     if kernel.declaration.causal:
         keywords["is_causal"] = call.is_causal
-    if call.starts is not None:
-        keywords["cache_leftpad"] = backend.asarray(np.asarray(call.starts, np.int32))
     if call.window is not None:
         keywords["window_size"] = tuple(-1 if w is None else w for w in call.window)
     if call.chunk is not None:
@@ -315,15 +320,21 @@ def _run(kernel: KernelUnderTest, call: PagedCall) -> np.ndarray:
         arrays = tuple(as_float8(backend, a, call.fp8.fmt) for a in (call.q, k_cache, v_cache))
         for name, descale in call.fp8.descales.items():
             keywords[name] = backend.asarray(descale, "float32")
+    return arrays, {**kernel.declaration.extra_kwargs, **keywords}
+
+
+def _run(kernel: KernelUnderTest, call: PagedCall) -> np.ndarray:
+    """The kernel's output ``(T, Hq, Ev)`` as float64, after PAGED-1's shape and dtype
+    checks."""
     try:
-        out = kernel.call_raw(arrays, {**kernel.declaration.extra_kwargs, **keywords})
+        out = kernel.call_raw(*_arguments(kernel, call))
     except Exception as exc:
         raise KernelRaised(
             f"the paged kernel raised {type(exc).__name__}: {str(exc)[:300]} "
             f"[call: {call.describe()}]"
         ) from exc
     shape = (call.q.shape[0], call.q.shape[1], call.v_cache.shape[-1])
-    shown = unlike_array(backend, out, shape, call.dtype)
+    shown = unlike_array(kernel.backend, out, shape, call.dtype)
     if shown:
         raise PropertyFailure(
             f"the paged kernel returned {shown}, but should return one array of shape {shape} "
@@ -480,3 +491,88 @@ def paged_batch_padding_rows(kernel: KernelUnderTest, seed: int) -> None:
                 f"{int((~(padding == 0)).sum())} of {padding.size} padding elements are not "
                 f"[call: {call.describe()}]"
             )
+
+
+def _malformed(call: PagedCall, leftpad: bool) -> dict[str, dict[str, np.ndarray]]:
+    """PAGED-6's malformed metadata for ``call`` (at least two sequences, the first with
+    keys), each kind by what is wrong: replacements of its keywords."""
+    offsets, used, table = call.offsets, np.asarray(call.n_keys, np.int32), call.table
+    n_pages, page = call.k_cache.shape[0], call.page_size
+    last = (int(used[0]) - 1) // page  # sequence 0's last page read
+
+    def changed(a: np.ndarray, at: Any, value: int) -> np.ndarray:
+        a = a.copy()
+        a[at] = value
+        return a
+
+    kinds = {
+        f"block_table[0, 0] = {n_pages}, one past the {n_pages} pages": {
+            "block_table": changed(table, (0, 0), n_pages)
+        },
+        f"block_table[0, {last}] = -1, a negative page index": {
+            "block_table": changed(table, (0, last), -1)
+        },
+        f"seqused_k[0] = {table.shape[1] * page + 1}, past the capacity of a block_table row "
+        f"({table.shape[1]} pages of {page})": {
+            "seqused_k": changed(used, 0, table.shape[1] * page + 1)
+        },
+        "cu_seqlens_q[0] = 1, not starting at 0": {"cu_seqlens_q": changed(offsets, 0, 1)},
+        f"cu_seqlens_q[1] = {offsets[2] + 1}, past cu_seqlens_q[2] (decreasing)": {
+            "cu_seqlens_q": changed(offsets, 1, int(offsets[2]) + 1)
+        },
+        f"cu_seqlens_q[-1] = {call.q.shape[0] + 1}, past the {call.q.shape[0]} query rows": {
+            "cu_seqlens_q": changed(offsets, -1, call.q.shape[0] + 1)
+        },
+        f"cu_seqlens_q of {len(offsets) - 1} sequences, seqused_k of {len(used) - 1}": {
+            "seqused_k": used[:-1].copy()
+        },
+    }
+    if leftpad:
+        kinds[f"cache_leftpad[0] = {used[0] + 1}, past seqused_k[0] = {used[0]}"] = {
+            "cache_leftpad": changed(np.zeros_like(used), 0, int(used[0]) + 1)
+        }
+    return kinds
+
+
+def _accepted(out: Any, kernel: KernelUnderTest) -> str:
+    """What a kernel returned where it should have raised: NaN (what it read was not
+    there) or finite values (what it read was some other memory, or it ignored the
+    metadata), or something that is not an array."""
+    try:
+        values = np.asarray(kernel.numpy(out), np.float64)
+    except Exception:
+        return f"returned {type(out).__name__} instead of raising"
+    bad = int(np.sum(~np.isfinite(values)))
+    if bad:
+        return f"returned an output with {bad} of {values.size} elements NaN or infinite"
+    return "returned finite values (it read other memory, or ignored the metadata)"
+
+
+@register("paged-batch-rejects-malformed", "PAGED-6", kind="fixed", applies=_paged_only)
+def paged_batch_rejects_malformed(kernel: KernelUnderTest, seed: int) -> None:
+    """The fixed batch of paged-batch-padding-rows with one piece of its metadata malformed
+    at a time: a page index one past the pool and a negative one among the pages read, a
+    length past a block table row's capacity, cache_leftpad past seqused_k (where
+    declared), offsets that do not start at 0, decrease, end past the query rows or count
+    another number of sequences.  Each call should raise (any exception counts); a kernel
+    that returns a result (an index clamped or wrapped into the pool, a length read past
+    its row) gets a warning naming each accepted kind and what it returned.  A crash or a
+    hang is no rejection: it fails the property (CONF-5)."""
+    call = _fixed_call(kernel, kernel.dtypes[0], seed)
+    q = call.q.copy()
+    q[int(call.offsets[-1]) :] = 0.0  # finite padding rows: any NaN returned is the kernel's
+    call = replace(call, q=q)
+    accepted = []
+    claim = kernel.declaration.paged_batch
+    assert claim is not None  # the property applies only to a --paged-batch declaration
+    for kind, metadata in _malformed(call, "leftpad" in claim.features).items():
+        try:
+            out = kernel.call_raw(*_arguments(kernel, call, metadata))
+        except Exception:
+            continue  # rejected, as PAGED-6 recommends
+        accepted.append(f"{kind}: {_accepted(out, kernel)}")
+    if accepted:
+        raise PropertyFailure(
+            f"the paged kernel accepted {len(accepted)} kinds of malformed metadata instead "
+            f"of raising (PAGED-6): {'; '.join(accepted)} [well-formed call: {call.describe()}]"
+        )
