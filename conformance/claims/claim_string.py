@@ -70,6 +70,7 @@ FEATURE_WORDS = frozenset(
         "dropout backward",
         "float32 bias",
         "float8 inputs",
+        "packed sequences",
     }
 )
 _NUMBER = r"[1-9][0-9]*"

@@ -149,16 +149,22 @@ def check_signature(fn: Callable[..., Any], declaration: KernelDeclaration, name
             ) from None
         return
     if declaration.family == "fp8":
-        descales = {f"{name}_descale": None for name in ("q", "k", "v")}
+        descales: dict[str, Any] = {f"{name}_descale": None for name in ("q", "k", "v")}
+        if declaration.varlen:  # QUANT-7: packed sequences as VARLEN-1 passes them
+            max_seqlen = ("max_seqlen_q", "max_seqlen_k") if declaration.varlen_max_seqlen else ()
+            descales.update(dict.fromkeys(("cu_seqlens_q", "cu_seqlens_k", *max_seqlen)))
         try:
             signature.bind(None, None, None, scale=1.0, **descales, **declaration.extra_kwargs)
         except TypeError as exc:
             raise SetupError(
-                f"function {name}{signature} cannot be called as fn(q, k, v, q_descale=, "
-                f"k_descale=, v_descale=, scale=) ({exc}) [QUANT-1]"
+                f"function {name}{signature} cannot be called as fn(q, k, v, "
+                f"{', '.join(k + '=' for k in descales)}, scale=) ({exc}) "
+                f"[QUANT-1{', QUANT-7' if declaration.varlen else ''}]"
             ) from None
         # the suite passes these too unless the declaration says the kernel has none
-        options = {"is_causal": declaration.causal, declaration.mask_keyword: declaration.mask}
+        # (a packed float8 call gets no mask: QUANT-7's property draws none)
+        mask = declaration.mask and not declaration.varlen
+        options = {"is_causal": declaration.causal, declaration.mask_keyword: mask}
         for keyword, remedy in zip(options, ("--no-causal", "--no-mask"), strict=True):
             if not options[keyword]:
                 continue

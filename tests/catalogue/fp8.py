@@ -262,6 +262,58 @@ fp8_paged = _named(
     PAGED_CLAIMS,
 )
 
+# QUANT-7: packed sequences (FlashAttention 3's flash_attn_varlen_func with descales)
+VARLEN_ARRAYS = ("q", "k", "v")
+VARLEN_REQUIRED = required("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")
+
+
+def _varlen_fp8(bug: str | None = None) -> Callable[..., Tensor]:
+    """Packed sequences (VARLEN-1) of float8 q, k, v (QUANT-7): each sequence's rows
+    dequantised with its own row of the ``(B, H_kv)`` descales and attended, top-left.
+    ``bug``: "first-sequence" reads every sequence's descales from row 0 (the packed
+    tensor's batch index), "v-twice" applies v's descale to the values and again to the
+    output."""
+
+    @signed(
+        {**VARLEN_REQUIRED, **DESCALES, "scale": REQUIRED, "is_causal": False},
+        VARLEN_ARRAYS,
+        namespace,
+    )
+    def kernel(call: SimpleNamespace) -> Tensor:
+        t = _torch()
+        offsets_q, offsets_k = call.cu_seqlens_q, call.cu_seqlens_k
+        out = t.zeros((*call.q.shape[:2], call.v.shape[-1]), dtype=t.float32)
+        for b in range(len(offsets_q) - 1):
+            rows = slice(int(offsets_q[b]), int(offsets_q[b + 1]))
+            keys = slice(int(offsets_k[b]), int(offsets_k[b + 1]))
+            row = slice(0, 1) if bug == "first-sequence" else slice(b, b + 1)
+            dq, dk, dv = (
+                d[row] if d.ndim == 2 else d
+                for d in (call.q_descale, call.k_descale, call.v_descale)
+            )
+            q, k, v = _real(
+                *(x.transpose(0, 1)[None] for x in (call.q[rows], call.k[keys], call.v[keys])),
+                dq,
+                dk,
+                dv,
+            )
+            attended = _attention(q, k, v, call.scale, call.is_causal, None)
+            if bug == "v-twice":
+                attended = attended * _per_head(dv, q.shape[1] // k.shape[1])
+            out[rows] = attended[0].transpose(0, 1)
+        return out
+
+    return kernel
+
+
+VARLEN_CLAIMS = {**CLAIMS, "varlen": True}
+fp8_varlen = _named(
+    "fp8_varlen",
+    "Packed float8 sequences, each dequantised with its own row of the descales (QUANT-7).",
+    _varlen_fp8(),
+    VARLEN_CLAIMS,
+)
+
 HEAD_CLAIMS = {**CLAIMS, "fp8": Fp8Claim(("e4m3fn",), descale="head")}
 BUGS = (
     CaughtBug(
@@ -307,6 +359,24 @@ BUGS = (
             PAGED_CLAIMS,
         ),
         "paged-batch-matches-reference",
+    ),
+    CaughtBug(
+        _named(
+            "fp8_varlen_first_sequence_descales",
+            "Bug: every packed sequence dequantised with the first one's descales (row 0).",
+            _varlen_fp8("first-sequence"),
+            VARLEN_CLAIMS,
+        ),
+        "fp8-varlen-matches-reference",
+    ),
+    CaughtBug(
+        _named(
+            "fp8_varlen_v_descale_twice",
+            "Bug: in the packed path v's descale applied to the values and to the output.",
+            _varlen_fp8("v-twice"),
+            VARLEN_CLAIMS,
+        ),
+        "fp8-varlen-matches-reference",
     ),
     CaughtBug(
         _named(

@@ -4,11 +4,12 @@ formulations pass, every catalogued bug fails the property that names it."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 from support import verdict_of
 
-from attnspec.conformance import Fp8Claim, KernelDeclaration, SetupError
+from attnspec.conformance import Fp8Claim, KernelDeclaration, SetupError, declaration_of
 from attnspec.conformance.claims.family_claims import fp8_format_list
 from attnspec.conformance.claims.table import CLAIM_FLAGS
 from attnspec.conformance.draw.sizes import SizeLimits
@@ -38,6 +39,15 @@ def test_float8_paged_kernel_passes(prop: str) -> None:
     within QUANT-4 per sequence (pages of at most 64 positions: the check's cost)."""
     limits = SizeLimits(max_len=64, max_head_dim=64)
     verdict = verdict_of(prop, catalogue.fp8_paged, backend="torch", profile="quick", limits=limits)
+    assert verdict.status == "passed", verdict.detail
+
+
+def test_float8_varlen_kernel_passes() -> None:
+    """QUANT-7: packed float8 sequences, each dequantised with its own row of the descales,
+    pass fp8-varlen-matches-reference, each sequence judged within QUANT-4."""
+    verdict = verdict_of(
+        "fp8-varlen-matches-reference", catalogue.fp8_varlen, backend="torch", profile="quick"
+    )
     assert verdict.status == "passed", verdict.detail
 
 
@@ -107,3 +117,12 @@ def test_fp8_signature_is_checked_before_any_call() -> None:
     check_signature(no_mask, KernelDeclaration(fp8=claim, mask=False), "no_mask")
     with pytest.raises(SetupError, match=re.escape("q_descale=, k_descale=, v_descale=")):
         check_signature(no_descales, KernelDeclaration(fp8=claim), "no_descales")
+
+
+def test_fp8_varlen_signature_is_checked_before_any_call() -> None:
+    """QUANT-7: a packed float8 kernel must take the offsets beside the descales (no mask:
+    the packed call gets none); one without them is refused at setup, naming them."""
+    check_signature(catalogue.fp8_varlen, declaration_of(catalogue.fp8_varlen), "fp8_varlen")
+    dense = catalogue.fp8_dequantised
+    with pytest.raises(SetupError, match=re.escape("cu_seqlens_q=, cu_seqlens_k=")):
+        check_signature(dense, replace(declaration_of(dense), varlen=True), "dense")

@@ -251,6 +251,7 @@ def _declarations() -> list[KernelDeclaration]:
         KernelDeclaration(paged_batch=PagedBatchClaim()),
         KernelDeclaration(paged_batch=PagedBatchClaim(cache_layout="nhd", page_size=16)),
         KernelDeclaration(paged_batch=PagedBatchClaim("nhd"), fp8=Fp8Claim()),
+        KernelDeclaration(varlen=True, fp8=Fp8Claim()),
         KernelDeclaration(mla=MlaClaim()),
         KernelDeclaration(recurrent=RecurrentClaim()),
         KernelDeclaration(recurrent=RecurrentClaim("gated", "channel", 1, True)),

@@ -16,7 +16,7 @@ float8.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from ....reference.serving.fp8 import FP8_FORMATS, round_to_fp8
 from ....reference.tolerance_fp8 import OUT_DTYPES, fp8_error_bound
 from ...claims.declaration import KernelDeclaration
+from ...claims.family_claims import Fp8Claim
 from ...draw import sizes
 from ...draw.sizes import Dims
 from ...draw.strategies import draw_mask
@@ -45,6 +46,14 @@ SPREADS = {"float8_e4m3fn": (-8, 5), "float8_e5m2": (-8, 8)}
 def _fp8_only(declaration: KernelDeclaration) -> str | None:
     if declaration.family != "fp8":
         return "the kernel is not declared to take float8 inputs (--fp8)"
+    if declaration.varlen:
+        return "the float8 kernel takes packed sequences (--varlen): fp8-varlen-matches-reference"
+    return None
+
+
+def _fp8_varlen_only(declaration: KernelDeclaration) -> str | None:
+    if declaration.family != "fp8" or not declaration.varlen:
+        return "the kernel is not declared to take packed float8 sequences (--varlen --fp8)"
     return None
 
 
@@ -125,7 +134,29 @@ def _stored_and_descale(
     return stored, descale
 
 
-def _draw_call(data: st.DataObject, kernel: KernelUnderTest) -> Fp8Call:
+def _draw_stored(
+    data: st.DataObject, claim: Fp8Claim, dims: Dims, fmt: str
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Stored q, k, v ``(B, H, L, ·)`` on ``fmt``'s grid and their descales by keyword, per
+    tensor ``(1,)`` or per batch element (a packed call's sequence) and key/value head."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="values seed"))
+    per_head = claim.descale == "head"
+    b, hq, hk = dims.batch[0], dims.n_q_heads, dims.n_kv_heads
+    stored, descales = {}, {}
+    for name, shape, groups in (
+        ("q", (b, hq, dims.n_queries, dims.head_dim), dims.groups),
+        ("k", (b, hk, dims.n_keys, dims.head_dim), 1),
+        ("v", (b, hk, dims.n_keys, dims.value_dim), 1),
+    ):
+        stored[name], descales[f"{name}_descale"] = _stored_and_descale(
+            rng, shape, groups, fmt, per_head
+        )
+    return stored, descales
+
+
+def _draw_call(data: st.DataObject, kernel: KernelUnderTest, masks: bool = True) -> Fp8Call:
+    """One float8 call in the kernel's declared formats, dtypes and options; ``masks``:
+    with a boolean mask in some calls where the kernel takes one."""
     declaration = kernel.declaration
     claim = declaration.fp8
     assert claim is not None  # the property applies only to an --fp8 declaration
@@ -144,22 +175,12 @@ def _draw_call(data: st.DataObject, kernel: KernelUnderTest) -> Fp8Call:
             dims.head_dim,
             dims.value_dim,
         )
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="values seed"))
-    per_head = claim.descale == "head"
-    b, hq, hk = dims.batch[0], dims.n_q_heads, dims.n_kv_heads
-    stored, descales = {}, {}
-    for name, shape, groups in (
-        ("q", (b, hq, dims.n_queries, dims.head_dim), dims.groups),
-        ("k", (b, hk, dims.n_keys, dims.head_dim), 1),
-        ("v", (b, hk, dims.n_keys, dims.value_dim), 1),
-    ):
-        stored[name], descales[f"{name}_descale"] = _stored_and_descale(
-            rng, shape, groups, fmt, per_head
-        )
+    stored, descales = _draw_stored(data, claim, dims, fmt)
     is_causal = declaration.causal and data.draw(st.booleans(), label="is_causal")
     mask = None
-    if declaration.mask and (not is_causal or declaration.mask_and_causal):
+    if masks and declaration.mask and (not is_causal or declaration.mask_and_causal):
         if data.draw(st.booleans(), label="mask"):
+            rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="mask seed"))
             mask = draw_mask(data, rng, dims, empty_rows=False)
             mask[..., 0] = True  # no row without keys: QUANT-4 is stated for rows with keys
     scale = data.draw(st.sampled_from((None, 0.125, 1.5)), label="scale")
@@ -199,20 +220,13 @@ def _keywords(kernel: KernelUnderTest, call: Fp8Call) -> dict[str, Any]:
     return keywords
 
 
-@register("fp8-matches-reference", "QUANT-4", applies=_fp8_only, applies_on=has_float8)
-def fp8_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
-    """Stored float8 values with descales far from 1, per tensor or per (batch element,
-    key/value head), GQA groups, causal rows and masks: the output within QUANT-4's bound of
-    the float64 attention of the real values stored × descale (QUANT-2).  A descale applied
-    twice or to the wrong tensor or head, or weights rounded to float8 without declaring
-    QUANT-3, is outside it."""
-    claim = kernel.declaration.fp8
-    assert claim is not None  # the property applies only to an --fp8 declaration
-    call = _draw_call(data, kernel)
+def _output(kernel: KernelUnderTest, call: Fp8Call, keywords: dict[str, Any]) -> np.ndarray:
+    """The kernel's output on ``call``'s float8 arrays, as float64, after QUANT-2's shape
+    ``(..., Ev)`` (q's shape but its last axis) and the drawn output dtype."""
     backend = kernel.backend
     args = tuple(as_float8(backend, x, call.fmt) for x in (call.q, call.k, call.v))
     try:
-        out = kernel.call_raw(args, _keywords(kernel, call))
+        out = kernel.call_raw(args, keywords)
     except Exception as exc:
         raise KernelRaised(
             f"the float8 kernel raised {type(exc).__name__}: {str(exc)[:300]} "
@@ -223,21 +237,36 @@ def fp8_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
         shown = f"shape {tuple(out.shape)}" if backend.is_array(out) else type(out).__name__
         raise PropertyFailure(
             f"the float8 kernel returned {shown}, but should return one array of shape "
-            f"{shape} (B, Hq, Lq, Ev) (QUANT-2) [call: {call.describe()}]"
+            f"{shape} (QUANT-2) [call: {call.describe()}]"
         )
     if backend.dtype_name(out) != call.out_dtype:
         raise PropertyFailure(
             f"the float8 kernel returned {out.dtype}, but should return {call.out_dtype}, "
             f"the output dtype drawn from its --dtype (QUANT-2) [call: {call.describe()}]"
         )
+    return kernel.numpy(out)
+
+
+def _assert_within_quant4(
+    kernel: KernelUnderTest,
+    call: Fp8Call,
+    out: np.ndarray,
+    stored: tuple[np.ndarray, np.ndarray, np.ndarray],
+    descales: dict[str, np.ndarray],
+    what: str = "out",
+    clause: str = "",
+) -> None:
+    """``out`` ``(B, Hq, Lq, Ev)`` within QUANT-4's bound of QUANT-2 on the ``stored`` q, k, v
+    with ``descales`` and ``call``'s options (QUANT-5 with a softcap or sinks, QUANT-3 with
+    declared float8 weights); ``clause`` names the clause of the call's layout."""
+    claim = kernel.declaration.fp8
+    assert claim is not None  # the float8 properties apply only to an --fp8 declaration
     weights = None if claim.weights is None else "float8_" + claim.weights
     bound = fp8_error_bound(
-        call.q,
-        call.k,
-        call.v,
-        q_descale=call.descales["q_descale"],
-        k_descale=call.descales["k_descale"],
-        v_descale=call.descales["v_descale"],
+        *stored,
+        q_descale=descales["q_descale"],
+        k_descale=descales["k_descale"],
+        v_descale=descales["v_descale"],
         out_dtype=call.out_dtype,
         fmt=call.fmt,
         weights_format=weights,
@@ -249,8 +278,8 @@ def fp8_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
         sinks=call.sinks,
     )
     assert_elements_within(
-        "out",
-        kernel.numpy(out),
+        what,
+        out,
         np.asarray(bound.out),
         np.asarray(bound.out_tolerance),
         lambda at: (
@@ -258,6 +287,94 @@ def fp8_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
             "on its own tensor and key/value head"
             + ("" if call.softcap is None and call.sinks is None else " (QUANT-5)")
             + ("" if weights is None else f", weights rounded to {weights} (QUANT-3)")
+            + clause
         ),
         f" [call: {call.describe()}]",
     )
+
+
+@register("fp8-matches-reference", "QUANT-4", applies=_fp8_only, applies_on=has_float8)
+def fp8_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Stored float8 values with descales far from 1, per tensor or per (batch element,
+    key/value head), GQA groups, causal rows and masks: the output within QUANT-4's bound of
+    the float64 attention of the real values stored × descale (QUANT-2).  A descale applied
+    twice or to the wrong tensor or head, or weights rounded to float8 without declaring
+    QUANT-3, is outside it."""
+    call = _draw_call(data, kernel)
+    out = _output(kernel, call, _keywords(kernel, call))
+    _assert_within_quant4(kernel, call, out, (call.q, call.k, call.v), call.descales)
+
+
+def _draw_lengths(
+    data: st.DataObject, drawn: Fp8Call, bottom_right_causal: bool
+) -> list[tuple[int, int]]:
+    """Each sequence's (L_q, L_k) within the ``drawn`` call's ``(B, H, L, ·)`` arrays: 0 to
+    its L_q queries (an empty sequence among them, VARLEN-3) on 1 to its L_k keys, at most
+    L_k queries in a bottom-right causal call (every row keeps a key: QUANT-4 is stated for
+    rows with keys)."""
+    lengths = []
+    for b in range(drawn.q.shape[0]):
+        n_keys = data.draw(st.integers(1, drawn.k.shape[-2]), label=f"L_k {b}")
+        most = drawn.q.shape[-2]
+        most = min(most, n_keys) if bottom_right_causal else most
+        lengths.append((data.draw(st.integers(0, most), label=f"L_q {b}"), n_keys))
+    return lengths
+
+
+def _packed(x: np.ndarray, lengths: list[int]) -> np.ndarray:
+    """Sequence b's first ``lengths[b]`` positions of ``x`` ``(B, H, L, ·)``, packed as
+    ``(sum lengths, H, ·)`` (VARLEN-1)."""
+    return np.concatenate([np.swapaxes(x[b, :, :n], 0, 1) for b, n in enumerate(lengths)])
+
+
+@register(
+    "fp8-varlen-matches-reference", "QUANT-7", applies=_fp8_varlen_only, applies_on=has_float8
+)
+def fp8_varlen_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Packed sequences (cu_seqlens_q, cu_seqlens_k, one empty sequence at times) of stored
+    float8 values whose descales differ per sequence and key/value head (or per tensor),
+    GQA groups and causal rows: each sequence's rows within QUANT-4's bound of QUANT-2 on
+    its own real values, stored × its own row of each descale (QUANT-7).  A kernel that
+    reads every sequence's descale from row 0, or applies a descale twice in its packed
+    path, is outside it."""
+    declaration = kernel.declaration
+    drawn = _draw_call(data, kernel, masks=False)
+    bottom_right = declaration.causal_alignment == "bottom_right"
+    call_lengths = _draw_lengths(data, drawn, drawn.is_causal and bottom_right)
+    n_queries = [n for n, _ in call_lengths]
+    n_keys = [n for _, n in call_lengths]
+    call = replace(
+        drawn,
+        q=_packed(drawn.q, n_queries),
+        k=_packed(drawn.k, n_keys),
+        v=_packed(drawn.v, n_keys),
+    )
+    offsets_q, offsets_k = (
+        np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (n_queries, n_keys)
+    )
+    backend = kernel.backend
+    keywords = _keywords(kernel, call)
+    keywords.update(
+        cu_seqlens_q=backend.asarray(offsets_q), cu_seqlens_k=backend.asarray(offsets_k)
+    )
+    if declaration.varlen_max_seqlen:
+        keywords.update(max_seqlen_q=max(n_queries), max_seqlen_k=max(n_keys))
+    out = _output(kernel, call, keywords)
+    for b, (n_q, n_k) in enumerate(call_lengths):
+        first = int(offsets_q[b])
+        rows = np.swapaxes(out[first : first + n_q], 0, 1)[None]
+        stored = (
+            drawn.q[b : b + 1, :, :n_q],
+            drawn.k[b : b + 1, :, :n_k],
+            drawn.v[b : b + 1, :, :n_k],
+        )
+        descales = {name: d[b : b + 1] if d.ndim == 2 else d for name, d in drawn.descales.items()}
+        _assert_within_quant4(
+            kernel,
+            call,
+            rows,
+            stored,
+            descales,
+            f"out rows {first}..{first + n_q - 1} (sequence {b}, lengths {call_lengths})",
+            f"; sequence {b}'s own row of each descale (QUANT-7)",
+        )
