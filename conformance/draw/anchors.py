@@ -32,6 +32,10 @@ What no fixed grid above has, an anchor adds from the shapes kernels special-cas
 query rows than an int16 index numbers (2**15), and a padded query row of a padded batch
 whose every key carries the dtype's most negative finite value (an HF-style additive
 mask), in every dtype checked.
+
+The paged-batch properties have anchors of their own (``PAGED_ANCHORS``, run in their
+place): paged pools past 2**15 positions at page sizes 1, 16, 64 and 256, and a mixed
+batch with a prefill of a thousand queries.
 """
 
 from __future__ import annotations
@@ -181,7 +185,71 @@ ANCHORS: tuple[Anchor, ...] = (
 )
 
 
-def anchor_options(anchor: Anchor, dtype: str | None) -> tuple[tuple[str, Any], ...]:
+# A paged pool holds more positions than a 16-bit index numbers (2**15), so that the
+# sequences, reading its last pages, read slots and (with pages of 1) page indices past it.
+PAGED_POOL_SLOTS = 2**15 + 2**10
+
+
+@dataclass(frozen=True)
+class PagedAnchor:
+    """One fixed paged batch (PAGED-1) of the paged-batch properties: pages of
+    ``page_size`` positions (the kernel's own where it declares one), a pool of at least
+    ``pool_slots`` positions of which the sequences read the last pages in a shuffled
+    order, block table rows as wide as the pool, and per sequence its query and cached
+    lengths (each cut to --max-len; queries to the sequence's keys but for a decode row).
+    Head dims of ``head_dim`` and one key/value head (two query heads with GQA) keep the
+    pool's arrays to a few MiB."""
+
+    name: str
+    source: str
+    page_size: int
+    n_queries: tuple[int, ...]
+    n_keys: tuple[int, ...]
+    head_dim: int = 8
+    pool_slots: int = PAGED_POOL_SLOTS
+    forced: tuple[tuple[str, Any], ...] = ()
+    each_dtype: bool = False
+
+
+def _paged_anchor(page_size: int) -> PagedAnchor:
+    pages = -(-PAGED_POOL_SLOTS // page_size)
+    return PagedAnchor(
+        f"paged pool of {pages} pages of {page_size} (block table rows of {pages}), decode on "
+        "4096 keys and a prefill chunk of 16 on 1000, the pool's last pages read",
+        "vLLM #1514, #50427; FA page sizes",
+        page_size,
+        n_queries=(1, 16),
+        n_keys=(4096, 1000),
+    )
+
+
+# Serving sizes the random paged draws do not reach: tens of thousands of pages, where a
+# page or slot index past 2**15 (2**31 elements for 32-bit offsets: vllm-project/vllm
+# #1486, fixed in #1514; FlexAttention's paged offsets, vllm #50427) wraps, at each page
+# size upstream tests run (1, 16, 64, 256); and a prefill of a thousand queries beside
+# decode rows and a short chunk in one batch, as vLLM's chunked prefill schedules them.
+PAGED_ANCHORS: tuple[PagedAnchor, ...] = (
+    *(_paged_anchor(page_size) for page_size in (1, 16, 64, 256)),
+    PagedAnchor(
+        "mixed batch: a prefill of 1000 queries on 1024 keys, decode rows on 1, 257 and "
+        "4096 keys, a chunk of 64 on 300, pages of 16",
+        "vLLM chunked prefill",
+        16,
+        n_queries=(1, 1000, 1, 64, 1),
+        n_keys=(257, 1024, 4096, 300, 1),
+        head_dim=64,
+        pool_slots=0,  # only the pages the batch reads
+    ),
+)
+
+
+def anchors_of(draws: str) -> tuple[Any, ...]:
+    """The anchors of the properties that draw ``draws`` problems: the paged-batch
+    family's own batches, the dense problems of ``ANCHORS`` for every other."""
+    return PAGED_ANCHORS if draws == "paged-batch" else ANCHORS
+
+
+def anchor_options(anchor: Anchor | PagedAnchor, dtype: str | None) -> tuple[tuple[str, Any], ...]:
     """The stratum options of ``anchor``: its forced options and its dtype (``dtype``, or
     the kernel's most precise one, "widest")."""
     return (*anchor.forced, ("dtype", dtype or "widest"))

@@ -85,6 +85,8 @@ class Property:
     applies: Callable[[KernelDeclaration], str | None]
     # why the property has nothing to check on a backend (None: it applies on every one)
     applies_on: Callable[[Backend], str | None] | None = None
+    # the family whose anchors and strata its examples come from (draw.anchors.anchors_of)
+    draws: str = "dense"
 
     def not_applicable(self, declaration: KernelDeclaration, backend: Backend) -> str | None:
         """Why the property does not apply to a kernel declaring ``declaration`` on
@@ -110,8 +112,11 @@ def register(
     kind: str = "hypothesis",
     applies: Callable[[KernelDeclaration], str | None] = dense_only,
     applies_on: Callable[[Backend], str | None] | None = None,
+    draws: str = "dense",
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Register ``check`` as property ``property_id`` citing ``clause``."""
+    """Register ``check`` as property ``property_id`` citing ``clause``; ``draws``: the
+    family whose anchors and strata it draws from ("paged-batch": the paged batches of
+    ``anchors.PAGED_ANCHORS`` and the mixed-batch stratum; else the dense anchors)."""
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r}, but should be one of {KINDS}")
 
@@ -120,7 +125,9 @@ def register(
             raise ValueError(f"property {property_id!r} is registered twice")
         if not check.__doc__:
             raise ValueError(f"property {property_id!r} needs a docstring saying what it proves")
-        REGISTRY[property_id] = Property(property_id, clause, kind, check, applies, applies_on)
+        REGISTRY[property_id] = Property(
+            property_id, clause, kind, check, applies, applies_on, draws
+        )
         return check
 
     return decorate

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Flaky, Unsatisfiable, UnsatisfiedAssumption
 
 from ..draw import sizes
-from ..draw.anchors import ANCHORS, DTYPES, anchor_options
+from ..draw.anchors import DTYPES, anchor_options, anchors_of
 from ..draw.input_features import avoided_dtype, features_of
 from ..draw.one_example import SeededBesidesSizes, seeds_besides_sizes
 from ..draw.realistic_values import COMBINATIONS
@@ -66,8 +66,11 @@ class Profile:
     problem (anchors.ANCHORS, fixed shapes from upstream test grids), then realistic strata:
     ``blocks`` examples of at most BLOCKS_COST, ``decode`` ones (1-4 queries, at least 257
     keys), ``wide`` ones (head dims past 128), ``corners`` of each option combination of
-    values.COMBINATIONS (at least 65 keys), ``long`` ones of at most LONG_COST (at least
-    511 keys) and ``huge`` ones up to one max_len x max_len head.  ``budget_seconds``: the
+    values.COMBINATIONS (at least 65 keys), ``mixed`` batches of a paged-batch property
+    (query lengths from 1 to about 2000 in one batch; no other property draws them),
+    ``long`` ones of at most LONG_COST (at least 511 keys) and ``huge`` ones up to one
+    max_len x max_len head.  The anchors are those of the family a property draws
+    (``anchors.anchors_of``).  ``budget_seconds``: the
     time the profile is sized for, PyTorch's SDPA on 2 CPU cores
     (docs/checking-your-kernel.md)."""
 
@@ -77,13 +80,16 @@ class Profile:
     decode: int = 0
     wide: int = 0
     corners: int = 0
+    mixed: int = 0
     long: int = 0
     huge: int = 0
     budget_seconds: float | None = None
 
-    def strata(self, limits: SizeLimits) -> list[Stratum]:
-        """The strata in the order they run: small, the anchors, then ever larger
-        random problems."""
+    def strata(self, limits: SizeLimits, draws: str = "dense") -> list[Stratum]:
+        """The strata in the order they run for a property drawing ``draws`` problems
+        (``Property.draws``): small, its family's anchors, then ever larger random
+        problems."""
+        anchors = anchors_of(draws)
         strata = [
             Stratum("small", self.small),
             *(
@@ -94,7 +100,7 @@ class Profile:
                     anchor_options(anchor, dtype),
                     anchor=anchor,
                 )
-                for anchor in ANCHORS
+                for anchor in anchors
                 for dtype in (DTYPES if anchor.each_dtype else (None,))
             ),
             Stratum("blocks", self.blocks, BLOCKS_COST, min_len=16),
@@ -110,15 +116,20 @@ class Profile:
                 )
                 for name, forced in COMBINATIONS
             ),
+            *(
+                [Stratum("mixed batch", self.mixed, LONG_COST, (("shape", "mixed"),))]
+                if draws == "paged-batch"
+                else []
+            ),
             Stratum("long", self.long, LONG_COST, min_len=511),
             Stratum("huge", self.huge, huge_cost(limits), min_len=2047),
         ]
         return [s for s in strata if s.examples > 0]
 
-    def examples(self, dtypes: tuple[str, ...] = DTYPES) -> int:
-        """Examples per property (Hypothesis properties) for a kernel checked in
-        ``dtypes``: an anchor run in each dtype runs in each of those."""
-        anchors = sum(len(dtypes) if anchor.each_dtype else 1 for anchor in ANCHORS)
+    def examples(self, dtypes: tuple[str, ...] = DTYPES, draws: str = "dense") -> int:
+        """Examples per property (Hypothesis properties) drawing ``draws`` problems for a
+        kernel checked in ``dtypes``: an anchor run in each dtype runs in each of those."""
+        anchors = sum(len(dtypes) if anchor.each_dtype else 1 for anchor in anchors_of(draws))
         return (
             self.small
             + self.anchors * anchors
@@ -128,13 +139,24 @@ class Profile:
             + self.long
             + self.huge
             + self.corners * len(COMBINATIONS)
+            + (self.mixed if draws == "paged-batch" else 0)
         )
 
 
 PROFILES: dict[str, Profile] = {
-    "quick": Profile(20, anchors=1, blocks=3, decode=1, wide=1, corners=1, budget_seconds=60),
+    "quick": Profile(
+        20, anchors=1, blocks=3, decode=1, wide=1, corners=1, mixed=1, budget_seconds=60
+    ),
     "default": Profile(
-        100, anchors=1, blocks=20, decode=5, wide=5, corners=3, long=5, budget_seconds=300
+        100,
+        anchors=1,
+        blocks=20,
+        decode=5,
+        wide=5,
+        corners=3,
+        mixed=3,
+        long=5,
+        budget_seconds=300,
     ),
     "thorough": Profile(
         1000,
@@ -143,6 +165,7 @@ PROFILES: dict[str, Profile] = {
         decode=50,
         wide=50,
         corners=20,
+        mixed=20,
         long=40,
         huge=2,
         budget_seconds=3600,
@@ -225,7 +248,7 @@ def _run_strata(
     avoided_dtypes = {avoided_dtype(name) for name in limits.avoid} - {None}
     if set(kernel.dtypes) <= avoided_dtypes:
         return  # a re-run drawing around every dtype checked: no example can be drawn
-    for whole in PROFILES[profile].strata(limits):
+    for whole in PROFILES[profile].strata(limits, prop.draws):
         dtype = whole.option("dtype")
         if dtype not in (None, "widest", *kernel.dtypes) or dtype in avoided_dtypes:
             continue  # an anchor in a dtype the kernel is not checked in (or drawn around)
@@ -264,7 +287,12 @@ def _nested_parts(
     done = 0
     for smaller in NESTED[: NESTED.index(profile) + 1]:
         total = next(
-            (s.examples for s in PROFILES[smaller].strata(limits) if s.name == stratum.name), 0
+            (
+                s.examples
+                for s in PROFILES[smaller].strata(limits, prop.draws)
+                if s.name == stratum.name
+            ),
+            0,
         )
         total = min(total, stratum.examples)
         if total <= done:

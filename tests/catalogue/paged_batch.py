@@ -184,6 +184,7 @@ def _paged(
     chunk_origin: Callable[[int, int], int] | None = None,
     mask_offset: Callable[[int, int], int] | None = None,
     sinks: Callable[[], Array | None] | None = None,
+    gather: Callable[[Array, Array, int, int], Array] = _gather,
 ) -> Array:
     """The correct kernel, with hooks a bug replaces: the table row, the number of
     positions read, the causal offset of (sequence, L_q, L_k), the first position read,
@@ -200,7 +201,7 @@ def _paged(
         n_keys = int(seqused_k[b]) if keys_read is None else keys_read(b)
         pad = options.cache_leftpad
         start = (0 if pad is None else int(pad[b])) if first_key is None else first_key(b)
-        k, v = _gather(k_cache, row, start, n_keys), _gather(v_cache, row, start, n_keys)
+        k, v = gather(k_cache, row, start, n_keys), gather(v_cache, row, start, n_keys)
         n_q, n_k = last - first, n_keys - start
         shift = n_k - n_q if offset is None else offset(b, n_q, n_k)
         origin = 0 if chunk_origin is None else chunk_origin(n_q, n_k)
@@ -353,6 +354,27 @@ def paged_sinks_dropped_with_window(call: PagedCall) -> Array:
     return _paged(call, sinks=lambda: None if windowed else call.options.sinks)
 
 
+def _gather_int16(cache: Array, row: Array, start: int, stop: int) -> Array:
+    """:func:`_gather` through each position's flat slot index, page * P + slot, held in
+    16 bits: past 2**15 slots it wraps to a negative index, which reads from the pool's
+    end."""
+    page = cache.shape[2]
+    positions = np.arange(start, stop)
+    flat = (row[positions // page].astype(np.int64) * page + positions % page).astype(np.int16)
+    slots = np.swapaxes(cache, 1, 2).reshape(-1, *cache.shape[1:2], *cache.shape[3:])
+    return np.swapaxes(slots[flat.astype(np.int64)], 0, 1)
+
+
+@paged_kernel()
+def paged_slot_index_int16(call: PagedCall) -> Array:
+    """Bug: the flat slot index page * P + slot held in 16 bits (xformers #719's int16
+    cast), so a pool of more than 2**15 positions reads the wrong slots past it: the
+    32-bit form of the same arithmetic wraps past 2**31 elements (vllm-project/vllm
+    #1486, fixed in #1514; FlexAttention's paged offsets, vllm #50427), a pool no CPU
+    check can allocate.  Right for every pool the random draws make."""
+    return _paged(call, gather=_gather_int16)
+
+
 @paged_kernel()
 def paged_wrapped_page_index(call: PagedCall) -> Array:
     """Bug: no metadata validated, and every page index taken modulo the pool (a guard
@@ -385,4 +407,5 @@ BUGS = (
     CaughtBug(paged_sinks_dropped_with_window, "paged-batch-matches-reference"),
     CaughtBug(paged_padding_rows_left, "paged-batch-padding-rows"),
     CaughtBug(paged_wrapped_page_index, "paged-batch-rejects-malformed"),
+    CaughtBug(paged_slot_index_int16, "paged-batch-matches-reference"),
 )

@@ -34,11 +34,13 @@ Array = Any
 
 
 def test_every_stratum_grows_from_quick_to_thorough() -> None:
-    """CONF-8: no stratum of a larger profile has fewer examples than a smaller one's."""
-    for smaller, larger in itertools.pairwise(NESTED):
-        counts = {s.name: s.examples for s in PROFILES[larger].strata(SizeLimits())}
-        for stratum in PROFILES[smaller].strata(SizeLimits()):
-            assert counts.get(stratum.name, 0) >= stratum.examples, (smaller, larger, stratum)
+    """CONF-8: no stratum of a larger profile has fewer examples than a smaller one's, for
+    the dense properties' strata and the paged-batch ones' (their anchors, mixed batches)."""
+    for draws in ("dense", "paged-batch"):
+        for smaller, larger in itertools.pairwise(NESTED):
+            counts = {s.name: s.examples for s in PROFILES[larger].strata(SizeLimits(), draws)}
+            for stratum in PROFILES[smaller].strata(SizeLimits(), draws):
+                assert counts.get(stratum.name, 0) >= stratum.examples, (larger, stratum)
 
 
 def test_larger_profiles_run_the_smaller_ones_parts_first() -> None:

@@ -30,6 +30,7 @@ from ....reference.tolerance import error_bound
 from ....reference.tolerance_fp8 import fp8_error_bound
 from ....reference.tolerance_serving import sink_error_and_lse_bound
 from ...draw import sizes
+from ...draw.anchors import PagedAnchor
 from ...draw.strategies import draw_dtype, draw_rng, random_values
 from ..assertions import unlike_array
 from ..failures import KernelRaised, PropertyFailure
@@ -177,41 +178,62 @@ class PagedCall:
 
 
 def _draw_call(data: st.DataObject, kernel: KernelUnderTest) -> PagedCall:
+    """A drawn batch: 1-3 sequences of decode rows, prefill chunks of up to 32 queries and
+    (causal) more queries than keys; in the mixed-batch stratum a prefill of up to about
+    2000 queries among 2-5 others (:func:`_mixed_sequences`); an anchor's fixed batch in
+    the anchor strata (:func:`_anchored_call`)."""
     claim = kernel.declaration.paged_batch
     assert claim is not None  # the properties apply only to a --paged-batch declaration
     dtype = draw_dtype(data, kernel)
-    realistic = sizes.current().realistic
+    drawing = sizes.current()
+    if isinstance(drawing.stratum.anchor, PagedAnchor):
+        return _anchored_call(data, kernel, drawing.stratum.anchor, dtype)
+    realistic = drawing.realistic
+    mixed = drawing.stratum.option("shape") == "mixed"
     causal = kernel.declaration.causal and data.draw(st.booleans(), label="is_causal")
     page = claim.page_size or data.draw(
         st.sampled_from(REALISTIC_PAGE_SIZES if realistic else SMALL_PAGE_SIZES), label="P"
     )
-    n_kv_heads = data.draw(st.integers(1, 2), label="Hkv")
+    # a mixed batch: one key/value head of 64 channels, which its long prefill makes costly
+    n_kv_heads = 1 if mixed else data.draw(st.integers(1, 2), label="Hkv")
     n_q_heads = n_kv_heads * (
-        data.draw(st.integers(1, 3), label="G") if kernel.declaration.gqa else 1
+        data.draw(st.integers(1, 2 if mixed else 3), label="G") if kernel.declaration.gqa else 1
     )
     head_dim = (
-        data.draw(st.sampled_from(REALISTIC_HEAD_DIMS), label="E")
+        min(64, drawing.limits.max_head_dim)
+        if mixed
+        else data.draw(st.sampled_from(REALISTIC_HEAD_DIMS), label="E")
         if realistic
         else data.draw(st.integers(1, 8), label="E")
     )
     features = claim.features
     n_queries, n_keys, starts = [], [], []
-    for b in range(data.draw(st.integers(1, 3), label="B")):
+    shapes = (
+        _mixed_sequences(data, drawing.limits.max_len)
+        if mixed
+        else [None] * data.draw(st.integers(1, 3), label="B")
+    )
+    for b, shape in enumerate(shapes):
         used = (
-            data.draw(st.sampled_from(REALISTIC_CACHE_LENGTHS), label=f"seqused_k {b}")
+            shape[1]
+            if shape is not None
+            else data.draw(st.sampled_from(REALISTIC_CACHE_LENGTHS), label=f"seqused_k {b}")
             if realistic
             else data.draw(st.integers(0, 9), label=f"seqused_k {b}")
         )
         start = _draw_leftpad(data, b, used, page) if "leftpad" in features else 0
         length = used - start
-        kinds = ["decode", "prefill", *(["longer"] if causal else [])]
-        kind = data.draw(st.sampled_from(kinds), label=f"sequence {b}")
-        if kind == "decode":
-            queries = 1
-        elif kind == "prefill":
-            queries = data.draw(st.integers(0, min(length, 32)), label=f"L_q {b}")
-        else:  # more queries than keys: the first rows see nothing (PAGED-3)
-            queries = length + data.draw(st.integers(1, 3), label=f"L_q - L_k {b}")
+        if shape is not None:
+            queries = 1 if shape[0] == 1 else min(shape[0], length)
+        else:
+            kinds = ["decode", "prefill", *(["longer"] if causal else [])]
+            kind = data.draw(st.sampled_from(kinds), label=f"sequence {b}")
+            if kind == "decode":
+                queries = 1
+            elif kind == "prefill":
+                queries = data.draw(st.integers(0, min(length, 32)), label=f"L_q {b}")
+            else:  # more queries than keys: the first rows see nothing (PAGED-3)
+                queries = length + data.draw(st.integers(1, 3), label=f"L_q - L_k {b}")
         n_queries.append(queries)
         n_keys.append(used)
         starts.append(start)
@@ -233,9 +255,77 @@ def _draw_call(data: st.DataObject, kernel: KernelUnderTest) -> PagedCall:
     k_cache = random_values(kernel, rng, (n_pages, n_kv_heads, page, head_dim), dtype)
     v_cache = random_values(kernel, rng, (n_pages, n_kv_heads, page, head_dim), dtype)
     call = PagedCall(q, k_cache, v_cache, tuple(n_queries), tuple(n_keys), table, causal, dtype)
+    return _finished(data, kernel, call, starts, realistic)
+
+
+def _mixed_sequences(data: st.DataObject, limit: int) -> list[tuple[int, int]]:
+    """(L_q, seqused_k) of a batch as chunked prefill schedules it, each cut to ``limit``
+    (--max-len): a prefill of 129 to 2047 queries on its own keys and a cached prefix of
+    0 to 255 more, a decode row, and 1 to 4 more decode rows (cached lengths 1 to 4096) or
+    chunks of 2 to 64 queries (on 63 to 1023 keys), in a drawn order."""
+    n_long = data.draw(st.sampled_from((129, 512, 1000, 1023, 2000, 2047)), label="prefill L_q")
+    prefix = data.draw(st.sampled_from((0, 1, 17, 255)), label="prefill prefix")
+    shapes = [(min(n_long, limit), min(n_long + prefix, limit))]
+    for b in range(data.draw(st.integers(2, 5), label="B - 1")):
+        if b == 0 or data.draw(st.booleans(), label=f"decode {b}"):
+            cached = data.draw(st.sampled_from((1, 17, 257, 1023, 4096)), label=f"cached {b}")
+            shapes.append((1, min(cached, limit)))
+        else:
+            cached = data.draw(st.sampled_from((63, 300, 1023)), label=f"cached {b}")
+            chunk = data.draw(st.sampled_from((2, 16, 64)), label=f"chunk {b}")
+            shapes.append((min(chunk, cached, limit), min(cached, limit)))
+    order = data.draw(st.permutations(range(len(shapes))), label="order")
+    return [shapes[i] for i in order]
+
+
+def _anchored_call(
+    data: st.DataObject, kernel: KernelUnderTest, anchor: PagedAnchor, dtype: str
+) -> PagedCall:
+    """``anchor``'s batch (:class:`~attnspec.conformance.draw.anchors.PagedAnchor`): its
+    lengths cut to --max-len, causal where the kernel claims it, pages of the kernel's
+    size (else the anchor's), the sequences reading the pool's last pages in a shuffled
+    order, each block table row as wide as the pool (its entries past those read: page
+    0, never read), one key/value head (two query heads with GQA)."""
+    claim = kernel.declaration.paged_batch
+    assert claim is not None  # the properties apply only to a --paged-batch declaration
+    limits = sizes.current().limits
+    page = claim.page_size or anchor.page_size
+    n_keys = tuple(min(n, limits.max_len) for n in anchor.n_keys)
+    n_queries = tuple(
+        1 if q == 1 else min(q, k) for q, k in zip(anchor.n_queries, n_keys, strict=True)
+    )
+    head_dim = min(anchor.head_dim, limits.max_head_dim)
+    pages_of = [-(-n // page) for n in n_keys]
+    n_pages = max(-(-anchor.pool_slots // page), sum(pages_of) + 1)
+    seeded = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="pages seed"))
+    read = iter(n_pages - 1 - seeded.permutation(sum(pages_of)))
+    table = np.zeros((len(n_keys), n_pages), np.int32)
+    for b, count in enumerate(pages_of):
+        table[b, :count] = [next(read) for _ in range(count)]
+    rng = draw_rng(data)
+    heads = 2 if kernel.declaration.gqa else 1
+    q = random_values(kernel, rng, (sum(n_queries) + 1, heads, head_dim), dtype)
+    k_cache = random_values(kernel, rng, (n_pages, 1, page, head_dim), dtype)
+    v_cache = random_values(kernel, rng, (n_pages, 1, page, head_dim), dtype)
+    causal = kernel.declaration.causal
+    call = PagedCall(q, k_cache, v_cache, n_queries, n_keys, table, causal, dtype)
+    return _finished(data, kernel, call, [0] * len(n_keys), True)
+
+
+def _finished(
+    data: st.DataObject,
+    kernel: KernelUnderTest,
+    call: PagedCall,
+    starts: list[int],
+    realistic: bool,
+) -> PagedCall:
+    """``call`` stored in float8 for a float8 kernel (QUANT-6), with the options the
+    kernel declares drawn."""
     if kernel.declaration.fp8 is not None:
         call = _stored_fp8(kernel, data.draw(st.integers(0, 2**32 - 1), label="fp8 seed"), call)
-    return _with_features(data, call, starts, features, realistic)
+    claim = kernel.declaration.paged_batch
+    assert claim is not None  # the properties apply only to a --paged-batch declaration
+    return _with_features(data, call, starts, claim.features, realistic)
 
 
 def _draw_leftpad(data: st.DataObject, b: int, used: int, page: int) -> int:
@@ -382,7 +472,7 @@ def _sequence_bound(
     )
 
 
-@register("paged-batch-matches-reference", "PAGED-7", applies=_paged_only)
+@register("paged-batch-matches-reference", "PAGED-7", applies=_paged_only, draws="paged-batch")
 def paged_batch_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Decode rows, prefill chunks and (causal) sequences with more queries than keys, over
     shuffled and shared pages of 1 to 256 positions: each sequence's rows within TOL-2 of
@@ -419,7 +509,7 @@ def paged_batch_matches_reference(kernel: KernelUnderTest, data: st.DataObject) 
             )
 
 
-@register("paged-batch-ignores-padding", "PAGED-5", applies=_paged_only)
+@register("paged-batch-ignores-padding", "PAGED-5", applies=_paged_only, draws="paged-batch")
 def paged_batch_ignores_padding(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Cache slots past every sequence's length, pages no table reaches and query rows past
     cu_seqlens_q[-1] holding NaN instead of zeros leave every valid output row
