@@ -63,16 +63,15 @@ def huge_cost(limits: SizeLimits) -> int:
 class Profile:
     """Examples per property, fewer the larger they may be (the cost model): ``small``
     of the small draws (they shrink well and cost little), ``anchors`` of each anchor
-    problem (anchors.ANCHORS, fixed shapes from upstream test grids), then realistic strata:
-    ``blocks`` examples of at most BLOCKS_COST, ``decode`` ones (1-4 queries, at least 257
-    keys), ``wide`` ones (head dims past 128), ``corners`` of each option combination of
-    values.COMBINATIONS (at least 65 keys), ``mixed`` batches of a paged-batch property
-    (query lengths from 1 to about 2000 in one batch; no other property draws them),
+    problem (anchors.ANCHORS, fixed shapes from upstream test grids; a paged-batch
+    property's own, ``anchors.anchors_of``), then realistic strata: ``blocks`` examples of
+    at most BLOCKS_COST, ``decode`` ones (1-4 queries, at least 257 keys), ``wide`` ones
+    (head dims past 128), ``corners`` of each option combination of values.COMBINATIONS
+    (at least 65 keys) and as many mixed batches where a paged-batch property draws (query
+    lengths from 1 to about 2000 in one batch: one more combination of its options),
     ``long`` ones of at most LONG_COST (at least 511 keys) and ``huge`` ones up to one
-    max_len x max_len head.  The anchors are those of the family a property draws
-    (``anchors.anchors_of``).  ``budget_seconds``: the
-    time the profile is sized for, PyTorch's SDPA on 2 CPU cores
-    (docs/checking-your-kernel.md)."""
+    max_len x max_len head.  ``budget_seconds``: the time the profile is sized for,
+    PyTorch's SDPA on 2 CPU cores (docs/checking-your-kernel.md)."""
 
     small: int
     anchors: int = 0
@@ -80,7 +79,6 @@ class Profile:
     decode: int = 0
     wide: int = 0
     corners: int = 0
-    mixed: int = 0
     long: int = 0
     huge: int = 0
     budget_seconds: float | None = None
@@ -117,7 +115,7 @@ class Profile:
                 for name, forced in COMBINATIONS
             ),
             *(
-                [Stratum("mixed batch", self.mixed, LONG_COST, (("shape", "mixed"),))]
+                [Stratum("mixed batch", self.corners, LONG_COST, (("shape", "mixed"),))]
                 if draws == "paged-batch"
                 else []
             ),
@@ -139,24 +137,14 @@ class Profile:
             + self.long
             + self.huge
             + self.corners * len(COMBINATIONS)
-            + (self.mixed if draws == "paged-batch" else 0)
+            + (self.corners if draws == "paged-batch" else 0)
         )
 
 
 PROFILES: dict[str, Profile] = {
-    "quick": Profile(
-        20, anchors=1, blocks=3, decode=1, wide=1, corners=1, mixed=1, budget_seconds=60
-    ),
+    "quick": Profile(20, anchors=1, blocks=3, decode=1, wide=1, corners=1, budget_seconds=60),
     "default": Profile(
-        100,
-        anchors=1,
-        blocks=20,
-        decode=5,
-        wide=5,
-        corners=3,
-        mixed=3,
-        long=5,
-        budget_seconds=300,
+        100, anchors=1, blocks=20, decode=5, wide=5, corners=3, long=5, budget_seconds=300
     ),
     "thorough": Profile(
         1000,
@@ -165,7 +153,6 @@ PROFILES: dict[str, Profile] = {
         decode=50,
         wide=50,
         corners=20,
-        mixed=20,
         long=40,
         huge=2,
         budget_seconds=3600,
