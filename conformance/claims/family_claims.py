@@ -203,17 +203,40 @@ class MlaClaim:
     ``(..., Hq, Lq, r)``: keys ``kv``, values its first ``value_dim`` = r channels.
     ``value_dim`` and ``rope_dim`` are the kernel's built-in r and d_r (DeepSeek V3's
     512 and 64 by default).
+
+    ``paged``: it reads paged latent pages instead (MLA-4), called as FlashMLA's
+    ``flash_mla_with_kvcache``: ``fn(q (B, Lq, Hq, r + d_r), k_cache (N, P, 1, r + d_r),
+    block_table=, cache_seqlens=, head_dim_v=r, softmax_scale=, causal=)`` -> ``out (B, Lq,
+    Hq, r)``, or ``(out, lse (B, Hq, Lq))`` where it declares ``returns_lse``;
+    ``page_size``: the only page size it takes (None: any); ``default_scale``: a caller may
+    omit the scale (``softmax_scale=None``), which is then 1/sqrt(r + d_r) (MLA-5).
     """
 
     value_dim: int = 512
     rope_dim: int = 64
+    paged: bool = False
+    page_size: int | None = None
+    default_scale: bool = False
+
+
+#: The keywords of a paged MLA call (MLA-4), FlashMLA's names
+MLA_PAGED_KEYWORDS = ("block_table", "cache_seqlens", "head_dim_v", "softmax_scale", "causal")
 
 
 def mla_from_flags(get: Getter) -> MlaClaim | None:
-    if _chosen(get, "mla", "R", ("mla_rope_dim",)) is None:
+    refinements = ("mla_rope_dim", "mla_paged", "mla_page_size", "mla_default_scale")
+    if _chosen(get, "mla", "R", refinements, lambda value: value not in (None, False)) is None:
         return None
-    rope_dim = get("mla_rope_dim")
-    return MlaClaim(get("mla"), 64 if rope_dim is None else rope_dim)
+    rope_dim, page_size = get("mla_rope_dim"), get("mla_page_size")
+    if page_size is not None and not get("mla_paged"):
+        raise UsageError("--mla-page-size needs --mla-paged")
+    return MlaClaim(
+        get("mla"),
+        64 if rope_dim is None else rope_dim,
+        bool(get("mla_paged")),
+        page_size,
+        bool(get("mla_default_scale")),
+    )
 
 
 #: QUANT-1's float8 formats by their short names on the command line, and the granularities

@@ -32,6 +32,7 @@ from .family_claims import (
     MERGE_BASES,
     MERGE_LSE_LAYOUTS,
     MERGE_OUT_LAYOUTS,
+    MLA_PAGED_KEYWORDS,
     PAGED_CACHE_LAYOUTS,
     PAGED_FEATURES,
     RECURRENT_GATES,
@@ -717,8 +718,30 @@ CLAIMS: tuple[Claim, ...] = (
                 type=int,
                 metavar="D",
             ),
+            Flag(
+                "--mla-paged",
+                "the MLA kernel reads paged latent pages, called as FlashMLA: fn(q (B, Lq, "
+                "Hq, R + D), k_cache (N, P, 1, R + D), block_table=, cache_seqlens=, "
+                "head_dim_v=R, softmax_scale=, causal=) -> (B, Lq, Hq, R), with "
+                "--returns-lse (out, lse (B, Hq, Lq)) (MLA-4)",
+                kind="switch",
+            ),
+            Flag(
+                "--mla-page-size",
+                "the only page size the paged MLA kernel takes (FlashMLA: 64; default any)",
+                type=int,
+                metavar="P",
+            ),
+            Flag(
+                "--mla-default-scale",
+                "the MLA kernel also takes softmax_scale=None, meaning 1/sqrt(R + D) (MLA-5)",
+                kind="switch",
+            ),
         ),
         from_flags=mla_from_flags,
+        keywords=lambda d: MLA_PAGED_KEYWORDS if d.mla is not None and d.mla.paged else (),
+        remedy="--rename (e.g. cache_seqlens=seqlens_k)",
+        shows_as=lambda d: "paged" if d.mla is not None and d.mla.paged else None,
     ),
     Claim(
         "fp8",

@@ -96,6 +96,14 @@ def _mla_invalid(value: Any) -> str | None:
         size = getattr(value, name)
         if isinstance(size, bool) or not isinstance(size, int) or size < least:
             return f"mla {name}={size!r}, but should be an int >= {least}"
+    for name in ("paged", "default_scale"):
+        if not isinstance(getattr(value, name), bool):
+            return f"mla {name}={getattr(value, name)!r}, but should be a bool"
+    size = value.page_size
+    if size is not None and (
+        not value.paged or isinstance(size, bool) or not isinstance(size, int) or size < 1
+    ):
+        return f"mla page_size={size!r}, but should be None, or an int >= 1 with paged=True"
     return None
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from ...backends import FLOAT_DTYPE_NAMES, Backend, BackendError, get_backend
 from ..call.layouts import LAYOUTS, from_layout, rename_arguments
 from ..claims.declaration import KernelDeclaration, declaration_of
+from ..claims.family_claims import MLA_PAGED_KEYWORDS
 from ..claims.loading import KernelLoadError, load_kernel, on_sys_path
 from ..claims.table import Flag, Getter, suite_keywords
 from ..draw.sizes import SizeLimits
@@ -139,13 +140,24 @@ def check_signature(fn: Callable[..., Any], declaration: KernelDeclaration, name
                 f"function {name}{signature} cannot be called as fn(x, positions) ({exc}) [ROPE-1]"
             ) from None
         return
-    if declaration.family == "mla":
+    if declaration.mla is not None:
+        paged = declaration.mla.paged
+        mla_keywords: dict[str, Any] = (
+            {**dict.fromkeys(MLA_PAGED_KEYWORDS[:4]), "softmax_scale": 1.0}
+            if paged
+            else {"scale": 1.0}
+        )
         try:
-            signature.bind(None, None, scale=1.0, **declaration.extra_kwargs)
+            signature.bind(None, None, **mla_keywords, **declaration.extra_kwargs)
         except TypeError as exc:
+            shown = (
+                "fn(q, k_cache, block_table=, cache_seqlens=, head_dim_v=, softmax_scale=)"
+                if paged
+                else "fn(q, kv, scale=)"
+            )
             raise SetupError(
-                f"function {name}{signature} cannot be called as fn(q, kv, scale=) ({exc}) "
-                f"[MLA-1, MLA-2]"
+                f"function {name}{signature} cannot be called as {shown} ({exc}) "
+                f"[{'MLA-4' if paged else 'MLA-1, MLA-2'}]"
             ) from None
         return
     if declaration.family == "fp8":
@@ -325,6 +337,8 @@ class KernelSetup:
             hints = signature_hints(fn, dict(self.rename))
             fn = in_spec_convention(fn, self.layout, self.rename)
             declaration = declaration_of(fn, **self.claims)
+            if "softmax_scale" in suite_keywords(declaration):  # the family's own names
+                hints = []
         except (KernelLoadError, ValueError, TypeError) as exc:
             raise SetupError(str(exc)) from None
         except SystemExit as exc:  # at import: exit status 0 must not read as "conforms"

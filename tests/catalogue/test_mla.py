@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from support import assert_bug_caught, verdict_of
 
+from attnspec.conformance.claims.declaration import declaration_of
 from attnspec.conformance.judge.registry import all_properties
 from catalogue import mla as catalogue
 from catalogue.entry import CaughtBug
@@ -13,9 +14,12 @@ from catalogue.entry import CaughtBug
 
 @pytest.mark.parametrize("fn", catalogue.CORRECT, ids=lambda fn: fn.__name__)
 def test_correct_mla_kernel_passes(fn: object) -> None:
-    """MLA-1, MLA-2, MLA-3: the absorbed form with the given scale passes at E = 576,
-    Ev = 512 in every NumPy dtype."""
-    verdict = verdict_of("mla-matches-reference", fn, profile="quick")
+    """MLA-1, MLA-2, MLA-3 (and MLA-4, MLA-5 for the paged form): the absorbed form with the
+    given scale, or FlashMLA's default, passes at E = 576, Ev = 512 in every NumPy dtype."""
+    mla = declaration_of(fn).mla
+    assert mla is not None
+    name = "mla-paged-matches-reference" if mla.paged else "mla-matches-reference"
+    verdict = verdict_of(name, fn, profile="quick")
     assert verdict.status == "passed", verdict.detail
 
 

@@ -253,6 +253,9 @@ def _declarations() -> list[KernelDeclaration]:
         KernelDeclaration(paged_batch=PagedBatchClaim("nhd"), fp8=Fp8Claim()),
         KernelDeclaration(varlen=True, fp8=Fp8Claim()),
         KernelDeclaration(mla=MlaClaim()),
+        KernelDeclaration(
+            mla=MlaClaim(paged=True, page_size=64, default_scale=True), returns_lse=True
+        ),
         KernelDeclaration(recurrent=RecurrentClaim()),
         KernelDeclaration(recurrent=RecurrentClaim("gated", "channel", 1, True)),
         KernelDeclaration(recurrent=RecurrentClaim(varlen=True, chunk_sizes=(16, 32))),

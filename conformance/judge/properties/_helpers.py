@@ -37,7 +37,7 @@ from ...draw.strategies import (
 )
 from ..assertions import assert_shape
 from ..bounds import definition_keywords
-from ..failures import PropertyFailure
+from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
 
 # Key counts one past a power of two, where tiled kernels meet a partial block: pytorch
@@ -435,3 +435,17 @@ def has_float8(backend: Backend) -> str | None:
 def as_float8(backend: Backend, stored: np.ndarray, fmt: str) -> Any:
     """``stored`` (on ``fmt``'s grid) as a float8 array: exact through float32."""
     return backend.xp.astype(backend.asarray(stored, "float32"), backend.dtype(fmt))
+
+
+def call_family_kernel(
+    kernel: KernelUnderTest, arrays: tuple[Any, ...], keywords: dict[str, Any], what: str, call: str
+) -> Any:
+    """``kernel.call_raw(arrays, keywords)`` with the declaration's extra keywords under
+    ``keywords``; :class:`KernelRaised` naming the ``what`` kernel and ``call`` (the call in
+    words) when it raises."""
+    try:
+        return kernel.call_raw(arrays, {**kernel.declaration.extra_kwargs, **keywords})
+    except Exception as exc:
+        raise KernelRaised(
+            f"the {what} kernel raised {type(exc).__name__}: {str(exc)[:300]} [call: {call}]"
+        ) from exc

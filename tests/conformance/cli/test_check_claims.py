@@ -16,6 +16,7 @@ from support import KERNELS, SMALL_SIZE_FLAGS, kernel_file, run_main
 from attnspec import SPEC_VERSION
 from attnspec.conformance import cli
 from attnspec.conformance.claims.declaration import SparseClaim
+from attnspec.conformance.claims.family_claims import MlaClaim
 from attnspec.conformance.judge.verdict import WAIVED
 from attnspec.conformance.run.property_runner import PROFILES, Profile
 
@@ -238,6 +239,20 @@ def test_waived_must_clause_is_named_in_every_report(
 def test_linear_flags_become_a_linear_claim() -> None:
     claim = _claims("--linear", "favor+", "--linear-num-features", "256", "--linear-iid")["linear"]
     assert (claim.feature_map, claim.num_features, claim.orthogonal) == ("favor+", 256, False)
+
+
+def test_mla_flags_become_a_paged_mla_claim() -> None:
+    """MLA-4, MLA-5: --mla-paged, --mla-page-size and --mla-default-scale refine --mla; a
+    page size without --mla-paged, or a refinement without --mla, is a usage error."""
+    claim = _claims("--mla", "512", "--mla-paged", "--mla-page-size", "64", "--mla-default-scale")
+    assert claim["mla"] == MlaClaim(512, 64, paged=True, page_size=64, default_scale=True)
+    assert _claims("--mla", "256", "--mla-rope-dim", "32")["mla"] == MlaClaim(256, 32)
+    for flags, needs in (
+        (("--mla", "512", "--mla-page-size", "64"), "needs --mla-paged"),
+        (("--mla-paged",), "needs --mla R"),
+    ):
+        with pytest.raises(cli.UsageError, match=needs):
+            _claims(*flags)
 
 
 def test_linear_feature_map_may_be_a_callable(
