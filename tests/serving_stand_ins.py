@@ -1,11 +1,13 @@
 """CPU stand-ins for the GPU serving libraries the matrix's device rows call (FlashAttention 3's
-``flash_attn_interface``, vLLM's ``vllm.vllm_flash_attn``, ``flashinfer``), for
+``flash_attn_interface``, vLLM's ``vllm.vllm_flash_attn`` and ``merge_attn_states``,
+``flashinfer``, FlashMLA's ``flash_mla``), for
 tests/conformance/test_serving_gpu_adapters.py.
 
 Each stand-in takes the library function's own parameters (names and order, as their
 sources declare them: flash-attention ``hopper/flash_attn_interface.py``, vllm-project/
 flash-attention ``vllm_flash_attn/flash_attn_interface.py``, flashinfer ``prefill.py`` and
-``cascade.py``), so a keyword the adapter misspells raises TypeError; it checks what the
+``cascade.py``, FlashMLA ``flash_mla/flash_mla_interface.py``, vllm ``vllm/v1/attention/ops/
+merge_attn_states.py``), so a keyword the adapter misspells raises TypeError; it checks what the
 library requires of its arguments (int32 metadata, the cache's layout, descale shapes, q
 rows equal to ``qo_indptr[-1]``), turns the library's convention back into the spec's and
 computes with the float64 oracle of tests/oracle_serving.py.  The output is returned in the
@@ -336,6 +338,93 @@ def flashinfer_merge_state(v_a: Any, s_a: Any, v_b: Any, s_b: Any) -> tuple[Any,
     return torch.from_numpy(o).to(v_a.dtype), torch.from_numpy(lse / LN2).to(torch.float32)
 
 
+# FlashMLA's flash_mla_interface (deepseek-ai/FlashMLA), and vLLM's merge_attn_states
+FLASH_MLA = (
+    "q k_cache block_table cache_seqlens head_dim_v tile_scheduler_metadata num_splits "
+    "softmax_scale causal is_fp8_kvcache indices attn_sink extra_k_cache "
+    "extra_indices_in_kvcache topk_length extra_topk_length"
+)
+VLLM_MERGE = (
+    "output prefix_output prefix_lse suffix_output suffix_lse output_lse "
+    "prefill_tokens_with_context output_scale"
+)
+
+
+class FlashMLASchedMeta:
+    """``flash_mla.FlashMLASchedMeta``: empty until the first call fills it, then bound to
+    that call's shapes."""
+
+    def __init__(self) -> None:
+        self.config: tuple[Any, ...] | None = None
+
+
+def flash_mla_get_mla_metadata(*args: Any, **kwargs: Any) -> tuple[FlashMLASchedMeta, None]:
+    """``flash_mla.get_mla_metadata``: the arguments are the old interface's and ignored."""
+    return FlashMLASchedMeta(), None
+
+
+def flash_mla_with_kvcache(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """``flash_mla.flash_mla_with_kvcache``, dense decoding: ``q (B, s_q, h_q, 576)``,
+    ``k_cache (num_blocks, 64, 1, 576)`` bfloat16 or float16, int32 metadata, head_dim_v
+    512; the default scale ``q.shape[-1] ** -0.5``; returns ``(out, lse (B, h_q, s_q))``."""
+    a = bind("flash_mla_with_kvcache", FLASH_MLA, args, kwargs)
+    q, k_cache, meta = a["q"], a["k_cache"], a.get("tile_scheduler_metadata")
+    _require(isinstance(meta, FlashMLASchedMeta), "tile_scheduler_metadata: FlashMLASchedMeta")
+    _require(a.get("num_splits") is None, "num_splits must be None")
+    _require(q.dtype in (torch.bfloat16, torch.float16) and k_cache.dtype == q.dtype, "dtype")
+    _require(q.shape[-1] == 576 and k_cache.shape[-1] == 576, "head_dim should be 576")
+    _require(a["head_dim_v"] == 512, "head_dim_v must be 512")
+    _require(k_cache.shape[1] == 64 and k_cache.shape[2] == 1, "page_block_size 64, h_k 1")
+    config = (*q.shape[:3], *k_cache.shape[1:3], bool(a.get("causal", False)))
+    _require(meta.config in (None, config), "inconsistent with sched_meta")
+    meta.config = config
+    table, used = a["block_table"], _int32("cache_seqlens", a["cache_seqlens"])
+    rows = np.asarray(_int32("block_table", table)).reshape(table.shape).tolist()
+    batch, n_queries, n_heads, head_dim = q.shape
+    scale = a.get("softmax_scale")
+    out, lse = paged(
+        q.to(torch.float64).numpy().reshape(batch * n_queries, n_heads, head_dim),
+        _hnd(k_cache),
+        None,
+        [b * n_queries for b in range(batch + 1)],
+        used,
+        rows,
+        value_dim=512,
+        is_causal=a.get("causal", False),
+        scale=head_dim**-0.5 if scale is None else scale,
+    )
+    lse = lse.reshape(n_heads, batch, n_queries).transpose(1, 0, 2)
+    out = out.reshape(batch, n_queries, n_heads, 512)
+    return torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse).to(torch.float32)
+
+
+def vllm_merge_attn_states(*args: Any, **kwargs: Any) -> None:
+    """``merge_attn_states``: writes into ``output`` ``[NUM_TOKENS, NUM_HEADS, HEAD_SIZE]``
+    and ``output_lse`` ``[NUM_HEADS, NUM_TOKENS]``; float32 contiguous log-sum-exps in
+    natural logarithms; prefix and suffix outputs with one head stride."""
+    a = bind("merge_attn_states", VLLM_MERGE, args, kwargs)
+    output, o_a, o_b = a["output"], a["prefix_output"], a["suffix_output"]
+    _require(o_a.stride(1) == o_b.stride(1), "matching head strides")
+    _require(o_a.shape == o_b.shape == output.shape, "outputs [NUM_TOKENS, NUM_HEADS, HEAD_SIZE]")
+    lse_shape = (o_a.shape[1], o_a.shape[0])
+    for name in ("prefix_lse", "suffix_lse", "output_lse"):
+        lse = a.get(name)
+        if lse is not None:
+            _require(lse.dtype == torch.float32, f"{name} must be float32")
+            _require(
+                lse.shape == lse_shape and lse.is_contiguous(), f"{name} [NUM_HEADS, NUM_TOKENS]"
+            )
+    o, lse = merge(
+        o_a.to(torch.float64).numpy(),
+        a["prefix_lse"].to(torch.float64).numpy().T,
+        o_b.to(torch.float64).numpy(),
+        a["suffix_lse"].to(torch.float64).numpy().T,
+    )
+    output.copy_(torch.from_numpy(o))
+    if a.get("output_lse") is not None:
+        a["output_lse"].copy_(torch.from_numpy(lse.T))
+
+
 def modules() -> dict[str, types.ModuleType]:
     """The stand-in modules by the names the adapters import."""
     fa3 = types.ModuleType("flash_attn_interface")
@@ -348,11 +437,26 @@ def modules() -> dict[str, types.ModuleType]:
     flashinfer = types.ModuleType("flashinfer")
     flashinfer.BatchPrefillWithPagedKVCacheWrapper = BatchPrefillWithPagedKVCacheWrapper  # type: ignore[attr-defined]
     flashinfer.merge_state = flashinfer_merge_state  # type: ignore[attr-defined]
+    flash_mla = types.ModuleType("flash_mla")
+    flash_mla.get_mla_metadata = flash_mla_get_mla_metadata  # type: ignore[attr-defined]
+    flash_mla.flash_mla_with_kvcache = flash_mla_with_kvcache  # type: ignore[attr-defined]
+    merging = {
+        name: types.ModuleType(name)
+        for name in (
+            "vllm.v1",
+            "vllm.v1.attention",
+            "vllm.v1.attention.ops",
+            "vllm.v1.attention.ops.merge_attn_states",
+        )
+    }
+    merging["vllm.v1.attention.ops.merge_attn_states"].merge_attn_states = vllm_merge_attn_states  # type: ignore[attr-defined]
     return {
         "flash_attn_interface": fa3,
         "vllm": vllm,
         "vllm.vllm_flash_attn": vllm_fa,
         "flashinfer": flashinfer,
+        "flash_mla": flash_mla,
+        **merging,
     }
 
 

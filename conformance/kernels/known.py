@@ -401,6 +401,35 @@ KNOWN_KERNELS: tuple[KnownKernel, ...] = (
         device="cuda",
         note="declaration only: --merge 2 --merge-out-layout lhd --merge-lse-layout lh",
     ),
+    # FlashMLA's paged MLA (MLA-4) and vLLM's merge (MERGE-1), each through its adapter
+    *(
+        KnownKernel(name, _adapter(module, adapter), "torch", qualified, (library,), "cuda", note)
+        for name, module, adapter, qualified, library, note in (
+            (
+                "flash_mla:flash_mla_with_kvcache",
+                "flash_mla",
+                "flash_mla_with_kvcache",
+                ("flash_mla.flash_mla_interface.flash_mla_with_kvcache",),
+                "flash_mla",
+                "FlashMLA's absorbed MLA over paged latent pages (MLA-4) with get_mla_metadata "
+                "added per call; pages of 64, E = 576, Ev = 512, (out, lse); no softmax_scale "
+                "means 1/sqrt(576) (MLA-5)",
+            ),
+            (
+                "vllm.v1.attention.ops.merge_attn_states:merge_attn_states",
+                "vllm_flash",
+                "merge_attn_states",
+                (
+                    "vllm.v1.attention.ops.merge_attn_states.merge_attn_states",
+                    "vllm.attention.ops.merge_attn_states.merge_attn_states",
+                ),
+                "vllm",
+                "merge_attn_states(output, prefix_output, prefix_lse, suffix_output, "
+                "suffix_lse, output_lse) into buffers allocated here; --merge e "
+                "--merge-out-layout lhd (lse [num_heads, num_tokens], natural log)",
+            ),
+        )
+    ),
     KnownKernel(
         "xformers.ops:memory_efficient_attention",
         _adapter("thirdparty", "xformers_memory_efficient"),

@@ -25,6 +25,7 @@ from oracle_serving import merge, paged  # noqa: E402
 from attnspec.conformance.claims.declaration import declaration_of  # noqa: E402
 from attnspec.conformance.kernels.adapters import (  # noqa: E402
     flash_attn3,
+    flash_mla,
     flashinfer,
     vllm_flash,
 )
@@ -34,6 +35,19 @@ ADAPTERS = "attnspec.conformance.kernels.adapters."
 # a float64 result rounded to the output dtype: at most one unit in the last place apart
 # when two float64 evaluations of the same function straddle a rounding boundary
 ULP = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+# the wiring mistakes test_wiring_breaks_are_caught makes, by name
+_BREAK_NAMES_MLA = (
+    "int64 metadata",
+    "scale dropped",
+    "causal dropped",
+    "head_dim_v of q",
+    "metadata reused",
+)
+_BREAK_NAMES_MERGE = (
+    "lse [num_tokens, num_heads]",
+    "outputs swapped, not their lse",
+    "output_lse not passed",
+)
 
 
 @pytest.fixture
@@ -298,9 +312,183 @@ def test_gpu_serving_rows_need_their_libraries() -> None:
         ("vllm_flash", "vllm_flash_attn_varlen_fa3_fp8"),
         ("flashinfer", "batch_prefill_paged"),
         ("flashinfer", "merge_state"),
+        ("flash_mla", "flash_mla_with_kvcache"),
+        ("vllm_flash", "merge_attn_states"),
     ):
         entry = known_kernel(f"{ADAPTERS}{module}:{name}")
         assert entry is not None, name
         assert entry.device == "cuda", name
         library = {"flash_attn3": "flash_attn_interface", "vllm_flash": "vllm"}
         assert entry.requires == (library.get(module, module),), name
+
+
+class LatentPages:
+    """Absorbed MLA over paged latent pages as mla-paged-matches-reference draws it (MLA-4):
+    two sequences of 70 and 5 cached positions (partial last pages of 64), two queries each,
+    three heads, E = 576, shuffled pages, block-table rows wider than a sequence needs (their
+    last entries point to a page no sequence reads), int64 metadata the adapter converts."""
+
+    def __init__(self) -> None:
+        rng = np.random.default_rng(6)
+        self.used, self.table = [70, 5], [[3, 0, 2], [1, 2, 2]]
+        self.q = rng.standard_normal((2, 2, 3, 576))
+        self.pages = rng.standard_normal((4, 64, 1, 576))
+
+    def call(self) -> tuple[Any, Any, dict[str, Any]]:
+        """``q``, ``k_cache`` and the keywords as the property passes them (float16 pages
+        in FlashMLA's layout)."""
+        q, pages = (torch.tensor(x).half() for x in (self.q, self.pages))
+        metadata = {
+            "block_table": torch.tensor(self.table),
+            "cache_seqlens": torch.tensor(self.used),
+        }
+        return q, pages, {**metadata, "head_dim_v": 512}
+
+    def want(self, scale: float, is_causal: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The float64 oracle on the inputs as :meth:`call` rounds them (torch rounds
+        float64 to float16 through float32, which differs from NumPy's one rounding in a few
+        of these 150 000 elements): out (B, Lq, Hq, 512), lse (B, Hq, Lq)."""
+        q, pages = (x.double().numpy() for x in self.call()[:2])
+        out, lse = paged(
+            q.reshape(4, 3, 576),
+            np.swapaxes(pages, 1, 2),
+            None,
+            [0, 2, 4],
+            self.used,
+            self.table,
+            value_dim=512,
+            is_causal=is_causal,
+            scale=scale,
+        )
+        return out.reshape(2, 2, 3, 512), lse.reshape(3, 2, 2).transpose(1, 0, 2)
+
+
+def _assert_paged_mla(adapter: Any, scale: float | None, is_causal: bool) -> None:
+    """``adapter`` called as mla-paged-matches-reference calls it gives the oracle's output
+    rounded to float16 and its log-sum-exp rounded to float32 (MLA-4, MLA-5)."""
+    pages = LatentPages()
+    keywords = {"causal": is_causal} | ({} if scale is None else {"softmax_scale": scale})
+    q, k_cache, call = pages.call()
+    out, lse = adapter(q, k_cache, **call, **keywords)
+    want_out, want_lse = pages.want(576**-0.5 if scale is None else scale, is_causal)
+    assert out.dtype == torch.float16 and lse.dtype == torch.float32
+    _assert_rounded(out, want_out)
+    np.testing.assert_allclose(lse.double().numpy(), want_lse, rtol=2.0**-23)
+
+
+def test_flash_mla_maps_onto_flash_mla_with_kvcache(stand_ins: None) -> None:
+    """MLA-4, MLA-5: FlashMLA's own call with its scheduler metadata added: int32
+    block_table and cache_seqlens, pages of 64, the model's scale passed or, passed none,
+    FlashMLA's 1/sqrt(576); bottom-right causal rows; out and lse in FlashMLA's layouts."""
+    claim = declaration_of(flash_mla.flash_mla_with_kvcache).mla
+    assert claim is not None and (claim.paged, claim.page_size, claim.default_scale) == (
+        True,
+        64,
+        True,
+    )
+    _assert_paged_mla(flash_mla.flash_mla_with_kvcache, 192**-0.5, True)
+    _assert_paged_mla(flash_mla.flash_mla_with_kvcache, None, False)
+
+
+def _flash_mla_breaks() -> dict[str, Any]:
+    """Wirings of flash_mla_with_kvcache an adapter could get wrong, each called as the
+    adapter is."""
+    import flash_mla as library
+
+    def call(q: Any, k: Any, **given: Any) -> Any:
+        used, table = given.pop("cache_seqlens").int(), given.pop("block_table").int()
+        meta, splits = library.get_mla_metadata(used, q.shape[1] * q.shape[2], 1)
+        return library.flash_mla_with_kvcache(
+            q, k, table, used, given.pop("head_dim_v"), meta, splits, **given
+        )
+
+    def with_int64(q: Any, k: Any, **given: Any) -> Any:
+        table, used, dv = (given.pop(n) for n in ("block_table", "cache_seqlens", "head_dim_v"))
+        return library.flash_mla_with_kvcache(
+            q, k, table, used, dv, *library.get_mla_metadata(), **given
+        )
+
+    def reusing(q: Any, k: Any, **given: Any) -> Any:
+        meta = library.get_mla_metadata()[0]
+        meta.config = (1, 1, 1, 64, 1, False)  # filled by a call of another batch's shapes
+        table, used = given.pop("block_table").int(), given.pop("cache_seqlens").int()
+        return library.flash_mla_with_kvcache(
+            q, k, table, used, given.pop("head_dim_v"), meta, None, **given
+        )
+
+    return {
+        "int64 metadata": with_int64,
+        "scale dropped": lambda q, k, softmax_scale=None, **given: call(q, k, **given),
+        "causal dropped": lambda q, k, causal=False, **given: call(q, k, **given),
+        "head_dim_v of q": lambda q, k, **given: call(q, k, **{**given, "head_dim_v": 576}),
+        "metadata reused": reusing,
+    }
+
+
+def _merge_breaks() -> dict[str, Any]:
+    """Wirings of vLLM's merge_attn_states an adapter could get wrong."""
+    from vllm.v1.attention.ops.merge_attn_states import merge_attn_states as merge
+
+    def run(
+        o_a: Any, l_a: Any, o_b: Any, l_b: Any, transpose: bool = False, swap: bool = False
+    ) -> Any:
+        out, lse = torch.empty_like(o_a), torch.zeros_like(l_a)
+        l_a, l_b = (x.T.contiguous() for x in (l_a, l_b)) if transpose else (l_a, l_b)
+        merge(out, *((o_b, l_a, o_a, l_b) if swap else (o_a, l_a, o_b, l_b)), lse)
+        return out, lse
+
+    def no_output_lse(o_a: Any, l_a: Any, o_b: Any, l_b: Any) -> Any:
+        out = torch.empty_like(o_a)
+        merge(out, o_a, l_a, o_b, l_b)
+        return out, torch.zeros_like(l_a)
+
+    return {
+        "lse [num_tokens, num_heads]": lambda *s: run(*s, transpose=True),
+        "outputs swapped, not their lse": lambda *s: run(*s, swap=True),
+        "output_lse not passed": no_output_lse,
+    }
+
+
+def _merge_states() -> tuple[Any, ...]:
+    """Three tokens, two heads, head size 8 (lhd), log-sum-exps (H, L) float32, one token's
+    prefix empty (-inf)."""
+    rng = np.random.default_rng(7)
+    o_a, o_b = (torch.tensor(rng.standard_normal((3, 2, 8))).half() for _ in range(2))
+    l_a, l_b = (torch.tensor(rng.uniform(-4, 4, (2, 3)), dtype=torch.float32) for _ in range(2))
+    l_a[1, 2] = -np.inf
+    return o_a, l_a, o_b, l_b
+
+
+def _assert_merged(adapter: Any) -> None:
+    """MERGE-1, MERGE-2, MERGE-3: the adapter's (o, lse) are the oracle's merge of the
+    states in vLLM's layouts, rounded to float16 and float32."""
+    o_a, l_a, o_b, l_b = _merge_states()
+    o, lse = adapter(o_a, l_a, o_b, l_b)
+    want_o, want_l = merge(o_a.double(), l_a.double().T, o_b.double(), l_b.double().T)
+    _assert_rounded(o, want_o)
+    np.testing.assert_allclose(lse.double().numpy(), want_l.T, rtol=2.0**-23)
+
+
+def test_vllm_merge_attn_states_declares_its_convention(stand_ins: None) -> None:
+    """MERGE-1, MERGE-2, MERGE-3: vLLM's merge_attn_states writes into buffers the adapter
+    allocates; its natural-log log-sum-exps [num_heads, num_tokens] and [num_tokens,
+    num_heads, head_size] outputs are declared, not translated."""
+    claim = declaration_of(vllm_flash.merge_attn_states).merge
+    assert claim is not None
+    assert (claim.base, claim.out_layout, claim.lse_layout) == ("e", "lhd", "hl")
+    _assert_merged(vllm_flash.merge_attn_states)
+
+
+@pytest.mark.parametrize("broken", [*_BREAK_NAMES_MLA, *_BREAK_NAMES_MERGE])
+def test_wiring_breaks_are_caught(stand_ins: None, broken: str) -> None:
+    """MLA-4, MLA-5, MERGE-2: each way of wiring FlashMLA or vLLM's merge wrongly (int64
+    metadata, the scale or causal flag not passed, head_dim_v of q, scheduler metadata
+    reused for other shapes; log-sum-exps transposed, outputs swapped without their
+    log-sum-exps, output_lse not passed) is refused by the stand-in or gives another result
+    than the checks above accept, so those checks can fail."""
+    if broken in _BREAK_NAMES_MLA:
+        with pytest.raises((AssertionError, RuntimeError)):
+            _assert_paged_mla(_flash_mla_breaks()[broken], 192**-0.5, True)
+    else:
+        with pytest.raises((AssertionError, RuntimeError)):
+            _assert_merged(_merge_breaks()[broken])

@@ -9,6 +9,15 @@ softcap=, fa_version=, s_aux=)`` with the whole paged cache as ``k`` and ``v``
 FlashAttention 3 path takes them as ``s_aux`` ``(num_heads,)`` float32.  vLLM allocates its
 cache in blocks of a multiple of 16 positions, the page size declared here.  Head dims are
 zero-padded to FlashAttention's alignment as for FlashAttention 3 (``flash_attn3.padded_call``).
+
+``merge_attn_states`` is vLLM's merge of cascade and chunked-prefill states (MERGE-1),
+``merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse,
+output_lse=None)`` in ``vllm.v1.attention.ops.merge_attn_states`` (``vllm.attention.ops``
+before vLLM's v1 move): it writes into the ``output`` and ``output_lse`` buffers it is given
+and returns None, so the adapter allocates them and returns them.  Its outputs are
+``[NUM_TOKENS, NUM_HEADS, HEAD_SIZE]`` and its log-sum-exps ``[NUM_HEADS, NUM_TOKENS]``
+float32, natural logarithms (its kernels use exp and log): MERGE-2's declared
+``(e, lhd, hl)``, no translation.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...claims.declaration import declare
-from ...claims.family_claims import PagedBatchClaim
+from ...claims.family_claims import MergeClaim, PagedBatchClaim
 from .flash_attn3 import FA3_FP8, HALF_DTYPES, as_int32, descales, head_multiple, padded_call
 
 # vLLM's FlashAttention backend: block sizes a multiple of 16 (get_kv_cache_shape)
@@ -75,4 +84,31 @@ vllm_flash_attn_varlen_fa3_fp8 = declare(
     dtypes=("bfloat16",),
     paged_batch=PagedBatchClaim("nhd", VLLM_PAGE_SIZE, features=("window", "softcap", "sinks")),
     fp8=FA3_FP8,
+)
+
+
+def _vllm_merge() -> Any:
+    try:
+        from vllm.v1.attention.ops.merge_attn_states import merge_attn_states as merge
+    except ImportError:  # vLLM before the v1 move
+        from vllm.attention.ops.merge_attn_states import merge_attn_states as merge
+    return merge
+
+
+def merge_attn_states(o_a: Any, lse_a: Any, o_b: Any, lse_b: Any) -> Any:
+    """MERGE-1 through vLLM's ``merge_attn_states``, into buffers allocated here; its
+    kernels index the tokens and heads densely, so the states are made contiguous."""
+    import torch
+
+    output = torch.empty_like(o_a, memory_format=torch.contiguous_format)
+    output_lse = torch.empty_like(lse_a, memory_format=torch.contiguous_format)
+    states = (x.contiguous() for x in (o_a, lse_a, o_b, lse_b))
+    _vllm_merge()(output, *states, output_lse)
+    return output, output_lse
+
+
+merge_attn_states = declare(
+    merge_attn_states,
+    dtypes=(*HALF_DTYPES, "float32"),
+    merge=MergeClaim("e", "lhd", "hl"),
 )
