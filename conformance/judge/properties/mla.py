@@ -139,6 +139,8 @@ REALISTIC_PAGE_SIZES = (64,)  # FlashMLA's page_block_size
 SMALL_PAGE_SIZES = (1, 2, 3, 16)
 # one page and one position, a whole page, one past it; DeepSeek's sizes keep E = 576
 REALISTIC_CACHE_LENGTHS = (1, 63, 64, 65, 129)
+# decode, speculative decoding's few rows and a short prefill chunk
+REALISTIC_PAGED_QUERIES = (*REALISTIC_QUERIES, 16)
 
 
 def _paged_mla_only(declaration: KernelDeclaration) -> str | None:
@@ -183,7 +185,7 @@ def _draw_paged_call(data: st.DataObject, kernel: KernelUnderTest) -> PagedMlaCa
     dtype = draw_dtype(data, kernel)
     realistic = sizes.realistic()
     n_heads, n_queries = sizes.draw_per_stratum(
-        data, {"Hq": (REALISTIC_HEADS, (1, 3)), "Lq": (REALISTIC_QUERIES, (1, 3))}
+        data, {"Hq": (REALISTIC_HEADS, (1, 3)), "Lq": (REALISTIC_PAGED_QUERIES, (1, 3))}
     )
     page = claim.page_size or data.draw(
         st.sampled_from(REALISTIC_PAGE_SIZES if realistic else SMALL_PAGE_SIZES), label="P"
