@@ -130,11 +130,13 @@ def paged(
     window: tuple[int | None, int | None] = (None, None),
     chunk: int | None = None,
     flat_mask: Any = None,
+    sink_tokens: int = 0,
     **options: Any,
 ) -> tuple[np.ndarray, np.ndarray]:
     """PAGED-2: each sequence's keys read position by position through its block table,
     its queries the last positions; rows past cu_q[-1] are left 0 (lse -inf); PAGED-8's
-    flattened mask read entry by entry, sequence after sequence."""
+    flattened mask read entry by entry, sequence after sequence; the sequence's first
+    ``sink_tokens`` keys kept beside the window (SINK-4)."""
     q = np.asarray(q, np.float64)
     k_cache = np.asarray(k_cache, np.float64)
     page = k_cache.shape[2]
@@ -177,7 +179,7 @@ def paged(
             if is_causal:
                 ok &= j <= t
             if left is not None:
-                ok &= t - j <= left
+                ok &= (t - j <= left) | (j < sink_tokens)
             if right is not None and not is_causal:
                 ok &= j - t <= right
             if chunk is not None:

@@ -117,9 +117,10 @@ PAGED_CACHE_LAYOUTS = ("hnd", "nhd")
 #: FlashAttention's and FlashInfer's keywords: ``cache_leftpad (B)`` (PAGED-1),
 #: ``window_size=(left, right)`` with -1 for unbounded (SPARSE-2.1), ``attention_chunk=C``
 #: (CHUNK-1), ``softcap=c`` (SOFTCAP-1), ``custom_mask``, FlashInfer's flattened
-#: per-sequence boolean mask (PAGED-8), and ``sinks (Hq,)`` float32 (SINK-1; vLLM's
-#: ``s_aux``).
-PAGED_FEATURES = ("leftpad", "window", "chunk", "softcap", "mask", "sinks")
+#: per-sequence boolean mask (PAGED-8), ``sinks (Hq,)`` float32 (SINK-1; vLLM's
+#: ``s_aux``), and ``n_sink_tokens=n``, StreamingLLM's sink tokens: each sequence's first n
+#: keys kept beside the window (SINK-4; drawn with a window only).
+PAGED_FEATURES = ("leftpad", "window", "chunk", "softcap", "mask", "sinks", "sink_tokens")
 
 
 @dataclass(frozen=True)
@@ -172,12 +173,14 @@ PAGED_FEATURE_KEYWORDS = {
     "softcap": "softcap",
     "mask": "custom_mask",
     "sinks": "sinks",
+    "sink_tokens": "n_sink_tokens",
 }
 
 
-def paged_feature_keywords(features: tuple[str, ...]) -> tuple[str, ...]:
-    """The keyword each paged-batch option is passed as."""
-    return tuple(PAGED_FEATURE_KEYWORDS[name] for name in features)
+def paged_feature_keywords(features: tuple[str, ...], sinks: str = "sinks") -> tuple[str, ...]:
+    """The keyword each paged-batch option is passed as; the sink logits' is ``sinks``
+    (the declaration's ``sinks_keyword``: vLLM's ``s_aux``)."""
+    return tuple(sinks if name == "sinks" else PAGED_FEATURE_KEYWORDS[name] for name in features)
 
 
 def kv_cache_feature_keywords(features: tuple[str, ...]) -> tuple[str, ...]:

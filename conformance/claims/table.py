@@ -648,7 +648,8 @@ CLAIMS: tuple[Claim, ...] = (
                 "the options the paged-batch kernel takes, comma-separated, of "
                 f"{', '.join(PAGED_FEATURES)}: cache_leftpad=, window_size=(left, right) "
                 "(-1 unbounded), attention_chunk=, softcap=, FlashInfer's flattened "
-                "custom_mask= and sink logits sinks= (Hq,)",
+                "custom_mask=, sink logits sinks= (Hq,) and StreamingLLM's sink tokens "
+                "n_sink_tokens= (kept beside the window)",
                 type=paged_feature_list,
                 metavar="LIST",
             ),
@@ -662,7 +663,7 @@ CLAIMS: tuple[Claim, ...] = (
                 "seqused_k",
                 "block_table",
                 *(("max_seqlen_q", "max_seqlen_k") if d.paged_batch.max_seqlen else ()),
-                *paged_feature_keywords(d.paged_batch.features),
+                *paged_feature_keywords(d.paged_batch.features, d.sinks_keyword),
             )
         ),
         remedy="--rename (e.g. seqused_k=cache_seqlens)",

@@ -56,12 +56,14 @@ def _int_list(a: Any, name: str, ndim: int) -> list[Any]:
 @dataclass(frozen=True)
 class Rules:
     """Which keys each query sees, beyond its sequence (PAGED-2): causal, a window
-    ``(left, right)`` (None: unbounded), a chunk size (CHUNK-1)."""
+    ``(left, right)`` (None: unbounded), a chunk size (CHUNK-1), and the sink tokens: the
+    first ``sink_tokens`` keys, which the window's left bound does not hide (SINK-4)."""
 
     is_causal: bool
     left: int | None
     right: int | None
     chunk: int | None
+    sink_tokens: int = 0
 
     def key_range(self, first: int, last: int, n_keys: int) -> tuple[int, int]:
         """The keys ``[lo, hi)`` that rows at positions ``first … last`` may attend."""
@@ -70,7 +72,7 @@ class Rules:
             hi = min(hi, last + 1)
         elif self.right is not None:
             hi = min(hi, last + self.right + 1)
-        if self.left is not None:
+        if self.left is not None and not self.sink_tokens:
             lo = max(lo, first - self.left)
         if self.chunk is not None:
             lo = max(lo, (first // self.chunk) * self.chunk)
@@ -78,7 +80,11 @@ class Rules:
 
     def allowed(self, xp: ModuleType, t: Array, j: Array) -> Array:
         """True where key position j is in S(i) for query position t (broadcasting)."""
-        allowed = in_window(xp, t - j, self.left, None if self.is_causal else self.right, 1)
+        right = None if self.is_causal else self.right
+        allowed = in_window(xp, t - j, self.left, right, 1)
+        if self.sink_tokens:  # SINK-4: the window's left bound spares the sink tokens
+            sinks = xp.logical_and(j < self.sink_tokens, in_window(xp, t - j, None, right, 1))
+            allowed = xp.logical_or(allowed, sinks)
         if self.is_causal:
             allowed = xp.logical_and(allowed, j <= t)
         if self.chunk is not None:
@@ -315,6 +321,7 @@ def paged_attention(
     alibi_slopes: Array = None,
     window: tuple[int | None, int | None] = (None, None),
     attention_chunk: int | None = None,
+    n_sink_tokens: int = 0,
     sinks: Array = None,
     mask: Array = None,
     return_lse: bool = False,
@@ -325,7 +332,8 @@ def paged_attention(
     ``cache_leftpad[b] … seqused_k[b] - 1`` (position t: slot ``t % P`` of page
     ``block_table[b, t // P]``), bottom-right aligned: causal rule, ``window`` (left, right)
     (SPARSE-2.1), ``attention_chunk`` (CHUNK-1) and ALiBi ``alibi_slopes (Hq,)`` are
-    measured from query position ``t_i = i + L_k - L_q``; ``sinks (Hq,)`` are SINK-1's;
+    measured from query position ``t_i = i + L_k - L_q``; the first ``n_sink_tokens`` keys
+    of each sequence stay visible beside the window (SINK-4); ``sinks (Hq,)`` are SINK-1's;
     ``mask`` is flattened, ``(sum_b L_q,b * L_k,b,)`` boolean (PAGED-8).
     ``v_cache=None`` with ``value_dim=r`` reads the values as the first r channels of the
     key cache (absorbed MLA, MLA-1).  Returns ``out (T_q, Hq, Ev)`` in q's dtype (rows past
@@ -348,7 +356,8 @@ def paged_attention(
         if attention_chunk is None
         else check_size("attention_chunk", attention_chunk, CALL, minimum=1)
     )
-    rules = Rules(is_causal, *check_window(window), chunk)
+    n_sink_tokens = check_size("n_sink_tokens", n_sink_tokens, CALL)
+    rules = Rules(is_causal, *check_window(window), chunk, n_sink_tokens)
     value_dim = _check_arrays(xp, q, k_cache, v_cache, value_dim, alibi_slopes, sinks)
     n_tokens, n_q_heads, _ = q.shape
     seqs = _check_sequences(

@@ -44,14 +44,15 @@ class Options(NamedTuple):
     softcap: float = 0.0
     custom_mask: Array | None = None
     sinks: Array | None = None
+    n_sink_tokens: int = 0
 
 
 def visible(
     n_q: int, n_k: int, offset: int, is_causal: bool, options: Options, origin: int = 0
 ) -> Array:
     """(Lq, Lk): query i at key position i + offset sees key j by the causal rule, the
-    window (left, right) and the chunk (counted from position ``origin``), each written
-    out on its own."""
+    window (left, right) with the first ``n_sink_tokens`` keys spared by its left side,
+    and the chunk (counted from position ``origin``), each written out on its own."""
     i, j = np.arange(n_q)[:, None] + offset, np.arange(n_k)[None, :]
     allowed = np.ones((n_q, n_k), bool)
     left, right = options.window_size
@@ -60,7 +61,7 @@ def visible(
     elif right >= 0:
         allowed &= j <= i + right
     if left >= 0:
-        allowed &= j >= i - left
+        allowed &= (j >= i - left) | (j < options.n_sink_tokens)
     if options.attention_chunk:
         chunk = options.attention_chunk
         allowed &= np.floor_divide(j - origin, chunk) == np.floor_divide(i - origin, chunk)
@@ -144,12 +145,13 @@ def paged_kernel(
 ) -> Callable[[Callable[[PagedCall], Array]], Callable[..., Array]]:
     """A decorator: ``body(call)`` as a kernel with the spec's paged-batch signature
     (:data:`PAGED_KEYWORDS`, written once by :func:`~catalogue.entry.signed`) declaring
-    ``claim`` (default: HND pages); it keeps ``body``'s name, docstring and module, by which
-    reports show it and worker processes load it."""
+    ``claim`` (default: HND pages) and grouped-query heads; it keeps ``body``'s name,
+    docstring and module, by which reports show it and worker processes load it."""
 
     def make(body: Callable[[PagedCall], Array]) -> Callable[..., Array]:
         kernel = signed(PAGED_KEYWORDS, PAGED_ARRAYS, PagedCall.of)(body)
-        return declare(kernel, paged_batch=PagedBatchClaim() if claim is None else claim)
+        claim_ = PagedBatchClaim() if claim is None else claim
+        return declare(kernel, paged_batch=claim_, gqa=True)
 
     return make
 
@@ -384,6 +386,26 @@ def paged_wrapped_page_index(call: PagedCall) -> Array:
     return _paged(call, table=lambda b: np.asarray(call.block_table[b]) % n_pages)
 
 
+@paged_kernel(PagedBatchClaim(features=("sinks",)))
+def paged_sinks_per_kv_head(call: PagedCall) -> Array:
+    """Bug: query head h's sink logit read at its key/value head's index, sinks[h // G]
+    (the sink belongs to the query head, SINK-1): right only without grouped heads."""
+    sinks, group = call.options.sinks, call.q.shape[1] // call.k_cache.shape[1]
+
+    def per_kv_head() -> Array | None:
+        return None if sinks is None else np.asarray(sinks)[np.arange(call.q.shape[1]) // group]
+
+    return _paged(call, sinks=per_kv_head)
+
+
+@paged_kernel(PagedBatchClaim(features=("window", "sink_tokens")))
+def paged_sink_tokens_windowed(call: PagedCall) -> Array:
+    """Bug: n_sink_tokens ignored, the window applied to the sink tokens too: they are lost
+    exactly once the window has moved past them, the case StreamingLLM keeps them for
+    (SINK-4's rationale)."""
+    return _paged(call._replace(options=call.options._replace(n_sink_tokens=0)))
+
+
 @paged_kernel()
 def paged_padding_rows_left(call: PagedCall) -> Array:
     """Bug: the output allocated like q and only the sequences' rows written
@@ -408,4 +430,6 @@ BUGS = (
     CaughtBug(paged_padding_rows_left, "paged-batch-padding-rows"),
     CaughtBug(paged_wrapped_page_index, "paged-batch-rejects-malformed"),
     CaughtBug(paged_slot_index_int16, "paged-batch-matches-reference"),
+    CaughtBug(paged_sinks_per_kv_head, "paged-batch-matches-reference"),
+    CaughtBug(paged_sink_tokens_windowed, "paged-batch-matches-reference"),
 )

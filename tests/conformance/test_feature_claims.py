@@ -167,6 +167,20 @@ def test_unknown_serving_options_are_usage_errors(flags: list[str]) -> None:
         cli.build_parser().parse_args(["check", "m:f", *flags])
 
 
+def test_a_vllm_paged_kernel_declares_s_aux_and_sink_tokens() -> None:
+    """CONF-3, SINK-1, SINK-4, PAGED-2: vLLM's sink logits keyword (``s_aux``) and sink
+    tokens are declared for a paged kernel by flags alone, and the suite passes exactly
+    those keywords (no wrapper)."""
+    flags = ["--paged-batch", "nhd", "--paged-batch-features", "window,sinks,sink_tokens"]
+    args = cli.build_parser().parse_args(["check", "m:f", *flags, "--sinks-keyword", "s_aux"])
+    claims = cli.claims_from(args)
+    features = ("window", "sinks", "sink_tokens")
+    assert claims["paged_batch"] == PagedBatchClaim("nhd", features=features)
+    keywords = suite_keywords(KernelDeclaration(**claims))
+    assert {"window_size", "s_aux", "n_sink_tokens"} <= set(keywords), keywords
+    assert "sinks" not in keywords
+
+
 def test_claims_give_keywords_and_claim_words() -> None:
     """CONF-1, CONF-3: the keywords the suite passes and the words of the claim line."""
     declaration = KernelDeclaration(

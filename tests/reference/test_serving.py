@@ -325,6 +325,11 @@ PAGED_CASES = {
 # PAGED-8: a flattened mask with the window, leftpad, ALiBi and softcap of page-16's case,
 # over pages of 2
 PAGED_CASES["page-2-flat-mask"] = dict(PAGED_CASES["page-16-window-alibi"], page=2, flat_mask=True)
+# SINK-4: page-16's case with 3 sink tokens beside its window of 5, counted from each
+# sequence's cache_leftpad, and sink logits (SINK-1) too
+PAGED_CASES["page-16-sink-tokens"] = dict(
+    PAGED_CASES["page-16-window-alibi"], sink_tokens=3, sinks=True
+)
 
 
 def _paged_problem(spec: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
@@ -356,6 +361,8 @@ def _paged_options(spec: dict[str, Any]) -> dict[str, Any]:
             options[name] = spec[name]
     if "chunk" in spec:
         options["attention_chunk"] = spec["chunk"]
+    if "sink_tokens" in spec:
+        options["n_sink_tokens"] = spec["sink_tokens"]
     if spec.get("mla"):
         options["value_dim"] = 8
         options["scale"] = 0.2
@@ -404,6 +411,7 @@ def _paged_oracle(
 
     options = _paged_options(spec)
     options.pop("attention_chunk", None)
+    options.pop("n_sink_tokens", None)
     if spec.get("alibi"):
         options["slopes"] = np.array([0.5, 0.25, 0.125, 1.0])
     if spec.get("sinks"):
@@ -418,6 +426,7 @@ def _paged_oracle(
         leftpad=spec.get("leftpad"),
         chunk=spec.get("chunk"),
         flat_mask=_flat_mask(spec) if spec.get("flat_mask") else None,
+        sink_tokens=spec.get("sink_tokens", 0),
         **options,
     )
 
@@ -426,7 +435,8 @@ def _paged_oracle(
 def test_paged_batches_match_the_oracle(backend: Backend, case: str) -> None:
     """PAGED-1, PAGED-2, PAGED-3, PAGED-4: packed queries of sequences of different lengths
     against their cached keys read through shuffled, shared pages of sizes 1 to 256,
-    bottom-right per sequence, with windows, chunks, ALiBi, softcap, sinks, leftpad, MLA;
+    bottom-right per sequence, with windows, chunks, ALiBi, softcap, sinks, sink tokens
+    (SINK-4), leftpad, MLA;
     padding rows past cu_seqlens_q[-1] give 0."""
     spec = PAGED_CASES[case]
     if backend.name == "jax" and case != "mixed-page-1":

@@ -106,6 +106,7 @@ class PagedCall:
     softcap: float | None = None
     masks: tuple[np.ndarray, ...] | None = None  # per sequence (L_q, L_k) bool
     sinks: np.ndarray | None = None  # (Hq,) float64 values exact in float32 (SINK-1)
+    sink_tokens: int | None = None  # each sequence's first keys kept beside the window (SINK-4)
     fp8: PagedFp8 | None = None  # q and the pages stored in float8 (QUANT-6); dtype: the output's
 
     @property
@@ -139,10 +140,11 @@ class PagedCall:
 
     def allowed(self, b: int) -> np.ndarray:
         """Sequence b's allowed set ``(L_q, L_k)`` (PAGED-2, PAGED-8): the causal rule, the
-        window and the chunk from its bottom-right query positions, and its mask."""
+        window with its sink tokens (SINK-4) and the chunk from its bottom-right query
+        positions, and its mask."""
         n_queries, n_keys = self.n_queries[b], self.n_keys[b] - self.start(b)
         left, right = (None, None) if self.window is None else self.window
-        rules = Rules(self.is_causal, left, right, self.chunk)
+        rules = Rules(self.is_causal, left, right, self.chunk, self.sink_tokens or 0)
         t = np.arange(n_queries)[:, None] + (n_keys - n_queries)
         allowed = np.asarray(rules.allowed(np, t, np.arange(n_keys)[None, :]))
         allowed = np.broadcast_to(allowed, (n_queries, n_keys))
@@ -154,6 +156,7 @@ class PagedCall:
             for name, value in (
                 ("cache_leftpad", None if self.starts is None else list(self.starts)),
                 ("window (left, right)", self.window),
+                ("n_sink_tokens", self.sink_tokens),
                 ("attention_chunk", self.chunk),
                 ("softcap", self.softcap),
             )
@@ -351,6 +354,9 @@ def _with_features(
     if "window" in features and data.draw(st.booleans(), label="with window"):
         bound = st.one_of(st.none(), st.sampled_from(reach))
         changes["window"] = (data.draw(bound, label="left"), data.draw(bound, label="right"))
+        if "sink_tokens" in features and data.draw(st.booleans(), label="with sink tokens"):
+            counts = (1, 4, 16, 64) if realistic else (1, 2, 3, 4)
+            changes["sink_tokens"] = data.draw(st.sampled_from(counts), label="n_sink_tokens")
     if "chunk" in features and data.draw(st.booleans(), label="with chunk"):
         sizes_ = (16, 64, 256) if realistic else (1, 2, 3, 4, 7)
         changes["chunk"] = data.draw(st.sampled_from(sizes_), label="attention_chunk")
@@ -395,6 +401,8 @@ def _arguments(
         keywords["is_causal"] = call.is_causal
     if call.window is not None:
         keywords["window_size"] = tuple(-1 if w is None else w for w in call.window)
+    if call.sink_tokens is not None:
+        keywords["n_sink_tokens"] = call.sink_tokens
     if call.chunk is not None:
         keywords["attention_chunk"] = call.chunk
     if call.softcap is not None:
@@ -403,7 +411,7 @@ def _arguments(
         flat = np.concatenate([m.reshape(-1) for m in call.masks])
         keywords["custom_mask"] = backend.asarray(flat)
     if call.sinks is not None:
-        keywords["sinks"] = backend.asarray(call.sinks, "float32")
+        keywords[kernel.declaration.sinks_keyword] = backend.asarray(call.sinks, "float32")
     if call.fp8 is None:
         arrays = tuple(backend.asarray(a, call.dtype) for a in (call.q, k_cache, v_cache))
     else:  # QUANT-6: float8 q and pages with their descales
