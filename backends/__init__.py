@@ -170,8 +170,12 @@ class Backend:
             return self._adapter.from_numpy(self.xp, a, self.device)
         staging, host = self._staged(a, dtype), self._host_dtype(dtype)
         if host is None:  # PyTorch's and array-api-strict's dtypes: convert on the device
-            target = self.dtype(dtype)
-            return self.xp.astype(self._adapter.from_numpy(self.xp, staging, self.device), target)
+            # staging is fresh: moved without another copy where the library can keep it,
+            # and not copied again when it has the dtype already (issue 33)
+            moved = (self._adapter.from_fresh_numpy or self._adapter.from_numpy)(
+                self.xp, staging, self.device
+            )
+            return self.xp.astype(moved, self.dtype(dtype), copy=False)
         # staging is a fresh array already (the kernel must not get the caller's)
         return self._adapter.from_numpy(self.xp, staging.astype(host, copy=False), self.device)
 

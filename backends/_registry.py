@@ -66,6 +66,9 @@ class Adapter:
     float8_names: Callable[[ModuleType], tuple[str, ...]] = lambda xp: ()
     float8_bits: Callable[[Any], Any] | None = None
     from_float8_bits: Callable[[ModuleType, Any, str, Any], Any] | None = None
+    # from_numpy for a fresh NumPy array no one else holds: the library may keep its memory
+    # instead of copying it (None: from_numpy, which copies)
+    from_fresh_numpy: Callable[[ModuleType, Any, Any], Any] | None = None
 
 
 def _torch_vjp(
@@ -177,9 +180,14 @@ def _torch_default_device(xp: ModuleType) -> Any:
 
 
 def _torch_from_numpy(xp: ModuleType, a: Any, device: Any) -> Any:
+    return _torch_from_fresh_numpy(xp, a.copy(), device)
+
+
+def _torch_from_fresh_numpy(xp: ModuleType, a: Any, device: Any) -> Any:
     import torch
 
-    return torch.from_numpy(a.copy()).to(device)
+    # C order as from_numpy's copy gives it (a fresh array may keep its source's layout)
+    return torch.from_numpy(a if a.flags.c_contiguous else a.copy()).to(device)
 
 
 def _torch_to_numpy(x: Any) -> Any:
@@ -470,6 +478,7 @@ ADAPTERS: dict[str, Adapter] = {
         float8_names=_torch_float8_names,
         float8_bits=_torch_float8_bits,
         from_float8_bits=_torch_from_float8_bits,
+        from_fresh_numpy=_torch_from_fresh_numpy,
     ),
     "jax": Adapter(
         "jax",

@@ -143,11 +143,16 @@ def lse_final_error(dtype: str, n_keys: int, row_max: Array, xp: ModuleType) -> 
     return max(n_keys - 1, 0) * u_a + 5 * u_a * math.log(max(n_keys, 1)) + 4 * u_a * xp.abs(row_max)
 
 
-class BoundOptions(ScoreOptions, total=False):
+class ScoreErrorOptions(ScoreOptions, total=False):
+    """The keywords of :func:`score_errors` beside ``dtype``."""
+
+    chunk_elements: int
+
+
+class BoundOptions(ScoreErrorOptions, total=False):
     """The keywords of the forward's bounds (TOL-2, TOL-5) beside ``dtype``."""
 
     weights: bool
-    chunk_elements: int
 
 
 @shows_options(BoundOptions)
@@ -177,6 +182,17 @@ def error_and_lse_bound(
     return bound, lse_bound
 
 
+@shows_options(ScoreErrorOptions)
+def score_errors(
+    q: Array, k: Array, v: Array, *, dtype: str, **given: Unpack[ScoreErrorOptions]
+) -> Array:
+    """D_i of TOL-2 per query row, ``(..., Hq, Lq)``: :func:`error_bound`'s ``score_error``
+    to the bit (the same evaluation, stopped before the sums over the values, which D_i
+    does not use: two of its five matrix products)."""
+    options = filled(BoundOptions, {**given, "weights": False})
+    return _bounds(q, k, v, dtype, options, lse=False, score_only=True)[0].score_error
+
+
 def _bounds(
     q: Array,
     k: Array,
@@ -185,8 +201,10 @@ def _bounds(
     options: BoundOptions,
     *,
     lse: bool,
+    score_only: bool = False,
 ) -> tuple[ErrorBound, LseBound | None]:
-    """Both bounds over row chunks, for the keywords ``options`` (each present)."""
+    """Both bounds over row chunks, for the keywords ``options`` (each present); with
+    ``score_only``, only the ErrorBound's ``score_error`` (the other fields None)."""
     weights, chunk_elements = options["weights"], options["chunk_elements"]
     if dtype not in UNIT_ROUNDOFF:
         raise ValueError(f"dtype={dtype!r}, but should be one of {tuple(UNIT_ROUNDOFF)}")
@@ -204,10 +222,17 @@ def _bounds(
     n_keys = problem.k.shape[-2]
     rows_per_chunk = max(1, chunk_elements // max(1, math.prod(grouped) * n_keys))
     starts = range(0, n_queries, rows_per_chunk) if n_queries else [0]
-    values = _value_columns(problem)
+    values = ValueColumns(None, None, None) if score_only else _value_columns(problem)
     parts = [
         _chunk_bound(
-            problem, values, start, min(start + rows_per_chunk, n_queries), dtype, weights, lse
+            problem,
+            values,
+            start,
+            min(start + rows_per_chunk, n_queries),
+            dtype,
+            weights,
+            lse,
+            score_only,
         )
         for start in starts
     ]
@@ -318,10 +343,11 @@ def _chunk_bound(
     dtype: str,
     with_weights: bool,
     with_lse: bool = False,
+    score_only: bool = False,
 ) -> tuple[Any, ...]:
     """(out, tau, p, tau^p, D, attends, lse, tau^lse) of TOL-2 and TOL-5 for query rows
     ``start:stop``, grouped layout; p and tau^p are None unless ``with_weights``, lse and
-    tau^lse unless ``with_lse``."""
+    tau^lse unless ``with_lse``; all but D None with ``score_only``."""
     xp = problem.xp
     chunk = problem._replace(
         q=problem.q[..., start:stop, :],
@@ -389,6 +415,8 @@ def _chunk_bound(
         else _moved_weights_saturated(xp, weights, log_weights, delta, allowed)
     )
     score_error = xp.sum(moved, axis=-1, keepdims=True)  # D_i
+    if score_only:
+        return None, None, None, None, score_error, None, None, None
     determined = score_error < 1
     amplification = 1 / xp.where(determined, 1 - score_error, xp.ones_like(score_error))
 

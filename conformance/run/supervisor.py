@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ...backends import Backend
 from ...backends._registry import compilation_cache_variables
 from ..call.problem import Problem
-from ..call.side_effects import kernel_output_fd
+from ..call.side_effects import hypothesis_storage_variables, kernel_output_fd
 from ..claims.loading import load_kernel
 from ..claims.table import Flag, Getter, UsageError
 from ..draw.sizes import SizeLimits
@@ -301,7 +301,12 @@ class _Worker:
             stdout=stdout,  # the kernel's own printing never lands in the table on stdout
             start_new_session=True,  # Ctrl-C is the supervisor's to handle, not the kernel's
             # set before the kernel's imports
-            env={**os.environ, **worker_threads(jobs), **compilation_cache_variables()},
+            env={
+                **os.environ,
+                **worker_threads(jobs),
+                **compilation_cache_variables(),
+                **hypothesis_storage_variables(),
+            },
         )
         child.close()
         os.close(lifeline_read)

@@ -167,6 +167,21 @@ def test_round_trip(backend: Backend) -> None:
     assert np.array_equal(backend.to_numpy(backend.asarray(mask)), mask)
 
 
+def test_asarray_gives_a_fresh_array(backend: Backend) -> None:
+    """SDPA-1.6: the array asarray gives the kernel is its own: writing into the NumPy
+    array it came from afterwards changes nothing in it, for every dtype, from a transposed
+    (non-contiguous) source too; on PyTorch it is C-contiguous, as a copy of it always was
+    (the copy is made once: issue 33)."""
+    for dtype in backend.dtype_names:
+        source = np.random.default_rng(1).standard_normal((4, 3)).T
+        expected = bfloat16_rounded(source) if dtype == "bfloat16" else source.astype(dtype)
+        array = backend.asarray(source, dtype=dtype)
+        source[...] = 0.0
+        assert np.array_equal(backend.to_numpy(array), expected), dtype
+        if backend.name == "torch":
+            assert array.is_contiguous(), dtype
+
+
 def test_rounding_on_the_host_is_the_round_trips(backend: Backend) -> None:
     """TOL-1: where asarray rounds on the host (a dtype NumPy knows: NumPy's, JAX's,
     CuPy's), rounded_on_host gives exactly the values a round trip through the device

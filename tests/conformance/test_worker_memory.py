@@ -6,6 +6,7 @@ compaction) without them."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,3 +24,28 @@ def test_huge_page_advice_is_off_unless_the_environment_sets_it() -> None:
     left as the user set it otherwise."""
     assert not no_huge_page_advice({"NUMPY_MADVISE_HUGEPAGE": "1"})
     assert no_huge_page_advice({})
+
+
+def test_workers_share_the_runs_hypothesis_storage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker started inside a check's hypothesis_storage_elsewhere block is given that
+    block's directory (Hypothesis's home there: one scan of the local source files for
+    constants per run, not per worker); outside one, or where the user set
+    HYPOTHESIS_STORAGE_DIRECTORY (which the worker inherits), nothing."""
+    from hypothesis.configuration import storage_directory
+
+    from attnspec.conformance.call.side_effects import (
+        STORAGE_VARIABLE,
+        hypothesis_storage_elsewhere,
+        hypothesis_storage_variables,
+    )
+
+    monkeypatch.delenv(STORAGE_VARIABLE, raising=False)
+    assert hypothesis_storage_variables() == {}
+    with hypothesis_storage_elsewhere():
+        variables = hypothesis_storage_variables()
+        assert list(variables) == [STORAGE_VARIABLE]
+        assert storage_directory("constants").home_directory == Path(variables[STORAGE_VARIABLE])
+        monkeypatch.setenv(STORAGE_VARIABLE, "/chosen/by/the/user")
+        assert hypothesis_storage_variables() == {}
+        monkeypatch.delenv(STORAGE_VARIABLE)
+    assert hypothesis_storage_variables() == {}

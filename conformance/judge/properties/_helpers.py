@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from ....backends import FLOAT_DTYPE_NAMES, Backend
 from ....reference.features import alibi_slopes as standard_slopes
 from ....reference.sparse.masks import sparse_mask
-from ....reference.tolerance import error_bound
+from ....reference.tolerance import score_errors
 from ...call.problem import Problem
 from ...claims.declaration import KernelDeclaration
 from ...draw import shape_pool
@@ -88,13 +88,12 @@ def row_score_errors(problem: Problem, declaration: KernelDeclaration | None = N
     """D_i of TOL-2 for every query row of ``problem`` (0 for rows with no allowed key)."""
     alignment = "top_left" if declaration is None else declaration.causal_alignment
     return np.asarray(
-        error_bound(
+        score_errors(
             problem.q,
             problem.k,
             problem.v,
             **definition_keywords(problem, alignment, features=False),
-            weights=False,
-        ).score_error
+        )
     )
 
 
