@@ -30,7 +30,7 @@ from .judge.reproduce import rerun_command
 from .judge.verdict import FAILED, NOT_APPLICABLE, NOT_RUN, WARNING, Report, Verdict
 from .kernels.known import target_write_ups
 from .report import render
-from .report.files import ReportFiles, Rerun, interruption, still_running
+from .report.files import BackgroundWrites, ReportFiles, Rerun, interruption, still_running
 from .run.kernel_setup import KernelSetup, SetupError
 from .run.property_runner import hypothesis_settings, new_report, select
 from .run.supervisor import InProcessKernel, IsolatedKernel, IsolationOptions
@@ -210,13 +210,14 @@ def execute(
                 return rerun_command(target, flags, verdict.property, plan.seed)
 
         files.write(report, rerun, incomplete=still_running(0, total))
+        writes = BackgroundWrites(files)
 
         def heard(prop: Property, verdict: Verdict | None) -> None:
             if progress is not None:
                 progress(prop, verdict)
             done = len(report.verdicts)
             if verdict is not None and done < total:
-                files.write(report, rerun, incomplete=still_running(done, total))
+                writes.submit(report, rerun, still_running(done, total))
 
         try:
             run_properties(
@@ -231,8 +232,11 @@ def execute(
         except KeyboardInterrupt as exc:
             report.incomplete = interruption(exc, len(report.verdicts), total)
             if not interruptible:
+                writes.close()
                 files.write(report, rerun)
                 raise
+        finally:
+            writes.close()
         finish_report(report, session, partial=plan.partial)
         report.wall_seconds = time.perf_counter() - started
     files.write(report, rerun)

@@ -1,6 +1,12 @@
 """Report files that never lose a verdict: checked before the run, rewritten atomically
 after every property, marked incomplete until the run has finished.
 
+While the run goes on, :class:`BackgroundWrites` writes those versions on a thread of its
+own, the latest only: a burst of verdicts (the not-applicable ones come at once) is one
+write, and the run's thread never waits for a report of a megabyte of reproductions to be
+rendered and written (issue 33); the final version is written by the run's thread after
+the last one of them.
+
 A reader (a CI step, a person with ``tail``) never sees a half-written file: each write
 goes to a temporary file beside the report, then ``os.replace`` puts it in place.  A run
 that is interrupted (Ctrl-C, SIGTERM) or killed leaves every finished verdict on disk,
@@ -142,3 +148,50 @@ class ReportFiles:
                 )
             else:
                 self.errors.pop(option, None)
+
+
+class BackgroundWrites:
+    """The incomplete versions of ``files`` written on a thread of their own: each
+    :meth:`submit` replaces the version waiting to be written, so the files are at most one
+    write behind the run, and a version that was overtaken is never written.  :meth:`close`
+    drops the waiting version and waits for the write under way: the caller's final
+    :meth:`ReportFiles.write` then comes last."""
+
+    def __init__(self, files: ReportFiles) -> None:
+        self.files = files
+        self._waiting: tuple[Report, Rerun | None, str] | None = None
+        self._closed = False
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(
+            target=self._write_each, name="attnspec-report-files", daemon=True
+        )
+        self._thread.start()
+
+    def submit(self, report: Report, rerun: Rerun | None, incomplete: str) -> None:
+        """Write ``report`` (as it is now: its lists are copied) marked ``incomplete``."""
+        now = replace(
+            report,
+            verdicts=list(report.verdicts),
+            notes=list(report.notes),
+            hints=list(report.hints),
+            causes=list(report.causes),
+        )
+        with self._changed:
+            self._waiting = (now, rerun, incomplete)
+            self._changed.notify()
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed, self._waiting = True, None
+            self._changed.notify()
+        self._thread.join()
+
+    def _write_each(self) -> None:
+        while True:
+            with self._changed:
+                while self._waiting is None and not self._closed:
+                    self._changed.wait()
+                if self._waiting is None:
+                    return
+                (report, rerun, incomplete), self._waiting = self._waiting, None
+            self.files.write(report, rerun, incomplete=incomplete)

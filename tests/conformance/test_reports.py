@@ -354,3 +354,33 @@ def test_report_files_remember_only_the_latest_failure(
     monkeypatch.setattr(os, "replace", real_replace)
     files.write(report)
     assert files.errors == {} and (tmp_path / "a").read_text() == "a"
+
+
+def test_background_writes_keep_the_latest_version(tmp_path: Path) -> None:
+    """CONF-6: while the run goes on, the report file gets the latest version submitted
+    (a version overtaken while a write was under way is skipped, never written after a
+    newer one), copied as it was when submitted; after close, nothing more is written."""
+    from attnspec.conformance.report.files import BackgroundWrites
+
+    written: list[int] = []
+
+    def render(report: object, rerun: object) -> str:
+        time.sleep(0.01)  # a slow render, so that versions overtake each other
+        count = len(report.verdicts)  # type: ignore[attr-defined]
+        written.append(count)
+        return str(count)
+
+    writes = BackgroundWrites(ReportFiles([("--json", tmp_path / "r", render)]))
+    report = report_of([])
+    for _ in range(20):
+        report.verdicts.append(Verdict("p", "SDPA-2.1", "MUST", PASSED))
+        writes.submit(report, None, "still running")
+    report.verdicts.append(Verdict("q", "SDPA-2.1", "MUST", PASSED))  # not submitted
+    deadline = time.monotonic() + 30
+    while 20 not in written:
+        assert time.monotonic() < deadline, written
+        time.sleep(0.01)
+    writes.close()
+    assert written == sorted(written) and written[-1] == 20 and len(written) < 20
+    writes.submit(report, None, "still running")
+    assert (tmp_path / "r").read_text() == "20"
