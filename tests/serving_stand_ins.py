@@ -5,13 +5,13 @@ tests/conformance/test_serving_gpu_adapters.py.
 
 Each stand-in takes the library function's own parameters (names and order, as their
 sources declare them: flash-attention ``hopper/flash_attn_interface.py``, vllm-project/
-flash-attention ``vllm_flash_attn/flash_attn_interface.py``, flashinfer ``prefill.py`` and
-``cascade.py``, FlashMLA ``flash_mla/flash_mla_interface.py``, vllm ``vllm/v1/attention/ops/
-merge_attn_states.py``), so a keyword the adapter misspells raises TypeError; it checks what the
-library requires of its arguments (int32 metadata, the cache's layout, descale shapes, q
-rows equal to ``qo_indptr[-1]``), turns the library's convention back into the spec's and
-computes with the float64 oracle of tests/oracle_serving.py.  The output is returned in the
-library's dtype (bfloat16 for FlashAttention 3's float8 path).
+flash-attention ``vllm_flash_attn/flash_attn_interface.py``, flashinfer ``prefill.py``,
+``cascade.py`` and ``mla.py``, FlashMLA ``flash_mla/flash_mla_interface.py``, vllm
+``vllm/v1/attention/ops/merge_attn_states.py``), so a keyword the adapter misspells raises
+TypeError; it checks what the library requires of its arguments (int32 metadata, the cache's
+layout, descale shapes, q rows equal to ``qo_indptr[-1]``), turns the library's convention
+back into the spec's and computes with the float64 oracle of tests/oracle_serving.py.  The
+output is returned in the library's dtype (bfloat16 for FlashAttention 3's float8 path).
 """
 
 from __future__ import annotations
@@ -398,6 +398,63 @@ def flash_mla_with_kvcache(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
     return torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse).to(torch.float32)
 
 
+FLASHINFER_MLA_PLAN = (
+    "qo_indptr kv_indptr kv_indices kv_len_arr num_heads head_dim_ckv head_dim_kpe page_size "
+    "causal sm_scale q_data_type kv_data_type use_profiler"
+)
+FLASHINFER_MLA_RUN = (
+    "q_nope q_pe ckv_cache kpe_cache out lse return_lse profiler_buffer kv_len page_table "
+    "return_lse_base_on_e"
+)
+
+
+class BatchMLAPagedAttentionWrapper:
+    """``flashinfer.mla.BatchMLAPagedAttentionWrapper``: plan, then run; ``[tokens,
+    num_heads]`` log-sum-exps in base 2 unless ``return_lse_base_on_e``."""
+
+    def __init__(
+        self, float_workspace_buffer: Any, use_cuda_graph: bool = False, **more: Any
+    ) -> None:
+        self.planned: dict[str, Any] = {}
+
+    def plan(self, *args: Any, **kwargs: Any) -> None:
+        a = bind("plan", FLASHINFER_MLA_PLAN, args, kwargs)
+        _require(isinstance(a["sm_scale"], float), "sm_scale is a float, required")
+        indptr = _int32("kv_indptr", a["kv_indptr"])
+        indices = _int32("kv_indices", a["kv_indices"])
+        _require(len(indices) >= indptr[-1], "kv_indices holds kv_indptr[-1] pages")
+        self.planned = {
+            **a,
+            "cu_q": _int32("qo_indptr", a["qo_indptr"]),
+            "used": _int32("kv_len_arr", a["kv_len_arr"]),
+            "table": [indices[indptr[b] : indptr[b + 1]] or [0] for b in range(len(indptr) - 1)],
+        }
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        a, plan = bind("run", FLASHINFER_MLA_RUN, args, kwargs), self.planned
+        q_nope, q_pe, ckv, kpe = (a[n] for n in ("q_nope", "q_pe", "ckv_cache", "kpe_cache"))
+        tokens, heads = plan["cu_q"][-1], plan["num_heads"]
+        _require(q_nope.shape == (tokens, heads, plan["head_dim_ckv"]), "q_nope [tokens, H, ckv]")
+        _require(q_pe.shape == (tokens, heads, plan["head_dim_kpe"]), "q_pe [tokens, H, kpe]")
+        for cache, dim in ((ckv, plan["head_dim_ckv"]), (kpe, plan["head_dim_kpe"])):
+            _require(cache.shape[1:] == (plan["page_size"], dim), "caches [pages, page_size, dim]")
+        for x in (q_nope, q_pe, ckv, kpe):
+            _require(x.dtype in (plan["q_data_type"], plan["kv_data_type"]), "planned dtypes")
+        q, latent = (
+            torch.cat(x, dim=-1).to(torch.float64).numpy() for x in ((q_nope, q_pe), (ckv, kpe))
+        )
+        sequences = (plan["cu_q"], plan["used"], plan["table"])
+        options = {"is_causal": plan["causal"], "scale": plan["sm_scale"]}
+        out, lse = paged(
+            q, latent[:, None], None, *sequences, value_dim=plan["head_dim_ckv"], **options
+        )
+        out = torch.from_numpy(out).to(q_nope.dtype)
+        if not a.get("return_lse", False):
+            return out
+        base = 1.0 if a.get("return_lse_base_on_e", False) else LN2
+        return out, torch.from_numpy(lse.T / base).to(torch.float32)
+
+
 def vllm_merge_attn_states(*args: Any, **kwargs: Any) -> None:
     """``merge_attn_states``: writes into ``output`` ``[NUM_TOKENS, NUM_HEADS, HEAD_SIZE]``
     and ``output_lse`` ``[NUM_HEADS, NUM_TOKENS]``; float32 contiguous log-sum-exps in
@@ -425,39 +482,46 @@ def vllm_merge_attn_states(*args: Any, **kwargs: Any) -> None:
         a["output_lse"].copy_(torch.from_numpy(lse.T))
 
 
+def _module(name: str, **attributes: Any) -> types.ModuleType:
+    module = types.ModuleType(name)
+    for attribute, value in attributes.items():
+        setattr(module, attribute, value)
+    return module
+
+
 def modules() -> dict[str, types.ModuleType]:
     """The stand-in modules by the names the adapters import."""
-    fa3 = types.ModuleType("flash_attn_interface")
-    fa3.flash_attn_func = fa3_flash_attn_func  # type: ignore[attr-defined]
-    fa3.flash_attn_with_kvcache = fa3_flash_attn_with_kvcache  # type: ignore[attr-defined]
-    vllm = types.ModuleType("vllm")
-    vllm_fa = types.ModuleType("vllm.vllm_flash_attn")
-    vllm_fa.flash_attn_varlen_func = vllm_flash_attn_varlen_func  # type: ignore[attr-defined]
-    vllm.vllm_flash_attn = vllm_fa  # type: ignore[attr-defined]
-    flashinfer = types.ModuleType("flashinfer")
-    flashinfer.BatchPrefillWithPagedKVCacheWrapper = BatchPrefillWithPagedKVCacheWrapper  # type: ignore[attr-defined]
-    flashinfer.merge_state = flashinfer_merge_state  # type: ignore[attr-defined]
-    flash_mla = types.ModuleType("flash_mla")
-    flash_mla.get_mla_metadata = flash_mla_get_mla_metadata  # type: ignore[attr-defined]
-    flash_mla.flash_mla_with_kvcache = flash_mla_with_kvcache  # type: ignore[attr-defined]
-    merging = {
-        name: types.ModuleType(name)
-        for name in (
-            "vllm.v1",
-            "vllm.v1.attention",
-            "vllm.v1.attention.ops",
-            "vllm.v1.attention.ops.merge_attn_states",
-        )
-    }
-    merging["vllm.v1.attention.ops.merge_attn_states"].merge_attn_states = vllm_merge_attn_states  # type: ignore[attr-defined]
-    return {
-        "flash_attn_interface": fa3,
-        "vllm": vllm,
-        "vllm.vllm_flash_attn": vllm_fa,
-        "flashinfer": flashinfer,
-        "flash_mla": flash_mla,
-        **merging,
-    }
+    vllm_fa = _module("vllm.vllm_flash_attn", flash_attn_varlen_func=vllm_flash_attn_varlen_func)
+    flashinfer_mla = _module(
+        "flashinfer.mla", BatchMLAPagedAttentionWrapper=BatchMLAPagedAttentionWrapper
+    )
+    found = [
+        _module(
+            "flash_attn_interface",
+            flash_attn_func=fa3_flash_attn_func,
+            flash_attn_with_kvcache=fa3_flash_attn_with_kvcache,
+        ),
+        _module("vllm", vllm_flash_attn=vllm_fa),
+        vllm_fa,
+        _module(
+            "flashinfer",
+            BatchPrefillWithPagedKVCacheWrapper=BatchPrefillWithPagedKVCacheWrapper,
+            merge_state=flashinfer_merge_state,
+            mla=flashinfer_mla,
+        ),
+        flashinfer_mla,
+        _module(
+            "flash_mla",
+            get_mla_metadata=flash_mla_get_mla_metadata,
+            flash_mla_with_kvcache=flash_mla_with_kvcache,
+        ),
+        # vLLM's v1 merge, each package on its way a module of its own
+        *(_module(name) for name in ("vllm.v1", "vllm.v1.attention", "vllm.v1.attention.ops")),
+        _module(
+            "vllm.v1.attention.ops.merge_attn_states", merge_attn_states=vllm_merge_attn_states
+        ),
+    ]
+    return {module.__name__: module for module in found}
 
 
 def install(monkeypatch: Any) -> None:

@@ -401,7 +401,7 @@ KNOWN_KERNELS: tuple[KnownKernel, ...] = (
         device="cuda",
         note="declaration only: --merge 2 --merge-out-layout lhd --merge-lse-layout lh",
     ),
-    # FlashMLA's paged MLA (MLA-4) and vLLM's merge (MERGE-1), each through its adapter
+    # FlashMLA's and FlashInfer's paged MLA (MLA-4) and vLLM's merge (MERGE-1), by adapters
     *(
         KnownKernel(name, _adapter(module, adapter), "torch", qualified, (library,), "cuda", note)
         for name, module, adapter, qualified, library, note in (
@@ -414,6 +414,16 @@ KNOWN_KERNELS: tuple[KnownKernel, ...] = (
                 "FlashMLA's absorbed MLA over paged latent pages (MLA-4) with get_mla_metadata "
                 "added per call; pages of 64, E = 576, Ev = 512, (out, lse); no softmax_scale "
                 "means 1/sqrt(576) (MLA-5)",
+            ),
+            (
+                "flashinfer:BatchMLAPagedAttentionWrapper",
+                "flashinfer",
+                "batch_mla_paged",
+                ("flashinfer.mla.BatchMLAPagedAttentionWrapper",),
+                "flashinfer",
+                "plan(qo_indptr, kv_indptr, kv_indices, kv_len_arr, ...) from the block table, "
+                "run(q_nope, q_pe, ckv, kpe) on the latent pages split at 512 (MLA-4); "
+                "sm_scale required; its base-2 lse returned natural",
             ),
             (
                 "vllm.v1.attention.ops.merge_attn_states:merge_attn_states",

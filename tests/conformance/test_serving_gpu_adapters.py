@@ -11,6 +11,7 @@ real libraries need a GPU (the device run, docs/gpu.md)."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,11 @@ _BREAK_NAMES_MLA = (
     "causal dropped",
     "head_dim_v of q",
     "metadata reused",
+)
+_BREAK_NAMES_FLASHINFER_MLA = (
+    "lse in another base",
+    "ckv from the rope end",
+    "kv_len_arr as whole pages",
 )
 _BREAK_NAMES_MERGE = (
     "lse [num_tokens, num_heads]",
@@ -313,6 +319,7 @@ def test_gpu_serving_rows_need_their_libraries() -> None:
         ("flashinfer", "batch_prefill_paged"),
         ("flashinfer", "merge_state"),
         ("flash_mla", "flash_mla_with_kvcache"),
+        ("flashinfer", "batch_mla_paged"),
         ("vllm_flash", "merge_attn_states"),
     ):
         entry = known_kernel(f"{ADAPTERS}{module}:{name}")
@@ -388,6 +395,37 @@ def test_flash_mla_maps_onto_flash_mla_with_kvcache(stand_ins: None) -> None:
     )
     _assert_paged_mla(flash_mla.flash_mla_with_kvcache, 192**-0.5, True)
     _assert_paged_mla(flash_mla.flash_mla_with_kvcache, None, False)
+
+
+def test_flashinfer_mla_maps_onto_the_mla_wrapper(stand_ins: None) -> None:
+    """MLA-4: FlashInfer's BatchMLAPagedAttentionWrapper gets the block table as its page
+    lists, the cached lengths as kv_len_arr, the queries and pages split at the latent width
+    (ckv, kpe), the scale (it has no default) and causal; its base-2 [tokens, heads]
+    log-sum-exp comes back natural, (B, Hq, Lq)."""
+    claim = declaration_of(flashinfer.batch_mla_paged).mla
+    assert claim is not None and (claim.paged, claim.default_scale) == (True, False)
+    _assert_paged_mla(flashinfer.batch_mla_paged, 192**-0.5, True)
+    _assert_paged_mla(flashinfer.batch_mla_paged, 0.3, False)
+
+
+class _MiswiredMla(serving_stand_ins.BatchMLAPagedAttentionWrapper):
+    """FlashInfer's MLA wrapper receiving what a miswired adapter would pass it: ``wrong`` is
+    "lengths" (whole pages as kv_len_arr), "ckv" (ckv sliced from the rotary end of the
+    latent vector) or "base" (the log-sum-exp in a base other than the one converted)."""
+
+    wrong = ""
+
+    def plan(self, *args: Any, **kwargs: Any) -> None:
+        if self.wrong == "lengths":
+            indptr, page_size = args[1], args[7]
+            args = (*args[:3], ((indptr[1:] - indptr[:-1]) * page_size).int(), *args[4:])
+        super().plan(*args, **kwargs)
+
+    def run(self, q_nope: Any, q_pe: Any, ckv: Any, kpe: Any, **kwargs: Any) -> Any:
+        if self.wrong == "ckv":
+            ckv = torch.cat([ckv, kpe], dim=-1)[..., -ckv.shape[-1] :]
+        out, lse = super().run(q_nope, q_pe, ckv, kpe, **kwargs)
+        return out, lse / np.log(2.0) if self.wrong == "base" else lse
 
 
 def _flash_mla_breaks() -> dict[str, Any]:
@@ -479,16 +517,29 @@ def test_vllm_merge_attn_states_declares_its_convention(stand_ins: None) -> None
     _assert_merged(vllm_flash.merge_attn_states)
 
 
-@pytest.mark.parametrize("broken", [*_BREAK_NAMES_MLA, *_BREAK_NAMES_MERGE])
-def test_wiring_breaks_are_caught(stand_ins: None, broken: str) -> None:
-    """MLA-4, MLA-5, MERGE-2: each way of wiring FlashMLA or vLLM's merge wrongly (int64
-    metadata, the scale or causal flag not passed, head_dim_v of q, scheduler metadata
-    reused for other shapes; log-sum-exps transposed, outputs swapped without their
-    log-sum-exps, output_lse not passed) is refused by the stand-in or gives another result
-    than the checks above accept, so those checks can fail."""
+@pytest.mark.parametrize(
+    "broken", [*_BREAK_NAMES_MLA, *_BREAK_NAMES_FLASHINFER_MLA, *_BREAK_NAMES_MERGE]
+)
+def test_wiring_breaks_are_caught(
+    stand_ins: None, monkeypatch: pytest.MonkeyPatch, broken: str
+) -> None:
+    """MLA-4, MLA-5, MERGE-2: each way of wiring FlashMLA, FlashInfer's MLA wrapper or
+    vLLM's merge wrongly (int64 metadata, the scale or causal flag not passed, head_dim_v of
+    q, scheduler metadata reused for other shapes; a log-sum-exp in another base,
+    ckv sliced from the rotary end, whole pages as lengths; log-sum-exps transposed, outputs
+    swapped without their log-sum-exps, output_lse not passed) is refused by the stand-in
+    or gives another result than the checks above accept, so those checks can fail."""
     if broken in _BREAK_NAMES_MLA:
         with pytest.raises((AssertionError, RuntimeError)):
             _assert_paged_mla(_flash_mla_breaks()[broken], 192**-0.5, True)
+    elif broken in _BREAK_NAMES_FLASHINFER_MLA:
+        wrong = {"lse in another base": "base", "ckv from the rope end": "ckv"}
+        miswired = type("Miswired", (_MiswiredMla,), {"wrong": wrong.get(broken, "lengths")})
+        monkeypatch.setattr(
+            sys.modules["flashinfer.mla"], "BatchMLAPagedAttentionWrapper", miswired
+        )
+        with pytest.raises(AssertionError):
+            _assert_paged_mla(flashinfer.batch_mla_paged, 192**-0.5, True)
     else:
         with pytest.raises((AssertionError, RuntimeError)):
             _assert_merged(_merge_breaks()[broken])

@@ -19,14 +19,26 @@
 - ``merge_state``: ``flashinfer.merge_state(v_a, s_a, v_b, s_b)`` declared as it is
   (MERGE-2): outputs ``[seq_len, num_heads, head_dim]``, log-sum-exps ``[seq_len,
   num_heads]`` float32 in base 2 (its kernel uses exp2 and log2).
+- ``batch_mla_paged``: absorbed MLA over paged latent pages (MLA-4) through
+  ``flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace)``, whose ``plan(qo_indptr,
+  kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe, page_size, causal,
+  sm_scale, q_data_type, kv_data_type)`` takes each sequence's pages as a CSR list (as for
+  ``batch_prefill_paged``) and its cached length, and whose ``run(q_nope, q_pe, ckv_cache,
+  kpe_cache, return_lse=True)`` takes the queries and the pages split at the latent width:
+  the first ``head_dim_v`` channels (``ckv``) and the rotary rest (``kpe``), views of
+  MLA-4's pages ``(N, P, 1, E)`` as SGLang passes them.  Every sequence has MLA-4's same
+  ``Lq`` queries, so ``qo_indptr`` is ``[0, Lq, 2 Lq, ...]``.  FlashInfer has no default
+  scale (``sm_scale`` is required), and its log-sum-exp is ``[tokens, num_heads]`` in base 2:
+  the adapter returns it times ln 2 as ``(B, Hq, Lq)``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ...claims.declaration import declare
-from ...claims.family_claims import MergeClaim, PagedBatchClaim
+from ...claims.family_claims import MergeClaim, MlaClaim, PagedBatchClaim
 from .flash_attn3 import HALF_DTYPES, as_int32, zero_columns
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace
@@ -135,4 +147,52 @@ merge_state = declare(
     merge_state,
     dtypes=HALF_DTYPES,
     merge=MergeClaim("2", "lhd", "lh"),
+)
+
+
+def batch_mla_paged(q: Any, k_cache: Any, **call: Any) -> Any:
+    """MLA-4 through ``BatchMLAPagedAttentionWrapper``: ``call`` holds ``block_table``,
+    ``cache_seqlens``, ``head_dim_v``, ``softmax_scale`` and ``causal``."""
+    import torch
+    from flashinfer.mla import BatchMLAPagedAttentionWrapper
+
+    batch, n_queries, n_heads, head_dim = (int(n) for n in q.shape)
+    value_dim, page_size = int(call["head_dim_v"]), int(k_cache.shape[1])
+    indptr, indices, _ = page_lists(call["cache_seqlens"], call["block_table"], page_size)
+    qo_indptr = torch.arange(0, (batch + 1) * n_queries, n_queries, device=q.device)
+    workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=q.device)
+    wrapper = BatchMLAPagedAttentionWrapper(workspace)
+    wrapper.plan(
+        as_int32(qo_indptr),
+        indptr,
+        indices,
+        as_int32(call["cache_seqlens"]),
+        n_heads,
+        value_dim,
+        head_dim - value_dim,
+        page_size,
+        call.get("causal", False),
+        call["softmax_scale"],
+        q.dtype,
+        k_cache.dtype,
+    )
+    tokens = q.reshape(batch * n_queries, n_heads, head_dim)
+    latent = k_cache[:, :, 0, :]  # (N, P, E): the one latent head
+    out, lse = wrapper.run(
+        tokens[..., :value_dim],
+        tokens[..., value_dim:],
+        latent[..., :value_dim],
+        latent[..., value_dim:],
+        return_lse=True,
+    )
+    lse = (lse * math.log(2.0)).reshape(batch, n_queries, n_heads).permute(0, 2, 1)
+    return out.reshape(batch, n_queries, n_heads, value_dim), lse.contiguous()
+
+
+batch_mla_paged = declare(
+    batch_mla_paged,
+    dtypes=HALF_DTYPES,
+    mla=MlaClaim(512, 64, paged=True),
+    causal_alignment="bottom_right",
+    returns_lse=True,
 )
