@@ -3,7 +3,9 @@
 TOL-2 on the real values (stored × descale) in float32 arithmetic throughout, with (E + 8) u_a
 for the descale products, plus the rounding of the output to its dtype and, for a kernel that
 rounds its unnormalised weights to a float8 format before P V (QUANT-3), the term
-``2 sum_j min(u_f p_ij + eta_f max_l p_il, p_ij) |v_jc|``.
+``2 sum_j min(u_f p_ij + eta_f max_l p_il, p_ij) |v_jc|``.  Queries given in half precision
+beside a float8 cache (QUANT-8) get that term for the weights rounded to q's own dtype, and one
+more rounding of the output.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from ._array import Array
 from ._checks import check_choice
 from ._keywords import shows_keywords
 from .options import DEFAULTS, CausalOptions, DenseOptions, filled
-from .serving.fp8 import DEFAULT_FORMAT, FP8_FORMATS, Fp8Inputs, real_values
+from .serving.fp8 import DEFAULT_FORMAT, FP8_FORMATS, Fp8Inputs, head_descale, real_values
 from .tolerance import SAFETY_FACTOR, UNDERFLOW_THRESHOLD, UNIT_ROUNDOFF, error_bound
 from .tolerance_serving import with_sink_key
 
@@ -65,7 +67,10 @@ _DEFAULTS = {**DEFAULTS, "fmt": DEFAULT_FORMAT}
 def fp8_error_bound(q: Array, k: Array, v: Array, **given: Unpack[Fp8BoundOptions]) -> Fp8Bound:
     """QUANT-4 for stored float8 values given as float64 arrays (one batch shape for q, k
     and v) and float64 descales; ``weights_format`` is the float8 format the kernel rounds
-    its weights to (QUANT-3), or None.  With a ``softcap`` (on the real values' scaled
+    its weights to (QUANT-3), or None.  With ``q_descale=None`` q is given in ``out_dtype``
+    beside a float8 cache and QUANT-8's bound applies: QUANT-4's, with Q for the weights
+    rounded to that dtype and one more rounding of the output (the value descale applied
+    after it).  With a ``softcap`` (on the real values' scaled
     scores) TOL-4's term joins, with ``sinks (Hq,)`` the sink is one more key (SINK-5),
     both as QUANT-5 says.  Evaluates the weights, so memory grows with Lq × Lk."""
     settings = filled(Fp8BoundOptions, given, _DEFAULTS)
@@ -116,12 +121,34 @@ def fp8_error_bound(q: Array, k: Array, v: Array, **given: Unpack[Fp8BoundOption
     floor = (UNDERFLOW_THRESHOLD[out_dtype] - UNDERFLOW_THRESHOLD["float32"]) * (
         n_keys + 2 + times_values(xp.ones_like(p))
     )
+    # QUANT-8: queries in q's half precision beside a float8 cache; the output is rounded in
+    # the stored values' units (its subnormal spacing times the value descale in real units)
+    # and once more when the value descale is applied
+    unquantised_q = settings["q_descale"] is None
+    if unquantised_q:
+        v_descale = head_descale(
+            xp, "v_descale", settings["v_descale"], real_v, n_q_heads, n_kv_heads, CALL
+        )
+        stored_floor = 0.5 * UNDERFLOW_THRESHOLD[out_dtype] * xp.astype(v_descale, p.dtype)
+        rounding = rounding + SAFETY_FACTOR * (UNIT_ROUNDOFF[out_dtype] * out_size + stored_floor)
     tolerance = bound.out_tolerance + xp.where(finite, rounding + floor, xp.zeros_like(rounding))
     term = xp.zeros_like(bound.out)
-    if weights_format is not None:
-        f = FP8_FORMATS[weights_format]
+    unit, half_spacing = _weights_rounding(weights_format, out_dtype if unquantised_q else None)
+    if unit:
         largest = xp.max(p, axis=-1, keepdims=True) if n_keys else p
-        error = xp.minimum(f.unit_roundoff * p + 0.5 * f.subnormal_spacing * largest, p)
+        error = xp.minimum(unit * p + half_spacing * largest, p)
         term = WEIGHTS_FACTOR * times_values(error)
         tolerance = xp.where(finite, tolerance + term, tolerance)
     return Fp8Bound(bound.out, tolerance, term)
+
+
+def _weights_rounding(weights_format: str | None, half_dtype: str | None) -> tuple[float, float]:
+    """u_f and eta_f of QUANT-4's Q: the float8 format the weights are rounded to
+    (QUANT-3), else, beside a float8 cache, q's own dtype (QUANT-8: P rounded to it for the
+    P V product, eta half its smallest spacing TOL-2 counts, sigma_d), else (0, 0)."""
+    if weights_format is not None:
+        f = FP8_FORMATS[weights_format]
+        return f.unit_roundoff, 0.5 * f.subnormal_spacing
+    if half_dtype is not None:
+        return UNIT_ROUNDOFF[half_dtype], 0.5 * UNDERFLOW_THRESHOLD[half_dtype]
+    return 0.0, 0.0

@@ -71,6 +71,7 @@ FEATURE_WORDS = frozenset(
         "float32 bias",
         "float8 inputs",
         "packed sequences",
+        "float8 cache",
     }
 )
 _NUMBER = r"[1-9][0-9]*"

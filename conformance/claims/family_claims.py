@@ -256,12 +256,24 @@ class Fp8Claim:
     dtype.  ``formats``: the stored formats it takes (``"e4m3fn"``, ``"e5m2"``);
     ``descale``: ``"head"`` (float32 ``(B, H_kv)``) or ``"tensor"`` (float32 ``(1,)``);
     ``weights``: the float8 format it rounds the unnormalised weights P to before P V
-    (QUANT-3), None when it keeps them.
+    (QUANT-3), None when it keeps them; ``kv_only``: only ``k`` and ``v`` (the cache) are
+    float8, ``q`` comes in the output dtype and the descales are FlashInfer's ``k_scale=``,
+    ``v_scale=`` (QUANT-8).
     """
 
     formats: tuple[str, ...] = ("e4m3fn",)
     descale: str = "head"
     weights: str | None = None
+    kv_only: bool = False
+
+    @property
+    def descale_keywords(self) -> dict[str, str]:
+        """The keyword each descale is passed as, by the reference's name: FlashAttention
+        3's ``q_descale``, ``k_descale``, ``v_descale``, or FlashInfer's ``k_scale``,
+        ``v_scale`` for a float8 cache with queries in half precision (QUANT-8)."""
+        if self.kv_only:
+            return {"k_descale": "k_scale", "v_descale": "v_scale"}
+        return {f"{name}_descale": f"{name}_descale" for name in ("q", "k", "v")}
 
 
 def fp8_format_list(text: str) -> tuple[str, ...]:
@@ -273,9 +285,12 @@ def fp8_format_list(text: str) -> tuple[str, ...]:
 
 
 def fp8_from_flags(get: Getter) -> Fp8Claim | None:
-    if _chosen(get, "fp8", "FORMATS", ("fp8_descale", "fp8_weights")) is None:
+    refinements = ("fp8_descale", "fp8_weights", "fp8_kv_only")
+    if _chosen(get, "fp8", "FORMATS", refinements, given=lambda v: v not in (None, False)) is None:
         return None
-    return Fp8Claim(get("fp8"), get("fp8_descale") or "head", get("fp8_weights"))
+    return Fp8Claim(
+        get("fp8"), get("fp8_descale") or "head", get("fp8_weights"), bool(get("fp8_kv_only"))
+    )
 
 
 RECURRENT_RULES = ("linear", "gated", "delta", "gated_delta")

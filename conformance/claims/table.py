@@ -768,18 +768,31 @@ CLAIMS: tuple[Claim, ...] = (
                 "P V (QUANT-3; default: it keeps them)",
                 choices=FP8_FORMATS,
             ),
+            Flag(
+                "--fp8-kv-only",
+                "only k and v (the cache) are float8: q comes in the output dtype (float16, "
+                "bfloat16) and the descales are FlashInfer's k_scale=, v_scale= (QUANT-8)",
+                kind="switch",
+            ),
         ),
         from_flags=fp8_from_flags,
         # a float8 paged batch (QUANT-6) gets the descales beside the paged keywords; the
         # float8 family's own call is checked on its own (run/kernel_setup.py)
         keywords=lambda d: (
-            ("q_descale", "k_descale", "v_descale")
+            tuple(d.fp8.descale_keywords.values())
             if d.fp8 is not None and d.family == "paged-batch"
             else ()
         ),
-        # the family word says fp8 for a float8 kernel; a paged batch's claim says it here
+        # the family word says fp8 for a float8 kernel; a paged batch's claim says it here,
+        # and any claim says a float8 cache beside queries in half precision (QUANT-8)
         shows_as=lambda d: (
-            "float8 inputs" if d.fp8 is not None and d.family == "paged-batch" else None
+            None
+            if d.fp8 is None
+            else "float8 cache"
+            if d.fp8.kv_only
+            else "float8 inputs"
+            if d.family == "paged-batch"
+            else None
         ),
     ),
     Claim(

@@ -117,6 +117,8 @@ def _fp8_invalid(value: Any) -> str | None:
         return f"fp8 descale={value.descale!r}, but should be one of {family.FP8_DESCALES}"
     if value.weights is not None and value.weights not in family.FP8_FORMATS:
         return f"fp8 weights={value.weights!r}, but should be None or one of {family.FP8_FORMATS}"
+    if not isinstance(value.kv_only, bool):
+        return f"fp8 kv_only={value.kv_only!r}, but should be a bool"
     return None
 
 

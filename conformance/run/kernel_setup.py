@@ -161,7 +161,9 @@ def check_signature(fn: Callable[..., Any], declaration: KernelDeclaration, name
             ) from None
         return
     if declaration.family == "fp8":
-        descales: dict[str, Any] = {f"{name}_descale": None for name in ("q", "k", "v")}
+        fp8 = declaration.fp8
+        assert fp8 is not None  # the family is fp8 only with a claim
+        descales: dict[str, Any] = dict.fromkeys(fp8.descale_keywords.values())
         if declaration.varlen:  # QUANT-7: packed sequences as VARLEN-1 passes them
             max_seqlen = ("max_seqlen_q", "max_seqlen_k") if declaration.varlen_max_seqlen else ()
             descales.update(dict.fromkeys(("cu_seqlens_q", "cu_seqlens_k", *max_seqlen)))
@@ -171,7 +173,8 @@ def check_signature(fn: Callable[..., Any], declaration: KernelDeclaration, name
             raise SetupError(
                 f"function {name}{signature} cannot be called as fn(q, k, v, "
                 f"{', '.join(k + '=' for k in descales)}, scale=) ({exc}) "
-                f"[QUANT-1{', QUANT-7' if declaration.varlen else ''}]"
+                f"[QUANT-1{', QUANT-7' if declaration.varlen else ''}"
+                f"{', QUANT-8' if fp8.kv_only else ''}]"
             ) from None
         # the suite passes these too unless the declaration says the kernel has none
         # (a packed float8 call gets no mask: QUANT-7's property draws none)

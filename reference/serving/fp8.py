@@ -92,7 +92,7 @@ def check_on_grid(xp: ModuleType, name: str, x: Array, fmt: str, call: str) -> N
         )
 
 
-def _descale(
+def head_descale(
     xp: ModuleType, name: str, d: Any, like: Any, heads: int, kv_heads: int, call: str
 ) -> Any:
     """A descale as an array broadcasting to ``(..., heads, 1, 1)``: per tensor (a number,
@@ -122,9 +122,10 @@ class _Descales(TypedDict):
 
 
 class Fp8Inputs(_Descales, total=False):
-    """What makes stored float8 values real (QUANT-1): the three descales, required, and
-    the format (default ``float8_e4m3fn``).  The functions of stored float8 inputs take
-    them as ``**fp8``, shown by :data:`shows_fp8_inputs`."""
+    """What makes stored float8 values real (QUANT-1): the three descales, required
+    (``q_descale=None`` for queries given in half precision beside a float8 cache,
+    QUANT-8), and the format (default ``float8_e4m3fn``).  The functions of stored float8
+    inputs take them as ``**fp8``, shown by :data:`shows_fp8_inputs`."""
 
     fmt: str
 
@@ -138,27 +139,33 @@ shows_fp8_inputs = shows_keywords(Fp8Inputs, FP8_DEFAULTS)
 def real_values(
     q: Array, k: Array, v: Array, *, call: str = CALL, **fp8: Unpack[Fp8Inputs]
 ) -> tuple[Array, Array, Array]:
-    """QUANT-1: the stored values checked against the format, times their descales."""
+    """QUANT-1: the stored values checked against the format, times their descales;
+    ``q_descale=None``: q is not stored in float8 but given in half precision, its values
+    taken as they are (QUANT-8, a float8 cache)."""
     xp = namespace_of(call, q=q, k=k, v=v)
     require_real_floating(xp, call, "QUANT-1", q=q, k=k, v=v)
     fmt = fp8.get("fmt", DEFAULT_FORMAT)
     _format(fmt, call)
+    unquantised_q = fp8["q_descale"] is None
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim < 3:
             raise ValueError(
                 f"{name}.shape={tuple(x.shape)}, but should have at least 3 dims laid out "
                 f"as (..., heads, length, head_dim) [SDPA-1.1, {call}]"
             )
-        check_on_grid(xp, name, x, fmt, call)
+        if not (name == "q" and unquantised_q):
+            check_on_grid(xp, name, x, fmt, call)
     n_q_heads, n_kv_heads = q.shape[-3], k.shape[-3]
-    q, k, v = (
-        x * xp.astype(_descale(xp, f"{name}_descale", d, x, heads, n_kv_heads, call), x.dtype)
+    k, v = (
+        x * xp.astype(head_descale(xp, f"{name}_descale", d, x, heads, n_kv_heads, call), x.dtype)
         for name, x, d, heads in (
-            ("q", q, fp8["q_descale"], n_q_heads),
             ("k", k, fp8["k_descale"], n_kv_heads),
             ("v", v, fp8["v_descale"], n_kv_heads),
         )
     )
+    if not unquantised_q:
+        descale = head_descale(xp, "q_descale", fp8["q_descale"], q, n_q_heads, n_kv_heads, call)
+        q = q * xp.astype(descale, q.dtype)
     return q, k, v
 
 

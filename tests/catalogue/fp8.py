@@ -47,10 +47,13 @@ def _torch() -> Any:
     return torch
 
 
-def _per_head(descale: Tensor, groups: int) -> Tensor:
-    """A ``(B, H_kv)`` or ``(1,)`` descale broadcasting to ``(B, H, 1, 1)`` for heads that
-    are ``groups`` per key/value head (query heads share their key/value head's)."""
-    if descale.ndim == 1:
+def _per_head(descale: Tensor | float, groups: int) -> Tensor:
+    """A ``(B, H_kv)`` or ``(1,)`` descale (or a Python float, FlashInfer's per-tensor scale)
+    broadcasting to ``(B, H, 1, 1)`` for heads that are ``groups`` per key/value head (query
+    heads share their key/value head's)."""
+    t = _torch()
+    descale = t.as_tensor(descale, dtype=t.float32)
+    if descale.ndim <= 1:
         return descale.reshape(1, 1, 1, 1)
     return descale.repeat_interleave(groups, dim=1)[:, :, None, None]
 
@@ -141,9 +144,13 @@ def _times(q: Tensor, k: Tensor, v: Tensor, *factors: Any) -> tuple[Any, ...]:
     return tuple(x.to(f32) * factor for x, factor in zip((q, k, v), factors, strict=True))
 
 
-def _real(q: Tensor, k: Tensor, v: Tensor, dq: Tensor, dk: Tensor, dv: Tensor) -> tuple[Any, ...]:
+def _real(
+    q: Tensor, k: Tensor, v: Tensor, dq: Tensor | None, dk: Tensor, dv: Tensor
+) -> tuple[Any, ...]:
+    """q, k, v times their descales in float32; q as given where it has none (QUANT-8)."""
     groups = q.shape[1] // k.shape[1]
-    return _times(q, k, v, _per_head(dq, groups), _per_head(dk, 1), _per_head(dv, 1))
+    q_factor = 1.0 if dq is None else _per_head(dq, groups)
+    return _times(q, k, v, q_factor, _per_head(dk, 1), _per_head(dv, 1))
 
 
 fp8_dequantised = _named(
@@ -214,17 +221,26 @@ def _query_head_indexed(
     return _times(q, k, v, tiled, _per_head(dk, 1), _per_head(dv, 1))
 
 
-def _paged_fp8(first_sequence_descales: bool = False) -> Callable[..., Tensor]:
+def _paged_fp8(
+    first_sequence_descales: bool = False, kv_only: bool = False
+) -> Callable[..., Tensor]:
     """A paged batch (PAGED-1, HND pages) on float8 q and pages (QUANT-6): each sequence's
     positions gathered through its block table, dequantised with its own row of the
     ``(S, H_kv)`` descales, attended bottom-right; rows past the last offset 0.  The bug
-    dequantises every sequence with the first sequence's descales."""
+    dequantises every sequence with the first sequence's descales.  ``kv_only``:
+    FlashInfer's float8 cache, q in half precision and the pages' ``k_scale``, ``v_scale``
+    (QUANT-8), the output in q's dtype."""
+    scales = KV_SCALES if kv_only else DESCALES
 
-    @signed({**PAGED_REQUIRED, **DESCALES, "is_causal": False}, PAGED_ARRAYS, namespace)
+    @signed({**PAGED_REQUIRED, **scales, "is_causal": False}, PAGED_ARRAYS, namespace)
     def kernel(call: SimpleNamespace) -> Tensor:
         q, k_cache, v_cache = call.q, call.k_cache, call.v_cache
         cu_seqlens_q, seqused_k, block_table = call.cu_seqlens_q, call.seqused_k, call.block_table
-        descales = call.q_descale, call.k_descale, call.v_descale
+        descales = (
+            (None, call.k_scale, call.v_scale)
+            if kv_only
+            else (call.q_descale, call.k_descale, call.v_descale)
+        )
         t = _torch()
         out = t.zeros((*q.shape[:2], v_cache.shape[-1]), dtype=t.float32)
         page = k_cache.shape[2]
@@ -233,7 +249,7 @@ def _paged_fp8(first_sequence_descales: bool = False) -> Callable[..., Tensor]:
             positions = t.arange(n_k)
             pages, slots = block_table[b][positions // page], positions % page
             row = slice(0, 1) if first_sequence_descales else slice(b, b + 1)
-            dq, dk, dv = (d[row] if d.ndim == 2 else d for d in descales)
+            dq, dk, dv = (d[row] if getattr(d, "ndim", 0) == 2 else d for d in descales)
             real = _real(
                 q[first:last].transpose(0, 1)[None],
                 k_cache[pages, :, slots].transpose(0, 1)[None],
@@ -249,7 +265,7 @@ def _paged_fp8(first_sequence_descales: bool = False) -> Callable[..., Tensor]:
             allowed = keep if call.is_causal else None
             attended = _attention(*real, q.shape[-1] ** -0.5, False, allowed)
             out[first:last] = attended[0].transpose(0, 1)
-        return out
+        return out.to(q.dtype) if kv_only else out
 
     return kernel
 
@@ -261,6 +277,77 @@ fp8_paged = _named(
     _paged_fp8(),
     PAGED_CLAIMS,
 )
+
+# QUANT-8: FlashInfer's float8 cache, half-precision q beside float8 k, v and their scales
+KV_SCALES = required("k_scale", "v_scale")
+KV_KEYWORDS = {
+    **KV_SCALES,
+    "scale": REQUIRED,
+    "is_causal": False,
+    "mask": None,
+    "softcap": None,
+    "sinks": None,
+}
+KV_ONLY = Fp8Claim(("e4m3fn", "e5m2"), kv_only=True)
+KV_CLAIMS: dict[str, Any] = dict(
+    fp8=KV_ONLY, gqa=True, dtypes=("float16", "bfloat16"), softcap=True, sinks=True
+)
+
+
+def _float8_cache(bug: str | None = None) -> Callable[..., Tensor]:
+    """FlashInfer's arithmetic on a float8 cache (QUANT-8): q as given, k times k_scale in
+    float32, P rounded to q's dtype before P V on the stored v, the output rounded to q's
+    dtype and then multiplied by v_scale in it (``out *= v_scale``).  ``bug``:
+    "q-quantised" rounds q to e4m3 too, "k-scale-on-v" multiplies the output by k_scale."""
+
+    @spec_function(KV_KEYWORDS)
+    def kernel(call: SpecCall) -> Tensor:
+        q, k, v, mask, _, is_causal, scale = call
+        t = _torch()
+        query = q.to(t.float8_e4m3fn) if bug == "q-quantised" else q
+        keys = k.to(t.float32) * _per_head(call.k_scale, 1)
+        out = _attention(
+            query.to(t.float32),
+            keys,
+            v.to(t.float32),
+            scale,
+            is_causal,
+            mask,
+            str(q.dtype).removeprefix("torch."),
+            call.softcap,
+            call.sinks,
+        ).to(q.dtype)
+        value_scale = call.k_scale if bug == "k-scale-on-v" else call.v_scale
+        return out * _per_head(value_scale, q.shape[1] // k.shape[1]).to(q.dtype)
+
+    return kernel
+
+
+fp8_float8_cache = _named(
+    "fp8_float8_cache",
+    "FlashInfer's float8 cache: half-precision q, float8 k and v with k_scale, v_scale (QUANT-8).",
+    _float8_cache(),
+    KV_CLAIMS,
+)
+fp8_float8_cache_tensor = _named(
+    "fp8_float8_cache_tensor",
+    "The same with per-tensor scales, Python floats as FlashInfer's run takes them.",
+    _float8_cache(),
+    {**KV_CLAIMS, "fp8": Fp8Claim(("e4m3fn",), descale="tensor", kv_only=True)},
+)
+PAGED_KV_CLAIMS = {
+    "fp8": KV_ONLY,
+    "gqa": True,
+    "dtypes": ("float16",),
+    "paged_batch": PagedBatchClaim(),
+}
+fp8_paged_float8_cache = _named(
+    "fp8_paged_float8_cache",
+    "A paged batch over float8 pages with half-precision q, FlashInfer's convention (QUANT-8).",
+    _paged_fp8(kv_only=True),
+    PAGED_KV_CLAIMS,
+)
+
 
 # QUANT-7: packed sequences (FlashAttention 3's flash_attn_varlen_func with descales)
 VARLEN_ARRAYS = ("q", "k", "v")
@@ -377,6 +464,24 @@ BUGS = (
             VARLEN_CLAIMS,
         ),
         "fp8-varlen-matches-reference",
+    ),
+    CaughtBug(
+        _named(
+            "fp8_float8_cache_q_quantised",
+            "Bug: beside a float8 cache, q rounded to e4m3 too (QUANT-8: q is taken as given).",
+            _float8_cache("q-quantised"),
+            KV_CLAIMS,
+        ),
+        "fp8-cache-matches-reference",
+    ),
+    CaughtBug(
+        _named(
+            "fp8_float8_cache_k_scale_on_v",
+            "Bug: the output multiplied by k_scale where v_scale belongs.",
+            _float8_cache("k-scale-on-v"),
+            KV_CLAIMS,
+        ),
+        "fp8-cache-matches-reference",
     ),
     CaughtBug(
         _named(

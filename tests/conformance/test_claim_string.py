@@ -252,6 +252,7 @@ def _declarations() -> list[KernelDeclaration]:
         KernelDeclaration(paged_batch=PagedBatchClaim(cache_layout="nhd", page_size=16)),
         KernelDeclaration(paged_batch=PagedBatchClaim("nhd"), fp8=Fp8Claim()),
         KernelDeclaration(varlen=True, fp8=Fp8Claim()),
+        KernelDeclaration(paged_batch=PagedBatchClaim(), fp8=Fp8Claim(kv_only=True)),
         KernelDeclaration(mla=MlaClaim()),
         KernelDeclaration(
             mla=MlaClaim(paged=True, page_size=64, default_scale=True), returns_lse=True

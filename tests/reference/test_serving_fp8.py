@@ -261,3 +261,73 @@ def test_fp8_bound_with_softcap_and_sinks() -> None:
     assert np.all(np.abs(right - np.asarray(bound.out)) <= tolerance)
     wrong = _capped_kernel(p, softcap, sinks, bug=True)
     assert not np.all(np.abs(wrong - np.asarray(bound.out)) <= tolerance)
+
+
+def _half_query_problem(seed: int) -> dict[str, Any]:
+    """QUANT-8: float16 queries of unit size beside a float8 cache (stored k, v of size ~60
+    with per (batch, key/value head) descales near 1/60), q_descale None."""
+    p = _problem(seed)
+    rng = np.random.default_rng(seed + 1000)
+    p["q"] = rng.standard_normal(p["q"].shape).astype(np.float16).astype(np.float64)
+    p["q_descale"] = None
+    return p
+
+
+def _flashinfer_like(p: dict[str, Any], bug: str | None = None) -> np.ndarray:
+    """FlashInfer's float8-cache decode as it computes: k and v widened to float16 (exact),
+    q.k accumulated in float32, k_scale folded into the float32 softmax scale, P rounded to
+    float16 before P V, the output rounded to float16 and then multiplied by v_scale in
+    float16.  ``bug``: "q-quantised" rounds q to e4m3 too, "k-scale-on-v" applies k_scale
+    where v_scale belongs."""
+    q = p["q"].astype(np.float32)
+    if bug == "q-quantised":
+        q = _cast(p["q"], "float8_e4m3fn").astype(np.float32)
+    k, v = (np.repeat(p[n].astype(np.float16), 2, axis=1).astype(np.float32) for n in ("k", "v"))
+    k_scale = np.repeat(p["k_descale"], 2, axis=1).astype(np.float32)[:, :, None, None]
+    v_scale = np.repeat(p["v_descale"], 2, axis=1).astype(np.float32)[:, :, None, None]
+    scores = (q @ np.swapaxes(k, -1, -2)) * (np.float32(16**-0.5) * k_scale)
+    exps = np.exp(scores - scores.max(-1, keepdims=True))
+    total = exps.sum(-1, keepdims=True)
+    out = ((exps.astype(np.float16).astype(np.float32) @ v) / total).astype(np.float16)
+    scale = k_scale if bug == "k-scale-on-v" else v_scale
+    return (out * scale.astype(np.float16)).astype(np.float64)
+
+
+def test_fp8_cache_with_half_queries() -> None:
+    """QUANT-8: with q_descale None the queries are taken as given (off the float8 grid,
+    where a given q_descale raises); the output is attention of (q, k x k_scale, v x v_scale),
+    and the bound (QUANT-4's, with P rounded to float16 and the value descale's rounding)
+    holds for an emulated FlashInfer kernel over six seeds, using at most a fifth of it, while
+    q quantised to e4m3 or k_scale applied to v fall outside it."""
+    for seed in range(6):
+        p = _half_query_problem(60 + seed)
+        args = {n: p[n] for n in ("k_descale", "v_descale")}
+        out = np.asarray(fp8_attention(p["q"], p["k"], p["v"], q_descale=None, **args))
+        k_scale, v_scale = (np.repeat(p[n], 2, axis=1)[:, :, None, None] for n in args)
+        k, v = (np.repeat(p[n], 2, axis=1) for n in ("k", "v"))
+        for b in range(2):
+            expected, _ = oracle.sdpa(p["q"][b], k[b] * k_scale[b], v[b] * v_scale[b])
+            np.testing.assert_allclose(out[b], expected, rtol=1e-12, atol=1e-300)
+        bound = fp8_error_bound(p["q"], p["k"], p["v"], q_descale=None, out_dtype="float16", **args)
+        expected, tolerance = np.asarray(bound.out), np.asarray(bound.out_tolerance)
+        assert np.all(np.abs(_flashinfer_like(p) - expected) <= tolerance / 5), seed
+        for bug in ("q-quantised", "k-scale-on-v"):
+            wrong = _flashinfer_like(p, bug)
+            assert not np.all(np.abs(wrong - expected) <= tolerance), (seed, bug)
+    with pytest.raises(ValueError, match=r"q holds .* not finite float8_e4m3fn values"):
+        fp8_attention(p["q"], p["k"], p["v"], q_descale=1.0, **args)
+
+
+def test_fp8_attention_takes_half_queries_on_every_backend(backend: Backend) -> None:
+    """QUANT-8 on every Array API backend (array-api-strict included): q_descale=None takes
+    the queries as given, the same output as NumPy's."""
+    if backend.name == "jax":
+        pytest.skip("JAX compiles per shape (~25 s here); the other backends cover this path")
+    p = _half_query_problem(70)
+    arrays = {n: backend.asarray(p[n], "float64") for n in ("q", "k", "v")}
+    descales = {n: backend.asarray(p[n], "float64") for n in ("k_descale", "v_descale")}
+    got = fp8_attention(arrays["q"], arrays["k"], arrays["v"], q_descale=None, **descales)
+    wanted = fp8_attention(
+        p["q"], p["k"], p["v"], q_descale=None, k_descale=p["k_descale"], v_descale=p["v_descale"]
+    )
+    np.testing.assert_allclose(backend.to_numpy(got), np.asarray(wanted), rtol=1e-12, atol=1e-300)

@@ -448,3 +448,19 @@ def call_family_kernel(
         raise KernelRaised(
             f"the {what} kernel raised {type(exc).__name__}: {str(exc)[:300]} [call: {call}]"
         ) from exc
+
+
+def descale_keywords(kernel: KernelUnderTest, descales: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The float8 ``descales`` (by the reference's names, float64 values exact in float32)
+    as the kernel takes them: float32 arrays under FlashAttention 3's keywords, or beside a
+    float8 cache FlashInfer's ``k_scale``, ``v_scale`` (QUANT-8), a per-tensor one as a
+    Python float as FlashInfer's ``run`` takes it."""
+    claim = kernel.declaration.fp8
+    assert claim is not None  # only for a kernel that declares float8 inputs
+    names = claim.descale_keywords
+    return {
+        names[name]: float(d.reshape(-1)[0])
+        if claim.kv_only and claim.descale == "tensor"
+        else kernel.backend.asarray(d, "float32")
+        for name, d in descales.items()
+    }

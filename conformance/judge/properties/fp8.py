@@ -25,15 +25,14 @@ from hypothesis import strategies as st
 from ....reference.serving.fp8 import FP8_FORMATS, round_to_fp8
 from ....reference.tolerance_fp8 import OUT_DTYPES, fp8_error_bound
 from ...claims.declaration import KernelDeclaration
-from ...claims.family_claims import Fp8Claim
 from ...draw import sizes
 from ...draw.sizes import Dims
-from ...draw.strategies import draw_mask
+from ...draw.strategies import draw_mask, random_values
 from ..assertions import assert_elements_within
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import register
-from ._helpers import as_float8, draw_sinks, draw_softcap, has_float8
+from ._helpers import as_float8, descale_keywords, draw_sinks, draw_softcap, has_float8
 
 # FlashAttention 3's float8 heads: head dims 64 to 256 (64 and 128 keep the check cheap),
 # decode and prefill rows, a few key/value heads shared by groups of 1 to 8 query heads
@@ -48,6 +47,15 @@ def _fp8_only(declaration: KernelDeclaration) -> str | None:
         return "the kernel is not declared to take float8 inputs (--fp8)"
     if declaration.varlen:
         return "the float8 kernel takes packed sequences (--varlen): fp8-varlen-matches-reference"
+    if declaration.fp8 is not None and declaration.fp8.kv_only:
+        return "the float8 kernel has a float8 cache (--fp8-kv-only): fp8-cache-matches-reference"
+    return None
+
+
+def _fp8_cache_only(declaration: KernelDeclaration) -> str | None:
+    fp8 = declaration.fp8
+    if declaration.family != "fp8" or fp8 is None or not fp8.kv_only or declaration.varlen:
+        return "the kernel is not declared a dense float8 cache kernel (--fp8 --fp8-kv-only)"
     return None
 
 
@@ -135,10 +143,14 @@ def _stored_and_descale(
 
 
 def _draw_stored(
-    data: st.DataObject, claim: Fp8Claim, dims: Dims, fmt: str
+    data: st.DataObject, kernel: KernelUnderTest, dims: Dims, fmt: str, out_dtype: str
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Stored q, k, v ``(B, H, L, ·)`` on ``fmt``'s grid and their descales by keyword, per
-    tensor ``(1,)`` or per batch element (a packed call's sequence) and key/value head."""
+    """Stored q, k, v ``(B, H, L, ·)`` on ``fmt``'s grid and their descales by the
+    reference's names, per tensor ``(1,)`` or per batch element (a packed call's sequence)
+    and key/value head; beside a float8 cache (QUANT-8) q holds values of ``out_dtype``
+    instead, with no descale."""
+    claim = kernel.declaration.fp8
+    assert claim is not None  # the float8 properties apply only to an --fp8 declaration
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="values seed"))
     per_head = claim.descale == "head"
     b, hq, hk = dims.batch[0], dims.n_q_heads, dims.n_kv_heads
@@ -148,6 +160,9 @@ def _draw_stored(
         ("k", (b, hk, dims.n_keys, dims.head_dim), 1),
         ("v", (b, hk, dims.n_keys, dims.value_dim), 1),
     ):
+        if name == "q" and claim.kv_only:
+            stored[name] = random_values(kernel, rng, shape, out_dtype)
+            continue
         stored[name], descales[f"{name}_descale"] = _stored_and_descale(
             rng, shape, groups, fmt, per_head
         )
@@ -175,7 +190,7 @@ def _draw_call(data: st.DataObject, kernel: KernelUnderTest, masks: bool = True)
             dims.head_dim,
             dims.value_dim,
         )
-    stored, descales = _draw_stored(data, claim, dims, fmt)
+    stored, descales = _draw_stored(data, kernel, dims, fmt, out_dtype)
     is_causal = declaration.causal and data.draw(st.booleans(), label="is_causal")
     mask = None
     if masks and declaration.mask and (not is_causal or declaration.mask_and_causal):
@@ -207,8 +222,7 @@ def _draw_call(data: st.DataObject, kernel: KernelUnderTest, masks: bool = True)
 def _keywords(kernel: KernelUnderTest, call: Fp8Call) -> dict[str, Any]:
     backend, declaration = kernel.backend, kernel.declaration
     keywords: dict[str, Any] = {**declaration.extra_kwargs, "scale": call.scale}
-    for name, descale in call.descales.items():
-        keywords[name] = backend.asarray(descale, "float32")
+    keywords.update(descale_keywords(kernel, call.descales))
     if declaration.causal:
         keywords["is_causal"] = call.is_causal
     if call.mask is not None:
@@ -221,10 +235,13 @@ def _keywords(kernel: KernelUnderTest, call: Fp8Call) -> dict[str, Any]:
 
 
 def _output(kernel: KernelUnderTest, call: Fp8Call, keywords: dict[str, Any]) -> np.ndarray:
-    """The kernel's output on ``call``'s float8 arrays, as float64, after QUANT-2's shape
-    ``(..., Ev)`` (q's shape but its last axis) and the drawn output dtype."""
+    """The kernel's output on ``call``'s float8 arrays (q in the output dtype beside a
+    float8 cache, QUANT-8), as float64, after QUANT-2's shape ``(..., Ev)`` (q's shape but
+    its last axis) and the drawn output dtype."""
     backend = kernel.backend
     args = tuple(as_float8(backend, x, call.fmt) for x in (call.q, call.k, call.v))
+    if "q_descale" not in call.descales:  # QUANT-8: q in half precision
+        args = (backend.asarray(call.q, call.out_dtype), *args[1:])
     try:
         out = kernel.call_raw(args, keywords)
     except Exception as exc:
@@ -264,7 +281,7 @@ def _assert_within_quant4(
     weights = None if claim.weights is None else "float8_" + claim.weights
     bound = fp8_error_bound(
         *stored,
-        q_descale=descales["q_descale"],
+        q_descale=descales.get("q_descale"),  # None beside a float8 cache (QUANT-8)
         k_descale=descales["k_descale"],
         v_descale=descales["v_descale"],
         out_dtype=call.out_dtype,
@@ -286,6 +303,7 @@ def _assert_within_quant4(
             "QUANT-2, QUANT-4: the attention of stored x descale, each descale once, "
             "on its own tensor and key/value head"
             + ("" if call.softcap is None and call.sinks is None else " (QUANT-5)")
+            + (" beside q as given (QUANT-8)" if claim.kv_only else "")
             + ("" if weights is None else f", weights rounded to {weights} (QUANT-3)")
             + clause
         ),
@@ -300,6 +318,20 @@ def fp8_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
     the float64 attention of the real values stored × descale (QUANT-2).  A descale applied
     twice or to the wrong tensor or head, or weights rounded to float8 without declaring
     QUANT-3, is outside it."""
+    _check_dense(kernel, data)
+
+
+@register("fp8-cache-matches-reference", "QUANT-8", applies=_fp8_cache_only, applies_on=has_float8)
+def fp8_cache_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """Queries in the output dtype, as given, beside float8 keys and values with FlashInfer's
+    k_scale, v_scale (per tensor as Python floats, or per batch element and key/value head):
+    the output within QUANT-8's bound of the attention of q and the real keys and values.
+    Queries rounded to float8 too, or k_scale applied to the values, are outside it."""
+    _check_dense(kernel, data)
+
+
+def _check_dense(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """One dense float8 call drawn, made and judged within QUANT-4 (QUANT-8 for a cache)."""
     call = _draw_call(data, kernel)
     out = _output(kernel, call, _keywords(kernel, call))
     _assert_within_quant4(kernel, call, out, (call.q, call.k, call.v), call.descales)

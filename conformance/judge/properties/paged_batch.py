@@ -36,7 +36,7 @@ from ..assertions import unlike_array
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
 from ..registration import family_only, register
-from ._helpers import as_float8, draw_sinks, draw_softcap
+from ._helpers import as_float8, descale_keywords, draw_sinks, draw_softcap
 
 SMALL_PAGE_SIZES = (1, 2, 3, 16)
 REALISTIC_PAGE_SIZES = (1, 16, 64, 256)  # the sizes upstream tests run
@@ -78,10 +78,13 @@ def _stored_fp8(
         name: (2.0 ** -rng.integers(2, 7, grid) * rng.uniform(0.5, 2.0, grid))
         .astype(np.float32)
         .astype(np.float64)
-        for name in ("q_descale", "k_descale", "v_descale")
+        for name in claim.descale_keywords
     }
-    stored = (np.asarray(round_to_fp8(x * 8.0, fmt)) for x in (call.q, call.k_cache, call.v_cache))
-    q, k_cache, v_cache = stored
+    k_cache, v_cache = (
+        np.asarray(round_to_fp8(x * 8.0, fmt)) for x in (call.k_cache, call.v_cache)
+    )
+    # beside a float8 cache q stays in the output dtype (QUANT-8)
+    q = call.q if claim.kv_only else np.asarray(round_to_fp8(call.q * 8.0, fmt))
     return replace(call, q=q, k_cache=k_cache, v_cache=v_cache, fp8=PagedFp8(fmt, descales))
 
 
@@ -150,6 +153,13 @@ class PagedCall:
         allowed = np.broadcast_to(allowed, (n_queries, n_keys))
         return allowed if self.masks is None else allowed & self.masks[b]
 
+    @property
+    def _q_float8(self) -> str | None:
+        """q's float8 format, None when q is in ``dtype`` (QUANT-8 included)."""
+        if self.fp8 is None or "q_descale" not in self.fp8.descales:
+            return None
+        return self.fp8.fmt
+
     def describe(self) -> str:
         options = [
             f"{name} {value}"
@@ -172,8 +182,9 @@ class PagedCall:
                 for name, d in self.fp8.descales.items()
             )
         return (
-            f"q {self.q.shape} {self.dtype if self.fp8 is None else self.fp8.fmt}, "
-            f"pages {self.k_cache.shape} (N, Hkv, P, E), "
+            f"q {self.q.shape} {self.dtype if self._q_float8 is None else self._q_float8}, "
+            f"pages {self.k_cache.shape} (N, Hkv, P, E)"
+            f"{'' if self.fp8 is None else ' ' + self.fp8.fmt}, "
             f"query lengths {list(self.n_queries)}, cached lengths {list(self.n_keys)}, "
             f"{'causal' if self.is_causal else 'not causal'}"
             + "".join(f", {option}" for option in options)
@@ -414,10 +425,11 @@ def _arguments(
         keywords[kernel.declaration.sinks_keyword] = backend.asarray(call.sinks, "float32")
     if call.fp8 is None:
         arrays = tuple(backend.asarray(a, call.dtype) for a in (call.q, k_cache, v_cache))
-    else:  # QUANT-6: float8 q and pages with their descales
+    else:  # QUANT-6: float8 q and pages with their descales (QUANT-8: q in call.dtype)
         arrays = tuple(as_float8(backend, a, call.fp8.fmt) for a in (call.q, k_cache, v_cache))
-        for name, descale in call.fp8.descales.items():
-            keywords[name] = backend.asarray(descale, "float32")
+        if "q_descale" not in call.fp8.descales:
+            arrays = (backend.asarray(call.q, call.dtype), *arrays[1:])
+        keywords.update(descale_keywords(kernel, call.fp8.descales))
     return arrays, {**kernel.declaration.extra_kwargs, **keywords}
 
 
@@ -460,7 +472,7 @@ def _sequence_bound(
             queries[None],
             keys[None],
             values[None],
-            q_descale=descales["q_descale"],
+            q_descale=descales.get("q_descale"),  # None beside a float8 cache (QUANT-8)
             k_descale=descales["k_descale"],
             v_descale=descales["v_descale"],
             out_dtype=call.dtype,
