@@ -54,11 +54,13 @@ def _allowed(
 
 
 def _alibi(slopes: Any, n_queries: int, n_keys: int, causal_alignment: str) -> Any:
-    """ALIBI-2's bias -m_h |i + d - j| of every query head, ``(Hq, Lq, Lk)``, d the offset of
-    the causal alignment (0 top-left, Lk - Lq bottom-right)."""
+    """ALIBI-2's bias -m_h |i + d - j| of every query head, ``(..., Hq, Lq, Lk)`` for slopes
+    ``(..., Hq)`` (ALIBI-1: ``(Hq)`` or ``(B, Hq)``), d the offset of the causal alignment
+    (0 top-left, Lk - Lq bottom-right)."""
     offset = 0 if causal_alignment == "top_left" else n_keys - n_queries
     distance = (torch.arange(n_queries)[:, None] + offset - torch.arange(n_keys)[None, :]).abs()
-    return -slopes.to(torch.float32)[:, None, None] * distance
+    # the head axis last in the slopes, third from last in the scores: (B, Hq) -> (B, Hq, 1, 1)
+    return -slopes.to(torch.float32)[..., None, None] * distance
 
 
 def _scores(
