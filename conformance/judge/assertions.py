@@ -46,12 +46,13 @@ def assert_elements_within(
     kernel: KernelUnderTest | None = None,
 ) -> None:
     """A :class:`PropertyFailure` at the first element of ``got`` outside ``tolerance`` of
-    ``expected`` (NaN counts as outside; ``outside``, where given, says which are):
+    ``expected`` (NaN counts as outside, an infinity equal to the one expected as within:
+    a log-sum-exp of -inf, LSE-2; ``outside``, where given, says which are):
     ``name[at] = got, but should be expected within tolerance (note(at)); N of M elements
     outside`` and ``tail``.  Nothing when every element is within."""
     if outside is None:
         with np.errstate(invalid="ignore"):
-            outside = ~(np.abs(got - expected) <= tolerance)
+            outside = ~((got == expected) | (np.abs(got - expected) <= tolerance))
     if not outside.any():
         return
     at = first_index(outside)

@@ -88,26 +88,36 @@ def _table_pages(row: Array, positions: Array, page: int) -> Array:
 
 
 def _attend_latents(
-    q: Array, latents: list[Array], scale: float, causal: bool, values: Callable[[Array], Array]
+    q: Array,
+    latents: list[Array],
+    lengths: list[int],
+    scale: float,
+    causal: bool,
+    values: Callable[[Array], Array],
+    offset: Callable[[int, int], int],
 ) -> tuple[Array, Array]:
-    """Each sequence on its own, ``latents[b] (u_b, E)`` its latent vectors in order: keys
-    the whole vectors, values what ``values`` takes of them."""
+    """Each sequence on its own, ``latents[b]`` its latent vectors in order, of which the
+    first ``lengths[b]`` are its keys (the rest masked, but multiplied by their zero
+    weights): keys the whole vectors, values what ``values`` takes of them, the causal
+    offset ``offset(keys, queries)``."""
     work = np.float32 if q.dtype == np.float16 else q.dtype.type
     outs, lses = [], []
-    for q_b, latent in zip(q.astype(work), latents, strict=True):
+    for q_b, latent, n_keys in zip(q.astype(work), latents, lengths, strict=True):
         latent = latent.astype(work)
         scores = np.einsum("lhe,ke->hlk", q_b, latent) * work(scale)
+        keys = np.arange(len(latent))[None, :]
+        allowed = keys < n_keys
         if causal:
-            n_queries, n_keys = q_b.shape[0], len(latent)
-            allowed = (
-                np.arange(n_keys)[None, :] <= np.arange(n_queries)[:, None] + n_keys - n_queries
+            allowed = allowed & (
+                keys <= np.arange(q_b.shape[0])[:, None] + offset(n_keys, len(q_b))
             )
-            scores = np.where(allowed, scores, -np.inf)
+        scores = np.where(allowed, scores, -np.inf)
         top = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)
         exps = np.exp(scores - np.where(top == -np.inf, 0, top))
         total = exps.sum(-1, keepdims=True)
         outs.append(np.swapaxes((exps @ values(latent)) / np.where(total == 0, 1, total), 0, 1))
-        lses.append((top + np.log(total))[..., 0])
+        with np.errstate(divide="ignore"):  # log 0 = -inf: a row that sees no key (LSE-2)
+            lses.append((top + np.log(total))[..., 0])
     return np.stack(outs).astype(q.dtype), np.stack(lses)
 
 
@@ -117,25 +127,31 @@ def _flash_mla_style(
     values: Callable[[Array, int], Array],
     pages: Pages = _table_pages,
     default: Callable[[Array, int], float] = lambda q, head_dim_v: q.shape[-1] ** -0.5,
+    read: Callable[[int, int], int] = lambda length, page: length,
+    offset: Callable[[int, int], int] = lambda keys, queries: keys - queries,
 ) -> Callable[..., tuple[Array, Array]]:
     """A kernel called as FlashMLA (MLA-4), ``fn(q, k_cache, block_table=, cache_seqlens=,
     head_dim_v=, softmax_scale=None, causal=False)``: ``values(latent, head_dim_v)`` the
     values, ``pages`` the pages read, ``default(q, head_dim_v)`` the scale when none is
-    passed."""
+    passed, ``read(length, page)`` the positions gathered (the sequence's own by default),
+    ``offset(keys, queries)`` the causal offset (bottom-right)."""
 
     def kernel(q: Array, k_cache: Array, **call: Any) -> tuple[Array, Array]:
         page, head_dim_v = k_cache.shape[1], call["head_dim_v"]
+        lengths = [int(length) for length in call["cache_seqlens"]]
         latents = []
-        for row, length in zip(call["block_table"], call["cache_seqlens"], strict=True):
-            positions = np.arange(int(length))
+        for row, length in zip(call["block_table"], lengths, strict=True):
+            positions = np.arange(read(length, page))
             latents.append(k_cache[pages(row, positions, page), positions % page, 0])
         scale = call.get("softmax_scale")
         return _attend_latents(
             q,
             latents,
+            lengths,
             default(q, head_dim_v) if scale is None else scale,
             call.get("causal", False),
             lambda latent: values(latent, head_dim_v),
+            offset,
         )
 
     kernel.__name__ = kernel.__qualname__ = name
@@ -185,6 +201,21 @@ mla_paged_default_from_value_dim = _flash_mla_style(
     default=lambda q, head_dim_v: head_dim_v**-0.5,
 )
 
+mla_paged_whole_pages = _flash_mla_style(
+    "mla_paged_whole_pages",
+    "Bug: every page a sequence reaches gathered whole, the slots past its length masked "
+    "to zero weights that still multiply their values (0 * NaN = NaN; PAGED-5).",
+    _first_channels,
+    read=lambda length, page: -(-length // page) * page,
+)
+mla_paged_offset_clamped = _flash_mla_style(
+    "mla_paged_offset_clamped",
+    "Bug: the causal offset clamped at 0, so a sequence with more queries than cached keys "
+    "has its first rows see the first keys instead of none (PAGED-3).",
+    _first_channels,
+    offset=lambda keys, queries: max(keys - queries, 0),
+)
+
 
 BUGS = (
     CaughtBug(mla_default_scale, "mla-matches-reference"),
@@ -193,4 +224,6 @@ BUGS = (
     CaughtBug(mla_paged_values_after_rope, "mla-paged-matches-reference"),
     CaughtBug(mla_paged_last_page_from_row_end, "mla-paged-matches-reference"),
     CaughtBug(mla_paged_default_from_value_dim, "mla-paged-matches-reference"),
+    CaughtBug(mla_paged_whole_pages, "mla-paged-matches-reference"),
+    CaughtBug(mla_paged_offset_clamped, "mla-paged-matches-reference"),
 )

@@ -16,6 +16,9 @@ pages), every sequence the same decode or short prefill rows (FlashMLA's ``seq_l
 pages drawn out of order with one shared by two sequences, block-table rows one entry wider
 than the longest sequence needs (the entries past a sequence's pages point to a page it must
 not read), and the model's scale, or none for a kernel declared with a default (MLA-5).
+In some calls the first sequence caches fewer positions than it has queries (its first
+rows, the batch's first, see no key in a causal call: PAGED-3), and every slot no sequence
+reads holds NaN (PAGED-5, which MLA-4 applies past each length).
 Each sequence's rows are compared with TOL-2 of its own multi-query problem, bottom-right.
 """
 
@@ -172,10 +175,13 @@ class PagedMlaCall:
 
     def describe(self) -> str:
         scale = "no softmax_scale" if self.scale is None else f"softmax_scale {self.scale:.6g}"
+        unread = int(np.isnan(self.pages).any(axis=(2, 3)).sum())
+        nan = f", NaN in the {unread} slots no sequence reads" if unread else ""
         return (
             f"q {self.q.shape} (B, Lq, Hq, E) and pages {self.pages.shape} (N, P, 1, E) in "
             f"{self.dtype}, cache_seqlens {list(self.lengths)}, block_table "
             f"{self.table.tolist()}, {scale}, {'causal' if self.is_causal else 'not causal'}"
+            f"{nan}"
         )
 
 
@@ -190,7 +196,7 @@ def _draw_paged_call(data: st.DataObject, kernel: KernelUnderTest) -> PagedMlaCa
     page = claim.page_size or data.draw(
         st.sampled_from(REALISTIC_PAGE_SIZES if realistic else SMALL_PAGE_SIZES), label="P"
     )
-    lengths = tuple(
+    lengths = [
         # a sequence's cache holds its own queries' positions (FlashMLA appends them first)
         max(
             n_queries,
@@ -200,7 +206,11 @@ def _draw_paged_call(data: st.DataObject, kernel: KernelUnderTest) -> PagedMlaCa
             ),
         )
         for b in range(data.draw(st.integers(1, 3), label="B"))
-    )
+    ]
+    if n_queries > 1 and data.draw(st.booleans(), label="more queries than cached keys"):
+        # the batch's first sequence: its first rows, the batch's first, see no key in a
+        # causal call (PAGED-3: 0, and a log-sum-exp of -inf)
+        lengths[0] = data.draw(st.integers(1, n_queries - 1), label="cache_seqlens 0, short")
     is_causal = kernel.declaration.causal and data.draw(st.booleans(), label="causal")
     default = claim.default_scale and data.draw(st.booleans(), label="no softmax_scale")
     scale = None if default else data.draw(st.sampled_from(SCALES), label="softmax_scale")
@@ -219,7 +229,20 @@ def _draw_paged_call(data: st.DataObject, kernel: KernelUnderTest) -> PagedMlaCa
     head_dim = claim.value_dim + claim.rope_dim
     q = random_values(kernel, rng, (len(lengths), n_queries, n_heads, head_dim), dtype)
     pages = random_values(kernel, rng, (n_pages, page, 1, head_dim), dtype)
-    return PagedMlaCall(q, pages, table, lengths, scale, is_causal, dtype)
+    if data.draw(st.booleans(), label="NaN in the slots no sequence reads"):
+        pages = _nan_where_unread(pages, table, lengths)
+    return PagedMlaCall(q, pages, table, tuple(lengths), scale, is_causal, dtype)
+
+
+def _nan_where_unread(pages: np.ndarray, table: np.ndarray, lengths: list[int]) -> np.ndarray:
+    """``pages`` with NaN in every slot no sequence reads: past a sequence's length on its
+    last page, the pages only the entries past a sequence's pages name, and the pages no
+    table row reaches (MLA-4, PAGED-5: that memory changes no output)."""
+    read = np.zeros(pages.shape[:2], bool)
+    for row, length in zip(table, lengths, strict=True):
+        positions = np.arange(length)
+        read[row[positions // pages.shape[1]], positions % pages.shape[1]] = True
+    return np.where(read[:, :, None, None], pages, np.nan)
 
 
 def _run_paged(kernel: KernelUnderTest, call: PagedMlaCall) -> tuple[np.ndarray, np.ndarray | None]:
@@ -268,9 +291,11 @@ def mla_paged_matches_reference(kernel: KernelUnderTest, data: st.DataObject) ->
     """Decode and short prefill rows of a few sequences over shuffled latent pages: each
     sequence's rows within TOL-2 of its own problem, values the first r channels of its
     latent vectors, with the given scale or, where none is passed, 1/sqrt(r + d_r) (MLA-5);
-    its log-sum-exp within TOL-5 where returned.  A kernel that reads the values from the
-    rotary end of the page, takes a partial last page from the end of the block-table row
-    or defaults to 1/sqrt(r) is outside it."""
+    its log-sum-exp within TOL-5 where returned; rows that see no key give 0 and -inf, and
+    NaN in the slots no sequence reads reaches no output.  A kernel that reads the values
+    from the rotary end of the page, takes a partial last page from the end of the
+    block-table row, defaults to 1/sqrt(r), multiplies whole pages' values by zero weights
+    or clamps the causal offset of a short cache at 0 is outside it."""
     claim = kernel.declaration.mla
     assert claim is not None  # the property applies only to an --mla --mla-paged declaration
     call = _draw_paged_call(data, kernel)
