@@ -139,7 +139,7 @@ def test_skipped_keys_change_nothing(
     _assert_same_fields(skipped_lse, every_key_lse)
 
 
-@settings(max_examples=25, deadline=None, derandomize=True)
+@settings(max_examples=10, deadline=None, derandomize=True)
 @given(
     **_chunked(st.integers(0, 12), 60),
     causal=st.booleans(),
