@@ -306,10 +306,15 @@ class BatchPrefillWithPagedKVCacheWrapper:
 
         window = a.get("window_left")
         window = plan["window_left"] if window is None else window
+        # the float8 cache's calibration scales (1.0 when not given): k_scale multiplies the
+        # scores' scale and v_scale the output, the same as scaling the pages
+        k_scale, v_scale = (
+            float(1.0 if a.get(n) is None else a[n]) for n in ("k_scale", "v_scale")
+        )
         result, _ = paged(
             q.to(torch.float64).numpy(),
-            as_hnd(k_cache),
-            as_hnd(v_cache),
+            as_hnd(k_cache) * k_scale,
+            as_hnd(v_cache) * v_scale,
             plan["cu_q"],
             plan["used"],
             plan["table"],

@@ -393,6 +393,16 @@ KNOWN_KERNELS: tuple[KnownKernel, ...] = (
         "(causal folded in), sinks; head dims zero-padded to 64, 128 or 256",
     ),
     KnownKernel(
+        _adapter("flashinfer", "batch_prefill_paged_fp8_cache"),
+        _adapter("flashinfer", "batch_prefill_paged_fp8_cache"),
+        "torch",
+        (),
+        ("flashinfer",),
+        device="cuda",
+        note="the same wrapper over e4m3 or e5m2 pages beside float16 or bfloat16 q, "
+        "run(..., k_scale=, v_scale=) with Python-float scales (QUANT-8)",
+    ),
+    KnownKernel(
         "flashinfer:merge_state",
         _adapter("flashinfer", "merge_state"),
         "torch",

@@ -203,6 +203,34 @@ def test_flashinfer_paged_maps_onto_the_prefill_wrapper(stand_ins: None) -> None
     assert not got[8:].any()
 
 
+def test_flashinfer_float8_cache_passes_its_scales(stand_ins: None) -> None:
+    """QUANT-8: float16 queries beside e4m3 pages reach FlashInfer's run as they are, the
+    pages' per-tensor scales as k_scale= and v_scale= Python floats; the float16 output is
+    the attention of q and the pages times their scales."""
+    batch = Batch(page=4)
+    stored = [
+        np.asarray(torch.tensor(x).to(torch.float8_e4m3fn).double()) for x in (batch.k, batch.v)
+    ]
+    call = batch.keywords("hnd", is_causal=True)
+    call["k_cache"], call["v_cache"] = (torch.tensor(x).to(torch.float8_e4m3fn) for x in stored)
+    call.update(k_scale=0.375, v_scale=2.5)
+    got = flashinfer.batch_prefill_paged_fp8_cache(**call)
+    assert got.dtype == torch.float16
+    claim = declaration_of(flashinfer.batch_prefill_paged_fp8_cache).fp8
+    assert claim is not None and claim.kv_only and claim.descale == "tensor"
+    owned = batch.cu_q[-1]
+    want, _ = paged(
+        np.asarray(batch.q, np.float16).astype(np.float64),
+        stored[0] * 0.375,
+        stored[1] * 2.5,
+        batch.cu_q,
+        batch.used,
+        batch.table.tolist(),
+        is_causal=True,
+    )
+    _assert_rounded(got[:owned], want[:owned])
+
+
 def test_flash_attn3_dense_maps_onto_flash_attn_func(stand_ins: None) -> None:
     """SDPA-1.1, SDPA-4.2, SDPA-6.1, SOFTCAP-1: (B, S, H, D) layout, bottom-right causal
     rows, GQA, the softcap, head dims 6 and 10 padded to 16 with the default scale
@@ -317,6 +345,7 @@ def test_gpu_serving_rows_need_their_libraries() -> None:
         ("vllm_flash", "vllm_flash_attn_varlen_fa3"),
         ("vllm_flash", "vllm_flash_attn_varlen_fa3_fp8"),
         ("flashinfer", "batch_prefill_paged"),
+        ("flashinfer", "batch_prefill_paged_fp8_cache"),
         ("flashinfer", "merge_state"),
         ("flash_mla", "flash_mla_with_kvcache"),
         ("flashinfer", "batch_mla_paged"),

@@ -16,6 +16,10 @@
   (memory no sequence owns, PAGED-5) are not passed, and their output rows are 0.  Head
   dims are zero-padded to 64, 128 or 256, the sizes its kernels are built for, with the
   unpadded problem's scale 1/sqrt(E) passed where a column was added.
+- ``batch_prefill_paged_fp8_cache``: the same call over float8 pages beside float16 or
+  bfloat16 queries, the pages' scales passed as ``run(..., k_scale=, v_scale=)``, Python
+  floats (QUANT-8; FlashInfer folds ``k_scale`` into ``sm_scale`` and multiplies the output
+  by ``v_scale``).
 - ``merge_state``: ``flashinfer.merge_state(v_a, s_a, v_b, s_b)`` declared as it is
   (MERGE-2): outputs ``[seq_len, num_heads, head_dim]``, log-sum-exps ``[seq_len,
   num_heads]`` float32 in base 2 (its kernel uses exp2 and log2).
@@ -38,7 +42,7 @@ import math
 from typing import Any
 
 from ...claims.declaration import declare
-from ...claims.family_claims import MergeClaim, MlaClaim, PagedBatchClaim
+from ...claims.family_claims import Fp8Claim, MergeClaim, MlaClaim, PagedBatchClaim
 from .flash_attn3 import HALF_DTYPES, as_int32, zero_columns
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace
@@ -122,7 +126,9 @@ def batch_prefill_paged(q: Any, k_cache: Any, v_cache: Any, **call: Any) -> Any:
         q_data_type=q.dtype,
         kv_data_type=k_cache.dtype,
     )
-    out = wrapper.run(q[:owned], (k_cache, v_cache), sinks=call.get("sinks"))[..., :value_dim]
+    scales = {name: call[name] for name in ("k_scale", "v_scale") if name in call}
+    run = wrapper.run(q[:owned], (k_cache, v_cache), sinks=call.get("sinks"), **scales)
+    out = run[..., :value_dim]
     if owned == q.shape[0]:
         return out
     padding = out.new_zeros((q.shape[0] - owned, *out.shape[1:]))
@@ -133,6 +139,21 @@ batch_prefill_paged = declare(
     batch_prefill_paged,
     dtypes=HALF_DTYPES,
     paged_batch=PagedBatchClaim("hnd", max_seqlen=False, features=("softcap", "mask", "sinks")),
+)
+
+
+def batch_prefill_paged_fp8_cache(q: Any, k_cache: Any, v_cache: Any, **call: Any) -> Any:
+    """:func:`batch_prefill_paged` over float8 pages beside half-precision queries, with
+    ``run(..., k_scale=, v_scale=)`` (QUANT-8)."""
+    return batch_prefill_paged(q, k_cache, v_cache, **call)
+
+
+# FlashInfer's float8 KV cache: e4m3 or e5m2 pages, per-tensor Python-float scales
+batch_prefill_paged_fp8_cache = declare(
+    batch_prefill_paged_fp8_cache,
+    dtypes=HALF_DTYPES,
+    paged_batch=PagedBatchClaim("hnd", max_seqlen=False, features=("softcap", "mask", "sinks")),
+    fp8=Fp8Claim(("e4m3fn", "e5m2"), descale="tensor", kv_only=True),
 )
 
 
