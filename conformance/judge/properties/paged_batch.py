@@ -364,8 +364,13 @@ def _with_features(
         changes["starts"] = tuple(starts)
     if "window" in features and data.draw(st.booleans(), label="with window"):
         bound = st.one_of(st.none(), st.sampled_from(reach))
-        changes["window"] = (data.draw(bound, label="left"), data.draw(bound, label="right"))
-        if "sink_tokens" in features and data.draw(st.booleans(), label="with sink tokens"):
+        # sink tokens (SINK-4) beside a window with a left bound, the one they change
+        sink_tokens = "sink_tokens" in features and data.draw(
+            st.booleans(), label="with sink tokens"
+        )
+        left = st.sampled_from(reach) if sink_tokens else bound
+        changes["window"] = (data.draw(left, label="left"), data.draw(bound, label="right"))
+        if sink_tokens:
             counts = (1, 4, 16, 64) if realistic else (1, 2, 3, 4)
             changes["sink_tokens"] = data.draw(st.sampled_from(counts), label="n_sink_tokens")
     if "chunk" in features and data.draw(st.booleans(), label="with chunk"):
@@ -406,8 +411,8 @@ def _arguments(
     }
     keywords: dict[str, Any] = {name: backend.asarray(a) for name, a in given.items()}
     if claim.max_seqlen:
-        keywords["max_seqlen_q"] = int(max(0, *np.diff(given["cu_seqlens_q"])))
-        keywords["max_seqlen_k"] = int(max(0, *given["seqused_k"]))
+        keywords["max_seqlen_q"] = int(np.max(np.diff(given["cu_seqlens_q"]), initial=0))
+        keywords["max_seqlen_k"] = int(np.max(given["seqused_k"], initial=0))
     if kernel.declaration.causal:
         keywords["is_causal"] = call.is_causal
     if call.window is not None:
