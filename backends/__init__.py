@@ -19,9 +19,11 @@ from ._registry import (
     ADAPTERS,
     FLOAT8_DTYPE_NAMES,
     FLOAT_DTYPE_NAMES,
+    SHAPE_POOLS_VARIABLE,
     BackendError,
     canonical_name,
     env_choice,
+    shape_pools_asked,
 )
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "FLOAT8_DTYPE_NAMES",
     "FLOAT_DTYPE_NAMES",
     "REFERENCE_CONFIG",
+    "SHAPE_POOLS_VARIABLE",
     "Backend",
     "BackendError",
     "available_backends",
@@ -82,8 +85,10 @@ class Backend:
     @property
     def compiles_per_shape(self) -> bool:
         """Whether the library compiles a function anew for every new combination of input
-        shapes (JAX): a check then reuses a few shapes per run (conformance/shape_pool.py)."""
-        return self._adapter.compiles_per_shape
+        shapes (JAX): a check then reuses a few shapes per run (conformance/shape_pool.py).
+        ``ATTNSPEC_SHAPE_POOLS=1`` says so of a kernel that compiles itself per shape on a
+        library that does not (``torch.compile``)."""
+        return self._adapter.compiles_per_shape or shape_pools_asked()
 
     @property
     def has_strides(self) -> bool:

@@ -531,5 +531,16 @@ def canonical_name(name: str) -> str:
     return key
 
 
+# A kernel that compiles itself per shape on a library that does not (a function wrapped in
+# torch.compile) is checked with shape pools when this variable is "1" (Backend.compiles_per_
+# shape); the matrix sets it for such a known kernel (KnownKernel.env), and its workers
+# inherit it.
+SHAPE_POOLS_VARIABLE = "ATTNSPEC_SHAPE_POOLS"
+
+
+def shape_pools_asked() -> bool:
+    return os.environ.get(SHAPE_POOLS_VARIABLE) == "1"
+
+
 def env_choice() -> tuple[str | None, str | None]:
     return os.environ.get("ATTNSPEC_BACKEND") or None, os.environ.get("ATTNSPEC_DEVICE") or None

@@ -150,6 +150,8 @@ def unavailable(entry: KnownKernel, has_cuda: bool) -> MatrixRow | None:
         row.status, row.reason = NOT_INSTALLED, missing
     elif entry.device == "cuda" and not has_cuda:
         row.status, row.reason = NEEDS_GPU, "declared for CUDA; no GPU on this machine"
+    elif entry.gpu_only_here and not has_cuda:
+        row.status, row.reason = NEEDS_GPU, f"no GPU on this machine: {entry.gpu_only_here}"
     else:
         return None
     return row

@@ -31,12 +31,7 @@ import os
 from typing import Any
 
 from attnspec.conformance import declare
-from attnspec.conformance.kernels.adapters.torch import flex_kernels
-
-# Every new shape, dtype or mod closure may compile once more; past Dynamo's default limit
-# of 8 recompilations it would fall back to running flex_attention eagerly without saying
-# so in the result, and the check would no longer be of the compiled kernel.
-RECOMPILE_LIMIT = 512
+from attnspec.conformance.kernels.adapters.torch import flex_kernels, raise_recompile_limits
 
 _compiled: list[Any] = []
 
@@ -47,9 +42,7 @@ def compiled_flex_attention() -> Any:
         import torch
         from torch.nn.attention.flex_attention import flex_attention
 
-        for option in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
-            if hasattr(torch._dynamo.config, option):
-                setattr(torch._dynamo.config, option, RECOMPILE_LIMIT)
+        raise_recompile_limits()
         backend = os.environ.get("ATTNSPEC_FLEX_COMPILE_BACKEND", "inductor")
         _compiled.append(torch.compile(flex_attention, backend=backend))
     return _compiled[0]

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from ...backends import SHAPE_POOLS_VARIABLE
 from ..claims.declaration import qualified_name
 from .adapters.flash_linear import ROWS as FLA_ROWS
 from .adapters.flash_linear import Row
@@ -33,7 +34,9 @@ class KnownKernel:
     a declaration suffices); ``qualified_names`` the ``module.qualname`` of the library
     object(s) that ``name`` loads, by which ``attnspec check`` recognises it under any
     spelling; ``requires`` the modules that must be importable; ``device`` "cpu" or
-    "cuda" (checked only where a GPU is); ``note`` what the adapter does beyond calling.
+    "cuda" (checked only where a GPU is); ``note`` what the adapter does beyond calling;
+    ``gpu_only_here`` why a "cpu" row is nonetheless checked only where a GPU is (its CPU
+    path costs hours on this machine), "" for none.
     """
 
     name: str
@@ -44,6 +47,7 @@ class KnownKernel:
     device: str = "cpu"
     note: str = ""
     env: tuple[tuple[str, str], ...] = ()
+    gpu_only_here: str = ""
 
     def missing(self) -> str | None:
         """Why this kernel cannot be checked here (a module not installed), or None."""
@@ -112,6 +116,16 @@ KNOWN_KERNELS: tuple[KnownKernel, ...] = (
         (),
         ("torch",),
         note="mask, is_causal and bias all in one score_mod (-inf where masked)",
+    ),
+    KnownKernel(
+        _adapter("torch", "flex_attention_sinks"),
+        _adapter("torch", "flex_attention_sinks"),
+        "torch",
+        (),
+        ("torch",),
+        note="gpt-oss's sink logits (--sinks) in a score_mod: k and v get one more key of "
+        "zeros whose score is the head's sink; mask, is_causal and bias as in "
+        "flex_attention_score_mod",
     ),
     KnownKernel(
         "torch.nn:MultiheadAttention",
@@ -260,6 +274,22 @@ KNOWN_KERNELS: tuple[KnownKernel, ...] = (
             ("eager_attention", "Llama's eager_attention_forward (an additive float mask)"),
             ("gpt_oss_eager_attention", "gpt-oss's eager_attention_forward (module.sinks)"),
         )
+    ),
+    KnownKernel(
+        _adapter("transformers_attention", "flex_attention"),
+        _adapter("transformers_attention", "flex_attention"),
+        "torch",
+        (),
+        ("transformers",),
+        note="transformers' integrations.flex_attention.flex_attention_forward (compiled by "
+        "torch.compile, recompilation limits raised; a float mask broadcast to (B, H, Lq, Lk); "
+        "softcap); (B, H, L, E) in, its (B, L, H, Ev) output transposed back; shape pools "
+        "(ATTNSPEC_SHAPE_POOLS=1), as for a library that compiles per shape",
+        env=((SHAPE_POOLS_VARIABLE, "1"),),
+        gpu_only_here="torch.compile compiles it per shape, dtype and mask: 30-100 s a "
+        "compilation on this machine's 2 shared cores, about 5 hours for the quick profile, "
+        "and Inductor's CPU FlexAttention aborts the process on a captured mask "
+        "(docs/divergences.md#transformers-flex-cpu-mask-abort); attnspec check runs it",
     ),
     KnownKernel(
         _adapter("thirdparty", "performer_favor"),
@@ -767,6 +797,10 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
     "attnspec.conformance.kernels.adapters.torch.flex_attention_score_mod": {
         "masked-nonfinite-ignored": "docs/divergences.md#flex-masked-nan",
         **_FLEX_NO_CPU_BACKWARD,
+    },
+    # the sink's key of zeros changes nothing of it: 0 * NaN from a masked value
+    "attnspec.conformance.kernels.adapters.torch.flex_attention_sinks": {
+        "masked-nonfinite-ignored": "docs/divergences.md#flex-masked-nan",
     },
     "torch.nn.attention.flex_attention.flex_attention": {
         "masked-nonfinite-ignored": "docs/divergences.md#flex-masked-nan",

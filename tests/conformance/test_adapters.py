@@ -64,6 +64,31 @@ def test_flex_attention_adapters_compute_masked_biased_causal_attention() -> Non
             np.testing.assert_allclose(got.detach().numpy(), want, atol=1e-12, err_msg=str(kernel))
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_attention_sinks_adapter_puts_the_sink_in_the_denominator_only() -> None:
+    """SINK-1, SINK-2: the sink score_mod (a key of zeros scored by the head's sink) against
+    the serving oracle, with GQA, a mask, the causal rule (which must not exclude the sink's
+    key, past every real key) and a row that sees no key (its output 0: the sink takes the
+    whole weight)."""
+    from oracle_serving import attend
+
+    from attnspec.conformance.kernels.adapters.torch import flex_attention_sinks
+
+    rng = np.random.default_rng(5)
+    q, k, v = rng.standard_normal((2, 4, 5, 3)), *rng.standard_normal((2, 2, 2, 6, 3))
+    mask = rng.random((2, 1, 5, 6)) < 0.6
+    mask[:, :, 1] = False
+    sinks = rng.standard_normal(4).astype(np.float32)
+    got = flex_attention_sinks(
+        *map(_t, (q, k, v)), mask=_t(mask), is_causal=True, sinks=_t(sinks), enable_gqa=True
+    ).numpy()
+    for b in range(2):
+        allowed = mask[b, 0] & np.tri(5, 6, dtype=bool)
+        want, _ = attend(q[b], k[b], v[b], allowed.__getitem__, sinks=sinks)
+        np.testing.assert_allclose(got[b], want, atol=1e-12)
+    assert not got[:, :, 1].any()
+
+
 def test_multihead_attention_adapter_is_pure_attention_with_either_mask_argument() -> None:
     """Identity projections: the layer is SDPA per head; a key-only mask goes through
     key_padding_mask, any other through attn_mask (both True = masked out)."""

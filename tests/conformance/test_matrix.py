@@ -24,7 +24,7 @@ from support import ROOT, hand_report, hand_verdict
 
 from attnspec.conformance import cli, matrix
 from attnspec.conformance.judge.verdict import FAILED, NOT_APPLICABLE, PASSED, WAIVED, Report
-from attnspec.conformance.kernels.known import KNOWN_KERNELS
+from attnspec.conformance.kernels.known import KNOWN_KERNELS, KnownKernel
 from attnspec.conformance.plan import Execution
 from attnspec.conformance.run import supervisor as isolation
 from attnspec.conformance.run.property_runner import PROFILES, Profile
@@ -396,6 +396,16 @@ def test_a_kernel_left_out_by_kernel_keeps_why_it_cannot_run() -> None:
     runnable = next(e for e in KNOWN_KERNELS if matrix.unavailable(e, has_cuda=False) is None)
     row = matrix.unselected_row(runnable, {}, has_cuda=False)
     assert (row.status, row.reason) == (matrix.NOT_SELECTED, "left out of this run (--kernel)")
+
+
+def test_a_cpu_row_too_costly_here_is_listed_as_needing_a_gpu() -> None:
+    """CONF-1: a CPU row whose check costs hours on this machine (gpu_only_here) is listed as
+    needing a GPU, with the reason, where there is none, and is checked where there is."""
+    entry = KnownKernel("m:f", "m:f", "torch", gpu_only_here="it compiles per shape: hours")
+    row = matrix.unavailable(entry, has_cuda=False)
+    assert row is not None and row.status == matrix.NEEDS_GPU
+    assert row.reason.endswith("it compiles per shape: hours")
+    assert matrix.unavailable(entry, has_cuda=True) is None
 
 
 def test_kernels_checked_at_once_share_the_cpus_between_their_thread_pools(

@@ -53,6 +53,19 @@ def test_backends_say_whether_they_compile_per_shape() -> None:
     assert Backend("numpy").compiles_per_shape is False
 
 
+def test_shape_pools_variable_says_a_kernel_compiles_per_shape(monkeypatch: Any) -> None:
+    """SDPA-1.1, CONF-1: ATTNSPEC_SHAPE_POOLS=1 gives the pools to a kernel that compiles
+    itself per shape (torch.compile) on a library that does not; any other value does not."""
+    from attnspec.backends import SHAPE_POOLS_VARIABLE
+
+    monkeypatch.delenv(SHAPE_POOLS_VARIABLE, raising=False)
+    assert Backend("numpy").compiles_per_shape is False
+    monkeypatch.setenv(SHAPE_POOLS_VARIABLE, "1")
+    assert Backend("numpy").compiles_per_shape is True
+    monkeypatch.setenv(SHAPE_POOLS_VARIABLE, "0")
+    assert Backend("numpy").compiles_per_shape is False
+
+
 # Properties that ask draw_dims for other minimum sizes (causal-zeros: Lq != Lk, at least
 # one query and key; batch-head-independence: two key/value heads) or build a probe of
 # their own (default-scale): pooled, they meet the shapes the others meet.

@@ -109,3 +109,27 @@ def test_upstream_transformers_eager_rounds_bfloat16_scores_with_a_bias() -> Non
     for eager in (adapters.eager_attention, adapters.gpt_oss_eager_attention):
         assert _flat(eager(*args, b16, scale=1.0)) == [0.5]
     assert abs(_flat(adapters.sdpa_attention(*args, b16, scale=1.0))[0] - want) < 1e-3
+
+
+def test_flex_attention_adapter_passes_the_bias_softcap_and_heads(monkeypatch: Any) -> None:
+    """SDPA-3.2, SOFTCAP-1, SDPA-6.1: the adapter of transformers' flex_attention_forward gives
+    the float64 definition for a (1, H, Lq, Lk) bias it broadcasts to (B, H, Lq, Lk) (the
+    function reads head 0 of a per-batch mask), a softcap before the bias, grouped heads and
+    its output transposed back.  torch.compile's compilation is replaced by eager
+    FlexAttention here (one compilation is 40-100 s on this machine); the matrix row runs
+    the compiled kernel where a GPU is."""
+    from torch.nn.attention.flex_attention import flex_attention
+    from transformers.integrations import flex_attention as integration
+
+    def eager(q: Any, k: Any, v: Any, training: bool = False, **kwargs: Any) -> Any:
+        return flex_attention(q, k, v, **kwargs)
+
+    monkeypatch.setattr(integration, "compile_friendly_flex_attention", eager)
+    rng = np.random.default_rng(3)
+    q, k, v = rng.standard_normal((2, 4, 3, 4)), *rng.standard_normal((2, 2, 2, 5, 4))
+    bias = rng.standard_normal((1, 1, 3, 5))
+    want, _ = sdpa(q, k, v, bias=bias, softcap=2.0, scale=0.3)
+    got = transformers_attention.flex_attention(
+        *(torch.from_numpy(a) for a in (q, k, v, bias)), scale=0.3, softcap=2.0
+    )
+    np.testing.assert_allclose(got.numpy(), want, atol=1e-12)

@@ -6,6 +6,8 @@ function) and ``nn.MultiheadAttention`` (a module with projections).
 - ``flex_attention_score_mod``: mask, causal and bias all in one ``score_mod`` that puts
   ``-inf`` where a key is masked out, the way FlexAttention's documentation shows masking
   without a block mask.
+- ``flex_attention_sinks``: the same ``score_mod`` with gpt-oss's sink logits (SINK-1) as the
+  score of one more key of zeros appended to k and v.
 - ``multihead_attention`` / ``multihead_attention_no_weights``: ``nn.MultiheadAttention``
   with identity input and output projections and no biases, so that the layer is pure
   attention over heads concatenated along the features (head h reads features h E ...
@@ -141,6 +143,22 @@ def flex_kernels(
     )
 
 
+# Every new shape, dtype or mod closure may compile once more; past Dynamo's default limit
+# of 8 recompilations a compiled function falls back to running eagerly without saying so
+# in the result, and a check would no longer be of the compiled kernel.
+RECOMPILE_LIMIT = 512
+
+
+def raise_recompile_limits() -> None:
+    """Dynamo's recompilation limits raised to :data:`RECOMPILE_LIMIT` (never lowered)."""
+    import torch
+
+    for option in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+        current = getattr(torch._dynamo.config, option, None)
+        if isinstance(current, int) and current < RECOMPILE_LIMIT:
+            setattr(torch._dynamo.config, option, RECOMPILE_LIMIT)
+
+
 def _eager_flex_attention() -> Any:
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -169,6 +187,51 @@ flex_attention_score_mod = pad_head_dims(declare(_flex_score_mod, **_FLEX))
 flex_attention_score_mod.__name__ = flex_attention_score_mod.__qualname__ = (
     "flex_attention_score_mod"
 )
+
+
+def _with_sink_column(score_mod: Any, sinks: Any, n_keys: int) -> Any:
+    """``score_mod`` over keys ``0 .. n_keys - 1``, and the head's sink logit as the score of
+    one more key at index ``n_keys`` (SINK-1: a logit, not scaled, biased or masked; with a
+    value of 0 it joins the denominator only).  The other mods are read at an index clamped
+    into the real keys, since FlexAttention calls them for the appended key as well."""
+    import torch
+
+    per_head = sinks.reshape(-1, sinks.shape[-1])  # (1 | B, Hq)
+
+    def score_mod_with_sink(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        real = torch.clamp(kv_idx, max=n_keys - 1)
+        scored = score if score_mod is None else score_mod(score, b, h, q_idx, real)
+        sink = per_head[b if per_head.shape[0] > 1 else 0, h].to(scored.dtype)
+        return torch.where(kv_idx == n_keys, sink, scored)
+
+    return score_mod_with_sink
+
+
+@convention(
+    optional={**SPEC_KEYWORDS, "enable_gqa": False, "sinks": None},
+    name="_flex_sink_score_mod",
+    module=__name__,
+)
+def _flex_sink_score_mod(call: SimpleNamespace) -> Any:
+    """Eager FlexAttention with gpt-oss's sink logits as a ``score_mod``: flex_attention
+    cannot add a term to the denominator, so k and v get one more key of zeros whose score
+    the ``score_mod`` sets to the head's sink (mask, causal rule and bias as in
+    ``flex_attention_score_mod``); without sinks, that kernel's call."""
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q, k, v, sinks = call.q, call.k, call.v, call.sinks
+    score_mod, _ = _score_mod_only(q, k, call.mask, call.bias, call.is_causal)
+    if sinks is not None:
+        score_mod = _with_sink_column(score_mod, sinks, k.shape[-2])
+        k, v = (torch.cat([x, x.new_zeros((*x.shape[:-2], 1, x.shape[-1]))], -2) for x in (k, v))
+    return flex_attention(
+        q, k, v, score_mod=score_mod, scale=call.scale, enable_gqa=call.enable_gqa
+    )
+
+
+flex_attention_sinks = pad_head_dims(declare(_flex_sink_score_mod, **_FLEX, sinks=True))
+flex_attention_sinks.__name__ = flex_attention_sinks.__qualname__ = "flex_attention_sinks"
 
 
 def _identity_mha(embed_dim: int, num_heads: int, dtype: Any, device: Any) -> Any:

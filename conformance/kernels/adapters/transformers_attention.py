@@ -16,6 +16,13 @@ model's ``self.scaling`` is ``head_dim ** -0.5`` (the eager functions have no de
   function most models copy: an additive float mask only, no ``is_causal``.
 - gpt-oss's ``eager_attention_forward`` (``transformers.models.gpt_oss.modeling_gpt_oss``):
   Llama's with a learned sink logit per head (``module.sinks``, SINK-1).
+- ``flex_attention_forward`` (``transformers.integrations.flex_attention``): PyTorch's
+  FlexAttention, compiled by transformers with ``torch.compile`` (Dynamo's recompilation
+  limits raised, so that the compiled kernel, not an eager fallback, is what is checked), the
+  (float) mask added in a score_mod that reads it as ``(B, 1, Lq, Lk)``
+  (``score_mask[batch_idx][0]``: the adapter broadcasts a bias to ``(B, H, Lq, Lk)``, as the
+  spec means it, and transformers reads head 0), its ``softcap`` applied before the mask;
+  sinks (``s_aux``) it refuses on the CPU.
 """
 
 from __future__ import annotations
@@ -77,6 +84,24 @@ def gpt_oss_eager_attention(call: SimpleNamespace) -> Any:
     return out.transpose(1, 2)
 
 
+@convention(optional={"attention_mask": None}, keywords={"scale": None, "softcap": None})
+def flex_attention(call: SimpleNamespace) -> Any:
+    """``transformers.integrations.flex_attention.flex_attention_forward``."""
+    import torch
+    from transformers.integrations.flex_attention import flex_attention_forward
+
+    from .torch import raise_recompile_limits
+
+    raise_recompile_limits()
+    q, k, v, mask = call.q, call.k, call.v, call.attention_mask
+    if mask is not None:  # its score_mod indexes a 4-d mask by batch element
+        mask = torch.broadcast_to(mask, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
+    out, _ = flex_attention_forward(
+        _module(q, k), q, k, v, mask, scaling=_scaling(q, call.scale), softcap=call.softcap
+    )
+    return out.transpose(1, 2)
+
+
 # transformers passes 4-d (B, H, L, E) tensors; GQA by head counts
 _COMMON = {"gqa": True, "batch_ndim": 1}
 # a bool or float attention_mask through SDPA's attn_mask; is_causal ignored with a mask
@@ -98,3 +123,4 @@ _EAGER = {
 }
 eager_attention = declare(eager_attention, **_EAGER)
 gpt_oss_eager_attention = declare(gpt_oss_eager_attention, **_EAGER, sinks=True)
+flex_attention = declare(flex_attention, **_EAGER, softcap=True)
