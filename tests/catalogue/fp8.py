@@ -493,3 +493,7 @@ BUGS = (
         "fp8-matches-reference",
     ),
 )
+
+# the correct kernels of the packed call and the float8 cache (QUANT-7, QUANT-8), recorded
+# over seeds as a family of their own (scripts/measure-correct-seeds)
+SERVING_CORRECT = (fp8_varlen, fp8_float8_cache, fp8_float8_cache_tensor)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from catalogue import fp8, merge, mla, paged_batch, sinks
+from catalogue import chunked, fp8, merge, mla, paged_batch, sinks
 from catalogue.correct_features import FEATURE_KERNELS
 
 RECORD = Path(__file__).resolve().parents[2] / "docs/figures/correct-seeds.json"
@@ -38,13 +38,16 @@ def _correct_kernels() -> dict[str, set[str]]:
         "merge": named("merge", merge.CORRECT),
         "paged": named("paged_batch", paged_batch.CORRECT),
         "fp8": named("fp8", fp8.CORRECT),
+        "fp8-serving": named("fp8", fp8.SERVING_CORRECT),
+        "chunk": named("chunked", chunked.CORRECT),
         "varlen": named("packed_kernels", packed),
     }
 
 
 def test_record_names_every_correct_serving_kernel() -> None:
-    """SINK-1, MLA-1, MERGE-3, PAGED-2, QUANT-4, VARLEN-1, KVCACHE-2: each serving family
-    of the record lists exactly the catalogue's correct kernels of that family."""
+    """SINK-1, MLA-1, MERGE-3, PAGED-2, QUANT-4, QUANT-7, QUANT-8, CHUNK-1, VARLEN-1,
+    KVCACHE-2: each serving family of the record lists exactly the catalogue's correct
+    kernels of that family."""
     families = _record()["families"]
     for family, kernels in _correct_kernels().items():
         assert set(families[family]["kernels"]) == kernels, family
