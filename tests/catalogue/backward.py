@@ -126,6 +126,24 @@ def forward(q: Any, k: Any, v: Any, bias: Any, call: SpecCall) -> tuple[Any, Any
     return weights @ vv, lse
 
 
+def _over_batch(a: Any) -> Any:
+    """Every batch element given the sum over the batch (the first dim) of ``a``."""
+    return a.sum(0, keepdim=True).expand_as(a).clone() if a.ndim > 3 else a
+
+
+def _batch_shared_lse(s: Any) -> Any:
+    """The log-sum-exp of ``s`` with one row maximum for every batch element (the first
+    dim), as a kernel that reduces over a flattened batch x rows axis: a row whose scores
+    lie far below another element's underflows to log 0 = -inf (no key)."""
+    if not s.shape[-1]:  # no key: nothing to share
+        return torch.logsumexp(s, dim=-1, keepdim=True)
+    top = s.amax(dim=-1, keepdim=True)
+    if top.ndim > 3:
+        top = top.amax(dim=0, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, 0.0)
+    return top + torch.log(torch.exp(s - top).sum(-1, keepdim=True))
+
+
 @spec_function({**BACKWARD_KEYWORDS, "key_block": 64, "bug": ""}, BACKWARD_ARRAYS)
 def flash2_backward(call: SpecCall) -> Gradients:
     """FlashAttention 2's backward (Dao 2023, Algorithm 2) in float32: the forward's
@@ -142,6 +160,8 @@ def flash2_backward(call: SpecCall) -> Gradients:
     n_queries, n_keys = q.shape[-2], k.shape[-2]
     s = raw.masked_fill(~allowed, -math.inf)
     lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    if bug == "batch-shared-max":
+        lse = _batch_shared_lse(s)
     if bug == "no-alibi-in-backward":  # the weights recomputed without the ALiBi term
         raw = _scores(q, kk, bias, alpha, softcap)[1]
     attends = torch.isfinite(lse)
@@ -206,6 +226,8 @@ def flash2_backward(call: SpecCall) -> Gradients:
         dv = dv.reshape(*dv.shape[:-3], group, n_kv_heads, *dv.shape[-2:]).sum(-4)
     else:
         dk, dv = dk.reshape(shape).sum(-3), dv.reshape(value_shape).sum(-3)
+    if bug == "dkv-summed-over-batch":  # the batch folded into the reduction of the group
+        dk, dv = _over_batch(dk), _over_batch(dv)
     dbias = None
     if bias is not None:
         if bug == "dbias-not-reduced":
@@ -214,6 +236,8 @@ def flash2_backward(call: SpecCall) -> Gradients:
             dbias = _reduce(d_scores, tuple(bias.shape)) * bias.numel() / d_scores.numel()
         else:
             dbias = _reduce(d_scores, tuple(bias.shape))
+        if bug == "dbias-summed-over-batch" and bias.ndim == d_scores.ndim:
+            dbias = _over_batch(dbias)
     return (
         _reduce(dq, tuple(q.shape)),
         _reduce(dk, tuple(k.shape)),
@@ -369,6 +393,21 @@ BUGS = (
         "kv-swapped", "diffusers #14338: V used where K belongs in dQ", "gradients-match-reference"
     ),
     BackwardBug("no-alibi-in-backward", "the weights recomputed without ALiBi", "gradients-alibi"),
+    BackwardBug(
+        "dkv-summed-over-batch",
+        "dK/dV summed over the batch as over a GQA group (the batch folded into the heads)",
+        "gradients-batch-composition",
+    ),
+    BackwardBug(
+        "batch-shared-max",
+        "the recomputed weights' row maximum taken over the batch too",
+        "gradients-batch-composition",
+    ),
+    BackwardBug(
+        "dbias-summed-over-batch",
+        "a per-element bias's gradient summed over the batch",
+        "gradients-batch-composition",
+    ),
     BackwardBug(
         "lse-not-differentiated",
         "the returned log-sum-exp treated as a constant (its gradient dropped)",

@@ -15,7 +15,9 @@ repeated calls, strided inputs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -29,10 +31,13 @@ from ...call.problem import Problem
 from ...claims.declaration import KernelDeclaration
 from ...draw.input_features import FULLY_MASKED_ROW, allowed_keys, scores_shape
 from ...draw.realistic_values import LARGEST_FINITE
-from ...draw.sizes import Dims, avoided_now
+from ...draw.shape_pool import pooling
+from ...draw.sizes import Dims, avoided_now, current
 from ...draw.strategies import (
+    draw_dims,
     draw_problem,
     random_problem,
+    random_values,
     with_a_key_per_row,
     within_limitations,
 )
@@ -299,13 +304,23 @@ def gradients_match_reference(kernel: KernelUnderTest, data: st.DataObject) -> N
     A dropped or low-precision delta term, a scale applied twice or not at all, GQA
     gradients not summed over the group, a missing softcap derivative or a last key block
     left out are outside it."""
-    problem = draw_problem(data, kernel)
+    problem, rng = _drawn_for_gradients(kernel, data)
+    grad_out = _upstream(kernel, problem, rng)
+    assert_gradients_match(kernel, problem, grad_out, call_backward(kernel, problem, grad_out))
+
+
+def _drawn_for_gradients(
+    kernel: KernelUnderTest, data: st.DataObject, dims: Dims | None = None
+) -> tuple[Problem, np.random.Generator]:
+    """A problem drawn as the forward accuracy properties draw them (of ``dims`` where
+    given), as the backward properties call it, a softcap drawn where claimed; and the
+    generator its upstream gradients come from."""
+    problem = draw_problem(data, kernel, dims=dims)
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="dO seed"))
     problem = with_keys(kernel, _for_backward(kernel, problem, rng))
     if kernel.declaration.softcap and data.draw(st.booleans(), label="softcap"):
         problem = problem.with_(softcap=data.draw(st.sampled_from(SOFTCAPS), label="cap"))
-    grad_out = _upstream(kernel, problem, rng)
-    assert_gradients_match(kernel, problem, grad_out, call_backward(kernel, problem, grad_out))
+    return problem, rng
 
 
 # --- fixed problems -----------------------------------------------------------------
@@ -952,6 +967,138 @@ def gradients_layout_independence(kernel: KernelUnderTest, seed: int) -> None:
         context = f" (q, k, v {layout})"
         grads = call_backward(kernel, problem, grad_out, (args, kwargs), context)
         assert_gradients_match(kernel, problem, grad_out, grads, context)
+
+
+# --- batch composition (BWD-19) ----------------------------------------------------------
+
+# The magnitudes of the companions a batch element gets: as drawn, and with scores some
+# hundreds larger than the element's (a row maximum shared over the batch then underflows
+# the element's weights to 0)
+COMPANION_MAGNITUDES = (1.0, 16.0)
+
+
+def batch_element(a: np.ndarray, full_ndim: int, index: tuple[int, ...]) -> np.ndarray:
+    """Batch element ``index`` of ``a``, right-aligned against an array of ``full_ndim``
+    dims whose first ``len(index)`` are the batch: its batch axes kept with size 1 (an
+    axis ``a`` broadcasts along, or leaves out, as it is)."""
+    offset = full_ndim - a.ndim
+    return a[
+        tuple(
+            slice(index[axis + offset], index[axis + offset] + 1)
+            if axis + offset < len(index) and a.shape[axis] > 1
+            else slice(None)
+            for axis in range(a.ndim)
+        )
+    ]
+
+
+def _per_element(a: np.ndarray, full_ndim: int, batch: tuple[int, ...]) -> bool:
+    """Whether ``a`` has its own values for every batch element (no batch broadcast)."""
+    offset = full_ndim - a.ndim
+    return all(
+        size == 1 or (axis >= offset and a.shape[axis - offset] == size)
+        for axis, size in enumerate(batch)
+    )
+
+
+def _batch_in_calls(declaration: KernelDeclaration) -> str | None:
+    reason = needs("backward")(declaration)
+    if reason is None and declaration.batch_ndim == 0:
+        reason = "the kernel takes no batch dimension (batch_ndim=0)"
+    return reason
+
+
+def _composed(
+    kernel: KernelUnderTest, data: st.DataObject
+) -> tuple[Problem, np.random.Generator, bool] | None:
+    """A drawn problem of two batch elements or more (None where --max-batch-heads leaves
+    no room for a second), with a bias of its own per element
+    where the shapes are not pooled (one broadcast over the batch gets the sum of every
+    element's dS, BWD-2, so its gradient is not one element's), the generator of its
+    values, and whether its shapes are pooled."""
+    pooled = pooling(data)
+    dims = draw_dims(data, kernel, where=lambda dims: math.prod(dims.batch) >= 2)
+    if math.prod(dims.batch) < 2:  # a second batch element (an unpooled shape)
+        if 2 * dims.batch_heads > current().limits.max_batch_heads:
+            return None
+        dims = replace(dims, batch=(2, *(dims.batch or (1,))[1:]))
+    problem, rng = _drawn_for_gradients(kernel, data, dims)
+    bias, batch = problem.bias, problem.q.shape[:-3]
+    if bias is not None and not pooled:
+        heads = bias.shape[-3] if bias.ndim >= 3 else 1
+        bias = np.array(np.broadcast_to(bias, (*batch, heads, *bias.shape[-2:])))
+        problem = problem.with_(bias=bias)
+    return problem, rng, pooled
+
+
+@register("gradients-batch-composition", "BWD-19", applies=_batch_in_calls)
+def gradients_batch_composition(kernel: KernelUnderTest, data: st.DataObject) -> None:
+    """One batch element's dq, dk, dv (and its bias's gradient, where the bias is its own)
+    are the same, within twice BWD-17's bound of that element, in the drawn batch, in the
+    same batch with every other element's inputs and dO renewed (of the drawn magnitude or
+    16 times it), and (where shapes are not pooled: a compiled kernel would compile another
+    batch size) alone in a batch of one: each is within BWD-17's bound of the same
+    definition, a function of that element's inputs alone.  dK/dV or a bias gradient summed
+    over the batch, or a row maximum of the recomputed weights shared across batch
+    elements, are not."""
+    composed = _composed(kernel, data)
+    if composed is None:
+        kernel.note("--max-batch-heads leaves no batch of 2 at these heads")
+        return
+    problem, rng, pooled = composed
+    batch = problem.q.shape[:-3]
+    flat = data.draw(st.integers(0, math.prod(batch) - 1), label="batch element")
+    index = tuple(int(i) for i in np.unravel_index(flat, batch))
+    magnitude = data.draw(st.sampled_from(COMPANION_MAGNITUDES), label="companions' magnitude")
+    full = len(batch) + 3
+
+    def element(a: np.ndarray | None, ndim: int = full) -> Any:
+        return None if a is None else batch_element(a, ndim, index)
+
+    def renewed(a: np.ndarray, scale: float) -> np.ndarray:
+        fresh = random_values(kernel, rng, a.shape, problem.dtype, scale)
+        fresh[index] = a[index]
+        return fresh
+
+    grad_out = _upstream(kernel, problem, rng)
+    companions = problem.with_(**{n: renewed(getattr(problem, n), magnitude) for n in "qkv"})
+    calls = [
+        ("in the drawn batch", problem, grad_out),
+        ("among renewed companions", companions, renewed(grad_out, 1.0)),
+    ]
+    alone = problem.with_(
+        q=element(problem.q),
+        k=element(problem.k),
+        v=element(problem.v),
+        mask=element(problem.mask),
+        bias=element(problem.bias),
+        alibi_slopes=element(problem.alibi_slopes, len(batch) + 1),
+    )
+    if not pooled:
+        calls.append(("alone in a batch of one", alone, element(grad_out)))
+    found = [(what, p, call_backward(kernel, p, d, context=f" ({what})")) for what, p, d in calls]
+    first = found[0][2]
+    bound = expected_gradients(kernel, alone, element(grad_out), element(first.bias))
+    tolerances = (bound.dq_tolerance, bound.dk_tolerance, bound.dv_tolerance)
+    compared = list(zip(NAMES[:3], tolerances, strict=True))
+    if first.bias is not None and _per_element(first.bias, full, batch):
+        compared.append(("dbias", bound.dbias_tolerance))
+    for name, tolerance in compared:
+        allowed = 2 * np.asarray(tolerance)
+        expected = element(first.named()[name])
+        for what, other, grads in found[1:]:
+            got = element(grads.named()[name])  # an element alone: as it is
+            outside = first_outside(np.abs(got - expected), allowed)
+            if outside is not None:
+                at, count = outside
+                raise PropertyFailure(
+                    f"{name}{list(at)} of batch element {list(index)} is {got[at]!r} "
+                    f"{what} and {expected[at]!r} in the drawn batch {list(batch)}, but should "
+                    f"be the same within {allowed[at]:.3g} (twice its BWD-17 bound); "
+                    f"{count} of {got.size} elements outside [BWD-19]",
+                    other,
+                    kernel,
+                )
 
 
 __all__ = ["Gradients", "assert_gradients_match", "call_backward", "expected_gradients"]

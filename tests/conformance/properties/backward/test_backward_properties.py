@@ -31,10 +31,10 @@ def backward_properties() -> list[str]:
 
 
 def test_every_backward_clause_with_a_property_is_cited() -> None:
-    """BWD-1 … BWD-5, BWD-8 … BWD-13, BWD-15, BWD-17: the clauses the backward
+    """BWD-1 … BWD-5, BWD-8 … BWD-13, BWD-15, BWD-17, BWD-19: the clauses the backward
     properties check, each by at least one property."""
     clauses = {all_properties()[p].clause for p in backward_properties()}
-    checked = ("1", "2", "3", "4", "5", "8", "9", "10", "11", "12", "13", "15", "17")
+    checked = ("1", "2", "3", "4", "5", "8", "9", "10", "11", "12", "13", "15", "17", "19")
     assert clauses == {f"BWD-{n}" for n in checked}
 
 
@@ -117,3 +117,45 @@ def test_a_kernel_without_masks_or_causal_is_still_checked(
         causal=False,
     )
     assert [v.status for v in report.verdicts] == [FAILED]
+
+
+def test_abatch_elements_bound_is_its_own() -> None:
+    """BWD-19's premise: BWD-17's bound (and the definition) of one batch element, from a
+    call on a batch of three with a bias of its own per element, GQA, a mask and causal,
+    is that of the element alone, so gradients-batch-composition's 2x bound holds for
+    every pair of calls; with a bias broadcast over the batch its gradient is not."""
+    import numpy as np
+
+    from attnspec.conformance.judge.properties.backward import batch_element
+    from attnspec.reference.tolerance_backward import gradient_error_bound
+
+    rng = np.random.default_rng(19)
+
+    def rounded(*shape: int) -> Any:
+        return rng.standard_normal(shape).astype(np.float32).astype(np.float64)
+
+    q, k, v, grad_out = (
+        rounded(3, 4, 9, 8),
+        rounded(3, 2, 11, 8),
+        rounded(3, 2, 11, 5),
+        rounded(3, 4, 9, 5),
+    )
+    options = {"mask": rng.random((3, 1, 9, 11)) < 0.8, "is_causal": True, "dtype": "float32"}
+    for bias, own in ((rounded(3, 4, 9, 11), True), (rounded(4, 9, 11), False)):
+        batched = gradient_error_bound(q, k, v, grad_out, bias=bias, **options)
+        for element in range(3):
+
+            def alone(a: Any, index: tuple[int, ...] = (element,)) -> Any:
+                return batch_element(a, 4, index)
+
+            single = gradient_error_bound(
+                *(alone(a) for a in (q, k, v, grad_out)),
+                bias=alone(bias),
+                **{**options, "mask": alone(options["mask"])},
+            )
+            if not own:  # the sum over the batch: not one element's
+                assert not np.allclose(single.dbias, batched.dbias)
+            for name, got, expected in zip(single._fields, single, batched, strict=True):
+                if name.startswith("dbias") and not own:
+                    continue
+                np.testing.assert_allclose(got, alone(expected), rtol=1e-12, err_msg=name)
