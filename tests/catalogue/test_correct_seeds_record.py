@@ -33,7 +33,7 @@ def _correct_kernels() -> dict[str, set[str]]:
 
     packed = [fn for name, fn in FEATURE_KERNELS if name.startswith(("varlen-", "kv-cache-"))]
     return {
-        "sinks": named("sinks", sinks.CORRECT),
+        "sinks": named("sinks", (*sinks.CORRECT, *sinks.TOKEN_CORRECT)),
         "mla": named("mla", mla.CORRECT),
         "merge": named("merge", merge.CORRECT),
         "paged": named("paged_batch", paged_batch.CORRECT),
