@@ -1011,13 +1011,16 @@ def _batch_in_calls(declaration: KernelDeclaration) -> str | None:
 def _composed(
     kernel: KernelUnderTest, data: st.DataObject
 ) -> tuple[Problem, np.random.Generator, bool] | None:
-    """A drawn problem of two batch elements or more (None where --max-batch-heads leaves
-    no room for a second), with a bias of its own per element
+    """A drawn problem of two batch elements or more (None on an anchor of one element,
+    the largest problems, which a second element would double, and where --max-batch-heads
+    leaves no room for a second), with a bias of its own per element
     where the shapes are not pooled (one broadcast over the batch gets the sum of every
     element's dS, BWD-2, so its gradient is not one element's), the generator of its
     values, and whether its shapes are pooled."""
     pooled = pooling(data)
     dims = draw_dims(data, kernel, where=lambda dims: math.prod(dims.batch) >= 2)
+    if math.prod(dims.batch) < 2 and current().stratum.anchor is not None:
+        return None  # a single long problem: a second element would double the largest
     if math.prod(dims.batch) < 2:  # a second batch element (an unpooled shape)
         if 2 * dims.batch_heads > current().limits.max_batch_heads:
             return None
@@ -1040,10 +1043,14 @@ def gradients_batch_composition(kernel: KernelUnderTest, data: st.DataObject) ->
     batch size) alone in a batch of one: each is within BWD-17's bound of the same
     definition, a function of that element's inputs alone.  dK/dV or a bias gradient summed
     over the batch, or a row maximum of the recomputed weights shared across batch
-    elements, are not."""
+    elements, are not.  Drawn on every stratum; of the anchors, those that are batches
+    already (a single long anchor, the largest problem, is not doubled)."""
     composed = _composed(kernel, data)
     if composed is None:
-        kernel.note("--max-batch-heads leaves no batch of 2 at these heads")
+        kernel.note(
+            "not run on anchors of one batch element, nor where --max-batch-heads "
+            "leaves no batch of 2 at the heads drawn"
+        )
         return
     problem, rng, pooled = composed
     batch = problem.q.shape[:-3]
