@@ -20,8 +20,9 @@ import array_api_compat
 from ._array import Array
 from ._checks import check_flag, check_size, namespace_of
 from .attention import scaled_dot_product_attention
-from .options import FeatureOptions, filled, shows_options
+from .options import FeatureOptions, SinkLogits, filled, shows_options
 from .serving.paged import Rules, check_window
+from .serving.sinks import attention_with_sinks
 
 if TYPE_CHECKING:
     from typing import Unpack
@@ -156,7 +157,7 @@ class _New(TypedDict, total=False):
     scale: float | None
 
 
-class KvCacheOptions(_New, FeatureOptions, total=False):
+class KvCacheOptions(_New, FeatureOptions, SinkLogits, total=False):
     """``kv_cache_attention``'s keywords."""
 
     cache_leftpad: Array
@@ -174,8 +175,10 @@ def kv_cache_attention(
     Batch element b sees its cache positions ``cache_leftpad[b]`` (0 when absent) …
     ``cache_seqlens[b] - 1`` followed by its ``L_new`` new keys; causal calls, ALiBi, the
     ``window (left, right)`` (SPARSE-2.1) and ``attention_chunk`` (CHUNK-1) are bottom-right
-    with L_k = cache_seqlens[b] - cache_leftpad[b] + L_new (KVCACHE-6).  Returns
-    ``out (B, Hq, Lq, Ev)``, or ``(out, lse)`` with ``lse (B, Hq, Lq)``.
+    with L_k = cache_seqlens[b] - cache_leftpad[b] + L_new (KVCACHE-6); ``sinks (Hq,)``
+    join every row's denominator (SINK-6; a row that sees no key gives 0 and
+    ``lse = sinks[h]``).  Returns ``out (B, Hq, Lq, Ev)``, or ``(out, lse)`` with
+    ``lse (B, Hq, Lq)``.
     """
     options = filled(KvCacheOptions, given)
     k, v, alibi_slopes = options["k"], options["v"], options["alibi_slopes"]
@@ -189,6 +192,7 @@ def kv_cache_attention(
         v=v,
         alibi_slopes=alibi_slopes,
         cache_leftpad=cache_leftpad,
+        sinks=options["sinks"],
     )
     return_lse = check_flag("return_lse", options["return_lse"], CALL)
     chunk = (
@@ -221,18 +225,15 @@ def kv_cache_attention(
         slopes = (
             alibi_slopes if alibi_slopes is None or alibi_slopes.ndim == 1 else alibi_slopes[b, ...]
         )
-        out_b, lse_b = scaled_dot_product_attention(
-            q[b, ...],
-            keys,
-            values,
+        scores = dict(
             mask=mask,
             is_causal=options["is_causal"],
             causal_alignment="bottom_right",
             scale=options["scale"],
             softcap=options["softcap"],
             alibi_slopes=slopes,
-            return_lse=True,
         )
+        out_b, lse_b = attention_with_sinks(q[b, ...], keys, values, options["sinks"], scores, CALL)
         outs.append(out_b)
         lses.append(lse_b)
     if not outs:

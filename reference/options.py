@@ -72,6 +72,13 @@ class AttentionOptions(ScoreOptions, DropoutOptions, total=False):
     return_lse: bool
 
 
+class SinkLogits(TypedDict, total=False):
+    """One sink logit per query head, ``(Hq,)``, in every row's denominator (SINK-1) of a
+    packed or cache call; each sequence's rows get SINK-1 … SINK-3."""
+
+    sinks: Array
+
+
 class ReturnLse(TypedDict, total=False):
     """Whether the log-sum-exp is returned too (LSE-1)."""
 

@@ -16,8 +16,7 @@ import array_api_compat
 
 from ._array import Array
 from ._checks import check_flag, namespace_of
-from .attention import scaled_dot_product_attention
-from .options import CausalOptions, FeatureOptions, filled, shows_options
+from .options import CausalOptions, FeatureOptions, SinkLogits, filled, shows_options
 from .sdpa import compute_dtype
 
 if TYPE_CHECKING:
@@ -106,8 +105,8 @@ def sequence_masks(
     return masks
 
 
-class VarlenOptions(CausalOptions, FeatureOptions, total=False):
-    """``varlen_attention``'s keywords: no bias, and a packed mask (VARLEN-6)."""
+class VarlenOptions(CausalOptions, FeatureOptions, SinkLogits, total=False):
+    """``varlen_attention``'s keywords: no bias, a packed mask (VARLEN-6), sink logits."""
 
     mask: Array
     return_lse: bool
@@ -129,12 +128,17 @@ def varlen_attention(
     ``alibi_slopes`` is ``(Hq,)`` or ``(B, Hq)``; ``mask`` is flattened, sequence by
     sequence, ``(sum_b Lq_b * Lk_b,)`` boolean (VARLEN-6).  Offsets may end before the
     token counts: the tokens past them are padding, never read, and their output rows are
-    0 (VARLEN-5).  Returns ``out (T_q, Hq, Ev)`` in q's dtype, or ``(out, lse)`` with
-    ``lse (Hq, T_q)`` in the accumulation dtype (LSE-3; -inf for the padding rows).
+    0 (VARLEN-5).  ``sinks (Hq,)`` join every sequence's rows (SINK-6): a row that sees no
+    key gives 0 and ``lse = sinks[h]``, a padding row 0 and -inf (it is no query).  Returns
+    ``out (T_q, Hq, Ev)`` in q's dtype, or ``(out, lse)`` with ``lse (Hq, T_q)`` in the
+    accumulation dtype (LSE-3; -inf for the padding rows).
     """
+    # imported here: reference.serving imports this module (serving.paged's masks)
+    from .serving.sinks import attention_with_sinks
+
     options = filled(VarlenOptions, given)
-    mask, alibi_slopes = options["mask"], options["alibi_slopes"]
-    xp = namespace_of(CALL, q=q, k=k, v=v, alibi_slopes=alibi_slopes, mask=mask)
+    mask, alibi_slopes, sinks = options["mask"], options["alibi_slopes"], options["sinks"]
+    xp = namespace_of(CALL, q=q, k=k, v=v, alibi_slopes=alibi_slopes, mask=mask, sinks=sinks)
     return_lse = check_flag("return_lse", options["return_lse"], CALL)
     require_packed(CALL, q=q, k=k, v=v)
     if k.shape[0] != v.shape[0]:
@@ -169,19 +173,17 @@ def varlen_attention(
         slopes = (
             alibi_slopes if alibi_slopes is None or alibi_slopes.ndim == 1 else alibi_slopes[b, ...]
         )
-        out_b, lse_b = scaled_dot_product_attention(
-            q_b,
-            k_b,
-            v_b,
-            **filled(CausalOptions, options),
+        scores = dict(
+            filled(CausalOptions, options),
             mask=masks[b],
             softcap=options["softcap"],
             alibi_slopes=slopes,
-            return_lse=True,
         )
+        out_b, lse_b = attention_with_sinks(q_b, k_b, v_b, sinks, scores, CALL)
         outs.append(heads_first(xp, out_b))
         lses.append(lse_b)
     # the padding rows past cu_seqlens_q[-1] (all rows when B = 0) see no key (VARLEN-5)
+    # and are no sequence's queries: no sink joins them (SINK-6)
     device, padding = array_api_compat.device(q), q.shape[0] - starts_q[-1]
     outs.append(xp.zeros((padding, q.shape[1], v.shape[2]), dtype=q.dtype, device=device))
     work = compute_dtype(xp, q.dtype)

@@ -157,18 +157,23 @@ def _keyword_claim(field: str, of: str, help: str, **claim: Any) -> Claim:
 
 
 def _argument_claim(
-    field: str, help: str, shows: str | Callable[[KernelDeclaration], str]
+    field: str,
+    help: str,
+    shows: str | Callable[[KernelDeclaration], str],
+    families: tuple[str, ...] = ("dense",),
 ) -> Claim:
-    """A dense kernel's optional argument, ``--FIELD/--no-FIELD``: when claimed the suite
-    passes it by the keyword that the claim ``FIELD_keyword`` names, and the claim line
-    says ``shows``."""
+    """An optional argument of a kernel of ``families`` (default: dense),
+    ``--FIELD/--no-FIELD``: when claimed the suite passes it by the keyword that the claim
+    ``FIELD_keyword`` names, and a dense kernel's claim line says ``shows``."""
     keyword = f"{field}_keyword"
     return _flag_claim(
         field,
         help,
         "bool",
         shows,
-        keywords=lambda d: (getattr(d, keyword),) if _dense(d) and getattr(d, field) else (),
+        keywords=lambda d: (
+            (getattr(d, keyword),) if d.family in families and getattr(d, field) else ()
+        ),
         remedy=f"--no-{field.replace('_', '-')}, or {_option(keyword)} NAME",
     )
 
@@ -677,8 +682,10 @@ CLAIMS: tuple[Claim, ...] = (
         "sinks",
         "the kernel takes one sink logit per query head, float32 (Hq,), added to "
         "every row's softmax denominator unscaled and without a value (SINK-1; "
-        "gpt-oss, vLLM's s_aux, FlashAttention 4's learnable_sink)",
+        "gpt-oss, vLLM's s_aux, FlashAttention 4's learnable_sink); a --varlen or "
+        "--kv-cache kernel takes them for every sequence (SINK-6)",
         "sinks",
+        families=("dense", "varlen", "kv-cache"),
     ),
     _keyword_claim("sinks_keyword", "sinks", "keyword of the sink logits (default sinks)"),
     _flag_claim(

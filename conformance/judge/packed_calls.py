@@ -26,6 +26,7 @@ class Batch:
 
     sequences: list[Problem]
     cache: CacheCall | None = None
+    sinks: np.ndarray | None = None  # (Hq,) float64 values exact in float32 (SINK-6)
 
     @property
     def first(self) -> Problem:
@@ -56,6 +57,8 @@ class Batch:
             parts.append(f"softcap={first.softcap!r}")
         if first.alibi_slopes is not None:
             parts.append("ALiBi")
+        if self.sinks is not None:
+            parts.append(f"sinks {np.array2string(self.sinks, precision=4, separator=', ')}")
         if self.cache is None and any(s.mask is not None for s in self.sequences):
             parts.append("a custom_mask (VARLEN-6)")
         if self.cache is not None:
@@ -119,9 +122,13 @@ class CacheCall:
         return int(self.block_table[b, t // self.block_size]), t % self.block_size
 
 
-def _options(kernel: KernelUnderTest, first: Problem) -> dict[str, Any]:
-    """The keywords every sequence shares: causal, scale, the features, the LSE request."""
+def _options(kernel: KernelUnderTest, batch: Batch) -> dict[str, Any]:
+    """The keywords every sequence shares: causal, scale, the features, the LSE request,
+    the sink logits (SINK-6, under the declared keyword)."""
+    first = batch.first
     keywords: dict[str, Any] = {}
+    if batch.sinks is not None:
+        keywords[kernel.declaration.sinks_keyword] = kernel.backend.asarray(batch.sinks, "float32")
     if first.is_causal:
         keywords["is_causal"] = True
     if first.scale is not None:
@@ -208,7 +215,7 @@ def varlen_arguments(
     keywords = {"cu_seqlens_q": b.asarray(offsets[0]), "cu_seqlens_k": b.asarray(offsets[1])}
     if kernel.declaration.varlen_max_seqlen:
         keywords.update(max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k))
-    keywords.update(_options(kernel, batch.first))
+    keywords.update(_options(kernel, batch))
     _slopes(kernel, batch, keywords)
     mask = flat_mask(batch)
     if mask is not None:
@@ -288,7 +295,7 @@ def kv_cache_arguments(
         keywords["window_size"] = tuple(-1 if w is None else w for w in call.window)
     if call.chunk is not None:
         keywords["attention_chunk"] = call.chunk
-    keywords.update(_options(kernel, batch.first))
+    keywords.update(_options(kernel, batch))
     _slopes(kernel, batch, keywords)
     return args, keywords, inputs
 

@@ -9,6 +9,7 @@ Sink *tokens* (StreamingLLM) are ordinary keys kept visible beside a causal wind
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +78,21 @@ def sink_attention(q: Array, k: Array, v: Array, sinks: Array, **given: Unpack[S
     return_lse = check_flag("return_lse", options["return_lse"], CALL)
     xp = namespace_of(CALL, q=q, k=k, v=v, sinks=sinks)
     require_real_floating(xp, CALL, "SDPA-1.4", q=q, k=k, v=v)
+    out, lse = attention_with_sinks(q, k, v, sinks, filled(ScoreOptions, options), CALL)
+    return (out, lse) if return_lse else out
+
+
+def attention_with_sinks(
+    q: Array, k: Array, v: Array, sinks: Array | None, options: Mapping[str, Any], call: str
+) -> tuple[Any, Any]:
+    """``(out, lse)`` of the dense definition with ``options`` (the keywords of
+    :func:`~attnspec.reference.scaled_dot_product_attention` that decide the scores), with
+    ``sinks (..., Hq)`` in every row's denominator (SINK-1 … SINK-3; None: without): the
+    function of :func:`sink_attention` and of each sequence of a packed or cache call."""
+    if sinks is None:
+        out, lse = scaled_dot_product_attention(q, k, v, **options, return_lse=True)
+        return out, lse
+    xp = array_api_compat.array_namespace(q, k, v, sinks)
     # The dense output is kept in the accumulation precision until the sink is merged in,
     # so that a half-precision result is rounded once (SDPA-7.2).
     work = compute_dtype(xp, q.dtype)
@@ -84,13 +100,12 @@ def sink_attention(q: Array, k: Array, v: Array, sinks: Array, **given: Unpack[S
         xp.astype(q, work, copy=False),
         xp.astype(k, work, copy=False),
         xp.astype(v, work, copy=False),
-        **filled(ScoreOptions, options),
+        **options,
         return_lse=True,
     )
-    check_sinks(xp, sinks, lse.shape[-2], tuple(lse.shape[:-2]), CALL)
+    check_sinks(xp, sinks, lse.shape[-2], tuple(lse.shape[:-2]), call)
     out, lse = with_sinks(out, lse, sinks)
-    out = xp.astype(out, q.dtype)
-    return (out, lse) if return_lse else out
+    return xp.astype(out, q.dtype), lse
 
 
 @shows_creation

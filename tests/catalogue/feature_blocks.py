@@ -26,6 +26,7 @@ class Features:
     alignment: str = "top_left"
     dropout_p: float = 0.0
     seed: int | None = None
+    sinks: np.ndarray | None = None  # (Hq,) sink logits (SINK-1)
 
 
 def press_slopes(n_heads: int) -> np.ndarray:
@@ -116,12 +117,26 @@ def weighted(p: np.ndarray, allowed: np.ndarray, v: np.ndarray) -> np.ndarray:
         return np.sum(np.where(allowed[..., None], terms, p.dtype.type(0)), axis=-2)
 
 
+def sink_softmax(s: np.ndarray, allowed: np.ndarray, sinks: np.ndarray):
+    """SINK-1's weights e^(s_ij) / (sum_l e^(s_il) + e^(sink_h)) and SINK-3's log-sum-exp,
+    each row shifted by the larger of its top score and its head's sink (finite: a row
+    without keys gets weights 0 and lse = sink_h)."""
+    sink = np.asarray(sinks, s.dtype)[:, None, None]
+    with np.errstate(**QUIET):
+        top = np.maximum(np.max(s, axis=-1, keepdims=True, initial=-np.inf), sink)
+        exps = np.where(allowed, np.exp(s - top), s.dtype.type(0))
+        total = exps.sum(axis=-1, keepdims=True) + np.exp(sink - top)
+        return exps / total, (top + np.log(total))[..., 0]
+
+
 def attend_features(a: Arranged, f: Features, *, returns_lse: bool = False):
-    """The definition end to end: scores, weights exp(s - lse), dropout (DROP-2), values;
-    ``(out, lse)`` when ``returns_lse``."""
+    """The definition end to end: scores, weights exp(s - lse) (with the sinks in the
+    denominator, SINK-1), dropout (DROP-2), values; ``(out, lse)`` when ``returns_lse``."""
     s, allowed = feature_scores(a, f)
-    lse = log_sum_exp(s, allowed)
-    p = softmax_lse(s, allowed)
+    if f.sinks is None:
+        lse, p = log_sum_exp(s, allowed), softmax_lse(s, allowed)
+    else:
+        p, lse = sink_softmax(s, allowed, f.sinks)
     if f.dropout_p:
         p = p * keep_mask(p.shape, f.dropout_p, f.seed) / s.dtype.type(1 - f.dropout_p)
     out = finish(weighted(p, allowed, a.v), a)

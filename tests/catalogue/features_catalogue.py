@@ -231,6 +231,7 @@ def varlen_differs_on(batch: Batch, padding: Padding | None = None) -> Evidence:
             keywords["cu_seqlens_q"],
             keywords["cu_seqlens_k"],
             mask=keywords.get("custom_mask"),
+            sinks=keywords.get(kernel.declaration.sinks_keyword),
             is_causal=True,
             causal_alignment="bottom_right",
             softcap=5.0,
@@ -283,11 +284,14 @@ def cache_differs(kernel: KernelUnderTest, batch: Batch = CACHE_BATCH) -> str | 
     chunk passed to both, KVCACHE-6)."""
     if not kernel.declaration.kv_cache_paged:
         batch = Batch(
-            batch.sequences, cache=CacheCall(lengths=[3, 0, 5], n_new=2, capacity=8, stale_seed=3)
+            batch.sequences,
+            cache=CacheCall(lengths=[3, 0, 5], n_new=2, capacity=8, stale_seed=3),
+            sinks=batch.sinks,
         )
     out, lse, after, before = call_kv_cache(kernel, batch)
     options = dict(k=before["k"], v=before["v"], block_table=before.get("block_table"))
     cache = batch.kv_cache
+    sinks = None if batch.sinks is None else batch.sinks.astype(np.float32)
     want, want_lse = kv_cache_attention(
         before["q"],
         before["k_cache"],
@@ -298,6 +302,7 @@ def cache_differs(kernel: KernelUnderTest, batch: Batch = CACHE_BATCH) -> str | 
         cache_leftpad=before.get("cache_leftpad"),
         window=cache.window or (None, None),
         attention_chunk=cache.chunk,
+        sinks=sinks,
         return_lse=True,
         **options,
     )
@@ -321,6 +326,17 @@ CACHE_LEFTPAD_BATCH = Batch(
 CACHE_WINDOW_BATCH = Batch(
     CACHE_BATCH.sequences, cache=replace(CACHE_BATCH.kv_cache, window=(1, None))
 )
+
+
+# SINK-6: sink logits (Hq = 4) near the scores, in a packed and a cache call
+SINKS = np.array([0.5, -1.0, 1.5, 0.0])
+VARLEN_SINKS = replace(VARLEN_BATCH, sinks=SINKS)
+CACHE_SINKS = replace(CACHE_BATCH, sinks=SINKS)
+
+
+def sinks_differ(kernel: KernelUnderTest) -> str | None:
+    """Evidence: :func:`cache_differs` on CACHE_SINKS."""
+    return cache_differs(kernel, CACHE_SINKS)
 
 
 def leftpad_differs(kernel: KernelUnderTest) -> str | None:
@@ -519,6 +535,12 @@ FEATURE_CATALOGUE: list[FeatureBug] = [
         varlen_differs_on(VARLEN_MASKED),
     ),
     FeatureBug(
+        "varlen-sinks-ignored",
+        packed.varlen_sinks_ignored,
+        "varlen-matches-reference",
+        varlen_differs_on(VARLEN_SINKS),
+    ),
+    FeatureBug(
         "varlen-unchecked-offsets",
         packed.varlen_unchecked_offsets,
         "varlen-rejects-bad-offsets",
@@ -562,6 +584,12 @@ FEATURE_CATALOGUE: list[FeatureBug] = [
         packed.kv_cache_values_over_capacity,
         "kv-cache-nan-past-length",
         nan_stale_changes_output,
+    ),
+    FeatureBug(
+        "kv-cache-sink-in-numerator",
+        packed.kv_cache_sink_in_numerator,
+        "kv-cache-matches-reference",
+        sinks_differ,
     ),
     FeatureBug(
         "kv-cache-ignores-table", packed.kv_cache_ignores_table, "kv-cache-paged", cache_differs

@@ -31,10 +31,17 @@ VARLEN = {
     "alibi": True,
     "lse_keyword": "return_lse",
     "returns_lse": True,
+    "sinks": True,
 }
 # the keywords of the libraries' signatures the kernels mimic: FlashAttention's
 # flash_attn_varlen_func and flash_attn_with_kvcache (positional q, k_cache, v_cache)
-FEATURES = {"scale": None, "softcap": None, "alibi_slopes": None, "return_lse": False}
+FEATURES = {
+    "scale": None,
+    "softcap": None,
+    "alibi_slopes": None,
+    "return_lse": False,
+    "sinks": None,
+}
 VARLEN_KEYWORDS = {
     **required("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
     "is_causal": False,
@@ -59,6 +66,7 @@ CACHE = {
     "alibi": True,
     "lse_keyword": "return_lse",
     "returns_lse": True,
+    "sinks": True,
 }
 
 
@@ -81,7 +89,8 @@ def _block_diagonal(call: SpecCall, bug: str = "") -> Any:
     offsets clipped to the tokens instead of checked (unchecked_offsets), NaN rows for a
     sequence without keys (empty_keys_nan), padding rows left as uninitialised memory, NaN
     (padding_rows_nan), the last sequence's keys running to the end of k (keys_to_the_end),
-    and the mask of sequence b read at cu_q[b] * Lk_b (mask_at_query_offset)."""
+    the mask of sequence b read at cu_q[b] * Lk_b (mask_at_query_offset), and the sink
+    logits taken but never applied (sinks_ignored)."""
     q, k, v, _, _, is_causal, scale = call
     cu_seqlens_q, cu_seqlens_k, custom_mask = call.cu_seqlens_q, call.cu_seqlens_k, call.custom_mask
     alibi_slopes = call.alibi_slopes
@@ -118,7 +127,8 @@ def _block_diagonal(call: SpecCall, bug: str = "") -> Any:
             slopes = slopes[b] if slopes.ndim == 2 else slopes
             gaps = np.abs(np.arange(n_q)[:, None] + offset - np.arange(n_k)[None, :])
             bias[:, rows, cols] = -slopes[:, None, None] * gaps
-    f = Features(softcap=call.softcap)
+    # the sink logits join every sequence's rows (SINK-6), unless the bug drops them
+    f = Features(softcap=call.softcap, sinks=None if bug == "sinks_ignored" else call.sinks)
     swap = (1, 0, 2)
     # the ALiBi bias stays in float64 until arrange casts it to the computation dtype:
     # rounding it to a half-precision input dtype would be an error TOL-4 does not allow
@@ -132,6 +142,7 @@ def _block_diagonal(call: SpecCall, bug: str = "") -> Any:
     )
     out, lse = attend_features(a, f, returns_lse=True)
     out = out.transpose(swap)
+    lse[:, cu_q[-1] :] = -np.inf  # padding rows are no query: no sink joins them (SINK-6)
     if bug == "empty_keys_nan":
         for b in range(len(cu_q) - 1):
             if cu_k[b + 1] == cu_k[b]:
@@ -192,6 +203,12 @@ varlen_mask_at_query_offset = _varlen_kernel(
     "after the earlier sequences' Lq * Lk entries: right only where the key lengths are equal.",
     bug="mask_at_query_offset",
 )
+varlen_sinks_ignored = _varlen_kernel(
+    "varlen_sinks_ignored",
+    "Takes sink logits and never applies them in its packed path, as a prefill path that "
+    "accepted sinks= and dropped them did (vllm-project/vllm #52148; SINK-6).",
+    bug="sinks_ignored",
+)
 varlen_unchecked_offsets = _varlen_kernel(
     "varlen_unchecked_offsets",
     "Trusts its offsets: clips them to the tokens it has instead of rejecting them "
@@ -218,7 +235,8 @@ def _cache_attention(call: SimpleNamespace, bug: str = "") -> Any:
     top-left (top_left), the blocks in memory order (ignores_table), the softmax shifted by
     the whole cache rows' maximum (stale_max), the left padding read (ignores_leftpad), the
     window and chunk measured from the cache's first position, t_i = i (window_top_left),
-    zero weights times the stale values (values_over_capacity)."""
+    zero weights times the stale values (values_over_capacity), the sink's term added to
+    the numerator too (sink_in_numerator)."""
     write_at = 1 if bug == "writes_one_late" else 0
     read_extra = 1 if bug in ("reads_one_more", "writes_one_late") else 0
     alignment = "top_left" if bug == "top_left" else "bottom_right"
@@ -257,7 +275,9 @@ def _cache_attention(call: SimpleNamespace, bug: str = "") -> Any:
             if alibi_slopes is None
             else (alibi_slopes[b] if np.ndim(alibi_slopes) == 2 else alibi_slopes)
         )
-        f = Features(softcap=call.softcap, alibi_slopes=slopes, alignment=alignment)
+        f = Features(
+            softcap=call.softcap, alibi_slopes=slopes, alignment=alignment, sinks=call.sinks
+        )
         n_queries, n_keys = q.shape[2], len(places)
         offset = 0 if bug == "window_top_left" else n_keys - n_queries
         windowed = visible(n_queries, n_keys, offset, False, options._replace(cache_leftpad=None))
@@ -266,6 +286,10 @@ def _cache_attention(call: SimpleNamespace, bug: str = "") -> Any:
             out, lse = _shifted_by_block_max(a, f, q[b], k_cache, table, block, b)
         else:
             out, lse = attend_features(a, f, returns_lse=True)
+        if bug == "sink_in_numerator" and call.sinks is not None:
+            # the sink's weight e^(sink - lse) added to every channel, a value of 1
+            sink = np.asarray(call.sinks, np.float64)[:, None, None]
+            out = (out.astype(np.float64) + np.exp(sink - lse[..., None])).astype(out.dtype)
         if bug == "values_over_capacity":
             out = _plus_zero_weights_over_capacity(out, v_cache, table, b)
         outs.append(out)
@@ -370,6 +394,12 @@ kv_cache_values_over_capacity = _cache_kernel(
     "Multiplies the zero weights of the positions past cache_seqlens by their values (a P V "
     "tile over the whole cache rows): exact for finite stale values, NaN from NaN ones.",
     bug="values_over_capacity",
+)
+kv_cache_sink_in_numerator = _cache_kernel(
+    "kv_cache_sink_in_numerator",
+    "Adds the sink's term e^(sink - m) to the numerator as well as the denominator, as if "
+    "the sink had a value of 1 in every channel (SINK-1, SINK-6).",
+    bug="sink_in_numerator",
 )
 kv_cache_ignores_table = _cache_kernel(
     "kv_cache_ignores_table",

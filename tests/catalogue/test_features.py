@@ -7,13 +7,17 @@ agree with ``reference.varlen_attention`` and ``reference.kv_cache_attention``.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from attnspec.backends import Backend
 from attnspec.conformance.judge.kernel import KernelUnderTest
+from attnspec.conformance.judge.packed_calls import Padding
 from catalogue import correct_features, packed_kernels
 from catalogue.features_catalogue import (
     FEATURE_CATALOGUE,
+    VARLEN_SINKS,
     cache_differs,
     kept_fraction_wrong,
     kept_values_wrong,
@@ -21,9 +25,11 @@ from catalogue.features_catalogue import (
     nan_stale_changes_output,
     seed_ignored,
     shared_indicators,
+    sinks_differ,
     stale_changes_output,
     varlen_accepts_bad_offsets,
     varlen_differs,
+    varlen_differs_on,
     window_differs,
 )
 
@@ -54,6 +60,14 @@ def test_correct_varlen_kernel_matches_the_reference(fn: object) -> None:
     assert varlen_accepts_bad_offsets(kernel) is None
 
 
+def test_correct_varlen_kernel_with_sinks_matches_the_reference() -> None:
+    """SINK-6, VARLEN-5: with sink logits the block-diagonal kernel equals
+    reference.varlen_attention: a sequence without keys gives 0 and lse = sink, padding rows
+    past cu_seqlens_q[-1] 0 and -inf."""
+    kernel = _kernel(packed_kernels.varlen_block_diagonal)
+    assert varlen_differs_on(VARLEN_SINKS, Padding(2, 2, math.nan))(kernel) is None
+
+
 @pytest.mark.parametrize(
     "fn",
     [packed_kernels.kv_cache_in_place, packed_kernels.kv_cache_contiguous],
@@ -67,6 +81,7 @@ def test_correct_cache_kernels_match_the_reference(fn: object) -> None:
     assert nan_stale_changes_output(_kernel(fn)) is None
     assert leftpad_differs(_kernel(fn)) is None
     assert window_differs(_kernel(fn)) is None
+    assert sinks_differ(_kernel(fn)) is None  # SINK-6
 
 
 def test_dropout_evidence_finds_nothing_in_correct_dropout() -> None:

@@ -400,3 +400,70 @@ def test_kv_cache_leftpad_window_chunk_match_the_paged_oracle(
     _close(got, expected_out, "float64", f"{backend.name} out")
     got_lse = as64(backend, lse).transpose(1, 0, 2).reshape(heads, batch * n_queries)
     _close(got_lse, expected_lse, "float64", f"{backend.name} lse")
+
+
+def _expected_rows(q: Any, k: Any, v: Any, sinks: Any, **scoring: Any) -> tuple[Any, Any]:
+    """One sequence's (out, lse) by the serving oracle: bottom-right causal, the sinks in
+    the denominator (SINK-1 … SINK-3); ``q (Lq, Hq, E)``, k and v ``(Lk, Hkv, ·)``."""
+    n_q, n_k = q.shape[0], k.shape[0]
+    heads_first = [np.swapaxes(a, 0, 1) for a in (q, k, v)]
+    allowed = oracle_serving.causal(n_q, n_k, n_k - n_q)
+    return oracle_serving.attend(*heads_first, allowed, sinks=sinks, **scoring)
+
+
+def test_sinks_in_packed_and_cache_calls(backend: Backend) -> None:
+    """SINK-6, VARLEN-5, KVCACHE-2: sink logits join every sequence's rows, per query head
+    with GQA; a row that sees no key (a sequence without keys, rows above a bottom-right
+    causal diagonal) gives 0 and lse = sinks[h]; the padding rows past cu_seqlens_q[-1]
+    give 0 and -inf, no sink joining them."""
+    if backend.name == "jax":
+        pytest.skip(
+            "JAX compiles each op per shape (~50 s for these two calls): its varlen and "
+            "cache paths run in the first cases above, numpy, torch and array_api_strict here"
+        )
+    rng = np.random.default_rng(3)
+    lengths = [(3, 5), (2, 0), (4, 2)]  # one sequence without keys, one with Lq > Lk
+    cu_q, cu_k = (np.cumsum([0, *n]).astype(np.int32) for n in zip(*lengths, strict=True))
+    q = rng.standard_normal((int(cu_q[-1]) + 2, 4, 8))  # two padding rows
+    k, v = rng.standard_normal((int(cu_k[-1]), 2, 8)), rng.standard_normal((int(cu_k[-1]), 2, 3))
+    caches = rng.standard_normal((2, 2, 5, 8)), rng.standard_normal((2, 2, 5, 3))
+    cached = [4, 0]  # a decode batch whose second element has an empty cache
+    for dtype in backend.dtype_names:
+        sinks = backend.asarray(np.array([0.5, -1.0, 2.0, -20.0]), "float32")
+        causal = dict(is_causal=True, softcap=4.0, sinks=sinks, return_lse=True)
+        arrays = [backend.asarray(a, dtype) for a in (q, k, v)]
+        cu = [backend.xp.asarray(c) for c in (cu_q, cu_k)]
+        out, lse = varlen_attention(*arrays, *cu, causal_alignment="bottom_right", **causal)
+        seen = [as64(backend, a) for a in (*arrays, sinks)]
+        parts = [
+            _expected_rows(
+                seen[0][cu_q[b] : cu_q[b + 1]],
+                seen[1][cu_k[b] : cu_k[b + 1]],
+                seen[2][cu_k[b] : cu_k[b + 1]],
+                seen[3],
+                softcap=4.0,
+            )
+            for b in range(len(lengths))
+        ]
+        expected_out = np.concatenate(
+            [np.swapaxes(o, 0, 1) for o, _ in parts] + [np.zeros((2, 4, 3))]
+        )
+        expected_lse = np.concatenate([lse_b for _, lse_b in parts] + [np.full((4, 2), -np.inf)], 1)
+        where = f"{backend.name} {dtype} varlen with sinks"
+        _close(as64(backend, out), expected_out, dtype, where + " out")
+        _close(as64(backend, lse), expected_lse, dtype, where + " lse")
+        moved = [backend.asarray(a, dtype) for a in (q[:4].reshape(2, 4, 2, 8), *caches)]
+        lengths_k = backend.xp.asarray(np.asarray(cached, np.int32))
+        out, lse = kv_cache_attention(*moved, lengths_k, **causal)
+        seen = [as64(backend, a) for a in moved]
+        for b, n_k in enumerate(cached):
+            want = _expected_rows(
+                np.swapaxes(seen[0][b], 0, 1),
+                np.swapaxes(seen[1][b, :, :n_k], 0, 1),
+                np.swapaxes(seen[2][b, :, :n_k], 0, 1),
+                as64(backend, sinks),
+                softcap=4.0,
+            )
+            where = f"{backend.name} {dtype} kv cache with sinks, element {b}"
+            _close(as64(backend, out)[b], want[0], dtype, where + " out")
+            _close(as64(backend, lse)[b], want[1], dtype, where + " lse")

@@ -20,12 +20,13 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ....reference.serving.paged import Rules
+from ....reference.tolerance_serving import sink_error_and_lse_bound
 from ...call.problem import Problem
 from ...claims.declaration import KernelDeclaration
 from ...draw import sizes
 from ...draw.strategies import EXPLICIT_SCALES, draw_dtype, draw_rng, random_values
 from ..assertions import assert_identical, assert_shape, assert_within_bound
-from ..bounds import lse_bound, reference_bound
+from ..bounds import definition_keywords, lse_bound, reference_bound
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
 from ..packed_calls import (
@@ -38,7 +39,7 @@ from ..packed_calls import (
     per_sequence,
 )
 from ..registration import register
-from ._helpers import draw_alibi_slopes, draw_softcap
+from ._helpers import draw_alibi_slopes, draw_sinks, draw_softcap
 
 Applies = Callable[[KernelDeclaration], "str | None"]
 
@@ -131,9 +132,12 @@ def _sequence(
 def _with_options(
     data: st.DataObject, kernel: KernelUnderTest, batch: Batch, heads: _Heads
 ) -> Batch:
-    """Causal, scale, softcap and ALiBi, the same for every sequence (as one call has)."""
+    """Causal, scale, softcap, and sink logits (SINK-6) or ALiBi, the same for every
+    sequence (as one call has)."""
     decl = kernel.declaration
     changes: dict[str, object] = {}
+    if decl.sinks and data.draw(st.booleans(), label="with sinks"):
+        batch = replace(batch, sinks=draw_sinks(data, heads.n_q))
     if decl.causal and data.draw(st.booleans(), label="causal"):
         changes["is_causal"] = True
     if decl.scale and data.draw(st.booleans(), label="explicit scale"):
@@ -141,7 +145,8 @@ def _with_options(
     if decl.softcap and data.draw(st.booleans(), label="with softcap"):
         changes["softcap"] = draw_softcap(data)
     sequences = [s.with_(**changes) for s in batch.sequences]
-    if decl.alibi and data.draw(st.booleans(), label="with ALiBi"):
+    # SINK-5's bound has no ALiBi term: a call with sinks is drawn without ALiBi
+    if decl.alibi and batch.sinks is None and data.draw(st.booleans(), label="with ALiBi"):
         from ...draw.sizes import Dims
 
         dims = Dims(
@@ -198,12 +203,23 @@ def _compare_sequences(
     for b, (sequence, out) in enumerate(zip(batch.sequences, outs, strict=True)):
         # (the output, its definition, bound and name, the bound's clause), lse first
         checks: list[tuple[Any, Any, Any, str, str]] = []
-        if lses is None:
+        if batch.sinks is not None:  # SINK-6: SINK-5's bound, SINK-3's log-sum-exp
+            bound, lse_part = sink_error_and_lse_bound(
+                sequence.q,
+                sequence.k,
+                sequence.v,
+                batch.sinks,
+                **definition_keywords(sequence, declaration.causal_alignment, features=False),
+                softcap=sequence.softcap,
+            )
+        elif lses is None:
             bound = reference_bound(sequence, declaration)
         else:
             bound, lse_part = lse_bound(sequence, declaration)
-            checks.append((lses[b], lse_part.lse, lse_part.lse_tolerance, "lse", "TOL-5"))
-        checks.append((out, bound.out, bound.out_tolerance, "out", "TOL-2"))
+        tolerances = ("SINK-5", "SINK-3") if batch.sinks is not None else ("TOL-2", "TOL-5")
+        if lses is not None:
+            checks.append((lses[b], lse_part.lse, lse_part.lse_tolerance, "lse", tolerances[1]))
+        checks.append((out, bound.out, bound.out_tolerance, "out", tolerances[0]))
         for actual, expected, tolerance, name, bound_clause in checks:
             assert_within_bound(
                 actual,
@@ -621,7 +637,7 @@ def _same_shapes_other_varlen(data: st.DataObject, kernel: KernelUnderTest) -> t
     ]
     if any(s.mask is not None for s in sequences):
         other = [_masked(s, rng, 0.7) for s in other]
-    return first, Batch(other)
+    return first, Batch(other, sinks=first.sinks)
 
 
 def _same_shapes_other_cache(data: st.DataObject, kernel: KernelUnderTest) -> tuple[Batch, Batch]:
@@ -649,6 +665,7 @@ def _same_shapes_other_cache(data: st.DataObject, kernel: KernelUnderTest) -> tu
             for b, (s, length) in enumerate(zip(first.sequences, lengths, strict=True))
         ],
         cache=other_cache,
+        sinks=first.sinks,
     )
     return first, _cache_rules(other)
 
