@@ -119,11 +119,15 @@ def _dense(declaration: KernelDeclaration) -> bool:
     return bool(declaration.family == "dense")
 
 
-def _when(name: str, text: str | Callable[[KernelDeclaration], str]) -> Callable[..., Any]:
-    """shows_as: ``text`` for a dense kernel claiming the boolean ``name``."""
+def _when(
+    name: str,
+    text: str | Callable[[KernelDeclaration], str],
+    families: tuple[str, ...] = ("dense",),
+) -> Callable[..., Any]:
+    """shows_as: ``text`` for a kernel of ``families`` claiming the boolean ``name``."""
 
     def shows(declaration: KernelDeclaration) -> str | None:
-        if not (_dense(declaration) and getattr(declaration, name)):
+        if not (declaration.family in families and getattr(declaration, name)):
             return None
         return text(declaration) if callable(text) else text
 
@@ -140,12 +144,13 @@ def _flag_claim(
     help: str,
     kind: str,
     shows: str | Callable[[KernelDeclaration], str] | None = None,
+    families: tuple[str, ...] = ("dense",),
     **claim: Any,
 ) -> Claim:
     """A claim set by one flag named after it: a switch or ``--x/--no-x`` (``kind``); for a
-    dense kernel that claims it, the claim line says ``shows``."""
+    kernel of ``families`` (default: dense) that claims it, the claim line says ``shows``."""
     if shows is not None:
-        claim["shows_as"] = _when(field, shows)
+        claim["shows_as"] = _when(field, shows, families)
     return Claim(field, flags=(Flag(_option(field), help, kind=kind),), **claim)
 
 
@@ -164,13 +169,14 @@ def _argument_claim(
 ) -> Claim:
     """An optional argument of a kernel of ``families`` (default: dense),
     ``--FIELD/--no-FIELD``: when claimed the suite passes it by the keyword that the claim
-    ``FIELD_keyword`` names, and a dense kernel's claim line says ``shows``."""
+    ``FIELD_keyword`` names, and their claim line says ``shows``."""
     keyword = f"{field}_keyword"
     return _flag_claim(
         field,
         help,
         "bool",
         shows,
+        families,
         keywords=lambda d: (
             (getattr(d, keyword),) if d.family in families and getattr(d, field) else ()
         ),

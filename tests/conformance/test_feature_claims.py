@@ -181,6 +181,16 @@ def test_a_vllm_paged_kernel_declares_s_aux_and_sink_tokens() -> None:
     assert "sinks" not in keywords
 
 
+@pytest.mark.parametrize("family", ["--varlen", "--kv-cache"])
+def test_a_packed_or_cache_kernel_declares_s_aux(family: str) -> None:
+    """CONF-3, SINK-6: a packed or KV-cache kernel's sink logits are declared by flags alone
+    (vLLM's ``s_aux``): the suite passes that keyword and the claim line says sinks."""
+    args = cli.build_parser().parse_args(["check", "m:f", family, "--sinks-keyword", "s_aux"])
+    declaration = KernelDeclaration(**cli.claims_from(args))
+    assert "s_aux" in suite_keywords(declaration)
+    assert "sinks" in claim_features(declaration)
+
+
 def test_claims_give_keywords_and_claim_words() -> None:
     """CONF-1, CONF-3: the keywords the suite passes and the words of the claim line."""
     declaration = KernelDeclaration(
