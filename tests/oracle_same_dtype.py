@@ -3,7 +3,7 @@ automatic differentiation of FlashAttention's ``attention_ref(upcast=False,
 reorder_ops=True)`` in a half-precision dtype, written as loops over batch elements, query
 heads and rows from the steps the clause lists, each step in float32 and stored in float16
 (``np.float16``), sharing nothing with ``attnspec.reference``; and the root-sum-squares of
-BWD-18's floor in float64, from the chain rule.
+BWD-18's floor in float64.
 
 Inputs have full shapes: ``q (B, Hq, Lq, E)``, ``k (B, Hkv, Lk, E)``, ``v (B, Hkv, Lk, Ev)``,
 ``grad_out (B, Hq, Lq, Ev)``; ``allowed`` and ``bias`` ``(B, Hq, Lq, Lk)`` or None.
@@ -116,7 +116,9 @@ def floor_roots(
     allowed: np.ndarray | None = None,
     scale: float | None = None,
 ) -> tuple[float, float, float]:
-    """The largest root-sum-square r^Q, r^K, r^V of BWD-18's floor, in float64 loops."""
+    """The largest root-sum-squares r^Q, r^K, r^V of BWD-18's floor, in float64 loops: the
+    terms of dq, dk (each pair's weight times the magnitudes dP and D are summed from, times
+    a key or query) and dv (a weight times an upstream gradient)."""
     n_batch, n_q_heads, n_queries, dim = q.shape
     n_kv_heads, n_keys = k.shape[1], k.shape[2]
     group = n_q_heads // n_kv_heads
@@ -134,9 +136,9 @@ def floor_roots(
                     continue
                 e = np.where(ok, np.exp(np.where(ok, s - s[ok].max(), 0)), 0)
                 p = e / e.sum()
-                dp = v[b, g] @ grad_out[b, h, i]
-                delta = float(p @ dp)
-                terms = p * (np.abs(dp) + abs(delta))
+                out = p @ v[b, g]
+                sizes = np.abs(v[b, g]) @ np.abs(grad_out[b, h, i])  # sum_c |dO_ic| |v_jc|
+                terms = p * (sizes + float(np.abs(grad_out[b, h, i]) @ np.abs(out)))
                 for j in range(n_keys):
                     rq[b, h, i] += (alpha * terms[j] * k[b, g, j]) ** 2
                     rk[b, g, j] += (alpha * terms[j] * q[b, h, i]) ** 2

@@ -87,6 +87,9 @@ class Property:
     applies_on: Callable[[Backend], str | None] | None = None
     # the family whose anchors and strata its examples come from (draw.anchors.anchors_of)
     draws: str = "dense"
+    # the property whose examples this one draws (the same Hypothesis seeds, so the same
+    # problems): it judges the kernel outputs that property got (None: its own examples)
+    draws_as: str | None = None
 
     def not_applicable(self, declaration: KernelDeclaration, backend: Backend) -> str | None:
         """Why the property does not apply to a kernel declaring ``declaration`` on
@@ -113,10 +116,13 @@ def register(
     applies: Callable[[KernelDeclaration], str | None] = dense_only,
     applies_on: Callable[[Backend], str | None] | None = None,
     draws: str = "dense",
+    draws_as: str | None = None,
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Register ``check`` as property ``property_id`` citing ``clause``; ``draws``: the
     family whose anchors and strata it draws from ("paged-batch": the paged batches of
-    ``anchors.PAGED_ANCHORS`` and the mixed-batch stratum; else the dense anchors)."""
+    ``anchors.PAGED_ANCHORS`` and the mixed-batch stratum; else the dense anchors);
+    ``draws_as``: the registered property whose examples it draws too (its check draws as
+    that one's does)."""
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r}, but should be one of {KINDS}")
 
@@ -125,8 +131,10 @@ def register(
             raise ValueError(f"property {property_id!r} is registered twice")
         if not check.__doc__:
             raise ValueError(f"property {property_id!r} needs a docstring saying what it proves")
+        if draws_as is not None and draws_as not in REGISTRY:
+            raise ValueError(f"property {property_id!r} draws as {draws_as!r}, not registered")
         REGISTRY[property_id] = Property(
-            property_id, clause, kind, check, applies, applies_on, draws
+            property_id, clause, kind, check, applies, applies_on, draws, draws_as
         )
         return check
 

@@ -212,9 +212,10 @@ def _stratum_seed(seed: int | None, prop: Property, stratum: Stratum, part: str 
     """The Hypothesis seed of one (run seed, property, stratum): fixed without --seed, so a
     run reproduces whatever the runner's own code looks like, and different for every
     property and stratum, so they explore different examples.  ``part``: the smaller
-    profile whose examples a later part of a nested stratum continues (CONF-8)."""
+    profile whose examples a later part of a nested stratum continues (CONF-8).  A property
+    that draws as another (``prop.draws_as``) gets that one's seeds: the same examples."""
     salt = f":{part}" if part else ""
-    return zlib.crc32(f"{seed}:{prop.id}:{stratum.name}{salt}".encode())
+    return zlib.crc32(f"{seed}:{prop.draws_as or prop.id}:{stratum.name}{salt}".encode())
 
 
 def _run_strata(
