@@ -1,0 +1,154 @@
+"""BWD-18 (FlashAttention's comparative rule) on the half-precision backward catalogue
+(tests/catalogue/half_backward.py): the correct formulations, FlashAttention 2's with its own
+roundings and PyTorch's math SDPA are within the rule in float16 and bfloat16; four
+half-precision bugs (dP, the delta term, dV's and dQ's sums accumulated in the input dtype)
+are within BWD-17's bound but outside the rule, and ``gradients-within-flash-rule`` warns
+about them, judging the kernel outputs ``gradients-match-reference`` got.  The measured ratios
+over more problems and seeds are ``scripts/measure-flash-rule``'s (spec/backward.md, BWD-18)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the half-precision catalogue's kernels are torch's")
+
+from attnspec.backends import Backend  # noqa: E402
+from attnspec.conformance.call.problem import Problem  # noqa: E402
+from attnspec.conformance.judge.failures import PropertyFailure  # noqa: E402
+from attnspec.conformance.judge.kernel import KernelUnderTest  # noqa: E402
+from attnspec.conformance.judge.properties import backward  # noqa: E402
+from attnspec.conformance.judge.registry import all_properties  # noqa: E402
+from attnspec.conformance.judge.verdict import PASSED, WARNING  # noqa: E402
+from attnspec.conformance.run import property_runner  # noqa: E402
+from catalogue.half_backward import (  # noqa: E402
+    HALF_BUGGY,
+    HALF_BUGS,
+    HALF_CORRECT,
+    flash2_half_backward,
+    half_kernel,
+)
+
+TORCH = Backend("torch")
+# (query heads, key/value heads, L, E, causal): a long head dim, causal, at L % 64 = 1; and
+# groups of 2 query heads at L % 128 = 64, not causal
+SHAPES = ((1, 1, 65, 256, True), (2, 1, 192, 64, False))
+_PROBLEMS: dict[tuple[str, int], tuple[Problem, np.ndarray, Any, Any]] = {}
+
+
+def _problem(dtype: str, which: int) -> tuple[Problem, np.ndarray, Any, Any]:
+    """Problem ``which`` of :data:`SHAPES`, unit normal values in ``dtype``, its dO,
+    BWD-17's bound and BWD-18's thresholds (computed once)."""
+    if (dtype, which) not in _PROBLEMS:
+        rng = np.random.default_rng(6)
+        kernel = KernelUnderTest(HALF_CORRECT["flash2-half"], TORCH)
+        n_q_heads, n_kv_heads, length, dim, causal = SHAPES[which]
+
+        def drawn(heads: int) -> np.ndarray:
+            return kernel.rounded(rng.standard_normal((1, heads, length, dim)), dtype)
+
+        problem = Problem(
+            q=drawn(n_q_heads),
+            k=drawn(n_kv_heads),
+            v=drawn(n_kv_heads),
+            dtype=dtype,
+            is_causal=causal,
+        )
+        grad_out = drawn(n_q_heads)
+        bound = backward.expected_gradients(kernel, problem, grad_out, None)
+        expected = tuple(bound[:4])
+        limits = backward.flash_rule_thresholds(kernel, problem, grad_out, None, expected)
+        _PROBLEMS[dtype, which] = problem, grad_out, bound, limits
+    return _PROBLEMS[dtype, which]
+
+
+def _judged(fn: Any, dtype: str, which: int) -> tuple[bool, str]:
+    """(within BWD-17, BWD-18's finding or "") of kernel ``fn`` on problem ``which``."""
+    problem, grad_out, bound, limits = _problem(dtype, which)
+    kernel = KernelUnderTest(fn, TORCH)
+    got = backward.call_backward(kernel, problem, grad_out)
+    wanted = (bound.dq, bound.dk, bound.dv)
+    tolerances = (bound.dq_tolerance, bound.dk_tolerance, bound.dv_tolerance)
+    within = all(
+        backward.first_outside(np.abs(g - w), t) is None
+        for g, w, t in zip(got[:3], wanted, tolerances, strict=True)
+    )
+    try:
+        backward.assert_within_flash_rule(kernel, problem, grad_out, got, bound[:4], limits)
+    except PropertyFailure as failure:
+        return within, str(failure.args[0])
+    return within, ""
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_correct_kernels_are_within_the_rule(dtype: str) -> None:
+    """BWD-17, BWD-18: FlashAttention 2's backward with its roundings (P and dS in the input
+    dtype), the float32 formulations of the backward catalogue (autograd of a plain forward,
+    FlashAttention 2's blocked backward, a split-KV softmax backward, an explicit backward
+    function) with their results rounded, and PyTorch's math SDPA under torch.autograd are
+    within BWD-17's bound and within 3 times the comparison implementation's error."""
+    for name, fn in HALF_CORRECT.items():
+        for which in range(len(SHAPES)):
+            assert _judged(fn, dtype, which) == (True, ""), (name, SHAPES[which])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_bugs_pass_bwd17_but_not_the_rule(dtype: str) -> None:
+    """BWD-14, BWD-17, BWD-18: dP = dO V^T or the delta term rowsum(dO * O) accumulated in
+    the input dtype, dV accumulated row by row or dQ key by key in it, are within BWD-17's
+    bound (which must allow every kernel of TOL-2's model) on both problems and outside
+    FlashAttention's rule on at least one, whose finding names the gradient, both errors and
+    the ratio."""
+    for bug in HALF_BUGS:
+        judged = [_judged(HALF_BUGGY[bug.name], dtype, which) for which in range(len(SHAPES))]
+        assert all(within for within, _ in judged), (bug.name, judged)
+        findings = [finding for _, finding in judged if finding]
+        assert findings, (bug.name, dtype)
+        assert "[BWD-18]" in findings[0] and "times BWD-18's threshold" in findings[0]
+        assert f"attention_ref(upcast=False, reorder_ops=True), in {dtype})" in findings[0]
+
+
+class _Counted:
+    """FlashAttention 2's half-precision backward, counting its calls."""
+
+    calls = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        type(self).calls += 1
+        return flash2_half_backward(*args, **kwargs)
+
+
+def test_the_rule_judges_the_outputs_gradients_match_reference_got(monkeypatch: Any) -> None:
+    """BWD-17, BWD-18: gradients-within-flash-rule draws gradients-match-reference's
+    examples and judges the kernel outputs that property got without calling the kernel's
+    backward again; a correct kernel passes both."""
+    monkeypatch.setitem(property_runner.PROFILES, "tiny", property_runner.Profile(4))
+    monkeypatch.setattr(backward, "JUDGED", backward.JudgedOutputs())
+    kernel = KernelUnderTest(half_kernel(_Counted(), "counted_flash2_half"), TORCH)
+    properties = all_properties()
+    verdict = property_runner.run_property(
+        properties["gradients-match-reference"], kernel, profile="tiny", seed=0
+    )
+    assert verdict.status == PASSED, verdict.detail
+    calls = _Counted.calls
+    assert calls > 0
+    verdict = property_runner.run_property(
+        properties["gradients-within-flash-rule"], kernel, profile="tiny", seed=0
+    )
+    assert verdict.status == PASSED, verdict.detail
+    assert _Counted.calls == calls
+
+
+def test_a_bug_gets_a_warning_with_its_reproduction(monkeypatch: Any) -> None:
+    """BWD-18 (SHOULD): the check reports dP accumulated in float16 as a warning, not a
+    failure, with the rule's numbers and a reproduction of the call."""
+    monkeypatch.setitem(property_runner.PROFILES, "tiny", property_runner.Profile(20))
+    kernel = KernelUnderTest(HALF_BUGGY["dp-in-half"], TORCH)
+    prop = all_properties()["gradients-within-flash-rule"]
+    verdict = property_runner.run_property(prop, kernel, profile="tiny", seed=0, shrink=False)
+    assert verdict.status == WARNING, verdict.detail
+    assert verdict.clause == "BWD-18" and verdict.level == "SHOULD"
+    assert "[BWD-18]" in verdict.detail and "the floor" in verdict.detail
+    assert verdict.reproduction and verdict.counterexample
