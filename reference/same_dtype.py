@@ -25,6 +25,7 @@ rounded once.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._array import Array
@@ -58,7 +59,13 @@ SCORE_LIMIT = 0.25 / UNIT_ROUNDOFF["float32"]
 
 @shows_options(BackwardOptions)
 def same_dtype_attention_backward(
-    q: Array, k: Array, v: Array, grad_out: Array, **given: Unpack[BackwardOptions]
+    q: Array,
+    k: Array,
+    v: Array,
+    grad_out: Array,
+    *,
+    store: Callable[[Array], Array] | None = None,
+    **given: Unpack[BackwardOptions],
 ) -> Gradients:
     """The gradients of BWD-18's comparison implementation: automatic differentiation of
     FlashAttention's ``attention_ref(..., upcast=False, reorder_ops=True)`` in the dtype of
@@ -68,7 +75,9 @@ def same_dtype_attention_backward(
     Arguments are those of ``scaled_dot_product_attention_backward`` except ``grad_lse``
     (FlashAttention's reference returns no log-sum-exp); ``grad_out`` is rounded to the input
     dtype first.  Rows with no allowed key get zero gradients (BWD-4), as FlashAttention's
-    reference fills them.  Returns :class:`~.backward.Gradients` in the inputs' dtypes.
+    reference fills them.  ``store``: how a step's result is stored, for inputs given in float32
+    holding the values of a dtype their namespace lacks (NumPy's bfloat16); default: in the
+    inputs' own dtype.  Returns :class:`~.backward.Gradients` in the inputs' dtypes.
     """
     options = filled(BackwardOptions, given)
     if options["grad_lse"] is not None:
@@ -88,7 +97,7 @@ def same_dtype_attention_backward(
     _check_upstream(xp, "grad_out", grad_out, problem.out_shape, CALL)
 
     def stored(a: Any) -> Any:  # one operation's result, stored in the input dtype
-        return xp.astype(xp.astype(a, q.dtype), work)
+        return xp.astype(xp.astype(a, q.dtype), work) if store is None else store(a)
 
     scale, cap, grouped_q = problem.scale, problem.softcap, problem.q
     d_out = stored(
@@ -139,13 +148,13 @@ def same_dtype_attention_backward(
             a = xp.sum(a, axis=-3)
         else:
             a = xp.reshape(a, (*batch, n_q_heads, n_queries, a.shape[-1]))
-        return xp.astype(reduce_to_shape(xp, a, tuple(like.shape)), like.dtype)
+        return xp.astype(stored(reduce_to_shape(xp, a, tuple(like.shape))), like.dtype)
 
     bias = options["bias"]
     dbias = None
     if bias is not None:
         full = xp.reshape(grad_scores, (*batch, n_q_heads, n_queries, scores.shape[-1]))
-        dbias = xp.astype(reduce_to_shape(xp, full, tuple(bias.shape)), bias.dtype)
+        dbias = xp.astype(stored(reduce_to_shape(xp, full, tuple(bias.shape))), bias.dtype)
     return Gradients(
         summed(grad_q, False, q), summed(grad_k, True, k), summed(grad_v, True, v), dbias
     )

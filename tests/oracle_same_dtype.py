@@ -12,6 +12,7 @@ Inputs have full shapes: ``q (B, Hq, Lq, E)``, ``k (B, Hkv, Lk, E)``, ``v (B, Hk
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -22,19 +23,12 @@ def _stored(x: object) -> np.ndarray:
 
 
 def same_dtype_gradients(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    grad_out: np.ndarray,
-    *,
-    allowed: np.ndarray | None = None,
-    bias: np.ndarray | None = None,
-    scale: float | None = None,
-    softcap: float | None = None,
+    arrays: tuple[np.ndarray, ...], allowed: Any = None, bias: Any = None, softcap: Any = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(dq, dk, dv, dbias) of the comparison implementation in float16, as float32 values;
-    dbias at the full score shape."""
-    q, k, v, grad_out = (a.astype(np.float32) for a in (q, k, v, grad_out))
+    """(dq, dk, dv, dbias) of the comparison implementation in float16 for ``arrays`` =
+    (q, k, v, grad_out), the default scale, as float32 values; dbias at the full score shape."""
+    q, k, v, grad_out = (a.astype(np.float32) for a in arrays)
+    scale = None
     n_batch, n_q_heads, n_queries, dim = q.shape
     n_kv_heads, n_keys = k.shape[1], k.shape[2]
     group = n_q_heads // n_kv_heads

@@ -53,39 +53,47 @@ def plain_forward(call: SpecCall) -> tuple[Any, Any]:
 
 
 class _Backward(torch.autograd.Function):
-    """Forward: :func:`plain_forward`; backward: the formulation in ``options``."""
+    """Forward: ``options["forward"]`` (:func:`plain_forward`); backward: the formulation
+    ``options["backward"]``."""
 
     @staticmethod
     def forward(ctx: Any, q: Any, k: Any, v: Any, bias: Any, options: dict[str, Any]) -> Any:
         ctx.save_for_backward(q, k, v, bias)
         ctx.options = options
-        keywords = {key: value for key, value in options.items() if key != "backward"}
-        return plain_forward(q, k, v, bias=bias, **keywords)
+        keywords = {k: value for k, value in options.items() if k not in ("backward", "forward")}
+        return options["forward"](q, k, v, bias=bias, **keywords)
 
     @staticmethod
     def backward(ctx: Any, grad_out: Any, grad_lse: Any) -> Any:  # type: ignore[override]
         q, k, v, bias = ctx.saved_tensors
-        options = dict(ctx.options)
+        options = {k: value for k, value in ctx.options.items() if k != "forward"}
         backward = options.pop("backward")
         dq, dk, dv, dbias = backward(q, k, v, grad_out, bias=bias, grad_lse=grad_lse, **options)
         return dq, dk, dv, dbias, None
 
 
-def with_backward(backward: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """A declared kernel whose backward pass is ``backward`` (``flash2_backward``'s
-    signature), through a custom autograd.Function."""
+def with_backward(
+    backward: Callable[..., Any],
+    name: str,
+    claims: dict[str, Any] = CLAIMS,
+    forward: Callable[..., Any] = plain_forward,
+) -> Callable[..., Any]:
+    """A declared kernel (``claims``) whose forward is ``forward`` and whose backward pass
+    is ``backward`` (``flash2_backward``'s signature), through a custom autograd.Function."""
 
     def kernel(q: Any, k: Any, v: Any, *, bias: Any = None, **options: Any) -> Any:
-        return _Backward.apply(q, k, v, bias, {**options, "backward": backward})
+        return _Backward.apply(q, k, v, bias, {**options, "backward": backward, "forward": forward})
 
     kernel.__name__ = kernel.__qualname__ = name
-    kernel.__doc__ = f"plain_forward with the backward pass {name}"
-    return declare(kernel, **CLAIMS)
+    kernel.__doc__ = f"{forward.__name__} with the backward pass {name}"
+    return declare(kernel, **claims)
 
 
-def _buggy(bug: str) -> Callable[..., Any]:
+def with_bug(bug: str, formulation: Callable[..., Any] = flash2_backward) -> Callable[..., Any]:
+    """``formulation`` (FlashAttention 2's backward) with the bug ``bug``."""
+
     def backward(*args: Any, **kwargs: Any) -> Any:
-        return flash2_backward(*args, bug=bug, **kwargs)
+        return formulation(*args, bug=bug, **kwargs)
 
     return backward
 
@@ -134,7 +142,7 @@ for _bug in BUGS:
     BUGGY[_bug.name] = globals()[_name] = (
         with_backward_fn(_bug.name, _name)
         if _bug.name in EXPLICIT_ONLY
-        else with_backward(_buggy(_bug.name), _name)
+        else with_backward(with_bug(_bug.name), _name)
     )
 
 CORRECT_KERNELS = {

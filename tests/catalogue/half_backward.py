@@ -31,7 +31,7 @@ from catalogue.backward import (
     _forward_scores,
     _reduce,
 )
-from catalogue.backward_kernels import plain_forward
+from catalogue.backward_kernels import plain_forward, with_backward, with_bug
 from catalogue.entry import SpecCall, spec_function
 
 HALF_CLAIMS: dict[str, Any] = dict(
@@ -161,45 +161,10 @@ def in_input_dtype(formulation: Callable[..., Gradients]) -> Callable[..., Gradi
     return backward
 
 
-class _HalfBackward(torch.autograd.Function):
-    """Forward: the float32 forward of ``catalogue.backward`` with its output and log-sum-exp
-    rounded to the input dtype and float32 (LSE-3); backward: the formulation in ``options``
-    on the input dtype's tensors."""
-
-    @staticmethod
-    def forward(ctx: Any, q: Any, k: Any, v: Any, bias: Any, options: dict[str, Any]) -> Any:  # type: ignore[override]
-        ctx.save_for_backward(q, k, v, bias)
-        ctx.options = options
-        keywords = {key: value for key, value in options.items() if key != "backward"}
-        wide = None if bias is None else bias.float()
-        out, lse = plain_forward(q.float(), k.float(), v.float(), bias=wide, **keywords)
-        return out.to(q.dtype), lse
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: Any, grad_lse: Any) -> Any:  # type: ignore[override]
-        q, k, v, bias = ctx.saved_tensors
-        options = dict(ctx.options)
-        backward = options.pop("backward")
-        dq, dk, dv, dbias = backward(q, k, v, grad_out, bias=bias, grad_lse=grad_lse, **options)
-        return dq, dk, dv, dbias, None
-
-
 def half_kernel(backward: Callable[..., Gradients], name: str) -> Callable[..., Any]:
-    """A kernel declared in float16 and bfloat16 whose backward pass is ``backward``."""
-
-    def kernel(q: Any, k: Any, v: Any, *, bias: Any = None, **options: Any) -> Any:
-        return _HalfBackward.apply(q, k, v, bias, {**options, "backward": backward})
-
-    kernel.__name__ = kernel.__qualname__ = name
-    kernel.__doc__ = f"a half-precision forward with the backward pass {name}"
-    return declare(kernel, **HALF_CLAIMS)
-
-
-def _buggy(bug: str) -> Callable[..., Gradients]:
-    def backward(*args: Any, **kwargs: Any) -> Gradients:
-        return flash2_half_backward(*args, bug=bug, **kwargs)
-
-    return backward
+    """A kernel declared in float16 and bfloat16 (:func:`half_forward`) whose backward pass
+    is ``backward``, through a custom autograd.Function."""
+    return with_backward(backward, name, HALF_CLAIMS, half_forward)
 
 
 def explicit_flash2_half_backward(
@@ -246,4 +211,6 @@ HALF_CORRECT: dict[str, Callable[..., Any]] = {
         sdpa_math, **torch_sdpa_declaration(), dtypes=("float16", "bfloat16"), backward=True
     ),
 }
-HALF_BUGGY = {bug.name: half_kernel(_buggy(bug.name), bug.name) for bug in HALF_BUGS}
+HALF_BUGGY = {
+    bug.name: half_kernel(with_bug(bug.name, flash2_half_backward), bug.name) for bug in HALF_BUGS
+}

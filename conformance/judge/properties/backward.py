@@ -405,14 +405,28 @@ def _definition_gradients(
     )
 
 
+def _rounded_on_host(backend: Backend, dtype: str) -> Callable[[Any], Any]:
+    """Float32 NumPy values rounded to ``backend``'s ``dtype`` on the host."""
+
+    def store(a: Any) -> Any:
+        return backend.rounded_on_host(a, dtype).astype(np.float32)
+
+    return store
+
+
 def _same_dtype_gradients(
     kernel: KernelUnderTest, problem: Problem, grad_out: np.ndarray, bias: np.ndarray | None
 ) -> list[np.ndarray | None]:
     """BWD-18's comparison implementation on the values the kernel got, in the problem's
     dtype, as float64: on NumPy where it has the dtype (float16: no device transfer, no
-    compilation per shape), else on the kernel's backend (its bfloat16)."""
-    dtype = problem.dtype
+    compilation per shape) or holds the library's (JAX's bfloat16), else on the kernel's
+    backend (PyTorch's bfloat16)."""
+    dtype, store = problem.dtype, None
     backend = NUMPY if dtype in NUMPY.dtype_names else kernel.backend
+    if backend is not NUMPY and kernel.backend.rounded_on_host(np.zeros(1), dtype) is not None:
+        # NumPy holds the library's dtype (JAX's bfloat16): float32 on the host, each step
+        # rounded there, rather than a compilation per shape and operation on the device
+        backend, dtype, store = NUMPY, "float32", _rounded_on_host(kernel.backend, dtype)
     keywords = definition_keywords(problem, kernel.declaration.causal_alignment)
     del keywords["dtype"]
     if problem.mask is not None:
@@ -421,7 +435,7 @@ def _same_dtype_gradients(
         keywords["alibi_slopes"] = backend.asarray(problem.alibi_slopes, "float32")
     keywords["bias"] = None if bias is None else backend.asarray(bias, dtype)
     arrays = (backend.asarray(a, dtype) for a in (problem.q, problem.k, problem.v, grad_out))
-    theirs = same_dtype_attention_backward(*arrays, **keywords)
+    theirs = same_dtype_attention_backward(*arrays, store=store, **keywords)
     return [None if g is None else backend.to_numpy(g).astype(np.float64) for g in theirs]
 
 
@@ -453,14 +467,9 @@ def gradients_within_flash_rule(kernel: KernelUnderTest, data: st.DataObject) ->
     grad_out = _upstream(kernel, problem, rng)
     if problem.dtype not in HALF_DTYPES:
         return
-    largest = largest_score(
-        problem.q,
-        problem.k,
-        bias=problem.bias,
-        scale=problem.scale,
-        softcap=problem.softcap,
-        alibi_slopes=problem.alibi_slopes,
-    )
+    keywords = definition_keywords(problem, kernel.declaration.causal_alignment)
+    del keywords["dtype"]
+    largest = largest_score(problem.q, problem.k, **keywords)
     if largest >= SCORE_LIMIT:
         return  # outside BWD-18: float32 does not resolve the scores (a padding bias)
     recalled = JUDGED.recall(kernel, problem, grad_out)
