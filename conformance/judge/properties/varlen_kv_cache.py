@@ -376,9 +376,8 @@ def varlen_rejects_bad_offsets(kernel: KernelUnderTest, data: st.DataObject) -> 
 
 
 def _cache_rules(batch: Batch) -> Batch:
-    """Each batch element's window with its sink tokens (SINK-4) and chunk (KVCACHE-6) as
-    its problem's mask, measured from its bottom-right query positions; the batch as it is
-    without either."""
+    """Each batch element's window and chunk (KVCACHE-6) as its problem's mask, measured
+    from its bottom-right query positions; the batch as it is without either."""
     cache = batch.kv_cache
     if cache.window is None and cache.chunk is None:
         return batch
@@ -386,7 +385,7 @@ def _cache_rules(batch: Batch) -> Batch:
     sequences = []
     for s in batch.sequences:
         n_queries, n_keys = s.q.shape[-2], s.k.shape[-2]
-        rules = Rules(s.is_causal, left, right, cache.chunk, cache.sink_tokens or 0)
+        rules = Rules(s.is_causal, left, right, cache.chunk)
         t = np.arange(n_queries)[:, None] + (n_keys - n_queries)
         allowed = np.asarray(rules.allowed(np, t, np.arange(n_keys)[None, :]))
         sequences.append(s.with_(mask=np.broadcast_to(allowed, (n_queries, n_keys))))
@@ -408,16 +407,7 @@ def _cache_options(
     reach = (0, 1, 16, 63, 256) if realistic else (0, 1, 2, 3, 5)
     if "window" in features and data.draw(st.booleans(), label="with window"):
         side = st.one_of(st.none(), st.sampled_from(reach))
-        # sink tokens (SINK-4) beside a window with a left bound, the one they change, and a
-        # short one (the first three reaches), which has moved past them in most caches drawn
-        sink_tokens = "sink_tokens" in features and data.draw(
-            st.booleans(), label="with sink tokens"
-        )
-        left = st.sampled_from(reach[:3]) if sink_tokens else side
-        options["window"] = (data.draw(left, label="left"), data.draw(side, label="right"))
-        if sink_tokens:
-            counts = (1, 4, 16, 64) if realistic else (1, 2, 3, 4)
-            options["sink_tokens"] = data.draw(st.sampled_from(counts), label="n_sink_tokens")
+        options["window"] = (data.draw(side, label="left"), data.draw(side, label="right"))
     if "chunk" in features and data.draw(st.booleans(), label="with chunk"):
         chunks = (16, 64, 256) if realistic else (1, 2, 3, 5)
         options["chunk"] = data.draw(st.sampled_from(chunks), label="attention_chunk")
