@@ -267,7 +267,7 @@ class ProgressDisplay:
         self, total: int, stream: TextIO, label: str = "", *, clock: Any = time.monotonic
     ) -> None:
         self.total, self.stream, self.label = total, stream, label
-        self.started = self.done = self.failed = 0
+        self.started = self.done = self.failed = self.warned = 0
         self.tty = stream.isatty() and not os.environ.get("CI")
         self.clock = clock
         self.began = clock()
@@ -278,13 +278,15 @@ class ProgressDisplay:
             self.started += 1
         else:
             self.done += 1
-            self.failed += verdict.status in (FAILED, WARNING)
+            # a SHOULD clause's warning is not a failure: counted apart, not as a cascade
+            self.failed += verdict.status == FAILED
+            self.warned += verdict.status == WARNING
         elapsed = self.clock() - self.began
         if self.tty:
             running = f", running {prop.id}" if verdict is None else ""
             self._write(
                 f"\r\033[K{self.label}property {self.done} of {self.total}, "
-                f"{self.failed} failed so far, {elapsed:.0f}s elapsed{running}"
+                f"{self._so_far()}, {elapsed:.0f}s elapsed{running}"
             )
             if self.done == self.total and verdict is not None:
                 self._write("\r\033[K")
@@ -296,8 +298,12 @@ class ProgressDisplay:
             return
         self._write(
             f"{self.label}{position} {prop.id} ({prop.clause}): {verdict.status} "
-            f"({verdict.seconds:.1f}s; {self.failed} failed so far, {elapsed:.0f}s elapsed)\n"
+            f"({verdict.seconds:.1f}s; {self._so_far()}, {elapsed:.0f}s elapsed)\n"
         )
+
+    def _so_far(self) -> str:
+        warned = f", {self.warned} warned" if self.warned else ""
+        return f"{self.failed} failed{warned} so far"
 
     def _write(self, text: str) -> None:
         self.stream.write(text)

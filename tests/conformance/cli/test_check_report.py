@@ -139,16 +139,20 @@ def test_progress_display_plain_and_terminal(monkeypatch: pytest.MonkeyPatch) ->
     in CI plain lines even on a terminal."""
     ticks = iter(range(100))
     plain = io.StringIO()
-    display = cli.ProgressDisplay(2, plain, clock=lambda: 10.0 * next(ticks))
+    display = cli.ProgressDisplay(3, plain, clock=lambda: 10.0 * next(ticks))
     display(_prop("a"), None)  # type: ignore[arg-type]
     display(_prop("a"), Verdict("a", "SDPA-2.1", "MUST", PASSED))  # type: ignore[arg-type]
     display(_prop("b"), None)  # type: ignore[arg-type]
     display(_prop("b"), Verdict("b", "SDPA-2.1", "MUST", FAILED))  # type: ignore[arg-type]
+    display(_prop("c"), None)  # type: ignore[arg-type]
+    display(_prop("c"), Verdict("c", "SDPA-8.2", "SHOULD", WARNING))  # type: ignore[arg-type]
     assert plain.getvalue().splitlines() == [
-        "[1/2] a (SDPA-2.1) ...",
-        "[1/2] a (SDPA-2.1): passed (0.0s; 0 failed so far, 20s elapsed)",
-        "[2/2] b (SDPA-2.1) ...",
-        "[2/2] b (SDPA-2.1): failed (0.0s; 1 failed so far, 40s elapsed)",
+        "[1/3] a (SDPA-2.1) ...",
+        "[1/3] a (SDPA-2.1): passed (0.0s; 0 failed so far, 20s elapsed)",
+        "[2/3] b (SDPA-2.1) ...",
+        "[2/3] b (SDPA-2.1): failed (0.0s; 1 failed so far, 40s elapsed)",
+        "[3/3] c (SDPA-2.1) ...",
+        "[3/3] c (SDPA-2.1): warning (0.0s; 1 failed, 1 warned so far, 60s elapsed)",
     ]
 
     class Terminal(io.StringIO):
