@@ -37,7 +37,7 @@ from ..judge.verdict import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Rep
 # 4096, the anchor).  Each stratum starts from its simplest example, of min_len keys:
 # the first past a block of 16, 64, 256, 512 or 2048.
 BLOCKS_COST, LONG_COST = 2**24, 2**28
-# Anchors (conformance/anchors.py) are fixed problems, each within ANCHOR_COST even
+# Anchors (conformance/draw/anchors.py) are fixed problems, each within ANCHOR_COST even
 # observed through V = I (Ev = Lk; tests/conformance/test_strategies.py checks it).
 ANCHOR_COST = 2**26
 HUGE_HEAD_DIM = 128
@@ -313,7 +313,7 @@ def _drawing(
             if stratum.anchor is not None:
                 failure.finding += (
                     f" [anchor problem {stratum.name.split(': ', 1)[1]!r}"
-                    f" ({stratum.anchor.source}), conformance/anchors.py]"
+                    f" ({stratum.anchor.source}), conformance/draw/anchors.py]"
                 )
             raise
 

@@ -72,7 +72,7 @@ def padded_float16_rows(w: Problem) -> Problem:
 
 def entry(name: str, fn: Callable[..., Any], catches: str, w: Problem) -> BuggyKernel:
     """A scale bug, caught by ``catches`` in the quick profile (its realistic strata, or
-    the anchor problems of conformance/anchors.py)."""
+    the anchor problems of conformance/draw/anchors.py)."""
     return BuggyKernel(name, fn, catches, witness=w)
 
 

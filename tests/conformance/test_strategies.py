@@ -366,7 +366,7 @@ def test_raised_max_len_adds_longer_block_boundaries() -> None:
     assert seen <= {4097, 8191, 8192, 8193, 10000} and {8192, 10000} <= seen, seen
 
 
-# --- anchors: fixed problems from upstream test grids (conformance/anchors.py) ------------
+# --- anchors: fixed problems from upstream test grids (conformance/draw/anchors.py) ------------
 
 
 @pytest.mark.parametrize("limits", [SizeLimits(), CAPS], ids=["default limits", "capped"])
