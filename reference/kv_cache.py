@@ -163,6 +163,7 @@ class KvCacheOptions(_New, FeatureOptions, SinkLogits, total=False):
     cache_leftpad: Array
     window: tuple[int | None, int | None]
     attention_chunk: int | None
+    n_sink_tokens: int
     return_lse: bool
 
 
@@ -175,7 +176,9 @@ def kv_cache_attention(
     Batch element b sees its cache positions ``cache_leftpad[b]`` (0 when absent) …
     ``cache_seqlens[b] - 1`` followed by its ``L_new`` new keys; causal calls, ALiBi, the
     ``window (left, right)`` (SPARSE-2.1) and ``attention_chunk`` (CHUNK-1) are bottom-right
-    with L_k = cache_seqlens[b] - cache_leftpad[b] + L_new (KVCACHE-6); ``sinks (Hq,)``
+    with L_k = cache_seqlens[b] - cache_leftpad[b] + L_new (KVCACHE-6), and the first
+    ``n_sink_tokens`` of those keys (from ``cache_leftpad[b]``) stay visible beside the
+    window (SINK-4); ``sinks (Hq,)``
     join every row's denominator (SINK-6; a row that sees no key gives 0 and
     ``lse = sinks[h]``).  Returns ``out (B, Hq, Lq, Ev)``, or ``(out, lse)`` with
     ``lse (B, Hq, Lq)``.
@@ -200,7 +203,9 @@ def kv_cache_attention(
         if attention_chunk is None
         else check_size("attention_chunk", attention_chunk, CALL, minimum=1)
     )
-    rules = Rules(options["is_causal"], *check_window(options["window"], CALL), chunk)
+    n_sink_tokens = check_size("n_sink_tokens", options["n_sink_tokens"] or 0, CALL)
+    window = check_window(options["window"], CALL)
+    rules = Rules(options["is_causal"], *window, chunk, n_sink_tokens)
     if q.ndim != 4:
         raise ValueError(
             f"q.shape={tuple(q.shape)}, but should be (B, Hq, Lq, E) [KVCACHE-1, {CALL}]"

@@ -143,8 +143,8 @@ class PagedBatchClaim:
 
 #: The options a --kv-cache kernel may take (KVCACHE-6), in flash_attn_with_kvcache's
 #: keywords: ``cache_leftpad (B)``, ``window_size=(left, right)`` (-1 unbounded),
-#: ``attention_chunk=C``.
-KV_CACHE_FEATURES = ("leftpad", "window", "chunk")
+#: ``attention_chunk=C``, and ``n_sink_tokens=n`` (SINK-4; drawn with a window only).
+KV_CACHE_FEATURES = ("leftpad", "window", "chunk", "sink_tokens")
 
 
 def _feature_list(text: str, allowed: tuple[str, ...], what: str) -> tuple[str, ...]:

@@ -502,7 +502,8 @@ CLAIMS: tuple[Claim, ...] = (
                 "--kv-cache-features",
                 "the options the --kv-cache kernel takes, comma-separated, of "
                 f"{', '.join(KV_CACHE_FEATURES)}: cache_leftpad=, window_size=(left, right) "
-                "(-1 unbounded) and attention_chunk= (KVCACHE-6)",
+                "(-1 unbounded), attention_chunk= (KVCACHE-6) and StreamingLLM's sink tokens "
+                "n_sink_tokens= (kept beside the window, SINK-4)",
                 type=kv_cache_feature_list,
                 metavar="LIST",
             ),

@@ -35,7 +35,10 @@ mask), in every dtype checked.
 
 The paged-batch properties have anchors of their own (``PAGED_ANCHORS``, run in their
 place): paged pools past 2**15 positions at page sizes 1, 16, 64 and 256, and a mixed
-batch with a prefill of a thousand queries.
+batch with a prefill of a thousand queries.  The KV-cache properties run
+``KV_CACHE_ANCHORS`` after the dense ones, each where the kernel takes the cache options
+it passes: StreamingLLM's sink tokens beside a window that has moved past them, whatever
+the random draws reach.
 """
 
 from __future__ import annotations
@@ -243,13 +246,73 @@ PAGED_ANCHORS: tuple[PagedAnchor, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class CacheAnchor:
+    """One fixed KV-cache call (KVCACHE-1) of the KV-cache properties, run where the
+    kernel takes every cache option of ``features`` (``--kv-cache-features``): batch
+    element b's ``lengths[b]`` cached keys (cache_seqlens) from ``starts[b]``
+    (cache_leftpad, where the kernel takes it), ``n_queries`` queries and as many new keys
+    when the kernel appends, ``window_size=window`` and ``n_sink_tokens=sink_tokens``;
+    ``n_q_heads`` query heads on ``n_kv_heads`` with GQA (else ``n_kv_heads`` of each).
+    Lengths are cut to --max-len, head dims to --max-head-dim."""
+
+    name: str
+    source: str
+    lengths: tuple[int, ...]
+    starts: tuple[int, ...]
+    n_queries: int
+    window: tuple[int | None, int | None]
+    sink_tokens: int
+    n_q_heads: int
+    n_kv_heads: int
+    head_dim: int
+    features: tuple[str, ...] = ("window", "sink_tokens")
+    forced: tuple[tuple[str, Any], ...] = ()
+    each_dtype: bool = False
+
+
+# StreamingLLM (Xiao et al., 2023) keeps 4 sink tokens beside a window of recent keys; what
+# it keeps them for is a window that has moved past them, which a drawn cache reaches only
+# by chance.  Three elements as flash_attn_with_kvcache's tests run them (left padding,
+# FA3's 6 query heads on 2): one whose window has moved past its sink tokens from
+# cache_leftpad 0, one whose window still covers them (counted once), and one whose sink
+# tokens start at its cache_leftpad of 64 (positions 0 ... 3 are stale memory there).
+KV_CACHE_ANCHORS: tuple[CacheAnchor, ...] = (
+    CacheAnchor(
+        "StreamingLLM decode: 4 sink tokens beside a window of (16, 0), cache_seqlens 300, "
+        "17, 129 from cache_leftpad 0, 5, 64, 3 queries, GQA 6 on 2, head dim 64",
+        "StreamingLLM; FA kvcache, FA3",
+        lengths=(300, 17, 129),
+        starts=(0, 5, 64),
+        n_queries=3,
+        window=(16, 0),
+        sink_tokens=4,
+        n_q_heads=6,
+        n_kv_heads=2,
+        head_dim=64,
+    ),
+)
+
+
 def anchors_of(draws: str) -> tuple[Any, ...]:
     """The anchors of the properties that draw ``draws`` problems: the paged-batch
-    family's own batches, the dense problems of ``ANCHORS`` for every other."""
-    return PAGED_ANCHORS if draws == "paged-batch" else ANCHORS
+    family's own batches, the dense problems of ``ANCHORS`` then ``KV_CACHE_ANCHORS`` for
+    the KV-cache family, the dense problems for every other."""
+    if draws == "paged-batch":
+        return PAGED_ANCHORS
+    return (*ANCHORS, *KV_CACHE_ANCHORS) if draws == "kv-cache" else ANCHORS
 
 
-def anchor_options(anchor: Anchor | PagedAnchor, dtype: str | None) -> tuple[tuple[str, Any], ...]:
+def anchor_applies(anchor: Any, kv_cache_features: tuple[str, ...]) -> bool:
+    """Whether a kernel taking the cache options ``kv_cache_features`` runs ``anchor``'s
+    stratum (None: a random one): a KV-cache anchor only where it takes every option the
+    anchor passes."""
+    return not isinstance(anchor, CacheAnchor) or set(anchor.features) <= set(kv_cache_features)
+
+
+def anchor_options(
+    anchor: Anchor | PagedAnchor | CacheAnchor, dtype: str | None
+) -> tuple[tuple[str, Any], ...]:
     """The stratum options of ``anchor``: its forced options and its dtype (``dtype``, or
     the kernel's most precise one, "widest")."""
     return (*anchor.forced, ("dtype", dtype or "widest"))

@@ -90,6 +90,7 @@ class CacheCall:
     starts: list[int] | None = None  # cache_leftpad (KVCACHE-6); None: not passed
     window: tuple[int | None, int | None] | None = None  # window_size; None: not passed
     chunk: int | None = None  # attention_chunk; None: not passed
+    sink_tokens: int | None = None  # n_sink_tokens beside the window (SINK-4); None: not passed
 
     def start(self, b: int) -> int:
         """Batch element b's first valid cache position (KVCACHE-6)."""
@@ -107,6 +108,7 @@ class CacheCall:
         for name, value in (
             ("cache_leftpad", self.starts),
             ("window (left, right)", self.window),
+            ("n_sink_tokens", self.sink_tokens),
             ("attention_chunk", self.chunk),
         ):
             if value is not None:
@@ -271,6 +273,21 @@ def cache_contents(batch: Batch, kernel: KernelUnderTest) -> tuple[np.ndarray, n
     return caches[0], caches[1]
 
 
+def window_keywords(
+    window: tuple[int | None, int | None] | None, sink_tokens: int | None, chunk: int | None
+) -> dict[str, Any]:
+    """A cache or paged call's ``window_size=(left, right)`` (-1 unbounded, SPARSE-2.1),
+    ``n_sink_tokens`` (SINK-4) and ``attention_chunk`` (CHUNK-1), each left out when None."""
+    keywords: dict[str, Any] = {}
+    if window is not None:
+        keywords["window_size"] = tuple(-1 if w is None else w for w in window)
+    if sink_tokens is not None:
+        keywords["n_sink_tokens"] = sink_tokens
+    if chunk is not None:
+        keywords["attention_chunk"] = chunk
+    return keywords
+
+
 def kv_cache_arguments(
     kernel: KernelUnderTest, batch: Batch
 ) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, np.ndarray]]:
@@ -291,10 +308,7 @@ def kv_cache_arguments(
     if call.starts is not None:
         inputs["cache_leftpad"] = np.asarray(call.starts, dtype=np.int32)
         keywords["cache_leftpad"] = b.asarray(inputs["cache_leftpad"])
-    if call.window is not None:
-        keywords["window_size"] = tuple(-1 if w is None else w for w in call.window)
-    if call.chunk is not None:
-        keywords["attention_chunk"] = call.chunk
+    keywords.update(window_keywords(call.window, call.sink_tokens, call.chunk))
     keywords.update(_options(kernel, batch))
     _slopes(kernel, batch, keywords)
     return args, keywords, inputs

@@ -120,7 +120,8 @@ def register(
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Register ``check`` as property ``property_id`` citing ``clause``; ``draws``: the
     family whose anchors and strata it draws from ("paged-batch": the paged batches of
-    ``anchors.PAGED_ANCHORS`` and the mixed-batch stratum; else the dense anchors);
+    ``anchors.PAGED_ANCHORS`` and the mixed-batch stratum; "kv-cache": the dense anchors,
+    then the calls of ``anchors.KV_CACHE_ANCHORS``; else the dense anchors);
     ``draws_as``: the registered property whose examples it draws too (its check draws as
     that one's does)."""
     if kind not in KINDS:

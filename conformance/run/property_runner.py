@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Flaky, Unsatisfiable, UnsatisfiedAssumption
 
 from ..draw import sizes
-from ..draw.anchors import DTYPES, anchor_options, anchors_of
+from ..draw.anchors import DTYPES, anchor_applies, anchor_options, anchors_of
 from ..draw.input_features import avoided_dtype, features_of
 from ..draw.one_example import SeededBesidesSizes, seeds_besides_sizes
 from ..draw.realistic_values import COMBINATIONS
@@ -126,7 +126,8 @@ class Profile:
 
     def examples(self, dtypes: tuple[str, ...] = DTYPES, draws: str = "dense") -> int:
         """Examples per property (Hypothesis properties) drawing ``draws`` problems for a
-        kernel checked in ``dtypes``: an anchor run in each dtype runs in each of those."""
+        kernel checked in ``dtypes``: an anchor run in each dtype runs in each of those (a
+        KV-cache anchor counted, which runs only where the kernel takes its options)."""
         anchors = sum(len(dtypes) if anchor.each_dtype else 1 for anchor in anchors_of(draws))
         return (
             self.small
@@ -240,6 +241,8 @@ def _run_strata(
         dtype = whole.option("dtype")
         if dtype not in (None, "widest", *kernel.dtypes) or dtype in avoided_dtypes:
             continue  # an anchor in a dtype the kernel is not checked in (or drawn around)
+        if not anchor_applies(whole.anchor, kernel.declaration.kv_cache_features):
+            continue  # a KV-cache anchor passing options the kernel does not take
         for stratum, count, part_seed in _nested_parts(profile, whole, limits, seed, prop):
             # one example of a realistic stratum: its sizes the simplest, nothing else
             seeded = part_seed if seeds_besides_sizes(stratum, count) else None

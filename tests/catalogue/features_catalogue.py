@@ -302,6 +302,7 @@ def cache_differs(kernel: KernelUnderTest, batch: Batch = CACHE_BATCH) -> str | 
         cache_leftpad=before.get("cache_leftpad"),
         window=cache.window or (None, None),
         attention_chunk=cache.chunk,
+        n_sink_tokens=cache.sink_tokens or 0,
         sinks=sinks,
         return_lse=True,
         **options,
@@ -326,6 +327,10 @@ CACHE_LEFTPAD_BATCH = Batch(
 CACHE_WINDOW_BATCH = Batch(
     CACHE_BATCH.sequences, cache=replace(CACHE_BATCH.kv_cache, window=(1, None))
 )
+# SINK-4: that window with 2 sink tokens, which it has moved past in the last element
+CACHE_SINK_TOKENS_BATCH = Batch(
+    CACHE_BATCH.sequences, cache=replace(CACHE_WINDOW_BATCH.kv_cache, sink_tokens=2)
+)
 
 
 # SINK-6: sink logits (Hq = 4) near the scores, in a packed and a cache call
@@ -347,6 +352,11 @@ def leftpad_differs(kernel: KernelUnderTest) -> str | None:
 def window_differs(kernel: KernelUnderTest) -> str | None:
     """Evidence: :func:`cache_differs` on CACHE_WINDOW_BATCH."""
     return cache_differs(kernel, CACHE_WINDOW_BATCH)
+
+
+def sink_tokens_differ(kernel: KernelUnderTest) -> str | None:
+    """Evidence: :func:`cache_differs` on CACHE_SINK_TOKENS_BATCH."""
+    return cache_differs(kernel, CACHE_SINK_TOKENS_BATCH)
 
 
 def stale_changes_output(kernel: KernelUnderTest, magnitude: float = 30.0) -> str | None:
@@ -590,6 +600,12 @@ FEATURE_CATALOGUE: list[FeatureBug] = [
         packed.kv_cache_sink_in_numerator,
         "kv-cache-matches-reference",
         sinks_differ,
+    ),
+    FeatureBug(
+        "kv-cache-sink-tokens-windowed",
+        packed.kv_cache_sink_tokens_windowed,
+        "kv-cache-matches-reference",
+        sink_tokens_differ,
     ),
     FeatureBug(
         "kv-cache-ignores-table", packed.kv_cache_ignores_table, "kv-cache-paged", cache_differs

@@ -56,10 +56,11 @@ CACHE_KEYWORDS = {
     "cache_leftpad": None,
     "window_size": (-1, -1),
     "attention_chunk": 0,
+    "n_sink_tokens": 0,
 }
 CACHE = {
     "kv_cache": True,
-    "kv_cache_features": ("leftpad", "window", "chunk"),
+    "kv_cache_features": ("leftpad", "window", "chunk", "sink_tokens"),
     "kv_cache_paged": True,
     "gqa": True,
     "softcap": True,
@@ -236,7 +237,8 @@ def _cache_attention(call: SimpleNamespace, bug: str = "") -> Any:
     the whole cache rows' maximum (stale_max), the left padding read (ignores_leftpad), the
     window and chunk measured from the cache's first position, t_i = i (window_top_left),
     zero weights times the stale values (values_over_capacity), the sink's term added to
-    the numerator too (sink_in_numerator)."""
+    the numerator too (sink_in_numerator), the window applied to the sink tokens too
+    (sink_tokens_windowed)."""
     write_at = 1 if bug == "writes_one_late" else 0
     read_extra = 1 if bug in ("reads_one_more", "writes_one_late") else 0
     alignment = "top_left" if bug == "top_left" else "bottom_right"
@@ -253,7 +255,10 @@ def _cache_attention(call: SimpleNamespace, bug: str = "") -> Any:
             index, position = _position(table, block, b, length + write_at + t)
             k_cache[index, :, position] = k[b, :, t]
             v_cache[index, :, position] = v[b, :, t]
-    options = Options(call.cache_leftpad, call.window_size, call.attention_chunk)
+    sink_tokens = 0 if bug == "sink_tokens_windowed" else call.n_sink_tokens
+    options = Options(
+        call.cache_leftpad, call.window_size, call.attention_chunk, n_sink_tokens=sink_tokens
+    )
     pads = options.cache_leftpad
     outs, lses = [], []
     for b, length in enumerate(lengths):
@@ -400,6 +405,12 @@ kv_cache_sink_in_numerator = _cache_kernel(
     "Adds the sink's term e^(sink - m) to the numerator as well as the denominator, as if "
     "the sink had a value of 1 in every channel (SINK-1, SINK-6).",
     bug="sink_in_numerator",
+)
+kv_cache_sink_tokens_windowed = _cache_kernel(
+    "kv_cache_sink_tokens_windowed",
+    "Ignores n_sink_tokens: the window hides the sink tokens too, once it has moved past them, "
+    "the case StreamingLLM keeps them for (SINK-4).",
+    bug="sink_tokens_windowed",
 )
 kv_cache_ignores_table = _cache_kernel(
     "kv_cache_ignores_table",

@@ -25,6 +25,7 @@ from catalogue.features_catalogue import (
     nan_stale_changes_output,
     seed_ignored,
     shared_indicators,
+    sink_tokens_differ,
     sinks_differ,
     stale_changes_output,
     varlen_accepts_bad_offsets,
@@ -74,14 +75,16 @@ def test_correct_varlen_kernel_with_sinks_matches_the_reference() -> None:
     ids=lambda fn: fn.__name__,
 )
 def test_correct_cache_kernels_match_the_reference(fn: object) -> None:
-    """KVCACHE-2 … KVCACHE-7: output and appended cache equal the reference's, with left
-    padding and with a window too; stale values, NaN included, change no output bit."""
+    """KVCACHE-2 … KVCACHE-7, SINK-4: output and appended cache equal the reference's, with
+    left padding, a window and sink tokens beside it too; stale values, NaN included, change
+    no output bit."""
     assert cache_differs(_kernel(fn)) is None
     assert stale_changes_output(_kernel(fn)) is None
     assert nan_stale_changes_output(_kernel(fn)) is None
     assert leftpad_differs(_kernel(fn)) is None
     assert window_differs(_kernel(fn)) is None
     assert sinks_differ(_kernel(fn)) is None  # SINK-6
+    assert sink_tokens_differ(_kernel(fn)) is None  # SINK-4
 
 
 def test_dropout_evidence_finds_nothing_in_correct_dropout() -> None:

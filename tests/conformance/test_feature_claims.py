@@ -140,8 +140,8 @@ def kernels(tmp_path: Path) -> Path:
             {"paged_batch": PagedBatchClaim("nhd", features=("leftpad", "chunk", "sinks"))},
         ),
         (
-            ["--kv-cache-features", "window,leftpad"],
-            {"kv_cache": True, "kv_cache_features": ("window", "leftpad")},
+            ["--kv-cache-features", "window,leftpad,sink_tokens"],
+            {"kv_cache": True, "kv_cache_features": ("window", "leftpad", "sink_tokens")},
         ),
         (["--varlen-mask"], {"varlen_mask": True, "varlen": True}),
     ],

@@ -343,14 +343,17 @@ def test_bad_packed_arguments(call: Any, error: type, message: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("window", "chunk"), [((2, None), None), ((None, None), 2)], ids=["window", "chunk"]
+    ("window", "chunk", "sink_tokens"),
+    [((2, None), None, 0), ((None, None), 2, 0), ((1, None), None, 2)],
+    ids=["window", "chunk", "sink-tokens"],
 )
 def test_kv_cache_leftpad_window_chunk_match_the_paged_oracle(
-    backend: Backend, window: tuple[int | None, None], chunk: int | None
+    backend: Backend, window: tuple[int | None, None], chunk: int | None, sink_tokens: int
 ) -> None:
     """KVCACHE-6: with cache_leftpad, a window or chunks, batch element b attends positions
     cache_leftpad[b] … cache_seqlens[b] + L_new - 1 of its cache after the append, the
-    window and chunks bottom-right: the paged oracle's reading of that cache (PAGED-2)."""
+    window and chunks bottom-right, and its first n_sink_tokens of them beside the window
+    (SINK-4): the paged oracle's reading of that cache (PAGED-2)."""
     if backend.name == "jax":
         pytest.skip("JAX compiles per shape; test_kv_cache_matches_oracle covers its path")
     spec = KV_CASES["paged-append"]
@@ -371,6 +374,7 @@ def test_kv_cache_leftpad_window_chunk_match_the_paged_oracle(
         cache_leftpad=xp.asarray(leftpad),
         window=window,
         attention_chunk=chunk,
+        n_sink_tokens=sink_tokens,
         return_lse=True,
         **options,
     )
@@ -395,6 +399,7 @@ def test_kv_cache_leftpad_window_chunk_match_the_paged_oracle(
         is_causal=True,
         window=window,
         chunk=chunk,
+        sink_tokens=sink_tokens,
     )
     got = as64(backend, out).transpose(0, 2, 1, 3).reshape(batch * n_queries, heads, -1)
     _close(got, expected_out, "float64", f"{backend.name} out")

@@ -35,6 +35,7 @@ from ...draw.strategies import draw_dtype, draw_rng, random_values
 from ..assertions import unlike_array
 from ..failures import KernelRaised, PropertyFailure
 from ..kernel import KernelUnderTest
+from ..packed_calls import window_keywords
 from ..registration import family_only, register
 from ._helpers import as_float8, descale_keywords, draw_sinks, draw_softcap
 
@@ -415,12 +416,7 @@ def _arguments(
         keywords["max_seqlen_k"] = int(np.max(given["seqused_k"], initial=0))
     if kernel.declaration.causal:
         keywords["is_causal"] = call.is_causal
-    if call.window is not None:
-        keywords["window_size"] = tuple(-1 if w is None else w for w in call.window)
-    if call.sink_tokens is not None:
-        keywords["n_sink_tokens"] = call.sink_tokens
-    if call.chunk is not None:
-        keywords["attention_chunk"] = call.chunk
+    keywords.update(window_keywords(call.window, call.sink_tokens, call.chunk))
     if call.softcap is not None:
         keywords["softcap"] = call.softcap
     if call.masks is not None:

@@ -24,6 +24,7 @@ from ....reference.tolerance_serving import sink_error_and_lse_bound
 from ...call.problem import Problem
 from ...claims.declaration import KernelDeclaration
 from ...draw import sizes
+from ...draw.anchors import CacheAnchor
 from ...draw.strategies import EXPLICIT_SCALES, draw_dtype, draw_rng, random_values
 from ..assertions import assert_identical, assert_shape, assert_within_bound
 from ..bounds import definition_keywords, lse_bound, reference_bound
@@ -89,9 +90,18 @@ def _lengths(data: st.DataObject, label: str, small: int) -> int:
 
 
 class _Heads:
-    """Sizes every sequence of a batch shares."""
+    """Sizes every sequence of a batch shares: drawn, or a KV-cache anchor's."""
 
-    def __init__(self, data: st.DataObject, kernel: KernelUnderTest) -> None:
+    def __init__(
+        self, data: st.DataObject, kernel: KernelUnderTest, anchor: CacheAnchor | None = None
+    ) -> None:
+        if anchor is not None:
+            self.n_kv = anchor.n_kv_heads
+            self.groups = anchor.n_q_heads // anchor.n_kv_heads if kernel.declaration.gqa else 1
+            self.head_dim = self.value_dim = min(
+                anchor.head_dim, sizes.current().limits.max_head_dim
+            )
+            return
         self.n_kv = data.draw(st.integers(1, 3), label="Hkv")
         self.groups = data.draw(st.integers(1, 3), label="G") if kernel.declaration.gqa else 1
         drawing = sizes.current()
@@ -376,8 +386,9 @@ def varlen_rejects_bad_offsets(kernel: KernelUnderTest, data: st.DataObject) -> 
 
 
 def _cache_rules(batch: Batch) -> Batch:
-    """Each batch element's window and chunk (KVCACHE-6) as its problem's mask, measured
-    from its bottom-right query positions; the batch as it is without either."""
+    """Each batch element's window with its sink tokens (SINK-4) and chunk (KVCACHE-6) as
+    its problem's mask, measured from its bottom-right query positions; the batch as it is
+    without either."""
     cache = batch.kv_cache
     if cache.window is None and cache.chunk is None:
         return batch
@@ -385,7 +396,7 @@ def _cache_rules(batch: Batch) -> Batch:
     sequences = []
     for s in batch.sequences:
         n_queries, n_keys = s.q.shape[-2], s.k.shape[-2]
-        rules = Rules(s.is_causal, left, right, cache.chunk)
+        rules = Rules(s.is_causal, left, right, cache.chunk, cache.sink_tokens or 0)
         t = np.arange(n_queries)[:, None] + (n_keys - n_queries)
         allowed = np.asarray(rules.allowed(np, t, np.arange(n_keys)[None, :]))
         sequences.append(s.with_(mask=np.broadcast_to(allowed, (n_queries, n_keys))))
@@ -407,31 +418,64 @@ def _cache_options(
     reach = (0, 1, 16, 63, 256) if realistic else (0, 1, 2, 3, 5)
     if "window" in features and data.draw(st.booleans(), label="with window"):
         side = st.one_of(st.none(), st.sampled_from(reach))
-        options["window"] = (data.draw(side, label="left"), data.draw(side, label="right"))
+        # sink tokens (SINK-4) beside a window with a left bound, the one they change, and a
+        # short one (the first three reaches), which has moved past them in most caches drawn
+        sink_tokens = "sink_tokens" in features and data.draw(
+            st.booleans(), label="with sink tokens"
+        )
+        left = st.sampled_from(reach[:3]) if sink_tokens else side
+        options["window"] = (data.draw(left, label="left"), data.draw(side, label="right"))
+        if sink_tokens:
+            counts = (1, 4, 16, 64) if realistic else (1, 2, 3, 4)
+            options["sink_tokens"] = data.draw(st.sampled_from(counts), label="n_sink_tokens")
     if "chunk" in features and data.draw(st.booleans(), label="with chunk"):
         chunks = (16, 64, 256) if realistic else (1, 2, 3, 5)
         options["chunk"] = data.draw(st.sampled_from(chunks), label="attention_chunk")
     return options
 
 
+def _anchored_options(
+    kernel: KernelUnderTest, anchor: CacheAnchor, lengths: list[int]
+) -> dict[str, Any]:
+    """``anchor``'s window and sink tokens, and its left padding where the kernel takes
+    it (each within its element's cut length)."""
+    options: dict[str, Any] = {"window": anchor.window, "sink_tokens": anchor.sink_tokens}
+    if "leftpad" in kernel.declaration.kv_cache_features:
+        options["starts"] = [min(s, n) for s, n in zip(anchor.starts, lengths, strict=True)]
+    return options
+
+
 def draw_cache_batch(data: st.DataObject, kernel: KernelUnderTest) -> Batch:
     """1-3 batch elements with valid cache lengths 0-8, 1-4 queries, new keys when the
     kernel appends, a paged cache with a shuffled table and spare blocks when it pages,
-    and the left padding, window and chunk it declares (KVCACHE-6)."""
+    and the left padding, window, chunk and sink tokens it declares (KVCACHE-6, SINK-4);
+    in a KV-cache anchor's stratum that anchor's sizes and options
+    (:class:`~attnspec.conformance.draw.anchors.CacheAnchor`), the rest drawn."""
     decl = kernel.declaration
-    heads, dtype = _Heads(data, kernel), draw_dtype(data, kernel)
+    drawing = sizes.current()
+    anchor = drawing.stratum.anchor if isinstance(drawing.stratum.anchor, CacheAnchor) else None
+    heads, dtype = _Heads(data, kernel, anchor), draw_dtype(data, kernel)
     rng = draw_rng(data)
-    count = data.draw(st.integers(1, 3), label="B")
-    n_new = data.draw(st.integers(0, 3), label="new keys") if decl.kv_cache_append else 0
-    n_queries = data.draw(st.sampled_from([1, 1, 2, 4]), label="Lq")
-    lengths = [_lengths(data, "cache_seqlens[b]", 8) for _ in range(count)]
+    if anchor is None:
+        count = data.draw(st.integers(1, 3), label="B")
+        n_new = data.draw(st.integers(0, 3), label="new keys") if decl.kv_cache_append else 0
+        n_queries = data.draw(st.sampled_from([1, 1, 2, 4]), label="Lq")
+        lengths = [_lengths(data, "cache_seqlens[b]", 8) for _ in range(count)]
+    else:
+        count, n_queries = len(anchor.lengths), anchor.n_queries
+        n_new = n_queries if decl.kv_cache_append else 0
+        lengths = [min(n, drawing.limits.max_len) for n in anchor.lengths]
     capacity = max(lengths) + n_new + data.draw(st.integers(0, 3), label="spare capacity")
     cache = CacheCall(
         lengths=lengths,
         n_new=n_new,
         **_cache_layout(data, kernel, rng, count, capacity),
         stale_seed=data.draw(st.integers(0, 2**16), label="stale values"),
-        **_cache_options(data, kernel, lengths),
+        **(
+            _cache_options(data, kernel, lengths)
+            if anchor is None
+            else _anchored_options(kernel, anchor, lengths)
+        ),
     )
     batch = Batch(
         [
@@ -489,7 +533,7 @@ def _check_cache_output(
     )
 
 
-@register("kv-cache-matches-reference", "KVCACHE-2", applies=_family("kv-cache"))
+@register("kv-cache-matches-reference", "KVCACHE-2", applies=_family("kv-cache"), draws="kv-cache")
 def kv_cache_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Batch element b attends its first cache_seqlens[b] cached keys and its new keys,
     bottom-right, with GQA, scales and the claimed features, within TOL-2: one cached key
@@ -501,7 +545,7 @@ def kv_cache_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> 
         _check_cache_output(kernel, batch, out, lse, "KVCACHE-2")
 
 
-@register("kv-cache-stale-positions", "KVCACHE-3", applies=_family("kv-cache"))
+@register("kv-cache-stale-positions", "KVCACHE-3", applies=_family("kv-cache"), draws="kv-cache")
 def kv_cache_stale_positions(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Other finite values at cache positions past every valid length (and in unused
     blocks) leave the output bit-identical."""
@@ -521,7 +565,7 @@ def kv_cache_stale_positions(kernel: KernelUnderTest, data: st.DataObject) -> No
         )
 
 
-@register("kv-cache-nan-past-length", "KVCACHE-7", applies=_family("kv-cache"))
+@register("kv-cache-nan-past-length", "KVCACHE-7", applies=_family("kv-cache"), draws="kv-cache")
 def kv_cache_nan_past_length(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """NaN instead of finite stale values at every cache position no batch element reads
     (past each cache_seqlens[b], below cache_leftpad[b], unused blocks) leaves the output
@@ -555,7 +599,12 @@ def _appended(batch: Batch, before: dict[str, np.ndarray]) -> tuple[np.ndarray, 
     return caches[0], caches[1]
 
 
-@register("kv-cache-append", "KVCACHE-4", applies=_family("kv-cache", kv_cache_append=True))
+@register(
+    "kv-cache-append",
+    "KVCACHE-4",
+    applies=_family("kv-cache", kv_cache_append=True),
+    draws="kv-cache",
+)
 def kv_cache_append(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """After the call the cache holds the new keys and values at cache_seqlens[b] ...
     cache_seqlens[b] + L_new - 1 (through the block table when paged), every other cache
@@ -575,7 +624,12 @@ def kv_cache_append(kernel: KernelUnderTest, data: st.DataObject) -> None:
             )
 
 
-@register("kv-cache-paged", "KVCACHE-5", applies=_family("kv-cache", kv_cache_paged=True))
+@register(
+    "kv-cache-paged",
+    "KVCACHE-5",
+    applies=_family("kv-cache", kv_cache_paged=True),
+    draws="kv-cache",
+)
 def kv_cache_paged(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """A paged cache read through a shuffled block table, with unused blocks full of other
     values, gives the output of the logical cache within TOL-2 (a kernel that reads the
