@@ -55,6 +55,14 @@ def _family(name: str, **claims: bool) -> Applies:
     return applies
 
 
+def _cache_property(
+    property_id: str, clause: str, **claims: bool
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Registers a KV-cache property: it applies to a KV-cache kernel with ``claims`` and
+    draws KV-cache calls, the KV-cache anchors' among them (``anchors.anchors_of``)."""
+    return register(property_id, clause, applies=_family("kv-cache", **claims), draws="kv-cache")
+
+
 @contextlib.contextmanager
 def reported_as(batch: Batch) -> Iterator[None]:
     """Failures inside name the whole call (lengths, options, cache layout) instead of one
@@ -533,7 +541,7 @@ def _check_cache_output(
     )
 
 
-@register("kv-cache-matches-reference", "KVCACHE-2", applies=_family("kv-cache"), draws="kv-cache")
+@_cache_property("kv-cache-matches-reference", "KVCACHE-2")
 def kv_cache_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Batch element b attends its first cache_seqlens[b] cached keys and its new keys,
     bottom-right, with GQA, scales and the claimed features, within TOL-2: one cached key
@@ -545,7 +553,7 @@ def kv_cache_matches_reference(kernel: KernelUnderTest, data: st.DataObject) -> 
         _check_cache_output(kernel, batch, out, lse, "KVCACHE-2")
 
 
-@register("kv-cache-stale-positions", "KVCACHE-3", applies=_family("kv-cache"), draws="kv-cache")
+@_cache_property("kv-cache-stale-positions", "KVCACHE-3")
 def kv_cache_stale_positions(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """Other finite values at cache positions past every valid length (and in unused
     blocks) leave the output bit-identical."""
@@ -565,7 +573,7 @@ def kv_cache_stale_positions(kernel: KernelUnderTest, data: st.DataObject) -> No
         )
 
 
-@register("kv-cache-nan-past-length", "KVCACHE-7", applies=_family("kv-cache"), draws="kv-cache")
+@_cache_property("kv-cache-nan-past-length", "KVCACHE-7")
 def kv_cache_nan_past_length(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """NaN instead of finite stale values at every cache position no batch element reads
     (past each cache_seqlens[b], below cache_leftpad[b], unused blocks) leaves the output
@@ -599,12 +607,7 @@ def _appended(batch: Batch, before: dict[str, np.ndarray]) -> tuple[np.ndarray, 
     return caches[0], caches[1]
 
 
-@register(
-    "kv-cache-append",
-    "KVCACHE-4",
-    applies=_family("kv-cache", kv_cache_append=True),
-    draws="kv-cache",
-)
+@_cache_property("kv-cache-append", "KVCACHE-4", kv_cache_append=True)
 def kv_cache_append(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """After the call the cache holds the new keys and values at cache_seqlens[b] ...
     cache_seqlens[b] + L_new - 1 (through the block table when paged), every other cache
@@ -624,12 +627,7 @@ def kv_cache_append(kernel: KernelUnderTest, data: st.DataObject) -> None:
             )
 
 
-@register(
-    "kv-cache-paged",
-    "KVCACHE-5",
-    applies=_family("kv-cache", kv_cache_paged=True),
-    draws="kv-cache",
-)
+@_cache_property("kv-cache-paged", "KVCACHE-5", kv_cache_paged=True)
 def kv_cache_paged(kernel: KernelUnderTest, data: st.DataObject) -> None:
     """A paged cache read through a shuffled block table, with unused blocks full of other
     values, gives the output of the logical cache within TOL-2 (a kernel that reads the
