@@ -31,7 +31,8 @@ def _correct_kernels() -> dict[str, set[str]]:
     def named(module: str, functions: Any) -> set[str]:
         return {f"catalogue.{module}:{fn.__name__}" for fn in functions}
 
-    packed = [fn for name, fn in FEATURE_KERNELS if name.startswith(("varlen-", "kv-cache-"))]
+    varlen = [fn for name, fn in FEATURE_KERNELS if name.startswith("varlen-")]
+    cache = [fn for name, fn in FEATURE_KERNELS if name.startswith("kv-cache-")]
     return {
         "sinks": named("sinks", (*sinks.CORRECT, *sinks.TOKEN_CORRECT)),
         "mla": named("mla", mla.CORRECT),
@@ -40,7 +41,8 @@ def _correct_kernels() -> dict[str, set[str]]:
         "fp8": named("fp8", fp8.CORRECT),
         "fp8-serving": named("fp8", fp8.SERVING_CORRECT),
         "chunk": named("chunked", chunked.CORRECT),
-        "varlen": named("packed_kernels", packed),
+        "varlen": named("packed_kernels", varlen),
+        "kv-cache": named("packed_kernels", cache),
     }
 
 
