@@ -132,6 +132,9 @@ class KernelProcess:
         self.extras: dict[str, Any] = {}
         self.starts = 0
         self.lost = 0  # calls that stalled or whose process died
+        # False: a process lost is not started again, each request raises at once (the
+        # hint probes, which a lost kernel ends: see worker.serve)
+        self.restarts = True
         become_subreaper()
 
     # -- life --------------------------------------------------------------------------
@@ -169,7 +172,7 @@ class KernelProcess:
                 "nothing was checked"
             ) from None
         except KernelStalled:
-            self.end()
+            self.end(graceful=False)
             raise SetupError(
                 f"loading {self.label} did not finish within "
                 f"{max(self.timeout, self.load_timeout):g} s (at import?): nothing was checked"
@@ -186,14 +189,18 @@ class KernelProcess:
     def ensure(self) -> None:
         if not self.alive():
             self.end()
+            if not self.restarts and self.starts:
+                raise KernelProcessDied("was lost, and is not started again for the hint probes")
             self.start()
 
-    def end(self) -> None:
+    def end(self, *, graceful: bool = True) -> None:
         """End the process, its process group and any orphan it left, and remove its
-        temporary directory."""
+        temporary directory.  ``graceful``: asked to stop first, and given _STOP_GRACE to;
+        not for a process stalled in a kernel call, which would not read the request (each
+        hang cost the timeout and then the grace, 2 s, before the kill)."""
         process, self.process = self.process, None
         if process is not None:
-            if process.poll() is None and self.connection is not None:
+            if graceful and process.poll() is None and self.connection is not None:
                 with contextlib.suppress(OSError):
                     send_message(self.connection, None)
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -260,7 +267,11 @@ class KernelProcess:
             self.lost += 1
             self.end()
             raise died from None
-        except (KernelStalled, KernelProcessDied):
+        except KernelStalled:
+            self.lost += 1
+            self.end(graceful=False)
+            raise
+        except KernelProcessDied:
             self.lost += 1
             self.end()
             raise

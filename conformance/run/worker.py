@@ -228,13 +228,29 @@ def serve(connection: Connection) -> None:
                     # timeout, and a convention hint would not explain that
                     connection.send(("answer", []))
                     continue
-                answer = _answer(request, kernel, judge_setup.layout)
+                answer = _answer_or_no_hints(request, process, kernel, judge_setup.layout)
                 if isinstance(answer, str):
                     connection.send(("setup-error", answer))
                     return
                 connection.send(("answer", answer[0]))
     finally:
         process.end()
+
+
+def _answer_or_no_hints(
+    request: tuple[Any, ...], process: KernelProcess, kernel: KernelUnderTest, layout: str
+) -> tuple[Any] | str:
+    """:func:`_answer`; for the hints, none once the kernel hangs or its process dies while
+    probed, as when it was lost before (the other probes are not made: each would start
+    a process again, ~15 of them for a kernel that crashes on every probe)."""
+    if request[0] != "hints":
+        return _answer(request, kernel, layout)
+    lost, process.restarts = process.lost, False
+    try:
+        answer = _answer(request, kernel, layout)
+    finally:
+        process.restarts = True
+    return ([],) if process.lost > lost else answer
 
 
 def _answer(request: tuple[Any, ...], kernel: KernelUnderTest, layout: str) -> tuple[Any] | str:
