@@ -324,7 +324,9 @@ def test_a_run_goes_on_past_a_hung_step(
     done = subprocess.run(
         [
             *(sys.executable, str(SCRIPTS / "device_run.py"), str(out), "--python", str(stub)),
-            *("--wheels", str(wheels), "--budget", "60", "--side-box", "8"),
+            # the side box is what the hung step costs: MIN_BOX_S, the least a phase runs
+            # with, where a stub answers at once
+            *("--wheels", str(wheels), "--budget", "60", "--side-box", str(device_run.MIN_BOX_S)),
             *("--work", str(tmp_path / "work")),
         ],
         capture_output=True,

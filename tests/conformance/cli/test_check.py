@@ -195,7 +195,9 @@ def test_jax_is_checked_in_its_own_settings_unless_asked(tmp_path: Path) -> None
     """SDPA-1.4: on JAX the check changes no setting: with x64 off (JAX's
     default) float64 is not checked and the report says why; --jax-x64 turns it on, checks
     float64 and says what it changed.  Each in a fresh process (the setting is global),
-    running only a property the kernel does not claim: the settings are the setup's."""
+    running only a property the kernel does not claim: the settings are the setup's, made
+    in that process with --no-isolate (a worker's would import JAX twice more, ~3 s of CPU
+    each run; that the worker gets them is test_supervisor.py's JAX tests)."""
     pytest.importorskip("jax", reason="the jax extra is not installed")
     kernel_file(tmp_path, "kernels.py", KERNELS)
     env_free = {"JAX_ENABLE_X64": None}
@@ -209,6 +211,7 @@ def test_jax_is_checked_in_its_own_settings_unless_asked(tmp_path: Path) -> None
             "jax",
             "--only",
             "bias-semantics",
+            "--no-isolate",
             *flags,
             "--json",
             str(path),
