@@ -13,8 +13,10 @@ the softcap ``c tanh(S / c)`` in three rounded steps, excluded pairs set to -inf
 (ALiBi added in float32, as FlashAttention's float32 ``attn_bias`` promotes the scores),
 ``P = softmax(S)``, the dropout keep mask applied to ``P`` and ``v' = v / (1 - p)``, and
 ``O = P v'``.  The backward steps are those operations' derivatives in reverse, each rounded:
-``dP = dO v'^T``, ``dv' = P^T dO``, ``dS = P (dP - rowsum(P dP))`` (PyTorch's softmax
-backward), through the softcap ``dS c``, ``(1 - t^2)`` and ``/ c``, then ``dq = dX k'``,
+``dP = dO v'^T``, ``dv' = P^T dO``, ``dS = P (dP - D)`` with ``D = rowsum(P dP)`` (PyTorch's
+softmax backward) or, in the comparison's second form, ``D = rowsum(dO O)`` from the stored
+output (FlashAttention's backward, BWD-14), through the softcap ``dS c``, ``(1 - t^2)`` and
+``/ c``, then ``dq = dX k'``,
 ``dk' = dX^T q``, ``dk = dk' * scale`` and ``dv = dv' / (1 - p)``, and the sums over a
 group's query heads and the broadcast dimensions, each accumulated in the working dtype and
 rounded once.
@@ -65,6 +67,7 @@ def same_dtype_attention_backward(
     grad_out: Array,
     *,
     store: Callable[[Array], Array] | None = None,
+    delta_from_output: bool = False,
     **given: Unpack[BackwardOptions],
 ) -> Gradients:
     """The gradients of BWD-18's comparison implementation: automatic differentiation of
@@ -77,7 +80,10 @@ def same_dtype_attention_backward(
     dtype first.  Rows with no allowed key get zero gradients (BWD-4), as FlashAttention's
     reference fills them.  ``store``: how a step's result is stored, for inputs given in float32
     holding the values of a dtype their namespace lacks (NumPy's bfloat16); default: in the
-    inputs' own dtype.  Returns :class:`~.backward.Gradients` in the inputs' dtypes.
+    inputs' own dtype.  ``delta_from_output``: the second form, the delta term
+    ``D = rowsum(dO O)`` from the stored output ``O`` as FlashAttention's backward forms it,
+    rather than autograd's ``rowsum(P dP)`` (BWD-18 takes the larger error of the two).
+    Returns :class:`~.backward.Gradients` in the inputs' dtypes.
     """
     options = filled(BackwardOptions, given)
     if options["grad_lse"] is not None:
@@ -130,7 +136,10 @@ def same_dtype_attention_backward(
     if keep_grouped is not None:
         grad_weights = xp.where(keep_grouped, grad_weights, xp.zeros_like(grad_weights))
         grad_v = stored(grad_v * (1.0 / (1.0 - dropout_p)))
-    delta = xp.sum(weights * grad_weights, axis=-1, keepdims=True)
+    if delta_from_output:  # O = P v' stored, as attention_ref returns it; D in float32
+        delta = xp.sum(d_out * stored(xp.matmul(kept, scaled_v)), axis=-1, keepdims=True)
+    else:
+        delta = xp.sum(weights * grad_weights, axis=-1, keepdims=True)
     grad_x = stored(weights * (grad_weights - delta))
     grad_scores = grad_x
     if cap is not None and capped is not None:

@@ -23,10 +23,16 @@ def _stored(x: object) -> np.ndarray:
 
 
 def same_dtype_gradients(
-    arrays: tuple[np.ndarray, ...], allowed: Any = None, bias: Any = None, softcap: Any = None
+    arrays: tuple[np.ndarray, ...],
+    allowed: Any = None,
+    bias: Any = None,
+    softcap: Any = None,
+    delta_from_output: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(dq, dk, dv, dbias) of the comparison implementation in float16 for ``arrays`` =
-    (q, k, v, grad_out), the default scale, as float32 values; dbias at the full score shape."""
+    (q, k, v, grad_out), the default scale, as float32 values; dbias at the full score shape.
+    The delta term is sum_j p_j dp_j, or dO . o from the row's stored output o = p V where
+    ``delta_from_output`` (the comparison's second form)."""
     q, k, v, grad_out = (a.astype(np.float32) for a in arrays)
     scale = None
     n_batch, n_q_heads, n_queries, dim = q.shape
@@ -59,7 +65,11 @@ def same_dtype_gradients(
                 e = np.where(ok, np.exp(np.where(ok, s - top, 0)), 0).astype(np.float32)
                 p = _stored(e / e.sum(dtype=np.float32))
                 dp = _stored([np.dot(grad_out[b, h, i], v[b, g, j]) for j in range(n_keys)])
-                ds = _stored(p * (dp - np.dot(p, dp)))
+                if delta_from_output:
+                    delta = np.dot(grad_out[b, h, i], _stored(p @ v[b, g]))
+                else:
+                    delta = np.dot(p, dp)
+                ds = _stored(p * (dp - delta))
                 dbias[b, h, i] = ds
                 if t is not None:
                     ds = _stored(_stored(_stored(ds * np.float32(softcap)) * (1 - t * t)) / softcap)

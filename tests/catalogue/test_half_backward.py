@@ -23,6 +23,7 @@ from attnspec.conformance.judge.properties import backward  # noqa: E402
 from attnspec.conformance.judge.registry import all_properties  # noqa: E402
 from attnspec.conformance.judge.verdict import PASSED, WARNING  # noqa: E402
 from attnspec.conformance.run import property_runner  # noqa: E402
+from attnspec.reference.same_dtype import same_dtype_attention_backward  # noqa: E402
 from catalogue.half_backward import (  # noqa: E402
     HALF_BUGGY,
     HALF_BUGS,
@@ -152,3 +153,30 @@ def test_a_bug_gets_a_warning_with_its_reproduction(monkeypatch: Any) -> None:
     assert verdict.clause == "BWD-18" and verdict.level == "SHOULD"
     assert "[BWD-18]" in verdict.detail and "the floor" in verdict.detail
     assert verdict.reproduction and verdict.counterexample
+
+
+def test_rows_of_one_or_two_keys_are_within_the_rule() -> None:
+    """BWD-14, BWD-18: on a causal bfloat16 problem of two rows (one and two allowed keys,
+    E = 160, scale 0.5: quick seed 3's false warning), FlashAttention 2's backward, whose
+    delta term comes from its output rounded to bfloat16, errs by more than 3 times the
+    comparison implementation's form P (autograd's rowsum(P dP), nearly exact on such rows)
+    and is within the rule, which takes the larger error of forms P and O."""
+    rng = np.random.default_rng(0)
+    kernel = KernelUnderTest(HALF_CORRECT["flash2-half"], TORCH)
+
+    def drawn() -> np.ndarray:
+        return kernel.rounded(rng.standard_normal((1, 1, 2, 160)), "bfloat16")
+
+    problem = Problem(q=drawn(), k=drawn(), v=drawn(), dtype="bfloat16", is_causal=True, scale=0.5)
+    grad_out = drawn()
+    got = backward.call_backward(kernel, problem, grad_out)
+    bound = backward.expected_gradients(kernel, problem, grad_out, None)
+    arrays = (
+        torch.tensor(a).to(torch.bfloat16) for a in (problem.q, problem.k, problem.v, grad_out)
+    )
+    form_p = same_dtype_attention_backward(*arrays, is_causal=True, scale=0.5)
+    error, form_p_error = (
+        float(np.max(np.abs(g - bound.dq))) for g in (got.dq, form_p.dq.double().numpy())
+    )
+    assert error > 3 * form_p_error
+    backward.assert_within_flash_rule(kernel, problem, grad_out, got, bound[:4])

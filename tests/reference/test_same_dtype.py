@@ -49,17 +49,21 @@ def _ulps(a: np.ndarray) -> np.ndarray:
     return np.spacing(np.maximum(np.abs(a), 2.0**-14).astype(np.float16)).astype(np.float64)
 
 
-@pytest.mark.parametrize("softcap", [None, 2.0])
-def test_matches_the_float16_loop_oracle(softcap: float | None) -> None:
+@pytest.mark.parametrize(("softcap", "from_output"), [(None, False), (2.0, True)])
+def test_matches_the_float16_loop_oracle(softcap: float | None, from_output: bool) -> None:
     """BWD-18: on NumPy float16 the comparison implementation gives the loop oracle's
     gradients within one float16 ulp per element (float32 sums may round in another order),
-    zero for the row with no key (BWD-4), each in its input's dtype (BWD-13)."""
+    zero for the row with no key (BWD-4), each in its input's dtype (BWD-13); with the delta
+    term from autograd's rowsum(P dP) and from the stored output's rowsum(dO O)."""
     p = _half_problem()
     got = same_dtype_attention_backward(
-        p["q"], p["k"], p["v"], p["grad_out"], bias=p["bias"], mask=p["mask"], softcap=softcap
-    )
+        p["q"], p["k"], p["v"], p["grad_out"], bias=p["bias"], mask=p["mask"], softcap=softcap,
+        delta_from_output=from_output,
+    )  # fmt: skip
     arrays = (p["q"], p["k"], p["v"], p["grad_out"])
-    want = same_dtype_gradients(arrays, allowed=p["mask"], bias=p["bias"], softcap=softcap)
+    want = same_dtype_gradients(
+        arrays, allowed=p["mask"], bias=p["bias"], softcap=softcap, delta_from_output=from_output
+    )
     for name, mine, theirs in zip(NAMES, got, want, strict=True):
         assert mine.dtype == np.float16, (name, mine.dtype)
         mine64, theirs64 = mine.astype(np.float64), theirs.astype(np.float64)
