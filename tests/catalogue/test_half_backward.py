@@ -15,6 +15,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the half-precision catalogue's kernels are torch's")
 
+from support import one_torch_thread  # noqa: E402
+
 from attnspec.backends import Backend  # noqa: E402
 from attnspec.conformance.call.problem import Problem  # noqa: E402
 from attnspec.conformance.judge.failures import PropertyFailure  # noqa: E402
@@ -36,6 +38,8 @@ TORCH = Backend("torch")
 # (query heads, key/value heads, L, E, causal): a long head dim, causal, at L % 64 = 1; and
 # groups of 2 query heads at L % 128 = 64, not causal
 SHAPES = ((1, 1, 65, 256, True), (2, 1, 192, 64, False))
+# torch ops of these small problems: two threads per op cost up to 20 times one when loaded
+_one_torch_thread = pytest.fixture(autouse=True, scope="module")(one_torch_thread)
 _PROBLEMS: dict[tuple[str, int], tuple[Problem, np.ndarray, Any, Any]] = {}
 
 
