@@ -15,6 +15,11 @@ arrays are all NumPy are remembered (others, torch or JAX inputs, are evaluated 
 before).  Remembered arrays are made read-only, so a caller that wrote into a bound it was
 given would fail loudly instead of changing what a later call gets.  The memo holds at
 most ``MAX_BYTES`` of results, least recently used first out.
+
+REC-6.2's bound (``reference/recurrent/tolerance.py``: ``recurrent_error_bound``, a token
+loop in float64) is remembered the same way, in a memo of its own (``RECURRENT_MAX_BYTES``):
+it was half the time of a recurrence property's run, and the catalogue's two correct
+recurrences (tests/catalogue/test_recurrent_conformance.py) are drawn the same problems.
 """
 
 from __future__ import annotations
@@ -27,9 +32,12 @@ from typing import Any
 
 import numpy as np
 
+import attnspec.conformance.judge.properties.recurrent as recurrent_properties
 import attnspec.reference.tolerance as tolerance
 
 MAX_BYTES = 192 * 2**20
+# one recurrence property's bounds on one kernel (~15 MiB in the quick profile), with room
+RECURRENT_MAX_BYTES = 48 * 2**20
 # a result larger than this is evaluated every time (a realistic problem's weights)
 MAX_ENTRY_BYTES = 24 * 2**20
 
@@ -63,19 +71,20 @@ def _given_arrays(value: Any) -> list[np.ndarray]:
 
 
 def _arrays(result: Any) -> Iterator[np.ndarray]:
-    for part in result:
-        if part is None:
-            continue
-        for value in part:
-            if isinstance(value, np.ndarray):
-                yield value
+    """The arrays of a result: in (named) tuples, at any depth."""
+    if isinstance(result, np.ndarray):
+        yield result
+    elif isinstance(result, (tuple, list)):
+        for part in result:
+            yield from _arrays(part)
 
 
 class BoundMemo:
     """``tolerance._bounds`` remembered by a digest of its arguments."""
 
-    def __init__(self, evaluate: Callable[..., Any]) -> None:
+    def __init__(self, evaluate: Callable[..., Any], max_bytes: int = MAX_BYTES) -> None:
         self.evaluate = evaluate
+        self.max_bytes = max_bytes
         self.results: OrderedDict[bytes, tuple[Any, int]] = OrderedDict()
         self.held = 0
         self.hits = 0
@@ -107,18 +116,21 @@ class BoundMemo:
             a.flags.writeable = False
         self.results[key] = (result, size)
         self.held += size
-        while self.held > MAX_BYTES:
+        while self.held > self.max_bytes:
             _, (_, dropped) = self.results.popitem(last=False)
             self.held -= dropped
 
 
 @contextmanager
 def bounds_remembered() -> Iterator[BoundMemo]:
-    """TOL-2's bound remembered while the context lasts (tests/conftest.py: the session)."""
-    evaluate = tolerance._bounds
+    """TOL-2's bound (and REC-6.2's) remembered while the context lasts (tests/conftest.py:
+    the session); the TOL-2 memo is given."""
+    evaluate, evaluate_recurrent = tolerance._bounds, recurrent_properties.recurrent_error_bound
     memo = BoundMemo(evaluate)
     tolerance._bounds = memo
+    recurrent_properties.recurrent_error_bound = BoundMemo(evaluate_recurrent, RECURRENT_MAX_BYTES)
     try:
         yield memo
     finally:
         tolerance._bounds = evaluate
+        recurrent_properties.recurrent_error_bound = evaluate_recurrent

@@ -12,6 +12,7 @@ from numpy._core.multiarray import _set_madvise_hugepage
 from support import ROOT, backend_or_skip
 
 from attnspec.backends import BACKEND_NAMES, REFERENCE_CONFIG, Backend
+from attnspec.conformance.judge.properties import shapes
 from attnspec.conformance.run.supervisor import THREAD_VARIABLES, worker_threads
 from attnspec.conformance.run.worker_pool import JOBS_VARIABLE
 
@@ -120,3 +121,15 @@ def cpu_backend(request: pytest.FixtureRequest) -> Backend:
 def torch_backend() -> Backend:
     """PyTorch on its default device, for the tests about torch's own kernels or dtypes."""
     return backend_or_skip("torch")
+
+
+@pytest.fixture
+def inputs_rechecked_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """inputs-unmodified (SDPA-1.6) re-reads the inputs RECHECK_DELAY (50 ms) after each
+    call, to catch a kernel that goes on writing them from a thread of its own; for tests
+    whose kernels return with their work done (they pass, or are caught writing during the
+    call, at any delay) it re-reads them at once.  Why: the sleeps were idle seconds of an
+    xdist worker (~28 s in tests/catalogue/test_correct_pass.py alone, 8 s in
+    test_every_family.py).  Catching a late writer at the real delay is
+    tests/conformance/test_forgery.py's (zeroes_its_inputs_later)."""
+    monkeypatch.setattr(shapes, "RECHECK_DELAY", 0.0)

@@ -36,8 +36,8 @@ from support import verdict_of
 
 from attnspec.backends import Backend, BackendError
 from attnspec.conformance import declaration_of, declare
+from attnspec.conformance.draw.sizes import SizeLimits
 from attnspec.conformance.judge.kernel import KernelUnderTest
-from attnspec.conformance.judge.properties import shapes
 from attnspec.conformance.judge.registration import Property
 from attnspec.conformance.judge.registry import all_properties
 from attnspec.conformance.judge.verdict import (
@@ -214,15 +214,10 @@ SUBJECTS: list[Subject] = [
 @pytest.fixture(autouse=True)
 def _seed_profile(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Settings profiles of EXAMPLES_PER_SEED examples (used once per seed) and of
-    EXAMPLES examples (one stream); inputs re-read at once after each call."""
+    EXAMPLES examples (one stream); inputs re-read at once after each call
+    (tests/catalogue/conftest.py)."""
     monkeypatch.setitem(PROFILES, PROFILE, Profile(EXAMPLES_PER_SEED))
     monkeypatch.setitem(PROFILES, ONE_STREAM, Profile(EXAMPLES))
-    # inputs-unmodified (SDPA-1.6) re-reads the inputs RECHECK_DELAY (50 ms) after each
-    # call, to catch a kernel that goes on writing them from a thread of its own: these
-    # kernels return with their work done, so they pass at any delay, and the sleeps were
-    # ~28 s of this module's wall time (an idle xdist worker).  Catching a late writer
-    # at the real delay is tests/conformance/test_forgery.py's (zeroes_its_inputs_later).
-    monkeypatch.setattr(shapes, "RECHECK_DELAY", 0.0)
     yield
 
 
@@ -362,10 +357,20 @@ def test_seed_independent_properties_call_the_same_on_every_seed(prop_id: str) -
 
 # The tiled and split-KV kernels' bugs live at realistic sizes, so their zero-false-failure
 # run includes the quick profile's realistic strata (blocks, decode, wide heads, option
-# combinations), on one seed each: ~15 s a kernel on one core.  Seeds 0-19 were run once
-# by hand when they were added (all passed); one stays in the suite for its cost.
+# combinations), on one seed each.  Seeds 0-19 were run once by hand when they were added
+# (all passed); one stays in the suite for its cost.  The sizes are capped at TILED_LIMITS,
+# which every block size here still crosses several times: 1024 keys are 16 key blocks of
+# 64 and 4 split-KV chunks of 256, 1024 queries 8 query blocks of 128.  Uncapped, two
+# anchors were ~85 % of this test's time (~12 CPU-s a kernel): the decode row cut to 4096
+# keys (64 key blocks, each a pass of the kernel's Python loop, for every head) and the 43146
+# rows of 9 x 6 heads of 799 queries, which are past 2**15 for a GPU grid's sake (a NumPy
+# kernel loops over its 7 query blocks of 128 whatever the batch; capped, 4 x 6 heads).
+# Longer rows are test_scale.py's for the same three kernels: decode against 4097 keys and
+# 1023 to 1025 keys, compared with TOL-2 directly (test_tiled_and_split_kv_kernels_conform_
+# at_realistic_sizes).
 TILED_NAMES = ("tiled-128x64", "tiled-64x128-bottom-right", "split-kv-256")
 REALISTIC_PROFILE = "realistic-strata"
+TILED_LIMITS = SizeLimits(max_len=1024, max_batch_heads=24)
 
 
 TILED_CASES = [
@@ -383,8 +388,9 @@ def test_tiled_kernel_passes_realistic_strata(
     correct: Any, prop_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """CONF-1/CONF-3: the tiled and split-KV kernels pass every applicable property on
-    the quick profile's anchors and realistic strata, where their several query blocks, key blocks
-    and split-KV chunks are exercised (the small stratum is test_correct_kernel_passes)."""
+    the quick profile's anchors and realistic strata (capped at TILED_LIMITS), where their
+    several query blocks, key blocks and split-KV chunks are exercised (the small stratum
+    is test_correct_kernel_passes)."""
     quick = PROFILES["quick"]
     monkeypatch.setitem(
         PROFILES,
@@ -399,7 +405,7 @@ def test_tiled_kernel_passes_realistic_strata(
         ),
     )
     kernel = KernelUnderTest(correct.fn, Backend(correct.backend))
-    verdict = verdict_of(prop_id, kernel, profile=REALISTIC_PROFILE, seed=0)
+    verdict = verdict_of(prop_id, kernel, profile=REALISTIC_PROFILE, seed=0, limits=TILED_LIMITS)
     assert verdict.status in (PASSED, NOT_APPLICABLE), (
         f"correct kernel {correct.name}, {prop_id}: {verdict.status}: {verdict.detail}\n"
         f"  inputs: {verdict.counterexample}"
