@@ -27,6 +27,7 @@ from ..judge.kernel import KernelUnderTest
 from ..judge.registry import Property, all_properties
 from ..judge.reproduce import failure_snippet
 from ..judge.verdict import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Report, Verdict
+from .hypothesis_constants import no_local_constants
 
 # Cost caps per example (sizes.problem_cost, ~ B Hq Lq Lk (E + Ev + 320)), set so that the
 # default profile of PyTorch's SDPA takes about a quarter of its budget (measured with the
@@ -327,8 +328,9 @@ def _run_part(
     limits: SizeLimits,
     pool: ShapePool | None,
 ) -> None:
-    """One Hypothesis run of (part of) ``stratum`` (:func:`_drawing`)."""
-    with _drawing(stratum, limits, pool):
+    """One Hypothesis run of (part of) ``stratum`` (:func:`_drawing`), drawing what its
+    seed draws in any process: no constants of the modules imported (hypothesis_constants)."""
+    with _drawing(stratum, limits, pool), no_local_constants():
         try:
             property_test()
         except Unsatisfiable:
