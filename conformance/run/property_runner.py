@@ -184,6 +184,8 @@ def hypothesis_settings(
         verbosity=Verbosity.quiet,
         report_multiple_bugs=False,
         print_blob=False,
+        # not inherited from a profile the user loaded: another backend draws otherwise
+        backend="hypothesis",
         phases=(Phase.explicit, Phase.generate, *((Phase.shrink,) if shrink else ())),
     )
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.internal.conjecture import providers
+from hypothesis.internal.conjecture.providers import AVAILABLE_PROVIDERS
 from hypothesis.internal.constants_ast import Constants, is_local_module_file
 from support import reference_sdpa
 
@@ -31,16 +34,33 @@ LOCAL_SEEDS = "seeded_draws_29"
 # one in about half of those; with 64 an example, before the fix, the two runs of each of
 # seeds 29-34 differed within their first 4 examples (16 missed it on seed 31 over 20)
 SEEDS_PER_EXAMPLE = 64
+# A backend Hypothesis ships that ignores the seed
+URANDOM = "hypothesis-urandom"
 
 
-def _values_seeds(seen: list[tuple[int, ...]]) -> Property:
-    """A property that only records the values seeds of each example (``draw_rng``, as the
-    properties draw them; the first value each gives stands for it)."""
+Draws = Callable[[], list[tuple[int, ...]]]
+
+
+@pytest.fixture
+def draws(monkeypatch: pytest.MonkeyPatch) -> Draws:
+    """What the runner draws with seed 29: the values seeds of each example of a property
+    that only records them (``draw_rng``, as the properties draw them; the first value each
+    gives stands for it), 10 examples of the small stratum."""
+    monkeypatch.setitem(PROFILES, "values-seeds", Profile(10))
+    seen: list[tuple[int, ...]] = []
 
     def record(kernel: KernelUnderTest, data: st.DataObject) -> None:
         seen.append(tuple(int(draw_rng(data).integers(2**62)) for _ in range(SEEDS_PER_EXAMPLE)))
 
-    return Property("values-seeds", "CONF-8", "hypothesis", record, lambda declaration: None)
+    prop = Property("values-seeds", "CONF-8", "hypothesis", record, lambda declaration: None)
+    kernel = KernelUnderTest(reference_sdpa, Backend("numpy"))
+
+    def drawn() -> list[tuple[int, ...]]:
+        seen.clear()
+        run_property(prop, kernel, profile="values-seeds", seed=29)
+        return list(seen)
+
+    return drawn
 
 
 def _import_local_module(directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,24 +77,30 @@ def _import_local_module(directory: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_a_seeds_draws_do_not_depend_on_the_local_modules_imported(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    draws: Draws, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """CONF-8: the same seed draws the same values seeds before and after a local module
     with integer constants of its own is imported (they differed before the runner drew
     without local constants)."""
-    monkeypatch.setitem(PROFILES, "values-seeds", Profile(10))
-    seen: list[tuple[int, ...]] = []
-    prop = _values_seeds(seen)
-    kernel = KernelUnderTest(reference_sdpa, Backend("numpy"))
-
-    def draws() -> list[tuple[int, ...]]:
-        seen.clear()
-        run_property(prop, kernel, profile="values-seeds", seed=29)
-        return list(seen)
-
     before = draws()
     _import_local_module(tmp_path, monkeypatch)
     assert draws() == before
+
+
+def test_a_seeds_draws_do_not_depend_on_the_users_hypothesis_profile(draws: Draws) -> None:
+    """CONF-8: a Hypothesis profile the user loaded (in a conftest, under the pytest plugin
+    or the API) that picks another backend leaves the draws alone: the runner's settings
+    name Hypothesis's own (before, they inherited the profile's: "hypothesis-urandom" drew
+    from os.urandom, whatever the seed)."""
+    if URANDOM not in AVAILABLE_PROVIDERS:
+        pytest.skip(f"this Hypothesis has no {URANDOM!r} backend to load a profile with")
+    before, profile = draws(), settings.get_current_profile_name()
+    settings.register_profile("draws29-urandom", backend=URANDOM)
+    settings.load_profile("draws29-urandom")
+    try:
+        assert draws() == before
+    finally:
+        settings.load_profile(profile)
 
 
 def test_hypothesis_is_left_as_it_was() -> None:
