@@ -90,11 +90,9 @@ def numpy_attention(
     if bug == "nan_to_num":  # "sanitises" its inputs, hiding NaN (SDPA-8.3)
         q, k, v = np.nan_to_num(q), np.nan_to_num(k), np.nan_to_num(v)
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
-    groups = q.shape[-3] // k.shape[-3]
-    k, v = np.repeat(k, groups, axis=-3), np.repeat(v, groups, axis=-3)
     n_queries, n_keys = q.shape[-2], k.shape[-2]
     alpha = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = q @ np.swapaxes(k, -1, -2) * alpha
+    scores = _per_query_head(_by_group(q, k) @ np.swapaxes(k, -1, -2)[..., None, :, :]) * alpha
     unbiased = scores
     if bias is not None:
         scores = scores + np.asarray(bias, dtype=np.float64)
@@ -129,16 +127,32 @@ def numpy_attention(
         allowed = allowed & mask
     if bug == "tanh_values":
         v = np.tanh(v)
+    weights = _by_group(weights, v)
+    shared = v[..., None, :, :]  # each key/value head's values, for its group of query heads
     if bug == "zero_times_nan":  # a plain P @ V: 0 * NaN at masked keys (SDPA-8.2)
-        out = weights @ v
+        out = _per_query_head(weights @ shared)
     else:  # excluded keys contribute nothing (not 0 * NaN); NaN of allowed keys propagates
-        out = allowed_values_sum(np.where(allowed, weights, 0.0), allowed, v)
+        allowed = _by_group(allowed, v)  # the scores' shape, as are the weights
+        out = _per_query_head(allowed_values_sum(np.where(allowed, weights, 0.0), allowed, shared))
     if bug == "noise":  # e.g. dropout left on at a tiny rate, or atomics in random order
         out = out * (1 + 2.0**-9 * NOISE.standard_normal(out.shape))
     return out.astype(dtype)
 
 
 NOISE = np.random.default_rng(0)
+
+
+def _by_group(a: np.ndarray, kv: np.ndarray) -> np.ndarray:
+    """``a`` (..., Hq, L, X) as (..., Hkv, G, L, X): query head h in group h // G of the
+    key/value heads of ``kv`` (SDPA-6.1), without copying K and V out to every query head
+    (V = I, observing the weights, is Lk x Lk per head)."""
+    n_kv_heads = kv.shape[-3]
+    return a.reshape(*a.shape[:-3], n_kv_heads, a.shape[-3] // n_kv_heads, *a.shape[-2:])
+
+
+def _per_query_head(a: np.ndarray) -> np.ndarray:
+    """(..., Hkv, G, L, X) back to (..., Hq, L, X)."""
+    return a.reshape(*a.shape[:-4], a.shape[-4] * a.shape[-3], *a.shape[-2:])
 
 
 def numpy_kernel(
