@@ -82,7 +82,7 @@ RUN_FLAGS = (
     ),
     Flag(
         "--profile",
-        "examples per property: quick (20 small + 5 anchors + 10 realistic; "
+        "examples per property: quick (20 small + 6 anchors + 10 realistic; "
         "PyTorch's SDPA takes ~40 s of CPU), default (~5x), thorough (~50x); default: quick",
         choices=tuple(PROFILES),
     ),

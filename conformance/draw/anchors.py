@@ -28,10 +28,18 @@ Sources (read 2026-11):
        96, 128, 160, 192, 203, 256, lengths 4 ... 2048 with 143 and 587, causal only when
        Lq = Lk; sm_scale 0.0 and 1.2; test_op_bwd_with_matrix_bias adds a matrix bias
        with BATCH 1 or 4, N_HEADS 1 or 4, head dims 16 ... 256.
+  Llama 3  Dubey et al., "The Llama 3 Herd of Models" (2024), Table 3, and the
+       meta-llama/Meta-Llama-3-70B config.json: the 70B model's 64 query heads share 8
+       key/value heads (groups of 8; the 405B model's 128 share 8), head dim 128.
+  FA3 pack_gqa  flash_attn_interface's ``pack_gqa`` packs the query heads of a group into
+       the rows of one tile, a path taken for the group's size.
 What no fixed grid above has, an anchor adds from the shapes kernels special-case: more
 query rows than an int16 index numbers (2**15), and a padded query row of a padded batch
 whose every key carries the dtype's most negative finite value (an HF-style additive
-mask), in every dtype checked.
+mask), in every dtype checked; and a model's GQA heads, several key/value heads each shared
+by a group of 8, where a mapping h mod Hkv departs from SDPA-6.1's floor(h / G) on most heads
+(the upstream grids' groups of 3 on 1 or 2 key/value heads, and the random draws' small
+groups, reach a large group with several key/value heads only by chance).
 
 The paged-batch properties have anchors of their own (``PAGED_ANCHORS``, run in their
 place): paged pools past 2**15 positions at page sizes 1, 16, 64 and 256, and a mixed
@@ -184,6 +192,19 @@ ANCHORS: tuple[Anchor, ...] = (
         batch=4,
         forced=(("bias", "padding"), ("fill", "finfo.min"), ("padded element", True)),
         each_dtype=True,
+    ),
+    # Llama 3 70B's heads at its head dim: 64 query heads on 8 key/value heads, so that a
+    # kernel's path for large groups (FA3's pack_gqa: 8 x 17 = 136 packed rows, one tile
+    # of 128 and a ragged one) meets several key/value heads; lengths short for the cost
+    Anchor(
+        "Llama 3 70B heads: 64 query heads on 8 (groups of 8), 17 x 33, head dim 128",
+        "Llama 3; FA3 pack_gqa",
+        17,
+        33,
+        128,
+        128,
+        n_q_heads=64,
+        n_kv_heads=8,
     ),
 )
 

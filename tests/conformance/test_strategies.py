@@ -426,9 +426,12 @@ def test_rewritten_lengths_are_refit_into_the_stratum(limits: SizeLimits) -> Non
 def test_anchors_cover_what_upstream_grids_and_special_cases_need() -> None:
     """SDPA-4.1, SDPA-6.1, SDPA-1.1: the anchors hold a head dim no 32-wide vector divides,
     a causal square one row past a block of 128, a decode step past 2048 keys, more than
-    2**15 query rows, and a padded batch with finfo.min run in each dtype; every profile
-    runs each of them right after the small problems, before any random realistic draw."""
+    2**15 query rows, a padded batch with finfo.min run in each dtype, and groups of 8 query
+    heads on several key/value heads (where h mod Hkv is not SDPA-6.1's floor(h / G)); every
+    profile runs each of them right after the small problems, before any random realistic
+    draw."""
     dims = [a.dims(1, SizeLimits(), ANCHOR_COST, gqa=True) for a in ANCHORS]
+    assert any(d.groups >= 8 and d.n_kv_heads > 1 for d in dims)
     assert any(d.head_dim > 32 and d.head_dim % 32 for d in dims)
     assert any(
         a.n_queries == a.n_keys and a.n_queries % 128 == 1 and ("causal", True) in a.forced
