@@ -22,25 +22,59 @@ the user's own Hypothesis tests).  The global constants stay: they are the same 
 process of one Hypothesis version, and part of how it finds bugs.  Both are module globals
 of Hypothesis: a Hypothesis test run meanwhile in another thread of the process would draw
 no local constants either.
+
+Both names are private, and the dependency on Hypothesis has no upper bound, so a release
+may rename them.  Where a Hypothesis of 6.131 or later lacks either, importing this module
+warns once (:func:`replacements`): the checks still run and their verdicts still hold, but a
+``--seed`` may draw differently in another process, which the user must learn before
+relying on a reproduction.  A warning rather than an error, because refusing to check would
+withhold valid verdicts for a loss of reproducibility alone; rather than an upper bound,
+because Hypothesis renames internals in minor releases too (tests/conformance/
+test_draws_depend_on_seed.py runs the warning, and fails on the installed Hypothesis where
+it would warn).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import ModuleType
 from typing import Any
 
 from hypothesis.internal.conjecture import providers
+from hypothesis.version import __version_info__
 
 # Hypothesis's names; a version before 6.131 has neither and draws no local constants
 _COLLECT, _PERMITTED = "_get_local_constants", "CONSTANTS_CACHE"
-_REPLACEMENTS: dict[str, Any] = {}
-if hasattr(providers, _COLLECT) and hasattr(providers, _PERMITTED):
-    from hypothesis.internal.cache import LRUCache
-    from hypothesis.internal.constants_ast import Constants
+LOCAL_CONSTANTS_SINCE = (6, 131)
 
-    _NONE = Constants()
-    _REPLACEMENTS = {_COLLECT: lambda: _NONE, _PERMITTED: LRUCache(1024)}
+
+def replacements(module: ModuleType, version: tuple[int, ...]) -> dict[str, Any]:
+    """What :func:`no_local_constants` swaps into Hypothesis's ``module`` (its providers,
+    of Hypothesis ``version``): nothing where it has neither name, and then, on a version
+    that draws local constants, a RuntimeWarning that draws may depend on the modules
+    imported (the module's docstring says why not an error)."""
+    if hasattr(module, _COLLECT) and hasattr(module, _PERMITTED):
+        from hypothesis.internal.cache import LRUCache
+        from hypothesis.internal.constants_ast import Constants
+
+        none = Constants()
+        return {_COLLECT: lambda: none, _PERMITTED: LRUCache(1024)}
+    if tuple(version[:2]) >= LOCAL_CONSTANTS_SINCE:
+        warnings.warn(
+            f"Hypothesis {'.'.join(map(str, version))} has no {module.__name__}.{_COLLECT} "
+            f"and {_PERMITTED}, which attnspec replaces so that its draws ignore constants "
+            "in the source of imported local modules: a --seed may draw differently in "
+            "another process (CONF-8) until attnspec supports this Hypothesis, or with "
+            "hypothesis<6.131 or a version that has them",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return {}
+
+
+_REPLACEMENTS = replacements(providers, __version_info__)
 
 
 @contextmanager

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from hypothesis import settings
@@ -19,13 +21,18 @@ from hypothesis import strategies as st
 from hypothesis.internal.conjecture import providers
 from hypothesis.internal.conjecture.providers import AVAILABLE_PROVIDERS
 from hypothesis.internal.constants_ast import Constants, is_local_module_file
+from hypothesis.version import __version_info__
 from support import reference_sdpa
 
 from attnspec.backends import Backend
 from attnspec.conformance.draw.strategies import draw_rng
 from attnspec.conformance.judge.kernel import KernelUnderTest
 from attnspec.conformance.judge.registration import Property
-from attnspec.conformance.run.hypothesis_constants import no_local_constants
+from attnspec.conformance.run.hypothesis_constants import (
+    LOCAL_CONSTANTS_SINCE,
+    no_local_constants,
+    replacements,
+)
 from attnspec.conformance.run.property_runner import PROFILES, Profile, run_property
 
 # The local module's name; its constants are integers of [0, 2^32), as values seeds are
@@ -110,3 +117,30 @@ def test_hypothesis_is_left_as_it_was() -> None:
     with no_local_constants():
         assert providers._get_local_constants() == Constants()
     assert (providers._get_local_constants, providers.CONSTANTS_CACHE) == before
+
+
+def test_hypothesis_without_the_replaced_internals_warns() -> None:
+    """CONF-8: a Hypothesis that draws local constants (6.131 on) but has renamed the two
+    private names the runner replaces gets a RuntimeWarning saying that a seed may draw
+    differently in another process, not silently module-dependent draws; one before 6.131,
+    which draws none, gets no warning."""
+    renamed = ModuleType(providers.__name__)  # neither name
+    with pytest.warns(RuntimeWarning, match="may draw differently in another process"):
+        assert replacements(renamed, (6, 171, 0)) == {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert replacements(renamed, (6, 130, 9)) == {}
+
+
+def test_the_installed_hypothesis_has_the_replaced_internals() -> None:
+    """CONF-8: the Hypothesis installed here, if it draws local constants, has both names
+    the runner replaces (a release that renames them fails here, in the project's CI,
+    before a user meets the warning)."""
+    if __version_info__[:2] < LOCAL_CONSTANTS_SINCE:
+        pytest.skip(f"Hypothesis {__version_info__} draws no local constants: nothing replaced")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert set(replacements(providers, __version_info__)) == {
+            "_get_local_constants",
+            "CONSTANTS_CACHE",
+        }
