@@ -115,6 +115,10 @@ def test_features_match_oracle(backend: Backend, case: str) -> None:
 
 
 BLOCKS = [{}, {"query_chunk": 2, "key_block": 2}, {"query_chunk": 1, "key_block": 3}]
+# JAX runs the default blocks and the 2 x 2 blocks, which split every case raggedly along both
+# axes (Lq 5 and 3, Lk 3 and 7): every block shape is a new compilation of every per-block
+# operation there; the other backends run the single-row chunks and 3-key blocks as well.
+JAX_BLOCKS = BLOCKS[:2]
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
@@ -126,7 +130,7 @@ def test_blocked_features_match_oracle(backend: Backend, case: str) -> None:
     problem = CASES[case]
     for dtype in dtypes_checked(backend, float64=case in JAX_FLOAT64_CASES):
         moved = on_backend(backend, problem, dtype)
-        for blocks in BLOCKS:
+        for blocks in JAX_BLOCKS if backend.name == "jax" else BLOCKS:
             got = blocked_attention(**moved, return_lse=True, **blocks)
             where = f"{backend.name} {dtype} {case} {blocks}"
             assert_matches_oracle(backend, moved, dtype, where, got)
