@@ -103,6 +103,8 @@ def summary_line(report: Report) -> str:
         if seconds > 0
         else ""
     )
+    # said where it shows: a share past 100% reads as a clock error otherwise
+    summed = " summed over the check's workers" if in_kernel > seconds > 0 else ""
     if report.incomplete:  # CONF-6: no verdict on conformance either way
         outcome = f"INCOMPLETE ({report.incomplete})"
     elif report.conforms:
@@ -120,7 +122,7 @@ def summary_line(report: Report) -> str:
         f"{f', {tally[NOT_RUN]} not run' if tally[NOT_RUN] else ''} "
         f"({len(report.verdicts)} propert{'y' if len(report.verdicts) == 1 else 'ies'}, "
         f"{seconds:.1f} s{' wall time' if report.wall_seconds else ''}; "
-        f"the kernel's calls took {in_kernel:.1f} s{share})"
+        f"the kernel's calls took {in_kernel:.1f} s{summed}{share})"
     )
 
 

@@ -11,6 +11,7 @@ counting causes, and the failures no cause explains after them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from attnspec.conformance.judge.diagnosis import (
 )
 from attnspec.conformance.judge.kernel import KernelUnderTest
 from attnspec.conformance.judge.verdict import Cause
-from attnspec.conformance.report.render import format_table, report_dict
+from attnspec.conformance.report.render import format_table, report_dict, summary_line
 from attnspec.conformance.run.root_causes import by_cause, divergences
 
 # (kernel with one defect, the one cause the probes must establish, words of its explanation)
@@ -427,6 +428,18 @@ def test_every_report_says_what_was_not_checked_and_the_wall_time() -> None:
     assert report.wall_seconds > 0 and (
         f" s wall time; the kernel's calls took {ran.kernel_seconds:.1f} s, {share})" in text
     )
+
+
+def test_a_kernel_share_past_the_wall_time_says_it_is_summed_over_workers() -> None:
+    """CONF-6: with --jobs N the kernel's calls, summed over the workers, may take longer
+    than the run's wall time; the summary says they are summed instead of printing a share
+    past 100% unexplained (issue 33)."""
+    report = check(CORRECT[0].fn, only="default-scale")
+    alone = summary_line(report)
+    assert "summed over" not in alone
+    wall = report.verdicts[0].kernel_seconds / 2
+    parallel = summary_line(dataclasses.replace(report, wall_seconds=wall))
+    assert "s summed over the check's workers, 200% of the wall time)" in parallel
 
 
 def test_long_reproductions_go_beside_the_report(tmp_path: Path) -> None:
