@@ -561,6 +561,7 @@ _FLEX_NO_CPU_BACKWARD = {
         *("linear-in-upstream", "softmax-identity", "layout-independence", "gqa-reduction"),
         *("bias-reduction", "excluded-keys-zero", "empty-rows", "finite", "alibi"),
         *("log-sum-exp", "shape-dtype", "deterministic", "match-reference"),
+        *("within-flash-rule", "batch-composition"),
     )
 }
 # excluded logits filled above s + finfo.min: rows whose allowed keys all carry finfo.min
@@ -589,8 +590,11 @@ _TORCH_SDPA_DIVERGENCES = {
     "gqa-mapping": _CAUSAL_SCALE_ZERO,
     "same-shape-new-arguments": _CAUSAL_SCALE_ZERO,
     "masked-nonfinite-ignored": "docs/divergences.md#torch-masked-nan (pytorch #101967)",
-    # --backward: the NaN rows' gradients (spec/backward.md)
+    # --backward: the NaN rows' gradients (spec/backward.md); BWD-18's and BWD-19's quick
+    # problems meet them too (causal with scale 0, checked by hand, 2026-12-07)
     "gradients-match-reference": _CAUSAL_SCALE_ZERO,
+    "gradients-within-flash-rule": _CAUSAL_SCALE_ZERO,
+    "gradients-batch-composition": _CAUSAL_SCALE_ZERO,
 }
 # ONNX's Attention (adapters.onnx_attention): sqrt(scale), empty lengths, mask shapes,
 # float16 scores, and the masked NaN / head-count SHOULDs
@@ -670,8 +674,14 @@ _HF_SDPA = {
     "nan-propagates": _TORCH_SDPA_DIVERGENCES["nan-propagates"],
     "masked-nonfinite-ignored": _TORCH_SDPA_DIVERGENCES["masked-nonfinite-ignored"],
     "gqa-rejects-bad-heads": "docs/divergences.md#transformers-gqa-heads",
-    # --backward: its forward raises on no queries
-    "gradients-match-reference": "docs/divergences.md#transformers-sdpa-empty-queries",
+    # --backward: its forward raises on no queries (BWD-18's and BWD-19's too, 2026-12-07)
+    **dict.fromkeys(
+        (
+            *("gradients-match-reference", "gradients-within-flash-rule"),
+            "gradients-batch-composition",
+        ),
+        "docs/divergences.md#transformers-sdpa-empty-queries",
+    ),
 }
 _HF_EAGER = {
     **dict.fromkeys(
@@ -691,9 +701,14 @@ _HF_EAGER = {
             *("gradients-linear-in-upstream", "gradients-softmax-identity"),
             *("gradients-layout-independence", "gradients-gqa-reduction"),
             *("gradients-bias-reduction", "gradients-match-reference"),
+            # the float64 padded anchor: finfo(float64).min is -inf in float32, a NaN row
+            "gradients-batch-composition",
         ),
         _HF_FLOAT32_SOFTMAX,
     ),
+    # BWD-18's float16 problem: q . k beyond 65504 in its float16 matmul, a NaN row
+    # (checked by hand, 2026-12-07)
+    "gradients-within-flash-rule": _HF_FLOAT16,
 }
 # flash-linear-attention's naive forms (adapters.flash_linear): a float32 output for half
 # precision inputs, met by every property's first call; naive_chunk_kda's length assertion
@@ -784,6 +799,9 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "gradients-layout-independence": "docs/divergences.md#torch-flash-strided",
         # its float16 problem with a bias (checked by hand: "No available kernel" in float16)
         "gradients-shape-dtype": "docs/divergences.md#torch-flash-bias-grad",
+        # BWD-18's and BWD-19's float16 problems with a bias: the same refusal (2026-12-07)
+        "gradients-within-flash-rule": "docs/divergences.md#torch-flash-bias-grad",
+        "gradients-batch-composition": "docs/divergences.md#torch-flash-bias-grad",
     },
     # need_weights=False goes through SDPA's CPU flash path: its NaN query and masked NaN
     "attnspec.conformance.kernels.adapters.torch.multihead_attention_no_weights": {
@@ -823,6 +841,8 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         # (checked by hand), drawn ones too
         **_empty_row_gradients("docs/divergences.md#keras-empty-rows"),
         "gradients-match-reference": "docs/divergences.md#keras-empty-rows",
+        # BWD-18's float16 row of no key: dv = dO of the uniform row (2026-12-07)
+        "gradients-within-flash-rule": "docs/divergences.md#keras-empty-rows",
     },
     "attnspec.conformance.kernels.adapters.keras.dot_product_attention_numpy": {
         "empty-rows-zero": "docs/divergences.md#keras-empty-rows",
@@ -866,6 +886,9 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         # --backward: the gradients of its mean(V) rows (checked by hand); Ev != E refused
         **_empty_row_gradients("docs/divergences.md#flax-empty-rows"),
         "gradients-match-reference": _FLAX_NNX_HEAD_DIMS,
+        # BWD-18's float16 problem with a row of no key: its dv is that of a uniform row
+        # (checked by hand against float64, 2026-12-07)
+        "gradients-within-flash-rule": "docs/divergences.md#flax-empty-rows",
     },
     "flax.linen.dot_product_attention": {
         "empty-rows-zero": "docs/divergences.md#flax-empty-rows",
@@ -883,6 +906,8 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         # --backward: the gradients of its mean(V) rows (checked by hand), drawn ones too
         **_empty_row_gradients("docs/divergences.md#flax-empty-rows"),
         "gradients-match-reference": "docs/divergences.md#flax-empty-rows",
+        # BWD-18's float16 problem with a row of no key, as flax.nnx's (2026-12-07)
+        "gradients-within-flash-rule": "docs/divergences.md#flax-empty-rows",
     },
     "attnspec.conformance.kernels.adapters.keras.dot_product_attention_jax": {
         "empty-rows-zero": "docs/divergences.md#keras-empty-rows",
@@ -896,6 +921,9 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         # --backward: the gradients of its mean(V) rows (checked by hand); Ev != E refused
         **_empty_row_gradients("docs/divergences.md#keras-empty-rows"),
         "gradients-match-reference": _KERAS_JAX_HEAD_DIMS,
+        # BWD-18's and BWD-19's problem of Ev != E: the same reshape (2026-12-07)
+        "gradients-within-flash-rule": _KERAS_JAX_HEAD_DIMS,
+        "gradients-batch-composition": _KERAS_JAX_HEAD_DIMS,
     },
     "attnspec.conformance.kernels.adapters.thirdparty.local_attention": {
         "sparse-masked-nonfinite-ignored": "docs/divergences.md#local-attention-masked-nan",
@@ -917,6 +945,9 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "gradients-excluded-keys-zero": "docs/divergences.md#mha-empty-rows",
         "gradients-empty-rows": "docs/divergences.md#mha-empty-rows",
         "gradients-match-reference": "docs/divergences.md#mha-float16-overflow",
+        # BWD-18's and BWD-19's problems with a row of no key: its NaN gradients (2026-12-07)
+        "gradients-within-flash-rule": "docs/divergences.md#mha-empty-rows",
+        "gradients-batch-composition": "docs/divergences.md#mha-empty-rows",
     },
 }
 
@@ -1012,7 +1043,7 @@ _CONFIRMS: dict[str, Confirms] = {
     ),
     # a fully masked row meets layout-independence first (its padded anchor) as well
     "docs/divergences.md#keras-empty-rows": Confirms(
-        ("SDPA-5.1", "SDPA-1.7", "BWD-1", "BWD-3", "BWD-4", "BWD-17")
+        ("SDPA-5.1", "SDPA-1.7", "BWD-1", "BWD-3", "BWD-4", "BWD-17", "BWD-18")
     ),
 }
 
