@@ -267,13 +267,10 @@ class KernelProcess:
             self.lost += 1
             self.end()
             raise died from None
-        except KernelStalled:
+        except (KernelStalled, KernelProcessDied) as lost:
             self.lost += 1
-            self.end(graceful=False)
-            raise
-        except KernelProcessDied:
-            self.lost += 1
-            self.end()
+            # a process stalled in a call would not read a request to stop
+            self.end(graceful=not isinstance(lost, KernelStalled))
             raise
         except BaseException:  # Ctrl-C while waiting: the process is in an unknown state
             self.end()
