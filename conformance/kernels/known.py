@@ -720,6 +720,21 @@ _RECURRENT_CONTRACT = (
 )
 _RECURRENT_CHUNKED = (*_RECURRENT_CONTRACT, "recurrent-chunk-size", "recurrent-matches-reference")
 _FLA_NAIVE = "fla.ops.gated_delta_rule.naive."
+# jax.nn.dot_product_attention, jitted or not.  SDPA-5.1 is waived by its adapters; these two
+# failed only on fully masked rows (their minimal cases' masks are all False), the waived
+# divergence
+_JAX_NN = {
+    "rows-sum-to-one": "docs/divergences.md#jax-empty-rows",
+    "value-linearity": "docs/divergences.md#jax-empty-rows",
+    "masked-nonfinite-ignored": _JAX_MASKED_NAN,
+    # its anchor "padded batch ..., finfo.min bias, an element padded entirely"
+    "causal-zeros": _FILL_OUTRANKS_MIN_BIAS,
+    # the fixed corner: every bias entry finfo.min, is_causal (checked by hand, 2026-12-06)
+    "min-bias-corners": _FILL_OUTRANKS_MIN_BIAS,
+    # --backward, the same anchor: dv of a key that the mask and the causal rule exclude from
+    # every row of the element padded entirely (checked by hand, 2026-12-07)
+    "gradients-match-reference": _FILL_OUTRANKS_MIN_BIAS,
+}
 _DIVERGENCES: dict[str, dict[str, str]] = {
     _FLA_NAIVE + "naive_recurrent_gated_delta_rule": dict.fromkeys(
         (*_RECURRENT_CONTRACT, "recurrent-zero-beta", "recurrent-matches-reference"),
@@ -863,17 +878,9 @@ _DIVERGENCES: dict[str, dict[str, str]] = {
         "causal-zeros": _FILL_OUTRANKS_MIN_BIAS,
         "masked-nonfinite-ignored": _JAX_MASKED_NAN,
     },
-    # SDPA-5.1 is waived by the adapter; these two failed only on fully masked rows
-    # (their minimal cases' masks are all False), the waived divergence
-    "jax._src.nn.functions.dot_product_attention": {
-        "rows-sum-to-one": "docs/divergences.md#jax-empty-rows",
-        "value-linearity": "docs/divergences.md#jax-empty-rows",
-        "masked-nonfinite-ignored": _JAX_MASKED_NAN,
-        # its anchor "padded batch ..., finfo.min bias, an element padded entirely"
-        "causal-zeros": _FILL_OUTRANKS_MIN_BIAS,
-        # the fixed corner: every bias entry finfo.min, is_causal (checked by hand, 2026-12-06)
-        "min-bias-corners": _FILL_OUTRANKS_MIN_BIAS,
-    },
+    "jax._src.nn.functions.dot_product_attention": _JAX_NN,
+    # the same function under jax.jit (conformance/kernels/jax_jitted.py), not a matrix row
+    "attnspec.conformance.kernels.jax_jitted.jitted_dot_product_attention": _JAX_NN,
     # flax 0.12.8 (docs/divergences.md#flax-empty-rows ... #flax-linen-float16-accuracy)
     "flax.nnx.dot_product_attention": {
         "empty-rows-zero": "docs/divergences.md#flax-empty-rows",

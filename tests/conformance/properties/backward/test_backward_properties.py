@@ -8,19 +8,27 @@ backward passes are judged in tests/catalogue/test_backward.py.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from oracle_backward import gradients as oracle_gradients
 from support import SMALL_SIZES, backend_or_skip, verdict_of
 
 from attnspec.backends import Backend
 from attnspec.conformance.api import check
-from attnspec.conformance.claims.declaration import KernelDeclaration
+from attnspec.conformance.call.problem import Problem
+from attnspec.conformance.claims.declaration import KernelDeclaration, declaration_of
+from attnspec.conformance.judge.failures import PropertyFailure
 from attnspec.conformance.judge.kernel import KernelUnderTest
+from attnspec.conformance.judge.properties.backward import assert_gradients_match, call_backward
 from attnspec.conformance.judge.registry import all_properties
-from attnspec.conformance.judge.verdict import FAILED, NOT_APPLICABLE, PASSED
-from attnspec.conformance.run.kernel_setup import SetupError
+from attnspec.conformance.judge.verdict import FAILED, NOT_APPLICABLE, PASSED, Verdict
+from attnspec.conformance.kernels.known import target_write_ups
+from attnspec.conformance.run.kernel_setup import SetupError, kernel_function
+from attnspec.conformance.run.root_causes import confirmed_link
 
 SDPA_MATH = "attnspec.conformance.kernels.torch_sdpa:sdpa_math"
 JAX_JITTED = "attnspec.conformance.kernels.jax_jitted:jitted_dot_product_attention"
@@ -42,7 +50,9 @@ def test_every_backward_clause_with_a_property_is_cited() -> None:
 def test_framework_gradients_pass(target: str, backend: str) -> None:
     """BWD-1 … BWD-5, BWD-15, BWD-17: torch.autograd of PyTorch's math SDPA and jax.vjp of
     the jitted jax.nn.dot_product_attention pass every backward property of the quick
-    profile (BWD-4 not applicable to JAX, which waives SDPA-5.1)."""
+    profile (BWD-4 not applicable to JAX, which waives SDPA-5.1).  JAX's passes although
+    its padded-batch anchor meets jax-fill-outranks-min-bias: at these sizes no key is
+    excluded from every row there, where alone BWD-17 can see it (the test below)."""
     backend_or_skip(backend)
     report = check(target, backend=backend, only=backward_properties(), backward=True)
     statuses = {v.property: v.status for v in report.verdicts}
@@ -159,3 +169,44 @@ def test_abatch_elements_bound_is_its_own() -> None:
                 if name.startswith("dbias") and not own:
                     continue
                 np.testing.assert_allclose(got, alone(expected), rtol=1e-12, err_msg=name)
+
+
+def test_jax_fill_outranks_a_finfo_min_bias_in_the_backward() -> None:
+    """BWD-3, BWD-17 (docs/divergences.md#jax-fill-outranks-min-bias): the write-up's minimal
+    case, key 1 excluded by the causal rule and both keys' bias float32's finfo.min, through
+    jax.vjp of the jitted kernel with dO = 1: its dv is [0, 1] (the excluded key takes the
+    row's weight), the float64 loop oracle's [1, 0] (BWD-3: the excluded key's dv is exactly
+    0).  The gradients' judging fails it at that key, and the check files the failure
+    under the write-up.  Where every key is allowed to some row of such an element, BWD-17's
+    bound there charges the rounding of s + finfo.min (~1e31) and passes it: the reason the
+    quick profile at SMALL_SIZES finds it (the padded anchor's mask excludes keys 62 and 63
+    from every row) and at the default sizes does not (causal alone, no mask)."""
+    backend_or_skip("jax")
+    fn = kernel_function(JAX_JITTED)
+    kernel = KernelUnderTest(fn, Backend("jax"), replace(declaration_of(fn), backward=True))
+    min_bias = float(np.finfo(np.float32).min)
+    problem = Problem(
+        q=np.ones((1, 1, 1, 1)),
+        k=np.asarray([1.0, -1.0]).reshape(1, 1, 2, 1),
+        v=np.asarray([2.0, 4.0]).reshape(1, 1, 2, 1),
+        dtype="float32",
+        bias=np.full((1, 1, 1, 2), min_bias),
+        is_causal=True,
+    )
+    grad_out = np.ones((1, 1, 1, 1))
+    want = oracle_gradients(
+        problem.q, problem.k, problem.v, grad_out,
+        allowed=np.asarray([True, False]).reshape(1, 1, 1, 2), bias=problem.bias,
+    )  # fmt: skip
+    assert want[2].ravel().tolist() == [1.0, 0.0]
+    got = call_backward(kernel, problem, grad_out)
+    assert got.dv.ravel().tolist() == [0.0, 1.0]
+    excluded_key_dv = r"^dv\[0, 0, 1, 0\] = 1\.0, but should be 0\.0 within \d\.\d+e-\d+;"
+    with pytest.raises(PropertyFailure, match=excluded_key_dv) as failed:
+        assert_gradients_match(kernel, problem, grad_out, got)
+    verdict = Verdict(
+        "gradients-match-reference", "BWD-17", "MUST", FAILED,
+        detail=str(failed.value), counterexample=problem.describe(),
+    )  # fmt: skip
+    link = confirmed_link(verdict, target_write_ups(JAX_JITTED))
+    assert link == "docs/divergences.md#jax-fill-outranks-min-bias"
