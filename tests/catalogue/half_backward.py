@@ -21,7 +21,7 @@ import torch
 
 from attnspec.conformance import declare
 from attnspec.conformance.claims.declaration import torch_sdpa_declaration
-from attnspec.conformance.kernels.torch_sdpa import sdpa_math
+from attnspec.conformance.kernels.torch_sdpa import sdpa_on
 from catalogue.backward import (
     BACKWARD_ARRAYS,
     BACKWARD_KEYWORDS,
@@ -163,8 +163,11 @@ def in_input_dtype(formulation: Callable[..., Gradients]) -> Callable[..., Gradi
 
 def half_kernel(backward: Callable[..., Gradients], name: str) -> Callable[..., Any]:
     """A kernel declared in float16 and bfloat16 (:func:`half_forward`) whose backward pass
-    is ``backward``, through a custom autograd.Function."""
-    return with_backward(backward, name, HALF_CLAIMS, half_forward)
+    is ``backward``, through a custom autograd.Function; named ``catalogue.half_backward:name``
+    (where a module-level kernel of that name loads, and its reproductions with it)."""
+    kernel = with_backward(backward, name, HALF_CLAIMS, half_forward)
+    kernel.__module__ = __name__
+    return kernel
 
 
 def explicit_flash2_half_backward(
@@ -185,31 +188,45 @@ def half_forward(q: Any, k: Any, v: Any, **options: Any) -> Any:
     return out.to(q.dtype), lse
 
 
-def _explicit_forward(q: Any, k: Any, v: Any, **options: Any) -> Any:
+@declare(**HALF_CLAIMS, backward_fn="catalogue.half_backward:explicit_flash2_half_backward")
+def explicit_flash2_half(q: Any, k: Any, v: Any, **options: Any) -> Any:
+    """:func:`half_forward` with FlashAttention 2's backward as an explicit backward function
+    (``--backward-fn``), computed in float32 and rounded."""
     return half_forward(q, k, v, **options)
 
 
-def _autograd_forward(q: Any, k: Any, v: Any, **options: Any) -> Any:
+@declare(**HALF_CLAIMS)
+def autograd_half(q: Any, k: Any, v: Any, **options: Any) -> Any:
+    """:func:`half_forward` differentiated by torch.autograd (in float32 through the
+    conversions)."""
     return half_forward(q, k, v, **options)
 
 
-explicit_flash2_half = declare(
-    _explicit_forward,
-    **HALF_CLAIMS,
-    backward_fn="catalogue.half_backward:explicit_flash2_half_backward",
+# The correct formulations, module-level kernels (``attnspec check`` and
+# scripts/measure-correct-seeds load them by name): those of ``catalogue.backward``
+# computed in float32, their results rounded; FlashAttention 2's with its own roundings;
+# PyTorch's math SDPA (autograd in the input dtype), declared in float16 and bfloat16 as a
+# kernel of its own (declaring ``sdpa_math`` itself would change its declaration for every
+# user of it in the process)
+flash2_half = half_kernel(flash2_half_backward, "flash2_half")
+flash2_in_float32 = half_kernel(in_input_dtype(CORRECT["flash2"]), "flash2_in_float32")
+split_kv_in_float32 = half_kernel(
+    in_input_dtype(CORRECT["numpy-softmax-split-kv"]), "split_kv_in_float32"
 )
-# The correct formulations of ``catalogue.backward`` (computed in float32, their results
-# rounded), FlashAttention 2's with its own roundings, and PyTorch's math SDPA (autograd in
-# the input dtype), as kernels checked in float16 and bfloat16
+sdpa_math_half = sdpa_on(
+    "MATH",
+    "sdpa_math_half",
+    module=__name__,
+    claims={**torch_sdpa_declaration(), "dtypes": ("float16", "bfloat16"), "backward": True},
+    doc="PyTorch SDPA restricted to its MATH backend, checked in float16 and bfloat16.",
+)
 HALF_CORRECT: dict[str, Callable[..., Any]] = {
-    "flash2-half": half_kernel(flash2_half_backward, "flash2_half"),
-    "flash2": half_kernel(in_input_dtype(CORRECT["flash2"]), "flash2_in_float32"),
-    "numpy-split-kv": half_kernel(in_input_dtype(CORRECT["numpy-softmax-split-kv"]), "split_kv"),
-    "autograd": declare(_autograd_forward, **HALF_CLAIMS),
+    "flash2-half": flash2_half,
+    "flash2": flash2_in_float32,
+    "numpy-split-kv": split_kv_in_float32,
+    "autograd": autograd_half,
     "explicit": explicit_flash2_half,
-    "torch-math": declare(
-        sdpa_math, **torch_sdpa_declaration(), dtypes=("float16", "bfloat16"), backward=True
-    ),
+    "torch-math": sdpa_math_half,
 }
 HALF_BUGGY = {
     bug.name: half_kernel(with_bug(bug.name, flash2_half_backward), bug.name) for bug in HALF_BUGS
