@@ -39,9 +39,9 @@ from .backward import (
     backward_steps,
     reduce_to_shape,
 )
-from .features import check_dropout_p, dropped_weights
+from .features import check_dropout_p, dropped_weights, log_sum_exp
 from .options import ScoreOptions, filled, shows_options
-from .sdpa import prepare_with_features, softmax_over_allowed
+from .sdpa import allowed_scores, prepare_with_features, softmax_over_allowed
 from .tolerance import UNDERFLOW_THRESHOLD, UNIT_ROUNDOFF
 
 if TYPE_CHECKING:
@@ -215,12 +215,15 @@ def comparative_floors(
     q: Array, k: Array, v: Array, grad_out: Array, *, dtype: str, **given: Unpack[BackwardOptions]
 ) -> GradientFloats:
     """BWD-18's floor of each gradient for inputs of ``dtype`` (float64 values, BWD-16):
-    ``2 ((E_v + 2) u_a max r^Y + sigma_d)``, ``u_a`` float32's unit roundoff, where ``r^Y`` is,
-    per element of ``dY``, the root-sum-square of its terms taken in magnitude:
-    ``scale k_j kappa_ij p_ij m_ij`` of ``dq_i``, ``scale q_i kappa_ij p_ij m_ij`` of ``dk_j``,
-    ``W_ij dO_i`` of ``dv_j`` and ``p_ij m_ij`` of ``db``, with ``m_ij = sum_c |dO_ic| |v_jc|
-    (xi_ij / (1 - p)) + sum_c |dO_ic| |o_ic| + |dlse_i|`` the magnitudes dP and D are summed
-    from, over the same rows, keys, groups and broadcast dimensions as the gradient."""
+    ``2 (u_a max r^Y + sigma_d)``, ``u_a`` float32's unit roundoff, where ``r^Y`` is, per
+    element of ``dY``, the root-sum-square of its terms taken in magnitude, each times
+    ``e_ij = E_v + 2 + |s_ij| + |lse_i|`` (dP and D summed from E_v products and subtracted;
+    the weight recomputed in float32 from the score and the row's log-sum-exp, each rounded
+    at its magnitude): ``scale k_j kappa_ij p_ij m_ij`` of ``dq_i``, ``scale q_i kappa_ij
+    p_ij m_ij`` of ``dk_j``, ``W_ij dO_i`` of ``dv_j`` and ``p_ij m_ij`` of ``db``, with
+    ``m_ij = sum_c |dO_ic| |v_jc| (xi_ij / (1 - p)) + sum_c |dO_ic| |o_ic| + |dlse_i|`` the
+    magnitudes dP and D are summed from, over the same rows, keys, groups and broadcast
+    dimensions as the gradient."""
     if dtype not in UNIT_ROUNDOFF:
         raise ValueError(
             f"dtype={dtype!r}, but should be one of {', '.join(UNIT_ROUNDOFF)} "
@@ -251,7 +254,18 @@ def comparative_floors(
     uncancelled = magnitudes + xp.sum(abs_out * xp.abs(out), axis=-1, keepdims=True)
     if d_lse is not None:
         uncancelled = uncancelled + xp.abs(d_lse)
-    terms = xp.where(steps.allowed, steps.weights * uncancelled, xp.zeros_like(uncancelled))
+    # float32's relative error of each term, over u_a: dP and D summed from E_v products and
+    # subtracted, and the weight exp(s - lse) from a score and a log-sum-exp rounded at their
+    # magnitudes (FlashAttention 2 recomputes it so)
+    scores, allowed = allowed_scores(problem)
+    lse = log_sum_exp(xp, scores, allowed)[..., None]
+    roundings = (
+        problem.v.shape[-1]
+        + 2
+        + xp.abs(xp.where(allowed, scores, xp.zeros_like(scores)))
+        + xp.abs(xp.where(xp.isfinite(lse), lse, xp.zeros_like(lse)))
+    )
+    terms = xp.where(allowed, steps.weights * uncancelled * roundings, xp.zeros_like(roundings))
     grad_terms = terms
     if problem.softcap is not None:
         x = xp.matmul(problem.q, xp.matrix_transpose(problem.k)) * problem.scale
@@ -271,7 +285,7 @@ def comparative_floors(
     rows = (*batch, n_q_heads, n_queries, q.shape[-1])
     q_roots = xp.reshape(xp.matmul(squares, problem.k * problem.k), rows)
     k_roots = xp.sum(xp.matmul(xp.matrix_transpose(squares), problem.q * problem.q), axis=-3)
-    kept = steps.kept
+    kept = steps.kept * roundings
     v_roots = xp.sum(xp.matmul(xp.matrix_transpose(kept * kept), d_out * d_out), axis=-3)
     roots = [
         alpha * largest_root(q_roots, q),
@@ -281,9 +295,24 @@ def comparative_floors(
     if bias is not None:
         full = xp.reshape(terms * terms, (*batch, n_q_heads, n_queries, problem.k.shape[-2]))
         roots.append(largest_root(full, bias))
-    sums = problem.v.shape[-1] + 2  # E_v products summed into dP and D, then subtracted
     u_a, sigma_d = UNIT_ROUNDOFF["float32"], UNDERFLOW_THRESHOLD[dtype]
-    return GradientFloats(*(2.0 * (sums * u_a * root + sigma_d) for root in roots))
+    return GradientFloats(*(2.0 * (u_a * root + sigma_d) for root in roots))
+
+
+def last_place(largest: float, dtype: str) -> float:
+    """One unit in the last place of ``dtype`` at ``largest`` (a gradient's largest
+    magnitude): the spacing of the dtype's values there, ``sigma_d`` below it (BWD-18's
+    floor: a gradient stored in the dtype)."""
+    if dtype not in UNIT_ROUNDOFF:
+        raise ValueError(
+            f"dtype={dtype!r}, but should be one of {', '.join(UNIT_ROUNDOFF)} "
+            f"[BWD-18, last_place(largest, dtype)]"
+        )
+    sigma_d = UNDERFLOW_THRESHOLD[dtype]
+    if not (math.isfinite(largest) and largest > 0):
+        return sigma_d
+    exponent = math.frexp(largest)[1] - 1  # 2**exponent <= largest < 2**(exponent + 1)
+    return max(math.ldexp(2.0 * UNIT_ROUNDOFF[dtype], exponent), sigma_d)
 
 
 def comparative_threshold(reference_error: float, floor: float) -> float:

@@ -122,7 +122,8 @@ def floor_roots(
 ) -> tuple[float, float, float]:
     """The largest root-sum-squares r^Q, r^K, r^V of BWD-18's floor, in float64 loops: the
     terms of dq, dk (each pair's weight times the magnitudes dP and D are summed from, times
-    a key or query) and dv (a weight times an upstream gradient)."""
+    a key or query) and dv (a weight times an upstream gradient), each times float32's
+    roundings of the term, E_v + 2 + |s_ij| + |lse_i|."""
     n_batch, n_q_heads, n_queries, dim = q.shape
     n_kv_heads, n_keys = k.shape[1], k.shape[2]
     group = n_q_heads // n_kv_heads
@@ -140,11 +141,13 @@ def floor_roots(
                     continue
                 e = np.where(ok, np.exp(np.where(ok, s - s[ok].max(), 0)), 0)
                 p = e / e.sum()
+                lse = s[ok].max() + math.log(e.sum())
+                roundings = v.shape[-1] + 2 + np.abs(s) + abs(lse)
                 out = p @ v[b, g]
                 sizes = np.abs(v[b, g]) @ np.abs(grad_out[b, h, i])  # sum_c |dO_ic| |v_jc|
-                terms = p * (sizes + float(np.abs(grad_out[b, h, i]) @ np.abs(out)))
+                terms = p * (sizes + float(np.abs(grad_out[b, h, i]) @ np.abs(out))) * roundings
                 for j in range(n_keys):
                     rq[b, h, i] += (alpha * terms[j] * k[b, g, j]) ** 2
                     rk[b, g, j] += (alpha * terms[j] * q[b, h, i]) ** 2
-                    rv[b, g, j] += (p[j] * grad_out[b, h, i]) ** 2
+                    rv[b, g, j] += (p[j] * roundings[j] * grad_out[b, h, i]) ** 2
     return tuple(float(np.sqrt(r.max())) for r in (rq, rk, rv))  # type: ignore[return-value]

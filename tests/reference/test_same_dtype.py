@@ -20,6 +20,7 @@ from attnspec.reference.same_dtype import (
     comparative_floors,
     comparative_threshold,
     largest_score,
+    last_place,
     same_dtype_attention_backward,
 )
 from attnspec.reference.tolerance import UNDERFLOW_THRESHOLD, UNIT_ROUNDOFF
@@ -155,9 +156,9 @@ def test_runs_on_array_api_strict(name: str) -> None:
 
 
 def test_the_floor_is_twice_float32s_roundings_of_the_terms() -> None:
-    """BWD-18's floor: 2 ((E_v + 2) u_a max r^Y + sigma_d), with the root-sum-squares r^Y of
-    the loop oracle (each term in magnitude), for dq, dk and dv; the threshold is the larger
-    of it and 3 times the comparison implementation's error."""
+    """BWD-18's floor: 2 (u_a max r^Y + sigma_d), with the root-sum-squares r^Y of the loop
+    oracle (each term in magnitude, times E_v + 2 + |s_ij| + |lse_i|), for dq, dk and dv;
+    the threshold is the larger of it and 3 times the comparison implementation's error."""
     p = {n: a if a.dtype == bool else a.astype(np.float64) for n, a in _half_problem(8).items()}
     arrays = (p["q"], p["k"], p["v"], p["grad_out"])
     floors = comparative_floors(*arrays, dtype="float16", mask=p["mask"])
@@ -165,7 +166,7 @@ def test_the_floor_is_twice_float32s_roundings_of_the_terms() -> None:
     u_a, sigma_d = UNIT_ROUNDOFF["float32"], UNDERFLOW_THRESHOLD["float16"]
     for floor, root in zip(floors[:3], roots, strict=True):
         assert root > 0
-        assert floor == pytest.approx(2 * ((p["v"].shape[-1] + 2) * u_a * root + sigma_d))
+        assert floor == pytest.approx(2 * (u_a * root + sigma_d))
     assert floors.dbias is None
     assert comparative_threshold(1e-3, floors.dq) == pytest.approx(max(3e-3, floors.dq))
     assert comparative_threshold(0.0, floors.dq) == floors.dq > 0
@@ -204,3 +205,16 @@ def test_bad_input_is_rejected() -> None:
         comparative_floors(*arrays, dtype="float16")
     with pytest.raises(ValueError, match=r"reference_error=-1.0.*BWD-18"):
         comparative_threshold(-1.0, 0.0)
+
+
+def test_last_place_is_the_spacing_of_the_dtype() -> None:
+    """BWD-18's floor: one unit in the last place of the dtype at a gradient's largest
+    magnitude (float16 and bfloat16 spacings at and between powers of two), sigma_d at 0
+    or below the normal range, and an unknown dtype refused."""
+    assert last_place(1.0, "float16") == 2.0**-10 == last_place(1.999, "float16")
+    assert last_place(1.3016, "float16") == 2.0**-10
+    assert last_place(0.75, "bfloat16") == 2.0**-8
+    assert last_place(0.0, "float16") == UNDERFLOW_THRESHOLD["float16"]
+    assert last_place(1e-7, "float16") == 2.0**-24
+    with pytest.raises(ValueError, match=r"dtype.*BWD-18"):
+        last_place(1.0, "float8")

@@ -34,6 +34,7 @@ from ....reference.same_dtype import (
     comparative_floors,
     comparative_threshold,
     largest_score,
+    last_place,
     same_dtype_attention_backward,
 )
 from ....reference.tolerance_backward import GradientBound, gradient_error_bound
@@ -466,7 +467,8 @@ def gradients_within_flash_rule(kernel: KernelUnderTest, data: st.DataObject) ->
     is at most 3 times that of FlashAttention's same-dtype implementation (``attention_ref``
     with ``upcast=False, reorder_ops=True``, differentiated in the dtype; the larger error of
     its two forms of the delta term, autograd's and FlashAttention's), or a floor of
-    float32's roundings where that is larger, on the problems and kernel outputs of
+    float32's roundings (and a last place of the dtype) where that is larger, on the
+    problems and kernel outputs of
     gradients-match-reference where float32 resolves the scores (a SHOULD: a warning).  dP,
     the delta term, dV or dQ accumulated in the input dtype stay within BWD-17 but not within
     it."""
@@ -525,6 +527,8 @@ def flash_rule_thresholds(
         wanted = np.asarray(exact, np.float64)
         errors = [float(np.max(np.abs(o - wanted), initial=0.0)) for o in others]
         error, finite = max(errors), bool(np.all(np.isfinite(errors)))
+        # a gradient stored in the dtype: the rule asks for no less than its last place
+        floor = max(floor, last_place(float(np.max(np.abs(wanted), initial=0.0)), problem.dtype))
         found.append(
             RuleThreshold(comparative_threshold(error, floor), error, floor) if finite else None
         )
