@@ -9,7 +9,7 @@ import pytest
 from bound_memo import bounds_remembered
 from clause_selection import select_by_clause
 from numpy._core.multiarray import _set_madvise_hugepage
-from support import ROOT, backend_or_skip
+from support import ROOT, backend_or_skip, quick_jax_compiles
 
 from attnspec.backends import BACKEND_NAMES, REFERENCE_CONFIG, Backend
 from attnspec.conformance.judge.properties import shapes
@@ -98,6 +98,20 @@ def _bound_memo() -> Iterator[None]:
     (tests/bound_memo.py says why and how it stays exact)."""
     with bounds_remembered():
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _jax_compiles_quickly(request: pytest.FixtureRequest) -> None:
+    """JAX started in this process with support.quick_jax_compiles before the first test,
+    where a test of this run names JAX.  Why: the option only takes where this process's
+    JAX starts through it (backend_or_skip), and a test that starts JAX another way (a
+    check of a JAX kernel in this process, ``import jax``) left every later JAX test of
+    the process, an xdist worker's hundreds, compiling in XLA's slower default:
+    test_reference_matches_oracle[jax] took 19.3 CPU-s after a check of
+    jax.nn.dot_product_attention (test_layouts.py), 12.6 CPU-s first, for the same 505
+    compilations.  Runs that name no JAX test do not start it."""
+    if any("jax" in item.nodeid.lower() for item in request.session.items):
+        quick_jax_compiles()
 
 
 def _load(name: str) -> Backend:
