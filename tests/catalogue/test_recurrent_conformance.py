@@ -6,6 +6,7 @@ catalogued bug fails ``recurrent-matches-reference``, and every bug of the contr
 from __future__ import annotations
 
 import pytest
+from support import verdict_of
 
 from attnspec.conformance import check
 from attnspec.conformance.judge.registry import all_properties
@@ -51,10 +52,13 @@ def verdicts() -> dict[str, dict[str, str]]:
     """One quick-profile check of every declared catalogue kernel on NumPy: every property
     for the correct ones, the one that must catch it for each bug."""
     results = _correct_statuses()
-    for fn in catalogue.DECLARED_BUGS:
-        results[fn.__name__] = _statuses(fn, ("recurrent-matches-reference",))
-    for fn, prop in catalogue.DECLARED_CONTRACT_BUGS:
-        results[fn.__name__] = _statuses(fn, (prop,))
+    # a bug's property in this process, its first failing example as found: only the
+    # status is asserted, which check() reached the same way, then shrank the failure and
+    # probed it for hints (~90 % of these runs' cost)
+    caught = [(fn, "recurrent-matches-reference") for fn in catalogue.DECLARED_BUGS]
+    for fn, prop in (*caught, *catalogue.DECLARED_CONTRACT_BUGS):
+        verdict = verdict_of(prop, fn, seed=0, shrink=False)
+        results[fn.__name__] = {prop: verdict.status}
     for fn in CHANNEL_GATE_CORRECT:
         results[fn.__name__] = _statuses(fn, ("recurrent-equal-channel-gates",))
     return results
