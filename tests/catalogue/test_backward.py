@@ -24,7 +24,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the catalogue's backward kernels are torch's")
 
-from support import ATTNSPEC  # noqa: E402
+from support import ATTNSPEC, SMALL_SIZE_FLAGS  # noqa: E402
 
 from attnspec.backends import Backend  # noqa: E402
 from attnspec.conformance.api import check  # noqa: E402
@@ -280,9 +280,12 @@ def test_each_bug_is_caught(bug: Any) -> None:
 
 def _check_command(target: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """``attnspec check catalogue.backward_kernels:TARGET`` on torch, its backward's
-    accuracy property only, in a real process (the kernel in a process of its own)."""
+    accuracy property only, in a real process (the kernel in a process of its own), at
+    small sizes (every stratum and anchor, cut to SMALL_SIZES): what is checked is the
+    command's route to an explicit backward_fn and back; the bug itself is caught at the
+    quick profile's full sizes by test_each_bug_is_caught above, in this process."""
     tests = str(Path(__file__).resolve().parents[1])
-    only = ["--only", "gradients-match-reference"]
+    only = ["--only", "gradients-match-reference", *SMALL_SIZE_FLAGS]
     return subprocess.run(
         [ATTNSPEC, "check", f"catalogue.backward_kernels:{target}", "--backend", "torch", *only],
         capture_output=True,
