@@ -1,8 +1,9 @@
 """The seed record of the correct backward and serving formulations (issues 31 and 32):
 docs/figures/correct-seeds.json, made by scripts/measure-correct-seeds, names every correct
-kernel of each catalogue family, and no run of one gave a status other than "passed" or
-"not applicable" (CONF-1: a correct kernel passes every property, on every seed).  The
-runs themselves are minutes each; they are in the script, not here.
+kernel of each catalogue family (the backward ones in float32 and in float16/bfloat16),
+and no run of one gave a status other than "passed" or "not applicable" (CONF-1: a
+correct kernel passes every property, on every seed).  The runs themselves are minutes
+each; they are in the script, not here.
 """
 
 from __future__ import annotations
@@ -67,6 +68,20 @@ def test_record_names_every_correct_backward_kernel() -> None:
     for name in expected:  # each names a kernel of the catalogue
         assert callable(getattr(backward_kernels, name.split(":")[1]))
     assert set(_record()["families"]["backward"]["kernels"]) == expected
+
+
+def test_record_names_every_correct_half_precision_backward_kernel() -> None:
+    """BWD-13, BWD-17, BWD-18: the half-precision backward family lists every correct
+    formulation of the catalogue checked in float16 and bfloat16 (HALF_CORRECT), each by
+    the module-level name it loads by."""
+    pytest.importorskip("torch", reason="the half-precision catalogue is PyTorch's autograd")
+    from catalogue import half_backward
+
+    expected = set()
+    for kernel in half_backward.HALF_CORRECT.values():
+        assert getattr(half_backward, kernel.__name__) is kernel, kernel.__name__
+        expected.add(f"catalogue.half_backward:{kernel.__name__}")
+    assert set(_record()["families"]["backward-half"]["kernels"]) == expected
 
 
 def test_every_recorded_run_of_a_correct_kernel_passed() -> None:
