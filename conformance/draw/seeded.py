@@ -10,9 +10,10 @@ import random
 import zlib
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from hypothesis import strategies as st
+if TYPE_CHECKING:  # imported where drawn: a kernel's own process imports this module too
+    from hypothesis import strategies as st
 
 T = TypeVar("T", bound=Hashable)
 

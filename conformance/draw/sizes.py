@@ -20,9 +20,13 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hypothesis import strategies as st
+# Hypothesis is imported by the functions that draw, not here: this module's sizes and
+# drawing context (SizeLimits, avoided_now) are read in a kernel's own process too
+# (run/kernel_process.py), which draws nothing and started ~0.1 s of CPU slower with it.
+if TYPE_CHECKING:
+    from hypothesis import strategies as st
 
 from .seeded import ShapePool
 from .target import DrawTarget
@@ -256,6 +260,8 @@ def draw_per_stratum(
 ) -> list[int]:
     """One size per label of ``choices``, in its order: from its realistic values in a
     realistic stratum, else from its small inclusive range (a serving family's sizes)."""
+    from hypothesis import strategies as st  # here, not at the top: see there
+
     real = realistic()
     return [
         data.draw(st.sampled_from(values) if real else st.integers(*small), label=label)
@@ -289,6 +295,8 @@ def _pick(data: st.DataObject, values: Sequence[int], label: str, choices: int) 
     """One of ``values`` (a sorted list cut to what fits) through an index of a fixed range
     of ``choices``: every example makes the same draws whatever fits, which Hypothesis
     needs to shrink (a shorter list must not remove a draw), and index 0 is the smallest."""
+    from hypothesis import strategies as st  # here, not at the top: see there
+
     index = data.draw(st.integers(0, max(choices, len(values)) - 1), label=label)
     return values[index % len(values)]
 
@@ -338,6 +346,8 @@ def draw_realistic_dims(
 ) -> Dims:
     """Dims of the current realistic stratum: a shape kind, then lengths, head dims, heads
     and batch, each from its sorted list cut to the cost cap and the user's limits."""
+    from hypothesis import strategies as st  # here, not at the top: see there
+
     drawing = current()
     limits, cap = drawing.limits, drawing.stratum.max_cost
     assert cap is not None, "draw_realistic_dims outside a realistic stratum"

@@ -15,7 +15,6 @@ from typing import Any
 
 import array_api_compat
 import numpy as np
-from hypothesis.errors import UnsatisfiedAssumption
 
 from ...backends import Backend
 from ..call.gradients import BackwardCall, kernel_gradients
@@ -479,6 +478,8 @@ def reject_avoided(problem: Problem, declaration: KernelDeclaration) -> None:
     builds itself is drawn around too."""
     avoid = [name for name in sizes.avoided_now() if name not in CALLED_AROUND]
     if avoid and any(BY_NAME[name].present(problem, declaration) for name in avoid):
+        from hypothesis.errors import UnsatisfiedAssumption
+
         raise UnsatisfiedAssumption  # what hypothesis.reject() raises, here outside a test too
 
 

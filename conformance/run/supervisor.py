@@ -62,6 +62,7 @@ from ..judge.registry import Property
 from ..judge.verdict import Verdict
 from .kernel_setup import KernelSetup, SetupError, loader_source
 from .property_runner import PROFILES, _failed_verdict, run_property
+from .thread_variables import THREAD_VARIABLES, WORKER_THREADS
 
 if TYPE_CHECKING:
     pass
@@ -75,19 +76,6 @@ DEFAULT_LOAD_TIMEOUT = 120.0  # s to start a worker and import the backend and t
 DEFAULT_STALL_BUDGET = 3
 FILE_MODULE_PREFIX = "attnspec_kernel_"  # how load_kernel names a file.py:FUNC module
 _STOP_GRACE = 2.0  # s a stopped or dying worker gets to exit before it is killed
-# The variables BLAS and OpenMP libraries (OpenBLAS, MKL, Accelerate, PyTorch's intra-op
-# pool, numexpr) size their thread pools from when they load.  Left unset, each of N
-# workers starts one thread per core: N x cores threads on cores shared with the other
-# workers (PyTorch's quick profile ran 2-3x slower so on this project's 2-core machine).
-THREAD_VARIABLES = (
-    "OMP_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-)
-# How a worker learns the count its supervisor chose (to apply to PyTorch and report it).
-WORKER_THREADS = "ATTNSPEC_WORKER_THREADS"
 _LIVENESS_CHECK = 1.0  # s between checks that a silent worker is still alive
 
 

@@ -27,6 +27,7 @@ from ..judge.call_guard import CallObserver, guard_calls
 from ..judge.failures import PropertyFailure
 from ..judge.kernel import KernelUnderTest
 from ..judge.kernel_info import KernelInfo
+from .thread_variables import THREAD_VARIABLES, WORKER_THREADS
 
 if TYPE_CHECKING:
     from ..call.problem import Problem
@@ -100,8 +101,6 @@ def use_worker_threads(environ: Any = None) -> str:
     """Give PyTorch's intra-op pool (when loaded) the thread count the supervisor chose
     (``isolation.worker_threads``; BLAS and OpenMP read theirs from the environment when
     they load) and say what this worker runs with, for the report's notes."""
-    from .supervisor import THREAD_VARIABLES, WORKER_THREADS
-
     environ = os.environ if environ is None else environ
     chosen = environ.get(WORKER_THREADS)
     torch = sys.modules.get("torch")
