@@ -262,47 +262,58 @@ def _chunk_terms(
     eps_x_all = eps_x + capped_weights * delta_error + gamma * abs_dx
     eps_s_all = own_error + weights * delta_error + gamma * abs_ds
 
+    # BWD-17's second bound: a row beyond the first-order model (undetermined, g_i >= 1/4)
+    # may have any weights in [0, 1] over S(i); its first-order terms are not valid there
+    # (and charge the rounding of s + finfo.min where its keys carry that bias), so the
+    # second bound takes their place on such a row: span_i bounds the kernel's
+    # |dP_ij - D_i + dl_i| for all of them
+    undetermined = _undetermined_rows(xp, moved)
+
+    def first_order(a: Any) -> Any:  # 0 on undetermined rows, whatever a is there
+        return xp.where(undetermined, xp.zeros_like(a), a)
+
+    span = _any_weights_span(
+        xp, dtype, undetermined, allowed, steps.grad_weights, rescale * products, value_dim
+    ) + xp.where(undetermined, abs_lse_grad, xp.zeros_like(abs_lse_grad))
+    loose = xp.astype(undetermined, xp.float64)
+    loose_x = loose * (span * allowed + abs_dx)  # the kernel's |dX_ij| + the definition's
+
     alpha = abs(chunk.scale)
     abs_q, abs_k = xp.abs(chunk.q), xp.abs(chunk.k)
     # dq_i = alpha sum_j dX_ij k_j: D's error and the shift are common to the row, so they
     # move dq_i by alpha |sum_j kappa_ij p_ij k_j| G_i and gamma_i |dq_i|
     dq = xp.matmul(grad_x, chunk.k) * chunk.scale
-    eps_q = (
+    eps_q = first_order(
         alpha * xp.matmul(eps_x, abs_k)
         + alpha * xp.abs(xp.matmul(capped_weights, chunk.k)) * delta_error
         + gamma * xp.abs(dq)
         + (r_alpha + (counts.q + 2) * u_a) * alpha * xp.matmul(abs_dx, abs_k)
-    )
+    ) + alpha * xp.matmul(loose_x, abs_k)
 
     def over_rows(left: Any, right: Any) -> Any:  # sum over the chunk's rows and the group
         return xp.sum(xp.matmul(xp.matrix_transpose(left), right), axis=-3)
 
-    # BWD-17's second bound: a row beyond the first-order model may have any weights in
-    # [0, 1] over S(i); span_i bounds the kernel's |dP_ij - D_i + dl_i| for all of them
-    span = _any_weights_span(
-        xp, dtype, moved, allowed, steps.grad_weights, rescale * products, value_dim
-    )
-    loose = xp.astype(span > 0, xp.float64)
-    span = span + loose * abs_lse_grad
-    loose_x = loose * (span * allowed + abs_dx)  # the kernel's |dX_ij| + the definition's
-    eps_q = eps_q + alpha * xp.matmul(loose_x, abs_k)
     dbias = eps_b = None
     if bias_shape is not None:
         scores_shape = (*problem.out_shape[:-2], rows.stop - rows.start, n_keys)
         by_rows = len(bias_shape) >= 2 and bias_shape[-2] != 1
         target = (*bias_shape[:-2], rows.stop - rows.start, n_keys) if by_rows else bias_shape
         dbias = reduce_to_shape(xp, xp.reshape(steps.grad_scores, scores_shape), target)
-        charged = eps_s_all + (counts.bias + 2) * u_a * abs_ds + loose * (span * allowed + abs_ds)
+        charged = first_order(eps_s_all + (counts.bias + 2) * u_a * abs_ds) + loose * (
+            span * allowed + abs_ds
+        )
         eps_b = reduce_to_shape(xp, xp.reshape(charged, scores_shape), target)
     return _Part(
         dq=dq,
         eps_q=eps_q,
         dk=over_rows(grad_x, chunk.q) * chunk.scale,
-        eps_k=alpha * over_rows(eps_x_all + loose_x, abs_q),
-        abs_k=alpha * over_rows(abs_dx, abs_q),
+        eps_k=alpha * over_rows(first_order(eps_x_all) + loose_x, abs_q),
+        abs_k=alpha * over_rows(first_order(abs_dx), abs_q),
         dv=over_rows(steps.kept, d_out),
-        eps_v=over_rows(rescale * (key_error + weights * gamma + loose * allowed), abs_d_out),
-        abs_v=over_rows(xp.abs(steps.kept), abs_d_out),
+        eps_v=over_rows(
+            rescale * (first_order(key_error + weights * gamma) + loose * allowed), abs_d_out
+        ),
+        abs_v=over_rows(first_order(xp.abs(steps.kept)), abs_d_out),
         dbias=dbias,
         eps_b=eps_b,
     )
@@ -442,28 +453,33 @@ def _through_softcap(
 LOOSE_WEIGHT_ERROR = 0.25
 
 
+def _undetermined_rows(xp: ModuleType, moved: Any) -> Any:
+    """Per row ``(..., rows, 1)``, True where g_i = sum_j g_ij >= LOOSE_WEIGHT_ERROR: the
+    rows whose weights are undetermined to first order (BWD-17)."""
+    return xp.sum(moved, axis=-1, keepdims=True) >= LOOSE_WEIGHT_ERROR
+
+
 def _any_weights_span(
     xp: ModuleType,
     dtype: str,
-    moved: Any,
+    undetermined: Any,
     allowed: Any,
     grad_weights: Any,
     products: Any,
     value_dim: int,
 ) -> Any:
-    """Per row ``(..., rows, 1)``, where g_i >= LOOSE_WEIGHT_ERROR, a bound on the kernel's
+    """Per row ``(..., rows, 1)``, on undetermined rows, a bound on the kernel's
     |dP_ij - D_i| for any weights in [0, 1] over S(i): max_j |dP_ij| + sum_j |dP_ij| (D_i
     is a sum of dP_ij, each weighted at most 1) plus rho_i, its rounding of dP_ij and of D_i
     in either form (G_i's terms with every weight 1, |dP_ij| <= r_ij A^v_ij); 0 on every
     other row."""
     u_d, u_a = UNIT_ROUNDOFF[dtype], accumulation_roundoff(dtype)
-    loose = xp.sum(moved, axis=-1, keepdims=True) >= LOOSE_WEIGHT_ERROR
-    if not bool(xp.any(loose)):
-        return xp.zeros_like(moved[..., :1])
+    if not bool(xp.any(undetermined)):
+        return xp.zeros_like(grad_weights[..., :1])
     abs_dp = xp.abs(grad_weights) * allowed
     largest = xp.max(abs_dp, axis=-1, keepdims=True)
     total = xp.sum(abs_dp, axis=-1, keepdims=True)
-    n_keys = moved.shape[-1]
+    n_keys = grad_weights.shape[-1]
     products_total = xp.sum(products * allowed, axis=-1, keepdims=True)
     rho = ((2 * value_dim + 2 * n_keys + 6) * u_a + 3 * u_d) * products_total
-    return xp.where(loose, largest + total + rho, xp.zeros_like(rho))
+    return xp.where(undetermined, largest + total + rho, xp.zeros_like(rho))
