@@ -3,6 +3,8 @@ any weights over S(i) (float32 rounds -1e9 + s to -1e9 for |s| < 32), and the bo
 for every such kernel (issue 31): FlashAttention 2's backward (the catalogue's ``flash2``,
 which failed quick seeds 1, 7, 8, 9, 13, 19 before) and float64 gradients computed from
 adversarial weights (all on one key, uniform, every weight 1), checked against a plain NumPy oracle.
+On rows whose allowed keys all carry float32's finfo.min, the second bound alone is charged,
+as a float64 loop evaluates its formula, and jax.nn's weights on the excluded keys exceed it.
 """
 
 from __future__ import annotations
@@ -127,3 +129,111 @@ def test_the_second_bound_is_the_same_on_array_api_strict() -> None:
     )
     for mine, theirs in zip(by_numpy, by_strict, strict=True):
         np.testing.assert_allclose(np.asarray(theirs), mine, rtol=1e-12, atol=0)
+
+
+F32_MIN = float(np.finfo(np.float32).min)
+# S(i) of the finfo.min problem: causal, with one key more than queries (bottom-right), so
+# the last key is attended by the last row only, as key 63 of the padded anchor of the
+# write-up; every other row has excluded keys
+MASK = np.tril(np.ones((4, 5), dtype=bool), k=1)
+
+
+def _min_biased_problem() -> dict[str, Any]:
+    """float32 inputs whose every score carries float32's finfo.min (float32 rounds s +
+    finfo.min to finfo.min), a mask excluding some keys of every row."""
+    n_queries, n_keys = MASK.shape
+    problem = _problem(n_queries, n_keys, 3, 0)
+    problem["bias"] = np.full((1, 1, n_queries, n_keys), F32_MIN, dtype=np.float32)
+    return problem
+
+
+def _second_bound_oracle(problem: dict[str, Any]) -> tuple[Any, ...]:
+    """BWD-17's tolerances of a float32 problem whose every row is undetermined, from the
+    spec's formulas in float64 loops: the second bound alone (chi, rho, Sigma), with the
+    definition's weights (a float64 softmax with its row's largest score subtracted)."""
+    q, k, v, do = (problem[n][0, 0].astype(np.float64) for n in ("q", "k", "v", "grad_out"))
+    bias = problem["bias"][0, 0].astype(np.float64)
+    u, sigma, safety = 2.0**-24, 2.0**-126, 4.0  # TOL-2's u_d = u_a, sigma_d and C, float32
+    (n_queries, dim), n_keys = q.shape, k.shape[0]
+    alpha = 1 / math.sqrt(dim)
+    eps_q, eps_k, eps_v = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    eps_b, db = np.zeros((n_queries, n_keys)), np.zeros((n_queries, n_keys))
+    for i in range(n_queries):
+        keys = [j for j in range(n_keys) if MASK[i, j]]
+        scores = {j: alpha * float(q[i] @ k[j]) + bias[i, j] for j in keys}
+        top = max(scores.values())
+        total = sum(math.exp(s - top) for s in scores.values())
+        p = {j: math.exp(scores[j] - top) / total for j in keys}
+        dp = {j: float(do[i] @ v[j]) for j in keys}
+        delta = sum(p[j] * dp[j] for j in keys)
+        rho = ((2 * dim + 2 * n_keys + 6) * u + 3 * u) * sum(
+            float(np.abs(do[i]) @ np.abs(v[j])) for j in keys
+        )
+        span = max(abs(dp[j]) for j in keys) + sum(abs(dp[j]) for j in keys) + rho
+        for j in keys:
+            ds = p[j] * (dp[j] - delta)
+            dq[i] += alpha * ds * k[j]
+            dk[j] += alpha * ds * q[i]
+            dv[j] += p[j] * do[i]
+            db[i, j] = ds
+            eps_q[i] += alpha * (span + abs(ds)) * np.abs(k[j])
+            eps_k[j] += alpha * (span + abs(ds)) * np.abs(q[i])
+            eps_v[j] += np.abs(do[i])
+            eps_b[i, j] = span + abs(ds)
+
+    def tolerance(eps: Any, grad: Any, terms: int) -> Any:
+        return safety * (eps + u * np.abs(grad)) + (terms + 2) * sigma
+
+    return (
+        tolerance(eps_q, dq, n_keys),
+        tolerance(eps_k, dk, n_queries),
+        tolerance(eps_v, dv, n_queries),
+        tolerance(eps_b, db, 1),
+    )
+
+
+def test_a_row_padded_with_finfo_min_is_charged_the_second_bound_alone() -> None:
+    """BWD-17: on a float32 row whose allowed keys all carry finfo.min (undetermined), the
+    row's part of every gradient's bound is the second bound in place of its first-order
+    terms, which charge the rounding of s + finfo.min (near 1e31) and would allow any
+    gradient: the reference's tolerances equal the formula's, evaluated in float64 loops."""
+    problem = _min_biased_problem()
+    f64 = {name: a.astype(np.float64) for name, a in problem.items()}
+    bound = gradient_error_bound(
+        *(f64[n] for n in ("q", "k", "v", "grad_out")),
+        dtype="float32",
+        bias=f64["bias"],
+        mask=MASK,
+    )
+    got = (bound.dq_tolerance, bound.dk_tolerance, bound.dv_tolerance, bound.dbias_tolerance)
+    for mine, expected in zip(got, _second_bound_oracle(problem), strict=True):
+        np.testing.assert_allclose(np.reshape(mine, expected.shape), expected, rtol=1e-12)
+
+
+def test_weights_given_to_excluded_keys_exceed_the_bound() -> None:
+    """BWD-3, BWD-17: jax.nn's divergence (docs/divergences.md#jax-fill-outranks-min-bias),
+    a row whose allowed keys all carry finfo.min giving its weight evenly to its excluded
+    keys, puts dv on a key outside those rows' S(i) beyond the bound (before 2026-12-07 the
+    last row's first-order terms, near 1e31, allowed it); every weight 1 over S(i) (flash2's
+    there) stays within it."""
+    problem = _min_biased_problem()
+    f64 = {name: a.astype(np.float64) for name, a in problem.items()}
+    bound = gradient_error_bound(
+        *(f64[n] for n in ("q", "k", "v", "grad_out")),
+        dtype="float32",
+        bias=f64["bias"],
+        mask=MASK,
+    )
+    # jax.nn's weights: even over the excluded keys, or over S(i) in a row without any
+    excluded = np.sum(~MASK, axis=-1, keepdims=True)
+    spread = np.where(
+        excluded > 0, ~MASK / np.maximum(excluded, 1), MASK / np.sum(MASK, -1)[:, None]
+    )
+    dv = _with_weights(problem, spread, None)[2]
+    beyond = np.abs(dv - bound.dv[0, 0]) > bound.dv_tolerance[0, 0]
+    assert np.any(beyond[-1]), "the key only the last row may attend"
+    within = _with_weights(problem, MASK.astype(np.float64), None)
+    # the excluded pairs' dS is the oracle's, not a kernel's: those pairs have no bias gradient
+    within = (*within[:3], np.where(MASK, within[3], 0.0))
+    assert _within(within, bound) == [True] * 4
