@@ -734,6 +734,9 @@ _JAX_NN = {
     # --backward, the same anchor: dv of a key that the mask and the causal rule exclude from
     # every row of the element padded entirely (checked by hand, 2026-12-07)
     "gradients-match-reference": _FILL_OUTRANKS_MIN_BIAS,
+    # --backward, its fixed problems with every bias entry finfo.min beside a mask or the
+    # causal rule: dv of a key no query may attend (as in the minimal case of the write-up)
+    "gradients-excluded-keys-zero": _FILL_OUTRANKS_MIN_BIAS,
 }
 _DIVERGENCES: dict[str, dict[str, str]] = {
     _FLA_NAIVE + "naive_recurrent_gated_delta_rule": dict.fromkeys(

@@ -186,6 +186,9 @@ def flash2_backward(call: SpecCall) -> Gradients:
         raw = torch.cat([raw, torch.zeros(*raw.shape[:-1], pad)], dim=-1)
         ones = torch.ones(*raw.shape[:-1], pad, dtype=torch.bool)
         backward_allowed = torch.cat([backward_allowed.expand(*raw.shape[:-1], n_keys), ones], -1)
+    if bug == "fill-outranks-min-bias":  # weights recomputed over JAX's fill of excluded keys
+        raw = raw.masked_fill(~allowed, -0.7 * torch.finfo(raw.dtype).max)
+        backward_allowed = torch.ones_like(backward_allowed)
     stops = list(range(0, kk.shape[-2], key_block))
     if bug == "last-block-dropped" and kk.shape[-2] % key_block:
         stops = stops[:-1]  # right only when the length is a multiple of the block
@@ -196,6 +199,8 @@ def flash2_backward(call: SpecCall) -> Gradients:
     dk, dv = torch.zeros_like(kk), torch.zeros_like(vv)
     d_scores = torch.zeros(*raw.shape[:-1], kk.shape[-2])
     safe_lse = used_lse if bug == "empty-rows-nan" else torch.where(attends, used_lse, 0.0)
+    if bug == "fill-outranks-min-bias":  # its own log-sum-exp of the filled scores
+        safe_lse = torch.where(attends, torch.logsumexp(raw, dim=-1, keepdim=True), 0.0)
     for start in stops:
         cols = slice(start, start + key_block)
         block_allowed = backward_allowed.expand(*raw.shape[:-1], kk.shape[-2])[..., cols]
@@ -407,6 +412,12 @@ BUGS = (
         "dbias-summed-over-batch",
         "a per-element bias's gradient summed over the batch",
         "gradients-batch-composition",
+    ),
+    BackwardBug(
+        "fill-outranks-min-bias",
+        "the weights recomputed with excluded scores filled by -0.7 finfo.max, above a "
+        "finfo.min bias (jax.nn's fill, docs/divergences.md#jax-fill-outranks-min-bias)",
+        "gradients-excluded-keys-zero",
     ),
     BackwardBug(
         "lse-not-differentiated",

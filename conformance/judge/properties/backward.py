@@ -646,14 +646,43 @@ def gradients_shape_dtype(kernel: KernelUnderTest, seed: int) -> None:
         call_backward(kernel, problem, _upstream(kernel, problem, rng), context=f" ({dtype})")
 
 
+def _min_biased(kernel: KernelUnderTest, problems: list[Problem]) -> list[Problem]:
+    """The 5 x 9 problems of :func:`_exclusion_problems` with every bias entry the dtype's
+    most negative finite number (an HF-style additive padding fill), where a bias is claimed
+    beside their mask or causal rule: every allowed key of every row carries it (a finite
+    bias keeps the key allowed, SDPA-3.3), so a kernel that fills excluded logits with a
+    larger finite number (JAX's -0.7 finfo.max) gives those rows' weight, and their dO, to
+    the excluded keys (docs/divergences.md#jax-fill-outranks-min-bias)."""
+    decl = kernel.declaration
+    if not decl.bias:
+        return []
+    return [
+        problem.with_(bias=np.full(scores_shape(problem)[-2:], -LARGEST_FINITE[problem.dtype]))
+        for problem in problems
+        if problem.q.shape[-2] == 5
+        and (problem.mask is not None or problem.is_causal)
+        and not (problem.is_causal and decl.bias_shares_mask_argument)
+    ]
+
+
 @register("gradients-excluded-keys-zero", "BWD-3", kind="fixed", applies=_backward_claimed)
 def gradients_excluded_keys_zero(kernel: KernelUnderTest, seed: int) -> None:
     """A key that no query may attend (masked for every query, or causally excluded in the
     declared alignment) has dk = dv = 0 exactly, and the bias gradient of every excluded
     pair is exactly 0: a backward that drops the causal mask, or scores a padded tile 0
-    instead of -inf, gives them gradients its forward never used."""
-    for problem in _exclusion_problems(kernel, seed):
+    instead of -inf, gives them gradients its forward never used.  Where a bias is claimed,
+    also with every bias entry the dtype's most negative finite number (BWD-3 with SDPA-3.3:
+    such a key is still allowed, the excluded ones are not), on every seed: a kernel whose
+    fill of excluded logits outranks that bias gives them the rows' weight."""
+    problems = _exclusion_problems(kernel, seed)
+    min_biased = _min_biased(kernel, problems)
+    for problem in [*problems, *min_biased]:
         rng = np.random.default_rng(seed + 1)
+        biased = (
+            f" (every bias entry {-LARGEST_FINITE[problem.dtype]:.4g}, SDPA-3.3)"
+            if any(problem is p for p in min_biased)
+            else ""
+        )
         grads = call_backward(kernel, problem, _upstream(kernel, problem, rng))
         allowed = allowed_keys(problem, kernel.declaration)
         group = problem.q.shape[-3] // problem.k.shape[-3]
@@ -666,8 +695,8 @@ def gradients_excluded_keys_zero(kernel: KernelUnderTest, seed: int) -> None:
                 at = first_index(nonzero)
                 raise PropertyFailure(
                     f"{name}{list(at)} = {shown[at]!r}, but key {at[-2]} is attended by no "
-                    "query (masked or causally excluded), so its gradient should be exactly "
-                    "0 [BWD-3]",
+                    f"query (masked or causally excluded{biased}), so its gradient should be "
+                    "exactly 0 [BWD-3]",
                     problem,
                     kernel,
                 )
