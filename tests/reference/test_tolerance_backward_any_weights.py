@@ -32,7 +32,7 @@ def _problem(n_queries: int, n_keys: int, dim: int, seed: int) -> dict[str, Any]
     return {"q": f32[0], "k": f32[1], "v": v, "grad_out": do, "bias": bias}
 
 
-def _bound(problem: dict[str, Any], softcap: float | None) -> Any:
+def _bound(problem: dict[str, Any], softcap: float | None, mask: Any = None) -> Any:
     f64 = {name: a.astype(np.float64) for name, a in problem.items()}
     return gradient_error_bound(
         f64["q"],
@@ -42,6 +42,7 @@ def _bound(problem: dict[str, Any], softcap: float | None) -> Any:
         dtype="float32",
         bias=f64["bias"],
         softcap=softcap,
+        mask=mask,
     )
 
 
@@ -199,13 +200,7 @@ def test_a_row_padded_with_finfo_min_is_charged_the_second_bound_alone() -> None
     terms, which charge the rounding of s + finfo.min (near 1e31) and would allow any
     gradient: the reference's tolerances equal the formula's, evaluated in float64 loops."""
     problem = _min_biased_problem()
-    f64 = {name: a.astype(np.float64) for name, a in problem.items()}
-    bound = gradient_error_bound(
-        *(f64[n] for n in ("q", "k", "v", "grad_out")),
-        dtype="float32",
-        bias=f64["bias"],
-        mask=MASK,
-    )
+    bound = _bound(problem, None, MASK)
     got = (bound.dq_tolerance, bound.dk_tolerance, bound.dv_tolerance, bound.dbias_tolerance)
     for mine, expected in zip(got, _second_bound_oracle(problem), strict=True):
         np.testing.assert_allclose(np.reshape(mine, expected.shape), expected, rtol=1e-12)
@@ -218,13 +213,7 @@ def test_weights_given_to_excluded_keys_exceed_the_bound() -> None:
     last row's first-order terms, near 1e31, allowed it); every weight 1 over S(i) (flash2's
     there) stays within it."""
     problem = _min_biased_problem()
-    f64 = {name: a.astype(np.float64) for name, a in problem.items()}
-    bound = gradient_error_bound(
-        *(f64[n] for n in ("q", "k", "v", "grad_out")),
-        dtype="float32",
-        bias=f64["bias"],
-        mask=MASK,
-    )
+    bound = _bound(problem, None, MASK)
     # jax.nn's weights: even over the excluded keys, or over S(i) in a row without any
     excluded = np.sum(~MASK, axis=-1, keepdims=True)
     spread = np.where(
