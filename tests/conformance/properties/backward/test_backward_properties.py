@@ -84,7 +84,8 @@ def test_gradients_in_the_kernels_process_match_in_process(target: str, backend:
     JAX's kernel is the jitted one: jax.nn.dot_product_attention run op by op compiled
     every operation per shape in both processes (33 CPU-s, the suite's longest test; 18
     jitted); the sizes are capped (SMALL_SIZES): what is compared is the two routes'
-    verdicts, not the sizes drawn."""
+    verdicts, not the sizes drawn. JAX's fails gradients-excluded-keys-zero on both routes:
+    docs/divergences.md#jax-fill-outranks-min-bias, confirmed."""
     backend_or_skip(backend)
     only = ["gradients-gqa-reduction", "gradients-excluded-keys-zero"]
     isolated = check(target, backend=backend, only=only, backward=True, isolate=True, **SMALL_SIZES)
@@ -92,7 +93,16 @@ def test_gradients_in_the_kernels_process_match_in_process(target: str, backend:
     assert [(v.property, v.status) for v in isolated.verdicts] == [
         (v.property, v.status) for v in local.verdicts
     ]
-    assert {v.status for v in isolated.verdicts} == {PASSED}, [v.detail for v in isolated.verdicts]
+    write_ups = target_write_ups(target)
+    failed = {v.property for v in isolated.verdicts if v.status != PASSED}
+    unconfirmed = [
+        v.detail
+        for v in isolated.verdicts
+        if v.status != PASSED and not confirmed_link(v, write_ups)
+    ]
+    assert unconfirmed == []
+    # jax.nn's fill above a finfo.min bias, found by the fixed problems through both routes
+    assert failed == ({"gradients-excluded-keys-zero"} if backend == "jax" else set())
 
 
 def test_backward_needs_a_claim() -> None:
