@@ -1030,8 +1030,9 @@ _CONFIRMS: dict[str, Confirms] = {
         ("SDPA-7.3", "SDPA-3.3", "SDPA-7.6"), shows=("float16",), hides=(_EMPTY_ROW,)
     ),
     # a row whose allowed keys all carry a finfo.min bias: keys the causal rule excludes
-    # take its weight; only a failure with a bias can show it
-    _FILL_OUTRANKS_MIN_BIAS: Confirms(shows=("bias(",)),
+    # take its weight; only a failure with a bias can show it, and a call that timed out
+    # (CONF-5) shows no weight at all, whatever its bias (the matrix's BWD run, 2026-12-07)
+    _FILL_OUTRANKS_MIN_BIAS: Confirms(shows=("bias(",), hides=("did not return within",)),
     # masked scores beyond Keras's fill (-45850 in float16): masked-values-ignored's largest
     # magnitudes, which it prints as 1.41e+04, not its 1 and 10
     _KERAS_TORCH_MASK_FILL: Confirms(shows=("e+",)),
