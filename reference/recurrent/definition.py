@@ -28,11 +28,13 @@ class Token(NamedTuple):
     state: Array
 
 
-def token_step(p: Recurrence, state: Array, t: int) -> Token:
+def token_step(p: Recurrence, state: Array, t: int, decay: Array | None = None) -> Token:
     """Token ``t`` of REC-1.2 from the state ``S_{t-1}`` (the backward pass recomputes it
-    from a saved state, so both passes share this one definition)."""
+    from a saved state, so both passes share this one definition); ``decay``, if given, is
+    ``exp(g_t)``, evaluated beforehand."""
     xp = p.xp
-    decay = xp.exp(p.log_decay[..., t, :])  # (..., Hs, 1) or (..., Hs, dk)
+    if decay is None:
+        decay = xp.exp(p.log_decay[..., t, :])  # (..., Hs, 1) or (..., Hs, dk)
     decayed = decay[..., :, None] * state
     key, update = p.k[..., t, :], p.v[..., t, :]
     residual = None

@@ -91,13 +91,21 @@ def declared_rounding(
     return dtype, state_dtype, chunk, operands
 
 
-def _cumulative_gates(xp: Any, gate_sizes: Array, t: int, chunk: int) -> Array:
-    """gamma_t of REC-6.2: the sum of |g| over the C_h tokens ending at t, which bounds the
-    chunk-local cumulative sum of log decays a chunked kernel rounds at t; 0 for a
-    token-by-token kernel, which exponentiates each gate alone."""
-    if chunk == 1:
-        return xp.zeros_like(gate_sizes[..., t])
-    return xp.sum(gate_sizes[..., max(0, t - chunk + 1) : t + 1], axis=-1)
+def _cumulative_gates(xp: Any, gate_sizes: Array, chunk: int) -> Array:
+    """gamma_t of REC-6.2 for every token, ``(..., Hs, T)``: the sum of |g| over the C_h
+    tokens ending at t, which bounds the chunk-local cumulative sum of log decays a chunked
+    kernel rounds at t; 0 for a token-by-token kernel, which exponentiates each gate alone.
+    Each token's window is summed alone, in its own order (a running sum would round
+    differently)."""
+    length = int(gate_sizes.shape[-1])
+    if chunk == 1 or length == 0:
+        return xp.zeros_like(gate_sizes)
+    windows = [xp.sum(gate_sizes[..., : t + 1], axis=-1) for t in range(min(chunk - 1, length))]
+    if length >= chunk:  # the full windows side by side, (..., Hs, T - C_h + 1, C_h)
+        shifted = [gate_sizes[..., j : length - chunk + 1 + j] for j in range(chunk)]
+        full = xp.sum(xp.stack(shifted, axis=-1), axis=-1)
+        return xp.concat([*(w[..., None] for w in windows), full], axis=-1)
+    return xp.stack(windows, axis=-1)
 
 
 class Rounding(NamedTuple):
@@ -144,6 +152,57 @@ def column_norms(xp: Any, state: Array) -> Array:
     return xp.sqrt(xp.sum(state * state, axis=-2))
 
 
+class TokenTerms(NamedTuple):
+    """The factors of REC-6.2's step that depend on the tokens' inputs only, not on the
+    state, for every token at once, ``(..., Hs, T)`` (``decay`` ``(..., Hs, T, 1 or dk)``,
+    ``key_abs`` ``(..., Hs, T, dk)``): ``kappa_t``, ``rho_t``, ``gamma_t``, and the
+    coefficients of the decayed state's norms, of the read, of the correction's norms, of
+    the write and of eta.  Evaluated before the token loop, each exactly as the loop would
+    evaluate it at token ``t`` (the same operations on the same values, elementwise or
+    along the same axis), so the bound is bit for bit the token loop's."""
+
+    decay: Array
+    key_abs: Array
+    kappa: Array
+    rho: Array
+    gamma: Array
+    decayed: Array
+    read: Array | None
+    correction: Array | None
+    write: Array
+    eta: Array
+
+
+def token_terms(p: Recurrence, r: Rounding, gate_sizes: Array) -> TokenTerms:
+    """REC-6.2's state-independent factors of every token (``gate_sizes`` the largest
+    ``|g|`` of each token, ``(..., Hs, T)``)."""
+    xp = p.xp
+    decay = xp.exp(p.log_decay)
+    key_squared = xp.sum(p.k * p.k, axis=-1)  # (..., Hs, T)
+    key_norm = xp.sqrt(key_squared)
+    read = correction = None
+    if p.beta is not None:
+        strength = xp.abs(p.beta)
+        kappa = xp.maximum(xp.abs(1 - p.beta * key_squared), xp.ones_like(key_squared))
+        read = r.read * (strength * key_norm)
+        correction = 2 * strength * key_norm
+    else:
+        kappa = xp.ones_like(key_squared)
+    gamma = _cumulative_gates(xp, gate_sizes, r.chunk)
+    return TokenTerms(
+        decay=decay,
+        key_abs=xp.abs(p.k),
+        kappa=kappa,
+        rho=kappa * xp.max(decay, axis=-1),
+        gamma=gamma,
+        decayed=r.u_a * ((5 + gamma) * kappa + 1),
+        read=read,
+        correction=correction,
+        write=r.write * key_norm,
+        eta=r.eta * key_norm,
+    )
+
+
 class StateError(NamedTuple):
     """Token ``t``'s step of REC-1.2 and of the state error of REC-6.2: ``kappa_t``,
     ``rho_t`` ``(..., Hs)``, ``gamma_t``, and ``eps_tc`` ``(..., Hs, dv)``."""
@@ -156,35 +215,29 @@ class StateError(NamedTuple):
 
 
 def state_error_step(
-    p: Recurrence, r: Rounding, gate_sizes: Array, state: Array, error: Array, t: int
+    p: Recurrence, r: Rounding, terms: TokenTerms, state: Array, error: Array, t: int
 ) -> StateError:
     """REC-6.2's ``eps_tc = rho_t eps_{t-1,c} + phi_tc`` for token ``t`` from ``S_{t-1}``
-    and ``eps_{t-1}`` (``gate_sizes`` the largest ``|g|`` of each token, ``(..., Hs, T)``)."""
+    and ``eps_{t-1}`` (``terms`` :func:`token_terms`)."""
     xp = p.xp
-    token = token_step(p, state, t)
-    key = p.k[..., t, :]
-    key_squared = xp.sum(key * key, axis=-1)  # (..., Hs)
-    key_norm = xp.sqrt(key_squared)[..., None]
+    token = token_step(p, state, t, terms.decay[..., t, :])
     decayed_norms = column_norms(xp, token.decayed)
-    if p.beta is not None:
-        strength = p.beta[..., t]
-        kappa = xp.maximum(xp.abs(1 - strength * key_squared), xp.ones_like(key_squared))
-        read_sum = xp.matmul(xp.abs(key)[..., None, :], xp.abs(token.decayed))[..., 0, :]
-        read_error = r.read * (xp.abs(strength)[..., None] * key_norm) * read_sum
-        correction = 2 * xp.abs(strength)[..., None] * key_norm * decayed_norms
+    update_abs = xp.abs(token.update)
+    rho = terms.rho[..., t]
+    # (the rules without a correction add no read error and no correction: every term is
+    # >= 0, so leaving out their zeros changes no bit)
+    local = terms.decayed[..., t, None] * decayed_norms
+    if terms.read is not None and terms.correction is not None:
+        read_sum = xp.matmul(terms.key_abs[..., t, None, :], xp.abs(token.decayed))[..., 0, :]
+        local = local + terms.read[..., t, None] * read_sum
+        local = local + terms.write[..., t, None] * update_abs
+        correction = terms.correction[..., t, None] * decayed_norms
+        local = local + terms.eta[..., t, None] * (update_abs + correction)
     else:
-        kappa = xp.ones_like(key_squared)
-        read_error = correction = xp.zeros_like(decayed_norms)
-    rho = kappa * xp.max(token.decay, axis=-1)
-    gamma = _cumulative_gates(xp, gate_sizes, t, r.chunk)
-    local = (
-        r.u_a * ((5 + gamma) * kappa + 1)[..., None] * decayed_norms
-        + read_error
-        + r.write * key_norm * xp.abs(token.update)
-        + r.eta * key_norm * (xp.abs(token.update) + correction)
-        + r.flush
-    )
-    return StateError(token, kappa, rho, gamma, rho[..., None] * error + local)
+        local = local + terms.write[..., t, None] * update_abs
+        local = local + terms.eta[..., t, None] * update_abs
+    error = rho[..., None] * error + (local + r.flush)
+    return StateError(token, terms.kappa[..., t], rho, terms.gamma[..., t], error)
 
 
 @shows_keywords(BoundInputs, BOUND_DEFAULTS)
@@ -219,38 +272,46 @@ def recurrent_error_bound(
     # |g_t| per token, the largest over key channels, (..., Hs, T): the rounding of a chunked
     # kernel's cumulative log decays (gamma_t of REC-6.2)
     gate_sizes = xp.max(xp.abs(p.log_decay), axis=-1)
+    terms = token_terms(p, r, gate_sizes)
+    # the largest log rho_t of each token, over every state head, (T,)
+    run = best = -math.inf  # log of the largest product of rho over a run (Kadane)
+    if p.length:
+        floor = xp.full_like(terms.rho, 2.0**-1000)
+        heads = tuple(range(terms.rho.ndim - 1))
+        log_rho = xp.max(xp.log(xp.maximum(terms.rho, floor)), axis=heads)  # (T,)
+        for t in range(p.length):
+            run = max(float(log_rho[t]), run + float(log_rho[t]))
+            best = max(best, run)
     state = p.state
     error = xp.zeros_like(state[..., 0, :])  # eps_{t,c}, (..., Hs, dv)
-    run = best = -math.inf  # log of the largest product of rho over a run (Kadane)
-    outs, tolerances = [], []
+    queries_abs = xp.abs(p.q)  # (..., Hs, G, T, dk)
+    # alpha |q_t|, (..., Hs, G, T, 1)
+    query_norms = alpha * xp.sqrt(xp.sum(p.q * p.q, axis=-1))[..., None]
+    outs, magnitudes, errors = [], [], []  # each token's, (..., Hs, G or 1, 1, dv)
     for t in range(p.length):
-        step = state_error_step(p, r, gate_sizes, state, error, t)
-        state, error, rho = step.token.state, step.error, step.rho
-        log_rho = float(xp.max(xp.log(xp.maximum(rho, xp.full_like(rho, 2.0**-1000)))))
-        run = max(log_rho, run + log_rho)
-        best = max(best, run)
+        step = state_error_step(p, r, terms, state, error, t)
+        state, error = step.token.state, step.error
         queries = p.q[..., t, :]  # (..., Hs, G, dk)
-        out = p.scale * xp.matmul(queries[..., :, None, :], state[..., None, :, :])[..., 0, :]
-        magnitude = xp.matmul(xp.abs(queries)[..., :, None, :], xp.abs(state)[..., None, :, :])[
-            ..., 0, :
-        ]
-        query_norm = xp.sqrt(xp.sum(queries * queries, axis=-1))[..., None]
+        outs.append(xp.matmul(queries[..., :, None, :], state[..., None, :, :]))
+        magnitudes.append(xp.matmul(queries_abs[..., t, None, :], xp.abs(state)[..., None, :, :]))
+        errors.append((error + r.eta * column_norms(xp, state))[..., None, None, :])
+    if outs:
+        # every token's output and tolerance at once: elementwise, as token by token
+        out_all = p.scale * xp.concat(outs, axis=-2)
         accumulated = SAFETY_FACTOR * (
-            alpha
-            * query_norm
-            * (error[..., None, :] + r.eta * column_norms(xp, state)[..., None, :])
-            + r.output * alpha * magnitude
+            query_norms * xp.concat(errors, axis=-2)
+            + r.output * alpha * xp.concat(magnitudes, axis=-2)
         )
         # The rounding to q's dtype is exact analysis: |fl(x) - o| <= (1 + u_d)|x - o| + u_d|o|.
         tolerance = (
             (1 + r.u_d) * accumulated
-            + r.u_d * xp.abs(out)
+            + r.u_d * xp.abs(out_all)
             + (d_k + chunk + 2) * UNDERFLOW_THRESHOLD[dtype]
         )
-        outs.append(out[..., None, :])
-        tolerances.append(
-            xp.where(xp.isfinite(out), tolerance, xp.zeros_like(tolerance))[..., None, :]
-        )
+        tol_all = xp.where(xp.isfinite(out_all), tolerance, xp.zeros_like(tolerance))
+    else:
+        empty = (*p.q.shape[:-2], 0, p.v.shape[-1])
+        out_all = tol_all = xp.zeros(empty, dtype=xp.float64, device=array_api_compat.device(state))
     u_s = UNIT_ROUNDOFF[state_dtype]
     state_tolerance = (
         (1 + u_s) * SAFETY_FACTOR * error[..., None, :]
@@ -258,11 +319,6 @@ def recurrent_error_bound(
         + UNDERFLOW_THRESHOLD[state_dtype]
     )
     state_tolerance = xp.where(xp.isfinite(state), state_tolerance, xp.zeros_like(state))
-    if outs:
-        out_all, tol_all = xp.concat(outs, axis=-2), xp.concat(tolerances, axis=-2)
-    else:
-        empty = (*p.q.shape[:-2], 0, p.v.shape[-1])
-        out_all = tol_all = xp.zeros(empty, dtype=xp.float64, device=array_api_compat.device(state))
     return RecurrentBound(
         out=p.output_heads(out_all),
         out_tolerance=p.output_heads(tol_all),

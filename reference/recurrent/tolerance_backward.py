@@ -32,6 +32,7 @@ from .tolerance import (
     declared_rounding,
     rounding,
     state_error_step,
+    token_terms,
 )
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ def recurrent_gradient_error_bound(
     u_a, alpha = r.u_a, abs(p.scale)
     upstream = xp.reshape(grad_out, (*batch, states, groups, length, d_v))
     adjoint = xp.zeros_like(p.state) if grad_final_state is None else grad_final_state
-    gate_sizes = xp.max(xp.abs(p.log_decay), axis=-1)
+    factors = token_terms(p, r, xp.max(xp.abs(p.log_decay), axis=-1))
 
     # The forward pass: eps_t of every token, the state every CHECKPOINT tokens.
     errors, saved = [xp.zeros_like(p.state[..., 0, :])], []
@@ -105,7 +106,7 @@ def recurrent_gradient_error_bound(
     for t in range(length):
         if t % CHECKPOINT == 0:
             saved.append(state)
-        forward = state_error_step(p, r, gate_sizes, state, errors[-1], t)
+        forward = state_error_step(p, r, factors, state, errors[-1], t)
         state = forward.token.state
         errors.append(forward.error)  # errors[t + 1] is eps_t
 
@@ -120,9 +121,9 @@ def recurrent_gradient_error_bound(
         start, stop = index * CHECKPOINT, min((index + 1) * CHECKPOINT, length)
         prior = [saved[index]]
         for t in range(start, stop - 1):
-            prior.append(state_error_step(p, r, gate_sizes, prior[-1], errors[t], t).token.state)
+            prior.append(state_error_step(p, r, factors, prior[-1], errors[t], t).token.state)
         for t in range(stop - 1, start - 1, -1):
-            fwd = state_error_step(p, r, gate_sizes, prior[t - start], errors[t], t)
+            fwd = state_error_step(p, r, factors, prior[t - start], errors[t], t)
             token, eps, eps_before = fwd.token, errors[t + 1], errors[t]
             queries, dout = p.q[..., t, :], upstream[..., t, :]  # (..., Hs, G, dk|dv)
             step = adjoint_step(p, token, adjoint, dout, t)

@@ -236,3 +236,35 @@ def test_the_target_is_the_float64_definition() -> None:
         )
     with pytest.raises(ValueError, match="dtype='half'"):
         recurrent_error_bound(**problem, dtype="half")
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 16])
+@pytest.mark.parametrize("length", [0, 2, 5, 40])
+def test_token_factors_are_each_tokens_own_bit_for_bit(chunk: int, length: int) -> None:
+    """REC-6.2: the bound's state-independent factors, evaluated for every token before the
+    token loop (``token_terms``), are bit for bit what token t's own inputs give (exp(g_t),
+    kappa_t, rho_t and gamma_t, the sum of |g| over the C_h tokens ending at t, each window
+    summed alone), so hoisting them out of the loop changed no bound."""
+    from attnspec.reference.recurrent._inputs import prepare
+    from attnspec.reference.recurrent.tolerance import rounding, token_terms
+
+    rng = np.random.default_rng(length * 100 + chunk)
+    q, k, v = (rng.standard_normal((2, 3, length, 7)) for _ in range(3))
+    g = -np.abs(rng.standard_normal((2, 3, length, 7))) * 3.0
+    beta = rng.random((2, 3, length)) * 2.5
+    p = prepare(q, k, v, "test", rule="gated_delta", g=g, beta=beta)
+    r = rounding("float16", chunk, 7, p.scale, rounded_operands=False, normalize_qk=False)
+    gate_sizes = np.max(np.abs(p.log_decay), axis=-1)
+    terms = token_terms(p, r, gate_sizes)
+    for t in range(length):
+        decay = np.exp(p.log_decay[..., t, :])
+        key_squared = np.sum(p.k[..., t, :] * p.k[..., t, :], axis=-1)
+        kappa = np.maximum(np.abs(1 - p.beta[..., t] * key_squared), 1.0)
+        gamma = np.sum(gate_sizes[..., max(0, t - chunk + 1) : t + 1], axis=-1) * (chunk > 1)
+        for got, want in (
+            (terms.decay[..., t, :], decay),
+            (terms.kappa[..., t], kappa),
+            (terms.rho[..., t], kappa * np.max(decay, axis=-1)),
+            (terms.gamma[..., t], gamma),
+        ):
+            assert got.tobytes() == np.asarray(want, dtype=np.float64).tobytes(), t
