@@ -263,6 +263,10 @@ def _run_strata(
                     examples[0] -= 1
                     raise
 
+            # no example database (hypothesis_settings), so no database key: Hypothesis
+            # would otherwise digest this function's source (inspect + tokenize) on every
+            # run, ~5% of a small property's run; its own find() skips it the same way
+            property_test._hypothesis_internal_database_key = None  # type: ignore[attr-defined]
             _run_part(property_test, stratum, limits, pool)
 
 
