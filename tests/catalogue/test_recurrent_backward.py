@@ -7,8 +7,6 @@ profile, and each buggy backward (its forward right) fails
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,6 @@ import pytest
 torch = pytest.importorskip("torch", reason="the catalogue's backward kernels are torch's")
 
 import support  # noqa: E402
-from support import ATTNSPEC  # noqa: E402
 
 from attnspec.backends import Backend  # noqa: E402
 from attnspec.conformance.api import check  # noqa: E402
@@ -70,26 +67,23 @@ def test_each_backward_bug_is_caught(bug: catalogue.GradientBug) -> None:
     assert verdict.status == FAILED, (bug.name, verdict.detail)
 
 
-def test_check_command_fails_a_buggy_recurrent_backward(tmp_path: Path) -> None:
+def test_check_command_fails_a_buggy_recurrent_backward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """REC-7.1, REC-7.7: ``attnspec check --backend torch`` of a declared recurrent kernel
     with ``backward`` runs its backward pass in the kernel's own process and fails the one
-    whose dbeta has the wrong sign, naming the property and the clause."""
-    tests = str(Path(__file__).resolve().parents[1])
-    result = subprocess.run(
-        [
-            ATTNSPEC,
-            "check",
-            "catalogue.recurrent_backward:adjoint_dbeta_sign",
-            "--backend",
-            "torch",
-            "--only",
-            "recurrent-gradients-match-reference",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": tests},
+    whose dbeta has the wrong sign, naming the property and the clause.  (The command runs
+    in this process: the kernel's own process is the check's, started as the CLI starts it,
+    with this process's sys.path, which holds tests/.)"""
+    monkeypatch.chdir(tmp_path)
+    status, out, err = support.run_main(
+        capsys,
+        "check",
+        "catalogue.recurrent_backward:adjoint_dbeta_sign",
+        "--backend",
+        "torch",
+        "--only",
+        "recurrent-gradients-match-reference",
     )
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert "recurrent-gradients-match-reference" in result.stdout and "REC-7.7" in result.stdout
+    assert status == 1, out + err
+    assert "recurrent-gradients-match-reference" in out and "REC-7.7" in out
