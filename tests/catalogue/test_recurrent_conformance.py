@@ -169,11 +169,15 @@ def test_library_conventions_are_checked_with_a_declaration() -> None:
     rename = {"g": "decay", "initial_state": "past_state"}
     statuses = _checked(catalogue.onnx_convention, layout="packed", rename=rename, **onnx)
     assert {statuses[p] for p in properties if p != "recurrent-varlen"} == {"passed"}, statuses
-    statuses = _checked(catalogue.fla_convention, **fla)
+    # (the one property asserted: a property's run does not depend on the others run)
+    statuses = _checked(catalogue.fla_convention, ("recurrent-matches-reference",), **fla)
     assert statuses["recurrent-matches-reference"] == "failed", statuses
 
 
-def _checked(fn: object, **options: object) -> dict[str, str]:
-    only = (*SEEDED_CONTRACTS, RECURRENT_PROPERTIES[-1])
+def _checked(
+    fn: object,
+    only: tuple[str, ...] = (*SEEDED_CONTRACTS, RECURRENT_PROPERTIES[-1]),
+    **options: object,
+) -> dict[str, str]:
     report = check(fn, backend="numpy", profile="quick", seed=0, only=only, **options)  # type: ignore[arg-type]
     return {v.property: v.status for v in report.verdicts}
