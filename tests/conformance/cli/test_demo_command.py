@@ -1,38 +1,69 @@
-"""``attnspec demo``: torch and the reference checked, a written-up failure confirmed."""
+"""``attnspec demo``: torch and the reference checked, a written-up failure confirmed.
+
+One demo run, on the properties every test here needs, is shared by the module (each test
+ran its own demo, ~4 CPU-s each: a judging worker and a kernel process for each of the
+two kernels, PyTorch imported in those of the first)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
+
 import pytest
-from support import run_main
+
+from attnspec.conformance import cli
+
+# default-scale: both kernels pass it; nan-propagates: PyTorch's confirmed SDPA-8.3
+# divergence; the two batch-broadcast properties: its SDPA-1.2 one, met twice
+DEMO_ONLY = "default-scale,nan-propagates,batch-broadcast-corners,batch-broadcast"
 
 
-def test_demo_checks_torch_and_the_reference(capsys: pytest.CaptureFixture[str]) -> None:
-    """``attnspec demo``: PyTorch's SDPA and the reference, both tables, exit 0 (CONF-1)."""
+@pytest.fixture(scope="module")
+def demo() -> tuple[int, str]:
+    """``attnspec demo --only DEMO_ONLY`` in this process: its exit status and stdout."""
     pytest.importorskip("torch", reason="the demo's first kernel is PyTorch's SDPA")
-    status, out, _ = run_main(capsys, "demo", "--only", "default-scale")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = cli.main(["demo", "--only", DEMO_ONLY])
+    return status, out.getvalue()
+
+
+def _torch_part(out: str) -> str:
+    """The demo's report of PyTorch's SDPA (before the reference's)."""
+    return out.split("conformance of attnspec.reference")[0]
+
+
+def test_demo_checks_torch_and_the_reference(demo: tuple[int, str]) -> None:
+    """``attnspec demo``: PyTorch's SDPA and the reference, both tables, exit 0 (CONF-1);
+    the reference conforms, and PyTorch passes what it satisfies (SDPA-2.1)."""
+    status, out = demo
     assert status == 0
     assert "conformance of torch.nn.functional:scaled_dot_product_attention on torch" in out
     assert "conformance of attnspec.reference:scaled_dot_product_attention" in out
-    assert out.count("result: conforms") == 2
+    reference_part = out.split("conformance of attnspec.reference")[1]
+    assert "result: conforms: 0 failed" in reference_part, reference_part
+    assert "result: conforms" not in _torch_part(out)  # its divergences below
+    assert re.search(r"^default-scale +SDPA-2\.1 +MUST +passed ", _torch_part(out), re.M)
 
 
-def test_demo_calls_a_written_up_failure_confirmed(capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_calls_a_written_up_failure_confirmed(demo: tuple[int, str]) -> None:
     """SDPA-8.3: PyTorch's SDPA turns a NaN query into 0 (docs/divergences.md#torch-nan-query);
     the demo names that failure as the confirmed divergence and exits 0 (CONF-1)."""
-    pytest.importorskip("torch", reason="the demo's first kernel is PyTorch's SDPA")
-    status, out, _ = run_main(capsys, "demo", "--only", "nan-propagates")
+    status, out = demo
     assert "confirmed divergence, not a suite artefact: nan-propagates [SDPA-8.3]" in out, out
     assert "divergences.md#torch-nan-query" in out
     assert status == 0
 
 
-def test_demo_joins_the_failures_one_write_up_explains(capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_joins_the_failures_one_write_up_explains(demo: tuple[int, str]) -> None:
     """SDPA-1.2 (issue 38): PyTorch's SDPA keeps q's batch shape for empty queries
     (docs/divergences.md#torch-empty-broadcast), met by batch-broadcast and its fixed corner
     shapes; the demo's report shows that root cause once, with its write-up."""
-    pytest.importorskip("torch", reason="the demo's first kernel is PyTorch's SDPA")
-    status, out, _ = run_main(capsys, "demo", "--only", "batch-broadcast-corners,batch-broadcast")
-    torch_part = out.split("conformance of attnspec.reference")[0]
-    assert "(1 distinct divergence):" in torch_part, torch_part
+    status, out = demo
+    torch_part = _torch_part(out)
     assert "batch-broadcast-corners, batch-broadcast [SDPA-1.2] -> " in torch_part
+    # one root cause for the two batch-broadcast failures, one for nan-propagates
+    assert "(2 distinct divergences):" in torch_part, torch_part
+    assert torch_part.count("[SDPA-1.2] -> ") == 1, torch_part
     assert status == 0
