@@ -268,13 +268,13 @@ def test_linear_feature_map_may_be_a_callable(
         "def attention(q, k, v, *, is_causal=False):\n"
         "    return linear_attention(q, k, v, feature_map=phi, is_causal=is_causal)\n"
     )
-    # what is checked is that the map given by name is the one used; short rows in one
-    # dtype show it (the realistic sizes are tests/reference/test_linear*.py's and the
+    # what is checked is that the map given by name is the one used; small problems in
+    # one dtype show it (the realistic sizes are tests/reference/test_linear*.py's and the
     # property tests')
     only = (
         "--only",
         "linear-matches-formula,linear-causal-prefix",
-        *("--dtype", "float64", "--max-len", "64"),
+        *("--dtype", "float64", *SMALL_SIZE_FLAGS),
     )
     status, out, _ = run_main(
         capsys, "check", f"{kernel}:attention", "--linear", f"{kernel}:phi", *only
