@@ -536,12 +536,7 @@ def command_matrix(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     except OSError as exc:
         raise SetupError(f"--merge: {exc}") from None
-    from ..backends import Backend, BackendError
-
-    try:  # the CUDA rows need torch's default device to be a GPU
-        has_cuda = "cuda" in str(Backend("torch").device)
-    except BackendError:
-        has_cuda = False
+    has_cuda = matrix.has_cuda_here()
 
     interrupted: list[str] = []  # Ctrl-C or SIGTERM ends the matrix, not just one kernel
 
@@ -616,7 +611,9 @@ def command_matrix(args: argparse.Namespace) -> int:
             *(["--backward"] if args.backward else []),
             *_passed_on(args, ("profile", "seed", "timeout", "memory_limit")),
         ]
-        done = {row.name: row for row in matrix.rows_in_processes(checkable, jobs, options)}
+        done = {
+            row.name: row for row in matrix.rows_in_processes(checkable, jobs, options, has_cuda)
+        }
         rows = matrix.build_rows(entries, lambda entry: done[entry.name], has_cuda)
     else:
         rows = matrix.build_rows(entries, check, has_cuda)

@@ -22,7 +22,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -238,10 +238,33 @@ def checked_rows(paths: Sequence[str]) -> dict[str, MatrixRow]:
 _MATRIX_COMMAND = (
     "import sys; from attnspec.conformance.cli import main; sys.exit(main(sys.argv[1:]))"
 )
+# Whether torch's default device is a GPU, as the matrix that starts a kernel's process
+# found it ("1" or "0"), for that process: it would otherwise import torch to find it out
+# again (~1.8 s of CPU, import and exit, in each kernel's process of --jobs N; the kernel is
+# checked in a worker of its own, so that process needs no array library).
+HAS_CUDA_VARIABLE = "ATTNSPEC_MATRIX_HAS_CUDA"
+
+
+def has_cuda_here(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the CUDA rows can run here: torch's default device is a GPU (False where
+    torch cannot load), or what the matrix that started this process found
+    (HAS_CUDA_VARIABLE)."""
+    told = (os.environ if environ is None else environ).get(HAS_CUDA_VARIABLE)
+    if told in ("0", "1"):
+        return told == "1"
+    from ..backends import Backend, BackendError
+
+    try:  # the CUDA rows need torch's default device to be a GPU
+        return "cuda" in str(Backend("torch").device)
+    except BackendError:
+        return False
 
 
 def rows_in_processes(
-    entries: Sequence[KnownKernel], jobs: int, options: Sequence[str]
+    entries: Sequence[KnownKernel],
+    jobs: int,
+    options: Sequence[str],
+    has_cuda: bool | None = None,
 ) -> list[MatrixRow]:
     """Each of ``entries`` checked by ``attnspec matrix --kernel NAME OPTIONS`` in a process
     of its own, ``jobs`` at a time (``--jobs N``): the kernels' libraries, environment
@@ -249,8 +272,11 @@ def rows_in_processes(
     process, and the worker it starts, gets CPUs // ``jobs`` threads in its thread pools
     (isolation.worker_threads; thread variables the user set stand): with a thread per core
     in each of 2 kernels on 2 cores, PyTorch's spinning threads made mask-broadcast 15 s
-    instead of 0.8 s."""
+    instead of 0.8 s.  ``has_cuda`` (this process's :func:`has_cuda_here`) goes with them
+    (HAS_CUDA_VARIABLE), so that none imports torch to find it out again."""
     environment = {**os.environ, **worker_threads(jobs)}
+    if has_cuda is not None:
+        environment[HAS_CUDA_VARIABLE] = "1" if has_cuda else "0"
 
     def one(index: int, entry: KnownKernel, folder: str) -> MatrixRow:
         out = Path(folder) / f"row-{index}.json"

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from support import ROOT, hand_report, hand_verdict
 
+from attnspec.backends import Backend
 from attnspec.conformance import cli, matrix
 from attnspec.conformance.judge.verdict import FAILED, NOT_APPLICABLE, PASSED, WAIVED, Report
 from attnspec.conformance.kernels.known import KNOWN_KERNELS, KnownKernel
@@ -434,6 +435,28 @@ def test_kernels_checked_at_once_share_the_cpus_between_their_thread_pools(
     matrix.rows_in_processes(entries, 2, ["--quiet"])
     assert [env["OMP_NUM_THREADS"] for env in seen] == ["3", "3"]
     assert all("OPENBLAS_NUM_THREADS" not in env for env in seen)
+
+
+def test_kernels_checked_at_once_are_told_whether_there_is_a_gpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CONF-1 (the matrix's --jobs N): each kernel's process is told whether this matrix
+    found a GPU for the CUDA rows (it takes that, not torch's default device, which it would
+    import torch to read); without the variable, torch's device decides."""
+    seen: list[dict[str, str]] = []
+
+    def recorded(command: list[str], **options: Any) -> subprocess.CompletedProcess[bytes]:
+        seen.append(options["env"])
+        return subprocess.CompletedProcess(command, 2)
+
+    monkeypatch.setattr(matrix.subprocess, "run", recorded)
+    entries = [KNOWN_KERNELS[0], KNOWN_KERNELS[1]]
+    for has_cuda, told in ((True, "1"), (False, "0")):
+        seen.clear()
+        matrix.rows_in_processes(entries, 2, ["--quiet"], has_cuda)
+        assert [env[matrix.HAS_CUDA_VARIABLE] for env in seen] == [told, told]
+        assert matrix.has_cuda_here({matrix.HAS_CUDA_VARIABLE: told}) is has_cuda
+    assert matrix.has_cuda_here({}) is ("cuda" in str(Backend("torch").device))
 
 
 def test_backward_clauses_share_one_column() -> None:
