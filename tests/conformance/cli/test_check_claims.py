@@ -168,8 +168,8 @@ def test_bias_keyword_alone_runs_the_bias_properties(
             "attn_bias",
             "--dtype",
             "float64",
-            "--max-len",  # what is checked is the keyword's plumbing: short rows show it
-            "64",
+            # what is checked is the keyword's plumbing: small problems show it
+            *SMALL_SIZE_FLAGS,
             "--only",
             "bias-semantics",
         )
