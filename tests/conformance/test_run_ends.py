@@ -7,8 +7,9 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from catalogue import forgers, hostile
-from support import SMALL_SIZE_FLAGS, run_command
+from support import SMALL_SIZE_FLAGS, run_command, run_main
 
 HOSTILE_FILE = str(Path(hostile.__file__).resolve())
 FORGERS_FILE = str(Path(forgers.__file__).resolve())
@@ -96,9 +97,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_judge_mode_repeats_each_call_and_compares_the_results(tmp_path: Path) -> None:
+def test_judge_mode_repeats_each_call_and_compares_the_results(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """SDPA-7.5 under --judge: a kernel one unit in the last place off on every other call
-    fails matches-reference, which alone (one call per input, within TOL-2) it passes."""
+    fails matches-reference, which alone (one call per input, within TOL-2) it passes.
+    The command in this process (its kernel in a process of its own, as always): what is
+    checked is the judge's settings, not the command's process."""
     argv = (
         "check",
         f"{FORGERS_FILE}:differs_on_every_other_call",
@@ -110,17 +115,22 @@ def test_judge_mode_repeats_each_call_and_compares_the_results(tmp_path: Path) -
         "float32",
         *SMALL_SIZE_FLAGS,  # the plain run passes every stratum and anchor: cut to small sizes
     )
-    plain = run_command(*argv, cwd=tmp_path)
-    assert plain.returncode == 0, plain.stdout[-2000:]
-    judged = run_command(*argv, "--judge", cwd=tmp_path)
-    assert judged.returncode == 1, judged.stdout[-2000:]
-    assert "made twice on fresh copies" in judged.stdout
+    status, out, _ = run_main(capsys, *argv)
+    assert status == 0, out[-2000:]
+    status, out, _ = run_main(capsys, *argv, "--judge")
+    assert status == 1, out[-2000:]
+    assert "made twice on fresh copies" in out
 
 
-def test_deadline_stops_starting_properties(tmp_path: Path) -> None:
+def test_deadline_stops_starting_properties(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     """CONF-15, CONF-6: past --deadline no property starts; those left are "not run" and, nothing
-    having failed, the report is incomplete (exit 2)."""
-    result = run_command(
+    having failed, the report is incomplete (exit 2).  The command in this process: what
+    is checked is when properties start, not the command's process."""
+    report_file = tmp_path / "report.json"
+    status, out, _ = run_main(
+        capsys,
         "check",
         f"{HOSTILE_FILE}:attention",
         "--backend",
@@ -130,10 +140,9 @@ def test_deadline_stops_starting_properties(tmp_path: Path) -> None:
         "--deadline",
         "0.001",
         "--json",
-        "report.json",
-        cwd=tmp_path,
+        str(report_file),
     )
-    report = json.loads((tmp_path / "report.json").read_text())
+    report = json.loads(report_file.read_text())
     statuses = [v["status"] for v in report["verdicts"]]
     assert statuses == ["not run"] * 3, statuses
-    assert result.returncode == 2, result.stdout[-1500:]
+    assert status == 2, out[-1500:]
