@@ -42,23 +42,23 @@ def test_correct_kernel_exits_0(capsys: pytest.CaptureFixture[str], kernels: Pat
 
 
 def test_buggy_kernel_exits_1_and_its_reproduction_runs(
-    kernels: Path, tmp_path: Path, python_c: Callable[..., subprocess.CompletedProcess[str]]
+    kernels: Path,
+    tmp_path: Path,
+    python_c: Callable[..., subprocess.CompletedProcess[str]],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """SDPA-2.1 / CONF-1: the unscaled kernel fails default-scale (exit 1); the table shows
-    the counterexample, a rerun command and a reproduction that runs on its own."""
+    the counterexample, a rerun command and a reproduction that runs on its own.  The
+    command in this process, started in ``tmp_path`` (the kernel in its own process)."""
     report_path = tmp_path / "report.json"
-    result = run_command(
-        "check",
-        "kernels.py:no_default_scale",
-        "--only",
-        CHEAP,
-        "--json",
-        str(report_path),
-        cwd=tmp_path,
+    monkeypatch.chdir(tmp_path)
+    status, out, err = run_main(
+        capsys,
+        *("check", "kernels.py:no_default_scale", "--only", CHEAP, "--json", str(report_path)),
     )
-    assert result.returncode == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    out = result.stdout
+    assert status == 1, err
+    assert "Traceback" not in err
     assert "FAILED default-scale [SDPA-2.1 MUST" in out
     assert "inputs:  q(" in out and "rerun:   attnspec check" in out
     assert "explicit-scale" in out and "result: DOES NOT CONFORM" in out
@@ -83,32 +83,33 @@ def test_buggy_kernel_exits_1_and_its_reproduction_runs(
     assert ran.stdout.strip().endswith("OUTSIDE True")
 
 
-def test_rerun_command_reproduces_the_failure(kernels: Path, tmp_path: Path) -> None:
-    """The one-line rerun command runs just that property and finds the same thing."""
-    first = run_command(
-        "check",
-        "kernels.py:no_default_scale",
-        "--only",
-        CHEAP,
-        "--seed",
-        "7",
-        "--no-mask",
-        cwd=tmp_path,
-    )
-    assert first.returncode == 1
+def test_rerun_command_reproduces_the_failure(
+    kernels: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The one-line rerun command runs just that property and finds the same thing, from
+    another working directory.  The commands in this process (the kernel in its own)."""
+    monkeypatch.chdir(tmp_path)
+    argv = ("check", "kernels.py:no_default_scale", "--only", CHEAP, "--seed", "7", "--no-mask")
+    status, first, _ = run_main(capsys, *argv)
+    assert status == 1
     rerun = next(
-        line.split("rerun:", 1)[1].strip() for line in first.stdout.splitlines() if "rerun:" in line
+        line.split("rerun:", 1)[1].strip() for line in first.splitlines() if "rerun:" in line
     )
-    argv = shlex.split(rerun)
-    assert argv[:2] == ["attnspec", "check"]
-    assert argv[-4:] == ["--only", "default-scale", "--seed", "7"] and "--no-mask" in argv
-    again = run_command(*argv[1:], cwd=tmp_path / "..")
-    assert again.returncode == 1
+    again_argv = shlex.split(rerun)
+    assert again_argv[:2] == ["attnspec", "check"]
+    assert again_argv[-4:] == ["--only", "default-scale", "--seed", "7"]
+    assert "--no-mask" in again_argv
+    monkeypatch.chdir(tmp_path / "..")
+    status, again, _ = run_main(capsys, *again_argv[1:])
+    assert status == 1
 
     def finding(text: str) -> str:
         return next(line for line in text.splitlines() if line.strip().startswith("finding:"))
 
-    assert finding(again.stdout) == finding(first.stdout)
+    assert finding(again) == finding(first)
 
 
 def test_unreadable_result_fails_the_property_not_the_run(
