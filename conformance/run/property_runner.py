@@ -12,6 +12,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
+from hypothesis.control import should_note
 from hypothesis.errors import Flaky, Unsatisfiable, UnsatisfiedAssumption
 
 from ..draw import sizes
@@ -256,7 +257,8 @@ def _run_strata(
             def property_test(data: st.DataObject) -> None:
                 examples[0] += 1
                 # called in this iteration of the loop, so its seeded is this stratum's
-                drawn = data if seeded is None else SeededBesidesSizes(data, seeded)  # noqa: B023
+                quick = QuickDraws(data)
+                drawn = quick if seeded is None else SeededBesidesSizes(quick, seeded)  # noqa: B023
                 try:
                     prop.check(kernel, drawn)
                 except UnsatisfiedAssumption:  # it had a feature the run draws around
@@ -268,6 +270,28 @@ def _run_strata(
             # run, ~5% of a small property's run; its own find() skips it the same way
             property_test._hypothesis_internal_database_key = None  # type: ignore[attr-defined]
             _run_part(property_test, stratum, limits, pool)
+
+
+class QuickDraws:
+    """Hypothesis's ``data`` (``st.data()``), drawing the same choices without the check
+    that ``data.draw`` wraps around each draw for the global ``random`` module used inside
+    a strategy (two ``random.getstate()`` of 625 words and their comparison: ~7 % of a
+    small example's time, issue 33; no strategy of the suite touches ``random``).  Each
+    draw is ``data.conjecture_data.draw(strategy)``, as ``data.draw`` makes it (the same
+    choices, spans and labels: the same examples, shrinks and verdicts), counted as
+    ``data.draw`` counts and names it.  Where Hypothesis prints the draws (the final replay of a
+    failing example, a verbose run) every draw is ``data.draw`` itself, notes included."""
+
+    def __init__(self, data: st.DataObject) -> None:
+        self._data = data
+        self.conjecture_data = data.conjecture_data  # small_values draws through it
+
+    def draw(self, strategy: st.SearchStrategy[Any], label: Any = None) -> Any:
+        if should_note():
+            return self._data.draw(strategy, label)
+        self._data.count += 1
+        named = f"Draw {self._data.count}" + ("" if label is None else f" ({label})")
+        return self.conjecture_data.draw(strategy, observe_as=f"generate:{named}")
 
 
 def _nested_parts(
