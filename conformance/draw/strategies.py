@@ -11,6 +11,7 @@ health check can trip.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import replace
@@ -36,6 +37,22 @@ MAYBE, NEVER, ALWAYS = "maybe", "never", "always"
 # Collections Hypothesis draws element by element (permutations, column sets) up to this
 # size; longer ones come from the values seed, so a realistic example stays a few draws.
 LARGEST_DRAWN_COLLECTION = 24
+# The strategies every example draws from, made once: st.sampled_from builds (and
+# validates) a new strategy on every call, and the others are looked up in Hypothesis's
+# cache; ~3 % of a small example (issue 33).  The same strategies, so the same draws.
+_BOOLEANS = st.booleans()
+_VALUES_SEED = st.integers(0, 2**32 - 1)
+_MAGNITUDE = st.sampled_from(MAGNITUDES)
+_EXPLICIT_SCALE = st.sampled_from(EXPLICIT_SCALES)
+_SMALL_MASK_KIND = st.sampled_from(["random", "window", "causal", "all"])
+_MASK_DENSITY = st.sampled_from([0.5, 0.8, 0.2])
+_MASK_ALIGNMENT = st.sampled_from(["top_left", "bottom_right"])
+
+
+@functools.lru_cache(maxsize=64)
+def _one_of(dtypes: tuple[str, ...]) -> st.SearchStrategy[str]:
+    """``st.sampled_from(dtypes)``, made once per tuple of dtypes."""
+    return st.sampled_from(dtypes)
 
 
 def draw_dims(
@@ -158,7 +175,7 @@ def draw_subset(data: st.DataObject, n: int, label: str) -> list[int]:
                 st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True), label=label
             )
         )
-    if data.draw(st.booleans(), label=f"{label} scattered"):
+    if data.draw(_BOOLEANS, label=f"{label} scattered"):
         chosen = np.flatnonzero(draw_rng(data).random(n) < 0.3)
         return [int(i) for i in chosen] or [n - 1]
     start = data.draw(st.integers(0, n - 1), label=f"{label} start")
@@ -177,7 +194,7 @@ def with_declared_batch(kernel: DrawTarget, a: np.ndarray) -> np.ndarray:
 def draw_rng(data: st.DataObject) -> ValueGenerator:
     """A NumPy generator seeded by a drawn integer; :func:`random_values` draws a small
     array's values from ``data`` through it."""
-    return ValueGenerator(data, data.draw(st.integers(0, 2**32 - 1), label="values seed"))
+    return ValueGenerator(data, data.draw(_VALUES_SEED, label="values seed"))
 
 
 def draw_dtype(data: st.DataObject, kernel: DrawTarget) -> str:
@@ -190,7 +207,7 @@ def draw_dtype(data: st.DataObject, kernel: DrawTarget) -> str:
         return dtypes[-1]
     if forced in kernel.dtypes:
         return str(forced)
-    return data.draw(st.sampled_from(dtypes), label="dtype")
+    return data.draw(_one_of(dtypes), label="dtype")
 
 
 def random_values(
@@ -243,7 +260,7 @@ def broadcast_shape_for(data: st.DataObject, full: tuple[int, ...], label: str) 
     keep = data.draw(st.integers(2, len(full)), label=f"{label} ndim")
     shape = list(full[len(full) - keep :])
     for axis in range(len(shape) - 2):
-        if data.draw(st.booleans(), label=f"{label} broadcast axis {axis}"):
+        if data.draw(_BOOLEANS, label=f"{label} broadcast axis {axis}"):
             shape[axis] = 1
     return tuple(shape)
 
@@ -267,11 +284,11 @@ def draw_mask(
         shape = broadcast_shape_for(data, dims.scores_shape, "mask")
     else:
         shape = broadcast_shape_for(data, dims.scores_shape, "mask")
-        kind = data.draw(st.sampled_from(["random", "window", "causal", "all"]), label="mask kind")
+        kind = data.draw(_SMALL_MASK_KIND, label="mask kind")
     n_q, n_k = shape[-2], shape[-1]
     rows, cols = np.arange(n_q)[:, None], np.arange(n_k)[None, :]
     if kind == "random":
-        density = data.draw(st.sampled_from([0.5, 0.8, 0.2]), label="mask density")
+        density = data.draw(_MASK_DENSITY, label="mask density")
         mask = rng.random(shape) < density
     elif kind == "window":
         if stratum.realistic:
@@ -280,11 +297,11 @@ def draw_mask(
             left, right = data.draw(st.integers(0, 3), label="left"), data.draw(st.integers(0, 3))
         mask = np.broadcast_to((cols >= rows - left) & (cols <= rows + right), shape).copy()
     elif kind == "causal":
-        alignment = data.draw(st.sampled_from(["top_left", "bottom_right"]), label="alignment")
+        alignment = data.draw(_MASK_ALIGNMENT, label="alignment")
         mask = np.broadcast_to(cols <= rows + causal_offset(n_q, n_k, alignment), shape).copy()
     else:
         mask = np.ones(shape, dtype=bool)
-    if empty_rows and n_q and data.draw(st.booleans(), label="blank a row"):
+    if empty_rows and n_q and data.draw(_BOOLEANS, label="blank a row"):
         mask[..., data.draw(st.integers(0, n_q - 1), label="blank row"), :] = False
     return mask
 
@@ -326,7 +343,7 @@ def _wanted(
         return False
     if choice == ALWAYS or forced is not None:
         return True
-    return data.draw(st.booleans(), label=label)
+    return data.draw(_BOOLEANS, label=label)
 
 
 def draw_bias(
@@ -401,7 +418,7 @@ def draw_problem(
     dtype = dtype or draw_dtype(data, kernel)
     rng = draw_rng(data)
     if magnitude is None:
-        magnitude = data.draw(st.sampled_from(MAGNITUDES), label="magnitude")
+        magnitude = data.draw(_MAGNITUDE, label="magnitude")
         if stratum.realistic:
             qk_kind = values.draw_qk_kind(data)
             if qk_kind != "normal":
@@ -436,8 +453,6 @@ def draw_problem(
     forced_scale = stratum.option("scale")
     if _wanted(data, scale, decl.scale, "explicit scale", forced_scale):
         problem.scale = (
-            forced_scale
-            if forced_scale is not None
-            else data.draw(st.sampled_from(EXPLICIT_SCALES), label="scale")
+            forced_scale if forced_scale is not None else data.draw(_EXPLICIT_SCALE, label="scale")
         )
     return problem
