@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -12,7 +13,6 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
-from hypothesis.control import should_note
 from hypothesis.errors import Flaky, Unsatisfiable, UnsatisfiedAssumption
 
 from ..draw import sizes
@@ -257,7 +257,7 @@ def _run_strata(
             def property_test(data: st.DataObject) -> None:
                 examples[0] += 1
                 # called in this iteration of the loop, so its seeded is this stratum's
-                quick = QuickDraws(data)
+                quick = QuickDraws(data) if QUICK_DRAWS else data
                 drawn = quick if seeded is None else SeededBesidesSizes(quick, seeded)  # noqa: B023
                 try:
                     prop.check(kernel, drawn)
@@ -270,6 +270,21 @@ def _run_strata(
             # run, ~5% of a small property's run; its own find() skips it the same way
             property_test._hypothesis_internal_database_key = None  # type: ignore[attr-defined]
             _run_part(property_test, stratum, limits, pool)
+
+
+def _quick_draws_supported() -> bool:
+    """Whether this Hypothesis has the internals QuickDraws draws through (``should_note``,
+    ``ConjectureData.draw(..., observe_as=)``, checked against 6.170); where one is missing
+    every draw is ``data.draw`` itself: slower, the same examples."""
+    try:
+        from hypothesis.control import should_note  # noqa: F401
+        from hypothesis.internal.conjecture.data import ConjectureData
+    except ImportError:
+        return False
+    return "observe_as" in inspect.signature(ConjectureData.draw).parameters
+
+
+QUICK_DRAWS = _quick_draws_supported()
 
 
 class QuickDraws:
@@ -287,6 +302,8 @@ class QuickDraws:
         self.conjecture_data = data.conjecture_data  # small_values draws through it
 
     def draw(self, strategy: st.SearchStrategy[Any], label: Any = None) -> Any:
+        from hypothesis.control import should_note
+
         if should_note():
             return self._data.draw(strategy, label)
         self._data.count += 1

@@ -107,3 +107,13 @@ def test_a_kernel_needing_equal_head_dims_conforms_once_it_declares_it(every_str
     )
     assert report.conforms, [(v.property, v.detail) for v in report.verdicts if v.status == FAILED]
     assert not check(equal_dims_only, backend="numpy", only=["default-scale"]).conforms
+
+
+def test_draws_skip_hypothesis_random_check_on_the_supported_hypothesis() -> None:
+    """CONF-8: on the Hypothesis this project installs, property runs draw through
+    QuickDraws (the same choices as ``data.draw`` without its per-draw check of the global
+    ``random`` module); where its internals are missing the runner falls back to
+    ``data.draw``, which this test would show as a silent slowdown."""
+    from attnspec.conformance.run import property_runner
+
+    assert property_runner.QUICK_DRAWS
