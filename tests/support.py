@@ -76,6 +76,12 @@ def drawn(max_examples: int) -> settings:
 
 # The XLA option of this test process's JAX (quick_jax_compiles).
 QUICK_XLA_COMPILES = "--xla_cpu_use_fusion_emitters=false"
+_started_quickly: list[bool] = []  # True once this process's JAX started with the option
+
+
+def jax_compiles_quickly() -> bool:
+    """Whether this process's JAX started with :data:`QUICK_XLA_COMPILES`."""
+    return bool(_started_quickly)
 
 
 def quick_jax_compiles() -> None:
@@ -116,6 +122,7 @@ def quick_jax_compiles() -> None:
     os.environ["XLA_FLAGS"] = QUICK_XLA_COMPILES
     try:
         jax.devices()
+        _started_quickly.append(True)
     finally:
         del os.environ["XLA_FLAGS"]
 

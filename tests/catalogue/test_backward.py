@@ -13,8 +13,6 @@ profile's examples (the first failure decides; not shrunk).  Beside it, the hand
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the catalogue's backward kernels are torch's")
 
-from support import ATTNSPEC, SMALL_SIZE_FLAGS  # noqa: E402
+from support import SMALL_SIZE_FLAGS, run_main  # noqa: E402
 
 from attnspec.backends import Backend  # noqa: E402
 from attnspec.conformance.api import check  # noqa: E402
@@ -278,33 +276,32 @@ def test_each_bug_is_caught(bug: Any) -> None:
     assert verdict.status in (FAILED, WARNING), (bug.name, bug.upstream, verdict.detail)
 
 
-def _check_command(target: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _check_command(capsys: pytest.CaptureFixture[str], target: str) -> tuple[int, str, str]:
     """``attnspec check catalogue.backward_kernels:TARGET`` on torch, its backward's
-    accuracy property only, in a real process (the kernel in a process of its own), at
-    small sizes (every stratum and anchor, cut to SMALL_SIZES): what is checked is the
-    command's route to an explicit backward_fn and back; the bug itself is caught at the
-    quick profile's full sizes by test_each_bug_is_caught above, in this process."""
-    tests = str(Path(__file__).resolve().parents[1])
+    accuracy property only, the command run in this process (``cli.main``) and the kernel
+    in a process of its own, as the command always runs it, at small sizes (every stratum
+    and anchor, cut to SMALL_SIZES): what is checked is the command's route to an explicit
+    backward_fn in the kernel's process and back; the bug itself is caught at the quick
+    profile's full sizes by test_each_bug_is_caught above, in this process.  (The command's
+    own process start-up, ~2 CPU-s a run, is the CLI tests' subject, not this one's.)"""
     only = ["--only", "gradients-match-reference", *SMALL_SIZE_FLAGS]
-    return subprocess.run(
-        [ATTNSPEC, "check", f"catalogue.backward_kernels:{target}", "--backend", "torch", *only],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": tests},
+    return run_main(
+        capsys, "check", f"catalogue.backward_kernels:{target}", "--backend", "torch", *only
     )
 
 
-def test_check_command_runs_an_explicit_backward_function(tmp_path: Path) -> None:
+def test_check_command_runs_an_explicit_backward_function(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """BWD-1, BWD-17: ``attnspec check`` of a kernel declaring ``backward_fn`` (FlashAttention's
     ``bwd(dout, q, k, v, out, lse, ...)`` convention) runs the backward in the kernel's own
     process and passes a correct one; the same command fails a buggy autograd.Function."""
-    passed = _check_command("explicit_flash2", tmp_path)
-    assert passed.returncode == 0, passed.stdout + passed.stderr
-    failed = _check_command("flash2_no_delta", tmp_path)
-    assert failed.returncode == 1, failed.stdout + failed.stderr
-    assert "gradients-match-reference" in failed.stdout and "BWD-17" in failed.stdout
+    monkeypatch.chdir(tmp_path)
+    status, out, err = _check_command(capsys, "explicit_flash2")
+    assert status == 0, out + err
+    status, out, err = _check_command(capsys, "flash2_no_delta")
+    assert status == 1, out + err
+    assert "gradients-match-reference" in out and "BWD-17" in out
 
 
 def test_log_sum_exp_gradient_reaches_the_kernels_process() -> None:
