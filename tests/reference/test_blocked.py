@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from problems import broadcast_to_some, problem_of_shapes
 from support import as64, on_backend, seen_by_kernel
@@ -33,8 +33,9 @@ from attnspec.reference import (
 from attnspec.reference.blocked import KEY_BLOCK, MIN_QUERY_CHUNK, SCORES_PER_BLOCK
 from attnspec.reference.tolerance import UNIT_ROUNDOFF, accumulation_roundoff, error_bound
 
-# JAX compiles every operation for every new shape, so it gets fewer examples.
-EXAMPLES = {"numpy": 150, "array_api_strict": 60, "torch": 60, "jax": 5}
+# JAX compiles every operation for every new shape: it runs the fixed cases of
+# JAX_CASES instead of drawn ones (below).
+EXAMPLES = {"numpy": 150, "array_api_strict": 60, "torch": 60}
 LOWEST = {
     "float16": -65504.0,
     "bfloat16": -(2 - 2.0**-7) * 2.0**127,
@@ -45,13 +46,15 @@ NON_FINITE = (np.nan, np.inf, -np.inf)
 
 
 def examples(backend: Backend) -> settings:
-    return settings(
+    """Drawn examples for every backend but JAX, which runs the explicit ones only."""
+    drawn = settings(
         max_examples=EXAMPLES.get(backend.name, 20),
         derandomize=True,
         database=None,
         deadline=None,
         suppress_health_check=list(HealthCheck),
     )
+    return settings(drawn, phases=[Phase.explicit]) if backend.name == "jax" else drawn
 
 
 Blocks = dict[str, int | None]  # blocked_attention's query_chunk and key_block
@@ -203,17 +206,157 @@ def rising_large_scores() -> Case:
     return problem, "float32", {"query_chunk": 5, "key_block": 7}
 
 
+# JAX: fixed cases instead of drawn ones (issue 33).  Every drawn shape cost JAX a fresh
+# compilation of every operation (5 draws: ~260 compilations in this test, ~185 in
+# test_excluded_values_change_nothing); these cases share one shape family and block
+# sizes whose blocks are of a few shapes only (3 x 1, 3 x 2 and 6 x 3 scores), and
+# test_excluded_values_change_nothing runs the same cases.  Together they run, on JAX,
+# every feature the draws exercise (the other backends draw them all, on the same
+# backend-independent code); each comment says which:
+#   every case: batch (1, 2) broadcast by masks and biases of fewer dims (SDPA-1.2), GQA
+#   Hq = 6 over Hkv = 2 (G = 3, SDPA-6.1), Lq = 6 != Lk = 3 (Lq < Lk: the example
+#   several_default_blocks), E = 3 != Ev = 2; the dtypes float16, bfloat16 and float32 (all
+#   of JAX's) and the scales 2, -0.75, 0, 0.5 (all drawn ones) each in some case.
+# (Neither the draws nor these cases use softcap or ALiBi: test_features.py runs those on
+# JAX through the blocked form.)
+JAX_Q, JAX_K, JAX_V = (1, 2, 6, 6, 3), (1, 2, 2, 3, 3), (1, 2, 2, 3, 2)
+JAX_SCORES = (1, 2, 6, 6, 3)
+
+
+def fixed_case(
+    seed: int,
+    dtype: str,
+    blocks: Blocks,
+    *,
+    mask: tuple[int, ...] | None = None,
+    blank_row: int | None = None,
+    bias: tuple[int, ...] | None = None,
+    causal: str | None = None,
+    scale: float | None = None,
+    magnitude: float = 1.0,
+    non_finite: bool = False,
+    n_k: int = JAX_K[-2],
+) -> Case:
+    """A case of the shapes JAX_Q, JAX_K, JAX_V (Lk = ``n_k``) made as :func:`cases` makes a
+    drawn one: a mask of density 0.6 (``blank_row`` all False), a bias with 15% -inf and 10%
+    the dtype's lowest finite value, two non-finite entries in each of q, k, v and bias."""
+    rng = np.random.default_rng(seed)
+    problem: dict[str, Any] = {
+        "q": rng.standard_normal(JAX_Q) * magnitude,
+        "k": rng.standard_normal((*JAX_K[:-2], n_k, JAX_K[-1])) * magnitude,
+        "v": rng.standard_normal((*JAX_V[:-2], n_k, JAX_V[-1])),
+    }
+    if mask is not None:
+        problem["mask"] = rng.random(mask) < 0.6
+        if blank_row is not None:
+            problem["mask"][..., blank_row, :] = False
+    if bias is not None:
+        problem["bias"] = rng.standard_normal(bias) * 3
+        problem["bias"][rng.random(bias) < 0.15] = -np.inf
+        problem["bias"][rng.random(bias) < 0.1] = LOWEST[dtype]
+    if causal is not None:
+        problem["is_causal"] = True
+        problem["causal_alignment"] = causal
+    if scale is not None:
+        problem["scale"] = scale
+    if non_finite:
+        for name in ("q", "k", "v", "bias"):
+            if name in problem and problem[name].size:
+                flat = problem[name].reshape(-1)
+                flat[rng.integers(flat.size, size=2)] = rng.choice(NON_FINITE, size=2)
+    return problem, dtype, blocks
+
+
+JAX_CASES: dict[str, Case] = {
+    # Chunks of 3 rows dividing Lq, blocks of 2 keys with a ragged last one; bottom-right
+    # causal: rows 0-2 read no key at all (SDPA-4.2, 4.3, 5.1: the chunk of no key block),
+    # rows 3-5 a whole block and one across the diagonal; a full-shaped mask with a blank
+    # row (SDPA-3.1, 5.1); a key bias (Lk,) with -inf and finfo.min (SDPA-3.3); scale 2
+    # (SDPA-2.2); magnitude 3.
+    "ragged-bottom-right": fixed_case(
+        1,
+        "float16",
+        {"query_chunk": 3, "key_block": 2},
+        mask=JAX_SCORES,
+        blank_row=4,
+        bias=(3,),
+        causal="bottom_right",
+        scale=2.0,
+        magnitude=3.0,
+    ),
+    # Blocks of one key, dividing both lengths; top-left causal (SDPA-4.1): whole blocks,
+    # blocks across the diagonal; a per-head key mask (Hq, 1, Lk); a bias broadcast over
+    # the first batch dim with -inf and finfo.min; scale -0.75; non-finite q, k, v and
+    # bias (SDPA-8.3).
+    "one-key-blocks-top-left-non-finite": fixed_case(
+        2,
+        "bfloat16",
+        {"query_chunk": 3, "key_block": 1},
+        mask=(6, 1, 3),
+        bias=(2, 6, 6, 3),
+        causal="top_left",
+        scale=-0.75,
+        non_finite=True,
+    ),
+    # The default blocks (one block here); no mask; a per-row bias (Lq, 1) with -inf and
+    # finfo.min; scale 0; magnitude 10; non-finite inputs.
+    "default-blocks-scale-0": fixed_case(
+        3,
+        "float32",
+        {"query_chunk": None, "key_block": None},
+        bias=(6, 1),
+        scale=0.0,
+        magnitude=10.0,
+        non_finite=True,
+    ),
+    # Blocks one past both lengths (one block); an (Lq, Lk) mask with a blank row; scale
+    # 0.5; non-finite inputs.
+    "blocks-past-the-lengths": fixed_case(
+        4,
+        "float16",
+        {"query_chunk": 7, "key_block": 4},
+        mask=(6, 3),
+        blank_row=2,
+        scale=0.5,
+        non_finite=True,
+    ),
+    # Lk = 0 (SDPA-5.2) with a mask and bottom-right causal, block sizes given.
+    "lk0": fixed_case(
+        5,
+        "bfloat16",
+        {"query_chunk": 2, "key_block": 1},
+        mask=(6, 0),
+        causal="bottom_right",
+        n_k=0,
+    ),
+}
+
+
+def with_jax_cases(backend: Backend) -> Any:
+    """Every case of :data:`JAX_CASES` as an explicit example on JAX; nothing elsewhere."""
+
+    def decorate(test: Any) -> Any:
+        if backend.name == "jax":
+            for name, case in reversed(JAX_CASES.items()):
+                test = example(case=case).via(f"fixed JAX case {name!r}")(test)
+        return test
+
+    return decorate
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy warns on inf - inf; expected
 def test_blocked_matches_plain_within_tol2(cpu_backend: Backend) -> None:
     """SDPA-7.1, SDPA-7.3, TOL-2, TOL-3 for every drawn problem and block size, and the
     clauses the draws cover: SDPA-1.2, 1.5, 2.2, 3.1-3.4, 4.1-4.3, 5.1, 5.2, 6.1, 8.3;
     first on the default blocks splitting a problem and on rising large scores (SDPA-7.4:
-    finite where the plain reference is)."""
+    finite where the plain reference is).  JAX runs the fixed cases of JAX_CASES instead
+    of drawn ones."""
 
     @examples(cpu_backend)
     @given(case=cases(cpu_backend.dtype_names))
     @example(case=several_default_blocks()).via("several default blocks")
     @example(case=rising_large_scores()).via("rising large scores, SDPA-7.4")
+    @with_jax_cases(cpu_backend)
     def check(case: Case) -> None:
         assert_blocked_matches_plain(cpu_backend, *case)
 
@@ -230,39 +373,56 @@ def unused_by(used: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return np.reshape(~np.any(used, axis=axes, keepdims=True), shape)
 
 
+def assert_excluded_values_change_nothing(backend: Backend, drawn: Case, fill: float) -> None:
+    """The output of ``drawn`` (a mask added where it has none) is bit-identical with every
+    key, value and bias entry that only excluded pairs use set to ``fill``."""
+    case, dtype, blocks = drawn
+    case = dict(case)
+    q_shape, n_kv, n_k = case["q"].shape, case["k"].shape[-3], case["k"].shape[-2]
+    n_q = q_shape[-2]
+    case.setdefault("mask", np.random.default_rng(n_q).random((n_q, n_k)) < 0.5)
+    batch = np.broadcast_shapes(q_shape[:-3], case["k"].shape[:-3], case["v"].shape[:-3])
+    allowed = np.broadcast_to(case["mask"], (*batch, q_shape[-3], n_q, n_k))
+    if case.get("is_causal"):
+        offset = 0 if case["causal_alignment"] == "top_left" else n_k - n_q
+        allowed = allowed & (np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + offset)
+    # query head h reads key/value head h // G (SDPA-6.1)
+    per_kv_head = np.reshape(allowed, (*batch, n_kv, q_shape[-3] // n_kv * n_q, n_k))
+    used_keys = np.any(per_kv_head, axis=-2)
+    poisoned = dict(case)
+    for name in ("k", "v"):
+        unused = unused_by(used_keys, case[name].shape[:-1])
+        poisoned[name] = np.where(unused[..., None], fill, case[name])
+    if "bias" in case:
+        poisoned["bias"] = np.where(unused_by(allowed, case["bias"].shape), fill, case["bias"])
+    before = blocked_attention(**on_backend(backend, case, dtype), **blocks)
+    after = blocked_attention(**on_backend(backend, poisoned, dtype), **blocks)
+    before64, after64 = as64(backend, before), as64(backend, after)
+    assert np.array_equal(before64, after64, equal_nan=True), (backend.name, blocks, fill)
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_excluded_values_change_nothing(cpu_backend: Backend) -> None:
     """SDPA-8.1 (finite), SDPA-8.2 (NaN, +-inf): keys, values and bias entries that only
     pairs excluded by the mask or the causal rule use leave the output bit-identical,
     whatever the block sizes: key blocks the causal rule skips, blocks across the diagonal
-    and blocks the mask cuts through."""
+    and blocks the mask cuts through.  JAX runs the fixed cases of JAX_CASES instead of
+    drawn ones."""
+    if cpu_backend.name == "jax":
+        # The fixed cases (JAX_CASES, compiled by test_blocked_matches_plain_within_tol2),
+        # each poisoned with one of the fills, every fill at least once; the finite fill
+        # on the one case with finite values there, so no new path is compiled.
+        fills = (1e4, np.nan, np.inf, -np.inf)
+        for index, case in enumerate(JAX_CASES.values()):
+            assert_excluded_values_change_nothing(cpu_backend, case, fills[index % len(fills)])
+        return
 
     @examples(cpu_backend)
     @given(st.data())
     def check(data: st.DataObject) -> None:
-        case, dtype, blocks = data.draw(cases(cpu_backend.dtype_names), label="case")
-        q_shape, n_kv, n_k = case["q"].shape, case["k"].shape[-3], case["k"].shape[-2]
-        n_q = q_shape[-2]
-        case.setdefault("mask", np.random.default_rng(n_q).random((n_q, n_k)) < 0.5)
-        batch = np.broadcast_shapes(q_shape[:-3], case["k"].shape[:-3], case["v"].shape[:-3])
-        allowed = np.broadcast_to(case["mask"], (*batch, q_shape[-3], n_q, n_k))
-        if case.get("is_causal"):
-            offset = 0 if case["causal_alignment"] == "top_left" else n_k - n_q
-            allowed = allowed & (np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + offset)
-        # query head h reads key/value head h // G (SDPA-6.1)
-        per_kv_head = np.reshape(allowed, (*batch, n_kv, q_shape[-3] // n_kv * n_q, n_k))
-        used_keys = np.any(per_kv_head, axis=-2)
+        case = data.draw(cases(cpu_backend.dtype_names), label="case")
         fill = data.draw(st.sampled_from([np.nan, np.inf, -np.inf, 1e4]), label="poison")
-        poisoned = dict(case)
-        for name in ("k", "v"):
-            unused = unused_by(used_keys, case[name].shape[:-1])
-            poisoned[name] = np.where(unused[..., None], fill, case[name])
-        if "bias" in case:
-            poisoned["bias"] = np.where(unused_by(allowed, case["bias"].shape), fill, case["bias"])
-        before = blocked_attention(**on_backend(cpu_backend, case, dtype), **blocks)
-        after = blocked_attention(**on_backend(cpu_backend, poisoned, dtype), **blocks)
-        before64, after64 = as64(cpu_backend, before), as64(cpu_backend, after)
-        assert np.array_equal(before64, after64, equal_nan=True), (cpu_backend.name, blocks)
+        assert_excluded_values_change_nothing(cpu_backend, case, fill)
 
     check()
 
