@@ -165,10 +165,18 @@ def allowed_scores(problem: GroupedInputs) -> tuple[Any, Any]:
     A key is allowed when the mask and the causal rule allow it and its bias is not
     -inf (SDPA-3.3).  Disallowed scores are set to -inf.
     """
+    scores, allowed, _ = allowed_and_capped_scores(problem)
+    return scores, allowed
+
+
+def allowed_and_capped_scores(problem: GroupedInputs) -> tuple[Any, Any, Any]:
+    """:func:`allowed_scores` and the capped scaled product c tanh(alpha q.k / c) it
+    adds the biases to (None without softcap), the same array to the bit."""
     xp = problem.xp
     scores = xp.matmul(problem.q, xp.matrix_transpose(problem.k)) * problem.scale
+    capped = None
     if problem.softcap is not None:  # on the scaled product, before any bias (SOFTCAP-1)
-        scores = softcapped(xp, scores, problem.softcap)
+        scores = capped = softcapped(xp, scores, problem.softcap)
     if problem.bias is not None:
         scores = scores + problem.bias
     if problem.alibi is not None:
@@ -176,7 +184,7 @@ def allowed_scores(problem: GroupedInputs) -> tuple[Any, Any]:
     allowed = scores != -xp.inf
     if problem.allowed is not None:
         allowed = xp.logical_and(allowed, problem.allowed)
-    return xp.where(allowed, scores, xp.full_like(scores, -xp.inf)), allowed
+    return xp.where(allowed, scores, xp.full_like(scores, -xp.inf)), allowed, capped
 
 
 def softmax_over_allowed(xp: ModuleType, scores: Array, allowed: Array) -> Array:

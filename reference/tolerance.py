@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import array_api_compat
 
 from ._array import Array
-from .features import softcapped
 from .options import CHUNK_ELEMENTS as CHUNK_ELEMENTS  # re-exported: the bounds' users
 from .options import ScoreOptions, filled, shows_options
 from .sdpa import (
     GroupedInputs,
-    allowed_scores,
+    allowed_and_capped_scores,
     nonfinite_counts,
     plain_attention,
     prepare_with_features,
@@ -263,11 +262,12 @@ class ValueColumns(NamedTuple):
     per left factor gives every sum over keys at once), or None when V is the identity
     (the weights observed as outputs: each such sum is then the left factor itself);
     ``low``/``high`` the values' hull (finite values of each key/value head, over all its
-    keys)."""
+    keys); ``finite`` True when every value is finite (no chunk then needs SDPA-8.3)."""
 
     table: Any
     low: Any
     high: Any
+    finite: bool = False
 
 
 def _value_columns(problem: GroupedInputs) -> ValueColumns:
@@ -275,15 +275,19 @@ def _value_columns(problem: GroupedInputs) -> ValueColumns:
     if _is_identity(xp, v):  # its table would be Lk x 3Lk, and its products O(Lq Lk^2)
         n_keys = v.shape[-2]
         high = xp.ones((*v.shape[:-2], 1, n_keys), dtype=v.dtype, device=array_api_compat.device(v))
-        return ValueColumns(None, high if n_keys == 1 else xp.zeros_like(high), high)
+        return ValueColumns(None, high if n_keys == 1 else xp.zeros_like(high), high, True)
     # V is finite but where a property puts non-finite values at masked keys: one pass to
     # find out, instead of a zero-filled copy of every V (issue 33)
-    finite = v if bool(xp.all(xp.isfinite(v))) else xp.where(xp.isfinite(v), v, xp.zeros_like(v))
+    all_finite = bool(xp.all(xp.isfinite(v)))
+    finite = v if all_finite else xp.where(xp.isfinite(v), v, xp.zeros_like(v))
     table = xp.concat([finite, xp.abs(finite), finite * finite], axis=-1)
     if v.shape[-2] == 0:
-        return ValueColumns(table, None, None)
+        return ValueColumns(table, None, None, all_finite)
     return ValueColumns(
-        table, xp.min(finite, axis=-2, keepdims=True), xp.max(finite, axis=-2, keepdims=True)
+        table,
+        xp.min(finite, axis=-2, keepdims=True),
+        xp.max(finite, axis=-2, keepdims=True),
+        all_finite,
     )
 
 
@@ -330,6 +334,8 @@ def _exp_without_overflow(xp: ModuleType, x: Array) -> Array:
     whose largest score is +inf or NaN (SDPA-8) makes the shifted scores of its finite keys
     huge, and ``exp`` of them is inf either way."""
     overflows = x > math.log(xp.finfo(x.dtype).max)
+    if not bool(xp.any(overflows)):  # the usual case: exp(x) itself, to the bit
+        return xp.exp(x)
     return xp.where(
         overflows, xp.full_like(x, xp.inf), xp.exp(xp.where(overflows, xp.zeros_like(x), x))
     )
@@ -365,7 +371,7 @@ def _chunk_bound(
     if not with_weights:
         chunk, keys = _attended_keys(chunk)
         table = None if table is None else table[..., keys, :]
-    scores, allowed = allowed_scores(chunk)
+    scores, allowed, capped = allowed_and_capped_scores(chunk)
     zero = xp.zeros_like(scores)
     row_max = xp.max(scores, axis=-1, keepdims=True) if n_keys else scores[..., :1]
     row_max = xp.where(xp.isfinite(row_max), row_max, xp.zeros_like(row_max))
@@ -385,13 +391,7 @@ def _chunk_bound(
     if chunk.bias is not None:
         delta = delta + 2 * u_a * xp.abs(chunk.bias)
     if chunk.softcap is not None or chunk.alibi is not None:
-        capped = (
-            None
-            if chunk.softcap is None
-            else softcapped(
-                xp, xp.matmul(chunk.q, xp.matrix_transpose(chunk.k)) * chunk.scale, chunk.softcap
-            )
-        )
+        # the capped scores the scores were made from (the same product, scaled and capped)
         delta = delta + feature_score_error(
             xp, dtype, abs(chunk.scale) * magnitude, capped, chunk.bias, chunk.alibi
         )
@@ -422,7 +422,8 @@ def _chunk_bound(
 
     # one wide matrix product per left factor gives its sums with v, |v| (and v*v)
     out, weighted_abs = _sums_over_keys(xp, weights, table, value_dim, 0, 2, keys)  # o_ic, M_ic
-    if not bool(xp.all(xp.isfinite(chunk.v))):  # SDPA-8.3, as the definition evaluates it
+    # SDPA-8.3, as the definition evaluates it
+    if not values.finite and not bool(xp.all(xp.isfinite(chunk.v))):
         out = with_nonfinite_values(xp, out, nonfinite_counts(xp, allowed, chunk.v))
     finite = xp.isfinite(out)
     all_finite = bool(xp.all(finite))
@@ -565,25 +566,36 @@ def _lse_bound(
         return empty, xp.zeros_like(empty)
     attends = xp.any(allowed, axis=-1, keepdims=True)
     lse = xp.where(attends, row_max + xp.log(total), xp.full_like(row_max, -xp.inf))
+    # what both signs share: the weights, and the rows whose |delta| are all below 1
+    none = xp.zeros_like(delta)
+    weights = xp.where(allowed, xp.exp(log_weights), none)
+    small = xp.all(
+        xp.logical_or(xp.abs(delta) < 1, xp.logical_not(allowed)), axis=-1, keepdims=True
+    )
     spread = xp.maximum(
-        _log_mean_exp(xp, log_weights, delta, allowed),
-        -_log_mean_exp(xp, log_weights, -delta, allowed),
+        _log_mean_exp(xp, log_weights, weights, small, delta, allowed),
+        -_log_mean_exp(xp, log_weights, weights, small, -delta, allowed),
     )
     tolerance = SAFETY_FACTOR * (spread + lse_final_error(dtype, n_keys, row_max, xp))
     return lse, xp.where(attends, tolerance, xp.zeros_like(tolerance))
 
 
-def _log_mean_exp(xp: ModuleType, log_weights: Array, delta: Any, allowed: Array) -> Any:
-    """log sum_j p_ij e^(delta_ij) over allowed j, keepdims (0 for rows with none).
+def _log_mean_exp(
+    xp: ModuleType,
+    log_weights: Array,
+    weights: Any,
+    small: Any,
+    delta: Any,
+    allowed: Array,
+) -> Any:
+    """log sum_j p_ij e^(delta_ij) over allowed j, keepdims (0 for rows with none);
+    ``weights`` are exp(log p_ij) (0 outside S(i)), ``small`` the rows whose |delta| are
+    all below 1 (those of -delta too).
 
     Rows whose |delta| are all below 1 use log1p(sum_j p_ij expm1(delta_ij)), accurate
     however small delta is; other rows the log domain, stable for keys whose weight
     underflows however large their delta."""
     none = xp.zeros_like(delta)
-    small = xp.all(
-        xp.logical_or(xp.abs(delta) < 1, xp.logical_not(allowed)), axis=-1, keepdims=True
-    )
-    weights = xp.where(allowed, xp.exp(log_weights), none)
     moved = xp.sum(
         weights * xp.expm1(xp.where(allowed, xp.clip(delta, -1.0, 1.0), none)),
         axis=-1,
