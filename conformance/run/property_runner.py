@@ -277,13 +277,19 @@ def _quick_draws_supported() -> bool:
     ``ConjectureData.draw(..., observe_as=)``, checked against 6.170); where one is missing
     every draw is ``data.draw`` itself: slower, the same examples."""
     try:
-        from hypothesis.control import should_note  # noqa: F401
         from hypothesis.internal.conjecture.data import ConjectureData
     except ImportError:
         return False
-    return "observe_as" in inspect.signature(ConjectureData.draw).parameters
+    return (
+        should_note is not None
+        and "observe_as" in inspect.signature(ConjectureData.draw).parameters
+    )
 
 
+try:  # once here, not on every draw
+    from hypothesis.control import should_note
+except ImportError:
+    should_note = None  # type: ignore[assignment]
 QUICK_DRAWS = _quick_draws_supported()
 
 
@@ -302,8 +308,6 @@ class QuickDraws:
         self.conjecture_data = data.conjecture_data  # small_values draws through it
 
     def draw(self, strategy: st.SearchStrategy[Any], label: Any = None) -> Any:
-        from hypothesis.control import should_note
-
         if should_note():
             return self._data.draw(strategy, label)
         self._data.count += 1
