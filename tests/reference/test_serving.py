@@ -441,6 +441,14 @@ def test_paged_batches_match_the_oracle(backend: Backend, case: str) -> None:
     spec = PAGED_CASES[case]
     if backend.name == "jax" and case != "mixed-page-1":
         pytest.skip("JAX compiles per shape; one case covers its Array API path")
+    if backend.name == "jax":
+        # Each sequence is computed on its own shapes, each a compilation of every
+        # operation on JAX: it leaves out the last one (3 queries over 7 keys), whose path
+        # the prefill of 6 over 4 takes too (rows seeing some keys, bottom-right causal),
+        # keeping the decode row, the rows that see nothing, the empty sequence, the one
+        # with no key, the shared page and the padding rows (issue 33: 164 -> 121
+        # compilations).
+        spec = dict(spec, seq_q=spec["seq_q"][:-1], seq_k=spec["seq_k"][:-1])
     problem = _paged_problem(spec, np.random.default_rng(7))
     for dtype in _dtypes(backend):
         out, lse = _run_paged(backend, dtype, problem, spec)
