@@ -20,7 +20,11 @@ stream ended at one of them (a stream ends at the first divergence it meets; whe
 meets none, it is the same check as any other kernel's).  The realistic strata
 (block-boundary sizes, decode, padding fills, option combinations) cost far more per
 example: their zero-false-failure run is in tests/conformance/test_strategies.py, and for the
-tiled and split-KV kernels below.
+tiled and split-KV kernels below.  Kernels that declare the same claims on the same backend
+are drawn the same examples: one stream's passing examples are recorded and replayed on the
+next such kernel, which then skips Hypothesis's engine and strategies (tests/shared_draws.py;
+a replay that does not pass falls back to the kernel's own run, so the verdict is the one
+its own run gives).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from shared_draws import RETURNED, Example, recorded_run, replay_passes
 from support import verdict_of
 
 from attnspec.backends import Backend, BackendError
@@ -248,7 +253,7 @@ def _verdicts(
     shrink = not subject.divergences
     seeds = [SEED] if prop.id in SEED_INDEPENDENT else SEEDS
     if prop.kind != "fixed":
-        verdict = run_property(prop, kernel, profile=ONE_STREAM, seed=SEED, shrink=shrink)
+        verdict = _one_stream(subject, prop, kernel, shrink)
         yield SEED, verdict
         if not any(d.accepts(verdict) for d in subject.divergences):
             return
@@ -261,8 +266,39 @@ def _verdicts(
             return  # decided by the declaration alone: the same on every seed
 
 
+# The examples of each passing one-stream run, by what they are drawn from (the property
+# and the kernel's declaration and backend): the next kernel drawn alike replays them
+# (tests/shared_draws.py says why its verdict is the one a run of its own gives).
+RECORDED: dict[tuple[str, ...], list[Example]] = {}
+
+
+def _drawn_alike(prop: Property, kernel: KernelUnderTest) -> tuple[str, ...]:
+    """What a property's examples are drawn from, besides the run's profile and seed."""
+    backend = kernel.backend
+    return (prop.id, repr(kernel.declaration), backend.name, repr(backend.dtype_names))
+
+
+def _one_stream(subject: Subject, prop: Property, kernel: KernelUnderTest, shrink: bool) -> Verdict:
+    """The verdict of ``prop``'s one stream of EXAMPLES examples on ``subject``: the
+    recorded examples of a kernel drawn alike replayed where they all pass, else a run of
+    its own (recorded where it passes; a kernel with divergences is neither recorded nor
+    replayed)."""
+    if subject.divergences:
+        return run_property(prop, kernel, profile=ONE_STREAM, seed=SEED, shrink=shrink)
+    alike = _drawn_alike(prop, kernel)
+    recorded = RECORDED.get(alike)
+    if recorded is not None and replay_passes(prop, kernel, recorded, profile=ONE_STREAM):
+        passed = sum(e.ended == RETURNED for e in recorded)
+        return Verdict(prop.id, prop.clause, prop.level, PASSED, examples=passed)
+    verdict, examples = recorded_run(prop, kernel, profile=ONE_STREAM, seed=SEED, shrink=shrink)
+    if examples is not None:
+        RECORDED[alike] = examples
+    return verdict
+
+
 # property by property, each on every subject in turn: subjects that declare the same claims
-# are drawn the same problems, whose bounds tests/bound_memo.py then computes once
+# are drawn the same problems, so the first one's passing examples are replayed on the
+# others (RECORDED), and their bounds tests/bound_memo.py computes once
 CASES = [
     pytest.param(subject, prop_id, id=f"{subject.name}-{prop_id}")
     for prop_id in all_properties()
@@ -336,6 +372,54 @@ def test_one_stream_draws_what_twenty_seeds_drew() -> None:
     seen.clear()
     assert run_property(prop, kernel, profile=ONE_STREAM, seed=SEED).status == PASSED
     assert len(set(seen)) >= len(seeded), (len(set(seen)), len(seeded))
+
+
+# Formulations declared alike, each pair with a property that draws more than a problem
+# per example (new arguments after the kernel's first output; values written where masked).
+# Every Hypothesis property on every subject that replays was checked so once by hand when
+# RECORDED was added (240 replays: each kernel's own run drew what it replayed, and passed).
+DRAWN_ALIKE = (
+    ("lse", "online-softmax", "same-shape-new-arguments"),
+    ("online-softmax-bottom-right", "split-kv-256", "masked-values-ignored"),
+)
+
+
+@pytest.mark.parametrize(("first", "second", "prop_id"), DRAWN_ALIKE)
+def test_kernels_declared_alike_are_drawn_the_same_examples(
+    first: str, second: str, prop_id: str
+) -> None:
+    """CONF-4: the premise of RECORDED above: two formulations declared alike, run each on
+    its own, are drawn the same values, example by example, each example ending the same
+    way; and the examples recorded on one, replayed on the other, pass."""
+    prop = all_properties()[prop_id]
+    kernels = [_kernel(_subject(name)) for name in (first, second)]
+    assert _drawn_alike(prop, kernels[0]) == _drawn_alike(prop, kernels[1])
+    runs = [recorded_run(prop, k, profile=ONE_STREAM, seed=SEED) for k in kernels]
+    assert [verdict.status for verdict, _ in runs] == [PASSED, PASSED], [
+        (verdict.detail, verdict.counterexample) for verdict, _ in runs
+    ]
+    recorded, own = runs[0][1], runs[1][1]
+    assert recorded is not None and len(recorded) >= EXAMPLES
+    assert recorded == own, f"{prop_id}: {first} and {second} were drawn differently"
+    assert replay_passes(prop, kernels[1], recorded, profile=ONE_STREAM)
+
+
+def test_replayed_examples_fail_a_kernel_that_departs() -> None:
+    """CONF-1, SDPA-7.3: a replay is not a pass by default: the examples that the
+    reference passes, replayed on a kernel declared alike that adds 1e-3 to every output,
+    do not pass (the test then runs the property on its own, which finds and shrinks the
+    failure as always)."""
+    prop = all_properties()["matches-reference"]
+    reference = _kernel(_subject("reference"))
+    verdict, recorded = recorded_run(prop, reference, profile=ONE_STREAM, seed=SEED)
+    assert verdict.status == PASSED and recorded is not None
+
+    def off_by_a_little(q: Any, k: Any, v: Any, **keywords: Any) -> Any:
+        return reference_sdpa(q, k, v, **keywords) + 1e-3
+
+    departs = KernelUnderTest(off_by_a_little, Backend("numpy"), reference.declaration)
+    assert not replay_passes(prop, departs, recorded, profile=ONE_STREAM)
+    assert replay_passes(prop, reference, recorded, profile=ONE_STREAM)
 
 
 @pytest.mark.parametrize("prop_id", SEED_INDEPENDENT)
