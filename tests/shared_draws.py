@@ -2,8 +2,8 @@
 one kernel, replayed on the others (issue 33).
 
 Why: tests/catalogue/test_correct_pass.py runs every property on kernels that declare the
-same claims on the same backend (six plain ones with bias and GQA, three bottom-right
-ones), and a property draws its examples from the declaration and the backend only, so
+same claims on the same backend (six plain ones with bias and GQA, four bottom-right
+ones, two returning weights), and a property draws its examples from the declaration and the backend only, so
 each of those kernels was drawn the same problems; drawing them (Hypothesis's engine and
 the strategies) was ~60 % of a small example's time.
 
