@@ -3,9 +3,9 @@ one kernel, replayed on the others (issue 33).
 
 Why: tests/catalogue/test_correct_pass.py runs every property on kernels that declare the
 same claims on the same backend (six plain ones with bias and GQA, four bottom-right
-ones, two returning weights), and a property draws its examples from the declaration and the backend only, so
-each of those kernels was drawn the same problems; drawing them (Hypothesis's engine and
-the strategies) was ~60 % of a small example's time.
+ones, two returning weights), and a property draws its examples from the declaration and
+the backend only, so each of those kernels was drawn the same problems; drawing them
+(Hypothesis's engine and the strategies) was ~60 % of a small example's time.
 
 Why the verdict is the same: Hypothesis's engine picks each example from its seed and
 from what the test function drew and how it ended on the examples before (passed, an
@@ -13,8 +13,11 @@ overrun, an assumption not met), never from what the kernel returned.  So a kern
 draws the same values and ends each example the same way as a kernel that passed is run
 on exactly the recorded examples, in order, and passes.  :func:`replay_passes` calls the
 property's own check on the recorded draws, in the recorded stratum; it says True only
-where every example ended as recorded (the same number of draws, the same ending).  Any
-other outcome (a failure, a different ending, a draw more or less) says False, and the
+where every draw asks for the strategy recorded at its place (the same object, or one of
+the same repr: a check that chose what to draw from the kernel's outputs would ask for
+another) and every example ended as recorded (the same number of draws, the same ending).
+Any other outcome (a failure, another strategy asked for, a different ending, a draw more
+or less) says False, and the
 caller runs the property as before, which gives the verdict it always gave, failure
 found and shrunk by Hypothesis.  The premise (the same draws whatever the kernel's
 outputs) is checked in test_correct_pass.py by drawing two such kernels in full.
@@ -47,24 +50,24 @@ def _kept(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class Example:
-    """One call of a property's check: the values of its draws, in order, and how it ended
-    (RETURNED, or the name of what it raised: Hypothesis's StopTest on an overrun,
-    UnsatisfiedAssumption)."""
+    """One call of a property's check: its draws in order, each the strategy asked for and
+    the value it gave, and how it ended (RETURNED, or the name of what it raised:
+    Hypothesis's StopTest on an overrun, UnsatisfiedAssumption)."""
 
-    draws: tuple[Any, ...]
+    draws: tuple[tuple[Any, Any], ...]
     ended: str
 
 
 class _RecordedConjecture:
     """Hypothesis's ConjectureData (``data.conjecture_data``), its draws recorded."""
 
-    def __init__(self, conjecture: Any, draws: list[Any]) -> None:
+    def __init__(self, conjecture: Any, draws: list[tuple[Any, Any]]) -> None:
         self._conjecture = conjecture
         self._draws = draws
 
     def draw(self, strategy: Any, *args: Any, **kwargs: Any) -> Any:
         value = self._conjecture.draw(strategy, *args, **kwargs)
-        self._draws.append(_kept(value))
+        self._draws.append((strategy, _kept(value)))
         return value
 
     def __getattr__(self, name: str) -> Any:
@@ -77,12 +80,12 @@ class _RecordingDraws:
 
     def __init__(self, data: Any) -> None:
         self._data = data
-        self.draws: list[Any] = []
+        self.draws: list[tuple[Any, Any]] = []
         self.conjecture_data = _RecordedConjecture(data.conjecture_data, self.draws)
 
     def draw(self, strategy: Any, label: Any = None) -> Any:
         value = self._data.draw(strategy, label)
-        self.draws.append(_kept(value))
+        self.draws.append((strategy, _kept(value)))
         return value
 
 
@@ -91,11 +94,18 @@ class _Overrun(BaseException):
     a BaseException, so that no check's ``except Exception`` takes it)."""
 
 
-class _ReplayedDraws:
-    """Stands in for ``data``: each draw answers the next recorded value."""
+class _AskedOtherwise(BaseException):
+    """A draw of another strategy than the recorded one at that place: the check chose what
+    to draw from something that differs between the kernels (their outputs), so the
+    recorded values are not what this kernel's own run would draw."""
 
-    def __init__(self, draws: tuple[Any, ...]) -> None:
-        self._draws: Iterator[Any] = iter(draws)
+
+class _ReplayedDraws:
+    """Stands in for ``data``: each draw answers the next recorded value, where it asks for
+    the strategy recorded there (the same object, or one written the same)."""
+
+    def __init__(self, draws: tuple[tuple[Any, Any], ...]) -> None:
+        self._draws: Iterator[tuple[Any, Any]] = iter(draws)
         self.left = len(draws)
         self.conjecture_data = self
 
@@ -103,7 +113,10 @@ class _ReplayedDraws:
         if not self.left:
             raise _Overrun
         self.left -= 1
-        return _kept(next(self._draws))
+        recorded, value = next(self._draws)
+        if strategy is not recorded and repr(strategy) != repr(recorded):
+            raise _AskedOtherwise
+        return _kept(value)
 
 
 def recorded_run(
@@ -156,6 +169,8 @@ def replay_passes(
                 prop.check(kernel, replayed)
             except _Overrun:
                 ended = "StopTest"
+            except _AskedOtherwise:
+                return False  # drawn otherwise: the kernel's own run decides
             except UnsatisfiedAssumption:
                 ended = UnsatisfiedAssumption.__name__
             except Exception:

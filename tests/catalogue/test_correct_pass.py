@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 from shared_draws import RETURNED, Example, recorded_run, replay_passes
 from support import verdict_of
 
@@ -403,8 +404,34 @@ def test_kernels_declared_alike_are_drawn_the_same_examples(
     ]
     recorded, own = runs[0][1], runs[1][1]
     assert recorded is not None and len(recorded) >= EXAMPLES
-    assert recorded == own, f"{prop_id}: {first} and {second} were drawn differently"
+    assert _values(recorded) == _values(own), (
+        f"{prop_id}: {first} and {second} were drawn differently"
+    )
     assert replay_passes(prop, kernels[1], recorded, profile=ONE_STREAM)
+
+
+def _values(examples: list[Example]) -> list[tuple[tuple[Any, ...], str]]:
+    """Each example's drawn values and ending (the strategies are built anew per run)."""
+    return [(tuple(value for _, value in e.draws), e.ended) for e in examples]
+
+
+def test_a_replay_asking_for_another_strategy_is_no_pass() -> None:
+    """CONF-1: a check that chooses what to draw from something that differs between
+    kernels (here which kernel it is; in general their outputs) asks another strategy at
+    some place of the replay, which then says False, so the kernel's own run decides."""
+    base = all_properties()["matches-reference"]
+    reference = _kernel(_subject("reference"))
+
+    def choosing(kernel: KernelUnderTest, data: Any) -> None:
+        base.check(kernel, data)
+        data.draw(st.integers(0, 1 if kernel is reference else 2))
+
+    prop = replace(base, check=choosing)
+    verdict, recorded = recorded_run(prop, reference, profile=ONE_STREAM, seed=SEED)
+    assert verdict.status == PASSED and recorded is not None
+    other = KernelUnderTest(reference.raw_fn, Backend("numpy"), reference.declaration)
+    assert not replay_passes(prop, other, recorded, profile=ONE_STREAM)
+    assert replay_passes(prop, reference, recorded, profile=ONE_STREAM)
 
 
 def test_replayed_examples_fail_a_kernel_that_departs() -> None:
