@@ -5,13 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from support import SMALL_SIZE_FLAGS, run_command
 
 from attnspec.conformance import Problem, PropertyFailure
 from attnspec.conformance.judge.registration import REGISTRY, always, register
@@ -39,19 +37,6 @@ def should_property() -> Iterator[str]:
         yield property_id
     finally:
         del REGISTRY[property_id]
-
-
-@pytest.fixture
-def check_command(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """``attnspec check TARGET --backend numpy --only ONLY --json report.json FLAGS`` in a
-    real process in ``tmp_path`` (the report: ``tmp_path / "report.json"``), at small sizes:
-    what a hostile or forging kernel does to its process, it does at any size."""
-
-    def run(target: str, only: Sequence[str], *flags: str) -> subprocess.CompletedProcess[str]:
-        argv = ["check", target, "--backend", "numpy", "--only", ",".join(only)]
-        return run_command(*argv, "--json", "report.json", *flags, *SMALL_SIZE_FLAGS, cwd=tmp_path)
-
-    return run
 
 
 def run_python(

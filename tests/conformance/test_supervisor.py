@@ -1,12 +1,12 @@
 """The kernel runs in a supervised worker process (CONF-5, CONF-9: the checker survives it).
 
-Every hostile kernel of ``catalogue.hostile`` is checked through the real ``attnspec``
-command in a subprocess, and gets its expected verdicts and exit status: a crash, a
-signal, any exit (0 included), a hang or a 50 GB allocation fails the property that was
-running, names what happened and the inputs of the call, and the check goes on.  Exits,
-crashes and hangs while importing the kernel's module are a one-line setup error.  The
-soak runs the whole suite twice (20 with ``pytest -m soak``) on the same kernels and finds
-no verdict that changes.
+Every hostile kernel of ``catalogue.hostile`` is checked through the ``attnspec check``
+command (run in this process; the kernel in a process of its own, as always), and gets its
+expected verdicts and exit status: a crash, a signal, any exit (0 included), a hang or a
+50 GB allocation fails the property that was running, names what happened and the inputs
+of the call, and the check goes on.  Exits, crashes and hangs while importing the kernel's
+module are a one-line setup error.  The soak runs the whole suite twice (20 with ``pytest
+-m soak``) on the same kernels and finds no verdict that changes.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from catalogue import hostile
 from catalogue.hostile import HOSTILE, Hostile
 from support import (
     SMALL_LIMITS,
+    SMALL_SIZE_FLAGS,
     SMALL_SIZES,
     kernel_file,
     processes_in,
@@ -67,21 +68,37 @@ def _told_as_failed(prop: str, table: str) -> bool:
 
 @pytest.mark.parametrize("case", HOSTILE, ids=lambda case: case.name)
 def test_hostile_kernel_gets_its_verdict_from_the_cli(
-    case: Hostile, tmp_path: Path, check_command: Callable[..., subprocess.CompletedProcess[str]]
+    case: Hostile,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """CONF-5, SDPA-1.3: ``attnspec check hostile.py:NAME --backend numpy --json`` gives
     each property its expected verdict and the expected exit status (0, 1 or 2, never a
     signal's or the kernel's own), keeps the kernel's printing off the table's stdout, and
-    a crash or hang names the inputs of the call and carries a reproduction."""
+    a crash or hang names the inputs of the call and carries a reproduction.  The command
+    runs in this process, started in ``tmp_path`` (its file descriptors 1 and 2 captured,
+    which the workers inherit); the kernel, as always, in a process of its own, which is
+    what it crashes, ends or fills (a kernel that reached the command's process would end
+    this test run)."""
     if case.name == "allocates_50_gb" and not Path("/proc/self/status").exists():
         pytest.skip(
             "the worker's memory limit is measured from /proc/self/status (Linux); "
             "without it this kernel would really touch 50 GB"
         )
     timeout = ["--timeout", HANG_TIMEOUT] if case.name == "hangs" else []
-    result = check_command(f"{HOSTILE_FILE}:{case.name}", case.only, *timeout)
-    assert result.returncode == case.exit, result.stdout + result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
+    monkeypatch.chdir(tmp_path)
+    status = cli.main(
+        [
+            *("check", f"{HOSTILE_FILE}:{case.name}", "--backend", "numpy"),
+            *("--only", ",".join(case.only), "--json", "report.json"),
+            *timeout,
+            *SMALL_SIZE_FLAGS,
+        ]
+    )
+    out, err = capfd.readouterr()
+    assert status == case.exit, out + err[-2000:]
+    assert "Traceback" not in err
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["complete"] is True
     statuses = {v["property"]: v["status"] for v in report["verdicts"]}
@@ -89,17 +106,17 @@ def test_hostile_kernel_gets_its_verdict_from_the_cli(
     for verdict in report["verdicts"]:
         if verdict["status"] == FAILED:
             assert case.finding in verdict["detail"], verdict["detail"]
-            assert _told_as_failed(verdict["property"], result.stdout), result.stdout
+            assert _told_as_failed(verdict["property"], out), out
             if case.isolated_only:  # lost with the worker: inputs and reproduction kept
                 assert verdict["counterexample"].startswith("q("), verdict
                 assert (
                     f"kernel_function({HOSTILE_FILE + ':' + case.name!r})"
                     in (verdict["reproduction"])
                 )
-    assert "xxxxxxxx" not in result.stdout  # prints_a_megabyte's output is not in the table
+    assert "xxxxxxxx" not in out  # prints_a_megabyte's output is not in the table
     if case.name == "prints_a_megabyte":  # but on stderr, whole: 1 MiB per call
-        assert result.stderr.count("x" * (2**20 - 1)) >= 20  # >= one call per example
-    assert processes_in(tmp_path) == []
+        assert err.count("x" * (2**20 - 1)) >= 20  # >= one call per example
+    assert [pid for pid in processes_in(tmp_path) if pid != os.getpid()] == []
 
 
 @pytest.mark.parametrize(
