@@ -359,6 +359,18 @@ def processes_in(directory: Path) -> list[int]:
     return found
 
 
+def processes_left_in(directory: Path, within: float, but: Collection[int] = ()) -> list[int]:
+    """:func:`processes_in` ``directory`` (less the ids ``but``) once ``within`` seconds
+    have passed, or as soon as there are none: a process that ends within them is not
+    left, one that is still there after them is."""
+    deadline = time.monotonic() + within
+    while True:
+        found = [pid for pid in processes_in(directory) if pid not in but]
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.05)
+
+
 # Starts the CLI with SIGINT at its default action.  A process inherits an ignored SIGINT
 # (pytest started as a background job of a non-interactive shell, as CI may start it:
 # pytest-xdist's workers keep that disposition) and Python then installs no Ctrl-C handler,

@@ -18,7 +18,14 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from support import ATTNSPEC, kernel_file, processes_in, report_of, start_cli, wait_for
+from support import (
+    ATTNSPEC,
+    kernel_file,
+    processes_left_in,
+    report_of,
+    start_cli,
+    wait_for,
+)
 
 from attnspec.conformance import cli
 from attnspec.conformance.judge.verdict import PASSED, Verdict
@@ -165,8 +172,7 @@ def test_interrupt_keeps_finished_verdicts_marked_incomplete(
     assert f"attnspec: {reason}" in err and "Traceback" not in err
     assert "explicit-scale (SDPA-2.2) ..." in err  # a log shows which property hung
     assert temporary_files(tmp_path) == []
-    time.sleep(0.5)
-    assert processes_in(tmp_path) == []
+    assert processes_left_in(tmp_path, within=0.5) == []
 
 
 def test_an_interrupt_while_failures_are_re_run_says_so(
@@ -253,10 +259,7 @@ def test_a_killed_check_leaves_an_incomplete_report_and_no_worker(
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["verdicts"] == [] and report["complete"] is False
     assert report["incomplete"].startswith("the check was still running: 0 of 1")
-    deadline = time.monotonic() + 30
-    while processes_in(tmp_path):
-        assert time.monotonic() < deadline, "the orphaned worker did not exit"
-        time.sleep(0.2)
+    assert processes_left_in(tmp_path, within=30) == [], "the orphaned worker did not exit"
 
 
 def test_finished_reports_are_complete(

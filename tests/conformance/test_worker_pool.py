@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import SMALL_SIZES, kernel_file, processes_in, start_cli, wait_for
+from support import SMALL_SIZES, kernel_file, processes_left_in, start_cli, wait_for
 
 from attnspec.backends import Backend
 from attnspec.backends._registry import ADAPTERS
@@ -341,8 +340,7 @@ def test_interrupt_with_jobs_keeps_finished_verdicts_in_order(
         ("explicit-scale", PASSED),
     ]
     assert f"result: INCOMPLETE ({reason})" in out and "Traceback" not in err
-    time.sleep(0.5)
-    assert processes_in(tmp_path) == []
+    assert processes_left_in(tmp_path, within=0.5) == []
 
 
 def test_an_aborted_session_starts_no_worker_again() -> None:
