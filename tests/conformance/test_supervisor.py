@@ -307,11 +307,14 @@ def test_hang_is_attributed_to_the_example_that_hung(
     shapes_file = tmp_path / "shapes"
     monkeypatch.setenv("SHAPES_FILE", str(shapes_file))
     report = _on_numpy(
-        f"{sometimes}:hangs_on_fifth_call", "matches-reference", isolate=IsolationOptions(timeout=2)
+        f"{sometimes}:hangs_on_fifth_call",
+        "matches-reference",
+        isolate=IsolationOptions(timeout=1),  # s: what the hang costs; small calls take ms
+        **SMALL_SIZES,
     )
     (verdict,) = report.verdicts
     assert verdict.status == FAILED
-    assert verdict.detail.startswith("the kernel did not return within 2 s (--timeout")
+    assert verdict.detail.startswith("the kernel did not return within 1 s (--timeout")
     calls = shapes_file.read_text().splitlines()
     assert len(calls) == 5
     assert verdict.counterexample.startswith(calls[4] + ","), (calls, verdict.counterexample)
