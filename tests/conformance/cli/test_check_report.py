@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from support import CHEAP, KERNELS, kernel_file, report_of, run_command, run_main
+from support import CHEAP, KERNELS, kernel_file, report_of, run_main
 
 from attnspec import SPEC_VERSION
 from attnspec.conformance import cli
@@ -45,30 +45,37 @@ def chatty(q, k, v, *, mask=None, is_causal=False, scale=None):
 )
 
 
-def test_kernel_output_is_kept_off_the_table(tmp_path: Path) -> None:
+def test_kernel_output_is_kept_off_the_table(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The table on stdout stays clean: what the kernel prints (print, raw fd 1, warnings)
     goes to stderr by default, to --kernel-output PATH when given, nowhere with --quiet (which
-    also drops the progress lines)."""
+    also drops the progress lines).  The command in this process, started in ``tmp_path``,
+    its file descriptors 1 and 2 captured (the kernel's process writes to what it inherits)."""
     kernel_file(tmp_path, "chatty.py", PRINTING_KERNEL)
+    monkeypatch.chdir(tmp_path)
     only = ("--only", "default-scale")
     kernel_said = ("PRINTED BY THE KERNEL", "WRITTEN TO FD 1", "WARNED BY THE KERNEL")
 
-    plain = run_command("check", "chatty.py:chatty", *only, cwd=tmp_path)
-    assert plain.returncode == 0, plain.stderr
-    assert not any(text in plain.stdout for text in kernel_said)
-    assert all(text in plain.stderr for text in kernel_said)
-    assert "result: conforms" in plain.stdout
+    def run(*flags: str) -> tuple[int, str, str]:
+        status = cli.main(["check", "chatty.py:chatty", *only, *flags])
+        out, err = capfd.readouterr()
+        return status, out, err
 
-    to_file = run_command(
-        "check", "chatty.py:chatty", *only, "--kernel-output", "k.log", cwd=tmp_path
-    )
+    status, out, err = run()
+    assert status == 0, err
+    assert not any(text in out for text in kernel_said)
+    assert all(text in err for text in kernel_said)
+    assert "result: conforms" in out
+
+    _, out, err = run("--kernel-output", "k.log")
     log = (tmp_path / "k.log").read_text(encoding="utf-8")
     assert all(text in log for text in kernel_said)
-    assert not any(text in to_file.stdout + to_file.stderr for text in kernel_said)
+    assert not any(text in out + err for text in kernel_said)
 
-    quiet = run_command("check", "chatty.py:chatty", *only, "--quiet", cwd=tmp_path)
-    assert quiet.returncode == 0 and quiet.stderr == ""
-    assert not any(text in quiet.stdout for text in kernel_said)
+    status, out, err = run("--quiet")
+    assert status == 0 and err == ""
+    assert not any(text in out for text in kernel_said)
 
 
 def test_report_files_parse(
