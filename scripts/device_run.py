@@ -475,15 +475,21 @@ def start(step: Step, python: str, env: dict[str, str], work: Path) -> subproces
     with log.open("wb") as handle:
         handle.write(f"$ {shlex.join([python, *step.argv])}\n".encode())
     with log.open("ab") as err, (step.stdout or log).open("ab") as out:
-        return subprocess.Popen(
+        process = subprocess.Popen(
             [python, *step.argv],
             stdout=out,
             stderr=err,
             cwd=work,
             env=env,
             start_new_session=True,  # its own process group: the box ends its workers too
-            preexec_fn=(lambda: os.nice(step.nice)) if step.nice else None,
         )
+    if step.nice:
+        # set from here, not by a preexec_fn, which may deadlock a process with threads
+        # (one that has JAX or PyTorch loaded); the step's workers, started after its
+        # imports, inherit it
+        priority = os.getpriority(os.PRIO_PROCESS, 0) + step.nice
+        os.setpriority(os.PRIO_PROCESS, process.pid, min(priority, 19))
+    return process
 
 
 def descendants(pid: int) -> list[int]:

@@ -437,6 +437,27 @@ def test_a_stopped_step_takes_its_workers_along(
         assert not Path(f"/proc/{worker}").exists(), "the worker outlived its step"
 
 
+NICENESS_OF_A_STEP = """
+import os, subprocess, sys, time
+time.sleep(0.3)  # as a step's imports: its niceness is set by then
+worker = subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"],
+                        capture_output=True, text=True)
+open(sys.argv[1], "w").write(f"{os.nice(0)} {worker.stdout.strip()}")
+"""
+
+
+def test_a_step_yielding_the_cpus_runs_niced(tmp_path: Path) -> None:
+    """A step with ``nice`` (the CPU rows re-run beside the CUDA ones) runs that much
+    nicer than the run, and so do the workers it starts after its imports; set from the
+    run's side after the start, with no preexec_fn (unsafe in a process with threads)."""
+    out = tmp_path / "nice.txt"
+    step = device_run.Step("niced", ["-c", NICENESS_OF_A_STEP, str(out)], box_s=30, nice=5)
+    (result,) = device_run.run_steps([step], sys.executable, dict(os.environ), tmp_path, 60)
+    assert result.status == "done", result
+    ours = os.nice(0)
+    assert out.read_text().split() == [str(min(ours + 5, 19))] * 2
+
+
 def test_device_flex_adapters_compute_the_definition(monkeypatch: pytest.MonkeyPatch) -> None:
     """SDPA-7.1 with a mask, top-left causal (SDPA-4.1), a bias (SDPA-3.2) and GQA
     (SDPA-6.1) through both compiled-FlexAttention adapters, compiled with torch.compile's
