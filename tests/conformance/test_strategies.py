@@ -666,33 +666,6 @@ ISOLATION_PROPERTIES = [
 ]
 
 
-def _in_process_in_a_fresh_interpreter(target: str, only: list[str], caps: dict[str, int]) -> Any:
-    """``check(target, isolate=False, ...)`` run by a new Python (the tests' path on its
-    sys.path), its report back as a Report."""
-    import json
-    import subprocess
-    import sys
-
-    from attnspec.conformance.judge.verdict import Verdict
-
-    code = (
-        "import json, sys; sys.path[:0] = sys.argv[1:2]; "
-        "from attnspec.conformance import check; "
-        "r = check(sys.argv[2], backend='numpy', only=json.loads(sys.argv[3]), isolate=False, "
-        "**json.loads(sys.argv[4])); print(json.dumps([v.__dict__ for v in r.verdicts]))"
-    )
-    tests = str(__import__("pathlib").Path(__file__).resolve().parent.parent)
-    result = subprocess.run(
-        [sys.executable, "-c", code, tests, target, json.dumps(only), json.dumps(caps)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=True,
-    )
-    verdicts = [Verdict(**fields) for fields in json.loads(result.stdout.strip().splitlines()[-1])]
-    return type("InProcessReport", (), {"verdicts": verdicts})()
-
-
 def _verdicts(report: Any) -> list[tuple[Any, ...]]:
     return [(v.property, v.status, v.detail, v.counterexample, v.examples) for v in report.verdicts]
 
@@ -709,18 +682,20 @@ def _verdicts(report: Any) -> list[tuple[Any, ...]]:
 def test_isolated_and_in_process_runs_agree_with_caps(
     kernel: str, caps: dict[str, int], status: str
 ) -> None:
-    """CONF-4, CONF-5: the worker draws the same strata, within the same size caps, from
-    the same per-(property, stratum) seeds as an in-process run: both give identical
-    verdicts (status, finding, inputs, examples).  The block-tail bug passes when
+    """CONF-4, CONF-5, CONF-8: the worker draws the same strata, within the same size caps,
+    from the same per-(property, stratum) seeds as an in-process run in this process: both
+    give identical verdicts (status, finding, inputs, examples).  The block-tail bug passes when
     --max-len 64 reaches the worker (no ragged block) and fails past 64 keys at 100."""
     target = (
         f"{__file__}:{kernel}" if kernel == "ragged_tail_dropped" else f"catalogue.correct:{kernel}"
     )
     only = ["matches-reference"] if kernel == "ragged_tail_dropped" else ISOLATION_PROPERTIES
     isolated = check(target, backend="numpy", only=only, isolate=True, **caps)
-    # in-process, in a fresh interpreter as the isolated run's worker is: what earlier tests
-    # left in this process (module caches) must not be compared with the worker's
-    in_process = _in_process_in_a_fresh_interpreter(target, only, caps)
+    # in this process, after whatever other tests ran here: a run's draws depend on the
+    # seed, profile and declaration only, not on the modules imported (CONF-8: the
+    # runner's Hypothesis draws no local constants, conformance/run/hypothesis_constants.py,
+    # which once made this run differ from the worker's by an example)
+    in_process = check(target, backend="numpy", only=only, isolate=False, **caps)
     assert _verdicts(isolated) == _verdicts(in_process)
     assert {v.status for v in isolated.verdicts} == {status}, _verdicts(isolated)
     if status == FAILED:
