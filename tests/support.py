@@ -340,6 +340,49 @@ def kernel_file(directory: Path, name: str, source: str) -> Path:
     return path
 
 
+def checked_with_the_kernel_in_its_own_process(
+    target: str,
+    *,
+    backend: str,
+    only: list[str] | None = None,
+    limits: SizeLimits | None = None,
+    **claims: Any,
+) -> Report:
+    """``check(target, backend=backend, only=only, ...)`` judged in this process, the kernel
+    loaded and called in a process of its own (:mod:`attnspec.conformance.run.remote_kernel`,
+    held as an isolated check's judging worker holds it: ``worker.kernel_in_judge``): every
+    call, a backward's "vjp" request included, crosses to that process and back as plain
+    data, as in ``attnspec check``.  For the tests whose subject is the kernel's process
+    boundary, not the judging worker's (test_supervisor's): the check's own worker process
+    is left out, which spares a process start-up and an import of the kernel's library
+    (~1.5 CPU-s for PyTorch).  The plan, properties, seeds and report are ``check``'s."""
+    from attnspec.conformance.plan import execute, plan_run
+    from attnspec.conformance.run.kernel_setup import KernelSetup
+    from attnspec.conformance.run.remote_kernel import KernelProcess
+    from attnspec.conformance.run.supervisor import (
+        DEFAULT_LOAD_TIMEOUT,
+        DEFAULT_MEMORY_LIMIT_GIB,
+        DEFAULT_TIMEOUT,
+        _dumps,
+    )
+    from attnspec.conformance.run.worker import kernel_in_judge
+
+    setup = KernelSetup(target, backend, claims=claims)
+    process = KernelProcess(
+        _dumps((setup, DEFAULT_MEMORY_LIMIT_GIB)),
+        DEFAULT_MEMORY_LIMIT_GIB,
+        timeout=DEFAULT_TIMEOUT,
+        load_timeout=DEFAULT_LOAD_TIMEOUT,
+        label=f"kernel {target!r}",
+    )
+    try:
+        info, _ = process.start()
+        kernel = kernel_in_judge(info, process, setup.make_backend())
+        return execute(plan_run(setup, only=only, limits=limits), kernel=kernel).report
+    finally:
+        process.end()
+
+
 def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     """``attnspec ARGV`` in this process: exit status, stdout, stderr."""
     status = cli.main(list(argv))
