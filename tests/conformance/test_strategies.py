@@ -608,12 +608,15 @@ def test_cli_caps_flow_into_the_run_and_the_report(
     capsys: pytest.CaptureFixture[str], tmp_path: Any
 ) -> None:
     """The CLI's --max-len/--max-head-dim/--max-batch-heads reach the draws and the JSON
-    report; a bad value exits 2 with one line naming the flag."""
+    report; a bad value exits 2 with one line naming the flag.  The kernel runs in this
+    process (--no-isolate): that the caps reach the worker is
+    test_isolated_and_in_process_runs_agree_with_caps's."""
     report = tmp_path / "report.json"
     status = cli.main(
         [
             "check",
             "attnspec.reference:scaled_dot_product_attention",
+            "--no-isolate",
             "--only",
             "default-scale",
             "--max-len",
