@@ -37,11 +37,12 @@ from typing import Any
 import numpy as np
 import pytest
 from hypothesis import strategies as st
-from shared_draws import RETURNED, Example, recorded_run, replay_passes
-from support import verdict_of
+from shared_draws import SharedDraws, drawn_from, recorded_run, replay_passes, values
+from support import SMALL_LIMITS, verdict_of
 
 from attnspec.backends import Backend, BackendError
 from attnspec.conformance import declaration_of, declare
+from attnspec.conformance.draw import sizes
 from attnspec.conformance.draw.sizes import SizeLimits
 from attnspec.conformance.judge.kernel import KernelUnderTest
 from attnspec.conformance.judge.registration import Property
@@ -268,18 +269,10 @@ def _verdicts(
 
 
 # The examples of each passing one-stream run, by what they are drawn from (the property
-# and the kernel's declaration and backend): the next kernel drawn alike replays them
-# (tests/shared_draws.py says why its verdict is the one a run of its own gives).
-RECORDED: dict[tuple[str, ...], list[Example]] = {}
-
-
-def _drawn_alike(prop: Property, kernel: KernelUnderTest) -> tuple[str, ...]:
-    """What a property's examples are drawn from, besides the run's profile and seed: the
-    declaration (but its extra keywords, which only the calls pass on: no draw reads them)
-    and the backend."""
-    backend = kernel.backend
-    declaration = replace(kernel.declaration, extra_kwargs={})
-    return (prop.id, repr(declaration), backend.name, repr(backend.dtype_names))
+# and the kernel's declaration and backend, the profile and the seed): the next kernel
+# drawn alike replays them (tests/shared_draws.py says why its verdict is the one a run of
+# its own gives).
+RECORDED = SharedDraws()
 
 
 def _one_stream(subject: Subject, prop: Property, kernel: KernelUnderTest, shrink: bool) -> Verdict:
@@ -289,15 +282,7 @@ def _one_stream(subject: Subject, prop: Property, kernel: KernelUnderTest, shrin
     replayed)."""
     if subject.divergences:
         return run_property(prop, kernel, profile=ONE_STREAM, seed=SEED, shrink=shrink)
-    alike = _drawn_alike(prop, kernel)
-    recorded = RECORDED.get(alike)
-    if recorded is not None and replay_passes(prop, kernel, recorded, profile=ONE_STREAM):
-        passed = sum(e.ended == RETURNED for e in recorded)
-        return Verdict(prop.id, prop.clause, prop.level, PASSED, examples=passed)
-    verdict, examples = recorded_run(prop, kernel, profile=ONE_STREAM, seed=SEED, shrink=shrink)
-    if examples is not None:
-        RECORDED[alike] = examples
-    return verdict
+    return RECORDED.verdict(prop, kernel, profile=ONE_STREAM, seed=SEED, shrink=shrink)
 
 
 # property by property, each on every subject in turn: subjects that declare the same claims
@@ -379,40 +364,44 @@ def test_one_stream_draws_what_twenty_seeds_drew() -> None:
 
 
 # Formulations declared alike, each pair with a property that draws more than a problem
-# per example (new arguments after the kernel's first output; values written where masked).
+# per example (new arguments after the kernel's first output; values written where masked),
+# in the one stream here and in every stratum of the quick profile (sizes capped: every
+# stratum still runs, realistic ones drawing all but their sizes from a seeded source).
 # Every Hypothesis property on every subject that replays was checked so once by hand when
-# RECORDED was added (309 replays: each kernel's own run drew what it replayed, and passed).
+# RECORDED was added (309 replays: each kernel's own run drew what it replayed, and passed),
+# and again with ATTNSPEC_AUDIT_REPLAYS=1 when replays spanned every stratum (399 replays,
+# these 309 and 90 of the quick profile in three other files).
 DRAWN_ALIKE = (
-    ("lse", "online-softmax", "same-shape-new-arguments"),
-    ("online-softmax-bottom-right", "split-kv-256", "masked-values-ignored"),
+    ("lse", "online-softmax", "same-shape-new-arguments", ONE_STREAM),
+    ("online-softmax-bottom-right", "split-kv-256", "masked-values-ignored", ONE_STREAM),
+    ("lse", "online-softmax", "masked-values-ignored", "quick"),
 )
 
 
-@pytest.mark.parametrize(("first", "second", "prop_id"), DRAWN_ALIKE)
+@pytest.mark.parametrize(("first", "second", "prop_id", "profile"), DRAWN_ALIKE)
 def test_kernels_declared_alike_are_drawn_the_same_examples(
-    first: str, second: str, prop_id: str
+    first: str, second: str, prop_id: str, profile: str
 ) -> None:
-    """CONF-4: the premise of RECORDED above: two formulations declared alike, run each on
-    its own, are drawn the same values, example by example, each example ending the same
-    way; and the examples recorded on one, replayed on the other, pass."""
+    """CONF-4: the premise of RECORDED above (tests/shared_draws.py): two formulations
+    declared alike, run each on its own, are drawn the same values, example by example and
+    stratum by stratum, each example ending the same way; and the examples recorded on one,
+    replayed on the other, pass."""
     prop = all_properties()[prop_id]
     kernels = [_kernel(_subject(name)) for name in (first, second)]
-    assert _drawn_alike(prop, kernels[0]) == _drawn_alike(prop, kernels[1])
-    runs = [recorded_run(prop, k, profile=ONE_STREAM, seed=SEED) for k in kernels]
+    limits = SMALL_LIMITS if profile == "quick" else None
+    run: dict[str, Any] = {"profile": profile, "seed": SEED, "limits": limits}
+    assert drawn_from(prop, kernels[0], **run) == drawn_from(prop, kernels[1], **run)
+    runs = [recorded_run(prop, k, **run) for k in kernels]
     assert [verdict.status for verdict, _ in runs] == [PASSED, PASSED], [
         (verdict.detail, verdict.counterexample) for verdict, _ in runs
     ]
     recorded, own = runs[0][1], runs[1][1]
-    assert recorded is not None and len(recorded) >= EXAMPLES
-    assert _values(recorded) == _values(own), (
-        f"{prop_id}: {first} and {second} were drawn differently"
-    )
-    assert replay_passes(prop, kernels[1], recorded, profile=ONE_STREAM)
-
-
-def _values(examples: list[Example]) -> list[tuple[tuple[Any, ...], str]]:
-    """Each example's drawn values and ending (the strategies are built anew per run)."""
-    return [(tuple(value for _, value in e.draws), e.ended) for e in examples]
+    assert recorded is not None and own is not None
+    assert len(recorded.examples) >= PROFILES[profile].small
+    drawn_in = {e.drawing.stratum.name for e in recorded.examples}
+    assert profile != "quick" or {"small", "blocks", "decode", "wide heads"} <= drawn_in
+    assert values(recorded) == values(own), f"{prop_id}: {first} and {second} drawn differently"
+    assert replay_passes(prop, kernels[1], recorded, **run)
 
 
 def test_a_replay_asking_for_another_strategy_is_no_pass() -> None:
@@ -427,11 +416,39 @@ def test_a_replay_asking_for_another_strategy_is_no_pass() -> None:
         data.draw(st.integers(0, 1 if kernel is reference else 2))
 
     prop = replace(base, check=choosing)
-    verdict, recorded = recorded_run(prop, reference, profile=ONE_STREAM, seed=SEED)
+    run: dict[str, Any] = {"profile": ONE_STREAM, "seed": SEED}
+    verdict, recorded = recorded_run(prop, reference, **run)
     assert verdict.status == PASSED and recorded is not None
     other = KernelUnderTest(reference.raw_fn, Backend("numpy"), reference.declaration)
-    assert not replay_passes(prop, other, recorded, profile=ONE_STREAM)
-    assert replay_passes(prop, reference, recorded, profile=ONE_STREAM)
+    assert not replay_passes(prop, other, recorded, **run)
+    assert replay_passes(prop, reference, recorded, **run)
+
+
+def test_each_example_is_replayed_in_its_own_stratum() -> None:
+    """CONF-1, CONF-4: a check whose draws depend on the stratum (here the strategy asked
+    for; in the suite the sizes and options a realistic stratum forces) replays over the
+    quick profile's strata, each example in the stratum it was drawn in; the same examples
+    replayed all in the first stratum ask otherwise and are no pass, and a recording is no
+    pass for a run drawn from anything else (another seed, profile or size limits)."""
+    base = all_properties()["masked-values-ignored"]
+
+    def by_stratum(kernel: KernelUnderTest, data: Any) -> None:
+        data.draw(st.integers(0, 3 if sizes.realistic() else 2), label="by stratum")
+
+    prop = replace(base, check=by_stratum)
+    reference = _kernel(_subject("reference"))
+    run: dict[str, Any] = {"profile": "quick", "seed": SEED, "limits": SMALL_LIMITS}
+    verdict, recorded = recorded_run(prop, reference, **run)
+    assert verdict.status == PASSED and recorded is not None
+    assert {e.drawing.realistic for e in recorded.examples} == {False, True}
+    assert replay_passes(prop, reference, recorded, **run)
+    first = recorded.examples[0].drawing
+    one_stratum = replace(
+        recorded, examples=tuple(replace(e, drawing=first) for e in recorded.examples)
+    )
+    assert not replay_passes(prop, reference, one_stratum, **run)
+    for other in ({"seed": SEED + 1}, {"profile": ONE_STREAM}, {"limits": None}):
+        assert not replay_passes(prop, reference, recorded, **{**run, **other})
 
 
 def test_replayed_examples_fail_a_kernel_that_departs() -> None:
@@ -441,15 +458,16 @@ def test_replayed_examples_fail_a_kernel_that_departs() -> None:
     failure as always)."""
     prop = all_properties()["matches-reference"]
     reference = _kernel(_subject("reference"))
-    verdict, recorded = recorded_run(prop, reference, profile=ONE_STREAM, seed=SEED)
+    run: dict[str, Any] = {"profile": ONE_STREAM, "seed": SEED}
+    verdict, recorded = recorded_run(prop, reference, **run)
     assert verdict.status == PASSED and recorded is not None
 
     def off_by_a_little(q: Any, k: Any, v: Any, **keywords: Any) -> Any:
         return reference_sdpa(q, k, v, **keywords) + 1e-3
 
     departs = KernelUnderTest(off_by_a_little, Backend("numpy"), reference.declaration)
-    assert not replay_passes(prop, departs, recorded, profile=ONE_STREAM)
-    assert replay_passes(prop, reference, recorded, profile=ONE_STREAM)
+    assert not replay_passes(prop, departs, recorded, **run)
+    assert replay_passes(prop, reference, recorded, **run)
 
 
 @pytest.mark.parametrize("prop_id", SEED_INDEPENDENT)

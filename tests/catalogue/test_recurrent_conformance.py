@@ -5,11 +5,15 @@ catalogued bug fails ``recurrent-matches-reference``, and every bug of the contr
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from shared_draws import SharedDraws
 from support import verdict_of
 
 from attnspec.conformance import check
 from attnspec.conformance.judge.registry import all_properties
+from attnspec.conformance.run.kernel_setup import KernelSetup
 from catalogue import recurrent as catalogue
 
 RECURRENT_PROPERTIES = (
@@ -33,18 +37,35 @@ def _statuses(fn: object, only: tuple[str, ...] | None = None, seed: int = 0) ->
     return {v.property: v.status for v in report.verdicts}
 
 
+# The correct formulations' passing runs, by what they are drawn from: the second of
+# two kernels declared alike replays the first's examples (tests/shared_draws.py says why
+# its verdict is the one its own run gives; one that does not replay runs on its own).
+SHARED = SharedDraws()
+
+
+def _alike_statuses(
+    fns: tuple[Any, ...], only: tuple[str, ...] | None = None, seed: int = 0
+) -> dict[str, dict[str, str]]:
+    """The status of each property (all where ``only`` is None) on each of ``fns``, set up
+    as :func:`check` sets up a kernel on NumPy and run as it runs one (quick profile,
+    ``seed``), property by property, the kernels in turn: they declare the same claims, so
+    they are drawn the same problems, and the second replays the first's passing examples
+    (SHARED), whose REC-6.2 bounds tests/bound_memo.py computes once (a property's run
+    does not depend on the properties run before it in a check)."""
+    kernels = {fn.__name__: KernelSetup(fn, "numpy").prepare() for fn in fns}
+    results: dict[str, dict[str, str]] = {name: {} for name in kernels}
+    registry = all_properties()
+    for prop_id in registry if only is None else only:
+        for name, kernel in kernels.items():
+            results[name][prop_id] = SHARED.verdict(registry[prop_id], kernel, seed=seed).status
+    return results
+
+
 def _correct_statuses(
     only: tuple[str, ...] | None = None, seed: int = 0
 ) -> dict[str, dict[str, str]]:
-    """:func:`_statuses` of each correct formulation, checked property by property, both
-    in turn: they declare the same claims, so they are drawn the same problems, whose
-    REC-6.2 bounds tests/bound_memo.py then computes once (a property's run does not
-    depend on the properties run before it in a check)."""
-    results: dict[str, dict[str, str]] = {fn.__name__: {} for fn in catalogue.DECLARED_CORRECT}
-    for prop in all_properties() if only is None else only:
-        for fn in catalogue.DECLARED_CORRECT:
-            results[fn.__name__].update(_statuses(fn, (prop,), seed))
-    return results
+    """:func:`_alike_statuses` of the correct formulations (DECLARED_CORRECT)."""
+    return _alike_statuses(catalogue.DECLARED_CORRECT, only, seed)
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +80,7 @@ def verdicts() -> dict[str, dict[str, str]]:
     for fn, prop in (*caught, *catalogue.DECLARED_CONTRACT_BUGS):
         verdict = verdict_of(prop, fn, seed=0, shrink=False)
         results[fn.__name__] = {prop: verdict.status}
-    for fn in CHANNEL_GATE_CORRECT:
-        results[fn.__name__] = _statuses(fn, ("recurrent-equal-channel-gates",))
+    results.update(_alike_statuses(CHANNEL_GATE_CORRECT, ("recurrent-equal-channel-gates",)))
     return results
 
 
