@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from support import DRAWN
 
 from attnspec import SPEC_VERSION
 from attnspec.conformance import (
@@ -170,7 +171,7 @@ def test_the_grammar_is_read_from_the_spec() -> None:
         parse_claim("conforms to attnspec 2026.13 (dense; float32)")
 
 
-@settings(max_examples=100, deadline=None)
+@settings(DRAWN, max_examples=100)
 @given(st.from_regex(CLAIM, fullmatch=True))
 def test_every_sentence_of_the_grammar_is_parsed_and_written_back(text: str) -> None:
     """CONF-13: the parser accepts every sentence drawn from the grammar and writes it back
@@ -182,7 +183,7 @@ def test_every_sentence_of_the_grammar_is_parsed_and_written_back(text: str) -> 
 _MUTATION_ALPHABET = " ,;()-.0123456789abcdefxyzADEGLMSQV+=_"
 
 
-@settings(max_examples=150, deadline=None)
+@settings(DRAWN, max_examples=150)
 @given(
     st.from_regex(CLAIM, fullmatch=True),
     st.lists(

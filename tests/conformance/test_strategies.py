@@ -22,7 +22,7 @@ from catalogue.correct import lse_attention, online_softmax_attention
 from catalogue.entry import SpecCall, spec_kernel
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import backend_or_skip, recording, verdict_of
+from support import DRAWN, backend_or_skip, recording, verdict_of
 
 from attnspec.backends import Backend
 from attnspec.conformance import (
@@ -334,7 +334,7 @@ def test_realistic_dims_stay_within_the_cost_cap_and_the_limits(
     cap (or is the stratum's smallest problem), and its lengths come from the block list."""
     allowed_lengths = {*LENGTHS, *range(1, 5), limits.max_len}
 
-    @settings(max_examples=60, database=None, deadline=None)
+    @settings(DRAWN, max_examples=60)
     @given(st.data())
     def check_draws(data: st.DataObject) -> None:
         with drawing(stratum, limits):
@@ -353,7 +353,7 @@ def test_raised_max_len_adds_longer_block_boundaries() -> None:
     """SDPA-1.1: --max-len above 4096 adds powers of two and one either side, and the cap."""
     seen: set[int] = set()
 
-    @settings(max_examples=200, database=None, deadline=None)
+    @settings(DRAWN, max_examples=200)
     @given(st.data())
     def collect(data: st.DataObject) -> None:
         with drawing(
@@ -578,7 +578,7 @@ def test_realistic_problems_keep_the_bound_finite() -> None:
     """TOL-2: realistic q/k values (outlier channels, scores near float16's limit) and
     biases (ALiBi, every padding fill) never make the bound NaN or infinite, unscaled."""
 
-    @settings(max_examples=80, database=None, deadline=None)
+    @settings(DRAWN, max_examples=80)
     @given(st.data())
     def check_bound(data: st.DataObject) -> None:
         with drawing(Stratum("blocks", 1, 2**16, min_len=16)):
