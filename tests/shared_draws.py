@@ -295,6 +295,13 @@ def replayed_verdict(
     )
 
 
+def judged_alike(verdict: Verdict) -> Verdict:
+    """``verdict`` without its timings: what a replay's verdict shares with the kernel's own
+    run's (replayed_verdict builds it as run_property does; the premise test and the audit
+    hold the two equal)."""
+    return replace(verdict, seconds=0.0, kernel_seconds=0.0)
+
+
 def values(recording: Recording) -> list[tuple[str, tuple[Any, ...], str]]:
     """Each example's stratum, drawn values (with their doors) and ending: what two runs
     drawn alike share (the strategies are built anew per run)."""
@@ -332,7 +339,7 @@ class SharedDraws:
             if verdict is not None:
                 self.replayed += 1
                 if AUDIT:
-                    _audit(prop, kernel, recording, **run)
+                    _audit(prop, kernel, recording, verdict, **run)
                 return verdict
         verdict, recording = recorded_run(prop, kernel, shrink=shrink, **run)
         if recording is not None:
@@ -340,12 +347,16 @@ class SharedDraws:
         return verdict
 
 
-def _audit(prop: Property, kernel: KernelUnderTest, recording: Recording, **run: Any) -> None:
+def _audit(
+    prop: Property, kernel: KernelUnderTest, recording: Recording, replayed: Verdict, **run: Any
+) -> None:
     """ATTNSPEC_AUDIT_REPLAYS=1: the replayed property's own run on ``kernel`` drew exactly
-    the replayed values, each example in its stratum and ending as replayed, and passed."""
+    the replayed values, each example in its stratum and ending as replayed, and passed
+    with the replay's verdict (but its timings)."""
     verdict, own = recorded_run(prop, kernel, **run)
     assert verdict.status == PASSED and own is not None, (prop.id, verdict.detail)
     assert values(own) == values(recording), f"{prop.id}: drawn otherwise on its own run"
+    assert judged_alike(verdict) == judged_alike(replayed), (verdict, replayed)
     with open(os.environ.get("ATTNSPEC_AUDIT_LOG", os.devnull), "a") as log:
         log.write(f"{prop.id} {kernel.target} {run} {len(own.examples)} examples\n")
 

@@ -37,7 +37,15 @@ from typing import Any
 import numpy as np
 import pytest
 from hypothesis import strategies as st
-from shared_draws import SharedDraws, drawn_from, recorded_run, replay_passes, values
+from shared_draws import (
+    SharedDraws,
+    drawn_from,
+    judged_alike,
+    recorded_run,
+    replay_passes,
+    replayed_verdict,
+    values,
+)
 from support import SMALL_LIMITS, verdict_of
 
 from attnspec.backends import Backend, BackendError
@@ -401,7 +409,9 @@ def test_kernels_declared_alike_are_drawn_the_same_examples(
     drawn_in = {e.drawing.stratum.name for e in recorded.examples}
     assert profile != "quick" or {"small", "blocks", "decode", "wide heads"} <= drawn_in
     assert values(recorded) == values(own), f"{prop_id}: {first} and {second} drawn differently"
-    assert replay_passes(prop, kernels[1], recorded, **run)
+    replayed = replayed_verdict(prop, kernels[1], recorded, **run)
+    assert replayed is not None
+    assert judged_alike(replayed) == judged_alike(runs[1][0]), (replayed, runs[1][0])
 
 
 def test_a_replay_asking_for_another_strategy_is_no_pass() -> None:
