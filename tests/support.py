@@ -383,6 +383,18 @@ def checked_with_the_kernel_in_its_own_process(
         process.end()
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckRun:
+    """What one ``attnspec check`` left: its exit status, stdout and stderr, the directory
+    it ran in, and its report files by kind (json, junit, markdown)."""
+
+    status: int
+    out: str
+    err: str
+    cwd: Path
+    reports: dict[str, Path]
+
+
 def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     """``attnspec ARGV`` in this process: exit status, stdout, stderr."""
     status = cli.main(list(argv))

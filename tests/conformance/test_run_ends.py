@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from catalogue import forgers, hostile
-from support import SMALL_SIZE_FLAGS, run_command, run_main
+from support import SMALL_SIZE_FLAGS, run_main
 
 HOSTILE_FILE = str(Path(hostile.__file__).resolve())
 FORGERS_FILE = str(Path(forgers.__file__).resolve())
@@ -57,10 +57,15 @@ def test_a_kernel_that_hangs_on_every_call_stops_at_the_stall_budget(
     assert took < 300, took
 
 
-def test_nothing_the_kernel_started_outlives_the_check(tmp_path: Path) -> None:
+def test_nothing_the_kernel_started_outlives_the_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """CONF-15: a kernel that starts a process of its own (in a new session, so a kill of
     its process group does not reach it) and one that hangs: after the check, neither
-    child is alive, and no temporary directory of the kernel's process is left."""
+    child is alive, and no temporary directory of the kernel's process is left.  The
+    command in this process (its judging worker, which starts and ends the kernel's
+    process, and the kernel's process in processes of their own, started with TMPDIR set
+    here): what is checked is what outlives the kernel's process, not the command's."""
     pids = tmp_path / "pids.txt"
     kernel = tmp_path / "spawner.py"
     kernel.write_text(
@@ -75,17 +80,12 @@ def test_nothing_the_kernel_started_outlives_the_check(tmp_path: Path) -> None:
     )
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    result = run_command(
-        "check",
-        f"{kernel}:attention",
-        "--backend",
-        "numpy",
-        "--only",
-        "default-scale",
-        cwd=tmp_path,
-        env={"TMPDIR": str(scratch)},
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    status, out, err = run_main(
+        capsys, "check", f"{kernel}:attention", "--backend", "numpy", "--only", "default-scale"
     )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert status == 0, out[-2000:] + err[-2000:]
     started = [int(line) for line in pids.read_text().split()]
     assert started
     alive = [pid for pid in started if _alive(pid)]

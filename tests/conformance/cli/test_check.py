@@ -8,6 +8,8 @@ or two cheap properties (``--only``), so the module stays within a few seconds.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shlex
 import subprocess
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import CHEAP, KERNELS, kernel_file, run_command, run_main
+from support import CHEAP, KERNELS, CheckRun, kernel_file, run_main
 
 from attnspec import SPEC_VERSION
 from attnspec.conformance import (
@@ -27,9 +29,32 @@ from attnspec.conformance import (
 from attnspec.conformance.report import render
 
 
-def test_correct_kernel_exits_0(capsys: pytest.CaptureFixture[str], kernels: Path) -> None:
+@pytest.fixture(scope="module")
+def correct_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, list[str]]:
+    """``attnspec check kernels.py:correct --only default-scale --only
+    explicit-scale,score-variance --skip score-variance --json r.json``, in this process
+    (the kernel in its own): its exit status, table and the properties its report holds.
+    The --only/--skip selection is exactly CHEAP, so the test of a correct kernel's exit
+    status and the test of the selection read one check (~1.1 CPU-s each)."""
+    directory = tmp_path_factory.mktemp("correct")
+    kernels = kernel_file(directory, "kernels.py", KERNELS)
+    path = directory / "r.json"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = cli.main(
+            [
+                *("check", f"{kernels}:correct", "--only", "default-scale"),
+                *("--only", "explicit-scale,score-variance", "--skip", "score-variance"),
+                *("--json", str(path)),
+            ]
+        )
+    ran = [v["property"] for v in json.loads(path.read_text())["verdicts"]]
+    return status, out.getvalue(), ran
+
+
+def test_correct_kernel_exits_0(correct_run: tuple[int, str, list[str]]) -> None:
     """CONF-1: every applicable MUST property passed -> exit 0, table says passed."""
-    status, out, _ = run_main(capsys, "check", f"{kernels}:correct", "--only", CHEAP)
+    status, out, _ = correct_run
     assert status == 0
     rows = {
         line.split()[0]: line
@@ -42,21 +67,15 @@ def test_correct_kernel_exits_0(capsys: pytest.CaptureFixture[str], kernels: Pat
 
 
 def test_buggy_kernel_exits_1_and_its_reproduction_runs(
-    kernels: Path,
+    unscaled_run: CheckRun,
     tmp_path: Path,
     python_c: Callable[..., subprocess.CompletedProcess[str]],
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """SDPA-2.1 / CONF-1: the unscaled kernel fails default-scale (exit 1); the table shows
-    the counterexample, a rerun command and a reproduction that runs on its own.  The
-    command in this process, started in ``tmp_path`` (the kernel in its own process)."""
-    report_path = tmp_path / "report.json"
-    monkeypatch.chdir(tmp_path)
-    status, out, err = run_main(
-        capsys,
-        *("check", "kernels.py:no_default_scale", "--only", CHEAP, "--json", str(report_path)),
-    )
+    the counterexample, a rerun command and a reproduction that runs on its own (the
+    shared check, conftest.unscaled_run: the command in this process, started where the
+    kernel's file is; the kernel in its own process)."""
+    status, out, err = unscaled_run.status, unscaled_run.out, unscaled_run.err
     assert status == 1, err
     assert "Traceback" not in err
     assert "FAILED default-scale [SDPA-2.1 MUST" in out
@@ -65,7 +84,7 @@ def test_buggy_kernel_exits_1_and_its_reproduction_runs(
 
     verdict = next(
         v
-        for v in json.loads(report_path.read_text())["verdicts"]
+        for v in json.loads(unscaled_run.reports["json"].read_text())["verdicts"]
         if v["property"] == "default-scale"
     )
     # Run the snippet elsewhere, then confirm it rebuilt the failing case: the kernel's
@@ -76,25 +95,22 @@ def test_buggy_kernel_exits_1_and_its_reproduction_runs(
             bound.out_tolerance)
         print("OUTSIDE", bool(outside.any()))
     """)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    ran = python_c(snippet, cwd=elsewhere)
+    ran = python_c(snippet, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip().endswith("OUTSIDE True")
 
 
 def test_rerun_command_reproduces_the_failure(
-    kernels: Path,
-    tmp_path: Path,
+    unscaled_run: CheckRun,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The one-line rerun command runs just that property and finds the same thing, from
-    another working directory.  The commands in this process (the kernel in its own)."""
-    monkeypatch.chdir(tmp_path)
-    argv = ("check", "kernels.py:no_default_scale", "--only", CHEAP, "--seed", "7", "--no-mask")
-    status, first, _ = run_main(capsys, *argv)
-    assert status == 1
+    another working directory.  The first run is the shared check (``--seed 7
+    --no-mask``, conftest.unscaled_run); the rerun in this process (the kernel in its
+    own)."""
+    first = unscaled_run.out
+    assert unscaled_run.status == 1
     rerun = next(
         line.split("rerun:", 1)[1].strip() for line in first.splitlines() if "rerun:" in line
     )
@@ -102,7 +118,7 @@ def test_rerun_command_reproduces_the_failure(
     assert again_argv[:2] == ["attnspec", "check"]
     assert again_argv[-4:] == ["--only", "default-scale", "--seed", "7"]
     assert "--no-mask" in again_argv
-    monkeypatch.chdir(tmp_path / "..")
+    monkeypatch.chdir(unscaled_run.cwd / "..")
     status, again, _ = run_main(capsys, *again_argv[1:])
     assert status == 1
 
@@ -175,55 +191,60 @@ def test_file_target_imports_the_files_next_to_it(
     assert sys.path == before
 
 
-def test_no_hypothesis_directory_is_left_behind(tmp_path: Path) -> None:
+def test_no_hypothesis_directory_is_left_behind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A check leaves no .hypothesis/ folder where it runs (Hypothesis would cache the
     constants of the kernel's file there); HYPOTHESIS_STORAGE_DIRECTORY is honoured.
-    Without the variable (conftest sets it for the suite's own processes)."""
+    Without the variable (conftest sets it for the suite's own processes).  The command in
+    this process, started in ``tmp_path``: its judging worker and the kernel's process,
+    where Hypothesis draws and the kernel's file is, start there too."""
     kernel_file(tmp_path, "kernels.py", KERNELS)
-    result = run_command(
-        "check",
-        "kernels.py:correct",
-        "--only",
-        "default-scale,deterministic",
-        cwd=tmp_path,
-        unset=("HYPOTHESIS_STORAGE_DIRECTORY",),
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HYPOTHESIS_STORAGE_DIRECTORY")
+    status, _, err = run_main(
+        capsys, "check", "kernels.py:correct", "--only", "default-scale,deterministic"
     )
-    assert result.returncode == 0, result.stderr
+    assert status == 0, err
     assert not (tmp_path / ".hypothesis").exists()
 
 
-def test_jax_is_checked_in_its_own_settings_unless_asked(tmp_path: Path) -> None:
-    """SDPA-1.4: on JAX the check changes no setting: with x64 off (JAX's
-    default) float64 is not checked and the report says why; --jax-x64 turns it on, checks
-    float64 and says what it changed.  Each in a fresh process (the setting is global),
-    running only a property the kernel does not claim: the settings are the setup's, made
-    in that process with --no-isolate (a worker's would import JAX twice more, ~3 s of CPU
-    each run; that the worker gets them is test_supervisor.py's JAX tests)."""
-    pytest.importorskip("jax", reason="the jax extra is not installed")
+def test_jax_is_checked_in_its_own_settings_unless_asked(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SDPA-1.4: on JAX the check changes no setting: with x64 off (JAX's default)
+    float64 is not checked, the report says why, and x64 is still off after the check;
+    --jax-x64 turns it on, checks float64 and says what it changed.  The commands in this
+    process with --no-isolate (the settings are the setup's, made where the kernel runs;
+    that a worker gets them is test_supervisor.py's JAX tests), JAX's process-wide setting
+    put to its default before each run and restored after the test: each run in a fresh
+    process imported JAX twice, ~4 CPU-s, where this test process has it loaded already.
+    Running only a property the kernel does not claim: the settings are what is read."""
+    jax = pytest.importorskip("jax", reason="the jax extra is not installed")
+    monkeypatch.delenv("JAX_ENABLE_X64", raising=False)
     kernel_file(tmp_path, "kernels.py", KERNELS)
-    env_free = {"JAX_ENABLE_X64": None}
+    monkeypatch.chdir(tmp_path)
+    before = jax.config.jax_enable_x64
     reports = {}
-    for name, flags in (("default", ()), ("x64", ("--jax-x64",))):
-        path = tmp_path / f"{name}.json"
-        result = run_command(
-            "check",
-            "kernels.py:correct",
-            "--backend",
-            "jax",
-            "--only",
-            "bias-semantics",
-            "--no-isolate",
-            *flags,
-            "--json",
-            str(path),
-            cwd=tmp_path,
-            unset=env_free,
-        )
-        assert result.returncode == 0, result.stderr
-        reports[name] = (json.loads(path.read_text()), result.stdout)
+    x64_after = {}
+    try:
+        for name, flags in (("default", ()), ("x64", ("--jax-x64",))):
+            jax.config.update("jax_enable_x64", False)  # JAX's default, as in a fresh process
+            path = tmp_path / f"{name}.json"
+            status, out, err = run_main(
+                capsys,
+                *("check", "kernels.py:correct", "--backend", "jax", "--only", "bias-semantics"),
+                *("--no-isolate", *flags, "--json", str(path)),
+            )
+            x64_after[name] = jax.config.jax_enable_x64
+            assert status == 0, err
+            reports[name] = (json.loads(path.read_text()), out)
+    finally:
+        jax.config.update("jax_enable_x64", before)
     data, out = reports["default"]
     assert "note: float64 is not checked: jax_enable_x64 is off (JAX's default)" in out
     assert "--jax-x64" in out and not any("changed" in note for note in data["notes"])
+    assert x64_after["default"] is False  # the check changed no setting
     data, out = reports["x64"]
     assert "note: changed jax_enable_x64: False -> True for this check" in out
     assert not any("float64 is not checked" in note for note in data["notes"])
@@ -260,26 +281,10 @@ def test_should_failure_warns_and_fails_only_when_strict(
     assert out.splitlines()[-1].startswith("no conformance claim in a strict run: 1 SHOULD")
 
 
-def test_only_and_skip_select_properties(
-    capsys: pytest.CaptureFixture[str], kernels: Path, tmp_path: Path
-) -> None:
+def test_only_and_skip_select_properties(correct_run: tuple[int, str, list[str]]) -> None:
     """--only and --skip (repeatable and comma lists) choose exactly the properties run."""
-    path = tmp_path / "r.json"
-    status, _, _ = run_main(
-        capsys,
-        "check",
-        f"{kernels}:correct",
-        "--only",
-        "default-scale",
-        "--only",
-        "explicit-scale,score-variance",
-        "--skip",
-        "score-variance",
-        "--json",
-        str(path),
-    )
+    status, _, ran = correct_run
     assert status == 0
-    ran = [v["property"] for v in json.loads(path.read_text())["verdicts"]]
     assert ran == ["default-scale", "explicit-scale"]
 
 

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from support import CHEAP, KERNELS, kernel_file, report_of, run_main
+from support import KERNELS, CheckRun, kernel_file, report_of
 
 from attnspec import SPEC_VERSION
 from attnspec.conformance import cli
@@ -78,15 +78,11 @@ def test_kernel_output_is_kept_off_the_table(
     assert not any(text in out for text in kernel_said)
 
 
-def test_report_files_parse(
-    capsys: pytest.CaptureFixture[str],
-    kernels: Path,
-    report_files: tuple[dict[str, Path], tuple[str, ...]],
-) -> None:
-    """--json, --junit and --markdown write reports that parse and agree with the run."""
-    paths, flags = report_files
-    status, _, _ = run_main(capsys, "check", f"{kernels}:no_default_scale", "--only", CHEAP, *flags)
-    assert status == 1
+def test_report_files_parse(unscaled_run: CheckRun) -> None:
+    """--json, --junit and --markdown write reports that parse and agree with the run (the
+    failing check test_check.py's tests read too, conftest.unscaled_run)."""
+    paths = unscaled_run.reports
+    assert unscaled_run.status == 1
     data = json.loads(paths["json"].read_text())
     assert data["spec_version"] == SPEC_VERSION and data["conforms"] is False
     assert data["counts"][FAILED] == 1 and data["counts"][PASSED] == 1
