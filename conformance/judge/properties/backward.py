@@ -15,6 +15,7 @@ repeated calls, strided inputs.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections import OrderedDict
@@ -359,7 +360,15 @@ def _arrays_in(value: Any) -> list[np.ndarray]:
 
 # gradients-match-reference's half-precision outputs, judged again by BWD-18's property
 JUDGED = JudgedOutputs()
-NUMPY = Backend("numpy")  # where BWD-18's comparison runs in float16
+
+
+@functools.cache
+def _numpy() -> Backend:
+    """NumPy, where BWD-18's comparison runs in float16: made at its first use, not when
+    the properties are registered (making it imports array_api_compat's NumPy namespace,
+    ~70 ms of CPU, which a process that only lists or plans the properties, the
+    ``attnspec`` command, has no use for)."""
+    return Backend("numpy")
 
 
 @register("gradients-match-reference", "BWD-17", applies=_backward_claimed)
@@ -427,11 +436,12 @@ def _same_dtype_gradients(
     where it has the dtype (float16: no device transfer, no compilation per shape) or holds
     the library's (JAX's bfloat16), else on the kernel's backend (PyTorch's bfloat16)."""
     dtype, store = problem.dtype, None
-    backend = NUMPY if dtype in NUMPY.dtype_names else kernel.backend
-    if backend is not NUMPY and kernel.backend.rounded_on_host(np.zeros(1), dtype) is not None:
+    numpy = _numpy()
+    backend = numpy if dtype in numpy.dtype_names else kernel.backend
+    if backend is not numpy and kernel.backend.rounded_on_host(np.zeros(1), dtype) is not None:
         # NumPy holds the library's dtype (JAX's bfloat16): float32 on the host, each step
         # rounded there, rather than a compilation per shape and operation on the device
-        backend, dtype, store = NUMPY, "float32", _rounded_on_host(kernel.backend, dtype)
+        backend, dtype, store = numpy, "float32", _rounded_on_host(kernel.backend, dtype)
     keywords = definition_keywords(problem, kernel.declaration.causal_alignment)
     del keywords["dtype"]
     if problem.mask is not None:
