@@ -358,26 +358,17 @@ def checked_with_the_kernel_in_its_own_process(
     (~1.5 CPU-s for PyTorch).  The plan, properties, seeds and report are ``check``'s."""
     from attnspec.conformance.plan import execute, plan_run
     from attnspec.conformance.run.kernel_setup import KernelSetup
-    from attnspec.conformance.run.remote_kernel import KernelProcess
-    from attnspec.conformance.run.supervisor import (
-        DEFAULT_LOAD_TIMEOUT,
-        DEFAULT_MEMORY_LIMIT_GIB,
-        DEFAULT_TIMEOUT,
-        _dumps,
-    )
-    from attnspec.conformance.run.worker import kernel_in_judge
+    from attnspec.conformance.run.supervisor import IsolatedKernel
+    from attnspec.conformance.run.worker import kernel_in_judge, kernel_process_for
 
     setup = KernelSetup(target, backend, claims=claims)
-    process = KernelProcess(
-        _dumps((setup, DEFAULT_MEMORY_LIMIT_GIB)),
-        DEFAULT_MEMORY_LIMIT_GIB,
-        timeout=DEFAULT_TIMEOUT,
-        load_timeout=DEFAULT_LOAD_TIMEOUT,
-        label=f"kernel {target!r}",
-    )
+    # what `attnspec check` sends its judging worker, and the kernel's process that worker
+    # builds from it (worker.serve): the same arguments, from the one place that makes them
+    start = IsolatedKernel(setup).worker_start()
+    process = kernel_process_for(start)
     try:
         info, _ = process.start()
-        kernel = kernel_in_judge(info, process, setup.make_backend())
+        kernel = kernel_in_judge(info, process, start.judge_setup.make_backend())
         return execute(plan_run(setup, only=only, limits=limits), kernel=kernel).report
     finally:
         process.end()

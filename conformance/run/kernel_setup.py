@@ -278,6 +278,25 @@ def _restrict_dtypes(
 
 
 @dataclass(frozen=True)
+class WorkerStart:
+    """What a judging worker is sent first (:meth:`.supervisor.IsolatedKernel.worker_start`
+    builds it, :func:`.worker.serve` reads it): the kernel's setup pickled for the kernel's
+    own process (``setup_bytes``, the kernel's callables included) with the address space
+    that process may add, the setup the judge makes its backend from (``judge_setup``: no
+    kernel callable, which would import the kernel's module where it is judged), the
+    seconds a kernel call and a load may take, and ``strict`` (``--judge``: every call
+    made twice and its inputs re-read).  :func:`.worker.kernel_process_for` makes the
+    kernel's process from it."""
+
+    setup_bytes: bytes
+    memory_limit_gib: float
+    judge_setup: KernelSetup
+    timeout: float
+    load_timeout: float
+    strict: bool = False
+
+
+@dataclass(frozen=True)
 class KernelSetup:
     """Everything needed to build a :class:`KernelUnderTest` (and to rebuild it elsewhere).
 

@@ -60,7 +60,7 @@ from ..judge.kernel import KernelUnderTest
 from ..judge.kernel_info import KernelInfo, setup_notes
 from ..judge.registry import Property
 from ..judge.verdict import Verdict
-from .kernel_setup import KernelSetup, SetupError, loader_source
+from .kernel_setup import KernelSetup, SetupError, WorkerStart, loader_source
 from .property_runner import PROFILES, _failed_verdict, run_property
 from .thread_variables import THREAD_VARIABLES, WORKER_THREADS
 
@@ -436,7 +436,9 @@ class IsolatedKernel(_ClosedOnExit):
         """What the worker's backend changed and could not check (``setup_notes``)."""
         return self.start().setup_notes
 
-    def _spawn(self) -> tuple[_Worker, KernelInfo]:
+    def worker_start(self) -> WorkerStart:
+        """What a worker is sent to start (:func:`.worker.serve` reads it);
+        :class:`SetupError` when the setup cannot be pickled for the kernel's process."""
         try:
             payload = _dumps((self.setup, self.options.memory_limit_gib))
         except Exception as exc:
@@ -445,22 +447,24 @@ class IsolatedKernel(_ClosedOnExit):
                 f"{exc}); check a MODULE:FUNC or file.py:FUNC target, or run in-process "
                 "(--no-isolate, isolate=False)"
             ) from None
+        return WorkerStart(
+            payload,
+            self.options.memory_limit_gib,
+            self._judge_setup(),
+            self.options.timeout,
+            self.options.load_timeout,
+            self.options.judge,
+        )
+
+    def _spawn(self) -> tuple[_Worker, KernelInfo]:
+        start = self.worker_start()
         # the kernel's printing goes where this process routes it (kernel_output_to)
         worker = self._starting = _Worker(kernel_output_fd(), self.jobs)
         limit = max(self.options.timeout, self.options.load_timeout)
         try:
             if self._aborted:  # abort() ran before it could see this worker
                 raise Aborted(f"loading kernel {self.setup.kernel!r}: the run was aborted")
-            worker.connection.send(
-                (
-                    payload,
-                    self.options.memory_limit_gib,
-                    self._judge_setup(),
-                    self.options.timeout,
-                    self.options.load_timeout,
-                    self.options.judge,
-                )
-            )
+            worker.connection.send(start)
             message = worker.receive(limit + self.options.load_timeout)
         except (WorkerDied, BrokenPipeError) as died:
             worker.kill()

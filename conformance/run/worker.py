@@ -31,6 +31,7 @@ from .thread_variables import THREAD_VARIABLES, WORKER_THREADS
 
 if TYPE_CHECKING:
     from ..call.problem import Problem
+    from .kernel_setup import WorkerStart
     from .remote_kernel import KernelProcess
 
 # A reproduction is only built for inputs this small; larger ones are described by shape.
@@ -179,6 +180,21 @@ def exit_when_orphaned(lifeline: int) -> None:
     threading.Thread(target=watch, name="attnspec-lifeline", daemon=True).start()
 
 
+def kernel_process_for(start: WorkerStart) -> KernelProcess:
+    """The kernel's process a judge holds (not started yet), as ``start`` describes it: the
+    one constructor of it, for :func:`serve` and for a test that judges in its own process
+    with the kernel in a process of its own (tests/support.py)."""
+    from .remote_kernel import KernelProcess
+
+    return KernelProcess(
+        start.setup_bytes,
+        start.memory_limit_gib,
+        timeout=start.timeout,
+        load_timeout=start.load_timeout,
+        label=f"kernel {start.judge_setup.kernel!r}",
+    )
+
+
 def serve(connection: Connection) -> None:
     """Start the kernel's process, then answer requests until told to stop (the judge's
     main loop): ``("property", id, profile, examples, seed, limits)`` gets the property's
@@ -186,18 +202,12 @@ def serve(connection: Connection) -> None:
     (:func:`.convention_hints.run_hints`).  The kernel runs in a process of its own
     (:mod:`.kernel_process`); this one draws, calls it there, and judges."""
     from .kernel_setup import SetupError
-    from .remote_kernel import KernelProcess
 
     keep_freed_memory()
     no_huge_page_advice()
-    setup_bytes, memory_limit_gib, judge_setup, timeout, load_timeout, strict = connection.recv()
-    process = KernelProcess(
-        setup_bytes,
-        memory_limit_gib,
-        timeout=timeout,
-        load_timeout=load_timeout,
-        label=f"kernel {judge_setup.kernel!r}",
-    )
+    start: WorkerStart = connection.recv()
+    judge_setup = start.judge_setup
+    process = kernel_process_for(start)
     try:
         try:
             backend = judge_setup.make_backend()
@@ -206,7 +216,7 @@ def serve(connection: Connection) -> None:
             connection.send(("setup-error", str(exc)))
             return
         kernel = kernel_in_judge(info, process, backend)
-        kernel.fn.twice_and_recheck = strict  # type: ignore[attr-defined]
+        kernel.fn.twice_and_recheck = start.strict  # type: ignore[attr-defined]
         threads = use_worker_threads()
         if threads:
             info = replace(info, setup_notes=(*info.setup_notes, threads))
