@@ -46,3 +46,50 @@ def test_listing_the_properties_imports_no_numpy_namespace() -> None:
     )
     assert "attnspec.conformance.judge.properties.backward" in found  # all were registered
     assert not {"array_api_compat.numpy", "numpy.f2py", "numpy.testing"} & found
+
+
+def test_the_kernels_process_imports_what_serves_a_call() -> None:
+    """CONF-14: the kernel's own process (conformance/run/kernel_process.py) loads and calls
+    the kernel and nothing else: set up for a kernel not built on the reference, it holds
+    none of the reference's attention (the declarations read a few of its choices, such as
+    CAUSAL_ALIGNMENTS, from its masks and positional modules), no property, no
+    Hypothesis: the judge's work happens in the judging worker."""
+    found = modules_after(
+        "from attnspec.conformance.run.kernel_process import main\n"
+        "from attnspec.conformance.run.kernel_setup import KernelSetup\n"
+        "def kernel(q, k, v, *, mask=None, is_causal=False, scale=None):\n"
+        "    return q\n"
+        "setup = KernelSetup(kernel, 'numpy')\n"
+        "assert setup.prepare(setup.make_backend()).declaration.family == 'dense'"
+    )
+    assert "attnspec.conformance.claims.validation" in found  # the declaration was checked
+    unneeded = {
+        "attnspec.reference.attention",  # the entry point
+        "attnspec.reference.blocked",
+        "attnspec.reference.backward",
+        "attnspec.reference.kv_cache",
+        "attnspec.reference.serving",
+        "attnspec.reference.sparse",
+        "attnspec.conformance.judge.registry",
+        "attnspec.conformance.run.property_runner",
+        "hypothesis",
+    }
+    assert not unneeded & found, sorted(unneeded & found)
+
+
+def test_the_package_imports_the_reference_at_first_use() -> None:
+    """``import attnspec`` (and the reference package) imports no module of the reference
+    until one of its names is used (the package's structure: no clause, as
+    tests/test_extras.py); every name of the facade and of
+    ``attnspec.reference.__all__``, and a submodule as an attribute, is still there."""
+    found = modules_after(
+        "import sys\n"
+        "import attnspec, attnspec.reference\n"
+        "assert not [m for m in sys.modules if m.startswith('attnspec.reference.')]\n"
+        "from attnspec import *\n"
+        "from attnspec.reference import *\n"
+        "assert attnspec.reference.tolerance.__name__ == 'attnspec.reference.tolerance'\n"
+        "assert attnspec.scaled_dot_product_attention is scaled_dot_product_attention\n"
+        "assert scaled_dot_product_attention.__module__ == 'attnspec.reference.attention'"
+    )
+    assert "attnspec.reference.sparse.masks" in found  # every name was imported on demand

@@ -11,7 +11,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...reference.sparse.definition import PATTERN_NAMES
 from .flags import Getter, UsageError, key_values
 
 FEATURE_MAPS = ("elu+1", "relu", "favor+")
@@ -386,6 +385,10 @@ def sparse_from_flags(get: Getter) -> SparseClaim | None:
     pattern = _chosen(get, "sparse", "PATTERN", refinements, given=bool)
     if pattern is None:
         return None
+    # here, not at the top: a process that reads declarations only (the kernel's own,
+    # run/kernel_process.py) need not import the whole reference for one tuple of names
+    from ...reference.sparse.definition import PATTERN_NAMES
+
     if pattern not in PATTERN_NAMES:
         raise UsageError(
             f"--sparse {pattern!r} is not a spec pattern; expected one of "
