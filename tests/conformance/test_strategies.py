@@ -22,6 +22,7 @@ from catalogue.correct import lse_attention, online_softmax_attention
 from catalogue.entry import SpecCall, spec_kernel
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shared_draws import SharedDraws
 from support import DRAWN, backend_or_skip, recording, verdict_of
 
 from attnspec.backends import Backend
@@ -222,6 +223,12 @@ def test_anchor_failure_names_the_anchor() -> None:
     assert "k(1, 1, 203, 59)" in verdict.counterexample, verdict.counterexample
 
 
+# The three correct kernels below declare the same claims on NumPy, so a property draws
+# them the same examples: the first one's passing examples are recorded and replayed on
+# the others, which then skip Hypothesis's engine and strategies (tests/shared_draws.py: a
+# replay that does not pass falls back to the kernel's own run, so each verdict is the one
+# its own run gives).
+SHARED = SharedDraws()
 CORRECT_SUBJECTS = [
     ("lse", lse_attention, "numpy", {}),
     ("online-softmax", online_softmax_attention, "numpy", {}),
@@ -255,7 +262,7 @@ def test_correct_kernels_pass_realistic_strata(
     kernel = KernelUnderTest(fn, backend_or_skip(backend), declaration_of(fn, **claims))
     bad = []
     for prop in all_properties().values():
-        verdict = run_property(prop, kernel, profile=profile)
+        verdict = SHARED.verdict(prop, kernel, profile=profile)
         if verdict.status not in (PASSED, NOT_APPLICABLE):
             bad.append(f"{prop.id}: {verdict.status}: {verdict.detail}\n  {verdict.counterexample}")
     assert not bad, "\n".join(bad[:3])
