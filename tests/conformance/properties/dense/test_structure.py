@@ -120,7 +120,10 @@ def test_torch_sdpa_passes(property_id: str) -> None:
     applicable (mask and bias share attn_mask; attn_mask with is_causal raises)."""
     torch = pytest.importorskip("torch", reason="torch is an optional backend")
     fn = torch.nn.functional.scaled_dot_product_attention
-    verdict = verdict_of(property_id, fn, backend="torch")
+    # A known divergence is asserted on its first failing example, not shrunk (mask-broadcast:
+    # 0.74 -> 0.06 CPU-s), but batch-broadcast's: its shrunk case is the empty broadcast the
+    # divergence is about (the first one found is another shape).
+    verdict = verdict_of(property_id, fn, backend="torch", shrink=property_id == "batch-broadcast")
     expected = (
         NOT_APPLICABLE if property_id in ("mask-wins-over-bias", "mask-and-causal") else PASSED
     )
