@@ -20,6 +20,12 @@ REC-6.2's bound (``reference/recurrent/tolerance.py``: ``recurrent_error_bound``
 loop in float64) is remembered the same way, in a memo of its own (``RECURRENT_MAX_BYTES``):
 it was half the time of a recurrence property's run, and the catalogue's two correct
 recurrences (tests/catalogue/test_recurrent_conformance.py) are drawn the same problems.
+LIN-5.2's bound (``reference/linear.py``: ``linear_error_bound``, as the linear properties
+call it) too, in a memo of its own (``LINEAR_MAX_BYTES``): a kernel declared alike replays
+the reference's problems (tests/conformance/properties/linear/test_linear_properties.py),
+and the causal bound's prefix sums were about half of such a replay's time.  Its feature
+map is digested by name where it is one of the reference's named maps (pure functions);
+any other map is not digested, so that bound is evaluated every time.
 """
 
 from __future__ import annotations
@@ -32,14 +38,21 @@ from typing import Any
 
 import numpy as np
 
+import attnspec.conformance.judge.properties.linear as linear_properties
 import attnspec.conformance.judge.properties.recurrent as recurrent_properties
 import attnspec.reference.tolerance as tolerance
+from attnspec.reference.linear import elu_plus_one, relu_features
 
 MAX_BYTES = 192 * 2**20
 # one recurrence property's bounds on one kernel (~15 MiB in the quick profile), with room
 RECURRENT_MAX_BYTES = 48 * 2**20
+# LIN-5.2's bound of the linear properties' problems (at most 12 queries and keys)
+LINEAR_MAX_BYTES = 16 * 2**20
 # a result larger than this is evaluated every time (a realistic problem's weights)
 MAX_ENTRY_BYTES = 24 * 2**20
+# the reference's named feature maps, digested by name (pure functions of their input);
+# any other callable is not digested, so its bound is evaluated every time
+NAMED_FEATURE_MAPS = {id(fn): fn.__name__ for fn in (elu_plus_one, relu_features)}
 
 
 class _Unhashable(Exception):
@@ -52,6 +65,8 @@ def _digest_into(hasher: Any, value: Any) -> None:
     elif isinstance(value, np.ndarray):
         hasher.update(repr(("array", value.dtype.str, value.shape)).encode())
         hasher.update(np.ascontiguousarray(value).data)
+    elif id(value) in NAMED_FEATURE_MAPS:
+        hasher.update(repr(("feature map", NAMED_FEATURE_MAPS[id(value)])).encode())
     elif isinstance(value, dict):
         for name in sorted(value):
             hasher.update(name.encode())
@@ -129,11 +144,14 @@ def bounds_remembered() -> Iterator[BoundMemo]:
     """TOL-2's bound (and REC-6.2's) remembered while the context lasts (tests/conftest.py:
     the session); the TOL-2 memo is given."""
     evaluate, evaluate_recurrent = tolerance._bounds, recurrent_properties.recurrent_error_bound
+    evaluate_linear = linear_properties.linear_error_bound
     memo = BoundMemo(evaluate)
     tolerance._bounds = memo
     recurrent_properties.recurrent_error_bound = BoundMemo(evaluate_recurrent, RECURRENT_MAX_BYTES)
+    linear_properties.linear_error_bound = BoundMemo(evaluate_linear, LINEAR_MAX_BYTES)
     try:
         yield memo
     finally:
         tolerance._bounds = evaluate
         recurrent_properties.recurrent_error_bound = evaluate_recurrent
+        linear_properties.linear_error_bound = evaluate_linear
