@@ -49,25 +49,30 @@ def attend(
     alpha = 1.0 / math.sqrt(head_dim) if call.scale is None else call.scale
     out = np.zeros((n_q_heads, n_queries, value_dim))
     lse = np.full((n_q_heads, n_queries), -math.inf)
-    for h in range(n_q_heads):
-        g = h // (n_q_heads // n_kv_heads)
-        for i in range(n_queries):
-            keys = np.flatnonzero(allowed(i)) if n_keys else np.zeros(0, int)
-            scores = alpha * (k[g, keys] @ q[h, i])
-            if softcap is not None:
-                scores = softcap * np.tanh(scores / softcap)
-            if slopes is not None:
-                scores = scores - float(slopes[h]) * np.abs(positions[i] - keys)
-            terms = list(scores)
-            if sinks is not None:
-                terms.append(float(sinks[h]))
-            if not terms:
-                continue
-            top = max(terms)
-            exps = np.exp(scores - top)
-            denominator = exps.sum() + (math.exp(float(sinks[h]) - top) if sinks is not None else 0)
-            out[h, i] = exps @ v[g, keys] / denominator
-            lse[h, i] = top + math.log(denominator)
+    group = n_q_heads // n_kv_heads
+    assert n_q_heads == group * n_kv_heads, "GQA: Hq is a multiple of Hkv"
+    for i in range(n_queries):
+        keys = np.flatnonzero(allowed(i)) if n_keys else np.zeros(0, int)
+        if not len(keys) and sinks is None:
+            continue  # no term in the denominator: out 0, lse -inf
+        for g in range(n_kv_heads):
+            # the row's keys and values, read once for the query heads of kv head g
+            row_k, row_v = k[g, keys], v[g, keys]
+            for h in range(g * group, (g + 1) * group):
+                scores = alpha * (row_k @ q[h, i])
+                if softcap is not None:
+                    scores = softcap * np.tanh(scores / softcap)
+                if slopes is not None:
+                    scores = scores - float(slopes[h]) * np.abs(positions[i] - keys)
+                # the largest term of the denominator, the sink's among them
+                top = scores.max(initial=-math.inf)
+                if sinks is not None:
+                    top = max(top, float(sinks[h]))
+                exps = np.exp(scores - top)
+                sink = math.exp(float(sinks[h]) - top) if sinks is not None else 0
+                denominator = exps.sum() + sink
+                out[h, i] = exps @ row_v / denominator
+                lse[h, i] = top + math.log(denominator)
     return out, lse
 
 
