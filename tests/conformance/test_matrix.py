@@ -4,10 +4,11 @@ conformance/root_causes.py) folded into it.
 
 One matrix run on two torch rows (four properties each, FEW_EXAMPLES small draws as the
 quick profile: nn.MultiheadAttention's failures re-run around fully masked rows cost ~135 s
-of CPU on the real quick profile, 6 s on FEW_EXAMPLES, with the same findings) is shared by
-the module; a second, on one property of the real quick profile, checks two kernels at
-once in processes of their own (--jobs 2: a profile patched here does not reach them); the
-folding and cell rules are also checked on hand-built reports.
+of CPU on the real quick profile, 6 s on FEW_EXAMPLES, with the same findings), its kernels
+checked in this process, is shared by the module; a second, on one property of the real
+quick profile, checks two kernels at once in processes of their own, each with its worker
+(--jobs 2: a profile patched here does not reach them); the folding and cell rules are
+also checked on hand-built reports.
 """
 
 from __future__ import annotations
@@ -52,11 +53,16 @@ def _matrix(out: Path, *argv: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def matrix_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The matrix of four kernels (two checkable here), each checked in a worker of its own
-    on FEW_EXAMPLES as its quick profile (the profile travels to the worker with each
-    property)."""
+    """The matrix of four kernels (two checkable here) on FEW_EXAMPLES as their quick
+    profile, each checked in this process (``check --no-isolate``'s path), not in a worker
+    of its own: the rows are the same either way (compared on this run: bit for bit but the
+    seconds), and the two workers of each kernel (its worker and the kernel's process, each
+    importing torch) cost ~11 of the ~13 s of CPU this run took.  The worker's own
+    behaviour is test_supervisor.py's and test_worker_pool.py's; the matrix's processes,
+    workers included, are run by test_kernels_checked_at_once_come_back_as_their_rows."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(PROFILES, "quick", FEW_EXAMPLES)
+        patch.setattr(cli, "isolation_from", lambda args: None)
         return _matrix(
             tmp_path_factory.mktemp("matrix"),
             *("--kernel", "sdpa_math", "--kernel", "torch.nn:Multihead"),
@@ -102,8 +108,9 @@ def test_kernels_checked_at_once_come_back_as_their_rows(
     matrix_run: dict[str, Any], tmp_path: Path
 ) -> None:
     """CONF-1 (the matrix's --jobs N): two kernels checked at once, each by ``attnspec
-    matrix`` in a process of its own, come back as their rows: checked, with the cells and
-    the divergence (and its write-up) that the same property gives them in this process."""
+    matrix`` in a process of its own (and its workers), come back as their rows: checked,
+    with the cells and the divergence (and its write-up) that the same property gives them
+    in this process."""
     run = _matrix(
         tmp_path,
         *("--kernel", "sdpa_math", "--kernel", "torch.nn:Multihead"),
