@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 FLOAT_DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
 # the stored dtypes of float8 kernels (spec/serving.md, QUANT-1): inputs only, never drawn as
@@ -233,7 +233,7 @@ def _load_jax() -> ModuleType:
     _import_or_explain("jax", "install it with: pip install 'attnspec[jax]'")
     import jax.numpy as jnp
 
-    return jnp
+    return cast(ModuleType, jnp)  # Any to mypy, which reads jax as missing (pyproject.toml)
 
 
 # JAX's process-wide settings attnspec may change when asked: float64 needs x64 (JAX

@@ -7,7 +7,10 @@ kernels) are imported inside the functions that use them.  Two checks prove it, 
 - importing every module of the package with every optional library blocked
   (``sys.modules[name] = None`` makes ``import name`` raise ImportError) succeeds;
 - mypy reads every optional library as missing, installed or not (``follow_imports =
-  "skip"`` with ``ignore_missing_imports``), so the one ``mypy --strict`` run of
+  "skip"`` with ``ignore_missing_imports``, and ``follow_imports_for_stubs`` for the
+  libraries that ship ``.pyi`` stubs, which ``skip`` alone still reads: jax.numpy's, where
+  a function returning the module passed with jax installed and failed ``no-any-return``
+  without it), so the one ``mypy --strict`` run of
   scripts/typecheck (tests/test_project_rules.py) sees what a run without any extra sees:
   passing there is passing in every combination.  Without ``skip``, an installed library's
   types are checked and a run without it differs (an ``Any`` returned where ``int`` is
@@ -128,15 +131,18 @@ def _override_of(module: str) -> dict[str, object]:
 
 
 def test_mypy_reads_every_optional_library_as_missing() -> None:
-    """Each optional library, and its submodules, is ``follow_imports = "skip"`` and
+    """Each optional library, and its submodules, is ``follow_imports = "skip"``, with
+    ``follow_imports_for_stubs`` (its ``.pyi`` stubs skipped too), and
     ``ignore_missing_imports`` for mypy: the same ``Any`` whether its extra is installed or
     not, so scripts/typecheck passing proves ``mypy --strict`` passes without any extra."""
     wrong = []
     for library in optional_libraries():
         for module in (library, f"{library}.sub"):
             settings = _override_of(module)
-            if settings.get("follow_imports") != "skip" or not settings.get(
-                "ignore_missing_imports"
+            if (
+                settings.get("follow_imports") != "skip"
+                or settings.get("follow_imports_for_stubs") is not True
+                or not settings.get("ignore_missing_imports")
             ):
                 wrong.append(module)
     assert not wrong, f"not read as missing by mypy (pyproject's [tool.mypy] overrides): {wrong}"
