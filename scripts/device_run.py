@@ -75,6 +75,9 @@ SIDE_BY_SIDE_MAX_S = 300
 MIN_BOX_S = 5  # a phase with less time than this left is skipped, not started
 MERGE_FLOOR_S = 10  # the merge runs even when the budget is spent: it is what comes back
 GRACE_S = 10  # between SIGTERM (attnspec writes the verdicts it has) and SIGKILL
+# how often a phase looks at its steps: a step's end is seen this long after it ended at
+# most (each phase of a run waited 0.2 s past its last step, and a stub's steps end at once)
+POLL_S = 0.05
 STOP_S = GRACE_S + 1  # the most a stopped step takes past its box (SIGKILL is final)
 LOG_TAIL_BYTES = 400_000  # of each step's output in log.txt
 NEEDS_A_GPU = "needs a GPU"
@@ -530,7 +533,7 @@ def run_steps(
     running = {step.name: start(step, python, env, work) for step in steps}
     terminated: dict[str, float] = {}  # step -> when SIGTERM was sent
     ended: dict[str, tuple[str, float, str]] = {}
-    while len(ended) < len(steps):
+    while True:
         now = time.monotonic()
         for step in steps:
             process = running[step.name]
@@ -548,7 +551,9 @@ def run_steps(
                 terminated[step.name] = now
             elif step.name in terminated and now - terminated[step.name] > GRACE_S:
                 _signal(process, signal.SIGKILL)
-        time.sleep(0.2)
+        if len(ended) == len(steps):
+            break
+        time.sleep(POLL_S)
     results = []
     for step in steps:
         status, seconds, note = ended[step.name]
