@@ -109,17 +109,17 @@ def test_mypy_strict_is_clean() -> None:
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
 
 
-def _docstrings(tree: ast.AST) -> set[int]:
-    nodes = [
-        n
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
-    ]
-    return {
-        id(n.body[0].value)
-        for n in nodes
-        if n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)
-    }
+def _strings_but_docstrings(tree: ast.AST) -> list[ast.Constant]:
+    """The string constants of ``tree`` that are not docstrings, in one walk of it."""
+    docstrings, strings = set(), []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = n.body[0] if n.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.add(id(first.value))
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+            strings.append(n)
+    return [n for n in strings if id(n) not in docstrings]
 
 
 def test_the_version_is_written_once() -> None:
@@ -151,14 +151,10 @@ def test_the_version_is_written_once() -> None:
         if relative.name == "_version.py":
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        docstrings = _docstrings(tree)
         written += [
             f"{relative}:{node.lineno}"
-            for node in ast.walk(tree)
-            if isinstance(node, ast.Constant)
-            and isinstance(node.value, str)
-            and id(node) not in docstrings
-            and literal.search(node.value)
+            for node in _strings_but_docstrings(tree)
+            if isinstance(node.value, str) and literal.search(node.value)
         ]
     assert not written, f"the version written outside _version.py: {written}"
 
