@@ -71,5 +71,7 @@ def test_a_waiving_kernel_is_still_judged_on_rows_with_keys(
 ) -> None:
     """SDPA-7.1, SDPA-7.6, CONF-7: the property fails a kernel that waives SDPA-5.1 and is
     wrong on rows that have an allowed key."""
-    verdict = verdict_of(prop, kernel, declaration=WAIVING, profile="quick")
+    # the first failing example decides the status: not shrunk (only the status is asserted,
+    # as tests/catalogue/test_caught.py)
+    verdict = verdict_of(prop, kernel, declaration=WAIVING, profile="quick", shrink=False)
     assert verdict.status == FAILED, (verdict.status, verdict.detail)
