@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import verdict_of
+from support import SMALL_LIMITS, verdict_of
 
 from attnspec.conformance import declaration_of, declare
 from attnspec.conformance.judge.verdict import FAILED, PASSED
@@ -49,9 +49,13 @@ CHECKED = ("matches-reference", "nan-propagates", "layout-independence", "bias-s
 @pytest.mark.parametrize("property_id", CHECKED)
 def test_a_kernel_adding_the_float32_bias_in_float32_conforms(property_id: str) -> None:
     """SDPA-1.4, SDPA-3.2, SDPA-8.3, SDPA-1.7: float32 biases of float16 inputs, used as
-    given, in every property that passes a bias (the strided-layout call included)."""
+    given, in every property that passes a bias (the strided-layout call included).  The
+    sizes are capped (SMALL_LIMITS, every stratum and anchor still run): the bias's dtype on
+    its way to the kernel is what is checked, which a small problem shows as a large one."""
     fn = _kernel(cast_bias=False)
-    verdict = verdict_of(property_id, fn, declaration=declaration_of(fn), seed=0)
+    verdict = verdict_of(
+        property_id, fn, declaration=declaration_of(fn), seed=0, limits=SMALL_LIMITS
+    )
     assert verdict.status == PASSED, verdict.detail
 
 
