@@ -8,6 +8,7 @@ slice (the first head's, or the key/value head's under GQA) gives some head anot
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ import attnspec
 from attnspec.backends import Backend
 from attnspec.conformance import KernelUnderTest, Problem, declare
 from attnspec.conformance.judge.properties.masking import _each_head_with_its_slice_everywhere
-from attnspec.conformance.judge.verdict import FAILED, PASSED
+from attnspec.conformance.judge.verdict import FAILED, PASSED, Verdict
 
 NUMPY = Backend("numpy")
 
@@ -74,10 +75,19 @@ def test_a_kernel_reading_the_key_value_heads_slice_gives_other_heads_another_re
     assert not differs[[0, 2]].any() and differs[[1, 3]].any()
 
 
+@functools.cache
+def buggy_verdict(fn: Any, compiles_per_shape: bool) -> Verdict:
+    """mask-broadcast's verdict on ``fn`` (declared with a mask and GQA) on NumPy, as it is
+    or compiling per shape, its first failing example unshrunk (the status is asserted):
+    run once for the tests that read it (the key/value head's slice on NumPy is read twice)."""
+    buggy = declare(fn, mask=True, gqa=True)
+    backend = compiling() if compiles_per_shape else NUMPY
+    return verdict_of("mask-broadcast", buggy, backend=backend, shrink=False)
+
+
 def test_mask_broadcast_fails_a_kernel_reading_the_key_value_heads_slice() -> None:
     """SDPA-3.1: mask-broadcast fails that kernel; the reference passes it."""
-    buggy = declare(mask_by_key_value_head, mask=True, gqa=True)
-    assert verdict_of("mask-broadcast", buggy, shrink=False).status == FAILED
+    assert buggy_verdict(mask_by_key_value_head, compiles_per_shape=False).status == FAILED
     correct = declare(reference, mask=True, gqa=True)
     assert verdict_of("mask-broadcast", correct).status == PASSED
 
@@ -98,10 +108,9 @@ def test_pooled_realistic_examples_still_meet_every_mask_form() -> None:
     sizes is still caught there, as on NumPy, and the kernel reading the key/value head's
     slice too."""
     for fn in (two_d_mask_ignored_past_nine_keys, mask_by_key_value_head):
-        buggy = declare(fn, mask=True, gqa=True)
-        for backend in (NUMPY, compiling()):
-            verdict = verdict_of("mask-broadcast", buggy, backend=backend, shrink=False)
-            assert verdict.status == FAILED, (fn.__name__, backend, verdict.detail)
+        for compiles_per_shape in (False, True):
+            verdict = buggy_verdict(fn, compiles_per_shape)
+            assert verdict.status == FAILED, (fn.__name__, compiles_per_shape, verdict.detail)
 
 
 def mask_shape_per_call(q: Any, k: Any, v: Any, **options: Any) -> tuple[Any, ...]:
@@ -110,14 +119,27 @@ def mask_shape_per_call(q: Any, k: Any, v: Any, **options: Any) -> tuple[Any, ..
     return tuple(q.shape), None if mask is None else tuple(mask.shape), k.shape[-2]
 
 
+MaskCall = tuple[tuple[int, ...], tuple[int, ...] | None, int]
+
+
+@functools.cache
+def calls_of_a_correct_kernel(compiles_per_shape: bool) -> tuple[str, tuple[MaskCall, ...]]:
+    """mask-broadcast's status on the reference (a mask, GQA, no bias) on NumPy, as it is or
+    compiling per shape, and each of its calls' :func:`mask_shape_per_call`: one run of each,
+    read by the two tests below (the compiling run by both)."""
+    seen: list[MaskCall] = []
+    kernel = recording(seen, record=mask_shape_per_call, mask=True, bias=False)
+    backend = compiling() if compiles_per_shape else NUMPY
+    return verdict_of("mask-broadcast", kernel, backend=backend).status, tuple(seen)
+
+
 def test_pooled_realistic_examples_spread_over_the_mask_forms() -> None:
     """SDPA-3.1: the form a pooled realistic example checks is tied to its stratum and
     shape, not Hypothesis's simplest draw (which a stratum of one example always takes):
     over the quick profile's realistic strata a correct kernel meets 1-d and (Lq, Lk)
     masks past the small stratum's 9 keys, and full ones."""
-    seen: list[tuple[Any, ...]] = []
-    kernel = recording(seen, record=mask_shape_per_call, mask=True, bias=False)
-    assert verdict_of("mask-broadcast", kernel, backend=compiling()).status == PASSED
+    status, seen = calls_of_a_correct_kernel(compiles_per_shape=True)
+    assert status == PASSED
     ranks = {
         len(mask) if len(mask) < 3 else 4 if mask[-3] == q[-3] else 3
         for q, mask, n_keys in seen
@@ -132,10 +154,9 @@ def test_a_pooled_small_shape_meets_one_drawn_mask_shape_per_run() -> None:
     mask shapes a run (that one, the 1-d key mask, the (Lq, Lk) mask and the full mask),
     each a compilation; elsewhere the drawn shape varies from example to example."""
     met: list[dict[tuple[int, ...], set[tuple[int, ...]]]] = []
-    for backend in (NUMPY, compiling()):
-        seen: list[tuple[tuple[int, ...], tuple[int, ...] | None, int]] = []
-        kernel = recording(seen, record=mask_shape_per_call, mask=True, bias=False)
-        assert verdict_of("mask-broadcast", kernel, backend=backend).status == PASSED
+    for compiles_per_shape in (False, True):
+        status, seen = calls_of_a_correct_kernel(compiles_per_shape)
+        assert status == PASSED
         shapes: dict[tuple[int, ...], set[tuple[int, ...]]] = {}
         for q_shape, mask_shape, n_keys in seen:
             if mask_shape is not None and n_keys <= 9:  # the small stratum's lengths
