@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -45,20 +46,34 @@ def masked_softmax_kernel(
     if left_shift:
         params["left"] += left_shift
 
-    def kernel(q, k, v, *, scale=None):
-        n_q, n_k = q.shape[-2], k.shape[-2]
+    @functools.cache
+    def pattern_mask(n_q: int, n_k: int) -> np.ndarray:
+        """The pattern's (Lq, Lk) mask, made once per pair of lengths (read only)."""
         mask = np.asarray(
             sparse_mask(
                 pattern_of(case), n_q, n_k, alignment=alignment, causal=causal, xp=np, **params
             )
         )
-        groups = q.shape[-3] // k.shape[-3]
-        k, v = np.repeat(k, groups, axis=-3), np.repeat(v, groups, axis=-3)
+        mask.flags.writeable = False
+        return mask
+
+    def kernel(q, k, v, *, scale=None):
+        mask = pattern_mask(q.shape[-2], k.shape[-2])
+        # by key/value-head group, (..., Hkv, G, L, X): each query head's products with its
+        # group's K and V as with copies of them per query head (the same matrices), without
+        # the copies
+        heads = q.shape[-3]
+        q = q.reshape(*q.shape[:-3], k.shape[-3], heads // k.shape[-3], *q.shape[-2:])
+        k, v = k[..., None, :, :], v[..., None, :, :]
         s = q @ np.swapaxes(k, -1, -2) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+
+        def per_query_head(out: np.ndarray) -> np.ndarray:
+            return out.reshape(*out.shape[:-4], heads, *out.shape[-2:]).astype(q.dtype)
+
         if fill is not None:
             s = np.where(mask, s, fill)
             p = np.exp(s - s.max(axis=-1, keepdims=True))
-            return ((p / p.sum(axis=-1, keepdims=True)) @ v).astype(q.dtype)
+            return per_query_head((p / p.sum(axis=-1, keepdims=True)) @ v)
         masked = np.where(mask, s, -np.inf)
         peak = np.max(masked, axis=-1, keepdims=True, initial=-np.inf)
         peak = np.where(np.isfinite(peak), peak, 0.0)
@@ -67,9 +82,9 @@ def masked_softmax_kernel(
         total = e.sum(axis=-1, keepdims=True)
         p = e / np.where(total == 0, 1.0, total)
         if zero_after_softmax:
-            return (p @ v).astype(q.dtype)  # 0 * NaN of masked values leaks
+            return per_query_head(p @ v)  # 0 * NaN of masked values leaks
         # a masked key's NaN or inf must not reach the row (0 * NaN): only allowed keys
-        return allowed_values_sum(p, mask, v).astype(q.dtype)
+        return per_query_head(allowed_values_sum(p, mask, v))
 
     return declare(
         kernel,
