@@ -664,6 +664,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as exc:  # outside a run (loading the kernel, writing reports)
         print(f"\n{PROGRAM}: interrupted by {signal_name(exc)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `attnspec properties | head`: the reader has what it wanted
+        return _reader_gone()
     except Exception as exc:  # the kernel's own exceptions are verdicts: this is attnspec's
         traceback.print_exc()
         print(
@@ -672,6 +674,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+
+
+def _reader_gone() -> int:
+    """Exit status 2 (the command did not finish: docs/checking-your-kernel.md, section 5)
+    without a traceback: stdout goes to the null device first, or Python's flush of it at
+    exit raises the same error again."""
+    with contextlib.suppress(OSError, ValueError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+    return 2
 
 
 if __name__ == "__main__":
