@@ -25,11 +25,11 @@ from .plan import Progress, RunPlan, execute, plan_run
 from .report.render import format_table
 
 # the API's names, documented as api.* (`X as X`: an explicit re-export)
-from .run.kernel_setup import SIZE_FLAGS as SIZE_FLAGS
 from .run.kernel_setup import KernelSetup as KernelSetup
 from .run.kernel_setup import SetupError as SetupError
 from .run.kernel_setup import size_limits as size_limits
 from .run.kernel_setup import size_limits_from as size_limits_from
+from .run.shared_flags import SIZE_FLAGS as SIZE_FLAGS
 from .run.supervisor import IsolationOptions
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .. import benchmarks
-from .api import SIZE_FLAGS, KernelSetup, SetupError, size_limits_from
+from .api import KernelSetup, SetupError, size_limits_from
 from .call.side_effects import kernel_output_to
 from .claims import table as claims
 from .claims.flags import Flag, UsageError, comma_list
@@ -50,7 +50,8 @@ from .plan import REPORT_FORMATS, Execution, execute, plan_run
 from .report.files import signal_name, sigterm_interrupts
 from .run.property_runner import PROFILES
 from .run.root_causes import divergences
-from .run.supervisor import SUPERVISION_FLAGS, IsolationOptions, isolation_options
+from .run.shared_flags import SIZE_FLAGS, SUPERVISION_FLAGS
+from .run.supervisor import IsolationOptions, isolation_options
 from .run.worker_pool import MOST_DEFAULT_JOBS, parse_jobs
 
 DEMO_KERNELS: tuple[tuple[str, str | None, dict[str, Any]], ...] = (

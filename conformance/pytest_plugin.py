@@ -116,9 +116,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def _shared_flags() -> tuple[Flag, ...]:
     """The flags the plugin shares with ``attnspec check`` (the size caps, the claims
     table's declarations, the worker's supervision), each as ``--attnspec-<flag>``."""
-    from .api import SIZE_FLAGS
     from .claims.table import CLAIM_FLAGS, SETUP_FLAGS
-    from .run.supervisor import SUPERVISION_FLAGS
+    from .run.shared_flags import SIZE_FLAGS, SUPERVISION_FLAGS
 
     return (*SIZE_FLAGS, *SETUP_FLAGS, *CLAIM_FLAGS, *SUPERVISION_FLAGS)
 

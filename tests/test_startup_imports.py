@@ -93,3 +93,29 @@ def test_the_package_imports_the_reference_at_first_use() -> None:
         "assert scaled_dot_product_attention.__module__ == 'attnspec.reference.attention'"
     )
     assert "attnspec.reference.sparse.masks" in found  # every name was imported on demand
+
+
+def test_the_pytest_plugin_adds_its_options_without_the_suite() -> None:
+    """CONF-2's pytest plugin is loaded in every pytest run of an environment where
+    attnspec is installed (its ``pytest11`` entry point): without ``--attnspec-kernel`` it
+    adds its options (the size caps, the claims, the worker's supervision) and imports no
+    array library, no Hypothesis, no judging and no drawing engine (~0.3 s of CPU on
+    every user's pytest run before run/shared_flags.py held those flags)."""
+    found = modules_after(
+        "import pytest\n"
+        "from attnspec.conformance import pytest_plugin\n"
+        "parser = pytest.Parser()\n"
+        "pytest_plugin.pytest_addoption(parser)\n"
+        "names = {n for option in parser.getgroup('attnspec').options for n in option.names()}\n"
+        "assert {'--attnspec-max-len', '--attnspec-timeout', '--attnspec-causal'} <= names"
+    )
+    assert "attnspec.conformance.run.shared_flags" in found  # the options were added
+    unneeded = {
+        "numpy",
+        "hypothesis",
+        "attnspec.conformance.judge.kernel",
+        "attnspec.conformance.run.supervisor",
+        "attnspec.conformance.run.property_runner",
+        "attnspec.conformance.draw.strategies",
+    }
+    assert not unneeded & found, sorted(unneeded & found)

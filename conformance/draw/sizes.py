@@ -173,10 +173,11 @@ class SizeLimits:
     def __post_init__(self) -> None:
         for name in ("max_len", "max_head_dim", "max_batch_heads"):
             _positive(getattr(self, name), name)
-        from .input_features import feature
+        if self.avoid:  # input_features imports NumPy: not for the plain caps (shared_flags)
+            from .input_features import feature
 
-        for name in self.avoid:
-            feature(name)  # ValueError for an unknown one
+            for name in self.avoid:
+                feature(name)  # ValueError for an unknown one
 
 
 def _extended(base: Sequence[int], limit: int) -> tuple[int, ...]:

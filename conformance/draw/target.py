@@ -7,11 +7,12 @@ A Protocol, so that drawing depends on no judging code: the judge's
 
 from __future__ import annotations
 
-from typing import Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Protocol
 
 from ..claims.declaration import KernelDeclaration
+
+if TYPE_CHECKING:  # annotations only: drawing's size caps are read without NumPy
+    import numpy as np
 
 
 class DrawTarget(Protocol):

@@ -21,7 +21,7 @@ from ..call.layouts import LAYOUTS, from_layout, rename_arguments
 from ..claims.declaration import KernelDeclaration, declaration_of
 from ..claims.family_claims import MLA_PAGED_KEYWORDS
 from ..claims.loading import KernelLoadError, load_kernel, on_sys_path
-from ..claims.table import Flag, Getter, suite_keywords
+from ..claims.table import Getter, suite_keywords
 from ..draw.sizes import SizeLimits
 from ..judge.call_guard import guard_calls
 from ..judge.convention_hints import class_target_hint, signature_hints
@@ -29,6 +29,7 @@ from ..judge.favor_bound import FAVOR_TEST_QUERIES, favor_usage_error
 from ..judge.kernel import KernelUnderTest
 from ..judge.reproduce import known_environment, rebuild_source
 from ..kernels.known import known_adapter, known_backend
+from .shared_flags import SIZE_FLAGS
 
 
 class SetupError(ValueError):
@@ -424,32 +425,6 @@ def size_limits(
         return SizeLimits(**chosen)
     except ValueError as exc:
         raise SetupError(str(exc)) from None
-
-
-_DEFAULT_LIMITS = SizeLimits()
-#: The size caps, shared by ``attnspec check`` and the pytest plugin (``--attnspec-max-len``
-#: ...); each flag's dest is the :class:`SizeLimits` field it sets.
-SIZE_FLAGS: tuple[Flag, ...] = (
-    Flag(
-        "--max-len",
-        f"largest Lq and Lk drawn (default {_DEFAULT_LIMITS.max_len}; larger "
-        "adds longer block boundaries)",
-        type=int,
-        metavar="N",
-    ),
-    Flag(
-        "--max-head-dim",
-        f"largest head dims E and Ev drawn (default {_DEFAULT_LIMITS.max_head_dim})",
-        type=int,
-        metavar="N",
-    ),
-    Flag(
-        "--max-batch-heads",
-        f"largest batch x query heads drawn (default {_DEFAULT_LIMITS.max_batch_heads})",
-        type=int,
-        metavar="N",
-    ),
-)
 
 
 def size_limits_from(get: Getter, *, prefix: str | None = None) -> SizeLimits:

@@ -45,14 +45,14 @@ import time
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from ...backends import Backend
 from ...backends._registry import compilation_cache_variables
 from ..call.problem import Problem
 from ..call.side_effects import hypothesis_storage_variables, kernel_output_fd
 from ..claims.loading import load_kernel
-from ..claims.table import Flag, Getter, UsageError
+from ..claims.table import Getter, UsageError
 from ..draw.sizes import SizeLimits
 from ..judge.convention_hints import run_hints
 from ..judge.failures import PropertyFailure
@@ -62,18 +62,14 @@ from ..judge.registry import Property
 from ..judge.verdict import Verdict
 from .kernel_setup import KernelSetup, SetupError, WorkerStart, loader_source
 from .property_runner import PROFILES, _failed_verdict, run_property
+from .shared_flags import (
+    DEFAULT_LOAD_TIMEOUT,
+    DEFAULT_MEMORY_LIMIT_GIB,
+    DEFAULT_STALL_BUDGET,
+    DEFAULT_TIMEOUT,
+)
 from .thread_variables import THREAD_VARIABLES, WORKER_THREADS
 
-if TYPE_CHECKING:
-    pass
-
-DEFAULT_TIMEOUT = 60.0  # s per kernel call: JAX/XLA compiles a new shape in a few seconds
-DEFAULT_MEMORY_LIMIT_GIB = 16.0  # beyond the loaded backend; quick problems need megabytes
-DEFAULT_LOAD_TIMEOUT = 120.0  # s to start a worker and import the backend and the kernel
-# Kernel calls that may outlast the timeout before the run stops: a kernel that hangs on
-# every call then ends the quick profile in about DEFAULT_STALL_BUDGET timeouts (two at a
-# time with two workers), not one per applicable property (~29 on the quick profile).
-DEFAULT_STALL_BUDGET = 3
 FILE_MODULE_PREFIX = "attnspec_kernel_"  # how load_kernel names a file.py:FUNC module
 _STOP_GRACE = 2.0  # s a stopped or dying worker gets to exit before it is killed
 _LIVENESS_CHECK = 1.0  # s between checks that a silent worker is still alive
@@ -125,47 +121,6 @@ class IsolationOptions:
                 f"memory_limit_gib={self.memory_limit_gib!r}, but should be a "
                 "number of GiB >= 0 (0: no limit)"
             )
-
-
-# The supervision flags `attnspec check` and the pytest plugin share (the plugin's with
-# --attnspec-); how isolation is turned off or on differs (--no-isolate, --attnspec-isolate).
-SUPERVISION_FLAGS = (
-    Flag(
-        "--timeout",
-        "a kernel call (or the suite's work between two calls) taking longer "
-        f"fails its property and the worker is restarted (default {DEFAULT_TIMEOUT:g})",
-        type=float,
-        metavar="SECONDS",
-    ),
-    Flag(
-        "--memory-limit",
-        "address space the worker may add after loading the backend "
-        f"(default {DEFAULT_MEMORY_LIMIT_GIB:g}; 0: no limit; CPU devices only)",
-        type=float,
-        metavar="GIB",
-    ),
-    Flag(
-        "--stall-budget",
-        "kernel calls that may outlast --timeout before the run stops, the kernel judged "
-        f"as hanging and the other properties not run (default {DEFAULT_STALL_BUDGET})",
-        type=int,
-        metavar="N",
-    ),
-    Flag(
-        "--judge",
-        "the strictest judging, for generated or untrusted kernels: every kernel call made "
-        "twice on fresh copies and compared bit for bit, inputs re-read after every call, "
-        "properties in a seeded random order (about twice the time)",
-        kind="switch",
-    ),
-    Flag(
-        "--deadline",
-        "seconds of wall time after which no property starts (those left: not run; the "
-        "report says so); default none",
-        type=float,
-        metavar="SECONDS",
-    ),
-)
 
 
 def isolation_options(
