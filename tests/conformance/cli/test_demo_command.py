@@ -2,17 +2,25 @@
 
 One demo run, on the properties every test here needs, is shared by the module (each test
 ran its own demo, ~4 CPU-s each: a judging worker and a kernel process for each of the
-two kernels, PyTorch imported in those of the first)."""
+two kernels, PyTorch imported in those of the first).  PyTorch's SDPA is checked in this
+process (``check --no-isolate``'s path; its report is the same but the worker-threads note
+and the seconds), the reference in its worker and kernel process as always: the two
+processes importing PyTorch were ~4 of the run's ~5 CPU-s, and the demo's own lines (the
+tables, the confirmed divergences, the exit status) are what these tests read."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import re
+from collections.abc import Sequence
 
 import pytest
 
 from attnspec.conformance import cli
+from attnspec.conformance.plan import Execution
+from attnspec.conformance.run.kernel_setup import KernelSetup
 
 # default-scale: both kernels pass it; nan-propagates: PyTorch's confirmed SDPA-8.3
 # divergence; the two batch-broadcast properties: its SDPA-1.2 one, met twice
@@ -21,10 +29,25 @@ DEMO_ONLY = "default-scale,nan-propagates,batch-broadcast-corners,batch-broadcas
 
 @pytest.fixture(scope="module")
 def demo() -> tuple[int, str]:
-    """``attnspec demo --only DEMO_ONLY`` in this process: its exit status and stdout."""
+    """``attnspec demo --only DEMO_ONLY`` in this process: its exit status and stdout;
+    the PyTorch kernel judged in this process, the reference in a worker of its own."""
     pytest.importorskip("torch", reason="the demo's first kernel is PyTorch's SDPA")
+    run_one = cli._run_one
+
+    def torch_in_this_process(
+        setup: KernelSetup,
+        args: argparse.Namespace,
+        flags: Sequence[str],
+        label: str = "",
+        reports: dict[str, str | None] | None = None,
+    ) -> Execution:
+        if setup.backend == "torch":
+            args = argparse.Namespace(**{**vars(args), "no_isolate": True})
+        return run_one(setup, args, flags, label, reports)
+
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out):
+        patch.setattr(cli, "_run_one", torch_in_this_process)
         status = cli.main(["demo", "--only", DEMO_ONLY])
     return status, out.getvalue()
 
@@ -43,6 +66,7 @@ def test_demo_checks_torch_and_the_reference(demo: tuple[int, str]) -> None:
     assert "conformance of attnspec.reference:scaled_dot_product_attention" in out
     reference_part = out.split("conformance of attnspec.reference")[1]
     assert "result: conforms: 0 failed" in reference_part, reference_part
+    assert "note: worker threads: " in reference_part  # judged in a worker of its own
     assert "result: conforms" not in _torch_part(out)  # its divergences below
     assert re.search(r"^default-scale +SDPA-2\.1 +MUST +passed ", _torch_part(out), re.M)
 
