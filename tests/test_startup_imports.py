@@ -119,3 +119,31 @@ def test_the_pytest_plugin_adds_its_options_without_the_suite() -> None:
         "attnspec.conformance.draw.strategies",
     }
     assert not unneeded & found, sorted(unneeded & found)
+
+
+def test_the_numpy_backend_leaves_numpys_tool_submodules_unimported() -> None:
+    """CONF-14: each judging worker and each kernel's process on NumPy loads
+    array_api_compat's NumPy namespace (``Backend('numpy')``) without NumPy's tool
+    submodules (numpy.f2py, numpy.testing, numpy.ma, ...: none of them array API), which
+    that namespace's copy of NumPy's names imports (0.1 CPU-s of each process's start).
+    The namespace holds every other name a plain import of it holds (imported again in
+    the same process, for comparison), and NumPy's own lazy attributes are as before."""
+    from attnspec.backends._registry import NUMPY_TOOL_SUBMODULES
+
+    tools = sorted(NUMPY_TOOL_SUBMODULES)
+    found = modules_after(
+        "import sys\n"
+        "from attnspec.backends import Backend\n"
+        "names = set(dir(Backend('numpy').xp))\n"
+        f"tools = {{'numpy.' + name for name in {tools!r}}}\n"
+        "assert not tools & set(sys.modules), sorted(tools & set(sys.modules))\n"
+        "import numpy\n"
+        f"assert set({tools!r}) <= set(numpy.__all__) | set(dir(numpy))\n"
+        "for name in [m for m in sys.modules if m.startswith('array_api_compat.numpy')]:\n"
+        "    del sys.modules[name]\n"
+        "import array_api_compat.numpy as plain\n"
+        f"missing = set(dir(plain)) - names\n"
+        f"assert missing == set({tools!r}), sorted(missing ^ set(dir(plain)) ^ names)\n"
+        "assert numpy.testing.__name__ == 'numpy.testing'"
+    )
+    assert {"numpy.f2py", "numpy.testing", "numpy.ma"} <= found  # what the plain import costs

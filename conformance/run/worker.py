@@ -22,6 +22,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from ...backends import Backend
+from ...backends._registry import numpy_namespace
 from ..call.side_effects import hypothesis_storage_elsewhere, kernel_output_to
 from ..judge.call_guard import CallObserver, guard_calls
 from ..judge.failures import PropertyFailure
@@ -205,6 +206,9 @@ def serve(connection: Connection) -> None:
 
     keep_freed_memory()
     no_huge_page_advice()
+    # the judge draws and computes the reference on NumPy whatever the kernel's backend:
+    # its namespace imported here, without the NumPy tools a plain import would load
+    numpy_namespace()
     start: WorkerStart = connection.recv()
     judge_setup = start.judge_setup
     process = kernel_process_for(start)

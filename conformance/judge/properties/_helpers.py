@@ -233,9 +233,9 @@ def _numpy_namespace() -> ModuleType:
     properties: importing it imports numpy.f2py and numpy.testing too (it copies every name
     NumPy has, which loads NumPy's lazy submodules), ~70 ms of CPU that a process which
     only lists or plans the properties (the ``attnspec`` command) has no use for."""
-    import array_api_compat.numpy as namespace
+    from ....backends._registry import numpy_namespace
 
-    return namespace
+    return numpy_namespace()
 
 
 def _standard(n_heads: int) -> list[float]:
