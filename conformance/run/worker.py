@@ -214,8 +214,11 @@ def serve(connection: Connection) -> None:
     process = kernel_process_for(start)
     try:
         try:
-            backend = judge_setup.make_backend()
+            # the kernel's process first: a setup it refuses (a dtype the backend lacks,
+            # a module that fails to import) costs this process no backend import (JAX:
+            # ~1 CPU-s); it makes the same backend, so it meets an unusable one first too
             info, _ = process.start()
+            backend = judge_setup.make_backend()
         except SetupError as exc:
             connection.send(("setup-error", str(exc)))
             return
