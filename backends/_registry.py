@@ -157,7 +157,12 @@ def numpy_namespace() -> ModuleType:
     np = _import_or_explain("numpy", "install it with: pip install numpy")
     hidden = NUMPY_TOOL_SUBMODULES - vars(np).keys()
     attributes = vars(np)
-    saved = {name: attributes[name] for name in ("__all__", "__dir__", "__getattr__")}
+    filtered = ("__all__", "__dir__", "__getattr__")
+    if not hidden or not all(name in attributes for name in filtered):
+        import array_api_compat.numpy as plain  # a NumPy without lazy submodules
+
+        return plain
+    saved = {name: attributes[name] for name in filtered}
     lazy, listed = saved["__getattr__"], saved["__dir__"]
 
     def visible_attribute(name: str) -> Any:
