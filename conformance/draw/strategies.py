@@ -24,6 +24,7 @@ from ...reference.masks import causal_offset
 from ..call.problem import Problem
 from . import input_features, shape_pool, sizes
 from . import realistic_values as values
+from .repeated_normals import REPEATED_NORMALS
 from .sizes import Dims
 from .small_values import ValueGenerator
 from .target import DrawTarget
@@ -224,10 +225,17 @@ def random_values(
     if isinstance(rng, ValueGenerator) and not sizes.realistic():
         normal = rng.drawn_normal(shape)
     else:
-        normal = rng.standard_normal(shape)
-    if magnitude != 1.0:
+        # a stratum's first example draws the same arrays in every property: a repeat
+        # comes from memory, read-only (repeated_normals)
+        normal = REPEATED_NORMALS.standard_normal(rng, shape)
+    if magnitude != 1.0 and normal.flags.writeable:
         normal *= magnitude  # a new array either way: no copy of a million values
-    return kernel.rounded(normal, dtype)
+    elif magnitude != 1.0:
+        normal = normal * magnitude  # remembered values stay as they were drawn
+    rounded = kernel.rounded(normal, dtype)
+    if np.may_share_memory(rounded, normal):  # the caller's own array, whatever the target
+        return np.array(rounded, copy=True)
+    return rounded
 
 
 def random_problem(
