@@ -121,9 +121,11 @@ def use_worker_threads(environ: Any = None) -> str:
 
 # glibc's mallopt parameters (malloc.h) and what the judging worker sets them to.
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+# arrays up to this size from the heap, not each from fresh pages: the first that glibc
+# takes (one whose threshold is capped at half its heap size, 32 MiB, refuses the larger);
+# a decode problem's TOL-2 bound builds a 72 MiB table of its values (6 x 4096 x 384)
+_MMAP_THRESHOLDS = (256 * 2**20, 32 * 2**20)
 _JUDGE_MALLOC = (
-    # arrays up to 32 MiB (glibc's largest) from the heap, not each from fresh pages
-    (_M_MMAP_THRESHOLD, 32 * 2**20),
     # freed memory kept for the next example's arrays, not handed back and faulted in again
     (_M_TRIM_THRESHOLD, 512 * 2**20),
     (_M_TOP_PAD, 64 * 2**20),
@@ -144,7 +146,9 @@ def keep_freed_memory() -> bool:
         import ctypes
 
         libc = ctypes.CDLL(None)
-        return all(libc.mallopt(option, value) == 1 for option, value in _JUDGE_MALLOC)
+        threshold = any(libc.mallopt(_M_MMAP_THRESHOLD, value) == 1 for value in _MMAP_THRESHOLDS)
+        kept = [libc.mallopt(option, value) == 1 for option, value in _JUDGE_MALLOC]
+        return threshold and all(kept)
     except (OSError, AttributeError):
         return False
 
