@@ -346,6 +346,7 @@ def checked_with_the_kernel_in_its_own_process(
     backend: str,
     only: list[str] | None = None,
     limits: SizeLimits | None = None,
+    dtypes: tuple[str, ...] | None = None,
     **claims: Any,
 ) -> Report:
     """``check(target, backend=backend, only=only, ...)`` judged in this process, the kernel
@@ -361,7 +362,7 @@ def checked_with_the_kernel_in_its_own_process(
     from attnspec.conformance.run.supervisor import IsolatedKernel
     from attnspec.conformance.run.worker import kernel_in_judge, kernel_process_for
 
-    setup = KernelSetup(target, backend, claims=claims)
+    setup = KernelSetup(target, backend, dtypes=dtypes, claims=claims)
     # what `attnspec check` sends its judging worker, and the kernel's process that worker
     # builds from it (worker.serve): the same arguments, from the one place that makes them
     start = IsolatedKernel(setup).worker_start()

@@ -114,30 +114,23 @@ def test_gradients_in_the_kernels_process_match_in_process(
     compiled alike (11.3 -> 6.7 CPU-s of that process, single-threaded); every check of
     this process's own, test_framework_gradients_pass included, already runs under it.
 
-    PyTorch's kernel is judged in this process, as the in-process route is, its kernel in
-    a process of its own (support.checked_with_the_kernel_in_its_own_process: the kernel's
-    process is the boundary compared; a judging worker would import PyTorch once more, ~1.5
-    CPU-s).  JAX's is judged in the check's worker: this process's JAX may have float64 on
-    (the reference tests' configuration), which a kernel's process started with JAX's
-    defaults would not take."""
+    Both kernels are judged in this process, as the in-process route is, each kernel in a
+    process of its own (support.checked_with_the_kernel_in_its_own_process: the kernel's
+    process is the boundary compared; a judging worker would import the kernel's library
+    once more).  JAX's is checked in JAX's default dtypes on both routes (CHECKED_DTYPES),
+    so this process's x64 setting, on after the reference tests (REFERENCE_CONFIG), leaves
+    its verdicts as they were (checked: passes after test_jax_float64_is_float64)."""
     backend_or_skip(backend)
     if backend == "jax" and jax_compiles_quickly():
         monkeypatch.setenv("XLA_FLAGS", QUICK_XLA_COMPILES)
     only = ["gradients-gqa-reduction", "gradients-excluded-keys-zero"]
-    isolated = (
-        checked_with_the_kernel_in_its_own_process(
-            target, backend=backend, only=only, limits=SMALL_LIMITS, backward=True
-        )
-        if backend == "torch"
-        else check(
-            target,
-            backend=backend,
-            only=only,
-            backward=True,
-            isolate=True,
-            dtypes=CHECKED_DTYPES[backend],
-            **SMALL_SIZES,
-        )
+    isolated = checked_with_the_kernel_in_its_own_process(
+        target,
+        backend=backend,
+        only=only,
+        limits=SMALL_LIMITS,
+        backward=True,
+        dtypes=CHECKED_DTYPES[backend],
     )
     local = check(
         target,
