@@ -7,7 +7,6 @@ profile, and each buggy backward (its forward right) fails
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ from attnspec.conformance.api import check  # noqa: E402
 from attnspec.conformance.judge.kernel import KernelUnderTest  # noqa: E402
 from attnspec.conformance.judge.registry import all_properties  # noqa: E402
 from attnspec.conformance.judge.verdict import FAILED, PASSED  # noqa: E402
+from attnspec.conformance.report.render import format_table  # noqa: E402
 from attnspec.conformance.run.property_runner import run_property  # noqa: E402
 from catalogue import recurrent_backward as catalogue  # noqa: E402
 
@@ -67,23 +67,23 @@ def test_each_backward_bug_is_caught(bug: catalogue.GradientBug) -> None:
     assert verdict.status == FAILED, (bug.name, verdict.detail)
 
 
-def test_check_command_fails_a_buggy_recurrent_backward(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_buggy_recurrent_backward_fails_in_the_kernels_process() -> None:
     """REC-7.1, REC-7.7: ``attnspec check --backend torch`` of a declared recurrent kernel
     with ``backward`` runs its backward pass in the kernel's own process and fails the one
-    whose dbeta has the wrong sign, naming the property and the clause.  (The command runs
-    in this process: the kernel's own process is the check's, started as the CLI starts it,
-    with this process's sys.path, which holds tests/.)"""
-    monkeypatch.chdir(tmp_path)
-    status, out, err = support.run_main(
-        capsys,
-        "check",
+    whose dbeta has the wrong sign: the report does not conform (the command's exit status
+    1) and its table names the property and the clause.  The check as the command plans
+    it, its kernel in a process of its own started as the command's judging worker starts
+    it (support.checked_with_the_kernel_in_its_own_process: a "vjp" request with the final
+    state's upstream gradient and the gate's and beta's gradients wanted, answered there),
+    judged in this process: the judging worker, a process importing PyTorch once more, is
+    not the subject (the command's route through it is test_backward.py's
+    test_check_command_runs_an_explicit_backward_function's; a failing check's exit status
+    1 is the CLI tests')."""
+    report = support.checked_with_the_kernel_in_its_own_process(
         "catalogue.recurrent_backward:adjoint_dbeta_sign",
-        "--backend",
-        "torch",
-        "--only",
-        "recurrent-gradients-match-reference",
+        backend="torch",
+        only=["recurrent-gradients-match-reference"],
     )
-    assert status == 1, out + err
-    assert "recurrent-gradients-match-reference" in out and "REC-7.7" in out
+    table = format_table(report)
+    assert not report.conforms, table
+    assert "recurrent-gradients-match-reference" in table and "REC-7.7" in table
