@@ -74,9 +74,11 @@ def drawn(max_examples: int) -> settings:
     return settings(DRAWN, max_examples=max_examples)
 
 
-# The XLA option of this test process's JAX (quick_jax_compiles).
-QUICK_XLA_COMPILES = "--xla_cpu_use_fusion_emitters=false"
-_started_quickly: list[bool] = []  # True once this process's JAX started with the option
+# The XLA options of this test process's JAX (quick_jax_compiles).
+QUICK_XLA_COMPILES = " ".join(
+    ("--xla_cpu_use_fusion_emitters=false", "--xla_cpu_parallel_codegen_split_count=1")
+)
+_started_quickly: list[bool] = []  # True once this process's JAX started with the options
 
 
 def jax_compiles_quickly() -> bool:
@@ -85,20 +87,29 @@ def jax_compiles_quickly() -> bool:
 
 
 def quick_jax_compiles() -> None:
-    """Start JAX's backends in this process with XLA's elemental emitters for CPU.
+    """Start JAX's backends in this process with XLA's elemental emitters for CPU and
+    each program's code generated in one piece.
 
     Why: the reference runs on JAX op by op, and JAX compiles every operation anew for
     each new shape and dtype; that XLA compilation was ~80% of the time of the JAX tests
     (profiled), and the JAX tests ~80% of tests/reference.  XLA's elemental emitters build
     the same one-operation programs in about two thirds of the CPU time of its fusion
     emitters (the default; measured on 100 eager operations, 5.0 -> 3.4 CPU-s); every
-    check compares with its float64 oracle or TOL bound as before.  LLVM at -O0 would save
+    check compares with its float64 oracle or TOL bound as before.  And each program is
+    compiled as one LLVM module, not split into parts for parallel code generation
+    (xla_cpu_parallel_codegen_split_count=1): splitting spreads a large program's code
+    generation over threads at a cost in CPU, which the suite's two busy workers pay for
+    no gain in time; a jitted kernel's backward programs took ~15% less CPU
+    (test_backward_properties.py's JAX tests 28.0/29.8 -> 24.6/24.7 CPU-s), and their
+    results were the same bit for bit (the jitted JAX kernel's output and jax.vjp
+    gradients on 96 random problems, GQA, masks, biases, causal, bfloat16 and float32,
+    lengths 1 to 2049; the reference's forward and backward op by op).  LLVM at -O0 would save
     a quarter more but changes what jitted code computes (no fused multiply-add: the
     upstream divergence pinned by test_large_logits_xla.py no longer shows), so it is not
     used.  Only this process: XLA reads the variable when JAX starts its backends, and it
     is removed right after, so the processes a check starts (kernel processes, CLI runs)
     compile a kernel under test in JAX's defaults.  Nothing is done where the user set
-    XLA_FLAGS, JAX has started already, or this XLA does not know the option (probed
+    XLA_FLAGS, JAX has started already, or this XLA does not know the options (probed
     first: XLA aborts on an unknown flag).  (test_backward_properties.py's test of the
     kernel's process gives that process the option too, on purpose: both routes alike.)
 

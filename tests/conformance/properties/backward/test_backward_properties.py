@@ -109,10 +109,11 @@ def test_gradients_in_the_kernels_process_match_in_process(
     jitted); the sizes are capped (SMALL_SIZES): what is compared is the two routes'
     verdicts, not the sizes drawn. JAX's fails gradients-excluded-keys-zero on both routes:
     docs/divergences.md#jax-fill-outranks-min-bias, confirmed.  Where this process's JAX
-    compiles with support.QUICK_XLA_COMPILES (XLA's elemental emitters, not an optimisation
-    level), the kernel's process gets the same option, so both routes run the kernel
-    compiled alike (11.3 -> 6.7 CPU-s of that process, single-threaded); every check of
-    this process's own, test_framework_gradients_pass included, already runs under it.
+    compiles with support.QUICK_XLA_COMPILES (XLA's elemental emitters and unsplit code
+    generation, not an optimisation level), the kernel's process gets the same options,
+    so both routes run the kernel compiled alike (11.3 -> 6.7 CPU-s of that process,
+    single-threaded, with the emitters); every check of this process's own,
+    test_framework_gradients_pass included, already runs under them.
 
     Both kernels are judged in this process, as the in-process route is, each kernel in a
     process of its own (support.checked_with_the_kernel_in_its_own_process: the kernel's
