@@ -30,6 +30,7 @@ are large and not read value by value.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import zlib
@@ -57,6 +58,14 @@ def _value_table() -> np.ndarray:
 
 
 VALUE_TABLE = _value_table()
+
+
+@functools.cache
+def _array_bytes(at_least: int) -> st.SearchStrategy[bytes]:
+    """``st.binary(min_size=at_least, max_size=DRAWN_ELEMENTS)``, made once per size: the
+    same strategy, so the same bytes (making one cost ~18 us, and every array of the small
+    stratum draws one; issue 33)."""
+    return st.binary(min_size=at_least, max_size=DRAWN_ELEMENTS)
 
 
 class ValueGenerator(np.random.Generator):
@@ -93,7 +102,7 @@ class ValueGenerator(np.random.Generator):
         # at most 256 bytes whatever the size: bytes recorded for a larger array still fit
         # a smaller one (the first ones used), so shrinking the sizes keeps them
         at_least = min(size, DRAWN_ELEMENTS)
-        drawn = self._draw_bytes(st.binary(min_size=at_least, max_size=DRAWN_ELEMENTS))
+        drawn = self._draw_bytes(_array_bytes(at_least))
         indices = np.frombuffer(drawn, dtype=np.uint8)[:size]
         if size > DRAWN_ELEMENTS:
             blocks = math.ceil(size / DRAWN_ELEMENTS)

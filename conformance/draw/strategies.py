@@ -56,6 +56,21 @@ def _one_of(dtypes: tuple[str, ...]) -> st.SearchStrategy[str]:
     return st.sampled_from(dtypes)
 
 
+@functools.lru_cache(maxsize=4096, typed=True)
+def integers(min_value: int, max_value: int) -> st.SearchStrategy[int]:
+    """``st.integers(min_value, max_value)``, made once per pair of bounds: the same
+    strategy, so the same draws.  Making one costs ~15 us even where Hypothesis's own
+    cache holds it (a lookup in a Python-level LRU cache), and a small example draws
+    about ten; Hypothesis's cache returns the very object it made before, as this does."""
+    return st.integers(min_value, max_value)
+
+
+@functools.lru_cache(maxsize=64, typed=True)
+def _batch_sizes(per_dim: int, ndim: int) -> st.SearchStrategy[list[int]]:
+    """``ndim`` batch sizes from 1 to ``per_dim`` (:func:`integers`' reason)."""
+    return st.lists(integers(1, per_dim), min_size=ndim, max_size=ndim)
+
+
 def draw_dims(
     data: st.DataObject,
     kernel: DrawTarget,
@@ -109,29 +124,24 @@ def draw_dims(
     max_head_dim = min(8, limits.max_head_dim)
     batch_ndim = kernel.declaration.batch_ndim
     if batch_ndim is None:
-        batch_ndim = data.draw(st.integers(0, max_batch_ndim), label="batch ndim")
+        batch_ndim = data.draw(integers(0, max_batch_ndim), label="batch ndim")
     # each batch dim up to 3, less only when --max-batch-heads is below 3 ** ndim
     per_dim = max(1, min(3, math.floor(limits.max_batch_heads ** (1 / max(batch_ndim, 1)))))
-    batch = tuple(
-        data.draw(
-            st.lists(st.integers(1, per_dim), min_size=batch_ndim, max_size=batch_ndim),
-            label="batch",
-        )
-    )
+    batch = tuple(data.draw(_batch_sizes(per_dim, batch_ndim), label="batch"))
     # only a cap below the small sizes (9 batch x 9 heads) changes what is drawn
     heads_room = max(1, limits.max_batch_heads // math.prod(batch))
-    n_kv_heads = data.draw(st.integers(1, max(1, min(3, heads_room))), label="Hkv")
+    n_kv_heads = data.draw(integers(1, max(1, min(3, heads_room))), label="Hkv")
     groups_room = max(1, min(3, heads_room // n_kv_heads))
     return within_limitations(
         kernel,
         Dims(
             batch=batch,
             n_kv_heads=n_kv_heads,
-            groups=data.draw(st.integers(1, groups_room), label="G") if use_gqa else 1,
-            n_queries=data.draw(st.integers(min_queries, max(max_len, min_queries)), label="Lq"),
-            n_keys=data.draw(st.integers(min_keys, max(max_len, min_keys)), label="Lk"),
-            head_dim=data.draw(st.integers(1, max_head_dim), label="E"),
-            value_dim=data.draw(st.integers(1, max_head_dim), label="Ev"),
+            groups=data.draw(integers(1, groups_room), label="G") if use_gqa else 1,
+            n_queries=data.draw(integers(min_queries, max(max_len, min_queries)), label="Lq"),
+            n_keys=data.draw(integers(min_keys, max(max_len, min_keys)), label="Lk"),
+            head_dim=data.draw(integers(1, max_head_dim), label="E"),
+            value_dim=data.draw(integers(1, max_head_dim), label="Ev"),
         ),
     )
 
@@ -162,7 +172,7 @@ def draw_permutation(data: st.DataObject, n: int, label: str) -> list[int]:
     if kind == "reverse":
         return list(range(n - 1, -1, -1))
     if kind == "rotate":
-        shift = data.draw(st.integers(1, n - 1), label=f"{label} shift")
+        shift = data.draw(integers(1, n - 1), label=f"{label} shift")
         return [(i + shift) % n for i in range(n)]
     return [int(i) for i in draw_rng(data).permutation(n)]
 
@@ -179,8 +189,8 @@ def draw_subset(data: st.DataObject, n: int, label: str) -> list[int]:
     if data.draw(_BOOLEANS, label=f"{label} scattered"):
         chosen = np.flatnonzero(draw_rng(data).random(n) < 0.3)
         return [int(i) for i in chosen] or [n - 1]
-    start = data.draw(st.integers(0, n - 1), label=f"{label} start")
-    stop = data.draw(st.integers(start + 1, n), label=f"{label} stop")
+    start = data.draw(integers(0, n - 1), label=f"{label} start")
+    stop = data.draw(integers(start + 1, n), label=f"{label} stop")
     return list(range(start, stop))
 
 
@@ -265,7 +275,7 @@ def broadcast_shape_for(data: st.DataObject, full: tuple[int, ...], label: str) 
     """A shape that broadcasts to ``full``: leading dims dropped, some dims set to 1."""
     if shape_pool.pooling(data):  # a backend that compiles per shape: a few shapes a run
         return shape_pool.pooled_broadcast(data, full, label, broadcast_shape_for)
-    keep = data.draw(st.integers(2, len(full)), label=f"{label} ndim")
+    keep = data.draw(integers(2, len(full)), label=f"{label} ndim")
     shape = list(full[len(full) - keep :])
     for axis in range(len(shape) - 2):
         if data.draw(_BOOLEANS, label=f"{label} broadcast axis {axis}"):
@@ -302,7 +312,7 @@ def draw_mask(
         if stratum.realistic:
             left, right = values.draw_window(data)
         else:
-            left, right = data.draw(st.integers(0, 3), label="left"), data.draw(st.integers(0, 3))
+            left, right = data.draw(integers(0, 3), label="left"), data.draw(integers(0, 3))
         mask = np.broadcast_to((cols >= rows - left) & (cols <= rows + right), shape).copy()
     elif kind == "causal":
         alignment = data.draw(_MASK_ALIGNMENT, label="alignment")
@@ -310,7 +320,7 @@ def draw_mask(
     else:
         mask = np.ones(shape, dtype=bool)
     if empty_rows and n_q and data.draw(_BOOLEANS, label="blank a row"):
-        mask[..., data.draw(st.integers(0, n_q - 1), label="blank row"), :] = False
+        mask[..., data.draw(integers(0, n_q - 1), label="blank row"), :] = False
     return mask
 
 
