@@ -103,7 +103,10 @@ def drawn_from(
     backend (its device, dtypes and whether it compiles per shape), the dtypes checked, the
     profile's strata, the seed and the size limits."""
     backend = kernel.backend
-    declaration = replace(kernel.declaration, extra_kwargs={})
+    # a copy with no extra keywords, not dataclasses.replace: that validates every field
+    # again (~90 us, on every verdict asked of SharedDraws); the same repr
+    declaration = copy.copy(kernel.declaration)
+    object.__setattr__(declaration, "extra_kwargs", {})
     return (
         prop.id,
         prop.draws,
@@ -332,6 +335,10 @@ class SharedDraws:
         """``run_property(prop, kernel, ...)``'s verdict: a replay's where the recording of
         a kernel drawn alike replays (:func:`replayed_verdict`), else the run's own."""
         run: dict[str, Any] = {"profile": profile, "seed": seed, "limits": limits}
+        declaration = kernel.declaration
+        if prop.clause in declaration.waivers() or prop.not_applicable(declaration, kernel.backend):
+            # decided by the declaration alone, at once: nothing drawn, nothing to look up
+            return run_property(prop, kernel, shrink=shrink, **run)
         key = drawn_from(prop, kernel, **run)
         recording = self.recordings.get(key)
         if recording is not None:
