@@ -28,7 +28,8 @@ from attnspec.reference import (
 from attnspec.reference.tolerance import error_and_lse_bound
 
 FLOAT64_RELATIVE = 1e-12
-SHAPES_GQA = dict(q=(2, 4, 5, 4), k=(2, 2, 3, 4), v=(2, 2, 3, 3))  # Lq > Lk, G = 2
+# Lq > Lk, G = 2; test_sdpa_oracle.py's SHAPES_B too (JAX reuses the compilations there)
+SHAPES_GQA = dict(q=(2, 4, 5, 4), k=(2, 2, 3, 4), v=(2, 2, 3, 3))
 SHAPES_LONG = dict(q=(1, 2, 3, 6), k=(1, 1, 7, 6), v=(1, 1, 7, 2))  # Lq < Lk, G = 2
 CASES: dict[str, dict[str, Any]] = {
     # SOFTCAP-1: large scores against a small cap, with a mask, a bias and an empty row.
