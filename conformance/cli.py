@@ -684,6 +684,7 @@ def _reader_gone() -> int:
     with contextlib.suppress(OSError, ValueError):
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, sys.stdout.fileno())
+        os.close(null)
     return 2
 
 

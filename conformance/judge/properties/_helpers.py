@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from types import ModuleType
 from typing import Any
 
 import array_api_compat
@@ -19,6 +18,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ....backends import FLOAT_DTYPE_NAMES, Backend
+from ....backends._registry import numpy_namespace
 from ....reference.features import alibi_slopes as standard_slopes
 from ....reference.sparse.masks import sparse_mask
 from ....reference.tolerance import score_errors
@@ -228,18 +228,8 @@ def draw_alibi_slopes(data: st.DataObject, kernel: KernelUnderTest, dims: Dims) 
     return slopes.astype(np.float32).astype(np.float64)
 
 
-def _numpy_namespace() -> ModuleType:
-    """array_api_compat's NumPy namespace, imported at its first use, not with the
-    properties: importing it imports numpy.f2py and numpy.testing too (it copies every name
-    NumPy has, which loads NumPy's lazy submodules), ~70 ms of CPU that a process which
-    only lists or plans the properties (the ``attnspec`` command) has no use for."""
-    from ....backends._registry import numpy_namespace
-
-    return numpy_namespace()
-
-
 def _standard(n_heads: int) -> list[float]:
-    return [float(s) for s in standard_slopes(n_heads, xp=_numpy_namespace(), dtype=np.float64)]
+    return [float(s) for s in standard_slopes(n_heads, xp=numpy_namespace(), dtype=np.float64)]
 
 
 def with_claimed_features(
@@ -280,7 +270,7 @@ def pattern_mask(kernel: KernelUnderTest, n_queries: int, n_keys: int) -> np.nda
             n_keys,
             alignment=claim.alignment,
             causal=claim.causal,
-            xp=_numpy_namespace(),
+            xp=numpy_namespace(),
             **dict(claim.params),
         )
     )
