@@ -73,19 +73,21 @@ CASES: dict[str, dict[str, Any]] = {
         is_causal=True,
         causal_alignment="bottom_right",
     ),
-    # SDPA-5.2: Lk = 0 gives zeros, also with a mask and causal.
+    # SDPA-5.2: Lk = 0 gives zeros, also with a mask and causal (test_features.py's lk0
+    # shapes, G = 2: JAX reuses its compilations of the empty key axis).
     "lk0": problem_of_shapes(
-        q=(1, 2, 3, 4),
-        k=(1, 2, 0, 4),
-        v=(1, 2, 0, 3),
+        q=(1, 2, 3, 6),
+        k=(1, 1, 0, 6),
+        v=(1, 1, 0, 2),
         mask=(3, 0),
         is_causal=True,
         causal_alignment="bottom_right",
     ),
-    # SDPA-1.5: Lq = 0, a zero batch dim, Ev = 0.
-    "lq0": problem_of_shapes(q=(1, 2, 0, 4), k=(1, 2, 5, 4), v=(1, 2, 5, 3), is_causal=True),
-    "zero-batch": problem_of_shapes(q=(0, 2, 3, 4), k=(0, 2, 5, 4), v=(0, 2, 5, 3)),
-    "ev0": problem_of_shapes(q=(1, 2, 3, 4), k=(1, 2, 5, 4), v=(1, 2, 5, 0)),
+    # SDPA-1.5: Lq = 0, a zero batch dim, Ev = 0, each on SHAPES_B's other sizes, so that
+    # JAX reuses the compilations of what is not empty (Ev = 0: the scores and weights).
+    "lq0": problem_of_shapes(q=(2, 4, 0, 4), k=(2, 2, 3, 4), v=(2, 2, 3, 3), is_causal=True),
+    "zero-batch": problem_of_shapes(q=(0, 4, 5, 4), k=(0, 2, 3, 4), v=(0, 2, 3, 3)),
+    "ev0": problem_of_shapes(q=(2, 4, 5, 4), k=(2, 2, 3, 4), v=(2, 2, 3, 0)),
 }
 
 
