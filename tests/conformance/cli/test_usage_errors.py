@@ -9,6 +9,14 @@ from pathlib import Path
 import pytest
 from support import run_command, run_main
 
+# The options below that only the kernel's setup judges (the backend, its dtypes, the FAVOR+
+# bound, --jax-x64) are judged by the same KernelSetup.prepare in this process as in the
+# kernel's own, with the same one line (compared on the command): they run --no-isolate,
+# without the judging worker and kernel process a check starts (~0.3 CPU-s a row).  How a
+# setup error comes back from the kernel's process as that one line is shown by the rows of
+# bad targets and signatures, which keep the kernel in its own process.
+IN_PROCESS = "--no-isolate"
+
 
 @pytest.mark.parametrize(
     ("argv", "message"),
@@ -22,11 +30,11 @@ from support import run_command, run_main
             ["check", "{kernels}:correct", "--only", "no-such-property"],
             "unknown property id(s) no-such-property",
         ),
-        (["check", "{kernels}:correct", "--backend", "nonsense"], "backend 'nonsense'"),
+        (["check", "{kernels}:correct", "--backend", "nonsense", IN_PROCESS], "backend 'nonsense'"),
         (["check", "{kernels}:correct", "--profile", "fast"], "argument --profile"),
-        (["check", "{kernels}:correct", "--dtype", "int8"], "dtype int8 is not one of"),
+        (["check", "{kernels}:correct", "--dtype", "int8", IN_PROCESS], "dtype int8 is not one of"),
         (
-            ["check", "{kernels}:correct", "--backend", "numpy", "--dtype", "bfloat16"],
+            ["check", "{kernels}:correct", "--backend", "numpy", "--dtype", "bfloat16", IN_PROCESS],
             "no dtype to test",
         ),
         (["check", "{kernels}:correct", "--sparse-param", "window=2"], "needs --sparse"),
@@ -35,11 +43,14 @@ from support import run_command, run_main
         (["check", "{kernels}:correct", "--json", "/no/such/dir/r.json"], "does not exist"),
         # LIN-6.2 cannot be derived for m <= 4 n (e^(1/4) - 1) = 18.2 with n = 16 keys
         (
-            ["check", "{kernels}:correct", "--linear", "favor+", "--linear-num-features", "16"],
+            [
+                *("check", "{kernels}:correct", "--linear", "favor+"),
+                *("--linear-num-features", "16", IN_PROCESS),
+            ],
             "it needs m >= 19",
         ),
         (
-            ["check", "{kernels}:correct", "--backend", "numpy", "--jax-x64"],
+            ["check", "{kernels}:correct", "--backend", "numpy", "--jax-x64", IN_PROCESS],
             "jax_x64 (--jax-x64) is a setting of the jax backend",
         ),
     ],
