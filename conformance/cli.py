@@ -227,7 +227,9 @@ def add_matrix_parser(commands: Any) -> None:
         "later file wins); with --merge only the --kernel kernels are run",
     )
     add_run_flags(
-        matrix, "--profile", "--seed", "--only", "--skip", "--quiet", "--timeout", "--memory-limit"
+        matrix,
+        *("--profile", "--seed", "--only", "--skip", "--quiet", "--timeout", "--memory-limit"),
+        "--no-isolate",
     )
     matrix.add_argument(
         "--jobs",
@@ -537,7 +539,11 @@ def command_matrix(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     except OSError as exc:
         raise SetupError(f"--merge: {exc}") from None
+    isolation_from(args)  # --timeout or --memory-limit with --no-isolate: one usage error
     has_cuda = matrix.has_cuda_here()
+    # each kernel's check in the matrix's process (--jobs N: in each kernel's process), not in
+    # a worker of its own
+    in_process = ["--no-isolate"] if args.no_isolate else []
 
     interrupted: list[str] = []  # Ctrl-C or SIGTERM ends the matrix, not just one kernel
 
@@ -563,7 +569,7 @@ def command_matrix(args: argparse.Namespace) -> int:
             *(["--backward"] if args.backward and entry.backend in DIFFERENTIATING else []),
         ]
         # one worker per kernel: the matrix's own --jobs checks kernels side by side
-        own = ["--jobs", "1", *(["--quiet"] if args.quiet else [])]
+        own = ["--jobs", "1", *(["--quiet"] if args.quiet else []), *in_process]
         check_args = build_parser().parse_args([*tokens, *own])
         print(
             f"{PROGRAM} matrix: checking {entry.name} ({entry.backend})",
@@ -610,6 +616,7 @@ def command_matrix(args: argparse.Namespace) -> int:
         options = [
             *(["--quiet"] if args.quiet else []),
             *(["--backward"] if args.backward else []),
+            *in_process,
             *_passed_on(args, ("profile", "seed", "timeout", "memory_limit")),
         ]
         done = {

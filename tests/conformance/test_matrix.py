@@ -5,10 +5,10 @@ conformance/root_causes.py) folded into it.
 One matrix run on two torch rows (four properties each, FEW_EXAMPLES small draws as the
 quick profile: nn.MultiheadAttention's failures re-run around fully masked rows cost ~135 s
 of CPU on the real quick profile, 6 s on FEW_EXAMPLES, with the same findings), its kernels
-checked in this process, is shared by the module; a second, on one property of the real
-quick profile, checks two kernels at once in processes of their own, each with its worker
-(--jobs 2: a profile patched here does not reach them); the folding and cell rules are
-also checked on hand-built reports.
+checked in this process (--no-isolate), is shared by the module; a second, on one property
+of the real quick profile, checks two kernels at once in processes of their own (--jobs 2:
+a profile patched here does not reach them); the folding and cell rules are also checked on
+hand-built reports.
 """
 
 from __future__ import annotations
@@ -54,20 +54,19 @@ def _matrix(out: Path, *argv: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def matrix_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The matrix of four kernels (two checkable here) on FEW_EXAMPLES as their quick
-    profile, each checked in this process (``check --no-isolate``'s path), not in a worker
-    of its own: the rows are the same either way (compared on this run: bit for bit but the
-    seconds), and the two workers of each kernel (its worker and the kernel's process, each
+    profile, each checked in this process (``--no-isolate``), not in a worker of its own:
+    the rows are the same either way (compared on this run: bit for bit but the seconds),
+    and the two processes of each kernel (its worker and the kernel's process, each
     importing torch) cost ~11 of the ~13 s of CPU this run took.  The worker's own
-    behaviour is test_supervisor.py's and test_worker_pool.py's; the matrix's processes,
-    workers included, are run by test_kernels_checked_at_once_come_back_as_their_rows."""
+    behaviour is test_supervisor.py's and test_worker_pool.py's; the matrix's processes are
+    run by test_kernels_checked_at_once_come_back_as_their_rows."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(PROFILES, "quick", FEW_EXAMPLES)
-        patch.setattr(cli, "isolation_from", lambda args: None)
         return _matrix(
             tmp_path_factory.mktemp("matrix"),
             *("--kernel", "sdpa_math", "--kernel", "torch.nn:Multihead"),
             *("--kernel", "fast_transformers", "--kernel", "flash_attn"),
-            *("--only", PROPERTIES, "--jobs", "1"),
+            *("--only", PROPERTIES, "--jobs", "1", "--no-isolate"),
         )
 
 
@@ -108,13 +107,16 @@ def test_kernels_checked_at_once_come_back_as_their_rows(
     matrix_run: dict[str, Any], tmp_path: Path
 ) -> None:
     """CONF-1 (the matrix's --jobs N): two kernels checked at once, each by ``attnspec
-    matrix`` in a process of its own (and its workers), come back as their rows: checked,
-    with the cells and the divergence (and its write-up) that the same property gives them
-    in this process."""
+    matrix`` in a process of its own, come back as their rows: checked, with the cells and
+    the divergence (and its write-up) that the same property gives them in this process.
+    --no-isolate goes with them: each kernel is checked in its matrix process, which
+    imports torch once, not also in a worker and a kernel process that import it again
+    (~1.4 CPU-s each; the worker's verdicts are those of this process,
+    test_strategies.py's isolated-and-in-process tests)."""
     run = _matrix(
         tmp_path,
         *("--kernel", "sdpa_math", "--kernel", "torch.nn:Multihead"),
-        *("--only", "empty-rows-zero", "--jobs", "2"),
+        *("--only", "empty-rows-zero", "--jobs", "2", "--no-isolate"),
     )
     assert run["status"] == 0
     rows, alone = run["rows"], matrix_run["rows"]
@@ -266,6 +268,23 @@ def test_unknown_kernel_name_is_a_usage_error(
         == 2
     )
     assert "matches no known kernel" in capsys.readouterr().err
+
+
+def test_supervision_without_a_worker_is_one_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """CONF-5: ``matrix --no-isolate`` with --timeout is one usage error, as check's, before
+    any kernel is checked (with --jobs 2, not a failed row from each kernel's process)."""
+    status = cli.main(
+        [
+            *("matrix", "--kernel", "sdpa_math", "--kernel", "torch.nn:Multihead"),
+            *("--no-isolate", "--timeout", "5", "--jobs", "2"),
+            *("--markdown", str(tmp_path / "m.md"), "--json", str(tmp_path / "m.json")),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert status == 2 and "--timeout apply to the worker processes" in err, err
+    assert not (tmp_path / "m.json").exists()
 
 
 def test_merge_renders_earlier_runs_without_rerunning(
