@@ -157,19 +157,42 @@ def test_conformance_claim_only_after_a_full_passing_run() -> None:
     )
 
 
+@pytest.fixture(scope="module")
+def in_the_kernels_directory(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[int, str, Path, bool]:
+    """``attnspec check attnspec_cwd_kernels:correct --only default-scale,deterministic``
+    started in the directory holding that module, without HYPOTHESIS_STORAGE_DIRECTORY
+    (conftest sets it for the suite's own processes).  The command in this process; its
+    judging worker and the kernel's process, where Hypothesis draws and the kernel's file
+    is, start there too.  Its exit status and stderr, the directory, and whether sys.path
+    was left as it was: what the tests of a module target and of the .hypothesis folder
+    read (one check, not one each: ~0.5 CPU-s)."""
+    cwd = tmp_path_factory.mktemp("cwd")
+    kernel_file(cwd, "attnspec_cwd_kernels.py", KERNELS)
+    before = list(sys.path)
+    err = io.StringIO()
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(err),
+    ):
+        patch.chdir(cwd)
+        patch.delenv("HYPOTHESIS_STORAGE_DIRECTORY")
+        argv = ["check", "attnspec_cwd_kernels:correct", "--only", "default-scale,deterministic"]
+        status = cli.main(argv)
+        kept = sys.path == before
+    return status, err.getvalue(), cwd, kept
+
+
 def test_module_target_imports_from_the_working_directory(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    in_the_kernels_directory: tuple[int, str, Path, bool],
 ) -> None:
     """MODULE:FUNC finds a module in the working directory (as python -m does), and
-    sys.path is left as it was."""
-    kernel_file(tmp_path, "attnspec_cwd_kernels.py", KERNELS)
-    monkeypatch.chdir(tmp_path)
-    before = list(sys.path)
-    status, _, err = run_main(
-        capsys, "check", "attnspec_cwd_kernels:correct", "--only", "default-scale"
-    )
+    sys.path is left as it was (the shared check, in_the_kernels_directory)."""
+    status, err, _, kept = in_the_kernels_directory
     assert status == 0, err
-    assert sys.path == before
+    assert kept
 
 
 def test_file_target_imports_the_files_next_to_it(
@@ -192,21 +215,15 @@ def test_file_target_imports_the_files_next_to_it(
 
 
 def test_no_hypothesis_directory_is_left_behind(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    in_the_kernels_directory: tuple[int, str, Path, bool],
 ) -> None:
     """A check leaves no .hypothesis/ folder where it runs (Hypothesis would cache the
     constants of the kernel's file there); HYPOTHESIS_STORAGE_DIRECTORY is honoured.
-    Without the variable (conftest sets it for the suite's own processes).  The command in
-    this process, started in ``tmp_path``: its judging worker and the kernel's process,
-    where Hypothesis draws and the kernel's file is, start there too."""
-    kernel_file(tmp_path, "kernels.py", KERNELS)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("HYPOTHESIS_STORAGE_DIRECTORY")
-    status, _, err = run_main(
-        capsys, "check", "kernels.py:correct", "--only", "default-scale,deterministic"
-    )
+    The shared check, in_the_kernels_directory: without the variable, started where the
+    kernel's module is."""
+    status, err, cwd, _ = in_the_kernels_directory
     assert status == 0, err
-    assert not (tmp_path / ".hypothesis").exists()
+    assert not (cwd / ".hypothesis").exists()
 
 
 def test_jax_is_checked_in_its_own_settings_unless_asked(
