@@ -352,7 +352,12 @@ def test_reproduction_rebuilds_layout_renames_and_claims(
     python_c: Callable[..., subprocess.CompletedProcess[str]],
 ) -> None:
     """A kernel checked through --layout blhd, --rename and claim flags is rebuilt the same
-    way by its reproduction snippet, which then shows the SDPA-2.1 failure again."""
+    way by its reproduction snippet, which then shows the SDPA-2.1 failure again.  The
+    check in this process (--no-isolate): its reproduction is the one an isolated check
+    writes (compared: the same JSON verdict but the seconds), and the snippet runs in a
+    process of its own as before; a worker and a kernel process cost ~0.5 CPU-s.  (The
+    reproductions of isolated checks are run by the test of the buggy kernel above and by
+    test_supervisor.py's hang test.)"""
     path = tmp_path / "r.json"
     status, out, _ = run_main(
         capsys,
@@ -369,6 +374,7 @@ def test_reproduction_rebuilds_layout_renames_and_claims(
         "default-scale",
         "--json",
         str(path),
+        "--no-isolate",
     )
     assert status == 1
     assert "--layout blhd --rename is_causal=causal --dtype float64 --no-mask" in out
