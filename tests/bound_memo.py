@@ -43,7 +43,10 @@ import attnspec.conformance.judge.properties.recurrent as recurrent_properties
 import attnspec.reference.tolerance as tolerance
 from attnspec.reference.linear import elu_plus_one, relu_features
 
-MAX_BYTES = 192 * 2**20
+# a module's bounds (test_semantics.py's ~420 MiB): PyTorch's SDPA is drawn many of the
+# top-left reference's problems (its tests run last in the module), and at 192 MiB those
+# had been pushed out by then (~280 bounds, ~0.9 CPU-s, evaluated again)
+MAX_BYTES = 448 * 2**20
 # one recurrence property's bounds on one kernel (~15 MiB in the quick profile), with room
 RECURRENT_MAX_BYTES = 48 * 2**20
 # LIN-5.2's bound of two linear property runs' problems (one run on one kernel, the quick
