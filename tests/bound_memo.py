@@ -26,6 +26,15 @@ the reference's problems (tests/conformance/properties/linear/test_linear_proper
 and the causal bound's prefix sums were about half of such a replay's time.  Its feature
 map is digested by name where it is one of the reference's named maps (pure functions);
 any other map is not digested, so that bound is evaluated every time.
+
+BWD-17's bound (``reference/tolerance_backward.py``: ``gradient_error_bound``, as the
+backward properties call it) and REC-7.7's (``reference/recurrent/tolerance_backward.py``:
+``recurrent_gradient_error_bound``, a token loop in float64 there and back) are remembered
+too, each in a memo of its own (``GRADIENT_MAX_BYTES``, ``RECURRENT_GRADIENT_MAX_BYTES``):
+the catalogue's correct backward kernels of one declaration (tests/catalogue/
+test_backward.py: four; test_recurrent_backward.py: three on the accuracy property and the
+failing check in the kernel's process) are drawn the same problems and dO, and the bound
+was ~40 % (dense) and ~50 % (recurrence) of such a check's time.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+import attnspec.conformance.judge.properties.backward as backward_properties
 import attnspec.conformance.judge.properties.linear as linear_properties
 import attnspec.conformance.judge.properties.recurrent as recurrent_properties
 import attnspec.reference.tolerance as tolerance
@@ -54,6 +64,10 @@ RECURRENT_MAX_BYTES = 48 * 2**20
 # while the bottom-right reference runs, for the quadratic form that replays it
 # (test_linear_properties.py; at 16 MiB, one realistic entry pushed out the run's others)
 LINEAR_MAX_BYTES = 48 * 2**20
+# BWD-17's bounds of the backward checks of one declaration, with room
+GRADIENT_MAX_BYTES = 48 * 2**20
+# REC-7.7's bounds of one recurrence gradient property's run, with room
+RECURRENT_GRADIENT_MAX_BYTES = 48 * 2**20
 # a result larger than this is evaluated every time (a realistic problem's weights)
 MAX_ENTRY_BYTES = 24 * 2**20
 # the reference's named feature maps, digested by name (pure functions of their input);
@@ -147,17 +161,25 @@ class BoundMemo:
 
 @contextmanager
 def bounds_remembered() -> Iterator[BoundMemo]:
-    """TOL-2's bound (and REC-6.2's) remembered while the context lasts (tests/conftest.py:
-    the session); the TOL-2 memo is given."""
+    """TOL-2's bound (and REC-6.2's, LIN-5.2's, BWD-17's and REC-7.7's) remembered while the
+    context lasts (tests/conftest.py: the session); the TOL-2 memo is given."""
     evaluate, evaluate_recurrent = tolerance._bounds, recurrent_properties.recurrent_error_bound
     evaluate_linear = linear_properties.linear_error_bound
+    evaluate_gradients = backward_properties.gradient_error_bound
+    evaluate_recurrent_gradients = recurrent_properties.recurrent_gradient_error_bound
     memo = BoundMemo(evaluate)
     tolerance._bounds = memo
     recurrent_properties.recurrent_error_bound = BoundMemo(evaluate_recurrent, RECURRENT_MAX_BYTES)
     linear_properties.linear_error_bound = BoundMemo(evaluate_linear, LINEAR_MAX_BYTES)
+    backward_properties.gradient_error_bound = BoundMemo(evaluate_gradients, GRADIENT_MAX_BYTES)
+    recurrent_properties.recurrent_gradient_error_bound = BoundMemo(
+        evaluate_recurrent_gradients, RECURRENT_GRADIENT_MAX_BYTES
+    )
     try:
         yield memo
     finally:
         tolerance._bounds = evaluate
         recurrent_properties.recurrent_error_bound = evaluate_recurrent
         linear_properties.linear_error_bound = evaluate_linear
+        backward_properties.gradient_error_bound = evaluate_gradients
+        recurrent_properties.recurrent_gradient_error_bound = evaluate_recurrent_gradients
