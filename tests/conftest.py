@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 from bound_memo import bounds_remembered
 from clause_selection import select_by_clause
+from forgery_guard import undo_forgery_in_this_process
 from numpy._core.multiarray import _set_madvise_hugepage
 from support import ROOT, backend_or_skip, quick_jax_compiles
 
@@ -90,6 +91,20 @@ def _bytecode_kept_out_of_the_tree() -> None:
     if os.environ.get("PYTHONDONTWRITEBYTECODE") and "PYTHONPYCACHEPREFIX" not in os.environ:
         del os.environ["PYTHONDONTWRITEBYTECODE"]
         os.environ["PYTHONPYCACHEPREFIX"] = str(ROOT / ".cache" / "pycache")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """A test that let a kernel forge the runner in this process errors at its teardown,
+    and the runner is put back, rather than every later test of the worker passing."""
+    yield
+    forged = undo_forgery_in_this_process()
+    if forged:
+        raise RuntimeError(
+            f"{item.nodeid} let a forging kernel run in the test process ("
+            + "; ".join(forged)
+            + "): run its kernel in a process of its own"
+        )
 
 
 @pytest.fixture(scope="session", autouse=True)

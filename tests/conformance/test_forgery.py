@@ -11,10 +11,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from catalogue import forgers
 from catalogue.forgers import FORGERS, Forger
+from forgery_guard import undo_forgery_in_this_process
 from support import SMALL_SIZE_FLAGS, run_main
+
+from attnspec.conformance.judge.registry import all_properties
+from attnspec.conformance.run import property_runner
 
 FORGERS_FILE = str(Path(forgers.__file__).resolve())
 
@@ -72,3 +77,24 @@ def test_the_kernels_process_is_not_the_judges(tmp_path: Path) -> None:
         assert property_runner.run_property is runner_here
     finally:
         process.end()
+
+
+def test_a_forger_run_in_the_test_process_is_undone_and_named() -> None:
+    """CONF-9, for this suite's own runs: a forging kernel called in the test process (as an
+    in-process check would call it) leaves the runner as it found it once the guard that
+    tests/conftest.py runs after every test has run, and the guard names what was replaced;
+    otherwise every later in-process check of an xdist worker would pass, whatever its
+    kernel."""
+    genuine = property_runner.run_property
+    checks = {prop.id: prop.check for prop in all_properties().values()}
+    one = np.ones((1, 1, 1), np.float32)
+    forgers.patches_the_runner(one, one, one)
+    assert property_runner.run_property is not genuine  # the forger did reach the runner
+
+    forged = undo_forgery_in_this_process()
+
+    assert forged[0].startswith("property_runner.run_property was <function _forge_the_runner")
+    assert {line.split()[3] for line in forged[1:]} == set(checks)
+    assert property_runner.run_property is genuine
+    assert {prop.id: prop.check for prop in all_properties().values()} == checks
+    assert undo_forgery_in_this_process() == []
