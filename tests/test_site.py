@@ -13,8 +13,11 @@ import json
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -37,15 +40,23 @@ def _linkcheck() -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The site built by ``scripts/build-site`` into a temporary folder, once per run."""
-    missing = [name for name in DOCS_EXTRA if importlib.util.find_spec(name) is None]
-    if missing:
-        pytest.skip(
-            f"the docs extra is not installed (no {', '.join(missing)}): pip install -e '.[docs]'"
-        )
-    out = tmp_path_factory.mktemp("site")
+@contextmanager
+def _locked(lock: Path) -> Iterator[None]:
+    """Holds an exclusive lock on the file ``lock`` while the block runs (other processes
+    asking for it wait)."""
+    import fcntl  # not on Windows: the fixture asks whether it can be imported first
+
+    with open(lock, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build_site(out: Path) -> None:
+    """``scripts/build-site`` into ``out``: it succeeds, its link check finds nothing broken,
+    and it stays within ``BUILD_CPU_SECONDS``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = subprocess.run(
         ["bash", str(ROOT / "scripts/build-site"), str(out)],
@@ -58,6 +69,35 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "link check: 0 broken internal links" in result.stdout
     assert cpu < BUILD_CPU_SECONDS, f"the site took {cpu:.0f} s of CPU to build"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site built by ``scripts/build-site`` into a temporary folder, once per run.
+
+    Once per run, not once per worker: pytest-xdist's worksteal hands the tail of one
+    worker's queue to the other, and this module sits at the tail (on main's clean clone
+    both workers built the site, ~4.7 s of CPU each).  Under xdist the site goes into the
+    run's temporary folder that every worker shares (its workers' folders are inside it);
+    the first worker to get there builds it under a lock while the others wait, and marks
+    it built only once every assertion on the build has passed, so a failed build fails
+    in each worker that needs it."""
+    missing = [name for name in DOCS_EXTRA if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(
+            f"the docs extra is not installed (no {', '.join(missing)}): pip install -e '.[docs]'"
+        )
+    if "PYTEST_XDIST_WORKER" not in os.environ or importlib.util.find_spec("fcntl") is None:
+        out = tmp_path_factory.mktemp("site")  # one process, or no lock (Windows): its own
+        _build_site(out)
+        return out
+    shared = tmp_path_factory.getbasetemp().parent  # the run's, not this worker's
+    out, built = shared / "site", shared / "site.built"
+    with _locked(shared / "site.lock"):
+        if not built.exists():
+            shutil.rmtree(out, ignore_errors=True)  # a failed build's leftovers
+            _build_site(out)
+            built.touch()
     return out
 
 
