@@ -6,7 +6,9 @@ module cannot be imported by name under ``--import-mode=importlib``.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
 import importlib.util
 import os
 import subprocess
@@ -545,3 +547,15 @@ def run_command(
 def report_of(verdicts: list[Verdict], strict: bool = False) -> Report:
     """A report of ``verdicts``, as a quick check of ``m:f`` on NumPy would give it."""
     return Report("m:f", "numpy", "cpu", "quick", None, strict, verdicts)
+
+
+@functools.cache
+def syntax_tree(path: Path) -> ast.Module:
+    """The syntax tree of the file ``path``, parsed once per process for every caller (which
+    only reads it).  Why: test_architecture.py's import graph, test_extras.py's imported
+    libraries and test_project_rules.py's version and array-library checks each walk every
+    module of the package, ~0.7 s of CPU a parse of it, and their files sort together, so
+    they run one after the other in a worker.  Here, not in one of them: under
+    ``--import-mode=importlib`` a test module imported by name is a second copy of it, with
+    a cache of its own.  The trees take ~60 MB."""
+    return ast.parse(path.read_text(encoding="utf-8"))

@@ -23,6 +23,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from support import syntax_tree
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository root is the package
 SUBPACKAGES = ("reference", "backends", "benchmarks", "conformance")
@@ -116,10 +117,13 @@ def package_modules(root: Path = ROOT) -> dict[str, tuple[Path, bool]]:
     return modules
 
 
-def imports_of(module: str, source: str, is_package: bool, known: set[str]) -> set[str]:
+def imports_of(
+    module: str, source: str | ast.Module, is_package: bool, known: set[str]
+) -> set[str]:
     """The package modules ``module`` imports (at any depth of its code), as names relative
-    to ``attnspec``; ``from pkg import name`` counts ``pkg.name`` when that is a module."""
-    tree = ast.parse(source)
+    to ``attnspec``; ``from pkg import name`` counts ``pkg.name`` when that is a module.
+    ``source`` is the module's text or its syntax tree."""
+    tree = ast.parse(source) if isinstance(source, str) else source
     package = module if is_package else module.rpartition(".")[0]
 
     def relative(name: str) -> str | None:
@@ -157,7 +161,7 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     modules = package_modules(root)
     known = set(modules)
     return {
-        name: imports_of(name, path.read_text(encoding="utf-8"), is_package, known)
+        name: imports_of(name, syntax_tree(path), is_package, known)
         for name, (path, is_package) in modules.items()
     }
 

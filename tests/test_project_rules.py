@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import syntax_tree
 
 from attnspec.conformance.claims.clauses import all_clauses
 from attnspec.conformance.judge.registry import all_properties
@@ -21,7 +22,7 @@ LIBRARIES = ("numpy", "torch", "jax", "jaxlib", "cupy", "array_api_strict")
 
 
 def _imported_modules(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = syntax_tree(path)
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -151,7 +152,7 @@ def test_the_version_is_written_once() -> None:
         relative = path.relative_to(ROOT)
         if relative.name == "_version.py":
             continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = syntax_tree(path)  # parsed once per process (support.py)
         written += [
             f"{relative}:{node.lineno}"
             for node in _strings_but_docstrings(tree)
