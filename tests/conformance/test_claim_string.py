@@ -171,15 +171,6 @@ def test_the_grammar_is_read_from_the_spec() -> None:
         parse_claim("conforms to attnspec 2026.13 (dense; float32)")
 
 
-@settings(DRAWN, max_examples=100)
-@given(st.from_regex(CLAIM, fullmatch=True))
-def test_every_sentence_of_the_grammar_is_parsed_and_written_back(text: str) -> None:
-    """CONF-13: the parser accepts every sentence drawn from the grammar and writes it back
-    unchanged from its parts."""
-    parsed = parse_claim(text)
-    assert str(parsed) == text
-
-
 _MUTATION_ALPHABET = " ,;()-.0123456789abcdefxyzADEGLMSQV+=_"
 
 
@@ -200,11 +191,15 @@ _MUTATION_ALPHABET = " ,;()-.0123456789abcdefxyzADEGLMSQV+=_"
 @example("conforms to attnspec 2027.1 (dense; float32)", [("insert", 27, "3")])  # month 13
 @example("conforms to attnspec 2027.1 (dense; float32)", [("insert", 27, "0")])  # month 10
 @example("conforms to attnspec 2027.1 except SDPA-5.1 (dense; float32)", [("replace", 40, "0")])
-def test_the_parser_rejects_what_the_grammar_rejects(
+def test_the_parser_reads_the_grammars_sentences_and_rejects_what_the_grammar_rejects(
     text: str, mutations: list[tuple[str, int, str]]
 ) -> None:
-    """CONF-13: on strings near the grammar's sentences (a few characters deleted, inserted
-    or replaced), the parser accepts exactly those the grammar accepts."""
+    """CONF-13: the parser accepts every sentence drawn from the grammar and writes it back
+    unchanged from its parts; on strings near those sentences (a few characters deleted,
+    inserted or replaced), it accepts exactly those the grammar accepts.  One test for both
+    because drawing a sentence from the grammar is what costs (~15 ms each); each sentence
+    drawn is checked both ways."""
+    assert str(parse_claim(text)) == text, "not written back unchanged"
     for kind, position, character in mutations:
         at = position % (len(text) + 1)
         if kind == "delete":
