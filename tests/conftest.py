@@ -42,7 +42,8 @@ def pytest_configure(config: pytest.Config) -> None:
     spinning threads 2x oversubscribed, a small matmul 20x slower (39 ms, not 2 ms, for
     (1, 4, 128, 64) @ its transpose on the shared machine); the same tests, no check weaker.
     """
-    _quieter_runs()
+    in_worker = "PYTEST_XDIST_WORKER" in os.environ
+    _quieter_runs(starts_workers=bool(getattr(config.option, "tx", None)) and not in_worker)
     # One worker per check unless a test asks for more: the default (one per CPU) starts a
     # second worker process for every small check of the suite's own tests, which made
     # them ~1.8x slower on 2 cores; tests/conformance/test_worker_pool.py checks the default.
@@ -53,7 +54,7 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.update({name: chosen[name] for name in THREAD_VARIABLES if name in chosen})
 
 
-def _quieter_runs() -> None:
+def _quieter_runs(starts_workers: bool) -> None:
     """Two settings of this process and every process it starts (xdist workers, the checks'
     workers and kernel processes, the CLI runs), each kept where the user set it; what any
     test checks is unchanged, only the machine's work is.
@@ -76,7 +77,8 @@ def _quieter_runs() -> None:
     _set_madvise_hugepage(os.environ["NUMPY_MADVISE_HUGEPAGE"] != "0")
     if "HYPOTHESIS_STORAGE_DIRECTORY" not in os.environ:
         os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = str(ROOT / ".cache" / "hypothesis")
-    _bytecode_kept_out_of_the_tree()
+    if not starts_workers:  # an xdist worker, or a run without workers
+        _bytecode_kept_out_of_the_tree()
 
 
 def _bytecode_kept_out_of_the_tree() -> None:
@@ -87,7 +89,17 @@ def _bytecode_kept_out_of_the_tree() -> None:
     properties, measured), and the suite starts hundreds.  The same intent, no bytecode
     in the tree, holds with the bytecode written under the checkout's ``.cache/pycache``
     (ignored by git) instead: PYTHONPYCACHEPREFIX, for this process's children.  Kept
-    as set where the user chose a prefix of their own."""
+    as set where the user chose a prefix of their own.
+
+    Only for the processes the tests start, not for the xdist workers (set in each worker,
+    not in the process that starts them): with a prefix Python reads no ``__pycache__``,
+    so the workers compiled every module they import from source, torch's, JAX's, SciPy's,
+    pytest's and the standard library's included (the venv has their bytecode), both at
+    once at collection, into a prefix that a clean checkout has empty: main's clean clone
+    of 22:56 UTC wrote 121 MB of bytecode there, and importing torch, JAX, NumPy,
+    Hypothesis and matplotlib took 8.8 CPU-s from source, 3.7 with the venv's bytecode.  A
+    worker compiles attnspec's modules and its test modules once, as it would anyway on a
+    clean checkout; the processes the tests start share theirs through the prefix."""
     if os.environ.get("PYTHONDONTWRITEBYTECODE") and "PYTHONPYCACHEPREFIX" not in os.environ:
         del os.environ["PYTHONDONTWRITEBYTECODE"]
         os.environ["PYTHONPYCACHEPREFIX"] = str(ROOT / ".cache" / "pycache")
