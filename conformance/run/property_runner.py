@@ -29,6 +29,7 @@ from ..judge.registry import Property, all_properties
 from ..judge.reproduce import failure_snippet
 from ..judge.verdict import FAILED, NOT_APPLICABLE, PASSED, WAIVED, WARNING, Report, Verdict
 from .hypothesis_constants import no_local_constants
+from .quick_bytes import quick_bytes
 
 # Cost caps per example (sizes.problem_cost, ~ B Hq Lq Lk (E + Ev + 320)), set so that the
 # default profile of PyTorch's SDPA takes about a quarter of its budget (measured with the
@@ -380,8 +381,10 @@ def _run_part(
     pool: ShapePool | None,
 ) -> None:
     """One Hypothesis run of (part of) ``stratum`` (:func:`_drawing`), drawing what its
-    seed draws in any process: no constants of the modules imported (hypothesis_constants)."""
-    with _drawing(stratum, limits, pool), no_local_constants():
+    seed draws in any process: no constants of the modules imported (hypothesis_constants);
+    its bytes choices drawn without Hypothesis's bookkeeping per byte (quick_bytes: the
+    same bytes)."""
+    with _drawing(stratum, limits, pool), no_local_constants(), quick_bytes():
         try:
             property_test()
         except Unsatisfiable:
