@@ -13,6 +13,8 @@ reference (catalogue.witness).
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from support import verdict_of
 
@@ -22,6 +24,7 @@ from attnspec.conformance.judge.registry import all_properties
 from attnspec.conformance.judge.verdict import FAILED, WARNING
 from attnspec.conformance.run.property_runner import run_property
 from catalogue.buggy import CATALOGUE, BuggyKernel
+from catalogue.entry import SPEC_KEYWORDS, _arguments_binder, required, spec_signature
 from catalogue.witness import observed_difference
 
 
@@ -93,3 +96,35 @@ def test_top_k_truncation_caught_with_more_examples() -> None:
         bug.catches, KernelUnderTest(bug.fn, _backend(bug)), profile="default", shrink=False
     )
     assert verdict.status == FAILED, verdict.detail
+
+
+def test_catalogue_kernels_bind_calls_as_their_signature_does() -> None:
+    """CONF-3: a catalogue kernel (entry.signed) takes a call as a function with its
+    signature would: the same arguments, defaults applied, in the same order, where
+    ``Signature.bind`` binds it, and the same TypeError where it refuses (too many
+    positional arguments, an unknown keyword, one given twice, a required one missing);
+    the quick binder is checked here against ``Signature.bind`` on every such call of up
+    to 6 positional arguments and 3 keywords."""
+    signatures = (
+        spec_signature(),
+        spec_signature({**SPEC_KEYWORDS, "softcap": 0.0, **required("seed")}),
+        spec_signature(SPEC_KEYWORDS, ("q", "k", "v", "grad_out"), {"window": (-1, -1)}),
+    )
+    for signature in signatures:
+        arguments_of = _arguments_binder(signature)
+        names = [*signature.parameters, "unknown"]
+        for n_args, n_keywords in itertools.product(range(7), range(4)):
+            args = tuple(f"positional {i}" for i in range(n_args))
+            for chosen in itertools.combinations(names, n_keywords):
+                kwargs = {name: f"keyword {name}" for name in chosen}
+                try:
+                    bound = signature.bind(*args, **kwargs)
+                    bound.apply_defaults()
+                    expected: tuple[str, object] = ("bound", list(bound.arguments.items()))
+                except TypeError as refused:
+                    expected = ("refused", str(refused))
+                try:
+                    got: tuple[str, object] = ("bound", list(arguments_of(args, kwargs).items()))
+                except TypeError as refused:
+                    got = ("refused", str(refused))
+                assert got == expected, (signature, args, kwargs)
