@@ -588,6 +588,14 @@ def _jax_x64_in_force(setup: KernelSetup) -> bool | None:
     return True if "float64" in backend.dtype_names else None
 
 
+# an in-process run's report says what it is not: the verdicts were decided where the
+# kernel ran, so the kernel could have changed them
+JUDGED_IN_THE_KERNELS_PROCESS = (
+    "judged in the kernel's own process (--no-isolate, isolate=False), where the kernel could "
+    "have forged these verdicts; an isolated check judges where it cannot reach [CONF-14]"
+)
+
+
 class InProcessKernel(_ClosedOnExit):
     """The kernel loaded and run in this process (``--no-isolate``): a debugger can step
     into it; a crash, exit or hang of the kernel is the check's too."""
@@ -604,7 +612,7 @@ class InProcessKernel(_ClosedOnExit):
         return self.kernel
 
     def setup_notes(self) -> list[str]:
-        return setup_notes(self.start())
+        return [*setup_notes(self.start()), JUDGED_IN_THE_KERNELS_PROCESS]
 
     def run_property(
         self, prop: Property, *, profile: str, seed: int | None, limits: SizeLimits | None = None

@@ -27,6 +27,7 @@ from attnspec.conformance import (
     cli,
 )
 from attnspec.conformance.report import render
+from attnspec.conformance.run.supervisor import JUDGED_IN_THE_KERNELS_PROCESS
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,24 @@ def test_correct_kernel_exits_0(correct_run: tuple[int, str, list[str]]) -> None
     assert set(rows) == {"default-scale", "explicit-scale"}
     assert "SDPA-2.1" in rows["default-scale"] and " passed " in rows["default-scale"] + " "
     assert "result: conforms" in out
+
+
+def test_an_in_process_check_says_the_kernel_could_have_forged_it(
+    correct_run: tuple[int, str, list[str]], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """CONF-14: a check run with --no-isolate decided its verdicts where the kernel ran, so
+    its report says so (text and JSON notes); an isolated check's report does not."""
+    kernels = kernel_file(tmp_path, "kernels.py", KERNELS)
+    path = tmp_path / "r.json"
+    status, out, err = run_main(
+        capsys,
+        *("check", f"{kernels}:correct", "--only", "default-scale", "--no-isolate"),
+        *("--json", str(path)),
+    )
+    assert status == 0, err
+    assert f"note: {JUDGED_IN_THE_KERNELS_PROCESS}" in out
+    assert JUDGED_IN_THE_KERNELS_PROCESS in json.loads(path.read_text())["notes"]
+    assert "judged in the kernel's own process" not in correct_run[1]
 
 
 def test_buggy_kernel_exits_1_and_its_reproduction_runs(
