@@ -193,12 +193,13 @@ def hypothesis_settings(
 
 
 def _failed_verdict(
-    prop: Property, failure: PropertyFailure, *, lost_control: bool = False
+    prop: Property, failure: PropertyFailure, *, lost_control: bool = False, reproduce: bool = True
 ) -> Verdict:
     """The verdict of a failed property: FAILED for a MUST clause, a WARNING for a SHOULD
     one; ``lost_control``: the kernel crashed, exited or hung, which fails the property
     whatever its level (CONF-5 is a MUST: a SHOULD property that expects the kernel to
-    raise, PAGED-6's, must not take a crash for a mere warning)."""
+    raise, PAGED-6's, must not take a crash for a mere warning).  ``reproduce`` False: no
+    reproduction (for callers that read the status and the finding only)."""
     level = prop.level
     kernel = failure.kernel
     return Verdict(
@@ -208,7 +209,7 @@ def _failed_verdict(
         status=FAILED if level == "MUST" or lost_control else WARNING,
         detail=failure.finding,
         counterexample=failure.counterexample,
-        reproduction=failure_snippet(failure),
+        reproduction=failure_snippet(failure) if reproduce else "",
         hint=failure.hint,
         features=features_of(failure.problem, getattr(kernel, "declaration", None)),
     )
@@ -401,11 +402,15 @@ def run_property(
     seed: int | None = None,
     limits: SizeLimits | None = None,
     shrink: bool = True,
+    reproduce: bool = True,
 ) -> Verdict:
     """Run one property; a kernel that does not claim it gets "not applicable" (CONF-3).
 
     ``limits`` caps the sizes drawn (default: ``SizeLimits()``).  ``shrink=False`` reports
-    the first failing example as found: the same status, for callers that need only that."""
+    the first failing example as found: the same status, for callers that need only that.
+    ``reproduce=False`` leaves a failure's reproduction out (the same status and finding):
+    its literals of every input are most of a failure's cost on a large problem (a first
+    failing example at an anchor's size, ~45 MB of text and ~1 CPU-s)."""
     started = time.perf_counter()
     waivers = kernel.declaration.waivers()
     if prop.clause in waivers:
@@ -431,9 +436,9 @@ def run_property(
         else:
             _run_strata(prop, kernel, profile, seed, limits or SizeLimits(), examples, shrink)
     except PropertyFailure as failure:
-        verdict = _failed_verdict(prop, failure)
+        verdict = _failed_verdict(prop, failure, reproduce=reproduce)
     except KernelExited as exited:
-        verdict = _failed_verdict(prop, exited.failure, lost_control=True)
+        verdict = _failed_verdict(prop, exited.failure, lost_control=True, reproduce=reproduce)
         verdict.stalled = isinstance(exited, KernelHung)
         # a crash, an exit or a hang is the finding whatever the inputs: not re-run
         # around their features (it would cost another timeout, root_causes)
