@@ -4,7 +4,9 @@ For each buggy kernel: the named property, run on the quick profile's examples e
 ``attnspec check`` draws them, reports "failed" (MUST clause) or "warning" (SHOULD
 clause).  The first failing example decides that status; shrinking it afterwards only
 makes the counterexample minimal (and was 90-98 % of these tests' time), so these runs
-stop at the first failure (``run_property(..., shrink=False)``); the shrunk
+stop at the first failure (``run_property(..., shrink=False)``) and write no
+reproduction (``reproduce=False``: a first failing example met at a realistic size wrote
+megabytes of literals, ~3 of this file's 11 CPU-s); the shrunk
 counterexamples and their reproductions are tested through the command in
 tests/conformance/cli/, test_worker_pool.py and test_supervisor.py.  And, independently of
 the suite, the bug is real: on its witness input the kernel visibly departs from the
@@ -79,7 +81,7 @@ def test_named_property_catches_bug(bug: BuggyKernel, request: pytest.FixtureReq
     )
     prop = registry[bug.catches]
     verdict = run_property(
-        prop, KernelUnderTest(bug.fn, _backend(bug)), profile="quick", shrink=False
+        prop, KernelUnderTest(bug.fn, _backend(bug)), profile="quick", shrink=False, reproduce=False
     )
     expected = FAILED if prop.level == "MUST" else WARNING
     assert verdict.status == expected, (
@@ -93,7 +95,11 @@ def test_top_k_truncation_caught_with_more_examples() -> None:
     is caught by matches-reference in the default profile (100 examples)."""
     bug = next(b for b in CATALOGUE if b.name == "top-8-weights")
     verdict = verdict_of(
-        bug.catches, KernelUnderTest(bug.fn, _backend(bug)), profile="default", shrink=False
+        bug.catches,
+        KernelUnderTest(bug.fn, _backend(bug)),
+        profile="default",
+        shrink=False,
+        reproduce=False,
     )
     assert verdict.status == FAILED, verdict.detail
 
