@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import pytest
 from bound_memo import bounds_remembered
@@ -125,10 +125,10 @@ def _bytecode_kept_out_of_the_tree() -> None:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object]:
     """A test that let a kernel forge the runner in this process errors at its teardown,
     and the runner is put back, rather than every later test of the worker passing."""
-    yield
+    result = yield
     forged = undo_forgery_in_this_process()
     if forged:
         raise RuntimeError(
@@ -136,6 +136,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
             + "; ".join(forged)
             + "): run its kernel in a process of its own"
         )
+    return result
 
 
 @pytest.fixture(scope="session", autouse=True)
