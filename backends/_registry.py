@@ -180,10 +180,6 @@ def numpy_namespace() -> ModuleType:
     return xp
 
 
-def _load_numpy() -> ModuleType:
-    return numpy_namespace()
-
-
 def _numpy_to_numpy(x: Any) -> Any:
     import numpy as np
 
@@ -490,7 +486,7 @@ ADAPTERS: dict[str, Adapter] = {
     "numpy": Adapter(
         "numpy",
         "numpy",
-        _load_numpy,
+        numpy_namespace,
         _first_device,
         _asarray_on,
         _numpy_to_numpy,

@@ -238,13 +238,14 @@ def random_values(
         # a stratum's first example draws the same arrays in every property: a repeat
         # comes from memory, read-only (repeated_normals)
         normal = REPEATED_NORMALS.standard_normal(rng, shape)
-    if magnitude != 1.0 and normal.flags.writeable:
-        normal *= magnitude  # a new array either way: no copy of a million values
+    remembered = not normal.flags.writeable  # repeated_normals' values: never written to
+    if magnitude != 1.0 and remembered:
+        normal, remembered = normal * magnitude, False
     elif magnitude != 1.0:
-        normal = normal * magnitude  # remembered values stay as they were drawn
+        normal *= magnitude  # this call's own array: no copy of a million values
     rounded = kernel.rounded(normal, dtype)
-    if np.may_share_memory(rounded, normal):  # the caller's own array, whatever the target
-        return np.array(rounded, copy=True)
+    if remembered and np.may_share_memory(rounded, normal):  # a rounding that kept them
+        return np.array(rounded, copy=True)  # the caller's own array, not the memo's
     return rounded
 
 
