@@ -14,7 +14,7 @@ import argparse
 import contextlib
 import io
 import re
-from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -35,15 +35,11 @@ def demo() -> tuple[int, str]:
     run_one = cli._run_one
 
     def torch_in_this_process(
-        setup: KernelSetup,
-        args: argparse.Namespace,
-        flags: Sequence[str],
-        label: str = "",
-        reports: dict[str, str | None] | None = None,
+        setup: KernelSetup, args: argparse.Namespace, *rest: Any, **options: Any
     ) -> Execution:
         if setup.backend == "torch":
             args = argparse.Namespace(**{**vars(args), "no_isolate": True})
-        return run_one(setup, args, flags, label, reports)
+        return run_one(setup, args, *rest, **options)
 
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out):
