@@ -108,7 +108,8 @@ def _block_scores(inputs: _Scores, q_chunk: Any, rows: slice, cols: slice) -> An
     problem = inputs.problem
     xp = problem.xp
     k_block = problem.k[..., cols, :]
-    scores = xp.matmul(q_chunk, xp.matrix_transpose(k_block)) * problem.scale
+    scores = xp.matmul(q_chunk, xp.matrix_transpose(k_block))
+    scores *= problem.scale  # in place: the same product, one block of scores fewer made
     if problem.softcap is not None:  # on the scaled product, before any bias (SOFTCAP-1)
         scores = softcapped(xp, scores, problem.softcap)
     if inputs.bias is not None:
@@ -151,12 +152,16 @@ def _absorb(
         m = xp.maximum(state.m, m)  # NaN propagates: a NaN score makes the row NaN
     # A row with nothing allowed so far has m = -inf; shifting by 0 keeps exp(-inf) = 0.
     shift = xp.where(m == -xp.inf, xp.zeros_like(m), m)
-    weights = xp.exp(scores - shift)
+    counts = None
+    if v_nonfinite is not None:  # before the shift, which can take a finite score to -inf
+        counts = nonfinite_counts(xp, scores != -xp.inf, v_nonfinite)
+    # In place: the block is this call's own (_block_scores made it), and each block of
+    # scores not made is one allocation and one pass through memory fewer (an allocator
+    # that returns large blocks to the system pays page faults for every new one).
+    scores -= shift
+    weights = xp.exp(scores)
     l = xp.sum(weights, axis=-1, keepdims=True)
     acc = xp.matmul(weights, v_block)
-    counts = None
-    if v_nonfinite is not None:
-        counts = nonfinite_counts(xp, scores != -xp.inf, v_nonfinite)
     if state is None:
         return _Running(m, l, acc, counts)
     # exp(old m - new shift) is 0 where the old m was -inf (nothing summed yet) and <= 1
@@ -165,7 +170,11 @@ def _absorb(
     if counts is not None:
         assert state.counts is not None  # every block counts when the first one did
         counts = NonFiniteCounts(*(a + b for a, b in zip(state.counts, counts, strict=True)))
-    return _Running(m, state.l * rescale + l, state.acc * rescale + acc, counts)
+    total = state.l * rescale
+    total += l
+    acc_total = state.acc * rescale
+    acc_total += acc
+    return _Running(m, total, acc_total, counts)
 
 
 def _key_stop(inputs: _Scores, rows: slice, n_keys: int) -> int:
