@@ -26,6 +26,7 @@ from attnspec import (
     use_backend,
 )
 from attnspec.backends import BACKEND_NAMES, REFERENCE_CONFIG
+from attnspec.backends import _configure_from_environment as configure_from_environment
 from attnspec.benchmarks.survey import SurveyRow, format_survey, survey
 from attnspec.reference import causal_mask, padding_mask, scaled_dot_product_attention
 from attnspec.reference.positional import sinusoidal_positional_encoding
@@ -56,14 +57,19 @@ def run_python(code: str, cwd: Any, **environment: str) -> subprocess.CompletedP
     )
 
 
-def test_env_backend_selects_torch_at_import(tmp_path: Any) -> None:
-    """ATTNSPEC_BACKEND=torch makes torch the default backend when attnspec is imported."""
+def test_env_backend_selects_torch_at_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ATTNSPEC_BACKEND=torch makes torch the default backend when attnspec is imported.
+
+    What the import runs (backends._configure_from_environment) is run here, with the
+    variable set and the selection put back after; that ``import attnspec`` runs it is
+    test_env_backend_typo_is_one_clear_error's fresh process (a typo fails the import).
+    Why not a fresh process here too: it imported torch for this alone (3.7 CPU-s)."""
     pytest.importorskip("torch", reason="the torch extra is not installed")
-    result = run_python(
-        "import attnspec; print(attnspec.get_backend().name)", tmp_path, ATTNSPEC_BACKEND="torch"
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "torch"
+    monkeypatch.setenv("ATTNSPEC_BACKEND", "torch")
+    monkeypatch.delenv("ATTNSPEC_DEVICE", raising=False)
+    with use_backend("numpy"):  # restores the selection, whatever this test leaves
+        configure_from_environment()
+        assert get_backend().name == "torch"
 
 
 def test_env_device_cpu(tmp_path: Any) -> None:
@@ -210,27 +216,33 @@ def test_dtype_names(backend: Backend) -> None:
         backend.dtype("float8")
 
 
-def test_jax_backend_changes_no_setting_unless_asked(tmp_path: Any) -> None:
+def test_jax_backend_changes_no_setting_unless_asked() -> None:
     """SDPA-1.4: loading the JAX backend leaves JAX's settings alone (x64 off by default,
     so float64 is not offered and asking for it says why); config= turns x64 on and says
-    what it changed.  In a fresh process, since JAX settings are process-wide."""
-    pytest.importorskip("jax", reason="the jax extra is not installed")
-    code = (
-        "import jax\n"
-        "from attnspec.backends import Backend\n"
-        "b = Backend('jax')\n"
-        "print(jax.config.jax_enable_x64, b.dtype_names, b.changes)\n"
-        "try:\n    b.dtype('float64')\nexcept ValueError as e:\n    print(e)\n"
-        "b = Backend('jax', config={'jax_enable_x64': True})\n"
-        "print(jax.config.jax_enable_x64, b.dtype_names[-1], b.changes)\n"
-    )
-    result = run_python(code, tmp_path)
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    assert lines[0] == "False ('float16', 'bfloat16', 'float32') []"
-    assert "does not support dtype 'float64': jax_enable_x64 is off" in lines[1]
-    assert "--jax-x64" in lines[1]
-    assert lines[2] == "True float64 ['jax_enable_x64: False -> True']"
+    what it changed.
+
+    JAX's settings are process-wide: this process's are set to JAX's defaults for the
+    test (x64 off, the default matmul precision) and put back after, whatever it asserts.
+    Why not a fresh process: it imported JAX for this alone (2.4 CPU-s)."""
+    jax = pytest.importorskip("jax", reason="the jax extra is not installed")
+    defaults = {"jax_enable_x64": False, "jax_default_matmul_precision": None}
+    saved = {name: getattr(jax.config, name) for name in defaults}
+    try:
+        for name, value in defaults.items():
+            jax.config.update(name, value)
+        b = Backend("jax")
+        assert {name: getattr(jax.config, name) for name in defaults} == defaults
+        assert b.dtype_names == ("float16", "bfloat16", "float32") and b.changes == []
+        with pytest.raises(ValueError) as raised:
+            b.dtype("float64")
+        assert "does not support dtype 'float64': jax_enable_x64 is off" in str(raised.value)
+        assert "--jax-x64" in str(raised.value)
+        b = Backend("jax", config={"jax_enable_x64": True})
+        assert jax.config.jax_enable_x64 and b.dtype_names[-1] == "float64"
+        assert b.changes == ["jax_enable_x64: False -> True"]
+    finally:
+        for name, value in saved.items():
+            jax.config.update(name, value)
 
 
 def test_jax_float64_is_float64() -> None:
