@@ -50,11 +50,12 @@ def test_equal_head_dims_without_a_scale_parameter(
     status, out, err = run_main(capsys, "check", f"{kernel}:attention", "--equal-head-dims", *only)
     assert status == 0, out + err
     # the 1/E scale on default-scale alone: its matches-reference failure, shrunk, is not
-    # what is read here (~0.8 CPU-s)
+    # what is read here (~0.8 CPU-s); judged in this process (--no-isolate): the padding is
+    # the setup's, made alike in either process, and the first check's went through a worker
     status, out, _ = run_main(
         capsys,
         *("check", f"{kernel}:scales_by_one_over_e", "--equal-head-dims"),
-        *("--only", "default-scale", *sizes),
+        *("--only", "default-scale", *sizes, "--no-isolate"),
     )
     assert status == 1 and "FAILED default-scale [SDPA-2.1" in out
     lines = out.splitlines()
@@ -164,7 +165,9 @@ def test_bias_keyword_alone_runs_the_bias_properties(
         "def ignores(q, k, v, *, mask=None, attn_bias=None, is_causal=False, scale=None):\n"
         "    return sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale)\n"
     )
-    for name, status in (("good", 0), ("ignores", 1)):
+    # the kernel that ignores the bias is judged in this process (--no-isolate): the keyword
+    # is the setup's, given alike in either process, and the good kernel's went through a worker
+    for name, status, isolate in (("good", 0, ()), ("ignores", 1, ("--no-isolate",))):
         code, out, err = run_main(
             capsys,
             "check",
@@ -177,6 +180,7 @@ def test_bias_keyword_alone_runs_the_bias_properties(
             *SMALL_SIZE_FLAGS,
             "--only",
             "bias-semantics",
+            *isolate,
         )
         assert code == status, err
         row = next(line for line in out.splitlines() if line.startswith("bias-semantics"))
@@ -286,11 +290,12 @@ def test_linear_feature_map_may_be_a_callable(
     )
     assert status == 0 and "linear-matches-formula" in out
     # the wrong map caught by the formula property alone: the causal prefix's failure,
-    # shrunk too, would say the same (~0.9 CPU-s)
+    # shrunk too, would say the same (~0.9 CPU-s); in this process (--no-isolate): the map
+    # is loaded by name alike in either, and the right map's check went through a worker
     status, out, _ = run_main(
         capsys,
         *("check", f"{kernel}:attention", "--linear", f"{kernel}:other"),
-        *("--only", "linear-matches-formula", *only[2:]),
+        *("--only", "linear-matches-formula", *only[2:], "--no-isolate"),
     )
     assert status == 1 and "FAILED linear-matches-formula" in out
     status, _, err = run_main(capsys, "check", f"{kernel}:attention", "--linear", "softmax")
