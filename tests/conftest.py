@@ -8,6 +8,7 @@ from collections.abc import Generator, Iterator
 
 import pytest
 from bound_memo import bounds_remembered
+from bytecode_prefix import prefix_filled_from_installed_bytecode
 from clause_selection import select_by_clause
 from forgery_guard import undo_forgery_in_this_process
 from numpy._core.multiarray import _set_madvise_hugepage
@@ -96,8 +97,23 @@ def _quieter_runs(starts_workers: bool) -> None:
     _set_madvise_hugepage(os.environ["NUMPY_MADVISE_HUGEPAGE"] != "0")
     if "HYPOTHESIS_STORAGE_DIRECTORY" not in os.environ:
         os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = str(ROOT / ".cache" / "hypothesis")
+    if _children_get_the_bytecode_prefix() and "PYTEST_XDIST_WORKER" not in os.environ:
+        # once, by the process that starts the workers or runs the tests, before any
+        # process that reads it starts
+        prefix_filled_from_installed_bytecode(BYTECODE_PREFIX)
     if not starts_workers:  # an xdist worker, or a run without workers
         _bytecode_kept_out_of_the_tree()
+
+
+BYTECODE_PREFIX = ROOT / ".cache" / "pycache"
+
+
+def _children_get_the_bytecode_prefix() -> bool:
+    """Whether _bytecode_kept_out_of_the_tree (below) gives the processes tests start
+    :data:`BYTECODE_PREFIX`."""
+    return bool(os.environ.get("PYTHONDONTWRITEBYTECODE")) and (
+        "PYTHONPYCACHEPREFIX" not in os.environ
+    )
 
 
 def _bytecode_kept_out_of_the_tree() -> None:
@@ -119,9 +135,9 @@ def _bytecode_kept_out_of_the_tree() -> None:
     Hypothesis and matplotlib took 8.8 CPU-s from source, 3.7 with the venv's bytecode.  A
     worker compiles attnspec's modules and its test modules once, as it would anyway on a
     clean checkout; the processes the tests start share theirs through the prefix."""
-    if os.environ.get("PYTHONDONTWRITEBYTECODE") and "PYTHONPYCACHEPREFIX" not in os.environ:
+    if _children_get_the_bytecode_prefix():
         del os.environ["PYTHONDONTWRITEBYTECODE"]
-        os.environ["PYTHONPYCACHEPREFIX"] = str(ROOT / ".cache" / "pycache")
+        os.environ["PYTHONPYCACHEPREFIX"] = str(BYTECODE_PREFIX)
 
 
 @pytest.hookimpl(wrapper=True)
