@@ -190,9 +190,13 @@ def test_quick_profile_catches_scale_bug(
     ragged tail's is asserted as found, not shrunk: a failure of that bug has such a size
     whether shrunk or not, its first one is in the small stratum at 65 keys already, and
     its shrinking is test_block_tail_bug_shrinks_to_one_past_the_block's (0.5 CPU-s saved);
-    the others first fail on a large anchor, which costs more to report unshrunk."""
+    the others first fail on a large anchor, which costs more to report unshrunk.  The
+    reproduction is left out (reproduce=False: the same status and counterexample): the
+    split-KV bug's, one query against 257 or more keys, was 21 MB of literals (0.56 CPU-s)."""
     shrink = bug is not ragged_tail_dropped
-    verdict = verdict_of("matches-reference", _numpy_kernel(bug), profile="quick", shrink=shrink)
+    verdict = verdict_of(
+        "matches-reference", _numpy_kernel(bug), profile="quick", shrink=shrink, reproduce=False
+    )
     assert verdict.status == FAILED, f"{bug.__name__}: {verdict.status}"
     assert shows_scale(verdict.counterexample), verdict.counterexample
 
@@ -676,7 +680,7 @@ def test_api_caps_bound_every_drawn_shape() -> None:
         assert math.prod(q[:-2]) <= 6, q
 
 
-ISOLATION_CAPS = {"max_len": 100, "max_head_dim": 64, "max_batch_heads": 16}
+ISOLATION_CAPS = {"max_len": 64, "max_head_dim": 64, "max_batch_heads": 16}
 ISOLATION_PROPERTIES = [
     "matches-reference",
     "output-in-value-hull",
@@ -691,26 +695,29 @@ def _verdicts(report: Any) -> list[tuple[Any, ...]]:
     return [(v.property, v.status, v.detail, v.counterexample, v.examples) for v in report.verdicts]
 
 
+# One kernel, the block-tail bug, which is exact up to 64 keys: within --max-len 64 it is a
+# correct kernel, and the six properties that pass it there show that the cap reached the
+# worker (at --max-len 100, matches-reference, key-permutation and gqa-mapping fail it);
+# past 64 keys its failure is found and shrunk in both processes.  (The same kernel within
+# 64 on matches-reference alone, and a correct kernel on the six properties within 100,
+# were two cases of their own: one worker started more, ~1 CPU-s.)
 @pytest.mark.parametrize(
-    ("kernel", "caps", "status"),
+    ("caps", "only", "status"),
     [
-        ("ragged_tail_dropped", {"max_len": 64}, PASSED),
-        ("ragged_tail_dropped", {"max_len": 100}, FAILED),
-        ("lse_attention", ISOLATION_CAPS, PASSED),
+        (ISOLATION_CAPS, ISOLATION_PROPERTIES, PASSED),
+        ({"max_len": 100}, ["matches-reference"], FAILED),
     ],
-    ids=["tail bug within 64", "tail bug within 100", "correct"],
+    ids=["tail bug within 64", "tail bug within 100"],
 )
 def test_isolated_and_in_process_runs_agree_with_caps(
-    kernel: str, caps: dict[str, int], status: str
+    caps: dict[str, int], only: list[str], status: str
 ) -> None:
     """CONF-4, CONF-5, CONF-8: the worker draws the same strata, within the same size caps,
     from the same per-(property, stratum) seeds as an in-process run in this process: both
-    give identical verdicts (status, finding, inputs, examples).  The block-tail bug passes when
-    --max-len 64 reaches the worker (no ragged block) and fails past 64 keys at 100."""
-    target = (
-        f"{__file__}:{kernel}" if kernel == "ragged_tail_dropped" else f"catalogue.correct:{kernel}"
-    )
-    only = ["matches-reference"] if kernel == "ragged_tail_dropped" else ISOLATION_PROPERTIES
+    give identical verdicts (status, finding, inputs, examples).  The block-tail bug passes
+    six properties when --max-len 64 reaches the worker (no ragged block) and fails past 64
+    keys at 100."""
+    target = f"{__file__}:ragged_tail_dropped"
     isolated = check(target, backend="numpy", only=only, isolate=True, **caps)
     # in this process, after whatever other tests ran here: a run's draws depend on the
     # seed, profile and declaration only, not on the modules imported (CONF-8: the
