@@ -67,7 +67,9 @@ def test_layout_dependent_rounding_passes_with_a_note() -> None:
         return out if contiguous else out * (1 + np.finfo(out.dtype).eps)
 
     kernel = KernelUnderTest(layout_dependent, Backend("numpy"))
-    verdict = verdict_of("layout-independence", kernel, profile="default", limits=SMALL_LIMITS)
+    # the quick profile: its 38 examples meet the strided layouts (the default profile's
+    # 170 gave the same verdict and note, 0.45 -> 0.1 CPU-s)
+    verdict = verdict_of("layout-independence", kernel, limits=SMALL_LIMITS)
     assert verdict.status == PASSED and "not bit-identical" in verdict.detail
 
 
