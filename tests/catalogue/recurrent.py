@@ -139,7 +139,8 @@ def _token(call: SimpleNamespace) -> tuple[Array, Array]:
         stale = bug == "output_before_update" or (decode and bug == "decode_output_before_update")
         seen = before if stale else new
         state = new
-        shared = np.repeat(seen, groups, axis=-3)
+        # (a state per output head only where query heads share it: a copy per token else)
+        shared = np.repeat(seen, groups, axis=-3) if groups > 1 else seen
         outs.append(alpha * np.einsum("...kv,...k->...v", shared, q[..., t, :]))
     out = np.stack(outs, axis=-2) if outs else np.zeros((*q.shape[:-1], v.shape[-1]), np.float32)
     return out, state

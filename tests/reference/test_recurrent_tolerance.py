@@ -268,3 +268,36 @@ def test_token_factors_are_each_tokens_own_bit_for_bit(chunk: int, length: int) 
             (terms.gamma[..., t], gamma),
         ):
             assert got.tobytes() == np.asarray(want, dtype=np.float64).tobytes(), t
+
+
+def test_the_read_error_without_normalisation_is_the_written_sum_bit_for_bit() -> None:
+    """REC-6.2: without normalisation (eta = 0) the bound leaves out a read's ``eta |S_:c|``
+    where every |S_kc| is at most 2^500 (``_read_error``): bit for bit the written sum
+    ``eps_tc + 0 * |S_:c|`` on states around that threshold, past it (columns whose sum of
+    squares overflows, which make the sum NaN), with infinities, NaN and zeros, and on
+    empty states; with eta > 0 the sum is always taken."""
+    from attnspec.reference.recurrent.tolerance import (
+        FINITE_SQUARES,
+        _read_error,
+        column_norms,
+    )
+
+    rng = np.random.default_rng(71)
+    taken = {False: 0, True: 0}  # whether the written sum changed a bit: both are met
+    for shape in [(2, 3, 7, 5), (1, 1, 1, 1), (2, 0, 7, 5), (2, 3, 0, 5), (2, 3, 7, 0)]:
+        for scale in (1.0, FINITE_SQUARES / 4, FINITE_SQUARES, 2 * FINITE_SQUARES, 2.0**700):
+            state = rng.standard_normal(shape) * scale
+            if state.size and scale == 1.0:
+                state.flat[rng.integers(state.size, size=3)] = [np.inf, np.nan, -0.0]
+            # eps_tc after a step: at least the flush term, or NaN
+            error = rng.random((*shape[:-2], shape[-1])) + 2.0**-1000
+            if error.size:
+                error.flat[0] = np.nan
+            for eta in (0.0, 2.0**-20):
+                with np.errstate(over="ignore", invalid="ignore"):
+                    got = _read_error(np, eta, error, state, np.abs(state))
+                    want = error + eta * column_norms(np, state)
+                assert got.shape == want.shape and got.dtype == want.dtype
+                assert got.tobytes() == want.tobytes(), (shape, scale, eta)
+                taken[bool(np.isnan(want).sum() > np.isnan(error).sum())] += 1
+    assert taken[False] and taken[True]
