@@ -165,7 +165,8 @@ def _prefix_sums(
 
     The prefix sums are ``(Lk, F, Ev)`` numbers; they are formed ``chunk`` keys at a time,
     each chunk starting from the sums of the keys before it, and read by the queries whose
-    last key lies in the chunk, so memory and time stay linear in L with a small constant.
+    last key lies in the chunk, so memory and time stay linear in L with a small constant;
+    the chunks past the last query's last key (top-left with Lq < Lk) are not formed.
     """
     n_queries, n_keys = fq.shape[-2], fk.shape[-2]
     device = array_api_compat.device(fq)
@@ -196,6 +197,8 @@ def _prefix_sums(
             denominators.append(
                 xp.sum(rows * xp.take(sums, position, axis=-2), axis=-1, keepdims=True)
             )
+        if last == n_queries:
+            break  # every row is read (top-left with Lq < Lk): no query sees a later key
         state, total = states[..., -1, :, :], sums[..., -1, :]
     return xp.concat(numerators, axis=-2), xp.concat(denominators, axis=-2)
 
