@@ -684,6 +684,79 @@ def test_correct_kernel_matches_reference_directly(correct: Any) -> None:
         assert (np.abs(out - expected)[finite] <= tolerance[finite]).all()
 
 
+def _long_row_problem(rng: np.random.Generator) -> dict[str, Any]:
+    """A problem of 60 to 300 keys (_random_problem's have at most 7): many blocks of 3
+    and a ragged block of 64, in the online pass's prepared form and its loop alike."""
+    n_q, n_k, e, ev = (int(n) for n in rng.integers([1, 60, 1, 2], [5, 300, 9, 9]))
+    dtype = str(rng.choice(["float16", "float32", "float64"]))
+    magnitude = float(rng.choice([1.0, 10.0]))
+    problem: dict[str, Any] = {
+        "q": rng.standard_normal((2, n_q, e)) * magnitude,
+        "k": rng.standard_normal((1, n_k, e)) * magnitude,
+        "v": rng.standard_normal((1, n_k, ev)),
+        "dtype": dtype,
+        "mask": rng.random((2, n_q, n_k)) < 0.7 if rng.random() < 0.5 else None,
+        "bias": None,
+        "is_causal": bool(rng.random() < 0.5),
+        "scale": None,
+    }
+    if rng.random() < 0.3:
+        problem["v"][0, rng.integers(n_k)] = rng.choice([np.nan, np.inf, -np.inf])
+    return problem
+
+
+def test_online_pass_prepared_is_the_blockwise_loop() -> None:
+    """CONF-1: the catalogue's online softmax (online-softmax, tiled, split-KV kernels and
+    their bugs) takes a prepared form where its key blocks cover the keys in order; it
+    gives the blockwise loop's running max, sum and accumulator to the bit, on problems
+    with masks, empty rows, -inf biases, causal rows and non-finite values, in blocks of
+    1, 3, 4 and 64 (ragged last ones), with the exact rescaling and the bugs' (none; the
+    sum's only; exp2)."""
+    from catalogue.blocks import (
+        EXACT_RESCALE,
+        NO_RESCALE,
+        Rescale,
+        _online_pass_by_block,
+        _online_pass_prepared,
+        arrange,
+        ragged_blocks,
+        scores,
+    )
+
+    rescales = [
+        EXACT_RESCALE,
+        NO_RESCALE,
+        Rescale(total=np.exp, acc=np.ones_like),
+        Rescale(total=np.exp2, acc=np.exp2),
+    ]
+    rng = np.random.default_rng(33)
+    problems = [_random_problem(rng) for _ in range(150)] + [
+        _long_row_problem(rng) for _ in range(30)
+    ]
+    compared = 0
+    for p in problems:
+        dtype = p["dtype"]
+        a = arrange(
+            *(p[name].astype(dtype) for name in "qkv"),
+            mask=p["mask"],
+            bias=None if p["bias"] is None else p["bias"].astype(dtype),
+            is_causal=p["is_causal"],
+            scale=p["scale"],
+        )
+        s, allowed = scores(a)
+        for block, rescale in zip((1, 3, 4, 64), rescales, strict=True):
+            cuts = ragged_blocks(s.shape[-1], block)
+            if not cuts:
+                continue  # no keys: online_pass takes the loop
+            prepared = _online_pass_prepared(s, allowed, a.v, cuts, rescale)
+            looped = _online_pass_by_block(s, allowed, a.v, cuts, rescale)
+            for name, x, y in zip(prepared._fields, prepared, looped, strict=True):
+                assert x.dtype == y.dtype and x.shape == y.shape, name
+                assert x.tobytes() == y.tobytes(), (name, block, p["dtype"], x, y)
+            compared += 1
+    assert compared > 500
+
+
 def _mean_v_where_keyless(
     problem: dict[str, Any], bound: Any, expected: np.ndarray, tolerance: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
