@@ -761,7 +761,9 @@ def test_online_pass_prepared_is_the_blockwise_loop() -> None:
     gives the blockwise loop's running max, sum and accumulator to the bit, on problems
     with masks, empty rows, -inf biases, causal rows and non-finite values, in blocks of
     1, 3, 4 and 64 (ragged last ones), with the exact rescaling and the bugs' (none; the
-    sum's only; exp2)."""
+    sum's only; exp2).  120 problems here (0.3 CPU-s), on which a first form that
+    multiplied the blocks as views (1 ulp off in a float16 problem of Ev = 1) fails; 1900
+    held the same once."""
     from catalogue.blocks import (
         EXACT_RESCALE,
         NO_RESCALE,
@@ -780,8 +782,8 @@ def test_online_pass_prepared_is_the_blockwise_loop() -> None:
         Rescale(total=np.exp2, acc=np.exp2),
     ]
     rng = np.random.default_rng(33)
-    problems = [_random_problem(rng) for _ in range(150)] + [
-        _long_row_problem(rng) for _ in range(30)
+    problems = [_random_problem(rng) for _ in range(100)] + [
+        _long_row_problem(rng) for _ in range(20)
     ]
     compared = 0
     for p in problems:
@@ -804,7 +806,7 @@ def test_online_pass_prepared_is_the_blockwise_loop() -> None:
                 assert x.dtype == y.dtype and x.shape == y.shape, name
                 assert x.tobytes() == y.tobytes(), (name, block, p["dtype"], x, y)
             compared += 1
-    assert compared > 500
+    assert compared > 300
 
 
 def _mean_v_where_keyless(
