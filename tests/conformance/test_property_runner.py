@@ -56,9 +56,9 @@ def test_an_unusable_result_fails_the_property() -> None:
 
 
 def test_layout_dependent_rounding_passes_with_a_note() -> None:
-    """SDPA-1.7: a result that differs from the contiguous one by rounding only passes
-    (the MUST half) and the verdict reports that it is not bit-identical (the SHOULD half),
-    which a kernel whose bits do not depend on the layout is not told."""
+    """SDPA-1.7, SDPA-1.8: a result that differs from the contiguous one by rounding only
+    passes (SDPA-1.7, MUST) and the verdict reports that it is not bit-identical (SDPA-1.8,
+    SHOULD), which a kernel whose bits do not depend on the layout is not told."""
 
     def layout_independent(q, k, v, *, mask=None, is_causal=False, scale=None):
         # the reference on NumPy is not: a strided q takes another matmul loop, whose sums
