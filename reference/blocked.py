@@ -109,7 +109,10 @@ def _block_scores(inputs: _Scores, q_chunk: Any, rows: slice, cols: slice) -> An
     xp = problem.xp
     k_block = problem.k[..., cols, :]
     scores = xp.matmul(q_chunk, xp.matrix_transpose(k_block))
-    scores *= problem.scale  # in place: the same product, one block of scores fewer made
+    # In place: the same product, and one block of scores fewer made (PyTorch's CPU
+    # allocator returns each large block to the system, so every new one pays its page
+    # faults); the matrix product's gradient needs its operands, not this result.
+    scores *= problem.scale
     if problem.softcap is not None:  # on the scaled product, before any bias (SOFTCAP-1)
         scores = softcapped(xp, scores, problem.softcap)
     if inputs.bias is not None:
@@ -152,16 +155,14 @@ def _absorb(
         m = xp.maximum(state.m, m)  # NaN propagates: a NaN score makes the row NaN
     # A row with nothing allowed so far has m = -inf; shifting by 0 keeps exp(-inf) = 0.
     shift = xp.where(m == -xp.inf, xp.zeros_like(m), m)
-    counts = None
-    if v_nonfinite is not None:  # before the shift, which can take a finite score to -inf
-        counts = nonfinite_counts(xp, scores != -xp.inf, v_nonfinite)
-    # In place: the block is this call's own (_block_scores made it), and each block of
-    # scores not made is one allocation and one pass through memory fewer (an allocator
-    # that returns large blocks to the system pays page faults for every new one).
-    scores -= shift
-    weights = xp.exp(scores)
+    # Not in place: the maximum's gradient (PyTorch's autograd through this form) needs
+    # the scores it was taken over.
+    weights = xp.exp(scores - shift)
     l = xp.sum(weights, axis=-1, keepdims=True)
     acc = xp.matmul(weights, v_block)
+    counts = None
+    if v_nonfinite is not None:
+        counts = nonfinite_counts(xp, scores != -xp.inf, v_nonfinite)
     if state is None:
         return _Running(m, l, acc, counts)
     # exp(old m - new shift) is 0 where the old m was -inf (nothing summed yet) and <= 1
