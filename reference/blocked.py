@@ -171,6 +171,7 @@ def _absorb(
     if counts is not None:
         assert state.counts is not None  # every block counts when the first one did
         counts = NonFiniteCounts(*(a + b for a, b in zip(state.counts, counts, strict=True)))
+    # the sums in place on the products' own results (which no gradient needs)
     total = state.l * rescale
     total += l
     acc_total = state.acc * rescale

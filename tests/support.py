@@ -518,6 +518,29 @@ def blhd_no_default_scale(q, k, v, *, mask=None, causal=False, scale=None):
 """
 
 
+def run_python(
+    code: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    unset: Collection[str] = (),
+    **options: Any,
+) -> subprocess.CompletedProcess[str]:
+    """``python -c CODE ARGS`` in a fresh interpreter (this one), its output captured as
+    text and its exit status left to the caller; ``env`` adds to this process's variables
+    and ``unset`` names those it goes without; ``options`` (cwd, timeout) go to
+    ``subprocess.run``."""
+    options.setdefault("timeout", 120)
+    environ = {k: v for k, v in os.environ.items() if k not in unset} | (env or {})
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env=environ,
+        check=False,
+        **options,
+    )
+
+
 def run_command(
     *argv: str,
     cwd: Path,

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import os
 import py_compile
-import subprocess
 import sys
 from pathlib import Path
 
 import bytecode_prefix
 import pytest
+from support import run_python
 
 PROBE = "seeded_probe"
 
@@ -39,16 +39,12 @@ def installed_tree(root: Path) -> Path:
 
 def probe_value_under_prefix(tree: Path, prefix: Path) -> str:
     """What a fresh interpreter with ``PYTHONPYCACHEPREFIX=prefix`` imports as VALUE."""
-    environment = {**os.environ, "PYTHONPYCACHEPREFIX": str(prefix)}
-    environment.pop("PYTHONDONTWRITEBYTECODE", None)
-    done = subprocess.run(
-        [sys.executable, "-c", f"import {PROBE}; print({PROBE}.VALUE)"],
-        capture_output=True,
-        text=True,
+    done = run_python(
+        f"import {PROBE}; print({PROBE}.VALUE)",
         cwd=tree,
-        env=environment,
+        env={"PYTHONPYCACHEPREFIX": str(prefix)},
+        unset=["PYTHONDONTWRITEBYTECODE"],
         timeout=60,
-        check=False,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()

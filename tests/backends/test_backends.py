@@ -16,6 +16,7 @@ from typing import Any
 import array_api_compat
 import numpy as np
 import pytest
+import support
 
 from attnspec import (
     Backend,
@@ -44,17 +45,8 @@ EXACT = np.array([[0.0, -0.0, 1.0, -2.5], [0.375, 1024.0, 2.0**-10, -96.0]])
 
 def run_python(code: str, cwd: Any, **environment: str) -> subprocess.CompletedProcess[str]:
     """``python -c code`` in a fresh process with only the given ATTNSPEC_* variables."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNSPEC_")}
-    env.update(environment)
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    inherited = [name for name in os.environ if name.startswith("ATTNSPEC_")]
+    return support.run_python(code, cwd=cwd, env=environment, unset=inherited, timeout=300)
 
 
 def test_env_backend_selects_torch_at_import(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import numpy as np
 import pytest
+from support import run_python
 
 from attnspec.conformance import Problem, PropertyFailure
 from attnspec.conformance.judge.registration import REGISTRY, always, register
@@ -39,24 +37,8 @@ def should_property() -> Iterator[str]:
         del REGISTRY[property_id]
 
 
-def run_python(
-    code: str, *args: str, env: dict[str, str] | None = None, **options: Any
-) -> subprocess.CompletedProcess[str]:
-    """``python -c CODE ARGS`` in a fresh interpreter (this one), its output captured as
-    text and its exit status left to the caller; ``env`` adds to this process's variables,
-    ``options`` (cwd, timeout) go to ``subprocess.run``."""
-    options.setdefault("timeout", 120)
-    return subprocess.run(
-        [sys.executable, "-c", code, *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        check=False,
-        **options,
-    )
-
-
 @pytest.fixture
 def python_c() -> Callable[..., subprocess.CompletedProcess[str]]:
-    """:func:`run_python`: a snippet (a reproduction, a probe of a library) in its own process."""
+    """:func:`support.run_python`: a snippet (a reproduction, a probe of a library) in its
+    own process."""
     return run_python
